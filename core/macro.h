@@ -1,0 +1,32 @@
+/* core/macro.h: small helpers shared by every layer (no CUDA, no policy). */
+#pragma once
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+/* Marks a symbol as part of the exported ABI; everything else is hidden
+ * (-fvisibility=hidden). Every WO_EXPORT symbol must be listed in
+ * preload/libwoffload.sym; tests/test-exports.sh keeps the two in sync. */
+#define WO_EXPORT __attribute__((visibility("default")))
+
+#define WO_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define WO_LIKELY(x) __builtin_expect(!!(x), 1)
+#define WO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define WO_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define WO_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define WO_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((__typeof__(x))(a)-1))
+#define WO_PRINTF(a, b) __attribute__((format(printf, a, b)))
+
+#define WO_KiB (UINT64_C(1) << 10)
+#define WO_MiB (UINT64_C(1) << 20)
+#define WO_GiB (UINT64_C(1) << 30)
+
+static inline void freep(void *p)
+{
+    free(*(void **)p);
+}
+#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _cleanup_free_ _cleanup_(freep)

@@ -1,0 +1,61 @@
+/* core/settings.h: the one table of WOFFLOAD_* environment variables.
+ * Every variable is read once (wo_settings() parses the environment on first
+ * call under pthread_once); nothing else in the project calls getenv() for a
+ * WOFFLOAD_* name. A bad value is reported naming the variable, the value and
+ * what is accepted, and the default is used instead. */
+#pragma once
+
+#include <stdio.h>
+
+#include "core/macro.h"
+
+struct wo_settings {
+    int log_level;           /* WOFFLOAD_LOG */
+    const char *log_file;    /* WOFFLOAD_LOG_FILE, NULL = stderr */
+    const char *policy;      /* WOFFLOAD_POLICY, NULL = no policy (pass-through) */
+    const char *trace;       /* WOFFLOAD_TRACE, NULL = no trace */
+    const char *stats;       /* WOFFLOAD_STATS, NULL = no stats file at exit */
+    const char *cuda_lib;    /* WOFFLOAD_CUDA_LIB */
+    bool disable;            /* WOFFLOAD_DISABLE */
+    bool prefetch;           /* WOFFLOAD_PREFETCH */
+    bool summary;            /* WOFFLOAD_SUMMARY */
+    uint32_t ring_events;    /* WOFFLOAD_RING_EVENTS, power of two */
+    uint32_t scan_words;     /* WOFFLOAD_SCAN_WORDS: max 8-byte words scanned per launch */
+    int nerrors;             /* number of variables that had a bad value */
+};
+
+enum wo_setting_type {
+    WO_SETTING_BOOL,
+    WO_SETTING_LEVEL,
+    WO_SETTING_PATH,
+    WO_SETTING_UINT_POW2,
+    WO_SETTING_UINT,
+};
+
+struct wo_setting_def {
+    const char *name;
+    enum wo_setting_type type;
+    const char *def;     /* default, as the user would write it ("" = unset) */
+    const char *doc;     /* one line */
+    size_t offset;       /* into struct wo_settings */
+    uint64_t min, max;   /* for integer types */
+};
+
+extern const struct wo_setting_def wo_setting_defs[];
+extern const size_t wo_setting_ndefs;
+
+/* Parsed once from the process environment. Never NULL. */
+const struct wo_settings *wo_settings(void);
+
+/* Parse from an explicit environment (NULL-terminated "K=V" array) into *out.
+ * Errors are reported through `report` (or wo_log when NULL). Returns the
+ * number of bad values. Used by wo_settings() and by tests. */
+int wo_settings_parse(char *const *envp, struct wo_settings *out,
+                      void (*report)(void *ud, const char *msg), void *ud);
+
+/* Prints the table: name, default, current value, documentation. */
+void wo_settings_print(FILE *f, const struct wo_settings *s);
+
+/* "error" -> WO_LOG_ERROR ...; -EINVAL when not a level. */
+int wo_log_level_from_string(const char *s);
+const char *wo_log_level_to_string(int level);

@@ -1,0 +1,75 @@
+/* woffload.h: the public API of libwoffload.
+ *
+ * libwoffload is an LD_PRELOAD shim that places named CUDA allocations (model
+ * weights, MoE experts) on the device, in host memory read in place over PCIe,
+ * or in managed memory prefetched ahead of use, according to a YAML policy
+ * (WOFFLOAD_POLICY). A CUDA allocation carries no name: this header is how an
+ * engine, or a small hook loaded into it, supplies names.
+ *
+ * Every function is safe to call whether or not the library is preloaded
+ * through dlsym(RTLD_DEFAULT, ...) (python/woffload does that), from any
+ * thread, before or after CUDA is initialised. Every function returns 0 (or a
+ * documented non-negative value) on success and a negative errno value on
+ * misuse or failure; misuse is also reported with one log line. Nothing here
+ * aborts the process.
+ */
+#ifndef WOFFLOAD_H
+#define WOFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WOFFLOAD_VERSION_MAJOR 0
+#define WOFFLOAD_VERSION_MINOR 1
+#define WOFFLOAD_VERSION_PATCH 0
+
+/* The library version, "MAJOR.MINOR.PATCH". Never NULL. */
+const char *woffload_version(void);
+
+/* Tag scope (per thread): allocations made by this thread between push and
+ * pop are placeable and carry `name`. Scopes nest; the innermost name wins.
+ * The name is copied. Returns 0, -EINVAL (NULL or empty name), -E2BIG (name
+ * longer than 1023 bytes, or nesting deeper than 64). */
+int woffload_tag_push(const char *name);
+/* Ends the innermost scope: 0, or -EPERM when no scope is open. */
+int woffload_tag_pop(void);
+
+/* Tag range: names [ptr, ptr+size) of memory that already exists (a PyTorch
+ * parameter inside an allocation). When the memory is placeable (allocated in
+ * a tag scope or while the window was open), the placement the policy gives
+ * `name` takes effect at seal, at the same address. Otherwise the name is kept
+ * for stats and traces and the reason is reported once.
+ * Returns 0; -EINVAL (NULL ptr or name, size 0); -ENOENT (ptr is not in any
+ * allocation the shim saw); -ERANGE (the range crosses the end of its
+ * allocation); -EEXIST (overlaps an earlier tag with another name: the earlier
+ * tag is kept). Tagging the same range with the same name again returns 0. */
+int woffload_tag(const void *ptr, size_t size, const char *name);
+
+/* The placeable window: while open, every allocation of at least the policy's
+ * window.min_size bytes is placeable. The policy may open it itself (window:
+ * open: at-start); these calls let a loader open it around model loading.
+ * Return 0, or -EALREADY (open twice / close while closed). */
+int woffload_window_open(void);
+int woffload_window_close(void);
+
+/* End of loading: placements of tagged ranges take effect, rules that matched
+ * nothing are reported, one summary line is logged. Closes the window.
+ * Returns 0, -EALREADY (sealed before), or a negative errno from the driver
+ * path (the message says which range and why; memory stays where it was). */
+int woffload_seal(void);
+
+/* A JSON snapshot of the shim's state and counters into buf (always
+ * NUL-terminated when len > 0). Returns the length the full snapshot needs,
+ * excluding the NUL (like snprintf): call again with a larger buffer when the
+ * result is >= len. -EINVAL when buf is NULL and len > 0. */
+long woffload_stats(char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WOFFLOAD_H */

@@ -1,0 +1,118 @@
+/* uvm/uvm.h: the contract between preload/ (hooks), uvm/ (placements, the
+ * public API's logic, the consumer/prefetch thread) and tools/.
+ *
+ * preload/ calls only the functions declared here; uvm/ never calls a hook
+ * and reaches the driver only through the struct wo_driver table it is given
+ * (the real driver in the shim, the fake one in tests). */
+#pragma once
+
+#include <cuda.h>
+
+#include "core/event.h"
+#include "core/registry.h"
+
+/* The driver functions uvm/ calls. preload/ fills it from the real table
+ * (the symbols the driver itself resolves, never our hooks). A NULL member
+ * means the driver lacks it; uvm/ must cope. Names follow the ABI symbol. */
+struct wo_driver {
+    CUresult (*cuInit)(unsigned int flags);
+    CUresult (*cuGetErrorName)(CUresult err, const char **str);
+    CUresult (*cuDriverGetVersion)(int *ver);
+    CUresult (*cuDeviceGet)(CUdevice *dev, int ordinal);
+    CUresult (*cuDeviceGetCount)(int *count);
+    CUresult (*cuDeviceGetAttribute)(int *v, CUdevice_attribute attr, CUdevice dev);
+    CUresult (*cuDevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
+    CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
+    CUresult (*cuCtxSetCurrent)(CUcontext ctx);
+    CUresult (*cuCtxGetDevice)(CUdevice *dev);
+    CUresult (*cuMemGetInfo_v2)(size_t *free, size_t *total);
+    CUresult (*cuMemAlloc_v2)(CUdeviceptr *p, size_t size);
+    CUresult (*cuMemFree_v2)(CUdeviceptr p);
+    CUresult (*cuMemAllocManaged)(CUdeviceptr *p, size_t size, unsigned int flags);
+    CUresult (*cuMemHostAlloc)(void **p, size_t size, unsigned int flags);
+    CUresult (*cuMemFreeHost)(void *p);
+    CUresult (*cuMemHostGetDevicePointer_v2)(CUdeviceptr *d, void *p, unsigned int flags);
+    CUresult (*cuMemAdvise_v2)(CUdeviceptr p, size_t size, CUmem_advise advice, CUmemLocation loc);
+    CUresult (*cuMemPrefetchAsync_v2)(CUdeviceptr p, size_t size, CUmemLocation loc,
+                                      unsigned int flags, CUstream s);
+    CUresult (*cuMemcpy)(CUdeviceptr dst, CUdeviceptr src, size_t size);
+    CUresult (*cuMemsetD8_v2)(CUdeviceptr p, unsigned char v, size_t n);
+    CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
+    CUresult (*cuStreamDestroy_v2)(CUstream s);
+    CUresult (*cuStreamSynchronize)(CUstream s);
+    CUresult (*cuStreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
+    CUresult (*cuEventCreate)(CUevent *e, unsigned int flags);
+    CUresult (*cuEventDestroy_v2)(CUevent e);
+    CUresult (*cuEventRecord)(CUevent e, CUstream s);
+    CUresult (*cuEventQuery)(CUevent e);
+    CUresult (*cuEventSynchronize)(CUevent e);
+    CUresult (*cuFuncGetName)(const char **name, CUfunction f);
+    CUresult (*cuPointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
+};
+
+/* Set once by preload/ before any other call (tests pass their own table). */
+void wo_uvm_set_driver(const struct wo_driver *drv);
+const struct wo_driver *wo_uvm_driver(void);
+
+/* Heavy init on first relevant call: loads WOFFLOAD_POLICY, starts the
+ * consumer thread. Idempotent, thread-safe. Returns 0 or -errno (the shim
+ * then passes everything through). */
+int wo_uvm_init(void);
+/* Called at exit (and by tests): stops the thread, prints the summary,
+ * writes WOFFLOAD_STATS. Must not hang, must not call into the driver after
+ * the driver's own teardown (atexit ordering is documented in uvm/). */
+void wo_uvm_shutdown(void);
+/* In the child after fork(): forget threads, streams and contexts of the
+ * parent; keep the registry (the child inherits the mappings). */
+void wo_uvm_atfork_child(void);
+
+/* Allocation routing, called by every allocation hook *before* forwarding.
+ * When the allocation is placeable (tag scope or open window, per policy),
+ * uvm/ serves it, registers the range and returns 1 with *ret_ptr and *ret_res
+ * set (the hook returns *ret_res to the engine). Returns 0 to let the hook
+ * forward it untouched. `api` says which entry point asked (enum wo_api). */
+int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res);
+/* Free routing: 1 when ptr is a range uvm/ served (it freed it and set
+ * *ret_res), 0 to forward. */
+int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res);
+
+/* The hooks report allocations they forwarded (so tags can find them and
+ * launches can be attributed) and frees of them. */
+void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api);
+void wo_uvm_observe_free(CUdeviceptr ptr, int api);
+
+/* Capture state, kept by preload/ and read by the prefetch thread: the number
+ * of streams capturing in global (or thread-local) mode right now. The
+ * prefetcher enqueues nothing while a global-mode capture is under way. */
+extern int wo_captures_global;
+
+/* The event ring the hooks push into and the consumer thread drains. NULL
+ * until wo_uvm_init() made it. */
+extern struct wo_ring *wo_events;
+
+/* Which entry point produced an allocation/event (struct wo_event.api). */
+enum wo_api {
+    WO_API_UNKNOWN = 0,
+    WO_API_CUDA_MALLOC,
+    WO_API_CUDA_MALLOC_ASYNC,
+    WO_API_CUDA_MALLOC_MANAGED,
+    WO_API_CU_MEM_ALLOC,
+    WO_API_CU_MEM_ALLOC_ASYNC,
+    WO_API_CU_MEM_ALLOC_MANAGED,
+    WO_API_CU_MEM_MAP,
+    WO_API_CUDA_LAUNCH,
+    WO_API_CU_LAUNCH,
+    WO_API_CU_LAUNCH_EX,
+    WO_API_GRAPH,
+    WO_API_MAX
+};
+
+/* Public API logic behind include/woffload.h (preload/ exports thin
+ * wrappers that call these). Same contracts as the header. */
+int wo_api_tag_push(const char *name);
+int wo_api_tag_pop(void);
+int wo_api_tag(const void *ptr, size_t size, const char *name);
+int wo_api_window_open(void);
+int wo_api_window_close(void);
+int wo_api_seal(void);
+long wo_api_stats(char *buf, size_t len);
