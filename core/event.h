@@ -46,7 +46,14 @@ struct wo_event {
     uint16_t overflow;
     uint16_t api;   /* which entry point produced it (preload/'s enum), for stats */
     uint32_t tid;
-    uint32_t pad;
+    union {
+        uint32_t pad;
+        /* WO_EV_LAUNCH: the capture id (preload/capture.c) when the launch was
+         * recorded into a stream capture instead of run; 0 otherwise. The
+         * CAPTURE_BEGIN carries the same id in g.handle (g.aux: mode),
+         * CAPTURE_END in g.aux (g.handle: the graph). */
+        uint32_t capture;
+    };
     uint64_t stream;
     union {
         struct {

@@ -57,10 +57,12 @@ void wo_log_write(int level, const char *fmt, ...)
     if (m < 0)
         m = 0;
     n += m;
-    if ((size_t)n >= sizeof(buf) - 1) {
-        /* truncated: mark it and keep the newline */
+    if ((size_t)n >= sizeof(buf)) {
+        /* vsnprintf truncated (sizeof(buf) - 1 bytes kept): end the kept
+         * text with "..." so a reader knows, then the newline fits in the
+         * byte the terminating NUL took. */
         n = (int)sizeof(buf) - 1;
-        memcpy(buf + n - 4, "...", 3);
+        memcpy(buf + n - 3, "...", 3);
     }
     if (n > 0 && buf[n - 1] != '\n')
         buf[n++] = '\n';

@@ -1,6 +1,10 @@
-/* core/settings.c: see settings.h. */
+/* core/settings.c: the table of WOFFLOAD_* variables, their parsing and
+ * validation, and the one place that reads them from the environment (see
+ * settings.h). */
 #include "core/settings.h"
 
+#include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <string.h>
@@ -129,7 +133,17 @@ static int apply(const struct wo_setting_def *d, const char *v, struct wo_settin
     }
     case WO_SETTING_PATH: {
         const char *p = *v ? v : NULL;
-        snprintf(accepted, alen, "a path");
+        /* A variable with a default (WOFFLOAD_CUDA_LIB) has no "none": an
+         * empty value would otherwise turn into dlopen(NULL). */
+        bool need = *d->def != '\0';
+        size_t n = strlen(v);
+        snprintf(accepted, alen, "%s (no control characters, under %d bytes)",
+                 need ? "a non-empty path" : "a path, or empty for none", PATH_MAX);
+        if ((need && n == 0) || n >= PATH_MAX)
+            return -EINVAL;
+        for (const char *c = v; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                return -EINVAL;
         memcpy(field, &p, sizeof(p));
         return 0;
     }
@@ -150,6 +164,63 @@ static int apply(const struct wo_setting_def *d, const char *v, struct wo_settin
     }
     }
     return -EINVAL;
+}
+
+/* The value as it can be shown in one log line: control and non-ASCII bytes
+ * (and quotes, backslashes) as \xNN, cut to fit `out` with "...". */
+static void quote(const char *v, char *out, size_t outlen)
+{
+    size_t o = 0;
+    for (; *v && o + 5 < outlen; v++) {
+        unsigned char c = (unsigned char)*v;
+        if (c < 0x20 || c >= 0x7f || c == '"' || c == '\\')
+            o += (size_t)snprintf(out + o, outlen - o, "\\x%02x", c);
+        else
+            out[o++] = (char)c;
+    }
+    if (*v && outlen >= 4) {
+        o = WO_MIN(o, outlen - 4);
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o] = '\0';
+}
+
+/* Edit distance, for "did you mean" on misspelt names (short strings only). */
+static size_t distance(const char *a, size_t la, const char *b, size_t lb)
+{
+    size_t row[64], prev, tmp;
+    if (la >= WO_ARRAY_SIZE(row) || lb >= WO_ARRAY_SIZE(row))
+        return SIZE_MAX;
+    for (size_t j = 0; j <= lb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        prev = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            tmp = row[j];
+            row[j] = WO_MIN(WO_MIN(row[j] + 1, row[j - 1] + 1),
+                            prev + (a[i - 1] != b[j - 1]));
+            prev = tmp;
+        }
+    }
+    return row[lb];
+}
+
+/* The known name closest to name[0..len), or NULL when none is close. */
+static const char *closest_name(const char *name, size_t len)
+{
+    const char *best = NULL;
+    size_t bestd = 4; /* more than 3 edits away is not a typo */
+    for (size_t i = 0; i < wo_setting_ndefs; i++) {
+        const char *n = wo_setting_defs[i].name;
+        size_t d = distance(name, len, n, strlen(n));
+        if (d < bestd) {
+            bestd = d;
+            best = n;
+        }
+    }
+    return best;
 }
 
 static const char *env_lookup(char *const *envp, const char *name)
@@ -179,8 +250,10 @@ int wo_settings_parse(char *const *envp, struct wo_settings *out,
         if (!v)
             continue;
         if (apply(d, v, out, accepted, sizeof(accepted)) < 0) {
-            report_fmt(report, ud, "%s=\"%.200s\" is not valid: expected %s; using the default \"%s\"",
-                       d->name, v, accepted, d->def);
+            char q[128];
+            quote(v, q, sizeof(q));
+            report_fmt(report, ud, "%s=\"%s\" is not valid: expected %s; using the default \"%s\"",
+                       d->name, q, accepted, d->def);
             apply(d, d->def, out, accepted, sizeof(accepted));
             bad++;
         }
@@ -196,9 +269,12 @@ int wo_settings_parse(char *const *envp, struct wo_settings *out,
         }
         if (!known) {
             const char *eq = strchr(*e, '=');
-            int len = eq ? (int)(eq - *e) : (int)strlen(*e);
-            report_fmt(report, ud, "%.*s is not a libwoffload setting (see `woffload doctor --env`); ignored",
-                       len > 64 ? 64 : len, *e);
+            size_t len = eq ? (size_t)(eq - *e) : strlen(*e);
+            const char *near = closest_name(*e, len);
+            report_fmt(report, ud,
+                       "%.*s is not a libwoffload setting (see `woffload doctor --env`); ignored%s%s%s",
+                       (int)WO_MIN(len, 64), *e, near ? "; did you mean " : "", near ? near : "",
+                       near ? "?" : "");
         }
     }
     out->nerrors = bad;
@@ -213,6 +289,15 @@ static void settings_init(void)
     extern char **environ;
     wo_settings_parse(environ, &settings, NULL, NULL);
     wo_log_set_level(settings.log_level);
+    if (settings.log_file) {
+        /* Opened once and kept: the log path writes to an fd, never opens. */
+        int fd = open(settings.log_file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+            wo_error("WOFFLOAD_LOG_FILE=\"%s\": cannot open: %s; logging to stderr",
+                     settings.log_file, strerror(errno));
+        else
+            wo_log_set_fd(fd);
+    }
 }
 
 const struct wo_settings *wo_settings(void)

@@ -1,0 +1,113 @@
+/* core/trace-int.h: the byte layouts of docs/trace-format.md shared by the
+ * trace writer (trace.c) and reader (trace-read.c). Internal to core/.
+ *
+ * Every field goes through put/get helpers that write little-endian byte by
+ * byte, so the file layout never depends on a struct layout, padding or the
+ * host's endianness. */
+#pragma once
+
+#include <string.h>
+
+#include "core/trace.h"
+
+static inline void wo_put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static inline void wo_put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline void wo_put64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static inline uint16_t wo_get16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+}
+
+static inline uint32_t wo_get32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static inline uint64_t wo_get64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* Event payloads: a common part, then a fixed part per event class. */
+#define WO_TEV_COMMON 24 /* t_ns u64, stream u64, tid u32, api u16, zero u16 */
+#define WO_TEV_A 40      /* base, size, seq u64; flags, device, id, gen u32 */
+#define WO_TEV_C 32      /* dst, src, bytes u64; kind u32, zero u32 */
+#define WO_TEV_L 40      /* func u64; grid[3], block[3] u32; nhits, overflow u16; zero u32 */
+#define WO_TEV_HIT 24    /* id, gen u32; offset, hi u64 */
+#define WO_TEV_G 16      /* handle, aux u64 */
+#define WO_TEV_P 32      /* id, gen u32; offset, bytes u64; from, to u32 */
+
+enum wo_tev_class { WO_TEV_CLASS_NONE, WO_TEV_CLASS_A, WO_TEV_CLASS_C, WO_TEV_CLASS_L,
+                    WO_TEV_CLASS_G, WO_TEV_CLASS_P };
+
+static inline enum wo_tev_class wo_tev_class(unsigned type)
+{
+    switch (type) {
+    case WO_EV_ALLOC:
+    case WO_EV_FREE:
+    case WO_EV_TAG:
+        return WO_TEV_CLASS_A;
+    case WO_EV_COPY:
+        return WO_TEV_CLASS_C;
+    case WO_EV_LAUNCH:
+        return WO_TEV_CLASS_L;
+    case WO_EV_CAPTURE_BEGIN:
+    case WO_EV_CAPTURE_END:
+    case WO_EV_GRAPH_INSTANTIATE:
+    case WO_EV_GRAPH_LAUNCH:
+        return WO_TEV_CLASS_G;
+    case WO_EV_PLACE:
+    case WO_EV_PREFETCH:
+    case WO_EV_EVICT:
+        return WO_TEV_CLASS_P;
+    default:
+        return WO_TEV_CLASS_NONE; /* sync, seal, step: the common part only */
+    }
+}
+
+/* Payload bytes of an event of this type with nhits hits. */
+static inline uint32_t wo_tev_size(unsigned type, unsigned nhits)
+{
+    switch (wo_tev_class(type)) {
+    case WO_TEV_CLASS_A:
+        return WO_TEV_COMMON + WO_TEV_A;
+    case WO_TEV_CLASS_C:
+        return WO_TEV_COMMON + WO_TEV_C;
+    case WO_TEV_CLASS_L:
+        return WO_TEV_COMMON + WO_TEV_L + nhits * WO_TEV_HIT;
+    case WO_TEV_CLASS_G:
+        return WO_TEV_COMMON + WO_TEV_G;
+    case WO_TEV_CLASS_P:
+        return WO_TEV_COMMON + WO_TEV_P;
+    default:
+        return WO_TEV_COMMON;
+    }
+}
+
+/* Fixed parts of the name records (the name's bytes follow). */
+#define WO_TREC_KERNEL_FIXED 10 /* func u64, len u16 */
+#define WO_TREC_TAG_FIXED 46    /* id, gen u32; base, offset, size u64; placement, rule, flags u32; len u16 */
+#define WO_TREC_RULE_FIXED 6    /* index u32, len u16 */
+#define WO_TREC_FOOTER_FIXED 28 /* t_end, ring_dropped, records u64; ntypes u32 */
+#define WO_TRACE_MAX_KEY 255u

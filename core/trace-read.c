@@ -1,0 +1,892 @@
+/* core/trace-read.c: the trace reader and loader (docs/trace-format.md).
+ *
+ * Input is untrusted: every length is checked against what remains before a
+ * byte is read, a record's length bounds its parsing, every record's CRC is
+ * checked before its payload is decoded, and the reader's own memory is
+ * bounded (one record buffer of at most WO_TRACE_MAX_RECORD, at most
+ * WO_TRACE_MAX_INFO header entries). Errors carry the byte offset and what
+ * was expected there. */
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/trace-int.h"
+#include "core/trace.h"
+
+#define RBUF_SIZE (WO_TRACE_REC_HEADER + WO_TRACE_MAX_RECORD + WO_TRACE_REC_TRAILER)
+
+struct wo_trace_reader {
+    unsigned flags;
+    int fd; /* -1: memory */
+    const uint8_t *mem;
+    size_t memlen;
+    uint8_t *buf;     /* fd: a window of the file */
+    uint64_t buf_off; /* file offset of buf[0] */
+    size_t buf_len;   /* valid bytes in buf */
+    int eof;
+    uint64_t pos; /* offset of the next record */
+    unsigned major, minor;
+    int err;
+    uint64_t err_off;
+    char errbuf[WO_TRACE_ERR_MAX];
+    int seen_header, seen_footer;
+    uint64_t nrecords;
+    uint64_t events[WO_EV_MAX];
+    size_t ninfo;
+    char *info_keys[WO_TRACE_MAX_INFO];
+    char *info_vals[WO_TRACE_MAX_INFO];
+    char name[UINT16_MAX + 1]; /* the current record's name */
+};
+
+static int bad(struct wo_trace_reader *r, uint64_t off, const char *fmt, ...) WO_PRINTF(3, 4);
+static int bad(struct wo_trace_reader *r, uint64_t off, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    n = snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: ", (unsigned long long)off);
+    va_start(ap, fmt);
+    vsnprintf(r->errbuf + n, sizeof(r->errbuf) - (size_t)n, fmt, ap);
+    va_end(ap);
+    r->err = -EBADMSG;
+    r->err_off = off;
+    return -EBADMSG;
+}
+
+/* Makes bytes [off, off+n) addressable: 0 and *ret, or -ENODATA with *avail
+ * the bytes that exist from off (the input ends sooner), or -EIO. n must be
+ * at most RBUF_SIZE. */
+static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t **ret,
+                size_t *avail)
+{
+    if (r->fd < 0) {
+        size_t have = off < r->memlen ? r->memlen - (size_t)off : 0;
+        if (have < n) {
+            *avail = have;
+            return -ENODATA;
+        }
+        *ret = r->mem + off;
+        return 0;
+    }
+    if (off < r->buf_off) /* records only move forward */
+        return -EIO;
+    if (off + n > r->buf_off + r->buf_len) {
+        size_t keep = off < r->buf_off + r->buf_len ? (size_t)(r->buf_off + r->buf_len - off) : 0;
+        if (keep)
+            memmove(r->buf, r->buf + (off - r->buf_off), keep);
+        else if (off > r->buf_off + r->buf_len) {
+            /* skipping past the window: seek rather than read what is unused */
+            if (lseek(r->fd, (off_t)off, SEEK_SET) < 0)
+                return -EIO;
+        }
+        r->buf_off = off;
+        r->buf_len = keep;
+        while (r->buf_len < n && !r->eof) {
+            ssize_t got = read(r->fd, r->buf + r->buf_len, RBUF_SIZE - r->buf_len);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got < 0)
+                return -EIO;
+            if (got == 0)
+                r->eof = 1;
+            r->buf_len += (size_t)got;
+        }
+        if (r->buf_len < n) {
+            *avail = r->buf_len;
+            return -ENODATA;
+        }
+    }
+    *ret = r->buf + (off - r->buf_off);
+    return 0;
+}
+
+static int read_prelude(struct wo_trace_reader *r)
+{
+    const uint8_t *p;
+    size_t avail = 0;
+    int e = need(r, 0, WO_TRACE_PRELUDE_SIZE, &p, &avail);
+    uint32_t crc;
+
+    if (e == -EIO) {
+        snprintf(r->errbuf, sizeof(r->errbuf), "read error");
+        return r->err = -EIO;
+    }
+    if (e < 0) {
+        if (avail >= 8 && memcmp(r->fd < 0 ? r->mem : r->buf, WO_TRACE_MAGIC, 8) != 0)
+            return bad(r, 0, "not a libwoffload trace (no \"WOTRACE\" magic)");
+        return bad(r, avail, "truncated prelude: a trace starts with %d bytes (magic, version, CRC), "
+                   "the input has %zu", WO_TRACE_PRELUDE_SIZE, avail);
+    }
+    if (memcmp(p, WO_TRACE_MAGIC, 8) != 0)
+        return bad(r, 0, "not a libwoffload trace (no \"WOTRACE\" magic)");
+    crc = wo_crc32c(0, p, 12);
+    if (crc != wo_get32(p + 12))
+        return bad(r, 8, "CRC mismatch in the prelude (version bytes): stored 0x%08x, computed 0x%08x",
+                   wo_get32(p + 12), crc);
+    r->major = wo_get16(p + 8);
+    r->minor = wo_get16(p + 10);
+    if (r->major != WO_TRACE_VERSION_MAJOR)
+        return bad(r, 8, "trace format version %u.%u: this reader reads version %d.x", r->major,
+                   r->minor, WO_TRACE_VERSION_MAJOR);
+    r->pos = WO_TRACE_PRELUDE_SIZE;
+    return 0;
+}
+
+static int reader_new(unsigned flags, int fd, const void *mem, size_t len,
+                      struct wo_trace_reader **ret)
+{
+    struct wo_trace_reader *r = calloc(1, sizeof(*r));
+
+    if (!r)
+        return -ENOMEM;
+    r->flags = flags;
+    r->fd = fd;
+    r->mem = mem;
+    r->memlen = len;
+    r->err_off = UINT64_MAX;
+    if (fd >= 0) {
+        r->buf = malloc(RBUF_SIZE);
+        if (!r->buf) {
+            free(r);
+            return -ENOMEM;
+        }
+    }
+    *ret = r;
+    return read_prelude(r);
+}
+
+int wo_trace_reader_open(const char *path, unsigned flags, struct wo_trace_reader **ret)
+{
+    int fd, e;
+
+    *ret = NULL;
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    e = reader_new(flags, fd, NULL, 0, ret);
+    if (e == -ENOMEM)
+        close(fd);
+    return e;
+}
+
+int wo_trace_reader_open_mem(const void *buf, size_t len, unsigned flags,
+                             struct wo_trace_reader **ret)
+{
+    *ret = NULL;
+    if (!buf && len)
+        return -EINVAL;
+    return reader_new(flags, -1, buf ? buf : "", len, ret);
+}
+
+void wo_trace_reader_close(struct wo_trace_reader *r)
+{
+    if (!r)
+        return;
+    if (r->fd >= 0)
+        close(r->fd);
+    for (size_t i = 0; i < r->ninfo; i++) {
+        free(r->info_keys[i]);
+        free(r->info_vals[i]);
+    }
+    free(r->buf);
+    free(r);
+}
+
+/* A payload of `have` bytes where the layout needs `want`: exact, unless the
+ * file is a newer minor version (which may append fields this reader skips). */
+static int size_ok(const struct wo_trace_reader *r, uint32_t have, uint32_t want)
+{
+    return have == want || (r->minor > WO_TRACE_VERSION_MINOR && have > want);
+}
+
+static int copy_name(struct wo_trace_reader *r, uint64_t off, const uint8_t *p, size_t n)
+{
+    if (memchr(p, 0, n))
+        return bad(r, off, "name contains a NUL byte");
+    memcpy(r->name, p, n);
+    r->name[n] = '\0';
+    return 0;
+}
+
+static int decode_kv(struct wo_trace_reader *r, uint64_t off, const uint8_t *p, uint32_t len,
+                     struct wo_trace_rec *rec)
+{
+    uint32_t n, at = 4;
+
+    if (len < 4)
+        return bad(r, off, "key/value record of %u bytes: at least 4 (the count) expected", len);
+    n = wo_get32(p);
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t kl, vl;
+        char *k, *v;
+        if (len - at < 2)
+            return bad(r, off + at, "entry %u of %u: key length expected, the record ends", i, n);
+        kl = wo_get16(p + at);
+        at += 2;
+        if (kl == 0 || kl > WO_TRACE_MAX_KEY || len - at < kl)
+            return bad(r, off + at - 2, "entry %u: key of %u bytes (1-%u expected, %u left in the record)",
+                       i, kl, WO_TRACE_MAX_KEY, len - at);
+        if (memchr(p + at, 0, kl))
+            return bad(r, off + at, "entry %u: key contains a NUL byte", i);
+        if (len - at - kl < 4)
+            return bad(r, off + at + kl, "entry %u: value length expected, the record ends", i);
+        vl = wo_get32(p + at + kl);
+        if (vl > len - at - kl - 4)
+            return bad(r, off + at + kl, "entry %u: value of %u bytes, only %u left in the record", i,
+                       vl, len - at - kl - 4);
+        if (memchr(p + at + kl + 4, 0, vl))
+            return bad(r, off + at + kl + 4, "entry %u: value contains a NUL byte", i);
+        if (r->ninfo >= WO_TRACE_MAX_INFO)
+            return bad(r, off + at - 2, "more than %u header/info entries", WO_TRACE_MAX_INFO);
+        k = strndup((const char *)p + at, kl);
+        v = strndup((const char *)p + at + kl + 4, vl);
+        if (!k || !v) {
+            free(k);
+            free(v);
+            return r->err = -ENOMEM;
+        }
+        r->info_keys[r->ninfo] = k;
+        r->info_vals[r->ninfo] = v;
+        r->ninfo++;
+        at += kl + 4 + vl;
+    }
+    if (!size_ok(r, len, at))
+        return bad(r, off + at, "%u bytes after the last of %u entries", len - at, n);
+    rec->ninfo = n;
+    return 0;
+}
+
+static int decode_event(struct wo_trace_reader *r, uint64_t off, unsigned type, const uint8_t *p,
+                        uint32_t len, struct wo_trace_rec *rec)
+{
+    struct wo_event *ev = &rec->ev;
+    unsigned nhits = 0;
+    uint32_t want;
+
+    if (type == WO_EV_NONE || type >= WO_EV_MAX)
+        return bad(r, off - WO_TRACE_REC_HEADER + 5, "unknown event type %u (1-%d expected)", type,
+                   WO_EV_MAX - 1);
+    if (type == WO_EV_LAUNCH) {
+        if (len < WO_TEV_COMMON + WO_TEV_L)
+            return bad(r, off, "launch event of %u bytes: at least %d expected", len,
+                       WO_TEV_COMMON + WO_TEV_L);
+        nhits = wo_get16(p + WO_TEV_COMMON + 32);
+        if (nhits > WO_EV_MAX_HITS)
+            return bad(r, off + WO_TEV_COMMON + 32, "launch event with %u hits (at most %d)", nhits,
+                       WO_EV_MAX_HITS);
+    }
+    want = wo_tev_size(type, nhits);
+    if (!size_ok(r, len, want)) {
+        if (type == WO_EV_LAUNCH)
+            return bad(r, off, "launch event with %u hits must be %u bytes, is %u", nhits, want, len);
+        return bad(r, off, "%s event must be %u bytes, is %u", wo_ev_type_name(type), want, len);
+    }
+    memset(ev, 0, sizeof(*ev));
+    rec->range_id = WO_TRACE_NO_ID;
+    rec->range_gen = 0;
+    ev->type = (uint16_t)type;
+    ev->t_ns = wo_get64(p);
+    ev->stream = wo_get64(p + 8);
+    ev->tid = wo_get32(p + 16);
+    ev->api = wo_get16(p + 20);
+    p += WO_TEV_COMMON;
+    switch (wo_tev_class(type)) {
+    case WO_TEV_CLASS_A:
+        ev->a.base = wo_get64(p);
+        ev->a.size = wo_get64(p + 8);
+        ev->a.seq = wo_get64(p + 16);
+        ev->a.flags = wo_get32(p + 24);
+        ev->a.device = wo_get32(p + 28);
+        rec->range_id = wo_get32(p + 32);
+        rec->range_gen = wo_get32(p + 36);
+        break;
+    case WO_TEV_CLASS_C:
+        ev->c.dst = wo_get64(p);
+        ev->c.src = wo_get64(p + 8);
+        ev->c.bytes = wo_get64(p + 16);
+        ev->c.kind = wo_get32(p + 24);
+        break;
+    case WO_TEV_CLASS_L:
+        ev->l.func = wo_get64(p);
+        for (int i = 0; i < 3; i++) {
+            ev->l.grid[i] = wo_get32(p + 8 + 4 * i);
+            ev->l.block[i] = wo_get32(p + 20 + 4 * i);
+        }
+        ev->nhits = (uint16_t)nhits;
+        ev->overflow = wo_get16(p + 34) ? 1 : 0;
+        p += WO_TEV_L;
+        for (unsigned i = 0; i < nhits; i++, p += WO_TEV_HIT) {
+            ev->l.hits[i].id = wo_get32(p);
+            ev->l.hits[i].gen = wo_get32(p + 4);
+            ev->l.hits[i].offset = wo_get64(p + 8);
+            ev->l.hits[i].hi = wo_get64(p + 16);
+        }
+        break;
+    case WO_TEV_CLASS_G:
+        ev->g.handle = wo_get64(p);
+        ev->g.aux = wo_get64(p + 8);
+        break;
+    case WO_TEV_CLASS_P:
+        ev->p.id = wo_get32(p);
+        ev->p.gen = wo_get32(p + 4);
+        ev->p.offset = wo_get64(p + 8);
+        ev->p.bytes = wo_get64(p + 16);
+        ev->p.from = wo_get32(p + 24);
+        ev->p.to = wo_get32(p + 28);
+        break;
+    case WO_TEV_CLASS_NONE:
+        break;
+    }
+    r->events[type]++;
+    return 0;
+}
+
+/* A name record: fixed part, u16 length as its last two bytes, the name. */
+static int decode_named(struct wo_trace_reader *r, uint64_t off, const char *what,
+                        const uint8_t *p, uint32_t len, uint32_t fixed)
+{
+    uint32_t n;
+
+    if (len < fixed)
+        return bad(r, off, "%s record of %u bytes: at least %u expected", what, len, fixed);
+    n = wo_get16(p + fixed - 2);
+    if (!size_ok(r, len, fixed + n))
+        return bad(r, off + fixed - 2, "%s record: name of %u bytes needs a %u-byte record, it is %u",
+                   what, n, fixed + n, len);
+    return copy_name(r, off + fixed, p + fixed, n);
+}
+
+static int decode_footer(struct wo_trace_reader *r, uint64_t off, const uint8_t *p, uint32_t len,
+                         struct wo_trace_rec *rec)
+{
+    struct wo_trace_footer *f = &rec->footer;
+    uint32_t ntypes;
+
+    if (len < WO_TREC_FOOTER_FIXED)
+        return bad(r, off, "footer of %u bytes: at least %d expected", len, WO_TREC_FOOTER_FIXED);
+    ntypes = wo_get32(p + 24);
+    if (ntypes > 255 || !size_ok(r, len, WO_TREC_FOOTER_FIXED + 8 * ntypes))
+        return bad(r, off + 24, "footer with %u event types must be %u bytes, is %u", ntypes,
+                   WO_TREC_FOOTER_FIXED + 8 * WO_MIN(ntypes, 255u), len);
+    memset(f, 0, sizeof(*f));
+    f->t_end_ns = wo_get64(p);
+    f->ring_dropped = wo_get64(p + 8);
+    f->records = wo_get64(p + 16);
+    if (f->records != r->nrecords)
+        return bad(r, off, "the footer counts %llu records before it, the trace holds %llu: records "
+                   "were lost or added", (unsigned long long)f->records,
+                   (unsigned long long)r->nrecords);
+    for (uint32_t i = 0; i < ntypes; i++) {
+        uint64_t c = wo_get64(p + WO_TREC_FOOTER_FIXED + 8 * i);
+        uint64_t have = i < WO_EV_MAX ? r->events[i] : 0;
+        if (c != have)
+            return bad(r, off + WO_TREC_FOOTER_FIXED + 8 * i,
+                       "the footer counts %llu %s events, the trace holds %llu",
+                       (unsigned long long)c, wo_ev_type_name(i), (unsigned long long)have);
+        if (i < WO_EV_MAX)
+            f->events[i] = c;
+    }
+    return 0;
+}
+
+static int at_end(struct wo_trace_reader *r)
+{
+    if (!r->seen_header)
+        return bad(r, r->pos, "the trace ends before its header record");
+    if ((r->flags & WO_TRACE_STRICT) && !r->seen_footer)
+        return bad(r, r->pos, "the trace ends without a footer record (the recording did not "
+                   "finish: the process was killed or the disk filled)");
+    return 0;
+}
+
+int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
+{
+    for (;;) {
+        const uint8_t *h, *p;
+        size_t avail = 0;
+        uint32_t len, crc;
+        unsigned type, sub;
+        uint64_t off = r->pos, poff = off + WO_TRACE_REC_HEADER;
+        int e;
+
+        if (r->err)
+            return r->err;
+        e = need(r, off, WO_TRACE_REC_HEADER, &h, &avail);
+        if (e == -EIO) {
+            snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: read error",
+                     (unsigned long long)off);
+            r->err_off = off;
+            return r->err = -EIO;
+        }
+        if (e < 0 && avail == 0)
+            return at_end(r);
+        if (r->seen_footer)
+            return bad(r, off, "data after the footer record (the footer must come last)");
+        if (e < 0)
+            return bad(r, off, "truncated record header: %d bytes expected, the trace ends after %zu",
+                       WO_TRACE_REC_HEADER, avail);
+        len = wo_get32(h);
+        type = h[4];
+        sub = h[5];
+        if (len > WO_TRACE_MAX_RECORD)
+            return bad(r, off, "record length %u exceeds the limit of %u bytes (corrupt length)", len,
+                       WO_TRACE_MAX_RECORD);
+        e = need(r, off, WO_TRACE_REC_HEADER + len + WO_TRACE_REC_TRAILER, &h, &avail);
+        if (e == -EIO) {
+            snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: read error",
+                     (unsigned long long)off);
+            r->err_off = off;
+            return r->err = -EIO;
+        }
+        if (e < 0)
+            return bad(r, off, "truncated %s record: %d+%u+%d bytes (header, payload, CRC) expected, "
+                       "the trace ends after %zu", wo_trace_rec_type_name(type),
+                       WO_TRACE_REC_HEADER, len, WO_TRACE_REC_TRAILER, avail);
+        crc = wo_crc32c(0, h, WO_TRACE_REC_HEADER + len);
+        if (crc != wo_get32(h + WO_TRACE_REC_HEADER + len))
+            return bad(r, off, "CRC mismatch in a %u-byte record of type %u (%s): stored 0x%08x, "
+                       "computed 0x%08x", len, type, wo_trace_rec_type_name(type),
+                       wo_get32(h + WO_TRACE_REC_HEADER + len), crc);
+        if (wo_get16(h + 6) != 0)
+            return bad(r, off + 6, "reserved header bytes are not zero");
+        p = h + WO_TRACE_REC_HEADER;
+        if (!r->seen_header && type != WO_TREC_HEADER)
+            return bad(r, off, "the first record must be the header, found type %u (%s)", type,
+                       wo_trace_rec_type_name(type));
+        if (r->seen_header && type == WO_TREC_HEADER)
+            return bad(r, off, "a second header record");
+        if (type != WO_TREC_EVENT && sub != 0)
+            return bad(r, off + 5, "subtype %u on a %s record (0 expected)", sub,
+                       wo_trace_rec_type_name(type));
+
+        memset(rec, 0, sizeof(*rec));
+        rec->type = (uint8_t)type;
+        rec->offset = off;
+        rec->length = len;
+        switch (type) {
+        case WO_TREC_HEADER:
+        case WO_TREC_INFO:
+            e = decode_kv(r, poff, p, len, rec);
+            r->seen_header = 1;
+            break;
+        case WO_TREC_EVENT:
+            e = decode_event(r, poff, sub, p, len, rec);
+            break;
+        case WO_TREC_KERNEL:
+            e = decode_named(r, poff, "kernel", p, len, WO_TREC_KERNEL_FIXED);
+            rec->func = wo_get64(p);
+            rec->name = r->name;
+            break;
+        case WO_TREC_TAG:
+            e = decode_named(r, poff, "tag", p, len, WO_TREC_TAG_FIXED);
+            if (e == 0) {
+                rec->tag.id = wo_get32(p);
+                rec->tag.gen = wo_get32(p + 4);
+                rec->tag.base = wo_get64(p + 8);
+                rec->tag.offset = wo_get64(p + 16);
+                rec->tag.size = wo_get64(p + 24);
+                rec->tag.placement = wo_get32(p + 32);
+                rec->tag.rule = wo_get32(p + 36);
+                rec->tag.flags = wo_get32(p + 40);
+                rec->tag.name = r->name;
+                rec->name = r->name;
+            }
+            break;
+        case WO_TREC_RULE:
+            e = decode_named(r, poff, "rule", p, len, WO_TREC_RULE_FIXED);
+            rec->rule = wo_get32(p);
+            rec->name = r->name;
+            break;
+        case WO_TREC_FOOTER:
+            e = decode_footer(r, poff, p, len, rec);
+            r->seen_footer = 1;
+            break;
+        default:
+            if (type & 0x80) {
+                /* optional record of a later writer: skip it whole */
+                r->pos = off + WO_TRACE_REC_HEADER + len + WO_TRACE_REC_TRAILER;
+                r->nrecords++;
+                continue;
+            }
+            return bad(r, off + 4, "unknown record type 0x%02x (not optional: a newer format?)",
+                       type);
+        }
+        if (e < 0)
+            return e;
+        r->pos = off + WO_TRACE_REC_HEADER + len + WO_TRACE_REC_TRAILER;
+        if (type != WO_TREC_FOOTER)
+            r->nrecords++;
+        return 1;
+    }
+}
+
+const char *wo_trace_reader_error(const struct wo_trace_reader *r)
+{
+    return r ? r->errbuf : "";
+}
+
+uint64_t wo_trace_reader_error_offset(const struct wo_trace_reader *r)
+{
+    return r ? r->err_off : UINT64_MAX;
+}
+
+void wo_trace_reader_version(const struct wo_trace_reader *r, unsigned *major, unsigned *minor)
+{
+    *major = r->major;
+    *minor = r->minor;
+}
+
+size_t wo_trace_reader_ninfo(const struct wo_trace_reader *r)
+{
+    return r->ninfo;
+}
+
+int wo_trace_reader_info_at(const struct wo_trace_reader *r, size_t i, const char **key,
+                            const char **value)
+{
+    if (i >= r->ninfo)
+        return -ENOENT;
+    *key = r->info_keys[i];
+    *value = r->info_vals[i];
+    return 0;
+}
+
+const char *wo_trace_reader_info(const struct wo_trace_reader *r, const char *key)
+{
+    for (size_t i = r->ninfo; i-- > 0;)
+        if (strcmp(r->info_keys[i], key) == 0)
+            return r->info_vals[i];
+    return NULL;
+}
+
+int wo_trace_reader_has_footer(const struct wo_trace_reader *r)
+{
+    return r->seen_footer;
+}
+
+/* ---- loader --------------------------------------------------------------------- */
+
+/* Grows *arr (of elem-byte items) to hold n+1. */
+static int grow(void *arr, size_t *cap, size_t n, size_t elem)
+{
+    void **a = arr;
+    size_t ncap;
+    void *p;
+
+    if (n < *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 64;
+    if (ncap > SIZE_MAX / elem)
+        return -ENOMEM;
+    p = realloc(*a, ncap * elem);
+    if (!p)
+        return -ENOMEM;
+    *a = p;
+    *cap = ncap;
+    return 0;
+}
+
+static int cmp_kernel(const void *a, const void *b)
+{
+    const struct wo_trace_kernel_name *x = a, *y = b;
+    return x->func < y->func ? -1 : x->func > y->func;
+}
+
+struct range_key {
+    uint32_t id, gen;
+    size_t index;
+};
+
+static int cmp_range_key(const void *a, const void *b)
+{
+    const struct range_key *x = a, *y = b;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    if (x->gen != y->gen)
+        return x->gen < y->gen ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* The live range a free event names: by sequence number, else by base. */
+static struct wo_trace_range *free_target(struct wo_trace_data *d, const struct wo_event *ev)
+{
+    for (size_t i = d->nranges; i-- > 0;) {
+        struct wo_trace_range *g = &d->ranges[i];
+        if (g->t_free_ns)
+            continue;
+        if ((ev->a.seq && g->seq == ev->a.seq) || (!ev->a.seq && g->base == ev->a.base))
+            return g;
+    }
+    return NULL;
+}
+
+static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_data **ret)
+{
+    struct wo_trace_data *d = calloc(1, sizeof(*d));
+    size_t cap_ev = 0, cap_rg = 0, cap_k = 0, cap_t = 0, cap_ru = 0;
+    struct wo_trace_rec rec;
+    int e = 0;
+
+    if (!d)
+        return -ENOMEM;
+    *ret = d;
+    wo_trace_reader_version(r, &d->version_major, &d->version_minor);
+    while ((e = wo_trace_next(r, &rec)) > 0) {
+        switch (rec.type) {
+        case WO_TREC_EVENT: {
+            struct wo_trace_ev *te;
+            if (max_events && d->nevents >= max_events) {
+                e = -E2BIG;
+                snprintf(d->error_text, sizeof(d->error_text),
+                         "offset %llu: more than %zu events (the limit of this tool)",
+                         (unsigned long long)rec.offset, max_events);
+                d->error_offset = rec.offset;
+                goto out;
+            }
+            if ((e = grow(&d->events, &cap_ev, d->nevents, sizeof(*d->events))) < 0)
+                goto out;
+            te = &d->events[d->nevents++];
+            te->ev = rec.ev;
+            te->range_id = rec.range_id;
+            te->range_gen = rec.range_gen;
+            if (rec.ev.type == WO_EV_ALLOC && rec.range_id != WO_TRACE_NO_ID) {
+                struct wo_trace_range *g;
+                if ((e = grow(&d->ranges, &cap_rg, d->nranges, sizeof(*d->ranges))) < 0)
+                    goto out;
+                g = &d->ranges[d->nranges++];
+                memset(g, 0, sizeof(*g));
+                g->id = rec.range_id;
+                g->gen = rec.range_gen;
+                g->base = rec.ev.a.base;
+                g->size = rec.ev.a.size;
+                g->seq = rec.ev.a.seq;
+                g->flags = rec.ev.a.flags;
+                g->device = rec.ev.a.device;
+                g->t_alloc_ns = rec.ev.t_ns;
+            } else if (rec.ev.type == WO_EV_FREE) {
+                struct wo_trace_range *g = free_target(d, &rec.ev);
+                if (g) {
+                    g->t_free_ns = rec.ev.t_ns ? rec.ev.t_ns : 1;
+                    te->range_id = g->id;
+                    te->range_gen = g->gen;
+                }
+            }
+            break;
+        }
+        case WO_TREC_KERNEL:
+            if ((e = grow(&d->kernels, &cap_k, d->nkernels, sizeof(*d->kernels))) < 0)
+                goto out;
+            d->kernels[d->nkernels].func = rec.func;
+            if (!(d->kernels[d->nkernels].name = strdup(rec.name))) {
+                e = -ENOMEM;
+                goto out;
+            }
+            d->nkernels++;
+            break;
+        case WO_TREC_TAG:
+            if ((e = grow(&d->tags, &cap_t, d->ntags, sizeof(*d->tags))) < 0)
+                goto out;
+            d->tags[d->ntags] = rec.tag;
+            if (!(d->tags[d->ntags].name = strdup(rec.tag.name))) {
+                e = -ENOMEM;
+                goto out;
+            }
+            d->ntags++;
+            break;
+        case WO_TREC_RULE:
+            if ((e = grow(&d->rules, &cap_ru, d->nrules, sizeof(*d->rules))) < 0)
+                goto out;
+            d->rules[d->nrules].index = rec.rule;
+            if (!(d->rules[d->nrules].name = strdup(rec.name))) {
+                e = -ENOMEM;
+                goto out;
+            }
+            d->nrules++;
+            break;
+        case WO_TREC_FOOTER:
+            d->has_footer = 1;
+            d->footer = rec.footer;
+            break;
+        default:
+            break;
+        }
+    }
+    if (e < 0) {
+        snprintf(d->error_text, sizeof(d->error_text), "%s", wo_trace_reader_error(r));
+        d->error_offset = wo_trace_reader_error_offset(r);
+    }
+
+out:
+    /* Whatever was read stays usable: tables are finished even after an error. */
+    d->ninfo = wo_trace_reader_ninfo(r);
+    d->info_keys = calloc(d->ninfo + 1, sizeof(char *));
+    d->info_values = calloc(d->ninfo + 1, sizeof(char *));
+    if (!d->info_keys || !d->info_values) {
+        d->ninfo = 0;
+        e = -ENOMEM;
+    }
+    for (size_t i = 0; i < d->ninfo; i++) {
+        const char *k = "", *v = "";
+        wo_trace_reader_info_at(r, i, &k, &v);
+        d->info_keys[i] = strdup(k);
+        d->info_values[i] = strdup(v);
+        if (!d->info_keys[i] || !d->info_values[i])
+            e = -ENOMEM;
+    }
+    if (d->nkernels) {
+        size_t w = 0;
+        qsort(d->kernels, d->nkernels, sizeof(*d->kernels), cmp_kernel);
+        /* a function named twice: the later record wins (qsort is not stable,
+         * both names came from the same function, either is right) */
+        for (size_t i = 0; i < d->nkernels; i++) {
+            if (w && d->kernels[w - 1].func == d->kernels[i].func) {
+                free(d->kernels[i].name);
+                continue;
+            }
+            d->kernels[w++] = d->kernels[i];
+        }
+        d->nkernels = w;
+    }
+    if (d->nranges) {
+        struct range_key *keys = malloc(d->nranges * sizeof(*keys));
+        d->range_index = malloc(d->nranges * sizeof(size_t));
+        if (!keys || !d->range_index) {
+            free(d->range_index);
+            d->range_index = NULL;
+            e = -ENOMEM;
+        } else {
+            for (size_t i = 0; i < d->nranges; i++)
+                keys[i] = (struct range_key){d->ranges[i].id, d->ranges[i].gen, i};
+            qsort(keys, d->nranges, sizeof(*keys), cmp_range_key);
+            for (size_t i = 0; i < d->nranges; i++)
+                d->range_index[i] = keys[i].index;
+        }
+        free(keys);
+    }
+    d->has_footer = wo_trace_reader_has_footer(r);
+    d->error = e < 0 ? e : 0;
+    if (e == -ENOMEM && !d->error_text[0])
+        snprintf(d->error_text, sizeof(d->error_text), "out of memory");
+    return e < 0 ? e : 0;
+}
+
+int wo_trace_load(const char *path, unsigned flags, size_t max_events, struct wo_trace_data **ret)
+{
+    struct wo_trace_reader *r;
+    int e = wo_trace_reader_open(path, flags, &r);
+
+    *ret = NULL;
+    if (!r)
+        return e;
+    if (e < 0) {
+        struct wo_trace_data *d = calloc(1, sizeof(*d));
+        if (d) {
+            d->error = e;
+            d->error_offset = wo_trace_reader_error_offset(r);
+            snprintf(d->error_text, sizeof(d->error_text), "%s", wo_trace_reader_error(r));
+        }
+        *ret = d;
+        wo_trace_reader_close(r);
+        return d ? e : -ENOMEM;
+    }
+    e = load(r, max_events, ret);
+    wo_trace_reader_close(r);
+    return e;
+}
+
+int wo_trace_load_mem(const void *buf, size_t len, unsigned flags, size_t max_events,
+                      struct wo_trace_data **ret)
+{
+    struct wo_trace_reader *r;
+    int e = wo_trace_reader_open_mem(buf, len, flags, &r);
+
+    *ret = NULL;
+    if (!r)
+        return e;
+    if (e < 0) {
+        struct wo_trace_data *d = calloc(1, sizeof(*d));
+        if (d) {
+            d->error = e;
+            d->error_offset = wo_trace_reader_error_offset(r);
+            snprintf(d->error_text, sizeof(d->error_text), "%s", wo_trace_reader_error(r));
+        }
+        *ret = d;
+        wo_trace_reader_close(r);
+        return d ? e : -ENOMEM;
+    }
+    e = load(r, max_events, ret);
+    wo_trace_reader_close(r);
+    return e;
+}
+
+void wo_trace_data_free(struct wo_trace_data *d)
+{
+    if (!d)
+        return;
+    for (size_t i = 0; i < d->ninfo; i++) {
+        free(d->info_keys[i]);
+        free(d->info_values[i]);
+    }
+    free(d->info_keys);
+    free(d->info_values);
+    free(d->events);
+    free(d->ranges);
+    free(d->range_index);
+    for (size_t i = 0; i < d->nkernels; i++)
+        free(d->kernels[i].name);
+    free(d->kernels);
+    for (size_t i = 0; i < d->ntags; i++)
+        free((char *)d->tags[i].name);
+    free(d->tags);
+    for (size_t i = 0; i < d->nrules; i++)
+        free(d->rules[i].name);
+    free(d->rules);
+    free(d);
+}
+
+const char *wo_trace_data_kernel(const struct wo_trace_data *d, uint64_t func)
+{
+    size_t lo = 0, hi = d->nkernels;
+
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (d->kernels[mid].func < func)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < d->nkernels && d->kernels[lo].func == func ? d->kernels[lo].name : NULL;
+}
+
+const struct wo_trace_range *wo_trace_data_range(const struct wo_trace_data *d, uint32_t id,
+                                                 uint32_t gen)
+{
+    size_t lo = 0, hi = d->nranges;
+
+    if (!d->range_index)
+        return NULL;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        const struct wo_trace_range *g = &d->ranges[d->range_index[mid]];
+        if (g->id < id || (g->id == id && g->gen < gen))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    if (lo < d->nranges) {
+        const struct wo_trace_range *g = &d->ranges[d->range_index[lo]];
+        if (g->id == id && g->gen == gen)
+            return g;
+    }
+    return NULL;
+}
+
+const char *wo_trace_data_info(const struct wo_trace_data *d, const char *key)
+{
+    for (size_t i = d->ninfo; i-- > 0;)
+        if (strcmp(d->info_keys[i], key) == 0)
+            return d->info_values[i];
+    return NULL;
+}

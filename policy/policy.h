@@ -1,0 +1,285 @@
+/* policy/policy.h: the YAML placement policy: loading (libyaml), validation
+ * with located diagnostics, matching a name to a rule, and the normalized
+ * dump. No CUDA. docs/policy.md documents every key.
+ *
+ * A loaded policy is immutable: every function taking a const policy is
+ * reentrant and may be called from any thread without a lock. */
+#pragma once
+
+#include <stdio.h>
+
+#include "core/macro.h"
+
+/* ---- placements ------------------------------------------------------- */
+
+enum wo_placement {
+    WO_PLACE_UNSET = 0, /* no decision (never the result of a match) */
+    WO_PLACE_DEVICE,    /* ordinary device memory */
+    WO_PLACE_HOST,      /* host memory read in place over PCIe */
+    WO_PLACE_MANAGED,   /* host-resident managed memory, prefetched within the device budget */
+    WO_PLACE_MAX
+};
+
+/* "unset", "device", "host", "managed"; "?" for anything else. Never NULL. */
+const char *wo_placement_to_string(enum wo_placement p);
+/* The enum value for "device", "host", "managed" (exact, lower case), or -EINVAL. */
+int wo_placement_from_string(const char *s);
+
+/* ---- globals ------------------------------------------------------------ */
+
+enum wo_budget_kind {
+    WO_BUDGET_UNLIMITED = 0, /* host_budget default */
+    WO_BUDGET_AUTO,          /* device_budget default: see wo_policy_device_budget() */
+    WO_BUDGET_BYTES,
+    WO_BUDGET_PERCENT,       /* device_budget only: of the device's total memory */
+};
+
+struct wo_budget {
+    enum wo_budget_kind kind;
+    uint64_t bytes; /* WO_BUDGET_BYTES */
+    uint32_t ppm;   /* WO_BUDGET_PERCENT: parts per million of the device total (50% = 500000) */
+};
+
+enum wo_pin_fallback {
+    WO_PIN_FALLBACK_MANAGED = 0, /* pinning failed: managed memory advised to stay on host */
+    WO_PIN_FALLBACK_STOP,        /* pinning failed: the placement fails (seal returns the error) */
+};
+
+/* When the placeable window opens / closes. Events happen in the order
+ * start < first tag < seal; `api` means only woffload_window_open()/close(). */
+enum wo_window_open {
+    WO_WINDOW_OPEN_AT_START = 0,
+    WO_WINDOW_OPEN_ON_FIRST_TAG,
+    WO_WINDOW_OPEN_API,
+};
+enum wo_window_close {
+    WO_WINDOW_CLOSE_AT_SEAL = 0,
+    WO_WINDOW_CLOSE_ON_FIRST_TAG,
+    WO_WINDOW_CLOSE_API,
+};
+
+enum wo_lookahead_kind {
+    WO_LOOKAHEAD_RANGES = 0, /* lookahead counts upcoming managed ranges (bare integer) */
+    WO_LOOKAHEAD_BYTES,      /* lookahead counts upcoming bytes (a size with a unit) */
+};
+
+enum wo_eviction {
+    WO_EVICT_AUTO = 0,     /* the prefetcher chooses per range */
+    WO_EVICT_READ_MOSTLY,  /* read-mostly duplicate, collapse to drop the GPU copy */
+    WO_EVICT_COPY_BACK,    /* prefetch back to host */
+};
+
+enum wo_slices {
+    WO_SLICES_AUTO = 0, /* track sub-ranges (per-expert slices) where launches touch them */
+    WO_SLICES_NONE,     /* whole ranges only */
+};
+
+#define WO_PIECE_SIZE_MIN (16 * WO_MiB)
+#define WO_PIECE_SIZE_DEFAULT (64 * WO_MiB)
+#define WO_WINDOW_MIN_SIZE_DEFAULT (1 * WO_MiB)
+#define WO_LOOKAHEAD_DEFAULT 4
+
+struct wo_policy_globals {
+    enum wo_placement default_place; /* `default:`; DEVICE when absent; never UNSET */
+    /* `host_budget:` UNLIMITED or BYTES. Applies to `host` placements only, in
+     * the order the engine tags/seals its names (its parameter order, as vLLM's
+     * cpu_offload_gb): a match that would exceed it, and every match after
+     * that, stays on the device. See struct wo_host_budget. */
+    struct wo_budget host_budget;
+    /* `device_budget:` AUTO, BYTES or PERCENT (unresolved: see
+     * wo_policy_device_budget()). Bytes of managed memory the prefetcher may
+     * keep resident on the device. */
+    struct wo_budget device_budget;
+    enum wo_pin_fallback pin_fallback;
+    struct {
+        enum wo_window_open open;
+        enum wo_window_close close;
+        uint64_t min_size; /* allocations smaller than this are never placeable by the window */
+    } window;
+    struct {
+        bool enabled;
+        enum wo_lookahead_kind lookahead_kind;
+        uint64_t lookahead;   /* ranges or bytes, per lookahead_kind */
+        uint64_t piece_size;  /* >= WO_PIECE_SIZE_MIN */
+        bool hot_set;         /* keep the most-used ranges resident too */
+        enum wo_eviction eviction;
+    } prefetch;
+};
+
+/* ---- rules ----------------------------------------------------------------- */
+
+struct wo_matchers; /* private to policy/ */
+
+struct wo_rule {
+    const char *name;       /* the rule's `name:`, or NULL */
+    unsigned line, column;  /* 1-based, where the rule starts */
+    enum wo_placement place;
+    bool pin;               /* host: pinned host memory (default true); false:
+                             * managed memory advised preferred=host */
+    int priority;           /* managed: 0..100, higher is kept resident first (default 0) */
+    enum wo_slices slices;  /* managed: default AUTO */
+    const struct wo_matchers *m;
+};
+
+struct wo_policy;
+
+/* ---- diagnostics ---------------------------------------------------------- */
+
+enum wo_diag_severity {
+    WO_DIAG_ERROR = 0,
+    WO_DIAG_WARNING,
+    WO_DIAG_NOTE,
+};
+
+struct wo_diag {
+    char *file;         /* display name; never NULL */
+    unsigned line;      /* 1-based; 0 when the message is about the whole file */
+    unsigned column;    /* 1-based; 0 when unknown */
+    enum wo_diag_severity severity;
+    char *message;      /* without the location and severity prefix */
+};
+
+struct wo_diags {
+    struct wo_diag *v;
+    size_t n, cap;
+    size_t nerrors, nwarnings;
+};
+
+/* Frees the messages; the struct may be reused afterwards. NULL is fine. */
+void wo_diags_clear(struct wo_diags *d);
+/* One line each: "file:line:column: error: message" (line/column left out when 0). */
+void wo_diag_format(const struct wo_diag *d, char *buf, size_t len);
+void wo_diags_print(const struct wo_diags *d, FILE *f);
+/* Through core/log.h: errors at WO_LOG_ERROR, warnings at WO_LOG_WARN, notes at info. */
+void wo_diags_log(const struct wo_diags *d);
+
+/* ---- loading ----------------------------------------------------------------- */
+
+/* Looks up a variable for ${NAME} expansion: returns its value (owned by the
+ * callee, valid until load returns) or NULL when it is not set. */
+typedef const char *(*wo_policy_lookup_fn)(void *ud, const char *name);
+
+struct wo_policy_opts {
+    wo_policy_lookup_fn lookup; /* NULL: getenv() */
+    void *lookup_ud;
+    unsigned max_nodes;         /* YAML nodes after alias expansion; 0: 10000 */
+    unsigned max_depth;         /* nesting of collections; 0: 32 */
+};
+
+#define WO_POLICY_MAX_NODES 10000
+#define WO_POLICY_MAX_DEPTH 32
+#define WO_POLICY_MAX_FILE (4 * WO_MiB)
+
+/* Variables: every scalar value may hold ${NAME} or ${NAME:-default}; $$ is a
+ * literal $. RANK, LOCAL_RANK and WORLD_SIZE fall back to the SLURM and Open
+ * MPI equivalents, then to 0, 0 and 1 (a single process). Any other unset
+ * variable without a default is an error.
+ *
+ * Loads and validates. Returns 0 and *ret (warnings may have been added to
+ * diags), or a negative errno with *ret = NULL: -EINVAL for any error in the
+ * contents, -ENOENT, -EACCES, -EISDIR, -EFBIG (larger than WO_POLICY_MAX_FILE),
+ * -ENOMEM. Every problem, including file errors, is added to diags as a
+ * located diagnostic; with diags NULL they are logged (wo_diags_log) instead.
+ * opts may be NULL. Never crashes, never hangs, on any input. */
+int wo_policy_load_file(const char *path, const struct wo_policy_opts *opts,
+                        struct wo_policy **ret, struct wo_diags *diags);
+/* The same from memory; display_name is used in diagnostics (NULL: "<buffer>").
+ * buf need not be NUL-terminated; NUL bytes inside it are an error. */
+int wo_policy_load_buffer(const char *buf, size_t len, const char *display_name,
+                          const struct wo_policy_opts *opts, struct wo_policy **ret,
+                          struct wo_diags *diags);
+
+/* Returns NULL. NULL is fine. */
+struct wo_policy *wo_policy_free(struct wo_policy *p);
+
+/* The display name given at load. */
+const char *wo_policy_source(const struct wo_policy *p);
+const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p);
+size_t wo_policy_nrules(const struct wo_policy *p);
+/* NULL when i is out of range. */
+const struct wo_rule *wo_policy_rule(const struct wo_policy *p, size_t i);
+/* "rule 3 'experts' (moe.yaml:12)" or "rule 3 (moe.yaml:12)"; i == nrules:
+ * "the default". Returns buf. */
+const char *wo_policy_rule_label(const struct wo_policy *p, size_t i, char *buf, size_t len);
+/* True when no rule and no default can place anything off the device: the
+ * shim may then pass every allocation through. */
+bool wo_policy_passthrough(const struct wo_policy *p);
+
+/* ---- matching -------------------------------------------------------------- */
+
+/* Size unknown (tag scope before the allocation): size matchers do not match. */
+#define WO_SIZE_UNKNOWN UINT64_MAX
+
+struct wo_match {
+    long rule;               /* index of the first matching rule, -1: the default */
+    enum wo_placement place; /* the rule's placement or the default; never UNSET */
+    const struct wo_rule *r; /* the rule, NULL for the default */
+};
+
+/* First match wins. Returns 1 when a rule matched, 0 when the default applies
+ * (ret is filled in both cases), -EINVAL for NULL arguments. */
+int wo_policy_match(const struct wo_policy *p, const char *name, uint64_t size,
+                    struct wo_match *ret);
+
+/* As wo_policy_match, and calls fn for every rule up to and including the
+ * matching one: matched false with why = the first reason it failed
+ * ("glob: no pattern matches (tried '*.bias')"), or matched true with why
+ * describing what held. fn may be NULL. */
+typedef void (*wo_explain_fn)(void *ud, size_t rule, bool matched, const char *why);
+int wo_policy_explain(const struct wo_policy *p, const char *name, uint64_t size,
+                      struct wo_match *ret, wo_explain_fn fn, void *ud);
+/* The explanation as text: the name, one line per rule, the result. */
+int wo_policy_explain_print(const struct wo_policy *p, const char *name, uint64_t size, FILE *f);
+
+/* The layer index the `layers:` matcher sees in a name: the first integer
+ * component after a component layers/layer/h/blocks/block/blk ("model.layers.3.mlp",
+ * "blk.7.ffn_up_exps.weight"), or -1. */
+long wo_policy_layer_of(const char *name);
+
+/* ---- host budget accounting (vLLM cpu_offload_gb) --------------------------- */
+
+/* Charge host placements in the engine's order; once one does not fit, it and
+ * every later one stay on the device (so the offloaded set is a prefix). */
+struct wo_host_budget {
+    uint64_t limit;  /* UINT64_MAX when unlimited */
+    uint64_t used;
+    bool spent;      /* a charge did not fit: every later charge fails */
+};
+void wo_host_budget_init(struct wo_host_budget *b, const struct wo_policy *p);
+/* 1 and charged when bytes fit; 0 when the caller must place it on the device. */
+int wo_host_budget_take(struct wo_host_budget *b, uint64_t bytes);
+/* Gives bytes back (a host-placed range was freed); does not reopen a spent budget. */
+void wo_host_budget_release(struct wo_host_budget *b, uint64_t bytes);
+
+/* The device budget in bytes: BYTES as given, PERCENT of device_total,
+ * AUTO: half of device_free (room left for activations and the KV cache). */
+uint64_t wo_policy_device_budget(const struct wo_policy *p, uint64_t device_total,
+                                 uint64_t device_free);
+uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uint64_t device_free);
+
+/* ---- normalized form and counters ---------------------------------------------- */
+
+/* Canonical YAML: every global with its effective value, every rule with its
+ * matchers in a fixed order and sizes in bytes. Loading the dump gives the
+ * same policy. Returns 0 or -errno of the stream. */
+int wo_policy_dump(const struct wo_policy *p, FILE *f);
+
+/* Per rule counters, filled by the placement code (uvm/) or the replay
+ * tools: an array of nrules + 1, the last entry for the default. */
+struct wo_rule_counts {
+    uint64_t names;             /* names (tensors, scopes) that matched */
+    uint64_t bytes;             /* their bytes */
+    uint64_t over_budget_names; /* matched `host` but kept on the device: host budget spent */
+    uint64_t over_budget_bytes;
+};
+/* One line per rule: label, placement, names, bytes (human units), over budget,
+ * "matched nothing" for rules with zero names. */
+void wo_policy_print_counts(const struct wo_policy *p, const struct wo_rule_counts *c, FILE *f);
+
+/* ---- sizes (shared with tools) ------------------------------------------------- */
+
+/* "512MiB", "1.5GiB", "350GB", "4096": 0 and *ret, -EINVAL (garbage, negative,
+ * unknown unit, a fraction of a byte without a unit), -ERANGE (overflow). */
+int wo_parse_size(const char *s, uint64_t *ret);
+/* "1.50 GiB" style, for messages. Returns buf. */
+const char *wo_format_size(uint64_t bytes, char *buf, size_t len);

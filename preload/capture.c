@@ -1,0 +1,448 @@
+/* preload/capture.c: capture awareness: which streams are capturing, the
+ * launches each capture recorded, the graph each capture produced, the graph
+ * exec instantiated from it, and the graph launches that replay it.
+ *
+ * Writers (begin/end capture, instantiate) are rare and take cap_lock.
+ * Readers on the launch paths never lock: the launch hook asks
+ * wo_capture_of(stream), which is one relaxed load while nothing captures,
+ * and a bounded scan of CAP_SLOTS atomics while something does; graph
+ * launches look their exec up in a lock-free open-addressing table.
+ *
+ * The event stream carries the rest (uvm/'s consumer replays it): a
+ * WO_EV_CAPTURE_BEGIN (g.handle: capture id, g.aux: mode), launches tagged
+ * with the capture id (ev.capture), WO_EV_CAPTURE_END (g.handle: graph, g.aux:
+ * capture id), WO_EV_GRAPH_INSTANTIATE (exec, graph), WO_EV_GRAPH_LAUNCH
+ * (exec, graph; ev.stream).
+ *
+ * Not seen: launches on a stream that joined a capture through an event wait
+ * (cross-stream capture) are recorded as ordinary launches. */
+#include <pthread.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "preload/hook.h"
+
+#define CAP_SLOTS 64
+#define GRAPH_SLOTS 4096u /* power of two */
+#define GRAPH_PROBES 64u
+
+struct cap_slot {
+    uint64_t stream;
+    uint32_t id; /* 0: free */
+    int mode;
+    uint64_t launches, hit_launches, hits;
+};
+
+struct graph_slot {
+    uint64_t key; /* graph handle; set once by its writer under cap_lock */
+    uint32_t capture;
+    uint64_t launches, hits;
+};
+
+struct exec_slot {
+    uint64_t key; /* graph exec handle */
+    uint64_t graph;
+};
+
+static pthread_mutex_t cap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct cap_slot caps[CAP_SLOTS];
+static int caps_active;
+static uint32_t next_id;
+static struct graph_slot graphs[GRAPH_SLOTS];
+static struct exec_slot execs[GRAPH_SLOTS];
+
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_ACQUIRE)
+#define STORE(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELEASE)
+
+static uint32_t hash64(uint64_t k)
+{
+    return (uint32_t)((k * UINT64_C(0x9E3779B97F4A7C15)) >> 40);
+}
+
+uint32_t wo_capture_of(uint64_t stream)
+{
+    if (WO_LIKELY(__atomic_load_n(&caps_active, __ATOMIC_RELAXED) == 0))
+        return 0;
+    for (int i = 0; i < CAP_SLOTS; i++) {
+        uint32_t id = LOAD(caps[i].id);
+        /* Re-reading the id after the stream guards against a slot being
+         * reused between the two loads. */
+        if (id && LOAD(caps[i].stream) == stream && LOAD(caps[i].id) == id)
+            return id;
+    }
+    return 0;
+}
+
+void wo_capture_note_launch(uint32_t id, uint32_t nhits)
+{
+    for (int i = 0; i < CAP_SLOTS; i++) {
+        if (LOAD(caps[i].id) != id)
+            continue;
+        __atomic_fetch_add(&caps[i].launches, 1, __ATOMIC_RELAXED);
+        if (nhits) {
+            __atomic_fetch_add(&caps[i].hit_launches, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&caps[i].hits, nhits, __ATOMIC_RELAXED);
+        }
+        return;
+    }
+}
+
+static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int api)
+{
+    struct wo_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.type = (uint16_t)type;
+    ev.api = (uint16_t)api;
+    ev.stream = stream;
+    ev.g.handle = handle;
+    ev.g.aux = aux;
+    wo_push_event(&ev);
+}
+
+void wo_capture_begin(uint64_t stream, int mode)
+{
+    int i;
+
+    pthread_mutex_lock(&cap_lock);
+    for (i = 0; i < CAP_SLOTS; i++)
+        if (!LOAD(caps[i].id))
+            break;
+    if (i == CAP_SLOTS) {
+        pthread_mutex_unlock(&cap_lock);
+        wo_count(WO_CTR_capture_table_full, 1);
+        wo_log_once(WO_LOG_WARN, "more than %d streams capture at once: launches of the others "
+                                 "are recorded as ordinary launches", CAP_SLOTS);
+        return;
+    }
+    if (++next_id == 0)
+        next_id = 1;
+    STORE(caps[i].stream, stream);
+    STORE(caps[i].launches, 0);
+    STORE(caps[i].hit_launches, 0);
+    STORE(caps[i].hits, 0);
+    caps[i].mode = mode;
+    STORE(caps[i].id, next_id);
+    __atomic_fetch_add(&caps_active, 1, __ATOMIC_RELEASE);
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_RELEASE);
+    wo_count(WO_CTR_capture_begin, 1);
+    push_g(WO_EV_CAPTURE_BEGIN, stream, next_id, (uint64_t)mode, WO_API_GRAPH);
+    pthread_mutex_unlock(&cap_lock);
+}
+
+static struct graph_slot *graph_slot(uint64_t graph, bool insert)
+{
+    uint32_t h = hash64(graph);
+
+    for (uint32_t i = 0; i < GRAPH_PROBES; i++) {
+        struct graph_slot *g = &graphs[(h + i) & (GRAPH_SLOTS - 1)];
+        uint64_t k = LOAD(g->key);
+        if (k == graph)
+            return g;
+        if (k == 0) {
+            if (!insert)
+                return NULL;
+            STORE(g->key, graph); /* writers hold cap_lock: no CAS needed */
+            return g;
+        }
+    }
+    return NULL;
+}
+
+static struct exec_slot *exec_slot(uint64_t exec, bool insert)
+{
+    uint32_t h = hash64(exec);
+
+    for (uint32_t i = 0; i < GRAPH_PROBES; i++) {
+        struct exec_slot *e = &execs[(h + i) & (GRAPH_SLOTS - 1)];
+        uint64_t k = LOAD(e->key);
+        if (k == exec)
+            return e;
+        if (k == 0) {
+            if (!insert)
+                return NULL;
+            STORE(e->key, exec);
+            return e;
+        }
+    }
+    return NULL;
+}
+
+void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
+{
+    pthread_mutex_lock(&cap_lock);
+    for (int i = 0; i < CAP_SLOTS; i++) {
+        uint32_t id = LOAD(caps[i].id);
+        struct graph_slot *g;
+        if (!id || LOAD(caps[i].stream) != stream)
+            continue;
+        STORE(caps[i].id, 0);
+        __atomic_fetch_sub(&caps_active, 1, __ATOMIC_RELEASE);
+        if (caps[i].mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+            __atomic_fetch_sub(&wo_captures_global, 1, __ATOMIC_RELEASE);
+        wo_count(WO_CTR_capture_end, 1);
+        if (ok && graph) {
+            /* A graph handle may be reused after cuGraphDestroy: the slot
+             * then describes the newest graph at that address. */
+            g = graph_slot(graph, true);
+            if (g) {
+                STORE(g->capture, id);
+                STORE(g->launches, LOAD(caps[i].launches));
+                STORE(g->hits, LOAD(caps[i].hits));
+            } else {
+                wo_log_once(WO_LOG_WARN, "graph table full: later graphs are not attributed");
+            }
+        }
+        push_g(WO_EV_CAPTURE_END, stream, ok ? graph : 0, id, WO_API_GRAPH);
+        break;
+    }
+    pthread_mutex_unlock(&cap_lock);
+}
+
+void wo_capture_instantiated(uint64_t exec, uint64_t graph)
+{
+    struct exec_slot *e;
+
+    pthread_mutex_lock(&cap_lock);
+    if (graph_slot(graph, false))
+        wo_count(WO_CTR_graph_instantiate, 1);
+    else
+        wo_count(WO_CTR_graph_instantiate_other, 1);
+    e = exec_slot(exec, true);
+    if (e)
+        STORE(e->graph, graph);
+    push_g(WO_EV_GRAPH_INSTANTIATE, 0, exec, graph, WO_API_GRAPH);
+    pthread_mutex_unlock(&cap_lock);
+}
+
+void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
+{
+    struct exec_slot *e = exec_slot(exec, false);
+    struct graph_slot *g = NULL;
+    uint64_t graph = e ? LOAD(e->graph) : 0;
+
+    if (graph)
+        g = graph_slot(graph, false);
+    wo_count(WO_CTR_graph_launch, 1);
+    if (g) {
+        wo_count(WO_CTR_graph_launch_attributed, 1);
+        wo_count(WO_CTR_graph_launch_kernels, LOAD(g->launches));
+        wo_count(WO_CTR_graph_launch_hits, LOAD(g->hits));
+    }
+    push_g(WO_EV_GRAPH_LAUNCH, stream, exec, g ? graph : 0, api);
+}
+
+void wo_capture_reset(void)
+{
+    /* The child of fork: only the forking thread exists; start empty. */
+    pthread_mutex_init(&cap_lock, NULL);
+    memset(caps, 0, sizeof(caps));
+    memset(graphs, 0, sizeof(graphs));
+    memset(execs, 0, sizeof(execs));
+    caps_active = 0;
+    __atomic_store_n(&wo_captures_global, 0, __ATOMIC_RELEASE);
+}
+
+/* --- hooks ---------------------------------------------------------------- */
+
+/* Whether a failed end-capture call still ended the capture: only argument
+ * and thread errors leave it running. */
+static bool end_failed_but_ended_cu(CUresult r)
+{
+    return r != CUDA_ERROR_INVALID_VALUE && r != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD &&
+           r != CUDA_ERROR_ILLEGAL_STATE;
+}
+
+CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *ra, CUstream s,
+                            CUstreamCaptureMode mode)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(s, mode);
+    res = real(s, mode);
+    if (res == CUDA_SUCCESS)
+        wo_capture_begin(wo_stream_id(s, wo_hook_pt[id]), (int)mode);
+    wo_leave();
+    return res;
+}
+
+CUresult wo_h_end_capture(wo_pfn_cuStreamEndCapture real, int id, void *ra, CUstream s, CUgraph *g)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(s, g);
+    res = real(s, g);
+    if (res == CUDA_SUCCESS || end_failed_but_ended_cu(res))
+        wo_capture_end(wo_stream_id(s, wo_hook_pt[id]),
+                       res == CUDA_SUCCESS && g ? (uint64_t)(uintptr_t)*g : 0, res == CUDA_SUCCESS);
+    wo_leave();
+    return res;
+}
+
+CUresult wo_h_graph_instantiate(wo_pfn_cuGraphInstantiateWithFlags real, int id, void *ra,
+                                CUgraphExec *e, CUgraph g, unsigned long long flags)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(e, g, flags);
+    res = real(e, g, flags);
+    if (res == CUDA_SUCCESS && e)
+        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
+    wo_leave();
+    return res;
+}
+
+CUresult wo_h_graph_instantiate_params(wo_pfn_cuGraphInstantiateWithParams real, int id, void *ra,
+                                       CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(e, g, p);
+    res = real(e, g, p);
+    if (res == CUDA_SUCCESS && e)
+        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
+    wo_leave();
+    return res;
+}
+
+CUresult wo_h_graph_launch(wo_pfn_cuGraphLaunch real, int id, void *ra, CUgraphExec e, CUstream s)
+{
+    CUresult res;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(e, s);
+    res = real(e, s);
+    if (res == CUDA_SUCCESS) {
+        wo_count_caller(ra, WO_CALLER_LAUNCH);
+        wo_capture_graph_launch((uint64_t)(uintptr_t)e, wo_stream_id(s, wo_hook_pt[id]),
+                                WO_API_GRAPH);
+    }
+    wo_leave();
+    return res;
+}
+
+/* --- runtime -------------------------------------------------------------- */
+
+static bool end_failed_but_ended_rt(cudaError_t r)
+{
+    return r != cudaErrorInvalidValue && r != cudaErrorStreamCaptureWrongThread &&
+           r != cudaErrorIllegalState;
+}
+
+cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, void *ra,
+                                    cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    cudaError_t res;
+    (void)ra;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(s, mode);
+    res = real(s, mode);
+    if (res == cudaSuccess)
+        wo_capture_begin(wo_stream_id(s, wo_rt_pt[id]), (int)mode);
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_end_capture(wo_pfn_cudaStreamEndCapture real, int id, void *ra,
+                                  cudaStream_t s, cudaGraph_t *g)
+{
+    cudaError_t res;
+    (void)ra;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(s, g);
+    res = real(s, g);
+    if (res == cudaSuccess || end_failed_but_ended_rt(res))
+        wo_capture_end(wo_stream_id(s, wo_rt_pt[id]),
+                       res == cudaSuccess && g ? (uint64_t)(uintptr_t)*g : 0, res == cudaSuccess);
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_graph_instantiate(wo_pfn_cudaGraphInstantiate real, int id, void *ra,
+                                        cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
+{
+    cudaError_t res;
+    (void)ra;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(e, g, flags);
+    res = real(e, g, flags);
+    if (res == cudaSuccess && e)
+        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_graph_instantiate_params(wo_pfn_cudaGraphInstantiateWithParams real, int id,
+                                               void *ra, cudaGraphExec_t *e, cudaGraph_t g,
+                                               cudaGraphInstantiateParams *p)
+{
+    cudaError_t res;
+    (void)ra;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(e, g, p);
+    res = real(e, g, p);
+    if (res == cudaSuccess && e)
+        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_graph_launch(wo_pfn_cudaGraphLaunch real, int id, void *ra,
+                                   cudaGraphExec_t e, cudaStream_t s)
+{
+    cudaError_t res;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(e, s);
+    res = real(e, s);
+    if (res == cudaSuccess) {
+        wo_count_caller(ra, WO_CALLER_LAUNCH);
+        wo_capture_graph_launch((uint64_t)(uintptr_t)e, wo_stream_id(s, wo_rt_pt[id]),
+                                WO_API_GRAPH);
+    }
+    wo_leave();
+    return res;
+}

@@ -1,0 +1,242 @@
+/* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
+ * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
+ * stream). Never synchronises: an async copy is recorded when enqueued. */
+#include "preload/hook.h"
+
+static void record_copy(uint64_t dst, uint64_t src, uint64_t bytes, uint32_t kind, uint64_t stream,
+                        void *ra)
+{
+    struct wo_event ev = {.type = WO_EV_COPY, .stream = stream};
+
+    wo_count(WO_CTR_copy_calls, 1);
+    wo_count(WO_CTR_copy_bytes, bytes);
+    switch (kind) {
+    case WO_COPY_H2D:
+        wo_count(WO_CTR_copy_h2d, 1);
+        break;
+    case WO_COPY_D2H:
+        wo_count(WO_CTR_copy_d2h, 1);
+        break;
+    case WO_COPY_D2D:
+        wo_count(WO_CTR_copy_d2d, 1);
+        break;
+    default:
+        wo_count(WO_CTR_copy_other, 1);
+        break;
+    }
+    wo_count_caller(ra, WO_CALLER_COPY);
+    ev.c.dst = dst;
+    ev.c.src = src;
+    ev.c.bytes = bytes;
+    ev.c.kind = kind;
+    wo_push_event(&ev);
+}
+
+static uint32_t kind_of_types(CUmemorytype src, CUmemorytype dst)
+{
+    bool sh = src == CU_MEMORYTYPE_HOST, dh = dst == CU_MEMORYTYPE_HOST;
+    if (src == CU_MEMORYTYPE_UNIFIED || dst == CU_MEMORYTYPE_UNIFIED)
+        return WO_COPY_DEFAULT;
+    if (sh && dh)
+        return WO_COPY_H2H;
+    if (sh)
+        return WO_COPY_H2D;
+    if (dh)
+        return WO_COPY_D2H;
+    return WO_COPY_D2D;
+}
+
+static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
+{
+    return t == CU_MEMORYTYPE_HOST ? (uint64_t)(uintptr_t)host : (uint64_t)dev;
+}
+
+static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
+{
+    switch (k) {
+    case cudaMemcpyHostToHost:
+        return WO_COPY_H2H;
+    case cudaMemcpyHostToDevice:
+        return WO_COPY_H2D;
+    case cudaMemcpyDeviceToHost:
+        return WO_COPY_D2H;
+    case cudaMemcpyDeviceToDevice:
+        return WO_COPY_D2D;
+    default:
+        return WO_COPY_DEFAULT;
+    }
+}
+
+/* The common shape of every driver copy hook. */
+#define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
+    do {                                                                                           \
+        CUresult res_;                                                                             \
+        wo_count_call(id);                                                                         \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        if (!wo_enter())                                                                           \
+            return call;                                                                           \
+        res_ = call;                                                                               \
+        if (res_ == CUDA_SUCCESS)                                                                  \
+            record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
+                        wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
+        wo_leave();                                                                                \
+        return res_;                                                                               \
+    } while (0)
+
+CUresult wo_h_memcpy(wo_pfn_cuMemcpy real, int id, void *ra, CUdeviceptr dst, CUdeviceptr src,
+                     size_t n)
+{
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_DEFAULT, NULL);
+}
+
+CUresult wo_h_memcpy_async(wo_pfn_cuMemcpyAsync real, int id, void *ra, CUdeviceptr dst,
+                           CUdeviceptr src, size_t n, CUstream s)
+{
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_DEFAULT, s);
+}
+
+CUresult wo_h_memcpy_htod(wo_pfn_cuMemcpyHtoD_v2 real, int id, void *ra, CUdeviceptr dst,
+                          const void *src, size_t n)
+{
+    COPY_HOOK(real(dst, src, n), dst, (uintptr_t)src, n, WO_COPY_H2D, NULL);
+}
+
+CUresult wo_h_memcpy_dtoh(wo_pfn_cuMemcpyDtoH_v2 real, int id, void *ra, void *dst, CUdeviceptr src,
+                          size_t n)
+{
+    COPY_HOOK(real(dst, src, n), (uintptr_t)dst, src, n, WO_COPY_D2H, NULL);
+}
+
+CUresult wo_h_memcpy_dtod(wo_pfn_cuMemcpyDtoD_v2 real, int id, void *ra, CUdeviceptr dst,
+                          CUdeviceptr src, size_t n)
+{
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_D2D, NULL);
+}
+
+CUresult wo_h_memcpy_htod_async(wo_pfn_cuMemcpyHtoDAsync_v2 real, int id, void *ra,
+                                CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+    COPY_HOOK(real(dst, src, n, s), dst, (uintptr_t)src, n, WO_COPY_H2D, s);
+}
+
+CUresult wo_h_memcpy_dtoh_async(wo_pfn_cuMemcpyDtoHAsync_v2 real, int id, void *ra, void *dst,
+                                CUdeviceptr src, size_t n, CUstream s)
+{
+    COPY_HOOK(real(dst, src, n, s), (uintptr_t)dst, src, n, WO_COPY_D2H, s);
+}
+
+CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *ra,
+                                CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s);
+}
+
+#define P2_DST(p) (p ? addr_of(p->dstMemoryType, p->dstHost, p->dstDevice) : 0)
+#define P2_SRC(p) (p ? addr_of(p->srcMemoryType, p->srcHost, p->srcDevice) : 0)
+#define P2_KIND(p) (p ? kind_of_types(p->srcMemoryType, p->dstMemoryType) : WO_COPY_DEFAULT)
+
+CUresult wo_h_memcpy2d(wo_pfn_cuMemcpy2D_v2 real, int id, void *ra, const CUDA_MEMCPY2D *p)
+{
+    COPY_HOOK(real(p), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
+              P2_KIND(p), NULL);
+}
+
+CUresult wo_h_memcpy2d_async(wo_pfn_cuMemcpy2DAsync_v2 real, int id, void *ra,
+                             const CUDA_MEMCPY2D *p, CUstream s)
+{
+    COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
+              P2_KIND(p), s);
+}
+
+CUresult wo_h_memcpy3d(wo_pfn_cuMemcpy3D_v2 real, int id, void *ra, const CUDA_MEMCPY3D *p)
+{
+    COPY_HOOK(real(p), P2_DST(p), P2_SRC(p),
+              p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
+              P2_KIND(p), NULL);
+}
+
+CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
+                             const CUDA_MEMCPY3D *p, CUstream s)
+{
+    COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p),
+              p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
+              P2_KIND(p), s);
+}
+
+CUresult wo_h_memcpy_peer(wo_pfn_cuMemcpyPeer real, int id, void *ra, CUdeviceptr dst,
+                          CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)
+{
+    COPY_HOOK(real(dst, dctx, src, sctx, n), dst, src, n, WO_COPY_D2D, NULL);
+}
+
+CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra, CUdeviceptr dst,
+                                CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
+                                CUstream s)
+{
+    COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s);
+}
+
+/* --- runtime -------------------------------------------------------------- */
+
+#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
+    do {                                                                                           \
+        cudaError_t res_;                                                                          \
+        wo_count_call(WO_NHOOKS + id);                                                             \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return cudaErrorSharedObjectSymbolNotFound;                                            \
+        if (!wo_enter())                                                                           \
+            return call;                                                                           \
+        res_ = call;                                                                               \
+        if (res_ == cudaSuccess)                                                                   \
+            record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src),                    \
+                        (uint64_t)(bytes), kind, wo_stream_id(stream, wo_rt_pt[id]), ra);          \
+        wo_leave();                                                                                \
+        return res_;                                                                               \
+    } while (0)
+
+cudaError_t wo_h_cuda_memcpy(wo_pfn_cudaMemcpy real, int id, void *ra, void *dst, const void *src,
+                             size_t n, enum cudaMemcpyKind kind)
+{
+    RT_COPY_HOOK(real(dst, src, n, kind), dst, src, n, kind_of_runtime(kind), NULL);
+}
+
+cudaError_t wo_h_cuda_memcpy_async(wo_pfn_cudaMemcpyAsync real, int id, void *ra, void *dst,
+                                   const void *src, size_t n, enum cudaMemcpyKind kind,
+                                   cudaStream_t s)
+{
+    RT_COPY_HOOK(real(dst, src, n, kind, s), dst, src, n, kind_of_runtime(kind), s);
+}
+
+cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void *dst, size_t dpitch,
+                               const void *src, size_t spitch, size_t w, size_t h,
+                               enum cudaMemcpyKind kind)
+{
+    RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind), dst, src, (uint64_t)w * h,
+                 kind_of_runtime(kind), NULL);
+}
+
+cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void *ra, void *dst,
+                                     size_t dpitch, const void *src, size_t spitch, size_t w,
+                                     size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind, s), dst, src, (uint64_t)w * h,
+                 kind_of_runtime(kind), s);
+}
+
+#define P3_BYTES(p) (p ? (uint64_t)p->extent.width * WO_MAX(p->extent.height, (size_t)1) * \
+                             WO_MAX(p->extent.depth, (size_t)1) : 0)
+
+cudaError_t wo_h_cuda_memcpy3d(wo_pfn_cudaMemcpy3D real, int id, void *ra,
+                               const struct cudaMemcpy3DParms *p)
+{
+    RT_COPY_HOOK(real(p), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL);
+}
+
+cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void *ra,
+                                     const struct cudaMemcpy3DParms *p, cudaStream_t s)
+{
+    RT_COPY_HOOK(real(p, s), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
+}

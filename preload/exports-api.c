@@ -1,0 +1,46 @@
+/* preload/exports-api.c: the public API of include/woffload.h. Nothing but
+ * forwarding to uvm/'s logic (uvm/uvm.h). */
+#include "woffload.h"
+
+#include "uvm/uvm.h"
+#include "wo-config.h"
+
+WO_EXPORT const char *woffload_version(void)
+{
+    return WO_VERSION;
+}
+
+WO_EXPORT int woffload_tag_push(const char *name)
+{
+    return wo_api_tag_push(name);
+}
+
+WO_EXPORT int woffload_tag_pop(void)
+{
+    return wo_api_tag_pop();
+}
+
+WO_EXPORT int woffload_tag(const void *ptr, size_t size, const char *name)
+{
+    return wo_api_tag(ptr, size, name);
+}
+
+WO_EXPORT int woffload_window_open(void)
+{
+    return wo_api_window_open();
+}
+
+WO_EXPORT int woffload_window_close(void)
+{
+    return wo_api_window_close();
+}
+
+WO_EXPORT int woffload_seal(void)
+{
+    return wo_api_seal();
+}
+
+WO_EXPORT long woffload_stats(char *buf, size_t len)
+{
+    return wo_api_stats(buf, len);
+}

@@ -1,0 +1,105 @@
+/* preload/hook.h: what the logic files of preload/ share: the prototypes of
+ * the hook logic (generated from the lists in real.h), the lazy-init gate and
+ * the per-thread nesting flag, and the internal interfaces between the logic
+ * files (launch attribution, capture state, resolver substitution).
+ *
+ * Every hook logic function has the shape
+ *     RET hook(real, id, ra, ARGS...)
+ * real: the real function to forward to; id: which entry point was called
+ * (WO_HOOK_* or WO_RT_*; says whether it is a per-thread variant); ra: the
+ * return address of the exported or resolved wrapper (the calling library). */
+#pragma once
+
+#include "core/counters.h"
+#include "core/event.h"
+#include "preload/real.h"
+#include "uvm/uvm.h"
+
+#define WO_HOOK_LOGIC_DECL(sym, pt, hook, RET, PARAMS, ARGS)                                       \
+    RET hook(wo_pfn_##sym real, int id, void *ra, WO_UNPACK PARAMS);
+WO_DRIVER_HOOKS(WO_HOOK_LOGIC_DECL)
+WO_RUNTIME_HOOKS(WO_HOOK_LOGIC_DECL)
+#undef WO_HOOK_LOGIC_DECL
+
+void *wo_h_dlsym(void *handle, const char *name, void *ra);
+void *wo_h_dlvsym(void *handle, const char *name, const char *version, void *ra);
+
+/* Per-thread-variant flags and call counters, in enum order. */
+extern const unsigned char wo_hook_pt[WO_NHOOKS];
+extern const unsigned char wo_rt_pt[WO_NRT];
+extern uint64_t wo_hook_calls[WO_NHOOKS + WO_NRT];
+
+/* --- lazy init (init.c) --------------------------------------------------- */
+
+enum { WO_STATE_UNINIT = 0, WO_STATE_ACTIVE = 1, WO_STATE_OFF = 2 };
+extern int wo_preload_state;
+/* Runs the one-time init; returns the state (UNINIT while this thread is the
+ * one initialising: the caller passes through). */
+int wo_preload_init_slow(void);
+
+/* 1 while this thread is inside a hook: the runtime calls the driver through
+ * pointers that are our wrappers, and one engine call must be routed and
+ * recorded once, by the outermost hook. Initial-exec TLS: the launch path
+ * reads it on every call. */
+extern __thread int wo_depth __attribute__((tls_model("initial-exec")));
+
+/* True when this call is to be observed: the shim is active and this is the
+ * outermost hook on this thread (then wo_leave() must follow). */
+static inline bool wo_enter(void)
+{
+    if (WO_UNLIKELY(__atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE) != WO_STATE_ACTIVE) &&
+        wo_preload_init_slow() != WO_STATE_ACTIVE)
+        return false;
+    if (wo_depth)
+        return false;
+    wo_depth = 1;
+    return true;
+}
+
+static inline void wo_leave(void)
+{
+    wo_depth = 0;
+}
+
+static inline void wo_count_call(int idx)
+{
+    __atomic_fetch_add(&wo_hook_calls[idx], 1, __ATOMIC_RELAXED);
+}
+
+/* Stream 0 of a per-thread variant is the calling thread's stream. */
+static inline uint64_t wo_stream_id(const void *s, int pt)
+{
+    return (!s && pt) ? (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD : (uint64_t)(uintptr_t)s;
+}
+
+/* Pushes an event (time and thread filled in here) when the ring exists. */
+void wo_push_event(struct wo_event *ev);
+
+/* --- launch attribution (launch.c) ---------------------------------------- */
+
+/* Reads settings the launch path needs (once, from init). */
+void wo_launch_setup(void);
+/* Forgets cached parameter layouts (the fork child: handles are the parent's). */
+void wo_launch_reset(void);
+
+/* --- capture state (capture.c) -------------------------------------------- */
+
+/* Capture id when the stream is capturing now, else 0. Lock-free. */
+uint32_t wo_capture_of(uint64_t stream);
+/* Accounts a launch recorded into capture `id` that touched nhits ranges. */
+void wo_capture_note_launch(uint32_t id, uint32_t nhits);
+void wo_capture_begin(uint64_t stream, int mode);
+void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);
+void wo_capture_instantiated(uint64_t exec, uint64_t graph);
+void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api);
+void wo_capture_reset(void);
+
+/* --- resolvers (resolve.c) ------------------------------------------------ */
+
+/* The wrapper to hand out for a driver function the real resolver returned
+ * for (name, version, flags), or real itself when we do not wrap it. resolve
+ * re-asks the driver at a known version (see resolve.c); may be NULL. */
+void *wo_resolve_proc(const char *name, int version, uint64_t flags, void *real,
+                      CUresult (*resolve)(const char *name, void **pfn, int ver, uint64_t flags));
+/* True when p is one of our wrappers (exported or resolved). */
+bool wo_is_our_function(const void *p);

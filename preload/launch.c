@@ -1,0 +1,400 @@
+/* preload/launch.c: launch attribution (cuLaunchKernel, cuLaunchKernelEx,
+ * cudaLaunchKernel, cudaLaunchKernelExC).
+ *
+ * The launch path is hot: O(1) in the number of launches and functions, no
+ * lock, no syscall, no allocation, no getenv. Per launch:
+ *  1. the parameter layout of the function (the size of each parameter)
+ *     from a lock-free open-addressing cache; on first sight of a function
+ *     it is read from the driver (cuFuncGetParamInfo, cuKernelGetParamInfo
+ *     for CUkernel handles; a runtime stub is mapped to its function with
+ *     cudaGetFuncBySymbol) and published; a thread that loses the race to
+ *     publish reads it into its stack instead of waiting;
+ *  2. the parameter bytes scanned at 8-byte steps (unaligned reads through
+ *     memcpy) against the registry (wo_registry_lookup, lock-free): this
+ *     also finds pointers inside by-value structs, since a pointer member is
+ *     8-byte aligned inside its struct and the struct inside the buffer;
+ *  3. one WO_EV_LAUNCH event pushed into the ring (a full ring drops and
+ *     counts; no ring: nothing pushed).
+ * With no tracked range at all, 1 and 2 are skipped. */
+#include <string.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/settings.h"
+#include "preload/hook.h"
+
+#define LAYOUT_SLOTS 16384u /* power of two */
+#define LAYOUT_PROBES 32u
+#define INLINE_PARAMS 24
+#define MAX_PARAMS 1024
+#define ARENA_SIZES 65536u
+/* Runtime stubs and driver handles share the cache; the tag keeps them apart. */
+#define RUNTIME_KEY_TAG (UINT64_C(1) << 63)
+
+enum { LAYOUT_FILLING = 0, LAYOUT_READY = 1, LAYOUT_UNKNOWN = 2 };
+
+struct layout {
+    uintptr_t key;  /* 0: empty; set once by CAS */
+    uint32_t state; /* LAYOUT_*; written once, released after the sizes */
+    uint16_t nparams;
+    uint16_t pad;
+    uint32_t arena; /* nparams > INLINE_PARAMS: offset of the sizes in arena[] */
+    uint16_t sizes[INLINE_PARAMS];
+};
+
+static struct layout layouts[LAYOUT_SLOTS];
+static uint16_t arena[ARENA_SIZES];
+static uint32_t arena_used;
+static uint32_t max_words = 512;
+static cudaError_t (*get_func_by_symbol)(cudaFunction_t *, const void *);
+
+void wo_launch_setup(void)
+{
+    max_words = wo_settings()->scan_words;
+    get_func_by_symbol = (cudaError_t(*)(cudaFunction_t *, const void *))wo_real_runtime_sym(
+        "cudaGetFuncBySymbol");
+}
+
+void wo_launch_reset(void)
+{
+    memset(layouts, 0, sizeof(layouts));
+    arena_used = 0;
+}
+
+/* Reads the parameter sizes of f from the driver: the count, or -1 when the
+ * driver cannot say (no cuFuncGetParamInfo, foreign handle). */
+static int read_param_sizes(CUfunction f, uint16_t *sizes, int max)
+{
+    typedef CUresult (*info_fn)(void *, size_t, size_t *, size_t *);
+    const struct wo_real *r = wo_real_driver_peek();
+    info_fn func_info = r ? (info_fn)r->cuFuncGetParamInfo : NULL;
+    info_fn kernel_info = r ? (info_fn)r->cuKernelGetParamInfo : NULL;
+    info_fn info = func_info ? func_info : kernel_info;
+    int n = 0;
+
+    if (!info || !f)
+        return -1;
+    for (;;) {
+        size_t off = 0, size = 0;
+        CUresult res = info(f, (size_t)n, &off, &size);
+        if (res != CUDA_SUCCESS) {
+            /* A CUkernel cast to CUfunction is launchable: ask again as one. */
+            if (n == 0 && info == func_info && kernel_info) {
+                CUresult res2 = kernel_info(f, 0, &off, &size);
+                if (res2 == CUDA_SUCCESS) {
+                    info = kernel_info;
+                    continue;
+                }
+                if (res == CUDA_ERROR_INVALID_VALUE && res2 == CUDA_ERROR_INVALID_VALUE)
+                    return 0; /* no parameters */
+                return -1;
+            }
+            /* Past the last parameter the driver says INVALID_VALUE. */
+            return res == CUDA_ERROR_INVALID_VALUE ? n : -1;
+        }
+        if (n == max)
+            return n; /* truncated: the rest is not scanned */
+        sizes[n++] = (uint16_t)WO_MIN(size, (size_t)UINT16_MAX);
+    }
+}
+
+/* The driver function behind a layout key (runtime stubs are mapped). */
+static CUfunction function_of(uintptr_t key, const void *func, bool runtime)
+{
+    cudaFunction_t cf = NULL;
+    (void)key;
+    if (!runtime)
+        return (CUfunction)(uintptr_t)func;
+    if (!get_func_by_symbol || get_func_by_symbol(&cf, func) != cudaSuccess)
+        return NULL;
+    return (CUfunction)cf;
+}
+
+static void publish(struct layout *l, const uint16_t *sizes, int n)
+{
+    uint32_t state = LAYOUT_READY;
+
+    if (n < 0) {
+        state = LAYOUT_UNKNOWN;
+        n = 0;
+    } else if (n > INLINE_PARAMS) {
+        uint32_t off = __atomic_fetch_add(&arena_used, (uint32_t)n, __ATOMIC_RELAXED);
+        if (off + (uint32_t)n > ARENA_SIZES) {
+            n = INLINE_PARAMS; /* arena full: scan the first parameters only */
+        } else {
+            memcpy(&arena[off], sizes, (size_t)n * sizeof(*sizes));
+            l->arena = off;
+        }
+    }
+    if (n <= INLINE_PARAMS)
+        memcpy(l->sizes, sizes, (size_t)n * sizeof(*sizes));
+    l->nparams = (uint16_t)n;
+    wo_count(WO_CTR_layouts_cached, 1);
+    __atomic_store_n(&l->state, state, __ATOMIC_RELEASE);
+}
+
+/* The parameter sizes for a launch: a pointer into the cache, or into tmp
+ * when this thread could not use the cache; *n = -1 when unknown. */
+static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime, uint16_t *tmp,
+                                  int *n)
+{
+    uint32_t h = (uint32_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> 40);
+
+    for (uint32_t i = 0; i < LAYOUT_PROBES; i++) {
+        struct layout *l = &layouts[(h + i) & (LAYOUT_SLOTS - 1)];
+        uintptr_t k = __atomic_load_n(&l->key, __ATOMIC_ACQUIRE);
+        if (k == 0) {
+            uintptr_t expect = 0;
+            if (__atomic_compare_exchange_n(&l->key, &expect, key, false, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
+                publish(l, tmp, *n);
+                return tmp;
+            }
+            k = expect;
+        }
+        if (k != key)
+            continue;
+        switch (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE)) {
+        case LAYOUT_READY:
+            *n = l->nparams;
+            return l->nparams > INLINE_PARAMS ? &arena[l->arena] : l->sizes;
+        case LAYOUT_UNKNOWN:
+            *n = -1;
+            return NULL;
+        default:
+            /* Another thread is filling this slot right now: never wait. */
+            *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
+            return tmp;
+        }
+    }
+    wo_count(WO_CTR_layout_table_full, 1);
+    *n = -1;
+    return NULL;
+}
+
+/* --- scanning ------------------------------------------------------------- */
+
+struct scan {
+    uint32_t words;
+    uint16_t nhits;
+    uint16_t overflow;
+    uint32_t found; /* distinct ranges, including those past WO_EV_MAX_HITS */
+    struct wo_ev_hit hits[WO_EV_MAX_HITS];
+};
+
+static inline void scan_word(struct scan *s, uint64_t v)
+{
+    struct wo_hit h;
+
+    s->words++;
+    /* Small integers (sizes, flags, indices) are never device addresses. */
+    if (v < 65536 || !wo_registry_lookup(v, &h))
+        return;
+    for (uint16_t i = 0; i < s->nhits; i++) {
+        struct wo_ev_hit *e = &s->hits[i];
+        if (e->id == h.id && e->gen == h.gen) {
+            e->offset = WO_MIN(e->offset, h.offset);
+            e->hi = WO_MAX(e->hi, h.offset + 1);
+            return;
+        }
+    }
+    if (s->nhits < WO_EV_MAX_HITS) {
+        s->hits[s->nhits++] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
+        s->found++;
+    } else {
+        /* Counted as a new range even if it repeats one already past the
+         * limit: an overflowed launch reports a lower bound anyway. */
+        s->overflow = 1;
+        s->found++;
+    }
+}
+
+static void scan_bytes(struct scan *s, const void *p, size_t size)
+{
+    const unsigned char *b = p;
+
+    if (!p)
+        return;
+    for (size_t off = 0; off + 8 <= size && s->words < max_words; off += 8) {
+        uint64_t v;
+        memcpy(&v, b + off, sizeof(v));
+        scan_word(s, v);
+    }
+}
+
+/* The `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs. */
+static void scan_extra(struct scan *s, void **extra)
+{
+    const void *buf = NULL;
+    size_t size = 0;
+
+    for (int i = 0; i < 16 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+            memcpy(&size, extra[i + 1], sizeof(size));
+    }
+    scan_bytes(s, buf, size);
+}
+
+static void scan_params(struct scan *s, uintptr_t key, const void *func, bool runtime,
+                        void **params)
+{
+    uint16_t tmp[MAX_PARAMS];
+    int n;
+    const uint16_t *sizes = layout_get(key, func, runtime, tmp, &n);
+
+    if (n < 0) {
+        wo_count(WO_CTR_launch_no_layout, 1);
+        return;
+    }
+    for (int i = 0; i < n && s->words < max_words; i++)
+        if (sizes[i] >= 8)
+            scan_bytes(s, params[i], sizes[i]);
+}
+
+/* Everything a launch hook does after the real launch succeeded. */
+static void observe_launch(const void *func, bool runtime, const uint32_t grid[3],
+                           const uint32_t block[3], uint64_t stream, void **params, void **extra,
+                           int api, void *ra)
+{
+    uintptr_t key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
+    struct scan s;
+    struct wo_event ev;
+    uint32_t cap;
+
+    s.words = 0;
+    s.nhits = 0;
+    s.overflow = 0;
+    s.found = 0;
+    wo_count(WO_CTR_launch_calls, 1);
+    wo_count_caller(ra, WO_CALLER_LAUNCH);
+    if (wo_registry_count() > 0) {
+        wo_registry_read_begin();
+        if (extra && !params)
+            scan_extra(&s, extra);
+        else if (params)
+            scan_params(&s, key, func, runtime, params);
+        wo_registry_read_end();
+        wo_count(WO_CTR_launch_scanned, 1);
+        wo_count(WO_CTR_scan_words, s.words);
+        if (s.found) {
+            wo_count(WO_CTR_launch_with_hits, 1);
+            wo_count(WO_CTR_launch_hits, s.found);
+            if (s.overflow)
+                wo_count(WO_CTR_launch_hit_overflow, 1);
+        }
+    }
+    cap = wo_capture_of(stream);
+    if (cap) {
+        wo_count(WO_CTR_launch_captured, 1);
+        wo_capture_note_launch(cap, s.found);
+    }
+    if (!__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
+        return;
+    memset(&ev, 0, offsetof(struct wo_event, l.hits));
+    ev.type = WO_EV_LAUNCH;
+    ev.nhits = s.nhits;
+    ev.overflow = s.overflow;
+    ev.api = (uint16_t)api;
+    ev.capture = cap;
+    ev.stream = stream;
+    ev.l.func = key;
+    memcpy(ev.l.grid, grid, sizeof(ev.l.grid));
+    memcpy(ev.l.block, block, sizeof(ev.l.block));
+    memcpy(ev.l.hits, s.hits, s.nhits * sizeof(s.hits[0]));
+    wo_push_event(&ev);
+}
+
+/* --- hooks ---------------------------------------------------------------- */
+
+CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunction f,
+                            unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                            unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
+                            void **params, void **extra)
+{
+    CUresult res;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    res = real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    if (res == CUDA_SUCCESS) {
+        const uint32_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+        wo_count(WO_CTR_launch_driver, 1);
+        observe_launch(f, false, grid, block, wo_stream_id(s, wo_hook_pt[id]), params, extra,
+                       WO_API_CU_LAUNCH, ra);
+    }
+    wo_leave();
+    return res;
+}
+
+CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
+                               const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
+{
+    CUresult res;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    if (!wo_enter())
+        return real(cfg, f, params, extra);
+    res = real(cfg, f, params, extra);
+    if (res == CUDA_SUCCESS && cfg) {
+        const uint32_t grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
+        const uint32_t block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
+        wo_count(WO_CTR_launch_ex, 1);
+        observe_launch(f, false, grid, block, wo_stream_id(cfg->hStream, wo_hook_pt[id]), params,
+                       extra, WO_API_CU_LAUNCH_EX, ra);
+    }
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_launch_kernel(wo_pfn_cudaLaunchKernel real, int id, void *ra,
+                                    const void *func, dim3 grid, dim3 block, void **args,
+                                    size_t shmem, cudaStream_t s)
+{
+    cudaError_t res;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(func, grid, block, args, shmem, s);
+    res = real(func, grid, block, args, shmem, s);
+    if (res == cudaSuccess) {
+        const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
+        wo_count(WO_CTR_launch_runtime, 1);
+        observe_launch(func, true, g, b, wo_stream_id(s, wo_rt_pt[id]), args, NULL,
+                       WO_API_CUDA_LAUNCH, ra);
+    }
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, void *ra,
+                                       const cudaLaunchConfig_t *cfg, const void *func,
+                                       void **args)
+{
+    cudaError_t res;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(cfg, func, args);
+    res = real(cfg, func, args);
+    if (res == cudaSuccess && cfg) {
+        const uint32_t g[3] = {cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z};
+        const uint32_t b[3] = {cfg->blockDim.x, cfg->blockDim.y, cfg->blockDim.z};
+        wo_count(WO_CTR_launch_runtime, 1);
+        observe_launch(func, true, g, b, wo_stream_id(cfg->stream, wo_rt_pt[id]), args, NULL,
+                       WO_API_CUDA_LAUNCH, ra);
+    }
+    wo_leave();
+    return res;
+}

@@ -1,0 +1,245 @@
+/* preload/real.c: the table of real functions.
+ *
+ * - libc's dlsym/dlvsym. We export dlsym and dlvsym ourselves, and inside
+ *   this library a call to dlsym binds to our own export; a versioned
+ *   reference (dlsym@GLIBC_2.34) would bind to it too, because our anonymous
+ *   version node matches any version. So the real ones are found by reading
+ *   libc's dynamic symbol table directly (dl_iterate_phdr -> PT_DYNAMIC ->
+ *   DT_GNU_HASH/DT_SYMTAB/DT_STRTAB/DT_VERSYM), once, under pthread_once.
+ *   That needs no dlsym at all and cannot find our own definition.
+ * - The driver: the library named by WOFFLOAD_CUDA_LIB, dlopen()ed on first
+ *   use, every function resolved from that handle with the real dlsym.
+ * - The runtime: the next definition after ours (RTLD_NEXT from inside this
+ *   library is relative to us, which is what we want here), else an already
+ *   loaded libcudart (a runtime loaded RTLD_LOCAL is not in the global scope).
+ */
+#include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "preload/hook.h"
+
+#define WO_HOOK_NAME(sym, pt, hook, RET, PARAMS, ARGS) #sym,
+#define WO_HOOK_PT(sym, pt, hook, RET, PARAMS, ARGS) pt,
+const char *const wo_hook_names[WO_NHOOKS] = {WO_DRIVER_HOOKS(WO_HOOK_NAME)};
+const char *const wo_rt_names[WO_NRT] = {WO_RUNTIME_HOOKS(WO_HOOK_NAME)};
+const unsigned char wo_hook_pt[WO_NHOOKS] = {WO_DRIVER_HOOKS(WO_HOOK_PT)};
+const unsigned char wo_rt_pt[WO_NRT] = {WO_RUNTIME_HOOKS(WO_HOOK_PT)};
+#undef WO_HOOK_NAME
+#undef WO_HOOK_PT
+uint64_t wo_hook_calls[WO_NHOOKS + WO_NRT];
+
+/* --- libc's dlsym/dlvsym ------------------------------------------------- */
+
+typedef void *(*dlsym_fn)(void *, const char *);
+typedef void *(*dlvsym_fn)(void *, const char *, const char *);
+
+static pthread_once_t libc_once = PTHREAD_ONCE_INIT;
+static dlsym_fn libc_dlsym;
+static dlvsym_fn libc_dlvsym;
+
+static uint32_t gnu_hash(const char *s)
+{
+    uint32_t h = 5381;
+    for (; *s; s++)
+        h = h * 33 + (unsigned char)*s;
+    return h;
+}
+
+struct elf_obj {
+    ElfW(Addr) base;
+    const ElfW(Sym) *symtab;
+    const char *strtab;
+    const uint32_t *gnu_hash;
+    const ElfW(Half) *versym;
+};
+
+/* Dynamic entries hold absolute addresses once ld.so relocated them, but
+ * not on every architecture (or for the vDSO): accept both. */
+static const void *dyn_ptr(ElfW(Addr) base, ElfW(Addr) p)
+{
+    return (const void *)(p < base ? base + p : p);
+}
+
+static int elf_obj_init(const struct dl_phdr_info *info, struct elf_obj *o)
+{
+    const ElfW(Dyn) *dyn = NULL;
+
+    memset(o, 0, sizeof(*o));
+    o->base = info->dlpi_addr;
+    for (int i = 0; i < info->dlpi_phnum; i++)
+        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
+            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    if (!dyn)
+        return -ENOENT;
+    for (; dyn->d_tag != DT_NULL; dyn++) {
+        switch (dyn->d_tag) {
+        case DT_SYMTAB:
+            o->symtab = dyn_ptr(o->base, dyn->d_un.d_ptr);
+            break;
+        case DT_STRTAB:
+            o->strtab = dyn_ptr(o->base, dyn->d_un.d_ptr);
+            break;
+        case DT_GNU_HASH:
+            o->gnu_hash = dyn_ptr(o->base, dyn->d_un.d_ptr);
+            break;
+        case DT_VERSYM:
+            o->versym = dyn_ptr(o->base, dyn->d_un.d_ptr);
+            break;
+        default:
+            break;
+        }
+    }
+    return o->symtab && o->strtab && o->gnu_hash ? 0 : -ENOENT;
+}
+
+/* The default-version definition of a function in exactly this object. */
+static void *elf_lookup(const struct elf_obj *o, const char *name)
+{
+    const uint32_t *h = o->gnu_hash;
+    uint32_t nbuckets = h[0], symoffset = h[1], bloom_size = h[2];
+    const uint32_t *buckets = (const uint32_t *)((const ElfW(Addr) *)(h + 4) + bloom_size);
+    const uint32_t *chain = buckets + nbuckets;
+    uint32_t hash = gnu_hash(name);
+    uint32_t i;
+
+    if (nbuckets == 0)
+        return NULL;
+    i = buckets[hash % nbuckets];
+    if (i < symoffset)
+        return NULL;
+    for (;; i++) {
+        uint32_t ch = chain[i - symoffset];
+        const ElfW(Sym) *s = &o->symtab[i];
+        if ((ch | 1) == (hash | 1) && strcmp(o->strtab + s->st_name, name) == 0 &&
+            s->st_shndx != SHN_UNDEF && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
+            (!o->versym || !(o->versym[i] & 0x8000)))
+            return (void *)(o->base + s->st_value);
+        if (ch & 1)
+            return NULL;
+    }
+}
+
+static int find_libc_dl(struct dl_phdr_info *info, size_t size, void *ud)
+{
+    struct elf_obj o;
+    const char *n = info->dlpi_name;
+    (void)size;
+    (void)ud;
+
+    /* dlsym lives in libc since glibc 2.34, in libdl before. */
+    if (!n || (!strstr(n, "/libc.so") && strncmp(n, "libc.so", 7) != 0 && !strstr(n, "libdl.so")))
+        return 0;
+    if (elf_obj_init(info, &o) < 0)
+        return 0;
+    if (!libc_dlsym)
+        libc_dlsym = (dlsym_fn)elf_lookup(&o, "dlsym");
+    if (!libc_dlvsym)
+        libc_dlvsym = (dlvsym_fn)elf_lookup(&o, "dlvsym");
+    return libc_dlsym && libc_dlvsym;
+}
+
+static void libc_init(void)
+{
+    dl_iterate_phdr(find_libc_dl, NULL);
+    if (!libc_dlsym)
+        wo_error("libc's dlsym was not found: no CUDA function can be resolved");
+}
+
+void *wo_real_dlsym(void *handle, const char *name)
+{
+    pthread_once(&libc_once, libc_init);
+    return libc_dlsym ? libc_dlsym(handle, name) : NULL;
+}
+
+void *wo_real_dlvsym(void *handle, const char *name, const char *version)
+{
+    pthread_once(&libc_once, libc_init);
+    return libc_dlvsym ? libc_dlvsym(handle, name, version) : NULL;
+}
+
+/* --- the driver ----------------------------------------------------------- */
+
+static pthread_once_t driver_once = PTHREAD_ONCE_INIT;
+static struct wo_real real;
+static int driver_loaded;
+static __thread int driver_loading;
+
+static void driver_init(void)
+{
+    const char *lib = wo_settings()->cuda_lib;
+
+    driver_loading = 1;
+    if (!lib)
+        lib = "libcuda.so.1";
+    real.lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+    if (!real.lib) {
+        wo_debug("dlopen(%s) failed: %s", lib, dlerror());
+        goto out;
+    }
+    for (int i = 0; i < WO_NHOOKS; i++)
+        real.hook[i] = wo_real_dlsym(real.lib, wo_hook_names[i]);
+#define WO_REAL_RESOLVE(name) real.name = wo_real_dlsym(real.lib, #name);
+    WO_DRIVER_INTERNAL(WO_REAL_RESOLVE)
+#undef WO_REAL_RESOLVE
+out:
+    __atomic_store_n(&driver_loaded, 1, __ATOMIC_RELEASE);
+    driver_loading = 0;
+}
+
+const struct wo_real *wo_real_driver(void)
+{
+    if (WO_LIKELY(__atomic_load_n(&driver_loaded, __ATOMIC_ACQUIRE)))
+        return &real;
+    if (driver_loading)
+        return NULL;
+    pthread_once(&driver_once, driver_init);
+    return &real;
+}
+
+const struct wo_real *wo_real_driver_peek(void)
+{
+    return __atomic_load_n(&driver_loaded, __ATOMIC_ACQUIRE) ? &real : NULL;
+}
+
+/* --- the runtime ---------------------------------------------------------- */
+
+static void *rt_real[WO_NRT];
+
+static void *runtime_lookup(const char *name)
+{
+    static const char *const libs[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so"};
+    void *p = wo_real_dlsym(RTLD_NEXT, name);
+
+    for (size_t i = 0; !p && i < WO_ARRAY_SIZE(libs); i++) {
+        void *h = dlopen(libs[i], RTLD_LAZY | RTLD_NOLOAD);
+        if (!h)
+            continue;
+        p = wo_real_dlsym(h, name);
+        dlclose(h);
+    }
+    return p;
+}
+
+void *wo_real_runtime(enum wo_rt_id id)
+{
+    void *p = __atomic_load_n(&rt_real[id], __ATOMIC_ACQUIRE);
+
+    /* Two threads may resolve the same name at once: both find the same
+     * address, so the race is benign. */
+    if (WO_UNLIKELY(!p)) {
+        p = runtime_lookup(wo_rt_names[id]);
+        if (p)
+            __atomic_store_n(&rt_real[id], p, __ATOMIC_RELEASE);
+    }
+    return p;
+}
+
+void *wo_real_runtime_sym(const char *name)
+{
+    return runtime_lookup(name);
+}

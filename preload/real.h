@@ -1,0 +1,257 @@
+/* preload/real.h: the one list of every hooked entry point (with its
+ * prototype), and the table of real functions behind them.
+ *
+ * WO_DRIVER_HOOKS / WO_RUNTIME_HOOKS: X(sym, pt, hook, RET, PARAMS, ARGS)
+ *   sym     the ABI symbol (what libcuda/libcudart export, what dlsym finds)
+ *   pt      1 for a per-thread-default-stream variant (_ptsz/_ptds): stream 0
+ *           then means the calling thread's stream
+ *   hook    the logic function: RET hook(real, pt, caller, ARGS...)
+ * Everything generated from these lists (exported wrappers, prototypes, the
+ * real table, the cuGetProcAddress wrapper slots, per-hook call counters)
+ * stays in step because it comes from the one line.
+ *
+ * WO_DRIVER_PROCS: G(name, version, sym, sym_pt): what the driver's
+ * cuGetProcAddress returns for (name, version >= `version`); sym_pt for
+ * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM. Versions from cudaTypedefs.h.
+ *
+ * Real driver functions come from the CUDA driver library dlopen()ed on first
+ * use (WOFFLOAD_CUDA_LIB); real runtime functions from the next definition
+ * after ours (RTLD_NEXT), else from an already loaded libcudart. Nothing links
+ * libcuda or libcudart. */
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include "core/macro.h"
+
+/* The 11.3 resolver has no status argument; cuda.h maps the name to _v2. */
+#undef cuGetProcAddress
+
+#define WO_UNPACK(...) __VA_ARGS__
+
+/* clang-format off */
+#define WO_DRIVER_HOOKS(X) \
+    X(cuGetProcAddress, 0, wo_h_proc_v1, CUresult, (const char *symbol, void **pfn, int ver, cuuint64_t flags), (symbol, pfn, ver, flags)) \
+    X(cuGetProcAddress_v2, 0, wo_h_proc_v2, CUresult, (const char *symbol, void **pfn, int ver, cuuint64_t flags, CUdriverProcAddressQueryResult *status), (symbol, pfn, ver, flags, status)) \
+    X(cuMemAlloc_v2, 0, wo_h_mem_alloc, CUresult, (CUdeviceptr *dptr, size_t size), (dptr, size)) \
+    X(cuMemFree_v2, 0, wo_h_mem_free, CUresult, (CUdeviceptr dptr), (dptr)) \
+    X(cuMemAllocAsync, 0, wo_h_mem_alloc_async, CUresult, (CUdeviceptr *dptr, size_t size, CUstream s), (dptr, size, s)) \
+    X(cuMemAllocAsync_ptsz, 1, wo_h_mem_alloc_async, CUresult, (CUdeviceptr *dptr, size_t size, CUstream s), (dptr, size, s)) \
+    X(cuMemFreeAsync, 0, wo_h_mem_free_async, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s)) \
+    X(cuMemFreeAsync_ptsz, 1, wo_h_mem_free_async, CUresult, (CUdeviceptr dptr, CUstream s), (dptr, s)) \
+    X(cuMemAllocManaged, 0, wo_h_mem_alloc_managed, CUresult, (CUdeviceptr *dptr, size_t size, unsigned int flags), (dptr, size, flags)) \
+    X(cuMemCreate, 0, wo_h_mem_create, CUresult, (CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop, unsigned long long flags), (h, size, prop, flags)) \
+    X(cuMemRelease, 0, wo_h_mem_release, CUresult, (CUmemGenericAllocationHandle h), (h)) \
+    X(cuMemMap, 0, wo_h_mem_map, CUresult, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags), (ptr, size, offset, h, flags)) \
+    X(cuMemUnmap, 0, wo_h_mem_unmap, CUresult, (CUdeviceptr ptr, size_t size), (ptr, size)) \
+    X(cuMemcpy, 0, wo_h_memcpy, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpy_ptds, 1, wo_h_memcpy, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpyAsync, 0, wo_h_memcpy_async, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyAsync_ptsz, 1, wo_h_memcpy_async, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyHtoD_v2, 0, wo_h_memcpy_htod, CUresult, (CUdeviceptr dst, const void *src, size_t n), (dst, src, n)) \
+    X(cuMemcpyHtoD_v2_ptds, 1, wo_h_memcpy_htod, CUresult, (CUdeviceptr dst, const void *src, size_t n), (dst, src, n)) \
+    X(cuMemcpyDtoH_v2, 0, wo_h_memcpy_dtoh, CUresult, (void *dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpyDtoH_v2_ptds, 1, wo_h_memcpy_dtoh, CUresult, (void *dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpyDtoD_v2, 0, wo_h_memcpy_dtod, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpyDtoD_v2_ptds, 1, wo_h_memcpy_dtod, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
+    X(cuMemcpyHtoDAsync_v2, 0, wo_h_memcpy_htod_async, CUresult, (CUdeviceptr dst, const void *src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyHtoDAsync_v2_ptsz, 1, wo_h_memcpy_htod_async, CUresult, (CUdeviceptr dst, const void *src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyDtoHAsync_v2, 0, wo_h_memcpy_dtoh_async, CUresult, (void *dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyDtoHAsync_v2_ptsz, 1, wo_h_memcpy_dtoh_async, CUresult, (void *dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyDtoDAsync_v2, 0, wo_h_memcpy_dtod_async, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpyDtoDAsync_v2_ptsz, 1, wo_h_memcpy_dtod_async, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
+    X(cuMemcpy2D_v2, 0, wo_h_memcpy2d, CUresult, (const CUDA_MEMCPY2D *p), (p)) \
+    X(cuMemcpy2D_v2_ptds, 1, wo_h_memcpy2d, CUresult, (const CUDA_MEMCPY2D *p), (p)) \
+    X(cuMemcpy2DUnaligned_v2, 0, wo_h_memcpy2d, CUresult, (const CUDA_MEMCPY2D *p), (p)) \
+    X(cuMemcpy2DUnaligned_v2_ptds, 1, wo_h_memcpy2d, CUresult, (const CUDA_MEMCPY2D *p), (p)) \
+    X(cuMemcpy2DAsync_v2, 0, wo_h_memcpy2d_async, CUresult, (const CUDA_MEMCPY2D *p, CUstream s), (p, s)) \
+    X(cuMemcpy2DAsync_v2_ptsz, 1, wo_h_memcpy2d_async, CUresult, (const CUDA_MEMCPY2D *p, CUstream s), (p, s)) \
+    X(cuMemcpy3D_v2, 0, wo_h_memcpy3d, CUresult, (const CUDA_MEMCPY3D *p), (p)) \
+    X(cuMemcpy3D_v2_ptds, 1, wo_h_memcpy3d, CUresult, (const CUDA_MEMCPY3D *p), (p)) \
+    X(cuMemcpy3DAsync_v2, 0, wo_h_memcpy3d_async, CUresult, (const CUDA_MEMCPY3D *p, CUstream s), (p, s)) \
+    X(cuMemcpy3DAsync_v2_ptsz, 1, wo_h_memcpy3d_async, CUresult, (const CUDA_MEMCPY3D *p, CUstream s), (p, s)) \
+    X(cuMemcpyPeer, 0, wo_h_memcpy_peer, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n), (dst, dctx, src, sctx, n)) \
+    X(cuMemcpyPeer_ptds, 1, wo_h_memcpy_peer, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n), (dst, dctx, src, sctx, n)) \
+    X(cuMemcpyPeerAsync, 0, wo_h_memcpy_peer_async, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s), (dst, dctx, src, sctx, n, s)) \
+    X(cuMemcpyPeerAsync_ptsz, 1, wo_h_memcpy_peer_async, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s), (dst, dctx, src, sctx, n, s)) \
+    X(cuLaunchKernel, 0, wo_h_launch_kernel, CUresult, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)) \
+    X(cuLaunchKernel_ptsz, 1, wo_h_launch_kernel, CUresult, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)) \
+    X(cuLaunchKernelEx, 0, wo_h_launch_kernel_ex, CUresult, (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra), (cfg, f, params, extra)) \
+    X(cuLaunchKernelEx_ptsz, 1, wo_h_launch_kernel_ex, CUresult, (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra), (cfg, f, params, extra)) \
+    X(cuStreamBeginCapture_v2, 0, wo_h_begin_capture, CUresult, (CUstream s, CUstreamCaptureMode mode), (s, mode)) \
+    X(cuStreamBeginCapture_v2_ptsz, 1, wo_h_begin_capture, CUresult, (CUstream s, CUstreamCaptureMode mode), (s, mode)) \
+    X(cuStreamEndCapture, 0, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
+    X(cuStreamEndCapture_ptsz, 1, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
+    X(cuGraphInstantiateWithFlags, 0, wo_h_graph_instantiate, CUresult, (CUgraphExec *e, CUgraph g, unsigned long long flags), (e, g, flags)) \
+    X(cuGraphInstantiateWithParams, 0, wo_h_graph_instantiate_params, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) \
+    X(cuGraphInstantiateWithParams_ptsz, 1, wo_h_graph_instantiate_params, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) \
+    X(cuGraphLaunch, 0, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s)) \
+    X(cuGraphLaunch_ptsz, 1, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s))
+
+#define WO_DRIVER_PROCS(G) \
+    G("cuGetProcAddress", 11030, cuGetProcAddress, cuGetProcAddress) \
+    G("cuGetProcAddress", 12000, cuGetProcAddress_v2, cuGetProcAddress_v2) \
+    G("cuMemAlloc", 3020, cuMemAlloc_v2, cuMemAlloc_v2) \
+    G("cuMemFree", 3020, cuMemFree_v2, cuMemFree_v2) \
+    G("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz) \
+    G("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz) \
+    G("cuMemAllocManaged", 6000, cuMemAllocManaged, cuMemAllocManaged) \
+    G("cuMemCreate", 10020, cuMemCreate, cuMemCreate) \
+    G("cuMemRelease", 10020, cuMemRelease, cuMemRelease) \
+    G("cuMemMap", 10020, cuMemMap, cuMemMap) \
+    G("cuMemUnmap", 10020, cuMemUnmap, cuMemUnmap) \
+    G("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds) \
+    G("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz) \
+    G("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds) \
+    G("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2, cuMemcpyDtoH_v2_ptds) \
+    G("cuMemcpyDtoD", 3020, cuMemcpyDtoD_v2, cuMemcpyDtoD_v2_ptds) \
+    G("cuMemcpyHtoDAsync", 3020, cuMemcpyHtoDAsync_v2, cuMemcpyHtoDAsync_v2_ptsz) \
+    G("cuMemcpyDtoHAsync", 3020, cuMemcpyDtoHAsync_v2, cuMemcpyDtoHAsync_v2_ptsz) \
+    G("cuMemcpyDtoDAsync", 3020, cuMemcpyDtoDAsync_v2, cuMemcpyDtoDAsync_v2_ptsz) \
+    G("cuMemcpy2D", 3020, cuMemcpy2D_v2, cuMemcpy2D_v2_ptds) \
+    G("cuMemcpy2DUnaligned", 3020, cuMemcpy2DUnaligned_v2, cuMemcpy2DUnaligned_v2_ptds) \
+    G("cuMemcpy2DAsync", 3020, cuMemcpy2DAsync_v2, cuMemcpy2DAsync_v2_ptsz) \
+    G("cuMemcpy3D", 3020, cuMemcpy3D_v2, cuMemcpy3D_v2_ptds) \
+    G("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz) \
+    G("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds) \
+    G("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz) \
+    G("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz) \
+    G("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz) \
+    G("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
+    G("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz) \
+    G("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
+    G("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
+    G("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz) \
+    G("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz)
+
+#define WO_RUNTIME_HOOKS(X) \
+    X(cudaMalloc, 0, wo_h_cuda_malloc, cudaError_t, (void **p, size_t size), (p, size)) \
+    X(cudaFree, 0, wo_h_cuda_free, cudaError_t, (void *p), (p)) \
+    X(cudaMallocAsync, 0, wo_h_cuda_malloc_async, cudaError_t, (void **p, size_t size, cudaStream_t s), (p, size, s)) \
+    X(cudaMallocAsync_ptsz, 1, wo_h_cuda_malloc_async, cudaError_t, (void **p, size_t size, cudaStream_t s), (p, size, s)) \
+    X(cudaFreeAsync, 0, wo_h_cuda_free_async, cudaError_t, (void *p, cudaStream_t s), (p, s)) \
+    X(cudaFreeAsync_ptsz, 1, wo_h_cuda_free_async, cudaError_t, (void *p, cudaStream_t s), (p, s)) \
+    X(cudaMallocManaged, 0, wo_h_cuda_malloc_managed, cudaError_t, (void **p, size_t size, unsigned int flags), (p, size, flags)) \
+    X(cudaMemcpy, 0, wo_h_cuda_memcpy, cudaError_t, (void *dst, const void *src, size_t n, enum cudaMemcpyKind kind), (dst, src, n, kind)) \
+    X(cudaMemcpy_ptds, 1, wo_h_cuda_memcpy, cudaError_t, (void *dst, const void *src, size_t n, enum cudaMemcpyKind kind), (dst, src, n, kind)) \
+    X(cudaMemcpyAsync, 0, wo_h_cuda_memcpy_async, cudaError_t, (void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s), (dst, src, n, kind, s)) \
+    X(cudaMemcpyAsync_ptsz, 1, wo_h_cuda_memcpy_async, cudaError_t, (void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s), (dst, src, n, kind, s)) \
+    X(cudaMemcpy2D, 0, wo_h_cuda_memcpy2d, cudaError_t, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t w, size_t h, enum cudaMemcpyKind kind), (dst, dpitch, src, spitch, w, h, kind)) \
+    X(cudaMemcpy2D_ptds, 1, wo_h_cuda_memcpy2d, cudaError_t, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t w, size_t h, enum cudaMemcpyKind kind), (dst, dpitch, src, spitch, w, h, kind)) \
+    X(cudaMemcpy2DAsync, 0, wo_h_cuda_memcpy2d_async, cudaError_t, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t w, size_t h, enum cudaMemcpyKind kind, cudaStream_t s), (dst, dpitch, src, spitch, w, h, kind, s)) \
+    X(cudaMemcpy2DAsync_ptsz, 1, wo_h_cuda_memcpy2d_async, cudaError_t, (void *dst, size_t dpitch, const void *src, size_t spitch, size_t w, size_t h, enum cudaMemcpyKind kind, cudaStream_t s), (dst, dpitch, src, spitch, w, h, kind, s)) \
+    X(cudaMemcpy3D, 0, wo_h_cuda_memcpy3d, cudaError_t, (const struct cudaMemcpy3DParms *p), (p)) \
+    X(cudaMemcpy3D_ptds, 1, wo_h_cuda_memcpy3d, cudaError_t, (const struct cudaMemcpy3DParms *p), (p)) \
+    X(cudaMemcpy3DAsync, 0, wo_h_cuda_memcpy3d_async, cudaError_t, (const struct cudaMemcpy3DParms *p, cudaStream_t s), (p, s)) \
+    X(cudaMemcpy3DAsync_ptsz, 1, wo_h_cuda_memcpy3d_async, cudaError_t, (const struct cudaMemcpy3DParms *p, cudaStream_t s), (p, s)) \
+    X(cudaLaunchKernel, 0, wo_h_cuda_launch_kernel, cudaError_t, (const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (func, grid, block, args, shmem, s)) \
+    X(cudaLaunchKernel_ptsz, 1, wo_h_cuda_launch_kernel, cudaError_t, (const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (func, grid, block, args, shmem, s)) \
+    X(cudaLaunchKernelExC, 0, wo_h_cuda_launch_kernel_ex, cudaError_t, (const cudaLaunchConfig_t *cfg, const void *func, void **args), (cfg, func, args)) \
+    X(cudaLaunchKernelExC_ptsz, 1, wo_h_cuda_launch_kernel_ex, cudaError_t, (const cudaLaunchConfig_t *cfg, const void *func, void **args), (cfg, func, args)) \
+    X(cudaStreamBeginCapture, 0, wo_h_cuda_begin_capture, cudaError_t, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) \
+    X(cudaStreamBeginCapture_ptsz, 1, wo_h_cuda_begin_capture, cudaError_t, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) \
+    X(cudaStreamEndCapture, 0, wo_h_cuda_end_capture, cudaError_t, (cudaStream_t s, cudaGraph_t *g), (s, g)) \
+    X(cudaStreamEndCapture_ptsz, 1, wo_h_cuda_end_capture, cudaError_t, (cudaStream_t s, cudaGraph_t *g), (s, g)) \
+    X(cudaGraphInstantiate, 0, wo_h_cuda_graph_instantiate, cudaError_t, (cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags), (e, g, flags)) \
+    X(cudaGraphInstantiateWithFlags, 0, wo_h_cuda_graph_instantiate, cudaError_t, (cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags), (e, g, flags)) \
+    X(cudaGraphInstantiateWithParams, 0, wo_h_cuda_graph_instantiate_params, cudaError_t, (cudaGraphExec_t *e, cudaGraph_t g, cudaGraphInstantiateParams *p), (e, g, p)) \
+    X(cudaGraphInstantiateWithParams_ptsz, 1, wo_h_cuda_graph_instantiate_params, cudaError_t, (cudaGraphExec_t *e, cudaGraph_t g, cudaGraphInstantiateParams *p), (e, g, p)) \
+    X(cudaGraphLaunch, 0, wo_h_cuda_graph_launch, cudaError_t, (cudaGraphExec_t e, cudaStream_t s), (e, s)) \
+    X(cudaGraphLaunch_ptsz, 1, wo_h_cuda_graph_launch, cudaError_t, (cudaGraphExec_t e, cudaStream_t s), (e, s)) \
+    X(cudaGetDriverEntryPoint, 0, wo_h_cuda_entry_point, cudaError_t, (const char *symbol, void **fn, unsigned long long flags, enum cudaDriverEntryPointQueryResult *status), (symbol, fn, flags, status)) \
+    X(cudaGetDriverEntryPoint_ptsz, 1, wo_h_cuda_entry_point, cudaError_t, (const char *symbol, void **fn, unsigned long long flags, enum cudaDriverEntryPointQueryResult *status), (symbol, fn, flags, status)) \
+    X(cudaGetDriverEntryPointByVersion, 0, wo_h_cuda_entry_point_by_version, cudaError_t, (const char *symbol, void **fn, unsigned int ver, unsigned long long flags, enum cudaDriverEntryPointQueryResult *status), (symbol, fn, ver, flags, status)) \
+    X(cudaGetDriverEntryPointByVersion_ptsz, 1, wo_h_cuda_entry_point_by_version, cudaError_t, (const char *symbol, void **fn, unsigned int ver, unsigned long long flags, enum cudaDriverEntryPointQueryResult *status), (symbol, fn, ver, flags, status))
+/* clang-format on */
+
+/* Indices: WO_HOOK_<sym> (driver), WO_RT_<sym> (runtime). */
+enum wo_hook_id {
+#define WO_HOOK_ENUM(sym, pt, hook, RET, PARAMS, ARGS) WO_HOOK_##sym,
+    WO_DRIVER_HOOKS(WO_HOOK_ENUM) WO_NHOOKS
+};
+#define WO_RT_ENUM(sym, pt, hook, RET, PARAMS, ARGS) WO_RT_##sym,
+enum wo_rt_id { WO_RUNTIME_HOOKS(WO_RT_ENUM) WO_NRT };
+#undef WO_HOOK_ENUM
+#undef WO_RT_ENUM
+
+/* Function pointer types, and the exported wrappers' prototypes (cuda.h
+ * declares only some of the ABI names, e.g. not the _ptds variants). */
+#define WO_HOOK_DECL(sym, pt, hook, RET, PARAMS, ARGS)                                             \
+    typedef RET(*wo_pfn_##sym) PARAMS;                                                             \
+    RET sym PARAMS;
+WO_DRIVER_HOOKS(WO_HOOK_DECL)
+WO_RUNTIME_HOOKS(WO_HOOK_DECL)
+#undef WO_HOOK_DECL
+
+/* Driver functions the shim itself calls (beyond the hooked ones). */
+#define WO_DRIVER_INTERNAL(Y)                                                                      \
+    Y(cuInit)                                                                                      \
+    Y(cuGetErrorName)                                                                              \
+    Y(cuDriverGetVersion)                                                                          \
+    Y(cuDeviceGet)                                                                                 \
+    Y(cuDeviceGetCount)                                                                            \
+    Y(cuDeviceGetAttribute)                                                                        \
+    Y(cuDevicePrimaryCtxRetain)                                                                    \
+    Y(cuCtxGetCurrent)                                                                             \
+    Y(cuCtxSetCurrent)                                                                             \
+    Y(cuCtxGetDevice)                                                                              \
+    Y(cuMemGetInfo_v2)                                                                             \
+    Y(cuMemHostAlloc)                                                                              \
+    Y(cuMemFreeHost)                                                                               \
+    Y(cuMemHostGetDevicePointer_v2)                                                                \
+    Y(cuMemAdvise_v2)                                                                              \
+    Y(cuMemPrefetchAsync_v2)                                                                       \
+    Y(cuMemsetD8_v2)                                                                               \
+    Y(cuStreamCreate)                                                                              \
+    Y(cuStreamDestroy_v2)                                                                          \
+    Y(cuStreamSynchronize)                                                                         \
+    Y(cuStreamWaitEvent)                                                                           \
+    Y(cuEventCreate)                                                                               \
+    Y(cuEventDestroy_v2)                                                                           \
+    Y(cuEventRecord)                                                                               \
+    Y(cuEventQuery)                                                                                \
+    Y(cuEventSynchronize)                                                                          \
+    Y(cuFuncGetName)                                                                               \
+    Y(cuPointerGetAttribute)                                                                       \
+    Y(cuFuncGetParamInfo)                                                                          \
+    Y(cuKernelGetParamInfo)
+
+/* The real driver table: filled once from the driver library. */
+struct wo_real {
+    void *lib; /* dlopen handle of the driver library, NULL when it could not be loaded */
+    void *hook[WO_NHOOKS];
+#define WO_REAL_MEMBER(name) void *name;
+    WO_DRIVER_INTERNAL(WO_REAL_MEMBER)
+#undef WO_REAL_MEMBER
+};
+
+/* Loads the driver library and resolves the table on first call (thread-safe).
+ * Returns the table, or NULL while this very thread is loading it (the
+ * driver's own constructors calling dlsym) so callers pass through. */
+const struct wo_real *wo_real_driver(void);
+/* The table if loaded already, else NULL; never loads. */
+const struct wo_real *wo_real_driver_peek(void);
+
+/* The real function behind an exported driver wrapper. */
+static inline void *wo_real_hook(enum wo_hook_id id)
+{
+    const struct wo_real *r = wo_real_driver();
+    return r ? r->hook[id] : NULL;
+}
+
+/* The real runtime function behind an exported runtime wrapper (resolved on
+ * first call, cached); NULL when no CUDA runtime is loaded. */
+void *wo_real_runtime(enum wo_rt_id id);
+/* A runtime function we do not hook, by name (cudaGetFuncBySymbol). */
+void *wo_real_runtime_sym(const char *name);
+
+/* libc's own dlsym/dlvsym (never our exported hooks). */
+void *wo_real_dlsym(void *handle, const char *name);
+void *wo_real_dlvsym(void *handle, const char *name, const char *version);
+
+/* Names of the hooks, in enum order (for the dlsym substitution and stats). */
+extern const char *const wo_hook_names[WO_NHOOKS];
+extern const char *const wo_rt_names[WO_NRT];
+/* Our exported wrappers, in enum order (what dlsym hands out instead). */
+extern void *const wo_hook_exports[WO_NHOOKS];

@@ -1,0 +1,251 @@
+"""woffload: the PyTorch side of libwoffload (ctypes, no compiled extension).
+
+libwoffload.so is an LD_PRELOAD shim; this package reaches its public API
+(include/woffload.h) through the process's global symbol table, so it works
+only in a process that was started with the library preloaded (woffload-run
+does that). Without the library every call is a no-op that returns an error
+value and warns once; importing this package never fails because of it.
+
+    import woffload
+    report = woffload.tag_module(model)   # names every parameter and buffer
+    woffload.seal()                       # placements take effect
+    print(woffload.stats())
+
+Names are the full dotted names of ``named_parameters()`` and
+``named_buffers()``, relative to the module passed in (optionally with a
+prefix), exactly what the policy's rules match.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+__all__ = [
+    "available", "version", "tag", "tag_push", "tag_pop", "tag_scope",
+    "tag_module", "TagReport", "window_open", "window_close", "window_closed",
+    "seal", "stats", "WoffloadError",
+]
+
+
+class WoffloadError(OSError):
+    """A call into libwoffload returned a negative errno value."""
+
+
+_lib: Optional[ctypes.CDLL] = None
+_lib_looked_up = False
+_warned = False
+
+
+def _load() -> Optional[ctypes.CDLL]:
+    """The preloaded library, or None. Looks the symbols up once in the global
+    namespace (dlopen(NULL)): only a preloaded (or RTLD_GLOBAL) copy is found,
+    never a second copy loaded here, which would see no allocations."""
+    global _lib, _lib_looked_up
+    if _lib_looked_up:
+        return _lib
+    _lib_looked_up = True
+    try:
+        lib = ctypes.CDLL(None)
+        lib.woffload_version  # AttributeError when the shim is not preloaded
+    except (OSError, AttributeError):
+        return None
+    lib.woffload_version.restype = ctypes.c_char_p
+    lib.woffload_version.argtypes = []
+    lib.woffload_tag_push.restype = ctypes.c_int
+    lib.woffload_tag_push.argtypes = [ctypes.c_char_p]
+    lib.woffload_tag_pop.restype = ctypes.c_int
+    lib.woffload_tag_pop.argtypes = []
+    lib.woffload_tag.restype = ctypes.c_int
+    lib.woffload_tag.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    lib.woffload_window_open.restype = ctypes.c_int
+    lib.woffload_window_open.argtypes = []
+    lib.woffload_window_close.restype = ctypes.c_int
+    lib.woffload_window_close.argtypes = []
+    lib.woffload_seal.restype = ctypes.c_int
+    lib.woffload_seal.argtypes = []
+    lib.woffload_stats.restype = ctypes.c_long
+    lib.woffload_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    _lib = lib
+    return lib
+
+
+def _warn_missing(what: str) -> None:
+    global _warned
+    if not _warned:
+        _warned = True
+        warnings.warn(
+            f"woffload.{what}: libwoffload.so is not preloaded in this process, so this "
+            "and every later woffload call does nothing; start the program with "
+            "`woffload-run --policy FILE -- CMD` (or LD_PRELOAD=libwoffload.so)",
+            RuntimeWarning, stacklevel=3)
+
+
+def _call(what: str, *args: Any, check: bool = False) -> int:
+    lib = _load()
+    if lib is None:
+        _warn_missing(what)
+        return -errno.ENOSYS
+    r = int(getattr(lib, "woffload_" + what)(*args))
+    if check and r < 0:
+        raise WoffloadError(-r, f"woffload_{what}: {os.strerror(-r)}")
+    return r
+
+
+def available() -> bool:
+    """True when libwoffload is preloaded in this process."""
+    return _load() is not None
+
+
+def version() -> Optional[str]:
+    """The library's version string, or None when it is not preloaded."""
+    lib = _load()
+    return lib.woffload_version().decode() if lib is not None else None
+
+
+def tag_push(name: str) -> int:
+    """Allocations this thread makes until tag_pop() are placeable and named."""
+    return _call("tag_push", name.encode())
+
+
+def tag_pop() -> int:
+    return _call("tag_pop")
+
+
+@contextlib.contextmanager
+def tag_scope(name: str) -> Iterator[None]:
+    """``with tag_scope("model.layers.0"): ...`` around allocations."""
+    r = tag_push(name)
+    try:
+        yield
+    finally:
+        if r == 0:
+            tag_pop()
+
+
+def tag(ptr: int, size: int, name: str) -> int:
+    """Names [ptr, ptr+size). Returns 0 or a negative errno (see woffload.h)."""
+    return _call("tag", ctypes.c_void_p(ptr), ctypes.c_size_t(size), name.encode())
+
+
+def window_open() -> int:
+    """Opens the placeable window; 0, or -EALREADY when it is open already."""
+    return _call("window_open")
+
+
+def window_close() -> int:
+    return _call("window_close")
+
+
+@contextlib.contextmanager
+def window_closed() -> Iterator[None]:
+    """Allocations made inside stay ordinary device memory even while the
+    placeable window is open (a blocker allocation, a workspace)."""
+    r = window_close()
+    try:
+        yield
+    finally:
+        if r == 0:
+            window_open()
+
+
+def seal() -> int:
+    """End of loading: placements of tagged ranges take effect."""
+    return _call("seal")
+
+
+def stats() -> Optional[Dict[str, Any]]:
+    """The shim's JSON snapshot, parsed; None when the library is absent."""
+    lib = _load()
+    if lib is None:
+        _warn_missing("stats")
+        return None
+    size = 1 << 16
+    while True:
+        buf = ctypes.create_string_buffer(size)
+        n = int(lib.woffload_stats(buf, size))
+        if n < 0:
+            raise WoffloadError(-n, f"woffload_stats: {os.strerror(-n)}")
+        if n < size:
+            return json.loads(buf.value.decode("utf-8", "replace"))
+        size = n + 1
+
+
+@dataclass
+class TagReport:
+    """What tag_module() did. ``tagged``: names tagged (one per distinct
+    memory range); ``aliases``: names whose memory an earlier name already
+    covers (tied or shared weights), mapped to that name; ``skipped``: names
+    not on a CUDA device (or empty); ``errors``: name -> negative errno."""
+    tagged: List[str] = field(default_factory=list)
+    bytes: int = 0
+    aliases: Dict[str, str] = field(default_factory=dict)
+    skipped: List[str] = field(default_factory=list)
+    errors: Dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        s = (f"tagged {len(self.tagged)} tensors ({self.bytes / 2**30:.2f} GiB), "
+             f"{len(self.aliases)} aliases, {len(self.skipped)} skipped, {len(self.errors)} errors")
+        if self.errors:
+            first = next(iter(self.errors.items()))
+            s += f" (first: {first[0]}: {os.strerror(-first[1])})"
+        return s
+
+
+def _byte_span(t: Any) -> Optional[Tuple[int, int]]:
+    """(address, length) of the bytes a tensor's elements occupy, or None when
+    it has none on a CUDA device. Spans a strided view from its lowest to its
+    highest element."""
+    if getattr(t, "is_meta", False) or not getattr(t, "is_cuda", False) or t.numel() == 0:
+        return None
+    elem = t.element_size()
+    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(t.shape, t.stride()))
+    low = t.data_ptr() + elem * sum((n - 1) * s for n, s in zip(t.shape, t.stride()) if s < 0)
+    return low, extent * elem
+
+
+def named_tensors(module: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """Every parameter and buffer with its full dotted name, tied ones under
+    each of their names (the caller keeps the first)."""
+    for name, p in module.named_parameters(prefix=prefix, remove_duplicate=False):
+        yield name, p
+    for name, b in module.named_buffers(prefix=prefix, remove_duplicate=False):
+        if b is not None:
+            yield name, b
+
+
+def tag_module(module: Any, prefix: str = "") -> TagReport:
+    """Tags every parameter and buffer of ``module`` on a CUDA device by its
+    full dotted name. A memory range shared by several names (tied weights,
+    views of one storage) is tagged once, by the first name in module order;
+    the others are listed as aliases. Nothing is raised: errors are collected
+    in the report (and the library logs each once)."""
+    rep = TagReport()
+    if _load() is None:
+        _warn_missing("tag_module")
+        return rep
+    seen: Dict[Tuple[int, int], str] = {}
+    for name, t in named_tensors(module, prefix):
+        span = _byte_span(t)
+        if span is None:
+            rep.skipped.append(name)
+            continue
+        if span in seen:
+            if seen[span] != name:
+                rep.aliases[name] = seen[span]
+            continue
+        seen[span] = name
+        r = tag(span[0], span[1], name)
+        if r == 0:
+            rep.tagged.append(name)
+            rep.bytes += span[1]
+        elif r == -errno.EEXIST:
+            rep.aliases[name] = "(an overlapping earlier tag)"
+        else:
+            rep.errors[name] = r
+    return rep

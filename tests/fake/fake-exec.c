@@ -1,0 +1,1344 @@
+/* tests/fake/fake-exec.c: the fake driver's execution side: streams (the
+ * legacy and per-thread default streams included), events, kernels as host
+ * functions (modules, libraries, parameter layouts), launches, stream
+ * capture with the real driver's rules, graphs and graph launches.
+ *
+ * All work runs synchronously when it is enqueued, so stream order holds
+ * trivially and synchronisation has nothing to wait for. Work enqueued on a
+ * capturing stream is recorded into the capture's graph instead (parameters
+ * copied by value, as the driver does), and a graph launch replays it. */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake-priv.h"
+
+#define STREAM_MAGIC 0x57524d53u
+#define EVENT_MAGIC 0x45564e54u
+#define FUNC_MAGIC 0x46554e43u
+#define GRAPH_MAGIC 0x47524150u
+#define EXEC_MAGIC 0x47455845u
+#define MOD_MAGIC 0x4d4f4455u
+#define MAX_PARAMS 64
+#define MAX_JOINED 16
+
+struct CUstream_st {
+    uint32_t magic;
+    unsigned flags;
+    int priority;
+    bool legacy, per_thread;
+    struct fk_capture *cap;
+    struct CUstream_st *next; /* live user streams */
+};
+
+struct CUevent_st {
+    uint32_t magic;
+    unsigned flags;
+    bool recorded;
+    uint64_t t_ns;
+    struct fk_capture *cap; /* recorded inside this (active) capture */
+};
+
+struct CUfunc_st {
+    uint32_t magic;
+    int nparams;
+    size_t sizes[MAX_PARAMS], offsets[MAX_PARAMS];
+    size_t argbytes;
+    fakecuda_kernel_fn fn;
+    _Atomic uint64_t runs;
+    struct CUfunc_st *next;
+    char name[];
+};
+
+struct CUgraph_st {
+    uint32_t magic;
+    struct fk_op *ops;
+    size_t n, cap;
+};
+
+struct CUgraphExec_st {
+    uint32_t magic;
+    struct fk_op *ops;
+    size_t n;
+};
+
+struct CUmod_st {
+    uint32_t magic;
+};
+struct CUlib_st {
+    uint32_t magic;
+};
+
+struct fk_capture {
+    uint64_t id;
+    CUstreamCaptureMode mode;
+    pthread_t thread;
+    bool invalidated;
+    bool blocking; /* origin synchronises with the legacy stream */
+    struct CUstream_st *origin;
+    struct CUstream_st *joined[MAX_JOINED];
+    int njoined;
+    struct CUgraph_st *graph;
+};
+
+static struct CUstream_st legacy_stream = { .magic = STREAM_MAGIC, .legacy = true };
+static __thread struct CUstream_st pt_stream;
+static struct CUstream_st *streams;
+#define MAX_CAPS 64
+static struct fk_capture *active[MAX_CAPS];
+static int nactive;
+static uint64_t next_capture_id = 1;
+static __thread CUstreamCaptureMode thread_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+static struct CUfunc_st *kernels;
+
+static _Atomic uint64_t launch_seq, runs_total, captured_total;
+static struct fakecuda_launch last_launch;
+static bool have_last;
+
+/* --- streams ------------------------------------------------------------- */
+
+static struct CUstream_st *stream_locked(CUstream s, bool per_thread)
+{
+    if (s == NULL)
+        s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
+    if (s == CU_STREAM_LEGACY)
+        return &legacy_stream;
+    if (s == CU_STREAM_PER_THREAD) {
+        if (pt_stream.magic != STREAM_MAGIC)
+            pt_stream = (struct CUstream_st){ .magic = STREAM_MAGIC, .per_thread = true };
+        return &pt_stream;
+    }
+    for (struct CUstream_st *st = streams; st; st = st->next)
+        if (st == s)
+            return st;
+    return NULL;
+}
+
+struct CUstream_st *fk_stream(CUstream s, bool per_thread)
+{
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, per_thread);
+    fk_unlock_();
+    return st;
+}
+
+static void invalidate_locked(struct fk_capture *c)
+{
+    c->invalidated = true;
+}
+
+/* Using the legacy stream while a blocking stream captures is an implicit
+ * dependency on the capture: refused, and the capture is invalidated. */
+static CUresult legacy_check_locked(void)
+{
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < nactive; i++)
+        if (active[i]->blocking && !active[i]->invalidated) {
+            invalidate_locked(active[i]);
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        }
+    return r;
+}
+
+CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap)
+{
+    *cap = NULL;
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, per_thread);
+    CUresult r = CUDA_SUCCESS;
+    if (!st)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (st->cap)
+        r = st->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                 : (*cap = st->cap, CUDA_SUCCESS);
+    else if (st->legacy)
+        r = legacy_check_locked();
+    fk_unlock_();
+    return r;
+}
+
+CUresult fk_capture_check_unsafe(void)
+{
+    if (thread_mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    pthread_t self = pthread_self();
+    CUresult r = CUDA_SUCCESS;
+    fk_lock_();
+    for (int i = 0; i < nactive; i++) {
+        struct fk_capture *c = active[i];
+        bool mine = pthread_equal(c->thread, self);
+        bool forbids = (mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+                       (!mine && thread_mode == CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                        c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+        if (forbids) {
+            invalidate_locked(c);
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    fk_unlock_();
+    return r;
+}
+
+static void op_free(struct fk_op *op)
+{
+    if (op->type == FK_OP_KERNEL)
+        free(op->k.args);
+}
+
+static CUresult op_copy(struct fk_op *dst, const struct fk_op *src)
+{
+    *dst = *src;
+    if (src->type == FK_OP_KERNEL && src->k.args) {
+        dst->k.args = malloc(src->k.f->argbytes ? src->k.f->argbytes : 1);
+        if (!dst->k.args)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(dst->k.args, src->k.args, src->k.f->argbytes);
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_append_locked(struct CUgraph_st *g, const struct fk_op *op)
+{
+    if (g->n == g->cap) {
+        size_t cap = g->cap ? g->cap * 2 : 16;
+        struct fk_op *n = realloc(g->ops, cap * sizeof(*n));
+        if (!n)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        g->ops = n;
+        g->cap = cap;
+    }
+    g->ops[g->n++] = *op;
+    return CUDA_SUCCESS;
+}
+
+/* Takes ownership of op's argument buffer. */
+CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op)
+{
+    fk_lock_();
+    CUresult r = cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                                  : graph_append_locked(cap->graph, op);
+    fk_unlock_();
+    if (r != CUDA_SUCCESS) {
+        struct fk_op tmp = *op;
+        op_free(&tmp);
+    }
+    return r;
+}
+
+static CUresult stream_create(CUstream *ph, unsigned flags, int prio)
+{
+    if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = calloc(1, sizeof(*st));
+    if (!st)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    st->magic = STREAM_MAGIC;
+    st->flags = flags;
+    st->priority = prio > 0 ? 0 : prio < -5 ? -5 : prio;
+    fk_lock_();
+    st->next = streams;
+    streams = st;
+    fk_unlock_();
+    *ph = st;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+    FK_ENTER(cuStreamCreate);
+    return stream_create(phStream, Flags, 0);
+}
+
+FK_EXPORT CUresult cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+    FK_ENTER(cuStreamCreateWithPriority);
+    return stream_create(phStream, flags, priority);
+}
+
+static void capture_detach_locked(struct fk_capture *c, struct CUstream_st *st)
+{
+    for (int i = 0; i < c->njoined; i++)
+        if (c->joined[i] == st) {
+            c->joined[i] = c->joined[--c->njoined];
+            break;
+        }
+    st->cap = NULL;
+}
+
+FK_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
+{
+    FK_ENTER(cuStreamDestroy_v2);
+    fk_lock_();
+    for (struct CUstream_st **pp = &streams; *pp; pp = &(*pp)->next) {
+        struct CUstream_st *st = *pp;
+        if (st != hStream)
+            continue;
+        *pp = st->next;
+        if (st->cap) {
+            /* Destroying a stream in a capture breaks the capture. */
+            invalidate_locked(st->cap);
+            if (st->cap->origin == st)
+                st->cap->origin = NULL;
+            capture_detach_locked(st->cap, st);
+        }
+        st->magic = 0;
+        fk_unlock_();
+        free(st);
+        return CUDA_SUCCESS;
+    }
+    fk_unlock_();
+    return CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* Synchronising or querying a capturing stream is illegal and invalidates
+ * the capture; the legacy stream synchronises with capturing blocking
+ * streams. */
+static CUresult stream_sync(CUstream s, bool pt)
+{
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    CUresult r = CUDA_SUCCESS;
+    if (!st) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (st->cap) {
+        invalidate_locked(st->cap);
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (st->legacy) {
+        r = legacy_check_locked();
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuStreamSynchronize(CUstream hStream)
+{
+    FK_ENTER(cuStreamSynchronize);
+    return stream_sync(hStream, false);
+}
+FK_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream)
+{
+    FK_ENTER(cuStreamSynchronize_ptsz);
+    return stream_sync(hStream, true);
+}
+FK_EXPORT CUresult cuStreamQuery(CUstream hStream)
+{
+    FK_ENTER(cuStreamQuery);
+    return stream_sync(hStream, false);
+}
+FK_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
+{
+    FK_ENTER(cuStreamQuery_ptsz);
+    return stream_sync(hStream, true);
+}
+
+static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, bool pt)
+{
+    if (!e || e->magic != EVENT_MAGIC || (flags & ~(unsigned)CU_EVENT_WAIT_EXTERNAL))
+        return e && e->magic == EVENT_MAGIC ? CUDA_ERROR_INVALID_VALUE : CUDA_ERROR_INVALID_HANDLE;
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    CUresult r = CUDA_SUCCESS;
+    if (!st) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (e->cap && !e->cap->invalidated) {
+        /* Waiting on an event recorded in a capture joins the capture
+         * (fork); a stream already in another capture may not. */
+        if (st->cap && st->cap != e->cap)
+            r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        else if (!st->cap && st->legacy)
+            r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        else if (!st->cap) {
+            if (e->cap->njoined == MAX_JOINED) {
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+            } else {
+                st->cap = e->cap;
+                e->cap->joined[e->cap->njoined++] = st;
+            }
+        }
+    } else if (st->cap && st->cap->invalidated) {
+        r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (!st->cap && st->legacy) {
+        r = legacy_check_locked();
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    FK_ENTER(cuStreamWaitEvent);
+    return stream_wait_event(hStream, hEvent, Flags, false);
+}
+FK_EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags)
+{
+    FK_ENTER(cuStreamWaitEvent_ptsz);
+    return stream_wait_event(hStream, hEvent, Flags, true);
+}
+
+#define STREAM_GETTER(sym, pt, type, out, expr)                                                    \
+    do {                                                                                           \
+        FK_ENTER(sym);                                                                             \
+        if (!(out))                                                                                \
+            return CUDA_ERROR_INVALID_VALUE;                                                       \
+        struct CUstream_st *st = fk_stream(hStream, pt);                                           \
+        if (!st)                                                                                   \
+            return CUDA_ERROR_INVALID_HANDLE;                                                      \
+        *(out) = (type)(expr);                                                                     \
+        return CUDA_SUCCESS;                                                                       \
+    } while (0)
+
+FK_EXPORT CUresult cuStreamGetFlags(CUstream hStream, unsigned int *flags)
+{
+    STREAM_GETTER(cuStreamGetFlags, false, unsigned int, flags, st->flags);
+}
+FK_EXPORT CUresult cuStreamGetFlags_ptsz(CUstream hStream, unsigned int *flags)
+{
+    STREAM_GETTER(cuStreamGetFlags_ptsz, true, unsigned int, flags, st->flags);
+}
+FK_EXPORT CUresult cuStreamGetPriority(CUstream hStream, int *priority)
+{
+    STREAM_GETTER(cuStreamGetPriority, false, int, priority, st->priority);
+}
+FK_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority)
+{
+    STREAM_GETTER(cuStreamGetPriority_ptsz, true, int, priority, st->priority);
+}
+FK_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
+{
+    STREAM_GETTER(cuStreamGetCtx, false, CUcontext, pctx, fk_current_ctx());
+}
+FK_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
+{
+    STREAM_GETTER(cuStreamGetCtx_ptsz, true, CUcontext, pctx, fk_current_ctx());
+}
+
+/* --- capture ------------------------------------------------------------- */
+
+static bool legacy_implicated_locked(void)
+{
+    for (int i = 0; i < nactive; i++)
+        if (active[i]->blocking)
+            return true;
+    return false;
+}
+
+static CUresult capture_status(CUstream s, bool pt, CUstreamCaptureStatus *status, cuuint64_t *id,
+                               CUgraph *graph)
+{
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    CUresult r = CUDA_SUCCESS;
+    if (!st) {
+        r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (st->legacy && legacy_implicated_locked()) {
+        r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    } else {
+        struct fk_capture *c = st->cap;
+        if (status)
+            *status = !c ? CU_STREAM_CAPTURE_STATUS_NONE
+                      : c->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                       : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+        if (id && c)
+            *id = c->id;
+        if (graph)
+            *graph = c && !c->invalidated ? c->graph : NULL;
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    FK_ENTER(cuStreamIsCapturing);
+    if (!captureStatus)
+        return CUDA_ERROR_INVALID_VALUE;
+    return capture_status(hStream, false, captureStatus, NULL, NULL);
+}
+FK_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus *captureStatus)
+{
+    FK_ENTER(cuStreamIsCapturing_ptsz);
+    if (!captureStatus)
+        return CUDA_ERROR_INVALID_VALUE;
+    return capture_status(hStream, true, captureStatus, NULL, NULL);
+}
+
+static CUresult capture_info(CUstream s, bool pt, CUstreamCaptureStatus *status, cuuint64_t *id,
+                             CUgraph *graph, const CUgraphNode **deps,
+                             const CUgraphEdgeData **edges, size_t *ndeps)
+{
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    /* The fake keeps no node graph: a capture has no dependency frontier. */
+    if (deps)
+        *deps = NULL;
+    if (edges)
+        *edges = NULL;
+    if (ndeps)
+        *ndeps = 0;
+    return capture_status(s, pt, status, id, graph);
+}
+
+FK_EXPORT CUresult cuStreamGetCaptureInfo_v2(CUstream hStream,
+                                             CUstreamCaptureStatus *captureStatus_out,
+                                             cuuint64_t *id_out, CUgraph *graph_out,
+                                             const CUgraphNode **dependencies_out,
+                                             size_t *numDependencies_out)
+{
+    FK_ENTER(cuStreamGetCaptureInfo_v2);
+    return capture_info(hStream, false, captureStatus_out, id_out, graph_out, dependencies_out,
+                        NULL, numDependencies_out);
+}
+FK_EXPORT CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream,
+                                                  CUstreamCaptureStatus *captureStatus_out,
+                                                  cuuint64_t *id_out, CUgraph *graph_out,
+                                                  const CUgraphNode **dependencies_out,
+                                                  size_t *numDependencies_out)
+{
+    FK_ENTER(cuStreamGetCaptureInfo_v2_ptsz);
+    return capture_info(hStream, true, captureStatus_out, id_out, graph_out, dependencies_out,
+                        NULL, numDependencies_out);
+}
+FK_EXPORT CUresult cuStreamGetCaptureInfo_v3(CUstream hStream,
+                                             CUstreamCaptureStatus *captureStatus_out,
+                                             cuuint64_t *id_out, CUgraph *graph_out,
+                                             const CUgraphNode **dependencies_out,
+                                             const CUgraphEdgeData **edgeData_out,
+                                             size_t *numDependencies_out)
+{
+    FK_ENTER(cuStreamGetCaptureInfo_v3);
+    return capture_info(hStream, false, captureStatus_out, id_out, graph_out, dependencies_out,
+                        edgeData_out, numDependencies_out);
+}
+FK_EXPORT CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream,
+                                                  CUstreamCaptureStatus *captureStatus_out,
+                                                  cuuint64_t *id_out, CUgraph *graph_out,
+                                                  const CUgraphNode **dependencies_out,
+                                                  const CUgraphEdgeData **edgeData_out,
+                                                  size_t *numDependencies_out)
+{
+    FK_ENTER(cuStreamGetCaptureInfo_v3_ptsz);
+    return capture_info(hStream, true, captureStatus_out, id_out, graph_out, dependencies_out,
+                        edgeData_out, numDependencies_out);
+}
+
+static void graph_free(struct CUgraph_st *g)
+{
+    for (size_t i = 0; i < g->n; i++)
+        op_free(&g->ops[i]);
+    free(g->ops);
+    g->magic = 0;
+    free(g);
+}
+
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool pt)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+        mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_capture *c = calloc(1, sizeof(*c));
+    struct CUgraph_st *g = calloc(1, sizeof(*g));
+    if (!c || !g) {
+        free(c);
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g->magic = GRAPH_MAGIC;
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    CUresult r = CUDA_SUCCESS;
+    if (!st)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (st->legacy)
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    else if (st->cap)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (nactive == MAX_CAPS)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r != CUDA_SUCCESS) {
+        fk_unlock_();
+        free(c);
+        free(g);
+        return r;
+    }
+    c->id = next_capture_id++;
+    c->mode = mode;
+    c->thread = pthread_self();
+    c->origin = st;
+    c->blocking = !(st->flags & CU_STREAM_NON_BLOCKING);
+    c->graph = g;
+    c->joined[c->njoined++] = st;
+    st->cap = c;
+    active[nactive++] = c;
+    fk_unlock_();
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+    FK_ENTER(cuStreamBeginCapture_v2);
+    return begin_capture(hStream, mode, false);
+}
+FK_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+    FK_ENTER(cuStreamBeginCapture_v2_ptsz);
+    return begin_capture(hStream, mode, true);
+}
+
+static CUresult end_capture(CUstream s, CUgraph *phGraph, bool pt)
+{
+    if (!phGraph)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    struct fk_capture *c = st ? st->cap : NULL;
+    CUresult r = CUDA_SUCCESS;
+    if (!st)
+        r = CUDA_ERROR_INVALID_HANDLE;
+    else if (!c)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (c->origin != st && c->origin)
+        r = CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    else if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(c->thread, pthread_self()))
+        r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    if (r != CUDA_SUCCESS) {
+        fk_unlock_();
+        return r;
+    }
+    while (c->njoined > 0)
+        capture_detach_locked(c, c->joined[c->njoined - 1]);
+    for (int i = 0; i < nactive; i++)
+        if (active[i] == c) {
+            active[i] = active[--nactive];
+            break;
+        }
+    fk_unlock_();
+    if (c->invalidated) {
+        graph_free(c->graph);
+        *phGraph = NULL;
+        r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else {
+        *phGraph = c->graph;
+    }
+    free(c);
+    return r;
+}
+
+FK_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+    FK_ENTER(cuStreamEndCapture);
+    return end_capture(hStream, phGraph, false);
+}
+FK_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+    FK_ENTER(cuStreamEndCapture_ptsz);
+    return end_capture(hStream, phGraph, true);
+}
+
+FK_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
+{
+    FK_ENTER(cuThreadExchangeStreamCaptureMode);
+    if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
+                  *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+                  *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+        return CUDA_ERROR_INVALID_VALUE;
+    CUstreamCaptureMode old = thread_mode;
+    thread_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+static CUresult host_func(CUstream s, CUhostFn fn, void *ud, bool pt)
+{
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_capture *cap;
+    CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r != CUDA_SUCCESS)
+        return r;
+    struct fk_op op = { .type = FK_OP_HOST, .host = { .fn = fn, .ud = ud } };
+    if (cap)
+        return fk_capture_add(cap, &op);
+    fn(ud);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *userData)
+{
+    FK_ENTER(cuLaunchHostFunc);
+    return host_func(hStream, fn, userData, false);
+}
+FK_EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void *userData)
+{
+    FK_ENTER(cuLaunchHostFunc_ptsz);
+    return host_func(hStream, fn, userData, true);
+}
+
+/* --- events -------------------------------------------------------------- */
+
+FK_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
+{
+    FK_ENTER(cuEventCreate);
+    if (!phEvent || (Flags & ~(unsigned)(CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING |
+                                         CU_EVENT_INTERPROCESS)))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *e = calloc(1, sizeof(*e));
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EVENT_MAGIC;
+    e->flags = Flags;
+    *phEvent = e;
+    return CUDA_SUCCESS;
+}
+
+static CUresult event_record(CUevent e, CUstream s, bool pt)
+{
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct fk_capture *cap;
+    CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r != CUDA_SUCCESS)
+        return r;
+    fk_lock_();
+    e->cap = cap;
+    if (!cap) {
+        e->recorded = true;
+        e->t_ns = fk_now_ns();
+    }
+    fk_unlock_();
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
+{
+    FK_ENTER(cuEventRecord);
+    return event_record(hEvent, hStream, false);
+}
+FK_EXPORT CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream)
+{
+    FK_ENTER(cuEventRecord_ptsz);
+    return event_record(hEvent, hStream, true);
+}
+FK_EXPORT CUresult cuEventRecordWithFlags(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    FK_ENTER(cuEventRecordWithFlags);
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return event_record(hEvent, hStream, false);
+}
+FK_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream, unsigned int flags)
+{
+    FK_ENTER(cuEventRecordWithFlags_ptsz);
+    if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
+        return CUDA_ERROR_INVALID_VALUE;
+    return event_record(hEvent, hStream, true);
+}
+
+FK_EXPORT CUresult cuEventQuery(CUevent hEvent)
+{
+    FK_ENTER(cuEventQuery);
+    if (!hEvent || hEvent->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_SUCCESS; /* work completes when enqueued */
+}
+
+FK_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
+{
+    FK_ENTER(cuEventSynchronize);
+    if (!hEvent || hEvent->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
+{
+    FK_ENTER(cuEventDestroy_v2);
+    if (!hEvent || hEvent->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    hEvent->magic = 0;
+    free(hEvent);
+    return CUDA_SUCCESS;
+}
+
+static CUresult elapsed(float *ms, CUevent a, CUevent b)
+{
+    if (!ms)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!a || !b || a->magic != EVENT_MAGIC || b->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if ((a->flags | b->flags) & CU_EVENT_DISABLE_TIMING || !a->recorded || !b->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *ms = (float)((double)((int64_t)(b->t_ns - a->t_ns)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    FK_ENTER(cuEventElapsedTime);
+    return elapsed(pMilliseconds, hStart, hEnd);
+}
+FK_EXPORT CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd)
+{
+    FK_ENTER(cuEventElapsedTime_v2);
+    return elapsed(pMilliseconds, hStart, hEnd);
+}
+
+/* --- kernels, modules, libraries ----------------------------------------- */
+
+static size_t align_of_size(size_t sz)
+{
+    size_t a = 1;
+    while (a < 8 && sz % (a * 2) == 0)
+        a *= 2;
+    return a;
+}
+
+FK_EXPORT CUfunction fakecuda_kernel(const char *name, int nparams, const size_t *param_sizes,
+                                     fakecuda_kernel_fn fn)
+{
+    if (!name || !fn || nparams < 0 || nparams > MAX_PARAMS || (nparams && !param_sizes))
+        return NULL;
+    size_t len = strlen(name);
+    struct CUfunc_st *f = calloc(1, sizeof(*f) + len + 1);
+    if (!f)
+        return NULL;
+    memcpy(f->name, name, len + 1);
+    f->magic = FUNC_MAGIC;
+    f->nparams = nparams;
+    f->fn = fn;
+    size_t off = 0;
+    for (int i = 0; i < nparams; i++) {
+        size_t a = align_of_size(param_sizes[i]);
+        off = (off + a - 1) & ~(a - 1);
+        f->offsets[i] = off;
+        f->sizes[i] = param_sizes[i];
+        off += param_sizes[i];
+    }
+    f->argbytes = off;
+    fk_lock_();
+    f->next = kernels;
+    kernels = f;
+    fk_unlock_();
+    return f;
+}
+
+FK_EXPORT CUkernel fakecuda_kernel_handle(CUfunction f)
+{
+    return (CUkernel)(void *)f;
+}
+
+FK_EXPORT uint64_t fakecuda_kernel_runs(CUfunction f)
+{
+    return f && f->magic == FUNC_MAGIC ? atomic_load(&f->runs) : 0;
+}
+
+static struct CUfunc_st *func_of(const void *h)
+{
+    const struct CUfunc_st *f = h;
+    return f && f->magic == FUNC_MAGIC ? (struct CUfunc_st *)f : NULL;
+}
+
+static struct CUfunc_st *kernel_by_name(const char *name)
+{
+    struct CUfunc_st *r = NULL;
+    fk_lock_();
+    /* Newest registration wins, so a test can re-register a name. */
+    for (struct CUfunc_st *f = kernels; f && !r; f = f->next)
+        if (strcmp(f->name, name) == 0)
+            r = f;
+    fk_unlock_();
+    return r;
+}
+
+static CUresult new_handle(void **out, size_t size, uint32_t magic)
+{
+    uint32_t *m = calloc(1, size);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *m = magic;
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
+{
+    FK_ENTER(cuModuleLoad);
+    if (!module || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
+}
+
+/* Any image loads; its functions are the registered kernels. */
+FK_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
+{
+    FK_ENTER(cuModuleLoadData);
+    if (!module || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
+}
+
+FK_EXPORT CUresult cuModuleUnload(CUmodule hmod)
+{
+    FK_ENTER(cuModuleUnload);
+    if (!hmod || hmod->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    hmod->magic = 0;
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name)
+{
+    FK_ENTER(cuModuleGetFunction);
+    if (!hfunc || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!hmod || hmod->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = kernel_by_name(name);
+    if (!f)
+        return CUDA_ERROR_NOT_FOUND;
+    *hfunc = f;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,
+                                     void **jitOptionsValues, unsigned int numJitOptions,
+                                     CUlibraryOption *libraryOptions, void **libraryOptionValues,
+                                     unsigned int numLibraryOptions)
+{
+    FK_ENTER(cuLibraryLoadData);
+    if (!library || !code)
+        return CUDA_ERROR_INVALID_VALUE;
+    return new_handle((void **)library, sizeof(struct CUlib_st), MOD_MAGIC);
+}
+
+FK_EXPORT CUresult cuLibraryUnload(CUlibrary library)
+{
+    FK_ENTER(cuLibraryUnload);
+    if (!library || library->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    library->magic = 0;
+    free(library);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuLibraryGetKernel(CUkernel *pKernel, CUlibrary library, const char *name)
+{
+    FK_ENTER(cuLibraryGetKernel);
+    if (!pKernel || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!library || library->magic != MOD_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = kernel_by_name(name);
+    if (!f)
+        return CUDA_ERROR_NOT_FOUND;
+    *pKernel = (CUkernel)(void *)f;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
+{
+    FK_ENTER(cuKernelGetFunction);
+    if (!pFunc)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = func_of(kernel);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *pFunc = f;
+    return CUDA_SUCCESS;
+}
+
+static CUresult param_info(const void *h, size_t idx, size_t *off, size_t *size)
+{
+    struct CUfunc_st *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (idx >= (size_t)f->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (off)
+        *off = f->offsets[idx];
+    if (size)
+        *size = f->sizes[idx];
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                                      size_t *paramSize)
+{
+    FK_ENTER(cuFuncGetParamInfo);
+    return param_info(func, paramIndex, paramOffset, paramSize);
+}
+
+FK_EXPORT CUresult cuKernelGetParamInfo(CUkernel kernel, size_t paramIndex, size_t *paramOffset,
+                                        size_t *paramSize)
+{
+    FK_ENTER(cuKernelGetParamInfo);
+    return param_info(kernel, paramIndex, paramOffset, paramSize);
+}
+
+FK_EXPORT CUresult cuFuncGetName(const char **name, CUfunction hfunc)
+{
+    FK_ENTER(cuFuncGetName);
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = func_of(hfunc);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuKernelGetName(const char **name, CUkernel hfunc)
+{
+    FK_ENTER(cuKernelGetName);
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = func_of(hfunc);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *name = f->name;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+{
+    FK_ENTER(cuFuncGetAttribute);
+    if (!pi)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!func_of(hfunc))
+        return CUDA_ERROR_INVALID_HANDLE;
+    switch (attrib) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *pi = 90; break;
+    default: *pi = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* --- launches ------------------------------------------------------------ */
+
+static void note_launch(struct CUfunc_st *f, const uint32_t g[3], const uint32_t b[3],
+                        unsigned shmem, CUstream s, int from_graph, int captured)
+{
+    uint64_t seq = atomic_fetch_add(&launch_seq, 1) + 1;
+    atomic_fetch_add(captured ? &captured_total : &runs_total, 1);
+    if (!captured)
+        atomic_fetch_add(&f->runs, 1);
+    fk_lock_();
+    last_launch = (struct fakecuda_launch){ .func = f,
+                                            .grid = { g[0], g[1], g[2] },
+                                            .block = { b[0], b[1], b[2] },
+                                            .shared_mem = shmem,
+                                            .stream = s,
+                                            .from_graph = from_graph,
+                                            .captured = captured,
+                                            .seq = seq };
+    have_last = true;
+    fk_unlock_();
+}
+
+static void run_kernel(struct CUfunc_st *f, void **params, const uint32_t g[3],
+                       const uint32_t b[3])
+{
+    f->fn(params, g, b);
+}
+
+static void run_packed(struct CUfunc_st *f, uint8_t *args, const uint32_t g[3], const uint32_t b[3])
+{
+    void *ptrs[MAX_PARAMS];
+    for (int i = 0; i < f->nparams; i++)
+        ptrs[i] = args + f->offsets[i];
+    run_kernel(f, ptrs, g, b);
+}
+
+static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3], unsigned shmem,
+                       CUstream s, bool pt, void **params, void **extra)
+{
+    struct CUfunc_st *f = func_of(fh);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2] || g[1] > 65535 || g[2] > 65535 ||
+        (uint64_t)b[0] * b[1] * b[2] > 1024 || b[2] > 64)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (shmem > 227 * 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint8_t *buf = NULL;
+    size_t bufsize = 0;
+    if (extra) {
+        if (params)
+            return CUDA_ERROR_INVALID_VALUE;
+        for (size_t i = 0; extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+            if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+                buf = extra[i + 1];
+            else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+                bufsize = *(size_t *)extra[i + 1];
+            else
+                return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (f->nparams && (!buf || bufsize < f->argbytes))
+            return CUDA_ERROR_INVALID_VALUE;
+    } else if (!params && f->nparams) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    struct fk_capture *cap;
+    CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (cap) {
+        /* The driver copies parameter values at capture time. */
+        struct fk_op op = { .type = FK_OP_KERNEL,
+                            .k = { .f = f,
+                                   .grid = { g[0], g[1], g[2] },
+                                   .block = { b[0], b[1], b[2] },
+                                   .shmem = shmem } };
+        op.k.args = malloc(f->argbytes ? f->argbytes : 1);
+        if (!op.k.args)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        for (int i = 0; i < f->nparams; i++)
+            memcpy(op.k.args + f->offsets[i], buf ? buf + f->offsets[i] : params[i], f->sizes[i]);
+        r = fk_capture_add(cap, &op);
+        if (r == CUDA_SUCCESS)
+            note_launch(f, g, b, shmem, s, 0, 1);
+        return r;
+    }
+    note_launch(f, g, b, shmem, s, 0, 0);
+    if (buf)
+        run_packed(f, buf, g, b);
+    else
+        run_kernel(f, params, g, b);
+    return CUDA_SUCCESS;
+}
+
+#define DIMS                                                                                       \
+    const uint32_t g[3] = { gridDimX, gridDimY, gridDimZ };                                        \
+    const uint32_t b[3] = { blockDimX, blockDimY, blockDimZ }
+
+FK_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                  unsigned int gridDimZ, unsigned int blockDimX,
+                                  unsigned int blockDimY, unsigned int blockDimZ,
+                                  unsigned int sharedMemBytes, CUstream hStream,
+                                  void **kernelParams, void **extra)
+{
+    FK_ENTER(cuLaunchKernel);
+    DIMS;
+    return launch(f, g, b, sharedMemBytes, hStream, false, kernelParams, extra);
+}
+
+FK_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                       unsigned int gridDimZ, unsigned int blockDimX,
+                                       unsigned int blockDimY, unsigned int blockDimZ,
+                                       unsigned int sharedMemBytes, CUstream hStream,
+                                       void **kernelParams, void **extra)
+{
+    FK_ENTER(cuLaunchKernel_ptsz);
+    DIMS;
+    return launch(f, g, b, sharedMemBytes, hStream, true, kernelParams, extra);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, void **extra,
+                          bool pt)
+{
+    if (!c || (c->numAttrs && !c->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id <= CU_LAUNCH_ATTRIBUTE_IGNORE || c->attrs[i].id > 64)
+            return CUDA_ERROR_INVALID_VALUE;
+    const uint32_t g[3] = { c->gridDimX, c->gridDimY, c->gridDimZ };
+    const uint32_t b[3] = { c->blockDimX, c->blockDimY, c->blockDimZ };
+    return launch(f, g, b, c->sharedMemBytes, c->hStream, pt, params, extra);
+}
+
+FK_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f,
+                                    void **kernelParams, void **extra)
+{
+    FK_ENTER(cuLaunchKernelEx);
+    return launch_ex(config, f, kernelParams, extra, false);
+}
+
+FK_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f,
+                                         void **kernelParams, void **extra)
+{
+    FK_ENTER(cuLaunchKernelEx_ptsz);
+    return launch_ex(config, f, kernelParams, extra, true);
+}
+
+/* --- graphs -------------------------------------------------------------- */
+
+static CUresult instantiate(CUgraphExec *pe, CUgraph g)
+{
+    if (!pe)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!g || g->magic != GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *e = calloc(1, sizeof(*e));
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = EXEC_MAGIC;
+    fk_lock_();
+    e->ops = calloc(g->n ? g->n : 1, sizeof(*e->ops));
+    CUresult r = e->ops ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    for (size_t i = 0; i < g->n && r == CUDA_SUCCESS; i++) {
+        r = op_copy(&e->ops[i], &g->ops[i]);
+        if (r == CUDA_SUCCESS)
+            e->n++;
+    }
+    fk_unlock_();
+    if (r != CUDA_SUCCESS) {
+        for (size_t i = 0; i < e->n; i++)
+            op_free(&e->ops[i]);
+        free(e->ops);
+        free(e);
+        return r;
+    }
+    *pe = e;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                               unsigned long long flags)
+{
+    FK_ENTER(cuGraphInstantiateWithFlags);
+    if (flags & ~(unsigned long long)(CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
+                                      CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+                                      CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH |
+                                      CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY))
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(phGraphExec, hGraph);
+}
+
+FK_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                         CUgraphNode *phErrorNode, char *logBuffer,
+                                         size_t bufferSize)
+{
+    FK_ENTER(cuGraphInstantiate_v2);
+    if (phErrorNode)
+        *phErrorNode = NULL;
+    if (logBuffer && bufferSize)
+        logBuffer[0] = '\0';
+    return instantiate(phGraphExec, hGraph);
+}
+
+static CUresult graph_launch(CUgraphExec e, CUstream s, bool pt)
+{
+    if (!e || e->magic != EXEC_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_capture *cap;
+    CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r != CUDA_SUCCESS)
+        return r;
+    for (size_t i = 0; i < e->n; i++) {
+        const struct fk_op *op = &e->ops[i];
+        if (cap) {
+            /* A graph launched into a capture becomes part of it. */
+            struct fk_op c;
+            r = op_copy(&c, op);
+            if (r == CUDA_SUCCESS)
+                r = fk_capture_add(cap, &c);
+            if (r != CUDA_SUCCESS)
+                return r;
+            if (op->type == FK_OP_KERNEL)
+                note_launch(op->k.f, op->k.grid, op->k.block, op->k.shmem, s, 1, 1);
+            continue;
+        }
+        switch (op->type) {
+        case FK_OP_KERNEL:
+            note_launch(op->k.f, op->k.grid, op->k.block, op->k.shmem, s, 1, 0);
+            run_packed(op->k.f, op->k.args, op->k.grid, op->k.block);
+            break;
+        case FK_OP_HOST:
+            op->host.fn(op->host.ud);
+            break;
+        default:
+            fk_op_run(op);
+            break;
+        }
+    }
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream)
+{
+    FK_ENTER(cuGraphLaunch);
+    return graph_launch(hGraphExec, hStream, false);
+}
+
+FK_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream)
+{
+    FK_ENTER(cuGraphLaunch_ptsz);
+    return graph_launch(hGraphExec, hStream, true);
+}
+
+FK_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+    FK_ENTER(cuGraphExecDestroy);
+    if (!hGraphExec || hGraphExec->magic != EXEC_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < hGraphExec->n; i++)
+        op_free(&hGraphExec->ops[i]);
+    free(hGraphExec->ops);
+    hGraphExec->magic = 0;
+    free(hGraphExec);
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
+{
+    FK_ENTER(cuGraphDestroy);
+    if (!hGraph || hGraph->magic != GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    graph_free(hGraph);
+    return CUDA_SUCCESS;
+}
+
+/* --- fakecuda_* launch queries ------------------------------------------- */
+
+FK_EXPORT uint64_t fakecuda_launches_run(void)
+{
+    return atomic_load(&runs_total);
+}
+
+FK_EXPORT uint64_t fakecuda_launches_captured(void)
+{
+    return atomic_load(&captured_total);
+}
+
+FK_EXPORT int fakecuda_last_launch(struct fakecuda_launch *out)
+{
+    fk_lock_();
+    bool have = have_last;
+    if (have && out)
+        *out = last_launch;
+    fk_unlock_();
+    return have ? 0 : -ENOENT;
+}
+
+FK_EXPORT int fakecuda_capturing(void)
+{
+    fk_lock_();
+    int n = nactive;
+    fk_unlock_();
+    return n;
+}
+
+FK_EXPORT long fakecuda_graph_ops(CUgraph g)
+{
+    return g && g->magic == GRAPH_MAGIC ? (long)g->n : -EINVAL;
+}
+
+FK_EXPORT long fakecuda_graph_exec_ops(CUgraphExec e)
+{
+    return e && e->magic == EXEC_MAGIC ? (long)e->n : -EINVAL;
+}
+
+FK_EXPORT void fakecuda_reset(void)
+{
+    fakecuda_reset_counts();
+    atomic_store(&launch_seq, 0);
+    atomic_store(&runs_total, 0);
+    atomic_store(&captured_total, 0);
+    fk_lock_();
+    have_last = false;
+    fk_unlock_();
+}

@@ -1,0 +1,133 @@
+/* tests/fake/fake-priv.h: state shared by the fake driver's files
+ * (fake-core.c: counters, injection, init, devices, contexts, errors;
+ * fake-mem.c: allocations, copies, managed memory, VMM; fake-exec.c:
+ * streams, events, kernels, capture, graphs; fake-proc.c: cuGetProcAddress).
+ *
+ * Built with __CUDA_API_VERSION_INTERNAL so cuda.h declares every ABI symbol
+ * (the _v2, legacy and _ptsz/_ptds variants) under its own name and each
+ * definition is checked against NVIDIA's prototype. */
+#pragma once
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "fake-syms.h"
+#include "fakecuda.h"
+
+#define FK_EXPORT __attribute__((visibility("default")))
+
+enum fk_sym_id {
+#define X(sym, chk) FK_ID_##sym,
+    FK_SYMS(X)
+#undef X
+        FK_NSYMS
+};
+
+/* Counts the call, applies injected failures, then the init/context rule of
+ * the symbol. Returns CUDA_SUCCESS to go on. */
+CUresult fk_enter(enum fk_sym_id id);
+
+/* Every exported driver function starts with this, so counting and fault
+ * injection cover all of them the same way. */
+#define FK_ENTER(sym)                                                                              \
+    do {                                                                                           \
+        CUresult fk_r_ = fk_enter(FK_ID_##sym);                                                    \
+        if (fk_r_ != CUDA_SUCCESS)                                                                 \
+            return fk_r_;                                                                          \
+    } while (0)
+
+/* The one lock for the fake's maps (allocations, streams, captures, graphs). */
+extern pthread_mutex_t fk_lock;
+static inline void fk_lock_(void) { pthread_mutex_lock(&fk_lock); }
+static inline void fk_unlock_(void) { pthread_mutex_unlock(&fk_lock); }
+
+/* Settings from the environment (fake-core.c). */
+extern uint64_t fk_total_mem;
+extern int fk_ndevices;
+
+#define FK_PAGE 4096u
+#define FK_GRANULE (2u << 20)
+
+/* --- contexts (fake-core.c) ---------------------------------------------- */
+struct CUctx_st {
+    uint32_t magic;
+    int device;
+    int refs;
+};
+#define FK_CTX_MAGIC 0xc7c7c7c7u
+CUcontext fk_current_ctx(void);
+bool fk_ctx_valid(CUcontext c);
+struct CUctx_st *fk_primary_ctx(int dev);
+bool fk_device_valid(int dev);
+
+/* --- memory (fake-mem.c) ------------------------------------------------- */
+/* The allocation holding [p, p+n): its kind (enum fakecuda_kind) or -1. */
+int fk_mem_kind(uintptr_t p, size_t n);
+/* Counted device bytes. */
+uint64_t fk_device_used_locked(void);
+/* Frees graph-owned async allocations (called with fk_lock held). */
+void fk_mem_free_locked(uintptr_t p);
+
+/* --- streams and capture (fake-exec.c) ----------------------------------- */
+struct fk_op;
+struct fk_capture;
+
+/* Resolves a stream handle as given to a function (per_thread: the _ptsz
+ * variant, where NULL means the per-thread stream). NULL when invalid. */
+struct CUstream_st *fk_stream(CUstream s, bool per_thread);
+
+/* Enqueue decision for an async operation on stream s: returns
+ * CUDA_SUCCESS with *cap set when the stream is capturing (record the op
+ * with fk_capture_add), CUDA_SUCCESS with *cap NULL to run it now, or an
+ * error (bad stream, implicit capture dependency). Takes fk_lock itself. */
+CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap);
+
+enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST, FK_OP_PREFETCH };
+struct fk_op {
+    int type;
+    union {
+        struct {
+            struct CUfunc_st *f;
+            uint32_t grid[3], block[3];
+            unsigned shmem;
+            uint8_t *args; /* param bytes, laid out by the function's offsets */
+        } k;
+        struct {
+            void *dst;
+            const void *src;
+            size_t n;
+        } cp;
+        struct {
+            void *dst;
+            uint32_t val;
+            unsigned esz;
+            size_t n;
+        } set;
+        struct {
+            CUhostFn fn;
+            void *ud;
+        } host;
+        struct {
+            uintptr_t p;
+            size_t n;
+            int loc;
+        } pf;
+    };
+};
+/* Appends a copy of op to the capture (args copied by the caller). */
+CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op);
+
+/* "Unsafe" calls (synchronous allocation, copies, synchronisation) made
+ * while a capture forbids them: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and
+ * the offending captures are invalidated. */
+CUresult fk_capture_check_unsafe(void);
+
+/* Runs one op now (memory ops; kernels in fake-exec.c). */
+void fk_op_run(const struct fk_op *op);
+/* Applies a prefetch (fake-mem.c). */
+void fk_prefetch_apply(uintptr_t p, size_t n, int loc);
+
+/* --- misc ---------------------------------------------------------------- */
+uint64_t fk_now_ns(void);

@@ -1,0 +1,184 @@
+/* tests/fake/fakecuda.h: the fake-only API of the test doubles in tests/fake/.
+ *
+ * libcuda.so.1 (fake) implements a subset of the CUDA driver API in host
+ * memory: "device" memory is ordinary host memory, kernels are host functions
+ * registered with fakecuda_kernel(), async work runs at once, in order. On top
+ * of the driver API it exports the fakecuda_* functions below so tests can
+ * register kernels, count the calls that reached the driver, inject failures
+ * and ask where memory is. libcudart.so.13 (fake) exports fakecudart_*.
+ *
+ * Tests normally reach these through dlsym() on the same dlopen("libcuda.so.1")
+ * handle a CUDA runtime would use, so nothing links the fake directly; linking
+ * it is fine too.
+ *
+ * Environment (read once, at the first driver call):
+ *   WOFAKE_TOTAL_MEM   device memory size: bytes, or with K/M/G/T suffix
+ *                      (default 16G). cuMemGetInfo free = total - live device
+ *                      bytes (device, async, VMM physical, managed pages
+ *                      resident on the device); cuMemAlloc fails beyond it.
+ *   WOFAKE_DEVICES     number of devices (default 1, at most 8)
+ *   WOFAKE_NO_DEVICE=1 cuInit fails with CUDA_ERROR_NO_DEVICE
+ *   WOFAKE_FAIL        "name:nth:err,...": the nth call (1-based, counted from
+ *                      process start) of the ABI symbol `name` fails with
+ *                      CUresult err; nth "*" fails every call.
+ *   WOFAKE_TRACE=1     one line on stderr per driver call
+ *
+ * Faithful to the real driver where the shim's behaviour depends on it:
+ * cuInit before anything, a current context for context-bound calls, the
+ * cuGetProcAddress(_v2) version/flags/status rules, capture rules (work on a
+ * capturing stream is recorded, not run; unsafe calls during a global-mode
+ * capture fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate it;
+ * the legacy stream fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), managed-
+ * only advise/prefetch. Not modelled: residency changes caused by access
+ * (a kernel or the CPU touching managed memory migrates nothing), eviction. */
+#pragma once
+
+#include <cuda.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* --- kernels ------------------------------------------------------------- */
+
+/* A kernel body: params[i] points at parameter i (as cuLaunchKernel's
+ * kernelParams); grid and block are the launch dimensions. */
+typedef void (*fakecuda_kernel_fn)(void **params, const uint32_t grid[3], const uint32_t block[3]);
+
+/* Registers a kernel. Parameter i is aligned to the largest power of two
+ * (at most 8) dividing its size, as nvcc lays out scalars, pointers and
+ * by-value structs, so cuFuncGetParamInfo returns real layouts. The name is
+ * copied. Returns a
+ * CUfunction valid for the life of the process (also usable as a CUkernel
+ * via fakecuda_kernel_handle()), or NULL when nparams > 64 or fn is NULL.
+ * cuModuleGetFunction/cuLibraryGetKernel find registered kernels by name. */
+CUfunction fakecuda_kernel(const char *name, int nparams, const size_t *param_sizes,
+                           fakecuda_kernel_fn fn);
+/* The CUkernel for a registered function (the same object, as a CUkernel
+ * cast to CUfunction is launchable on the real driver too). */
+CUkernel fakecuda_kernel_handle(CUfunction f);
+/* Times a registered kernel has actually run (graph replays included,
+ * captured launches not). */
+uint64_t fakecuda_kernel_runs(CUfunction f);
+
+/* --- call counters and fault injection ----------------------------------- */
+
+/* NULL-terminated list of every ABI symbol of the driver API the fake
+ * exports (each one is counted and can be made to fail). */
+const char *const *fakecuda_functions(void);
+/* NULL-terminated list of the names cuGetProcAddress knows (base names such
+ * as "cuMemAlloc", as a CUDA runtime asks for them). */
+const char *const *fakecuda_proc_names(void);
+
+/* Calls of one ABI symbol since start or the last reset (failed ones
+ * included); 0 for unknown names. */
+uint64_t fakecuda_calls(const char *name);
+/* Calls of all driver functions. */
+uint64_t fakecuda_calls_total(void);
+/* Zeroes every counter (failure rules keep their absolute targets: reset
+ * first, then arm them). */
+void fakecuda_reset_counts(void);
+
+/* The nth call of `name` from now (nth = 1: the next call) fails with err
+ * and has no effect. Several rules may be armed. 0, or -ENOENT for an
+ * unknown name, -EINVAL for nth 0 or err 0, -ENOSPC when 64 rules exist. */
+int fakecuda_fail(const char *name, uint64_t nth, CUresult err);
+/* Every call of `name` from now on fails with err. */
+int fakecuda_fail_every(const char *name, CUresult err);
+/* Removes every rule (including those from WOFAKE_FAIL). */
+void fakecuda_fail_clear(void);
+/* Calls that failed by injection so far. */
+uint64_t fakecuda_injected(void);
+
+/* --- memory -------------------------------------------------------------- */
+
+enum fakecuda_kind {
+    FAKECUDA_ANY = 0,
+    FAKECUDA_DEVICE = 1,     /* cuMemAlloc */
+    FAKECUDA_ASYNC = 2,      /* cuMemAllocAsync */
+    FAKECUDA_MANAGED = 3,    /* cuMemAllocManaged */
+    FAKECUDA_HOST = 4,       /* cuMemHostAlloc / cuMemAllocHost (pinned) */
+    FAKECUDA_REGISTERED = 5, /* cuMemHostRegister (not owned: bytes are the user's) */
+    FAKECUDA_VMM = 6,        /* cuMemCreate physical handles */
+    FAKECUDA_KIND_MAX
+};
+
+struct fakecuda_alloc {
+    uint64_t base;
+    uint64_t size;
+    int kind; /* enum fakecuda_kind */
+    unsigned flags;
+};
+
+/* Live bytes / allocations of a kind (FAKECUDA_ANY: all kinds). */
+uint64_t fakecuda_live_bytes(int kind);
+size_t fakecuda_live_count(int kind);
+/* Copies up to max live allocations (VMM: handles, base 0) into out; returns
+ * the number that exist. */
+size_t fakecuda_allocations(struct fakecuda_alloc *out, size_t max);
+/* Device bytes in use as cuMemGetInfo counts them. */
+uint64_t fakecuda_device_used(void);
+
+/* Locations as the driver writes them: a device ordinal >= 0, CU_DEVICE_CPU
+ * (-1), CU_DEVICE_INVALID (-2); FAKECUDA_LOC_NONE: managed, never prefetched
+ * (pages not populated anywhere). */
+#define FAKECUDA_LOC_NONE (-3)
+
+/* Where the byte at p resides now: a device ordinal when it has a copy on a
+ * device (the lowest one), CU_DEVICE_CPU when only on the host,
+ * FAKECUDA_LOC_NONE when not populated. Pinned/registered host memory:
+ * CU_DEVICE_CPU; device and VMM memory: its device. CU_DEVICE_INVALID when p
+ * is not in any allocation. */
+int fakecuda_where(const void *p);
+
+struct fakecuda_page_state {
+    uint32_t resident;      /* bit 0: host copy; bit 1+d: copy on device d */
+    int preferred;          /* SET_PREFERRED_LOCATION: ordinal, CU_DEVICE_CPU, or CU_DEVICE_INVALID */
+    uint32_t accessed_by;   /* bit 0: host; bit 1+d: device d */
+    int read_mostly;
+    int last_prefetch;      /* location of the last prefetch, CU_DEVICE_INVALID if none */
+};
+/* State of the managed page holding p: 0, or -ENOENT when p is not managed. */
+int fakecuda_managed_state(const void *p, struct fakecuda_page_state *out);
+/* Managed bytes with a copy at loc (ordinal, or CU_DEVICE_CPU). */
+uint64_t fakecuda_managed_resident(int loc);
+
+/* --- launches and capture ------------------------------------------------ */
+
+struct fakecuda_launch {
+    CUfunction func;
+    uint32_t grid[3], block[3];
+    unsigned shared_mem;
+    CUstream stream;  /* as the caller gave it */
+    int from_graph;   /* 1: replayed by cuGraphLaunch */
+    int captured;     /* 1: recorded into a capture, not run */
+    uint64_t seq;     /* 1, 2, ... over all launches, run or captured */
+};
+/* Kernels run (not captured) since start or reset. */
+uint64_t fakecuda_launches_run(void);
+/* Launches recorded into captures. */
+uint64_t fakecuda_launches_captured(void);
+/* The last launch (run or captured): 0, or -ENOENT if none. */
+int fakecuda_last_launch(struct fakecuda_launch *out);
+/* Number of streams capturing now (any mode). */
+int fakecuda_capturing(void);
+/* Number of operations in a graph or graph exec (-EINVAL for a bad handle). */
+long fakecuda_graph_ops(CUgraph g);
+long fakecuda_graph_exec_ops(CUgraphExec e);
+
+/* Zeroes counters and launch statistics; leaves memory, handles and rules. */
+void fakecuda_reset(void);
+
+/* --- fake libcudart.so.13 ------------------------------------------------- */
+
+/* Maps a host stub address (what cudaLaunchKernel gets as `func`) to a
+ * driver function, as a real fatbin registration would. 0 or -EINVAL. */
+int fakecudart_register(const void *stub, CUfunction f);
+/* Entry points the runtime resolved through the driver's cuGetProcAddress. */
+int fakecudart_resolved(void);
+
+#ifdef __cplusplus
+}
+#endif

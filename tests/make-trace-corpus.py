@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""tests/make-trace-corpus.py GEN OUTDIR: (re)makes the committed trace corpus
+(tests/corpus/trace/) from gen-trace. valid-* files must read without error
+(strictly: footer present), invalid-* must be rejected with -EBADMSG; the
+trace-corpus test and woffload-trace-tool check both, and the libFuzzer target
+starts from these files. Run it only when the format changes; commit the result.
+"""
+import os
+import struct
+import subprocess
+import sys
+
+
+def crc32c(data, crc=0):
+    table = crc32c.table
+    crc ^= 0xFFFFFFFF
+    for b in data:
+        crc = (crc >> 8) ^ table[(crc ^ b) & 0xFF]
+    return crc ^ 0xFFFFFFFF
+
+
+crc32c.table = []
+for i in range(256):
+    c = i
+    for _ in range(8):
+        c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
+    crc32c.table.append(c)
+
+
+def records(b):
+    """Offsets of the records (after the 16-byte prelude)."""
+    out, off = [], 16
+    while off < len(b):
+        (length,) = struct.unpack_from("<I", b, off)
+        out.append(off)
+        off += 8 + length + 4
+    return out
+
+
+def fix_crc(b, off):
+    (length,) = struct.unpack_from("<I", b, off)
+    struct.pack_into("<I", b, off + 8 + length, crc32c(bytes(b[off:off + 8 + length])))
+
+
+def main():
+    gen, outdir = sys.argv[1], sys.argv[2]
+    os.makedirs(outdir, exist_ok=True)
+
+    def generate(name, *args):
+        path = os.path.join(outdir, name)
+        subprocess.run([gen, path, *args], check=True)
+        return bytearray(open(path, "rb").read())
+
+    def write(name, data):
+        open(os.path.join(outdir, name), "wb").write(bytes(data))
+
+    tiny = generate("valid-moe-tiny.wotrace", "--layers", "1", "--experts", "4", "--topk", "2",
+                    "--steps", "3", "--expert-mib", "1")
+    generate("valid-moe-small.wotrace", "--layers", "2", "--experts", "8", "--topk", "2",
+             "--steps", "4", "--skew", "2", "--seed", "7")
+    every = generate("valid-every-type.wotrace", "--every-type")
+    recs = records(every)
+
+    # an optional record type (0x80 bit) from a later writer is skipped
+    opt = bytearray(every)
+    extra = bytearray(struct.pack("<IBBH", 3, 0x90, 0, 0) + b"xyz" + b"\0\0\0\0")
+    fix_crc(extra, 0)
+    opt[recs[2]:recs[2]] = extra
+    # the footer counts records: the skipped one too
+    foot = records(opt)[-1]
+    (n,) = struct.unpack_from("<Q", opt, foot + 8 + 16)
+    struct.pack_into("<Q", opt, foot + 8 + 16, n + 1)
+    fix_crc(opt, foot)
+    write("valid-optional-record.wotrace", opt)
+
+    write("invalid-empty.wotrace", b"")
+    write("invalid-prelude-only.wotrace", every[:16])
+    write("invalid-truncated-prelude.wotrace", every[:11])
+    write("invalid-bad-magic.wotrace", b"WOTRACX\x1a" + every[8:])
+    v2 = bytearray(every)
+    struct.pack_into("<H", v2, 8, 2)
+    struct.pack_into("<I", v2, 12, crc32c(bytes(v2[:12])))
+    write("invalid-version-2.wotrace", v2)
+    write("invalid-no-footer.wotrace", every[:recs[-1]])
+    write("invalid-truncated-mid-record.wotrace", tiny[:len(tiny) // 2])
+    write("invalid-truncated-crc.wotrace", every[:len(every) - 2])
+    flip = bytearray(tiny)
+    flip[len(flip) // 3] ^= 0x04
+    write("invalid-bit-flip.wotrace", flip)
+    huge = bytearray(every)
+    struct.pack_into("<I", huge, recs[1], 0x7FFFFFFF)
+    write("invalid-huge-length.wotrace", huge)
+    unk = bytearray(every)
+    unk[recs[1] + 4] = 0x33
+    fix_crc(unk, recs[1])
+    write("invalid-unknown-type.wotrace", unk)
+    ev = bytearray(every)
+    # the first event record: a launch with more hits than its length holds
+    for off in recs:
+        if ev[off + 4] == 2 and ev[off + 5] == 5:
+            struct.pack_into("<H", ev, off + 8 + 24 + 32, 7)
+            fix_crc(ev, off)
+            break
+    write("invalid-launch-hits-vs-length.wotrace", ev)
+    lost = every[:recs[3]] + every[recs[4]:]
+    write("invalid-record-lost.wotrace", lost)
+    write("invalid-after-footer.wotrace", every + every[recs[1]:recs[2]])
+    noh = every[:16] + every[recs[1]:]
+    write("invalid-no-header.wotrace", noh)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+#!/bin/bash
+# tests/policy-tool.sh: the woffload-policy command line: exit statuses
+# (0 valid, warnings allowed; 2 on any error), --var, show, explain.
+# usage: policy-tool.sh WOFFLOAD-POLICY SOURCE_ROOT
+set -u
+tool=$1
+root=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+
+expect() { # expect STATUS DESCRIPTION -- command...
+    local want=$1 what=$2
+    shift 3
+    "$@" >"$tmp/out" 2>"$tmp/err"
+    local rc=$?
+    if [ $rc -ne "$want" ]; then
+        echo "FAIL $what: exit $rc, expected $want"
+        sed 's/^/    /' "$tmp/out" "$tmp/err"
+        fail=1
+    else
+        echo "ok   $what"
+    fi
+}
+contains() { # contains FILE TEXT DESCRIPTION
+    if ! grep -qF -- "$2" "$1"; then
+        echo "FAIL $3: no '$2' in"
+        sed 's/^/    /' "$1"
+        fail=1
+    fi
+}
+
+expect 0 "--help" -- "$tool" --help
+contains "$tmp/out" "explain FILE NAME[:SIZE]" "--help"
+expect 2 "no arguments" -- "$tool"
+expect 2 "unknown command" -- "$tool" frobnicate x.yaml
+expect 2 "check without a file" -- "$tool" check
+expect 2 "missing file" -- "$tool" check "$tmp/none.yaml"
+contains "$tmp/err" "$tmp/none.yaml: error: cannot open the policy: No such file or directory" "missing file"
+expect 2 "directory" -- "$tool" check "$tmp"
+contains "$tmp/err" "found a directory" "directory"
+
+expect 0 "several valid files" -- "$tool" check "$root"/examples/*.yaml
+expect 0 "warnings alone exit 0" -- "$tool" check "$root/tests/policy/good/shadowed-warning.yaml"
+contains "$tmp/err" "shadowed-warning.yaml:5:5: warning: rule 2 can never match" "warnings"
+expect 2 "one bad file among good ones" -- "$tool" check "$root/examples/empty.yaml" "$root/tests/policy/bad/unknown-key.yaml"
+contains "$tmp/err" "unknown-key.yaml:4:5: error: found unknown key 'plce'" "bad among good"
+
+printf 'host_budget: ${BUDGET}\nrules:\n  - match: layers.${RANK}\n    place: host\n' >"$tmp/vars.yaml"
+env -u BUDGET "$tool" check "$tmp/vars.yaml" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 2 ] || { echo "FAIL unset variable: expected exit 2"; fail=1; }
+contains "$tmp/err" "vars.yaml:1:14: error: variable 'BUDGET' is not set" "unset variable"
+expect 0 "--var before the command" -- "$tool" --var BUDGET=3GiB --var RANK=5 show "$tmp/vars.yaml"
+contains "$tmp/out" "host_budget: 3221225472" "--var"
+contains "$tmp/out" 'match: ["layers.5"]' "--var RANK"
+expect 0 "--var after the command overrides the environment" -- env BUDGET=1GiB "$tool" show --var BUDGET=2GiB "$tmp/vars.yaml"
+contains "$tmp/out" "host_budget: 2147483648" "--var overrides"
+expect 0 "environment" -- env BUDGET=1GiB RANK=2 "$tool" show "$tmp/vars.yaml"
+contains "$tmp/out" "host_budget: 1073741824" "environment"
+expect 2 "bad --var" -- "$tool" --var NOEQUALS show "$tmp/vars.yaml"
+
+expect 0 "show" -- "$tool" show "$root/examples/moe-experts-host.yaml"
+grep -v '^#' "$tmp/out" >"$tmp/norm1.yaml"
+expect 0 "show of show" -- "$tool" show "$tmp/norm1.yaml"
+grep -v '^#' "$tmp/out" | sed 's/ *# rule.*//' >"$tmp/norm2.yaml"
+sed 's/ *# rule.*//' "$tmp/norm1.yaml" | cmp -s - "$tmp/norm2.yaml" || { echo "FAIL show is not a fixed point"; fail=1; }
+expect 2 "show of a bad file" -- "$tool" show "$root/tests/policy/bad/min-over-max.yaml"
+
+expect 0 "explain" -- "$tool" explain "$root/examples/dense-host-budget.yaml" \
+    model.layers.0.mlp.up_proj.weight:100MiB model.norm.weight:8KiB model.embed_tokens.weight
+contains "$tmp/out" "rule 1 'keep-embeddings' (dense-host-budget.yaml:11): no: match: no run of whole name components equals 'embed_tokens', 'lm_head', 'wte'" "explain why not"
+contains "$tmp/out" "=> host, by rule 2 'weights'" "explain result"
+contains "$tmp/out" "min_size: 8.00 KiB is below 4.00 MiB" "explain size"
+contains "$tmp/out" "=> device, by rule 1 'keep-embeddings'" "explain first match"
+expect 2 "explain with a bad size" -- "$tool" explain "$root/examples/empty.yaml" x.weight:12XB
+expect 2 "explain without names" -- "$tool" explain "$root/examples/empty.yaml"
+exit $fail

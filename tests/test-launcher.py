@@ -1,0 +1,238 @@
+#!/usr/bin/env python3
+"""Tests of tools/woffload-run (argument handling, library discovery in the
+build tree and in an installed layout, the environment it sets) and of the
+python hook's behaviour when the library is absent. No GPU, no torch.
+
+    python3 tests/test-launcher.py [BUILD_TREE_LAUNCHER]
+
+BUILD_TREE_LAUNCHER: build/tools/woffload-run as configured by meson (meson
+test passes it); without it the build-tree cases are skipped.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEMPLATE = os.path.join(SRC, "tools", "woffload-run.in")
+PYDIR = os.path.join(SRC, "python")
+BUILD_LAUNCHER = sys.argv[1] if len(sys.argv) > 1 else None
+
+
+def real_library():
+    """Some harmless shared library this python process already maps (libm
+    or libc): preloading it into a child changes nothing."""
+    with open("/proc/self/maps") as f:
+        paths = [line.split()[-1] for line in f if ".so" in line and line.split()[-1].startswith("/")]
+    for want in ("/libm.so", "/libm-", "/libc.so", "/libc-"):
+        for p in paths:
+            if want in p:
+                return p
+    raise unittest.SkipTest("no libm/libc mapped")
+
+
+def configure(dst, **values):
+    """The substitution meson's configure_file does, into dst (executable)."""
+    with open(TEMPLATE) as f:
+        text = f.read()
+    for k, v in values.items():
+        text = text.replace(f"@{k}@", v)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(dst, "w") as f:
+        f.write(text)
+    os.chmod(dst, 0o755)
+    return dst
+
+
+def run(launcher, *args, env=None):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("WOFFLOAD_")}
+    e.pop("LD_PRELOAD", None)
+    e.update(env or {})
+    return subprocess.run([sys.executable, launcher, *args], capture_output=True, text=True, env=e,
+                          timeout=60)
+
+
+def dry_env(out):
+    env = {}
+    for line in out.splitlines():
+        if "=" in line and not line.startswith("exec "):
+            k, v = line.split("=", 1)
+            env[k] = v
+    return env
+
+
+class Installed(unittest.TestCase):
+    """An installed layout in a temporary prefix: PREFIX/bin/woffload-run,
+    PREFIX/lib/x86_64-linux-gnu/libwoffload.so, PREFIX/share/woffload/python."""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="wo-launcher-")
+        self.prefix = os.path.join(self.tmp, "usr")
+        libdir = os.path.join(self.prefix, "lib", "x86_64-linux-gnu")
+        os.makedirs(libdir)
+        self.lib = os.path.join(libdir, "libwoffload.so")
+        shutil.copy(real_library(), self.lib)
+        self.py = os.path.join(self.prefix, "share", "woffload", "python")
+        shutil.copytree(PYDIR, self.py, ignore=shutil.ignore_patterns("__pycache__"))
+        self.launcher = configure(
+            os.path.join(self.prefix, "bin", "woffload-run"),
+            WO_RUN_MODE="install", WO_RUN_LIBRARY="/nonexistent/lib/libwoffload.so",
+            WO_RUN_PYTHONDIR="/nonexistent/share/woffload/python",
+            WO_RUN_BIN_TO_LIB="../lib/x86_64-linux-gnu", WO_RUN_BIN_TO_PY="../share/woffload/python",
+            WO_VERSION="9.9.9")
+        self.policy = os.path.join(self.tmp, "p.yaml")
+        with open(self.policy, "w") as f:
+            f.write("rules: []\n")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_finds_library_relative_to_itself(self):
+        r = run(self.launcher, "--policy", self.policy, "--dry-run", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        env = dry_env(r.stdout)
+        self.assertEqual(env["LD_PRELOAD"], self.lib)
+        self.assertEqual(env["WOFFLOAD_POLICY"], self.policy)
+        self.assertEqual(env["PYTHONPATH"].split(":")[:2], [os.path.join(self.py, "site"), self.py])
+
+    def test_falls_back_to_configured_path(self):
+        os.remove(self.lib)
+        r = run(self.launcher, "--policy", self.policy, "--", "true")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("libwoffload.so not found", r.stderr)
+        self.assertIn("/nonexistent/lib/libwoffload.so", r.stderr)
+        self.assertIn(self.lib, r.stderr)
+
+    def test_appends_to_existing_preload_once(self):
+        env = {"LD_PRELOAD": f"/a/x.so {self.lib}:/b/y.so", "PYTHONPATH": "/keep"}
+        r = run(self.launcher, "--policy", self.policy, "--dry-run", "--", "true", env=env)
+        e = dry_env(r.stdout)
+        self.assertEqual(e["LD_PRELOAD"], f"/a/x.so:{self.lib}:/b/y.so")
+        env["LD_PRELOAD"] = "/a/x.so"
+        e = dry_env(run(self.launcher, "--policy", self.policy, "--dry-run", "--", "true", env=env).stdout)
+        self.assertEqual(e["LD_PRELOAD"], f"/a/x.so:{self.lib}")
+        self.assertEqual(e["PYTHONPATH"].split(":")[-1], "/keep")
+
+    def test_options_set_variables(self):
+        trace = os.path.join(self.tmp, "t.bin")
+        stats = os.path.join(self.tmp, "s.json")
+        r = run(self.launcher, "--policy", self.policy, "--trace", trace, "--stats", stats,
+                "--log", "DEBUG", "--dry-run", "--", "true")
+        e = dry_env(r.stdout)
+        self.assertEqual((e["WOFFLOAD_TRACE"], e["WOFFLOAD_STATS"], e["WOFFLOAD_LOG"]), (trace, stats, "debug"))
+
+    def test_no_auto_keeps_package_but_not_hook(self):
+        e = dry_env(run(self.launcher, "--policy", self.policy, "--no-auto", "--dry-run", "--", "true").stdout)
+        self.assertEqual(e["PYTHONPATH"], self.py)
+
+    def test_explicit_lib(self):
+        e = dry_env(run(self.launcher, "--policy", self.policy, "--lib", self.lib, "--dry-run", "--", "x").stdout)
+        self.assertEqual(e["LD_PRELOAD"], self.lib)
+        r = run(self.launcher, "--policy", self.policy, "--lib", "/no/such.so", "--", "true")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--lib /no/such.so: no such file", r.stderr)
+
+    def test_usage_errors(self):
+        cases = [
+            ((), "--policy P is required"),
+            (("--policy", self.policy), "no command given"),
+            (("--policy", self.policy, "--"), "no command given"),
+            (("--policy", "/no/such.yaml", "--", "true"), "--policy /no/such.yaml: no such file"),
+            (("--policy", self.tmp, "--", "true"), "is a directory"),
+            (("--policy", self.policy, "--log", "loud", "--", "true"), "--log loud"),
+            (("--policy", self.policy, "--trace", "/no/dir/t", "--", "true"), "does not exist"),
+        ]
+        for args, msg in cases:
+            r = run(self.launcher, *args)
+            self.assertEqual(r.returncode, 2, (args, r.stderr))
+            self.assertIn(msg, r.stderr, args)
+            self.assertTrue(r.stderr.startswith("woffload-run: "), r.stderr)
+        r = run(self.launcher, "--bogus", "--policy", self.policy, "--", "true")
+        self.assertEqual(r.returncode, 2)
+
+    def test_command_not_found(self):
+        r = run(self.launcher, "--policy", self.policy, "--", "/no/such/program")
+        self.assertEqual(r.returncode, 127)
+        self.assertIn("command not found", r.stderr)
+
+    def test_version(self):
+        r = run(self.launcher, "--version")
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "woffload-run 9.9.9"))
+
+    def test_execs_with_environment_and_chains_sitecustomize(self):
+        """The real exec path: a python child sees the variables, runs the
+        hook's sitecustomize (which warns that the stand-in library is not
+        libwoffload) and then the sitecustomize it shadows."""
+        other = os.path.join(self.tmp, "other")
+        os.makedirs(other)
+        marker = os.path.join(self.tmp, "chained")
+        with open(os.path.join(other, "sitecustomize.py"), "w") as f:
+            f.write(f"open({marker!r}, 'w').write('yes')\n")
+        code = ("import os, sys, woffload; "
+                "print(os.environ['WOFFLOAD_POLICY']); print(woffload.available()); "
+                "print('sitecustomize' in sys.modules)")
+        r = run(self.launcher, "--policy", self.policy, "--", sys.executable, "-c", code,
+                env={"PYTHONPATH": other})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), [self.policy, "False", "True"])
+        self.assertIn("not preloaded", r.stderr)
+        with open(marker) as f:
+            self.assertEqual(f.read(), "yes")
+
+
+class BuildTree(unittest.TestCase):
+    """The copy meson configured for the build tree."""
+
+    def setUp(self):
+        if not BUILD_LAUNCHER:
+            self.skipTest("no build-tree launcher given")
+        self.tmp = tempfile.mkdtemp(prefix="wo-launcher-")
+        self.policy = os.path.join(self.tmp, "p.yaml")
+        with open(self.policy, "w") as f:
+            f.write("rules: []\n")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def test_uses_build_tree_library_and_source_hook(self):
+        build = os.path.dirname(os.path.dirname(os.path.abspath(BUILD_LAUNCHER)))
+        lib = os.path.join(build, "preload", "libwoffload.so")
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--dry-run", "--", "true")
+        if not os.path.exists(lib):
+            self.assertEqual(r.returncode, 2)
+            self.assertIn(lib, r.stderr)
+            return
+        self.assertEqual(r.returncode, 0, r.stderr)
+        e = dry_env(r.stdout)
+        self.assertEqual(e["LD_PRELOAD"], lib)
+        self.assertEqual(e["PYTHONPATH"].split(":")[:2], [os.path.join(PYDIR, "site"), PYDIR])
+
+
+class PythonWithoutLibrary(unittest.TestCase):
+    """The package imports and degrades to no-ops without the library."""
+
+    def test_noops(self):
+        code = ("import warnings, woffload\n"
+                "with warnings.catch_warnings(record=True) as w:\n"
+                "    warnings.simplefilter('always')\n"
+                "    assert not woffload.available() and woffload.version() is None\n"
+                "    assert woffload.seal() < 0 and woffload.tag(1, 1, 'x') < 0\n"
+                "    assert woffload.stats() is None\n"
+                "    class M:\n"
+                "        def named_parameters(self, **k): return iter(())\n"
+                "        def named_buffers(self, **k): return iter(())\n"
+                "    assert woffload.tag_module(M()).tagged == []\n"
+                "    with woffload.window_closed():\n"
+                "        pass\n"
+                "    assert len(w) == 1 and 'not preloaded' in str(w[0].message), [str(x.message) for x in w]\n"
+                "print('ok')\n")
+        env = dict(os.environ, PYTHONPATH=PYDIR)
+        env.pop("LD_PRELOAD", None)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0], "-v"])

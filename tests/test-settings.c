@@ -1,0 +1,285 @@
+/* tests/test-settings.c: the WOFFLOAD_* table (core/settings.c): defaults,
+ * a good and a garbage value for every variable (the message names the
+ * variable, the value and what is accepted, and the default stays), unknown
+ * WOFFLOAD_ names, and the printed table. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+
+struct msgs {
+    int n;
+    char m[8][600];
+};
+
+static void collect(void *ud, const char *msg)
+{
+    struct msgs *ms = ud;
+    if (ms->n < 8)
+        snprintf(ms->m[ms->n], sizeof(ms->m[0]), "%s", msg);
+    ms->n++;
+}
+
+static int parse1(const char *kv, struct wo_settings *s, struct msgs *ms)
+{
+    char *env[] = {(char *)kv, NULL};
+    memset(ms, 0, sizeof(*ms));
+    return wo_settings_parse(env, s, collect, ms);
+}
+
+static void defaults_without_environment(void **state)
+{
+    struct wo_settings s;
+    struct msgs ms = {0};
+    char *env[] = {"PATH=/usr/bin", "HOME=/root", NULL};
+
+    assert_int_equal(wo_settings_parse(env, &s, collect, &ms), 0);
+    assert_int_equal(ms.n, 0);
+    assert_int_equal(s.log_level, WO_LOG_WARN);
+    assert_null(s.log_file);
+    assert_null(s.policy);
+    assert_null(s.trace);
+    assert_null(s.stats);
+    assert_string_equal(s.cuda_lib, "libcuda.so.1");
+    assert_false(s.disable);
+    assert_true(s.prefetch);
+    assert_true(s.summary);
+    assert_int_equal(s.ring_events, 16384);
+    assert_int_equal(s.scan_words, 512);
+    assert_int_equal(s.nerrors, 0);
+
+    /* a NULL environment is the same as an empty one */
+    assert_int_equal(wo_settings_parse(NULL, &s, collect, &ms), 0);
+    assert_int_equal(s.ring_events, 16384);
+}
+
+/* One row per case: the assignment, whether it is accepted, and for a bad
+ * value text its message must hold. */
+struct row {
+    const char *kv;
+    bool good;
+    const char *accepts; /* part of the "expected ..." text */
+};
+
+static const struct row rows[] = {
+    {"WOFFLOAD_LOG=debug", true, NULL},
+    {"WOFFLOAD_LOG=4", true, NULL},
+    {"WOFFLOAD_LOG=ERROR", true, NULL},
+    {"WOFFLOAD_LOG=loud", false, "off, error, warn, info, debug, trace"},
+    {"WOFFLOAD_LOG=6", false, "off, error, warn, info, debug, trace"},
+    {"WOFFLOAD_LOG_FILE=/tmp/wo.log", true, NULL},
+    {"WOFFLOAD_LOG_FILE=/tmp/a\nb", false, "a path"},
+    {"WOFFLOAD_POLICY=moe.yaml", true, NULL},
+    {"WOFFLOAD_POLICY=moe\x1b[31m.yaml", false, "no control characters"},
+    {"WOFFLOAD_TRACE=/tmp/t.wot", true, NULL},
+    {"WOFFLOAD_TRACE=\t", false, "a path"},
+    {"WOFFLOAD_STATS=/tmp/s.json", true, NULL},
+    {"WOFFLOAD_STATS=x\ry", false, "a path"},
+    {"WOFFLOAD_CUDA_LIB=/opt/fake/libcuda.so.1", true, NULL},
+    {"WOFFLOAD_CUDA_LIB=", false, "a non-empty path"},
+    {"WOFFLOAD_DISABLE=yes", true, NULL},
+    {"WOFFLOAD_DISABLE=2", false, "1, 0, yes, no, true, false, on, off"},
+    {"WOFFLOAD_PREFETCH=off", true, NULL},
+    {"WOFFLOAD_PREFETCH=maybe", false, "1, 0, yes, no, true, false, on, off"},
+    {"WOFFLOAD_SUMMARY=FALSE", true, NULL},
+    {"WOFFLOAD_SUMMARY=", false, "1, 0, yes, no, true, false, on, off"},
+    {"WOFFLOAD_RING_EVENTS=65536", true, NULL},
+    {"WOFFLOAD_RING_EVENTS=1000", false, "a power-of-two integer from 1024 to 16777216"},
+    {"WOFFLOAD_RING_EVENTS=512", false, "a power-of-two integer from 1024 to 16777216"},
+    {"WOFFLOAD_RING_EVENTS=33554432", false, "from 1024 to 16777216"},
+    {"WOFFLOAD_RING_EVENTS=99999999999999999999999", false, "from 1024 to 16777216"},
+    {"WOFFLOAD_SCAN_WORDS=0", true, NULL},
+    {"WOFFLOAD_SCAN_WORDS=4096", true, NULL},
+    {"WOFFLOAD_SCAN_WORDS=4097", false, "an integer from 0 to 4096"},
+    {"WOFFLOAD_SCAN_WORDS=-1", false, "an integer from 0 to 4096"},
+    {"WOFFLOAD_SCAN_WORDS=12abc", false, "an integer from 0 to 4096"},
+};
+
+static size_t field_size(const struct wo_setting_def *d)
+{
+    switch (d->type) {
+    case WO_SETTING_BOOL:
+        return sizeof(bool);
+    case WO_SETTING_LEVEL:
+        return sizeof(int);
+    case WO_SETTING_PATH:
+        return sizeof(const char *);
+    default:
+        return sizeof(uint32_t);
+    }
+}
+
+static void every_variable_good_and_bad(void **state)
+{
+    bool seen[64] = {0};
+
+    for (size_t i = 0; i < WO_ARRAY_SIZE(rows); i++) {
+        const struct row *rw = &rows[i];
+        struct wo_settings s, def;
+        struct msgs ms;
+        const char *eq = strchr(rw->kv, '=');
+        size_t nlen = (size_t)(eq - rw->kv);
+        const struct wo_setting_def *d = NULL;
+
+        for (size_t k = 0; k < wo_setting_ndefs; k++)
+            if (strlen(wo_setting_defs[k].name) == nlen &&
+                strncmp(wo_setting_defs[k].name, rw->kv, nlen) == 0) {
+                d = &wo_setting_defs[k];
+                seen[k] = true;
+            }
+        assert_non_null(d);
+        wo_settings_parse(NULL, &def, collect, &ms);
+        int bad = parse1(rw->kv, &s, &ms);
+        if (rw->good) {
+            if (bad != 0)
+                fail_msg("%s rejected: %s", rw->kv, ms.m[0]);
+            assert_int_equal(ms.n, 0);
+            /* every good row sets a value other than the default */
+            assert_memory_not_equal((char *)&s + d->offset, (char *)&def + d->offset,
+                                    field_size(d));
+        } else {
+            if (bad != 1 || ms.n != 1)
+                fail_msg("%s accepted", rw->kv);
+            assert_int_equal(s.nerrors, 1);
+            /* names the variable, shows the value, says what is accepted */
+            assert_non_null(strstr(ms.m[0], d->name));
+            assert_non_null(strstr(ms.m[0], "is not valid: expected"));
+            if (!strstr(ms.m[0], rw->accepts))
+                fail_msg("message for %s lacks \"%s\": %s", rw->kv, rw->accepts, ms.m[0]);
+            /* no raw control character reaches the log line */
+            for (const char *c = ms.m[0]; *c; c++)
+                assert_true((unsigned char)*c >= 0x20);
+            /* the default is used instead */
+            assert_memory_equal((char *)&s + d->offset, (char *)&def + d->offset, field_size(d));
+        }
+    }
+    for (size_t k = 0; k < wo_setting_ndefs; k++)
+        if (!seen[k])
+            fail_msg("no test row for %s", wo_setting_defs[k].name);
+}
+
+static void bad_message_shows_value(void **state)
+{
+    struct wo_settings s;
+    struct msgs ms;
+    parse1("WOFFLOAD_RING_EVENTS=lots", &s, &ms);
+    assert_string_equal(ms.m[0], "WOFFLOAD_RING_EVENTS=\"lots\" is not valid: expected a power-of-two "
+                                 "integer from 1024 to 16777216; using the default \"16384\"");
+    parse1("WOFFLOAD_POLICY=a\nb", &s, &ms);
+    assert_non_null(strstr(ms.m[0], "\"a\\x0ab\""));
+}
+
+static void good_values_parse_to_fields(void **state)
+{
+    struct wo_settings s;
+    struct msgs ms;
+    char *env[] = {"WOFFLOAD_LOG=trace",        "WOFFLOAD_POLICY=/etc/p.yaml",
+                   "WOFFLOAD_DISABLE=on",       "WOFFLOAD_PREFETCH=0",
+                   "WOFFLOAD_RING_EVENTS=1024", "WOFFLOAD_SCAN_WORDS=30",
+                   "WOFFLOAD_LOG_FILE=",        NULL};
+    memset(&ms, 0, sizeof(ms));
+    assert_int_equal(wo_settings_parse(env, &s, collect, &ms), 0);
+    assert_int_equal(s.log_level, WO_LOG_TRACE);
+    assert_string_equal(s.policy, "/etc/p.yaml");
+    assert_true(s.disable);
+    assert_false(s.prefetch);
+    assert_int_equal(s.ring_events, 1024);
+    assert_int_equal(s.scan_words, 30);
+    assert_null(s.log_file); /* empty: none */
+}
+
+static void long_path_is_rejected(void **state)
+{
+    static char kv[PATH_MAX + 64];
+    struct wo_settings s;
+    struct msgs ms;
+    int n = snprintf(kv, sizeof(kv), "WOFFLOAD_TRACE=");
+    memset(kv + n, 'a', PATH_MAX);
+    kv[n + PATH_MAX] = '\0';
+    assert_int_equal(parse1(kv, &s, &ms), 1);
+    assert_null(s.trace);
+    /* the value is shown cut, not the whole 4 KiB */
+    assert_true(strlen(ms.m[0]) < 400);
+    assert_non_null(strstr(ms.m[0], "...\""));
+}
+
+static void unknown_names_are_reported(void **state)
+{
+    struct wo_settings s;
+    struct msgs ms = {0};
+    char *env[] = {"WOFFLOAD_POLCY=x.yaml", "WOFFLOAD_FROBNICATE=1", "WOFFLOAD_LOG=info",
+                   "NOT_WOFFLOAD_X=1", "WOFFLOAD_LOGX", NULL};
+
+    /* unknown names are not bad values: the count stays 0 */
+    assert_int_equal(wo_settings_parse(env, &s, collect, &ms), 0);
+    assert_int_equal(ms.n, 3);
+    assert_non_null(strstr(ms.m[0], "WOFFLOAD_POLCY is not a libwoffload setting"));
+    assert_non_null(strstr(ms.m[0], "did you mean WOFFLOAD_POLICY?"));
+    assert_non_null(strstr(ms.m[1], "WOFFLOAD_FROBNICATE is not a libwoffload setting"));
+    assert_null(strstr(ms.m[1], "did you mean"));
+    assert_non_null(strstr(ms.m[2], "WOFFLOAD_LOGX"));
+    assert_int_equal(s.log_level, WO_LOG_INFO);
+    assert_null(s.policy);
+}
+
+static void level_names_round_trip(void **state)
+{
+    for (int l = WO_LOG_OFF; l <= WO_LOG_TRACE; l++)
+        assert_int_equal(wo_log_level_from_string(wo_log_level_to_string(l)), l);
+    assert_int_equal(wo_log_level_from_string("Info"), WO_LOG_INFO);
+    assert_int_equal(wo_log_level_from_string("WARNING"), WO_LOG_WARN);
+    assert_int_equal(wo_log_level_from_string(""), -EINVAL);
+    assert_int_equal(wo_log_level_from_string("55"), -EINVAL);
+    assert_string_equal(wo_log_level_to_string(17), "?");
+}
+
+static void print_lists_every_variable(void **state)
+{
+    struct wo_settings s;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    char *env[] = {"WOFFLOAD_SCAN_WORDS=77", NULL};
+
+    assert_non_null(f);
+    wo_settings_parse(env, &s, NULL, NULL);
+    wo_settings_print(f, &s);
+    fclose(f);
+    for (size_t k = 0; k < wo_setting_ndefs; k++) {
+        assert_non_null(strstr(buf, wo_setting_defs[k].name));
+        assert_non_null(strstr(buf, wo_setting_defs[k].doc));
+    }
+    assert_non_null(strstr(buf, "now 77"));
+    free(buf);
+}
+
+static void process_settings_are_read_once(void **state)
+{
+    const struct wo_settings *a = wo_settings(), *b = wo_settings();
+    assert_non_null(a);
+    assert_ptr_equal(a, b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(defaults_without_environment),
+        cmocka_unit_test(every_variable_good_and_bad),
+        cmocka_unit_test(bad_message_shows_value),
+        cmocka_unit_test(good_values_parse_to_fields),
+        cmocka_unit_test(long_path_is_rejected),
+        cmocka_unit_test(unknown_names_are_reported),
+        cmocka_unit_test(level_names_round_trip),
+        cmocka_unit_test(print_lists_every_variable),
+        cmocka_unit_test(process_settings_are_read_once),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1225 @@
+/* tests/test-uvm.c: uvm/ driven directly (no preload) against the fake
+ * libcuda.so.1: placement decisions for scripted allocation sequences (tag
+ * scope, window, tag after allocation), budgets, pinning failures under a
+ * small RLIMIT_MEMLOCK with both fallbacks, every API misuse, the stats JSON,
+ * bit-exact data across placement changes, launch accounting by the
+ * consumer thread, and no growth over 1,000 alloc/tag/free cycles.
+ *
+ * The fake driver's path comes from WO_FAKE_CUDA or argv[1]. */
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <malloc.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "fakecuda.h"
+#include "core/log.h"
+#include "core/registry.h"
+#include "uvm/internal.h"
+
+static struct wo_driver drv;
+static void *fake;
+static CUcontext ctx;
+
+/* fakecuda_* through dlsym, so the test works on the same handle. */
+static uint64_t (*f_live_bytes)(int kind);
+static size_t (*f_live_count)(int kind);
+static int (*f_managed_state)(const void *p, struct fakecuda_page_state *out);
+static int (*f_where)(const void *p);
+static int (*f_fail)(const char *name, uint64_t nth, CUresult err);
+static void (*f_fail_clear)(void);
+static uint64_t (*f_calls)(const char *name);
+
+#define MiB ((size_t)1 << 20)
+
+static void *sym(const char *name)
+{
+    void *p = dlsym(fake, name);
+    if (!p)
+        fail_msg("the fake driver lacks %s", name);
+    return p;
+}
+
+#define LOAD(f) drv.f = (__typeof__(drv.f))sym(#f)
+
+static void load_fake(const char *path)
+{
+    CUdevice dev;
+
+    fake = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!fake) {
+        fprintf(stderr, "test-uvm: cannot load the fake driver %s: %s\n", path, dlerror());
+        exit(1);
+    }
+    LOAD(cuInit);
+    LOAD(cuGetErrorName);
+    LOAD(cuDriverGetVersion);
+    LOAD(cuDeviceGet);
+    LOAD(cuDeviceGetCount);
+    LOAD(cuDeviceGetAttribute);
+    LOAD(cuDevicePrimaryCtxRetain);
+    LOAD(cuCtxGetCurrent);
+    LOAD(cuCtxSetCurrent);
+    LOAD(cuCtxGetDevice);
+    LOAD(cuMemGetInfo_v2);
+    LOAD(cuMemAlloc_v2);
+    LOAD(cuMemFree_v2);
+    LOAD(cuMemAllocManaged);
+    LOAD(cuMemHostAlloc);
+    LOAD(cuMemFreeHost);
+    LOAD(cuMemHostGetDevicePointer_v2);
+    LOAD(cuMemAdvise_v2);
+    LOAD(cuMemPrefetchAsync_v2);
+    LOAD(cuMemcpy);
+    LOAD(cuMemsetD8_v2);
+    LOAD(cuStreamCreate);
+    LOAD(cuStreamDestroy_v2);
+    LOAD(cuStreamSynchronize);
+    LOAD(cuEventCreate);
+    LOAD(cuEventDestroy_v2);
+    LOAD(cuEventRecord);
+    LOAD(cuEventQuery);
+    LOAD(cuEventSynchronize);
+    f_live_bytes = (__typeof__(f_live_bytes))sym("fakecuda_live_bytes");
+    f_live_count = (__typeof__(f_live_count))sym("fakecuda_live_count");
+    f_managed_state = (__typeof__(f_managed_state))sym("fakecuda_managed_state");
+    f_where = (__typeof__(f_where))sym("fakecuda_where");
+    f_fail = (__typeof__(f_fail))sym("fakecuda_fail");
+    f_fail_clear = (__typeof__(f_fail_clear))sym("fakecuda_fail_clear");
+    f_calls = (__typeof__(f_calls))sym("fakecuda_calls");
+    if (drv.cuInit(0) != CUDA_SUCCESS || drv.cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        drv.cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        drv.cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
+        fprintf(stderr, "test-uvm: the fake driver did not give a context\n");
+        exit(1);
+    }
+}
+
+/* ---- helpers ------------------------------------------------------------- */
+
+static bool started;
+static char policy_path[64];
+static char log_path[64];
+static int log_fd = -1;
+
+static void start(const char *yaml)
+{
+    int fd;
+
+    if (yaml) {
+        snprintf(policy_path, sizeof(policy_path), "/tmp/test-uvm-policy-XXXXXX");
+        fd = mkstemp(policy_path);
+        assert_true(fd >= 0);
+        assert_int_equal(write(fd, yaml, strlen(yaml)), (ssize_t)strlen(yaml));
+        close(fd);
+    }
+    snprintf(log_path, sizeof(log_path), "/tmp/test-uvm-log-XXXXXX");
+    log_fd = mkstemp(log_path);
+    assert_true(log_fd >= 0);
+    wo_log_set_fd(log_fd);
+    wo_log_set_level(WO_LOG_DEBUG);
+    wo_uvm_set_driver(&drv);
+    started = true;
+    (void)wo_uvm_init_policy(yaml ? policy_path : NULL);
+}
+
+static void stop(void)
+{
+    if (!started)
+        return;
+    started = false;
+    wo_uvm_reset();
+    wo_log_set_fd(2);
+    wo_log_set_level(WO_LOG_WARN);
+    if (policy_path[0])
+        unlink(policy_path);
+    policy_path[0] = '\0';
+    if (log_fd >= 0) {
+        if (getenv("TEST_UVM_SHOW_LOG")) {
+            char cmd[128];
+            snprintf(cmd, sizeof(cmd), "cat %s >&2", log_path);
+            (void)system(cmd);
+        }
+        close(log_fd);
+        unlink(log_path);
+    }
+    log_fd = -1;
+    f_fail_clear();
+}
+
+/* 1 when the log so far holds s. */
+static int log_has(const char *s)
+{
+    char buf[65536];
+    ssize_t n = pread(log_fd, buf, sizeof(buf) - 1, 0);
+
+    if (n < 0)
+        return 0;
+    buf[n] = '\0';
+    return strstr(buf, s) != NULL;
+}
+
+static CUdeviceptr alloc_ok(size_t size)
+{
+    CUdeviceptr p = 0;
+    CUresult r = CUDA_ERROR_UNKNOWN;
+
+    assert_int_equal(wo_uvm_alloc(size, WO_API_CU_MEM_ALLOC, &p, &r), 1);
+    assert_int_equal(r, CUDA_SUCCESS);
+    assert_true(p != 0);
+    return p;
+}
+
+static void free_ok(CUdeviceptr p)
+{
+    CUresult r = CUDA_ERROR_UNKNOWN;
+
+    assert_int_equal(wo_uvm_free(p, &r), 1);
+    assert_int_equal(r, CUDA_SUCCESS);
+}
+
+/* An allocation the shim only observes (the engine's own cuMemAlloc). */
+static CUdeviceptr observed(size_t size)
+{
+    CUdeviceptr p = 0;
+
+    assert_int_equal(drv.cuMemAlloc_v2(&p, size), CUDA_SUCCESS);
+    wo_uvm_observe_alloc(p, size, 0, WO_API_CU_MEM_ALLOC);
+    return p;
+}
+
+static void observed_free(CUdeviceptr p)
+{
+    wo_uvm_observe_free(p, WO_API_CU_MEM_ALLOC);
+    assert_int_equal(drv.cuMemFree_v2(p), CUDA_SUCCESS);
+}
+
+static struct fakecuda_page_state page(CUdeviceptr p)
+{
+    struct fakecuda_page_state s;
+
+    assert_int_equal(f_managed_state((const void *)(uintptr_t)p, &s), 0);
+    return s;
+}
+
+/* preferred=host, accessed-by=GPU 0, resident on host only. */
+static void assert_host_placed(CUdeviceptr p)
+{
+    struct fakecuda_page_state s = page(p);
+    assert_int_equal(s.preferred, CU_DEVICE_CPU);
+    assert_true(s.accessed_by & 2u);
+}
+
+static void assert_device_placed(CUdeviceptr p)
+{
+    struct fakecuda_page_state s = page(p);
+    assert_int_equal(s.preferred, 0);
+}
+
+static char *stats(void)
+{
+    long n = wo_api_stats(NULL, 0);
+    char *s;
+
+    assert_true(n > 0);
+    s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    assert_int_equal(wo_api_stats(s, (size_t)n + 1), n);
+    assert_int_equal(strlen(s), (size_t)n);
+    return s;
+}
+
+/* ---- a strict little JSON validator (RFC 8259 grammar) ------------------- */
+
+static const char *js_ws(const char *p)
+{
+    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')
+        p++;
+    return p;
+}
+
+static const char *js_value(const char *p, int depth);
+
+static const char *js_string(const char *p)
+{
+    if (*p++ != '"')
+        return NULL;
+    while (*p && *p != '"') {
+        if ((unsigned char)*p < 0x20)
+            return NULL;
+        if (*p == '\\') {
+            p++;
+            if (*p == 'u') {
+                for (int i = 1; i <= 4; i++)
+                    if (!strchr("0123456789abcdefABCDEF", p[i]) || !p[i])
+                        return NULL;
+                p += 5;
+                continue;
+            }
+            if (!*p || !strchr("\"\\/bfnrt", *p))
+                return NULL;
+        }
+        p++;
+    }
+    return *p == '"' ? p + 1 : NULL;
+}
+
+static const char *js_number(const char *p)
+{
+    const char *s = p;
+
+    if (*p == '-')
+        p++;
+    if (*p == '0')
+        p++;
+    else if (*p >= '1' && *p <= '9')
+        while (*p >= '0' && *p <= '9')
+            p++;
+    else
+        return NULL;
+    if (*p == '.') {
+        p++;
+        if (!(*p >= '0' && *p <= '9'))
+            return NULL;
+        while (*p >= '0' && *p <= '9')
+            p++;
+    }
+    return p > s ? p : NULL;
+}
+
+static const char *js_value(const char *p, int depth)
+{
+    if (depth > 64)
+        return NULL;
+    p = js_ws(p);
+    if (*p == '{' || *p == '[') {
+        char close = *p == '{' ? '}' : ']';
+        bool obj = *p == '{';
+        p = js_ws(p + 1);
+        if (*p == close)
+            return p + 1;
+        for (;;) {
+            if (obj) {
+                p = js_string(js_ws(p));
+                if (!p)
+                    return NULL;
+                p = js_ws(p);
+                if (*p++ != ':')
+                    return NULL;
+            }
+            p = js_value(p, depth + 1);
+            if (!p)
+                return NULL;
+            p = js_ws(p);
+            if (*p == ',') {
+                p++;
+                continue;
+            }
+            return *p == close ? p + 1 : NULL;
+        }
+    }
+    if (*p == '"')
+        return js_string(p);
+    if (!strncmp(p, "true", 4))
+        return p + 4;
+    if (!strncmp(p, "false", 5))
+        return p + 5;
+    if (!strncmp(p, "null", 4))
+        return p + 4;
+    return js_number(p);
+}
+
+static void assert_valid_json(const char *s)
+{
+    const char *e = js_value(s, 0);
+    if (!e || *js_ws(e) != '\0')
+        fail_msg("invalid JSON near offset %ld: %s", e ? (long)(e - s) : -1L, s);
+}
+
+/* The object of the names[] entry for name, copied (NULL when absent). */
+static char *name_entry(const char *json, const char *name)
+{
+    char key[1200];
+    const char *p, *e;
+
+    snprintf(key, sizeof(key), "{\"name\":\"%s\"", name);
+    p = strstr(json, key);
+    if (!p)
+        return NULL;
+    e = strchr(p, '}');
+    return strndup(p, (size_t)(e - p + 1));
+}
+
+static void assert_name(const char *json, const char *name, const char *field_value)
+{
+    char *e = name_entry(json, name);
+    if (!e)
+        fail_msg("no stats entry for '%s' in %s", name, json);
+    if (!strstr(e, field_value))
+        fail_msg("stats entry for '%s' lacks %s: %s", name, field_value, e);
+    free(e);
+}
+
+/* ---- placement decisions ------------------------------------------------- */
+
+static const char *moe_policy = "version: 1\n"
+                                "default: device\n"
+                                "rules:\n"
+                                "  - name: experts-pinned\n"
+                                "    match: [w2_weight]\n"
+                                "    place: host\n"
+                                "  - name: experts-host\n"
+                                "    match: [w13_weight]\n"
+                                "    place: host\n"
+                                "    pin: false\n"
+                                "  - name: hot\n"
+                                "    match: [hot]\n"
+                                "    place: managed\n"
+                                "  - name: never\n"
+                                "    match: [no_such_tensor]\n"
+                                "    place: host\n";
+
+static void scope_pinned_host_is_cuMemHostAlloc(void **state)
+{
+    uint64_t host0 = f_live_bytes(FAKECUDA_HOST);
+    CUdeviceptr p;
+    struct wo_range r;
+
+    (void)state;
+    start(moe_policy);
+    assert_int_equal(wo_api_tag_push("model.layers.0.mlp.experts.w2_weight"), 0);
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(f_live_bytes(FAKECUDA_HOST), host0 + 4 * MiB);
+    assert_int_equal(f_where((void *)(uintptr_t)p), CU_DEVICE_CPU);
+    assert_int_equal(wo_registry_find(p, &r), 0);
+    assert_true(r.flags & WO_RANGE_PLACEABLE);
+    assert_true(r.flags & WO_RANGE_HOST);
+    free_ok(p);
+    assert_int_equal(f_live_bytes(FAKECUDA_HOST), host0);
+    assert_int_equal(wo_registry_find(p, &r), -ENOENT);
+    stop();
+}
+
+static void scope_placements_known_at_allocation(void **state)
+{
+    CUdeviceptr ph, pm, pd;
+    struct fakecuda_page_state s;
+
+    (void)state;
+    start(moe_policy);
+    assert_int_equal(wo_api_tag_push("model.layers.0.mlp.experts.w13_weight"), 0);
+    ph = alloc_ok(2 * MiB);
+    assert_int_equal(wo_api_tag_push("layers.0.hot"), 0); /* nested: innermost wins */
+    pm = alloc_ok(2 * MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(wo_api_tag_push("model.layers.0.self_attn.q_proj.weight"), 0);
+    pd = alloc_ok(2 * MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+
+    /* Advice at once, before seal: the placement was known. */
+    assert_host_placed(ph);
+    assert_host_placed(pm);
+    assert_device_placed(pd);
+    /* Residency waits for seal. */
+    assert_int_equal(wo_api_seal(), 0);
+    s = page(pd);
+    assert_true(s.resident & 2u);
+    s = page(ph);
+    assert_int_equal(s.resident, 1u);
+    s = page(pm);
+    assert_int_equal(s.resident, 1u);
+    assert_true(log_has("rule 4 'never'"));
+    assert_true(log_has("matched nothing"));
+    free_ok(ph);
+    free_ok(pm);
+    free_ok(pd);
+    stop();
+}
+
+static void window_and_tag_after_allocation(void **state)
+{
+    const char *pol = "version: 1\n"
+                      "default: managed\n"
+                      "window: {open: api, close: api, min_size: 1MiB}\n"
+                      "rules:\n"
+                      "  - {match: [experts], place: host, pin: false}\n"
+                      "  - {match: [attn], place: device}\n";
+    CUdeviceptr before, big, small, after;
+    CUresult r;
+    unsigned char *host;
+
+    (void)state;
+    start(pol);
+    /* Closed window: passes through. */
+    assert_int_equal(wo_uvm_alloc(8 * MiB, WO_API_CU_MEM_ALLOC, &before, &r), 0);
+    assert_int_equal(wo_api_window_open(), 0);
+    big = alloc_ok(8 * MiB);
+    /* Below min_size, stream-ordered, or the engine's managed memory: untouched. */
+    assert_int_equal(wo_uvm_alloc(512 * 1024, WO_API_CU_MEM_ALLOC, &small, &r), 0);
+    assert_int_equal(wo_uvm_alloc(8 * MiB, WO_API_CU_MEM_ALLOC_ASYNC, &small, &r), 0);
+    assert_int_equal(wo_uvm_alloc(8 * MiB, WO_API_CUDA_MALLOC_MANAGED, &small, &r), 0);
+    assert_int_equal(wo_api_window_close(), 0);
+    assert_int_equal(wo_uvm_alloc(8 * MiB, WO_API_CUDA_MALLOC, &after, &r), 0);
+
+    /* Load data, then tag sub-ranges (the PyTorch way). */
+    host = (unsigned char *)(uintptr_t)big;
+    for (size_t i = 0; i < 8 * MiB; i++)
+        host[i] = (unsigned char)(i * 131 + 7);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)big, 2 * MiB, "l0.mlp.experts.w1"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(big + 2 * MiB), 2 * MiB, "l0.attn.qkv"), 0);
+    /* Nothing moves before seal. */
+    assert_int_equal(page(big).preferred, CU_DEVICE_INVALID);
+    assert_int_equal(wo_api_seal(), 0);
+    assert_host_placed(big);
+    assert_int_equal(page(big).resident, 1u);
+    assert_device_placed(big + 2 * MiB);
+    assert_true(page(big + 2 * MiB).resident & 2u);
+    /* The untagged rest gets the default (managed: preferred host, on host). */
+    assert_host_placed(big + 5 * MiB);
+    for (size_t i = 0; i < 8 * MiB; i++)
+        if (host[i] != (unsigned char)(i * 131 + 7))
+            fail_msg("byte %zu changed across placement", i);
+
+    /* A tag after seal takes effect at once, same address. */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(big + 6 * MiB), MiB, "l0.attn.o"), 0);
+    assert_device_placed(big + 6 * MiB);
+    assert_true(page(big + 6 * MiB).resident & 2u);
+    {
+        char *js = stats();
+        assert_valid_json(js);
+        assert_name(js, "l0.mlp.experts.w1", "\"placement\":\"host\"");
+        assert_name(js, "l0.attn.qkv", "\"placement\":\"device\"");
+        assert_true(strstr(js, "\"managed\":{\"bytes\":3145728,\"tensors\":0,\"untagged_bytes\":3145728}") != NULL);
+        free(js);
+    }
+    free_ok(big);
+    stop();
+}
+
+static void window_opens_at_start_by_default(void **state)
+{
+    CUdeviceptr p, q;
+    CUresult r;
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    p = alloc_ok(4 * MiB); /* the window is open from the start */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "mlp.experts"), 0);
+    assert_int_equal(wo_api_seal(), 0);
+    /* Seal closed it. */
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &q, &r), 0);
+    /* A tag range never pins: managed memory advised to the host. */
+    assert_host_placed(p);
+    free_ok(p);
+    stop();
+}
+
+static void window_on_first_tag(void **state)
+{
+    CUdeviceptr p, q;
+    CUresult r;
+
+    (void)state;
+    start("version: 1\nwindow: {open: at-start, close: on-first-tag}\n"
+          "rules:\n  - {match: [experts], place: host}\n");
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "mlp.experts"), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &q, &r), 0);
+    free_ok(p);
+    stop();
+}
+
+static void tag_on_observed_memory_is_recorded(void **state)
+{
+    CUdeviceptr p;
+    char *js;
+
+    (void)state;
+    start("version: 1\nwindow: {open: api}\nrules:\n  - {match: [experts], place: host}\n");
+    p = observed(4 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, MiB, "l0.experts"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + MiB), MiB, "l1.experts"), 0);
+    assert_true(log_has("allocated outside the placeable window; open the window before loading, "
+                        "see docs/placement.md"));
+    assert_int_equal(wo_api_seal(), 0);
+    js = stats();
+    assert_valid_json(js);
+    assert_name(js, "l0.experts", "\"placement\":\"unplaceable\"");
+    assert_name(js, "l0.experts", "\"policy\":\"host\"");
+    assert_true(strstr(js, "\"unplaceable_tags\":2") != NULL);
+    assert_true(strstr(js, "\"unplaceable\":{\"bytes\":2097152,\"tensors\":2") != NULL);
+    free(js);
+    observed_free(p);
+    js = stats();
+    assert_null(strstr(js, "l0.experts"));
+    free(js);
+    stop();
+}
+
+/* ---- budgets -------------------------------------------------------------- */
+
+static void host_budget_in_tag_order(void **state)
+{
+    CUdeviceptr p;
+    char *js;
+
+    (void)state;
+    start("version: 1\nhost_budget: 5MiB\nrules:\n  - {glob: '*.weight', place: host}\n");
+    p = alloc_ok(8 * MiB);
+    /* Tag order, not address order: a and b (2 MiB each) fit 5 MiB, c
+     * (1.5 MiB) does not: c and every later host match stay on the device. */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 6 * MiB), 2 * MiB, "a.weight"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 2 * MiB, "b.weight"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB), MiB + MiB / 2, "c.weight"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 2 * MiB), MiB / 2, "d.weight"), 0);
+    assert_true(log_has("'c.weight' (1.50 MiB) stays on the device: host budget spent"));
+    assert_int_equal(wo_api_seal(), 0);
+    assert_host_placed(p + 6 * MiB);
+    assert_host_placed(p);
+    assert_device_placed(p + 4 * MiB);
+    /* Spent means spent: d (0.5 MiB) would fit but comes after c. */
+    assert_device_placed(p + 2 * MiB);
+    assert_true(log_has("stay on the device"));
+    js = stats();
+    assert_valid_json(js);
+    assert_name(js, "a.weight", "\"over_budget\":false");
+    assert_name(js, "c.weight", "\"placement\":\"device\"");
+    assert_name(js, "c.weight", "\"over_budget\":true");
+    assert_name(js, "d.weight", "\"over_budget\":true");
+    assert_true(strstr(js, "\"host_limit\":5242880,\"host_used\":4194304,\"host_spent\":true") != NULL);
+    assert_true(strstr(js, "\"over_budget_tensors\":2") != NULL);
+    free(js);
+    free_ok(p);
+    stop();
+}
+
+static void device_budget_percent_of_total(void **state)
+{
+    size_t fr, total;
+
+    (void)state;
+    start("version: 1\ndevice_budget: 25%\nrules:\n  - {match: [experts], place: managed}\n");
+    assert_int_equal(wo_uvm_device_budget(), 0);
+    assert_int_equal(wo_api_seal(), 0);
+    assert_int_equal(drv.cuMemGetInfo_v2(&fr, &total), CUDA_SUCCESS);
+    assert_int_equal(wo_uvm_device_budget(), total / 4);
+    stop();
+    start("version: 1\ndevice_budget: 3GiB\nrules:\n  - {match: [experts], place: managed}\n");
+    assert_int_equal(wo_api_seal(), 0);
+    assert_int_equal(wo_uvm_device_budget(), 3ull << 30);
+    stop();
+}
+
+/* ---- pinning failure ------------------------------------------------------- */
+
+/* Root (CI containers) may lock any amount: CAP_IPC_LOCK overrides
+ * RLIMIT_MEMLOCK. Dropping it from the effective set makes the limit real. */
+static void drop_ipc_lock(void)
+{
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+
+    if (syscall(SYS_capget, &h, d) != 0)
+        return;
+    d[CAP_IPC_LOCK / 32].effective &= ~(1u << (CAP_IPC_LOCK % 32));
+    (void)syscall(SYS_capset, &h, d);
+}
+
+static void pin_failure(const char *fallback, int expect_served_ok)
+{
+    char pol[256];
+    struct rlimit old, small;
+    CUdeviceptr p = 0;
+    CUresult r = CUDA_SUCCESS;
+    int served;
+
+    snprintf(pol, sizeof(pol),
+             "version: 1\npin_fallback: %s\nrules:\n  - {match: [experts], place: host}\n",
+             fallback);
+    start(pol);
+    drop_ipc_lock();
+    assert_int_equal(getrlimit(RLIMIT_MEMLOCK, &old), 0);
+    small = old;
+    small.rlim_cur = 64 * 1024;
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &small), 0);
+    assert_int_equal(wo_api_tag_push("l0.experts"), 0);
+    served = wo_uvm_alloc(8 * MiB, WO_API_CUDA_MALLOC, &p, &r);
+    if (served == 1 && r == CUDA_SUCCESS && f_where((void *)(uintptr_t)p) == CU_DEVICE_CPU &&
+        f_managed_state((void *)(uintptr_t)p, &(struct fakecuda_page_state){0}) == -ENOENT) {
+        /* Pinned anyway: mlock() is not enforced here (ASan makes it a
+         * no-op). Make the driver fail the way it does at the limit. */
+        free_ok(p);
+        assert_int_equal(f_fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+        served = wo_uvm_alloc(8 * MiB, WO_API_CUDA_MALLOC, &p, &r);
+    }
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(setrlimit(RLIMIT_MEMLOCK, &old), 0);
+    assert_int_equal(served, 1);
+    assert_true(log_has("RLIMIT_MEMLOCK is 64.00 KiB"));
+    assert_true(log_has("(8388608 bytes)"));
+    if (expect_served_ok) {
+        assert_int_equal(r, CUDA_SUCCESS);
+        assert_true(log_has("falling back to managed memory"));
+        assert_host_placed(p); /* managed, kept on host */
+        free_ok(p);
+    } else {
+        assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY);
+        assert_int_equal(p, 0);
+        assert_true(log_has("pin_fallback: stop"));
+        assert_int_equal(wo_uvm.nallocs, 0);
+    }
+    {
+        char *js = stats();
+        assert_valid_json(js);
+        assert_true(strstr(js, "\"pin_failures\":1") != NULL);
+        free(js);
+    }
+    stop();
+}
+
+static void pin_failure_falls_back_to_managed(void **state)
+{
+    (void)state;
+    pin_failure("managed", 1);
+}
+
+static void pin_failure_stops(void **state)
+{
+    (void)state;
+    pin_failure("stop", 0);
+}
+
+/* ---- misuse ---------------------------------------------------------------- */
+
+static void misuse_has_defined_results(void **state)
+{
+    char longname[1100], buf[16];
+    CUdeviceptr p, o;
+    long n;
+
+    (void)state;
+    start(moe_policy);
+    p = alloc_ok(4 * MiB);
+    o = observed(MiB);
+
+    assert_int_equal(wo_api_tag(NULL, 10, "x"), -EINVAL);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 10, NULL), -EINVAL);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 10, ""), -EINVAL);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 0, "x"), -EINVAL);
+    memset(longname, 'a', sizeof(longname));
+    longname[1024] = '\0';
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 10, longname), -EINVAL);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)0x10, 10, "x"), -ENOENT);
+    assert_true(log_has("not in any allocation the shim saw (-ENOENT)"));
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 3 * MiB), 2 * MiB, "x"), -ERANGE);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB - 1), 2, "x"), -ERANGE);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(o + MiB - 1), 2, "x"), -ERANGE);
+
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, MiB, "first"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, MiB, "first"), 0);           /* repeat */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4096), 4096, "first"), 0); /* inside */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + MiB - 1), 2, "second"), -EEXIST);
+    assert_true(log_has("overlaps the earlier tag 'first'"));
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + MiB), MiB, "second"), 0); /* adjacent */
+    {
+        char *js = stats();
+        assert_name(js, "first", "\"bytes\":1048576");
+        assert_name(js, "second", "\"bytes\":1048576");
+        free(js);
+    }
+
+    assert_int_equal(wo_api_tag_pop(), -EPERM);
+    assert_int_equal(wo_api_tag_push(NULL), -EINVAL);
+    assert_int_equal(wo_api_tag_push(""), -EINVAL);
+    assert_int_equal(wo_api_tag_push(longname), -E2BIG);
+    longname[1023] = '\0';
+    assert_int_equal(wo_api_tag_push(longname), 0); /* exactly 1023 bytes */
+    assert_int_equal(wo_api_tag_pop(), 0);
+    for (int i = 0; i < WO_TAG_DEPTH_MAX; i++)
+        assert_int_equal(wo_api_tag_push("deep"), 0);
+    assert_int_equal(wo_api_tag_push("deeper"), -E2BIG);
+    for (int i = 0; i < WO_TAG_DEPTH_MAX; i++)
+        assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(wo_api_tag_pop(), -EPERM);
+
+    assert_int_equal(wo_api_window_open(), -EALREADY); /* open at start */
+    assert_int_equal(wo_api_window_close(), 0);
+    assert_int_equal(wo_api_window_close(), -EALREADY);
+
+    assert_int_equal(wo_api_stats(NULL, 5), -EINVAL);
+    n = wo_api_stats(NULL, 0);
+    assert_true(n > (long)sizeof(buf));
+    assert_int_equal(wo_api_stats(buf, sizeof(buf)), n);
+    assert_int_equal(strlen(buf), sizeof(buf) - 1);
+    assert_int_equal(wo_api_stats(buf, 1), n);
+    assert_int_equal(buf[0], '\0');
+
+    assert_int_equal(wo_api_seal(), 0);
+    assert_int_equal(wo_api_seal(), -EALREADY);
+    assert_true(log_has("sealed already (-EALREADY)"));
+    free_ok(p);
+    observed_free(o);
+    stop();
+}
+
+static void bad_policy_passes_through(void **state)
+{
+    CUdeviceptr p;
+    CUresult r;
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: hots}\n");
+    assert_true(wo_uvm.policy_error < 0);
+    assert_true(log_has(":3:"));
+    assert_int_equal(wo_api_tag_push("l0.experts"), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &p, &r), 0);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(wo_api_seal(), 0);
+    {
+        char *js = stats();
+        assert_valid_json(js);
+        assert_true(strstr(js, "\"loaded\":false") != NULL);
+        free(js);
+    }
+    stop();
+}
+
+static void no_policy_passes_through(void **state)
+{
+    CUdeviceptr p, o;
+    CUresult r;
+
+    (void)state;
+    start(NULL);
+    assert_int_equal(wo_api_tag_push("x"), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &p, &r), 0);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    o = observed(MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)o, MiB, "x"), 0);
+    assert_int_equal(wo_api_window_open(), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &p, &r), 0);
+    assert_int_equal(wo_api_seal(), 0);
+    observed_free(o);
+    stop();
+}
+
+/* ---- driver failures --------------------------------------------------------- */
+
+static void managed_alloc_failure_reaches_the_engine(void **state)
+{
+    CUdeviceptr p = 1;
+    CUresult r = CUDA_SUCCESS;
+
+    (void)state;
+    start(moe_policy);
+    assert_int_equal(f_fail("cuMemAllocManaged", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &p, &r), 1);
+    assert_int_equal(r, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(p, 0);
+    assert_int_equal(wo_uvm.nallocs, 0);
+    stop();
+}
+
+static void seal_advice_failure_is_reported(void **state)
+{
+    CUdeviceptr p;
+
+    (void)state;
+    start("version: 1\nwindow: {open: api}\nrules:\n  - {match: [experts], place: host}\n");
+    assert_int_equal(wo_api_window_open(), 0);
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "l0.experts"), 0);
+    assert_int_equal(f_fail("cuMemAdvise_v2", 1, CUDA_ERROR_INVALID_VALUE), 0);
+    assert_int_equal(wo_api_seal(), -EINVAL);
+    assert_true(log_has("placing 'l0.experts'"));
+    assert_true(log_has("it stays where it was"));
+    free_ok(p);
+    stop();
+}
+
+/* ---- data across placement changes ------------------------------------------ */
+
+static void data_bit_exact_across_moves(void **state)
+{
+    const size_t size = 16 * MiB;
+    static const enum wo_placement cycle[] = {WO_PLACE_DEVICE, WO_PLACE_HOST, WO_PLACE_MANAGED,
+                                              WO_PLACE_DEVICE, WO_PLACE_HOST};
+    unsigned char *ref = malloc(size), *out = malloc(size);
+    CUdeviceptr p, d;
+    uint64_t x = 88172645463325252ull;
+
+    (void)state;
+    assert_non_null(ref);
+    assert_non_null(out);
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    p = alloc_ok(size);
+    for (size_t i = 0; i < size; i++) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        ref[i] = (unsigned char)x;
+    }
+    assert_int_equal(drv.cuMemAlloc_v2(&d, size), CUDA_SUCCESS);
+    memcpy((void *)(uintptr_t)d, ref, size); /* fake device memory is host memory */
+    assert_int_equal(drv.cuMemcpy(p, d, size), CUDA_SUCCESS);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, size / 2, "l0.experts"), 0);
+    assert_int_equal(wo_api_seal(), 0);
+    for (size_t k = 0; k < WO_ARRAY_SIZE(cycle); k++) {
+        assert_int_equal(wo_uvm_place_range(p, size, cycle[k]), 0);
+        if (cycle[k] == WO_PLACE_DEVICE) {
+            assert_device_placed(p);
+            assert_true(page(p).resident & 2u);
+        } else {
+            assert_host_placed(p);
+        }
+        assert_int_equal(drv.cuMemcpy(d, p, size), CUDA_SUCCESS);
+        memcpy(out, (void *)(uintptr_t)d, size);
+        assert_memory_equal(out, ref, size);
+    }
+    assert_int_equal(wo_uvm_place_range(p + size, 1, WO_PLACE_HOST), -ENOENT);
+    assert_int_equal(wo_uvm_place_range(p + 1, size, WO_PLACE_HOST), -ERANGE);
+    assert_int_equal(drv.cuMemFree_v2(d), CUDA_SUCCESS);
+    free_ok(p);
+    free(ref);
+    free(out);
+    stop();
+}
+
+/* ---- consumer: launches resolved to names ------------------------------------ */
+
+static void launches_are_attributed_to_names(void **state)
+{
+    CUdeviceptr p;
+    struct wo_range r;
+    struct wo_event ev;
+    char *js = NULL;
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: managed}\n");
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, MiB, "l0.experts"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + MiB), MiB, "l1.experts"), 0);
+    assert_int_equal(wo_registry_find(p, &r), 0);
+    for (int i = 0; i < 10; i++) {
+        memset(&ev, 0, sizeof(ev));
+        ev.type = WO_EV_LAUNCH;
+        ev.nhits = 1;
+        ev.l.hits[0].id = r.id;
+        ev.l.hits[0].gen = r.gen;
+        /* Even launches touch l0 only, odd ones span both. */
+        ev.l.hits[0].offset = 4096;
+        ev.l.hits[0].hi = i % 2 ? MiB + 8 : 8192;
+        assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    }
+    /* A stale hit (wrong generation) counts as stale, never as a name. */
+    ev.l.hits[0].gen = r.gen + 1;
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    for (int tries = 0; tries < 2000; tries++) {
+        free(js);
+        js = stats();
+        if (strstr(js, "\"seen\":11,"))
+            break;
+        usleep(1000);
+    }
+    assert_valid_json(js);
+    assert_name(js, "l0.experts", "\"launches\":10,");
+    assert_name(js, "l1.experts", "\"launches\":5,");
+    assert_true(strstr(js, "\"stale_hits\":1") != NULL);
+    free(js);
+    free_ok(p);
+    stop();
+}
+
+/* ---- stats --------------------------------------------------------------------- */
+
+static void stats_json_content(void **state)
+{
+    CUdeviceptr p, q;
+    char *js;
+    char path[] = "/tmp/test-uvm-stats-XXXXXX";
+    char buf[65536];
+    int fd;
+    ssize_t n;
+
+    (void)state;
+    start(moe_policy);
+    assert_int_equal(wo_api_tag_push("m.layers.1.experts.w2_weight"), 0);
+    p = alloc_ok(2 * MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    q = alloc_ok(4 * MiB); /* window */
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)q, MiB, "quote\"and\\back\nslash"), 0);
+    js = stats();
+    assert_valid_json(js);
+    assert_true(strstr(js, "\"pending\":{\"bytes\":3145728,\"tensors\":1") != NULL);
+    free(js);
+    assert_int_equal(wo_api_seal(), 0);
+    js = stats();
+    assert_valid_json(js);
+    assert_true(strncmp(js, "{\"version\":\"", 12) == 0);
+    assert_true(strstr(js, "\"settings\":{") != NULL);
+    assert_true(strstr(js, "\"ring_events\":") != NULL);
+    assert_true(strstr(js, "\"policy\":{\"path\":\"/tmp/test-uvm-policy-") != NULL);
+    assert_true(strstr(js, "\"loaded\":true") != NULL);
+    assert_true(strstr(js, "\"host\":{\"bytes\":2097152,\"tensors\":1") != NULL);
+    /* the odd name (rule: default, device) plus the untagged 3 MiB */
+    assert_true(strstr(js, "\"device\":{\"bytes\":4194304,\"tensors\":1,\"untagged_bytes\":3145728}") != NULL);
+    assert_name(js, "m.layers.1.experts.w2_weight", "\"placement\":\"host\"");
+    assert_name(js, "m.layers.1.experts.w2_weight", "\"bytes\":2097152");
+    assert_name(js, "m.layers.1.experts.w2_weight", "\"rule\":\"rule 1 'experts-pinned'");
+    assert_name(js, "quote\\\"and\\\\back\\u000aslash", "\"placement\":\"device\"");
+    assert_true(strstr(js, "\"ring\":{\"capacity\":") != NULL);
+    assert_true(strstr(js, "\"interpose\":{") != NULL);
+    assert_true(strstr(js, "\"served_pinned\":1") != NULL);
+    assert_true(strstr(js, "\"served_managed\":1") != NULL);
+    assert_true(strstr(js, "\"sealed\":true") != NULL);
+    free(js);
+
+    fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(wo_stats_write_file(path), 0);
+    n = read(fd, buf, sizeof(buf) - 1);
+    assert_true(n > 0);
+    buf[n] = '\0';
+    assert_int_equal(buf[n - 1], '\n');
+    buf[n - 1] = '\0';
+    assert_valid_json(buf);
+    close(fd);
+    unlink(path);
+    assert_int_equal(wo_stats_write_file("/nonexistent-dir/x.json"), -ENOENT);
+    assert_true(log_has("cannot write the stats to /nonexistent-dir/x.json"));
+    free_ok(p);
+    free_ok(q);
+    stop();
+}
+
+/* ---- release: no growth ----------------------------------------------------------- */
+
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+static size_t locked_nnames(void)
+{
+    size_t n;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    n = wo_uvm.nnames;
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return n;
+}
+
+static void cycle_once(int i, bool unique)
+{
+    char name[64];
+    CUdeviceptr p;
+
+    snprintf(name, sizeof(name), unique ? "cycle.%d.experts.w2_weight" : "cycle.experts.w2_weight", i);
+    assert_int_equal(wo_api_tag_push(i % 2 ? name : "cycle.scope"), 0);
+    p = alloc_ok(MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    if (i % 2 == 0)
+        assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4096), 4096, "cycle.scope"), 0);
+    free_ok(p);
+}
+
+static void thousand_cycles_do_not_grow(void **state)
+{
+    uint64_t live0 = f_live_bytes(FAKECUDA_ANY);
+    size_t count0 = f_live_count(FAKECUDA_ANY), reg0 = wo_registry_count(), heap1;
+    const int warm = 50;
+
+    (void)state;
+    start(moe_policy);
+    assert_int_equal(wo_api_seal(), 0);
+    for (int i = 0; i < warm; i++)
+        cycle_once(i, true);
+    heap1 = heap_in_use();
+    for (int i = warm; i < 1000; i++) {
+        cycle_once(i, true);
+        cycle_once(i, false);
+    }
+    assert_int_equal(f_live_bytes(FAKECUDA_ANY), live0);
+    assert_int_equal(f_live_count(FAKECUDA_ANY), count0);
+    assert_int_equal(wo_registry_count(), reg0);
+    assert_int_equal(wo_uvm.nallocs, 0);
+    /* Names in flight to the consumer are released once it drains them. */
+    for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
+        usleep(1000);
+    assert_int_equal(locked_nnames(), 0);
+    /* 1,950 cycles with 1,000 distinct names: the heap stays where it was
+     * (a little slack for allocator bookkeeping). */
+    if (heap_in_use() > heap1 + 64 * 1024)
+        fail_msg("heap grew from %zu to %zu bytes over 1,950 cycles", heap1, heap_in_use());
+    stop();
+}
+
+/* ---- threads, shutdown, fork ----------------------------------------------------------- */
+
+static int worker_errors;
+
+/* cmocka's asserts are not for other threads: count failures instead. */
+static void *worker(void *arg)
+{
+    int id = (int)(intptr_t)arg;
+    char name[64];
+
+    if (drv.cuCtxSetCurrent(ctx) != CUDA_SUCCESS)
+        __atomic_add_fetch(&worker_errors, 1, __ATOMIC_RELAXED);
+    for (int i = 0; i < 200; i++) {
+        CUdeviceptr p = 0;
+        CUresult r = CUDA_ERROR_UNKNOWN;
+        int bad = 0;
+        snprintf(name, sizeof(name), "t%d.layers.%d.experts.w13_weight", id, i % 7);
+        bad |= wo_api_tag_push(name) != 0;
+        bad |= wo_uvm_alloc(MiB, WO_API_CUDA_MALLOC, &p, &r) != 1 || r != CUDA_SUCCESS;
+        bad |= wo_api_tag_pop() != 0;
+        bad |= wo_api_tag((void *)(uintptr_t)p, MiB, name) != 0;
+        if (i % 10 == 0) {
+            char buf[256];
+            bad |= wo_api_stats(buf, sizeof(buf)) <= 0;
+        }
+        bad |= wo_uvm_free(p, &r) != 1 || r != CUDA_SUCCESS;
+        if (bad)
+            __atomic_add_fetch(&worker_errors, 1, __ATOMIC_RELAXED);
+    }
+    return NULL;
+}
+
+static void concurrent_threads(void **state)
+{
+    pthread_t t[4];
+
+    (void)state;
+    start(moe_policy);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, worker, (void *)(intptr_t)i), 0);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    assert_int_equal(worker_errors, 0);
+    assert_int_equal(wo_uvm.nallocs, 0);
+    assert_int_equal(wo_uvm.served_managed, 800);
+    stop();
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void shutdown_is_prompt_and_idempotent(void **state)
+{
+    double t0;
+    struct wo_event ev;
+
+    (void)state;
+    start(moe_policy);
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_SYNC;
+    for (int i = 0; i < 1000; i++)
+        (void)wo_ring_push(wo_events, &ev);
+    usleep(20000); /* let the consumer go idle into its longest sleep */
+    t0 = now_s();
+    wo_uvm_shutdown();
+    assert_true(now_s() - t0 < 0.5);
+    wo_uvm_shutdown();
+    assert_int_equal(wo_uvm.state, 2);
+    assert_true(wo_uvm.events >= 1000);
+    /* After shutdown the API still answers. */
+    assert_int_equal(wo_api_tag_push("x"), 0);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    stop();
+}
+
+static void fork_child_restarts(void **state)
+{
+    CUdeviceptr p;
+    pid_t pid;
+    int st;
+
+    (void)state;
+    start(moe_policy);
+    p = alloc_ok(2 * MiB);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        wo_uvm_atfork_child();
+        if (wo_uvm_init() != 0 || wo_uvm.state != 1)
+            _exit(1);
+        /* The parent's records came along: a tag finds the range. */
+        if (wo_api_tag((void *)(uintptr_t)p, MiB, "child.tag") != 0)
+            _exit(2);
+        wo_uvm_shutdown();
+        _exit(wo_uvm.state == 2 ? 0 : 3);
+    }
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st));
+    assert_int_equal(WEXITSTATUS(st), 0);
+    free_ok(p);
+    stop();
+}
+
+/* A failed assert leaves its test early: undo what start() did. */
+static int teardown(void **state)
+{
+    (void)state;
+    stop();
+    return 0;
+}
+
+#define T(f) cmocka_unit_test_teardown(f, teardown)
+
+int main(int argc, char **argv)
+{
+    const char *path = getenv("WO_FAKE_CUDA");
+    const struct CMUnitTest tests[] = {
+        T(scope_pinned_host_is_cuMemHostAlloc),
+        T(scope_placements_known_at_allocation),
+        T(window_and_tag_after_allocation),
+        T(window_opens_at_start_by_default),
+        T(window_on_first_tag),
+        T(tag_on_observed_memory_is_recorded),
+        T(host_budget_in_tag_order),
+        T(device_budget_percent_of_total),
+        T(pin_failure_falls_back_to_managed),
+        T(pin_failure_stops),
+        T(misuse_has_defined_results),
+        T(bad_policy_passes_through),
+        T(no_policy_passes_through),
+        T(managed_alloc_failure_reaches_the_engine),
+        T(seal_advice_failure_is_reported),
+        T(data_bit_exact_across_moves),
+        T(launches_are_attributed_to_names),
+        T(stats_json_content),
+        T(thousand_cycles_do_not_grow),
+        T(concurrent_threads),
+        T(shutdown_is_prompt_and_idempotent),
+        T(fork_child_restarts),
+    };
+
+    if (argc > 1)
+        path = argv[1];
+    if (!path) {
+        fprintf(stderr, "usage: test-uvm PATH-TO-FAKE-libcuda.so.1 (or WO_FAKE_CUDA)\n");
+        return 2;
+    }
+    load_fake(path);
+    if (wo_registry_init() != 0)
+        return 1;
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

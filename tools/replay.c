@@ -1,0 +1,1023 @@
+/* tools/replay.c: the replay simulator and the offline-optimal bound (see
+ * replay.h; the model is written down in docs/prefetch.md).
+ *
+ * Resources of the model, each serial: the engine's host thread (launch
+ * pacing from the trace's own gaps), the GPU compute stream (kernels in
+ * launch order), the PCIe host->device link (zero-copy reads of kernels and
+ * prefetch transfers book it first come, first served) and the UVM engine
+ * (the prefetch thread: every prefetch and eviction in turn; UVM work
+ * serialises, device-facts.md). The planner is the shim's own
+ * (uvm/plan.c); its actions are timed here. */
+#include "tools/replay.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
+#define MAX_TIMELINE_EVENTS 400000u
+
+struct rtag {
+    uint64_t offset, size;
+    int name;
+};
+
+struct rr {
+    const struct wo_trace_range *tr;
+    uint32_t place;    /* enum wo_placement, after seal */
+    int prio;
+    bool no_slices;
+    bool written;
+    bool rm_set;       /* read-mostly advised (first collapse-kind prefetch) */
+    uint64_t slice;    /* gcd of the non-zero hit offsets over the whole trace */
+    uint64_t usize;    /* unit size of the bound */
+    uint32_t ubase;    /* first unit of this range in the bound */
+    double *ready;     /* managed: per PIECE, time the GPU copy is complete (INFINITY: none) */
+    uint32_t npieces;
+    struct rtag *tags;
+    size_t ntags;
+};
+
+struct bacc {
+    uint32_t unit, k;
+    double b;
+};
+
+struct bunit {
+    double s, ld, ev;
+};
+
+struct sim {
+    const struct wo_trace_data *d;
+    const struct wo_replay_opts *o;
+    const struct wo_devmodel *dm;
+    struct rr *r;
+    struct wo_replay_name *names;
+    size_t nnames, capnames;
+    struct wo_plan *plan;
+    struct wo_graphs *graphs;
+
+    double hbm_s, zc_s, kernel_s, launch_s, sync_s;
+    double cpu_t, cpu_work, gpu_free, link_free, uvm_free;
+    uint64_t prev_trace_t;
+    int have_prev, after_sync, sealed;
+
+    /* steps */
+    struct wo_stepper stepper;
+    uint64_t nsteps_total; /* boundaries, from the pre-pass */
+    uint64_t steps_total;  /* steps they close */
+    uint64_t step;         /* boundaries seen in this pass */
+    uint64_t wstart, wend; /* boundaries that open and close the window */
+    int in_window;
+    double w_t0, w_cpu0, w_end_t, w_end_cpu;
+    uint64_t w_k;          /* launches in the window so far */
+    uint32_t step_launches, cur_step_launches;
+
+    /* window accumulators */
+    double zc_b, pf_b, ev_b, cb_b, copy_b, stall_s;
+
+    /* bound */
+    struct bacc *acc;
+    size_t nacc, capacc;
+    double fixed_cp, fixed_link;
+    uint32_t nunits;
+
+    uint64_t launches;
+    uint64_t max_resident;
+    unsigned tl_n;
+    int err;
+};
+
+static int grow(void **v, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap;
+    void *nv;
+
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    nv = realloc(*v, ncap * elem);
+    if (!nv)
+        return -ENOMEM;
+    *v = nv;
+    *cap = ncap;
+    return 0;
+}
+
+static struct rr *rr_of(struct sim *s, uint32_t id, uint32_t gen)
+{
+    const struct wo_trace_range *t = wo_trace_data_range(s->d, id, gen);
+
+    return t ? &s->r[t - s->d->ranges] : NULL;
+}
+
+static int name_index(struct sim *s, const char *name, uint32_t place)
+{
+    for (size_t i = 0; i < s->nnames; i++)
+        if (strcmp(s->names[i].name, name) == 0)
+            return (int)i;
+    if (grow((void **)&s->names, &s->capnames, s->nnames + 1, sizeof(*s->names)) < 0)
+        return -1;
+    memset(&s->names[s->nnames], 0, sizeof(s->names[0]));
+    s->names[s->nnames].name = name;
+    s->names[s->nnames].place = place;
+    return (int)s->nnames++;
+}
+
+static int name_at(const struct rr *r, uint64_t off)
+{
+    for (size_t i = 0; i < r->ntags; i++)
+        if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
+            return r->tags[i].name;
+    return r->ntags ? r->tags[0].name : -1;
+}
+
+/* ---- timeline ------------------------------------------------------------- */
+
+static void tl_event(struct sim *s, int tid, const char *name, double t0, double t1)
+{
+    FILE *f = s->o->timeline;
+
+    if (!f || s->tl_n >= MAX_TIMELINE_EVENTS)
+        return;
+    fprintf(f, "%s{\"name\":\"", s->tl_n++ ? ",\n" : "");
+    for (const char *c = name; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fputc('\\', f);
+        if ((unsigned char)*c >= 0x20)
+            fputc(*c, f);
+    }
+    if (t1 < t0)
+        fprintf(f, "\",\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":%d,\"ts\":%.3f}", tid, t0 * 1e6);
+    else
+        fprintf(f, "\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", tid, t0 * 1e6,
+                (t1 - t0) * 1e6);
+}
+
+/* ---- setup ---------------------------------------------------------------- */
+
+static uint32_t place_of_tag(struct sim *s, const struct wo_trace_tag *t, int *prio, bool *no_slices)
+{
+    struct wo_match m;
+
+    *prio = 0;
+    *no_slices = false;
+    if (s->o->all_device)
+        return WO_PLACE_DEVICE;
+    if (!s->o->policy)
+        return t->placement <= WO_TRACE_PLACE_MANAGED && t->placement ? t->placement
+                                                                    : WO_PLACE_DEVICE;
+    /* only memory the shim served can change placement (design.md) */
+    if (!(t->flags & WO_TRACE_TAG_PLACEABLE))
+        return WO_PLACE_DEVICE;
+    if (wo_policy_match(s->o->policy, t->name, t->size, &m) < 0)
+        return WO_PLACE_DEVICE;
+    if (m.r) {
+        *prio = m.r->priority;
+        *no_slices = m.r->slices == WO_SLICES_NONE;
+    }
+    return m.place;
+}
+
+static int setup_ranges(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+
+    s->r = calloc(d->nranges ? d->nranges : 1, sizeof(*s->r));
+    if (!s->r)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->nranges; i++) {
+        s->r[i].tr = &d->ranges[i];
+        s->r[i].place = WO_PLACE_DEVICE;
+    }
+    for (size_t i = 0; i < d->ntags; i++) {
+        const struct wo_trace_tag *t = &d->tags[i];
+        struct rr *r = rr_of(s, t->id, t->gen);
+        uint64_t biggest = 0;
+        int prio, ni;
+        bool ns;
+        uint32_t pl;
+
+        if (!r || !t->name)
+            continue;
+        pl = place_of_tag(s, t, &prio, &ns);
+        ni = name_index(s, t->name, pl);
+        if (ni < 0)
+            return -ENOMEM;
+        s->names[ni].bytes += t->size;
+        {
+            struct rtag *nt = realloc(r->tags, (r->ntags + 1) * sizeof(*nt));
+
+            if (!nt)
+                return -ENOMEM;
+            r->tags = nt;
+            r->tags[r->ntags++] = (struct rtag){t->offset, t->size, ni};
+        }
+        /* one allocation has one placement: the largest tag's */
+        for (size_t j = 0; j + 1 < r->ntags; j++)
+            biggest = WO_MAX(biggest, r->tags[j].size);
+        if (t->size > biggest) {
+            r->place = pl;
+            r->prio = prio;
+            r->no_slices = ns;
+        }
+    }
+    if (!s->o->policy && !s->o->all_device) {
+        /* placement changes the trace recorded win over the tags */
+        for (size_t i = 0; i < d->nevents; i++) {
+            const struct wo_event *ev = &d->events[i].ev;
+            struct rr *r;
+
+            if (ev->type != WO_EV_PLACE || !(r = rr_of(s, ev->p.id, ev->p.gen)))
+                continue;
+            if (ev->p.to >= WO_PLACE_DEVICE && ev->p.to <= WO_PLACE_MANAGED)
+                r->place = ev->p.to;
+        }
+    }
+    return 0;
+}
+
+/* ---- step detection (same rule as the planner, over every range) ------- */
+
+static uint32_t min_known_id(struct sim *s, const struct wo_event *ev)
+{
+    uint32_t best = UINT32_MAX;
+
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++)
+        if (rr_of(s, ev->l.hits[i].id, ev->l.hits[i].gen) && ev->l.hits[i].id < best)
+            best = ev->l.hits[i].id;
+    return best;
+}
+
+/* Steps this launch ends (see wo_stepper_feed): > 0 at a boundary. */
+static unsigned is_boundary(struct sim *s, const struct wo_event *ev)
+{
+    uint32_t id;
+
+    if (!s->sealed)
+        return 0;
+    id = min_known_id(s, ev);
+    if (id == UINT32_MAX)
+        return 0;
+    return wo_stepper_feed(&s->stepper, wo_stepper_key(ev->l.func, id));
+}
+
+static bool has_seal(const struct wo_trace_data *d)
+{
+    for (size_t i = 0; i < d->nevents; i++)
+        if (d->events[i].ev.type == WO_EV_SEAL)
+            return true;
+    return false;
+}
+
+/* Pre-pass: slices (gcd of hit offsets) and the number of steps. */
+static int prepass(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+    struct wo_graphs *g = wo_graphs_new();
+
+    if (!g)
+        return -ENOMEM;
+    s->sealed = !has_seal(d);
+    for (size_t i = 0; i < d->nevents; i++) {
+        const struct wo_event *ev = &d->events[i].ev, *gl = ev;
+        size_t n = 1;
+        int c = wo_graphs_filter(g, ev, &gl, &n);
+
+        if (ev->type == WO_EV_SEAL)
+            s->sealed = 1;
+        if (c < 0) {
+            wo_graphs_free(g);
+            return c;
+        }
+        if (c == 0 && ev->type != WO_EV_LAUNCH)
+            continue;
+        if (c == 0) {
+            gl = ev;
+            n = 1;
+        }
+        for (size_t k = 0; k < n; k++) {
+            const struct wo_event *l = &gl[k];
+
+            unsigned nb = is_boundary(s, l);
+
+            if (nb) {
+                s->nsteps_total++;
+                s->steps_total += nb;
+            }
+            for (unsigned h = 0; h < l->nhits && h < WO_EV_MAX_HITS; h++) {
+                struct rr *r = rr_of(s, l->l.hits[h].id, l->l.hits[h].gen);
+
+                if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size)
+                    r->slice = r->slice ? wo_plan_gcd(r->slice, l->l.hits[h].offset)
+                                        : l->l.hits[h].offset;
+            }
+        }
+    }
+    wo_graphs_free(g);
+    wo_stepper_done(&s->stepper);
+    wo_stepper_init(&s->stepper);
+    return 0;
+}
+
+/* ---- the planner's actions ---------------------------------------------- */
+
+static void mark_ready(struct rr *r, uint64_t off, uint64_t bytes, double t)
+{
+    uint64_t p0 = off / PIECE, p1 = (off + bytes + PIECE - 1) / PIECE;
+
+    for (uint64_t p = p0; p < p1 && p < r->npieces; p++)
+        r->ready[p] = t;
+}
+
+static void apply_actions(struct sim *s)
+{
+    struct wo_plan_action a;
+
+    while (wo_plan_pop(s->plan, &a) == 1) {
+        struct rr *r;
+        double t0, t1;
+        char label[160];
+        int ni;
+
+        if (a.type == WO_PLAN_STEP)
+            continue;
+        r = rr_of(s, a.id, a.gen);
+        if (!r || !r->ready)
+            continue;
+        ni = name_at(r, a.offset);
+        t0 = WO_MAX(s->uvm_free, s->cpu_t);
+        if (a.type == WO_PLAN_PREFETCH) {
+            double bps = wo_devmodel_pf_bps(s->dm, a.bytes), ls;
+
+            t1 = t0 + s->dm->pf_call_us * 1e-6;
+            if (a.how == WO_PLAN_COLLAPSE) {
+                /* a duplicate is a little slower than a migration (device-facts.md) */
+                bps *= s->dm->rm_pf_gbs / s->dm->pf_gbs[3];
+                if (!r->rm_set) {
+                    r->rm_set = true;
+                    t1 += s->dm->advise_us * 1e-6;
+                }
+            }
+            ls = WO_MAX(t1, s->link_free);
+            t1 = ls + (double)a.bytes / bps;
+            s->link_free = t1;
+            s->uvm_free = t1;
+            mark_ready(r, a.offset, a.bytes, t1);
+            if (s->in_window) {
+                s->pf_b += (double)a.bytes;
+                if (ni >= 0)
+                    s->names[ni].prefetched += (double)a.bytes;
+            }
+            snprintf(label, sizeof(label), "prefetch %s +%llu MiB",
+                     ni >= 0 ? s->names[ni].name : "?", (unsigned long long)(a.bytes >> 20));
+        } else {
+            if (a.how == WO_PLAN_COLLAPSE)
+                t1 = t0 + (double)a.bytes / (s->dm->collapse_gbs * 1e9) + s->dm->advise_us * 1e-6;
+            else
+                t1 = t0 + s->dm->pf_call_us * 1e-6 + (double)a.bytes / (s->dm->copyback_gbs * 1e9);
+            s->uvm_free = t1;
+            /* the planner already counts the bytes free: never read them again */
+            mark_ready(r, a.offset, a.bytes, INFINITY);
+            if (s->in_window) {
+                s->ev_b += (double)a.bytes;
+                if (a.how != WO_PLAN_COLLAPSE)
+                    s->cb_b += (double)a.bytes;
+                if (ni >= 0)
+                    s->names[ni].evicted += (double)a.bytes;
+            }
+            snprintf(label, sizeof(label), "%s %s -%llu MiB",
+                     a.how == WO_PLAN_COLLAPSE ? "collapse" : "copy-back",
+                     ni >= 0 ? s->names[ni].name : "?", (unsigned long long)(a.bytes >> 20));
+        }
+        tl_event(s, 2, label, t0, t1);
+    }
+    s->max_resident = WO_MAX(s->max_resident, wo_plan_resident_bytes(s->plan));
+}
+
+/* ---- the host thread ---------------------------------------------------- */
+
+/* Advances the engine's host clock to an event recorded at trace time t. */
+static void host_advance(struct sim *s, uint64_t t, double floor_s)
+{
+    double gap = 0;
+
+    if (s->have_prev && t > s->prev_trace_t)
+        gap = (double)(t - s->prev_trace_t) * 1e-9;
+    /* after a sync the recorded gap includes the recording run's wait for
+     * its GPU: keep only the host work a return from sync costs */
+    if (s->after_sync)
+        gap = WO_MIN(gap, s->sync_s);
+    gap = WO_MAX(gap, floor_s);
+    s->cpu_t += gap;
+    s->cpu_work += gap;
+    s->prev_trace_t = t;
+    s->have_prev = 1;
+    s->after_sync = 0;
+}
+
+/* ---- kernels -------------------------------------------------------------- */
+
+static void window_open(struct sim *s, double t)
+{
+    s->in_window = 1;
+    s->w_t0 = t;
+    s->w_cpu0 = s->cpu_work;
+    s->w_k = 0;
+}
+
+static int add_acc(struct sim *s, uint32_t unit, uint32_t k, double b)
+{
+    if (s->nacc && s->acc[s->nacc - 1].unit == unit && s->acc[s->nacc - 1].k == k) {
+        s->acc[s->nacc - 1].b += b;
+        return 0;
+    }
+    if (grow((void **)&s->acc, &s->capacc, s->nacc + 1, sizeof(*s->acc)) < 0)
+        return -ENOMEM;
+    s->acc[s->nacc++] = (struct bacc){unit, k, b};
+    return 0;
+}
+
+static void kernel(struct sim *s, const struct wo_event *ev)
+{
+    double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0;
+    const char *kname;
+
+    if (is_boundary(s, ev)) {
+        if (s->step == s->wstart && !s->in_window)
+            window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
+        else if (s->in_window && s->step == s->wend) {
+            s->in_window = 0;
+            s->w_end_t = WO_MAX(s->cpu_t, s->gpu_free);
+            s->w_end_cpu = s->cpu_work;
+            s->step_launches = s->cur_step_launches;
+        }
+        s->step++;
+        s->cur_step_launches = 0;
+        tl_event(s, 1, "step", WO_MAX(s->cpu_t, s->gpu_free), -1);
+    }
+    s->cur_step_launches++;
+    s->launches++;
+    start = WO_MAX(s->cpu_t, s->gpu_free);
+    t_in = start;
+    for (unsigned h = 0; h < ev->nhits && h < WO_EV_MAX_HITS; h++) {
+        const struct wo_ev_hit *hit = &ev->l.hits[h];
+        struct rr *r = rr_of(s, hit->id, hit->gen);
+        uint32_t place;
+        uint64_t end_off, b;
+        int ni;
+
+        if (!r || hit->offset >= r->tr->size)
+            continue;
+        end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
+        b = end_off - hit->offset;
+        place = s->sealed ? r->place : WO_PLACE_DEVICE;
+        ni = name_at(r, hit->offset);
+        if (place == WO_PLACE_MANAGED && r->ready) {
+            double mh = 0, mz = 0, wait = start;
+
+            for (uint64_t p = hit->offset / PIECE; p * PIECE < end_off && p < r->npieces; p++) {
+                uint64_t lo = WO_MAX(hit->offset, p * PIECE), hi = WO_MIN(end_off, (p + 1) * PIECE);
+                double pb = (double)(hi - lo), rt = r->ready[p];
+
+                if (rt <= start) {
+                    mh += pb;
+                } else if (rt < INFINITY && rt - start < pb * s->zc_s * 4) {
+                    /* in flight: the kernel faults on it and waits */
+                    mh += pb;
+                    wait = WO_MAX(wait, rt);
+                } else {
+                    mz += pb;
+                }
+            }
+            hbm += mh;
+            zc += mz;
+            t_in = WO_MAX(t_in, wait);
+            if (s->in_window) {
+                s->stall_s += mz * (s->zc_s - s->hbm_s) + (wait - start);
+                if (ni >= 0) {
+                    s->names[ni].hit_bytes += mh;
+                    s->names[ni].miss_bytes += mz;
+                    s->names[ni].read_s += mh * s->hbm_s + mz * s->zc_s;
+                    s->names[ni].stall_s += mz * (s->zc_s - s->hbm_s) + (wait - start);
+                }
+                /* the bound: one access of each unit the hit covers */
+                for (uint64_t u = hit->offset / r->usize; u * r->usize < end_off; u++) {
+                    uint64_t lo = WO_MAX(hit->offset, u * r->usize);
+                    uint64_t hi = WO_MIN(end_off, (u + 1) * r->usize);
+
+                    if (add_acc(s, r->ubase + (uint32_t)u, (uint32_t)s->w_k, (double)(hi - lo)) < 0)
+                        s->err = -ENOMEM;
+                }
+            }
+        } else if (place == WO_PLACE_HOST) {
+            zc += (double)b;
+            if (s->in_window) {
+                s->fixed_link += (double)b * s->zc_s;
+                if (ni >= 0) {
+                    s->names[ni].zc_bytes += (double)b;
+                    s->names[ni].read_s += (double)b * s->zc_s;
+                }
+            }
+        } else {
+            hbm += (double)b;
+            fixed_hbm += (double)b;
+            if (s->in_window && ni >= 0) {
+                s->names[ni].hbm_bytes += (double)b;
+                s->names[ni].read_s += (double)b * s->hbm_s;
+            }
+        }
+    }
+    le = t_in;
+    if (zc > 0) {
+        double ls = WO_MAX(t_in, s->link_free);
+
+        le = ls + zc * s->zc_s;
+        s->link_free = le;
+    }
+    end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
+    s->gpu_free = end;
+    if (s->in_window) {
+        s->zc_b += zc;
+        s->fixed_cp += s->kernel_s + fixed_hbm * s->hbm_s;
+        s->w_k++;
+    }
+    kname = wo_trace_data_kernel(s->d, ev->l.func);
+    tl_event(s, 1, kname ? kname : "kernel", start, end);
+}
+
+static void copy(struct sim *s, const struct wo_event *ev)
+{
+    double bw, t0, t1;
+
+    switch (ev->c.kind) {
+    case WO_COPY_H2D:
+        bw = s->dm->h2d_gbs;
+        break;
+    case WO_COPY_D2H:
+        bw = s->dm->d2h_gbs;
+        break;
+    case WO_COPY_D2D:
+        bw = s->dm->hbm_gbs / 2;
+        break;
+    default:
+        bw = s->dm->h2d_gbs;
+    }
+    t0 = WO_MAX(s->cpu_t, s->gpu_free);
+    t1 = t0 + s->kernel_s + (double)ev->c.bytes / (bw * 1e9);
+    s->gpu_free = t1;
+    if (s->in_window) {
+        if (ev->c.kind != WO_COPY_D2D)
+            s->copy_b += (double)ev->c.bytes;
+        s->fixed_cp += t1 - t0;
+    }
+    /* a copy into a managed range after seal: the engine writes it */
+    if (s->sealed && s->plan) {
+        for (size_t i = 0; i < s->d->nranges; i++) {
+            struct rr *r = &s->r[i];
+
+            if (r->ready && ev->c.dst >= r->tr->base && ev->c.dst - r->tr->base < r->tr->size &&
+                !r->written && (!r->tr->t_free_ns || r->tr->t_free_ns > ev->t_ns)) {
+                r->written = true;
+                wo_plan_range_written(s->plan, r->tr->id, r->tr->gen);
+            }
+        }
+    }
+    tl_event(s, 1, "copy", t0, t1);
+}
+
+/* ---- seal: managed ranges enter the planner ------------------------------ */
+
+static int seal(struct sim *s)
+{
+    s->sealed = 1;
+    for (size_t i = 0; i < s->d->nranges; i++) {
+        struct rr *r = &s->r[i];
+
+        if (r->place != WO_PLACE_MANAGED || r->ready)
+            continue;
+        r->npieces = (uint32_t)((r->tr->size + PIECE - 1) / PIECE);
+        r->ready = malloc(r->npieces * sizeof(*r->ready));
+        if (!r->ready)
+            return -ENOMEM;
+        for (uint32_t p = 0; p < r->npieces; p++)
+            r->ready[p] = INFINITY;
+        if (s->plan && wo_plan_range_add(s->plan, r->tr->id, r->tr->gen, r->tr->size,
+                                         (r->written ? WO_PLAN_WRITTEN : 0) |
+                                             (r->no_slices ? WO_PLAN_NO_SLICES : 0),
+                                         r->prio) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* ---- the offline-optimal bound ------------------------------------------ */
+
+static int acc_cmp(const void *a, const void *b)
+{
+    const struct bacc *x = a, *y = b;
+
+    if (x->unit != y->unit)
+        return x->unit < y->unit ? -1 : 1;
+    return x->k < y->k ? -1 : x->k > y->k;
+}
+
+/* The Lagrangian lower bound for weights (al, mu, nu) of the compute,
+ * UVM and link constraints and lambda, the price of one resident byte at
+ * one launch: min over every schedule of the weighted resource use, less
+ * lambda * budget * launches. Each unit's part is a shortest path over its
+ * accesses (resident or streamed at each). docs/prefetch.md derives it. */
+static double bound_eval(const struct sim *s, const struct bunit *bu, double budget, double N,
+                         double al, double mu, double nu, double la)
+{
+    double total = al * s->fixed_cp + nu * s->fixed_link - la * budget * N;
+    size_t i = 0;
+
+    while (i < s->nacc) {
+        uint32_t u = s->acc[i].unit;
+        const struct bunit *x = &bu[u];
+        double load = mu * x->ld + nu * x->ld, evict = mu * x->ev;
+        double R, S, occ1 = la * x->s;
+        uint32_t k = s->acc[i].k;
+
+        R = al * s->acc[i].b * s->hbm_s + occ1 + WO_MIN(occ1 * k, load);
+        S = nu * s->acc[i].b * s->zc_s;
+        for (i++; i < s->nacc && s->acc[i].unit == u; i++) {
+            double g = (double)(s->acc[i].k - k), cr, cs, nR, nS;
+
+            k = s->acc[i].k;
+            cr = al * s->acc[i].b * s->hbm_s + occ1;
+            cs = nu * s->acc[i].b * s->zc_s;
+            nR = cr + WO_MIN(R + WO_MIN(occ1 * (g - 1), evict + load), S + load);
+            nS = cs + WO_MIN(S, R + evict);
+            R = nR;
+            S = nS;
+        }
+        total += WO_MIN(R + WO_MIN(occ1 * (N - 1 - k), evict), S);
+    }
+    return total;
+}
+
+static double golden_lambda(const struct sim *s, const struct bunit *bu, double budget, double N,
+                            double al, double mu, double nu, double hi)
+{
+    const double gr = 0.6180339887498949;
+    double a = 0, b = hi, c = b - gr * (b - a), d = a + gr * (b - a);
+    double fc = bound_eval(s, bu, budget, N, al, mu, nu, c);
+    double fd = bound_eval(s, bu, budget, N, al, mu, nu, d);
+    double best = WO_MAX(bound_eval(s, bu, budget, N, al, mu, nu, 0), WO_MAX(fc, fd));
+
+    for (int it = 0; it < 36; it++) {
+        if (fc > fd) {
+            b = d;
+            d = c;
+            fd = fc;
+            c = b - gr * (b - a);
+            fc = bound_eval(s, bu, budget, N, al, mu, nu, c);
+        } else {
+            a = c;
+            c = d;
+            fc = fd;
+            d = a + gr * (b - a);
+            fd = bound_eval(s, bu, budget, N, al, mu, nu, d);
+        }
+        best = WO_MAX(best, WO_MAX(fc, fd));
+    }
+    return best;
+}
+
+static double bound(struct sim *s, uint64_t budget)
+{
+    struct bunit *bu;
+    double N = (double)s->w_k, best = 0, bm = 0, bn = 0, pf_best, lhi;
+
+    if (s->w_k == 0)
+        return 0;
+    bu = calloc(s->nunits ? s->nunits : 1, sizeof(*bu));
+    if (!bu)
+        return 0;
+    pf_best = 0;
+    for (int i = 0; i < 4; i++)
+        pf_best = WO_MAX(pf_best, s->dm->pf_gbs[i]);
+    pf_best = WO_MAX(pf_best, s->dm->rm_pf_gbs) * 1e9;
+    for (size_t i = 0; i < s->d->nranges; i++) {
+        const struct rr *r = &s->r[i];
+
+        if (!r->ready)
+            continue;
+        for (uint64_t u = 0; u * r->usize < r->tr->size; u++) {
+            struct bunit *x = &bu[r->ubase + u];
+
+            x->s = (double)WO_MIN(r->usize, r->tr->size - u * r->usize);
+            /* the cheapest the model allows: best bandwidth, no call cost */
+            x->ld = x->s / pf_best;
+            x->ev = r->written ? x->s / (s->dm->copyback_gbs * 1e9)
+                               : WO_MIN(x->s / (s->dm->collapse_gbs * 1e9),
+                                        x->s / (s->dm->copyback_gbs * 1e9));
+        }
+    }
+    qsort(s->acc, s->nacc, sizeof(*s->acc), acc_cmp);
+    lhi = 2 * WO_MAX(s->zc_s, 1.0 / pf_best);
+    /* coarse grid over the weights, then a finer one around the best */
+    for (int pass = 0; pass < 2; pass++) {
+        double step = pass ? 0.02 : 0.1, m0 = pass ? bm - 0.1 : 0, n0 = pass ? bn - 0.1 : 0;
+        int nstep = pass ? 10 : 10;
+
+        for (int i = 0; i <= nstep; i++) {
+            for (int j = 0; j <= nstep; j++) {
+                double mu = m0 + i * step, nu = n0 + j * step, v;
+
+                if (mu < -1e-9 || nu < -1e-9 || mu + nu > 1 + 1e-9)
+                    continue;
+                mu = WO_MAX(mu, 0.0);
+                nu = WO_MAX(nu, 0.0);
+                v = golden_lambda(s, bu, (double)budget, N, WO_MAX(1 - mu - nu, 0.0), mu, nu, lhi);
+                if (v > best) {
+                    best = v;
+                    bm = mu;
+                    bn = nu;
+                }
+            }
+        }
+    }
+    if (getenv("WO_REPLAY_DEBUG")) {
+        double sb = 0;
+        for (size_t i = 0; i < s->nacc; i++)
+            sb += s->acc[i].b;
+        fprintf(stderr, "bound: nacc %zu bytes %.3g N %.0f fixed_cp %.4g fixed_link %.4g best %.4g mu %.2f nu %.2f\n",
+                s->nacc, sb, N, s->fixed_cp, s->fixed_link, best, bm, bn);
+        {
+            /* the static oracle: best fixed set by true counts */
+            double *cnt = calloc(s->nunits, sizeof(double));
+            uint32_t *ord = calloc(s->nunits, sizeof(uint32_t));
+            double used = 0, rest = 0;
+            for (size_t i = 0; i < s->nacc; i++)
+                cnt[s->acc[i].unit] += s->acc[i].b;
+            for (uint32_t i = 0; i < s->nunits; i++)
+                ord[i] = i;
+            for (uint32_t i = 0; i < s->nunits; i++)
+                for (uint32_t j = i + 1; j < s->nunits; j++)
+                    if (cnt[ord[j]] / bu[ord[j]].s > cnt[ord[i]] / bu[ord[i]].s) {
+                        uint32_t t = ord[i]; ord[i] = ord[j]; ord[j] = t;
+                    }
+            for (uint32_t i = 0; i < s->nunits; i++) {
+                if (used + bu[ord[i]].s <= (double)budget)
+                    used += bu[ord[i]].s;
+                else
+                    rest += cnt[ord[i]];
+            }
+            fprintf(stderr, "static oracle: streamed %.3g bytes in window = %.4g s link\n", rest, rest * s->zc_s);
+            free(cnt);
+            free(ord);
+        }
+    }
+    free(bu);
+    return best;
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+static void sim_free(struct sim *s)
+{
+    if (s->r)
+        for (size_t i = 0; i < s->d->nranges; i++) {
+            free(s->r[i].ready);
+            free(s->r[i].tags);
+        }
+    free(s->r);
+    free(s->acc);
+    wo_plan_free(s->plan);
+    wo_graphs_free(s->graphs);
+    wo_stepper_done(&s->stepper);
+}
+
+static int plan_setup(struct sim *s, uint64_t budget)
+{
+    struct wo_plan_cfg cfg;
+
+    wo_plan_cfg_default(&cfg);
+    wo_devmodel_plan_costs(s->dm, &cfg.costs);
+    cfg.budget = budget;
+    if (s->o->policy) {
+        const struct wo_policy_globals *g = wo_policy_globals(s->o->policy);
+
+        cfg.piece = WO_MAX(g->prefetch.piece_size, (uint64_t)WO_PIECE_SIZE_MIN);
+        cfg.hot_set = g->prefetch.hot_set;
+        if (g->prefetch.lookahead_kind == WO_LOOKAHEAD_BYTES) {
+            cfg.lookahead_ranges = 0;
+            cfg.lookahead_bytes = WO_MAX(g->prefetch.lookahead, (uint64_t)1);
+        } else {
+            cfg.lookahead_ranges = (uint32_t)WO_MAX(WO_MIN(g->prefetch.lookahead, UINT32_MAX), 1);
+        }
+        cfg.eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
+                       : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
+                                                                    : WO_PLAN_HOW_NONE;
+    }
+    return wo_plan_new(&cfg, &s->plan);
+}
+
+static int run_events(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+
+    s->sealed = !has_seal(d);
+    if (s->sealed && seal(s) < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->nevents && !s->err; i++) {
+        const struct wo_event *ev = &d->events[i].ev, *gl = NULL;
+        size_t n = 0;
+        int c = wo_graphs_filter(s->graphs, ev, &gl, &n);
+
+        if (c < 0)
+            return c;
+        switch (ev->type) {
+        case WO_EV_SEAL:
+            if (seal(s) < 0)
+                return -ENOMEM;
+            break;
+        case WO_EV_FREE:
+            if (s->plan && d->events[i].range_id != WO_TRACE_NO_ID)
+                wo_plan_range_remove(s->plan, d->events[i].range_id, d->events[i].range_gen);
+            break;
+        case WO_EV_COPY:
+            host_advance(s, ev->t_ns, 0);
+            copy(s, ev);
+            break;
+        case WO_EV_SYNC:
+            host_advance(s, ev->t_ns, 0);
+            s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
+            s->after_sync = 1;
+            break;
+        case WO_EV_LAUNCH:
+            if (c == 1)
+                break; /* recorded into a capture: it runs with the graph */
+            host_advance(s, ev->t_ns, s->launch_s);
+            kernel(s, ev);
+            break;
+        case WO_EV_GRAPH_LAUNCH:
+            host_advance(s, ev->t_ns, s->launch_s);
+            for (size_t k = 0; k < n; k++)
+                kernel(s, &gl[k]);
+            break;
+        default:
+            break;
+        }
+        if (s->plan && s->sealed && (ev->type == WO_EV_LAUNCH || ev->type == WO_EV_GRAPH_LAUNCH ||
+                                     ev->type == WO_EV_CAPTURE_BEGIN || ev->type == WO_EV_CAPTURE_END ||
+                                     ev->type == WO_EV_GRAPH_INSTANTIATE)) {
+            if (wo_plan_event(s->plan, ev) < 0)
+                return -ENOMEM;
+            apply_actions(s);
+        }
+    }
+    return s->err;
+}
+
+static int name_cmp(const void *a, const void *b)
+{
+    const struct wo_replay_name *x = a, *y = b;
+    double tx = x->read_s + x->stall_s, ty = y->read_s + y->stall_s;
+
+    if (tx != ty)
+        return tx > ty ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                  struct wo_replay_result *res, char *msg, size_t msglen)
+{
+    struct sim s;
+    uint64_t managed = 0, devbytes = 0, budget;
+    uint32_t nunits = 0;
+    int r;
+
+    memset(res, 0, sizeof(*res));
+    memset(&s, 0, sizeof(s));
+    s.d = d;
+    s.o = o;
+    s.dm = o->dm;
+    s.hbm_s = 1.0 / (s.dm->hbm_gbs * 1e9);
+    s.zc_s = 1.0 / (s.dm->zc_gbs * 1e9);
+    s.kernel_s = s.dm->kernel_us * 1e-6;
+    s.launch_s = s.dm->launch_us * 1e-6;
+    s.sync_s = s.dm->sync_us * 1e-6;
+    s.graphs = wo_graphs_new();
+    if (!s.graphs || setup_ranges(&s) < 0 || prepass(&s) < 0) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < d->nranges; i++) {
+        struct rr *x = &s.r[i];
+
+        if (x->place == WO_PLACE_MANAGED) {
+            managed += x->tr->size;
+            x->usize = (x->no_slices || !x->slice || x->slice >= x->tr->size)
+                           ? x->tr->size
+                           : WO_MAX(x->slice, (uint64_t)(2 * WO_MiB));
+            x->ubase = nunits;
+            nunits += (uint32_t)((x->tr->size + x->usize - 1) / x->usize);
+        } else if (x->place == WO_PLACE_DEVICE) {
+            devbytes += x->tr->size;
+        }
+    }
+    s.nunits = nunits;
+    if (o->budget_frac > 0)
+        budget = (uint64_t)((double)managed * o->budget_frac);
+    else if (o->budget_bytes)
+        budget = o->budget_bytes;
+    else if (o->policy)
+        budget = wo_policy_device_budget(o->policy, s.dm->device_bytes,
+                                         s.dm->device_bytes > devbytes ? s.dm->device_bytes - devbytes : 0);
+    else
+        budget = (s.dm->device_bytes > devbytes ? s.dm->device_bytes - devbytes : 0) / 2;
+    if (s.nsteps_total < 2) {
+        snprintf(msg, msglen, "no repeating step found in the trace (the launches after seal "
+                 "form no period seen at least three times): nothing to measure per step");
+        r = -EINVAL;
+        goto out;
+    }
+    res->warmup = o->warmup != UINT_MAX ? o->warmup
+                                        : (unsigned)WO_MIN((uint64_t)3, (s.nsteps_total - 1) / 4);
+    if (res->warmup >= s.nsteps_total - 1)
+        res->warmup = (unsigned)(s.nsteps_total - 2);
+    s.wstart = res->warmup;
+    s.wend = s.nsteps_total - 1;
+    if (!o->no_prefetch && managed && (r = plan_setup(&s, budget)) < 0)
+        goto out;
+    if (o->timeline)
+        fprintf(o->timeline, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+    r = run_events(&s);
+    if (o->timeline) {
+        fprintf(o->timeline, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"GPU compute\"}},\n"
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"UVM (prefetch thread)\"}}\n]}\n",
+                s.tl_n ? ",\n" : "");
+    }
+    if (r < 0)
+        goto out;
+    if (s.in_window || s.step <= s.wend) {
+        snprintf(msg, msglen, "the measured window did not close (steps %llu..%llu of %llu)",
+                 (unsigned long long)s.wstart, (unsigned long long)s.wend,
+                 (unsigned long long)s.nsteps_total);
+        r = -EINVAL;
+        goto out;
+    }
+    {
+        double ws = (double)(s.wend - s.wstart);
+
+        res->window_steps = s.wend - s.wstart;
+        res->steps = s.steps_total;
+        res->launches = s.launches;
+        res->total_s = WO_MAX(WO_MAX(s.cpu_t, s.gpu_free), s.uvm_free);
+        res->managed_bytes = managed;
+        res->budget = budget;
+        res->max_resident = s.max_resident;
+        res->step_launches = s.step_launches;
+        res->step_s = (s.w_end_t - s.w_t0) / ws;
+        res->cpu_step_s = (s.w_end_cpu - s.w_cpu0) / ws;
+        res->zc_bytes_step = s.zc_b / ws;
+        res->prefetch_bytes_step = s.pf_b / ws;
+        res->evict_bytes_step = s.ev_b / ws;
+        res->copy_bytes_step = s.copy_b / ws;
+        /* copy-back evictions cross PCIe too (device to host) */
+        res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
+                               s.cb_b / ws;
+        res->stall_s_step = s.stall_s / ws;
+        if (!o->no_bound) {
+            /* a lower bound on the window; the host's own work bounds it too */
+            double lb = bound(&s, budget);
+
+            res->bound_step_s = WO_MAX(lb, s.w_end_cpu - s.w_cpu0) / ws;
+        }
+        res->names = calloc(s.nnames ? s.nnames : 1, sizeof(*res->names));
+        if (!res->names) {
+            r = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < s.nnames; i++) {
+            struct wo_replay_name *x = &res->names[i];
+
+            *x = s.names[i];
+            x->hbm_bytes /= ws;
+            x->zc_bytes /= ws;
+            x->miss_bytes /= ws;
+            x->hit_bytes /= ws;
+            x->read_s /= ws;
+            x->stall_s /= ws;
+            x->prefetched /= ws;
+            x->evicted /= ws;
+        }
+        res->nnames = s.nnames;
+        qsort(res->names, res->nnames, sizeof(*res->names), name_cmp);
+    }
+out:
+    sim_free(&s);
+    return r;
+}
+
+void wo_replay_result_free(struct wo_replay_result *res)
+{
+    free(res->names);
+    memset(res, 0, sizeof(*res));
+}

@@ -1,0 +1,66 @@
+/* tools/replay.h: runs a loaded trace through a placement (the policy, or
+ * the placements the trace recorded) and the prefetch planner (uvm/plan.h,
+ * the shim's own code) against a device model, and computes the
+ * offline-optimal bound for the same budget and costs. Used by
+ * woffload-replay and the replay tests. docs/prefetch.md describes the
+ * model and the bound. */
+#pragma once
+
+#include <stdio.h>
+
+#include "core/trace.h"
+#include "policy/policy.h"
+#include "tools/devmodel.h"
+#include "uvm/plan.h"
+
+struct wo_replay_opts {
+    const struct wo_devmodel *dm;
+    const struct wo_policy *policy; /* NULL: the placements recorded in the trace */
+    /* Device budget for managed ranges: budget_frac > 0: that share of the
+     * managed bytes; else budget_bytes > 0; else the policy's device_budget
+     * (AUTO: half the device memory left after device placements). */
+    double budget_frac;
+    uint64_t budget_bytes;
+    bool all_device;        /* every range on the device (the all-on-GPU reference) */
+    bool no_prefetch;       /* managed ranges stay on the host (every access streams) */
+    bool no_bound;          /* skip the offline-optimal bound (it is the slow part) */
+    unsigned warmup;        /* steps left out of the measured window; UINT_MAX: automatic */
+    FILE *timeline;         /* Chrome trace JSON of the predicted timeline, or NULL */
+};
+
+struct wo_replay_name {
+    const char *name; /* tag name, or "(untagged)" */
+    uint32_t place;   /* enum wo_placement */
+    uint64_t bytes;   /* allocation bytes under this name */
+    /* per measured step: */
+    double hbm_bytes, zc_bytes, miss_bytes, hit_bytes;
+    double read_s;    /* kernel time reading them (model rates) */
+    double stall_s;   /* managed misses and waits for in-flight prefetches */
+    double prefetched, evicted;
+};
+
+struct wo_replay_result {
+    uint64_t launches;          /* executed (graph launches expanded) */
+    uint64_t steps;             /* step boundaries found */
+    uint64_t window_steps;      /* steps measured */
+    unsigned warmup;            /* steps left out */
+    uint32_t step_launches;     /* launches in the last measured step */
+    double total_s;             /* predicted end of the whole trace */
+    double step_s;              /* mean predicted step time in the window */
+    double cpu_step_s;          /* host work per step (launch pacing floor) */
+    double bound_step_s;        /* offline-optimal bound per step (0: not computed) */
+    double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies */
+    double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
+    double stall_s_step;
+    uint64_t managed_bytes, budget;
+    uint64_t max_resident;      /* highest residency the planner reached */
+    struct wo_replay_name *names;
+    size_t nnames;
+};
+
+/* 0 and *res (free with wo_replay_result_free), -EINVAL (nothing to
+ * replay: no launches, no step found), -ENOMEM. msg gets a sentence on
+ * failure. */
+int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                  struct wo_replay_result *res, char *msg, size_t msglen);
+void wo_replay_result_free(struct wo_replay_result *res);

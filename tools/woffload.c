@@ -1,0 +1,72 @@
+/* tools/woffload.c: the `woffload` command: `doctor` (what this machine offers
+ * the shim), `demo` (the README's main job), `--help-env`. */
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/settings.h"
+#include "tools/doctor.h"
+#include "wo-config.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: woffload doctor [--env] [--policy FILE]\n"
+               "       woffload --help-env\n"
+               "       woffload --version\n"
+               "\n"
+               "doctor      report the CUDA driver, GPUs, toolkit, memlock and cgroup limits,\n"
+               "            and whether the policy (WOFFLOAD_POLICY or --policy) parses\n"
+               "doctor --env, --help-env\n"
+               "            print every WOFFLOAD_* setting: default, current value, meaning\n");
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"env", no_argument, NULL, 'e'},
+        {"policy", required_argument, NULL, 'p'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *policy = NULL;
+    bool env = false;
+    int c;
+
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("woffload %s\n", WO_VERSION);
+        return 0;
+    }
+    if (strcmp(argv[1], "--help-env") == 0)
+        return wo_doctor(stdout, NULL, true);
+    if (strcmp(argv[1], "doctor") != 0) {
+        fprintf(stderr, "woffload: unknown command \"%s\"\n", argv[1]);
+        usage(stderr);
+        return 2;
+    }
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "ep:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'e':
+            env = true;
+            break;
+        case 'p':
+            policy = optarg;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    return wo_doctor(stdout, policy, env);
+}

@@ -1,0 +1,207 @@
+/* uvm/api.c: the logic behind include/woffload.h's tag range, window and
+ * seal (tag scopes are in names.c, stats in stats.c). Every misuse gets a
+ * defined errno and one log line naming the call and the reason. */
+#include "uvm/internal.h"
+
+#include <string.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+
+static void misuse(void)
+{
+    __atomic_add_fetch(&wo_uvm.misuse, 1, __ATOMIC_RELAXED);
+}
+
+/* Why a tag on an observed allocation cannot move it (one line, once each). */
+static void report_unplaceable(const struct wo_alloc *a, const char *name)
+{
+    if (!wo_uvm.policy) {
+        wo_log_once(WO_LOG_INFO, "tag '%s' recorded for stats only: no policy is loaded "
+                                 "(WOFFLOAD_POLICY)", name);
+    } else if (a->flags & WO_RANGE_ASYNC) {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it came from a stream-ordered allocator "
+                    "(cudaMallocAsync/cuMemAllocAsync), which the shim never serves; recorded for "
+                    "stats only (see docs/placement.md)",
+                    name);
+    } else if (a->flags & (WO_RANGE_VMM | WO_RANGE_ENGINE_MANAGED)) {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it is the engine's own %s memory; recorded "
+                    "for stats only (for PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+                    "False; see docs/placement.md)",
+                    name, a->flags & WO_RANGE_VMM ? "VMM (cuMemMap)" : "managed");
+    } else {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it was allocated outside the placeable "
+                    "window; open the window before loading, see docs/placement.md "
+                    "(recorded for stats only; further such tags are counted in the stats)",
+                    name);
+    }
+}
+
+static void first_tag(void)
+{
+    if (wo_uvm.first_tag_seen || !wo_uvm.policy)
+        return;
+    wo_uvm.first_tag_seen = true;
+    if (wo_uvm.g->window.open == WO_WINDOW_OPEN_ON_FIRST_TAG && !wo_uvm.sealed)
+        __atomic_store_n(&wo_uvm.window_open, 1, __ATOMIC_RELEASE);
+    if (wo_uvm.g->window.close == WO_WINDOW_CLOSE_ON_FIRST_TAG)
+        __atomic_store_n(&wo_uvm.window_open, 0, __ATOMIC_RELEASE);
+}
+
+void wo_api_note_tag(void)
+{
+    pthread_mutex_lock(&wo_uvm.lock);
+    first_tag();
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+int wo_api_tag(const void *ptr, size_t size, const char *name)
+{
+    uint64_t addr = (uint64_t)(uintptr_t)ptr;
+    const struct wo_tag *clash = NULL;
+    struct wo_alloc *a;
+    struct wo_name *n;
+    struct wo_tag *t;
+    int r;
+
+    if (!ptr || !name || !*name || size == 0) {
+        wo_warn("woffload_tag(%p, %zu, %s%s%s): %s (-EINVAL)", ptr, size, name ? "'" : "",
+                name ? name : "NULL", name ? "'" : "",
+                !ptr ? "NULL pointer" : !name ? "NULL name" : !*name ? "empty name" : "size 0");
+        misuse();
+        return -EINVAL;
+    }
+    if (strnlen(name, WO_TAG_NAME_MAX + 1) > WO_TAG_NAME_MAX) {
+        wo_warn("woffload_tag: name '%.40s...' is longer than %d bytes (-EINVAL)", name,
+                WO_TAG_NAME_MAX);
+        misuse();
+        return -EINVAL;
+    }
+    wo_uvm_ensure_init();
+    pthread_mutex_lock(&wo_uvm.lock);
+    first_tag();
+    a = wo_alloc_find_addr(addr);
+    if (!a) {
+        wo_warn("woffload_tag(%p, %zu, '%s'): the pointer is not in any allocation the shim saw "
+                "(-ENOENT)",
+                ptr, size, name);
+        misuse();
+        r = -ENOENT;
+        goto out;
+    }
+    if (size > a->size - (addr - a->base)) {
+        wo_warn("woffload_tag(%p, %zu, '%s'): the range ends %llu bytes past the end of its "
+                "allocation [0x%llx, +%llu) (-ERANGE)",
+                ptr, size, name, (unsigned long long)(size - (a->size - (addr - a->base))),
+                (unsigned long long)a->base, (unsigned long long)a->size);
+        misuse();
+        r = -ERANGE;
+        goto out;
+    }
+    n = wo_name_get(name);
+    if (!n) {
+        r = -ENOMEM;
+        goto out;
+    }
+    wo_name_ref(n); /* keeps a fresh name alive through a clash */
+    r = wo_alloc_add_tag(a, addr - a->base, size, n, &t, &clash);
+    if (r == -EEXIST) {
+        wo_warn("woffload_tag(%p, %zu, '%s'): overlaps the earlier tag '%s' [0x%llx, +%llu); the "
+                "earlier tag is kept (-EEXIST)",
+                ptr, size, name, clash->name->s, (unsigned long long)(a->base + clash->off),
+                (unsigned long long)clash->size);
+        misuse();
+    } else if (r == 1) {
+        r = 0; /* the same name on a range it covers already */
+    } else if (r == 0) {
+        wo_place_decide(a, t);
+        if (a->kind == WO_KIND_OBSERVED) {
+            n->unplaceable = true;
+            wo_uvm.unplaceable_tags++;
+            report_unplaceable(a, name);
+        } else if (a->kind == WO_KIND_PINNED) {
+            /* Pinned memory was placed by its scope; it never moves. */
+            t->place = WO_PLACE_HOST;
+            t->applied = true;
+        } else if (wo_uvm.sealed) {
+            /* After seal a tag takes effect at once (same address). */
+            (void)wo_place_apply_tag(a, t, true);
+        }
+        wo_consumer_push_tag(a, t);
+    }
+    wo_name_unref(n);
+out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}
+
+int wo_api_window_open(void)
+{
+    wo_uvm_ensure_init();
+    if (__atomic_exchange_n(&wo_uvm.window_open, 1, __ATOMIC_ACQ_REL)) {
+        wo_warn("woffload_window_open: the placeable window is open already (-EALREADY)");
+        misuse();
+        return -EALREADY;
+    }
+    if (!wo_uvm.placing)
+        wo_log_once(WO_LOG_INFO, "woffload_window_open: no policy places anything off the "
+                                 "device; allocations still pass through");
+    return 0;
+}
+
+int wo_api_window_close(void)
+{
+    wo_uvm_ensure_init();
+    if (!__atomic_exchange_n(&wo_uvm.window_open, 0, __ATOMIC_ACQ_REL)) {
+        wo_warn("woffload_window_close: the placeable window is not open (-EALREADY)");
+        misuse();
+        return -EALREADY;
+    }
+    return 0;
+}
+
+int wo_api_seal(void)
+{
+    char label[256];
+    int r = 0;
+
+    wo_uvm_ensure_init();
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_uvm.sealed) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        wo_warn("woffload_seal: sealed already (-EALREADY)");
+        misuse();
+        return -EALREADY;
+    }
+    wo_uvm.sealed = true;
+    __atomic_store_n(&wo_uvm.window_open, 0, __ATOMIC_RELEASE);
+    if (wo_uvm.policy) {
+        if (wo_uvm.placing)
+            r = wo_place_seal();
+        for (size_t i = 0; i + 1 < wo_uvm.nrule_counts; i++)
+            if (wo_uvm.rule_counts[i].names == 0)
+                wo_warn("seal: %s matched nothing",
+                        wo_policy_rule_label(wo_uvm.policy, i, label, sizeof(label)));
+        if (wo_uvm.over_budget_tags) {
+            char u[32], l[32], o[32];
+            wo_warn("seal: host budget %s spent (%s used): %llu tensors (%s) stay on the device",
+                    wo_format_size(wo_uvm.host_budget.limit, l, sizeof(l)),
+                    wo_format_size(wo_uvm.host_budget.used, u, sizeof(u)),
+                    (unsigned long long)wo_uvm.over_budget_tags,
+                    wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)));
+        }
+    }
+    wo_summary_log("seal");
+    if (wo_events) {
+        struct wo_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.t_ns = wo_now_ns();
+        ev.type = WO_EV_SEAL;
+        (void)wo_ring_push(wo_events, &ev);
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}

@@ -1,0 +1,295 @@
+/* uvm/consumer.c: the one consumer thread of the event ring (wo_events).
+ *
+ * It drains the ring in batches, keeps per-name accounting (launches that
+ * touch each name, hits) by resolving each launch hit (registry id + offset)
+ * to the tags covering it, off the engine's threads, and hands every event to
+ * dispatch(), where the prefetcher and the trace writer plug in.
+ *
+ * Producers (the hooks) never make a syscall, so they cannot wake this
+ * thread: it sleeps on a condition variable with a timeout that doubles from
+ * 50 us to 2 ms while the ring stays empty, and shutdown signals the same
+ * variable to wake it at once. */
+#include "uvm/internal.h"
+
+#include <signal.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/trace.h"
+#include "uvm/record.h"
+
+#define BATCH 64
+#define SLEEP_MIN_NS 50000L
+#define SLEEP_MAX_NS 2000000L
+#define JOIN_WAIT_S 2
+
+static pthread_t thread;
+static bool running;         /* a thread was started and not yet joined (caller side) */
+static int stop;             /* under sleep_lock */
+static bool accepting_tags;  /* under wo_uvm.lock: tag events will be drained */
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sleep_cond;
+static pthread_once_t cond_once = PTHREAD_ONCE_INIT;
+
+/* Only the consumer thread touches these. */
+static struct wo_event batch[BATCH];
+static struct wo_trace_tag batch_tag[BATCH];
+static char batch_name[BATCH][WO_TAG_NAME_MAX + 1];
+static bool batch_has_tag[BATCH];
+static uint64_t launch_no;
+
+static void cond_init(void)
+{
+    pthread_condattr_t a;
+
+    pthread_condattr_init(&a);
+    pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+    pthread_cond_init(&sleep_cond, &a);
+    pthread_condattr_destroy(&a);
+}
+
+/* Every event, in ring order, on the consumer thread, with no uvm/ lock
+ * held. tag is the resolved tag for WO_EV_TAG events (its name valid only
+ * during the call), NULL otherwise.
+ * Plug-in points: the prefetcher (issue 6) and the trace writer (issue 7). */
+static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
+{
+    wo_record_event(ev, tag);
+}
+
+/* Once, on the consumer thread, after the last event was dispatched (exit
+ * or reset): where the trace is closed and the prefetcher stops. */
+static void finish(void)
+{
+    wo_record_finish();
+}
+
+/* Index of the first tag whose end lies above off. */
+static size_t first_tag_above(const struct wo_alloc *a, uint64_t off)
+{
+    size_t lo = 0, hi = a->ntags;
+
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->tags[mid].off + a->tags[mid].size <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static void account_launch(const struct wo_event *ev)
+{
+    launch_no++;
+    wo_uvm.launches++;
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &ev->l.hits[i];
+        uint64_t hi = h->hi > h->offset ? h->hi : h->offset + 1;
+        struct wo_range r;
+        struct wo_alloc *a;
+        bool any = false;
+
+        wo_uvm.launch_hits++;
+        /* The range may have been freed (and its id reused) since the
+         * launch: the generation tells. */
+        if (wo_registry_get(h->id, &r) < 0 || r.gen != h->gen) {
+            wo_uvm.hits_stale++;
+            continue;
+        }
+        a = wo_alloc_find_base(r.base);
+        if (!a || a->gen != h->gen) {
+            wo_uvm.hits_untagged++;
+            continue;
+        }
+        for (size_t k = first_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
+            struct wo_name *n = a->tags[k].name;
+            if (n->last_launch != launch_no) {
+                n->last_launch = launch_no;
+                n->launches++;
+            }
+            n->hits++;
+            any = true;
+        }
+        if (!any)
+            wo_uvm.hits_untagged++;
+    }
+}
+
+/* Resolves a tag event (the name reference its producer took is dropped
+ * here) into batch slot i. */
+static void account_tag(size_t i)
+{
+    const struct wo_event *ev = &batch[i];
+    struct wo_name *n = wo_name_by_id((uint32_t)ev->a.seq);
+    struct wo_trace_tag *t = &batch_tag[i];
+    uint32_t id = (uint32_t)ev->stream, gen = (uint32_t)(ev->stream >> 32);
+    struct wo_range r;
+
+    if (!n)
+        return;
+    snprintf(batch_name[i], sizeof(batch_name[i]), "%s", n->s);
+    memset(t, 0, sizeof(*t));
+    t->id = id;
+    t->gen = gen;
+    t->base = ev->a.base;
+    t->size = ev->a.size;
+    if (wo_registry_get(id, &r) == 0 && r.gen == gen && ev->a.base >= r.base) {
+        t->offset = ev->a.base - r.base;
+    } else {
+        t->id = t->gen = WO_TRACE_NO_ID;
+    }
+    t->placement = ev->a.device == WO_PLACE_DEVICE    ? WO_TRACE_PLACE_DEVICE
+                   : ev->a.device == WO_PLACE_HOST    ? WO_TRACE_PLACE_HOST
+                   : ev->a.device == WO_PLACE_MANAGED ? WO_TRACE_PLACE_MANAGED
+                                                      : WO_TRACE_PLACE_UNKNOWN;
+    t->rule = n->rule >= 0 ? (uint32_t)n->rule : WO_TRACE_NO_ID;
+    t->flags = ev->a.flags;
+    t->name = batch_name[i];
+    batch_has_tag[i] = true;
+    wo_name_unref(n);
+}
+
+/* Pops up to BATCH events, accounts them under one lock hold, dispatches
+ * them without it. Returns how many. */
+static size_t drain_batch(void)
+{
+    size_t n = 0;
+
+    while (n < BATCH && wo_ring_pop(wo_events, &batch[n]))
+        n++;
+    if (!n)
+        return 0;
+    pthread_mutex_lock(&wo_uvm.lock);
+    for (size_t i = 0; i < n; i++) {
+        batch_has_tag[i] = false;
+        wo_uvm.events++;
+        if (batch[i].type == WO_EV_LAUNCH)
+            account_launch(&batch[i]);
+        else if (batch[i].type == WO_EV_TAG)
+            account_tag(i);
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+    for (size_t i = 0; i < n; i++)
+        dispatch(&batch[i], batch_has_tag[i] ? &batch_tag[i] : NULL);
+    return n;
+}
+
+static void *consumer_main(void *arg)
+{
+    long sleep_ns = SLEEP_MIN_NS;
+
+    (void)arg;
+    for (;;) {
+        struct timespec ts;
+        int st;
+
+        if (drain_batch() > 0) {
+            sleep_ns = SLEEP_MIN_NS;
+            continue;
+        }
+        pthread_mutex_lock(&sleep_lock);
+        st = stop;
+        if (!st) {
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            ts.tv_nsec += sleep_ns;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            (void)pthread_cond_timedwait(&sleep_cond, &sleep_lock, &ts);
+            st = stop;
+        }
+        pthread_mutex_unlock(&sleep_lock);
+        if (st)
+            break;
+        sleep_ns = WO_MIN(sleep_ns * 2, SLEEP_MAX_NS);
+    }
+    /* Tag events pushed from now on would never be drained (and would keep
+     * their names alive): stop taking them, then empty the ring. */
+    pthread_mutex_lock(&wo_uvm.lock);
+    accepting_tags = false;
+    pthread_mutex_unlock(&wo_uvm.lock);
+    while (drain_batch() > 0)
+        ;
+    finish();
+    return NULL;
+}
+
+int wo_consumer_start(void)
+{
+    sigset_t all, old;
+    int r;
+
+    pthread_once(&cond_once, cond_init);
+    if (running || !wo_events)
+        return 0;
+    stop = 0;
+    /* The engine's signals go to its own threads, never to this one. */
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    r = pthread_create(&thread, NULL, consumer_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r != 0)
+        return -r;
+    (void)pthread_setname_np(thread, "woffload");
+    running = true;
+    accepting_tags = true; /* the caller holds wo_uvm.lock */
+    return 0;
+}
+
+void wo_consumer_stop(void)
+{
+    struct timespec ts;
+    int r;
+
+    if (!running)
+        return;
+    pthread_mutex_lock(&sleep_lock);
+    stop = 1;
+    pthread_cond_signal(&sleep_cond);
+    pthread_mutex_unlock(&sleep_lock);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += JOIN_WAIT_S;
+    r = pthread_timedjoin_np(thread, NULL, &ts);
+    if (r != 0) {
+        /* Stuck in the driver (a prefetch at exit): exit must not hang on it. */
+        wo_warn("the consumer thread did not stop within %d s; leaving it", JOIN_WAIT_S);
+        pthread_detach(thread);
+    }
+    running = false;
+}
+
+void wo_consumer_forget(void)
+{
+    wo_record_forget();
+    running = false;
+    stop = 0;
+    accepting_tags = false;
+    pthread_mutex_init(&sleep_lock, NULL);
+    cond_init();
+}
+
+void wo_consumer_push_tag(const struct wo_alloc *a, const struct wo_tag *t)
+{
+    struct wo_event ev;
+
+    if (!wo_events || !accepting_tags)
+        return;
+    memset(&ev, 0, sizeof(ev));
+    ev.t_ns = wo_now_ns();
+    ev.type = WO_EV_TAG;
+    ev.tid = (uint32_t)gettid();
+    ev.stream = (uint64_t)a->id | (uint64_t)a->gen << 32; /* the range, for the trace */
+    ev.a.base = a->base + t->off;
+    ev.a.size = t->size;
+    ev.a.seq = t->name->id;
+    ev.a.flags = a->kind == WO_KIND_OBSERVED ? 0 : WO_TRACE_TAG_PLACEABLE;
+    ev.a.device = t->place;
+    wo_name_ref(t->name);
+    if (wo_ring_push(wo_events, &ev) < 0)
+        wo_name_unref(t->name);
+}

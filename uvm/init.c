@@ -1,0 +1,197 @@
+/* uvm/init.c: the life cycle of uvm/: the driver table, lazy init (policy,
+ * event ring, consumer thread), shutdown at exit, reset for tests, and the
+ * fork child.
+ *
+ * Exit ordering: preload/ calls wo_uvm_shutdown() from its destructor or
+ * atexit handler. The driver may already be tearing itself down then, so
+ * shutdown makes no driver call at all: it stops the thread, logs the
+ * summary and writes the stats file. Served memory is left to the process's
+ * end. The ring stays allocated (reachable through wo_events) because hooks
+ * on other threads may still push into it; nobody drains it any more. */
+#include "uvm/internal.h"
+
+#include <string.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/settings.h"
+
+struct wo_uvm_state wo_uvm = {
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+static const struct wo_driver *driver;
+struct wo_ring *wo_events;
+int wo_captures_global;
+
+void wo_uvm_set_driver(const struct wo_driver *drv)
+{
+    __atomic_store_n(&driver, drv, __ATOMIC_RELEASE);
+}
+
+const struct wo_driver *wo_uvm_driver(void)
+{
+    return __atomic_load_n(&driver, __ATOMIC_ACQUIRE);
+}
+
+/* Loads the policy; a bad one is logged (located diagnostics) and leaves
+ * uvm/ passing everything through, names still recorded for stats. */
+static void load_policy(const char *path)
+{
+    struct wo_policy *p = NULL;
+    int r;
+
+    wo_uvm.policy_error = 0;
+    if (!path || !*path)
+        return;
+    wo_uvm.policy_path = strdup(path);
+    r = wo_policy_load_file(path, NULL, &p, NULL);
+    if (r < 0) {
+        wo_uvm.policy_error = r;
+        wo_error("policy %s not loaded (%s): every allocation passes through untouched", path,
+                 strerror(-r));
+        return;
+    }
+    wo_uvm.policy = p;
+}
+
+static int setup_policy_state(void)
+{
+    size_t nr = wo_uvm.policy ? wo_policy_nrules(wo_uvm.policy) : 0;
+
+    wo_uvm.nrule_counts = nr + 1;
+    wo_uvm.rule_counts = calloc(nr + 1, sizeof(*wo_uvm.rule_counts));
+    if (!wo_uvm.rule_counts)
+        return -ENOMEM;
+    wo_host_budget_init(&wo_uvm.host_budget, wo_uvm.policy);
+    if (!wo_uvm.policy)
+        return 0;
+    wo_uvm.g = wo_policy_globals(wo_uvm.policy);
+    wo_uvm.window_open = wo_uvm.g->window.open == WO_WINDOW_OPEN_AT_START;
+    __atomic_store_n(&wo_uvm.placing, !wo_policy_passthrough(wo_uvm.policy), __ATOMIC_RELEASE);
+    return 0;
+}
+
+int wo_uvm_init_policy(const char *path)
+{
+    int r = 0;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_uvm.state == 3) {
+        /* A fork child: the policy and records came along, the thread did not. */
+        if (wo_events && wo_consumer_start() < 0)
+            wo_warn("the consumer thread did not start: launches are not attributed");
+        __atomic_store_n(&wo_uvm.state, 1, __ATOMIC_RELEASE);
+    }
+    if (wo_uvm.state != 0) {
+        r = wo_uvm.policy_error;
+        goto out;
+    }
+    load_policy(path);
+    if (setup_policy_state() < 0) {
+        r = -ENOMEM;
+        goto out;
+    }
+    if (!wo_events) {
+        wo_events = wo_ring_new(wo_settings()->ring_events);
+        if (!wo_events)
+            wo_warn("no memory for the event ring: launches are not attributed");
+    }
+    if (wo_events && wo_consumer_start() < 0)
+        wo_warn("the consumer thread did not start: launches are not attributed");
+    if (wo_uvm.policy)
+        wo_info("policy %s: %zu rules, default %s%s", wo_policy_source(wo_uvm.policy),
+                wo_policy_nrules(wo_uvm.policy), wo_placement_to_string(wo_uvm.g->default_place),
+                wo_uvm.placing ? "" : " (nothing leaves the device: pass-through)");
+    r = wo_uvm.policy_error;
+    __atomic_store_n(&wo_uvm.state, 1, __ATOMIC_RELEASE);
+out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}
+
+int wo_uvm_init(void)
+{
+    int s = __atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE);
+
+    if (s == 1 || s == 2)
+        return wo_uvm.policy_error;
+    return wo_uvm_init_policy(wo_settings()->policy);
+}
+
+void wo_uvm_ensure_init(void)
+{
+    int s = __atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE);
+
+    if (WO_UNLIKELY(s == 0 || s == 3))
+        (void)wo_uvm_init();
+}
+
+void wo_uvm_shutdown(void)
+{
+    const char *stats = wo_settings()->stats;
+
+    if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1)
+        return;
+    wo_consumer_stop();
+    pthread_mutex_lock(&wo_uvm.lock);
+    __atomic_store_n(&wo_uvm.state, 2, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_uvm.policy || wo_uvm.nallocs)
+        wo_summary_log("exit");
+    pthread_mutex_unlock(&wo_uvm.lock);
+    if (stats && *stats)
+        (void)wo_stats_write_file(stats);
+}
+
+void wo_uvm_reset(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+
+    wo_consumer_stop();
+    pthread_mutex_lock(&wo_uvm.lock);
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
+        struct wo_alloc *a = wo_uvm.alloc_hash[i], *next;
+        for (; a; a = next) {
+            next = a->next;
+            if (d && a->kind == WO_KIND_MANAGED)
+                d->cuMemFree_v2(a->base);
+            else if (d && a->kind == WO_KIND_PINNED)
+                d->cuMemFreeHost(a->host);
+            if (a->ours_in_registry)
+                (void)wo_registry_remove(a->base, NULL);
+            wo_alloc_destroy(a);
+        }
+    }
+    free(wo_uvm.alloc_hash);
+    wo_names_free_all();
+    if (d && wo_uvm.stream && d->cuStreamDestroy_v2)
+        d->cuStreamDestroy_v2(wo_uvm.stream);
+    wo_policy_free(wo_uvm.policy);
+    free(wo_uvm.policy_path);
+    free(wo_uvm.rule_counts);
+    wo_ring_free(wo_events);
+    wo_events = NULL;
+    wo_scope_forget_thread();
+    {
+        pthread_mutex_t keep = wo_uvm.lock;
+        memset(&wo_uvm, 0, sizeof(wo_uvm));
+        wo_uvm.lock = keep;
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+void wo_uvm_atfork_child(void)
+{
+    /* Only this thread survived the fork: the lock may have been held by one
+     * that did not, and the parent's stream and context mean nothing here. */
+    pthread_mutex_init(&wo_uvm.lock, NULL);
+    wo_uvm.stream = NULL;
+    wo_uvm.stream_failed = false;
+    wo_consumer_forget();
+    /* The next wo_uvm_init() call starts a consumer thread again; the policy,
+     * names and records (the child inherits the mappings) stay. */
+    if (wo_uvm.state == 1)
+        wo_uvm.state = 3;
+}

@@ -1,0 +1,218 @@
+/* uvm/internal.h: state shared by the files of uvm/ (names, placements,
+ * consumer thread, stats) and the few entry points tests, tools and the
+ * prefetcher use beyond uvm/uvm.h.
+ *
+ * One mutex (wo_uvm.lock) guards every map here: names, allocation records,
+ * tags, budgets, per-rule counts. The launch path never takes it: launches
+ * reach uvm/ only as ring events, resolved by the consumer thread. */
+#pragma once
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "policy/policy.h"
+#include "uvm/uvm.h"
+
+#define WO_TAG_NAME_MAX 1023 /* longest name in bytes, without the NUL */
+#define WO_TAG_DEPTH_MAX 64  /* deepest tag scope nesting per thread */
+
+/* An interned name. Reference-counted by the tags that carry it and by tag
+ * events still in the ring, so names of freed memory do not pile up. */
+struct wo_name {
+    char *s;
+    uint32_t id;   /* index in wo_uvm.names_by_id; reused after release */
+    uint32_t refs;
+    uint64_t hash;
+    struct wo_name *next; /* hash chain */
+    long rule;            /* wo_policy_match() rule, -1 default, -2 not matched yet */
+    enum wo_placement want;  /* what the policy asks */
+    enum wo_placement place; /* what it got (host budget spent: device) */
+    bool pin;
+    bool over_budget;
+    bool unplaceable;     /* at least one tag of it is on memory the shim only observed */
+    uint64_t bytes;       /* live tagged bytes */
+    uint32_t ntags;       /* live tags (tensors) */
+    uint64_t launches;    /* launches touching it (consumer) */
+    uint64_t hits;        /* (launch, range) hits resolved to it (consumer) */
+    uint64_t last_launch; /* consumer's launch number that last counted it */
+};
+
+enum wo_alloc_kind {
+    WO_KIND_OBSERVED = 0, /* the engine's own allocation: tags are recorded only */
+    WO_KIND_MANAGED,      /* served by uvm/ with cuMemAllocManaged */
+    WO_KIND_PINNED,       /* served by uvm/ with cuMemHostAlloc (host + pin) */
+};
+
+struct wo_tag {
+    uint64_t off, size;
+    struct wo_name *name;
+    uint64_t order;          /* global tag order: the host budget is charged in it */
+    enum wo_placement place; /* decided placement */
+    bool charged;            /* holds host budget bytes */
+    bool applied;            /* advice/residency applied for `place` */
+};
+
+struct wo_alloc {
+    uint64_t base, size;
+    uint32_t id, gen;  /* registry range */
+    uint32_t flags;    /* WO_RANGE_* */
+    int api;
+    enum wo_alloc_kind kind;
+    bool ours_in_registry;    /* uvm/ added the registry range (and removes it) */
+    void *host;               /* WO_KIND_PINNED: the host pointer */
+    enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
+    bool default_charged;     /* untagged bytes hold host budget (default: host) */
+    uint64_t default_bytes;
+    struct wo_tag *tags;      /* sorted by off, non-overlapping */
+    size_t ntags, cap;
+    struct wo_alloc *next;    /* hash chain by base */
+};
+
+/* Bytes and tensors per placement (stats, summaries). */
+struct wo_place_count {
+    uint64_t bytes, tensors;
+};
+
+struct wo_uvm_state {
+    pthread_mutex_t lock;
+    int state; /* 0 not initialised, 1 running, 2 shut down, 3 fork child before init */
+    struct wo_policy *policy;  /* NULL: none or bad: everything passes through */
+    char *policy_path;         /* as asked (stats), NULL when none */
+    int policy_error;          /* load error (-errno), 0 when fine */
+    bool placing;              /* a policy that can place something off the device */
+    const struct wo_policy_globals *g;
+
+    /* window and seal; window_open is read without the lock by wo_uvm_alloc() */
+    int window_open;
+    bool sealed;
+    bool first_tag_seen;
+
+    /* names: chained hash + dense id table */
+    struct wo_name **name_hash;
+    size_t name_hash_size, nnames;
+    struct wo_name **names_by_id;
+    uint32_t names_cap;
+    uint32_t *free_ids;
+    uint32_t nfree_ids;
+
+    /* allocation records: chained hash by base */
+    struct wo_alloc **alloc_hash;
+    size_t alloc_hash_size, nallocs;
+
+    uint64_t tag_order;
+    struct wo_host_budget host_budget;
+    uint64_t device_budget;    /* resolved at seal; 0 before */
+    uint64_t device_total;
+    struct wo_rule_counts *rule_counts; /* nrules + 1 */
+    size_t nrule_counts;
+
+    /* cumulative counters */
+    uint64_t served_managed, served_pinned;      /* allocations served */
+    uint64_t pin_failures, pin_fallbacks;
+    uint64_t over_budget_tags, over_budget_bytes;
+    uint64_t unplaceable_tags;
+    uint64_t misuse;
+    uint64_t placement_errors;
+
+    /* consumer results */
+    uint64_t launches, launch_hits, hits_stale, hits_untagged;
+    uint64_t events;
+
+    /* driver state (forgotten in a fork child) */
+    CUstream stream;           /* private stream for seal-time prefetches */
+    bool stream_failed;
+    int device;                /* device ordinal of the first served allocation */
+};
+
+extern struct wo_uvm_state wo_uvm;
+
+/* ---- init.c ---------------------------------------------------------- */
+/* wo_uvm_init() with an explicit policy path (NULL: none). Tests and tools. */
+int wo_uvm_init_policy(const char *path);
+/* Stops the thread and frees everything, memory served to the engine
+ * included, and returns to the state before the first init (tests). */
+void wo_uvm_reset(void);
+/* Calls wo_uvm_init() unless it ran; cheap after the first call. */
+void wo_uvm_ensure_init(void);
+
+/* ---- names.c (all under wo_uvm.lock unless said) ---------------------- */
+/* The innermost tag scope name of this thread, or NULL. No lock. */
+const char *wo_scope_current(void);
+struct wo_name *wo_name_get(const char *s); /* interns; NULL on ENOMEM */
+void wo_name_ref(struct wo_name *n);
+void wo_name_unref(struct wo_name *n);
+struct wo_name *wo_name_by_id(uint32_t id);
+struct wo_alloc *wo_alloc_find_base(uint64_t base);
+/* The record holding addr: looks the registry up; creates an observed record
+ * for a registry range uvm/ had not heard of. NULL when no range holds it. */
+struct wo_alloc *wo_alloc_find_addr(uint64_t addr);
+int wo_alloc_insert(struct wo_alloc *a);
+void wo_alloc_unlink(struct wo_alloc *a);
+/* Drops every tag of a (names unreferenced, budget returned) and frees a. */
+void wo_alloc_destroy(struct wo_alloc *a);
+/* Adds a tag; 0, -EEXIST (overlaps another name; *clash set), 1 (already
+ * there, same name), -ENOMEM. */
+int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,
+                     struct wo_tag **ret, const struct wo_tag **clash);
+void wo_names_free_all(void);
+void wo_scope_forget_thread(void);
+
+/* ---- api.c ----------------------------------------------------------- */
+/* A tag scope opened: counts as the first tag for the window (policy
+ * window.open/close: on-first-tag). */
+void wo_api_note_tag(void);
+
+/* ---- place.c (under wo_uvm.lock) --------------------------------------- */
+/* Decides a tag's placement (policy match, host budget) and counts it. */
+void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
+/* Applies a tag's placement now (after seal, or at allocation time). */
+int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency);
+int wo_place_seal(void);
+const char *wo_cu_error_name(CUresult r);
+
+/* ---- consumer.c -------------------------------------------------------- */
+int wo_consumer_start(void);
+/* Stops the thread: drains what is left, joins (bounded wait). */
+void wo_consumer_stop(void);
+/* In a fork child: the thread is gone; forget it without joining. */
+void wo_consumer_forget(void);
+/* Pushes a tag event for the trace (takes a name reference the consumer
+ * drops after dispatching it). Under wo_uvm.lock. */
+void wo_consumer_push_tag(const struct wo_alloc *a, const struct wo_tag *t);
+
+/* ---- stats.c ----------------------------------------------------------- */
+/* The JSON snapshot into a malloc'ed string (NULL on ENOMEM); *len set. */
+char *wo_stats_json(size_t *len);
+int wo_stats_write_file(const char *path);
+void wo_summary_log(const char *when);
+struct wo_place_counts {
+    struct wo_place_count by[WO_PLACE_MAX]; /* decided placements of served memory */
+    uint64_t untagged[WO_PLACE_MAX];        /* of by[].bytes: untagged bytes */
+    struct wo_place_count pending;          /* served, untagged, not sealed yet */
+    struct wo_place_count unplaceable;      /* tags on memory the shim only observed */
+};
+void wo_place_counts(struct wo_place_counts *c);
+
+/* Moves [addr, addr+size) of a served managed allocation to placement p
+ * now (advice + residency, synchronous on the private stream), at the same
+ * address. Tests, the GPU test and tools. 0, -EINVAL, -ENOENT (not served
+ * managed memory), -ERANGE, or the driver's error as -errno. */
+int wo_uvm_place_range(uint64_t addr, uint64_t size, enum wo_placement p);
+
+/* ---- for the prefetcher ------------------------------------------------ */
+/* A managed-placement piece of a served allocation. */
+struct wo_uvm_segment {
+    uint64_t base, size;   /* device address and length */
+    uint32_t id, gen;      /* registry range */
+    uint64_t offset;       /* inside the range */
+    const char *name;      /* valid only during the callback */
+    int priority;          /* the rule's priority (0..100) */
+    enum wo_slices slices;
+};
+/* Calls fn for every managed piece, under wo_uvm.lock (fn must not call back
+ * into uvm/ API functions). Stops when fn returns non-zero, returning it. */
+int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud);
+/* Device budget in bytes for managed memory (resolved at seal); 0 before. */
+uint64_t wo_uvm_device_budget(void);
+/* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */
+const struct wo_policy *wo_uvm_policy(void);

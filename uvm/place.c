@@ -1,0 +1,693 @@
+/* uvm/place.c: allocation routing and the placement backends.
+ *
+ * A placeable allocation (tag scope, or the open window) is served here with
+ * cuMemAllocManaged, so its placement can change later at the same address:
+ *   device:  advise preferred=GPU, prefetch to the GPU at seal;
+ *   host:    advise preferred=host + accessed-by=GPU, resident on the host:
+ *            kernels read it in place over PCIe (zero-copy) at the speed of
+ *            pinned memory (device-facts.md: 50-51 GB/s against 49-51);
+ *   managed: the same advice as host, left to the prefetch thread.
+ * The one exception is a tag scope whose name the policy sends to pinned host
+ * memory (host, pin: true): its placement is known before the allocation and
+ * can never change, so it gets cuMemHostAlloc(DEVICEMAP|PORTABLE).
+ * docs/placement.md explains the choice. Every function here runs under
+ * wo_uvm.lock; seal-time prefetches go to a private stream, never to one of
+ * the engine's. */
+#include "uvm/internal.h"
+
+#include <inttypes.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+
+#define PAGE 4096u
+
+const char *wo_cu_error_name(CUresult r)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    const char *s = NULL;
+
+    if (d && d->cuGetErrorName && d->cuGetErrorName(r, &s) == CUDA_SUCCESS && s)
+        return s;
+    return "CUDA error";
+}
+
+static int cu_errno(CUresult r)
+{
+    switch (r) {
+    case CUDA_SUCCESS:
+        return 0;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+        return -ENOMEM;
+    case CUDA_ERROR_INVALID_VALUE:
+        return -EINVAL;
+    case CUDA_ERROR_NOT_SUPPORTED:
+        return -EOPNOTSUPP;
+    default:
+        return -EIO;
+    }
+}
+
+static CUmemLocation loc_device(void)
+{
+    CUmemLocation l = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = wo_uvm.device};
+    return l;
+}
+
+static CUmemLocation loc_host(void)
+{
+    CUmemLocation l = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
+    return l;
+}
+
+/* The private stream for residency changes; NULL when it cannot be had (the
+ * placement then takes effect by advice alone, on first touch). */
+static CUstream private_stream(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+
+    if (wo_uvm.stream || wo_uvm.stream_failed)
+        return wo_uvm.stream;
+    if (!d || !d->cuStreamCreate || !d->cuMemPrefetchAsync_v2 || !d->cuStreamSynchronize ||
+        d->cuStreamCreate(&wo_uvm.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+        wo_uvm.stream = NULL;
+        wo_uvm.stream_failed = true;
+        wo_warn("no private stream for placement prefetches: placements take effect on first "
+                "touch only");
+    }
+    return wo_uvm.stream;
+}
+
+static const char *tag_label(const struct wo_alloc *a, uint64_t off)
+{
+    for (size_t i = 0; i < a->ntags; i++)
+        if (a->tags[i].off <= off && off < a->tags[i].off + a->tags[i].size)
+            return a->tags[i].name->s;
+    return "(untagged)";
+}
+
+/* Advice and, with residency, a prefetch on the private stream (the caller
+ * synchronises it). The range is widened to whole pages inside the
+ * allocation: advice works on pages, and neighbours that share a page get
+ * the placement applied last. */
+static int apply_range(struct wo_alloc *a, uint64_t off, uint64_t len, enum wo_placement p,
+                       bool advice, bool residency)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    uint64_t start = off & ~(uint64_t)(PAGE - 1);
+    uint64_t end = WO_MIN(WO_ALIGN_UP(off + len, (uint64_t)PAGE), a->size);
+    CUdeviceptr ptr = a->base + start;
+    size_t n = end - start;
+    CUresult r = CUDA_SUCCESS;
+    const char *what = "";
+    CUstream s;
+
+    if (a->kind != WO_KIND_MANAGED || !d)
+        return 0;
+    if (advice && d->cuMemAdvise_v2) {
+        if (p == WO_PLACE_DEVICE) {
+            what = "advise preferred=GPU";
+            r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_device());
+        } else {
+            what = "advise preferred=host";
+            r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_host());
+            if (r == CUDA_SUCCESS) {
+                what = "advise accessed-by=GPU";
+                r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_ACCESSED_BY, loc_device());
+            }
+        }
+        if (r != CUDA_SUCCESS)
+            goto fail;
+    }
+    if (residency && (s = private_stream())) {
+        what = p == WO_PLACE_DEVICE ? "prefetch to the GPU" : "prefetch to host";
+        r = d->cuMemPrefetchAsync_v2(ptr, n, p == WO_PLACE_DEVICE ? loc_device() : loc_host(), 0,
+                                     s);
+        if (r != CUDA_SUCCESS)
+            goto fail;
+    }
+    return 0;
+fail:
+    wo_uvm.placement_errors++;
+    wo_error("placing '%s' [0x%" PRIx64 ", +%zu) on %s: %s failed: %s; it stays where it was",
+             tag_label(a, off), (uint64_t)ptr, n, wo_placement_to_string(p), what,
+             wo_cu_error_name(r));
+    return cu_errno(r);
+}
+
+static int sync_private(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    CUresult r;
+
+    if (!wo_uvm.stream)
+        return 0;
+    r = d->cuStreamSynchronize(wo_uvm.stream);
+    if (r != CUDA_SUCCESS) {
+        wo_error("waiting for placement prefetches: %s", wo_cu_error_name(r));
+        return cu_errno(r);
+    }
+    return 0;
+}
+
+void wo_place_decide(struct wo_alloc *a, struct wo_tag *t)
+{
+    struct wo_name *n = t->name;
+    struct wo_match m;
+    size_t ci;
+    char b1[32], b2[32], b3[32];
+
+    if (!wo_uvm.policy) {
+        n->rule = -1;
+        n->want = n->place = t->place = WO_PLACE_DEVICE;
+        return;
+    }
+    (void)wo_policy_match(wo_uvm.policy, n->s, t->size, &m);
+    n->rule = m.rule;
+    n->want = m.place;
+    n->pin = m.r ? m.r->pin : false;
+    ci = m.rule < 0 ? wo_uvm.nrule_counts - 1 : (size_t)m.rule;
+    wo_uvm.rule_counts[ci].names++;
+    wo_uvm.rule_counts[ci].bytes += t->size;
+    t->place = m.place;
+    if (a->kind == WO_KIND_OBSERVED) {
+        /* Nothing moves; the name keeps what the policy asked for stats. */
+        n->place = m.place;
+        return;
+    }
+    if (m.place == WO_PLACE_HOST) {
+        if (wo_host_budget_take(&wo_uvm.host_budget, t->size)) {
+            t->charged = true;
+        } else {
+            t->place = WO_PLACE_DEVICE;
+            n->over_budget = true;
+            wo_uvm.over_budget_tags++;
+            wo_uvm.over_budget_bytes += t->size;
+            wo_uvm.rule_counts[ci].over_budget_names++;
+            wo_uvm.rule_counts[ci].over_budget_bytes += t->size;
+            wo_debug("'%s' (%s) stays on the device: host budget spent (%s used of %s)", n->s,
+                     wo_format_size(t->size, b1, sizeof(b1)),
+                     wo_format_size(wo_uvm.host_budget.used, b2, sizeof(b2)),
+                     wo_format_size(wo_uvm.host_budget.limit, b3, sizeof(b3)));
+        }
+    }
+    n->place = t->place;
+}
+
+int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
+{
+    int r = apply_range(a, t->off, t->size, t->place, true, residency);
+
+    if (r == 0)
+        t->applied = true;
+    if (residency) {
+        int r2 = sync_private();
+        if (r == 0)
+            r = r2;
+    }
+    return r;
+}
+
+/* ---- allocation routing ----------------------------------------------------- */
+
+static void log_pin_failure(const char *name, size_t size, CUresult r, bool fallback)
+{
+    struct rlimit rl;
+    char lim[64] = "unknown", hard[64] = "unknown", asked[32];
+
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY)
+            snprintf(lim, sizeof(lim), "unlimited");
+        else
+            wo_format_size(rl.rlim_cur, lim, sizeof(lim));
+        if (rl.rlim_max == RLIM_INFINITY)
+            snprintf(hard, sizeof(hard), "unlimited");
+        else
+            wo_format_size(rl.rlim_max, hard, sizeof(hard));
+    }
+    wo_error("pinning %s (%zu bytes) of host memory for '%s' failed (%s): RLIMIT_MEMLOCK is %s "
+             "(hard limit %s); raise it (ulimit -l, docker --ulimit memlock=-1) or the cgroup's "
+             "memory limit; %s",
+             wo_format_size(size, asked, sizeof(asked)), size, name, wo_cu_error_name(r), lim, hard,
+             fallback ? "falling back to managed memory kept on host (pin_fallback: managed)"
+                      : "the allocation fails with CUDA_ERROR_OUT_OF_MEMORY (pin_fallback: stop)");
+}
+
+static bool api_servable(int api)
+{
+    /* Stream-ordered allocations are freed stream-ordered: serving one with
+     * managed memory and freeing it at once could pull memory from under
+     * queued kernels. The engine's own managed and VMM memory it manages. */
+    return api == WO_API_CUDA_MALLOC || api == WO_API_CU_MEM_ALLOC || api == WO_API_UNKNOWN;
+}
+
+int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
+{
+    const struct wo_driver *d;
+    const char *scope_name;
+    struct wo_alloc *a = NULL;
+    struct wo_name *n = NULL;
+    struct wo_tag pending, *t;
+    const struct wo_tag *clash;
+    struct wo_range rr;
+    CUdeviceptr p = 0;
+    void *host = NULL;
+    CUresult r;
+    CUdevice dev;
+    int served = 0;
+
+    wo_uvm_ensure_init();
+    if (!__atomic_load_n(&wo_uvm.placing, __ATOMIC_ACQUIRE) || size == 0)
+        return 0;
+    scope_name = wo_scope_current();
+    if (!scope_name && (!__atomic_load_n(&wo_uvm.window_open, __ATOMIC_ACQUIRE) ||
+                        size < wo_uvm.g->window.min_size))
+        return 0;
+    if (!api_servable(api)) {
+        wo_log_once(WO_LOG_INFO,
+                    "stream-ordered and engine-managed allocations are never placeable; they "
+                    "pass through (see docs/placement.md)");
+        return 0;
+    }
+    d = wo_uvm_driver();
+    if (!d || !d->cuMemAllocManaged || !d->cuMemFree_v2)
+        return 0;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (!wo_uvm.placing)
+        goto out;
+    a = calloc(1, sizeof(*a));
+    if (!a)
+        goto out;
+    a->size = size;
+    a->api = api;
+    a->kind = WO_KIND_MANAGED;
+    if (d->cuCtxGetDevice && d->cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+        wo_uvm.device = dev;
+    memset(&pending, 0, sizeof(pending));
+    if (scope_name) {
+        n = wo_name_get(scope_name);
+        if (!n)
+            goto out;
+        wo_name_ref(n); /* held until the tag is made (or given up) */
+        pending.name = n;
+        pending.size = size;
+        wo_place_decide(a, &pending);
+    }
+
+    if (scope_name && pending.place == WO_PLACE_HOST && n->pin && d->cuMemHostAlloc &&
+        d->cuMemHostGetDevicePointer_v2 && d->cuMemFreeHost) {
+        r = d->cuMemHostAlloc(&host, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+        if (r == CUDA_SUCCESS) {
+            r = d->cuMemHostGetDevicePointer_v2(&p, host, 0);
+            if (r != CUDA_SUCCESS) {
+                wo_error("cuMemHostGetDevicePointer for '%s' failed: %s", n->s,
+                         wo_cu_error_name(r));
+                d->cuMemFreeHost(host);
+                host = NULL;
+            } else {
+                a->kind = WO_KIND_PINNED;
+                a->host = host;
+            }
+        } else {
+            wo_uvm.pin_failures++;
+            if (wo_uvm.g->pin_fallback == WO_PIN_FALLBACK_STOP) {
+                log_pin_failure(n->s, size, r, false);
+                if (pending.charged)
+                    wo_host_budget_release(&wo_uvm.host_budget, size);
+                *ret_ptr = 0;
+                *ret_res = CUDA_ERROR_OUT_OF_MEMORY;
+                served = 1;
+                goto out;
+            }
+            log_pin_failure(n->s, size, r, true);
+            wo_uvm.pin_fallbacks++;
+        }
+    }
+    if (a->kind == WO_KIND_MANAGED) {
+        r = d->cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
+        if (r != CUDA_SUCCESS) {
+            /* The engine gets the driver's answer, as it would for cudaMalloc. */
+            wo_error("serving a placeable allocation of %zu bytes%s%s%s: cuMemAllocManaged "
+                     "failed: %s",
+                     size, n ? " for '" : "", n ? n->s : "", n ? "'" : "", wo_cu_error_name(r));
+            if (pending.charged)
+                wo_host_budget_release(&wo_uvm.host_budget, size);
+            *ret_ptr = 0;
+            *ret_res = r;
+            served = 1;
+            goto out;
+        }
+    }
+    a->base = p;
+    a->flags = WO_RANGE_PLACEABLE | (a->kind == WO_KIND_PINNED ? WO_RANGE_HOST : WO_RANGE_MANAGED);
+    if (wo_registry_add(p, size, a->flags, (uint32_t)wo_uvm.device, a, &rr) < 0 ||
+        wo_alloc_insert(a) < 0) {
+        /* A live range already holds this address: uvm/ and the registry
+         * disagree; give the memory back and let the engine's call go through. */
+        wo_error("cannot register the placeable range [0x%llx, +%zu): passing it through",
+                 (unsigned long long)p, size);
+        (void)wo_registry_remove(p, NULL);
+        if (a->kind == WO_KIND_PINNED)
+            d->cuMemFreeHost(host);
+        else
+            d->cuMemFree_v2(p);
+        if (pending.charged)
+            wo_host_budget_release(&wo_uvm.host_budget, size);
+        goto out;
+    }
+    a->id = rr.id;
+    a->gen = rr.gen;
+    a->ours_in_registry = true;
+    if (a->kind == WO_KIND_PINNED)
+        wo_uvm.served_pinned++;
+    else
+        wo_uvm.served_managed++;
+    if (n) {
+        if (wo_alloc_add_tag(a, 0, size, n, &t, &clash) == 0) {
+            t->place = pending.place;
+            t->charged = pending.charged;
+            if (a->kind == WO_KIND_PINNED) {
+                t->applied = true;
+            } else {
+                /* Known now: advice at once (residency waits for seal; fresh
+                 * memory has no pages to move). After seal, residency too. */
+                (void)wo_place_apply_tag(a, t, wo_uvm.sealed);
+            }
+            wo_consumer_push_tag(a, t);
+        } else if (pending.charged) {
+            wo_host_budget_release(&wo_uvm.host_budget, size);
+        }
+    } else if (wo_uvm.sealed) {
+        /* The window is open after seal (opened by the API): the default applies now. */
+        enum wo_placement dp = wo_uvm.g->default_place;
+        if (dp == WO_PLACE_HOST && !wo_host_budget_take(&wo_uvm.host_budget, size))
+            dp = WO_PLACE_DEVICE;
+        else if (dp == WO_PLACE_HOST) {
+            a->default_charged = true;
+            a->default_bytes = size;
+        }
+        a->place = dp;
+        (void)apply_range(a, 0, size, dp, true, false);
+    }
+    wo_debug("served %s allocation of %zu bytes at 0x%llx%s%s%s",
+             a->kind == WO_KIND_PINNED ? "a pinned host" : "a managed", size,
+             (unsigned long long)p, n ? " for '" : " (window)", n ? n->s : "", n ? "'" : "");
+    *ret_ptr = p;
+    *ret_res = CUDA_SUCCESS;
+    served = 1;
+    a = NULL;
+out:
+    if (n)
+        wo_name_unref(n);
+    free(a);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return served;
+}
+
+int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    struct wo_alloc *a;
+    CUresult r;
+
+    if (!ptr || __atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) == 0)
+        return 0;
+    pthread_mutex_lock(&wo_uvm.lock);
+    a = wo_alloc_find_base(ptr);
+    if (!a || a->kind == WO_KIND_OBSERVED) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        return 0;
+    }
+    r = a->kind == WO_KIND_PINNED ? d->cuMemFreeHost(a->host) : d->cuMemFree_v2(ptr);
+    if (r != CUDA_SUCCESS) {
+        /* The memory is still there: keep its record so the engine can retry. */
+        wo_error("freeing the placeable range 0x%llx failed: %s", (unsigned long long)ptr,
+                 wo_cu_error_name(r));
+    } else {
+        wo_alloc_unlink(a);
+        if (a->ours_in_registry)
+            (void)wo_registry_remove(ptr, NULL);
+        wo_alloc_destroy(a);
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+    *ret_res = r;
+    return 1;
+}
+
+void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)
+{
+    struct wo_alloc *a, *old;
+    struct wo_range rr;
+    int r;
+
+    if (!ptr || !size)
+        return;
+    a = calloc(1, sizeof(*a));
+    if (!a)
+        return;
+    a->base = ptr;
+    a->size = size;
+    a->api = api;
+    a->kind = WO_KIND_OBSERVED;
+    a->flags = range_flags & ~(uint32_t)WO_RANGE_PLACEABLE;
+    pthread_mutex_lock(&wo_uvm.lock);
+    old = wo_alloc_find_base(ptr);
+    if (old) {
+        /* Its free went unseen and the address came back. */
+        wo_alloc_unlink(old);
+        if (old->ours_in_registry)
+            (void)wo_registry_remove(ptr, NULL);
+        wo_alloc_destroy(old);
+    }
+    /* preload/ may have registered the range itself; then uvm/ only keeps
+     * the record and leaves the registry entry to it. */
+    r = wo_registry_add(ptr, size, a->flags, (uint32_t)wo_uvm.device, a, &rr);
+    if (r == 0) {
+        a->ours_in_registry = true;
+    } else if (wo_registry_find(ptr, &rr) < 0 || rr.base != ptr) {
+        wo_debug("observed allocation [0x%llx, +%zu) overlaps a tracked range: not recorded",
+                 (unsigned long long)ptr, size);
+        free(a);
+        goto out;
+    }
+    a->id = rr.id;
+    a->gen = rr.gen;
+    a->size = rr.size;
+    if (wo_alloc_insert(a) < 0) {
+        if (a->ours_in_registry)
+            (void)wo_registry_remove(ptr, NULL);
+        free(a);
+    }
+out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+void wo_uvm_observe_free(CUdeviceptr ptr, int api)
+{
+    struct wo_alloc *a;
+
+    if (!ptr)
+        return;
+    pthread_mutex_lock(&wo_uvm.lock);
+    a = wo_alloc_find_base(ptr);
+    if (a && a->kind == WO_KIND_OBSERVED) {
+        wo_alloc_unlink(a);
+        if (a->ours_in_registry)
+            (void)wo_registry_remove(ptr, NULL);
+        wo_alloc_destroy(a);
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+/* ---- seal --------------------------------------------------------------------- */
+
+struct seg {
+    uint64_t off, len;
+    enum wo_placement place;
+    bool advised;
+};
+
+/* Applies a served allocation's placements: tags as decided, the gaps
+ * between them the policy's default. Neighbours with the same placement
+ * become one call: small advice and prefetch calls cost ~100 us each. */
+static int seal_alloc(struct wo_alloc *a)
+{
+    enum wo_placement dp = wo_uvm.g->default_place;
+    uint64_t gap = 0, pos = 0;
+    struct seg cur = {0, 0, WO_PLACE_UNSET, true};
+    int ret = 0, r;
+
+    if (a->kind != WO_KIND_MANAGED)
+        return 0;
+    for (size_t i = 0; i < a->ntags; i++) {
+        gap += a->tags[i].off - pos;
+        pos = a->tags[i].off + a->tags[i].size;
+    }
+    gap += a->size - pos;
+    if (gap > 0 && dp == WO_PLACE_HOST) {
+        if (wo_host_budget_take(&wo_uvm.host_budget, gap)) {
+            a->default_charged = true;
+            a->default_bytes = gap;
+        } else {
+            dp = WO_PLACE_DEVICE;
+            wo_uvm.over_budget_bytes += gap;
+            wo_debug("untagged [0x%llx, +%llu) stays on the device: host budget spent",
+                     (unsigned long long)a->base, (unsigned long long)gap);
+        }
+    }
+    if (gap > 0) {
+        size_t ci = wo_uvm.nrule_counts - 1;
+        wo_uvm.rule_counts[ci].names++;
+        wo_uvm.rule_counts[ci].bytes += gap;
+    }
+    a->place = dp;
+
+    pos = 0;
+    for (size_t i = 0; i <= a->ntags; i++) {
+        struct seg next[2];
+        int nn = 0;
+        uint64_t toff = i < a->ntags ? a->tags[i].off : a->size;
+
+        if (toff > pos)
+            next[nn++] = (struct seg){pos, toff - pos, dp, false};
+        if (i < a->ntags) {
+            next[nn++] = (struct seg){a->tags[i].off, a->tags[i].size, a->tags[i].place,
+                                      a->tags[i].applied};
+            a->tags[i].applied = true;
+            pos = a->tags[i].off + a->tags[i].size;
+        }
+        for (int k = 0; k < nn; k++) {
+            if (cur.len && cur.place == next[k].place && cur.off + cur.len == next[k].off) {
+                cur.len += next[k].len;
+                cur.advised = cur.advised && next[k].advised;
+                continue;
+            }
+            if (cur.len && (r = apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
+                ret == 0)
+                ret = r;
+            cur = next[k];
+        }
+    }
+    if (cur.len && (r = apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
+        ret == 0)
+        ret = r;
+    return ret;
+}
+
+int wo_place_seal(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    size_t free_b = 0, total_b = 0;
+    int ret = 0, r;
+    char b1[32], b2[32];
+
+    if (wo_uvm.policy && d && d->cuMemGetInfo_v2 &&
+        d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS) {
+        wo_uvm.device_total = total_b;
+        wo_uvm.device_budget = wo_policy_device_budget(wo_uvm.policy, total_b, free_b);
+        wo_debug("device budget for managed memory: %s of %s",
+                 wo_format_size(wo_uvm.device_budget, b1, sizeof(b1)),
+                 wo_format_size(total_b, b2, sizeof(b2)));
+    }
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            if ((r = seal_alloc(a)) < 0 && ret == 0)
+                ret = r;
+    if ((r = sync_private()) < 0 && ret == 0)
+        ret = r;
+    return ret;
+}
+
+/* ---- explicit moves ------------------------------------------------------------- */
+
+int wo_uvm_place_range(uint64_t addr, uint64_t size, enum wo_placement p)
+{
+    struct wo_alloc *a;
+    int r;
+
+    if (size == 0 || p <= WO_PLACE_UNSET || p >= WO_PLACE_MAX)
+        return -EINVAL;
+    pthread_mutex_lock(&wo_uvm.lock);
+    a = wo_alloc_find_addr(addr);
+    if (!a || a->kind != WO_KIND_MANAGED) {
+        r = -ENOENT;
+        goto out;
+    }
+    if (size > a->size - (addr - a->base)) {
+        r = -ERANGE;
+        goto out;
+    }
+    r = apply_range(a, addr - a->base, size, p, true, true);
+    if (r == 0)
+        r = sync_private();
+    if (r == 0) {
+        /* Keep the books: tags wholly inside the range now live at p. */
+        for (size_t i = 0; i < a->ntags; i++) {
+            struct wo_tag *t = &a->tags[i];
+            if (t->off >= addr - a->base && t->off + t->size <= addr - a->base + size) {
+                t->place = p;
+                t->name->place = p;
+            }
+        }
+        if (addr == a->base && size == a->size)
+            a->place = p;
+    }
+out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}
+
+/* ---- for the prefetcher ----------------------------------------------------------- */
+
+int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+{
+    int ret = 0;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++) {
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next) {
+            if (a->kind != WO_KIND_MANAGED)
+                continue;
+            for (size_t k = 0; k < a->ntags && !ret; k++) {
+                const struct wo_tag *t = &a->tags[k];
+                const struct wo_rule *rule;
+                struct wo_uvm_segment s;
+                if (t->place != WO_PLACE_MANAGED)
+                    continue;
+                rule = t->name->rule >= 0 ? wo_policy_rule(wo_uvm.policy, (size_t)t->name->rule)
+                                          : NULL;
+                s = (struct wo_uvm_segment){
+                    .base = a->base + t->off,
+                    .size = t->size,
+                    .id = a->id,
+                    .gen = a->gen,
+                    .offset = t->off,
+                    .name = t->name->s,
+                    .priority = rule ? rule->priority : 0,
+                    .slices = rule ? rule->slices : WO_SLICES_AUTO,
+                };
+                ret = fn(&s, ud);
+            }
+            if (!ret && a->place == WO_PLACE_MANAGED && a->ntags == 0) {
+                struct wo_uvm_segment s = {.base = a->base, .size = a->size, .id = a->id,
+                                           .gen = a->gen, .name = "(untagged)"};
+                ret = fn(&s, ud);
+            }
+        }
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return ret;
+}
+
+uint64_t wo_uvm_device_budget(void)
+{
+    return __atomic_load_n(&wo_uvm.device_budget, __ATOMIC_RELAXED);
+}
+
+const struct wo_policy *wo_uvm_policy(void)
+{
+    return wo_uvm.policy;
+}

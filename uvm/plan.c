@@ -1,0 +1,1122 @@
+/* uvm/plan.c: the prefetch planner (see plan.h and docs/prefetch.md).
+ *
+ * Units: a managed range is split into units, its natural slices (learned
+ * from the offsets launches point at) or granule pieces. Each unit keeps an
+ * access frequency (accesses per step, averaged), the bytes an access
+ * touches, and its phase (position in the step of its last access).
+ *
+ * Steps: found by the period of the launch keys (struct wo_stepper, plan.h),
+ * no engine help. The unit order of the last complete step is the learned
+ * order the lookahead walks.
+ *
+ * Decisions: at each step boundary the hot set is chosen (greedy knapsack
+ * by priority, then saved PCIe time per resident byte, with hysteresis for
+ * incumbents) and loaded; during a step, units about to be used are
+ * prefetched when cycling them pays (the link has room for it), and a miss
+ * loads its unit when the budget has free room. Victims are resident units
+ * outside the hot set and the lookahead window, furthest predicted use first.
+ * Everything is integer or double arithmetic on event data: deterministic. */
+#include <stdio.h>
+#include <string.h>
+
+#include "uvm/plan.h"
+
+#define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
+#define HYSTERESIS 1.25       /* a resident hot unit is kept unless a rival is this much denser */
+#define MIN_FREQ 0.02         /* units used less often than this are never hot */
+#define MAX_STEP_UNITS 65536u /* a step longer than this (no anchor recurrence) is cut */
+#define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
+#define MAX_GRAPH_LAUNCHES (1u << 20)
+
+struct unit {
+    double freq;      /* EMA of accesses per step */
+    double touched;   /* EMA of bytes touched per access */
+    uint32_t cnt;     /* accesses in the current step */
+    uint32_t age;     /* steps since it was first touched */
+    uint32_t phase;   /* position in the step of the last access */
+    uint8_t resident; /* a prefetch was emitted and no eviction since */
+    uint8_t hot;
+    uint8_t known;    /* listed in p->known */
+    uint8_t mark;     /* in the current lookahead window */
+};
+
+struct prange {
+    uint8_t live;
+    uint32_t gen;
+    uint32_t flags;
+    int prio;
+    uint64_t size;
+    uint64_t slice; /* gcd of non-zero offsets seen; 0: only offset 0 so far */
+    uint64_t usize; /* unit size */
+    uint32_t nunits;
+    struct unit *u;
+    struct wo_plan_stats st;
+};
+
+struct uref {
+    uint32_t id, unit;
+};
+
+struct oent {
+    uint32_t pos; /* launch position in the step */
+    uint32_t id, unit;
+    uint64_t t_rel; /* ns since the step began (event clock) */
+};
+
+struct pend {
+    uint32_t type, id, unit;
+    uint64_t key; /* sort key for the order of emission (urgency) */
+};
+
+struct wo_plan {
+    struct wo_plan_cfg cfg;
+    struct prange *r;
+    uint32_t nr;
+
+    struct uref *known;
+    size_t nknown, capknown;
+
+    struct oent *prev, *cur; /* learned order (last full step), current step */
+    size_t nprev, ncur, capprev, capcur;
+    size_t cursor;           /* first entry of prev after pos */
+    uint32_t prev_len;       /* positions in the last full step */
+    uint64_t prev_ns;        /* its duration (event clock) */
+
+    int anchored;
+    struct wo_stepper stepper;
+    uint64_t step;      /* boundaries seen */
+    uint32_t pos;       /* managed launches since the boundary */
+    uint64_t t_step;    /* event time at the boundary */
+    uint64_t t_last;
+    int hot_valid;
+    int cycle_ok;
+    double step_miss_s, step_pref_s; /* link time this step (model) */
+
+    uint64_t resident_bytes;
+
+    struct pend *pend;
+    size_t npend, cappend;
+    struct wo_plan_action *q;
+    size_t qhead, qn, qcap;
+
+    struct wo_graphs *graphs;
+};
+
+/* ---- small helpers ------------------------------------------------------ */
+
+uint64_t wo_plan_gcd(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset, uint64_t hi)
+{
+    uint64_t end;
+
+    if (offset >= range_size)
+        return range_size;
+    end = slice ? offset + slice : range_size;
+    if (end < offset) /* wrapped */
+        end = range_size;
+    if (hi > end)
+        end = hi;
+    return WO_MIN(end, range_size);
+}
+
+static int grow(void **v, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap;
+    void *nv;
+
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    nv = realloc(*v, ncap * elem);
+    if (!nv)
+        return -ENOMEM;
+    *v = nv;
+    *cap = ncap;
+    return 0;
+}
+
+void wo_plan_cfg_default(struct wo_plan_cfg *cfg)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->piece = 64 * WO_MiB;
+    cfg->granule = 2 * WO_MiB;
+    cfg->lookahead_ranges = 4;
+    cfg->hot_set = true;
+    cfg->slices = true;
+    /* device-facts.md, H100 PCIe Gen5 */
+    cfg->costs.hbm_s_per_byte = 1.0 / 2.5e12;
+    cfg->costs.zc_s_per_byte = 1.0 / 50e9;
+    cfg->costs.prefetch_s_per_byte = 1.0 / 43e9;
+    cfg->costs.prefetch_call_s = 90e-6;
+    cfg->costs.copyback_s_per_byte = 1.0 / 9.6e9;
+    cfg->costs.collapse_s_per_byte = 1.0 / 28e9;
+}
+
+/* ---- graphs: launches recorded at capture, replayed at graph launch ------ */
+
+struct gcap {
+    uint64_t stream, handle; /* capturing stream; graph (after end) */
+    uint64_t id;             /* capture id (0: none given) */
+    int active;
+    struct wo_event *ev;
+    size_t n, cap;
+};
+
+struct wo_graphs {
+    struct gcap *c;
+    size_t nc, capc;
+    struct {
+        uint64_t exec, graph;
+    } *x;
+    size_t nx, capx;
+};
+
+struct wo_graphs *wo_graphs_new(void)
+{
+    return calloc(1, sizeof(struct wo_graphs));
+}
+
+void wo_graphs_free(struct wo_graphs *g)
+{
+    if (!g)
+        return;
+    for (size_t i = 0; i < g->nc; i++)
+        free(g->c[i].ev);
+    free(g->c);
+    free(g->x);
+    free(g);
+}
+
+/* The active capture a launch or capture end belongs to: by capture id
+ * when the event carries one, else by stream. */
+static struct gcap *cap_active(struct wo_graphs *g, uint64_t stream, uint64_t id)
+{
+    for (size_t i = g->nc; i-- > 0;)
+        if (g->c[i].active && g->c[i].id == id && (id || g->c[i].stream == stream))
+            return &g->c[i];
+    return NULL;
+}
+
+int wo_graphs_filter(struct wo_graphs *g, const struct wo_event *ev, const struct wo_event **ret,
+                     size_t *ret_n)
+{
+    struct gcap *c;
+
+    *ret = NULL;
+    *ret_n = 0;
+    switch (ev->type) {
+    case WO_EV_CAPTURE_BEGIN:
+        if (grow((void **)&g->c, &g->capc, g->nc + 1, sizeof(*g->c)) < 0)
+            return -ENOMEM;
+        c = &g->c[g->nc++];
+        memset(c, 0, sizeof(*c));
+        c->stream = ev->stream;
+        c->id = ev->g.handle; /* the capture id launches carry (event.h) */
+        c->active = 1;
+        return 1;
+    case WO_EV_CAPTURE_END:
+        c = cap_active(g, ev->stream, ev->g.aux);
+        if (c) {
+            c->active = 0;
+            c->handle = ev->g.handle;
+        }
+        return 1;
+    case WO_EV_GRAPH_INSTANTIATE:
+        if (grow((void **)&g->x, &g->capx, g->nx + 1, sizeof(*g->x)) < 0)
+            return -ENOMEM;
+        g->x[g->nx].exec = ev->g.handle;
+        g->x[g->nx].graph = ev->g.aux;
+        g->nx++;
+        return 1;
+    case WO_EV_GRAPH_LAUNCH:
+        /* the latest instantiation of this exec, the latest capture of its graph */
+        for (size_t i = g->nx; i-- > 0;) {
+            if (g->x[i].exec != ev->g.handle)
+                continue;
+            for (size_t j = g->nc; j-- > 0;) {
+                if (!g->c[j].active && g->c[j].handle == g->x[i].graph) {
+                    *ret = g->c[j].ev;
+                    *ret_n = g->c[j].n;
+                    return 1;
+                }
+            }
+            break;
+        }
+        return 1;
+    case WO_EV_LAUNCH:
+        c = cap_active(g, ev->stream, ev->capture);
+        if (!c)
+            return 0;
+        if (c->n >= MAX_GRAPH_LAUNCHES)
+            return 1;
+        if (grow((void **)&c->ev, &c->cap, c->n + 1, sizeof(*c->ev)) < 0)
+            return -ENOMEM;
+        c->ev[c->n++] = *ev;
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* ---- step detection ------------------------------------------------------- */
+
+void wo_stepper_init(struct wo_stepper *s)
+{
+    memset(s, 0, sizeof(*s));
+}
+
+void wo_stepper_done(struct wo_stepper *s)
+{
+    free(s->keys);
+    free(s->cand);
+    memset(s, 0, sizeof(*s));
+}
+
+uint64_t wo_stepper_key(uint64_t func, uint32_t id)
+{
+    /* splitmix64 finaliser: keys only need to differ, not to be secret */
+    uint64_t x = func ^ ((uint64_t)id << 32 | id);
+
+    x ^= x >> 30;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= UINT64_C(0x94d049bb133111eb);
+    return x ^ (x >> 31);
+}
+
+unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
+{
+    size_t i, j;
+
+    if (s->per_step) {
+        if (key != s->anchor || ++s->seen < s->per_step)
+            return 0;
+        s->seen = 0;
+        s->steps++;
+        return s->steps == 1 ? 2 : 1;
+    }
+    if (s->n >= WO_STEPPER_MAX) {
+        s->n = 0; /* no period: start over, this key is the new anchor */
+        s->ncand = 0;
+    }
+    if (grow((void **)&s->keys, &s->cap, s->n + 1, sizeof(*s->keys)) < 0)
+        return 0; /* learns nothing from this key; later keys try again */
+    i = s->n;
+    s->keys[s->n++] = key;
+    if (i == 0) {
+        s->anchor = key;
+        return 0;
+    }
+    /* survivors: key i equals key i - P */
+    for (size_t c = j = 0; c < s->ncand; c++)
+        if (s->keys[i - s->cand[c]] == key)
+            s->cand[j++] = s->cand[c];
+    s->ncand = j;
+    if (key == s->anchor &&
+        grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
+        s->cand[s->ncand++] = i;
+    /* the shortest candidate that matched long enough wins */
+    for (size_t c = 0; c < s->ncand; c++) {
+        size_t P = s->cand[c];
+
+        /* a repeat inside a step (top-k experts of one layer launch the
+         * same keys k times) matches a short second period too: a period
+         * must also hold for WO_STEPPER_MIN_MATCH keys past its first */
+        if (i + 1 < 2 * P || i + 1 < P + WO_STEPPER_MIN_MATCH)
+            continue;
+        s->per_step = 0;
+        for (size_t k = 0; k < P; k++)
+            s->per_step += s->keys[k] == s->anchor;
+        s->seen = s->per_step - 1; /* the next anchor is a boundary */
+        free(s->keys);
+        s->keys = NULL;
+        s->n = s->cap = 0;
+        s->ncand = 0;
+        return 0;
+    }
+    return 0;
+}
+
+/* ---- ranges and units ------------------------------------------------ */
+
+static struct prange *range_get(const struct wo_plan *p, uint32_t id, uint32_t gen)
+{
+    if (id >= p->nr || !p->r[id].live || p->r[id].gen != gen)
+        return NULL;
+    return &p->r[id];
+}
+
+static uint32_t range_how(const struct wo_plan *p, const struct prange *r)
+{
+    if (p->cfg.eviction != WO_PLAN_HOW_NONE)
+        return p->cfg.eviction;
+    return (r->flags & WO_PLAN_WRITTEN) ? WO_PLAN_COPY_BACK : WO_PLAN_COLLAPSE;
+}
+
+static uint64_t unit_size_for(const struct wo_plan *p, const struct prange *r, uint64_t slice)
+{
+    if (!p->cfg.slices || (r->flags & WO_PLAN_NO_SLICES) || slice == 0 || slice >= r->size)
+        return r->size;
+    return slice >= p->cfg.granule ? slice : p->cfg.granule;
+}
+
+static uint64_t unit_bytes(const struct prange *r, uint32_t i)
+{
+    uint64_t off = (uint64_t)i * r->usize;
+    return WO_MIN(r->usize, r->size - off);
+}
+
+static void range_clear(struct prange *r)
+{
+    free(r->u);
+    memset(r, 0, sizeof(*r));
+}
+
+int wo_plan_range_add(struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t size,
+                      uint32_t flags, int priority)
+{
+    struct prange *r;
+
+    if (size == 0)
+        return -EINVAL;
+    if (id >= p->nr) {
+        uint32_t n = WO_MAX(id + 1, p->nr * 2);
+        struct prange *nr = realloc(p->r, (size_t)n * sizeof(*nr));
+
+        if (!nr)
+            return -ENOMEM;
+        memset(nr + p->nr, 0, (size_t)(n - p->nr) * sizeof(*nr));
+        p->r = nr;
+        p->nr = n;
+    }
+    if (p->r[id].live)
+        wo_plan_range_remove(p, id, p->r[id].gen);
+    r = &p->r[id];
+    r->size = size;
+    r->flags = flags;
+    r->prio = priority;
+    r->gen = gen;
+    r->usize = unit_size_for(p, r, 0);
+    r->nunits = (uint32_t)((size + r->usize - 1) / r->usize);
+    r->u = calloc(r->nunits, sizeof(*r->u));
+    if (!r->u) {
+        range_clear(r);
+        return -ENOMEM;
+    }
+    r->live = 1;
+    return 0;
+}
+
+/* Drops every reference to range id from the lists (before it changes). */
+static void forget_refs(struct wo_plan *p, uint32_t id)
+{
+    size_t j = 0;
+
+    for (size_t i = 0; i < p->nknown; i++)
+        if (p->known[i].id != id)
+            p->known[j++] = p->known[i];
+    p->nknown = j;
+    j = 0;
+    for (size_t i = 0; i < p->nprev; i++)
+        if (p->prev[i].id != id)
+            p->prev[j++] = p->prev[i];
+    p->nprev = j;
+    p->cursor = WO_MIN(p->cursor, p->nprev);
+    j = 0;
+    for (size_t i = 0; i < p->ncur; i++)
+        if (p->cur[i].id != id)
+            p->cur[j++] = p->cur[i];
+    p->ncur = j;
+    j = 0;
+    for (size_t i = 0; i < p->npend; i++)
+        if (p->pend[i].id != id)
+            p->pend[j++] = p->pend[i];
+    p->npend = j;
+}
+
+void wo_plan_range_remove(struct wo_plan *p, uint32_t id, uint32_t gen)
+{
+    struct prange *r = range_get(p, id, gen);
+
+    if (!r)
+        return;
+    for (uint32_t i = 0; i < r->nunits; i++)
+        if (r->u[i].resident)
+            p->resident_bytes -= unit_bytes(r, i);
+    forget_refs(p, id);
+    range_clear(r);
+}
+
+void wo_plan_range_written(struct wo_plan *p, uint32_t id, uint32_t gen)
+{
+    struct prange *r = range_get(p, id, gen);
+
+    if (r)
+        r->flags |= WO_PLAN_WRITTEN;
+}
+
+static void unit_map_list(struct oent *v, size_t n, uint32_t id, uint64_t ous, uint64_t nus)
+{
+    for (size_t i = 0; i < n; i++)
+        if (v[i].id == id)
+            v[i].unit = (uint32_t)((uint64_t)v[i].unit * ous / nus);
+}
+
+/* The unit size of r changes (a finer slice was learned): new units inherit
+ * the state of the old unit holding their start, so frequencies and
+ * residency carry over. Returns 0 or -ENOMEM (r unchanged). */
+static int range_resize(struct wo_plan *p, uint32_t id, uint64_t nus)
+{
+    struct prange *r = &p->r[id];
+    uint64_t ous = r->usize;
+    uint32_t nn = (uint32_t)((r->size + nus - 1) / nus);
+    struct unit *nu = calloc(nn, sizeof(*nu));
+    size_t j;
+
+    if (!nu)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < r->nunits; i++)
+        if (r->u[i].resident)
+            p->resident_bytes -= unit_bytes(r, i);
+    for (uint32_t i = 0; i < nn; i++) {
+        const struct unit *o = &r->u[(uint64_t)i * nus / ous];
+
+        nu[i] = *o;
+        nu[i].known = 0;
+        nu[i].mark = 0;
+        /* an access of the old unit touched all of it, now a slice's worth */
+        nu[i].touched = WO_MIN(o->touched, (double)nus);
+    }
+    free(r->u);
+    r->u = nu;
+    r->nunits = nn;
+    r->usize = nus;
+    for (uint32_t i = 0; i < nn; i++)
+        if (r->u[i].resident)
+            p->resident_bytes += unit_bytes(r, i);
+    /* known list: re-add every unit of the range with a history */
+    j = 0;
+    for (size_t i = 0; i < p->nknown; i++)
+        if (p->known[i].id != id)
+            p->known[j++] = p->known[i];
+    p->nknown = j;
+    for (uint32_t i = 0; i < nn; i++) {
+        if (nu[i].freq <= 0 && nu[i].cnt == 0 && !nu[i].resident)
+            continue;
+        if (grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
+            break; /* it is re-added on its next access */
+        p->known[p->nknown++] = (struct uref){id, i};
+        nu[i].known = 1;
+    }
+    unit_map_list(p->prev, p->nprev, id, ous, nus);
+    unit_map_list(p->cur, p->ncur, id, ous, nus);
+    j = 0;
+    for (size_t i = 0; i < p->npend; i++)
+        if (p->pend[i].id != id)
+            p->pend[j++] = p->pend[i];
+    p->npend = j;
+    return 0;
+}
+
+/* Learns the slice from a hit offset; resizes the units when it shrinks. */
+static void learn_slice(struct wo_plan *p, uint32_t id, uint64_t offset)
+{
+    struct prange *r = &p->r[id];
+    uint64_t s, nus;
+
+    if (offset == 0 || offset >= r->size)
+        return;
+    s = r->slice ? wo_plan_gcd(r->slice, offset) : offset;
+    if (s == r->slice)
+        return;
+    r->slice = s;
+    nus = unit_size_for(p, r, s);
+    if (nus < r->usize)
+        range_resize(p, id, nus);
+}
+
+/* ---- actions ---------------------------------------------------------- */
+
+static void add_pend(struct wo_plan *p, uint32_t type, uint32_t id, uint32_t unit, uint64_t key)
+{
+    struct prange *r = &p->r[id];
+    struct unit *u = &r->u[unit];
+    uint64_t b = unit_bytes(r, unit);
+
+    if (grow((void **)&p->pend, &p->cappend, p->npend + 1, sizeof(*p->pend)) < 0)
+        return; /* not done: the state below stays as it was */
+    p->pend[p->npend++] = (struct pend){type, id, unit, key};
+    if (type == WO_PLAN_PREFETCH) {
+        u->resident = 1;
+        p->resident_bytes += b;
+        r->st.prefetched += b;
+        p->step_pref_s += (double)b * p->cfg.costs.prefetch_s_per_byte;
+    } else {
+        u->resident = 0;
+        p->resident_bytes -= b;
+        r->st.evicted += b;
+    }
+}
+
+static int pend_cmp(const void *a, const void *b)
+{
+    const struct pend *x = a, *y = b;
+
+    if (x->type != y->type)
+        return x->type == WO_PLAN_EVICT ? -1 : 1; /* evictions free room first */
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    return x->unit < y->unit ? -1 : x->unit > y->unit;
+}
+
+static int act_push(struct wo_plan *p, const struct wo_plan_action *a)
+{
+    if (p->qhead > 0 && p->qhead == p->qn) {
+        p->qhead = p->qn = 0;
+    }
+    if (grow((void **)&p->q, &p->qcap, p->qn + 1, sizeof(*p->q)) < 0)
+        return -ENOMEM;
+    p->q[p->qn++] = *a;
+    return 0;
+}
+
+struct run {
+    struct wo_plan_action a;
+    uint64_t key;
+};
+
+static int run_cmp(const void *a, const void *b)
+{
+    const struct run *x = a, *y = b;
+
+    if (x->a.type != y->a.type)
+        return x->a.type == WO_PLAN_EVICT ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    if (x->a.id != y->a.id)
+        return x->a.id < y->a.id ? -1 : 1;
+    return x->a.offset < y->a.offset ? -1 : x->a.offset > y->a.offset;
+}
+
+/* Turns the pending unit actions into coalesced pieces: adjacent units of
+ * one range become one call (a call costs ~100 us of CPU whatever its size),
+ * evictions first, then prefetches most urgent first. */
+static void flush_pend(struct wo_plan *p)
+{
+    struct run *runs;
+    size_t nruns = 0;
+
+    if (p->npend == 0)
+        return;
+    qsort(p->pend, p->npend, sizeof(*p->pend), pend_cmp);
+    runs = malloc(p->npend * sizeof(*runs));
+    if (!runs) {
+        /* degrade to one action per unit, unsorted by urgency */
+        for (size_t i = 0; i < p->npend; i++) {
+            const struct pend *e = &p->pend[i];
+            const struct prange *r = &p->r[e->id];
+            struct wo_plan_action a = {e->type, range_how(p, r), e->id, r->gen,
+                                       (uint64_t)e->unit * r->usize, unit_bytes(r, e->unit)};
+
+            act_push(p, &a);
+        }
+        p->npend = 0;
+        return;
+    }
+    for (size_t i = 0; i < p->npend; i++) {
+        const struct pend *e = &p->pend[i];
+        const struct prange *r = &p->r[e->id];
+        uint64_t off = (uint64_t)e->unit * r->usize;
+        struct run *last = nruns ? &runs[nruns - 1] : NULL;
+
+        if (last && last->a.type == e->type && last->a.id == e->id &&
+            last->a.offset + last->a.bytes == off) {
+            last->a.bytes += unit_bytes(r, e->unit);
+            last->key = WO_MIN(last->key, e->key);
+            continue;
+        }
+        runs[nruns++] = (struct run){{e->type, range_how(p, r), e->id, r->gen, off,
+                                      unit_bytes(r, e->unit)},
+                                     e->key};
+    }
+    qsort(runs, nruns, sizeof(*runs), run_cmp);
+    for (size_t i = 0; i < nruns; i++) {
+        struct prange *r = &p->r[runs[i].a.id];
+
+        if (runs[i].a.type == WO_PLAN_PREFETCH)
+            r->st.prefetches++;
+        else
+            r->st.evictions++;
+        act_push(p, &runs[i].a);
+    }
+    free(runs);
+    p->npend = 0;
+}
+
+/* ---- prediction ------------------------------------------------------- */
+
+/* Positions until the unit's predicted next use (cyclic), scaled by how
+ * rarely it is used: the victim with the largest value is evicted first
+ * (Belady's rule on the learned order). */
+static double next_use_far(const struct wo_plan *p, const struct unit *u)
+{
+    uint32_t len = p->prev_len ? p->prev_len : WO_MAX(p->pos, 1u);
+    double d = u->phase > p->pos ? (double)(u->phase - p->pos)
+                                 : (double)u->phase + (double)len - (double)p->pos;
+
+    return d / WO_MAX(u->freq, MIN_FREQ);
+}
+
+/* Frees room for `need` bytes by evicting resident units outside the hot
+ * set and the current window (hot units are never victims: the hot set fits
+ * the budget by construction). Returns 1 when there is room. */
+static int make_room(struct wo_plan *p, uint64_t need)
+{
+    while (p->resident_bytes + need > p->cfg.budget) {
+        double best = -1;
+        size_t bi = SIZE_MAX;
+
+        for (size_t i = 0; i < p->nknown; i++) {
+            const struct prange *r = &p->r[p->known[i].id];
+            const struct unit *u = &r->u[p->known[i].unit];
+            double far;
+
+            if (!u->resident || u->mark || u->hot)
+                continue;
+            far = next_use_far(p, u);
+            if (far > best) {
+                best = far;
+                bi = i;
+            }
+        }
+        if (bi == SIZE_MAX)
+            return 0;
+        add_pend(p, WO_PLAN_EVICT, p->known[bi].id, p->known[bi].unit, 0);
+    }
+    return 1;
+}
+
+static int know(struct wo_plan *p, uint32_t id, uint32_t unit)
+{
+    struct unit *u = &p->r[id].u[unit];
+
+    if (u->known)
+        return 0;
+    if (grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
+        return -ENOMEM;
+    p->known[p->nknown++] = (struct uref){id, unit};
+    u->known = 1;
+    return 0;
+}
+
+struct cand {
+    double key;
+    int prio;
+    uint32_t id, unit;
+};
+
+static int cand_cmp(const void *a, const void *b)
+{
+    const struct cand *x = a, *y = b;
+
+    if (x->prio != y->prio)
+        return x->prio > y->prio ? -1 : 1;
+    if (x->key != y->key)
+        return x->key > y->key ? -1 : 1;
+    if (x->id != y->id)
+        return x->id < y->id ? -1 : 1;
+    return x->unit < y->unit ? -1 : x->unit > y->unit;
+}
+
+/* The hot set: the units whose residency saves the most link time per
+ * resident byte, within the budget less the lookahead reserve. */
+static void choose_hot(struct wo_plan *p)
+{
+    uint64_t cap = p->cfg.budget, used = 0;
+    struct cand *c;
+    size_t n = 0;
+
+    if (p->cycle_ok)
+        cap -= cap / 4; /* room for units cycled through the lookahead */
+    c = malloc((p->nknown ? p->nknown : 1) * sizeof(*c));
+    if (!c)
+        return; /* keep the old hot set */
+    for (size_t i = 0; i < p->nknown; i++) {
+        struct prange *r = &p->r[p->known[i].id];
+        struct unit *u = &r->u[p->known[i].unit];
+        double density;
+
+        u->hot = 0;
+        if (u->freq < MIN_FREQ)
+            continue;
+        density = u->freq * u->touched / (double)unit_bytes(r, p->known[i].unit);
+        if (u->resident)
+            density *= HYSTERESIS;
+        c[n++] = (struct cand){density, r->prio, p->known[i].id, p->known[i].unit};
+    }
+    qsort(c, n, sizeof(*c), cand_cmp);
+    for (size_t i = 0; i < n; i++) {
+        struct prange *r = &p->r[c[i].id];
+        uint64_t b = unit_bytes(r, c[i].unit);
+
+        if (used + b > cap)
+            continue;
+        used += b;
+        r->u[c[i].unit].hot = 1;
+    }
+    free(c);
+    p->hot_valid = 1;
+}
+
+/* Loads the hot units that are not resident, those used soonest first. */
+static void load_hot(struct wo_plan *p)
+{
+    for (size_t i = 0; i < p->nknown; i++) {
+        struct prange *r = &p->r[p->known[i].id];
+        struct unit *u = &r->u[p->known[i].unit];
+        uint64_t b = unit_bytes(r, p->known[i].unit);
+
+        if (!u->hot || u->resident)
+            continue;
+        if (!make_room(p, b))
+            continue;
+        add_pend(p, WO_PLAN_PREFETCH, p->known[i].id, p->known[i].unit,
+                 (uint64_t)(next_use_far(p, u) * 1024));
+    }
+}
+
+static int append_order(struct oent **v, size_t *n, size_t *cap, const struct oent *e)
+{
+    if (*n && (*v)[*n - 1].id == e->id && (*v)[*n - 1].unit == e->unit)
+        return 0;
+    if (grow((void **)v, cap, *n + 1, sizeof(**v)) < 0)
+        return -ENOMEM;
+    (*v)[(*n)++] = *e;
+    return 0;
+}
+
+static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
+{
+    struct oent *tv;
+    size_t tc;
+    struct wo_plan_action a = {.type = WO_PLAN_STEP};
+    double step_s = (double)(t - p->t_step) * 1e-9;
+    double cyc_s = 0;
+
+    /* fold this step's counts into the frequencies; cost of cycling the
+     * non-hot units this step touched */
+    for (size_t i = 0; i < p->nknown; i++) {
+        struct prange *r = &p->r[p->known[i].id];
+        struct unit *u = &r->u[p->known[i].unit];
+
+        if (u->cnt && !u->hot) {
+            double ev = range_how(p, r) == WO_PLAN_COPY_BACK ? p->cfg.costs.copyback_s_per_byte
+                                                             : p->cfg.costs.collapse_s_per_byte;
+
+            cyc_s += (double)unit_bytes(r, p->known[i].unit) *
+                     (p->cfg.costs.prefetch_s_per_byte + ev);
+        }
+        {
+            /* a running mean while young, then an average over the last
+             * ~1/EMA_ALPHA steps: routing is stationary over a decode, and
+             * a short memory makes the hot set churn (every swap costs a
+             * load and an eviction) */
+            double w;
+
+            u->age += nsteps;
+            w = WO_MAX((double)nsteps / u->age, EMA_ALPHA);
+            u->freq = (1 - w) * u->freq + w * (double)u->cnt / nsteps;
+        }
+        u->cnt = 0;
+    }
+    /* Cycling (prefetch before use, evict after) pays only when the link
+     * has room for it beside the misses it would replace; decode at batch 1
+     * is link-bound, so this is usually off there (device-facts.md). */
+    p->cycle_ok = step_s > 0 && (p->step_miss_s + p->step_pref_s + cyc_s) < CYCLE_LINK_SHARE * step_s;
+    p->step_miss_s = p->step_pref_s = 0;
+
+    tv = p->prev;
+    tc = p->capprev;
+    p->prev = p->cur;
+    p->capprev = p->capcur;
+    p->nprev = p->ncur;
+    p->cur = tv;
+    p->capcur = tc;
+    p->ncur = 0;
+    p->cursor = 0;
+    p->prev_len = p->pos;
+    p->prev_ns = t - p->t_step;
+    p->pos = 0;
+    p->t_step = t;
+    p->step++;
+    a.offset = p->step;
+    act_push(p, &a);
+    if (p->cfg.hot_set) {
+        choose_hot(p);
+        load_hot(p);
+    }
+    if (getenv("WO_PLAN_DEBUG")) {
+        size_t nh = 0, nr = 0;
+        for (size_t i = 0; i < p->nknown; i++) {
+            struct unit *u = &p->r[p->known[i].id].u[p->known[i].unit];
+            nh += u->hot;
+            nr += u->resident;
+        }
+        fprintf(stderr, "step %llu: known %zu hot %zu resident %zu (%llu MiB) cycle %d prev_len %u npend %zu\n",
+                (unsigned long long)p->step, p->nknown, nh, nr, (unsigned long long)(p->resident_bytes >> 20),
+                p->cycle_ok, p->prev_len, p->npend);
+    }
+}
+
+/* Prefetches units of the learned order ahead of pos: at least the
+ * configured lookahead, and far enough ahead (event clock) to cover the
+ * transfer time of what it queued. */
+static void lookahead(struct wo_plan *p, uint64_t t)
+{
+    uint64_t bytes = 0, now_rel = t - p->t_step;
+    double need_s = 0;
+    size_t count = 0, walked = 0;
+
+    if (p->nprev == 0)
+        return;
+    while (p->cursor < p->nprev && p->prev[p->cursor].pos <= p->pos)
+        p->cursor++;
+    for (size_t k = p->cursor; walked < p->nprev; walked++, k++) {
+        const struct oent *e;
+        struct prange *r;
+        struct unit *u;
+        uint64_t b, ahead_ns;
+        int wrapped = k >= p->nprev;
+
+        e = &p->prev[wrapped ? k - p->nprev : k];
+        if (!p->r[e->id].live || e->unit >= p->r[e->id].nunits)
+            continue;
+        r = &p->r[e->id];
+        u = &r->u[e->unit];
+        ahead_ns = wrapped ? e->t_rel + p->prev_ns - WO_MIN(now_rel, p->prev_ns)
+                           : (e->t_rel > now_rel ? e->t_rel - now_rel : 0);
+        if (p->cfg.lookahead_ranges ? count >= p->cfg.lookahead_ranges
+                                    : bytes >= p->cfg.lookahead_bytes) {
+            /* past the configured window: go on only while the queued
+             * transfers would not finish before these uses */
+            if ((double)ahead_ns * 1e-9 >= need_s)
+                break;
+        }
+        count++;
+        b = unit_bytes(r, e->unit);
+        bytes += b;
+        u->mark = 1;
+        if (u->resident)
+            continue;
+        if (!u->hot && !(p->cycle_ok || !p->cfg.hot_set))
+            continue;
+        if (!make_room(p, b))
+            continue;
+        add_pend(p, WO_PLAN_PREFETCH, e->id, e->unit, ahead_ns);
+        need_s += p->cfg.costs.prefetch_call_s + (double)b * p->cfg.costs.prefetch_s_per_byte;
+    }
+    for (size_t i = 0; i < p->nknown; i++)
+        p->r[p->known[i].id].u[p->known[i].unit].mark = 0;
+}
+
+/* ---- launches ----------------------------------------------------------- */
+
+static uint32_t min_managed_id(const struct wo_plan *p, const struct wo_event *ev)
+{
+    uint32_t best = UINT32_MAX;
+
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++)
+        if (range_get(p, ev->l.hits[i].id, ev->l.hits[i].gen) && ev->l.hits[i].id < best)
+            best = ev->l.hits[i].id;
+    return best;
+}
+
+static int launch(struct wo_plan *p, const struct wo_event *ev, uint64_t t)
+{
+    uint32_t aid = min_managed_id(p, ev);
+    unsigned ended;
+    int ret = 0;
+
+    if (aid == UINT32_MAX)
+        return 0;
+    if (!p->anchored) {
+        p->anchored = 1;
+        p->t_step = t;
+    }
+    ended = wo_stepper_feed(&p->stepper, wo_stepper_key(ev->l.func, aid));
+    if (ended || p->ncur >= MAX_STEP_UNITS)
+        boundary(p, t, WO_MAX(ended, 1u));
+    p->t_last = t;
+
+    for (unsigned h = 0; h < ev->nhits && h < WO_EV_MAX_HITS; h++) {
+        const struct wo_ev_hit *hit = &ev->l.hits[h];
+        struct prange *r = range_get(p, hit->id, hit->gen);
+        uint64_t end;
+        uint32_t u0, u1;
+
+        if (!r)
+            continue;
+        if (p->cfg.slices && !(r->flags & WO_PLAN_NO_SLICES))
+            learn_slice(p, hit->id, hit->offset);
+        end = wo_plan_extent_end(r->size, r->slice, hit->offset, hit->hi);
+        if (end <= hit->offset)
+            continue;
+        u0 = (uint32_t)(hit->offset / r->usize);
+        u1 = (uint32_t)((end - 1) / r->usize);
+        for (uint32_t i = u0; i <= u1 && i < r->nunits; i++) {
+            struct unit *u = &r->u[i];
+            uint64_t lo = WO_MAX(hit->offset, (uint64_t)i * r->usize);
+            uint64_t hi = WO_MIN(end, (uint64_t)i * r->usize + unit_bytes(r, i));
+            uint64_t b = hi - lo;
+            struct oent e = {p->pos, hit->id, i, t - p->t_step};
+
+            if (know(p, hit->id, i) < 0 ||
+                append_order(&p->cur, &p->ncur, &p->capcur, &e) < 0)
+                ret = -ENOMEM;
+            u->touched = u->touched > 0 ? 0.5 * u->touched + 0.5 * (double)b : (double)b;
+            u->cnt++;
+            u->phase = p->pos;
+            if (u->resident) {
+                r->st.hits++;
+                r->st.hit_bytes += b;
+            } else {
+                double miss_s = (double)b * p->cfg.costs.zc_s_per_byte;
+
+                r->st.misses++;
+                r->st.miss_bytes += b;
+                r->st.stall_s += miss_s - (double)b * p->cfg.costs.hbm_s_per_byte;
+                p->step_miss_s += miss_s;
+                /* free room is free: a missed unit will likely be used again */
+                if (p->resident_bytes + unit_bytes(r, i) <= p->cfg.budget &&
+                    (!p->hot_valid || u->hot || !p->cycle_ok))
+                    add_pend(p, WO_PLAN_PREFETCH, hit->id, i, 0);
+            }
+        }
+    }
+    lookahead(p, t);
+    p->pos++;
+    flush_pend(p);
+    return ret;
+}
+
+int wo_plan_event(struct wo_plan *p, const struct wo_event *ev)
+{
+    const struct wo_event *gl;
+    size_t n;
+    int r, ret = 0;
+
+    r = wo_graphs_filter(p->graphs, ev, &gl, &n);
+    if (r < 0)
+        return r;
+    if (r == 0)
+        return ev->type == WO_EV_LAUNCH ? launch(p, ev, ev->t_ns) : 0;
+    for (size_t i = 0; i < n; i++) {
+        /* a replayed kernel runs when the graph is launched */
+        r = launch(p, &gl[i], ev->t_ns);
+        if (r < 0)
+            ret = r;
+    }
+    return ret;
+}
+
+int wo_plan_pop(struct wo_plan *p, struct wo_plan_action *ret)
+{
+    if (p->qhead >= p->qn)
+        return 0;
+    *ret = p->q[p->qhead++];
+    return 1;
+}
+
+/* ---- life and queries ----------------------------------------------------- */
+
+int wo_plan_new(const struct wo_plan_cfg *cfg, struct wo_plan **ret)
+{
+    struct wo_plan *p;
+
+    if (!cfg || cfg->piece < 16 * WO_MiB || cfg->granule == 0 ||
+        (cfg->lookahead_ranges == 0 && cfg->lookahead_bytes == 0) ||
+        cfg->eviction > WO_PLAN_COPY_BACK || !(cfg->costs.zc_s_per_byte > 0) ||
+        !(cfg->costs.prefetch_s_per_byte > 0))
+        return -EINVAL;
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->cfg = *cfg;
+    wo_stepper_init(&p->stepper);
+    p->graphs = wo_graphs_new();
+    if (!p->graphs) {
+        free(p);
+        return -ENOMEM;
+    }
+    *ret = p;
+    return 0;
+}
+
+void wo_plan_free(struct wo_plan *p)
+{
+    if (!p)
+        return;
+    for (uint32_t i = 0; i < p->nr; i++)
+        free(p->r[i].u);
+    free(p->r);
+    free(p->known);
+    free(p->prev);
+    free(p->cur);
+    free(p->pend);
+    free(p->q);
+    wo_graphs_free(p->graphs);
+    wo_stepper_done(&p->stepper);
+    free(p);
+}
+
+void wo_plan_range_stats(const struct wo_plan *p, uint32_t id, uint32_t gen,
+                         struct wo_plan_stats *ret)
+{
+    const struct prange *r = range_get(p, id, gen);
+
+    if (r)
+        *ret = r->st;
+    else
+        memset(ret, 0, sizeof(*ret));
+}
+
+uint64_t wo_plan_resident_bytes(const struct wo_plan *p)
+{
+    return p->resident_bytes;
+}
+
+uint64_t wo_plan_steps(const struct wo_plan *p)
+{
+    return p->step;
+}
+
+int wo_plan_is_resident(const struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t offset,
+                        uint64_t bytes)
+{
+    const struct prange *r = range_get(p, id, gen);
+
+    if (!r || bytes == 0 || offset >= r->size)
+        return 0;
+    for (uint64_t i = offset / r->usize; i * r->usize < WO_MIN(offset + bytes, r->size); i++)
+        if (!r->u[i].resident)
+            return 0;
+    return 1;
+}
+
+uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen)
+{
+    const struct prange *r = range_get(p, id, gen);
+
+    return r ? range_how(p, r) : WO_PLAN_HOW_NONE;
+}

@@ -1,0 +1,175 @@
+/* uvm/plan.h: the prefetch planner. Pure decision code: it reads launch
+ * events (which managed ranges, and which slices of them, each launch
+ * touched), learns the per-step order of those slices, and says what to move
+ * onto the GPU and what to drop, within a device budget. It makes no driver
+ * call, keeps no clock of its own and has no randomness: the same events give
+ * the same actions, so the shim (uvm/prefetch.c runs the actions) and the
+ * replay tool (tools/woffload-replay.c times them against a device model)
+ * share it verbatim. docs/prefetch.md explains the algorithm.
+ *
+ * Not thread-safe: one planner belongs to one thread (the consumer thread in
+ * the shim). */
+#pragma once
+
+#include "core/event.h"
+
+/* What an action asks for. */
+enum wo_plan_act {
+    WO_PLAN_PREFETCH = 1, /* move [offset, offset+bytes) of range id to the GPU */
+    WO_PLAN_EVICT = 2,    /* drop the GPU copy of [offset, offset+bytes), by `how` */
+    WO_PLAN_STEP = 3,     /* a step boundary was found (offset: the step number) */
+};
+
+/* How a range's GPU copy is dropped; chosen per range (see wo_plan_range_add). */
+enum wo_plan_how {
+    WO_PLAN_HOW_NONE = 0,
+    /* Read-only data: the range is advised read-mostly, a prefetch makes a
+     * GPU duplicate, eviction unsets read-mostly (the GPU copy collapses to
+     * the host one, no PCIe traffic; ~38 ms/GiB on the CPU) and sets it again. */
+    WO_PLAN_COLLAPSE = 1,
+    /* Data the engine writes: eviction prefetches back to the host (9.6 GB/s). */
+    WO_PLAN_COPY_BACK = 2,
+};
+
+struct wo_plan_action {
+    uint32_t type; /* enum wo_plan_act */
+    uint32_t how;  /* enum wo_plan_how of the range (prefetches carry it too:
+                    * COLLAPSE ranges need read-mostly set before the prefetch) */
+    uint32_t id, gen;
+    uint64_t offset, bytes;
+};
+
+/* The device figures the planner weighs decisions with (seconds per byte and
+ * seconds; tools/devmodel.h fills them from a model file, the shim from the
+ * defaults below, which are device-facts.md's H100 figures). */
+struct wo_plan_costs {
+    double hbm_s_per_byte;      /* kernel reading device-resident memory */
+    double zc_s_per_byte;       /* kernel reading host memory in place (and a managed miss) */
+    double prefetch_s_per_byte; /* cuMemPrefetchAsync host->GPU in large pieces */
+    double prefetch_call_s;     /* CPU time inside one prefetch call */
+    double copyback_s_per_byte; /* eviction by prefetch to host */
+    double collapse_s_per_byte; /* eviction by read-mostly collapse */
+};
+
+struct wo_plan_cfg {
+    uint64_t budget;           /* device bytes the planner may keep resident */
+    uint64_t piece;            /* coalesce prefetches/evictions to at least this (>= 16 MiB) */
+    uint64_t granule;          /* smallest tracked unit when slices are smaller (2 MiB) */
+    uint32_t lookahead_ranges; /* look this many upcoming units ahead (0: use bytes) */
+    uint64_t lookahead_bytes;  /* ... or this many upcoming bytes */
+    bool hot_set;              /* keep the most used units resident */
+    bool slices;               /* track sub-ranges; false: whole ranges only */
+    uint32_t eviction;         /* enum wo_plan_how to force, NONE: per range */
+    struct wo_plan_costs costs;
+};
+
+/* Defaults: device-facts.md's H100, 64 MiB pieces, 2 MiB granule, lookahead
+ * of 4 units, hot set on, slices on, budget 0 (the caller sets it). */
+void wo_plan_cfg_default(struct wo_plan_cfg *cfg);
+
+/* Range flags for wo_plan_range_add. */
+enum {
+    WO_PLAN_WRITTEN = 1u << 0,   /* the engine writes it (or it is not a weight) */
+    WO_PLAN_NO_SLICES = 1u << 1, /* track it whole */
+};
+
+/* Per-range statistics (what the shim reports per name). */
+struct wo_plan_stats {
+    uint64_t hits, misses;           /* unit accesses resident / not resident when launched */
+    uint64_t hit_bytes, miss_bytes;  /* bytes touched by those accesses */
+    uint64_t prefetched, evicted;    /* bytes asked for */
+    uint64_t prefetches, evictions;  /* actions */
+    double stall_s;                  /* estimated: miss bytes read over PCIe instead of HBM */
+};
+
+struct wo_plan;
+
+/* 0 and *ret, -EINVAL for a bad cfg, -ENOMEM. */
+int wo_plan_new(const struct wo_plan_cfg *cfg, struct wo_plan **ret);
+/* NULL is fine. */
+void wo_plan_free(struct wo_plan *p);
+
+/* A managed range the planner may move (registry id and generation), its
+ * size, WO_PLAN_* flags and policy priority (0..100, higher kept first).
+ * Returns 0, -EINVAL (size 0), -ENOMEM. Re-adding an id replaces it. */
+int wo_plan_range_add(struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t size,
+                      uint32_t flags, int priority);
+/* The range is gone (freed): forgets it, frees its budget. No action is
+ * emitted for it (the memory no longer exists). */
+void wo_plan_range_remove(struct wo_plan *p, uint32_t id, uint32_t gen);
+/* A copy wrote into the range after seal: it is evicted by copy-back from now
+ * on (a read-mostly duplicate of written data would be invalidated). */
+void wo_plan_range_written(struct wo_plan *p, uint32_t id, uint32_t gen);
+
+/* Feeds one event: launches, captures, graph instantiation and launches
+ * (others are ignored). Actions queue up for wo_plan_pop(). 0 or -ENOMEM
+ * (the planner then stays consistent; it only learned less). */
+int wo_plan_event(struct wo_plan *p, const struct wo_event *ev);
+/* Next queued action: 1 and *ret, 0 when none. */
+int wo_plan_pop(struct wo_plan *p, struct wo_plan_action *ret);
+
+/* Stats of a range (zeros for an unknown one). */
+void wo_plan_range_stats(const struct wo_plan *p, uint32_t id, uint32_t gen,
+                         struct wo_plan_stats *ret);
+/* Bytes the planner believes resident (prefetched and not evicted). */
+uint64_t wo_plan_resident_bytes(const struct wo_plan *p);
+/* Steps found so far (boundaries seen). */
+uint64_t wo_plan_steps(const struct wo_plan *p);
+/* 1 when the planner believes [offset, offset+bytes) of the range resident. */
+int wo_plan_is_resident(const struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t offset,
+                        uint64_t bytes);
+/* The eviction method the planner uses for a range (enum wo_plan_how). */
+uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen);
+
+/* ---- shared with the replay tool --------------------------------------- */
+
+/* Slice learning: the natural slice of a range is the gcd of the non-zero
+ * offsets launches pointed at (per-expert slices of a stacked tensor), or
+ * the whole range while only offset 0 was seen. */
+uint64_t wo_plan_gcd(uint64_t a, uint64_t b);
+/* The bytes a hit touches: a launch hands a kernel a pointer, not a length,
+ * so the hit covers [offset, max(hi, offset + slice)) clipped to the range.
+ * slice 0 means the rest of the range. Returns the end offset. */
+uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset, uint64_t hi);
+
+/* Step detection without engine help. Each launch that touches tracked
+ * memory gives a key (its function and the lowest range id it touched).
+ * The first key is the anchor; a candidate period starts at each recurrence
+ * of the anchor and survives while every later key equals the key one period
+ * earlier; the first to match a whole second period is the step. From then
+ * on a step starts at every c-th anchor recurrence (c: anchors per step), so
+ * steps of varying length (routing) keep their boundaries. If nothing is
+ * found within WO_STEPPER_MAX keys, detection starts over from the next key. */
+#define WO_STEPPER_MAX 65536u
+#define WO_STEPPER_MIN_MATCH 256u
+struct wo_stepper {
+    uint64_t *keys; /* history until the period is found */
+    size_t n, cap;
+    uint64_t anchor;
+    size_t *cand;   /* candidate periods */
+    size_t ncand, capcand;
+    uint32_t per_step; /* anchors per step; 0: not found yet */
+    uint32_t seen;     /* anchors since the last boundary */
+    uint64_t steps;
+};
+void wo_stepper_init(struct wo_stepper *s);
+void wo_stepper_done(struct wo_stepper *s);
+/* A launch key from a function and the lowest tracked range id it touched. */
+uint64_t wo_stepper_key(uint64_t func, uint32_t id);
+/* Feeds one key: returns the number of steps that end here (1 at a
+ * boundary; 2 at the first boundary, which closes the two steps the period
+ * was learned on), 0 otherwise. */
+unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key);
+
+/* Graphs: the launches recorded while a stream captured, replayed when the
+ * graph is launched (the planner uses it; the replay tool uses it to time
+ * each replayed kernel). */
+struct wo_graphs;
+struct wo_graphs *wo_graphs_new(void);
+void wo_graphs_free(struct wo_graphs *g);
+/* Returns 0 when ev is an ordinary event (process it), 1 when it was
+ * consumed (a launch on a capturing stream, capture/graph bookkeeping) with
+ * *ret and *ret_n the launches a graph launch replays (0 of them otherwise; valid
+ * until the next call), -ENOMEM. */
+int wo_graphs_filter(struct wo_graphs *g, const struct wo_event *ev, const struct wo_event **ret,
+                     size_t *ret_n);

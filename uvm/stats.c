@@ -1,0 +1,368 @@
+/* uvm/stats.c: the JSON snapshot (woffload_stats, WOFFLOAD_STATS at exit)
+ * and the one-line placement summaries at seal and at exit.
+ *
+ * The JSON is built under wo_uvm.lock into a growing heap buffer, then
+ * copied out with snprintf semantics; its shape is in docs/placement.md. */
+#include "uvm/internal.h"
+
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/counters.h"
+#include "core/log.h"
+#include "core/settings.h"
+#include "wo-config.h"
+
+struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+};
+
+static void sb_grow(struct sbuf *b, size_t need)
+{
+    size_t ncap;
+    char *np;
+
+    if (b->oom || b->n + need + 1 <= b->cap)
+        return;
+    ncap = b->cap ? b->cap : 4096;
+    while (ncap < b->n + need + 1)
+        ncap *= 2;
+    np = realloc(b->p, ncap);
+    if (!np) {
+        b->oom = true;
+        return;
+    }
+    b->p = np;
+    b->cap = ncap;
+}
+
+static void WO_PRINTF(2, 3) sb_printf(struct sbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    sb_grow(b, (size_t)n);
+    if (b->oom)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    b->n += (size_t)n;
+}
+
+/* A JSON string (quotes included), or null for NULL. */
+static void sb_str(struct sbuf *b, const char *s)
+{
+    if (!s) {
+        sb_printf(b, "null");
+        return;
+    }
+    sb_grow(b, strlen(s) * 6 + 2);
+    if (b->oom)
+        return;
+    b->p[b->n++] = '"';
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            b->p[b->n++] = '\\';
+            b->p[b->n++] = (char)*c;
+        } else if (*c < 0x20 || *c == 0x7f) {
+            b->n += (size_t)snprintf(b->p + b->n, 7, "\\u%04x", *c);
+        } else {
+            b->p[b->n++] = (char)*c;
+        }
+    }
+    b->p[b->n++] = '"';
+    b->p[b->n] = '\0';
+}
+
+static const char *bool_s(bool v)
+{
+    return v ? "true" : "false";
+}
+
+void wo_place_counts(struct wo_place_counts *c)
+{
+    memset(c, 0, sizeof(*c));
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
+        for (const struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
+            uint64_t tagged = 0;
+            for (size_t k = 0; k < a->ntags; k++) {
+                const struct wo_tag *t = &a->tags[k];
+                tagged += t->size;
+                if (a->kind == WO_KIND_OBSERVED) {
+                    c->unplaceable.bytes += t->size;
+                    c->unplaceable.tensors++;
+                } else if (t->place > WO_PLACE_UNSET && t->place < WO_PLACE_MAX) {
+                    c->by[t->place].bytes += t->size;
+                    c->by[t->place].tensors++;
+                }
+            }
+            if (a->kind == WO_KIND_OBSERVED || tagged >= a->size)
+                continue;
+            if (a->place > WO_PLACE_UNSET && a->place < WO_PLACE_MAX) {
+                c->by[a->place].bytes += a->size - tagged;
+                c->untagged[a->place] += a->size - tagged;
+            } else {
+                c->pending.bytes += a->size - tagged;
+                c->pending.tensors++;
+            }
+        }
+    }
+}
+
+static void json_settings(struct sbuf *b)
+{
+    const struct wo_settings *s = wo_settings();
+
+    sb_printf(b, "\"settings\":{\"log\":");
+    sb_str(b, wo_log_level_to_string(s->log_level));
+    sb_printf(b, ",\"log_file\":");
+    sb_str(b, s->log_file);
+    sb_printf(b, ",\"policy\":");
+    sb_str(b, s->policy);
+    sb_printf(b, ",\"trace\":");
+    sb_str(b, s->trace);
+    sb_printf(b, ",\"stats\":");
+    sb_str(b, s->stats);
+    sb_printf(b, ",\"cuda_lib\":");
+    sb_str(b, s->cuda_lib);
+    sb_printf(b,
+              ",\"disable\":%s,\"prefetch\":%s,\"summary\":%s,\"ring_events\":%" PRIu32
+              ",\"scan_words\":%" PRIu32 "}",
+              bool_s(s->disable), bool_s(s->prefetch), bool_s(s->summary), s->ring_events,
+              s->scan_words);
+}
+
+static void json_place(struct sbuf *b, const char *key, const struct wo_place_count *c,
+                       uint64_t untagged)
+{
+    sb_printf(b, "\"%s\":{\"bytes\":%" PRIu64 ",\"tensors\":%" PRIu64 ",\"untagged_bytes\":%" PRIu64 "}",
+              key, c->bytes, c->tensors, untagged);
+}
+
+static void json_body(struct sbuf *b)
+{
+    const struct wo_policy *p = wo_uvm.policy;
+    struct wo_place_counts pc;
+    char label[256];
+    bool first = true;
+
+    sb_printf(b, "{\"version\":");
+    sb_str(b, WO_VERSION);
+    sb_printf(b, ",\"pid\":%d,", (int)getpid());
+    json_settings(b);
+
+    sb_printf(b, ",\"policy\":{\"path\":");
+    sb_str(b, wo_uvm.policy_path);
+    sb_printf(b, ",\"loaded\":%s,\"error\":", bool_s(p != NULL));
+    sb_str(b, wo_uvm.policy_error ? strerror(-wo_uvm.policy_error) : NULL);
+    sb_printf(b, ",\"rules\":%zu,\"default\":", p ? wo_policy_nrules(p) : (size_t)0);
+    sb_str(b, p ? wo_placement_to_string(wo_uvm.g->default_place) : NULL);
+    sb_printf(b, ",\"placing\":%s}", bool_s(wo_uvm.placing));
+
+    sb_printf(b, ",\"state\":{\"initialised\":%s,\"window_open\":%s,\"sealed\":%s}",
+              bool_s(wo_uvm.state != 0), bool_s(wo_uvm.window_open), bool_s(wo_uvm.sealed));
+
+    wo_place_counts(&pc);
+    sb_printf(b, ",\"placements\":{");
+    for (int i = WO_PLACE_DEVICE; i < WO_PLACE_MAX; i++) {
+        json_place(b, wo_placement_to_string((enum wo_placement)i), &pc.by[i], pc.untagged[i]);
+        sb_printf(b, ",");
+    }
+    json_place(b, "pending", &pc.pending, pc.pending.bytes);
+    sb_printf(b, ",");
+    json_place(b, "unplaceable", &pc.unplaceable, 0);
+    sb_printf(b, "}");
+
+    sb_printf(b, ",\"budgets\":{\"host_limit\":");
+    if (!p || wo_uvm.host_budget.limit == UINT64_MAX)
+        sb_printf(b, "null");
+    else
+        sb_printf(b, "%" PRIu64, wo_uvm.host_budget.limit);
+    sb_printf(b,
+              ",\"host_used\":%" PRIu64 ",\"host_spent\":%s,\"over_budget_tensors\":%" PRIu64
+              ",\"over_budget_bytes\":%" PRIu64 ",\"device_budget\":%" PRIu64
+              ",\"device_total\":%" PRIu64 "}",
+              wo_uvm.host_budget.used, bool_s(wo_uvm.host_budget.spent), wo_uvm.over_budget_tags,
+              wo_uvm.over_budget_bytes, wo_uvm.device_budget, wo_uvm.device_total);
+
+    sb_printf(b,
+              ",\"allocations\":{\"live\":%zu,\"served_managed\":%" PRIu64
+              ",\"served_pinned\":%" PRIu64 ",\"pin_failures\":%" PRIu64
+              ",\"pin_fallbacks\":%" PRIu64 ",\"placement_errors\":%" PRIu64
+              ",\"unplaceable_tags\":%" PRIu64 ",\"misuse\":%" PRIu64 "}",
+              wo_uvm.nallocs, wo_uvm.served_managed, wo_uvm.served_pinned, wo_uvm.pin_failures,
+              wo_uvm.pin_fallbacks, wo_uvm.placement_errors, wo_uvm.unplaceable_tags,
+              __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED));
+
+    sb_printf(b, ",\"rules\":[");
+    if (p) {
+        for (size_t i = 0; i < wo_uvm.nrule_counts; i++) {
+            const struct wo_rule_counts *c = &wo_uvm.rule_counts[i];
+            const struct wo_rule *r = wo_policy_rule(p, i);
+            sb_printf(b, "%s{\"index\":%zu,\"label\":", i ? "," : "", i);
+            sb_str(b, wo_policy_rule_label(p, i, label, sizeof(label)));
+            sb_printf(b, ",\"placement\":");
+            sb_str(b, wo_placement_to_string(r ? r->place : wo_uvm.g->default_place));
+            sb_printf(b,
+                      ",\"names\":%" PRIu64 ",\"bytes\":%" PRIu64
+                      ",\"over_budget_names\":%" PRIu64 ",\"over_budget_bytes\":%" PRIu64 "}",
+                      c->names, c->bytes, c->over_budget_names, c->over_budget_bytes);
+        }
+    }
+    sb_printf(b, "]");
+
+    sb_printf(b, ",\"names\":[");
+    for (uint32_t i = 0; i < wo_uvm.names_cap; i++) {
+        const struct wo_name *n = wo_uvm.names_by_id[i];
+        if (!n || n->ntags == 0)
+            continue;
+        sb_printf(b, "%s{\"name\":", first ? "" : ",");
+        first = false;
+        sb_str(b, n->s);
+        sb_printf(b, ",\"placement\":");
+        sb_str(b, n->unplaceable ? "unplaceable" : wo_placement_to_string(n->place));
+        sb_printf(b, ",\"policy\":");
+        sb_str(b, n->rule == -2 ? NULL : wo_placement_to_string(n->want));
+        sb_printf(b, ",\"rule\":");
+        sb_str(b, p && n->rule != -2
+                      ? wo_policy_rule_label(p, n->rule < 0 ? wo_policy_nrules(p) : (size_t)n->rule,
+                                             label, sizeof(label))
+                      : NULL);
+        sb_printf(b,
+                  ",\"bytes\":%" PRIu64 ",\"tensors\":%" PRIu32 ",\"launches\":%" PRIu64
+                  ",\"hits\":%" PRIu64 ",\"placeable\":%s,\"over_budget\":%s}",
+                  n->bytes, n->ntags, n->launches, n->hits, bool_s(!n->unplaceable),
+                  bool_s(n->over_budget));
+    }
+    sb_printf(b, "]");
+
+    sb_printf(b,
+              ",\"launches\":{\"seen\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"stale_hits\":%" PRIu64
+              ",\"untagged_hits\":%" PRIu64 ",\"events\":%" PRIu64 "}",
+              wo_uvm.launches, wo_uvm.launch_hits, wo_uvm.hits_stale, wo_uvm.hits_untagged,
+              wo_uvm.events);
+    sb_printf(b, ",\"ring\":{\"capacity\":%" PRIu32 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
+              wo_events ? wo_settings()->ring_events : 0, wo_events ? wo_ring_pushed(wo_events) : 0,
+              wo_events ? wo_ring_dropped(wo_events) : 0);
+
+    {
+        long need = wo_counters_json(NULL, 0);
+        sb_printf(b, ",\"interpose\":");
+        if (need > 0) {
+            sb_grow(b, (size_t)need);
+            if (!b->oom) {
+                wo_counters_json(b->p + b->n, (size_t)need + 1);
+                b->n += (size_t)need;
+            }
+        } else {
+            sb_printf(b, "{}");
+        }
+    }
+    sb_printf(b, "}");
+}
+
+char *wo_stats_json(size_t *len)
+{
+    struct sbuf b = {0};
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    json_body(&b);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    *len = b.n;
+    return b.p;
+}
+
+long wo_api_stats(char *buf, size_t len)
+{
+    size_t n = 0;
+    char *s;
+
+    if (!buf && len > 0) {
+        wo_warn("woffload_stats: NULL buffer with length %zu (-EINVAL)", len);
+        __atomic_add_fetch(&wo_uvm.misuse, 1, __ATOMIC_RELAXED);
+        return -EINVAL;
+    }
+    s = wo_stats_json(&n);
+    if (!s)
+        return -ENOMEM;
+    if (len > 0) {
+        size_t k = WO_MIN(n, len - 1);
+        memcpy(buf, s, k);
+        buf[k] = '\0';
+    }
+    free(s);
+    return (long)n;
+}
+
+int wo_stats_write_file(const char *path)
+{
+    size_t n = 0, off = 0;
+    char *s = wo_stats_json(&n);
+    int fd, r = 0;
+
+    if (!s)
+        return -ENOMEM;
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        r = -errno;
+        wo_error("cannot write the stats to %s (WOFFLOAD_STATS): %s", path, strerror(errno));
+        free(s);
+        return r;
+    }
+    s[n] = '\n';
+    n++;
+    while (off < n) {
+        ssize_t w = write(fd, s + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            r = w < 0 ? -errno : -EIO;
+            wo_error("writing the stats to %s (WOFFLOAD_STATS): %s", path, strerror(-r));
+            break;
+        }
+        off += (size_t)w;
+    }
+    close(fd);
+    free(s);
+    return r;
+}
+
+/* Summaries follow WOFFLOAD_SUMMARY: shown at log level warn and above when
+ * it is on, always at info and above. Under wo_uvm.lock or after shutdown. */
+void wo_summary_log(const char *when)
+{
+    const struct wo_settings *s = wo_settings();
+    int lvl = __atomic_load_n(&wo_log_level_current, __ATOMIC_RELAXED);
+    struct wo_place_counts pc;
+    char d[32], h[32], m[32], u[32], o[32];
+
+    if (!(lvl >= WO_LOG_INFO || (s->summary && lvl >= WO_LOG_WARN)))
+        return;
+    wo_place_counts(&pc);
+    wo_log_write(WO_LOG_OFF,
+                 "%s: device %s in %" PRIu64 " tensors, host %s in %" PRIu64
+                 " tensors, managed %s in %" PRIu64 " tensors; unplaceable tags %s in %" PRIu64
+                 "; over the host budget (kept on device) %s in %" PRIu64 " tensors",
+                 when, wo_format_size(pc.by[WO_PLACE_DEVICE].bytes, d, sizeof(d)),
+                 pc.by[WO_PLACE_DEVICE].tensors, wo_format_size(pc.by[WO_PLACE_HOST].bytes, h, sizeof(h)),
+                 pc.by[WO_PLACE_HOST].tensors,
+                 wo_format_size(pc.by[WO_PLACE_MANAGED].bytes, m, sizeof(m)),
+                 pc.by[WO_PLACE_MANAGED].tensors, wo_format_size(pc.unplaceable.bytes, u, sizeof(u)),
+                 pc.unplaceable.tensors, wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)),
+                 wo_uvm.over_budget_tags);
+}
