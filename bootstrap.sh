@@ -86,7 +86,7 @@ test)
     CC=gcc check "gcc -Werror" build-ci-gcc -Dwerror=true
     CC=clang check "clang -Werror" build-ci-clang -Dwerror=true
     CC=gcc check "ASan+UBSan" build-ci-asan -Db_sanitize=address,undefined -Db_lundef=false
-    CC=clang check "TSan" build-ci-tsan -Db_sanitize=thread -Db_lundef=false
+    CC=gcc check "TSan" build-ci-tsan -Db_sanitize=thread -Db_lundef=false
     say "all configurations passed"
     ;;
 *)

@@ -58,7 +58,7 @@
     X(graph_launch_kernels)    /* captured kernel launches replayed by those */                   \
     X(graph_launch_hits)       /* (launch, range) pairs replayed by those */                      \
     X(dlsym_calls)             /* dlsym/dlvsym hook calls */                                      \
-    X(dlsym_next)              /* ... with RTLD_NEXT, resolved relative to the caller */          \
+    X(dlsym_next)              /* ... RTLD_NEXT searched by the C hook (not x86-64) */             \
     X(dlsym_substituted)       /* ... answered with a hook instead of the driver's function */    \
     X(proc_calls)              /* cuGetProcAddress(_v2) and the inner resolver */                 \
     X(proc_substituted)                                                                            \

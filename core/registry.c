@@ -98,12 +98,14 @@ static uint64_t live_bytes;
 
 static uint64_t global_epoch = 1;
 static struct reader *readers;
-/* One thread-local object: in the shared library each distinct TLS variable
- * costs a __tls_get_addr call on the launch path. */
+/* One small thread-local object, initial-exec: read_begin/end run on every
+ * launch and must not call __tls_get_addr. The library is STATIC_TLS already
+ * (preload/ uses initial-exec too), so this adds 16 bytes to the block a
+ * dlopen takes from the static TLS surplus. */
 static __thread struct {
     struct reader *rd;
     unsigned depth;
-} me;
+} me __attribute__((tls_model("initial-exec")));
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static pthread_key_t reader_key;
@@ -693,6 +695,16 @@ uint32_t wo_registry_id_limit(void)
 
     pthread_mutex_lock(&lock);
     n = nrecs;
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
+size_t wo_registry_pending(void)
+{
+    size_t n;
+
+    pthread_mutex_lock(&lock);
+    n = nretired;
     pthread_mutex_unlock(&lock);
     return n;
 }

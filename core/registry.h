@@ -47,7 +47,8 @@ int wo_registry_init(void);
 void wo_registry_reset(void);
 
 /* Adds [base, base+size). Returns 0 and fills *ret (may be NULL), -EEXIST when
- * it overlaps a live range, -EINVAL for size 0 or wrap-around, -ENOMEM. */
+ * it overlaps a live range, -EINVAL for size 0, wrap-around or an end beyond
+ * 2^57 (no user address lies there), -ENOMEM. */
 int wo_registry_add(uint64_t base, uint64_t size, uint32_t flags, uint32_t device, void *owner,
                     struct wo_range *ret);
 
@@ -80,3 +81,7 @@ int wo_registry_foreach(int (*fn)(const struct wo_range *r, void *ud), void *ud)
 
 /* Largest id handed out so far + 1 (ids are dense: size per-id arrays by it). */
 uint32_t wo_registry_id_limit(void);
+
+/* Unpublished entries and arrays not yet freed because a reader may still
+ * see them (for stats and tests; locked). */
+size_t wo_registry_pending(void);

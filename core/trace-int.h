@@ -1,52 +1,55 @@
 /* core/trace-int.h: the byte layouts of docs/trace-format.md shared by the
  * trace writer (trace.c) and reader (trace-read.c). Internal to core/.
  *
- * Every field goes through put/get helpers that write little-endian byte by
- * byte, so the file layout never depends on a struct layout, padding or the
- * host's endianness. */
+ * Every field goes through put/get helpers that store it little-endian at an
+ * explicit offset, so the file layout never depends on a struct layout,
+ * padding or the host's endianness. */
 #pragma once
 
+#include <endian.h>
 #include <string.h>
 
 #include "core/trace.h"
 
+/* htole/letoh + memcpy: one unaligned move on little-endian hosts, a byte
+ * swap on big-endian ones; the bytes in the file are the same either way. */
 static inline void wo_put16(uint8_t *p, uint16_t v)
 {
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
+    v = htole16(v);
+    memcpy(p, &v, 2);
 }
 
 static inline void wo_put32(uint8_t *p, uint32_t v)
 {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    v = htole32(v);
+    memcpy(p, &v, 4);
 }
 
 static inline void wo_put64(uint8_t *p, uint64_t v)
 {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
+    v = htole64(v);
+    memcpy(p, &v, 8);
 }
 
 static inline uint16_t wo_get16(const uint8_t *p)
 {
-    return (uint16_t)(p[0] | (uint16_t)p[1] << 8);
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return le16toh(v);
 }
 
 static inline uint32_t wo_get32(const uint8_t *p)
 {
-    uint32_t v = 0;
-    for (int i = 3; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return le32toh(v);
 }
 
 static inline uint64_t wo_get64(const uint8_t *p)
 {
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return le64toh(v);
 }
 
 /* Event payloads: a common part, then a fixed part per event class. */

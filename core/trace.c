@@ -161,6 +161,7 @@ struct wo_trace {
     int fd;
     int failed; /* a write failed: recording is off */
     char *label;
+    uint64_t flushed; /* bytes of whole buffers written: always a record boundary */
     uint8_t *buf;
     size_t used;
     uint64_t records;
@@ -185,8 +186,16 @@ static void fail(struct wo_trace *t, int err)
     if (t->failed)
         return;
     t->failed = 1;
-    wo_error("trace %s: write failed: %s; recording stopped after %llu events (the engine goes on)",
-             t->label, errtext(err, eb, sizeof(eb)), (unsigned long long)t->nevents);
+    /* A failed write may have left half a buffer (and half a record): cut
+     * the file back to the last whole buffer so it ends between records and
+     * stays readable as a trace without footer. Not possible on a pipe. */
+    if (ftruncate(t->fd, (off_t)t->flushed) == 0)
+        wo_error("trace %s: write failed: %s; recording stopped, the file keeps its first %llu "
+                 "bytes (whole records) (the engine goes on)",
+                 t->label, errtext(err, eb, sizeof(eb)), (unsigned long long)t->flushed);
+    else
+        wo_error("trace %s: write failed: %s; recording stopped (the engine goes on)", t->label,
+                 errtext(err, eb, sizeof(eb)));
 }
 
 static int write_all(struct wo_trace *t, const uint8_t *p, size_t n)
@@ -213,6 +222,8 @@ int wo_trace_flush(struct wo_trace *t)
     if (!t || t->failed)
         return -EIO;
     r = write_all(t, t->buf, t->used);
+    if (r == 0)
+        t->flushed += t->used;
     t->used = 0;
     return r;
 }

@@ -13,7 +13,7 @@ struct ctx {
     const char *file;
     struct wo_diags *diags;
     struct wo_policy *p;
-    const struct wo_node *device_budget_node;
+    uint64_t regex_nodes; /* estimated regcomp nodes of every regex so far */
 };
 
 static void err(struct ctx *c, const struct wo_node *n, const char *fmt, ...) WO_PRINTF(3, 4);
@@ -43,7 +43,25 @@ static const char *found(const struct wo_node *n, char *buf, size_t len)
         return "a mapping";
     if (n->null || !n->value[0])
         return "an empty value";
-    snprintf(buf, len, "'%.80s%s'", n->value, strlen(n->value) > 80 ? "..." : "");
+    {
+        /* one diagnostic is one line: control characters are shown escaped */
+        size_t o = 0, i = 0;
+        const unsigned char *v = (const unsigned char *)n->value;
+        buf[o++] = '\'';
+        /* stop at 80 bytes, but never inside a UTF-8 sequence */
+        for (; v[i] && (i < 80 || (v[i] & 0xc0) == 0x80) && o + 8 < len; i++) {
+            if (v[i] < 0x20 || v[i] == 0x7f)
+                o += (size_t)snprintf(buf + o, len - o, "\\x%02x", v[i]);
+            else
+                buf[o++] = (char)v[i];
+        }
+        if (v[i] && o + 5 < len) {
+            memcpy(buf + o, "...", 3);
+            o += 3;
+        }
+        buf[o++] = '\'';
+        buf[o] = '\0';
+    }
     return buf;
 }
 
@@ -116,37 +134,42 @@ static int get_bool(struct ctx *c, const struct wo_node *n, bool *ret)
     return -EINVAL;
 }
 
+/* Decimal digits only: 0, -EINVAL (anything else), -ERANGE (beyond 64 bits). */
+static int parse_uint(const char *s, uint64_t *ret)
+{
+    uint64_t v = 0;
+    if (!*s)
+        return -EINVAL;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -EINVAL;
+        if (v > (UINT64_MAX - 9) / 10)
+            return -ERANGE;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *ret = v;
+    return 0;
+}
+
 static int get_uint(struct ctx *c, const struct wo_node *n, uint64_t lo, uint64_t hi,
                     const char *what, uint64_t *ret)
 {
     const char *s = scalar(c, n, what);
     char b[128];
     uint64_t v = 0;
+    int r;
+
     if (!s)
         return -EINVAL;
-    if (!*s)
-        goto bad;
-    for (const char *p = s; *p; p++) {
-        if (*p < '0' || *p > '9')
-            goto bad;
-        if (v > (UINT64_MAX - 9) / 10) {
-            err(c, n, "found %s that overflows, expected %s from %llu to %llu",
-                found(n, b, sizeof(b)), what, (unsigned long long)lo, (unsigned long long)hi);
-            return -ERANGE;
-        }
-        v = v * 10 + (uint64_t)(*p - '0');
-    }
-    if (v < lo || v > hi) {
-        err(c, n, "found %s, expected %s from %llu to %llu", found(n, b, sizeof(b)), what,
-            (unsigned long long)lo, (unsigned long long)hi);
-        return -ERANGE;
+    r = parse_uint(s, &v);
+    if (r < 0 || v < lo || v > hi) {
+        err(c, n, "found %s%s, expected %s from %llu to %llu", found(n, b, sizeof(b)),
+            r == -ERANGE ? " that overflows" : "", what, (unsigned long long)lo,
+            (unsigned long long)hi);
+        return r < 0 ? r : -ERANGE;
     }
     *ret = v;
     return 0;
-bad:
-    err(c, n, "found %s, expected %s from %llu to %llu", found(n, b, sizeof(b)), what,
-        (unsigned long long)lo, (unsigned long long)hi);
-    return -EINVAL;
 }
 
 #define SIZE_EXPECTED                                                                              \
@@ -179,32 +202,25 @@ static int get_size(struct ctx *c, const struct wo_node *n, uint64_t *ret)
     return r;
 }
 
-/* "50%", "12.5%": parts per million, 0..100%. 1 when s is a percentage at
- * all (r tells whether it was valid), 0 when it has no '%'. */
-static int get_percent(struct ctx *c, const struct wo_node *n, uint32_t *ppm, int *r)
+/* "50%", "12.5%" -> parts per million, 0% to 100%: 0 or -EINVAL. */
+static int parse_percent(const char *p, uint32_t *ppm)
 {
-    const char *s = n->value, *p = s;
     uint64_t ip = 0, frac = 0, scale = 1;
-    char b[128];
-    size_t len = strlen(s);
 
-    if (n->kind != WO_NODE_SCALAR || n->null || !len || s[len - 1] != '%')
-        return 0;
-    *r = -EINVAL;
     if (*p < '0' || *p > '9')
-        goto bad;
+        return -EINVAL;
     for (; *p >= '0' && *p <= '9'; p++) {
         ip = ip * 10 + (uint64_t)(*p - '0');
         if (ip > 100)
-            goto bad;
+            return -EINVAL;
     }
     if (*p == '.') {
         p++;
         if (*p < '0' || *p > '9')
-            goto bad;
+            return -EINVAL;
         for (; *p >= '0' && *p <= '9'; p++) {
             if (scale == 10000)
-                goto bad; /* finer than a millionth of the device is noise */
+                return -EINVAL; /* finer than a millionth of the device is noise */
             frac = frac * 10 + (uint64_t)(*p - '0');
             scale *= 10;
         }
@@ -212,15 +228,29 @@ static int get_percent(struct ctx *c, const struct wo_node *n, uint32_t *ppm, in
     while (*p == ' ')
         p++;
     if (*p != '%' || p[1])
-        goto bad;
+        return -EINVAL;
     if (ip * 10000 + frac * 10000 / scale > 1000000)
-        goto bad;
+        return -EINVAL;
     *ppm = (uint32_t)(ip * 10000 + frac * 10000 / scale);
-    *r = 0;
-    return 1;
-bad:
-    err(c, n, "found %s, expected a percentage from 0%% to 100%% such as 50%% or 12.5%%",
-        found(n, b, sizeof(b)));
+    return 0;
+}
+
+/* 1 when the value is meant as a percentage (ends in '%'; *r says whether
+ * it is a valid one, the error reported), 0 when it is not one at all. */
+static int get_percent(struct ctx *c, const struct wo_node *n, uint32_t *ppm, int *r)
+{
+    size_t len;
+    char b[128];
+
+    if (n->kind != WO_NODE_SCALAR || n->null)
+        return 0;
+    len = strlen(n->value);
+    if (!len || n->value[len - 1] != '%')
+        return 0;
+    *r = parse_percent(n->value, ppm);
+    if (*r < 0)
+        err(c, n, "found %s, expected a percentage from 0%% to 100%% such as 50%% or 12.5%%",
+            found(n, b, sizeof(b)));
     return 1;
 }
 
@@ -295,7 +325,10 @@ static int walk_map(struct ctx *c, const struct wo_node *n, const char *const *k
             for (size_t e = 0; !near && e < WO_ARRAY_SIZE(elsewhere); e++)
                 if (strcmp(k->value, elsewhere[e].key) == 0)
                     belongs = elsewhere[e].where;
-            if (near)
+            if (strcmp(k->value, "<<") == 0)
+                err(c, k, "found a YAML merge key '<<' in %s, expected the keys written out "
+                    "(merge keys are not supported; anchors and aliases of whole values are)", where);
+            else if (near)
                 err(c, k, "found unknown key %s in %s, expected one of: %s; did you mean '%s'?",
                     found(k, b, sizeof(b)), where, list, near);
             else if (belongs)
@@ -405,7 +438,9 @@ static int check_segment(struct ctx *c, const struct wo_node *n, const char *s)
 }
 
 #define REGEX_MAX_LEN 1024
-#define REGEX_MAX_NODES 20000
+#define REGEX_MAX_NODES 4000
+#define REGEX_MAX_TOTAL_NODES 40000
+#define REGEX_STACKED UINT64_MAX
 
 /* An upper estimate of the nodes glibc's regcomp builds for s: it copies
  * the operand of '+' and of {n,m} (a{3} becomes aaa), so nested counted
@@ -416,9 +451,14 @@ static uint64_t regex_cost(const char *s)
     uint64_t sum[64], last[64]; /* per open group: total so far, size of the last item */
     unsigned depth = 0;
 
+    bool quantified = false; /* the last item already carries a quantifier */
+
     sum[0] = last[0] = 0;
     for (const char *p = s; *p;) {
         uint64_t item = 1, mult = 0;
+        if (quantified && (*p == '+' || *p == '*' || *p == '?' || (*p == '{' && p[1] >= '0' && p[1] <= '9')))
+            return REGEX_STACKED; /* "a??", "a+*": undefined in POSIX, slow in glibc */
+        quantified = false;
         if (*p == '(') {
             if (++depth >= 64)
                 return REGEX_MAX_NODES + 1;
@@ -458,6 +498,7 @@ static uint64_t regex_cost(const char *s)
             p++;
         }
         if (mult) {
+            quantified = true;
             /* the last item is repeated: its copies replace it */
             sum[depth] += last[depth] * (mult - 1) + 1;
             last[depth] = last[depth] * mult + 1;
@@ -497,6 +538,7 @@ static int check_regex(struct ctx *c, const struct wo_node *n, const char *s)
 {
     regex_t re;
     char msg[256], b[128];
+    uint64_t cost;
     int r;
 
     if (strlen(s) > REGEX_MAX_LEN) {
@@ -514,9 +556,23 @@ static int check_regex(struct ctx *c, const struct wo_node *n, const char *s)
         if (p[0] == '\\' && p[1])
             p++;
     }
-    if (regex_cost(s) > REGEX_MAX_NODES) {
+    cost = regex_cost(s);
+    if (cost == REGEX_STACKED) {
+        err(c, n, "found regular expression %s with a quantifier applied to a quantifier "
+            "(such as 'a+*', 'a?+' or 'a{2}{3}'), expected one quantifier per item (use a group: "
+            "'(a+)*')", found(n, b, sizeof(b)));
+        return -EINVAL;
+    }
+    if (cost > REGEX_MAX_NODES) {
         err(c, n, "found regular expression %s whose repetitions expand too far (nested '+' or "
             "{n,m}), expected a simpler pattern", found(n, b, sizeof(b)));
+        return -EINVAL;
+    }
+    /* bounds the memory of all compiled expressions together */
+    c->regex_nodes += cost;
+    if (c->regex_nodes > REGEX_MAX_TOTAL_NODES) {
+        err(c, n, "found more regular expressions than a policy can hold (about %d nodes in all), "
+            "expected fewer or simpler ones", REGEX_MAX_TOTAL_NODES);
         return -EINVAL;
     }
     r = regcomp(&re, s, REG_EXTENDED | REG_NOSUB);
@@ -669,14 +725,24 @@ static int parse_rule(struct ctx *c, const struct wo_node *n, struct wo_rule *ru
     rule->column = n->column;
     rule->pin = true;
     rule->m = m;
-    if (walk_map(c, n, rule_keys, K_RULE_MAX, "a rule", v) < 0 && n->kind != WO_NODE_MAP)
+    r = walk_map(c, n, rule_keys, K_RULE_MAX, "a rule", v);
+    if (n->kind != WO_NODE_MAP)
         return -EINVAL;
     if (v[K_NAME]) {
         const char *s = scalar(c, v[K_NAME], "a rule name (a string)");
-        if (!s)
+        bool ctl = false;
+        for (const char *q = s ? s : ""; *q && !ctl; q++)
+            ctl = (unsigned char)*q < 0x20 || *q == 0x7f;
+        if (!s) {
             r = -EINVAL;
-        else if (!(rule->name = strdup(s)))
+        } else if (ctl) {
+            /* the name goes into one-line log messages and stats */
+            err(c, v[K_NAME], "found %s with control characters, expected a rule name on one line",
+                found(v[K_NAME], b, sizeof(b)));
+            r = -EINVAL;
+        } else if (!(rule->name = strdup(s))) {
             return -ENOMEM;
+        }
     }
     if (v[K_MATCH] && get_patterns(c, v[K_MATCH], "match", &m->match, &m->nmatch, check_segment) < 0)
         r = -EINVAL;
@@ -765,7 +831,6 @@ static int parse_rule(struct ctx *c, const struct wo_node *n, struct wo_rule *ru
             rule->slices = (enum wo_slices)idx;
         }
     }
-    (void)b;
     return r;
 }
 
@@ -808,11 +873,21 @@ static bool layers_subset(const struct wo_matchers *j, const struct wo_matchers 
                 return false;
             continue;
         }
-        if (it->hi - it->lo > 100000)
-            return false;
-        for (long l = it->lo; l <= it->hi; l++)
-            if (!layer_in(i, l))
+        {
+            /* one range of i holding all of it, or a short range checked
+             * layer by layer: bounded work for any pair of rules */
+            bool inside = false;
+            for (size_t q = 0; q < i->nlayers && !inside; q++)
+                inside = i->layers[q].kind == WO_LAYER_RANGE && i->layers[q].lo <= it->lo &&
+                         it->hi <= i->layers[q].hi;
+            if (inside)
+                continue;
+            if (it->hi - it->lo >= 64)
                 return false;
+            for (long l = it->lo; l <= it->hi; l++)
+                if (!layer_in(i, l))
+                    return false;
+        }
     }
     return true;
 }

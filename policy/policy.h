@@ -92,8 +92,10 @@ struct wo_policy_globals {
     struct wo_budget device_budget;
     enum wo_pin_fallback pin_fallback;
     struct {
+        /* default AT_START; API when the policy is pass-through
+         * (wo_policy_passthrough()): then nothing needs to be placeable */
         enum wo_window_open open;
-        enum wo_window_close close;
+        enum wo_window_close close; /* default AT_SEAL */
         uint64_t min_size; /* allocations smaller than this are never placeable by the window */
     } window;
     struct {
@@ -261,7 +263,8 @@ uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uin
 
 /* Canonical YAML: every global with its effective value, every rule with its
  * matchers in a fixed order and sizes in bytes. Loading the dump gives the
- * same policy. Returns 0 or -errno of the stream. */
+ * same policy (it spells out defaults, so a policy near max_nodes may need a
+ * larger max_nodes to load back). Returns 0 or -errno of the stream. */
 int wo_policy_dump(const struct wo_policy *p, FILE *f);
 
 /* Per rule counters, filled by the placement code (uvm/) or the replay

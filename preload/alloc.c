@@ -62,10 +62,30 @@ static void observed_alloc(bool ok, CUdeviceptr p, size_t size, uint32_t flags, 
         wo_uvm_observe_alloc(p, size, flags, api);
 }
 
-static void observed_free(CUdeviceptr p, int api)
+/* Frees are reported *before* they are forwarded: once the driver has the
+ * memory back, another thread's allocation may get the same address, and a
+ * late report would then drop that thread's new range. Returns the range
+ * so that a free the driver refuses can be reported back (via
+ * refused_free); its name, if it had one, is lost then (logged). */
+static bool forget_before_free(CUdeviceptr p, int api, struct wo_range *r)
 {
-    wo_count(WO_CTR_free_calls, 1);
+    bool tracked = wo_registry_find(p, r) == 0 && r->base == p;
     wo_uvm_observe_free(p, api);
+    return tracked;
+}
+
+static void freed(CUresult res, bool tracked, const struct wo_range *r, int api)
+{
+    if (res == CUDA_SUCCESS) {
+        wo_count(WO_CTR_free_calls, 1);
+        return;
+    }
+    if (tracked) {
+        wo_uvm_observe_alloc(r->base, r->size, r->flags, api);
+        wo_log_once(WO_LOG_WARN, "the driver refused to free a tracked allocation (error %d): "
+                                 "it is tracked again, without its name",
+                    (int)res);
+    }
 }
 
 /* --- driver --------------------------------------------------------------- */
@@ -138,9 +158,10 @@ CUresult wo_h_mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr d
     if (wo_uvm_free(dptr, &res)) {
         wo_count(WO_CTR_free_calls, 1);
     } else {
+        struct wo_range r;
+        bool tracked = forget_before_free(dptr, WO_API_CU_MEM_ALLOC, &r);
         res = real(dptr);
-        if (res == CUDA_SUCCESS)
-            observed_free(dptr, WO_API_CU_MEM_ALLOC);
+        freed(res, tracked, &r, WO_API_CU_MEM_ALLOC);
     }
     wo_leave();
     return res;
@@ -160,9 +181,10 @@ CUresult wo_h_mem_free_async(wo_pfn_cuMemFreeAsync real, int id, void *ra, CUdev
     if (wo_uvm_free(dptr, &res)) {
         wo_count(WO_CTR_free_calls, 1);
     } else {
+        struct wo_range r;
+        bool tracked = forget_before_free(dptr, WO_API_CU_MEM_ALLOC_ASYNC, &r);
         res = real(dptr, s);
-        if (res == CUDA_SUCCESS)
-            observed_free(dptr, WO_API_CU_MEM_ALLOC_ASYNC);
+        freed(res, tracked, &r, WO_API_CU_MEM_ALLOC_ASYNC);
     }
     wo_leave();
     return res;
@@ -351,9 +373,11 @@ cudaError_t wo_h_cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
         wo_count(WO_CTR_free_calls, 1);
         res = to_runtime_error(cres);
     } else {
+        struct wo_range r;
+        bool tracked = forget_before_free((CUdeviceptr)(uintptr_t)p, WO_API_CUDA_MALLOC, &r);
         res = real(p);
-        if (res == cudaSuccess)
-            observed_free((CUdeviceptr)(uintptr_t)p, WO_API_CUDA_MALLOC);
+        freed(res == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, tracked, &r,
+              WO_API_CUDA_MALLOC);
     }
     wo_leave();
     return res;
@@ -375,9 +399,12 @@ cudaError_t wo_h_cuda_free_async(wo_pfn_cudaFreeAsync real, int id, void *ra, vo
         wo_count(WO_CTR_free_calls, 1);
         res = to_runtime_error(cres);
     } else {
+        struct wo_range r;
+        bool tracked =
+            forget_before_free((CUdeviceptr)(uintptr_t)p, WO_API_CUDA_MALLOC_ASYNC, &r);
         res = real(p, s);
-        if (res == cudaSuccess)
-            observed_free((CUdeviceptr)(uintptr_t)p, WO_API_CUDA_MALLOC_ASYNC);
+        freed(res == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN, tracked, &r,
+              WO_API_CUDA_MALLOC_ASYNC);
     }
     wo_leave();
     return res;

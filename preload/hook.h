@@ -21,8 +21,18 @@ WO_DRIVER_HOOKS(WO_HOOK_LOGIC_DECL)
 WO_RUNTIME_HOOKS(WO_HOOK_LOGIC_DECL)
 #undef WO_HOOK_LOGIC_DECL
 
+/* Code that may run while a preloaded sanitizer runtime initialises (its
+ * dlsym(RTLD_NEXT) calls reach our export): no instrumentation. */
+#define WO_RAW __attribute__((no_sanitize("address", "undefined", "thread")))
+
 void *wo_h_dlsym(void *handle, const char *name, void *ra);
 void *wo_h_dlvsym(void *handle, const char *name, const char *version, void *ra);
+/* The C side of the exported dlsym/dlvsym and libc's own (exports-dl.c). */
+void *wo_dlsym_c(void *handle, const char *name);
+void *wo_dlvsym_c(void *handle, const char *name, const char *version);
+void wo_libc_dl_init(void);
+extern void *wo_libc_dlsym_ptr;
+extern void *wo_libc_dlvsym_ptr;
 
 /* Per-thread-variant flags and call counters, in enum order. */
 extern const unsigned char wo_hook_pt[WO_NHOOKS];

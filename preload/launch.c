@@ -1,5 +1,6 @@
 /* preload/launch.c: launch attribution (cuLaunchKernel, cuLaunchKernelEx,
- * cudaLaunchKernel, cudaLaunchKernelExC).
+ * cudaLaunchKernel, cudaLaunchKernelExC, and __cudaLaunchKernel, which
+ * nvcc 13's <<<>>> code calls).
  *
  * The launch path is hot: O(1) in the number of launches and functions, no
  * lock, no syscall, no allocation, no getenv. Per launch:
@@ -51,8 +52,6 @@ static cudaError_t (*get_func_by_symbol)(cudaFunction_t *, const void *);
 void wo_launch_setup(void)
 {
     max_words = wo_settings()->scan_words;
-    get_func_by_symbol = (cudaError_t(*)(cudaFunction_t *, const void *))wo_real_runtime_sym(
-        "cudaGetFuncBySymbol");
 }
 
 void wo_launch_reset(void)
@@ -101,11 +100,20 @@ static int read_param_sizes(CUfunction f, uint16_t *sizes, int max)
 /* The driver function behind a layout key (runtime stubs are mapped). */
 static CUfunction function_of(uintptr_t key, const void *func, bool runtime)
 {
+    cudaError_t (*get)(cudaFunction_t *, const void *);
     cudaFunction_t cf = NULL;
     (void)key;
     if (!runtime)
         return (CUfunction)(uintptr_t)func;
-    if (!get_func_by_symbol || get_func_by_symbol(&cf, func) != cudaSuccess)
+    /* First sight of a function only. The runtime may have been loaded
+     * after init: look it up again (racing threads store the same value). */
+    get = __atomic_load_n(&get_func_by_symbol, __ATOMIC_RELAXED);
+    if (!get) {
+        get = (cudaError_t(*)(cudaFunction_t *, const void *))wo_real_runtime_sym(
+            "cudaGetFuncBySymbol");
+        __atomic_store_n(&get_func_by_symbol, get, __ATOMIC_RELAXED);
+    }
+    if (!get || get(&cf, func) != cudaSuccess)
         return NULL;
     return (CUfunction)cf;
 }
@@ -370,6 +378,30 @@ cudaError_t wo_h_cuda_launch_kernel(wo_pfn_cudaLaunchKernel real, int id, void *
         const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
         wo_count(WO_CTR_launch_runtime, 1);
         observe_launch(func, true, g, b, wo_stream_id(s, wo_rt_pt[id]), args, NULL,
+                       WO_API_CUDA_LAUNCH, ra);
+    }
+    wo_leave();
+    return res;
+}
+
+/* What nvcc 13's <<<>>> launch code calls (crt/host_runtime.h): a kernel
+ * handle from __cudaGetKernel, i.e. a CUkernel, not a host stub. */
+cudaError_t wo_h_cuda_launch_kernel_handle(wo_pfn___cudaLaunchKernel real, int id, void *ra,
+                                           cudaKernel_t k, dim3 grid, dim3 block, void **args,
+                                           size_t shmem, cudaStream_t s)
+{
+    cudaError_t res;
+
+    wo_count_call(WO_NHOOKS + id);
+    if (WO_UNLIKELY(!real))
+        return cudaErrorSharedObjectSymbolNotFound;
+    if (!wo_enter())
+        return real(k, grid, block, args, shmem, s);
+    res = real(k, grid, block, args, shmem, s);
+    if (res == cudaSuccess) {
+        const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
+        wo_count(WO_CTR_launch_runtime, 1);
+        observe_launch(k, false, g, b, wo_stream_id(s, wo_rt_pt[id]), args, NULL,
                        WO_API_CUDA_LAUNCH, ra);
     }
     wo_leave();

@@ -4,9 +4,9 @@
  *   this library a call to dlsym binds to our own export; a versioned
  *   reference (dlsym@GLIBC_2.34) would bind to it too, because our anonymous
  *   version node matches any version. So the real ones are found by reading
- *   libc's dynamic symbol table directly (dl_iterate_phdr -> PT_DYNAMIC ->
- *   DT_GNU_HASH/DT_SYMTAB/DT_STRTAB/DT_VERSYM), once, under pthread_once.
- *   That needs no dlsym at all and cannot find our own definition.
+ *   libc's dynamic symbol table directly (link map -> l_ld -> DT_GNU_HASH/
+ *   DT_SYMTAB/DT_STRTAB/DT_VERSYM), once. That needs no dlsym at all and
+ *   cannot find our own definition.
  * - The driver: the library named by WOFFLOAD_CUDA_LIB, dlopen()ed on first
  *   use, every function resolved from that handle with the real dlsym.
  * - The runtime: the next definition after ours (RTLD_NEXT from inside this
@@ -33,16 +33,41 @@ const unsigned char wo_rt_pt[WO_NRT] = {WO_RUNTIME_HOOKS(WO_HOOK_PT)};
 #undef WO_HOOK_PT
 uint64_t wo_hook_calls[WO_NHOOKS + WO_NRT];
 
-/* --- libc's dlsym/dlvsym ------------------------------------------------- */
-
 typedef void *(*dlsym_fn)(void *, const char *);
 typedef void *(*dlvsym_fn)(void *, const char *, const char *);
 
-static pthread_once_t libc_once = PTHREAD_ONCE_INIT;
-static dlsym_fn libc_dlsym;
-static dlvsym_fn libc_dlvsym;
+/* --- libc's dlsym/dlvsym ------------------------------------------------- */
 
-static uint32_t gnu_hash(const char *s)
+/* Found by walking the loaded objects' link maps (_r_debug) and reading
+ * libc's dynamic symbol table directly: no dlsym, no dl_iterate_phdr, no
+ * locks, no allocation, no libc string functions. That matters because a
+ * sanitizer runtime preloaded before us asks dlsym(RTLD_NEXT) for its
+ * interceptors while it initialises, before its shadow memory exists: this
+ * code must then run uninstrumented and call nothing the sanitizer
+ * intercepts. Two threads racing here compute the same values: benign. */
+void *wo_libc_dlsym_ptr;
+void *wo_libc_dlvsym_ptr;
+
+WO_RAW static bool raw_streq(const char *a, const char *b)
+{
+    for (; *a && *a == *b; a++, b++)
+        ;
+    return *a == *b;
+}
+
+WO_RAW static bool raw_contains(const char *s, const char *part)
+{
+    for (; *s; s++) {
+        const char *x = s, *y = part;
+        for (; *y && *x == *y; x++, y++)
+            ;
+        if (!*y)
+            return true;
+    }
+    return false;
+}
+
+WO_RAW static uint32_t gnu_hash(const char *s)
 {
     uint32_t h = 5381;
     for (; *s; s++)
@@ -60,45 +85,37 @@ struct elf_obj {
 
 /* Dynamic entries hold absolute addresses once ld.so relocated them, but
  * not on every architecture (or for the vDSO): accept both. */
-static const void *dyn_ptr(ElfW(Addr) base, ElfW(Addr) p)
+WO_RAW static const void *dyn_ptr(ElfW(Addr) base, ElfW(Addr) p)
 {
     return (const void *)(p < base ? base + p : p);
 }
 
-static int elf_obj_init(const struct dl_phdr_info *info, struct elf_obj *o)
+WO_RAW static int elf_obj_init(const struct link_map *l, struct elf_obj *o)
 {
-    const ElfW(Dyn) *dyn = NULL;
+    const ElfW(Dyn) *dyn = l->l_ld;
 
-    memset(o, 0, sizeof(*o));
-    o->base = info->dlpi_addr;
-    for (int i = 0; i < info->dlpi_phnum; i++)
-        if (info->dlpi_phdr[i].p_type == PT_DYNAMIC)
-            dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    o->base = l->l_addr;
+    o->symtab = NULL;
+    o->strtab = NULL;
+    o->gnu_hash = NULL;
+    o->versym = NULL;
     if (!dyn)
         return -ENOENT;
     for (; dyn->d_tag != DT_NULL; dyn++) {
-        switch (dyn->d_tag) {
-        case DT_SYMTAB:
+        if (dyn->d_tag == DT_SYMTAB)
             o->symtab = dyn_ptr(o->base, dyn->d_un.d_ptr);
-            break;
-        case DT_STRTAB:
+        else if (dyn->d_tag == DT_STRTAB)
             o->strtab = dyn_ptr(o->base, dyn->d_un.d_ptr);
-            break;
-        case DT_GNU_HASH:
+        else if (dyn->d_tag == DT_GNU_HASH)
             o->gnu_hash = dyn_ptr(o->base, dyn->d_un.d_ptr);
-            break;
-        case DT_VERSYM:
+        else if (dyn->d_tag == DT_VERSYM)
             o->versym = dyn_ptr(o->base, dyn->d_un.d_ptr);
-            break;
-        default:
-            break;
-        }
     }
     return o->symtab && o->strtab && o->gnu_hash ? 0 : -ENOENT;
 }
 
 /* The default-version definition of a function in exactly this object. */
-static void *elf_lookup(const struct elf_obj *o, const char *name)
+WO_RAW static void *elf_lookup(const struct elf_obj *o, const char *name)
 {
     const uint32_t *h = o->gnu_hash;
     uint32_t nbuckets = h[0], symoffset = h[1], bloom_size = h[2];
@@ -115,7 +132,7 @@ static void *elf_lookup(const struct elf_obj *o, const char *name)
     for (;; i++) {
         uint32_t ch = chain[i - symoffset];
         const ElfW(Sym) *s = &o->symtab[i];
-        if ((ch | 1) == (hash | 1) && strcmp(o->strtab + s->st_name, name) == 0 &&
+        if ((ch | 1) == (hash | 1) && raw_streq(o->strtab + s->st_name, name) &&
             s->st_shndx != SHN_UNDEF && ELF64_ST_TYPE(s->st_info) == STT_FUNC &&
             (!o->versym || !(o->versym[i] & 0x8000)))
             return (void *)(o->base + s->st_value);
@@ -124,42 +141,46 @@ static void *elf_lookup(const struct elf_obj *o, const char *name)
     }
 }
 
-static int find_libc_dl(struct dl_phdr_info *info, size_t size, void *ud)
+WO_RAW void wo_libc_dl_init(void)
 {
-    struct elf_obj o;
-    const char *n = info->dlpi_name;
-    (void)size;
-    (void)ud;
+    void *ds = NULL, *dvs = NULL;
 
+    if (__atomic_load_n(&wo_libc_dlsym_ptr, __ATOMIC_ACQUIRE))
+        return;
     /* dlsym lives in libc since glibc 2.34, in libdl before. */
-    if (!n || (!strstr(n, "/libc.so") && strncmp(n, "libc.so", 7) != 0 && !strstr(n, "libdl.so")))
-        return 0;
-    if (elf_obj_init(info, &o) < 0)
-        return 0;
-    if (!libc_dlsym)
-        libc_dlsym = (dlsym_fn)elf_lookup(&o, "dlsym");
-    if (!libc_dlvsym)
-        libc_dlvsym = (dlvsym_fn)elf_lookup(&o, "dlvsym");
-    return libc_dlsym && libc_dlvsym;
+    for (const struct link_map *l = _r_debug.r_map; l && !(ds && dvs); l = l->l_next) {
+        struct elf_obj o;
+        if (!l->l_name || !(raw_contains(l->l_name, "libc.so") || raw_contains(l->l_name, "libdl.so")))
+            continue;
+        if (elf_obj_init(l, &o) < 0)
+            continue;
+        if (!ds)
+            ds = elf_lookup(&o, "dlsym");
+        if (!dvs)
+            dvs = elf_lookup(&o, "dlvsym");
+    }
+    __atomic_store_n(&wo_libc_dlvsym_ptr, dvs, __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_libc_dlsym_ptr, ds, __ATOMIC_RELEASE);
 }
 
-static void libc_init(void)
+WO_RAW void *wo_real_dlsym(void *handle, const char *name)
 {
-    dl_iterate_phdr(find_libc_dl, NULL);
-    if (!libc_dlsym)
-        wo_error("libc's dlsym was not found: no CUDA function can be resolved");
+    dlsym_fn f = (dlsym_fn)__atomic_load_n(&wo_libc_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (WO_UNLIKELY(!f)) {
+        wo_libc_dl_init();
+        f = (dlsym_fn)__atomic_load_n(&wo_libc_dlsym_ptr, __ATOMIC_ACQUIRE);
+    }
+    return f ? f(handle, name) : NULL;
 }
 
-void *wo_real_dlsym(void *handle, const char *name)
+WO_RAW void *wo_real_dlvsym(void *handle, const char *name, const char *version)
 {
-    pthread_once(&libc_once, libc_init);
-    return libc_dlsym ? libc_dlsym(handle, name) : NULL;
-}
-
-void *wo_real_dlvsym(void *handle, const char *name, const char *version)
-{
-    pthread_once(&libc_once, libc_init);
-    return libc_dlvsym ? libc_dlvsym(handle, name, version) : NULL;
+    dlvsym_fn f = (dlvsym_fn)__atomic_load_n(&wo_libc_dlvsym_ptr, __ATOMIC_ACQUIRE);
+    if (WO_UNLIKELY(!f)) {
+        wo_libc_dl_init();
+        f = (dlvsym_fn)__atomic_load_n(&wo_libc_dlvsym_ptr, __ATOMIC_ACQUIRE);
+    }
+    return f ? f(handle, name, version) : NULL;
 }
 
 /* --- the driver ----------------------------------------------------------- */

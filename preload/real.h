@@ -147,6 +147,8 @@
     X(cudaMemcpy3DAsync_ptsz, 1, wo_h_cuda_memcpy3d_async, cudaError_t, (const struct cudaMemcpy3DParms *p, cudaStream_t s), (p, s)) \
     X(cudaLaunchKernel, 0, wo_h_cuda_launch_kernel, cudaError_t, (const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (func, grid, block, args, shmem, s)) \
     X(cudaLaunchKernel_ptsz, 1, wo_h_cuda_launch_kernel, cudaError_t, (const void *func, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (func, grid, block, args, shmem, s)) \
+    X(__cudaLaunchKernel, 0, wo_h_cuda_launch_kernel_handle, cudaError_t, (cudaKernel_t k, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (k, grid, block, args, shmem, s)) \
+    X(__cudaLaunchKernel_ptsz, 1, wo_h_cuda_launch_kernel_handle, cudaError_t, (cudaKernel_t k, dim3 grid, dim3 block, void **args, size_t shmem, cudaStream_t s), (k, grid, block, args, shmem, s)) \
     X(cudaLaunchKernelExC, 0, wo_h_cuda_launch_kernel_ex, cudaError_t, (const cudaLaunchConfig_t *cfg, const void *func, void **args), (cfg, func, args)) \
     X(cudaLaunchKernelExC_ptsz, 1, wo_h_cuda_launch_kernel_ex, cudaError_t, (const cudaLaunchConfig_t *cfg, const void *func, void **args), (cfg, func, args)) \
     X(cudaStreamBeginCapture, 0, wo_h_cuda_begin_capture, cudaError_t, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) \

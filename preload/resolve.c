@@ -10,13 +10,15 @@
  *   wrapper only on success, the status filled by the real call.
  *
  * Wrapper slots: the resolvers key on (name, version, flags). The version
- * picks the ABI (WO_DRIVER_PROCS, the highest version <= the request); the
- * flags pick the stream semantics, and each of flags 0, 1, 2 gets its own
- * slot per ABI symbol holding the real pointer the driver returned for it, so
- * a _ptsz/_ptds function is never called through a legacy wrapper. A slot is
- * filled once; should the driver later return another function for the same
- * slot, that caller gets the real function unwrapped (counted as
- * proc_conflict): never a wrong forward. */
+ * picks the ABI (WO_DRIVER_PROCS, the highest version <= the request), the
+ * flags pick the legacy or the per-thread (_ptsz/_ptds) ABI symbol. Each ABI
+ * symbol has NSLOTS wrappers, each bound to one real function: the first
+ * resolution returning a function claims a slot and stores it, later ones
+ * returning the same function get the same wrapper. So a per-thread variant
+ * (a different real function) always has its own wrapper, and so does a
+ * driver that hands out two entry points for one ABI (an alias and its
+ * export, say). More distinct functions than slots: that caller gets the
+ * real function unwrapped (counted as proc_conflict): never a wrong forward. */
 #include <dlfcn.h>
 #include <link.h>
 #include <pthread.h>
@@ -25,38 +27,37 @@
 #include "core/log.h"
 #include "preload/hook.h"
 
-#define NFLAGS 3
+#define NFLAGS 3 /* CU_GET_PROC_ADDRESS_DEFAULT, _LEGACY_STREAM, _PER_THREAD_DEFAULT_STREAM */
+#define NSLOTS 4
 
-static void *slot_real[WO_NHOOKS][NFLAGS];
+static void *slot_real[WO_NHOOKS][NSLOTS];
 
 static inline void *slot_get(int id, int k)
 {
     return __atomic_load_n(&slot_real[id][k], __ATOMIC_ACQUIRE);
 }
 
-/* The wrappers handed out by the resolvers: three per hooked ABI symbol. */
-#define WO_SLOT_WRAPPERS(sym, pt, hook, RET, PARAMS, ARGS)                                         \
-    static RET slot_##sym##_0 PARAMS                                                               \
+/* The wrappers handed out by the resolvers: NSLOTS per hooked ABI symbol,
+ * each bound to the real function stored in its slot. */
+#define WO_SLOT_WRAPPER(sym, hook, RET, PARAMS, ARGS, k)                                           \
+    static RET slot_##sym##_##k PARAMS                                                             \
     {                                                                                              \
-        return hook((wo_pfn_##sym)slot_get(WO_HOOK_##sym, 0), WO_HOOK_##sym,                       \
-                    __builtin_return_address(0), WO_UNPACK ARGS);                                  \
-    }                                                                                              \
-    static RET slot_##sym##_1 PARAMS                                                               \
-    {                                                                                              \
-        return hook((wo_pfn_##sym)slot_get(WO_HOOK_##sym, 1), WO_HOOK_##sym,                       \
-                    __builtin_return_address(0), WO_UNPACK ARGS);                                  \
-    }                                                                                              \
-    static RET slot_##sym##_2 PARAMS                                                               \
-    {                                                                                              \
-        return hook((wo_pfn_##sym)slot_get(WO_HOOK_##sym, 2), WO_HOOK_##sym,                       \
+        return hook((wo_pfn_##sym)slot_get(WO_HOOK_##sym, k), WO_HOOK_##sym,                       \
                     __builtin_return_address(0), WO_UNPACK ARGS);                                  \
     }
+#define WO_SLOT_WRAPPERS(sym, pt, hook, RET, PARAMS, ARGS)                                         \
+    WO_SLOT_WRAPPER(sym, hook, RET, PARAMS, ARGS, 0)                                               \
+    WO_SLOT_WRAPPER(sym, hook, RET, PARAMS, ARGS, 1)                                               \
+    WO_SLOT_WRAPPER(sym, hook, RET, PARAMS, ARGS, 2)                                               \
+    WO_SLOT_WRAPPER(sym, hook, RET, PARAMS, ARGS, 3)
 WO_DRIVER_HOOKS(WO_SLOT_WRAPPERS)
 #undef WO_SLOT_WRAPPERS
+#undef WO_SLOT_WRAPPER
 
 #define WO_SLOT_ROW(sym, pt, hook, RET, PARAMS, ARGS)                                              \
-    {(void *)slot_##sym##_0, (void *)slot_##sym##_1, (void *)slot_##sym##_2},
-static void *const slot_wrapper[WO_NHOOKS][NFLAGS] = {WO_DRIVER_HOOKS(WO_SLOT_ROW)};
+    {(void *)slot_##sym##_0, (void *)slot_##sym##_1, (void *)slot_##sym##_2,                       \
+     (void *)slot_##sym##_3},
+static void *const slot_wrapper[WO_NHOOKS][NSLOTS] = {WO_DRIVER_HOOKS(WO_SLOT_ROW)};
 #undef WO_SLOT_ROW
 
 #define WO_EXPORT_ADDR(sym, pt, hook, RET, PARAMS, ARGS) (void *)sym,
@@ -107,6 +108,17 @@ bool wo_is_our_function(const void *p)
 
 /* --- substitution --------------------------------------------------------- */
 
+/* Whether resolvers hand out wrappers: only once the shim is active (the
+ * first resolution is a relevant call: it runs init, so WOFFLOAD_DISABLE and
+ * a missing driver are known). While this thread initialises, no. */
+static bool substituting(void)
+{
+    int state = __atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE);
+    if (WO_UNLIKELY(state == WO_STATE_UNINIT))
+        state = wo_preload_init_slow();
+    return state == WO_STATE_ACTIVE;
+}
+
 static const struct proc *find_proc(const char *name, int version)
 {
     const struct proc *best = NULL;
@@ -117,15 +129,35 @@ static const struct proc *find_proc(const char *name, int version)
     return best;
 }
 
+/* A driver library linked without -Bsymbolic takes the address of its own
+ * exported functions through the GOT, which the preloaded shim interposes:
+ * its resolver then hands out our export. The function it meant is its own
+ * definition of that name. Anything else comes back as it is. */
+static void *driver_function(void *p)
+{
+    const struct wo_real *r;
+    int i;
+
+    if (!wo_is_our_function(p))
+        return p;
+    for (i = 0; i < WO_NHOOKS && wo_hook_exports[i] != p; i++)
+        ;
+    r = i < WO_NHOOKS ? wo_real_driver() : NULL;
+    return r && r->hook[i] ? r->hook[i] : p;
+}
+
 void *wo_resolve_proc(const char *name, int version, uint64_t flags, void *real,
                       CUresult (*resolve)(const char *name, void **pfn, int ver, uint64_t flags))
 {
     const struct proc *pr;
-    int id, k = (int)flags;
+    int id, k;
     void *cur;
 
-    if (!real || !name || flags >= NFLAGS || wo_is_our_function(real))
+    if (!real || !name || flags >= NFLAGS)
         return real;
+    real = driver_function(real);
+    if (wo_is_our_function(real))
+        return real; /* one of our resolved wrappers already */
     pr = find_proc(name, version);
     if (!pr)
         return real;
@@ -134,22 +166,28 @@ void *wo_resolve_proc(const char *name, int version, uint64_t flags, void *real,
      * the version we know. */
     if (version > CUDA_VERSION) {
         void *known = NULL;
-        if (!resolve || resolve(name, &known, CUDA_VERSION, flags) != CUDA_SUCCESS || known != real)
+        if (!resolve || resolve(name, &known, CUDA_VERSION, flags) != CUDA_SUCCESS ||
+            driver_function(known) != real)
             return real;
     }
     id = flags == CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM ? pr->id_pt : pr->id;
-    cur = NULL;
-    if (!__atomic_compare_exchange_n(&slot_real[id][k], &cur, real, false, __ATOMIC_ACQ_REL,
-                                     __ATOMIC_ACQUIRE) &&
-        cur != real) {
-        wo_count(WO_CTR_proc_conflict, 1);
-        wo_log_once(WO_LOG_WARN, "%s (version %d, flags %llu) resolved to two different functions; "
-                                 "the second is not observed",
-                    name, version, (unsigned long long)flags);
-        return real;
+    /* The slot holding this very function, or a free one. */
+    for (k = 0; k < NSLOTS; k++) {
+        cur = slot_get(id, k);
+        if (!cur && !__atomic_compare_exchange_n(&slot_real[id][k], &cur, real, false,
+                                                 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+            cur != real)
+            continue; /* another thread took it for another function */
+        if (!cur || cur == real) {
+            wo_count(WO_CTR_proc_substituted, 1);
+            return slot_wrapper[id][k];
+        }
     }
-    wo_count(WO_CTR_proc_substituted, 1);
-    return slot_wrapper[id][k];
+    wo_count(WO_CTR_proc_conflict, 1);
+    wo_log_once(WO_LOG_WARN, "%s (version %d, flags %llu): more than %d different functions for one "
+                             "ABI; this one is not observed",
+                name, version, (unsigned long long)flags, NSLOTS);
+    return real;
 }
 
 /* The driver's resolver as a plain function for the version re-check. */
@@ -185,11 +223,9 @@ CUresult wo_h_proc_v1(wo_pfn_cuGetProcAddress real, int id, void *ra, const char
         return CUDA_ERROR_NOT_FOUND;
     res = real(symbol, pfn, ver, flags);
     wo_count(WO_CTR_proc_calls, 1);
-    /* The resolvers substitute even while nested or before init: a pointer
-     * handed out now is used for the life of the process. Only a disabled
-     * shim hands out the real thing. */
-    if (res == CUDA_SUCCESS && pfn && *pfn &&
-        __atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE) != WO_STATE_OFF)
+    /* Substituted even while nested: a pointer handed out now is used for
+     * the life of the process. */
+    if (res == CUDA_SUCCESS && pfn && *pfn && substituting())
         *pfn = wo_resolve_proc(symbol, ver, flags, *pfn, proc_v1_resolve);
     return res;
 }
@@ -206,7 +242,7 @@ CUresult wo_h_proc_v2(wo_pfn_cuGetProcAddress_v2 real, int id, void *ra, const c
     res = real(symbol, pfn, ver, flags, status);
     wo_count(WO_CTR_proc_calls, 1);
     if (res == CUDA_SUCCESS && pfn && *pfn && (!status || *status == CU_GET_PROC_ADDRESS_SUCCESS) &&
-        __atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE) != WO_STATE_OFF)
+        substituting())
         *pfn = wo_resolve_proc(symbol, ver, flags, *pfn, proc_v2_resolve);
     return res;
 }
@@ -233,8 +269,7 @@ static void entry_point_substitute(const char *symbol, void **fn, int ver,
 {
     void *p;
     wo_count(WO_CTR_entry_point_calls, 1);
-    if (!fn || !*fn || (status && *status != cudaDriverEntryPointSuccess) ||
-        __atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE) == WO_STATE_OFF)
+    if (!fn || !*fn || (status && *status != cudaDriverEntryPointSuccess) || !substituting())
         return;
     /* The runtime usually asks the driver through our resolver already and
      * got a wrapper; wo_resolve_proc leaves our own functions alone. */
@@ -290,7 +325,7 @@ static void *dl_substitute(const char *name, void *p)
     for (int i = 0; i < WO_NHOOKS; i++) {
         if (strcmp(wo_hook_names[i], name) != 0)
             continue;
-        if (__atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE) == WO_STATE_OFF)
+        if (!substituting())
             return p;
         /* NULL while this thread loads the driver (its constructors). */
         r = wo_real_driver();
@@ -302,7 +337,8 @@ static void *dl_substitute(const char *name, void *p)
     return p;
 }
 
-/* dlsym(RTLD_NEXT) asks for the next definition after the *caller's* object.
+/* (Architectures without the assembly exports of exports-dl.c.)
+ * dlsym(RTLD_NEXT) asks for the next definition after the *caller's* object.
  * glibc finds the caller from its own return address, which inside this hook
  * is libwoffload: so the search is redone here, relative to the caller: the
  * objects after the caller's in its namespace's link map, each asked through
@@ -310,6 +346,7 @@ static void *dl_substitute(const char *name, void *p)
  * lies in that very object (dladdr), so IFUNCs and versions resolve as glibc
  * resolves them. Differences from glibc: objects loaded RTLD_LOCAL after the
  * caller are searched too, and a miss leaves dlerror() unset. */
+#if !defined(__x86_64__)
 static void *next_lookup(void *ra, const char *name, const char *version)
 {
     Dl_info info;
@@ -338,21 +375,40 @@ static void *next_lookup(void *ra, const char *name, const char *version)
     return NULL;
 }
 
-void *wo_h_dlsym(void *handle, const char *name, void *ra)
+#endif
+
+/* No instrumentation: see WO_RAW. Only names of driver functions go on to
+ * the (instrumented) substitution. */
+WO_RAW void *wo_h_dlsym(void *handle, const char *name, void *ra)
 {
     void *p;
 
-    wo_count(WO_CTR_dlsym_calls, 1);
-    p = handle == RTLD_NEXT ? next_lookup(ra, name, NULL) : wo_real_dlsym(handle, name);
+    (void)ra;
+    __atomic_fetch_add(&wo_counter_values[WO_CTR_dlsym_calls], 1, __ATOMIC_RELAXED);
+#if !defined(__x86_64__)
+    if (handle == RTLD_NEXT)
+        p = next_lookup(ra, name, NULL);
+    else
+#endif
+        p = wo_real_dlsym(handle, name);
+    if (!p || !name || name[0] != 'c' || name[1] != 'u')
+        return p;
     return dl_substitute(name, p);
 }
 
-void *wo_h_dlvsym(void *handle, const char *name, const char *version, void *ra)
+WO_RAW void *wo_h_dlvsym(void *handle, const char *name, const char *version, void *ra)
 {
     void *p;
 
-    wo_count(WO_CTR_dlsym_calls, 1);
-    p = handle == RTLD_NEXT ? next_lookup(ra, name, version)
-                            : wo_real_dlvsym(handle, name, version);
+    (void)ra;
+    __atomic_fetch_add(&wo_counter_values[WO_CTR_dlsym_calls], 1, __ATOMIC_RELAXED);
+#if !defined(__x86_64__)
+    if (handle == RTLD_NEXT)
+        p = next_lookup(ra, name, version);
+    else
+#endif
+        p = wo_real_dlvsym(handle, name, version);
+    if (!p || !name || name[0] != 'c' || name[1] != 'u')
+        return p;
     return dl_substitute(name, p);
 }

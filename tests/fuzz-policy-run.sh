@@ -1,11 +1,15 @@
 #!/bin/bash
 # tests/fuzz-policy-run.sh: a bounded fuzz run of the policy parser, for CI.
 #
-# Builds tests/fuzz-policy (libFuzzer, clang, ASan+UBSan) in its own build
+# Builds tests/fuzz-policy (libFuzzer, clang, static ASan+UBSan) in its own build
 # directory unless one is given, fuzzes from a scratch copy of the committed
 # corpus (tests/corpus/policy is never written), and fails on any crash,
 # leak, timeout or out-of-memory. Inputs that reached new coverage are left
 # in the scratch corpus; copy interesting ones into tests/corpus/policy.
+#
+# AFL++ instead: build tests/fuzz-policy-replay with CC=afl-clang-fast and run
+#   afl-fuzz -i tests/corpus/policy -o OUT -- BUILD/tests/fuzz-policy-replay
+# (it reads the input from stdin when given no arguments).
 #
 # usage: tests/fuzz-policy-run.sh [SECONDS (60)] [BUILD_DIR]
 # env:   FUZZ_JOBS (1), FUZZ_OUT (scratch dir, default a temporary one)
@@ -22,8 +26,8 @@ if ! command -v clang >/dev/null; then
 fi
 if [ ! -x "$build/tests/fuzz-policy" ]; then
     if [ ! -d "$build" ]; then
-        CC=clang meson setup "$build" "$src" -Dfuzz=true -Db_sanitize=address,undefined \
-            -Db_lundef=false -Dbuildtype=debugoptimized >/dev/null
+        # no b_sanitize: the target links ASan+UBSan statically itself
+        CC=clang meson setup "$build" "$src" -Dfuzz=true -Dbuildtype=debugoptimized >/dev/null
     else
         meson configure "$build" -Dfuzz=true >/dev/null
     fi
@@ -33,9 +37,6 @@ fi
 mkdir -p "$out/corpus" "$out/artifacts"
 cp "$src"/tests/corpus/policy/* "$out/corpus/"
 echo "fuzz-policy-run: ${secs}s, corpus $out/corpus, artifacts $out/artifacts"
-# the project links clang's sanitizer runtime shared (-shared-libsan)
-rtdir=$(dirname "$(clang -print-file-name=libclang_rt.asan-x86_64.so)")
-export LD_LIBRARY_PATH="$rtdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 set +e
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 ASAN_OPTIONS=detect_leaks=1 \

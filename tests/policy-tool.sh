@@ -74,4 +74,14 @@ contains "$tmp/out" "min_size: 8.00 KiB is below 4.00 MiB" "explain size"
 contains "$tmp/out" "=> device, by rule 1 'keep-embeddings'" "explain first match"
 expect 2 "explain with a bad size" -- "$tool" explain "$root/examples/empty.yaml" x.weight:12XB
 expect 2 "explain without names" -- "$tool" explain "$root/examples/empty.yaml"
+# The whole policies in docs/policy.md (```yaml blocks with a rules: line) are valid.
+awk -v dir="$tmp" '/^```yaml/{f=1; n++; next} /^```/{f=0} f{print > (dir "/doc-" n ".yaml")}' \
+    "$root/docs/policy.md"
+ndoc=0
+for f in "$tmp"/doc-*.yaml; do
+    grep -q '^rules:' "$f" || continue
+    ndoc=$((ndoc + 1))
+    expect 0 "docs/policy.md block $(basename "$f")" -- "$tool" check "$f"
+done
+[ $ndoc -ge 2 ] || { echo "FAIL found only $ndoc policies in docs/policy.md"; fail=1; }
 exit $fail

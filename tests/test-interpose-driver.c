@@ -18,6 +18,9 @@
 
 #include <cmocka.h>
 #include <cudaTypedefs.h>
+#include <pthread.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "fakecuda.h"
 #include "interpose-common.h"
@@ -25,11 +28,18 @@
 /* From libinterpose-next-a.so (tests/interpose-next.c). */
 int wo_next_probe(void);
 int wo_next_from_a(void);
+int wo_next_b_marker(void);
 
 static void *lib;
 static PFN_cuGetProcAddress_v12000 gpa, inner;
 static CUfunction f_add, f_axpy;
 static CUstream stream;
+static CUcontext ctx;
+static CUfunction (*reg)(const char *, int, const size_t *, fakecuda_kernel_fn);
+static PFN_cuCtxSetCurrent_v4000 set_current;
+static PFN_cuInit_v2000 init;
+static PFN_cuDeviceGet_v2000 device_get;
+static PFN_cuDevicePrimaryCtxRetain_v7000 retain;
 
 static struct {
     PFN_cuMemAlloc_v3020 alloc;
@@ -97,14 +107,8 @@ static void *resolve(const char *name, cuuint64_t flags)
 
 static int setup(void **state)
 {
-    PFN_cuInit_v2000 init;
-    PFN_cuDeviceGet_v2000 device_get;
-    PFN_cuDevicePrimaryCtxRetain_v7000 retain;
-    PFN_cuCtxSetCurrent_v4000 set_current;
     PFN_cuStreamCreate_v2000 stream_create;
-    CUfunction (*reg)(const char *, int, const size_t *, fakecuda_kernel_fn);
     CUdevice dev;
-    CUcontext ctx;
     static const size_t sz_add[] = {sizeof(float *), sizeof(float *), sizeof(float), sizeof(int)};
     static const size_t sz_axpy[] = {sizeof(struct io), sizeof(float)};
     (void)state;
@@ -254,10 +258,11 @@ static void proc_version_selects_the_abi(void **state)
     assert_int_equal(v1("cuMemAlloc", &p, 13000, 0), CUDA_SUCCESS);
     assert_true(wo_addr_in(p, "libwoffload"));
     assert_int_equal(wo_calls("cuGetProcAddress"), v1_calls + 1);
-    /* A version newer than the shim knows still gets the wrapper when the
-     * driver answers with the same function as at the known version. */
-    assert_int_equal(inner("cuMemAlloc", &q, 14000, 0, NULL), CUDA_SUCCESS);
-    assert_ptr_equal(q, p);
+    /* A version newer than the driver: its error, out-parameters untouched
+     * (driver 580 does that; the fake follows it). */
+    q = (void *)1;
+    assert_int_equal(inner("cuMemAlloc", &q, 14000, 0, NULL), CUDA_ERROR_INVALID_VALUE);
+    assert_ptr_equal(q, (void *)1);
 }
 
 /* --- dlsym ------------------------------------------------------------------ */
@@ -297,6 +302,7 @@ static void dlsym_rtld_next_is_relative_to_the_caller(void **state)
     /* From library a: the next one after a (library b), not after the shim. */
     assert_int_equal(wo_next_from_a(), 'b');
     assert_int_equal(wo_next_probe(), 'a');
+    assert_int_equal(wo_next_b_marker(), 'b');
     assert_null(dlsym(RTLD_NEXT, "wo_no_such_symbol_anywhere"));
 }
 
@@ -495,10 +501,7 @@ static void vmm_mappings_are_observed(void **state)
     /* One unmap over both mappings forgets both. */
     assert_int_equal(d.unmap(va, 2 * sz), CUDA_SUCCESS);
     lh = wo_counter("launch_hits");
-    x = y = 0;
-    params[0] = &x;
     assert_int_equal(d.launch(f_add, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL), CUDA_SUCCESS);
-    x = va + 16;
     assert_int_equal(wo_counter("launch_hits"), lh);
     assert_int_equal(d.release(h1), CUDA_SUCCESS);
     assert_int_equal(d.release(h2), CUDA_SUCCESS);
@@ -507,6 +510,95 @@ static void vmm_mappings_are_observed(void **state)
     assert_int_equal(wo_counter("vmm_map"), m0 + 2);
     assert_int_equal(wo_counter("vmm_unmap"), u0 + 1);
     assert_int_equal(wo_counter("vmm_release"), r0 + 2);
+}
+
+/* --- threads and fork --------------------------------------------------------- */
+
+#define NTHREADS 4
+#define PER_THREAD 200
+
+static const size_t sz_add4[] = {sizeof(float *), sizeof(float *), sizeof(float), sizeof(int)};
+
+static void *launch_worker(void *arg)
+{
+    CUfunction f = arg;
+    float c = 1.0f;
+    int n = 4;
+
+    if (set_current(ctx) != CUDA_SUCCESS)
+        return (void *)1;
+    for (int i = 0; i < PER_THREAD; i++) {
+        CUdeviceptr x, y;
+        void *params[] = {&x, &y, &c, &n};
+        if (d.alloc(&x, 64) != CUDA_SUCCESS || d.alloc(&y, 64) != CUDA_SUCCESS ||
+            d.launch(f, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL) != CUDA_SUCCESS ||
+            d.free(x) != CUDA_SUCCESS || d.free(y) != CUDA_SUCCESS)
+            return (void *)1;
+    }
+    return NULL;
+}
+
+static void threads_allocating_and_launching_are_counted_exactly(void **state)
+{
+    /* A function nobody launched yet: every thread races to cache its layout. */
+    CUfunction f = reg("interpose_threads", 4, sz_add4, k_add);
+    pthread_t t[NTHREADS];
+    long long l0 = wo_counter("launch_calls"), w0 = wo_counter("launch_with_hits");
+    long long h0 = wo_counter("launch_hits"), a0 = wo_counter("alloc_calls");
+    long long f0 = wo_counter("free_calls"), nl0 = wo_counter("launch_no_layout");
+    (void)state;
+
+    assert_non_null(f);
+    for (int i = 0; i < NTHREADS; i++)
+        assert_int_equal(pthread_create(&t[i], NULL, launch_worker, f), 0);
+    for (int i = 0; i < NTHREADS; i++) {
+        void *ret;
+        assert_int_equal(pthread_join(t[i], &ret), 0);
+        assert_null(ret);
+    }
+    assert_int_equal(wo_counter("launch_calls"), l0 + NTHREADS * PER_THREAD);
+    assert_int_equal(wo_counter("launch_with_hits"), w0 + NTHREADS * PER_THREAD);
+    assert_int_equal(wo_counter("launch_hits"), h0 + 2 * NTHREADS * PER_THREAD);
+    assert_int_equal(wo_counter("alloc_calls"), a0 + 2 * NTHREADS * PER_THREAD);
+    assert_int_equal(wo_counter("free_calls"), f0 + 2 * NTHREADS * PER_THREAD);
+    assert_int_equal(wo_counter("launch_no_layout"), nl0);
+}
+
+/* CUDA is not usable in the child of a process that initialised it (the
+ * fake, like the real driver, says CUDA_ERROR_NOT_INITIALIZED): the hooks
+ * must hand that error back unchanged, record nothing, and not hang on
+ * state (locks, capture tables) the parent's other threads held. */
+static void fork_child_gets_the_drivers_errors_and_no_hang(void **state)
+{
+    int status = 0;
+    pid_t pid;
+    (void)state;
+
+    assert_int_equal(d.begin_capture(stream, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        long long l0 = wo_counter("launch_calls"), a0 = wo_counter("alloc_calls");
+        CUdeviceptr x = 0;
+        float c = 1.0f;
+        int n = 0;
+        void *params[] = {&x, &x, &c, &n};
+        CUresult r1 = d.alloc(&x, 64);
+        CUresult r2 = d.launch(f_add, 1, 1, 1, 1, 1, 1, 0, NULL, params, NULL);
+        int ok = r1 == CUDA_ERROR_NOT_INITIALIZED && r2 == CUDA_ERROR_NOT_INITIALIZED &&
+                 wo_counter("launch_calls") == l0 && wo_counter("alloc_calls") == a0 &&
+                 wo_addr_in(dlsym(lib, "cuLaunchKernel"), "libwoffload");
+        if (!ok)
+            fprintf(stderr, "child: alloc %d launch %d\n", r1, r2);
+        _exit(ok ? 0 : 1);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    {
+        CUgraph g = NULL;
+        assert_int_equal(d.end_capture(stream, &g), CUDA_SUCCESS);
+    }
 }
 
 int main(void)
@@ -523,6 +615,8 @@ int main(void)
         cmocka_unit_test(launch_extra_buffer_form_is_scanned),
         cmocka_unit_test(capture_and_graph_launches_are_attributed),
         cmocka_unit_test(vmm_mappings_are_observed),
+        cmocka_unit_test(threads_allocating_and_launching_are_counted_exactly),
+        cmocka_unit_test(fork_child_gets_the_drivers_errors_and_no_hang),
     };
     if (!dlsym(RTLD_DEFAULT, "woffload_stats")) {
         fprintf(stderr, "libwoffload.so is not preloaded\n");

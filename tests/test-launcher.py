@@ -234,5 +234,97 @@ class PythonWithoutLibrary(unittest.TestCase):
         self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
 
 
+FAKE_TORCH = """
+# A stand-in for the parts of torch the hook uses.
+class _Handle:
+    def __init__(self, d, k): self.d, self.k = d, k
+    def remove(self): self.d.pop(self.k, None)
+_hooks = {}
+class T:
+    def __init__(self, ptr, n, cuda=True, elem=2):
+        self.ptr, self.n, self.is_cuda, self.elem = ptr, n, cuda, elem
+        self.is_meta, self.shape, self._stride = False, (n,), (1,)
+    def numel(self): return self.n
+    def element_size(self): return self.elem
+    def stride(self): return self._stride
+    def data_ptr(self): return self.ptr
+class Module:
+    def __init__(self, **kw): self.kw = kw; self.calls = 0
+    def _items(self, prefix, kind):
+        for k, v in self.kw.items():
+            name = prefix + ("." if prefix else "") + k
+            if isinstance(v, Module):
+                yield from v._items(name, kind)
+            elif (kind == "param") == (not k.startswith("buf")):
+                yield name, v
+    def named_parameters(self, prefix="", remove_duplicate=True): return self._items(prefix, "param")
+    def named_buffers(self, prefix="", remove_duplicate=True): return self._items(prefix, "buf")
+    def parameters(self): return (v for _, v in self.named_parameters())
+    def __call__(self, *args):
+        for h in list(_hooks.values()):
+            h(self, args)
+        self.calls += 1
+class _NS: pass
+nn = _NS(); nn.Module = Module; nn.modules = _NS(); nn.modules.module = _NS()
+def register_module_forward_pre_hook(h):
+    k = object(); _hooks[k] = h; return _Handle(_hooks, k)
+nn.modules.module.register_module_forward_pre_hook = register_module_forward_pre_hook
+compiler = _NS(); compiler.disable = lambda f: f
+"""
+
+HOOK_SCRIPT = """
+import errno, woffload
+calls = []
+class Fake:
+    def __getattr__(self, name):
+        def f(*a):
+            calls.append((name,) + tuple(getattr(x, 'value', x) for x in a))
+            if name == 'woffload_tag' and a[2] == b'other.w':
+                return -errno.ENOENT
+            return 0
+        return f
+woffload._lib, woffload._lib_looked_up = Fake(), True
+from woffload import _auto
+_auto.install()
+assert not any(c[0] == 'woffload_seal' for c in calls)
+import torch                                   # the watcher installs the forward hook here
+T, M = torch.T, torch.nn.Module
+cpu = M(w=T(0x1000, 8, cuda=False))
+cpu()                                          # no CUDA parameters: ignored
+assert not any(c[0] == 'woffload_tag' for c in calls), calls
+shared = T(0x9000, 64)
+model = M(embed=shared, layers=M(l0=M(w=T(0x2000, 100), buf_b=T(0x3000, 4))), lm_head=shared,
+          cpuw=T(0x4000, 4, cuda=False))
+model(); model()
+tags = [(c[1], c[2], c[3].decode()) for c in calls if c[0] == 'woffload_tag']
+assert tags == [(0x9000, 128, 'embed'), (0x2000, 200, 'layers.l0.w'), (0x3000, 8, 'layers.l0.buf_b')], tags
+assert [c[0] for c in calls].count('woffload_seal') == 1
+M(w=T(0x5000, 4))()                            # a second model: the hook is gone
+assert [c[0] for c in calls].count('woffload_tag') == 3
+assert not torch._hooks
+rep = woffload.tag_module(M(a=T(0x7000, 4), b=T(0x7000, 4), other=M(w=T(0x8000, 4))))
+assert rep.tagged == ['a'] and rep.aliases == {'b': 'a'} and rep.errors == {'other.w': -errno.ENOENT}, rep
+print('ok')
+"""
+
+
+class AutoHook(unittest.TestCase):
+    """The automatic hook's rule, against a stand-in torch and library."""
+
+    def test_first_cuda_module_is_tagged_and_sealed_once(self):
+        tmp = tempfile.mkdtemp(prefix="wo-hook-")
+        try:
+            os.makedirs(os.path.join(tmp, "torch"))
+            with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+                f.write(FAKE_TORCH)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join([PYDIR, tmp]))
+            env.pop("LD_PRELOAD", None)
+            r = subprocess.run([sys.executable, "-c", HOOK_SCRIPT], capture_output=True, text=True,
+                               env=env, timeout=60)
+            self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+        finally:
+            shutil.rmtree(tmp)
+
+
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0], "-v"])

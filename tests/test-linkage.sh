@@ -1,17 +1,20 @@
 #!/bin/sh
-# tests/test-linkage.sh LIB [SANITIZER_RUNTIME]: libwoffload.so never links the CUDA driver or
+# tests/test-linkage.sh LIB [SANITIZER_RUNTIME [LOADER]]: libwoffload.so never links the CUDA driver or
 # runtime (they are dlopen()ed on first use, so the library must also work
 # in a process that has neither), and it loads and runs its public API in a
 # process where no CUDA driver can be found:
 #   1. readelf -d: no libcuda / libcudart / libcuda stubs in NEEDED;
-#   2. python3 ctypes.CDLL(LIB) + woffload_version(), with the library path
-#      emptied and WOFFLOAD_CUDA_LIB pointing nowhere, and libcuda must not
-#      be mapped into the process afterwards (loading pulls nothing in);
+#   2. LOADER (tests/linkage-loader.c: dlopen RTLD_NOW, woffload_version())
+#      and python3 ctypes.CDLL(LIB) + woffload_version() (how python/ loads
+#      it), with the library path emptied and WOFFLOAD_CUDA_LIB pointing
+#      nowhere; libcuda must not be mapped afterwards (loading pulls nothing
+#      in);
 #   3. LD_PRELOAD=LIB into a plain program, which must exit 0 promptly.
 set -eu
 
-lib=${1:?usage: test-linkage.sh LIB [SANITIZER_RUNTIME]}
+lib=${1:?usage: test-linkage.sh LIB [SANITIZER_RUNTIME [LOADER]]}
 san=${2:-}
+loader=${3:-}
 [ -r "$lib" ] || { echo "test-linkage: $lib: not readable" >&2; exit 1; }
 lib=$(readlink -f "$lib")
 fail=0
@@ -49,7 +52,35 @@ trap 'rmdir "$empty"' EXIT
 # reports its own errors
 export ASAN_OPTIONS="${ASAN_OPTIONS:-}${ASAN_OPTIONS:+:}detect_leaks=0:verify_asan_link_order=0"
 
-if ! out=$(timeout 60 env LD_LIBRARY_PATH="$empty" WOFFLOAD_CUDA_LIB="$empty/libcuda.so.1" \
+status() {
+    case $1 in
+    124) echo "hung (killed after the timeout)" ;;
+    13[0-9] | 1[4-9][0-9] | 2[0-9][0-9]) echo "killed by signal $(($1 - 128))$( [ "$1" = 139 ] && echo ' (SIGSEGV)')" ;;
+    *) echo "exit status $1" ;;
+    esac
+}
+
+# With a sanitizer runtime preloaded, a program may fail without our library
+# (TSan cannot run this machine's python3): such a check says nothing about
+# the library and is skipped, saying so.
+runs_alone() {
+    [ -z "$preload" ] || timeout 60 env LD_PRELOAD="$preload" "$@" >/dev/null 2>&1
+}
+
+if [ -n "$loader" ]; then
+    if out=$(timeout 60 env LD_LIBRARY_PATH="$empty" WOFFLOAD_CUDA_LIB="$empty/libcuda.so.1" \
+            LD_PRELOAD="$preload" "$loader" "$lib" 2>&1); then
+        echo "test-linkage: loader: $out"
+    else
+        echo "test-linkage: $loader $lib failed: $(status $?)" >&2
+        printf '%s\n' "$out" | sed 's/^/  /' >&2
+        fail=1
+    fi
+fi
+
+if ! runs_alone python3 -c pass; then
+    echo "test-linkage: python3 does not run with $preload preloaded even without $lib; ctypes check skipped"
+elif out=$(timeout 60 env LD_LIBRARY_PATH="$empty" WOFFLOAD_CUDA_LIB="$empty/libcuda.so.1" \
         LD_PRELOAD="$preload" python3 - "$lib" 2>&1 <<'PY'
 import ctypes, sys
 lib = ctypes.CDLL(sys.argv[1])
@@ -64,20 +95,22 @@ for bad in ("libcuda.so", "libcudart.so"):
 print("loaded, version", v.decode())
 PY
 ); then
-    echo "test-linkage: loading $lib with ctypes failed:" >&2
+    echo "test-linkage: ctypes: $out"
+else
+    echo "test-linkage: loading $lib with ctypes failed: $(status $?)" >&2
     printf '%s\n' "$out" | sed 's/^/  /' >&2
     fail=1
-else
-    echo "test-linkage: ctypes: $out"
 fi
 
 prog=$(command -v true)
-if ! out=$(timeout 30 env LD_LIBRARY_PATH="$empty" WOFFLOAD_CUDA_LIB="$empty/libcuda.so.1" \
+if ! runs_alone "$prog"; then
+    echo "test-linkage: $prog does not run with $preload preloaded even without $lib; LD_PRELOAD check skipped"
+elif out=$(timeout 30 env LD_LIBRARY_PATH="$empty" WOFFLOAD_CUDA_LIB="$empty/libcuda.so.1" \
         LD_PRELOAD="$preload${preload:+ }$lib" "$prog" 2>&1); then
-    echo "test-linkage: LD_PRELOAD=$lib $prog failed or hung:" >&2
+    echo "test-linkage: LD_PRELOAD into $prog: ok"
+else
+    echo "test-linkage: LD_PRELOAD=$lib $prog failed: $(status $?)" >&2
     printf '%s\n' "$out" | sed 's/^/  /' >&2
     fail=1
-else
-    echo "test-linkage: LD_PRELOAD into $prog: ok"
 fi
 exit $fail

@@ -12,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "core/log.h"
 #include "policy/policy.h"
 #include "wo-config.h"
 
@@ -497,6 +498,22 @@ static void error_bad_regex_with_regerror_text(void **state)
                  "found invalid regular expression 'a(b' (");
     expect_error("rules:\n  - regex: ['ok', '[z-a]']\n    place: host\n", 2, 19,
                  "invalid regular expression '[z-a]'");
+    /* glibc would spend gigabytes on these, or exponential time matching */
+    expect_error("rules:\n  - regex: '(((((((((((((a+)+)+)+)+)+)+)+)+)+)+)+)+)+'\n    place: host\n", 2, 12,
+                 "whose repetitions expand too far");
+    expect_error("rules:\n  - regex: '((a{50}){50}){50}'\n    place: host\n", 2, 12,
+                 "whose repetitions expand too far");
+    expect_error("rules:\n  - regex: 'Y+*+*+*+*'\n    place: host\n", 2, 12,
+                 "with a quantifier applied to a quantifier");
+    expect_error("rules:\n  - regex: ['ok', 'a{2}{3}']\n    place: host\n", 2, 19,
+                 "with a quantifier applied to a quantifier");
+    expect_error("rules:\n  - regex: '(a+)\\1'\n    place: host\n", 2, 12,
+                 "found back-reference '\\1'");
+    {
+        struct wo_policy *p = load_ok("rules:\n  - regex: ['(a{30}){30}', 'blk\\.([0-9]+)\\.', "
+                                      "'[[:alpha:]]+[]x]{3}']\n    place: host\n");
+        wo_policy_free(p);
+    }
 }
 
 static void warning_perl_digit_class_in_regex(void **state)
@@ -726,6 +743,33 @@ static void diagnostics_format_as_file_line_column(void **state)
     wo_diags_clear(&d);
 }
 
+static void diagnostics_go_to_the_log_without_a_diags_struct(void **state)
+{
+    char path[] = "/tmp/test-policy-log-XXXXXX", buf[2048];
+    int fd = mkstemp(path);
+    struct wo_policy *p = (struct wo_policy *)1;
+    ssize_t n;
+    static const char bad[] = "defualt: host\n";
+    static const char warned[] = "rules:\n  - glob: '*'\n    place: host\n"
+                                 "  - glob: x\n    place: device\n";
+
+    assert_true(fd >= 0);
+    wo_log_set_fd(fd);
+    wo_log_set_level(WO_LOG_WARN);
+    assert_int_equal(wo_policy_load_buffer(bad, strlen(bad), "log.yaml", NULL, &p, NULL), -EINVAL);
+    assert_null(p);
+    assert_int_equal(wo_policy_load_buffer(warned, strlen(warned), "log.yaml", NULL, &p, NULL), 0);
+    p = wo_policy_free(p);
+    wo_log_set_fd(2);
+    n = pread(fd, buf, sizeof(buf) - 1, 0);
+    assert_true(n > 0);
+    buf[n] = '\0';
+    assert_non_null(strstr(buf, "woffload: error: log.yaml:1:1: found unknown key 'defualt'"));
+    assert_non_null(strstr(buf, "woffload: warning: log.yaml:4:5: rule 2 can never match"));
+    close(fd);
+    unlink(path);
+}
+
 /* ---- the normalized form ---- */
 
 static char *dump_str(const struct wo_policy *p)
@@ -875,6 +919,7 @@ int main(void)
         cmocka_unit_test(error_bytes_nul_utf8_yaml_syntax),
         cmocka_unit_test(error_files_missing_directory_empty_unreadable),
         cmocka_unit_test(diagnostics_format_as_file_line_column),
+        cmocka_unit_test(diagnostics_go_to_the_log_without_a_diags_struct),
         cmocka_unit_test(dump_normalized_form_loads_back_identically),
         cmocka_unit_test(dump_examples_load_and_are_fixed_points),
         cmocka_unit_test(counts_report_names_bytes_and_unmatched_rules),

@@ -11,6 +11,8 @@
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "core/log.h"
 #include "core/settings.h"
@@ -268,8 +270,43 @@ static void process_settings_are_read_once(void **state)
     assert_ptr_equal(a, b);
 }
 
-int main(void)
+/* In a new process (wo_settings() reads the environment once per process):
+ * with WOFFLOAD_LOG_FILE set, log lines are appended to that file. */
+static void log_file_setting_redirects_log(void **state)
 {
+    char path[] = "/tmp/test-settings-log-XXXXXX";
+    int fd = mkstemp(path), status;
+    char buf[256] = {0};
+    pid_t pid;
+
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, "before\n", 7), 7);
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        /* a fresh process: this one has read its settings already */
+        setenv("WOFFLOAD_LOG_FILE", path, 1);
+        setenv("WOFFLOAD_LOG", "info", 1);
+        execl("/proc/self/exe", "test-settings", "--log-to-setting", (char *)NULL);
+        _exit(127);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(status, 0);
+    assert_true(pread(fd, buf, sizeof(buf) - 1, 0) > 0);
+    close(fd);
+    unlink(path);
+    /* appended, not truncated */
+    assert_string_equal(buf, "before\nwoffload: to the file\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--log-to-setting") == 0) {
+        wo_settings();
+        wo_info("to the file");
+        return 0;
+    }
+
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults_without_environment),
         cmocka_unit_test(every_variable_good_and_bad),
@@ -280,6 +317,7 @@ int main(void)
         cmocka_unit_test(level_names_round_trip),
         cmocka_unit_test(print_lists_every_variable),
         cmocka_unit_test(process_settings_are_read_once),
+        cmocka_unit_test(log_file_setting_redirects_log),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

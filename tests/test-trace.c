@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -678,8 +680,62 @@ static void write_error_midway_stops_recording(void **state)
     assert_int_equal(count_lines(log), 1);
     assert_non_null(strstr(log, "pipe-trace"));
     assert_non_null(strstr(log, "Broken pipe"));
-    assert_non_null(strstr(log, "recording stopped after"));
+    assert_non_null(strstr(log, "recording stopped"));
     free(log);
+}
+
+/* A full disk after recording started (a file size limit stands in for it:
+ * EFBIG where a disk gives ENOSPC, the same path): the file is cut back to
+ * whole records, so it reads as a trace without footer. */
+static void disk_full_midway_leaves_whole_records(void **state)
+{
+    char path[256], logp[256];
+    pid_t pid;
+    int status;
+    size_t len;
+    uint8_t *buf;
+    char *log;
+    uint64_t off;
+    char err[WO_TRACE_ERR_MAX];
+
+    (void)state;
+    path_in(path, sizeof(path), "limited.wotrace");
+    path_in(logp, sizeof(logp), "log");
+    pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        struct rlimit rl = {100000, 100000};
+        struct wo_trace *t;
+        struct wo_event ev = make_event(WO_EV_LAUNCH, 3);
+        int fd = open(logp, O_RDWR | O_CREAT | O_TRUNC, 0600), e = 0;
+        unsigned n;
+        signal(SIGXFSZ, SIG_IGN);
+        if (fd < 0 || setrlimit(RLIMIT_FSIZE, &rl) < 0)
+            _exit(10);
+        wo_log_set_fd(fd);
+        if (wo_trace_open(path, &t) < 0)
+            _exit(11);
+        for (n = 0; n < 1000000 && (e = wo_trace_event(t, &ev)) == 0; n++)
+            ;
+        if (e != -EIO || wo_trace_ok(t) || wo_trace_close(t, 0) != -EIO)
+            _exit(12);
+        _exit(0);
+    }
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    log = (char *)slurp(logp, &len);
+    log[len] = '\0';
+    assert_int_equal(count_lines(log), 1);
+    assert_non_null(strstr(log, "File too large"));
+    assert_non_null(strstr(log, "whole records"));
+    free(log);
+    buf = slurp(path, &len);
+    assert_true(len > 0 && len <= 100000);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), 0);
+    assert_int_equal(read_all(buf, len, WO_TRACE_STRICT, &off, err, sizeof(err)), -EBADMSG);
+    assert_non_null(strstr(err, "without a footer"));
+    free(buf);
 }
 
 /* ---- the registry supplies (id, gen) of alloc events ------------------------------- */
@@ -771,6 +827,7 @@ int main(void)
         cmocka_unit_test(unwritable_path_logs_once),
         cmocka_unit_test(full_disk_logs_once),
         cmocka_unit_test(write_error_midway_stops_recording),
+        cmocka_unit_test(disk_full_midway_leaves_whole_records),
         cmocka_unit_test(alloc_event_takes_ids_from_registry),
         cmocka_unit_test(generator_makes_moe_decode),
     };

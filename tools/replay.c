@@ -38,13 +38,19 @@ struct rr {
     size_t ntags;
 };
 
+/* One access of a unit in the bound: its GPU time if resident / streamed
+ * and its link time if streamed. */
 struct bacc {
     uint32_t unit, k;
-    double b;
+    double gR, gS, lS;
 };
 
 struct bunit {
     double s, ld, ev;
+};
+
+struct busy {
+    double a, b;
 };
 
 struct sim {
@@ -58,7 +64,9 @@ struct sim {
     struct wo_graphs *graphs;
 
     double hbm_s, zc_s, kernel_s, launch_s, sync_s;
-    double cpu_t, cpu_work, gpu_free, link_free, uvm_free;
+    double cpu_t, cpu_work, gpu_free, uvm_free;
+    struct busy *lk; /* link bookings, sorted, disjoint */
+    size_t nlk, caplk;
     uint64_t prev_trace_t;
     int have_prev, after_sync, sealed;
 
@@ -84,6 +92,8 @@ struct sim {
 
     uint64_t launches;
     uint64_t max_resident;
+    unsigned warmup;
+    const uint8_t *oracle; /* units resident throughout (the clairvoyant schedule) */
     unsigned tl_n;
     int err;
 };
@@ -134,13 +144,66 @@ static int name_at(const struct rr *r, uint64_t off)
     return r->ntags ? r->tags[0].name : -1;
 }
 
+/* ---- the PCIe link: a calendar of busy intervals ------------------------ */
+
+/* Uses the link for d seconds from t on, in the idle gaps between earlier
+ * bookings (a prefetch booked for later does not block a kernel's read
+ * now: the link shares its time); returns when the last byte crossed. */
+static double link_use(struct sim *s, double t, double d)
+{
+    size_t i = 0, j = 0;
+
+    /* forget intervals no later request can touch (requests start at or
+     * after the host clock) */
+    while (j < s->nlk && s->lk[j].b < s->cpu_t)
+        j++;
+    if (j) {
+        memmove(s->lk, s->lk + j, (s->nlk - j) * sizeof(*s->lk));
+        s->nlk -= j;
+    }
+    while (d > 0) {
+        double gap;
+
+        while (i < s->nlk && s->lk[i].b <= t)
+            i++;
+        if (i < s->nlk && s->lk[i].a <= t) {
+            t = s->lk[i].b;
+            continue;
+        }
+        gap = i < s->nlk ? s->lk[i].a - t : INFINITY;
+        if (gap > d)
+            gap = d;
+        /* book [t, t + gap): extend the previous interval or insert */
+        if (i > 0 && s->lk[i - 1].b >= t) {
+            s->lk[i - 1].b = t + gap;
+        } else {
+            if (grow((void **)&s->lk, &s->caplk, s->nlk + 1, sizeof(*s->lk)) < 0) {
+                s->err = -ENOMEM;
+                return t + d;
+            }
+            memmove(s->lk + i + 1, s->lk + i, (s->nlk - i) * sizeof(*s->lk));
+            s->lk[i] = (struct busy){t, t + gap};
+            s->nlk++;
+            i++;
+        }
+        if (i < s->nlk && s->lk[i - 1].b >= s->lk[i].a) { /* touches the next one: merge */
+            s->lk[i - 1].b = s->lk[i].b;
+            memmove(s->lk + i, s->lk + i + 1, (s->nlk - i - 1) * sizeof(*s->lk));
+            s->nlk--;
+        }
+        t += gap;
+        d -= gap;
+    }
+    return t;
+}
+
 /* ---- timeline ------------------------------------------------------------- */
 
 static void tl_event(struct sim *s, int tid, const char *name, double t0, double t1)
 {
     FILE *f = s->o->timeline;
 
-    if (!f || s->tl_n >= MAX_TIMELINE_EVENTS)
+    if (!f || s->oracle || s->tl_n >= MAX_TIMELINE_EVENTS)
         return;
     fprintf(f, "%s{\"name\":\"", s->tl_n++ ? ",\n" : "");
     for (const char *c = name; *c; c++) {
@@ -350,7 +413,7 @@ static void apply_actions(struct sim *s)
         ni = name_at(r, a.offset);
         t0 = WO_MAX(s->uvm_free, s->cpu_t);
         if (a.type == WO_PLAN_PREFETCH) {
-            double bps = wo_devmodel_pf_bps(s->dm, a.bytes), ls;
+            double bps = wo_devmodel_pf_bps(s->dm, a.bytes);
 
             t1 = t0 + s->dm->pf_call_us * 1e-6;
             if (a.how == WO_PLAN_COLLAPSE) {
@@ -361,9 +424,7 @@ static void apply_actions(struct sim *s)
                     t1 += s->dm->advise_us * 1e-6;
                 }
             }
-            ls = WO_MAX(t1, s->link_free);
-            t1 = ls + (double)a.bytes / bps;
-            s->link_free = t1;
+            t1 = link_use(s, t1, (double)a.bytes / bps);
             s->uvm_free = t1;
             mark_ready(r, a.offset, a.bytes, t1);
             if (s->in_window) {
@@ -428,21 +489,49 @@ static void window_open(struct sim *s, double t)
     s->w_k = 0;
 }
 
-static int add_acc(struct sim *s, uint32_t unit, uint32_t k, double b)
+static int add_acc(struct sim *s, uint32_t unit, uint32_t k, double gR, double gS, double lS)
 {
     if (s->nacc && s->acc[s->nacc - 1].unit == unit && s->acc[s->nacc - 1].k == k) {
-        s->acc[s->nacc - 1].b += b;
+        s->acc[s->nacc - 1].gR += gR;
+        s->acc[s->nacc - 1].gS += gS;
+        s->acc[s->nacc - 1].lS += lS;
         return 0;
     }
     if (grow((void **)&s->acc, &s->capacc, s->nacc + 1, sizeof(*s->acc)) < 0)
         return -ENOMEM;
-    s->acc[s->nacc++] = (struct bacc){unit, k, b};
+    s->acc[s->nacc++] = (struct bacc){unit, k, gR, gS, lS};
     return 0;
+}
+
+/* The bound's share of one kernel: its GPU time is max(compute, its own
+ * reads over the link), F + resident bytes at HBM speed against H + streamed
+ * bytes at zero-copy speed. With one managed unit access the max is exact
+ * per choice; with more, max(F + x, H + y) >= H + y is what stays linear. */
+static void bound_kernel(struct sim *s, const struct bacc *v, size_t n, double F, double H)
+{
+    if (n == 0) {
+        s->fixed_cp += WO_MAX(F, H);
+        return;
+    }
+    if (n == 1) {
+        double b = v[0].gR; /* bytes, see kernel() */
+
+        if (add_acc(s, v[0].unit, v[0].k, WO_MAX(F + b * s->hbm_s, H), WO_MAX(F, H + b * s->zc_s),
+                    b * s->zc_s) < 0)
+            s->err = -ENOMEM;
+        return;
+    }
+    s->fixed_cp += H;
+    for (size_t i = 0; i < n; i++)
+        if (add_acc(s, v[i].unit, v[i].k, 0, v[i].gR * s->zc_s, v[i].gR * s->zc_s) < 0)
+            s->err = -ENOMEM;
 }
 
 static void kernel(struct sim *s, const struct wo_event *ev)
 {
-    double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0;
+    double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
+    struct bacc ka[64];
+    size_t nka = 0;
     const char *kname;
 
     if (is_boundary(s, ev)) {
@@ -508,14 +597,16 @@ static void kernel(struct sim *s, const struct wo_event *ev)
                     uint64_t lo = WO_MAX(hit->offset, u * r->usize);
                     uint64_t hi = WO_MIN(end_off, (u + 1) * r->usize);
 
-                    if (add_acc(s, r->ubase + (uint32_t)u, (uint32_t)s->w_k, (double)(hi - lo)) < 0)
-                        s->err = -ENOMEM;
+                    if (nka < WO_ARRAY_SIZE(ka))
+                        ka[nka++] = (struct bacc){r->ubase + (uint32_t)u, (uint32_t)s->w_k,
+                                                  (double)(hi - lo), 0, 0};
                 }
             }
         } else if (place == WO_PLACE_HOST) {
             zc += (double)b;
             if (s->in_window) {
                 s->fixed_link += (double)b * s->zc_s;
+                host_zc += (double)b * s->zc_s;
                 if (ni >= 0) {
                     s->names[ni].zc_bytes += (double)b;
                     s->names[ni].read_s += (double)b * s->zc_s;
@@ -530,18 +621,12 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             }
         }
     }
-    le = t_in;
-    if (zc > 0) {
-        double ls = WO_MAX(t_in, s->link_free);
-
-        le = ls + zc * s->zc_s;
-        s->link_free = le;
-    }
+    le = zc > 0 ? link_use(s, t_in, zc * s->zc_s) : t_in;
     end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
     s->gpu_free = end;
     if (s->in_window) {
         s->zc_b += zc;
-        s->fixed_cp += s->kernel_s + fixed_hbm * s->hbm_s;
+        bound_kernel(s, ka, nka, s->kernel_s + fixed_hbm * s->hbm_s, host_zc);
         s->w_k++;
     }
     kname = wo_trace_data_kernel(s->d, ev->l.func);
@@ -604,6 +689,10 @@ static int seal(struct sim *s)
             return -ENOMEM;
         for (uint32_t p = 0; p < r->npieces; p++)
             r->ready[p] = INFINITY;
+        if (s->oracle)
+            for (uint64_t u = 0; u * r->usize < r->tr->size; u++)
+                if (s->oracle[r->ubase + u])
+                    mark_ready(r, u * r->usize, WO_MIN(r->usize, r->tr->size - u * r->usize), 0);
         if (s->plan && wo_plan_range_add(s->plan, r->tr->id, r->tr->gen, r->tr->size,
                                          (r->written ? WO_PLAN_WRITTEN : 0) |
                                              (r->no_slices ? WO_PLAN_NO_SLICES : 0),
@@ -642,14 +731,14 @@ static double bound_eval(const struct sim *s, const struct bunit *bu, double bud
         double R, S, occ1 = la * x->s;
         uint32_t k = s->acc[i].k;
 
-        R = al * s->acc[i].b * s->hbm_s + occ1 + WO_MIN(occ1 * k, load);
-        S = nu * s->acc[i].b * s->zc_s;
+        R = al * s->acc[i].gR + occ1 + WO_MIN(occ1 * k, load);
+        S = al * s->acc[i].gS + nu * s->acc[i].lS;
         for (i++; i < s->nacc && s->acc[i].unit == u; i++) {
             double g = (double)(s->acc[i].k - k), cr, cs, nR, nS;
 
             k = s->acc[i].k;
-            cr = al * s->acc[i].b * s->hbm_s + occ1;
-            cs = nu * s->acc[i].b * s->zc_s;
+            cr = al * s->acc[i].gR + occ1;
+            cs = al * s->acc[i].gS + nu * s->acc[i].lS;
             nR = cr + WO_MIN(R + WO_MIN(occ1 * (g - 1), evict + load), S + load);
             nS = cs + WO_MIN(S, R + evict);
             R = nR;
@@ -742,37 +831,6 @@ static double bound(struct sim *s, uint64_t budget)
             }
         }
     }
-    if (getenv("WO_REPLAY_DEBUG")) {
-        double sb = 0;
-        for (size_t i = 0; i < s->nacc; i++)
-            sb += s->acc[i].b;
-        fprintf(stderr, "bound: nacc %zu bytes %.3g N %.0f fixed_cp %.4g fixed_link %.4g best %.4g mu %.2f nu %.2f\n",
-                s->nacc, sb, N, s->fixed_cp, s->fixed_link, best, bm, bn);
-        {
-            /* the static oracle: best fixed set by true counts */
-            double *cnt = calloc(s->nunits, sizeof(double));
-            uint32_t *ord = calloc(s->nunits, sizeof(uint32_t));
-            double used = 0, rest = 0;
-            for (size_t i = 0; i < s->nacc; i++)
-                cnt[s->acc[i].unit] += s->acc[i].b;
-            for (uint32_t i = 0; i < s->nunits; i++)
-                ord[i] = i;
-            for (uint32_t i = 0; i < s->nunits; i++)
-                for (uint32_t j = i + 1; j < s->nunits; j++)
-                    if (cnt[ord[j]] / bu[ord[j]].s > cnt[ord[i]] / bu[ord[i]].s) {
-                        uint32_t t = ord[i]; ord[i] = ord[j]; ord[j] = t;
-                    }
-            for (uint32_t i = 0; i < s->nunits; i++) {
-                if (used + bu[ord[i]].s <= (double)budget)
-                    used += bu[ord[i]].s;
-                else
-                    rest += cnt[ord[i]];
-            }
-            fprintf(stderr, "static oracle: streamed %.3g bytes in window = %.4g s link\n", rest, rest * s->zc_s);
-            free(cnt);
-            free(ord);
-        }
-    }
     free(bu);
     return best;
 }
@@ -787,7 +845,9 @@ static void sim_free(struct sim *s)
             free(s->r[i].tags);
         }
     free(s->r);
+    free(s->names);
     free(s->acc);
+    free(s->lk);
     wo_plan_free(s->plan);
     wo_graphs_free(s->graphs);
     wo_stepper_done(&s->stepper);
@@ -885,31 +945,32 @@ static int name_cmp(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
-                  struct wo_replay_result *res, char *msg, size_t msglen)
+/* One pass of the simulation; oracle: NULL for the planner (or none with
+ * no_prefetch), else the units resident throughout (the clairvoyant static
+ * schedule). Fills s (the caller frees it with sim_free). */
+static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                    const uint8_t *oracle, struct sim *s, uint64_t *ret_budget,
+                    uint64_t *ret_managed, char *msg, size_t msglen)
 {
-    struct sim s;
     uint64_t managed = 0, devbytes = 0, budget;
     uint32_t nunits = 0;
     int r;
 
-    memset(res, 0, sizeof(*res));
-    memset(&s, 0, sizeof(s));
-    s.d = d;
-    s.o = o;
-    s.dm = o->dm;
-    s.hbm_s = 1.0 / (s.dm->hbm_gbs * 1e9);
-    s.zc_s = 1.0 / (s.dm->zc_gbs * 1e9);
-    s.kernel_s = s.dm->kernel_us * 1e-6;
-    s.launch_s = s.dm->launch_us * 1e-6;
-    s.sync_s = s.dm->sync_us * 1e-6;
-    s.graphs = wo_graphs_new();
-    if (!s.graphs || setup_ranges(&s) < 0 || prepass(&s) < 0) {
-        r = -ENOMEM;
-        goto out;
-    }
+    memset(s, 0, sizeof(*s));
+    s->d = d;
+    s->o = o;
+    s->dm = o->dm;
+    s->oracle = oracle;
+    s->hbm_s = 1.0 / (s->dm->hbm_gbs * 1e9);
+    s->zc_s = 1.0 / (s->dm->zc_gbs * 1e9);
+    s->kernel_s = s->dm->kernel_us * 1e-6;
+    s->launch_s = s->dm->launch_us * 1e-6;
+    s->sync_s = s->dm->sync_us * 1e-6;
+    s->graphs = wo_graphs_new();
+    if (!s->graphs || setup_ranges(s) < 0 || prepass(s) < 0)
+        return -ENOMEM;
     for (size_t i = 0; i < d->nranges; i++) {
-        struct rr *x = &s.r[i];
+        struct rr *x = &s->r[i];
 
         if (x->place == WO_PLACE_MANAGED) {
             managed += x->tr->size;
@@ -922,50 +983,121 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
             devbytes += x->tr->size;
         }
     }
-    s.nunits = nunits;
+    s->nunits = nunits;
     if (o->budget_frac > 0)
         budget = (uint64_t)((double)managed * o->budget_frac);
     else if (o->budget_bytes)
         budget = o->budget_bytes;
     else if (o->policy)
-        budget = wo_policy_device_budget(o->policy, s.dm->device_bytes,
-                                         s.dm->device_bytes > devbytes ? s.dm->device_bytes - devbytes : 0);
+        budget = wo_policy_device_budget(o->policy, s->dm->device_bytes,
+                                         s->dm->device_bytes > devbytes ? s->dm->device_bytes - devbytes : 0);
     else
-        budget = (s.dm->device_bytes > devbytes ? s.dm->device_bytes - devbytes : 0) / 2;
-    if (s.nsteps_total < 2) {
+        budget = (s->dm->device_bytes > devbytes ? s->dm->device_bytes - devbytes : 0) / 2;
+    *ret_budget = budget;
+    *ret_managed = managed;
+    if (s->nsteps_total < 2) {
         snprintf(msg, msglen, "no repeating step found in the trace (the launches after seal "
                  "form no period seen at least three times): nothing to measure per step");
-        r = -EINVAL;
-        goto out;
+        return -EINVAL;
     }
-    res->warmup = o->warmup != UINT_MAX ? o->warmup
-                                        : (unsigned)WO_MIN((uint64_t)3, (s.nsteps_total - 1) / 4);
-    if (res->warmup >= s.nsteps_total - 1)
-        res->warmup = (unsigned)(s.nsteps_total - 2);
-    s.wstart = res->warmup;
-    s.wend = s.nsteps_total - 1;
-    if (!o->no_prefetch && managed && (r = plan_setup(&s, budget)) < 0)
-        goto out;
-    if (o->timeline)
+    s->warmup = o->warmup != UINT_MAX ? o->warmup
+                                      : (unsigned)WO_MAX(WO_MIN((uint64_t)3, s->nsteps_total / 2),
+                                                         (s->nsteps_total - 1) / 4);
+    if (s->warmup >= s->nsteps_total - 1)
+        s->warmup = (unsigned)(s->nsteps_total - 2);
+    s->wstart = s->warmup;
+    s->wend = s->nsteps_total - 1;
+    if (!oracle && !o->no_prefetch && managed && (r = plan_setup(s, budget)) < 0)
+        return r;
+    if (o->timeline && !oracle)
         fprintf(o->timeline, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-    r = run_events(&s);
-    if (o->timeline) {
+    r = run_events(s);
+    if (o->timeline && !oracle)
         fprintf(o->timeline, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"GPU compute\"}},\n"
                 "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"UVM (prefetch thread)\"}}\n]}\n",
-                s.tl_n ? ",\n" : "");
+                s->tl_n ? ",\n" : "");
+    if (r < 0)
+        return r;
+    if (s->in_window || s->step <= s->wend) {
+        snprintf(msg, msglen, "the measured window did not close (steps %llu..%llu of %llu)",
+                 (unsigned long long)s->wstart, (unsigned long long)s->wend,
+                 (unsigned long long)s->nsteps_total);
+        return -EINVAL;
     }
+    return 0;
+}
+
+struct ocand {
+    double density;
+    uint32_t unit;
+};
+
+static int ocand_cmp(const void *a, const void *b)
+{
+    const struct ocand *x = a, *y = b;
+
+    if (x->density != y->density)
+        return x->density > y->density ? -1 : 1;
+    return x->unit < y->unit ? -1 : x->unit > y->unit;
+}
+
+/* The clairvoyant static schedule: the units whose residency saves the most
+ * GPU time per byte over the measured window (it knows every access), as
+ * many as the budget holds, resident from the start. */
+static uint8_t *oracle_set(const struct sim *s, uint64_t budget)
+{
+    double *save = calloc(s->nunits ? s->nunits : 1, sizeof(*save));
+    struct ocand *c = calloc(s->nunits ? s->nunits : 1, sizeof(*c));
+    uint8_t *set = calloc(s->nunits ? s->nunits : 1, 1);
+    double used = 0;
+
+    if (!save || !c || !set) {
+        free(save);
+        free(c);
+        free(set);
+        return NULL;
+    }
+    for (size_t i = 0; i < s->nacc; i++)
+        save[s->acc[i].unit] += s->acc[i].gS - s->acc[i].gR + s->acc[i].lS;
+    for (size_t i = 0; i < s->d->nranges; i++) {
+        const struct rr *r = &s->r[i];
+
+        if (!r->ready)
+            continue;
+        for (uint64_t u = 0; u * r->usize < r->tr->size; u++) {
+            double sz = (double)WO_MIN(r->usize, r->tr->size - u * r->usize);
+
+            c[r->ubase + u] = (struct ocand){save[r->ubase + u] / sz, (uint32_t)(r->ubase + u)};
+            save[r->ubase + u] = sz; /* reused: the unit's size */
+        }
+    }
+    qsort(c, s->nunits, sizeof(*c), ocand_cmp);
+    for (uint32_t i = 0; i < s->nunits; i++) {
+        if (c[i].density <= 0 || used + save[c[i].unit] > (double)budget)
+            continue;
+        used += save[c[i].unit];
+        set[c[i].unit] = 1;
+    }
+    free(save);
+    free(c);
+    return set;
+}
+
+int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                  struct wo_replay_result *res, char *msg, size_t msglen)
+{
+    struct sim s;
+    uint64_t managed = 0, budget = 0;
+    int r;
+
+    memset(res, 0, sizeof(*res));
+    r = sim_once(d, o, NULL, &s, &budget, &managed, msg, msglen);
     if (r < 0)
         goto out;
-    if (s.in_window || s.step <= s.wend) {
-        snprintf(msg, msglen, "the measured window did not close (steps %llu..%llu of %llu)",
-                 (unsigned long long)s.wstart, (unsigned long long)s.wend,
-                 (unsigned long long)s.nsteps_total);
-        r = -EINVAL;
-        goto out;
-    }
     {
         double ws = (double)(s.wend - s.wstart);
 
+        res->warmup = s.warmup;
         res->window_steps = s.wend - s.wstart;
         res->steps = s.steps_total;
         res->launches = s.launches;
@@ -984,12 +1116,6 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
                                s.cb_b / ws;
         res->stall_s_step = s.stall_s / ws;
-        if (!o->no_bound) {
-            /* a lower bound on the window; the host's own work bounds it too */
-            double lb = bound(&s, budget);
-
-            res->bound_step_s = WO_MAX(lb, s.w_end_cpu - s.w_cpu0) / ws;
-        }
         res->names = calloc(s.nnames ? s.nnames : 1, sizeof(*res->names));
         if (!res->names) {
             r = -ENOMEM;
@@ -1010,9 +1136,31 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         }
         res->nnames = s.nnames;
         qsort(res->names, res->nnames, sizeof(*res->names), name_cmp);
+        if (!o->no_bound && managed) {
+            struct sim so;
+            uint8_t *set;
+            uint64_t b2, m2;
+
+            /* a lower bound on the window; the host's own work bounds it too */
+            res->bound_step_s = WO_MAX(bound(&s, budget), s.w_end_cpu - s.w_cpu0) / ws;
+            set = oracle_set(&s, budget);
+            if (!set) {
+                r = -ENOMEM;
+                goto out;
+            }
+            r = sim_once(d, o, set, &so, &b2, &m2, msg, msglen);
+            if (r == 0)
+                res->oracle_step_s = (so.w_end_t - so.w_t0) / (double)(so.wend - so.wstart);
+            sim_free(&so);
+            free(set);
+            if (r < 0)
+                goto out;
+        }
     }
 out:
     sim_free(&s);
+    if (r < 0)
+        wo_replay_result_free(res);
     return r;
 }
 

@@ -48,7 +48,8 @@ struct wo_replay_result {
     double total_s;             /* predicted end of the whole trace */
     double step_s;              /* mean predicted step time in the window */
     double cpu_step_s;          /* host work per step (launch pacing floor) */
-    double bound_step_s;        /* offline-optimal bound per step (0: not computed) */
+    double bound_step_s;        /* lower bound on any schedule, per step (0: not computed) */
+    double oracle_step_s;       /* the clairvoyant static schedule, per step (0: not computed) */
     double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies */
     double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
     double stall_s_step;

@@ -22,7 +22,7 @@ enum { EXIT_USAGE = 1, EXIT_INVALID = 2 };
 
 /* Traces bigger than this many events are refused rather than exhausting
  * memory (each loaded event takes ~270 bytes). */
-#define MAX_EVENTS (UINT64_C(40) * 1000 * 1000)
+#define MAX_EVENTS (UINT64_C(10) * 1000 * 1000)
 
 static void usage(FILE *f)
 {
@@ -450,16 +450,17 @@ static int cmd_summary(int argc, char **argv)
            d->has_footer ? "" : ", no footer (the recording did not finish)");
     if (rc)
         printf("CORRUPT: %s\n  (what follows is what precedes that offset)\n", d->error_text);
-    {
-        static const char *const keys[] = {"synthetic", "hostname", "kernel", "cpu", "cpus", "gpu",
-                                           "gpu_driver", "cuda_driver_version",
-                                           "cuda_runtime_version", "libwoffload_version",
-                                           "start_time", "pid", "cmdline", "policy"};
-        for (size_t i = 0; i < WO_ARRAY_SIZE(keys); i++) {
-            const char *v = wo_trace_data_info(d, keys[i]);
-            if (v)
-                printf("  %-22s %s\n", keys[i], v);
-        }
+    /* every header/info entry but the clock bookkeeping, last value of a key */
+    for (size_t i = 0; i < d->ninfo; i++) {
+        static const char *const skip[] = {"format", "clock", "start_realtime_ns", "start_monotonic_ns"};
+        const char *k = d->info_keys[i];
+        int hide = 0;
+        for (size_t j = 0; j < WO_ARRAY_SIZE(skip) && !hide; j++)
+            hide = strcmp(k, skip[j]) == 0;
+        for (size_t j = i + 1; j < d->ninfo && !hide; j++)
+            hide = strcmp(k, d->info_keys[j]) == 0; /* a later entry overrides */
+        if (!hide)
+            printf("  %-22s %s\n", k, d->info_values[i]);
     }
     for (size_t i = 0; i < d->nevents; i++) {
         const struct wo_event *ev = &d->events[i].ev;
@@ -529,6 +530,26 @@ static int cmd_summary(int argc, char **argv)
                per.step_ns ? 1e9 / (double)per.step_ns : 0.0);
     else
         printf("\nstep period: none found (no repeating launch sequence)\n");
+    {
+        /* Decode reads each token back: a sync per step. A second estimate of
+         * the step time, useful when the launch sequence varies (batching). */
+        uint64_t *gaps = calloc(count[WO_EV_SYNC] + 1, sizeof(*gaps)), last = 0;
+        size_t ng = 0;
+        for (size_t i = 0; gaps && i < d->nevents; i++) {
+            const struct wo_event *ev = &d->events[i].ev;
+            if (ev->type != WO_EV_SYNC)
+                continue;
+            if (last && ev->t_ns >= last)
+                gaps[ng++] = ev->t_ns - last;
+            last = ev->t_ns;
+        }
+        if (ng) {
+            qsort(gaps, ng, sizeof(*gaps), cmp_u64);
+            printf("syncs: %" PRIu64 ", median interval %.3f ms\n", count[WO_EV_SYNC],
+                   (double)gaps[ng / 2] / 1e6);
+        }
+        free(gaps);
+    }
     wo_trace_data_free(d);
     return rc;
 }

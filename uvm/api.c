@@ -14,7 +14,7 @@ static void misuse(void)
 }
 
 /* Why a tag on an observed allocation cannot move it (one line, once each). */
-static void report_unplaceable(const struct wo_alloc *a, const char *name)
+void wo_report_unplaceable(const struct wo_alloc *a, const char *name)
 {
     if (!wo_uvm.policy) {
         wo_log_once(WO_LOG_INFO, "tag '%s' recorded for stats only: no policy is loaded "
@@ -31,6 +31,15 @@ static void report_unplaceable(const struct wo_alloc *a, const char *name)
                     "for stats only (for PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
                     "False; see docs/placement.md)",
                     name, a->flags & WO_RANGE_VMM ? "VMM (cuMemMap)" : "managed");
+    } else if (a->below_min_size) {
+        char b[32];
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: its allocation (%llu bytes) was smaller "
+                    "than the window's min_size (%s) when it was made; lower window.min_size, "
+                    "see docs/placement.md (recorded for stats only; further such tags are "
+                    "counted in the stats)",
+                    name, (unsigned long long)a->size,
+                    wo_format_size(wo_uvm.g->window.min_size, b, sizeof(b)));
     } else {
         wo_log_once(WO_LOG_WARN,
                     "tag '%s' cannot move its memory: it was allocated outside the placeable "
@@ -121,7 +130,7 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
         if (a->kind == WO_KIND_OBSERVED) {
             n->unplaceable = true;
             wo_uvm.unplaceable_tags++;
-            report_unplaceable(a, name);
+            wo_report_unplaceable(a, name);
         } else if (a->kind == WO_KIND_PINNED) {
             /* Pinned memory was placed by its scope; it never moves. */
             t->place = WO_PLACE_HOST;

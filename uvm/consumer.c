@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/trace.h"
+#include "uvm/prefetch.h"
 #include "uvm/record.h"
 
 #define BATCH 64
@@ -58,6 +59,14 @@ static void cond_init(void)
 static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
 {
     wo_record_event(ev, tag);
+    wo_prefetch_on_event(ev);
+}
+
+/* On the consumer thread each time the ring was found empty, before it
+ * sleeps: where queued prefetches go out once a capture has ended. */
+static void idle(void)
+{
+    wo_prefetch_tick();
 }
 
 /* Once, on the consumer thread, after the last event was dispatched (exit
@@ -65,6 +74,7 @@ static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
 static void finish(void)
 {
     wo_record_finish();
+    wo_prefetch_finish();
 }
 
 /* Index of the first tag whose end lies above off. */
@@ -166,7 +176,8 @@ static size_t drain_batch(void)
     pthread_mutex_lock(&wo_uvm.lock);
     for (size_t i = 0; i < n; i++) {
         batch_has_tag[i] = false;
-        wo_uvm.events++;
+        /* atomic: it may be polled without the lock (tests wait for the consumer) */
+        __atomic_add_fetch(&wo_uvm.events, 1, __ATOMIC_RELAXED);
         if (batch[i].type == WO_EV_LAUNCH)
             account_launch(&batch[i]);
         else if (batch[i].type == WO_EV_TAG)
@@ -191,6 +202,7 @@ static void *consumer_main(void *arg)
             sleep_ns = SLEEP_MIN_NS;
             continue;
         }
+        idle();
         pthread_mutex_lock(&sleep_lock);
         st = stop;
         if (!st) {

@@ -127,12 +127,20 @@ void wo_uvm_ensure_init(void)
         (void)wo_uvm_init();
 }
 
+static int exiting;
+
+bool wo_uvm_exiting(void)
+{
+    return __atomic_load_n(&exiting, __ATOMIC_ACQUIRE);
+}
+
 void wo_uvm_shutdown(void)
 {
     const char *stats = wo_settings()->stats;
 
     if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1)
         return;
+    __atomic_store_n(&exiting, 1, __ATOMIC_RELEASE);
     wo_consumer_stop();
     pthread_mutex_lock(&wo_uvm.lock);
     __atomic_store_n(&wo_uvm.state, 2, __ATOMIC_RELEASE);
@@ -174,6 +182,7 @@ void wo_uvm_reset(void)
     wo_ring_free(wo_events);
     wo_events = NULL;
     wo_scope_forget_thread();
+    __atomic_store_n(&exiting, 0, __ATOMIC_RELEASE);
     {
         pthread_mutex_t keep = wo_uvm.lock;
         memset(&wo_uvm, 0, sizeof(wo_uvm));

@@ -59,6 +59,7 @@ struct wo_alloc {
     int api;
     enum wo_alloc_kind kind;
     bool ours_in_registry;    /* uvm/ added the registry range (and removes it) */
+    bool below_min_size;      /* observed while the window was open, but too small */
     void *host;               /* WO_KIND_PINNED: the host pointer */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
@@ -132,6 +133,10 @@ int wo_uvm_init_policy(const char *path);
 /* Stops the thread and frees everything, memory served to the engine
  * included, and returns to the state before the first init (tests). */
 void wo_uvm_reset(void);
+/* True once wo_uvm_shutdown() (the exit path) began: the driver may be
+ * tearing itself down, so code running from finish() on the consumer thread
+ * (prefetcher, trace) must not call into it any more. Not set by reset. */
+bool wo_uvm_exiting(void);
 /* Calls wo_uvm_init() unless it ran; cheap after the first call. */
 void wo_uvm_ensure_init(void);
 
@@ -161,6 +166,8 @@ void wo_scope_forget_thread(void);
 /* A tag scope opened: counts as the first tag for the window (policy
  * window.open/close: on-first-tag). */
 void wo_api_note_tag(void);
+/* Logs, once per reason, why a tag on observed memory cannot move it. */
+void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 
 /* ---- place.c (under wo_uvm.lock) --------------------------------------- */
 /* Decides a tag's placement (policy match, host budget) and counts it. */

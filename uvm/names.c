@@ -313,7 +313,10 @@ struct wo_alloc *wo_alloc_find_addr(uint64_t addr)
         return a;
     if (a) {
         /* A stale record (the range was freed without telling uvm/, and the
-         * address reused): forget it. */
+         * address reused): forget it. Memory uvm/ served is only ever
+         * released by wo_uvm_free(), so such a record is never one of those. */
+        if (a->kind != WO_KIND_OBSERVED)
+            return NULL;
         wo_alloc_unlink(a);
         wo_alloc_destroy(a);
     }

@@ -256,6 +256,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     void *host = NULL;
     CUresult r;
     CUdevice dev;
+    bool registered;
     int served = 0;
 
     wo_uvm_ensure_init();
@@ -343,13 +344,15 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     }
     a->base = p;
     a->flags = WO_RANGE_PLACEABLE | (a->kind == WO_KIND_PINNED ? WO_RANGE_HOST : WO_RANGE_MANAGED);
-    if (wo_registry_add(p, size, a->flags, (uint32_t)wo_uvm.device, a, &rr) < 0 ||
-        wo_alloc_insert(a) < 0) {
-        /* A live range already holds this address: uvm/ and the registry
-         * disagree; give the memory back and let the engine's call go through. */
+    registered = wo_registry_add(p, size, a->flags, (uint32_t)wo_uvm.device, a, &rr) == 0;
+    if (!registered || wo_alloc_insert(a) < 0) {
+        /* A live range already holds this address (uvm/ and the registry
+         * disagree), or no memory for the record: give the memory back and
+         * let the engine's call go through. */
         wo_error("cannot register the placeable range [0x%llx, +%zu): passing it through",
                  (unsigned long long)p, size);
-        (void)wo_registry_remove(p, NULL);
+        if (registered)
+            (void)wo_registry_remove(p, NULL);
         if (a->kind == WO_KIND_PINNED)
             d->cuMemFreeHost(host);
         else
@@ -439,6 +442,7 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
 
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)
 {
+    const char *scope_name = wo_scope_current();
     struct wo_alloc *a, *old;
     struct wo_range rr;
     int r;
@@ -454,7 +458,15 @@ void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, in
     a->kind = WO_KIND_OBSERVED;
     a->flags = range_flags & ~(uint32_t)WO_RANGE_PLACEABLE;
     pthread_mutex_lock(&wo_uvm.lock);
+    a->below_min_size = wo_uvm.g && wo_uvm.window_open && size < wo_uvm.g->window.min_size;
     old = wo_alloc_find_base(ptr);
+    if (old && old->kind != WO_KIND_OBSERVED) {
+        /* The engine got this address from uvm/: it cannot be a new allocation. */
+        wo_debug("observed allocation at 0x%llx, which uvm/ serves: ignored",
+                 (unsigned long long)ptr);
+        free(a);
+        goto out;
+    }
     if (old) {
         /* Its free went unseen and the address came back. */
         wo_alloc_unlink(old);
@@ -480,6 +492,25 @@ void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, in
         if (a->ours_in_registry)
             (void)wo_registry_remove(ptr, NULL);
         free(a);
+        goto out;
+    }
+    if (scope_name) {
+        /* Made in a tag scope but not servable (stream-ordered, the engine's
+         * managed memory, no policy): the name is kept for stats and traces. */
+        struct wo_name *n = wo_name_get(scope_name);
+        struct wo_tag *t;
+        const struct wo_tag *clash;
+        if (n) {
+            wo_name_ref(n);
+            if (wo_alloc_add_tag(a, 0, a->size, n, &t, &clash) == 0) {
+                wo_place_decide(a, t);
+                n->unplaceable = true;
+                wo_uvm.unplaceable_tags++;
+                wo_report_unplaceable(a, n->s);
+                wo_consumer_push_tag(a, t);
+            }
+            wo_name_unref(n);
+        }
     }
 out:
     pthread_mutex_unlock(&wo_uvm.lock);
@@ -642,42 +673,53 @@ out:
 
 /* ---- for the prefetcher ----------------------------------------------------------- */
 
+/* One callback per managed piece of a: its managed tags, and the untagged
+ * gaps when the allocation's default placement is managed. */
+static int foreach_managed_alloc(const struct wo_alloc *a,
+                                 int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+{
+    uint64_t pos = 0;
+    int ret = 0;
+
+    for (size_t k = 0; k <= a->ntags && !ret; k++) {
+        uint64_t toff = k < a->ntags ? a->tags[k].off : a->size;
+        struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO};
+
+        if (toff > pos && a->place == WO_PLACE_MANAGED) {
+            s.base = a->base + pos;
+            s.offset = pos;
+            s.size = toff - pos;
+            s.name = "(untagged)";
+            ret = fn(&s, ud);
+        }
+        if (k < a->ntags && !ret) {
+            const struct wo_tag *t = &a->tags[k];
+            const struct wo_rule *rule =
+                t->name->rule >= 0 ? wo_policy_rule(wo_uvm.policy, (size_t)t->name->rule) : NULL;
+            pos = t->off + t->size;
+            if (t->place != WO_PLACE_MANAGED)
+                continue;
+            s.base = a->base + t->off;
+            s.offset = t->off;
+            s.size = t->size;
+            s.name = t->name->s;
+            s.priority = rule ? rule->priority : 0;
+            s.slices = rule ? rule->slices : WO_SLICES_AUTO;
+            ret = fn(&s, ud);
+        }
+    }
+    return ret;
+}
+
 int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
 {
     int ret = 0;
 
     pthread_mutex_lock(&wo_uvm.lock);
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++) {
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next) {
-            if (a->kind != WO_KIND_MANAGED)
-                continue;
-            for (size_t k = 0; k < a->ntags && !ret; k++) {
-                const struct wo_tag *t = &a->tags[k];
-                const struct wo_rule *rule;
-                struct wo_uvm_segment s;
-                if (t->place != WO_PLACE_MANAGED)
-                    continue;
-                rule = t->name->rule >= 0 ? wo_policy_rule(wo_uvm.policy, (size_t)t->name->rule)
-                                          : NULL;
-                s = (struct wo_uvm_segment){
-                    .base = a->base + t->off,
-                    .size = t->size,
-                    .id = a->id,
-                    .gen = a->gen,
-                    .offset = t->off,
-                    .name = t->name->s,
-                    .priority = rule ? rule->priority : 0,
-                    .slices = rule ? rule->slices : WO_SLICES_AUTO,
-                };
-                ret = fn(&s, ud);
-            }
-            if (!ret && a->place == WO_PLACE_MANAGED && a->ntags == 0) {
-                struct wo_uvm_segment s = {.base = a->base, .size = a->size, .id = a->id,
-                                           .gen = a->gen, .name = "(untagged)"};
-                ret = fn(&s, ud);
-            }
-        }
-    }
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
+            if (a->kind == WO_KIND_MANAGED)
+                ret = foreach_managed_alloc(a, fn, ud);
     pthread_mutex_unlock(&wo_uvm.lock);
     return ret;
 }

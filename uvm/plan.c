@@ -16,13 +16,14 @@
  * loads its unit when the budget has free room. Victims are resident units
  * outside the hot set and the lookahead window, furthest predicted use first.
  * Everything is integer or double arithmetic on event data: deterministic. */
-#include <stdio.h>
+#include <math.h>
 #include <string.h>
 
 #include "uvm/plan.h"
 
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
-#define HYSTERESIS 1.25       /* a resident hot unit is kept unless a rival is this much denser */
+#define HYSTERESIS 1.05       /* a resident hot unit is kept unless a rival is this much denser */
+#define SWAP_HORIZON 128.0    /* steps a swap must pay back within */
 #define MIN_FREQ 0.02         /* units used less often than this are never hot */
 #define MAX_STEP_UNITS 65536u /* a step longer than this (no anchor recurrence) is cut */
 #define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
@@ -85,6 +86,7 @@ struct wo_plan {
     int anchored;
     struct wo_stepper stepper;
     uint64_t step;      /* boundaries seen */
+    uint64_t elapsed;   /* steps they closed */
     uint32_t pos;       /* managed launches since the boundary */
     uint64_t t_step;    /* event time at the boundary */
     uint64_t t_last;
@@ -473,6 +475,10 @@ static void unit_map_list(struct oent *v, size_t n, uint32_t id, uint64_t ous, u
             v[i].unit = (uint32_t)((uint64_t)v[i].unit * ous / nus);
 }
 
+static void add_pend(struct wo_plan *p, uint32_t type, uint32_t id, uint32_t unit, uint64_t key);
+static double next_use_far(const struct wo_plan *p, const struct unit *u);
+static void flush_pend(struct wo_plan *p);
+
 /* The unit size of r changes (a finer slice was learned): new units inherit
  * the state of the old unit holding their start, so frequencies and
  * residency carry over. Returns 0 or -ENOMEM (r unchanged). */
@@ -486,6 +492,9 @@ static int range_resize(struct wo_plan *p, uint32_t id, uint64_t nus)
 
     if (!nu)
         return -ENOMEM;
+    /* pending actions name old units: emit them first (in bytes they stay
+     * right) */
+    flush_pend(p);
     for (uint32_t i = 0; i < r->nunits; i++)
         if (r->u[i].resident)
             p->resident_bytes -= unit_bytes(r, i);
@@ -521,12 +530,34 @@ static int range_resize(struct wo_plan *p, uint32_t id, uint64_t nus)
     }
     unit_map_list(p->prev, p->nprev, id, ous, nus);
     unit_map_list(p->cur, p->ncur, id, ous, nus);
-    j = 0;
-    for (size_t i = 0; i < p->npend; i++)
-        if (p->pend[i].id != id)
-            p->pend[j++] = p->pend[i];
-    p->npend = j;
     return 0;
+}
+
+/* After a resize the inherited residency can exceed the budget by the units
+ * that straddled an old boundary: evict, furthest predicted use first, hot
+ * or not, until it holds. */
+static void enforce_budget(struct wo_plan *p)
+{
+    while (p->resident_bytes > p->cfg.budget) {
+        size_t bi = SIZE_MAX;
+        double best = -1;
+
+        for (size_t i = 0; i < p->nknown; i++) {
+            const struct unit *u = &p->r[p->known[i].id].u[p->known[i].unit];
+            double far;
+
+            if (!u->resident)
+                continue;
+            far = next_use_far(p, u) + (u->hot ? 0 : 1e18);
+            if (far > best) {
+                best = far;
+                bi = i;
+            }
+        }
+        if (bi == SIZE_MAX)
+            return;
+        add_pend(p, WO_PLAN_EVICT, p->known[bi].id, p->known[bi].unit, 0);
+    }
 }
 
 /* Learns the slice from a hit offset; resizes the units when it shrinks. */
@@ -542,8 +573,8 @@ static void learn_slice(struct wo_plan *p, uint32_t id, uint64_t offset)
         return;
     r->slice = s;
     nus = unit_size_for(p, r, s);
-    if (nus < r->usize)
-        range_resize(p, id, nus);
+    if (nus < r->usize && range_resize(p, id, nus) == 0)
+        enforce_budget(p);
 }
 
 /* ---- actions ---------------------------------------------------------- */
@@ -609,6 +640,43 @@ static int run_cmp(const void *a, const void *b)
     return x->a.offset < y->a.offset ? -1 : x->a.offset > y->a.offset;
 }
 
+static int know(struct wo_plan *p, uint32_t id, uint32_t unit);
+
+/* Takes one more unit into a prefetch being built (free room only). */
+static bool widen_unit(struct wo_plan *p, struct prange *r, uint32_t id, uint64_t u)
+{
+    uint64_t b;
+
+    if (u >= r->nunits || r->u[u].resident)
+        return false;
+    b = unit_bytes(r, (uint32_t)u);
+    if (p->resident_bytes + b > p->cfg.budget || know(p, id, (uint32_t)u) < 0)
+        return false;
+    r->u[u].resident = 1;
+    p->resident_bytes += b;
+    r->st.prefetched += b;
+    p->step_pref_s += (double)b * p->cfg.costs.prefetch_s_per_byte;
+    return true;
+}
+
+/* A prefetch smaller than the piece size costs a call's ~100 us for little:
+ * while the budget has free room, grow it over the neighbouring units of
+ * the range that are not resident (forward, then back) up to the piece. They
+ * are not hot, so they are the first victims when room is needed. */
+static void widen(struct wo_plan *p, struct wo_plan_action *a)
+{
+    struct prange *r = &p->r[a->id];
+
+    while (a->bytes < p->cfg.piece &&
+           widen_unit(p, r, a->id, (a->offset + a->bytes + r->usize - 1) / r->usize))
+        a->bytes = WO_MIN(a->bytes + r->usize, r->size - a->offset);
+    while (a->bytes < p->cfg.piece && a->offset >= r->usize &&
+           widen_unit(p, r, a->id, a->offset / r->usize - 1)) {
+        a->offset -= r->usize;
+        a->bytes += r->usize;
+    }
+}
+
 /* Turns the pending unit actions into coalesced pieces: adjacent units of
  * one range become one call (a call costs ~100 us of CPU whatever its size),
  * evictions first, then prefetches most urgent first. */
@@ -650,6 +718,9 @@ static void flush_pend(struct wo_plan *p)
                                       unit_bytes(r, e->unit)},
                                      e->key};
     }
+    for (size_t i = 0; i < nruns; i++)
+        if (runs[i].a.type == WO_PLAN_PREFETCH)
+            widen(p, &runs[i].a);
     qsort(runs, nruns, sizeof(*runs), run_cmp);
     for (size_t i = 0; i < nruns; i++) {
         struct prange *r = &p->r[runs[i].a.id];
@@ -717,7 +788,19 @@ static int know(struct wo_plan *p, uint32_t id, uint32_t unit)
         return -ENOMEM;
     p->known[p->nknown++] = (struct uref){id, unit};
     u->known = 1;
+    /* unused in every step so far: a unit first seen late is rare, not
+     * (as a running mean from its first use would say) always used */
+    u->age = (uint32_t)WO_MIN(p->elapsed, (uint64_t)UINT32_MAX / 2);
     return 0;
+}
+
+/* Cost of moving a byte in and out, in units of streaming it once. */
+static double swap_cost(const struct wo_plan *p, const struct prange *r)
+{
+    const struct wo_plan_costs *c = &p->cfg.costs;
+    double ev = range_how(p, r) == WO_PLAN_COPY_BACK ? c->copyback_s_per_byte : c->collapse_s_per_byte;
+
+    return (c->prefetch_s_per_byte + ev) / c->zc_s_per_byte;
 }
 
 struct cand {
@@ -761,8 +844,13 @@ static void choose_hot(struct wo_plan *p)
         if (u->freq < MIN_FREQ)
             continue;
         density = u->freq * u->touched / (double)unit_bytes(r, p->known[i].unit);
+        /* an incumbent stays unless a rival's extra use pays for the swap
+         * (a load and an eviction, in stream-time units) within
+         * SWAP_HORIZON steps: frequency estimates are noisy */
         if (u->resident)
-            density *= HYSTERESIS;
+            density = density * HYSTERESIS + swap_cost(p, r) / SWAP_HORIZON;
+        else if (density < 2 * swap_cost(p, r) / SWAP_HORIZON)
+            continue; /* too rare to pay for its load twice over the horizon */
         c[n++] = (struct cand){density, r->prio, p->known[i].id, p->known[i].unit};
     }
     qsort(c, n, sizeof(*c), cand_cmp);
@@ -793,6 +881,29 @@ static void load_hot(struct wo_plan *p)
             continue;
         add_pend(p, WO_PLAN_PREFETCH, p->known[i].id, p->known[i].unit,
                  (uint64_t)(next_use_far(p, u) * 1024));
+    }
+}
+
+/* Free room is free: fill it with the units not yet resident (those never
+ * touched included: at a budget that holds every unit a decode will use,
+ * this turns the first use of a rare expert into a hit). Lowest range id
+ * first, whole pieces; they are the first victims when room is needed. */
+static void fill_free(struct wo_plan *p)
+{
+    for (uint32_t id = 0; id < p->nr; id++) {
+        struct prange *r = &p->r[id];
+
+        if (!r->live)
+            continue;
+        for (uint32_t i = 0; i < r->nunits; i++) {
+            uint64_t b = unit_bytes(r, i);
+
+            if (r->u[i].resident || p->resident_bytes + b > p->cfg.budget)
+                continue;
+            if (know(p, id, i) < 0)
+                return;
+            add_pend(p, WO_PLAN_PREFETCH, id, i, UINT64_MAX / 2);
+        }
     }
 }
 
@@ -843,7 +954,13 @@ static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
     /* Cycling (prefetch before use, evict after) pays only when the link
      * has room for it beside the misses it would replace; decode at batch 1
      * is link-bound, so this is usually off there (device-facts.md). */
-    p->cycle_ok = step_s > 0 && (p->step_miss_s + p->step_pref_s + cyc_s) < CYCLE_LINK_SHARE * step_s;
+    {
+        /* with a margin both ways, so it does not flip every step (each
+         * flip moves the hot set's share of the budget) */
+        double share = step_s > 0 ? (p->step_miss_s + p->step_pref_s + cyc_s) / step_s : INFINITY;
+
+        p->cycle_ok = p->cycle_ok ? share < CYCLE_LINK_SHARE : share < CYCLE_LINK_SHARE * 0.75;
+    }
     p->step_miss_s = p->step_pref_s = 0;
 
     tv = p->prev;
@@ -860,23 +977,15 @@ static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
     p->pos = 0;
     p->t_step = t;
     p->step++;
+    p->elapsed += nsteps;
     a.offset = p->step;
     act_push(p, &a);
     if (p->cfg.hot_set) {
         choose_hot(p);
         load_hot(p);
     }
-    if (getenv("WO_PLAN_DEBUG")) {
-        size_t nh = 0, nr = 0;
-        for (size_t i = 0; i < p->nknown; i++) {
-            struct unit *u = &p->r[p->known[i].id].u[p->known[i].unit];
-            nh += u->hot;
-            nr += u->resident;
-        }
-        fprintf(stderr, "step %llu: known %zu hot %zu resident %zu (%llu MiB) cycle %d prev_len %u npend %zu\n",
-                (unsigned long long)p->step, p->nknown, nh, nr, (unsigned long long)(p->resident_bytes >> 20),
-                p->cycle_ok, p->prev_len, p->npend);
-    }
+    if (!p->cycle_ok)
+        fill_free(p);
 }
 
 /* Prefetches units of the learned order ahead of pos: at least the

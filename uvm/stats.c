@@ -60,6 +60,36 @@ static void WO_PRINTF(2, 3) sb_printf(struct sbuf *b, const char *fmt, ...)
     b->n += (size_t)n;
 }
 
+/* Length of the valid UTF-8 sequence at c (lead byte >= 0x80), 0 if invalid. */
+static size_t utf8_len(const unsigned char *c)
+{
+    size_t n;
+    uint32_t cp;
+
+    if (c[0] >= 0xc2 && c[0] <= 0xdf) {
+        n = 2;
+        cp = c[0] & 0x1fu;
+    } else if (c[0] >= 0xe0 && c[0] <= 0xef) {
+        n = 3;
+        cp = c[0] & 0x0fu;
+    } else if (c[0] >= 0xf0 && c[0] <= 0xf4) {
+        n = 4;
+        cp = c[0] & 0x07u;
+    } else {
+        return 0;
+    }
+    for (size_t i = 1; i < n; i++) {
+        if ((c[i] & 0xc0) != 0x80)
+            return 0;
+        cp = cp << 6 | (c[i] & 0x3fu);
+    }
+    /* overlong forms, surrogates, beyond U+10FFFF */
+    if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || (cp >= 0xd800 && cp <= 0xdfff) ||
+        cp > 0x10ffff)
+        return 0;
+    return n;
+}
+
 /* A JSON string (quotes included), or null for NULL. */
 static void sb_str(struct sbuf *b, const char *s)
 {
@@ -72,7 +102,19 @@ static void sb_str(struct sbuf *b, const char *s)
         return;
     b->p[b->n++] = '"';
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
-        if (*c == '"' || *c == '\\') {
+        if (*c >= 0x80) {
+            /* Names are bytes: valid UTF-8 passes, anything else becomes
+             * U+FFFD so the document stays valid JSON. */
+            size_t n = utf8_len(c);
+            if (n) {
+                memcpy(b->p + b->n, c, n);
+                b->n += n;
+                c += n - 1;
+            } else {
+                memcpy(b->p + b->n, "\\ufffd", 6);
+                b->n += 6;
+            }
+        } else if (*c == '"' || *c == '\\') {
             b->p[b->n++] = '\\';
             b->p[b->n++] = (char)*c;
         } else if (*c < 0x20 || *c == 0x7f) {

@@ -229,6 +229,9 @@ def tag_module(module: Any, prefix: str = "") -> TagReport:
     if _load() is None:
         _warn_missing("tag_module")
         return rep
+    # torch.compile's wrapper: name the weights as the model itself does,
+    # not "_orig_mod.model.layers...".
+    module = getattr(module, "_orig_mod", module)
     seen: Dict[Tuple[int, int], str] = {}
     for name, t in named_tensors(module, prefix):
         span = _byte_span(t)

@@ -3,9 +3,12 @@ engine's code. woffload-run puts python/site on PYTHONPATH; its
 sitecustomize.py calls install() in every Python process it starts.
 
 What it does, in order:
-1. At interpreter start it opens the placeable window (unless the policy
-   opened it already), so the weights the engine allocates while it loads are
-   placeable. Nothing is imported beyond the standard library.
+1. The weights the engine allocates while it loads must be placeable: the
+   policy's window opens at start by default (`window: {open: at-start}`)
+   and this hook relies on that. When the library is already initialised
+   with the window closed (`open: api`), the hook opens it at interpreter
+   start and again at torch import; otherwise call woffload.window_open()
+   yourself. Nothing is imported beyond the standard library.
 2. When ``torch`` is imported it registers one global forward pre-hook
    (torch.nn.modules.module.register_module_forward_pre_hook).
 3. The rule: at the first forward call of a module that owns at least one
@@ -57,7 +60,7 @@ def _owns_cuda_parameters(module: Any) -> bool:
 
 def _pre_hook(module: Any, args: Any) -> None:
     global _done, _handle
-    if _done or not _owns_cuda_parameters(module):
+    if _done or _is_compiling() or not _owns_cuda_parameters(module):
         return
     with _state_lock:
         if _done:
@@ -79,15 +82,18 @@ def _pre_hook(module: Any, args: Any) -> None:
             _log(f"  tag {name}: {os.strerror(-err)}", "warn")
 
 
+_is_compiling: Any = lambda: False
+
+
 def _on_torch_imported(torch: Any) -> None:
-    global _handle
+    global _handle, _is_compiling
     if _done or _handle is not None:
         return
-    hook = _pre_hook
-    disable = getattr(getattr(torch, "compiler", None), "disable", None)
-    if disable is not None:  # never traced by dynamo: it runs once, eagerly
-        hook = disable(hook)
-    _handle = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+    _ensure_window()
+    # While dynamo traces a forward the hook does nothing: it must run eagerly
+    # (torch.compile(model) still calls the wrapper module's hooks eagerly).
+    _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _is_compiling)
+    _handle = torch.nn.modules.module.register_module_forward_pre_hook(_pre_hook)
 
 
 class _TorchWatcher:
@@ -123,14 +129,32 @@ class _TorchWatcher:
         return spec
 
 
+def _ensure_window() -> None:
+    """Opens the window when the library is initialised, places something,
+    and left the window closed (policy `window: {open: api}`). Before the
+    library's lazy init (the usual case at interpreter start) the policy's
+    own setting decides: at-start, the default, opens it at init. Asking
+    earlier would need a call with side effects (a warning when the window
+    is open already), so the hook does not."""
+    try:
+        st = woffload.stats() or {}
+    except (OSError, ValueError):
+        return
+    state, policy = st.get("state", {}), st.get("policy", {})
+    if not state.get("initialised") or not policy.get("placing"):
+        return
+    if not state.get("window_open") and not state.get("sealed"):
+        r = woffload.window_open()
+        if r not in (0, -errno.EALREADY):
+            _log(f"could not open the placeable window: {os.strerror(-r)}", "warn")
+
+
 def install() -> None:
     """Called by sitecustomize.py. Cheap: no torch import here."""
     if not woffload.available():
         _log("libwoffload.so is not preloaded; the automatic hook does nothing", "warn")
         return
-    r = woffload.window_open()
-    if r not in (0, -errno.EALREADY):
-        _log(f"could not open the placeable window: {os.strerror(-r)}", "warn")
+    _ensure_window()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "nn"):
         _on_torch_imported(torch)

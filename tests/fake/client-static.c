@@ -12,11 +12,20 @@
  * "count <name> <n>" lines a test can compare with the shim's stats. Exit
  * status 1 on any failure.
  *
+ * Counts: allocs/frees cover cuMemAlloc, cuMemAllocManaged, cuMemAllocAsync
+ * (and their frees); VMM mappings are counted apart.
+ *
  * usage: client-static [--allocs N] [--launches N] [--replays N]
- *                      [--size BYTES] [--per-thread] */
+ *                      [--size BYTES] [--per-thread] [--threads N] [--check-driver]
+ * --threads N: N more threads, each doing --launches rounds of alloc x2, H2D,
+ * launch, D2H, free x2 on its own stream (the per-thread default stream with
+ * --per-thread); their work is included in the counts.
+ * --check-driver: also compare with the fake driver's own counters
+ * (standalone runs only). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,6 +73,19 @@ static struct {
     PFN_cuGraphExecDestroy_v10000 exec_destroy;
     PFN_cuGraphDestroy_v10000 graph_destroy;
     PFN_cuFuncGetParamInfo_v12040 param_info;
+    PFN_cuMemAllocManaged_v6000 alloc_managed;
+    PFN_cuMemAdvise_v12020 advise;
+    PFN_cuMemPrefetchAsync_v12020 prefetch;
+    PFN_cuMemAllocAsync_v11020 alloc_async;
+    PFN_cuMemFreeAsync_v11020 free_async;
+    PFN_cuMemGetAllocationGranularity_v10020 granularity;
+    PFN_cuMemCreate_v10020 vmm_create;
+    PFN_cuMemRelease_v10020 vmm_release;
+    PFN_cuMemAddressReserve_v10020 vmm_reserve;
+    PFN_cuMemAddressFree_v10020 vmm_free;
+    PFN_cuMemMap_v10020 vmm_map;
+    PFN_cuMemUnmap_v10020 vmm_unmap;
+    PFN_cuMemSetAccess_v10020 vmm_access;
 } d;
 
 struct io {
@@ -74,10 +96,22 @@ struct io {
 };
 
 /* out[i] += in[i] * scale for a by-value struct io and a float scale. */
+/* The fake's fakecuda_access (dlsym'ed at start): kernels declare what they
+ * read and write, so managed memory faults and migrates as on a GPU. */
+static long (*access_fn)(const void *, size_t, int, int);
+
+static void declare(const void *p, size_t n, int write)
+{
+    if (access_fn && n)
+        access_fn(p, n, 0, write);
+}
+
 static void k_struct_axpy(void **p, const uint32_t grid[3], const uint32_t block[3])
 {
     struct io a = *(struct io *)p[0];
     float scale = *(float *)p[1];
+    declare(a.in, (size_t)a.n * sizeof(float), 0);
+    declare(a.out, (size_t)a.n * sizeof(float), 1);
     for (int i = 0; i < a.n; i++)
         a.out[i] += a.in[i] * scale;
 }
@@ -89,8 +123,56 @@ static void k_add(void **p, const uint32_t grid[3], const uint32_t block[3])
     float *y = *(float **)p[1];
     float c = *(float *)p[2];
     int n = *(int *)p[3];
+    declare(x, (size_t)n * sizeof(float), 0);
+    declare(y, (size_t)n * sizeof(float), 1);
     for (int i = 0; i < n; i++)
         y[i] = x[i] + c;
+}
+
+/* --threads: each worker allocates, copies in, launches k_add on its own
+ * stream, copies out and frees, `iters` times. */
+struct worker {
+    pthread_t tid;
+    CUcontext ctx;
+    CUfunction f;
+    long iters;
+    int n;
+    int per_thread_stream; /* launch on the default (per-thread) stream */
+    long fails;
+};
+
+static void *worker_main(void *arg)
+{
+    struct worker *w = arg;
+    size_t bytes = (size_t)w->n * sizeof(float);
+    float *host = calloc((size_t)w->n, sizeof(float)), *back = calloc((size_t)w->n, sizeof(float));
+    CUstream s = NULL;
+    if (!host || !back || d.ctx_set(w->ctx) != CUDA_SUCCESS ||
+        (!w->per_thread_stream && d.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
+        w->fails++;
+        goto out;
+    }
+    for (long i = 0; i < w->iters; i++) {
+        CUdeviceptr x = 0, y = 0;
+        float c = (float)i;
+        host[w->n - 1] = (float)i;
+        if (d.mem_alloc(&x, bytes) || d.mem_alloc(&y, bytes) || d.htod_async(x, host, bytes, s)) {
+            w->fails++;
+            break;
+        }
+        void *params[] = { &x, &y, &c, &w->n };
+        if (d.launch(w->f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL) || d.stream_sync(s) ||
+            d.dtoh(back, y, bytes) || back[w->n - 1] != 2.0f * (float)i)
+            w->fails++;
+        if (d.mem_free(x) || d.mem_free(y))
+            w->fails++;
+    }
+    if (s)
+        d.stream_destroy(s);
+out:
+    free(host);
+    free(back);
+    return NULL;
 }
 
 static long arg(int argc, char **argv, const char *name, long def)
@@ -157,9 +239,11 @@ int main(int argc, char **argv)
     CHECK(inner("cuNoSuchFunction", &bogus, 13000, 0, NULL) == CUDA_ERROR_NOT_FOUND && !bogus,
           "unknown name: CUDA_ERROR_NOT_FOUND and NULL");
 
+    long nresolve = 0;
 #define RESOLVE(field, name)                                                                       \
     do {                                                                                           \
         CUresult r_ = inner(name, (void **)&d.field, 13000, flags, NULL);                          \
+        nresolve++;                                                                                \
         if (r_ != CUDA_SUCCESS || !d.field) {                                                      \
             CHECK(0, "resolve %s", name);                                                          \
             return 1;                                                                              \
@@ -187,6 +271,19 @@ int main(int argc, char **argv)
     RESOLVE(exec_destroy, "cuGraphExecDestroy");
     RESOLVE(graph_destroy, "cuGraphDestroy");
     RESOLVE(param_info, "cuFuncGetParamInfo");
+    RESOLVE(alloc_managed, "cuMemAllocManaged");
+    RESOLVE(advise, "cuMemAdvise");
+    RESOLVE(prefetch, "cuMemPrefetchAsync");
+    RESOLVE(alloc_async, "cuMemAllocAsync");
+    RESOLVE(free_async, "cuMemFreeAsync");
+    RESOLVE(granularity, "cuMemGetAllocationGranularity");
+    RESOLVE(vmm_create, "cuMemCreate");
+    RESOLVE(vmm_release, "cuMemRelease");
+    RESOLVE(vmm_reserve, "cuMemAddressReserve");
+    RESOLVE(vmm_free, "cuMemAddressFree");
+    RESOLVE(vmm_map, "cuMemMap");
+    RESOLVE(vmm_unmap, "cuMemUnmap");
+    RESOLVE(vmm_access, "cuMemSetAccess");
     /* cuBLAS also dlsyms launch entry points directly. */
     PFN_cuLaunchKernelEx_v11060 launch_ex = (PFN_cuLaunchKernelEx_v11060)dlsym(
         h, per_thread ? "cuLaunchKernelEx_ptsz" : "cuLaunchKernelEx");
@@ -205,6 +302,7 @@ int main(int argc, char **argv)
     CUfunction (*reg)(const char *, int, const size_t *, fakecuda_kernel_fn) =
         (CUfunction(*)(const char *, int, const size_t *, fakecuda_kernel_fn))dlsym(h, "fakecuda_kernel");
     CHECK(reg != NULL, "dlsym fakecuda_kernel (the fake driver is loaded)");
+    access_fn = (long (*)(const void *, size_t, int, int))dlsym(h, "fakecuda_access");
     if (!reg)
         return 1;
     const size_t sz_axpy[] = { sizeof(struct io), sizeof(float) };
@@ -216,6 +314,7 @@ int main(int argc, char **argv)
     CHECK(off == 24 && psz == 4, "param layout of client_struct_axpy: scale at %zu size %zu", off, psz);
 
     long allocs = 0, frees = 0, h2d = 0, d2h = 0, launches = 0, launches_ex = 0, graph_launches = 0;
+    long managed_allocs = 0, async_allocs = 0, prefetches = 0, vmm_maps = 0, thread_allocs = 0;
     CUdeviceptr *buf = calloc((size_t)nallocs, sizeof(*buf));
     float *host = malloc((size_t)n * sizeof(float));
     float *back = malloc((size_t)n * sizeof(float));
@@ -294,7 +393,81 @@ int main(int argc, char **argv)
           "graph replayed %ld times: out[1] = %g", nreplay, (double)back[1]);
     CU(d.exec_destroy(ge));
     CU(d.graph_destroy(g));
+    /* Managed memory advised and prefetched, a stream-ordered allocation,
+     * and a VMM mapping, each read by a kernel. */
+    {
+        CUdeviceptr m = 0, a = 0;
+        CUmemLocation dev0 = { CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+        CU(d.alloc_managed(&m, (size_t)bytes, CU_MEM_ATTACH_GLOBAL));
+        managed_allocs++;
+        CU(d.advise(m, (size_t)bytes, CU_MEM_ADVISE_SET_ACCESSED_BY, dev0));
+        CU(d.prefetch(m, (size_t)bytes, dev0, 0, s));
+        prefetches++;
+        CU(d.alloc_async(&a, (size_t)bytes, s));
+        async_allocs++;
+        allocs += 2; /* allocs/frees count every kind but VMM */
+        float c = 2.0f;
+        void *p1[] = { &buf[0], &m, &c, &n };
+        CU(d.launch(f_add, 1, 1, 1, 1, 1, 1, 0, s, p1, NULL));
+        void *p2[] = { &m, &a, &c, &n };
+        CU(d.launch(f_add, 1, 1, 1, 1, 1, 1, 0, s, p2, NULL));
+        launches += 2;
+        CU(d.dtoh(back, a, 16));
+        d2h++;
+        CHECK(back[3] == 7.0f, "managed and async memory through kernels");
+        CU(d.free_async(a, s));
+        CU(d.mem_free(m));
+        frees += 2;
+
+        CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+        size_t gsz = 0;
+        CUmemGenericAllocationHandle mh = 0;
+        CUdeviceptr va = 0;
+        CU(d.granularity(&gsz, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+        CU(d.vmm_create(&mh, gsz, &prop, 0));
+        CU(d.vmm_reserve(&va, 2 * gsz, 0, 0, 0));
+        CU(d.vmm_map(va, gsz, 0, mh, 0));
+        vmm_maps++;
+        CUmemAccessDesc ad = { .location = dev0, .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        CU(d.vmm_access(va, gsz, &ad, 1));
+        void *p3[] = { &buf[0], &va, &c, &n };
+        CU(d.launch(f_add, 1, 1, 1, 1, 1, 1, 0, per_thread ? NULL : s, p3, NULL));
+        launches++;
+        CU(d.dtoh(back, va, 16));
+        d2h++;
+        CHECK(back[3] == 5.0f, "VMM memory through a kernel");
+        CU(d.vmm_unmap(va, gsz));
+        CU(d.vmm_release(mh));
+        CU(d.vmm_free(va, 2 * gsz));
+    }
     CU(d.stream_destroy(s));
+
+    /* Concurrent work, for race detectors and exact counts under a shim. */
+    long nthreads = arg(argc, argv, "--threads", 0);
+    if (nthreads > 0) {
+        struct worker *w = calloc((size_t)nthreads, sizeof(*w));
+        if (!w)
+            return 1;
+        long iters = nlaunch > 0 ? nlaunch : 1, fails = 0;
+        for (long i = 0; i < nthreads; i++) {
+            w[i] = (struct worker){ .ctx = ctx, .f = f_add, .iters = iters, .n = n,
+                                    .per_thread_stream = per_thread };
+            pthread_create(&w[i].tid, NULL, worker_main, &w[i]);
+        }
+        for (long i = 0; i < nthreads; i++) {
+            pthread_join(w[i].tid, NULL);
+            fails += w[i].fails;
+        }
+        CHECK(fails == 0, "%ld threads x %ld alloc/copy/launch/copy/free rounds", nthreads, iters);
+        allocs += 2 * nthreads * iters;
+        frees += 2 * nthreads * iters;
+        h2d += nthreads * iters;
+        d2h += nthreads * iters;
+        launches += nthreads * iters;
+        thread_allocs = 2 * nthreads * iters;
+        free(w);
+    }
 
     for (long i = 0; i < nallocs; i++) {
         CU(d.mem_free(buf[i]));
@@ -302,10 +475,31 @@ int main(int argc, char **argv)
     }
     CU(d.ctx_release(dev));
 
-    uint64_t (*live)(int) = (uint64_t(*)(int))dlsym(h, "fakecuda_live_bytes");
-    if (live)
-        CHECK(live(FAKECUDA_DEVICE) == 0, "no device memory left behind (%llu bytes)",
-              (unsigned long long)live(FAKECUDA_DEVICE));
+    /* Standalone against the fake, what reached the driver must be exactly
+     * what was asked for (under a shim the driver sees the shim's calls). */
+    if (flag(argc, argv, "--check-driver")) {
+        uint64_t (*live)(int) = (uint64_t(*)(int))dlsym(h, "fakecuda_live_bytes");
+        uint64_t (*calls)(const char *) = (uint64_t(*)(const char *))dlsym(h, "fakecuda_calls");
+        uint64_t (*runs)(void) = (uint64_t(*)(void))dlsym(h, "fakecuda_launches_run");
+        if (!live || !calls || !runs) {
+            CHECK(0, "fake driver instrumentation present");
+        } else {
+            CHECK(live(FAKECUDA_ANY) == 0, "nothing left allocated (%llu bytes)",
+                  (unsigned long long)live(FAKECUDA_ANY));
+            CHECK(calls("cuMemAlloc_v2") == (uint64_t)(nallocs + thread_allocs),
+                  "driver saw %ld cuMemAlloc_v2", nallocs + thread_allocs);
+            const char *lk = per_thread ? "cuLaunchKernel_ptsz" : "cuLaunchKernel";
+            const char *lkx = per_thread ? "cuLaunchKernelEx_ptsz" : "cuLaunchKernelEx";
+            const char *gl = per_thread ? "cuGraphLaunch_ptsz" : "cuGraphLaunch";
+            CHECK(calls(lk) == (uint64_t)launches, "driver saw %ld %s", launches, lk);
+            CHECK(calls(lkx) == (uint64_t)launches_ex, "driver saw %ld %s", launches_ex, lkx);
+            CHECK(calls(gl) == (uint64_t)graph_launches, "driver saw %ld %s", graph_launches, gl);
+            CHECK(runs() == (uint64_t)(launches - 1 + launches_ex + graph_launches),
+                  "kernels run: all launches but the captured one, plus replays");
+            CHECK(calls("cuGetProcAddress_v2") == (uint64_t)(2 + tried + nresolve),
+                  "cuGetProcAddress_v2 calls: 1 outer + %ld + 1 unknown + %ld", tried, nresolve);
+        }
+    }
 
     printf("count resolved %ld\n", resolved);
     printf("count allocs %ld\n", allocs);
@@ -316,10 +510,22 @@ int main(int argc, char **argv)
     printf("count launches_ex %ld\n", launches_ex);
     printf("count captured_launches %d\n", 1);
     printf("count graph_launches %ld\n", graph_launches);
+    printf("count managed_allocs %ld\n", managed_allocs);
+    printf("count async_allocs %ld\n", async_allocs);
+    printf("count prefetches %ld\n", prefetches);
+    printf("count vmm_maps %ld\n", vmm_maps);
+    /* What the fake saw of memory traffic ("fake" lines: informational,
+     * they depend on placement when a shim is loaded). */
+    uint64_t (*stat)(int) = NULL;
+    static const char *const stat_names[] = { "fakecuda_faults", "fakecuda_remote_bytes",
+                                              "fakecuda_migrated_bytes" };
+    for (int i = 0; i < 3; i++)
+        if ((stat = (uint64_t(*)(int))dlsym(h, stat_names[i])))
+            printf("fake %s_dev0 %llu\n", stat_names[i] + 9, (unsigned long long)stat(0));
     printf("count failures %d\n", failures);
     free(buf);
     free(host);
     free(back);
-    dlclose(h);
+    /* No dlclose: a CUDA runtime keeps the driver loaded for the process. */
     return failures ? 1 : 0;
 }

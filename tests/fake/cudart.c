@@ -36,7 +36,7 @@
     X(device_get, "cuDeviceGet", PFN_cuDeviceGet_v2000)                                            \
     X(ctx_retain, "cuDevicePrimaryCtxRetain", PFN_cuDevicePrimaryCtxRetain_v7000)                  \
     X(ctx_set, "cuCtxSetCurrent", PFN_cuCtxSetCurrent_v4000)                                       \
-    X(ctx_sync, "cuCtxSynchronize", PFN_cuCtxSynchronize_v2000)                                    \
+    X(ctx_sync, "cuCtxSynchronize", PFN_cuCtxSynchronize_v13000)                                    \
     X(mem_info, "cuMemGetInfo", PFN_cuMemGetInfo_v3020)                                            \
     X(mem_alloc, "cuMemAlloc", PFN_cuMemAlloc_v3020)                                               \
     X(mem_free, "cuMemFree", PFN_cuMemFree_v3020)                                                  \
@@ -119,7 +119,8 @@ static void boot(void)
     for (int t = 0; t < 2; t++) {
         cuuint64_t flags = t ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0;
 #define X(field, name, pfn)                                                                        \
-    if (inner(name, (void **)&drv[t].field, CUDART_VERSION, flags, NULL) == CUDA_SUCCESS)          \
+    if (inner(name, (void **)&drv[t].field, CUDART_VERSION, flags, NULL) == CUDA_SUCCESS &&        \
+        drv[t].field)                                                                              \
         nresolved++;                                                                               \
     else                                                                                           \
         boot_err = cudaErrorInsufficientDriver;
@@ -290,7 +291,7 @@ RT_EXPORT cudaError_t cudaRuntimeGetVersion(int *runtimeVersion)
 RT_EXPORT cudaError_t cudaDeviceSynchronize(void)
 {
     READY();
-    RET(drv[0].ctx_sync());
+    RET(drv[0].ctx_sync(NULL)); /* 13.0: cuCtxSynchronize_v2(ctx), NULL = current */
 }
 
 RT_EXPORT cudaError_t cudaMemGetInfo(size_t *free_, size_t *total)
@@ -458,7 +459,7 @@ RT_EXPORT cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *att
         return set_err(cudaErrorInvalidValue);
     READY();
     unsigned int type = 0;
-    bool managed = false; /* the driver writes a one-byte bool */
+    unsigned int managed = 0; /* the driver writes 4 bytes */
     int ordinal = -2;
     CUdeviceptr dptr = 0;
     void *hptr = NULL;
@@ -809,12 +810,17 @@ static cudaError_t entry_point(const char *symbol, void **funcPtr, unsigned int 
         flags = cudaEnablePerThreadDefaultStream;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     CUresult r = inner(symbol, funcPtr, (int)version, flags, &st);
+    if (r == CUDA_ERROR_NOT_FOUND || (r == CUDA_SUCCESS && !*funcPtr)) {
+        /* Measured on runtime 13.0.96 / driver 580: a missing or too-new
+         * symbol is cudaSuccess with *funcPtr = NULL and the status set;
+         * nothing is left in cudaGetLastError. */
+        *funcPtr = NULL;
+        if (status)
+            *status = (enum cudaDriverEntryPointQueryResult)st;
+        return cudaSuccess;
+    }
     if (status)
         *status = (enum cudaDriverEntryPointQueryResult)st;
-    /* The runtime reports a missing symbol through the status, not as an
-     * error of the call. */
-    if (r == CUDA_ERROR_NOT_FOUND && status)
-        return cudaSuccess;
     RET(r);
 }
 

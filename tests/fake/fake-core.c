@@ -53,8 +53,10 @@ static pthread_mutex_t rule_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static bool no_device;
 static bool trace;
-/* 0: cuInit not called; 1: succeeded; 2: failed. */
+/* 0: cuInit not called; 1: succeeded; 2: failed; 3: inherited by fork. */
 static _Atomic int init_state;
+static bool fork_ok;
+bool fk_proc_missing_success;
 static pthread_once_t env_once = PTHREAD_ONCE_INIT;
 
 uint64_t fk_now_ns(void)
@@ -159,8 +161,22 @@ static void parse_fail_env(const char *spec)
     free(copy);
 }
 
+/* A forked child inherits the parent's address space but no driver state:
+ * CUDA in the child of an initialised parent is undefined and in practice
+ * fails, so the fake refuses every call there (WOFAKE_FORK_OK=1 keeps the
+ * inherited state usable). The locks may have been held by threads that do
+ * not exist in the child. */
+static void atfork_child(void)
+{
+    pthread_mutex_init(&fk_lock, NULL);
+    pthread_mutex_init(&rule_lock, NULL);
+    if (atomic_load(&init_state) == 1 && !fork_ok)
+        atomic_store(&init_state, 3);
+}
+
 static void read_env(void)
 {
+    pthread_atfork(NULL, NULL, atfork_child);
     for (int i = 0; i < MAX_RULES; i++)
         rules[i].id = -1;
     const char *s = getenv("WOFAKE_TOTAL_MEM");
@@ -179,6 +195,10 @@ static void read_env(void)
     }
     s = getenv("WOFAKE_NO_DEVICE");
     no_device = s && *s && strcmp(s, "0") != 0;
+    s = getenv("WOFAKE_PROC_MISSING");
+    fk_proc_missing_success = s && strcmp(s, "success") == 0;
+    s = getenv("WOFAKE_FORK_OK");
+    fork_ok = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_TRACE");
     trace = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_FAIL");
@@ -304,6 +324,8 @@ FK_EXPORT CUresult cuInit(unsigned int Flags)
     FK_ENTER(cuInit);
     if (Flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (atomic_load(&init_state) == 3)
+        return CUDA_ERROR_NOT_INITIALIZED;
     if (no_device) {
         atomic_store(&init_state, 2);
         return CUDA_ERROR_NO_DEVICE;
@@ -317,7 +339,7 @@ FK_EXPORT CUresult cuDriverGetVersion(int *driverVersion)
     FK_ENTER(cuDriverGetVersion);
     if (!driverVersion)
         return CUDA_ERROR_INVALID_VALUE;
-    *driverVersion = 13000;
+    *driverVersion = FK_DRIVER_VERSION;
     return CUDA_SUCCESS;
 }
 
@@ -424,7 +446,11 @@ FK_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUde
 
 /* --- contexts ------------------------------------------------------------ */
 
-static struct CUctx_st primary[8];
+/* Fixed handles, valid from the start so lock-free validity checks never
+ * race with their initialisation; only refs changes (under fk_lock). */
+#define PRIMARY(d) { .magic = FK_CTX_MAGIC, .device = d }
+static struct CUctx_st primary[8] = { PRIMARY(0), PRIMARY(1), PRIMARY(2), PRIMARY(3),
+                                      PRIMARY(4), PRIMARY(5), PRIMARY(6), PRIMARY(7) };
 #define CTX_STACK 32
 static __thread CUcontext ctx_stack[CTX_STACK];
 static __thread int ctx_depth;
@@ -436,13 +462,9 @@ CUcontext fk_current_ctx(void)
 
 struct CUctx_st *fk_primary_ctx(int dev)
 {
-    if (!fk_device_valid(dev))
-        return NULL;
     /* Pointer attributes name the primary context even before it is
      * retained, as the handle is fixed per device. */
-    primary[dev].magic = FK_CTX_MAGIC;
-    primary[dev].device = dev;
-    return &primary[dev];
+    return fk_device_valid(dev) ? &primary[dev] : NULL;
 }
 
 bool fk_ctx_valid(CUcontext c)
@@ -458,8 +480,6 @@ FK_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
     if (!fk_device_valid(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     fk_lock_();
-    primary[dev].magic = FK_CTX_MAGIC;
-    primary[dev].device = dev;
     primary[dev].refs++;
     fk_unlock_();
     *pctx = &primary[dev];

@@ -37,7 +37,8 @@ struct CUevent_st {
     unsigned flags;
     bool recorded;
     uint64_t t_ns;
-    struct fk_capture *cap; /* recorded inside this (active) capture */
+    struct fk_capture *cap; /* recorded inside this capture (it may have ended) */
+    uint64_t cap_id;
 };
 
 struct CUfunc_st {
@@ -121,6 +122,16 @@ struct CUstream_st *fk_stream(CUstream s, bool per_thread)
     struct CUstream_st *st = stream_locked(s, per_thread);
     fk_unlock_();
     return st;
+}
+
+/* A capture pointer kept outside the active list (an event's, or one a
+ * caller got before dropping the lock) may have ended and been freed. */
+static bool capture_live_locked(const struct fk_capture *c, uint64_t id)
+{
+    for (int i = 0; i < nactive; i++)
+        if (active[i] == c)
+            return id == 0 || c->id == id;
+    return false;
 }
 
 static void invalidate_locked(struct fk_capture *c)
@@ -216,8 +227,9 @@ static CUresult graph_append_locked(struct CUgraph_st *g, const struct fk_op *op
 CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op)
 {
     fk_lock_();
-    CUresult r = cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-                                  : graph_append_locked(cap->graph, op);
+    CUresult r = !capture_live_locked(cap, 0) || cap->invalidated
+                     ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+                     : graph_append_locked(cap->graph, op);
     fk_unlock_();
     if (r != CUDA_SUCCESS) {
         struct fk_op tmp = *op;
@@ -291,6 +303,29 @@ FK_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
     return CUDA_ERROR_INVALID_HANDLE;
 }
 
+CUresult fk_sync_op(bool per_thread)
+{
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(NULL, per_thread);
+    CUresult r = CUDA_SUCCESS;
+    if (st->cap) {
+        invalidate_locked(st->cap);
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    } else if (st->legacy) {
+        r = legacy_check_locked();
+    }
+    fk_unlock_();
+    return r;
+}
+
+void fk_capture_invalidate(struct fk_capture *cap)
+{
+    fk_lock_();
+    if (capture_live_locked(cap, 0))
+        invalidate_locked(cap);
+    fk_unlock_();
+}
+
 /* Synchronising or querying a capturing stream is illegal and invalidates
  * the capture; the legacy stream synchronises with capturing blocking
  * streams. */
@@ -341,6 +376,10 @@ static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, bool pt
     CUresult r = CUDA_SUCCESS;
     if (!st) {
         r = CUDA_ERROR_INVALID_HANDLE;
+    } else if (e->cap && !capture_live_locked(e->cap, e->cap_id)) {
+        /* Its last record belongs to a capture that has ended: there is
+         * nothing outside the graph to wait for (driver 580 says so). */
+        r = CUDA_ERROR_INVALID_VALUE;
     } else if (e->cap && !e->cap->invalidated) {
         /* Waiting on an event recorded in a capture joins the capture
          * (fork); a stream already in another capture may not. */
@@ -701,6 +740,7 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
         return r;
     fk_lock_();
     e->cap = cap;
+    e->cap_id = cap ? cap->id : 0;
     if (!cap) {
         e->recorded = true;
         e->t_ns = fk_now_ns();
@@ -734,20 +774,33 @@ FK_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     return event_record(hEvent, hStream, true);
 }
 
+/* Work completes when enqueued, so only a record inside a live capture is
+ * special: querying it is CUDA_ERROR_CAPTURED_EVENT and breaks the capture
+ * (measured on driver 580). */
+static CUresult event_wait(CUevent e)
+{
+    if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r = CUDA_SUCCESS;
+    fk_lock_();
+    if (e->cap && capture_live_locked(e->cap, e->cap_id)) {
+        invalidate_locked(e->cap);
+        r = CUDA_ERROR_CAPTURED_EVENT;
+    }
+    fk_unlock_();
+    return r;
+}
+
 FK_EXPORT CUresult cuEventQuery(CUevent hEvent)
 {
     FK_ENTER(cuEventQuery);
-    if (!hEvent || hEvent->magic != EVENT_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return CUDA_SUCCESS; /* work completes when enqueued */
+    return event_wait(hEvent);
 }
 
 FK_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {
     FK_ENTER(cuEventSynchronize);
-    if (!hEvent || hEvent->magic != EVENT_MAGIC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    return CUDA_SUCCESS;
+    return event_wait(hEvent);
 }
 
 FK_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
@@ -1143,7 +1196,7 @@ static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, void **params, 
     if (!c || (c->numAttrs && !c->attrs))
         return CUDA_ERROR_INVALID_VALUE;
     for (unsigned i = 0; i < c->numAttrs; i++)
-        if (c->attrs[i].id <= CU_LAUNCH_ATTRIBUTE_IGNORE || c->attrs[i].id > 64)
+        if ((unsigned)c->attrs[i].id > 64) /* IGNORE (0) is valid and ignored */
             return CUDA_ERROR_INVALID_VALUE;
     const uint32_t g[3] = { c->gridDimX, c->gridDimY, c->gridDimZ };
     const uint32_t b[3] = { c->blockDimX, c->blockDimY, c->blockDimZ };
@@ -1335,6 +1388,7 @@ FK_EXPORT long fakecuda_graph_exec_ops(CUgraphExec e)
 FK_EXPORT void fakecuda_reset(void)
 {
     fakecuda_reset_counts();
+    fk_mem_reset_stats();
     atomic_store(&launch_seq, 0);
     atomic_store(&runs_total, 0);
     atomic_store(&captured_total, 0);

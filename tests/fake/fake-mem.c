@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "fake-priv.h"
@@ -62,6 +63,22 @@ static struct resv *resvs;
 static uint64_t next_id = 1;
 static uint64_t dev_bytes;        /* device + async + VMM handles */
 static uint64_t managed_dev_pages; /* managed pages with a device copy */
+static uint64_t migrated[9];       /* bytes that gained a copy: [0] host, [1+d] device d */
+static uint64_t faults[9];         /* pages that faulted on access from a location */
+static uint64_t remote[9];         /* bytes read or written in place over the bus */
+
+/* mlock/munlock by system call: sanitizer runtimes intercept the libc
+ * functions and turn them into no-ops, which would hide the RLIMIT_MEMLOCK
+ * failures tests rely on. */
+static int lock_pages(void *p, size_t n)
+{
+    return (int)syscall(SYS_mlock, p, n);
+}
+
+static int unlock_pages(void *p, size_t n)
+{
+    return (int)syscall(SYS_munlock, p, n);
+}
 
 /* --- the map ------------------------------------------------------------- */
 
@@ -200,7 +217,7 @@ static CUresult new_alloc(int kind, size_t size, unsigned flags, uintptr_t *ret)
     fk_unlock_();
 
     void *p = map_anon(len);
-    if (p && kind == FAKECUDA_HOST && mlock(p, len) != 0) {
+    if (p && kind == FAKECUDA_HOST && lock_pages(p, len) != 0) {
         /* What a real pinning failure looks like to the caller. */
         munmap(p, len);
         p = NULL;
@@ -246,7 +263,7 @@ static void destroy_locked(struct alloc *a)
         free(a->pages);
     }
     if (a->kind == FAKECUDA_HOST)
-        munlock((void *)a->base, a->maplen);
+        unlock_pages((void *)a->base, a->maplen);
     munmap((void *)a->base, a->maplen);
     free(a);
 }
@@ -309,6 +326,8 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     CUresult r = fk_capture_check_unsafe();
     if (r != CUDA_SUCCESS)
         return r;
+    if (dptr == 0)
+        return CUDA_SUCCESS; /* as measured on driver 580 */
     return free_kind(dptr, 1u << FAKECUDA_DEVICE | 1u << FAKECUDA_ASYNC | 1u << FAKECUDA_MANAGED);
 }
 
@@ -445,11 +464,12 @@ FK_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int F
         int k = allocs[i - 1]->kind;
         fk_unlock_();
         free(a);
-        return k == FAKECUDA_REGISTERED || k == FAKECUDA_HOST
-                   ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
-                   : CUDA_ERROR_INVALID_VALUE;
+        /* Driver 580: registering pinned cuMemHostAlloc memory is
+         * CUDA_ERROR_INVALID_VALUE, a second registration 712. */
+        return k == FAKECUDA_REGISTERED ? CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED
+                                        : CUDA_ERROR_INVALID_VALUE;
     }
-    if (mlock((void *)lo, hi - lo) != 0) {
+    if (lock_pages((void *)lo, hi - lo) != 0) {
         fk_unlock_();
         free(a);
         return errno == ENOMEM || errno == EPERM || errno == EAGAIN ? CUDA_ERROR_OUT_OF_MEMORY
@@ -461,7 +481,7 @@ FK_EXPORT CUresult cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int F
     a->flags = Flags;
     a->device = cur_dev();
     if (insert_locked(a) < 0) {
-        munlock((void *)lo, hi - lo);
+        unlock_pages((void *)lo, hi - lo);
         fk_unlock_();
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -487,7 +507,7 @@ FK_EXPORT CUresult cuMemHostUnregister(void *p)
     uintptr_t hi = (a->base + a->size + FK_PAGE - 1) & ~(uintptr_t)(FK_PAGE - 1);
     /* munlock would unlock pages shared with a neighbouring registration
      * too; tests register disjoint pages. */
-    munlock((void *)lo, hi - lo);
+    unlock_pages((void *)lo, hi - lo);
     fk_unlock_();
     free(a);
     return CUDA_SUCCESS;
@@ -509,8 +529,9 @@ FK_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CU
 {
     FK_ENTER(cuMemGetAddressRange_v2);
     fk_lock_();
+    /* Pinned host allocations have a range too (driver 580). */
     struct alloc *a = find_locked(dptr);
-    if (!a || a->kind == FAKECUDA_HOST || a->kind == FAKECUDA_REGISTERED) {
+    if (!a) {
         fk_unlock_();
         return CUDA_ERROR_NOT_FOUND;
     }
@@ -626,6 +647,10 @@ void fk_prefetch_apply(uintptr_t p, size_t n, int loc)
         page_span(a, p, n, &first, &end);
         for (size_t i = first; i < end; i++) {
             struct page *pg = &a->pages[i];
+            if (!(pg->resident & loc_bit(loc))) {
+                size_t lo = i * FK_PAGE, hi = lo + FK_PAGE;
+                migrated[loc < 0 ? 0 : 1 + loc] += (hi > a->size ? a->size : hi) - lo;
+            }
             set_resident(pg, pg->read_mostly ? (uint8_t)(pg->resident | loc_bit(loc))
                                              : loc_bit(loc));
             pg->last_prefetch = (int8_t)loc;
@@ -651,8 +676,9 @@ static CUresult prefetch(uintptr_t p, size_t n, int loc, unsigned flags, CUstrea
     if (r != CUDA_SUCCESS)
         return r;
     if (cap) {
-        struct fk_op op = { .type = FK_OP_PREFETCH, .pf = { .p = p, .n = n, .loc = loc } };
-        return fk_capture_add(cap, &op);
+        /* Prefetches cannot be captured (driver 580: 900, capture lost). */
+        fk_capture_invalidate(cap);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
     fk_prefetch_apply(p, n, loc);
     return CUDA_SUCCESS;
@@ -791,9 +817,10 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
         }
         break;
     case CU_POINTER_ATTRIBUTE_IS_MANAGED:
-        /* Booleans are written as one byte, the size of the C++ bool the
-         * documentation names; callers clear wider variables first. */
-        *(bool *)data = a && a->kind == FAKECUDA_MANAGED;
+        /* "Booleans" are written as 4-byte integers, as measured on driver
+         * 580: a caller passing a 1-byte bool gets its neighbours clobbered
+         * on real hardware too. */
+        *(unsigned int *)data = a && a->kind == FAKECUDA_MANAGED;
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *(int *)data = a ? a->device : -2;
@@ -805,13 +832,13 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
         *(size_t *)data = size;
         break;
     case CU_POINTER_ATTRIBUTE_MAPPED:
-        *(bool *)data = a != NULL;
+        *(unsigned int *)data = a != NULL;
         break;
     case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS:
     case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
     case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
-        *(bool *)data = false;
+        *(unsigned int *)data = 0;
         break;
     case CU_POINTER_ATTRIBUTE_BUFFER_ID:
     case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
@@ -875,9 +902,9 @@ static bool dev_ok(uintptr_t p, size_t n)
     return n == 0 || fk_mem_kind(p, n) >= 0;
 }
 
-static CUresult copy_sync(void *dst, const void *src, size_t n)
+static CUresult copy_sync(void *dst, const void *src, size_t n, bool pt)
 {
-    CUresult r = fk_capture_check_unsafe();
+    CUresult r = fk_sync_op(pt);
     if (r != CUDA_SUCCESS)
         return r;
     if (n)
@@ -913,7 +940,7 @@ static CUresult check_unified(CUdeviceptr dst, CUdeviceptr src, size_t n)
         FK_ENTER(sym);                                                                             \
         if (!(check))                                                                              \
             return CUDA_ERROR_INVALID_VALUE;                                                       \
-        return copy_sync(dstp, srcp, n);                                                           \
+        return copy_sync(dstp, srcp, n, strstr(#sym, "_ptds") != NULL);                            \
     } while (0)
 #define COPY_ASYNC(sym, dstp, srcp, n, check, s, pt)                                               \
     do {                                                                                           \
@@ -1062,7 +1089,7 @@ static CUresult copy_rows(const struct side *src, const struct side *dst, size_t
                 return CUDA_ERROR_INVALID_VALUE;
         }
     struct fk_capture *cap = NULL;
-    CUresult r = async ? fk_stream_begin_op(st, pt, &cap) : fk_capture_check_unsafe();
+    CUresult r = async ? fk_stream_begin_op(st, pt, &cap) : fk_sync_op(pt);
     if (r != CUDA_SUCCESS)
         return r;
     for (size_t z = 0; z < depth; z++)
@@ -1180,10 +1207,10 @@ static void fill(void *dst, uint32_t val, unsigned esz, size_t n)
 static CUresult memset_(CUdeviceptr p, uint32_t val, unsigned esz, size_t n, bool async,
                         CUstream s, bool pt)
 {
-    if (p % esz || (n && !dev_ok(p, n * esz)) || n > SIZE_MAX / esz)
+    if (p % esz || n > SIZE_MAX / esz || (n && !dev_ok(p, n * esz)))
         return CUDA_ERROR_INVALID_VALUE;
     struct fk_capture *cap = NULL;
-    CUresult r = async ? fk_stream_begin_op(s, pt, &cap) : fk_capture_check_unsafe();
+    CUresult r = async ? fk_stream_begin_op(s, pt, &cap) : fk_sync_op(pt);
     if (r != CUDA_SUCCESS)
         return r;
     if (cap) {
@@ -1663,6 +1690,104 @@ FK_EXPORT uint64_t fakecuda_managed_resident(int loc)
                 n += (hi > a->size ? a->size : hi) - lo;
             }
     }
+    fk_unlock_();
+    return n;
+}
+
+FK_EXPORT uint64_t fakecuda_migrated_bytes(int loc)
+{
+    if (loc < CU_DEVICE_CPU || loc >= 8)
+        return 0;
+    fk_lock_();
+    uint64_t n = migrated[loc < 0 ? 0 : 1 + loc];
+    fk_unlock_();
+    return n;
+}
+
+void fk_mem_reset_stats(void)
+{
+    fk_lock_();
+    memset(migrated, 0, sizeof(migrated));
+    memset(faults, 0, sizeof(faults));
+    memset(remote, 0, sizeof(remote));
+    fk_unlock_();
+}
+
+/* UVM on access, per managed page: a copy at loc is a hit; a page that loc
+ * may reach in place (accessed-by loc, and populated elsewhere) is read or
+ * written over the bus; anything else faults and migrates to loc (a read of
+ * a read-mostly page duplicates it instead; a write collapses copies). */
+FK_EXPORT long fakecuda_access(const void *ptr, size_t n, int loc, int write)
+{
+    if (n == 0 || loc < CU_DEVICE_CPU || (loc >= 0 && !fk_device_valid(loc)))
+        return -EINVAL;
+    int li = loc < 0 ? 0 : 1 + loc;
+    uint8_t bit = loc_bit(loc);
+    uintptr_t p = (uintptr_t)ptr;
+    long nfault = 0;
+    fk_lock_();
+    struct alloc *a = find_range_locked(p, n);
+    if (!a) {
+        fk_unlock_();
+        return -ENOENT;
+    }
+    if (a->kind != FAKECUDA_MANAGED) {
+        /* Fixed memory: pinned host memory is always reached over the bus
+         * from a device, device memory from the host. */
+        bool host_mem = a->kind == FAKECUDA_HOST || a->kind == FAKECUDA_REGISTERED;
+        if (host_mem != (loc < 0))
+            remote[li] += n;
+        fk_unlock_();
+        return 0;
+    }
+    size_t first, end;
+    page_span(a, p, n, &first, &end);
+    for (size_t i = first; i < end; i++) {
+        struct page *pg = &a->pages[i];
+        size_t lo = i * FK_PAGE, hi = lo + FK_PAGE;
+        uintptr_t plo = a->base + lo > p ? a->base + lo : p;
+        uintptr_t phi = a->base + hi < p + n ? a->base + hi : p + n;
+        size_t span = phi - plo;
+        if (pg->resident & bit) {
+            if (write && pg->resident != bit)
+                set_resident(pg, bit); /* other copies are invalidated */
+            continue;
+        }
+        if ((pg->accessed_by & bit) && pg->resident) {
+            remote[li] += span;
+            continue;
+        }
+        if ((pg->accessed_by & bit) && pg->preferred != CU_DEVICE_INVALID && pg->preferred != loc) {
+            /* First touch populates the preferred location, mapped to loc. */
+            set_resident(pg, loc_bit(pg->preferred));
+            remote[li] += span;
+            continue;
+        }
+        nfault++;
+        migrated[li] += (hi > a->size ? a->size : hi) - lo;
+        set_resident(pg, pg->read_mostly && !write ? (uint8_t)(pg->resident | bit) : bit);
+    }
+    faults[li] += (uint64_t)nfault;
+    fk_unlock_();
+    return nfault;
+}
+
+FK_EXPORT uint64_t fakecuda_faults(int loc)
+{
+    if (loc < CU_DEVICE_CPU || loc >= 8)
+        return 0;
+    fk_lock_();
+    uint64_t n = faults[loc < 0 ? 0 : 1 + loc];
+    fk_unlock_();
+    return n;
+}
+
+FK_EXPORT uint64_t fakecuda_remote_bytes(int loc)
+{
+    if (loc < CU_DEVICE_CPU || loc >= 8)
+        return 0;
+    fk_lock_();
+    uint64_t n = remote[loc < 0 ? 0 : 1 + loc];
     fk_unlock_();
     return n;
 }

@@ -46,7 +46,13 @@ static inline void fk_unlock_(void) { pthread_mutex_unlock(&fk_lock); }
 /* Settings from the environment (fake-core.c). */
 extern uint64_t fk_total_mem;
 extern int fk_ndevices;
+/* WOFAKE_PROC_MISSING=success: cuGetProcAddress answers a missing symbol (or
+ * one newer than the version asked for)
+ * with CUDA_SUCCESS and *pfn = NULL (driver 580 behaviour) instead
+ * of CUDA_ERROR_NOT_FOUND. */
+extern bool fk_proc_missing_success;
 
+#define FK_DRIVER_VERSION 13000
 #define FK_PAGE 4096u
 #define FK_GRANULE (2u << 20)
 
@@ -67,6 +73,8 @@ bool fk_device_valid(int dev);
 int fk_mem_kind(uintptr_t p, size_t n);
 /* Counted device bytes. */
 uint64_t fk_device_used_locked(void);
+/* Zeroes the migration statistics (fakecuda_reset). */
+void fk_mem_reset_stats(void);
 /* Frees graph-owned async allocations (called with fk_lock held). */
 void fk_mem_free_locked(uintptr_t p);
 
@@ -119,10 +127,22 @@ struct fk_op {
 /* Appends a copy of op to the capture (args copied by the caller). */
 CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op);
 
-/* "Unsafe" calls (synchronous allocation, copies, synchronisation) made
- * while a capture forbids them: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and
- * the offending captures are invalidated. */
+/* "Unsafe" calls (synchronous allocation and free, context
+ * synchronisation) made while a capture forbids them:
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the offending captures are
+ * invalidated. */
 CUresult fk_capture_check_unsafe(void);
+
+/* A synchronous operation on the default stream (legacy, or per-thread for
+ * the _ptds variants): refused like a stream synchronisation when that
+ * stream captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT when the legacy
+ * stream would wait on a capturing blocking stream. Measured on driver 580:
+ * a synchronous cuMemcpyHtoD during a global capture on a non-blocking
+ * stream succeeds and leaves the capture intact. */
+CUresult fk_sync_op(bool per_thread);
+
+/* Invalidates a capture (work that cannot be captured was enqueued). */
+void fk_capture_invalidate(struct fk_capture *cap);
 
 /* Runs one op now (memory ops; kernels in fake-exec.c). */
 void fk_op_run(const struct fk_op *op);

@@ -14,7 +14,10 @@
  * the symbol's history; the highest version <= the requested one wins.
  * per_thread_fn (the _ptsz/_ptds symbol) is returned for
  * CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM; NULL means the default
- * function serves both. Versions come from cudaTypedefs.h (PFN_name_vNNNNN). */
+ * function serves both. Versions come from cudaTypedefs.h (PFN_name_vNNNNN),
+ * checked against driver 580 (CUDA 13.0) with probe-driver.c: e.g.
+ * "cuGraphInstantiate" stays the 5-argument _v2 at 12000+ (the header's
+ * cuGraphInstantiate -> cuGraphInstantiateWithFlags macro is compile-time). */
 #pragma once
 
 #define FK_SYMS(X)                                                                                 \
@@ -274,7 +277,6 @@
     X(cuLaunchKernel, 4000, cuLaunchKernel, cuLaunchKernel_ptsz)                                   \
     X(cuLaunchKernelEx, 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz)                            \
     X(cuGraphInstantiate, 11000, cuGraphInstantiate_v2, NULL)                                      \
-    X(cuGraphInstantiate, 12000, cuGraphInstantiateWithFlags, NULL)                                \
     X(cuGraphInstantiateWithFlags, 11040, cuGraphInstantiateWithFlags, NULL)                       \
     X(cuGraphLaunch, 10000, cuGraphLaunch, cuGraphLaunch_ptsz)                                     \
     X(cuGraphExecDestroy, 10000, cuGraphExecDestroy, NULL)                                         \

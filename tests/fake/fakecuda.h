@@ -22,15 +22,26 @@
  *                      process start) of the ABI symbol `name` fails with
  *                      CUresult err; nth "*" fails every call.
  *   WOFAKE_TRACE=1     one line on stderr per driver call
+ *   WOFAKE_PROC_MISSING=success
+ *                      cuGetProcAddress(_v2) answers a missing symbol (or one
+ *                      newer than the version asked for)
+ *                      with CUDA_SUCCESS and *pfn = NULL, as the real
+ *                      driver 580 does (measured); default: CUDA_ERROR_NOT_FOUND
+ *   WOFAKE_FORK_OK=1   a forked child may keep using the parent's state
+ *                      (default: in the child of an initialised parent every
+ *                      call, cuInit included, fails CUDA_ERROR_NOT_INITIALIZED)
  *
- * Faithful to the real driver where the shim's behaviour depends on it:
- * cuInit before anything, a current context for context-bound calls, the
- * cuGetProcAddress(_v2) version/flags/status rules, capture rules (work on a
- * capturing stream is recorded, not run; unsafe calls during a global-mode
- * capture fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidate it;
- * the legacy stream fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), managed-
- * only advise/prefetch. Not modelled: residency changes caused by access
- * (a kernel or the CPU touching managed memory migrates nothing), eviction. */
+ * Faithful to the real driver where the shim's behaviour depends on it, and
+ * checked against it (probe-driver.c, probe-real.txt: driver 580 on the lent
+ * H100): cuInit before anything, a current context for context-bound calls,
+ * the cuGetProcAddress(_v2) version/flags/status rules, capture rules (work
+ * on a capturing stream is recorded, not run; unsafe calls during a
+ * global-mode capture fail with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+ * invalidate it, as do prefetches on a capturing stream; the legacy stream
+ * fails with CUDA_ERROR_STREAM_CAPTURE_IMPLICIT), managed-
+ * only advise/prefetch. Not modelled: eviction; migration on access happens
+ * only where code declares the access (fakecuda_access), as loads of host
+ * functions are invisible. */
 #pragma once
 
 #include <cuda.h>
@@ -77,8 +88,8 @@ const char *const *fakecuda_proc_names(void);
 uint64_t fakecuda_calls(const char *name);
 /* Calls of all driver functions. */
 uint64_t fakecuda_calls_total(void);
-/* Zeroes every counter (failure rules keep their absolute targets: reset
- * first, then arm them). */
+/* Zeroes every counter. Armed nth-call rules keep their distance: a rule
+ * that was 2 calls away still fires 2 calls from now. */
 void fakecuda_reset_counts(void);
 
 /* The nth call of `name` from now (nth = 1: the next call) fails with err
@@ -144,6 +155,25 @@ struct fakecuda_page_state {
 int fakecuda_managed_state(const void *p, struct fakecuda_page_state *out);
 /* Managed bytes with a copy at loc (ordinal, or CU_DEVICE_CPU). */
 uint64_t fakecuda_managed_resident(int loc);
+/* Managed bytes prefetches copied to loc (pages that had no copy there),
+ * since start or fakecuda_reset(): the PCIe traffic a prefetcher caused. */
+uint64_t fakecuda_migrated_bytes(int loc);
+
+/* Declares an access, as a kernel body (loc = its device) or host code
+ * (loc = CU_DEVICE_CPU) would make it, and applies UVM semantics to managed
+ * pages: a copy at loc is a hit; a page loc is accessed-by and that is
+ * populated elsewhere is reached in place (remote bytes); anything else
+ * faults and migrates to loc (reads of read-mostly pages duplicate, writes
+ * collapse copies), counted in fakecuda_migrated_bytes too. Kernels are host
+ * functions: nothing tracks their loads, so tests' kernels call this for the
+ * ranges they read or write. Returns the number of faulting pages, -ENOENT
+ * (not driver memory), -EINVAL. Non-managed memory only counts remote bytes
+ * (pinned host memory from a device, device memory from the host). */
+long fakecuda_access(const void *p, size_t n, int loc, int write);
+/* Pages that faulted on access from loc / bytes accessed in place from loc,
+ * since start or fakecuda_reset(). */
+uint64_t fakecuda_faults(int loc);
+uint64_t fakecuda_remote_bytes(int loc);
 
 /* --- launches and capture ------------------------------------------------ */
 
@@ -168,7 +198,8 @@ int fakecuda_capturing(void);
 long fakecuda_graph_ops(CUgraph g);
 long fakecuda_graph_exec_ops(CUgraphExec e);
 
-/* Zeroes counters and launch statistics; leaves memory, handles and rules. */
+/* Zeroes counters, launch and migration statistics; leaves memory, handles
+ * and rules. */
 void fakecuda_reset(void);
 
 /* --- fake libcudart.so.13 ------------------------------------------------- */

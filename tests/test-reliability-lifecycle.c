@@ -1,0 +1,118 @@
+/* tests/test-reliability-lifecycle.c: fork, exec, exit and SIGTERM while the
+ * shim's consumer and prefetch threads are busy; no hang in N runs.
+ *
+ * Every run is rel-client under the shim with a managed policy, a timeout
+ * each, many at once. Modes (rel-client lifecycle()):
+ *   fork-fresh      the child of a busy parent starts CUDA afresh
+ *                   (WOFAKE_FORK_OK=1: the driver lets it, and it must work)
+ *   fork-refused    the same without WOFAKE_FORK_OK: the driver refuses CUDA
+ *                   in the child (CUDA_ERROR_NOT_INITIALIZED, as a real one
+ *                   does) and the child must get exactly that
+ *   fork-untouched  the child never touches CUDA and exits (the shim's exit
+ *                   path runs in a child whose parent had threads)
+ *   fork-nocuda     the shim loaded, CUDA never used, fork, both exit
+ *   exec            exec while the prefetch thread is busy; the new image
+ *                   (still preloaded) does CUDA work from scratch
+ *   exit-busy       exit() with launches queued and nothing freed
+ *   sigterm         SIGTERM (default action) during prefetch: dies by it
+ *   sigterm-handler SIGTERM caught, the main loop calls exit(): the shim's
+ *                   atexit path runs while the prefetch thread is busy
+ * Prints one line per mode (runs, outcomes, slowest) and the total.
+ *
+ * usage: test-reliability-lifecycle CLIENT SHIM_PRELOAD POLICY [RUNS] */
+#include "reliability/runner.h"
+
+struct mode {
+    const char *name, *arg, *env;
+    int expect_signal; /* 0: exit 0 expected */
+    int term;
+};
+
+static const struct mode modes[] = {
+    {"fork-fresh", "fork-fresh", "WOFAKE_FORK_OK=1", 0, 0},
+    {"fork-refused", "fork-fresh", NULL, 0, 0},
+    {"fork-untouched", "fork-untouched", NULL, 0, 0},
+    {"fork-nocuda", "fork-nocuda", NULL, 0, 0},
+    {"exec", "exec", NULL, 0, 0},
+    {"exit-busy", "exit-busy", NULL, 0, 0},
+    {"sigterm", "sigterm", NULL, SIGTERM, 1},
+    {"sigterm-handler", "sigterm-handler", NULL, 0, 1},
+};
+#define NMODES (sizeof(modes) / sizeof(modes[0]))
+
+int main(int argc, char **argv)
+{
+    char polenv[4096];
+    int runs, failures = 0, ok_total = 0, timeouts = 0;
+    struct job *jobs;
+    double t0 = runner_now();
+
+    if (argc < 4) {
+        fprintf(stderr, "usage: %s CLIENT SHIM_PRELOAD POLICY [RUNS]\n", argv[0]);
+        return 2;
+    }
+    runner_shim = argv[2];
+    snprintf(polenv, sizeof(polenv), "WOFFLOAD_POLICY=%s", argv[3]);
+    runs = argc > 4 ? atoi(argv[4]) : 200;
+    if (runs < (int)NMODES)
+        runs = (int)NMODES;
+    jobs = calloc((size_t)runs, sizeof(*jobs));
+    if (!jobs)
+        return 1;
+    for (int i = 0; i < runs; i++) {
+        const struct mode *m = &modes[i % NMODES];
+        jobs[i].argv[0] = argv[1];
+        jobs[i].argv[1] = m->arg;
+        jobs[i].env[0] = polenv;
+        jobs[i].env[1] = "WOFFLOAD_SUMMARY=0";
+        jobs[i].env[2] = m->env;
+        jobs[i].shim = true;
+        jobs[i].timeout_ms = 30000;
+        /* 1..15 ms after "ready": early, mid and late in the launch loop. */
+        jobs[i].sigterm_after_ms = m->term ? 1 + (i / (int)NMODES) % 15 : 0;
+    }
+    run_jobs(jobs, (size_t)runs, runner_parallel());
+
+    printf("%-16s %5s %5s %8s  %s\n", "mode", "runs", "ok", "slowest", "failures");
+    for (size_t k = 0; k < NMODES; k++) {
+        const struct mode *m = &modes[k];
+        int n = 0, ok = 0;
+        double slow = 0;
+        char first[256] = "";
+        for (int i = (int)k; i < runs; i += (int)NMODES) {
+            struct job *j = &jobs[i];
+            bool good;
+            char o[32];
+            n++;
+            timeouts += j->timed_out;
+            if (j->secs > slow)
+                slow = j->secs;
+            if (m->expect_signal)
+                good = !j->timed_out && WIFSIGNALED(j->status) &&
+                       WTERMSIG(j->status) == m->expect_signal;
+            else
+                good = !j->timed_out && WIFEXITED(j->status) && WEXITSTATUS(j->status) == 0;
+            good = good && !strstr(j->err, "Sanitizer") && !strstr(j->err, "runtime error:") &&
+                   !strstr(j->out, "FAIL");
+            if (m->term && !j->sent_term)
+                good = false; /* never got ready */
+            if (good) {
+                ok++;
+                continue;
+            }
+            failures++;
+            if (!first[0])
+                snprintf(first, sizeof(first), "run %d: %s", i, job_outcome(j, o, sizeof(o)));
+            printf("FAIL %s run %d: %s\n--- stdout\n%.2000s\n--- stderr\n%.4000s\n", m->name, i,
+                   job_outcome(j, o, sizeof(o)), j->out, j->err);
+        }
+        ok_total += ok;
+        printf("%-16s %5d %5d %7.2fs  %s\n", m->name, n, ok, slow, first);
+    }
+    printf("figures: %d runs, %d passed, %d hung (timeout); %.1f s\n", runs, ok_total, timeouts,
+           runner_now() - t0);
+    for (int i = 0; i < runs; i++)
+        job_free(&jobs[i]);
+    free(jobs);
+    return failures ? 1 : 0;
+}

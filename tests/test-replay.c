@@ -1,0 +1,200 @@
+/* tests/test-replay.c: the device model file and the replay core
+ * (tools/devmodel.c, tools/replay.c) on a synthetic MoE decode trace: the
+ * lower bound never exceeds the clairvoyant schedule nor the prediction,
+ * more budget never predicts slower, no prefetcher is slower than the
+ * prefetcher, placements cost what the model says. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "gen-trace.h"
+#include "tools/devmodel.h"
+#include "tools/replay.h"
+
+static void test_model_roundtrip(void **state)
+{
+    struct wo_devmodel a, b;
+    char *buf = NULL, err[256];
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+
+    (void)state;
+    wo_devmodel_default(&a);
+    a.zc_gbs = 47.25;
+    a.pf_gbs[1] = 31;
+    snprintf(a.name, sizeof(a.name), "test # not a comment");
+    assert_int_equal(wo_devmodel_write(f, &a), 0);
+    fclose(f);
+    memset(&b, 0, sizeof(b));
+    assert_int_equal(wo_devmodel_parse(buf, len, "x", &b, err, sizeof(err)), 0);
+    assert_string_equal(b.name, a.name);
+    assert_true(b.zc_gbs == a.zc_gbs && b.pf_gbs[1] == 31 && b.device_bytes == a.device_bytes);
+    assert_true(b.collapse_gbs == a.collapse_gbs && b.sync_us == a.sync_us);
+    free(buf);
+}
+
+static void test_model_errors(void **state)
+{
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"hbm_gbs = 2000\nzc_gbs = fast\n", "x:2: zc_gbs wants a positive number"},
+        {"\n\nnope = 1\n", "x:3: unknown key \"nope\""},
+        {"zc_gbs = 50\nzc_gbs = 40\n", "x:2: \"zc_gbs\" given twice"},
+        {"zc_gbs 50\n", "x:1: expected `key = value`"},
+        {"zc_gbs = 0\n", "x:1: zc_gbs wants a positive number"},
+        {"launch_us = -1\n", "x:1: launch_us wants a non-negative number"},
+    };
+    struct wo_devmodel m;
+    char err[256];
+
+    (void)state;
+    for (size_t i = 0; i < WO_ARRAY_SIZE(bad); i++) {
+        wo_devmodel_default(&m);
+        assert_int_equal(wo_devmodel_parse(bad[i].text, strlen(bad[i].text), "x", &m, err, sizeof(err)),
+                         -EINVAL);
+        if (strncmp(err, bad[i].want, strlen(bad[i].want)) != 0)
+            fail_msg("got \"%s\", want \"%s...\"", err, bad[i].want);
+    }
+    /* comments, blanks and partial files keep the defaults for the rest */
+    wo_devmodel_default(&m);
+    assert_int_equal(wo_devmodel_parse("# c\n\n  zc_gbs = 40 # why\n", 24, "x", &m, err, sizeof(err)), 0);
+    assert_true(m.zc_gbs == 40 && m.hbm_gbs == 2500);
+    assert_int_equal(wo_devmodel_load("/nonexistent/model", &m, err, sizeof(err)), -ENOENT);
+}
+
+static void test_pf_curve(void **state)
+{
+    struct wo_devmodel m;
+    double prev = 0;
+
+    (void)state;
+    wo_devmodel_default(&m);
+    assert_true(wo_devmodel_pf_bps(&m, 2 * WO_MiB) == 14e9);
+    assert_true(wo_devmodel_pf_bps(&m, 16 * WO_MiB) == 33e9);
+    assert_true(wo_devmodel_pf_bps(&m, 4 * WO_GiB) == 47e9);
+    for (uint64_t b = WO_MiB; b <= 2 * WO_GiB; b *= 2) {
+        double v = wo_devmodel_pf_bps(&m, b);
+
+        assert_true(v >= prev);
+        prev = v;
+    }
+}
+
+static struct wo_trace_data *make_trace(const struct wo_gen_opts *o)
+{
+    char path[] = "/tmp/test-replay-XXXXXX";
+    int fd = mkstemp(path);
+    struct wo_trace *t = NULL;
+    struct wo_trace_data *d = NULL;
+
+    assert_true(fd >= 0);
+    assert_int_equal(wo_trace_open_fd(fd, path, &t), 0);
+    assert_int_equal(wo_gen_moe_trace(t, o), 0);
+    assert_int_equal(wo_trace_close(t, 0), 0);
+    assert_int_equal(wo_trace_load(path, 0, 0, &d), 0);
+    unlink(path);
+    return d;
+}
+
+static void replay(const struct wo_trace_data *d, double frac, bool no_prefetch, bool all_device,
+                   struct wo_replay_result *res)
+{
+    struct wo_devmodel m;
+    struct wo_replay_opts o;
+    char msg[256];
+
+    wo_devmodel_default(&m);
+    memset(&o, 0, sizeof(o));
+    o.dm = &m;
+    o.budget_frac = frac;
+    o.no_prefetch = no_prefetch;
+    o.all_device = all_device;
+    o.warmup = UINT_MAX;
+    if (wo_replay_run(d, &o, res, msg, sizeof(msg)) != 0)
+        fail_msg("replay: %s", msg);
+}
+
+static void test_bound_properties(void **state)
+{
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_trace_data *d;
+    struct wo_replay_result r[3], none, dev;
+    const double fr[3] = {0.25, 0.5, 0.75};
+
+    (void)state;
+    go.layers = 4;
+    go.experts = 16;
+    go.topk = 2;
+    go.steps = 48;
+    go.expert_mib = 16;
+    go.skew = 1.0;
+    d = make_trace(&go);
+    replay(d, 0.5, true, false, &none);
+    replay(d, 0, false, true, &dev);
+    assert_true(none.step_s > 0 && dev.step_s > 0);
+    /* nothing managed on the device: every expert byte crosses PCIe */
+    assert_true(none.zc_bytes_step > 0);
+    assert_int_equal(none.prefetch_bytes_step, 0);
+    assert_true(dev.zc_bytes_step == 0 && dev.managed_bytes == 0);
+    for (int i = 0; i < 3; i++) {
+        replay(d, fr[i], false, false, &r[i]);
+        assert_true(r[i].bound_step_s > 0 && r[i].oracle_step_s > 0);
+        /* a lower bound: below every schedule the model can run */
+        assert_true(r[i].bound_step_s <= r[i].oracle_step_s * 1.0001);
+        assert_true(r[i].bound_step_s <= r[i].step_s * 1.0001);
+        /* never better than everything on the GPU */
+        assert_true(r[i].oracle_step_s >= dev.step_s * 0.999);
+        assert_true(r[i].step_s <= none.step_s * 1.0001);
+        assert_true(r[i].max_resident <= r[i].budget);
+        assert_int_equal(r[i].window_steps + r[i].warmup, r[i].steps - 2);
+        if (i > 0) {
+            assert_true(r[i].bound_step_s <= r[i - 1].bound_step_s * 1.0001);
+            assert_true(r[i].oracle_step_s <= r[i - 1].oracle_step_s * 1.0001);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        wo_replay_result_free(&r[i]);
+    wo_replay_result_free(&none);
+    wo_replay_result_free(&dev);
+    wo_trace_data_free(d);
+}
+
+/* The zero-copy side of the model: experts on host read only the touched
+ * slices, at the model's zero-copy bandwidth. */
+static void test_host_bytes(void **state)
+{
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_trace_data *d;
+    struct wo_replay_result none;
+    double want;
+
+    (void)state;
+    go.steps = 32;
+    d = make_trace(&go);
+    replay(d, 0.5, true, false, &none);
+    /* per step: layers x topk x (gate_up + down) slices */
+    want = (double)go.layers * go.topk * (go.expert_mib * WO_MiB * 3 / 2);
+    assert_true(none.zc_bytes_step > want * 0.999 && none.zc_bytes_step < want * 1.001);
+    wo_replay_result_free(&none);
+    wo_trace_data_free(d);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_model_roundtrip),
+        cmocka_unit_test(test_model_errors),
+        cmocka_unit_test(test_pf_curve),
+        cmocka_unit_test(test_bound_properties),
+        cmocka_unit_test(test_host_bytes),
+    };
+
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,547 @@
+/* uvm/prefetch.c: the prefetch executor (see prefetch.h): the planner's
+ * actions turned into driver calls on a private stream, held back while a
+ * global-mode capture is under way; and the shim's one instance, built at
+ * the first launch after seal. */
+#include "uvm/prefetch.h"
+
+#include <string.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/settings.h"
+#include "uvm/internal.h"
+
+#define MAX_PIECE (2 * WO_GiB) /* one call stays interruptible-ish and below int limits */
+
+struct seg {
+    uint64_t off, size;
+};
+
+struct prange {
+    bool live;
+    bool rm; /* advised read-mostly */
+    bool written;
+    uint32_t gen;
+    uint64_t base, size;
+    struct seg *segs;
+    size_t nsegs;
+    char *name; /* of its first managed segment (for the summary) */
+};
+
+struct wo_prefetcher {
+    const struct wo_driver *drv;
+    int device;
+    CUcontext ctx;
+    CUstream stream;
+    bool stream_failed;
+    struct wo_plan *plan;
+    struct prange *r;
+    uint32_t nr;
+    struct wo_plan_action *held; /* waiting for a capture to end */
+    size_t nheld, capheld;
+    struct wo_prefetch_totals own;
+    struct wo_prefetch_totals *tot;
+};
+
+static void add(uint64_t *v, uint64_t n)
+{
+    /* relaxed: totals are statistics, read from other threads */
+    __atomic_add_fetch(v, n, __ATOMIC_RELAXED);
+}
+
+int wo_prefetcher_new(const struct wo_driver *drv, const struct wo_plan_cfg *cfg, int device,
+                      CUcontext ctx, struct wo_prefetcher **ret)
+{
+    struct wo_prefetcher *pf;
+    int r;
+
+    if (!drv || !cfg || !drv->cuMemPrefetchAsync_v2 || !drv->cuStreamCreate)
+        return -EINVAL;
+    pf = calloc(1, sizeof(*pf));
+    if (!pf)
+        return -ENOMEM;
+    r = wo_plan_new(cfg, &pf->plan);
+    if (r < 0) {
+        free(pf);
+        return r;
+    }
+    pf->drv = drv;
+    pf->device = device;
+    pf->ctx = ctx;
+    pf->tot = &pf->own;
+    *ret = pf;
+    return 0;
+}
+
+void wo_prefetcher_free(struct wo_prefetcher *pf)
+{
+    if (!pf)
+        return;
+    if (pf->stream) {
+        if (pf->drv->cuStreamSynchronize)
+            pf->drv->cuStreamSynchronize(pf->stream);
+        if (pf->drv->cuStreamDestroy_v2)
+            pf->drv->cuStreamDestroy_v2(pf->stream);
+    }
+    for (uint32_t i = 0; i < pf->nr; i++) {
+        free(pf->r[i].segs);
+        free(pf->r[i].name);
+    }
+    free(pf->r);
+    free(pf->held);
+    wo_plan_free(pf->plan);
+    free(pf);
+}
+
+const struct wo_plan *wo_prefetcher_plan(const struct wo_prefetcher *pf)
+{
+    return pf->plan;
+}
+
+void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_totals *ret)
+{
+    const uint64_t *src = (const uint64_t *)pf->tot;
+    uint64_t *dst = (uint64_t *)ret;
+
+    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+int wo_prefetcher_add_segment(struct wo_prefetcher *pf, uint32_t id, uint32_t gen, uint64_t base,
+                              uint64_t range_size, uint64_t offset, uint64_t size, int priority,
+                              bool slices)
+{
+    struct prange *r;
+    struct seg *ns;
+    int ret;
+
+    if (size == 0 || range_size == 0 || offset > range_size || size > range_size - offset)
+        return -EINVAL;
+    if (id >= pf->nr) {
+        uint32_t n = WO_MAX(id + 1, pf->nr * 2);
+        struct prange *v = realloc(pf->r, (size_t)n * sizeof(*v));
+
+        if (!v)
+            return -ENOMEM;
+        memset(v + pf->nr, 0, (size_t)(n - pf->nr) * sizeof(*v));
+        pf->r = v;
+        pf->nr = n;
+    }
+    r = &pf->r[id];
+    if (r->live && r->gen != gen) {
+        /* the slot was reused: the old range is gone */
+        wo_plan_range_remove(pf->plan, id, r->gen);
+        free(r->segs);
+        free(r->name);
+        memset(r, 0, sizeof(*r));
+    }
+    for (size_t i = 0; i < r->nsegs; i++)
+        if (r->segs[i].off == offset && r->segs[i].size == size)
+            return 0;
+    ns = realloc(r->segs, (r->nsegs + 1) * sizeof(*ns));
+    if (!ns)
+        return -ENOMEM;
+    r->segs = ns;
+    r->segs[r->nsegs++] = (struct seg){offset, size};
+    if (!r->live) {
+        ret = wo_plan_range_add(pf->plan, id, gen, range_size, slices ? 0 : WO_PLAN_NO_SLICES,
+                                priority);
+        if (ret < 0) {
+            r->nsegs--;
+            return ret;
+        }
+        r->live = true;
+        r->gen = gen;
+        r->base = base;
+        r->size = range_size;
+    }
+    return 0;
+}
+
+int wo_prefetcher_name(struct wo_prefetcher *pf, uint32_t id, uint32_t gen, const char *name)
+{
+    struct prange *r;
+
+    if (id >= pf->nr || !(r = &pf->r[id])->live || r->gen != gen || !name)
+        return -ENOENT;
+    if (r->name)
+        return 0;
+    r->name = strdup(name);
+    return r->name ? 0 : -ENOMEM;
+}
+
+void wo_prefetcher_log_ranges(const struct wo_prefetcher *pf, unsigned max)
+{
+    /* the ranges that stalled most, worst first (a small selection sort:
+     * this runs once, at exit) */
+    bool *done = calloc(pf->nr ? pf->nr : 1, sizeof(*done));
+
+    if (!done)
+        return;
+    for (unsigned k = 0; k < max; k++) {
+        struct wo_plan_stats best = {0}, st;
+        uint32_t bi = UINT32_MAX;
+
+        for (uint32_t i = 0; i < pf->nr; i++) {
+            if (!pf->r[i].live || done[i])
+                continue;
+            wo_plan_range_stats(pf->plan, i, pf->r[i].gen, &st);
+            if (st.hits + st.misses == 0)
+                continue;
+            if (bi == UINT32_MAX || st.stall_s > best.stall_s) {
+                best = st;
+                bi = i;
+            }
+        }
+        if (bi == UINT32_MAX)
+            break;
+        done[bi] = true;
+        wo_info("prefetcher: %s: %llu hits, %llu misses, %llu MiB prefetched, %llu MiB evicted, "
+                "~%.1f ms stalled on misses",
+                pf->r[bi].name ? pf->r[bi].name : "(unnamed)", (unsigned long long)best.hits,
+                (unsigned long long)best.misses, (unsigned long long)(best.prefetched >> 20),
+                (unsigned long long)(best.evicted >> 20), best.stall_s * 1e3);
+    }
+    free(done);
+}
+
+static int ensure_stream(struct wo_prefetcher *pf)
+{
+    CUresult res;
+
+    if (pf->stream)
+        return 0;
+    if (pf->stream_failed)
+        return -EIO;
+    if (pf->ctx && pf->drv->cuCtxSetCurrent)
+        pf->drv->cuCtxSetCurrent(pf->ctx);
+    /* non-blocking: never orders against the engine's legacy default stream */
+    res = pf->drv->cuStreamCreate(&pf->stream, CU_STREAM_NON_BLOCKING);
+    if (res != CUDA_SUCCESS) {
+        pf->stream = NULL;
+        pf->stream_failed = true;
+        wo_warn("prefetcher: no stream of its own (%s): prefetching is off", wo_cu_error_name(res));
+        return -EIO;
+    }
+    return 0;
+}
+
+static CUresult advise(struct wo_prefetcher *pf, uint64_t p, uint64_t n, CUmem_advise a)
+{
+    CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, pf->device};
+
+    if (!pf->drv->cuMemAdvise_v2)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return pf->drv->cuMemAdvise_v2((CUdeviceptr)p, (size_t)n, a, loc);
+}
+
+/* Read-mostly on (for duplication) or off (collapse) over every segment. */
+static void range_rm(struct wo_prefetcher *pf, struct prange *r, bool on)
+{
+    for (size_t i = 0; i < r->nsegs; i++) {
+        CUresult res = advise(pf, r->base + r->segs[i].off, r->segs[i].size,
+                              on ? CU_MEM_ADVISE_SET_READ_MOSTLY : CU_MEM_ADVISE_UNSET_READ_MOSTLY);
+
+        if (res != CUDA_SUCCESS)
+            add(&pf->tot->errors, 1);
+    }
+    r->rm = on;
+}
+
+static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_plan_action *a,
+                  uint64_t off, uint64_t len)
+{
+    CUmemLocation gpu = {CU_MEM_LOCATION_TYPE_DEVICE, pf->device};
+    CUmemLocation host = {CU_MEM_LOCATION_TYPE_HOST, 0};
+    uint64_t p = r->base + off;
+    CUresult res = CUDA_SUCCESS;
+
+    if (a->type == WO_PLAN_PREFETCH) {
+        res = pf->drv->cuMemPrefetchAsync_v2((CUdeviceptr)p, (size_t)len, gpu, 0, pf->stream);
+        if (res == CUDA_SUCCESS) {
+            add(&pf->tot->prefetches, 1);
+            add(&pf->tot->prefetch_bytes, len);
+        }
+    } else if (r->rm) {
+        /* synchronous; no PCIe traffic: the host copy is current (read-only data) */
+        res = advise(pf, p, len, CU_MEM_ADVISE_UNSET_READ_MOSTLY);
+        if (res == CUDA_SUCCESS)
+            res = advise(pf, p, len, CU_MEM_ADVISE_SET_READ_MOSTLY);
+        if (res == CUDA_SUCCESS) {
+            add(&pf->tot->evictions, 1);
+            add(&pf->tot->collapses, 1);
+            add(&pf->tot->evict_bytes, len);
+        }
+    } else {
+        res = pf->drv->cuMemPrefetchAsync_v2((CUdeviceptr)p, (size_t)len, host, 0, pf->stream);
+        if (res == CUDA_SUCCESS) {
+            add(&pf->tot->evictions, 1);
+            add(&pf->tot->copy_backs, 1);
+            add(&pf->tot->evict_bytes, len);
+        }
+    }
+    if (res != CUDA_SUCCESS) {
+        /* the memory may have been freed under us (the free event is still
+         * in the ring): dropping the action only costs speed */
+        add(&pf->tot->errors, 1);
+        wo_debug("prefetcher: %s of %llu bytes at 0x%llx: %s",
+                 a->type == WO_PLAN_PREFETCH ? "prefetch" : "eviction", (unsigned long long)len,
+                 (unsigned long long)p, wo_cu_error_name(res));
+    }
+}
+
+static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
+{
+    struct prange *r;
+    uint64_t end = a->offset + a->bytes;
+
+    if (a->type == WO_PLAN_STEP) {
+        add(&pf->tot->steps, 1);
+        return;
+    }
+    if (a->id >= pf->nr || !(r = &pf->r[a->id])->live || r->gen != a->gen || ensure_stream(pf) < 0)
+        return;
+    if (a->type == WO_PLAN_PREFETCH && a->how == WO_PLAN_COLLAPSE && !r->rm && !r->written)
+        range_rm(pf, r, true);
+    /* only the managed segments of the range move; whole pieces of them */
+    for (size_t i = 0; i < r->nsegs; i++) {
+        uint64_t lo = WO_MAX(a->offset, r->segs[i].off);
+        uint64_t hi = WO_MIN(end, r->segs[i].off + r->segs[i].size);
+
+        for (uint64_t o = lo; o < hi; o += MAX_PIECE)
+            piece(pf, r, a, o, WO_MIN(hi - o, MAX_PIECE));
+    }
+}
+
+static bool capturing(void)
+{
+    return __atomic_load_n(&wo_captures_global, __ATOMIC_ACQUIRE) > 0;
+}
+
+static void hold(struct wo_prefetcher *pf, const struct wo_plan_action *a)
+{
+    if (pf->nheld == pf->capheld) {
+        size_t n = pf->capheld ? pf->capheld * 2 : 64;
+        struct wo_plan_action *v = realloc(pf->held, n * sizeof(*v));
+
+        if (!v)
+            return; /* dropped: the planner believes it done; only speed suffers */
+        pf->held = v;
+        pf->capheld = n;
+    }
+    pf->held[pf->nheld++] = *a;
+    add(&pf->tot->deferred, 1);
+}
+
+void wo_prefetcher_tick(struct wo_prefetcher *pf)
+{
+    if (!pf->nheld || capturing())
+        return;
+    for (size_t i = 0; i < pf->nheld; i++)
+        exec(pf, &pf->held[i]);
+    pf->nheld = 0;
+}
+
+static void drain(struct wo_prefetcher *pf)
+{
+    struct wo_plan_action a;
+
+    wo_prefetcher_tick(pf);
+    while (wo_plan_pop(pf->plan, &a) == 1) {
+        /* a global-mode capture forbids work on other streams: hold it */
+        if (pf->nheld || capturing())
+            hold(pf, &a);
+        else
+            exec(pf, &a);
+    }
+}
+
+static struct prange *range_at(struct wo_prefetcher *pf, uint64_t addr, uint32_t *id)
+{
+    for (uint32_t i = 0; i < pf->nr; i++) {
+        struct prange *r = &pf->r[i];
+
+        if (r->live && addr >= r->base && addr - r->base < r->size) {
+            *id = i;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void forget(struct wo_prefetcher *pf, uint32_t id)
+{
+    struct prange *r = &pf->r[id];
+    size_t j = 0;
+
+    wo_plan_range_remove(pf->plan, id, r->gen);
+    for (size_t i = 0; i < pf->nheld; i++)
+        if (pf->held[i].id != id || pf->held[i].gen != r->gen)
+            pf->held[j++] = pf->held[i];
+    pf->nheld = j;
+    free(r->segs);
+    free(r->name);
+    memset(r, 0, sizeof(*r));
+}
+
+void wo_prefetcher_event(struct wo_prefetcher *pf, const struct wo_event *ev)
+{
+    struct prange *r;
+    uint32_t id;
+
+    switch (ev->type) {
+    case WO_EV_FREE:
+        if ((r = range_at(pf, ev->a.base, &id)) && r->base == ev->a.base)
+            forget(pf, id);
+        return;
+    case WO_EV_COPY:
+        /* the engine writes this range: read-mostly duplicates of it would
+         * be invalidated on every write, and copy-back is the right eviction */
+        if ((ev->c.kind == WO_COPY_H2D || ev->c.kind == WO_COPY_D2D || ev->c.kind == WO_COPY_DEFAULT) &&
+            (r = range_at(pf, ev->c.dst, &id)) && !r->written) {
+            r->written = true;
+            wo_plan_range_written(pf->plan, id, r->gen);
+            if (r->rm && !capturing() && ensure_stream(pf) == 0) /* a current context */
+                range_rm(pf, r, false);
+        }
+        return;
+    case WO_EV_LAUNCH:
+    case WO_EV_CAPTURE_BEGIN:
+    case WO_EV_CAPTURE_END:
+    case WO_EV_GRAPH_INSTANTIATE:
+    case WO_EV_GRAPH_LAUNCH:
+        if (wo_plan_event(pf->plan, ev) < 0)
+            wo_log_once(WO_LOG_WARN, "prefetcher: out of memory; it learns less from now on");
+        drain(pf);
+        return;
+    default:
+        return;
+    }
+}
+
+/* ---- the shim's instance --------------------------------------------------- */
+
+static struct wo_prefetcher *shim;
+static bool shim_tried;
+static bool shim_rescan;
+static struct wo_prefetch_totals shim_totals;
+
+static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
+{
+    struct wo_prefetcher *pf = ud;
+    struct wo_range rg;
+
+    /* the registry knows the allocation's size (segments are tags in it) */
+    if (wo_registry_get(s->id, &rg) < 0 || rg.gen != s->gen)
+        return 0;
+    if (wo_prefetcher_add_segment(pf, s->id, s->gen, rg.base, rg.size, s->offset, s->size,
+                                  s->priority, s->slices != WO_SLICES_NONE) == -ENOMEM ||
+        wo_prefetcher_name(pf, s->id, s->gen, s->name) == -ENOMEM)
+        return -ENOMEM;
+    return 0;
+}
+
+static void shim_setup(void)
+{
+    const struct wo_driver *drv = wo_uvm_driver();
+    const struct wo_policy *pol = wo_uvm_policy();
+    const struct wo_policy_globals *g = pol ? wo_policy_globals(pol) : NULL;
+    struct wo_plan_cfg cfg;
+    CUcontext ctx = NULL;
+    CUdevice dev = 0;
+    int r;
+
+    shim_tried = true;
+    if (!drv || !g || !wo_settings()->prefetch || !g->prefetch.enabled)
+        return;
+    wo_plan_cfg_default(&cfg);
+    cfg.budget = wo_uvm_device_budget();
+    cfg.piece = WO_MAX(g->prefetch.piece_size, (uint64_t)WO_PIECE_SIZE_MIN);
+    cfg.hot_set = g->prefetch.hot_set;
+    if (g->prefetch.lookahead_kind == WO_LOOKAHEAD_BYTES) {
+        cfg.lookahead_ranges = 0;
+        cfg.lookahead_bytes = WO_MAX(g->prefetch.lookahead, (uint64_t)1);
+    } else {
+        cfg.lookahead_ranges = (uint32_t)WO_MAX(WO_MIN(g->prefetch.lookahead, UINT32_MAX), 1);
+    }
+    cfg.eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
+                   : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
+                                                                : WO_PLAN_HOW_NONE;
+    /* wo_uvm.device is set once, by the first served allocation, long
+     * before seal: reading it here without the lock is benign. The primary
+     * context reference is kept for the life of the process (the engine
+     * holds one too). */
+    if (drv->cuDeviceGet && drv->cuDevicePrimaryCtxRetain &&
+        drv->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS)
+        drv->cuDevicePrimaryCtxRetain(&ctx, dev);
+    r = wo_prefetcher_new(drv, &cfg, wo_uvm.device, ctx, &shim);
+    if (r < 0) {
+        wo_warn("prefetcher: not started: %s", strerror(-r));
+        return;
+    }
+    shim->tot = &shim_totals;
+    if (wo_uvm_foreach_managed(add_seg_cb, shim) < 0)
+        wo_warn("prefetcher: out of memory listing managed ranges; some are not prefetched");
+    wo_info("prefetcher: device budget %llu MiB, pieces >= %llu MiB, hot set %s",
+            (unsigned long long)(cfg.budget >> 20), (unsigned long long)(cfg.piece >> 20),
+            cfg.hot_set ? "on" : "off");
+}
+
+void wo_prefetch_on_event(const struct wo_event *ev)
+{
+    if (!shim) {
+        /* the budget is resolved at seal: before that nothing is managed */
+        if (shim_tried || ev->type != WO_EV_LAUNCH || wo_uvm_device_budget() == 0)
+            return;
+        shim_setup();
+        if (!shim)
+            return;
+    }
+    if (ev->type == WO_EV_TAG || ev->type == WO_EV_ALLOC || ev->type == WO_EV_PLACE) {
+        shim_rescan = true; /* new managed memory after seal */
+        return;
+    }
+    if (shim_rescan && ev->type == WO_EV_LAUNCH) {
+        shim_rescan = false;
+        wo_uvm_foreach_managed(add_seg_cb, shim);
+    }
+    wo_prefetcher_event(shim, ev);
+}
+
+void wo_prefetch_tick(void)
+{
+    if (shim)
+        wo_prefetcher_tick(shim);
+}
+
+void wo_prefetch_finish(void)
+{
+    struct wo_prefetch_totals t;
+
+    if (!shim)
+        return;
+    wo_prefetcher_totals(shim, &t);
+    wo_info("prefetcher: %llu steps, %llu prefetches (%llu MiB), %llu evictions (%llu MiB: %llu "
+            "collapses, %llu copy-backs), %llu held during captures, %llu failed calls",
+            (unsigned long long)t.steps, (unsigned long long)t.prefetches,
+            (unsigned long long)(t.prefetch_bytes >> 20), (unsigned long long)t.evictions,
+            (unsigned long long)(t.evict_bytes >> 20), (unsigned long long)t.collapses,
+            (unsigned long long)t.copy_backs, (unsigned long long)t.deferred,
+            (unsigned long long)t.errors);
+    wo_prefetcher_log_ranges(shim, 10);
+    /* finish runs at exit, possibly after the driver's own teardown: no
+     * driver call here; the stream goes with the context */
+    shim->stream = NULL;
+    wo_prefetcher_free(shim);
+    shim = NULL;
+    shim_tried = false;
+}
+
+void wo_prefetch_totals(struct wo_prefetch_totals *ret)
+{
+    const uint64_t *src = (const uint64_t *)&shim_totals;
+    uint64_t *dst = (uint64_t *)ret;
+
+    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
