@@ -1,6 +1,12 @@
 /* bench/bench-launch.c: the extra time the shim adds to one kernel launch.
  *
- * The parent runs itself as a child four times per round: without and with
+ * Primary figure, paired in one process: a child (not preloaded) dlopen()s
+ * the shim and times the shim's exported cuLaunchKernel against the driver's
+ * own in alternating batches (same context, stream, parameters), with no
+ * tracked range and with N ranges allocated through the shim.
+ *
+ * Secondary, across processes: the parent runs itself as a child four times
+ * per round: without and with
  * LD_PRELOAD=<shim>, each with no tracked range and with N tracked ranges
  * (N cuMemAlloc'ed buffers: the shim records each one, and a launch's
  * parameters then point into one of them, so the scan finds a hit as in a
@@ -171,6 +177,142 @@ static int child(long launches, long ranges, long batch)
     return 0;
 }
 
+/* Paired measurement in one process (not preloaded): the shim is dlopen()ed
+ * and its exported cuLaunchKernel is timed against the driver's own, in
+ * alternating batches, same context, same stream, same parameters. With
+ * ranges > 0 the buffers come from the shim's cuMemAlloc_v2 (tracked);
+ * with 0 from the driver's (nothing tracked: the no-range fast path).
+ * Prints "real_ns R shim_ns S". */
+static int child_inproc(const char *shim_path, long launches, long ranges, long batch)
+{
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL), *shim;
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction f;
+    CUstream s;
+    CUdeviceptr *bufs, a, b, c;
+    uint32_t *t_real, *t_shim;
+    long n_real = 0, n_shim = 0;
+    unsigned n = 256;
+    float scale = 1.0f;
+    void *params[] = {&a, &b, &c, &n, &scale};
+    fake_kernel_fn fake;
+    launch_fn s_launch;
+    alloc_fn s_alloc;
+
+    if (!lib) {
+        fprintf(stderr, "bench-launch: dlopen libcuda.so.1: %s\n", dlerror());
+        return 1;
+    }
+    SYM(init, init_fn, "cuInit");
+    SYM(device_get, device_get_fn, "cuDeviceGet");
+    SYM(retain, ctx_retain_fn, "cuDevicePrimaryCtxRetain");
+    SYM(set, ctx_set_fn, "cuCtxSetCurrent");
+    SYM(load, module_load_fn, "cuModuleLoadData");
+    SYM(get, module_func_fn, "cuModuleGetFunction");
+    SYM(alloc, alloc_fn, "cuMemAlloc_v2");
+    SYM(stream_create, stream_create_fn, "cuStreamCreate");
+    SYM(sync, sync_fn, "cuStreamSynchronize");
+    SYM(launch, launch_fn, "cuLaunchKernel");
+    fake = (fake_kernel_fn)dlsym(lib, "fakecuda_kernel");
+    shim = dlopen(shim_path, RTLD_NOW | RTLD_LOCAL);
+    if (!shim) {
+        fprintf(stderr, "bench-launch: dlopen %s: %s\n", shim_path, dlerror());
+        return 1;
+    }
+    s_launch = (launch_fn)dlsym(shim, "cuLaunchKernel");
+    s_alloc = (alloc_fn)dlsym(shim, "cuMemAlloc_v2");
+    if (!s_launch || !s_alloc)
+        return 1;
+
+    CU(init(0));
+    CU(device_get(&dev, 0));
+    CU(retain(&ctx, dev));
+    CU(set(ctx));
+    if (fake) {
+        static const size_t sizes[] = {8, 8, 8, 4, 4};
+        fake("wo_bench_kernel", 5, sizes, noop_kernel);
+    }
+    CU(load(&mod, ptx));
+    CU(get(&f, mod, "wo_bench_kernel"));
+    CU(stream_create(&s, CU_STREAM_NON_BLOCKING));
+    bufs = calloc((size_t)ranges + 3, sizeof(*bufs));
+    t_real = malloc((size_t)launches * sizeof(*t_real));
+    t_shim = malloc((size_t)launches * sizeof(*t_shim));
+    if (!bufs || !t_real || !t_shim)
+        return 1;
+    for (long i = 0; i < ranges + 3; i++)
+        CU((ranges > 0 ? s_alloc : alloc)(&bufs[i], 4096));
+    a = bufs[ranges / 2] + 64;
+    b = bufs[ranges + 1];
+    c = bufs[ranges + 2] + 128;
+    for (int i = 0; i < 1000; i++) {
+        CU(launch(f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+        CU(s_launch(f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+    }
+    CU(sync(s));
+    /* launches per side; batches alternate so drift hits both alike */
+    for (long k = 0; n_real < launches || n_shim < launches; k++) {
+        int use_shim = (int)(k & 1);
+        launch_fn fn = use_shim ? s_launch : launch;
+        uint32_t *t = use_shim ? t_shim : t_real;
+        long *done = use_shim ? &n_shim : &n_real;
+        for (long i = 0; i < batch && *done < launches; i++) {
+            uint64_t t0 = now_ns();
+            CUresult r = fn(f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL);
+            t[(*done)++] = (uint32_t)(now_ns() - t0);
+            if (r != CUDA_SUCCESS) {
+                fprintf(stderr, "bench-launch: launch failed: %d\n", r);
+                return 1;
+            }
+        }
+        CU(sync(s));
+    }
+    qsort(t_real, (size_t)launches, sizeof(uint32_t), cmp_u32);
+    qsort(t_shim, (size_t)launches, sizeof(uint32_t), cmp_u32);
+    printf("real_ns %u shim_ns %u\n", t_real[launches / 2], t_shim[launches / 2]);
+    return 0;
+}
+
+/* Runs one paired child; *real and *shim get its medians. 0 or -1. */
+static int run_inproc(const char *self, const char *shim, long launches, long ranges, long batch,
+                      double *real, double *shimmed)
+{
+    int fd[2], status;
+    char buf[256] = "", a1[32], a2[32], a3[32];
+    ssize_t n;
+    pid_t pid;
+    unsigned r = 0, sh = 0;
+
+    if (pipe(fd) < 0)
+        return -1;
+    snprintf(a1, sizeof(a1), "%ld", launches);
+    snprintf(a2, sizeof(a2), "%ld", ranges);
+    snprintf(a3, sizeof(a3), "%ld", batch);
+    pid = fork();
+    if (pid == 0) {
+        dup2(fd[1], 1);
+        close(fd[0]);
+        close(fd[1]);
+        unsetenv("LD_PRELOAD");
+        execl(self, self, "--child-inproc", shim, a1, a2, a3, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    n = read(fd[0], buf, sizeof(buf) - 1);
+    close(fd[0]);
+    waitpid(pid, &status, 0);
+    if (n <= 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return -1;
+    buf[n] = '\0';
+    if (sscanf(buf, "real_ns %u shim_ns %u", &r, &sh) != 2)
+        return -1;
+    *real = r;
+    *shimmed = sh;
+    return 0;
+}
+
 /* Runs one child; returns its median in ns, or -1. */
 static double run_child(const char *self, const char *shim, long launches, long ranges, long batch)
 {
@@ -230,10 +372,12 @@ int main(int argc, char **argv)
     enum { BASE0, SHIM0, BASEN, SHIMN, NCASES };
     static const char *const names[NCASES] = {"no shim, 0 ranges", "shim, 0 ranges",
                                               "no shim, N ranges", "shim, N ranges"};
-    double med[NCASES][64], res[NCASES];
+    double med[NCASES][64], res[NCASES], paired[2][5];
 
     if (argc == 5 && strcmp(argv[1], "--child") == 0)
         return child(atol(argv[2]), atol(argv[3]), atol(argv[4]));
+    if (argc == 6 && strcmp(argv[1], "--child-inproc") == 0)
+        return child_inproc(argv[2], atol(argv[3]), atol(argv[4]), atol(argv[5]));
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--shim") == 0)
             shim = argv[i + 1];
@@ -261,8 +405,37 @@ int main(int argc, char **argv)
         qsort(med[c], (size_t)rounds, sizeof(double), cmp_double);
         res[c] = med[c][rounds / 2];
     }
-    printf("launches per run %ld, tracked ranges N = %ld, rounds %ld (median of per-run medians)\n",
-           launches, ranges, rounds);
+    /* Paired, in one process: the primary figure. */
+    for (int w = 0; w < 2; w++) {
+        double d[64], real_m[64], shim_m[64];
+        for (long r = 0; r < rounds; r++) {
+            if (run_inproc("/proc/self/exe", shim, launches, w ? ranges : 0, batch, &real_m[r],
+                           &shim_m[r]) < 0) {
+                fprintf(stderr, "bench-launch: paired run failed\n");
+                return 1;
+            }
+            d[r] = shim_m[r] - real_m[r];
+        }
+        qsort(d, (size_t)rounds, sizeof(double), cmp_double);
+        qsort(real_m, (size_t)rounds, sizeof(double), cmp_double);
+        qsort(shim_m, (size_t)rounds, sizeof(double), cmp_double);
+        paired[w][0] = real_m[rounds / 2];
+        paired[w][1] = shim_m[rounds / 2];
+        paired[w][2] = d[rounds / 2];
+        paired[w][3] = d[0];
+        paired[w][4] = d[rounds - 1];
+    }
+    printf("launches per run %ld, tracked ranges N = %ld, rounds %ld\n\n", launches, ranges,
+           rounds);
+    printf("Paired, one process (the shim dlopen()ed; its cuLaunchKernel against the driver's, "
+           "alternating batches of %ld; median of per-run medians, [min, max] of the differences):\n",
+           batch);
+    printf("| tracked ranges | driver ns | shim ns | extra ns per launch |\n|---|---|---|---|\n");
+    for (int w = 0; w < 2; w++)
+        printf("| %ld | %.0f | %.0f | %.0f [%.0f, %.0f] |\n", w ? ranges : 0L, paired[w][0],
+               paired[w][1], paired[w][2], paired[w][3], paired[w][4]);
+    printf("\nSeparate processes (LD_PRELOAD or not; 3 buffers tracked even in the 0 case; "
+           "median of per-run medians):\n");
     printf("| case | median ns per launch |\n|---|---|\n");
     for (int c = 0; c < NCASES; c++)
         printf("| %s | %.0f |\n", names[c], res[c]);

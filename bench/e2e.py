@@ -160,6 +160,14 @@ SCENARIOS: List[Dict[str, Any]] = [
       ref="moe-gpu"),
     S("overhead-moe-shim-empty-noscan", "moe", policy="empty", env={"WOFFLOAD_SCAN_WORDS": "0"}, prefill=0,
       ref="moe-gpu"),
+    # short recorded traces for tests/traces (replay tests in CI): the same
+    # engine and shapes, few steps so the files stay small
+    S("trace-moe-decode", "moe", policy="experts-managed-half", offload="experts:all", new_tokens=8,
+      repeats=1, prefill=0, env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe-decode.wotrace"}, ref="moe-gpu"),
+    S("trace-moe-prefill", "moe", policy="experts-host-all", offload="experts:all", new_tokens=2,
+      repeats=1, prefill=1024, env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe-prefill.wotrace"}, ref="moe-gpu"),
+    S("trace-dense-decode", "dense", policy="dense-host-l0-7", offload="layers:0-7", new_tokens=8,
+      repeats=1, prefill=0, env={"WOFFLOAD_TRACE": "/tmp/wo-trace-dense-decode.wotrace"}, ref="dense-gpu"),
     S("dense-gpu", "dense"),
     S("dense-shim-empty", "dense", policy="empty", ref="dense-gpu"),
     S("dense-shim-host-l0-7", "dense", policy="dense-host-l0-7", offload="layers:0-7", ref="dense-gpu"),

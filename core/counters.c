@@ -38,19 +38,6 @@ uint64_t wo_counter_get(enum wo_ctr c)
     return c < WO_CTR_MAX ? __atomic_load_n(&wo_counter_values[c], __ATOMIC_RELAXED) : 0;
 }
 
-const char *wo_counter_name(enum wo_ctr c)
-{
-    return c < WO_CTR_MAX ? counter_names[c] : "?";
-}
-
-int wo_counter_index(const char *name)
-{
-    for (int i = 0; i < WO_CTR_MAX; i++)
-        if (strcmp(counter_names[i], name) == 0)
-            return i;
-    return -ENOENT;
-}
-
 void wo_counters_register_calls(const char *const *names, uint64_t *values, size_t n)
 {
     call_names = names;
@@ -83,21 +70,6 @@ void wo_count_caller(const void *ra, enum wo_caller_ctr c)
         }
     }
     __atomic_fetch_add(&caller_other[c], 1, __ATOMIC_RELAXED);
-}
-
-void wo_counters_reset(void)
-{
-    for (int i = 0; i < WO_CTR_MAX; i++)
-        __atomic_store_n(&wo_counter_values[i], 0, __ATOMIC_RELAXED);
-    for (size_t i = 0; i < __atomic_load_n(&call_n, __ATOMIC_ACQUIRE); i++)
-        __atomic_store_n(&call_values[i], 0, __ATOMIC_RELAXED);
-    for (unsigned i = 0; i < CALLER_SLOTS; i++) {
-        for (int c = 0; c < WO_CALLER_MAX; c++)
-            __atomic_store_n(&callers[i].n[c], 0, __ATOMIC_RELAXED);
-        __atomic_store_n(&callers[i].key, 0, __ATOMIC_RELAXED);
-    }
-    for (int c = 0; c < WO_CALLER_MAX; c++)
-        __atomic_store_n(&caller_other[c], 0, __ATOMIC_RELAXED);
 }
 
 /* snprintf into a bounded buffer that keeps counting past its end. */

@@ -81,9 +81,6 @@ static inline void wo_count(enum wo_ctr c, uint64_t n)
 }
 
 uint64_t wo_counter_get(enum wo_ctr c);
-const char *wo_counter_name(enum wo_ctr c);
-/* Index of a counter by its JSON name, or -ENOENT. */
-int wo_counter_index(const char *name);
 
 /* Per-entry-point call counts: preload/ registers its hook names and a
  * matching array of counters once (the arrays must outlive the process). */
@@ -94,9 +91,6 @@ void wo_counters_register_calls(const char *const *names, uint64_t *values, size
  * beyond its capacity are counted under "other". */
 enum wo_caller_ctr { WO_CALLER_ALLOC = 0, WO_CALLER_COPY, WO_CALLER_LAUNCH, WO_CALLER_MAX };
 void wo_count_caller(const void *ra, enum wo_caller_ctr c);
-
-/* Zeroes everything (the child after fork, tests). Not atomic as a whole. */
-void wo_counters_reset(void);
 
 /* The counters as one JSON object: {"alloc_calls":N,...,"calls":{...},
  * "callers":{"libfoo.so.1":{"alloc":N,"copy":N,"launch":N},...}}.

@@ -615,23 +615,102 @@ static int cmp_range_key(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* The live range a free event names: by sequence number, else by base. */
-static struct wo_trace_range *free_target(struct wo_trace_data *d, const struct wo_event *ev)
+/* Live ranges by base address (live ranges never share a base): a free
+ * event finds its range in O(1), so a trace of millions of alloc/free pairs
+ * loads in linear time. Linear probing with backward-shift deletion. */
+struct live_map {
+    uint64_t *keys;
+    size_t *vals;
+    uint8_t *used;
+    size_t cap, n;
+};
+
+static size_t live_slot(const struct live_map *m, uint64_t key)
 {
-    for (size_t i = d->nranges; i-- > 0;) {
-        struct wo_trace_range *g = &d->ranges[i];
-        if (g->t_free_ns)
-            continue;
-        if ((ev->a.seq && g->seq == ev->a.seq) || (!ev->a.seq && g->base == ev->a.base))
-            return g;
+    return (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & (m->cap - 1);
+}
+
+static int live_put(struct live_map *m, uint64_t key, size_t val)
+{
+    size_t i;
+
+    if ((m->n + 1) * 2 > m->cap) {
+        struct live_map g = {0};
+        g.cap = m->cap ? m->cap * 2 : 256;
+        g.keys = malloc(g.cap * sizeof(*g.keys));
+        g.vals = malloc(g.cap * sizeof(*g.vals));
+        g.used = calloc(g.cap, 1);
+        if (!g.keys || !g.vals || !g.used) {
+            free(g.keys);
+            free(g.vals);
+            free(g.used);
+            return -ENOMEM;
+        }
+        for (size_t k = 0; k < m->cap; k++)
+            if (m->used[k]) {
+                for (i = live_slot(&g, m->keys[k]); g.used[i]; i = (i + 1) & (g.cap - 1))
+                    ;
+                g.used[i] = 1;
+                g.keys[i] = m->keys[k];
+                g.vals[i] = m->vals[k];
+                g.n++;
+            }
+        free(m->keys);
+        free(m->vals);
+        free(m->used);
+        *m = g;
     }
-    return NULL;
+    for (i = live_slot(m, key); m->used[i]; i = (i + 1) & (m->cap - 1))
+        if (m->keys[i] == key) {
+            m->vals[i] = val; /* an earlier range there was freed unrecorded */
+            return 0;
+        }
+    m->used[i] = 1;
+    m->keys[i] = key;
+    m->vals[i] = val;
+    m->n++;
+    return 0;
+}
+
+/* Removes key: 1 and *val, or 0. */
+static int live_take(struct live_map *m, uint64_t key, size_t *val)
+{
+    size_t i, j;
+
+    if (!m->cap)
+        return 0;
+    for (i = live_slot(m, key); m->used[i]; i = (i + 1) & (m->cap - 1))
+        if (m->keys[i] == key)
+            break;
+    if (!m->used[i])
+        return 0;
+    *val = m->vals[i];
+    /* backward shift: later members of the probe run move up into the hole */
+    for (j = (i + 1) & (m->cap - 1); m->used[j]; j = (j + 1) & (m->cap - 1)) {
+        size_t home = live_slot(m, m->keys[j]);
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            m->keys[i] = m->keys[j];
+            m->vals[i] = m->vals[j];
+            i = j;
+        }
+    }
+    m->used[i] = 0;
+    m->n--;
+    return 1;
+}
+
+static void live_free(struct live_map *m)
+{
+    free(m->keys);
+    free(m->vals);
+    free(m->used);
 }
 
 static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_data **ret)
 {
     struct wo_trace_data *d = calloc(1, sizeof(*d));
     size_t cap_ev = 0, cap_rg = 0, cap_k = 0, cap_t = 0, cap_ru = 0;
+    struct live_map live = {0};
     struct wo_trace_rec rec;
     int e = 0;
 
@@ -671,9 +750,12 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
                 g->flags = rec.ev.a.flags;
                 g->device = rec.ev.a.device;
                 g->t_alloc_ns = rec.ev.t_ns;
+                if ((e = live_put(&live, g->base, d->nranges - 1)) < 0)
+                    goto out;
             } else if (rec.ev.type == WO_EV_FREE) {
-                struct wo_trace_range *g = free_target(d, &rec.ev);
-                if (g) {
+                size_t k;
+                if (live_take(&live, rec.ev.a.base, &k)) {
+                    struct wo_trace_range *g = &d->ranges[k];
                     g->t_free_ns = rec.ev.t_ns ? rec.ev.t_ns : 1;
                     te->range_id = g->id;
                     te->range_gen = g->gen;
@@ -725,6 +807,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
     }
 
 out:
+    live_free(&live);
     /* Whatever was read stays usable: tables are finished even after an error. */
     d->ninfo = wo_trace_reader_ninfo(r);
     d->info_keys = calloc(d->ninfo + 1, sizeof(char *));

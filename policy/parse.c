@@ -2,7 +2,6 @@
  * located diagnostic for everything that is not exactly what the schema
  * expects ("found X, expected Y"), did-you-mean for unknown keys and
  * values, and the checks across keys (contradictions, shadowed rules). */
-#include <fnmatch.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -437,103 +436,6 @@ static int check_segment(struct ctx *c, const struct wo_node *n, const char *s)
     return 0;
 }
 
-#define REGEX_MAX_LEN 1024
-#define REGEX_MAX_NODES 4000
-#define REGEX_MAX_TOTAL_NODES 40000
-#define REGEX_STACKED UINT64_MAX
-
-/* An upper estimate of the nodes glibc's regcomp builds for s: it copies
- * the operand of '+' and of {n,m} (a{3} becomes aaa), so nested counted
- * repetitions multiply and "(a{99}){99}" or "a++++..." exhausts memory.
- * Returns the estimate, capped just above the limit. */
-static uint64_t regex_cost(const char *s)
-{
-    uint64_t sum[64], last[64]; /* per open group: total so far, size of the last item */
-    unsigned depth = 0;
-
-    bool quantified = false; /* the last item already carries a quantifier */
-
-    sum[0] = last[0] = 0;
-    for (const char *p = s; *p;) {
-        uint64_t item = 1, mult = 0;
-        if (quantified && (*p == '+' || *p == '*' || *p == '?' || (*p == '{' && p[1] >= '0' && p[1] <= '9')))
-            return REGEX_STACKED; /* "a??", "a+*": undefined in POSIX, slow in glibc */
-        quantified = false;
-        if (*p == '(') {
-            if (++depth >= 64)
-                return REGEX_MAX_NODES + 1;
-            sum[depth] = last[depth] = 0;
-            p++;
-            continue;
-        }
-        if (*p == ')' && depth > 0) {
-            item = sum[depth] + 1;
-            depth--;
-            sum[depth] += item;
-            last[depth] = item;
-            p++;
-            continue;
-        }
-        if (*p == '+') {
-            mult = 2;
-            p++;
-        } else if (*p == '{') {
-            uint64_t a = 0, bnd = 0;
-            bool comma = false;
-            for (p++; *p && *p != '}'; p++) {
-                if (*p == ',')
-                    comma = true;
-                else if (*p >= '0' && *p <= '9') {
-                    uint64_t *v = comma ? &bnd : &a;
-                    *v = *v * 10 + (uint64_t)(*p - '0');
-                    if (*v > REGEX_MAX_NODES)
-                        return REGEX_MAX_NODES + 1;
-                }
-            }
-            if (*p)
-                p++;
-            mult = (comma ? (bnd ? bnd : a + 1) : a) + 1;
-        } else if (*p == '*' || *p == '?') {
-            mult = 1;
-            p++;
-        }
-        if (mult) {
-            quantified = true;
-            /* the last item is repeated: its copies replace it */
-            sum[depth] += last[depth] * (mult - 1) + 1;
-            last[depth] = last[depth] * mult + 1;
-        } else {
-            if (*p == '\\' && p[1])
-                p += 2;
-            else if (*p == '[') {
-                /* a bracket expression is one node: skip to its end */
-                p++;
-                if (*p == '^')
-                    p++;
-                if (*p == ']')
-                    p++;
-                while (*p && *p != ']') {
-                    if (*p == '[' && (p[1] == ':' || p[1] == '.' || p[1] == '=')) {
-                        const char *e = strstr(p + 2, p[1] == ':' ? ":]" : p[1] == '.' ? ".]" : "=]");
-                        p = e ? e + 2 : p + 1;
-                    } else {
-                        p++;
-                    }
-                }
-                if (*p)
-                    p++;
-            } else {
-                p++;
-            }
-            sum[depth] += item;
-            last[depth] = item;
-        }
-        if (sum[depth] > REGEX_MAX_NODES || last[depth] > REGEX_MAX_NODES)
-            return REGEX_MAX_NODES + 1;
-    }
-    return sum[0];
-}
-
 static int check_regex(struct ctx *c, const struct wo_node *n, const char *s)
 {
     regex_t re;
@@ -541,9 +443,9 @@ static int check_regex(struct ctx *c, const struct wo_node *n, const char *s)
     uint64_t cost;
     int r;
 
-    if (strlen(s) > REGEX_MAX_LEN) {
+    if (strlen(s) > WO_REGEX_MAX_LEN) {
         err(c, n, "found a regular expression of %zu bytes, expected at most %d", strlen(s),
-            REGEX_MAX_LEN);
+            WO_REGEX_MAX_LEN);
         return -EINVAL;
     }
     for (const char *p = s; *p; p++) {
@@ -556,23 +458,23 @@ static int check_regex(struct ctx *c, const struct wo_node *n, const char *s)
         if (p[0] == '\\' && p[1])
             p++;
     }
-    cost = regex_cost(s);
-    if (cost == REGEX_STACKED) {
+    cost = wo_regex_cost(s);
+    if (cost == WO_REGEX_STACKED) {
         err(c, n, "found regular expression %s with a quantifier applied to a quantifier "
             "(such as 'a+*', 'a?+' or 'a{2}{3}'), expected one quantifier per item (use a group: "
             "'(a+)*')", found(n, b, sizeof(b)));
         return -EINVAL;
     }
-    if (cost > REGEX_MAX_NODES) {
+    if (cost > WO_REGEX_MAX_NODES) {
         err(c, n, "found regular expression %s whose repetitions expand too far (nested '+' or "
             "{n,m}), expected a simpler pattern", found(n, b, sizeof(b)));
         return -EINVAL;
     }
     /* bounds the memory of all compiled expressions together */
     c->regex_nodes += cost;
-    if (c->regex_nodes > REGEX_MAX_TOTAL_NODES) {
+    if (c->regex_nodes > WO_REGEX_MAX_TOTAL_NODES) {
         err(c, n, "found more regular expressions than a policy can hold (about %d nodes in all), "
-            "expected fewer or simpler ones", REGEX_MAX_TOTAL_NODES);
+            "expected fewer or simpler ones", WO_REGEX_MAX_TOTAL_NODES);
         return -EINVAL;
     }
     r = regcomp(&re, s, REG_EXTENDED | REG_NOSUB);
@@ -836,95 +738,12 @@ static int parse_rule(struct ctx *c, const struct wo_node *n, struct wo_rule *ru
 
 /* ---- shadowed rules ---- */
 
-static bool strs_subset(char **a, size_t na, char **b, size_t nb)
-{
-    for (size_t i = 0; i < na; i++) {
-        bool in = false;
-        for (size_t j = 0; j < nb && !in; j++)
-            in = strcmp(a[i], b[j]) == 0;
-        if (!in)
-            return false;
-    }
-    return true;
-}
-
-static bool layer_in(const struct wo_matchers *m, long l)
-{
-    for (size_t i = 0; i < m->nlayers; i++) {
-        const struct wo_layer_item *it = &m->layers[i];
-        if (it->kind == WO_LAYER_RANGE ? (l >= it->lo && l <= it->hi)
-                                       : (l % it->every >= it->every - it->last))
-            return true;
-    }
-    return false;
-}
-
-/* Every layer j accepts, i accepts too (a sound, not complete, test). */
-static bool layers_subset(const struct wo_matchers *j, const struct wo_matchers *i)
-{
-    for (size_t k = 0; k < j->nlayers; k++) {
-        const struct wo_layer_item *it = &j->layers[k];
-        if (it->kind == WO_LAYER_GROUP) {
-            bool same = false;
-            for (size_t q = 0; q < i->nlayers && !same; q++)
-                same = i->layers[q].kind == WO_LAYER_GROUP && i->layers[q].every == it->every &&
-                       i->layers[q].last >= it->last; /* the last K of a group grow with K */
-            if (!same)
-                return false;
-            continue;
-        }
-        {
-            /* one range of i holding all of it, or a short range checked
-             * layer by layer: bounded work for any pair of rules */
-            bool inside = false;
-            for (size_t q = 0; q < i->nlayers && !inside; q++)
-                inside = i->layers[q].kind == WO_LAYER_RANGE && i->layers[q].lo <= it->lo &&
-                         it->hi <= i->layers[q].hi;
-            if (inside)
-                continue;
-            if (it->hi - it->lo >= 64)
-                return false;
-            for (long l = it->lo; l <= it->hi; l++)
-                if (!layer_in(i, l))
-                    return false;
-        }
-    }
-    return true;
-}
-
-static bool has_star(char **g, size_t n)
-{
-    for (size_t k = 0; k < n; k++)
-        if (strspn(g[k], "*") == strlen(g[k]))
-            return true;
-    return false;
-}
-
-/* True when every name rule j matches is also matched by the earlier rule i. */
-static bool shadows(const struct wo_matchers *i, const struct wo_matchers *j)
-{
-    if (i->nmatch && !(j->nmatch && strs_subset(j->match, j->nmatch, i->match, i->nmatch)))
-        return false;
-    if (i->nglob && !has_star(i->glob, i->nglob) &&
-        !(j->nglob && strs_subset(j->glob, j->nglob, i->glob, i->nglob)))
-        return false;
-    if (i->nregex && !(j->nregex && strs_subset(j->regex_src, j->nregex, i->regex_src, i->nregex)))
-        return false;
-    if (i->nlayers && !(j->nlayers && layers_subset(j, i)))
-        return false;
-    if (i->has_min && !(j->has_min && j->min_size >= i->min_size))
-        return false;
-    if (i->has_max && !(j->has_max && j->max_size <= i->max_size))
-        return false;
-    return true;
-}
-
 static void check_shadowed(struct ctx *c, const struct wo_node *rules)
 {
     struct wo_policy *p = c->p;
     for (size_t j = 1; j < p->nrules; j++)
         for (size_t i = 0; i < j; i++)
-            if (shadows(&p->m[i], &p->m[j])) {
+            if (wo_matchers_shadow(&p->m[i], &p->m[j])) {
                 char lab[160];
                 wo_policy_rule_label(p, i, lab, sizeof(lab));
                 warn(c, rules->items[j], "rule %zu can never match: every name it matches is "

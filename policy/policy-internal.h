@@ -91,5 +91,16 @@ struct wo_policy {
 int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const char *file,
                         struct wo_diags *diags);
 
+/* regex.c: the estimated nodes regcomp builds for s, capped just above
+ * WO_REGEX_MAX_NODES; WO_REGEX_STACKED for a quantifier on a quantifier. */
+#define WO_REGEX_MAX_LEN 1024
+#define WO_REGEX_MAX_NODES 4000
+#define WO_REGEX_MAX_TOTAL_NODES 40000
+#define WO_REGEX_STACKED UINT64_MAX
+uint64_t wo_regex_cost(const char *s);
+
+/* shadow.c: true when every name `later` matches is matched by `earlier`. */
+bool wo_matchers_shadow(const struct wo_matchers *earlier, const struct wo_matchers *later);
+
 /* Levenshtein distance, capped (returns cap+1 when larger). */
 unsigned wo_edit_distance(const char *a, const char *b, unsigned cap);

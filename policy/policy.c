@@ -213,9 +213,22 @@ const char *wo_policy_source(const struct wo_policy *p)
     return p ? p->source : "";
 }
 
+/* What `rules: []` gives: nothing placeable, everything passes through. */
+static const struct wo_policy_globals passthrough_globals = {
+    .default_place = WO_PLACE_DEVICE,
+    .host_budget = {.kind = WO_BUDGET_UNLIMITED},
+    .device_budget = {.kind = WO_BUDGET_AUTO},
+    .pin_fallback = WO_PIN_FALLBACK_MANAGED,
+    .window = {.open = WO_WINDOW_OPEN_API, .close = WO_WINDOW_CLOSE_AT_SEAL,
+               .min_size = WO_WINDOW_MIN_SIZE_DEFAULT},
+    .prefetch = {.enabled = true, .lookahead_kind = WO_LOOKAHEAD_RANGES,
+                 .lookahead = WO_LOOKAHEAD_DEFAULT, .piece_size = WO_PIECE_SIZE_DEFAULT,
+                 .hot_set = true, .eviction = WO_EVICT_AUTO},
+};
+
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p)
 {
-    return &p->g;
+    return p ? &p->g : &passthrough_globals;
 }
 
 size_t wo_policy_nrules(const struct wo_policy *p)
@@ -299,5 +312,5 @@ uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uin
 uint64_t wo_policy_device_budget(const struct wo_policy *p, uint64_t device_total,
                                  uint64_t device_free)
 {
-    return wo_budget_resolve(&p->g.device_budget, device_total, device_free);
+    return wo_budget_resolve(&wo_policy_globals(p)->device_budget, device_total, device_free);
 }

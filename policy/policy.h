@@ -194,8 +194,9 @@ int wo_policy_load_buffer(const char *buf, size_t len, const char *display_name,
 /* Returns NULL. NULL is fine. */
 struct wo_policy *wo_policy_free(struct wo_policy *p);
 
-/* The display name given at load. */
+/* The display name given at load ("" for NULL). */
 const char *wo_policy_source(const struct wo_policy *p);
+/* Never NULL; for a NULL policy, the globals of `rules: []` (pass-through). */
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p);
 size_t wo_policy_nrules(const struct wo_policy *p);
 /* NULL when i is out of range. */

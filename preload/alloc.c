@@ -64,9 +64,10 @@ static void observed_alloc(bool ok, CUdeviceptr p, size_t size, uint32_t flags, 
 
 /* Frees are reported *before* they are forwarded: once the driver has the
  * memory back, another thread's allocation may get the same address, and a
- * late report would then drop that thread's new range. Returns the range
- * so that a free the driver refuses can be reported back (via
- * refused_free); its name, if it had one, is lost then (logged). */
+ * late report would then drop that thread's new range (the threads test
+ * caught exactly that). Returns whether the address was a tracked range and
+ * fills *r, so that freed() can report a free the driver refused as an
+ * allocation again; its name, if it had one, is lost then (logged). */
 static bool forget_before_free(CUdeviceptr p, int api, struct wo_range *r)
 {
     bool tracked = wo_registry_find(p, r) == 0 && r->base == p;

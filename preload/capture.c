@@ -100,6 +100,22 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
     wo_push_event(&ev);
 }
 
+/* wo_captures_global is raised *before* the real begin-capture call: the
+ * prefetch thread checks it before each driver call, and a call of its that
+ * starts after the capture exists would invalidate a global-mode capture. */
+static void global_hold(int mode)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+}
+
+static void global_release(int mode)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        __atomic_fetch_sub(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+}
+
+/* After a successful begin (global_hold already done). */
 void wo_capture_begin(uint64_t stream, int mode)
 {
     int i;
@@ -110,6 +126,8 @@ void wo_capture_begin(uint64_t stream, int mode)
             break;
     if (i == CAP_SLOTS) {
         pthread_mutex_unlock(&cap_lock);
+        /* Its end cannot be matched: do not hold the prefetcher forever. */
+        global_release(mode);
         wo_count(WO_CTR_capture_table_full, 1);
         wo_log_once(WO_LOG_WARN, "more than %d streams capture at once: launches of the others "
                                  "are recorded as ordinary launches", CAP_SLOTS);
@@ -124,8 +142,6 @@ void wo_capture_begin(uint64_t stream, int mode)
     caps[i].mode = mode;
     STORE(caps[i].id, next_id);
     __atomic_fetch_add(&caps_active, 1, __ATOMIC_RELEASE);
-    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-        __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_RELEASE);
     wo_count(WO_CTR_capture_begin, 1);
     push_g(WO_EV_CAPTURE_BEGIN, stream, next_id, (uint64_t)mode, WO_API_GRAPH);
     pthread_mutex_unlock(&cap_lock);
@@ -179,8 +195,7 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
             continue;
         STORE(caps[i].id, 0);
         __atomic_fetch_sub(&caps_active, 1, __ATOMIC_RELEASE);
-        if (caps[i].mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-            __atomic_fetch_sub(&wo_captures_global, 1, __ATOMIC_RELEASE);
+        global_release(caps[i].mode);
         wo_count(WO_CTR_capture_end, 1);
         if (ok && graph) {
             /* A graph handle may be reused after cuGraphDestroy: the slot
@@ -265,9 +280,12 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
         return CUDA_ERROR_NOT_FOUND;
     if (!wo_enter())
         return real(s, mode);
+    global_hold((int)mode);
     res = real(s, mode);
     if (res == CUDA_SUCCESS)
         wo_capture_begin(wo_stream_id(s, wo_hook_pt[id]), (int)mode);
+    else
+        global_release((int)mode);
     wo_leave();
     return res;
 }
@@ -364,9 +382,12 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
         return cudaErrorSharedObjectSymbolNotFound;
     if (!wo_enter())
         return real(s, mode);
+    global_hold((int)mode);
     res = real(s, mode);
     if (res == cudaSuccess)
         wo_capture_begin(wo_stream_id(s, wo_rt_pt[id]), (int)mode);
+    else
+        global_release((int)mode);
     wo_leave();
     return res;
 }

@@ -72,6 +72,11 @@ contains "$tmp/out" "rule 1 'keep-embeddings' (dense-host-budget.yaml:11): no: m
 contains "$tmp/out" "=> host, by rule 2 'weights'" "explain result"
 contains "$tmp/out" "min_size: 8.00 KiB is below 4.00 MiB" "explain size"
 contains "$tmp/out" "=> device, by rule 1 'keep-embeddings'" "explain first match"
+printf 'model.layers.0.mlp.up_proj.weight:100MiB\n# a comment\n\nmodel.norm.weight:8KiB\n' >"$tmp/names"
+"$tool" explain "$root/examples/dense-host-budget.yaml" - <"$tmp/names" >"$tmp/out" 2>"$tmp/err"
+[ $? -eq 0 ] || { echo "FAIL explain -: exit status"; fail=1; }
+[ "$(grep -c '^  => ' "$tmp/out")" = 2 ] || { echo "FAIL explain -: expected 2 results"; cat "$tmp/out"; fail=1; }
+contains "$tmp/out" "model.norm.weight (8.00 KiB)" "explain - reads stdin"
 expect 2 "explain with a bad size" -- "$tool" explain "$root/examples/empty.yaml" x.weight:12XB
 expect 2 "explain without names" -- "$tool" explain "$root/examples/empty.yaml"
 # The whole policies in docs/policy.md (```yaml blocks with a rules: line) are valid.

@@ -33,6 +33,16 @@
 static CUcontext ctx;
 static char self_exe[4096];
 
+static CUmemLocation dev0(void)
+{
+    return (CUmemLocation){ CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+}
+
+static CUmemLocation hostloc(void)
+{
+    return (CUmemLocation){ CU_MEM_LOCATION_TYPE_HOST, 0 };
+}
+
 /* --- kernels ------------------------------------------------------------- */
 
 struct io {
@@ -429,6 +439,61 @@ static void capture_global_mode_forbids_unsafe_calls_elsewhere(void **state)
     assert_int_equal(cuStreamDestroy_v2(s), CUDA_SUCCESS);
 }
 
+/* What a prefetch thread may do while another thread captures in global
+ * mode (measured on driver 580, probe-real.txt r3_other_*). */
+struct pf_arg {
+    CUdeviceptr m;
+    CUresult prefetch, copy, record, advise, query, sync, alloc_async;
+};
+
+static void *prefetch_thread(void *p)
+{
+    struct pf_arg *a = p;
+    CUstream own;
+    CUevent e;
+    char buf[16] = { 0 };
+    cuCtxSetCurrent(ctx);
+    cuStreamCreate(&own, CU_STREAM_NON_BLOCKING);
+    cuEventCreate(&e, CU_EVENT_DISABLE_TIMING);
+    a->prefetch = cuMemPrefetchAsync_v2(a->m, 4096, dev0(), 0, own);
+    a->copy = cuMemcpyHtoDAsync_v2(a->m, buf, sizeof(buf), own);
+    a->record = cuEventRecord(e, own);
+    a->advise = cuMemAdvise_v2(a->m, 4096, CU_MEM_ADVISE_SET_ACCESSED_BY, dev0());
+    a->query = cuEventQuery(e);
+    a->sync = cuStreamSynchronize(own);
+    CUdeviceptr x;
+    a->alloc_async = cuMemAllocAsync(&x, 64, own);
+    cuEventDestroy_v2(e);
+    cuStreamDestroy_v2(own);
+    return NULL;
+}
+
+static void capture_global_mode_limits_a_prefetch_thread(void **state)
+{
+    struct pf_arg a = { 0 };
+    CUstream s;
+    CUgraph g;
+    pthread_t t;
+    assert_int_equal(cuMemAllocManaged(&a.m, 1 << 16, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+    assert_int_equal(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    pthread_create(&t, NULL, prefetch_thread, &a);
+    pthread_join(t, NULL);
+    /* Enqueueing on its own stream is fine... */
+    assert_int_equal(a.prefetch, CUDA_SUCCESS);
+    assert_int_equal(a.copy, CUDA_SUCCESS);
+    assert_int_equal(a.record, CUDA_SUCCESS);
+    /* ...advising, waiting and stream-ordered allocation are not, and the
+     * first of them already cost the capture. */
+    assert_int_equal(a.advise, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(a.query, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(a.sync, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(a.alloc_async, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    assert_int_equal(cuStreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    cuStreamDestroy_v2(s);
+    cuMemFree_v2(a.m);
+}
+
 static void capture_legacy_stream_use_is_an_implicit_dependency(void **state)
 {
     CUstream s;
@@ -494,16 +559,6 @@ static void capture_fork_join_through_events(void **state)
 }
 
 /* --- memory -------------------------------------------------------------- */
-
-static CUmemLocation dev0(void)
-{
-    return (CUmemLocation){ CU_MEM_LOCATION_TYPE_DEVICE, 0 };
-}
-
-static CUmemLocation hostloc(void)
-{
-    return (CUmemLocation){ CU_MEM_LOCATION_TYPE_HOST, 0 };
-}
 
 static void managed_residency_follows_prefetch(void **state)
 {
@@ -1045,6 +1100,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(launch_ex_honours_config_and_extra_buffer),
         cmocka_unit_test(capture_records_launches_and_graph_replays_them),
         cmocka_unit_test(capture_global_mode_forbids_unsafe_calls_elsewhere),
+        cmocka_unit_test(capture_global_mode_limits_a_prefetch_thread),
         cmocka_unit_test(capture_legacy_stream_use_is_an_implicit_dependency),
         cmocka_unit_test(capture_fork_join_through_events),
         cmocka_unit_test(managed_residency_follows_prefetch),

@@ -175,6 +175,34 @@ static void test_stepper_inner_repeat(void **state)
     wo_stepper_done(&s);
 }
 
+/* A prefill (keys that never repeat) before the decode steps: the stepper
+ * gives up its first anchor and finds the decode period. */
+static void test_stepper_after_prefill(void **state)
+{
+    struct wo_stepper s;
+    unsigned boundaries = 0, phase = 99;
+
+    (void)state;
+    wo_stepper_init(&s);
+    for (unsigned i = 0; i < 3000; i++)
+        assert_int_equal(wo_stepper_feed(&s, wo_stepper_key(0x900 + i, 7)), 0);
+    for (unsigned step = 0; step < 100; step++)
+        for (unsigned l = 0; l < 8; l++) {
+            unsigned r = wo_stepper_feed(&s, wo_stepper_key(0x10, 100 + l));
+
+            assert_int_equal(wo_stepper_feed(&s, wo_stepper_key(0x20, 200 + l)), 0);
+            /* wherever the new anchor fell, steps start at one phase */
+            if (r && phase == 99)
+                phase = l;
+            if (r)
+                assert_int_equal(l, phase);
+            boundaries += r > 0;
+        }
+    /* 16 keys a step: re-anchored after the prefill, found within ~40 steps */
+    assert_true(boundaries > 50);
+    wo_stepper_done(&s);
+}
+
 static void test_stepper_no_period(void **state)
 {
     struct wo_stepper s;
@@ -550,6 +578,7 @@ int main(void)
         cmocka_unit_test(test_gcd_extent),
         cmocka_unit_test(test_cfg_invalid),
         cmocka_unit_test(test_stepper_inner_repeat),
+        cmocka_unit_test(test_stepper_after_prefill),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),
         cmocka_unit_test(test_coalescing),

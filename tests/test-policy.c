@@ -270,6 +270,55 @@ static void match_layer_index_from_names(void **state)
     }
 }
 
+struct why {
+    size_t n;
+    bool matched[8];
+    char text[8][256];
+};
+
+static void collect_why(void *ud, size_t rule, bool matched, const char *why)
+{
+    struct why *w = ud;
+    assert_int_equal(rule, w->n);
+    assert_true(w->n < 8);
+    w->matched[w->n] = matched;
+    snprintf(w->text[w->n], sizeof(w->text[0]), "%s", why);
+    w->n++;
+}
+
+static void explain_calls_back_for_each_rule_tried(void **state)
+{
+    struct wo_policy *p = load_ok("default: managed\n"
+                                  "rules:\n"
+                                  "  - match: experts\n    min_size: 1GiB\n    place: host\n"
+                                  "  - layers: {every: 2, last: 1}\n    place: device\n");
+    struct wo_match m;
+    struct why w = {0};
+
+    assert_int_equal(wo_policy_explain(p, "model.layers.4.mlp.experts.w2_weight", WO_MiB, &m,
+                                       collect_why, &w), 0);
+    assert_int_equal(m.rule, -1);
+    assert_int_equal(m.place, WO_PLACE_MANAGED);
+    assert_null(m.r);
+    assert_int_equal(w.n, 2);
+    assert_false(w.matched[0]);
+    assert_string_equal(w.text[0], "min_size: 1.00 MiB is below 1.00 GiB");
+    assert_false(w.matched[1]);
+    assert_string_equal(w.text[1], "layers: layer 4 is not in {every: 2, last: 1}");
+
+    memset(&w, 0, sizeof(w));
+    assert_int_equal(wo_policy_explain(p, "model.layers.5.mlp.experts.w2_weight", U, &m,
+                                       collect_why, &w), 1);
+    assert_int_equal(m.rule, 1);
+    assert_int_equal(w.n, 2);
+    assert_string_equal(w.text[0], "min_size: the size is not known");
+    assert_true(w.matched[1]);
+    assert_string_equal(w.text[1], "layers (layer 5) holds");
+    assert_int_equal(wo_policy_explain(NULL, "x", 1, &m, NULL, NULL), -EINVAL);
+    assert_int_equal(wo_policy_match(p, NULL, 1, &m), -EINVAL);
+    wo_policy_free(p);
+}
+
 static void match_first_rule_wins_and_explain_says_why(void **state)
 {
     struct wo_policy *p = load_ok("rules:\n"
@@ -319,6 +368,11 @@ static void globals_defaults_and_values(void **state)
     assert_true(g->prefetch.enabled);
     assert_int_equal(g->prefetch.piece_size, 64 * WO_MiB);
     assert_true(wo_policy_passthrough(p));
+    /* no policy at all: the same globals as an empty one */
+    assert_memory_equal(wo_policy_globals(NULL), g, sizeof(*g));
+    assert_true(wo_policy_passthrough(NULL));
+    assert_int_equal(wo_policy_nrules(NULL), 0);
+    assert_string_equal(wo_policy_source(NULL), "");
     wo_policy_free(p);
 
     p = load_ok("default: host\n"
@@ -604,6 +658,12 @@ static void warning_shadowed_rules(void **state)
     wo_diags_clear(&d);
     wo_policy_free(p);
 
+    assert_int_equal(load("rules:\n  - regex: '.*'\n    place: host\n"
+                          "  - layers: 1\n    place: device\n", &p, &d), 0);
+    expect_diag(&d, 4, 5, WO_DIAG_WARNING, "matched first by rule 1 (t.yaml:2)");
+    wo_diags_clear(&d);
+    wo_policy_free(p);
+
     /* narrower earlier rules shadow nothing */
     p = load_ok("rules:\n"
                 "  - match: experts\n"
@@ -719,6 +779,26 @@ static void error_files_missing_directory_empty_unreadable(void **state)
         expect_diag(&d, 0, 0, WO_DIAG_ERROR, "Permission denied");
         wo_diags_clear(&d);
     }
+    /* larger than any policy: refused before reading it */
+    snprintf(path, sizeof(path), "%s/huge.yaml", dir);
+    f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), (off_t)WO_POLICY_MAX_FILE + 1), 0);
+    fclose(f);
+    assert_int_equal(wo_policy_load_file(path, NULL, &p, &d), -EFBIG);
+    expect_diag(&d, 0, 0, WO_DIAG_ERROR, "expected a policy of at most 4194304 bytes");
+    wo_diags_clear(&d);
+    unlink(path);
+    {
+        char *big = malloc(WO_POLICY_MAX_FILE + 1);
+        assert_non_null(big);
+        memset(big, '#', WO_POLICY_MAX_FILE + 1);
+        assert_int_equal(wo_policy_load_buffer(big, WO_POLICY_MAX_FILE + 1, "big", NULL, &p, &d), -EFBIG);
+        wo_diags_clear(&d);
+        free(big);
+    }
+    snprintf(path, sizeof(path), "%s/empty.yaml", dir);
+
     assert_int_equal(wo_policy_load_file("/dev/null", NULL, &p, &d), -EINVAL);
     expect_diag(&d, 0, 0, WO_DIAG_ERROR, "found a special file");
     wo_diags_clear(&d);
@@ -901,6 +981,7 @@ int main(void)
         cmocka_unit_test(match_layers_ranges_lists_groups),
         cmocka_unit_test(match_layer_index_from_names),
         cmocka_unit_test(match_first_rule_wins_and_explain_says_why),
+        cmocka_unit_test(explain_calls_back_for_each_rule_tried),
         cmocka_unit_test(globals_defaults_and_values),
         cmocka_unit_test(budgets_host_prefix_and_device_resolve),
         cmocka_unit_test(variables_expand_from_injected_environment),

@@ -23,7 +23,11 @@
  *    reached is listed with its call count from the stats JSON.
  * Prints a table: function, nth, error, outcome; then the figures.
  *
- * usage: test-reliability-faults CLIENT SHIM_PRELOAD SYMFILE [MAX_NTH] */
+ * Each client given runs the whole procedure (rel-client, and rel-client-ptsz:
+ * the same program built with per-thread default streams, which reaches the
+ * runtime's _ptsz/_ptds entry points).
+ *
+ * usage: test-reliability-faults SHIM_PRELOAD SYMFILE MAX_NTH CLIENT... */
 #include <ctype.h>
 #include <stdint.h>
 
@@ -38,6 +42,9 @@ struct fn {
 
 static struct fn fns[256];
 static size_t nfns;
+static char *shim_outputs[8]; /* discovery output with the shim, per client */
+static int nclients;
+static int reached, same, surfaced, absorbed, unreached, npoints, nruns, nfunctions;
 
 static struct fn *fn_get(const char *name)
 {
@@ -135,19 +142,8 @@ static int err_for(const char *name)
     return 999; /* CUDA_ERROR_UNKNOWN */
 }
 
-int main(int argc, char **argv)
+static int run_client(const char *client, const char *polenv, int max_nth, int par)
 {
-    static const char policy[] = "version: 1\n"
-                                 "default: device\n"
-                                 "device_budget: 8MiB\n"
-                                 "rules:\n"
-                                 "  - {name: pinned, match: [pinned], place: host}\n"
-                                 "  - {name: experts, match: [experts], place: managed}\n"
-                                 "  - {name: attn, match: [attn], place: host, pin: false}\n";
-    char pol[] = "/tmp/wo-rel-faults-XXXXXX";
-    char polenv[64];
-    const char *client, *symfile;
-    int max_nth, fd, par = runner_parallel();
     struct job disc[2];
     struct job *jobs;
     struct {
@@ -157,23 +153,9 @@ int main(int argc, char **argv)
         char spec[128];
     } *pts;
     size_t npts = 0;
-    int covered_fns = 0, reached = 0, same = 0, surfaced = 0, absorbed = 0, unreached = 0;
-    double t0 = runner_now();
 
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s CLIENT SHIM_PRELOAD SYMFILE [MAX_NTH]\n", argv[0]);
-        return 2;
-    }
-    client = argv[1];
-    runner_shim = argv[2];
-    symfile = argv[3];
-    max_nth = argc > 4 ? atoi(argv[4]) : 4;
-    fd = mkstemp(pol);
-    if (fd < 0 || write(fd, policy, sizeof(policy) - 1) != (ssize_t)sizeof(policy) - 1)
-        return 1;
-    close(fd);
-    snprintf(polenv, sizeof(polenv), "WOFFLOAD_POLICY=%s", pol);
-
+    nfns = 0;
+    memset(fns, 0, sizeof(fns));
     memset(disc, 0, sizeof(disc));
     /* 1. discovery */
     for (int i = 0; i < 2; i++) {
@@ -190,17 +172,20 @@ int main(int argc, char **argv)
         if (disc[i].timed_out || !WIFEXITED(disc[i].status) || WEXITSTATUS(disc[i].status) ||
             !strstr(disc[i].out, "done clean") || strstr(disc[i].out, "\nerr ") ||
             strncmp(disc[i].out, "err ", 4) == 0) {
-            printf("discovery run %s: %s\n%s\n%s\n", i ? "with the shim" : "without the shim",
-                   job_outcome(&disc[i], o, sizeof(o)), disc[i].out, disc[i].err);
+            printf("FAIL %s: discovery run %s: %s\n%s\n%s\n", client,
+                   i ? "with the shim" : "without the shim", job_outcome(&disc[i], o, sizeof(o)),
+                   disc[i].out, disc[i].err);
+            failures++;
             return 1;
         }
         parse_calls(disc[i].out, i == 1);
     }
+    shim_outputs[nclients++] = strdup(disc[1].out);
 
     /* 2. injection points */
     pts = calloc(nfns * (size_t)(max_nth + 1), sizeof(*pts));
     if (!pts)
-        return 1;
+        abort();
     for (size_t i = 0; i < nfns; i++) {
         long c = fns[i].shim > fns[i].base ? fns[i].shim : fns[i].base;
         long cand[4] = {1, 2, (c + 1) / 2, c};
@@ -214,15 +199,15 @@ int main(int argc, char **argv)
             pts[npts].fn = (int)i;
             pts[npts].nth = cand[a];
             pts[npts].err = err_for(fns[i].name);
-            snprintf(pts[npts].spec, sizeof(pts[npts].spec), "WOFAKE_FAIL=%.63s:%ld:%d", fns[i].name,
-                     cand[a], pts[npts].err);
+            snprintf(pts[npts].spec, sizeof(pts[npts].spec), "WOFAKE_FAIL=%.63s:%ld:%d",
+                     fns[i].name, cand[a], pts[npts].err);
             npts++;
             k++;
         }
     }
     jobs = calloc(npts * 2, sizeof(*jobs));
     if (!jobs)
-        return 1;
+        abort();
     for (size_t i = 0; i < npts * 2; i++) {
         jobs[i].argv[0] = client;
         jobs[i].argv[1] = "work";
@@ -234,8 +219,8 @@ int main(int argc, char **argv)
     run_jobs(jobs, npts * 2, par);
 
     /* 3. verdicts */
-    printf("%-32s %4s %4s  %-10s %-10s %s\n", "function", "nth", "err", "without", "with shim",
-           "outcome");
+    printf("\n%s\n%-32s %4s %4s  %-10s %-10s %s\n", client, "function", "nth", "err", "without",
+           "with shim", "outcome");
     for (size_t i = 0; i < npts; i++) {
         struct job *b = &jobs[2 * i], *s = &jobs[2 * i + 1];
         struct fn *f = &fns[pts[i].fn];
@@ -296,53 +281,88 @@ int main(int argc, char **argv)
         free(eb);
         free(es);
     }
-    for (size_t i = 0; i < nfns; i++)
-        covered_fns++;
-
-    /* 4. wrapped entry points the workload reached */
-    {
-        FILE *sf = fopen(symfile, "r");
-        char line[256];
-        int nsym = 0, nreached = 0;
-        const char *st = strstr(disc[1].out, "\"calls\":{");
-        printf("\nwrapped entry points (preload/libwoffload.sym) reached by the workload:\n");
-        while (sf && fgets(line, sizeof(line), sf)) {
-            char name[128], key[160];
-            const char *c;
-            if (sscanf(line, " %127[A-Za-z0-9_];", name) != 1 || !strchr(line, ';') ||
-                strncmp(name, "woffload_", 9) == 0 || strcmp(name, "global") == 0 ||
-                strcmp(name, "local") == 0)
-                continue;
-            nsym++;
-            snprintf(key, sizeof(key), "\"%s\":", name);
-            c = st ? strstr(st, key) : NULL;
-            if (c && atol(c + strlen(key)) > 0) {
-                nreached++;
-                printf("  %-40s %ld calls\n", name, atol(c + strlen(key)));
-            } else if (strncmp(name, "dl", 2) == 0) {
-                const char *d = strstr(disc[1].out, "\"dlsym_calls\":");
-                if (d && atol(d + 14) > 0) {
-                    nreached++;
-                    printf("  %-40s %ld calls (dlsym_calls: dlsym and dlvsym together)\n", name, atol(d + 14));
-                }
-            }
-        }
-        if (sf)
-            fclose(sf);
-        printf("wrapped entry points reached: %d of %d exported hooks\n", nreached, nsym);
-    }
-
-    printf("\nfigures: %d driver functions, %zu injection points, %d reached with the shim "
-           "(%d same as without, %d surfaced, %d absorbed), %d not reached; %zu runs in %.1f s; "
-           "%d failures\n",
-           covered_fns, npts, reached, same, surfaced, absorbed, unreached, npts * 2 + 2,
-           runner_now() - t0, failures);
+    nfunctions += (int)nfns;
+    npoints += (int)npts;
+    nruns += (int)npts * 2 + 2;
     for (size_t i = 0; i < npts * 2; i++)
         job_free(&jobs[i]);
     free(jobs);
     free(pts);
     job_free(&disc[0]);
     job_free(&disc[1]);
+    return 0;
+}
+
+/* 4. The wrapped entry points any workload reached, from the per-hook call
+ * counters of the stats JSON ("interpose":{"calls":{...}}). */
+static void coverage(const char *symfile)
+{
+    FILE *sf = fopen(symfile, "r");
+    char line[256];
+    int nsym = 0, nreached = 0;
+
+    printf("\nwrapped entry points (preload/libwoffload.sym) reached by the workloads:\n");
+    while (sf && fgets(line, sizeof(line), sf)) {
+        char name[128], key[160];
+        long calls = 0;
+        if (sscanf(line, " %127[A-Za-z0-9_];", name) != 1 || !strchr(line, ';') ||
+            strncmp(name, "woffload_", 9) == 0 || strcmp(name, "global") == 0 ||
+            strcmp(name, "local") == 0)
+            continue;
+        nsym++;
+        snprintf(key, sizeof(key), "\"%s\":", strncmp(name, "dl", 2) == 0 ? "dlsym_calls" : name);
+        for (int c = 0; c < nclients; c++) {
+            const char *st = strncmp(name, "dl", 2) == 0 ? shim_outputs[c]
+                                                        : strstr(shim_outputs[c], "\"calls\":{");
+            const char *p = st ? strstr(st, key) : NULL;
+            if (p)
+                calls += atol(p + strlen(key));
+        }
+        if (calls > 0)
+            nreached++;
+        printf("  %-40s %s%ld\n", name, calls > 0 ? "" : "NOT REACHED ", calls);
+    }
+    if (sf)
+        fclose(sf);
+    printf("wrapped entry points reached: %d of %d exported hooks (dlsym and dlvsym share one "
+           "counter)\n", nreached, nsym);
+}
+
+int main(int argc, char **argv)
+{
+    static const char policy[] = "version: 1\n"
+                                 "default: device\n"
+                                 "device_budget: 8MiB\n"
+                                 "rules:\n"
+                                 "  - {name: pinned, match: [pinned], place: host}\n"
+                                 "  - {name: experts, match: [experts], place: managed}\n"
+                                 "  - {name: attn, match: [attn], place: host, pin: false}\n";
+    char pol[] = "/tmp/wo-rel-faults-XXXXXX";
+    char polenv[64];
+    int max_nth, fd, par = runner_parallel();
+    double t0 = runner_now();
+
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s SHIM_PRELOAD SYMFILE MAX_NTH CLIENT...\n", argv[0]);
+        return 2;
+    }
+    runner_shim = argv[1];
+    max_nth = atoi(argv[3]) > 0 ? atoi(argv[3]) : 4;
+    fd = mkstemp(pol);
+    if (fd < 0 || write(fd, policy, sizeof(policy) - 1) != (ssize_t)sizeof(policy) - 1)
+        return 1;
+    close(fd);
+    snprintf(polenv, sizeof(polenv), "WOFFLOAD_POLICY=%s", pol);
+    for (int i = 4; i < argc && nclients < 8; i++)
+        run_client(argv[i], polenv, max_nth, par);
+    coverage(argv[2]);
+    printf("\nfigures: %d workloads, %d (workload, driver function) pairs, %d injection points, %d "
+           "reached with the shim (%d same as without, %d surfaced, %d absorbed), %d not reached; "
+           "%d runs in %.1f s; %d failures\n",
+           nclients, nfunctions, npoints, reached, same, surfaced, absorbed, unreached, nruns,
+           runner_now() - t0, failures);
+    for (int i = 0; i < nclients; i++)
+        free(shim_outputs[i]);
     unlink(pol);
     return failures ? 1 : 0;
 }

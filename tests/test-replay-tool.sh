@@ -96,6 +96,7 @@ expect 2 'usage' -- "$replay"
 # a trace without a period: nothing to measure, said plainly
 "$gen" "$dir/one.wot" --layers 2 --experts 4 --topk 1 --steps 1 --expert-mib 2 || exit 1
 expect 2 'no repeating step' -- "$replay" "$dir/one.wot"
+expect 77 'check: +skipped' -- "$replay" "$dir/one.wot" --check 1.25
 
 # the trace reader's corpus (valid, corrupt and odd traces): a report or a
 # clear refusal, never a crash

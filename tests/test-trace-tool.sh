@@ -51,6 +51,13 @@ grep_out "mlp.experts.gate_up_proj" "summary names the experts"
 grep_out "names by launches touching them" "summary ranks names by launches"
 grep_out "model.layers.\*.mlp.experts.gate_up_proj" "summary folds layer numbers into groups"
 expect 0 "summary --top 3" -- "$tool" summary --top 3 "$t"
+# another shape: 1 + 2 x (10 + 4 x 1) + 3 = 32 launches per step
+expect 0 "gen-trace, a second shape" -- "$gen" "$tmp/b.wotrace" --layers 2 --experts 4 --topk 1 --steps 12 --skew 0
+expect 0 "summary of the second shape" -- "$tool" summary "$tmp/b.wotrace"
+grep_out "step period: 32 launches" "the period of the second shape"
+expect 0 "gen-trace, one step" -- "$gen" "$tmp/one.wotrace" --layers 1 --experts 2 --topk 1 --steps 1
+expect 0 "summary of a single step" -- "$tool" summary "$tmp/one.wotrace"
+grep_out "step period: none found" "a single step has no period"
 
 expect 0 "export-chrome" -- "$tool" export-chrome "$t" "$tmp/moe.json"
 if command -v python3 >/dev/null 2>&1; then
@@ -96,6 +103,11 @@ expect 1 "summary without a file" -- "$tool" summary
 expect 1 "export-chrome to an unwritable path" -- "$tool" export-chrome "$t" /nonexistent/x.json
 expect 0 "--help" -- "$tool" --help
 grep_out "export-chrome" "--help lists the commands"
+
+expect 2 "validate a trace without footer" -- "$tool" validate "$corpus/invalid-no-footer.wotrace"
+grep_out "without a footer" "the missing footer is named"
+expect 0 "validate --allow-partial accepts it" -- "$tool" validate --allow-partial "$corpus/invalid-no-footer.wotrace"
+grep_out "no footer" "and says so"
 
 for f in "$corpus"/valid-*; do
     expect 0 "corpus $(basename "$f")" -- "$tool" validate "$f"

@@ -373,6 +373,67 @@ static void load_builds_tables(void **state)
     free(buf);
 }
 
+/* Frees name their range by address; the loader finds the live range with
+ * that base, however many were allocated and freed there before. */
+static void loader_matches_frees_to_allocs(void **state)
+{
+    char path[256];
+    struct wo_trace *t;
+    struct wo_trace_data *d;
+    uint32_t live_id[64];
+    int live[64] = {0};
+    uint32_t next_id = 0;
+    uint64_t rng = 12345, frees = 0;
+
+    (void)state;
+    path_in(path, sizeof(path), "churn.wotrace");
+    assert_int_equal(wo_trace_open(path, &t), 0);
+    for (unsigned step = 0; step < 20000; step++) {
+        unsigned slot;
+        struct wo_event ev;
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        slot = (unsigned)(rng >> 33) % 64;
+        memset(&ev, 0, sizeof(ev));
+        ev.t_ns = 1000 + step;
+        /* 64 bases whose hashes collide in runs: base i * 2 MiB */
+        ev.a.base = UINT64_C(0x7f0000000000) + (uint64_t)slot * (2u << 20);
+        ev.a.size = 4096;
+        if (live[slot]) {
+            ev.type = WO_EV_FREE;
+            assert_int_equal(wo_trace_event_ids(t, &ev, WO_TRACE_NO_ID, 0), 0);
+            live[slot] = 0;
+            frees++;
+        } else {
+            ev.type = WO_EV_ALLOC;
+            ev.a.seq = step + 1;
+            live_id[slot] = next_id++;
+            assert_int_equal(wo_trace_event_ids(t, &ev, live_id[slot], 7), 0);
+            live[slot] = 1;
+        }
+    }
+    assert_int_equal(wo_trace_close(t, 0), 0);
+    assert_int_equal(wo_trace_load(path, WO_TRACE_STRICT, 0, &d), 0);
+    assert_int_equal(d->nranges, next_id);
+    for (size_t i = 0; i < d->nevents; i++) {
+        const struct wo_trace_ev *te = &d->events[i];
+        const struct wo_trace_range *g;
+        if (te->ev.type != WO_EV_FREE)
+            continue;
+        assert_int_not_equal(te->range_id, WO_TRACE_NO_ID);
+        g = wo_trace_data_range(d, te->range_id, te->range_gen);
+        assert_non_null(g);
+        assert_int_equal(g->base, te->ev.a.base);
+        assert_int_equal(g->t_free_ns, te->ev.t_ns);
+        assert_true(g->t_alloc_ns < g->t_free_ns);
+        frees--;
+    }
+    assert_int_equal(frees, 0);
+    for (size_t i = 0; i < d->nranges; i++)
+        if (d->ranges[i].t_free_ns == 0)
+            assert_true(live[(d->ranges[i].base - UINT64_C(0x7f0000000000)) / (2u << 20)]);
+    wo_trace_data_free(d);
+}
+
 /* ---- a small trace and its record boundaries ------------------------------- */
 
 static uint8_t *small_trace(size_t *len)
@@ -821,6 +882,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(roundtrip_every_event_type),
         cmocka_unit_test(load_builds_tables),
+        cmocka_unit_test(loader_matches_frees_to_allocs),
         cmocka_unit_test(truncation_at_every_offset),
         cmocka_unit_test(single_bit_flips_detected),
         cmocka_unit_test(damage_is_named),

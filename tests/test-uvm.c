@@ -549,6 +549,17 @@ static void window_on_first_tag(void **state)
     assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &q, &r), 0);
     free_ok(p);
     stop();
+
+    start("version: 1\nwindow: {open: on-first-tag, close: at-seal}\n"
+          "rules:\n  - {match: [experts], place: host}\n");
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &q, &r), 0);
+    assert_int_equal(wo_api_tag_push("scope.opens.it"), 0);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_seal(), 0);
+    assert_int_equal(wo_uvm_alloc(4 * MiB, WO_API_CU_MEM_ALLOC, &q, &r), 0);
+    free_ok(p);
+    stop();
 }
 
 static void tag_on_observed_memory_is_recorded(void **state)
@@ -689,6 +700,10 @@ static void host_budget_in_tag_order(void **state)
     assert_true(strstr(js, "\"over_budget_tensors\":2") != NULL);
     free(js);
     free_ok(p);
+    /* Freeing gives the bytes back; a spent budget stays spent. */
+    js = stats();
+    assert_true(strstr(js, "\"host_used\":0,\"host_spent\":true") != NULL);
+    free(js);
     stop();
 }
 
@@ -1131,6 +1146,7 @@ static void stats_json_content(void **state)
     assert_name(js, "caf\xc3\xa9.\\ufffd\\ufffd", "\"bytes\":4096");
     assert_true(strstr(js, "\"ring\":{\"capacity\":") != NULL);
     assert_true(strstr(js, "\"interpose\":{") != NULL);
+    assert_true(strstr(js, "\"prefetch\":{\"prefetches\":") != NULL);
     assert_true(strstr(js, "\"served_pinned\":1") != NULL);
     assert_true(strstr(js, "\"served_managed\":1") != NULL);
     assert_true(strstr(js, "\"sealed\":true") != NULL);
@@ -1290,6 +1306,38 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void consumer_sleeps_when_idle(void **state)
+{
+    struct wo_event ev;
+    double c0, used;
+
+    (void)state;
+    start(moe_policy);
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_SYNC;
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    usleep(50000);
+    c0 = cpu_s();
+    usleep(500000); /* the main thread sleeps: what the process burns is the consumer's */
+    used = cpu_s() - c0;
+    /* A spinning thread would burn ~0.5 s; a 2 ms timed sleep costs ~250 wakeups. */
+    if (used > 0.05)
+        fail_msg("the idle consumer used %.3f s of CPU in 0.5 s", used);
+    /* And it still reacts: a new event is drained within a few sleep periods. */
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    for (int i = 0; i < 200 && __atomic_load_n(&wo_uvm.events, __ATOMIC_RELAXED) < 2; i++)
+        usleep(1000);
+    assert_true(__atomic_load_n(&wo_uvm.events, __ATOMIC_RELAXED) >= 2);
+    stop();
+}
+
 static void shutdown_is_prompt_and_idempotent(void **state)
 {
     double t0;
@@ -1387,6 +1435,7 @@ int main(int argc, char **argv)
         T(stats_json_content),
         T(thousand_cycles_do_not_grow),
         T(concurrent_threads),
+        T(consumer_sleeps_when_idle),
         T(shutdown_is_prompt_and_idempotent),
         T(fork_child_restarts),
     };

@@ -998,7 +998,7 @@ static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *
     if (s->nsteps_total < 2) {
         snprintf(msg, msglen, "no repeating step found in the trace (the launches after seal "
                  "form no period seen at least three times): nothing to measure per step");
-        return -EINVAL;
+        return -ENODATA;
     }
     s->warmup = o->warmup != UINT_MAX ? o->warmup
                                       : (unsigned)WO_MAX(WO_MIN((uint64_t)3, s->nsteps_total / 2),

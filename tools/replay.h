@@ -59,9 +59,10 @@ struct wo_replay_result {
     size_t nnames;
 };
 
-/* 0 and *res (free with wo_replay_result_free), -EINVAL (nothing to
- * replay: no launches, no step found), -ENOMEM. msg gets a sentence on
- * failure. */
+/* 0 and *res (free with wo_replay_result_free), -ENODATA (no repeating
+ * step: a single pass, e.g. a prefill), -EINVAL (the measured window did not
+ * close), -ENOMEM. msg gets a sentence on failure. Name strings in *res
+ * point into d. */
 int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                   struct wo_replay_result *res, char *msg, size_t msglen);
 void wo_replay_result_free(struct wo_replay_result *res);

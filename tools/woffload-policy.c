@@ -32,13 +32,14 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: woffload-policy [--var NAME=VALUE]... check FILE...\n"
             "       woffload-policy [--var NAME=VALUE]... show FILE\n"
-            "       woffload-policy [--var NAME=VALUE]... explain FILE NAME[:SIZE]...\n"
+            "       woffload-policy [--var NAME=VALUE]... explain FILE NAME[:SIZE]... | -\n"
             "\n"
             "check    validate each policy; print every error and warning as\n"
             "         file:line:column: severity: message\n"
             "show     print the normalized policy (every setting with its effective value)\n"
             "explain  for each tensor name (with an optional size such as :512MiB), the rule\n"
-            "         that places it, and why each earlier rule did not match\n"
+            "         that places it, and why each earlier rule did not match; - reads\n"
+            "         NAME[:SIZE] lines from stdin (such as a model's parameter names)\n"
             "\n"
             "--var NAME=VALUE  value for ${NAME} in the policy (default: the environment;\n"
             "                  RANK, LOCAL_RANK, WORLD_SIZE default to 0, 0, 1)\n"
@@ -100,43 +101,67 @@ static int cmd_show(int argc, char **argv, struct vars *vars)
     return r < 0 ? 2 : 0;
 }
 
+/* One NAME[:SIZE]: 0, or 2 for a size that does not parse. */
+static int explain_one(const struct wo_policy *p, const char *arg, bool first)
+{
+    char *name = strdup(arg);
+    char *colon;
+    uint64_t size = WO_SIZE_UNKNOWN;
+
+    if (!name)
+        return 2;
+    /* NAME:SIZE; a suffix that is no size is part of the name */
+    colon = strrchr(name, ':');
+    if (colon && colon != name) {
+        uint64_t v;
+        if (wo_parse_size(colon + 1, &v) == 0) {
+            size = v;
+            *colon = '\0';
+        } else if (colon[1] >= '0' && colon[1] <= '9') {
+            fprintf(stderr, "woffload-policy explain: found size '%s' in '%s', expected a "
+                    "size such as 4096, 512MiB or 1.5GiB\n", colon + 1, arg);
+            free(name);
+            return 2;
+        }
+    }
+    if (!first)
+        printf("\n");
+    wo_policy_explain_print(p, name, size, stdout);
+    free(name);
+    return 0;
+}
+
 static int cmd_explain(int argc, char **argv, struct vars *vars)
 {
     struct wo_policy *p = NULL;
+    bool first = true;
     int status = 0;
+
     if (argc < 2) {
-        fprintf(stderr, "woffload-policy explain: expected FILE and at least one NAME[:SIZE]\n");
+        fprintf(stderr, "woffload-policy explain: expected FILE and at least one NAME[:SIZE] "
+                "(or - to read them from stdin, one per line)\n");
         return 2;
     }
     if (load(argv[0], vars, &p) < 0)
         return 2;
     for (int i = 1; i < argc; i++) {
-        char *name = strdup(argv[i]);
-        char *colon;
-        uint64_t size = WO_SIZE_UNKNOWN;
-        if (!name) {
-            status = 2;
-            break;
-        }
-        /* NAME:SIZE; a suffix that is no size is part of the name */
-        colon = strrchr(name, ':');
-        if (colon && colon != name) {
-            uint64_t s;
-            if (wo_parse_size(colon + 1, &s) == 0) {
-                size = s;
-                *colon = '\0';
-            } else if (colon[1] >= '0' && colon[1] <= '9') {
-                fprintf(stderr, "woffload-policy explain: found size '%s' in '%s', expected a "
-                        "size such as 4096, 512MiB or 1.5GiB\n", colon + 1, argv[i]);
-                status = 2;
-                free(name);
-                continue;
+        if (strcmp(argv[i], "-") == 0) {
+            char *line = NULL;
+            size_t cap = 0;
+            ssize_t n;
+            while ((n = getline(&line, &cap, stdin)) > 0) {
+                while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r' || line[n - 1] == ' '))
+                    line[--n] = '\0';
+                if (n == 0 || line[0] == '#')
+                    continue;
+                status |= explain_one(p, line, first);
+                first = false;
             }
+            free(line);
+            continue;
         }
-        if (i > 1)
-            printf("\n");
-        wo_policy_explain_print(p, name, size, stdout);
-        free(name);
+        status |= explain_one(p, argv[i], first);
+        first = false;
     }
     wo_policy_free(p);
     return status;

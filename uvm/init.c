@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
+#include "uvm/prefetch.h"
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -199,6 +200,7 @@ void wo_uvm_atfork_child(void)
     wo_uvm.stream = NULL;
     wo_uvm.stream_failed = false;
     wo_consumer_forget();
+    wo_prefetch_atfork_child();
     /* The next wo_uvm_init() call starts a consumer thread again; the policy,
      * names and records (the child inherits the mappings) stay. */
     if (wo_uvm.state == 1)

@@ -121,6 +121,20 @@ static int apply_range(struct wo_alloc *a, uint64_t off, uint64_t len, enum wo_p
         if (r != CUDA_SUCCESS)
             goto fail;
     }
+    if (advice && wo_events) {
+        /* For the trace and the prefetcher (which then rescans its segments). */
+        struct wo_event ev;
+        memset(&ev, 0, sizeof(ev));
+        ev.t_ns = wo_now_ns();
+        ev.type = WO_EV_PLACE;
+        ev.p.id = a->id;
+        ev.p.gen = a->gen;
+        ev.p.offset = start;
+        ev.p.bytes = n;
+        ev.p.from = WO_PLACE_UNSET; /* not tracked per page */
+        ev.p.to = p;
+        (void)wo_ring_push(wo_events, &ev);
+    }
     if (residency && (s = private_stream())) {
         what = p == WO_PLACE_DEVICE ? "prefetch to the GPU" : "prefetch to host";
         r = d->cuMemPrefetchAsync_v2(ptr, n, p == WO_PLACE_DEVICE ? loc_device() : loc_host(), 0,

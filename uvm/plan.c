@@ -312,12 +312,21 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         s->n = 0; /* no period: start over, this key is the new anchor */
         s->ncand = 0;
     }
+    if (s->n && !s->ncand && s->n - s->last_anchor >= WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE)) {
+        /* the anchor has not come back for a long while and nothing is
+         * matching: it belonged to a phase that is over (a prefill before
+         * the decode steps). Start over from this key, with more patience
+         * next time in case steps are simply long. */
+        s->patience = WO_MIN(WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE) * 2, (size_t)WO_STEPPER_MAX);
+        s->n = 0;
+    }
     if (grow((void **)&s->keys, &s->cap, s->n + 1, sizeof(*s->keys)) < 0)
         return 0; /* learns nothing from this key; later keys try again */
     i = s->n;
     s->keys[s->n++] = key;
     if (i == 0) {
         s->anchor = key;
+        s->last_anchor = 0;
         return 0;
     }
     /* survivors: key i equals key i - P */
@@ -325,9 +334,11 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         if (s->keys[i - s->cand[c]] == key)
             s->cand[j++] = s->cand[c];
     s->ncand = j;
-    if (key == s->anchor &&
-        grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
-        s->cand[s->ncand++] = i;
+    if (key == s->anchor) {
+        s->last_anchor = i;
+        if (grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
+            s->cand[s->ncand++] = i;
+    }
     /* the shortest candidate that matched long enough wins */
     for (size_t c = 0; c < s->ncand; c++) {
         size_t P = s->cand[c];

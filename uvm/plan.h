@@ -138,16 +138,22 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
  * of the anchor and survives while every later key equals the key one period
  * earlier; the first to match a whole second period is the step. From then
  * on a step starts at every c-th anchor recurrence (c: anchors per step), so
- * steps of varying length (routing) keep their boundaries. If nothing is
- * found within WO_STEPPER_MAX keys, detection starts over from the next key. */
+ * steps of varying length (routing) keep their boundaries. When the
+ * anchor has not recurred for WO_STEPPER_PATIENCE keys (doubling each time)
+ * with no candidate alive, it belonged to a phase that is over (a prefill
+ * before the decode): detection starts over from the current key; likewise
+ * after WO_STEPPER_MAX keys without a period. */
 #define WO_STEPPER_MAX 65536u
 #define WO_STEPPER_MIN_MATCH 256u
+#define WO_STEPPER_PATIENCE 1024u
 struct wo_stepper {
     uint64_t *keys; /* history until the period is found */
     size_t n, cap;
     uint64_t anchor;
     size_t *cand;   /* candidate periods */
     size_t ncand, capcand;
+    size_t last_anchor; /* index of the anchor's latest occurrence */
+    size_t patience;    /* keys without the anchor before starting over */
     uint32_t per_step; /* anchors per step; 0: not found yet */
     uint32_t seen;     /* anchors since the last boundary */
     uint64_t steps;

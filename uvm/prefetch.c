@@ -508,6 +508,20 @@ void wo_prefetch_on_event(const struct wo_event *ev)
     wo_prefetcher_event(shim, ev);
 }
 
+static __attribute__((used)) struct wo_prefetcher *parents_prefetcher;
+
+void wo_prefetch_atfork_child(void)
+{
+    /* the parent's stream and context mean nothing here, and the thread
+     * that owned the prefetcher is gone: drop it without a driver call
+     * (its memory is the parent's copy; leaking it once is the safe side).
+     * Kept reachable so leak checkers do not report the deliberate leak. */
+    parents_prefetcher = shim;
+    shim = NULL;
+    shim_tried = false;
+    shim_rescan = false;
+}
+
 void wo_prefetch_tick(void)
 {
     if (shim)

@@ -61,6 +61,8 @@ void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_tot
  * (wo_uvm_foreach_managed), the device budget and the policy's prefetch
  * settings, unless WOFFLOAD_PREFETCH=0 or the policy's prefetch is off. */
 void wo_prefetch_on_event(const struct wo_event *ev);
+/* In a fork child (wo_uvm_atfork_child): forget the parent's instance. */
+void wo_prefetch_atfork_child(void);
 /* When the consumer is idle. */
 void wo_prefetch_tick(void);
 /* At finish (consumer thread): logs totals, frees. */

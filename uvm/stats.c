@@ -14,6 +14,7 @@
 #include "core/counters.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "uvm/prefetch.h"
 #include "wo-config.h"
 
 struct sbuf {
@@ -298,6 +299,17 @@ static void json_body(struct sbuf *b)
               wo_events ? wo_settings()->ring_events : 0, wo_events ? wo_ring_pushed(wo_events) : 0,
               wo_events ? wo_ring_dropped(wo_events) : 0);
 
+    {
+        struct wo_prefetch_totals pt;
+        wo_prefetch_totals(&pt);
+        sb_printf(b,
+                  ",\"prefetch\":{\"prefetches\":%" PRIu64 ",\"prefetch_bytes\":%" PRIu64
+                  ",\"evictions\":%" PRIu64 ",\"evict_bytes\":%" PRIu64
+                  ",\"collapses\":%" PRIu64 ",\"copy_backs\":%" PRIu64 ",\"deferred\":%" PRIu64
+                  ",\"errors\":%" PRIu64 ",\"steps\":%" PRIu64 "}",
+                  pt.prefetches, pt.prefetch_bytes, pt.evictions, pt.evict_bytes, pt.collapses,
+                  pt.copy_backs, pt.deferred, pt.errors, pt.steps);
+    }
     {
         long need = wo_counters_json(NULL, 0);
         sb_printf(b, ",\"interpose\":");

@@ -27,6 +27,10 @@
 #include "fakecuda.h"
 
 static int failures;
+/* File-scope so an early exit on a failed check leaves them reachable:
+ * leak checkers then report only what the code under test loses. */
+static float **buf;
+static float *host, *back;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -146,8 +150,9 @@ int main(int argc, char **argv)
     RT(cudaGetFuncBySymbol(&fn, (const void *)stub_add));
     CHECK(fn == f_add, "cudaGetFuncBySymbol maps the stub to its function");
 
-    float **buf = calloc((size_t)nallocs, sizeof(*buf));
-    float *host = malloc((size_t)bytes), *back = malloc((size_t)bytes);
+    buf = calloc((size_t)nallocs, sizeof(*buf));
+    host = malloc((size_t)bytes);
+    back = malloc((size_t)bytes);
     if (!buf || !host || !back)
         return 1;
     for (int i = 0; i < n; i++)

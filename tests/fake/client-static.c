@@ -34,6 +34,10 @@
 #include "fakecuda.h"
 
 static int failures;
+/* File-scope so an early exit on a failed check leaves them reachable:
+ * leak checkers then report only what the code under test loses. */
+static CUdeviceptr *buf;
+static float *host, *back;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
@@ -145,9 +149,9 @@ static void *worker_main(void *arg)
 {
     struct worker *w = arg;
     size_t bytes = (size_t)w->n * sizeof(float);
-    float *host = calloc((size_t)w->n, sizeof(float)), *back = calloc((size_t)w->n, sizeof(float));
+    float *in_ = calloc((size_t)w->n, sizeof(float)), *out_ = calloc((size_t)w->n, sizeof(float));
     CUstream s = NULL;
-    if (!host || !back || d.ctx_set(w->ctx) != CUDA_SUCCESS ||
+    if (!in_ || !out_ || d.ctx_set(w->ctx) != CUDA_SUCCESS ||
         (!w->per_thread_stream && d.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)) {
         w->fails++;
         goto out;
@@ -155,14 +159,14 @@ static void *worker_main(void *arg)
     for (long i = 0; i < w->iters; i++) {
         CUdeviceptr x = 0, y = 0;
         float c = (float)i;
-        host[w->n - 1] = (float)i;
-        if (d.mem_alloc(&x, bytes) || d.mem_alloc(&y, bytes) || d.htod_async(x, host, bytes, s)) {
+        in_[w->n - 1] = (float)i;
+        if (d.mem_alloc(&x, bytes) || d.mem_alloc(&y, bytes) || d.htod_async(x, in_, bytes, s)) {
             w->fails++;
             break;
         }
         void *params[] = { &x, &y, &c, &w->n };
         if (d.launch(w->f, 1, 1, 1, 32, 1, 1, 0, s, params, NULL) || d.stream_sync(s) ||
-            d.dtoh(back, y, bytes) || back[w->n - 1] != 2.0f * (float)i)
+            d.dtoh(out_, y, bytes) || out_[w->n - 1] != 2.0f * (float)i)
             w->fails++;
         if (d.mem_free(x) || d.mem_free(y))
             w->fails++;
@@ -170,8 +174,8 @@ static void *worker_main(void *arg)
     if (s)
         d.stream_destroy(s);
 out:
-    free(host);
-    free(back);
+    free(in_);
+    free(out_);
     return NULL;
 }
 
@@ -315,9 +319,9 @@ int main(int argc, char **argv)
 
     long allocs = 0, frees = 0, h2d = 0, d2h = 0, launches = 0, launches_ex = 0, graph_launches = 0;
     long managed_allocs = 0, async_allocs = 0, prefetches = 0, vmm_maps = 0, thread_allocs = 0;
-    CUdeviceptr *buf = calloc((size_t)nallocs, sizeof(*buf));
-    float *host = malloc((size_t)n * sizeof(float));
-    float *back = malloc((size_t)n * sizeof(float));
+    buf = calloc((size_t)nallocs, sizeof(*buf));
+    host = malloc((size_t)n * sizeof(float));
+    back = malloc((size_t)n * sizeof(float));
     if (!buf || !host || !back)
         return 1;
     for (int i = 0; i < n; i++)

@@ -331,6 +331,14 @@ void fk_capture_invalidate(struct fk_capture *cap)
  * streams. */
 static CUresult stream_sync(CUstream s, bool pt)
 {
+    /* Driver 580: synchronising or querying any stream, the caller's own
+     * included, is an unsafe call while a global capture runs elsewhere. */
+    struct CUstream_st *own = fk_stream(s, pt);
+    if (own && !own->cap) {
+        CUresult u = fk_capture_check_unsafe();
+        if (u != CUDA_SUCCESS)
+            return u;
+    }
     fk_lock_();
     struct CUstream_st *st = stream_locked(s, pt);
     CUresult r = CUDA_SUCCESS;
@@ -783,12 +791,15 @@ static CUresult event_wait(CUevent e)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = CUDA_SUCCESS;
     fk_lock_();
-    if (e->cap && capture_live_locked(e->cap, e->cap_id)) {
+    bool captured = e->cap && capture_live_locked(e->cap, e->cap_id);
+    if (captured) {
         invalidate_locked(e->cap);
         r = CUDA_ERROR_CAPTURED_EVENT;
     }
     fk_unlock_();
-    return r;
+    /* Otherwise an unsafe call during a global capture (driver 580: 900
+     * for an event of another thread's own stream). */
+    return captured ? r : fk_capture_check_unsafe();
 }
 
 FK_EXPORT CUresult cuEventQuery(CUevent hEvent)

@@ -337,6 +337,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream s, bool
         return CUDA_ERROR_INVALID_VALUE;
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
+    /* Outside the capture it belongs to, a stream-ordered allocation is an
+     * unsafe call (driver 580: 900 from another thread's own stream). */
+    if (r == CUDA_SUCCESS && !cap)
+        r = fk_capture_check_unsafe();
     if (r != CUDA_SUCCESS)
         return r;
     /* Inside a capture the allocation is made now and lives until freed
@@ -365,6 +369,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, bool pt)
 {
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r == CUDA_SUCCESS && !cap)
+        r = fk_capture_check_unsafe(); /* like cuMemAllocAsync (not probed) */
     if (r != CUDA_SUCCESS)
         return r;
     if (cap) {
@@ -584,6 +590,11 @@ static CUresult advise(uintptr_t p, size_t n, CUmem_advise advice, int loc)
 {
     if (n == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    /* Driver 580: advice is an unsafe call during a global capture, even
+     * from another thread: it fails and breaks the capture. */
+    CUresult r = fk_capture_check_unsafe();
+    if (r != CUDA_SUCCESS)
+        return r;
     bool needs_loc = advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION ||
                      advice == CU_MEM_ADVISE_SET_ACCESSED_BY ||
                      advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY;
@@ -1471,8 +1482,10 @@ FK_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                             CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
     FK_ENTER(cuMemMap);
-    if (flags != 0 || size == 0 || size % FK_GRANULE || offset % FK_GRANULE || ptr % FK_GRANULE)
+    if (flags != 0 || size == 0 || size % FK_GRANULE || ptr % FK_GRANULE)
         return CUDA_ERROR_INVALID_VALUE;
+    if (offset % FK_GRANULE)
+        return CUDA_ERROR_NOT_SUPPORTED; /* as measured on driver 580 */
     struct alloc *a = calloc(1, sizeof(*a));
     if (!a)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1480,10 +1493,16 @@ FK_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     struct vmm_handle *v = handle_of_locked(handle);
     size_t i = upper_locked(ptr + size - 1);
     bool overlap = i > 0 && allocs[i - 1]->base + allocs[i - 1]->size > ptr;
-    if (!v || offset + size > v->size || !in_resv_locked(ptr, size) || overlap) {
+    if (!v || overlap) {
         fk_unlock_();
         free(a);
         return CUDA_ERROR_INVALID_VALUE;
+    }
+    /* Driver 580 calls these "not supported" rather than invalid. */
+    if (offset + size > v->size || !in_resv_locked(ptr, size)) {
+        fk_unlock_();
+        free(a);
+        return CUDA_ERROR_NOT_SUPPORTED;
     }
     /* PROT_NONE until cuMemSetAccess, like an unmapped-for-access range. */
     void *m = mmap(P(ptr), size, PROT_NONE, MAP_SHARED | MAP_FIXED, v->fd, (off_t)offset);

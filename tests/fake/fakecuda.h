@@ -155,8 +155,9 @@ struct fakecuda_page_state {
 int fakecuda_managed_state(const void *p, struct fakecuda_page_state *out);
 /* Managed bytes with a copy at loc (ordinal, or CU_DEVICE_CPU). */
 uint64_t fakecuda_managed_resident(int loc);
-/* Managed bytes prefetches copied to loc (pages that had no copy there),
- * since start or fakecuda_reset(): the PCIe traffic a prefetcher caused. */
+/* Managed bytes copied to loc (pages that had no copy there) by prefetches
+ * and by faults of declared accesses (fakecuda_access), since start or
+ * fakecuda_reset(): the PCIe traffic a prefetcher caused or failed to avoid. */
 uint64_t fakecuda_migrated_bytes(int loc);
 
 /* Declares an access, as a kernel body (loc = its device) or host code

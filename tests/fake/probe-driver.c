@@ -69,6 +69,97 @@ static void *thread_alloc_ctx(void *arg)
     return thread_alloc(arg);
 }
 
+/* Round 3: what another thread (global capture mode, its own non-blocking
+ * stream) may do while the main thread captures in global mode: the calls a
+ * prefetch thread makes. Each op runs in a fresh capture; the capture's end
+ * says whether it survived. */
+struct r3 {
+    int op;
+    CUresult rc;
+    CUdeviceptr managed, dev;
+    void *pinned;
+};
+
+static void *r3_thread(void *arg)
+{
+    struct r3 *a = arg;
+    CUstream st = NULL;
+    CUevent ev = NULL;
+    CUmemLocation dev0 = { CU_MEM_LOCATION_TYPE_DEVICE, 0 };
+    CUdeviceptr x = 0;
+    void *hp = NULL;
+    char hb[64] = { 0 };
+    SYM(CUresult(*)(CUcontext), "cuCtxSetCurrent")(ctx);
+    SYM(CUresult(*)(CUstream *, unsigned), "cuStreamCreate")(&st, CU_STREAM_NON_BLOCKING);
+    SYM(CUresult(*)(CUevent *, unsigned), "cuEventCreate")(&ev, CU_EVENT_DISABLE_TIMING);
+    switch (a->op) {
+    case 0: a->rc = SYM(CUresult(*)(CUdeviceptr, size_t, CUmem_advise, CUmemLocation), "cuMemAdvise_v2")(
+                a->managed, 4096, CU_MEM_ADVISE_SET_ACCESSED_BY, dev0); break;
+    case 1: a->rc = SYM(CUresult(*)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream), "cuMemPrefetchAsync_v2")(
+                a->managed, 4096, dev0, 0, st); break;
+    case 2: a->rc = SYM(CUresult(*)(CUevent, CUstream), "cuEventRecord")(ev, st); break;
+    case 3:
+        SYM(CUresult(*)(CUevent, CUstream), "cuEventRecord")(ev, st);
+        a->rc = SYM(CUresult(*)(CUevent), "cuEventQuery")(ev); break;
+    case 4:
+        SYM(CUresult(*)(CUevent, CUstream), "cuEventRecord")(ev, st);
+        a->rc = SYM(CUresult(*)(CUevent), "cuEventSynchronize")(ev); break;
+    case 5: a->rc = SYM(CUresult(*)(CUstream), "cuStreamSynchronize")(st); break;
+    case 6: a->rc = SYM(CUresult(*)(CUstream), "cuStreamQuery")(st); break;
+    case 7: a->rc = SYM(CUresult(*)(CUdeviceptr, const void *, size_t, CUstream), "cuMemcpyHtoDAsync_v2")(
+                a->dev, hb, 16, st); break;
+    case 8: a->rc = SYM(CUresult(*)(CUdeviceptr *, size_t, unsigned), "cuMemAllocManaged")(&x, 4096, CU_MEM_ATTACH_GLOBAL);
+        if (!a->rc) SYM(CUresult(*)(CUdeviceptr), "cuMemFree_v2")(x);
+        break;
+    case 9: a->rc = SYM(CUresult(*)(void **, size_t, unsigned), "cuMemHostAlloc")(&hp, 4096, 0);
+        if (!a->rc) SYM(CUresult(*)(void *), "cuMemFreeHost")(hp);
+        break;
+    case 10: a->rc = SYM(CUresult(*)(CUdeviceptr), "cuMemFree_v2")(a->dev); break;
+    case 11: a->rc = SYM(CUresult(*)(void *), "cuMemFreeHost")(a->pinned); break;
+    case 12: {
+        static char region[1 << 14] __attribute__((aligned(4096)));
+        a->rc = SYM(CUresult(*)(void *, size_t, unsigned), "cuMemHostRegister_v2")(region, sizeof(region), 0);
+        if (!a->rc) SYM(CUresult(*)(void *), "cuMemHostUnregister")(region);
+        break;
+    }
+    case 13: a->rc = SYM(CUresult(*)(CUdeviceptr, unsigned char, size_t, CUstream), "cuMemsetD8Async")(a->dev, 0, 16, st); break;
+    case 14: {
+        CUstream s2 = NULL;
+        a->rc = SYM(CUresult(*)(CUstream *, unsigned), "cuStreamCreate")(&s2, CU_STREAM_NON_BLOCKING);
+        if (!a->rc) SYM(CUresult(*)(CUstream), "cuStreamDestroy_v2")(s2);
+        break;
+    }
+    case 15: a->rc = SYM(CUresult(*)(CUdeviceptr *, size_t, CUstream), "cuMemAllocAsync")(&x, 4096, st);
+        if (!a->rc) SYM(CUresult(*)(CUdeviceptr, CUstream), "cuMemFreeAsync")(x, st);
+        break;
+    case 16: a->rc = SYM(CUresult(*)(void *, CUdeviceptr, size_t), "cuMemcpyDtoH_v2")(hb, a->dev, 16); break;
+    case 17: a->rc = SYM(CUresult(*)(void *, CUdeviceptr, size_t), "cuMemcpyDtoH_v2_ptds")(hb, a->dev, 16); break;
+    case 18: a->rc = SYM(CUresult(*)(CUdeviceptr *, size_t), "cuMemAlloc_v2")(&x, 4096);
+        if (!a->rc) SYM(CUresult(*)(CUdeviceptr), "cuMemFree_v2")(x);
+        break;
+    case 19: a->rc = SYM(CUresult(*)(CUstream), "cuStreamSynchronize")(NULL); break;
+    case 20: a->rc = SYM(CUresult(*)(void), "cuCtxSynchronize")(); break;
+    case 21: {
+        CUmemLocation host = { CU_MEM_LOCATION_TYPE_HOST, 0 };
+        a->rc = SYM(CUresult(*)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream), "cuMemPrefetchAsync_v2")(
+            a->managed, 4096, host, 0, st);
+        break;
+    }
+    default: a->rc = (CUresult)-1; break;
+    }
+    SYM(CUresult(*)(CUevent), "cuEventDestroy_v2")(ev);
+    SYM(CUresult(*)(CUstream), "cuStreamDestroy_v2")(st);
+    return NULL;
+}
+
+static const char *const r3_names[] = {
+    "advise", "prefetch_own_stream", "event_record_own", "event_query_own", "event_sync_own",
+    "stream_sync_own", "stream_query_own", "htod_async_own", "alloc_managed", "host_alloc",
+    "mem_free", "free_host", "host_register", "memset_async_own", "stream_create",
+    "alloc_async_own", "dtoh_sync", "dtoh_sync_ptds", "mem_alloc", "stream_sync_legacy",
+    "ctx_sync", "prefetch_to_host_own", NULL,
+};
+
 int main(void)
 {
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -423,6 +514,108 @@ int main(void)
         if (g)
             SYM(CUresult(*)(CUgraph), "cuGraphDestroy")(g);
         SYM(CUresult(*)(CUevent), "cuEventDestroy_v2")(ev);
+    }
+    {
+        CUresult (*alloch)(void **, size_t) = SYM(CUresult(*)(void **, size_t), "cuMemAllocHost_v2");
+        CUresult (*allocm)(CUdeviceptr *, size_t, unsigned) = SYM(CUresult(*)(CUdeviceptr *, size_t, unsigned), "cuMemAllocManaged");
+        for (int op = 0; r3_names[op]; op++) {
+            struct r3 a = { .op = op };
+            allocm(&a.managed, 1 << 16, CU_MEM_ATTACH_GLOBAL);
+            mem_alloc(&a.dev, 4096);
+            alloch(&a.pinned, 4096);
+            CUdeviceptr dev_keep = a.dev;
+            void *pinned_keep = a.pinned;
+            begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL);
+            pthread_t t;
+            pthread_create(&t, NULL, r3_thread, &a);
+            pthread_join(t, NULL);
+            g = NULL;
+            r = end(s, &g);
+            char key[64];
+            snprintf(key, sizeof(key), "r3_other_%s", r3_names[op]);
+            OUT(key, "rc=%d end=%d", (int)a.rc, (int)r);
+            if (g)
+                SYM(CUresult(*)(CUgraph), "cuGraphDestroy")(g);
+            mem_free(a.managed);
+            if (op != 10)
+                mem_free(dev_keep);
+            if (op != 11)
+                SYM(CUresult(*)(void *), "cuMemFreeHost")(pinned_keep);
+        }
+    }
+    {
+        /* Round 4: the VMM calls PyTorch's expandable segments make. */
+        typedef CUresult (*create_t)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+        typedef CUresult (*reserve_t)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+        typedef CUresult (*map_t)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+        typedef CUresult (*access_t)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+        typedef CUresult (*unmap_t)(CUdeviceptr, size_t);
+        typedef CUresult (*release_t)(CUmemGenericAllocationHandle);
+        typedef CUresult (*afree_t)(CUdeviceptr, size_t);
+        create_t vcreate = SYM(create_t, "cuMemCreate");
+        reserve_t vreserve = SYM(reserve_t, "cuMemAddressReserve");
+        map_t vmap = SYM(map_t, "cuMemMap");
+        access_t vaccess = SYM(access_t, "cuMemSetAccess");
+        unmap_t vunmap = SYM(unmap_t, "cuMemUnmap");
+        release_t vrelease = SYM(release_t, "cuMemRelease");
+        afree_t vafree = SYM(afree_t, "cuMemAddressFree");
+        CUresult (*info)(size_t *, size_t *) = SYM(CUresult(*)(size_t *, size_t *), "cuMemGetInfo_v2");
+        CUmemAllocationProp prop = { .type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                     .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 } };
+        const size_t G = 2u << 20;
+        CUmemGenericAllocationHandle hd = 0, h2 = 0;
+        CUdeviceptr va = 0;
+        size_t f0 = 0, f1 = 0, tot = 0;
+        OUT("vmm_create_odd", "rc=%d", (int)vcreate(&hd, G + 4096, &prop, 0));
+        info(&f0, &tot);
+        OUT("vmm_create", "rc=%d", (int)vcreate(&hd, 2 * G, &prop, 0));
+        info(&f1, &tot);
+        OUT("vmm_create_counts_in_meminfo", "%d", f0 - f1 >= 2 * G);
+        vcreate(&h2, G, &prop, 0);
+        OUT("vmm_reserve_odd", "rc=%d", (int)vreserve(&va, G + 4096, 0, 0, 0));
+        r = vreserve(&va, 8 * G, 0, 0, 0);
+        OUT("vmm_reserve", "rc=%d", (int)r);
+        OUT("vmm_reserve_aligned", "%d", va % G == 0);
+        OUT("vmm_map_odd_offset", "rc=%d", (int)vmap(va, G, 4096, hd, 0));
+        OUT("vmm_map_past_handle", "rc=%d", (int)vmap(va, 2 * G, G, hd, 0));
+        OUT("vmm_map_outside", "rc=%d", (int)vmap((CUdeviceptr)0x7e0000000000ull, G, 0, hd, 0));
+        OUT("vmm_map", "rc=%d", (int)vmap(va, 2 * G, 0, hd, 0));
+        OUT("vmm_map_overlap", "rc=%d", (int)vmap(va + G, G, 0, h2, 0));
+        OUT("vmm_map_second", "rc=%d", (int)vmap(va + 2 * G, G, 0, h2, 0));
+        CUmemAccessDesc ad = { .location = { CU_MEM_LOCATION_TYPE_DEVICE, 0 },
+                               .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+        OUT("vmm_access_unmapped", "rc=%d", (int)vaccess(va + 4 * G, G, &ad, 1));
+        OUT("vmm_access", "rc=%d", (int)vaccess(va, 3 * G, &ad, 1));
+        unsigned int type = 99;
+        r = pga(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + G + 8);
+        OUT("vmm_memtype", "rc=%d type=%u", (int)r, type);
+        CUdeviceptr rs = 0;
+        size_t rsz = 0;
+        r = pga(&rs, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, va + G + 8);
+        OUT("vmm_range_start", "rc=%d is_va=%d", (int)r, rs == va);
+        r = pga(&rsz, CU_POINTER_ATTRIBUTE_RANGE_SIZE, va + G + 8);
+        OUT("vmm_range_size", "rc=%d granules=%zu", (int)r, rsz / G);
+        CUdeviceptr ab = 0;
+        size_t asz = 0;
+        r = SYM(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), "cuMemGetAddressRange_v2")(&ab, &asz, va + G + 8);
+        OUT("vmm_address_range", "rc=%d is_va=%d mapping=%d", (int)r, ab == va, asz == 2 * G);
+        OUT("vmm_htod", "rc=%d", (int)htod(va + G, hb, 16));
+        OUT("vmm_release_mapped", "rc=%d", (int)vrelease(hd));
+        OUT("vmm_htod_after_release", "rc=%d", (int)htod(va + G, hb, 16));
+        OUT("vmm_address_free_mapped", "rc=%d", (int)vafree(va, 8 * G));
+        OUT("vmm_unmap_partial", "rc=%d", (int)vunmap(va, G));
+        OUT("vmm_unmap_across", "rc=%d", (int)vunmap(va, 3 * G));
+        type = 99;
+        r = pga(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + 2 * G + 8);
+        OUT("vmm_memtype_after_unmap_across", "rc=%d", (int)r);
+        r = pga(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + 8);
+        OUT("vmm_memtype_first_after_unmap_across", "rc=%d", (int)r);
+        OUT("vmm_unmap_never_mapped", "rc=%d", (int)vunmap(va + 5 * G, G));
+        OUT("vmm_unmap_second", "rc=%d", (int)vunmap(va + 2 * G, G));
+        OUT("vmm_release_twice", "rc=%d", (int)vrelease(hd));
+        OUT("vmm_release_h2", "rc=%d", (int)vrelease(h2));
+        OUT("vmm_address_free", "rc=%d", (int)vafree(va, 8 * G));
+        OUT("vmm_address_free_twice", "rc=%d", (int)vafree(va, 8 * G));
     }
     {
         /* The runtime's entry points, when a libcudart.so.13 is found. */

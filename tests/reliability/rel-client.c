@@ -20,9 +20,11 @@
  *   misuse      every misuse of include/woffload.h: the documented results.
  *   fork-fresh | fork-untouched | fork-nocuda | exec | exit-busy | sigterm
  *               process life-cycle cases (see lifecycle()).
+ *   capture-race N  N global-mode captures while the prefetcher has work
  *   pin         one allocation in a host+pin tag scope under the RLIMIT_MEMLOCK
  *               the runner set: prints "pin <result>".
- * Environment: REL_EXPECT_PIN_FAIL=1 (pin mode). */
+ * Environment: REL_COUNTS=1 (work: print the driver's call counts and the
+ * stats), REL_CAPTURE_GLOBAL=1 (work: capture in global mode). */
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
@@ -329,6 +331,9 @@ static void check_registry(const char *when)
     free(js);
 }
 
+static void extra(int pt, CUstream s);
+static void extra_runtime(void);
+
 static int work(int nlaunch)
 {
     CUdevice dev;
@@ -428,14 +433,19 @@ static int work(int nlaunch)
     if (s && bufs[A_WINDOW].live && bufs[A_SMALL].live) {
         CUgraph g = NULL;
         CUgraphExec e = NULL;
-        if (!OP("beginCapture", D.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL))) {
+        /* Thread-local mode: a global-mode capture races with the shim's
+         * prefetch thread (a known bug; REL_CAPTURE_GLOBAL=1 shows it). */
+        if (!OP("beginCapture", D.begin_capture(s, getenv("REL_CAPTURE_GLOBAL")
+                                                       ? CU_STREAM_CAPTURE_MODE_GLOBAL
+                                                       : CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))) {
             OP("launch.captured", launch_axpy(bufs[A_WINDOW].p, bufs[A_SMALL].p, n, s));
             if (OP("endCapture", D.end_capture(s, &g))) {
                 /* The injected failure fires once: end the capture for
                  * real, so the stream leaves capture mode, and drop it. */
                 g = NULL;
-                if (!OP("endCapture2", D.end_capture(s, &g)) && g)
-                    OP("graphDestroy0", D.graph_destroy(g));
+                if (!OP("endCapture2", D.end_capture(s, &g)) && g &&
+                    OP("graphDestroy0", D.graph_destroy(g)))
+                    OP("graphDestroy0b", D.graph_destroy(g));
                 g = NULL;
             }
         }
@@ -449,10 +459,11 @@ static int work(int nlaunch)
         }
         if (e) {
             OP("streamSync.2", D.stream_sync(s));
-            OP("execDestroy", D.exec_destroy(e));
+            if (OP("execDestroy", D.exec_destroy(e)))
+                OP("execDestroy2", D.exec_destroy(e));
         }
-        if (g)
-            OP("graphDestroy", D.graph_destroy(g));
+        if (g && OP("graphDestroy", D.graph_destroy(g)))
+            OP("graphDestroy2", D.graph_destroy(g));
     }
 
     /* The runtime path: rt = small, launched through a host stub. */
@@ -468,6 +479,10 @@ static int work(int nlaunch)
             OP("rt.sync", cudaDeviceSynchronize());
         }
     }
+
+    extra(0, s);
+    extra(1, s);
+    extra_runtime();
 
     /* VMM (PyTorch's expandable segments): reserve, create, map, unmap. */
     {
@@ -546,6 +561,203 @@ leaks:
     }
     printf("done %s\n", clean ? "clean" : "leaky");
     return failures ? 1 : 0;
+}
+
+/* --- the other entry points ---------------------------------------------------
+ * Every other copy, launch and capture entry point the shim wraps, resolved
+ * the way static runtimes resolve them: through cuGetProcAddress_v2 with
+ * flags 0 (legacy stream) or CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ * (the _ptsz/_ptds variants), and the runtime API's stream, capture, graph
+ * and entry-point calls. Own buffers, freed before it returns. */
+
+typedef CUresult (*pfn_generic)(void);
+static void *resolve(const char *name, int ver, int pt, const char *label)
+{
+    void *p = NULL;
+    CUdriverProcAddressQueryResult st;
+    if (OP(label, D.proc(name, &p, ver, pt ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : 0, &st)))
+        return NULL;
+    return p;
+}
+
+static void extra(int pt, CUstream s)
+{
+    const char *px = pt ? "pt." : "lg.";
+    char l[64];
+#define L(x) (snprintf(l, sizeof(l), "%s%s", px, x), l)
+    PFN_cuMemAllocAsync_v11020 alloc_async = resolve("cuMemAllocAsync", 11020, pt, L("proc.allocAsync"));
+    PFN_cuMemFreeAsync_v11020 free_async = resolve("cuMemFreeAsync", 11020, pt, L("proc.freeAsync"));
+    PFN_cuMemcpyHtoD_v3020 htod = resolve("cuMemcpyHtoD", 3020, pt, L("proc.htod"));
+    PFN_cuMemcpyDtoH_v3020 dtoh = resolve("cuMemcpyDtoH", 3020, pt, L("proc.dtoh"));
+    PFN_cuMemcpyDtoD_v3020 dtod = resolve("cuMemcpyDtoD", 3020, pt, L("proc.dtod"));
+    PFN_cuMemcpy_v4000 cpy = resolve("cuMemcpy", 4000, pt, L("proc.memcpy"));
+    PFN_cuMemcpyAsync_v4000 cpy_async = resolve("cuMemcpyAsync", 4000, pt, L("proc.memcpyAsync"));
+    PFN_cuMemcpyHtoDAsync_v3020 htod_a = resolve("cuMemcpyHtoDAsync", 3020, pt, L("proc.htodAsync"));
+    PFN_cuMemcpyDtoHAsync_v3020 dtoh_a = resolve("cuMemcpyDtoHAsync", 3020, pt, L("proc.dtohAsync"));
+    PFN_cuMemcpyDtoDAsync_v3020 dtod_a = resolve("cuMemcpyDtoDAsync", 3020, pt, L("proc.dtodAsync"));
+    PFN_cuMemcpy2D_v3020 c2d = resolve("cuMemcpy2D", 3020, pt, L("proc.2d"));
+    PFN_cuMemcpy2DUnaligned_v3020 c2du = resolve("cuMemcpy2DUnaligned", 3020, pt, L("proc.2du"));
+    PFN_cuMemcpy2DAsync_v3020 c2da = resolve("cuMemcpy2DAsync", 3020, pt, L("proc.2dAsync"));
+    PFN_cuMemcpy3D_v3020 c3d = resolve("cuMemcpy3D", 3020, pt, L("proc.3d"));
+    PFN_cuMemcpy3DAsync_v3020 c3da = resolve("cuMemcpy3DAsync", 3020, pt, L("proc.3dAsync"));
+    PFN_cuLaunchKernel_v4000 launch = resolve("cuLaunchKernel", 4000, pt, L("proc.launch"));
+    PFN_cuLaunchKernelEx_v11060 launch_ex = resolve("cuLaunchKernelEx", 11060, pt, L("proc.launchEx"));
+    PFN_cuStreamBeginCapture_v10010 begin = resolve("cuStreamBeginCapture", 10010, pt, L("proc.begin"));
+    PFN_cuStreamEndCapture_v10000 end = resolve("cuStreamEndCapture", 10000, pt, L("proc.end"));
+    PFN_cuGraphLaunch_v10000 glaunch = resolve("cuGraphLaunch", 10000, pt, L("proc.graphLaunch"));
+    PFN_cuGraphInstantiateWithFlags_v11040 inst = resolve("cuGraphInstantiate", 12000, pt, L("proc.inst"));
+    CUdeviceptr a = 0, b = 0;
+    int n = 1024, ha = 0, hb = 0;
+    static float h[1024];
+
+    if (!alloc_async || !free_async || !s)
+        return;
+    ha = !OP(L("allocAsync.a"), alloc_async(&a, 4 * KiB, s));
+    hb = !OP(L("allocAsync.b"), alloc_async(&b, 4 * KiB, s));
+    if (ha && hb) {
+        CUDA_MEMCPY2D m2 = {.srcMemoryType = CU_MEMORYTYPE_DEVICE, .srcDevice = a, .srcPitch = 256,
+                            .dstMemoryType = CU_MEMORYTYPE_DEVICE, .dstDevice = b, .dstPitch = 256,
+                            .WidthInBytes = 256, .Height = 4};
+        CUDA_MEMCPY3D m3 = {.srcMemoryType = CU_MEMORYTYPE_DEVICE, .srcDevice = a, .srcPitch = 256,
+                            .srcHeight = 4, .dstMemoryType = CU_MEMORYTYPE_DEVICE, .dstDevice = b,
+                            .dstPitch = 256, .dstHeight = 4, .WidthInBytes = 256, .Height = 4,
+                            .Depth = 1};
+        if (htod)
+            OP(L("htod"), htod(a, h, 4 * KiB));
+        if (htod_a)
+            OP(L("htodAsync"), htod_a(a, h, 4 * KiB, s));
+        if (dtod)
+            OP(L("dtod"), dtod(b, a, 4 * KiB));
+        if (cpy)
+            OP(L("memcpy"), cpy(b, a, 4 * KiB));
+        if (cpy_async)
+            OP(L("memcpyAsync"), cpy_async(b, a, 4 * KiB, s));
+        if (dtod_a)
+            OP(L("dtodAsync"), dtod_a(b, a, 4 * KiB, s));
+        if (c2d)
+            OP(L("2d"), c2d(&m2));
+        if (c2du)
+            OP(L("2du"), c2du(&m2));
+        if (c2da)
+            OP(L("2dAsync"), c2da(&m2, s));
+        if (c3d)
+            OP(L("3d"), c3d(&m3));
+        if (c3da)
+            OP(L("3dAsync"), c3da(&m3, s));
+        if (launch) {
+            void *params[3] = {&b, &a, &n};
+            OP(L("launch"), launch(kaxpy, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+        }
+        if (launch_ex) {
+            CUlaunchConfig cfg = {.gridDimX = 1, .gridDimY = 1, .gridDimZ = 1, .blockDimX = 32,
+                                  .blockDimY = 1, .blockDimZ = 1, .hStream = s};
+            void *params[3] = {&b, &a, &n};
+            OP(L("launchEx"), launch_ex(&cfg, kaxpy, params, NULL));
+        }
+        if (begin && end && launch && inst && glaunch &&
+            !OP(L("beginCapture"), begin(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))) {
+            CUgraph g = NULL;
+            CUgraphExec e = NULL;
+            void *params[3] = {&b, &a, &n};
+            OP(L("launch.captured"), launch(kaxpy, 1, 1, 1, 32, 1, 1, 0, s, params, NULL));
+            if (OP(L("endCapture"), end(s, &g))) {
+                g = NULL;
+                if (!OP(L("endCapture2"), end(s, &g)) && g)
+                    D.graph_destroy(g);
+                g = NULL;
+            }
+            if (g && !OP(L("instantiate"), inst(&e, g, 0))) {
+                OP(L("graphLaunch"), glaunch(e, s));
+                OP(L("streamSync"), D.stream_sync(s));
+                if (OP(L("execDestroy"), D.exec_destroy(e)))
+                    OP(L("execDestroy2"), D.exec_destroy(e));
+            }
+            if (g && OP(L("graphDestroy"), D.graph_destroy(g)))
+                OP(L("graphDestroy2"), D.graph_destroy(g));
+        }
+        if (dtoh_a)
+            OP(L("dtohAsync"), dtoh_a(h, b, 4 * KiB, s));
+        if (dtoh)
+            OP(L("dtoh"), dtoh(h, b, 4 * KiB));
+    }
+    if (ha && OP(L("freeAsync.a"), free_async(a, s)))
+        OP(L("freeAsync2.a"), free_async(a, s));
+    if (hb && OP(L("freeAsync.b"), free_async(b, s)))
+        OP(L("freeAsync2.b"), free_async(b, s));
+    OP(L("streamSync.end"), D.stream_sync(s));
+#undef L
+}
+
+/* The runtime API's other entry points (rel-client-ptsz: their _ptsz/_ptds
+ * variants, as nvcc --default-stream per-thread builds call them). */
+static void extra_runtime(void)
+{
+    cudaStream_t s = NULL;
+    void *a = NULL, *b = NULL, *m = NULL;
+    int ha, hb, hm;
+    static char h[4096];
+
+    if (OP("rt.streamCreate", cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)))
+        return;
+    ha = !OP("rt.mallocAsync", cudaMallocAsync(&a, 4 * KiB, s));
+    hb = !OP("rt.malloc", cudaMalloc(&b, 4 * KiB));
+    hm = !OP("rt.mallocManaged", cudaMallocManaged(&m, 4 * KiB, cudaMemAttachGlobal));
+    if (ha && hb) {
+        struct cudaMemcpy3DParms p3 = {0};
+        p3.srcPtr = (struct cudaPitchedPtr){.ptr = a, .pitch = 256, .xsize = 256, .ysize = 4};
+        p3.dstPtr = (struct cudaPitchedPtr){.ptr = b, .pitch = 256, .xsize = 256, .ysize = 4};
+        p3.extent = (struct cudaExtent){.width = 256, .height = 4, .depth = 1};
+        p3.kind = cudaMemcpyDeviceToDevice;
+        OP("rt.memcpyAsync", cudaMemcpyAsync(a, h, sizeof(h), cudaMemcpyHostToDevice, s));
+        OP("rt.memcpy2D", cudaMemcpy2D(b, 256, a, 256, 256, 4, cudaMemcpyDeviceToDevice));
+        OP("rt.memcpy2DAsync", cudaMemcpy2DAsync(b, 256, a, 256, 256, 4, cudaMemcpyDeviceToDevice, s));
+        OP("rt.memcpy3D", cudaMemcpy3D(&p3));
+        OP("rt.memcpy3DAsync", cudaMemcpy3DAsync(&p3, s));
+        if (hm)
+            OP("rt.memcpy.managed", cudaMemcpy(m, b, 4 * KiB, cudaMemcpyDeviceToDevice));
+        if (fakecudart_register((const void *)stub_axpy, kaxpy) == 0 &&
+            !OP("rt.beginCapture", cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal))) {
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t e = NULL;
+            int n = 1024;
+            void *args[3] = {&b, &a, &n};
+            OP("rt.launch.captured", cudaLaunchKernel((const void *)stub_axpy, (dim3){1, 1, 1},
+                                                      (dim3){32, 1, 1}, args, 0, s));
+            if (OP("rt.endCapture", cudaStreamEndCapture(s, &g))) {
+                g = NULL;
+                if (!OP("rt.endCapture2", cudaStreamEndCapture(s, &g)) && g)
+                    cudaGraphDestroy(g);
+                g = NULL;
+            }
+            if (g && !OP("rt.instantiate", cudaGraphInstantiate(&e, g, 0))) {
+                OP("rt.graphLaunch", cudaGraphLaunch(e, s));
+                OP("rt.streamSync", cudaStreamSynchronize(s));
+                if (OP("rt.execDestroy", cudaGraphExecDestroy(e)))
+                    OP("rt.execDestroy2", cudaGraphExecDestroy(e));
+            }
+            if (g && OP("rt.graphDestroy", cudaGraphDestroy(g)))
+                OP("rt.graphDestroy2", cudaGraphDestroy(g));
+        }
+    }
+    {
+        void *fn = NULL;
+        enum cudaDriverEntryPointQueryResult q;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+        OP("rt.entryPoint", cudaGetDriverEntryPoint("cuMemAlloc", &fn, cudaEnableDefault, &q));
+#pragma GCC diagnostic pop
+        OP("rt.entryPointByVersion",
+           cudaGetDriverEntryPointByVersion("cuMemFree", &fn, 12000, cudaEnableDefault, &q));
+    }
+    if (ha && OP("rt.freeAsync", cudaFreeAsync(a, s)))
+        OP("rt.freeAsync2", cudaFreeAsync(a, s));
+    if (hb && OP("rt.free", cudaFree(b)))
+        OP("rt.free2", cudaFree(b));
+    if (hm && OP("rt.free.managed", cudaFree(m)))
+        OP("rt.free2.managed", cudaFree(m));
+    OP("rt.streamSync.end", cudaStreamSynchronize(s));
+    if (OP("rt.streamDestroy", cudaStreamDestroy(s)))
+        OP("rt.streamDestroy2", cudaStreamDestroy(s));
 }
 
 /* --- threads --------------------------------------------------------------- */
@@ -874,6 +1086,53 @@ static int fresh_work(void)
     return D.free(p);
 }
 
+/* A global-mode capture forbids unsafe calls (stream creation, advice,
+ * work on other streams) from every thread of the process; the shim's
+ * prefetch thread must not make them while one is under way (design.md).
+ * Repeats: launches that give the prefetcher work, then a global-mode
+ * capture of one launch; counts the captures the driver invalidated. */
+static int capture_race(int rounds)
+{
+    CUdeviceptr b[6];
+    const int nbuf = 6;
+    CUstream s;
+    int bad = 0;
+
+    if (busy_setup(b, nbuf, 4 * MiB) || D.stream_create(&s, CU_STREAM_NON_BLOCKING)) {
+        printf("FAIL setup\n");
+        return 1;
+    }
+    for (int r = 0; r < rounds; r++) {
+        CUgraph g = NULL;
+        CUresult e1, e2;
+        /* The first round right after seal: the prefetch thread's first
+         * work (its context, its stream, advice) races with the capture. */
+        for (int i = 0; i < 8; i++)
+            launch_axpy(b[(r + i) % nbuf], b[(r + i + 1) % nbuf], 16, NULL);
+        D.ctx_sync();
+        if (D.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) {
+            bad++;
+            continue;
+        }
+        e1 = launch_axpy(b[0], b[1], 16, s);
+        e2 = D.end_capture(s, &g);
+        if (e1 || e2) {
+            if (bad++ == 0)
+                printf("round %d: captured launch %d, end capture %d\n", r, e1, e2);
+            if (e2)
+                D.end_capture(s, &g);
+        }
+        if (g)
+            D.graph_destroy(g);
+    }
+    D.stream_sync(s);
+    D.stream_destroy(s);
+    for (int i = 0; i < nbuf; i++)
+        D.free(b[i]);
+    printf("capture-race: %d of %d global-mode captures invalidated\n", bad, rounds);
+    return bad ? 1 : 0;
+}
+
 static int lifecycle(const char *mode, char **argv)
 {
     CUdeviceptr b[6];
@@ -1018,5 +1277,7 @@ int main(int argc, char **argv)
         return misuse();
     if (strcmp(mode, "pin") == 0)
         return pin();
+    if (strcmp(mode, "capture-race") == 0)
+        return capture_race(argc > 2 ? atoi(argv[2]) : 200);
     return lifecycle(mode, argv);
 }
