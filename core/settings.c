@@ -33,6 +33,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "0: never start the prefetch thread (managed memory then migrates on demand)", OFF(prefetch), 0, 0},
     {"WOFFLOAD_SUMMARY", WO_SETTING_BOOL, "1",
      "print the placement summary at seal and at exit (at log level info or above: always)", OFF(summary), 0, 0},
+    {"WOFFLOAD_OBSERVE", WO_SETTING_BOOL, "0",
+     "1: observe launches (scan, events, per-name stats) even when the policy places nothing", OFF(observe), 0, 0},
     {"WOFFLOAD_RING_EVENTS", WO_SETTING_UINT_POW2, "16384",
      "capacity of the launch event ring (power of two); a full ring drops and counts", OFF(ring_events), 1024, UINT64_C(1) << 24},
     {"WOFFLOAD_SCAN_WORDS", WO_SETTING_UINT, "512",

@@ -19,6 +19,7 @@ struct wo_settings {
     bool disable;            /* WOFFLOAD_DISABLE */
     bool prefetch;           /* WOFFLOAD_PREFETCH */
     bool summary;            /* WOFFLOAD_SUMMARY */
+    bool observe;            /* WOFFLOAD_OBSERVE */
     uint32_t ring_events;    /* WOFFLOAD_RING_EVENTS, power of two */
     uint32_t scan_words;     /* WOFFLOAD_SCAN_WORDS: max 8-byte words scanned per launch */
     int nerrors;             /* number of variables that had a bad value */

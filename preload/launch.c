@@ -277,6 +277,8 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     s.overflow = 0;
     s.found = 0;
     wo_count(WO_CTR_launch_calls, 1);
+    if (!__atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED))
+        return;
     wo_count_caller(ra, WO_CALLER_LAUNCH);
     if (wo_registry_count() > 0) {
         wo_registry_read_begin();

@@ -24,6 +24,7 @@ struct wo_uvm_state wo_uvm = {
 static const struct wo_driver *driver;
 struct wo_ring *wo_events;
 int wo_captures_global;
+int wo_launch_scan = 1;
 
 void wo_uvm_set_driver(const struct wo_driver *drv)
 {
@@ -93,7 +94,13 @@ int wo_uvm_init_policy(const char *path)
         r = -ENOMEM;
         goto out;
     }
-    if (!wo_events) {
+    /* Nothing to place and nothing to record: the hooks only forward. No
+     * ring, no consumer thread, no parameter scan (the empty policy costs
+     * what WOFFLOAD_DISABLE costs, bench/results/e2e-*-overhead-*). */
+    __atomic_store_n(&wo_launch_scan, wo_uvm.placing || wo_settings()->trace != NULL ||
+                         wo_settings()->observe,
+                     __ATOMIC_RELEASE);
+    if (!wo_events && wo_launch_scan) {
         wo_events = wo_ring_new(wo_settings()->ring_events);
         if (!wo_events)
             wo_warn("no memory for the event ring: launches are not attributed");

@@ -86,6 +86,11 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api);
  * prefetcher enqueues nothing while a global-mode capture is under way. */
 extern int wo_captures_global;
 
+/* Whether launches are worth observing (scan parameters, push events): set
+ * at init to "the policy places something, or a trace is recorded". With
+ * an empty policy the launch hooks only count and forward. */
+extern int wo_launch_scan;
+
 /* The event ring the hooks push into and the consumer thread drains. NULL
  * until wo_uvm_init() made it. */
 extern struct wo_ring *wo_events;

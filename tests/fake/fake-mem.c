@@ -649,7 +649,7 @@ FK_EXPORT CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise
     return advise(devPtr, count, advice, loc_of(location));
 }
 
-void fk_prefetch_apply(uintptr_t p, size_t n, int loc)
+static void prefetch_apply(uintptr_t p, size_t n, int loc)
 {
     fk_lock_();
     struct alloc *a = managed_locked(p, n);
@@ -691,7 +691,7 @@ static CUresult prefetch(uintptr_t p, size_t n, int loc, unsigned flags, CUstrea
         fk_capture_invalidate(cap);
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    fk_prefetch_apply(p, n, loc);
+    prefetch_apply(p, n, loc);
     return CUDA_SUCCESS;
 }
 
@@ -805,8 +805,16 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
     bool host = a && (a->kind == FAKECUDA_HOST || a->kind == FAKECUDA_REGISTERED);
     uintptr_t base = a ? a->base : 0;
     size_t size = a ? a->size : 0;
+    uintptr_t rbase = base;
+    size_t rsize = size;
     if (a && a->kind == FK_K_MAPPING) {
-        /* The allocation a VMM pointer belongs to is its mapping. */
+        /* Driver 580: a VMM pointer's range is its whole VA reservation
+         * (cuMemGetAddressRange gives the mapping). */
+        for (struct resv *r = resvs; r; r = r->next)
+            if (p >= r->base && p < r->base + r->size) {
+                rbase = r->base;
+                rsize = r->size;
+            }
     }
     switch ((int)attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
@@ -837,10 +845,10 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
         *(int *)data = a ? a->device : -2;
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
-        *(CUdeviceptr *)data = base;
+        *(CUdeviceptr *)data = rbase;
         break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
-        *(size_t *)data = size;
+        *(size_t *)data = rsize;
         break;
     case CU_POINTER_ATTRIBUTE_MAPPED:
         *(unsigned int *)data = a != NULL;
@@ -1309,9 +1317,6 @@ void fk_op_run(const struct fk_op *op)
     case FK_OP_SET:
         fill(op->set.dst, op->set.val, op->set.esz, op->set.n);
         break;
-    case FK_OP_PREFETCH:
-        fk_prefetch_apply(op->pf.p, op->pf.n, op->pf.loc);
-        break;
     default:
         break;
     }
@@ -1534,18 +1539,24 @@ FK_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     fk_lock_();
-    /* The range must consist of whole mappings. */
-    for (uintptr_t p = ptr; p < ptr + size;) {
-        struct alloc *a = find_locked(p);
-        if (!a || a->kind != FK_K_MAPPING || a->base != p || a->base + a->size > ptr + size) {
+    /* Driver 580: every mapping the range touches must lie wholly inside it;
+     * reserved but unmapped parts are fine (unmapping them is a no-op). */
+    if (!in_resv_locked(ptr, size)) {
+        fk_unlock_();
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    size_t first = upper_locked(ptr);
+    if (first > 0 && allocs[first - 1]->base + allocs[first - 1]->size > ptr)
+        first--;
+    for (size_t i = first; i < nallocs && allocs[i]->base < ptr + size; i++) {
+        struct alloc *a = allocs[i];
+        if (a->kind != FK_K_MAPPING || a->base < ptr || a->base + a->size > ptr + size) {
             fk_unlock_();
             return CUDA_ERROR_INVALID_VALUE;
         }
-        p = a->base + a->size;
     }
-    for (uintptr_t p = ptr; p < ptr + size;) {
-        struct alloc *a = find_locked(p);
-        p = a->base + a->size;
+    while (first < nallocs && allocs[first]->base < ptr + size) {
+        struct alloc *a = allocs[first];
         remove_locked(a);
         mmap(P(a->base), a->size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
              -1, 0);

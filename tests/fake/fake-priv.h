@@ -92,7 +92,8 @@ struct CUstream_st *fk_stream(CUstream s, bool per_thread);
  * error (bad stream, implicit capture dependency). Takes fk_lock itself. */
 CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap);
 
-enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST, FK_OP_PREFETCH };
+/* What a capture records (prefetches cannot be captured: driver 580). */
+enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST };
 struct fk_op {
     int type;
     union {
@@ -117,11 +118,6 @@ struct fk_op {
             CUhostFn fn;
             void *ud;
         } host;
-        struct {
-            uintptr_t p;
-            size_t n;
-            int loc;
-        } pf;
     };
 };
 /* Appends a copy of op to the capture (args copied by the caller). */
@@ -146,8 +142,6 @@ void fk_capture_invalidate(struct fk_capture *cap);
 
 /* Runs one op now (memory ops; kernels in fake-exec.c). */
 void fk_op_run(const struct fk_op *op);
-/* Applies a prefetch (fake-mem.c). */
-void fk_prefetch_apply(uintptr_t p, size_t n, int loc);
 
 /* --- misc ---------------------------------------------------------------- */
 uint64_t fk_now_ns(void);

@@ -586,7 +586,7 @@ int main(void)
                                .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
         OUT("vmm_access_unmapped", "rc=%d", (int)vaccess(va + 4 * G, G, &ad, 1));
         OUT("vmm_access", "rc=%d", (int)vaccess(va, 3 * G, &ad, 1));
-        unsigned int type = 99;
+        type = 99;
         r = pga(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, va + G + 8);
         OUT("vmm_memtype", "rc=%d type=%u", (int)r, type);
         CUdeviceptr rs = 0;
