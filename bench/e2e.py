@@ -160,6 +160,10 @@ SCENARIOS: List[Dict[str, Any]] = [
       ref="moe-gpu"),
     S("overhead-moe-shim-empty-noscan", "moe", policy="empty", env={"WOFFLOAD_SCAN_WORDS": "0"}, prefill=0,
       ref="moe-gpu"),
+    # the empty-policy overhead again, interleaved with a second all-GPU run:
+    # the launch-bound decode rate moves by several percent between processes
+    S("moe-gpu-2", "moe", prefill=0, ref="moe-gpu"),
+    S("moe-shim-empty-2", "moe", policy="empty", prefill=0, ref="moe-gpu"),
     # short recorded traces for tests/traces (replay tests in CI): the same
     # engine and shapes, few steps so the files stay small
     S("trace-moe-decode", "moe", policy="experts-managed-half", offload="experts:all", new_tokens=8,

@@ -12,11 +12,13 @@
 # (it reads the input from stdin when given no arguments).
 #
 # usage: tests/fuzz-policy-run.sh [SECONDS (60)] [BUILD_DIR]
-# env:   FUZZ_JOBS (1), FUZZ_OUT (scratch dir, default a temporary one)
+# env:   FUZZ_JOBS (1), FUZZ_OUT (scratch dir, kept; default a temporary one,
+#        removed after a clean run)
 set -eu
 secs=${1:-60}
 src=$(cd "$(dirname "$0")/.." && pwd)
 build=${2:-$src/build-fuzz-policy}
+keep=${FUZZ_OUT:+1}
 out=${FUZZ_OUT:-$(mktemp -d)}
 jobs=${FUZZ_JOBS:-1}
 
@@ -53,3 +55,4 @@ if [ "$rc" -ne 0 ] || [ -n "$(ls -A "$out/artifacts")" ]; then
     exit 1
 fi
 echo "fuzz-policy-run: no crash in ${secs}s"
+[ -n "$keep" ] || rm -rf "$out" # a scratch dir of our own; kept when it holds a failure

@@ -27,7 +27,7 @@
  * the same program built with per-thread default streams, which reaches the
  * runtime's _ptsz/_ptds entry points).
  *
- * usage: test-reliability-faults SHIM_PRELOAD SYMFILE MAX_NTH CLIENT... */
+ * usage: test-reliability-faults SHIM_PRELOAD SYMFILE UVM_H MAX_NTH CLIENT... */
 #include <ctype.h>
 #include <stdint.h>
 
@@ -328,6 +328,43 @@ static void coverage(const char *symfile)
            "counter)\n", nreached, nsym);
 }
 
+/* The members of struct wo_driver (uvm/uvm.h): the driver functions the
+ * shim may call itself. Each one the workloads made the shim call was an
+ * injection point above; the others are listed. */
+static void driver_table(const char *header)
+{
+    FILE *f = fopen(header, "r");
+    char line[512];
+    bool in = false;
+    int n = 0, hit = 0;
+
+    printf("\nstruct wo_driver (%s) members called during the workloads:\n", header);
+    while (f && fgets(line, sizeof(line), f)) {
+        char name[128];
+        if (strstr(line, "struct wo_driver {"))
+            in = true;
+        else if (in && line[0] == '}')
+            break;
+        else if (in && sscanf(line, " CUresult (*%127[A-Za-z0-9_])", name) == 1) {
+            long calls = 0;
+            /* the ABI name is what the fake counts */
+            for (int c = 0; c < nclients; c++) {
+                char key[160];
+                const char *p;
+                snprintf(key, sizeof(key), "\ncalls %s ", name);
+                if ((p = strstr(shim_outputs[c], key)))
+                    calls += atol(p + strlen(key));
+            }
+            n++;
+            hit += calls > 0;
+            printf("  %-32s %s\n", name, calls > 0 ? "called (by the shim or the engine): injected above" : "not called by these workloads");
+        }
+    }
+    if (f)
+        fclose(f);
+    printf("struct wo_driver: %d of %d members called in the process and injected\n", hit, n);
+}
+
 int main(int argc, char **argv)
 {
     static const char policy[] = "version: 1\n"
@@ -342,20 +379,21 @@ int main(int argc, char **argv)
     int max_nth, fd, par = runner_parallel();
     double t0 = runner_now();
 
-    if (argc < 5) {
-        fprintf(stderr, "usage: %s SHIM_PRELOAD SYMFILE MAX_NTH CLIENT...\n", argv[0]);
+    if (argc < 6) {
+        fprintf(stderr, "usage: %s SHIM_PRELOAD SYMFILE UVM_H MAX_NTH CLIENT...\n", argv[0]);
         return 2;
     }
     runner_shim = argv[1];
-    max_nth = atoi(argv[3]) > 0 ? atoi(argv[3]) : 4;
+    max_nth = atoi(argv[4]) > 0 ? atoi(argv[4]) : 4;
     fd = mkstemp(pol);
     if (fd < 0 || write(fd, policy, sizeof(policy) - 1) != (ssize_t)sizeof(policy) - 1)
         return 1;
     close(fd);
     snprintf(polenv, sizeof(polenv), "WOFFLOAD_POLICY=%s", pol);
-    for (int i = 4; i < argc && nclients < 8; i++)
+    for (int i = 5; i < argc && nclients < 8; i++)
         run_client(argv[i], polenv, max_nth, par);
     coverage(argv[2]);
+    driver_table(argv[3]);
     printf("\nfigures: %d workloads, %d (workload, driver function) pairs, %d injection points, %d "
            "reached with the shim (%d same as without, %d surfaced, %d absorbed), %d not reached; "
            "%d runs in %.1f s; %d failures\n",

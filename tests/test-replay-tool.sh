@@ -60,6 +60,9 @@ expect 0 'gate_up_proj +device' -- "$replay" "$dir/t.wot" --policy "$examples/em
 printf 'version: 1\nrules:\n  - match: experts\n    place: sideways\n' >"$dir/bad.yaml"
 expect 2 'the policy did not load' -- "$replay" "$dir/t.wot" --policy "$dir/bad.yaml"
 
+# the committed calibration of the lent H100 loads
+expect 0 'device model: +woffload-calibrate: NVIDIA H100' -- "$replay" "$dir/t.wot" --device "$examples/../tools/models/h100.model"
+
 # a model file changes the prediction; a bad one is refused with its line
 cat >"$dir/slow.model" <<EOF
 # a much slower link

@@ -304,27 +304,48 @@ static int setup_ranges(struct sim *s)
 
 /* ---- step detection (same rule as the planner, over every range) ------- */
 
-static uint32_t min_known_id(struct sim *s, const struct wo_event *ev)
+/* The key of a launch for step detection: its function and the first
+ * named tensor it touched (lowest range id, then the tag at the hit's
+ * offset). Only named ranges count: activations and a growing KV cache are
+ * new allocations every few steps, and a key that names them would never
+ * repeat. The tag matters because small weights share one allocation (the
+ * caching allocator's 2 MiB segments): the range id alone would give every
+ * layer's norm the same key. UINT64_MAX: no named hit. */
+static uint64_t launch_key(struct sim *s, const struct wo_event *ev)
 {
     uint32_t best = UINT32_MAX;
+    int tag = -1;
 
-    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++)
-        if (rr_of(s, ev->l.hits[i].id, ev->l.hits[i].gen) && ev->l.hits[i].id < best)
-            best = ev->l.hits[i].id;
-    return best;
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        struct rr *r = rr_of(s, ev->l.hits[i].id, ev->l.hits[i].gen);
+        uint64_t off = ev->l.hits[i].offset;
+
+        if (!r || ev->l.hits[i].id >= best)
+            continue;
+        /* inside a tag, not merely in a segment that also holds one */
+        for (size_t k = 0; k < r->ntags; k++)
+            if (off >= r->tags[k].offset && off - r->tags[k].offset < r->tags[k].size) {
+                best = ev->l.hits[i].id;
+                tag = r->tags[k].name;
+                break;
+            }
+    }
+    if (best == UINT32_MAX)
+        return UINT64_MAX;
+    return wo_stepper_key(ev->l.func ^ ((uint64_t)(uint32_t)tag << 40), best);
 }
 
 /* Steps this launch ends (see wo_stepper_feed): > 0 at a boundary. */
 static unsigned is_boundary(struct sim *s, const struct wo_event *ev)
 {
-    uint32_t id;
+    uint64_t key;
 
     if (!s->sealed)
         return 0;
-    id = min_known_id(s, ev);
-    if (id == UINT32_MAX)
+    key = launch_key(s, ev);
+    if (key == UINT64_MAX)
         return 0;
-    return wo_stepper_feed(&s->stepper, wo_stepper_key(ev->l.func, id));
+    return wo_stepper_feed(&s->stepper, key);
 }
 
 static bool has_seal(const struct wo_trace_data *d)

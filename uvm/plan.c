@@ -280,6 +280,7 @@ void wo_stepper_init(struct wo_stepper *s)
 
 void wo_stepper_done(struct wo_stepper *s)
 {
+    free(s->gaps);
     free(s->keys);
     free(s->cand);
     memset(s, 0, sizeof(*s));
@@ -297,10 +298,60 @@ uint64_t wo_stepper_key(uint64_t func, uint32_t id)
     return x ^ (x >> 31);
 }
 
+/* The regular-gap rule (plan.h): 1 when key just became the anchor. */
+static int stepper_gap(struct wo_stepper *s, uint64_t key)
+{
+    struct wo_stepgap *e = NULL;
+    uint64_t g;
+
+    s->pos++;
+    if (!s->gaps && !(s->gaps = calloc(WO_STEPPER_GAPS, sizeof(*s->gaps))))
+        return 0;
+    for (uint32_t k = 0; k < 8; k++) {
+        struct wo_stepgap *c = &s->gaps[(key + k) & (WO_STEPPER_GAPS - 1)];
+        if (c->last && c->key == key) {
+            e = c;
+            break;
+        }
+        if (!c->last) {
+            c->key = key;
+            c->last = s->pos;
+            return 0;
+        }
+    }
+    if (!e)
+        return 0; /* table crowded around this key: it cannot be the anchor */
+    g = s->pos - e->last;
+    e->last = s->pos;
+    if (e->gap && g >= WO_STEPPER_GAP_MIN && g * 10 >= (uint64_t)e->gap * 9 &&
+        g * 10 <= (uint64_t)e->gap * 11)
+        e->runs++;
+    else
+        e->runs = 0;
+    e->gap = (uint32_t)WO_MIN(g, (uint64_t)UINT32_MAX);
+    return e->runs >= WO_STEPPER_GAP_RUNS;
+}
+
 unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
 {
     size_t i, j;
 
+    if (!s->per_step && stepper_gap(s, key)) {
+        /* this occurrence of the anchor is the first boundary; like the
+         * exact rule's, it closes two steps (the anchor has recurred at
+         * regular gaps at least three times before it) */
+        s->anchor = key;
+        s->per_step = 1;
+        s->seen = 0;
+        s->steps = 1;
+        free(s->keys);
+        s->keys = NULL;
+        s->n = s->cap = 0;
+        s->ncand = 0;
+        free(s->gaps);
+        s->gaps = NULL;
+        return 2;
+    }
     if (s->per_step) {
         if (key != s->anchor || ++s->seen < s->per_step)
             return 0;

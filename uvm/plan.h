@@ -146,7 +146,25 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
 #define WO_STEPPER_MAX 65536u
 #define WO_STEPPER_MIN_MATCH 256u
 #define WO_STEPPER_PATIENCE 1024u
+/* Real MoE decode steps are not key-exact repeats (a step launches a few
+ * more or fewer expert kernels as routing changes), so a second rule runs
+ * beside the exact one: a key that recurs WO_STEPPER_GAP_RUNS times at
+ * gaps that agree within 10% (and are at least WO_STEPPER_GAP_MIN keys) is
+ * taken as the anchor, one occurrence per step. Keys that occur once per
+ * step (a layer's projection) recur at the step length; keys that occur
+ * several times per step recur at shorter, irregular gaps. */
+#define WO_STEPPER_GAPS 8192u
+#define WO_STEPPER_GAP_RUNS 3u
+#define WO_STEPPER_GAP_MIN 32u
+struct wo_stepgap {
+    uint64_t key;
+    uint64_t last; /* position of its latest occurrence */
+    uint32_t gap;  /* latest gap */
+    uint32_t runs; /* gaps in a row that agreed */
+};
 struct wo_stepper {
+    struct wo_stepgap *gaps; /* open addressing, WO_STEPPER_GAPS slots */
+    uint64_t pos;            /* keys fed */
     uint64_t *keys; /* history until the period is found */
     size_t n, cap;
     uint64_t anchor;

@@ -201,6 +201,10 @@ def _byte_span(t: Any) -> Optional[Tuple[int, int]]:
     """(address, length) of the bytes a tensor's elements occupy, or None when
     it has none on a CUDA device. Spans a strided view from its lowest to its
     highest element."""
+    # A tensor-parallel parameter (DTensor) owns no storage itself: its
+    # shard on this rank is the local tensor.
+    if hasattr(t, "to_local"):
+        t = t.to_local()
     if getattr(t, "is_meta", False) or not getattr(t, "is_cuda", False) or t.numel() == 0:
         return None
     elem = t.element_size()

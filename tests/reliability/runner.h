@@ -1,8 +1,8 @@
 /* tests/reliability/runner.h: runs many small child processes at once, each
  * with a timeout, capturing stdout and stderr, for the reliability tests.
  *
- * A child gets the runner's environment minus LD_PRELOAD, WOFFLOAD_* and
- * WOFAKE_*, plus the job's own "K=V" strings; LD_PRELOAD only when the job
+ * A child gets the runner's environment minus LD_PRELOAD, WOFFLOAD_*,
+ * WOFAKE_* and the names the job sets, plus the job's own "K=V" strings; LD_PRELOAD only when the job
  * asks for the shim. Each child leads its own process group, so a timeout
  * kills it and anything it forked. Header-only (static functions): each test
  * program includes it once. */
@@ -86,9 +86,14 @@ static __attribute__((unused)) void runner_exec(struct job *j)
     envp = calloc(n + JOB_MAX_ENV + 2, sizeof(*envp));
     if (!envp)
         _exit(126);
-    for (char **e = environ; *e; e++)
-        if (runner_keep(*e))
+    for (char **e = environ; *e; e++) {
+        bool overridden = false;
+        size_t kl = strcspn(*e, "=");
+        for (int i = 0; j->env[i]; i++)
+            overridden |= strncmp(j->env[i], *e, kl + 1) == 0;
+        if (runner_keep(*e) && !overridden)
             envp[k++] = *e;
+    }
     for (int i = 0; j->env[i]; i++)
         envp[k++] = (char *)j->env[i];
     if (j->shim && runner_shim) {
