@@ -4,7 +4,8 @@
 #
 #   ./bootstrap.sh demo   build, then run the main job
 #   ./bootstrap.sh test   build and run the whole test suite: gcc and clang
-#                         with -Werror, ASan+UBSan, TSan (what CI runs)
+#                         with -Werror, valgrind on the unit tests,
+#                         ASan+UBSan, TSan (what CI runs)
 #
 # Other verbs: deps (install what is missing), build [DIR] (one debug build).
 # CUDA_HOME (default /usr/local/cuda) names the toolkit; only its headers are
@@ -84,6 +85,11 @@ demo)
 test)
     deps
     CC=gcc check "gcc -Werror" build-ci-gcc -Dwerror=true
+    say "== valgrind memcheck on the unit tests"
+    meson test -C build-ci-gcc --suite valgrind --print-errorlogs || {
+        say "valgrind: errors (logs: build-ci-gcc/meson-logs/testlog.txt)"
+        exit 1
+    }
     CC=clang check "clang -Werror" build-ci-clang -Dwerror=true
     CC=gcc check "ASan+UBSan" build-ci-asan -Db_sanitize=address,undefined -Db_lundef=false
     CC=gcc check "TSan" build-ci-tsan -Db_sanitize=thread -Db_lundef=false

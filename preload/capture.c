@@ -17,6 +17,7 @@
  * Not seen: launches on a stream that joined a capture through an event wait
  * (cross-stream capture) are recorded as ordinary launches. */
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -105,8 +106,20 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
  * starts after the capture exists would invalidate a global-mode capture. */
 static void global_hold(int mode)
 {
-    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-        __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+    if (mode == CU_STREAM_CAPTURE_MODE_RELAXED)
+        return;
+    __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+    /* A prefetcher call already in flight would invalidate the capture:
+     * wait for it (uvm.h: the handshake). One call lasts at most tens of
+     * ms (an advice on a large range); never wait forever. */
+    for (int i = 0; __atomic_load_n(&wo_prefetch_busy, __ATOMIC_SEQ_CST); i++) {
+        if (i == 200000) {
+            wo_log_once(WO_LOG_WARN, "a prefetch call is still running as a capture begins; "
+                                     "not waiting longer (the capture may be invalidated)");
+            break;
+        }
+        sched_yield();
+    }
 }
 
 static void global_release(int mode)

@@ -199,8 +199,19 @@ static void driver_init(void)
         lib = "libcuda.so.1";
     real.lib = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
     if (!real.lib) {
-        wo_debug("dlopen(%s) failed: %s", lib, dlerror());
-        goto out;
+        /* The engine may still reach a driver it loaded itself (linked
+         * against it, or dlopen()ed it before this): our exports it binds
+         * to must then forward to that one, not fail. */
+        const char *why = dlerror();
+        real.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        if (strcmp(lib, "libcuda.so.1") != 0)
+            wo_warn("cannot load the CUDA driver %s (%s): %s", lib, why ? why : "?",
+                    real.lib ? "forwarding to the libcuda.so.1 this process already loaded"
+                             : "no driver: CUDA calls through the shim fail as they would without one");
+        else
+            wo_debug("dlopen(%s) failed: %s", lib, why ? why : "?");
+        if (!real.lib)
+            goto out;
     }
     for (int i = 0; i < WO_NHOOKS; i++)
         real.hook[i] = wo_real_dlsym(real.lib, wo_hook_names[i]);

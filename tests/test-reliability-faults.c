@@ -188,7 +188,7 @@ static int run_client(const char *client, const char *polenv, int max_nth, int p
         abort();
     for (size_t i = 0; i < nfns; i++) {
         long c = fns[i].shim > fns[i].base ? fns[i].shim : fns[i].base;
-        long cand[4] = {1, 2, (c + 1) / 2, c};
+        long cand[4] = {1, c, 2, (c + 1) / 2}; /* first and last first */
         int k = 0;
         for (int a = 0; a < 4 && k < max_nth; a++) {
             bool dup = cand[a] < 1 || cand[a] > c;

@@ -97,7 +97,7 @@ int main(int argc, char **argv)
         snprintf(asan_nolsan, sizeof(asan_nolsan), "ASAN_OPTIONS=%s:detect_leaks=0",
                  getenv("ASAN_OPTIONS"));
     if (getenv("TSAN_OPTIONS"))
-        snprintf(tsan_fork, sizeof(tsan_fork), "TSAN_OPTIONS=%s:die_after_fork=0",
+        snprintf(tsan_fork, sizeof(tsan_fork), "TSAN_OPTIONS=%s:die_after_fork=0:atexit_sleep_ms=0",
                  getenv("TSAN_OPTIONS"));
     snprintf(polenv, sizeof(polenv), "WOFFLOAD_POLICY=%s", argv[3]);
     runs = argc > 4 ? atoi(argv[4]) : 200;
@@ -130,7 +130,8 @@ int main(int argc, char **argv)
          * of a child forked while another thread allocated can deadlock
          * inside the sanitizer (seen: the child stuck in
          * __lsan::LockAllocator); ThreadSanitizer refuses new threads after
-         * a multi-threaded fork unless die_after_fork=0. The shim's leaks
+         * a multi-threaded fork unless die_after_fork=0, and sleeps a second
+         * at the exit of such a child (atexit_sleep_ms). The shim's leaks
          * and races are checked by the other tests. */
         if (m->fork && asan_nolsan[0])
             jobs[i].env[k++] = asan_nolsan;

@@ -77,7 +77,7 @@ struct sim {
     uint64_t step;         /* boundaries seen in this pass */
     uint64_t wstart, wend; /* boundaries that open and close the window */
     int in_window;
-    double w_t0, w_cpu0, w_end_t, w_end_cpu;
+    double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
 
@@ -507,6 +507,9 @@ static void window_open(struct sim *s, double t)
     s->in_window = 1;
     s->w_t0 = t;
     s->w_cpu0 = s->cpu_work;
+    /* how far the GPU lags the host here: the window (GPU start to GPU
+     * start) can be that much shorter than the host's work in it */
+    s->w_lag = t - s->cpu_t;
     s->w_k = 0;
 }
 
@@ -1162,16 +1165,24 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
             uint8_t *set;
             uint64_t b2, m2;
 
-            /* a lower bound on the window; the host's own work bounds it too */
-            res->bound_step_s = WO_MAX(bound(&s, budget), s.w_end_cpu - s.w_cpu0) / ws;
+            double lb = bound(&s, budget);
+
             set = oracle_set(&s, budget);
             if (!set) {
                 r = -ENOMEM;
                 goto out;
             }
             r = sim_once(d, o, set, &so, &b2, &m2, msg, msglen);
-            if (r == 0)
+            if (r == 0) {
                 res->oracle_step_s = (so.w_end_t - so.w_t0) / (double)(so.wend - so.wstart);
+                /* The host's own work bounds the window too, less the GPU's
+                 * lag behind the host where the window opens (the window
+                 * runs from GPU start to GPU start): the lag depends on the
+                 * schedule, so the larger of the two simulated ones is taken
+                 * (in a steady state it is the same at both ends). */
+                lb = WO_MAX(lb, s.w_end_cpu - s.w_cpu0 - WO_MAX(s.w_lag, so.w_lag));
+                res->bound_step_s = lb / ws;
+            }
             sim_free(&so);
             free(set);
             if (r < 0)

@@ -24,6 +24,7 @@ struct wo_uvm_state wo_uvm = {
 static const struct wo_driver *driver;
 struct wo_ring *wo_events;
 int wo_captures_global;
+int wo_prefetch_busy;
 int wo_launch_scan = 1;
 
 void wo_uvm_set_driver(const struct wo_driver *drv)

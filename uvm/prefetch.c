@@ -313,9 +313,22 @@ static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
     }
 }
 
-static bool capturing(void)
+/* The prefetcher's side of the capture handshake (uvm.h: wo_prefetch_busy):
+ * true when no global-mode capture is under way, and then none begins until
+ * leave_driver(). */
+static bool enter_driver(void)
 {
-    return __atomic_load_n(&wo_captures_global, __ATOMIC_ACQUIRE) > 0;
+    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+        return false;
+    }
+    return true;
+}
+
+static void leave_driver(void)
+{
+    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
 }
 
 static void hold(struct wo_prefetcher *pf, const struct wo_plan_action *a)
@@ -335,11 +348,12 @@ static void hold(struct wo_prefetcher *pf, const struct wo_plan_action *a)
 
 void wo_prefetcher_tick(struct wo_prefetcher *pf)
 {
-    if (!pf->nheld || capturing())
+    if (!pf->nheld || !enter_driver())
         return;
     for (size_t i = 0; i < pf->nheld; i++)
         exec(pf, &pf->held[i]);
     pf->nheld = 0;
+    leave_driver();
 }
 
 static void drain(struct wo_prefetcher *pf)
@@ -349,10 +363,12 @@ static void drain(struct wo_prefetcher *pf)
     wo_prefetcher_tick(pf);
     while (wo_plan_pop(pf->plan, &a) == 1) {
         /* a global-mode capture forbids work on other streams: hold it */
-        if (pf->nheld || capturing())
+        if (pf->nheld || !enter_driver()) {
             hold(pf, &a);
-        else
+        } else {
             exec(pf, &a);
+            leave_driver();
+        }
     }
 }
 
@@ -401,8 +417,11 @@ void wo_prefetcher_event(struct wo_prefetcher *pf, const struct wo_event *ev)
             (r = range_at(pf, ev->c.dst, &id)) && !r->written) {
             r->written = true;
             wo_plan_range_written(pf->plan, id, r->gen);
-            if (r->rm && !capturing() && ensure_stream(pf) == 0) /* a current context */
-                range_rm(pf, r, false);
+            if (r->rm && enter_driver()) {
+                if (ensure_stream(pf) == 0) /* a current context */
+                    range_rm(pf, r, false);
+                leave_driver();
+            }
         }
         return;
     case WO_EV_LAUNCH:

@@ -86,6 +86,13 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api);
  * prefetcher enqueues nothing while a global-mode capture is under way. */
 extern int wo_captures_global;
 
+/* 1 while the prefetch thread is inside a driver call. With
+ * wo_captures_global it forms a handshake (both seq_cst): the prefetcher
+ * raises busy, then checks captures; a capture begin raises captures, then
+ * waits for busy to fall. So no prefetcher call is in flight, or starts,
+ * once a global-mode capture begins (such a call would invalidate it). */
+extern int wo_prefetch_busy;
+
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
  * an empty policy the launch hooks only count and forward. */

@@ -20,7 +20,6 @@
  *   misuse      every misuse of include/woffload.h: the documented results.
  *   fork-fresh | fork-untouched | fork-nocuda | exec | exit-busy | sigterm
  *               process life-cycle cases (see lifecycle()).
- *   capture-race N  N global-mode captures while the prefetcher has work
  *   pin         one allocation in a host+pin tag scope under the RLIMIT_MEMLOCK
  *               the runner set: prints "pin <result>".
  * Environment: REL_COUNTS=1 (work: print the driver's call counts and the
@@ -1086,53 +1085,6 @@ static int fresh_work(void)
     return D.free(p);
 }
 
-/* A global-mode capture forbids unsafe calls (stream creation, advice,
- * work on other streams) from every thread of the process; the shim's
- * prefetch thread must not make them while one is under way (design.md).
- * Repeats: launches that give the prefetcher work, then a global-mode
- * capture of one launch; counts the captures the driver invalidated. */
-static int capture_race(int rounds)
-{
-    CUdeviceptr b[6];
-    const int nbuf = 6;
-    CUstream s;
-    int bad = 0;
-
-    if (busy_setup(b, nbuf, 4 * MiB) || D.stream_create(&s, CU_STREAM_NON_BLOCKING)) {
-        printf("FAIL setup\n");
-        return 1;
-    }
-    for (int r = 0; r < rounds; r++) {
-        CUgraph g = NULL;
-        CUresult e1, e2;
-        /* The first round right after seal: the prefetch thread's first
-         * work (its context, its stream, advice) races with the capture. */
-        for (int i = 0; i < 8; i++)
-            launch_axpy(b[(r + i) % nbuf], b[(r + i + 1) % nbuf], 16, NULL);
-        D.ctx_sync();
-        if (D.begin_capture(s, CU_STREAM_CAPTURE_MODE_GLOBAL)) {
-            bad++;
-            continue;
-        }
-        e1 = launch_axpy(b[0], b[1], 16, s);
-        e2 = D.end_capture(s, &g);
-        if (e1 || e2) {
-            if (bad++ == 0)
-                printf("round %d: captured launch %d, end capture %d\n", r, e1, e2);
-            if (e2)
-                D.end_capture(s, &g);
-        }
-        if (g)
-            D.graph_destroy(g);
-    }
-    D.stream_sync(s);
-    D.stream_destroy(s);
-    for (int i = 0; i < nbuf; i++)
-        D.free(b[i]);
-    printf("capture-race: %d of %d global-mode captures invalidated\n", bad, rounds);
-    return bad ? 1 : 0;
-}
-
 static int lifecycle(const char *mode, char **argv)
 {
     CUdeviceptr b[6];
@@ -1277,7 +1229,5 @@ int main(int argc, char **argv)
         return misuse();
     if (strcmp(mode, "pin") == 0)
         return pin();
-    if (strcmp(mode, "capture-race") == 0)
-        return capture_race(argc > 2 ? atoi(argv[2]) : 200);
     return lifecycle(mode, argv);
 }
