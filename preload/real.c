@@ -14,6 +14,7 @@
  *   loaded libcudart (a runtime loaded RTLD_LOCAL is not in the global scope).
  */
 #include <dlfcn.h>
+#include <stdio.h>
 #include <elf.h>
 #include <link.h>
 #include <pthread.h>
@@ -202,14 +203,18 @@ static void driver_init(void)
         /* The engine may still reach a driver it loaded itself (linked
          * against it, or dlopen()ed it before this): our exports it binds
          * to must then forward to that one, not fail. */
-        const char *why = dlerror();
+        char why[256];
+        const char *e = dlerror();
+
+        /* copied: the next dlopen frees dlerror()'s string */
+        snprintf(why, sizeof(why), "%s", e ? e : "?");
         real.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
         if (strcmp(lib, "libcuda.so.1") != 0)
-            wo_warn("cannot load the CUDA driver %s (%s): %s", lib, why ? why : "?",
+            wo_warn("cannot load the CUDA driver %s (%s): %s", lib, why,
                     real.lib ? "forwarding to the libcuda.so.1 this process already loaded"
                              : "no driver: CUDA calls through the shim fail as they would without one");
         else
-            wo_debug("dlopen(%s) failed: %s", lib, why ? why : "?");
+            wo_debug("dlopen(%s) failed: %s", lib, why);
         if (!real.lib)
             goto out;
     }
