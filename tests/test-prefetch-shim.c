@@ -195,6 +195,24 @@ static void managed_experts_end_to_end(void **state)
     assert_true(t.prefetches > 0);
     assert_int_equal(t.errors, 0);
     assert_true(f_calls("cuMemPrefetchAsync_v2") > 0);
+    {
+        /* per-name figures reach the stats JSON (published by the consumer
+         * thread at most every 100 ms: wait for a publication that has seen
+         * the prefetches) */
+        char js[65536];
+        const char *at = NULL;
+        for (int i = 0; i < 300 && !at; i++) {
+            long n = wo_api_stats(js, sizeof(js));
+            assert_true(n > 0 && (size_t)n < sizeof(js));
+            at = strstr(js, "\"names\":{\"model.layers.0.mlp.experts.w13_weight\":{\"hits\":");
+            if (at && strstr(at, "\"prefetched\":0,"))
+                at = NULL;
+            if (!at)
+                usleep(2000);
+        }
+        assert_non_null(at);
+        assert_non_null(strstr(js, "\"model.layers.3.mlp.experts.w13_weight\":{\"hits\":"));
+    }
     /* expert 0 of every layer is the hot set: a GPU duplicate of a
      * read-mostly page (4 x 16 MiB = 64 MiB would not fit 40 MiB, so at least
      * two layers' expert 0 are resident) */

@@ -4,6 +4,7 @@
  * the first launch after seal. */
 #include "uvm/prefetch.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -506,6 +507,67 @@ static void shim_setup(void)
             cfg.hot_set ? "on" : "off");
 }
 
+/* ---- per-name figures for the stats JSON ------------------------------------
+ * The planner belongs to the consumer thread; woffload_stats() runs on any
+ * thread. So the consumer publishes a copy of the planner's per-range
+ * figures, at most every 100 ms and at exit, under its own lock. */
+
+struct name_snap {
+    char *name;
+    struct wo_plan_stats st;
+};
+
+static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct name_snap *snap;
+static size_t nsnap;
+static uint64_t snap_ns;
+
+static void snap_free(struct name_snap *v, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        free(v[i].name);
+    free(v);
+}
+
+static void publish(struct wo_prefetcher *pf, bool force)
+{
+    struct name_snap *v, *old;
+    size_t n = 0, nold;
+    uint64_t now = wo_now_ns();
+
+    if (!pf || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
+        return;
+    snap_ns = now;
+    v = calloc(pf->nr ? pf->nr : 1, sizeof(*v));
+    if (!v)
+        return; /* figures stay as last published */
+    for (uint32_t i = 0; i < pf->nr; i++) {
+        if (!pf->r[i].live)
+            continue;
+        wo_plan_range_stats(pf->plan, i, pf->r[i].gen, &v[n].st);
+        v[n].name = strdup(pf->r[i].name ? pf->r[i].name : "(unnamed)");
+        if (!v[n].name)
+            break;
+        n++;
+    }
+    pthread_mutex_lock(&snap_lock);
+    old = snap;
+    nold = nsnap;
+    snap = v;
+    nsnap = n;
+    pthread_mutex_unlock(&snap_lock);
+    snap_free(old, nold);
+}
+
+void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st),
+                              void *ud)
+{
+    pthread_mutex_lock(&snap_lock);
+    for (size_t i = 0; i < nsnap; i++)
+        fn(ud, snap[i].name, &snap[i].st);
+    pthread_mutex_unlock(&snap_lock);
+}
+
 void wo_prefetch_on_event(const struct wo_event *ev)
 {
     if (!shim) {
@@ -525,6 +587,7 @@ void wo_prefetch_on_event(const struct wo_event *ev)
         wo_uvm_foreach_managed(add_seg_cb, shim);
     }
     wo_prefetcher_event(shim, ev);
+    publish(shim, false);
 }
 
 static __attribute__((used)) struct wo_prefetcher *parents_prefetcher;
@@ -543,8 +606,10 @@ void wo_prefetch_atfork_child(void)
 
 void wo_prefetch_tick(void)
 {
-    if (shim)
+    if (shim) {
         wo_prefetcher_tick(shim);
+        publish(shim, false);
+    }
 }
 
 void wo_prefetch_finish(void)
@@ -553,6 +618,7 @@ void wo_prefetch_finish(void)
 
     if (!shim)
         return;
+    publish(shim, true);
     wo_prefetcher_totals(shim, &t);
     wo_info("prefetcher: %llu steps, %llu prefetches (%llu MiB), %llu evictions (%llu MiB: %llu "
             "collapses, %llu copy-backs), %llu held during captures, %llu failed calls",

@@ -69,3 +69,9 @@ void wo_prefetch_tick(void);
 void wo_prefetch_finish(void);
 /* Totals of the shim's instance (zeros when none). Any thread. */
 void wo_prefetch_totals(struct wo_prefetch_totals *ret);
+/* The planner's figures per managed range (hits, misses, bytes prefetched
+ * and evicted, estimated stall), as last published by the consumer thread
+ * (at most 100 ms old; at exit, final). Any thread; fn runs under a lock and
+ * must not call back into uvm/. */
+void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st),
+                              void *ud);

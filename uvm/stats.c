@@ -21,6 +21,7 @@ struct sbuf {
     char *p;
     size_t n, cap;
     bool oom;
+    bool first; /* no member written yet in the object being filled */
 };
 
 static void sb_grow(struct sbuf *b, size_t need)
@@ -126,6 +127,22 @@ static void sb_str(struct sbuf *b, const char *s)
     }
     b->p[b->n++] = '"';
     b->p[b->n] = '\0';
+}
+
+/* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
+static void prefetch_name_json(void *ud, const char *name, const struct wo_plan_stats *st)
+{
+    struct sbuf *b = ud;
+
+    sb_printf(b, "%s", b->first ? "" : ",");
+    b->first = false;
+    sb_str(b, name);
+    sb_printf(b,
+              ":{\"hits\":%" PRIu64 ",\"misses\":%" PRIu64 ",\"hit_bytes\":%" PRIu64
+              ",\"miss_bytes\":%" PRIu64 ",\"prefetched\":%" PRIu64 ",\"evicted\":%" PRIu64
+              ",\"prefetches\":%" PRIu64 ",\"evictions\":%" PRIu64 ",\"stall_ms\":%.3f}",
+              st->hits, st->misses, st->hit_bytes, st->miss_bytes, st->prefetched, st->evicted,
+              st->prefetches, st->evictions, st->stall_s * 1e3);
 }
 
 static const char *bool_s(bool v)
@@ -306,9 +323,12 @@ static void json_body(struct sbuf *b)
                   ",\"prefetch\":{\"prefetches\":%" PRIu64 ",\"prefetch_bytes\":%" PRIu64
                   ",\"evictions\":%" PRIu64 ",\"evict_bytes\":%" PRIu64
                   ",\"collapses\":%" PRIu64 ",\"copy_backs\":%" PRIu64 ",\"deferred\":%" PRIu64
-                  ",\"errors\":%" PRIu64 ",\"steps\":%" PRIu64 "}",
+                  ",\"errors\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"names\":{",
                   pt.prefetches, pt.prefetch_bytes, pt.evictions, pt.evict_bytes, pt.collapses,
                   pt.copy_backs, pt.deferred, pt.errors, pt.steps);
+        b->first = true;
+        wo_prefetch_foreach_name(prefetch_name_json, b);
+        sb_printf(b, "}}");
     }
     {
         long need = wo_counters_json(NULL, 0);
