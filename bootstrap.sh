@@ -4,7 +4,8 @@
 #
 #   ./bootstrap.sh demo   build, then run the main job
 #   ./bootstrap.sh test   build and run the whole test suite: gcc and clang
-#                         with -Werror, valgrind on the unit tests,
+#                         with -Werror, a release build (NDEBUG), valgrind
+#                         on the unit tests,
 #                         ASan+UBSan, TSan (what CI runs)
 #
 # Other verbs: deps (install what is missing), build [DIR] (one debug build).
@@ -91,6 +92,7 @@ test)
         exit 1
     }
     CC=clang check "clang -Werror" build-ci-clang -Dwerror=true
+    CC=gcc check "release (NDEBUG)" build-ci-release -Dbuildtype=release -Db_ndebug=true -Dwerror=true
     CC=gcc check "ASan+UBSan" build-ci-asan -Db_sanitize=address,undefined -Db_lundef=false
     CC=gcc check "TSan" build-ci-tsan -Db_sanitize=thread -Db_lundef=false
     say "all configurations passed"

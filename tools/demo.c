@@ -144,7 +144,7 @@ static void print_names(FILE *out, struct wo_replay_result *r, double steps_per_
             "PCIe per token");
     bool whole = false;
     for (size_t j = 0; j < ng && j < 12; j++) {
-        char b1[32], b2[32] = "-";
+        char b1[32], b2[48] = "-";
         /* A kernel is handed a pointer, not a length: when only the base of
          * a stacked tensor is seen (a grouped GEMM given the whole expert
          * stack), the replay must count all of it: an upper bound. */
