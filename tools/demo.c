@@ -237,7 +237,7 @@ static int run_replay(FILE *out, const char *trace, const char *policy_path)
         fprintf(out, "  reading host weights over PCIe  %8.2f ms (%s at the zero-copy rate)\n", zc * 1e3,
                 human(pl.zc_bytes_step, b1, sizeof(b1)));
         fprintf(out, "  waiting for managed data        %8.2f ms\n", stall * 1e3);
-        fprintf(out, "  host work per step (launches)   %8.2f ms (the floor for an eager engine)\n",
+        fprintf(out, "  launch pacing of the recorded run %6.2f ms (a floor here: it includes that run's own waits)\n",
                 pl.cpu_step_s * 1e3);
     }
     fprintf(out, "\nTry another policy: woffload demo --policy examples/moe-experts-managed.yaml\n"
