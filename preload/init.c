@@ -24,46 +24,27 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static __thread int in_init;
 static struct wo_driver driver;
 
+/* uvm/ gets the real functions, never our hooks: its own calls must not be
+ * routed or recorded again. By name: a hooked function's real pointer, else
+ * one of the functions only the shim itself calls. */
+static void *real_by_name(void *ud, const char *name)
+{
+    const struct wo_real *r = ud;
+
+    for (int i = 0; i < WO_NHOOKS; i++)
+        if (strcmp(wo_hook_names[i], name) == 0)
+            return r->hook[i];
+#define WO_BY_NAME(n)                                                                              \
+    if (strcmp(name, #n) == 0)                                                                     \
+        return r->n;
+    WO_DRIVER_INTERNAL(WO_BY_NAME)
+#undef WO_BY_NAME
+    return NULL;
+}
+
 static void fill_driver(const struct wo_real *r)
 {
-    /* uvm/ gets the real functions, never our hooks: its own calls must
-     * not be routed or recorded again. */
-#define HOOKED(name) driver.name = (__typeof__(driver.name))r->hook[WO_HOOK_##name]
-#define PLAIN(name) driver.name = (__typeof__(driver.name))r->name
-    PLAIN(cuInit);
-    PLAIN(cuGetErrorName);
-    PLAIN(cuDriverGetVersion);
-    PLAIN(cuDeviceGet);
-    PLAIN(cuDeviceGetCount);
-    PLAIN(cuDeviceGetAttribute);
-    PLAIN(cuDevicePrimaryCtxRetain);
-    PLAIN(cuCtxGetCurrent);
-    PLAIN(cuCtxSetCurrent);
-    PLAIN(cuCtxGetDevice);
-    PLAIN(cuMemGetInfo_v2);
-    HOOKED(cuMemAlloc_v2);
-    HOOKED(cuMemFree_v2);
-    HOOKED(cuMemAllocManaged);
-    PLAIN(cuMemHostAlloc);
-    PLAIN(cuMemFreeHost);
-    PLAIN(cuMemHostGetDevicePointer_v2);
-    PLAIN(cuMemAdvise_v2);
-    PLAIN(cuMemPrefetchAsync_v2);
-    HOOKED(cuMemcpy);
-    PLAIN(cuMemsetD8_v2);
-    PLAIN(cuStreamCreate);
-    PLAIN(cuStreamDestroy_v2);
-    PLAIN(cuStreamSynchronize);
-    PLAIN(cuStreamWaitEvent);
-    PLAIN(cuEventCreate);
-    PLAIN(cuEventDestroy_v2);
-    PLAIN(cuEventRecord);
-    PLAIN(cuEventQuery);
-    PLAIN(cuEventSynchronize);
-    PLAIN(cuFuncGetName);
-    PLAIN(cuPointerGetAttribute);
-#undef HOOKED
-#undef PLAIN
+    wo_driver_fill(&driver, real_by_name, (void *)r);
 }
 
 static void atfork_child(void)

@@ -43,7 +43,11 @@ static void *sym(const char *name)
     return p;
 }
 
-#define LOAD(f) drv.f = (__typeof__(drv.f))sym(#f)
+/* struct wo_driver from the fake library (uvm.h: WO_DRIVER_FUNCS) */
+static void *fake_lookup(void *ud, const char *name)
+{
+    return dlsym(ud, name);
+}
 
 static int setup(void **state)
 {
@@ -54,35 +58,8 @@ static int setup(void **state)
     fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
     if (!fake)
         fail_msg("cannot load %s: %s", fake_path, dlerror());
-    LOAD(cuInit);
-    LOAD(cuGetErrorName);
-    LOAD(cuDriverGetVersion);
-    LOAD(cuDeviceGet);
-    LOAD(cuDeviceGetCount);
-    LOAD(cuDeviceGetAttribute);
-    LOAD(cuDevicePrimaryCtxRetain);
-    LOAD(cuCtxGetCurrent);
-    LOAD(cuCtxSetCurrent);
-    LOAD(cuCtxGetDevice);
-    LOAD(cuMemGetInfo_v2);
-    LOAD(cuMemAlloc_v2);
-    LOAD(cuMemFree_v2);
-    LOAD(cuMemAllocManaged);
-    LOAD(cuMemHostAlloc);
-    LOAD(cuMemFreeHost);
-    LOAD(cuMemHostGetDevicePointer_v2);
-    LOAD(cuMemAdvise_v2);
-    LOAD(cuMemPrefetchAsync_v2);
-    LOAD(cuMemcpy);
-    LOAD(cuMemsetD8_v2);
-    LOAD(cuStreamCreate);
-    LOAD(cuStreamDestroy_v2);
-    LOAD(cuStreamSynchronize);
-    LOAD(cuEventCreate);
-    LOAD(cuEventDestroy_v2);
-    LOAD(cuEventRecord);
-    LOAD(cuEventQuery);
-    LOAD(cuEventSynchronize);
+    if (wo_driver_fill(&drv, fake_lookup, fake) != 0)
+        fail_msg("the fake driver lacks a function of struct wo_driver");
     f_managed_state = (__typeof__(f_managed_state))sym("fakecuda_managed_state");
     f_resident = (__typeof__(f_resident))sym("fakecuda_managed_resident");
     f_calls = (__typeof__(f_calls))sym("fakecuda_calls");

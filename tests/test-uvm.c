@@ -51,7 +51,11 @@ static void *sym(const char *name)
     return p;
 }
 
-#define LOAD(f) drv.f = (__typeof__(drv.f))sym(#f)
+/* struct wo_driver from the fake library (uvm.h: WO_DRIVER_FUNCS) */
+static void *fake_lookup(void *ud, const char *name)
+{
+    return dlsym(ud, name);
+}
 
 static void load_fake(const char *path)
 {
@@ -62,35 +66,10 @@ static void load_fake(const char *path)
         fprintf(stderr, "test-uvm: cannot load the fake driver %s: %s\n", path, dlerror());
         exit(1);
     }
-    LOAD(cuInit);
-    LOAD(cuGetErrorName);
-    LOAD(cuDriverGetVersion);
-    LOAD(cuDeviceGet);
-    LOAD(cuDeviceGetCount);
-    LOAD(cuDeviceGetAttribute);
-    LOAD(cuDevicePrimaryCtxRetain);
-    LOAD(cuCtxGetCurrent);
-    LOAD(cuCtxSetCurrent);
-    LOAD(cuCtxGetDevice);
-    LOAD(cuMemGetInfo_v2);
-    LOAD(cuMemAlloc_v2);
-    LOAD(cuMemFree_v2);
-    LOAD(cuMemAllocManaged);
-    LOAD(cuMemHostAlloc);
-    LOAD(cuMemFreeHost);
-    LOAD(cuMemHostGetDevicePointer_v2);
-    LOAD(cuMemAdvise_v2);
-    LOAD(cuMemPrefetchAsync_v2);
-    LOAD(cuMemcpy);
-    LOAD(cuMemsetD8_v2);
-    LOAD(cuStreamCreate);
-    LOAD(cuStreamDestroy_v2);
-    LOAD(cuStreamSynchronize);
-    LOAD(cuEventCreate);
-    LOAD(cuEventDestroy_v2);
-    LOAD(cuEventRecord);
-    LOAD(cuEventQuery);
-    LOAD(cuEventSynchronize);
+    if (wo_driver_fill(&drv, fake_lookup, fake) != 0) {
+        fprintf(stderr, "test-uvm: the fake driver lacks a function of struct wo_driver\n");
+        exit(1);
+    }
     f_live_bytes = (__typeof__(f_live_bytes))sym("fakecuda_live_bytes");
     f_live_count = (__typeof__(f_live_count))sym("fakecuda_live_count");
     f_managed_state = (__typeof__(f_managed_state))sym("fakecuda_managed_state");

@@ -75,6 +75,23 @@ static int setup_policy_state(void)
     return 0;
 }
 
+#define WO_DRV_ONE(name) +1
+_Static_assert(sizeof(struct wo_driver) == (0 WO_DRIVER_FUNCS(WO_DRV_ONE)) * sizeof(void (*)(void)),
+               "WO_DRIVER_FUNCS (uvm.h) must list every member of struct wo_driver");
+#undef WO_DRV_ONE
+
+int wo_driver_fill(struct wo_driver *d, void *(*lookup)(void *ud, const char *name), void *ud)
+{
+    int missing = 0;
+
+#define WO_DRV_FILL(name)                                                                          \
+    d->name = (__typeof__(d->name))lookup(ud, #name);                                              \
+    missing += !d->name;
+    WO_DRIVER_FUNCS(WO_DRV_FILL)
+#undef WO_DRV_FILL
+    return missing;
+}
+
 int wo_uvm_init_policy(const char *path)
 {
     int r = 0;

@@ -50,6 +50,23 @@ struct wo_driver {
     CUresult (*cuPointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
 };
 
+/* Every member of struct wo_driver, in order: the one list that fills it
+ * (wo_driver_fill) so preload/ and the tests never enumerate it again. A
+ * static assertion in uvm/init.c keeps the list and the struct in step. */
+#define WO_DRIVER_FUNCS(X)                                                                         \
+    X(cuInit) X(cuGetErrorName) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)           \
+    X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent)      \
+    X(cuCtxGetDevice) X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged)      \
+    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2)           \
+    X(cuMemPrefetchAsync_v2) X(cuMemcpy) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2)  \
+    X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2)              \
+    X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuFuncGetName)                        \
+    X(cuPointerGetAttribute)
+
+/* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
+ * Returns the number of members left NULL. */
+int wo_driver_fill(struct wo_driver *d, void *(*lookup)(void *ud, const char *name), void *ud);
+
 /* Set once by preload/ before any other call (tests pass their own table). */
 void wo_uvm_set_driver(const struct wo_driver *drv);
 const struct wo_driver *wo_uvm_driver(void);

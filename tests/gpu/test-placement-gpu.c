@@ -140,40 +140,17 @@ static void *need(const char *name)
     return p;
 }
 
-#define D(field, name) drv.field = (__typeof__(drv.field))need(name)
+static void *need_lookup(void *ud, const char *name)
+{
+    (void)ud;
+    return need(name);
+}
 #define X(field, name) x.field = (__typeof__(x.field))need(name)
 
 static void load_driver(void)
 {
-    D(cuInit, "cuInit");
-    D(cuGetErrorName, "cuGetErrorName");
-    D(cuDriverGetVersion, "cuDriverGetVersion");
-    D(cuDeviceGet, "cuDeviceGet");
-    D(cuDeviceGetCount, "cuDeviceGetCount");
-    D(cuDeviceGetAttribute, "cuDeviceGetAttribute");
-    D(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
-    D(cuCtxGetCurrent, "cuCtxGetCurrent");
-    D(cuCtxSetCurrent, "cuCtxSetCurrent");
-    D(cuCtxGetDevice, "cuCtxGetDevice");
-    D(cuMemGetInfo_v2, "cuMemGetInfo_v2");
-    D(cuMemAlloc_v2, "cuMemAlloc_v2");
-    D(cuMemFree_v2, "cuMemFree_v2");
-    D(cuMemAllocManaged, "cuMemAllocManaged");
-    D(cuMemHostAlloc, "cuMemHostAlloc");
-    D(cuMemFreeHost, "cuMemFreeHost");
-    D(cuMemHostGetDevicePointer_v2, "cuMemHostGetDevicePointer_v2");
-    D(cuMemAdvise_v2, "cuMemAdvise_v2");
-    D(cuMemPrefetchAsync_v2, "cuMemPrefetchAsync_v2");
-    D(cuMemcpy, "cuMemcpy");
-    D(cuMemsetD8_v2, "cuMemsetD8_v2");
-    D(cuStreamCreate, "cuStreamCreate");
-    D(cuStreamDestroy_v2, "cuStreamDestroy_v2");
-    D(cuStreamSynchronize, "cuStreamSynchronize");
-    D(cuEventCreate, "cuEventCreate");
-    D(cuEventDestroy_v2, "cuEventDestroy_v2");
-    D(cuEventRecord, "cuEventRecord");
-    D(cuEventQuery, "cuEventQuery");
-    D(cuEventSynchronize, "cuEventSynchronize");
+    if (wo_driver_fill(&drv, need_lookup, NULL) != 0) /* need() exits on a missing one */
+        exit(1);
     X(cuModuleLoadData, "cuModuleLoadData");
     X(cuModuleGetFunction, "cuModuleGetFunction");
     X(cuModuleUnload, "cuModuleUnload");
