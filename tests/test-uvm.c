@@ -1084,6 +1084,58 @@ static void launches_are_attributed_to_names(void **state)
     stop();
 }
 
+/* Bytes touched per name: a hit covers one slice (the gcd of the non-zero
+ * offsets seen in the tag) from its lowest pointer, the whole tag while only
+ * its start was seen; a hit that runs on into the next tag covers that tag
+ * from its start. */
+static void touched_bytes_follow_slices(void **state)
+{
+    static const uint64_t hits[][2] = {
+        {0, 0},                   /* T0 whole: 4 MiB */
+        {MiB, MiB},               /* slice 1 MiB: 1 MiB */
+        {3 * MiB, 3 * MiB},       /* gcd 1 MiB: 1 MiB */
+        {MiB / 2, MiB / 2},       /* gcd 512 KiB: 512 KiB */
+        {3 * MiB, 4 * MiB + 8},   /* T0 [3, 4) MiB: 1 MiB; T1 from its start, no slice: 4 MiB */
+    };
+    CUdeviceptr p;
+    struct wo_range r;
+    struct wo_event ev;
+    char *js = NULL;
+    char want[64];
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    p = alloc_ok(8 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "t0.experts"), 0);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB), 4 * MiB, "t1.experts"), 0);
+    assert_int_equal(wo_registry_find(p, &r), 0);
+    for (size_t i = 0; i < WO_ARRAY_SIZE(hits); i++) {
+        memset(&ev, 0, sizeof(ev));
+        ev.type = WO_EV_LAUNCH;
+        ev.nhits = 1;
+        ev.l.hits[0].id = r.id;
+        ev.l.hits[0].gen = r.gen;
+        ev.l.hits[0].offset = hits[i][0];
+        ev.l.hits[0].hi = hits[i][1];
+        assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    }
+    for (int tries = 0; tries < 2000; tries++) {
+        free(js);
+        js = stats();
+        if (strstr(js, "\"seen\":5,"))
+            break;
+        usleep(1000);
+    }
+    assert_valid_json(js);
+    snprintf(want, sizeof(want), "\"touched_bytes\":%llu,", (unsigned long long)(15 * MiB / 2));
+    assert_name(js, "t0.experts", want);
+    snprintf(want, sizeof(want), "\"touched_bytes\":%llu,", (unsigned long long)(4 * MiB));
+    assert_name(js, "t1.experts", want);
+    free(js);
+    free_ok(p);
+    stop();
+}
+
 /* ---- stats --------------------------------------------------------------------- */
 
 static void stats_json_content(void **state)
@@ -1411,6 +1463,7 @@ int main(int argc, char **argv)
         T(every_driver_call_failing_once),
         T(data_bit_exact_across_moves),
         T(launches_are_attributed_to_names),
+        T(touched_bytes_follow_slices),
         T(stats_json_content),
         T(thousand_cycles_do_not_grow),
         T(concurrent_threads),

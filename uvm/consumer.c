@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/trace.h"
+#include "uvm/plan.h"
 #include "uvm/prefetch.h"
 #include "uvm/record.h"
 
@@ -92,6 +93,26 @@ static size_t first_tag_above(const struct wo_alloc *a, uint64_t off)
     return lo;
 }
 
+/* The bytes of tag t that a hit spanning [lo, hi) of its allocation read,
+ * as the planner counts them (docs/prefetch.md, Units): a launch hands a
+ * pointer, not a length, so a hit covers one slice from the lowest pointer
+ * (or up to the highest), the slice being the gcd of the non-zero offsets
+ * seen in the tag (one expert of a stacked expert tensor); while only the
+ * tag's start was seen, the whole tag. Host-placed names' totals are the
+ * bytes their launches read over PCIe (per step: the difference over a
+ * known number of steps; bench/e2e.py does that). */
+static uint64_t touched_bytes(struct wo_tag *t, uint64_t lo, uint64_t hi)
+{
+    uint64_t rel = lo > t->off ? lo - t->off : 0;
+    uint64_t relhi = hi > t->off ? WO_MIN(hi - t->off, t->size) : 0;
+
+    if (rel >= t->size)
+        return 0;
+    if (rel)
+        t->slice = t->slice ? wo_plan_gcd(t->slice, rel) : rel;
+    return wo_plan_extent_end(t->size, t->slice, rel, relhi) - rel;
+}
+
 static void account_launch(const struct wo_event *ev)
 {
     launch_no++;
@@ -116,12 +137,14 @@ static void account_launch(const struct wo_event *ev)
             continue;
         }
         for (size_t k = first_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
-            struct wo_name *n = a->tags[k].name;
+            struct wo_tag *t = &a->tags[k];
+            struct wo_name *n = t->name;
             if (n->last_launch != launch_no) {
                 n->last_launch = launch_no;
                 n->launches++;
             }
             n->hits++;
+            n->touched += touched_bytes(t, h->offset, h->hi);
             any = true;
         }
         if (!any)

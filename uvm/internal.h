@@ -35,6 +35,7 @@ struct wo_name {
     uint64_t launches;    /* launches touching it (consumer) */
     uint64_t hits;        /* (launch, range) hits resolved to it (consumer) */
     uint64_t last_launch; /* consumer's launch number that last counted it */
+    uint64_t touched;     /* bytes launches touched, each a slice extent (consumer) */
 };
 
 enum wo_alloc_kind {
@@ -50,6 +51,7 @@ struct wo_tag {
     enum wo_placement place; /* decided placement */
     bool charged;            /* holds host budget bytes */
     bool applied;            /* advice/residency applied for `place` */
+    uint64_t slice;          /* gcd of the non-zero offsets launches pointed at in it; 0 none yet (consumer) */
 };
 
 struct wo_alloc {

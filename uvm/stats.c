@@ -301,8 +301,9 @@ static void json_body(struct sbuf *b)
                       : NULL);
         sb_printf(b,
                   ",\"bytes\":%" PRIu64 ",\"tensors\":%" PRIu32 ",\"launches\":%" PRIu64
-                  ",\"hits\":%" PRIu64 ",\"placeable\":%s,\"over_budget\":%s}",
-                  n->bytes, n->ntags, n->launches, n->hits, bool_s(!n->unplaceable),
+                  ",\"hits\":%" PRIu64 ",\"touched_bytes\":%" PRIu64
+                  ",\"placeable\":%s,\"over_budget\":%s}",
+                  n->bytes, n->ntags, n->launches, n->hits, n->touched, bool_s(!n->unplaceable),
                   bool_s(n->over_budget));
     }
     sb_printf(b, "]");
