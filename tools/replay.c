@@ -10,6 +10,8 @@
  * (uvm/plan.c); its actions are timed here. */
 #include "tools/replay.h"
 
+#include "core/registry.h"
+
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -77,6 +79,8 @@ struct sim {
     uint64_t step;         /* boundaries seen in this pass */
     uint64_t wstart, wend; /* boundaries that open and close the window */
     int in_window;
+    double *bt;            /* times of the window's step boundaries */
+    size_t nbt, capbt;
     double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
@@ -221,7 +225,22 @@ static void tl_event(struct sim *s, int tid, const char *name, double t0, double
 
 /* ---- setup ---------------------------------------------------------------- */
 
-static uint32_t place_of_tag(struct sim *s, const struct wo_trace_tag *t, int *prio, bool *no_slices)
+/* Whether the shim could have served (and so placed) a tagged allocation.
+ * Tags on memory it served are flagged in the trace. Memory it only observed
+ * counts too when it was a plain allocation (cuMemAlloc, cudaMalloc): in a
+ * run whose policy placed nothing (an all-GPU recording) the placeable window
+ * never opened, and a policy that places something would have opened it.
+ * Stream-ordered pools, VMM mappings and the engine's own managed memory are
+ * never placeable (docs/placement.md). */
+static bool could_place(const struct wo_trace_tag *t, const struct wo_trace_range *tr)
+{
+    if (t->flags & WO_TRACE_TAG_PLACEABLE)
+        return true;
+    return tr && !(tr->flags & (WO_RANGE_ASYNC | WO_RANGE_VMM | WO_RANGE_ENGINE_MANAGED));
+}
+
+static uint32_t place_of_tag(struct sim *s, const struct wo_trace_tag *t,
+                             const struct wo_trace_range *tr, int *prio, bool *no_slices)
 {
     struct wo_match m;
 
@@ -232,8 +251,8 @@ static uint32_t place_of_tag(struct sim *s, const struct wo_trace_tag *t, int *p
     if (!s->o->policy)
         return t->placement <= WO_TRACE_PLACE_MANAGED && t->placement ? t->placement
                                                                     : WO_PLACE_DEVICE;
-    /* only memory the shim served can change placement (design.md) */
-    if (!(t->flags & WO_TRACE_TAG_PLACEABLE))
+    /* only memory the shim serves can change placement (design.md) */
+    if (!could_place(t, tr))
         return WO_PLACE_DEVICE;
     if (wo_policy_match(s->o->policy, t->name, t->size, &m) < 0)
         return WO_PLACE_DEVICE;
@@ -265,7 +284,7 @@ static int setup_ranges(struct sim *s)
 
         if (!r || !t->name)
             continue;
-        pl = place_of_tag(s, t, &prio, &ns);
+        pl = place_of_tag(s, t, r->tr, &prio, &ns);
         ni = name_index(s, t->name, pl);
         if (ni < 0)
             return -ENOMEM;
@@ -561,7 +580,13 @@ static void kernel(struct sim *s, const struct wo_event *ev)
     if (is_boundary(s, ev)) {
         if (s->step == s->wstart && !s->in_window)
             window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
-        else if (s->in_window && s->step == s->wend) {
+        if (s->in_window) {
+            if (grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0)
+                s->err = -ENOMEM;
+            else
+                s->bt[s->nbt++] = WO_MAX(s->cpu_t, s->gpu_free);
+        }
+        if (s->in_window && s->step == s->wend) {
             s->in_window = 0;
             s->w_end_t = WO_MAX(s->cpu_t, s->gpu_free);
             s->w_end_cpu = s->cpu_work;
@@ -869,6 +894,7 @@ static void sim_free(struct sim *s)
             free(s->r[i].tags);
         }
     free(s->r);
+    free(s->bt);
     free(s->names);
     free(s->acc);
     free(s->lk);
@@ -928,6 +954,14 @@ static int run_events(struct sim *s)
         case WO_EV_COPY:
             host_advance(s, ev->t_ns, 0);
             copy(s, ev);
+            /* A copy to the host is one the host waits for: synchronous to
+             * pageable memory, and PyTorch's .item(), .cpu() and nonzero()
+             * synchronise the stream right after one into pinned memory.
+             * The recorded gap after it holds the recording run's wait. */
+            if (ev->c.kind == WO_COPY_D2H) {
+                s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
+                s->after_sync = 1;
+            }
             break;
         case WO_EV_SYNC:
             host_advance(s, ev->t_ns, 0);
@@ -1107,6 +1141,30 @@ static uint8_t *oracle_set(const struct sim *s, uint64_t budget)
     return set;
 }
 
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* The median of the step durations between consecutive boundary times: a
+ * decode step's time without the phase changes a window may contain (a
+ * generate call ending and the next one's prefill count as one long step). */
+static double median_step(const double *bt, size_t n)
+{
+    double *d, m;
+
+    if (n < 2 || !(d = malloc((n - 1) * sizeof(*d))))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        d[i - 1] = bt[i] - bt[i - 1];
+    qsort(d, n - 1, sizeof(*d), dbl_cmp);
+    m = (n - 1) % 2 ? d[(n - 1) / 2] : (d[(n - 1) / 2 - 1] + d[(n - 1) / 2]) / 2;
+    free(d);
+    return m;
+}
+
 int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                   struct wo_replay_result *res, char *msg, size_t msglen)
 {
@@ -1131,6 +1189,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->max_resident = s.max_resident;
         res->step_launches = s.step_launches;
         res->step_s = (s.w_end_t - s.w_t0) / ws;
+        res->median_step_s = median_step(s.bt, s.nbt);
         res->cpu_step_s = (s.w_end_cpu - s.w_cpu0) / ws;
         res->zc_bytes_step = s.zc_b / ws;
         res->prefetch_bytes_step = s.pf_b / ws;

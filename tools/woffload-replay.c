@@ -237,6 +237,11 @@ int main(int argc, char **argv)
     printf("step time:     %s predicted (%.1f steps/s); all on GPU %s; host pacing %s\n",
            ms(res.step_s, b1, sizeof(b1)), res.step_s > 0 ? 1 / res.step_s : 0.0,
            ref.step_s > 0 ? ms(ref.step_s, b2, sizeof(b2)) : "n/a", ms(res.cpu_step_s, b3, sizeof(b3)));
+    if (res.median_step_s > 0)
+        printf("median step:   %s predicted (the mean above includes phase changes in the window: "
+               "a generate call's end, the next prefill); all on GPU %s\n",
+               ms(res.median_step_s, b1, sizeof(b1)),
+               ref.median_step_s > 0 ? ms(ref.median_step_s, b2, sizeof(b2)) : "n/a");
     if (res.oracle_step_s > 0)
         printf("offline:       %s clairvoyant static schedule; predicted / offline = %.3f\n",
                ms(res.oracle_step_s, b1, sizeof(b1)), res.step_s / res.oracle_step_s);
