@@ -725,7 +725,7 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             g = gpu.get(b, {})
             same = "ref"
             if spec.get("ref"):
-                same = "–" if not g.get("tokens") else ("yes" if g["tokens"] == m.get("tokens") else "NO")
+                same = "–" if not g.get("tokens") or not m.get("tokens") else same_tokens(g["tokens"], m["tokens"])
             step = None
             if spec.get("offload") and g.get("distinct_experts"):
                 rng = spec["offload"].partition(":")[2]
@@ -757,6 +757,13 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
 
 
+def same_tokens(a: List[List[int]], b: List[List[int]]) -> str:
+    """Greedy tokens equal over the shorter run's length (a row may generate
+    fewer tokens than its reference, e.g. accelerate's)."""
+    n = min(len(a[0]), len(b[0]))
+    return "yes" if [x[:n] for x in a] == [x[:n] for x in b] else "NO"
+
+
 def shim_bytes(r: Dict[str, Any]) -> str:
     sb = r.get("shim_step_bytes")
     if not sb:
@@ -777,9 +784,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
             if r.get("tokens") is None or ref.get("tokens") is None:
                 same = "–"
             else:
-                a, b = r["tokens"], ref["tokens"]
-                n = min(len(a[0]), len(b[0]))
-                same = "yes" if [x[:n] for x in a] == [x[:n] for x in b] else "NO"
+                same = same_tokens(r["tokens"], ref["tokens"])
         gpu_ref = by.get(spec.get("ref") or "") if (spec.get("ref") or "").endswith("-gpu") else None
         b = bounds(spec["model"], spec["offload"], r, gpu_ref or by.get(f"{spec['model']}-gpu"))
         r["bounds"] = b

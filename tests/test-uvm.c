@@ -1136,6 +1136,66 @@ static void touched_bytes_follow_slices(void **state)
     stop();
 }
 
+/* A launch recorded into a stream capture runs when its graph is launched:
+ * per-name accounting counts it once per graph launch, not at capture. */
+static void graph_replays_are_accounted(void **state)
+{
+    CUdeviceptr p;
+    struct wo_range r;
+    struct wo_event ev;
+    char *js = NULL;
+    char want[64];
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "g.experts"), 0);
+    assert_int_equal(wo_registry_find(p, &r), 0);
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_CAPTURE_BEGIN;
+    ev.stream = 7;
+    ev.g.handle = 42; /* capture id */
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_LAUNCH;
+    ev.stream = 7;
+    ev.capture = 42;
+    ev.nhits = 1;
+    ev.l.hits[0].id = r.id;
+    ev.l.hits[0].gen = r.gen;
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_CAPTURE_END;
+    ev.stream = 7;
+    ev.g.handle = 0x1000; /* the graph */
+    ev.g.aux = 42;
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    ev.type = WO_EV_GRAPH_INSTANTIATE;
+    ev.g.handle = 0x2000; /* the exec */
+    ev.g.aux = 0x1000;
+    assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    for (int i = 0; i < 3; i++) {
+        ev.type = WO_EV_GRAPH_LAUNCH;
+        ev.g.handle = 0x2000;
+        ev.g.aux = 0;
+        assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+    }
+    for (int tries = 0; tries < 2000; tries++) {
+        free(js);
+        js = stats();
+        if (strstr(js, "\"events\":7}"))
+            break;
+        usleep(1000);
+    }
+    assert_valid_json(js);
+    assert_name(js, "g.experts", "\"launches\":3,");
+    snprintf(want, sizeof(want), "\"touched_bytes\":%llu,", (unsigned long long)(12 * MiB));
+    assert_name(js, "g.experts", want);
+    free(js);
+    free_ok(p);
+    stop();
+}
+
 /* ---- stats --------------------------------------------------------------------- */
 
 static void stats_json_content(void **state)
@@ -1464,6 +1524,7 @@ int main(int argc, char **argv)
         T(data_bit_exact_across_moves),
         T(launches_are_attributed_to_names),
         T(touched_bytes_follow_slices),
+        T(graph_replays_are_accounted),
         T(stats_json_content),
         T(thousand_cycles_do_not_grow),
         T(concurrent_threads),

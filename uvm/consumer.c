@@ -42,6 +42,7 @@ static struct wo_trace_tag batch_tag[BATCH];
 static char batch_name[BATCH][WO_TAG_NAME_MAX + 1];
 static bool batch_has_tag[BATCH];
 static uint64_t launch_no;
+static struct wo_graphs *graphs; /* captures, for accounting graph replays */
 
 static void cond_init(void)
 {
@@ -198,13 +199,26 @@ static size_t drain_batch(void)
         return 0;
     pthread_mutex_lock(&wo_uvm.lock);
     for (size_t i = 0; i < n; i++) {
+        const struct wo_event *rep;
+        size_t nrep = 0;
+        int g = 0;
+
         batch_has_tag[i] = false;
         /* atomic: it may be polled without the lock (tests wait for the consumer) */
         __atomic_add_fetch(&wo_uvm.events, 1, __ATOMIC_RELAXED);
-        if (batch[i].type == WO_EV_LAUNCH)
+        /* A launch recorded into a capture runs when its graph is launched:
+         * it is accounted then, once per replay. Without the graph table
+         * (no memory) launches are accounted as they come. */
+        if (graphs && batch[i].type != WO_EV_TAG)
+            g = wo_graphs_filter(graphs, &batch[i], &rep, &nrep);
+        if (g == 1) {
+            for (size_t k = 0; k < nrep; k++)
+                account_launch(&rep[k]);
+        } else if (batch[i].type == WO_EV_LAUNCH) {
             account_launch(&batch[i]);
-        else if (batch[i].type == WO_EV_TAG)
+        } else if (batch[i].type == WO_EV_TAG) {
             account_tag(i);
+        }
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     for (size_t i = 0; i < n; i++)
@@ -217,6 +231,7 @@ static void *consumer_main(void *arg)
     long sleep_ns = SLEEP_MIN_NS;
 
     (void)arg;
+    graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     for (;;) {
         struct timespec ts;
         int st;
@@ -251,6 +266,10 @@ static void *consumer_main(void *arg)
     while (drain_batch() > 0)
         ;
     finish();
+    pthread_mutex_lock(&wo_uvm.lock);
+    wo_graphs_free(graphs);
+    graphs = NULL;
+    pthread_mutex_unlock(&wo_uvm.lock);
     return NULL;
 }
 
