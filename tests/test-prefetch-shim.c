@@ -16,6 +16,8 @@
 
 #include <cmocka.h>
 
+#include "core/trace.h"
+
 #include "fakecuda.h"
 #include "core/log.h"
 #include "core/registry.h"
@@ -109,6 +111,9 @@ static void wait_idle(uint64_t pushed)
 static void managed_experts_end_to_end(void **state)
 {
     char path[] = "/tmp/test-prefetch-shim-XXXXXX";
+    char trace_path[] = "/tmp/test-prefetch-shim-trace-XXXXXX";
+    struct wo_trace_data *td = NULL;
+    uint64_t tr_prefetch = 0, tr_evict = 0, tr_step = 0;
     const char *yaml = "version: 1\ndevice_budget: 40MiB\n"
                        "rules:\n  - {match: [experts], place: managed}\n";
     CUdeviceptr p[LAYERS];
@@ -123,6 +128,12 @@ static void managed_experts_end_to_end(void **state)
     assert_true(fd >= 0);
     assert_int_equal(write(fd, yaml, strlen(yaml)), (ssize_t)strlen(yaml));
     close(fd);
+    /* the run is recorded: the executor's actions must reach the trace
+     * (settings are read once, at the first use: before init) */
+    fd = mkstemp(trace_path);
+    assert_true(fd >= 0);
+    close(fd);
+    setenv("WOFFLOAD_TRACE", trace_path, 1);
     wo_uvm_set_driver(&drv);
     assert_int_equal(wo_uvm_init_policy(path), 0);
     unlink(path);
@@ -155,7 +166,10 @@ static void managed_experts_end_to_end(void **state)
                 ev.type = WO_EV_LAUNCH;
                 ev.t_ns = (uint64_t)(s * 1000 + l * 10 + k) * 10000;
                 ev.stream = 1;
-                ev.l.func = 0x1000 + (uint64_t)k;
+                /* runtime-stub keys (bit 63, uvm/record.c): the recorder
+                 * names them with dladdr, never a driver call on a made-up
+                 * CUfunction */
+                ev.l.func = (UINT64_C(1) << 63) | (0x1000 + (uint64_t)k);
                 ev.nhits = 1;
                 ev.l.hits[0].id = rg[l].id;
                 ev.l.hits[0].gen = rg[l].gen;
@@ -223,6 +237,25 @@ static void managed_experts_end_to_end(void **state)
         assert_int_equal(wo_uvm_free(p[l], &r), 1);
     }
     wo_uvm_reset();
+    /* the trace holds what the executor did, as many actions as it counted */
+    unsetenv("WOFFLOAD_TRACE");
+    assert_int_equal(wo_trace_load(trace_path, 0, 0, &td), 0);
+    unlink(trace_path);
+    for (size_t i = 0; i < td->nevents; i++) {
+        const struct wo_event *ev = &td->events[i].ev;
+
+        tr_prefetch += ev->type == WO_EV_PREFETCH;
+        tr_evict += ev->type == WO_EV_EVICT;
+        tr_step += ev->type == WO_EV_STEP;
+        if (ev->type == WO_EV_PREFETCH) {
+            assert_int_equal(ev->p.to, WO_TRACE_PLACE_DEVICE);
+            assert_true(ev->p.bytes > 0);
+        }
+    }
+    wo_trace_data_free(td);
+    assert_int_equal(tr_prefetch, t.prefetches);
+    assert_int_equal(tr_evict, t.evictions);
+    assert_int_equal(tr_step, t.steps);
 }
 
 int main(int argc, char **argv)

@@ -10,7 +10,9 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
+#include "core/trace.h"
 #include "uvm/internal.h"
+#include "uvm/record.h"
 
 #define MAX_PIECE (2 * WO_GiB) /* one call stays interruptible-ish and below int limits */
 
@@ -249,6 +251,34 @@ static void range_rm(struct wo_prefetcher *pf, struct prange *r, bool on)
     r->rm = on;
 }
 
+/* What the executor did, into the trace (WOFFLOAD_TRACE; uvm/record.c), on
+ * the consumer thread like every recorded event: prefetches and evictions
+ * (from/to: where the bytes were and went: managed host copy, GPU, a
+ * collapse back to the read-mostly host copy, a copy-back to host) and the
+ * step boundaries the planner found. Replaying a trace can then compare
+ * its planner's actions with the ones the run took. */
+static void record(uint16_t type, uint64_t base, uint64_t off, uint64_t len, uint32_t from,
+                   uint32_t to)
+{
+    struct wo_event ev;
+    struct wo_range rr;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.type = type;
+    ev.t_ns = wo_now_ns();
+    if (type != WO_EV_STEP) {
+        if (wo_registry_find(base, &rr) < 0)
+            return;
+        ev.p.id = rr.id;
+        ev.p.gen = rr.gen;
+        ev.p.offset = off;
+        ev.p.bytes = len;
+        ev.p.from = from;
+        ev.p.to = to;
+    }
+    wo_record_event(&ev, NULL);
+}
+
 static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_plan_action *a,
                   uint64_t off, uint64_t len)
 {
@@ -281,6 +311,12 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
             add(&pf->tot->evict_bytes, len);
         }
     }
+    if (res == CUDA_SUCCESS)
+        record(a->type == WO_PLAN_PREFETCH ? WO_EV_PREFETCH : WO_EV_EVICT, r->base, off, len,
+               a->type == WO_PLAN_PREFETCH ? WO_TRACE_PLACE_MANAGED : WO_TRACE_PLACE_DEVICE,
+               a->type == WO_PLAN_PREFETCH ? WO_TRACE_PLACE_DEVICE
+               : r->rm                      ? WO_TRACE_PLACE_MANAGED
+                                            : WO_TRACE_PLACE_HOST);
     if (res != CUDA_SUCCESS) {
         /* the memory may have been freed under us (the free event is still
          * in the ring): dropping the action only costs speed */
@@ -298,6 +334,7 @@ static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
 
     if (a->type == WO_PLAN_STEP) {
         add(&pf->tot->steps, 1);
+        record(WO_EV_STEP, 0, 0, 0, 0, 0);
         return;
     }
     if (a->id >= pf->nr || !(r = &pf->r[a->id])->live || r->gen != a->gen || ensure_stream(pf) < 0)
