@@ -107,6 +107,31 @@ rules:
     match: experts
     place: managed
 """,
+    "experts-managed-noprefetch": """\
+# Every expert managed, the prefetcher off: every read goes over PCIe in
+# place (what managed memory costs against pinned host memory).
+version: 1
+default: device
+prefetch:
+  enabled: false
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
+    "experts-managed-full": """\
+# Every expert managed, a device budget that holds them all (19 GiB, below
+# the free memory): what residency costs against device memory.
+version: 1
+default: device
+device_budget: 19GiB
+prefetch:
+  enabled: true
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
     "experts-device": """\
 # Every MoE expert named and kept on the GPU (all-GPU, with the launches
 # attributed to names: what an all-GPU trace needs).
@@ -179,6 +204,20 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("trace-eager-managed-half", "moe", experts_impl="eager", policy="experts-managed-half",
       offload="experts:all", new_tokens=17, repeats=1, prefill=0,
       env={"WOFFLOAD_TRACE": "/tmp/wo-trace-eager-managed-half.wotrace"}, ref="eager-moe-gpu"),
+    # issue 7: where managed time goes (no prefetch; everything resident), and
+    # traces that hold the prefetcher's actions
+    S("eager-moe-shim-experts-managed-noprefetch", "moe", experts_impl="eager",
+      policy="experts-managed-noprefetch", offload="experts:all", prefill=0, ref="eager-moe-gpu"),
+    S("eager-moe-shim-experts-managed-full", "moe", experts_impl="eager", policy="experts-managed-full",
+      offload="experts:all", new_tokens=33, prefill=0, ref="eager-moe-gpu"),
+    S("trace-eager-managed-half-2", "moe", experts_impl="eager", policy="experts-managed-half",
+      offload="experts:all", new_tokens=17, repeats=1, prefill=0,
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-eager-managed-half-2.wotrace"}, ref="eager-moe-gpu"),
+    S("trace-skew-managed-half", "moe", experts_impl="eager", skew=SKEW, policy="experts-managed-half",
+      offload="experts:all", new_tokens=17, repeats=1, prefill=0,
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-skew-managed-half.wotrace"}, ref="skew-moe-gpu"),
+    S("trace-skew-gpu", "moe", experts_impl="eager", skew=SKEW, policy="experts-device", new_tokens=17,
+      repeats=1, prefill=0, env={"WOFFLOAD_TRACE": "/tmp/wo-trace-skew-gpu.wotrace"}, ref="skew-moe-gpu"),
     # issue 6: a router biased toward 8 experts a layer (a hot set of a
     # quarter of the experts' bytes); managed with a budget of half of them
     S("skew-moe-gpu", "moe", experts_impl="eager", skew=SKEW, new_tokens=33),
