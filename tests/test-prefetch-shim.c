@@ -10,6 +10,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -251,6 +252,16 @@ static void managed_experts_end_to_end(void **state)
             assert_int_equal(ev->p.to, WO_TRACE_PLACE_DEVICE);
             assert_true(ev->p.bytes > 0);
         }
+    }
+    {
+        /* the budget resolved at seal, for replays given no policy */
+        const char *budget = NULL;
+
+        for (size_t i = 0; i < td->ninfo; i++)
+            if (strcmp(td->info_keys[i], "device_budget") == 0)
+                budget = td->info_values[i];
+        assert_non_null(budget);
+        assert_int_equal(strtoull(budget, NULL, 10), 40 * MiB);
     }
     wo_trace_data_free(td);
     assert_int_equal(tr_prefetch, t.prefetches);

@@ -14,6 +14,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
@@ -1006,6 +1007,18 @@ static int name_cmp(const void *a, const void *b)
 /* One pass of the simulation; oracle: NULL for the planner (or none with
  * no_prefetch), else the units resident throughout (the clairvoyant static
  * schedule). Fills s (the caller frees it with sim_free). */
+/* The device budget the recording run resolved at seal (INFO
+ * `device_budget`, docs/trace-format.md); 0 when the trace has none. */
+static uint64_t recorded_budget(const struct wo_trace_data *d)
+{
+    uint64_t b = 0;
+
+    for (size_t i = 0; i < d->ninfo; i++)
+        if (strcmp(d->info_keys[i], "device_budget") == 0)
+            b = strtoull(d->info_values[i], NULL, 10);
+    return b;
+}
+
 static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                     const uint8_t *oracle, struct sim *s, uint64_t *ret_budget,
                     uint64_t *ret_managed, char *msg, size_t msglen)
@@ -1049,7 +1062,7 @@ static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *
     else if (o->policy)
         budget = wo_policy_device_budget(o->policy, s->dm->device_bytes,
                                          s->dm->device_bytes > devbytes ? s->dm->device_bytes - devbytes : 0);
-    else
+    else if (!(budget = recorded_budget(d)))
         budget = (s->dm->device_bytes > devbytes ? s->dm->device_bytes - devbytes : 0) / 2;
     *ret_budget = budget;
     *ret_managed = managed;

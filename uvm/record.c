@@ -211,6 +211,15 @@ void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)
     case WO_EV_EVICT:
         ensure_range(ev->p.id, ev->p.gen, ev->t_ns);
         break;
+    case WO_EV_SEAL: {
+        /* resolved at seal (uvm/place.c) before the event was pushed: a
+         * replay with no policy of its own takes the run's budget from here */
+        char buf[32];
+        snprintf(buf, sizeof(buf), "%llu",
+                 (unsigned long long)__atomic_load_n(&wo_uvm.device_budget, __ATOMIC_ACQUIRE));
+        wo_trace_info(trace, "device_budget", buf);
+        break;
+    }
     default:
         break;
     }
