@@ -72,6 +72,11 @@ struct sim {
     size_t nlk, caplk;
     uint64_t prev_trace_t;
     int have_prev, after_sync, sealed;
+    double sync_wait;           /* how long the host waited at the last sync */
+    size_t after_sync_ev;       /* index of that sync's event */
+    const double *post_sync;    /* host work after each event that waits (pacing pass), or NULL */
+    double *post_sync_out;      /* written by the pacing pass */
+    size_t ev_index;            /* the event being replayed */
 
     /* steps */
     struct wo_stepper stepper;
@@ -81,7 +86,8 @@ struct sim {
     uint64_t wstart, wend; /* boundaries that open and close the window */
     int in_window;
     double *bt;            /* times of the window's step boundaries */
-    size_t nbt, capbt;
+    double *rt;            /* the same boundaries' times in the recorded run */
+    size_t nbt, capbt, capr;
     double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
@@ -508,16 +514,37 @@ static void host_advance(struct sim *s, uint64_t t, double floor_s)
 
     if (s->have_prev && t > s->prev_trace_t)
         gap = (double)(t - s->prev_trace_t) * 1e-9;
-    /* after a sync the recorded gap includes the recording run's wait for
-     * its GPU: keep only the host work a return from sync costs */
-    if (s->after_sync)
-        gap = WO_MIN(gap, s->sync_s);
+    /* After a sync the recorded gap holds the recording run's wait for its
+     * GPU and then the host's own work up to this call (Python turning the
+     * value read into control flow): keep the work. A what-if replay takes
+     * it from the pacing pass, which replayed the recording run's own
+     * placements (where the simulated wait stands for the recorded one);
+     * that pass, and a replay under the recorded placements, subtract their
+     * own simulated wait. At least the return from a sync (sync_us). */
+    if (s->after_sync) {
+        if (s->post_sync)
+            gap = s->post_sync[s->after_sync_ev];
+        else
+            gap = WO_MAX(gap - s->sync_wait, 0.0);
+        if (s->post_sync_out)
+            s->post_sync_out[s->after_sync_ev] = gap;
+        gap = WO_MAX(gap, s->sync_s);
+    }
     gap = WO_MAX(gap, floor_s);
     s->cpu_t += gap;
     s->cpu_work += gap;
     s->prev_trace_t = t;
     s->have_prev = 1;
     s->after_sync = 0;
+}
+
+/* The host waits for the GPU at event i (a sync, a copy to the host). */
+static void host_wait(struct sim *s, size_t i)
+{
+    s->sync_wait = WO_MAX(s->gpu_free - s->cpu_t, 0.0);
+    s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
+    s->after_sync = 1;
+    s->after_sync_ev = i;
 }
 
 /* ---- kernels -------------------------------------------------------------- */
@@ -582,10 +609,13 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         if (s->step == s->wstart && !s->in_window)
             window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
         if (s->in_window) {
-            if (grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0)
+            if (grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
+                grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0) {
                 s->err = -ENOMEM;
-            else
-                s->bt[s->nbt++] = WO_MAX(s->cpu_t, s->gpu_free);
+            } else {
+                s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
+                s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
+            }
         }
         if (s->in_window && s->step == s->wend) {
             s->in_window = 0;
@@ -896,6 +926,7 @@ static void sim_free(struct sim *s)
         }
     free(s->r);
     free(s->bt);
+    free(s->rt);
     free(s->names);
     free(s->acc);
     free(s->lk);
@@ -959,15 +990,12 @@ static int run_events(struct sim *s)
              * pageable memory, and PyTorch's .item(), .cpu() and nonzero()
              * synchronise the stream right after one into pinned memory.
              * The recorded gap after it holds the recording run's wait. */
-            if (ev->c.kind == WO_COPY_D2H) {
-                s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
-                s->after_sync = 1;
-            }
+            if (ev->c.kind == WO_COPY_D2H)
+                host_wait(s, i);
             break;
         case WO_EV_SYNC:
             host_advance(s, ev->t_ns, 0);
-            s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
-            s->after_sync = 1;
+            host_wait(s, i);
             break;
         case WO_EV_LAUNCH:
             if (c == 1)
@@ -1020,14 +1048,17 @@ static uint64_t recorded_budget(const struct wo_trace_data *d)
 }
 
 static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *o,
-                    const uint8_t *oracle, struct sim *s, uint64_t *ret_budget,
-                    uint64_t *ret_managed, char *msg, size_t msglen)
+                    const uint8_t *oracle, const double *post_sync, double *post_sync_out,
+                    struct sim *s, uint64_t *ret_budget, uint64_t *ret_managed, char *msg,
+                    size_t msglen)
 {
     uint64_t managed = 0, devbytes = 0, budget;
     uint32_t nunits = 0;
     int r;
 
     memset(s, 0, sizeof(*s));
+    s->post_sync = post_sync;
+    s->post_sync_out = post_sync_out;
     s->d = d;
     s->o = o;
     s->dm = o->dm;
@@ -1178,15 +1209,48 @@ static double median_step(const double *bt, size_t n)
     return m;
 }
 
+/* The pacing pass: the trace under the placements it recorded, to learn the
+ * host's own work after each point where it waited for the GPU (the
+ * recorded gap less the simulated wait, which stands for the recording
+ * run's). Replays under other placements keep that work and wait for their
+ * own GPU. NULL when the pass fails (each replay then subtracts its own
+ * wait). */
+static double *pacing_pass(const struct wo_trace_data *d, const struct wo_replay_opts *o)
+{
+    struct wo_replay_opts po = *o;
+    struct sim ps;
+    uint64_t b, m;
+    char msg[256];
+    double *out = calloc(d->nevents ? d->nevents : 1, sizeof(*out));
+
+    if (!out)
+        return NULL;
+    po.policy = NULL;
+    po.all_device = false;
+    po.no_prefetch = false;
+    po.budget_frac = 0;
+    po.budget_bytes = 0;
+    po.no_bound = true;
+    po.timeline = NULL;
+    if (sim_once(d, &po, NULL, NULL, out, &ps, &b, &m, msg, sizeof(msg)) < 0) {
+        free(out);
+        out = NULL;
+    }
+    sim_free(&ps);
+    return out;
+}
+
 int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                   struct wo_replay_result *res, char *msg, size_t msglen)
 {
+    double *pacing = NULL;
     struct sim s;
     uint64_t managed = 0, budget = 0;
     int r;
 
     memset(res, 0, sizeof(*res));
-    r = sim_once(d, o, NULL, &s, &budget, &managed, msg, msglen);
+    pacing = pacing_pass(d, o);
+    r = sim_once(d, o, NULL, pacing, NULL, &s, &budget, &managed, msg, msglen);
     if (r < 0)
         goto out;
     {
@@ -1203,6 +1267,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->step_launches = s.step_launches;
         res->step_s = (s.w_end_t - s.w_t0) / ws;
         res->median_step_s = median_step(s.bt, s.nbt);
+        res->recorded_median_step_s = median_step(s.rt, s.nbt);
         res->cpu_step_s = (s.w_end_cpu - s.w_cpu0) / ws;
         res->zc_bytes_step = s.zc_b / ws;
         res->prefetch_bytes_step = s.pf_b / ws;
@@ -1244,7 +1309,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                 r = -ENOMEM;
                 goto out;
             }
-            r = sim_once(d, o, set, &so, &b2, &m2, msg, msglen);
+            r = sim_once(d, o, set, pacing, NULL, &so, &b2, &m2, msg, msglen);
             if (r == 0) {
                 res->oracle_step_s = (so.w_end_t - so.w_t0) / (double)(so.wend - so.wstart);
                 /* The host's own work bounds the window too, less the GPU's
@@ -1263,6 +1328,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
     }
 out:
     sim_free(&s);
+    free(pacing);
     if (r < 0)
         wo_replay_result_free(res);
     return r;

@@ -48,6 +48,7 @@ struct wo_replay_result {
     double total_s;             /* predicted end of the whole trace */
     double step_s;              /* mean predicted step time in the window */
     double median_step_s;       /* median of the window's step times (0: fewer than 2) */
+    double recorded_median_step_s; /* the same steps in the recorded run (launch times) */
     double cpu_step_s;          /* host work per step (launch pacing floor) */
     double bound_step_s;        /* lower bound on any schedule, per step (0: not computed) */
     double oracle_step_s;       /* the clairvoyant static schedule, per step (0: not computed) */
