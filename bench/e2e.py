@@ -984,6 +984,8 @@ def main() -> int:
                     help="seconds: start no scenario once fewer than --min-left remain")
     ap.add_argument("--min-left", type=float, default=60)
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--render", metavar="JSON",
+                    help="write the Markdown report of a results JSON again (with --commit: set its commit)")
     ap.add_argument("--keep-going", action="store_true",
                     help="run the shim scenarios even after one failed (default: skip them)")
     args = ap.parse_args()
@@ -1002,6 +1004,19 @@ def main() -> int:
             print(f"E2E_ERROR {type(e).__name__}: {str(e)[:1500]}", flush=True)
             return 1
         print("E2E_RESULT " + json.dumps(res), flush=True)
+        return 0
+
+    if args.render:
+        with open(args.render) as f:
+            saved = json.load(f)
+        if args.commit != "?":
+            saved["commit"] = args.commit
+        args.machine, args.commit = saved["machine"], saved["commit"]
+        sys.argv = saved["argv"]
+        with open(args.render, "w") as f:
+            json.dump(saved, f, indent=1)
+        with open(args.render[:-5] + ".md", "w") as f:
+            f.write(report(saved["results"], args, saved["started"]))
         return 0
 
     todo = SCENARIOS
