@@ -175,6 +175,49 @@ static void test_stepper_inner_repeat(void **state)
     wo_stepper_done(&s);
 }
 
+/* transformers' eager experts backend, as recorded on the H100: per layer
+ * the k = 4 picked experts each launch gate_up then down on the layer's
+ * stacked tensors (the same two keys 4 times in a row), and now and then a
+ * kernel whose arguments happen to point into a managed range adds a key at
+ * no fixed place. No exact period exists; the gap rule takes a cluster of
+ * one layer's key as the anchor, one cluster a step, and every boundary falls
+ * on that cluster's first key. */
+static void test_stepper_clusters_and_noise(void **state)
+{
+    struct wo_stepper s;
+    unsigned boundaries = 0, first_layer = 99, first_step = 0;
+    uint64_t x = 5;
+
+    (void)state;
+    wo_stepper_init(&s);
+    for (unsigned step = 0; step < 60; step++) {
+        for (unsigned l = 0; l < 16; l++) {
+            for (unsigned k = 0; k < 4; k++) {
+                unsigned r1 = wo_stepper_feed(&s, wo_stepper_key(0x10, 100 + l));
+                unsigned r2 = wo_stepper_feed(&s, wo_stepper_key(0x20, 200 + l));
+
+                assert_int_equal(r2, 0);
+                if (r1) {
+                    assert_int_equal(k, 0); /* a cluster's first key */
+                    if (first_layer == 99) {
+                        first_layer = l;
+                        first_step = step;
+                    }
+                    assert_int_equal(l, first_layer); /* one phase */
+                    boundaries++;
+                }
+            }
+            x = x * 6364136223846793005ULL + 1;
+            if ((x >> 60) == 0) /* 1 in 16 layers: the stray key */
+                assert_int_equal(wo_stepper_feed(&s, wo_stepper_key(0x30, 99)), 0);
+        }
+    }
+    /* found within a few steps (three regular gaps), then one per step */
+    assert_true(first_step <= 5);
+    assert_int_equal(boundaries, 60 - first_step);
+    wo_stepper_done(&s);
+}
+
 /* A prefill (keys that never repeat) before the decode steps: the stepper
  * gives up its first anchor and finds the decode period. */
 static void test_stepper_after_prefill(void **state)
@@ -578,6 +621,7 @@ int main(void)
         cmocka_unit_test(test_gcd_extent),
         cmocka_unit_test(test_cfg_invalid),
         cmocka_unit_test(test_stepper_inner_repeat),
+        cmocka_unit_test(test_stepper_clusters_and_noise),
         cmocka_unit_test(test_stepper_after_prefill),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),

@@ -304,7 +304,6 @@ static int stepper_gap(struct wo_stepper *s, uint64_t key)
     struct wo_stepgap *e = NULL;
     uint64_t g;
 
-    s->pos++;
     if (!s->gaps && !(s->gaps = calloc(WO_STEPPER_GAPS, sizeof(*s->gaps))))
         return 0;
     for (uint32_t k = 0; k < 8; k++) {
@@ -315,14 +314,18 @@ static int stepper_gap(struct wo_stepper *s, uint64_t key)
         }
         if (!c->last) {
             c->key = key;
-            c->last = s->pos;
+            c->last = c->start = s->pos;
             return 0;
         }
     }
     if (!e)
         return 0; /* table crowded around this key: it cannot be the anchor */
-    g = s->pos - e->last;
-    e->last = s->pos;
+    if (s->pos - e->last < WO_STEPPER_GAP_MIN) {
+        e->last = s->pos; /* a repeat inside a cluster */
+        return 0;
+    }
+    g = s->pos - e->start;
+    e->last = e->start = s->pos;
     if (e->gap && g >= WO_STEPPER_GAP_MIN && g * 10 >= (uint64_t)e->gap * 9 &&
         g * 10 <= (uint64_t)e->gap * 11)
         e->runs++;
@@ -336,11 +339,14 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
 {
     size_t i, j;
 
+    s->pos++;
     if (!s->per_step && stepper_gap(s, key)) {
         /* this occurrence of the anchor is the first boundary; like the
          * exact rule's, it closes two steps (the anchor has recurred at
          * regular gaps at least three times before it) */
         s->anchor = key;
+        s->clusters = true;
+        s->anchor_last = s->pos;
         s->per_step = 1;
         s->seen = 0;
         s->steps = 1;
@@ -353,7 +359,17 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         return 2;
     }
     if (s->per_step) {
-        if (key != s->anchor || ++s->seen < s->per_step)
+        if (key != s->anchor)
+            return 0;
+        if (s->clusters) {
+            /* one cluster of the anchor per step: its first occurrence */
+            bool inner = s->pos - s->anchor_last < WO_STEPPER_GAP_MIN;
+
+            s->anchor_last = s->pos;
+            if (inner)
+                return 0;
+        }
+        if (++s->seen < s->per_step)
             return 0;
         s->seen = 0;
         s->steps++;

@@ -150,17 +150,22 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
  * more or fewer expert kernels as routing changes), so a second rule runs
  * beside the exact one: a key that recurs WO_STEPPER_GAP_RUNS times at
  * gaps that agree within 10% (and are at least WO_STEPPER_GAP_MIN keys) is
- * taken as the anchor, one occurrence per step. Keys that occur once per
- * step (a layer's projection) recur at the step length; keys that occur
- * several times per step recur at shorter, irregular gaps. */
+ * taken as the anchor, one cluster of it per step. Occurrences closer than
+ * WO_STEPPER_GAP_MIN keys to the previous one form a cluster (the top-k
+ * experts of one layer, each launch handed its own slice, repeat the same
+ * key k times in a row: transformers' eager experts backend); gaps run
+ * from cluster start to cluster start. Keys that occur once per step (a
+ * layer's projection) recur at the step length; keys that occur in several
+ * places of a step recur at shorter, irregular gaps. */
 #define WO_STEPPER_GAPS 8192u
 #define WO_STEPPER_GAP_RUNS 3u
 #define WO_STEPPER_GAP_MIN 32u
 struct wo_stepgap {
     uint64_t key;
-    uint64_t last; /* position of its latest occurrence */
-    uint32_t gap;  /* latest gap */
-    uint32_t runs; /* gaps in a row that agreed */
+    uint64_t last;  /* position of its latest occurrence */
+    uint64_t start; /* position of the first occurrence of its latest cluster */
+    uint32_t gap;   /* latest gap, cluster start to cluster start */
+    uint32_t runs;  /* gaps in a row that agreed */
 };
 struct wo_stepper {
     struct wo_stepgap *gaps; /* open addressing, WO_STEPPER_GAPS slots */
@@ -175,6 +180,8 @@ struct wo_stepper {
     uint32_t per_step; /* anchors per step; 0: not found yet */
     uint32_t seen;     /* anchors since the last boundary */
     uint64_t steps;
+    bool clusters;        /* anchor from the gap rule: one cluster of it per step */
+    uint64_t anchor_last; /* position of the anchor's latest occurrence (clusters) */
 };
 void wo_stepper_init(struct wo_stepper *s);
 void wo_stepper_done(struct wo_stepper *s);
