@@ -225,6 +225,12 @@ SCENARIOS: List[Dict[str, Any]] = [
       policy="experts-host-all", offload="experts:all", ref="skew-moe-gpu"),
     S("skew-moe-shim-experts-managed-half", "moe", experts_impl="eager", skew=SKEW, new_tokens=33,
       policy="experts-managed-half", offload="experts:all", ref="skew-moe-gpu"),
+    # the same after 4 warm-up calls (128 decode steps): the planner's steady state
+    S("skew-moe-shim-experts-managed-half-warm", "moe", experts_impl="eager", skew=SKEW, new_tokens=33,
+      warmups=4, prefill=0, policy="experts-managed-half", offload="experts:all", ref="skew-moe-gpu"),
+    S("skew-moe-gpu-b", "moe", experts_impl="eager", skew=SKEW, new_tokens=33, prefill=0, ref="skew-moe-gpu"),
+    S("skew-moe-shim-experts-host-all-b", "moe", experts_impl="eager", skew=SKEW, new_tokens=33, prefill=0,
+      policy="experts-host-all", offload="experts:all", ref="skew-moe-gpu"),
     # the empty-policy overhead, alternating runs pinned to the same cores
     S("ovh-moe-gpu-a", "moe", prefill=0, new_tokens=33, ref="ovh-moe-gpu-a"),
     S("ovh-moe-shim-empty-a", "moe", prefill=0, new_tokens=33, policy="empty", ref="ovh-moe-gpu-a"),
@@ -433,6 +439,10 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         t0 = time.perf_counter()
         toks, _ = generate(ids, n)
         out: Dict[str, Any] = dict(first_generate_s=time.perf_counter() - t0)
+        # more warm-up calls where the prefetcher must learn first (its
+        # frequencies average over ~64 steps, a swap pays back over 128)
+        for _ in range(spec.get("warmups", 1) - 1):
+            generate(ids, n)
         rates = []
         for i in range(repeats):
             if wo is not None and i == 0:
@@ -887,6 +897,10 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
         ("eager experts: host all / pinned swap", "eager-moe-shim-experts-host-all", "eager-moe-pinned-experts-all", 0.95),
         ("skewed router: managed (budget 1/2) / host (issue 6)", "skew-moe-shim-experts-managed-half",
          "skew-moe-shim-experts-host-all", 1.5),
+        ("skewed router: managed after 128 warm-up steps / host (issue 6)",
+         "skew-moe-shim-experts-managed-half-warm", "skew-moe-shim-experts-host-all", 1.5),
+        ("skewed router, second pass: managed warm / host", "skew-moe-shim-experts-managed-half-warm",
+         "skew-moe-shim-experts-host-all-b", 1.5),
     ]
     trows = []
     for what, a, b, target in targets:
