@@ -292,6 +292,11 @@ SCENARIOS: List[Dict[str, Any]] = [
       repeats=1, prefill=0, blocker=True, policy="experts-host-all", offload="experts:all", ref="fit-gpu"),
 ]
 
+# issue 7: managed in its steady state (4 warm-up calls: 128 decode steps), twice
+for _n in ("eager-moe-shim-experts-managed-half-warm", "eager-moe-shim-experts-managed-half-warm-b"):
+    SCENARIOS.append(dict(next(x for x in SCENARIOS if x["name"] == "eager-moe-shim-experts-managed-half"),
+                          name=_n, warmups=4, prefill=0))
+
 # issue 7: a second pass of the eager rows in the same run (processes on the
 # lent VM differ by up to 1.5x in host speed: the replay's what-if
 # predictions are compared with the median of both passes)
