@@ -2,15 +2,16 @@
 # tests/test-replay-accuracy.sh: the replay's predictions against what the
 # lent H100 measured (issue 7). One trace recorded with every weight on the
 # GPU (tests/traces/h100-eager-moe-decode-gpu.wot.gz: transformers' eager
-# experts backend, bench/e2e.py trace-eager-gpu-b, 2026-11-22 16:31 UTC) is
+# experts backend, bench/e2e.py trace-eager-gpu-b, 2026-11-22 16:52 UTC) is
 # replayed under three placements; each predicted median decode step is
 # compared with the median of the same session's measured runs
-# (bench/results/e2e-20261122-163104-issue7-replay-accuracy.md: four all-GPU,
-# three experts-on-host, three experts-managed runs, one process each; the
-# lent VM's host speed moved by up to 1.5x between processes).
+# (bench/results/e2e-20261122-165202-issue7-replay-accuracy-warm.md: three
+# all-GPU, two experts-on-host, two experts-managed runs after 128 warm-up
+# steps, one process each; the lent VM's host speed moved by up to 1.5x
+# between processes).
 # Tolerances: all on GPU and experts on host 15% (the issue's target);
-# managed 35%, what the model reaches today (docs/prefetch.md, "How well the
-# replay predicts": the run used the stepper before its cluster rule).
+# managed 30%, what the model reaches today: it predicts managed too fast
+# (-23%; docs/prefetch.md, "How well the replay predicts").
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
 replay=$1
@@ -38,7 +39,7 @@ check() {
     fi
 }
 
-check "all on GPU" all-device.yaml 49.1 0.15
-check "experts on host" experts-host.yaml 100.3 0.15
-check "experts managed, 9 GiB budget" experts-managed-9g.yaml 72.3 0.35
+check "all on GPU" all-device.yaml 50.9 0.15
+check "experts on host" experts-host.yaml 91.9 0.15
+check "experts managed, 9 GiB budget" experts-managed-9g.yaml 67.6 0.30
 exit $((fails > 0))

@@ -43,6 +43,7 @@ static char batch_name[BATCH][WO_TAG_NAME_MAX + 1];
 static bool batch_has_tag[BATCH];
 static uint64_t launch_no;
 static struct wo_graphs *graphs; /* captures, for accounting graph replays */
+static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
 
 static void cond_init(void)
 {
@@ -319,6 +320,10 @@ void wo_consumer_stop(void)
 
 void wo_consumer_forget(void)
 {
+    /* The parent's graph table came along, maybe in the middle of an update
+     * by its consumer thread: never used or freed here, kept reachable. */
+    forked_graphs = graphs;
+    graphs = NULL;
     wo_record_forget();
     running = false;
     stop = 0;
