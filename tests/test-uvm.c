@@ -1041,6 +1041,37 @@ static void data_bit_exact_across_moves(void **state)
 
 /* ---- consumer: launches resolved to names ------------------------------------ */
 
+/* The stats JSON once it contains needle (the consumer thread drains the
+ * ring asynchronously); the last one read otherwise. Free it. */
+static char *stats_when(const char *needle)
+{
+    char *js = NULL;
+
+    for (int tries = 0; tries < 2000; tries++) {
+        free(js);
+        js = stats();
+        if (strstr(js, needle))
+            break;
+        usleep(1000);
+    }
+    return js;
+}
+
+/* A launch event with one hit on range r: pointers from offset to hi. */
+static struct wo_event launch_hit(const struct wo_range *r, uint64_t offset, uint64_t hi)
+{
+    struct wo_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_LAUNCH;
+    ev.nhits = 1;
+    ev.l.hits[0].id = r->id;
+    ev.l.hits[0].gen = r->gen;
+    ev.l.hits[0].offset = offset;
+    ev.l.hits[0].hi = hi;
+    return ev;
+}
+
 static void launches_are_attributed_to_names(void **state)
 {
     CUdeviceptr p;
@@ -1055,26 +1086,14 @@ static void launches_are_attributed_to_names(void **state)
     assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + MiB), MiB, "l1.experts"), 0);
     assert_int_equal(wo_registry_find(p, &r), 0);
     for (int i = 0; i < 10; i++) {
-        memset(&ev, 0, sizeof(ev));
-        ev.type = WO_EV_LAUNCH;
-        ev.nhits = 1;
-        ev.l.hits[0].id = r.id;
-        ev.l.hits[0].gen = r.gen;
         /* Even launches touch l0 only, odd ones span both. */
-        ev.l.hits[0].offset = 4096;
-        ev.l.hits[0].hi = i % 2 ? MiB + 8 : 8192;
+        ev = launch_hit(&r, 4096, i % 2 ? MiB + 8 : 8192);
         assert_int_equal(wo_ring_push(wo_events, &ev), 0);
     }
     /* A stale hit (wrong generation) counts as stale, never as a name. */
     ev.l.hits[0].gen = r.gen + 1;
     assert_int_equal(wo_ring_push(wo_events, &ev), 0);
-    for (int tries = 0; tries < 2000; tries++) {
-        free(js);
-        js = stats();
-        if (strstr(js, "\"seen\":11,"))
-            break;
-        usleep(1000);
-    }
+    js = stats_when("\"seen\":11,");
     assert_valid_json(js);
     assert_name(js, "l0.experts", "\"launches\":10,");
     assert_name(js, "l1.experts", "\"launches\":5,");
@@ -1110,22 +1129,10 @@ static void touched_bytes_follow_slices(void **state)
     assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB), 4 * MiB, "t1.experts"), 0);
     assert_int_equal(wo_registry_find(p, &r), 0);
     for (size_t i = 0; i < WO_ARRAY_SIZE(hits); i++) {
-        memset(&ev, 0, sizeof(ev));
-        ev.type = WO_EV_LAUNCH;
-        ev.nhits = 1;
-        ev.l.hits[0].id = r.id;
-        ev.l.hits[0].gen = r.gen;
-        ev.l.hits[0].offset = hits[i][0];
-        ev.l.hits[0].hi = hits[i][1];
+        ev = launch_hit(&r, hits[i][0], hits[i][1]);
         assert_int_equal(wo_ring_push(wo_events, &ev), 0);
     }
-    for (int tries = 0; tries < 2000; tries++) {
-        free(js);
-        js = stats();
-        if (strstr(js, "\"seen\":5,"))
-            break;
-        usleep(1000);
-    }
+    js = stats_when("\"seen\":5,");
     assert_valid_json(js);
     snprintf(want, sizeof(want), "\"touched_bytes\":%llu,", (unsigned long long)(15 * MiB / 2));
     assert_name(js, "t0.experts", want);
@@ -1156,13 +1163,9 @@ static void graph_replays_are_accounted(void **state)
     ev.stream = 7;
     ev.g.handle = 42; /* capture id */
     assert_int_equal(wo_ring_push(wo_events, &ev), 0);
-    memset(&ev, 0, sizeof(ev));
-    ev.type = WO_EV_LAUNCH;
+    ev = launch_hit(&r, 0, 0);
     ev.stream = 7;
     ev.capture = 42;
-    ev.nhits = 1;
-    ev.l.hits[0].id = r.id;
-    ev.l.hits[0].gen = r.gen;
     assert_int_equal(wo_ring_push(wo_events, &ev), 0);
     memset(&ev, 0, sizeof(ev));
     ev.type = WO_EV_CAPTURE_END;
@@ -1180,13 +1183,7 @@ static void graph_replays_are_accounted(void **state)
         ev.g.aux = 0;
         assert_int_equal(wo_ring_push(wo_events, &ev), 0);
     }
-    for (int tries = 0; tries < 2000; tries++) {
-        free(js);
-        js = stats();
-        if (strstr(js, "\"events\":7}"))
-            break;
-        usleep(1000);
-    }
+    js = stats_when("\"events\":7}");
     assert_valid_json(js);
     assert_name(js, "g.experts", "\"launches\":3,");
     snprintf(want, sizeof(want), "\"touched_bytes\":%llu,", (unsigned long long)(12 * MiB));
