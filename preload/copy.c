@@ -240,3 +240,47 @@ cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void
     RT_COPY_HOOK(real(p, s), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
                  p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
 }
+
+/* --- waits ------------------------------------------------------------------
+ * Where the engine's thread waits for the GPU: the trace records a sync
+ * event when the wait begins (the replay's host waits there, docs/prefetch.md);
+ * nothing else happens, and with nothing recorded the hook only forwards. */
+
+static void record_sync(uint64_t stream)
+{
+    struct wo_event ev = {.type = WO_EV_SYNC, .stream = stream};
+
+    wo_push_event(&ev);
+}
+
+#define SYNC_HOOK(call, stream)                                                                    \
+    do {                                                                                           \
+        CUresult res_;                                                                             \
+        wo_count_call(id);                                                                         \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        if (!wo_enter())                                                                           \
+            return call;                                                                           \
+        record_sync(stream);                                                                       \
+        res_ = call;                                                                               \
+        wo_leave();                                                                                \
+        return res_;                                                                               \
+    } while (0)
+
+CUresult wo_h_stream_sync(wo_pfn_cuStreamSynchronize real, int id, void *ra, CUstream s)
+{
+    (void)ra;
+    SYNC_HOOK(real(s), wo_stream_id(s, wo_hook_pt[id]));
+}
+
+CUresult wo_h_ctx_sync(wo_pfn_cuCtxSynchronize_v2 real, int id, void *ra, CUcontext ctx)
+{
+    (void)ra;
+    SYNC_HOOK(real(ctx), 0);
+}
+
+CUresult wo_h_event_sync(wo_pfn_cuEventSynchronize real, int id, void *ra, CUevent e)
+{
+    (void)ra;
+    SYNC_HOOK(real(e), 0);
+}

@@ -87,7 +87,11 @@
     X(cuGraphInstantiateWithParams, 0, wo_h_graph_instantiate_params, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) \
     X(cuGraphInstantiateWithParams_ptsz, 1, wo_h_graph_instantiate_params, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) \
     X(cuGraphLaunch, 0, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s)) \
-    X(cuGraphLaunch_ptsz, 1, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s))
+    X(cuGraphLaunch_ptsz, 1, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s)) \
+    X(cuStreamSynchronize, 0, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
+    X(cuStreamSynchronize_ptsz, 1, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
+    X(cuCtxSynchronize_v2, 0, wo_h_ctx_sync, CUresult, (CUcontext ctx), (ctx)) \
+    X(cuEventSynchronize, 0, wo_h_event_sync, CUresult, (CUevent e), (e))
 
 #define WO_DRIVER_PROCS(G) \
     G("cuGetProcAddress", 11030, cuGetProcAddress, cuGetProcAddress) \
@@ -123,7 +127,10 @@
     G("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
     G("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
     G("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz) \
-    G("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz)
+    G("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz) \
+    G("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz) \
+    G("cuCtxSynchronize", 13000, cuCtxSynchronize_v2, cuCtxSynchronize_v2) \
+    G("cuEventSynchronize", 2000, cuEventSynchronize, cuEventSynchronize)
 
 #define WO_RUNTIME_HOOKS(X) \
     X(cudaMalloc, 0, wo_h_cuda_malloc, cudaError_t, (void **p, size_t size), (p, size)) \

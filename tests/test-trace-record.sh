@@ -32,6 +32,9 @@ want=$launches
 [ "${got:-0}" -eq "$want" ] && ok "all $want launches recorded" || fail "launches: trace $got, client $want"
 [ "${gotg:-0}" -eq "${graphs:-0}" ] && ok "all $graphs graph launches recorded" || fail "graph launches: trace $gotg, client $graphs"
 grep -q "cuda_driver_version" "$tmp/sum" && ok "the header has the driver version" || fail "no cuda_driver_version in the header"
+# the client waits on its stream (cuStreamSynchronize through cuGetProcAddress)
+syncs=$(awk '$1 == "sync" { print $2 }' "$tmp/sum")
+[ "${syncs:-0}" -ge 1 ] && ok "$syncs syncs recorded" || fail "no sync event in the trace"
 "$tool" export-chrome "$t" "$tmp/run.json" >/dev/null 2>&1 || fail "export-chrome failed"
 grep -q '"client_add"' "$tmp/run.json" && ok "kernels are named (cuFuncGetName)" || fail "no kernel name client_add in the export"
 

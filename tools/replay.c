@@ -72,6 +72,7 @@ struct sim {
     size_t nlk, caplk;
     uint64_t prev_trace_t;
     int have_prev, after_sync, sealed;
+    bool has_syncs;             /* the trace records syncs (else copies to the host stand for them) */
     double sync_wait;           /* how long the host waited at the last sync */
     size_t after_sync_ev;       /* index of that sync's event */
     const double *post_sync;    /* host work after each event that waits (pacing pass), or NULL */
@@ -986,11 +987,14 @@ static int run_events(struct sim *s)
         case WO_EV_COPY:
             host_advance(s, ev->t_ns, 0);
             copy(s, ev);
-            /* A copy to the host is one the host waits for: synchronous to
-             * pageable memory, and PyTorch's .item(), .cpu() and nonzero()
-             * synchronise the stream right after one into pinned memory.
-             * The recorded gap after it holds the recording run's wait. */
-            if (ev->c.kind == WO_COPY_D2H)
+            /* In a trace without sync events (recorded before the shim
+             * intercepted them), a copy to the host stands for the wait:
+             * synchronous into pageable memory, and PyTorch's .item(),
+             * .cpu() and nonzero() synchronise the stream right after one
+             * into pinned memory. The recorded gap after it holds the
+             * recording run's wait. With sync events, the syncs are the
+             * waits (a wait at both would count the recorded wait twice). */
+            if (ev->c.kind == WO_COPY_D2H && !s->has_syncs)
                 host_wait(s, i);
             break;
         case WO_EV_SYNC:
@@ -1057,6 +1061,8 @@ static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *
     int r;
 
     memset(s, 0, sizeof(*s));
+    for (size_t i = 0; i < d->nevents && !s->has_syncs; i++)
+        s->has_syncs = d->events[i].ev.type == WO_EV_SYNC;
     s->post_sync = post_sync;
     s->post_sync_out = post_sync_out;
     s->d = d;
