@@ -218,6 +218,53 @@ static void test_stepper_clusters_and_noise(void **state)
     wo_stepper_done(&s);
 }
 
+/* A phase whose keys the next phase never launches (a prefill's per-expert
+ * loop, then decode with other kernels): the stepper locks onto the first
+ * phase's period, and when that anchor stays away for four of its steps (at
+ * least WO_STEPPER_PATIENCE keys) it finds the new phase's steps. */
+static void test_stepper_phase_change(void **state)
+{
+    struct wo_stepper s;
+    unsigned first_phase = 0, second_phase = 0, where = 999;
+
+    (void)state;
+    wo_stepper_init(&s);
+    /* phase 1: 40 iterations of 100 keys, a period the exact rule finds */
+    for (unsigned it = 0; it < 40; it++)
+        for (unsigned k = 0; k < 100; k++)
+            first_phase += wo_stepper_feed(&s, wo_stepper_key(0x500 + k, 3)) > 0;
+    /* phase 2: decode steps of 8 layers x (4 x 2 expert keys + 1), other keys;
+     * every boundary at one place of the step, the first key of a cluster */
+    for (unsigned step = 0; step < 80; step++) {
+        unsigned i = 0;
+
+        for (unsigned l = 0; l < 8; l++) {
+            for (unsigned k = 0; k < 4; k++) {
+                for (unsigned j = 0; j < 2; j++, i++) {
+                    if (!wo_stepper_feed(&s, wo_stepper_key(0x10 + 0x10 * j, 100 * (j + 1) + l)))
+                        continue;
+                    assert_int_equal(k, 0);
+                    if (where == 999)
+                        where = i;
+                    assert_int_equal(i, where);
+                    second_phase++;
+                }
+            }
+            if (wo_stepper_feed(&s, wo_stepper_key(0x30, 300 + l))) {
+                if (where == 999)
+                    where = i;
+                assert_int_equal(i, where);
+                second_phase++;
+            }
+            i++;
+        }
+    }
+    assert_true(first_phase > 20);
+    /* 72 keys a step: lost after >= 1024 keys, found again within ~25 steps */
+    assert_true(second_phase > 40);
+    wo_stepper_done(&s);
+}
+
 /* A prefill (keys that never repeat) before the decode steps: the stepper
  * gives up its first anchor and finds the decode period. */
 static void test_stepper_after_prefill(void **state)
@@ -622,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_cfg_invalid),
         cmocka_unit_test(test_stepper_inner_repeat),
         cmocka_unit_test(test_stepper_clusters_and_noise),
+        cmocka_unit_test(test_stepper_phase_change),
         cmocka_unit_test(test_stepper_after_prefill),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),

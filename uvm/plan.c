@@ -346,7 +346,7 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
          * regular gaps at least three times before it) */
         s->anchor = key;
         s->clusters = true;
-        s->anchor_last = s->pos;
+        s->anchor_last = s->last_boundary = s->pos;
         s->per_step = 1;
         s->seen = 0;
         s->steps = 1;
@@ -358,9 +358,24 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         s->gaps = NULL;
         return 2;
     }
+    if (s->per_step && key != s->anchor &&
+        s->pos - s->anchor_last > WO_MAX((uint64_t)WO_STEPPER_PATIENCE, 4 * s->step_keys)) {
+        /* The anchor belonged to a phase that is over (a prefill's
+         * per-expert loop, whose kernels the decode never launches): find
+         * the steps again from here. */
+        s->per_step = 0;
+        s->clusters = false;
+        s->seen = 0;
+        s->steps = 0;
+        s->n = 0;
+        s->ncand = 0;
+        s->step_keys = 0;
+    }
     if (s->per_step) {
         if (key != s->anchor)
             return 0;
+        if (!s->clusters)
+            s->anchor_last = s->pos;
         if (s->clusters) {
             /* one cluster of the anchor per step: its first occurrence */
             bool inner = s->pos - s->anchor_last < WO_STEPPER_GAP_MIN;
@@ -373,6 +388,8 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
             return 0;
         s->seen = 0;
         s->steps++;
+        s->step_keys = s->pos - s->last_boundary;
+        s->last_boundary = s->pos;
         return s->steps == 1 ? 2 : 1;
     }
     if (s->n >= WO_STEPPER_MAX) {
@@ -419,6 +436,7 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         for (size_t k = 0; k < P; k++)
             s->per_step += s->keys[k] == s->anchor;
         s->seen = s->per_step - 1; /* the next anchor is a boundary */
+        s->anchor_last = s->last_boundary = s->pos;
         free(s->keys);
         s->keys = NULL;
         s->n = s->cap = 0;

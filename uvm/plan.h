@@ -159,7 +159,7 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
  * places of a step recur at shorter, irregular gaps. */
 #define WO_STEPPER_GAPS 8192u
 #define WO_STEPPER_GAP_RUNS 3u
-#define WO_STEPPER_GAP_MIN 32u
+#define WO_STEPPER_GAP_MIN 64u
 struct wo_stepgap {
     uint64_t key;
     uint64_t last;  /* position of its latest occurrence */
@@ -181,7 +181,10 @@ struct wo_stepper {
     uint32_t seen;     /* anchors since the last boundary */
     uint64_t steps;
     bool clusters;        /* anchor from the gap rule: one cluster of it per step */
-    uint64_t anchor_last; /* position of the anchor's latest occurrence (clusters) */
+    uint64_t anchor_last; /* position of the anchor's latest occurrence */
+    uint64_t last_boundary; /* position of the latest boundary */
+    uint64_t step_keys;   /* keys in the latest step: the anchor missing for 4 of them
+                           * (at least WO_STEPPER_PATIENCE keys) ends the phase */
 };
 void wo_stepper_init(struct wo_stepper *s);
 void wo_stepper_done(struct wo_stepper *s);
