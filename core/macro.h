@@ -24,6 +24,25 @@
 #define WO_MiB (UINT64_C(1) << 20)
 #define WO_GiB (UINT64_C(1) << 30)
 
+/* Decimal digits only: 0, -EINVAL (anything else, or empty), -ERANGE
+ * (beyond 64 bits). The settings and the policy parser read integers so. */
+static inline int wo_parse_uint(const char *s, uint64_t *ret)
+{
+    uint64_t v = 0;
+
+    if (!*s)
+        return -EINVAL;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -EINVAL;
+        if (v > (UINT64_MAX - 9) / 10)
+            return -ERANGE;
+        v = v * 10 + (uint64_t)(*s - '0');
+    }
+    *ret = v;
+    return 0;
+}
+
 static inline void freep(void *p)
 {
     free(*(void **)p);

@@ -80,22 +80,6 @@ static int parse_bool(const char *s, bool *ret)
     return -EINVAL;
 }
 
-static int parse_uint(const char *s, uint64_t *ret)
-{
-    uint64_t v = 0;
-    if (!*s)
-        return -EINVAL;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return -EINVAL;
-        if (v > (UINT64_MAX - 9) / 10)
-            return -ERANGE;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    *ret = v;
-    return 0;
-}
-
 static void report_fmt(void (*report)(void *, const char *), void *ud, const char *fmt, ...)
     WO_PRINTF(3, 4);
 static void report_fmt(void (*report)(void *, const char *), void *ud, const char *fmt, ...)
@@ -156,7 +140,7 @@ static int apply(const struct wo_setting_def *d, const char *v, struct wo_settin
         snprintf(accepted, alen, "%s integer from %llu to %llu",
                  d->type == WO_SETTING_UINT_POW2 ? "a power-of-two" : "an",
                  (unsigned long long)d->min, (unsigned long long)d->max);
-        if (parse_uint(v, &u) < 0 || u < d->min || u > d->max)
+        if (wo_parse_uint(v, &u) < 0 || u < d->min || u > d->max)
             return -EINVAL;
         if (d->type == WO_SETTING_UINT_POW2 && (u & (u - 1)) != 0)
             return -EINVAL;

@@ -133,23 +133,6 @@ static int get_bool(struct ctx *c, const struct wo_node *n, bool *ret)
     return -EINVAL;
 }
 
-/* Decimal digits only: 0, -EINVAL (anything else), -ERANGE (beyond 64 bits). */
-static int parse_uint(const char *s, uint64_t *ret)
-{
-    uint64_t v = 0;
-    if (!*s)
-        return -EINVAL;
-    for (; *s; s++) {
-        if (*s < '0' || *s > '9')
-            return -EINVAL;
-        if (v > (UINT64_MAX - 9) / 10)
-            return -ERANGE;
-        v = v * 10 + (uint64_t)(*s - '0');
-    }
-    *ret = v;
-    return 0;
-}
-
 static int get_uint(struct ctx *c, const struct wo_node *n, uint64_t lo, uint64_t hi,
                     const char *what, uint64_t *ret)
 {
@@ -160,7 +143,7 @@ static int get_uint(struct ctx *c, const struct wo_node *n, uint64_t lo, uint64_
 
     if (!s)
         return -EINVAL;
-    r = parse_uint(s, &v);
+    r = wo_parse_uint(s, &v);
     if (r < 0 || v < lo || v > hi) {
         err(c, n, "found %s%s, expected %s from %llu to %llu", found(n, b, sizeof(b)),
             r == -ERANGE ? " that overflows" : "", what, (unsigned long long)lo,

@@ -364,26 +364,32 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
     return res;
 }
 
+/* The common shape of the two dim3 runtime launches: fn is a host stub
+ * (cudaLaunchKernel) or a kernel handle (__cudaLaunchKernel). */
+#define RT_LAUNCH_HOOK(fn, stub)                                                                   \
+    do {                                                                                           \
+        cudaError_t res_;                                                                          \
+        wo_count_call(WO_NHOOKS + id);                                                             \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return cudaErrorSharedObjectSymbolNotFound;                                            \
+        if (!wo_enter())                                                                           \
+            return real(fn, grid, block, args, shmem, s);                                          \
+        res_ = real(fn, grid, block, args, shmem, s);                                              \
+        if (res_ == cudaSuccess) {                                                                 \
+            const uint32_t g_[3] = {grid.x, grid.y, grid.z}, b_[3] = {block.x, block.y, block.z};  \
+            wo_count(WO_CTR_launch_runtime, 1);                                                    \
+            observe_launch(fn, stub, g_, b_, wo_stream_id(s, wo_rt_pt[id]), args, NULL,            \
+                           WO_API_CUDA_LAUNCH, ra);                                                \
+        }                                                                                          \
+        wo_leave();                                                                                \
+        return res_;                                                                               \
+    } while (0)
+
 cudaError_t wo_h_cuda_launch_kernel(wo_pfn_cudaLaunchKernel real, int id, void *ra,
                                     const void *func, dim3 grid, dim3 block, void **args,
                                     size_t shmem, cudaStream_t s)
 {
-    cudaError_t res;
-
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(func, grid, block, args, shmem, s);
-    res = real(func, grid, block, args, shmem, s);
-    if (res == cudaSuccess) {
-        const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
-        wo_count(WO_CTR_launch_runtime, 1);
-        observe_launch(func, true, g, b, wo_stream_id(s, wo_rt_pt[id]), args, NULL,
-                       WO_API_CUDA_LAUNCH, ra);
-    }
-    wo_leave();
-    return res;
+    RT_LAUNCH_HOOK(func, true);
 }
 
 /* What nvcc 13's <<<>>> launch code calls (crt/host_runtime.h): a kernel
@@ -392,22 +398,7 @@ cudaError_t wo_h_cuda_launch_kernel_handle(wo_pfn___cudaLaunchKernel real, int i
                                            cudaKernel_t k, dim3 grid, dim3 block, void **args,
                                            size_t shmem, cudaStream_t s)
 {
-    cudaError_t res;
-
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(k, grid, block, args, shmem, s);
-    res = real(k, grid, block, args, shmem, s);
-    if (res == cudaSuccess) {
-        const uint32_t g[3] = {grid.x, grid.y, grid.z}, b[3] = {block.x, block.y, block.z};
-        wo_count(WO_CTR_launch_runtime, 1);
-        observe_launch(k, false, g, b, wo_stream_id(s, wo_rt_pt[id]), args, NULL,
-                       WO_API_CUDA_LAUNCH, ra);
-    }
-    wo_leave();
-    return res;
+    RT_LAUNCH_HOOK(k, false);
 }
 
 cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, void *ra,

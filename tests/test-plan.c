@@ -208,11 +208,12 @@ static void test_stepper_clusters_and_noise(void **state)
                 }
             }
             x = x * 6364136223846793005ULL + 1;
-            if ((x >> 60) == 0) /* 1 in 16 layers: the stray key */
+            if ((x >> 62) == 0) /* 1 in 4 layers: no two steps alike */
                 assert_int_equal(wo_stepper_feed(&s, wo_stepper_key(0x30, 99)), 0);
         }
     }
-    /* found within a few steps (three regular gaps), then one per step */
+    /* the exact rule never sees two steps alike; the gap rule finds the
+     * steps within a few (three regular gaps), then one per step */
     assert_true(first_step <= 5);
     assert_int_equal(boundaries, 60 - first_step);
     wo_stepper_done(&s);

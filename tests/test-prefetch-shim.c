@@ -253,16 +253,9 @@ static void managed_experts_end_to_end(void **state)
             assert_true(ev->p.bytes > 0);
         }
     }
-    {
-        /* the budget resolved at seal, for replays given no policy */
-        const char *budget = NULL;
-
-        for (size_t i = 0; i < td->ninfo; i++)
-            if (strcmp(td->info_keys[i], "device_budget") == 0)
-                budget = td->info_values[i];
-        assert_non_null(budget);
-        assert_int_equal(strtoull(budget, NULL, 10), 40 * MiB);
-    }
+    /* the budget resolved at seal, for replays given no policy */
+    assert_non_null(wo_trace_data_info(td, "device_budget"));
+    assert_int_equal(strtoull(wo_trace_data_info(td, "device_budget"), NULL, 10), 40 * MiB);
     wo_trace_data_free(td);
     assert_int_equal(tr_prefetch, t.prefetches);
     assert_int_equal(tr_evict, t.evictions);

@@ -943,21 +943,8 @@ static int plan_setup(struct sim *s, uint64_t budget)
     wo_plan_cfg_default(&cfg);
     wo_devmodel_plan_costs(s->dm, &cfg.costs);
     cfg.budget = budget;
-    if (s->o->policy) {
-        const struct wo_policy_globals *g = wo_policy_globals(s->o->policy);
-
-        cfg.piece = WO_MAX(g->prefetch.piece_size, (uint64_t)WO_PIECE_SIZE_MIN);
-        cfg.hot_set = g->prefetch.hot_set;
-        if (g->prefetch.lookahead_kind == WO_LOOKAHEAD_BYTES) {
-            cfg.lookahead_ranges = 0;
-            cfg.lookahead_bytes = WO_MAX(g->prefetch.lookahead, (uint64_t)1);
-        } else {
-            cfg.lookahead_ranges = (uint32_t)WO_MAX(WO_MIN(g->prefetch.lookahead, UINT32_MAX), 1);
-        }
-        cfg.eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
-                       : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
-                                                                    : WO_PLAN_HOW_NONE;
-    }
+    if (s->o->policy)
+        wo_plan_cfg_policy(&cfg, wo_policy_globals(s->o->policy));
     return wo_plan_new(&cfg, &s->plan);
 }
 
@@ -1043,12 +1030,9 @@ static int name_cmp(const void *a, const void *b)
  * `device_budget`, docs/trace-format.md); 0 when the trace has none. */
 static uint64_t recorded_budget(const struct wo_trace_data *d)
 {
-    uint64_t b = 0;
+    const char *v = wo_trace_data_info(d, "device_budget");
 
-    for (size_t i = 0; i < d->ninfo; i++)
-        if (strcmp(d->info_keys[i], "device_budget") == 0)
-            b = strtoull(d->info_values[i], NULL, 10);
-    return b;
+    return v ? strtoull(v, NULL, 10) : 0;
 }
 
 static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *o,
@@ -1255,7 +1239,10 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
     int r;
 
     memset(res, 0, sizeof(*res));
-    pacing = pacing_pass(d, o);
+    /* Under the recorded placements the main pass is the pacing pass:
+     * it subtracts its own waits (post_sync NULL). */
+    if (o->policy || o->all_device || o->no_prefetch || o->budget_frac > 0 || o->budget_bytes)
+        pacing = pacing_pass(d, o);
     r = sim_once(d, o, NULL, pacing, NULL, &s, &budget, &managed, msg, msglen);
     if (r < 0)
         goto out;

@@ -21,6 +21,8 @@
 
 #include "uvm/plan.h"
 
+#include "policy/policy.h"
+
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
 #define HYSTERESIS 1.05       /* a resident hot unit is kept unless a rival is this much denser */
 #define SWAP_HORIZON 128.0    /* steps a swap must pay back within */
@@ -163,6 +165,21 @@ void wo_plan_cfg_default(struct wo_plan_cfg *cfg)
     cfg->costs.prefetch_call_s = 90e-6;
     cfg->costs.copyback_s_per_byte = 1.0 / 9.6e9;
     cfg->costs.collapse_s_per_byte = 1.0 / 28e9;
+}
+
+void wo_plan_cfg_policy(struct wo_plan_cfg *cfg, const struct wo_policy_globals *g)
+{
+    cfg->piece = WO_MAX(g->prefetch.piece_size, (uint64_t)WO_PIECE_SIZE_MIN);
+    cfg->hot_set = g->prefetch.hot_set;
+    if (g->prefetch.lookahead_kind == WO_LOOKAHEAD_BYTES) {
+        cfg->lookahead_ranges = 0;
+        cfg->lookahead_bytes = WO_MAX(g->prefetch.lookahead, (uint64_t)1);
+    } else {
+        cfg->lookahead_ranges = (uint32_t)WO_MAX(WO_MIN(g->prefetch.lookahead, UINT32_MAX), 1);
+    }
+    cfg->eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
+                    : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
+                                                                 : WO_PLAN_HOW_NONE;
 }
 
 /* ---- graphs: launches recorded at capture, replayed at graph launch ------ */

@@ -67,6 +67,11 @@ struct wo_plan_cfg {
  * of 4 units, hot set on, slices on, budget 0 (the caller sets it). */
 void wo_plan_cfg_default(struct wo_plan_cfg *cfg);
 
+struct wo_policy_globals;
+/* The policy's prefetch settings (piece size, hot set, lookahead, eviction)
+ * into cfg: the shim's prefetcher and the replay take them this one way. */
+void wo_plan_cfg_policy(struct wo_plan_cfg *cfg, const struct wo_policy_globals *g);
+
 /* Range flags for wo_plan_range_add. */
 enum {
     WO_PLAN_WRITTEN = 1u << 0,   /* the engine writes it (or it is not a weight) */

@@ -263,6 +263,8 @@ static void record(uint16_t type, uint64_t base, uint64_t off, uint64_t len, uin
     struct wo_event ev;
     struct wo_range rr;
 
+    if (!wo_settings()->trace)
+        return; /* not recording: no registry lookup */
     memset(&ev, 0, sizeof(ev));
     ev.type = type;
     ev.t_ns = wo_now_ns();
@@ -513,17 +515,7 @@ static void shim_setup(void)
         return;
     wo_plan_cfg_default(&cfg);
     cfg.budget = wo_uvm_device_budget();
-    cfg.piece = WO_MAX(g->prefetch.piece_size, (uint64_t)WO_PIECE_SIZE_MIN);
-    cfg.hot_set = g->prefetch.hot_set;
-    if (g->prefetch.lookahead_kind == WO_LOOKAHEAD_BYTES) {
-        cfg.lookahead_ranges = 0;
-        cfg.lookahead_bytes = WO_MAX(g->prefetch.lookahead, (uint64_t)1);
-    } else {
-        cfg.lookahead_ranges = (uint32_t)WO_MAX(WO_MIN(g->prefetch.lookahead, UINT32_MAX), 1);
-    }
-    cfg.eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
-                   : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
-                                                                : WO_PLAN_HOW_NONE;
+    wo_plan_cfg_policy(&cfg, g);
     /* wo_uvm.device is set once, by the first served allocation, long
      * before seal: reading it here without the lock is benign. The primary
      * context reference is kept for the life of the process (the engine
