@@ -297,6 +297,22 @@ for _n in ("eager-moe-shim-experts-managed-half-warm", "eager-moe-shim-experts-m
     SCENARIOS.append(dict(next(x for x in SCENARIOS if x["name"] == "eager-moe-shim-experts-managed-half"),
                           name=_n, warmups=4, prefill=0))
 
+# issue 7, the replay check: one all-GPU trace and three placements measured
+# with the very same calls (2 warm-up generates of 17 tokens, 3 timed), the
+# measured rows alternating so that the lent VM's drifting host speed falls
+# on every placement alike; a traced managed row to compare the real
+# prefetcher with the simulated one step by step
+R7 = dict(experts_impl="eager", new_tokens=17, warmups=2, repeats=3, prefill=0, ref="r7-gpu-a")
+SCENARIOS.append(S("r7-trace-gpu", "moe", policy="experts-device",
+                   env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-gpu.wotrace"}, **R7))
+for _x in "abc":
+    SCENARIOS.append(S(f"r7-gpu-{_x}", "moe", **R7))
+    SCENARIOS.append(S(f"r7-host-{_x}", "moe", policy="experts-host-all", offload="experts:all", **R7))
+    SCENARIOS.append(S(f"r7-managed-{_x}", "moe", policy="experts-managed-half", offload="experts:all",
+                       **R7))
+SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", offload="experts:all",
+                   env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-managed.wotrace"}, **R7))
+
 # issue 7: a second pass of the eager rows in the same run (processes on the
 # lent VM differ by up to 1.5x in host speed: the replay's what-if
 # predictions are compared with the median of both passes)
