@@ -470,7 +470,8 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         # frequencies average over ~64 steps, a swap pays back over 128)
         for _ in range(spec.get("warmups", 1) - 1):
             generate(ids, n)
-        rates = []
+        rates: List[float] = []
+        steps_ms: List[float] = []  # each timed decode step (logits to logits), for the replay check
         for i in range(repeats):
             if wo is not None and i == 0:
                 a = touched()
@@ -484,9 +485,10 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
                     for k in b}
             if len(ts) > 1:
                 rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
+                steps_ms.extend(round((b - a) * 1e3, 3) for a, b in zip(ts, ts[1:]))
             if not torch.equal(toks, toks2):
                 out["nondeterministic"] = True
-        out.update(tokens=toks.tolist(), decode_rates=rates,
+        out.update(tokens=toks.tolist(), decode_rates=rates, step_ms=steps_ms,
                    decode_tok_s=statistics.median(rates) * ids.shape[0] if rates else None)
         return out
 

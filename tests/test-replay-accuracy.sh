@@ -1,17 +1,25 @@
 #!/bin/sh
 # tests/test-replay-accuracy.sh: the replay's predictions against what the
-# lent H100 measured (issue 7). One trace recorded with every weight on the
-# GPU (tests/traces/h100-eager-moe-decode-gpu.wot.gz: transformers' eager
-# experts backend, bench/e2e.py trace-eager-gpu-b, 2026-11-22 16:52 UTC) is
-# replayed under three placements; each predicted median decode step is
-# compared with the median of the same session's measured runs
-# (bench/results/e2e-20261122-165202-issue7-replay-accuracy-warm.md: three
-# all-GPU, two experts-on-host, two experts-managed runs after 128 warm-up
-# steps, one process each; the lent VM's host speed moved by up to 1.5x
-# between processes).
-# Tolerances: all on GPU and experts on host 15% (the issue's target);
-# managed 30%, what the model reaches today: it predicts managed too fast
-# (-23%; docs/prefetch.md, "How well the replay predicts").
+# lent H100 measured (issue 7).
+#
+# One all-GPU trace (tests/traces/h100-eager-moe-r7-gpu.wot.gz: transformers'
+# eager experts backend, bench/e2e.py r7-trace-gpu, 2026-11-22 18:08 UTC) is
+# replayed under three placements; each predicted mean decode step is
+# compared with what the same session measured with the very same calls
+# (2 warm-up generates of 17 tokens, then 3 timed; the trace's first 34 steps
+# are those warm-up calls): three runs of each placement, alternating, one
+# process each; measured = 1 / the median of the nine calls' decode rates
+# (bench/results/e2e-20261122-180852-issue7-r7.md).
+#
+# The lent VM's host speed drifts: the all-GPU calls of that session took
+# 47.0 to 78.7 ms a step, the trace's own run 57.7 ms. The engine is
+# launch-bound, so every placement's step moves with it. The replay is
+# therefore checked at the session's host speed: --host-step gives it the
+# all-GPU step measured in the session, from which it scales the recorded
+# host work (one number, fit on the all-GPU placement only); the host and
+# managed predictions are then out of sample. All three within 15%.
+# The uncalibrated predictions (the trace run's own host speed) are printed
+# too, and held to 25%.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
 replay=$1
@@ -19,27 +27,35 @@ trace=$2
 model=$3
 pol=$4
 fails=0
+gpu_ms=65.60
 
-# check NAME POLICY MEASURED_MS TOLERANCE
+# check NAME POLICY MEASURED_MS TOLERANCE [REPLAY OPTIONS...]
 check() {
-    out=$("$replay" "$trace" --policy "$pol/$2" --device "$model" --top 0 2>&1)
+    name=$1 policy=$2 meas=$3 tol=$4
+    shift 4
+    out=$("$replay" "$trace" --policy "$pol/$policy" --device "$model" --warmup 34 --top 0 "$@" 2>&1)
     st=$?
-    pred=$(printf '%s\n' "$out" | sed -n 's/^median step: *\([0-9.]*\) ms.*/\1/p')
+    pred=$(printf '%s\n' "$out" | sed -n 's/^decode step: *\([0-9.]*\) ms.*/\1/p')
     if [ "$st" != 0 ] || [ -z "$pred" ]; then
-        echo "FAIL: $1: woffload-replay exited $st"
+        echo "FAIL: $name: woffload-replay exited $st"
         printf '%s\n' "$out" | head -20
         fails=$((fails + 1))
         return
     fi
-    if awk -v p="$pred" -v m="$3" -v t="$4" 'BEGIN { r = p / m; exit !(r >= 1 - t && r <= 1 + t) }'; then
-        echo "ok: $1: predicted $pred ms, measured $3 ms (within $4)"
+    if awk -v p="$pred" -v m="$meas" -v t="$tol" 'BEGIN { r = p / m; exit !(r >= 1 - t && r <= 1 + t) }'; then
+        echo "ok: $name: predicted $pred ms, measured $meas ms (within $tol)"
     else
-        echo "FAIL: $1: predicted $pred ms, measured $3 ms (outside $4)"
+        echo "FAIL: $name: predicted $pred ms, measured $meas ms (outside $tol)"
         fails=$((fails + 1))
     fi
 }
 
-check "all on GPU" all-device.yaml 50.9 0.15
-check "experts on host" experts-host.yaml 91.9 0.15
-check "experts managed, 9 GiB budget" experts-managed-9g.yaml 67.6 0.30
+echo "at the session's host speed (--host-step $gpu_ms):"
+check "all on GPU" all-device.yaml $gpu_ms 0.15 --host-step $gpu_ms
+check "experts on host" experts-host.yaml 112.61 0.15 --host-step $gpu_ms
+check "experts managed, 9 GiB budget" experts-managed-9g.yaml 74.18 0.15 --host-step $gpu_ms
+echo "at the trace run's host speed:"
+check "all on GPU" all-device.yaml $gpu_ms 0.25
+check "experts on host" experts-host.yaml 112.61 0.25
+check "experts managed, 9 GiB budget" experts-managed-9g.yaml 74.18 0.25
 exit $((fails > 0))

@@ -95,6 +95,13 @@ expect 2 'a share wants 0 < PCT <= 100' -- "$replay" "$dir/t.wot" --budget 250%
 expect 2 'want bytes' -- "$replay" "$dir/t.wot" --budget lots
 expect 2 '--check wants a non-negative number' -- "$replay" "$dir/t.wot" --check x
 expect 2 'usage' -- "$replay"
+# the host speed: scaled, calibrated on the all-GPU decode step, misuse
+expect 0 'host speed: +the engine.s own work 2\.000x' -- "$replay" "$dir/t.wot" --host-scale 2
+expect 0 'decode step: +[0-9.]+ ms predicted, mean of [0-9]+ decode steps' -- "$replay" "$dir/t.wot" --budget 50%
+expect 2 '--host-scale wants a positive number up to 20' -- "$replay" "$dir/t.wot" --host-scale 0
+expect 2 '--host-step wants a positive number \(milliseconds\)' -- "$replay" "$dir/t.wot" --host-step -3
+expect 2 'both set the host speed' -- "$replay" "$dir/t.wot" --host-scale 2 --host-step 9
+expect 2 'no host speed in 0\.05x-20x' -- "$replay" "$dir/t.wot" --host-step 0.000001
 
 # a trace without a period: nothing to measure, said plainly
 "$gen" "$dir/one.wot" --layers 2 --experts 4 --topk 1 --steps 1 --expert-mib 2 || exit 1

@@ -67,6 +67,7 @@ struct sim {
     struct wo_graphs *graphs;
 
     double hbm_s, zc_s, kernel_s, launch_s, sync_s;
+    double host_scale;          /* opts' host_scale (1 when unset) */
     double cpu_t, cpu_work, gpu_free, uvm_free;
     struct busy *lk; /* link bookings, sorted, disjoint */
     size_t nlk, caplk;
@@ -88,7 +89,8 @@ struct sim {
     int in_window;
     double *bt;            /* times of the window's step boundaries */
     double *rt;            /* the same boundaries' times in the recorded run */
-    size_t nbt, capbt, capr;
+    uint32_t *bl;          /* launches in the step each boundary closes */
+    size_t nbt, capbt, capr, capbl;
     double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
@@ -514,7 +516,7 @@ static void host_advance(struct sim *s, uint64_t t, double floor_s)
     double gap = 0;
 
     if (s->have_prev && t > s->prev_trace_t)
-        gap = (double)(t - s->prev_trace_t) * 1e-9;
+        gap = (double)(t - s->prev_trace_t) * 1e-9 * s->host_scale;
     /* After a sync the recorded gap holds the recording run's wait for its
      * GPU and then the host's own work up to this call (Python turning the
      * value read into control flow): keep the work. A what-if replay takes
@@ -524,7 +526,7 @@ static void host_advance(struct sim *s, uint64_t t, double floor_s)
      * own simulated wait. At least the return from a sync (sync_us). */
     if (s->after_sync) {
         if (s->post_sync)
-            gap = s->post_sync[s->after_sync_ev];
+            gap = s->post_sync[s->after_sync_ev] * s->host_scale;
         else
             gap = WO_MAX(gap - s->sync_wait, 0.0);
         if (s->post_sync_out)
@@ -611,10 +613,12 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
         if (s->in_window) {
             if (grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
-                grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0) {
+                grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0 ||
+                grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0) {
                 s->err = -ENOMEM;
             } else {
                 s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
+                s->bl[s->nbt] = s->cur_step_launches;
                 s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
             }
         }
@@ -928,6 +932,7 @@ static void sim_free(struct sim *s)
     free(s->r);
     free(s->bt);
     free(s->rt);
+    free(s->bl);
     free(s->names);
     free(s->acc);
     free(s->lk);
@@ -1058,6 +1063,7 @@ static int sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *
     s->kernel_s = s->dm->kernel_us * 1e-6;
     s->launch_s = s->dm->launch_us * 1e-6;
     s->sync_s = s->dm->sync_us * 1e-6;
+    s->host_scale = o->host_scale > 0 ? o->host_scale : 1.0;
     s->graphs = wo_graphs_new();
     if (!s->graphs || setup_ranges(s) < 0 || prepass(s) < 0)
         return -ENOMEM;
@@ -1199,6 +1205,35 @@ static double median_step(const double *bt, size_t n)
     return m;
 }
 
+/* The mean predicted and recorded time of the window's decode steps: those
+ * whose launches are at most 1.25x the median step's (a step that holds a
+ * generate call's end and the next prefill has ~3x). */
+static void decode_steps(const struct sim *s, struct wo_replay_result *res)
+{
+    double *l, lim, p = 0, r = 0;
+    uint64_t n = 0;
+
+    if (s->nbt < 2 || !(l = malloc((s->nbt - 1) * sizeof(*l))))
+        return;
+    for (size_t i = 1; i < s->nbt; i++)
+        l[i - 1] = s->bl[i];
+    qsort(l, s->nbt - 1, sizeof(*l), dbl_cmp);
+    lim = 1.25 * l[(s->nbt - 1) / 2];
+    free(l);
+    for (size_t i = 1; i < s->nbt; i++) {
+        if (s->bl[i] > lim)
+            continue;
+        p += s->bt[i] - s->bt[i - 1];
+        r += s->rt[i] - s->rt[i - 1];
+        n++;
+    }
+    if (n) {
+        res->decode_step_s = p / (double)n;
+        res->recorded_decode_step_s = r / (double)n;
+        res->decode_steps = n;
+    }
+}
+
 /* The pacing pass: the trace under the placements it recorded, to learn the
  * host's own work after each point where it waited for the GPU (the
  * recorded gap less the simulated wait, which stands for the recording
@@ -1222,6 +1257,7 @@ static double *pacing_pass(const struct wo_trace_data *d, const struct wo_replay
     po.budget_bytes = 0;
     po.no_bound = true;
     po.timeline = NULL;
+    po.host_scale = 1; /* the recorded host work, as recorded */
     if (sim_once(d, &po, NULL, NULL, out, &ps, &b, &m, msg, sizeof(msg)) < 0) {
         free(out);
         out = NULL;
@@ -1239,9 +1275,10 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
     int r;
 
     memset(res, 0, sizeof(*res));
-    /* Under the recorded placements the main pass is the pacing pass:
-     * it subtracts its own waits (post_sync NULL). */
-    if (o->policy || o->all_device || o->no_prefetch || o->budget_frac > 0 || o->budget_bytes)
+    /* Under the recorded placements at the recorded host speed the main
+     * pass is the pacing pass: it subtracts its own waits (post_sync NULL). */
+    if (o->policy || o->all_device || o->no_prefetch || o->budget_frac > 0 || o->budget_bytes ||
+        (o->host_scale > 0 && o->host_scale != 1))
         pacing = pacing_pass(d, o);
     r = sim_once(d, o, NULL, pacing, NULL, &s, &budget, &managed, msg, msglen);
     if (r < 0)
@@ -1261,6 +1298,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->step_s = (s.w_end_t - s.w_t0) / ws;
         res->median_step_s = median_step(s.bt, s.nbt);
         res->recorded_median_step_s = median_step(s.rt, s.nbt);
+        decode_steps(&s, res);
         res->cpu_step_s = (s.w_end_cpu - s.w_cpu0) / ws;
         res->zc_bytes_step = s.zc_b / ws;
         res->prefetch_bytes_step = s.pf_b / ws;
@@ -1331,4 +1369,48 @@ void wo_replay_result_free(struct wo_replay_result *res)
 {
     free(res->names);
     memset(res, 0, sizeof(*res));
+}
+
+int wo_replay_host_scale_for(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                             double decode_step_s, double *scale, char *msg, size_t msglen)
+{
+    struct wo_replay_opts ro = *o;
+    struct wo_replay_result res;
+    double f0 = 0, p0 = 0, f = 1;
+    int r;
+
+    ro.policy = NULL;
+    ro.all_device = true;
+    ro.no_bound = true;
+    ro.timeline = NULL;
+    for (int it = 0; it < 12; it++) {
+        double p, nf;
+
+        ro.host_scale = f;
+        r = wo_replay_run(d, &ro, &res, msg, msglen);
+        if (r < 0)
+            return r;
+        p = res.decode_step_s;
+        wo_replay_result_free(&res);
+        if (p <= 0) {
+            snprintf(msg, msglen, "no decode step to calibrate on");
+            return -ENODATA;
+        }
+        if (fabs(p - decode_step_s) <= 1e-4 * decode_step_s) {
+            *scale = f;
+            return 0;
+        }
+        /* the step grows with the host's work: proportional first, then secant */
+        nf = (it == 0 || p == p0) ? f * decode_step_s / p : f + (decode_step_s - p) * (f - f0) / (p - p0);
+        f0 = f;
+        p0 = p;
+        f = WO_MIN(WO_MAX(nf, 0.05), 20.0);
+        if (f == f0) {
+            snprintf(msg, msglen, "no host speed in 0.05x-20x gives a %.3f ms all-GPU decode step",
+                     decode_step_s * 1e3);
+            return -ERANGE;
+        }
+    }
+    *scale = f;
+    return 0;
 }

@@ -25,6 +25,11 @@ struct wo_replay_opts {
     bool no_prefetch;       /* managed ranges stay on the host (every access streams) */
     bool no_bound;          /* skip the offline-optimal bound (it is the slow part) */
     unsigned warmup;        /* steps left out of the measured window; UINT_MAX: automatic */
+    /* The host's own work (the recorded gaps between the engine's calls,
+     * less its waits) times this; 0 or 1: as recorded. A machine whose
+     * host runs slower or faster than the recording run's (the lent VM's
+     * drifted 1.6x between processes) is compared at its own host speed. */
+    double host_scale;
     FILE *timeline;         /* Chrome trace JSON of the predicted timeline, or NULL */
 };
 
@@ -49,6 +54,12 @@ struct wo_replay_result {
     double step_s;              /* mean predicted step time in the window */
     double median_step_s;       /* median of the window's step times (0: fewer than 2) */
     double recorded_median_step_s; /* the same steps in the recorded run (launch times) */
+    /* The mean of the window's decode steps: the steps with no more than
+     * 1.25x the median step's launches (a generate call's end and the next
+     * prefill make one long step with ~3x the launches). What an engine's
+     * decode tok/s measures. 0: fewer than 2 boundaries. */
+    double decode_step_s, recorded_decode_step_s;
+    uint64_t decode_steps;
     double cpu_step_s;          /* host work per step (launch pacing floor) */
     double bound_step_s;        /* lower bound on any schedule, per step (0: not computed) */
     double oracle_step_s;       /* the clairvoyant static schedule, per step (0: not computed) */
@@ -68,3 +79,11 @@ struct wo_replay_result {
 int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                   struct wo_replay_result *res, char *msg, size_t msglen);
 void wo_replay_result_free(struct wo_replay_result *res);
+
+/* The host_scale at which the trace replayed with every range on the device
+ * takes `decode_step_s` per decode step: the host speed of a machine where
+ * the all-GPU run was measured at that step time (secant iterations on the
+ * mean decode step). 0 and *scale, or -ERANGE (no scale in [0.05, 20]
+ * reaches it), or wo_replay_run's errors. */
+int wo_replay_host_scale_for(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                             double decode_step_s, double *scale, char *msg, size_t msglen);

@@ -2,7 +2,7 @@
  *
  *   woffload-replay TRACE [--policy P] [--device MODEL] [--budget BYTES|PCT]
  *                   [--timeline OUT.json] [--no-prefetch] [--warmup N]
- *                   [--check RATIO]
+ *                   [--check RATIO] [--host-scale F | --host-step MS]
  *
  * Runs the trace through the policy's placements and the shim's own
  * prefetch planner against a device model (tools/replay.c), and prints the
@@ -26,7 +26,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: woffload-replay TRACE [--policy P] [--device MODEL] [--budget BYTES|PCT%%]\n"
             "                       [--timeline OUT.json] [--no-prefetch] [--warmup N]\n"
-            "                       [--check RATIO] [--top N]\n"
+            "                       [--check RATIO] [--top N] [--host-scale F | --host-step MS]\n"
             "Predicts step time, PCIe bytes, stalls and the offline-optimal bound of a\n"
             "recorded trace under a policy (docs/prefetch.md).\n"
             "  --policy P     placements from this policy (default: those the trace recorded)\n"
@@ -37,7 +37,12 @@ static void usage(FILE *f)
             "  --no-prefetch  managed ranges stay on the host (no prefetcher)\n"
             "  --warmup N     steps left out of the measurement (default: min(3, steps/4))\n"
             "  --check R      exit 1 unless predicted step time <= R x the offline schedule\n"
-            "  --top N        names shown in the table (default 15)\n");
+            "  --top N        names shown in the table (default 15)\n"
+            "  --host-scale F the engine's own host work (launch pacing) F times the\n"
+            "                 recorded run's: a slower (F > 1) or faster host\n"
+            "  --host-step MS the host speed at which the all-GPU replay's decode step\n"
+            "                 takes MS milliseconds: give the all-GPU decode step measured\n"
+            "                 on the machine the prediction is for\n");
 }
 
 static const char *gb(double bytes, char *buf, size_t len)
@@ -60,7 +65,7 @@ static const char *ms(double s, char *buf, size_t len)
 int main(int argc, char **argv)
 {
     const char *trace = NULL, *policy_path = NULL, *device = NULL, *budget = NULL, *timeline = NULL;
-    double check = 0;
+    double check = 0, host_scale = 0, host_step = 0;
     unsigned warmup = UINT_MAX, top = 15;
     bool no_prefetch = false;
     struct wo_devmodel dm;
@@ -94,7 +99,7 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--policy") && strcmp(a, "--device") && strcmp(a, "--budget") &&
             strcmp(a, "--timeline") && strcmp(a, "--check") && strcmp(a, "--warmup") &&
-            strcmp(a, "--top")) {
+            strcmp(a, "--top") && strcmp(a, "--host-scale") && strcmp(a, "--host-step")) {
             fprintf(stderr, "woffload-replay: unknown option %s (see --help)\n", a);
             return 2;
         }
@@ -112,6 +117,21 @@ int main(int argc, char **argv)
             slot = &timeline;
         if (slot) {
             *slot = argv[++i];
+            continue;
+        }
+        if (strcmp(a, "--host-scale") == 0 || strcmp(a, "--host-step") == 0) {
+            char *end;
+            double v = strtod(argv[++i], &end);
+
+            if (*end || !(v > 0) || v > 1e6 || (a[7] == 's' && a[8] == 'c' && v > 20)) {
+                fprintf(stderr, "woffload-replay: %s wants a positive number%s, got \"%s\"\n", a,
+                        a[8] == 'c' ? " up to 20" : " (milliseconds)", argv[i]);
+                return 2;
+            }
+            if (a[8] == 'c')
+                host_scale = v;
+            else
+                host_step = v;
             continue;
         }
         if (strcmp(a, "--check") == 0 || strcmp(a, "--warmup") == 0 || strcmp(a, "--top") == 0) {
@@ -193,6 +213,20 @@ int main(int argc, char **argv)
     if (!d->has_footer)
         fprintf(stderr, "woffload-replay: %s: no footer (the recording was cut short); replaying what is there\n", trace);
 
+    if (host_scale > 0 && host_step > 0) {
+        fprintf(stderr, "woffload-replay: --host-scale and --host-step both set the host speed: give one\n");
+        goto out;
+    }
+    if (host_step > 0) {
+        r = wo_replay_host_scale_for(d, &o, host_step * 1e-3, &host_scale, err, sizeof(err));
+        if (r < 0) {
+            fprintf(stderr, "woffload-replay: %s: --host-step %g: %s\n", trace, host_step,
+                    r == -ENOMEM ? "out of memory" : err);
+            goto out;
+        }
+    }
+    o.host_scale = host_scale;
+
     if (timeline) {
         tl = fopen(timeline, "w");
         if (!tl) {
@@ -242,6 +276,14 @@ int main(int argc, char **argv)
                "a generate call's end, the next prefill); all on GPU %s\n",
                ms(res.median_step_s, b1, sizeof(b1)),
                ref.median_step_s > 0 ? ms(ref.median_step_s, b2, sizeof(b2)) : "n/a");
+    if (res.decode_step_s > 0)
+        printf("decode step:   %s predicted, mean of %llu decode steps; all on GPU %s; recorded %s\n",
+               ms(res.decode_step_s, b1, sizeof(b1)), (unsigned long long)res.decode_steps,
+               ref.decode_step_s > 0 ? ms(ref.decode_step_s, b2, sizeof(b2)) : "n/a",
+               ms(res.recorded_decode_step_s, b3, sizeof(b3)));
+    if (host_scale > 0 && host_scale != 1)
+        printf("host speed:    the engine's own work %.3fx the recorded run's%s\n", host_scale,
+               host_step > 0 ? " (--host-step: the all-GPU decode step it gives)" : "");
     if (res.recorded_median_step_s > 0)
         /* a check of the step finder, not of the model: under the recorded
          * placements the pacing pass reproduces the run by construction */
