@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""bench/pcie-interference.py: does traffic over PCIe slow the engine's host?
+
+An engine whose weights are read over PCIe decodes with the host issuing
+~2,100 launches and ~340 waits a step (transformers' eager MoE loop). The
+replay (tools/replay.c) charges the host's own work as the all-GPU run
+recorded it. This probe measures whether that work gets slower while the
+GPU pulls host memory, in one process, alternating:
+
+  none  nothing else runs
+  dma   a second stream copies 1 GiB pinned host -> device in a loop (the
+        copy engine: what prefetches do)
+  zc    a second stream runs a kernel reading 2 GiB of pinned host memory in
+        place (zero-copy over the SMs: what the host placement does)
+
+and for each, two host workloads:
+
+  launch  a launch-bound loop shaped like a decode step: 2,100 small
+          kernels, a wait (.item()) every 6 launches
+  enqueue the same 2,100 launches without waits, timed to the last
+          launch's return: the host's launch path alone
+  cpu     pure Python work touching host memory (no CUDA call): the host's
+          own speed, apart from the driver
+
+Prints the median time of each (5 rounds, modes alternating) and its ratio
+to `none`. usage: python3 bench/pcie-interference.py [--rounds N]
+"""
+import argparse
+import statistics
+import threading
+import time
+from typing import Any, Dict, List
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+
+    import ctypes
+    import torch
+
+    dev = torch.device("cuda")
+    GiB = 1 << 30
+    host = torch.empty(2 * GiB, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    dbuf = torch.empty(GiB, dtype=torch.uint8, device=dev)
+
+    # a CUDA view of the pinned buffer (zero-copy), as bench/e2e.py's pinned swap
+    cudart = None
+    with open("/proc/self/maps") as f:
+        for line in f:
+            if "libcudart.so" in line:
+                cudart = ctypes.CDLL(line.split()[-1])
+                break
+    ptr = host.data_ptr()
+    if cudart is not None:
+        dptr = ctypes.c_void_p()
+        if cudart.cudaHostGetDevicePointer(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0) == 0:
+            ptr = dptr.value
+
+    class CudaView:
+        def __init__(self, p: int, n: int) -> None:
+            self.__cuda_array_interface__ = dict(shape=(n,), typestr="<f2", data=(p, False),
+                                                 version=3, strides=None)
+
+    zc = torch.as_tensor(CudaView(ptr, GiB), device=dev)  # 2 GiB of fp16
+
+    stop = threading.Event()
+    side = torch.cuda.Stream()  # non-blocking: no implicit sync with the default stream
+    moved = {"bytes": 0, "s": 0.0}
+
+    def background(mode: str) -> None:
+        # four operations queued, then polled with sleeps: a blocking
+        # synchronize could hold the GIL for its whole wait and stall the
+        # foreground thread for reasons that have nothing to do with PCIe
+        t0 = time.perf_counter()
+        done = torch.cuda.Event()
+        with torch.cuda.stream(side):
+            while not stop.is_set():
+                for _ in range(4):
+                    if mode == "dma":
+                        dbuf.copy_(host[:GiB], non_blocking=True)
+                        moved["bytes"] += GiB
+                    else:
+                        zc.sum(dtype=torch.float32)
+                        moved["bytes"] += 2 * GiB
+                done.record(side)
+                while not done.query():
+                    time.sleep(0.002)
+        moved["s"] += time.perf_counter() - t0
+
+    x = torch.ones(1024, device=dev)
+
+    def launch_step() -> float:
+        t0 = time.perf_counter()
+        y = x
+        for i in range(2100):
+            y = y * 1.0001
+            if i % 6 == 5:
+                y[0].item()
+        torch.cuda.current_stream().synchronize()
+        return time.perf_counter() - t0
+
+    def launch_only() -> float:
+        t0 = time.perf_counter()
+        y = x
+        for _ in range(2100):
+            y = y * 1.0001
+        t1 = time.perf_counter()
+        torch.cuda.current_stream().synchronize()
+        return t1 - t0
+
+    data = list(range(1 << 20))
+
+    def cpu_step() -> float:
+        t0 = time.perf_counter()
+        s = 0
+        for v in data[::3]:
+            s += v
+        return time.perf_counter() - t0
+
+    works = {"launch": launch_step, "enqueue": launch_only, "cpu": cpu_step}
+    for _ in range(3):  # warm up
+        for w in works.values():
+            w()
+    res: Dict[str, Dict[str, List[float]]] = {m: {w: [] for w in works} for m in ("none", "dma", "zc")}
+    rates: Dict[str, List[float]] = {"dma": [], "zc": []}
+    for _ in range(args.rounds):
+        for mode in ("none", "dma", "none", "zc"):
+            th = None
+            if mode != "none":
+                stop.clear()
+                moved.update(bytes=0, s=0.0)
+                th = threading.Thread(target=background, args=(mode,))
+                th.start()
+                time.sleep(0.2)
+            for _ in range(3):
+                for w, fn in works.items():
+                    res[mode][w].append(fn())
+            if th is not None:
+                stop.set()
+                th.join()
+                rates[mode].append(moved["bytes"] / moved["s"] / 1e9)
+            print("round: %s launch %.2f ms" % (mode, res[mode]["launch"][-1] * 1e3), flush=True)
+    print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; rounds {args.rounds}")
+    print("background traffic: dma %.1f GB/s, zc %.1f GB/s (median over rounds, with the foreground running)"
+          % (statistics.median(rates["dma"]), statistics.median(rates["zc"])))
+    base = {w: statistics.median(res["none"][w]) for w in works}
+    print("median ms (x none): launch = 2,100 launches + 350 waits; enqueue = 2,100 launches, "
+          "no wait (host time only); cpu = Python alone")
+    print("%-6s %20s %20s %20s" % ("mode", "launch", "enqueue", "cpu"))
+    for mode in ("none", "dma", "zc"):
+        cells = []
+        for w in works:
+            v = statistics.median(res[mode][w])
+            cells.append("%9.2f (%.2fx)" % (v * 1e3, v / base[w]))
+        print("%-6s %20s %20s %20s" % (mode, *cells))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
