@@ -10,8 +10,8 @@ GPU pulls host memory, in one process, alternating:
   none  nothing else runs
   dma   a second stream copies 1 GiB pinned host -> device in a loop (the
         copy engine: what prefetches do)
-  zc    a second stream runs a kernel reading 2 GiB of pinned host memory in
-        place (zero-copy over the SMs: what the host placement does)
+  zc    a second stream runs a kernel on 16 SMs reading 2 GiB of pinned
+        host memory in place (zero-copy: what the host placement does)
 
 and for each, two host workloads:
 
@@ -21,6 +21,10 @@ and for each, two host workloads:
           launch's return: the host's launch path alone
   cpu     pure Python work touching host memory (no CUDA call): the host's
           own speed, apart from the driver
+
+and, with no traffic, the host's own time for the launches of a loop whose
+waits are short (~1 us) or long (~130 us, what a host-placed expert's read
+makes the host wait): whether waiting long slows the work after the wait.
 
 Prints the median time of each (5 rounds, modes alternating) and its ratio
 to `none`. usage: python3 bench/pcie-interference.py [--rounds N]
@@ -66,6 +70,38 @@ def main() -> int:
 
     zc = torch.as_tensor(CudaView(ptr, GiB), device=dev)  # 2 GiB of fp16
 
+    # A reader of host memory in place that leaves most SMs free (a torch
+    # reduction would take every SM and queue the foreground's kernels
+    # behind it): 16 blocks streaming 16-byte loads, compiled here.
+    from torch.utils.cpp_extension import load_inline
+    zcmod = load_inline(
+        name="wo_zc_reader",
+        cpp_sources="void zc_read(torch::Tensor t, int64_t blocks);",
+        cuda_sources=r"""
+#include <torch/extension.h>
+#include <ATen/cuda/CUDAContext.h>
+__global__ void rd(const int4 *p, long long n, int *sink)
+{
+    int4 acc = make_int4(0, 0, 0, 0);
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        int4 v = p[i];
+        acc.x ^= v.x; acc.y ^= v.y; acc.z ^= v.z; acc.w ^= v.w;
+    }
+    if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x7fffffff)
+        *sink = 1;
+}
+void zc_read(torch::Tensor t, int64_t blocks)
+{
+    static int *sink;
+    if (!sink)
+        cudaMalloc(&sink, sizeof(int));
+    rd<<<(int)blocks, 1024, 0, at::cuda::getCurrentCUDAStream()>>>(
+        (const int4 *)t.data_ptr(), t.numel() * t.element_size() / 16, sink);
+}
+""",
+        functions=["zc_read"], extra_cuda_cflags=["-O2"], verbose=False)
+
     stop = threading.Event()
     side = torch.cuda.Stream()  # non-blocking: no implicit sync with the default stream
     moved = {"bytes": 0, "s": 0.0}
@@ -83,7 +119,7 @@ def main() -> int:
                         dbuf.copy_(host[:GiB], non_blocking=True)
                         moved["bytes"] += GiB
                     else:
-                        zc.sum(dtype=torch.float32)
+                        zcmod.zc_read(zc, 16)
                         moved["bytes"] += 2 * GiB
                 done.record(side)
                 while not done.query():
@@ -110,6 +146,21 @@ def main() -> int:
         t1 = time.perf_counter()
         torch.cuda.current_stream().synchronize()
         return t1 - t0
+
+    def own_after_waits(cycles: int) -> float:
+        """The host's own time for 2,100 launches, a wait every 6 on a GPU
+        kernel spinning `cycles` clocks first: only the launches are timed,
+        so a longer wait changes nothing but how long the host waited."""
+        own = 0.0
+        y = x
+        for i in range(350):
+            t0 = time.perf_counter()
+            for _ in range(6):
+                y = y * 1.0001
+            own += time.perf_counter() - t0
+            torch.cuda._sleep(cycles)
+            y[0].item()
+        return own
 
     data = list(range(1 << 20))
 
@@ -143,7 +194,15 @@ def main() -> int:
                 th.join()
                 rates[mode].append(moved["bytes"] / moved["s"] / 1e9)
             print("round: %s launch %.2f ms" % (mode, res[mode]["launch"][-1] * 1e3), flush=True)
+    # does waiting long make the host's next work slower? (no PCIe traffic)
+    waits: Dict[str, List[float]] = {"short": [], "long": []}
+    for _ in range(args.rounds * 3):
+        waits["short"].append(own_after_waits(2000))       # ~1 us on the GPU
+        waits["long"].append(own_after_waits(260000))      # ~130 us: a host-placed expert's read
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; rounds {args.rounds}")
+    ws, wl = statistics.median(waits["short"]), statistics.median(waits["long"])
+    print("own launch time of 2,100 launches, a wait every 6: after ~1 us waits %.2f ms, after ~130 us "
+          "waits %.2f ms (%.2fx)" % (ws * 1e3, wl * 1e3, wl / ws))
     print("background traffic: dma %.1f GB/s, zc %.1f GB/s (median over rounds, with the foreground running)"
           % (statistics.median(rates["dma"]), statistics.median(rates["zc"])))
     base = {w: statistics.median(res["none"][w]) for w in works}

@@ -36,6 +36,7 @@ static void test_model_roundtrip(void **state)
     assert_string_equal(b.name, a.name);
     assert_true(b.zc_gbs == a.zc_gbs && b.pf_gbs[1] == 31 && b.device_bytes == a.device_bytes);
     assert_true(b.collapse_gbs == a.collapse_gbs && b.sync_us == a.sync_us);
+    assert_true(b.host_zc_slow == a.host_zc_slow && b.host_dma_slow == a.host_dma_slow);
     free(buf);
 }
 
@@ -50,6 +51,7 @@ static void test_model_errors(void **state)
         {"zc_gbs 50\n", "x:1: expected `key = value`"},
         {"zc_gbs = 0\n", "x:1: zc_gbs wants a positive number"},
         {"launch_us = -1\n", "x:1: launch_us wants a non-negative number"},
+        {"host_zc_slowdown = 0.5\n", "x:1: host_zc_slowdown wants a factor from 1 to 100"},
     };
     struct wo_devmodel m;
     char err[256];
@@ -186,6 +188,48 @@ static void test_host_bytes(void **state)
     wo_trace_data_free(d);
 }
 
+/* The host's own work runs slower while the link carries the GPU's reads
+ * of host memory (the model's host_zc_slowdown): a what-if that streams
+ * experts over PCIe charges the host more, one with nothing on the link
+ * charges nothing. */
+static void test_link_slows_host(void **state)
+{
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_trace_data *d;
+    struct wo_devmodel m[2];
+    struct wo_replay_opts o;
+    struct wo_replay_result r[2][2];
+    char msg[256];
+
+    (void)state;
+    go.steps = 32;
+    d = make_trace(&go);
+    for (int k = 0; k < 2; k++) {
+        wo_devmodel_default(&m[k]);
+        if (k == 0)
+            m[k].host_zc_slow = m[k].host_dma_slow = 1;
+        else
+            m[k].host_zc_slow = 3;
+        for (int dev = 0; dev < 2; dev++) {
+            memset(&o, 0, sizeof(o));
+            o.dm = &m[k];
+            o.no_prefetch = !dev;
+            o.all_device = dev;
+            o.warmup = UINT_MAX;
+            if (wo_replay_run(d, &o, &r[k][dev], msg, sizeof(msg)) != 0)
+                fail_msg("replay: %s", msg);
+        }
+    }
+    assert_true(r[0][0].zc_bytes_step > 0);
+    assert_true(r[1][0].cpu_step_s > r[0][0].cpu_step_s * 1.001);
+    assert_true(r[1][0].step_s >= r[0][0].step_s * 0.9999);
+    assert_true(r[1][1].cpu_step_s == r[0][1].cpu_step_s && r[1][1].step_s == r[0][1].step_s);
+    for (int k = 0; k < 2; k++)
+        for (int dev = 0; dev < 2; dev++)
+            wo_replay_result_free(&r[k][dev]);
+    wo_trace_data_free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -194,6 +238,7 @@ int main(void)
         cmocka_unit_test(test_pf_curve),
         cmocka_unit_test(test_bound_properties),
         cmocka_unit_test(test_host_bytes),
+        cmocka_unit_test(test_link_slows_host),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

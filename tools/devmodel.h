@@ -33,6 +33,10 @@ struct wo_devmodel {
     double launch_us;       /* launch_us: CPU cost of one kernel launch (floor of the host gap) */
     double kernel_us;       /* kernel_us: smallest GPU time of a kernel */
     double sync_us;         /* sync_us: host work between a sync returning and the next launch */
+    /* host_zc_slowdown, host_dma_slowdown: the host's own work runs this
+     * many times slower while the PCIe link carries the GPU's in-place
+     * reads of host memory, or a copy engine's transfer */
+    double host_zc_slow, host_dma_slow;
 };
 
 /* The built-in H100 model (device-facts.md). */

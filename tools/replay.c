@@ -54,6 +54,7 @@ struct bunit {
 
 struct busy {
     double a, b;
+    int dma; /* traffic pieces: a copy engine's transfer (a prefetch), else the GPU's in-place reads */
 };
 
 struct sim {
@@ -69,8 +70,11 @@ struct sim {
     double hbm_s, zc_s, kernel_s, launch_s, sync_s;
     double host_scale;          /* opts' host_scale (1 when unset) */
     double cpu_t, cpu_work, gpu_free, uvm_free;
-    struct busy *lk; /* link bookings, sorted, disjoint */
+    double cpu_base; /* cpu_work without the link's slowdown (what bounds any schedule) */
+    struct busy *lk; /* link bookings, sorted, disjoint, merged */
     size_t nlk, caplk;
+    struct busy *tp; /* the same bookings as pieces of one kind each, sorted (the host's slowdown) */
+    size_t ntp, captp;
     uint64_t prev_trace_t;
     int have_prev, after_sync, sealed;
     bool has_syncs;             /* the trace records syncs (else copies to the host stand for them) */
@@ -91,7 +95,7 @@ struct sim {
     double *rt;            /* the same boundaries' times in the recorded run */
     uint32_t *bl;          /* launches in the step each boundary closes */
     size_t nbt, capbt, capr, capbl;
-    double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag;
+    double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag, w_base0, w_end_base;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
 
@@ -160,10 +164,36 @@ static int name_at(const struct rr *r, uint64_t off)
 
 /* ---- the PCIe link: a calendar of busy intervals ------------------------ */
 
+/* Keeps [a, b) of traffic of one kind for link_slowdown(), in start order
+ * (pieces of the disjoint calendar: disjoint too), forgetting pieces that
+ * ended before the host clock. */
+static void traffic(struct sim *s, double a, double b, int dma)
+{
+    size_t i, j = 0;
+
+    if (s->dm->host_zc_slow <= 1 && s->dm->host_dma_slow <= 1)
+        return;
+    while (j < s->ntp && s->tp[j].b < s->cpu_t)
+        j++;
+    if (j) {
+        memmove(s->tp, s->tp + j, (s->ntp - j) * sizeof(*s->tp));
+        s->ntp -= j;
+    }
+    if (grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof(*s->tp)) < 0) {
+        s->err = -ENOMEM;
+        return;
+    }
+    for (i = s->ntp; i > 0 && s->tp[i - 1].a > a; i--)
+        ;
+    memmove(s->tp + i + 1, s->tp + i, (s->ntp - i) * sizeof(*s->tp));
+    s->tp[i] = (struct busy){a, b, dma};
+    s->ntp++;
+}
+
 /* Uses the link for d seconds from t on, in the idle gaps between earlier
  * bookings (a prefetch booked for later does not block a kernel's read
  * now: the link shares its time); returns when the last byte crossed. */
-static double link_use(struct sim *s, double t, double d)
+static double link_use(struct sim *s, double t, double d, int dma)
 {
     size_t i = 0, j = 0;
 
@@ -187,6 +217,7 @@ static double link_use(struct sim *s, double t, double d)
         gap = i < s->nlk ? s->lk[i].a - t : INFINITY;
         if (gap > d)
             gap = d;
+        traffic(s, t, t + gap, dma);
         /* book [t, t + gap): extend the previous interval or insert */
         if (i > 0 && s->lk[i - 1].b >= t) {
             s->lk[i - 1].b = t + gap;
@@ -196,7 +227,7 @@ static double link_use(struct sim *s, double t, double d)
                 return t + d;
             }
             memmove(s->lk + i + 1, s->lk + i, (s->nlk - i) * sizeof(*s->lk));
-            s->lk[i] = (struct busy){t, t + gap};
+            s->lk[i] = (struct busy){t, t + gap, 0};
             s->nlk++;
             i++;
         }
@@ -474,7 +505,7 @@ static void apply_actions(struct sim *s)
                     t1 += s->dm->advise_us * 1e-6;
                 }
             }
-            t1 = link_use(s, t1, (double)a.bytes / bps);
+            t1 = link_use(s, t1, (double)a.bytes / bps, 1);
             s->uvm_free = t1;
             mark_ready(r, a.offset, a.bytes, t1);
             if (s->in_window) {
@@ -510,6 +541,40 @@ static void apply_actions(struct sim *s)
 
 /* ---- the host thread ---------------------------------------------------- */
 
+/* How much longer `gap` seconds of the host's own work from the host clock
+ * on take while the link carries the GPU's in-place reads or a copy
+ * engine's transfer (bench/pcie-interference.py: the launch path shares
+ * PCIe with them). Bookings are disjoint, and the work stretches over
+ * whatever traffic the stretched part meets too (iterated to a fixed point
+ * on the first pass over the bookings; traffic is booked ahead of the host
+ * clock, never behind it). */
+static double link_slowdown(const struct sim *s, double gap)
+{
+    double fz = s->dm->host_zc_slow, fd = s->dm->host_dma_slow, t = s->cpu_t, left = gap, took = 0;
+
+    if (fz <= 1 && fd <= 1)
+        return gap;
+    for (size_t i = 0; i < s->ntp && left > 0; i++) {
+        const struct busy *b = &s->tp[i];
+        double f = b->dma ? fd : fz, idle, busy;
+
+        if (b->b <= t)
+            continue;
+        idle = WO_MAX(b->a - t, 0.0);
+        if (idle >= left)
+            break;
+        left -= idle;
+        took += idle;
+        t = WO_MAX(t, b->a);
+        /* inside the booking the work advances at 1/f */
+        busy = WO_MIN(b->b - t, left * f);
+        took += busy;
+        left -= busy / f;
+        t += busy;
+    }
+    return took + left;
+}
+
 /* Advances the engine's host clock to an event recorded at trace time t. */
 static void host_advance(struct sim *s, uint64_t t, double floor_s)
 {
@@ -534,6 +599,11 @@ static void host_advance(struct sim *s, uint64_t t, double floor_s)
         gap = WO_MAX(gap, s->sync_s);
     }
     gap = WO_MAX(gap, floor_s);
+    /* A what-if replay charges the traffic its placements put on the link;
+     * a replay under the recorded placements finds it in the recorded gaps. */
+    s->cpu_base += gap;
+    if (s->post_sync)
+        gap = link_slowdown(s, gap);
     s->cpu_t += gap;
     s->cpu_work += gap;
     s->prev_trace_t = t;
@@ -557,6 +627,7 @@ static void window_open(struct sim *s, double t)
     s->in_window = 1;
     s->w_t0 = t;
     s->w_cpu0 = s->cpu_work;
+    s->w_base0 = s->cpu_base;
     /* how far the GPU lags the host here: the window (GPU start to GPU
      * start) can be that much shorter than the host's work in it */
     s->w_lag = t - s->cpu_t;
@@ -626,6 +697,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             s->in_window = 0;
             s->w_end_t = WO_MAX(s->cpu_t, s->gpu_free);
             s->w_end_cpu = s->cpu_work;
+            s->w_end_base = s->cpu_base;
             s->step_launches = s->cur_step_launches;
         }
         s->step++;
@@ -706,7 +778,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             }
         }
     }
-    le = zc > 0 ? link_use(s, t_in, zc * s->zc_s) : t_in;
+    le = zc > 0 ? link_use(s, t_in, zc * s->zc_s, 0) : t_in;
     end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
     s->gpu_free = end;
     if (s->in_window) {
@@ -936,6 +1008,7 @@ static void sim_free(struct sim *s)
     free(s->names);
     free(s->acc);
     free(s->lk);
+    free(s->tp);
     wo_plan_free(s->plan);
     wo_graphs_free(s->graphs);
     wo_stepper_done(&s->stepper);
@@ -1348,7 +1421,9 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                  * runs from GPU start to GPU start): the lag depends on the
                  * schedule, so the larger of the two simulated ones is taken
                  * (in a steady state it is the same at both ends). */
-                lb = WO_MAX(lb, s.w_end_cpu - s.w_cpu0 - WO_MAX(s.w_lag, so.w_lag));
+                /* (the host work before the link's slowdown: a schedule
+                 * with less traffic slows the host less) */
+                lb = WO_MAX(lb, s.w_end_base - s.w_base0 - WO_MAX(s.w_lag, so.w_lag));
                 res->bound_step_s = lb / ws;
             }
             sim_free(&so);
