@@ -194,12 +194,43 @@ void zc_read(torch::Tensor t, int64_t blocks)
                 th.join()
                 rates[mode].append(moved["bytes"] / moved["s"] / 1e9)
             print("round: %s launch %.2f ms" % (mode, res[mode]["launch"][-1] * 1e3), flush=True)
+    # the engine's pattern: a kernel reads one expert (25 MB) over PCIe,
+    # the host launches 6 more kernels (timed: "during"), waits; or it waits
+    # first and then launches (timed: "after"); the same reading device
+    # memory as the reference
+    expert = zc[: 25 * (1 << 20) // 2]
+    expert_dev = torch.empty_like(expert, device=dev)
+
+    def pattern(src: Any, during: bool) -> float:
+        own = 0.0
+        y = x
+        for _ in range(128):
+            zcmod.zc_read(src, 132)
+            if not during:
+                y[0].item()
+            t0 = time.perf_counter()
+            for _ in range(6):
+                y = y * 1.0001
+            own += time.perf_counter() - t0
+            y[0].item()
+        return own
+
+    pat: Dict[str, List[float]] = {k: [] for k in ("dev-during", "host-during", "dev-after", "host-after")}
+    for _ in range(args.rounds * 3):
+        for k in pat:
+            pat[k].append(pattern(expert if k.startswith("host") else expert_dev, k.endswith("during")))
+
     # does waiting long make the host's next work slower? (no PCIe traffic)
     waits: Dict[str, List[float]] = {"short": [], "long": []}
     for _ in range(args.rounds * 3):
         waits["short"].append(own_after_waits(2000))       # ~1 us on the GPU
         waits["long"].append(own_after_waits(260000))      # ~130 us: a host-placed expert's read
     print(f"GPU: {torch.cuda.get_device_name()}; torch {torch.__version__}; rounds {args.rounds}")
+    pm = {k: statistics.median(v) * 1e3 for k, v in pat.items()}
+    print("own time of 768 launches, 6 after each 25 MB read by a kernel: while the read runs "
+          "%.2f ms (host memory) vs %.2f (device memory) = %.2fx; after it finished %.2f vs %.2f = %.2fx"
+          % (pm["host-during"], pm["dev-during"], pm["host-during"] / pm["dev-during"], pm["host-after"],
+             pm["dev-after"], pm["host-after"] / pm["dev-after"]))
     ws, wl = statistics.median(waits["short"]), statistics.median(waits["long"])
     print("own launch time of 2,100 launches, a wait every 6: after ~1 us waits %.2f ms, after ~130 us "
           "waits %.2f ms (%.2fx)" % (ws * 1e3, wl * 1e3, wl / ws))

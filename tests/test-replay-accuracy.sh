@@ -19,7 +19,7 @@
 # all-GPU step the session measured, from which it scales the recorded host
 # work (one number, fit on the all-GPU placement only); the host and managed
 # predictions stay out of sample. Held to: experts on host 15% (the issue's
-# target; -9% and -13%), managed 25% (-8% and -20%: the model misses part of
+# target; -9% and -12%), managed 25% (-7% and -19%: the model misses part of
 # what managed costs, docs/prefetch.md). The uncalibrated predictions (the
 # trace run's host speed) are held to 25%.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
