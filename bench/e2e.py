@@ -540,18 +540,7 @@ def pinned_swap(torch: Any, m: Any, sel: str, keep: List[Any]) -> int:
     """The mechanism of vLLM's UVA CPU offload: each selected parameter's data
     becomes a pinned host tensor, seen by kernels through its device pointer
     (cudaHostGetDevicePointer), with the parameter object unchanged."""
-    import ctypes
-    cudart = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcudart.so" in line:
-                cudart = ctypes.CDLL(line.split()[-1])
-                break
-
-    class CudaView:
-        def __init__(self, ptr: int, n: int) -> None:
-            self.__cuda_array_interface__ = dict(shape=(n,), typestr="|u1", data=(ptr, False),
-                                                 version=3, strides=None)
+    from hostview import cuda_view  # bench/hostview.py
 
     moved = 0
     for name, p in list(m.named_parameters()):
@@ -561,15 +550,7 @@ def pinned_swap(torch: Any, m: Any, sel: str, keep: List[Any]) -> int:
         nbytes = src.numel() * src.element_size()
         host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         host.copy_(src.view(-1).view(torch.uint8))
-        ptr = host.data_ptr()
-        if cudart is not None:
-            dptr = ctypes.c_void_p()
-            r = cudart.cudaHostGetDevicePointer(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0)
-            if r != 0:
-                raise RuntimeError(f"cudaHostGetDevicePointer: {r}")
-            ptr = dptr.value
-        view = torch.as_tensor(CudaView(ptr, nbytes), device="cuda")
-        p.data = view.view(src.dtype).view(src.shape)
+        p.data = cuda_view(torch, host).view(src.dtype).view(src.shape)
         keep.append(host)
         moved += nbytes
     import gc

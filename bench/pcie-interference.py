@@ -41,8 +41,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
 
-    import ctypes
     import torch
+
+    from hostview import cuda_view  # bench/hostview.py
 
     dev = torch.device("cuda")
     GiB = 1 << 30
@@ -50,25 +51,7 @@ def main() -> int:
     host.fill_(1)
     dbuf = torch.empty(GiB, dtype=torch.uint8, device=dev)
 
-    # a CUDA view of the pinned buffer (zero-copy), as bench/e2e.py's pinned swap
-    cudart = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcudart.so" in line:
-                cudart = ctypes.CDLL(line.split()[-1])
-                break
-    ptr = host.data_ptr()
-    if cudart is not None:
-        dptr = ctypes.c_void_p()
-        if cudart.cudaHostGetDevicePointer(ctypes.byref(dptr), ctypes.c_void_p(ptr), 0) == 0:
-            ptr = dptr.value
-
-    class CudaView:
-        def __init__(self, p: int, n: int) -> None:
-            self.__cuda_array_interface__ = dict(shape=(n,), typestr="<f2", data=(p, False),
-                                                 version=3, strides=None)
-
-    zc = torch.as_tensor(CudaView(ptr, GiB), device=dev)  # 2 GiB of fp16
+    zc = cuda_view(torch, host).view(torch.float16)  # 2 GiB read in place
 
     # A reader of host memory in place that leaves most SMs free (a torch
     # reduction would take every SM and queue the foreground's kernels

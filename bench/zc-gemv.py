@@ -10,32 +10,19 @@ bf16). Prints the read rate of those GEMVs, of an elementwise sum over the
 same bytes, and of a copy engine transfer, beside each other. The replay's
 device model (tools/models/*.model, zc_gbs) is the streaming rate; this
 says how much of it an engine's GEMV reaches (docs/prefetch.md)."""
-import ctypes
 import statistics
 import time
 
 import torch
+
+import hostview  # bench/hostview.py
 
 GiB = 2**30
 H, I, E = 4096, 1536, 32
 
 
 def cuda_view(host: torch.Tensor, shape, dtype) -> torch.Tensor:
-    cudart = None
-    with open("/proc/self/maps") as f:
-        for line in f:
-            if "libcudart.so" in line:
-                cudart = ctypes.CDLL(line.split()[-1])
-                break
-    dptr = ctypes.c_void_p()
-    r = cudart.cudaHostGetDevicePointer(ctypes.byref(dptr), ctypes.c_void_p(host.data_ptr()), 0)
-    assert r == 0, r
-    n = host.numel() * host.element_size()
-
-    class V:
-        __cuda_array_interface__ = dict(shape=(n,), typestr="|u1", data=(dptr.value, False), version=3,
-                                        strides=None)
-    return torch.as_tensor(V(), device="cuda").view(dtype).view(shape)
+    return hostview.cuda_view(torch, host).view(dtype).view(shape)
 
 
 def timed(fn, reps=7):
