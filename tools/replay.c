@@ -94,7 +94,8 @@ struct sim {
     double *bt;            /* times of the window's step boundaries */
     double *rt;            /* the same boundaries' times in the recorded run */
     uint32_t *bl;          /* launches in the step each boundary closes */
-    size_t nbt, capbt, capr, capbl;
+    double (*bacc)[4];     /* zero-copy, prefetch + copy-back + copy bytes, stall s, host work at each boundary */
+    size_t nbt, capbt, capr, capbl, capbacc;
     double w_t0, w_cpu0, w_end_t, w_end_cpu, w_lag, w_base0, w_end_base;
     uint64_t w_k;          /* launches in the window so far */
     uint32_t step_launches, cur_step_launches;
@@ -685,11 +686,16 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         if (s->in_window) {
             if (grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
                 grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0 ||
-                grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0) {
+                grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0 ||
+                grow((void **)&s->bacc, &s->capbacc, s->nbt + 1, sizeof(*s->bacc)) < 0) {
                 s->err = -ENOMEM;
             } else {
                 s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
                 s->bl[s->nbt] = s->cur_step_launches;
+                s->bacc[s->nbt][0] = s->zc_b;
+                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b;
+                s->bacc[s->nbt][2] = s->stall_s;
+                s->bacc[s->nbt][3] = s->cpu_work;
                 s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
             }
         }
@@ -1005,6 +1011,7 @@ static void sim_free(struct sim *s)
     free(s->bt);
     free(s->rt);
     free(s->bl);
+    free(s->bacc);
     free(s->names);
     free(s->acc);
     free(s->lk);
@@ -1283,7 +1290,7 @@ static double median_step(const double *bt, size_t n)
  * generate call's end and the next prefill has ~3x). */
 static void decode_steps(const struct sim *s, struct wo_replay_result *res)
 {
-    double *l, lim, p = 0, r = 0;
+    double *l, lim, p = 0, r = 0, acc[4] = {0, 0, 0, 0};
     uint64_t n = 0;
 
     if (s->nbt < 2 || !(l = malloc((s->nbt - 1) * sizeof(*l))))
@@ -1298,12 +1305,18 @@ static void decode_steps(const struct sim *s, struct wo_replay_result *res)
             continue;
         p += s->bt[i] - s->bt[i - 1];
         r += s->rt[i] - s->rt[i - 1];
+        for (int k = 0; k < 4; k++)
+            acc[k] += s->bacc[i][k] - s->bacc[i - 1][k];
         n++;
     }
     if (n) {
         res->decode_step_s = p / (double)n;
         res->recorded_decode_step_s = r / (double)n;
         res->decode_steps = n;
+        res->decode_zc_bytes = acc[0] / (double)n;
+        res->decode_pcie_bytes = (acc[0] + acc[1]) / (double)n;
+        res->decode_stall_s = acc[2] / (double)n;
+        res->decode_host_s = acc[3] / (double)n;
     }
 }
 

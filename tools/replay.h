@@ -60,6 +60,9 @@ struct wo_replay_result {
      * decode tok/s measures. 0: fewer than 2 boundaries. */
     double decode_step_s, recorded_decode_step_s;
     uint64_t decode_steps;
+    /* per decode step: zero-copy reads, all bytes over PCIe, stalls, the
+     * host's own work */
+    double decode_zc_bytes, decode_pcie_bytes, decode_stall_s, decode_host_s;
     double cpu_step_s;          /* host work per step (launch pacing floor) */
     double bound_step_s;        /* lower bound on any schedule, per step (0: not computed) */
     double oracle_step_s;       /* the clairvoyant static schedule, per step (0: not computed) */

@@ -281,6 +281,10 @@ int main(int argc, char **argv)
                ms(res.decode_step_s, b1, sizeof(b1)), (unsigned long long)res.decode_steps,
                ref.decode_step_s > 0 ? ms(ref.decode_step_s, b2, sizeof(b2)) : "n/a",
                ms(res.recorded_decode_step_s, b3, sizeof(b3)));
+    if (res.decode_step_s > 0)
+        printf("decode PCIe:   %s a decode step (zero-copy reads %s), stalls %s\n",
+               gb(res.decode_pcie_bytes, b1, sizeof(b1)), gb(res.decode_zc_bytes, b2, sizeof(b2)),
+               ms(res.decode_stall_s, b3, sizeof(b3)));
     if (host_scale > 0 && host_scale != 1)
         printf("host speed:    the engine's own work %.3fx the recorded run's%s\n", host_scale,
                host_step > 0 ? " (--host-step: the all-GPU decode step it gives)" : "");
