@@ -310,14 +310,16 @@ for _x in "abc":
     SCENARIOS.append(S(f"r7-host-{_x}", "moe", policy="experts-host-all", offload="experts:all", **R7))
     SCENARIOS.append(S(f"r7-managed-{_x}", "moe", policy="experts-managed-half", offload="experts:all",
                        **R7))
-# issue 7: does the host placement slow the engine's own host work? Traced
-# all-GPU and experts-on-host runs, alternating (bench/trace-steps.py splits
+# issue 7: do the host and managed placements slow the engine's own host
+# work? Traced all-GPU, experts-on-host and experts-managed runs, alternating (bench/trace-steps.py splits
 # each step into the host's own work and what follows its waits)
 for _x in "abc":
     SCENARIOS.append(S(f"r7h-gpu-{_x}", "moe", policy="experts-device",
                        env={"WOFFLOAD_TRACE": f"/tmp/wo-trace-r7h-gpu-{_x}.wotrace"}, **R7))
     SCENARIOS.append(S(f"r7h-host-{_x}", "moe", policy="experts-host-all", offload="experts:all",
                        env={"WOFFLOAD_TRACE": f"/tmp/wo-trace-r7h-host-{_x}.wotrace"}, **R7))
+    SCENARIOS.append(S(f"r7h-managed-{_x}", "moe", policy="experts-managed-half", offload="experts:all",
+                       env={"WOFFLOAD_TRACE": f"/tmp/wo-trace-r7h-managed-{_x}.wotrace"}, **R7))
 SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", offload="experts:all",
                    env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-managed.wotrace"}, **R7))
 
