@@ -501,10 +501,9 @@ static void apply_actions(struct sim *s)
             if (a.how == WO_PLAN_COLLAPSE) {
                 /* a duplicate is a little slower than a migration (device-facts.md) */
                 bps *= s->dm->rm_pf_gbs / s->dm->pf_gbs[3];
-                if (!r->rm_set) {
-                    r->rm_set = true;
-                    t1 += s->dm->advise_us * 1e-6;
-                }
+                /* read-mostly set on each piece it prefetches (uvm/prefetch.c) */
+                r->rm_set = true;
+                t1 += s->dm->advise_us * 1e-6;
             }
             t1 = link_use(s, t1, (double)a.bytes / bps, 1);
             s->uvm_free = t1;

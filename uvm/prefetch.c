@@ -290,16 +290,22 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
     CUresult res = CUDA_SUCCESS;
 
     if (a->type == WO_PLAN_PREFETCH) {
-        res = pf->drv->cuMemPrefetchAsync_v2((CUdeviceptr)p, (size_t)len, gpu, 0, pf->stream);
+        /* Read-mostly only on the pieces that get a GPU copy: a kernel's
+         * read of a read-mostly piece without one faults and makes one
+         * (~9 GB/s, outside the budget: bench/managed-read-cost.cu), while
+         * a plain piece is read in place over PCIe (~50 GB/s). */
+        if (r->rm)
+            res = advise(pf, p, len, CU_MEM_ADVISE_SET_READ_MOSTLY);
+        if (res == CUDA_SUCCESS)
+            res = pf->drv->cuMemPrefetchAsync_v2((CUdeviceptr)p, (size_t)len, gpu, 0, pf->stream);
         if (res == CUDA_SUCCESS) {
             add(&pf->tot->prefetches, 1);
             add(&pf->tot->prefetch_bytes, len);
         }
     } else if (r->rm) {
-        /* synchronous; no PCIe traffic: the host copy is current (read-only data) */
+        /* synchronous; no PCIe traffic: the host copy is current (read-only
+         * data); the piece stays plain, read in place until prefetched again */
         res = advise(pf, p, len, CU_MEM_ADVISE_UNSET_READ_MOSTLY);
-        if (res == CUDA_SUCCESS)
-            res = advise(pf, p, len, CU_MEM_ADVISE_SET_READ_MOSTLY);
         if (res == CUDA_SUCCESS) {
             add(&pf->tot->evictions, 1);
             add(&pf->tot->collapses, 1);
@@ -341,8 +347,10 @@ static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
     }
     if (a->id >= pf->nr || !(r = &pf->r[a->id])->live || r->gen != a->gen || ensure_stream(pf) < 0)
         return;
+    /* a range evicted by collapse: its pieces go read-mostly as they are
+     * prefetched (piece()) */
     if (a->type == WO_PLAN_PREFETCH && a->how == WO_PLAN_COLLAPSE && !r->rm && !r->written)
-        range_rm(pf, r, true);
+        r->rm = true;
     /* only the managed segments of the range move; whole pieces of them */
     for (size_t i = 0; i < r->nsegs; i++) {
         uint64_t lo = WO_MAX(a->offset, r->segs[i].off);

@@ -616,10 +616,12 @@ static CUresult advise(uintptr_t p, size_t n, CUmem_advise advice, int loc)
         case CU_MEM_ADVISE_SET_READ_MOSTLY: pg->read_mostly = 1; break;
         case CU_MEM_ADVISE_UNSET_READ_MOSTLY:
             pg->read_mostly = 0;
-            /* Read-duplicated copies collapse to one: keep the device one
-             * when there is one (the last place it was prefetched to). */
+            /* Read-duplicated copies collapse to one: to the host when it
+             * is the preferred location (the real driver drops the GPU
+             * copy then, device-facts.md), else the device one (the last
+             * place it was prefetched to). */
             if ((pg->resident & ~1u) && (pg->resident & 1u))
-                set_resident(pg, pg->resident & ~1u);
+                set_resident(pg, pg->preferred == CU_DEVICE_CPU ? 1u : (uint8_t)(pg->resident & ~1u));
             break;
         case CU_MEM_ADVISE_SET_PREFERRED_LOCATION: pg->preferred = (int8_t)loc; break;
         case CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION: pg->preferred = CU_DEVICE_INVALID; break;
