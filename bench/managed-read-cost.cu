@@ -11,6 +11,8 @@
 //               read-mostly: the GPU copy dropped), first read and second
 //   in-flight   its prefetch enqueued on another stream just before
 //   beside      a collapse of another piece running on another thread
+//   plain       the range not read-mostly (read in place?), and a piece made
+//               read-mostly for its prefetch and collapsed by unsetting it
 // Prints the median of 9 pieces for each, in ms and GB/s.
 //
 // Build and run on the GPU machine (keeps 2 GiB managed, far below free):
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define CK(x)                                                                                     \
@@ -127,7 +130,7 @@ int main(void)
     }
     report("device (prefetched duplicate)", v, 9);
 
-    float v2[9];
+    float v2[9], v3[9];
     for (int i = 0; i < 9; i++) {
         prefetch(p, side);
         cuStreamSynchronize(side);
@@ -174,6 +177,49 @@ int main(void)
         pthread_join(th, NULL);
     }
     report("device, beside a collapse of another piece", v, 9);
+
+    // the executor since 2026-11-22: a plain range (no read-mostly); a piece
+    // gets read-mostly just before its prefetch and loses it at the collapse
+    CK(cuMemAdvise_v2(base, N, CU_MEM_ADVISE_UNSET_READ_MOSTLY, gpu));
+    p = 45;
+    for (int i = 0; i < 9; i++) {
+        v[i] = read_ms(p);
+        v2[i] = read_ms(p++);
+    }
+    report("plain (never read-mostly), first read", v, 9);
+    report("plain, second read", v2, 9);
+    for (int i = 0; i < 9; i++) {
+        CK(cuMemAdvise_v2(base + (size_t)p * PIECE, PIECE, CU_MEM_ADVISE_SET_READ_MOSTLY, gpu));
+        prefetch(p, side);
+        cuStreamSynchronize(side);
+        read_ms(p);
+        CK(cuMemAdvise_v2(base + (size_t)p * PIECE, PIECE, CU_MEM_ADVISE_UNSET_READ_MOSTLY, gpu));
+        v[i] = read_ms(p);
+        v2[i] = read_ms(p++);
+    }
+    report("piece-wise read-mostly, collapsed, first read", v, 9);
+    report("piece-wise read-mostly, collapsed, second read", v2, 9);
+    for (int i = 0; i < 9; i++) {
+        double t0, t1;
+        struct timespec ts;
+        CK(cuMemAdvise_v2(base + (size_t)p * PIECE, PIECE, CU_MEM_ADVISE_SET_READ_MOSTLY, gpu));
+        prefetch(p, side);
+        cuStreamSynchronize(side);
+        read_ms(p);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+        CK(cuMemAdvise_v2(base + (size_t)p * PIECE, PIECE, CU_MEM_ADVISE_UNSET_READ_MOSTLY, gpu));
+        CK(cuMemAdvise_v2(base + (size_t)p * PIECE, PIECE, CU_MEM_ADVISE_SET_ACCESSED_BY, gpu));
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        t1 = ts.tv_sec + ts.tv_nsec * 1e-9;
+        v3[i] = (float)((t1 - t0) * 1e3);
+        v[i] = read_ms(p);
+        v2[i] = read_ms(p++);
+    }
+    report("collapsed + accessed-by again, first read", v, 9);
+    report("collapsed + accessed-by again, second read", v2, 9);
+    qsort(v3, 9, sizeof(*v3), cmpf);
+    printf("%-44s %8.3f ms (host time of the two advice calls)\n", "the eviction itself", v3[4]);
     CK(cuMemFree(base));
     return 0;
 }

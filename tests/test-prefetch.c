@@ -232,12 +232,15 @@ static void test_evictions(void **state)
     wo_prefetcher_totals(pf, &t);
     assert_true(t.prefetches > 0);
     /* read-mostly only while a piece has its GPU copy: set before each
-     * prefetch, unset by each eviction (a miss on a plain piece is read in
-     * place; on a read-mostly one it would fault a copy in) */
+     * prefetch, unset by each eviction, which maps the piece for the GPU
+     * again (a miss on a plain mapped piece is read in place; on a
+     * read-mostly one it would fault a copy in, on an unmapped one it would
+     * fault mappings in) */
     assert_true(t.evictions > 0);
     assert_int_equal(t.copy_backs, 0);
     assert_int_equal(count("advise", CU_MEM_ADVISE_SET_READ_MOSTLY), t.prefetches);
     assert_int_equal(count("advise", CU_MEM_ADVISE_UNSET_READ_MOSTLY), t.evictions);
+    assert_int_equal(count("advise", CU_MEM_ADVISE_SET_ACCESSED_BY), t.evictions);
     /* the engine copies into it: read-mostly goes, evictions copy back */
     memset(&ev, 0, sizeof(ev));
     ev.type = WO_EV_COPY;

@@ -34,6 +34,8 @@ static const struct key keys[] = {
     K("readmostly_prefetch_gbs", KT_GBS, rm_pf_gbs, "prefetch of a read-mostly range (makes a duplicate), 1 GiB calls"),
     K("copyback_gbs", KT_GBS, copyback_gbs, "eviction by cuMemPrefetchAsync to the host"),
     K("collapse_gbs", KT_GBS, collapse_gbs, "eviction by UNSET_READ_MOSTLY in 64 MiB pieces (synchronous)"),
+    K("remap_gbs", KT_GBS, remap_gbs,
+      "SET_ACCESSED_BY on a collapsed piece, so that the GPU reads it in place again (bench/managed-read-cost.cu)"),
     K("advise_us", KT_US, advise_us, "one cuMemAdvise on a 2 MiB range"),
     K("launch_us", KT_US, launch_us, "CPU cost of one kernel launch"),
     K("kernel_us", KT_US, kernel_us, "smallest GPU time of a kernel"),
@@ -63,6 +65,10 @@ void wo_devmodel_default(struct wo_devmodel *m)
     m->rm_pf_gbs = 41.5;
     m->copyback_gbs = 9.6;
     m->collapse_gbs = 28;
+    /* bench/results/managed-read-cost-20261122-h100.txt: unset + accessed-by
+     * on 24 MiB took 1.68 ms, of which the collapse ~0.6-0.9 ms; accessed-by
+     * on 1 GiB took 40 ms (device-facts.md): ~25 GB/s */
+    m->remap_gbs = 25;
     m->advise_us = 9.6;
     m->launch_us = 3.9;
     m->kernel_us = 2.0;

@@ -29,6 +29,7 @@ struct wo_devmodel {
     double rm_pf_gbs;       /* readmostly_prefetch_gbs: prefetch making a duplicate, 1 GiB calls */
     double copyback_gbs;    /* copyback_gbs: prefetch GPU->host (eviction that copies) */
     double collapse_gbs;    /* collapse_gbs: UNSET_READ_MOSTLY dropping the GPU copy (64 MiB pieces) */
+    double remap_gbs;       /* remap_gbs: SET_ACCESSED_BY mapping a collapsed piece for the GPU again */
     double advise_us;       /* advise_us: one cuMemAdvise on a small range */
     double launch_us;       /* launch_us: CPU cost of one kernel launch (floor of the host gap) */
     double kernel_us;       /* kernel_us: smallest GPU time of a kernel */

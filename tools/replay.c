@@ -516,8 +516,9 @@ static void apply_actions(struct sim *s)
             snprintf(label, sizeof(label), "prefetch %s +%llu MiB",
                      ni >= 0 ? s->names[ni].name : "?", (unsigned long long)(a.bytes >> 20));
         } else {
-            if (a.how == WO_PLAN_COLLAPSE)
-                t1 = t0 + (double)a.bytes / (s->dm->collapse_gbs * 1e9) + s->dm->advise_us * 1e-6;
+            if (a.how == WO_PLAN_COLLAPSE) /* unset read-mostly, map for the GPU again */
+                t1 = t0 + (double)a.bytes / (s->dm->collapse_gbs * 1e9) +
+                     (double)a.bytes / (s->dm->remap_gbs * 1e9) + s->dm->advise_us * 1e-6;
             else
                 t1 = t0 + s->dm->pf_call_us * 1e-6 + (double)a.bytes / (s->dm->copyback_gbs * 1e9);
             s->uvm_free = t1;
