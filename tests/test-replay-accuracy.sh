@@ -23,6 +23,10 @@
 # target; -9%, -12%, -2%), managed 25% (-7%, -19%, -19%: the model misses
 # part of what managed costs, docs/prefetch.md). The uncalibrated
 # predictions (the trace run's host speed) are held to 25%.
+# The managed runs were made with the prefetcher's executor before 61ad634
+# (whole ranges read-mostly: misses faulted GPU copies in); the replay now
+# models the executor that keeps the budget (docs/prefetch.md). Those rows
+# guard against regressions of the model until they are measured again.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
 replay=$1
