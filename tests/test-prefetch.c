@@ -249,6 +249,9 @@ static void test_evictions(void **state)
     ev.c.kind = WO_COPY_H2D;
     wo_prefetcher_event(pf, &ev);
     assert_int_equal(wo_plan_range_how(wo_prefetcher_plan(pf), 5, 1), WO_PLAN_COPY_BACK);
+    /* the range goes plain and stays mapped for the GPU (one segment) */
+    assert_int_equal(count("advise", CU_MEM_ADVISE_UNSET_READ_MOSTLY), t.evictions + 1);
+    assert_int_equal(count("advise", CU_MEM_ADVISE_SET_ACCESSED_BY), t.evictions + 1);
     for (unsigned s = 0; s < 200; s++) {
         x = x * 6364136223846793005ULL + 1;
         launch(pf, 5, 1 * EXP);
