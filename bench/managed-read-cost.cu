@@ -100,6 +100,24 @@ static void *collapser(void *x)
     return NULL;
 }
 
+/* Reads pieces first.. (prefetched first when `resident`) while a thread
+ * collapses pieces other.. (prefetched first), nine of each. */
+static void beside_collapse(int first, int other, CUstream side, bool resident, float *v)
+{
+    for (int i = 0; i < 9; i++) {
+        pthread_t th;
+
+        prefetch(other + i, side);
+        if (resident)
+            prefetch(first + i, side);
+        cuStreamSynchronize(side);
+        collapse_piece = other + i;
+        pthread_create(&th, NULL, collapser, NULL);
+        v[i] = read_ms(first + i);
+        pthread_join(th, NULL);
+    }
+}
+
 int main(void)
 {
     CUstream side;
@@ -151,35 +169,15 @@ int main(void)
     }
     report("in-flight (prefetch enqueued just before)", v, 9);
 
-    // a host-resident piece read while another piece collapses
-    p = 27;
-    for (int i = 0; i < 9; i++) {
-        pthread_t th;
-        int other = 60 + i;
-        prefetch(other, side);
-        cuStreamSynchronize(side);
-        collapse_piece = other;
-        pthread_create(&th, NULL, collapser, NULL);
-        v[i] = read_ms(p++);
-        pthread_join(th, NULL);
-    }
+    // a piece read while another piece collapses: host-resident, then prefetched
+    beside_collapse(27, 60, side, false, v);
     report("host, beside a collapse of another piece", v, 9);
-    p = 36;
-    for (int i = 0; i < 9; i++) {
-        pthread_t th;
-        int other = 70 + i;
-        prefetch(other, side);
-        prefetch(p, side);
-        cuStreamSynchronize(side);
-        collapse_piece = other;
-        pthread_create(&th, NULL, collapser, NULL);
-        v[i] = read_ms(p++);
-        pthread_join(th, NULL);
-    }
+    beside_collapse(36, 70, side, true, v);
     report("device, beside a collapse of another piece", v, 9);
 
-    // the executor since 2026-11-22: a plain range (no read-mostly); a piece
-    // gets read-mostly just before its prefetch and loses it at the collapse
+    // a plain range (read-mostly unset over all of it first); a piece made
+    // read-mostly for its prefetch and collapsed by unsetting it; the same
+    // with the piece mapped for the GPU again (the executor since a00c4b6)
     CK(cuMemAdvise_v2(base, N, CU_MEM_ADVISE_UNSET_READ_MOSTLY, gpu));
     p = 45;
     for (int i = 0; i < 9; i++) {
