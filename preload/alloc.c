@@ -95,11 +95,7 @@ CUresult wo_h_mem_alloc(wo_pfn_cuMemAlloc_v2 real, int id, void *ra, CUdeviceptr
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(dptr, size);
+    WO_HOOK_ENTER(real(dptr, size));
     if (!route(size, WO_API_CU_MEM_ALLOC, dptr, &res, ra)) {
         res = real(dptr, size);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, 0, WO_API_CU_MEM_ALLOC, ra);
@@ -113,11 +109,7 @@ CUresult wo_h_mem_alloc_async(wo_pfn_cuMemAllocAsync real, int id, void *ra, CUd
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(dptr, size, s);
+    WO_HOOK_ENTER(real(dptr, size, s));
     if (!route(size, WO_API_CU_MEM_ALLOC_ASYNC, dptr, &res, ra)) {
         res = real(dptr, size, s);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, WO_RANGE_ASYNC,
@@ -132,11 +124,7 @@ CUresult wo_h_mem_alloc_managed(wo_pfn_cuMemAllocManaged real, int id, void *ra,
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(dptr, size, flags);
+    WO_HOOK_ENTER(real(dptr, size, flags));
     if (!route(size, WO_API_CU_MEM_ALLOC_MANAGED, dptr, &res, ra)) {
         res = real(dptr, size, flags);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, WO_RANGE_ENGINE_MANAGED,
@@ -232,11 +220,7 @@ CUresult wo_h_mem_map(wo_pfn_cuMemMap real, int id, void *ra, CUdeviceptr ptr, s
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(ptr, size, offset, h, flags);
+    WO_HOOK_ENTER(real(ptr, size, offset, h, flags));
     res = real(ptr, size, offset, h, flags);
     if (res == CUDA_SUCCESS) {
         wo_count(WO_CTR_vmm_map, 1);
@@ -270,11 +254,7 @@ CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr pt
     CUresult res;
     (void)ra;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(ptr, size);
+    WO_HOOK_ENTER(real(ptr, size));
     res = real(ptr, size);
     if (res == CUDA_SUCCESS) {
         /* One unmap may cover several mappings (a segment mapped piecewise). */

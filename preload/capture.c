@@ -288,11 +288,7 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
     CUresult res;
     (void)ra;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(s, mode);
+    WO_HOOK_ENTER(real(s, mode));
     global_hold((int)mode);
     res = real(s, mode);
     if (res == CUDA_SUCCESS)
@@ -308,11 +304,7 @@ CUresult wo_h_end_capture(wo_pfn_cuStreamEndCapture real, int id, void *ra, CUst
     CUresult res;
     (void)ra;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(s, g);
+    WO_HOOK_ENTER(real(s, g));
     res = real(s, g);
     if (res == CUDA_SUCCESS || end_failed_but_ended_cu(res))
         wo_capture_end(wo_stream_id(s, wo_hook_pt[id]),
@@ -327,11 +319,7 @@ CUresult wo_h_graph_instantiate(wo_pfn_cuGraphInstantiateWithFlags real, int id,
     CUresult res;
     (void)ra;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(e, g, flags);
+    WO_HOOK_ENTER(real(e, g, flags));
     res = real(e, g, flags);
     if (res == CUDA_SUCCESS && e)
         wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
@@ -345,11 +333,7 @@ CUresult wo_h_graph_instantiate_params(wo_pfn_cuGraphInstantiateWithParams real,
     CUresult res;
     (void)ra;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(e, g, p);
+    WO_HOOK_ENTER(real(e, g, p));
     res = real(e, g, p);
     if (res == CUDA_SUCCESS && e)
         wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
@@ -361,11 +345,7 @@ CUresult wo_h_graph_launch(wo_pfn_cuGraphLaunch real, int id, void *ra, CUgraphE
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(e, s);
+    WO_HOOK_ENTER(real(e, s));
     res = real(e, s);
     if (res == CUDA_SUCCESS) {
         wo_count_caller(ra, WO_CALLER_LAUNCH);

@@ -71,11 +71,7 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
 #define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
     do {                                                                                           \
         CUresult res_;                                                                             \
-        wo_count_call(id);                                                                         \
-        if (WO_UNLIKELY(!real))                                                                    \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
-        if (!wo_enter())                                                                           \
-            return call;                                                                           \
+        WO_HOOK_ENTER(call);                                                                       \
         res_ = call;                                                                               \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
@@ -256,11 +252,7 @@ static void record_sync(uint64_t stream)
 #define SYNC_HOOK(call, stream)                                                                    \
     do {                                                                                           \
         CUresult res_;                                                                             \
-        wo_count_call(id);                                                                         \
-        if (WO_UNLIKELY(!real))                                                                    \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
-        if (!wo_enter())                                                                           \
-            return call;                                                                           \
+        WO_HOOK_ENTER(call);                                                                       \
         record_sync(stream);                                                                       \
         res_ = call;                                                                               \
         wo_leave();                                                                                \

@@ -326,11 +326,7 @@ CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunc
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    WO_HOOK_ENTER(real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
     res = real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
     if (res == CUDA_SUCCESS) {
         const uint32_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
@@ -347,11 +343,7 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
 {
     CUresult res;
 
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    if (!wo_enter())
-        return real(cfg, f, params, extra);
+    WO_HOOK_ENTER(real(cfg, f, params, extra));
     res = real(cfg, f, params, extra);
     if (res == CUDA_SUCCESS && cfg) {
         const uint32_t grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
