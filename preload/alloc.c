@@ -278,11 +278,7 @@ cudaError_t wo_h_cuda_malloc(wo_pfn_cudaMalloc real, int id, void *ra, void **p,
     CUresult cres;
     cudaError_t res;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(p, size);
+    WO_RT_HOOK_ENTER(real(p, size));
     if (route(size, WO_API_CUDA_MALLOC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
@@ -300,11 +296,7 @@ cudaError_t wo_h_cuda_malloc_async(wo_pfn_cudaMallocAsync real, int id, void *ra
     CUresult cres;
     cudaError_t res;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(p, size, s);
+    WO_RT_HOOK_ENTER(real(p, size, s));
     if (route(size, WO_API_CUDA_MALLOC_ASYNC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
@@ -322,11 +314,7 @@ cudaError_t wo_h_cuda_malloc_managed(wo_pfn_cudaMallocManaged real, int id, void
     CUresult cres;
     cudaError_t res;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(p, size, flags);
+    WO_RT_HOOK_ENTER(real(p, size, flags));
     if (route(size, WO_API_CUDA_MALLOC_MANAGED, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {

@@ -370,11 +370,7 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
     cudaError_t res;
     (void)ra;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(s, mode);
+    WO_RT_HOOK_ENTER(real(s, mode));
     global_hold((int)mode);
     res = real(s, mode);
     if (res == cudaSuccess)
@@ -391,11 +387,7 @@ cudaError_t wo_h_cuda_end_capture(wo_pfn_cudaStreamEndCapture real, int id, void
     cudaError_t res;
     (void)ra;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(s, g);
+    WO_RT_HOOK_ENTER(real(s, g));
     res = real(s, g);
     if (res == cudaSuccess || end_failed_but_ended_rt(res))
         wo_capture_end(wo_stream_id(s, wo_rt_pt[id]),
@@ -410,11 +402,7 @@ cudaError_t wo_h_cuda_graph_instantiate(wo_pfn_cudaGraphInstantiate real, int id
     cudaError_t res;
     (void)ra;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(e, g, flags);
+    WO_RT_HOOK_ENTER(real(e, g, flags));
     res = real(e, g, flags);
     if (res == cudaSuccess && e)
         wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
@@ -429,11 +417,7 @@ cudaError_t wo_h_cuda_graph_instantiate_params(wo_pfn_cudaGraphInstantiateWithPa
     cudaError_t res;
     (void)ra;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(e, g, p);
+    WO_RT_HOOK_ENTER(real(e, g, p));
     res = real(e, g, p);
     if (res == cudaSuccess && e)
         wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
@@ -446,11 +430,7 @@ cudaError_t wo_h_cuda_graph_launch(wo_pfn_cudaGraphLaunch real, int id, void *ra
 {
     cudaError_t res;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(e, s);
+    WO_RT_HOOK_ENTER(real(e, s));
     res = real(e, s);
     if (res == cudaSuccess) {
         wo_count_caller(ra, WO_CALLER_LAUNCH);

@@ -178,11 +178,7 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
 #define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
     do {                                                                                           \
         cudaError_t res_;                                                                          \
-        wo_count_call(WO_NHOOKS + id);                                                             \
-        if (WO_UNLIKELY(!real))                                                                    \
-            return cudaErrorSharedObjectSymbolNotFound;                                            \
-        if (!wo_enter())                                                                           \
-            return call;                                                                           \
+        WO_RT_HOOK_ENTER(call);                                                                    \
         res_ = call;                                                                               \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src),                    \

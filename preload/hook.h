@@ -76,18 +76,21 @@ static inline void wo_count_call(int idx)
     __atomic_fetch_add(&wo_hook_calls[idx], 1, __ATOMIC_RELAXED);
 }
 
-/* The first lines of every hook `wo_h_*(real, id, ...)`: count the call,
- * fail when the driver lacks the entry point, and forward `call` untouched
- * unless this is the outermost hook of an active shim (then the hook must
- * end with wo_leave()). */
-#define WO_HOOK_ENTER(call)                                                                        \
+/* The first lines of every hook: count the call (counter `idx`), return
+ * `missing` when the library lacks the entry point, and forward `call`
+ * untouched unless this is the outermost hook of an active shim (then the
+ * hook must end with wo_leave()). WO_HOOK_ENTER for driver hooks
+ * `wo_h_*(real, id, ...)`, WO_RT_HOOK_ENTER for runtime ones. */
+#define WO_HOOK_ENTER_AS(idx, missing, call)                                                       \
     do {                                                                                           \
-        wo_count_call(id);                                                                         \
+        wo_count_call(idx);                                                                        \
         if (WO_UNLIKELY(!real))                                                                    \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
+            return missing;                                                                        \
         if (!wo_enter())                                                                           \
             return call;                                                                           \
     } while (0)
+#define WO_HOOK_ENTER(call) WO_HOOK_ENTER_AS(id, CUDA_ERROR_NOT_FOUND, call)
+#define WO_RT_HOOK_ENTER(call) WO_HOOK_ENTER_AS(WO_NHOOKS + id, cudaErrorSharedObjectSymbolNotFound, call)
 
 /* Stream 0 of a per-thread variant is the calling thread's stream. */
 static inline uint64_t wo_stream_id(const void *s, int pt)

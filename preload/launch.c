@@ -361,11 +361,7 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
 #define RT_LAUNCH_HOOK(fn, stub)                                                                   \
     do {                                                                                           \
         cudaError_t res_;                                                                          \
-        wo_count_call(WO_NHOOKS + id);                                                             \
-        if (WO_UNLIKELY(!real))                                                                    \
-            return cudaErrorSharedObjectSymbolNotFound;                                            \
-        if (!wo_enter())                                                                           \
-            return real(fn, grid, block, args, shmem, s);                                          \
+        WO_RT_HOOK_ENTER(real(fn, grid, block, args, shmem, s));                                   \
         res_ = real(fn, grid, block, args, shmem, s);                                              \
         if (res_ == cudaSuccess) {                                                                 \
             const uint32_t g_[3] = {grid.x, grid.y, grid.z}, b_[3] = {block.x, block.y, block.z};  \
@@ -399,11 +395,7 @@ cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, 
 {
     cudaError_t res;
 
-    wo_count_call(WO_NHOOKS + id);
-    if (WO_UNLIKELY(!real))
-        return cudaErrorSharedObjectSymbolNotFound;
-    if (!wo_enter())
-        return real(cfg, func, args);
+    WO_RT_HOOK_ENTER(real(cfg, func, args));
     res = real(cfg, func, args);
     if (res == cudaSuccess && cfg) {
         const uint32_t g[3] = {cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z};

@@ -31,7 +31,6 @@ struct rr {
     int prio;
     bool no_slices;
     bool written;
-    bool rm_set;       /* read-mostly advised (first collapse-kind prefetch) */
     uint64_t slice;    /* gcd of the non-zero hit offsets over the whole trace */
     uint64_t usize;    /* unit size of the bound */
     uint32_t ubase;    /* first unit of this range in the bound */
@@ -54,7 +53,12 @@ struct bunit {
 
 struct busy {
     double a, b;
-    int dma; /* traffic pieces: a copy engine's transfer (a prefetch), else the GPU's in-place reads */
+};
+
+/* A piece of link traffic, for the host's slowdown under it. */
+struct traffic {
+    double a, b;
+    int dma; /* a copy engine's transfer (a prefetch), else the GPU's in-place reads */
 };
 
 struct sim {
@@ -73,7 +77,7 @@ struct sim {
     double cpu_base; /* cpu_work without the link's slowdown (what bounds any schedule) */
     struct busy *lk; /* link bookings, sorted, disjoint, merged */
     size_t nlk, caplk;
-    struct busy *tp; /* the same bookings as pieces of one kind each, sorted (the host's slowdown) */
+    struct traffic *tp; /* the same bookings as pieces of one kind each, sorted */
     size_t ntp, captp;
     uint64_t prev_trace_t;
     int have_prev, after_sync, sealed;
@@ -187,7 +191,7 @@ static void traffic(struct sim *s, double a, double b, int dma)
     for (i = s->ntp; i > 0 && s->tp[i - 1].a > a; i--)
         ;
     memmove(s->tp + i + 1, s->tp + i, (s->ntp - i) * sizeof(*s->tp));
-    s->tp[i] = (struct busy){a, b, dma};
+    s->tp[i] = (struct traffic){a, b, dma};
     s->ntp++;
 }
 
@@ -228,7 +232,7 @@ static double link_use(struct sim *s, double t, double d, int dma)
                 return t + d;
             }
             memmove(s->lk + i + 1, s->lk + i, (s->nlk - i) * sizeof(*s->lk));
-            s->lk[i] = (struct busy){t, t + gap, 0};
+            s->lk[i] = (struct busy){t, t + gap};
             s->nlk++;
             i++;
         }
@@ -502,7 +506,6 @@ static void apply_actions(struct sim *s)
                 /* a duplicate is a little slower than a migration (device-facts.md) */
                 bps *= s->dm->rm_pf_gbs / s->dm->pf_gbs[3];
                 /* read-mostly set on each piece it prefetches (uvm/prefetch.c) */
-                r->rm_set = true;
                 t1 += s->dm->advise_us * 1e-6;
             }
             t1 = link_use(s, t1, (double)a.bytes / bps, 1);
@@ -542,13 +545,12 @@ static void apply_actions(struct sim *s)
 
 /* ---- the host thread ---------------------------------------------------- */
 
-/* How much longer `gap` seconds of the host's own work from the host clock
- * on take while the link carries the GPU's in-place reads or a copy
- * engine's transfer (bench/pcie-interference.py: the launch path shares
- * PCIe with them). Bookings are disjoint, and the work stretches over
- * whatever traffic the stretched part meets too (iterated to a fixed point
- * on the first pass over the bookings; traffic is booked ahead of the host
- * clock, never behind it). */
+/* How long `gap` seconds of the host's own work from the host clock on take
+ * while the link carries the GPU's in-place reads or a copy engine's
+ * transfer (bench/pcie-interference.py: the launch path shares PCIe with
+ * them): one walk over the traffic pieces in time order, the work advancing
+ * at 1/factor inside a piece and at full speed between pieces, so the
+ * stretched part meets the later pieces too. */
 static double link_slowdown(const struct sim *s, double gap)
 {
     double fz = s->dm->host_zc_slow, fd = s->dm->host_dma_slow, t = s->cpu_t, left = gap, took = 0;
@@ -556,7 +558,7 @@ static double link_slowdown(const struct sim *s, double gap)
     if (fz <= 1 && fd <= 1)
         return gap;
     for (size_t i = 0; i < s->ntp && left > 0; i++) {
-        const struct busy *b = &s->tp[i];
+        const struct traffic *b = &s->tp[i];
         double f = b->dma ? fd : fz, idle, busy;
 
         if (b->b <= t)

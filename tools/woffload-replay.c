@@ -123,15 +123,14 @@ int main(int argc, char **argv)
             char *end;
             double v = strtod(argv[++i], &end);
 
-            if (*end || !(v > 0) || v > 1e6 || (a[7] == 's' && a[8] == 'c' && v > 20)) {
+            bool scale = strcmp(a, "--host-scale") == 0;
+
+            if (*end || !(v > 0) || v > (scale ? 20 : 1e6)) {
                 fprintf(stderr, "woffload-replay: %s wants a positive number%s, got \"%s\"\n", a,
-                        a[8] == 'c' ? " up to 20" : " (milliseconds)", argv[i]);
+                        scale ? " up to 20" : " (milliseconds)", argv[i]);
                 return 2;
             }
-            if (a[8] == 'c')
-                host_scale = v;
-            else
-                host_step = v;
+            *(scale ? &host_scale : &host_step) = v;
             continue;
         }
         if (strcmp(a, "--check") == 0 || strcmp(a, "--warmup") == 0 || strcmp(a, "--top") == 0) {
