@@ -310,6 +310,14 @@ for _x in "abc":
     SCENARIOS.append(S(f"r7-host-{_x}", "moe", policy="experts-host-all", offload="experts:all", **R7))
     SCENARIOS.append(S(f"r7-managed-{_x}", "moe", policy="experts-managed-half", offload="experts:all",
                        **R7))
+# the prefetcher from the engine's context (as before 2026-11-22 21:00) beside
+# its own context (the default): bench/prefetch-contention.cu
+for _x in "abc":
+    SCENARIOS.append(S(f"r7-managed-engctx-{_x}", "moe", policy="experts-managed-half",
+                       offload="experts:all", env={"WOFFLOAD_PREFETCH_OWN_CONTEXT": "0"}, **R7))
+SCENARIOS.append(dict(next(x for x in SCENARIOS if x["name"] == "skew-moe-shim-experts-managed-half-warm"),
+                      name="skew-moe-shim-experts-managed-half-warm-engctx",
+                      env={"WOFFLOAD_PREFETCH_OWN_CONTEXT": "0"}))
 # issue 7: do the host and managed placements slow the engine's own host
 # work? Traced all-GPU, experts-on-host and experts-managed runs, alternating (bench/trace-steps.py splits
 # each step into the host's own work and what follows its waits)

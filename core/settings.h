@@ -18,6 +18,7 @@ struct wo_settings {
     const char *cuda_lib;    /* WOFFLOAD_CUDA_LIB */
     bool disable;            /* WOFFLOAD_DISABLE */
     bool prefetch;           /* WOFFLOAD_PREFETCH */
+    bool prefetch_own_ctx;   /* WOFFLOAD_PREFETCH_OWN_CONTEXT */
     bool summary;            /* WOFFLOAD_SUMMARY */
     bool observe;            /* WOFFLOAD_OBSERVE */
     uint32_t ring_events;    /* WOFFLOAD_RING_EVENTS, power of two */

@@ -205,6 +205,9 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuCtxGetCurrent)                                                                             \
     Y(cuCtxSetCurrent)                                                                             \
     Y(cuCtxGetDevice)                                                                              \
+    Y(cuCtxCreate_v4)                                                                              \
+    Y(cuCtxCreate_v2)                                                                              \
+    Y(cuCtxDestroy_v2)                                                                             \
     Y(cuMemGetInfo_v2)                                                                             \
     Y(cuMemHostAlloc)                                                                              \
     Y(cuMemFreeHost)                                                                               \

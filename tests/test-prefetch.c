@@ -3,7 +3,8 @@
  * stream, read-mostly duplication and collapse for read-only ranges,
  * copy-back for written ones, only managed segments move, nothing is
  * enqueued while a global capture is under way, a freed range's held
- * actions are dropped. */
+ * actions are dropped, every call comes from the prefetcher's own context
+ * when it has one. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,12 +24,14 @@ struct call {
     int loc_type;
     int advice;
     CUstream s;
+    CUcontext ctx; /* current when the call was made */
 };
 
 static struct call calls[20000];
 static size_t ncalls;
 static int streams_made;
 static CUresult fail_prefetch;
+static CUcontext cur_ctx; /* the calling thread's current context, as the table sees it */
 
 static void log_call(const char *w, uint64_t p, uint64_t n, int lt, int adv, CUstream s)
 {
@@ -41,6 +44,7 @@ static void log_call(const char *w, uint64_t p, uint64_t n, int lt, int adv, CUs
         c->loc_type = lt;
         c->advice = adv;
         c->s = s;
+        c->ctx = cur_ctx;
     }
 }
 
@@ -85,10 +89,61 @@ static const struct wo_driver drv = {
     .cuStreamDestroy_v2 = f_stream_destroy,
 };
 
+#define ENGINE_CTX ((CUcontext)(uintptr_t)0xe1)
+#define OWN_CTX ((CUcontext)(uintptr_t)0x0c)
+static int ctx_made, ctx_destroyed;
+static CUresult fail_ctx;
+
+static CUresult f_device_get(CUdevice *d, int ordinal)
+{
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_ctx_set(CUcontext c)
+{
+    cur_ctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_ctx_create(CUcontext *c, CUctxCreateParams *p, unsigned flags, CUdevice d)
+{
+    assert_null(p);
+    assert_int_equal(flags, 0);
+    assert_int_equal(d, 0);
+    if (fail_ctx)
+        return fail_ctx;
+    ctx_made++;
+    *c = cur_ctx = OWN_CTX; /* a new context is current on the caller */
+    return CUDA_SUCCESS;
+}
+
+static CUresult f_ctx_destroy(CUcontext c)
+{
+    assert_ptr_equal(c, OWN_CTX);
+    ctx_destroyed++;
+    return CUDA_SUCCESS;
+}
+
+static const struct wo_driver drv_ctx = {
+    .cuMemPrefetchAsync_v2 = f_prefetch,
+    .cuMemAdvise_v2 = f_advise,
+    .cuStreamCreate = f_stream_create,
+    .cuStreamSynchronize = f_stream_sync,
+    .cuStreamDestroy_v2 = f_stream_destroy,
+    .cuDeviceGet = f_device_get,
+    .cuCtxSetCurrent = f_ctx_set,
+    .cuCtxCreate_v4 = f_ctx_create,
+    .cuCtxDestroy_v2 = f_ctx_destroy,
+};
+
 static int setup(void **state)
 {
     (void)state;
     ncalls = 0;
+    cur_ctx = NULL;
+    ctx_made = ctx_destroyed = 0;
+    fail_ctx = CUDA_SUCCESS;
     streams_made = 0;
     fail_prefetch = CUDA_SUCCESS;
     wo_captures_global = 0;
@@ -320,6 +375,36 @@ static void test_driver_error(void **state)
     wo_prefetcher_free(pf);
 }
 
+/* With a context of its own, the stream and every call come from it (a
+ * prefetch call from the engine's context holds up the engine's launches);
+ * if it cannot make one, from the engine's; off, it never tries. */
+static void test_own_context(void **state)
+{
+    for (int mode = 0; mode < 3; mode++) {
+        struct wo_plan_cfg cfg;
+        struct wo_prefetcher *pf = NULL;
+        struct wo_prefetch_totals t;
+
+        setup(state);
+        fail_ctx = mode == 1 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+        wo_plan_cfg_default(&cfg);
+        cfg.budget = WO_GiB;
+        assert_int_equal(wo_prefetcher_new(&drv_ctx, &cfg, 0, ENGINE_CTX, &pf), 0);
+        wo_prefetcher_own_context(pf, mode != 2);
+        assert_int_equal(wo_prefetcher_add_segment(pf, 8, 1, BASE, 32 * WO_MiB, 0, 32 * WO_MiB, 0, true), 0);
+        launch(pf, 8, 0);
+        wo_prefetcher_totals(pf, &t);
+        assert_true(t.prefetches >= 1);
+        assert_int_equal(t.errors, 0);
+        assert_int_equal(streams_made, 1);
+        for (size_t i = 0; i < ncalls; i++)
+            assert_ptr_equal(calls[i].ctx, mode == 0 ? OWN_CTX : ENGINE_CTX);
+        wo_prefetcher_free(pf);
+        assert_int_equal(ctx_made, mode == 0);
+        assert_int_equal(ctx_destroyed, mode == 0);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +414,7 @@ int main(void)
         cmocka_unit_test_setup(test_evictions, setup),
         cmocka_unit_test_setup(test_capture_holds, setup),
         cmocka_unit_test_setup(test_driver_error, setup),
+        cmocka_unit_test_setup(test_own_context, setup),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

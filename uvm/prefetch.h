@@ -23,7 +23,13 @@ struct wo_prefetcher;
  * ctx, when not NULL, is made current first). 0, -EINVAL, -ENOMEM. */
 int wo_prefetcher_new(const struct wo_driver *drv, const struct wo_plan_cfg *cfg, int device,
                       CUcontext ctx, struct wo_prefetcher **ret);
-/* Waits for the stream (bounded by the driver), destroys it, frees. NULL is fine. */
+/* on: the first action makes a context of its own on the device and issues
+ * every driver call from it (a prefetch call from the engine's context holds
+ * up the engine's launches while it migrates); if that fails, the engine's.
+ * Off by default here; the shim turns it on (WOFFLOAD_PREFETCH_OWN_CONTEXT). */
+void wo_prefetcher_own_context(struct wo_prefetcher *pf, bool on);
+/* Waits for the stream (bounded by the driver), destroys it and the context
+ * of its own, frees. NULL is fine. */
 void wo_prefetcher_free(struct wo_prefetcher *pf);
 
 /* A managed range: registry (id, gen), its base address and size. Only the

@@ -25,6 +25,10 @@ struct wo_driver {
     CUresult (*cuCtxGetCurrent)(CUcontext *ctx);
     CUresult (*cuCtxSetCurrent)(CUcontext ctx);
     CUresult (*cuCtxGetDevice)(CUdevice *dev);
+    CUresult (*cuCtxCreate_v4)(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags,
+                               CUdevice dev);
+    CUresult (*cuCtxCreate_v2)(CUcontext *ctx, unsigned int flags, CUdevice dev);
+    CUresult (*cuCtxDestroy_v2)(CUcontext ctx);
     CUresult (*cuMemGetInfo_v2)(size_t *free, size_t *total);
     CUresult (*cuMemAlloc_v2)(CUdeviceptr *p, size_t size);
     CUresult (*cuMemFree_v2)(CUdeviceptr p);
@@ -56,12 +60,12 @@ struct wo_driver {
 #define WO_DRIVER_FUNCS(X)                                                                         \
     X(cuInit) X(cuGetErrorName) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)           \
     X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent)      \
-    X(cuCtxGetDevice) X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged)      \
-    X(cuMemHostAlloc) X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2)           \
-    X(cuMemPrefetchAsync_v2) X(cuMemcpy) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2)  \
-    X(cuStreamSynchronize) X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2)              \
-    X(cuEventRecord) X(cuEventQuery) X(cuEventSynchronize) X(cuFuncGetName)                        \
-    X(cuPointerGetAttribute)
+    X(cuCtxGetDevice) X(cuCtxCreate_v4) X(cuCtxCreate_v2) X(cuCtxDestroy_v2) X(cuMemGetInfo_v2)    \
+    X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc) X(cuMemFreeHost)       \
+    X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2) X(cuMemcpy)         \
+    X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)                \
+    X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
+    X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */

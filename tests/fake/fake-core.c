@@ -551,6 +551,74 @@ FK_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx)
     return CUDA_SUCCESS;
 }
 
+/* Contexts of their own (cuCtxCreate): a fixed pool, so a handle stays
+ * checkable after cuCtxDestroy (its magic is cleared, never its memory). */
+#define CREATED 16
+static struct CUctx_st created[CREATED];
+
+static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
+{
+    struct CUctx_st *c = NULL;
+
+    if (!pctx)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!fk_device_valid(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    fk_lock_();
+    for (int i = 0; i < CREATED && !c; i++)
+        if (created[i].magic != FK_CTX_MAGIC) {
+            c = &created[i];
+            c->device = dev;
+            c->refs = 1;
+            c->magic = FK_CTX_MAGIC;
+        }
+    fk_unlock_();
+    if (!c)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (ctx_depth == CTX_STACK) {
+        c->magic = 0;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    /* like the real driver: the new context is pushed, current on this thread */
+    ctx_stack[ctx_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    FK_ENTER(cuCtxCreate_v2);
+    (void)flags;
+    return ctx_create(pctx, dev);
+}
+
+FK_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
+                                  CUdevice dev)
+{
+    FK_ENTER(cuCtxCreate_v4);
+    (void)flags;
+    if (params)
+        return CUDA_ERROR_NOT_SUPPORTED; /* execution affinity, CIG: not modelled */
+    return ctx_create(pctx, dev);
+}
+
+FK_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    FK_ENTER(cuCtxDestroy_v2);
+    if (!fk_ctx_valid(ctx) || ctx < &created[0] || ctx >= &created[CREATED])
+        return CUDA_ERROR_INVALID_CONTEXT; /* a primary context is released, never destroyed */
+    for (int i = 0; i < ctx_depth; i++)
+        if (ctx_stack[i] == ctx) {
+            memmove(&ctx_stack[i], &ctx_stack[i + 1], (size_t)(ctx_depth - i - 1) * sizeof(ctx));
+            ctx_depth--;
+            i--;
+        }
+    fk_lock_();
+    ctx->magic = 0;
+    fk_unlock_();
+    return CUDA_SUCCESS;
+}
+
 FK_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
 {
     FK_ENTER(cuCtxGetDevice);

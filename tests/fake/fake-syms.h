@@ -34,6 +34,9 @@
     X(cuDeviceTotalMem_v2, I)                                                                      \
     X(cuDevicePrimaryCtxRetain, I)                                                                 \
     X(cuDevicePrimaryCtxRelease_v2, I)                                                             \
+    X(cuCtxCreate_v2, I)                                                                           \
+    X(cuCtxCreate_v4, I)                                                                           \
+    X(cuCtxDestroy_v2, I)                                                                          \
     X(cuCtxGetCurrent, I)                                                                          \
     X(cuCtxSetCurrent, I)                                                                          \
     X(cuCtxPushCurrent_v2, I)                                                                      \
@@ -191,6 +194,9 @@
     X(cuDevicePrimaryCtxRelease, 11000, cuDevicePrimaryCtxRelease_v2, NULL)                        \
     X(cuCtxGetCurrent, 4000, cuCtxGetCurrent, NULL)                                                \
     X(cuCtxSetCurrent, 4000, cuCtxSetCurrent, NULL)                                                \
+    X(cuCtxCreate, 3020, cuCtxCreate_v2, NULL)                                                     \
+    X(cuCtxCreate, 12050, cuCtxCreate_v4, NULL)                                                    \
+    X(cuCtxDestroy, 4000, cuCtxDestroy_v2, NULL)                                                   \
     X(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2, NULL)                                           \
     X(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2, NULL)                                             \
     X(cuCtxGetDevice, 2000, cuCtxGetDevice, NULL)                                                  \
