@@ -321,7 +321,7 @@ SCENARIOS.append(dict(next(x for x in SCENARIOS if x["name"] == "skew-moe-shim-e
 # issue 7: do the host and managed placements slow the engine's own host
 # work? Traced all-GPU, experts-on-host and experts-managed runs, alternating (bench/trace-steps.py splits
 # each step into the host's own work and what follows its waits)
-for _x in "abc":
+for _x in "abcde":
     SCENARIOS.append(S(f"r7h-gpu-{_x}", "moe", policy="experts-device",
                        env={"WOFFLOAD_TRACE": f"/tmp/wo-trace-r7h-gpu-{_x}.wotrace"}, **R7))
     SCENARIOS.append(S(f"r7h-host-{_x}", "moe", policy="experts-host-all", offload="experts:all",
