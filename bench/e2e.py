@@ -305,7 +305,7 @@ for _n in ("eager-moe-shim-experts-managed-half-warm", "eager-moe-shim-experts-m
 R7 = dict(experts_impl="eager", new_tokens=17, warmups=2, repeats=3, prefill=0, ref="r7-gpu-a")
 SCENARIOS.append(S("r7-trace-gpu", "moe", policy="experts-device",
                    env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-gpu.wotrace"}, **R7))
-for _x in "abc":
+for _x in "abcde":
     SCENARIOS.append(S(f"r7-gpu-{_x}", "moe", **R7))
     SCENARIOS.append(S(f"r7-host-{_x}", "moe", policy="experts-host-all", offload="experts:all", **R7))
     SCENARIOS.append(S(f"r7-managed-{_x}", "moe", policy="experts-managed-half", offload="experts:all",
