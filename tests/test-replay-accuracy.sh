@@ -5,28 +5,34 @@
 # One all-GPU trace (tests/traces/h100-eager-moe-r7-gpu.wot.gz: transformers'
 # eager experts backend, bench/e2e.py r7-trace-gpu, 2026-11-22 18:08 UTC) is
 # replayed under three placements; each predicted mean decode step is
-# compared with what three sessions measured with the very same calls (2
-# warm-up generates of 17 tokens, then 3 timed; the trace's first 34 steps
-# are those warm-up calls): in each session three runs of each placement,
-# alternating, one process each; measured = 1 / the median of the nine
-# calls' decode rates (bench/results/e2e-20261122-180852-issue7-r7.md, the
-# trace's own session, e2e-20261122-182044-issue7-r7-second.md and
-# e2e-20261122-190306-issue7-r7-third.md).
+# compared with what a session (one lease of the GPU machine) measured with
+# the very same calls (2 warm-up generates of 17 tokens, then 3 timed; the
+# trace's first 34 steps are those warm-up calls), the placements
+# alternating, one process each; measured = 1 / the median of the calls'
+# decode rates. The results files (bench/results/) are named per session.
 #
-# The lent VM's host speed drifts: the all-GPU calls of the first session
-# took 47.0 to 78.7 ms a step, the trace's own run 57.7 ms. The engine is
-# launch-bound, so every placement's step moves with it. The replay is
-# therefore checked at each session's host speed: --host-step gives it the
-# all-GPU step the session measured, from which it scales the recorded host
-# work (one number, fit on the all-GPU placement only); the host and managed
-# predictions stay out of sample. Held to: experts on host 15% (the issue's
-# target; -9%, -12%, -2%), managed 25% (-7%, -19%, -19%: the model misses
-# part of what managed costs, docs/prefetch.md). The uncalibrated
-# predictions (the trace run's host speed) are held to 25%.
-# The managed runs were made with the prefetcher's executor before 61ad634
-# (whole ranges read-mostly: misses faulted GPU copies in); the replay now
-# models the executor that keeps the budget (docs/prefetch.md). Those rows
-# guard against regressions of the model until they are measured again.
+# The lent VM's host speed drifts: all-GPU calls took 36.9 to 78.7 ms a step
+# across sessions. The engine is launch-bound, so every placement's step
+# moves with it. The replay is therefore checked at each session's host
+# speed: --host-step gives it the all-GPU step the session measured, from
+# which it scales the recorded host work (one number, fit on the all-GPU
+# placement only); the host and managed predictions stay out of sample.
+#
+# Experts on host, held to 15% (the issue's target): -9%, -12%, -2% (the
+# first three sessions, e2e-20261122-180852-issue7-r7, -182044-...-second,
+# -190306-...-third), +1.5% (e2e-20261122-202230-issue7-final-executor),
+# -6% (-203725-issue7-own-context), +1% (-205334-issue7-r7h-five-rounds).
+#
+# Experts managed (9 GiB budget), only sessions run with the executor of
+# today (the prefetcher in a context of its own, 133b949; earlier managed
+# figures measured executors that no longer exist: docs/prefetch.md):
+# -18% (-203725), -1% (-204435-own-vs-engine-context, traced rows, 6 calls),
+# -13% (-205334, 15 calls). Held to 20%, not the issue's 15%: the model
+# matches the median decode step of traced runs (+3.5 ms over all-GPU,
+# measured +3.8 and +4.5 ms, bench/trace-steps.py), but the calls' means
+# carry bursts of slow host work that vary from round to round (managed /
+# all-GPU by round in one session: 0.62 to 0.97; the model says 0.93).
+# The uncalibrated predictions (the trace run's host speed) are held to 25%.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
 replay=$1
@@ -56,20 +62,24 @@ check() {
     fi
 }
 
-# session MEASURED_GPU MEASURED_HOST MEASURED_MANAGED
+# session MEASURED_GPU MEASURED_HOST MEASURED_MANAGED ("-": not measured)
 session() {
     echo "session measured $1 / $2 / $3 ms; at its host speed (--host-step $1):"
     # the calibration point itself: this checks that --host-step finds the
     # host speed (to 0.1%), not the model
     check "all on GPU (calibration)" all-device.yaml "$1" 0.001 --host-step "$1"
-    check "experts on host" experts-host.yaml "$2" 0.15 --host-step "$1"
-    check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.25 --host-step "$1"
+    [ "$2" = - ] || check "experts on host" experts-host.yaml "$2" 0.15 --host-step "$1"
+    [ "$3" = - ] || check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.20 --host-step "$1"
     echo "the same at the trace run's host speed:"
     check "all on GPU" all-device.yaml "$1" 0.25
-    check "experts on host" experts-host.yaml "$2" 0.25
-    check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.25
+    [ "$2" = - ] || check "experts on host" experts-host.yaml "$2" 0.25
+    [ "$3" = - ] || check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.25
 }
-session 65.60 112.61 74.18
-session 52.17 104.08 68.84
-session 54.21 94.95 71.30
+session 65.60 112.61 -
+session 52.17 104.08 -
+session 54.21 94.95 -
+session 50.46 88.84 -
+session 53.49 98.90 69.44
+session 52.76 - 57.06
+session 48.93 87.80 60.21
 exit $((fails > 0))
