@@ -21,17 +21,20 @@
 # Experts on host, held to 15% (the issue's target): -9%, -12%, -2% (the
 # first three sessions, e2e-20261122-180852-issue7-r7, -182044-...-second,
 # -190306-...-third), +1.5% (e2e-20261122-202230-issue7-final-executor),
-# -6% (-203725-issue7-own-context), +1% (-205334-issue7-r7h-five-rounds).
+# -6% (-203725-issue7-own-context), +1% (-205334-issue7-r7h-five-rounds),
+# -4% (-210334-issue7-r7-five-rounds).
 #
 # Experts managed (9 GiB budget), only sessions run with the executor of
 # today (the prefetcher in a context of its own, 133b949; earlier managed
 # figures measured executors that no longer exist: docs/prefetch.md):
 # -18% (-203725), -1% (-204435-own-vs-engine-context, traced rows, 6 calls),
-# -13% (-205334, 15 calls). Held to 20%, not the issue's 15%: the model
+# -13% (-205334, 15 calls), -6% (-210334, 15 calls). Held to 20%, not the
+# issue's 15% (met in three of the four): the model
 # matches the median decode step of traced runs (+3.5 ms over all-GPU,
 # measured +3.8 and +4.5 ms, bench/trace-steps.py), but the calls' means
 # carry bursts of slow host work that vary from round to round (managed /
-# all-GPU by round in one session: 0.62 to 0.97; the model says 0.93).
+# all-GPU by round in one session: 0.62 to 0.97, in the next 0.88 to 1.03;
+# the model says 0.93-0.94).
 # The uncalibrated predictions (the trace run's host speed) are held to 25%.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
@@ -82,4 +85,5 @@ session 50.46 88.84 -
 session 53.49 98.90 69.44
 session 52.76 - 57.06
 session 48.93 87.80 60.21
+session 54.34 97.43 61.24
 exit $((fails > 0))
