@@ -21,6 +21,9 @@
 // to what the prefetcher was doing as the call returned, and the
 // prefetcher's call times.
 //
+// First, what a context of its own costs in device memory and what giving
+// back its stack reservation (CU_LIMIT_STACK_SIZE 0) returns.
+//
 // Keeps 1.1 GiB managed (far below free). Build and run on the GPU machine:
 //   nvcc -O2 -arch=sm_90 bench/prefetch-contention.cu -lcuda -lpthread -o /tmp/pc && /tmp/pc
 #include <cuda.h>
@@ -233,11 +236,51 @@ static void run(int mode)
     }
 }
 
+static double free_mib(void)
+{
+    size_t f, t;
+    CK(cuMemGetInfo(&f, &t));
+    return f / 1048576.0;
+}
+
+// What a context of its own costs in device memory, and what its limits
+// give back (it launches no kernel: no stack, printf FIFO or heap needed).
+static void context_memory(void)
+{
+    static const struct {
+        CUlimit l;
+        const char *name;
+    } lim[] = {{CU_LIMIT_STACK_SIZE, "stack size"},
+               {CU_LIMIT_PRINTF_FIFO_SIZE, "printf FIFO"},
+               {CU_LIMIT_MALLOC_HEAP_SIZE, "malloc heap"}};
+    CUcontext c;
+    double f0 = free_mib(), f1;
+    CK(cuCtxCreate(&c, NULL, 0, dev));
+    f1 = free_mib();
+    printf("context memory: a new context takes %.0f MiB\n", f0 - f1);
+    for (size_t i = 0; i < sizeof(lim) / sizeof(lim[0]); i++) {
+        size_t v = 0;
+        CK(cuCtxGetLimit(&v, lim[i].l));
+        CUresult r = cuCtxSetLimit(lim[i].l, 0);
+        size_t w = 0;
+        cuCtxGetLimit(&w, lim[i].l);
+        double f2 = free_mib();
+        printf("context memory: %s %zu -> %zu bytes (%s): %.0f MiB given back\n", lim[i].name, v, w,
+               r == CUDA_SUCCESS ? "set" : "refused", f2 - f1);
+        f1 = f2;
+    }
+    printf("context memory: left %.0f MiB\n", f0 - f1);
+    CK(cuCtxDestroy(c));
+    printf("context memory: destroyed, %.0f MiB back\n", free_mib() - f1);
+}
+
 int main(void)
 {
     CK(cuInit(0));
     CK(cuDeviceGet(&dev, 0));
     CK(cuDevicePrimaryCtxRetain(&primary, dev));
+    CK(cuCtxSetCurrent(primary));
+    context_memory();
     CK(cuCtxSetCurrent(primary));
     CK(cuCtxCreate(&own, NULL, 0, dev));
     CK(cuCtxSetCurrent(primary));

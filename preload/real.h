@@ -208,6 +208,7 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuCtxCreate_v4)                                                                              \
     Y(cuCtxCreate_v2)                                                                              \
     Y(cuCtxDestroy_v2)                                                                             \
+    Y(cuCtxSetLimit)                                                                               \
     Y(cuMemGetInfo_v2)                                                                             \
     Y(cuMemHostAlloc)                                                                              \
     Y(cuMemFreeHost)                                                                               \

@@ -189,6 +189,7 @@ static void managed_experts_end_to_end(void **state)
     assert_true(f_calls("cuMemPrefetchAsync_v2") > 0);
     /* from a context of its own (WOFFLOAD_PREFETCH_OWN_CONTEXT defaults to on) */
     assert_int_equal(f_calls("cuCtxCreate_v4"), 1);
+    assert_int_equal(f_calls("cuCtxSetLimit"), 1);
     {
         /* per-name figures reach the stats JSON (published by the consumer
          * thread at most every 100 ms: wait for a publication that has seen

@@ -91,7 +91,7 @@ static const struct wo_driver drv = {
 
 #define ENGINE_CTX ((CUcontext)(uintptr_t)0xe1)
 #define OWN_CTX ((CUcontext)(uintptr_t)0x0c)
-static int ctx_made, ctx_destroyed;
+static int ctx_made, ctx_destroyed, stack_zeroed;
 static CUresult fail_ctx;
 
 static CUresult f_device_get(CUdevice *d, int ordinal)
@@ -125,6 +125,14 @@ static CUresult f_ctx_destroy(CUcontext c)
     return CUDA_SUCCESS;
 }
 
+static CUresult f_ctx_set_limit(CUlimit l, size_t v)
+{
+    /* the prefetcher's own context gives back its stack reservation */
+    assert_ptr_equal(cur_ctx, OWN_CTX);
+    stack_zeroed += l == CU_LIMIT_STACK_SIZE && v == 0;
+    return CUDA_SUCCESS;
+}
+
 static const struct wo_driver drv_ctx = {
     .cuMemPrefetchAsync_v2 = f_prefetch,
     .cuMemAdvise_v2 = f_advise,
@@ -135,6 +143,7 @@ static const struct wo_driver drv_ctx = {
     .cuCtxSetCurrent = f_ctx_set,
     .cuCtxCreate_v4 = f_ctx_create,
     .cuCtxDestroy_v2 = f_ctx_destroy,
+    .cuCtxSetLimit = f_ctx_set_limit,
 };
 
 static int setup(void **state)
@@ -142,7 +151,7 @@ static int setup(void **state)
     (void)state;
     ncalls = 0;
     cur_ctx = NULL;
-    ctx_made = ctx_destroyed = 0;
+    ctx_made = ctx_destroyed = stack_zeroed = 0;
     fail_ctx = CUDA_SUCCESS;
     streams_made = 0;
     fail_prefetch = CUDA_SUCCESS;
@@ -402,6 +411,7 @@ static void test_own_context(void **state)
         wo_prefetcher_free(pf);
         assert_int_equal(ctx_made, mode == 0);
         assert_int_equal(ctx_destroyed, mode == 0);
+        assert_int_equal(stack_zeroed, mode == 0);
     }
 }
 

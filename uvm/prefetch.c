@@ -224,7 +224,8 @@ void wo_prefetcher_log_ranges(const struct wo_prefetcher *pf, unsigned max)
  * managed run +319 us on the launch gap holding a 12 MiB prefetch call,
  * +648 us for 24 MiB); from a context of its own the engine's launches run
  * on (-2%). Managed memory is the process's: any context on the device
- * prefetches and advises it. Without one (an old driver, no memory) the
+ * prefetches and advises it. The context costs device memory (260 MiB on
+ * the H100 once its stack reservation is given back). Without one (an old driver, no memory) the
  * prefetcher works from the engine's context, as before. */
 static void own_context(struct wo_prefetcher *pf)
 {
@@ -250,6 +251,11 @@ static void own_context(struct wo_prefetcher *pf)
         return;
     }
     pf->own_ctx = c;
+    /* it launches no kernel: no stack to reserve for every thread the GPU
+     * can hold (264 of the context's 524 MiB on the H100,
+     * bench/prefetch-contention.cu) */
+    if (d->cuCtxSetLimit && (res = d->cuCtxSetLimit(CU_LIMIT_STACK_SIZE, 0)) != CUDA_SUCCESS)
+        wo_debug("prefetcher: its context keeps its stack reservation (%s)", wo_cu_error_name(res));
     if (have_free && d->cuMemGetInfo_v2(&free1, &total) == CUDA_SUCCESS && free1 <= free0)
         wo_info("prefetcher: a context of its own on device %d (%zu MiB of device memory)",
                 pf->device, (free0 - free1) >> 20);

@@ -29,6 +29,7 @@ struct wo_driver {
                                CUdevice dev);
     CUresult (*cuCtxCreate_v2)(CUcontext *ctx, unsigned int flags, CUdevice dev);
     CUresult (*cuCtxDestroy_v2)(CUcontext ctx);
+    CUresult (*cuCtxSetLimit)(CUlimit limit, size_t value);
     CUresult (*cuMemGetInfo_v2)(size_t *free, size_t *total);
     CUresult (*cuMemAlloc_v2)(CUdeviceptr *p, size_t size);
     CUresult (*cuMemFree_v2)(CUdeviceptr p);
@@ -60,10 +61,10 @@ struct wo_driver {
 #define WO_DRIVER_FUNCS(X)                                                                         \
     X(cuInit) X(cuGetErrorName) X(cuDriverGetVersion) X(cuDeviceGet) X(cuDeviceGetCount)           \
     X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent)      \
-    X(cuCtxGetDevice) X(cuCtxCreate_v4) X(cuCtxCreate_v2) X(cuCtxDestroy_v2) X(cuMemGetInfo_v2)    \
-    X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc) X(cuMemFreeHost)       \
-    X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2) X(cuMemcpy)         \
-    X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)                \
+    X(cuCtxGetDevice) X(cuCtxCreate_v4) X(cuCtxCreate_v2) X(cuCtxDestroy_v2) X(cuCtxSetLimit)      \
+    X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc)     \
+    X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
+    X(cuMemcpy) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute)
 

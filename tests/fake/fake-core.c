@@ -619,6 +619,13 @@ FK_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
+FK_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t value)
+{
+    FK_ENTER(cuCtxSetLimit);
+    (void)value; /* nothing is reserved for limits here */
+    return limit <= CU_LIMIT_PERSISTING_L2_CACHE_SIZE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 FK_EXPORT CUresult cuCtxGetDevice(CUdevice *device)
 {
     FK_ENTER(cuCtxGetDevice);

@@ -37,6 +37,7 @@
     X(cuCtxCreate_v2, I)                                                                           \
     X(cuCtxCreate_v4, I)                                                                           \
     X(cuCtxDestroy_v2, I)                                                                          \
+    X(cuCtxSetLimit, C)                                                                            \
     X(cuCtxGetCurrent, I)                                                                          \
     X(cuCtxSetCurrent, I)                                                                          \
     X(cuCtxPushCurrent_v2, I)                                                                      \
@@ -197,6 +198,7 @@
     X(cuCtxCreate, 3020, cuCtxCreate_v2, NULL)                                                     \
     X(cuCtxCreate, 12050, cuCtxCreate_v4, NULL)                                                    \
     X(cuCtxDestroy, 4000, cuCtxDestroy_v2, NULL)                                                   \
+    X(cuCtxSetLimit, 3010, cuCtxSetLimit, NULL)                                                    \
     X(cuCtxPushCurrent, 4000, cuCtxPushCurrent_v2, NULL)                                           \
     X(cuCtxPopCurrent, 4000, cuCtxPopCurrent_v2, NULL)                                             \
     X(cuCtxGetDevice, 2000, cuCtxGetDevice, NULL)                                                  \
