@@ -26,16 +26,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        CUresult r_ = (x);                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                 \
-            const char *s_;                                                                       \
-            cuGetErrorString(r_, &s_);                                                            \
-            fprintf(stderr, "managed-read-cost: %s: %s (line %d)\n", #x, s_, __LINE__);           \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "cuda-check.h"
 
 static const size_t PIECE = 24u << 20, N = 2ull << 30;
 static const int NP = (int)(N / PIECE);

@@ -36,16 +36,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                                     \
-    do {                                                                                          \
-        CUresult r_ = (x);                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                 \
-            const char *s_;                                                                       \
-            cuGetErrorString(r_, &s_);                                                            \
-            fprintf(stderr, "prefetch-contention: %s: %s (line %d)\n", #x, s_, __LINE__);         \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "cuda-check.h"
 
 static const size_t PIECE = 24u << 20;
 static const int NP = 48, KEEP = 16;
