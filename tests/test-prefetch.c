@@ -133,6 +133,11 @@ static CUresult f_ctx_set_limit(CUlimit l, size_t v)
     return CUDA_SUCCESS;
 }
 
+static CUresult f_ctx_create_v2(CUcontext *c, unsigned flags, CUdevice d)
+{
+    return f_ctx_create(c, NULL, flags, d);
+}
+
 static const struct wo_driver drv_ctx = {
     .cuMemPrefetchAsync_v2 = f_prefetch,
     .cuMemAdvise_v2 = f_advise,
@@ -386,20 +391,29 @@ static void test_driver_error(void **state)
 
 /* With a context of its own, the stream and every call come from it (a
  * prefetch call from the engine's context holds up the engine's launches);
- * if it cannot make one, from the engine's; off, it never tries. */
+ * a driver without cuCtxCreate_v4 (before 12.5) makes it with _v2; if it
+ * cannot make one, the calls come from the engine's; off, it never tries. */
 static void test_own_context(void **state)
 {
-    for (int mode = 0; mode < 3; mode++) {
+    enum { OWN, OWN_V2, CREATE_FAILS, OFF };
+
+    for (int mode = OWN; mode <= OFF; mode++) {
+        struct wo_driver d = drv_ctx;
+        bool own = mode == OWN || mode == OWN_V2;
         struct wo_plan_cfg cfg;
         struct wo_prefetcher *pf = NULL;
         struct wo_prefetch_totals t;
 
         setup(state);
-        fail_ctx = mode == 1 ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+        fail_ctx = mode == CREATE_FAILS ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+        if (mode == OWN_V2) {
+            d.cuCtxCreate_v4 = NULL;
+            d.cuCtxCreate_v2 = f_ctx_create_v2;
+        }
         wo_plan_cfg_default(&cfg);
         cfg.budget = WO_GiB;
-        assert_int_equal(wo_prefetcher_new(&drv_ctx, &cfg, 0, ENGINE_CTX, &pf), 0);
-        wo_prefetcher_own_context(pf, mode != 2);
+        assert_int_equal(wo_prefetcher_new(&d, &cfg, 0, ENGINE_CTX, &pf), 0);
+        wo_prefetcher_own_context(pf, mode != OFF);
         assert_int_equal(wo_prefetcher_add_segment(pf, 8, 1, BASE, 32 * WO_MiB, 0, 32 * WO_MiB, 0, true), 0);
         launch(pf, 8, 0);
         wo_prefetcher_totals(pf, &t);
@@ -407,11 +421,11 @@ static void test_own_context(void **state)
         assert_int_equal(t.errors, 0);
         assert_int_equal(streams_made, 1);
         for (size_t i = 0; i < ncalls; i++)
-            assert_ptr_equal(calls[i].ctx, mode == 0 ? OWN_CTX : ENGINE_CTX);
+            assert_ptr_equal(calls[i].ctx, own ? OWN_CTX : ENGINE_CTX);
         wo_prefetcher_free(pf);
-        assert_int_equal(ctx_made, mode == 0);
-        assert_int_equal(ctx_destroyed, mode == 0);
-        assert_int_equal(stack_zeroed, mode == 0);
+        assert_int_equal(ctx_made, own);
+        assert_int_equal(ctx_destroyed, own);
+        assert_int_equal(stack_zeroed, own);
     }
 }
 
