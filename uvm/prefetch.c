@@ -224,9 +224,9 @@ void wo_prefetcher_log_ranges(const struct wo_prefetcher *pf, unsigned max)
  * managed run +319 us on the launch gap holding a 12 MiB prefetch call,
  * +648 us for 24 MiB); from a context of its own the engine's launches run
  * on (-2%). Managed memory is the process's: any context on the device
- * prefetches and advises it. The context costs device memory (260 MiB on
- * the H100 once its stack reservation is given back). Without one (an old driver, no memory) the
- * prefetcher works from the engine's context, as before. */
+ * prefetches and advises it. The context costs device memory (~260 MiB on
+ * the H100 once its stack reservation is given back). Without one (an old
+ * driver, no memory left) the prefetcher works from the engine's context. */
 static void own_context(struct wo_prefetcher *pf)
 {
     const struct wo_driver *d = pf->drv;
@@ -265,6 +265,7 @@ static void own_context(struct wo_prefetcher *pf)
 
 static int ensure_stream(struct wo_prefetcher *pf)
 {
+    CUcontext use;
     CUresult res;
 
     if (pf->stream)
@@ -273,10 +274,9 @@ static int ensure_stream(struct wo_prefetcher *pf)
         return -EIO;
     if (pf->want_own && !pf->own_ctx)
         own_context(pf);
-    if (pf->own_ctx)
-        pf->drv->cuCtxSetCurrent(pf->own_ctx);
-    else if (pf->ctx && pf->drv->cuCtxSetCurrent)
-        pf->drv->cuCtxSetCurrent(pf->ctx);
+    use = pf->own_ctx ? pf->own_ctx : pf->ctx;
+    if (use && pf->drv->cuCtxSetCurrent)
+        pf->drv->cuCtxSetCurrent(use);
     /* non-blocking: never orders against the engine's legacy default stream */
     res = pf->drv->cuStreamCreate(&pf->stream, CU_STREAM_NON_BLOCKING);
     if (res != CUDA_SUCCESS) {
