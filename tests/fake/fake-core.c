@@ -576,7 +576,9 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (ctx_depth == CTX_STACK) {
+        fk_lock_();
         c->magic = 0;
+        fk_unlock_();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     /* like the real driver: the new context is pushed, current on this thread */
