@@ -138,18 +138,6 @@ static CUresult f_ctx_create_v2(CUcontext *c, unsigned flags, CUdevice d)
     return f_ctx_create(c, NULL, flags, d);
 }
 
-static const struct wo_driver drv_ctx = {
-    .cuMemPrefetchAsync_v2 = f_prefetch,
-    .cuMemAdvise_v2 = f_advise,
-    .cuStreamCreate = f_stream_create,
-    .cuStreamSynchronize = f_stream_sync,
-    .cuStreamDestroy_v2 = f_stream_destroy,
-    .cuDeviceGet = f_device_get,
-    .cuCtxSetCurrent = f_ctx_set,
-    .cuCtxCreate_v4 = f_ctx_create,
-    .cuCtxDestroy_v2 = f_ctx_destroy,
-    .cuCtxSetLimit = f_ctx_set_limit,
-};
 
 static int setup(void **state)
 {
@@ -398,7 +386,7 @@ static void test_own_context(void **state)
     enum { OWN, OWN_V2, CREATE_FAILS, OFF };
 
     for (int mode = OWN; mode <= OFF; mode++) {
-        struct wo_driver d = drv_ctx;
+        struct wo_driver d = drv; /* plus what a context of its own needs */
         bool own = mode == OWN || mode == OWN_V2;
         struct wo_plan_cfg cfg;
         struct wo_prefetcher *pf = NULL;
@@ -406,10 +394,14 @@ static void test_own_context(void **state)
 
         setup(state);
         fail_ctx = mode == CREATE_FAILS ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-        if (mode == OWN_V2) {
-            d.cuCtxCreate_v4 = NULL;
+        d.cuDeviceGet = f_device_get;
+        d.cuCtxSetCurrent = f_ctx_set;
+        d.cuCtxDestroy_v2 = f_ctx_destroy;
+        d.cuCtxSetLimit = f_ctx_set_limit;
+        if (mode == OWN_V2)
             d.cuCtxCreate_v2 = f_ctx_create_v2;
-        }
+        else
+            d.cuCtxCreate_v4 = f_ctx_create;
         wo_plan_cfg_default(&cfg);
         cfg.budget = WO_GiB;
         assert_int_equal(wo_prefetcher_new(&d, &cfg, 0, ENGINE_CTX, &pf), 0);

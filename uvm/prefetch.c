@@ -223,7 +223,7 @@ void wo_prefetcher_log_ranges(const struct wo_prefetcher *pf, unsigned max)
  * (bench/prefetch-contention.cu: the engine's launch rate -17%, a traced
  * managed run +319 us on the launch gap holding a 12 MiB prefetch call,
  * +648 us for 24 MiB); from a context of its own the engine's launches run
- * on (-2%). Managed memory is the process's: any context on the device
+ * on (0 to -2%). Managed memory is the process's: any context on the device
  * prefetches and advises it. The context costs device memory (~260 MiB on
  * the H100 once its stack reservation is given back). Without one (an old
  * driver, no memory left) the prefetcher works from the engine's context. */
@@ -297,21 +297,26 @@ static CUresult advise(struct wo_prefetcher *pf, uint64_t p, uint64_t n, CUmem_a
     return pf->drv->cuMemAdvise_v2((CUdeviceptr)p, (size_t)n, a, loc);
 }
 
-/* The range becomes plain (the engine writes it): read-mostly off over every
- * segment, which collapses the GPU copies and drops the GPU's mappings, and
- * the segments mapped for the GPU again so that kernels keep reading them in
- * place (bench/managed-read-cost.cu: a read that faults its mappings back
- * runs at ~1.4 GB/s). */
+/* [p, p+n) becomes plain: read-mostly off, which collapses a GPU copy to
+ * the host one (synchronous; no PCIe traffic: the host copy is current for
+ * read-only data) and drops the GPU's mapping, then mapped for the GPU
+ * again so that the next kernel reads it in place at ~50 GB/s; left to
+ * faults, that first read runs at ~1.4 GB/s (bench/managed-read-cost.cu).
+ * A collapsed piece stays plain until prefetched again. */
+static CUresult make_plain(struct wo_prefetcher *pf, uint64_t p, uint64_t n)
+{
+    CUresult res = advise(pf, p, n, CU_MEM_ADVISE_UNSET_READ_MOSTLY);
+
+    return res == CUDA_SUCCESS ? advise(pf, p, n, CU_MEM_ADVISE_SET_ACCESSED_BY) : res;
+}
+
+/* The range becomes plain over every segment (the engine writes it: it is
+ * evicted by copy-back from now on). */
 static void range_plain(struct wo_prefetcher *pf, struct prange *r)
 {
-    for (size_t i = 0; i < r->nsegs; i++) {
-        CUresult res = advise(pf, r->base + r->segs[i].off, r->segs[i].size, CU_MEM_ADVISE_UNSET_READ_MOSTLY);
-
-        if (res == CUDA_SUCCESS)
-            res = advise(pf, r->base + r->segs[i].off, r->segs[i].size, CU_MEM_ADVISE_SET_ACCESSED_BY);
-        if (res != CUDA_SUCCESS)
+    for (size_t i = 0; i < r->nsegs; i++)
+        if (make_plain(pf, r->base + r->segs[i].off, r->segs[i].size) != CUDA_SUCCESS)
             add(&pf->tot->errors, 1);
-    }
     r->rm = false;
 }
 
@@ -367,15 +372,7 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
             add(&pf->tot->prefetch_bytes, len);
         }
     } else if (r->rm) {
-        /* synchronous; no PCIe traffic: the host copy is current (read-only
-         * data). The collapse also drops the GPU's mapping of the piece:
-         * mapping it again now (accessed-by) lets the next kernel read it in
-         * place at ~50 GB/s; left to faults, that first read runs at
-         * ~1.4 GB/s (bench/managed-read-cost.cu). The piece stays plain
-         * until prefetched again. */
-        res = advise(pf, p, len, CU_MEM_ADVISE_UNSET_READ_MOSTLY);
-        if (res == CUDA_SUCCESS)
-            res = advise(pf, p, len, CU_MEM_ADVISE_SET_ACCESSED_BY);
+        res = make_plain(pf, p, len); /* the collapse */
         if (res == CUDA_SUCCESS) {
             add(&pf->tot->evictions, 1);
             add(&pf->tot->collapses, 1);
