@@ -564,6 +564,8 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
         return CUDA_ERROR_INVALID_VALUE;
     if (!fk_device_valid(dev))
         return CUDA_ERROR_INVALID_DEVICE;
+    if (ctx_depth == CTX_STACK)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* no room to push it current */
     fk_lock_();
     for (int i = 0; i < CREATED && !c; i++)
         if (created[i].magic != FK_CTX_MAGIC) {
@@ -575,12 +577,6 @@ static CUresult ctx_create(CUcontext *pctx, CUdevice dev)
     fk_unlock_();
     if (!c)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    if (ctx_depth == CTX_STACK) {
-        fk_lock_();
-        c->magic = 0;
-        fk_unlock_();
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    }
     /* like the real driver: the new context is pushed, current on this thread */
     ctx_stack[ctx_depth++] = c;
     *pctx = c;
