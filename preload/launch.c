@@ -16,7 +16,9 @@
  *     8-byte aligned inside its struct and the struct inside the buffer;
  *  3. one WO_EV_LAUNCH event pushed into the ring (a full ring drops and
  *     counts; no ring: nothing pushed).
- * With no tracked range at all, 1 and 2 are skipped. */
+ * With no tracked range at all, 1 and 2 are skipped. With nothing placed and
+ * nothing recorded (an empty policy: wo_launch_scan off) a launch is counted,
+ * per API and per calling library, and forwarded: no scan, no event. */
 #include <string.h>
 
 #include "core/log.h"
@@ -277,9 +279,12 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     s.overflow = 0;
     s.found = 0;
     wo_count(WO_CTR_launch_calls, 1);
+    /* Counted per calling library even when nothing is observed: one hash
+     * and one relaxed add, and it is what says which libraries reach the
+     * driver through the shim (woffload doctor, the gpu suite). */
+    wo_count_caller(ra, WO_CALLER_LAUNCH);
     if (!__atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED))
         return;
-    wo_count_caller(ra, WO_CALLER_LAUNCH);
     if (wo_registry_count() > 0) {
         wo_registry_read_begin();
         if (extra && !params)

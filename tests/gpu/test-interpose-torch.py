@@ -9,10 +9,15 @@ calls go through cudaGetDriverEntryPointByVersion):
   - a torch.compile(mode="reduce-overhead") function (CUDA graphs: capture,
     instantiate, replay),
   - a 1-rank NCCL all-reduce (SUM, and AVG, which launches a kernel).
-Checks that every result is bit-identical to the run without the shim, and
-that the shim's counters (woffload_stats, read in-process through ctypes) show
-launches from cuBLAS, Triton and NCCL, allocations from NCCL, a capture with
-its graph launches attributed, and resolver substitution at work.
+The shim runs twice: with no policy (what an empty policy does: count every
+call per API and per calling library, forward it, scan nothing) and with
+WOFFLOAD_OBSERVE=1 (launch parameters scanned, events consumed). Checks that
+every result is bit-identical to the run without the shim in both; that the
+shim's counters (woffload_stats, read in-process through ctypes) show
+launches from cuBLAS, Triton, NCCL and PyTorch, allocations from NCCL and
+PyTorch's VMM calls, and resolver substitution at work in both; that the
+pass-through run scanned no launch; and that the observing run attributed
+launches to tracked ranges and tied graph launches to their capture.
 
 usage: test-interpose-torch.py SHIM.so        (suite 'gpu'; exit 77 = skipped)
        test-interpose-torch.py --work OUT      (internal: one run)
@@ -164,48 +169,62 @@ def main():
         base["TRITON_CACHE_DIR"] = os.path.join(tmp, "triton")
         plain_out, shim_out = os.path.join(tmp, "plain.pt"), os.path.join(tmp, "shim.pt")
         run(plain_out, base)
-        env = dict(base)
-        env["LD_PRELOAD"] = shim
-        env.setdefault("WOFFLOAD_LOG", "warn")
-        log = run(shim_out, env)
-        if log.strip():
-            print(log[-3000:])
+        plain = torch.load(plain_out)
+        stats = {}
+        for mode, extra in (("pass-through", {}), ("observe", {"WOFFLOAD_OBSERVE": "1"})):
+            env = dict(base)
+            env.update(extra)
+            env["LD_PRELOAD"] = shim
+            env.setdefault("WOFFLOAD_LOG", "warn")
+            log = run(shim_out, env)
+            if log.strip():
+                print(log[-3000:])
+            shimmed = torch.load(shim_out)
+            for k in plain:
+                check(torch.equal(plain[k], shimmed[k]),
+                      "%s: %s identical with and without the shim" % (mode, k))
+            with open(shim_out + ".stats.json") as fh:
+                stats[mode] = json.load(fh)
 
-        plain, shimmed = torch.load(plain_out), torch.load(shim_out)
-        for k in plain:
-            check(torch.equal(plain[k], shimmed[k]), "%s identical with and without the shim" % k)
-        with open(shim_out + ".stats.json") as fh:
-            stats = json.load(fh)
-
-    ip = stats.get("interpose", {})
-    callers = ip.get("callers", {})
-    print("interpose counters:", json.dumps({k: v for k, v in ip.items()
-                                             if k not in ("calls", "callers")}, indent=None))
-    print("callers:", json.dumps(callers, indent=None))
-    print("calls:", json.dumps(ip.get("calls", {}), indent=None))
-    blas, blas_names = module_counts(callers, "libcublas")
-    trit, trit_names = module_counts(callers, "triton", "launcher", "cuda_utils")
-    nccl, nccl_names = module_counts(callers, "libnccl")
-    print("cuBLAS (%s): %s" % (", ".join(blas_names), blas))
-    print("Triton (%s): %s" % (", ".join(trit_names), trit))
-    print("NCCL (%s): %s" % (", ".join(nccl_names), nccl))
-    check(blas["launch"] > 0, "cuBLAS launches observed (through its static runtime)")
-    check(trit["launch"] > 0, "Triton launches observed")
-    check(nccl["launch"] > 0, "NCCL launches observed")
-    check(nccl["alloc"] > 0, "NCCL allocations observed")
-    check(ip.get("alloc_calls", 0) + ip.get("vmm_map", 0) > 0, "PyTorch allocations observed")
-    check(ip.get("vmm_map", 0) > 0, "expandable segments (VMM through entry points) observed")
-    torch_rt, _ = module_counts(callers, "libtorch_cuda", "libtorch_python", "libc10_cuda")
-    check(torch_rt["launch"] > 0 and ip.get("launch_runtime", 0) > 0,
-          "PyTorch's own launches observed through the runtime (__cudaLaunchKernel)")
-    check(ip.get("launch_with_hits", 0) > 0, "launches attributed to tracked ranges")
-    check(ip.get("capture_begin", 0) >= 1 and ip.get("capture_end", 0) >= 1,
-          "CUDA graph capture recorded")
-    check(ip.get("launch_captured", 0) > 0, "captured launches recorded")
-    check(ip.get("graph_launch_attributed", 0) > 0, "graph launches tied to their capture")
-    check(ip.get("proc_substituted", 0) > 0 and ip.get("dlsym_substituted", 0) > 0,
-          "cuGetProcAddress and dlsym substitution at work")
-    check(ip.get("proc_conflict", 0) == 0, "no wrapper slot conflict")
+    for mode in ("pass-through", "observe"):
+        ip = stats[mode].get("interpose", {})
+        callers = ip.get("callers", {})
+        print("== %s" % mode)
+        print("interpose counters:", json.dumps({k: v for k, v in ip.items()
+                                                 if k not in ("calls", "callers")}, indent=None))
+        print("callers:", json.dumps(callers, indent=None))
+        print("calls:", json.dumps(ip.get("calls", {}), indent=None))
+        blas, blas_names = module_counts(callers, "libcublas")
+        trit, trit_names = module_counts(callers, "triton", "launcher", "cuda_utils")
+        nccl, nccl_names = module_counts(callers, "libnccl")
+        print("cuBLAS (%s): %s" % (", ".join(blas_names), blas))
+        print("Triton (%s): %s" % (", ".join(trit_names), trit))
+        print("NCCL (%s): %s" % (", ".join(nccl_names), nccl))
+        check(blas["launch"] > 0, "%s: cuBLAS launches counted (through its static runtime)" % mode)
+        check(trit["launch"] > 0, "%s: Triton launches counted" % mode)
+        check(nccl["launch"] > 0, "%s: NCCL launches counted" % mode)
+        check(nccl["alloc"] > 0, "%s: NCCL allocations counted" % mode)
+        check(ip.get("alloc_calls", 0) + ip.get("vmm_map", 0) > 0,
+              "%s: PyTorch allocations counted" % mode)
+        check(ip.get("vmm_map", 0) > 0,
+              "%s: expandable segments (VMM through entry points) counted" % mode)
+        torch_rt, _ = module_counts(callers, "libtorch_cuda", "libtorch_python", "libc10_cuda")
+        check(torch_rt["launch"] > 0 and ip.get("launch_runtime", 0) > 0,
+              "%s: PyTorch's own launches counted through the runtime (__cudaLaunchKernel)" % mode)
+        check(ip.get("capture_begin", 0) >= 1 and ip.get("capture_end", 0) >= 1,
+              "%s: CUDA graph capture counted" % mode)
+        check(ip.get("proc_substituted", 0) > 0 and ip.get("dlsym_substituted", 0) > 0,
+              "%s: cuGetProcAddress and dlsym substitution at work" % mode)
+        check(ip.get("proc_conflict", 0) == 0, "%s: no wrapper slot conflict" % mode)
+        if mode == "pass-through":
+            check(ip.get("launch_calls", 0) > 0 and ip.get("launch_scanned", 0) == 0,
+                  "pass-through: launches counted and forwarded, none scanned")
+        else:
+            check(ip.get("launch_scanned", 0) > 0, "observe: launch parameters scanned")
+            check(ip.get("launch_with_hits", 0) > 0, "observe: launches attributed to tracked ranges")
+            check(ip.get("launch_captured", 0) > 0, "observe: captured launches recorded")
+            check(ip.get("graph_launch_attributed", 0) > 0,
+                  "observe: graph launches tied to their capture")
     if failures:
         print("%d check(s) failed" % len(failures))
         return 1
