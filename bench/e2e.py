@@ -238,6 +238,14 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("ovh-moe-shim-empty-b", "moe", prefill=0, new_tokens=33, policy="empty", ref="ovh-moe-gpu-a"),
     S("ovh-moe-gpu-c", "moe", prefill=0, new_tokens=33, ref="ovh-moe-gpu-a"),
     S("ovh-moe-shim-empty-c", "moe", prefill=0, new_tokens=33, policy="empty", ref="ovh-moe-gpu-a"),
+    # batched decode with transformers' default experts backend (what users
+    # run): decode gathers each picked expert per token from the whole
+    # stacked tensor, so reads multiply with the batch (issues 18, 21)
+    S("batchdef-moe-gpu", "moe", batches=[1, 8, 32], prefill=0, **BATCH),
+    S("batchdef-moe-shim-experts-host-all", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe-gpu"),
+    S("batchdef-moe-shim-experts-managed-half", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-managed-half", offload="experts:all", ref="batchdef-moe-gpu"),
     # issue 11: batched decode, aggregate tok/s at batch 1, 8 and 32, eager
     # experts (a step reads each picked expert once, whatever the batch)
     S("batch-moe-gpu", "moe", batches=[1, 8, 32], prefill=0, experts_impl="eager", **BATCH),
@@ -415,6 +423,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         if not hasattr(m, "set_experts_implementation"):
             raise RuntimeError("this transformers has no set_experts_implementation()")
         m.set_experts_implementation(spec["experts_impl"])
+    if hasattr(m, "get_experts_implementation"):
         res["experts_impl"] = str(m.get_experts_implementation())
     g = torch.Generator("cuda").manual_seed(1234)
     with torch.no_grad():  # routing spreads over the experts (device-facts.md)
@@ -805,13 +814,14 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
     must read over PCIe (distinct experts the routers picked, measured in the
     all-GPU run) and the bounds they imply."""
     rows = []
-    gpu = by.get("batch-moe-gpu", {}).get("batched") or {}
     cfg = MODELS["moe"]["cfg"]
     expert = 3 * cfg["hidden_size"] * cfg["moe_intermediate_size"] * 2
     for r in results:
         if not r.get("batched"):
             continue
         spec = next(s for s in SCENARIOS if s["name"] == r["name"])
+        gpu = by.get(spec.get("ref") or r["name"], {}).get("batched") or {}
+        backend = spec.get("experts_impl") or "default"
         for b, m in r["batched"].items():
             g = gpu.get(b, {})
             same = "ref"
@@ -834,12 +844,16 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             sb = sbd.get("host") or sbd.get("managed_pcie")
             sbound = (int(b) / (int(b) / g["decode_tok_s"] + sb / PCIE_BPS)) if sb and g.get("decode_tok_s") else None
             sq = f"{m['decode_tok_s'] / sbound:.2f}×" if sbound and m.get("decode_tok_s") else ""
-            rows.append(f"| {r['name']} | {b} | {fmt(m.get('decode_tok_s'))} | "
+            rows.append(f"| {r['name']} | {backend} | {b} | {fmt(m.get('decode_tok_s'))} | "
                         f"{fmt(step / 1e9 if step else None, '.2f')} | {fmt(pcie)} | {fmt(serial)} | {q} | "
                         f"{fmt(sb / 1e9 if sb else None, '.2f')} | {fmt(sbound)} | {sq} | {same} |")
     if not rows:
         return []
-    return ["", "## Batched decode (issue 11): aggregate tok/s", "",
+    return ["", "## Batched decode: aggregate tok/s", "",
+            "Experts backend: transformers' `experts_implementation` (default: what users run; its "
+            "decode gathers each picked expert per token, so in-place reads multiply with the batch; "
+            "eager: a loop over the picked experts, each read once a step). The PCIe bound is the "
+            "distinct-bytes bound: each expert the routers picked, once a step, at 55 GB/s.", "",
             "Step bytes: distinct experts per layer per step (measured on the all-GPU run's routers) × "
             "37.7 MB, over the offloaded layers. PCIe bound: batch × 55 GB/s / step bytes; serial "
             "estimate: batch / (all-GPU step time + step bytes at 55 GB/s). Shim GB/step: the host-placed "
@@ -847,9 +861,9 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             "names[].touched_bytes: a generate of n tokens minus one of 1, over n - 1 steps; for managed "
             "rows the bytes that crossed PCIe: misses read in place plus prefetches, prefetch.names); "
             "issue 11's bound: batch / (all-GPU step time + shim GB/step at 55 GB/s).", "",
-            "| scenario | batch | tok/s | step GB over PCIe (routers) | PCIe bound | serial estimate | "
+            "| scenario | experts backend | batch | tok/s | step GB over PCIe (routers) | PCIe bound | serial estimate | "
             "× bound / × serial | shim GB/step over PCIe | issue-11 bound | × bound | tokens = ref |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows
 
 
 def same_tokens(a: List[List[int]], b: List[List[int]]) -> str:
