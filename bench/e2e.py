@@ -50,6 +50,13 @@ MODELS: Dict[str, Dict[str, Any]] = {
         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         num_experts=32, num_experts_per_tok=4, max_position_embeddings=4096,
         decoder_sparse_step=1, mlp_only_layers=[])),
+    # Mixtral's MoE shape (8 experts, top-2, expert width 5632) at 12 layers:
+    # 12.4 GiB of experts (issues 18 and 22)
+    "moe8": dict(arch="Qwen3MoeConfig", cfg=dict(
+        vocab_size=32000, hidden_size=4096, intermediate_size=14336, moe_intermediate_size=5632,
+        num_hidden_layers=12, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        num_experts=8, num_experts_per_tok=2, max_position_embeddings=4096,
+        decoder_sparse_step=1, mlp_only_layers=[])),
     "dense": dict(arch="LlamaConfig", cfg=dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)),
@@ -100,6 +107,19 @@ rules:
 version: 1
 default: device
 device_budget: 9GiB
+prefetch:
+  enabled: true
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
+    "experts-managed-6g": """\
+# Every expert managed within a device budget of half the experts' bytes of
+# the 8-expert shape (6 GiB of 12.4).
+version: 1
+default: device
+device_budget: 6GiB
 prefetch:
   enabled: true
 rules:
@@ -164,6 +184,22 @@ def S(name: str, model: str, **kw: Any) -> Dict[str, Any]:
              batch=1, prompt=32, prefill=1024, workload="decode", offload=None, ref=None)
     d.update(kw)
     return d
+
+# issue 22: transformers' continuous batching (generate_batch, paged
+# attention, its default experts backend): `requests` prompts of 16-128
+# tokens, `new` tokens each, at most `max_batch_tokens` tokens a step
+CB = dict(cb=dict(requests=64, new=32, max_batch_tokens=512, num_blocks=512), prefill=0)
+
+
+def cb_rows(model: str, tag: str, managed: str, skew: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    ref = f"cb-{tag}-gpu"
+    kw: Dict[str, Any] = dict(CB, skew=skew) if skew else dict(CB)
+    return [S(ref, model, **kw),
+            S(f"cb-{tag}-shim-experts-host-all", model, policy="experts-host-all", offload="experts:all",
+              ref=ref, **kw),
+            S(f"cb-{tag}-shim-experts-managed-half", model, policy=managed, offload="experts:all",
+              ref=ref, **kw)]
+
 
 # issue 6: the biased router: `hot` experts a layer (drawn per layer) get
 # `sigma` standard deviations of that token's router logits added
@@ -339,6 +375,11 @@ for _x in "abcde":
 SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", offload="experts:all",
                    env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-managed.wotrace"}, **R7))
 
+SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
+SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
+SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
+SCENARIOS += cb_rows("moe", "moe32-skew", "experts-managed-half", SKEW)
+
 # issue 7: a second pass of the eager rows in the same run (processes on the
 # lent VM differ by up to 1.5x in host speed: the replay's what-if
 # predictions are compared with the median of both passes)
@@ -417,7 +458,8 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device("cuda"):
-        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+        attn = dict(attn_implementation="paged|sdpa") if spec.get("cb") else {}
+        m = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **attn)
     m.eval()
     if spec.get("experts_impl"):
         if not hasattr(m, "set_experts_implementation"):
@@ -519,6 +561,12 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
                    decode_tok_s=statistics.median(rates) * ids.shape[0] if rates else None)
         return out
 
+    if spec.get("cb"):
+        res.update(continuous_batching(torch, m, spec, wo, V))
+        res["peak_allocated"] = torch.cuda.max_memory_allocated()
+        if wo is not None:
+            res["stats"] = wo.stats()
+        return res
     if not spec.get("batches"):
         res.update(measure(ids, spec["new_tokens"], spec["repeats"]))
     else:  # issue 11: aggregate tok/s at several batch sizes, same prompts
@@ -553,6 +601,68 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         res["stats"] = wo.stats()
     del blocker
     return res
+
+
+def continuous_batching(torch: Any, m: Any, spec: Dict[str, Any], wo: Any, V: int) -> Dict[str, Any]:
+    """transformers' continuous batching (generate_batch, paged attention):
+    one warm-up pass over the same requests (under the shim it seals, and
+    the prefetcher learns), then `repeats` timed passes. Throughput: the
+    generated tokens over the wall time of a pass. Under the shim, the
+    bytes the prefetcher moved and read in place during the timed passes
+    (woffload.stats(): prefetch totals, sampled before and after), per
+    forward step (the steps counted by the stepper, prefetch.steps)."""
+    from transformers import GenerationConfig
+    from transformers.generation import ContinuousBatchingConfig
+
+    c = spec["cb"]
+    g = torch.Generator().manual_seed(7)
+    lens = torch.randint(16, 129, (c["requests"],), generator=g).tolist()
+    inputs = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
+    gc = GenerationConfig(max_new_tokens=c["new"], min_new_tokens=c["new"], do_sample=False,
+                          eos_token_id=None, pad_token_id=0)
+    cbc = ContinuousBatchingConfig(max_batch_tokens=c["max_batch_tokens"], num_blocks=c["num_blocks"],
+                                   use_cuda_graph=bool(c.get("graphs", False)))
+
+    def one() -> Any:
+        return m.generate_batch(inputs=inputs, generation_config=gc, continuous_batching_config=cbc,
+                                progress_bar=False)
+
+    def pf() -> Dict[str, float]:
+        time.sleep(0.15)  # the consumer publishes prefetch stats every 100 ms
+        st = (wo.stats() or {}) if wo is not None else {}
+        p = st.get("prefetch") or {}
+        names = p.get("names") or {}
+        return dict(steps=float(p.get("steps", 0) or 0),
+                    moved_in=float(sum(v.get("prefetched", 0) for v in names.values())),
+                    evicted=float(sum(v.get("evicted", 0) for v in names.values())),
+                    miss=float(sum(v.get("miss_bytes", 0) for v in names.values())))
+
+    out: Dict[str, Any] = {}
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        one()
+    out["first_pass_s"] = time.perf_counter() - t0
+    rates, toks = [], None
+    a = pf()
+    for _ in range(spec.get("repeats", 3)):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            r = one()
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        gen = {k: list(v.generated_tokens) for k, v in r.items()}
+        rates.append(sum(len(v) for v in gen.values()) / dt)
+        if toks is None:
+            toks = [gen[k] for k in sorted(gen)]
+    b = pf()
+    out.update(cb_tok_s=statistics.median(rates), cb_rates=rates, tokens=toks, requests=c["requests"],
+               new_tokens=c["new"], max_batch_tokens=c["max_batch_tokens"])
+    if wo is not None:
+        steps = max(1.0, b["steps"] - a["steps"])
+        out["cb_shim"] = {k: b[k] - a[k] for k in b}
+        out["cb_step_bytes"] = {k: (b[k] - a[k]) / steps for k in ("moved_in", "evicted", "miss")}
+    return out
 
 
 def pinned_swap(torch: Any, m: Any, sel: str, keep: List[Any]) -> int:
@@ -866,6 +976,44 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             "|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows
 
 
+def cb_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[str]:
+    """Issue 22: continuous batching, managed against host and all-GPU, with
+    what the prefetcher moved per step."""
+    rows = []
+    for r in results:
+        spec = next(s for s in SCENARIOS if s["name"] == r["name"])
+        if not spec.get("cb"):
+            continue
+        ref = by.get(spec.get("ref") or "") or {}
+        tag = r["name"].rsplit("-shim-", 1)[0].removesuffix("-gpu")
+        host = by.get(f"{tag}-shim-experts-host-all") or {}
+        same = "ref"
+        if spec.get("ref"):
+            if not ref.get("tokens") or not r.get("tokens"):
+                same = "–"
+            else:
+                n = sum(a == b for a, b in zip(ref["tokens"], r["tokens"]))
+                same = "yes" if n == len(ref["tokens"]) else f"NO ({n}/{len(ref['tokens'])})"
+        t = r.get("cb_tok_s")
+        sb = r.get("cb_step_bytes") or {}
+        gb = (lambda k: fmt(sb[k] / 1e9, ".2f") if k in sb else "–")
+        rows.append(f"| {r['name']} | {spec.get('policy') or 'no shim'} | {'skewed' if spec.get('skew') else 'uniform'} | "
+                    f"{'ok' if not r.get('error') else 'FAILED'} | {fmt(t)} | "
+                    f"{fmt(t / ref['cb_tok_s'], '.2f') + '×' if t and ref.get('cb_tok_s') else '–'} | "
+                    f"{fmt(t / host['cb_tok_s'], '.2f') + '×' if t and host.get('cb_tok_s') and host is not r else '–'} | "
+                    f"{gb('moved_in')} | {gb('evicted')} | {gb('miss')} | {same} |")
+    if not rows:
+        return []
+    return ["", "## Continuous batching (generate_batch, paged|sdpa, default experts backend)", "",
+            "Tok/s: generated tokens over the wall time of a pass (median of the timed passes after a "
+            "warm-up pass of the same requests). GB/step: what the prefetcher moved in, evicted, and "
+            "what managed reads missed (read in place), per forward step counted by the shim's stepper "
+            "(woffload.stats() prefetch), over the timed passes.", "",
+            "| scenario | policy | routing | status | tok/s | × all-GPU | × host | moved in GB/step | "
+            "evicted GB/step | missed GB/step | tokens = all-GPU |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"] + rows
+
+
 def same_tokens(a: List[List[int]], b: List[List[int]]) -> str:
     """Greedy tokens equal over the shorter run's length (a row may generate
     fewer tokens than its reference, e.g. accelerate's)."""
@@ -885,8 +1033,8 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
     rows = []
     for r in results:
         spec = next(s for s in SCENARIOS if s["name"] == r["name"])
-        if spec.get("batches"):
-            continue  # batched_report
+        if spec.get("batches") or spec.get("cb"):
+            continue  # batched_report, cb_report
         ref = by.get(spec.get("ref") or "")
         same = "–" if spec.get("ref") else "ref"
         if ref is not None:
@@ -988,6 +1136,7 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
         lines += ["", "## Targets (decode tok/s ratios, side by side in this run)", "",
                   "| ratio | value | target | |", "|---|---|---|---|"] + trows
     lines += batched_report(results, by)
+    lines += cb_report(results, by)
     for r in results:
         if r.get("histogram"):
             lines += ["", f"## Expert usage ({r['name']}; same weights in every MoE scenario)", "```",
