@@ -21,6 +21,9 @@
 //             kernel after its copy (what launch redirection would do: the
 //             kernel is handed the slot's address, the host copy stays the
 //             truth)
+//  stage-man  the same, copying from managed memory advised to the host
+//             (preferred location host, accessed-by GPU: the shim's `host`
+//             placement of a window allocation)
 //  uvm        candidate (a): managed memory, preferred location host,
 //             accessed-by GPU; a second thread prefetches layer i+1 to the
 //             GPU (cuMemPrefetchAsync, one call a layer) and evicts layer i-1
@@ -170,11 +173,15 @@ static CUdeviceptr addr_pin(int l)
 /* --- stage: two device slots, a copy stream, events ----------------------- */
 static CUdeviceptr slot[2];
 static CUevent copied[2], read_done[2];
+static CUdeviceptr *stage_from; /* NULL: from the pinned copies; else these (managed) */
 static void stage_copy(int l)
 {
     int k = l & 1;
     CK(cuStreamWaitEvent(sx, read_done[k], 0)); /* the slot's last reader is done */
-    CK(cuMemcpyHtoDAsync(slot[k], hpin[l], LAYER_BYTES, sx));
+    if (stage_from)
+        CK(cuMemcpyAsync(slot[k], stage_from[l], LAYER_BYTES, sx));
+    else
+        CK(cuMemcpyHtoDAsync(slot[k], hpin[l], LAYER_BYTES, sx));
     CK(cuEventRecord(copied[k], sx));
 }
 static void stage_begin(void)
@@ -380,6 +387,11 @@ int main(int argc, char **argv)
         CK(cuMemAdvise(man[l], LAYER_BYTES, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_host));
         CK(cuMemAdvise(man[l], LAYER_BYTES, CU_MEM_ADVISE_SET_ACCESSED_BY, loc_gpu));
     }
+    /* stage from managed memory advised to the host: what the shim's `host`
+     * placement is when the window serves it (docs/placement.md) */
+    stage_from = man;
+    report("stage-man", run("stage-man", addr_slot, stage_prepare, stage_release, stage_begin, NULL), h2d);
+    stage_from = NULL;
     read_mostly = false;
     report("uvm", run("uvm", addr_man, uvm_prepare, uvm_release, uvm_begin, uvm_end), h2d);
     read_mostly = true;
