@@ -501,6 +501,42 @@ static void test_no_cycling_uniform(void **state)
     wo_plan_free(p);
 }
 
+/* Ranges each read many times a step (read multiplicity: a kernel per
+ * token handed the whole tensor), more of them than the budget holds, and
+ * room on the link: cycling pays by the cost rule, and the planner then
+ * moves more than the budget within WO_PLAN_CHURN_STEPS steps, which
+ * wo_plan_churn reports (the shim warns once). */
+static void test_churn_reported(void **state)
+{
+    const unsigned n = 8, reads = 12;
+    uint64_t t = 1000, tsz = 64 * WO_MiB, moved = 0;
+    struct wo_plan *p = new_plan(tsz);
+    struct wo_plan_step last;
+    struct wo_plan_action a;
+
+    (void)state;
+    for (unsigned r = 0; r < n; r++)
+        assert_int_equal(wo_plan_range_add(p, 20 + r, 1, tsz, 0, 0), 0);
+    for (unsigned s = 0; s < 120; s++) {
+        for (unsigned r = 0; r < n; r++) {
+            for (unsigned k = 0; k < reads; k++) {
+                struct model m = {.t = t};
+                struct wo_event ev = launch_ev(&m, 0x400 + k, 20 + r, 0);
+
+                t += 10000000; /* long steps: the link has room for cycling */
+                assert_int_equal(wo_plan_event(p, &ev), 0);
+                while (wo_plan_pop(p, &a) == 1)
+                    ;
+            }
+        }
+    }
+    wo_plan_step_stats(p, &last, NULL, NULL);
+    assert_true(last.in_bytes > 0);
+    assert_int_equal(wo_plan_churn(p, &moved), 1);
+    assert_true(moved > tsz);
+    wo_plan_free(p);
+}
+
 /* Whole units move in coalesced calls: a slice smaller than the piece
  * floor goes alone, but adjacent ones are one call. */
 static void test_coalescing(void **state)
@@ -766,6 +802,7 @@ int main(void)
         cmocka_unit_test(test_budget_and_hot_set),
         cmocka_unit_test(test_cost_rule),
         cmocka_unit_test(test_no_cycling_uniform),
+        cmocka_unit_test(test_churn_reported),
         cmocka_unit_test(test_coalescing),
         cmocka_unit_test(test_widen_small_slices),
         cmocka_unit_test(test_written_copy_back),
