@@ -544,7 +544,8 @@ int main(int argc, char **argv)
         return 1;
     r = every ? wo_gen_every_type(t) : wo_gen_moe_trace(t, &o);
     if (r == -EINVAL)
-        fprintf(stderr, "gen-trace: bad options: need layers, experts, topk <= experts <= 256, expert-mib > 0, tokens <= 4096\n");
+        fprintf(stderr, "gen-trace: bad options: need layers, experts, topk <= experts <= 256, "
+                        "expert-mib > 0, tokens <= 4096\n");
     if (wo_trace_close(t, 0) < 0 || r < 0)
         return 1;
     return 0;

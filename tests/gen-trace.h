@@ -19,13 +19,17 @@ struct wo_gen_opts {
                           * step); each picked expert is launched once a step (the grouped path
                           * reads each expert once, whatever the tokens); 0 or 1: batch 1 */
     uint64_t seed;
-    bool grouped;        /* one launch a layer per expert tensor, handed its base pointer (a
-                          * grouped experts kernel: which experts it reads is not visible) */
-    unsigned step_us;    /* extra host work a step, spread over the layers' attention launches
-                          * (a step of many tokens computes longer; 0: none) */
+    bool grouped;     /* one launch a layer per expert tensor, handed its base pointer (a
+                       * grouped experts kernel: which experts it reads is not visible) */
+    unsigned step_us; /* extra host work a step, spread over the layers' attention launches
+                       * (a step of many tokens computes longer; 0: none) */
 };
 
-#define WO_GEN_DEFAULTS {.layers = 4, .experts = 8, .topk = 2, .steps = 16, .expert_mib = 4, .skew = 1.0, .tokens = 1, .seed = 1}
+#define WO_GEN_DEFAULTS                                                                            \
+    {                                                                                              \
+        .layers = 4, .experts = 8, .topk = 2, .steps = 16, .expert_mib = 4, .skew = 1.0,           \
+        .tokens = 1, .seed = 1                                                                     \
+    }
 
 /* Launches per decode step with these options (what a step period detector
  * must find; with tokens > 1 the count varies with routing: this is the

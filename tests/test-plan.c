@@ -419,8 +419,11 @@ static void test_cost_rule(void **state)
 {
     struct wo_plan_cfg cfg;
     const struct wo_plan_costs *c = &cfg.costs;
-    struct wo_cost_move m = {.bytes = 64 * WO_MiB, .read_bytes = 64.0 * WO_MiB, .steps = 1,
-                             .how = WO_PLAN_COLLAPSE, .calls = 1};
+    struct wo_cost_move m = {.bytes = 64 * WO_MiB,
+                             .read_bytes = 64.0 * WO_MiB,
+                             .steps = 1,
+                             .how = WO_PLAN_COLLAPSE,
+                             .calls = 1};
     double s;
 
     (void)state;

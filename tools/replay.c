@@ -1408,7 +1408,8 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
             wo_devmodel_plan_costs(s.dm, &c);
             res->cost_inplace_s = wo_cost_step_s(&c, 0, s.hit_b + s.miss_b, 0, 0, 0, 0) / ws;
             res->cost_plan_s = wo_cost_step_s(&c, s.hit_b, s.miss_b, (uint64_t)s.pf_b, s.pf_calls,
-                                              (uint64_t)(s.ev_b - s.cb_b), (uint64_t)s.cb_b) / ws;
+                                              (uint64_t)(s.ev_b - s.cb_b), (uint64_t)s.cb_b) /
+                               ws;
             res->churn = s.plan && wo_plan_churn(s.plan, NULL);
         }
         res->names = calloc(s.nnames ? s.nnames : 1, sizeof(*res->names));

@@ -25,7 +25,7 @@
 
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
 #define HYSTERESIS 1.15       /* a resident hot unit is kept unless a rival reads this much more */
-#define SWAP_HORIZON 128.0    /* steps a hot unit is expected to stay: a swap must pay back within */
+#define SWAP_HORIZON 128.0 /* steps a hot unit is expected to stay: a swap must pay back within */
 #define MIN_FREQ 0.02         /* units used less often than this are never hot */
 #define MAX_STEP_UNITS 65536u /* a step longer than this (no anchor recurrence) is cut */
 #define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
@@ -104,7 +104,7 @@ struct wo_plan {
     uint64_t nst;
     uint64_t churn[WO_PLAN_CHURN_STEPS];
     uint64_t cur_copyback; /* of cur_st.out_bytes, copied back (the rest collapsed) */
-    int cycle_pays; /* some unit read often enough in a step to pay for a cycle */
+    int cycle_pays;        /* some unit read often enough in a step to pay for a cycle */
 
     struct pend *pend;
     size_t npend, cappend;

@@ -111,13 +111,13 @@ int wo_plan_pop(struct wo_plan *p, struct wo_plan_action *ret);
  * (uvm/cost.h's wo_cost_step_s: reads of managed memory and the moves, in
  * seconds; the rest of the step, compute and other memory, is not in it). */
 struct wo_plan_step {
-    uint64_t in_bytes;       /* prefetched */
-    uint64_t out_bytes;      /* evicted (collapses and copy-backs) */
-    uint64_t calls;          /* prefetch calls */
-    double hit_bytes;        /* read from the GPU copy */
-    double miss_bytes;       /* read in place over PCIe */
-    double inplace_s;        /* predicted: every byte read in place, nothing moved (`host`) */
-    double plan_s;           /* predicted: the plan (hits, misses and the moves) */
+    uint64_t in_bytes;  /* prefetched */
+    uint64_t out_bytes; /* evicted (collapses and copy-backs) */
+    uint64_t calls;     /* prefetch calls */
+    double hit_bytes;   /* read from the GPU copy */
+    double miss_bytes;  /* read in place over PCIe */
+    double inplace_s;   /* predicted: every byte read in place, nothing moved (`host`) */
+    double plan_s;      /* predicted: the plan (hits, misses and the moves) */
 };
 /* Steps over which moved bytes are compared with the budget (churn). */
 #define WO_PLAN_CHURN_STEPS 16u
