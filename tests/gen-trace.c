@@ -205,6 +205,30 @@ static void route(struct gen *g, unsigned layer, unsigned *out)
     }
 }
 
+/* The experts one step launches in a layer. One token: its top-k in
+ * routing order (batch-1 decode). Several (continuous batching): the
+ * union of every token's top-k, in expert order, each once (a grouped
+ * experts path reads each picked expert once a step). Returns how many. */
+static unsigned route_step(struct gen *g, unsigned layer, unsigned *out)
+{
+    unsigned tok[256], n = 0;
+    bool picked[256] = {false};
+
+    if (g->o->tokens <= 1) {
+        route(g, layer, out);
+        return g->o->topk;
+    }
+    for (unsigned t = 0; t < g->o->tokens; t++) {
+        route(g, layer, tok);
+        for (unsigned k = 0; k < g->o->topk; k++)
+            picked[tok[k]] = true;
+    }
+    for (unsigned e = 0; e < g->o->experts && e < 256; e++)
+        if (picked[e])
+            out[n++] = e;
+    return n;
+}
+
 int wo_gen_every_type(struct wo_trace *t)
 {
     struct gen g = {.t = t, .now = UINT64_C(1000000000)};
@@ -289,10 +313,10 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
     struct layer *L;
     struct grange embed, lm_head, final_norm, act, logits;
     char name[160];
-    unsigned sel[256];
+    unsigned sel[256], nsel;
 
     if (o->layers == 0 || o->experts == 0 || o->topk == 0 || o->topk > o->experts ||
-        o->experts > 256 || o->expert_mib == 0)
+        o->experts > 256 || o->expert_mib == 0 || o->tokens > 4096)
         return -EINVAL;
     L = calloc(o->layers, sizeof(*L));
     if (!L)
@@ -302,6 +326,9 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
     snprintf(name, sizeof(name), "layers=%u experts=%u topk=%u steps=%u expert_mib=%llu skew=%g seed=%llu",
              o->layers, o->experts, o->topk, o->steps, (unsigned long long)o->expert_mib, o->skew,
              (unsigned long long)o->seed);
+    if (o->tokens > 1 || o->step_us || o->grouped) /* the older traces keep their bytes */
+        snprintf(name + strlen(name), sizeof(name) - strlen(name), " tokens=%u step_us=%u%s",
+                 o->tokens, o->step_us, o->grouped ? " grouped" : "");
     check(&g, wo_trace_info(t, "generator_args", name));
     check(&g, wo_trace_info(t, "gpu", "none (synthetic)"));
     check(&g, wo_trace_rule(t, 0, "experts"));
@@ -370,6 +397,7 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
             launch(&g, K_ROPE, &h[1], 1);
             h[0] = whole(&y->kv);
             launch(&g, K_ATTN, h, 2);
+            g.now += (uint64_t)o->step_us * 1000 / o->layers;
             h[0] = whole(&y->o);
             launch(&g, K_GEMM_O, h, 2);
             h[0] = whole(&y->norm2);
@@ -377,8 +405,19 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
             h[0] = whole(&y->router);
             launch(&g, K_ROUTER, h, 2);
             launch(&g, K_TOPK, &h[1], 1);
-            route(&g, l, sel);
-            for (unsigned k = 0; k < o->topk; k++) {
+            nsel = route_step(&g, l, sel);
+            if (o->grouped) {
+                /* the routing still draws (the same random stream), but one
+                 * kernel per tensor reads whatever experts it picked */
+                h[0] = whole(&y->gate_up);
+                launch(&g, K_GATE_UP, h, 2);
+                launch(&g, K_SILU, &h[1], 1);
+                h[0] = whole(&y->down);
+                launch(&g, K_DOWN, h, 2);
+                launch(&g, K_INDEX_ADD, &h[1], 1);
+                nsel = 0;
+            }
+            for (unsigned k = 0; k < nsel; k++) {
                 h[0] = slice(&y->gate_up, sel[k] * up);
                 launch(&g, K_GATE_UP, h, 2);
                 launch(&g, K_SILU, &h[1], 1);
@@ -437,10 +476,14 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: gen-trace OUT [--layers N] [--experts N] [--topk N] [--steps N]\n"
-                   "                 [--expert-mib N] [--skew X] [--seed N]\n"
+                   "                 [--expert-mib N] [--skew X] [--seed N] [--tokens N]\n"
+                   "                 [--step-us N] [--grouped]\n"
                    "       gen-trace OUT --every-type\n"
                    "Writes a synthetic MoE decode trace (for unit tests only), or a short\n"
-                   "trace with one event of every type.\n");
+                   "trace with one event of every type. --tokens N routes N tokens a step\n"
+                   "(continuous batching) and launches each picked expert once; --step-us N\n"
+                   "adds N us of host work a step (a step of many tokens computes longer);\n"
+                   "--grouped launches one kernel per expert tensor, handed its base pointer.\n");
             return 0;
         }
         if (a[0] != '-') {
@@ -449,6 +492,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--every-type") == 0) {
             every = 1;
+            continue;
+        }
+        if (strcmp(a, "--grouped") == 0) {
+            o.grouped = true;
             continue;
         }
         if (i + 1 >= argc) {
@@ -480,6 +527,10 @@ int main(int argc, char **argv)
             o.expert_mib = v;
         else if (strcmp(a, "--seed") == 0)
             o.seed = v;
+        else if (strcmp(a, "--tokens") == 0)
+            o.tokens = (unsigned)v;
+        else if (strcmp(a, "--step-us") == 0)
+            o.step_us = (unsigned)v;
         else {
             fprintf(stderr, "gen-trace: unknown option %s (see --help)\n", a);
             return 1;
@@ -493,7 +544,8 @@ int main(int argc, char **argv)
         return 1;
     r = every ? wo_gen_every_type(t) : wo_gen_moe_trace(t, &o);
     if (r == -EINVAL)
-        fprintf(stderr, "gen-trace: bad options: need layers, experts, topk <= experts <= 256, expert-mib > 0\n");
+        fprintf(stderr, "gen-trace: bad options: need layers, experts, topk <= experts <= 256, "
+                        "expert-mib > 0, tokens <= 4096\n");
     if (wo_trace_close(t, 0) < 0 || r < 0)
         return 1;
     return 0;

@@ -15,13 +15,25 @@ struct wo_gen_opts {
     unsigned steps;      /* decode steps */
     uint64_t expert_mib; /* bytes of one expert's slice of each stacked tensor, MiB */
     double skew;         /* 0: uniform routing; larger: a few experts take most tokens */
+    unsigned tokens;     /* tokens a step routes (continuous batching: several requests in one
+                          * step); each picked expert is launched once a step (the grouped path
+                          * reads each expert once, whatever the tokens); 0 or 1: batch 1 */
     uint64_t seed;
+    bool grouped;     /* one launch a layer per expert tensor, handed its base pointer (a
+                       * grouped experts kernel: which experts it reads is not visible) */
+    unsigned step_us; /* extra host work a step, spread over the layers' attention launches
+                       * (a step of many tokens computes longer; 0: none) */
 };
 
-#define WO_GEN_DEFAULTS {.layers = 4, .experts = 8, .topk = 2, .steps = 16, .expert_mib = 4, .skew = 1.0, .seed = 1}
+#define WO_GEN_DEFAULTS                                                                            \
+    {                                                                                              \
+        .layers = 4, .experts = 8, .topk = 2, .steps = 16, .expert_mib = 4, .skew = 1.0,           \
+        .tokens = 1, .seed = 1                                                                     \
+    }
 
 /* Launches per decode step with these options (what a step period detector
- * must find). */
+ * must find; with tokens > 1 the count varies with routing: this is the
+ * count at one token). */
 unsigned wo_gen_launches_per_step(const struct wo_gen_opts *o);
 
 /* Writes the whole trace (load, seal, decode steps) into t; does not close

@@ -411,6 +411,135 @@ static void test_budget_and_hot_set(void **state)
     wo_plan_free(p);
 }
 
+/* The cost rule (uvm/cost.h) at device-facts.md's rates: a piece read
+ * fewer than ~5 times a step does not pay for a cycle (load, then drop by collapse), one
+ * kept resident pays within a few steps, and a resident piece's score is
+ * what it saves (its move is paid). */
+static void test_cost_rule(void **state)
+{
+    struct wo_plan_cfg cfg;
+    const struct wo_plan_costs *c = &cfg.costs;
+    struct wo_cost_move m = {.bytes = 64 * WO_MiB,
+                             .read_bytes = 64.0 * WO_MiB,
+                             .steps = 1,
+                             .how = WO_PLAN_COLLAPSE,
+                             .calls = 1};
+    double s;
+
+    (void)state;
+    wo_plan_cfg_default(&cfg);
+    /* a cycle of a piece read once: ~3x an in-place read, it never pays */
+    assert_true(wo_cost_gain_s(c, &m) < 0);
+    /* nor read four times (load 1/43, collapse 1/28, remap 1/25 s/GB
+     * against 1/50 in place); six times a step, it does */
+    m.read_bytes = 4.0 * 64 * WO_MiB;
+    assert_true(wo_cost_gain_s(c, &m) < 0);
+    m.read_bytes = 6.0 * 64 * WO_MiB;
+    assert_true(wo_cost_gain_s(c, &m) > 0);
+    /* read once a step and kept for 8 steps: it pays */
+    m.read_bytes = 64.0 * WO_MiB;
+    m.steps = 8;
+    assert_true(wo_cost_gain_s(c, &m) > 0);
+    /* ... unless its load forces out a piece read as often */
+    m.evict_bytes = 64 * WO_MiB;
+    m.evict_how = WO_PLAN_COLLAPSE;
+    m.evict_read_bytes = 64.0 * WO_MiB;
+    assert_true(wo_cost_gain_s(c, &m) < 0);
+    /* a resident piece (bytes 0): what keeping it saves, no move */
+    m = (struct wo_cost_move){.read_bytes = 1e9, .steps = 1, .how = WO_PLAN_COLLAPSE};
+    assert_float_equal(wo_cost_gain_s(c, &m), 1e9 * (c->zc_s_per_byte - c->hbm_s_per_byte), 1e-12);
+    /* copy-back drops cost more than collapses (9.6 against ~14 GB/s) */
+    assert_true(wo_cost_drop_s_per_byte(c, WO_PLAN_COPY_BACK) >
+                wo_cost_drop_s_per_byte(c, WO_PLAN_COLLAPSE));
+    assert_float_equal(wo_cost_drop_s_per_byte(c, WO_COST_STAYS), 0, 0);
+    /* a step: reads plus moves, on top of each other */
+    s = wo_cost_step_s(c, 0, 1e9, 0, 0, 0, 0);
+    assert_float_equal(s, 1e9 * c->zc_s_per_byte, 1e-12);
+    assert_true(wo_cost_step_s(c, 1e9, 0, 1000000000, 1, 1000000000, 0) > s);
+}
+
+/* Uniform routing over more experts than the budget holds, every expert
+ * read each step as a whole stacked tensor (a grouped experts kernel):
+ * the planner keeps a hot set and reads the rest in place; once settled
+ * it moves nothing a step, its plan beats reading in place, and it never
+ * reports churn. Before the cost rule it cycled the tensors it could not
+ * hold through the GPU every step (issue 22). */
+static void test_no_cycling_uniform(void **state)
+{
+    const unsigned layers = 8;
+    uint64_t t = 1000, tsz = 64 * WO_MiB;
+    struct wo_plan *p = new_plan(layers * tsz / 2);
+    struct wo_plan_step last, sum;
+    struct wo_plan_action a;
+    uint64_t steps = 0, moved = 0, in_late = 0;
+
+    (void)state;
+    for (unsigned l = 0; l < layers; l++)
+        assert_int_equal(wo_plan_range_add(p, 20 + l, 1, tsz, 0, 0), 0);
+    for (unsigned s = 0; s < 200; s++) {
+        for (unsigned l = 0; l < layers; l++) {
+            struct model m = {.t = t};
+            struct wo_event ev = launch_ev(&m, 0x300, 20 + l, 0);
+
+            /* long steps (much compute between the expert kernels): the
+             * link has room, which let the old planner cycle */
+            t += 5000000;
+            assert_int_equal(wo_plan_event(p, &ev), 0);
+            while (wo_plan_pop(p, &a) == 1)
+                if (a.type == WO_PLAN_PREFETCH && s >= 100)
+                    in_late += a.bytes;
+        }
+    }
+    wo_plan_step_stats(p, &last, &sum, &steps);
+    assert_true(steps > 150);
+    assert_int_equal(in_late, 0);
+    assert_int_equal(last.in_bytes, 0);
+    assert_int_equal(last.out_bytes, 0);
+    /* half resident: the plan reads half in place */
+    assert_true(last.plan_s < 0.6 * last.inplace_s);
+    assert_true(last.hit_bytes > 0 && last.miss_bytes > 0);
+    assert_int_equal(wo_plan_churn(p, &moved), 0);
+    assert_int_equal(moved, 0);
+    assert_true(sum.inplace_s >= last.inplace_s);
+    wo_plan_free(p);
+}
+
+/* Ranges each read many times a step (read multiplicity: a kernel per
+ * token handed the whole tensor), more of them than the budget holds, and
+ * room on the link: cycling pays by the cost rule, and the planner then
+ * moves more than the budget within WO_PLAN_CHURN_STEPS steps, which
+ * wo_plan_churn reports (the shim warns once). */
+static void test_churn_reported(void **state)
+{
+    const unsigned n = 8, reads = 12;
+    uint64_t t = 1000, tsz = 64 * WO_MiB, moved = 0;
+    struct wo_plan *p = new_plan(tsz);
+    struct wo_plan_step last;
+    struct wo_plan_action a;
+
+    (void)state;
+    for (unsigned r = 0; r < n; r++)
+        assert_int_equal(wo_plan_range_add(p, 20 + r, 1, tsz, 0, 0), 0);
+    for (unsigned s = 0; s < 120; s++) {
+        for (unsigned r = 0; r < n; r++) {
+            for (unsigned k = 0; k < reads; k++) {
+                struct model m = {.t = t};
+                struct wo_event ev = launch_ev(&m, 0x400 + k, 20 + r, 0);
+
+                t += 10000000; /* long steps: the link has room for cycling */
+                assert_int_equal(wo_plan_event(p, &ev), 0);
+                while (wo_plan_pop(p, &a) == 1)
+                    ;
+            }
+        }
+    }
+    wo_plan_step_stats(p, &last, NULL, NULL);
+    assert_true(last.in_bytes > 0);
+    assert_int_equal(wo_plan_churn(p, &moved), 1);
+    assert_true(moved > tsz);
+    wo_plan_free(p);
+}
+
 /* Whole units move in coalesced calls: a slice smaller than the piece
  * floor goes alone, but adjacent ones are one call. */
 static void test_coalescing(void **state)
@@ -674,6 +803,9 @@ int main(void)
         cmocka_unit_test(test_stepper_after_prefill),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),
+        cmocka_unit_test(test_cost_rule),
+        cmocka_unit_test(test_no_cycling_uniform),
+        cmocka_unit_test(test_churn_reported),
         cmocka_unit_test(test_coalescing),
         cmocka_unit_test(test_widen_small_slices),
         cmocka_unit_test(test_written_copy_back),

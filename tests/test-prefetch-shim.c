@@ -207,6 +207,19 @@ static void managed_experts_end_to_end(void **state)
         }
         assert_non_null(at);
         assert_non_null(strstr(js, "\"model.layers.3.mlp.experts.w13_weight\":{\"hits\":"));
+        /* the planner's per-step figures (issue 22): steps counted, moves
+         * and the cost rule's prediction, mean and last step */
+        {
+            const char *ps = strstr(js, "\"per_step\":{\"steps\":");
+            unsigned long long steps = 0;
+
+            assert_non_null(ps);
+            assert_int_equal(sscanf(ps, "\"per_step\":{\"steps\":%llu,", &steps), 1);
+            assert_true(steps > 0);
+            assert_non_null(strstr(ps, "\"inplace_ms\":"));
+            assert_non_null(strstr(ps, "\"plan_ms\":"));
+            assert_non_null(strstr(ps, "\"last\":{\"in_bytes\":"));
+        }
     }
     /* expert 0 of every layer is the hot set: a GPU duplicate of a
      * read-mostly page (4 x 16 MiB = 64 MiB would not fit 40 MiB, so at least

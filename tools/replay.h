@@ -69,6 +69,13 @@ struct wo_replay_result {
     double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies */
     double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
     double stall_s_step;
+    /* The cost rule (uvm/cost.h) over the window, per step, at the model's
+     * rates: the managed bytes read, all in place (what `host` pays) and as
+     * the plan read them (hits, misses, its moves). The moves themselves
+     * are prefetch_bytes_step and evict_bytes_step above. */
+    double cost_inplace_s, cost_plan_s;
+    bool churn; /* the planner moved more than the budget in over its last
+                 * WO_PLAN_CHURN_STEPS steps (wo_plan_churn) */
     uint64_t managed_bytes, budget;
     uint64_t max_resident;      /* highest residency the planner reached */
     struct wo_replay_name *names;

@@ -305,6 +305,24 @@ int main(int argc, char **argv)
            gb(res.evict_bytes_step, err, sizeof(err)));
     printf("stalls / step: %s (managed misses read over PCIe, waits for prefetches)\n",
            ms(res.stall_s_step, b1, sizeof(b1)));
+    if (res.managed_bytes && !no_prefetch) {
+        /* the planner's cost rule (uvm/cost.h) on the window's reads and moves */
+        printf("moves / step:  in %s, out %s (%.1f%% of the budget moved in)\n",
+               gb(res.prefetch_bytes_step, b1, sizeof(b1)),
+               gb(res.evict_bytes_step, b2, sizeof(b2)),
+               res.budget ? 100.0 * res.prefetch_bytes_step / (double)res.budget : 0.0);
+        printf("cost rule:     managed reads in place %s a step, as planned %s (plan / in place = "
+               "%.3f)\n",
+               ms(res.cost_inplace_s, b1, sizeof(b1)), ms(res.cost_plan_s, b2, sizeof(b2)),
+               res.cost_inplace_s > 0 ? res.cost_plan_s / res.cost_inplace_s : 0.0);
+        if (res.churn)
+            printf(
+                "warning:       the planner moved more than the device budget in over %u steps: "
+                "the "
+                "working set does not fit and residency cycles (each cycle costs ~3x an in-place "
+                "read); raise device_budget\n",
+                WO_PLAN_CHURN_STEPS);
+    }
     printf("\nwhere the time goes, per step (kernel read time at model rates):\n");
     printf("  %-48s %-8s %10s %10s %10s %10s %10s\n", "name", "place", "bytes", "read", "time",
            "stall", "prefetch");

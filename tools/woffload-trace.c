@@ -500,7 +500,15 @@ static int cmd_summary(int argc, char **argv)
     }
     if (prefetch_bytes || evict_bytes) {
         printf("prefetched %s", human(prefetch_bytes, hb, sizeof(hb)));
-        printf(", evicted %s\n", human(evict_bytes, hb, sizeof(hb)));
+        printf(", evicted %s", human(evict_bytes, hb, sizeof(hb)));
+        /* moved per step (the planner's step events): a steady state with
+         * a stable hot set moves next to nothing (docs/prefetch.md) */
+        if (count[WO_EV_STEP]) {
+            printf("; per step (%" PRIu64 " steps) in %s", count[WO_EV_STEP],
+                   human(prefetch_bytes / count[WO_EV_STEP], hb, sizeof(hb)));
+            printf(", out %s", human(evict_bytes / count[WO_EV_STEP], hb, sizeof(hb)));
+        }
+        printf("\n");
     }
 
     if (attribute(d, &a) < 0) {

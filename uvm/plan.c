@@ -24,8 +24,8 @@
 #include "policy/policy.h"
 
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
-#define HYSTERESIS 1.05       /* a resident hot unit is kept unless a rival is this much denser */
-#define SWAP_HORIZON 128.0    /* steps a swap must pay back within */
+#define HYSTERESIS 1.15       /* a resident hot unit is kept unless a rival reads this much more */
+#define SWAP_HORIZON 128.0 /* steps a hot unit is expected to stay: a swap must pay back within */
 #define MIN_FREQ 0.02         /* units used less often than this are never hot */
 #define MAX_STEP_UNITS 65536u /* a step longer than this (no anchor recurrence) is cut */
 #define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
@@ -98,6 +98,14 @@ struct wo_plan {
 
     uint64_t resident_bytes;
 
+    /* this step's moves and reads, the last step's figures, their sums
+     * (wo_plan_step_stats) and the bytes moved in over the last steps */
+    struct wo_plan_step cur_st, last_st, sum_st;
+    uint64_t nst;
+    uint64_t churn[WO_PLAN_CHURN_STEPS];
+    uint64_t cur_copyback; /* of cur_st.out_bytes, copied back (the rest collapsed) */
+    int cycle_pays;        /* some unit read often enough in a step to pay for a cycle */
+
     struct pend *pend;
     size_t npend, cappend;
     struct wo_plan_action *q;
@@ -165,6 +173,7 @@ void wo_plan_cfg_default(struct wo_plan_cfg *cfg)
     cfg->costs.prefetch_call_s = 90e-6;
     cfg->costs.copyback_s_per_byte = 1.0 / 9.6e9;
     cfg->costs.collapse_s_per_byte = 1.0 / 28e9;
+    cfg->costs.remap_s_per_byte = 1.0 / 25e9;
 }
 
 void wo_plan_cfg_policy(struct wo_plan_cfg *cfg, const struct wo_policy_globals *g)
@@ -726,6 +735,14 @@ static int pend_cmp(const void *a, const void *b)
 
 static int act_push(struct wo_plan *p, const struct wo_plan_action *a)
 {
+    if (a->type == WO_PLAN_PREFETCH) {
+        p->cur_st.in_bytes += a->bytes;
+        p->cur_st.calls++;
+    } else if (a->type == WO_PLAN_EVICT) {
+        p->cur_st.out_bytes += a->bytes;
+        if (a->how == WO_PLAN_COPY_BACK)
+            p->cur_copyback += a->bytes;
+    }
     if (p->qhead > 0 && p->qhead == p->qn) {
         p->qhead = p->qn = 0;
     }
@@ -907,13 +924,46 @@ static int know(struct wo_plan *p, uint32_t id, uint32_t unit)
     return 0;
 }
 
-/* Cost of moving a byte in and out, in units of streaming it once. */
-static double swap_cost(const struct wo_plan *p, const struct prange *r)
+/* The cost rule (uvm/cost.h) for unit u of r: what having it resident for
+ * `steps` steps saves, less its move when it is not resident yet (its load
+ * and its drop at the end) and the eviction of `evict` bytes of non-hot
+ * units its load forces. `reads` is the bytes a step reads from it
+ * (accesses per step x bytes per access: read multiplicity counted). */
+static double unit_gain(const struct wo_plan *p, const struct prange *r, uint32_t i,
+                        const struct unit *u, double reads, double steps, uint64_t evict)
 {
-    const struct wo_plan_costs *c = &p->cfg.costs;
-    double ev = range_how(p, r) == WO_PLAN_COPY_BACK ? c->copyback_s_per_byte : c->collapse_s_per_byte;
+    struct wo_cost_move m = {
+        .bytes = u->resident ? 0 : unit_bytes(r, i),
+        .read_bytes = reads,
+        .steps = steps,
+        .how = range_how(p, r),
+        .evict_bytes = u->resident ? 0 : evict,
+        .evict_how = range_how(p, r),
+        .calls = u->resident ? 0u : 1u,
+    };
 
-    return (c->prefetch_s_per_byte + ev) / c->zc_s_per_byte;
+    return wo_cost_gain_s(&p->cfg.costs, &m);
+}
+
+/* Bytes a step reads from u, by its averaged frequency (or, for a unit
+ * too young to have one, this step's accesses so far). */
+static double unit_reads(const struct unit *u)
+{
+    return WO_MAX(u->freq, (double)u->cnt) * u->touched;
+}
+
+/* A non-hot unit cycled through this step (prefetched before its use,
+ * dropped after): its reads this step (at least one access; several when
+ * a step reads it several times) against its load, its drop and the room
+ * it takes from others when the budget is full. Read once, it never pays:
+ * a load and a collapse cost ~3x an in-place read (device-facts.md). */
+static bool cycle_pays(const struct wo_plan *p, const struct prange *r, uint32_t i,
+                       const struct unit *u)
+{
+    uint64_t b = unit_bytes(r, i);
+    uint64_t evict = p->resident_bytes + b > p->cfg.budget ? b : 0;
+
+    return unit_gain(p, r, i, u, WO_MAX(u->freq, 1.0) * u->touched, 1, evict) > 0;
 }
 
 struct cand {
@@ -944,27 +994,35 @@ static void choose_hot(struct wo_plan *p)
     size_t n = 0;
 
     if (p->cycle_ok)
-        cap -= cap / 4; /* room for units cycled through the lookahead */
+        cap -= cap / 4; /* room for units cycled through the lookahead (when it pays) */
     c = malloc((p->nknown ? p->nknown : 1) * sizeof(*c));
     if (!c)
         return; /* keep the old hot set */
     for (size_t i = 0; i < p->nknown; i++) {
         struct prange *r = &p->r[p->known[i].id];
-        struct unit *u = &r->u[p->known[i].unit];
-        double density;
+        uint32_t ui = p->known[i].unit;
+        struct unit *u = &r->u[ui];
+        double reads = u->freq * u->touched, gain;
 
         u->hot = 0;
         if (u->freq < MIN_FREQ)
             continue;
-        density = u->freq * u->touched / (double)unit_bytes(r, p->known[i].unit);
-        /* an incumbent stays unless a rival's extra use pays for the swap
-         * (a load and an eviction, in stream-time units) within
-         * SWAP_HORIZON steps: frequency estimates are noisy */
+        /* The cost rule: a unit is hot when residency over the horizon
+         * saves more than moving it costs. An incumbent's move is paid, a
+         * rival's is not, and an incumbent's reads count HYSTERESIS times:
+         * a rival displaces it only when it reads that much more and pays
+         * for the swap within the horizon. Frequencies are noisy (a
+         * uniform router gives every expert the same rate up to
+         * sampling), and a hot set that follows the noise cycles experts
+         * through the GPU at ~3x the cost of reading them in place. */
         if (u->resident)
-            density = density * HYSTERESIS + swap_cost(p, r) / SWAP_HORIZON;
-        else if (density < 2 * swap_cost(p, r) / SWAP_HORIZON)
-            continue; /* too rare to pay for its load twice over the horizon */
-        c[n++] = (struct cand){density, r->prio, p->known[i].id, p->known[i].unit};
+            reads *= HYSTERESIS;
+        else if (unit_gain(p, r, ui, u, reads, SWAP_HORIZON / 2, 0) <= 0)
+            continue; /* too rare to pay for its load within half the horizon */
+        gain = unit_gain(p, r, ui, u, reads, SWAP_HORIZON, 0);
+        if (gain <= 0)
+            continue;
+        c[n++] = (struct cand){gain / (double)unit_bytes(r, ui), r->prio, p->known[i].id, ui};
     }
     qsort(c, n, sizeof(*c), cand_cmp);
     for (size_t i = 0; i < n; i++) {
@@ -1030,6 +1088,30 @@ static int append_order(struct oent **v, size_t *n, size_t *cap, const struct oe
     return 0;
 }
 
+/* The step's figures: its moves and reads, and the predicted cost of its
+ * reads in place against the plan's (the one cost rule's rates). */
+static void step_close(struct wo_plan *p)
+{
+    struct wo_plan_step *c = &p->cur_st;
+    const struct wo_plan_costs *k = &p->cfg.costs;
+
+    c->inplace_s = wo_cost_step_s(k, 0, c->hit_bytes + c->miss_bytes, 0, 0, 0, 0);
+    c->plan_s = wo_cost_step_s(k, c->hit_bytes, c->miss_bytes, c->in_bytes, c->calls,
+                               c->out_bytes - p->cur_copyback, p->cur_copyback);
+    p->last_st = *c;
+    p->sum_st.in_bytes += c->in_bytes;
+    p->sum_st.out_bytes += c->out_bytes;
+    p->sum_st.calls += c->calls;
+    p->sum_st.hit_bytes += c->hit_bytes;
+    p->sum_st.miss_bytes += c->miss_bytes;
+    p->sum_st.inplace_s += c->inplace_s;
+    p->sum_st.plan_s += c->plan_s;
+    p->churn[p->nst % WO_PLAN_CHURN_STEPS] = c->in_bytes;
+    p->nst++;
+    memset(c, 0, sizeof(*c));
+    p->cur_copyback = 0;
+}
+
 static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
 {
     struct oent *tv;
@@ -1037,6 +1119,7 @@ static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
     struct wo_plan_action a = {.type = WO_PLAN_STEP};
     double step_s = (double)(t - p->t_step) * 1e-9;
     double cyc_s = 0;
+    int pays = 0;
 
     /* fold this step's counts into the frequencies; cost of cycling the
      * non-hot units this step touched */
@@ -1045,11 +1128,15 @@ static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
         struct unit *u = &r->u[p->known[i].unit];
 
         if (u->cnt && !u->hot) {
-            double ev = range_how(p, r) == WO_PLAN_COPY_BACK ? p->cfg.costs.copyback_s_per_byte
-                                                             : p->cfg.costs.collapse_s_per_byte;
-
             cyc_s += (double)unit_bytes(r, p->known[i].unit) *
-                     (p->cfg.costs.prefetch_s_per_byte + ev);
+                     (p->cfg.costs.prefetch_s_per_byte +
+                      wo_cost_drop_s_per_byte(&p->cfg.costs, range_how(p, r)));
+            if (!pays && !u->resident) {
+                struct unit v = *u;
+
+                v.freq = (double)u->cnt; /* this step's reads of it */
+                pays = cycle_pays(p, r, p->known[i].unit, &v);
+            }
         }
         {
             /* a running mean while young, then an average over the last
@@ -1073,8 +1160,14 @@ static void boundary(struct wo_plan *p, uint64_t t, unsigned nsteps)
         double share = step_s > 0 ? (p->step_miss_s + p->step_pref_s + cyc_s) / step_s : INFINITY;
 
         p->cycle_ok = p->cycle_ok ? share < CYCLE_LINK_SHARE : share < CYCLE_LINK_SHARE * 0.75;
+        /* and only when some unit this step was read often enough to pay
+         * for its cycle (the cost rule): else the quarter of the budget it
+         * would hold back is better spent on the hot set */
+        p->cycle_pays = pays;
+        p->cycle_ok = p->cycle_ok && pays;
     }
     p->step_miss_s = p->step_pref_s = 0;
+    step_close(p);
 
     tv = p->prev;
     tc = p->capprev;
@@ -1143,6 +1236,8 @@ static void lookahead(struct wo_plan *p, uint64_t t)
             continue;
         if (!u->hot && !(p->cycle_ok || !p->cfg.hot_set))
             continue;
+        if (!u->hot && !cycle_pays(p, r, e->unit, u))
+            continue; /* the cost rule: read in place rather than cycled */
         if (!make_room(p, b))
             continue;
         add_pend(p, WO_PLAN_PREFETCH, e->id, e->unit, ahead_ns);
@@ -1212,6 +1307,7 @@ static int launch(struct wo_plan *p, const struct wo_event *ev, uint64_t t)
             if (u->resident) {
                 r->st.hits++;
                 r->st.hit_bytes += b;
+                p->cur_st.hit_bytes += (double)b;
             } else {
                 double miss_s = (double)b * p->cfg.costs.zc_s_per_byte;
 
@@ -1219,9 +1315,12 @@ static int launch(struct wo_plan *p, const struct wo_event *ev, uint64_t t)
                 r->st.miss_bytes += b;
                 r->st.stall_s += miss_s - (double)b * p->cfg.costs.hbm_s_per_byte;
                 p->step_miss_s += miss_s;
-                /* free room is free: a missed unit will likely be used again */
+                p->cur_st.miss_bytes += (double)b;
+                /* free room is free (no eviction forced): a missed unit will
+                 * likely be used again, if its reads pay for its load */
                 if (p->resident_bytes + unit_bytes(r, i) <= p->cfg.budget &&
-                    (!p->hot_valid || u->hot || !p->cycle_ok))
+                    (!p->hot_valid || u->hot || !p->cycle_ok) &&
+                    (u->hot || unit_gain(p, r, i, u, unit_reads(u), SWAP_HORIZON / 2, 0) > 0))
                     add_pend(p, WO_PLAN_PREFETCH, hit->id, i, 0);
             }
         }
@@ -1311,6 +1410,28 @@ void wo_plan_range_stats(const struct wo_plan *p, uint32_t id, uint32_t gen,
         *ret = r->st;
     else
         memset(ret, 0, sizeof(*ret));
+}
+
+void wo_plan_step_stats(const struct wo_plan *p, struct wo_plan_step *last,
+                        struct wo_plan_step *sum, uint64_t *steps)
+{
+    if (last)
+        *last = p->last_st;
+    if (sum)
+        *sum = p->sum_st;
+    if (steps)
+        *steps = p->nst;
+}
+
+int wo_plan_churn(const struct wo_plan *p, uint64_t *moved)
+{
+    uint64_t m = 0;
+
+    for (unsigned i = 0; i < WO_PLAN_CHURN_STEPS; i++)
+        m += p->churn[i];
+    if (moved)
+        *moved = m;
+    return p->nst >= WO_PLAN_CHURN_STEPS && m > p->cfg.budget;
 }
 
 uint64_t wo_plan_resident_bytes(const struct wo_plan *p)

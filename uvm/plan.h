@@ -12,6 +12,7 @@
 #pragma once
 
 #include "core/event.h"
+#include "uvm/cost.h"
 
 /* What an action asks for. */
 enum wo_plan_act {
@@ -39,17 +40,10 @@ struct wo_plan_action {
     uint64_t offset, bytes;
 };
 
-/* The device figures the planner weighs decisions with (seconds per byte and
- * seconds; tools/devmodel.h fills them from a model file, the shim from the
- * defaults below, which are device-facts.md's H100 figures). */
-struct wo_plan_costs {
-    double hbm_s_per_byte;      /* kernel reading device-resident memory */
-    double zc_s_per_byte;       /* kernel reading host memory in place (and a managed miss) */
-    double prefetch_s_per_byte; /* cuMemPrefetchAsync host->GPU in large pieces */
-    double prefetch_call_s;     /* CPU time inside one prefetch call */
-    double copyback_s_per_byte; /* eviction by prefetch to host */
-    double collapse_s_per_byte; /* eviction by read-mostly collapse */
-};
+/* The device figures the planner weighs decisions with: struct
+ * wo_plan_costs (uvm/cost.h; tools/devmodel.h fills them from a model file,
+ * the shim from WOFFLOAD_DEVICE_MODEL or the defaults below, which are
+ * device-facts.md's H100 figures). */
 
 struct wo_plan_cfg {
     uint64_t budget;           /* device bytes the planner may keep resident */
@@ -112,6 +106,32 @@ void wo_plan_range_written(struct wo_plan *p, uint32_t id, uint32_t gen);
 int wo_plan_event(struct wo_plan *p, const struct wo_event *ev);
 /* Next queued action: 1 and *ret, 0 when none. */
 int wo_plan_pop(struct wo_plan *p, struct wo_plan_action *ret);
+
+/* What one step moved and read, and what the planner predicts it cost
+ * (uvm/cost.h's wo_cost_step_s: reads of managed memory and the moves, in
+ * seconds; the rest of the step, compute and other memory, is not in it). */
+struct wo_plan_step {
+    uint64_t in_bytes;  /* prefetched */
+    uint64_t out_bytes; /* evicted (collapses and copy-backs) */
+    uint64_t calls;     /* prefetch calls */
+    double hit_bytes;   /* read from the GPU copy */
+    double miss_bytes;  /* read in place over PCIe */
+    double inplace_s;   /* predicted: every byte read in place, nothing moved (`host`) */
+    double plan_s;      /* predicted: the plan (hits, misses and the moves) */
+};
+/* Steps over which moved bytes are compared with the budget (churn). */
+#define WO_PLAN_CHURN_STEPS 16u
+
+/* The last complete step's figures (*last), their sums over every step
+ * since the planner began (*sum) and how many steps those are (*steps).
+ * Any of the pointers may be NULL. */
+void wo_plan_step_stats(const struct wo_plan *p, struct wo_plan_step *last,
+                        struct wo_plan_step *sum, uint64_t *steps);
+/* Bytes prefetched over the last WO_PLAN_CHURN_STEPS steps into *moved;
+ * returns 1 when those exceed the budget (the planner cycled more than the
+ * whole budget through the GPU in that window: the working set does not
+ * fit and residency is churning), 0 otherwise or while fewer steps ran. */
+int wo_plan_churn(const struct wo_plan *p, uint64_t *moved);
 
 /* Stats of a range (zeros for an unknown one). */
 void wo_plan_range_stats(const struct wo_plan *p, uint32_t id, uint32_t gen,

@@ -46,6 +46,7 @@ struct wo_prefetcher {
     size_t nheld, capheld;
     struct wo_prefetch_totals own;
     struct wo_prefetch_totals *tot;
+    bool churn_warned;
 };
 
 static void add(uint64_t *v, uint64_t n)
@@ -402,6 +403,29 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
     }
 }
 
+/* Once: the planner moved more than the device budget in over its last
+ * WO_PLAN_CHURN_STEPS steps. Its working set does not fit and residency
+ * cycles, at a cost the cost rule (uvm/cost.h) is meant to refuse; say so,
+ * with the knob that fixes it. */
+static void churn_check(struct wo_prefetcher *pf)
+{
+    uint64_t moved;
+    struct wo_plan_step sum;
+    uint64_t n;
+
+    if (pf->churn_warned || !wo_plan_churn(pf->plan, &moved))
+        return;
+    pf->churn_warned = true;
+    wo_plan_step_stats(pf->plan, NULL, &sum, &n);
+    wo_warn("prefetcher: moved %llu MiB onto the GPU over the last %u steps, more than the "
+            "device budget: the managed working set does not fit and residency is cycling "
+            "(each cycle costs several in-place reads; predicted %.1f ms a step as planned "
+            "against %.1f ms read in place); raise device_budget, or set prefetch: {enabled: "
+            "false} to read in place",
+            (unsigned long long)(moved >> 20), WO_PLAN_CHURN_STEPS,
+            n ? sum.plan_s * 1e3 / (double)n : 0.0, n ? sum.inplace_s * 1e3 / (double)n : 0.0);
+}
+
 static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
 {
     struct prange *r;
@@ -410,6 +434,7 @@ static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
     if (a->type == WO_PLAN_STEP) {
         add(&pf->tot->steps, 1);
         record(WO_EV_STEP, 0, 0, 0, 0, 0);
+        churn_check(pf);
         return;
     }
     if (a->id >= pf->nr || !(r = &pf->r[a->id])->live || r->gen != a->gen || ensure_stream(pf) < 0)
@@ -626,6 +651,8 @@ static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct name_snap *snap;
 static size_t nsnap;
 static uint64_t snap_ns;
+static struct wo_plan_step snap_last, snap_sum;
+static uint64_t snap_steps, snap_budget;
 
 static void snap_free(struct name_snap *v, size_t n)
 {
@@ -660,6 +687,8 @@ static void publish(struct wo_prefetcher *pf, bool force)
     nold = nsnap;
     snap = v;
     nsnap = n;
+    wo_plan_step_stats(pf->plan, &snap_last, &snap_sum, &snap_steps);
+    snap_budget = wo_uvm_device_budget();
     pthread_mutex_unlock(&snap_lock);
     snap_free(old, nold);
 }
@@ -670,6 +699,16 @@ void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struc
     pthread_mutex_lock(&snap_lock);
     for (size_t i = 0; i < nsnap; i++)
         fn(ud, snap[i].name, &snap[i].st);
+    pthread_mutex_unlock(&snap_lock);
+}
+
+void wo_prefetch_step_figures(struct wo_prefetch_steps *ret)
+{
+    pthread_mutex_lock(&snap_lock);
+    ret->last = snap_last;
+    ret->sum = snap_sum;
+    ret->steps = snap_steps;
+    ret->budget = snap_budget;
     pthread_mutex_unlock(&snap_lock);
 }
 
@@ -732,6 +771,20 @@ void wo_prefetch_finish(void)
             (unsigned long long)(t.evict_bytes >> 20), (unsigned long long)t.collapses,
             (unsigned long long)t.copy_backs, (unsigned long long)t.deferred,
             (unsigned long long)t.errors);
+    {
+        struct wo_prefetch_steps f;
+
+        wo_prefetch_step_figures(&f);
+        if (f.steps)
+            wo_info("prefetcher: per step %.1f MiB moved in, %.1f MiB out (%.1f%% of the device "
+                    "budget); managed reads predicted %.3f ms a step as planned, %.3f ms read in "
+                    "place (uvm/cost.h)",
+                    (double)f.sum.in_bytes / (double)f.steps / WO_MiB,
+                    (double)f.sum.out_bytes / (double)f.steps / WO_MiB,
+                    f.budget ? 100.0 * (double)f.sum.in_bytes / (double)f.steps / (double)f.budget
+                             : 0.0,
+                    f.sum.plan_s * 1e3 / (double)f.steps, f.sum.inplace_s * 1e3 / (double)f.steps);
+    }
     wo_prefetcher_log_ranges(shim, 10);
     /* finish runs at exit, possibly after the driver's own teardown: no
      * driver call here; the stream and the prefetcher's context go with

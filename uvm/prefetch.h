@@ -79,5 +79,13 @@ void wo_prefetch_totals(struct wo_prefetch_totals *ret);
  * and evicted, estimated stall), as last published by the consumer thread
  * (at most 100 ms old; at exit, final). Any thread; fn runs under a lock and
  * must not call back into uvm/. */
+/* The planner's step figures (uvm/plan.h), as last published with the
+ * names: the last step, the sums over all steps and their count, and the
+ * device budget. Any thread; zeros before the prefetcher starts. */
+struct wo_prefetch_steps {
+    struct wo_plan_step last, sum;
+    uint64_t steps, budget;
+};
+void wo_prefetch_step_figures(struct wo_prefetch_steps *ret);
 void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st),
                               void *ud);

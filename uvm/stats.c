@@ -329,7 +329,24 @@ static void json_body(struct sbuf *b)
                   pt.copy_backs, pt.deferred, pt.errors, pt.steps);
         b->first = true;
         wo_prefetch_foreach_name(prefetch_name_json, b);
-        sb_printf(b, "}}");
+        sb_printf(b, "}");
+        {
+            /* per step: moved bytes and the cost rule's prediction
+             * (uvm/cost.h), the mean over all steps and the last one */
+            struct wo_prefetch_steps f;
+            double n;
+
+            wo_prefetch_step_figures(&f);
+            n = f.steps ? (double)f.steps : 1.0;
+            sb_printf(b,
+                      ",\"per_step\":{\"steps\":%" PRIu64 ",\"in_bytes\":%.0f,\"out_bytes\":%.0f"
+                      ",\"inplace_ms\":%.3f,\"plan_ms\":%.3f,\"last\":{\"in_bytes\":%" PRIu64
+                      ",\"out_bytes\":%" PRIu64 ",\"inplace_ms\":%.3f,\"plan_ms\":%.3f}}",
+                      f.steps, (double)f.sum.in_bytes / n, (double)f.sum.out_bytes / n,
+                      f.sum.inplace_s * 1e3 / n, f.sum.plan_s * 1e3 / n, f.last.in_bytes,
+                      f.last.out_bytes, f.last.inplace_s * 1e3, f.last.plan_s * 1e3);
+        }
+        sb_printf(b, "}");
     }
     {
         long need = wo_counters_json(NULL, 0);
