@@ -11,6 +11,7 @@
 #include "tools/replay.h"
 
 #include "core/registry.h"
+#include "uvm/graph.h"
 
 #include <limits.h>
 #include <math.h>
@@ -431,23 +432,16 @@ static int prepass(struct sim *s)
         return -ENOMEM;
     s->sealed = !has_seal(d);
     for (size_t i = 0; i < d->nevents; i++) {
-        const struct wo_event *ev = &d->events[i].ev, *gl = ev;
-        size_t n = 1;
-        int c = wo_graphs_filter(g, ev, &gl, &n);
+        const struct wo_event *ev = &d->events[i].ev, *gl;
+        ssize_t n = wo_graphs_expand(g, ev, &gl);
 
         if (ev->type == WO_EV_SEAL)
             s->sealed = 1;
-        if (c < 0) {
+        if (n < 0) {
             wo_graphs_free(g);
-            return c;
+            return (int)n;
         }
-        if (c == 0 && ev->type != WO_EV_LAUNCH)
-            continue;
-        if (c == 0) {
-            gl = ev;
-            n = 1;
-        }
-        for (size_t k = 0; k < n; k++) {
+        for (ssize_t k = 0; k < n; k++) {
             const struct wo_event *l = &gl[k];
 
             unsigned nb = is_boundary(s, l);
@@ -1043,12 +1037,11 @@ static int run_events(struct sim *s)
     if (s->sealed && seal(s) < 0)
         return -ENOMEM;
     for (size_t i = 0; i < d->nevents && !s->err; i++) {
-        const struct wo_event *ev = &d->events[i].ev, *gl = NULL;
-        size_t n = 0;
-        int c = wo_graphs_filter(s->graphs, ev, &gl, &n);
+        const struct wo_event *ev = &d->events[i].ev, *gl;
+        ssize_t n = wo_graphs_expand(s->graphs, ev, &gl);
 
-        if (c < 0)
-            return c;
+        if (n < 0)
+            return (int)n;
         switch (ev->type) {
         case WO_EV_SEAL:
             if (seal(s) < 0)
@@ -1076,14 +1069,14 @@ static int run_events(struct sim *s)
             host_wait(s, i);
             break;
         case WO_EV_LAUNCH:
-            if (c == 1)
+            if (n == 0)
                 break; /* recorded into a capture: it runs with the graph */
             host_advance(s, ev->t_ns, s->launch_s);
             kernel(s, ev);
             break;
         case WO_EV_GRAPH_LAUNCH:
             host_advance(s, ev->t_ns, s->launch_s);
-            for (size_t k = 0; k < n; k++)
+            for (ssize_t k = 0; k < n; k++)
                 kernel(s, &gl[k]);
             break;
         default:
