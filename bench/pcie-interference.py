@@ -3,7 +3,7 @@
 
 An engine whose weights are read over PCIe decodes with the host issuing
 ~2,100 launches and ~340 waits a step (transformers' eager MoE loop). The
-replay (tools/replay.c) charges the host's own work as the all-GPU run
+replay (tools/replay-sim.c) charges the host's own work as the all-GPU run
 recorded it. This probe measures whether that work gets slower while the
 GPU pulls host memory, in one process, alternating:
 

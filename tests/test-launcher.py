@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Tests of tools/woffload-run (argument handling, library discovery in the
-build tree and in an installed layout, the environment it sets) and of the
-python hook's behaviour when the library is absent. No GPU, no torch.
+build tree and in an installed layout, the environment it sets, the policy
+and settings check before the command starts) and of the python hook's
+behaviour when the library is absent. No GPU, no torch.
 
     python3 tests/test-launcher.py [BUILD_TREE_LAUNCHER]
 
 BUILD_TREE_LAUNCHER: build/tools/woffload-run as configured by meson (meson
-test passes it); without it the build-tree cases are skipped.
+test passes it); the checkers beside it (woffload-policy, woffload) are
+installed into the temporary layouts. Without it the build-tree and
+installed-layout cases are skipped.
 """
 import os
 import shutil
@@ -19,6 +22,7 @@ SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEMPLATE = os.path.join(SRC, "tools", "woffload-run.in")
 PYDIR = os.path.join(SRC, "python")
 BUILD_LAUNCHER = sys.argv[1] if len(sys.argv) > 1 else None
+CHECKERS = ("woffload-policy", "woffload")  # what the launcher runs before the command
 
 
 def real_library():
@@ -82,6 +86,13 @@ class Installed(unittest.TestCase):
             WO_RUN_PYTHONDIR="/nonexistent/share/woffload/python",
             WO_RUN_BIN_TO_LIB="../lib/x86_64-linux-gnu", WO_RUN_BIN_TO_PY="../share/woffload/python",
             WO_VERSION="9.9.9")
+        # the build tree's checkers, installed beside the launcher
+        for tool in CHECKERS:
+            built = os.path.join(os.path.dirname(os.path.abspath(BUILD_LAUNCHER or "/nonexistent/x")), tool)
+            if not os.path.isfile(built):
+                shutil.rmtree(self.tmp)
+                self.skipTest(f"no build tree: {tool} to install beside the launcher")
+            shutil.copy(built, os.path.join(self.prefix, "bin", tool))
         self.policy = os.path.join(self.tmp, "p.yaml")
         with open(self.policy, "w") as f:
             f.write("rules: []\n")
@@ -160,6 +171,84 @@ class Installed(unittest.TestCase):
     def test_version(self):
         r = run(self.launcher, "--version")
         self.assertEqual((r.returncode, r.stdout.strip()), (0, "woffload-run 9.9.9"))
+
+    def _marker_cmd(self):
+        """A command that leaves a file behind when it runs."""
+        marker = os.path.join(self.tmp, "started")
+        return marker, [sys.executable, "-c", f"open({marker!r}, 'w').write('yes')"]
+
+    def _write(self, name, text):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def test_bad_policy_is_not_started(self):
+        bad = self._write("bad.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: hots\n")
+        marker, cmd = self._marker_cmd()
+        for extra in ((), ("--dry-run",)):
+            r = run(self.launcher, "--policy", bad, *extra, "--", *cmd)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            # woffload-policy check's own located message: file:line:column, found, expected
+            self.assertIn(f"{bad}:4:12: error: found 'hots', expected device, host or managed", r.stderr)
+            self.assertIn(f"woffload-run: --policy {bad} is not valid", r.stderr)
+            self.assertIn(f"woffload-run: not starting {sys.executable}", r.stderr)
+            self.assertEqual(r.stdout, "")
+            self.assertFalse(os.path.exists(marker), "the command ran")
+
+    def test_no_check_starts_anyway(self):
+        bad = self._write("bad.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: hots\n")
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--policy", bad, "--no-check", "--", *cmd,
+                env={"WOFFLOAD_RING_EVENTS": "1000"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("not valid", r.stderr)
+        self.assertTrue(os.path.exists(marker), "the command did not run")
+
+    def test_good_policy_starts(self):
+        good = self._write("good.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: host\n")
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--policy", good, "--", *cmd)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("woffload-run:", r.stderr)
+        self.assertTrue(os.path.exists(marker), "the command did not run")
+
+    def test_policy_is_checked_in_the_commands_environment(self):
+        """${VAR} resolves from the environment the command gets."""
+        pol = self._write("var.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: ${WHERE}\n")
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--policy", pol, "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"{pol}:4:12: error: variable 'WHERE' is not set", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+        r = run(self.launcher, "--policy", pol, "--", *cmd, env={"WHERE": "host"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(marker), "the command did not run")
+
+    def test_bad_setting_is_not_started(self):
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--policy", self.policy, "--", *cmd, env={"WOFFLOAD_RING_EVENTS": "1000"})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn('WOFFLOAD_RING_EVENTS="1000" is not valid: expected a power-of-two integer', r.stderr)
+        self.assertIn("woffload-run: a WOFFLOAD_* variable has a bad value", r.stderr)
+        self.assertNotIn("is not valid (woffload-policy", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+        # a name the table does not know is only a warning, as in the shim
+        r = run(self.launcher, "--policy", self.policy, "--", *cmd, env={"WOFFLOAD_PREFTECH": "0"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(marker), "the command did not run")
+
+    def test_missing_checker(self):
+        os.remove(os.path.join(self.prefix, "bin", "woffload-policy"))
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--policy", self.policy, "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("woffload-policy not found", r.stderr)
+        self.assertIn("--no-check", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+        r = run(self.launcher, "--policy", self.policy, "--no-check", "--", *cmd)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.exists(marker), "the command did not run")
 
     def test_execs_with_environment_and_chains_sitecustomize(self):
         """The real exec path: a python child sees the variables, runs the

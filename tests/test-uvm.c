@@ -3,7 +3,7 @@
  * scope, window, tag after allocation), budgets, pinning failures under a
  * small RLIMIT_MEMLOCK with both fallbacks, every API misuse, the stats JSON,
  * bit-exact data across placement changes, launch accounting by the
- * consumer thread, and no growth over 1,000 alloc/tag/free cycles.
+ * consumer thread, graph launches expanded (uvm/graph.c), and no growth over 1,000 alloc/tag/free cycles.
  *
  * The fake driver's path comes from WO_FAKE_CUDA or argv[1]. */
 #include <dlfcn.h>
@@ -25,6 +25,7 @@
 #include "fakecuda.h"
 #include "core/log.h"
 #include "core/registry.h"
+#include "uvm/graph.h"
 #include "uvm/internal.h"
 
 static struct wo_driver drv;
@@ -1193,6 +1194,94 @@ static void graph_replays_are_accounted(void **state)
     stop();
 }
 
+/* uvm/graph.c on its own: what each event stands for. Captures match by
+ * capture id (a launch on another stream joins the capture that id names)
+ * or, without one, by stream; a graph launch replays the latest capture of
+ * the graph its exec was last instantiated from. */
+static struct wo_event gev(enum wo_ev_type type, uint64_t stream, uint64_t handle, uint64_t aux)
+{
+    struct wo_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.type = type;
+    ev.stream = stream;
+    ev.g.handle = handle;
+    ev.g.aux = aux;
+    return ev;
+}
+
+static struct wo_event glaunch(uint64_t stream, uint32_t capture, uint64_t func)
+{
+    struct wo_event ev;
+
+    memset(&ev, 0, sizeof(ev));
+    ev.type = WO_EV_LAUNCH;
+    ev.stream = stream;
+    ev.capture = capture;
+    ev.l.func = func;
+    return ev;
+}
+
+static void graph_expansion(void **state)
+{
+    struct wo_graphs *g = wo_graphs_new();
+    const struct wo_event *l;
+    struct wo_event ev;
+
+    (void)state;
+    assert_non_null(g);
+    /* an ordinary launch is itself */
+    ev = glaunch(1, 0, 0xa);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 1);
+    assert_ptr_equal(l, &ev);
+    /* capture 5 on stream 7 (by id), capture on stream 9 (no id: by stream) */
+    ev = gev(WO_EV_CAPTURE_BEGIN, 7, 5, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = gev(WO_EV_CAPTURE_BEGIN, 9, 0, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = glaunch(7, 5, 0xb);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = glaunch(8, 5, 0xc); /* a forked stream joins capture 5 */
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = glaunch(9, 0, 0xd);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = glaunch(1, 0, 0xe); /* not capturing: runs now */
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 1);
+    ev = gev(WO_EV_CAPTURE_END, 7, 0x100, 5);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = gev(WO_EV_CAPTURE_END, 9, 0x200, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    /* after the end, stream 9 runs its launches again */
+    ev = glaunch(9, 0, 0xf);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 1);
+    /* an exec nobody instantiated replays nothing */
+    ev = gev(WO_EV_GRAPH_LAUNCH, 1, 0x1000, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = gev(WO_EV_GRAPH_INSTANTIATE, 0, 0x1000, 0x100);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = gev(WO_EV_GRAPH_LAUNCH, 1, 0x1000, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 2);
+    assert_int_equal(l[0].l.func, 0xb);
+    assert_int_equal(l[1].l.func, 0xc);
+    /* the exec instantiated again, from the other graph: the latest wins */
+    ev = gev(WO_EV_GRAPH_INSTANTIATE, 0, 0x1000, 0x200);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    ev = gev(WO_EV_GRAPH_LAUNCH, 1, 0x1000, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 1);
+    assert_int_equal(l[0].l.func, 0xd);
+    /* other events stand for no launch */
+    ev = gev(WO_EV_SYNC, 1, 0, 0);
+    assert_int_equal(wo_graphs_expand(g, &ev, &l), 0);
+    assert_null(l);
+    wo_graphs_free(g);
+    /* no table: launches as they come, even one a capture took */
+    ev = glaunch(7, 5, 0xb);
+    assert_int_equal(wo_graphs_expand(NULL, &ev, &l), 1);
+    assert_ptr_equal(l, &ev);
+    ev = gev(WO_EV_GRAPH_LAUNCH, 1, 0x1000, 0);
+    assert_int_equal(wo_graphs_expand(NULL, &ev, &l), 0);
+}
+
 /* ---- stats --------------------------------------------------------------------- */
 
 static void stats_json_content(void **state)
@@ -1522,6 +1611,7 @@ int main(int argc, char **argv)
         T(launches_are_attributed_to_names),
         T(touched_bytes_follow_slices),
         T(graph_replays_are_accounted),
+        cmocka_unit_test(graph_expansion),
         T(stats_json_content),
         T(thousand_cycles_do_not_grow),
         T(concurrent_threads),

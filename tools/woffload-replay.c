@@ -5,7 +5,7 @@
  *                   [--check RATIO] [--host-scale F | --host-step MS]
  *
  * Runs the trace through the policy's placements and the shim's own
- * prefetch planner against a device model (tools/replay.c), and prints the
+ * prefetch planner against a device model (tools/replay.h), and prints the
  * predicted step time, PCIe bytes per step, stalls, the offline-optimal
  * bound and where the time goes per name. --check makes the exit status
  * say whether the prediction is within RATIO of the bound (the CI check of

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/trace.h"
+#include "uvm/graph.h"
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
 #include "uvm/record.h"
@@ -201,25 +202,24 @@ static size_t drain_batch(void)
     pthread_mutex_lock(&wo_uvm.lock);
     for (size_t i = 0; i < n; i++) {
         const struct wo_event *rep;
-        size_t nrep = 0;
-        int g = 0;
+        ssize_t nrep;
 
         batch_has_tag[i] = false;
         /* atomic: it may be polled without the lock (tests wait for the consumer) */
         __atomic_add_fetch(&wo_uvm.events, 1, __ATOMIC_RELAXED);
-        /* A launch recorded into a capture runs when its graph is launched:
-         * it is accounted then, once per replay. Without the graph table
-         * (no memory) launches are accounted as they come. */
-        if (graphs && batch[i].type != WO_EV_TAG)
-            g = wo_graphs_filter(graphs, &batch[i], &rep, &nrep);
-        if (g == 1) {
-            for (size_t k = 0; k < nrep; k++)
-                account_launch(&rep[k]);
-        } else if (batch[i].type == WO_EV_LAUNCH) {
-            account_launch(&batch[i]);
-        } else if (batch[i].type == WO_EV_TAG) {
+        if (batch[i].type == WO_EV_TAG) {
             account_tag(i);
+            continue;
         }
+        /* A launch recorded into a capture runs when its graph is launched:
+         * it is accounted then, once per replay. Without the graph table,
+         * or without memory for this event in it, launches are accounted
+         * as they come. */
+        nrep = wo_graphs_expand(graphs, &batch[i], &rep);
+        if (nrep < 0)
+            nrep = wo_graphs_expand(NULL, &batch[i], &rep);
+        for (ssize_t k = 0; k < nrep; k++)
+            account_launch(&rep[k]);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     for (size_t i = 0; i < n; i++)

@@ -22,6 +22,7 @@
 #include "uvm/plan.h"
 
 #include "policy/policy.h"
+#include "uvm/graph.h"
 
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
 #define HYSTERESIS 1.15       /* a resident hot unit is kept unless a rival reads this much more */
@@ -29,7 +30,6 @@
 #define MIN_FREQ 0.02         /* units used less often than this are never hot */
 #define MAX_STEP_UNITS 65536u /* a step longer than this (no anchor recurrence) is cut */
 #define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
-#define MAX_GRAPH_LAUNCHES (1u << 20)
 
 struct unit {
     double freq;      /* EMA of accesses per step */
@@ -189,112 +189,6 @@ void wo_plan_cfg_policy(struct wo_plan_cfg *cfg, const struct wo_policy_globals 
     cfg->eviction = g->prefetch.eviction == WO_EVICT_READ_MOSTLY ? WO_PLAN_COLLAPSE
                     : g->prefetch.eviction == WO_EVICT_COPY_BACK ? WO_PLAN_COPY_BACK
                                                                  : WO_PLAN_HOW_NONE;
-}
-
-/* ---- graphs: launches recorded at capture, replayed at graph launch ------ */
-
-struct gcap {
-    uint64_t stream, handle; /* capturing stream; graph (after end) */
-    uint64_t id;             /* capture id (0: none given) */
-    int active;
-    struct wo_event *ev;
-    size_t n, cap;
-};
-
-struct wo_graphs {
-    struct gcap *c;
-    size_t nc, capc;
-    struct {
-        uint64_t exec, graph;
-    } *x;
-    size_t nx, capx;
-};
-
-struct wo_graphs *wo_graphs_new(void)
-{
-    return calloc(1, sizeof(struct wo_graphs));
-}
-
-void wo_graphs_free(struct wo_graphs *g)
-{
-    if (!g)
-        return;
-    for (size_t i = 0; i < g->nc; i++)
-        free(g->c[i].ev);
-    free(g->c);
-    free(g->x);
-    free(g);
-}
-
-/* The active capture a launch or capture end belongs to: by capture id
- * when the event carries one, else by stream. */
-static struct gcap *cap_active(struct wo_graphs *g, uint64_t stream, uint64_t id)
-{
-    for (size_t i = g->nc; i-- > 0;)
-        if (g->c[i].active && g->c[i].id == id && (id || g->c[i].stream == stream))
-            return &g->c[i];
-    return NULL;
-}
-
-int wo_graphs_filter(struct wo_graphs *g, const struct wo_event *ev, const struct wo_event **ret,
-                     size_t *ret_n)
-{
-    struct gcap *c;
-
-    *ret = NULL;
-    *ret_n = 0;
-    switch (ev->type) {
-    case WO_EV_CAPTURE_BEGIN:
-        if (grow((void **)&g->c, &g->capc, g->nc + 1, sizeof(*g->c)) < 0)
-            return -ENOMEM;
-        c = &g->c[g->nc++];
-        memset(c, 0, sizeof(*c));
-        c->stream = ev->stream;
-        c->id = ev->g.handle; /* the capture id launches carry (event.h) */
-        c->active = 1;
-        return 1;
-    case WO_EV_CAPTURE_END:
-        c = cap_active(g, ev->stream, ev->g.aux);
-        if (c) {
-            c->active = 0;
-            c->handle = ev->g.handle;
-        }
-        return 1;
-    case WO_EV_GRAPH_INSTANTIATE:
-        if (grow((void **)&g->x, &g->capx, g->nx + 1, sizeof(*g->x)) < 0)
-            return -ENOMEM;
-        g->x[g->nx].exec = ev->g.handle;
-        g->x[g->nx].graph = ev->g.aux;
-        g->nx++;
-        return 1;
-    case WO_EV_GRAPH_LAUNCH:
-        /* the latest instantiation of this exec, the latest capture of its graph */
-        for (size_t i = g->nx; i-- > 0;) {
-            if (g->x[i].exec != ev->g.handle)
-                continue;
-            for (size_t j = g->nc; j-- > 0;) {
-                if (!g->c[j].active && g->c[j].handle == g->x[i].graph) {
-                    *ret = g->c[j].ev;
-                    *ret_n = g->c[j].n;
-                    return 1;
-                }
-            }
-            break;
-        }
-        return 1;
-    case WO_EV_LAUNCH:
-        c = cap_active(g, ev->stream, ev->capture);
-        if (!c)
-            return 0;
-        if (c->n >= MAX_GRAPH_LAUNCHES)
-            return 1;
-        if (grow((void **)&c->ev, &c->cap, c->n + 1, sizeof(*c->ev)) < 0)
-            return -ENOMEM;
-        c->ev[c->n++] = *ev;
-        return 1;
-    default:
-        return 0;
-    }
 }
 
 /* ---- step detection ------------------------------------------------------- */
@@ -1334,15 +1228,12 @@ static int launch(struct wo_plan *p, const struct wo_event *ev, uint64_t t)
 int wo_plan_event(struct wo_plan *p, const struct wo_event *ev)
 {
     const struct wo_event *gl;
-    size_t n;
+    ssize_t n = wo_graphs_expand(p->graphs, ev, &gl);
     int r, ret = 0;
 
-    r = wo_graphs_filter(p->graphs, ev, &gl, &n);
-    if (r < 0)
-        return r;
-    if (r == 0)
-        return ev->type == WO_EV_LAUNCH ? launch(p, ev, ev->t_ns) : 0;
-    for (size_t i = 0; i < n; i++) {
+    if (n < 0)
+        return (int)n;
+    for (ssize_t i = 0; i < n; i++) {
         /* a replayed kernel runs when the graph is launched */
         r = launch(p, &gl[i], ev->t_ns);
         if (r < 0)

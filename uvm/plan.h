@@ -101,7 +101,7 @@ void wo_plan_range_remove(struct wo_plan *p, uint32_t id, uint32_t gen);
 void wo_plan_range_written(struct wo_plan *p, uint32_t id, uint32_t gen);
 
 /* Feeds one event: launches, captures, graph instantiation and launches
- * (others are ignored). Actions queue up for wo_plan_pop(). 0 or -ENOMEM
+ * (others are ignored; graph launches expand as uvm/graph.h says). Actions queue up for wo_plan_pop(). 0 or -ENOMEM
  * (the planner then stays consistent; it only learned less). */
 int wo_plan_event(struct wo_plan *p, const struct wo_event *ev);
 /* Next queued action: 1 and *ret, 0 when none. */
@@ -219,16 +219,3 @@ uint64_t wo_stepper_key(uint64_t func, uint32_t id);
  * boundary; 2 at the first boundary, which closes the two steps the period
  * was learned on), 0 otherwise. */
 unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key);
-
-/* Graphs: the launches recorded while a stream captured, replayed when the
- * graph is launched (the planner uses it; the replay tool uses it to time
- * each replayed kernel). */
-struct wo_graphs;
-struct wo_graphs *wo_graphs_new(void);
-void wo_graphs_free(struct wo_graphs *g);
-/* Returns 0 when ev is an ordinary event (process it), 1 when it was
- * consumed (a launch on a capturing stream, capture/graph bookkeeping) with
- * *ret and *ret_n the launches a graph launch replays (0 of them otherwise; valid
- * until the next call), -ENOMEM. */
-int wo_graphs_filter(struct wo_graphs *g, const struct wo_event *ev, const struct wo_event **ret,
-                     size_t *ret_n);

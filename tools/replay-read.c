@@ -1,0 +1,180 @@
+/* tools/replay-read.c: the trace as the replay sees it: its ranges, the
+ * tags and names on them, the slices launches touch and the steps they
+ * form (the planner's step rule, over every named range). */
+#include "tools/replay-int.h"
+
+#include <string.h>
+
+struct rr *wo_replay_rr_of(struct sim *s, uint32_t id, uint32_t gen)
+{
+    const struct wo_trace_range *t = wo_trace_data_range(s->d, id, gen);
+
+    return t ? &s->r[t - s->d->ranges] : NULL;
+}
+
+static int name_index(struct sim *s, const char *name, uint32_t place)
+{
+    for (size_t i = 0; i < s->nnames; i++)
+        if (strcmp(s->names[i].name, name) == 0)
+            return (int)i;
+    if (wo_replay_grow((void **)&s->names, &s->capnames, s->nnames + 1, sizeof(*s->names)) < 0)
+        return -1;
+    memset(&s->names[s->nnames], 0, sizeof(s->names[0]));
+    s->names[s->nnames].name = name;
+    s->names[s->nnames].place = place;
+    return (int)s->nnames++;
+}
+
+int wo_replay_name_at(const struct rr *r, uint64_t off)
+{
+    for (size_t i = 0; i < r->ntags; i++)
+        if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
+            return r->tags[i].name;
+    return r->ntags ? r->tags[0].name : -1;
+}
+
+/* ---- ranges, tags, names ------------------------------------------------- */
+
+int wo_replay_setup_ranges(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+
+    s->r = calloc(d->nranges ? d->nranges : 1, sizeof(*s->r));
+    if (!s->r)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->nranges; i++) {
+        s->r[i].tr = &d->ranges[i];
+        s->r[i].place = WO_PLACE_DEVICE;
+    }
+    for (size_t i = 0; i < d->ntags; i++) {
+        const struct wo_trace_tag *t = &d->tags[i];
+        struct rr *r = wo_replay_rr_of(s, t->id, t->gen);
+        uint64_t biggest = 0;
+        int prio, ni;
+        bool ns;
+        uint32_t pl;
+
+        if (!r || !t->name)
+            continue;
+        pl = wo_replay_place_of_tag(s, t, r->tr, &prio, &ns);
+        ni = name_index(s, t->name, pl);
+        if (ni < 0)
+            return -ENOMEM;
+        s->names[ni].bytes += t->size;
+        {
+            struct rtag *nt = realloc(r->tags, (r->ntags + 1) * sizeof(*nt));
+
+            if (!nt)
+                return -ENOMEM;
+            r->tags = nt;
+            r->tags[r->ntags++] = (struct rtag){t->offset, t->size, ni};
+        }
+        /* one allocation has one placement: the largest tag's */
+        for (size_t j = 0; j + 1 < r->ntags; j++)
+            biggest = WO_MAX(biggest, r->tags[j].size);
+        if (t->size > biggest) {
+            r->place = pl;
+            r->prio = prio;
+            r->no_slices = ns;
+        }
+    }
+    wo_replay_place_recorded(s);
+    return 0;
+}
+
+/* ---- step detection (same rule as the planner, over every range) ------- */
+
+/* The key of a launch for step detection: its function and the first
+ * named tensor it touched (lowest range id, then the tag at the hit's
+ * offset). Only named ranges count: activations and a growing KV cache are
+ * new allocations every few steps, and a key that names them would never
+ * repeat. The tag matters because small weights share one allocation (the
+ * caching allocator's 2 MiB segments): the range id alone would give every
+ * layer's norm the same key. UINT64_MAX: no named hit. */
+static uint64_t launch_key(struct sim *s, const struct wo_event *ev)
+{
+    uint32_t best = UINT32_MAX;
+    int tag = -1;
+
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        struct rr *r = wo_replay_rr_of(s, ev->l.hits[i].id, ev->l.hits[i].gen);
+        uint64_t off = ev->l.hits[i].offset;
+
+        if (!r || ev->l.hits[i].id >= best)
+            continue;
+        /* inside a tag, not merely in a segment that also holds one */
+        for (size_t k = 0; k < r->ntags; k++)
+            if (off >= r->tags[k].offset && off - r->tags[k].offset < r->tags[k].size) {
+                best = ev->l.hits[i].id;
+                tag = r->tags[k].name;
+                break;
+            }
+    }
+    if (best == UINT32_MAX)
+        return UINT64_MAX;
+    return wo_stepper_key(ev->l.func ^ ((uint64_t)(uint32_t)tag << 40), best);
+}
+
+/* Steps this launch ends (see wo_stepper_feed): > 0 at a boundary. */
+unsigned wo_replay_is_boundary(struct sim *s, const struct wo_event *ev)
+{
+    uint64_t key;
+
+    if (!s->sealed)
+        return 0;
+    key = launch_key(s, ev);
+    if (key == UINT64_MAX)
+        return 0;
+    return wo_stepper_feed(&s->stepper, key);
+}
+
+bool wo_replay_has_seal(const struct wo_trace_data *d)
+{
+    for (size_t i = 0; i < d->nevents; i++)
+        if (d->events[i].ev.type == WO_EV_SEAL)
+            return true;
+    return false;
+}
+
+/* Pre-pass: slices (gcd of hit offsets) and the number of steps. */
+int wo_replay_prepass(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+    struct wo_graphs *g = wo_graphs_new();
+
+    if (!g)
+        return -ENOMEM;
+    s->sealed = !wo_replay_has_seal(d);
+    for (size_t i = 0; i < d->nevents; i++) {
+        const struct wo_event *ev = &d->events[i].ev, *gl;
+        ssize_t n = wo_graphs_expand(g, ev, &gl);
+
+        if (ev->type == WO_EV_SEAL)
+            s->sealed = 1;
+        if (n < 0) {
+            wo_graphs_free(g);
+            return (int)n;
+        }
+        for (ssize_t k = 0; k < n; k++) {
+            const struct wo_event *l = &gl[k];
+
+            unsigned nb = wo_replay_is_boundary(s, l);
+
+            if (nb) {
+                s->nsteps_total++;
+                s->steps_total += nb;
+            }
+            for (unsigned h = 0; h < l->nhits && h < WO_EV_MAX_HITS; h++) {
+                struct rr *r = wo_replay_rr_of(s, l->l.hits[h].id, l->l.hits[h].gen);
+
+                if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size)
+                    r->slice = r->slice ? wo_plan_gcd(r->slice, l->l.hits[h].offset)
+                                        : l->l.hits[h].offset;
+            }
+        }
+    }
+    wo_graphs_free(g);
+    wo_stepper_done(&s->stepper);
+    wo_stepper_init(&s->stepper);
+    return 0;
+}

@@ -1,0 +1,230 @@
+/* tools/replay-report.c: what a replay reports: wo_replay_run's passes
+ * (pacing, the replay, the clairvoyant schedule) turned into the figures of
+ * replay.h (window means, median and decode steps, names by time), and the
+ * predicted timeline as Chrome trace JSON. */
+#include "tools/replay-int.h"
+
+#include <string.h>
+
+#define MAX_TIMELINE_EVENTS 400000u
+
+/* ---- timeline ------------------------------------------------------------- */
+
+void wo_replay_tl_event(struct sim *s, int tid, const char *name, double t0, double t1)
+{
+    FILE *f = s->o->timeline;
+
+    if (!f || s->oracle || s->tl_n >= MAX_TIMELINE_EVENTS)
+        return;
+    fprintf(f, "%s{\"name\":\"", s->tl_n++ ? ",\n" : "");
+    for (const char *c = name; *c; c++) {
+        if (*c == '"' || *c == '\\')
+            fputc('\\', f);
+        if ((unsigned char)*c >= 0x20)
+            fputc(*c, f);
+    }
+    if (t1 < t0)
+        fprintf(f, "\",\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":%d,\"ts\":%.3f}", tid, t0 * 1e6);
+    else
+        fprintf(f, "\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", tid, t0 * 1e6,
+                (t1 - t0) * 1e6);
+}
+
+void wo_replay_tl_open(const struct sim *s)
+{
+    if (s->o->timeline && !s->oracle)
+        fprintf(s->o->timeline, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
+}
+
+void wo_replay_tl_close(const struct sim *s)
+{
+    if (s->o->timeline && !s->oracle)
+        fprintf(s->o->timeline, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"GPU compute\"}},\n"
+                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"UVM (prefetch thread)\"}}\n]}\n",
+                s->tl_n ? ",\n" : "");
+}
+
+/* ---- the result ---------------------------------------------------------- */
+
+static int name_cmp(const void *a, const void *b)
+{
+    const struct wo_replay_name *x = a, *y = b;
+    double tx = x->read_s + x->stall_s, ty = y->read_s + y->stall_s;
+
+    if (tx != ty)
+        return tx > ty ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+
+    return (x > y) - (x < y);
+}
+
+/* The median of the step durations between consecutive boundary times: a
+ * decode step's time without the phase changes a window may contain (a
+ * generate call ending and the next one's prefill count as one long step). */
+static double median_step(const double *bt, size_t n)
+{
+    double *d, m;
+
+    if (n < 2 || !(d = malloc((n - 1) * sizeof(*d))))
+        return 0;
+    for (size_t i = 1; i < n; i++)
+        d[i - 1] = bt[i] - bt[i - 1];
+    qsort(d, n - 1, sizeof(*d), dbl_cmp);
+    m = (n - 1) % 2 ? d[(n - 1) / 2] : (d[(n - 1) / 2 - 1] + d[(n - 1) / 2]) / 2;
+    free(d);
+    return m;
+}
+
+/* The mean predicted and recorded time of the window's decode steps: those
+ * whose launches are at most 1.25x the median step's (a step that holds a
+ * generate call's end and the next prefill has ~3x). */
+static void decode_steps(const struct sim *s, struct wo_replay_result *res)
+{
+    double *l, lim, p = 0, r = 0, acc[4] = {0, 0, 0, 0};
+    uint64_t n = 0;
+
+    if (s->nbt < 2 || !(l = malloc((s->nbt - 1) * sizeof(*l))))
+        return;
+    for (size_t i = 1; i < s->nbt; i++)
+        l[i - 1] = s->bl[i];
+    qsort(l, s->nbt - 1, sizeof(*l), dbl_cmp);
+    lim = 1.25 * l[(s->nbt - 1) / 2];
+    free(l);
+    for (size_t i = 1; i < s->nbt; i++) {
+        if (s->bl[i] > lim)
+            continue;
+        p += s->bt[i] - s->bt[i - 1];
+        r += s->rt[i] - s->rt[i - 1];
+        for (int k = 0; k < 4; k++)
+            acc[k] += s->bacc[i][k] - s->bacc[i - 1][k];
+        n++;
+    }
+    if (n) {
+        res->decode_step_s = p / (double)n;
+        res->recorded_decode_step_s = r / (double)n;
+        res->decode_steps = n;
+        res->decode_zc_bytes = acc[0] / (double)n;
+        res->decode_pcie_bytes = (acc[0] + acc[1]) / (double)n;
+        res->decode_stall_s = acc[2] / (double)n;
+        res->decode_host_s = acc[3] / (double)n;
+    }
+}
+
+int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                  struct wo_replay_result *res, char *msg, size_t msglen)
+{
+    double *pacing = NULL;
+    struct sim s;
+    uint64_t managed = 0, budget = 0;
+    int r;
+
+    memset(res, 0, sizeof(*res));
+    pacing = wo_replay_pacing(d, o);
+    r = wo_replay_sim_once(d, o, NULL, pacing, NULL, &s, &budget, &managed, msg, msglen);
+    if (r < 0)
+        goto out;
+    {
+        double ws = (double)(s.wend - s.wstart);
+
+        res->warmup = s.warmup;
+        res->window_steps = s.wend - s.wstart;
+        res->steps = s.steps_total;
+        res->launches = s.launches;
+        res->total_s = WO_MAX(WO_MAX(s.cpu_t, s.gpu_free), s.uvm_free);
+        res->managed_bytes = managed;
+        res->budget = budget;
+        res->max_resident = s.max_resident;
+        res->step_launches = s.step_launches;
+        res->step_s = (s.w_end_t - s.w_t0) / ws;
+        res->median_step_s = median_step(s.bt, s.nbt);
+        res->recorded_median_step_s = median_step(s.rt, s.nbt);
+        decode_steps(&s, res);
+        res->cpu_step_s = (s.w_end_cpu - s.w_cpu0) / ws;
+        res->zc_bytes_step = s.zc_b / ws;
+        res->prefetch_bytes_step = s.pf_b / ws;
+        res->evict_bytes_step = s.ev_b / ws;
+        res->copy_bytes_step = s.copy_b / ws;
+        /* copy-back evictions cross PCIe too (device to host) */
+        res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
+                               s.cb_b / ws;
+        res->stall_s_step = s.stall_s / ws;
+        {
+            /* the planner's own rule, on what the simulation read and moved */
+            struct wo_plan_costs c;
+
+            wo_devmodel_plan_costs(s.dm, &c);
+            res->cost_inplace_s = wo_cost_step_s(&c, 0, s.hit_b + s.miss_b, 0, 0, 0, 0) / ws;
+            res->cost_plan_s = wo_cost_step_s(&c, s.hit_b, s.miss_b, (uint64_t)s.pf_b, s.pf_calls,
+                                              (uint64_t)(s.ev_b - s.cb_b), (uint64_t)s.cb_b) /
+                               ws;
+            res->churn = s.plan && wo_plan_churn(s.plan, NULL);
+        }
+        res->names = calloc(s.nnames ? s.nnames : 1, sizeof(*res->names));
+        if (!res->names) {
+            r = -ENOMEM;
+            goto out;
+        }
+        for (size_t i = 0; i < s.nnames; i++) {
+            struct wo_replay_name *x = &res->names[i];
+
+            *x = s.names[i];
+            x->hbm_bytes /= ws;
+            x->zc_bytes /= ws;
+            x->miss_bytes /= ws;
+            x->hit_bytes /= ws;
+            x->read_s /= ws;
+            x->stall_s /= ws;
+            x->prefetched /= ws;
+            x->evicted /= ws;
+        }
+        res->nnames = s.nnames;
+        qsort(res->names, res->nnames, sizeof(*res->names), name_cmp);
+        if (!o->no_bound && managed) {
+            struct sim so;
+            uint8_t *set;
+            uint64_t b2, m2;
+
+            double lb = wo_replay_bound(&s, budget);
+
+            set = wo_replay_oracle_set(&s, budget);
+            if (!set) {
+                r = -ENOMEM;
+                goto out;
+            }
+            r = wo_replay_sim_once(d, o, set, pacing, NULL, &so, &b2, &m2, msg, msglen);
+            if (r == 0) {
+                res->oracle_step_s = (so.w_end_t - so.w_t0) / (double)(so.wend - so.wstart);
+                /* The host's own work bounds the window too, less the GPU's
+                 * lag behind the host where the window opens (the window
+                 * runs from GPU start to GPU start): the lag depends on the
+                 * schedule, so the larger of the two simulated ones is taken
+                 * (in a steady state it is the same at both ends). */
+                /* (the host work before the link's slowdown: a schedule
+                 * with less traffic slows the host less) */
+                lb = WO_MAX(lb, s.w_end_base - s.w_base0 - WO_MAX(s.w_lag, so.w_lag));
+                res->bound_step_s = lb / ws;
+            }
+            wo_replay_sim_free(&so);
+            free(set);
+            if (r < 0)
+                goto out;
+        }
+    }
+out:
+    wo_replay_sim_free(&s);
+    free(pacing);
+    if (r < 0)
+        wo_replay_result_free(res);
+    return r;
+}
+
+void wo_replay_result_free(struct wo_replay_result *res)
+{
+    free(res->names);
+    memset(res, 0, sizeof(*res));
+}

@@ -1,0 +1,668 @@
+/* tools/replay-sim.c: the replay's simulation (see replay.h; the model
+ * is written down in docs/prefetch.md).
+ *
+ * Resources of the model, each serial: the engine's host thread (launch
+ * pacing from the trace's own gaps), the GPU compute stream (kernels in
+ * launch order), the PCIe host->device link (zero-copy reads of kernels and
+ * prefetch transfers book it first come, first served) and the UVM engine
+ * (the prefetch thread: every prefetch and eviction in turn; UVM work
+ * serialises, device-facts.md). The planner is the shim's own
+ * (uvm/plan.c); its actions are timed here. */
+#include "tools/replay-int.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
+
+/* ---- the PCIe link: a calendar of busy intervals ------------------------ */
+
+/* Keeps [a, b) of traffic of one kind for link_slowdown(), in start order
+ * (pieces of the disjoint calendar: disjoint too), forgetting pieces that
+ * ended before the host clock. */
+static void traffic(struct sim *s, double a, double b, int dma)
+{
+    size_t i, j = 0;
+
+    if (s->dm->host_zc_slow <= 1 && s->dm->host_dma_slow <= 1)
+        return;
+    while (j < s->ntp && s->tp[j].b < s->cpu_t)
+        j++;
+    if (j) {
+        memmove(s->tp, s->tp + j, (s->ntp - j) * sizeof(*s->tp));
+        s->ntp -= j;
+    }
+    if (wo_replay_grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof(*s->tp)) < 0) {
+        s->err = -ENOMEM;
+        return;
+    }
+    for (i = s->ntp; i > 0 && s->tp[i - 1].a > a; i--)
+        ;
+    memmove(s->tp + i + 1, s->tp + i, (s->ntp - i) * sizeof(*s->tp));
+    s->tp[i] = (struct traffic){a, b, dma};
+    s->ntp++;
+}
+
+/* Uses the link for d seconds from t on, in the idle gaps between earlier
+ * bookings (a prefetch booked for later does not block a kernel's read
+ * now: the link shares its time); returns when the last byte crossed. */
+static double link_use(struct sim *s, double t, double d, int dma)
+{
+    size_t i = 0, j = 0;
+
+    /* forget intervals no later request can touch (requests start at or
+     * after the host clock) */
+    while (j < s->nlk && s->lk[j].b < s->cpu_t)
+        j++;
+    if (j) {
+        memmove(s->lk, s->lk + j, (s->nlk - j) * sizeof(*s->lk));
+        s->nlk -= j;
+    }
+    while (d > 0) {
+        double gap;
+
+        while (i < s->nlk && s->lk[i].b <= t)
+            i++;
+        if (i < s->nlk && s->lk[i].a <= t) {
+            t = s->lk[i].b;
+            continue;
+        }
+        gap = i < s->nlk ? s->lk[i].a - t : INFINITY;
+        if (gap > d)
+            gap = d;
+        traffic(s, t, t + gap, dma);
+        /* book [t, t + gap): extend the previous interval or insert */
+        if (i > 0 && s->lk[i - 1].b >= t) {
+            s->lk[i - 1].b = t + gap;
+        } else {
+            if (wo_replay_grow((void **)&s->lk, &s->caplk, s->nlk + 1, sizeof(*s->lk)) < 0) {
+                s->err = -ENOMEM;
+                return t + d;
+            }
+            memmove(s->lk + i + 1, s->lk + i, (s->nlk - i) * sizeof(*s->lk));
+            s->lk[i] = (struct busy){t, t + gap};
+            s->nlk++;
+            i++;
+        }
+        if (i < s->nlk && s->lk[i - 1].b >= s->lk[i].a) { /* touches the next one: merge */
+            s->lk[i - 1].b = s->lk[i].b;
+            memmove(s->lk + i, s->lk + i + 1, (s->nlk - i - 1) * sizeof(*s->lk));
+            s->nlk--;
+        }
+        t += gap;
+        d -= gap;
+    }
+    return t;
+}
+
+/* ---- the planner's actions ---------------------------------------------- */
+
+static void mark_ready(struct rr *r, uint64_t off, uint64_t bytes, double t)
+{
+    uint64_t p0 = off / PIECE, p1 = (off + bytes + PIECE - 1) / PIECE;
+
+    for (uint64_t p = p0; p < p1 && p < r->npieces; p++)
+        r->ready[p] = t;
+}
+
+static void apply_actions(struct sim *s)
+{
+    struct wo_plan_action a;
+
+    while (wo_plan_pop(s->plan, &a) == 1) {
+        struct rr *r;
+        double t0, t1;
+        char label[160];
+        int ni;
+
+        if (a.type == WO_PLAN_STEP)
+            continue;
+        r = wo_replay_rr_of(s, a.id, a.gen);
+        if (!r || !r->ready)
+            continue;
+        ni = wo_replay_name_at(r, a.offset);
+        t0 = WO_MAX(s->uvm_free, s->cpu_t);
+        if (a.type == WO_PLAN_PREFETCH) {
+            double bps = wo_devmodel_pf_bps(s->dm, a.bytes);
+
+            t1 = t0 + s->dm->pf_call_us * 1e-6;
+            if (a.how == WO_PLAN_COLLAPSE) {
+                /* a duplicate is a little slower than a migration (device-facts.md) */
+                bps *= s->dm->rm_pf_gbs / s->dm->pf_gbs[3];
+                /* read-mostly set on each piece it prefetches (uvm/prefetch.c) */
+                t1 += s->dm->advise_us * 1e-6;
+            }
+            t1 = link_use(s, t1, (double)a.bytes / bps, 1);
+            s->uvm_free = t1;
+            mark_ready(r, a.offset, a.bytes, t1);
+            if (s->in_window) {
+                s->pf_b += (double)a.bytes;
+                s->pf_calls++;
+                if (ni >= 0)
+                    s->names[ni].prefetched += (double)a.bytes;
+            }
+            snprintf(label, sizeof(label), "prefetch %s +%llu MiB",
+                     ni >= 0 ? s->names[ni].name : "?", (unsigned long long)(a.bytes >> 20));
+        } else {
+            if (a.how == WO_PLAN_COLLAPSE) /* unset read-mostly, map for the GPU again */
+                t1 = t0 + (double)a.bytes / (s->dm->collapse_gbs * 1e9) +
+                     (double)a.bytes / (s->dm->remap_gbs * 1e9) + s->dm->advise_us * 1e-6;
+            else
+                t1 = t0 + s->dm->pf_call_us * 1e-6 + (double)a.bytes / (s->dm->copyback_gbs * 1e9);
+            s->uvm_free = t1;
+            /* the planner already counts the bytes free: never read them again */
+            mark_ready(r, a.offset, a.bytes, INFINITY);
+            if (s->in_window) {
+                s->ev_b += (double)a.bytes;
+                if (a.how != WO_PLAN_COLLAPSE)
+                    s->cb_b += (double)a.bytes;
+                if (ni >= 0)
+                    s->names[ni].evicted += (double)a.bytes;
+            }
+            snprintf(label, sizeof(label), "%s %s -%llu MiB",
+                     a.how == WO_PLAN_COLLAPSE ? "collapse" : "copy-back",
+                     ni >= 0 ? s->names[ni].name : "?", (unsigned long long)(a.bytes >> 20));
+        }
+        wo_replay_tl_event(s, 2, label, t0, t1);
+    }
+    s->max_resident = WO_MAX(s->max_resident, wo_plan_resident_bytes(s->plan));
+}
+
+/* ---- the host thread ---------------------------------------------------- */
+
+/* How long `gap` seconds of the host's own work from the host clock on take
+ * while the link carries the GPU's in-place reads or a copy engine's
+ * transfer (bench/pcie-interference.py: the launch path shares PCIe with
+ * them): one walk over the traffic pieces in time order, the work advancing
+ * at 1/factor inside a piece and at full speed between pieces, so the
+ * stretched part meets the later pieces too. */
+static double link_slowdown(const struct sim *s, double gap)
+{
+    double fz = s->dm->host_zc_slow, fd = s->dm->host_dma_slow, t = s->cpu_t, left = gap, took = 0;
+
+    if (fz <= 1 && fd <= 1)
+        return gap;
+    for (size_t i = 0; i < s->ntp && left > 0; i++) {
+        const struct traffic *b = &s->tp[i];
+        double f = b->dma ? fd : fz, idle, busy;
+
+        if (b->b <= t)
+            continue;
+        idle = WO_MAX(b->a - t, 0.0);
+        if (idle >= left)
+            break;
+        left -= idle;
+        took += idle;
+        t = WO_MAX(t, b->a);
+        /* inside the booking the work advances at 1/f */
+        busy = WO_MIN(b->b - t, left * f);
+        took += busy;
+        left -= busy / f;
+        t += busy;
+    }
+    return took + left;
+}
+
+/* Advances the engine's host clock to an event recorded at trace time t. */
+static void host_advance(struct sim *s, uint64_t t, double floor_s)
+{
+    double gap = 0;
+
+    if (s->have_prev && t > s->prev_trace_t)
+        gap = (double)(t - s->prev_trace_t) * 1e-9 * s->host_scale;
+    /* After a sync the recorded gap holds the recording run's wait for its
+     * GPU and then the host's own work up to this call (Python turning the
+     * value read into control flow): keep the work. A what-if replay takes
+     * it from the pacing pass, which replayed the recording run's own
+     * placements (where the simulated wait stands for the recorded one);
+     * that pass, and a replay under the recorded placements, subtract their
+     * own simulated wait. At least the return from a sync (sync_us). */
+    if (s->after_sync) {
+        if (s->post_sync)
+            gap = s->post_sync[s->after_sync_ev] * s->host_scale;
+        else
+            gap = WO_MAX(gap - s->sync_wait, 0.0);
+        if (s->post_sync_out)
+            s->post_sync_out[s->after_sync_ev] = gap;
+        gap = WO_MAX(gap, s->sync_s);
+    }
+    gap = WO_MAX(gap, floor_s);
+    /* A what-if replay charges the traffic its placements put on the link;
+     * a replay under the recorded placements finds it in the recorded gaps. */
+    s->cpu_base += gap;
+    if (s->post_sync)
+        gap = link_slowdown(s, gap);
+    s->cpu_t += gap;
+    s->cpu_work += gap;
+    s->prev_trace_t = t;
+    s->have_prev = 1;
+    s->after_sync = 0;
+}
+
+/* The host waits for the GPU at event i (a sync, a copy to the host). */
+static void host_wait(struct sim *s, size_t i)
+{
+    s->sync_wait = WO_MAX(s->gpu_free - s->cpu_t, 0.0);
+    s->cpu_t = WO_MAX(s->cpu_t, s->gpu_free);
+    s->after_sync = 1;
+    s->after_sync_ev = i;
+}
+
+/* ---- kernels -------------------------------------------------------------- */
+
+static void window_open(struct sim *s, double t)
+{
+    s->in_window = 1;
+    s->w_t0 = t;
+    s->w_cpu0 = s->cpu_work;
+    s->w_base0 = s->cpu_base;
+    /* how far the GPU lags the host here: the window (GPU start to GPU
+     * start) can be that much shorter than the host's work in it */
+    s->w_lag = t - s->cpu_t;
+    s->w_k = 0;
+}
+
+static int add_acc(struct sim *s, uint32_t unit, uint32_t k, double gR, double gS, double lS)
+{
+    if (s->nacc && s->acc[s->nacc - 1].unit == unit && s->acc[s->nacc - 1].k == k) {
+        s->acc[s->nacc - 1].gR += gR;
+        s->acc[s->nacc - 1].gS += gS;
+        s->acc[s->nacc - 1].lS += lS;
+        return 0;
+    }
+    if (wo_replay_grow((void **)&s->acc, &s->capacc, s->nacc + 1, sizeof(*s->acc)) < 0)
+        return -ENOMEM;
+    s->acc[s->nacc++] = (struct bacc){unit, k, gR, gS, lS};
+    return 0;
+}
+
+/* The bound's share of one kernel: its GPU time is max(compute, its own
+ * reads over the link), F + resident bytes at HBM speed against H + streamed
+ * bytes at zero-copy speed. With one managed unit access the max is exact
+ * per choice; with more, max(F + x, H + y) >= H + y is what stays linear. */
+static void bound_kernel(struct sim *s, const struct bacc *v, size_t n, double F, double H)
+{
+    if (n == 0) {
+        s->fixed_cp += WO_MAX(F, H);
+        return;
+    }
+    if (n == 1) {
+        double b = v[0].gR; /* bytes, see kernel() */
+
+        if (add_acc(s, v[0].unit, v[0].k, WO_MAX(F + b * s->hbm_s, H), WO_MAX(F, H + b * s->zc_s),
+                    b * s->zc_s) < 0)
+            s->err = -ENOMEM;
+        return;
+    }
+    s->fixed_cp += H;
+    for (size_t i = 0; i < n; i++)
+        if (add_acc(s, v[i].unit, v[i].k, 0, v[i].gR * s->zc_s, v[i].gR * s->zc_s) < 0)
+            s->err = -ENOMEM;
+}
+
+static void kernel(struct sim *s, const struct wo_event *ev)
+{
+    double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
+    struct bacc ka[64];
+    size_t nka = 0;
+    const char *kname;
+
+    if (wo_replay_is_boundary(s, ev)) {
+        if (s->step == s->wstart && !s->in_window)
+            window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
+        if (s->in_window) {
+            if (wo_replay_grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
+                wo_replay_grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0 ||
+                wo_replay_grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0 ||
+                wo_replay_grow((void **)&s->bacc, &s->capbacc, s->nbt + 1, sizeof(*s->bacc)) < 0) {
+                s->err = -ENOMEM;
+            } else {
+                s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
+                s->bl[s->nbt] = s->cur_step_launches;
+                s->bacc[s->nbt][0] = s->zc_b;
+                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b;
+                s->bacc[s->nbt][2] = s->stall_s;
+                s->bacc[s->nbt][3] = s->cpu_work;
+                s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
+            }
+        }
+        if (s->in_window && s->step == s->wend) {
+            s->in_window = 0;
+            s->w_end_t = WO_MAX(s->cpu_t, s->gpu_free);
+            s->w_end_cpu = s->cpu_work;
+            s->w_end_base = s->cpu_base;
+            s->step_launches = s->cur_step_launches;
+        }
+        s->step++;
+        s->cur_step_launches = 0;
+        wo_replay_tl_event(s, 1, "step", WO_MAX(s->cpu_t, s->gpu_free), -1);
+    }
+    s->cur_step_launches++;
+    s->launches++;
+    start = WO_MAX(s->cpu_t, s->gpu_free);
+    t_in = start;
+    for (unsigned h = 0; h < ev->nhits && h < WO_EV_MAX_HITS; h++) {
+        const struct wo_ev_hit *hit = &ev->l.hits[h];
+        struct rr *r = wo_replay_rr_of(s, hit->id, hit->gen);
+        uint32_t place;
+        uint64_t end_off, b;
+        int ni;
+
+        if (!r || hit->offset >= r->tr->size)
+            continue;
+        end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
+        b = end_off - hit->offset;
+        place = s->sealed ? r->place : WO_PLACE_DEVICE;
+        ni = wo_replay_name_at(r, hit->offset);
+        if (place == WO_PLACE_MANAGED && r->ready) {
+            double mh = 0, mz = 0, wait = start;
+
+            for (uint64_t p = hit->offset / PIECE; p * PIECE < end_off && p < r->npieces; p++) {
+                uint64_t lo = WO_MAX(hit->offset, p * PIECE), hi = WO_MIN(end_off, (p + 1) * PIECE);
+                double pb = (double)(hi - lo), rt = r->ready[p];
+
+                if (rt <= start) {
+                    mh += pb;
+                } else if (rt < INFINITY && rt - start < pb * s->zc_s * 4) {
+                    /* in flight: the kernel faults on it and waits */
+                    mh += pb;
+                    wait = WO_MAX(wait, rt);
+                } else {
+                    mz += pb;
+                }
+            }
+            hbm += mh;
+            zc += mz;
+            t_in = WO_MAX(t_in, wait);
+            if (s->in_window) {
+                s->hit_b += mh;
+                s->miss_b += mz;
+                s->stall_s += mz * (s->zc_s - s->hbm_s) + (wait - start);
+                if (ni >= 0) {
+                    s->names[ni].hit_bytes += mh;
+                    s->names[ni].miss_bytes += mz;
+                    s->names[ni].read_s += mh * s->hbm_s + mz * s->zc_s;
+                    s->names[ni].stall_s += mz * (s->zc_s - s->hbm_s) + (wait - start);
+                }
+                /* the bound: one access of each unit the hit covers */
+                for (uint64_t u = hit->offset / r->usize; u * r->usize < end_off; u++) {
+                    uint64_t lo = WO_MAX(hit->offset, u * r->usize);
+                    uint64_t hi = WO_MIN(end_off, (u + 1) * r->usize);
+
+                    if (nka < WO_ARRAY_SIZE(ka))
+                        ka[nka++] = (struct bacc){r->ubase + (uint32_t)u, (uint32_t)s->w_k,
+                                                  (double)(hi - lo), 0, 0};
+                }
+            }
+        } else if (place == WO_PLACE_HOST) {
+            zc += (double)b;
+            if (s->in_window) {
+                s->fixed_link += (double)b * s->zc_s;
+                host_zc += (double)b * s->zc_s;
+                if (ni >= 0) {
+                    s->names[ni].zc_bytes += (double)b;
+                    s->names[ni].read_s += (double)b * s->zc_s;
+                }
+            }
+        } else {
+            hbm += (double)b;
+            fixed_hbm += (double)b;
+            if (s->in_window && ni >= 0) {
+                s->names[ni].hbm_bytes += (double)b;
+                s->names[ni].read_s += (double)b * s->hbm_s;
+            }
+        }
+    }
+    le = zc > 0 ? link_use(s, t_in, zc * s->zc_s, 0) : t_in;
+    end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
+    s->gpu_free = end;
+    if (s->in_window) {
+        s->zc_b += zc;
+        bound_kernel(s, ka, nka, s->kernel_s + fixed_hbm * s->hbm_s, host_zc);
+        s->w_k++;
+    }
+    kname = wo_trace_data_kernel(s->d, ev->l.func);
+    wo_replay_tl_event(s, 1, kname ? kname : "kernel", start, end);
+}
+
+static void copy(struct sim *s, const struct wo_event *ev)
+{
+    double bw, t0, t1;
+
+    switch (ev->c.kind) {
+    case WO_COPY_H2D:
+        bw = s->dm->h2d_gbs;
+        break;
+    case WO_COPY_D2H:
+        bw = s->dm->d2h_gbs;
+        break;
+    case WO_COPY_D2D:
+        bw = s->dm->hbm_gbs / 2;
+        break;
+    default:
+        bw = s->dm->h2d_gbs;
+    }
+    t0 = WO_MAX(s->cpu_t, s->gpu_free);
+    t1 = t0 + s->kernel_s + (double)ev->c.bytes / (bw * 1e9);
+    s->gpu_free = t1;
+    if (s->in_window) {
+        if (ev->c.kind != WO_COPY_D2D)
+            s->copy_b += (double)ev->c.bytes;
+        s->fixed_cp += t1 - t0;
+    }
+    /* a copy into a managed range after seal: the engine writes it */
+    if (s->sealed && s->plan) {
+        for (size_t i = 0; i < s->d->nranges; i++) {
+            struct rr *r = &s->r[i];
+
+            if (r->ready && ev->c.dst >= r->tr->base && ev->c.dst - r->tr->base < r->tr->size &&
+                !r->written && (!r->tr->t_free_ns || r->tr->t_free_ns > ev->t_ns)) {
+                r->written = true;
+                wo_plan_range_written(s->plan, r->tr->id, r->tr->gen);
+            }
+        }
+    }
+    wo_replay_tl_event(s, 1, "copy", t0, t1);
+}
+
+/* ---- seal: managed ranges enter the planner ------------------------------ */
+
+static int seal(struct sim *s)
+{
+    s->sealed = 1;
+    for (size_t i = 0; i < s->d->nranges; i++) {
+        struct rr *r = &s->r[i];
+
+        if (r->place != WO_PLACE_MANAGED || r->ready)
+            continue;
+        r->npieces = (uint32_t)((r->tr->size + PIECE - 1) / PIECE);
+        r->ready = malloc(r->npieces * sizeof(*r->ready));
+        if (!r->ready)
+            return -ENOMEM;
+        for (uint32_t p = 0; p < r->npieces; p++)
+            r->ready[p] = INFINITY;
+        if (s->oracle)
+            for (uint64_t u = 0; u * r->usize < r->tr->size; u++)
+                if (s->oracle[r->ubase + u])
+                    mark_ready(r, u * r->usize, WO_MIN(r->usize, r->tr->size - u * r->usize), 0);
+        if (s->plan && wo_plan_range_add(s->plan, r->tr->id, r->tr->gen, r->tr->size,
+                                         (r->written ? WO_PLAN_WRITTEN : 0) |
+                                             (r->no_slices ? WO_PLAN_NO_SLICES : 0),
+                                         r->prio) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* ---- the run ------------------------------------------------------------- */
+
+void wo_replay_sim_free(struct sim *s)
+{
+    if (s->r)
+        for (size_t i = 0; i < s->d->nranges; i++) {
+            free(s->r[i].ready);
+            free(s->r[i].tags);
+        }
+    free(s->r);
+    free(s->bt);
+    free(s->rt);
+    free(s->bl);
+    free(s->bacc);
+    free(s->names);
+    free(s->acc);
+    free(s->lk);
+    free(s->tp);
+    wo_plan_free(s->plan);
+    wo_graphs_free(s->graphs);
+    wo_stepper_done(&s->stepper);
+}
+
+static int plan_setup(struct sim *s, uint64_t budget)
+{
+    struct wo_plan_cfg cfg;
+
+    wo_plan_cfg_default(&cfg);
+    wo_devmodel_plan_costs(s->dm, &cfg.costs);
+    cfg.budget = budget;
+    if (s->o->policy)
+        wo_plan_cfg_policy(&cfg, wo_policy_globals(s->o->policy));
+    return wo_plan_new(&cfg, &s->plan);
+}
+
+static int run_events(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+
+    s->sealed = !wo_replay_has_seal(d);
+    if (s->sealed && seal(s) < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->nevents && !s->err; i++) {
+        const struct wo_event *ev = &d->events[i].ev, *gl;
+        ssize_t n = wo_graphs_expand(s->graphs, ev, &gl);
+
+        if (n < 0)
+            return (int)n;
+        switch (ev->type) {
+        case WO_EV_SEAL:
+            if (seal(s) < 0)
+                return -ENOMEM;
+            break;
+        case WO_EV_FREE:
+            if (s->plan && d->events[i].range_id != WO_TRACE_NO_ID)
+                wo_plan_range_remove(s->plan, d->events[i].range_id, d->events[i].range_gen);
+            break;
+        case WO_EV_COPY:
+            host_advance(s, ev->t_ns, 0);
+            copy(s, ev);
+            /* In a trace without sync events (recorded before the shim
+             * intercepted them), a copy to the host stands for the wait:
+             * synchronous into pageable memory, and PyTorch's .item(),
+             * .cpu() and nonzero() synchronise the stream right after one
+             * into pinned memory. The recorded gap after it holds the
+             * recording run's wait. With sync events, the syncs are the
+             * waits (a wait at both would count the recorded wait twice). */
+            if (ev->c.kind == WO_COPY_D2H && !s->has_syncs)
+                host_wait(s, i);
+            break;
+        case WO_EV_SYNC:
+            host_advance(s, ev->t_ns, 0);
+            host_wait(s, i);
+            break;
+        case WO_EV_LAUNCH:
+            if (n == 0)
+                break; /* recorded into a capture: it runs with the graph */
+            host_advance(s, ev->t_ns, s->launch_s);
+            kernel(s, ev);
+            break;
+        case WO_EV_GRAPH_LAUNCH:
+            host_advance(s, ev->t_ns, s->launch_s);
+            for (ssize_t k = 0; k < n; k++)
+                kernel(s, &gl[k]);
+            break;
+        default:
+            break;
+        }
+        if (s->plan && s->sealed && (ev->type == WO_EV_LAUNCH || ev->type == WO_EV_GRAPH_LAUNCH ||
+                                     ev->type == WO_EV_CAPTURE_BEGIN || ev->type == WO_EV_CAPTURE_END ||
+                                     ev->type == WO_EV_GRAPH_INSTANTIATE)) {
+            if (wo_plan_event(s->plan, ev) < 0)
+                return -ENOMEM;
+            apply_actions(s);
+        }
+    }
+    return s->err;
+}
+
+int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                       const uint8_t *oracle, const double *post_sync, double *post_sync_out,
+                       struct sim *s, uint64_t *ret_budget, uint64_t *ret_managed, char *msg,
+                       size_t msglen)
+{
+    uint64_t managed = 0, devbytes = 0, budget;
+    uint32_t nunits = 0;
+    int r;
+
+    memset(s, 0, sizeof(*s));
+    for (size_t i = 0; i < d->nevents && !s->has_syncs; i++)
+        s->has_syncs = d->events[i].ev.type == WO_EV_SYNC;
+    s->post_sync = post_sync;
+    s->post_sync_out = post_sync_out;
+    s->d = d;
+    s->o = o;
+    s->dm = o->dm;
+    s->oracle = oracle;
+    s->hbm_s = 1.0 / (s->dm->hbm_gbs * 1e9);
+    s->zc_s = 1.0 / (s->dm->zc_gbs * 1e9);
+    s->kernel_s = s->dm->kernel_us * 1e-6;
+    s->launch_s = s->dm->launch_us * 1e-6;
+    s->sync_s = s->dm->sync_us * 1e-6;
+    s->host_scale = o->host_scale > 0 ? o->host_scale : 1.0;
+    s->graphs = wo_graphs_new();
+    if (!s->graphs || wo_replay_setup_ranges(s) < 0 || wo_replay_prepass(s) < 0)
+        return -ENOMEM;
+    for (size_t i = 0; i < d->nranges; i++) {
+        struct rr *x = &s->r[i];
+
+        if (x->place == WO_PLACE_MANAGED) {
+            managed += x->tr->size;
+            x->usize = (x->no_slices || !x->slice || x->slice >= x->tr->size)
+                           ? x->tr->size
+                           : WO_MAX(x->slice, (uint64_t)(2 * WO_MiB));
+            x->ubase = nunits;
+            nunits += (uint32_t)((x->tr->size + x->usize - 1) / x->usize);
+        } else if (x->place == WO_PLACE_DEVICE) {
+            devbytes += x->tr->size;
+        }
+    }
+    s->nunits = nunits;
+    budget = wo_replay_budget(s, managed, devbytes);
+    *ret_budget = budget;
+    *ret_managed = managed;
+    if (s->nsteps_total < 2) {
+        snprintf(msg, msglen, "no repeating step found in the trace (the launches after seal "
+                 "form no period seen at least three times): nothing to measure per step");
+        return -ENODATA;
+    }
+    s->warmup = o->warmup != UINT_MAX ? o->warmup
+                                      : (unsigned)WO_MAX(WO_MIN((uint64_t)3, s->nsteps_total / 2),
+                                                         (s->nsteps_total - 1) / 4);
+    if (s->warmup >= s->nsteps_total - 1)
+        s->warmup = (unsigned)(s->nsteps_total - 2);
+    s->wstart = s->warmup;
+    s->wend = s->nsteps_total - 1;
+    if (!oracle && !o->no_prefetch && managed && (r = plan_setup(s, budget)) < 0)
+        return r;
+    wo_replay_tl_open(s);
+    r = run_events(s);
+    wo_replay_tl_close(s);
+    if (r < 0)
+        return r;
+    if (s->in_window || s->step <= s->wend) {
+        snprintf(msg, msglen, "the measured window did not close (steps %llu..%llu of %llu)",
+                 (unsigned long long)s->wstart, (unsigned long long)s->wend,
+                 (unsigned long long)s->nsteps_total);
+        return -EINVAL;
+    }
+    return 0;
+}
