@@ -17,13 +17,15 @@
  *               exactly the client's live allocations.
  *   threads N I N threads x I iterations of alloc/tag/copy/launch/free
  *               at once; exact counters in the stats JSON.
- *   flood T N E [B S R]
+ *   flood T N E [B S R M]
  *               T threads launch N kernels in all, in bursts of B launches
  *               at full speed each followed by a S us pause (a decode step,
  *               then the engine's wait for its result; default 2000, 10000);
  *               one in E reads the thread's managed expert, the rest only a
  *               plain device buffer. R: the lowest launch rate (all threads,
- *               launches/s, pauses included) the run must reach (0: none). No launch that touches the expert may
+ *               launches/s, pauses included) the run must reach (0: none).
+ *               M: MiB of RSS growth allowed beyond the ring and the backlog
+ *               (default 16; TSan's shadow memory needs more). No launch that touches the expert may
  *               be lost (stats: dropped_watched 0, the consumer saw each
  *               one, per name), and the process may not grow by more than
  *               the ring and the consumer's bounded backlog (RSS). Run it
@@ -1025,7 +1027,8 @@ static void *flood_main(void *arg)
     return NULL;
 }
 
-static int flood(int nthr, long total, int every, long burst, long pause_us, long min_rate)
+static int flood(int nthr, long total, int every, long burst, long pause_us, long min_rate,
+                 long slack_mib)
 {
     CUdevice dev;
     CUcontext ctx;
@@ -1117,10 +1120,10 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
                  t[i].watched);
     }
     /* Bounded memory: the ring (its pages are touched as it cycles) and at
-     * most the backlog's limit, 248 bytes a slot, plus 16 MiB of slack for
-     * the allocator and the fake's bookkeeping. */
+     * most the backlog's limit, 248 bytes a slot, plus slack for the
+     * allocator and the fake's bookkeeping. */
     if (cap <= 0 || backlog_limit < 0 ||
-        rss1 - rss0 > (long)((cap + backlog_limit) * 248 / 1024) + 16 * 1024)
+        rss1 - rss0 > (long)((cap + backlog_limit) * 248 / 1024) + slack_mib * 1024)
         FAIL("memory: rss grew by %ld KiB (ring %lld slots, backlog limit %lld)", rss1 - rss0, cap,
              backlog_limit);
     free(js);
@@ -1418,7 +1421,8 @@ int main(int argc, char **argv)
     if (strcmp(mode, "flood") == 0)
         return flood(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 1000000,
                      argc > 4 ? atoi(argv[4]) : 8, argc > 5 ? atol(argv[5]) : 2000,
-                     argc > 6 ? atol(argv[6]) : 10000, argc > 7 ? atol(argv[7]) : 0);
+                     argc > 6 ? atol(argv[6]) : 10000, argc > 7 ? atol(argv[7]) : 0,
+                     argc > 8 ? atol(argv[8]) : 16);
     if (strcmp(mode, "misuse") == 0)
         return misuse();
     if (strcmp(mode, "pin") == 0)
