@@ -341,7 +341,8 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     memcpy(ev.l.block, block, sizeof(ev.l.block));
     memcpy(ev.l.hits, s.hits, s.nhits * sizeof(s.hits[0]));
     if (wo_push_event_prio(&ev, !s.any_watched) == -ENOSPC)
-        wo_count(s.any_watched ? WO_CTR_events_dropped_watched : WO_CTR_events_dropped_unwatched, 1);
+        wo_count(s.any_watched ? WO_CTR_events_dropped_watched : WO_CTR_events_dropped_unwatched,
+                 1);
 }
 
 /* --- hooks ---------------------------------------------------------------- */

@@ -58,10 +58,10 @@ static struct wo_graphs *graphs; /* captures, for accounting graph replays */
  * capacity, grown by doubling). Consumer thread only, but for the figures. */
 static struct wo_event *bl;
 static size_t bl_cap, bl_head, bl_n;
-static uint64_t bl_now, bl_peak, bl_moved; /* relaxed atomics: read by the stats */
-static uint64_t bl_used_ns;                /* when relieve last moved an event */
+static uint64_t bl_now, bl_peak, bl_moved;       /* relaxed atomics: read by the stats */
+static uint64_t bl_used_ns;                      /* when relieve last moved an event */
 static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
-static struct wo_event *volatile forked_bl;       /* the same for the backlog */
+static struct wo_event *volatile forked_bl;      /* the same for the backlog */
 
 static void cond_init(void)
 {

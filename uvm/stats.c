@@ -320,11 +320,11 @@ static void json_body(struct sbuf *b)
                   ",\"ring\":{\"capacity\":%" PRIu64 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64
                   ",\"dropped_watched\":%" PRIu64 ",\"dropped_unwatched\":%" PRIu64
                   ",\"dropped_other\":%" PRIu64 ",\"all_events\":%s,\"skipped_launches\":%" PRIu64
-                  ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64 ",\"peak\":%" PRIu64
-                  ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "}}",
+                  ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64
+                  ",\"peak\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "}}",
                   e.capacity, e.pushed, e.dropped, e.dropped_watched, e.dropped_unwatched,
-                  e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other, e.backlog.now,
-                  e.backlog.peak, e.backlog.limit, e.backlog.moved);
+                  e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other,
+                  e.backlog.now, e.backlog.peak, e.backlog.limit, e.backlog.moved);
     }
 
     {

@@ -25,9 +25,10 @@
  *               plain device buffer. R: the lowest launch rate (all threads,
  *               launches/s, pauses included) the run must reach (0: none).
  *               M: MiB of RSS growth allowed beyond the ring and the backlog
- *               (default 16; TSan's shadow memory needs more). No launch that touches the expert may
- *               be lost (stats: dropped_watched 0, the consumer saw each
- *               one, per name), and the process may not grow by more than
+ *               (default 16; TSan's shadow memory needs more). No launch
+ *               that touches the expert may be lost (stats: dropped_watched
+ *               0, the consumer saw each one, per name), and the process
+ *               may not grow by more than
  *               the ring and the consumer's bounded backlog (RSS). Run it
  *               with WOFAKE_DELAY on the prefetch calls to stall the
  *               consumer the way the real driver does.
@@ -1055,8 +1056,12 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
     ktouch = D.kernel("rel_touch", 3, k_touch_sizes, k_touch);
     pthread_barrier_init(&bar, NULL, (unsigned)nthr + 1);
     for (int i = 0; i < nthr; i++) {
-        t[i] = (struct fthr){.id = i, .every = every, .bar = &bar, .ctx = ctx,
-                             .n = total / nthr + (i < total % nthr), .burst = burst,
+        t[i] = (struct fthr){.id = i,
+                             .every = every,
+                             .bar = &bar,
+                             .ctx = ctx,
+                             .n = total / nthr + (i < total % nthr),
+                             .burst = burst,
                              .pause_us = pause_us};
         pthread_create(&tid[i], NULL, flood_main, &t[i]);
     }
