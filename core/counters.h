@@ -46,8 +46,13 @@
     X(scan_words)              /* 8-byte parameter words compared with the registry */           \
     X(layouts_cached)          /* parameter layouts read from the driver and cached */            \
     X(layout_table_full)                                                                           \
+    X(launch_watched)          /* launches that touched a watched range (named or served) */      \
+    X(launch_skipped)          /* launches that touched none: no event (no trace, no OBSERVE) */ \
     X(events_pushed)                                                                               \
-    X(events_dropped)          /* ring full: dropped, never blocked */                            \
+    X(events_dropped)          /* ring full: dropped, never blocked (all kinds) */                \
+    X(events_dropped_watched)  /* ... launches that touched a watched range */                    \
+    X(events_dropped_unwatched) /* ... launches that touched none (trace, OBSERVE) */              \
+    X(events_skipped)          /* syncs and copies nothing consumes: no event (no trace) */       \
     X(capture_begin)                                                                               \
     X(capture_end)                                                                                 \
     X(capture_table_full)                                                                          \

@@ -90,10 +90,14 @@ void wo_ring_free(struct wo_ring *r);
 /* Lock-free, wait-free for producers apart from a bounded CAS retry;
  * 0 or -ENOSPC (dropped, counted). */
 int wo_ring_push(struct wo_ring *r, const struct wo_event *ev);
+/* The same for an event of low priority: also refused (dropped, counted)
+ * while the ring is three quarters full or more. */
+int wo_ring_push_low(struct wo_ring *r, const struct wo_event *ev);
 /* Single consumer: 1 and *ev, or 0 when empty. */
 int wo_ring_pop(struct wo_ring *r, struct wo_event *ev);
 uint64_t wo_ring_dropped(const struct wo_ring *r);
 uint64_t wo_ring_pushed(const struct wo_ring *r);
+uint64_t wo_ring_capacity(const struct wo_ring *r);
 
 /* CLOCK_MONOTONIC in ns (vDSO: no syscall). */
 uint64_t wo_now_ns(void);

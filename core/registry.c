@@ -11,6 +11,10 @@
  *     own. A range shares at most two granules (its first and last), so a
  *     range of any size costs one small allocation plus one slot store per
  *     granule, and the reader runs the same code for both kinds;
+ *   - the watch marks: per id, the generation of the range uvm/ marked as
+ *     watched (0: none), read without a lock by every lookup that finds a
+ *     range; a two-level table whose leaves are made on first use and kept
+ *     to the end (ids are dense and reused, so it stays small);
  *   - epoch-based reclamation of the entries and arrays a writer unpublishes:
  *     each reading thread owns a slot announcing the epoch it entered its read
  *     section at; a retired object is freed once every active reader entered
@@ -82,6 +86,12 @@ struct reader {
 
 /* 2 MiB of zero bss; untouched pages cost nothing. */
 static struct leaf *top[TOP_SLOTS];
+
+/* Watch marks: ids below 2^28 (the id space stays far below: ids are reused),
+ * leaves of 4096 marks (16 KiB); 512 KiB of zero bss for the top level. */
+#define MARK_LEAF_BITS 12
+#define MARK_TOP_SLOTS (UINT32_C(1) << 16)
+static uint32_t *marks[MARK_TOP_SLOTS];
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rec *recs;      /* [nrecs], under lock */
@@ -284,6 +294,40 @@ static inline const struct gent *slot_find(const struct garr *a, uint64_t addr)
     return e;
 }
 
+/* Relaxed: a mark set while a launch is being scanned may or may not be seen
+ * by it, as if the tag had come a moment later; the generation check keeps a
+ * reused id from inheriting its previous range's mark. */
+static inline uint32_t mark_load(uint32_t id)
+{
+    uint32_t *leaf;
+
+    if (id >> MARK_LEAF_BITS >= MARK_TOP_SLOTS)
+        return 0;
+    leaf = __atomic_load_n(&marks[id >> MARK_LEAF_BITS], __ATOMIC_ACQUIRE);
+    return leaf ? __atomic_load_n(&leaf[id & ((1u << MARK_LEAF_BITS) - 1)], __ATOMIC_RELAXED) : 0;
+}
+
+/* Under lock. */
+static int mark_store(uint32_t id, uint32_t gen)
+{
+    uint32_t **slot = &marks[id >> MARK_LEAF_BITS];
+    uint32_t *leaf;
+
+    if (id >> MARK_LEAF_BITS >= MARK_TOP_SLOTS)
+        return -ENOMEM;
+    leaf = *slot;
+    if (!leaf) {
+        if (!gen)
+            return 0;
+        leaf = calloc((size_t)1 << MARK_LEAF_BITS, sizeof(*leaf));
+        if (!leaf)
+            return -ENOMEM;
+        __atomic_store_n(slot, leaf, __ATOMIC_RELEASE);
+    }
+    __atomic_store_n(&leaf[id & ((1u << MARK_LEAF_BITS) - 1)], gen, __ATOMIC_RELAXED);
+    return 0;
+}
+
 int wo_registry_lookup(uint64_t addr, struct wo_hit *ret)
 {
     const struct gent *e;
@@ -301,6 +345,7 @@ int wo_registry_lookup(uint64_t addr, struct wo_hit *ret)
         ret->id = e->id;
         ret->gen = e->gen;
         ret->offset = addr - e->base;
+        ret->watched = mark_load(e->id) == e->gen;
     }
     return 1;
 }
@@ -614,6 +659,7 @@ int wo_registry_remove(uint64_t base, struct wo_range *ret)
     __atomic_fetch_sub(&live_count, 1, __ATOMIC_RELAXED);
     __atomic_fetch_sub(&live_bytes, rc->r.size, __ATOMIC_RELAXED);
     rc->one = NULL;
+    (void)mark_store(id, 0);
     rc->r.gen++;
     if (rc->r.gen == 0)
         rc->r.gen = 1;
@@ -650,6 +696,17 @@ int wo_registry_find(uint64_t addr, struct wo_range *ret)
             *ret = rc->r;
         r = 0;
     }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+int wo_registry_watch(uint32_t id, uint32_t gen)
+{
+    int r = -ENOENT;
+
+    pthread_mutex_lock(&lock);
+    if (id < nrecs && recs[id].one && recs[id].r.gen == gen)
+        r = mark_store(id, gen);
     pthread_mutex_unlock(&lock);
     return r;
 }
@@ -733,6 +790,10 @@ void wo_registry_reset(void)
             continue;
         __atomic_store_n(&top[t], NULL, __ATOMIC_SEQ_CST);
         munmap(l, sizeof(*l));
+    }
+    for (uint32_t i = 0; i < MARK_TOP_SLOTS; i++) {
+        free(marks[i]);
+        marks[i] = NULL;
     }
     for (uint32_t i = 0; i < nrecs; i++)
         free(recs[i].one);

@@ -40,6 +40,7 @@ struct wo_hit {
     uint32_t id;
     uint32_t gen;
     uint64_t offset;
+    bool watched; /* the range is watched (wo_registry_watch) */
 };
 
 int wo_registry_init(void);
@@ -64,6 +65,12 @@ int wo_registry_find(uint64_t addr, struct wo_range *ret);
 
 /* Updates flags/owner of a live range (placement changes keep the address). */
 int wo_registry_set_flags(uint32_t id, uint32_t flags);
+
+/* Marks the live range (id, gen) as watched: uvm/ keeps books on it (it has
+ * a name, or the shim serves it), so every launch that touches it is worth an
+ * event (preload/launch.c). The mark goes with the range: a removed range's id
+ * comes back unwatched. 0, -ENOENT (no such live range) or -ENOMEM. */
+int wo_registry_watch(uint32_t id, uint32_t gen);
 
 /* Lock-free: 1 and *ret when addr lies inside a live range, else 0. Must be
  * called between read_begin and read_end on this thread. */

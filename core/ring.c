@@ -3,7 +3,12 @@
  * D. Vyukov's bounded queue: each cell carries a sequence number that tells
  * producers and the consumer whose turn the cell is. Producers claim a slot
  * with one CAS on `head`; a full ring is detected without waiting and the
- * event is dropped and counted, so a hook never blocks on a slow consumer. */
+ * event is dropped and counted, so a hook never blocks on a slow consumer.
+ *
+ * Two priorities: an event pushed with wo_ring_push_low() is refused once
+ * the ring is three quarters full, so events nobody learns from (launches
+ * that touch no watched range, pushed only for a trace) cannot take the last
+ * quarter from those the prefetcher needs. */
 #include "core/event.h"
 
 #include <stdatomic.h>
@@ -21,6 +26,7 @@ struct wo_ring {
     _Alignas(64) _Atomic uint64_t tail; /* next slot the consumer reads */
     _Alignas(64) _Atomic uint64_t dropped;
     _Atomic uint64_t pushed;
+    uint64_t low_limit; /* occupancy from which low-priority pushes are refused */
     struct cell *cells;
 };
 
@@ -40,6 +46,7 @@ struct wo_ring *wo_ring_new(uint32_t capacity)
         return NULL;
     }
     r->mask = capacity - 1;
+    r->low_limit = capacity - capacity / 4;
     for (uint64_t i = 0; i < capacity; i++)
         atomic_init(&r->cells[i].seq, i);
     return r;
@@ -53,11 +60,17 @@ void wo_ring_free(struct wo_ring *r)
     free(r);
 }
 
-int wo_ring_push(struct wo_ring *r, const struct wo_event *ev)
+static int push(struct wo_ring *r, const struct wo_event *ev, bool low)
 {
     uint64_t pos = atomic_load_explicit(&r->head, memory_order_relaxed);
     struct cell *c;
 
+    /* Occupancy from a stale tail is an overestimate: at worst a low event
+     * is refused a little early. The tail's cache line is read only here. */
+    if (low && pos - atomic_load_explicit(&r->tail, memory_order_relaxed) >= r->low_limit) {
+        atomic_fetch_add_explicit(&r->dropped, 1, memory_order_relaxed);
+        return -ENOSPC;
+    }
     for (;;) {
         int64_t diff;
         c = &r->cells[pos & r->mask];
@@ -80,6 +93,16 @@ int wo_ring_push(struct wo_ring *r, const struct wo_event *ev)
     return 0;
 }
 
+int wo_ring_push(struct wo_ring *r, const struct wo_event *ev)
+{
+    return push(r, ev, false);
+}
+
+int wo_ring_push_low(struct wo_ring *r, const struct wo_event *ev)
+{
+    return push(r, ev, true);
+}
+
 int wo_ring_pop(struct wo_ring *r, struct wo_event *ev)
 {
     uint64_t pos = atomic_load_explicit(&r->tail, memory_order_relaxed);
@@ -97,6 +120,11 @@ int wo_ring_pop(struct wo_ring *r, struct wo_event *ev)
 uint64_t wo_ring_dropped(const struct wo_ring *r)
 {
     return atomic_load_explicit(&((struct wo_ring *)r)->dropped, memory_order_relaxed);
+}
+
+uint64_t wo_ring_capacity(const struct wo_ring *r)
+{
+    return r->mask + 1;
 }
 
 uint64_t wo_ring_pushed(const struct wo_ring *r)

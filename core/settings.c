@@ -39,7 +39,7 @@ const struct wo_setting_def wo_setting_defs[] = {
     {"WOFFLOAD_OBSERVE", WO_SETTING_BOOL, "0",
      "1: observe launches (scan, events, per-name stats) even when the policy places nothing", OFF(observe), 0, 0},
     {"WOFFLOAD_RING_EVENTS", WO_SETTING_UINT_POW2, "16384",
-     "capacity of the launch event ring (power of two); a full ring drops and counts", OFF(ring_events), 1024, UINT64_C(1) << 24},
+     "capacity of the event ring (power of two); a full ring drops and counts (stats: ring)", OFF(ring_events), 1024, UINT64_C(1) << 24},
     {"WOFFLOAD_SCAN_WORDS", WO_SETTING_UINT, "512",
      "most 8-byte words of kernel parameters scanned per launch for tracked addresses", OFF(scan_words), 0, 4096},
 };

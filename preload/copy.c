@@ -3,6 +3,28 @@
  * stream). Never synchronises: an async copy is recorded when enqueued. */
 #include "preload/hook.h"
 
+#include "core/registry.h"
+
+/* Without a trace (wo_events_all 0) a copy is an event only when it may
+ * write a watched range: the prefetcher learns from it that the engine
+ * writes that range (read-mostly copies of it would be invalidated). Reads
+ * (the engine's .item() calls: 18% of all events in an eager decode) and
+ * copies between untracked buffers feed nothing. O(1): one lock-free lookup. */
+static bool copy_wanted(uint64_t dst, uint32_t kind)
+{
+    struct wo_hit h;
+    bool watched;
+
+    if (__atomic_load_n(&wo_events_all, __ATOMIC_RELAXED))
+        return true;
+    if (kind == WO_COPY_D2H || kind == WO_COPY_H2H || wo_registry_count() == 0)
+        return false;
+    wo_registry_read_begin();
+    watched = wo_registry_lookup(dst, &h) && h.watched;
+    wo_registry_read_end();
+    return watched;
+}
+
 static void record_copy(uint64_t dst, uint64_t src, uint64_t bytes, uint32_t kind, uint64_t stream,
                         void *ra)
 {
@@ -29,6 +51,12 @@ static void record_copy(uint64_t dst, uint64_t src, uint64_t bytes, uint32_t kin
     ev.c.src = src;
     ev.c.bytes = bytes;
     ev.c.kind = kind;
+    if (!__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
+        return;
+    if (!copy_wanted(dst, kind)) {
+        wo_count(WO_CTR_events_skipped, 1);
+        return;
+    }
     wo_push_event(&ev);
 }
 
@@ -242,6 +270,12 @@ static void record_sync(uint64_t stream)
 {
     struct wo_event ev = {.type = WO_EV_SYNC, .stream = stream};
 
+    /* only a trace (its replay) uses waits */
+    if (!__atomic_load_n(&wo_events_all, __ATOMIC_RELAXED)) {
+        if (__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
+            wo_count(WO_CTR_events_skipped, 1);
+        return;
+    }
     wo_push_event(&ev);
 }
 

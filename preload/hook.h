@@ -100,6 +100,9 @@ static inline uint64_t wo_stream_id(const void *s, int pt)
 
 /* Pushes an event (time and thread filled in here) when the ring exists. */
 void wo_push_event(struct wo_event *ev);
+/* The same, with a priority (core/event.h: wo_ring_push_low). 0, -ENOSPC
+ * (ring full: dropped and counted in events_dropped) or -ENODEV (no ring). */
+int wo_push_event_prio(struct wo_event *ev, bool low);
 
 /* --- launch attribution (launch.c) ---------------------------------------- */
 

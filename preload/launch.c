@@ -15,7 +15,13 @@
  *     also finds pointers inside by-value structs, since a pointer member is
  *     8-byte aligned inside its struct and the struct inside the buffer;
  *  3. one WO_EV_LAUNCH event pushed into the ring (a full ring drops and
- *     counts; no ring: nothing pushed).
+ *     counts; no ring: nothing pushed). Only a launch that touches a
+ *     watched range (one with a name, or served by the shim: the registry's
+ *     mark) is worth an event to the consumer; the others are pushed only
+ *     when a trace is recorded or WOFFLOAD_OBSERVE asks for books on every
+ *     range (wo_events_all), and then at low priority, so they never take
+ *     the ring's last quarter from the launches the prefetcher learns from.
+ *     Otherwise they are only counted (launch_skipped).
  * With no tracked range at all, 1 and 2 are skipped. With nothing placed and
  * nothing recorded (an empty policy: wo_launch_scan off) a launch is counted,
  * per API and per calling library, and forwarded: no scan, no event. */
@@ -189,7 +195,9 @@ struct scan {
     uint32_t words;
     uint16_t nhits;
     uint16_t overflow;
-    uint32_t found; /* distinct ranges, including those past WO_EV_MAX_HITS */
+    uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
+    uint8_t watched; /* bit i: hits[i] is a watched range */
+    bool any_watched;
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
 };
 
@@ -209,14 +217,24 @@ static inline void scan_word(struct scan *s, uint64_t v)
             return;
         }
     }
+    s->any_watched |= h.watched;
     if (s->nhits < WO_EV_MAX_HITS) {
+        s->watched |= (uint8_t)(h.watched << s->nhits);
         s->hits[s->nhits++] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
         s->found++;
-    } else {
-        /* Counted as a new range even if it repeats one already past the
-         * limit: an overflowed launch reports a lower bound anyway. */
-        s->overflow = 1;
-        s->found++;
+        return;
+    }
+    /* Counted as a new range even if it repeats one already past the
+     * limit: an overflowed launch reports a lower bound anyway. */
+    s->overflow = 1;
+    s->found++;
+    /* A full event keeps watched ranges first: they are what the consumer
+     * learns from. (A repeat of a range given up here may come back as a
+     * new hit: the same lower bound.) */
+    if (h.watched && s->watched != (uint8_t)((1u << WO_EV_MAX_HITS) - 1)) {
+        unsigned i = (unsigned)__builtin_ctz(~(unsigned)s->watched);
+        s->hits[i] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
+        s->watched |= (uint8_t)(1u << i);
     }
 }
 
@@ -278,6 +296,8 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     s.nhits = 0;
     s.overflow = 0;
     s.found = 0;
+    s.watched = 0;
+    s.any_watched = false;
     wo_count(WO_CTR_launch_calls, 1);
     /* Counted per calling library even when nothing is observed: one hash
      * and one relaxed add, and it is what says which libraries reach the
@@ -299,6 +319,8 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
             wo_count(WO_CTR_launch_hits, s.found);
             if (s.overflow)
                 wo_count(WO_CTR_launch_hit_overflow, 1);
+            if (s.any_watched)
+                wo_count(WO_CTR_launch_watched, 1);
         }
     }
     cap = wo_capture_of(stream);
@@ -308,6 +330,10 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     }
     if (!__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
         return;
+    if (!s.any_watched && !__atomic_load_n(&wo_events_all, __ATOMIC_RELAXED)) {
+        wo_count(WO_CTR_launch_skipped, 1);
+        return;
+    }
     memset(&ev, 0, offsetof(struct wo_event, l.hits));
     ev.type = WO_EV_LAUNCH;
     ev.nhits = s.nhits;
@@ -319,7 +345,9 @@ static void observe_launch(const void *func, bool runtime, const uint32_t grid[3
     memcpy(ev.l.grid, grid, sizeof(ev.l.grid));
     memcpy(ev.l.block, block, sizeof(ev.l.block));
     memcpy(ev.l.hits, s.hits, s.nhits * sizeof(s.hits[0]));
-    wo_push_event(&ev);
+    if (wo_push_event_prio(&ev, !s.any_watched) == -ENOSPC)
+        wo_count(s.any_watched ? WO_CTR_events_dropped_watched : WO_CTR_events_dropped_unwatched,
+                 1);
 }
 
 /* --- hooks ---------------------------------------------------------------- */

@@ -156,6 +156,36 @@ static void set_flags_updates_live_range(void **state)
     assert_int_equal(wo_registry_get(12345, NULL), -ENOENT);
 }
 
+/* A watched range is reported so by every lookup inside it, also through a
+ * granule it shares with an unwatched neighbour; the mark goes with the range
+ * (a reused id comes back unwatched). */
+static void watch_marks_range_until_removed(void **state)
+{
+    uint64_t base = UINT64_C(0x50000000);
+    struct wo_range a, b, c;
+    struct wo_hit h;
+
+    assert_int_equal(wo_registry_add(base, 4096, 0, 0, NULL, &a), 0);
+    assert_int_equal(wo_registry_add(base + 4096, 3 << 20, 0, 0, NULL, &b), 0);
+    assert_int_equal(look(base, &h), 1);
+    assert_false(h.watched);
+    assert_int_equal(wo_registry_watch(b.id, b.gen + 1), -ENOENT); /* not that range */
+    assert_int_equal(wo_registry_watch(12345, 1), -ENOENT);
+    assert_int_equal(wo_registry_watch(b.id, b.gen), 0);
+    assert_int_equal(look(base + 4096, &h), 1);
+    assert_true(h.watched);
+    assert_int_equal(look(base + 4096 + (3 << 20) - 1, &h), 1);
+    assert_true(h.watched);
+    assert_int_equal(look(base + 100, &h), 1); /* the neighbour, same granule */
+    assert_false(h.watched);
+    assert_int_equal(wo_registry_remove(base + 4096, NULL), 0);
+    assert_int_equal(wo_registry_add(base + 8192, 4096, 0, 0, NULL, &c), 0);
+    assert_int_equal(c.id, b.id);
+    assert_int_equal(look(base + 8192, &h), 1);
+    assert_false(h.watched);
+    assert_int_equal(wo_registry_watch(b.id, b.gen), -ENOENT); /* gone */
+}
+
 static void range_spanning_many_granules(void **state)
 {
     /* unaligned both ends, 1000 granules, and across a 512 GiB leaf boundary */
@@ -529,6 +559,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(overlap_is_rejected_and_adjacency_is_not, setup, teardown),
         cmocka_unit_test_setup_teardown(remove_frees_address_and_reuses_id_with_new_gen, setup, teardown),
         cmocka_unit_test_setup_teardown(set_flags_updates_live_range, setup, teardown),
+        cmocka_unit_test_setup_teardown(watch_marks_range_until_removed, setup, teardown),
         cmocka_unit_test_setup_teardown(range_spanning_many_granules, setup, teardown),
         cmocka_unit_test_setup_teardown(many_small_ranges_in_one_granule, setup, teardown),
         cmocka_unit_test_setup_teardown(high_and_low_addresses, setup, teardown),

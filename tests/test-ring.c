@@ -106,6 +106,40 @@ static void full_ring_drops_and_counts(void **state)
     wo_ring_free(r);
 }
 
+/* Low-priority events stop at three quarters; the rest of the ring stays
+ * for the others. */
+static void low_priority_leaves_last_quarter(void **state)
+{
+    enum { CAP = 64 };
+    struct wo_ring *r = wo_ring_new(CAP);
+    struct wo_event ev;
+    uint64_t i;
+
+    (void)state;
+    assert_int_equal(wo_ring_capacity(r), CAP);
+    for (i = 0; i < CAP * 3 / 4; i++) {
+        struct wo_event e = ev_of(2, i);
+        assert_int_equal(wo_ring_push_low(r, &e), 0);
+    }
+    {
+        struct wo_event e = ev_of(2, 999);
+        assert_int_equal(wo_ring_push_low(r, &e), -ENOSPC);
+    }
+    for (; i < CAP; i++) {
+        struct wo_event e = ev_of(2, i);
+        assert_int_equal(wo_ring_push(r, &e), 0);
+    }
+    assert_int_equal(wo_ring_dropped(r), 1);
+    /* drained below the mark: low events fit again */
+    for (i = 0; i < CAP / 4 + 1; i++)
+        assert_int_equal(wo_ring_pop(r, &ev), 1);
+    {
+        struct wo_event e = ev_of(2, CAP);
+        assert_int_equal(wo_ring_push_low(r, &e), 0);
+    }
+    wo_ring_free(r);
+}
+
 enum { PRODUCERS = 4 };
 
 struct prod {
@@ -209,6 +243,7 @@ int main(void)
         cmocka_unit_test(pop_empty_returns_zero),
         cmocka_unit_test(events_come_out_in_order_across_wraps),
         cmocka_unit_test(full_ring_drops_and_counts),
+        cmocka_unit_test(low_priority_leaves_last_quarter),
         cmocka_unit_test(mpsc_exact_counts_no_drops),
         cmocka_unit_test(mpsc_exact_counts_with_drops),
         cmocka_unit_test(now_is_monotonic),

@@ -8,7 +8,15 @@
  * Producers (the hooks) never make a syscall, so they cannot wake this
  * thread: it sleeps on a condition variable with a timeout that doubles from
  * 50 us to 2 ms while the ring stays empty, and shutdown signals the same
- * variable to wake it at once. */
+ * variable to wake it at once. A 2 ms sleep fills 16384 slots only above
+ * 8M events/s, far beyond any engine; what did fill the ring (issue 21) is
+ * this thread sitting in the prefetcher's driver calls (a collapse costs
+ * 38 ms per GiB, synchronous). So before each such call the prefetcher
+ * calls wo_consumer_relieve(), which moves the ring's events into a backlog
+ * of this thread's own, drained first, in order; the ring then only has to
+ * hold what arrives during one call. The backlog grows on demand up to
+ * BACKLOG_RINGS rings' worth and is freed once empty: memory stays bounded,
+ * and a stall longer than that drops (counted) as before. */
 #include "uvm/internal.h"
 
 #include <signal.h>
@@ -25,6 +33,9 @@
 #include "uvm/record.h"
 
 #define BATCH 64
+#define BACKLOG_RINGS 4 /* backlog limit, in ring capacities */
+#define BACKLOG_MIN 1024u
+#define BACKLOG_KEEP_NS (UINT64_C(1000) * 1000 * 1000)
 #define SLEEP_MIN_NS 50000L
 #define SLEEP_MAX_NS 2000000L
 #define JOIN_WAIT_S 2
@@ -44,7 +55,14 @@ static char batch_name[BATCH][WO_TAG_NAME_MAX + 1];
 static bool batch_has_tag[BATCH];
 static uint64_t launch_no;
 static struct wo_graphs *graphs; /* captures, for accounting graph replays */
+/* The backlog: a FIFO of events taken out of the ring early (power-of-two
+ * capacity, grown by doubling). Consumer thread only, but for the figures. */
+static struct wo_event *bl;
+static size_t bl_cap, bl_head, bl_n;
+static uint64_t bl_now, bl_peak, bl_moved;       /* relaxed atomics: read by the stats */
+static uint64_t bl_used_ns;                      /* when relieve last moved an event */
 static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
+static struct wo_event *volatile forked_bl;      /* the same for the backlog */
 
 static void cond_init(void)
 {
@@ -189,14 +207,90 @@ static void account_tag(size_t i)
     wo_name_unref(n);
 }
 
+static size_t backlog_limit(void)
+{
+    return (size_t)wo_ring_capacity(wo_events) * BACKLOG_RINGS;
+}
+
+/* Doubles the backlog (keeping its order); false when at its limit or out
+ * of memory. */
+static bool backlog_grow(void)
+{
+    size_t ncap = bl_cap ? bl_cap * 2 : BACKLOG_MIN;
+    struct wo_event *n;
+
+    if (ncap > backlog_limit())
+        return false;
+    n = malloc(ncap * sizeof(*n));
+    if (!n)
+        return false;
+    for (size_t i = 0; i < bl_n; i++)
+        n[i] = bl[(bl_head + i) & (bl_cap - 1)];
+    free(bl);
+    bl = n;
+    bl_cap = ncap;
+    bl_head = 0;
+    return true;
+}
+
+static void backlog_publish(void)
+{
+    __atomic_store_n(&bl_now, bl_n, __ATOMIC_RELAXED);
+    if (bl_n > __atomic_load_n(&bl_peak, __ATOMIC_RELAXED))
+        __atomic_store_n(&bl_peak, bl_n, __ATOMIC_RELAXED);
+}
+
+void wo_consumer_relieve(void)
+{
+    uint64_t moved = 0;
+
+    if (!wo_events)
+        return;
+    for (;;) {
+        if (bl_n == bl_cap && !backlog_grow())
+            break; /* at the limit: the ring fills, and drops, as before */
+        if (!wo_ring_pop(wo_events, &bl[(bl_head + bl_n) & (bl_cap - 1)]))
+            break;
+        bl_n++;
+        moved++;
+    }
+    if (moved) {
+        bl_used_ns = wo_now_ns();
+        __atomic_add_fetch(&bl_moved, moved, __ATOMIC_RELAXED);
+        backlog_publish();
+    }
+}
+
+/* The oldest event: the backlog's, then the ring's. */
+static int next_event(struct wo_event *ev)
+{
+    if (bl_n) {
+        *ev = bl[bl_head];
+        bl_head = (bl_head + 1) & (bl_cap - 1);
+        bl_n--;
+        return 1;
+    }
+    return wo_ring_pop(wo_events, ev);
+}
+
+void wo_consumer_backlog_stats(struct wo_backlog_stats *ret)
+{
+    ret->now = __atomic_load_n(&bl_now, __ATOMIC_RELAXED);
+    ret->peak = __atomic_load_n(&bl_peak, __ATOMIC_RELAXED);
+    ret->moved = __atomic_load_n(&bl_moved, __ATOMIC_RELAXED);
+    ret->limit = wo_events ? wo_ring_capacity(wo_events) * BACKLOG_RINGS : 0;
+}
+
 /* Pops up to BATCH events, accounts them under one lock hold, dispatches
  * them without it. Returns how many. */
 static size_t drain_batch(void)
 {
     size_t n = 0;
 
-    while (n < BATCH && wo_ring_pop(wo_events, &batch[n]))
+    while (n < BATCH && next_event(&batch[n]))
         n++;
+    if (bl_cap)
+        backlog_publish();
     if (!n)
         return 0;
     pthread_mutex_lock(&wo_uvm.lock);
@@ -233,6 +327,8 @@ static void *consumer_main(void *arg)
 
     (void)arg;
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
+    __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
     for (;;) {
         struct timespec ts;
         int st;
@@ -242,6 +338,15 @@ static void *consumer_main(void *arg)
             continue;
         }
         idle();
+        if (bl_n)
+            continue; /* idle() issued held prefetches, and relieved the ring */
+        if (bl && wo_now_ns() - bl_used_ns > BACKLOG_KEEP_NS) {
+            /* no stall for a while: give the memory back (kept until then,
+             * so that a stall per decode step does not map and unmap it) */
+            free(bl);
+            bl = NULL;
+            bl_cap = bl_head = 0;
+        }
         pthread_mutex_lock(&sleep_lock);
         st = stop;
         if (!st) {
@@ -267,6 +372,11 @@ static void *consumer_main(void *arg)
     while (drain_batch() > 0)
         ;
     finish();
+    /* finish() may have relieved the ring once more: nothing is left to
+     * dispatch after it, but what it moved must not leak */
+    free(bl);
+    bl = NULL;
+    bl_cap = bl_head = bl_n = 0;
     pthread_mutex_lock(&wo_uvm.lock);
     wo_graphs_free(graphs);
     graphs = NULL;
@@ -324,6 +434,9 @@ void wo_consumer_forget(void)
      * by its consumer thread: never used or freed here, kept reachable. */
     forked_graphs = graphs;
     graphs = NULL;
+    forked_bl = bl;
+    bl = NULL;
+    bl_cap = bl_head = bl_n = 0;
     wo_record_forget();
     running = false;
     stop = 0;

@@ -26,6 +26,7 @@ struct wo_ring *wo_events;
 int wo_captures_global;
 int wo_prefetch_busy;
 int wo_launch_scan = 1;
+int wo_events_all = 1;
 
 void wo_uvm_set_driver(const struct wo_driver *drv)
 {
@@ -118,6 +119,13 @@ int wo_uvm_init_policy(const char *path)
     __atomic_store_n(&wo_launch_scan, wo_uvm.placing || wo_settings()->trace != NULL ||
                          wo_settings()->observe,
                      __ATOMIC_RELEASE);
+    /* The learner and the per-name books need only launches that touch a
+     * watched range: in an eager MoE decode that is 7-15% of them
+     * (bench/results/e2e-*-issue7-*: 14.5k of 208k launches touch a managed
+     * name, 30k any name). Pushing the rest filled the ring while the
+     * consumer sat in a prefetch call (docs/architecture.md, issue 21). */
+    __atomic_store_n(&wo_events_all, wo_settings()->trace != NULL || wo_settings()->observe,
+                     __ATOMIC_RELEASE);
     if (!wo_events && wo_launch_scan) {
         wo_events = wo_ring_new(wo_settings()->ring_events);
         if (!wo_events)
@@ -207,6 +215,7 @@ void wo_uvm_reset(void)
     free(wo_uvm.rule_counts);
     wo_ring_free(wo_events);
     wo_events = NULL;
+    __atomic_store_n(&wo_events_all, 1, __ATOMIC_RELAXED);
     wo_scope_forget_thread();
     __atomic_store_n(&exiting, 0, __ATOMIC_RELEASE);
     {

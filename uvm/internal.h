@@ -188,8 +188,28 @@ void wo_consumer_forget(void);
 /* Pushes a tag event for the trace (takes a name reference the consumer
  * drops after dispatching it). Under wo_uvm.lock. */
 void wo_consumer_push_tag(const struct wo_alloc *a, const struct wo_tag *t);
+/* Consumer thread only: moves what the ring holds into the consumer's
+ * backlog (bounded), so the ring has room while the thread is about to block
+ * in a driver call (uvm/prefetch.c calls it before each one). */
+void wo_consumer_relieve(void);
+/* The backlog's figures for the stats (any thread; relaxed): events it
+ * holds now, the most it held, the most it may hold. */
+struct wo_backlog_stats {
+    uint64_t now, peak, limit, moved;
+};
+void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
 
 /* ---- stats.c ----------------------------------------------------------- */
+/* The event path's books (stats "ring", the exit summary): drops split into
+ * launches that touch a watched range, other launches, other events. */
+struct wo_event_books {
+    uint64_t capacity, pushed, dropped;
+    uint64_t dropped_watched, dropped_unwatched, dropped_other;
+    uint64_t skipped_launches, skipped_other;
+    bool all; /* wo_events_all */
+    struct wo_backlog_stats backlog;
+};
+void wo_event_books(struct wo_event_books *ret);
 /* The JSON snapshot into a malloc'ed string (NULL on ENOMEM); *len set. */
 char *wo_stats_json(size_t *len);
 int wo_stats_write_file(const char *path);

@@ -405,6 +405,9 @@ int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_
     wo_name_ref(n);
     n->bytes += size;
     n->ntags++;
+    /* A named range is worth an event per launch (per-name books, the
+     * prefetcher's segments); no memory for the mark only costs those. */
+    (void)wo_registry_watch(a->id, a->gen);
     *ret = t;
     return 0;
 }

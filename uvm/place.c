@@ -378,6 +378,9 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     a->id = rr.id;
     a->gen = rr.gen;
     a->ours_in_registry = true;
+    /* Served memory may leave the device (untagged bytes too): every launch
+     * that touches it is an event (preload/launch.c). */
+    (void)wo_registry_watch(a->id, a->gen);
     if (a->kind == WO_KIND_PINNED)
         wo_uvm.served_pinned++;
     else

@@ -47,6 +47,7 @@ struct wo_prefetcher {
     struct wo_prefetch_totals own;
     struct wo_prefetch_totals *tot;
     bool churn_warned;
+    void (*between)(void); /* before each driver call that may block (wo_prefetcher_between) */
 };
 
 static void add(uint64_t *v, uint64_t n)
@@ -104,6 +105,11 @@ void wo_prefetcher_free(struct wo_prefetcher *pf)
 void wo_prefetcher_own_context(struct wo_prefetcher *pf, bool on)
 {
     pf->want_own = on;
+}
+
+void wo_prefetcher_between(struct wo_prefetcher *pf, void (*fn)(void))
+{
+    pf->between = fn;
 }
 
 const struct wo_plan *wo_prefetcher_plan(const struct wo_prefetcher *pf)
@@ -315,9 +321,12 @@ static CUresult make_plain(struct wo_prefetcher *pf, uint64_t p, uint64_t n)
  * evicted by copy-back from now on). */
 static void range_plain(struct wo_prefetcher *pf, struct prange *r)
 {
-    for (size_t i = 0; i < r->nsegs; i++)
+    for (size_t i = 0; i < r->nsegs; i++) {
+        if (pf->between)
+            pf->between();
         if (make_plain(pf, r->base + r->segs[i].off, r->segs[i].size) != CUDA_SUCCESS)
             add(&pf->tot->errors, 1);
+    }
     r->rm = false;
 }
 
@@ -359,6 +368,8 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
     uint64_t p = r->base + off;
     CUresult res = CUDA_SUCCESS;
 
+    if (pf->between)
+        pf->between();
     if (a->type == WO_PLAN_PREFETCH) {
         /* Read-mostly only on the pieces that get a GPU copy: a kernel's
          * read of a read-mostly piece without one faults and makes one
@@ -630,6 +641,9 @@ static void shim_setup(void)
     }
     shim->tot = &shim_totals;
     wo_prefetcher_own_context(shim, wo_settings()->prefetch_own_ctx);
+    /* a prefetch or collapse call can take milliseconds: the engine's
+     * events wait in the consumer's backlog instead of filling the ring */
+    wo_prefetcher_between(shim, wo_consumer_relieve);
     if (wo_uvm_foreach_managed(add_seg_cb, shim) < 0)
         wo_warn("prefetcher: out of memory listing managed ranges; some are not prefetched");
     wo_info("prefetcher: device budget %llu MiB, pieces >= %llu MiB, hot set %s",

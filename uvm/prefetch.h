@@ -28,6 +28,10 @@ int wo_prefetcher_new(const struct wo_driver *drv, const struct wo_plan_cfg *cfg
  * up the engine's launches while it migrates); if that fails, the engine's.
  * Off by default here; the shim turns it on (WOFFLOAD_PREFETCH_OWN_CONTEXT). */
 void wo_prefetcher_own_context(struct wo_prefetcher *pf, bool on);
+/* fn (NULL: none) is called before each driver call that can block for long
+ * (a prefetch, an advice, a collapse), on the calling thread: the shim's
+ * consumer empties its ring there (uvm/consumer.c, wo_consumer_relieve). */
+void wo_prefetcher_between(struct wo_prefetcher *pf, void (*fn)(void));
 /* Waits for the stream (bounded by the driver), destroys it and the context
  * of its own, frees. NULL is fine. */
 void wo_prefetcher_free(struct wo_prefetcher *pf);

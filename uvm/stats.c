@@ -313,9 +313,19 @@ static void json_body(struct sbuf *b)
               ",\"untagged_hits\":%" PRIu64 ",\"events\":%" PRIu64 "}",
               wo_uvm.launches, wo_uvm.launch_hits, wo_uvm.hits_stale, wo_uvm.hits_untagged,
               wo_uvm.events);
-    sb_printf(b, ",\"ring\":{\"capacity\":%" PRIu32 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64 "}",
-              wo_events ? wo_settings()->ring_events : 0, wo_events ? wo_ring_pushed(wo_events) : 0,
-              wo_events ? wo_ring_dropped(wo_events) : 0);
+    {
+        struct wo_event_books e;
+        wo_event_books(&e);
+        sb_printf(b,
+                  ",\"ring\":{\"capacity\":%" PRIu64 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64
+                  ",\"dropped_watched\":%" PRIu64 ",\"dropped_unwatched\":%" PRIu64
+                  ",\"dropped_other\":%" PRIu64 ",\"all_events\":%s,\"skipped_launches\":%" PRIu64
+                  ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64
+                  ",\"peak\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "}}",
+                  e.capacity, e.pushed, e.dropped, e.dropped_watched, e.dropped_unwatched,
+                  e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other,
+                  e.backlog.now, e.backlog.peak, e.backlog.limit, e.backlog.moved);
+    }
 
     {
         struct wo_prefetch_totals pt;
@@ -434,6 +444,30 @@ int wo_stats_write_file(const char *path)
     return r;
 }
 
+void wo_event_books(struct wo_event_books *ret)
+{
+    struct wo_ring *r = __atomic_load_n(&wo_events, __ATOMIC_ACQUIRE);
+    uint64_t dw = wo_counter_get(WO_CTR_events_dropped_watched);
+    uint64_t du = wo_counter_get(WO_CTR_events_dropped_unwatched);
+
+    memset(ret, 0, sizeof(*ret));
+    ret->all = __atomic_load_n(&wo_events_all, __ATOMIC_RELAXED) != 0;
+    if (!r)
+        return;
+    ret->capacity = wo_ring_capacity(r);
+    ret->pushed = wo_ring_pushed(r);
+    /* the ring's own count covers every producer (hooks, uvm/'s tag and
+     * placement events); the launch split comes from the hooks' counters,
+     * read a moment apart: clamp */
+    ret->dropped = wo_ring_dropped(r);
+    ret->dropped_watched = dw;
+    ret->dropped_unwatched = du;
+    ret->dropped_other = ret->dropped > dw + du ? ret->dropped - dw - du : 0;
+    ret->skipped_launches = wo_counter_get(WO_CTR_launch_skipped);
+    ret->skipped_other = wo_counter_get(WO_CTR_events_skipped);
+    wo_consumer_backlog_stats(&ret->backlog);
+}
+
 /* Summaries follow WOFFLOAD_SUMMARY: shown at log level warn and above when
  * it is on, always at info and above. Under wo_uvm.lock or after shutdown. */
 void wo_summary_log(const char *when)
@@ -457,4 +491,20 @@ void wo_summary_log(const char *when)
                  pc.by[WO_PLACE_MANAGED].tensors, wo_format_size(pc.unplaceable.bytes, u, sizeof(u)),
                  pc.unplaceable.tensors, wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)),
                  wo_uvm.over_budget_tags);
+    if (strcmp(when, "exit") == 0 && wo_events) {
+        struct wo_event_books e;
+        wo_event_books(&e);
+        /* What the consumer (prefetcher, per-name books, trace) did not see:
+         * a dropped watched launch is one the prefetcher never learnt from. */
+        wo_log_write(e.dropped_watched ? WO_LOG_WARN : WO_LOG_OFF,
+                     "events: %" PRIu64 " launches seen by the consumer; %" PRIu64
+                     " launches that touch no named or served range were only counted%s; "
+                     "dropped (ring of %" PRIu64 " full): %" PRIu64 " launches touching a "
+                     "named or served range, %" PRIu64 " other launches, %" PRIu64
+                     " other events; backlog peak %" PRIu64 " of %" PRIu64,
+                     wo_uvm.launches, e.skipped_launches,
+                     e.all ? " (none: every event is kept for the trace or WOFFLOAD_OBSERVE)" : "",
+                     e.capacity, e.dropped_watched, e.dropped_unwatched, e.dropped_other,
+                     e.backlog.peak, e.backlog.limit);
+    }
 }

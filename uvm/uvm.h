@@ -120,6 +120,14 @@ extern int wo_prefetch_busy;
  * an empty policy the launch hooks only count and forward. */
 extern int wo_launch_scan;
 
+/* Which events the hooks push (docs/interposition.md, "Which launches become
+ * events"). 1: all of them, as a trace or WOFFLOAD_OBSERVE's per-range books
+ * need. 0 (set at init when neither is asked for): only what the consumer
+ * learns from: launches that touch a watched range (core/registry.h) and
+ * copies that write one; the other launches, syncs and reads are counted,
+ * not pushed. */
+extern int wo_events_all;
+
 /* The event ring the hooks push into and the consumer thread drains. NULL
  * until wo_uvm_init() made it. */
 extern struct wo_ring *wo_events;

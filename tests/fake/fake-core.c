@@ -40,6 +40,9 @@ static _Atomic uint64_t calls_total;
 static _Atomic uint64_t injected;
 /* Set while any rule names the symbol, so the common path costs one load. */
 static _Atomic int armed[FK_NSYMS];
+/* WOFAKE_DELAY: CPU time (us) a call takes before it does anything, as the
+ * real driver's prefetch and advice calls do (guide/device-facts.md). */
+static _Atomic uint32_t delay_us[FK_NSYMS];
 
 #define MAX_RULES 64
 struct rule {
@@ -174,6 +177,30 @@ static void atfork_child(void)
         atomic_store(&init_state, 3);
 }
 
+static void parse_delay_env(const char *spec)
+{
+    char *copy = strdup(spec);
+    if (!copy)
+        return;
+    char *save = NULL;
+    for (char *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        char *c = strchr(tok, ':');
+        int id;
+        if (!c) {
+            fprintf(stderr, "fakecuda: WOFAKE_DELAY: '%s' is not name:microseconds\n", tok);
+            continue;
+        }
+        *c = '\0';
+        id = sym_id(tok);
+        if (id < 0) {
+            fprintf(stderr, "fakecuda: WOFAKE_DELAY: no function '%s'\n", tok);
+            continue;
+        }
+        atomic_store(&delay_us[id], (uint32_t)strtoul(c + 1, NULL, 10));
+    }
+    free(copy);
+}
+
 static void read_env(void)
 {
     pthread_atfork(NULL, NULL, atfork_child);
@@ -204,6 +231,9 @@ static void read_env(void)
     s = getenv("WOFAKE_FAIL");
     if (s && *s)
         parse_fail_env(s);
+    s = getenv("WOFAKE_DELAY");
+    if (s && *s)
+        parse_delay_env(s);
 }
 
 static void env_init(void)
@@ -218,6 +248,12 @@ CUresult fk_enter(enum fk_sym_id id)
     atomic_fetch_add_explicit(&calls_total, 1, memory_order_relaxed);
     if (trace)
         fprintf(stderr, "fakecuda: %s #%llu\n", sym_names[id], (unsigned long long)n);
+    uint32_t d = atomic_load_explicit(&delay_us[id], memory_order_relaxed);
+    if (d) {
+        struct timespec ts = { .tv_sec = d / 1000000u, .tv_nsec = (long)(d % 1000000u) * 1000 };
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+            ;
+    }
     if (atomic_load_explicit(&armed[id], memory_order_relaxed)) {
         CUresult err = CUDA_SUCCESS;
         pthread_mutex_lock(&rule_lock);

@@ -17,6 +17,21 @@
  *               exactly the client's live allocations.
  *   threads N I N threads x I iterations of alloc/tag/copy/launch/free
  *               at once; exact counters in the stats JSON.
+ *   flood T N E [B S R M]
+ *               T threads launch N kernels in all, in bursts of B launches
+ *               at full speed each followed by a S us pause (a decode step,
+ *               then the engine's wait for its result; default 2000, 10000);
+ *               one in E reads the thread's managed expert, the rest only a
+ *               plain device buffer. R: the lowest launch rate (all threads,
+ *               launches/s, pauses included) the run must reach (0: none).
+ *               M: MiB of RSS growth allowed beyond the ring and the backlog
+ *               (default 16; TSan's shadow memory needs more). No launch
+ *               that touches the expert may be lost (stats: dropped_watched
+ *               0, the consumer saw each one, per name), and the process
+ *               may not grow by more than
+ *               the ring and the consumer's bounded backlog (RSS). Run it
+ *               with WOFAKE_DELAY on the prefetch calls to stall the
+ *               consumer the way the real driver does.
  *   misuse      every misuse of include/woffload.h: the documented results.
  *   fork-fresh | fork-untouched | fork-nocuda | exec | exit-busy | sigterm
  *               process life-cycle cases (see lifecycle()).
@@ -943,6 +958,189 @@ static int threads(int nthr, int iters)
     return failures ? 1 : 0;
 }
 
+/* --- flood ---------------------------------------------------------------- */
+
+struct fthr {
+    int id, every;
+    long n, watched, burst, pause_us;
+    pthread_barrier_t *bar;
+    CUcontext ctx;
+    CUdeviceptr expert, plain;
+    int errors;
+};
+
+static void k_touch(void **p, const uint32_t g[3], const uint32_t b[3])
+{
+    (void)p;
+    (void)g;
+    (void)b;
+}
+
+static const size_t k_touch_sizes[3] = {8, 8, 4};
+static CUfunction ktouch;
+
+static long rss_kib(void)
+{
+    char line[256];
+    long v = -1;
+    FILE *f = fopen("/proc/self/status", "r");
+
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (strncmp(line, "VmRSS:", 6) == 0)
+            v = strtol(line + 6, NULL, 10);
+    fclose(f);
+    return v;
+}
+
+static void *flood_main(void *arg)
+{
+    struct fthr *t = arg;
+    char name[64];
+    int n = 16;
+
+    if (D.ctx_set(t->ctx)) {
+        t->errors++;
+        return NULL;
+    }
+    /* placed: `experts` is managed in managed.yaml; plain: outside any scope */
+    snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.w13", t->id);
+    if (api_push(name) || D.alloc(&t->expert, 2 * MiB) || api_pop())
+        t->errors++;
+    if (D.alloc(&t->plain, 64 * KiB))
+        t->errors++;
+    pthread_barrier_wait(t->bar); /* main seals */
+    pthread_barrier_wait(t->bar);
+    for (long i = 0; i < t->n; i++) {
+        bool hit = i % t->every == 0;
+        void *params[3] = {hit ? &t->expert : &t->plain, &t->plain, &n};
+        if (D.launch(ktouch, 1, 1, 1, 32, 1, 1, 0, NULL, params, NULL))
+            t->errors++;
+        t->watched += hit;
+        if (t->pause_us && (i + 1) % t->burst == 0)
+            usleep((useconds_t)t->pause_us);
+    }
+    pthread_barrier_wait(t->bar); /* main checks */
+    pthread_barrier_wait(t->bar);
+    if (D.free(t->expert) || D.free(t->plain))
+        t->errors++;
+    return NULL;
+}
+
+static int flood(int nthr, long total, int every, long burst, long pause_us, long min_rate,
+                 long slack_mib)
+{
+    CUdevice dev;
+    CUcontext ctx;
+    pthread_t tid[64];
+    struct fthr t[64];
+    pthread_barrier_t bar;
+    long watched = 0, rss0, rss1;
+    long long cap, backlog_limit;
+    struct timespec t0, t1;
+    double secs;
+    char *js = NULL;
+
+    if (nthr < 1 || nthr > 64 || total < nthr || every < 1 || burst < 1 || pause_us < 0)
+        return 2;
+    load();
+    if (!D.stats) {
+        printf("FAIL flood mode needs the shim\n");
+        return 1;
+    }
+    if (D.init(0) || D.device_get(&dev, 0) || D.ctx_retain(&ctx, dev) || D.ctx_set(ctx)) {
+        printf("FAIL init\n");
+        return 1;
+    }
+    ktouch = D.kernel("rel_touch", 3, k_touch_sizes, k_touch);
+    pthread_barrier_init(&bar, NULL, (unsigned)nthr + 1);
+    for (int i = 0; i < nthr; i++) {
+        t[i] = (struct fthr){.id = i,
+                             .every = every,
+                             .bar = &bar,
+                             .ctx = ctx,
+                             .n = total / nthr + (i < total % nthr),
+                             .burst = burst,
+                             .pause_us = pause_us};
+        pthread_create(&tid[i], NULL, flood_main, &t[i]);
+    }
+    pthread_barrier_wait(&bar);
+    if (api_seal())
+        FAIL("seal");
+    rss0 = rss_kib();
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    pthread_barrier_wait(&bar);
+    pthread_barrier_wait(&bar);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    for (int i = 0; i < nthr; i++) {
+        watched += t[i].watched;
+        if (t[i].errors)
+            FAIL("thread %d: %d errors", i, t[i].errors);
+    }
+    /* The consumer attributes asynchronously: wait (bounded) until it has
+     * seen every launch that touched an expert, or given up on some. */
+    for (int i = 0; i < 10000; i++) {
+        free(js);
+        js = stats_get();
+        if (json_num(js, "\"launches\":{\"seen\":") + json_num(js, "\"dropped_watched\":") >=
+            watched)
+            break;
+        usleep(2000);
+    }
+    rss1 = rss_kib();
+    cap = json_num(js, "\"ring\":{\"capacity\":");
+    backlog_limit = json_num(js, "\"backlog\":{\"now\":") >= 0
+                        ? json_num(strstr(js, "\"backlog\":"), "\"limit\":")
+                        : -1;
+    printf("flood %d threads: %ld launches in %.2f s (%.0f/s), %ld touch an expert\n", nthr, total,
+           secs, (double)total / secs, watched);
+    printf("ring capacity %lld pushed %lld dropped %lld (watched %lld, unwatched %lld, other %lld) "
+           "skipped %lld backlog peak %lld limit %lld; rss %+ld KiB\n",
+           cap, json_num(js, "\"ring\":{\"capacity\":") >= 0 ? json_num(js, "\"pushed\":") : -1,
+           json_num(js, "\"dropped\":"), json_num(js, "\"dropped_watched\":"),
+           json_num(js, "\"dropped_unwatched\":"), json_num(js, "\"dropped_other\":"),
+           json_num(js, "\"skipped_launches\":"), json_num(strstr(js, "\"backlog\":"), "\"peak\":"),
+           backlog_limit, rss1 - rss0);
+    if (min_rate && (double)total / secs < (double)min_rate)
+        FAIL("launch rate %.0f/s, below the %ld/s this run must show", (double)total / secs,
+             min_rate);
+    if (json_num(js, "\"dropped_watched\":") != 0)
+        FAIL("dropped watched launches: %lld of %ld", json_num(js, "\"dropped_watched\":"),
+             watched);
+    if (json_num(js, "\"launch_watched\":") != watched)
+        FAIL("launch_watched %lld, issued %ld", json_num(js, "\"launch_watched\":"), watched);
+    /* The consumer saw each of them, and put each on its expert's books. */
+    if (json_num(js, "\"launches\":{\"seen\":") < watched)
+        FAIL("the consumer saw %lld launches of %ld that touch an expert",
+             json_num(js, "\"launches\":{\"seen\":"), watched);
+    for (int i = 0; i < nthr; i++) {
+        char key[128];
+        const char *p;
+        snprintf(key, sizeof(key), "{\"name\":\"model.layers.%d.mlp.experts.w13\"", i);
+        p = js ? strstr(js, key) : NULL;
+        if (!p || json_num(p, "\"launches\":") != t[i].watched)
+            FAIL("name %s: launches %lld, issued %ld", key, p ? json_num(p, "\"launches\":") : -1,
+                 t[i].watched);
+    }
+    /* Bounded memory: the ring (its pages are touched as it cycles) and at
+     * most the backlog's limit, 248 bytes a slot, plus slack for the
+     * allocator and the fake's bookkeeping. */
+    if (cap <= 0 || backlog_limit < 0 ||
+        rss1 - rss0 > (long)((cap + backlog_limit) * 248 / 1024) + slack_mib * 1024)
+        FAIL("memory: rss grew by %ld KiB (ring %lld slots, backlog limit %lld)", rss1 - rss0, cap,
+             backlog_limit);
+    free(js);
+    pthread_barrier_wait(&bar);
+    for (int i = 0; i < nthr; i++)
+        pthread_join(tid[i], NULL);
+    pthread_barrier_destroy(&bar);
+    if (D.live(FAKECUDA_ANY) != 0)
+        FAIL("leak: %" PRIu64 " live bytes", D.live(FAKECUDA_ANY));
+    return failures ? 1 : 0;
+}
+
 /* --- API misuse ------------------------------------------------------------ */
 
 static int misuse(void)
@@ -1225,6 +1423,11 @@ int main(int argc, char **argv)
         return work(argc > 2 ? atoi(argv[2]) : 8);
     if (strcmp(mode, "threads") == 0)
         return threads(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atoi(argv[3]) : 100);
+    if (strcmp(mode, "flood") == 0)
+        return flood(argc > 2 ? atoi(argv[2]) : 8, argc > 3 ? atol(argv[3]) : 1000000,
+                     argc > 4 ? atoi(argv[4]) : 8, argc > 5 ? atol(argv[5]) : 2000,
+                     argc > 6 ? atol(argv[6]) : 10000, argc > 7 ? atol(argv[7]) : 0,
+                     argc > 8 ? atol(argv[8]) : 16);
     if (strcmp(mode, "misuse") == 0)
         return misuse();
     if (strcmp(mode, "pin") == 0)
