@@ -379,6 +379,11 @@ SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
 SCENARIOS += cb_rows("moe", "moe32-skew", "experts-managed-half", SKEW)
+# a trace of a continuous-batching run, experts named and on the GPU, for the
+# replay's what-if checks (tests/traces, issue 22)
+SCENARIOS.append(S("cb-moe32-uniform-trace-gpu", "moe", policy="experts-device", repeats=1,
+                   env={"WOFFLOAD_TRACE": "/tmp/wo-trace-cb-moe32-uniform-gpu.wotrace"},
+                   ref="cb-moe32-uniform-gpu", **CB))
 
 # issue 7: a second pass of the eager rows in the same run (processes on the
 # lent VM differ by up to 1.5x in host speed: the replay's what-if
