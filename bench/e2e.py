@@ -188,7 +188,7 @@ def S(name: str, model: str, **kw: Any) -> Dict[str, Any]:
 # issue 22: transformers' continuous batching (generate_batch, paged
 # attention, its default experts backend): `requests` prompts of 16-128
 # tokens, `new` tokens each, at most `max_batch_tokens` tokens a step
-CB = dict(cb=dict(requests=64, new=32, max_batch_tokens=512, num_blocks=512), prefill=0)
+CB = dict(cb=dict(requests=64, new=32, max_batch_tokens=512, num_blocks=512), prefill=0, repeats=3)
 
 
 def cb_rows(model: str, tag: str, managed: str, skew: Optional[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -381,9 +381,9 @@ SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
 SCENARIOS += cb_rows("moe", "moe32-skew", "experts-managed-half", SKEW)
 # a trace of a continuous-batching run, experts named and on the GPU, for the
 # replay's what-if checks (tests/traces, issue 22)
-SCENARIOS.append(S("cb-moe32-uniform-trace-gpu", "moe", policy="experts-device", repeats=1,
+SCENARIOS.append(S("cb-moe32-uniform-trace-gpu", "moe", policy="experts-device",
                    env={"WOFFLOAD_TRACE": "/tmp/wo-trace-cb-moe32-uniform-gpu.wotrace"},
-                   ref="cb-moe32-uniform-gpu", **CB))
+                   ref="cb-moe32-uniform-gpu", **dict(CB, repeats=1)))
 
 # issue 7: a second pass of the eager rows in the same run (processes on the
 # lent VM differ by up to 1.5x in host speed: the replay's what-if
