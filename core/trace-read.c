@@ -221,7 +221,7 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
                 r->eof = got == 0;
                 at += (uint64_t)got;
             }
-            if (at < off) { /* the input ended before off */
+            if (r->z && at < off) { /* the input ended before off */
                 r->buf_off = at;
                 r->buf_len = 0;
                 *avail = 0;
