@@ -35,6 +35,7 @@ struct wo_trace_reader {
     const uint8_t *mem;
     size_t memlen;
     uint8_t *buf;     /* NULL: plain memory, read in place; else a window of the trace */
+    size_t buf_cap;   /* bytes at buf: RBUF_SIZE, or for gzip input as much as needed */
     uint64_t buf_off; /* trace offset of buf[0] */
     size_t buf_len;   /* valid bytes in buf */
     int eof;
@@ -215,7 +216,7 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
             if (!r->z && lseek(r->fd, (off_t)off, SEEK_SET) < 0)
                 return read_error(r, off, errno);
             while (r->z && at < off && !r->eof) {
-                ssize_t got = fill(r, at, r->buf, (size_t)WO_MIN(off - at, (uint64_t)RBUF_SIZE));
+                ssize_t got = fill(r, at, r->buf, (size_t)WO_MIN(off - at, (uint64_t)r->buf_cap));
                 if (got < 0)
                     return got == -EBADMSG || got == -ENOMEM ? (int)got : read_error(r, at, (int)-got);
                 r->eof = got == 0;
@@ -230,8 +231,23 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
         }
         r->buf_off = off;
         r->buf_len = keep;
+        if (n > r->buf_cap) {
+            /* gzip input: the window grows to the largest record seen */
+            size_t cap = WO_MIN(WO_MAX(n, 2 * r->buf_cap), (size_t)RBUF_SIZE);
+            uint8_t *nb = realloc(r->buf, cap);
+            if (!nb)
+                return no_memory(r, off);
+            r->buf = nb;
+            r->buf_cap = cap;
+        }
         while (r->buf_len < n && !r->eof) {
-            ssize_t got = fill(r, off + r->buf_len, r->buf + r->buf_len, RBUF_SIZE - r->buf_len);
+            size_t room = r->buf_cap - r->buf_len;
+            ssize_t got;
+            /* a file fills the window (fewer read calls); inflating is
+             * work, so a gzip stream gives what is asked, in 64 KiB steps */
+            if (r->z)
+                room = WO_MIN(room, WO_MAX(n - r->buf_len, (size_t)ZIN_SIZE));
+            got = fill(r, off + r->buf_len, r->buf + r->buf_len, room);
             if (got < 0)
                 return got == -EBADMSG || got == -ENOMEM ? (int)got
                                                          : read_error(r, off + r->buf_len, (int)-got);
@@ -357,7 +373,10 @@ static int reader_new(unsigned flags, int fd, const void *mem, size_t len,
     r->memlen = len;
     r->err_off = UINT64_MAX;
     if (fd >= 0 || is_gzip(mem, len)) {
-        r->buf = malloc(RBUF_SIZE);
+        /* a plain file: the largest window at once (the reads fill it); a
+         * gzip stream: 64 KiB, grown when a record needs more */
+        r->buf_cap = fd >= 0 ? RBUF_SIZE : ZIN_SIZE;
+        r->buf = malloc(r->buf_cap);
         if (!r->buf || (fd < 0 && gz_start(r, NULL, 0) < 0)) {
             if (fd >= 0)
                 close(fd);

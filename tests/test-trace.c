@@ -1029,6 +1029,63 @@ static void gzip_reads_like_plain(void **state)
     free(z2);
 }
 
+static void put32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A record bigger than the gzip reader's first window (64 KiB): an optional
+ * record (type 0x80 | n, skipped by readers) of 300,000 bytes after the
+ * header, the footer's record count raised to match. The window grows; the
+ * trace reads as the plain one does. */
+static void gzip_large_record(void **state)
+{
+    uint64_t b[4096];
+    size_t len, nb, zlen, big = 300000, out_len;
+    uint8_t *buf = small_trace(&len), *out, *z, *foot;
+    struct wo_trace_data *d, *dz;
+    char path[256];
+    uint64_t records = 0;
+
+    (void)state;
+    nb = boundaries(buf, len, b, WO_ARRAY_SIZE(b));
+    out_len = len + 8 + big + 4;
+    out = calloc(1, out_len);
+    assert_non_null(out);
+    memcpy(out, buf, b[1]); /* prelude and header record */
+    put32(out + b[1], (uint32_t)big);
+    out[b[1] + 4] = 0x9f;
+    for (size_t i = 0; i < big; i++)
+        out[b[1] + 8 + i] = (uint8_t)(i * 131 + (i >> 9));
+    put32(out + b[1] + 8 + big, wo_crc32c(0, out + b[1], 8 + big));
+    memcpy(out + b[1] + 12 + big, buf + b[1], len - b[1]);
+    foot = out + b[nb - 2] + 12 + big; /* the footer record: records + 1 */
+    for (int i = 0; i < 8; i++)
+        records |= (uint64_t)foot[8 + 16 + i] << (8 * i);
+    records++;
+    for (int i = 0; i < 8; i++)
+        foot[8 + 16 + i] = (uint8_t)(records >> (8 * i));
+    {
+        uint32_t flen = (uint32_t)(out + out_len - foot) - 12;
+        put32(foot + 8 + flen, wo_crc32c(0, foot, 8 + flen));
+    }
+    assert_int_equal(wo_trace_load_mem(out, out_len, WO_TRACE_STRICT, 0, &d), 0);
+    z = gzip_buf(out, out_len, 0, &zlen);
+    assert_int_equal(wo_trace_load_mem(z, zlen, WO_TRACE_STRICT, 0, &dz), 0);
+    assert_same_data(d, dz);
+    wo_trace_data_free(dz);
+    path_in(path, sizeof(path), "large-record.wot.gz");
+    write_file(path, z, zlen);
+    assert_int_equal(wo_trace_load(path, WO_TRACE_STRICT, 0, &dz), 0);
+    assert_same_data(d, dz);
+    wo_trace_data_free(dz);
+    wo_trace_data_free(d);
+    free(z);
+    free(out);
+    free(buf);
+}
+
 /* A .gz cut at every byte: -EBADMSG naming the truncated gzip data and the
  * offset in the decompressed trace where it stops; what came before is
  * kept (a prefix of the trace's events), never a crash or a read past the
@@ -1132,6 +1189,7 @@ int main(void)
         cmocka_unit_test(alloc_event_takes_ids_from_registry),
         cmocka_unit_test(generator_makes_moe_decode),
         cmocka_unit_test(gzip_reads_like_plain),
+        cmocka_unit_test(gzip_large_record),
         cmocka_unit_test(gzip_truncation_is_located),
         cmocka_unit_test(gzip_damage_is_an_error),
     };
