@@ -41,11 +41,11 @@ struct wo_trace_reader {
     int eof;
     /* gzip input (either source); NULL for a plain trace */
     z_stream *z;
-    uint8_t *zin;     /* file: compressed bytes read, not yet inflated */
-    uint64_t zfed;    /* compressed bytes handed to zlib so far */
-    int zin_eof;      /* the compressed input has ended */
-    int zmember_end;  /* a gzip member ended; another may follow */
-    uint64_t pos; /* offset of the next record */
+    uint8_t *zin;    /* file: compressed bytes read, not yet inflated */
+    uint64_t zfed;   /* compressed bytes handed to zlib so far */
+    int zin_eof;     /* the compressed input has ended */
+    int zmember_end; /* a gzip member ended; another may follow */
+    uint64_t pos;    /* offset of the next record */
     unsigned major, minor;
     int err;
     uint64_t err_off;
@@ -164,7 +164,8 @@ static ssize_t gz_read(struct wo_trace_reader *r, uint64_t at, uint8_t *dst, siz
         else if (ret == Z_MEM_ERROR)
             return no_memory(r, at);
         else if (ret == Z_BUF_ERROR && r->zin_eof) /* zlib needs input; there is none */
-            return bad(r, at, "truncated gzip data: the compressed input ends after %llu bytes, "
+            return bad(r, at,
+                       "truncated gzip data: the compressed input ends after %llu bytes, "
                        "inside a gzip member (its end and CRC never came: the .gz was cut short)",
                        used);
         else if (ret != Z_OK && ret != Z_BUF_ERROR && z->avail_out != want)
@@ -218,7 +219,8 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
             while (r->z && at < off && !r->eof) {
                 ssize_t got = fill(r, at, r->buf, (size_t)WO_MIN(off - at, (uint64_t)r->buf_cap));
                 if (got < 0)
-                    return got == -EBADMSG || got == -ENOMEM ? (int)got : read_error(r, at, (int)-got);
+                    return got == -EBADMSG || got == -ENOMEM ? (int)got
+                                                             : read_error(r, at, (int)-got);
                 r->eof = got == 0;
                 at += (uint64_t)got;
             }
@@ -249,8 +251,9 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
                 room = WO_MIN(room, WO_MAX(n - r->buf_len, (size_t)ZIN_SIZE));
             got = fill(r, off + r->buf_len, r->buf + r->buf_len, room);
             if (got < 0)
-                return got == -EBADMSG || got == -ENOMEM ? (int)got
-                                                         : read_error(r, off + r->buf_len, (int)-got);
+                return got == -EBADMSG || got == -ENOMEM
+                           ? (int)got
+                           : read_error(r, off + r->buf_len, (int)-got);
             if (got == 0)
                 r->eof = 1;
             r->buf_len += (size_t)got;

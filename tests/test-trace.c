@@ -897,7 +897,8 @@ static uint8_t *gzip_buf(const uint8_t *buf, size_t len, size_t split, size_t *z
         if (i == 1 && parts[1][0] == len)
             break;
         memset(&st, 0, sizeof(st));
-        assert_int_equal(deflateInit2(&st, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY), Z_OK);
+        assert_int_equal(deflateInit2(&st, 9, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY),
+                         Z_OK);
         st.next_in = (Bytef *)(uintptr_t)(buf + parts[i][0]);
         st.avail_in = (uInt)(parts[i][1] - parts[i][0]);
         st.next_out = z + out;
