@@ -15,7 +15,7 @@ set -eu
 cd "$(dirname "$0")"
 
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-PACKAGES="meson ninja-build pkg-config gcc clang libclang-rt-14-dev binutils libyaml-dev libcmocka-dev python3 valgrind"
+PACKAGES="meson ninja-build pkg-config gcc clang libclang-rt-14-dev binutils libyaml-dev zlib1g-dev libcmocka-dev python3 valgrind"
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 

@@ -4,29 +4,48 @@
  * byte is read, a record's length bounds its parsing, every record's CRC is
  * checked before its payload is decoded, and the reader's own memory is
  * bounded (one record buffer of at most WO_TRACE_MAX_RECORD, at most
- * WO_TRACE_MAX_INFO header entries). Errors carry the byte offset and what
- * was expected there. */
+ * WO_TRACE_MAX_INFO header entries, and for gzip input one zlib stream and
+ * its input buffer). Errors carry the byte offset and what was expected
+ * there.
+ *
+ * A gzip-compressed trace (.wot.gz; recognised by the gzip magic bytes 1f 8b,
+ * never by the file name) is inflated as it is read, through the same bounded
+ * window: offsets are then those of the decompressed trace, and damage to the
+ * gzip layer (truncation, corrupt deflate data, a wrong gzip CRC) is an error
+ * like any other. This file is linked into the tools and tests only, never
+ * into libwoffload.so (core/meson.build), so the shim does not need libz. */
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include "core/trace-int.h"
 #include "core/trace.h"
 
 #define RBUF_SIZE (WO_TRACE_REC_HEADER + WO_TRACE_MAX_RECORD + WO_TRACE_REC_TRAILER)
+/* Compressed bytes read from a file at a time. */
+#define ZIN_SIZE (64u * 1024)
 
 struct wo_trace_reader {
     unsigned flags;
     int fd; /* -1: memory */
     const uint8_t *mem;
     size_t memlen;
-    uint8_t *buf;     /* fd: a window of the file */
-    uint64_t buf_off; /* file offset of buf[0] */
+    uint8_t *buf;     /* NULL: plain memory, read in place; else a window of the trace */
+    size_t buf_cap;   /* bytes at buf: RBUF_SIZE, or for gzip input as much as needed */
+    uint64_t buf_off; /* trace offset of buf[0] */
     size_t buf_len;   /* valid bytes in buf */
     int eof;
-    uint64_t pos; /* offset of the next record */
+    /* gzip input (either source); NULL for a plain trace */
+    z_stream *z;
+    uint8_t *zin;    /* file: compressed bytes read, not yet inflated */
+    uint64_t zfed;   /* compressed bytes handed to zlib so far */
+    int zin_eof;     /* the compressed input has ended */
+    int zmember_end; /* a gzip member ended; another may follow */
+    uint64_t pos;    /* offset of the next record */
     unsigned major, minor;
     int err;
     uint64_t err_off;
@@ -46,7 +65,10 @@ static int bad(struct wo_trace_reader *r, uint64_t off, const char *fmt, ...)
     va_list ap;
     int n;
 
-    n = snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: ", (unsigned long long)off);
+    /* In a .gz the offsets are those of the decompressed trace: say so, or
+     * someone will look for byte 1234 in the compressed file. */
+    n = snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu%s: ", (unsigned long long)off,
+                 r->z ? " of the decompressed trace" : "");
     va_start(ap, fmt);
     vsnprintf(r->errbuf + n, sizeof(r->errbuf) - (size_t)n, fmt, ap);
     va_end(ap);
@@ -55,13 +77,125 @@ static int bad(struct wo_trace_reader *r, uint64_t off, const char *fmt, ...)
     return -EBADMSG;
 }
 
+static int read_error(struct wo_trace_reader *r, uint64_t off, int e)
+{
+    snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: read error: %s", (unsigned long long)off,
+             strerror(e));
+    r->err_off = off;
+    return r->err = -EIO;
+}
+
+/* read(2) of up to n bytes: the count, 0 at the end, -errno. */
+static ssize_t read_some(int fd, uint8_t *dst, size_t n)
+{
+    for (;;) {
+        ssize_t got = read(fd, dst, n);
+        if (got >= 0)
+            return got;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+/* Hands zlib more compressed input when it has used what it had: 0, or
+ * -EIO/-errno from the file. Sets zin_eof at the input's end. */
+static int gz_feed(struct wo_trace_reader *r)
+{
+    z_stream *z = r->z;
+    size_t n;
+
+    if (z->avail_in || r->zin_eof)
+        return 0;
+    if (r->fd < 0) {
+        n = r->memlen - (size_t)r->zfed;
+        if (n > UINT_MAX)
+            n = UINT_MAX;
+        z->next_in = (Bytef *)(uintptr_t)(r->mem + r->zfed);
+    } else {
+        ssize_t got = read_some(r->fd, r->zin, ZIN_SIZE);
+        if (got < 0)
+            return (int)got;
+        n = (size_t)got;
+        z->next_in = r->zin;
+    }
+    z->avail_in = (uInt)n;
+    r->zfed += n;
+    if (n == 0)
+        r->zin_eof = 1;
+    return 0;
+}
+
+static int no_memory(struct wo_trace_reader *r, uint64_t off)
+{
+    snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: out of memory", (unsigned long long)off);
+    r->err_off = off;
+    return r->err = -ENOMEM;
+}
+
+/* Inflates up to n (> 0) bytes of the trace into dst, trace offset `at`:
+ * the count (0 at the clean end of the last gzip member), or -EBADMSG or
+ * -ENOMEM with the error recorded, or -errno from read(2). */
+static ssize_t gz_read(struct wo_trace_reader *r, uint64_t at, uint8_t *dst, size_t n)
+{
+    z_stream *z = r->z;
+    uInt want = n > UINT_MAX ? UINT_MAX : (uInt)n;
+
+    z->next_out = dst;
+    z->avail_out = want;
+    for (;;) {
+        int e = gz_feed(r), ret;
+        unsigned long long used;
+
+        if (e < 0)
+            return e;
+        if (r->zmember_end) {
+            if (!z->avail_in) /* gz_feed found the input's end: a clean end */
+                return 0;
+            /* gzip(1) reads concatenated members as one stream (cat a.gz
+             * b.gz): a new member starts here */
+            if (inflateReset(z) != Z_OK)
+                return no_memory(r, at);
+            r->zmember_end = 0;
+        }
+        ret = inflate(z, Z_NO_FLUSH);
+        used = (unsigned long long)(r->zfed - z->avail_in);
+        if (ret == Z_STREAM_END)
+            r->zmember_end = 1;
+        else if (ret == Z_MEM_ERROR)
+            return no_memory(r, at);
+        else if (ret == Z_BUF_ERROR && r->zin_eof) /* zlib needs input; there is none */
+            return bad(r, at,
+                       "truncated gzip data: the compressed input ends after %llu bytes, "
+                       "inside a gzip member (its end and CRC never came: the .gz was cut short)",
+                       used);
+        else if (ret != Z_OK && ret != Z_BUF_ERROR && z->avail_out != want)
+            /* what came out before the damage is read first: zlib
+             * repeats the error on the next call, at its exact offset */
+            return (ssize_t)(want - z->avail_out);
+        else if (ret != Z_OK && ret != Z_BUF_ERROR)
+            return bad(r, at, "corrupt gzip data at byte %llu of the compressed input (zlib: %s)",
+                       used, z->msg ? z->msg : "inflate failed");
+        /* whatever came out goes to the caller at once: the window asks
+         * for more when it needs it */
+        if (z->avail_out != want)
+            return (ssize_t)(want - z->avail_out);
+    }
+}
+
+/* The next bytes of the trace into dst (at most n): the count, 0 at the end,
+ * -EBADMSG (error set), -ENOMEM, or -errno from read(2). */
+static ssize_t fill(struct wo_trace_reader *r, uint64_t at, uint8_t *dst, size_t n)
+{
+    return r->z ? gz_read(r, at, dst, n) : read_some(r->fd, dst, n);
+}
+
 /* Makes bytes [off, off+n) addressable: 0 and *ret, or -ENODATA with *avail
- * the bytes that exist from off (the input ends sooner), or -EIO. n must be
- * at most RBUF_SIZE. */
+ * the bytes that exist from off (the input ends sooner), or -EBADMSG/-EIO/
+ * -ENOMEM with the error recorded. n must be at most RBUF_SIZE. */
 static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t **ret,
                 size_t *avail)
 {
-    if (r->fd < 0) {
+    if (!r->buf) {
         size_t have = off < r->memlen ? r->memlen - (size_t)off : 0;
         if (have < n) {
             *avail = have;
@@ -71,24 +205,55 @@ static int need(struct wo_trace_reader *r, uint64_t off, size_t n, const uint8_t
         return 0;
     }
     if (off < r->buf_off) /* records only move forward */
-        return -EIO;
+        return read_error(r, off, ESPIPE);
     if (off + n > r->buf_off + r->buf_len) {
         size_t keep = off < r->buf_off + r->buf_len ? (size_t)(r->buf_off + r->buf_len - off) : 0;
-        if (keep)
+        if (keep) {
             memmove(r->buf, r->buf + (off - r->buf_off), keep);
-        else if (off > r->buf_off + r->buf_len) {
-            /* skipping past the window: seek rather than read what is unused */
-            if (lseek(r->fd, (off_t)off, SEEK_SET) < 0)
-                return -EIO;
+        } else if (off > r->buf_off + r->buf_len) {
+            /* skipping past the window: seek rather than read what is
+             * unused (a gzip stream cannot seek: inflate and drop) */
+            uint64_t at = r->buf_off + r->buf_len;
+            if (!r->z && lseek(r->fd, (off_t)off, SEEK_SET) < 0)
+                return read_error(r, off, errno);
+            while (r->z && at < off && !r->eof) {
+                ssize_t got = fill(r, at, r->buf, (size_t)WO_MIN(off - at, (uint64_t)r->buf_cap));
+                if (got < 0)
+                    return got == -EBADMSG || got == -ENOMEM ? (int)got
+                                                             : read_error(r, at, (int)-got);
+                r->eof = got == 0;
+                at += (uint64_t)got;
+            }
+            if (r->z && at < off) { /* the input ended before off */
+                r->buf_off = at;
+                r->buf_len = 0;
+                *avail = 0;
+                return -ENODATA;
+            }
         }
         r->buf_off = off;
         r->buf_len = keep;
+        if (n > r->buf_cap) {
+            /* gzip input: the window grows to the largest record seen */
+            size_t cap = WO_MIN(WO_MAX(n, 2 * r->buf_cap), (size_t)RBUF_SIZE);
+            uint8_t *nb = realloc(r->buf, cap);
+            if (!nb)
+                return no_memory(r, off);
+            r->buf = nb;
+            r->buf_cap = cap;
+        }
         while (r->buf_len < n && !r->eof) {
-            ssize_t got = read(r->fd, r->buf + r->buf_len, RBUF_SIZE - r->buf_len);
-            if (got < 0 && errno == EINTR)
-                continue;
+            size_t room = r->buf_cap - r->buf_len;
+            ssize_t got;
+            /* a file fills the window (fewer read calls); inflating is
+             * work, so a gzip stream gives what is asked, in 64 KiB steps */
+            if (r->z)
+                room = WO_MIN(room, WO_MAX(n - r->buf_len, (size_t)ZIN_SIZE));
+            got = fill(r, off + r->buf_len, r->buf + r->buf_len, room);
             if (got < 0)
-                return -EIO;
+                return got == -EBADMSG || got == -ENOMEM
+                           ? (int)got
+                           : read_error(r, off + r->buf_len, (int)-got);
             if (got == 0)
                 r->eof = 1;
             r->buf_len += (size_t)got;
@@ -109,12 +274,10 @@ static int read_prelude(struct wo_trace_reader *r)
     int e = need(r, 0, WO_TRACE_PRELUDE_SIZE, &p, &avail);
     uint32_t crc;
 
-    if (e == -EIO) {
-        snprintf(r->errbuf, sizeof(r->errbuf), "read error");
-        return r->err = -EIO;
-    }
+    if (e < 0 && e != -ENODATA)
+        return e; /* read error, or the gzip layer's: recorded */
     if (e < 0) {
-        if (avail >= 8 && memcmp(r->fd < 0 ? r->mem : r->buf, WO_TRACE_MAGIC, 8) != 0)
+        if (avail >= 8 && memcmp(r->buf ? r->buf : r->mem, WO_TRACE_MAGIC, 8) != 0)
             return bad(r, 0, "not a libwoffload trace (no \"WOTRACE\" magic)");
         return bad(r, avail, "truncated prelude: a trace starts with %d bytes (magic, version, CRC), "
                    "the input has %zu", WO_TRACE_PRELUDE_SIZE, avail);
@@ -134,41 +297,111 @@ static int read_prelude(struct wo_trace_reader *r)
     return 0;
 }
 
+/* gzip input: zlib's stream, and for a file a buffer for compressed bytes
+ * (the first `have` of them, already read, in head). 0 or -ENOMEM. */
+static int gz_start(struct wo_trace_reader *r, const uint8_t *head, size_t have)
+{
+    r->z = calloc(1, sizeof(*r->z));
+    if (!r->z)
+        return -ENOMEM;
+    /* 16 + MAX_WBITS: a gzip wrapper (header, CRC-32, length), nothing else */
+    if (inflateInit2(r->z, 16 + MAX_WBITS) != Z_OK) {
+        free(r->z);
+        r->z = NULL;
+        return -ENOMEM;
+    }
+    if (r->fd >= 0) {
+        r->zin = malloc(ZIN_SIZE);
+        if (!r->zin)
+            return -ENOMEM;
+        memcpy(r->zin, head, have);
+        r->z->next_in = r->zin;
+        r->z->avail_in = (uInt)have;
+        r->zfed = have;
+    }
+    return 0;
+}
+
+static int is_gzip(const uint8_t *p, size_t n)
+{
+    return n >= 2 && p[0] == 0x1f && p[1] == 0x8b;
+}
+
+/* Reads the first two bytes of the file (gzip or not) into the window. */
+static int sniff_file(struct wo_trace_reader *r)
+{
+    while (r->buf_len < 2) {
+        ssize_t got = read_some(r->fd, r->buf + r->buf_len, 2 - r->buf_len);
+        if (got < 0)
+            return read_error(r, r->buf_len, (int)-got);
+        if (got == 0) {
+            r->eof = 1;
+            break;
+        }
+        r->buf_len += (size_t)got;
+    }
+    if (!is_gzip(r->buf, r->buf_len))
+        return 0;
+    r->buf_len = 0;
+    r->eof = 0;
+    return gz_start(r, r->buf, 2) < 0 ? no_memory(r, 0) : 0;
+}
+
+static void reader_free(struct wo_trace_reader *r)
+{
+    if (r->z) {
+        inflateEnd(r->z);
+        free(r->z);
+    }
+    free(r->zin);
+    free(r->buf);
+    free(r);
+}
+
+/* The reader on fd (owned from here, also on failure) or on memory. */
 static int reader_new(unsigned flags, int fd, const void *mem, size_t len,
                       struct wo_trace_reader **ret)
 {
     struct wo_trace_reader *r = calloc(1, sizeof(*r));
+    int e = 0;
 
-    if (!r)
+    if (!r) {
+        if (fd >= 0)
+            close(fd);
         return -ENOMEM;
+    }
     r->flags = flags;
     r->fd = fd;
     r->mem = mem;
     r->memlen = len;
     r->err_off = UINT64_MAX;
-    if (fd >= 0) {
-        r->buf = malloc(RBUF_SIZE);
-        if (!r->buf) {
-            free(r);
+    if (fd >= 0 || is_gzip(mem, len)) {
+        /* a plain file: the largest window at once (the reads fill it); a
+         * gzip stream: 64 KiB, grown when a record needs more */
+        r->buf_cap = fd >= 0 ? RBUF_SIZE : ZIN_SIZE;
+        r->buf = malloc(r->buf_cap);
+        if (!r->buf || (fd < 0 && gz_start(r, NULL, 0) < 0)) {
+            if (fd >= 0)
+                close(fd);
+            reader_free(r);
             return -ENOMEM;
         }
     }
     *ret = r;
+    if (fd >= 0 && (e = sniff_file(r)) < 0)
+        return e;
     return read_prelude(r);
 }
 
 int wo_trace_reader_open(const char *path, unsigned flags, struct wo_trace_reader **ret)
 {
-    int fd, e;
+    int fd;
 
     *ret = NULL;
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         return -errno;
-    e = reader_new(flags, fd, NULL, 0, ret);
-    if (e == -ENOMEM)
-        close(fd);
-    return e;
+    return reader_new(flags, fd, NULL, 0, ret);
 }
 
 int wo_trace_reader_open_mem(const void *buf, size_t len, unsigned flags,
@@ -178,6 +411,11 @@ int wo_trace_reader_open_mem(const void *buf, size_t len, unsigned flags,
     if (!buf && len)
         return -EINVAL;
     return reader_new(flags, -1, buf ? buf : "", len, ret);
+}
+
+int wo_trace_reader_compressed(const struct wo_trace_reader *r)
+{
+    return r && r->z;
 }
 
 void wo_trace_reader_close(struct wo_trace_reader *r)
@@ -190,8 +428,7 @@ void wo_trace_reader_close(struct wo_trace_reader *r)
         free(r->info_keys[i]);
         free(r->info_vals[i]);
     }
-    free(r->buf);
-    free(r);
+    reader_free(r);
 }
 
 /* A payload of `have` bytes where the layout needs `want`: exact, unless the
@@ -414,12 +651,8 @@ int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
         if (r->err)
             return r->err;
         e = need(r, off, WO_TRACE_REC_HEADER, &h, &avail);
-        if (e == -EIO) {
-            snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: read error",
-                     (unsigned long long)off);
-            r->err_off = off;
-            return r->err = -EIO;
-        }
+        if (e < 0 && e != -ENODATA)
+            return e; /* read error, or the gzip layer's: recorded */
         if (e < 0 && avail == 0)
             return at_end(r);
         if (r->seen_footer)
@@ -434,12 +667,8 @@ int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
             return bad(r, off, "record length %u exceeds the limit of %u bytes (corrupt length)", len,
                        WO_TRACE_MAX_RECORD);
         e = need(r, off, WO_TRACE_REC_HEADER + len + WO_TRACE_REC_TRAILER, &h, &avail);
-        if (e == -EIO) {
-            snprintf(r->errbuf, sizeof(r->errbuf), "offset %llu: read error",
-                     (unsigned long long)off);
-            r->err_off = off;
-            return r->err = -EIO;
-        }
+        if (e < 0 && e != -ENODATA)
+            return e;
         if (e < 0)
             return bad(r, off, "truncated %s record: %d+%u+%d bytes (header, payload, CRC) expected, "
                        "the trace ends after %zu", wo_trace_rec_type_name(type),

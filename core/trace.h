@@ -12,12 +12,16 @@
  * path and the error and turns recording off: later calls return -EIO at the
  * cost of one branch, and the engine goes on.
  *
- * Reader: a file (read through a bounded buffer) or a memory buffer. Every
- * length is checked before it is used; corruption and truncation give
- * -EBADMSG, the byte offset and a sentence saying what was expected. Memory
- * use is bounded by WO_TRACE_MAX_RECORD plus the name tables the caller asks
- * wo_trace_load() to keep. No CUDA here: GPU facts and kernel names come in
- * as strings from uvm/. */
+ * Reader: a file (read through a bounded buffer) or a memory buffer, plain
+ * or gzip-compressed (recognised by the gzip magic bytes 1f 8b, not by a
+ * name; inflated as it is read, with zlib). Every length is checked before it
+ * is used; corruption and truncation, of the trace or of its gzip layer, give
+ * -EBADMSG, the byte offset (in the decompressed trace, for a .gz) and a
+ * sentence saying what was expected. Memory use is bounded by
+ * WO_TRACE_MAX_RECORD plus the name tables the caller asks wo_trace_load()
+ * to keep. The reader (core/trace-read.c) is linked into the tools, not into
+ * libwoffload.so, which writes plain traces and needs no zlib. No CUDA here:
+ * GPU facts and kernel names come in as strings from uvm/. */
 #pragma once
 
 #include <stdio.h>
@@ -161,13 +165,16 @@ enum {
     WO_TRACE_STRICT = 1u << 0,
 };
 
-/* Opens a trace file and reads the prelude. 0 and *ret, -errno when the file
- * cannot be opened, -EBADMSG (with *ret set so the error can be read; close
- * it) when the prelude is wrong. */
+/* Opens a trace file (plain or gzip) and reads the prelude. 0 and *ret,
+ * -errno when the file cannot be opened, -EBADMSG or -EIO (with *ret set so
+ * the error can be read; close it) when the prelude is wrong or unreadable. */
 int wo_trace_reader_open(const char *path, unsigned flags, struct wo_trace_reader **ret);
 /* The same on memory (not copied; must outlive the reader). */
 int wo_trace_reader_open_mem(const void *buf, size_t len, unsigned flags,
                              struct wo_trace_reader **ret);
+/* 1 when the input is gzip-compressed (offsets are then those of the
+ * decompressed trace), else 0. */
+int wo_trace_reader_compressed(const struct wo_trace_reader *r);
 void wo_trace_reader_close(struct wo_trace_reader *r);
 
 /* Next record: 1 and *rec, 0 at a clean end, -EBADMSG on corruption or

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """tests/make-trace-corpus.py GEN OUTDIR: (re)makes the committed trace corpus
 (tests/corpus/trace/) from gen-trace. valid-* files must read without error
-(strictly: footer present), invalid-* must be rejected with -EBADMSG; the
+(strictly: footer present), invalid-* must be rejected with -EBADMSG (*.gz:
+gzip-compressed, read as such by the reader); the
 trace-corpus test and woffload-trace-tool check both, and the libFuzzer target
 starts from these files. Run it only when the format changes; commit the result.
 """
+import gzip
 import os
 import struct
 import subprocess
@@ -107,6 +109,19 @@ def main():
     write("invalid-after-footer.wotrace", every + every[recs[1]:recs[2]])
     noh = every[:16] + every[recs[1]:]
     write("invalid-no-header.wotrace", noh)
+
+    # gzip-compressed (.wot.gz): the reader inflates them as it reads; damage
+    # to the gzip layer is an error like any other
+    gz = gzip.compress(bytes(every), compresslevel=9, mtime=0)
+    write("valid-every-type.wotrace.gz", gz)
+    write("valid-two-gzip-members.wotrace.gz",
+          gzip.compress(bytes(every[:recs[3]]), mtime=0) + gzip.compress(bytes(every[recs[3]:]), mtime=0))
+    write("invalid-truncated-gzip.wotrace.gz", gz[:len(gz) // 2])
+    write("invalid-gzip-trailer-cut.wotrace.gz", gz[:-3])
+    bad_crc = bytearray(gz)
+    bad_crc[-8] ^= 0x01  # the gzip trailer's CRC-32 of the decompressed bytes
+    write("invalid-gzip-crc.wotrace.gz", bad_crc)
+    write("invalid-gzip-not-a-trace.wotrace.gz", gzip.compress(b"not a trace, but gzip" * 4, mtime=0))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 #!/bin/sh
 # tests/test-demo.sh: the README's main job without a GPU: `woffload demo
-# --replay` replays the bundled all-GPU trace (gzip, decompressed by gzip(1))
+# --replay` replays the bundled all-GPU trace (.wot.gz, read compressed)
 # under examples/moe-experts-host.yaml and must print the placement by name,
 # the predicted decode step both ways, the bytes over PCIe per token (four
 # experts of 37.7 MB in each of 16 layers: 2.4 GB) and where the time goes;

@@ -3,7 +3,10 @@
 # runtime (they are dlopen()ed on first use, so the library must also work
 # in a process that has neither), and it loads and runs its public API in a
 # process where no CUDA driver can be found:
-#   1. readelf -d: no libcuda / libcudart / libcuda stubs in NEEDED;
+#   1. readelf -d: no libcuda / libcudart / libcuda stubs in NEEDED, and no
+#      libz (the trace reader inflates .wot.gz with zlib; it is linked into
+#      the tools only: the shim writes plain traces and must not bring zlib
+#      into an engine's process);
 #   2. LOADER (tests/linkage-loader.c: dlopen RTLD_NOW, woffload_version())
 #      and python3 ctypes.CDLL(LIB) + woffload_version() (how python/ loads
 #      it), with the library path emptied and WOFFLOAD_CUDA_LIB pointing
@@ -25,6 +28,10 @@ bad=$(printf '%s\n' "$needed" | grep -E '^lib(cuda|cudart|nvidia-|nvcuda)' || tr
 if [ -n "$bad" ]; then
     echo "test-linkage: $lib links CUDA libraries it must dlopen instead:" >&2
     printf '  NEEDED %s\n' $bad >&2
+    fail=1
+fi
+if printf '%s\n' "$needed" | grep -q '^libz\.so'; then
+    echo "test-linkage: $lib links libz: the trace reader (core/trace-read.c) is in the shim" >&2
     fail=1
 fi
 

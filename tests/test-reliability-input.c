@@ -20,10 +20,11 @@
  *           recording stops, the client finishes.
  *
  * usage: test-reliability-input CLIENT SHIM_PRELOAD WOFFLOAD_TOOL RELDIR CORPUSDIR
- *                               [CORPUS_STRIDE] [--known-bugs]
- * RELDIR holds managed.yaml and pin-stop.yaml. --known-bugs runs only the
- * cases listed as known bugs of other areas (suite reliability-known-bugs);
- * without it they are skipped (and listed). */
+ *                               [CORPUS_STRIDE] [--unloadable-cuda-lib]
+ * RELDIR holds managed.yaml and pin-stop.yaml. --unloadable-cuda-lib runs
+ * only the cases where WOFFLOAD_CUDA_LIB names a library that cannot be
+ * loaded (test reliability-input-unloadable-cuda-lib); without it they are
+ * skipped (and counted), so each case runs in one test. */
 #include <dirent.h>
 #include <stdint.h>
 
@@ -38,17 +39,18 @@ struct tcase {
     char value[300];    /* the value given */
     char envkv[700];
     bool path;          /* the variable takes a path */
-    bool known_bug;
+    bool unloadable_lib; /* K_ENV: WOFFLOAD_CUDA_LIB that cannot be loaded */
     int expect_pin;     /* K_MEMLOCK: expected allocation result */
 };
 
 static int failures;
 
-/* Known bugs of other areas (see docs/reliability.md): with a driver
- * library that cannot be loaded, the shim still hands out its wrappers
- * (the fake driver's cuGetProcAddress returns our interposed exports) and
- * they fail with CUDA_ERROR_NOT_FOUND: the engine's CUDA work breaks. */
-static bool is_known_bug(const char *var, const char *value)
+/* WOFFLOAD_CUDA_LIB naming a library that cannot be loaded: the shim still
+ * hands out its wrappers (the fake driver's cuGetProcAddress returns our
+ * interposed exports), and they must reach the libcuda.so.1 the process
+ * loaded, not fail with CUDA_ERROR_NOT_FOUND (docs/reliability.md, fixed
+ * bug 1). */
+static bool is_unloadable_cuda_lib(const char *var, const char *value)
 {
     return strcmp(var, "WOFFLOAD_CUDA_LIB") == 0 && value[0];
 }
@@ -108,18 +110,18 @@ int main(int argc, char **argv)
 {
     const char *client, *tool, *reldir, *corpus;
     int stride = 1, par = runner_parallel();
-    bool known = false;
+    bool unloadable = false;
     char tmpdir[] = "/tmp/wo-rel-input-XXXXXX";
     static char managed_env[600], stop_env[600];
     struct tcase *tc;
     struct job *jobs;
     size_t n = 0, cap = 2048;
-    int nvars = 0, ncorpus = 0, ncorpus_bad = 0, skipped_known = 0;
+    int nvars = 0, ncorpus = 0, ncorpus_bad = 0, skipped_unloadable = 0;
     double t0 = runner_now();
 
     if (argc < 6) {
         fprintf(stderr, "usage: %s CLIENT SHIM_PRELOAD WOFFLOAD_TOOL RELDIR CORPUSDIR [STRIDE] "
-                        "[--known-bugs]\n", argv[0]);
+                        "[--unloadable-cuda-lib]\n", argv[0]);
         return 2;
     }
     client = argv[1];
@@ -128,8 +130,8 @@ int main(int argc, char **argv)
     reldir = argv[4];
     corpus = argv[5];
     for (int i = 6; i < argc; i++) {
-        if (strcmp(argv[i], "--known-bugs") == 0)
-            known = true;
+        if (strcmp(argv[i], "--unloadable-cuda-lib") == 0)
+            unloadable = true;
         else
             stride = atoi(argv[i]) > 0 ? atoi(argv[i]) : 1;
     }
@@ -177,9 +179,9 @@ int main(int argc, char **argv)
                     snprintf(c->envkv, sizeof(c->envkv), "%s=%s", name, vals[v]);
                     snprintf(c->label, sizeof(c->label), "env %s=\"%s\"", name,
                              vals[v][0] == 1 ? "\\x01\\x7f" : vals[v]);
-                    c->known_bug = is_known_bug(name, vals[v]);
-                    if (c->known_bug != known) {
-                        skipped_known += c->known_bug;
+                    c->unloadable_lib = is_unloadable_cuda_lib(name, vals[v]);
+                    if (c->unloadable_lib != unloadable) {
+                        skipped_unloadable += c->unloadable_lib;
                         continue;
                     }
                     n++;
@@ -194,7 +196,7 @@ int main(int argc, char **argv)
         }
     }
 
-    if (!known) {
+    if (!unloadable) {
         /* corpus */
         DIR *dd = opendir(corpus);
         struct dirent *e;
@@ -353,9 +355,10 @@ int main(int argc, char **argv)
         }
     }
     printf("\nfigures: %d WOFFLOAD_* variables, %zu cases; policy corpus: %d files run (%d did not "
-           "load), stride %d; %d known-bug cases %s; %.1f s; %d failures\n",
-           nvars, n, ncorpus, ncorpus_bad, stride, known ? (int)n : skipped_known,
-           known ? "run" : "skipped (suite reliability-known-bugs)", runner_now() - t0, failures);
+           "load), stride %d; %d unloadable-WOFFLOAD_CUDA_LIB cases %s; %.1f s; %d failures\n",
+           nvars, n, ncorpus, ncorpus_bad, stride, unloadable ? (int)n : skipped_unloadable,
+           unloadable ? "run" : "left to reliability-input-unloadable-cuda-lib",
+           runner_now() - t0, failures);
     for (size_t i = 0; i < n; i++)
         job_free(&jobs[i]);
     free(jobs);

@@ -1,7 +1,7 @@
 #!/bin/sh
 # tests/test-replay-tool.sh: woffload-replay as a user meets it: a good
-# trace (report, timeline JSON, model file), and truncated, bit-flipped and
-# missing traces, bad options and bad model files, each with a clear message
+# trace (report, timeline JSON, model file), the same trace gzip-compressed,
+# and truncated, bit-flipped and missing traces, bad options and bad model files, each with a clear message
 # and exit status 2, never a crash.
 # usage: test-replay-tool.sh WOFFLOAD_REPLAY GEN_TRACE EXAMPLES_DIR [CORPUS_DIR]
 set -u
@@ -73,6 +73,15 @@ slow=$("$replay" "$dir/t.wot" --no-prefetch --device "$dir/slow.model" | sed -n 
 awk -v f="$fast" -v s="$slow" 'BEGIN { exit !(s > 3 * f) }' || fail "zc_gbs = 5 did not slow the host reads ($fast -> $slow ms)"
 printf 'hbm_gbs = 2000\nbogus = 1\n' >"$dir/bad.model"
 expect 2 'bad\.model:2: unknown key "bogus"' -- "$replay" "$dir/t.wot" --device "$dir/bad.model"
+
+# a gzip-compressed trace replays as the plain one does (read as it is)
+gzip -9c "$dir/t.wot" >"$dir/t.wot.gz"
+plain=$("$replay" "$dir/t.wot" --budget 50% | tail -n +2)
+gz=$("$replay" "$dir/t.wot.gz" --budget 50% | tail -n +2)
+[ -n "$plain" ] && [ "$plain" = "$gz" ] || fail "t.wot.gz replays unlike t.wot"
+zsize=$(wc -c <"$dir/t.wot.gz")
+head -c $((zsize / 2)) "$dir/t.wot.gz" >"$dir/trunc.wot.gz"
+expect 2 'trunc\.wot\.gz: corrupt or truncated at byte offset [0-9]+: .*truncated gzip data' -- "$replay" "$dir/trunc.wot.gz"
 
 # truncated in the middle of a record, and a flipped bit: the offset is named
 size=$(wc -c <"$dir/t.wot")

@@ -73,6 +73,26 @@ assert any("experts" in str(e.get("args", {})) for e in launches), "no expert na
 ' "$tmp/moe.json"
 fi
 
+# gzip-compressed: read as it is, the same summary as the plain file; a cut
+# .gz names the file and the truncated gzip data
+gzip -9c "$t" >"$tmp/moe.wot.gz"
+expect 0 "validate a .wot.gz" -- "$tool" validate "$tmp/moe.wot.gz"
+"$tool" summary "$t" | tail -n +2 >"$tmp/plain.txt"
+"$tool" summary "$tmp/moe.wot.gz" | tail -n +2 >"$tmp/gz.txt"
+if [ -s "$tmp/plain.txt" ] && cmp -s "$tmp/plain.txt" "$tmp/gz.txt"; then
+    echo "ok   summary of the .wot.gz equals that of the plain trace"
+else
+    fail "summary of the .wot.gz differs from the plain trace's:"
+    diff "$tmp/plain.txt" "$tmp/gz.txt" | head -20
+fi
+zsize=$(wc -c <"$tmp/moe.wot.gz")
+head -c $((zsize / 2)) "$tmp/moe.wot.gz" >"$tmp/cut.wot.gz"
+expect 2 "validate a truncated .wot.gz" -- "$tool" validate "$tmp/cut.wot.gz"
+grep_out "cut.wot.gz: invalid: offset [0-9]* of the decompressed trace: truncated gzip data" \
+    "the truncated .gz is named, with the offset where its data stops"
+expect 2 "summary of a truncated .wot.gz" -- "$tool" summary "$tmp/cut.wot.gz"
+grep_out "truncated gzip data" "summary names the truncated gzip data"
+
 size=$(wc -c <"$t")
 head -c $((size - 5)) "$t" >"$tmp/cut.wotrace"
 expect 2 "validate a truncated trace" -- "$tool" validate "$tmp/cut.wotrace"

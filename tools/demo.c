@@ -163,39 +163,6 @@ static void print_names(FILE *out, struct wo_replay_result *r, double steps_per_
                      "       active experts: see bench/results/e2e-*-issue8.md for the measured rate)\n");
 }
 
-/* Loads a trace; one ending in .gz (the bundled traces are gzip -9) is
- * decompressed by gzip(1) into an unlinked temporary file first. */
-static int load_trace(const char *path, struct wo_trace_data **d)
-{
-    size_t n = strlen(path);
-    char tmp[PATH_MAX];
-    const char *dir = getenv("TMPDIR");
-    int fd, st, r;
-    pid_t pid;
-
-    if (n < 3 || strcmp(path + n - 3, ".gz") != 0)
-        return wo_trace_load(path, 0, 0, d);
-    snprintf(tmp, sizeof(tmp), "%s/woffload-demo-XXXXXX", dir && *dir ? dir : "/tmp");
-    fd = mkstemp(tmp);
-    if (fd < 0)
-        return -errno;
-    pid = fork();
-    if (pid == 0) {
-        dup2(fd, STDOUT_FILENO);
-        execlp("gzip", "gzip", "-dc", "--", path, (char *)NULL);
-        _exit(127);
-    }
-    close(fd);
-    if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-        fprintf(stderr, "woffload demo: %s: gzip -dc failed (is gzip installed?)\n", path);
-        unlink(tmp);
-        return -EIO;
-    }
-    r = wo_trace_load(tmp, 0, 0, d);
-    unlink(tmp);
-    return r;
-}
-
 static int replay_one(const struct wo_trace_data *d, const struct wo_devmodel *dm,
                       const struct wo_policy *pol, bool all_device, struct wo_replay_result *res)
 {
@@ -228,7 +195,7 @@ static int run_replay(FILE *out, const char *trace, const char *policy_path)
     memset(&gpu, 0, sizeof(gpu));
     memset(&pl, 0, sizeof(pl));
     wo_devmodel_default(&dm);
-    r = load_trace(trace, &d);
+    r = wo_trace_load(trace, 0, 0, &d); /* plain or .wot.gz */
     if (r < 0) {
         fprintf(stderr, "woffload demo: %s: %s\n", trace,
                 d && d->error_text[0] ? d->error_text : strerror(-r));

@@ -6,7 +6,8 @@
  *   woffload-trace export-chrome TRACE OUT  Chrome trace event JSON for Perfetto
  *
  * Reads through core/trace.h's loader, so a corrupt or truncated trace gives
- * the reader's error (offset and what was expected) and never a crash. */
+ * the reader's error (offset and what was expected) and never a crash. A
+ * gzip-compressed trace (.wot.gz) is read as it is. */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -42,6 +43,7 @@ static void usage(FILE *f)
             "                              launches and copies per stream, allocations,\n"
             "                              placements, prefetches and evictions, memory counters\n"
             "\n"
+            "TRACE may be gzip-compressed (.wot.gz): it is read as it is.\n"
             "Options: -h, --help; --version.\n"
             "Exit status: 0 success, 1 usage or I/O error, 2 the trace is corrupt or truncated.\n"
             "The format: docs/trace-format.md.\n");

@@ -447,8 +447,9 @@ static int work(int nlaunch)
     if (s && bufs[A_WINDOW].live && bufs[A_SMALL].live) {
         CUgraph g = NULL;
         CUgraphExec e = NULL;
-        /* Thread-local mode: a global-mode capture races with the shim's
-         * prefetch thread (a known bug; REL_CAPTURE_GLOBAL=1 shows it). */
+        /* Thread-local mode; REL_CAPTURE_GLOBAL=1: global mode, which the
+         * shim's prefetch thread must not invalidate (test
+         * reliability-global-capture-with-prefetch). */
         if (!OP("beginCapture", D.begin_capture(s, getenv("REL_CAPTURE_GLOBAL")
                                                        ? CU_STREAM_CAPTURE_MODE_GLOBAL
                                                        : CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))) {
