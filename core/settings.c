@@ -23,6 +23,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "YAML placement policy; unset: every allocation passes through untouched", OFF(policy), 0, 0},
     {"WOFFLOAD_TRACE", WO_SETTING_PATH, "",
      "record the event stream to this file (docs/trace-format.md)", OFF(trace), 0, 0},
+    {"WOFFLOAD_DEVICE_MODEL", WO_SETTING_PATH, "",
+     "device model file (woffload-calibrate) whose rates the prefetcher's cost rule weighs moves with; unset: the lent H100's figures", OFF(device_model), 0, 0},
     {"WOFFLOAD_STATS", WO_SETTING_PATH, "",
      "write the JSON stats snapshot to this file at exit", OFF(stats), 0, 0},
     {"WOFFLOAD_CUDA_LIB", WO_SETTING_PATH, "libcuda.so.1",

@@ -14,6 +14,7 @@ struct wo_settings {
     const char *log_file;    /* WOFFLOAD_LOG_FILE, NULL = stderr */
     const char *policy;      /* WOFFLOAD_POLICY, NULL = no policy (pass-through) */
     const char *trace;       /* WOFFLOAD_TRACE, NULL = no trace */
+    const char *device_model; /* WOFFLOAD_DEVICE_MODEL, NULL = device-facts.md's H100 */
     const char *stats;       /* WOFFLOAD_STATS, NULL = no stats file at exit */
     const char *cuda_lib;    /* WOFFLOAD_CUDA_LIB */
     bool disable;            /* WOFFLOAD_DISABLE */

@@ -14,7 +14,7 @@
 #include <cmocka.h>
 
 #include "gen-trace.h"
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 #include "tools/replay.h"
 
 static void test_model_roundtrip(void **state)

@@ -22,7 +22,7 @@
 
 #include "core/trace.h"
 #include "policy/policy.h"
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 #include "tools/replay.h"
 #include "wo-config.h"
 

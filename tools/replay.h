@@ -11,7 +11,7 @@
 
 #include "core/trace.h"
 #include "policy/policy.h"
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 #include "uvm/plan.h"
 
 struct wo_replay_opts {

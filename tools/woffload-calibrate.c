@@ -16,7 +16,7 @@
 
 #include <cuda.h>
 
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 
 #define X(ret, name, args) static ret(*p_##name) args;
 #define CU_FUNCS                                                                                   \

@@ -18,7 +18,7 @@
 
 #include "core/trace.h"
 #include "policy/policy.h"
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 #include "tools/replay.h"
 
 static void usage(FILE *f)

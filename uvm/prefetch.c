@@ -11,6 +11,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "core/trace.h"
+#include "uvm/devmodel.h"
 #include "uvm/internal.h"
 #include "uvm/record.h"
 
@@ -611,6 +612,27 @@ static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
     return 0;
 }
 
+/* The cost rule weighs moves at this machine's rates when a calibrated
+ * model names them (WOFFLOAD_DEVICE_MODEL, written by woffload-calibrate);
+ * a model that cannot be read is reported with its file:line and the
+ * built-in figures stay. */
+static void load_device_model(struct wo_plan_costs *c)
+{
+    const char *path = wo_settings()->device_model;
+    struct wo_devmodel m;
+    char err[512];
+
+    if (!path)
+        return;
+    if (wo_devmodel_load(path, &m, err, sizeof(err)) < 0) {
+        wo_warn("WOFFLOAD_DEVICE_MODEL: %s; the prefetcher weighs moves with the built-in H100 "
+                "figures", err);
+        return;
+    }
+    wo_devmodel_plan_costs(&m, c);
+    wo_info("prefetcher: device model %s (%s)", path, m.name);
+}
+
 static void shim_setup(void)
 {
     const struct wo_driver *drv = wo_uvm_driver();
@@ -627,6 +649,7 @@ static void shim_setup(void)
     wo_plan_cfg_default(&cfg);
     cfg.budget = wo_uvm_device_budget();
     wo_plan_cfg_policy(&cfg, g);
+    load_device_model(&cfg.costs);
     /* wo_uvm.device is set once, by the first served allocation, long
      * before seal: reading it here without the lock is benign. The primary
      * context reference is kept for the life of the process (the engine

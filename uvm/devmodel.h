@@ -1,6 +1,8 @@
-/* tools/devmodel.h: the device model replay times a trace against:
+/* uvm/devmodel.h: the device model the planner weighs moves with and replay
+ * times a trace against:
  * bandwidths and per-call costs of one GPU machine. Written by
- * woffload-calibrate, read by woffload-replay. The built-in default is
+ * woffload-calibrate, read by woffload-replay and, through
+ * WOFFLOAD_DEVICE_MODEL, by the shim. No CUDA. The built-in default is
  * guide/device-facts.md's H100 (PCIe Gen5); tools/models/h100.model is the
  * calibrated one.
  *

@@ -1,6 +1,6 @@
-/* tools/devmodel.c: the device model file (see devmodel.h): defaults,
+/* uvm/devmodel.c: the device model file (see devmodel.h): defaults,
  * parsing with located errors, writing, and the derived figures. */
-#include "tools/devmodel.h"
+#include "uvm/devmodel.h"
 
 #include <fcntl.h>
 #include <math.h>
