@@ -43,6 +43,28 @@ static inline int wo_parse_uint(const char *s, uint64_t *ret)
     return 0;
 }
 
+/* Grows the array *v (of elem-byte items, capacity *cap) to hold at least
+ * need items, doubling from 64: 0 or -ENOMEM (the array is unchanged). */
+static inline int wo_grow(void **v, size_t *cap, size_t need, size_t elem)
+{
+    size_t ncap;
+    void *nv;
+
+    if (need <= *cap)
+        return 0;
+    ncap = *cap ? *cap * 2 : 64;
+    while (ncap < need)
+        ncap *= 2;
+    if (ncap > SIZE_MAX / elem)
+        return -ENOMEM;
+    nv = realloc(*v, ncap * elem);
+    if (!nv)
+        return -ENOMEM;
+    *v = nv;
+    *cap = ncap;
+    return 0;
+}
+
 static inline void freep(void *p)
 {
     free(*(void **)p);

@@ -803,25 +803,6 @@ int wo_trace_reader_has_footer(const struct wo_trace_reader *r)
 
 /* ---- loader --------------------------------------------------------------------- */
 
-/* Grows *arr (of elem-byte items) to hold n+1. */
-static int grow(void *arr, size_t *cap, size_t n, size_t elem)
-{
-    void **a = arr;
-    size_t ncap;
-    void *p;
-
-    if (n < *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    if (ncap > SIZE_MAX / elem)
-        return -ENOMEM;
-    p = realloc(*a, ncap * elem);
-    if (!p)
-        return -ENOMEM;
-    *a = p;
-    *cap = ncap;
-    return 0;
-}
 
 static int cmp_kernel(const void *a, const void *b)
 {
@@ -959,7 +940,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
                 d->error_offset = rec.offset;
                 goto out;
             }
-            if ((e = grow(&d->events, &cap_ev, d->nevents, sizeof(*d->events))) < 0)
+            if ((e = wo_grow((void **)&d->events, &cap_ev, d->nevents + 1, sizeof(*d->events))) < 0)
                 goto out;
             te = &d->events[d->nevents++];
             te->ev = rec.ev;
@@ -967,7 +948,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             te->range_gen = rec.range_gen;
             if (rec.ev.type == WO_EV_ALLOC && rec.range_id != WO_TRACE_NO_ID) {
                 struct wo_trace_range *g;
-                if ((e = grow(&d->ranges, &cap_rg, d->nranges, sizeof(*d->ranges))) < 0)
+                if ((e = wo_grow((void **)&d->ranges, &cap_rg, d->nranges + 1, sizeof(*d->ranges))) < 0)
                     goto out;
                 g = &d->ranges[d->nranges++];
                 memset(g, 0, sizeof(*g));
@@ -993,7 +974,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             break;
         }
         case WO_TREC_KERNEL:
-            if ((e = grow(&d->kernels, &cap_k, d->nkernels, sizeof(*d->kernels))) < 0)
+            if ((e = wo_grow((void **)&d->kernels, &cap_k, d->nkernels + 1, sizeof(*d->kernels))) < 0)
                 goto out;
             d->kernels[d->nkernels].func = rec.func;
             if (!(d->kernels[d->nkernels].name = strdup(rec.name))) {
@@ -1003,7 +984,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             d->nkernels++;
             break;
         case WO_TREC_TAG:
-            if ((e = grow(&d->tags, &cap_t, d->ntags, sizeof(*d->tags))) < 0)
+            if ((e = wo_grow((void **)&d->tags, &cap_t, d->ntags + 1, sizeof(*d->tags))) < 0)
                 goto out;
             d->tags[d->ntags] = rec.tag;
             if (!(d->tags[d->ntags].name = strdup(rec.tag.name))) {
@@ -1013,7 +994,7 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             d->ntags++;
             break;
         case WO_TREC_RULE:
-            if ((e = grow(&d->rules, &cap_ru, d->nrules, sizeof(*d->rules))) < 0)
+            if ((e = wo_grow((void **)&d->rules, &cap_ru, d->nrules + 1, sizeof(*d->rules))) < 0)
                 goto out;
             d->rules[d->nrules].index = rec.rule;
             if (!(d->rules[d->nrules].name = strdup(rec.name))) {

@@ -112,23 +112,6 @@ struct sim {
     int err;
 };
 
-static inline int wo_replay_grow(void **v, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap;
-    void *nv;
-
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    nv = realloc(*v, ncap * elem);
-    if (!nv)
-        return -ENOMEM;
-    *v = nv;
-    *cap = ncap;
-    return 0;
-}
 
 /* ---- replay-read.c: the trace as the replay sees it ---------------------- */
 

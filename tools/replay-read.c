@@ -17,7 +17,7 @@ static int name_index(struct sim *s, const char *name, uint32_t place)
     for (size_t i = 0; i < s->nnames; i++)
         if (strcmp(s->names[i].name, name) == 0)
             return (int)i;
-    if (wo_replay_grow((void **)&s->names, &s->capnames, s->nnames + 1, sizeof(*s->names)) < 0)
+    if (wo_grow((void **)&s->names, &s->capnames, s->nnames + 1, sizeof(*s->names)) < 0)
         return -1;
     memset(&s->names[s->nnames], 0, sizeof(s->names[0]));
     s->names[s->nnames].name = name;

@@ -33,7 +33,7 @@ static void traffic(struct sim *s, double a, double b, int dma)
         memmove(s->tp, s->tp + j, (s->ntp - j) * sizeof(*s->tp));
         s->ntp -= j;
     }
-    if (wo_replay_grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof(*s->tp)) < 0) {
+    if (wo_grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof(*s->tp)) < 0) {
         s->err = -ENOMEM;
         return;
     }
@@ -76,7 +76,7 @@ static double link_use(struct sim *s, double t, double d, int dma)
         if (i > 0 && s->lk[i - 1].b >= t) {
             s->lk[i - 1].b = t + gap;
         } else {
-            if (wo_replay_grow((void **)&s->lk, &s->caplk, s->nlk + 1, sizeof(*s->lk)) < 0) {
+            if (wo_grow((void **)&s->lk, &s->caplk, s->nlk + 1, sizeof(*s->lk)) < 0) {
                 s->err = -ENOMEM;
                 return t + d;
             }
@@ -271,7 +271,7 @@ static int add_acc(struct sim *s, uint32_t unit, uint32_t k, double gR, double g
         s->acc[s->nacc - 1].lS += lS;
         return 0;
     }
-    if (wo_replay_grow((void **)&s->acc, &s->capacc, s->nacc + 1, sizeof(*s->acc)) < 0)
+    if (wo_grow((void **)&s->acc, &s->capacc, s->nacc + 1, sizeof(*s->acc)) < 0)
         return -ENOMEM;
     s->acc[s->nacc++] = (struct bacc){unit, k, gR, gS, lS};
     return 0;
@@ -312,10 +312,10 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         if (s->step == s->wstart && !s->in_window)
             window_open(s, WO_MAX(s->cpu_t, s->gpu_free));
         if (s->in_window) {
-            if (wo_replay_grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
-                wo_replay_grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0 ||
-                wo_replay_grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0 ||
-                wo_replay_grow((void **)&s->bacc, &s->capbacc, s->nbt + 1, sizeof(*s->bacc)) < 0) {
+            if (wo_grow((void **)&s->bt, &s->capbt, s->nbt + 1, sizeof(*s->bt)) < 0 ||
+                wo_grow((void **)&s->rt, &s->capr, s->nbt + 1, sizeof(*s->rt)) < 0 ||
+                wo_grow((void **)&s->bl, &s->capbl, s->nbt + 1, sizeof(*s->bl)) < 0 ||
+                wo_grow((void **)&s->bacc, &s->capbacc, s->nbt + 1, sizeof(*s->bacc)) < 0) {
                 s->err = -ENOMEM;
             } else {
                 s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);

@@ -27,23 +27,6 @@ struct wo_graphs {
     size_t nx, capx;
 };
 
-static int grow(void **v, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap;
-    void *nv;
-
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    nv = realloc(*v, ncap * elem);
-    if (!nv)
-        return -ENOMEM;
-    *v = nv;
-    *cap = ncap;
-    return 0;
-}
 
 struct wo_graphs *wo_graphs_new(void)
 {
@@ -85,7 +68,7 @@ ssize_t wo_graphs_expand(struct wo_graphs *g, const struct wo_event *ev,
     }
     switch (ev->type) {
     case WO_EV_CAPTURE_BEGIN:
-        if (grow((void **)&g->c, &g->capc, g->nc + 1, sizeof(*g->c)) < 0)
+        if (wo_grow((void **)&g->c, &g->capc, g->nc + 1, sizeof(*g->c)) < 0)
             return -ENOMEM;
         c = &g->c[g->nc++];
         memset(c, 0, sizeof(*c));
@@ -101,7 +84,7 @@ ssize_t wo_graphs_expand(struct wo_graphs *g, const struct wo_event *ev,
         }
         return 0;
     case WO_EV_GRAPH_INSTANTIATE:
-        if (grow((void **)&g->x, &g->capx, g->nx + 1, sizeof(*g->x)) < 0)
+        if (wo_grow((void **)&g->x, &g->capx, g->nx + 1, sizeof(*g->x)) < 0)
             return -ENOMEM;
         g->x[g->nx].exec = ev->g.handle;
         g->x[g->nx].graph = ev->g.aux;
@@ -129,7 +112,7 @@ ssize_t wo_graphs_expand(struct wo_graphs *g, const struct wo_event *ev,
         }
         if (c->n >= MAX_GRAPH_LAUNCHES)
             return 0;
-        if (grow((void **)&c->ev, &c->cap, c->n + 1, sizeof(*c->ev)) < 0)
+        if (wo_grow((void **)&c->ev, &c->cap, c->n + 1, sizeof(*c->ev)) < 0)
             return -ENOMEM;
         c->ev[c->n++] = *ev;
         return 0;

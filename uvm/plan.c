@@ -140,23 +140,6 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
     return WO_MIN(end, range_size);
 }
 
-static int grow(void **v, size_t *cap, size_t need, size_t elem)
-{
-    size_t ncap;
-    void *nv;
-
-    if (need <= *cap)
-        return 0;
-    ncap = *cap ? *cap * 2 : 64;
-    while (ncap < need)
-        ncap *= 2;
-    nv = realloc(*v, ncap * elem);
-    if (!nv)
-        return -ENOMEM;
-    *v = nv;
-    *cap = ncap;
-    return 0;
-}
 
 void wo_plan_cfg_default(struct wo_plan_cfg *cfg)
 {
@@ -324,7 +307,7 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         s->patience = WO_MIN(WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE) * 2, (size_t)WO_STEPPER_MAX);
         s->n = 0;
     }
-    if (grow((void **)&s->keys, &s->cap, s->n + 1, sizeof(*s->keys)) < 0)
+    if (wo_grow((void **)&s->keys, &s->cap, s->n + 1, sizeof(*s->keys)) < 0)
         return 0; /* learns nothing from this key; later keys try again */
     i = s->n;
     s->keys[s->n++] = key;
@@ -340,7 +323,7 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
     s->ncand = j;
     if (key == s->anchor) {
         s->last_anchor = i;
-        if (grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
+        if (wo_grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
             s->cand[s->ncand++] = i;
     }
     /* the shortest candidate that matched long enough wins */
@@ -539,7 +522,7 @@ static int range_resize(struct wo_plan *p, uint32_t id, uint64_t nus)
     for (uint32_t i = 0; i < nn; i++) {
         if (nu[i].freq <= 0 && nu[i].cnt == 0 && !nu[i].resident)
             continue;
-        if (grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
+        if (wo_grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
             break; /* it is re-added on its next access */
         p->known[p->nknown++] = (struct uref){id, i};
         nu[i].known = 1;
@@ -601,7 +584,7 @@ static void add_pend(struct wo_plan *p, uint32_t type, uint32_t id, uint32_t uni
     struct unit *u = &r->u[unit];
     uint64_t b = unit_bytes(r, unit);
 
-    if (grow((void **)&p->pend, &p->cappend, p->npend + 1, sizeof(*p->pend)) < 0)
+    if (wo_grow((void **)&p->pend, &p->cappend, p->npend + 1, sizeof(*p->pend)) < 0)
         return; /* not done: the state below stays as it was */
     p->pend[p->npend++] = (struct pend){type, id, unit, key};
     if (type == WO_PLAN_PREFETCH) {
@@ -640,7 +623,7 @@ static int act_push(struct wo_plan *p, const struct wo_plan_action *a)
     if (p->qhead > 0 && p->qhead == p->qn) {
         p->qhead = p->qn = 0;
     }
-    if (grow((void **)&p->q, &p->qcap, p->qn + 1, sizeof(*p->q)) < 0)
+    if (wo_grow((void **)&p->q, &p->qcap, p->qn + 1, sizeof(*p->q)) < 0)
         return -ENOMEM;
     p->q[p->qn++] = *a;
     return 0;
@@ -808,7 +791,7 @@ static int know(struct wo_plan *p, uint32_t id, uint32_t unit)
 
     if (u->known)
         return 0;
-    if (grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
+    if (wo_grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
         return -ENOMEM;
     p->known[p->nknown++] = (struct uref){id, unit};
     u->known = 1;
@@ -976,7 +959,7 @@ static int append_order(struct oent **v, size_t *n, size_t *cap, const struct oe
 {
     if (*n && (*v)[*n - 1].id == e->id && (*v)[*n - 1].unit == e->unit)
         return 0;
-    if (grow((void **)v, cap, *n + 1, sizeof(**v)) < 0)
+    if (wo_grow((void **)v, cap, *n + 1, sizeof(**v)) < 0)
         return -ENOMEM;
     (*v)[(*n)++] = *e;
     return 0;
