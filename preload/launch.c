@@ -14,8 +14,12 @@
  *     memcpy) against the registry (wo_registry_lookup, lock-free): this
  *     also finds pointers inside by-value structs, since a pointer member is
  *     8-byte aligned inside its struct and the struct inside the buffer;
- *  3. one WO_EV_LAUNCH event pushed into the ring (a full ring drops and
- *     counts; no ring: nothing pushed). Only a launch that touches a
+ *  3. before the real launch: when a hit lies in a range the streaming
+ *     executor staged into a device slot, the launch gets parameters with
+ *     that pointer moved into the slot (redirect.c, uvm/stream.h);
+ *  4. after it, one WO_EV_LAUNCH event pushed into the ring (a full ring
+ *     drops and counts; no ring: nothing pushed), naming the host ranges.
+ *     Only a launch that touches a
  *     watched range (one with a name, or served by the shim: the registry's
  *     mark) is worth an event to the consumer; the others are pushed only
  *     when a trace is recorded or WOFFLOAD_OBSERVE asks for books on every
@@ -271,10 +275,8 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
                         void **params, uint16_t *tmp, const uint16_t **sizes, int *n)
 {
     *sizes = layout_get(key, func, runtime, tmp, n);
-    if (*n < 0) {
-        wo_count(WO_CTR_launch_no_layout, 1);
-        return;
-    }
+    if (*n < 0)
+        return; /* counted after the launch, when it succeeded */
     for (int i = 0; i < *n && s->words < max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
@@ -286,6 +288,7 @@ struct launch {
     uintptr_t key;
     bool observe; /* wo_launch_scan: scan and push */
     bool scanned;
+    bool no_layout;
     uint32_t cap;
     struct scan s;
     struct wo_redirect rd;
@@ -310,6 +313,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->s.watched = 0;
     l->s.any_watched = false;
     l->scanned = false;
+    l->no_layout = false;
     l->cap = 0;
     l->rd.n = 0;
     l->observe = __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED);
@@ -325,6 +329,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         scan_params(&l->s, l->key, func, runtime, *params, tmp, &sizes, &n);
     wo_registry_read_end();
     l->scanned = true;
+    l->no_layout = *params && !(*extra && !*params) && n < 0;
     if (!l->s.nhits || !wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0))
         return;
     {
@@ -364,6 +369,8 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
     if (!l->observe)
         return;
     if (l->scanned) {
+        if (l->no_layout)
+            wo_count(WO_CTR_launch_no_layout, 1);
         wo_count(WO_CTR_launch_scanned, 1);
         wo_count(WO_CTR_scan_words, l->s.words);
         if (l->s.found) {
