@@ -248,7 +248,8 @@ bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream)
 void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
 {
     const struct wo_real *r = wo_real_driver_peek();
-    CUresult (*rec)(CUevent, CUstream) = r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL;
+    CUresult (*rec)(CUevent, CUstream) =
+        r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL;
 
     for (unsigned i = 0; i < rd->n; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[rd->slot[i]];

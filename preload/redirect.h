@@ -17,9 +17,9 @@
 
 #include "core/event.h"
 
-#define WO_REDIRECT_MAX 4           /* streamed ranges one launch may read from slots */
-#define WO_REDIRECT_PARAMS 256      /* launches with more parameters read in place */
-#define WO_REDIRECT_BYTES 4096      /* bytes of rewritten parameters (the classic limit) */
+#define WO_REDIRECT_MAX 4      /* streamed ranges one launch may read from slots */
+#define WO_REDIRECT_PARAMS 256 /* launches with more parameters read in place */
+#define WO_REDIRECT_BYTES 4096 /* bytes of rewritten parameters (the classic limit) */
 
 struct wo_redirect {
     unsigned n;

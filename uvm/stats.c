@@ -384,9 +384,10 @@ static void json_body(struct sbuf *b)
                   ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
                   ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64
                   ",\"staged_bytes\":%" PRIu64 ",\"slot_waits\":%" PRIu64
-                  ",\"steps\":%" PRIu64 ",\"names\":{",
+                  ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64 ",\"names\":{",
                   sc.redirected, sc.inplace_no_slot, sc.inplace_captured, sc.inplace_other,
-                  sc.invalidated, sc.staged, sc.staged_bytes, sc.slot_waits, sc.steps);
+                  sc.invalidated, sc.staged, sc.staged_bytes, sc.slot_waits, sc.steps,
+                  sc.slot_bytes);
         b->first = true;
         wo_stream_foreach_name(stream_name_json, b);
         sb_printf(b, "}}");

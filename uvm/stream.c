@@ -30,10 +30,10 @@
 
 #define GRANULES 64
 #define NONE UINT32_MAX
-#define AUTO_GAIN 1.5    /* stream when a step reads this many times the range's bytes */
-#define AUTO_STEPS 2     /* ... measured over at least this many steps */
-#define WARN_MULT 2.0    /* a host range read this many times a step in place: one warning */
-#define SPIN_WAIT 20000  /* polls of a slot's in-flight count before trying later */
+#define AUTO_GAIN 1.5        /* stream when a step reads this many times the range's bytes */
+#define AUTO_STEPS 2         /* ... measured over at least this many steps */
+#define WARN_MULT 2.0        /* a host range read this many times a step in place: one warning */
+#define SPIN_WAIT 20000      /* polls of a slot's in-flight count before trying later */
 #define DIRTY UINT64_C(0xff) /* entry word: a copy wrote the range; never published again */
 
 struct wo_stream_shared wo_stream_tab;
@@ -44,7 +44,7 @@ struct srange {
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
     char *name;
-    int slot; /* -1 none */
+    int slot;     /* -1 none */
     uint32_t ord; /* index in the learned order, NONE */
     /* this step */
     uint64_t read, mask, staged;
@@ -62,7 +62,7 @@ struct exec {
     unsigned nslots;
     uint64_t slot_size;
     bool slots_ready, slots_failed;
-    bool warned; /* the read-multiplicity warning was given */
+    bool warned;                         /* the read-multiplicity warning was given */
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
     struct srange *r;                    /* by registry id (< WO_STREAM_IDS) */
     uint32_t nr;
@@ -208,6 +208,8 @@ static bool slots(void)
         return false;
     }
     ex->slots_ready = true;
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, (uint64_t)ex->nslots * ex->slot_size,
+                     __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.ctx, ex->ctx, __ATOMIC_RELEASE);
     wo_info("stream: %u device staging slots of %llu MiB", ex->nslots,
             (unsigned long long)(ex->slot_size >> 20));
@@ -228,8 +230,7 @@ static bool unpublish(int slot)
         uint64_t w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
         /* DIRTY stays: the range was written */
         if (w != DIRTY && w != 0)
-            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST,
-                                        __ATOMIC_SEQ_CST);
+            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
     for (int i = 0; __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST) > 0; i++) {
         if (i == SPIN_WAIT) {
@@ -304,8 +305,7 @@ static bool stage(uint32_t id, int slot)
     __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
     ex->epoch++;
     nw = wo_stream_word(r->gen, ex->epoch, (unsigned)slot);
-    if (!__atomic_compare_exchange_n(&e->word, &w, nw, false, __ATOMIC_SEQ_CST,
-                                     __ATOMIC_SEQ_CST)) {
+    if (!__atomic_compare_exchange_n(&e->word, &w, nw, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
         mark_written(r, id); /* a copy wrote it while we staged */
         return true;
     }
@@ -330,7 +330,7 @@ static void advance(void)
     uint32_t ahead[WO_STREAM_MAX_SLOTS], behind = NONE;
     unsigned na = 0;
 
-    if (!ex->norder || pos == 0 || pos - 1 >= ex->nr || !slots())
+    if (!ex->norder || pos == 0 || pos - 1 >= ex->nr)
         return;
     idx = ex->r[pos - 1].ord;
     if (idx == NONE)
@@ -350,6 +350,8 @@ static void advance(void)
             break;
         }
     }
+    if (!na || !slots())
+        return;
     for (unsigned k = 0; k < na; k++) {
         struct srange *r = &ex->r[ahead[k]];
         int pick = -1;
@@ -584,6 +586,73 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
     return 0;
 }
 
+static void drop(uint32_t id);
+
+/* No range is streamed any more (the engine freed them): the slots go
+ * back, once no hook holds one and the GPU is done with them. False: later
+ * (a hook still holds a slot, or a global-mode capture is under way). */
+static bool free_slots(void)
+{
+    const struct wo_driver *d = ex->drv;
+    CUcontext prev;
+
+    if (!ex->slots_ready)
+        return true;
+    for (unsigned i = 0; i < ex->nslots; i++)
+        if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0)
+            return false;
+    if (!enter_driver())
+        return false;
+    prev = push_ctx();
+    if (ex->copy && d->cuStreamSynchronize)
+        d->cuStreamSynchronize(ex->copy);
+    for (unsigned i = 0; i < ex->nslots; i++) {
+        struct wo_stream_slot *s = &wo_stream_tab.slot[i];
+        if (s->read_done && d->cuEventSynchronize)
+            d->cuEventSynchronize(s->read_done);
+        if (s->dev && d->cuMemFree_v2)
+            d->cuMemFree_v2((CUdeviceptr)s->dev);
+        if (d->cuEventDestroy_v2) {
+            if (s->copied)
+                d->cuEventDestroy_v2(s->copied);
+            if (s->read_done)
+                d->cuEventDestroy_v2(s->read_done);
+        }
+        s->dev = 0;
+        s->copied = s->read_done = NULL;
+        ex->slot_range[i] = -1;
+    }
+    if (ex->copy && d->cuStreamDestroy_v2)
+        d->cuStreamDestroy_v2(ex->copy);
+    ex->copy = NULL;
+    pop_ctx(prev);
+    leave_driver();
+    ex->slots_ready = false;
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, 0, __ATOMIC_RELAXED);
+    wo_debug("stream: no range is streamed any more: the slots are given back");
+    return true;
+}
+
+/* Frees reach uvm/ on the engine's thread (wo_uvm_free), not as events:
+ * a range whose registry slot is gone or reused is dropped here. */
+static void reap(void)
+{
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        struct wo_range rg;
+
+        if (ex->r[id].live && (wo_registry_get(id, &rg) < 0 || rg.gen != ex->r[id].gen))
+            drop(id);
+    }
+}
+
+static bool any_streamed(void)
+{
+    for (uint32_t i = 0; i < ex->nr; i++)
+        if (ex->r[i].live && ex->r[i].streamed)
+            return true;
+    return false;
+}
+
 static void drop(uint32_t id)
 {
     struct srange *r = &ex->r[id];
@@ -672,8 +741,7 @@ static void setup(void)
             ex->mode == WO_PREFETCH_MODE_STREAM ? "stream"
             : ex->mode == WO_PREFETCH_MODE_AUTO ? "auto"
                                                 : "hot-set (measures only)",
-            ex->nslots,
-            (unsigned long long)(largest >> 20));
+            ex->nslots, (unsigned long long)(largest >> 20));
 }
 
 uint64_t wo_stream_reserved(void)
@@ -707,7 +775,7 @@ void wo_stream_on_event(const struct wo_event *ev)
     case WO_EV_PLACE:
         rescan = true;
         return;
-    case WO_EV_FREE:
+    case WO_EV_FREE: /* (traces only: frees are found by reap()) */
         for (uint32_t id = 0; id < ex->nr; id++)
             if (ex->r[id].live && ex->r[id].base == ev->a.base)
                 drop(id);
@@ -731,6 +799,9 @@ void wo_stream_on_event(const struct wo_event *ev)
 void wo_stream_tick(void)
 {
     if (ex) {
+        reap();
+        if (ex->slots_ready && !any_streamed())
+            (void)free_slots();
         advance();
         publish_names(false);
     }
@@ -841,7 +912,9 @@ void wo_stream_finish(void)
         shown++;
         wo_info("stream: %s: read %.1fx a step (%s, %s)", r->name ? r->name : "(unnamed)",
                 r->sum_mult / (double)r->msteps, r->host ? "host" : "managed",
-                r->streamed ? "streamed" : r->written ? "written, in place" : "in place");
+                r->streamed  ? "streamed"
+                : r->written ? "written, in place"
+                             : "in place");
     }
     /* finish runs at exit, possibly after the driver's teardown: no driver
      * call; the slots, events and stream go with the process */

@@ -46,9 +46,9 @@ struct wo_stream_entry {
 };
 
 struct wo_stream_slot {
-    uint64_t dev; /* device address of the slot (cuMemAlloc), fixed once allocated */
-    int inflight; /* hooks between pinning the slot and recording read_done */
-    uint64_t owner; /* engine stream + 1 that reads it since it was published; 0 none */
+    uint64_t dev;      /* device address of the slot (cuMemAlloc), fixed once allocated */
+    int inflight;      /* hooks between pinning the slot and recording read_done */
+    uint64_t owner;    /* engine stream + 1 that reads it since it was published; 0 none */
     CUevent copied;    /* recorded on the copy stream after the staging copy */
     CUevent read_done; /* recorded on the owner stream after each redirected launch */
 };
@@ -56,15 +56,16 @@ struct wo_stream_slot {
 /* What the hooks count (atomics; the executor's totals are in the same
  * struct so the stats read one place). */
 struct wo_stream_counts {
-    uint64_t redirected;      /* launches whose arguments pointed at a slot */
-    uint64_t inplace_no_slot; /* a streamed range with no slot ready (or moved under the hook) */
+    uint64_t redirected;       /* launches whose arguments pointed at a slot */
+    uint64_t inplace_no_slot;  /* a streamed range with no slot ready (or moved under the hook) */
     uint64_t inplace_captured; /* a launch into a capture: graphs read in place */
-    uint64_t inplace_other;   /* another stream owns the slot this step, another context,
-                               * too many parameters, a failed wait */
-    uint64_t invalidated;     /* assignments dropped by a copy writing the range */
+    uint64_t inplace_other;    /* another stream owns the slot this step, another context,
+                                * too many parameters, a failed wait */
+    uint64_t invalidated;      /* assignments dropped by a copy writing the range */
     uint64_t staged, staged_bytes; /* staging copies issued */
-    uint64_t slot_waits;      /* a slot still pinned by a hook when the executor wanted it */
-    uint64_t steps;           /* steps the executor found */
+    uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
+    uint64_t steps;
+    uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */                /* steps the executor found */
 };
 
 struct wo_stream_shared {
@@ -124,14 +125,14 @@ bool wo_stream_claims(uint32_t id, uint32_t gen);
  * consumer thread (at most 100 ms old). Any thread; fn runs under a lock
  * and must not call back into uvm/. */
 struct wo_stream_name_stats {
-    double multiplicity;     /* bytes read / distinct bytes read, per step */
-    double read_per_step;    /* bytes launches read per step (in place or from a slot) */
-    double range_bytes;      /* bytes of the range (what staging copies once a step) */
-    double staged_per_step;  /* bytes staged per step */
-    uint64_t steps;          /* steps measured */
-    bool host;               /* placement host (else managed) */
+    double multiplicity;    /* bytes read / distinct bytes read, per step */
+    double read_per_step;   /* bytes launches read per step (in place or from a slot) */
+    double range_bytes;     /* bytes of the range (what staging copies once a step) */
+    double staged_per_step; /* bytes staged per step */
+    uint64_t steps;         /* steps measured */
+    bool host;              /* placement host (else managed) */
     bool streamed;
-    bool written;            /* a copy wrote it after seal: never streamed by auto */
+    bool written; /* a copy wrote it after seal: never streamed by auto */
 };
 void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
                                        const struct wo_stream_name_stats *st),
