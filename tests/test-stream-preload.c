@@ -94,7 +94,7 @@ static int child(const char *mode)
     void *cu = dlopen("libcuda.so.1", RTLD_NOW);
     CUresult (*p_cuInit)(unsigned), (*p_cuDeviceGet)(CUdevice *, int);
     CUresult (*p_cuCtxRetain)(CUcontext *, CUdevice), (*p_cuCtxSetCurrent)(CUcontext);
-    CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t), (*p_cuMemFree)(CUdeviceptr);
     CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **);
@@ -107,6 +107,7 @@ static int child(const char *mode)
     CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn);
     int (*tag)(const void *, size_t, const char *);
     int (*seal)(void);
+    long (*stats)(char *, size_t);
     static const size_t psz[3] = {8, 8, 8};
     uint64_t expect[NR];
     bool stream_mode = strcmp(mode, "stream") == 0;
@@ -125,6 +126,7 @@ static int child(const char *mode)
     *(void **)&p_cuCtxRetain = need(cu, "cuDevicePrimaryCtxRetain");
     *(void **)&p_cuCtxSetCurrent = need(cu, "cuCtxSetCurrent");
     *(void **)&p_cuMemAlloc = need(cu, "cuMemAlloc_v2");
+    *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
     *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
     *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
@@ -136,6 +138,7 @@ static int child(const char *mode)
     *(void **)&kernel = need(cu, "fakecuda_kernel");
     *(void **)&tag = need(RTLD_DEFAULT, "woffload_tag");
     *(void **)&seal = need(RTLD_DEFAULT, "woffload_seal");
+    *(void **)&stats = need(RTLD_DEFAULT, "woffload_stats");
 
     CHECK(p_cuInit(0) == CUDA_SUCCESS);
     CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
@@ -205,6 +208,39 @@ static int child(const char *mode)
         CHECK(redirected_reads == 0);
     else
         CHECK(redirected_reads > 0);
+    {
+        /* the figures while the model is loaded (per-name figures leave the
+         * stats with their ranges): published at most every 100 ms */
+        static char js[1 << 17];
+        const char *snap = getenv("WO_STREAM_SNAP");
+        long n;
+        FILE *f;
+
+        usleep(300000);
+        n = stats(js, sizeof(js));
+        f = snap ? fopen(snap, "w") : NULL;
+        CHECK(n > 0 && f);
+        if (f) {
+            fwrite(js, 1, n > 0 ? (size_t)n : 0, f);
+            fclose(f);
+        }
+    }
+    /* the engine unloads: the executor gives its slots back */
+    for (int i = 0; i < NR; i++)
+        CHECK(p_cuMemFree(ranges[i]) == CUDA_SUCCESS);
+    CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
+    if (strcmp(mode, "hot-set") != 0) {
+        static char js[1 << 17];
+        const char *at = NULL;
+
+        for (int i = 0; i < 400; i++) {
+            at = stats(js, sizeof(js)) > 0 ? strstr(js, "\"slot_bytes\":0,") : NULL;
+            if (at)
+                break;
+            usleep(5000);
+        }
+        CHECK(at != NULL);
+    }
     free(buf);
     return failures ? 1 : 0;
 }
@@ -222,6 +258,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     char pol[] = "/tmp/test-stream-policy-XXXXXX";
     char st[] = "/tmp/test-stream-stats-XXXXXX";
     char lg[] = "/tmp/test-stream-log-XXXXXX";
+    char sn[] = "/tmp/test-stream-snap-XXXXXX";
     char policy[512];
     int fd, status, n;
     pid_t pid;
@@ -242,6 +279,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     close(fd);
     fd = mkstemp(lg);
     close(fd);
+    fd = mkstemp(sn);
+    close(fd);
     pid = fork();
     if (pid == 0) {
         setenv("WO_STREAM_CHILD", mode, 1);
@@ -249,12 +288,19 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WOFFLOAD_STATS", st, 1);
         setenv("WOFFLOAD_LOG_FILE", lg, 1);
         setenv("WOFFLOAD_LOG", "info", 1);
+        setenv("WO_STREAM_SNAP", sn, 1);
         execv("/proc/self/exe", argv);
         _exit(127);
     }
     CHECK(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* the snapshot the child took before it freed its ranges (the exit
+     * stats in st must exist too) */
     f = fopen(st, "r");
+    CHECK(f && fgetc(f) == '{');
+    if (f)
+        fclose(f);
+    f = fopen(sn, "r");
     got = f ? fread(stats, 1, len - 1, f) : 0;
     stats[got] = '\0';
     if (f)
@@ -267,6 +313,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     unlink(pol);
     unlink(st);
     unlink(lg);
+    unlink(sn);
 }
 
 int main(int argc, char **argv)

@@ -261,6 +261,8 @@ static void mark_written(struct srange *r, uint32_t id)
         (void)unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
 }
 
+static void drop(uint32_t id);
+
 /* Copies range id into slot and publishes the assignment. */
 static bool stage(uint32_t id, int slot)
 {
@@ -280,6 +282,21 @@ static bool stage(uint32_t id, int slot)
     }
     if (!enter_driver())
         return false;
+    /* The engine may free the range at any moment (wo_uvm_free, on its
+     * thread, under wo_uvm.lock): a copy from freed memory reads unmapped
+     * pages. So the copy is issued under that lock, with the range still
+     * live; a free after it waits in the driver for the copy (cuMemFree
+     * synchronises with the device's work). */
+    pthread_mutex_lock(&wo_uvm.lock);
+    {
+        struct wo_range rg;
+        if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
+            pthread_mutex_unlock(&wo_uvm.lock);
+            leave_driver();
+            drop(id);
+            return true; /* the slot is free: try the next range */
+        }
+    }
     prev = push_ctx();
     /* after every kernel that read the slot's previous range */
     res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
@@ -289,6 +306,7 @@ static bool stage(uint32_t id, int slot)
     if (res == CUDA_SUCCESS)
         res = d->cuEventRecord(s->copied, ex->copy);
     pop_ctx(prev);
+    pthread_mutex_unlock(&wo_uvm.lock);
     leave_driver();
     if (res != CUDA_SUCCESS) {
         /* the range may have been freed under us (its free event still in
@@ -428,9 +446,14 @@ static void select_range(struct srange *r, uint32_t id)
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
     if (!r->host)
         wo_prefetch_release(id, r->gen, wo_stream_reserved());
-    wo_info("stream: '%s' (%s, %llu MiB) is streamed: read %.1fx its bytes a step",
-            r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
-            (unsigned long long)((r->hi - r->lo) >> 20), r->msteps ? r->gain : 0.0);
+    if (r->msteps)
+        wo_info("stream: '%s' (%s, %llu MiB) is streamed: read %.1fx its bytes a step",
+                r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                (unsigned long long)((r->hi - r->lo) >> 20), r->gain);
+    else
+        wo_debug("stream: '%s' (%s, %llu MiB) is streamed (prefetch.mode stream)",
+                 r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                 (unsigned long long)((r->hi - r->lo) >> 20));
 }
 
 static void publish_names(bool force);
@@ -585,8 +608,6 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
     __atomic_store_n(&wo_stream_tab.e[s->id].hi, r->hi, __ATOMIC_RELAXED);
     return 0;
 }
-
-static void drop(uint32_t id);
 
 /* No range is streamed any more (the engine freed them): the slots go
  * back, once no hook holds one and the GPU is done with them. False: later
