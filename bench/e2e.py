@@ -92,6 +92,34 @@ rules:
     match: experts
     place: host
 """,
+    "experts-host-stream": """\
+# Every MoE expert in host memory, staged once a step into device slots
+# ahead of the launches that read it (issue 18, docs/prefetch.md Streaming):
+# the default experts backend reads a stacked expert tensor once per token.
+version: 1
+default: device
+prefetch:
+  mode: stream
+rules:
+  - name: experts
+    match: experts
+    place: host
+""",
+    "experts-managed-half-auto": """\
+# Every expert managed within half the experts' bytes (9 GiB of 18), the
+# streaming executor deciding per range from measured read multiplicity:
+# a tensor read >= 1.5x its bytes a step is staged into device slots (their
+# bytes come out of the budget), the others keep the hot set (issue 18).
+version: 1
+default: device
+device_budget: 9GiB
+prefetch:
+  mode: auto
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
     "layers-host-l0-3": """\
 # Non-selective: whole decoder layers 0-3 on host (attention, norms, router, experts).
 version: 1
@@ -282,6 +310,11 @@ SCENARIOS: List[Dict[str, Any]] = [
       policy="experts-host-all", offload="experts:all", ref="batchdef-moe-gpu"),
     S("batchdef-moe-shim-experts-managed-half", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-managed-half", offload="experts:all", ref="batchdef-moe-gpu"),
+    # issue 18: the streaming executor (launch redirection into device slots)
+    S("batchdef-moe-shim-experts-host-stream", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-host-stream", offload="experts:all", ref="batchdef-moe-gpu"),
+    S("batchdef-moe-shim-experts-managed-half-auto", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-managed-half-auto", offload="experts:all", ref="batchdef-moe-gpu"),
     # issue 11: batched decode, aggregate tok/s at batch 1, 8 and 32, eager
     # experts (a step reads each picked expert once, whatever the batch)
     S("batch-moe-gpu", "moe", batches=[1, 8, 32], prefill=0, experts_impl="eager", **BATCH),
@@ -1164,7 +1197,15 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
                                             "interpose") if k in st}
             if (st.get("prefetch") or {}).get("steps"):
                 short["prefetch"] = {k: v for k, v in st["prefetch"].items() if k != "names"}
-            lines += [f"- {r['name']}: `{json.dumps(short, separators=(',', ':'))[:1500]}`"]
+            stream = st.get("stream") or {}
+            if stream.get("steps"):
+                # the streaming executor (issue 18): redirected launches,
+                # bytes staged, and the read multiplicity of the busiest name
+                short["stream"] = {k: v for k, v in stream.items() if k != "names"}
+                mult = [(v.get("read_multiplicity", 0), n) for n, v in (stream.get("names") or {}).items()]
+                if mult:
+                    short["stream"]["max_read_multiplicity"] = max(mult)
+            lines += [f"- {r['name']}: `{json.dumps(short, separators=(',', ':'))[:2000]}`"]
     fails = [r for r in results if r.get("error")]
     if fails:
         lines += ["", "## Failures"]

@@ -62,6 +62,7 @@ int wo_policy_dump(const struct wo_policy *p, FILE *f)
     static const char *const open_s[] = {"at-start", "on-first-tag", "api"};
     static const char *const close_s[] = {"at-seal", "on-first-tag", "api"};
     static const char *const evict_s[] = {"auto", "read-mostly", "copy-back"};
+    static const char *const mode_s[] = {"auto", "hot-set", "stream"};
     const struct wo_policy_globals *g;
 
     if (!p || !f)
@@ -83,6 +84,7 @@ int wo_policy_dump(const struct wo_policy *p, FILE *f)
     fprintf(f, "  piece_size: %llu\n  hot_set: %s\n  eviction: %s\n",
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
+    fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
     if (!p->nrules) {
         fprintf(f, "rules: []\n");
         return ferror(f) ? -EIO : 0;

@@ -266,7 +266,8 @@ static const struct {
 } elsewhere[] = {
     {"open", "window:"},          {"close", "window:"},         {"enabled", "prefetch:"},
     {"lookahead", "prefetch:"},   {"piece_size", "prefetch:"},  {"hot_set", "prefetch:"},
-    {"eviction", "prefetch:"},    {"match", "a rule under rules:"},
+    {"eviction", "prefetch:"},    {"mode", "prefetch:"},        {"slots", "prefetch:"},
+    {"match", "a rule under rules:"},
     {"glob", "a rule under rules:"}, {"regex", "a rule under rules:"},
     {"layers", "a rule under rules:"}, {"place", "a rule under rules:"},
     {"pin", "a rule under rules:"}, {"priority", "a rule under rules:"},
@@ -745,7 +746,8 @@ static const char *const window_keys[] = {"open", "close", "min_size"};
 static const char *const open_names[] = {"at-start", "on-first-tag", "api"};
 static const char *const close_names[] = {"at-seal", "on-first-tag", "api"};
 static const char *const prefetch_keys[] = {"enabled", "lookahead", "piece_size", "hot_set",
-                                            "eviction"};
+                                            "eviction", "mode", "slots"};
+static const char *const mode_names[] = {"auto", "hot-set", "stream"};
 static const char *const eviction_names[] = {"auto", "read-mostly", "copy-back"};
 static const char *const pinfb_names[] = {"managed", "stop"};
 
@@ -791,8 +793,9 @@ static int parse_window(struct ctx *c, const struct wo_node *n, bool *open_given
 static int parse_prefetch(struct ctx *c, const struct wo_node *n)
 {
     struct wo_policy_globals *g = &c->p->g;
-    const struct wo_node *v[5];
-    int r = walk_map(c, n, prefetch_keys, 5, "prefetch", v), idx;
+    const struct wo_node *v[7];
+    int r = walk_map(c, n, prefetch_keys, 7, "prefetch", v), idx;
+    uint64_t slots;
 
     if (n->kind != WO_NODE_MAP)
         return r;
@@ -835,6 +838,21 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
             r = -EINVAL;
         else
             g->prefetch.eviction = (enum wo_eviction)idx;
+    }
+    if (v[5]) {
+        if (get_enum(c, v[5], mode_names, 3, &idx) < 0)
+            r = -EINVAL;
+        else
+            g->prefetch.mode = (enum wo_prefetch_mode)idx;
+    }
+    if (v[6]) {
+        /* each slot holds the largest streamed range: two is the least that
+         * overlaps a copy with the reads of the range before it */
+        if (get_uint(c, v[6], WO_STREAM_SLOTS_MIN, WO_STREAM_SLOTS_MAX,
+                     "a number of device staging slots", &slots) < 0)
+            r = -EINVAL;
+        else
+            g->prefetch.slots = (uint32_t)slots;
     }
     return r;
 }
@@ -887,6 +905,8 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.piece_size = WO_PIECE_SIZE_DEFAULT;
     g->prefetch.hot_set = true;
     g->prefetch.eviction = WO_EVICT_AUTO;
+    g->prefetch.mode = WO_PREFETCH_MODE_AUTO;
+    g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
 }
 
 int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const char *file,

@@ -223,7 +223,8 @@ static const struct wo_policy_globals passthrough_globals = {
                .min_size = WO_WINDOW_MIN_SIZE_DEFAULT},
     .prefetch = {.enabled = true, .lookahead_kind = WO_LOOKAHEAD_RANGES,
                  .lookahead = WO_LOOKAHEAD_DEFAULT, .piece_size = WO_PIECE_SIZE_DEFAULT,
-                 .hot_set = true, .eviction = WO_EVICT_AUTO},
+                 .hot_set = true, .eviction = WO_EVICT_AUTO,
+                 .mode = WO_PREFETCH_MODE_AUTO, .slots = WO_STREAM_SLOTS_DEFAULT},
 };
 
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p)

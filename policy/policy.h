@@ -69,6 +69,13 @@ enum wo_eviction {
     WO_EVICT_COPY_BACK,    /* prefetch back to host */
 };
 
+/* What the prefetcher does with host and managed ranges (prefetch.mode). */
+enum wo_prefetch_mode {
+    WO_PREFETCH_MODE_AUTO = 0, /* stream a range read >= 1.5x its bytes a step, else hot set */
+    WO_PREFETCH_MODE_HOT_SET,  /* managed: the hot set; host: read in place (before issue 18) */
+    WO_PREFETCH_MODE_STREAM,   /* every host and managed range staged into device slots */
+};
+
 enum wo_slices {
     WO_SLICES_AUTO = 0, /* track sub-ranges (per-expert slices) where launches touch them */
     WO_SLICES_NONE,     /* whole ranges only */
@@ -78,6 +85,9 @@ enum wo_slices {
 #define WO_PIECE_SIZE_DEFAULT (64 * WO_MiB)
 #define WO_WINDOW_MIN_SIZE_DEFAULT (1 * WO_MiB)
 #define WO_LOOKAHEAD_DEFAULT 4
+#define WO_STREAM_SLOTS_DEFAULT 4
+#define WO_STREAM_SLOTS_MIN 2
+#define WO_STREAM_SLOTS_MAX 8
 
 struct wo_policy_globals {
     enum wo_placement default_place; /* `default:`; DEVICE when absent; never UNSET */
@@ -105,6 +115,8 @@ struct wo_policy_globals {
         uint64_t piece_size;  /* >= WO_PIECE_SIZE_MIN */
         bool hot_set;         /* keep the most-used ranges resident too */
         enum wo_eviction eviction;
+        enum wo_prefetch_mode mode; /* default AUTO */
+        uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
     } prefetch;
 };
 

@@ -1,7 +1,11 @@
 /* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
- * stream). Never synchronises: an async copy is recorded when enqueued. */
+ * stream). Never synchronises: an async copy is recorded when enqueued.
+ * Before forwarding, a copy into a range the streaming executor staged
+ * drops the range's device slot (uvm/stream.h): later launches read the
+ * host copy the write makes current. */
 #include "preload/hook.h"
+#include "uvm/stream.h"
 
 #include "core/registry.h"
 
@@ -100,6 +104,7 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
     do {                                                                                           \
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
+        wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
         res_ = call;                                                                               \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
@@ -207,6 +212,7 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
     do {                                                                                           \
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
+        wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                      \
         res_ = call;                                                                               \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src),                    \

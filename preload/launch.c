@@ -14,8 +14,12 @@
  *     memcpy) against the registry (wo_registry_lookup, lock-free): this
  *     also finds pointers inside by-value structs, since a pointer member is
  *     8-byte aligned inside its struct and the struct inside the buffer;
- *  3. one WO_EV_LAUNCH event pushed into the ring (a full ring drops and
- *     counts; no ring: nothing pushed). Only a launch that touches a
+ *  3. before the real launch: when a hit lies in a range the streaming
+ *     executor staged into a device slot, the launch gets parameters with
+ *     that pointer moved into the slot (redirect.c, uvm/stream.h);
+ *  4. after it, one WO_EV_LAUNCH event pushed into the ring (a full ring
+ *     drops and counts; no ring: nothing pushed), naming the host ranges.
+ *     Only a launch that touches a
  *     watched range (one with a name, or served by the shim: the registry's
  *     mark) is worth an event to the consumer; the others are pushed only
  *     when a trace is recorded or WOFFLOAD_OBSERVE asks for books on every
@@ -31,6 +35,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "preload/hook.h"
+#include "preload/redirect.h"
 
 #define LAYOUT_SLOTS 16384u /* power of two */
 #define LAYOUT_PROBES 32u
@@ -267,86 +272,142 @@ static void scan_extra(struct scan *s, void **extra)
 }
 
 static void scan_params(struct scan *s, uintptr_t key, const void *func, bool runtime,
-                        void **params)
+                        void **params, uint16_t *tmp, const uint16_t **sizes, int *n)
 {
-    uint16_t tmp[MAX_PARAMS];
-    int n;
-    const uint16_t *sizes = layout_get(key, func, runtime, tmp, &n);
-
-    if (n < 0) {
-        wo_count(WO_CTR_launch_no_layout, 1);
-        return;
-    }
-    for (int i = 0; i < n && s->words < max_words; i++)
-        if (sizes[i] >= 8)
-            scan_bytes(s, params[i], sizes[i]);
+    *sizes = layout_get(key, func, runtime, tmp, n);
+    if (*n < 0)
+        return; /* counted after the launch, when it succeeded */
+    for (int i = 0; i < *n && s->words < max_words; i++)
+        if ((*sizes)[i] >= 8)
+            scan_bytes(s, params[i], (*sizes)[i]);
 }
 
-/* Everything a launch hook does after the real launch succeeded. */
-static void observe_launch(const void *func, bool runtime, const uint32_t grid[3],
-                           const uint32_t block[3], uint64_t stream, void **params, void **extra,
-                           int api, void *ra)
-{
-    uintptr_t key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
-    struct scan s;
-    struct wo_event ev;
+/* One launch between its scan (before the real launch: a redirected launch
+ * needs its hits first) and its event (after the real launch succeeded). */
+struct launch {
+    uintptr_t key;
+    bool observe; /* wo_launch_scan: scan and push */
+    bool scanned;
+    bool no_layout;
     uint32_t cap;
+    struct scan s;
+    struct wo_redirect rd;
+};
 
-    s.words = 0;
-    s.nhits = 0;
-    s.overflow = 0;
-    s.found = 0;
-    s.watched = 0;
-    s.any_watched = false;
+/* Everything a launch hook does before the real launch: the scan, and when
+ * a hit lies in a range the streaming executor staged into a device slot,
+ * the parameters to launch with instead (preload/redirect.c). *params and
+ * *extra are replaced then; b holds the rewritten copies. */
+static void prepare_launch(struct launch *l, const void *func, bool runtime, uint64_t stream,
+                           void ***params, void ***extra, struct wo_redirect_buf *b)
+{
+    uint16_t tmp[MAX_PARAMS];
+    const uint16_t *sizes = NULL;
+    int n = -1;
+
+    l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
+    l->s.words = 0;
+    l->s.nhits = 0;
+    l->s.overflow = 0;
+    l->s.found = 0;
+    l->s.watched = 0;
+    l->s.any_watched = false;
+    l->scanned = false;
+    l->no_layout = false;
+    l->cap = 0;
+    l->rd.n = 0;
+    l->observe = __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED);
+    if (!l->observe)
+        return;
+    l->cap = wo_capture_of(stream);
+    if (wo_registry_count() == 0)
+        return;
+    wo_registry_read_begin();
+    if (*extra && !*params)
+        scan_extra(&l->s, *extra);
+    else if (*params)
+        scan_params(&l->s, l->key, func, runtime, *params, tmp, &sizes, &n);
+    wo_registry_read_end();
+    l->scanned = true;
+    l->no_layout = *params && !(*extra && !*params) && n < 0;
+    if (!l->s.nhits || !wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0))
+        return;
+    {
+        void **np = *extra && !*params ? NULL : *params;
+        void **ne = NULL;
+
+        if (np)
+            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, b) : NULL;
+        else
+            ne = wo_redirect_extra(&l->rd, *extra, b);
+        if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {
+            wo_redirect_cancel(&l->rd);
+            return;
+        }
+        if (np)
+            *params = np;
+        else
+            *extra = ne;
+    }
+}
+
+/* Everything a launch hook does after the real launch (ok: it succeeded). */
+static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
+                          const uint32_t block[3], uint64_t stream, int api, void *ra)
+{
+    struct wo_event ev;
+
+    if (l->rd.n)
+        wo_redirect_end(&l->rd, stream); /* slots released either way */
+    if (!ok)
+        return;
     wo_count(WO_CTR_launch_calls, 1);
     /* Counted per calling library even when nothing is observed: one hash
      * and one relaxed add, and it is what says which libraries reach the
      * driver through the shim (woffload doctor, the gpu suite). */
     wo_count_caller(ra, WO_CALLER_LAUNCH);
-    if (!__atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED))
+    if (!l->observe)
         return;
-    if (wo_registry_count() > 0) {
-        wo_registry_read_begin();
-        if (extra && !params)
-            scan_extra(&s, extra);
-        else if (params)
-            scan_params(&s, key, func, runtime, params);
-        wo_registry_read_end();
+    if (l->scanned) {
+        if (l->no_layout)
+            wo_count(WO_CTR_launch_no_layout, 1);
         wo_count(WO_CTR_launch_scanned, 1);
-        wo_count(WO_CTR_scan_words, s.words);
-        if (s.found) {
+        wo_count(WO_CTR_scan_words, l->s.words);
+        if (l->s.found) {
             wo_count(WO_CTR_launch_with_hits, 1);
-            wo_count(WO_CTR_launch_hits, s.found);
-            if (s.overflow)
+            wo_count(WO_CTR_launch_hits, l->s.found);
+            if (l->s.overflow)
                 wo_count(WO_CTR_launch_hit_overflow, 1);
-            if (s.any_watched)
+            if (l->s.any_watched)
                 wo_count(WO_CTR_launch_watched, 1);
         }
     }
-    cap = wo_capture_of(stream);
-    if (cap) {
+    if (l->cap) {
         wo_count(WO_CTR_launch_captured, 1);
-        wo_capture_note_launch(cap, s.found);
+        wo_capture_note_launch(l->cap, l->s.found);
     }
     if (!__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
         return;
-    if (!s.any_watched && !__atomic_load_n(&wo_events_all, __ATOMIC_RELAXED)) {
+    if (!l->s.any_watched && !__atomic_load_n(&wo_events_all, __ATOMIC_RELAXED)) {
         wo_count(WO_CTR_launch_skipped, 1);
         return;
     }
+    /* the event names the ranges the engine asked for (the host copy), not
+     * the slots: accounting and the planner see the engine's reads */
     memset(&ev, 0, offsetof(struct wo_event, l.hits));
     ev.type = WO_EV_LAUNCH;
-    ev.nhits = s.nhits;
-    ev.overflow = s.overflow;
+    ev.nhits = l->s.nhits;
+    ev.overflow = l->s.overflow;
     ev.api = (uint16_t)api;
-    ev.capture = cap;
+    ev.capture = l->cap;
     ev.stream = stream;
-    ev.l.func = key;
+    ev.l.func = l->key;
     memcpy(ev.l.grid, grid, sizeof(ev.l.grid));
     memcpy(ev.l.block, block, sizeof(ev.l.block));
-    memcpy(ev.l.hits, s.hits, s.nhits * sizeof(s.hits[0]));
-    if (wo_push_event_prio(&ev, !s.any_watched) == -ENOSPC)
-        wo_count(s.any_watched ? WO_CTR_events_dropped_watched : WO_CTR_events_dropped_unwatched,
+    memcpy(ev.l.hits, l->s.hits, l->s.nhits * sizeof(l->s.hits[0]));
+    if (wo_push_event_prio(&ev, !l->s.any_watched) == -ENOSPC)
+        wo_count(l->s.any_watched ? WO_CTR_events_dropped_watched
+                                  : WO_CTR_events_dropped_unwatched,
                  1);
 }
 
@@ -357,16 +418,19 @@ CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunc
                             unsigned int by, unsigned int bz, unsigned int shmem, CUstream s,
                             void **params, void **extra)
 {
+    const uint32_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    struct wo_redirect_buf b;
+    struct launch l;
+    uint64_t sid;
     CUresult res;
 
     WO_HOOK_ENTER(real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+    sid = wo_stream_id(s, wo_hook_pt[id]);
+    prepare_launch(&l, f, false, sid, &params, &extra, &b);
     res = real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
-    if (res == CUDA_SUCCESS) {
-        const uint32_t grid[3] = {gx, gy, gz}, block[3] = {bx, by, bz};
+    if (res == CUDA_SUCCESS)
         wo_count(WO_CTR_launch_driver, 1);
-        observe_launch(f, false, grid, block, wo_stream_id(s, wo_hook_pt[id]), params, extra,
-                       WO_API_CU_LAUNCH, ra);
-    }
+    finish_launch(&l, res == CUDA_SUCCESS, grid, block, sid, WO_API_CU_LAUNCH, ra);
     wo_leave();
     return res;
 }
@@ -374,16 +438,26 @@ CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunc
 CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
                                const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra)
 {
+    struct wo_redirect_buf b;
+    struct launch l;
+    uint64_t sid;
     CUresult res;
 
     WO_HOOK_ENTER(real(cfg, f, params, extra));
+    if (!cfg) {
+        res = real(cfg, f, params, extra);
+        wo_leave();
+        return res;
+    }
+    sid = wo_stream_id(cfg->hStream, wo_hook_pt[id]);
+    prepare_launch(&l, f, false, sid, &params, &extra, &b);
     res = real(cfg, f, params, extra);
-    if (res == CUDA_SUCCESS && cfg) {
+    {
         const uint32_t grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
         const uint32_t block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
-        wo_count(WO_CTR_launch_ex, 1);
-        observe_launch(f, false, grid, block, wo_stream_id(cfg->hStream, wo_hook_pt[id]), params,
-                       extra, WO_API_CU_LAUNCH_EX, ra);
+        if (res == CUDA_SUCCESS)
+            wo_count(WO_CTR_launch_ex, 1);
+        finish_launch(&l, res == CUDA_SUCCESS, grid, block, sid, WO_API_CU_LAUNCH_EX, ra);
     }
     wo_leave();
     return res;
@@ -393,15 +467,19 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
  * (cudaLaunchKernel) or a kernel handle (__cudaLaunchKernel). */
 #define RT_LAUNCH_HOOK(fn, stub)                                                                   \
     do {                                                                                           \
+        const uint32_t g_[3] = {grid.x, grid.y, grid.z}, b_[3] = {block.x, block.y, block.z};      \
+        struct wo_redirect_buf rb_;                                                                \
+        struct launch l_;                                                                          \
+        void **ex_ = NULL;                                                                         \
+        uint64_t sid_;                                                                             \
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(real(fn, grid, block, args, shmem, s));                                   \
+        sid_ = wo_stream_id(s, wo_rt_pt[id]);                                                      \
+        prepare_launch(&l_, fn, stub, sid_, &args, &ex_, &rb_);                                    \
         res_ = real(fn, grid, block, args, shmem, s);                                              \
-        if (res_ == cudaSuccess) {                                                                 \
-            const uint32_t g_[3] = {grid.x, grid.y, grid.z}, b_[3] = {block.x, block.y, block.z};  \
+        if (res_ == cudaSuccess)                                                                   \
             wo_count(WO_CTR_launch_runtime, 1);                                                    \
-            observe_launch(fn, stub, g_, b_, wo_stream_id(s, wo_rt_pt[id]), args, NULL,            \
-                           WO_API_CUDA_LAUNCH, ra);                                                \
-        }                                                                                          \
+        finish_launch(&l_, res_ == cudaSuccess, g_, b_, sid_, WO_API_CUDA_LAUNCH, ra);             \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
@@ -426,16 +504,27 @@ cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, 
                                        const cudaLaunchConfig_t *cfg, const void *func,
                                        void **args)
 {
+    struct wo_redirect_buf rb;
+    struct launch l;
+    void **ex = NULL;
+    uint64_t sid;
     cudaError_t res;
 
     WO_RT_HOOK_ENTER(real(cfg, func, args));
+    if (!cfg) {
+        res = real(cfg, func, args);
+        wo_leave();
+        return res;
+    }
+    sid = wo_stream_id(cfg->stream, wo_rt_pt[id]);
+    prepare_launch(&l, func, true, sid, &args, &ex, &rb);
     res = real(cfg, func, args);
-    if (res == cudaSuccess && cfg) {
+    {
         const uint32_t g[3] = {cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z};
         const uint32_t b[3] = {cfg->blockDim.x, cfg->blockDim.y, cfg->blockDim.z};
-        wo_count(WO_CTR_launch_runtime, 1);
-        observe_launch(func, true, g, b, wo_stream_id(cfg->stream, wo_rt_pt[id]), args, NULL,
-                       WO_API_CUDA_LAUNCH, ra);
+        if (res == cudaSuccess)
+            wo_count(WO_CTR_launch_runtime, 1);
+        finish_launch(&l, res == cudaSuccess, g, b, sid, WO_API_CUDA_LAUNCH, ra);
     }
     wo_leave();
     return res;

@@ -367,6 +367,8 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->window.min_size, WO_MiB);
     assert_true(g->prefetch.enabled);
     assert_int_equal(g->prefetch.piece_size, 64 * WO_MiB);
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
+    assert_int_equal(g->prefetch.slots, WO_STREAM_SLOTS_DEFAULT);
     assert_true(wo_policy_passthrough(p));
     /* no policy at all: the same globals as an empty one */
     assert_memory_equal(wo_policy_globals(NULL), g, sizeof(*g));
@@ -381,7 +383,7 @@ static void globals_defaults_and_values(void **state)
                 "pin_fallback: stop\n"
                 "window: {open: on-first-tag, close: api, min_size: 4MiB}\n"
                 "prefetch: {enabled: false, lookahead: 512MiB, piece_size: 16MiB, hot_set: off, "
-                "eviction: read-mostly}\n"
+                "eviction: read-mostly, mode: stream, slots: 4}\n"
                 "rules: []\n");
     g = wo_policy_globals(p);
     assert_int_equal(g->default_place, WO_PLACE_HOST);
@@ -400,6 +402,8 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.piece_size, 16 * WO_MiB);
     assert_false(g->prefetch.hot_set);
     assert_int_equal(g->prefetch.eviction, WO_EVICT_READ_MOSTLY);
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_STREAM);
+    assert_int_equal(g->prefetch.slots, 4);
     assert_false(wo_policy_passthrough(p));
     wo_policy_free(p);
 }
@@ -593,6 +597,14 @@ static void error_bad_units_negative_overflow(void **state)
     expect_error("device_budget: 150%\n", 1, 16, "expected a percentage from 0% to 100%");
     expect_error("device_budget: -1%\n", 1, 16, "expected a percentage");
     expect_error("prefetch: {piece_size: 1MiB}\n", 1, 24, "expected at least 16MiB");
+    expect_error("prefetch: {mode: steam}\n", 1, 18, "did you mean 'stream'?");
+    expect_error("prefetch: {mode: hotset}\n", 1, 18, "did you mean 'hot-set'?");
+    expect_error("prefetch:\n  mode: 3\n", 2, 9, "expected auto, hot-set or stream");
+    expect_error("prefetch: {slots: 1}\n", 1, 19,
+                 "expected a number of device staging slots from 2 to 8");
+    expect_error("prefetch: {slots: 64}\n", 1, 19, "from 2 to 8");
+    expect_error("prefetch: {slot: 3}\n", 1, 12, "did you mean 'slots'?");
+    expect_error("mode: stream\n", 1, 1, "'mode' belongs in prefetch:");
     expect_error("rules:\n  - layers: '-3'\n    place: host\n", 2, 13, "found negative layer '-3'");
     expect_error("rules:\n  - layers: '5-2'\n    place: host\n", 2, 13, "runs backwards");
     expect_error("rules:\n  - layers: {every: 4, last: 5}\n    place: host\n", 2, 30,

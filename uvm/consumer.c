@@ -31,6 +31,7 @@
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
 #include "uvm/record.h"
+#include "uvm/stream.h"
 
 #define BATCH 64
 #define BACKLOG_RINGS 4 /* backlog limit, in ring capacities */
@@ -81,6 +82,9 @@ static void cond_init(void)
 static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
 {
     wo_record_event(ev, tag);
+    /* the streaming executor first: at the first launch after seal it
+     * claims the ranges it streams before the prefetcher lists its own */
+    wo_stream_on_event(ev);
     wo_prefetch_on_event(ev);
 }
 
@@ -88,6 +92,7 @@ static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
  * sleeps: where queued prefetches go out once a capture has ended. */
 static void idle(void)
 {
+    wo_stream_tick();
     wo_prefetch_tick();
 }
 
@@ -96,6 +101,7 @@ static void idle(void)
 static void finish(void)
 {
     wo_record_finish();
+    wo_stream_finish();
     wo_prefetch_finish();
 }
 

@@ -16,6 +16,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "uvm/prefetch.h"
+#include "uvm/stream.h"
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -235,6 +236,7 @@ void wo_uvm_atfork_child(void)
     wo_uvm.stream_failed = false;
     wo_consumer_forget();
     wo_prefetch_atfork_child();
+    wo_stream_atfork_child();
     /* The next wo_uvm_init() call starts a consumer thread again; the policy,
      * names and records (the child inherits the mappings) stay. */
     if (wo_uvm.state == 1)

@@ -237,10 +237,14 @@ struct wo_uvm_segment {
     const char *name;      /* valid only during the callback */
     int priority;          /* the rule's priority (0..100) */
     enum wo_slices slices;
+    enum wo_placement place; /* MANAGED, or HOST (wo_uvm_foreach_offdevice only) */
 };
 /* Calls fn for every managed piece, under wo_uvm.lock (fn must not call back
  * into uvm/ API functions). Stops when fn returns non-zero, returning it. */
 int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud);
+/* The same for every piece placed `host` or `managed` (the streaming
+ * executor's candidates), pinned allocations included. */
+int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud);
 /* Device budget in bytes for managed memory (resolved at seal); 0 before. */
 uint64_t wo_uvm_device_budget(void);
 /* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */

@@ -692,8 +692,14 @@ out:
 
 /* One callback per managed piece of a: its managed tags, and the untagged
  * gaps when the allocation's default placement is managed. */
+static bool wanted(enum wo_placement p, bool host)
+{
+    return p == WO_PLACE_MANAGED || (host && p == WO_PLACE_HOST);
+}
+
 static int foreach_managed_alloc(const struct wo_alloc *a,
-                                 int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+                                 int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud,
+                                 bool host)
 {
     uint64_t pos = 0;
     int ret = 0;
@@ -702,7 +708,8 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
         uint64_t toff = k < a->ntags ? a->tags[k].off : a->size;
         struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO};
 
-        if (toff > pos && a->place == WO_PLACE_MANAGED) {
+        if (toff > pos && wanted(a->place, host)) {
+            s.place = a->place;
             s.base = a->base + pos;
             s.offset = pos;
             s.size = toff - pos;
@@ -714,8 +721,9 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
             const struct wo_rule *rule =
                 t->name->rule >= 0 ? wo_policy_rule(wo_uvm.policy, (size_t)t->name->rule) : NULL;
             pos = t->off + t->size;
-            if (t->place != WO_PLACE_MANAGED)
+            if (!wanted(t->place, host))
                 continue;
+            s.place = t->place;
             s.base = a->base + t->off;
             s.offset = t->off;
             s.size = t->size;
@@ -736,7 +744,20 @@ int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
             if (a->kind == WO_KIND_MANAGED)
-                ret = foreach_managed_alloc(a, fn, ud);
+                ret = foreach_managed_alloc(a, fn, ud, false);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return ret;
+}
+
+int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+{
+    int ret = 0;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
+            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_PINNED)
+                ret = foreach_managed_alloc(a, fn, ud, true);
     pthread_mutex_unlock(&wo_uvm.lock);
     return ret;
 }

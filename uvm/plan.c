@@ -1337,3 +1337,9 @@ uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen)
 
     return r ? range_how(p, r) : WO_PLAN_HOW_NONE;
 }
+
+void wo_plan_set_budget(struct wo_plan *p, uint64_t budget)
+{
+    p->cfg.budget = budget;
+    enforce_budget(p);
+}

@@ -136,6 +136,9 @@ int wo_plan_churn(const struct wo_plan *p, uint64_t *moved);
 /* Stats of a range (zeros for an unknown one). */
 void wo_plan_range_stats(const struct wo_plan *p, uint32_t id, uint32_t gen,
                          struct wo_plan_stats *ret);
+/* A new budget (the streaming executor took device bytes for its slots):
+ * what exceeds it is evicted at once (actions queue up). */
+void wo_plan_set_budget(struct wo_plan *p, uint64_t budget);
 /* Bytes the planner believes resident (prefetched and not evicted). */
 uint64_t wo_plan_resident_bytes(const struct wo_plan *p);
 /* Steps found so far (boundaries seen). */

@@ -14,6 +14,7 @@
 #include "uvm/devmodel.h"
 #include "uvm/internal.h"
 #include "uvm/record.h"
+#include "uvm/stream.h"
 
 #define MAX_PIECE (2 * WO_GiB) /* one call stays interruptible-ish and below int limits */
 
@@ -605,6 +606,8 @@ static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
     /* the registry knows the allocation's size (segments are tags in it) */
     if (wo_registry_get(s->id, &rg) < 0 || rg.gen != s->gen)
         return 0;
+    if (wo_stream_claims(s->id, s->gen))
+        return 0; /* staged into device slots by the streaming executor */
     if (wo_prefetcher_add_segment(pf, s->id, s->gen, rg.base, rg.size, s->offset, s->size,
                                   s->priority, s->slices != WO_SLICES_NONE) == -ENOMEM ||
         wo_prefetcher_name(pf, s->id, s->gen, s->name) == -ENOMEM)
@@ -647,7 +650,8 @@ static void shim_setup(void)
     if (!drv || !g || !wo_settings()->prefetch || !g->prefetch.enabled)
         return;
     wo_plan_cfg_default(&cfg);
-    cfg.budget = wo_uvm_device_budget();
+    /* the streaming executor's slots come out of the same budget */
+    cfg.budget = wo_uvm_device_budget() - WO_MIN(wo_stream_reserved(), wo_uvm_device_budget());
     wo_plan_cfg_policy(&cfg, g);
     load_device_model(&cfg.costs);
     /* wo_uvm.device is set once, by the first served allocation, long
@@ -783,6 +787,36 @@ void wo_prefetch_atfork_child(void)
     shim = NULL;
     shim_tried = false;
     shim_rescan = false;
+}
+
+void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved)
+{
+    uint64_t budget = wo_uvm_device_budget();
+    struct prange *r;
+
+    if (!shim)
+        return;
+    if (id < shim->nr && (r = &shim->r[id])->live && r->gen == gen) {
+        struct wo_plan_action a = {.type = WO_PLAN_EVICT,
+                                   .how = wo_plan_range_how(shim->plan, id, gen),
+                                   .id = id,
+                                   .gen = gen,
+                                   .offset = 0,
+                                   .bytes = r->size};
+        /* its GPU copy goes (collapse or copy-back, as the planner would);
+         * during a global-mode capture it stays, outside the budget, until
+         * the range is freed: only device memory is lost, never data */
+        if (enter_driver()) {
+            exec(shim, &a);
+            leave_driver();
+        } else {
+            wo_debug("prefetcher: a range handed to the streaming executor keeps its GPU copy "
+                     "(a capture is under way)");
+        }
+        forget(shim, id);
+    }
+    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
+    drain(shim);
 }
 
 void wo_prefetch_tick(void)

@@ -75,6 +75,10 @@ void wo_prefetch_on_event(const struct wo_event *ev);
 void wo_prefetch_atfork_child(void);
 /* When the consumer is idle. */
 void wo_prefetch_tick(void);
+/* The streaming executor (uvm/stream.c) takes a managed range: its GPU
+ * copy is dropped, the planner forgets it, and the planner's budget becomes
+ * the device budget less `reserved` (the executor's slots). Consumer thread. */
+void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved);
 /* At finish (consumer thread): logs totals, frees. */
 void wo_prefetch_finish(void);
 /* Totals of the shim's instance (zeros when none). Any thread. */

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 #include "uvm/prefetch.h"
+#include "uvm/stream.h"
 #include "wo-config.h"
 
 struct sbuf {
@@ -148,6 +149,23 @@ static void prefetch_name_json(void *ud, const char *name, const struct wo_plan_
 static const char *bool_s(bool v)
 {
     return v ? "true" : "false";
+}
+
+/* One member of "stream":{"names":{...}}: read multiplicity and staging. */
+static void stream_name_json(void *ud, const char *name, const struct wo_stream_name_stats *st)
+{
+    struct sbuf *b = ud;
+
+    sb_printf(b, "%s", b->first ? "" : ",");
+    b->first = false;
+    sb_str(b, name);
+    sb_printf(b,
+              ":{\"read_multiplicity\":%.3f,\"read_bytes_per_step\":%.0f,\"bytes\":%.0f"
+              ",\"staged_bytes_per_step\":%.0f,\"steps\":%" PRIu64
+              ",\"placement\":\"%s\",\"streamed\":%s,\"written\":%s}",
+              st->multiplicity, st->read_per_step, st->range_bytes, st->staged_per_step,
+              st->steps, st->host ? "host" : "managed", bool_s(st->streamed),
+              bool_s(st->written));
 }
 
 void wo_place_counts(struct wo_place_counts *c)
@@ -357,6 +375,22 @@ static void json_body(struct sbuf *b)
                       f.last.out_bytes, f.last.inplace_s * 1e3, f.last.plan_s * 1e3);
         }
         sb_printf(b, "}");
+    }
+    {
+        struct wo_stream_counts sc;
+        wo_stream_counts(&sc);
+        sb_printf(b,
+                  ",\"stream\":{\"redirected\":%" PRIu64 ",\"inplace_no_slot\":%" PRIu64
+                  ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
+                  ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64
+                  ",\"staged_bytes\":%" PRIu64 ",\"slot_waits\":%" PRIu64
+                  ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64 ",\"names\":{",
+                  sc.redirected, sc.inplace_no_slot, sc.inplace_captured, sc.inplace_other,
+                  sc.invalidated, sc.staged, sc.staged_bytes, sc.slot_waits, sc.steps,
+                  sc.slot_bytes);
+        b->first = true;
+        wo_stream_foreach_name(stream_name_json, b);
+        sb_printf(b, "}}");
     }
     {
         long need = wo_counters_json(NULL, 0);

@@ -41,6 +41,7 @@ struct wo_driver {
     CUresult (*cuMemPrefetchAsync_v2)(CUdeviceptr p, size_t size, CUmemLocation loc,
                                       unsigned int flags, CUstream s);
     CUresult (*cuMemcpy)(CUdeviceptr dst, CUdeviceptr src, size_t size);
+    CUresult (*cuMemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream s);
     CUresult (*cuMemsetD8_v2)(CUdeviceptr p, unsigned char v, size_t n);
     CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
     CUresult (*cuStreamDestroy_v2)(CUstream s);
@@ -64,7 +65,7 @@ struct wo_driver {
     X(cuCtxGetDevice) X(cuCtxCreate_v4) X(cuCtxCreate_v2) X(cuCtxDestroy_v2) X(cuCtxSetLimit)      \
     X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc)     \
     X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
-    X(cuMemcpy) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
+    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute)
 

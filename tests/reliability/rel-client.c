@@ -326,6 +326,23 @@ static void release(int i, CUstream s)
     bufs[i].live = r != 0;
 }
 
+/* The streaming executor (uvm/stream.c) gives its device staging slots
+ * back once the ranges it streamed are freed; it learns of the frees on
+ * the consumer thread, so a leak check waits for it (at most 2 s). */
+static void wait_slots_back(void)
+{
+    for (int i = 0; i < 400; i++) {
+        char *js = stats_get();
+        const char *at = js ? strstr(js, "\"slot_bytes\":") : NULL;
+        long long held = at ? json_num(js, "\"slot_bytes\":") : 0;
+
+        free(js);
+        if (held <= 0)
+            return;
+        usleep(5000);
+    }
+}
+
 static void check_registry(const char *when)
 {
     char *js = stats_get();
@@ -548,6 +565,8 @@ static int work(int nlaunch)
     if (s && OP("streamDestroy", D.stream_destroy(s)))
         OP("streamDestroy2", D.stream_destroy(s));
     check_registry("freed");
+
+    wait_slots_back();
 
 leaks:
     /* Everything the client allocated is back (the shim's own memory
@@ -948,6 +967,7 @@ static int threads(int nthr, int iters)
     for (int i = 0; i < nthr; i++)
         pthread_join(tid[i], NULL);
     pthread_barrier_destroy(&bar);
+    wait_slots_back();
     if (D.live(FAKECUDA_ANY) != 0)
         FAIL("leak: %" PRIu64 " live bytes", D.live(FAKECUDA_ANY));
     js = stats_get();
@@ -1137,6 +1157,7 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
     for (int i = 0; i < nthr; i++)
         pthread_join(tid[i], NULL);
     pthread_barrier_destroy(&bar);
+    wait_slots_back();
     if (D.live(FAKECUDA_ANY) != 0)
         FAIL("leak: %" PRIu64 " live bytes", D.live(FAKECUDA_ANY));
     return failures ? 1 : 0;

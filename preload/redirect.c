@@ -1,0 +1,270 @@
+/* preload/redirect.c: launch redirection (see redirect.h and uvm/stream.h).
+ *
+ * A launch whose scan found a pointer into a range the streaming executor
+ * has staged into a device slot reads the slot instead: the hook pins the
+ * slot (in-flight counter), re-reads the assignment (the executor
+ * unpublishes before it waits for in-flight to fall, both seq_cst, so one
+ * of them sees the other), claims the slot for its stream (one engine
+ * stream per slot and assignment: read_done then covers every read), makes
+ * the stream wait for the staging copy, launches with the pointer words
+ * moved into the slot, and records read_done after it. Anything unexpected
+ * reads in place, which is always correct: the host copy is the truth. */
+#include "preload/redirect.h"
+
+#include <string.h>
+
+#include "core/log.h"
+#include "preload/hook.h"
+#include "uvm/stream.h"
+
+static void count(uint64_t *c)
+{
+    __atomic_add_fetch(c, 1, __ATOMIC_RELAXED);
+}
+
+static void release(unsigned slot)
+{
+    __atomic_sub_fetch(&wo_stream_tab.slot[slot].inflight, 1, __ATOMIC_RELEASE);
+}
+
+void wo_redirect_cancel(struct wo_redirect *rd)
+{
+    for (unsigned i = 0; i < rd->n; i++) {
+        release(rd->slot[i]);
+        count(&wo_stream_tab.n.inplace_other);
+    }
+    rd->n = 0;
+}
+
+/* The engine's context must be the slots': a launch on another device (or
+ * context) cannot read them. One driver call, a thread-local read in it. */
+static bool same_context(void)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*get)(CUcontext *) = r ? (CUresult(*)(CUcontext *))r->cuCtxGetCurrent : NULL;
+    CUcontext c = NULL;
+
+    return get && get(&c) == CUDA_SUCCESS && c &&
+           c == __atomic_load_n(&wo_stream_tab.ctx, __ATOMIC_ACQUIRE);
+}
+
+/* Pins the slot of entry e for this launch; false: read it in place. */
+static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct wo_ev_hit *h,
+                uint64_t stream)
+{
+    uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE), owner, expect = 0;
+    unsigned slot = wo_stream_word_slot(w);
+    struct wo_stream_slot *s;
+    uint64_t base, lo, hi;
+
+    if (w == 0 || slot >= WO_STREAM_MAX_SLOTS || wo_stream_word_gen(w) != h->gen) {
+        count(&wo_stream_tab.n.inplace_no_slot);
+        return false;
+    }
+    s = &wo_stream_tab.slot[slot];
+    __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) != w) {
+        release(slot);
+        count(&wo_stream_tab.n.inplace_no_slot);
+        return false;
+    }
+    /* stable while the word is: the executor changes them only unpublished */
+    base = __atomic_load_n(&e->base, __ATOMIC_RELAXED);
+    lo = __atomic_load_n(&e->lo, __ATOMIC_RELAXED);
+    hi = __atomic_load_n(&e->hi, __ATOMIC_RELAXED);
+    if (h->hi <= lo || h->offset >= hi) {
+        /* the launch reads another part of the allocation: nothing to move */
+        release(slot);
+        return false;
+    }
+    owner = stream + 1;
+    if (!__atomic_compare_exchange_n(&s->owner, &expect, owner, false, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE) &&
+        expect != owner) {
+        release(slot);
+        count(&wo_stream_tab.n.inplace_other);
+        return false;
+    }
+    rd->slot[rd->n] = slot;
+    rd->from[rd->n] = base + lo;
+    rd->to[rd->n] = base + hi;
+    rd->dev[rd->n] = __atomic_load_n(&s->dev, __ATOMIC_RELAXED);
+    rd->n++;
+    return true;
+}
+
+unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits, unsigned nhits,
+                           uint64_t stream, bool captured)
+{
+    bool ctx_checked = false;
+
+    rd->n = 0;
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return 0;
+    for (unsigned i = 0; i < nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &hits[i];
+        struct wo_stream_entry *e;
+        bool dup = false;
+
+        if (h->id >= WO_STREAM_IDS)
+            continue;
+        e = &wo_stream_tab.e[h->id];
+        if (!__atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen)
+            continue;
+        /* where the engine is: the executor stages the ranges after it */
+        __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
+        if (captured) {
+            /* a graph replays its launches later, without this hook: its
+             * nodes read in place (correct, slower) */
+            count(&wo_stream_tab.n.inplace_captured);
+            continue;
+        }
+        if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED)) {
+            count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
+            continue;
+        }
+        if (rd->n == WO_REDIRECT_MAX) {
+            count(&wo_stream_tab.n.inplace_other);
+            continue;
+        }
+        if (!ctx_checked) {
+            if (!same_context()) {
+                count(&wo_stream_tab.n.inplace_other);
+                wo_redirect_cancel(rd);
+                return 0;
+            }
+            ctx_checked = true;
+        }
+        for (unsigned k = 0; k < rd->n; k++)
+            dup |= rd->from[k] <= e->base + h->offset && e->base + h->offset < rd->to[k];
+        if (!dup)
+            pin(rd, e, h, stream);
+    }
+    return rd->n;
+}
+
+/* Moves one 8-byte word into its slot when it points into a pinned range. */
+static bool move_word(const struct wo_redirect *rd, unsigned char *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, sizeof(v));
+    for (unsigned k = 0; k < rd->n; k++)
+        if (v >= rd->from[k] && v < rd->to[k]) {
+            v = rd->dev[k] + (v - rd->from[k]);
+            memcpy(p, &v, sizeof(v));
+            return true;
+        }
+    return false;
+}
+
+static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
+{
+    uint64_t v;
+
+    memcpy(&v, p, sizeof(v));
+    for (unsigned k = 0; k < rd->n; k++)
+        if (v >= rd->from[k] && v < rd->to[k])
+            return true;
+    return false;
+}
+
+void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
+                          int nparams, uint32_t max_words, struct wo_redirect_buf *b)
+{
+    size_t used = 0;
+    uint32_t words = 0;
+
+    if (!params || nparams <= 0 || nparams > WO_REDIRECT_PARAMS)
+        return NULL;
+    for (int i = 0; i < nparams; i++) {
+        const unsigned char *src = params[i];
+        bool hit = false;
+        uint32_t w0 = words;
+
+        b->params[i] = params[i];
+        if (sizes[i] < 8 || !src)
+            continue;
+        /* the same words the scan read (launch.c: scan_bytes) */
+        for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
+            hit |= points_in(rd, src + off);
+        if (!hit)
+            continue;
+        used = (used + 15) & ~(size_t)15;
+        if (used + sizes[i] > sizeof(b->bytes))
+            return NULL;
+        memcpy(b->bytes + used, src, sizes[i]);
+        words = w0;
+        for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
+            move_word(rd, b->bytes + used + off);
+        b->params[i] = b->bytes + used;
+        used += sizes[i];
+    }
+    return b->params;
+}
+
+void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_redirect_buf *b)
+{
+    const void *buf = NULL;
+    size_t size = 0;
+
+    for (int i = 0; i < 16 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+            memcpy(&size, extra[i + 1], sizeof(size));
+    }
+    if (!buf || size > sizeof(b->bytes))
+        return NULL;
+    memcpy(b->bytes, buf, size);
+    for (size_t off = 0; off + 8 <= size; off += 8)
+        move_word(rd, b->bytes + off);
+    b->extra_size = size;
+    b->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+    b->extra[1] = b->bytes;
+    b->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+    b->extra[3] = &b->extra_size;
+    b->extra[4] = CU_LAUNCH_PARAM_END;
+    return b->extra;
+}
+
+bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*wait)(CUstream, CUevent, unsigned) =
+        r ? (CUresult(*)(CUstream, CUevent, unsigned))r->cuStreamWaitEvent : NULL;
+
+    for (unsigned i = 0; i < rd->n; i++) {
+        CUevent ev = wo_stream_tab.slot[rd->slot[i]].copied;
+        if (!wait || wait((CUstream)(uintptr_t)stream, ev, 0) != CUDA_SUCCESS) {
+            wo_redirect_cancel(rd);
+            return false;
+        }
+    }
+    return true;
+}
+
+void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*rec)(CUevent, CUstream) =
+        r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL;
+
+    for (unsigned i = 0; i < rd->n; i++) {
+        struct wo_stream_slot *s = &wo_stream_tab.slot[rd->slot[i]];
+        /* The executor waits for read_done before it reuses the slot. A
+         * failed record (not expected on a stream that just took a launch)
+         * keeps the slot pinned for good: never reused, never overwritten
+         * under a kernel that may still read it. */
+        if (!rec || rec(s->read_done, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS) {
+            wo_log_once(WO_LOG_WARN, "stream: cannot record a slot's read event: the slot is "
+                                     "retired (its ranges are read in place)");
+            continue;
+        }
+        release(rd->slot[i]);
+    }
+    if (rd->n)
+        count(&wo_stream_tab.n.redirected);
+    rd->n = 0;
+}

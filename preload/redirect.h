@@ -1,0 +1,58 @@
+/* preload/redirect.h: launch redirection, the hook side of the streaming
+ * executor (uvm/stream.h). Called by the launch hooks (launch.c) between the
+ * parameter scan and the real launch:
+ *
+ *   n = wo_redirect_begin(&rd, hits, nhits, stream, captured);
+ *   if (n) params = wo_redirect_params(&rd, params, sizes, nparams, &buf);  (or _extra)
+ *   if (n && (!params || !wo_redirect_wait(&rd, stream))) -> launch as is
+ *   real launch
+ *   wo_redirect_end(&rd, stream);
+ *
+ * O(1) per hit, no lock, no allocation: the new parameter array and the
+ * rewritten parameter bytes live in the caller's struct wo_redirect_buf. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/event.h"
+
+#define WO_REDIRECT_MAX 4      /* streamed ranges one launch may read from slots */
+#define WO_REDIRECT_PARAMS 256 /* launches with more parameters read in place */
+#define WO_REDIRECT_BYTES 4096 /* bytes of rewritten parameters (the classic limit) */
+
+struct wo_redirect {
+    unsigned n;
+    unsigned slot[WO_REDIRECT_MAX];
+    uint64_t from[WO_REDIRECT_MAX], to[WO_REDIRECT_MAX]; /* [from, to) moves to dev */
+    uint64_t dev[WO_REDIRECT_MAX];
+};
+
+struct wo_redirect_buf {
+    void *params[WO_REDIRECT_PARAMS];
+    void *extra[5];
+    size_t extra_size;
+    _Alignas(16) unsigned char bytes[WO_REDIRECT_BYTES];
+};
+
+/* Pins the slot of every hit in a range with a published assignment (none
+ * when the launch is captured, the stream is not the slot's one this step,
+ * or the current context is not the slots'); also publishes the engine's
+ * position. Returns how many slots are pinned (rd->n). */
+unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits, unsigned nhits,
+                           uint64_t stream, bool captured);
+/* The parameter array to launch with: params with every pointer word into
+ * a pinned range moved into its slot (the rewritten parameters copied into
+ * b), scanning the same 8-byte words as the launch scan; NULL when it does
+ * not fit in b (then release with wo_redirect_cancel). */
+void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
+                          int nparams, uint32_t max_words, struct wo_redirect_buf *b);
+/* The same for the `extra` form (CU_LAUNCH_PARAM_BUFFER_POINTER). */
+void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_redirect_buf *b);
+/* Orders the launch stream after each pinned slot's staging copy. False
+ * (and every slot released) when the driver refuses: launch as is. */
+bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream);
+/* Releases the slots without a launch (counted as read in place). */
+void wo_redirect_cancel(struct wo_redirect *rd);
+/* After the launch: read_done recorded on the stream, slots released. */
+void wo_redirect_end(struct wo_redirect *rd, uint64_t stream);

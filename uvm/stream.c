@@ -1,0 +1,957 @@
+/* uvm/stream.c: the streaming executor (see stream.h; docs/prefetch.md,
+ * "Streaming"). Consumer thread only, except the shared table (hooks),
+ * wo_stream_note_write (copy hooks), the counters and the published
+ * per-name figures.
+ *
+ * Per step (found by the same stepper the planner uses, keyed on the
+ * launches that touch host or managed ranges) it measures, per range, the
+ * bytes launches read (each hit one slice, as the planner counts it) and
+ * the distinct bytes among them (64 granules per range): their ratio is
+ * the read multiplicity. A range is streamed when the policy says `stream`,
+ * or under `auto` when a step reads at least 1.5x its bytes (then one
+ * staging copy a step moves fewer bytes over PCIe than the reads in place)
+ * and no copy wrote it after seal. The order in which the last step first
+ * touched the streamed ranges is the plan: the executor keeps the range
+ * the engine is at and the next ones staged in device slots, the one before
+ * it kept too (a layer's tensors may interleave), and reuses the slot of
+ * anything further behind. */
+#include "uvm/stream.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/registry.h"
+#include "core/settings.h"
+#include "uvm/internal.h"
+#include "uvm/plan.h"
+#include "uvm/prefetch.h"
+
+#define GRANULES 64
+#define NONE UINT32_MAX
+#define AUTO_GAIN 1.5        /* stream when a step reads this many times the range's bytes */
+#define AUTO_STEPS 2         /* ... measured over at least this many steps */
+#define WARN_MULT 2.0        /* a host range read this many times a step in place: one warning */
+#define SPIN_WAIT 20000      /* polls of a slot's in-flight count before trying later */
+#define DIRTY UINT64_C(0xff) /* entry word: a copy wrote the range; never published again */
+
+struct wo_stream_shared wo_stream_tab;
+
+struct srange {
+    bool live, host, written, streamed, warned;
+    uint32_t gen;
+    uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
+    uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
+    char *name;
+    int slot;     /* -1 none */
+    uint32_t ord; /* index in the learned order, NONE */
+    /* this step */
+    uint64_t read, mask, staged;
+    bool touched;
+    /* measured steps (those that read it) */
+    uint64_t msteps, steps_all;
+    double sum_mult, sum_read, gain, sum_staged;
+};
+
+struct exec {
+    const struct wo_driver *drv;
+    enum wo_prefetch_mode mode;
+    CUcontext ctx;
+    CUstream copy;
+    unsigned nslots;
+    uint64_t slot_size;
+    bool slots_ready, slots_failed;
+    bool warned;                         /* the read-multiplicity warning was given */
+    int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
+    struct srange *r;                    /* by registry id (< WO_STREAM_IDS) */
+    uint32_t nr;
+    uint32_t *order, norder, *cur, ncur, cap_order;
+    uint32_t maxi; /* furthest index in the order the engine reached this step */
+    uint32_t epoch;
+    struct wo_stepper st;
+    uint64_t steps;
+};
+
+static struct exec *ex;
+static bool tried, rescan;
+
+static void add(uint64_t *c, uint64_t n)
+{
+    __atomic_add_fetch(c, n, __ATOMIC_RELAXED);
+}
+
+/* ---- the shared table ------------------------------------------------------ */
+
+void wo_stream_note_write(uint64_t dst, uint64_t bytes)
+{
+    uint64_t ends[2] = {dst, bytes ? dst + bytes - 1 : dst};
+
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return;
+    for (int i = 0; i < 2; i++) {
+        struct wo_stream_entry *e;
+        struct wo_hit h;
+        uint64_t old;
+        int ok;
+
+        wo_registry_read_begin();
+        ok = wo_registry_lookup(ends[i], &h);
+        wo_registry_read_end();
+        if (!ok || h.id >= WO_STREAM_IDS)
+            continue;
+        e = &wo_stream_tab.e[h.id];
+        /* every range the executor knows, streamed or not yet: a range
+         * selected while this write is under way is never published */
+        if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h.gen ||
+            __atomic_load_n(&e->base, __ATOMIC_RELAXED) == 0)
+            continue;
+        /* sticky: the executor publishes with a CAS from 0, never over it */
+        old = __atomic_exchange_n(&e->word, DIRTY, __ATOMIC_SEQ_CST);
+        if (old != DIRTY && old != 0)
+            add(&wo_stream_tab.n.invalidated, 1);
+    }
+}
+
+void wo_stream_counts(struct wo_stream_counts *ret)
+{
+    const uint64_t *src = (const uint64_t *)&wo_stream_tab.n;
+    uint64_t *dst = (uint64_t *)ret;
+
+    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
+        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+/* ---- driver access ------------------------------------------------------------ */
+
+/* The prefetcher's side of the capture handshake (uvm.h: wo_prefetch_busy),
+ * shared: both run on the consumer thread. */
+static bool enter_driver(void)
+{
+    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+        return false;
+    }
+    return true;
+}
+
+static void leave_driver(void)
+{
+    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+}
+
+/* The slots, events and copy stream live in the engine's context (a
+ * kernel reads only memory of its context, and an event is recorded only
+ * on a stream of its own context); the prefetcher may keep a context of
+ * its own current on this thread: it is put back after. */
+static CUcontext push_ctx(void)
+{
+    CUcontext prev = NULL;
+
+    if (ex->drv->cuCtxGetCurrent)
+        ex->drv->cuCtxGetCurrent(&prev);
+    if (prev != ex->ctx && ex->drv->cuCtxSetCurrent)
+        ex->drv->cuCtxSetCurrent(ex->ctx);
+    return prev;
+}
+
+static void pop_ctx(CUcontext prev)
+{
+    if (prev != ex->ctx && ex->drv->cuCtxSetCurrent)
+        ex->drv->cuCtxSetCurrent(prev);
+}
+
+static void slots_fail(const char *why, CUresult res)
+{
+    ex->slots_failed = true;
+    wo_warn("stream: %s (%s): streamed ranges are read in place", why, wo_cu_error_name(res));
+}
+
+/* Allocates the slots, their events and the copy stream, once. */
+static bool slots(void)
+{
+    const struct wo_driver *d = ex->drv;
+    CUcontext prev;
+    CUresult res = CUDA_SUCCESS;
+    unsigned i;
+
+    if (ex->slots_ready || ex->slots_failed)
+        return ex->slots_ready;
+    if (!d->cuMemAlloc_v2 || !d->cuMemcpyAsync || !d->cuEventCreate || !d->cuEventRecord ||
+        !d->cuStreamWaitEvent || !d->cuStreamCreate || !ex->ctx || !ex->slot_size) {
+        slots_fail("the driver lacks a function it needs", CUDA_ERROR_NOT_SUPPORTED);
+        return false;
+    }
+    if (!enter_driver())
+        return false; /* a global capture forbids cuMemAlloc: later */
+    prev = push_ctx();
+    res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
+    for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
+        struct wo_stream_slot *s = &wo_stream_tab.slot[i];
+        CUdeviceptr p = 0;
+
+        res = d->cuMemAlloc_v2(&p, ex->slot_size);
+        if (res == CUDA_SUCCESS)
+            res = d->cuEventCreate(&s->copied, CU_EVENT_DISABLE_TIMING);
+        if (res == CUDA_SUCCESS)
+            res = d->cuEventCreate(&s->read_done, CU_EVENT_DISABLE_TIMING);
+        s->dev = p;
+        if (res != CUDA_SUCCESS && p && d->cuMemFree_v2)
+            d->cuMemFree_v2(p);
+    }
+    pop_ctx(prev);
+    leave_driver();
+    if (res != CUDA_SUCCESS) {
+        /* what was made stays unused until exit: nothing reads it */
+        slots_fail("no device staging slots", res);
+        return false;
+    }
+    ex->slots_ready = true;
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, (uint64_t)ex->nslots * ex->slot_size,
+                     __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.ctx, ex->ctx, __ATOMIC_RELEASE);
+    wo_info("stream: %u device staging slots of %llu MiB", ex->nslots,
+            (unsigned long long)(ex->slot_size >> 20));
+    return true;
+}
+
+/* ---- assignments ---------------------------------------------------------- */
+
+/* Takes the slot's assignment back and waits until no hook holds it; false
+ * when a hook still does after SPIN_WAIT polls (try again later). */
+static bool unpublish(int slot)
+{
+    int id = ex->slot_range[slot];
+    struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
+
+    if (id >= 0) {
+        struct wo_stream_entry *e = &wo_stream_tab.e[id];
+        uint64_t w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
+        /* DIRTY stays: the range was written */
+        if (w != DIRTY && w != 0)
+            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    for (int i = 0; __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST) > 0; i++) {
+        if (i == SPIN_WAIT) {
+            add(&wo_stream_tab.n.slot_waits, 1);
+            return false;
+        }
+        if (i % 64 == 63)
+            sched_yield();
+    }
+    if (id >= 0 && (uint32_t)id < ex->nr)
+        ex->r[id].slot = -1;
+    ex->slot_range[slot] = -1;
+    return true;
+}
+
+/* A copy wrote the range: it is read in place from now on. */
+static void mark_written(struct srange *r, uint32_t id)
+{
+    if (r->written)
+        return;
+    r->written = true;
+    if (r->streamed)
+        wo_info("stream: '%s' was written after seal: read in place from now on",
+                r->name ? r->name : "(unnamed)");
+    r->streamed = false;
+    __atomic_store_n(&wo_stream_tab.e[id].word, DIRTY, __ATOMIC_SEQ_CST);
+    if (r->slot >= 0)
+        (void)unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
+}
+
+static void drop(uint32_t id);
+
+/* Copies range id into slot and publishes the assignment. */
+static bool stage(uint32_t id, int slot)
+{
+    const struct wo_driver *d = ex->drv;
+    struct srange *r = &ex->r[id];
+    struct wo_stream_entry *e = &wo_stream_tab.e[id];
+    struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
+    uint64_t w = 0, nw;
+    CUcontext prev;
+    CUresult res;
+
+    if (!unpublish(slot))
+        return false;
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == DIRTY) {
+        mark_written(r, id);
+        return true; /* the slot is free: try the next range */
+    }
+    if (!enter_driver())
+        return false;
+    /* The engine may free the range at any moment (wo_uvm_free, on its
+     * thread, under wo_uvm.lock): a copy from freed memory reads unmapped
+     * pages. So the copy is issued under that lock, with the range still
+     * live; a free after it waits in the driver for the copy (cuMemFree
+     * synchronises with the device's work). */
+    pthread_mutex_lock(&wo_uvm.lock);
+    {
+        struct wo_range rg;
+        if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
+            pthread_mutex_unlock(&wo_uvm.lock);
+            leave_driver();
+            drop(id);
+            return true; /* the slot is free: try the next range */
+        }
+    }
+    prev = push_ctx();
+    /* after every kernel that read the slot's previous range */
+    res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemcpyAsync((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo),
+                               (size_t)(r->hi - r->lo), ex->copy);
+    if (res == CUDA_SUCCESS)
+        res = d->cuEventRecord(s->copied, ex->copy);
+    pop_ctx(prev);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    leave_driver();
+    if (res != CUDA_SUCCESS) {
+        /* the range may have been freed under us (its free event still in
+         * the ring): it is read in place */
+        wo_debug("stream: staging '%s': %s", r->name ? r->name : "(unnamed)",
+                 wo_cu_error_name(res));
+        r->streamed = false;
+        __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
+        return true;
+    }
+    add(&wo_stream_tab.n.staged, 1);
+    add(&wo_stream_tab.n.staged_bytes, r->hi - r->lo);
+    r->staged += r->hi - r->lo;
+    __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+    ex->epoch++;
+    nw = wo_stream_word(r->gen, ex->epoch, (unsigned)slot);
+    if (!__atomic_compare_exchange_n(&e->word, &w, nw, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        mark_written(r, id); /* a copy wrote it while we staged */
+        return true;
+    }
+    r->slot = slot;
+    ex->slot_range[slot] = (int)id;
+    return true;
+}
+
+static bool in(const uint32_t *v, unsigned n, uint32_t id)
+{
+    for (unsigned i = 0; i < n; i++)
+        if (v[i] == id)
+            return true;
+    return false;
+}
+
+/* Stages the range the engine is at and the next ones, keeping the one
+ * before. */
+static void advance(void)
+{
+    uint32_t pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), idx;
+    uint32_t ahead[WO_STREAM_MAX_SLOTS], behind = NONE;
+    unsigned na = 0;
+
+    if (!ex->norder || pos == 0 || pos - 1 >= ex->nr)
+        return;
+    idx = ex->r[pos - 1].ord;
+    if (idx == NONE)
+        return;
+    /* the furthest point of this step; far back means the next step began */
+    if (ex->maxi == NONE || idx > ex->maxi || idx + ex->norder / 2 < ex->maxi)
+        ex->maxi = idx;
+    for (uint32_t k = 0; k < ex->norder && na < ex->nslots - 1; k++) {
+        uint32_t id = ex->order[(ex->maxi + k) % ex->norder];
+        if (ex->r[id].live && ex->r[id].streamed && !in(ahead, na, id))
+            ahead[na++] = id;
+    }
+    for (uint32_t k = 1; k < ex->norder; k++) {
+        uint32_t id = ex->order[(ex->maxi + ex->norder - k) % ex->norder];
+        if (ex->r[id].live && ex->r[id].streamed) {
+            behind = in(ahead, na, id) ? NONE : id;
+            break;
+        }
+    }
+    if (!na || !slots())
+        return;
+    for (unsigned k = 0; k < na; k++) {
+        struct srange *r = &ex->r[ahead[k]];
+        int pick = -1;
+
+        if (r->slot >= 0 || !r->streamed)
+            continue;
+        /* a free slot, else one of a range behind, the one just behind last */
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (ex->slot_range[s] < 0)
+                pick = (int)s;
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) &&
+                (uint32_t)ex->slot_range[s] != behind)
+                pick = (int)s;
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]))
+                pick = (int)s;
+        if (pick < 0 || !stage(ahead[k], pick))
+            break;
+    }
+}
+
+/* ---- learning ----------------------------------------------------------------- */
+
+static uint64_t granule(const struct srange *r)
+{
+    uint64_t span = r->hi - r->lo;
+    return (span + GRANULES - 1) / GRANULES;
+}
+
+static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h)
+{
+    uint64_t span = r->hi - r->lo, rel, relhi, end, g = granule(r);
+
+    if (h->offset < r->lo || h->offset >= r->hi)
+        return; /* another part of the allocation */
+    rel = h->offset - r->lo;
+    relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;
+    if (rel)
+        r->slice = r->slice ? wo_plan_gcd(r->slice, rel) : rel;
+    end = wo_plan_extent_end(span, r->slice, rel, relhi);
+    if (end <= rel)
+        return;
+    r->read += end - rel;
+    for (uint64_t k = rel / g; k <= (end - 1) / g && k < GRANULES; k++)
+        r->mask |= UINT64_C(1) << k;
+    if (!r->touched) {
+        r->touched = true;
+        if (ex->ncur == ex->cap_order) {
+            uint32_t n = ex->cap_order ? ex->cap_order * 2 : 64;
+            uint32_t *a = realloc(ex->cur, n * sizeof(*a)), *b;
+            if (!a)
+                return;
+            ex->cur = a;
+            b = realloc(ex->order, n * sizeof(*b));
+            if (!b)
+                return;
+            ex->order = b;
+            ex->cap_order = n;
+        }
+        ex->cur[ex->ncur++] = id;
+    }
+}
+
+static void select_range(struct srange *r, uint32_t id)
+{
+    if (r->streamed || r->written)
+        return;
+    if (r->hi - r->lo > ex->slot_size) {
+        wo_log_once(WO_LOG_WARN, "stream: a range larger than the staging slots is read in place");
+        return;
+    }
+    r->streamed = true;
+    __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
+    if (!r->host)
+        wo_prefetch_release(id, r->gen, wo_stream_reserved());
+    if (r->msteps)
+        wo_info("stream: '%s' (%s, %llu MiB) is streamed: read %.1fx its bytes a step",
+                r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                (unsigned long long)((r->hi - r->lo) >> 20), r->gain);
+    else
+        wo_debug("stream: '%s' (%s, %llu MiB) is streamed (prefetch.mode stream)",
+                 r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                 (unsigned long long)((r->hi - r->lo) >> 20));
+}
+
+static void publish_names(bool force);
+
+static void close_step(unsigned k)
+{
+    /* the first boundary closes the steps the period was learned on, and
+     * everything read since the start with them: not a measurement */
+    bool measure = ex->steps > 0;
+    const char *warn_name = NULL;
+    double warn_mult = 0;
+    unsigned warn_more = 0;
+
+    ex->steps += k;
+    add(&wo_stream_tab.n.steps, k);
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        struct srange *r = &ex->r[id];
+        uint64_t distinct;
+        double mult, gain;
+
+        if (!r->live)
+            continue;
+        r->steps_all += k;
+        r->sum_staged += (double)r->staged;
+        r->staged = 0;
+        if (!r->touched || !measure) {
+            r->read = 0;
+            r->mask = 0;
+            r->touched = false;
+            continue;
+        }
+        /* per step: the bytes read over the distinct bytes among them */
+        distinct = WO_MIN((uint64_t)__builtin_popcountll(r->mask) * granule(r), r->hi - r->lo);
+        mult = distinct ? (double)r->read / (double)k / (double)distinct : 0;
+        gain = (double)r->read / (double)k / (double)(r->hi - r->lo);
+        r->msteps += k;
+        r->sum_mult += mult * k;
+        r->sum_read += (double)r->read;
+        /* a running mean while young, then recent steps weigh more */
+        r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
+                                 : 0.75 * r->gain + 0.25 * gain;
+        if (ex->mode == WO_PREFETCH_MODE_AUTO && !ex->slots_failed && r->msteps >= AUTO_STEPS &&
+            r->gain >= AUTO_GAIN)
+            select_range(r, id);
+        if (r->host && !r->streamed && !r->warned && r->msteps >= AUTO_STEPS &&
+            r->sum_mult / (double)r->msteps >= WARN_MULT) {
+            r->warned = true;
+            if (!warn_name) {
+                warn_name = r->name ? r->name : "(unnamed)";
+                warn_mult = r->sum_mult / (double)r->msteps;
+            } else {
+                warn_more++;
+            }
+        }
+        r->read = 0;
+        r->mask = 0;
+        r->touched = false;
+    }
+    if (warn_name && !ex->warned) {
+        /* one line for the process: the first range, and how many more */
+        char more[64] = "";
+        ex->warned = true;
+        if (warn_more)
+            snprintf(more, sizeof(more), " (and %u more host ranges)", warn_more);
+        wo_warn("stream: '%s' (host) is read %.1fx a step in place over PCIe%s; "
+                "prefetch: {mode: stream} copies it once a step (docs/prefetch.md, Streaming)",
+                warn_name, warn_mult, more);
+    }
+    /* this step's first touches are the next step's plan */
+    for (uint32_t i = 0; i < ex->norder; i++)
+        if (ex->order[i] < ex->nr)
+            ex->r[ex->order[i]].ord = NONE;
+    memcpy(ex->order, ex->cur, ex->ncur * sizeof(*ex->cur));
+    ex->norder = ex->ncur;
+    ex->ncur = 0;
+    for (uint32_t i = 0; i < ex->norder; i++)
+        ex->r[ex->order[i]].ord = i;
+    ex->maxi = NONE;
+    publish_names(false);
+}
+
+static void on_launch(const struct wo_event *ev)
+{
+    uint32_t low = NONE;
+    unsigned k;
+
+    if (ev->capture)
+        return; /* replayed later by a graph, never redirected */
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &ev->l.hits[i];
+        struct srange *r;
+
+        if (h->id >= ex->nr || !(r = &ex->r[h->id])->live || r->gen != h->gen)
+            continue;
+        account_hit(r, h->id, h);
+        low = WO_MIN(low, h->id);
+    }
+    if (low == NONE)
+        return;
+    k = wo_stepper_feed(&ex->st, wo_stepper_key(ev->l.func, low));
+    if (k)
+        close_step(k);
+}
+
+/* ---- ranges ----------------------------------------------------------------- */
+
+static int add_seg(const struct wo_uvm_segment *s, void *ud)
+{
+    struct srange *r;
+    struct wo_range rg;
+
+    (void)ud;
+    if (s->id >= WO_STREAM_IDS || wo_registry_get(s->id, &rg) < 0 || rg.gen != s->gen)
+        return 0;
+    if (s->id >= ex->nr) {
+        uint32_t n = WO_MIN(WO_MAX(s->id + 1, ex->nr * 2), WO_STREAM_IDS);
+        struct srange *v = realloc(ex->r, (size_t)n * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        memset(v + ex->nr, 0, (size_t)(n - ex->nr) * sizeof(*v));
+        for (uint32_t i = ex->nr; i < n; i++) {
+            v[i].slot = -1;
+            v[i].ord = NONE;
+        }
+        ex->r = v;
+        ex->nr = n;
+    }
+    r = &ex->r[s->id];
+    if (r->live && r->gen != s->gen)
+        return 0; /* the free of the old one is still in the ring */
+    if (!r->live) {
+        struct wo_stream_entry *e = &wo_stream_tab.e[s->id];
+        r->live = true;
+        r->gen = s->gen;
+        r->base = rg.base;
+        r->lo = s->offset;
+        r->hi = s->offset + s->size;
+        r->name = strdup(s->name);
+        __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
+        __atomic_store_n(&e->base, rg.base, __ATOMIC_RELAXED);
+        __atomic_store_n(&e->gen, s->gen, __ATOMIC_RELAXED);
+    } else {
+        /* more off-device bytes of the same allocation: one span (bytes
+         * between two such tags are copied too; nothing reads them there) */
+        if (r->streamed || r->slot >= 0)
+            return 0; /* its span is published: keep it */
+        r->lo = WO_MIN(r->lo, s->offset);
+        r->hi = WO_MAX(r->hi, s->offset + s->size);
+    }
+    r->host |= s->place == WO_PLACE_HOST;
+    __atomic_store_n(&wo_stream_tab.e[s->id].lo, r->lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.e[s->id].hi, r->hi, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* No range is streamed any more (the engine freed them): the slots go
+ * back, once no hook holds one and the GPU is done with them. False: later
+ * (a hook still holds a slot, or a global-mode capture is under way). */
+static bool free_slots(void)
+{
+    const struct wo_driver *d = ex->drv;
+    CUcontext prev;
+
+    if (!ex->slots_ready)
+        return true;
+    for (unsigned i = 0; i < ex->nslots; i++)
+        if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0)
+            return false;
+    if (!enter_driver())
+        return false;
+    prev = push_ctx();
+    if (ex->copy && d->cuStreamSynchronize)
+        d->cuStreamSynchronize(ex->copy);
+    for (unsigned i = 0; i < ex->nslots; i++) {
+        struct wo_stream_slot *s = &wo_stream_tab.slot[i];
+        if (s->read_done && d->cuEventSynchronize)
+            d->cuEventSynchronize(s->read_done);
+        if (s->dev && d->cuMemFree_v2)
+            d->cuMemFree_v2((CUdeviceptr)s->dev);
+        if (d->cuEventDestroy_v2) {
+            if (s->copied)
+                d->cuEventDestroy_v2(s->copied);
+            if (s->read_done)
+                d->cuEventDestroy_v2(s->read_done);
+        }
+        s->dev = 0;
+        s->copied = s->read_done = NULL;
+        ex->slot_range[i] = -1;
+    }
+    if (ex->copy && d->cuStreamDestroy_v2)
+        d->cuStreamDestroy_v2(ex->copy);
+    ex->copy = NULL;
+    pop_ctx(prev);
+    leave_driver();
+    ex->slots_ready = false;
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, 0, __ATOMIC_RELAXED);
+    wo_debug("stream: no range is streamed any more: the slots are given back");
+    return true;
+}
+
+/* Frees reach uvm/ on the engine's thread (wo_uvm_free), not as events:
+ * a range whose registry slot is gone or reused is dropped here. */
+static void reap(void)
+{
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        struct wo_range rg;
+
+        if (ex->r[id].live && (wo_registry_get(id, &rg) < 0 || rg.gen != ex->r[id].gen))
+            drop(id);
+    }
+}
+
+static bool any_streamed(void)
+{
+    for (uint32_t i = 0; i < ex->nr; i++)
+        if (ex->r[i].live && ex->r[i].streamed)
+            return true;
+    return false;
+}
+
+static void drop(uint32_t id)
+{
+    struct srange *r = &ex->r[id];
+    struct wo_stream_entry *e = &wo_stream_tab.e[id];
+
+    __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
+    if (r->slot >= 0 && !unpublish(r->slot))
+        ex->slot_range[r->slot] = -1; /* a hook still reads it: read_done orders the reuse */
+    free(r->name);
+    memset(r, 0, sizeof(*r));
+    r->slot = -1;
+    r->ord = NONE;
+}
+
+static void on_copy(const struct wo_event *ev)
+{
+    struct wo_range rg;
+    uint32_t id;
+
+    if (wo_registry_find(ev->c.dst, &rg) < 0 || (id = rg.id) >= ex->nr || !ex->r[id].live ||
+        ex->r[id].gen != rg.gen)
+        return;
+    if (ev->c.dst >= rg.base + ex->r[id].hi || ev->c.dst + ev->c.bytes <= rg.base + ex->r[id].lo)
+        return;
+    mark_written(&ex->r[id], id);
+}
+
+/* ---- setup ----------------------------------------------------------------- */
+
+static void setup(void)
+{
+    const struct wo_driver *drv = wo_uvm_driver();
+    const struct wo_policy *pol = wo_uvm_policy();
+    const struct wo_policy_globals *g = pol ? wo_policy_globals(pol) : NULL;
+    uint64_t largest = 0, budget = wo_uvm_device_budget();
+    CUdevice dev;
+
+    tried = true;
+    /* hooks look at the table only once it is active: clear what a
+     * previous instance (tests reset uvm/) left */
+    memset(&wo_stream_tab, 0, sizeof(wo_stream_tab));
+    if (!drv || !g || !wo_settings()->prefetch || !g->prefetch.enabled)
+        return;
+    ex = calloc(1, sizeof(*ex));
+    if (!ex)
+        return;
+    ex->drv = drv;
+    ex->mode = g->prefetch.mode;
+    ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
+                        WO_STREAM_MAX_SLOTS);
+    ex->maxi = NONE;
+    for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++)
+        ex->slot_range[i] = -1;
+    wo_stepper_init(&ex->st);
+    if (drv->cuDeviceGet && drv->cuDevicePrimaryCtxRetain &&
+        drv->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS)
+        drv->cuDevicePrimaryCtxRetain(&ex->ctx, dev);
+    if (wo_uvm_foreach_offdevice(add_seg, NULL) < 0)
+        wo_warn("stream: out of memory listing ranges; some are read in place");
+    for (uint32_t i = 0; i < ex->nr; i++)
+        if (ex->r[i].live)
+            largest = WO_MAX(largest, ex->r[i].hi - ex->r[i].lo);
+    /* the slots count against the device budget: fewer slots when they do
+     * not fit, none below two (a copy could then never overlap the reads) */
+    while (ex->nslots > WO_STREAM_SLOTS_MIN && (uint64_t)ex->nslots * largest > budget)
+        ex->nslots--;
+    if (ex->mode == WO_PREFETCH_MODE_HOT_SET) {
+        /* measures (multiplicity, the warning) and never streams */
+        ex->slots_failed = true;
+    } else if (!largest || (uint64_t)ex->nslots * largest > budget) {
+        if (largest)
+            wo_warn("stream: %u slots of %llu MiB do not fit in the device budget (%llu MiB): "
+                    "host and managed ranges are read in place",
+                    ex->nslots, (unsigned long long)(largest >> 20),
+                    (unsigned long long)(budget >> 20));
+        ex->slots_failed = true;
+    }
+    ex->slot_size = largest;
+    if (ex->mode == WO_PREFETCH_MODE_STREAM && !ex->slots_failed)
+        for (uint32_t i = 0; i < ex->nr; i++)
+            if (ex->r[i].live)
+                select_range(&ex->r[i], i);
+    __atomic_store_n(&wo_stream_tab.active, 1, __ATOMIC_RELEASE);
+    wo_info("stream: mode %s, %u slots of up to %llu MiB",
+            ex->mode == WO_PREFETCH_MODE_STREAM ? "stream"
+            : ex->mode == WO_PREFETCH_MODE_AUTO ? "auto"
+                                                : "hot-set (measures only)",
+            ex->nslots, (unsigned long long)(largest >> 20));
+}
+
+uint64_t wo_stream_reserved(void)
+{
+    if (!ex || ex->slots_failed)
+        return 0;
+    for (uint32_t i = 0; i < ex->nr; i++)
+        if (ex->r[i].live && ex->r[i].streamed)
+            return (uint64_t)ex->nslots * ex->slot_size;
+    return 0;
+}
+
+bool wo_stream_claims(uint32_t id, uint32_t gen)
+{
+    return ex && id < ex->nr && ex->r[id].live && ex->r[id].gen == gen && ex->r[id].streamed;
+}
+
+void wo_stream_on_event(const struct wo_event *ev)
+{
+    if (!ex) {
+        /* the budget is resolved at seal: before that nothing is placed */
+        if (tried || ev->type != WO_EV_LAUNCH || wo_uvm_device_budget() == 0)
+            return;
+        setup();
+        if (!ex)
+            return;
+    }
+    switch (ev->type) {
+    case WO_EV_TAG:
+    case WO_EV_ALLOC:
+    case WO_EV_PLACE:
+        rescan = true;
+        return;
+    case WO_EV_FREE: /* (traces only: frees are found by reap()) */
+        for (uint32_t id = 0; id < ex->nr; id++)
+            if (ex->r[id].live && ex->r[id].base == ev->a.base)
+                drop(id);
+        return;
+    case WO_EV_COPY:
+        on_copy(ev);
+        return;
+    case WO_EV_LAUNCH:
+        if (rescan) {
+            rescan = false;
+            (void)wo_uvm_foreach_offdevice(add_seg, NULL);
+        }
+        on_launch(ev);
+        advance();
+        return;
+    default:
+        return;
+    }
+}
+
+void wo_stream_tick(void)
+{
+    if (ex) {
+        reap();
+        if (ex->slots_ready && !any_streamed())
+            (void)free_slots();
+        advance();
+        publish_names(false);
+    }
+}
+
+/* ---- per-name figures --------------------------------------------------------- */
+
+struct name_snap {
+    char *name;
+    struct wo_stream_name_stats st;
+};
+
+static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct name_snap *snap;
+static size_t nsnap;
+static uint64_t snap_ns;
+
+static void publish_names(bool force)
+{
+    struct name_snap *v, *old;
+    size_t n = 0, nold;
+    uint64_t now = wo_now_ns();
+
+    if (!ex || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
+        return;
+    snap_ns = now;
+    v = calloc(ex->nr ? ex->nr : 1, sizeof(*v));
+    if (!v)
+        return;
+    for (uint32_t i = 0; i < ex->nr; i++) {
+        const struct srange *r = &ex->r[i];
+        struct wo_stream_name_stats *st = &v[n].st;
+
+        if (!r->live || !r->msteps)
+            continue;
+        st->multiplicity = r->sum_mult / (double)r->msteps;
+        st->read_per_step = r->sum_read / (double)r->msteps;
+        st->range_bytes = (double)(r->hi - r->lo);
+        st->staged_per_step = r->steps_all ? r->sum_staged / (double)r->steps_all : 0;
+        st->steps = r->msteps;
+        st->host = r->host;
+        st->streamed = r->streamed;
+        st->written = r->written;
+        v[n].name = strdup(r->name ? r->name : "(unnamed)");
+        if (!v[n].name)
+            break;
+        n++;
+    }
+    pthread_mutex_lock(&snap_lock);
+    old = snap;
+    nold = nsnap;
+    snap = v;
+    nsnap = n;
+    pthread_mutex_unlock(&snap_lock);
+    for (size_t i = 0; i < nold; i++)
+        free(old[i].name);
+    free(old);
+}
+
+void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
+                                       const struct wo_stream_name_stats *st),
+                            void *ud)
+{
+    pthread_mutex_lock(&snap_lock);
+    for (size_t i = 0; i < nsnap; i++)
+        fn(ud, snap[i].name, &snap[i].st);
+    pthread_mutex_unlock(&snap_lock);
+}
+
+/* ---- the end -------------------------------------------------------------------- */
+
+static void free_exec(void)
+{
+    for (uint32_t i = 0; i < ex->nr; i++)
+        free(ex->r[i].name);
+    free(ex->r);
+    free(ex->order);
+    free(ex->cur);
+    wo_stepper_done(&ex->st);
+    free(ex);
+    ex = NULL;
+}
+
+void wo_stream_finish(void)
+{
+    struct wo_stream_counts c;
+    unsigned shown = 0;
+
+    if (!ex)
+        return;
+    /* the hooks stop redirecting: launches after this read in place */
+    __atomic_store_n(&wo_stream_tab.active, 0, __ATOMIC_RELEASE);
+    publish_names(true);
+    wo_stream_counts(&c);
+    wo_info("stream: %llu steps, %llu launches redirected, read in place: %llu no slot ready, "
+            "%llu captured, %llu other; %llu staging copies (%llu MiB, %.1f MiB a step), "
+            "%llu slot waits, %llu invalidated by writes",
+            (unsigned long long)c.steps, (unsigned long long)c.redirected,
+            (unsigned long long)c.inplace_no_slot, (unsigned long long)c.inplace_captured,
+            (unsigned long long)c.inplace_other, (unsigned long long)c.staged,
+            (unsigned long long)(c.staged_bytes >> 20),
+            c.steps ? (double)c.staged_bytes / (double)c.steps / (1 << 20) : 0.0,
+            (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated);
+    for (uint32_t i = 0; i < ex->nr && shown < 10; i++) {
+        const struct srange *r = &ex->r[i];
+        if (!r->live || !r->msteps || (r->sum_mult / (double)r->msteps < 1.5 && !r->streamed))
+            continue;
+        shown++;
+        wo_info("stream: %s: read %.1fx a step (%s, %s)", r->name ? r->name : "(unnamed)",
+                r->sum_mult / (double)r->msteps, r->host ? "host" : "managed",
+                r->streamed  ? "streamed"
+                : r->written ? "written, in place"
+                             : "in place");
+    }
+    /* finish runs at exit, possibly after the driver's teardown: no driver
+     * call; the slots, events and stream go with the process */
+    free_exec();
+    tried = false;
+}
+
+static __attribute__((used)) struct exec *parents_exec;
+
+void wo_stream_atfork_child(void)
+{
+    /* the parent's slots and events mean nothing here: forget them (kept
+     * reachable for leak checkers) and read in place */
+    parents_exec = ex;
+    ex = NULL;
+    tried = false;
+    rescan = false;
+    memset(&wo_stream_tab, 0, sizeof(wo_stream_tab));
+}

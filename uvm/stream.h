@@ -1,0 +1,141 @@
+/* uvm/stream.h: the streaming executor (issue 18, mechanism (c): launch
+ * redirection). A range placed `host` or `managed` that a step reads more
+ * than once is copied, once a step, into a device staging slot on a copy
+ * stream of its own, ahead of the launches that read it; the launch hook
+ * (preload/redirect.c) points those launches' arguments at the slot. The
+ * host copy stays the truth: a slot is a read-only duplicate, dropped when
+ * a copy writes the range.
+ *
+ * Two sides share the table below:
+ *  - the executor (uvm/stream.c, consumer thread): learns per range and per
+ *    step how many times its bytes are read (read multiplicity), decides
+ *    what to stream (policy prefetch.mode), owns the slots, the copy stream
+ *    and the events, stages ranges ahead of the engine and publishes each
+ *    assignment (range -> slot) in the table;
+ *  - the hooks (preload/, any engine thread): read an assignment lock-free,
+ *    pin the slot (in-flight counter, re-checked like a seqlock), order the
+ *    launch after the slot's copy (cuStreamWaitEvent on `copied`), launch
+ *    with the rewritten arguments, and record `read_done` on the launch's
+ *    stream. A copy hook that writes into a range drops its assignment at
+ *    once (wo_stream_note_write), before the write is forwarded.
+ * docs/prefetch.md ("Streaming") has the design and the measurements. */
+#pragma once
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/event.h"
+
+/* Registry ids that can be streamed (ids are dense slot indices; a range
+ * with a larger id is read in place and counted). */
+#define WO_STREAM_IDS 16384u
+#define WO_STREAM_MAX_SLOTS 8u /* policy prefetch.slots: 2..8 */
+
+/* One registry range as the hooks see it. `word` is the assignment:
+ * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
+ * only while word is 0, and every publication has a new epoch, so a hook
+ * that reads word, then the fields, then word again after pinning the slot,
+ * saw a consistent assignment when both reads agree. */
+struct wo_stream_entry {
+    uint64_t word;
+    uint64_t base;     /* range base address */
+    uint64_t lo, hi;   /* the staged bytes: [base+lo, base+hi) */
+    uint32_t gen;      /* the generation `streamed` refers to */
+    uint32_t streamed; /* the executor streams this range (no slot published may still be) */
+};
+
+struct wo_stream_slot {
+    uint64_t dev;      /* device address of the slot (cuMemAlloc), fixed once allocated */
+    int inflight;      /* hooks between pinning the slot and recording read_done */
+    uint64_t owner;    /* engine stream + 1 that reads it since it was published; 0 none */
+    CUevent copied;    /* recorded on the copy stream after the staging copy */
+    CUevent read_done; /* recorded on the owner stream after each redirected launch */
+};
+
+/* What the hooks count (atomics; the executor's totals are in the same
+ * struct so the stats read one place). */
+struct wo_stream_counts {
+    uint64_t redirected;       /* launches whose arguments pointed at a slot */
+    uint64_t inplace_no_slot;  /* a streamed range with no slot ready (or moved under the hook) */
+    uint64_t inplace_captured; /* a launch into a capture: graphs read in place */
+    uint64_t inplace_other;    /* another stream owns the slot this step, another context,
+                                * too many parameters, a failed wait */
+    uint64_t invalidated;      /* assignments dropped by a copy writing the range */
+    uint64_t staged, staged_bytes; /* staging copies issued */
+    uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
+    uint64_t steps;
+    uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */                /* steps the executor found */
+};
+
+struct wo_stream_shared {
+    int active;    /* 1 once an assignment may exist: the hooks look only then */
+    uint32_t pos;  /* registry id + 1 of the last streamed range a launch touched */
+    CUcontext ctx; /* the context slots and events live in (the engine's primary) */
+    struct wo_stream_counts n;
+    struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
+    struct wo_stream_entry e[WO_STREAM_IDS];
+};
+
+extern struct wo_stream_shared wo_stream_tab;
+
+static inline uint64_t wo_stream_word(uint32_t gen, uint32_t epoch, unsigned slot)
+{
+    return (uint64_t)gen << 32 | (uint64_t)(epoch & 0xffffffu) << 8 | (uint64_t)(slot + 1);
+}
+
+static inline unsigned wo_stream_word_slot(uint64_t w)
+{
+    return (unsigned)(w & 0xff) - 1;
+}
+
+static inline uint32_t wo_stream_word_gen(uint64_t w)
+{
+    return (uint32_t)(w >> 32);
+}
+
+/* A copy hook is about to write [dst, dst+bytes): every assignment of a
+ * range it overlaps is dropped now (the next launches read the host copy,
+ * which the write makes current) and the executor learns the range was
+ * written. Lock-free; the registry read section must not be held. */
+void wo_stream_note_write(uint64_t dst, uint64_t bytes);
+
+/* ---- the executor (consumer thread; consumer.c calls these) ---------------- */
+
+/* Every event, before the prefetcher sees it. Builds the executor at the
+ * first launch after seal (policy prefetch.mode; WOFFLOAD_PREFETCH=0 or
+ * prefetch.enabled false leave it off). */
+void wo_stream_on_event(const struct wo_event *ev);
+/* When the consumer is idle: stages what the engine's position asks for. */
+void wo_stream_tick(void);
+/* At finish (consumer thread): logs the summary; no driver call. */
+void wo_stream_finish(void);
+/* In a fork child: forget the parent's executor without a driver call. */
+void wo_stream_atfork_child(void);
+
+/* For the prefetcher (consumer thread): device bytes the slots hold (taken
+ * from the device budget), and whether a range belongs to the executor
+ * (then the prefetcher leaves it alone). */
+uint64_t wo_stream_reserved(void);
+bool wo_stream_claims(uint32_t id, uint32_t gen);
+
+/* Per name: read multiplicity per step (bytes launches read / distinct
+ * bytes read, mean over the measured steps), bytes read and staged per
+ * step, and whether the range is streamed. As last published by the
+ * consumer thread (at most 100 ms old). Any thread; fn runs under a lock
+ * and must not call back into uvm/. */
+struct wo_stream_name_stats {
+    double multiplicity;    /* bytes read / distinct bytes read, per step */
+    double read_per_step;   /* bytes launches read per step (in place or from a slot) */
+    double range_bytes;     /* bytes of the range (what staging copies once a step) */
+    double staged_per_step; /* bytes staged per step */
+    uint64_t steps;         /* steps measured */
+    bool host;              /* placement host (else managed) */
+    bool streamed;
+    bool written; /* a copy wrote it after seal: never streamed by auto */
+};
+void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
+                                       const struct wo_stream_name_stats *st),
+                            void *ud);
+/* The counters (any thread; relaxed reads). */
+void wo_stream_counts(struct wo_stream_counts *ret);
