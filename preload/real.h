@@ -227,6 +227,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuEventSynchronize)                                                                          \
     Y(cuFuncGetName)                                                                               \
     Y(cuPointerGetAttribute)                                                                       \
+    Y(cuModuleLoadData)                                                                            \
+    Y(cuModuleGetFunction)                                                                         \
     Y(cuFuncGetParamInfo)                                                                          \
     Y(cuKernelGetParamInfo)
 

@@ -347,6 +347,10 @@ int main(int argc, char **argv)
     CHECK(steps >= STEPS / 2);
     CHECK(staged / steps <= 1.25 * NR * MiB && staged / steps >= 0.5 * NR * MiB);
     CHECK(num_after(s, "\"inplace_captured\":") >= 1);
+    /* the ranges are managed memory (window-served host placements): each
+     * staged by the copy kernel (uvm/stream-copy.cu), not cuMemcpyAsync */
+    CHECK(num_after(s, "\"staged\":") > 0 &&
+          num_after(s, "\"staged_by_kernel\":") == num_after(s, "\"staged\":"));
     CHECK(num_after(s, "\"invalidated\":") >= 0);
     /* (5) read 4x a step: multiplicity ~4 per name */
     e = strstr(s, "\"model.layers.5.mlp.experts.gate_up_proj\":{");

@@ -383,11 +383,12 @@ static void json_body(struct sbuf *b)
                   ",\"stream\":{\"redirected\":%" PRIu64 ",\"inplace_no_slot\":%" PRIu64
                   ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
                   ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64
-                  ",\"staged_bytes\":%" PRIu64 ",\"slot_waits\":%" PRIu64
-                  ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64 ",\"names\":{",
+                  ",\"staged_bytes\":%" PRIu64 ",\"staged_by_kernel\":%" PRIu64
+                  ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64
+                  ",\"names\":{",
                   sc.redirected, sc.inplace_no_slot, sc.inplace_captured, sc.inplace_other,
-                  sc.invalidated, sc.staged, sc.staged_bytes, sc.slot_waits, sc.steps,
-                  sc.slot_bytes);
+                  sc.invalidated, sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits,
+                  sc.steps, sc.slot_bytes);
         b->first = true;
         wo_stream_foreach_name(stream_name_json, b);
         sb_printf(b, "}}");

@@ -27,6 +27,7 @@
 #include "uvm/internal.h"
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
+#include "uvm/stream-copy-ptx.h"
 
 #define GRANULES 64
 #define NONE UINT32_MAX
@@ -59,6 +60,7 @@ struct exec {
     enum wo_prefetch_mode mode;
     CUcontext ctx;
     CUstream copy;
+    CUfunction copy_fn; /* wo_stream_copy (uvm/stream-copy.cu), NULL: cuMemcpyAsync only */
     unsigned nslots;
     uint64_t slot_size;
     bool slots_ready, slots_failed;
@@ -168,6 +170,46 @@ static void slots_fail(const char *why, CUresult res)
     wo_warn("stream: %s (%s): streamed ranges are read in place", why, wo_cu_error_name(res));
 }
 
+/* The copy of a managed range: cuMemcpyAsync from managed memory advised to
+ * the host moves 7-9 GB/s on the lent H100, a kernel reading the same pages
+ * in place 50 GB/s (bench/results/stream-mechanisms-20261125-h100-kernel-
+ * copy.txt). The kernel is uvm/stream-copy.cu's PTX, loaded into the slots'
+ * context once; without it managed ranges are staged by cuMemcpyAsync. */
+static void load_copy_kernel(void)
+{
+    const struct wo_driver *d = ex->drv;
+    CUmodule mod = NULL;
+    CUresult res = CUDA_ERROR_NOT_SUPPORTED;
+
+    if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuLaunchKernel) {
+        res = d->cuModuleLoadData(&mod, wo_stream_copy_ptx);
+        if (res == CUDA_SUCCESS)
+            res = d->cuModuleGetFunction(&ex->copy_fn, mod, "wo_stream_copy");
+    }
+    if (res != CUDA_SUCCESS) {
+        ex->copy_fn = NULL;
+        wo_info("stream: no copy kernel (%s): managed ranges are staged by cuMemcpyAsync, "
+                "about a sixth of the link's speed",
+                wo_cu_error_name(res));
+    }
+}
+
+/* Copies bytes from src to the slot dst on the copy stream: a managed source
+ * by the copy kernel (the GPU reads it in place; 16 blocks fill the link),
+ * pinned host memory by the copy engine. */
+static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, bool managed)
+{
+    const struct wo_driver *d = ex->drv;
+
+    if (managed && ex->copy_fn) {
+        unsigned long long n = bytes;
+        void *args[] = {&dst, &src, &n};
+        add(&wo_stream_tab.n.staged_by_kernel, 1);
+        return d->cuLaunchKernel(ex->copy_fn, 16, 1, 1, 512, 1, 1, 0, ex->copy, args, NULL);
+    }
+    return d->cuMemcpyAsync(dst, src, (size_t)bytes, ex->copy);
+}
+
 /* Allocates the slots, their events and the copy stream, once. */
 static bool slots(void)
 {
@@ -187,6 +229,8 @@ static bool slots(void)
         return false; /* a global capture forbids cuMemAlloc: later */
     prev = push_ctx();
     res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
+    if (res == CUDA_SUCCESS)
+        load_copy_kernel();
     for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
@@ -271,6 +315,7 @@ static bool stage(uint32_t id, int slot)
     struct wo_stream_entry *e = &wo_stream_tab.e[id];
     struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
     uint64_t w = 0, nw;
+    struct wo_range rg;
     CUcontext prev;
     CUresult res;
 
@@ -288,21 +333,18 @@ static bool stage(uint32_t id, int slot)
      * live; a free after it waits in the driver for the copy (cuMemFree
      * synchronises with the device's work). */
     pthread_mutex_lock(&wo_uvm.lock);
-    {
-        struct wo_range rg;
-        if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
-            pthread_mutex_unlock(&wo_uvm.lock);
-            leave_driver();
-            drop(id);
-            return true; /* the slot is free: try the next range */
-        }
+    if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        leave_driver();
+        drop(id);
+        return true; /* the slot is free: try the next range */
     }
     prev = push_ctx();
     /* after every kernel that read the slot's previous range */
     res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemcpyAsync((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo),
-                               (size_t)(r->hi - r->lo), ex->copy);
+        res = copy_to_slot((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo), r->hi - r->lo,
+                           (rg.flags & WO_RANGE_MANAGED) != 0);
     if (res == CUDA_SUCCESS)
         res = d->cuEventRecord(s->copied, ex->copy);
     pop_ctx(prev);

@@ -63,9 +63,10 @@ struct wo_stream_counts {
                                 * too many parameters, a failed wait */
     uint64_t invalidated;      /* assignments dropped by a copy writing the range */
     uint64_t staged, staged_bytes; /* staging copies issued */
+    uint64_t staged_by_kernel;     /* ... of them by the copy kernel (managed sources) */
     uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
-    uint64_t steps;
-    uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */                /* steps the executor found */
+    uint64_t steps;                /* steps the executor found */
+    uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
 };
 
 struct wo_stream_shared {

@@ -54,6 +54,11 @@ struct wo_driver {
     CUresult (*cuEventSynchronize)(CUevent e);
     CUresult (*cuFuncGetName)(const char **name, CUfunction f);
     CUresult (*cuPointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
+    CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
+    CUresult (*cuModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
+    CUresult (*cuLaunchKernel)(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                               unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
+                               CUstream s, void **params, void **extra);
 };
 
 /* Every member of struct wo_driver, in order: the one list that fills it
@@ -67,7 +72,8 @@ struct wo_driver {
     X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
-    X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute)
+    X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
+    X(cuModuleGetFunction) X(cuLaunchKernel)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */
