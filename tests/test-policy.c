@@ -367,7 +367,7 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->window.min_size, WO_MiB);
     assert_true(g->prefetch.enabled);
     assert_int_equal(g->prefetch.piece_size, 64 * WO_MiB);
-    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
     assert_int_equal(g->prefetch.slots, WO_STREAM_SLOTS_DEFAULT);
     assert_true(wo_policy_passthrough(p));
     /* no policy at all: the same globals as an empty one */
@@ -383,7 +383,7 @@ static void globals_defaults_and_values(void **state)
                 "pin_fallback: stop\n"
                 "window: {open: on-first-tag, close: api, min_size: 4MiB}\n"
                 "prefetch: {enabled: false, lookahead: 512MiB, piece_size: 16MiB, hot_set: off, "
-                "eviction: read-mostly, mode: stream, slots: 4}\n"
+                "eviction: read-mostly, mode: stream, slots: 4, experimental: true}\n"
                 "rules: []\n");
     g = wo_policy_globals(p);
     assert_int_equal(g->default_place, WO_PLACE_HOST);
@@ -605,6 +605,12 @@ static void error_bad_units_negative_overflow(void **state)
     expect_error("prefetch: {slots: 64}\n", 1, 19, "from 2 to 8");
     expect_error("prefetch: {slot: 3}\n", 1, 12, "did you mean 'slots'?");
     expect_error("mode: stream\n", 1, 1, "'mode' belongs in prefetch:");
+    /* streaming faulted the engine on the H100: asked for twice, or refused */
+    expect_error("prefetch: {mode: stream}\n", 1, 18, "found mode stream, which is experimental");
+    expect_error("prefetch:\n  mode: auto\n", 2, 9, "add `experimental: true` under prefetch");
+    expect_error("prefetch: {mode: stream, experimental: maybe}\n", 1, 40, "expected");
+    wo_policy_free(load_ok("prefetch: {mode: hot-set}\n"));
+    wo_policy_free(load_ok("prefetch: {mode: auto, experimental: true}\n"));
     expect_error("rules:\n  - layers: '-3'\n    place: host\n", 2, 13, "found negative layer '-3'");
     expect_error("rules:\n  - layers: '5-2'\n    place: host\n", 2, 13, "runs backwards");
     expect_error("rules:\n  - layers: {every: 4, last: 5}\n    place: host\n", 2, 30,

@@ -268,7 +268,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
                  "device_budget: 16MiB\n"
-                 "prefetch: {mode: %s, slots: 3}\n"
+                 "prefetch: {mode: %s, slots: 3, experimental: true}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
                  mode);
