@@ -229,6 +229,7 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuPointerGetAttribute)                                                                       \
     Y(cuModuleLoadData)                                                                            \
     Y(cuModuleGetFunction)                                                                         \
+    Y(cuModuleUnload)                                                                              \
     Y(cuFuncGetParamInfo)                                                                          \
     Y(cuKernelGetParamInfo)
 

@@ -60,6 +60,7 @@ struct exec {
     enum wo_prefetch_mode mode;
     CUcontext ctx;
     CUstream copy;
+    CUmodule copy_mod;  /* its module, loaded with the slots and unloaded with them */
     CUfunction copy_fn; /* wo_stream_copy (uvm/stream-copy.cu), NULL: cuMemcpyAsync only */
     unsigned nslots;
     uint64_t slot_size;
@@ -181,10 +182,14 @@ static void load_copy_kernel(void)
     CUmodule mod = NULL;
     CUresult res = CUDA_ERROR_NOT_SUPPORTED;
 
-    if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuLaunchKernel) {
+    if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuModuleUnload && d->cuLaunchKernel) {
         res = d->cuModuleLoadData(&mod, wo_stream_copy_ptx);
         if (res == CUDA_SUCCESS)
             res = d->cuModuleGetFunction(&ex->copy_fn, mod, "wo_stream_copy");
+        if (res != CUDA_SUCCESS && mod)
+            d->cuModuleUnload(mod);
+        else
+            ex->copy_mod = mod;
     }
     if (res != CUDA_SUCCESS) {
         ex->copy_fn = NULL;
@@ -688,6 +693,10 @@ static bool free_slots(void)
     if (ex->copy && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(ex->copy);
     ex->copy = NULL;
+    if (ex->copy_mod)
+        d->cuModuleUnload(ex->copy_mod);
+    ex->copy_mod = NULL;
+    ex->copy_fn = NULL;
     pop_ctx(prev);
     leave_driver();
     ex->slots_ready = false;

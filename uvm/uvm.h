@@ -56,6 +56,7 @@ struct wo_driver {
     CUresult (*cuPointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
     CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
     CUresult (*cuModuleGetFunction)(CUfunction *f, CUmodule m, const char *name);
+    CUresult (*cuModuleUnload)(CUmodule m);
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                CUstream s, void **params, void **extra);
@@ -73,7 +74,7 @@ struct wo_driver {
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
-    X(cuModuleGetFunction) X(cuLaunchKernel)
+    X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */
