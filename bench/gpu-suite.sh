@@ -15,7 +15,9 @@ if [ -d "$pc/pkgconfig" ]; then
 fi
 {
     echo "# gpu suite: $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+    # The device machine's copy of the tree may carry stale git metadata:
+    # WO_COMMIT names the commit the tree is (git rev-parse --short HEAD here).
+    echo "commit: ${WO_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)' 2>&1
     echo '$ meson setup build-gpu && meson test -C build-gpu --setup gpu --suite gpu'
