@@ -566,7 +566,8 @@ static void close_step(unsigned k)
         if (warn_more)
             snprintf(more, sizeof(more), " (and %u more host ranges)", warn_more);
         wo_warn("stream: '%s' (host) is read %.1fx a step in place over PCIe%s; "
-                "prefetch: {mode: stream} copies it once a step (docs/prefetch.md, Streaming)",
+                "prefetch: {mode: stream, experimental: true} would copy it once a step, but "
+                "streaming is experimental (docs/prefetch.md, Streaming)",
                 warn_name, warn_mult, more);
     }
     /* this step's first touches are the next step's plan */
