@@ -1,5 +1,5 @@
 /* tests/test-replay.c: the device model file and the replay core
- * (tools/devmodel.c, tools/replay-*.c) on a synthetic MoE decode trace: the
+ * (uvm/devmodel.c, tools/replay-*.c) on a synthetic MoE decode trace: the
  * lower bound never exceeds the clairvoyant schedule nor the prediction,
  * more budget never predicts slower, no prefetcher is slower than the
  * prefetcher, placements cost what the model says. */

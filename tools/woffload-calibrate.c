@@ -1,4 +1,4 @@
-/* tools/woffload-calibrate.c: measures the device model (tools/devmodel.h)
+/* tools/woffload-calibrate.c: measures the device model (uvm/devmodel.h)
  * on the machine it runs on and writes the model file.
  *
  *   woffload-calibrate [-o FILE] [--device N] [--size MiB] [--reps N]

@@ -2,7 +2,7 @@
  * rule"): whether bringing bytes onto the GPU pays against reading them in
  * place, at the machine's rates. Pure arithmetic, no CUDA, no state: the
  * shim's planner (uvm/plan.c) and the replay tool (tools/replay.c) call the
- * same functions with the same rates (tools/devmodel.c fills them from a
+ * same functions with the same rates (uvm/devmodel.c fills them from a
  * calibrated model file; the shim from WOFFLOAD_DEVICE_MODEL or the
  * defaults of device-facts.md). */
 #pragma once

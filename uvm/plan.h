@@ -41,7 +41,7 @@ struct wo_plan_action {
 };
 
 /* The device figures the planner weighs decisions with: struct
- * wo_plan_costs (uvm/cost.h; tools/devmodel.h fills them from a model file,
+ * wo_plan_costs (uvm/cost.h; uvm/devmodel.h fills them from a model file,
  * the shim from WOFFLOAD_DEVICE_MODEL or the defaults below, which are
  * device-facts.md's H100 figures). */
 
