@@ -249,3 +249,22 @@ int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud)
 uint64_t wo_uvm_device_budget(void);
 /* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */
 const struct wo_policy *wo_uvm_policy(void);
+
+/* The consumer thread's side of the capture handshake (uvm.h:
+ * wo_prefetch_busy), for the prefetcher and the stream executor alike (both
+ * run on it): true when no global-mode capture is under way, and then none
+ * begins until wo_driver_leave(). */
+static inline bool wo_driver_enter(void)
+{
+    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+        return false;
+    }
+    return true;
+}
+
+static inline void wo_driver_leave(void)
+{
+    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+}

@@ -466,23 +466,6 @@ static void exec(struct wo_prefetcher *pf, const struct wo_plan_action *a)
     }
 }
 
-/* The prefetcher's side of the capture handshake (uvm.h: wo_prefetch_busy):
- * true when no global-mode capture is under way, and then none begins until
- * leave_driver(). */
-static bool enter_driver(void)
-{
-    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
-        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
-        return false;
-    }
-    return true;
-}
-
-static void leave_driver(void)
-{
-    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
-}
 
 static void hold(struct wo_prefetcher *pf, const struct wo_plan_action *a)
 {
@@ -501,12 +484,12 @@ static void hold(struct wo_prefetcher *pf, const struct wo_plan_action *a)
 
 void wo_prefetcher_tick(struct wo_prefetcher *pf)
 {
-    if (!pf->nheld || !enter_driver())
+    if (!pf->nheld || !wo_driver_enter())
         return;
     for (size_t i = 0; i < pf->nheld; i++)
         exec(pf, &pf->held[i]);
     pf->nheld = 0;
-    leave_driver();
+    wo_driver_leave();
 }
 
 static void drain(struct wo_prefetcher *pf)
@@ -516,11 +499,11 @@ static void drain(struct wo_prefetcher *pf)
     wo_prefetcher_tick(pf);
     while (wo_plan_pop(pf->plan, &a) == 1) {
         /* a global-mode capture forbids work on other streams: hold it */
-        if (pf->nheld || !enter_driver()) {
+        if (pf->nheld || !wo_driver_enter()) {
             hold(pf, &a);
         } else {
             exec(pf, &a);
-            leave_driver();
+            wo_driver_leave();
         }
     }
 }
@@ -570,10 +553,10 @@ void wo_prefetcher_event(struct wo_prefetcher *pf, const struct wo_event *ev)
             (r = range_at(pf, ev->c.dst, &id)) && !r->written) {
             r->written = true;
             wo_plan_range_written(pf->plan, id, r->gen);
-            if (r->rm && enter_driver()) {
+            if (r->rm && wo_driver_enter()) {
                 if (ensure_stream(pf) == 0) /* a current context */
                     range_plain(pf, r);
-                leave_driver();
+                wo_driver_leave();
             }
         }
         return;
@@ -806,9 +789,9 @@ void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved)
         /* its GPU copy goes (collapse or copy-back, as the planner would);
          * during a global-mode capture it stays, outside the budget, until
          * the range is freed: only device memory is lost, never data */
-        if (enter_driver()) {
+        if (wo_driver_enter()) {
             exec(shim, &a);
-            leave_driver();
+            wo_driver_leave();
         } else {
             wo_debug("prefetcher: a range handed to the streaming executor keeps its GPU copy "
                      "(a capture is under way)");

@@ -127,22 +127,6 @@ void wo_stream_counts(struct wo_stream_counts *ret)
 
 /* ---- driver access ------------------------------------------------------------ */
 
-/* The prefetcher's side of the capture handshake (uvm.h: wo_prefetch_busy),
- * shared: both run on the consumer thread. */
-static bool enter_driver(void)
-{
-    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
-        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
-        return false;
-    }
-    return true;
-}
-
-static void leave_driver(void)
-{
-    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
-}
 
 /* The slots, events and copy stream live in the engine's context (a
  * kernel reads only memory of its context, and an event is recorded only
@@ -230,7 +214,7 @@ static bool slots(void)
         slots_fail("the driver lacks a function it needs", CUDA_ERROR_NOT_SUPPORTED);
         return false;
     }
-    if (!enter_driver())
+    if (!wo_driver_enter())
         return false; /* a global capture forbids cuMemAlloc: later */
     prev = push_ctx();
     res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
@@ -250,7 +234,7 @@ static bool slots(void)
             d->cuMemFree_v2(p);
     }
     pop_ctx(prev);
-    leave_driver();
+    wo_driver_leave();
     if (res != CUDA_SUCCESS) {
         /* what was made stays unused until exit: nothing reads it */
         slots_fail("no device staging slots", res);
@@ -330,7 +314,7 @@ static bool stage(uint32_t id, int slot)
         mark_written(r, id);
         return true; /* the slot is free: try the next range */
     }
-    if (!enter_driver())
+    if (!wo_driver_enter())
         return false;
     /* The engine may free the range at any moment (wo_uvm_free, on its
      * thread, under wo_uvm.lock): a copy from freed memory reads unmapped
@@ -340,7 +324,7 @@ static bool stage(uint32_t id, int slot)
     pthread_mutex_lock(&wo_uvm.lock);
     if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
         pthread_mutex_unlock(&wo_uvm.lock);
-        leave_driver();
+        wo_driver_leave();
         drop(id);
         return true; /* the slot is free: try the next range */
     }
@@ -354,7 +338,7 @@ static bool stage(uint32_t id, int slot)
         res = d->cuEventRecord(s->copied, ex->copy);
     pop_ctx(prev);
     pthread_mutex_unlock(&wo_uvm.lock);
-    leave_driver();
+    wo_driver_leave();
     if (res != CUDA_SUCCESS) {
         /* the range may have been freed under us (its free event still in
          * the ring): it is read in place */
@@ -670,7 +654,7 @@ static bool free_slots(void)
     for (unsigned i = 0; i < ex->nslots; i++)
         if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0)
             return false;
-    if (!enter_driver())
+    if (!wo_driver_enter())
         return false;
     prev = push_ctx();
     if (ex->copy && d->cuStreamSynchronize)
@@ -699,7 +683,7 @@ static bool free_slots(void)
     ex->copy_mod = NULL;
     ex->copy_fn = NULL;
     pop_ctx(prev);
-    leave_driver();
+    wo_driver_leave();
     ex->slots_ready = false;
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, 0, __ATOMIC_RELAXED);
     wo_debug("stream: no range is streamed any more: the slots are given back");
