@@ -89,7 +89,7 @@ static void init_once_fn(void)
     wo_launch_setup();
     if (wo_uvm_init() < 0)
         wo_warn("placement is off (see above); calls are still observed");
-    pthread_atfork(NULL, NULL, atfork_child);
+    pthread_atfork(wo_uvm_atfork_prepare, wo_uvm_atfork_parent, atfork_child);
     atexit(at_exit);
     state = WO_STATE_ACTIVE;
 out:

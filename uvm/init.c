@@ -227,6 +227,16 @@ void wo_uvm_reset(void)
     pthread_mutex_unlock(&wo_uvm.lock);
 }
 
+void wo_uvm_atfork_prepare(void)
+{
+    wo_consumer_fork_prepare();
+}
+
+void wo_uvm_atfork_parent(void)
+{
+    wo_consumer_fork_parent();
+}
+
 void wo_uvm_atfork_child(void)
 {
     /* Only this thread survived the fork: the lock may have been held by one

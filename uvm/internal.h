@@ -185,6 +185,10 @@ int wo_consumer_start(void);
 void wo_consumer_stop(void);
 /* In a fork child: the thread is gone; forget it without joining. */
 void wo_consumer_forget(void);
+/* fork(): prepare parks the thread between batches (waits 200 ms at most);
+ * parent lets it go on. */
+void wo_consumer_fork_prepare(void);
+void wo_consumer_fork_parent(void);
 /* Pushes a tag event for the trace (takes a name reference the consumer
  * drops after dispatching it). Under wo_uvm.lock. */
 void wo_consumer_push_tag(const struct wo_alloc *a, const struct wo_tag *t);

@@ -95,6 +95,10 @@ void wo_uvm_shutdown(void);
 /* In the child after fork(): forget threads, streams and contexts of the
  * parent; keep the registry (the child inherits the mappings). */
 void wo_uvm_atfork_child(void);
+/* Around fork(), in the forking thread: the shim's thread parked outside the
+ * allocator and every lock (prepare), then let go (parent). */
+void wo_uvm_atfork_prepare(void);
+void wo_uvm_atfork_parent(void);
 
 /* Allocation routing, called by every allocation hook *before* forwarding.
  * When the allocation is placeable (tag scope or open window, per policy),
