@@ -89,10 +89,10 @@ static void cond_init(void)
 static void park_for_fork(void)
 {
     pthread_mutex_lock(&sleep_lock);
-    if (fork_hold) {
+    if (__atomic_load_n(&fork_hold, __ATOMIC_RELAXED)) {
         parked = 1;
         pthread_cond_broadcast(&park_cond);
-        while (fork_hold && !stop)
+        while (__atomic_load_n(&fork_hold, __ATOMIC_RELAXED) && !stop)
             pthread_cond_wait(&sleep_cond, &sleep_lock);
         parked = 0;
     }
@@ -106,7 +106,7 @@ void wo_consumer_fork_prepare(void)
     if (!running)
         return;
     pthread_mutex_lock(&sleep_lock);
-    fork_hold = 1;
+    __atomic_store_n(&fork_hold, 1, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&sleep_cond);
     clock_gettime(CLOCK_MONOTONIC, &ts);
     ts.tv_nsec += PARK_WAIT_NS;
@@ -126,7 +126,7 @@ void wo_consumer_fork_parent(void)
     if (!running)
         return;
     pthread_mutex_lock(&sleep_lock);
-    fork_hold = 0;
+    __atomic_store_n(&fork_hold, 0, __ATOMIC_RELAXED);
     pthread_cond_broadcast(&sleep_cond);
     pthread_mutex_unlock(&sleep_lock);
 }
@@ -504,7 +504,8 @@ void wo_consumer_forget(void)
     wo_record_forget();
     running = false;
     stop = 0;
-    fork_hold = parked = 0;
+    __atomic_store_n(&fork_hold, 0, __ATOMIC_RELAXED);
+    parked = 0;
     accepting_tags = false;
     pthread_mutex_init(&sleep_lock, NULL);
     cond_init();

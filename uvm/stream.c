@@ -116,6 +116,16 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
     }
 }
 
+_Static_assert(sizeof(wo_stream_tab) % sizeof(uint64_t) == 0, "the table is whole words");
+
+static void clear_table(void)
+{
+    uint64_t *w = (uint64_t *)(void *)&wo_stream_tab;
+
+    for (size_t i = 0; i < sizeof(wo_stream_tab) / sizeof(uint64_t); i++)
+        __atomic_store_n(&w[i], 0, __ATOMIC_RELAXED);
+}
+
 void wo_stream_counts(struct wo_stream_counts *ret)
 {
     const uint64_t *src = (const uint64_t *)&wo_stream_tab.n;
@@ -750,8 +760,9 @@ static void setup(void)
 
     tried = true;
     /* hooks look at the table only once it is active: clear what a
-     * previous instance (tests reset uvm/) left */
-    memset(&wo_stream_tab, 0, sizeof(wo_stream_tab));
+     * previous instance (tests reset uvm/) left, word by word (the hooks
+     * and the stats read it concurrently, atomically) */
+    clear_table();
     if (!drv || !g || !wo_settings()->prefetch || !g->prefetch.enabled)
         return;
     ex = calloc(1, sizeof(*ex));
@@ -989,5 +1000,5 @@ void wo_stream_atfork_child(void)
     ex = NULL;
     tried = false;
     rescan = false;
-    memset(&wo_stream_tab, 0, sizeof(wo_stream_tab));
+    clear_table();
 }
