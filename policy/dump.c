@@ -85,6 +85,12 @@ int wo_policy_dump(const struct wo_policy *p, FILE *f)
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
     fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
+    if (g->fit.enabled) {
+        fputs("fit:\n", f);
+        put_budget(f, "  device", &g->fit.device);
+        fprintf(f, "  keep_free: %llu\n  rest: %s\n", (unsigned long long)g->fit.keep_free,
+                wo_placement_to_string(g->fit.rest));
+    }
     if (!p->nrules) {
         fprintf(f, "rules: []\n");
         return ferror(f) ? -EIO : 0;

@@ -275,6 +275,8 @@ static const struct {
     {"device_budget", "the top level"}, {"default", "the top level"},
     {"pin_fallback", "the top level"}, {"rules", "the top level"},
     {"window", "the top level"},   {"prefetch", "the top level"},
+    {"keep_free", "fit:"},         {"rest", "fit:"},
+    {"fit", "the top level"},
 };
 
 /* Checks keys against the table, fills out[i] with the value of keys[i]
@@ -739,9 +741,11 @@ static void check_shadowed(struct ctx *c, const struct wo_node *rules)
 
 /* ---- the document ---- */
 
-enum { G_VERSION, G_DEFAULT, G_HOST, G_DEVICE, G_PINFB, G_WINDOW, G_PREFETCH, G_RULES, G_MAX };
+enum { G_VERSION, G_DEFAULT, G_HOST, G_DEVICE, G_PINFB, G_WINDOW, G_PREFETCH, G_RULES, G_FIT, G_MAX };
 static const char *const top_keys[] = {"version", "default", "host_budget", "device_budget",
-                                       "pin_fallback", "window", "prefetch", "rules"};
+                                       "pin_fallback", "window", "prefetch", "rules", "fit"};
+static const char *const fit_keys[] = {"device", "keep_free", "rest"};
+static const char *const rest_names[] = {"host", "managed"};
 static const char *const window_keys[] = {"open", "close", "min_size"};
 static const char *const open_names[] = {"at-start", "on-first-tag", "api"};
 static const char *const close_names[] = {"at-seal", "on-first-tag", "api"};
@@ -902,6 +906,94 @@ static int parse_budget(struct ctx *c, const struct wo_node *n, bool device, str
     return 0;
 }
 
+#define FIT_DEVICE_EXPECTED                                                                        \
+    "a size of device memory (20GiB) or a percentage of the device's total memory (90%)"
+
+/* fit's device: a size or a percentage, above 0. */
+static int parse_fit_device(struct ctx *c, const struct wo_node *n, struct wo_budget *b)
+{
+    char bb[128];
+    int r = 0;
+
+    if (n->kind != WO_NODE_SCALAR || n->null) {
+        err(c, n, "found %s, expected %s", found(n, bb, sizeof(bb)), FIT_DEVICE_EXPECTED);
+        return -EINVAL;
+    }
+    if (get_percent(c, n, &b->ppm, &r)) {
+        if (r < 0)
+            return r;
+        if (b->ppm == 0) {
+            err(c, n, "found fit device 0%%, expected more than 0%%: fit needs room on the device "
+                "for the weights it keeps there");
+            return -EINVAL;
+        }
+        b->kind = WO_BUDGET_PERCENT;
+        return 0;
+    }
+    if (get_size(c, n, &b->bytes) < 0)
+        return -EINVAL;
+    if (b->bytes == 0) {
+        err(c, n, "found fit device 0, expected more than 0 bytes (%s): fit needs room on the "
+            "device for the weights it keeps there", FIT_DEVICE_EXPECTED);
+        return -EINVAL;
+    }
+    b->kind = WO_BUDGET_BYTES;
+    return 0;
+}
+
+/* fit: SIZE | PCT, or fit: {device, keep_free, rest}. */
+static int parse_fit(struct ctx *c, const struct wo_node *n)
+{
+    struct wo_fit *f = &c->p->g.fit;
+    const struct wo_node *v[3];
+    int r, idx;
+    bool dev_ok = false, kf_ok = false;
+
+    if (n->kind == WO_NODE_SCALAR && !n->null) {
+        /* the short form: fit: 20GiB */
+        r = parse_fit_device(c, n, &f->device);
+        f->enabled = r == 0;
+        return r;
+    }
+    if (n->kind != WO_NODE_MAP) {
+        char bb[128];
+        err(c, n, "found %s, expected fit: with %s, or a mapping with keys device, keep_free, rest",
+            found(n, bb, sizeof(bb)), FIT_DEVICE_EXPECTED);
+        return -EINVAL;
+    }
+    r = walk_map(c, n, fit_keys, 3, "fit", v);
+    if (!v[0]) {
+        err(c, n, "found fit: without 'device', expected device: with %s", FIT_DEVICE_EXPECTED);
+        r = -EINVAL;
+    } else if (parse_fit_device(c, v[0], &f->device) < 0) {
+        r = -EINVAL;
+    } else {
+        dev_ok = true;
+    }
+    if (v[1]) {
+        if (get_size(c, v[1], &f->keep_free) < 0)
+            r = -EINVAL;
+        else
+            kf_ok = true;
+    }
+    if (v[2]) {
+        if (get_enum(c, v[2], rest_names, 2, &idx) < 0)
+            r = -EINVAL;
+        else
+            f->rest = idx ? WO_PLACE_MANAGED : WO_PLACE_HOST;
+    }
+    if (dev_ok && kf_ok && f->device.kind == WO_BUDGET_BYTES && f->keep_free >= f->device.bytes) {
+        char s1[32], s2[32];
+        err(c, v[1], "found keep_free %s with fit device %s (line %u), expected keep_free below "
+            "device: nothing would be left for the weights",
+            wo_format_size(f->keep_free, s1, sizeof(s1)),
+            wo_format_size(f->device.bytes, s2, sizeof(s2)), v[0]->line);
+        r = -EINVAL;
+    }
+    f->enabled = r == 0;
+    return r;
+}
+
 static void defaults(struct wo_policy_globals *g)
 {
     memset(g, 0, sizeof(*g));
@@ -920,6 +1012,10 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.eviction = WO_EVICT_AUTO;
     g->prefetch.mode = WO_PREFETCH_MODE_HOT_SET;
     g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
+    g->fit.enabled = false;
+    g->fit.device.kind = WO_BUDGET_BYTES;
+    g->fit.keep_free = WO_FIT_KEEP_FREE_DEFAULT;
+    g->fit.rest = WO_PLACE_HOST;
 }
 
 int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const char *file,
@@ -959,6 +1055,8 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
         r = -EINVAL;
     if (v[G_PREFETCH] && parse_prefetch(&c, v[G_PREFETCH]) < 0)
         r = -EINVAL;
+    if (v[G_FIT] && parse_fit(&c, v[G_FIT]) < 0)
+        r = -EINVAL;
     if (v[G_RULES]) {
         const struct wo_node *rn = v[G_RULES];
         char b[128];
@@ -996,14 +1094,17 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
                 first_host = i;
         }
         managed |= first_managed != SIZE_MAX;
+        managed |= p->g.fit.enabled && p->g.fit.rest == WO_PLACE_MANAGED;
         host |= first_host != SIZE_MAX;
         if (managed && ((db->kind == WO_BUDGET_BYTES && db->bytes == 0) ||
                         (db->kind == WO_BUDGET_PERCENT && db->ppm == 0))) {
             char lab[160];
             if (first_managed != SIZE_MAX)
                 wo_policy_rule_label(p, first_managed, lab, sizeof(lab));
-            else
+            else if (p->g.default_place == WO_PLACE_MANAGED)
                 snprintf(lab, sizeof(lab), "default: managed");
+            else
+                snprintf(lab, sizeof(lab), "fit: rest: managed");
             err(&c, v[G_DEVICE], "found device_budget 0 with managed placements (%s), expected a "
                 "budget above 0: managed memory needs room on the device (use place: host to "
                 "keep it on the host)", lab);

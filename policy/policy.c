@@ -225,6 +225,8 @@ static const struct wo_policy_globals passthrough_globals = {
                  .lookahead = WO_LOOKAHEAD_DEFAULT, .piece_size = WO_PIECE_SIZE_DEFAULT,
                  .hot_set = true, .eviction = WO_EVICT_AUTO,
                  .mode = WO_PREFETCH_MODE_HOT_SET, .slots = WO_STREAM_SLOTS_DEFAULT},
+    .fit = {.enabled = false, .device = {.kind = WO_BUDGET_BYTES},
+            .keep_free = WO_FIT_KEEP_FREE_DEFAULT, .rest = WO_PLACE_HOST},
 };
 
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p)
@@ -264,7 +266,7 @@ bool wo_policy_passthrough(const struct wo_policy *p)
 {
     if (!p)
         return true;
-    if (p->g.default_place != WO_PLACE_DEVICE)
+    if (p->g.default_place != WO_PLACE_DEVICE || p->g.fit.enabled)
         return false;
     for (size_t i = 0; i < p->nrules; i++)
         if (p->rules[i].place != WO_PLACE_DEVICE)

@@ -89,6 +89,17 @@ enum wo_slices {
 #define WO_STREAM_SLOTS_MIN 2
 #define WO_STREAM_SLOTS_MAX 8
 
+/* `fit:` (docs/policy.md, policy/fit.c): the shim chooses which weights stay
+ * on the device within a budget and places the rest. */
+#define WO_FIT_KEEP_FREE_DEFAULT (2ull * WO_GiB)
+
+struct wo_fit {
+    bool enabled;            /* a fit: key is present */
+    struct wo_budget device; /* WO_BUDGET_BYTES or WO_BUDGET_PERCENT (of the device total) */
+    uint64_t keep_free;      /* bytes; default WO_FIT_KEEP_FREE_DEFAULT (2 GiB) */
+    enum wo_placement rest;  /* WO_PLACE_HOST (default) or WO_PLACE_MANAGED */
+};
+
 struct wo_policy_globals {
     enum wo_placement default_place; /* `default:`; DEVICE when absent; never UNSET */
     /* `host_budget:` UNLIMITED or BYTES. Applies to `host` placements only, in
@@ -118,6 +129,7 @@ struct wo_policy_globals {
         enum wo_prefetch_mode mode; /* default HOT_SET (auto and stream are experimental) */
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
     } prefetch;
+    struct wo_fit fit; /* `fit:`; enabled false when absent */
 };
 
 /* ---- rules ----------------------------------------------------------------- */
@@ -271,6 +283,44 @@ void wo_host_budget_release(struct wo_host_budget *b, uint64_t bytes);
 uint64_t wo_policy_device_budget(const struct wo_policy *p, uint64_t device_total,
                                  uint64_t device_free);
 uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uint64_t device_free);
+
+/* ---- automatic fit (policy/fit.c) ---------------------------------------------- */
+
+/* The importance class of a tensor from its name, for fit without a trace:
+ * lower is kept on the device first.
+ * 0 norms, biases, routers/gates (small, read by every token); 1 attention
+ * (q/k/v/o, qkv, attn, self_attn); 2 shared experts and dense MLPs; 3 lm_head /
+ * output projection; 4 routed experts (mlp.experts., block_sparse_moe.experts,
+ * ffn_*_exps); 5 token embeddings (embed_tokens, wte, tok_embeddings: a step
+ * reads only its tokens' rows, so host costs little). Unknown: 2. NULL: 2. */
+int wo_fit_class(const char *name);
+
+struct wo_fit_item {
+    const char *name;
+    uint64_t size;
+    double weight;           /* reads per step from a trace (>= 0); < 0: unknown, the class decides */
+    enum wo_placement fixed; /* UNSET: fit decides; else an explicit rule placed it (DEVICE counts against the budget) */
+    bool movable;            /* false: cannot go to the device (already in pinned host memory): gets HOST */
+    enum wo_placement out;   /* result */
+};
+
+/* The device bytes fit may give to weights: device (bytes, or ppm of
+ * device_total) minus engine_bytes (device memory the engine holds besides
+ * the weights), capped at device_free_for_weights - keep_free; never
+ * negative. 0 for a NULL fit. */
+uint64_t wo_fit_budget(const struct wo_fit *fit, uint64_t device_total,
+                       uint64_t device_free_for_weights, uint64_t engine_bytes);
+/* Sets out for every item: fixed ones keep theirs (DEVICE ones are charged
+ * first, even over the budget); the others in order of importance go DEVICE
+ * while the charged total stays within budget (an item that does not fit is
+ * skipped and smaller later ones may still fit); the rest get fit->rest
+ * (HOST for a NULL fit); unmovable ones never DEVICE (a fixed HOST or
+ * MANAGED kept, else HOST). Importance: known weights above 0 first, higher
+ * first (weights within 5% of each other count as equal: a trace's window
+ * takes in a prefill step or two), then unknown weights, then weight 0
+ * (never read); ties by class ascending, then the given order.
+ * Deterministic. Returns the device bytes charged. */
+uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget);
 
 /* ---- normalized form and counters ---------------------------------------------- */
 

@@ -1,0 +1,219 @@
+/* policy/fit.c: the automatic fit's choice (the policy's `fit:` key), pure:
+ * which tensors stay on the device within a byte budget. The shim (uvm/)
+ * feeds it the names it has seen; `woffload-policy fit` feeds it a trace's
+ * names with their reads per step. No CUDA, no I/O. */
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "policy/policy-internal.h"
+
+/* ---- classes from names ---- */
+
+/* The name's dot-separated components, each tested by fn; true when one holds. */
+static bool any_component(const char *name, bool (*fn)(const char *c, size_t len))
+{
+    const char *p = name;
+    while (*p) {
+        const char *e = strchr(p, '.');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len && fn(p, len))
+            return true;
+        if (!e)
+            break;
+        p = e + 1;
+    }
+    return false;
+}
+
+static bool is(const char *c, size_t len, const char *word)
+{
+    return strlen(word) == len && memcmp(c, word, len) == 0;
+}
+
+static bool has(const char *c, size_t len, const char *sub)
+{
+    size_t n = strlen(sub);
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp(c + i, sub, n) == 0)
+            return true;
+    return false;
+}
+
+static bool ends(const char *c, size_t len, const char *suf)
+{
+    size_t n = strlen(suf);
+    return len >= n && memcmp(c + len - n, suf, n) == 0;
+}
+
+/* Small tensors every token reads: norms, biases, routers, rotary tables. */
+static bool small_comp(const char *c, size_t len)
+{
+    return has(c, len, "norm") || is(c, len, "bias") || ends(c, len, "_bias") ||
+           is(c, len, "ln_1") || is(c, len, "ln_2") || is(c, len, "ln_f") ||
+           is(c, len, "gate") || is(c, len, "router") || is(c, len, "ffn_gate_inp") ||
+           is(c, len, "shared_expert_gate") || is(c, len, "inv_freq") ||
+           is(c, len, "rotary_emb");
+}
+
+static bool embed_comp(const char *c, size_t len)
+{
+    return is(c, len, "embed_tokens") || is(c, len, "wte") || is(c, len, "wpe") ||
+           is(c, len, "tok_embeddings") || is(c, len, "token_embd") ||
+           is(c, len, "word_embeddings") || is(c, len, "embed_in");
+}
+
+static bool shared_comp(const char *c, size_t len)
+{
+    /* Qwen2-MoE shared_expert, DeepSeek shared_experts, llama.cpp ffn_*_shexp */
+    return has(c, len, "shared_expert") || (has(c, len, "ffn_") && has(c, len, "_shexp"));
+}
+
+static bool experts_comp(const char *c, size_t len)
+{
+    /* mlp.experts.N, block_sparse_moe.experts.N, llama.cpp ffn_up_exps */
+    return is(c, len, "experts") || (has(c, len, "ffn_") && ends(c, len, "_exps"));
+}
+
+static bool head_comp(const char *c, size_t len)
+{
+    return is(c, len, "lm_head") || is(c, len, "embed_out");
+}
+
+static bool attn_comp(const char *c, size_t len)
+{
+    return has(c, len, "attn") || has(c, len, "attention") || is(c, len, "q_proj") ||
+           is(c, len, "k_proj") || is(c, len, "v_proj") || is(c, len, "o_proj") ||
+           is(c, len, "qkv_proj") || is(c, len, "wq") || is(c, len, "wk") || is(c, len, "wv") ||
+           is(c, len, "wo");
+}
+
+int wo_fit_class(const char *name)
+{
+    if (!name)
+        return 2;
+    if (any_component(name, small_comp))
+        return 0;
+    if (any_component(name, embed_comp))
+        return 5;
+    if (any_component(name, shared_comp))
+        return 2;
+    if (any_component(name, experts_comp))
+        return 4;
+    /* llama.cpp's output projection is the bare `output.weight` */
+    if (any_component(name, head_comp) || strcmp(name, "output.weight") == 0)
+        return 3;
+    if (any_component(name, attn_comp))
+        return 1;
+    return 2;
+}
+
+/* ---- budget ---- */
+
+uint64_t wo_fit_budget(const struct wo_fit *fit, uint64_t device_total,
+                       uint64_t device_free_for_weights, uint64_t engine_bytes)
+{
+    uint64_t dev, a, cap;
+
+    if (!fit)
+        return 0;
+    dev = fit->device.kind == WO_BUDGET_PERCENT || fit->device.kind == WO_BUDGET_BYTES
+              ? wo_budget_resolve(&fit->device, device_total, 0)
+              : 0;
+    a = dev > engine_bytes ? dev - engine_bytes : 0;
+    cap = device_free_for_weights > fit->keep_free ? device_free_for_weights - fit->keep_free : 0;
+    return WO_MIN(a, cap);
+}
+
+/* ---- the choice ---- */
+
+struct ord {
+    int tier;   /* 0: weight > 0 known, 1: unknown, 2: weight 0 */
+    long wkey;  /* known weights in 5% steps, higher first */
+    int cls;
+    size_t i;
+};
+
+static int ord_cmp(const void *pa, const void *pb)
+{
+    const struct ord *a = pa, *b = pb;
+    if (a->tier != b->tier)
+        return a->tier < b->tier ? -1 : 1;
+    if (a->wkey != b->wkey)
+        return a->wkey > b->wkey ? -1 : 1;
+    if (a->cls != b->cls)
+        return a->cls < b->cls ? -1 : 1;
+    return a->i < b->i ? -1 : a->i > b->i;
+}
+
+uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget)
+{
+    enum wo_placement rest = fit && fit->rest == WO_PLACE_MANAGED ? WO_PLACE_MANAGED : WO_PLACE_HOST;
+    uint64_t charged = 0;
+    struct ord *o;
+    size_t no = 0;
+
+    if (!v || !n)
+        return 0;
+    /* fixed placements first: the explicit rules' device bytes are spent
+     * before fit chooses anything */
+    for (size_t i = 0; i < n; i++) {
+        struct wo_fit_item *it = &v[i];
+        it->out = WO_PLACE_UNSET;
+        if (it->fixed == WO_PLACE_UNSET)
+            continue;
+        if (!it->movable)
+            it->out = it->fixed == WO_PLACE_DEVICE ? WO_PLACE_HOST : it->fixed;
+        else
+            it->out = it->fixed;
+        if (it->out == WO_PLACE_DEVICE)
+            charged = charged > UINT64_MAX - it->size ? UINT64_MAX : charged + it->size;
+    }
+    o = malloc(n * sizeof(*o));
+    for (size_t i = 0; i < n; i++) {
+        struct wo_fit_item *it = &v[i];
+        if (it->out != WO_PLACE_UNSET)
+            continue;
+        if (!it->movable) {
+            it->out = WO_PLACE_HOST;
+            continue;
+        }
+        if (!o) {
+            /* without memory to sort, the given order still gives a valid fit */
+            if (it->size <= budget && charged <= budget - it->size) {
+                it->out = WO_PLACE_DEVICE;
+                charged += it->size;
+            } else {
+                it->out = rest;
+            }
+            continue;
+        }
+        o[no].i = i;
+        o[no].cls = wo_fit_class(it->name);
+        if (it->weight < 0 || isnan(it->weight)) {
+            o[no].tier = 1;
+            o[no].wkey = 0;
+        } else if (it->weight == 0) {
+            o[no].tier = 2;
+            o[no].wkey = 0;
+        } else {
+            o[no].tier = 0;
+            o[no].wkey = isinf(it->weight) ? LONG_MAX : lround(log(it->weight) / log(1.05));
+        }
+        no++;
+    }
+    if (o) {
+        qsort(o, no, sizeof(*o), ord_cmp);
+        for (size_t k = 0; k < no; k++) {
+            struct wo_fit_item *it = &v[o[k].i];
+            if (it->size <= budget && charged <= budget - it->size) {
+                it->out = WO_PLACE_DEVICE;
+                charged += it->size;
+            } else {
+                it->out = rest;
+            }
+        }
+        free(o);
+    }
+    return charged;
+}

@@ -1,0 +1,352 @@
+/* tests/test-fit.c: the automatic fit (policy/fit.c and the `fit:` key):
+ * classes of real tensor names (Qwen3-MoE, Mixtral, Llama, GPT-2, llama.cpp
+ * spellings), the budget arithmetic, the choice (fixed, unmovable, weights,
+ * skip-and-fill, determinism) and the key's parsing and dump. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "policy/policy.h"
+
+#define MiB WO_MiB
+#define GiB WO_GiB
+
+static void classes_of_real_names(void **state)
+{
+    static const struct {
+        const char *name;
+        int cls;
+    } t[] = {
+        /* Qwen3-MoE (transformers) */
+        {"model.embed_tokens.weight", 5},
+        {"model.layers.0.input_layernorm.weight", 0},
+        {"model.layers.0.post_attention_layernorm.weight", 0},
+        {"model.layers.0.self_attn.q_proj.weight", 1},
+        {"model.layers.0.self_attn.k_norm.weight", 0},
+        {"model.layers.0.self_attn.o_proj.weight", 1},
+        {"model.layers.0.mlp.gate.weight", 0},
+        {"model.layers.0.mlp.experts.gate_up_proj", 4},
+        {"model.layers.0.mlp.experts.down_proj", 4},
+        {"model.layers.3.mlp.experts.17.gate_proj.weight", 4},
+        {"model.norm.weight", 0},
+        {"lm_head.weight", 3},
+        {"model.rotary_emb.inv_freq", 0},
+        /* Qwen2-MoE shared expert, DeepSeek shared experts */
+        {"model.layers.0.mlp.shared_expert.gate_proj.weight", 2},
+        {"model.layers.0.mlp.shared_expert_gate.weight", 0},
+        {"model.layers.1.mlp.shared_experts.down_proj.weight", 2},
+        /* Mixtral */
+        {"model.layers.5.block_sparse_moe.gate.weight", 0},
+        {"model.layers.5.block_sparse_moe.experts.3.w1.weight", 4},
+        {"model.layers.5.self_attn.v_proj.weight", 1},
+        /* Llama (dense) */
+        {"model.layers.7.mlp.gate_proj.weight", 2},
+        {"model.layers.7.mlp.down_proj.weight", 2},
+        {"model.layers.7.self_attn.qkv_proj.weight", 1},
+        /* GPT-2 */
+        {"transformer.wte.weight", 5},
+        {"transformer.h.0.ln_1.weight", 0},
+        {"transformer.h.0.attn.c_attn.weight", 1},
+        {"transformer.h.0.attn.c_attn.bias", 0},
+        {"transformer.h.0.mlp.c_fc.weight", 2},
+        {"transformer.ln_f.weight", 0},
+        /* llama.cpp (GGUF) */
+        {"token_embd.weight", 5},
+        {"blk.3.attn_q.weight", 1},
+        {"blk.3.attn_norm.weight", 0},
+        {"blk.3.ffn_gate_inp.weight", 0},
+        {"blk.3.ffn_up_exps.weight", 4},
+        {"blk.3.ffn_down_shexp.weight", 2},
+        {"blk.3.ffn_up.weight", 2},
+        {"output.weight", 3},
+        {"output_norm.weight", 0},
+        /* unknown */
+        {"something.else", 2},
+        {"", 2},
+    };
+    (void)state;
+    for (size_t i = 0; i < WO_ARRAY_SIZE(t); i++) {
+        int c = wo_fit_class(t[i].name);
+        if (c != t[i].cls)
+            fail_msg("%s: class %d, expected %d", t[i].name, c, t[i].cls);
+    }
+    assert_int_equal(wo_fit_class(NULL), 2);
+}
+
+static void budget_arithmetic(void **state)
+{
+    struct wo_fit f = {.enabled = true,
+                       .device = {.kind = WO_BUDGET_BYTES, .bytes = 20 * GiB},
+                       .keep_free = 2 * GiB,
+                       .rest = WO_PLACE_HOST};
+    (void)state;
+    /* device less the engine's own memory */
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 3 * GiB), 17 * GiB);
+    /* capped by what is free less keep_free */
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 10 * GiB, 3 * GiB), 8 * GiB);
+    /* never negative */
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 30 * GiB), 0);
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 1 * GiB, 0), 0);
+    /* percent of the device total: 90% of 80 GiB = 72 GiB */
+    f.device = (struct wo_budget){.kind = WO_BUDGET_PERCENT, .ppm = 900000};
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 2 * GiB), 70 * GiB);
+    f.keep_free = 16 * GiB;
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 2 * GiB), 64 * GiB);
+    f.device.ppm = 125000; /* 12.5% */
+    assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 0), 10 * GiB);
+    assert_int_equal(wo_fit_budget(NULL, 80 * GiB, 80 * GiB, 0), 0);
+}
+
+static struct wo_fit_item item(const char *name, uint64_t size, double weight)
+{
+    return (struct wo_fit_item){.name = name, .size = size, .weight = weight, .movable = true};
+}
+
+/* Without a trace: the classes decide; what does not fit is skipped and a
+ * smaller later one fills the gap. */
+static void choose_by_class_skip_and_fill(void **state)
+{
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_HOST};
+    struct wo_fit_item v[] = {
+        item("model.embed_tokens.weight", 500 * MiB, -1),
+        item("model.layers.0.mlp.experts.gate_up_proj", 800 * MiB, -1),
+        item("model.layers.0.self_attn.q_proj.weight", 32 * MiB, -1),
+        item("model.layers.0.input_layernorm.weight", 1 * MiB, -1),
+        item("model.layers.0.mlp.experts.down_proj", 400 * MiB, -1),
+        item("lm_head.weight", 500 * MiB, -1),
+    };
+    uint64_t c;
+    (void)state;
+    /* 1 + 32 (classes 0, 1), lm_head 500 (class 3) -> 533; gate_up 800 does not
+     * fit in 1000 and is skipped, the smaller down 400 fills in (933);
+     * embeddings (class 5) no longer fit */
+    c = wo_fit_choose(&f, v, WO_ARRAY_SIZE(v), 1000 * MiB);
+    assert_int_equal(c, 933 * MiB);
+    assert_int_equal(v[3].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[2].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[5].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[1].out, WO_PLACE_HOST);
+    assert_int_equal(v[4].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[0].out, WO_PLACE_HOST);
+    /* 1400: 533 + gate_up 800 = 1333, down (400) and embeddings skipped */
+    c = wo_fit_choose(&f, v, WO_ARRAY_SIZE(v), 1400 * MiB);
+    assert_int_equal(c, 1333 * MiB);
+    assert_int_equal(v[1].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[4].out, WO_PLACE_HOST);
+    assert_int_equal(v[0].out, WO_PLACE_HOST);
+    /* 1000 with a larger lm_head: it is skipped and the first expert fills in */
+    v[5].size = 980 * MiB;
+    c = wo_fit_choose(&f, v, WO_ARRAY_SIZE(v), 1000 * MiB);
+    assert_int_equal(v[5].out, WO_PLACE_HOST);
+    assert_int_equal(v[1].out, WO_PLACE_DEVICE); /* 33 + 800 */
+    assert_int_equal(v[4].out, WO_PLACE_HOST);   /* 833 + 400 > 1000 */
+    assert_int_equal(c, 833 * MiB);
+    /* the rest goes where fit says */
+    f.rest = WO_PLACE_MANAGED;
+    wo_fit_choose(&f, v, WO_ARRAY_SIZE(v), 0);
+    for (size_t i = 0; i < WO_ARRAY_SIZE(v); i++)
+        assert_int_equal(v[i].out, WO_PLACE_MANAGED);
+}
+
+/* With a trace: reads per step decide first, the class breaks ties; 5%
+ * apart counts as a tie. */
+static void choose_by_weight(void **state)
+{
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_HOST};
+    struct wo_fit_item v[] = {
+        item("model.layers.0.self_attn.q_proj.weight", 100 * MiB, 1.0),
+        item("model.layers.0.mlp.experts.down_proj", 100 * MiB, 11.0),  /* read 11x a step */
+        item("model.layers.1.mlp.experts.down_proj", 100 * MiB, 1.01),  /* ties with attention */
+        item("model.layers.2.mlp.experts.down_proj", 100 * MiB, 0),     /* never read */
+        item("model.layers.3.mlp.experts.down_proj", 100 * MiB, -1),    /* unknown */
+    };
+    (void)state;
+    assert_int_equal(wo_fit_choose(&f, v, 5, 200 * MiB), 200 * MiB);
+    assert_int_equal(v[1].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[0].out, WO_PLACE_DEVICE); /* class 1 before class 4 at the same weight */
+    assert_int_equal(v[2].out, WO_PLACE_HOST);
+    assert_int_equal(wo_fit_choose(&f, v, 5, 400 * MiB), 400 * MiB);
+    assert_int_equal(v[2].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[4].out, WO_PLACE_DEVICE); /* unknown before never read */
+    assert_int_equal(v[3].out, WO_PLACE_HOST);
+    /* a clearly higher weight wins over the class */
+    v[2].weight = 1.2;
+    assert_int_equal(wo_fit_choose(&f, v, 5, 200 * MiB), 200 * MiB);
+    assert_int_equal(v[2].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[0].out, WO_PLACE_HOST);
+}
+
+static void choose_fixed_and_unmovable(void **state)
+{
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_MANAGED};
+    struct wo_fit_item v[] = {
+        item("a.self_attn.q_proj.weight", 300 * MiB, -1),
+        item("b.mlp.experts.w1", 300 * MiB, -1),
+        item("c.input_layernorm.weight", 1 * MiB, -1),
+        item("d.self_attn.k_proj.weight", 100 * MiB, -1),
+        item("e.mlp.experts.w2", 200 * MiB, -1),
+    };
+    (void)state;
+    v[1].fixed = WO_PLACE_DEVICE; /* an explicit rule: charged first */
+    v[4].fixed = WO_PLACE_HOST;   /* an explicit rule: kept */
+    v[2].movable = false;         /* already in pinned host memory */
+    /* 300 (fixed) + 300 (q) = 600; k (100) does not fit in 650 */
+    assert_int_equal(wo_fit_choose(&f, v, 5, 650 * MiB), 600 * MiB);
+    assert_int_equal(v[1].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[0].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[3].out, WO_PLACE_MANAGED);
+    assert_int_equal(v[4].out, WO_PLACE_HOST);
+    assert_int_equal(v[2].out, WO_PLACE_HOST); /* never device, even first in class */
+    /* fixed device bytes are charged even over the budget; nothing else fits */
+    assert_int_equal(wo_fit_choose(&f, v, 5, 100 * MiB), 300 * MiB);
+    assert_int_equal(v[1].out, WO_PLACE_DEVICE);
+    assert_int_equal(v[0].out, WO_PLACE_MANAGED);
+    assert_int_equal(v[3].out, WO_PLACE_MANAGED);
+    /* unmovable with a fixed device rule cannot honour it */
+    v[2].fixed = WO_PLACE_DEVICE;
+    wo_fit_choose(&f, v, 5, 10 * GiB);
+    assert_int_equal(v[2].out, WO_PLACE_HOST);
+}
+
+static void choose_is_deterministic(void **state)
+{
+    enum { N = 200 };
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_HOST};
+    struct wo_fit_item a[N], b[N];
+    static char names[N][64];
+    uint64_t ca, cb;
+    (void)state;
+    for (int i = 0; i < N; i++) {
+        static const char *const kinds[] = {"self_attn.q_proj.weight", "mlp.experts.down_proj",
+                                            "input_layernorm.weight", "mlp.gate_proj.weight"};
+        snprintf(names[i], sizeof(names[i]), "model.layers.%d.%s", i / 4, kinds[i % 4]);
+        a[i] = item(names[i], (uint64_t)(1 + (i * 37) % 11) * MiB, (i % 3) ? 1.0 : -1);
+    }
+    memcpy(b, a, sizeof(a));
+    ca = wo_fit_choose(&f, a, N, 300 * MiB);
+    cb = wo_fit_choose(&f, b, N, 300 * MiB);
+    assert_int_equal(ca, cb);
+    assert_true(ca <= 300 * MiB);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(a[i].out, b[i].out);
+    /* equal items: the given order decides */
+    {
+        struct wo_fit_item e[] = {item("x.mlp.w", 10, -1), item("y.mlp.w", 10, -1),
+                                  item("z.mlp.w", 10, -1)};
+        assert_int_equal(wo_fit_choose(&f, e, 3, 20), 20);
+        assert_int_equal(e[0].out, WO_PLACE_DEVICE);
+        assert_int_equal(e[1].out, WO_PLACE_DEVICE);
+        assert_int_equal(e[2].out, WO_PLACE_HOST);
+    }
+    assert_int_equal(wo_fit_choose(&f, NULL, 0, 20), 0);
+}
+
+static struct wo_policy *load(const char *yaml, struct wo_diags *d)
+{
+    struct wo_policy *p = NULL;
+    memset(d, 0, sizeof(*d));
+    wo_policy_load_buffer(yaml, strlen(yaml), "t.yaml", NULL, &p, d);
+    return p;
+}
+
+static void expect_error(const char *yaml, unsigned line, unsigned col, const char *sub)
+{
+    struct wo_diags d;
+    struct wo_policy *p = load(yaml, &d);
+    bool found = false;
+    assert_null(p);
+    for (size_t i = 0; i < d.n; i++)
+        found |= d.v[i].line == line && d.v[i].column == col &&
+                 d.v[i].severity == WO_DIAG_ERROR && strstr(d.v[i].message, sub);
+    if (!found) {
+        wo_diags_print(&d, stderr);
+        fail_msg("no error at %u:%u containing '%s'", line, col, sub);
+    }
+    wo_diags_clear(&d);
+}
+
+static void key_parses_and_dumps(void **state)
+{
+    struct wo_diags d;
+    struct wo_policy *p;
+    const struct wo_policy_globals *g;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f;
+    (void)state;
+
+    /* absent: disabled, defaults */
+    p = load("rules: []\n", &d);
+    assert_non_null(p);
+    g = wo_policy_globals(p);
+    assert_false(g->fit.enabled);
+    assert_true(wo_policy_passthrough(p));
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+
+    /* short form */
+    p = load("fit: 90%\n", &d);
+    assert_non_null(p);
+    g = wo_policy_globals(p);
+    assert_true(g->fit.enabled);
+    assert_int_equal(g->fit.device.kind, WO_BUDGET_PERCENT);
+    assert_int_equal(g->fit.device.ppm, 900000);
+    assert_int_equal(g->fit.keep_free, WO_FIT_KEEP_FREE_DEFAULT);
+    assert_int_equal(g->fit.rest, WO_PLACE_HOST);
+    assert_false(wo_policy_passthrough(p)); /* fit places: the window opens at start */
+    assert_int_equal(g->window.open, WO_WINDOW_OPEN_AT_START);
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+
+    /* long form, dumped and loaded back */
+    p = load("fit:\n  device: 20GiB\n  keep_free: 1.5GiB\n  rest: managed\n", &d);
+    assert_non_null(p);
+    g = wo_policy_globals(p);
+    assert_int_equal(g->fit.device.kind, WO_BUDGET_BYTES);
+    assert_int_equal(g->fit.device.bytes, 20 * GiB);
+    assert_int_equal(g->fit.keep_free, 3 * GiB / 2);
+    assert_int_equal(g->fit.rest, WO_PLACE_MANAGED);
+    f = open_memstream(&buf, &len);
+    assert_int_equal(wo_policy_dump(p, f), 0);
+    fclose(f);
+    assert_non_null(strstr(buf, "fit:\n  device: 21474836480\n  keep_free: 1610612736\n  rest: managed\n"));
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+    p = load(buf, &d);
+    assert_non_null(p);
+    assert_int_equal(wo_policy_globals(p)->fit.keep_free, 3 * GiB / 2);
+    assert_int_equal(wo_policy_globals(p)->fit.rest, WO_PLACE_MANAGED);
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+    free(buf);
+
+    /* errors, located */
+    expect_error("fit: 20GX\n", 1, 6, "expected a size");
+    expect_error("fit: 0\n", 1, 6, "expected more than 0 bytes");
+    expect_error("fit: 0%\n", 1, 6, "expected more than 0%");
+    expect_error("fit: 101%\n", 1, 6, "expected a percentage from 0% to 100%");
+    expect_error("fit:\n  device: 2GiB\n  keep_free: 2GiB\n", 3, 14, "expected keep_free below device");
+    expect_error("fit:\n  device: 2GiB\n  rest: device\n", 3, 9, "expected host or managed");
+    expect_error("fit:\n  device: 2GiB\n  kep_free: 1GiB\n", 3, 3, "did you mean 'keep_free'?");
+    expect_error("fit:\n  rest: host\n", 2, 3, "without 'device'");
+    expect_error("fit:\n  device: 2GiB\n  keep_free: -1\n", 3, 14, "negative size");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(classes_of_real_names),
+        cmocka_unit_test(budget_arithmetic),
+        cmocka_unit_test(choose_by_class_skip_and_fill),
+        cmocka_unit_test(choose_by_weight),
+        cmocka_unit_test(choose_fixed_and_unmovable),
+        cmocka_unit_test(choose_is_deterministic),
+        cmocka_unit_test(key_parses_and_dumps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
