@@ -24,6 +24,9 @@ struct wo_settings {
     bool observe;            /* WOFFLOAD_OBSERVE */
     uint32_t ring_events;    /* WOFFLOAD_RING_EVENTS, power of two */
     uint32_t scan_words;     /* WOFFLOAD_SCAN_WORDS: max 8-byte words scanned per launch */
+    uint32_t managed_margin_mib; /* WOFFLOAD_MANAGED_MARGIN */
+    bool quiet;              /* WOFFLOAD_QUIET */
+    bool progress;           /* WOFFLOAD_PROGRESS */
     int nerrors;             /* number of variables that had a bad value */
 };
 

@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
 
@@ -132,7 +133,13 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
             wo_uvm.unplaceable_tags++;
             wo_report_unplaceable(a, name);
         } else if (a->kind == WO_KIND_PINNED) {
-            /* Pinned memory was placed by its scope; it never moves. */
+            /* Pinned memory was placed by its scope, or by the managed cap
+             * while the engine loaded; it never moves. */
+            if (a->capped && t->place != WO_PLACE_HOST &&
+                !(wo_uvm.g->fit.enabled && n->rule < 0)) {
+                wo_uvm.cap.stuck_tags++;
+                wo_uvm.cap.stuck_bytes += t->size;
+            }
             t->place = WO_PLACE_HOST;
             t->applied = true;
         } else if (wo_uvm.sealed) {
@@ -175,6 +182,7 @@ int wo_api_window_close(void)
 int wo_api_seal(void)
 {
     char label[256];
+    uint64_t t0;
     int r = 0;
 
     wo_uvm_ensure_init();
@@ -187,6 +195,8 @@ int wo_api_seal(void)
     }
     wo_uvm.sealed = true;
     __atomic_store_n(&wo_uvm.window_open, 0, __ATOMIC_RELEASE);
+    t0 = wo_now_ns();
+    (void)wo_progress_end(&wo_uvm.pin_progress);
     if (wo_uvm.policy) {
         if (wo_uvm.placing)
             r = wo_place_seal();
@@ -202,7 +212,20 @@ int wo_api_seal(void)
                     (unsigned long long)wo_uvm.over_budget_tags,
                     wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)));
         }
+        if (wo_uvm.cap.pinned || wo_uvm.cap.passed || wo_uvm.cap.failed) {
+            char pb[32], sb[32], mb[32];
+            wo_warn("seal: managed cap (free device memory minus %s): %llu allocations (%s) were "
+                    "served as pinned host memory and %llu passed through as device memory; "
+                    "%llu tensors (%s) the policy places on the device or managed stay in host "
+                    "memory. Use fit: (docs/policy.md) to choose what stays on the device",
+                    wo_format_size(wo_uvm.cap.margin, mb, sizeof(mb)),
+                    (unsigned long long)wo_uvm.cap.pinned,
+                    wo_format_size(wo_uvm.cap.pinned_bytes, pb, sizeof(pb)),
+                    (unsigned long long)wo_uvm.cap.passed, (unsigned long long)wo_uvm.cap.stuck_tags,
+                    wo_format_size(wo_uvm.cap.stuck_bytes, sb, sizeof(sb)));
+        }
     }
+    wo_uvm.seal_ns = wo_now_ns() - t0;
     wo_summary_log("seal");
     if (wo_events) {
         struct wo_event ev;

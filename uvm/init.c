@@ -110,6 +110,8 @@ int wo_uvm_init_policy(const char *path)
         goto out;
     }
     load_policy(path);
+    wo_uvm.cap.margin = (uint64_t)wo_settings()->managed_margin_mib << 20;
+    wo_uvm.cap.min_headroom = INT64_MAX;
     if (setup_policy_state() < 0) {
         r = -ENOMEM;
         goto out;

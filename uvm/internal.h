@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "policy/policy.h"
+#include "uvm/progress.h"
 #include "uvm/uvm.h"
 
 #define WO_TAG_NAME_MAX 1023 /* longest name in bytes, without the NUL */
@@ -63,6 +64,7 @@ struct wo_alloc {
     bool ours_in_registry;    /* uvm/ added the registry range (and removes it) */
     bool below_min_size;      /* observed while the window was open, but too small */
     void *host;               /* WO_KIND_PINNED: the host pointer */
+    bool capped;              /* pinned because managed memory would have passed the cap */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
     uint64_t default_bytes;
@@ -108,6 +110,27 @@ struct wo_uvm_state {
     uint64_t device_total;
     struct wo_rule_counts *rule_counts; /* nrules + 1 */
     size_t nrule_counts;
+
+    /* The managed cap (docs/placement.md): live managed bytes served never
+     * exceed the free device memory at that moment minus cap_margin. */
+    struct {
+        uint64_t margin;              /* WOFFLOAD_MANAGED_MARGIN */
+        uint64_t live, peak;          /* managed bytes served and not freed */
+        int64_t min_headroom;         /* least free - margin - live after a served managed
+                                       * allocation; INT64_MAX before the first */
+        uint64_t checks;              /* managed allocations checked against the cap */
+        uint64_t pinned, pinned_bytes; /* served as pinned host memory instead */
+        uint64_t passed, passed_bytes; /* passed through as device memory (placement device) */
+        uint64_t failed, failed_bytes; /* neither worked: passed through, the engine's call decides */
+        uint64_t stuck_tags, stuck_bytes; /* tags wanting device/managed on capped pinned memory */
+        uint64_t unknown_free;        /* cuMemGetInfo failed: treated as no room */
+    } cap;
+    struct wo_progress pin_progress;  /* pinning while the engine loads; ended at seal */
+    uint64_t seal_ns;                 /* how long seal took */
+    struct {                          /* what fit: chose at seal */
+        uint64_t budget, device_bytes, rest_bytes, engine_bytes;
+        size_t names;
+    } fit;
 
     /* cumulative counters */
     uint64_t served_managed, served_pinned;      /* allocations served */

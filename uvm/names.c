@@ -350,6 +350,8 @@ void wo_alloc_destroy(struct wo_alloc *a)
     }
     if (a->default_charged)
         wo_host_budget_release(&wo_uvm.host_budget, a->default_bytes);
+    if (a->kind == WO_KIND_MANAGED)
+        wo_uvm.cap.live -= WO_MIN(wo_uvm.cap.live, a->size);
     free(a->tags);
     free(a);
 }

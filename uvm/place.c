@@ -257,6 +257,69 @@ static bool api_servable(int api)
     return api == WO_API_CUDA_MALLOC || api == WO_API_CU_MEM_ALLOC || api == WO_API_UNKNOWN;
 }
 
+/* Serves a with pinned, device-mapped host memory: 0 and *p, or the driver's error. */
+static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, const char *name,
+                             CUdeviceptr *p)
+{
+    void *host = NULL;
+    CUresult r = d->cuMemHostAlloc(&host, a->size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = d->cuMemHostGetDevicePointer_v2(p, host, 0);
+    if (r != CUDA_SUCCESS) {
+        wo_error("cuMemHostGetDevicePointer for '%s' failed: %s", name, wo_cu_error_name(r));
+        d->cuMemFreeHost(host);
+        return r;
+    }
+    a->kind = WO_KIND_PINNED;
+    a->host = host;
+    if (!wo_uvm.pin_progress.t0_ns && !wo_uvm.sealed)
+        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory", 0);
+    if (!wo_uvm.sealed)
+        wo_progress_add(&wo_uvm.pin_progress, a->size);
+    return CUDA_SUCCESS;
+}
+
+static bool can_pin(const struct wo_driver *d)
+{
+    return d->cuMemHostAlloc && d->cuMemHostGetDevicePointer_v2 && d->cuMemFreeHost;
+}
+
+/* The managed cap: may size more bytes of managed memory be asked for now?
+ * Every live managed byte the shim served counts as if it were on the
+ * device, because a page the engine writes lands there
+ * (bench/results/managed-residency-20261125-h100.txt) and the driver cannot
+ * say how many did: live + size <= free - margin. A failed cuMemGetInfo
+ * counts as no room. */
+static bool managed_fits(const struct wo_driver *d, size_t size, int64_t *headroom)
+{
+    size_t free_b = 0, total_b = 0;
+
+    wo_uvm.cap.checks++;
+    if (!d->cuMemGetInfo_v2 || d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS) {
+        wo_uvm.cap.unknown_free++;
+        return false;
+    }
+    *headroom = (int64_t)free_b - (int64_t)wo_uvm.cap.margin - (int64_t)wo_uvm.cap.live -
+                (int64_t)size;
+    return *headroom >= 0;
+}
+
+static void report_cap(const char *name, size_t size, const char *what)
+{
+    char b1[32], b2[32];
+
+    wo_log_once(WO_LOG_WARN,
+                "managed memory would pass the free device memory minus %s: placeable "
+                "allocations are served as pinned host memory from here on (placement host), "
+                "except those placed on the device, which pass through as device memory; "
+                "see docs/placement.md (the managed cap)",
+                wo_format_size(wo_uvm.cap.margin, b1, sizeof(b1)));
+    wo_debug("managed cap: %s (%s)%s%s%s %s", wo_format_size(size, b2, sizeof(b2)), "live",
+             name ? " for '" : "", name ? name : "", name ? "'" : "", what);
+}
+
 int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
 {
     const struct wo_driver *d;
@@ -267,10 +330,10 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     const struct wo_tag *clash;
     struct wo_range rr;
     CUdeviceptr p = 0;
-    void *host = NULL;
     CUresult r;
     CUdevice dev;
     bool registered;
+    int64_t headroom = 0;
     int served = 0;
 
     wo_uvm_ensure_init();
@@ -312,21 +375,9 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         wo_place_decide(a, &pending);
     }
 
-    if (scope_name && pending.place == WO_PLACE_HOST && n->pin && d->cuMemHostAlloc &&
-        d->cuMemHostGetDevicePointer_v2 && d->cuMemFreeHost) {
-        r = d->cuMemHostAlloc(&host, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
-        if (r == CUDA_SUCCESS) {
-            r = d->cuMemHostGetDevicePointer_v2(&p, host, 0);
-            if (r != CUDA_SUCCESS) {
-                wo_error("cuMemHostGetDevicePointer for '%s' failed: %s", n->s,
-                         wo_cu_error_name(r));
-                d->cuMemFreeHost(host);
-                host = NULL;
-            } else {
-                a->kind = WO_KIND_PINNED;
-                a->host = host;
-            }
-        } else {
+    if (scope_name && pending.place == WO_PLACE_HOST && n->pin && can_pin(d)) {
+        r = serve_pinned(d, a, n->s, &p);
+        if (r != CUDA_SUCCESS && a->kind != WO_KIND_PINNED) {
             wo_uvm.pin_failures++;
             if (wo_uvm.g->pin_fallback == WO_PIN_FALLBACK_STOP) {
                 log_pin_failure(n->s, size, r, false);
@@ -339,6 +390,42 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             }
             log_pin_failure(n->s, size, r, true);
             wo_uvm.pin_fallbacks++;
+        }
+    }
+    if (a->kind == WO_KIND_MANAGED && !managed_fits(d, size, &headroom)) {
+        /* Past the managed cap. A device placement is what the engine asked
+         * for anyway: its own call allocates device memory. Anything else
+         * (host, managed, or not known yet in the window) is served as
+         * pinned host memory, the placement that needs no device memory. */
+        const char *nm = n ? n->s : NULL;
+        if (scope_name && pending.place == WO_PLACE_DEVICE) {
+            wo_uvm.cap.passed++;
+            wo_uvm.cap.passed_bytes += size;
+            report_cap(nm, size, "passes through as device memory");
+            goto out;
+        }
+        r = can_pin(d) ? serve_pinned(d, a, nm ? nm : "(window)", &p) : CUDA_ERROR_NOT_SUPPORTED;
+        if (r != CUDA_SUCCESS) {
+            char b[32];
+            wo_uvm.cap.failed++;
+            wo_uvm.cap.failed_bytes += size;
+            wo_error("%s%s%s: no room for managed memory and pinning %s of host memory failed "
+                     "(%s): the allocation passes through as device memory; raise the memlock "
+                     "limit (ulimit -l) or place less on the device",
+                     nm ? "'" : "a placeable allocation", nm ? nm : "", nm ? "'" : "",
+                     wo_format_size(size, b, sizeof(b)), wo_cu_error_name(r));
+            if (pending.charged)
+                wo_host_budget_release(&wo_uvm.host_budget, size);
+            goto out;
+        }
+        a->capped = true;
+        wo_uvm.cap.pinned++;
+        wo_uvm.cap.pinned_bytes += size;
+        report_cap(nm, size, "served as pinned host memory");
+        if (scope_name && pending.place != WO_PLACE_HOST &&
+            !(wo_uvm.g->fit.enabled && n->rule < 0)) {
+            wo_uvm.cap.stuck_tags++;
+            wo_uvm.cap.stuck_bytes += size;
         }
     }
     if (a->kind == WO_KIND_MANAGED) {
@@ -355,6 +442,9 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             served = 1;
             goto out;
         }
+        wo_uvm.cap.live += size;
+        wo_uvm.cap.peak = WO_MAX(wo_uvm.cap.peak, wo_uvm.cap.live);
+        wo_uvm.cap.min_headroom = WO_MIN(wo_uvm.cap.min_headroom, headroom);
     }
     a->base = p;
     a->flags = WO_RANGE_PLACEABLE | (a->kind == WO_KIND_PINNED ? WO_RANGE_HOST : WO_RANGE_MANAGED);
@@ -367,10 +457,12 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
                  (unsigned long long)p, size);
         if (registered)
             (void)wo_registry_remove(p, NULL);
-        if (a->kind == WO_KIND_PINNED)
-            d->cuMemFreeHost(host);
-        else
+        if (a->kind == WO_KIND_PINNED) {
+            d->cuMemFreeHost(a->host);
+        } else {
             d->cuMemFree_v2(p);
+            wo_uvm.cap.live -= size;
+        }
         if (pending.charged)
             wo_host_budget_release(&wo_uvm.host_budget, size);
         goto out;
@@ -400,6 +492,15 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         } else if (pending.charged) {
             wo_host_budget_release(&wo_uvm.host_budget, size);
         }
+    } else if (!wo_uvm.sealed &&
+               (wo_uvm.g->fit.enabled || wo_uvm.g->default_place != WO_PLACE_DEVICE)) {
+        /* Under fit the device set is chosen at seal, from every name; with
+         * a default off the device, untagged bytes go to the host anyway.
+         * Until seal the engine's writes land on the host (advised before
+         * the first write; measured: bench/results/managed-residency-*), so
+         * the device holds nothing it should not, and loading a model
+         * larger than the device does not fill it first. */
+        (void)apply_range(a, 0, size, WO_PLACE_HOST, true, false);
     } else if (wo_uvm.sealed) {
         /* The window is open after seal (opened by the API): the default applies now. */
         enum wo_placement dp = wo_uvm.g->default_place;
@@ -625,6 +726,96 @@ static int seal_alloc(struct wo_alloc *a)
     return ret;
 }
 
+/* ---- fit (policy fit:, docs/policy.md) ------------------------------------------ */
+
+static bool engine_device_memory(const struct wo_alloc *a)
+{
+    return a->kind == WO_KIND_OBSERVED &&
+           !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED));
+}
+
+/* Chooses, from every name the engine tagged, what stays on the device
+ * under fit: (policy/fit.c decides; this gathers the items and applies the
+ * answer to the tags, before seal_alloc() makes it so). Names an explicit
+ * rule placed keep it; pinned memory (the managed cap) cannot move. */
+static void place_fit(size_t free_b, size_t total_b)
+{
+    const struct wo_fit *fit = &wo_uvm.g->fit;
+    struct wo_fit_item *v = NULL;
+    struct wo_tag **tv = NULL;
+    size_t n = 0, cap = 0;
+    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget;
+    char b1[32], b2[32], b3[32], b4[32];
+
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
+            if (engine_device_memory(a))
+                engine += a->size;
+            if (a->kind == WO_KIND_OBSERVED)
+                continue;
+            for (size_t k = 0; k < a->ntags; k++) {
+                struct wo_tag *t = &a->tags[k];
+                if (n == cap) {
+                    size_t nc = cap ? cap * 2 : 256;
+                    struct wo_fit_item *nv = realloc(v, nc * sizeof(*v));
+                    struct wo_tag **ntv = nv ? realloc(tv, nc * sizeof(*tv)) : NULL;
+                    if (nv)
+                        v = nv;
+                    if (!nv || !ntv) {
+                        wo_error("fit: out of memory; the policy's placements apply as written");
+                        goto out;
+                    }
+                    tv = ntv;
+                    cap = nc;
+                }
+                tv[n] = t;
+                v[n] = (struct wo_fit_item){
+                    .name = t->name->s,
+                    .size = t->size,
+                    .weight = -1,
+                    .fixed = t->name->rule >= 0 ? t->place : WO_PLACE_UNSET,
+                    .movable = a->kind == WO_KIND_MANAGED,
+                };
+                /* A name a rule sent to the device was advised there when it
+                 * was made and its pages landed there as the engine wrote them:
+                 * the free memory already lacks them. */
+                if (a->kind == WO_KIND_MANAGED && v[n].fixed == WO_PLACE_DEVICE)
+                    resident += t->size;
+                n++;
+            }
+        }
+    }
+    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
+    chosen = wo_fit_choose(fit, v, n, budget);
+    for (size_t i = 0; i < n; i++) {
+        struct wo_tag *t = tv[i];
+        if (v[i].fixed != WO_PLACE_UNSET)
+            continue;
+        if (t->place != v[i].out)
+            t->applied = false; /* seal_alloc() applies the new placement */
+        t->place = t->name->place = v[i].out;
+        if (v[i].out != WO_PLACE_DEVICE)
+            rest += t->size;
+    }
+    wo_uvm.fit.budget = budget;
+    wo_uvm.fit.device_bytes = chosen;
+    wo_uvm.fit.rest_bytes = rest;
+    wo_uvm.fit.engine_bytes = engine;
+    wo_uvm.fit.names = n;
+    /* The prefetcher keeps managed bytes within what fit left over. */
+    if (fit->rest == WO_PLACE_MANAGED && wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
+        wo_uvm.device_budget = budget > chosen ? budget - chosen : 0;
+    wo_log_write(WO_LOG_OFF,
+                 "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
+                 "holds, within the free memory less keep_free), %s %s over %zu names",
+                 wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
+                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_placement_to_string(fit->rest), n);
+out:
+    free(v);
+    free(tv);
+}
+
 int wo_place_seal(void)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -636,6 +827,8 @@ int wo_place_seal(void)
         d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS) {
         wo_uvm.device_total = total_b;
         wo_uvm.device_budget = wo_policy_device_budget(wo_uvm.policy, total_b, free_b);
+        if (wo_uvm.g->fit.enabled)
+            place_fit(free_b, total_b);
         wo_debug("device budget for managed memory: %s of %s",
                  wo_format_size(wo_uvm.device_budget, b1, sizeof(b1)),
                  wo_format_size(total_b, b2, sizeof(b2)));

@@ -283,6 +283,31 @@ static void json_body(struct sbuf *b)
               wo_uvm.pin_fallbacks, wo_uvm.placement_errors, wo_uvm.unplaceable_tags,
               __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED));
 
+    sb_printf(b,
+              ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64
+              ",\"min_headroom\":",
+              wo_uvm.cap.margin, wo_uvm.cap.live, wo_uvm.cap.peak);
+    if (wo_uvm.cap.min_headroom == INT64_MAX)
+        sb_printf(b, "null");
+    else
+        sb_printf(b, "%" PRId64, wo_uvm.cap.min_headroom);
+    sb_printf(b,
+              ",\"checks\":%" PRIu64 ",\"pinned\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64
+              ",\"passed\":%" PRIu64 ",\"passed_bytes\":%" PRIu64 ",\"failed\":%" PRIu64
+              ",\"failed_bytes\":%" PRIu64 ",\"stuck_tags\":%" PRIu64 ",\"stuck_bytes\":%" PRIu64
+              ",\"unknown_free\":%" PRIu64 ",\"seal_seconds\":%.3f}",
+              wo_uvm.cap.checks, wo_uvm.cap.pinned, wo_uvm.cap.pinned_bytes, wo_uvm.cap.passed,
+              wo_uvm.cap.passed_bytes, wo_uvm.cap.failed, wo_uvm.cap.failed_bytes,
+              wo_uvm.cap.stuck_tags, wo_uvm.cap.stuck_bytes, wo_uvm.cap.unknown_free,
+              (double)wo_uvm.seal_ns / 1e9);
+
+    if (p && wo_uvm.g->fit.enabled)
+        sb_printf(b,
+                  ",\"fit\":{\"budget\":%" PRIu64 ",\"device_bytes\":%" PRIu64
+                  ",\"rest_bytes\":%" PRIu64 ",\"engine_bytes\":%" PRIu64 ",\"names\":%zu}",
+                  wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
+                  wo_uvm.fit.engine_bytes, wo_uvm.fit.names);
+
     sb_printf(b, ",\"rules\":[");
     if (p) {
         for (size_t i = 0; i < wo_uvm.nrule_counts; i++) {
@@ -526,6 +551,8 @@ void wo_summary_log(const char *when)
                  pc.by[WO_PLACE_MANAGED].tensors, wo_format_size(pc.unplaceable.bytes, u, sizeof(u)),
                  pc.unplaceable.tensors, wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)),
                  wo_uvm.over_budget_tags);
+    if (strcmp(when, "seal") == 0)
+        wo_log_write(WO_LOG_OFF, "seal took %.2f s", (double)wo_uvm.seal_ns / 1e9);
     if (strcmp(when, "exit") == 0 && wo_events) {
         struct wo_event_books e;
         wo_event_books(&e);

@@ -13,6 +13,8 @@
 
 pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t fk_total_mem = UINT64_C(16) << 30;
+bool fk_managed_guard;
+unsigned long fk_managed_guard_violations;
 int fk_ndevices = 1;
 
 static const char *const sym_names[FK_NSYMS + 1] = {
@@ -215,6 +217,8 @@ static void read_env(void)
         else
             fprintf(stderr, "fakecuda: WOFAKE_TOTAL_MEM='%s' is not a size; using 16G\n", s);
     }
+    s = getenv("WOFAKE_MANAGED_GUARD");
+    fk_managed_guard = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_DEVICES");
     if (s && *s) {
         int n = atoi(s);

@@ -8,6 +8,7 @@
  * One sorted array of allocations under fk_lock; lookups by containing
  * address are binary searches. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -153,6 +154,9 @@ int fk_mem_kind(uintptr_t p, size_t n)
     return k;
 }
 
+/* Live managed bytes, for the managed guard (WOFAKE_MANAGED_GUARD). */
+static uint64_t managed_bytes;
+
 uint64_t fk_device_used_locked(void)
 {
     return dev_bytes + managed_dev_pages * FK_PAGE;
@@ -212,8 +216,28 @@ static CUresult new_alloc(int kind, size_t size, unsigned flags, uintptr_t *ret)
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    if (kind == FAKECUDA_MANAGED && fk_managed_guard) {
+        /* The lent GPU's safety rule: never more managed memory than the
+         * device has free. A real driver would hang later; the fake refuses
+         * at once and says so, so a test sees the violation. */
+        uint64_t used = fk_device_used_locked();
+        uint64_t free_now = used >= fk_total_mem ? 0 : fk_total_mem - used;
+        if (managed_bytes + size > free_now) {
+            fk_managed_guard_violations++;
+            fk_unlock_();
+            fprintf(stderr,
+                    "fakecuda: managed guard: %zu more bytes of managed memory would make %llu "
+                    "live, more than the %llu bytes free\n",
+                    size, (unsigned long long)(managed_bytes + size), (unsigned long long)free_now);
+            free(a->pages);
+            free(a);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
     if (counted)
         dev_bytes += size; /* reserve before mapping, so racing allocs cannot overshoot */
+    if (kind == FAKECUDA_MANAGED)
+        managed_bytes += size;
     fk_unlock_();
 
     void *p = map_anon(len);
@@ -224,6 +248,8 @@ static CUresult new_alloc(int kind, size_t size, unsigned flags, uintptr_t *ret)
     }
     fk_lock_();
     if (!p) {
+        if (kind == FAKECUDA_MANAGED)
+            managed_bytes -= size;
         if (counted)
             dev_bytes -= size;
         fk_unlock_();
@@ -238,6 +264,8 @@ static CUresult new_alloc(int kind, size_t size, unsigned flags, uintptr_t *ret)
     a->flags = flags;
     a->device = cur_dev();
     if (insert_locked(a) < 0) {
+        if (kind == FAKECUDA_MANAGED)
+            managed_bytes -= size;
         if (counted)
             dev_bytes -= size;
         fk_unlock_();
@@ -256,6 +284,8 @@ static void destroy_locked(struct alloc *a)
     remove_locked(a);
     if (a->kind == FAKECUDA_DEVICE || a->kind == FAKECUDA_ASYNC)
         dev_bytes -= a->size;
+    if (a->kind == FAKECUDA_MANAGED)
+        managed_bytes -= a->size;
     if (a->pages) {
         for (size_t i = 0; i < a->maplen / FK_PAGE; i++)
             if (a->pages[i].resident & ~1u)

@@ -45,6 +45,8 @@ static inline void fk_unlock_(void) { pthread_mutex_unlock(&fk_lock); }
 
 /* Settings from the environment (fake-core.c). */
 extern uint64_t fk_total_mem;
+extern bool fk_managed_guard;                     /* WOFAKE_MANAGED_GUARD */
+extern unsigned long fk_managed_guard_violations;
 extern int fk_ndevices;
 /* WOFAKE_PROC_MISSING=success: cuGetProcAddress answers a missing symbol (or
  * one newer than the version asked for)

@@ -16,6 +16,10 @@
  *                      (default 16G). cuMemGetInfo free = total - live device
  *                      bytes (device, async, VMM physical, managed pages
  *                      resident on the device); cuMemAlloc fails beyond it.
+ *   WOFAKE_MANAGED_GUARD=1  the lent GPU's safety rule: cuMemAllocManaged
+ *                      fails (CUDA_ERROR_OUT_OF_MEMORY, one stderr line
+ *                      "fakecuda: managed guard: ...") when live managed
+ *                      bytes would exceed the free device memory.
  *   WOFAKE_DEVICES     number of devices (default 1, at most 8)
  *   WOFAKE_NO_DEVICE=1 cuInit fails with CUDA_ERROR_NO_DEVICE
  *   WOFAKE_FAIL        "name:nth:err,...": the nth call (1-based, counted from

@@ -1,0 +1,301 @@
+/* tests/test-bigload.c: a model larger than the free device memory, loaded
+ * through the preloaded shim and the fake driver (issue 19): the managed cap.
+ *
+ * The fake device has 1.5 GiB; a blocker (plain cuMemAlloc, as on the lent
+ * GPU) leaves 1 GiB free; WOFFLOAD_MANAGED_MARGIN=128 leaves 896 MiB for
+ * managed memory. The engine loads 24 weights of 64 MiB (1.5 GiB) with
+ * cuMemAlloc + cuMemcpyHtoD while the placeable window is open, tags them,
+ * seals, and reads every byte back. WOFAKE_MANAGED_GUARD=1 is the referee:
+ * the fake refuses any cuMemAllocManaged that would make live managed bytes
+ * exceed the free device memory (the lent GPU's safety rule), so a shim that
+ * broke the rule would fail the engine's load. A negative control shows the
+ * guard bites: the engine's own oversized cuMemAllocManaged is refused.
+ *
+ * Scenarios (each a re-executed child with its own environment):
+ *   cap:  14 weights managed, 10 pinned host; a device-placed scope past
+ *         the cap passes through as device memory; stats and seal warning.
+ *   nopin: pinning fails too: past the cap allocations pass through as
+ *         device memory with a located error, and the load still works.
+ *   fit:  a fit: policy: window memory is advised to the host before the
+ *         engine writes it; seal chooses what fits the device (attention
+ *         first, experts last) and the rest stays host.
+ * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#define MiB ((size_t)1 << 20)
+#define NW 24
+#define WSIZE (64 * MiB)
+
+static int failures;
+
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            failures++;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static void *need(void *h, const char *name)
+{
+    void *p = dlsym(h, name);
+    if (!p) {
+        fprintf(stderr, "missing symbol %s\n", name);
+        exit(1);
+    }
+    return p;
+}
+
+static void fill(uint64_t *w, size_t n, unsigned k)
+{
+    for (size_t i = 0; i < n; i++)
+        w[i] = (uint64_t)k * 0x9E3779B97F4A7C15ull + i;
+}
+
+static int child(const char *scenario)
+{
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW);
+    CUresult (*p_cuInit)(unsigned), (*p_cuDeviceGet)(CUdevice *, int);
+    CUresult (*p_cuCtxRetain)(CUcontext *, CUdevice), (*p_cuCtxSetCurrent)(CUcontext);
+    CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t), (*p_cuMemFree)(CUdeviceptr);
+    CUresult (*p_cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned);
+    CUresult (*p_cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*p_cuMemFreeAsync)(CUdeviceptr, CUstream);
+    CUresult (*p_htod)(CUdeviceptr, const void *, size_t), (*p_dtoh)(void *, CUdeviceptr, size_t);
+    int (*p_tag)(const void *, size_t, const char *), (*p_seal)(void);
+    int (*p_push)(const char *), (*p_pop)(void);
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr blocker, w[NW], late = 0, m = 0;
+    uint64_t *buf = malloc(WSIZE), *back = malloc(WSIZE);
+    char name[64];
+
+    if (!cu || !buf || !back)
+        return 2;
+    p_cuInit = need(cu, "cuInit");
+    p_cuDeviceGet = need(cu, "cuDeviceGet");
+    p_cuCtxRetain = need(cu, "cuDevicePrimaryCtxRetain");
+    p_cuCtxSetCurrent = need(cu, "cuCtxSetCurrent");
+    p_cuMemAlloc = need(cu, "cuMemAlloc_v2");
+    p_cuMemFree = need(cu, "cuMemFree_v2");
+    p_cuMemAllocManaged = need(cu, "cuMemAllocManaged");
+    p_cuMemAllocAsync = need(cu, "cuMemAllocAsync");
+    p_cuMemFreeAsync = need(cu, "cuMemFreeAsync");
+    p_htod = need(cu, "cuMemcpyHtoD_v2");
+    p_dtoh = need(cu, "cuMemcpyDtoH_v2");
+    p_tag = need(RTLD_DEFAULT, "woffload_tag");
+    p_seal = need(RTLD_DEFAULT, "woffload_seal");
+    p_push = need(RTLD_DEFAULT, "woffload_tag_push");
+    p_pop = need(RTLD_DEFAULT, "woffload_tag_pop");
+
+    CHECK(p_cuInit(0) == CUDA_SUCCESS);
+    CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    CHECK(p_cuCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+    CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    /* The blocker leaves 1 GiB of the fake's 1.5 GiB free. It must be
+     * device memory the shim does not serve: stream-ordered allocations
+     * never are (on the GPU the blocker is another process). */
+    CHECK(p_cuMemAllocAsync(&blocker, 512 * MiB, 0) == CUDA_SUCCESS);
+
+    for (unsigned i = 0; i < NW; i++) {
+        CUresult r = p_cuMemAlloc(&w[i], WSIZE);
+        CHECK(r == CUDA_SUCCESS);
+        if (r != CUDA_SUCCESS) {
+            w[i] = 0;
+            continue;
+        }
+        fill(buf, WSIZE / 8, i);
+        CHECK(p_htod(w[i], buf, WSIZE) == CUDA_SUCCESS);
+        snprintf(name, sizeof(name), "model.layers.%u.%s", i / 2,
+                 i % 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
+        CHECK(p_tag((void *)(uintptr_t)w[i], WSIZE, name) == 0);
+    }
+    if (strcmp(scenario, "cap") == 0) {
+        /* A scope the policy places on the device, past the cap: the
+         * engine's own call allocates it as device memory. */
+        CHECK(p_push("model.norm.weight") == 0);
+        CHECK(p_cuMemAlloc(&late, 64 * MiB) == CUDA_SUCCESS);
+        CHECK(p_pop() == 0);
+        /* The negative control: the referee refuses the engine's own
+         * managed memory beyond the free device memory. */
+        CHECK(p_cuMemAllocManaged(&m, 2048 * MiB, CU_MEM_ATTACH_GLOBAL) ==
+              CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    CHECK(p_seal() == 0);
+    for (unsigned i = 0; i < NW; i++) {
+        if (!w[i])
+            continue;
+        fill(buf, WSIZE / 8, i);
+        memset(back, 0, WSIZE);
+        CHECK(p_dtoh(back, w[i], WSIZE) == CUDA_SUCCESS);
+        if (memcmp(buf, back, WSIZE) != 0) {
+            fprintf(stderr, "weight %u does not read back bit-exact\n", i);
+            failures++;
+        }
+    }
+    /* fit keeps its weights to the end: the stats at exit name them. */
+    for (unsigned i = 0; i < NW && strcmp(scenario, "fit") != 0; i++)
+        if (w[i])
+            CHECK(p_cuMemFree(w[i]) == CUDA_SUCCESS);
+    if (late)
+        CHECK(p_cuMemFree(late) == CUDA_SUCCESS);
+    CHECK(p_cuMemFreeAsync(blocker, 0) == CUDA_SUCCESS);
+    free(buf);
+    free(back);
+    return failures ? 1 : 0;
+}
+
+/* Runs the child for scenario with policy text and extra "K=V" settings;
+ * returns its exit status, the stats file in stats, its stderr in err. */
+static int run(char **argv, const char *scenario, const char *policy, const char *const *env,
+               char *stats, size_t slen, char *err, size_t elen)
+{
+    char pol[] = "/tmp/test-bigload-policy-XXXXXX";
+    char st[] = "/tmp/test-bigload-stats-XXXXXX";
+    char er[] = "/tmp/test-bigload-stderr-XXXXXX";
+    int fd, status = -1, efd;
+    size_t n;
+    FILE *f;
+    pid_t pid;
+
+    fd = mkstemp(pol);
+    if (fd < 0 || write(fd, policy, strlen(policy)) != (ssize_t)strlen(policy))
+        return -1;
+    close(fd);
+    fd = mkstemp(st);
+    efd = mkstemp(er);
+    if (fd < 0 || efd < 0)
+        return -1;
+    close(fd);
+    pid = fork();
+    if (pid == 0) {
+        dup2(efd, 2);
+        setenv("WO_BIGLOAD_CHILD", scenario, 1);
+        setenv("WOFFLOAD_POLICY", pol, 1);
+        setenv("WOFFLOAD_STATS", st, 1);
+        setenv("WOFAKE_TOTAL_MEM", "1536M", 1);
+        setenv("WOFAKE_MANAGED_GUARD", "1", 1);
+        setenv("WOFFLOAD_MANAGED_MARGIN", "128", 1);
+        setenv("WOFFLOAD_PROGRESS", "1", 1);
+        for (; env && *env; env++)
+            putenv((char *)*env);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    close(efd);
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    f = fopen(st, "r");
+    n = f ? fread(stats, 1, slen - 1, f) : 0;
+    stats[n] = '\0';
+    if (f)
+        fclose(f);
+    f = fopen(er, "r");
+    n = f ? fread(err, 1, elen - 1, f) : 0;
+    err[n] = '\0';
+    if (f)
+        fclose(f);
+    unlink(pol);
+    unlink(st);
+    unlink(er);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+static void dump_on_failure(int before, const char *what, const char *stats, const char *err)
+{
+    if (failures != before)
+        fprintf(stderr, "--- %s: stats:\n%s\n--- stderr:\n%s\n", what, stats, err);
+}
+
+int main(int argc, char **argv)
+{
+    static const char cap_policy[] = "version: 1\n"
+                                     "rules:\n"
+                                     "  - {match: [experts], place: managed}\n";
+    /* 960 MiB less the 512 MiB blocker the engine holds: 448 MiB, the
+     * seven attention weights that are managed (the cap pinned the rest). */
+    static const char fit_policy[] = "version: 1\n"
+                                     "fit: {device: 960MiB, keep_free: 64MiB}\n";
+    static char stats[1 << 20], err[1 << 16];
+    const char *s;
+    int rc, f0;
+
+    (void)argc;
+    if ((s = getenv("WO_BIGLOAD_CHILD")))
+        return child(s);
+    if (!getenv("LD_PRELOAD")) {
+        fprintf(stderr, "run with LD_PRELOAD=libwoffload.so (meson test does)\n");
+        return 77;
+    }
+
+    /* cap: at most 896 MiB of managed memory (1 GiB free less the margin);
+     * the engine's writes land on the device and count against free too. */
+    f0 = failures;
+    rc = run(argv, "cap", cap_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"managed_cap\":{\"margin\":134217728") != NULL);
+    CHECK(strstr(stats, "\"failed\":0") != NULL);
+    CHECK(strstr(stats, "\"passed\":1,") != NULL);
+    CHECK(strstr(err, "managed memory would pass the free device memory") != NULL);
+    CHECK(strstr(err, "seal: managed cap") != NULL);
+    CHECK(strstr(err, "pinning host memory:") != NULL);
+    CHECK(strstr(err, "seal took") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") != NULL); /* the negative control only */
+    {
+        /* min_headroom never negative: the invariant, from the shim's books */
+        const char *h = strstr(stats, "\"min_headroom\":");
+        CHECK(h && h[15] != '-' && strncmp(h + 15, "null", 4) != 0);
+        const char *pinned = strstr(stats, "\"pinned\":");
+        CHECK(pinned && atoi(pinned + 9) >= 8);
+    }
+    dump_on_failure(f0, "cap", stats, err);
+
+    /* nopin: pinning fails as well: past the cap the engine's own calls
+     * allocate device memory, and the load still completes bit-exact. */
+    f0 = failures;
+    {
+        static const char *const env[] = {"WOFAKE_FAIL=cuMemHostAlloc:*:2", NULL};
+        rc = run(argv, "nopin", cap_policy, env, stats, sizeof(stats), err, sizeof(err));
+    }
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+    CHECK(strstr(stats, "\"failed\":0") == NULL);
+    CHECK(strstr(err, "no room for managed memory and pinning") != NULL);
+    CHECK(strstr(err, "ulimit -l") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    dump_on_failure(f0, "nopin", stats, err);
+
+    /* fit: window memory is advised to the host before the engine writes
+     * it, so the free memory stays 1 GiB and 14 weights (896 MiB) are
+     * managed, the rest pinned. Seal keeps attention on the device first. */
+    f0 = failures;
+    rc = run(argv, "fit", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"fit\":{") != NULL);
+    CHECK(strstr(err, "fit:") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    {
+        /* every attention weight that is managed is on the device, and no
+         * expert is while an attention weight is not */
+        const char *e = strstr(stats, "{\"name\":\"model.layers.0.self_attn.qkv_proj.weight\"");
+        CHECK(e && strstr(e, "\"placement\":\"device\""));
+        e = strstr(stats, "{\"name\":\"model.layers.0.mlp.experts.gate_up_proj\"");
+        CHECK(e && strstr(e, "\"placement\":\"host\""));
+        e = strstr(stats, "{\"name\":\"model.layers.6.self_attn.qkv_proj.weight\"");
+        CHECK(e && strstr(e, "\"placement\":\"device\""));
+        CHECK(strstr(stats, "\"device_bytes\":469762048") != NULL);
+        CHECK(strstr(stats, "\"pinned\":10,") != NULL);
+        CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
+    }
+    dump_on_failure(f0, "fit", stats, err);
+    return failures ? 1 : 0;
+}

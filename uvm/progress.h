@@ -1,0 +1,30 @@
+/* uvm/progress.h: a one-line progress report for long placement work
+ * (pinning many GiB while the engine loads, seal's prefetches).
+ *
+ * On a TTY the line is rewritten in place (at most twice a second); with
+ * WOFFLOAD_PROGRESS=1 it is a log line every few seconds instead (logs,
+ * tests); WOFFLOAD_QUIET=1 silences it. Work under WO_PROGRESS_MIN bytes (pinning that
+ * takes ~0.1 s) never reports: small models load quietly. Not thread-safe: callers hold
+ * wo_uvm.lock. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define WO_PROGRESS_MIN (512ull << 20)
+
+struct wo_progress {
+    const char *what;  /* "pinning host memory", static */
+    uint64_t total;    /* 0: not known (the engine is still loading) */
+    uint64_t done;
+    uint64_t t0_ns, last_ns;
+    bool printed;      /* a line went out: end() finishes it */
+};
+
+/* Starts (or restarts) p. total 0: unknown. */
+void wo_progress_begin(struct wo_progress *p, const char *what, uint64_t total);
+/* Adds bytes; starts p with what = "placing" when it was not begun. */
+void wo_progress_add(struct wo_progress *p, uint64_t bytes);
+/* Ends p: the final line ("... 12.0 GiB in 3.9 s, 3.1 GiB/s") when a line
+ * went out. Returns the seconds since begin (0 when never begun). */
+double wo_progress_end(struct wo_progress *p);
