@@ -247,11 +247,12 @@ def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
             else "DIFFER")
         fit = r.get("fit") or {}
         b = r.get("bound_tok_s")
+        xb = "-" if not b else f"{r['decode_tok_s'] / b:.2f}x"
+        bs = "-" if not b else f"{b:.2f}"
         out.append(f"| {r['name']} | {r.get('fraction', 1.0) if 'blocker' in r else 'all'} | "
                    f"{r['load_s']:.1f}{ratio} | {gib(r.get('peak_device_bytes'))} | "
                    f"{gib(fit.get('device_bytes'))} | {gib(r.get('offloaded_bytes'))} | "
-                   f"{r['decode_tok_s']:.2f} | {'-' if not b else f'{b:.2f}'} | "
-                   f"{'-' if not b else f'{r['decode_tok_s'] / b:.2f}x'} | {same} |")
+                   f"{r['decode_tok_s']:.2f} | {bs} | {xb} | {same} |")
     return "\n".join(out)
 
 

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""gpu suite: a checkpoint larger than the free device memory (issue 19).
+
+    python3 tests/gpu/test-bigload-gpu.py BUILD/tools/woffload-run
+
+A small Llama (1.1 GiB bf16, 48 MiB tensors) is written with save_pretrained
+and loaded with from_pretrained three ways: without the shim on a free GPU
+(the reference tokens), and under woffload-run with a blocker (ordinary
+device memory, allocated with the placeable window closed) that leaves free
+0.5x the weights' bytes, once with `fit:` and once with a policy that asks
+for everything managed. With WOFFLOAD_MANAGED_MARGIN=256 the managed cap is
+0.5x - 256 MiB. Checks, from the shim's own books (the least free - margin -
+live managed after each managed allocation, read with cuMemGetInfo at that
+moment): no managed memory beyond the free device memory was ever asked
+for; the cap served the rest as pinned host memory; greedy tokens are
+identical to the free-GPU run; and under fit the device holds what fit
+chose. Exit 77 without torch, transformers or a GPU.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+POLICIES = {
+    "fit": "version: 1\nfit: {device: 100%, keep_free: 256MiB}\n",
+    "managed": "version: 1\ndefault: managed\ndevice_budget: 256MiB\n",
+}
+
+
+def child(ckpt: str, fraction: float) -> None:
+    import torch
+    import transformers
+    res = {}
+    blocker = None
+    if fraction:
+        import woffload
+        free, _ = torch.cuda.mem_get_info()
+        size = free - int(fraction * float(os.environ["WB"]))
+        with woffload.window_closed():
+            blocker = torch.empty(size, dtype=torch.uint8, device="cuda")
+        res["free_after_blocker"] = torch.cuda.mem_get_info()[0]
+    m = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, device_map="cuda")
+    m.eval()
+    ids = torch.tensor([[1, 50, 300, 7, 900, 42, 11, 5]], device="cuda")
+    with torch.no_grad():
+        out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
+                         do_sample=False, pad_token_id=0)
+    res["tokens"] = out[0, ids.shape[1]:].tolist()
+    res["weight_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
+    if fraction:
+        import woffload
+        res["stats"] = woffload.stats()
+    del blocker
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+def make(ckpt: str) -> int:
+    import torch
+    import transformers
+    cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=8,
+                                   num_attention_heads=16, num_key_value_heads=4, vocab_size=8192,
+                                   tie_word_embeddings=False)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.05)
+    m.save_pretrained(ckpt, safe_serialization=True)
+    return sum(p.numel() * p.element_size() for p in m.parameters())
+
+
+def run(cmd: list, env: dict) -> dict:
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            r = json.loads(line[7:])
+            r["stderr"] = p.stderr
+            return r
+    sys.stderr.write(p.stdout[-3000:] + p.stderr[-5000:])
+    raise SystemExit(f"FAIL: {' '.join(cmd)}: exit {p.returncode}, no result")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], float(sys.argv[3]))
+        return 0
+    try:
+        import torch
+        import transformers  # noqa: F401
+        if not torch.cuda.is_available():
+            raise ImportError("no GPU")
+    except ImportError as e:
+        print(f"SKIP: {e}")
+        return 77
+    launcher = sys.argv[1]
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = os.path.join(tmp, "ckpt")
+        wb = make(ckpt)
+        torch.cuda.empty_cache()
+        env = dict(os.environ, WB=str(wb), WOFFLOAD_MANAGED_MARGIN="256", WOFFLOAD_PROGRESS="1",
+                   PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
+        me = [sys.executable, os.path.abspath(__file__), "--child", ckpt]
+        ref = run(me + ["0"], env)
+        print(f"weights {wb / 2**20:.0f} MiB; reference tokens {ref['tokens']}")
+        for name, text in POLICIES.items():
+            pol = os.path.join(tmp, f"{name}.yaml")
+            with open(pol, "w") as f:
+                f.write(text)
+            got = run([launcher, "--policy", pol, "--log", "info", "--"] + me + ["0.5"], env)
+            st = got.get("stats") or {}
+            cap = st.get("managed_cap") or {}
+            fit = st.get("fit") or {}
+            print(f"{name}: free after the blocker {got['free_after_blocker'] / 2**20:.0f} MiB; "
+                  f"managed_cap {json.dumps(cap)}; fit {json.dumps(fit)}")
+            checks = {
+                "tokens identical to the free-GPU run": got["tokens"] == ref["tokens"],
+                f"never more managed memory than free - margin (least headroom "
+                f"{cap.get('min_headroom')} B over {cap.get('checks')} checks)":
+                    cap.get("min_headroom") is not None and cap["min_headroom"] >= 0 and cap.get("checks", 0) > 0,
+                f"peak live managed {cap.get('peak')} B below the free memory after the blocker":
+                    cap.get("peak", 1 << 62) < got["free_after_blocker"],
+                f"the cap served the rest as pinned host memory ({cap.get('pinned_bytes')} B)":
+                    cap.get("pinned", 0) > 0 and cap.get("failed", 1) == 0,
+                "sealed": st.get("state", {}).get("sealed") is True,
+            }
+            if name == "fit":
+                checks[f"fit kept {fit.get('device_bytes')} B on the device within its budget {fit.get('budget')} B"] = \
+                    0 < fit.get("device_bytes", 0) <= fit.get("budget", 0)
+            for what, ok in checks.items():
+                print(f"{'ok' if ok else 'FAIL'}: {name}: {what}")
+                if not ok:
+                    failures.append(f"{name}: {what}")
+            if failures:
+                sys.stderr.write(got["stderr"][-4000:])
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
