@@ -117,6 +117,9 @@ def quantize_fp8(torch: Any, m: Any) -> int:
                     setattr(parent, cname, FP8Linear(q, s))
                     n += q.numel()
                     del w, child
+        # The engine drops each layer's bf16 weights as it goes: PyTorch's
+        # cache must not hand their (host-placed) blocks to later tensors.
+        torch.cuda.empty_cache()
     torch.cuda.synchronize()
     return n
 
@@ -263,7 +266,7 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/bigload")
     ap.add_argument("--layers", type=int, default=24)
     ap.add_argument("--fractions", default="0.5,0.25")
-    ap.add_argument("--keep-free", default="2GiB")
+    ap.add_argument("--keep-free", default="1GiB")
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--log", default="info")
     ap.add_argument("--timeout", type=float, default=600)

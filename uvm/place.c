@@ -262,8 +262,12 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
                              CUdeviceptr *p)
 {
     void *host = NULL;
-    CUresult r = d->cuMemHostAlloc(&host, a->size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+    CUresult r;
 
+    /* Begun before the first pin, so its rate counts the pinning itself. */
+    if (!wo_uvm.pin_progress.t0_ns && !wo_uvm.sealed)
+        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory", 0);
+    r = d->cuMemHostAlloc(&host, a->size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
     if (r != CUDA_SUCCESS)
         return r;
     r = d->cuMemHostGetDevicePointer_v2(p, host, 0);
@@ -274,8 +278,6 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
     }
     a->kind = WO_KIND_PINNED;
     a->host = host;
-    if (!wo_uvm.pin_progress.t0_ns && !wo_uvm.sealed)
-        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory", 0);
     if (!wo_uvm.sealed)
         wo_progress_add(&wo_uvm.pin_progress, a->size);
     return CUDA_SUCCESS;

@@ -40,7 +40,9 @@ static void line(struct wo_progress *p, uint64_t now, bool final)
     int m = mode(), n;
 
     wo_format_size(p->done, done, sizeof(done));
-    if (final)
+    if (s < 0.05) /* one call did it all: a rate would be noise */
+        n = snprintf(buf, sizeof(buf), "%s: %s", p->what, done);
+    else if (final)
         n = snprintf(buf, sizeof(buf), "%s: %s in %.1f s, %.1f GiB/s", p->what, done, s, gibs);
     else if (p->total)
         n = snprintf(buf, sizeof(buf), "%s: %s of %s (%.0f%%), %.1f GiB/s", p->what, done,

@@ -22,6 +22,16 @@ What it does, in order:
    Forward calls of modules with no CUDA parameters (a CPU tokenizer module,
    a parameter-free wrapper around a model it does not register) are ignored.
 
+4. transformers' loader pre-grows PyTorch's caching allocator with one
+   allocation the size of every weight (caching_allocator_warmup): the
+   shim then sees one allocation for the whole model and can place it only
+   as a whole (measured on the H100: a 7.5 GB checkpoint arrived as one
+   cudaMalloc; past the managed cap all of it went to pinned host memory,
+   bench/results/bigload-*). While the policy places something and the
+   window is open, the hook makes that warm-up a no-op when
+   transformers.modeling_utils is imported, so each weight is its own
+   allocation. WOFFLOAD_KEEP_WARMUP=1 keeps transformers' behaviour.
+
 Limits, by design: one model per process (a second model loaded after the
 first forward is neither placeable nor named); memory the engine allocated
 while the window was open but that belongs to no parameter or buffer keeps
@@ -96,17 +106,44 @@ def _on_torch_imported(torch: Any) -> None:
     _handle = torch.nn.modules.module.register_module_forward_pre_hook(_pre_hook)
 
 
-class _TorchWatcher:
-    """A meta path finder that finds nothing itself: when ``torch`` is about
-    to be imported it lets the other finders find it and wraps the loader so
-    _on_torch_imported runs right after torch's own module code."""
+def _on_modeling_utils_imported(mu: Any) -> None:
+    """Turns transformers' caching-allocator warm-up into a no-op (item 4 of
+    this module's doc) while the shim places and the window is open."""
+    if os.environ.get("WOFFLOAD_KEEP_WARMUP", "0") not in ("", "0"):
+        return
+    try:
+        st = woffload.stats() or {}
+    except (OSError, ValueError):
+        return
+    if not st.get("policy", {}).get("placing") or st.get("state", {}).get("sealed"):
+        return
+    orig = getattr(mu, "caching_allocator_warmup", None)
+    if orig is None or getattr(orig, "_woffload", False):
+        return
+
+    def no_warmup(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    no_warmup._woffload = True  # type: ignore[attr-defined]
+    mu.caching_allocator_warmup = no_warmup
+    _log("transformers' caching_allocator_warmup is off: each weight is its own allocation",
+         "info")
+
+
+class _Watcher:
+    """A meta path finder that finds nothing itself: when module `name` is
+    about to be imported it lets the other finders find it and wraps the
+    loader so `then(module)` runs right after the module's own code."""
+
+    def __init__(self, name: str, then: Any) -> None:
+        self.name, self.then = name, then
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname != "torch":
+        if fullname != self.name:
             return None
         import importlib.util
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec("torch")
+        spec = importlib.util.find_spec(fullname)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         loader = spec.loader
@@ -121,9 +158,9 @@ class _TorchWatcher:
                 except AttributeError:
                     pass
             try:
-                _on_torch_imported(module)
+                self.then(module)
             except Exception as e:
-                _log(f"could not install the forward hook: {type(e).__name__}: {e}", "error")
+                _log(f"after importing {self.name}: {type(e).__name__}: {e}", "error")
 
         loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
@@ -159,4 +196,10 @@ def install() -> None:
     if torch is not None and hasattr(torch, "nn"):
         _on_torch_imported(torch)
     else:
-        sys.meta_path.insert(0, _TorchWatcher())  # type: ignore[arg-type]
+        sys.meta_path.insert(0, _Watcher("torch", _on_torch_imported))  # type: ignore[arg-type]
+    mu = sys.modules.get("transformers.modeling_utils")
+    if mu is not None:
+        _on_modeling_utils_imported(mu)
+    else:
+        sys.meta_path.insert(0, _Watcher("transformers.modeling_utils",  # type: ignore[arg-type]
+                                         _on_modeling_utils_imported))
