@@ -57,18 +57,15 @@ static void put_budget(FILE *f, const char *key, const struct wo_budget *b)
     }
 }
 
-int wo_policy_dump(const struct wo_policy *p, FILE *f)
+int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
 {
     static const char *const open_s[] = {"at-start", "on-first-tag", "api"};
     static const char *const close_s[] = {"at-seal", "on-first-tag", "api"};
     static const char *const evict_s[] = {"auto", "read-mostly", "copy-back"};
     static const char *const mode_s[] = {"auto", "hot-set", "stream"};
-    const struct wo_policy_globals *g;
 
-    if (!p || !f)
+    if (!g || !f)
         return -EINVAL;
-    g = &p->g;
-    fprintf(f, "# normalized from %s\n", p->source);
     fprintf(f, "version: 1\n");
     fprintf(f, "default: %s\n", wo_placement_to_string(g->default_place));
     put_budget(f, "host_budget", &g->host_budget);
@@ -85,58 +82,79 @@ int wo_policy_dump(const struct wo_policy *p, FILE *f)
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
     fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
+    if (g->prefetch.mode != WO_PREFETCH_MODE_HOT_SET)
+        fprintf(f, "  experimental: true\n");
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);
         fprintf(f, "  keep_free: %llu\n  rest: %s\n", (unsigned long long)g->fit.keep_free,
                 wo_placement_to_string(g->fit.rest));
     }
+    return ferror(f) ? -EIO : 0;
+}
+
+int wo_policy_dump_rule(const struct wo_policy *p, size_t i, FILE *f)
+{
+    const struct wo_rule *r;
+    const struct wo_matchers *m;
+
+    if (!p || !f || i >= p->nrules)
+        return -EINVAL;
+    r = &p->rules[i];
+    m = &p->m[i];
+    fprintf(f, "  - # rule %zu, line %u\n", i + 1, r->line);
+    if (r->name) {
+        fputs("    name: ", f);
+        put_str(f, r->name);
+        fputc('\n', f);
+    }
+    if (m->nmatch)
+        put_list(f, "match", m->match, m->nmatch);
+    if (m->nglob)
+        put_list(f, "glob", m->glob, m->nglob);
+    if (m->nregex)
+        put_list(f, "regex", m->regex_src, m->nregex);
+    if (m->nlayers) {
+        fputs("    layers: [", f);
+        for (size_t k = 0; k < m->nlayers; k++) {
+            const struct wo_layer_item *it = &m->layers[k];
+            if (k)
+                fputs(", ", f);
+            if (it->kind == WO_LAYER_GROUP)
+                fprintf(f, "{every: %ld, last: %ld}", it->every, it->last);
+            else if (it->lo == it->hi)
+                fprintf(f, "%ld", it->lo);
+            else
+                fprintf(f, "\"%ld-%ld\"", it->lo, it->hi);
+        }
+        fputs("]\n", f);
+    }
+    if (m->has_min)
+        fprintf(f, "    min_size: %llu\n", (unsigned long long)m->min_size);
+    if (m->has_max)
+        fprintf(f, "    max_size: %llu\n", (unsigned long long)m->max_size);
+    fprintf(f, "    place: %s\n", wo_placement_to_string(r->place));
+    if (r->place == WO_PLACE_HOST)
+        fprintf(f, "    pin: %s\n", r->pin ? "true" : "false");
+    if (r->place == WO_PLACE_MANAGED)
+        fprintf(f, "    priority: %d\n    slices: %s\n", r->priority,
+                r->slices == WO_SLICES_NONE ? "none" : "auto");
+    return ferror(f) ? -EIO : 0;
+}
+
+int wo_policy_dump(const struct wo_policy *p, FILE *f)
+{
+    if (!p || !f)
+        return -EINVAL;
+    fprintf(f, "# normalized from %s\n", p->source);
+    wo_policy_dump_globals(&p->g, f);
     if (!p->nrules) {
         fprintf(f, "rules: []\n");
         return ferror(f) ? -EIO : 0;
     }
     fprintf(f, "rules:\n");
-    for (size_t i = 0; i < p->nrules; i++) {
-        const struct wo_rule *r = &p->rules[i];
-        const struct wo_matchers *m = &p->m[i];
-        fprintf(f, "  - # rule %zu, line %u\n", i + 1, r->line);
-        if (r->name) {
-            fputs("    name: ", f);
-            put_str(f, r->name);
-            fputc('\n', f);
-        }
-        if (m->nmatch)
-            put_list(f, "match", m->match, m->nmatch);
-        if (m->nglob)
-            put_list(f, "glob", m->glob, m->nglob);
-        if (m->nregex)
-            put_list(f, "regex", m->regex_src, m->nregex);
-        if (m->nlayers) {
-            fputs("    layers: [", f);
-            for (size_t k = 0; k < m->nlayers; k++) {
-                const struct wo_layer_item *it = &m->layers[k];
-                if (k)
-                    fputs(", ", f);
-                if (it->kind == WO_LAYER_GROUP)
-                    fprintf(f, "{every: %ld, last: %ld}", it->every, it->last);
-                else if (it->lo == it->hi)
-                    fprintf(f, "%ld", it->lo);
-                else
-                    fprintf(f, "\"%ld-%ld\"", it->lo, it->hi);
-            }
-            fputs("]\n", f);
-        }
-        if (m->has_min)
-            fprintf(f, "    min_size: %llu\n", (unsigned long long)m->min_size);
-        if (m->has_max)
-            fprintf(f, "    max_size: %llu\n", (unsigned long long)m->max_size);
-        fprintf(f, "    place: %s\n", wo_placement_to_string(r->place));
-        if (r->place == WO_PLACE_HOST)
-            fprintf(f, "    pin: %s\n", r->pin ? "true" : "false");
-        if (r->place == WO_PLACE_MANAGED)
-            fprintf(f, "    priority: %d\n    slices: %s\n", r->priority,
-                    r->slices == WO_SLICES_NONE ? "none" : "auto");
-    }
+    for (size_t i = 0; i < p->nrules; i++)
+        wo_policy_dump_rule(p, i, f);
     return ferror(f) ? -EIO : 0;
 }
 

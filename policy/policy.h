@@ -329,6 +329,11 @@ uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n
  * same policy (it spells out defaults, so a policy near max_nodes may need a
  * larger max_nodes to load back). Returns 0 or -errno of the stream. */
 int wo_policy_dump(const struct wo_policy *p, FILE *f);
+/* Its pieces, for tools that write a policy from another (woffload-policy
+ * fit): the top-level keys but `rules:` from g (version first), and rule i as
+ * one item of a `rules:` list. 0, -EINVAL, or -EIO. */
+int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f);
+int wo_policy_dump_rule(const struct wo_policy *p, size_t i, FILE *f);
 
 /* Per rule counters, filled by the placement code (uvm/) or the replay
  * tools: an array of nrules + 1, the last entry for the default. */

@@ -147,7 +147,7 @@ class Installed(unittest.TestCase):
 
     def test_usage_errors(self):
         cases = [
-            ((), "--policy P is required"),
+            ((), "--policy P (or --fit SIZE) is required"),
             (("--policy", self.policy), "no command given"),
             (("--policy", self.policy, "--"), "no command given"),
             (("--policy", "/no/such.yaml", "--", "true"), "--policy /no/such.yaml: no such file"),
@@ -269,6 +269,94 @@ class Installed(unittest.TestCase):
         self.assertIn("not preloaded", r.stderr)
         with open(marker) as f:
             self.assertEqual(f.read(), "yes")
+
+    # --- --fit (issue 19) ---
+
+    def _policy_cmd(self):
+        """A command that reports the policy it was given: path, mode, text."""
+        out = os.path.join(self.tmp, "seen")
+        code = ("import os, stat, sys; p = os.environ['WOFFLOAD_POLICY']; "
+                f"open({out!r}, 'w').write(p + '\\n' + oct(stat.S_IMODE(os.stat(p).st_mode)) + '\\n' "
+                "+ open(p).read()); sys.exit(7)")
+        return out, [sys.executable, "-c", code]
+
+    def test_fit_writes_a_private_policy_removed_after_the_command(self):
+        out, cmd = self._policy_cmd()
+        r = run(self.launcher, "--fit", "20GiB", "--keep-free", "1GiB", "--", *cmd)
+        self.assertEqual(r.returncode, 7, r.stderr)  # the command's status
+        with open(out) as f:
+            path, mode, text = f.read().split("\n", 2)
+        self.assertEqual(mode, "0o600")
+        self.assertIn('fit:\n  device: "20GiB"\n  keep_free: "1GiB"\n', text)
+        self.assertFalse(os.path.exists(path), "the fit policy was not removed")
+
+    def test_fit_bad_size_is_not_started(self):
+        marker, cmd = self._marker_cmd()
+        for args in (("--fit", "20GX"), ("--fit", "120%"), ("--fit", "0"),
+                     ("--fit", "4GiB", "--keep-free", "4GiB"), ("--fit", "4GiB", "--keep-free", "1XB")):
+            for extra in ((), ("--no-check",), ("--dry-run",)):
+                r = run(self.launcher, *args, *extra, "--", *cmd)
+                self.assertEqual(r.returncode, 2, (args, r.stderr))
+                self.assertIn(f"woffload-run: --fit {args[1]}", r.stderr)
+                self.assertIn("the fit policy is not valid", r.stderr)
+                self.assertRegex(r.stderr, r"woffload-fit-[^:]*\.yaml:[0-9]+:[0-9]+: error: ")
+                self.assertFalse(os.path.exists(marker), "the command ran")
+        self.assertEqual([f for f in os.listdir(tempfile.gettempdir()) if f.startswith("woffload-fit-")
+                          and os.stat(os.path.join(tempfile.gettempdir(), f)).st_uid == os.getuid()
+                          and os.path.getmtime(os.path.join(tempfile.gettempdir(), f)) > self.started], [])
+
+    def test_fit_with_a_policy_adds_the_key(self):
+        good = self._write("good.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: host\n")
+        out, cmd = self._policy_cmd()
+        r = run(self.launcher, "--fit", "90%", "--policy", good, "--", *cmd)
+        self.assertEqual(r.returncode, 7, r.stderr)
+        with open(out) as f:
+            text = f.read().split("\n", 2)[2]
+        self.assertTrue(text.startswith("version: 1\nrules:\n  - match: [experts]\n    place: host\n"), text)
+        self.assertIn('fit:\n  device: "90%"\n', text)
+        # a policy that has fit: already
+        has = self._write("has.yaml", "version: 1\nfit:\n  device: 10GiB\n")
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--fit", "20GiB", "--policy", has, "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"--policy {has} already has a fit: key", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+        # a bad base policy: its own located message
+        bad = self._write("bad.yaml", "version: 1\nrules:\n  - match: [experts]\n    place: hots\n")
+        r = run(self.launcher, "--fit", "20GiB", "--policy", bad, "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn(f"{bad}:4:12: error: found 'hots'", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+
+    def test_fit_trace_uses_the_chosen_policy(self):
+        trace = os.path.join(SRC, "tests", "traces", "h200-cb-moe32-uniform-gpu.wot.gz")
+        out, cmd = self._policy_cmd()
+        r = run(self.launcher, "--fit", "30GiB", "--fit-trace", trace, "--", *cmd)
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertRegex(r.stderr, r"fit: predicted step time [0-9.]+ ms")
+        with open(out) as f:
+            path, _, text = f.read().split("\n", 2)
+        self.assertIn("\ndefault: host\n", text)
+        self.assertIn("name: fit-device", text)
+        self.assertFalse(os.path.exists(path))
+        marker, cmd = self._marker_cmd()
+        for args, msg in ((("--fit", "30GiB", "--fit-trace", os.path.join(self.tmp, "none.wot")), "No such file"),
+                          (("--fit", "200GiB", "--fit-trace", trace), "more than the device has"),
+                          (("--fit", "20GX", "--fit-trace", trace), "--device '20GX'")):
+            r = run(self.launcher, *args, "--", *cmd)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(msg, r.stderr)
+            self.assertIn("woffload-policy fit: exit 2", r.stderr)
+            self.assertFalse(os.path.exists(marker), "the command ran")
+
+    def test_fit_options_need_fit(self):
+        for args in (("--keep-free", "1GiB"), ("--fit-trace", "t.wot")):
+            r = run(self.launcher, "--policy", self.policy, *args, "--", "true")
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("go with --fit SIZE", r.stderr)
+        r = run(self.launcher, "--", "true")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--policy P (or --fit SIZE) is required", r.stderr)
 
 
 class BuildTree(unittest.TestCase):

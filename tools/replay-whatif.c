@@ -19,7 +19,7 @@
  * never opened, and a policy that places something would have opened it.
  * Stream-ordered pools, VMM mappings and the engine's own managed memory are
  * never placeable (docs/placement.md). */
-static bool could_place(const struct wo_trace_tag *t, const struct wo_trace_range *tr)
+bool wo_replay_could_place(const struct wo_trace_tag *t, const struct wo_trace_range *tr)
 {
     if (t->flags & WO_TRACE_TAG_PLACEABLE)
         return true;
@@ -39,7 +39,7 @@ uint32_t wo_replay_place_of_tag(struct sim *s, const struct wo_trace_tag *t,
         return t->placement <= WO_TRACE_PLACE_MANAGED && t->placement ? t->placement
                                                                     : WO_PLACE_DEVICE;
     /* only memory the shim serves can change placement (design.md) */
-    if (!could_place(t, tr))
+    if (!wo_replay_could_place(t, tr))
         return WO_PLACE_DEVICE;
     if (wo_policy_match(s->o->policy, t->name, t->size, &m) < 0)
         return WO_PLACE_DEVICE;

@@ -91,6 +91,11 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
                   struct wo_replay_result *res, char *msg, size_t msglen);
 void wo_replay_result_free(struct wo_replay_result *res);
 
+/* Whether the shim could have served (and so placed) a tagged allocation:
+ * tags flagged placeable, and plain allocations (not stream-ordered, VMM or
+ * the engine's own managed memory) of a run that placed nothing. */
+bool wo_replay_could_place(const struct wo_trace_tag *t, const struct wo_trace_range *tr);
+
 /* The host_scale at which the trace replayed with every range on the device
  * takes `decode_step_s` per decode step: the host speed of a machine where
  * the all-GPU run was measured at that step time (secant iterations on the

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "policy/policy.h"
+#include "tools/policy-fit.h"
 
 #define MAX_VARS 64
 
@@ -33,6 +34,8 @@ static void usage(FILE *f)
             "usage: woffload-policy [--var NAME=VALUE]... check FILE...\n"
             "       woffload-policy [--var NAME=VALUE]... show FILE\n"
             "       woffload-policy [--var NAME=VALUE]... explain FILE NAME[:SIZE]... | -\n"
+            "       woffload-policy fit --trace T --device SIZE|PCT%% [--keep-free SIZE]\n"
+            "                       [--rest host|managed] [--model M] [--policy BASE] [-o OUT]\n"
             "\n"
             "check    validate each policy; print every error and warning as\n"
             "         file:line:column: severity: message\n"
@@ -40,6 +43,8 @@ static void usage(FILE *f)
             "explain  for each tensor name (with an optional size such as :512MiB), the rule\n"
             "         that places it, and why each earlier rule did not match; - reads\n"
             "         NAME[:SIZE] lines from stdin (such as a model's parameter names)\n"
+            "fit      the policy the automatic fit (fit:) would use for a recorded run, as\n"
+            "         explicit rules, and its predicted step time (fit --help)\n"
             "\n"
             "--var NAME=VALUE  value for ${NAME} in the policy (default: the environment;\n"
             "                  RANK, LOCAL_RANK, WORLD_SIZE default to 0, 0, 1)\n"
@@ -217,6 +222,11 @@ int main(int argc, char **argv)
         goto out;
     }
     cmd = argv[optind++];
+    if (strcmp(cmd, "fit") == 0) {
+        /* its own options (a trace, sizes); --var does not apply */
+        status = wo_policy_fit_main(argc - optind, argv + optind);
+        goto out;
+    }
     /* options may also follow the command: woffload-policy check --var X=1 f.yaml */
     {
         int rest = argc - optind;
@@ -262,7 +272,7 @@ int main(int argc, char **argv)
             usage(stdout);
             status = 0;
         } else {
-            fprintf(stderr, "woffload-policy: unknown command '%s', expected check, show or explain\n",
+            fprintf(stderr, "woffload-policy: unknown command '%s', expected check, show, explain or fit\n",
                     cmd);
             usage(stderr);
         }
