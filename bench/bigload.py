@@ -210,8 +210,7 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
         with open(pol, "w") as f:
             f.write(spec["policy"])
         launcher = os.path.join(args.build, "tools", "woffload-run")
-        cmd = [launcher, "--policy", pol, "--log", args.log] + \
-              (["--no-auto"] if spec.get("fp8") else []) + ["--"] + cmd
+        cmd = [launcher, "--policy", pol, "--log", args.log, "--"] + cmd
         env["WOFFLOAD_PROGRESS"] = "1"
     print(f"=== {spec['name']}: {' '.join(shlex.quote(c) for c in cmd[:-1])} '<spec>'", flush=True)
     t0 = time.time()

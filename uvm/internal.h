@@ -127,6 +127,7 @@ struct wo_uvm_state {
     } cap;
     struct wo_progress pin_progress;  /* pinning while the engine loads; ended at seal */
     uint64_t seal_ns;                 /* how long seal took */
+    uint64_t pin_ns;                  /* time inside cuMemHostAlloc, all served pins */
     struct {                          /* what fit: chose at seal */
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
         size_t names;

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/resource.h>
 
+#include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
 
@@ -262,12 +263,15 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
                              CUdeviceptr *p)
 {
     void *host = NULL;
+    uint64_t t0;
     CUresult r;
 
     /* Begun before the first pin, so its rate counts the pinning itself. */
     if (!wo_uvm.pin_progress.t0_ns && !wo_uvm.sealed)
         wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory", 0);
+    t0 = wo_now_ns();
     r = d->cuMemHostAlloc(&host, a->size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+    wo_uvm.pin_ns += wo_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return r;
     r = d->cuMemHostGetDevicePointer_v2(p, host, 0);

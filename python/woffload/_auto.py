@@ -80,6 +80,15 @@ def _pre_hook(module: Any, args: Any) -> None:
             _handle.remove()
             _handle = None
     try:
+        st = woffload.stats() or {}
+        if st.get("state", {}).get("sealed"):
+            # The engine sealed itself (it tagged and placed its weights
+            # through the API, then quantized or replaced them): its names
+            # stand, and tagging the new tensors would only report them as
+            # unplaceable.
+            _log(f"{type(module).__name__}: sealed by the engine already; the hook does nothing",
+                 "info")
+            return
         rep = woffload.tag_module(module)
         r = woffload.seal()
     except Exception as e:  # never break the engine
