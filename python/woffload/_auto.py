@@ -80,7 +80,10 @@ def _pre_hook(module: Any, args: Any) -> None:
             _handle.remove()
             _handle = None
     try:
-        st = woffload.stats() or {}
+        try:
+            st = woffload.stats() or {}
+        except (OSError, ValueError):
+            st = {}
         if st.get("state", {}).get("sealed"):
             # The engine sealed itself (it tagged and placed its weights
             # through the API, then quantized or replaced them): its names
