@@ -213,6 +213,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuMemHostAlloc)                                                                              \
     Y(cuMemFreeHost)                                                                               \
     Y(cuMemHostGetDevicePointer_v2)                                                                \
+    Y(cuMemHostRegister_v2)                                                                        \
+    Y(cuMemHostUnregister)                                                                         \
     Y(cuMemAdvise_v2)                                                                              \
     Y(cuMemPrefetchAsync_v2)                                                                       \
     Y(cuMemsetD8_v2)                                                                               \

@@ -379,25 +379,35 @@ static const char *moe_policy = "version: 1\n"
                                 "    match: [no_such_tensor]\n"
                                 "    place: host\n";
 
-static void scope_pinned_host_is_cuMemHostAlloc(void **state)
+static void scope_pinned_host_is_pinned(void **state)
 {
-    uint64_t host0 = f_live_bytes(FAKECUDA_HOST);
+    uint64_t host0 = f_live_bytes(FAKECUDA_HOST), reg0 = f_live_bytes(FAKECUDA_REGISTERED);
     CUdeviceptr p;
     struct wo_range r;
 
     (void)state;
     start(moe_policy);
+    /* The fast way: a huge-page mapping registered with the driver. */
+    assert_int_equal(wo_api_tag_push("model.layers.0.mlp.experts.w2_weight"), 0);
+    p = alloc_ok(4 * MiB);
+    assert_int_equal(wo_api_tag_pop(), 0);
+    assert_int_equal(f_live_bytes(FAKECUDA_REGISTERED), reg0 + 4 * MiB);
+    assert_int_equal(f_live_bytes(FAKECUDA_HOST), host0);
+    assert_int_equal(wo_registry_find(p, &r), 0);
+    assert_true(r.flags & WO_RANGE_PLACEABLE);
+    assert_true(r.flags & WO_RANGE_HOST);
+    free_ok(p);
+    assert_int_equal(f_live_bytes(FAKECUDA_REGISTERED), reg0);
+    assert_int_equal(wo_registry_find(p, &r), -ENOENT);
+    /* Registering fails (not for want of memory): cuMemHostAlloc serves it. */
+    assert_int_equal(f_fail("cuMemHostRegister_v2", 1, CUDA_ERROR_NOT_SUPPORTED), 0);
     assert_int_equal(wo_api_tag_push("model.layers.0.mlp.experts.w2_weight"), 0);
     p = alloc_ok(4 * MiB);
     assert_int_equal(wo_api_tag_pop(), 0);
     assert_int_equal(f_live_bytes(FAKECUDA_HOST), host0 + 4 * MiB);
     assert_int_equal(f_where((void *)(uintptr_t)p), CU_DEVICE_CPU);
-    assert_int_equal(wo_registry_find(p, &r), 0);
-    assert_true(r.flags & WO_RANGE_PLACEABLE);
-    assert_true(r.flags & WO_RANGE_HOST);
     free_ok(p);
     assert_int_equal(f_live_bytes(FAKECUDA_HOST), host0);
-    assert_int_equal(wo_registry_find(p, &r), -ENOENT);
     stop();
 }
 
@@ -745,7 +755,7 @@ static void pin_failure(const char *fallback, int expect_served_ok)
         /* Pinned anyway: mlock() is not enforced here (ASan makes it a
          * no-op). Make the driver fail the way it does at the limit. */
         free_ok(p);
-        assert_int_equal(f_fail("cuMemHostAlloc", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
+        assert_int_equal(f_fail("cuMemHostRegister_v2", 1, CUDA_ERROR_OUT_OF_MEMORY), 0);
         served = wo_uvm_alloc(8 * MiB, WO_API_CUDA_MALLOC, &p, &r);
     }
     assert_int_equal(wo_api_tag_pop(), 0);
@@ -939,9 +949,9 @@ static void seal_advice_failure_is_reported(void **state)
 static void every_driver_call_failing_once(void **state)
 {
     static const char *const calls[] = {
-        "cuMemAllocManaged", "cuMemHostAlloc", "cuMemHostGetDevicePointer_v2", "cuMemAdvise_v2",
+        "cuMemAllocManaged", "cuMemHostRegister_v2", "cuMemHostGetDevicePointer_v2", "cuMemAdvise_v2",
         "cuMemPrefetchAsync_v2", "cuStreamCreate", "cuStreamSynchronize", "cuMemGetInfo_v2",
-        "cuCtxGetDevice", "cuMemFree_v2", "cuMemFreeHost",
+        "cuCtxGetDevice", "cuMemFree_v2", "cuMemHostUnregister",
     };
     uint64_t live0 = f_live_bytes(FAKECUDA_ANY);
     size_t reg0 = wo_registry_count();
@@ -1599,7 +1609,7 @@ int main(int argc, char **argv)
 {
     const char *path = getenv("WO_FAKE_CUDA");
     const struct CMUnitTest tests[] = {
-        T(scope_pinned_host_is_cuMemHostAlloc),
+        T(scope_pinned_host_is_pinned),
         T(scope_placements_known_at_allocation),
         T(window_and_tag_after_allocation),
         T(window_opens_at_start_by_default),

@@ -203,7 +203,7 @@ void wo_uvm_reset(void)
             if (d && a->kind == WO_KIND_MANAGED)
                 d->cuMemFree_v2(a->base);
             else if (d && a->kind == WO_KIND_PINNED)
-                d->cuMemFreeHost(a->host);
+                wo_place_unpin(d, a, NULL);
             if (a->ours_in_registry)
                 (void)wo_registry_remove(a->base, NULL);
             wo_alloc_destroy(a);

@@ -64,6 +64,8 @@ struct wo_alloc {
     bool ours_in_registry;    /* uvm/ added the registry range (and removes it) */
     bool below_min_size;      /* observed while the window was open, but too small */
     void *host;               /* WO_KIND_PINNED: the host pointer */
+    size_t host_len;          /* WO_KIND_PINNED: 0 (cuMemHostAlloc), or the length of
+                               * our huge-page mapping registered with cuMemHostRegister */
     bool capped;              /* pinned because managed memory would have passed the cap */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
@@ -187,6 +189,11 @@ int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_
                      struct wo_tag **ret, const struct wo_tag **clash);
 void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
+
+/* ---- place.c ----------------------------------------------------------- */
+/* Gives back a WO_KIND_PINNED allocation's host memory (unregister + unmap,
+ * or cuMemFreeHost); *ret the driver's answer when ret is not NULL. */
+void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret);
 
 /* ---- api.c ----------------------------------------------------------- */
 /* A tag scope opened: counts as the first tag for the window (policy

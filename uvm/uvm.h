@@ -37,6 +37,8 @@ struct wo_driver {
     CUresult (*cuMemHostAlloc)(void **p, size_t size, unsigned int flags);
     CUresult (*cuMemFreeHost)(void *p);
     CUresult (*cuMemHostGetDevicePointer_v2)(CUdeviceptr *d, void *p, unsigned int flags);
+    CUresult (*cuMemHostRegister_v2)(void *p, size_t size, unsigned int flags);
+    CUresult (*cuMemHostUnregister)(void *p);
     CUresult (*cuMemAdvise_v2)(CUdeviceptr p, size_t size, CUmem_advise advice, CUmemLocation loc);
     CUresult (*cuMemPrefetchAsync_v2)(CUdeviceptr p, size_t size, CUmemLocation loc,
                                       unsigned int flags, CUstream s);
@@ -70,7 +72,8 @@ struct wo_driver {
     X(cuDeviceGetAttribute) X(cuDevicePrimaryCtxRetain) X(cuCtxGetCurrent) X(cuCtxSetCurrent)      \
     X(cuCtxGetDevice) X(cuCtxCreate_v4) X(cuCtxCreate_v2) X(cuCtxDestroy_v2) X(cuCtxSetLimit)      \
     X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc)     \
-    X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
+    X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemHostRegister_v2)                     \
+    X(cuMemHostUnregister) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
