@@ -866,6 +866,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         p.error("--disconnect-frac is a share in [0, 1]")
     if a.greedy_check and a.record_greedy:
         p.error("--greedy-check and --record-greedy: one or the other")
+    if a.inprocess and a.bad_request:
+        p.error("--bad-request needs a server (--inprocess has no HTTP to reject a request)")
     a.parsed_url = urllib.parse.urlsplit(a.url)
     if not a.inprocess and (a.parsed_url.scheme != "http" or not a.parsed_url.hostname):
         p.error(f"--url {a.url}: expected http://HOST[:PORT]")
