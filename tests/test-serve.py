@@ -1,0 +1,466 @@
+#!/usr/bin/env python3
+"""Tests of bench/serve.py (issue 20), the open-loop load generator, against
+a small OpenAI-compatible SSE server written here: it admits at most SLOTS
+requests at once (the others wait: the running batch of a continuous-
+batching server), answers the first token PREFILL seconds after a request
+gets its slot and each next one ITL seconds later, streams deterministic
+tokens (a function of the prompt only), refuses invalid parameters with a
+400, and counts clients that went away mid-stream. It also serves /stats:
+a JSON with the keys of the shim's stats (uvm/stats.c) whose counters move
+with every token it sends, so serve.py's deltas can be checked exactly.
+
+    python3 tests/test-serve.py
+
+No GPU, no build products, no network beyond loopback. About 30 s.
+"""
+import json
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SERVE = os.path.join(SRC, "bench", "serve.py")
+sys.path.insert(0, os.path.join(SRC, "bench"))
+import serve  # noqa: E402
+
+SLOTS = 4
+PREFILL = 0.040
+ITL = 0.020
+OUT = 8  # tokens a request (fixed:8): e2e = PREFILL + 7 ITL = 0.18 s in a slot
+CAPACITY = SLOTS / (PREFILL + (OUT - 1) * ITL)  # 22.2 requests/s
+
+
+def token(prompt: str, i: int) -> str:
+    h = 0
+    for c in prompt + f"#{i}":
+        h = (h * 131 + ord(c)) % 1000003
+    return f" t{h % 997}"
+
+
+class State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.slots = threading.Semaphore(SLOTS)
+        self.running = 0
+        self.max_running = 0
+        self.busy = 0.0        # slot-seconds: the integral of the running count
+        self.served = 0
+        self.rejected = 0
+        self.disconnects = 0
+        # shim-like counters, with a history before the run that only a
+        # delta removes: hit rate 0 so far, then 3 hits and 1 miss a token
+        self.hits, self.misses, self.steps, self.touched, self.dropped = 0, 5000, 100, 0, 7
+
+    def token_sent(self) -> None:
+        with self.lock:
+            self.steps += 1
+            self.hits += 3
+            self.misses += 1
+            self.touched += 1000
+
+    def stats_json(self) -> dict:
+        with self.lock:
+            return {
+                "launches": {"seen": self.steps * 10, "hits": self.steps * 4},
+                "ring": {"pushed": self.steps * 10, "dropped": self.dropped, "dropped_watched": 0},
+                "names": [{"name": "model.layers.0.mlp.experts.gate_up_proj", "placement": "host",
+                           "touched_bytes": self.touched}],
+                "prefetch": {"steps": self.steps, "errors": 0,
+                             "names": {"experts": {"hits": self.hits, "misses": self.misses,
+                                                   "hit_bytes": self.hits * 10, "miss_bytes": 0,
+                                                   "prefetched": 0}},
+                             "per_step": {"steps": self.steps, "in_bytes": 0.0}},
+                "stream": {"steps": 0, "staged_bytes": 0, "redirected": 0, "inplace_captured": 0,
+                           "names": {"x": {"read_multiplicity": 2.5, "bytes": 100}}},
+                "allocations": {"live": 12, "placement_errors": 0},
+                "placements": {"host": {"bytes": 1 << 20}},
+            }
+
+
+STATE = State()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a) -> None:  # quiet
+        pass
+
+    def send_json(self, code: int, obj: dict) -> None:
+        b = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(b)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(b)
+
+    def do_GET(self) -> None:
+        if self.path == "/stats":
+            self.send_json(200, STATE.stats_json())
+        elif self.path == "/server":
+            with STATE.lock:
+                self.send_json(200, {"max_running": STATE.max_running, "busy": STATE.busy,
+                                     "served": STATE.served, "rejected": STATE.rejected,
+                                     "disconnects": STATE.disconnects})
+        else:
+            self.send_json(404, {"error": "no such path"})
+
+    def chunk(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", "0"))
+        try:
+            body = json.loads(self.rfile.read(n))
+        except ValueError:
+            body = None
+        chat = self.path == "/v1/chat/completions"
+        if self.path not in ("/v1/chat/completions", "/v1/completions"):
+            self.send_json(404, {"error": "no such endpoint"})
+            return
+        mt = body.get("max_tokens") if isinstance(body, dict) else None
+        temp = body.get("temperature", 0) if isinstance(body, dict) else None
+        if (not isinstance(mt, int) or mt < 1 or not isinstance(temp, (int, float)) or temp < 0
+                or body.get("stream") is not True):
+            with STATE.lock:
+                STATE.rejected += 1
+            self.send_json(400, {"error": {"message": "invalid parameters", "type": "invalid_request_error"}})
+            return
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        STATE.slots.acquire()  # the queue in front of the running batch
+        t0 = time.perf_counter()
+        with STATE.lock:
+            STATE.running += 1
+            STATE.max_running = max(STATE.max_running, STATE.running)
+        gone = False
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+
+            def event(obj: dict) -> None:
+                self.chunk(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+            if chat:
+                event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+            time.sleep(PREFILL)
+            for i in range(mt):
+                if i:
+                    time.sleep(ITL)
+                t = token(prompt, i)
+                event({"choices": [{"index": 0, "delta": {"content": t}}]} if chat else
+                      {"choices": [{"index": 0, "text": t}]})
+                STATE.token_sent()
+            event({"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}],
+                   "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": mt}})
+            if not chat:  # the chat path ends the body without [DONE], as transformers serve does
+                self.chunk(b"data: [DONE]\n\n")
+            self.chunk(b"")
+        except (BrokenPipeError, ConnectionResetError):
+            gone = True
+        finally:
+            with STATE.lock:
+                STATE.running -= 1
+                STATE.busy += time.perf_counter() - t0
+                if gone:
+                    STATE.disconnects += 1
+                else:
+                    STATE.served += 1
+            STATE.slots.release()
+        self.close_connection = True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 256
+
+
+def server_info(port: int) -> dict:
+    import urllib.request
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/server", timeout=5) as f:
+        return json.loads(f.read())
+
+
+def run_serve(port: int, *args: str, expect_rc: int = 0) -> dict:
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        r = subprocess.run([sys.executable, SERVE, "--url", f"http://127.0.0.1:{port}", "--out", out,
+                            "--output-len", f"fixed:{OUT}", "--prompt-len", "uniform:8:32", *args],
+                           capture_output=True, text=True, timeout=90)
+        if r.returncode != expect_rc:
+            raise AssertionError(f"serve.py exit {r.returncode} (expected {expect_rc})\n{r.stdout}\n{r.stderr}")
+        with open(out) as f:
+            rep = json.load(f)
+        rep["_stdout"] = r.stdout
+        return rep
+    finally:
+        os.unlink(out)
+
+
+class TestServe(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.httpd = Server(("127.0.0.1", 0), Handler)
+        cls.port = cls.httpd.server_address[1]
+        cls.thread = threading.Thread(target=cls.httpd.serve_forever, daemon=True)
+        cls.thread.start()
+        cls.tmp = tempfile.mkdtemp()
+        cls.greedy = os.path.join(cls.tmp, "greedy.json")
+        # below saturation: 5 req/s against a capacity of 22; faults on
+        before = server_info(cls.port)
+        cls.low = run_serve(cls.port, "--rate", "5", "--duration", "5", "--seed", "1", "--bad-request",
+                            "--disconnect-frac", "0.3", "--long-prompt", "300", "--record-greedy", cls.greedy,
+                            "--greedy-n", "4", "--stats-url", f"http://127.0.0.1:{cls.port}/stats",
+                            "--report-every", "2", "--pid", str(os.getpid()))
+        after = server_info(cls.port)
+        cls.low_server = {k: after[k] - before[k] for k in ("busy", "served", "rejected", "disconnects")}
+        # past saturation: 40 req/s; the greedy set checked against the file
+        # the first run recorded
+        STATE.max_running = 0
+        cls.high = run_serve(cls.port, "--rate", "40", "--duration", "3", "--seed", "2",
+                             "--greedy-check", cls.greedy, "--greedy-n", "4")
+        cls.high_server = server_info(cls.port)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.httpd.shutdown()
+        cls.httpd.server_close()
+
+    # --- below saturation ---------------------------------------------------
+    def test_low_throughput_follows_rate(self) -> None:
+        s = self.low["summary"]
+        off = s["offered_rate"]
+        self.assertGreater(off, 2.5)
+        self.assertLess(off, 10)
+        st = s["steady"]
+        # open loop below saturation: what comes out is what went in
+        self.assertAlmostEqual(st["requests_s"] / off, 1.0, delta=0.35, msg=st)
+        # every token streamed counts: normal, long and greedy requests to
+        # the end, disconnected ones up to the point they left
+        k = s["requests"]["by_kind"]
+        self.assertEqual(k["normal"]["tokens"], k["normal"]["ok"] * OUT)
+        self.assertEqual(k["greedy"]["tokens"], 4 * serve.GREEDY_OUTPUT_LEN)
+        self.assertLess(k["disconnect"]["tokens"], k["disconnect"]["ok"] * OUT)
+        self.assertEqual(s["throughput"]["output_tokens"], sum(v["tokens"] for v in k.values()))
+
+    def test_low_latencies_match_server_delays(self) -> None:
+        s = self.low["summary"]
+        self.assertGreaterEqual(s["ttft_ms"]["p50"], PREFILL * 1e3 * 0.9)
+        self.assertLess(s["ttft_ms"]["p50"], PREFILL * 1e3 + 40)
+        self.assertGreaterEqual(s["itl_ms"]["p50"], ITL * 1e3 * 0.9)
+        self.assertLess(s["itl_ms"]["p50"], ITL * 1e3 + 20)
+        self.assertAlmostEqual(s["tpot_ms"]["mean"], ITL * 1e3, delta=10)
+        e2e = (PREFILL + (OUT - 1) * ITL) * 1e3
+        self.assertGreaterEqual(s["e2e_ms"]["p50"], e2e * 0.9)
+        self.assertLess(s["e2e_ms"]["p50"], e2e + 80)
+        self.assertEqual(s["lengths"]["output_tokens_mean"], OUT)
+        self.assertEqual(s["lengths"]["usage_completion_tokens_mean"], OUT)
+
+    def test_low_running_batch(self) -> None:
+        s = self.low["summary"]
+        c = s["concurrency"]
+        expect = s["offered_rate"] * s["e2e_ms"]["mean"] / 1e3  # rate x latency
+        self.assertAlmostEqual(c["little"] / expect, 1.0, delta=0.35, msg=c)
+        self.assertAlmostEqual(c["sampled_in_flight"] / expect, 1.0, delta=0.5, msg=c)
+        # the server's own integral of its running count over the run
+        self.assertAlmostEqual(self.low_server["busy"] / s["duration_s"] / c["little"], 1.0, delta=0.35)
+        self.assertLessEqual(c["sampled_decoding"], c["sampled_in_flight"])
+        self.assertGreater(c["samples"], 20)  # every 100 ms
+
+    def test_low_faults(self) -> None:
+        s = self.low["summary"]
+        b = s["bad_request"]
+        self.assertEqual(b["status"], 400)
+        self.assertTrue(b["got_4xx"])
+        self.assertGreater(b["completed_after"], 0)  # the server kept serving
+        self.assertEqual(self.low_server["rejected"], 1)
+        self.assertNotIn("http_400", s["errors"])  # expected, so not an error
+        rq = s["requests"]
+        self.assertGreater(rq["disconnect_scheduled"], 0)
+        self.assertEqual(rq["disconnected"], rq["disconnect_scheduled"])
+        self.assertEqual(rq["failed"], 0, s["errors"])
+        # the server saw the clients go (a disconnect after the last token
+        # may land as a served request)
+        self.assertGreater(self.low_server["disconnects"], 0)
+        self.assertLessEqual(self.low_server["disconnects"], rq["disconnected"])
+        lp = s["long_prompt"]
+        self.assertIsNone(lp["error"])
+        self.assertEqual(lp["tokens"], OUT)
+        self.assertEqual(lp["usage"]["prompt_tokens"], 300)
+
+    def test_low_intervals_and_stats(self) -> None:
+        iv = self.low["intervals"]
+        self.assertGreaterEqual(len(iv), 2)
+        self.assertIsNotNone(iv[0]["rss_kib"])  # --pid: this process
+        self.assertIn("shim", iv[0])
+        self.assertIn("done", self.low["_stdout"])
+        sh = self.low["shim"]
+        self.assertEqual(sh["scope"], "delta over the run")
+        # 3 hits and 1 miss a token; the 5000 misses before the run are not in it
+        self.assertAlmostEqual(sh["hit_rate"], 0.75, places=3)
+        self.assertAlmostEqual(sh["host_read_bytes_per_step"], 1000, places=1)
+        self.assertEqual(sh["events_dropped"], 0)  # 7 before, none during
+        self.assertEqual(sh["read_multiplicity_max"], 2.5)
+
+    def test_stats_only(self) -> None:
+        """A stats file written at exit, summarised after the fact: totals."""
+        st = STATE.stats_json()
+        path = os.path.join(self.tmp, "stats.json")
+        with open(path, "w") as f:
+            json.dump(st, f)
+        r = subprocess.run([sys.executable, SERVE, "--stats-only", path], capture_output=True, text=True,
+                           timeout=30)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        rep = json.loads(r.stdout)
+        self.assertIn("totals", rep["scope"])
+        h, m = st["prefetch"]["names"]["experts"]["hits"], st["prefetch"]["names"]["experts"]["misses"]
+        self.assertAlmostEqual(rep["hit_rate"], h / (h + m), places=3)
+        self.assertEqual(rep["events_dropped"], 7)
+
+    def test_greedy_recorded(self) -> None:
+        with open(self.greedy) as f:
+            g = json.load(f)
+        self.assertEqual(len(g["outputs"]), 4)
+        prompts = serve.greedy_prompts(4)
+        for i, p in enumerate(prompts):
+            self.assertEqual(g["outputs"][str(i)], "".join(token(p, k) for k in range(serve.GREEDY_OUTPUT_LEN)))
+
+    # --- past saturation ----------------------------------------------------
+    def test_high_saturates(self) -> None:
+        s = self.high["summary"]
+        self.assertGreater(s["offered_rate"], 25)
+        # what comes out is the server's capacity, not the offered rate
+        self.assertLess(s["throughput"]["requests_s"], 0.8 * s["offered_rate"])
+        self.assertAlmostEqual(s["throughput"]["requests_s"] / CAPACITY, 1.0, delta=0.3, msg=s["throughput"])
+        self.assertEqual(self.high_server["max_running"], SLOTS)
+        c = s["concurrency"]
+        # the queue builds up at the client; the running batch stays at the slots
+        self.assertGreater(c["sampled_in_flight"], SLOTS * 1.5, c)
+        self.assertLessEqual(c["sampled_decoding"], SLOTS + 0.5, c)
+        self.assertGreater(c["sampled_decoding"], SLOTS * 0.6, c)
+        self.assertGreater(s["ttft_ms"]["p99"], 3 * PREFILL * 1e3)  # waiting for a slot
+        self.assertEqual(s["requests"]["failed"], 0, s["errors"])
+
+    def test_greedy_check_passes(self) -> None:
+        g = self.high["summary"]["greedy"]
+        self.assertTrue(g["ok"], g)
+        self.assertEqual(g["identical"], 4)
+
+    def test_greedy_check_fails_on_doctored_file(self) -> None:
+        """One output changed: that one differs, the other three match
+        (through the completions endpoint and its [DONE] this time)."""
+        with open(self.greedy) as f:
+            g = json.load(f)
+        g["outputs"]["2"] = g["outputs"]["2"] + " extra"
+        g["endpoint"] = "completions"
+        bad = os.path.join(self.tmp, "doctored.json")
+        with open(bad, "w") as f:
+            json.dump(g, f)
+        rep = run_serve(self.port, "--rate", "20", "--requests", "4", "--greedy-check", bad, "--greedy-n", "4",
+                        "--warmup-requests", "0", "--endpoint", "completions", expect_rc=1)
+        gr = rep["summary"]["greedy"]
+        self.assertFalse(gr["ok"])
+        self.assertEqual(gr["different"], ["2"])
+        self.assertEqual(gr["identical"], 3)
+        self.assertIn("DIFFERENT", rep["_stdout"])
+        # the reference of another endpoint is refused even when every output matches
+        g["outputs"]["2"] = g["outputs"]["2"][:-len(" extra")]
+        g["endpoint"] = "chat"
+        with open(bad, "w") as f:
+            json.dump(g, f)
+        rep = run_serve(self.port, "--rate", "20", "--requests", "1", "--greedy-check", bad, "--greedy-n", "4",
+                        "--warmup-requests", "0", "--endpoint", "completions", expect_rc=1)
+        self.assertEqual(rep["summary"]["greedy"]["identical"], 4)
+        self.assertFalse(rep["summary"]["greedy"]["ok"])
+
+    def test_server_down_is_refused(self) -> None:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        r = subprocess.run([sys.executable, SERVE, "--url", f"http://127.0.0.1:{port}", "--requests", "2"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("refused", r.stderr)
+
+
+class TestSchedule(unittest.TestCase):
+    """The arrival process, without a server."""
+
+    def args(self, *a: str):
+        return serve.parse_args(["--url", "http://127.0.0.1:1", *a])
+
+    def test_deterministic_and_poisson(self) -> None:
+        a = self.args("--rate", "50", "--duration", "20", "--seed", "5", "--disconnect-frac", "0.2")
+        r1, r2 = serve.schedule(a), serve.schedule(a)
+        self.assertEqual([(r.t, r.prompt, r.output_len, r.kind) for r in r1],
+                         [(r.t, r.prompt, r.output_len, r.kind) for r in r2])
+        self.assertAlmostEqual(len(r1) / 1000, 1.0, delta=0.1)  # 50/s x 20 s, sd ~3%
+        gaps = [b.t - a.t for a, b in zip(r1, r1[1:])]
+        m = sum(gaps) / len(gaps)
+        sd = (sum((g - m) ** 2 for g in gaps) / len(gaps)) ** 0.5
+        self.assertAlmostEqual(sd / m, 1.0, delta=0.15)  # exponential gaps: cv 1
+        frac = sum(r.kind == "disconnect" for r in r1) / len(r1)
+        self.assertAlmostEqual(frac, 0.2, delta=0.05)
+        other = serve.schedule(self.args("--rate", "50", "--duration", "20", "--seed", "6"))
+        self.assertNotEqual([r.t for r in r1[:10]], [r.t for r in other[:10]])
+
+    def test_burst(self) -> None:
+        a = self.args("--rate", "50", "--duration", "20", "--burst", "4x@5:5")
+        rs = serve.schedule(a)
+        inside = sum(1 for r in rs if 5 <= r.t < 10) / 5
+        outside = sum(1 for r in rs if r.t < 5 or r.t >= 10) / 15
+        self.assertAlmostEqual(inside / outside, 4.0, delta=0.6)
+
+    def test_distributions(self) -> None:
+        rng = random.Random(1)
+        d = serve.parse_dist("lognormal:200:0.5:16:1000")
+        xs = [d.draw(rng) for _ in range(20000)]
+        self.assertGreaterEqual(min(xs), 16)
+        self.assertLessEqual(max(xs), 1000)
+        self.assertAlmostEqual(sum(xs) / len(xs) / 200, 1.0, delta=0.05)
+        u = serve.parse_dist("uniform:64:512")
+        ys = [u.draw(rng) for _ in range(20000)]
+        self.assertEqual((min(ys), max(ys)), (64, 512))
+        self.assertEqual(serve.parse_dist("fixed:7").draw(rng), 7)
+        for bad in ("fixed:0", "uniform:9:3", "normal:3", "lognormal:-1:1", "fixed:x"):
+            with self.assertRaises(Exception, msg=bad):
+                serve.parse_dist(bad)
+
+    def test_prompt_words_are_single_tokens_in_word_list(self) -> None:
+        rng = random.Random(0)
+        p = serve.prompt_text(rng, 123)
+        self.assertEqual(len(p.split()), 123)
+        self.assertTrue(all(w in serve.WORDS for w in p.split()))
+
+    def test_stats_keys_exist_in_the_shim(self) -> None:
+        """Every key serve.py reads from the shim's stats is one uvm/stats.c
+        writes (a rename there must fail here)."""
+        with open(os.path.join(SRC, "uvm", "stats.c")) as f:
+            c = f.read()
+        with open(SERVE) as f:
+            py = f.read()
+        fig = py[py.index("def stats_figures"):py.index("def stats_report")]
+        keys = set(re.findall(r'_n\([a-z]+, "([a-z_]+)"(?:, "([a-z_]+)")?\)', fig))
+        keys = {k for pair in keys for k in pair if k} | set(re.findall(r'v\.get\("([a-z_]+)"', fig))
+        keys |= {"touched_bytes", "placement", "read_multiplicity", "per_step", "in_bytes"}
+        self.assertGreater(len(keys), 15)
+        for k in sorted(keys):
+            self.assertIn(f'\\"{k}\\"', c, f"serve.py reads {k!r}, which uvm/stats.c does not write")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
