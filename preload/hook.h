@@ -10,6 +10,8 @@
  * return address of the exported or resolved wrapper (the calling library). */
 #pragma once
 
+#include <string.h>
+
 #include "core/counters.h"
 #include "core/event.h"
 #include "preload/real.h"
@@ -110,6 +112,23 @@ int wo_push_event_prio(struct wo_event *ev, bool low);
 void wo_launch_setup(void);
 /* Forgets cached parameter layouts (the fork child: handles are the parent's). */
 void wo_launch_reset(void);
+
+/* The parameter buffer of a launch's `extra` form: the
+ * CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs before CU_LAUNCH_PARAM_END
+ * (8 pairs at most are looked at). *buf is NULL when there is none. The
+ * scan (launch.c) and the redirection (redirect.c) read it this one way, so
+ * they see the same words. */
+static inline void wo_launch_extra(void **extra, const void **buf, size_t *size)
+{
+    *buf = NULL;
+    *size = 0;
+    for (int i = 0; i < 16 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
+            *buf = extra[i + 1];
+        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
+            memcpy(size, extra[i + 1], sizeof(*size));
+    }
+}
 
 /* --- capture state (capture.c) -------------------------------------------- */
 

@@ -259,15 +259,10 @@ static void scan_bytes(struct scan *s, const void *p, size_t size)
 /* The `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs. */
 static void scan_extra(struct scan *s, void **extra)
 {
-    const void *buf = NULL;
-    size_t size = 0;
+    const void *buf;
+    size_t size;
 
-    for (int i = 0; i < 16 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-            buf = extra[i + 1];
-        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
-            memcpy(&size, extra[i + 1], sizeof(size));
-    }
+    wo_launch_extra(extra, &buf, &size);
     scan_bytes(s, buf, size);
 }
 

@@ -206,15 +206,10 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
 
 void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_redirect_buf *b)
 {
-    const void *buf = NULL;
-    size_t size = 0;
+    const void *buf;
+    size_t size;
 
-    for (int i = 0; i < 16 && extra[i] != CU_LAUNCH_PARAM_END; i += 2) {
-        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER)
-            buf = extra[i + 1];
-        else if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1])
-            memcpy(&size, extra[i + 1], sizeof(size));
-    }
+    wo_launch_extra(extra, &buf, &size);
     if (!buf || size > sizeof(b->bytes))
         return NULL;
     memcpy(b->bytes, buf, size);

@@ -3,7 +3,8 @@
  * It drains the ring in batches, keeps per-name accounting (launches that
  * touch each name, hits) by resolving each launch hit (registry id + offset)
  * to the tags covering it, off the engine's threads, and hands every event to
- * dispatch(), where the prefetcher and the trace writer plug in.
+ * dispatch(), where the trace writer and the executors (uvm/executor.h) plug
+ * in.
  *
  * Producers (the hooks) never make a syscall, so they cannot wake this
  * thread: it sleeps on a condition variable with a timeout that doubles from
@@ -27,11 +28,10 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/trace.h"
+#include "uvm/executor.h"
 #include "uvm/graph.h"
 #include "uvm/plan.h"
-#include "uvm/prefetch.h"
 #include "uvm/record.h"
-#include "uvm/stream.h"
 
 #define BATCH 64
 #define BACKLOG_RINGS 4 /* backlog limit, in ring capacities */
@@ -131,34 +131,36 @@ void wo_consumer_fork_parent(void)
     pthread_mutex_unlock(&sleep_lock);
 }
 
+/* The executors, in the order they are called (uvm/executor.h). */
+const struct wo_executor *const wo_executors[] = {&wo_stream_executor, &wo_prefetch_executor,
+                                                   NULL};
+
 /* Every event, in ring order, on the consumer thread, with no uvm/ lock
  * held. tag is the resolved tag for WO_EV_TAG events (its name valid only
  * during the call), NULL otherwise.
- * Plug-in points: the prefetcher (issue 6) and the trace writer (issue 7). */
+ * Plug-in points: the trace writer (issue 7) and the executors. */
 static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
 {
     wo_record_event(ev, tag);
-    /* the streaming executor first: at the first launch after seal it
-     * claims the ranges it streams before the prefetcher lists its own */
-    wo_stream_on_event(ev);
-    wo_prefetch_on_event(ev);
+    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+        (*e)->on_event(ev);
 }
 
 /* On the consumer thread each time the ring was found empty, before it
  * sleeps: where queued prefetches go out once a capture has ended. */
 static void idle(void)
 {
-    wo_stream_tick();
-    wo_prefetch_tick();
+    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+        (*e)->tick();
 }
 
 /* Once, on the consumer thread, after the last event was dispatched (exit
- * or reset): where the trace is closed and the prefetcher stops. */
+ * or reset): where the trace is closed and the executors stop. */
 static void finish(void)
 {
     wo_record_finish();
-    wo_stream_finish();
-    wo_prefetch_finish();
+    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+        (*e)->finish();
 }
 
 /* Index of the first tag whose end lies above off. */

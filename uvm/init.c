@@ -15,8 +15,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
-#include "uvm/prefetch.h"
-#include "uvm/stream.h"
+#include "uvm/executor.h"
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -247,8 +246,8 @@ void wo_uvm_atfork_child(void)
     wo_uvm.stream = NULL;
     wo_uvm.stream_failed = false;
     wo_consumer_forget();
-    wo_prefetch_atfork_child();
-    wo_stream_atfork_child();
+    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+        (*e)->atfork_child();
     /* The next wo_uvm_init() call starts a consumer thread again; the policy,
      * names and records (the child inherits the mappings) stay. */
     if (wo_uvm.state == 1)

@@ -12,6 +12,7 @@
 #include "core/settings.h"
 #include "core/trace.h"
 #include "uvm/devmodel.h"
+#include "uvm/executor.h"
 #include "uvm/internal.h"
 #include "uvm/record.h"
 #include "uvm/stream.h"
@@ -736,7 +737,7 @@ void wo_prefetch_step_figures(struct wo_prefetch_steps *ret)
     pthread_mutex_unlock(&snap_lock);
 }
 
-void wo_prefetch_on_event(const struct wo_event *ev)
+static void on_event(const struct wo_event *ev)
 {
     if (!shim) {
         /* the budget is resolved at seal: before that nothing is managed */
@@ -760,7 +761,7 @@ void wo_prefetch_on_event(const struct wo_event *ev)
 
 static __attribute__((used)) struct wo_prefetcher *parents_prefetcher;
 
-void wo_prefetch_atfork_child(void)
+static void atfork_child(void)
 {
     /* the parent's stream and context mean nothing here, and the thread
      * that owned the prefetcher is gone: drop it without a driver call
@@ -802,7 +803,7 @@ void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved)
     drain(shim);
 }
 
-void wo_prefetch_tick(void)
+static void tick(void)
 {
     if (shim) {
         wo_prefetcher_tick(shim);
@@ -810,7 +811,7 @@ void wo_prefetch_tick(void)
     }
 }
 
-void wo_prefetch_finish(void)
+static void finish(void)
 {
     struct wo_prefetch_totals t;
 
@@ -858,3 +859,11 @@ void wo_prefetch_totals(struct wo_prefetch_totals *ret)
     for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
         dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
 }
+
+const struct wo_executor wo_prefetch_executor = {
+    .name = "prefetch",
+    .on_event = on_event,
+    .tick = tick,
+    .finish = finish,
+    .atfork_child = atfork_child,
+};

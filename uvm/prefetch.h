@@ -64,29 +64,20 @@ struct wo_prefetch_totals {
 /* Totals since start (any thread; relaxed reads). */
 void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_totals *ret);
 
-/* ---- the shim's instance (consumer.c calls these) -------------------------- */
+/* ---- the shim's instance ---------------------------------------------------- */
 
-/* Every event, on the consumer thread. Before seal it does nothing; at the
- * first launch after seal it builds the planner from the managed segments
- * (wo_uvm_foreach_managed), the device budget and the policy's prefetch
- * settings, unless WOFFLOAD_PREFETCH=0 or the policy's prefetch is off. */
-void wo_prefetch_on_event(const struct wo_event *ev);
-/* In a fork child (wo_uvm_atfork_child): forget the parent's instance. */
-void wo_prefetch_atfork_child(void);
-/* When the consumer is idle. */
-void wo_prefetch_tick(void);
+/* The consumer drives it as wo_prefetch_executor (uvm/executor.h). Before
+ * seal it does nothing; at the first launch after seal it builds the
+ * planner from the managed segments (wo_uvm_foreach_managed), the device
+ * budget and the policy's prefetch settings, unless WOFFLOAD_PREFETCH=0 or
+ * the policy's prefetch is off. At finish it logs totals and frees. */
+
 /* The streaming executor (uvm/stream.c) takes a managed range: its GPU
  * copy is dropped, the planner forgets it, and the planner's budget becomes
  * the device budget less `reserved` (the executor's slots). Consumer thread. */
 void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved);
-/* At finish (consumer thread): logs totals, frees. */
-void wo_prefetch_finish(void);
 /* Totals of the shim's instance (zeros when none). Any thread. */
 void wo_prefetch_totals(struct wo_prefetch_totals *ret);
-/* The planner's figures per managed range (hits, misses, bytes prefetched
- * and evicted, estimated stall), as last published by the consumer thread
- * (at most 100 ms old; at exit, final). Any thread; fn runs under a lock and
- * must not call back into uvm/. */
 /* The planner's step figures (uvm/plan.h), as last published with the
  * names: the last step, the sums over all steps and their count, and the
  * device budget. Any thread; zeros before the prefetcher starts. */
@@ -95,5 +86,9 @@ struct wo_prefetch_steps {
     uint64_t steps, budget;
 };
 void wo_prefetch_step_figures(struct wo_prefetch_steps *ret);
+/* The planner's figures per managed range (hits, misses, bytes prefetched
+ * and evicted, estimated stall), as last published by the consumer thread
+ * (at most 100 ms old; at exit, final). Any thread; fn runs under a lock and
+ * must not call back into uvm/. */
 void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st),
                               void *ud);

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
+#include "uvm/executor.h"
 #include "uvm/internal.h"
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
@@ -827,7 +828,7 @@ bool wo_stream_claims(uint32_t id, uint32_t gen)
     return ex && id < ex->nr && ex->r[id].live && ex->r[id].gen == gen && ex->r[id].streamed;
 }
 
-void wo_stream_on_event(const struct wo_event *ev)
+static void on_event(const struct wo_event *ev)
 {
     if (!ex) {
         /* the budget is resolved at seal: before that nothing is placed */
@@ -864,7 +865,7 @@ void wo_stream_on_event(const struct wo_event *ev)
     }
 }
 
-void wo_stream_tick(void)
+static void tick(void)
 {
     if (ex) {
         reap();
@@ -953,7 +954,7 @@ static void free_exec(void)
     ex = NULL;
 }
 
-void wo_stream_finish(void)
+static void finish(void)
 {
     struct wo_stream_counts c;
     unsigned shown = 0;
@@ -992,7 +993,7 @@ void wo_stream_finish(void)
 
 static __attribute__((used)) struct exec *parents_exec;
 
-void wo_stream_atfork_child(void)
+static void atfork_child(void)
 {
     /* the parent's slots and events mean nothing here: forget them (kept
      * reachable for leak checkers) and read in place */
@@ -1002,3 +1003,11 @@ void wo_stream_atfork_child(void)
     rescan = false;
     clear_table();
 }
+
+const struct wo_executor wo_stream_executor = {
+    .name = "stream",
+    .on_event = on_event,
+    .tick = tick,
+    .finish = finish,
+    .atfork_child = atfork_child,
+};

@@ -101,18 +101,12 @@ static inline uint32_t wo_stream_word_gen(uint64_t w)
  * written. Lock-free; the registry read section must not be held. */
 void wo_stream_note_write(uint64_t dst, uint64_t bytes);
 
-/* ---- the executor (consumer thread; consumer.c calls these) ---------------- */
+/* ---- the executor (consumer thread) ------------------------------------------ */
 
-/* Every event, before the prefetcher sees it. Builds the executor at the
- * first launch after seal (policy prefetch.mode; WOFFLOAD_PREFETCH=0 or
- * prefetch.enabled false leave it off). */
-void wo_stream_on_event(const struct wo_event *ev);
-/* When the consumer is idle: stages what the engine's position asks for. */
-void wo_stream_tick(void);
-/* At finish (consumer thread): logs the summary; no driver call. */
-void wo_stream_finish(void);
-/* In a fork child: forget the parent's executor without a driver call. */
-void wo_stream_atfork_child(void);
+/* The consumer drives it as wo_stream_executor (uvm/executor.h), before the
+ * prefetcher. It builds itself at the first launch after seal (policy
+ * prefetch.mode; WOFFLOAD_PREFETCH=0 or prefetch.enabled false leave it
+ * off); when idle it stages what the engine's position asks for. */
 
 /* For the prefetcher (consumer thread): device bytes the slots hold (taken
  * from the device budget), and whether a range belongs to the executor
