@@ -117,9 +117,11 @@ def quantize_fp8(torch: Any, m: Any) -> int:
                     setattr(parent, cname, FP8Linear(q, s))
                     n += q.numel()
                     del w, child
-        # The engine drops each layer's bf16 weights as it goes: PyTorch's
-        # cache must not hand their (host-placed) blocks to later tensors.
-        torch.cuda.empty_cache()
+                    # The engine drops each bf16 weight as it goes; PyTorch's
+                    # cache must not hand its host-placed block to the next
+                    # fp8 tensor (the first measured run did: fp8-0.6 decoded
+                    # at 0.03x its bound, bench/results/bigload-20261125-h100.md).
+                    torch.cuda.empty_cache()
     torch.cuda.synchronize()
     return n
 
