@@ -351,15 +351,17 @@ static bool can_pin(const struct wo_driver *d)
  * (bench/results/managed-residency-20261125-h100.txt) and the driver cannot
  * say how many did: live + size <= free - margin. A failed cuMemGetInfo
  * counts as no room. */
-static bool managed_fits(const struct wo_driver *d, size_t size, int64_t *headroom)
+static bool managed_fits(const struct wo_driver *d, size_t size, int64_t *headroom, size_t *free_ret)
 {
     size_t free_b = 0, total_b = 0;
 
     wo_uvm.cap.checks++;
+    *free_ret = 0;
     if (!d->cuMemGetInfo_v2 || d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS) {
         wo_uvm.cap.unknown_free++;
         return false;
     }
+    *free_ret = free_b;
     *headroom = (int64_t)free_b - (int64_t)wo_uvm.cap.margin - (int64_t)wo_uvm.cap.live -
                 (int64_t)size;
     return *headroom >= 0;
@@ -370,10 +372,11 @@ static void report_cap(const char *name, size_t size, const char *what)
     char b1[32], b2[32];
 
     wo_log_once(WO_LOG_WARN,
-                "managed memory would pass the free device memory minus %s: placeable "
-                "allocations are served as pinned host memory from here on (placement host), "
-                "except those placed on the device, which pass through as device memory; "
-                "see docs/placement.md (the managed cap)",
+                "managed memory would pass the free device memory minus %s: from here on "
+                "placeable allocations placed on the device (or, with a default on the device, "
+                "the window's while the device has room) pass through as device memory, and "
+                "the others are served as pinned host memory (placement host); see "
+                "docs/placement.md (the managed cap)",
                 wo_format_size(wo_uvm.cap.margin, b1, sizeof(b1)));
     wo_debug("managed cap: %s (%s)%s%s%s %s", wo_format_size(size, b2, sizeof(b2)), "live",
              name ? " for '" : "", name ? name : "", name ? "'" : "", what);
@@ -393,6 +396,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     CUdevice dev;
     bool registered;
     int64_t headroom = 0;
+    size_t free_now = 0;
     int served = 0;
 
     wo_uvm_ensure_init();
@@ -451,13 +455,22 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             wo_uvm.pin_fallbacks++;
         }
     }
-    if (a->kind == WO_KIND_MANAGED && !managed_fits(d, size, &headroom)) {
+    if (a->kind == WO_KIND_MANAGED && !managed_fits(d, size, &headroom, &free_now)) {
         /* Past the managed cap. A device placement is what the engine asked
-         * for anyway: its own call allocates device memory. Anything else
-         * (host, managed, or not known yet in the window) is served as
-         * pinned host memory, the placement that needs no device memory. */
+         * for anyway: its own call allocates device memory. So is the
+         * window's memory when the default is the device (no fit:) and the
+         * device still has room for it beyond the margin: a KV cache or
+         * workspace made before seal stays device memory (the cap counts
+         * managed pages the engine wrote twice, once in free and once in
+         * live, so it binds near half the free memory). Anything else
+         * (host, managed, fit, or no room left) is served as pinned host
+         * memory, the placement that needs no device memory: the engine
+         * never sees an out-of-memory the shim caused. */
         const char *nm = n ? n->s : NULL;
-        if (scope_name && pending.place == WO_PLACE_DEVICE) {
+        bool device_room = free_now >= size && free_now - size >= wo_uvm.cap.margin;
+        if ((scope_name && pending.place == WO_PLACE_DEVICE) ||
+            (!scope_name && !wo_uvm.g->fit.enabled &&
+             wo_uvm.g->default_place == WO_PLACE_DEVICE && device_room)) {
             wo_uvm.cap.passed++;
             wo_uvm.cap.passed_bytes += size;
             report_cap(nm, size, "passes through as device memory");
