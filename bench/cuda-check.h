@@ -1,7 +1,7 @@
-// bench/cuda-check.h: CK(call), the one error check of the stand-alone
-// CUDA probes in bench/ (each built by itself with nvcc): a failing driver
-// call prints the probe's file, the call, the error and the line, and
-// exits 1.
+// bench/cuda-check.h: CK(call) and CR(call), the error checks of the
+// stand-alone CUDA probes in bench/ (each built by itself with nvcc): a
+// failing driver (CK) or runtime (CR) call prints the probe's file, the
+// line, the call and the error, and exits 1.
 #pragma once
 
 #include <cuda.h>
@@ -18,3 +18,14 @@
             exit(1);                                                                              \
         }                                                                                         \
     } while (0)
+
+#ifdef __CUDA_RUNTIME_H__
+#define CR(x)                                                                                     \
+    do {                                                                                          \
+        cudaError_t e_ = (x);                                                                     \
+        if (e_ != cudaSuccess) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+#endif

@@ -13,14 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#define CR(x)                                                                          \
-    do {                                                                               \
-        cudaError_t e_ = (x);                                                          \
-        if (e_ != cudaSuccess) {                                                       \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                   \
-        }                                                                              \
-    } while (0)
+
+#include "cuda-check.h"
 
 __global__ void fill(unsigned *p, size_t n)
 {

@@ -17,24 +17,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#define CR(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
-#define CD(x)                                                                                     \
-    do {                                                                                          \
-        CUresult r_ = (x);                                                                        \
-        if (r_ != CUDA_SUCCESS) {                                                                 \
-            const char *s_;                                                                       \
-            cuGetErrorString(r_, &s_);                                                            \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_);                       \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "cuda-check.h"
+
 
 static double now(void)
 {
@@ -64,20 +48,20 @@ int main(void)
 
     t = now();
     void *pinned;
-    CD(cuMemHostAlloc(&pinned, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+    CK(cuMemHostAlloc(&pinned, n, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
     t = now() - t;
     printf("pin 2 GiB: cuMemHostAlloc(DEVICEMAP|PORTABLE)              %7.0f ms (%.0f ms/GiB)\n", t * 1e3, t * 1e3 / 2);
 
     t = now();
     void *thp = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     madvise(thp, n, MADV_HUGEPAGE);
-    CD(cuMemHostRegister(thp, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CK(cuMemHostRegister(thp, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
     t = now() - t;
     printf("pin 2 GiB: mmap + MADV_HUGEPAGE + cuMemHostRegister         %7.0f ms (%.0f ms/GiB)\n", t * 1e3, t * 1e3 / 2);
 
     t = now();
     void *plain = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    CD(cuMemHostRegister(plain, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
+    CK(cuMemHostRegister(plain, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE));
     t = now() - t;
     printf("pin 2 GiB: mmap (4 KiB pages) + cuMemHostRegister           %7.0f ms (%.0f ms/GiB)\n", t * 1e3, t * 1e3 / 2);
 
@@ -88,19 +72,19 @@ int main(void)
         prop.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
         prop.location.id = 0;
         size_t gran = 0;
-        CD(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        CK(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
         t = now();
         CUmemGenericAllocationHandle h;
         CUdeviceptr va;
-        CD(cuMemCreate(&h, n, &prop, 0));
-        CD(cuMemAddressReserve(&va, n, 0, 0, 0));
-        CD(cuMemMap(va, n, 0, h, 0));
+        CK(cuMemCreate(&h, n, &prop, 0));
+        CK(cuMemAddressReserve(&va, n, 0, 0, 0));
+        CK(cuMemMap(va, n, 0, h, 0));
         CUmemAccessDesc acc;
         memset(&acc, 0, sizeof(acc));
         acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
         acc.location.id = 0;
         acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-        CD(cuMemSetAccess(va, n, &acc, 1));
+        CK(cuMemSetAccess(va, n, &acc, 1));
         t = now() - t;
         printf("pin 2 GiB: cuMemCreate(HOST_NUMA) + map (granularity %zu) %7.0f ms (%.0f ms/GiB)\n", gran, t * 1e3, t * 1e3 / 2);
         copy_into("VMM host memory (HOST_NUMA)", (void *)va, src, n);
@@ -110,10 +94,10 @@ int main(void)
     CR(cudaMalloc(&dev, n));
     copy_into("device memory", dev, src, n);
     CUdeviceptr pd;
-    CD(cuMemHostGetDevicePointer(&pd, pinned, 0));
+    CK(cuMemHostGetDevicePointer(&pd, pinned, 0));
     copy_into("pinned host memory (its device pointer)", (void *)pd, src, n);
     CUdeviceptr td;
-    CD(cuMemHostGetDevicePointer(&td, thp, 0));
+    CK(cuMemHostGetDevicePointer(&td, thp, 0));
     copy_into("THP-registered host memory", (void *)td, src, n);
     void *m;
     CR(cudaMallocManaged(&m, n));

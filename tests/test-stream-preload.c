@@ -39,25 +39,7 @@
 #define READS 4
 #define STEPS 40
 
-static int failures;
-
-#define CHECK(cond)                                                                                \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
-            failures++;                                                                            \
-        }                                                                                          \
-    } while (0)
-
-static void *need(void *h, const char *name)
-{
-    void *p = dlsym(h, name);
-    if (!p) {
-        fprintf(stderr, "missing symbol %s\n", name);
-        exit(1);
-    }
-    return p;
-}
+#include "preload-check.h"
 
 /* ---- the child: an engine ---------------------------------------------------- */
 
