@@ -1,8 +1,9 @@
 /* tests/preload-check.h: what the end-to-end programs that run under the
  * preloaded shim and the fake driver share (test-uvm-preload.c,
  * test-stream-preload.c, test-bigload.c): CHECK(), which counts a failure
- * and goes on so one run reports every broken promise, and need(), a
- * dlsym() that stops the program when a symbol is missing. Each program
+ * and goes on so one run reports every broken promise; need(), a dlsym()
+ * that stops the program when a symbol is missing; slurp(), which reads
+ * what a child left in a file. Each program
  * returns `failures ? 1 : 0`. */
 #pragma once
 
@@ -28,4 +29,17 @@ static inline void *need(void *h, const char *name)
         exit(1);
     }
     return p;
+}
+
+/* Reads up to len - 1 bytes of path into buf, NUL-terminated; returns the
+ * bytes read (0 when the file cannot be opened: buf is then ""). */
+static inline size_t slurp(const char *path, char *buf, size_t len)
+{
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(buf, 1, len - 1, f) : 0;
+
+    buf[n] = '\0';
+    if (f)
+        fclose(f);
+    return n;
 }

@@ -149,8 +149,6 @@ static int run(char **argv, const char *scenario, const char *policy, const char
     char st[] = "/tmp/test-bigload-stats-XXXXXX";
     char er[] = "/tmp/test-bigload-stderr-XXXXXX";
     int fd, status = -1, efd;
-    size_t n;
-    FILE *f;
     pid_t pid;
 
     fd = mkstemp(pol);
@@ -180,16 +178,8 @@ static int run(char **argv, const char *scenario, const char *policy, const char
     close(efd);
     if (waitpid(pid, &status, 0) != pid)
         return -1;
-    f = fopen(st, "r");
-    n = f ? fread(stats, 1, slen - 1, f) : 0;
-    stats[n] = '\0';
-    if (f)
-        fclose(f);
-    f = fopen(er, "r");
-    n = f ? fread(err, 1, elen - 1, f) : 0;
-    err[n] = '\0';
-    if (f)
-        fclose(f);
+    (void)slurp(st, stats, slen);
+    (void)slurp(er, err, elen);
     unlink(pol);
     unlink(st);
     unlink(er);

@@ -14,33 +14,7 @@ replay=$2
 root=$3
 trace=$root/tests/traces/h200-cb-moe32-uniform-gpu.wot.gz
 model=$root/tools/models/h100.model
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fails=0
-
-fail() {
-    echo "FAIL: $*"
-    fails=$((fails + 1))
-}
-
-# expect STATUS PATTERN -- CMD...: CMD's exit status and that its output
-# (stdout and stderr) matches PATTERN (grep -E)
-expect() {
-    want=$1
-    pat=$2
-    shift 3
-    "$@" >"$dir/out" 2>&1
-    got=$?
-    if [ "$got" != "$want" ]; then
-        fail "$* exited $got, want $want"
-        sed 's/^/    /' "$dir/out"
-    elif ! grep -Eq -e "$pat" "$dir/out"; then
-        fail "$*: output lacks /$pat/"
-        sed 's/^/    /' "$dir/out"
-    else
-        echo "ok   $*"
-    fi
-}
+. "$(dirname "$0")/expect-lib.sh"
 
 # --- a policy that checks, chosen by reads per step -------------------------
 expect 0 'fit: predicted step time [0-9.]+ ms' -- "$tool" fit --trace "$trace" --device 30GiB --model "$model" -o "$dir/p30.yaml"
@@ -153,8 +127,4 @@ open(sys.argv[2], "wb").write(out)
 EOF
 expect 2 "--trace $dir/untagged.wot: the trace names no tensors: record it with the Python hook" -- "$tool" fit --trace "$dir/untagged.wot" --device 30GiB
 
-if [ "$fails" -ne 0 ]; then
-    echo "$fails failure(s)"
-    exit 1
-fi
-echo "all fit tool checks passed"
+finish

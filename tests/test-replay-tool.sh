@@ -9,31 +9,7 @@ replay=$1
 gen=$2
 examples=$3
 corpus=${4:-}
-dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
-fails=0
-
-fail() {
-    echo "FAIL: $*"
-    fails=$((fails + 1))
-}
-
-# expect STATUS PATTERN -- CMD...: runs CMD, checks its exit status and that
-# its output matches PATTERN (grep -E)
-expect() {
-    want=$1
-    pat=$2
-    shift 3
-    "$@" >"$dir/out" 2>&1
-    got=$?
-    if [ "$got" != "$want" ]; then
-        fail "$* exited $got, want $want"
-        sed 's/^/    /' "$dir/out"
-    elif ! grep -Eq -e "$pat" "$dir/out"; then
-        fail "$*: output lacks /$pat/"
-        sed 's/^/    /' "$dir/out"
-    fi
-}
+. "$(dirname "$0")/expect-lib.sh"
 
 "$gen" "$dir/t.wot" --layers 4 --experts 16 --topk 2 --steps 40 --expert-mib 8 || exit 1
 
@@ -130,5 +106,4 @@ if [ -n "$corpus" ] && [ -d "$corpus" ]; then
     done
 fi
 
-[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
-echo "ok"
+finish

@@ -245,7 +245,6 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     int fd, status, n;
     pid_t pid;
     FILE *f;
-    size_t got;
 
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
@@ -282,16 +281,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     CHECK(f && fgetc(f) == '{');
     if (f)
         fclose(f);
-    f = fopen(sn, "r");
-    got = f ? fread(stats, 1, len - 1, f) : 0;
-    stats[got] = '\0';
-    if (f)
-        fclose(f);
-    f = fopen(lg, "r");
-    got = f ? fread(log, 1, loglen - 1, f) : 0;
-    log[got] = '\0';
-    if (f)
-        fclose(f);
+    (void)slurp(sn, stats, len);
+    (void)slurp(lg, log, loglen);
     unlink(pol);
     unlink(st);
     unlink(lg);

@@ -145,7 +145,6 @@ int main(int argc, char **argv)
     char st[] = "/tmp/test-uvm-preload-stats-XXXXXX";
     char buf[65536];
     const char *e;
-    FILE *f;
     size_t n;
     pid_t pid;
     int fd, status;
@@ -176,12 +175,7 @@ int main(int argc, char **argv)
     CHECK(waitpid(pid, &status, 0) == pid);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
-    f = fopen(st, "r");
-    CHECK(f != NULL);
-    n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
-    if (f)
-        fclose(f);
-    buf[n] = '\0';
+    n = slurp(st, buf, sizeof(buf));
     CHECK(n > 0 && buf[0] == '{' && buf[n - 1] == '\n');
     e = strstr(buf, "{\"name\":\"model.layers.0.mlp.experts.w13_weight\"");
     CHECK(e && strstr(e, "\"placement\":\"host\""));

@@ -135,11 +135,8 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
         } else if (a->kind == WO_KIND_PINNED) {
             /* Pinned memory was placed by its scope, or by the managed cap
              * while the engine loaded; it never moves. */
-            if (a->capped && t->place != WO_PLACE_HOST &&
-                !(wo_uvm.g->fit.enabled && n->rule < 0)) {
-                wo_uvm.cap.stuck_tags++;
-                wo_uvm.cap.stuck_bytes += t->size;
-            }
+            if (a->capped)
+                wo_place_count_stuck(n, t->place, t->size);
             t->place = WO_PLACE_HOST;
             t->applied = true;
         } else if (wo_uvm.sealed) {
@@ -196,7 +193,7 @@ int wo_api_seal(void)
     wo_uvm.sealed = true;
     __atomic_store_n(&wo_uvm.window_open, 0, __ATOMIC_RELEASE);
     t0 = wo_now_ns();
-    (void)wo_progress_end(&wo_uvm.pin_progress);
+    wo_progress_end(&wo_uvm.pin_progress);
     if (wo_uvm.policy) {
         if (wo_uvm.placing)
             r = wo_place_seal();

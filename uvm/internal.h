@@ -191,6 +191,9 @@ void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
 
 /* ---- place.c ----------------------------------------------------------- */
+/* A tag on memory the managed cap pinned wanted `want` for size bytes: counts
+ * it as stuck in host memory unless host was asked or fit chooses for it. */
+void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint64_t size);
 /* Gives back a WO_KIND_PINNED allocation's host memory (unregister + unmap,
  * or cuMemFreeHost); *ret the driver's answer when ret is not NULL. */
 void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret);

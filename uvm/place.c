@@ -316,9 +316,8 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
     uint64_t t0;
     CUresult r;
 
-    /* Begun before the first pin, so its rate counts the pinning itself. */
-    if (!wo_uvm.pin_progress.t0_ns && !wo_uvm.sealed)
-        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory", 0);
+    if (!wo_uvm.sealed)
+        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
     t0 = wo_now_ns();
     r = pin_host(d, a->size, &host, &len);
     wo_uvm.pin_ns += wo_now_ns() - t0;
@@ -367,9 +366,19 @@ static bool managed_fits(const struct wo_driver *d, size_t size, int64_t *headro
     return *headroom >= 0;
 }
 
+void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint64_t size)
+{
+    /* Under fit, a name no rule placed has no placement to miss: fit chooses
+     * among what can move. */
+    if (want == WO_PLACE_HOST || (wo_uvm.g->fit.enabled && n->rule < 0))
+        return;
+    wo_uvm.cap.stuck_tags++;
+    wo_uvm.cap.stuck_bytes += size;
+}
+
 static void report_cap(const char *name, size_t size, const char *what)
 {
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32];
 
     wo_log_once(WO_LOG_WARN,
                 "managed memory would pass the free device memory minus %s: from here on "
@@ -378,8 +387,9 @@ static void report_cap(const char *name, size_t size, const char *what)
                 "the others are served as pinned host memory (placement host); see "
                 "docs/placement.md (the managed cap)",
                 wo_format_size(wo_uvm.cap.margin, b1, sizeof(b1)));
-    wo_debug("managed cap: %s (%s)%s%s%s %s", wo_format_size(size, b2, sizeof(b2)), "live",
-             name ? " for '" : "", name ? name : "", name ? "'" : "", what);
+    wo_debug("managed cap: %s%s%s%s (%s managed live) %s", wo_format_size(size, b2, sizeof(b2)),
+             name ? " for '" : "", name ? name : "", name ? "'" : "",
+             wo_format_size(wo_uvm.cap.live, b3, sizeof(b3)), what);
 }
 
 int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
@@ -494,11 +504,8 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         wo_uvm.cap.pinned++;
         wo_uvm.cap.pinned_bytes += size;
         report_cap(nm, size, "served as pinned host memory");
-        if (scope_name && pending.place != WO_PLACE_HOST &&
-            !(wo_uvm.g->fit.enabled && n->rule < 0)) {
-            wo_uvm.cap.stuck_tags++;
-            wo_uvm.cap.stuck_bytes += size;
-        }
+        if (scope_name)
+            wo_place_count_stuck(n, pending.place, size);
     }
     if (a->kind == WO_KIND_MANAGED) {
         r = d->cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
@@ -816,12 +823,22 @@ static bool engine_device_memory(const struct wo_alloc *a)
 static void place_fit(size_t free_b, size_t total_b)
 {
     const struct wo_fit *fit = &wo_uvm.g->fit;
-    struct wo_fit_item *v = NULL;
-    struct wo_tag **tv = NULL;
-    size_t n = 0, cap = 0;
+    struct wo_fit_item *v;
+    struct wo_tag **tv;
+    size_t n = 0;
     uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget;
     char b1[32], b2[32], b3[32], b4[32];
 
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            n += a->kind == WO_KIND_OBSERVED ? 0 : a->ntags;
+    v = calloc(n ? n : 1, sizeof(*v));
+    tv = calloc(n ? n : 1, sizeof(*tv));
+    if (!v || !tv) {
+        wo_error("fit: out of memory; the policy's placements apply as written");
+        goto out;
+    }
+    n = 0;
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
             if (engine_device_memory(a))
@@ -830,19 +847,6 @@ static void place_fit(size_t free_b, size_t total_b)
                 continue;
             for (size_t k = 0; k < a->ntags; k++) {
                 struct wo_tag *t = &a->tags[k];
-                if (n == cap) {
-                    size_t nc = cap ? cap * 2 : 256;
-                    struct wo_fit_item *nv = realloc(v, nc * sizeof(*v));
-                    struct wo_tag **ntv = nv ? realloc(tv, nc * sizeof(*tv)) : NULL;
-                    if (nv)
-                        v = nv;
-                    if (!nv || !ntv) {
-                        wo_error("fit: out of memory; the policy's placements apply as written");
-                        goto out;
-                    }
-                    tv = ntv;
-                    cap = nc;
-                }
                 tv[n] = t;
                 v[n] = (struct wo_fit_item){
                     .name = t->name->s,
@@ -852,8 +856,10 @@ static void place_fit(size_t free_b, size_t total_b)
                     .movable = a->kind == WO_KIND_MANAGED,
                 };
                 /* A name a rule sent to the device was advised there when it
-                 * was made and its pages landed there as the engine wrote them:
-                 * the free memory already lacks them. */
+                 * was made, so the engine's writes put its pages there and
+                 * the free memory already lacks them (assumed: an engine
+                 * that has not written all of it yet leaves less room than
+                 * this counts, and the budget is that much too high). */
                 if (a->kind == WO_KIND_MANAGED && v[n].fixed == WO_PLACE_DEVICE)
                     resident += t->size;
                 n++;

@@ -24,11 +24,12 @@ static int mode(void)
     return isatty(STDERR_FILENO) ? MODE_TTY : MODE_OFF;
 }
 
-void wo_progress_begin(struct wo_progress *p, const char *what, uint64_t total)
+void wo_progress_begin(struct wo_progress *p, const char *what)
 {
+    if (p->t0_ns)
+        return;
     memset(p, 0, sizeof(*p));
     p->what = what;
-    p->total = total;
     p->t0_ns = p->last_ns = wo_now_ns();
 }
 
@@ -36,7 +37,7 @@ static void line(struct wo_progress *p, uint64_t now, bool final)
 {
     double s = (double)(now - p->t0_ns) / 1e9;
     double gibs = s > 0 ? (double)p->done / (double)(1ull << 30) / s : 0;
-    char done[32], total[32], buf[256];
+    char done[32], buf[256];
     int m = mode(), n;
 
     wo_format_size(p->done, done, sizeof(done));
@@ -44,10 +45,6 @@ static void line(struct wo_progress *p, uint64_t now, bool final)
         n = snprintf(buf, sizeof(buf), "%s: %s", p->what, done);
     else if (final)
         n = snprintf(buf, sizeof(buf), "%s: %s in %.1f s, %.1f GiB/s", p->what, done, s, gibs);
-    else if (p->total)
-        n = snprintf(buf, sizeof(buf), "%s: %s of %s (%.0f%%), %.1f GiB/s", p->what, done,
-                     wo_format_size(p->total, total, sizeof(total)),
-                     100.0 * (double)p->done / (double)p->total, gibs);
     else
         n = snprintf(buf, sizeof(buf), "%s: %s so far, %.1f GiB/s", p->what, done, gibs);
     if (n < 0)
@@ -69,7 +66,7 @@ void wo_progress_add(struct wo_progress *p, uint64_t bytes)
     int m;
 
     if (!p->t0_ns)
-        wo_progress_begin(p, "placing", 0);
+        return;
     p->done += bytes;
     if (p->done < WO_PROGRESS_MIN || (m = mode()) == MODE_OFF)
         return;
@@ -81,17 +78,10 @@ void wo_progress_add(struct wo_progress *p, uint64_t bytes)
     line(p, now, false);
 }
 
-double wo_progress_end(struct wo_progress *p)
+void wo_progress_end(struct wo_progress *p)
 {
-    uint64_t now = wo_now_ns();
-    double s;
-
-    if (!p->t0_ns)
-        return 0;
-    s = (double)(now - p->t0_ns) / 1e9;
-    if (p->printed)
-        line(p, now, true);
+    if (p->t0_ns && p->printed)
+        line(p, wo_now_ns(), true);
     p->printed = false;
     p->t0_ns = 0;
-    return s;
 }

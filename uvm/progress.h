@@ -1,5 +1,5 @@
-/* uvm/progress.h: a one-line progress report for long placement work
- * (pinning many GiB while the engine loads, seal's prefetches).
+/* uvm/progress.h: a one-line progress report for pinning many GiB of host
+ * memory while the engine loads (the managed cap, docs/placement.md).
  *
  * On a TTY the line is rewritten in place (at most twice a second); with
  * WOFFLOAD_PROGRESS=1 it is a log line every few seconds instead (logs,
@@ -15,16 +15,15 @@
 
 struct wo_progress {
     const char *what;  /* "pinning host memory", static */
-    uint64_t total;    /* 0: not known (the engine is still loading) */
     uint64_t done;
     uint64_t t0_ns, last_ns;
     bool printed;      /* a line went out: end() finishes it */
 };
 
-/* Starts (or restarts) p. total 0: unknown. */
-void wo_progress_begin(struct wo_progress *p, const char *what, uint64_t total);
-/* Adds bytes; starts p with what = "placing" when it was not begun. */
+/* Starts p unless it runs already; before the work, so the rate counts it. */
+void wo_progress_begin(struct wo_progress *p, const char *what);
+/* Adds bytes done to a begun p; a line when due. */
 void wo_progress_add(struct wo_progress *p, uint64_t bytes);
 /* Ends p: the final line ("... 12.0 GiB in 3.9 s, 3.1 GiB/s") when a line
- * went out. Returns the seconds since begin (0 when never begun). */
-double wo_progress_end(struct wo_progress *p);
+ * went out. Nothing when p was never begun. */
+void wo_progress_end(struct wo_progress *p);
