@@ -193,6 +193,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         st = wo.stats() or {}
         res["managed_cap"] = st.get("managed_cap")
         res["fit"] = st.get("fit")
+        res["stream"] = {k: v for k, v in (st.get("stream") or {}).items() if k != "names"}
         res["placements"] = {k: v for k, v in (st.get("placements") or {}).items()}
         off = 0
         for nm in st.get("names", []):
@@ -273,7 +274,8 @@ def main() -> int:
     ap.add_argument("--new-tokens", type=int, default=24)
     ap.add_argument("--log", default="info")
     ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--runs", default="plain,fit,fp8")
+    ap.add_argument("--runs", default="plain,fit,fp8",
+                    help="plain, fit, fit-stream (fit with prefetch.mode stream), fp8")
     args = ap.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
@@ -296,12 +298,20 @@ def main() -> int:
     runs = args.runs.split(",")
     rows: List[Dict[str, Any]] = []
     fracs = [float(x) for x in args.fractions.split(",") if x]
-    if "plain" in runs or "fit" in runs:
+    if "plain" in runs or "fit" in runs or "fit-stream" in runs:
         rows.append(run(dict(base, name="plain"), args))
     if "fit" in runs:
         for f in fracs:
             pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
             rows.append(run(dict(base, name=f"fit-{f}", fraction=f, shim=True, policy=pol), args))
+    if "fit-stream" in runs:
+        # the same with the streaming executor: fit keeps room for its slots,
+        # and each off-device weight is copied once a token into a slot ahead
+        # of the launches that read it (docs/prefetch.md, Streaming)
+        for f in fracs:
+            pol = (f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
+                   "prefetch: {mode: stream, experimental: true}\n")
+            rows.append(run(dict(base, name=f"fit-stream-{f}", fraction=f, shim=True, policy=pol), args))
     if "fp8" in runs:
         rows.append(run(dict(base, name="fp8-plain", fp8=True), args))
         for f in [float(x) for x in args.fp8_fractions.split(",") if x]:
@@ -311,6 +321,14 @@ def main() -> int:
     for r in rows:
         r["fraction"] = next((f for f in allf if r["name"].endswith(f"-{f}")), 1.0)
     md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
+    for r in rows:
+        st = r.get("stream") or {}
+        if st.get("staged"):
+            md += (f"\n\n{r['name']}: streaming: {st.get('redirected')} launches redirected, read in place: "
+                   f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
+                   f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
+                   f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
+                   f"fit kept {(r.get('fit') or {}).get('staging_bytes', 0) / 2**20:.0f} MiB for them")
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({args.layers} layers, Llama shape), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "

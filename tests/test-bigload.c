@@ -129,7 +129,7 @@ static int child(const char *scenario)
         }
     }
     /* fit keeps its weights to the end: the stats at exit name them. */
-    for (unsigned i = 0; i < NW && strcmp(scenario, "fit") != 0; i++)
+    for (unsigned i = 0; i < NW && strncmp(scenario, "fit", 3) != 0; i++)
         if (w[i])
             CHECK(p_cuMemFree(w[i]) == CUDA_SUCCESS);
     if (late)
@@ -201,6 +201,10 @@ int main(int argc, char **argv)
      * attention weights that are managed (the cap pinned the rest). */
     static const char fit_policy[] = "version: 1\n"
                                      "fit: {device: 704MiB, keep_free: 64MiB}\n";
+    static const char fit_stream_policy[] = "version: 1\n"
+                                            "fit: {device: 928MiB, keep_free: 64MiB}\n"
+                                            "prefetch: {mode: stream, slots: 2, "
+                                            "experimental: true}\n";
     static char stats[1 << 20], err[1 << 16];
     const char *s;
     int rc, f0;
@@ -274,5 +278,19 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
     }
     dump_on_failure(f0, "fit", stats, err);
+
+    /* fitstream: fit with streaming asked for keeps room for two staging
+     * slots of the largest weight it may send off the device (32 MiB):
+     * budget 416 MiB (928 MiB less the 512 MiB blocker), 64 MiB of it for
+     * the slots, so 11 of the 12 managed weights stay on the device, not
+     * all 12 (384 MiB) as without streaming. */
+    f0 = failures;
+    rc = run(argv, "fitstream", fit_stream_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"staging_bytes\":67108864,") != NULL);
+    CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
+    CHECK(strstr(err, "64.00 MiB of it kept for staging slots") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    dump_on_failure(f0, "fitstream", stats, err);
     return failures ? 1 : 0;
 }

@@ -132,6 +132,7 @@ struct wo_uvm_state {
     uint64_t pin_ns;                  /* time inside cuMemHostAlloc, all served pins */
     struct {                          /* what fit: chose at seal */
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
+        uint64_t staging_bytes; /* kept for the streaming executor's slots */
         size_t names;
     } fit;
 

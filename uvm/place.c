@@ -14,6 +14,7 @@
  * wo_uvm.lock; seal-time prefetches go to a private stream, never to one of
  * the engine's. */
 #include "uvm/internal.h"
+#include "uvm/stream.h"
 
 #include <inttypes.h>
 #include <string.h>
@@ -816,6 +817,28 @@ static bool engine_device_memory(const struct wo_alloc *a)
            !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED));
 }
 
+/* The device bytes fit keeps for the streaming executor's slots when the
+ * policy asks for streaming (prefetch.mode stream or auto): one slot holds
+ * the largest tensor fit may send off the device (embeddings aside: they
+ * are gathered by token, never streamed: uvm/stream.c), and the executor
+ * wants prefetch.slots of them. Never more than half the budget: below
+ * that, fewer slots (uvm/stream.c takes as many as fit, at least two). */
+static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budget)
+{
+    const struct wo_policy_globals *g = wo_uvm.g;
+    uint64_t largest = 0, want;
+
+    if (!g->prefetch.enabled || g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].fixed == WO_PLACE_UNSET && v[i].movable && !wo_stream_gathered(v[i].name))
+            largest = WO_MAX(largest, v[i].size);
+    want = largest * (g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT);
+    while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
+        want -= largest;
+    return want <= budget / 2 ? want : 0;
+}
+
 /* Chooses, from every name the engine tagged, what stays on the device
  * under fit: (policy/fit.c decides; this gathers the items and applies the
  * answer to the tags, before seal_alloc() makes it so). Names an explicit
@@ -826,8 +849,8 @@ static void place_fit(size_t free_b, size_t total_b)
     struct wo_fit_item *v;
     struct wo_tag **tv;
     size_t n = 0;
-    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget;
-    char b1[32], b2[32], b3[32], b4[32];
+    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, staging;
+    char b1[32], b2[32], b3[32], b4[32], b5[32];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -867,7 +890,8 @@ static void place_fit(size_t free_b, size_t total_b)
         }
     }
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
-    chosen = wo_fit_choose(fit, v, n, budget);
+    staging = fit_staging(v, n, budget);
+    chosen = wo_fit_choose(fit, v, n, budget - staging);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
@@ -883,15 +907,19 @@ static void place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.rest_bytes = rest;
     wo_uvm.fit.engine_bytes = engine;
     wo_uvm.fit.names = n;
-    /* The prefetcher keeps managed bytes within what fit left over. */
-    if (fit->rest == WO_PLACE_MANAGED && wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
+    wo_uvm.fit.staging_bytes = staging;
+    /* The prefetcher keeps managed bytes, and the streaming executor its
+     * slots, within what fit left over. */
+    if ((fit->rest == WO_PLACE_MANAGED || staging) &&
+        wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
         wo_uvm.device_budget = budget > chosen ? budget - chosen : 0;
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
-                 "holds, within the free memory less keep_free), %s %s over %zu names",
+                 "holds, within the free memory less keep_free, %s of it kept for staging "
+                 "slots), %s %s over %zu names",
                  wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
-                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(rest, b4, sizeof(b4)),
-                 wo_placement_to_string(fit->rest), n);
+                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(staging, b5, sizeof(b5)),
+                 wo_format_size(rest, b4, sizeof(b4)), wo_placement_to_string(fit->rest), n);
 out:
     free(v);
     free(tv);

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
+#include "policy/policy.h"
 #include "uvm/executor.h"
 #include "uvm/internal.h"
 #include "uvm/plan.h"
@@ -42,6 +43,7 @@ struct wo_stream_shared wo_stream_tab;
 
 struct srange {
     bool live, host, written, streamed, warned;
+    bool gathered; /* an embedding: never streamed (wo_stream_gathered) */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -476,9 +478,14 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
     }
 }
 
+bool wo_stream_gathered(const char *name)
+{
+    return name && wo_fit_class(name) == 5;
+}
+
 static void select_range(struct srange *r, uint32_t id)
 {
-    if (r->streamed || r->written)
+    if (r->streamed || r->written || r->gathered)
         return;
     if (r->hi - r->lo > ex->slot_size) {
         wo_log_once(WO_LOG_WARN, "stream: a range larger than the staging slots is read in place");
@@ -537,9 +544,10 @@ static void close_step(unsigned k)
         /* a running mean while young, then recent steps weigh more */
         r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
                                  : 0.75 * r->gain + 0.25 * gain;
-        if (ex->mode == WO_PREFETCH_MODE_AUTO && !ex->slots_failed && r->msteps >= AUTO_STEPS &&
-            r->gain >= AUTO_GAIN)
-            select_range(r, id);
+        if (!ex->slots_failed && ((ex->mode == WO_PREFETCH_MODE_AUTO &&
+                                   r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+                                  ex->mode == WO_PREFETCH_MODE_STREAM))
+            select_range(r, id); /* stream: also ranges that came after setup */
         if (r->host && !r->streamed && !r->warned && r->msteps >= AUTO_STEPS &&
             r->sum_mult / (double)r->msteps >= WARN_MULT) {
             r->warned = true;
@@ -635,6 +643,7 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         r->lo = s->offset;
         r->hi = s->offset + s->size;
         r->name = strdup(s->name);
+        r->gathered = wo_stream_gathered(s->name);
         __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
         __atomic_store_n(&e->base, rg.base, __ATOMIC_RELAXED);
         __atomic_store_n(&e->gen, s->gen, __ATOMIC_RELAXED);
@@ -783,7 +792,7 @@ static void setup(void)
     if (wo_uvm_foreach_offdevice(add_seg, NULL) < 0)
         wo_warn("stream: out of memory listing ranges; some are read in place");
     for (uint32_t i = 0; i < ex->nr; i++)
-        if (ex->r[i].live)
+        if (ex->r[i].live && !ex->r[i].gathered)
             largest = WO_MAX(largest, ex->r[i].hi - ex->r[i].lo);
     /* the slots count against the device budget: fewer slots when they do
      * not fit, none below two (a copy could then never overlap the reads) */

@@ -32,6 +32,13 @@
 #define WO_STREAM_IDS 16384u
 #define WO_STREAM_MAX_SLOTS 8u /* policy prefetch.slots: 2..8 */
 
+/* True for a tensor that engines gather from by index (an embedding,
+ * policy/fit.c's class 5): a launch is handed the whole tensor and reads a
+ * few rows, so a staging copy of all of it would move far more than the
+ * reads do. Such ranges are never streamed, and fit keeps no slot room for
+ * them. */
+bool wo_stream_gathered(const char *name);
+
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
  * only while word is 0, and every publication has a new epoch, so a hook
