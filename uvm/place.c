@@ -818,21 +818,29 @@ static bool engine_device_memory(const struct wo_alloc *a)
 }
 
 /* The device bytes fit keeps for the streaming executor's slots when the
- * policy asks for streaming (prefetch.mode stream or auto): one slot holds
- * the largest tensor fit may send off the device (embeddings aside: they
- * are gathered by token, never streamed: uvm/stream.c), and the executor
- * wants prefetch.slots of them. Never more than half the budget: below
- * that, fewer slots (uvm/stream.c takes as many as fit, at least two). */
+ * policy asks for streaming (prefetch.mode stream or auto): a slot holds
+ * the tensors fit may send off the device (embeddings aside: they are
+ * gathered by token, never streamed), sized as the executor sizes it
+ * (wo_stream_slot_size: 90% of the bytes; larger ones read in place), and
+ * the executor wants prefetch.slots of them. Never more than half the
+ * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
+ * least two). */
 static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budget)
 {
     const struct wo_policy_globals *g = wo_uvm.g;
-    uint64_t largest = 0, want;
+    uint64_t largest = 0, want, *sizes;
+    size_t k = 0;
 
     if (!g->prefetch.enabled || g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET)
         return 0;
+    sizes = malloc((n ? n : 1) * sizeof(*sizes));
+    if (!sizes)
+        return 0;
     for (size_t i = 0; i < n; i++)
         if (v[i].fixed == WO_PLACE_UNSET && v[i].movable && !wo_stream_gathered(v[i].name))
-            largest = WO_MAX(largest, v[i].size);
+            sizes[k++] = v[i].size;
+    largest = wo_stream_slot_size(sizes, k);
+    free(sizes);
     want = largest * (g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT);
     while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
         want -= largest;

@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/log.h"
@@ -44,6 +45,7 @@ struct wo_stream_shared wo_stream_tab;
 struct srange {
     bool live, host, written, streamed, warned;
     bool gathered; /* an embedding: never streamed (wo_stream_gathered) */
+    bool big;      /* larger than a slot: read in place (said once) */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -483,12 +485,41 @@ bool wo_stream_gathered(const char *name)
     return name && wo_fit_class(name) == 5;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n)
+{
+    uint64_t total = 0, sum = 0;
+
+    if (!n)
+        return 0;
+    qsort(sizes, n, sizeof(*sizes), cmp_u64);
+    for (size_t i = 0; i < n; i++)
+        total += sizes[i];
+    for (size_t i = 0; i < n; i++) {
+        sum += sizes[i];
+        if (sum >= total - total / 10)
+            return sizes[i];
+    }
+    return sizes[n - 1];
+}
+
 static void select_range(struct srange *r, uint32_t id)
 {
     if (r->streamed || r->written || r->gathered)
         return;
     if (r->hi - r->lo > ex->slot_size) {
-        wo_log_once(WO_LOG_WARN, "stream: a range larger than the staging slots is read in place");
+        if (!r->big) {
+            r->big = true;
+            wo_info("stream: '%s' (%llu MiB) is larger than the staging slots (%llu MiB): read "
+                    "in place",
+                    r->name ? r->name : "(unnamed)", (unsigned long long)((r->hi - r->lo) >> 20),
+                    (unsigned long long)(ex->slot_size >> 20));
+        }
         return;
     }
     r->streamed = true;
@@ -765,7 +796,8 @@ static void setup(void)
     const struct wo_driver *drv = wo_uvm_driver();
     const struct wo_policy *pol = wo_uvm_policy();
     const struct wo_policy_globals *g = pol ? wo_policy_globals(pol) : NULL;
-    uint64_t largest = 0, budget = wo_uvm_device_budget();
+    uint64_t largest = 0, budget = wo_uvm_device_budget(), *sizes;
+    size_t nsizes = 0;
     CUdevice dev;
 
     tried = true;
@@ -791,9 +823,13 @@ static void setup(void)
         drv->cuDevicePrimaryCtxRetain(&ex->ctx, dev);
     if (wo_uvm_foreach_offdevice(add_seg, NULL) < 0)
         wo_warn("stream: out of memory listing ranges; some are read in place");
-    for (uint32_t i = 0; i < ex->nr; i++)
+    /* the slots hold 90% of the bytes' ranges (wo_stream_slot_size) */
+    sizes = malloc((ex->nr ? ex->nr : 1) * sizeof(*sizes));
+    for (uint32_t i = 0; sizes && i < ex->nr; i++)
         if (ex->r[i].live && !ex->r[i].gathered)
-            largest = WO_MAX(largest, ex->r[i].hi - ex->r[i].lo);
+            sizes[nsizes++] = ex->r[i].hi - ex->r[i].lo;
+    largest = sizes ? wo_stream_slot_size(sizes, nsizes) : 0;
+    free(sizes);
     /* the slots count against the device budget: fewer slots when they do
      * not fit, none below two (a copy could then never overlap the reads) */
     while (ex->nslots > WO_STREAM_SLOTS_MIN && (uint64_t)ex->nslots * largest > budget)

@@ -39,6 +39,12 @@
  * them. */
 bool wo_stream_gathered(const char *name);
 
+/* The staging slot size for ranges of these sizes: the size below which
+ * 90% of their bytes lie (sizes are sorted in place). One outsized tensor
+ * (an LM head twice an MLP weight) then reads in place instead of making
+ * every slot twice as large. 0 for none. */
+uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n);
+
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
  * only while word is 0, and every publication has a new epoch, so a hook

@@ -50,9 +50,10 @@ CASES = {
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
 }
 # (batch, new tokens): the executor learns the step from the launch order
-# first (a period must hold for 256 launches that touch offloaded ranges:
-# ~16 steps of these models), then stages
-BATCHES = ((1, 40), (8, 24))
+# first: the prefill's launches come first and are never repeated, so the
+# stepper waits 1,024 launches for them to come back (40-64 steps of these
+# models), then a period must hold for 256 more; it stages after that
+BATCHES = ((1, 160), (8, 48))
 
 
 def child(model: str) -> None:
