@@ -836,8 +836,10 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
     sizes = malloc((n ? n : 1) * sizeof(*sizes));
     if (!sizes)
         return 0;
+    /* every tensor fit decides, pinned ones too: those are off the device
+     * already, and exactly what the slots will carry */
     for (size_t i = 0; i < n; i++)
-        if (v[i].fixed == WO_PLACE_UNSET && v[i].movable && !wo_stream_gathered(v[i].name))
+        if (v[i].fixed == WO_PLACE_UNSET && !wo_stream_gathered(v[i].name))
             sizes[k++] = v[i].size;
     largest = wo_stream_slot_size(sizes, k);
     free(sizes);
@@ -917,9 +919,9 @@ static void place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.names = n;
     wo_uvm.fit.staging_bytes = staging;
     /* The prefetcher keeps managed bytes, and the streaming executor its
-     * slots, within what fit left over. */
-    if ((fit->rest == WO_PLACE_MANAGED || staging) &&
-        wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
+     * slots, within what fit left over (with no room kept for slots there
+     * are none: the device stays within the fit budget). */
+    if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
         wo_uvm.device_budget = budget > chosen ? budget - chosen : 0;
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
