@@ -112,6 +112,12 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
         if (!__atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE) ||
             __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen)
             continue;
+        /* a hit outside the streamed span (an activation the engine's
+         * allocator put in the allocation's tail) is neither the engine's
+         * position nor a read to move (the span is fixed while streamed) */
+        if (h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
+            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED))
+            continue;
         /* where the engine is: the executor stages the ranges after it */
         __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
         if (captured) {

@@ -18,6 +18,14 @@
  *  - mode hot-set: nothing is redirected, and one warning names a range
  *    read 2x or more a step in place with the fix.
  *
+ * Every weight is the first MiB of a 2 MiB allocation, as PyTorch's caching
+ * allocator leaves them: the untagged tail is where the engine puts
+ * activations after seal. Each layer, a kernel writes such an activation
+ * in a tail chosen at random: it must write host memory (never a slot),
+ * and its launches must not hide the step from the executor. One more
+ * allocation has an untagged gap between its two tags: it is never
+ * streamed, however often it is read.
+ *
  * Needs LD_PRELOAD=the shim and LD_LIBRARY_PATH=the fake driver's
  * directory (meson sets both). */
 #include <dlfcn.h>
@@ -43,8 +51,9 @@
 
 /* ---- the child: an engine ---------------------------------------------------- */
 
-static CUdeviceptr ranges[NR];
+static CUdeviceptr ranges[NR], gapped;
 static uint64_t redirected_reads; /* launches whose pointer was not the range's */
+static uint64_t stray_writes;     /* activation writes outside every tail */
 
 static uint64_t hash(const unsigned char *p, size_t n)
 {
@@ -66,9 +75,25 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     (void)b;
     for (int i = 0; i < NR; i++)
         ours |= p >= ranges[i] && p < ranges[i] + MiB;
+    ours |= p == gapped;
     if (!ours)
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
     *out = hash((const unsigned char *)(uintptr_t)p, n);
+}
+
+/* params: uint64_t *where, uint64_t value: an activation written after seal */
+static void scribble(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr p = *(CUdeviceptr *)params[0];
+    bool tail = false;
+
+    (void)g;
+    (void)b;
+    for (int i = 0; i < NR; i++)
+        tail |= p >= ranges[i] + MiB && p + 8 <= ranges[i] + 2 * MiB;
+    if (!tail)
+        __atomic_add_fetch(&stray_writes, 1, __ATOMIC_RELAXED);
+    *(uint64_t *)(uintptr_t)p = *(uint64_t *)params[1];
 }
 
 static int child(const char *mode)
@@ -78,6 +103,7 @@ static int child(const char *mode)
     CUresult (*p_cuCtxRetain)(CUcontext *, CUdevice), (*p_cuCtxSetCurrent)(CUcontext);
     CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t), (*p_cuMemFree)(CUdeviceptr);
     CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*p_cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **);
     CUresult (*p_cuStreamCreate)(CUstream *, unsigned);
@@ -91,13 +117,13 @@ static int child(const char *mode)
     int (*seal)(void);
     long (*stats)(char *, size_t);
     static const size_t psz[3] = {8, 8, 8};
-    uint64_t expect[NR];
+    uint64_t expect[NR], expect_gapped, lcg = 12345;
     bool stream_mode = strcmp(mode, "stream") == 0;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k;
+    CUfunction k, ks;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -110,6 +136,7 @@ static int child(const char *mode)
     *(void **)&p_cuMemAlloc = need(cu, "cuMemAlloc_v2");
     *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
+    *(void **)&p_cuMemcpyDtoH = need(cu, "cuMemcpyDtoH_v2");
     *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
     *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
     *(void **)&p_cuBeginCapture = need(cu, "cuStreamBeginCapture_v2");
@@ -131,7 +158,7 @@ static int child(const char *mode)
     for (int i = 0; i < NR; i++) {
         char name[64];
 
-        CHECK(p_cuMemAlloc(&ranges[i], MiB) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&ranges[i], 2 * MiB) == CUDA_SUCCESS);
         for (size_t j = 0; j < MiB; j++)
             buf[j] = (unsigned char)(j * 131 + (size_t)i * 7 + (j >> 12));
         CHECK(p_cuMemcpyHtoD(ranges[i], buf, MiB) == CUDA_SUCCESS);
@@ -139,9 +166,19 @@ static int child(const char *mode)
         snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.gate_up_proj", i);
         CHECK(tag((void *)(uintptr_t)ranges[i], MiB, name) == 0);
     }
+    /* two tags with untagged bytes between them */
+    CHECK(p_cuMemAlloc(&gapped, MiB) == CUDA_SUCCESS);
+    for (size_t j = 0; j < MiB; j++)
+        buf[j] = (unsigned char)(j * 29 + 3);
+    CHECK(p_cuMemcpyHtoD(gapped, buf, MiB) == CUDA_SUCCESS);
+    expect_gapped = hash(buf, MiB);
+    CHECK(tag((void *)(uintptr_t)gapped, MiB / 4, "model.layers.99.mlp.experts.up") == 0);
+    CHECK(tag((void *)(uintptr_t)(gapped + 3 * MiB / 4), MiB / 4,
+              "model.layers.99.mlp.experts.down") == 0);
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
+    ks = kernel("scribble", 2, psz, scribble);
 
     for (int step = 0; step < STEPS; step++) {
         if (stream_mode && step == STEPS / 2) {
@@ -179,11 +216,36 @@ static int child(const char *mode)
                 if (*(uint64_t *)(uintptr_t)out != expect[i])
                     wrong++;
             }
+            {
+                /* an activation in a random allocation's tail, written by
+                 * a kernel and read back by a copy */
+                CUdeviceptr at;
+                uint64_t v = lcg, back = 0;
+                void *params[] = {&at, &v};
+
+                lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
+                at = ranges[(lcg >> 33) % NR] + MiB + ((lcg >> 13) % (MiB / 8)) * 8;
+                CHECK(p_cuLaunchKernel(ks, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(p_cuMemcpyDtoH(&back, at, 8) == CUDA_SUCCESS);
+                if (back != v)
+                    wrong++;
+            }
             /* the GPU's time on this layer: the executor stages meanwhile */
             usleep(300);
         }
+        for (int r = 0; r < READS; r++) {
+            uint64_t n = MiB;
+            void *params[] = {&gapped, &n, &out};
+
+            CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+            if (*(uint64_t *)(uintptr_t)out != expect_gapped)
+                wrong++;
+        }
     }
     CHECK(wrong == 0);
+    CHECK(stray_writes == 0);
     printf("child %s: %llu of %d reads from a slot, %llu wrong\n", mode,
            (unsigned long long)redirected_reads, STEPS * NR * READS, (unsigned long long)wrong);
     if (strcmp(mode, "hot-set") == 0)
@@ -210,6 +272,7 @@ static int child(const char *mode)
     /* the engine unloads: the executor gives its slots back */
     for (int i = 0; i < NR; i++)
         CHECK(p_cuMemFree(ranges[i]) == CUDA_SUCCESS);
+    CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
         static char js[1 << 17];
@@ -330,6 +393,9 @@ int main(int argc, char **argv)
     mult = num_after(e, "\"read_multiplicity\":");
     CHECK(mult > 3.5 && mult < 4.5);
     CHECK(e && strstr(e, "\"streamed\":true") && strstr(e, "\"placement\":\"host\""));
+    /* (6) a range with untagged bytes between its tags is never streamed */
+    e = strstr(s, "\"model.layers.99.mlp.experts.up\":{");
+    CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     /* (2) the written range is no longer streamed */
     e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
@@ -354,7 +420,7 @@ int main(int argc, char **argv)
     /* one line for the process, naming the first range and the fix */
     CHECK(strstr(log,
                  "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
-                 "place over PCIe (and 19 more host ranges); prefetch: {mode: stream, "
+                 "place over PCIe (and 20 more host ranges); prefetch: {mode: stream, "
                  "experimental: true} would copy it once a step") != NULL);
     {
         const char *w = strstr(log, "in place over PCIe");

@@ -277,6 +277,7 @@ struct wo_uvm_segment {
     int priority;          /* the rule's priority (0..100) */
     enum wo_slices slices;
     enum wo_placement place; /* MANAGED, or HOST (wo_uvm_foreach_offdevice only) */
+    bool untagged;         /* bytes no tag names (a gap, the allocation's tail) */
 };
 /* Calls fn for every managed piece, under wo_uvm.lock (fn must not call back
  * into uvm/ API functions). Stops when fn returns non-zero, returning it. */

@@ -1026,6 +1026,7 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
             s.offset = pos;
             s.size = toff - pos;
             s.name = "(untagged)";
+            s.untagged = true;
             ret = fn(&s, ud);
         }
         if (k < a->ntags && !ret) {
@@ -1036,6 +1037,7 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
             if (!wanted(t->place, host))
                 continue;
             s.place = t->place;
+            s.untagged = false;
             s.base = a->base + t->off;
             s.offset = t->off;
             s.size = t->size;

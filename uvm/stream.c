@@ -46,6 +46,7 @@ struct srange {
     bool live, host, written, streamed, warned;
     bool gathered; /* an embedding: never streamed (wo_stream_gathered) */
     bool big;      /* larger than a slot: read in place (said once) */
+    bool gapped;   /* other bytes between its tags: never streamed (add_seg) */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -510,7 +511,7 @@ uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n)
 
 static void select_range(struct srange *r, uint32_t id)
 {
-    if (r->streamed || r->written || r->gathered)
+    if (r->streamed || r->written || r->gathered || r->gapped)
         return;
     if (r->hi - r->lo > ex->slot_size) {
         if (!r->big) {
@@ -630,6 +631,11 @@ static void on_launch(const struct wo_event *ev)
 
         if (h->id >= ex->nr || !(r = &ex->r[h->id])->live || r->gen != h->gen)
             continue;
+        /* a hit outside the span (an activation in the allocation's tail)
+         * is not a weight read: it neither counts nor keys the step (those
+         * move between steps, and the step would never be found) */
+        if (h->hi <= r->lo || h->offset >= r->hi)
+            continue;
         account_hit(r, h->id, h);
         low = WO_MIN(low, h->id);
     }
@@ -642,13 +648,22 @@ static void on_launch(const struct wo_event *ev)
 
 /* ---- ranges ----------------------------------------------------------------- */
 
+/* Bytes no off-device tag names are not known to be weights: the engine's
+ * allocator may hand them to activations after seal (PyTorch splits a
+ * 20 MiB segment between two 8 MiB weights and whatever comes next), which
+ * kernels write. So a span is made of off-device tags only, and a span
+ * with other bytes between its tags is never streamed: a redirected write
+ * would land in the slot. The pieces of an allocation come in offset
+ * order, so a tag that starts past the span's end (or ends before its
+ * start) leaves such a gap. */
 static int add_seg(const struct wo_uvm_segment *s, void *ud)
 {
     struct srange *r;
     struct wo_range rg;
 
     (void)ud;
-    if (s->id >= WO_STREAM_IDS || wo_registry_get(s->id, &rg) < 0 || rg.gen != s->gen)
+    if (s->untagged || s->id >= WO_STREAM_IDS || wo_registry_get(s->id, &rg) < 0 ||
+        rg.gen != s->gen)
         return 0;
     if (s->id >= ex->nr) {
         uint32_t n = WO_MIN(WO_MAX(s->id + 1, ex->nr * 2), WO_STREAM_IDS);
@@ -683,6 +698,11 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
          * between two such tags are copied too; nothing reads them there) */
         if (r->streamed || r->slot >= 0)
             return 0; /* its span is published: keep it */
+        if ((s->offset > r->hi || s->offset + s->size < r->lo) && !r->gapped) {
+            r->gapped = true;
+            wo_debug("stream: '%s': bytes no tag names lie between its tags: read in place",
+                     r->name ? r->name : "(unnamed)");
+        }
         r->lo = WO_MIN(r->lo, s->offset);
         r->hi = WO_MAX(r->hi, s->offset + s->size);
     }
