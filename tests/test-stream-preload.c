@@ -396,6 +396,8 @@ int main(int argc, char **argv)
     /* (6) a range with untagged bytes between its tags is never streamed */
     e = strstr(s, "\"model.layers.99.mlp.experts.up\":{");
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
+    CHECK(strstr(log, "'model.layers.99.mlp.experts.up': bytes no off-device tag names lie "
+                      "between its tags") != NULL);
     /* (2) the written range is no longer streamed */
     e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);

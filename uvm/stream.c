@@ -580,7 +580,10 @@ static void close_step(unsigned k)
                                    r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
                                   ex->mode == WO_PREFETCH_MODE_STREAM))
             select_range(r, id); /* stream: also ranges that came after setup */
-        if (r->host && !r->streamed && !r->warned && r->msteps >= AUTO_STEPS &&
+        /* the advice is a mode: under stream or auto a range read in place
+         * was too large for a slot, gapped or written (said when found) */
+        if (ex->mode == WO_PREFETCH_MODE_HOT_SET && r->host && !r->streamed && !r->warned &&
+            r->msteps >= AUTO_STEPS &&
             r->sum_mult / (double)r->msteps >= WARN_MULT) {
             r->warned = true;
             if (!warn_name) {
@@ -700,8 +703,9 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
             return 0; /* its span is published: keep it */
         if ((s->offset > r->hi || s->offset + s->size < r->lo) && !r->gapped) {
             r->gapped = true;
-            wo_debug("stream: '%s': bytes no tag names lie between its tags: read in place",
-                     r->name ? r->name : "(unnamed)");
+            wo_info("stream: '%s': bytes no off-device tag names lie between its tags "
+                    "(activations may live there): never streamed, read in place",
+                    r->name ? r->name : "(unnamed)");
         }
         r->lo = WO_MIN(r->lo, s->offset);
         r->hi = WO_MAX(r->hi, s->offset + s->size);
