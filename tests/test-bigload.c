@@ -242,7 +242,8 @@ int main(int argc, char **argv)
      * allocate device memory, and the load still completes bit-exact. */
     f0 = failures;
     {
-        static const char *const env[] = {"WOFAKE_FAIL=cuMemHostAlloc:*:2,cuMemHostRegister_v2:*:2", NULL};
+        static const char *const env[] = {"WOFAKE_FAIL=cuMemHostAlloc:*:2,cuMemHostRegister_v2:*:2",
+                                          NULL};
         rc = run(argv, "nopin", cap_policy, env, stats, sizeof(stats), err, sizeof(err));
     }
     CHECK(rc == 0);

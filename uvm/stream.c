@@ -39,6 +39,7 @@
 #define WARN_MULT 2.0        /* a host range read this many times a step in place: one warning */
 #define SPIN_WAIT 20000      /* polls of a slot's in-flight count before trying later */
 #define DIRTY UINT64_C(0xff) /* entry word: a copy wrote the range; never published again */
+#define PAD_MAX 511          /* bytes between two tags that are alignment, not a gap */
 
 struct wo_stream_shared wo_stream_tab;
 
@@ -142,7 +143,6 @@ void wo_stream_counts(struct wo_stream_counts *ret)
 }
 
 /* ---- driver access ------------------------------------------------------------ */
-
 
 /* The slots, events and copy stream live in the engine's context (a
  * kernel reads only memory of its context, and an event is recorded only
@@ -576,15 +576,14 @@ static void close_step(unsigned k)
         /* a running mean while young, then recent steps weigh more */
         r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
                                  : 0.75 * r->gain + 0.25 * gain;
-        if (!ex->slots_failed && ((ex->mode == WO_PREFETCH_MODE_AUTO &&
-                                   r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+        if (!ex->slots_failed && ((ex->mode == WO_PREFETCH_MODE_AUTO && r->msteps >= AUTO_STEPS &&
+                                   r->gain >= AUTO_GAIN) ||
                                   ex->mode == WO_PREFETCH_MODE_STREAM))
             select_range(r, id); /* stream: also ranges that came after setup */
         /* the advice is a mode: under stream or auto a range read in place
          * was too large for a slot, gapped or written (said when found) */
         if (ex->mode == WO_PREFETCH_MODE_HOT_SET && r->host && !r->streamed && !r->warned &&
-            r->msteps >= AUTO_STEPS &&
-            r->sum_mult / (double)r->msteps >= WARN_MULT) {
+            r->msteps >= AUTO_STEPS && r->sum_mult / (double)r->msteps >= WARN_MULT) {
             r->warned = true;
             if (!warn_name) {
                 warn_name = r->name ? r->name : "(unnamed)";
@@ -697,11 +696,12 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         __atomic_store_n(&e->base, rg.base, __ATOMIC_RELAXED);
         __atomic_store_n(&e->gen, s->gen, __ATOMIC_RELAXED);
     } else {
-        /* more off-device bytes of the same allocation: one span (bytes
-         * between two such tags are copied too; nothing reads them there) */
+        /* more off-device bytes of the same allocation: one span, unless
+         * other bytes lie between (fewer than PAD_MAX are the alignment of
+         * the tensor before: PyTorch rounds blocks to 512 bytes) */
         if (r->streamed || r->slot >= 0)
             return 0; /* its span is published: keep it */
-        if ((s->offset > r->hi || s->offset + s->size < r->lo) && !r->gapped) {
+        if ((s->offset > r->hi + PAD_MAX || s->offset + s->size + PAD_MAX < r->lo) && !r->gapped) {
             r->gapped = true;
             wo_info("stream: '%s': bytes no off-device tag names lie between its tags "
                     "(activations may live there): never streamed, read in place",
