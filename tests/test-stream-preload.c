@@ -24,7 +24,8 @@
  * in a tail chosen at random: it must write host memory (never a slot),
  * and its launches must not hide the step from the executor. One more
  * allocation has an untagged gap between its two tags: it is never
- * streamed, however often it is read.
+ * streamed, however often it is read; one whose tags are apart by less
+ * than an alignment (512 bytes) is.
  *
  * Needs LD_PRELOAD=the shim and LD_LIBRARY_PATH=the fake driver's
  * directory (meson sets both). */
@@ -51,7 +52,7 @@
 
 /* ---- the child: an engine ---------------------------------------------------- */
 
-static CUdeviceptr ranges[NR], gapped;
+static CUdeviceptr ranges[NR], gapped, padded;
 static uint64_t redirected_reads; /* launches whose pointer was not the range's */
 static uint64_t stray_writes;     /* activation writes outside every tail */
 
@@ -75,7 +76,7 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     (void)b;
     for (int i = 0; i < NR; i++)
         ours |= p >= ranges[i] && p < ranges[i] + MiB;
-    ours |= p == gapped;
+    ours |= p == gapped || p == padded;
     if (!ours)
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
     *out = hash((const unsigned char *)(uintptr_t)p, n);
@@ -117,7 +118,7 @@ static int child(const char *mode)
     int (*seal)(void);
     long (*stats)(char *, size_t);
     static const size_t psz[3] = {8, 8, 8};
-    uint64_t expect[NR], expect_gapped, lcg = 12345;
+    uint64_t expect[NR], expect_gapped, expect_padded, lcg = 12345;
     bool stream_mode = strcmp(mode, "stream") == 0;
     CUdeviceptr out;
     CUdevice dev;
@@ -175,6 +176,15 @@ static int child(const char *mode)
     CHECK(tag((void *)(uintptr_t)gapped, MiB / 4, "model.layers.99.mlp.experts.up") == 0);
     CHECK(tag((void *)(uintptr_t)(gapped + 3 * MiB / 4), MiB / 4,
               "model.layers.99.mlp.experts.down") == 0);
+    /* two tags 100 bytes apart: the first one's alignment, not a gap */
+    CHECK(p_cuMemAlloc(&padded, MiB) == CUDA_SUCCESS);
+    for (size_t j = 0; j < MiB; j++)
+        buf[j] = (unsigned char)(j * 61 + 5);
+    CHECK(p_cuMemcpyHtoD(padded, buf, MiB) == CUDA_SUCCESS);
+    expect_padded = hash(buf, MiB);
+    CHECK(tag((void *)(uintptr_t)padded, MiB / 2 - 100, "model.layers.98.mlp.experts.up") == 0);
+    CHECK(tag((void *)(uintptr_t)(padded + MiB / 2), MiB / 2, "model.layers.98.mlp.experts.down") ==
+          0);
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
@@ -234,13 +244,13 @@ static int child(const char *mode)
             /* the GPU's time on this layer: the executor stages meanwhile */
             usleep(300);
         }
-        for (int r = 0; r < READS; r++) {
+        for (int r = 0; r < 2 * READS; r++) {
             uint64_t n = MiB;
-            void *params[] = {&gapped, &n, &out};
+            void *params[] = {r < READS ? &gapped : &padded, &n, &out};
 
             CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-            if (*(uint64_t *)(uintptr_t)out != expect_gapped)
+            if (*(uint64_t *)(uintptr_t)out != (r < READS ? expect_gapped : expect_padded))
                 wrong++;
         }
     }
@@ -273,6 +283,7 @@ static int child(const char *mode)
     for (int i = 0; i < NR; i++)
         CHECK(p_cuMemFree(ranges[i]) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
+    CHECK(p_cuMemFree(padded) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
         static char js[1 << 17];
@@ -398,6 +409,9 @@ int main(int argc, char **argv)
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     CHECK(strstr(log, "'model.layers.99.mlp.experts.up': bytes no off-device tag names lie "
                       "between its tags") != NULL);
+    /* ... and one whose tags are apart by less than an alignment is */
+    e = strstr(s, "\"model.layers.98.mlp.experts.up\":{");
+    CHECK(e && strstr(e, "\"streamed\":true"));
     /* (2) the written range is no longer streamed */
     e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
@@ -421,7 +435,7 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"redirected\":") == 0);
     /* one line for the process, naming the first range and the fix */
     CHECK(strstr(log, "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
-                      "place over PCIe (and 20 more host ranges); prefetch: {mode: stream, "
+                      "place over PCIe (and 21 more host ranges); prefetch: {mode: stream, "
                       "experimental: true} would copy it once a step") != NULL);
     {
         const char *w = strstr(log, "in place over PCIe");
