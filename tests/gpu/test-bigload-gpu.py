@@ -18,9 +18,10 @@ chose. Exit 77 without torch, transformers or a GPU.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+import gpucheck
 
 POLICIES = {
     "fit": "version: 1\nfit: {device: 100%, keep_free: 256MiB}\n",
@@ -72,28 +73,12 @@ def make(ckpt: str) -> int:
     return sum(p.numel() * p.element_size() for p in m.parameters())
 
 
-def run(cmd: list, env: dict) -> dict:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[7:])
-            r["stderr"] = p.stderr
-            return r
-    sys.stderr.write(p.stdout[-3000:] + p.stderr[-5000:])
-    raise SystemExit(f"FAIL: {' '.join(cmd)}: exit {p.returncode}, no result")
-
-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], float(sys.argv[3]))
         return 0
-    try:
-        import torch
-        import transformers  # noqa: F401
-        if not torch.cuda.is_available():
-            raise ImportError("no GPU")
-    except ImportError as e:
-        print(f"SKIP: {e}")
+    torch = gpucheck.torch_on_gpu()
+    if torch is None:
         return 77
     launcher = sys.argv[1]
     failures = []
@@ -104,13 +89,13 @@ def main() -> int:
         env = dict(os.environ, WB=str(wb), WOFFLOAD_MANAGED_MARGIN="256", WOFFLOAD_PROGRESS="1",
                    PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
         me = [sys.executable, os.path.abspath(__file__), "--child", ckpt]
-        ref = run(me + ["0"], env)
+        ref = gpucheck.result(me + ["0"], env)
         print(f"weights {wb / 2**20:.0f} MiB; reference tokens {ref['tokens']}")
         for name, text in POLICIES.items():
             pol = os.path.join(tmp, f"{name}.yaml")
             with open(pol, "w") as f:
                 f.write(text)
-            got = run([launcher, "--policy", pol, "--log", "info", "--"] + me + ["0.5"], env)
+            got = gpucheck.result([launcher, "--policy", pol, "--log", "info", "--"] + me + ["0.5"], env)
             st = got.get("stats") or {}
             cap = st.get("managed_cap") or {}
             fit = st.get("fit") or {}

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 
+import gpucheck
+
 MODELS = {
     "moe": ("Qwen3MoeConfig", dict(
         vocab_size=4096, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=1024,
@@ -91,16 +93,6 @@ def child(model: str) -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run(cmd: list, env: dict) -> dict:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            r = json.loads(line[7:])
-            r["stderr"] = p.stderr
-            return r
-    return {"error": f"exit {p.returncode}, no result", "stderr": p.stdout[-2000:] + p.stderr[-6000:]}
-
-
 def debug(cmd: list, env: dict) -> None:
     """What CUDA_LAUNCH_BLOCKING and compute-sanitizer say about a failed row."""
     e = dict(env, CUDA_LAUNCH_BLOCKING="1")
@@ -122,13 +114,8 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2])
         return 0
-    try:
-        import torch
-        import transformers  # noqa: F401
-        if not torch.cuda.is_available():
-            raise ImportError("no GPU")
-    except ImportError as e:
-        print(f"SKIP: {e}")
+    torch = gpucheck.torch_on_gpu()
+    if torch is None:
         return 77
     launcher = sys.argv[1]
     cases = sys.argv[2:] or list(CASES)
@@ -140,7 +127,7 @@ def main() -> int:
         for case in cases:
             model, text = CASES[case]
             if model not in refs:
-                refs[model] = run(me + [model], env)
+                refs[model] = gpucheck.result(me + [model], env, must=False)
                 if "error" in refs[model]:
                     print(refs[model]["stderr"])
                     raise SystemExit(f"FAIL: the reference run of {model}: {refs[model]['error']}")
@@ -149,7 +136,7 @@ def main() -> int:
             with open(pol, "w") as f:
                 f.write(text)
             cmd = [launcher, "--policy", pol, "--log", "info", "--"] + me + [model]
-            got = run(cmd, env)
+            got = gpucheck.result(cmd, env, must=False)
             st = (got.get("stats") or {}).get("stream") or {}
             checks = {"ran to the end": "error" not in got}
             for b, _ in BATCHES:

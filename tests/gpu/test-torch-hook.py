@@ -12,9 +12,10 @@ for. Exit 77 (skipped) without torch, transformers or a GPU.
 """
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+import gpucheck
 
 POLICIES = {
     "host": "version: 1\nrules:\n  - name: experts\n    match: experts\n    place: host\n",
@@ -51,37 +52,23 @@ def child() -> None:
     print("RESULT " + json.dumps(res), flush=True)
 
 
-def run(cmd: list) -> dict:
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    sys.stderr.write(p.stdout[-3000:] + p.stderr[-5000:])
-    raise SystemExit(f"FAIL: {' '.join(cmd)}: exit {p.returncode}, no result")
-
-
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child()
         return 0
-    try:
-        import torch
-        import transformers  # noqa: F401
-        if not torch.cuda.is_available():
-            raise ImportError("no GPU")
-    except ImportError as e:
-        print(f"SKIP: {e}")
+    torch = gpucheck.torch_on_gpu()
+    if torch is None:
         return 77
     launcher = sys.argv[1]
     me = [sys.executable, os.path.abspath(__file__), "--child"]
-    ref = run(me)
+    ref = gpucheck.result(me)
     failures = []
     with tempfile.TemporaryDirectory() as tmp:
         for place, text in POLICIES.items():
             pol = os.path.join(tmp, f"{place}.yaml")
             with open(pol, "w") as f:
                 f.write(text)
-            got = run([launcher, "--policy", pol, "--log", "info", "--"] + me)
+            got = gpucheck.result([launcher, "--policy", pol, "--log", "info", "--"] + me)
             st = got.get("stats") or {}
             names = st.get("names", [])
             placed = st.get("placements", {}).get(place, {})
