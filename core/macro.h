@@ -65,6 +65,18 @@ static inline int wo_grow(void **v, size_t *cap, size_t need, size_t elem)
     return 0;
 }
 
+/* Copies a struct of uint64_t counters that other threads update with
+ * atomic adds, word by word (each word whole; the struct as a whole is
+ * not a snapshot). */
+static inline void wo_load_words(void *dst, const void *src, size_t bytes)
+{
+    const uint64_t *s = src;
+    uint64_t *d = dst;
+
+    for (size_t i = 0; i < bytes / sizeof(uint64_t); i++)
+        d[i] = __atomic_load_n(&s[i], __ATOMIC_RELAXED);
+}
+
 static inline void freep(void *p)
 {
     free(*(void **)p);

@@ -82,31 +82,24 @@ int wo_plan_range_add(struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t siz
     return 0;
 }
 
+/* Keeps the items of v[0..n) whose id is not id, in order. */
+#define DROP_ID(v, n, id)                                                                          \
+    do {                                                                                           \
+        size_t j_ = 0;                                                                             \
+        for (size_t i_ = 0; i_ < (n); i_++)                                                        \
+            if ((v)[i_].id != (id))                                                                \
+                (v)[j_++] = (v)[i_];                                                               \
+        (n) = j_;                                                                                  \
+    } while (0)
+
 /* Drops every reference to range id from the lists (before it changes). */
 static void forget_refs(struct wo_plan *p, uint32_t id)
 {
-    size_t j = 0;
-
-    for (size_t i = 0; i < p->nknown; i++)
-        if (p->known[i].id != id)
-            p->known[j++] = p->known[i];
-    p->nknown = j;
-    j = 0;
-    for (size_t i = 0; i < p->nprev; i++)
-        if (p->prev[i].id != id)
-            p->prev[j++] = p->prev[i];
-    p->nprev = j;
+    DROP_ID(p->known, p->nknown, id);
+    DROP_ID(p->prev, p->nprev, id);
     p->cursor = WO_MIN(p->cursor, p->nprev);
-    j = 0;
-    for (size_t i = 0; i < p->ncur; i++)
-        if (p->cur[i].id != id)
-            p->cur[j++] = p->cur[i];
-    p->ncur = j;
-    j = 0;
-    for (size_t i = 0; i < p->npend; i++)
-        if (p->pend[i].id != id)
-            p->pend[j++] = p->pend[i];
-    p->npend = j;
+    DROP_ID(p->cur, p->ncur, id);
+    DROP_ID(p->pend, p->npend, id);
 }
 
 void wo_plan_range_remove(struct wo_plan *p, uint32_t id, uint32_t gen)

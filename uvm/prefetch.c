@@ -122,11 +122,7 @@ const struct wo_plan *wo_prefetcher_plan(const struct wo_prefetcher *pf)
 
 void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_totals *ret)
 {
-    const uint64_t *src = (const uint64_t *)pf->tot;
-    uint64_t *dst = (uint64_t *)ret;
-
-    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
-        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    wo_load_words(ret, pf->tot, sizeof(*ret));
 }
 
 int wo_prefetcher_add_segment(struct wo_prefetcher *pf, uint32_t id, uint32_t gen, uint64_t base,
@@ -853,11 +849,7 @@ static void finish(void)
 
 void wo_prefetch_totals(struct wo_prefetch_totals *ret)
 {
-    const uint64_t *src = (const uint64_t *)&shim_totals;
-    uint64_t *dst = (uint64_t *)ret;
-
-    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
-        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    wo_load_words(ret, &shim_totals, sizeof(*ret));
 }
 
 const struct wo_executor wo_prefetch_executor = {

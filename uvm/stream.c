@@ -76,7 +76,8 @@ struct exec {
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
     struct srange *r;                    /* by registry id (< WO_STREAM_IDS) */
     uint32_t nr;
-    uint32_t *order, norder, *cur, ncur, cap_order;
+    uint32_t *order, norder, *cur, ncur;
+    size_t cap_order, cap_cur;
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
     struct wo_stepper st;
@@ -135,11 +136,7 @@ static void clear_table(void)
 
 void wo_stream_counts(struct wo_stream_counts *ret)
 {
-    const uint64_t *src = (const uint64_t *)&wo_stream_tab.n;
-    uint64_t *dst = (uint64_t *)ret;
-
-    for (size_t i = 0; i < sizeof(*ret) / sizeof(uint64_t); i++)
-        dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+    wo_load_words(ret, &wo_stream_tab.n, sizeof(*ret));
 }
 
 /* ---- driver access ------------------------------------------------------------ */
@@ -465,18 +462,10 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
         r->mask |= UINT64_C(1) << k;
     if (!r->touched) {
         r->touched = true;
-        if (ex->ncur == ex->cap_order) {
-            uint32_t n = ex->cap_order ? ex->cap_order * 2 : 64;
-            uint32_t *a = realloc(ex->cur, n * sizeof(*a)), *b;
-            if (!a)
-                return;
-            ex->cur = a;
-            b = realloc(ex->order, n * sizeof(*b));
-            if (!b)
-                return;
-            ex->order = b;
-            ex->cap_order = n;
-        }
+        /* the order takes a copy of cur at the step's end: same capacity */
+        if (wo_grow((void **)&ex->cur, &ex->cap_cur, ex->ncur + 1, sizeof(*ex->cur)) < 0 ||
+            wo_grow((void **)&ex->order, &ex->cap_order, ex->ncur + 1, sizeof(*ex->order)) < 0)
+            return;
         ex->cur[ex->ncur++] = id;
     }
 }
