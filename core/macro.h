@@ -20,6 +20,16 @@
 #define WO_ALIGN_UP(x, a) (((x) + ((a)-1)) & ~((__typeof__(x))(a)-1))
 #define WO_PRINTF(a, b) __attribute__((format(printf, a, b)))
 
+/* One pause in a bounded spin (lets the sibling hyperthread run). */
+static inline void wo_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
 #define WO_KiB (UINT64_C(1) << 10)
 #define WO_MiB (UINT64_C(1) << 20)
 #define WO_GiB (UINT64_C(1) << 30)

@@ -126,7 +126,7 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
             count(&wo_stream_tab.n.inplace_captured);
             continue;
         }
-        if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED)) {
+        if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED) && !wo_stream_await(e, h->gen)) {
             count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
             continue;
         }

@@ -385,9 +385,12 @@ int main(int argc, char **argv)
     staged = num_after(s, "\"staged_bytes\":");
     steps = num_after(s, "\"steps\":");
     printf("stream: %.0f redirected, %.0f bytes staged in %.0f steps (%.2f MiB a step), "
-           "%.0f captured, %.0f invalidated\n",
+           "%.0f captured, %.0f invalidated, %.0f in place with no slot, %.0f waited for "
+           "their copy (%.2f ms, %.0f ran out)\n",
            redirected, staged, steps, steps > 0 ? staged / steps / MiB : 0,
-           num_after(s, "\"inplace_captured\":"), num_after(s, "\"invalidated\":"));
+           num_after(s, "\"inplace_captured\":"), num_after(s, "\"invalidated\":"),
+           num_after(s, "\"inplace_no_slot\":"), num_after(s, "\"awaited\":"),
+           num_after(s, "\"await_ms\":"), num_after(s, "\"await_timeouts\":"));
     CHECK(redirected > STEPS * NR * READS / 4);
     /* (1) once a step, not READS times: about the distinct bytes (NR MiB;
      * the written range is read in place after the copy) */

@@ -121,6 +121,15 @@ void wo_consumer_fork_prepare(void)
     pthread_mutex_unlock(&sleep_lock);
 }
 
+void wo_consumer_wake(void)
+{
+    /* without sleep_lock: a wake that comes just before the thread waits is
+     * lost, and it sleeps out its timeout (2 ms at most), as without one.
+     * The condition is initialised once and never destroyed. */
+    pthread_once(&cond_once, cond_init);
+    (void)pthread_cond_signal(&sleep_cond);
+}
+
 void wo_consumer_fork_parent(void)
 {
     if (!running)

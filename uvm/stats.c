@@ -407,12 +407,14 @@ static void json_body(struct sbuf *b)
         wo_stream_counts(&sc);
         sb_printf(b,
                   ",\"stream\":{\"redirected\":%" PRIu64 ",\"inplace_no_slot\":%" PRIu64
+                  ",\"awaited\":%" PRIu64 ",\"await_ms\":%.3f,\"await_timeouts\":%" PRIu64
                   ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
                   ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64
                   ",\"staged_bytes\":%" PRIu64 ",\"staged_by_kernel\":%" PRIu64
                   ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64
                   ",\"names\":{",
-                  sc.redirected, sc.inplace_no_slot, sc.inplace_captured, sc.inplace_other,
+                  sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
+                  sc.await_timeouts, sc.inplace_captured, sc.inplace_other,
                   sc.invalidated, sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits,
                   sc.steps, sc.slot_bytes);
         b->first = true;

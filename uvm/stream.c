@@ -42,6 +42,7 @@
 #define PAD_MAX 511          /* bytes between two tags that are alignment, not a gap */
 
 struct wo_stream_shared wo_stream_tab;
+uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
 
 struct srange {
     bool live, host, written, streamed, warned;
@@ -122,6 +123,42 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
         if (old != DIRTY && old != 0)
             add(&wo_stream_tab.n.invalidated, 1);
     }
+}
+
+bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
+{
+    uint64_t t0, now;
+    bool woke = false;
+
+    if (!__atomic_load_n(&e->planned, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&e->nowait, __ATOMIC_RELAXED))
+        return false;
+    t0 = now = wo_now_ns();
+    for (unsigned i = 0;; i++) {
+        uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE);
+
+        if (w != 0 || !__atomic_load_n(&e->streamed, __ATOMIC_RELAXED) ||
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != gen)
+            break;
+        if (!woke) {
+            /* the consumer may sleep (up to 2 ms) between batches of events */
+            wo_consumer_wake();
+            woke = true;
+        }
+        if (i % 16 == 15 && (now = wo_now_ns()) - t0 >= wo_stream_await_ns) {
+            /* the executor is not coming for it (a range it passed, a slot a
+             * hook holds): do not make the next launches wait as well */
+            __atomic_store_n(&e->nowait, 1, __ATOMIC_RELAXED);
+            add(&wo_stream_tab.n.await_timeouts, 1);
+            add(&wo_stream_tab.n.await_ns, now - t0);
+            return false;
+        }
+        wo_cpu_relax();
+    }
+    now = wo_now_ns();
+    add(&wo_stream_tab.n.awaited, 1);
+    add(&wo_stream_tab.n.await_ns, now - t0);
+    return __atomic_load_n(&e->word, __ATOMIC_ACQUIRE) != 0;
 }
 
 _Static_assert(sizeof(wo_stream_tab) % sizeof(uint64_t) == 0, "the table is whole words");
@@ -373,6 +410,7 @@ static bool stage(uint32_t id, int slot)
     }
     r->slot = slot;
     ex->slot_range[slot] = (int)id;
+    __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
     return true;
 }
 
@@ -598,13 +636,17 @@ static void close_step(unsigned k)
     }
     /* this step's first touches are the next step's plan */
     for (uint32_t i = 0; i < ex->norder; i++)
-        if (ex->order[i] < ex->nr)
+        if (ex->order[i] < ex->nr) {
             ex->r[ex->order[i]].ord = NONE;
+            __atomic_store_n(&wo_stream_tab.e[ex->order[i]].planned, 0, __ATOMIC_RELAXED);
+        }
     memcpy(ex->order, ex->cur, ex->ncur * sizeof(*ex->cur));
     ex->norder = ex->ncur;
     ex->ncur = 0;
-    for (uint32_t i = 0; i < ex->norder; i++)
+    for (uint32_t i = 0; i < ex->norder; i++) {
         ex->r[ex->order[i]].ord = i;
+        __atomic_store_n(&wo_stream_tab.e[ex->order[i]].planned, 1, __ATOMIC_RELAXED);
+    }
     ex->maxi = NONE;
     publish_names(false);
 }
@@ -1025,13 +1067,16 @@ static void finish(void)
     wo_stream_counts(&c);
     wo_info("stream: %llu steps, %llu launches redirected, read in place: %llu no slot ready, "
             "%llu captured, %llu other; %llu staging copies (%llu MiB, %.1f MiB a step), "
-            "%llu slot waits, %llu invalidated by writes",
+            "%llu slot waits, %llu invalidated by writes; %llu launches waited for their "
+            "copy to be issued (%.1f ms in all, %llu ran out)",
             (unsigned long long)c.steps, (unsigned long long)c.redirected,
             (unsigned long long)c.inplace_no_slot, (unsigned long long)c.inplace_captured,
             (unsigned long long)c.inplace_other, (unsigned long long)c.staged,
             (unsigned long long)(c.staged_bytes >> 20),
             c.steps ? (double)c.staged_bytes / (double)c.steps / (1 << 20) : 0.0,
-            (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated);
+            (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated,
+            (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
+            (unsigned long long)c.await_timeouts);
     for (uint32_t i = 0; i < ex->nr && shown < 10; i++) {
         const struct srange *r = &ex->r[i];
         if (!r->live || !r->msteps || (r->sum_mult / (double)r->msteps < 1.5 && !r->streamed))

@@ -56,6 +56,10 @@ struct wo_stream_entry {
     uint64_t lo, hi;   /* the staged bytes: [base+lo, base+hi) */
     uint32_t gen;      /* the generation `streamed` refers to */
     uint32_t streamed; /* the executor streams this range (no slot published may still be) */
+    uint32_t planned;  /* it has a place in the learned order: the executor stages it when
+                        * the engine nears it, so a hook may wait for that (wo_stream_await) */
+    uint32_t nowait;   /* a hook's wait for it ran out: no hook waits again until the
+                        * executor next publishes it */
 };
 
 struct wo_stream_slot {
@@ -71,6 +75,9 @@ struct wo_stream_slot {
 struct wo_stream_counts {
     uint64_t redirected;       /* launches whose arguments pointed at a slot */
     uint64_t inplace_no_slot;  /* a streamed range with no slot ready (or moved under the hook) */
+    uint64_t awaited;          /* launches that waited for their range's copy to be issued */
+    uint64_t await_ns;         /* ... the host time they waited, in all */
+    uint64_t await_timeouts;   /* waits that ran out (then read in place, in inplace_no_slot) */
     uint64_t inplace_captured; /* a launch into a capture: graphs read in place */
     uint64_t inplace_other;    /* another stream owns the slot this step, another context,
                                 * too many parameters, a failed wait */
@@ -113,6 +120,19 @@ static inline uint32_t wo_stream_word_gen(uint64_t w)
  * which the write makes current) and the executor learns the range was
  * written. Lock-free; the registry read section must not be held. */
 void wo_stream_note_write(uint64_t dst, uint64_t bytes);
+
+/* The launch hook found entry e (generation gen) streamed but not staged:
+ * the engine's host thread has run ahead of the executor, which issues
+ * the staging copies on the consumer thread. When the range is planned,
+ * the hook waits (bounded: WO_STREAM_AWAIT_NS) for the executor to publish
+ * it, waking the consumer first. The engine's host thread normally runs far
+ * ahead of the GPU, so the wait costs no GPU time, while a read in place
+ * costs the PCIe read and the copy already under way for it is wasted.
+ * Returns true when an assignment was published (pin it as usual). Any
+ * thread; never blocks longer than the bound. */
+#define WO_STREAM_AWAIT_NS 500000u
+extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests change it) */
+bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* ---- the executor (consumer thread) ------------------------------------------ */
 
