@@ -326,6 +326,8 @@ def main() -> int:
         if st.get("staged"):
             md += (f"\n\n{r['name']}: streaming: {st.get('redirected')} launches redirected, read in place: "
                    f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
+                   f"{st.get('awaited', 0)} waited for their copy ({st.get('await_ms', 0):.1f} ms in all, "
+                   f"{st.get('await_timeouts', 0)} ran out); "
                    f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
                    f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
                    f"fit kept {(r.get('fit') or {}).get('staging_bytes', 0) / 2**20:.0f} MiB for them")

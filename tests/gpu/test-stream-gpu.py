@@ -144,7 +144,8 @@ def main() -> int:
                     got.get("tokens", {}).get(str(b)) == ref["tokens"][str(b)]
             if case == "moe-host-stream":
                 checks[f"launches redirected into slots ({st.get('redirected')}; in place: "
-                       f"{st.get('inplace_no_slot')} no slot, {st.get('inplace_other')} other)"] = \
+                       f"{st.get('inplace_no_slot')} no slot, {st.get('inplace_other')} other; "
+                       f"{st.get('awaited', 0)} waited, {st.get('await_timeouts', 0)} ran out)"] = \
                     st.get("redirected", 0) > 0
                 checks[f"staging copies ({st.get('staged')}, {st.get('staged_bytes')} B)"] = \
                     st.get("staged", 0) > 0
