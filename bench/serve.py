@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import datetime
 import json
 import math
@@ -112,6 +113,17 @@ def parse_dist(spec: str) -> Dist:
         pass
     raise argparse.ArgumentTypeError(
         f"{spec!r}: expected fixed:N, uniform:A:B or lognormal:MEAN:SIGMA[:MIN:MAX] (positive integers)")
+
+
+def parse_rates(spec: str) -> List[float]:
+    """R1,R2,...: positive request rates, in the order the phases run."""
+    try:
+        rates = [float(x) for x in spec.split(",")]
+        if not rates or any(r <= 0 for r in rates):
+            raise ValueError
+        return rates
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected positive rates separated by commas, e.g. 1,3,10")
 
 
 def parse_burst(spec: str) -> Tuple[float, float, float]:
@@ -389,7 +401,8 @@ class Run:
         self.t0 = 0.0
         self.inflight = 0
         self.decoding = 0
-        self.samples: List[Tuple[float, int, int]] = []  # (t, in flight, with a first token)
+        # (t, in flight, with a first token, the engine's own active count or None)
+        self.samples: List[Tuple[float, int, int, Optional[int]]] = []
         self.intervals: List[Dict[str, Any]] = []
 
     def now(self) -> float:
@@ -414,8 +427,10 @@ class Run:
             self.decoding -= 1
 
     async def sampler(self, stop: asyncio.Event) -> None:
+        engine = self.args.engine
         while not stop.is_set():
-            self.samples.append((self.now(), self.inflight, self.decoding))
+            active = engine.active() if engine is not None else None
+            self.samples.append((self.now(), self.inflight, self.decoding, active))
             try:
                 await asyncio.wait_for(stop.wait(), 0.1)
             except asyncio.TimeoutError:
@@ -438,6 +453,9 @@ def error_kind(e: BaseException) -> str:
     return type(e).__name__
 
 
+CUT = "cut"  # closed by --drain-timeout: neither served nor failed by the server
+
+
 async def one(run: Run, r: Req, driver: Any) -> None:
     run.start(r)
     err = None
@@ -445,6 +463,10 @@ async def one(run: Run, r: Req, driver: Any) -> None:
         await asyncio.wait_for(driver(run.args, r, run.on_token), run.args.request_timeout)
         if r.kind not in ("disconnect", "bad") and not r.token_times:
             err = "empty"
+    except asyncio.CancelledError:
+        # only the phase's drain timeout cancels a request task (run_phase):
+        # recorded, so that the phase's report goes on without it
+        err = CUT
     except Exception as e:  # every failure is a counted result, never a crash
         err = error_kind(e)
         if run.args.verbose:
@@ -609,7 +631,7 @@ def interval_line(run: Run, t_lo: float, t_hi: float, pid: Optional[int]) -> Dic
     toks = sum(1 for r in rs for t in r.token_times if t_lo <= t < t_hi)
     done = [r for r in rs if r.done is not None and t_lo <= r.done < t_hi]
     ttft = [r.first - r.sent for r in rs if r.first is not None and t_lo <= r.first < t_hi]
-    errs = sum(1 for r in done if r.error and r.kind != "bad")
+    errs = sum(1 for r in done if r.error and r.error != CUT and r.kind != "bad")
     line: Dict[str, Any] = {"t": round(t_hi, 1), "completed": sum(1 for r in done if not r.error),
                             "tok_s": round(toks / (t_hi - t_lo), 2), "ttft_p99_ms": _r(pct(ttft, 99), 1e3),
                             "errors": errs, "in_flight": run.inflight}
@@ -684,12 +706,13 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
             if r.first is not None and r.done is not None and len(r.token_times) > 1]
     errors: Dict[str, int] = {}
     for r in main:
-        if r.error:
+        if r.error and r.error != CUT:
             errors[r.error] = errors.get(r.error, 0) + 1
     dur = last_done if last_done > 0 else wall
     # Little's law over the whole run: L = (completed / time) x mean time in system
     little = (len(ok) / dur) * (sum(e2e) / len(e2e)) if e2e and dur > 0 else None
     samp = [s for s in run.samples if w0 <= s[0] < w1] or run.samples
+    eng = [s[3] for s in samp if s[3] is not None]
     normal = [r for r in ok if r.kind == "normal"]  # the drawn lengths, no fault or greedy request
     out_lens = [len(r.token_times) for r in normal]
     asked = [r.output_len for r in normal]
@@ -706,7 +729,8 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
         "requests": {"scheduled": len(main), "completed": len(ok),
                      "disconnected": sum(1 for r in main if r.kind == "disconnect" and not r.error),
                      "disconnect_scheduled": sum(1 for r in main if r.kind == "disconnect"),
-                     "failed": sum(errors.values()), "by_kind": kinds},
+                     "failed": sum(errors.values()), "cut": sum(1 for r in main if r.error == CUT),
+                     "by_kind": kinds},
         "offered_rate": round(len(arrivals) / span, 3) if span > 0 else None,
         "duration_s": round(dur, 3),
         "throughput": {"requests_s": round(len(ok) / dur, 3) if dur else None,
@@ -719,6 +743,9 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
             "sampled_in_flight": _r(sum(x[1] for x in samp) / len(samp)) if samp else None,
             "sampled_decoding": _r(sum(x[2] for x in samp) / len(samp)) if samp else None,
             "sampled_max": max((x[1] for x in samp), default=0), "samples": len(samp),
+            # in-process: the engine's scheduler's active requests (its running
+            # batch, prefilling or decoding), sampled with the others
+            "engine_active": _r(sum(eng) / len(eng)) if eng else None,
         },
         "lengths": {"output_tokens_mean": _r(sum(out_lens) / len(out_lens)) if out_lens else None,
                     "output_asked_mean": _r(sum(asked) / len(asked)) if asked else None,
@@ -748,14 +775,24 @@ def greedy_outputs(run: Run) -> Dict[str, Any]:
     return {str(i): (r.text if not r.error else None) for i, r in enumerate(g)}
 
 
+def rate_key(rate: float) -> str:
+    return f"{rate:g}"
+
+
 def greedy_compare(args: argparse.Namespace, got: Dict[str, Any]) -> Dict[str, Any]:
+    """The greedy outputs against the reference file: against its phase of
+    the same rate where it has one (a --rates reference), else its outputs."""
     with open(args.greedy_check) as f:
         ref = json.load(f)
-    outs = ref.get("outputs", {})
+    outs = (ref.get("by_rate") or {}).get(rate_key(args.rate)) or ref.get("outputs", {})
+    # a request that failed or was cut, here or in the reference run, has
+    # no output to compare: missing, not different
+    missing = [k for k in got if got[k] is None or outs.get(k) is None]
     same = [k for k in got if k in outs and got[k] is not None and got[k] == outs[k]]
-    diff = [k for k in got if k not in same]
+    diff = [k for k in got if k not in same and k not in missing]
     return {"reference": args.greedy_check, "compared": len(got), "identical": len(same), "different": diff,
-            "ok": bool(got) and not diff and ref.get("endpoint") == args.endpoint}
+            "missing": missing, "endpoint_ok": ref.get("endpoint") == args.endpoint,
+            "ok": bool(got) and not diff and not missing and ref.get("endpoint") == args.endpoint}
 
 
 def print_table(s: Dict[str, Any], st: Optional[Dict[str, Any]]) -> None:
@@ -766,7 +803,8 @@ def print_table(s: Dict[str, Any], st: Optional[Dict[str, Any]]) -> None:
         return f"  {name:<10} p50 {f(d['p50']):>9}  p99 {f(d['p99']):>9}  mean {f(d['mean']):>9}  (n={d['n']})"
 
     print(f"requests: {rq['completed']} completed of {rq['scheduled']}, {rq['disconnected']} disconnected "
-          f"on purpose, {rq['failed']} failed; offered {s['offered_rate']} req/s over {s['duration_s']} s")
+          f"on purpose, {rq['failed']} failed" + (f", {rq['cut']} cut at the drain timeout" if rq["cut"] else "")
+          + f"; offered {s['offered_rate']} req/s over {s['duration_s']} s")
     print(f"throughput: {th['requests_s']} req/s, {th['output_tok_s']} output tok/s"
           + (f"; steady {s['steady']['requests_s']} req/s, {s['steady']['output_tok_s']} tok/s "
              f"in {s['steady']['window_s']} s" if s["steady"] else ""))
@@ -775,7 +813,8 @@ def print_table(s: Dict[str, Any], st: Optional[Dict[str, Any]]) -> None:
         print(row(k[:-3].upper(), s[k]))
     c = s["concurrency"]
     print(f"concurrency: Little {c['little']}, sampled in flight {c['sampled_in_flight']} "
-          f"(with a first token {c['sampled_decoding']}, max {c['sampled_max']})")
+          f"(with a first token {c['sampled_decoding']}, max {c['sampled_max']})"
+          + (f", engine's active requests {c['engine_active']}" if c.get("engine_active") is not None else ""))
     if s["errors"]:
         print("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())))
     if "bad_request" in s:
@@ -786,10 +825,17 @@ def print_table(s: Dict[str, Any], st: Optional[Dict[str, Any]]) -> None:
         lp = s["long_prompt"]
         print(f"long prompt ({lp['prompt_len']} words): {lp['tokens']} tokens, TTFT {lp['ttft_ms']} ms, "
               f"error {lp['error']}")
-    if "greedy" in s:
+    if "greedy" in s and "recorded" in s["greedy"]:
+        g = s["greedy"]
+        print(f"greedy: {g['compared']} outputs recorded to {g['recorded']}"
+              + ("" if g.get("ok") else " (some requests failed)"))
+    elif "greedy" in s:
         g = s["greedy"]
         print(f"greedy: {g.get('identical')} of {g.get('compared')} identical to {g.get('reference')}"
-              + ("" if g.get("ok") else f"; DIFFERENT: {g.get('different')}"))
+              + (f"; DIFFERENT: {g['different']}" if g.get("different") else "")
+              + (f"; no output here or in the reference (failed or cut): {g['missing']}"
+                 if g.get("missing") else "")
+              + ("" if g.get("endpoint_ok", True) else "; the reference is of another endpoint"))
     if st:
         print(f"shim ({st['scope']}): steps {st['steps']:.0f}, hit rate {st['hit_rate']}, PCIe bytes/step "
               f"{st['pcie_bytes_per_step']}, read multiplicity max {st['read_multiplicity_max']}, "
@@ -821,9 +867,17 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g.add_argument("--cb-graphs", choices=("default", "on", "off"), default="default",
                    help="--inprocess: CUDA graphs of the continuous-batching manager")
     g = p.add_argument_group("load")
-    g.add_argument("--rate", type=float, default=1.0, help="Poisson arrivals, requests/s")
-    g.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
+    g.add_argument("--rate", type=float, default=None, help="Poisson arrivals, requests/s (default 1)")
+    g.add_argument("--rates", type=parse_rates, metavar="R1,R2,...",
+                   help="phases one after another on the same server or engine (one model load), each "
+                        "--duration (or --requests) long at its rate, with its own report and shim-stats "
+                        "delta; the JSON holds a list of phase reports")
+    g.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (a phase's, with --rates)")
     g.add_argument("--requests", type=int, help="this many arrivals instead of --duration")
+    g.add_argument("--drain-timeout", type=float, default=0.0, metavar="S",
+                   help="after the last arrival wait at most S seconds for requests in flight, then close "
+                        "them (counted as cut, not as errors); 0 (default): wait for every request. Past "
+                        "saturation the queue an open loop builds takes long to drain: this bounds a phase")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--prompt-len", type=parse_dist, default=parse_dist("uniform:64:512"),
                    help="prompt words (about tokens): fixed:N, uniform:A:B, lognormal:MEAN:SIGMA[:MIN:MAX]")
@@ -860,8 +914,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if a.soak_minutes:
         a.duration = a.soak_minutes * 60.0
+    if a.rates is not None and a.rate is not None:
+        p.error("--rate and --rates: one or the other")
+    if a.rate is None:
+        a.rate = a.rates[0] if a.rates else 1.0
     if a.rate <= 0:
         p.error("--rate must be > 0")
+    if a.drain_timeout < 0:
+        p.error("--drain-timeout must be >= 0")
     if not 0 <= a.disconnect_frac <= 1:
         p.error("--disconnect-frac is a share in [0, 1]")
     if a.greedy_check and a.record_greedy:
@@ -872,26 +932,27 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if not a.inprocess and (a.parsed_url.scheme != "http" or not a.parsed_url.hostname):
         p.error(f"--url {a.url}: expected http://HOST[:PORT]")
     a.engine = None
+    a.engine_factory = None  # tests: an engine around a fake manager (serve_engine.Engine.around)
     return a
 
 
-async def main_async(args: argparse.Namespace) -> int:
-    if args.inprocess:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import serve_engine  # torch and transformers: only on this path
-        args.engine = serve_engine.Engine(args)
-        driver = args.engine.request
-    else:
-        driver = http_request
+def phase_args(args: argparse.Namespace, k: int, rate: float) -> argparse.Namespace:
+    """Phase k's options: its rate, and its own seed (args.seed + 1000 k),
+    so that phases do not send the same prompts again (an engine's prefix
+    cache would serve them); phase 0 is a single run's schedule."""
+    p = copy.copy(args)
+    p.rate = rate
+    p.seed = args.seed + 1000 * k
+    return p
+
+
+async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, Any], int]:
+    """One schedule at args.rate from start to the last completion (or the
+    drain timeout): the report of one run, and its exit status."""
     reqs = schedule(args)
     if args.engine is not None:
         for r in reqs:
             args.engine.prepare(r)
-    werr = await warm_up(args, driver)
-    if werr and len(werr) == args.warmup_requests:
-        sys.stderr.write(f"serve.py: every warm-up request failed ({', '.join(werr)}); is the server up at "
-                         f"{args.url}?\n")
-        return 2
     before = read_stats(args)
     run = Run(args, reqs)
     stop = asyncio.Event()
@@ -905,6 +966,10 @@ async def main_async(args: argparse.Namespace) -> int:
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.ensure_future(one(run, r, driver)))  # open loop: never awaited here
+    if args.drain_timeout > 0 and tasks:
+        _, pending = await asyncio.wait(tasks, timeout=args.drain_timeout)
+        for t in pending:
+            t.cancel()  # one() records the request as cut
     await asyncio.gather(*tasks)
     wall = run.now()
     stop.set()
@@ -916,32 +981,78 @@ async def main_async(args: argparse.Namespace) -> int:
     shim = stats_report(before, after)
     rc = 0
     if args.record_greedy:
-        with open(args.record_greedy, "w") as f:
-            json.dump({"endpoint": args.endpoint, "model": args.model, "prompt_len": GREEDY_PROMPT_LEN,
-                       "max_tokens": GREEDY_OUTPUT_LEN, "outputs": greedy_outputs(run)}, f, indent=1)
         summary["greedy"] = {"recorded": args.record_greedy, "compared": len(greedy_outputs(run)),
                              "ok": all(v is not None for v in greedy_outputs(run).values())}
     if args.greedy_check:
-        summary["greedy"] = greedy_compare(args, greedy_outputs(run))
-        if not summary["greedy"]["ok"]:
+        g = summary["greedy"] = greedy_compare(args, greedy_outputs(run))
+        if g["different"] or not g["endpoint_ok"]:  # tokens differ; a missing output is an error counted above
             rc = 1
     if "bad_request" in summary and not (summary["bad_request"]["got_4xx"]
                                          and summary["bad_request"]["completed_after"] > 0):
         rc = 1
     print_table(summary, shim)
-    report = {"config": {k: (v.spec if isinstance(v, Dist) else v) for k, v in vars(args).items()
-                         if k not in ("parsed_url", "engine")},
-              "machine": machine(), "summary": summary, "shim": shim, "intervals": run.intervals}
+    rep: Dict[str, Any] = {"summary": summary, "shim": shim, "intervals": run.intervals,
+                           "greedy_outputs": greedy_outputs(run)}
+    if args.save_requests:
+        rep["requests"] = [{"i": r.idx, "kind": r.kind, "t": round(r.t, 4), "prompt_len": r.prompt_len,
+                            "max_tokens": r.output_len, "sent": _r(r.sent), "first": _r(r.first),
+                            "done": _r(r.done), "tokens": len(r.token_times), "status": r.status,
+                            "error": r.error, "usage": r.usage} for r in run.reqs]
+    return rep, rc
+
+
+def write_greedy(args: argparse.Namespace, by_rate: Dict[str, Any]) -> None:
+    """The reference file: "outputs" is the first phase's (what a single run
+    checks against), "by_rate" every phase's."""
+    with open(args.record_greedy, "w") as f:
+        json.dump({"endpoint": args.endpoint, "model": args.model, "prompt_len": GREEDY_PROMPT_LEN,
+                   "max_tokens": GREEDY_OUTPUT_LEN, "outputs": next(iter(by_rate.values())),
+                   **({"by_rate": by_rate} if args.rates else {})}, f, indent=1)
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    if args.inprocess:
+        if args.pid is None:  # the engine is this process: its RSS in the interval lines
+            args.pid = os.getpid()
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import serve_engine  # torch and transformers: only on this path
+        args.engine = (args.engine_factory or serve_engine.Engine)(args)
+        driver = args.engine.request
+    else:
+        driver = http_request
+    werr = await warm_up(args, driver)
+    if werr and len(werr) == args.warmup_requests:
+        sys.stderr.write(f"serve.py: every warm-up request failed ({', '.join(werr)}); is the server up at "
+                         f"{args.url}?\n")
+        if args.engine is not None:
+            args.engine.close()
+        return 2
+    config = {k: (v.spec if isinstance(v, Dist) else v) for k, v in vars(args).items()
+              if k not in ("parsed_url", "engine", "engine_factory")}
+    report: Dict[str, Any] = {"config": config, "machine": machine()}
     if args.engine is not None:
         report["engine"] = args.engine.describe()
-    if args.save_requests:
-        report["requests"] = [{"i": r.idx, "kind": r.kind, "t": round(r.t, 4), "prompt_len": r.prompt_len,
-                               "max_tokens": r.output_len, "sent": _r(r.sent), "first": _r(r.first),
-                               "done": _r(r.done), "tokens": len(r.token_times), "status": r.status,
-                               "error": r.error, "usage": r.usage} for r in run.reqs]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+    rc = 0
+    phases: List[Dict[str, Any]] = []
+    greedy_by_rate: Dict[str, Any] = {}
+    for k, rate in enumerate(args.rates or [args.rate]):
+        pargs = phase_args(args, k, rate)
+        if args.rates:
+            print(f"=== phase {k + 1} of {len(args.rates)}: {rate:g} requests/s, seed {pargs.seed}", flush=True)
+        rep, prc = await run_phase(pargs, driver)
+        rc = max(rc, prc)
+        outs = rep.pop("greedy_outputs")
+        if args.record_greedy:
+            greedy_by_rate[rate_key(rate)] = outs
+            write_greedy(args, greedy_by_rate)
+        if args.rates:
+            phases.append({"phase": k + 1, "rate": rate, "seed": pargs.seed, **rep})
+            report["phases"] = phases
+        else:
+            report.update(rep)
+        if args.out:  # after every phase: a run cut off later keeps its finished phases
+            with open(args.out, "w") as f:
+                json.dump(report, f, indent=1)
     if args.engine is not None:
         args.engine.close()
     return rc

@@ -8,9 +8,21 @@
    metrics: each request is manager.add_request(ids, streaming=True); a
    thread takes every result off manager.get_result() and hands it to the
    event loop; a streamed result carries all tokens so far, so the new ones
-   are the growth of generated_tokens. EOS is off (eos_token_id None), so
-   every request runs to max_tokens. The shim's stats come from
-   woffload.stats() in the same process.
+   are the growth of generated_tokens; a request ends with is_finished()
+   (status FINISHED) or fails (status FAILED, error set). EOS is off
+   (eos_token_id None, which init_continuous_batching turns into -1), so
+   every request runs to max_tokens. A request the load generator closes
+   (disconnect, drain timeout, request timeout) is cancel_request()ed. The
+   shim's stats come from woffload.stats() in the same process. Checked
+   against transformers 5.x's continuous_batching/continuous_api.py,
+   requests.py and initialization.py (the API did not change over the
+   versions read), and run on 5.17 in the smoke of
+   bench/results/serve-smoke-20261125-h100.txt.
+
+   CUDA graphs: with attn_implementation "paged|sdpa" transformers needs an
+   attention mask and then leaves graphs off unless asked
+   (decide_use_cuda_graphs): `--cb-graphs default` runs eagerly, `on`
+   captures them (describe() records what it resolved to).
 
 2. `python3 bench/serve_engine.py make-checkpoint --model moe --out DIR`:
    the random-weight model of bench/e2e.py (router and embeddings re-drawn
@@ -70,7 +82,8 @@ def build_model(spec: str, cb: bool = True) -> Any:
 
 class Engine:
     """What serve.py calls: prepare(r), async request(args, r, on_token),
-    stats(), describe(), close()."""
+    active(), stats(), describe(), close(). One engine serves every phase of
+    --rates: the model loads once."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         import torch
@@ -78,9 +91,6 @@ class Engine:
         from transformers import GenerationConfig
         from transformers.generation import ContinuousBatchingConfig
 
-        self.args = args
-        self.loop = asyncio.get_running_loop()
-        self.queues: Dict[str, asyncio.Queue] = {}
         try:
             import woffload
             self.wo = woffload if woffload.available() else None
@@ -105,12 +115,34 @@ class Engine:
                                   continuous_batching_config=ContinuousBatchingConfig(
                                       max_batch_tokens=args.cb_max_batch_tokens, use_cuda_graph=False),
                                   warmup=False, progress_bar=False)
-        self.manager = self.m.init_continuous_batching(generation_config=self.gc,
-                                                       continuous_batching_config=ContinuousBatchingConfig(**kw))
-        if args.cb_graphs != "off" and hasattr(self.manager, "warmup"):
-            self.manager.warmup()  # captures the CUDA graphs (transformers' default)
-        self.manager.start()
+        manager = self.m.init_continuous_batching(generation_config=self.gc,
+                                                  continuous_batching_config=ContinuousBatchingConfig(**kw))
+        if hasattr(manager, "warmup"):
+            # builds the batch processor and its paged cache before the clock
+            # starts, and captures the CUDA graphs where they are on
+            manager.warmup()
         self.versions = dict(torch=torch.__version__, transformers=transformers.__version__)
+        self._serve(args, manager)
+
+    @classmethod
+    def around(cls, args: argparse.Namespace, manager: Any, vocab: int = 32000) -> "Engine":
+        """An engine around a manager made elsewhere, no model, no torch: the
+        CPU tests drive serve.py's in-process path through a fake manager."""
+        e = cls.__new__(cls)
+        e.wo, e.m, e.V, e.cb_kw, e.versions = None, None, vocab, {}, {}
+        e._serve(args, manager)
+        return e
+
+    def _serve(self, args: argparse.Namespace, manager: Any) -> None:
+        """Start the manager's generation thread and the thread that hands
+        its results to the event loop (which must be running: serve.py
+        makes the engine inside it)."""
+        self.args = args
+        self.loop = asyncio.get_running_loop()
+        self.queues: Dict[str, asyncio.Queue] = {}
+        self.manager = manager
+        self.manager.start()
+        self.serial = 0
         self.closing = False
         self.poller = threading.Thread(target=self._poll, name="serve-results", daemon=True)
         self.poller.start()
@@ -133,16 +165,34 @@ class Engine:
         if r.kind == "bad":
             r.status = None  # no HTTP here: nothing to reject
             return
-        rid = f"serve-{r.kind}-{r.idx}"
+        # request ids are unique over the process: phases number their
+        # requests from 0 again, and a cancelled request's late outputs
+        # must not reach a later one of the same name
+        self.serial += 1
+        rid = f"serve-{r.kind}-{r.idx}-{self.serial}"
         q: asyncio.Queue = asyncio.Queue()
         self.queues[rid] = q
         try:
             self.manager.add_request(r.ids, request_id=rid, max_new_tokens=r.output_len, streaming=True)
             seen = 0
             while True:
-                out = await q.get()
-                if getattr(out, "error", None):
-                    raise RuntimeError(f"stream error: {out.error}")
+                try:
+                    out = await asyncio.wait_for(q.get(), 1.0)
+                except asyncio.TimeoutError:
+                    # a generation thread that died (transformers fails the
+                    # requests it holds, not those added later) serves nothing
+                    # more: fail now, not at --request-timeout
+                    if not self.running():
+                        raise RuntimeError("stream error: the continuous-batching generation thread has stopped")
+                    continue
+                # a failed request carries status FAILED and usually an error
+                # text (transformers' _handle_request_error: str(exception),
+                # which can be empty)
+                status = getattr(getattr(out, "status", None), "name", "")
+                if getattr(out, "error", None) or status == "FAILED":
+                    raise RuntimeError(f"stream error: {getattr(out, 'error', None) or status}")
+                # a streamed output holds every token so far (to_generation_output
+                # copies generated_tokens): the new ones are its growth
                 toks = list(out.generated_tokens)
                 for _ in range(len(toks) - seen):
                     on_token(r)
@@ -155,8 +205,30 @@ class Engine:
                     r.text = toks
                     r.usage = {"prompt_tokens": len(r.ids), "completion_tokens": len(toks)}
                     return
+        except asyncio.CancelledError:
+            # cut by the drain timeout or --request-timeout: the engine must
+            # stop spending steps on it, or the next phase inherits its load
+            self.manager.cancel_request(rid)
+            raise
         finally:
             self.queues.pop(rid, None)
+
+    def running(self) -> bool:
+        is_running = getattr(self.manager, "is_running", None)
+        return True if is_running is None else bool(is_running())
+
+    def active(self) -> Optional[int]:
+        """The engine's running batch: requests its scheduler holds (prefilling
+        or decoding), None where this transformers has no such field. Read
+        from the event loop while the generation thread changes the dict: a
+        len() of a dict is atomic under the GIL, and a sample one step stale
+        is as good as any."""
+        sched = getattr(getattr(self.manager, "batch_processor", None), "scheduler", None)
+        act = getattr(sched, "active_requests", None)
+        try:
+            return len(act) if act is not None else None
+        except TypeError:
+            return None
 
     def stats(self) -> Optional[Dict[str, Any]]:
         if self.wo is None:
@@ -166,7 +238,19 @@ class Engine:
         return self.wo.stats()
 
     def describe(self) -> Dict[str, Any]:
-        return dict(spec=self.args.inprocess, cb=self.cb_kw, shim=self.wo is not None, **self.versions)
+        """What the engine runs with, as resolved by transformers: whether it
+        uses CUDA graphs (paged|sdpa needs an attention mask, and then
+        transformers' default is no graphs: initialization's
+        decide_use_cuda_graphs), and the paged cache it sized."""
+        d: Dict[str, Any] = dict(spec=self.args.inprocess, cb=self.cb_kw, shim=self.wo is not None, **self.versions)
+        cbc = getattr(self.manager, "continuous_batching_config", None)
+        d["use_cuda_graph"] = str(getattr(cbc, "use_cuda_graph", "?"))
+        cache = getattr(getattr(self.manager, "batch_processor", None), "cache", None)
+        for k in ("num_blocks", "block_size", "max_batch_tokens"):
+            v = getattr(cache, k, None)
+            d[f"cache_{k}"] = v if isinstance(v, int) else None
+        d["attn_implementation"] = str(getattr(getattr(self.m, "config", None), "_attn_implementation", "?"))
+        return d
 
     def close(self) -> None:
         self.closing = True

@@ -11,7 +11,11 @@ with every token it sends, so serve.py's deltas can be checked exactly.
 
     python3 tests/test-serve.py
 
-No GPU, no build products, no network beyond loopback. About 30 s.
+No GPU, no build products, no network beyond loopback. About 40 s.
+
+TestRates runs --rates (phases on one server) and --drain-timeout;
+TestInProcess the in-process driver (bench/serve_engine.py) against a
+fake of transformers' continuous-batching manager.
 """
 import json
 import os
@@ -23,6 +27,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import unittest
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -51,6 +56,7 @@ class State:
         self.slots = threading.Semaphore(SLOTS)
         self.running = 0
         self.max_running = 0
+        self.waiting = 0       # requests waiting for a slot
         self.busy = 0.0        # slot-seconds: the integral of the running count
         self.served = 0
         self.rejected = 0
@@ -137,9 +143,12 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(400, {"error": {"message": "invalid parameters", "type": "invalid_request_error"}})
             return
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        with STATE.lock:
+            STATE.waiting += 1
         STATE.slots.acquire()  # the queue in front of the running batch
         t0 = time.perf_counter()
         with STATE.lock:
+            STATE.waiting -= 1
             STATE.running += 1
             STATE.max_running = max(STATE.max_running, STATE.running)
         gone = False
@@ -187,6 +196,26 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 256
 
 
+def start_server():
+    httpd = Server(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, httpd.server_address[1]
+
+
+def wait_idle(timeout: float = 20.0) -> None:
+    """Until the server holds no request: requests a client closed while
+    they waited for a slot still take one (the server notices the closed
+    socket only when it writes), and their tokens would land in the next
+    run's counters."""
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        with STATE.lock:
+            if STATE.waiting == 0 and STATE.running == 0:
+                return
+        time.sleep(0.05)
+    raise AssertionError("the test server did not become idle")
+
+
 def server_info(port: int) -> dict:
     import urllib.request
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/server", timeout=5) as f:
@@ -213,10 +242,7 @@ def run_serve(port: int, *args: str, expect_rc: int = 0) -> dict:
 class TestServe(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
-        cls.httpd = Server(("127.0.0.1", 0), Handler)
-        cls.port = cls.httpd.server_address[1]
-        cls.thread = threading.Thread(target=cls.httpd.serve_forever, daemon=True)
-        cls.thread.start()
+        cls.httpd, cls.port = start_server()
         cls.tmp = tempfile.mkdtemp()
         cls.greedy = os.path.join(cls.tmp, "greedy.json")
         # below saturation: 5 req/s against a capacity of 22; faults on
@@ -395,6 +421,298 @@ class TestServe(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("refused", r.stderr)
+
+
+class TestRates(unittest.TestCase):
+    """--rates: phases one after another against the same server, each with
+    its own report, shim-stats delta and greedy outputs."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.httpd, cls.port = start_server()
+        cls.tmp = tempfile.mkdtemp()
+        cls.greedy = os.path.join(cls.tmp, "greedy-rates.json")
+        stats = f"http://127.0.0.1:{cls.port}/stats"
+        wait_idle()
+        # below saturation, then past it (capacity 22 requests/s)
+        cls.two = run_serve(cls.port, "--rates", "5,40", "--duration", "3", "--seed", "3", "--stats-url", stats,
+                            "--record-greedy", cls.greedy, "--greedy-n", "4")
+        wait_idle()
+        cls.check = run_serve(cls.port, "--rates", "5,40", "--duration", "1", "--seed", "4",
+                              "--greedy-check", cls.greedy, "--greedy-n", "4", "--warmup-requests", "0")
+        wait_idle()
+        # far past saturation, the queue cut 0.3 s after the last arrival
+        cls.cut = run_serve(cls.port, "--rates", "60", "--duration", "2", "--seed", "5", "--drain-timeout", "0.3",
+                            "--warmup-requests", "0", "--greedy-check", cls.greedy, "--greedy-n", "4")
+        wait_idle()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.httpd.shutdown()
+        cls.httpd.server_close()
+
+    def test_one_report_per_phase(self) -> None:
+        ph = self.two["phases"]
+        self.assertEqual([p["rate"] for p in ph], [5.0, 40.0])
+        self.assertEqual([p["phase"] for p in ph], [1, 2])
+        self.assertEqual(ph[1]["seed"] - ph[0]["seed"], 1000)  # each phase its own prompts
+        self.assertNotIn("summary", self.two)  # no whole-run summary beside the phases
+        for p in ph:  # the fields of a single run
+            for k in ("requests", "throughput", "steady", "ttft_ms", "itl_ms", "concurrency", "errors"):
+                self.assertIn(k, p["summary"])
+            self.assertEqual(p["summary"]["requests"]["failed"], 0, p["summary"]["errors"])
+        self.assertEqual(self.two["_stdout"].count("=== phase "), 2)
+
+    def test_each_phase_at_its_rate(self) -> None:
+        low, high = (p["summary"] for p in self.two["phases"])
+        self.assertAlmostEqual(low["steady"]["requests_s"] / low["offered_rate"], 1.0, delta=0.35)
+        self.assertLess(low["offered_rate"], 10)
+        self.assertGreater(high["offered_rate"], 25)
+        self.assertAlmostEqual(high["throughput"]["requests_s"] / CAPACITY, 1.0, delta=0.3)
+        self.assertGreater(high["concurrency"]["sampled_in_flight"],
+                           2 * low["concurrency"]["sampled_in_flight"])
+
+    def test_shim_delta_per_phase(self) -> None:
+        """The test server moves its counters with every token it sends:
+        each phase's delta holds its own tokens, not the run's."""
+        for p in self.two["phases"]:
+            self.assertEqual(p["shim"]["scope"], "delta over the run")
+            self.assertEqual(p["shim"]["steps"], p["summary"]["throughput"]["output_tokens"])
+            self.assertAlmostEqual(p["shim"]["hit_rate"], 0.75, places=3)
+        a, b = (p["shim"]["steps"] for p in self.two["phases"])
+        self.assertNotEqual(a, b)
+
+    def test_greedy_per_rate(self) -> None:
+        with open(self.greedy) as f:
+            g = json.load(f)
+        self.assertEqual(sorted(g["by_rate"]), ["40", "5"])
+        self.assertEqual(g["outputs"], g["by_rate"]["5"])  # what a single run checks against
+        for p in self.two["phases"]:
+            self.assertTrue(p["summary"]["greedy"]["ok"])
+        for p in self.check["phases"]:
+            gr = p["summary"]["greedy"]
+            self.assertTrue(gr["ok"], gr)
+            self.assertEqual(gr["identical"], 4)
+
+    def test_drain_timeout_cuts(self) -> None:
+        s = self.cut["phases"][0]["summary"]
+        rq = s["requests"]
+        self.assertGreater(rq["cut"], 10)  # ~120 sent, capacity ~50 in 2.3 s
+        self.assertGreater(rq["completed"], 10)
+        self.assertEqual(rq["failed"], 0, s["errors"])  # a cut request is not an error
+        self.assertNotIn("cut", s["errors"])
+        self.assertEqual(rq["completed"] + rq["cut"], rq["scheduled"])
+        self.assertLess(s["duration_s"], 2 + 0.3 + 1.0)
+        # a greedy request cut has no output: missing, not different (the
+        # run exits 0); the reference has no phase at 60/s: its outputs
+        g = s["greedy"]
+        self.assertEqual(g["different"], [])
+        self.assertEqual(g["identical"] + len(g["missing"]), 4)
+
+    def test_rate_options(self) -> None:
+        with self.assertRaises(SystemExit):
+            serve.parse_args(["--rate", "2", "--rates", "1,3"])
+        with self.assertRaises(SystemExit):
+            serve.parse_args(["--rates", "1,0"])
+        a = serve.parse_args(["--rates", "2,8"])
+        self.assertEqual((a.rates, a.rate), ([2.0, 8.0], 2.0))
+        self.assertEqual(serve.parse_args([]).rate, 1.0)  # a single run as before
+        p = serve.phase_args(a, 1, 8.0)
+        self.assertEqual((p.rate, p.seed, a.rate, a.seed), (8.0, 1000, 2.0, 0))
+
+
+# ----------------------------------------------------------------------------
+# the in-process driver (bench/serve_engine.py) against a fake of
+# transformers' continuous-batching manager: no torch, no GPU
+
+
+class Status:
+    """transformers' RequestStatus: an enum whose .name the engine reads."""
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class Output:
+    """transformers' GenerationOutput as streamed: every token so far."""
+    def __init__(self, rid: str, toks: list, status: str, error=None) -> None:
+        self.request_id, self.generated_tokens, self.status, self.error = rid, list(toks), Status(status), error
+
+    def is_finished(self) -> bool:
+        return self.status.name == "FINISHED"
+
+
+class FakeManager:
+    """The manager's surface serve_engine uses (add_request, get_result,
+    cancel_request, is_running, start, stop, batch_processor.scheduler.
+    active_requests), with its semantics as read in transformers 5.x's
+    continuous_api.py: a generation thread admits at most SLOTS requests,
+    gives each active request one token a step (STEP s) and streams the
+    tokens so far; a cancelled request leaves at the next step; with
+    fail=True every request fails with an empty error text; with die=True
+    the thread ends at start, serving nothing."""
+
+    STEP = 0.02
+
+    def __init__(self, fail: bool = False, die: bool = False) -> None:
+        import queue
+        self.fail, self.die = fail, die
+        self.inbox: "queue.Queue" = queue.Queue()
+        self.results: "queue.Queue" = queue.Queue()
+        self.waiting: list = []
+        self.batch_processor = types.SimpleNamespace(scheduler=types.SimpleNamespace(active_requests={}))
+        self.continuous_batching_config = types.SimpleNamespace(use_cuda_graph=(False, False))
+        self.added: list = []
+        self.cancelled: set = set()
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+        self.max_active = 0
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def is_running(self) -> bool:
+        return self.thread.is_alive()
+
+    def stop(self, block: bool = True, timeout=None) -> None:
+        self.stop_event.set()
+        if block:
+            self.thread.join(timeout)
+
+    def add_request(self, input_ids, request_id=None, max_new_tokens=None, streaming=False) -> str:
+        self.added.append(request_id)
+        self.inbox.put((request_id, list(input_ids), max_new_tokens, streaming))
+        return request_id
+
+    def cancel_request(self, request_id: str) -> None:
+        self.cancelled.add(request_id)
+
+    def get_result(self, request_id=None, timeout=None):
+        import queue
+        try:
+            return self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def loop(self) -> None:
+        import queue
+        if self.die:
+            return
+        active = self.batch_processor.scheduler.active_requests
+        while not self.stop_event.is_set():
+            while True:
+                try:
+                    self.waiting.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            self.waiting = [w for w in self.waiting if w[0] not in self.cancelled]
+            for rid in [r for r in active if r in self.cancelled]:
+                del active[rid]
+            while self.waiting and len(active) < SLOTS:
+                rid, ids, n, streaming = self.waiting.pop(0)
+                active[rid] = (ids, n, [])
+            self.max_active = max(self.max_active, len(active))
+            time.sleep(self.STEP)
+            for rid, (ids, n, toks) in list(active.items()):
+                if self.fail:
+                    del active[rid]
+                    self.results.put(Output(rid, [], "FAILED", ""))
+                    continue
+                toks.append((sum(ids) * 31 + len(toks)) % 1000)  # a function of the prompt only
+                done = len(toks) >= n
+                if done:
+                    del active[rid]
+                self.results.put(Output(rid, toks, "FINISHED" if done else "DECODING"))
+
+
+def run_inprocess(manager: FakeManager, *opts: str):
+    """serve.py's in-process path, as main() runs it, with the engine made
+    around the fake manager; the report and the exit status."""
+    import asyncio
+    import serve_engine
+    fd, out = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        a = serve.parse_args(["--inprocess", "fake", "--output-len", "fixed:6", "--prompt-len", "uniform:8:32",
+                              "--out", out, *opts])
+        a.engine_factory = lambda args: serve_engine.Engine.around(args, manager)
+        t0 = time.perf_counter()
+        rc = asyncio.run(serve.main_async(a))
+        wall = time.perf_counter() - t0
+        with open(out) as f:
+            return json.load(f), rc, wall
+    finally:
+        os.unlink(out)
+
+
+class TestInProcess(unittest.TestCase):
+    """serve.py --inprocess through bench/serve_engine.py's Engine, the
+    manager faked: phases on one engine, streamed tokens, the engine's
+    running batch, cancellation of the requests the client closes."""
+
+    def test_phases_on_one_engine(self) -> None:
+        m = FakeManager()
+        g = os.path.join(tempfile.mkdtemp(), "greedy.json")
+        rep, rc, _ = run_inprocess(m, "--rates", "10,80", "--duration", "1.5", "--seed", "7",
+                                   "--disconnect-frac", "0.2", "--record-greedy", g, "--greedy-n", "3",
+                                   "--warmup-requests", "1")
+        self.assertEqual(rc, 0)
+        self.assertEqual([p["rate"] for p in rep["phases"]], [10.0, 80.0])
+        self.assertEqual(rep["engine"]["use_cuda_graph"], "(False, False)")
+        for p in rep["phases"]:
+            s = p["summary"]
+            self.assertEqual(s["requests"]["failed"], 0, s["errors"])
+            k = s["requests"]["by_kind"]
+            self.assertEqual(k["normal"]["tokens"], k["normal"]["ok"] * 6)  # each streamed token counted once
+            self.assertEqual(s["itl_ms"]["n"], sum(v["ok"] * (6 - 1) for n, v in k.items() if n == "normal")
+                             + 3 * (serve.GREEDY_OUTPUT_LEN - 1))
+            # the engine's running batch, sampled: never above its slots
+            self.assertIsNotNone(s["concurrency"]["engine_active"])
+            self.assertLessEqual(s["concurrency"]["engine_active"], SLOTS)
+            self.assertGreater(s["concurrency"]["engine_active"], 0)
+            self.assertTrue(s["greedy"]["ok"])
+        # past the slots (80/s x 6 tokens x 20 ms against 4 slots), the queue
+        self.assertGreater(rep["phases"][1]["summary"]["concurrency"]["sampled_in_flight"], SLOTS)
+        self.assertEqual(m.max_active, SLOTS)
+        # request ids are unique across phases, and every client that went
+        # away was cancelled in the engine
+        self.assertEqual(len(set(m.added)), len(m.added))
+        gone = sum(p["summary"]["requests"]["disconnected"] for p in rep["phases"])
+        self.assertGreater(gone, 0)
+        self.assertEqual(len(m.cancelled), gone)
+        with open(g) as f:
+            ref = json.load(f)
+        self.assertEqual(sorted(ref["by_rate"]), ["10", "80"])
+        self.assertEqual(ref["by_rate"]["10"], ref["by_rate"]["80"])  # greedy: a function of the prompt
+        self.assertEqual(len(ref["outputs"]["0"]), serve.GREEDY_OUTPUT_LEN)
+
+    def test_drain_timeout_cancels_in_the_engine(self) -> None:
+        m = FakeManager()
+        rep, rc, _ = run_inprocess(m, "--rates", "100", "--duration", "1", "--drain-timeout", "0.2",
+                                   "--warmup-requests", "0")
+        rq = rep["phases"][0]["summary"]["requests"]
+        self.assertGreater(rq["cut"], 10)
+        self.assertEqual(rq["failed"], 0)
+        # the engine stops working on what the client cut: the next phase
+        # would otherwise inherit it
+        self.assertEqual(len(m.cancelled), rq["cut"])
+        self.assertEqual(m.batch_processor.scheduler.active_requests, {})
+
+    def test_failed_request_with_empty_error(self) -> None:
+        """transformers fails a request with status FAILED and str(error),
+        which can be empty: an error at once, not a wait for the timeout."""
+        rep, rc, wall = run_inprocess(FakeManager(fail=True), "--requests", "3", "--rate", "20",
+                                      "--warmup-requests", "0", "--request-timeout", "20")
+        s = rep["summary"]
+        self.assertEqual(s["errors"], {"stream_error": 3})
+        self.assertLess(wall, 10)
+
+    def test_dead_generation_thread(self) -> None:
+        """A generation thread that ended serves nothing more: requests fail
+        within about a second, not at --request-timeout."""
+        rep, rc, wall = run_inprocess(FakeManager(die=True), "--requests", "2", "--rate", "20",
+                                      "--warmup-requests", "0", "--request-timeout", "30")
+        self.assertEqual(rep["summary"]["errors"], {"stream_error": 2})
+        self.assertLess(wall, 10)
 
 
 class TestSchedule(unittest.TestCase):
