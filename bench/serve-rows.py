@@ -116,7 +116,7 @@ def dry_check(cmd: List[str], pol: Optional[str]) -> None:
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, f"{pol}.yaml")
         with open(path, "w") as f:
-            f.write(e2e.POLICIES[pol])
+            f.write(e2e.policy_text(pol))
         # the policy and the stats file in the temporary directory: --out
         # need not exist for a dry run, and the launcher checks both paths
         opts = cmd[1:cmd.index("--")]
@@ -271,7 +271,7 @@ def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -
     if used:
         lines += ["", "## Policies (bench/e2e.py POLICIES)"]
         for name in dict.fromkeys(used):
-            lines += ["", f"`{name}.yaml`:", "```yaml", e2e.POLICIES[name].rstrip(), "```"]
+            lines += ["", f"`{name}.yaml`:", "```yaml", e2e.policy_text(name).rstrip(), "```"]
     return "\n".join(lines) + "\n"
 
 
@@ -336,7 +336,7 @@ def main() -> int:
                  "policy": os.path.join(args.out, f"{pol}.yaml") if pol else ""}
         if pol and not args.dry_run:
             with open(paths["policy"], "w") as f:
-                f.write(e2e.POLICIES[pol])
+                f.write(e2e.policy_text(pol))
         cmd = row_command(args, row, paths, greedy)
         shown = " ".join(shlex.quote(c) for c in cmd)
         res: Dict[str, Any] = dict(row=row, policy=pol, command=shown)
