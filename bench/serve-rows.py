@@ -227,15 +227,25 @@ def targets(rows: List[Dict[str, Any]]) -> List[str]:
             q = ratio(em["ttft_ms"]["p99"], pl["ttft_ms"]["p99"])
             lines.append(f"| empty / plain TTFT p99 at {rate:g} req/s | {fmt(q, '.3f')} | ≤ 1.05 | "
                          f"{'met' if q is not None and q <= 1.05 else 'NOT met'} |")
+            q = ratio(em["itl_ms"]["p50"], pl["itl_ms"]["p50"])
+            lines.append(f"| empty / plain ITL p50 at {rate:g} req/s (the step time; no target) | "
+                         f"{fmt(q, '.3f')} | | |")
     for rate in sorted(by.get("managed", {})):
         ho = by.get("host", {}).get(rate)
         if ho:
             q = ratio(by["managed"][rate]["throughput"]["output_tok_s"], ho["throughput"]["output_tok_s"])
-            lines.append(f"| managed / host throughput at {rate:g} req/s (the target holds at saturation) | "
-                         f"{fmt(q, '.2f')} | ≥ 2 | {'met' if q is not None and q >= 2 else 'NOT met'} |")
+            # the target is for saturation: host serving < 90% of what it is offered
+            sat = (ho["throughput"].get("requests_s") or 0) < 0.9 * (ho.get("offered_rate") or 0)
+            verdict = ("met" if q is not None and q >= 2 else "NOT met") if sat else "host not saturated: no target"
+            lines.append(f"| managed / host throughput at {rate:g} req/s | {fmt(q, '.2f')} | ≥ 2 at saturation | "
+                         f"{verdict} |")
     if not lines:
         return []
-    return ["", "## Targets (issue 20)", "", "| ratio | value | target | |", "|---|---|---|---|"] + lines
+    return ["", "## Targets (issue 20)", "",
+            "Below a row's saturation an open loop serves what it is offered, so a throughput ratio is ~1 "
+            "by construction there: it tests the shim's cost only at a rate past plain's saturation; "
+            "below it, TTFT and ITL carry the cost.", "",
+            "| ratio | value | target | |", "|---|---|---|---|"] + lines
 
 
 def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -> str:
