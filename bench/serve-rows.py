@@ -90,7 +90,7 @@ def row_command(args: argparse.Namespace, row: str, paths: Dict[str, str], greed
     if row == "plain":
         serve += ["--record-greedy", greedy]
     elif os.path.exists(greedy) or args.dry_run:
-        serve += ["--greedy-check", greedy]
+        serve += ["--greedy-check", greedy, "--greedy-load-check", "report"]
     pol = shim_policy(args.model, row)
     if pol is None:
         return serve
@@ -265,7 +265,10 @@ def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -
         f"{mi['num_hidden_layers']} layers, random weights, router and embeddings at std 1.0), default experts backend",
         f"- load: Poisson arrivals at each rate for {args.duration:g} s a phase, phases in the order given on one "
         f"engine; prompts {args.prompt_len} words (one token each), {args.output_len} output tokens, EOS off; "
-        f"{args.greedy_n} greedy requests (48-token prompts, 24 tokens) spread over each phase; at most "
+        f"{args.greedy_n} greedy requests (48-token prompts, 24 tokens) spread over each phase (\"greedy = plain\": "
+        f"under load, batched with whatever arrived around them, so a batched bf16 kernel may pick another token "
+        f"with or without the shim), and the same {args.greedy_n} sent together to the idle engine after the last "
+        f"phase (\"greedy alone\" in Rows: the same batch in every row, so those must be identical); at most "
         f"{args.drain_timeout:g} s of drain after a phase's last arrival, then the rest is cut",
         "- tok/s, req/s: completed output over the phase (first arrival to last completion); TTFT, ITL: "
         "completed requests; running batch: the engine scheduler's active requests sampled every 100 ms in "
@@ -275,8 +278,13 @@ def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -
     ] + table(rows) + targets(rows)
     lines += ["", "## Rows", ""]
     for r in rows:
-        lines.append(f"- {r['row']}: {r.get('status')}; rc {r.get('rc')}, {fmt(r.get('wall_s'), '.0f')} s; "
-                     f"`{r.get('command', '')}`")
+        ga = (r.get("report") or {}).get("greedy_alone") or {}
+        alone = ("recorded (the reference)" if "recorded" in ga else
+                 f"{ga.get('identical')} of {ga.get('compared')} identical to plain"
+                 + (f", differ: {','.join(ga.get('different') or [])}" if ga.get("different") else "")
+                 if ga else "not run")
+        lines.append(f"- {r['row']}: {r.get('status')}; greedy alone: {alone}; rc {r.get('rc')}, "
+                     f"{fmt(r.get('wall_s'), '.0f')} s; `{r.get('command', '')}`")
     used = [shim_policy(args.model, r["row"]) for r in rows if r["row"] != "plain"]
     if used:
         lines += ["", "## Policies (bench/e2e.py POLICIES)"]
@@ -373,7 +381,9 @@ def main() -> int:
         elif res["rc"] == 0:
             res["status"] = "ok"
         elif res["rc"] == 1 and n:  # serve.py's own verdict (a crash before any phase also exits 1)
-            res["status"] = "exit 1: greedy tokens differ"
+            ga = (res["report"] or {}).get("greedy_alone") or {}
+            res["status"] = ("exit 1: greedy tokens sent alone differ" if ga and not ga.get("ok")
+                             else "exit 1 (see the log)")
         else:
             res["status"] = f"exit {res['rc']} (see the log)"
         res["status"] += f", {n} of {len(args.rates.split(','))} phases"

@@ -302,7 +302,9 @@ class TestServe(unittest.TestCase):
         self.assertAlmostEqual(c["little"] / expect, 1.0, delta=0.35, msg=c)
         self.assertAlmostEqual(c["sampled_in_flight"] / expect, 1.0, delta=0.5, msg=c)
         # the server's own integral of its running count over the run
-        self.assertAlmostEqual(self.low_server["busy"] / s["duration_s"] / c["little"], 1.0, delta=0.35)
+        # (less the greedy set sent alone after the run)
+        busy = self.low_server["busy"] - self.low["greedy_alone"]["request_s"]
+        self.assertAlmostEqual(busy / s["duration_s"] / c["little"], 1.0, delta=0.35)
         self.assertLessEqual(c["sampled_decoding"], c["sampled_in_flight"])
         self.assertGreater(c["samples"], 20)  # every 100 ms
 
@@ -411,6 +413,36 @@ class TestServe(unittest.TestCase):
                         "--warmup-requests", "0", "--endpoint", "completions", expect_rc=1)
         self.assertEqual(rep["summary"]["greedy"]["identical"], 4)
         self.assertFalse(rep["summary"]["greedy"]["ok"])
+
+    def test_greedy_alone(self) -> None:
+        """The greedy set sent together to the idle server after the run:
+        recorded with the reference and checked against it; with
+        --greedy-load-check report, only it decides the exit status."""
+        with open(self.greedy) as f:
+            g = json.load(f)
+        self.assertEqual(sorted(g["alone"]), ["0", "1", "2", "3"])
+        self.assertEqual(g["alone"], g["outputs"])  # this server's output is a function of the prompt
+        ga = self.high["greedy_alone"]
+        self.assertTrue(ga["ok"], ga)
+        self.assertEqual(ga["identical"], 4)
+        self.assertIn("greedy alone", self.high["_stdout"])
+        # an output under load differs, the ones sent alone match: reported, exit 0
+        g["outputs"]["1"] = g["outputs"]["1"] + " extra"
+        bad = os.path.join(self.tmp, "doctored-load.json")
+        with open(bad, "w") as f:
+            json.dump(g, f)
+        rep = run_serve(self.port, "--rate", "20", "--requests", "2", "--greedy-check", bad, "--greedy-n", "4",
+                        "--warmup-requests", "0", "--greedy-load-check", "report")
+        self.assertFalse(rep["summary"]["greedy"]["ok"])
+        self.assertTrue(rep["greedy_alone"]["ok"])
+        # one sent alone differs: exit 1, whatever the load check
+        g["alone"]["3"] = g["alone"]["3"] + " extra"
+        with open(bad, "w") as f:
+            json.dump(g, f)
+        rep = run_serve(self.port, "--rate", "20", "--requests", "2", "--greedy-check", bad, "--greedy-n", "4",
+                        "--warmup-requests", "0", "--greedy-load-check", "report", expect_rc=1)
+        self.assertEqual(rep["greedy_alone"]["different"], ["3"])
+        self.assertEqual(rep["greedy_alone"]["identical"], 3)
 
     def test_server_down_is_refused(self) -> None:
         s = socket.socket()
