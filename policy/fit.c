@@ -125,6 +125,11 @@ uint64_t wo_fit_budget(const struct wo_fit *fit, uint64_t device_total,
     return WO_MIN(a, cap);
 }
 
+uint64_t wo_fit_reserve(const struct wo_fit *fit, uint64_t budget)
+{
+    return fit ? WO_MIN(fit->reserve, budget / 2) : 0;
+}
+
 /* ---- the choice ---- */
 
 struct ord {

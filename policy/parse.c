@@ -276,6 +276,7 @@ static const struct {
     {"pin_fallback", "the top level"}, {"rules", "the top level"},
     {"window", "the top level"},   {"prefetch", "the top level"},
     {"keep_free", "fit:"},         {"rest", "fit:"},
+    {"reserve", "fit:"},
     {"fit", "the top level"},
 };
 
@@ -744,7 +745,7 @@ static void check_shadowed(struct ctx *c, const struct wo_node *rules)
 enum { G_VERSION, G_DEFAULT, G_HOST, G_DEVICE, G_PINFB, G_WINDOW, G_PREFETCH, G_RULES, G_FIT, G_MAX };
 static const char *const top_keys[] = {"version", "default", "host_budget", "device_budget",
                                        "pin_fallback", "window", "prefetch", "rules", "fit"};
-static const char *const fit_keys[] = {"device", "keep_free", "rest"};
+static const char *const fit_keys[] = {"device", "keep_free", "rest", "reserve"};
 static const char *const rest_names[] = {"host", "managed"};
 static const char *const window_keys[] = {"open", "close", "min_size"};
 static const char *const open_names[] = {"at-start", "on-first-tag", "api"};
@@ -941,11 +942,11 @@ static int parse_fit_device(struct ctx *c, const struct wo_node *n, struct wo_bu
     return 0;
 }
 
-/* fit: SIZE | PCT, or fit: {device, keep_free, rest}. */
+/* fit: SIZE | PCT, or fit: {device, keep_free, rest, reserve}. */
 static int parse_fit(struct ctx *c, const struct wo_node *n)
 {
     struct wo_fit *f = &c->p->g.fit;
-    const struct wo_node *v[3];
+    const struct wo_node *v[4];
     int r, idx;
     bool dev_ok = false, kf_ok = false;
 
@@ -957,11 +958,13 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
     }
     if (n->kind != WO_NODE_MAP) {
         char bb[128];
-        err(c, n, "found %s, expected fit: with %s, or a mapping with keys device, keep_free, rest",
+        err(c, n,
+            "found %s, expected fit: with %s, or a mapping with keys device, keep_free, rest, "
+            "reserve",
             found(n, bb, sizeof(bb)), FIT_DEVICE_EXPECTED);
         return -EINVAL;
     }
-    r = walk_map(c, n, fit_keys, 3, "fit", v);
+    r = walk_map(c, n, fit_keys, 4, "fit", v);
     if (!v[0]) {
         err(c, n, "found fit: without 'device', expected device: with %s", FIT_DEVICE_EXPECTED);
         r = -EINVAL;
@@ -982,6 +985,8 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
         else
             f->rest = idx ? WO_PLACE_MANAGED : WO_PLACE_HOST;
     }
+    if (v[3] && get_size(c, v[3], &f->reserve) < 0)
+        r = -EINVAL;
     if (dev_ok && kf_ok && f->device.kind == WO_BUDGET_BYTES && f->keep_free >= f->device.bytes) {
         char s1[32], s2[32];
         err(c, v[1], "found keep_free %s with fit device %s (line %u), expected keep_free below "
@@ -1015,6 +1020,7 @@ static void defaults(struct wo_policy_globals *g)
     g->fit.enabled = false;
     g->fit.device.kind = WO_BUDGET_BYTES;
     g->fit.keep_free = WO_FIT_KEEP_FREE_DEFAULT;
+    g->fit.reserve = WO_FIT_RESERVE_DEFAULT;
     g->fit.rest = WO_PLACE_HOST;
 }
 

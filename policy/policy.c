@@ -226,7 +226,8 @@ static const struct wo_policy_globals passthrough_globals = {
                  .hot_set = true, .eviction = WO_EVICT_AUTO,
                  .mode = WO_PREFETCH_MODE_HOT_SET, .slots = WO_STREAM_SLOTS_DEFAULT},
     .fit = {.enabled = false, .device = {.kind = WO_BUDGET_BYTES},
-            .keep_free = WO_FIT_KEEP_FREE_DEFAULT, .rest = WO_PLACE_HOST},
+            .keep_free = WO_FIT_KEEP_FREE_DEFAULT, .reserve = WO_FIT_RESERVE_DEFAULT,
+            .rest = WO_PLACE_HOST},
 };
 
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p)

@@ -92,11 +92,18 @@ enum wo_slices {
 /* `fit:` (docs/policy.md, policy/fit.c): the shim chooses which weights stay
  * on the device within a budget and places the rest. */
 #define WO_FIT_KEEP_FREE_DEFAULT (2ull * WO_GiB)
+/* What the engine allocates after seal (activations, a growing KV cache,
+ * kernels loaded on their first launch, library workspaces), kept out of
+ * the weights' share of the fit budget. Measured for transformers at batch
+ * 1 on the lent H100 (bench/results/bigload-20261125-h100.md): the process
+ * grew 0.23-0.35 GiB past its weights after seal. */
+#define WO_FIT_RESERVE_DEFAULT (256ull * WO_MiB)
 
 struct wo_fit {
     bool enabled;            /* a fit: key is present */
     struct wo_budget device; /* WO_BUDGET_BYTES or WO_BUDGET_PERCENT (of the device total) */
     uint64_t keep_free;      /* bytes; default WO_FIT_KEEP_FREE_DEFAULT (2 GiB) */
+    uint64_t reserve;        /* bytes; default WO_FIT_RESERVE_DEFAULT (wo_fit_reserve) */
     enum wo_placement rest;  /* WO_PLACE_HOST (default) or WO_PLACE_MANAGED */
 };
 
@@ -310,6 +317,12 @@ struct wo_fit_item {
  * negative. 0 for a NULL fit. */
 uint64_t wo_fit_budget(const struct wo_fit *fit, uint64_t device_total,
                        uint64_t device_free_for_weights, uint64_t engine_bytes);
+/* The part of a fit budget kept for what the engine allocates after seal
+ * (fit->reserve): at most half the budget, so that a small budget still
+ * holds weights. The weights get the rest. Only fit at seal keeps it; a
+ * recorded trace already counts the engine's later allocations. 0 for a
+ * NULL fit. */
+uint64_t wo_fit_reserve(const struct wo_fit *fit, uint64_t budget);
 /* Sets out for every item: fixed ones keep theirs (DEVICE ones are charged
  * first, even over the budget); the others in order of importance go DEVICE
  * while the charged total stays within budget (an item that does not fit is

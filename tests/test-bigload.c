@@ -198,13 +198,21 @@ int main(int argc, char **argv)
                                      "rules:\n"
                                      "  - {match: [experts], place: managed}\n";
     /* 704 MiB less the 512 MiB blocker the engine holds: 192 MiB, the six
-     * attention weights that are managed (the cap pinned the rest). */
+     * attention weights that are managed (the cap pinned the rest); no
+     * reserve for the engine's later allocations (this engine makes none) */
     static const char fit_policy[] = "version: 1\n"
-                                     "fit: {device: 704MiB, keep_free: 64MiB}\n";
+                                     "fit: {device: 704MiB, keep_free: 64MiB, reserve: 0}\n";
     static const char fit_stream_policy[] = "version: 1\n"
-                                            "fit: {device: 928MiB, keep_free: 64MiB}\n"
+                                            "fit: {device: 928MiB, keep_free: 64MiB, "
+                                            "reserve: 0}\n"
                                             "prefetch: {mode: stream, slots: 2, "
                                             "experimental: true}\n";
+    /* the default reserve (256 MiB, at most half the budget), and one given */
+    static const char fit_reserve_policy[] = "version: 1\n"
+                                             "fit: {device: 1GiB, keep_free: 64MiB}\n";
+    static const char fit_reserve96_policy[] = "version: 1\n"
+                                               "fit: {device: 1GiB, keep_free: 64MiB, "
+                                               "reserve: 96MiB}\n";
     static char stats[1 << 20], err[1 << 16];
     const char *s;
     int rc, f0;
@@ -290,8 +298,30 @@ int main(int argc, char **argv)
     CHECK(rc == 0);
     CHECK(strstr(stats, "\"staging_bytes\":67108864,") != NULL);
     CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
-    CHECK(strstr(err, "64.00 MiB of it kept for staging slots") != NULL);
+    CHECK(strstr(err, "64.00 MiB for staging slots") != NULL);
     CHECK(strstr(err, "fakecuda: managed guard") == NULL);
     dump_on_failure(f0, "fitstream", stats, err);
+
+    /* fitreserve: the budget is 448 MiB (the 512 MiB the blocker leaves
+     * free, less keep_free). The default reserve (256 MiB) for what the
+     * engine allocates after seal is held to half of it, 224 MiB, so the
+     * weights get 224 MiB: 7 of the 32 MiB weights, not the 12 (384 MiB)
+     * that fit without a reserve. Given as 96 MiB, 11 of them. */
+    f0 = failures;
+    rc = run(argv, "fitreserve", fit_reserve_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"budget\":469762048,") != NULL);
+    CHECK(strstr(stats, "\"reserve_bytes\":234881024,") != NULL);
+    CHECK(strstr(stats, "\"device_bytes\":234881024,") != NULL);
+    CHECK(strstr(err, "224.00 MiB of it kept for what the engine allocates after seal") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    dump_on_failure(f0, "fitreserve", stats, err);
+    f0 = failures;
+    rc = run(argv, "fitreserve96", fit_reserve96_policy, NULL, stats, sizeof(stats), err,
+             sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"reserve_bytes\":100663296,") != NULL);
+    CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
+    dump_on_failure(f0, "fitreserve96", stats, err);
     return failures ? 1 : 0;
 }

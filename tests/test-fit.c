@@ -100,6 +100,15 @@ static void budget_arithmetic(void **state)
     f.device.ppm = 125000; /* 12.5% */
     assert_int_equal(wo_fit_budget(&f, 80 * GiB, 80 * GiB, 0), 10 * GiB);
     assert_int_equal(wo_fit_budget(NULL, 80 * GiB, 80 * GiB, 0), 0);
+    /* the reserve for the engine's allocations after seal: all of it, but
+     * never more than half a budget */
+    f.reserve = WO_FIT_RESERVE_DEFAULT;
+    assert_int_equal(wo_fit_reserve(&f, 10 * GiB), 256 * MiB);
+    assert_int_equal(wo_fit_reserve(&f, 256 * MiB), 128 * MiB);
+    assert_int_equal(wo_fit_reserve(&f, 0), 0);
+    f.reserve = 0;
+    assert_int_equal(wo_fit_reserve(&f, 10 * GiB), 0);
+    assert_int_equal(wo_fit_reserve(NULL, 10 * GiB), 0);
 }
 
 static struct wo_fit_item item(const char *name, uint64_t size, double weight)
@@ -297,6 +306,7 @@ static void key_parses_and_dumps(void **state)
     assert_int_equal(g->fit.device.kind, WO_BUDGET_PERCENT);
     assert_int_equal(g->fit.device.ppm, 900000);
     assert_int_equal(g->fit.keep_free, WO_FIT_KEEP_FREE_DEFAULT);
+    assert_int_equal(g->fit.reserve, WO_FIT_RESERVE_DEFAULT);
     assert_int_equal(g->fit.rest, WO_PLACE_HOST);
     assert_false(wo_policy_passthrough(p)); /* fit places: the window opens at start */
     assert_int_equal(g->window.open, WO_WINDOW_OPEN_AT_START);
@@ -304,23 +314,26 @@ static void key_parses_and_dumps(void **state)
     wo_diags_clear(&d);
 
     /* long form, dumped and loaded back */
-    p = load("fit:\n  device: 20GiB\n  keep_free: 1.5GiB\n  rest: managed\n", &d);
+    p = load("fit:\n  device: 20GiB\n  keep_free: 1.5GiB\n  rest: managed\n  reserve: 512MiB\n", &d);
     assert_non_null(p);
     g = wo_policy_globals(p);
     assert_int_equal(g->fit.device.kind, WO_BUDGET_BYTES);
     assert_int_equal(g->fit.device.bytes, 20 * GiB);
     assert_int_equal(g->fit.keep_free, 3 * GiB / 2);
     assert_int_equal(g->fit.rest, WO_PLACE_MANAGED);
+    assert_int_equal(g->fit.reserve, 512 * MiB);
     f = open_memstream(&buf, &len);
     assert_int_equal(wo_policy_dump(p, f), 0);
     fclose(f);
-    assert_non_null(strstr(buf, "fit:\n  device: 21474836480\n  keep_free: 1610612736\n  rest: managed\n"));
+    assert_non_null(strstr(buf, "fit:\n  device: 21474836480\n  keep_free: 1610612736\n  reserve: "
+                                "536870912\n  rest: managed\n"));
     p = wo_policy_free(p);
     wo_diags_clear(&d);
     p = load(buf, &d);
     assert_non_null(p);
     assert_int_equal(wo_policy_globals(p)->fit.keep_free, 3 * GiB / 2);
     assert_int_equal(wo_policy_globals(p)->fit.rest, WO_PLACE_MANAGED);
+    assert_int_equal(wo_policy_globals(p)->fit.reserve, 512 * MiB);
     p = wo_policy_free(p);
     wo_diags_clear(&d);
     free(buf);
@@ -335,6 +348,8 @@ static void key_parses_and_dumps(void **state)
     expect_error("fit:\n  device: 2GiB\n  kep_free: 1GiB\n", 3, 3, "did you mean 'keep_free'?");
     expect_error("fit:\n  rest: host\n", 2, 3, "without 'device'");
     expect_error("fit:\n  device: 2GiB\n  keep_free: -1\n", 3, 14, "negative size");
+    expect_error("fit:\n  device: 2GiB\n  reserve: lots\n", 3, 12, "expected a size");
+    expect_error("fit:\n  device: 2GiB\n  reserv: 1GiB\n", 3, 3, "did you mean 'reserve'?");
 }
 
 int main(void)

@@ -859,8 +859,8 @@ static void place_fit(size_t free_b, size_t total_b)
     struct wo_fit_item *v;
     struct wo_tag **tv;
     size_t n = 0;
-    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, staging;
-    char b1[32], b2[32], b3[32], b4[32], b5[32];
+    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -900,8 +900,12 @@ static void place_fit(size_t free_b, size_t total_b)
         }
     }
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
-    staging = fit_staging(v, n, budget);
-    chosen = wo_fit_choose(fit, v, n, budget - staging);
+    /* the engine's allocations after seal come out of the same budget:
+     * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
+    reserve = wo_fit_reserve(fit, budget);
+    weights = budget - reserve;
+    staging = fit_staging(v, n, weights);
+    chosen = wo_fit_choose(fit, v, n, weights - staging);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
@@ -918,18 +922,20 @@ static void place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.engine_bytes = engine;
     wo_uvm.fit.names = n;
     wo_uvm.fit.staging_bytes = staging;
+    wo_uvm.fit.reserve_bytes = reserve;
     /* The prefetcher keeps managed bytes, and the streaming executor its
-     * slots, within what fit left over (with no room kept for slots there
-     * are none: the device stays within the fit budget). */
+     * slots, within what fit left the weights (with no room kept for slots
+     * there are none: the device stays within the fit budget). */
     if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
-        wo_uvm.device_budget = budget > chosen ? budget - chosen : 0;
+        wo_uvm.device_budget = weights > chosen ? weights - chosen : 0;
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
-                 "holds, within the free memory less keep_free, %s of it kept for staging "
-                 "slots), %s %s over %zu names",
+                 "holds, within the free memory less keep_free; %s of it kept for what the "
+                 "engine allocates after seal, %s for staging slots), %s %s over %zu names",
                  wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
-                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(staging, b5, sizeof(b5)),
-                 wo_format_size(rest, b4, sizeof(b4)), wo_placement_to_string(fit->rest), n);
+                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
+                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_placement_to_string(fit->rest), n);
 out:
     free(v);
     free(tv);
