@@ -19,7 +19,10 @@ the slots and staging copies were made (stats "stream"); no CUDA error. The
 dense row prints its counters only: on the lent H100 (2026-11-25) the
 executor's stepper never found this small model's decode step (0 steps over
 9,163 launches), so it read everything in place; the 16-layer Llama of
-bench/bigload.py streams (docs/prefetch.md, Streaming). WO_STREAM_DEBUG=1 reruns a failing row with
+bench/bigload.py streams (docs/prefetch.md, Streaming); it still found none
+on 42e905b, after launches outside a weight's tags stopped keying the step.
+WO_STREAM_TRACE_DIR=D records each row's trace to D/ROW.wot (woffload-run
+--trace) for the replay tools. WO_STREAM_DEBUG=1 reruns a failing row with
 CUDA_LAUNCH_BLOCKING=1 and, where it exists, compute-sanitizer, and prints
 what they say (the first faulting kernel). Exit 77 without torch,
 transformers or a GPU.
@@ -135,7 +138,12 @@ def main() -> int:
             pol = os.path.join(tmp, f"{case}.yaml")
             with open(pol, "w") as f:
                 f.write(text)
-            cmd = [launcher, "--policy", pol, "--log", "info", "--"] + me + [model]
+            cmd = [launcher, "--policy", pol, "--log", "info"]
+            if os.environ.get("WO_STREAM_TRACE_DIR"):
+                # a row's event stream, for the replay tools (why a stepper
+                # found no step: the dense row on the H100 found none)
+                cmd += ["--trace", os.path.join(os.environ["WO_STREAM_TRACE_DIR"], f"{case}.wot")]
+            cmd += ["--"] + me + [model]
             got = gpucheck.result(cmd, env, must=False)
             st = (got.get("stats") or {}).get("stream") or {}
             checks = {"ran to the end": "error" not in got}
