@@ -118,6 +118,9 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
         if (h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
             h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED))
             continue;
+        /* a word that cannot point at a weight (uvm/stream.h) */
+        if (!wo_stream_hit_aligned(h->offset, h->hi))
+            continue;
         /* where the engine is: the executor stages the ranges after it */
         __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
         if (captured) {
@@ -150,12 +153,16 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
     return rd->n;
 }
 
-/* Moves one 8-byte word into its slot when it points into a pinned range. */
+/* Moves one 8-byte word into its slot when it points into a pinned range
+ * (and is aligned as a weight pointer is: another word that happens to fall
+ * in the range keeps its value, uvm/stream.h). */
 static bool move_word(const struct wo_redirect *rd, unsigned char *p)
 {
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
+    if (!wo_stream_aligned(v))
+        return false;
     for (unsigned k = 0; k < rd->n; k++)
         if (v >= rd->from[k] && v < rd->to[k]) {
             v = rd->dev[k] + (v - rd->from[k]);
@@ -170,6 +177,8 @@ static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
+    if (!wo_stream_aligned(v))
+        return false;
     for (unsigned k = 0; k < rd->n; k++)
         if (v >= rd->from[k] && v < rd->to[k])
             return true;

@@ -27,6 +27,10 @@
  * streamed, however often it is read; one whose tags are apart by less
  * than an alignment (512 bytes) is.
  *
+ * Each layer also hands a kernel a word that is not a pointer but whose
+ * value falls (unaligned) inside the weight just staged: the kernel must
+ * get it unchanged (uvm/stream.h, wo_stream_aligned).
+ *
  * Needs LD_PRELOAD=the shim and LD_LIBRARY_PATH=the fake driver's
  * directory (meson sets both). */
 #include <dlfcn.h>
@@ -55,6 +59,7 @@
 static CUdeviceptr ranges[NR], gapped, padded;
 static uint64_t redirected_reads; /* launches whose pointer was not the range's */
 static uint64_t stray_writes;     /* activation writes outside every tail */
+static uint64_t rewritten_words;  /* non-pointer words the kernel got changed */
 
 static uint64_t hash(const unsigned char *p, size_t n)
 {
@@ -80,6 +85,16 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     if (!ours)
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
     *out = hash((const unsigned char *)(uintptr_t)p, n);
+}
+
+/* params: uint64_t value, uint64_t *out: hands back the word it was given
+ * (a kernel parameter that is not a pointer, whose value happens to fall in
+ * a streamed weight: it must reach the kernel as it was passed) */
+static void echo(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    (void)g;
+    (void)b;
+    *(uint64_t *)(uintptr_t) * (CUdeviceptr *)params[1] = *(uint64_t *)params[0];
 }
 
 /* params: uint64_t *where, uint64_t value: an activation written after seal */
@@ -124,7 +139,7 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, ks;
+    CUfunction k, ks, ke;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -189,6 +204,7 @@ static int child(const char *mode)
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
     ks = kernel("scribble", 2, psz, scribble);
+    ke = kernel("echo", 2, psz, echo);
 
     for (int step = 0; step < STEPS; step++) {
         if (stream_mode && step == STEPS / 2) {
@@ -241,6 +257,18 @@ static int child(const char *mode)
                 if (back != v)
                     wrong++;
             }
+            {
+                /* a word that is not a pointer but falls inside the weight
+                 * just read (staged now): unaligned, so never rewritten */
+                uint64_t v = ranges[i] + 0x1879, got = 0;
+                void *params[] = {&v, &out};
+
+                CHECK(p_cuLaunchKernel(ke, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                got = *(uint64_t *)(uintptr_t)out;
+                if (got != v)
+                    rewritten_words++;
+            }
             /* the GPU's time on this layer: the executor stages meanwhile */
             usleep(300);
         }
@@ -256,8 +284,10 @@ static int child(const char *mode)
     }
     CHECK(wrong == 0);
     CHECK(stray_writes == 0);
-    printf("child %s: %llu of %d reads from a slot, %llu wrong\n", mode,
-           (unsigned long long)redirected_reads, STEPS * NR * READS, (unsigned long long)wrong);
+    CHECK(rewritten_words == 0);
+    printf("child %s: %llu of %d reads from a slot, %llu wrong, %llu non-pointer words changed\n",
+           mode, (unsigned long long)redirected_reads, STEPS * NR * READS, (unsigned long long)wrong,
+           (unsigned long long)rewritten_words);
     if (strcmp(mode, "hot-set") == 0)
         CHECK(redirected_reads == 0);
     else
