@@ -48,7 +48,7 @@ the report has a table a row with one line a minute (tok/s, TTFT p99,
 errors, in flight, RSS, GPU memory, the shim's hit rate over that minute,
 live allocations, events dropped) and issue 20's verdict from minute 2 on:
 zero errors, RSS and GPU memory flat within 1% (max/min), the hit rate
-steady (range <= 0.02). A 5-minute soak of one row takes ~345 s with the
+steady (range <= 0.02). A 5-minute soak of one row takes ~330 s with the
 model load and the exit: one row fits a 600 s device call, two do not, so
 run one row a call (--rows host, then --rows managed). A row whose soak
 cannot end before --deadline is not started (a soak stopped half-way
@@ -59,7 +59,8 @@ records the greedy outputs), then each row of --rows (default
 host,managed) with one phase at --faults-rate for --faults-duration
 seconds with the faults of issue 20: clients that close mid-stream
 (--disconnect-frac 0.2), a burst of 4x the rate (--burst 4x@20:10), one
-long prompt (--long-prompt: the longest the model's positions take, below),
+long prompt (--long-prompt: the longest the model's positions take with
+the output, 4000 tokens for moe8: long_prompt_len),
 the greedy set under load (reported) and alone after the phase (must be
 identical to plain's); per-request records (--save-requests) give the
 burst's own figures. Verdict a row: no errors (cut and disconnected
@@ -67,7 +68,7 @@ requests are not errors), every disconnect closed, the long prompt
 completed, the burst served, the requests after the faults served, greedy
 alone identical. A request with bad parameters needs HTTP (serve.py
 refuses --bad-request in-process): not part of this run. plain + host +
-managed take ~280 s: one call.
+managed take ~250 s: one call.
 
 The driver itself never touches CUDA.
 """
@@ -424,10 +425,11 @@ def soak_lines(intervals: List[Dict[str, Any]], base: Optional[Dict[str, Any]] =
     prev = base
     for iv in intervals:
         sh = iv.get("shim")
-        hit = None
+        hit = launches = None
         if sh is not None and prev is not None:
             dh, dm = sh["hits"] - prev["hits"], sh["misses"] - prev["misses"]
             hit = dh / (dh + dm) if dh + dm > 0 else None
+            launches = sh.get("launches", 0) - prev.get("launches", 0)
         if sh is not None:
             prev = sh
         g = iv.get("gpu_mib") or {}
@@ -437,7 +439,7 @@ def soak_lines(intervals: List[Dict[str, Any]], base: Optional[Dict[str, Any]] =
                     "errors": iv.get("errors") or 0, "in_flight": iv.get("in_flight"),
                     "completed": iv.get("completed"),
                     "rss_mib": round(rss / 1024, 1) if rss is not None else None, "gpu_mib": gpu,
-                    "hit_rate": round(hit, 4) if hit is not None else None,
+                    "hit_rate": round(hit, 4) if hit is not None else None, "launches": launches,
                     "live_allocations": sh.get("live_allocations") if sh else None,
                     "dropped": sh.get("dropped") if sh else None,
                     "placement_errors": sh.get("placement_errors") if sh else None,
@@ -509,14 +511,15 @@ def soak_analysis(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
 
 def soak_table(lines: List[Dict[str, Any]]) -> List[str]:
     out = ["| minute | tok/s | TTFT p99 ms | completed | errors | in flight | RSS MiB | GPU MiB | hit rate | "
-           "live allocations | events dropped |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "launches seen | live allocations | events dropped |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for ln in lines:
         m = ln["t"] / 60
         mark = "" if ln["loaded"] else " (drain)"
         out.append(f"| {m:.4g}{mark} | {fmt(ln['tok_s'])} | {fmt(ln['ttft_p99_ms'], '.0f')} | "
                    f"{fmt(ln['completed'], 'd')} | {ln['errors']} | {fmt(ln['in_flight'], 'd')} | "
                    f"{fmt(ln['rss_mib'], '.0f')} | {fmt(ln['gpu_mib'], '.0f')} | {fmt(ln['hit_rate'], '.3f')} | "
-                   f"{fmt(ln['live_allocations'], '.0f')} | {fmt(ln['dropped'], '.0f')} |")
+                   f"{fmt(ln['launches'], '.0f')} | {fmt(ln['live_allocations'], '.0f')} | "
+                   f"{fmt(ln['dropped'], '.0f')} |")
     return out
 
 
@@ -669,8 +672,9 @@ def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -
                   f"A line a minute from serve.py's interval lines: tok/s and TTFT p99 of that minute, the requests "
                   f"completed and failed in it, the requests in flight at its end, this process's RSS "
                   f"(/proc/PID/status VmRSS) and GPU memory (nvidia-smi, this pid), the shim's hit rate over the "
-                  f"minute (hits and misses of the managed ranges, deltas), its live allocations and the events "
-                  f"dropped so far. Verdict from minute {SOAK_FROM_MINUTE} on: zero errors (over the whole soak), "
+                  f"minute (hits and misses of the managed ranges, deltas), the launches its consumer saw in the "
+                  f"minute, its live allocations and the events dropped so far. Verdict from minute "
+                  f"{SOAK_FROM_MINUTE} on: zero errors (over the whole soak), "
                   f"RSS and GPU memory (max - min) / min ≤ {SOAK_FLAT:.0%}, hit rate range ≤ {SOAK_HIT_RANGE:g}; "
                   f"lines marked (drain) come after the last arrival and are not judged."]
         for r in rows:
@@ -772,12 +776,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                     help=f"one short phase a row ({SMOKE_RATE} req/s for 6 s): a first check")
     ap.add_argument("--soak", type=float, metavar="MINUTES",
                     help="one phase of MINUTES at --soak-rate a row, a line a minute, issue 20's verdict. "
-                         "5 minutes of one row take ~345 s: ONE ROW A CALL (--rows host, then --rows managed); "
+                         "5 minutes of one row take ~330 s: ONE ROW A CALL (--rows host, then --rows managed); "
                          "a row that cannot end before --deadline is not started")
     ap.add_argument("--soak-rate", type=float, default=SOAK_RATE, help="requests/s of the soak (default %(default)g)")
     ap.add_argument("--faults", action="store_true",
                     help="plain (greedy reference, short phase), then each row one phase with disconnects, a burst, "
-                         "a long prompt, greedy checked alone and under load (~280 s for host,managed)")
+                         "a long prompt, greedy checked alone and under load (~250 s for plain,host,managed)")
     ap.add_argument("--faults-rate", type=float, default=FAULTS_RATE, help="default %(default)g req/s")
     ap.add_argument("--faults-duration", type=float, default=FAULTS_DURATION, help="default %(default)g s")
     ap.add_argument("--faults-disconnect", type=float, default=FAULTS_DISCONNECT,

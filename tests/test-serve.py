@@ -11,11 +11,14 @@ with every token it sends, so serve.py's deltas can be checked exactly.
 
     python3 tests/test-serve.py
 
-No GPU, no build products, no network beyond loopback. About 40 s.
+No GPU, no build products, no network beyond loopback. About 60 s.
 
 TestRates runs --rates (phases on one server) and --drain-timeout;
 TestInProcess the in-process driver (bench/serve_engine.py) against a
-fake of transformers' continuous-batching manager.
+fake of transformers' continuous-batching manager; TestSoakVerdict and
+TestRowsModes bench/serve-rows.py's --soak and --faults verdicts, on
+synthetic interval lines and on reports of in-process runs against the
+fake manager.
 """
 import json
 import os
@@ -831,7 +834,7 @@ class TestSoakVerdict(unittest.TestCase):
         self.assertEqual(v["lines_judged"], 4)  # minutes 2-5
         self.assertEqual(self.failed_checks(v), [])
         md = "\n".join(self.rows.soak_table(lines) + self.rows.verdict_table(v["checks"]))
-        self.assertIn("| 5 | 96.0 | 400 |", md)
+        self.assertIn("| 5 | 96.0 | 400 | 180 | 0 | 30 | 15000 | 56100 | 0.457 | 10000 | 104 | 0 |", md)
         self.assertNotIn("FAILED", md)
 
     def test_growing_rss_fails(self) -> None:
