@@ -665,11 +665,18 @@ def interval_line(run: Run, t_lo: float, t_hi: float, pid: Optional[int]) -> Dic
         line["gpu_mib"] = g
     st = read_stats(run.args)
     if st is not None:
-        f = stats_figures(st)
-        line["shim"] = {"hits": f["hits"], "misses": f["misses"], "launches": f["launches"],
-                        "dropped": f["ring_dropped"], "live_allocations": f["allocations_live"],
-                        "placement_errors": f["placement_errors"]}
+        line["shim"] = shim_counters(st)
     return line
+
+
+def shim_counters(st: Dict[str, Any]) -> Dict[str, float]:
+    """The cumulative counters of an interval line's "shim" (and of a
+    phase's "interval_base", the same at its start: the first line's
+    deltas, e.g. its hit rate, are taken against it)."""
+    f = stats_figures(st)
+    return {"hits": f["hits"], "misses": f["misses"], "launches": f["launches"],
+            "dropped": f["ring_dropped"], "live_allocations": f["allocations_live"],
+            "placement_errors": f["placement_errors"]}
 
 
 def print_interval(line: Dict[str, Any]) -> None:
@@ -1022,6 +1029,8 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
     print_table(summary, shim)
     rep: Dict[str, Any] = {"summary": summary, "shim": shim, "intervals": run.intervals,
                            "greedy_outputs": greedy_outputs(run)}
+    if before is not None and run.intervals:
+        rep["interval_base"] = shim_counters(before)
     if args.save_requests:
         rep["requests"] = [{"i": r.idx, "kind": r.kind, "t": round(r.t, 4), "prompt_len": r.prompt_len,
                             "max_tokens": r.output_len, "sent": _r(r.sent), "first": _r(r.first),

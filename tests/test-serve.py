@@ -11,11 +11,14 @@ with every token it sends, so serve.py's deltas can be checked exactly.
 
     python3 tests/test-serve.py
 
-No GPU, no build products, no network beyond loopback. About 40 s.
+No GPU, no build products, no network beyond loopback. About 60 s.
 
 TestRates runs --rates (phases on one server) and --drain-timeout;
 TestInProcess the in-process driver (bench/serve_engine.py) against a
-fake of transformers' continuous-batching manager.
+fake of transformers' continuous-batching manager; TestSoakVerdict and
+TestRowsModes bench/serve-rows.py's --soak and --faults verdicts, on
+synthetic interval lines and on reports of in-process runs against the
+fake manager.
 """
 import json
 import os
@@ -745,6 +748,281 @@ class TestInProcess(unittest.TestCase):
                                       "--warmup-requests", "0", "--request-timeout", "30")
         self.assertEqual(rep["summary"]["errors"], {"stream_error": 2})
         self.assertLess(wall, 10)
+
+
+# ----------------------------------------------------------------------------
+# bench/serve-rows.py's soak and faults verdicts: pure functions of serve.py's
+# reports, fed synthetic interval lines and the reports of in-process runs
+# against the fake manager (no torch, no GPU, no launcher)
+
+
+def load_rows():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("serve_rows", os.path.join(SRC, "bench", "serve-rows.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class FakeWo:
+    """woffload's stats() as the in-process engine reads it: the fake
+    manager's tokens so far move the hot set's counters (3 hits and 1 miss
+    a token, after a history of 5000 misses only a delta removes)."""
+
+    def __init__(self, manager: FakeManager) -> None:
+        self.tokens = 0  # every streamed output is one more token
+        put = manager.results.put
+
+        def counted(out, *a, **k):
+            self.tokens += 1
+            return put(out, *a, **k)
+        manager.results.put = counted
+
+    def stats(self) -> dict:
+        n = self.tokens
+        return {"prefetch": {"names": {"experts": {"hits": 3 * n, "misses": 5000 + n}}},
+                "ring": {"dropped": 0}, "allocations": {"live": 100, "placement_errors": 0}}
+
+
+def soak_intervals(minutes: int = 5, rss=None, gpu=None, hits=None, errors=None, every: float = 60.0) -> list:
+    """serve.py's interval lines of a soak, one a minute: RSS (MiB), GPU
+    memory (MiB) and the hit rate of each minute given as lists (default
+    flat: 15000 MiB, 56000 MiB, 0.457), the counters made cumulative."""
+    rss = rss or [15000 + (i % 2) * 20 for i in range(minutes)]       # 0.13%: noise
+    gpu = gpu or [56000 + (i % 3) * 100 for i in range(minutes)]      # 0.36%
+    hits = hits or [0.457 + (i % 2) * 0.002 for i in range(minutes)]
+    errors = errors or [0] * minutes
+    out, h, m = [], 0.0, 5000.0  # the counters' history before the phase: interval_base
+    for i in range(minutes):
+        h += 1000 * hits[i]
+        m += 1000 * (1 - hits[i])
+        out.append({"t": every * (i + 1), "completed": 180, "tok_s": 96.0, "ttft_p99_ms": 400.0, "errors": errors[i],
+                    "in_flight": 30, "rss_kib": int(rss[i] * 1024), "gpu_mib": {"pid": gpu[i], "all": gpu[i]},
+                    "shim": {"hits": h, "misses": m, "launches": 1e4 * (i + 1), "dropped": 0.0,
+                             "live_allocations": 104.0, "placement_errors": 0.0}})
+    return out
+
+
+BASE = {"hits": 0.0, "misses": 5000.0, "launches": 0.0, "dropped": 0.0, "live_allocations": 102.0,
+        "placement_errors": 0.0}
+
+
+class TestSoakVerdict(unittest.TestCase):
+    """serve-rows.py --soak: the table a minute and issue 20's verdict from
+    minute 2 on, computed from interval lines."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.rows = load_rows()
+
+    def verdict(self, intervals: list, failed: int = 0, duration: float = 300.0) -> dict:
+        lines = self.rows.soak_lines(intervals, BASE, duration)
+        return self.rows.soak_verdict(lines, failed)
+
+    def failed_checks(self, v: dict) -> list:
+        return [c["check"] for c in v["checks"] if c["ok"] is False]
+
+    def test_flat_run_passes(self) -> None:
+        lines = self.rows.soak_lines(soak_intervals(), BASE, 300.0)
+        self.assertEqual(len(lines), 5)
+        # each minute's hit rate from the deltas; the first against the phase's start
+        self.assertAlmostEqual(lines[0]["hit_rate"], 0.457, places=3)
+        self.assertAlmostEqual(lines[1]["hit_rate"], 0.459, places=3)
+        self.assertEqual((lines[0]["rss_mib"], lines[0]["gpu_mib"]), (15000.0, 56000))
+        v = self.rows.soak_verdict(lines, 0)
+        self.assertTrue(v["ok"], v["checks"])
+        self.assertEqual(v["lines_judged"], 4)  # minutes 2-5
+        self.assertEqual(self.failed_checks(v), [])
+        md = "\n".join(self.rows.soak_table(lines) + self.rows.verdict_table(v["checks"]))
+        self.assertIn("| 5 | 96.0 | 400 | 180 | 0 | 30 | 15000 | 56100 | 0.457 | 10000 | 104 | 0 |", md)
+        self.assertNotIn("FAILED", md)
+
+    def test_growing_rss_fails(self) -> None:
+        v = self.verdict(soak_intervals(rss=[15000 * (1 + 0.004 * i) for i in range(5)]))  # 1.6% over minutes 2-5
+        self.assertFalse(v["ok"])
+        self.assertEqual(self.failed_checks(v), ["RSS flat"])
+        rss = next(c for c in v["checks"] if c["check"] == "RSS flat")
+        self.assertIn("+180 MiB", rss["value"])
+
+    def test_growing_gpu_memory_fails(self) -> None:
+        v = self.verdict(soak_intervals(gpu=[56000, 56000, 56300, 56600, 57000]))
+        self.assertEqual(self.failed_checks(v), ["GPU memory flat"])
+
+    def test_an_error_fails(self) -> None:
+        v = self.verdict(soak_intervals(errors=[0, 0, 1, 0, 0]), failed=1)
+        self.assertEqual(self.failed_checks(v), ["errors over the soak"])
+        # without the phase's count, the lines' errors
+        lines = self.rows.soak_lines(soak_intervals(errors=[1, 0, 0, 0, 0]), BASE, 300.0)
+        self.assertFalse(self.rows.soak_verdict(lines)["ok"])  # minute 1 counts for errors
+
+    def test_unsteady_hit_rate_fails(self) -> None:
+        v = self.verdict(soak_intervals(hits=[0.45, 0.46, 0.40, 0.46, 0.46]))
+        self.assertEqual(self.failed_checks(v), ["hit rate steady"])
+
+    def test_minute_one_and_drain_not_judged(self) -> None:
+        # minute 1 holds the warm-up's growth; a line after the last arrival the drain
+        iv = soak_intervals(minutes=6, rss=[14000, 15000, 15010, 15000, 15020, 13000],
+                            hits=[0.2, 0.457, 0.458, 0.457, 0.458, 0.1])
+        v = self.verdict(iv)
+        self.assertTrue(v["ok"], v["checks"])
+        self.assertEqual(v["lines_judged"], 4)
+        lines = self.rows.soak_lines(iv, BASE, 300.0)
+        self.assertFalse(lines[-1]["loaded"])
+        self.assertIn("(drain)", "\n".join(self.rows.soak_table(lines)))
+
+    def test_host_row_no_hit_rate(self) -> None:
+        iv = soak_intervals()
+        for ln in iv:  # host: no managed ranges, no hits or misses
+            ln["shim"]["hits"], ln["shim"]["misses"] = 0.0, 0.0
+        v = self.rows.soak_verdict(self.rows.soak_lines(iv, dict(BASE, misses=0.0), 300.0), 0)
+        self.assertTrue(v["ok"], v["checks"])
+        hr = next(c for c in v["checks"] if c["check"] == "hit rate steady")
+        self.assertIsNone(hr["ok"])
+        self.assertFalse(hr["required"])
+
+    def test_too_short_or_unmeasured_fails(self) -> None:
+        v = self.verdict(soak_intervals(minutes=1), duration=60.0)
+        self.assertFalse(v["ok"])
+        self.assertIn("lines from minute 2 on (arrivals throughout)", self.failed_checks(v))
+        iv = soak_intervals()
+        for ln in iv:
+            del ln["gpu_mib"]  # no nvidia-smi
+        v = self.verdict(iv)
+        self.assertFalse(v["ok"])  # not measured is no pass
+        self.assertEqual(self.failed_checks(v), [])
+        self.assertIsNone(next(c for c in v["checks"] if c["check"] == "GPU memory flat")["ok"])
+
+    def test_long_prompt_fits_the_positions(self) -> None:
+        self.assertEqual(self.rows.long_prompt_len("moe8", "fixed:32"), 4000)
+        self.assertEqual(self.rows.dist_max("uniform:16:128"), 128)
+
+
+class TestRowsModes(unittest.TestCase):
+    """serve-rows.py --soak and --faults on real serve.py reports: in-process
+    runs against the fake manager (with a fake woffload.stats()), then the
+    driver's verdicts and its Markdown and JSON; and --dry-run of both modes."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import serve_engine
+        cls.rows = load_rows()
+        cls.tmp = tempfile.mkdtemp()
+        cls.greedy = os.path.join(cls.tmp, "greedy.json")
+
+        def with_wo(args, m):
+            e = serve_engine.Engine.around(args, m)
+            e.wo = FakeWo(m)
+            return e
+
+        def run(m, *opts):
+            import asyncio
+            out = os.path.join(cls.tmp, f"r{len(os.listdir(cls.tmp))}.json")
+            a = serve.parse_args(["--inprocess", "fake", "--output-len", "fixed:6", "--prompt-len", "uniform:8:32",
+                                  "--out", out, "--warmup-requests", "0", "--greedy-n", "3", *opts])
+            a.engine_factory = lambda args: with_wo(args, m)
+            rc = asyncio.run(serve.main_async(a))
+            with open(out) as f:
+                return json.load(f), rc
+
+        # the soak: one phase, a line every 0.5 s (a "minute" of the test)
+        cls.soak, _ = run(FakeManager(), "--rates", "20", "--duration", "2", "--report-every", "0.5",
+                          "--pid", str(os.getpid()))
+        cls.ref, _ = run(FakeManager(), "--rates", "20", "--duration", "0.5", "--record-greedy", cls.greedy)
+        cls.faults, cls.faults_rc = run(FakeManager(), "--rates", "20", "--duration", "2.5", "--disconnect-frac", "0.2",
+                                        "--burst", "4x@1:0.5", "--long-prompt", "300", "--save-requests",
+                                        "--greedy-check", cls.greedy, "--greedy-load-check", "report",
+                                        "--drain-timeout", "5")
+
+    def test_soak_lines_from_a_run(self) -> None:
+        p = self.soak["phases"][0]
+        self.assertEqual(p["interval_base"]["misses"], 5000)  # the counters at the phase's start
+        lines = self.rows.soak_lines(p["intervals"], p["interval_base"], 2.0)
+        self.assertGreaterEqual(len(lines), 4)
+        for ln in lines[:4]:
+            self.assertTrue(ln["loaded"])
+            self.assertIsNotNone(ln["rss_mib"])
+            # 3 hits and 1 miss a token over each interval, the first one's
+            # against the phase's start (not the 5000 misses before it)
+            self.assertAlmostEqual(ln["hit_rate"], 0.75, places=3)
+        # the test's minutes are 0.5 s: from "minute 2" on means t > 60 s, none here
+        v = self.rows.soak_verdict(lines, p["summary"]["requests"]["failed"])
+        self.assertEqual(v["lines_judged"], 0)
+        self.assertFalse(v["ok"])
+
+    def test_faults_verdict_from_a_run(self) -> None:
+        self.assertEqual(self.faults_rc, 0)
+        v = self.rows.faults_verdict(self.faults)  # the burst's window from the run's config
+        by = {c["check"].split(" (")[0]: c for c in v["checks"]}
+        self.assertTrue(v["ok"], v["checks"])
+        for k in ("errors", "clients that closed mid-stream", "long prompt completed", "burst served",
+                  "served after the last fault", "greedy alone identical to plain"):
+            self.assertIs(by[k]["ok"], True, by[k])
+        self.assertIn("300 tokens in, 6 of 6 out", by["long prompt completed"]["value"])
+        self.assertFalse(by["greedy under load"]["required"])
+        # a burst arrival that failed, a long prompt that did not finish: FAIL
+        bad = json.loads(json.dumps(self.faults))
+        p = bad["phases"][0]
+        r = next(r for r in p["requests"] if r["kind"] == "normal" and 1 <= r["t"] < 1.5)
+        r["error"] = "stream_error"
+        p["summary"]["long_prompt"]["error"] = "stream_error"
+        p["summary"]["requests"]["failed"] = 2
+        v = self.rows.faults_verdict(bad)
+        self.assertFalse(v["ok"])
+        self.assertEqual([c["check"].split(" (")[0] for c in v["checks"] if c["ok"] is False],
+                         ["errors", "long prompt completed", "burst served"])
+
+    def test_markdown_and_json(self) -> None:
+        """The files --out gets, for each mode, from the reports above."""
+        out = os.path.join(self.tmp, "out")
+        for mode, extra, row in (("soak", ["--soak", "5", "--rows", "managed"], "managed"),
+                                 ("faults", ["--faults"], "host")):
+            a = self.rows.parse_args(["--out", out, "--work", self.tmp] + extra)
+            a.machine = {"gpu": "fake", "host": "here"}
+            rep = self.soak if mode == "soak" else self.faults
+            res = [dict(row=row, policy="experts-host-all", command="x", rc=0, wall_s=3, status="ok", report=rep,
+                        failed=False, log=os.path.join(self.tmp, "none.log"))]
+            res[0]["soak" if mode == "soak" else "faults"] = (
+                self.rows.soak_analysis(rep) if mode == "soak" else self.rows.faults_verdict(rep))
+            if mode == "faults":
+                res.insert(0, dict(row="plain", policy=None, command="y", rc=1, wall_s=2, status="exit 1",
+                                   report=self.ref, failed=True, log=os.path.join(self.tmp, "none.log")))
+            os.makedirs(out, exist_ok=True)
+            base = os.path.join(out, f"t-{mode}")
+            self.rows.write_outputs(a, base, res, "now")
+            with open(base + ".md") as f:
+                md = f.read()
+            with open(base + ".json") as f:
+                js = json.load(f)
+            self.assertEqual(js["mode"], mode)
+            self.assertIn("intervals", js["rows"][-1]["report"]["phases"][0])
+            if mode == "soak":
+                self.assertIn("## Soak (issue 20)", md)
+                self.assertIn("| minute | tok/s |", md)
+                self.assertIn("**FAIL**", md)  # 2 s of the test: no line from minute 2 on
+            else:
+                self.assertIn("## Faults under load (issue 20)", md)
+                self.assertIn("Verdict: **PASS**", md)
+                self.assertIn("burst served", md)
+                self.assertTrue(os.path.exists(base + "-failed.log"))  # plain failed: its log (missing here)
+            self.assertNotIn("## Targets", md)
+
+    def test_dry_run_modes(self) -> None:
+        script = os.path.join(SRC, "bench", "serve-rows.py")
+        out = os.path.join(self.tmp, "dry")
+        r = subprocess.run([sys.executable, script, "--out", out, "--dry-run", "--soak", "5", "--build", self.tmp],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("--soak-minutes 5", r.stdout)
+        self.assertIn("does not fit --deadline", r.stdout)  # host and managed: one row a call
+        self.assertEqual(r.stdout.count("soak 5 min"), 2)
+        r = subprocess.run([sys.executable, script, "--out", out, "--dry-run", "--faults", "--rows", "host-stream",
+                            "--build", self.tmp], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("# plain (no shim)", r.stdout)  # the reference first
+        self.assertIn("experts-host-stream", r.stdout)
+        self.assertIn("--long-prompt 4000", r.stdout)
+        self.assertIn("4032 of the model's 4096 positions", r.stdout)
+        self.assertFalse(os.path.exists(out))  # a dry run writes nothing
 
 
 class TestSchedule(unittest.TestCase):
