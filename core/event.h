@@ -39,6 +39,35 @@ struct wo_ev_hit {
     uint64_t hi;     /* highest offset seen + 1 (span of the pointers found) */
 };
 
+/* Whether a hit on a weight can be a pointer to it. The scan takes every
+ * 8-byte parameter word whose value falls in a registered range, and some
+ * are not pointers: in a trace of transformers' continuous batching
+ * (tests/traces/h200-cb-moe32-uniform-gpu.wot.gz) two kernels passed a
+ * constant word that fell 0x1be82879 bytes into a 768 MiB expert tensor,
+ * 15,904 times. Taken as a read, that word made the planner and the replay
+ * learn an odd slice size (a gcd) for the tensor and charge one launch a
+ * step 239 bytes of it instead of the whole tensor; redirected by the
+ * streaming executor, it would hand the kernel a slot's address. A weight
+ * a kernel is handed starts at an element of storage aligned to 512 bytes,
+ * and engines slice weights at rows or experts: so the users of hits on
+ * weights (placed ranges: the planner, the streaming executor, the
+ * replay, the per-name counts) take only words aligned to 16 bytes. A
+ * non-pointer word slips through when it happens to be aligned (1 in 16);
+ * a real pointer that is not aligned is not seen (read in place, correct).
+ * A hit counts when either end of its span of words ([offset, hi - 1]) is
+ * aligned. Untagged memory (activations: byte masks are read at odd
+ * addresses) is not filtered. */
+#define WO_PTR_ALIGN 16u
+static inline bool wo_ptr_aligned(uint64_t v)
+{
+    return (v & (WO_PTR_ALIGN - 1)) == 0;
+}
+
+static inline bool wo_hit_pointer_like(const struct wo_ev_hit *h)
+{
+    return wo_ptr_aligned(h->offset) || (h->hi > h->offset && wo_ptr_aligned(h->hi - 1));
+}
+
 struct wo_event {
     uint64_t t_ns;  /* CLOCK_MONOTONIC */
     uint16_t type;  /* enum wo_ev_type */

@@ -118,8 +118,8 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
         if (h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
             h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED))
             continue;
-        /* a word that cannot point at a weight (uvm/stream.h) */
-        if (!wo_stream_hit_aligned(h->offset, h->hi))
+        /* a word that cannot point at a weight (core/event.h) */
+        if (!wo_hit_pointer_like(h))
             continue;
         /* where the engine is: the executor stages the ranges after it */
         __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
@@ -155,13 +155,13 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
 
 /* Moves one 8-byte word into its slot when it points into a pinned range
  * (and is aligned as a weight pointer is: another word that happens to fall
- * in the range keeps its value, uvm/stream.h). */
+ * in the range keeps its value, core/event.h). */
 static bool move_word(const struct wo_redirect *rd, unsigned char *p)
 {
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
-    if (!wo_stream_aligned(v))
+    if (!wo_ptr_aligned(v))
         return false;
     for (unsigned k = 0; k < rd->n; k++)
         if (v >= rd->from[k] && v < rd->to[k]) {
@@ -177,7 +177,7 @@ static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
-    if (!wo_stream_aligned(v))
+    if (!wo_ptr_aligned(v))
         return false;
     for (unsigned k = 0; k < rd->n; k++)
         if (v >= rd->from[k] && v < rd->to[k])

@@ -29,7 +29,7 @@
  *
  * Each layer also hands a kernel a word that is not a pointer but whose
  * value falls (unaligned) inside the weight just staged: the kernel must
- * get it unchanged (uvm/stream.h, wo_stream_aligned).
+ * get it unchanged (core/event.h, wo_hit_pointer_like).
  *
  * Needs LD_PRELOAD=the shim and LD_LIBRARY_PATH=the fake driver's
  * directory (meson sets both). */

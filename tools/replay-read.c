@@ -100,7 +100,7 @@ static uint64_t launch_key(struct sim *s, const struct wo_event *ev)
         struct rr *r = wo_replay_rr_of(s, ev->l.hits[i].id, ev->l.hits[i].gen);
         uint64_t off = ev->l.hits[i].offset;
 
-        if (!r || ev->l.hits[i].id >= best)
+        if (!r || ev->l.hits[i].id >= best || !wo_hit_pointer_like(&ev->l.hits[i]))
             continue;
         /* inside a tag, not merely in a segment that also holds one */
         for (size_t k = 0; k < r->ntags; k++)
@@ -167,7 +167,9 @@ int wo_replay_prepass(struct sim *s)
             for (unsigned h = 0; h < l->nhits && h < WO_EV_MAX_HITS; h++) {
                 struct rr *r = wo_replay_rr_of(s, l->l.hits[h].id, l->l.hits[h].gen);
 
-                if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size)
+                /* (a word that is no weight pointer teaches no slice: core/event.h) */
+                if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size &&
+                    (!r->ntags || wo_hit_pointer_like(&l->l.hits[h])))
                     r->slice = r->slice ? wo_plan_gcd(r->slice, l->l.hits[h].offset)
                                         : l->l.hits[h].offset;
             }

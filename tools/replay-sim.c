@@ -349,7 +349,8 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         uint64_t end_off, b;
         int ni;
 
-        if (!r || hit->offset >= r->tr->size)
+        /* on weights, a word that is no pointer (core/event.h) reads nothing */
+        if (!r || hit->offset >= r->tr->size || (r->ntags && !wo_hit_pointer_like(hit)))
             continue;
         end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
         b = end_off - hit->offset;

@@ -230,6 +230,11 @@ static void account_launch(const struct wo_event *ev)
             wo_uvm.hits_untagged++;
             continue;
         }
+        if (a->ntags && !wo_hit_pointer_like(h)) {
+            /* a word that is no pointer to a weight (core/event.h) */
+            wo_uvm.hits_unaligned++;
+            continue;
+        }
         for (size_t k = first_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
             struct wo_tag *t = &a->tags[k];
             struct wo_name *n = t->name;

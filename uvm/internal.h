@@ -147,6 +147,7 @@ struct wo_uvm_state {
 
     /* consumer results */
     uint64_t launches, launch_hits, hits_stale, hits_untagged;
+    uint64_t hits_unaligned; /* on a weight's allocation, a word no weight pointer (core/event.h) */
     uint64_t events;
 
     /* driver state (forgotten in a fork child) */

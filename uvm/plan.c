@@ -307,7 +307,8 @@ static uint32_t min_managed_id(const struct wo_plan *p, const struct wo_event *e
     uint32_t best = UINT32_MAX;
 
     for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++)
-        if (wo_plan_range_get(p, ev->l.hits[i].id, ev->l.hits[i].gen) && ev->l.hits[i].id < best)
+        if (wo_plan_range_get(p, ev->l.hits[i].id, ev->l.hits[i].gen) &&
+            wo_hit_pointer_like(&ev->l.hits[i]) && ev->l.hits[i].id < best)
             best = ev->l.hits[i].id;
     return best;
 }
@@ -335,7 +336,7 @@ static int launch(struct wo_plan *p, const struct wo_event *ev, uint64_t t)
         uint64_t end;
         uint32_t u0, u1;
 
-        if (!r)
+        if (!r || !wo_hit_pointer_like(hit)) /* a word that is no weight pointer (core/event.h) */
             continue;
         if (p->cfg.slices && !(r->flags & WO_PLAN_NO_SLICES))
             wo_plan_learn_slice(p, hit->id, hit->offset);

@@ -355,9 +355,10 @@ static void json_body(struct sbuf *b)
 
     sb_printf(b,
               ",\"launches\":{\"seen\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"stale_hits\":%" PRIu64
-              ",\"untagged_hits\":%" PRIu64 ",\"events\":%" PRIu64 "}",
+              ",\"untagged_hits\":%" PRIu64 ",\"unaligned_hits\":%" PRIu64
+              ",\"events\":%" PRIu64 "}",
               wo_uvm.launches, wo_uvm.launch_hits, wo_uvm.hits_stale, wo_uvm.hits_untagged,
-              wo_uvm.events);
+              wo_uvm.hits_unaligned, wo_uvm.events);
     {
         struct wo_event_books e;
         wo_event_books(&e);

@@ -669,8 +669,8 @@ static void on_launch(const struct wo_event *ev)
          * move between steps, and the step would never be found) */
         if (h->hi <= r->lo || h->offset >= r->hi)
             continue;
-        /* nor is a word that cannot point at a weight (stream.h) */
-        if (!wo_stream_hit_aligned(h->offset, h->hi))
+        /* nor is a word that cannot point at a weight (core/event.h) */
+        if (!wo_hit_pointer_like(h))
             continue;
         account_hit(r, h->id, h);
         low = WO_MIN(low, h->id);

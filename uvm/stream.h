@@ -45,31 +45,6 @@ bool wo_stream_gathered(const char *name);
  * every slot twice as large. 0 for none. */
 uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n);
 
-/* Whether a launch's hit on a weight can be a pointer to it. The scan
- * takes every 8-byte parameter word whose value falls in a registered
- * range, and some are not pointers: in a trace of transformers' continuous
- * batching (tests/traces/h200-cb-moe32-uniform-gpu.wot.gz) two kernels
- * passed a constant word that fell 0x1be82879 bytes into a 768 MiB expert
- * tensor, 15,904 times. Rewritten into a slot's address, such a word would
- * hand the kernel a wrong value (an illegal address, or wrong tokens). A
- * weight a kernel is handed starts at an element of a tensor whose storage
- * is 512-byte aligned, and engines slice weights at rows or experts: the
- * executor moves, keys and counts only words aligned to 16 bytes, so a
- * non-pointer word slips through with odds of 1 in 16 against 1, and a
- * real pointer that is not aligned is read in place, which is correct. A
- * hit is kept when either end of its span of words ([offset, hi - 1]) is
- * aligned. */
-#define WO_STREAM_PTR_ALIGN 16u
-static inline bool wo_stream_aligned(uint64_t v)
-{
-    return (v & (WO_STREAM_PTR_ALIGN - 1)) == 0;
-}
-
-static inline bool wo_stream_hit_aligned(uint64_t offset, uint64_t hi)
-{
-    return wo_stream_aligned(offset) || (hi > offset && wo_stream_aligned(hi - 1));
-}
-
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
  * only while word is 0, and every publication has a new epoch, so a hook
