@@ -237,12 +237,12 @@ def gib(x: Optional[float]) -> str:
 
 
 def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
-    out = ["| run | free F / weights | load s (x plain) | peak device GiB | on device GiB | "
-           "offloaded GiB | decode tok/s | bound tok/s | x bound | tokens |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit budget GiB (peak x) | "
+           "on device GiB | offloaded GiB | decode tok/s | bound tok/s | x bound | tokens |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
-            out.append(f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |||||||")
+            out.append(f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} ||||||||")
             continue
         ref = plain.get("fp8" if r["name"].startswith("fp8") else "bf16")
         p_load = next((x["load_s"] for x in rows if x["name"] == ref), None)
@@ -254,8 +254,14 @@ def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
         b = r.get("bound_tok_s")
         xb = "-" if not b else f"{r['decode_tok_s'] / b:.2f}x"
         bs = "-" if not b else f"{b:.2f}"
+        # the fit budget covers the weights, the slots and the reserve for
+        # what the engine allocates after seal: the process's peak is
+        # compared with it (issue 19: within 5%)
+        fb = fit.get("budget")
+        fbs = "-" if not fb else (f"{fb / 2**30:.2f} ({r['peak_device_bytes'] / fb:.2f}x)"
+                                  if r.get("peak_device_bytes") else f"{fb / 2**30:.2f}")
         out.append(f"| {r['name']} | {r.get('fraction', 1.0) if 'blocker' in r else 'all'} | "
-                   f"{r['load_s']:.1f}{ratio} | {gib(r.get('peak_device_bytes'))} | "
+                   f"{r['load_s']:.1f}{ratio} | {gib(r.get('peak_device_bytes'))} | {fbs} | "
                    f"{gib(fit.get('device_bytes'))} | {gib(r.get('offloaded_bytes'))} | "
                    f"{r['decode_tok_s']:.2f} | {bs} | {xb} | {same} |")
     return "\n".join(out)
@@ -331,6 +337,13 @@ def main() -> int:
                    f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
                    f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
                    f"fit kept {(r.get('fit') or {}).get('staging_bytes', 0) / 2**20:.0f} MiB for them")
+    for r in rows:
+        fit = r.get("fit") or {}
+        if fit.get("budget"):
+            md += (f"\n\n{r['name']}: fit budget {fit['budget'] / 2**20:.0f} MiB: weights "
+                   f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "
+                   f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
+                   f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB")
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({args.layers} layers, Llama shape), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "
