@@ -328,22 +328,19 @@ def main() -> int:
         r["fraction"] = next((f for f in allf if r["name"].endswith(f"-{f}")), 1.0)
     md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
     for r in rows:
-        st = r.get("stream") or {}
-        if st.get("staged"):
-            md += (f"\n\n{r['name']}: streaming: {st.get('redirected')} launches redirected, read in place: "
-                   f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
-                   f"{st.get('awaited', 0)} waited for their copy ({st.get('await_ms', 0):.1f} ms in all, "
-                   f"{st.get('await_timeouts', 0)} ran out); "
-                   f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
-                   f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
-                   f"fit kept {(r.get('fit') or {}).get('staging_bytes', 0) / 2**20:.0f} MiB for them")
-    for r in rows:
-        fit = r.get("fit") or {}
+        st, fit = r.get("stream") or {}, r.get("fit") or {}
         if fit.get("budget"):
             md += (f"\n\n{r['name']}: fit budget {fit['budget'] / 2**20:.0f} MiB: weights "
                    f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "
                    f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
                    f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB")
+        if st.get("staged"):
+            md += (f"; streaming: {st.get('redirected')} launches redirected, read in place: "
+                   f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
+                   f"{st.get('awaited', 0)} waited for their copy ({st.get('await_ms', 0):.1f} ms in all, "
+                   f"{st.get('await_timeouts', 0)} ran out); "
+                   f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
+                   f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB")
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({args.layers} layers, Llama shape), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "
