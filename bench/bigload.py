@@ -335,7 +335,8 @@ def main() -> int:
                    f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
                    f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB")
         if st.get("staged"):
-            md += (f"; streaming: {st.get('redirected')} launches redirected, read in place: "
+            md += ("; " if fit.get("budget") else f"\n\n{r['name']}: ")
+            md += (f"streaming: {st.get('redirected')} launches redirected, read in place: "
                    f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
                    f"{st.get('awaited', 0)} waited for their copy ({st.get('await_ms', 0):.1f} ms in all, "
                    f"{st.get('await_timeouts', 0)} ran out); "

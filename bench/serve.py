@@ -809,12 +809,16 @@ def rate_key(rate: float) -> str:
     return f"{rate:g}"
 
 
-def greedy_compare(args: argparse.Namespace, got: Dict[str, Any]) -> Dict[str, Any]:
+def greedy_compare(args: argparse.Namespace, got: Dict[str, Any], alone: bool = False) -> Dict[str, Any]:
     """The greedy outputs against the reference file: against its phase of
-    the same rate where it has one (a --rates reference), else its outputs."""
+    the same rate where it has one (a --rates reference), else its outputs;
+    alone: against the outputs it sent alone after its last phase."""
     with open(args.greedy_check) as f:
         ref = json.load(f)
-    outs = (ref.get("by_rate") or {}).get(rate_key(args.rate)) or ref.get("outputs", {})
+    if alone:
+        outs = ref.get("alone") or {}
+    else:
+        outs = (ref.get("by_rate") or {}).get(rate_key(args.rate)) or ref.get("outputs", {})
     # a request that failed or was cut, here or in the reference run, has
     # no output to compare: missing, not different
     missing = [k for k in got if got[k] is None or outs.get(k) is None]
@@ -1102,13 +1106,7 @@ async def main_async(args: argparse.Namespace) -> int:
             report["greedy_alone"] = {"recorded": args.record_greedy, "compared": len(alone),
                                       "ok": all(v is not None for v in alone.values())}
         else:
-            with open(args.greedy_check) as f:
-                ref = (json.load(f).get("alone") or {})
-            same = [k for k in alone if alone[k] is not None and alone[k] == ref.get(k)]
-            diff = [k for k in alone if k not in same]
-            report["greedy_alone"] = {"reference": args.greedy_check, "compared": len(alone),
-                                      "identical": len(same), "different": diff,
-                                      "ok": bool(alone) and bool(ref) and not diff}
+            report["greedy_alone"] = greedy_compare(args, alone, alone=True)
             if not report["greedy_alone"]["ok"]:
                 rc = max(rc, 1)
         g = report["greedy_alone"]

@@ -222,11 +222,11 @@ int wo_consumer_start(void);
 void wo_consumer_stop(void);
 /* In a fork child: the thread is gone; forget it without joining. */
 void wo_consumer_forget(void);
-/* fork(): prepare parks the thread between batches (waits 200 ms at most);
- * parent lets it go on. */
 /* Wakes the consumer thread if it sleeps between batches (any thread; one
  * futex call when it does: only for a hook that is about to wait on it). */
 void wo_consumer_wake(void);
+/* fork(): prepare parks the thread between batches (waits 200 ms at most);
+ * parent lets it go on. */
 void wo_consumer_fork_prepare(void);
 void wo_consumer_fork_parent(void);
 /* Pushes a tag event for the trace (takes a name reference the consumer

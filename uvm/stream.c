@@ -133,7 +133,7 @@ bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
     if (!__atomic_load_n(&e->planned, __ATOMIC_RELAXED) ||
         __atomic_load_n(&e->nowait, __ATOMIC_RELAXED))
         return false;
-    t0 = now = wo_now_ns();
+    t0 = wo_now_ns();
     for (unsigned i = 0;; i++) {
         uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE);
 
@@ -825,6 +825,9 @@ static void drop(uint32_t id)
     struct wo_stream_entry *e = &wo_stream_tab.e[id];
 
     __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
+    /* out of the plan too: a range that takes the id is not waited for */
+    __atomic_store_n(&e->planned, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     if (r->slot >= 0 && !unpublish(r->slot))
         ex->slot_range[r->slot] = -1; /* a hook still reads it: read_done orders the reuse */
