@@ -100,7 +100,19 @@ version: 1
 default: device
 prefetch:
   mode: stream
-  experimental: true
+rules:
+  - name: experts
+    match: experts
+    place: host
+""",
+    "experts-host-auto": """\
+# Every MoE expert in host memory; the streaming executor decides by the
+# step's measured period whether staging them once a step into device slots
+# beats reading them in place (prefetch.mode auto, uvm/stream-auto.h).
+version: 1
+default: device
+prefetch:
+  mode: auto
 rules:
   - name: experts
     match: experts
@@ -116,7 +128,6 @@ default: device
 device_budget: 9GiB
 prefetch:
   mode: auto
-  experimental: true
 rules:
   - name: experts
     match: experts
@@ -323,6 +334,14 @@ SCENARIOS: List[Dict[str, Any]] = [
     # issue 18: the streaming executor (launch redirection into device slots)
     S("batchdef-moe-shim-experts-host-stream", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-host-stream", offload="experts:all", ref="batchdef-moe-gpu"),
+    # auto decides after the stepper found the step (~26 steps of this
+    # model) and 19 measured steps: longer calls than the other rows', and
+    # a reference of the same length (every token compared)
+    S("batchdef-moe-gpu-long", "moe", batches=[1, 8, 32], prefill=0,
+      **dict(BATCH, batch_new_tokens=32, repeats=2)),
+    S("batchdef-moe-shim-experts-host-auto", "moe", batches=[1, 8, 32], prefill=0,
+      **dict(BATCH, batch_new_tokens=32, repeats=2),
+      policy="experts-host-auto", offload="experts:all", ref="batchdef-moe-gpu-long"),
     S("batchdef-moe-shim-experts-managed-half-auto", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-managed-half-auto", offload="experts:all", ref="batchdef-moe-gpu"),
     # issue 11: batched decode, aggregate tok/s at batch 1, 8 and 32, eager

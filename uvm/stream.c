@@ -28,8 +28,10 @@
 #include "policy/policy.h"
 #include "uvm/executor.h"
 #include "uvm/internal.h"
+#include "uvm/devmodel.h"
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
+#include "uvm/stream-auto.h"
 #include "uvm/stream-copy-ptx.h"
 
 #define GRANULES 64
@@ -48,6 +50,7 @@ struct srange {
     bool live, host, written, streamed, warned;
     bool gathered; /* an embedding: never streamed (wo_stream_gathered) */
     bool big;      /* larger than a slot: read in place (said once) */
+    bool probed;   /* streamed by auto's step-time decision (stream-auto.h), not by gain */
     bool gapped;   /* other bytes between its tags: never streamed (add_seg) */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
@@ -60,6 +63,7 @@ struct srange {
     bool touched;
     /* measured steps (those that read it) */
     uint64_t msteps, steps_all;
+    uint64_t last_step; /* the executor's step count when a step last read it */
     double sum_mult, sum_read, gain, sum_staged;
 };
 
@@ -83,6 +87,8 @@ struct exec {
     uint32_t epoch;
     struct wo_stepper st;
     uint64_t steps;
+    struct wo_auto au; /* auto's step-time decision for host ranges */
+    double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
 };
 
 static struct exec *ex;
@@ -536,10 +542,13 @@ uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n)
     return sizes[n - 1];
 }
 
-static void select_range(struct srange *r, uint32_t id)
+/* Whether the executor can stream the range at all: its span is weights
+ * only, no copy wrote it, it is not gathered, and it fits a slot (said
+ * once when it does not). */
+static bool streamable(struct srange *r)
 {
-    if (r->streamed || r->written || r->gathered || r->gapped)
-        return;
+    if (r->written || r->gathered || r->gapped)
+        return false;
     if (r->hi - r->lo > ex->slot_size) {
         if (!r->big) {
             r->big = true;
@@ -548,12 +557,23 @@ static void select_range(struct srange *r, uint32_t id)
                     r->name ? r->name : "(unnamed)", (unsigned long long)((r->hi - r->lo) >> 20),
                     (unsigned long long)(ex->slot_size >> 20));
         }
-        return;
+        return false;
     }
+    return true;
+}
+
+/* quiet: auto's step-time decision streams many ranges at once and says
+ * so in one line (auto_decide) */
+static void select_range(struct srange *r, uint32_t id, bool quiet)
+{
+    if (r->streamed || !streamable(r))
+        return;
     r->streamed = true;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
     if (!r->host)
         wo_prefetch_release(id, r->gen, wo_stream_reserved());
+    if (quiet)
+        return;
     if (r->msteps)
         wo_info("stream: '%s' (%s, %llu MiB) is streamed: read %.1fx its bytes a step",
                 r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
@@ -564,9 +584,107 @@ static void select_range(struct srange *r, uint32_t id)
                  (unsigned long long)((r->hi - r->lo) >> 20));
 }
 
+/* A host range auto streamed by step time goes back to being read in
+ * place. Its assignment is taken back at once (unpublish: no hook takes
+ * the slot any more); a hook that still holds the slot keeps reading it,
+ * and stage() reuses a slot only once no hook does. */
+static void unselect_range(struct srange *r, uint32_t id)
+{
+    int s = r->slot;
+
+    r->probed = false;
+    r->streamed = false;
+    __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
+    if (s >= 0 && !unpublish(s)) {
+        ex->slot_range[s] = -1;
+        r->slot = -1;
+    }
+}
+
+/* auto's candidates for the step-time decision: host ranges a recent step
+ * read, that the executor can stream and did not stream for their gain
+ * (those stay streamed: they save bytes whatever the time says). Managed
+ * ranges are left to the gain rule: the hot set already moves them. */
+#define AUTO_RECENT 4 /* steps */
+/* the first decisions at info, later ones (a server's batch moves) at debug */
+#define AUTO_SAY(loud, ...)           \
+    do {                              \
+        if (loud)                     \
+            wo_info(__VA_ARGS__);     \
+        else                          \
+            wo_debug(__VA_ARGS__);    \
+    } while (0)
+static bool auto_candidate(struct srange *r)
+{
+    if (!r->live || !r->host)
+        return false;
+    if (r->probed)
+        return true;
+    return !r->streamed && r->msteps && r->last_step + AUTO_RECENT >= ex->steps && streamable(r);
+}
+
+/* auto, host ranges: stream them when a step's period says it pays
+ * (stream-auto.h), and back when it does not. */
+static void auto_decide(uint64_t t_ns, unsigned k)
+{
+    uint64_t cand = 0, bytes = 0, kept = ex->au.kept;
+    unsigned n = 0;
+    bool loud = ex->au.tries < 3;
+    enum wo_auto_action act;
+
+    if (ex->mode != WO_PREFETCH_MODE_AUTO || ex->slots_failed)
+        return;
+    for (uint32_t id = 0; id < ex->nr; id++)
+        if (auto_candidate(&ex->r[id]))
+            cand += ex->r[id].hi - ex->r[id].lo;
+    act = wo_auto_step(&ex->au, t_ns, k, cand, ex->link_gbs);
+    if (act == WO_AUTO_STREAM) {
+        for (uint32_t id = 0; id < ex->nr; id++) {
+            struct srange *r = &ex->r[id];
+            if (!auto_candidate(r) || r->probed)
+                continue;
+            select_range(r, id, true);
+            if (r->streamed) {
+                r->probed = true;
+                n++;
+                bytes += r->hi - r->lo;
+            }
+        }
+        add(&wo_stream_tab.n.auto_tries, 1);
+        AUTO_SAY(loud,
+            "stream: auto: trying %u host ranges (%llu MiB) streamed: a step took %.1f ms read in "
+            "place, one copy of them takes %.1f ms at %.0f GB/s",
+            n, (unsigned long long)(bytes >> 20), ex->au.inplace_ns / 1e6,
+            (double)bytes / ex->link_gbs / 1e6, ex->link_gbs);
+    } else if (act == WO_AUTO_UNSTREAM) {
+        for (uint32_t id = 0; id < ex->nr; id++)
+            if (ex->r[id].live && ex->r[id].probed) {
+                unselect_range(&ex->r[id], id);
+                n++;
+            }
+        if (ex->au.phase == WO_AUTO_HOLD) {
+            add(&wo_stream_tab.n.auto_backs, 1);
+            AUTO_SAY(loud,
+                "stream: auto: %u host ranges back in place: a step took %.1f ms streamed, "
+                "%.1f ms in place",
+                n, ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
+        } else {
+            wo_debug("stream: auto: the step's period moved (%.1f ms, streamed at %.1f ms): "
+                     "measuring in place again (%u ranges)",
+                     ex->au.ewma_ns / 1e6, ex->au.decided_ns / 1e6, n);
+        }
+    } else if (ex->au.kept != kept) {
+        add(&wo_stream_tab.n.auto_kept, 1);
+        AUTO_SAY(loud,
+            "stream: auto: host ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
+            "in place",
+            ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
+    }
+}
+
 static void publish_names(bool force);
 
-static void close_step(unsigned k)
+static void close_step(unsigned k, uint64_t t_ns)
 {
     /* the first boundary closes the steps the period was learned on, and
      * everything read since the start with them: not a measurement */
@@ -598,6 +716,7 @@ static void close_step(unsigned k)
         mult = distinct ? (double)r->read / (double)k / (double)distinct : 0;
         gain = (double)r->read / (double)k / (double)(r->hi - r->lo);
         r->msteps += k;
+        r->last_step = ex->steps;
         r->sum_mult += mult * k;
         r->sum_read += (double)r->read;
         /* a running mean while young, then recent steps weigh more */
@@ -605,8 +724,10 @@ static void close_step(unsigned k)
                                  : 0.75 * r->gain + 0.25 * gain;
         if (!ex->slots_failed && ((ex->mode == WO_PREFETCH_MODE_AUTO && r->msteps >= AUTO_STEPS &&
                                    r->gain >= AUTO_GAIN) ||
-                                  ex->mode == WO_PREFETCH_MODE_STREAM))
-            select_range(r, id); /* stream: also ranges that came after setup */
+                                  ex->mode == WO_PREFETCH_MODE_STREAM)) {
+            r->probed = false; /* streamed for its gain now: the step time cannot take it back */
+            select_range(r, id, false); /* stream: also ranges that came after setup */
+        }
         /* the advice is a mode: under stream or auto a range read in place
          * was too large for a slot, gapped or written (said when found) */
         if (ex->mode == WO_PREFETCH_MODE_HOT_SET && r->host && !r->streamed && !r->warned &&
@@ -630,8 +751,8 @@ static void close_step(unsigned k)
         if (warn_more)
             snprintf(more, sizeof(more), " (and %u more host ranges)", warn_more);
         wo_warn("stream: '%s' (host) is read %.1fx a step in place over PCIe%s; "
-                "prefetch: {mode: stream, experimental: true} would copy it once a step, but "
-                "streaming is experimental (docs/prefetch.md, Streaming)",
+                "prefetch: {mode: auto} would copy it once a step into device slots "
+                "(docs/prefetch.md, Streaming)",
                 warn_name, warn_mult, more);
     }
     /* this step's first touches are the next step's plan */
@@ -648,6 +769,8 @@ static void close_step(unsigned k)
         __atomic_store_n(&wo_stream_tab.e[ex->order[i]].planned, 1, __ATOMIC_RELAXED);
     }
     ex->maxi = NONE;
+    if (measure)
+        auto_decide(t_ns, k);
     publish_names(false);
 }
 
@@ -679,7 +802,7 @@ static void on_launch(const struct wo_event *ev)
         return;
     k = wo_stepper_feed(&ex->st, wo_stepper_key(ev->l.func, low));
     if (k)
-        close_step(k);
+        close_step(k, ev->t_ns);
 }
 
 /* ---- ranges ----------------------------------------------------------------- */
@@ -879,6 +1002,12 @@ static void setup(void)
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++)
         ex->slot_range[i] = -1;
     wo_stepper_init(&ex->st);
+    wo_auto_init(&ex->au);
+    {
+        struct wo_devmodel dm;
+        wo_devmodel_default(&dm);
+        ex->link_gbs = dm.h2d_gbs;
+    }
     if (drv->cuDeviceGet && drv->cuDevicePrimaryCtxRetain &&
         drv->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS)
         drv->cuDevicePrimaryCtxRetain(&ex->ctx, dev);
@@ -910,7 +1039,7 @@ static void setup(void)
     if (ex->mode == WO_PREFETCH_MODE_STREAM && !ex->slots_failed)
         for (uint32_t i = 0; i < ex->nr; i++)
             if (ex->r[i].live)
-                select_range(&ex->r[i], i);
+                select_range(&ex->r[i], i, false);
     __atomic_store_n(&wo_stream_tab.active, 1, __ATOMIC_RELEASE);
     wo_info("stream: mode %s, %u slots of up to %llu MiB",
             ex->mode == WO_PREFETCH_MODE_STREAM ? "stream"
@@ -1064,6 +1193,7 @@ static void finish(void)
 {
     struct wo_stream_counts c;
     unsigned shown = 0;
+    char autos[128] = "";
 
     if (!ex)
         return;
@@ -1071,10 +1201,15 @@ static void finish(void)
     __atomic_store_n(&wo_stream_tab.active, 0, __ATOMIC_RELEASE);
     publish_names(true);
     wo_stream_counts(&c);
+    if (ex->mode == WO_PREFETCH_MODE_AUTO)
+        snprintf(autos, sizeof(autos),
+                 "; auto by step time: %llu tries, %llu kept streamed, %llu back in place",
+                 (unsigned long long)c.auto_tries, (unsigned long long)c.auto_kept,
+                 (unsigned long long)c.auto_backs);
     wo_info("stream: %llu steps, %llu launches redirected, read in place: %llu no slot ready, "
             "%llu captured, %llu other; %llu staging copies (%llu MiB, %.1f MiB a step), "
             "%llu slot waits, %llu invalidated by writes; %llu launches waited for their "
-            "copy to be issued (%.1f ms in all, %llu ran out)",
+            "copy to be issued (%.1f ms in all, %llu ran out)%s",
             (unsigned long long)c.steps, (unsigned long long)c.redirected,
             (unsigned long long)c.inplace_no_slot, (unsigned long long)c.inplace_captured,
             (unsigned long long)c.inplace_other, (unsigned long long)c.staged,
@@ -1082,7 +1217,7 @@ static void finish(void)
             c.steps ? (double)c.staged_bytes / (double)c.steps / (1 << 20) : 0.0,
             (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated,
             (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
-            (unsigned long long)c.await_timeouts);
+            (unsigned long long)c.await_timeouts, autos);
     for (uint32_t i = 0; i < ex->nr && shown < 10; i++) {
         const struct srange *r = &ex->r[i];
         if (!r->live || !r->msteps || (r->sum_mult / (double)r->msteps < 1.5 && !r->streamed))

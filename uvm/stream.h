@@ -86,6 +86,9 @@ struct wo_stream_counts {
     uint64_t staged_by_kernel;     /* ... of them by the copy kernel (managed sources) */
     uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
     uint64_t steps;                /* steps the executor found */
+    uint64_t auto_tries; /* auto: host ranges tried streamed by step time (stream-auto.h) */
+    uint64_t auto_kept;  /* ... and kept so: the step was faster */
+    uint64_t auto_backs; /* ... and put back in place: it was not */
     uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
 };
 

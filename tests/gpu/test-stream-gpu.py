@@ -10,6 +10,9 @@ woffload-run with the automatic hook and a policy that streams:
   moe-host-stream    Qwen3-MoE shape, every expert `host`, prefetch.mode
                      stream, transformers' default experts backend
   dense-host-stream  Llama shape, every MLP weight `host`, mode stream
+  moe-host-auto      the MoE, every expert `host`, mode auto: streamed when
+                     a step's period says it pays (uvm/stream-auto.h), and
+                     back in place when not; the row prints how often
   moe-managed-auto   the MoE, experts `managed` within half their bytes,
                      mode auto
 
@@ -48,14 +51,16 @@ MODELS = {
         tie_word_embeddings=False)),
 }
 
-STREAM = "prefetch: {mode: stream, experimental: true}\n"
+STREAM = "prefetch: {mode: stream}\n"
 CASES = {
     "moe-host-stream": ("moe", "version: 1\ndefault: device\n" + STREAM +
                         "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "dense-host-stream": ("dense", "version: 1\ndefault: device\n" + STREAM +
                           "rules:\n  - {name: mlp, match: [gate_proj, up_proj, down_proj], place: host}\n"),
+    "moe-host-auto": ("moe", "version: 1\ndefault: device\nprefetch: {mode: auto}\n"
+                      "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe-managed-auto": ("moe", "version: 1\ndefault: device\ndevice_budget: 192MiB\n"
-                         "prefetch: {mode: auto, experimental: true}\n"
+                         "prefetch: {mode: auto}\n"
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
 }
 # (batch, new tokens): the executor learns the step from the launch order
@@ -157,6 +162,10 @@ def main() -> int:
                     st.get("redirected", 0) > 0
                 checks[f"staging copies ({st.get('staged')}, {st.get('staged_bytes')} B)"] = \
                     st.get("staged", 0) > 0
+            if case.endswith("-auto"):
+                print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
+                      f"streamed, {st.get('auto_backs')} back in place; {st.get('redirected')} launches "
+                      f"redirected, {st.get('staged')} staging copies")
             for what, ok in checks.items():
                 print(f"{'ok' if ok else 'FAIL'}: {case}: {what}")
                 if not ok:

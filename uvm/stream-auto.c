@@ -1,0 +1,96 @@
+/* uvm/stream-auto.c: `prefetch.mode: auto`'s decision by step time (see
+ * stream-auto.h). */
+#include "uvm/stream-auto.h"
+
+#include <math.h>
+#include <string.h>
+
+void wo_auto_init(struct wo_auto *a)
+{
+    memset(a, 0, sizeof(*a));
+    a->phase = WO_AUTO_WATCH;
+}
+
+static void begin(struct wo_auto *a, enum wo_auto_phase p, unsigned skip)
+{
+    a->phase = p;
+    a->skip = skip;
+    a->n = 0;
+    a->sum_ns = 0;
+    a->held = 0;
+}
+
+static void hold(struct wo_auto *a, double at_ns)
+{
+    begin(a, WO_AUTO_HOLD, 0);
+    a->decided_ns = at_ns;
+    a->ewma_ns = at_ns;
+}
+
+enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
+                                 double link_gbs)
+{
+    double per;
+
+    if (!k)
+        return WO_AUTO_NONE;
+    if (!a->last_t || t_ns <= a->last_t) {
+        /* the first boundary (or a clock that did not move): no period yet */
+        a->last_t = t_ns;
+        return WO_AUTO_NONE;
+    }
+    per = (double)(t_ns - a->last_t) / k;
+    a->last_t = t_ns;
+    if (a->skip) {
+        a->skip = a->skip > k ? a->skip - k : 0;
+        return WO_AUTO_NONE;
+    }
+    switch (a->phase) {
+    case WO_AUTO_WATCH:
+        a->sum_ns += per * k;
+        a->n += k;
+        if (a->n < WO_AUTO_PROBE_STEPS)
+            return WO_AUTO_NONE;
+        a->inplace_ns = a->sum_ns / a->n;
+        if (cand_bytes && link_gbs > 0 &&
+            (double)cand_bytes / link_gbs < WO_AUTO_TRY_RATIO * a->inplace_ns) {
+            /* bytes / (GB/s) is in ns */
+            a->tries++;
+            a->streaming = true;
+            begin(a, WO_AUTO_TRY, WO_AUTO_SETTLE_STEPS);
+            return WO_AUTO_STREAM;
+        }
+        hold(a, a->inplace_ns);
+        return WO_AUTO_NONE;
+    case WO_AUTO_TRY:
+        a->sum_ns += per * k;
+        a->n += k;
+        if (a->n < WO_AUTO_PROBE_STEPS)
+            return WO_AUTO_NONE;
+        a->stream_ns = a->sum_ns / a->n;
+        if (a->stream_ns < WO_AUTO_KEEP_RATIO * a->inplace_ns) {
+            a->kept++;
+            hold(a, a->stream_ns);
+            return WO_AUTO_NONE;
+        }
+        a->backs++;
+        a->streaming = false;
+        hold(a, a->inplace_ns);
+        a->skip = WO_AUTO_SETTLE_STEPS; /* the drift is judged in place */
+        return WO_AUTO_UNSTREAM;
+    case WO_AUTO_HOLD:
+        a->held += k;
+        a->ewma_ns += (per - a->ewma_ns) * (k >= 8 ? 1.0 : 0.125 * k);
+        if (fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT ||
+            (!a->streaming && a->held >= WO_AUTO_HOLD_STEPS)) {
+            if (a->streaming) {
+                a->streaming = false;
+                begin(a, WO_AUTO_WATCH, WO_AUTO_SETTLE_STEPS);
+                return WO_AUTO_UNSTREAM;
+            }
+            begin(a, WO_AUTO_WATCH, 0);
+        }
+        return WO_AUTO_NONE;
+    }
+    return WO_AUTO_NONE;
+}

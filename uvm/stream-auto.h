@@ -1,0 +1,70 @@
+/* uvm/stream-auto.h: how `prefetch.mode: auto` decides, by measured step
+ * time, whether streaming the host ranges a step reads beats reading them
+ * in place (docs/prefetch.md, "auto"). Pure: no CUDA, no clock, no ranges;
+ * the executor (uvm/stream.c) feeds it step boundaries and does what it
+ * answers.
+ *
+ * Why time and not the launch count: transformers' default experts backend
+ * hands one kernel the whole stacked expert tensor and gathers each token's
+ * experts inside, so a step's launches read such a range once by count
+ * while the GPU pulls it over PCIe once per token (issue 18: b32 in place
+ * 0.22x of the distinct-bytes bound, streamed 0.82x). What the launches
+ * cannot show, the step's period does.
+ *
+ * The rule:
+ *  - watch: PROBE_STEPS steps read in place give the in-place period. When
+ *    one staging copy a step of the candidates (their bytes at the link's
+ *    rate) takes less than TRY_RATIO of that period, streaming could win:
+ *    try it. Otherwise it cannot (the copies alone would take longer than
+ *    the step does now): hold in place.
+ *  - try: after SETTLE_STEPS (the slots fill), PROBE_STEPS streamed steps
+ *    give the streamed period. Streaming stays when it is below KEEP_RATIO
+ *    of the in-place one; else the ranges go back in place.
+ *  - hold: the decision stays until the period drifts by DRIFT from the one
+ *    it was taken at (the batch changed), or, in place, for HOLD_STEPS
+ *    (the batch may have grown below the drift), then watch again (a
+ *    decision to stream is left first, so the in-place period is measured
+ *    anew). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#define WO_AUTO_PROBE_STEPS 8
+#define WO_AUTO_SETTLE_STEPS 2
+#define WO_AUTO_HOLD_STEPS 512
+#define WO_AUTO_TRY_RATIO 0.95
+#define WO_AUTO_KEEP_RATIO 0.97
+#define WO_AUTO_DRIFT 0.30
+
+enum wo_auto_phase { WO_AUTO_WATCH, WO_AUTO_TRY, WO_AUTO_HOLD };
+
+/* What the executor must do after a step boundary. */
+enum wo_auto_action {
+    WO_AUTO_NONE,
+    WO_AUTO_STREAM,   /* stream the candidates (from now on) */
+    WO_AUTO_UNSTREAM, /* read them in place again */
+};
+
+struct wo_auto {
+    enum wo_auto_phase phase;
+    bool streaming;    /* the candidates are streamed now */
+    unsigned skip;     /* boundaries to let pass before measuring */
+    unsigned n;        /* steps measured in this phase */
+    double sum_ns;     /* their periods */
+    double inplace_ns; /* the last measured periods, a step */
+    double stream_ns;
+    double decided_ns; /* the period the decision in force was taken at */
+    double ewma_ns;    /* the period since, smoothed */
+    uint64_t last_t;   /* the previous boundary's time, 0 none */
+    uint64_t held;     /* steps held */
+    uint64_t tries, kept, backs;
+};
+
+void wo_auto_init(struct wo_auto *a);
+
+/* A step boundary at t_ns (CLOCK_MONOTONIC) closing k steps. cand_bytes:
+ * the bytes one staging copy a step of the candidate ranges would move
+ * (0: nothing to decide); link_gbs: the link's copy rate. */
+enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
+                                 double link_gbs);
