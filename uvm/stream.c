@@ -352,6 +352,18 @@ static void mark_written(struct srange *r, uint32_t id)
 
 static void drop(uint32_t id);
 
+/* Records the slot's read_done on the engine stream that read its last
+ * assignment (stage(): why). The per-thread default stream is the calling
+ * thread's own, not the engine's: there the hooks' record stands. */
+static CUresult fence_owner(struct wo_stream_slot *s)
+{
+    uint64_t owner = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
+
+    if (!owner || owner - 1 == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)
+        return CUDA_SUCCESS;
+    return ex->drv->cuEventRecord(s->read_done, (CUstream)(uintptr_t)(owner - 1));
+}
+
 /* Copies range id into slot and publishes the assignment. */
 static bool stage(uint32_t id, int slot)
 {
@@ -385,8 +397,19 @@ static bool stage(uint32_t id, int slot)
         return true; /* the slot is free: try the next range */
     }
     prev = push_ctx();
-    /* after every kernel that read the slot's previous range */
-    res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
+    /* after every kernel that read the slot's previous range: read_done, as
+     * the hooks recorded it after each redirected launch, is not enough. A
+     * launch may turn the slot address it was handed into a table in
+     * device memory that a later kernel reads (PyTorch's grouped GEMM:
+     * one kernel writes each expert's pointer, the next one, which the
+     * shim sees no pointer in, reads through them). That kernel was
+     * submitted after the redirected one and, since the engine's host
+     * thread has moved on past it, before now: recorded here, on the
+     * stream that read the slot, read_done covers it too. No hook holds
+     * the slot (unpublished above), so none records it meanwhile. */
+    res = fence_owner(s);
+    if (res == CUDA_SUCCESS)
+        res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
     if (res == CUDA_SUCCESS)
         res = copy_to_slot((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo), r->hi - r->lo,
                            (rg.flags & WO_RANGE_MANAGED) != 0);
