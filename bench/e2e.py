@@ -1021,6 +1021,9 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             same = "ref"
             if spec.get("ref"):
                 same = "–" if not g.get("tokens") or not m.get("tokens") else same_tokens(g["tokens"], m["tokens"])
+            if m.get("nondeterministic"):
+                # the timed calls' tokens differed from the first call's
+                same += " (calls differ)"
             step = None
             if spec.get("offload") and g.get("distinct_experts"):
                 rng = spec["offload"].partition(":")[2]
