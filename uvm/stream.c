@@ -79,6 +79,7 @@ struct exec {
     bool slots_ready, slots_failed;
     bool warned;                         /* the read-multiplicity warning was given */
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
+    uint32_t slot_last[WO_STREAM_MAX_SLOTS]; /* the last id staged there (kept when dropped), NONE */
     struct srange *r;                    /* by registry id (< WO_STREAM_IDS) */
     uint32_t nr;
     uint32_t *order, norder, *cur, ncur;
@@ -376,6 +377,12 @@ static bool stage(uint32_t id, int slot)
     CUcontext prev;
     CUresult res;
 
+    /* The range the engine is at may still have launches to come that read
+     * the slot through a table an earlier one wrote (stage's fence, below):
+     * its slot is reused only once a launch has touched another range. */
+    if (ex->slot_last[slot] != NONE &&
+        ex->slot_last[slot] + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED))
+        return false;
     if (!unpublish(slot))
         return false;
     if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == DIRTY) {
@@ -439,6 +446,7 @@ static bool stage(uint32_t id, int slot)
     }
     r->slot = slot;
     ex->slot_range[slot] = (int)id;
+    ex->slot_last[slot] = id;
     __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
     return true;
 }
@@ -1022,8 +1030,10 @@ static void setup(void)
     ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;
-    for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++)
+    for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         ex->slot_range[i] = -1;
+        ex->slot_last[i] = NONE;
+    }
     wo_stepper_init(&ex->st);
     wo_auto_init(&ex->au);
     {
