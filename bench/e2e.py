@@ -641,6 +641,13 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
                 steps_ms.extend(round((b - a) * 1e3, 3) for a, b in zip(ts, ts[1:]))
             if not torch.equal(toks, toks2):
                 out["nondeterministic"] = True
+                # where: per sequence that differs, the first position (a late
+                # one in few sequences is rounding, e.g. another kernel for
+                # another pointer alignment; early in all of them, wrong data)
+                a, b2 = toks.tolist(), toks2.tolist()
+                out.setdefault("calls_differ", []).append(
+                    [[i, next(j for j in range(len(x)) if x[j] != y[j])]
+                     for i, (x, y) in enumerate(zip(a, b2)) if x != y])
         out.update(tokens=toks.tolist(), decode_rates=rates, step_ms=steps_ms,
                    decode_tok_s=statistics.median(rates) * ids.shape[0] if rates else None)
         return out
