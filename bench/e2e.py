@@ -100,6 +100,7 @@ version: 1
 default: device
 prefetch:
   mode: stream
+  experimental: true
 rules:
   - name: experts
     match: experts
@@ -113,6 +114,7 @@ version: 1
 default: device
 prefetch:
   mode: auto
+  experimental: true
 rules:
   - name: experts
     match: experts
@@ -128,6 +130,7 @@ default: device
 device_budget: 9GiB
 prefetch:
   mode: auto
+  experimental: true
 rules:
   - name: experts
     match: experts

@@ -205,7 +205,8 @@ int main(int argc, char **argv)
     static const char fit_stream_policy[] = "version: 1\n"
                                             "fit: {device: 928MiB, keep_free: 64MiB, "
                                             "reserve: 0}\n"
-                                            "prefetch: {mode: stream, slots: 2}\n";
+                                            "prefetch: {mode: stream, slots: 2, "
+                                            "experimental: true}\n";
     /* the default reserve (256 MiB, at most half the budget), and one given */
     static const char fit_reserve_policy[] = "version: 1\n"
                                              "fit: {device: 1GiB, keep_free: 64MiB}\n";

@@ -353,7 +353,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
                  "device_budget: 16MiB\n"
-                 "prefetch: {mode: %s, slots: 3}\n"
+                 "prefetch: {mode: %s, slots: 3, experimental: true}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
                  mode);
@@ -468,8 +468,8 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"redirected\":") == 0);
     /* one line for the process, naming the first range and the fix */
     CHECK(strstr(log, "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
-                      "place over PCIe (and 21 more host ranges); prefetch: {mode: auto} "
-                      "would copy it once a step") != NULL);
+                      "place over PCIe (and 21 more host ranges); prefetch: {mode: auto, "
+                      "experimental: true} would copy it once a step") != NULL);
     {
         const char *w = strstr(log, "in place over PCIe");
         CHECK(w && !strstr(w + 1, "in place over PCIe"));
