@@ -5,7 +5,8 @@ faults under load of the same rows.
 
     python3 bench/serve-rows.py --out OUT [--work DIR] [--build build-gpu] [--model moe8] [--rates 1,3,10]
         [--duration 15] [--rows plain,empty,host,managed] [--smoke] [--dry-run] [--deadline 520]
-    python3 bench/serve-rows.py --out OUT --soak MINUTES [--soak-rate 3] --rows ROW     (one row a call)
+    python3 bench/serve-rows.py --out OUT --soak MINUTES [--soak-rate 3] [--soak-baseline JSON] --rows ROW
+        (one row a call)
     python3 bench/serve-rows.py --out OUT --faults [--faults-rate 3] [--faults-duration 60] [--rows host,managed]
 
 Each row is a fresh process of bench/serve.py --inprocess e2e:MODEL --rates
@@ -48,8 +49,15 @@ the report has a table a row with one line a minute (tok/s, TTFT p99,
 errors, in flight, RSS, GPU memory, the shim's hit rate over that minute,
 live allocations, events dropped) and issue 20's verdict from minute 2 on:
 zero errors, RSS and GPU memory flat within 1% (max/min), the hit rate
-steady (range <= 0.02). A 5-minute soak of one row takes ~330 s with the
-model load and the exit: one row fits a 600 s device call, two do not, so
+steady (range <= 0.02). With --soak-baseline JSON (an earlier serve-rows
+soak with plain), or with plain in the same call, RSS is judged by its
+growth beyond plain's instead, since the engine's RSS grows without the
+shim too: the largest rise between an earlier and a later line, less
+plain's growth a minute (from minute 2 on) over the same minutes, must be
+<= 1% of the row's lowest RSS; the table shows each row's growth a minute
+beside plain's, and plain keeps the flat rule. A 5-minute soak of one row
+takes ~330 s with the model load and the exit: one row fits a 600 s device
+call, two do not, so
 run one row a call (--rows host, then --rows managed). A row whose soak
 cannot end before --deadline is not started (a soak stopped half-way
 leaves no report: its one phase is written at its end).
@@ -461,6 +469,59 @@ def soak_lines(intervals: List[Dict[str, Any]], base: Optional[Dict[str, Any]] =
     return out
 
 
+def judged(lines: List[Dict[str, Any]], from_minute: int = SOAK_FROM_MINUTE) -> List[Dict[str, Any]]:
+    """The lines a soak verdict judges: t > 60 (from_minute - 1) s, with
+    arrivals throughout their interval."""
+    start = 60.0 * (from_minute - 1)
+    return [ln for ln in lines if ln["t"] > start + 1e-6 and ln["loaded"]]
+
+
+def rss_growth(lines: List[Dict[str, Any]], from_minute: int = SOAK_FROM_MINUTE) -> Optional[float]:
+    """RSS growth in MiB a minute over the judged lines: (last - first) over
+    the minutes between them; None with fewer than two RSS readings."""
+    pts = [(ln["t"], ln["rss_mib"]) for ln in judged(lines, from_minute) if ln["rss_mib"] is not None]
+    if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+        return None
+    return (pts[-1][1] - pts[0][1]) / ((pts[-1][0] - pts[0][0]) / 60.0)
+
+
+def growth_by_minute(lines: List[Dict[str, Any]]) -> Dict[float, Optional[float]]:
+    """Each line's RSS growth against the line before, in MiB a minute, by
+    its t (the first line has none)."""
+    out: Dict[float, Optional[float]] = {}
+    prev = None
+    for ln in lines:
+        g = None
+        if prev is not None and ln["rss_mib"] is not None and prev["rss_mib"] is not None and ln["t"] > prev["t"]:
+            g = (ln["rss_mib"] - prev["rss_mib"]) / ((ln["t"] - prev["t"]) / 60.0)
+        out[round(ln["t"], 1)] = g
+        prev = ln
+    return out
+
+
+def _rss_beyond(pts: List[tuple], baseline: Dict[str, Any], flat: float) -> Dict[str, Any]:
+    """The RSS check against plain's growth: the largest rise of RSS between
+    an earlier and a later judged line, less what plain grew over the same
+    minutes (its growth a minute, taken as 0 where plain shrank), as a share
+    of the row's lowest RSS, within `flat`."""
+    name, target = "RSS growth beyond plain's", f"rise beyond plain's growth ≤ {flat:.0%} of RSS"
+    if len(pts) < 2:
+        return check(name, "not measured" if not pts else "one value", target, None)
+    g = max(0.0, baseline["growth_mib_min"])
+    excess = 0.0
+    for i, (ti, ri) in enumerate(pts):
+        for tj, rj in pts[i + 1:]:
+            excess = max(excess, (rj - ri) - g * (tj - ti) / 60.0)
+    lo = min(r for _, r in pts)
+    share = excess / lo if lo > 0 else float("inf")
+    own = (pts[-1][1] - pts[0][1]) / ((pts[-1][0] - pts[0][0]) / 60.0) if pts[-1][0] > pts[0][0] else 0.0
+    differs = baseline.get("differs") or []
+    value = (f"{own:+.0f} MiB/min, plain {baseline['growth_mib_min']:+.0f} MiB/min ({baseline.get('source', '?')}"
+             + (f"; it differs: {', '.join(differs)}" if differs else "") + f"); largest rise beyond plain's "
+             f"{excess:+.0f} MiB: {share:.2%} of {lo:.0f} MiB")
+    return check(name, value, target, share <= flat)
+
+
 def _spread(name: str, vals: List[float], flat: float) -> Dict[str, Any]:
     if len(vals) < 2:
         return check(f"{name} flat", "not measured" if not vals else "one value", f"(max - min) / min ≤ {flat:.0%}",
@@ -472,7 +533,8 @@ def _spread(name: str, vals: List[float], flat: float) -> Dict[str, Any]:
 
 
 def soak_verdict(lines: List[Dict[str, Any]], failed: Optional[int] = None, from_minute: int = SOAK_FROM_MINUTE,
-                 flat: float = SOAK_FLAT, hit_range: float = SOAK_HIT_RANGE) -> Dict[str, Any]:
+                 flat: float = SOAK_FLAT, hit_range: float = SOAK_HIT_RANGE,
+                 baseline: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Issue 20's soak verdict: zero errors over the soak (failed: the
     phase's count, which holds the requests that ended after the last
     line too), and from minute `from_minute` on (the lines with t > 60
@@ -480,14 +542,23 @@ def soak_verdict(lines: List[Dict[str, Any]], failed: Optional[int] = None, from
     memory within `flat` (max/min) and the per-minute hit rate within
     `hit_range` (max - min); where no line has hits or misses (no managed
     ranges: host, plain) the hit rate is not judged. Information beside:
-    events dropped, live allocations, placement errors over the same lines."""
-    start = 60.0 * (from_minute - 1)
-    steady = [ln for ln in lines if ln["t"] > start + 1e-6 and ln["loaded"]]
+    events dropped, live allocations, placement errors over the same lines.
+
+    With a baseline (plain's soak: {"growth_mib_min": its RSS growth a
+    minute from minute `from_minute` on, "source": where it came from}),
+    RSS is judged against plain's growth instead: the engine grows without
+    the shim too, and only the growth beyond plain's is the row's
+    (_rss_beyond). GPU memory keeps the flat rule."""
+    steady = judged(lines, from_minute)
     errs = failed if failed is not None else sum(ln["errors"] for ln in lines)
     checks = [check("errors over the soak", str(errs), "0", errs == 0),
               check(f"lines from minute {from_minute} on (arrivals throughout)", str(len(steady)), "≥ 2",
                     len(steady) >= 2)]
-    checks.append(_spread("RSS", [ln["rss_mib"] for ln in steady if ln["rss_mib"] is not None], flat))
+    if baseline is None:
+        checks.append(_spread("RSS", [ln["rss_mib"] for ln in steady if ln["rss_mib"] is not None], flat))
+    else:
+        checks.append(_rss_beyond([(ln["t"], ln["rss_mib"]) for ln in steady if ln["rss_mib"] is not None],
+                                  baseline, flat))
     checks.append(_spread("GPU memory", [ln["gpu_mib"] for ln in steady if ln["gpu_mib"] is not None], flat))
     hits = [ln["hit_rate"] for ln in steady if ln["hit_rate"] is not None]
     if hits:
@@ -511,27 +582,80 @@ def soak_verdict(lines: List[Dict[str, Any]], failed: Optional[int] = None, from
     return {"ok": ok, "checks": checks, "from_minute": from_minute, "lines_judged": len(steady)}
 
 
-def soak_analysis(report: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """A soak row's serve.py report: its one phase's lines and verdict."""
+def soak_analysis(report: Optional[Dict[str, Any]], baseline: Optional[Dict[str, Any]] = None
+                  ) -> Optional[Dict[str, Any]]:
+    """A soak row's serve.py report: its one phase's lines and verdict
+    (against plain's RSS growth where a baseline is given, which the result
+    keeps without plain's other figures)."""
     phases = (report or {}).get("phases") or []
     if not phases:
         return None
     p = phases[0]
     duration = ((report or {}).get("config") or {}).get("duration")
     lines = soak_lines(p.get("intervals") or [], p.get("interval_base"), duration)
-    v = soak_verdict(lines, p["summary"]["requests"]["failed"])
-    return {"rate": p["rate"], "duration_s": duration, "lines": lines, **v}
+    v = soak_verdict(lines, p["summary"]["requests"]["failed"], baseline=baseline)
+    out = {"rate": p["rate"], "duration_s": duration, "lines": lines, **v}
+    if baseline is not None:
+        out["baseline"] = {k: baseline.get(k) for k in ("source", "growth_mib_min", "differs")}
+        out["baseline"]["lines"] = [{"t": ln["t"], "rss_mib": ln["rss_mib"]} for ln in baseline.get("lines") or []]
+    return out
 
 
-def soak_table(lines: List[Dict[str, Any]]) -> List[str]:
-    out = ["| minute | tok/s | TTFT p99 ms | completed | errors | in flight | RSS MiB | GPU MiB | hit rate | "
-           "launches seen | live allocations | events dropped |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def soak_baseline(rows: List[Dict[str, Any]], source: str) -> Optional[Dict[str, Any]]:
+    """Plain's soak from serve-rows result rows (this call's, or the "rows"
+    of an earlier serve-rows JSON): its RSS growth a minute from minute
+    SOAK_FROM_MINUTE on, its lines, and the load it ran (serve.py's
+    config); None where no plain row has two RSS readings from then on."""
+    for r in rows:
+        if r.get("row") != "plain":
+            continue
+        an = soak_analysis(r.get("report"))
+        g = rss_growth(an["lines"]) if an else None
+        if g is None:
+            continue
+        cfg = (r.get("report") or {}).get("config") or {}
+        return {"source": source, "growth_mib_min": g, "lines": an["lines"], "differs": [],
+                "load": {k: cfg.get(k) for k in ("inprocess", "rate", "prompt_len", "output_len")}}
+    return None
+
+
+def baseline_differs(baseline: Dict[str, Any], args: argparse.Namespace) -> List[str]:
+    """Where plain's soak ran another load than this call's rows."""
+    want = {"inprocess": f"e2e:{args.model}", "rate": args.soak_rate, "prompt_len": args.prompt_len,
+            "output_len": args.output_len}
+    got = baseline.get("load") or {}
+    return [f"{k} {got.get(k)} (here {v})" for k, v in want.items() if got.get(k) is not None and got.get(k) != v]
+
+
+def judge_soak(results: List[Dict[str, Any]], file_baseline: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """Every soak row's verdict: against plain's RSS growth, plain's of this
+    call where it ran (and has two lines from minute SOAK_FROM_MINUTE on),
+    else the --soak-baseline one, else none (the flat rule). Plain itself
+    keeps the flat rule. Returns the baseline used."""
+    base = soak_baseline(results, "plain of this call") or file_baseline
+    for r in results:
+        if r.get("report") is not None:
+            r["soak"] = soak_analysis(r["report"], None if r.get("row") == "plain" else base)
+    return base
+
+
+def soak_table(lines: List[Dict[str, Any]], baseline: Optional[Dict[str, Any]] = None) -> List[str]:
+    """A line a minute; with a baseline, each line's RSS growth against the
+    line before and plain's at the same minute beside it."""
+    head = ("| minute | tok/s | TTFT p99 ms | completed | errors | in flight | RSS MiB | "
+            + ("RSS growth MiB/min | plain's growth MiB/min | " if baseline is not None else "")
+            + "GPU MiB | hit rate | launches seen | live allocations | events dropped |")
+    out = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    own = growth_by_minute(lines)
+    plain = growth_by_minute(baseline.get("lines") or []) if baseline is not None else {}
     for ln in lines:
         m = ln["t"] / 60
         mark = "" if ln["loaded"] else " (drain)"
+        grow = (f"{fmt(own.get(round(ln['t'], 1)), '+.0f')} | {fmt(plain.get(round(ln['t'], 1)), '+.0f')} | "
+                if baseline is not None else "")
         out.append(f"| {m:.4g}{mark} | {fmt(ln['tok_s'])} | {fmt(ln['ttft_p99_ms'], '.0f')} | "
                    f"{fmt(ln['completed'], 'd')} | {ln['errors']} | {fmt(ln['in_flight'], 'd')} | "
-                   f"{fmt(ln['rss_mib'], '.0f')} | {fmt(ln['gpu_mib'], '.0f')} | {fmt(ln['hit_rate'], '.3f')} | "
+                   f"{fmt(ln['rss_mib'], '.0f')} | {grow}{fmt(ln['gpu_mib'], '.0f')} | {fmt(ln['hit_rate'], '.3f')} | "
                    f"{fmt(ln['launches'], '.0f')} | {fmt(ln['live_allocations'], '.0f')} | "
                    f"{fmt(ln['dropped'], '.0f')} |")
     return out
@@ -690,16 +814,24 @@ def report(args: argparse.Namespace, rows: List[Dict[str, Any]], started: str) -
                   f"minute, its live allocations and the events dropped so far. Verdict from minute "
                   f"{SOAK_FROM_MINUTE} on: zero errors (over the whole soak), "
                   f"RSS and GPU memory (max - min) / min ≤ {SOAK_FLAT:.0%}, hit rate range ≤ {SOAK_HIT_RANGE:g}; "
-                  f"lines marked (drain) come after the last arrival and are not judged."]
+                  f"lines marked (drain) come after the last arrival and are not judged. Where plain's soak is "
+                  f"there (plain in the same call, else --soak-baseline), the engine's own RSS growth is not "
+                  f"the shim's: a row's RSS is judged by its growth beyond plain's instead (the largest rise "
+                  f"between an earlier and a later line, less plain's growth a minute from minute "
+                  f"{SOAK_FROM_MINUTE} on over the same minutes, ≤ {SOAK_FLAT:.0%} of the row's lowest RSS), "
+                  f"and the table shows both growths; plain itself keeps the flat rule."]
         for r in rows:
             so = r.get("soak")
             lines += ["", f"### {r['row']}" + (f" ({r['policy']})" if r.get("policy") else " (no shim)")]
             if not so:
                 lines += ["", f"No soak report: {r.get('status')}."]
                 continue
+            base = so.get("baseline")
             lines += ["", f"{so['duration_s'] / 60:g} min at {so['rate']:g} req/s. Verdict: "
-                      + ("**PASS**" if so["ok"] else "**FAIL**"), ""]
-            lines += soak_table(so["lines"]) + [""] + verdict_table(so["checks"])
+                      + ("**PASS**" if so["ok"] else "**FAIL**")
+                      + (f" (RSS against plain's growth, {base['growth_mib_min']:+.0f} MiB/min: {base['source']})"
+                         if base else ""), ""]
+            lines += soak_table(so["lines"], base) + [""] + verdict_table(so["checks"])
     if args.mode == "faults":
         lines += ["", "## Faults under load (issue 20)", "",
                   "Each row's phase with the faults, against the plain reference's greedy outputs. Cut requests "
@@ -793,6 +925,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                          "5 minutes of one row take ~330 s: ONE ROW A CALL (--rows host, then --rows managed); "
                          "a row that cannot end before --deadline is not started")
     ap.add_argument("--soak-rate", type=float, default=SOAK_RATE, help="requests/s of the soak (default %(default)g)")
+    ap.add_argument("--soak-baseline", metavar="JSON",
+                    help="a serve-rows JSON of an earlier soak with a plain row (the engine without the shim): "
+                         "RSS is then judged by its growth beyond plain's, i.e. the largest rise between an "
+                         "earlier and a later line from minute 2 on, less plain's RSS growth a minute (from "
+                         "minute 2 on; 0 where plain shrank) over the same minutes, must be <= 1%% of the row's "
+                         "lowest RSS; the table shows each row's growth a minute beside plain's. A plain row in "
+                         "the same call is used instead. Without either: RSS flat within 1%% (max/min)")
     ap.add_argument("--faults", action="store_true",
                     help="plain (greedy reference, short phase), then each row one phase with disconnects, a burst, "
                          "a long prompt, greedy checked alone and under load (~250 s for plain,host,managed)")
@@ -844,6 +983,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     for r in rows:
         shim_policy(args.model, r)  # every policy exists before anything runs
     args.row_list = rows
+    args.soak_base = None
+    if args.soak_baseline:
+        if args.mode != "soak":
+            ap.error("--soak-baseline goes with --soak")
+        try:
+            with open(args.soak_baseline) as f:
+                js = json.load(f)
+        except (OSError, ValueError) as e:
+            ap.error(f"--soak-baseline {args.soak_baseline}: {e}")
+        base = soak_baseline(js.get("rows") or [] if isinstance(js, dict) else [],
+                             f"plain of {os.path.basename(args.soak_baseline)}")
+        if base is None:
+            ap.error(f"--soak-baseline {args.soak_baseline}: no plain row with two RSS readings from minute "
+                     f"{SOAK_FROM_MINUTE} on (a serve-rows --soak JSON with plain in --rows)")
+        base["differs"] = baseline_differs(base, args)
+        args.soak_base = base
     return args
 
 
@@ -871,6 +1026,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"# {args.mode}: rows {','.join(rows)}, expected ~{total:.0f} s on the H100 "
           f"({', '.join(f'{r} ~{estimate(args, r):.0f} s' for r in rows)}; --deadline {args.deadline:g} s); "
           f"rows' files in {args.work}", flush=True)
+    if args.soak_base is not None:
+        b = args.soak_base
+        print(f"# soak baseline: {b['source']}, RSS {b['growth_mib_min']:+.0f} MiB/min from minute "
+              f"{SOAK_FROM_MINUTE} on" + (f" (it differs: {', '.join(b['differs'])})" if b["differs"] else "")
+              + ("; a plain row in this call replaces it" if "plain" in rows else ""), flush=True)
     if args.mode == "soak" and len(rows) > 1 and sum(estimate(args, r, worst=True) for r in rows) > args.deadline:
         print(f"# --soak {args.soak:g} with {len(rows)} rows does not fit --deadline {args.deadline:g}: the rows that "
               f"cannot end in time are skipped; run one row a call (--rows {rows[0]}, then --rows {rows[1]} ...)",
@@ -930,8 +1090,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             res["status"] = f"exit {res['rc']} (see the log)"
         res["status"] += f", {n} of {want} phases"
         res["failed"] = bool(res["stopped"]) or res["rc"] != 0 or n < want
-        if args.mode == "soak":
-            res["soak"] = soak_analysis(res["report"])
+        if args.mode == "soak":  # every row again: plain may have run after the others
+            judge_soak(results + [res], args.soak_base)
         if args.mode == "faults" and row != "plain":
             res["faults"] = faults_verdict(res["report"], args.faults_burst)
         verdict = res.get("soak") or res.get("faults")

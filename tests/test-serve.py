@@ -899,6 +899,103 @@ class TestSoakVerdict(unittest.TestCase):
         self.assertEqual(self.failed_checks(v), [])
         self.assertIsNone(next(c for c in v["checks"] if c["check"] == "GPU memory flat")["ok"])
 
+    # --soak-baseline, or plain in the same call: RSS judged by its growth
+    # beyond plain's (the engine's RSS grows without the shim too)
+
+    def base(self, growth: float) -> dict:
+        return {"growth_mib_min": growth, "source": "plain of a test"}
+
+    def rss_check(self, v: dict) -> dict:
+        return next(c for c in v["checks"] if c["check"].startswith("RSS"))
+
+    def test_growth_like_plains_passes_against_plain(self) -> None:
+        lines = self.rows.soak_lines(soak_intervals(rss=[15000 + 600 * i for i in range(5)]), BASE, 300.0)
+        self.assertEqual(self.failed_checks(self.rows.soak_verdict(lines, 0)), ["RSS flat"])  # 11.8%: the flat rule
+        v = self.rows.soak_verdict(lines, 0, baseline=self.base(600.0))
+        self.assertTrue(v["ok"], v["checks"])
+        c = self.rss_check(v)
+        self.assertEqual(c["check"], "RSS growth beyond plain's")
+        self.assertIn("+600 MiB/min, plain +600 MiB/min (plain of a test)", c["value"])
+        self.assertIn("+0 MiB: 0.00% of 15600 MiB", c["value"])
+        self.assertEqual(c["target"], "rise beyond plain's growth ≤ 1% of RSS")
+
+    def test_growth_beyond_plains_fails(self) -> None:
+        # 100 MiB/min more than plain over minutes 2-5: 300 MiB, 1.9% of 15700
+        v = self.verdict_base(soak_intervals(rss=[15000 + 700 * i for i in range(5)]), 600.0)
+        self.assertEqual(self.failed_checks(v), ["RSS growth beyond plain's"])
+        self.assertIn("largest rise beyond plain's +300 MiB: 1.91% of 15700 MiB", self.rss_check(v)["value"])
+        # a jump between two minutes is a rise as well, even where it falls back later
+        iv = soak_intervals(rss=[15000, 15000, 15300, 15000, 15000])
+        self.assertEqual(self.failed_checks(self.verdict_base(iv, 0.0)), ["RSS growth beyond plain's"])
+        self.assertTrue(self.verdict_base(iv, 600.0)["ok"])  # within plain's +600 a minute
+
+    def test_less_growth_than_plain_or_plain_shrinking(self) -> None:
+        # a row that grows less than plain (a slower engine steps less) passes
+        self.assertTrue(self.verdict_base(soak_intervals(rss=[15000 + 200 * i for i in range(5)]), 600.0)["ok"])
+        # a falling RSS is no rise
+        self.assertTrue(self.verdict_base(soak_intervals(rss=[15000 - 400 * i for i in range(5)]), 0.0)["ok"])
+        # plain shrank: its growth counts as 0, so the row may rise by 1% of its RSS, not more
+        self.assertTrue(self.verdict_base(soak_intervals(rss=[15000 + 40 * i for i in range(5)]), -300.0)["ok"])
+        v = self.verdict_base(soak_intervals(rss=[15000 + 100 * i for i in range(5)]), -300.0)
+        self.assertEqual(self.failed_checks(v), ["RSS growth beyond plain's"])
+
+    def verdict_base(self, intervals: list, growth: float) -> dict:
+        return self.rows.soak_verdict(self.rows.soak_lines(intervals, BASE, 300.0), 0, baseline=self.base(growth))
+
+    def report(self, row: str, rss: list) -> dict:
+        """A serve-rows result row whose serve.py report holds a soak's lines."""
+        return {"row": row, "report": {
+            "config": {"duration": 300.0, "inprocess": "e2e:moe8", "rate": 3.0, "prompt_len": "uniform:16:128",
+                       "output_len": "fixed:32"},
+            "phases": [{"rate": 3.0, "summary": {"requests": {"failed": 0}},
+                        "intervals": soak_intervals(len(rss), rss=rss), "interval_base": BASE}]}}
+
+    def test_baseline_from_a_file_or_the_same_call(self) -> None:
+        plain = self.report("plain", [14000, 15000, 15600, 16200, 16800])  # +600 a minute from minute 2 on
+        base = self.rows.soak_baseline([self.report("host", [15000] * 5), plain], "plain of f.json")
+        self.assertAlmostEqual(base["growth_mib_min"], 600.0)
+        self.assertEqual(base["load"]["rate"], 3.0)
+        self.assertIsNone(self.rows.soak_baseline([self.report("host", [15000] * 5)], "x"))  # no plain
+        self.assertIsNone(self.rows.soak_baseline([self.report("plain", [15000])], "x"))  # no line from minute 2 on
+        host = self.report("host", [15000 + 650 * i for i in range(5)])
+        used = self.rows.judge_soak([host], base)
+        self.assertIs(used, base)
+        self.assertTrue(host["soak"]["ok"], host["soak"]["checks"])  # 50 a minute beyond plain's: 150 MiB, 0.96%
+        self.assertEqual(host["soak"]["baseline"]["source"], "plain of f.json")
+        md = "\n".join(self.rows.soak_table(host["soak"]["lines"], host["soak"]["baseline"]))
+        self.assertIn("| RSS MiB | RSS growth MiB/min | plain's growth MiB/min | GPU MiB |", md)
+        self.assertIn("| 15650 | +650 | +1000 | 56100 |", md)  # minute 2: plain's first minute was +1000
+        self.assertIn("| 17600 | +650 | +600 | 56100 |", md)
+        # plain in the same call replaces the file's, and keeps the flat rule itself
+        same = self.report("plain", [15000 + 450 * i for i in range(5)])
+        used = self.rows.judge_soak([host, same], base)
+        self.assertEqual(used["source"], "plain of this call")
+        self.assertEqual(self.failed_checks(host["soak"]), ["RSS growth beyond plain's"])  # 600 MiB, 3.8%
+        self.assertEqual(self.failed_checks(same["soak"]), ["RSS flat"])
+        self.assertNotIn("baseline", same["soak"])
+        # neither: the flat rule for every row
+        self.rows.judge_soak([host], None)
+        self.assertEqual(self.failed_checks(host["soak"]), ["RSS flat"])
+
+    def test_recorded_h100_soaks(self) -> None:
+        """The H100 soaks whose RSS grew in every row, plain included
+        (~680 MiB a minute at 3 req/s): against plain's growth, empty (same
+        call) and host (a call of its own) pass, plain fails the flat rule."""
+        res = os.path.join(SRC, "bench", "results")
+        with open(os.path.join(res, "serve-rows-20261126-010955-soak-plain-empty-h100.json")) as f:
+            pe = json.load(f)["rows"]
+        with open(os.path.join(res, "serve-rows-20261126-010409-soak-host-h100.json")) as f:
+            host = json.load(f)["rows"]
+        used = self.rows.judge_soak(pe, None)
+        self.assertAlmostEqual(used["growth_mib_min"], 682, delta=1)
+        by = {r["row"]: r["soak"] for r in pe}
+        self.assertEqual(self.failed_checks(by["plain"]), ["RSS flat"])
+        self.assertTrue(by["empty"]["ok"], by["empty"]["checks"])
+        self.rows.judge_soak(host, self.rows.soak_baseline(pe, "plain of 010955"))
+        self.assertTrue(host[0]["soak"]["ok"], host[0]["soak"]["checks"])
+        self.rows.judge_soak(host, None)
+        self.assertEqual(self.failed_checks(host[0]["soak"]), ["RSS flat"])  # 4.9% flat: what the report said
+
     def test_long_prompt_fits_the_positions(self) -> None:
         self.assertEqual(self.rows.long_prompt_len("moe8", "fixed:32"), 4000)
         self.assertEqual(self.rows.dist_max("uniform:16:128"), 128)
@@ -1030,6 +1127,22 @@ class TestRowsModes(unittest.TestCase):
         self.assertIn("--long-prompt 4000", r.stdout)
         self.assertIn("4032 of the model's 4096 positions", r.stdout)
         self.assertFalse(os.path.exists(out))  # a dry run writes nothing
+        # --soak-baseline: plain's growth from an earlier soak's JSON
+        res = os.path.join(SRC, "bench", "results")
+        plain = os.path.join(res, "serve-rows-20261126-010955-soak-plain-empty-h100.json")
+        r = subprocess.run([sys.executable, script, "--out", out, "--dry-run", "--soak", "5", "--rows", "host",
+                            "--build", self.tmp, "--soak-baseline", plain], capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("# soak baseline: plain of serve-rows-20261126-010955-soak-plain-empty-h100.json, "
+                      "RSS +682 MiB/min from minute 2 on\n", r.stdout)
+        for extra, why in ((["--soak", "5", "--soak-baseline",
+                             os.path.join(res, "serve-rows-20261126-010409-soak-host-h100.json")], "no plain row"),
+                           (["--soak-baseline", plain], "goes with --soak"),
+                           (["--soak", "5", "--soak-baseline", os.path.join(self.tmp, "none.json")], "none.json")):
+            r = subprocess.run([sys.executable, script, "--out", out, "--dry-run", "--build", self.tmp] + extra,
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn(why, r.stderr)
 
 
 class TestSchedule(unittest.TestCase):
