@@ -27,6 +27,18 @@ static void hold(struct wo_auto *a, double at_ns)
     a->ewma_ns = at_ns;
 }
 
+/* Adds k steps of per ns to the phase's window; true (and the mean a step)
+ * once it holds PROBE_STEPS. */
+static bool measured(struct wo_auto *a, double per, unsigned k, double *mean)
+{
+    a->sum_ns += per * k;
+    a->n += k;
+    if (a->n < WO_AUTO_PROBE_STEPS)
+        return false;
+    *mean = a->sum_ns / a->n;
+    return true;
+}
+
 enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
                                  double link_gbs)
 {
@@ -47,11 +59,8 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     }
     switch (a->phase) {
     case WO_AUTO_WATCH:
-        a->sum_ns += per * k;
-        a->n += k;
-        if (a->n < WO_AUTO_PROBE_STEPS)
+        if (!measured(a, per, k, &a->inplace_ns))
             return WO_AUTO_NONE;
-        a->inplace_ns = a->sum_ns / a->n;
         if (cand_bytes && link_gbs > 0 &&
             (double)cand_bytes / link_gbs < WO_AUTO_TRY_RATIO * a->inplace_ns) {
             /* bytes / (GB/s) is in ns */
@@ -63,11 +72,8 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         hold(a, a->inplace_ns);
         return WO_AUTO_NONE;
     case WO_AUTO_TRY:
-        a->sum_ns += per * k;
-        a->n += k;
-        if (a->n < WO_AUTO_PROBE_STEPS)
+        if (!measured(a, per, k, &a->stream_ns))
             return WO_AUTO_NONE;
-        a->stream_ns = a->sum_ns / a->n;
         if (a->stream_ns < WO_AUTO_KEEP_RATIO * a->inplace_ns) {
             a->kept++;
             hold(a, a->stream_ns);

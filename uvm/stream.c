@@ -638,12 +638,12 @@ static void unselect_range(struct srange *r, uint32_t id)
  * ranges are left to the gain rule: the hot set already moves them. */
 #define AUTO_RECENT 4 /* steps */
 /* the first decisions at info, later ones (a server's batch moves) at debug */
-#define AUTO_SAY(loud, ...)           \
-    do {                              \
-        if (loud)                     \
-            wo_info(__VA_ARGS__);     \
-        else                          \
-            wo_debug(__VA_ARGS__);    \
+#define AUTO_SAY(loud, ...)                                                                        \
+    do {                                                                                           \
+        if (loud)                                                                                  \
+            wo_info(__VA_ARGS__);                                                                  \
+        else                                                                                       \
+            wo_debug(__VA_ARGS__);                                                                 \
     } while (0)
 static bool auto_candidate(struct srange *r)
 {
