@@ -632,11 +632,6 @@ static void unselect_range(struct srange *r, uint32_t id)
     }
 }
 
-/* auto's candidates for the step-time decision: host ranges a recent step
- * read, that the executor can stream and did not stream for their gain
- * (those stay streamed: they save bytes whatever the time says). Managed
- * ranges are left to the gain rule: the hot set already moves them. */
-#define AUTO_RECENT 4 /* steps */
 /* the first decisions at info, later ones (a server's batch moves) at debug */
 #define AUTO_SAY(loud, ...)                                                                        \
     do {                                                                                           \
@@ -645,6 +640,12 @@ static void unselect_range(struct srange *r, uint32_t id)
         else                                                                                       \
             wo_debug(__VA_ARGS__);                                                                 \
     } while (0)
+
+/* auto's candidates for the step-time decision: host ranges a recent step
+ * read, that the executor can stream and did not stream for their gain
+ * (those stay streamed: they save bytes whatever the time says). Managed
+ * ranges are left to the gain rule: the hot set already moves them. */
+#define AUTO_RECENT 4 /* steps */
 static bool auto_candidate(struct srange *r)
 {
     if (!r->live || !r->host)
