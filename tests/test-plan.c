@@ -266,6 +266,36 @@ static void test_stepper_phase_change(void **state)
     wo_stepper_done(&s);
 }
 
+/* The first forward pass is unlike the later ones (a prefill that touches
+ * the same weights in the same order, plus one more), and its first key,
+ * the anchor, recurs every step after: every candidate period then
+ * mismatches in that first pass. The anchor never goes missing, so the
+ * patience rule never starts over: a candidate's run must start again at a
+ * mismatch, or no step is ever found (the gpu suite's managed MoE row: 0
+ * steps in 210 forward passes). 13 ranges a step, the key by range only. */
+static void test_stepper_irregular_first_pass(void **state)
+{
+    struct wo_stepper s;
+    unsigned boundaries = 0, first = 0;
+
+    (void)state;
+    wo_stepper_init(&s);
+    for (unsigned step = 0; step < 80; step++)
+        for (unsigned l = 0; l < 13; l++) {
+            if (step == 0 && l == 5)
+                assert_int_equal(wo_stepper_feed(&s, wo_stepper_key(0, 77)), 0);
+            if (wo_stepper_feed(&s, wo_stepper_key(0, 1 + 2 * l))) {
+                assert_int_equal(l, 0); /* every boundary at the step's first range */
+                if (!boundaries++)
+                    first = step;
+            }
+        }
+    /* a run of one period and WO_STEPPER_MIN_MATCH keys: ~21 steps in */
+    assert_true(boundaries > 50);
+    assert_true(first < 25);
+    wo_stepper_done(&s);
+}
+
 /* A prefill (keys that never repeat) before the decode steps: the stepper
  * gives up its first anchor and finds the decode period. */
 static void test_stepper_after_prefill(void **state)
@@ -842,6 +872,7 @@ int main(void)
         cmocka_unit_test(test_stepper_clusters_and_noise),
         cmocka_unit_test(test_stepper_phase_change),
         cmocka_unit_test(test_stepper_after_prefill),
+        cmocka_unit_test(test_stepper_irregular_first_pass),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),
         cmocka_unit_test(test_cost_rule),

@@ -139,7 +139,7 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, ks, ke;
+    CUfunction k, kb, ks, ke;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -203,10 +203,17 @@ static int child(const char *mode)
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
+    kb = kernel("checksum_b", 3, psz, checksum);
     ks = kernel("scribble", 2, psz, scribble);
     ke = kernel("echo", 2, psz, echo);
 
     for (int step = 0; step < STEPS; step++) {
+        /* each step reads the weights with one of two kernels, drawn at
+         * random: an engine's kernels change with its batch (cuBLAS picks
+         * by problem size; under continuous batching every step), and the
+         * executor must still find the steps (it keys them by range) */
+        CUfunction kk = ((uint64_t)step * 0x9E3779B97F4A7C15ull) >> 63 ? kb : k;
+
         if (stream_mode && step == STEPS / 2) {
             /* (2) a copy writes range 3 after seal: its slot is dropped
              * before the write goes out; from now on it is read in place */
@@ -237,7 +244,7 @@ static int child(const char *mode)
                 uint64_t n = MiB;
                 void *params[] = {&ranges[i], &n, &out};
 
-                CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuLaunchKernel(kk, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 if (*(uint64_t *)(uintptr_t)out != expect[i])
                     wrong++;

@@ -17,6 +17,7 @@ void wo_stepper_done(struct wo_stepper *s)
     free(s->gaps);
     free(s->keys);
     free(s->cand);
+    free(s->since);
     memset(s, 0, sizeof(*s));
 }
 
@@ -69,9 +70,43 @@ static int stepper_gap(struct wo_stepper *s, uint64_t key)
     return e->runs >= WO_STEPPER_GAP_RUNS;
 }
 
+/* Whether a candidate period is matching now (its run has lasted a while):
+ * then the anchor's absence is a long step, not a phase that ended. */
+static bool running(const struct wo_stepper *s)
+{
+    for (size_t c = 0; c < s->ncand; c++)
+        if (s->n - s->since[c] >= WO_STEPPER_GAP_MIN)
+            return true;
+    return false;
+}
+
+/* Period P, proposed at key i: a new candidate whose run starts there.
+ * When the table is full, the candidate broken most recently gives way. */
+static void add_candidate(struct wo_stepper *s, size_t P, size_t i)
+{
+    size_t c, worst = 0;
+
+    for (c = 0; c < s->ncand; c++) {
+        if (s->cand[c] == P)
+            return;
+        if (s->since[c] > s->since[worst])
+            worst = c;
+    }
+    if (s->ncand < WO_STEPPER_CANDS) {
+        if (wo_grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) < 0 ||
+            wo_grow((void **)&s->since, &s->capsince, s->ncand + 1, sizeof(*s->since)) < 0)
+            return;
+        c = s->ncand++;
+    } else {
+        c = worst;
+    }
+    s->cand[c] = P;
+    s->since[c] = i;
+}
+
 unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
 {
-    size_t i, j;
+    size_t i;
 
     s->pos++;
     if (!s->per_step && stepper_gap(s, key)) {
@@ -130,13 +165,15 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         s->n = 0; /* no period: start over, this key is the new anchor */
         s->ncand = 0;
     }
-    if (s->n && !s->ncand && s->n - s->last_anchor >= WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE)) {
+    if (s->n && !running(s) &&
+        s->n - s->last_anchor >= WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE)) {
         /* the anchor has not come back for a long while and nothing is
          * matching: it belonged to a phase that is over (a prefill before
          * the decode steps). Start over from this key, with more patience
          * next time in case steps are simply long. */
         s->patience = WO_MIN(WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE) * 2, (size_t)WO_STEPPER_MAX);
         s->n = 0;
+        s->ncand = 0;
     }
     if (wo_grow((void **)&s->keys, &s->cap, s->n + 1, sizeof(*s->keys)) < 0)
         return 0; /* learns nothing from this key; later keys try again */
@@ -145,29 +182,32 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
     if (i == 0) {
         s->anchor = key;
         s->last_anchor = 0;
+        s->prev[0] = 0;
+        s->nprev = 1;
         return 0;
     }
-    /* survivors: key i equals key i - P */
-    for (size_t c = j = 0; c < s->ncand; c++)
-        if (s->keys[i - s->cand[c]] == key)
-            s->cand[j++] = s->cand[c];
-    s->ncand = j;
+    /* key i against key i - P: a mismatch starts the candidate's run again */
+    for (size_t c = 0; c < s->ncand; c++)
+        if (s->keys[i - s->cand[c]] != key)
+            s->since[c] = i + 1;
     if (key == s->anchor) {
+        for (unsigned a = 0; a < WO_MIN(s->nprev, WO_STEPPER_PREV); a++)
+            add_candidate(s, i - s->prev[a], i);
+        s->prev[s->nprev++ % WO_STEPPER_PREV] = i;
         s->last_anchor = i;
-        if (wo_grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) == 0)
-            s->cand[s->ncand++] = i;
     }
     /* the shortest candidate that matched long enough wins */
     for (size_t c = 0; c < s->ncand; c++) {
-        size_t P = s->cand[c];
+        size_t P = s->cand[c], run = i + 1 - s->since[c];
 
         /* a repeat inside a step (top-k experts of one layer launch the
          * same keys k times) matches a short second period too: a period
          * must also hold for WO_STEPPER_MIN_MATCH keys past its first */
-        if (i + 1 < 2 * P || i + 1 < P + WO_STEPPER_MIN_MATCH)
+        if (run < P || run < WO_STEPPER_MIN_MATCH)
             continue;
+        /* anchors in the last period: the step's own, not the start's */
         s->per_step = 0;
-        for (size_t k = 0; k < P; k++)
+        for (size_t k = i + 1 - P; k <= i; k++)
             s->per_step += s->keys[k] == s->anchor;
         s->seen = s->per_step - 1; /* the next anchor is a boundary */
         s->anchor_last = s->last_boundary = s->pos;

@@ -162,9 +162,16 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
 
 /* Step detection without engine help. Each launch that touches tracked
  * memory gives a key (its function and the lowest range id it touched).
- * The first key is the anchor; a candidate period starts at each recurrence
- * of the anchor and survives while every later key equals the key one period
- * earlier; the first to match a whole second period is the step. From then
+ * The first key is the anchor; each recurrence of the anchor proposes as
+ * candidate periods its distances to the anchor's WO_STEPPER_PREV latest
+ * occurrences (a step may hold the anchor several times; at most
+ * WO_STEPPER_CANDS candidates, the most recently broken one giving way),
+ * and a candidate's run grows while
+ * every key equals the key one period earlier; a key that does not starts
+ * its run again (a first forward pass unlike the later ones, a prefill
+ * touching the same weights, must not bar the period for good). The
+ * shortest candidate whose run reaches a whole period and
+ * WO_STEPPER_MIN_MATCH keys is the step. From then
  * on a step starts at every c-th anchor recurrence (c: anchors per step), so
  * steps of varying length (routing) keep their boundaries. When the
  * anchor has not recurred for WO_STEPPER_PATIENCE keys (doubling each time)
@@ -174,6 +181,8 @@ uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset
 #define WO_STEPPER_MAX 65536u
 #define WO_STEPPER_MIN_MATCH 256u
 #define WO_STEPPER_PATIENCE 1024u
+#define WO_STEPPER_CANDS 64u
+#define WO_STEPPER_PREV 8u
 /* Real MoE decode steps are not key-exact repeats (a step launches a few
  * more or fewer expert kernels as routing changes), so a second rule runs
  * beside the exact one: a key that recurs WO_STEPPER_GAP_RUNS times at
@@ -202,7 +211,11 @@ struct wo_stepper {
     size_t n, cap;
     uint64_t anchor;
     size_t *cand;   /* candidate periods */
-    size_t ncand, capcand;
+    size_t *since;  /* per candidate: the key from which every key has equalled the one
+                     * a period earlier (a mismatch starts its run again) */
+    size_t ncand, capcand, capsince;
+    size_t prev[WO_STEPPER_PREV]; /* the anchor's latest occurrences (ring) */
+    unsigned nprev;
     size_t last_anchor; /* index of the anchor's latest occurrence */
     size_t patience;    /* keys without the anchor before starting over */
     uint32_t per_step; /* anchors per step; 0: not found yet */

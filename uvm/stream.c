@@ -87,6 +87,7 @@ struct exec {
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
     struct wo_stepper st;
+    uint32_t last_low; /* the range the last keyed launch reached (a run counts once) */
     uint64_t steps;
     struct wo_auto au; /* auto's step-time decision for host ranges */
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
@@ -830,9 +831,16 @@ static void on_launch(const struct wo_event *ev)
         account_hit(r, h->id, h);
         low = WO_MIN(low, h->id);
     }
-    if (low == NONE)
+    /* The step's keys are the ranges in the order launches reach them, a
+     * run of launches on one range counted once: a forward pass reaches
+     * the same weights in the same order whatever kernels it picks for its
+     * batch, so steps are found again at once when the batch changes (a
+     * key of function and range, as the planner's, changes with the
+     * kernels: b1 to b8, or every step under continuous batching). */
+    if (low == NONE || low == ex->last_low)
         return;
-    k = wo_stepper_feed(&ex->st, wo_stepper_key(ev->l.func, low));
+    ex->last_low = low;
+    k = wo_stepper_feed(&ex->st, wo_stepper_key(0, low));
     if (k)
         close_step(k, ev->t_ns);
 }
@@ -1031,6 +1039,7 @@ static void setup(void)
     ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;
+    ex->last_low = NONE;
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         ex->slot_range[i] = -1;
         ex->slot_last[i] = NONE;
