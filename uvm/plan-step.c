@@ -171,7 +171,8 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
          * matching: it belonged to a phase that is over (a prefill before
          * the decode steps). Start over from this key, with more patience
          * next time in case steps are simply long. */
-        s->patience = WO_MIN(WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE) * 2, (size_t)WO_STEPPER_MAX);
+        s->patience =
+            WO_MIN(WO_MAX(s->patience, (size_t)WO_STEPPER_PATIENCE) * 2, (size_t)WO_STEPPER_MAX);
         s->n = 0;
         s->ncand = 0;
     }
