@@ -15,6 +15,10 @@
  *    launch into a capture is not redirected and its graph still reads the
  *    right data; the read multiplicity per name is ~READS;
  *  - mode auto: the same ranges are streamed once measured (read 4x a step);
+ *  - mode auto, each range read once a step (auto-time): no gain to stream
+ *    for, so only the step-time rule can: it tries, then keeps them
+ *    streamed or puts them back in place (the fake's timing decides
+ *    which), every read bit-identical through the switches;
  *  - mode hot-set: nothing is redirected, and one warning names a range
  *    read 2x or more a step in place with the fix.
  *
@@ -135,6 +139,11 @@ static int child(const char *mode)
     static const size_t psz[3] = {8, 8, 8};
     uint64_t expect[NR], expect_gapped, expect_padded, lcg = 12345;
     bool stream_mode = strcmp(mode, "stream") == 0;
+    /* auto-time: each range read once a step, so no gain: only auto's
+     * step-time rule (uvm/stream-auto.c) can stream them, and it needs
+     * steps to find the period, measure in place, then try */
+    bool time_mode = strcmp(mode, "auto-time") == 0;
+    int reads = time_mode ? 1 : READS, steps = time_mode ? 3 * STEPS / 2 : STEPS;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -207,7 +216,7 @@ static int child(const char *mode)
     ks = kernel("scribble", 2, psz, scribble);
     ke = kernel("echo", 2, psz, echo);
 
-    for (int step = 0; step < STEPS; step++) {
+    for (int step = 0; step < steps; step++) {
         /* each step reads the weights with one of two kernels, drawn at
          * random: an engine's kernels change with its batch (cuBLAS picks
          * by problem size; under continuous batching every step), and the
@@ -240,7 +249,7 @@ static int child(const char *mode)
             CHECK(*(uint64_t *)(uintptr_t)out == expect[7]);
         }
         for (int i = 0; i < NR; i++) {
-            for (int r = 0; r < READS; r++) {
+            for (int r = 0; r < reads; r++) {
                 uint64_t n = MiB;
                 void *params[] = {&ranges[i], &n, &out};
 
@@ -293,7 +302,7 @@ static int child(const char *mode)
     CHECK(stray_writes == 0);
     CHECK(rewritten_words == 0);
     printf("child %s: %llu of %d reads from a slot, %llu wrong, %llu non-pointer words changed\n",
-           mode, (unsigned long long)redirected_reads, STEPS * NR * READS, (unsigned long long)wrong,
+           mode, (unsigned long long)redirected_reads, steps * NR * reads, (unsigned long long)wrong,
            (unsigned long long)rewritten_words);
     if (strcmp(mode, "hot-set") == 0)
         CHECK(redirected_reads == 0);
@@ -363,7 +372,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  "prefetch: {mode: %s, slots: 3, experimental: true}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
-                 mode);
+                 strcmp(mode, "auto-time") == 0 ? "auto" : mode);
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -468,6 +477,22 @@ int main(int argc, char **argv)
     CHECK(redirected > 0);
     e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
     CHECK(e && strstr(e, "\"streamed\":true"));
+
+    /* ---- auto by step time: read once a step, so only the period can
+     * stream them; the fake's steps are no faster streamed (its "device"
+     * is host memory, and the copies add to the step), so auto tries and
+     * then puts them back in place, every read bit-identical throughout
+     * (the child checks each checksum) ---- */
+    run(argv, "auto-time", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("auto-time: %.0f redirected, %.0f steps, %.0f tries, %.0f kept, %.0f back in place\n",
+           num_after(s, "\"redirected\":"), num_after(s, "\"steps\":"),
+           num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+           num_after(s, "\"auto_backs\":"));
+    CHECK(num_after(s, "\"auto_tries\":") >= 1);
+    CHECK(num_after(s, "\"auto_kept\":") + num_after(s, "\"auto_backs\":") >= 1);
+    CHECK(num_after(s, "\"redirected\":") > 0);
+    CHECK(strstr(log, "stream: auto: trying ") != NULL);
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
     run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));
