@@ -149,6 +149,23 @@ static void boundaries(void **state)
     assert_int_equal(c.a.n, 0);
 }
 
+/* A server's batch moves every step: a drift right after a decision
+ * waits MIN_HOLD steps before it counts. */
+static void drift_waits_min_hold(void **state)
+{
+    struct clock c;
+    (void)state;
+    start(&c);
+    run(&c, 1 + WO_AUTO_PROBE_STEPS, 1570, 20.7);
+    run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
+    assert_true(c.a.streaming);
+    assert_int_equal(c.a.phase, WO_AUTO_HOLD);
+    /* the period at once 2x: nothing until MIN_HOLD steps are held */
+    assert_int_equal(run(&c, WO_AUTO_MIN_HOLD - 1, 840, 20.7), WO_AUTO_NONE);
+    assert_true(c.a.streaming);
+    assert_int_equal(run(&c, 1, 840, 20.7), WO_AUTO_UNSTREAM);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -156,6 +173,7 @@ int main(void)
         cmocka_unit_test(slower_streamed_goes_back),
         cmocka_unit_test(copy_longer_than_step_never_tries),
         cmocka_unit_test(boundaries),
+        cmocka_unit_test(drift_waits_min_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -87,7 +87,8 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     case WO_AUTO_HOLD:
         a->held += k;
         a->ewma_ns += (per - a->ewma_ns) * (k >= 8 ? 1.0 : 0.125 * k);
-        if (fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT ||
+        if ((a->held >= WO_AUTO_MIN_HOLD &&
+             fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT) ||
             (!a->streaming && a->held >= WO_AUTO_HOLD_STEPS)) {
             if (a->streaming) {
                 a->streaming = false;

@@ -24,7 +24,9 @@
  *    it was taken at (the batch changed), or, in place, for HOLD_STEPS
  *    (the batch may have grown below the drift), then watch again (a
  *    decision to stream is left first, so the in-place period is measured
- *    anew). */
+ *    anew). A drift counts only after MIN_HOLD steps: a server's batch
+ *    moves every step, and a decision taken every 20 steps would spend
+ *    half the time measuring. */
 #pragma once
 
 #include <stdbool.h>
@@ -33,6 +35,7 @@
 #define WO_AUTO_PROBE_STEPS 8
 #define WO_AUTO_SETTLE_STEPS 2
 #define WO_AUTO_HOLD_STEPS 512
+#define WO_AUTO_MIN_HOLD 64
 #define WO_AUTO_TRY_RATIO 0.95
 #define WO_AUTO_KEEP_RATIO 0.97
 #define WO_AUTO_DRIFT 0.30
