@@ -296,6 +296,37 @@ static void test_stepper_irregular_first_pass(void **state)
     wo_stepper_done(&s);
 }
 
+/* A first phase with the anchor, then one of the same period without it:
+ * a candidate's run in the second phase holds no anchor, so it is no step
+ * (steps are counted in anchors: 0 of them a step wrapped the count), and
+ * it does not hold off the patience rule, which starts over and finds the
+ * second phase's steps, every boundary at one place of the period. */
+static void test_stepper_anchor_gone_same_period(void **state)
+{
+    struct wo_stepper s;
+    unsigned first = 0, second = 0, where = 999;
+
+    (void)state;
+    wo_stepper_init(&s);
+    /* phase 1, 12 keys a period, too short for a step (the run needs 256) */
+    for (unsigned it = 0; it < 12; it++)
+        for (unsigned l = 0; l < 12; l++)
+            first += wo_stepper_feed(&s, wo_stepper_key(0, 1 + l)) > 0;
+    for (unsigned it = 0; it < 300; it++)
+        for (unsigned l = 0; l < 12; l++)
+            if (wo_stepper_feed(&s, wo_stepper_key(0, 100 + l))) {
+                if (where == 999)
+                    where = l;
+                assert_int_equal(l, where);
+                second++;
+            }
+    assert_int_equal(first, 0);
+    /* lost after >= 1024 keys (~85 periods), found ~22 periods later */
+    assert_true(second > 150);
+    assert_true(s.per_step >= 1);
+    wo_stepper_done(&s);
+}
+
 /* A prefill (keys that never repeat) before the decode steps: the stepper
  * gives up its first anchor and finds the decode period. */
 static void test_stepper_after_prefill(void **state)
@@ -873,6 +904,7 @@ int main(void)
         cmocka_unit_test(test_stepper_phase_change),
         cmocka_unit_test(test_stepper_after_prefill),
         cmocka_unit_test(test_stepper_irregular_first_pass),
+        cmocka_unit_test(test_stepper_anchor_gone_same_period),
         cmocka_unit_test(test_stepper_no_period),
         cmocka_unit_test(test_budget_and_hot_set),
         cmocka_unit_test(test_cost_rule),

@@ -126,8 +126,9 @@ static void copy_longer_than_step_never_tries(void **state)
     assert_int_equal(c.a.tries, 0);
 }
 
-/* Boundaries closing several steps count as many; a boundary at the same
- * time as the last, or closing none, measures nothing. */
+/* A boundary closing several steps spans whatever came between (a stepper
+ * that found its period again after an idle spell): it measures nothing;
+ * nor does a boundary at the same time as the last, or closing none. */
 static void boundaries(void **state)
 {
     struct clock c;
@@ -136,17 +137,39 @@ static void boundaries(void **state)
     assert_int_equal(wo_auto_step(&c.a, c.t, 1, 1, 55), WO_AUTO_NONE);
     assert_int_equal(wo_auto_step(&c.a, c.t, 1, 1, 55), WO_AUTO_NONE);
     assert_int_equal(wo_auto_step(&c.a, c.t + MS, 0, 1, 55), WO_AUTO_NONE);
-    assert_int_equal(c.a.n, 0);
-    /* 8 steps of 100 ms in one boundary: the in-place period is 100 ms */
     c.t += 800 * MS;
     assert_int_equal(wo_auto_step(&c.a, c.t, WO_AUTO_PROBE_STEPS, (uint64_t)(2 * GB), 55),
-                     WO_AUTO_STREAM);
-    assert_true(c.a.inplace_ns > 99.9 * MS && c.a.inplace_ns < 100.1 * MS);
-    /* a boundary of more steps than are left to settle moves on */
-    c.t += 300 * MS;
-    assert_int_equal(wo_auto_step(&c.a, c.t, 3, (uint64_t)(2 * GB), 55), WO_AUTO_NONE);
-    assert_int_equal(c.a.skip, 0);
+                     WO_AUTO_NONE);
     assert_int_equal(c.a.n, 0);
+    /* then 8 steps of 100 ms: the in-place period is 100 ms */
+    assert_int_equal(run(&c, WO_AUTO_PROBE_STEPS, 100, 2.0), WO_AUTO_STREAM);
+    assert_true(c.a.inplace_ns > 99.9 * MS && c.a.inplace_ns < 100.1 * MS);
+}
+
+/* One slow step in a window (an idle spell, a prefill joining the batch)
+ * does not decide: a window's period is its median. */
+static void one_outlier_does_not_decide(void **state)
+{
+    struct clock c;
+    (void)state;
+    /* 20 ms steps and one of 5 s: one copy (36 ms) cannot fit a 20 ms step */
+    start(&c);
+    run(&c, 1 + WO_AUTO_PROBE_STEPS - 1, 20, 2.0);
+    assert_int_equal(run(&c, 1, 5000, 2.0), WO_AUTO_NONE);
+    assert_int_equal(c.a.tries, 0);
+    assert_true(c.a.inplace_ns < 21 * MS);
+    /* tried at 100 ms, streamed steps of 110 ms with one of 5 s among
+     * them: slower, so back in place, whatever the outlier */
+    start(&c);
+    assert_int_equal(run(&c, 1 + WO_AUTO_PROBE_STEPS, 100, 2.0), WO_AUTO_STREAM);
+    run(&c, WO_AUTO_SETTLE_STEPS, 110, 2.0);
+    run(&c, 3, 110, 2.0);
+    run(&c, 1, 5000, 2.0);
+    assert_int_equal(run(&c, WO_AUTO_PROBE_STEPS - 4, 110, 2.0), WO_AUTO_UNSTREAM);
+    /* in hold, a step counts at most twice the period decided at */
+    run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_MIN_HOLD, 100, 2.0);
+    assert_int_equal(run(&c, 1, 60000, 2.0), WO_AUTO_NONE);
+    assert_true(c.a.ewma_ns < 1.2 * c.a.decided_ns);
 }
 
 /* A server's batch moves every step: a drift right after a decision
@@ -173,6 +196,7 @@ int main(void)
         cmocka_unit_test(slower_streamed_goes_back),
         cmocka_unit_test(copy_longer_than_step_never_tries),
         cmocka_unit_test(boundaries),
+        cmocka_unit_test(one_outlier_does_not_decide),
         cmocka_unit_test(drift_waits_min_hold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,9 +16,9 @@
  *    right data; the read multiplicity per name is ~READS;
  *  - mode auto: the same ranges are streamed once measured (read 4x a step);
  *  - mode auto, each range read once a step (auto-time): no gain to stream
- *    for, so only the step-time rule can: it tries, then keeps them
- *    streamed or puts them back in place (the fake's timing decides
- *    which), every read bit-identical through the switches;
+ *    for, so only the step-time rule can: it tries, and since a read from
+ *    a slot is made slower there, puts them back in place, every read
+ *    bit-identical through the switch;
  *  - mode hot-set: nothing is redirected, and one warning names a range
  *    read 2x or more a step in place with the fix.
  *
@@ -64,6 +64,7 @@ static CUdeviceptr ranges[NR], gapped, padded;
 static uint64_t redirected_reads; /* launches whose pointer was not the range's */
 static uint64_t stray_writes;     /* activation writes outside every tail */
 static uint64_t rewritten_words;  /* non-pointer words the kernel got changed */
+static unsigned slot_read_us;     /* auto-time: a read from a slot takes this much longer */
 
 static uint64_t hash(const unsigned char *p, size_t n)
 {
@@ -86,8 +87,11 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     for (int i = 0; i < NR; i++)
         ours |= p >= ranges[i] && p < ranges[i] + MiB;
     ours |= p == gapped || p == padded;
-    if (!ours)
+    if (!ours) {
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
+        if (slot_read_us)
+            usleep(slot_read_us);
+    }
     *out = hash((const unsigned char *)(uintptr_t)p, n);
 }
 
@@ -144,6 +148,10 @@ static int child(const char *mode)
      * steps to find the period, measure in place, then try */
     bool time_mode = strcmp(mode, "auto-time") == 0;
     int reads = time_mode ? 1 : READS, steps = time_mode ? 3 * STEPS / 2 : STEPS;
+
+    /* streamed steps come out slower (the fake's "device" is host memory):
+     * auto must put the ranges back in place */
+    slot_read_us = time_mode ? 500 : 0;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -479,10 +487,9 @@ int main(int argc, char **argv)
     CHECK(e && strstr(e, "\"streamed\":true"));
 
     /* ---- auto by step time: read once a step, so only the period can
-     * stream them; the fake's steps are no faster streamed (its "device"
-     * is host memory, and the copies add to the step), so auto tries and
-     * then puts them back in place, every read bit-identical throughout
-     * (the child checks each checksum) ---- */
+     * stream them; a read from a slot is made slower (slot_read_us), so
+     * auto tries and then puts them back in place (unselect_range), every
+     * read bit-identical throughout (the child checks each checksum) ---- */
     run(argv, "auto-time", stats, sizeof(stats), log, sizeof(log));
     s = strstr(stats, "\"stream\":{");
     printf("auto-time: %.0f redirected, %.0f steps, %.0f tries, %.0f kept, %.0f back in place\n",
@@ -490,7 +497,7 @@ int main(int argc, char **argv)
            num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
            num_after(s, "\"auto_backs\":"));
     CHECK(num_after(s, "\"auto_tries\":") >= 1);
-    CHECK(num_after(s, "\"auto_kept\":") + num_after(s, "\"auto_backs\":") >= 1);
+    CHECK(num_after(s, "\"auto_backs\":") >= 1);
     CHECK(num_after(s, "\"redirected\":") > 0);
     CHECK(strstr(log, "stream: auto: trying ") != NULL);
 

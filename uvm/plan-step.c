@@ -70,12 +70,15 @@ static int stepper_gap(struct wo_stepper *s, uint64_t key)
     return e->runs >= WO_STEPPER_GAP_RUNS;
 }
 
-/* Whether a candidate period is matching now (its run has lasted a while):
- * then the anchor's absence is a long step, not a phase that ended. */
+/* Whether a candidate period is matching now (its run has lasted a while,
+ * and the anchor came in it): then the anchor's absence is a long step,
+ * not a phase that ended. A run without the anchor is another phase that
+ * happens to share a period with this one: it must not hold off the
+ * patience rule. */
 static bool running(const struct wo_stepper *s)
 {
     for (size_t c = 0; c < s->ncand; c++)
-        if (s->n - s->since[c] >= WO_STEPPER_GAP_MIN)
+        if (s->n - s->since[c] >= WO_STEPPER_GAP_MIN && s->last_anchor >= s->since[c])
             return true;
     return false;
 }
@@ -86,19 +89,27 @@ static void add_candidate(struct wo_stepper *s, size_t P, size_t i)
 {
     size_t c, worst = 0;
 
+    bool any = false;
+
     for (c = 0; c < s->ncand; c++) {
         if (s->cand[c] == P)
             return;
-        if (s->since[c] > s->since[worst])
+        /* one proposed at this key has the latest start and has not been
+         * tried: never the one to give way */
+        if (s->since[c] < i && (!any || s->since[c] > s->since[worst])) {
             worst = c;
+            any = true;
+        }
     }
     if (s->ncand < WO_STEPPER_CANDS) {
         if (wo_grow((void **)&s->cand, &s->capcand, s->ncand + 1, sizeof(*s->cand)) < 0 ||
             wo_grow((void **)&s->since, &s->capsince, s->ncand + 1, sizeof(*s->since)) < 0)
             return;
         c = s->ncand++;
-    } else {
+    } else if (any) {
         c = worst;
+    } else {
+        return;
     }
     s->cand[c] = P;
     s->since[c] = i;
@@ -197,19 +208,37 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         s->prev[s->nprev++ % WO_STEPPER_PREV] = i;
         s->last_anchor = i;
     }
-    /* the shortest candidate that matched long enough wins */
-    for (size_t c = 0; c < s->ncand; c++) {
-        size_t P = s->cand[c], run = i + 1 - s->since[c];
+    /* the shortest candidate that matched long enough wins (the table is
+     * not in order of period: a candidate that gave way left its place) */
+    for (;;) {
+        size_t P, c, best = SIZE_MAX;
 
         /* a repeat inside a step (top-k experts of one layer launch the
          * same keys k times) matches a short second period too: a period
          * must also hold for WO_STEPPER_MIN_MATCH keys past its first */
-        if (run < P || run < WO_STEPPER_MIN_MATCH)
-            continue;
-        /* anchors in the last period: the step's own, not the start's */
-        s->per_step = 0;
-        for (size_t k = i + 1 - P; k <= i; k++)
-            s->per_step += s->keys[k] == s->anchor;
+        for (c = 0; c < s->ncand; c++) {
+            size_t r = i + 1 - s->since[c];
+            if (r >= s->cand[c] && r >= WO_STEPPER_MIN_MATCH &&
+                (best == SIZE_MAX || s->cand[c] < s->cand[best]))
+                best = c;
+        }
+        if (best == SIZE_MAX)
+            break;
+        c = best;
+        P = s->cand[c];
+        /* anchors in the last period: the step's own, not the start's. A
+         * run that started again after the anchor's last occurrence may
+         * hold none: steps are counted in anchors, so it cannot be one */
+        {
+            uint32_t a = 0;
+            for (size_t k = i + 1 - P; k <= i; k++)
+                a += s->keys[k] == s->anchor;
+            if (!a) {
+                s->since[c] = i + 1; /* nor is it a run the patience rule waits for */
+                continue;
+            }
+            s->per_step = a;
+        }
         s->seen = s->per_step - 1; /* the next anchor is a boundary */
         s->anchor_last = s->last_boundary = s->pos;
         free(s->keys);

@@ -3,6 +3,7 @@
 #include "uvm/stream-auto.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 void wo_auto_init(struct wo_auto *a)
@@ -16,7 +17,6 @@ static void begin(struct wo_auto *a, enum wo_auto_phase p, unsigned skip)
     a->phase = p;
     a->skip = skip;
     a->n = 0;
-    a->sum_ns = 0;
     a->held = 0;
 }
 
@@ -27,15 +27,24 @@ static void hold(struct wo_auto *a, double at_ns)
     a->ewma_ns = at_ns;
 }
 
-/* Adds k steps of per ns to the phase's window; true (and the mean a step)
- * once it holds PROBE_STEPS. */
-static bool measured(struct wo_auto *a, double per, unsigned k, double *mean)
+static int cmp_double(const void *x, const void *y)
 {
-    a->sum_ns += per * k;
-    a->n += k;
+    double a = *(const double *)x, b = *(const double *)y;
+    return (a > b) - (a < b);
+}
+
+/* Adds one step of per ns to the phase's window; true (and the window's
+ * median) once it holds PROBE_STEPS. */
+static bool measured(struct wo_auto *a, double per, double *median)
+{
+    double v[WO_AUTO_PROBE_STEPS];
+
+    a->win[a->n++] = per;
     if (a->n < WO_AUTO_PROBE_STEPS)
         return false;
-    *mean = a->sum_ns / a->n;
+    memcpy(v, a->win, sizeof(v));
+    qsort(v, WO_AUTO_PROBE_STEPS, sizeof(v[0]), cmp_double);
+    *median = (v[(WO_AUTO_PROBE_STEPS - 1) / 2] + v[WO_AUTO_PROBE_STEPS / 2]) / 2;
     return true;
 }
 
@@ -51,15 +60,17 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         a->last_t = t_ns;
         return WO_AUTO_NONE;
     }
-    per = (double)(t_ns - a->last_t) / k;
+    per = (double)(t_ns - a->last_t);
     a->last_t = t_ns;
     if (a->skip) {
         a->skip = a->skip > k ? a->skip - k : 0;
         return WO_AUTO_NONE;
     }
+    if (k > 1)
+        return WO_AUTO_NONE; /* spans whatever came between: no period */
     switch (a->phase) {
     case WO_AUTO_WATCH:
-        if (!measured(a, per, k, &a->inplace_ns))
+        if (!measured(a, per, &a->inplace_ns))
             return WO_AUTO_NONE;
         if (cand_bytes && link_gbs > 0 &&
             (double)cand_bytes / link_gbs < WO_AUTO_TRY_RATIO * a->inplace_ns) {
@@ -72,7 +83,7 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         hold(a, a->inplace_ns);
         return WO_AUTO_NONE;
     case WO_AUTO_TRY:
-        if (!measured(a, per, k, &a->stream_ns))
+        if (!measured(a, per, &a->stream_ns))
             return WO_AUTO_NONE;
         if (a->stream_ns < WO_AUTO_KEEP_RATIO * a->inplace_ns) {
             a->kept++;
@@ -85,8 +96,9 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         a->skip = WO_AUTO_SETTLE_STEPS; /* the drift is judged in place */
         return WO_AUTO_UNSTREAM;
     case WO_AUTO_HOLD:
-        a->held += k;
-        a->ewma_ns += (per - a->ewma_ns) * (k >= 8 ? 1.0 : 0.125 * k);
+        a->held++;
+        per = fmin(fmax(per, 0.5 * a->decided_ns), 2 * a->decided_ns);
+        a->ewma_ns += (per - a->ewma_ns) * 0.125;
         if ((a->held >= WO_AUTO_MIN_HOLD &&
              fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT) ||
             (!a->streaming && a->held >= WO_AUTO_HOLD_STEPS)) {

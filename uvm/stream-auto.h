@@ -11,6 +11,13 @@
  * 0.22x of the distinct-bytes bound, streamed 0.82x). What the launches
  * cannot show, the step's period does.
  *
+ * Periods are those of boundaries that close one step: one that closes
+ * several spans whatever came between (a stepper that found its period
+ * again after an idle server, a prefill), and is not measured. A phase's
+ * period is the median of its PROBE_STEPS steps, so one slow step (a
+ * prefill joining the batch) does not decide; in hold, a step counts at
+ * most twice (at least half) the period the decision was taken at.
+ *
  * The rule:
  *  - watch: PROBE_STEPS steps read in place give the in-place period. When
  *    one staging copy a step of the candidates (their bytes at the link's
@@ -51,11 +58,11 @@ enum wo_auto_action {
 
 struct wo_auto {
     enum wo_auto_phase phase;
-    bool streaming;    /* the candidates are streamed now */
-    unsigned skip;     /* boundaries to let pass before measuring */
-    unsigned n;        /* steps measured in this phase */
-    double sum_ns;     /* their periods */
-    double inplace_ns; /* the last measured periods, a step */
+    bool streaming;                  /* the candidates are streamed now */
+    unsigned skip;                   /* boundaries to let pass before measuring */
+    unsigned n;                      /* steps measured in this phase */
+    double win[WO_AUTO_PROBE_STEPS]; /* their periods */
+    double inplace_ns;               /* the last measured periods, a step */
     double stream_ns;
     double decided_ns; /* the period the decision in force was taken at */
     double ewma_ns;    /* the period since, smoothed */

@@ -87,7 +87,10 @@ struct exec {
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
     struct wo_stepper st;
-    uint32_t last_low; /* the range the last keyed launch reached (a run counts once) */
+    uint32_t last_low;  /* the range the last keyed launch reached (a run counts once) */
+    uint32_t first_low; /* the first range a keyed launch reached, NONE */
+    bool lows_vary;     /* launches reached another range since: keys by range */
+    uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine) */
     uint64_t steps;
     struct wo_auto au; /* auto's step-time decision for host ranges */
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
@@ -356,14 +359,54 @@ static void drop(uint32_t id);
 
 /* Records the slot's read_done on the engine stream that read its last
  * assignment (stage(): why). The per-thread default stream is the calling
- * thread's own, not the engine's: there the hooks' record stands. */
-static CUresult fence_owner(struct wo_stream_slot *s)
+ * thread's own, not the engine's: there the hooks' record stands. A stream
+ * under capture would take the record (and through it the copy stream)
+ * into the engine's graph: false, try later. A stream gone (destroyed, its
+ * work done or in flight before the hooks' record) has nothing more to
+ * fence. False only for a capture. */
+static bool fence_owner(struct wo_stream_slot *s)
 {
+    const struct wo_driver *d = ex->drv;
     uint64_t owner = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
+    CUstream st = (CUstream)(uintptr_t)(owner - 1);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 
-    if (!owner || owner - 1 == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)
-        return CUDA_SUCCESS;
-    return ex->drv->cuEventRecord(s->read_done, (CUstream)(uintptr_t)(owner - 1));
+    if (!owner || st == CU_STREAM_PER_THREAD)
+        return true;
+    if (d->cuStreamIsCapturing && d->cuStreamIsCapturing(st, &cs) == CUDA_SUCCESS &&
+        cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return false;
+    if (d->cuEventRecord(s->read_done, st) != CUDA_SUCCESS)
+        __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* The range the engine is at may still have launches to come that read
+ * its slot through a table an earlier one wrote (stage()'s fence): its
+ * slot is reused (or freed) only once a launch has touched another range.
+ * Two views of where the engine is: the hooks' (pos: the last streamed
+ * range a launch touched, ahead of the consumer, but still while nothing
+ * is streamed) and the consumer's (the last tracked range in the events it
+ * has read: launches come in program order, so one on another range means
+ * the kernels before it were submitted). A range the engine freed has no
+ * launches to come. */
+static bool at_engine(unsigned slot)
+{
+    uint32_t last = ex->slot_last[slot];
+
+    if (last == NONE || last >= ex->nr || !ex->r[last].live)
+        return false;
+    return last == ex->last_seen ||
+           last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED);
+}
+
+/* free_slots(): the consumer's view only (pos stays put once nothing is
+ * streamed: no hook moves it). */
+static bool seen_at_engine(unsigned slot)
+{
+    uint32_t last = ex->slot_last[slot];
+
+    return last != NONE && last < ex->nr && ex->r[last].live && last == ex->last_seen;
 }
 
 /* Copies range id into slot and publishes the assignment. */
@@ -378,11 +421,7 @@ static bool stage(uint32_t id, int slot)
     CUcontext prev;
     CUresult res;
 
-    /* The range the engine is at may still have launches to come that read
-     * the slot through a table an earlier one wrote (stage's fence, below):
-     * its slot is reused only once a launch has touched another range. */
-    if (ex->slot_last[slot] != NONE &&
-        ex->slot_last[slot] + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED))
+    if (at_engine((unsigned)slot))
         return false;
     if (!unpublish(slot))
         return false;
@@ -415,9 +454,13 @@ static bool stage(uint32_t id, int slot)
      * thread has moved on past it, before now: recorded here, on the
      * stream that read the slot, read_done covers it too. No hook holds
      * the slot (unpublished above), so none records it meanwhile. */
-    res = fence_owner(s);
-    if (res == CUDA_SUCCESS)
-        res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
+    if (!fence_owner(s)) {
+        pop_ctx(prev);
+        pthread_mutex_unlock(&wo_uvm.lock);
+        wo_driver_leave();
+        return false; /* the reader's stream is being captured: later */
+    }
+    res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
     if (res == CUDA_SUCCESS)
         res = copy_to_slot((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo), r->hi - r->lo,
                            (rg.flags & WO_RANGE_MANAGED) != 0);
@@ -496,16 +539,17 @@ static void advance(void)
 
         if (r->slot >= 0 || !r->streamed)
             continue;
-        /* a free slot, else one of a range behind, the one just behind last */
+        /* a free slot, else one of a range behind, the one just behind last;
+         * never the slot of the range the engine is at (at_engine) */
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (ex->slot_range[s] < 0)
+            if (ex->slot_range[s] < 0 && !at_engine(s))
                 pick = (int)s;
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
             if (!in(ahead, na, (uint32_t)ex->slot_range[s]) &&
-                (uint32_t)ex->slot_range[s] != behind)
+                (uint32_t)ex->slot_range[s] != behind && !at_engine(s))
                 pick = (int)s;
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (!in(ahead, na, (uint32_t)ex->slot_range[s]))
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) && !at_engine(s))
                 pick = (int)s;
         if (pick < 0 || !stage(ahead[k], pick))
             break;
@@ -837,10 +881,27 @@ static void on_launch(const struct wo_event *ev)
      * batch, so steps are found again at once when the batch changes (a
      * key of function and range, as the planner's, changes with the
      * kernels: b1 to b8, or every step under continuous batching). */
-    if (low == NONE || low == ex->last_low)
+    if (low == NONE)
         return;
-    ex->last_low = low;
-    k = wo_stepper_feed(&ex->st, wo_stepper_key(0, low));
+    ex->last_seen = low;
+    /* With one range only (an LM head alone off the device), the ranges
+     * say nothing of the step: the planner's key then, function and range.
+     * The second range seen switches over, once, from a new stepper. */
+    if (!ex->lows_vary && ex->first_low != NONE && low != ex->first_low) {
+        ex->lows_vary = true;
+        wo_stepper_done(&ex->st);
+        wo_stepper_init(&ex->st);
+    }
+    if (ex->first_low == NONE)
+        ex->first_low = low;
+    if (ex->lows_vary) {
+        if (low == ex->last_low)
+            return;
+        ex->last_low = low;
+        k = wo_stepper_feed(&ex->st, wo_stepper_key(0, low));
+    } else {
+        k = wo_stepper_feed(&ex->st, wo_stepper_key(ev->l.func, low));
+    }
     if (k)
         close_step(k, ev->t_ns);
 }
@@ -924,11 +985,19 @@ static bool free_slots(void)
     if (!ex->slots_ready)
         return true;
     for (unsigned i = 0; i < ex->nslots; i++)
-        if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0)
-            return false;
+        if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0 ||
+            seen_at_engine(i))
+            return false; /* a hook holds it, or kernels to come may read it (stage()) */
     if (!wo_driver_enter())
         return false;
     prev = push_ctx();
+    /* after everything its readers' streams were given (stage(): why) */
+    for (unsigned i = 0; i < ex->nslots; i++)
+        if (!fence_owner(&wo_stream_tab.slot[i])) {
+            pop_ctx(prev);
+            wo_driver_leave();
+            return false;
+        }
     if (ex->copy && d->cuStreamSynchronize)
         d->cuStreamSynchronize(ex->copy);
     for (unsigned i = 0; i < ex->nslots; i++) {
@@ -945,7 +1014,15 @@ static bool free_slots(void)
         }
         s->dev = 0;
         s->copied = s->read_done = NULL;
+        __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+        /* a range whose unpublish() failed may still name the slot */
+        if (ex->slot_range[i] >= 0 && (uint32_t)ex->slot_range[i] < ex->nr)
+            ex->r[ex->slot_range[i]].slot = -1;
+        for (uint32_t id = 0; id < ex->nr; id++)
+            if (ex->r[id].slot == (int)i)
+                ex->r[id].slot = -1;
         ex->slot_range[i] = -1;
+        ex->slot_last[i] = NONE;
     }
     if (ex->copy && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(ex->copy);
@@ -1040,6 +1117,8 @@ static void setup(void)
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;
     ex->last_low = NONE;
+    ex->first_low = NONE;
+    ex->last_seen = NONE;
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         ex->slot_range[i] = -1;
         ex->slot_last[i] = NONE;
