@@ -87,10 +87,10 @@ struct exec {
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
     struct wo_stepper st;
-    uint32_t last_low;  /* the range the last keyed launch reached (a run counts once) */
     uint32_t first_low; /* the first range a keyed launch reached, NONE */
     bool lows_vary;     /* launches reached another range since: keys by range */
-    uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine) */
+    uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine;
+                         * keyed by range, a run of launches on it counts once) */
     uint64_t steps;
     struct wo_auto au; /* auto's step-time decision for host ranges */
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
@@ -340,6 +340,19 @@ static bool unpublish(int slot)
     return true;
 }
 
+/* Takes the range's slot back (unpublish). A hook that still holds it
+ * keeps reading it: the slot is free all the same, and stage() reuses it
+ * only once no hook does (read_done orders the reuse). */
+static void take_back(struct srange *r)
+{
+    int s = r->slot;
+
+    if (s >= 0 && !unpublish(s)) {
+        ex->slot_range[s] = -1;
+        r->slot = -1;
+    }
+}
+
 /* A copy wrote the range: it is read in place from now on. */
 static void mark_written(struct srange *r, uint32_t id)
 {
@@ -389,24 +402,16 @@ static bool fence_owner(struct wo_stream_slot *s)
  * is streamed) and the consumer's (the last tracked range in the events it
  * has read: launches come in program order, so one on another range means
  * the kernels before it were submitted). A range the engine freed has no
- * launches to come. */
-static bool at_engine(unsigned slot)
+ * launches to come. hooks_too false: the consumer's view only (free_slots:
+ * pos stays put once nothing is streamed, no hook moves it). */
+static bool at_engine(unsigned slot, bool hooks_too)
 {
     uint32_t last = ex->slot_last[slot];
 
     if (last == NONE || last >= ex->nr || !ex->r[last].live)
         return false;
     return last == ex->last_seen ||
-           last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED);
-}
-
-/* free_slots(): the consumer's view only (pos stays put once nothing is
- * streamed: no hook moves it). */
-static bool seen_at_engine(unsigned slot)
-{
-    uint32_t last = ex->slot_last[slot];
-
-    return last != NONE && last < ex->nr && ex->r[last].live && last == ex->last_seen;
+           (hooks_too && last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED));
 }
 
 /* Copies range id into slot and publishes the assignment. */
@@ -421,7 +426,7 @@ static bool stage(uint32_t id, int slot)
     CUcontext prev;
     CUresult res;
 
-    if (at_engine((unsigned)slot))
+    if (at_engine((unsigned)slot, true))
         return false;
     if (!unpublish(slot))
         return false;
@@ -542,14 +547,14 @@ static void advance(void)
         /* a free slot, else one of a range behind, the one just behind last;
          * never the slot of the range the engine is at (at_engine) */
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (ex->slot_range[s] < 0 && !at_engine(s))
+            if (ex->slot_range[s] < 0 && !at_engine(s, true))
                 pick = (int)s;
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
             if (!in(ahead, na, (uint32_t)ex->slot_range[s]) &&
-                (uint32_t)ex->slot_range[s] != behind && !at_engine(s))
+                (uint32_t)ex->slot_range[s] != behind && !at_engine(s, true))
                 pick = (int)s;
         for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) && !at_engine(s))
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) && !at_engine(s, true))
                 pick = (int)s;
         if (pick < 0 || !stage(ahead[k], pick))
             break;
@@ -666,15 +671,10 @@ static void select_range(struct srange *r, uint32_t id, bool quiet)
  * and stage() reuses a slot only once no hook does. */
 static void unselect_range(struct srange *r, uint32_t id)
 {
-    int s = r->slot;
-
     r->probed = false;
     r->streamed = false;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
-    if (s >= 0 && !unpublish(s)) {
-        ex->slot_range[s] = -1;
-        r->slot = -1;
-    }
+    take_back(r);
 }
 
 /* the first decisions at info, later ones (a server's batch moves) at debug */
@@ -854,6 +854,7 @@ static void close_step(unsigned k, uint64_t t_ns)
 static void on_launch(const struct wo_event *ev)
 {
     uint32_t low = NONE;
+    bool same;
     unsigned k;
 
     if (ev->capture)
@@ -883,6 +884,7 @@ static void on_launch(const struct wo_event *ev)
      * kernels: b1 to b8, or every step under continuous batching). */
     if (low == NONE)
         return;
+    same = low == ex->last_seen;
     ex->last_seen = low;
     /* With one range only (an LM head alone off the device), the ranges
      * say nothing of the step: the planner's key then, function and range.
@@ -895,9 +897,8 @@ static void on_launch(const struct wo_event *ev)
     if (ex->first_low == NONE)
         ex->first_low = low;
     if (ex->lows_vary) {
-        if (low == ex->last_low)
+        if (same)
             return;
-        ex->last_low = low;
         k = wo_stepper_feed(&ex->st, wo_stepper_key(0, low));
     } else {
         k = wo_stepper_feed(&ex->st, wo_stepper_key(ev->l.func, low));
@@ -986,7 +987,7 @@ static bool free_slots(void)
         return true;
     for (unsigned i = 0; i < ex->nslots; i++)
         if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0 ||
-            seen_at_engine(i))
+            at_engine(i, false))
             return false; /* a hook holds it, or kernels to come may read it (stage()) */
     if (!wo_driver_enter())
         return false;
@@ -1069,8 +1070,7 @@ static void drop(uint32_t id)
     __atomic_store_n(&e->planned, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
-    if (r->slot >= 0 && !unpublish(r->slot))
-        ex->slot_range[r->slot] = -1; /* a hook still reads it: read_done orders the reuse */
+    take_back(r);
     free(r->name);
     memset(r, 0, sizeof(*r));
     r->slot = -1;
@@ -1116,7 +1116,6 @@ static void setup(void)
     ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;
-    ex->last_low = NONE;
     ex->first_low = NONE;
     ex->last_seen = NONE;
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
