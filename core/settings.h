@@ -27,6 +27,7 @@ struct wo_settings {
     uint32_t managed_margin_mib; /* WOFFLOAD_MANAGED_MARGIN */
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */
+    bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
     int nerrors;             /* number of variables that had a bad value */
 };
 

@@ -31,6 +31,7 @@
  * per API and per calling library, and forwarded: no scan, no event. */
 #include <string.h>
 
+#include "core/kernel-name.h"
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
@@ -43,7 +44,7 @@
 #define MAX_PARAMS 1024
 #define ARENA_SIZES 65536u
 /* Runtime stubs and driver handles share the cache; the tag keeps them apart. */
-#define RUNTIME_KEY_TAG (UINT64_C(1) << 63)
+#define RUNTIME_KEY_TAG WO_LAUNCH_KEY_RUNTIME
 
 enum { LAYOUT_FILLING = 0, LAYOUT_READY = 1, LAYOUT_UNKNOWN = 2 };
 
@@ -352,6 +353,8 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
 {
     struct wo_event ev;
 
+    if (l->rd.n && ok && wo_settings()->stream_check)
+        wo_redirect_check(&l->rd, stream, l->key);
     if (l->rd.n)
         wo_redirect_end(&l->rd, stream); /* slots released either way */
     if (!ok)

@@ -8,12 +8,18 @@
  * stream per slot and assignment: read_done then covers every read), makes
  * the stream wait for the staging copy, launches with the pointer words
  * moved into the slot, and records read_done after it. Anything unexpected
- * reads in place, which is always correct: the host copy is the truth. */
+ * reads in place, which is always correct: the host copy is the truth.
+ *
+ * WOFFLOAD_STREAM_CHECK=1 (wo_redirect_check) is the debugging aid for
+ * the claim that a slot holds its range's bytes while a launch reads it. */
 #include "preload/redirect.h"
 
+#include <stdlib.h>
 #include <string.h>
 
+#include "core/kernel-name.h"
 #include "core/log.h"
+#include "core/settings.h"
 #include "preload/hook.h"
 #include "uvm/stream.h"
 
@@ -277,4 +283,97 @@ void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
     if (rd->n)
         count(&wo_stream_tab.n.redirected);
     rd->n = 0;
+}
+
+/* ---- WOFFLOAD_STREAM_CHECK ------------------------------------------------ */
+
+#define CHECK_CHUNK (256u << 10) /* bytes compared at a time */
+#define CHECK_CHUNKS 32u         /* chunks compared per slot, spread over the range */
+#define CHECK_SAY 16             /* mismatches told, then only counted */
+#define CHECK_KERNELS 128        /* kernels named the first time they are redirected */
+
+static uint64_t check_seen[CHECK_KERNELS];
+
+static const char *kernel_name(uint64_t key, char *buf, size_t len)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*get)(const char **, CUfunction) =
+        r ? (CUresult(*)(const char **, CUfunction))r->cuFuncGetName : NULL;
+    const char *name = NULL;
+
+    if (!(key & WO_LAUNCH_KEY_RUNTIME) && get &&
+        get(&name, (CUfunction)(uintptr_t)key) != CUDA_SUCCESS)
+        name = NULL;
+    return wo_kernel_name(key, name, buf, len);
+}
+
+/* Says once per kernel that it was redirected (the kernels that read the
+ * slots, for the one reading the log). */
+static void name_once(uint64_t key, const struct wo_redirect *rd)
+{
+    char buf[512];
+
+    for (unsigned i = 0; i < CHECK_KERNELS; i++) {
+        uint64_t k = __atomic_load_n(&check_seen[i], __ATOMIC_ACQUIRE), z = 0;
+        if (k == key)
+            return;
+        if (k == 0 && __atomic_compare_exchange_n(&check_seen[i], &z, key, false, __ATOMIC_ACQ_REL,
+                                                  __ATOMIC_ACQUIRE)) {
+            wo_info("stream check: redirected kernel %s (%u slot%s)",
+                    kernel_name(key, buf, sizeof(buf)), rd->n, rd->n == 1 ? "" : "s");
+            return;
+        }
+        if (__atomic_load_n(&check_seen[i], __ATOMIC_ACQUIRE) == key)
+            return;
+    }
+}
+
+void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key)
+{
+    static uint64_t told;
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*sync)(CUstream) = r ? (CUresult(*)(CUstream))r->cuStreamSynchronize : NULL;
+    CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
+        (CUresult(*)(void *, CUdeviceptr, size_t))wo_real_hook(WO_HOOK_cuMemcpyDtoH_v2);
+    unsigned char *a, *b;
+
+    if (!rd->n || !sync || !dtoh)
+        return;
+    name_once(key, rd);
+    /* the launch is done and no staging copy can touch a pinned slot */
+    if (sync((CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
+        return;
+    a = malloc(CHECK_CHUNK);
+    b = malloc(CHECK_CHUNK);
+    for (unsigned i = 0; a && b && i < rd->n; i++) {
+        uint64_t size = rd->to[i] - rd->from[i];
+        uint64_t nchunks = (size + CHECK_CHUNK - 1) / CHECK_CHUNK;
+        uint64_t stride = nchunks > CHECK_CHUNKS ? nchunks / CHECK_CHUNKS : 1;
+        bool bad = false;
+
+        for (uint64_t c = 0; c < nchunks && !bad; c += stride) {
+            uint64_t off = c * CHECK_CHUNK, n = size - off < CHECK_CHUNK ? size - off : CHECK_CHUNK;
+            if (dtoh(a, (CUdeviceptr)rd->dev[i] + off, n) != CUDA_SUCCESS ||
+                dtoh(b, (CUdeviceptr)rd->from[i] + off, n) != CUDA_SUCCESS)
+                break;
+            if (memcmp(a, b, n) != 0) {
+                uint64_t j = 0;
+                char buf[512];
+
+                while (j < n && a[j] == b[j])
+                    j++;
+                bad = true;
+                count(&wo_stream_tab.n.check_mismatch);
+                if (__atomic_fetch_add(&told, 1, __ATOMIC_RELAXED) < CHECK_SAY)
+                    wo_warn("stream check: kernel %s read slot %u for [0x%llx, 0x%llx): byte %llu "
+                            "is 0x%02x in the slot, 0x%02x in the host copy",
+                            kernel_name(key, buf, sizeof(buf)), rd->slot[i],
+                            (unsigned long long)rd->from[i], (unsigned long long)rd->to[i],
+                            (unsigned long long)(off + j), a[j], b[j]);
+            }
+        }
+        count(&wo_stream_tab.n.checked);
+    }
+    free(a);
+    free(b);
 }

@@ -54,5 +54,11 @@ void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_r
 bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream);
 /* Releases the slots without a launch (counted as read in place). */
 void wo_redirect_cancel(struct wo_redirect *rd);
+/* WOFFLOAD_STREAM_CHECK (debugging, slow): after the launch and before
+ * wo_redirect_end, waits for the stream and compares each pinned slot with
+ * the host bytes it stands for (sampled: 32 chunks of 256 KiB), counting
+ * and telling mismatches; names each kernel the first time it is
+ * redirected (key: the launch key, core/kernel-name.h). */
+void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key);
 /* After the launch: read_done recorded on the stream, slots released. */
 void wo_redirect_end(struct wo_redirect *rd, uint64_t stream);

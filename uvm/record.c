@@ -10,10 +10,10 @@
  * error stops recording (core/trace.c logs it once); the engine goes on. */
 #include "uvm/record.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "core/kernel-name.h"
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
@@ -22,7 +22,6 @@
 
 /* preload/launch.c marks runtime launches (cudaLaunchKernel's host stub, not
  * a CUfunction) by setting this bit of wo_event.l.func. */
-#define LAUNCH_KEY_RUNTIME (UINT64_C(1) << 63)
 
 /* Consumer thread only (and the fork child, which has no other thread). */
 static struct wo_trace *trace;
@@ -158,30 +157,10 @@ static void name_kernel(uint64_t key)
     const char *name = NULL;
     char buf[512];
 
-    if (!(key & LAUNCH_KEY_RUNTIME)) {
-        if (d && d->cuFuncGetName &&
-            d->cuFuncGetName(&name, (CUfunction)(uintptr_t)key) != CUDA_SUCCESS)
-            name = NULL;
-    } else {
-        Dl_info info;
-        void *stub = (void *)(uintptr_t)(key & ~LAUNCH_KEY_RUNTIME);
-        if (dladdr(stub, &info) && info.dli_fname) {
-            if (info.dli_sname && info.dli_saddr == stub)
-                name = info.dli_sname;
-            else {
-                /* not exported: file+offset resolves offline (nm, addr2line) */
-                snprintf(buf, sizeof(buf), "%s+0x%lx", info.dli_fname,
-                         (unsigned long)((uintptr_t)stub - (uintptr_t)info.dli_fbase));
-                name = buf;
-            }
-        }
-    }
-    if (!name) {
-        snprintf(buf, sizeof(buf), "?%s 0x%llx", key & LAUNCH_KEY_RUNTIME ? "stub" : "function",
-                 (unsigned long long)(key & ~LAUNCH_KEY_RUNTIME));
-        name = buf;
-    }
-    wo_trace_kernel(trace, key, name);
+    if (!(key & WO_LAUNCH_KEY_RUNTIME) && d && d->cuFuncGetName &&
+        d->cuFuncGetName(&name, (CUfunction)(uintptr_t)key) != CUDA_SUCCESS)
+        name = NULL;
+    wo_trace_kernel(trace, key, wo_kernel_name(key, name, buf, sizeof(buf)));
 }
 
 void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)

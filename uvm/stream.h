@@ -90,6 +90,8 @@ struct wo_stream_counts {
     uint64_t auto_kept;  /* ... and kept so: the step was faster */
     uint64_t auto_backs; /* ... and put back in place: it was not */
     uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
+    uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
+    uint64_t check_mismatch; /* ... that differed from their host copy */
 };
 
 struct wo_stream_shared {

@@ -16,7 +16,7 @@ woffload-run with the automatic hook and a policy that streams:
   moe-managed-auto   the MoE, experts `managed` within half their bytes,
                      mode auto
 
-Checks: tokens identical to the reference at every batch, whether or not
+Checks: tokens identical to the reference in every call, whether or not
 a range was streamed; for moe-host-stream, launches were redirected into
 the slots and staging copies were made (stats "stream"); no CUDA error. The
 dense row prints its counters only: on the lent H100 (2026-11-25) the
@@ -63,11 +63,14 @@ CASES = {
                          "prefetch: {mode: auto, experimental: true}\n"
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
 }
-# (batch, new tokens): the executor learns the step from the launch order
-# first: the prefill's launches come first and are never repeated, so the
-# stepper waits 1,024 launches for them to come back (40-64 steps of these
-# models), then a period must hold for 256 more; it stages after that
-BATCHES = ((1, 160), (8, 48))
+# (batch, new tokens), one generate call each, in this order: the executor
+# learns the step from the launch order first: the prefill's launches come
+# first and are never repeated, so the stepper waits 1,024 launches for them
+# to come back (40-64 steps of these models), then a period must hold for
+# 256 more; it stages after that. The later calls run with the slots in use
+# from the first one (the Qwen3 shape's batch-8 calls differed only from
+# the second call on, docs/prefetch.md), and batch 32 reads every expert.
+BATCHES = ((1, 160), (8, 48), (8, 48), (32, 24))
 
 
 def child(model: str) -> None:
@@ -86,12 +89,12 @@ def child(model: str) -> None:
     m.eval()
     res = {"tokens": {}}
     g = torch.Generator(device="cpu").manual_seed(1)
-    for b, n in BATCHES:
+    for i, (b, n) in enumerate(BATCHES):
         ids = torch.randint(5, cfg["vocab_size"], (b, 16), generator=g).cuda()
         with torch.no_grad():
             out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                              min_new_tokens=n, do_sample=False, pad_token_id=0)
-        res["tokens"][str(b)] = out[:, ids.shape[1]:].tolist()
+        res["tokens"][f"{i}:{b}"] = out[:, ids.shape[1]:].tolist()
     torch.cuda.synchronize()
     try:
         import woffload
@@ -152,9 +155,19 @@ def main() -> int:
             got = gpucheck.result(cmd, env, must=False)
             st = (got.get("stats") or {}).get("stream") or {}
             checks = {"ran to the end": "error" not in got}
-            for b, _ in BATCHES:
-                checks[f"batch {b}: tokens identical"] = \
-                    got.get("tokens", {}).get(str(b)) == ref["tokens"][str(b)]
+            for i, (b, _) in enumerate(BATCHES):
+                mine, want = got.get("tokens", {}).get(f"{i}:{b}"), ref["tokens"][f"{i}:{b}"]
+                what = f"call {i + 1} (batch {b}): tokens identical"
+                if mine and mine != want:
+                    # the first differing position per sequence: early in
+                    # most sequences is wrong data, late in few is rounding
+                    firsts = [next(j for j in range(len(x)) if x[j] != y[j])
+                              for x, y in zip(mine, want) if x != y]
+                    what += f" (differ in {len(firsts)}/{len(want)} sequences, first at {min(firsts)})"
+                checks[what] = mine == want
+            if st.get("checked"):
+                checks[f"WOFFLOAD_STREAM_CHECK: every slot held its range's bytes ({st.get('checked')} "
+                       f"compared, {st.get('check_mismatch')} differed)"] = not st.get("check_mismatch")
             if case == "moe-host-stream":
                 checks[f"launches redirected into slots ({st.get('redirected')}; in place: "
                        f"{st.get('inplace_no_slot')} no slot, {st.get('inplace_other')} other; "
@@ -170,8 +183,10 @@ def main() -> int:
                 print(f"{'ok' if ok else 'FAIL'}: {case}: {what}")
                 if not ok:
                     failures.append(f"{case}: {what}")
-            tail = [ln for ln in got["stderr"].splitlines() if "stream" in ln or "rror" in ln]
+            lines = got["stderr"].splitlines()
+            tail = [ln for ln in lines if ("stream" in ln or "rror" in ln) and "stream check" not in ln]
             print("\n".join("    " + ln for ln in tail[-12:]))
+            print("\n".join("    " + ln for ln in [ln for ln in lines if "stream check" in ln][:40]))
             if not all(checks.values()):
                 sys.stderr.write(got["stderr"][-4000:])
                 if os.environ.get("WO_STREAM_DEBUG") == "1":
