@@ -42,6 +42,7 @@
     X(launch_with_hits)        /* launches that touched at least one tracked range */             \
     X(launch_hits)             /* (launch, range) pairs found */                                  \
     X(launch_hit_overflow)     /* launches that touched more ranges than an event holds */        \
+    X(launch_hit_notptr)       /* hits dropped: found only in words that held small integers */  \
     X(launch_captured)         /* launches recorded into a stream capture */                      \
     X(scan_words)              /* 8-byte parameter words compared with the registry */           \
     X(layouts_cached)          /* parameter layouts read from the driver and cached */            \

@@ -43,6 +43,7 @@
 #define INLINE_PARAMS 24
 #define MAX_PARAMS 1024
 #define ARENA_SIZES 65536u
+#define NOTPTR_WORDS WO_NOTPTR_WORDS
 /* Runtime stubs and driver handles share the cache; the tag keeps them apart. */
 #define RUNTIME_KEY_TAG WO_LAUNCH_KEY_RUNTIME
 
@@ -55,6 +56,11 @@ struct layout {
     uint16_t pad;
     uint32_t arena; /* nparams > INLINE_PARAMS: offset of the sizes in arena[] */
     uint16_t sizes[INLINE_PARAMS];
+    /* bit w: scanned word w (in scan order) has held a small non-zero
+     * integer in some launch of this function: it is no pointer slot (a
+     * size, a stride, or what an unused struct member was left holding),
+     * and an address found there later is a coincidence (scan_word) */
+    uint64_t notptr[NOTPTR_WORDS / 64];
 };
 
 static struct layout layouts[LAYOUT_SLOTS];
@@ -158,7 +164,7 @@ static void publish(struct layout *l, const uint16_t *sizes, int n)
 /* The parameter sizes for a launch: a pointer into the cache, or into tmp
  * when this thread could not use the cache; *n = -1 when unknown. */
 static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime, uint16_t *tmp,
-                                  int *n)
+                                  int *n, struct layout **lp)
 {
     uint32_t h = (uint32_t)((key * UINT64_C(0x9E3779B97F4A7C15)) >> 40);
 
@@ -171,12 +177,14 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
                                             __ATOMIC_ACQUIRE)) {
                 *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
                 publish(l, tmp, *n);
+                *lp = l;
                 return tmp;
             }
             k = expect;
         }
         if (k != key)
             continue;
+        *lp = l;
         switch (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE)) {
         case LAYOUT_READY:
             *n = l->nparams;
@@ -203,29 +211,65 @@ struct scan {
     uint16_t overflow;
     uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
     uint8_t watched; /* bit i: hits[i] is a watched range */
+    uint8_t trusted; /* bit i: a word that is no known non-pointer found hits[i] */
     bool any_watched;
+    uint64_t *notptr; /* the function's learned non-pointer words (struct layout), or NULL */
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
 };
+
+static inline bool word_notptr(const struct scan *s, uint32_t w)
+{
+    return s->notptr && w < NOTPTR_WORDS &&
+           (__atomic_load_n(&s->notptr[w / 64], __ATOMIC_RELAXED) >> (w % 64) & 1);
+}
+
+/* Learns that word w of this function's parameters is no pointer slot:
+ * uninitialised members of a by-value struct (PyTorch's TensorInfo keeps
+ * sizes and strides for 25 dimensions and fills as many as the tensor
+ * has) hold whatever the host stack held, now and then an address inside
+ * a weight. Seen on the lent H200: the streaming executor then saw a
+ * last-layer weight "read" in every layer. */
+static inline void mark_notptr(struct scan *s, uint32_t w)
+{
+    if (s->notptr && w < NOTPTR_WORDS && !word_notptr(s, w))
+        __atomic_fetch_or(&s->notptr[w / 64], UINT64_C(1) << (w % 64), __ATOMIC_RELAXED);
+}
 
 static inline void scan_word(struct scan *s, uint64_t v)
 {
     struct wo_hit h;
+    uint32_t w = s->words++;
+    uint8_t trust;
 
-    s->words++;
-    /* Small integers (sizes, flags, indices) are never device addresses. */
-    if (v < 65536 || !wo_registry_lookup(v, &h))
+    /* Small integers (sizes, flags, indices) are never device addresses,
+     * and the word that held one is no pointer slot. */
+    if (v < 65536) {
+        if (v)
+            mark_notptr(s, w);
         return;
+    }
+    if (!wo_registry_lookup(v, &h))
+        return;
+    trust = !word_notptr(s, w);
     for (uint16_t i = 0; i < s->nhits; i++) {
         struct wo_ev_hit *e = &s->hits[i];
         if (e->id == h.id && e->gen == h.gen) {
-            e->offset = WO_MIN(e->offset, h.offset);
-            e->hi = WO_MAX(e->hi, h.offset + 1);
+            if (trust && !(s->trusted >> i & 1)) {
+                /* the trusted words' span only */
+                e->offset = h.offset;
+                e->hi = h.offset + 1;
+                s->trusted |= (uint8_t)(1u << i);
+            } else if (trust || !(s->trusted >> i & 1)) {
+                e->offset = WO_MIN(e->offset, h.offset);
+                e->hi = WO_MAX(e->hi, h.offset + 1);
+            }
             return;
         }
     }
     s->any_watched |= h.watched;
     if (s->nhits < WO_EV_MAX_HITS) {
         s->watched |= (uint8_t)(h.watched << s->nhits);
+        s->trusted |= (uint8_t)(trust << s->nhits);
         s->hits[s->nhits++] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
         s->found++;
         return;
@@ -241,7 +285,35 @@ static inline void scan_word(struct scan *s, uint64_t v)
         unsigned i = (unsigned)__builtin_ctz(~(unsigned)s->watched);
         s->hits[i] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
         s->watched |= (uint8_t)(1u << i);
+        s->trusted = (uint8_t)((s->trusted & ~(1u << i)) | (unsigned)trust << i);
     }
+}
+
+/* Drops the hits only words known to be no pointer slot found (counted):
+ * nothing reads a weight through them, so they are neither reads to
+ * account, nor where the engine is, nor words to redirect. */
+static void drop_untrusted(struct scan *s)
+{
+    unsigned n = 0;
+    uint8_t watched = 0;
+
+    if (s->trusted == (uint8_t)((1u << s->nhits) - 1))
+        return;
+    s->any_watched = false;
+    for (unsigned i = 0; i < s->nhits; i++) {
+        if (!(s->trusted >> i & 1)) {
+            wo_count(WO_CTR_launch_hit_notptr, 1);
+            s->found--;
+            continue;
+        }
+        s->hits[n] = s->hits[i];
+        watched |= (uint8_t)((s->watched >> i & 1) << n);
+        s->any_watched |= s->watched >> i & 1;
+        n++;
+    }
+    s->nhits = (uint16_t)n;
+    s->watched = watched;
+    s->trusted = (uint8_t)((1u << n) - 1);
 }
 
 static void scan_bytes(struct scan *s, const void *p, size_t size)
@@ -270,12 +342,16 @@ static void scan_extra(struct scan *s, void **extra)
 static void scan_params(struct scan *s, uintptr_t key, const void *func, bool runtime,
                         void **params, uint16_t *tmp, const uint16_t **sizes, int *n)
 {
-    *sizes = layout_get(key, func, runtime, tmp, n);
+    struct layout *l = NULL;
+
+    *sizes = layout_get(key, func, runtime, tmp, n, &l);
     if (*n < 0)
         return; /* counted after the launch, when it succeeded */
+    s->notptr = l ? l->notptr : NULL;
     for (int i = 0; i < *n && s->words < max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
+    drop_untrusted(s);
 }
 
 /* One launch between its scan (before the real launch: a redirected launch
@@ -307,6 +383,8 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->s.overflow = 0;
     l->s.found = 0;
     l->s.watched = 0;
+    l->s.trusted = 0;
+    l->s.notptr = NULL;
     l->s.any_watched = false;
     l->scanned = false;
     l->no_layout = false;
@@ -333,7 +411,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         void **ne = NULL;
 
         if (np)
-            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, b) : NULL;
+            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, l->s.notptr, b) : NULL;
         else
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {

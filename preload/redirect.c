@@ -191,8 +191,14 @@ static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
     return false;
 }
 
+static bool skip_word(const uint64_t *notptr, uint32_t w)
+{
+    return notptr && w < WO_NOTPTR_WORDS && (__atomic_load_n(&notptr[w / 64], __ATOMIC_RELAXED) >> (w % 64) & 1);
+}
+
 void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
-                          int nparams, uint32_t max_words, struct wo_redirect_buf *b)
+                          int nparams, uint32_t max_words, const uint64_t *notptr,
+                          struct wo_redirect_buf *b)
 {
     size_t used = 0;
     uint32_t words = 0;
@@ -209,7 +215,7 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
             continue;
         /* the same words the scan read (launch.c: scan_bytes) */
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
-            hit |= points_in(rd, src + off);
+            hit |= !skip_word(notptr, words) && points_in(rd, src + off);
         if (!hit)
             continue;
         used = (used + 15) & ~(size_t)15;
@@ -218,7 +224,8 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
         memcpy(b->bytes + used, src, sizes[i]);
         words = w0;
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
-            move_word(rd, b->bytes + used + off);
+            if (!skip_word(notptr, words))
+                move_word(rd, b->bytes + used + off);
         b->params[i] = b->bytes + used;
         used += sizes[i];
     }

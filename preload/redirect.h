@@ -20,6 +20,7 @@
 #define WO_REDIRECT_MAX 4      /* streamed ranges one launch may read from slots */
 #define WO_REDIRECT_PARAMS 256 /* launches with more parameters read in place */
 #define WO_REDIRECT_BYTES 4096 /* bytes of rewritten parameters (the classic limit) */
+#define WO_NOTPTR_WORDS 512u   /* parameter words whose pointer-ness launch.c learns */
 
 struct wo_redirect {
     unsigned n;
@@ -44,9 +45,11 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
 /* The parameter array to launch with: params with every pointer word into
  * a pinned range moved into its slot (the rewritten parameters copied into
  * b), scanning the same 8-byte words as the launch scan; NULL when it does
- * not fit in b (then release with wo_redirect_cancel). */
+ * not fit in b (then release with wo_redirect_cancel). notptr (NULL: none):
+ * bit w set for a word that is no pointer slot (launch.c), left as it is. */
 void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
-                          int nparams, uint32_t max_words, struct wo_redirect_buf *b);
+                          int nparams, uint32_t max_words, const uint64_t *notptr,
+                          struct wo_redirect_buf *b);
 /* The same for the `extra` form (CU_LAUNCH_PARAM_BUFFER_POINTER). */
 void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_redirect_buf *b);
 /* Orders the launch stream after each pinned slot's staging copy. False

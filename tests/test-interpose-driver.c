@@ -32,7 +32,7 @@ int wo_next_b_marker(void);
 
 static void *lib;
 static PFN_cuGetProcAddress_v12000 gpa, inner;
-static CUfunction f_add, f_axpy;
+static CUfunction f_add, f_axpy, f_info;
 static CUstream stream;
 static CUcontext ctx;
 static CUfunction (*reg)(const char *, int, const size_t *, fakecuda_kernel_fn);
@@ -95,6 +95,24 @@ static void k_axpy(void **p, const uint32_t grid[3], const uint32_t block[3])
         a.out[i] += a.in[i] * scale;
 }
 
+/* PyTorch's TensorInfo in small: a pointer, then sizes of which only the
+ * first `dims` are filled (the rest hold what the caller's stack held). */
+struct info {
+    float *data;
+    int64_t sizes[3];
+    int64_t dims;
+};
+
+static void k_info(void **p, const uint32_t grid[3], const uint32_t block[3])
+{
+    struct info a;
+    (void)grid;
+    (void)block;
+    memcpy(&a, p[0], sizeof(a));
+    for (int64_t k = 0; k < a.dims && k < 3; k++)
+        a.data[k] = (float)a.sizes[k];
+}
+
 static void *resolve(const char *name, cuuint64_t flags)
 {
     void *p = NULL;
@@ -111,6 +129,7 @@ static int setup(void **state)
     CUdevice dev;
     static const size_t sz_add[] = {sizeof(float *), sizeof(float *), sizeof(float), sizeof(int)};
     static const size_t sz_axpy[] = {sizeof(struct io), sizeof(float)};
+    static const size_t sz_info[] = {sizeof(struct info)};
     (void)state;
 
     lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -156,7 +175,8 @@ static int setup(void **state)
         return -1;
     f_add = reg("interpose_add", 4, sz_add, k_add);
     f_axpy = reg("interpose_axpy", 2, sz_axpy, k_axpy);
-    return f_add && f_axpy ? 0 : -1;
+    f_info = reg("interpose_info", 1, sz_info, k_info);
+    return f_add && f_axpy && f_info ? 0 : -1;
 }
 
 static uint64_t fake_calls(const char *name)
@@ -400,6 +420,43 @@ static void launch_pointers_inside_by_value_structs_are_attributed(void **state)
     assert_int_equal(d.free(other), CUDA_SUCCESS);
 }
 
+/* A word that held a small integer is a size, a stride or an unused struct
+ * member, not a pointer slot: an address found there later (what the host
+ * stack left in PyTorch's unfilled TensorInfo dimensions) is no read. */
+static void launch_words_that_held_integers_are_no_pointers(void **state)
+{
+    CUdeviceptr data, other;
+    struct info in;
+    void *params[] = {&in};
+    long long h0, n0;
+    (void)state;
+
+    assert_int_equal(d.alloc(&data, 256), CUDA_SUCCESS);
+    assert_int_equal(d.alloc(&other, 256), CUDA_SUCCESS);
+    /* first sight: an address in an unfilled size is taken for a pointer */
+    h0 = wo_counter("launch_hits");
+    n0 = wo_counter("launch_hit_notptr");
+    in = (struct info){(float *)(uintptr_t)data, {4, (int64_t)(other + 64), 0}, 1};
+    assert_int_equal(d.launch(f_info, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(wo_counter("launch_hits"), h0 + 2);
+    /* a launch with two dimensions fills it with an integer ... */
+    in = (struct info){(float *)(uintptr_t)data, {4, 3, 0}, 2};
+    assert_int_equal(d.launch(f_info, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(wo_counter("launch_hits"), h0 + 3);
+    /* ... and from then on an address there is no read */
+    in = (struct info){(float *)(uintptr_t)data, {4, (int64_t)(other + 64), 0}, 1};
+    assert_int_equal(d.launch(f_info, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(wo_counter("launch_hits"), h0 + 4);
+    assert_int_equal(wo_counter("launch_hit_notptr"), n0 + 1);
+    /* the pointer slot still is one */
+    in.data = (float *)(uintptr_t)other;
+    assert_int_equal(d.launch(f_info, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL), CUDA_SUCCESS);
+    assert_int_equal(wo_counter("launch_hits"), h0 + 5);
+    assert_int_equal(wo_counter("launch_hit_notptr"), n0 + 1);
+    assert_int_equal(d.free(data), CUDA_SUCCESS);
+    assert_int_equal(d.free(other), CUDA_SUCCESS);
+}
+
 static void launch_extra_buffer_form_is_scanned(void **state)
 {
     CUdeviceptr x, y;
@@ -612,6 +669,7 @@ int main(void)
         cmocka_unit_test(dlsym_rtld_next_is_relative_to_the_caller),
         cmocka_unit_test(counts_allocs_copies_launches_exactly),
         cmocka_unit_test(launch_pointers_inside_by_value_structs_are_attributed),
+        cmocka_unit_test(launch_words_that_held_integers_are_no_pointers),
         cmocka_unit_test(launch_extra_buffer_form_is_scanned),
         cmocka_unit_test(capture_and_graph_launches_are_attributed),
         cmocka_unit_test(vmm_mappings_are_observed),
