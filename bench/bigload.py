@@ -316,7 +316,7 @@ def main() -> int:
         # of the launches that read it (docs/prefetch.md, Streaming)
         for f in fracs:
             pol = (f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
-                   "prefetch: {mode: stream, experimental: true}\n")
+                   "prefetch: {mode: stream}\n")
             rows.append(run(dict(base, name=f"fit-stream-{f}", fraction=f, shim=True, policy=pol), args))
     if "fp8" in runs:
         rows.append(run(dict(base, name="fp8-plain", fp8=True), args))

@@ -100,7 +100,6 @@ version: 1
 default: device
 prefetch:
   mode: stream
-  experimental: true
 rules:
   - name: experts
     match: experts
@@ -114,7 +113,6 @@ version: 1
 default: device
 prefetch:
   mode: auto
-  experimental: true
 rules:
   - name: experts
     match: experts
@@ -130,7 +128,6 @@ default: device
 device_budget: 9GiB
 prefetch:
   mode: auto
-  experimental: true
 rules:
   - name: experts
     match: experts

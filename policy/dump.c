@@ -82,8 +82,6 @@ int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
     fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
-    if (g->prefetch.mode != WO_PREFETCH_MODE_HOT_SET)
-        fprintf(f, "  experimental: true\n");
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);

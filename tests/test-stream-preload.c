@@ -507,8 +507,8 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"redirected\":") == 0);
     /* one line for the process, naming the first range and the fix */
     CHECK(strstr(log, "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
-                      "place over PCIe (and 21 more host ranges); prefetch: {mode: auto, "
-                      "experimental: true} would copy it once a step") != NULL);
+                      "place over PCIe (and 21 more host ranges); prefetch: {mode: auto} "
+                      "would copy it once a step") != NULL);
     {
         const char *w = strstr(log, "in place over PCIe");
         CHECK(w && !strstr(w + 1, "in place over PCIe"));

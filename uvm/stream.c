@@ -828,8 +828,8 @@ static void close_step(unsigned k, uint64_t t_ns)
         if (warn_more)
             snprintf(more, sizeof(more), " (and %u more host ranges)", warn_more);
         wo_warn("stream: '%s' (host) is read %.1fx a step in place over PCIe%s; "
-                "prefetch: {mode: auto, experimental: true} would copy it once a step into "
-                "device slots, but streaming is experimental (docs/prefetch.md, Streaming)",
+                "prefetch: {mode: auto} would copy it once a step into device slots "
+                "(docs/prefetch.md, Streaming)",
                 warn_name, warn_mult, more);
     }
     /* this step's first touches are the next step's plan */

@@ -51,16 +51,16 @@ MODELS = {
         tie_word_embeddings=False)),
 }
 
-STREAM = "prefetch: {mode: stream, experimental: true}\n"
+STREAM = "prefetch: {mode: stream}\n"
 CASES = {
     "moe-host-stream": ("moe", "version: 1\ndefault: device\n" + STREAM +
                         "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "dense-host-stream": ("dense", "version: 1\ndefault: device\n" + STREAM +
                           "rules:\n  - {name: mlp, match: [gate_proj, up_proj, down_proj], place: host}\n"),
-    "moe-host-auto": ("moe", "version: 1\ndefault: device\nprefetch: {mode: auto, experimental: true}\n"
+    "moe-host-auto": ("moe", "version: 1\ndefault: device\nprefetch: {mode: auto}\n"
                       "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe-managed-auto": ("moe", "version: 1\ndefault: device\ndevice_budget: 192MiB\n"
-                         "prefetch: {mode: auto, experimental: true}\n"
+                         "prefetch: {mode: auto}\n"
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
 }
 # (batch, new tokens), one generate call each, in this order: the executor
