@@ -37,6 +37,7 @@
 #include "core/settings.h"
 #include "preload/hook.h"
 #include "preload/redirect.h"
+#include "uvm/stream.h"
 
 #define LAYOUT_SLOTS 16384u /* power of two */
 #define LAYOUT_PROBES 32u
@@ -61,6 +62,14 @@ struct layout {
      * size, a stride, or what an unused struct member was left holding),
      * and an address found there later is a coincidence (scan_word) */
     uint64_t notptr[NOTPTR_WORDS / 64];
+    /* The off-device ranges (those the streaming executor knows) this
+     * function's launches reached: the first (registry id + 1), and 1 in
+     * many once a second one came. A kernel that reads weights reads them
+     * in layer after layer; one that reached a single range only reached
+     * it through a word that held an address by chance (see notptr: a
+     * word that never held a small integer is not caught there). */
+    uint32_t first_off;
+    uint32_t many_off;
 };
 
 static struct layout layouts[LAYOUT_SLOTS];
@@ -214,6 +223,7 @@ struct scan {
     uint8_t trusted; /* bit i: a word that is no known non-pointer found hits[i] */
     bool any_watched;
     uint64_t *notptr; /* the function's learned non-pointer words (struct layout), or NULL */
+    struct layout *lay; /* the function's layout, or NULL */
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
 };
 
@@ -348,10 +358,46 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
     if (*n < 0)
         return; /* counted after the launch, when it succeeded */
     s->notptr = l ? l->notptr : NULL;
+    s->lay = l;
     for (int i = 0; i < *n && s->words < max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
     drop_untrusted(s);
+}
+
+/* Whether the launch's function reads off-device weights, learned from the
+ * ranges its launches reached (struct layout: first_off, many_off). Only
+ * asked once launches reach two off-device ranges or more (the executor's
+ * `readers`): with one alone (an LM head) every function reaches the same
+ * one. Without a layout nothing is known: it counts, as before. */
+static bool reads_weights(const struct scan *s)
+{
+    struct layout *l = s->lay;
+    bool any = false;
+
+    if (!l || !__atomic_load_n(&wo_stream_tab.readers, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&l->many_off, __ATOMIC_RELAXED))
+        return true;
+    for (unsigned i = 0; i < s->nhits; i++) {
+        const struct wo_ev_hit *h = &s->hits[i];
+        const struct wo_stream_entry *e;
+        uint32_t want = h->id + 1, cur = 0;
+
+        if (h->id >= WO_STREAM_IDS)
+            continue;
+        e = &wo_stream_tab.e[h->id];
+        if (!__atomic_load_n(&e->base, __ATOMIC_RELAXED) ||
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen)
+            continue;
+        any = true;
+        if (__atomic_compare_exchange_n(&l->first_off, &cur, want, false, __ATOMIC_RELAXED,
+                                        __ATOMIC_RELAXED) ||
+            cur == want)
+            continue;
+        __atomic_store_n(&l->many_off, 1, __ATOMIC_RELAXED);
+        return true;
+    }
+    return !any; /* no off-device range: nothing to decide */
 }
 
 /* One launch between its scan (before the real launch: a redirected launch
@@ -385,6 +431,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->s.watched = 0;
     l->s.trusted = 0;
     l->s.notptr = NULL;
+    l->s.lay = NULL;
     l->s.any_watched = false;
     l->scanned = false;
     l->no_layout = false;
@@ -404,7 +451,14 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     wo_registry_read_end();
     l->scanned = true;
     l->no_layout = *params && !(*extra && !*params) && n < 0;
-    if (!l->s.nhits || !wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0))
+    if (!l->s.nhits || !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return;
+    if (!reads_weights(&l->s)) {
+        /* neither where the engine is nor a read to move */
+        __atomic_add_fetch(&wo_stream_tab.n.not_reader, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    if (!wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0))
         return;
     {
         void **np = *extra && !*params ? NULL : *params;

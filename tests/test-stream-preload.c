@@ -156,7 +156,7 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, kb, ks, ke;
+    CUfunction k, kb, ks, ke, kst;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -223,6 +223,7 @@ static int child(const char *mode)
     kb = kernel("checksum_b", 3, psz, checksum);
     ks = kernel("scribble", 2, psz, scribble);
     ke = kernel("echo", 2, psz, echo);
+    kst = kernel("stale", 2, psz, echo);
 
     for (int step = 0; step < steps; step++) {
         /* each step reads the weights with one of two kernels, drawn at
@@ -288,6 +289,23 @@ static int child(const char *mode)
                 void *params[] = {&v, &out};
 
                 CHECK(p_cuLaunchKernel(ke, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                got = *(uint64_t *)(uintptr_t)out;
+                if (got != v)
+                    rewritten_words++;
+            }
+            {
+                /* a kernel whose word holds, in every layer, an aligned
+                 * address inside the last weight and never a small integer
+                 * (what PyTorch's unfilled struct members held on the
+                 * H200): no read. Counted as one, it puts the last range
+                 * between every two keys (no step is found) and makes the
+                 * engine's position jump there; it must also reach the
+                 * kernel unchanged */
+                uint64_t v = ranges[NR - 1] + 0x10000, got = 0;
+                void *params[] = {&v, &out};
+
+                CHECK(p_cuLaunchKernel(kst, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 got = *(uint64_t *)(uintptr_t)out;
                 if (got != v)

@@ -415,13 +415,14 @@ static void json_body(struct sbuf *b)
                   ",\"staged_bytes\":%" PRIu64 ",\"staged_by_kernel\":%" PRIu64
                   ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64
                   ",\"auto_tries\":%" PRIu64 ",\"auto_kept\":%" PRIu64 ",\"auto_backs\":%" PRIu64
-                  ",\"checked\":%" PRIu64 ",\"check_mismatch\":%" PRIu64
+                  ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
+                  ",\"check_mismatch\":%" PRIu64
                   ",\"names\":{",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
                   sc.await_timeouts, sc.inplace_captured, sc.inplace_other,
                   sc.invalidated, sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits,
-                  sc.steps, sc.slot_bytes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.checked,
-                  sc.check_mismatch);
+                  sc.steps, sc.slot_bytes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.not_reader,
+                  sc.checked, sc.check_mismatch);
         b->first = true;
         wo_stream_foreach_name(stream_name_json, b);
         sb_printf(b, "}}");

@@ -92,8 +92,17 @@ struct exec {
     uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine;
                          * keyed by range, a run of launches on it counts once) */
     uint64_t steps;
+    struct fnrec *fns; /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au; /* auto's step-time decision for host ranges */
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
+};
+
+#define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
+
+struct fnrec {
+    uint64_t func; /* 0: empty */
+    uint32_t first; /* registry id + 1 of the first off-device range it reached */
+    bool many;      /* it reached a second one */
 };
 
 static struct exec *ex;
@@ -851,9 +860,40 @@ static void close_step(unsigned k, uint64_t t_ns)
     publish_names(false);
 }
 
+/* The consumer's copy of preload/launch.c's reads_weights(): whether
+ * func's launches reached two off-device ranges or more (ids: this
+ * launch's). Once ranges vary (lows_vary), a function that reached one
+ * only reached it through a word that held an address by chance: a
+ * libtorch kernel's unfilled struct members named the last layer's weight
+ * in every layer on the Qwen3 shape (docs/prefetch.md, Streaming). */
+static bool reader(uint64_t func, const uint32_t *ids, unsigned n)
+{
+    struct fnrec *f = NULL;
+    uint64_t h = func * UINT64_C(0x9E3779B97F4A7C15);
+
+    if (!ex->fns && !(ex->fns = calloc(FNS, sizeof(*ex->fns))))
+        return true;
+    for (unsigned i = 0; i < 32 && !f; i++) {
+        struct fnrec *c = &ex->fns[((h >> 40) + i) & (FNS - 1)];
+        if (c->func == func || !c->func)
+            f = c;
+    }
+    if (!f)
+        return true; /* table crowded: as before */
+    f->func = func;
+    for (unsigned i = 0; i < n && !f->many; i++) {
+        if (!f->first)
+            f->first = ids[i] + 1;
+        else if (f->first != ids[i] + 1)
+            f->many = true;
+    }
+    return f->many;
+}
+
 static void on_launch(const struct wo_event *ev)
 {
-    uint32_t low = NONE;
+    uint32_t low = NONE, ids[WO_EV_MAX_HITS];
+    unsigned n = 0;
     bool same;
     unsigned k;
 
@@ -873,7 +913,16 @@ static void on_launch(const struct wo_event *ev)
         /* nor is a word that cannot point at a weight (core/event.h) */
         if (!wo_hit_pointer_like(h))
             continue;
-        account_hit(r, h->id, h);
+        ids[n++] = h->id;
+    }
+    if (!n || (!reader(ev->l.func, ids, n) && ex->lows_vary))
+        return;
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &ev->l.hits[i];
+
+        if (!in(ids, n, h->id) || h->gen != ex->r[h->id].gen)
+            continue;
+        account_hit(&ex->r[h->id], h->id, h);
         low = WO_MIN(low, h->id);
     }
     /* The step's keys are the ranges in the order launches reach them, a
@@ -891,6 +940,7 @@ static void on_launch(const struct wo_event *ev)
      * The second range seen switches over, once, from a new stepper. */
     if (!ex->lows_vary && ex->first_low != NONE && low != ex->first_low) {
         ex->lows_vary = true;
+        __atomic_store_n(&wo_stream_tab.readers, 1, __ATOMIC_RELAXED);
         wo_stepper_done(&ex->st);
         wo_stepper_init(&ex->st);
     }
@@ -1305,6 +1355,7 @@ static void free_exec(void)
     free(ex->r);
     free(ex->order);
     free(ex->cur);
+    free(ex->fns);
     wo_stepper_done(&ex->st);
     free(ex);
     ex = NULL;

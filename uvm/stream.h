@@ -90,12 +90,16 @@ struct wo_stream_counts {
     uint64_t auto_kept;  /* ... and kept so: the step was faster */
     uint64_t auto_backs; /* ... and put back in place: it was not */
     uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
+    uint64_t not_reader;     /* launches left alone: their function reached one off-device range
+                              * only (stale words, not reads: preload/launch.c) */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
     uint64_t check_mismatch; /* ... that differed from their host copy */
 };
 
 struct wo_stream_shared {
     int active;    /* 1 once an assignment may exist: the hooks look only then */
+    int readers;   /* 1 once launches reached two or more off-device ranges: a launch
+                    * then counts only when its function has reached two (launch.c) */
     uint32_t pos;  /* registry id + 1 of the last streamed range a launch touched */
     CUcontext ctx; /* the context slots and events live in (the engine's primary) */
     struct wo_stream_counts n;
