@@ -1,5 +1,4 @@
 /* core/kernel-name.c: see kernel-name.h. */
-#define _GNU_SOURCE
 #include "core/kernel-name.h"
 
 #include <dlfcn.h>
