@@ -168,6 +168,21 @@ rules:
     match: experts
     place: managed
 """,
+    "experts-managed-6g-auto": """\
+# The same 6 GiB budget, the streaming executor deciding per range from
+# measured read multiplicity (issue 18): a range read >= 1.5x its bytes a
+# step is staged into device slots (their bytes out of the budget), the
+# others keep the hot set.
+version: 1
+default: device
+device_budget: 6GiB
+prefetch:
+  mode: auto
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
     "experts-managed-noprefetch": """\
 # Every expert managed, the prefetcher off: every read goes over PCIe in
 # place (what managed memory costs against pinned host memory).
@@ -437,6 +452,17 @@ for _x in "abcde":
 SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", offload="experts:all",
                    env={"WOFFLOAD_TRACE": "/tmp/wo-trace-r7-managed.wotrace"}, **R7))
 
+# issue 18: batched decode on the Mixtral shape (8 experts top-2, 12 layers,
+# 12.4 GiB of experts), transformers' default experts backend
+SCENARIOS += [
+    S("batchdef-moe8-gpu", "moe8", batches=[1, 8, 32], prefill=0, **BATCH),
+    S("batchdef-moe8-shim-experts-host-all", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe8-gpu"),
+    S("batchdef-moe8-shim-experts-host-stream", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-host-stream", offload="experts:all", ref="batchdef-moe8-gpu"),
+    S("batchdef-moe8-shim-experts-managed-6g-auto", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-managed-6g-auto", offload="experts:all", ref="batchdef-moe8-gpu"),
+]
 SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
