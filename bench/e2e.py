@@ -692,7 +692,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         res["batched"] = {}
         for b in spec["batches"]:
             r = measure(prompts[:b], spec["batch_new_tokens"], spec["repeats"])
-            if spec["model"] == "moe" and spec["name"].endswith("-gpu"):
+            if "num_experts" in mi["cfg"] and spec["name"].endswith("-gpu"):
                 r["distinct_experts"] = distinct_experts(torch, m, prompts[:b], mi["cfg"])
             res["batched"][str(b)] = r
     res["peak_allocated"] = torch.cuda.max_memory_allocated()
