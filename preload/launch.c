@@ -220,7 +220,6 @@ struct scan {
     uint16_t overflow;
     uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
     uint8_t watched; /* bit i: hits[i] is a watched range */
-    uint8_t trusted; /* bit i: a word that is no known non-pointer found hits[i] */
     bool any_watched;
     uint64_t *notptr; /* the function's learned non-pointer words (struct layout), or NULL */
     struct layout *lay; /* the function's layout, or NULL */
@@ -249,7 +248,6 @@ static inline void scan_word(struct scan *s, uint64_t v)
 {
     struct wo_hit h;
     uint32_t w = s->words++;
-    uint8_t trust;
 
     /* Small integers (sizes, flags, indices) are never device addresses,
      * and the word that held one is no pointer slot. */
@@ -260,26 +258,23 @@ static inline void scan_word(struct scan *s, uint64_t v)
     }
     if (!wo_registry_lookup(v, &h))
         return;
-    trust = !word_notptr(s, w);
+    if (word_notptr(s, w)) {
+        /* an address by chance: neither a read, nor where the engine is,
+         * nor a word to redirect (and it takes no hit slot from a pointer) */
+        wo_count(WO_CTR_launch_hit_notptr, 1);
+        return;
+    }
     for (uint16_t i = 0; i < s->nhits; i++) {
         struct wo_ev_hit *e = &s->hits[i];
         if (e->id == h.id && e->gen == h.gen) {
-            if (trust && !(s->trusted >> i & 1)) {
-                /* the trusted words' span only */
-                e->offset = h.offset;
-                e->hi = h.offset + 1;
-                s->trusted |= (uint8_t)(1u << i);
-            } else if (trust || !(s->trusted >> i & 1)) {
-                e->offset = WO_MIN(e->offset, h.offset);
-                e->hi = WO_MAX(e->hi, h.offset + 1);
-            }
+            e->offset = WO_MIN(e->offset, h.offset);
+            e->hi = WO_MAX(e->hi, h.offset + 1);
             return;
         }
     }
     s->any_watched |= h.watched;
     if (s->nhits < WO_EV_MAX_HITS) {
         s->watched |= (uint8_t)(h.watched << s->nhits);
-        s->trusted |= (uint8_t)(trust << s->nhits);
         s->hits[s->nhits++] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
         s->found++;
         return;
@@ -295,35 +290,7 @@ static inline void scan_word(struct scan *s, uint64_t v)
         unsigned i = (unsigned)__builtin_ctz(~(unsigned)s->watched);
         s->hits[i] = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + 1};
         s->watched |= (uint8_t)(1u << i);
-        s->trusted = (uint8_t)((s->trusted & ~(1u << i)) | (unsigned)trust << i);
     }
-}
-
-/* Drops the hits only words known to be no pointer slot found (counted):
- * nothing reads a weight through them, so they are neither reads to
- * account, nor where the engine is, nor words to redirect. */
-static void drop_untrusted(struct scan *s)
-{
-    unsigned n = 0;
-    uint8_t watched = 0;
-
-    if (s->trusted == (uint8_t)((1u << s->nhits) - 1))
-        return;
-    s->any_watched = false;
-    for (unsigned i = 0; i < s->nhits; i++) {
-        if (!(s->trusted >> i & 1)) {
-            wo_count(WO_CTR_launch_hit_notptr, 1);
-            s->found--;
-            continue;
-        }
-        s->hits[n] = s->hits[i];
-        watched |= (uint8_t)((s->watched >> i & 1) << n);
-        s->any_watched |= s->watched >> i & 1;
-        n++;
-    }
-    s->nhits = (uint16_t)n;
-    s->watched = watched;
-    s->trusted = (uint8_t)((1u << n) - 1);
 }
 
 static void scan_bytes(struct scan *s, const void *p, size_t size)
@@ -362,7 +329,6 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
     for (int i = 0; i < *n && s->words < max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
-    drop_untrusted(s);
 }
 
 /* Whether the launch's function reads off-device weights, learned from the
@@ -386,8 +352,12 @@ static bool reads_weights(const struct scan *s)
         if (h->id >= WO_STREAM_IDS)
             continue;
         e = &wo_stream_tab.e[h->id];
+        /* the hits the consumer's reader() counts: inside the span (not an
+         * activation in the allocation's tail) and pointer-like */
         if (!__atomic_load_n(&e->base, __ATOMIC_RELAXED) ||
-            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen)
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen ||
+            h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
+            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED) || !wo_hit_pointer_like(h))
             continue;
         any = true;
         if (__atomic_compare_exchange_n(&l->first_off, &cur, want, false, __ATOMIC_RELAXED,
@@ -429,7 +399,6 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->s.overflow = 0;
     l->s.found = 0;
     l->s.watched = 0;
-    l->s.trusted = 0;
     l->s.notptr = NULL;
     l->s.lay = NULL;
     l->s.any_watched = false;

@@ -105,6 +105,16 @@ static void echo(void **params, const uint32_t g[3], const uint32_t b[3])
     *(uint64_t *)(uintptr_t) * (CUdeviceptr *)params[1] = *(uint64_t *)params[0];
 }
 
+/* params: a weight pointer (unused), uint64_t value, uint64_t *out: writes
+ * value to out (a launch that reads a streamed weight and also carries a
+ * word that is no pointer slot) */
+static void pair(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    (void)g;
+    (void)b;
+    *(uint64_t *)(uintptr_t) * (CUdeviceptr *)params[2] = *(uint64_t *)params[1];
+}
+
 /* params: uint64_t *where, uint64_t value: an activation written after seal */
 static void scribble(void **params, const uint32_t g[3], const uint32_t b[3])
 {
@@ -156,7 +166,7 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, kb, ks, ke, kst;
+    CUfunction k, kb, ks, ke, kst, kp;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -224,6 +234,7 @@ static int child(const char *mode)
     ks = kernel("scribble", 2, psz, scribble);
     ke = kernel("echo", 2, psz, echo);
     kst = kernel("stale", 2, psz, echo);
+    kp = kernel("pair", 3, psz, pair);
 
     for (int step = 0; step < steps; step++) {
         /* each step reads the weights with one of two kernels, drawn at
@@ -306,6 +317,22 @@ static int child(const char *mode)
                 void *params[] = {&v, &out};
 
                 CHECK(p_cuLaunchKernel(kst, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                got = *(uint64_t *)(uintptr_t)out;
+                if (got != v)
+                    rewritten_words++;
+            }
+            for (int t = 0; t < 2 && (i == 1 || i == 2); t++) {
+                /* the second word held a small integer first, so it is no
+                 * pointer slot: when the launch is redirected for the
+                 * weight in its first word, the address by chance in the
+                 * second must reach the kernel as it was passed (two
+                 * ranges, so its function counts as a reader; not layer
+                 * 5, whose multiplicity is checked below) */
+                uint64_t v = t ? ranges[i] + 0x20000 : 7, got = 0;
+                void *params[] = {&ranges[i], &v, &out};
+
+                CHECK(p_cuLaunchKernel(kp, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 got = *(uint64_t *)(uintptr_t)out;
                 if (got != v)
