@@ -1041,12 +1041,13 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
     must read over PCIe (distinct experts the routers picked, measured in the
     all-GPU run) and the bounds they imply."""
     rows = []
-    cfg = MODELS["moe"]["cfg"]
-    expert = 3 * cfg["hidden_size"] * cfg["moe_intermediate_size"] * 2
     for r in results:
         if not r.get("batched"):
             continue
         spec = next(s for s in SCENARIOS if s["name"] == r["name"])
+        # one expert's bytes of this row's model (gate, up and down)
+        cfg = MODELS[spec["model"]]["cfg"]
+        expert = 3 * cfg["hidden_size"] * cfg.get("moe_intermediate_size", 0) * 2
         gpu = by.get(spec.get("ref") or r["name"], {}).get("batched") or {}
         backend = spec.get("experts_impl") or "default"
         for b, m in r["batched"].items():
@@ -1085,7 +1086,8 @@ def batched_report(results: List[Dict[str, Any]], by: Dict[str, Any]) -> List[st
             "eager: a loop over the picked experts, each read once a step). The PCIe bound is the "
             "distinct-bytes bound: each expert the routers picked, once a step, at 55 GB/s.", "",
             "Step bytes: distinct experts per layer per step (measured on the all-GPU run's routers) × "
-            "37.7 MB, over the offloaded layers. PCIe bound: batch × 55 GB/s / step bytes; serial "
+            "one expert's bytes (37.7 MB on the Qwen3 shape, 138.4 MB on the Mixtral shape), over the "
+            "offloaded layers. PCIe bound: batch × 55 GB/s / step bytes; serial "
             "estimate: batch / (all-GPU step time + step bytes at 55 GB/s). Shim GB/step: the host-placed "
             "bytes the step's launches touched, from the shim's own stats (woffload.stats() "
             "names[].touched_bytes: a generate of n tokens minus one of 1, over n - 1 steps; for managed "
