@@ -271,6 +271,17 @@ SKEW = dict(hot=8, sigma=2.5, seed=99)
 # batched rows: fewer and shorter calls (batch 32 reads every expert each step)
 BATCH = dict(batch_new_tokens=9, repeats=3)
 
+
+def batch_rows(model: str, tag: str, policies: List[str]) -> List[Dict[str, Any]]:
+    """Batched decode at batch 1, 8 and 32 with transformers' default experts
+    backend: the all-GPU reference batchdef-TAG-gpu, then one row a policy
+    (every expert placed by it), batchdef-TAG-shim-POLICY."""
+    ref = f"batchdef-{tag}-gpu"
+    kw = dict(batches=[1, 8, 32], prefill=0, **BATCH)
+    return [S(ref, model, **kw)] + [S(f"batchdef-{tag}-shim-{p}", model, policy=p, offload="experts:all",
+                                      ref=ref, **kw) for p in policies]
+
+
 SCENARIOS: List[Dict[str, Any]] = [
     S("moe-gpu", "moe"),
     S("moe-shim-empty", "moe", policy="empty", ref="moe-gpu"),
@@ -341,14 +352,10 @@ SCENARIOS: List[Dict[str, Any]] = [
     # batched decode with transformers' default experts backend (what users
     # run): decode gathers each picked expert per token from the whole
     # stacked tensor, so reads multiply with the batch (issues 18, 21)
-    S("batchdef-moe-gpu", "moe", batches=[1, 8, 32], prefill=0, **BATCH),
-    S("batchdef-moe-shim-experts-host-all", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-host-all", offload="experts:all", ref="batchdef-moe-gpu"),
-    S("batchdef-moe-shim-experts-managed-half", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-managed-half", offload="experts:all", ref="batchdef-moe-gpu"),
-    # issue 18: the streaming executor (launch redirection into device slots)
-    S("batchdef-moe-shim-experts-host-stream", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-host-stream", offload="experts:all", ref="batchdef-moe-gpu"),
+    # (issue 18: host-stream, the streaming executor; managed-half-auto, it
+    # deciding per range)
+    *batch_rows("moe", "moe", ["experts-host-all", "experts-managed-half", "experts-host-stream",
+                               "experts-managed-half-auto"]),
     # auto decides after the stepper found the step (~26 steps of this
     # model) and 19 measured steps: longer calls than the other rows', and
     # a reference of the same length (every token compared)
@@ -357,8 +364,6 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe-shim-experts-host-auto", "moe", batches=[1, 8, 32], prefill=0,
       **dict(BATCH, batch_new_tokens=32, repeats=2),
       policy="experts-host-auto", offload="experts:all", ref="batchdef-moe-gpu-long"),
-    S("batchdef-moe-shim-experts-managed-half-auto", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-managed-half-auto", offload="experts:all", ref="batchdef-moe-gpu"),
     # issue 11: batched decode, aggregate tok/s at batch 1, 8 and 32, eager
     # experts (a step reads each picked expert once, whatever the batch)
     S("batch-moe-gpu", "moe", batches=[1, 8, 32], prefill=0, experts_impl="eager", **BATCH),
@@ -454,15 +459,7 @@ SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", off
 
 # issue 18: batched decode on the Mixtral shape (8 experts top-2, 12 layers,
 # 12.4 GiB of experts), transformers' default experts backend
-SCENARIOS += [
-    S("batchdef-moe8-gpu", "moe8", batches=[1, 8, 32], prefill=0, **BATCH),
-    S("batchdef-moe8-shim-experts-host-all", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-host-all", offload="experts:all", ref="batchdef-moe8-gpu"),
-    S("batchdef-moe8-shim-experts-host-stream", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-host-stream", offload="experts:all", ref="batchdef-moe8-gpu"),
-    S("batchdef-moe8-shim-experts-managed-6g-auto", "moe8", batches=[1, 8, 32], prefill=0, **BATCH,
-      policy="experts-managed-6g-auto", offload="experts:all", ref="batchdef-moe8-gpu"),
-]
+SCENARIOS += batch_rows("moe8", "moe8", ["experts-host-all", "experts-host-stream", "experts-managed-6g-auto"])
 SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)

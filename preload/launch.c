@@ -44,7 +44,6 @@
 #define INLINE_PARAMS 24
 #define MAX_PARAMS 1024
 #define ARENA_SIZES 65536u
-#define NOTPTR_WORDS WO_NOTPTR_WORDS
 /* Runtime stubs and driver handles share the cache; the tag keeps them apart. */
 #define RUNTIME_KEY_TAG WO_LAUNCH_KEY_RUNTIME
 
@@ -61,7 +60,7 @@ struct layout {
      * integer in some launch of this function: it is no pointer slot (a
      * size, a stride, or what an unused struct member was left holding),
      * and an address found there later is a coincidence (scan_word) */
-    uint64_t notptr[NOTPTR_WORDS / 64];
+    uint64_t notptr[WO_NOTPTR_WORDS / 64];
     /* The off-device ranges (those the streaming executor knows) this
      * function's launches reached: the first (registry id + 1), and 1 in
      * many once a second one came. A kernel that reads weights reads them
@@ -221,15 +220,13 @@ struct scan {
     uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
     uint8_t watched; /* bit i: hits[i] is a watched range */
     bool any_watched;
-    uint64_t *notptr; /* the function's learned non-pointer words (struct layout), or NULL */
-    struct layout *lay; /* the function's layout, or NULL */
+    struct layout *lay; /* the function's layout (its learned notptr words), or NULL */
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
 };
 
 static inline bool word_notptr(const struct scan *s, uint32_t w)
 {
-    return s->notptr && w < NOTPTR_WORDS &&
-           (__atomic_load_n(&s->notptr[w / 64], __ATOMIC_RELAXED) >> (w % 64) & 1);
+    return s->lay && wo_notptr_word(s->lay->notptr, w);
 }
 
 /* Learns that word w of this function's parameters is no pointer slot:
@@ -240,8 +237,8 @@ static inline bool word_notptr(const struct scan *s, uint32_t w)
  * last-layer weight "read" in every layer. */
 static inline void mark_notptr(struct scan *s, uint32_t w)
 {
-    if (s->notptr && w < NOTPTR_WORDS && !word_notptr(s, w))
-        __atomic_fetch_or(&s->notptr[w / 64], UINT64_C(1) << (w % 64), __ATOMIC_RELAXED);
+    if (s->lay && w < WO_NOTPTR_WORDS && !word_notptr(s, w))
+        __atomic_fetch_or(&s->lay->notptr[w / 64], UINT64_C(1) << (w % 64), __ATOMIC_RELAXED);
 }
 
 static inline void scan_word(struct scan *s, uint64_t v)
@@ -324,7 +321,6 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
     *sizes = layout_get(key, func, runtime, tmp, n, &l);
     if (*n < 0)
         return; /* counted after the launch, when it succeeded */
-    s->notptr = l ? l->notptr : NULL;
     s->lay = l;
     for (int i = 0; i < *n && s->words < max_words; i++)
         if ((*sizes)[i] >= 8)
@@ -399,7 +395,6 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->s.overflow = 0;
     l->s.found = 0;
     l->s.watched = 0;
-    l->s.notptr = NULL;
     l->s.lay = NULL;
     l->s.any_watched = false;
     l->scanned = false;
@@ -431,10 +426,11 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         return;
     {
         void **np = *extra && !*params ? NULL : *params;
+        const uint64_t *notptr = l->s.lay ? l->s.lay->notptr : NULL;
         void **ne = NULL;
 
         if (np)
-            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, l->s.notptr, b) : NULL;
+            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, notptr, b) : NULL;
         else
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {

@@ -191,11 +191,6 @@ static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
     return false;
 }
 
-static bool skip_word(const uint64_t *notptr, uint32_t w)
-{
-    return notptr && w < WO_NOTPTR_WORDS && (__atomic_load_n(&notptr[w / 64], __ATOMIC_RELAXED) >> (w % 64) & 1);
-}
-
 void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
                           int nparams, uint32_t max_words, const uint64_t *notptr,
                           struct wo_redirect_buf *b)
@@ -215,7 +210,7 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
             continue;
         /* the same words the scan read (launch.c: scan_bytes) */
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
-            hit |= !skip_word(notptr, words) && points_in(rd, src + off);
+            hit |= !wo_notptr_word(notptr, words) && points_in(rd, src + off);
         if (!hit)
             continue;
         used = (used + 15) & ~(size_t)15;
@@ -224,7 +219,7 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
         memcpy(b->bytes + used, src, sizes[i]);
         words = w0;
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
-            if (!skip_word(notptr, words))
+            if (!wo_notptr_word(notptr, words))
                 move_word(rd, b->bytes + used + off);
         b->params[i] = b->bytes + used;
         used += sizes[i];

@@ -29,6 +29,14 @@ struct wo_redirect {
     uint64_t dev[WO_REDIRECT_MAX];
 };
 
+/* Whether word w of a function's parameters is learned to be no pointer
+ * slot (bits: struct layout's notptr in launch.c, NULL: none known). */
+static inline bool wo_notptr_word(const uint64_t *bits, uint32_t w)
+{
+    return bits && w < WO_NOTPTR_WORDS &&
+           (__atomic_load_n(&bits[w / 64], __ATOMIC_RELAXED) >> (w % 64) & 1);
+}
+
 struct wo_redirect_buf {
     void *params[WO_REDIRECT_PARAMS];
     void *extra[5];

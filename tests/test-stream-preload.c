@@ -236,6 +236,17 @@ static int child(const char *mode)
     kst = kernel("stale", 2, psz, echo);
     kp = kernel("pair", 3, psz, pair);
 
+/* Launches kern (it writes a word it was handed to out) and counts the
+ * word v reaching it changed: a word that is no pointer must never be
+ * redirected. */
+#define LAUNCH_KEEPS(kern, params, v)                                                              \
+    do {                                                                                           \
+        CHECK(p_cuLaunchKernel(kern, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);      \
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);                                                  \
+        if (*(uint64_t *)(uintptr_t)out != (v))                                                    \
+            rewritten_words++;                                                                     \
+    } while (0)
+
     for (int step = 0; step < steps; step++) {
         /* each step reads the weights with one of two kernels, drawn at
          * random: an engine's kernels change with its batch (cuBLAS picks
@@ -296,14 +307,10 @@ static int child(const char *mode)
             {
                 /* a word that is not a pointer but falls inside the weight
                  * just read (staged now): unaligned, so never rewritten */
-                uint64_t v = ranges[i] + 0x1879, got = 0;
+                uint64_t v = ranges[i] + 0x1879;
                 void *params[] = {&v, &out};
 
-                CHECK(p_cuLaunchKernel(ke, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                got = *(uint64_t *)(uintptr_t)out;
-                if (got != v)
-                    rewritten_words++;
+                LAUNCH_KEEPS(ke, params, v);
             }
             {
                 /* a kernel whose word holds, in every layer, an aligned
@@ -313,14 +320,10 @@ static int child(const char *mode)
                  * between every two keys (no step is found) and makes the
                  * engine's position jump there; it must also reach the
                  * kernel unchanged */
-                uint64_t v = ranges[NR - 1] + 0x10000, got = 0;
+                uint64_t v = ranges[NR - 1] + 0x10000;
                 void *params[] = {&v, &out};
 
-                CHECK(p_cuLaunchKernel(kst, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                got = *(uint64_t *)(uintptr_t)out;
-                if (got != v)
-                    rewritten_words++;
+                LAUNCH_KEEPS(kst, params, v);
             }
             for (int t = 0; t < 2 && (i == 1 || i == 2); t++) {
                 /* the second word held a small integer first, so it is no
@@ -329,14 +332,10 @@ static int child(const char *mode)
                  * second must reach the kernel as it was passed (two
                  * ranges, so its function counts as a reader; not layer
                  * 5, whose multiplicity is checked below) */
-                uint64_t v = t ? ranges[i] + 0x20000 : 7, got = 0;
+                uint64_t v = t ? ranges[i] + 0x20000 : 7;
                 void *params[] = {&ranges[i], &v, &out};
 
-                CHECK(p_cuLaunchKernel(kp, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                got = *(uint64_t *)(uintptr_t)out;
-                if (got != v)
-                    rewritten_words++;
+                LAUNCH_KEEPS(kp, params, v);
             }
             /* the GPU's time on this layer: the executor stages meanwhile */
             usleep(300);
