@@ -168,10 +168,15 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             res["quantize_s"] = time.perf_counter() - t1
         ids = torch.tensor([[1] + [(7 * i + 3) % 31000 + 100 for i in range(31)]], device="cuda")
         n = spec["new_tokens"]
+        # the warm-up: prefetch.mode auto decides after the stepper has found
+        # the step (~9 tokens here) and it has timed 8 steps in place and 10
+        # streamed: the timed call then runs what it kept (every row warms
+        # up the same, plain too)
+        wu = max(n, spec.get("warmup_tokens", n))
         with torch.no_grad():
             t1 = time.perf_counter()
-            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False, pad_token_id=0)
+            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=wu,
+                             min_new_tokens=wu, do_sample=False, pad_token_id=0)
             torch.cuda.synchronize()
             res["first_generate_s"] = time.perf_counter() - t1
             # timed: a full generate minus a one-token generate (the prefill)
@@ -278,10 +283,16 @@ def main() -> int:
                     help="free F for the fp8 path: its fp8 weights alone are 0.47x the bf16 bytes")
     ap.add_argument("--keep-free", default="1GiB")
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--warmup-tokens", type=int, default=48,
+                    help="tokens of the untimed first generate (auto's decision is taken in it)")
     ap.add_argument("--log", default="info")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--runs", default="plain,fit,fp8",
-                    help="plain, fit, fit-stream (fit with prefetch.mode stream), fp8")
+                    help="plain, fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
+                         "(read in place), fit-stream (prefetch.mode stream), fp8")
+    ap.add_argument("--stream-slots", default="",
+                    help="fit and fit-stream rows: comma-separated slot counts (prefetch.slots), one row each; "
+                         "empty: the policy's default")
     args = ap.parse_args()
     if args.worker:
         spec = json.loads(args.worker)
@@ -300,24 +311,32 @@ def main() -> int:
     if mk.get("error"):
         return 1
     wb = mk["weight_bytes"]
-    base = dict(ckpt=ckpt, weight_bytes=wb, new_tokens=args.new_tokens)
+    base = dict(ckpt=ckpt, weight_bytes=wb, new_tokens=args.new_tokens, warmup_tokens=args.warmup_tokens)
     runs = args.runs.split(",")
     rows: List[Dict[str, Any]] = []
     fracs = [float(x) for x in args.fractions.split(",") if x]
-    if "plain" in runs or "fit" in runs or "fit-stream" in runs:
+    if any(x.startswith("fit") for x in runs):
         rows.append(run(dict(base, name="plain"), args))
-    if "fit" in runs:
-        for f in fracs:
-            pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
-            rows.append(run(dict(base, name=f"fit-{f}", fraction=f, shim=True, policy=pol), args))
-    if "fit-stream" in runs:
-        # the same with the streaming executor: fit keeps room for its slots,
-        # and each off-device weight is copied once a token into a slot ahead
-        # of the launches that read it (docs/prefetch.md, Streaming)
-        for f in fracs:
-            pol = (f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
-                   "prefetch: {mode: stream}\n")
-            rows.append(run(dict(base, name=f"fit-stream-{f}", fraction=f, shim=True, policy=pol), args))
+    fitkey = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
+    nslots = [x for x in args.stream_slots.split(",") if x] or [""]
+    for f in fracs:
+        # fit as users run it (prefetch.mode auto under fit: each off-device
+        # range streamed or read in place as measured), then fit in place
+        # (hot-set: the default before), then fit streaming everything
+        if "fit" in runs:
+            for n in nslots:
+                pol = fitkey + (f"prefetch: {{slots: {int(n)}}}\n" if n else "")
+                rows.append(run(dict(base, name=f"fit{'-s' + n if n else ''}-{f}", fraction=f, shim=True,
+                                     policy=pol), args))
+        if "fit-hotset" in runs:
+            rows.append(run(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
+                                 policy=fitkey + "prefetch: {mode: hot-set}\n"), args))
+        if "fit-stream" in runs:
+            for n in nslots:
+                slots = f", slots: {int(n)}" if n else ""
+                pol = fitkey + f"prefetch: {{mode: stream{slots}}}\n"
+                rows.append(run(dict(base, name=f"fit-stream{'-s' + n if n else ''}-{f}", fraction=f,
+                                     shim=True, policy=pol), args))
     if "fp8" in runs:
         rows.append(run(dict(base, name="fp8-plain", fp8=True), args))
         for f in [float(x) for x in args.fp8_fractions.split(",") if x]:
@@ -334,14 +353,16 @@ def main() -> int:
                    f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "
                    f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
                    f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB")
-        if st.get("staged"):
+        if st.get("staged") or st.get("auto_tries"):
             md += ("; " if fit.get("budget") else f"\n\n{r['name']}: ")
             md += (f"streaming: {st.get('redirected')} launches redirected, read in place: "
                    f"{st.get('inplace_no_slot')} no slot ready, {st.get('inplace_other')} other; "
                    f"{st.get('awaited', 0)} waited for their copy ({st.get('await_ms', 0):.1f} ms in all, "
                    f"{st.get('await_timeouts', 0)} ran out); "
                    f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
-                   f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB")
+                   f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
+                   f"auto by step time: {st.get('auto_tries', 0)} tries, {st.get('auto_kept', 0)} kept, "
+                   f"{st.get('auto_backs', 0)} back in place")
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({args.layers} layers, Llama shape), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "

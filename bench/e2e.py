@@ -105,6 +105,20 @@ rules:
     match: experts
     place: host
 """,
+    "experts-host-stream-s3": """\
+# experts-host-stream with three device staging slots instead of four
+# (each slot holds one stacked expert tensor: a slot less is 805 MiB more
+# for the engine on the Qwen3 shape)
+version: 1
+default: device
+prefetch:
+  mode: stream
+  slots: 3
+rules:
+  - name: experts
+    match: experts
+    place: host
+""",
     "experts-host-auto": """\
 # Every MoE expert in host memory; the streaming executor decides by the
 # step's measured period whether staging them once a step into device slots
@@ -356,6 +370,8 @@ SCENARIOS: List[Dict[str, Any]] = [
     # deciding per range)
     *batch_rows("moe", "moe", ["experts-host-all", "experts-managed-half", "experts-host-stream",
                                "experts-managed-half-auto"]),
+    S("batchdef-moe-shim-experts-host-stream-s3", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
+      policy="experts-host-stream-s3", offload="experts:all", ref="batchdef-moe-gpu"),
     # auto decides after the stepper found the step (~26 steps of this
     # model) and 19 measured steps: longer calls than the other rows', and
     # a reference of the same length (every token compared)

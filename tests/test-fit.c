@@ -295,6 +295,7 @@ static void key_parses_and_dumps(void **state)
     g = wo_policy_globals(p);
     assert_false(g->fit.enabled);
     assert_true(wo_policy_passthrough(p));
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
     p = wo_policy_free(p);
     wo_diags_clear(&d);
 
@@ -310,6 +311,18 @@ static void key_parses_and_dumps(void **state)
     assert_int_equal(g->fit.rest, WO_PLACE_HOST);
     assert_false(wo_policy_passthrough(p)); /* fit places: the window opens at start */
     assert_int_equal(g->window.open, WO_WINDOW_OPEN_AT_START);
+    /* fit decides the prefetch mode too, unless the policy names one */
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+    p = load("fit: 90%\nprefetch: {mode: hot-set}\n", &d);
+    assert_non_null(p);
+    assert_int_equal(wo_policy_globals(p)->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
+    p = wo_policy_free(p);
+    wo_diags_clear(&d);
+    p = load("prefetch: {mode: hot-set}\nfit: 90%\n", &d);
+    assert_non_null(p);
+    assert_int_equal(wo_policy_globals(p)->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
     p = wo_policy_free(p);
     wo_diags_clear(&d);
 
