@@ -199,9 +199,14 @@ int main(int argc, char **argv)
                                      "  - {match: [experts], place: managed}\n";
     /* 704 MiB less the 512 MiB blocker the engine holds: 192 MiB, the six
      * attention weights that are managed (the cap pinned the rest); no
-     * reserve for the engine's later allocations (this engine makes none) */
+     * reserve for the engine's later allocations (this engine makes none).
+     * Read in place (hot-set): no room kept for staging slots. */
     static const char fit_policy[] = "version: 1\n"
-                                     "fit: {device: 704MiB, keep_free: 64MiB, reserve: 0}\n";
+                                     "fit: {device: 704MiB, keep_free: 64MiB, reserve: 0}\n"
+                                     "prefetch: {mode: hot-set}\n";
+    /* fit's own prefetch mode (auto): room for the default four slots */
+    static const char fit_auto_policy[] = "version: 1\n"
+                                          "fit: {device: 928MiB, keep_free: 64MiB, reserve: 0}\n";
     static const char fit_stream_policy[] = "version: 1\n"
                                             "fit: {device: 928MiB, keep_free: 64MiB, "
                                             "reserve: 0}\n"
@@ -209,10 +214,12 @@ int main(int argc, char **argv)
                                             "experimental: true}\n";
     /* the default reserve (256 MiB, at most half the budget), and one given */
     static const char fit_reserve_policy[] = "version: 1\n"
-                                             "fit: {device: 1GiB, keep_free: 64MiB}\n";
+                                             "fit: {device: 1GiB, keep_free: 64MiB}\n"
+                                             "prefetch: {mode: hot-set}\n";
     static const char fit_reserve96_policy[] = "version: 1\n"
                                                "fit: {device: 1GiB, keep_free: 64MiB, "
-                                               "reserve: 96MiB}\n";
+                                               "reserve: 96MiB}\n"
+                                               "prefetch: {mode: hot-set}\n";
     static char stats[1 << 20], err[1 << 16];
     const char *s;
     int rc, f0;
@@ -301,6 +308,18 @@ int main(int argc, char **argv)
     CHECK(strstr(err, "64.00 MiB for staging slots") != NULL);
     CHECK(strstr(err, "fakecuda: managed guard") == NULL);
     dump_on_failure(f0, "fitstream", stats, err);
+
+    /* fitauto: the same budget with no prefetch mode named: fit runs auto,
+     * which may stream, so it keeps room for the default four slots (128
+     * MiB of the 416): 9 weights on the device */
+    f0 = failures;
+    rc = run(argv, "fitauto", fit_auto_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(strstr(stats, "\"staging_bytes\":134217728,") != NULL);
+    CHECK(strstr(stats, "\"device_bytes\":301989888,") != NULL);
+    CHECK(strstr(err, "128.00 MiB for staging slots") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    dump_on_failure(f0, "fitauto", stats, err);
 
     /* fitreserve: the budget is 448 MiB (the 512 MiB the blocker leaves
      * free, less keep_free). The default reserve (256 MiB) for what the
