@@ -214,6 +214,8 @@ def row_command(args: argparse.Namespace, row: str, paths: Dict[str, str], greed
                  "--prompt-len", args.prompt_len, "--output-len", args.output_len, "--warmup-requests", "1",
                  "--cb-max-batch-tokens", str(args.max_batch_tokens), "--greedy-n", str(args.greedy_n),
                  "--out", paths["json"]] + row_phase_options(args, row)
+    if args.cb_graphs != "default":
+        serve_cmd += ["--cb-graphs", args.cb_graphs]
     # the all-GPU row is the reference; a row with no reference to check
     # against (plain failed, or was not run) runs without the check. A soak
     # runs one row a call, with no plain beside it: no greedy set
@@ -914,6 +916,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     ap.add_argument("--drain-timeout", type=float, default=40.0,
                     help="seconds a phase may take after its last arrival (serve.py --drain-timeout)")
     ap.add_argument("--max-batch-tokens", type=int, default=512)
+    ap.add_argument("--cb-graphs", choices=("default", "on", "off"), default="default",
+                    help="CUDA graphs of the continuous-batching manager (serve.py --cb-graphs); default: "
+                         "transformers' choice, which is off with paged|sdpa attention")
     ap.add_argument("--report-every", type=float,
                     help=f"seconds between interval lines (default 5; --soak {SOAK_REPORT_EVERY:g}, "
                          f"--faults {FAULTS_REPORT_EVERY:g})")
