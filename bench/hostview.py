@@ -1,10 +1,11 @@
 """bench/hostview.py: a CUDA tensor that reads pinned host memory in place.
 
 The mechanism of vLLM's UVA CPU offload, shared by bench/e2e.py (the pinned
-swap baseline), bench/zc-gemv.py and bench/pcie-interference.py: the device
-pointer of a pinned host tensor (cudaHostGetDevicePointer, from the
-libcudart that PyTorch loaded) wrapped as a CUDA tensor through the CUDA
-array interface. Kernels given it read host memory over PCIe.
+swap baseline), bench/zc-gemv.py, bench/link-share.py and
+bench/pcie-interference.py: the device pointer of a pinned host tensor
+(cudaHostGetDevicePointer, from the libcudart that PyTorch loaded) wrapped
+as a CUDA tensor through the CUDA array interface. Kernels given it read
+host memory over PCIe. Also the probes' timer (timed).
 """
 import ctypes
 from typing import Any, Optional
@@ -43,3 +44,21 @@ def cuda_view(torch: Any, host: Any) -> Any:
                                                  version=3, strides=None)
 
     return torch.as_tensor(View(), device="cuda")
+
+
+def timed(torch: Any, fn: Any, reps: int = 7) -> float:
+    """The median wall time of fn() over reps calls after one warm-up, the
+    device synchronised around each (the probes' way to time GPU work)."""
+    import statistics
+    import time
+
+    fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)

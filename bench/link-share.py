@@ -26,8 +26,6 @@ once on two streams (the link's share). Each figure is the median of REPS
 timed passes after a warm-up pass.
 """
 import argparse
-import statistics
-import time
 from typing import Callable, List, Tuple
 
 import torch
@@ -53,16 +51,7 @@ def weights(layers: int) -> List[Tuple[torch.Tensor, torch.Tensor, int]]:
 
 
 def median_time(fn: Callable[[], None], reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return hostview.timed(torch, fn, reps)
 
 
 def main() -> None:

@@ -10,9 +10,6 @@ bf16). Prints the read rate of those GEMVs, of an elementwise sum over the
 same bytes, and of a copy engine transfer, beside each other. The replay's
 device model (tools/models/*.model, zc_gbs) is the streaming rate; this
 says how much of it an engine's GEMV reaches (docs/prefetch.md)."""
-import statistics
-import time
-
 import torch
 
 import hostview  # bench/hostview.py
@@ -26,16 +23,7 @@ def cuda_view(host: torch.Tensor, shape, dtype) -> torch.Tensor:
 
 
 def timed(fn, reps=7):
-    fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
+    return hostview.timed(torch, fn, reps)
 
 
 def main() -> None:
