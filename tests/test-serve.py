@@ -1143,6 +1143,15 @@ class TestRowsModes(unittest.TestCase):
                                capture_output=True, text=True, timeout=60)
             self.assertEqual(r.returncode, 2, r.stdout)
             self.assertIn(why, r.stderr)
+        # --cb-graphs reaches every row's serve.py (which parses it: dry_check); default passes nothing
+        for choice, n in (("on", 2), ("default", 0)):
+            r = subprocess.run([sys.executable, script, "--out", out, "--dry-run", "--rows", "plain,managed",
+                                "--rates", "10", "--cb-graphs", choice, "--build", self.tmp],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(sum("serve.py --inprocess" in ln and "--cb-graphs on" in ln
+                                 for ln in r.stdout.splitlines()), n, r.stdout)
+            self.assertNotIn("--cb-graphs default", r.stdout)
 
 
 class TestSchedule(unittest.TestCase):
