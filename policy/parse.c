@@ -1060,9 +1060,9 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
     if (v[G_FIT] && parse_fit(&c, v[G_FIT]) < 0)
         r = -EINVAL;
     /* fit: lets the shim decide, and what it sends off the device is read
-     * once a step at batch 1 (dense weights: copied into slots at the copy
-     * engine's rate, 0.96x of the link against 0.88x in place,
-     * bench/results/bigload-20261126-h100.md) or many times (batched MoE):
+     * once a step at batch 1 (dense weights: auto streamed them into slots
+     * at the copy engine's rate, 0.93x of the link against 0.85x in place,
+     * bench/results/bigload-20261126-h100/) or many times (batched MoE):
      * auto measures which, per range. A mode the policy names stands. */
     if (p->g.fit.enabled && !p->g.prefetch.mode_set)
         p->g.prefetch.mode = WO_PREFETCH_MODE_AUTO;
