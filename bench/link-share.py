@@ -26,7 +26,7 @@ once on two streams (the link's share). Each figure is the median of REPS
 timed passes after a warm-up pass.
 """
 import argparse
-from typing import Callable, List, Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -48,10 +48,6 @@ def weights(layers: int) -> List[Tuple[torch.Tensor, torch.Tensor, int]]:
             view.normal_(0, 0.02)
             out.append((host, view, i))
     return out
-
-
-def median_time(fn: Callable[[], None], reps: int) -> float:
-    return hostview.timed(torch, fn, reps)
 
 
 def main() -> None:
@@ -110,7 +106,7 @@ def main() -> None:
     rows = []
 
     def row(name: str, streamed: List[bool], nslots: int) -> None:
-        t = median_time(lambda: run(streamed, nslots), a.reps)
+        t = hostview.timed(torch, lambda: run(streamed, nslots), a.reps)
         sb = sum(ws[k][0].numel() for k in range(n) if streamed[k])
         rows.append((name, total / t / GB, t * 1e3, sb / total))
 
@@ -147,7 +143,7 @@ def main() -> None:
             zc.sum(dtype=torch.float32)
         main_s.wait_stream(copy_s)
 
-    tc, tr, tb = (median_time(f, a.reps) for f in (copy_only, read_only, both))
+    tc, tr, tb = (hostview.timed(torch, f, a.reps) for f in (copy_only, read_only, both))
     nb = 8 * src.numel()
     print(f"GPU: {torch.cuda.get_device_name()}; {a.layers} Llama-shaped layers, {total / GB:.2f} GB of bf16 "
           f"weights in pinned host memory, one GEMV (batch 1) per weight in layer order")
