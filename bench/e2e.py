@@ -243,6 +243,15 @@ rules:
 """,
 }
 
+# The staging source (issue 18): the same policies with prefetch.pinned_copies
+# off, so every staging copy of a managed range goes through the shim's copy
+# kernel, as before pinned copies (uvm/stream-pin.h). Side by side with the
+# default (auto: a pinned copy per streamed range, copied by the copy engine).
+for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-6g-auto"):
+    POLICIES[_p + "-nopin"] = (
+        f"# {_p} with prefetch.pinned_copies off (staging by the copy kernel)\n"
+        + POLICIES[_p].replace("  mode: ", "  pinned_copies: off\n  mode: ", 1))
+
 # ----------------------------------------------------------------------------
 # scenarios
 # swap: how the tensors are moved without the shim: ("pinned", selector) or
@@ -476,6 +485,17 @@ SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", off
 # issue 18: batched decode on the Mixtral shape (8 experts top-2, 12 layers,
 # 12.4 GiB of experts), transformers' default experts backend
 SCENARIOS += batch_rows("moe8", "moe8", ["experts-host-all", "experts-host-stream", "experts-managed-6g-auto"])
+# issue 18: pinned copies as the staging source against the copy kernel, at
+# batch 8 and 32 (b1 reads in place under auto; stream at b1 is not a row
+# anyone runs), on both shapes
+for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-nopin",
+                               "experts-managed-half-auto", "experts-managed-half-auto-nopin"]),
+                      ("moe8", ["experts-host-stream", "experts-host-stream-nopin",
+                                "experts-managed-6g-auto", "experts-managed-6g-auto-nopin"])):
+    _kw = dict(batches=[8, 32], prefill=0, **BATCH)
+    SCENARIOS.append(S(f"pin-{_model}-gpu", _model, **_kw))
+    SCENARIOS += [S(f"pin-{_model}-shim-{_p}", _model, policy=_p, offload="experts:all",
+                    ref=f"pin-{_model}-gpu", **_kw) for _p in _pols]
 SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)

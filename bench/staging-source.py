@@ -5,9 +5,10 @@ copies took, and at what rate, from recorded e2e.py and bigload.py results.
     python3 bench/staging-source.py RESULT.json...
 
 For each row that staged: the copies (stream.staged), how many went through
-the shim's copy kernel (stream.staged_by_kernel: managed sources) rather
-than the copy engine (pinned sources), the allocations served managed and
-pinned. For e2e.py's batched streaming rows with every expert `host`
+the shim's copy kernel (stream.staged_by_kernel: managed sources) and how
+many came from a pinned copy of a managed range by the copy engine
+(stream.staged_pinned, uvm/stream-pin.h), the rest being pinned sources by
+the copy engine; the allocations served managed and pinned. For e2e.py's batched streaming rows with every expert `host`
 (`mode: stream`, whole stacked tensors copied once a step): the staging
 rate implied by the step time, the experts' bytes over batch / tok/s.
 Prints a markdown table; reads files only.
@@ -31,6 +32,7 @@ def e2e_rows(path: str, d: Dict[str, Any]) -> List[str]:
             step_s = 32 / b32["decode_tok_s"]
             rate = f"{host / 1e9:.1f} GB in {step_s * 1e3:.0f} ms: {host / step_s / 1e9:.1f} GB/s"
         out.append(f"| {path} | {r['name']} | {st['staged']} | {st.get('staged_by_kernel', 0)} | "
+                   f"{st.get('staged_pinned', 0)} | "
                    f"{al.get('served_managed', '?')} / {al.get('served_pinned', '?')} | {rate} |")
     return out
 
@@ -43,7 +45,7 @@ def bigload_rows(path: str, d: Dict[str, Any]) -> List[str]:
             continue
         cap = r.get("managed_cap") or {}
         out.append(f"| {path} | {r['name']} | {st['staged']} | {st.get('staged_by_kernel', 0)} | "
-                   f"pinned past the cap {cap.get('pinned_bytes', 0) / 2**30:.2f} GiB | |")
+                   f"{st.get('staged_pinned', 0)} | pinned past the cap {cap.get('pinned_bytes', 0) / 2**30:.2f} GiB | |")
     return out
 
 
@@ -52,8 +54,8 @@ def main() -> int:
         sys.stderr.write(__doc__)
         return 2
     print("| file | row | staging copies | by the copy kernel (managed source) | "
-          "allocations managed / pinned | b32 staging rate |")
-    print("|---|---|---|---|---|---|")
+          "from pinned copies | allocations managed / pinned | b32 staging rate |")
+    print("|---|---|---|---|---|---|---|")
     for path in sys.argv[1:]:
         with open(path) as f:
             d = json.load(f)

@@ -82,6 +82,12 @@ int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
     fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
+    if (g->prefetch.pinned_copies == WO_PIN_COPIES_AUTO)
+        fputs("  pinned_copies: auto\n", f);
+    else if (g->prefetch.pinned_copies == 0)
+        fputs("  pinned_copies: off\n", f);
+    else
+        fprintf(f, "  pinned_copies: %llu\n", (unsigned long long)g->prefetch.pinned_copies);
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);

@@ -267,6 +267,7 @@ static const struct {
     {"open", "window:"},          {"close", "window:"},         {"enabled", "prefetch:"},
     {"lookahead", "prefetch:"},   {"piece_size", "prefetch:"},  {"hot_set", "prefetch:"},
     {"eviction", "prefetch:"},    {"mode", "prefetch:"},        {"slots", "prefetch:"},
+    {"pinned_copies", "prefetch:"},
     {"match", "a rule under rules:"},
     {"glob", "a rule under rules:"}, {"regex", "a rule under rules:"},
     {"layers", "a rule under rules:"}, {"place", "a rule under rules:"},
@@ -750,8 +751,9 @@ static const char *const rest_names[] = {"host", "managed"};
 static const char *const window_keys[] = {"open", "close", "min_size"};
 static const char *const open_names[] = {"at-start", "on-first-tag", "api"};
 static const char *const close_names[] = {"at-seal", "on-first-tag", "api"};
-static const char *const prefetch_keys[] = {"enabled",  "lookahead", "piece_size",  "hot_set",
-                                            "eviction", "mode",      "slots",       "experimental"};
+static const char *const prefetch_keys[] = {"enabled", "lookahead",    "piece_size",
+                                            "hot_set", "eviction",     "mode",
+                                            "slots",   "experimental", "pinned_copies"};
 static const char *const mode_names[] = {"auto", "hot-set", "stream"};
 static const char *const eviction_names[] = {"auto", "read-mostly", "copy-back"};
 static const char *const pinfb_names[] = {"managed", "stop"};
@@ -798,8 +800,8 @@ static int parse_window(struct ctx *c, const struct wo_node *n, bool *open_given
 static int parse_prefetch(struct ctx *c, const struct wo_node *n)
 {
     struct wo_policy_globals *g = &c->p->g;
-    const struct wo_node *v[8];
-    int r = walk_map(c, n, prefetch_keys, 8, "prefetch", v), idx;
+    const struct wo_node *v[9];
+    int r = walk_map(c, n, prefetch_keys, 9, "prefetch", v), idx;
     uint64_t slots;
     bool experimental = false;
 
@@ -867,6 +869,23 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
             r = -EINVAL;
         else
             g->prefetch.slots = (uint32_t)slots;
+    }
+    if (v[8]) {
+        /* auto, off, or a size: host memory for pinned copies of managed
+         * ranges, the staging source (uvm/stream-pin.h) */
+        const char *s = scalar(c, v[8], "auto, off or a size (16GiB)");
+        if (!s)
+            r = -EINVAL;
+        else if (strcmp(s, "auto") == 0)
+            g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO;
+        else if (strcmp(s, "off") == 0)
+            g->prefetch.pinned_copies = 0;
+        else if (wo_parse_size(s, &g->prefetch.pinned_copies) < 0) {
+            char b[128];
+            err(c, v[8], "found pinned_copies %s, expected auto, off or a size (16GiB)",
+                found(v[8], b, sizeof(b)));
+            r = -EINVAL;
+        }
     }
     return r;
 }
@@ -1013,6 +1032,7 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.eviction = WO_EVICT_AUTO;
     g->prefetch.mode = WO_PREFETCH_MODE_HOT_SET;
     g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
+    g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO;
     g->fit.enabled = false;
     g->fit.device.kind = WO_BUDGET_BYTES;
     g->fit.keep_free = WO_FIT_KEEP_FREE_DEFAULT;

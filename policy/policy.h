@@ -76,6 +76,9 @@ enum wo_prefetch_mode {
     WO_PREFETCH_MODE_STREAM,   /* every host and managed range staged into device slots */
 };
 
+/* prefetch.pinned_copies: auto (while the host keeps memory available) */
+#define WO_PIN_COPIES_AUTO UINT64_MAX
+
 enum wo_slices {
     WO_SLICES_AUTO = 0, /* track sub-ranges (per-expert slices) where launches touch them */
     WO_SLICES_NONE,     /* whole ranges only */
@@ -136,6 +139,8 @@ struct wo_policy_globals {
         enum wo_prefetch_mode mode; /* default HOT_SET, AUTO under fit: (docs/policy.md says why) */
         bool mode_set;              /* the policy named a mode */
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
+        uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO
+                                     * (default), 0 (off) or a cap (docs/policy.md) */
     } prefetch;
     struct wo_fit fit; /* `fit:`; enabled false when absent */
 };

@@ -369,6 +369,7 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.piece_size, 64 * WO_MiB);
     assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
     assert_int_equal(g->prefetch.slots, WO_STREAM_SLOTS_DEFAULT);
+    assert_true(g->prefetch.pinned_copies == WO_PIN_COPIES_AUTO);
     assert_true(wo_policy_passthrough(p));
     /* no policy at all: the same globals as an empty one */
     assert_memory_equal(wo_policy_globals(NULL), g, sizeof(*g));
@@ -383,7 +384,8 @@ static void globals_defaults_and_values(void **state)
                 "pin_fallback: stop\n"
                 "window: {open: on-first-tag, close: api, min_size: 4MiB}\n"
                 "prefetch: {enabled: false, lookahead: 512MiB, piece_size: 16MiB, hot_set: off, "
-                "eviction: read-mostly, mode: stream, slots: 4, experimental: true}\n"
+                "eviction: read-mostly, mode: stream, slots: 4, experimental: true, "
+                "pinned_copies: 24GiB}\n"
                 "rules: []\n");
     g = wo_policy_globals(p);
     assert_int_equal(g->default_place, WO_PLACE_HOST);
@@ -404,7 +406,14 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.eviction, WO_EVICT_READ_MOSTLY);
     assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_STREAM);
     assert_int_equal(g->prefetch.slots, 4);
+    assert_int_equal(g->prefetch.pinned_copies, 24 * WO_GiB);
     assert_false(wo_policy_passthrough(p));
+    wo_policy_free(p);
+    p = load_ok("prefetch: {pinned_copies: off}\n");
+    assert_int_equal(wo_policy_globals(p)->prefetch.pinned_copies, 0);
+    wo_policy_free(p);
+    p = load_ok("prefetch: {pinned_copies: auto}\n");
+    assert_true(wo_policy_globals(p)->prefetch.pinned_copies == WO_PIN_COPIES_AUTO);
     wo_policy_free(p);
 }
 
@@ -604,6 +613,10 @@ static void error_bad_units_negative_overflow(void **state)
                  "expected a number of device staging slots from 2 to 8");
     expect_error("prefetch: {slots: 64}\n", 1, 19, "from 2 to 8");
     expect_error("prefetch: {slot: 3}\n", 1, 12, "did you mean 'slots'?");
+    expect_error("prefetch: {pinned_copies: lots}\n", 1, 27,
+                 "found pinned_copies 'lots', expected auto, off or a size (16GiB)");
+    expect_error("prefetch: {pinned_copies: [1]}\n", 1, 27, "expected auto, off or a size");
+    expect_error("pinned_copies: off\n", 1, 1, "'pinned_copies' belongs in prefetch:");
     expect_error("mode: stream\n", 1, 1, "'mode' belongs in prefetch:");
     /* streaming gave wrong tokens at batch 8 on the GPU: asked for twice, or refused */
     /* no longer gated (parse.c); `experimental` still loads, and is checked */

@@ -161,7 +161,8 @@ static int child(const char *mode)
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
-    slot_read_us = time_mode ? 500 : 0;
+    slot_read_us = time_mode ? 3000 : 0; /* ~60 ms a step: above any scheduling noise
+                                          * (TSan, two cores shared with other tests) */
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -387,11 +388,13 @@ static int child(const char *mode)
         static char js[1 << 17];
         const char *at = NULL;
 
+        /* the consumer gives them back within a tick or two; allow 10 s
+         * (TSan on a loaded CI machine) */
         for (int i = 0; i < 400; i++) {
             at = stats(js, sizeof(js)) > 0 ? strstr(js, "\"slot_bytes\":0,") : NULL;
             if (at)
                 break;
-            usleep(5000);
+            usleep(25000);
         }
         CHECK(at != NULL);
     }
@@ -421,10 +424,15 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
                  "device_budget: 16MiB\n"
-                 "prefetch: {mode: %s, slots: 3, experimental: true}\n"
+                 "prefetch: {mode: %s, slots: 3, experimental: true%s}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
-                 strcmp(mode, "auto-time") == 0 ? "auto" : mode);
+                 strcmp(mode, "auto-time") == 0 ? "auto" : mode,
+                 /* pinned copies: the default (auto) for stream, a cap of
+                  * three ranges for auto, none for auto-time */
+                 strcmp(mode, "auto") == 0        ? ", pinned_copies: 3MiB"
+                 : strcmp(mode, "auto-time") == 0 ? ", pinned_copies: off"
+                                                  : "");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -496,9 +504,21 @@ int main(int argc, char **argv)
     CHECK(staged / steps <= 1.25 * NR * MiB && staged / steps >= 0.5 * NR * MiB);
     CHECK(num_after(s, "\"inplace_captured\":") >= 1);
     /* the ranges are managed memory (window-served host placements): each
-     * staged by the copy kernel (uvm/stream-copy.cu), not cuMemcpyAsync */
+     * staged by the copy kernel (uvm/stream-copy.cu) until the worker made
+     * its pinned copy (uvm/stream-pin.c), then from that by the copy
+     * engine; the copy of the written range was retired */
+    e = strstr(s, "\"pinned_copies\":{");
+    printf("stream: %.0f staged, %.0f by the copy kernel, %.0f from pinned copies; %.0f copies "
+           "made, %.0f retired\n",
+           num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
+           num_after(s, "\"staged_pinned\":"), num_after(e, "\"made\":"),
+           num_after(e, "\"retired\":"));
     CHECK(num_after(s, "\"staged\":") > 0 &&
-          num_after(s, "\"staged_by_kernel\":") == num_after(s, "\"staged\":"));
+          num_after(s, "\"staged_by_kernel\":") + num_after(s, "\"staged_pinned\":") ==
+              num_after(s, "\"staged\":"));
+    CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 2);
+    CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
+    CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
     CHECK(num_after(s, "\"invalidated\":") >= 0);
     /* (5) read 4x a step: multiplicity ~4 per name */
     e = strstr(s, "\"model.layers.5.mlp.experts.gate_up_proj\":{");
@@ -529,6 +549,16 @@ int main(int argc, char **argv)
     CHECK(redirected > 0);
     e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
     CHECK(e && strstr(e, "\"streamed\":true"));
+    /* pinned_copies: 3MiB: three ranges of 1 MiB get a pinned copy, the
+     * rest stay staged by the copy kernel */
+    e = strstr(s ?: "", "\"pinned_copies\":{");
+    printf("auto: %.0f pinned copies made, %.0f over the cap; %.0f staged from them, %.0f by "
+           "the kernel\n",
+           num_after(e, "\"made\":"), num_after(e, "\"over_budget\":"),
+           num_after(s, "\"staged_pinned\":"), num_after(s, "\"staged_by_kernel\":"));
+    CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"made\":") <= 3);
+    CHECK(num_after(e, "\"over_budget\":") >= 1);
+    CHECK(num_after(s, "\"staged_pinned\":") > 0 && num_after(s, "\"staged_by_kernel\":") > 0);
 
     /* ---- auto by step time: read once a step, so only the period can
      * stream them; a read from a slot is made slower (slot_read_us), so
@@ -544,6 +574,9 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"auto_backs\":") >= 1);
     CHECK(num_after(s, "\"redirected\":") > 0);
     CHECK(strstr(log, "stream: auto: trying ") != NULL);
+    /* pinned_copies: off */
+    CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
+          num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
     run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));

@@ -295,15 +295,17 @@ uint64_t wo_uvm_device_budget(void);
 /* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */
 const struct wo_policy *wo_uvm_policy(void);
 
-/* The consumer thread's side of the capture handshake (uvm.h:
- * wo_prefetch_busy), for the prefetcher and the stream executor alike (both
- * run on it): true when no global-mode capture is under way, and then none
- * begins until wo_driver_leave(). */
+/* The shim's threads' side of the capture handshake (uvm.h:
+ * wo_prefetch_busy), for the prefetcher and the stream executor (the
+ * consumer thread) and the pinned-copy worker (stream-pin.c) alike: true
+ * when no global-mode capture is under way, and then none begins until
+ * wo_driver_leave(). A count: two threads may be inside at once. Not
+ * nested on one thread. */
 static inline bool wo_driver_enter(void)
 {
-    __atomic_store_n(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
-        __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+        __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
         return false;
     }
     return true;
@@ -311,5 +313,5 @@ static inline bool wo_driver_enter(void)
 
 static inline void wo_driver_leave(void)
 {
-    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+    __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
 }

@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 #include "uvm/prefetch.h"
+#include "uvm/stream-pin.h"
 #include "uvm/stream.h"
 #include "wo-config.h"
 
@@ -411,18 +412,27 @@ static void json_body(struct sbuf *b)
                   ",\"stream\":{\"redirected\":%" PRIu64 ",\"inplace_no_slot\":%" PRIu64
                   ",\"awaited\":%" PRIu64 ",\"await_ms\":%.3f,\"await_timeouts\":%" PRIu64
                   ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
-                  ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64
-                  ",\"staged_bytes\":%" PRIu64 ",\"staged_by_kernel\":%" PRIu64
-                  ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64 ",\"slot_bytes\":%" PRIu64
-                  ",\"auto_tries\":%" PRIu64 ",\"auto_kept\":%" PRIu64 ",\"auto_backs\":%" PRIu64
-                  ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
-                  ",\"check_mismatch\":%" PRIu64
-                  ",\"names\":{",
+                  ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64 ",\"staged_bytes\":%" PRIu64
+                  ",\"staged_by_kernel\":%" PRIu64 ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64
+                  ",\"slot_bytes\":%" PRIu64 ",\"auto_tries\":%" PRIu64 ",\"auto_kept\":%" PRIu64
+                  ",\"auto_backs\":%" PRIu64 ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
+                  ",\"check_mismatch\":%" PRIu64 ",",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
-                  sc.await_timeouts, sc.inplace_captured, sc.inplace_other,
-                  sc.invalidated, sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits,
-                  sc.steps, sc.slot_bytes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.not_reader,
+                  sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated,
+                  sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps,
+                  sc.slot_bytes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.not_reader,
                   sc.checked, sc.check_mismatch);
+        {
+            struct wo_pin_counts pinc;
+            wo_pin_counts(&pinc);
+            sb_printf(b,
+                      "\"staged_pinned\":%" PRIu64 ",\"pinned_copies\":{\"held\":%" PRIu64
+                      ",\"bytes\":%" PRIu64 ",\"made\":%" PRIu64 ",\"failed\":%" PRIu64
+                      ",\"over_budget\":%" PRIu64 ",\"retired\":%" PRIu64 ",\"pin_ms\":%.1f},",
+                      sc.staged_pinned, pinc.made, pinc.bytes, pinc.made_total, pinc.failed,
+                      pinc.over_budget, pinc.retired, (double)pinc.pin_ns / 1e6);
+        }
+        sb_printf(b, "\"names\":{");
         b->first = true;
         wo_stream_foreach_name(stream_name_json, b);
         sb_printf(b, "}}");

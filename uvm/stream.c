@@ -33,6 +33,7 @@
 #include "uvm/prefetch.h"
 #include "uvm/stream-auto.h"
 #include "uvm/stream-copy-ptx.h"
+#include "uvm/stream-pin.h"
 
 #define GRANULES 64
 #define NONE UINT32_MAX
@@ -95,6 +96,8 @@ struct exec {
     struct fnrec *fns; /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au; /* auto's step-time decision for host ranges */
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
+    uint64_t pin_limit; /* policy prefetch.pinned_copies */
+    bool pin_on;        /* the pinned-copy worker runs (stream-pin.h) */
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
@@ -253,9 +256,28 @@ static void load_copy_kernel(void)
     }
 }
 
+/* Where range id's staging copy reads from: its pinned copy once the worker
+ * made one (stream-pin.h: managed ranges only; asked for here the first
+ * time), else the range itself. */
+static CUdeviceptr source(uint32_t id, const struct srange *r, const struct wo_range *rg,
+                          bool *managed, bool *pinned)
+{
+    CUdeviceptr p = 0;
+
+    *managed = (rg->flags & WO_RANGE_MANAGED) != 0;
+    if (ex->pin_on && *managed)
+        p = wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo);
+    *pinned = p != 0;
+    if (!p)
+        return (CUdeviceptr)(r->base + r->lo);
+    *managed = false;
+    return p;
+}
+
 /* Copies bytes from src to the slot dst on the copy stream: a managed source
  * by the copy kernel (the GPU reads it in place; 16 blocks fill the link),
- * pinned host memory by the copy engine. */
+ * pinned host memory (a pinned copy of a managed range included) by the
+ * copy engine. */
 static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, bool managed)
 {
     const struct wo_driver *d = ex->drv;
@@ -311,6 +333,8 @@ static bool slots(void)
         return false;
     }
     ex->slots_ready = true;
+    if (!ex->pin_on && ex->pin_limit)
+        ex->pin_on = wo_pin_start(d, ex->ctx, ex->pin_limit);
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, (uint64_t)ex->nslots * ex->slot_size,
                      __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.ctx, ex->ctx, __ATOMIC_RELEASE);
@@ -375,6 +399,8 @@ static void mark_written(struct srange *r, uint32_t id)
     __atomic_store_n(&wo_stream_tab.e[id].word, DIRTY, __ATOMIC_SEQ_CST);
     if (r->slot >= 0)
         (void)unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
+    if (ex->pin_on)
+        wo_pin_retire(id, ex->copy);
 }
 
 static void drop(uint32_t id);
@@ -475,9 +501,13 @@ static bool stage(uint32_t id, int slot)
         return false; /* the reader's stream is being captured: later */
     }
     res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
-    if (res == CUDA_SUCCESS)
-        res = copy_to_slot((CUdeviceptr)s->dev, (CUdeviceptr)(r->base + r->lo), r->hi - r->lo,
-                           (rg.flags & WO_RANGE_MANAGED) != 0);
+    if (res == CUDA_SUCCESS) {
+        bool managed, pinned;
+        CUdeviceptr src = source(id, r, &rg, &managed, &pinned);
+        res = copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed);
+        if (res == CUDA_SUCCESS && pinned)
+            add(&wo_stream_tab.n.staged_pinned, 1);
+    }
     if (res == CUDA_SUCCESS)
         res = d->cuEventRecord(s->copied, ex->copy);
     pop_ctx(prev);
@@ -1051,6 +1081,9 @@ static bool free_slots(void)
         }
     if (ex->copy && d->cuStreamSynchronize)
         d->cuStreamSynchronize(ex->copy);
+    /* the copies from them are done (above): no event to wait for */
+    if (ex->pin_on)
+        wo_pin_retire_all(NULL);
     for (unsigned i = 0; i < ex->nslots; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         if (s->read_done && d->cuEventSynchronize)
@@ -1121,6 +1154,8 @@ static void drop(uint32_t id)
     __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     take_back(r);
+    if (ex->pin_on)
+        wo_pin_retire(id, ex->copy);
     free(r->name);
     memset(r, 0, sizeof(*r));
     r->slot = -1;
@@ -1163,6 +1198,7 @@ static void setup(void)
         return;
     ex->drv = drv;
     ex->mode = g->prefetch.mode;
+    ex->pin_limit = g->prefetch.pinned_copies;
     ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;
@@ -1279,6 +1315,8 @@ static void tick(void)
             (void)free_slots();
         advance();
         publish_names(false);
+        if (ex->pin_on)
+            wo_pin_tick(ex->copy);
     }
 }
 
@@ -1390,6 +1428,19 @@ static void finish(void)
             (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated,
             (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
             (unsigned long long)c.await_timeouts, autos);
+    if (ex->pin_on) {
+        struct wo_pin_counts pc;
+        wo_pin_counts(&pc);
+        wo_info("stream: %llu staging copies from pinned copies of managed ranges (copy "
+                "engine), %llu by the copy kernel; %llu pinned copies made (%.1f s of the "
+                "worker's time), %llu held (%llu MiB), %llu retired, %llu failed, %llu over "
+                "prefetch.pinned_copies",
+                (unsigned long long)c.staged_pinned, (unsigned long long)c.staged_by_kernel,
+                (unsigned long long)pc.made_total, (double)pc.pin_ns / 1e9,
+                (unsigned long long)pc.made, (unsigned long long)(pc.bytes >> 20),
+                (unsigned long long)pc.retired, (unsigned long long)pc.failed,
+                (unsigned long long)pc.over_budget);
+    }
     for (uint32_t i = 0; i < ex->nr && shown < 10; i++) {
         const struct srange *r = &ex->r[i];
         if (!r->live || !r->msteps || (r->sum_mult / (double)r->msteps < 1.5 && !r->streamed))
@@ -1402,7 +1453,9 @@ static void finish(void)
                              : "in place");
     }
     /* finish runs at exit, possibly after the driver's teardown: no driver
-     * call; the slots, events and stream go with the process */
+     * call; the slots, events, stream and pinned copies go with the process */
+    if (ex->pin_on)
+        wo_pin_stop();
     free_exec();
     tried = false;
 }
@@ -1415,6 +1468,7 @@ static void atfork_child(void)
      * reachable for leak checkers) and read in place */
     parents_exec = ex;
     ex = NULL;
+    wo_pin_atfork_child();
     tried = false;
     rescan = false;
     clear_table();

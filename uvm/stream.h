@@ -84,6 +84,8 @@ struct wo_stream_counts {
     uint64_t invalidated;      /* assignments dropped by a copy writing the range */
     uint64_t staged, staged_bytes; /* staging copies issued */
     uint64_t staged_by_kernel;     /* ... of them by the copy kernel (managed sources) */
+    uint64_t staged_pinned;        /* ... of them from a pinned copy of a managed range
+                                    * (stream-pin.h), by the copy engine */
     uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
     uint64_t steps;                /* steps the executor found */
     uint64_t auto_tries; /* auto: host ranges tried streamed by step time (stream-auto.h) */
