@@ -244,13 +244,14 @@ rules:
 }
 
 # The staging source (issue 18): the same policies with prefetch.pinned_copies
-# off, so every staging copy of a managed range goes through the shim's copy
-# kernel, as before pinned copies (uvm/stream-pin.h). Side by side with the
-# default (auto: a pinned copy per streamed range, copied by the copy engine).
+# auto, so each streamed managed range is copied once into pinned memory and
+# staged from there by the copy engine (uvm/stream-pin.h), side by side with
+# the default (off: every staging copy of a managed range by the shim's copy
+# kernel).
 for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-6g-auto"):
-    POLICIES[_p + "-nopin"] = (
-        f"# {_p} with prefetch.pinned_copies off (staging by the copy kernel)\n"
-        + POLICIES[_p].replace("  mode: ", "  pinned_copies: off\n  mode: ", 1))
+    POLICIES[_p + "-pin"] = (
+        f"# {_p} with prefetch.pinned_copies auto (staging from pinned copies)\n"
+        + POLICIES[_p].replace("  mode: ", "  pinned_copies: auto\n  mode: ", 1))
 
 # ----------------------------------------------------------------------------
 # scenarios
@@ -488,10 +489,10 @@ SCENARIOS += batch_rows("moe8", "moe8", ["experts-host-all", "experts-host-strea
 # issue 18: pinned copies as the staging source against the copy kernel, at
 # batch 8 and 32 (b1 reads in place under auto; stream at b1 is not a row
 # anyone runs), on both shapes
-for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-nopin",
-                               "experts-managed-half-auto", "experts-managed-half-auto-nopin"]),
-                      ("moe8", ["experts-host-stream", "experts-host-stream-nopin",
-                                "experts-managed-6g-auto", "experts-managed-6g-auto-nopin"])):
+for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-pin",
+                               "experts-managed-half-auto", "experts-managed-half-auto-pin"]),
+                      ("moe8", ["experts-host-stream", "experts-host-stream-pin",
+                                "experts-managed-6g-auto", "experts-managed-6g-auto-pin"])):
     _kw = dict(batches=[8, 32], prefill=0, **BATCH)
     SCENARIOS.append(S(f"pin-{_model}-gpu", _model, **_kw))
     SCENARIOS += [S(f"pin-{_model}-shim-{_p}", _model, policy=_p, offload="experts:all",

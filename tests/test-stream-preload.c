@@ -428,11 +428,11 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
                  strcmp(mode, "auto-time") == 0 ? "auto" : mode,
-                 /* pinned copies: the default (auto) for stream, a cap of
-                  * three ranges for auto, none for auto-time */
-                 strcmp(mode, "auto") == 0        ? ", pinned_copies: 3MiB"
-                 : strcmp(mode, "auto-time") == 0 ? ", pinned_copies: off"
-                                                  : "");
+                 /* pinned copies: auto for stream, a cap of three ranges
+                  * for auto, the default (off) for auto-time and hot-set */
+                 strcmp(mode, "auto") == 0     ? ", pinned_copies: 3MiB"
+                 : strcmp(mode, "stream") == 0 ? ", pinned_copies: auto"
+                                               : "");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -574,7 +574,7 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"auto_backs\":") >= 1);
     CHECK(num_after(s, "\"redirected\":") > 0);
     CHECK(strstr(log, "stream: auto: trying ") != NULL);
-    /* pinned_copies: off */
+    /* pinned_copies: the default, off */
     CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
           num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
 
