@@ -12,14 +12,29 @@
 #include <stdlib.h>
 
 static int failures;
+static int failed_lines[8]; /* the first few, for check_summary() */
 
 #define CHECK(cond)                                                                                \
     do {                                                                                           \
         if (!(cond)) {                                                                             \
             fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond);               \
+            if (failures < 8)                                                                      \
+                failed_lines[failures] = __LINE__;                                                 \
             failures++;                                                                            \
         }                                                                                          \
     } while (0)
+
+/* One last line naming the failed checks: a CI log keeps the tail, and the
+ * dumps a failing program prints before it can push the first lines out. */
+static inline void check_summary(const char *who)
+{
+    if (!failures)
+        return;
+    fprintf(stderr, "%s: %d check(s) failed, at line", who, failures);
+    for (int i = 0; i < failures && i < 8; i++)
+        fprintf(stderr, " %d", failed_lines[i]);
+    fprintf(stderr, "\n");
+}
 
 static inline void *need(void *h, const char *name)
 {
