@@ -130,6 +130,19 @@ static bool copy_range(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes, 
     return true;
 }
 
+/* wo_driver_enter(), waiting (1 ms at a time) while a global-mode capture
+ * forbids driver calls; false when the process exits meanwhile. */
+static bool enter_wait(void)
+{
+    while (!wo_driver_enter()) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+        if (__atomic_load_n(&pin.stop, __ATOMIC_RELAXED))
+            return false;
+    }
+    return true;
+}
+
 /* Pins memory at host (len bytes) for the executor's context; the driver's
  * result. Waits while a global-mode capture forbids driver calls. */
 static CUresult register_host(void *host, size_t len, CUdeviceptr *dptr)
@@ -137,12 +150,8 @@ static CUresult register_host(void *host, size_t len, CUdeviceptr *dptr)
     const struct wo_driver *d = pin.drv;
     CUresult r;
 
-    while (!wo_driver_enter()) {
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
-        if (__atomic_load_n(&pin.stop, __ATOMIC_RELAXED))
-            return CUDA_ERROR_NOT_READY;
-    }
+    if (!enter_wait())
+        return CUDA_ERROR_NOT_READY;
     d->cuCtxSetCurrent(pin.ctx);
     r = d->cuMemHostRegister_v2(host, len,
                                 CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
@@ -194,6 +203,8 @@ static void make(uint32_t id)
     len = WO_ALIGN_UP((size_t)bytes, (size_t)HUGE);
     host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ok = host != MAP_FAILED;
+    if (!ok)
+        r = CUDA_ERROR_OUT_OF_MEMORY; /* no host memory for it: counted as a failure */
     if (ok) {
         (void)madvise(host, len, MADV_HUGEPAGE);
         (void)madvise(host, len, MADV_DONTFORK);
@@ -239,19 +250,29 @@ static void make(uint32_t id)
     pthread_mutex_unlock(&pin.lock);
 }
 
+/* Frees a batch of retired copies once the copies issued from them are
+ * done (the batch's event). Driver calls inside the capture handshake; at
+ * exit (stop) the pages go with the process. */
 static void free_retired(struct retired *list)
 {
+    bool in = enter_wait();
+
     while (list) {
         struct retired *next = list->next;
 
-        if (list->done) {
-            pin.drv->cuEventSynchronize(list->done);
-            pin.drv->cuEventDestroy_v2(list->done);
+        if (in) {
+            pin.drv->cuCtxSetCurrent(pin.ctx);
+            if (list->done) {
+                pin.drv->cuEventSynchronize(list->done);
+                pin.drv->cuEventDestroy_v2(list->done);
+            }
+            unpin(list->host, list->len);
         }
-        unpin(list->host, list->len);
         free(list);
         list = next;
     }
+    if (in)
+        wo_driver_leave();
 }
 
 static void *worker(void *arg)
@@ -409,8 +430,8 @@ static void retire_locked(struct pin_ent *e)
         e->state = P_NONE;
     } else if (e->state == P_BUSY) {
         e->state = P_DROP; /* the worker unpins it when done */
-    } else if (e->state == P_QUEUED) {
-        e->state = P_NONE;
+    } else if (e->state == P_QUEUED || e->state == P_FAILED) {
+        e->state = P_NONE; /* a later range with the id may try again */
     }
 }
 
@@ -422,8 +443,6 @@ void wo_pin_retire(uint32_t id, CUstream copy_stream)
     retire_locked(&pin.e[id]);
     /* a written range is never streamed again: a new one with the id is */
     pin.e[id].gen = 0;
-    if (pin.e[id].state == P_FAILED)
-        pin.e[id].state = P_NONE;
     (void)hand_over(copy_stream);
     pthread_mutex_unlock(&pin.lock);
 }
@@ -433,11 +452,8 @@ void wo_pin_retire_all(CUstream copy_stream)
     if (!pin.running)
         return;
     pthread_mutex_lock(&pin.lock);
-    for (uint32_t id = 0; id < WO_STREAM_IDS; id++) {
+    for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
         retire_locked(&pin.e[id]);
-        if (pin.e[id].state == P_FAILED)
-            pin.e[id].state = P_NONE;
-    }
     (void)hand_over(copy_stream);
     pthread_mutex_unlock(&pin.lock);
 }
