@@ -542,6 +542,7 @@ int main(int argc, char **argv)
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     CHECK(e && strncmp(strstr(e, "\"written\":") ?: "", "\"written\":true", 14) == 0);
     CHECK(strstr(log, "stream: ") && strstr(log, "launches redirected"));
+    CHECK(strstr(log, "pinned_copies: auto} copies each once") == NULL); /* on here */
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 
@@ -578,9 +579,10 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"auto_backs\":") >= 1);
     CHECK(num_after(s, "\"redirected\":") > 0);
     CHECK(strstr(log, "stream: auto: trying ") != NULL);
-    /* pinned_copies: the default, off */
+    /* pinned_copies: the default, off; one line says what would help */
     CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
           num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
+    CHECK(strstr(log, "prefetch: {pinned_copies: auto} copies each once") != NULL);
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
     run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));

@@ -98,6 +98,7 @@ struct exec {
     double link_gbs;   /* the copy rate it assumes (the built-in device model's) */
     uint64_t pin_limit; /* policy prefetch.pinned_copies */
     bool pin_on;        /* the pinned-copy worker runs (stream-pin.h) */
+    bool said_kernel;   /* the copy kernel's info line was given */
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
@@ -285,6 +286,12 @@ static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, b
     if (managed && ex->copy_fn) {
         unsigned long long n = bytes;
         void *args[] = {&dst, &src, &n};
+        if (!ex->pin_on && !ex->said_kernel) {
+            ex->said_kernel = true;
+            wo_info("stream: managed ranges are staged by the copy kernel (50 GB/s at most, on "
+                    "the engine's SMs); prefetch: {pinned_copies: auto} copies each once into "
+                    "pinned memory for the copy engine (docs/prefetch.md, Pinned copies)");
+        }
         add(&wo_stream_tab.n.staged_by_kernel, 1);
         return d->cuLaunchKernel(ex->copy_fn, 16, 1, 1, 512, 1, 1, 0, ex->copy, args, NULL);
     }
