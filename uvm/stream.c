@@ -1,7 +1,8 @@
 /* uvm/stream.c: the streaming executor (see stream.h; docs/prefetch.md,
- * "Streaming"). Consumer thread only, except the shared table (hooks),
- * wo_stream_note_write (copy hooks), the counters and the published
- * per-name figures.
+ * "Streaming"). Consumer thread only, except the published per-name
+ * figures (any thread, under snap_lock). The table's hook side
+ * (wo_stream_note_write, wo_stream_await, the counters) is
+ * stream-table.c; pinned copies of managed ranges, stream-pin.c.
  *
  * Per step (found by the same stepper the planner uses, keyed on the
  * launches that touch host or managed ranges) it measures, per range, the
@@ -41,11 +42,8 @@
 #define AUTO_STEPS 2         /* ... measured over at least this many steps */
 #define WARN_MULT 2.0        /* a host range read this many times a step in place: one warning */
 #define SPIN_WAIT 20000      /* polls of a slot's in-flight count before trying later */
-#define DIRTY UINT64_C(0xff) /* entry word: a copy wrote the range; never published again */
 #define PAD_MAX 511          /* bytes between two tags that are alignment, not a gap */
 
-struct wo_stream_shared wo_stream_tab;
-uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
 
 struct srange {
     bool live, host, written, streamed, warned;
@@ -115,89 +113,6 @@ static bool tried, rescan;
 static void add(uint64_t *c, uint64_t n)
 {
     __atomic_add_fetch(c, n, __ATOMIC_RELAXED);
-}
-
-/* ---- the shared table ------------------------------------------------------ */
-
-void wo_stream_note_write(uint64_t dst, uint64_t bytes)
-{
-    uint64_t ends[2] = {dst, bytes ? dst + bytes - 1 : dst};
-
-    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
-        return;
-    for (int i = 0; i < 2; i++) {
-        struct wo_stream_entry *e;
-        struct wo_hit h;
-        uint64_t old;
-        int ok;
-
-        wo_registry_read_begin();
-        ok = wo_registry_lookup(ends[i], &h);
-        wo_registry_read_end();
-        if (!ok || h.id >= WO_STREAM_IDS)
-            continue;
-        e = &wo_stream_tab.e[h.id];
-        /* every range the executor knows, streamed or not yet: a range
-         * selected while this write is under way is never published */
-        if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h.gen ||
-            __atomic_load_n(&e->base, __ATOMIC_RELAXED) == 0)
-            continue;
-        /* sticky: the executor publishes with a CAS from 0, never over it */
-        old = __atomic_exchange_n(&e->word, DIRTY, __ATOMIC_SEQ_CST);
-        if (old != DIRTY && old != 0)
-            add(&wo_stream_tab.n.invalidated, 1);
-    }
-}
-
-bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
-{
-    uint64_t t0, now;
-    bool woke = false;
-
-    if (!__atomic_load_n(&e->planned, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&e->nowait, __ATOMIC_RELAXED))
-        return false;
-    t0 = wo_now_ns();
-    for (unsigned i = 0;; i++) {
-        uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE);
-
-        if (w != 0 || !__atomic_load_n(&e->streamed, __ATOMIC_RELAXED) ||
-            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != gen)
-            break;
-        if (!woke) {
-            /* the consumer may sleep (up to 2 ms) between batches of events */
-            wo_consumer_wake();
-            woke = true;
-        }
-        if (i % 16 == 15 && (now = wo_now_ns()) - t0 >= wo_stream_await_ns) {
-            /* the executor is not coming for it (a range it passed, a slot a
-             * hook holds): do not make the next launches wait as well */
-            __atomic_store_n(&e->nowait, 1, __ATOMIC_RELAXED);
-            add(&wo_stream_tab.n.await_timeouts, 1);
-            add(&wo_stream_tab.n.await_ns, now - t0);
-            return false;
-        }
-        wo_cpu_relax();
-    }
-    now = wo_now_ns();
-    add(&wo_stream_tab.n.awaited, 1);
-    add(&wo_stream_tab.n.await_ns, now - t0);
-    return __atomic_load_n(&e->word, __ATOMIC_ACQUIRE) != 0;
-}
-
-_Static_assert(sizeof(wo_stream_tab) % sizeof(uint64_t) == 0, "the table is whole words");
-
-static void clear_table(void)
-{
-    uint64_t *w = (uint64_t *)(void *)&wo_stream_tab;
-
-    for (size_t i = 0; i < sizeof(wo_stream_tab) / sizeof(uint64_t); i++)
-        __atomic_store_n(&w[i], 0, __ATOMIC_RELAXED);
-}
-
-void wo_stream_counts(struct wo_stream_counts *ret)
-{
-    wo_load_words(ret, &wo_stream_tab.n, sizeof(*ret));
 }
 
 /* ---- driver access ------------------------------------------------------------ */
@@ -362,8 +277,8 @@ static bool unpublish(int slot)
     if (id >= 0) {
         struct wo_stream_entry *e = &wo_stream_tab.e[id];
         uint64_t w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
-        /* DIRTY stays: the range was written */
-        if (w != DIRTY && w != 0)
+        /* WO_STREAM_DIRTY stays: the range was written */
+        if (w != WO_STREAM_DIRTY && w != 0)
             __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
     for (int i = 0; __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST) > 0; i++) {
@@ -403,7 +318,7 @@ static void mark_written(struct srange *r, uint32_t id)
         wo_info("stream: '%s' was written after seal: read in place from now on",
                 r->name ? r->name : "(unnamed)");
     r->streamed = false;
-    __atomic_store_n(&wo_stream_tab.e[id].word, DIRTY, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&wo_stream_tab.e[id].word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
     if (r->slot >= 0)
         (void)unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
     if (ex->pin_on)
@@ -472,7 +387,7 @@ static bool stage(uint32_t id, int slot)
         return false;
     if (!unpublish(slot))
         return false;
-    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == DIRTY) {
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == WO_STREAM_DIRTY) {
         mark_written(r, id);
         return true; /* the slot is free: try the next range */
     }
@@ -1197,7 +1112,7 @@ static void setup(void)
     /* hooks look at the table only once it is active: clear what a
      * previous instance (tests reset uvm/) left, word by word (the hooks
      * and the stats read it concurrently, atomically) */
-    clear_table();
+    wo_stream_table_clear();
     if (!drv || !g || !wo_settings()->prefetch || !g->prefetch.enabled)
         return;
     ex = calloc(1, sizeof(*ex));
@@ -1478,7 +1393,7 @@ static void atfork_child(void)
     wo_pin_atfork_child();
     tried = false;
     rescan = false;
-    clear_table();
+    wo_stream_table_clear();
 }
 
 const struct wo_executor wo_stream_executor = {

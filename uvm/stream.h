@@ -111,6 +111,10 @@ struct wo_stream_shared {
 
 extern struct wo_stream_shared wo_stream_tab;
 
+/* An entry word no assignment can be: a copy wrote the range; sticky (the
+ * executor publishes with a CAS from 0, never over it). */
+#define WO_STREAM_DIRTY UINT64_C(0xff)
+
 static inline uint64_t wo_stream_word(uint32_t gen, uint32_t epoch, unsigned slot)
 {
     return (uint64_t)gen << 32 | (uint64_t)(epoch & 0xffffffu) << 8 | (uint64_t)(slot + 1);
@@ -178,3 +182,7 @@ void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
                             void *ud);
 /* The counters (any thread; relaxed reads). */
 void wo_stream_counts(struct wo_stream_counts *ret);
+
+/* Zeroes the table word by word (the hooks and the stats read it
+ * concurrently): the executor, when it starts and in a forked child. */
+void wo_stream_table_clear(void);

@@ -1,0 +1,102 @@
+/* uvm/stream-table.c: the streaming executor's table as the hooks use it
+ * (stream.h: the two sides). Any thread, lock-free: a copy hook drops the
+ * assignments of the ranges it writes (wo_stream_note_write), a launch hook
+ * waits, bounded, for a planned range's copy to be issued
+ * (wo_stream_await), and anyone reads the counters. The executor's side,
+ * which fills the table on the consumer thread, is stream.c. */
+#include <stdint.h>
+
+#include "core/event.h"
+#include "core/macro.h"
+#include "core/registry.h"
+#include "uvm/internal.h"
+#include "uvm/stream.h"
+
+struct wo_stream_shared wo_stream_tab;
+uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
+
+static void add(uint64_t *c, uint64_t n)
+{
+    __atomic_add_fetch(c, n, __ATOMIC_RELAXED);
+}
+
+void wo_stream_note_write(uint64_t dst, uint64_t bytes)
+{
+    uint64_t ends[2] = {dst, bytes ? dst + bytes - 1 : dst};
+
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return;
+    for (int i = 0; i < 2; i++) {
+        struct wo_stream_entry *e;
+        struct wo_hit h;
+        uint64_t old;
+        int ok;
+
+        wo_registry_read_begin();
+        ok = wo_registry_lookup(ends[i], &h);
+        wo_registry_read_end();
+        if (!ok || h.id >= WO_STREAM_IDS)
+            continue;
+        e = &wo_stream_tab.e[h.id];
+        /* every range the executor knows, streamed or not yet: a range
+         * selected while this write is under way is never published */
+        if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h.gen ||
+            __atomic_load_n(&e->base, __ATOMIC_RELAXED) == 0)
+            continue;
+        /* sticky: the executor publishes with a CAS from 0, never over it */
+        old = __atomic_exchange_n(&e->word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
+        if (old != WO_STREAM_DIRTY && old != 0)
+            add(&wo_stream_tab.n.invalidated, 1);
+    }
+}
+
+bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
+{
+    uint64_t t0, now;
+    bool woke = false;
+
+    if (!__atomic_load_n(&e->planned, __ATOMIC_RELAXED) ||
+        __atomic_load_n(&e->nowait, __ATOMIC_RELAXED))
+        return false;
+    t0 = wo_now_ns();
+    for (unsigned i = 0;; i++) {
+        uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE);
+
+        if (w != 0 || !__atomic_load_n(&e->streamed, __ATOMIC_RELAXED) ||
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != gen)
+            break;
+        if (!woke) {
+            /* the consumer may sleep (up to 2 ms) between batches of events */
+            wo_consumer_wake();
+            woke = true;
+        }
+        if (i % 16 == 15 && (now = wo_now_ns()) - t0 >= wo_stream_await_ns) {
+            /* the executor is not coming for it (a range it passed, a slot a
+             * hook holds): do not make the next launches wait as well */
+            __atomic_store_n(&e->nowait, 1, __ATOMIC_RELAXED);
+            add(&wo_stream_tab.n.await_timeouts, 1);
+            add(&wo_stream_tab.n.await_ns, now - t0);
+            return false;
+        }
+        wo_cpu_relax();
+    }
+    now = wo_now_ns();
+    add(&wo_stream_tab.n.awaited, 1);
+    add(&wo_stream_tab.n.await_ns, now - t0);
+    return __atomic_load_n(&e->word, __ATOMIC_ACQUIRE) != 0;
+}
+
+_Static_assert(sizeof(wo_stream_tab) % sizeof(uint64_t) == 0, "the table is whole words");
+
+void wo_stream_table_clear(void)
+{
+    uint64_t *w = (uint64_t *)(void *)&wo_stream_tab;
+
+    for (size_t i = 0; i < sizeof(wo_stream_tab) / sizeof(uint64_t); i++)
+        __atomic_store_n(&w[i], 0, __ATOMIC_RELAXED);
+}
+
+void wo_stream_counts(struct wo_stream_counts *ret)
+{
+    wo_load_words(ret, &wo_stream_tab.n, sizeof(*ret));
+}
