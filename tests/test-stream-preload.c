@@ -22,6 +22,12 @@
  *  - mode hot-set: nothing is redirected, and one warning names a range
  *    read 2x or more a step in place with the fix.
  *
+ * Pinned copies (uvm/stream-pin.c) ride along: `stream` asks for them
+ * (most staging copies then come from them; the written range's copy is
+ * retired), `auto` caps them at three ranges, the others run the default
+ * (none), and `stream-nopin` asks while every pin fails (one warning, all
+ * staged by the copy kernel, nothing lost).
+ *
  * Every weight is the first MiB of a 2 MiB allocation, as PyTorch's caching
  * allocator leaves them: the untagged tail is where the engine puts
  * activations after seal. Each layer, a kernel writes such an activation
@@ -157,7 +163,12 @@ static int child(const char *mode)
      * step-time rule (uvm/stream-auto.c) can stream them, and it needs
      * steps to find the period, measure in place, then try */
     bool time_mode = strcmp(mode, "auto-time") == 0;
-    int reads = time_mode ? 1 : READS, steps = time_mode ? 3 * STEPS / 2 : STEPS;
+    /* stream-nopin: stream with pinned copies asked for while pinning
+     * fails (the fake driver fails every cuMemHostRegister, as a memlock
+     * limit would): fewer steps suffice */
+    bool nopin_mode = strcmp(mode, "stream-nopin") == 0;
+    int reads = time_mode ? 1 : READS;
+    int steps = time_mode ? 3 * STEPS / 2 : nopin_mode ? STEPS / 2 : STEPS;
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
@@ -428,12 +439,15 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  "prefetch: {mode: %s, slots: 3, experimental: true%s}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
-                 strcmp(mode, "auto-time") == 0 ? "auto" : mode,
-                 /* pinned copies: auto for stream, a cap of three ranges
-                  * for auto, the default (off) for auto-time and hot-set */
-                 strcmp(mode, "auto") == 0     ? ", pinned_copies: 3MiB"
-                 : strcmp(mode, "stream") == 0 ? ", pinned_copies: auto"
-                                               : "");
+                 strcmp(mode, "auto-time") == 0      ? "auto"
+                 : strcmp(mode, "stream-nopin") == 0 ? "stream"
+                                                     : mode,
+                 /* pinned copies: auto for stream (and stream-nopin), a cap
+                  * of three ranges for auto, the default (off) for
+                  * auto-time and hot-set */
+                 strcmp(mode, "auto") == 0           ? ", pinned_copies: 3MiB"
+                 : strncmp(mode, "stream", 6) == 0 ? ", pinned_copies: auto"
+                                                     : "");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -451,6 +465,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WOFFLOAD_LOG_FILE", lg, 1);
         setenv("WOFFLOAD_LOG", "info", 1);
         setenv("WO_STREAM_SNAP", sn, 1);
+        if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
+            setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2", 1);
         execv("/proc/self/exe", argv);
         _exit(127);
     }
@@ -545,6 +561,27 @@ int main(int argc, char **argv)
     CHECK(strstr(log, "pinned_copies: auto} copies each once") == NULL); /* on here */
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+
+    /* ---- stream, pinned copies asked for but every pin fails: one
+     * warning, each range staged by the copy kernel instead, every read
+     * bit-identical (the child checks), nothing held ---- */
+    run(argv, "stream-nopin", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    e = strstr(s ?: "", "\"pinned_copies\":{");
+    printf("stream-nopin: %.0f staged, %.0f by the kernel, %.0f from pinned copies; %.0f failed, "
+           "%.0f made\n",
+           num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
+           num_after(s, "\"staged_pinned\":"), num_after(e, "\"failed\":"),
+           num_after(e, "\"made\":"));
+    CHECK(num_after(s, "\"staged\":") > 0 &&
+          num_after(s, "\"staged_by_kernel\":") == num_after(s, "\"staged\":"));
+    CHECK(num_after(e, "\"failed\":") >= 1 && num_after(e, "\"made\":") == 0 &&
+          num_after(e, "\"held\":") == 0);
+    {
+        const char *w = strstr(log, "stream: pinning a copy of ");
+        CHECK(w && strstr(w, "CUDA_ERROR_OUT_OF_MEMORY") &&
+              !strstr(w + 1, "stream: pinning a copy of ")); /* one warning */
+    }
 
     /* ---- auto: read 4x a step, so streamed once measured ---- */
     run(argv, "auto", stats, sizeof(stats), log, sizeof(log));
