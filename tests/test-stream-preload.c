@@ -25,8 +25,9 @@
  * Pinned copies (uvm/stream-pin.c) ride along: `stream` asks for them
  * (most staging copies then come from them; the written range's copy is
  * retired), `auto` caps them at three ranges, the others run the default
- * (none), and `stream-nopin` asks while every pin fails (one warning, all
- * staged by the copy kernel, nothing lost).
+ * (none), `stream-nopin` asks while every pin fails (one warning, all
+ * staged by the copy kernel, nothing lost), and `stream-exit` exits while
+ * the worker has slow pins queued (the exit does not wait for them).
  *
  * Every weight is the first MiB of a 2 MiB allocation, as PyTorch's caching
  * allocator leaves them: the untagged tail is where the engine puts
@@ -51,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -167,8 +169,12 @@ static int child(const char *mode)
      * fails (the fake driver fails every cuMemHostRegister, as a memlock
      * limit would): fewer steps suffice */
     bool nopin_mode = strcmp(mode, "stream-nopin") == 0;
+    /* stream-exit: the engine exits (no frees) while the pinned-copy worker
+     * still has copies to make, each pin made slow (0.3 s): the exit must
+     * not wait for them */
+    bool exit_mode = strcmp(mode, "stream-exit") == 0;
     int reads = time_mode ? 1 : READS;
-    int steps = time_mode ? 3 * STEPS / 2 : nopin_mode ? STEPS / 2 : STEPS;
+    int steps = time_mode ? 3 * STEPS / 2 : nopin_mode || exit_mode ? STEPS / 2 : STEPS;
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
@@ -372,6 +378,23 @@ static int child(const char *mode)
         CHECK(redirected_reads == 0);
     else
         CHECK(redirected_reads > 0);
+    if (exit_mode) {
+        /* the moment the engine calls exit, for the parent (monotonic: the
+         * same clock across processes) */
+        const char *at = getenv("WO_STREAM_EXIT_TS");
+        FILE *f = at ? fopen(at, "w") : NULL;
+        struct timespec ts;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        CHECK(f != NULL);
+        if (f) {
+            fprintf(f, "%lld\n", (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+            fclose(f);
+        }
+        free(buf);
+        check_summary(mode);
+        exit(failures ? 1 : 0);
+    }
     {
         /* the figures while the model is loaded (per-name figures leave the
          * stats with their ranges): published at most every 100 ms */
@@ -422,6 +445,9 @@ static double num_after(const char *s, const char *key)
     return p ? strtod(p + strlen(key), NULL) : -1;
 }
 
+static long long reaped_ns; /* when run() last reaped its child (CLOCK_MONOTONIC) */
+static char exit_ts[] = "/tmp/test-stream-exit-XXXXXX";
+
 static void run(char **argv, const char *mode, char *stats, size_t len, char *log, size_t loglen)
 {
     char pol[] = "/tmp/test-stream-policy-XXXXXX";
@@ -439,9 +465,9 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  "prefetch: {mode: %s, slots: 3, experimental: true%s}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: host}\n",
-                 strcmp(mode, "auto-time") == 0      ? "auto"
-                 : strcmp(mode, "stream-nopin") == 0 ? "stream"
-                                                     : mode,
+                 strcmp(mode, "auto-time") == 0    ? "auto"
+                 : strncmp(mode, "stream", 6) == 0 ? "stream"
+                                                   : mode,
                  /* pinned copies: auto for stream (and stream-nopin), a cap
                   * of three ranges for auto, the default (off) for
                   * auto-time and hot-set */
@@ -467,10 +493,19 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WO_STREAM_SNAP", sn, 1);
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
             setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2", 1);
+        if (strcmp(mode, "stream-exit") == 0) { /* every pin takes 0.3 s */
+            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:300000", 1);
+            setenv("WO_STREAM_EXIT_TS", exit_ts, 1);
+        }
         execv("/proc/self/exe", argv);
         _exit(127);
     }
     CHECK(waitpid(pid, &status, 0) == pid);
+    {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        reaped_ns = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    }
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     /* the snapshot the child took before it freed its ranges (the exit
      * stats in st must exist too) */
@@ -581,6 +616,26 @@ int main(int argc, char **argv)
         const char *w = strstr(log, "stream: pinning a copy of ");
         CHECK(w && strstr(w, "CUDA_ERROR_OUT_OF_MEMORY") &&
               !strstr(w + 1, "stream: pinning a copy of ")); /* one warning */
+    }
+
+    /* ---- stream-exit: the engine exits while the worker has pins to
+     * make (0.3 s each, about 20 queued): exit stops it after the one in
+     * hand, the exit stats are written (run() checks), and the process
+     * is gone well before the queue would have been ---- */
+    {
+        int fd = mkstemp(exit_ts);
+        char b[64] = "";
+        long long at;
+
+        CHECK(fd >= 0);
+        close(fd);
+        run(argv, "stream-exit", stats, sizeof(stats), log, sizeof(log));
+        (void)slurp(exit_ts, b, sizeof(b));
+        at = strtoll(b, NULL, 10);
+        printf("stream-exit: the process was gone %.2f s after exit()\n",
+               at > 0 ? (double)(reaped_ns - at) / 1e9 : -1.0);
+        CHECK(at > 0 && reaped_ns - at < 3000000000LL); /* the queue: ~5 s */
+        unlink(exit_ts);
     }
 
     /* ---- auto: read 4x a step, so streamed once measured ---- */
