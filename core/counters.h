@@ -47,6 +47,7 @@
     X(scan_words)              /* 8-byte parameter words compared with the registry */           \
     X(layouts_cached)          /* parameter layouts read from the driver and cached */            \
     X(layout_table_full)                                                                           \
+    X(layouts_forgotten)       /* cached layouts marked stale by a module or library unload */   \
     X(launch_watched)          /* launches that touched a watched range (named or served) */      \
     X(launch_skipped)          /* launches that touched none: no event (no trace, no OBSERVE) */ \
     X(events_pushed)                                                                               \

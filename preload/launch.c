@@ -47,7 +47,10 @@
 /* Runtime stubs and driver handles share the cache; the tag keeps them apart. */
 #define RUNTIME_KEY_TAG WO_LAUNCH_KEY_RUNTIME
 
-enum { LAYOUT_FILLING = 0, LAYOUT_READY = 1, LAYOUT_UNKNOWN = 2 };
+/* STALE: the module (or library) the function came from was unloaded; the
+ * driver may give its handle to another function, so the entry is filled
+ * again at the next launch through it (wo_h_module_unload). */
+enum { LAYOUT_FILLING = 0, LAYOUT_READY = 1, LAYOUT_UNKNOWN = 2, LAYOUT_STALE = 3 };
 
 struct layout {
     uintptr_t key;  /* 0: empty; set once by CAS */
@@ -69,6 +72,9 @@ struct layout {
      * word that never held a small integer is not caught there). */
     uint32_t first_off;
     uint32_t many_off;
+    /* the module the function came from (cuFuncGetModule), 0 unknown: its
+     * unload makes the entry stale (an unknown one goes stale at any unload) */
+    uintptr_t owner;
 };
 
 static struct layout layouts[LAYOUT_SLOTS];
@@ -146,6 +152,20 @@ static CUfunction function_of(uintptr_t key, const void *func, bool runtime)
     return (CUfunction)cf;
 }
 
+/* The module function f came from, 0 when the driver cannot say (a
+ * CUkernel of a library, a driver without cuFuncGetModule). */
+static uintptr_t owner_of(CUfunction f)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*get)(CUmodule *, CUfunction) =
+        r ? (CUresult(*)(CUmodule *, CUfunction))r->cuFuncGetModule : NULL;
+    CUmodule m = NULL;
+
+    if (!get || !f || get(&m, f) != CUDA_SUCCESS)
+        return 0;
+    return (uintptr_t)m;
+}
+
 static void publish(struct layout *l, const uint16_t *sizes, int n)
 {
     uint32_t state = LAYOUT_READY;
@@ -183,7 +203,9 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
             uintptr_t expect = 0;
             if (__atomic_compare_exchange_n(&l->key, &expect, key, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
+                CUfunction f = function_of(key, func, runtime);
+                *n = read_param_sizes(f, tmp, MAX_PARAMS);
+                __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
                 publish(l, tmp, *n);
                 *lp = l;
                 return tmp;
@@ -200,6 +222,26 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
         case LAYOUT_UNKNOWN:
             *n = -1;
             return NULL;
+        case LAYOUT_STALE: {
+            /* its module was unloaded: this may be another function with
+             * the same handle. The first thread here fills it again, with
+             * what it learned per word and per range forgotten too. */
+            uint32_t st = LAYOUT_STALE;
+            if (__atomic_compare_exchange_n(&l->state, &st, LAYOUT_FILLING, false, __ATOMIC_ACQ_REL,
+                                            __ATOMIC_ACQUIRE)) {
+                CUfunction f = function_of(key, func, runtime);
+                for (size_t w = 0; w < WO_NOTPTR_WORDS / 64; w++)
+                    __atomic_store_n(&l->notptr[w], 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&l->first_off, 0, __ATOMIC_RELAXED);
+                __atomic_store_n(&l->many_off, 0, __ATOMIC_RELAXED);
+                *n = read_param_sizes(f, tmp, MAX_PARAMS);
+                __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
+                publish(l, tmp, *n);
+                return tmp;
+            }
+            *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
+            return tmp;
+        }
         default:
             /* Another thread is filling this slot right now: never wait. */
             *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
@@ -209,6 +251,69 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
     wo_count(WO_CTR_layout_table_full, 1);
     *n = -1;
     return NULL;
+}
+
+/* --- module unload ------------------------------------------------------- */
+
+/* The driver unloaded module m (m 0: a library, whose functions the cache
+ * cannot tell apart): the entries of its functions, and every entry whose
+ * module is unknown, go stale, so a handle the driver gives to a later
+ * function is never scanned with a dead one's parameters. An entry being
+ * filled now is a live function's (a launch of a function whose module is
+ * being unloaded is the engine's own error). */
+static void forget(uintptr_t m)
+{
+    uint64_t n = 0;
+
+    for (uint32_t i = 0; i < LAYOUT_SLOTS; i++) {
+        struct layout *l = &layouts[i];
+        uintptr_t o;
+        uint32_t st;
+
+        if (!__atomic_load_n(&l->key, __ATOMIC_ACQUIRE))
+            continue;
+        st = __atomic_load_n(&l->state, __ATOMIC_ACQUIRE);
+        if (st != LAYOUT_READY && st != LAYOUT_UNKNOWN)
+            continue;
+        o = __atomic_load_n(&l->owner, __ATOMIC_RELAXED);
+        if (m && o && o != m)
+            continue;
+        if (__atomic_compare_exchange_n(&l->state, &st, LAYOUT_STALE, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            n++;
+    }
+    if (n)
+        wo_count(WO_CTR_layouts_forgotten, n);
+}
+
+/* Unloads forward untouched (whatever the nesting or the shim's state:
+ * the cache must learn of every one); the cache forgets after success. */
+CUresult wo_h_module_unload(wo_pfn_cuModuleUnload real, int id, void *ra, CUmodule m)
+{
+    CUresult r;
+
+    (void)ra;
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    r = real(m);
+    if (r == CUDA_SUCCESS)
+        forget((uintptr_t)m);
+    return r;
+}
+
+CUresult wo_h_library_unload(wo_pfn_cuLibraryUnload real, int id, void *ra, CUlibrary lib)
+{
+    CUresult r;
+
+    (void)ra;
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    r = real(lib);
+    if (r == CUDA_SUCCESS)
+        forget(0);
+    return r;
 }
 
 /* --- scanning ------------------------------------------------------------- */

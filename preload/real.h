@@ -91,7 +91,9 @@
     X(cuStreamSynchronize, 0, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
     X(cuStreamSynchronize_ptsz, 1, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
     X(cuCtxSynchronize_v2, 0, wo_h_ctx_sync, CUresult, (CUcontext ctx), (ctx)) \
-    X(cuEventSynchronize, 0, wo_h_event_sync, CUresult, (CUevent e), (e))
+    X(cuEventSynchronize, 0, wo_h_event_sync, CUresult, (CUevent e), (e)) \
+    X(cuModuleUnload, 0, wo_h_module_unload, CUresult, (CUmodule m), (m)) \
+    X(cuLibraryUnload, 0, wo_h_library_unload, CUresult, (CUlibrary l), (l))
 
 #define WO_DRIVER_PROCS(G) \
     G("cuGetProcAddress", 11030, cuGetProcAddress, cuGetProcAddress) \
@@ -130,7 +132,9 @@
     G("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz) \
     G("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz) \
     G("cuCtxSynchronize", 13000, cuCtxSynchronize_v2, cuCtxSynchronize_v2) \
-    G("cuEventSynchronize", 2000, cuEventSynchronize, cuEventSynchronize)
+    G("cuEventSynchronize", 2000, cuEventSynchronize, cuEventSynchronize) \
+    G("cuModuleUnload", 2000, cuModuleUnload, cuModuleUnload) \
+    G("cuLibraryUnload", 12000, cuLibraryUnload, cuLibraryUnload)
 
 #define WO_RUNTIME_HOOKS(X) \
     X(cudaMalloc, 0, wo_h_cuda_malloc, cudaError_t, (void **p, size_t size), (p, size)) \
@@ -233,7 +237,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuModuleGetFunction)                                                                         \
     Y(cuModuleUnload)                                                                              \
     Y(cuFuncGetParamInfo)                                                                          \
-    Y(cuKernelGetParamInfo)
+    Y(cuKernelGetParamInfo)                                                                        \
+    Y(cuFuncGetModule)
 
 /* The real driver table: filled once from the driver library. */
 struct wo_real {

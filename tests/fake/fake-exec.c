@@ -48,6 +48,7 @@ struct CUfunc_st {
     size_t argbytes;
     fakecuda_kernel_fn fn;
     _Atomic uint64_t runs;
+    CUmodule module; /* the module cuModuleGetFunction last found it through (cuFuncGetModule) */
     struct CUfunc_st *next;
     char name[];
 };
@@ -886,6 +887,29 @@ FK_EXPORT CUfunction fakecuda_kernel(const char *name, int nparams, const size_t
     return f;
 }
 
+FK_EXPORT int fakecuda_kernel_redefine(CUfunction f, int nparams, const size_t *param_sizes,
+                                       fakecuda_kernel_fn fn)
+{
+    if (!f || f->magic != FUNC_MAGIC || !fn || nparams < 0 || nparams > MAX_PARAMS ||
+        (nparams && !param_sizes))
+        return -1;
+    size_t off = 0;
+    fk_lock_();
+    for (int i = 0; i < nparams; i++) {
+        size_t a = align_of_size(param_sizes[i]);
+        off = (off + a - 1) & ~(a - 1);
+        f->offsets[i] = off;
+        f->sizes[i] = param_sizes[i];
+        off += param_sizes[i];
+    }
+    f->argbytes = off;
+    f->nparams = nparams;
+    f->fn = fn;
+    f->module = NULL;
+    fk_unlock_();
+    return 0;
+}
+
 FK_EXPORT CUkernel fakecuda_kernel_handle(CUfunction f)
 {
     return (CUkernel)(void *)f;
@@ -982,8 +1006,27 @@ FK_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
     struct CUfunc_st *f = kernel_by_name(name);
     if (!f)
         return CUDA_ERROR_NOT_FOUND;
+    fk_lock_();
+    f->module = hmod;
+    fk_unlock_();
     *hfunc = f;
     return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuFuncGetModule(CUmodule *hmod, CUfunction hfunc)
+{
+    FK_ENTER(cuFuncGetModule);
+    if (!hmod)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = func_of(hfunc);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    fk_lock_();
+    *hmod = f->module;
+    fk_unlock_();
+    /* a function from no module (a CUkernel of a library, or registered and
+     * launched directly): the real driver says it has none */
+    return *hmod ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 
 FK_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit_option *jitOptions,

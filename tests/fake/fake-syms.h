@@ -151,6 +151,7 @@
     X(cuModuleLoadData, C)                                                                         \
     X(cuModuleUnload, C)                                                                           \
     X(cuModuleGetFunction, C)                                                                      \
+    X(cuFuncGetModule, I)                                                                          \
     X(cuLibraryLoadData, I)                                                                        \
     X(cuLibraryUnload, I)                                                                          \
     X(cuLibraryGetKernel, I)                                                                       \
@@ -273,6 +274,7 @@
     X(cuModuleLoadData, 2000, cuModuleLoadData, NULL)                                              \
     X(cuModuleUnload, 2000, cuModuleUnload, NULL)                                                  \
     X(cuModuleGetFunction, 2000, cuModuleGetFunction, NULL)                                        \
+    X(cuFuncGetModule, 11000, cuFuncGetModule, NULL)                                               \
     X(cuLibraryLoadData, 12000, cuLibraryLoadData, NULL)                                           \
     X(cuLibraryUnload, 12000, cuLibraryUnload, NULL)                                               \
     X(cuLibraryGetKernel, 12000, cuLibraryGetKernel, NULL)                                         \

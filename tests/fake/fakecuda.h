@@ -71,6 +71,12 @@ typedef void (*fakecuda_kernel_fn)(void **params, const uint32_t grid[3], const 
  * cuModuleGetFunction/cuLibraryGetKernel find registered kernels by name. */
 CUfunction fakecuda_kernel(const char *name, int nparams, const size_t *param_sizes,
                            fakecuda_kernel_fn fn);
+/* Gives registered function f another signature and body, as the real
+ * driver may hand a freed function's handle to a function of a module loaded
+ * later (the shim must not scan it with the old one's parameters). 0, or -1
+ * on bad arguments. */
+int fakecuda_kernel_redefine(CUfunction f, int nparams, const size_t *param_sizes,
+                             fakecuda_kernel_fn fn);
 /* The CUkernel for a registered function (the same object, as a CUkernel
  * cast to CUfunction is launchable on the real driver too). */
 CUkernel fakecuda_kernel_handle(CUfunction f);
