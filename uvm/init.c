@@ -243,6 +243,9 @@ void wo_uvm_atfork_child(void)
     /* Only this thread survived the fork: the lock may have been held by one
      * that did not, and the parent's stream and context mean nothing here. */
     pthread_mutex_init(&wo_uvm.lock, NULL);
+    /* nor is any of the threads that may have been inside a driver call
+     * (the consumer, the pinned-copy worker): none is here to leave it */
+    __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
     wo_uvm.stream = NULL;
     wo_uvm.stream_failed = false;
     wo_consumer_forget();
