@@ -329,6 +329,8 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
     if (o->tokens > 1 || o->step_us || o->grouped) /* the older traces keep their bytes */
         snprintf(name + strlen(name), sizeof(name) - strlen(name), " tokens=%u step_us=%u%s",
                  o->tokens, o->step_us, o->grouped ? " grouped" : "");
+    if (o->repeat > 1)
+        snprintf(name + strlen(name), sizeof(name) - strlen(name), " repeat=%u", o->repeat);
     check(&g, wo_trace_info(t, "generator_args", name));
     check(&g, wo_trace_info(t, "gpu", "none (synthetic)"));
     check(&g, wo_trace_rule(t, 0, "experts"));
@@ -417,14 +419,15 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
                 launch(&g, K_INDEX_ADD, &h[1], 1);
                 nsel = 0;
             }
-            for (unsigned k = 0; k < nsel; k++) {
-                h[0] = slice(&y->gate_up, sel[k] * up);
-                launch(&g, K_GATE_UP, h, 2);
-                launch(&g, K_SILU, &h[1], 1);
-                h[0] = slice(&y->down, sel[k] * down);
-                launch(&g, K_DOWN, h, 2);
-                launch(&g, K_INDEX_ADD, &h[1], 1);
-            }
+            for (unsigned k = 0; k < nsel; k++)
+                for (unsigned rep = 0; rep < (o->repeat > 1 ? o->repeat : 1); rep++) {
+                    h[0] = slice(&y->gate_up, sel[k] * up);
+                    launch(&g, K_GATE_UP, h, 2);
+                    launch(&g, K_SILU, &h[1], 1);
+                    h[0] = slice(&y->down, sel[k] * down);
+                    launch(&g, K_DOWN, h, 2);
+                    launch(&g, K_INDEX_ADD, &h[1], 1);
+                }
         }
         h[0] = whole(&final_norm);
         launch(&g, K_RMSNORM, h, 2);
@@ -477,13 +480,15 @@ int main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: gen-trace OUT [--layers N] [--experts N] [--topk N] [--steps N]\n"
                    "                 [--expert-mib N] [--skew X] [--seed N] [--tokens N]\n"
-                   "                 [--step-us N] [--grouped]\n"
+                   "                 [--step-us N] [--grouped] [--repeat N]\n"
                    "       gen-trace OUT --every-type\n"
                    "Writes a synthetic MoE decode trace (for unit tests only), or a short\n"
                    "trace with one event of every type. --tokens N routes N tokens a step\n"
                    "(continuous batching) and launches each picked expert once; --step-us N\n"
                    "adds N us of host work a step (a step of many tokens computes longer);\n"
-                   "--grouped launches one kernel per expert tensor, handed its base pointer.\n");
+                   "--grouped launches one kernel per expert tensor, handed its base pointer;\n"
+                   "--repeat N launches each picked expert's slice N times a step (read\n"
+                   "multiplicity N).\n");
             return 0;
         }
         if (a[0] != '-') {
@@ -531,6 +536,8 @@ int main(int argc, char **argv)
             o.tokens = (unsigned)v;
         else if (strcmp(a, "--step-us") == 0)
             o.step_us = (unsigned)v;
+        else if (strcmp(a, "--repeat") == 0)
+            o.repeat = (unsigned)v;
         else {
             fprintf(stderr, "gen-trace: unknown option %s (see --help)\n", a);
             return 1;

@@ -23,6 +23,8 @@ struct wo_gen_opts {
                        * grouped experts kernel: which experts it reads is not visible) */
     unsigned step_us; /* extra host work a step, spread over the layers' attention launches
                        * (a step of many tokens computes longer; 0: none) */
+    unsigned repeat;  /* each picked expert's launches issued this many times a step (a kernel
+                       * per token reading the same slice: read multiplicity; 0 or 1: once) */
 };
 
 #define WO_GEN_DEFAULTS                                                                            \

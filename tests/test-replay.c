@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <limits.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -230,9 +231,42 @@ static void test_link_slows_host(void **state)
     wo_trace_data_free(d);
 }
 
+/* Read multiplicity, as the executor measures it: each picked expert's
+ * slice launched three times a step reads 3x its distinct bytes, once a
+ * step 1x (slices aligned to the 64 granules of the stacked tensor:
+ * exactly); names no launch reads report none. */
+static void test_multiplicity(void **state)
+{
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_replay_result r[2];
+
+    (void)state;
+    go.steps = 24;
+    for (int k = 0; k < 2; k++) {
+        struct wo_trace_data *d;
+        unsigned experts = 0;
+
+        go.repeat = k ? 3 : 1;
+        d = make_trace(&go);
+        replay(d, 0.5, true, false, &r[k]);
+        for (size_t i = 0; i < r[k].nnames; i++) {
+            const struct wo_replay_name *n = &r[k].names[i];
+
+            if (!strstr(n->name, "experts") || n->mult_distinct <= 0)
+                continue;
+            experts++;
+            assert_true(fabs(n->mult_read / n->mult_distinct - go.repeat) < 1e-9);
+        }
+        assert_true(experts >= go.layers); /* every layer's expert tensors were read */
+        wo_replay_result_free(&r[k]);
+        wo_trace_data_free(d);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_multiplicity),
         cmocka_unit_test(test_model_roundtrip),
         cmocka_unit_test(test_model_errors),
         cmocka_unit_test(test_pf_curve),

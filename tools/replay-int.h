@@ -16,6 +16,10 @@
 struct rtag {
     uint64_t offset, size;
     int name;
+    /* this step's reads of the tag's bytes (replay-sim.c, multiplicity):
+     * bytes launches read and the granules (64 over the tag) among them */
+    double rd;
+    uint64_t mask;
 };
 
 struct rr {
@@ -120,6 +124,8 @@ struct rr *wo_replay_rr_of(struct sim *s, uint32_t id, uint32_t gen);
 /* The name index of the tag at offset off of r (its first tag when none
  * covers it), -1 for a range without tags. */
 int wo_replay_name_at(const struct rr *r, uint64_t off);
+/* The tag holding off (the first tag when none does), NULL without tags. */
+struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off);
 /* Ranges, their tags and names, each range placed (replay-whatif.c).
  * 0 or -ENOMEM. */
 int wo_replay_setup_ranges(struct sim *s);

@@ -25,12 +25,19 @@ static int name_index(struct sim *s, const char *name, uint32_t place)
     return (int)s->nnames++;
 }
 
-int wo_replay_name_at(const struct rr *r, uint64_t off)
+struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off)
 {
     for (size_t i = 0; i < r->ntags; i++)
         if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
-            return r->tags[i].name;
-    return r->ntags ? r->tags[0].name : -1;
+            return &r->tags[i];
+    return r->ntags ? &r->tags[0] : NULL;
+}
+
+int wo_replay_name_at(const struct rr *r, uint64_t off)
+{
+    const struct rtag *t = wo_replay_tag_at(r, off);
+
+    return t ? t->name : -1;
 }
 
 /* ---- ranges, tags, names ------------------------------------------------- */
@@ -67,7 +74,7 @@ int wo_replay_setup_ranges(struct sim *s)
             if (!nt)
                 return -ENOMEM;
             r->tags = nt;
-            r->tags[r->ntags++] = (struct rtag){t->offset, t->size, ni};
+            r->tags[r->ntags++] = (struct rtag){.offset = t->offset, .size = t->size, .name = ni};
         }
         /* one allocation has one placement: the largest tag's */
         for (size_t j = 0; j + 1 < r->ntags; j++)

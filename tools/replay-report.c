@@ -181,6 +181,8 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
             x->stall_s /= ws;
             x->prefetched /= ws;
             x->evicted /= ws;
+            x->mult_read /= ws;
+            x->mult_distinct /= ws;
         }
         res->nnames = s.nnames;
         qsort(res->names, res->nnames, sizeof(*res->names), name_cmp);

@@ -301,6 +301,42 @@ static void bound_kernel(struct sim *s, const struct bacc *v, size_t n, double F
             s->err = -ENOMEM;
 }
 
+/* Read multiplicity (docs/prefetch.md, "Streaming"): each hit's bytes and
+ * the granules they cover, per tag, closed into the names at each step
+ * boundary in the window (and dropped outside it). */
+#define MULT_GRANULES 64
+
+static void mult_hit(struct rtag *t, uint64_t lo, uint64_t hi)
+{
+    uint64_t g = (t->size + MULT_GRANULES - 1) / MULT_GRANULES;
+
+    lo = WO_MAX(lo, t->offset);
+    hi = WO_MIN(hi, t->offset + t->size);
+    if (!g || hi <= lo)
+        return;
+    t->rd += (double)(hi - lo);
+    for (uint64_t i = (lo - t->offset) / g; i <= (hi - 1 - t->offset) / g && i < MULT_GRANULES;
+         i++)
+        t->mask |= UINT64_C(1) << i;
+}
+
+static void mult_close(struct sim *s, bool count)
+{
+    for (size_t i = 0; i < s->d->nranges; i++)
+        for (size_t j = 0; j < s->r[i].ntags; j++) {
+            struct rtag *t = &s->r[i].tags[j];
+            uint64_t g = (t->size + MULT_GRANULES - 1) / MULT_GRANULES;
+
+            if (count && t->rd > 0 && t->name >= 0) {
+                s->names[t->name].mult_read += t->rd;
+                s->names[t->name].mult_distinct +=
+                    (double)WO_MIN((uint64_t)__builtin_popcountll(t->mask) * g, t->size);
+            }
+            t->rd = 0;
+            t->mask = 0;
+        }
+}
+
 static void kernel(struct sim *s, const struct wo_event *ev)
 {
     double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
@@ -334,6 +370,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             s->w_end_base = s->cpu_base;
             s->step_launches = s->cur_step_launches;
         }
+        mult_close(s, s->in_window);
         s->step++;
         s->cur_step_launches = 0;
         wo_replay_tl_event(s, 1, "step", WO_MAX(s->cpu_t, s->gpu_free), -1);
@@ -356,6 +393,8 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         b = end_off - hit->offset;
         place = s->sealed ? r->place : WO_PLACE_DEVICE;
         ni = wo_replay_name_at(r, hit->offset);
+        if (s->in_window && ni >= 0)
+            mult_hit(wo_replay_tag_at(r, hit->offset), hit->offset, end_off);
         if (place == WO_PLACE_MANAGED && r->ready) {
             double mh = 0, mz = 0, wait = start;
 

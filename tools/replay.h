@@ -43,6 +43,10 @@ struct wo_replay_name {
     double read_s;    /* kernel time reading them (model rates) */
     double stall_s;   /* managed misses and waits for in-flight prefetches */
     double prefetched, evicted;
+    /* read multiplicity, as the shim's executor measures it (uvm/stream.c):
+     * per measured step the bytes launches read under the name and the
+     * distinct bytes among them (64 granules a tag); their ratio */
+    double mult_read, mult_distinct;
 };
 
 struct wo_replay_result {

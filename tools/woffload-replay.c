@@ -325,16 +325,20 @@ int main(int argc, char **argv)
                 WO_PLAN_CHURN_STEPS);
     }
     printf("\nwhere the time goes, per step (kernel read time at model rates):\n");
-    printf("  %-48s %-8s %10s %10s %10s %10s %10s\n", "name", "place", "bytes", "read", "time",
-           "stall", "prefetch");
+    printf("  %-48s %-8s %10s %10s %5s %10s %10s %10s\n", "name", "place", "bytes", "read", "mult",
+           "time", "stall", "prefetch");
     for (size_t i = 0; i < res.nnames && i < top; i++) {
         const struct wo_replay_name *n = &res.names[i];
         double rd = n->hbm_bytes + n->zc_bytes + n->hit_bytes + n->miss_bytes;
         char nb[49];
 
         snprintf(nb, sizeof(nb), "%s", strlen(n->name) > 48 ? n->name + strlen(n->name) - 48 : n->name);
-        printf("  %-48s %-8s %10s %10s %10s %10s %10s\n", nb, wo_placement_to_string(n->place),
-               gb((double)n->bytes, b1, sizeof(b1)), gb(rd, b2, sizeof(b2)),
+        char mu[16] = "-";
+
+        if (n->mult_distinct > 0)
+            snprintf(mu, sizeof(mu), "%.1fx", n->mult_read / n->mult_distinct);
+        printf("  %-48s %-8s %10s %10s %5s %10s %10s %10s\n", nb, wo_placement_to_string(n->place),
+               gb((double)n->bytes, b1, sizeof(b1)), gb(rd, b2, sizeof(b2)), mu,
                ms(n->read_s, b3, sizeof(b3)), ms(n->stall_s, b4, sizeof(b4)),
                gb(n->prefetched, err, sizeof(err)));
     }
