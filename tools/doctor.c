@@ -18,6 +18,7 @@
 
 #include "core/settings.h"
 #include "policy/policy.h"
+#include "uvm/stream-pin.h"
 #include "wo-config.h"
 
 static void human(uint64_t b, char *buf, size_t len)
@@ -163,7 +164,7 @@ static void report_driver(FILE *out, const char *lib)
 
 static void report_memlock(FILE *out)
 {
-    struct rlimit rl;
+    struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY}; /* unknown: no limit said */
     char a[32], b[32], line[128];
     uint64_t mem = meminfo_kib("MemTotal") * 1024;
 
@@ -189,6 +190,16 @@ static void report_memlock(FILE *out)
                          "or the container's memlock setting\n");
         else
             fprintf(out, "pinned host placements beyond this many bytes fall back per the policy's pinning.fallback\n");
+    }
+    {
+        /* prefetch.pinned_copies: auto keeps this much available (uvm/stream-pin.c) */
+        uint64_t avail = meminfo_kib("MemAvailable") * 1024;
+        uint64_t keep = WO_MAX(WO_PIN_KEEP_AVAILABLE, mem / 100 * WO_PIN_KEEP_AVAILABLE_PCT);
+
+        human(avail > keep ? avail - keep : 0, a, sizeof(a));
+        fprintf(out, "pinned copies: prefetch.pinned_copies: auto could hold up to %s now (what is "
+                     "available above max(4 GiB, 10%% of RAM)), within the memlock limit%s\n",
+                a, rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 64 * WO_MiB ? " (too small: they would fail)" : "");
     }
     if (read_first_line("/sys/fs/cgroup/memory.max", line, sizeof(line)) == 0)
         fprintf(out, "cgroup:       memory.max %s%s\n", line,
