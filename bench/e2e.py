@@ -497,6 +497,17 @@ for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-pin",
     SCENARIOS.append(S(f"pin-{_model}-gpu", _model, **_kw))
     SCENARIOS += [S(f"pin-{_model}-shim-{_p}", _model, policy=_p, offload="experts:all",
                     ref=f"pin-{_model}-gpu", **_kw) for _p in _pols]
+# issue 18, item 3: batch-8 decode with transformers' default experts
+# backend, traced (WOFFLOAD_TRACE) for CI's replay-accuracy check: the
+# replay under the recorded placements against the run's own step
+# (all-GPU through the shim, and the experts managed at half their bytes)
+SCENARIOS += [
+    S("b8trace-moe-gpu", "moe", batches=[8], prefill=0, policy="experts-device",
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-b8-gpu.wotrace"}, ref="pin-moe-gpu", **BATCH),
+    S("b8trace-moe-managed-half", "moe", batches=[8], prefill=0, policy="experts-managed-half",
+      offload="experts:all", env={"WOFFLOAD_TRACE": "/tmp/wo-trace-b8-managed-half.wotrace"},
+      ref="pin-moe-gpu", **BATCH),
+]
 SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
