@@ -26,8 +26,10 @@
  * (most staging copies then come from them; the written range's copy is
  * retired), `auto` caps them at three ranges, the others run the default
  * (none), `stream-nopin` asks while every pin fails (one warning, all
- * staged by the copy kernel, nothing lost), and `stream-exit` exits while
- * the worker has slow pins queued (the exit does not wait for them).
+ * staged by the copy kernel, nothing lost), `stream-exit` exits while the
+ * worker has slow pins queued (the exit does not wait for them), and
+ * `stream-capture` holds a global-mode capture while pins are queued (it
+ * ends valid: the worker's driver calls wait for it).
  *
  * Every weight is the first MiB of a 2 MiB allocation, as PyTorch's caching
  * allocator leaves them: the untagged tail is where the engine puts
@@ -173,8 +175,15 @@ static int child(const char *mode)
      * still has copies to make, each pin made slow (0.3 s): the exit must
      * not wait for them */
     bool exit_mode = strcmp(mode, "stream-exit") == 0;
+    /* stream-capture: a global-mode capture while the worker has pins to
+     * make (0.1 s each): no driver call of the shim's may reach the
+     * driver while it is under way (it would invalidate the capture), and
+     * the pins go on after it */
+    bool cap_mode = strcmp(mode, "stream-capture") == 0;
     int reads = time_mode ? 1 : READS;
-    int steps = time_mode ? 3 * STEPS / 2 : nopin_mode || exit_mode ? STEPS / 2 : STEPS;
+    int steps = time_mode                           ? 3 * STEPS / 2
+                : nopin_mode || exit_mode || cap_mode ? STEPS / 2
+                                                      : STEPS;
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
@@ -296,6 +305,21 @@ static int child(const char *mode)
             CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
             CHECK(*(uint64_t *)(uintptr_t)out == expect[7]);
+        }
+        if (cap_mode && step == STEPS / 2 - 2) {
+            /* the pins are under way by now (staging started a few steps
+             * ago): capture on a stream of our own, in global mode, and
+             * hold it while the worker would want the driver */
+            CUstream cs;
+            CUgraph g = NULL;
+            uint64_t v = 42;
+            void *params[] = {&v, &out};
+
+            CHECK(p_cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            CHECK(p_cuBeginCapture(cs, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+            CHECK(p_cuLaunchKernel(ke, 1, 1, 1, 1, 1, 1, 0, cs, params, NULL) == CUDA_SUCCESS);
+            usleep(200000);
+            CHECK(p_cuEndCapture(cs, &g) == CUDA_SUCCESS && g != NULL);
         }
         for (int i = 0; i < NR; i++) {
             for (int r = 0; r < reads; r++) {
@@ -493,6 +517,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WO_STREAM_SNAP", sn, 1);
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
             setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2", 1);
+        if (strcmp(mode, "stream-capture") == 0) /* every pin takes 0.1 s */
+            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:100000", 1);
         if (strcmp(mode, "stream-exit") == 0) { /* every pin takes 0.3 s */
             setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:300000", 1);
             setenv("WO_STREAM_EXIT_TS", exit_ts, 1);
@@ -637,6 +663,17 @@ int main(int argc, char **argv)
         CHECK(at > 0 && reaped_ns - at < 3000000000LL); /* the queue: ~5 s */
         unlink(exit_ts);
     }
+
+    /* ---- stream-capture: a global-mode capture held for 0.2 s while pins
+     * are queued ends valid (the child checks cuStreamEndCapture), every
+     * read bit-identical, and the pins went on after it ---- */
+    run(argv, "stream-capture", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    e = strstr(s ?: "", "\"pinned_copies\":{");
+    printf("stream-capture: %.0f pinned copies made, %.0f failed, %.0f staged from them\n",
+           num_after(e, "\"made\":"), num_after(e, "\"failed\":"),
+           num_after(s, "\"staged_pinned\":"));
+    CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"failed\":") == 0);
 
     /* ---- auto: read 4x a step, so streamed once measured ---- */
     run(argv, "auto", stats, sizeof(stats), log, sizeof(log));
