@@ -181,9 +181,7 @@ static int child(const char *mode)
      * the pins go on after it */
     bool cap_mode = strcmp(mode, "stream-capture") == 0;
     int reads = time_mode ? 1 : READS;
-    int steps = time_mode                           ? 3 * STEPS / 2
-                : nopin_mode || exit_mode || cap_mode ? STEPS / 2
-                                                      : STEPS;
+    int steps = time_mode ? 3 * STEPS / 2 : nopin_mode || exit_mode || cap_mode ? STEPS / 2 : STEPS;
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
