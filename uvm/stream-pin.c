@@ -443,7 +443,9 @@ void wo_pin_retire(uint32_t id, CUstream copy_stream)
     retire_locked(&pin.e[id]);
     /* a written range is never streamed again: a new one with the id is */
     pin.e[id].gen = 0;
-    (void)hand_over(copy_stream);
+    /* one event for all the ranges retired before the next tick (an engine
+     * that frees its model retires them all at once) */
+    (void)copy_stream;
     pthread_mutex_unlock(&pin.lock);
 }
 
@@ -468,6 +470,7 @@ void wo_pin_tick(CUstream copy_stream)
 }
 
 static __attribute__((used)) void *parents_pin[2];
+static __attribute__((used)) struct retired *kept_at_exit; /* wo_pin_stop */
 
 void wo_pin_atfork_child(void)
 {
@@ -504,19 +507,17 @@ void wo_pin_stop(void)
     pthread_join(pin.thread, NULL);
     pin.running = false;
     /* the pinned copies and anything retired go with the process: no
-     * driver call at exit */
+     * driver call at exit, so a retired copy's event and mapping stay, and
+     * so do their records (kept reachable: they are not leaks) */
     free(pin.e);
     free(pin.queue);
     pin.e = NULL;
     pin.queue = NULL;
-    while (pin.pending) {
-        struct retired *n = pin.pending->next;
-        free(pin.pending);
-        pin.pending = n;
-    }
-    while (pin.to_free) {
-        struct retired *n = pin.to_free->next;
-        free(pin.to_free);
-        pin.to_free = n;
-    }
+    for (struct retired **l = &pin.pending; *l; l = &(*l)->next)
+        if (!(*l)->next) {
+            (*l)->next = pin.to_free;
+            break;
+        }
+    kept_at_exit = pin.pending ? pin.pending : pin.to_free;
+    pin.pending = pin.to_free = NULL;
 }

@@ -50,8 +50,9 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit);
  * failed or the budget is spent). */
 CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes);
 
-/* The range is gone or was written: its pinned copy is freed once the
- * copies already issued from it on copy_stream are done. */
+/* The range is gone or was written: its pinned copy is never handed out
+ * again, and is freed once the copies already issued from it are done (the
+ * next wo_pin_tick records one event on copy_stream for all retired since). */
 void wo_pin_retire(uint32_t id, CUstream copy_stream);
 
 /* Every pinned copy is freed after copy_stream's work (the executor gives
