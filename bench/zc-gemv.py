@@ -22,10 +22,6 @@ def cuda_view(host: torch.Tensor, shape, dtype) -> torch.Tensor:
     return hostview.cuda_view(torch, host).view(dtype).view(shape)
 
 
-def timed(fn, reps=7):
-    return hostview.timed(torch, fn, reps)
-
-
 def main() -> None:
     torch.manual_seed(0)
     gu_host = torch.empty(E * 2 * I * H * 2, dtype=torch.uint8, pin_memory=True)
@@ -46,11 +42,11 @@ def main() -> None:
                 torch.nn.functional.linear(y, b[e])
         return f
 
-    t_host = timed(experts(gu, dn))
-    t_dev = timed(experts(gu_d, dn_d))
-    t_sum = timed(lambda: (gu.sum(dtype=torch.float32), dn.sum(dtype=torch.float32)))
+    t_host = hostview.timed(torch, experts(gu, dn))
+    t_dev = hostview.timed(torch, experts(gu_d, dn_d))
+    t_sum = hostview.timed(torch, lambda: (gu.sum(dtype=torch.float32), dn.sum(dtype=torch.float32)))
     dst = torch.empty(gu_host.numel(), dtype=torch.uint8, device="cuda")
-    t_copy = timed(lambda: dst.copy_(gu_host, non_blocking=True))
+    t_copy = hostview.timed(torch, lambda: dst.copy_(gu_host, non_blocking=True))
     print(f"GPU: {torch.cuda.get_device_name()}; {nbytes / GiB:.2f} GiB of experts ({E} x gate_up {2 * I}x{H} "
           f"+ down {H}x{I}, bf16)")
     print(f"GEMV per expert, weights on host (zero-copy): {nbytes / t_host / 1e9:6.1f} GB/s "

@@ -189,6 +189,24 @@ static void publish(struct layout *l, const uint16_t *sizes, int n)
     __atomic_store_n(&l->state, state, __ATOMIC_RELEASE);
 }
 
+/* Fills entry l (this thread holds it: a new key, or one made stale by an
+ * unload) for the function behind key: what was learned per word and per
+ * range is forgotten, the sizes read into tmp and published. Their count. */
+static int fill(struct layout *l, uintptr_t key, const void *func, bool runtime, uint16_t *tmp)
+{
+    CUfunction f = function_of(key, func, runtime);
+    int n;
+
+    for (size_t w = 0; w < WO_NOTPTR_WORDS / 64; w++)
+        __atomic_store_n(&l->notptr[w], 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->first_off, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&l->many_off, 0, __ATOMIC_RELAXED);
+    n = read_param_sizes(f, tmp, MAX_PARAMS);
+    __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
+    publish(l, tmp, n);
+    return n;
+}
+
 /* The parameter sizes for a launch: a pointer into the cache, or into tmp
  * when this thread could not use the cache; *n = -1 when unknown. */
 static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime, uint16_t *tmp,
@@ -203,10 +221,7 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
             uintptr_t expect = 0;
             if (__atomic_compare_exchange_n(&l->key, &expect, key, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                CUfunction f = function_of(key, func, runtime);
-                *n = read_param_sizes(f, tmp, MAX_PARAMS);
-                __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
-                publish(l, tmp, *n);
+                *n = fill(l, key, func, runtime, tmp);
                 *lp = l;
                 return tmp;
             }
@@ -224,29 +239,22 @@ static const uint16_t *layout_get(uintptr_t key, const void *func, bool runtime,
             return NULL;
         case LAYOUT_STALE: {
             /* its module was unloaded: this may be another function with
-             * the same handle. The first thread here fills it again, with
-             * what it learned per word and per range forgotten too. */
+             * the same handle. The first thread here fills it again; any
+             * other reads the sizes for itself, as while it fills (below) */
             uint32_t st = LAYOUT_STALE;
             if (__atomic_compare_exchange_n(&l->state, &st, LAYOUT_FILLING, false, __ATOMIC_ACQ_REL,
                                             __ATOMIC_ACQUIRE)) {
-                CUfunction f = function_of(key, func, runtime);
-                for (size_t w = 0; w < WO_NOTPTR_WORDS / 64; w++)
-                    __atomic_store_n(&l->notptr[w], 0, __ATOMIC_RELAXED);
-                __atomic_store_n(&l->first_off, 0, __ATOMIC_RELAXED);
-                __atomic_store_n(&l->many_off, 0, __ATOMIC_RELAXED);
-                *n = read_param_sizes(f, tmp, MAX_PARAMS);
-                __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
-                publish(l, tmp, *n);
+                *n = fill(l, key, func, runtime, tmp);
                 return tmp;
             }
-            *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
-            return tmp;
+            break;
         }
         default:
-            /* Another thread is filling this slot right now: never wait. */
-            *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
-            return tmp;
+            break;
         }
+        /* Another thread is filling this slot right now: never wait. */
+        *n = read_param_sizes(function_of(key, func, runtime), tmp, MAX_PARAMS);
+        return tmp;
     }
     wo_count(WO_CTR_layout_table_full, 1);
     *n = -1;
@@ -288,32 +296,25 @@ static void forget(uintptr_t m)
 
 /* Unloads forward untouched (whatever the nesting or the shim's state:
  * the cache must learn of every one); the cache forgets after success. */
+static CUresult unloaded(CUresult r, uintptr_t m)
+{
+    if (r == CUDA_SUCCESS)
+        forget(m);
+    return r;
+}
+
 CUresult wo_h_module_unload(wo_pfn_cuModuleUnload real, int id, void *ra, CUmodule m)
 {
-    CUresult r;
-
     (void)ra;
     wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    r = real(m);
-    if (r == CUDA_SUCCESS)
-        forget((uintptr_t)m);
-    return r;
+    return WO_UNLIKELY(!real) ? CUDA_ERROR_NOT_FOUND : unloaded(real(m), (uintptr_t)m);
 }
 
 CUresult wo_h_library_unload(wo_pfn_cuLibraryUnload real, int id, void *ra, CUlibrary lib)
 {
-    CUresult r;
-
     (void)ra;
     wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    r = real(lib);
-    if (r == CUDA_SUCCESS)
-        forget(0);
-    return r;
+    return WO_UNLIKELY(!real) ? CUDA_ERROR_NOT_FOUND : unloaded(real(lib), 0);
 }
 
 /* --- scanning ------------------------------------------------------------- */

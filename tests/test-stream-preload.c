@@ -168,7 +168,7 @@ static int child(const char *mode)
      * steps to find the period, measure in place, then try */
     bool time_mode = strcmp(mode, "auto-time") == 0;
     /* stream-nopin: stream with pinned copies asked for while pinning
-     * fails (the fake driver fails every cuMemHostRegister, as a memlock
+     * fails (the fake driver fails every pinning call, as a memlock
      * limit would): fewer steps suffice */
     bool nopin_mode = strcmp(mode, "stream-nopin") == 0;
     /* stream-exit: the engine exits (no frees) while the pinned-copy worker
@@ -513,12 +513,15 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WOFFLOAD_LOG_FILE", lg, 1);
         setenv("WOFFLOAD_LOG", "info", 1);
         setenv("WO_STREAM_SNAP", sn, 1);
+        /* pins go through uvm/place.c's wo_pin_host: a registered huge-page
+         * mapping, or cuMemHostAlloc (below 2 MiB, as here, and when the
+         * register fails): the faults are on both */
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
-            setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2", 1);
+            setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2,cuMemHostAlloc:*:2", 1);
         if (strcmp(mode, "stream-capture") == 0) /* every pin takes 0.1 s */
-            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:100000", 1);
+            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:100000,cuMemHostAlloc:100000", 1);
         if (strcmp(mode, "stream-exit") == 0) { /* every pin takes 0.3 s */
-            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:300000", 1);
+            setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:300000,cuMemHostAlloc:300000", 1);
             setenv("WO_STREAM_EXIT_TS", exit_ts, 1);
         }
         execv("/proc/self/exe", argv);

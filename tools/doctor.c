@@ -16,6 +16,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "core/meminfo.h"
 #include "core/settings.h"
 #include "policy/policy.h"
 #include "uvm/stream-pin.h"
@@ -45,23 +46,6 @@ static int read_first_line(const char *path, char *buf, size_t len)
     fclose(f);
     buf[strcspn(buf, "\n")] = '\0';
     return 0;
-}
-
-static uint64_t meminfo_kib(const char *key)
-{
-    char line[256];
-    uint64_t v = 0;
-    size_t n = strlen(key);
-    FILE *f = fopen("/proc/meminfo", "re");
-    if (!f)
-        return 0;
-    while (fgets(line, sizeof(line), f))
-        if (strncmp(line, key, n) == 0 && line[n] == ':') {
-            v = strtoull(line + n + 1, NULL, 10);
-            break;
-        }
-    fclose(f);
-    return v;
 }
 
 /* The toolkit's version as its cuda.h says, read now (not at build time). */
@@ -166,11 +150,11 @@ static void report_memlock(FILE *out)
 {
     struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY}; /* unknown: no limit said */
     char a[32], b[32], line[128];
-    uint64_t mem = meminfo_kib("MemTotal") * 1024;
+    uint64_t mem = wo_meminfo_bytes("MemTotal");
 
     human(mem, a, sizeof(a));
     fprintf(out, "host memory:  %s total, ", a);
-    human(meminfo_kib("MemAvailable") * 1024, a, sizeof(a));
+    human(wo_meminfo_bytes("MemAvailable"), a, sizeof(a));
     fprintf(out, "%s available\n", a);
     if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
         if (rl.rlim_cur == RLIM_INFINITY)
@@ -193,10 +177,7 @@ static void report_memlock(FILE *out)
     }
     {
         /* prefetch.pinned_copies: auto keeps this much available (uvm/stream-pin.c) */
-        uint64_t avail = meminfo_kib("MemAvailable") * 1024;
-        uint64_t keep = WO_MAX(WO_PIN_KEEP_AVAILABLE, mem / 100 * WO_PIN_KEEP_AVAILABLE_PCT);
-
-        human(avail > keep ? avail - keep : 0, a, sizeof(a));
+        human(wo_pin_auto_room(wo_meminfo_bytes("MemAvailable"), mem), a, sizeof(a));
         fprintf(out, "pinned copies: prefetch.pinned_copies: auto could hold up to %s now (what is "
                      "available above max(4 GiB, 10%% of RAM)), within the memlock limit%s\n",
                 a, rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 64 * WO_MiB ? " (too small: they would fail)" : "");

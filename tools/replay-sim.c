@@ -382,6 +382,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
     for (unsigned h = 0; h < ev->nhits && h < WO_EV_MAX_HITS; h++) {
         const struct wo_ev_hit *hit = &ev->l.hits[h];
         struct rr *r = wo_replay_rr_of(s, hit->id, hit->gen);
+        struct rtag *tag;
         uint32_t place;
         uint64_t end_off, b;
         int ni;
@@ -392,9 +393,10 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
         b = end_off - hit->offset;
         place = s->sealed ? r->place : WO_PLACE_DEVICE;
-        ni = wo_replay_name_at(r, hit->offset);
+        tag = wo_replay_tag_at(r, hit->offset);
+        ni = tag ? tag->name : -1;
         if (s->in_window && ni >= 0)
-            mult_hit(wo_replay_tag_at(r, hit->offset), hit->offset, end_off);
+            mult_hit(tag, hit->offset, end_off);
         if (place == WO_PLACE_MANAGED && r->ready) {
             double mh = 0, mz = 0, wait = start;
 

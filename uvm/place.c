@@ -267,7 +267,7 @@ static bool api_servable(int api)
  * own pinned memory: a forked child must not share pages the GPU maps
  * (copy-on-write would leave the GPU reading the child's stale page). Falls
  * back to cuMemHostAlloc. */
-static CUresult pin_host(const struct wo_driver *d, size_t size, void **host, size_t *len)
+CUresult wo_pin_host(const struct wo_driver *d, size_t size, void **host, size_t *len)
 {
     const size_t huge = 2 * WO_MiB;
     CUresult r;
@@ -293,17 +293,24 @@ static CUresult pin_host(const struct wo_driver *d, size_t size, void **host, si
     return d->cuMemHostAlloc(host, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
 }
 
-void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret)
+CUresult wo_unpin_host(const struct wo_driver *d, void *host, size_t len)
 {
     CUresult r;
 
-    if (!a->host_len) {
-        r = d->cuMemFreeHost(a->host);
-    } else {
-        r = d->cuMemHostUnregister(a->host);
-        if (r == CUDA_SUCCESS)
-            munmap(a->host, a->host_len);
-    }
+    if (!len)
+        return d->cuMemFreeHost(host);
+    r = d->cuMemHostUnregister(host);
+    if (r == CUDA_SUCCESS)
+        munmap(host, len);
+    /* else the pages stay: unmapped while registered, the GPU could keep a
+     * stale mapping */
+    return r;
+}
+
+void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret)
+{
+    CUresult r = wo_unpin_host(d, a->host, a->host_len);
+
     if (ret)
         *ret = r;
 }
@@ -320,7 +327,7 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
     if (!wo_uvm.sealed)
         wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
     t0 = wo_now_ns();
-    r = pin_host(d, a->size, &host, &len);
+    r = wo_pin_host(d, a->size, &host, &len);
     wo_uvm.pin_ns += wo_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return r;

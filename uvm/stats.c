@@ -429,7 +429,7 @@ static void json_body(struct sbuf *b)
                       "\"staged_pinned\":%" PRIu64 ",\"pinned_copies\":{\"held\":%" PRIu64
                       ",\"bytes\":%" PRIu64 ",\"made\":%" PRIu64 ",\"failed\":%" PRIu64
                       ",\"over_budget\":%" PRIu64 ",\"retired\":%" PRIu64 ",\"pin_ms\":%.1f},",
-                      sc.staged_pinned, pinc.made, pinc.bytes, pinc.made_total, pinc.failed,
+                      sc.staged_pinned, pinc.held, pinc.bytes, pinc.made, pinc.failed,
                       pinc.over_budget, pinc.retired, (double)pinc.pin_ns / 1e6);
         }
         sb_printf(b, "\"names\":{");

@@ -13,20 +13,18 @@
 #include "uvm/stream-pin.h"
 
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <time.h>
 
 #include "core/log.h"
+#include "core/meminfo.h"
 #include "core/macro.h"
 #include "core/registry.h"
 #include "uvm/internal.h"
 #include "uvm/stream.h"
 
 #define PIECE (16 * WO_MiB) /* bytes copied per hold of wo_uvm.lock (~2 ms) */
-#define HUGE (2 * WO_MiB)
 
 enum pin_state { P_NONE, P_QUEUED, P_BUSY, P_READY, P_FAILED, P_DROP };
 
@@ -64,47 +62,13 @@ static struct {
     struct wo_pin_counts n;
 } pin = {.lock = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
-/* MemAvailable from /proc/meminfo and MemTotal, in bytes; false when unknown */
-static bool meminfo(uint64_t *avail, uint64_t *total)
-{
-    FILE *f = fopen("/proc/meminfo", "re");
-    char line[128];
-    unsigned long long kb;
-    int found = 0;
-
-    if (!f)
-        return false;
-    while (fgets(line, sizeof(line), f) && found < 2) {
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
-            *avail = (uint64_t)kb << 10;
-            found++;
-        } else if (sscanf(line, "MemTotal: %llu kB", &kb) == 1) {
-            *total = (uint64_t)kb << 10;
-            found++;
-        }
-    }
-    fclose(f);
-    return found == 2;
-}
-
 /* May a copy of bytes more be made? Under the lock. */
 static bool within_budget(uint64_t bytes)
 {
-    uint64_t avail = 0, total = 0, keep;
-
     if (pin.limit != WO_PIN_COPIES_AUTO)
         return pin.n.bytes + bytes <= pin.limit;
-    if (!meminfo(&avail, &total))
-        return false;
-    keep = WO_MAX(WO_PIN_KEEP_AVAILABLE, total / 100 * WO_PIN_KEEP_AVAILABLE_PCT);
-    return avail >= bytes + keep;
-}
-
-static void unpin(void *host, size_t len)
-{
-    if (pin.drv->cuMemHostUnregister(host) == CUDA_SUCCESS)
-        munmap(host, len);
-    /* else the pages stay: an unregistered unmap could leave the GPU a stale mapping */
+    return wo_pin_auto_room(wo_meminfo_bytes("MemAvailable"), wo_meminfo_bytes("MemTotal")) >=
+           bytes;
 }
 
 /* The bytes of range id, copied piece by piece while it is still the same
@@ -143,9 +107,10 @@ static bool enter_wait(void)
     return true;
 }
 
-/* Pins memory at host (len bytes) for the executor's context; the driver's
- * result. Waits while a global-mode capture forbids driver calls. */
-static CUresult register_host(void *host, size_t len, CUdeviceptr *dptr)
+/* Pinned, device-mapped memory for bytes in the executor's context (as
+ * uvm/place.c pins: wo_pin_host), inside the capture handshake; the
+ * driver's result (CUDA_ERROR_NOT_READY: the process exits). */
+static CUresult pin_new(uint64_t bytes, void **host, size_t *len, CUdeviceptr *dptr)
 {
     const struct wo_driver *d = pin.drv;
     CUresult r;
@@ -153,15 +118,25 @@ static CUresult register_host(void *host, size_t len, CUdeviceptr *dptr)
     if (!enter_wait())
         return CUDA_ERROR_NOT_READY;
     d->cuCtxSetCurrent(pin.ctx);
-    r = d->cuMemHostRegister_v2(host, len,
-                                CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    r = wo_pin_host(d, (size_t)bytes, host, len);
     if (r == CUDA_SUCCESS) {
-        r = d->cuMemHostGetDevicePointer_v2(dptr, host, 0);
+        r = d->cuMemHostGetDevicePointer_v2(dptr, *host, 0);
         if (r != CUDA_SUCCESS)
-            d->cuMemHostUnregister(host);
+            (void)wo_unpin_host(d, *host, *len);
     }
     wo_driver_leave();
     return r;
+}
+
+/* Gives back what pin_new made, inside the capture handshake (at exit the
+ * pages go with the process). */
+static void pin_release(void *host, size_t len)
+{
+    if (!enter_wait())
+        return;
+    pin.drv->cuCtxSetCurrent(pin.ctx);
+    (void)wo_unpin_host(pin.drv, host, len);
+    wo_driver_leave();
 }
 
 /* One asked-for copy: made, or marked failed. Called without the lock. */
@@ -192,7 +167,7 @@ static void make(uint32_t id)
             wo_info("stream: pinned copies: the host memory prefetch.pinned_copies allows is "
                     "used (%llu MiB in %llu copies): later ranges are staged from managed "
                     "memory by the copy kernel",
-                    (unsigned long long)(pin.n.bytes >> 20), (unsigned long long)pin.n.made);
+                    (unsigned long long)(pin.n.bytes >> 20), (unsigned long long)pin.n.held);
         }
         pthread_mutex_unlock(&pin.lock);
         return;
@@ -200,37 +175,31 @@ static void make(uint32_t id)
     e->state = P_BUSY;
     pthread_mutex_unlock(&pin.lock);
 
-    len = WO_ALIGN_UP((size_t)bytes, (size_t)HUGE);
-    host = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    ok = host != MAP_FAILED;
-    if (!ok)
-        r = CUDA_ERROR_OUT_OF_MEMORY; /* no host memory for it: counted as a failure */
-    if (ok) {
-        (void)madvise(host, len, MADV_HUGEPAGE);
-        (void)madvise(host, len, MADV_DONTFORK);
-        ok = copy_range(id, gen, src, bytes, host);
-        if (ok) {
-            r = register_host(host, len, &dptr);
-            ok = r == CUDA_SUCCESS;
-        }
-        if (!ok)
-            munmap(host, len);
+    r = pin_new(bytes, &host, &len, &dptr);
+    ok = r == CUDA_SUCCESS;
+    if (ok && !copy_range(id, gen, src, bytes, host)) {
+        /* the engine freed the range meanwhile, or the process exits */
+        pin_release(host, len);
+        ok = false;
     }
 
     pthread_mutex_lock(&pin.lock);
     pin.n.pin_ns += wo_now_ns() - t0;
     if (e->state == P_DROP) {
         /* retired while it was made: never used */
-        if (ok)
-            unpin(host, len);
         e->state = P_NONE;
+        if (ok) {
+            pthread_mutex_unlock(&pin.lock);
+            pin_release(host, len);
+            return;
+        }
     } else if (ok) {
         e->state = P_READY;
         e->host = host;
         e->len = len;
         e->dptr = dptr;
+        pin.n.held++;
         pin.n.made++;
-        pin.n.made_total++;
         pin.n.bytes += bytes;
     } else {
         if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY) {
@@ -266,7 +235,7 @@ static void free_retired(struct retired *list)
                 pin.drv->cuEventSynchronize(list->done);
                 pin.drv->cuEventDestroy_v2(list->done);
             }
-            unpin(list->host, list->len);
+            (void)wo_unpin_host(pin.drv, list->host, list->len);
         }
         free(list);
         list = next;
@@ -309,7 +278,7 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
     if (pin.running)
         return true;
     if (!limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
-        !d->cuMemHostGetDevicePointer_v2 || !d->cuEventCreate || !d->cuEventRecord ||
+        !d->cuMemHostAlloc || !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 || !d->cuEventCreate || !d->cuEventRecord ||
         !d->cuEventSynchronize || !d->cuEventDestroy_v2 || !d->cuCtxSetCurrent)
         return false;
     pin.e = calloc(WO_STREAM_IDS, sizeof(*pin.e));
@@ -422,7 +391,7 @@ static void retire_locked(struct pin_ent *e)
             rt->next = pin.pending;
             pin.pending = rt;
         } /* else it stays pinned until exit: never read again */
-        pin.n.made--;
+        pin.n.held--;
         pin.n.bytes -= e->bytes;
         pin.n.retired++;
         e->host = NULL;
@@ -435,7 +404,7 @@ static void retire_locked(struct pin_ent *e)
     }
 }
 
-void wo_pin_retire(uint32_t id, CUstream copy_stream)
+void wo_pin_retire(uint32_t id)
 {
     if (!pin.running || id >= WO_STREAM_IDS)
         return;
@@ -444,8 +413,7 @@ void wo_pin_retire(uint32_t id, CUstream copy_stream)
     /* a written range is never streamed again: a new one with the id is */
     pin.e[id].gen = 0;
     /* one event for all the ranges retired before the next tick (an engine
-     * that frees its model retires them all at once) */
-    (void)copy_stream;
+     * that frees its model retires them all at once): wo_pin_tick */
     pthread_mutex_unlock(&pin.lock);
 }
 

@@ -26,18 +26,29 @@
 
 #include "uvm/uvm.h"
 
-/* policy prefetch.pinned_copies: `auto` keeps MemAvailable above this much
- * after each copy (the larger of the two) */
+/* policy prefetch.pinned_copies: `auto` keeps MemAvailable above the larger
+ * of these after each copy */
 #define WO_PIN_KEEP_AVAILABLE ((uint64_t)4 << 30)
 #define WO_PIN_KEEP_AVAILABLE_PCT 10
 
+/* The bytes `auto` may still pin given MemAvailable and MemTotal (the rule
+ * the worker applies and woffload doctor reports). */
+static inline uint64_t wo_pin_auto_room(uint64_t avail, uint64_t total)
+{
+    uint64_t keep = total / 100 * WO_PIN_KEEP_AVAILABLE_PCT;
+
+    if (keep < WO_PIN_KEEP_AVAILABLE)
+        keep = WO_PIN_KEEP_AVAILABLE;
+    return avail > keep ? avail - keep : 0;
+}
+
 struct wo_pin_counts {
-    uint64_t made, bytes; /* pinned copies held now, and their bytes */
-    uint64_t made_total;  /* copies made since start */
-    uint64_t failed;      /* pinning failed (the memlock limit, the driver) */
-    uint64_t over_budget; /* not made: the host memory pinned_copies allows was used */
-    uint64_t retired;     /* dropped: the range was written or freed */
-    uint64_t pin_ns;      /* worker time making them (copy + register) */
+    uint64_t held, bytes;   /* pinned copies held now, and their bytes */
+    uint64_t made;          /* copies made since start */
+    uint64_t failed;        /* pinning failed (the memlock limit, the driver) */
+    uint64_t over_budget;   /* not made: the host memory pinned_copies allows was used */
+    uint64_t retired;       /* dropped: the range was written or freed */
+    uint64_t pin_ns;        /* worker time making them (pin + copy) */
 };
 
 /* Starts the worker for the executor's context ctx; limit: the policy's
@@ -53,7 +64,7 @@ CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t byte
 /* The range is gone or was written: its pinned copy is never handed out
  * again, and is freed once the copies already issued from it are done (the
  * next wo_pin_tick records one event on copy_stream for all retired since). */
-void wo_pin_retire(uint32_t id, CUstream copy_stream);
+void wo_pin_retire(uint32_t id);
 
 /* Every pinned copy is freed after copy_stream's work (the executor gives
  * its slots back); the worker stays for later ranges. */

@@ -175,19 +175,14 @@ static void load_copy_kernel(void)
 /* Where range id's staging copy reads from: its pinned copy once the worker
  * made one (stream-pin.h: managed ranges only; asked for here the first
  * time), else the range itself. */
-static CUdeviceptr source(uint32_t id, const struct srange *r, const struct wo_range *rg,
-                          bool *managed, bool *pinned)
+static CUdeviceptr source(uint32_t id, const struct srange *r, bool managed, bool *pinned)
 {
-    CUdeviceptr p = 0;
+    CUdeviceptr p = ex->pin_on && managed
+                        ? wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo)
+                        : 0;
 
-    *managed = (rg->flags & WO_RANGE_MANAGED) != 0;
-    if (ex->pin_on && *managed)
-        p = wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo);
     *pinned = p != 0;
-    if (!p)
-        return (CUdeviceptr)(r->base + r->lo);
-    *managed = false;
-    return p;
+    return p ? p : (CUdeviceptr)(r->base + r->lo);
 }
 
 /* Copies bytes from src to the slot dst on the copy stream: a managed source
@@ -322,7 +317,7 @@ static void mark_written(struct srange *r, uint32_t id)
     if (r->slot >= 0)
         (void)unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
     if (ex->pin_on)
-        wo_pin_retire(id, ex->copy);
+        wo_pin_retire(id);
 }
 
 static void drop(uint32_t id);
@@ -424,9 +419,9 @@ static bool stage(uint32_t id, int slot)
     }
     res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
     if (res == CUDA_SUCCESS) {
-        bool managed, pinned;
-        CUdeviceptr src = source(id, r, &rg, &managed, &pinned);
-        res = copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed);
+        bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned;
+        CUdeviceptr src = source(id, r, managed, &pinned);
+        res = copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed && !pinned);
         if (res == CUDA_SUCCESS && pinned)
             add(&wo_stream_tab.n.staged_pinned, 1);
     }
@@ -1077,7 +1072,7 @@ static void drop(uint32_t id)
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     take_back(r);
     if (ex->pin_on)
-        wo_pin_retire(id, ex->copy);
+        wo_pin_retire(id);
     free(r->name);
     memset(r, 0, sizeof(*r));
     r->slot = -1;
@@ -1358,8 +1353,8 @@ static void finish(void)
                 "worker's time), %llu held (%llu MiB), %llu retired, %llu failed, %llu over "
                 "prefetch.pinned_copies",
                 (unsigned long long)c.staged_pinned, (unsigned long long)c.staged_by_kernel,
-                (unsigned long long)pc.made_total, (double)pc.pin_ns / 1e9,
-                (unsigned long long)pc.made, (unsigned long long)(pc.bytes >> 20),
+                (unsigned long long)pc.made, (double)pc.pin_ns / 1e9,
+                (unsigned long long)pc.held, (unsigned long long)(pc.bytes >> 20),
                 (unsigned long long)pc.retired, (unsigned long long)pc.failed,
                 (unsigned long long)pc.over_budget);
     }

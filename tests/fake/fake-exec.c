@@ -858,6 +858,23 @@ static size_t align_of_size(size_t sz)
     return a;
 }
 
+/* f's signature and body (its parameters laid out as nvcc does) */
+static void set_signature(struct CUfunc_st *f, int nparams, const size_t *param_sizes,
+                          fakecuda_kernel_fn fn)
+{
+    size_t off = 0;
+    for (int i = 0; i < nparams; i++) {
+        size_t a = align_of_size(param_sizes[i]);
+        off = (off + a - 1) & ~(a - 1);
+        f->offsets[i] = off;
+        f->sizes[i] = param_sizes[i];
+        off += param_sizes[i];
+    }
+    f->argbytes = off;
+    f->nparams = nparams;
+    f->fn = fn;
+}
+
 FK_EXPORT CUfunction fakecuda_kernel(const char *name, int nparams, const size_t *param_sizes,
                                      fakecuda_kernel_fn fn)
 {
@@ -869,17 +886,7 @@ FK_EXPORT CUfunction fakecuda_kernel(const char *name, int nparams, const size_t
         return NULL;
     memcpy(f->name, name, len + 1);
     f->magic = FUNC_MAGIC;
-    f->nparams = nparams;
-    f->fn = fn;
-    size_t off = 0;
-    for (int i = 0; i < nparams; i++) {
-        size_t a = align_of_size(param_sizes[i]);
-        off = (off + a - 1) & ~(a - 1);
-        f->offsets[i] = off;
-        f->sizes[i] = param_sizes[i];
-        off += param_sizes[i];
-    }
-    f->argbytes = off;
+    set_signature(f, nparams, param_sizes, fn);
     fk_lock_();
     f->next = kernels;
     kernels = f;
@@ -893,18 +900,8 @@ FK_EXPORT int fakecuda_kernel_redefine(CUfunction f, int nparams, const size_t *
     if (!f || f->magic != FUNC_MAGIC || !fn || nparams < 0 || nparams > MAX_PARAMS ||
         (nparams && !param_sizes))
         return -1;
-    size_t off = 0;
     fk_lock_();
-    for (int i = 0; i < nparams; i++) {
-        size_t a = align_of_size(param_sizes[i]);
-        off = (off + a - 1) & ~(a - 1);
-        f->offsets[i] = off;
-        f->sizes[i] = param_sizes[i];
-        off += param_sizes[i];
-    }
-    f->argbytes = off;
-    f->nparams = nparams;
-    f->fn = fn;
+    set_signature(f, nparams, param_sizes, fn);
     f->module = NULL;
     fk_unlock_();
     return 0;
