@@ -1032,7 +1032,7 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.eviction = WO_EVICT_AUTO;
     g->prefetch.mode = WO_PREFETCH_MODE_HOT_SET;
     g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
-    g->prefetch.pinned_copies = 0; /* off until measured on the GPU (docs/prefetch.md) */
+    g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO; /* measured: docs/prefetch.md, Pinned copies */
     g->fit.enabled = false;
     g->fit.device.kind = WO_BUDGET_BYTES;
     g->fit.keep_free = WO_FIT_KEEP_FREE_DEFAULT;

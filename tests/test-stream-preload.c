@@ -490,12 +490,12 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  strcmp(mode, "auto-time") == 0    ? "auto"
                  : strncmp(mode, "stream", 6) == 0 ? "stream"
                                                    : mode,
-                 /* pinned copies: auto for stream (and stream-nopin), a cap
-                  * of three ranges for auto, the default (off) for
-                  * auto-time and hot-set */
-                 strcmp(mode, "auto") == 0           ? ", pinned_copies: 3MiB"
-                 : strncmp(mode, "stream", 6) == 0 ? ", pinned_copies: auto"
-                                                     : "");
+                 /* pinned copies: the default (auto) for stream (and
+                  * stream-nopin) and hot-set, a cap of three ranges for
+                  * auto, off for auto-time */
+                 strcmp(mode, "auto") == 0        ? ", pinned_copies: 3MiB"
+                 : strcmp(mode, "auto-time") == 0 ? ", pinned_copies: off"
+                                                  : "");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -620,7 +620,7 @@ int main(int argc, char **argv)
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     CHECK(e && strncmp(strstr(e, "\"written\":") ?: "", "\"written\":true", 14) == 0);
     CHECK(strstr(log, "stream: ") && strstr(log, "launches redirected"));
-    CHECK(strstr(log, "pinned_copies: auto} copies each once") == NULL); /* on here */
+    CHECK(strstr(log, "pinned_copies: auto}, the default, copies each once") == NULL); /* on here */
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 
@@ -709,10 +709,10 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"auto_backs\":") >= 1);
     CHECK(num_after(s, "\"redirected\":") > 0);
     CHECK(strstr(log, "stream: auto: trying ") != NULL);
-    /* pinned_copies: the default, off; one line says what would help */
+    /* pinned_copies: off; one line says what would help */
     CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
           num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
-    CHECK(strstr(log, "prefetch: {pinned_copies: auto} copies each once") != NULL);
+    CHECK(strstr(log, "prefetch: {pinned_copies: auto}, the default, copies each once") != NULL);
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
     run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));

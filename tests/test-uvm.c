@@ -1496,6 +1496,57 @@ static void concurrent_threads(void **state)
     stop();
 }
 
+/* A free of memory the pinned-copy worker is reading by CPU (uvm/stream-pin.c
+ * copies outside wo_uvm.lock and announces the bytes in wo_uvm.cpu_read_*)
+ * waits until they are read, served and observed ranges alike; a free of
+ * other memory, and everything else that takes the lock, goes on. */
+static CUdeviceptr freeing;
+static int freed_flag;
+
+static void *free_thread(void *arg)
+{
+    CUdeviceptr p = freeing;
+
+    drv.cuCtxSetCurrent(ctx);
+    if (arg)
+        observed_free(p);
+    else
+        free_ok(p);
+    __atomic_store_n(&freed_flag, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static void free_waits_for_cpu_read(void **state)
+{
+    (void)state;
+    start(moe_policy);
+    for (int observed_range = 0; observed_range < 2; observed_range++) {
+        CUdeviceptr p = observed_range ? observed(WO_MiB) : alloc_ok(WO_MiB);
+        CUdeviceptr other = alloc_ok(WO_MiB);
+        pthread_t t;
+
+        pthread_mutex_lock(&wo_uvm.lock);
+        wo_uvm.cpu_read_lo = p + 64 * 1024;
+        wo_uvm.cpu_read_hi = p + 128 * 1024;
+        pthread_mutex_unlock(&wo_uvm.lock);
+        freeing = p;
+        __atomic_store_n(&freed_flag, 0, __ATOMIC_RELEASE);
+        assert_int_equal(pthread_create(&t, NULL, free_thread, observed_range ? &t : NULL), 0);
+        usleep(100000);
+        assert_int_equal(__atomic_load_n(&freed_flag, __ATOMIC_ACQUIRE), 0);
+        free_ok(other); /* not read: not held up, nor is the lock */
+        assert_int_equal(__atomic_load_n(&freed_flag, __ATOMIC_ACQUIRE), 0);
+        pthread_mutex_lock(&wo_uvm.lock);
+        wo_uvm.cpu_read_lo = wo_uvm.cpu_read_hi = 0;
+        pthread_cond_broadcast(&wo_uvm.cpu_read_cv);
+        pthread_mutex_unlock(&wo_uvm.lock);
+        assert_int_equal(pthread_join(t, NULL), 0);
+        assert_int_equal(__atomic_load_n(&freed_flag, __ATOMIC_ACQUIRE), 1);
+    }
+    assert_int_equal(wo_uvm.nallocs, 0);
+    stop();
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -1635,6 +1686,7 @@ int main(int argc, char **argv)
         T(stats_json_content),
         T(thousand_cycles_do_not_grow),
         T(concurrent_threads),
+        T(free_waits_for_cpu_read),
         T(consumer_sleeps_when_idle),
         T(shutdown_is_prompt_and_idempotent),
         T(fork_child_restarts),

@@ -19,6 +19,7 @@
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
+    .cpu_read_cv = PTHREAD_COND_INITIALIZER,
 };
 
 static const struct wo_driver *driver;
@@ -222,8 +223,10 @@ void wo_uvm_reset(void)
     __atomic_store_n(&exiting, 0, __ATOMIC_RELEASE);
     {
         pthread_mutex_t keep = wo_uvm.lock;
+        pthread_cond_t keep_cv = wo_uvm.cpu_read_cv;
         memset(&wo_uvm, 0, sizeof(wo_uvm));
         wo_uvm.lock = keep;
+        wo_uvm.cpu_read_cv = keep_cv;
     }
     pthread_mutex_unlock(&wo_uvm.lock);
 }
@@ -243,6 +246,8 @@ void wo_uvm_atfork_child(void)
     /* Only this thread survived the fork: the lock may have been held by one
      * that did not, and the parent's stream and context mean nothing here. */
     pthread_mutex_init(&wo_uvm.lock, NULL);
+    pthread_cond_init(&wo_uvm.cpu_read_cv, NULL);
+    wo_uvm.cpu_read_lo = wo_uvm.cpu_read_hi = 0; /* its reader is gone */
     /* nor is any of the threads that may have been inside a driver call
      * (the consumer, the pinned-copy worker): none is here to leave it */
     __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);

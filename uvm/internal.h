@@ -150,6 +150,13 @@ struct wo_uvm_state {
     uint64_t hits_unaligned; /* on a weight's allocation, a word no weight pointer (core/event.h) */
     uint64_t events;
 
+    /* [cpu_read_lo, cpu_read_hi): bytes the pinned-copy worker is reading
+     * by CPU outside the lock (uvm/stream-pin.c); a free of a range that
+     * overlaps them waits on cpu_read_cv (with the lock) until they are
+     * read. Both 0: none. */
+    uint64_t cpu_read_lo, cpu_read_hi;
+    pthread_cond_t cpu_read_cv;
+
     /* driver state (forgotten in a fork child) */
     CUstream stream;           /* private stream for seal-time prefetches */
     bool stream_failed;
@@ -215,6 +222,10 @@ void wo_api_note_tag(void);
 void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 
 /* ---- place.c (under wo_uvm.lock) --------------------------------------- */
+/* Waits, the lock released meanwhile, until the pinned-copy worker reads
+ * nothing of [base, base+size): called before memory goes back to the
+ * driver. */
+void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size);
 /* Decides a tag's placement (policy match, host budget) and counts it. */
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
 /* Applies a tag's placement now (after seal, or at allocation time). */

@@ -615,6 +615,12 @@ out:
     return served;
 }
 
+void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size)
+{
+    while (wo_uvm.cpu_read_lo < base + size && base < wo_uvm.cpu_read_hi)
+        pthread_cond_wait(&wo_uvm.cpu_read_cv, &wo_uvm.lock);
+}
+
 int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -629,6 +635,7 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
         pthread_mutex_unlock(&wo_uvm.lock);
         return 0;
     }
+    wo_uvm_wait_cpu_read(a->base, a->size);
     if (a->kind == WO_KIND_PINNED)
         wo_place_unpin(d, a, &r);
     else
@@ -733,6 +740,7 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api)
     pthread_mutex_lock(&wo_uvm.lock);
     a = wo_alloc_find_base(ptr);
     if (a && a->kind == WO_KIND_OBSERVED) {
+        wo_uvm_wait_cpu_read(a->base, a->size);
         wo_alloc_unlink(a);
         if (a->ours_in_registry)
             (void)wo_registry_remove(ptr, NULL);

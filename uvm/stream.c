@@ -198,9 +198,10 @@ static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, b
         void *args[] = {&dst, &src, &n};
         if (!ex->pin_on && !ex->said_kernel) {
             ex->said_kernel = true;
-            wo_info("stream: managed ranges are staged by the copy kernel (50 GB/s at most, on "
-                    "the engine's SMs); prefetch: {pinned_copies: auto} copies each once into "
-                    "pinned memory for the copy engine (docs/prefetch.md, Pinned copies)");
+            wo_info("stream: pinned_copies off: managed ranges are staged by the copy kernel "
+                    "(50 GB/s at most, on the engine's SMs); prefetch: {pinned_copies: auto}, "
+                    "the default, copies each once into pinned memory for the copy engine "
+                    "(docs/prefetch.md, Pinned copies)");
         }
         add(&wo_stream_tab.n.staged_by_kernel, 1);
         return d->cuLaunchKernel(ex->copy_fn, 16, 1, 1, 512, 1, 1, 0, ex->copy, args, NULL);
