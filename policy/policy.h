@@ -139,9 +139,8 @@ struct wo_policy_globals {
         enum wo_prefetch_mode mode; /* default HOT_SET, AUTO under fit: (docs/policy.md says why) */
         bool mode_set;              /* the policy named a mode */
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
-        uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO,
-                                     * 0 (off, the default until measured on the GPU) or a cap
-                                     * (docs/policy.md) */
+        uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO
+                                     * (the default), 0 (off) or a cap (docs/policy.md) */
     } prefetch;
     struct wo_fit fit; /* `fit:`; enabled false when absent */
 };
