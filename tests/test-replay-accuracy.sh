@@ -57,6 +57,14 @@
 # measured 213.8 ms, held to 15% (predicted +5.7% and +6.4%). The all-GPU
 # replay of B8_GPU is held to 25% like the uncalibrated ones above
 # (predicted 30.4 ms, measured 25.3 ms: the trace run's host work).
+# The same trace with every expert `host` (15%): read in place, against
+# e2e-20261125-120610's 404.6 ms (predicted +4.2%); streamed
+# (`prefetch: {mode: stream}`, the replay's model of the streaming
+# executor: tools/replay-sim.c, stream_read) by the shim's copy kernel
+# against the `-nopin` rows of two leases, 395.4 and 422.5 ms (e2e-20261126-
+# 121326 and -123929; predicted 410.4 ms), and from pinned copies against
+# the last call of 121326's `-pin` row, once its copies were made, 378.3 ms
+# (predicted 373.4 ms).
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR [B8_GPU B8_MANAGED]
 set -u
 replay=$1
@@ -119,11 +127,15 @@ session 48.93 87.80 60.21
 session 54.34 97.43 61.24
 
 if [ -n "$b8_gpu" ]; then
-    echo "batch 8, default experts backend (measured: all-GPU 25.3 ms, experts managed in 9 GiB 213.8 ms, median steps):"
+    echo "batch 8, default experts backend (median decode steps, measured as each check says):"
     warmup=10 stat=median
     trace=$b8_gpu
     check "b8 all on GPU (uncalibrated)" all-device.yaml 25.3 0.25
     check "b8 experts managed, 9 GiB budget (from the all-GPU trace)" experts-managed-9g.yaml 213.8 0.15
+    check "b8 experts on host, read in place" experts-host.yaml 404.6 0.15
+    check "b8 experts on host, streamed by the copy kernel (lease 1)" experts-host-stream-nopin.yaml 395.4 0.15
+    check "b8 experts on host, streamed by the copy kernel (lease 2)" experts-host-stream-nopin.yaml 422.5 0.15
+    check "b8 experts on host, streamed from pinned copies" experts-host-stream.yaml 378.3 0.15
     trace=$b8_managed
     check "b8 experts managed, 9 GiB budget (its own trace)" - 213.8 0.15
 fi

@@ -263,10 +263,81 @@ static void test_multiplicity(void **state)
     }
 }
 
+/* The streaming executor's model (prefetch mode stream): each expert
+ * tensor crosses once a step into a slot, however often launches read it,
+ * on the copy engine (no zero-copy reads of experts), never faster than the
+ * copy engine allows; slower by the copy kernel (pinned_copies off), no
+ * faster with fewer slots (less ahead), and faster than the same experts
+ * read in place (the copy engine's rate against zero-copy reads). */
+static void stream_run(const struct wo_trace_data *d, const char *yaml, struct wo_replay_result *res)
+{
+    struct wo_devmodel m;
+    struct wo_replay_opts o;
+    struct wo_policy *p = NULL;
+    char msg[256];
+
+    wo_devmodel_default(&m);
+    if (wo_policy_load_buffer(yaml, strlen(yaml), "stream.yaml", NULL, &p, NULL) != 0 || !p)
+        fail_msg("policy: %s", yaml);
+    memset(&o, 0, sizeof(o));
+    o.dm = &m;
+    o.policy = p;
+    o.warmup = UINT_MAX;
+    if (wo_replay_run(d, &o, res, msg, sizeof(msg)) != 0)
+        fail_msg("replay: %s", msg);
+    wo_policy_free(p);
+}
+
+static void test_streaming(void **state)
+{
+    static const char *const pol[] = {
+        /* 0: in place */
+        "version: 1\nrules:\n  - {name: experts, match: experts, place: host}\n",
+        /* 1: streamed from pinned copies (the default), four slots */
+        "version: 1\nprefetch: {mode: stream}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+        /* 2: by the copy kernel */
+        "version: 1\nprefetch: {mode: stream, pinned_copies: off}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+        /* 3: two slots */
+        "version: 1\nprefetch: {mode: stream, slots: 2}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+    };
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_replay_result r[4];
+    struct wo_trace_data *d;
+    struct wo_devmodel m;
+    double experts;
+
+    (void)state;
+    wo_devmodel_default(&m);
+    go.steps = 32;
+    go.grouped = true; /* launches handed the stacked tensors, as the default backend */
+    go.expert_mib = 16;
+    d = make_trace(&go);
+    for (int k = 0; k < 4; k++)
+        stream_run(d, pol[k], &r[k]);
+    /* every layer's stacked expert tensors (as test_host_bytes counts them) */
+    experts = (double)go.layers * go.experts * (go.expert_mib * WO_MiB * 3 / 2);
+    assert_true(r[0].stream_bytes_step == 0 && r[0].zc_bytes_step > experts * 0.999);
+    for (int k = 1; k < 4; k++) {
+        assert_true(fabs(r[k].stream_bytes_step - experts) < experts * 1e-3);
+        assert_true(r[k].zc_bytes_step < experts * 1e-3);
+    }
+    assert_true(r[1].step_s >= experts / (m.h2d_gbs * 1e9) * 0.999);
+    assert_true(r[2].step_s > r[1].step_s * 1.01);  /* 0.91x the rate */
+    assert_true(r[3].step_s >= r[1].step_s * 0.999); /* fewer copies ahead */
+    assert_true(r[1].step_s < r[0].step_s);         /* zero-copy reads are slower */
+    for (int k = 0; k < 4; k++)
+        wo_replay_result_free(&r[k]);
+    wo_trace_data_free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multiplicity),
+        cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_model_roundtrip),
         cmocka_unit_test(test_model_errors),
         cmocka_unit_test(test_pf_curve),

@@ -35,6 +35,12 @@ struct rr {
     uint32_t npieces;
     struct rtag *tags;
     size_t ntags;
+    /* the streaming executor (replay-sim.c, stream_read): a host range
+     * under prefetch mode stream is copied once a step into a device slot */
+    bool streamed;
+    uint64_t st_step;  /* the step its latest copy serves (UINT64_MAX: none) */
+    uint64_t st_copy;  /* that copy's index (its slot: index % slots) */
+    double st_ready;   /* when that copy is complete */
 };
 
 /* One access of a unit in the bound: its GPU time if resident / streamed
@@ -108,6 +114,20 @@ struct sim {
     double fixed_cp, fixed_link;
     uint32_t nunits;
 
+    /* the streaming executor's model (replay-sim.c): copies in a step's
+     * order on the copy engine, each into one of `slots` slots, a slot
+     * free once the reads of the range it held have ended */
+    unsigned slots;           /* 0: nothing streamed */
+    double copy_s;            /* seconds a byte on the copy engine */
+    double ce_free;           /* when the copy engine is idle */
+    double *slot_free;        /* by slot: the end of the last read of its range */
+    uint64_t ncopies;         /* copies issued */
+    uint32_t *sorder, *corder; /* streamed ranges (indices into r) in the order the last complete
+                               * step / this step read them first */
+    size_t nsorder, ncorder, capsorder, capcorder;
+    size_t la_pos;            /* the next copy ahead: sorder[la_pos] for step la_step */
+    uint64_t la_step;
+    double stream_b;          /* window: bytes staged */
     uint64_t launches;
     uint64_t max_resident;
     unsigned warmup;

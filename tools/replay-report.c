@@ -149,9 +149,10 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
         res->prefetch_bytes_step = s.pf_b / ws;
         res->evict_bytes_step = s.ev_b / ws;
         res->copy_bytes_step = s.copy_b / ws;
+        res->stream_bytes_step = s.stream_b / ws;
         /* copy-back evictions cross PCIe too (device to host) */
         res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
-                               s.cb_b / ws;
+                               res->stream_bytes_step + s.cb_b / ws;
         res->stall_s_step = s.stall_s / ws;
         {
             /* the planner's own rule, on what the simulation read and moved */

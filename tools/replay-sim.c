@@ -337,11 +337,139 @@ static void mult_close(struct sim *s, bool count)
         }
 }
 
+/* ---- the streaming executor (uvm/stream.c; docs/prefetch.md, Streaming) --
+ *
+ * Under `prefetch: {mode: stream}` every `host` range is copied once a step
+ * into a device slot and its launches read the slot: the copies run on the
+ * copy engine (at the pinned rate; the shim's copy kernel's 0.91x of it
+ * with pinned_copies off), booked on the link like prefetches, in the
+ * order the last complete step read the ranges first, as far ahead as the
+ * slots allow (a slot is free once the reads of the range it held have
+ * ended); a launch waits for its range's copy. The first step, before an
+ * order is known, copies each range when a launch first needs it. */
+
+/* Issues the copy of range index ri for step `step` at time `at` at the
+ * earliest (its slot free, the copy engine idle). */
+static void stream_issue(struct sim *s, uint32_t ri, uint64_t step, double at)
+{
+    struct rr *r = &s->r[ri];
+    unsigned slot = (unsigned)(s->ncopies % s->slots);
+    double t0 = WO_MAX(at, s->ce_free), t1;
+
+    /* a slot still held by a range copied ahead and not read yet (the
+     * step read another first) is taken now, as the executor does */
+    if (s->slot_free[slot] < INFINITY)
+        t0 = WO_MAX(t0, s->slot_free[slot]);
+
+    t1 = link_use(s, t0, (double)r->tr->size * s->copy_s, 1);
+    traffic(s, t0, t1, 1);
+    s->ce_free = t1;
+    s->slot_free[slot] = INFINITY; /* until its reads are seen */
+    r->st_step = step;
+    r->st_copy = s->ncopies++;
+    r->st_ready = t1;
+    if (s->in_window)
+        s->stream_b += (double)r->tr->size;
+    wo_replay_tl_event(s, 2, "stage", t0, t1);
+}
+
+/* Copies ahead of the launches, in the last step's order, while slots are
+ * free of ranges not read yet; at least the one after the range just read. */
+static void stream_ahead(struct sim *s, double at)
+{
+    while (s->nsorder) {
+        unsigned slot = (unsigned)(s->ncopies % s->slots);
+        uint32_t ri = s->sorder[s->la_pos];
+
+        if (s->slot_free[slot] == INFINITY)
+            break; /* held by a range the step has not read yet */
+        if (s->r[ri].st_step != s->la_step)
+            stream_issue(s, ri, s->la_step, at);
+        if (++s->la_pos == s->nsorder) {
+            s->la_pos = 0;
+            s->la_step++;
+        }
+    }
+}
+
+/* A launch at `start` reads streamed range ri: when its bytes are in the
+ * slot (the copy issued now if none serves this step). */
+static double stream_read(struct sim *s, uint32_t ri, double start)
+{
+    struct rr *r = &s->r[ri];
+
+    if (r->st_step != s->step) {
+        size_t i;
+
+        if (wo_grow((void **)&s->corder, &s->capcorder, s->ncorder + 1, sizeof(*s->corder)) < 0) {
+            s->err = -ENOMEM;
+            return start;
+        }
+        s->corder[s->ncorder++] = ri;
+        /* not copied ahead (the first step, or another order): now, and
+         * the copies ahead go on from the range after it */
+        for (i = 0; i < s->nsorder && s->sorder[i] != ri; i++)
+            ;
+        if (i < s->nsorder) {
+            s->la_pos = (i + 1) % s->nsorder;
+            s->la_step = s->step + (i + 1 == s->nsorder);
+        }
+        stream_issue(s, ri, s->step, start);
+    } else if (s->ncorder == 0 || s->corder[s->ncorder - 1] != ri) {
+        size_t i;
+
+        for (i = 0; i < s->ncorder && s->corder[i] != ri; i++)
+            ;
+        if (i == s->ncorder) {
+            if (wo_grow((void **)&s->corder, &s->capcorder, s->ncorder + 1, sizeof(*s->corder)) <
+                0) {
+                s->err = -ENOMEM;
+                return start;
+            }
+            s->corder[s->ncorder++] = ri;
+        }
+    }
+    return r->st_ready;
+}
+
+/* The launch that read ri ends at `end`: its slot is free from then on
+ * (until a later launch of the step reads it again). */
+static void stream_done(struct sim *s, uint32_t ri, double end)
+{
+    struct rr *r = &s->r[ri];
+    unsigned slot = (unsigned)(r->st_copy % s->slots);
+
+    if (s->ncopies - r->st_copy <= s->slots)
+        s->slot_free[slot] = s->slot_free[slot] == INFINITY ? end : WO_MAX(s->slot_free[slot], end);
+    stream_ahead(s, end);
+}
+
+/* At a step boundary: this step's order is the next one's plan. */
+static void stream_step(struct sim *s)
+{
+    uint32_t *t;
+
+    if (!s->slots || !s->ncorder)
+        return;
+    t = s->sorder;
+    s->sorder = s->corder;
+    s->nsorder = s->ncorder;
+    s->corder = t;
+    {
+        size_t c = s->capsorder;
+        s->capsorder = s->capcorder;
+        s->capcorder = c;
+    }
+    s->ncorder = 0;
+}
+
 static void kernel(struct sim *s, const struct wo_event *ev)
 {
     double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
     struct bacc ka[64];
     size_t nka = 0;
+    uint32_t streamed[WO_EV_MAX_HITS];
+    unsigned nstreamed = 0;
     const char *kname;
 
     if (wo_replay_is_boundary(s, ev)) {
@@ -357,7 +485,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
                 s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
                 s->bl[s->nbt] = s->cur_step_launches;
                 s->bacc[s->nbt][0] = s->zc_b;
-                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b;
+                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b + s->stream_b;
                 s->bacc[s->nbt][2] = s->stall_s;
                 s->bacc[s->nbt][3] = s->cpu_work;
                 s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
@@ -371,6 +499,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             s->step_launches = s->cur_step_launches;
         }
         mult_close(s, s->in_window);
+        stream_step(s);
         s->step++;
         s->cur_step_launches = 0;
         wo_replay_tl_event(s, 1, "step", WO_MAX(s->cpu_t, s->gpu_free), -1);
@@ -437,6 +566,22 @@ static void kernel(struct sim *s, const struct wo_event *ev)
                                                   (double)(hi - lo), 0, 0};
                 }
             }
+        } else if (place == WO_PLACE_HOST && r->streamed && s->sealed) {
+            uint32_t ri = (uint32_t)(r - s->r);
+            double wait = stream_read(s, ri, start);
+
+            hbm += (double)b;
+            t_in = WO_MAX(t_in, wait);
+            if (nstreamed < WO_ARRAY_SIZE(streamed))
+                streamed[nstreamed++] = ri;
+            if (s->in_window) {
+                s->stall_s += WO_MAX(0.0, wait - start);
+                if (ni >= 0) {
+                    s->names[ni].hbm_bytes += (double)b;
+                    s->names[ni].read_s += (double)b * s->hbm_s;
+                    s->names[ni].stall_s += WO_MAX(0.0, wait - start);
+                }
+            }
         } else if (place == WO_PLACE_HOST) {
             zc += (double)b;
             if (s->in_window) {
@@ -459,6 +604,8 @@ static void kernel(struct sim *s, const struct wo_event *ev)
     le = zc > 0 ? link_use(s, t_in, zc * s->zc_s, 0) : t_in;
     end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
     s->gpu_free = end;
+    for (unsigned i = 0; i < nstreamed; i++)
+        stream_done(s, streamed[i], end);
     if (s->in_window) {
         s->zc_b += zc;
         bound_kernel(s, ka, nka, s->kernel_s + fixed_hbm * s->hbm_s, host_zc);
@@ -555,6 +702,9 @@ void wo_replay_sim_free(struct sim *s)
     free(s->acc);
     free(s->lk);
     free(s->tp);
+    free(s->slot_free);
+    free(s->sorder);
+    free(s->corder);
     wo_plan_free(s->plan);
     wo_graphs_free(s->graphs);
     wo_stepper_done(&s->stepper);
@@ -663,6 +813,21 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
     s->graphs = wo_graphs_new();
     if (!s->graphs || wo_replay_setup_ranges(s) < 0 || wo_replay_prepass(s) < 0)
         return -ENOMEM;
+    if (o->policy && !o->all_device &&
+        wo_policy_globals(o->policy)->prefetch.mode == WO_PREFETCH_MODE_STREAM) {
+        const struct wo_policy_globals *g = wo_policy_globals(o->policy);
+
+        /* the copy engine's rate from pinned copies, the shim's copy
+         * kernel's (0.91x of it, docs/prefetch.md) without them */
+        s->slots = g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT;
+        s->copy_s = 1.0 / (s->dm->h2d_gbs * 1e9) / (g->prefetch.pinned_copies ? 1.0 : 0.91);
+        if (!(s->slot_free = calloc(s->slots, sizeof(*s->slot_free))))
+            return -ENOMEM;
+        for (size_t i = 0; i < d->nranges; i++) {
+            s->r[i].streamed = s->r[i].place == WO_PLACE_HOST;
+            s->r[i].st_step = UINT64_MAX;
+        }
+    }
     for (size_t i = 0; i < d->nranges; i++) {
         struct rr *x = &s->r[i];
 

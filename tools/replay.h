@@ -71,8 +71,9 @@ struct wo_replay_result {
     double cpu_step_s;          /* host work per step (launch pacing floor) */
     double bound_step_s;        /* lower bound on any schedule, per step (0: not computed) */
     double oracle_step_s;       /* the clairvoyant static schedule, per step (0: not computed) */
-    double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies */
+    double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies + staging */
     double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
+    double stream_bytes_step;   /* staged into device slots (prefetch mode stream) */
     double stall_s_step;
     /* The cost rule (uvm/cost.h) over the window, per step, at the model's
      * rates: the managed bytes read, all in place (what `host` pays) and as

@@ -304,8 +304,12 @@ int main(int argc, char **argv)
            gb(res.pcie_bytes_step, b1, sizeof(b1)), gb(res.zc_bytes_step, b2, sizeof(b2)),
            gb(res.prefetch_bytes_step, b3, sizeof(b3)), gb(res.copy_bytes_step, b4, sizeof(b4)),
            gb(res.evict_bytes_step, err, sizeof(err)));
-    printf("stalls / step: %s (managed misses read over PCIe, waits for prefetches)\n",
-           ms(res.stall_s_step, b1, sizeof(b1)));
+    if (res.stream_bytes_step > 0)
+        printf("streamed:      %s a step staged into device slots (prefetch mode stream: each "
+               "host range copied once a step ahead of its launches)\n",
+               gb(res.stream_bytes_step, b1, sizeof(b1)));
+    printf("stalls / step: %s (managed misses read over PCIe, waits for prefetches%s)\n",
+           ms(res.stall_s_step, b1, sizeof(b1)), res.stream_bytes_step > 0 ? ", for staging" : "");
     if (res.managed_bytes && !no_prefetch) {
         /* the planner's cost rule (uvm/cost.h) on the window's reads and moves */
         printf("moves / step:  in %s, out %s (%.1f%% of the budget moved in)\n",
