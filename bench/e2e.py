@@ -222,6 +222,34 @@ rules:
     match: experts
     place: managed
 """,
+    "experts-split-half-stream": """\
+# llama.cpp's --n-cpu-moe split from outside the engine: the experts of the
+# later half of the layers (8-15 of 16) on the host, staged once a step into
+# device slots; the others stay on the GPU (the GPU expert bytes of
+# experts-managed-half: llama.cpp -ncmoe 8). Issue 18's managed target row.
+version: 1
+default: device
+prefetch:
+  mode: stream
+rules:
+  - name: experts-late
+    match: experts
+    layers: '8-15'
+    place: host
+""",
+    "experts-split-6g-stream": """\
+# The same on the Mixtral shape: experts of layers 6-11 (of 12) on the host,
+# streamed; 6.2 GiB of experts stay on the GPU (experts-managed-6g's budget).
+version: 1
+default: device
+prefetch:
+  mode: stream
+rules:
+  - name: experts-late
+    match: experts
+    layers: '6-11'
+    place: host
+""",
     "experts-device": """\
 # Every MoE expert named and kept on the GPU (all-GPU, with the launches
 # attributed to names: what an all-GPU trace needs).
@@ -501,6 +529,14 @@ for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-pin",
     SCENARIOS.append(S(f"pin-{_model}-gpu", _model, **_kw))
     SCENARIOS += [S(f"pin-{_model}-shim-{_p}", _model, policy=_p, offload="experts:all",
                     ref=f"pin-{_model}-gpu", **_kw) for _p in _pols]
+# issue 18: the static split (half the layers' experts on the GPU, the rest
+# streamed), the managed rows' GPU expert bytes, against llama.cpp -ncmoe 8
+SCENARIOS += [
+    S("split-moe-shim-experts-split-half-stream", "moe", batches=[8, 32], prefill=0,
+      policy="experts-split-half-stream", offload="experts:8-15", ref="pin-moe-gpu", **BATCH),
+    S("split-moe8-shim-experts-split-6g-stream", "moe8", batches=[8, 32], prefill=0,
+      policy="experts-split-6g-stream", offload="experts:6-11", ref="pin-moe8-gpu", **BATCH),
+]
 # issue 18, item 3: batch-8 decode with transformers' default experts
 # backend, traced (WOFFLOAD_TRACE) for CI's replay-accuracy check: the
 # replay under the recorded placements against the run's own step
