@@ -19,6 +19,9 @@
 #include <inttypes.h>
 #include <string.h>
 #include <sys/mman.h>
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels: EINVAL, the pages are touched */
+#endif
 #include <sys/resource.h>
 
 #include "core/event.h"
@@ -279,6 +282,14 @@ CUresult wo_pin_host(const struct wo_driver *d, size_t size, void **host, size_t
         if (p != MAP_FAILED) {
             (void)madvise(p, n, MADV_HUGEPAGE);
             (void)madvise(p, n, MADV_DONTFORK);
+            /* The pages faulted in here, not inside cuMemHostRegister: the
+             * driver zeroes untouched pages inside the call, and the
+             * engine's launches on other threads wait for it meanwhile
+             * (2 GiB on the H100: launches stopped for 387 ms; populated
+             * first, 45 ms: bench/results/pin-contention-20261126-h100.txt) */
+            if (madvise(p, n, MADV_POPULATE_WRITE) != 0)
+                for (size_t off = 0; off < n; off += 4096)
+                    ((volatile char *)p)[off] = 0;
             r = d->cuMemHostRegister_v2(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
             if (r == CUDA_SUCCESS) {
                 *host = p;
