@@ -222,34 +222,6 @@ rules:
     match: experts
     place: managed
 """,
-    "experts-split-half-stream": """\
-# llama.cpp's --n-cpu-moe split from outside the engine: the experts of the
-# later half of the layers (8-15 of 16) on the host, staged once a step into
-# device slots; the others stay on the GPU (the GPU expert bytes of
-# experts-managed-half: llama.cpp -ncmoe 8). Issue 18's managed target row.
-version: 1
-default: device
-prefetch:
-  mode: stream
-rules:
-  - name: experts-late
-    match: experts
-    layers: '8-15'
-    place: host
-""",
-    "experts-split-6g-stream": """\
-# The same on the Mixtral shape: experts of layers 6-11 (of 12) on the host,
-# streamed; 6.2 GiB of experts stay on the GPU (experts-managed-6g's budget).
-version: 1
-default: device
-prefetch:
-  mode: stream
-rules:
-  - name: experts-late
-    match: experts
-    layers: '6-11'
-    place: host
-""",
     "experts-device": """\
 # Every MoE expert named and kept on the GPU (all-GPU, with the launches
 # attributed to names: what an all-GPU trace needs).
@@ -270,6 +242,25 @@ rules:
     place: host
 """,
 }
+
+# llama.cpp's --n-cpu-moe split from outside the engine (issue 18's managed
+# target rows): the experts of the later half of the layers on the host,
+# staged once a step into device slots, the others on the GPU: the GPU
+# expert bytes of experts-managed-half (Qwen3 shape, layers 8-15 of 16;
+# llama.cpp -ncmoe 8) and of experts-managed-6g (Mixtral shape, 6-11 of 12).
+for _name, _layers in (("experts-split-half-stream", "8-15"), ("experts-split-6g-stream", "6-11")):
+    POLICIES[_name] = f"""\
+# Experts of layers {_layers} on the host, streamed; the others on the GPU
+version: 1
+default: device
+prefetch:
+  mode: stream
+rules:
+  - name: experts-late
+    match: experts
+    layers: '{_layers}'
+    place: host
+"""
 
 # The staging source (issue 18): the same policies with prefetch.pinned_copies
 # auto (-pin: the rows that measured it, when the default was off) or off
