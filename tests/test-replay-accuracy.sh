@@ -62,7 +62,7 @@
 # (`prefetch: {mode: stream}`, the replay's model of the streaming
 # executor: tools/replay-sim.c, stream_read) by the shim's copy kernel
 # against the `-nopin` rows of two leases, 395.4 and 422.5 ms (e2e-20261126-
-# 121326 and -123929; predicted 410.4 ms), and from pinned copies against
+# 121326 and -123929; predicted 404.6 ms), and from pinned copies against
 # the last call of 121326's `-pin` row, once its copies were made, 378.3 ms
 # (predicted 373.4 ms).
 # usage: test-replay-accuracy.sh WOFFLOAD_REPLAY TRACE MODEL POLICY_DIR [B8_GPU B8_MANAGED]

@@ -268,8 +268,12 @@ static void test_multiplicity(void **state)
  * on the copy engine (no zero-copy reads of experts), never faster than the
  * copy engine allows; slower by the copy kernel (pinned_copies off), no
  * faster with fewer slots (less ahead), and faster than the same experts
- * read in place (the copy engine's rate against zero-copy reads). */
-static void stream_run(const struct wo_trace_data *d, const char *yaml, struct wo_replay_result *res)
+ * read in place (the copy engine's rate against zero-copy reads). With the
+ * engine's host work a step about as long as the copies, the copies go
+ * ahead of the launches during it: the step is well below the two in
+ * series (copies made only when a launch needs them would take that). */
+static void stream_run(const struct wo_trace_data *d, const char *yaml, double kernel_us,
+                       struct wo_replay_result *res)
 {
     struct wo_devmodel m;
     struct wo_replay_opts o;
@@ -277,6 +281,8 @@ static void stream_run(const struct wo_trace_data *d, const char *yaml, struct w
     char msg[256];
 
     wo_devmodel_default(&m);
+    if (kernel_us > 0)
+        m.kernel_us = kernel_us;
     if (wo_policy_load_buffer(yaml, strlen(yaml), "stream.yaml", NULL, &p, NULL) != 0 || !p)
         fail_msg("policy: %s", yaml);
     memset(&o, 0, sizeof(o));
@@ -287,6 +293,8 @@ static void stream_run(const struct wo_trace_data *d, const char *yaml, struct w
         fail_msg("replay: %s", msg);
     wo_policy_free(p);
 }
+
+#define KERNEL_US 200.0
 
 static void test_streaming(void **state)
 {
@@ -304,27 +312,37 @@ static void test_streaming(void **state)
         "rules:\n  - {name: experts, match: experts, place: host}\n",
     };
     struct wo_gen_opts go = WO_GEN_DEFAULTS;
-    struct wo_replay_result r[4];
+    struct wo_replay_result r[4], dev, busy;
     struct wo_trace_data *d;
     struct wo_devmodel m;
-    double experts;
+    double experts, copies;
 
     (void)state;
     wo_devmodel_default(&m);
     go.steps = 32;
     go.grouped = true; /* launches handed the stacked tensors, as the default backend */
     go.expert_mib = 16;
-    d = make_trace(&go);
-    for (int k = 0; k < 4; k++)
-        stream_run(d, pol[k], &r[k]);
     /* every layer's stacked expert tensors (as test_host_bytes counts them) */
     experts = (double)go.layers * go.experts * (go.expert_mib * WO_MiB * 3 / 2);
+    copies = experts / (m.h2d_gbs * 1e9);
+    d = make_trace(&go);
+    /* GPU work a step about the copies' time (every kernel made longer):
+     * the copies must go on while the kernels before their readers run */
+    stream_run(d, "version: 1\n", KERNEL_US, &dev);
+    stream_run(d, pol[1], KERNEL_US, &busy);
+    assert_true(busy.step_s >= WO_MAX(copies, dev.step_s) * 0.999);
+    assert_true(busy.step_s < (copies + dev.step_s) * 0.8); /* ahead of the launches */
+    wo_replay_result_free(&busy);
+    wo_replay_result_free(&dev);
+    /* the model's own kernels: the copies bound the step */
+    for (int k = 0; k < 4; k++)
+        stream_run(d, pol[k], 0, &r[k]);
     assert_true(r[0].stream_bytes_step == 0 && r[0].zc_bytes_step > experts * 0.999);
     for (int k = 1; k < 4; k++) {
         assert_true(fabs(r[k].stream_bytes_step - experts) < experts * 1e-3);
         assert_true(r[k].zc_bytes_step < experts * 1e-3);
     }
-    assert_true(r[1].step_s >= experts / (m.h2d_gbs * 1e9) * 0.999);
+    assert_true(r[1].step_s >= copies * 0.999);
     assert_true(r[2].step_s > r[1].step_s * 1.01);  /* 0.91x the rate */
     assert_true(r[3].step_s >= r[1].step_s * 0.999); /* fewer copies ahead */
     assert_true(r[1].step_s < r[0].step_s);         /* zero-copy reads are slower */

@@ -40,6 +40,7 @@ struct rr {
     bool streamed;
     uint64_t st_step;  /* the step its latest copy serves (UINT64_MAX: none) */
     uint64_t st_copy;  /* that copy's index (its slot: index % slots) */
+    uint64_t st_seen;  /* the last step that read it (UINT64_MAX: none) */
     double st_ready;   /* when that copy is complete */
 };
 

@@ -14,6 +14,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "uvm/stream.h"
+
 #define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
 
 /* ---- the PCIe link: a calendar of busy intervals ------------------------ */
@@ -339,14 +341,15 @@ static void mult_close(struct sim *s, bool count)
 
 /* ---- the streaming executor (uvm/stream.c; docs/prefetch.md, Streaming) --
  *
- * Under `prefetch: {mode: stream}` every `host` range is copied once a step
- * into a device slot and its launches read the slot: the copies run on the
- * copy engine (at the pinned rate; the shim's copy kernel's 0.91x of it
- * with pinned_copies off), booked on the link like prefetches, in the
- * order the last complete step read the ranges first, as far ahead as the
- * slots allow (a slot is free once the reads of the range it held have
- * ended); a launch waits for its range's copy. The first step, before an
- * order is known, copies each range when a launch first needs it. */
+ * Under `prefetch: {mode: stream}` every `host` range but an embedding is
+ * copied once a step into a device slot and its launches read the slot:
+ * the copies run on the copy engine (at the pinned rate; with
+ * pinned_copies off the shim's copy kernel reads the range in place, at
+ * the zero-copy rate), booked on the link like prefetches, in the order
+ * the last complete step read the ranges first, as far ahead as the slots
+ * allow (a slot is free once the reads of the range it held have ended);
+ * a launch waits for its range's copy. The first step, before an order is
+ * known, copies each range when a launch first needs it. */
 
 /* Issues the copy of range index ri for step `step` at time `at` at the
  * earliest (its slot free, the copy engine idle). */
@@ -393,21 +396,25 @@ static void stream_ahead(struct sim *s, double at)
 }
 
 /* A launch at `start` reads streamed range ri: when its bytes are in the
- * slot (the copy issued now if none serves this step). */
+ * slot (the copy issued now if none serves this step). The step's first
+ * read of each range makes this step's order. */
 static double stream_read(struct sim *s, uint32_t ri, double start)
 {
     struct rr *r = &s->r[ri];
 
-    if (r->st_step != s->step) {
-        size_t i;
-
+    if (r->st_seen != s->step) {
+        r->st_seen = s->step;
         if (wo_grow((void **)&s->corder, &s->capcorder, s->ncorder + 1, sizeof(*s->corder)) < 0) {
             s->err = -ENOMEM;
             return start;
         }
         s->corder[s->ncorder++] = ri;
+    }
+    if (r->st_step != s->step) {
         /* not copied ahead (the first step, or another order): now, and
          * the copies ahead go on from the range after it */
+        size_t i;
+
         for (i = 0; i < s->nsorder && s->sorder[i] != ri; i++)
             ;
         if (i < s->nsorder) {
@@ -415,19 +422,6 @@ static double stream_read(struct sim *s, uint32_t ri, double start)
             s->la_step = s->step + (i + 1 == s->nsorder);
         }
         stream_issue(s, ri, s->step, start);
-    } else if (s->ncorder == 0 || s->corder[s->ncorder - 1] != ri) {
-        size_t i;
-
-        for (i = 0; i < s->ncorder && s->corder[i] != ri; i++)
-            ;
-        if (i == s->ncorder) {
-            if (wo_grow((void **)&s->corder, &s->capcorder, s->ncorder + 1, sizeof(*s->corder)) <
-                0) {
-                s->err = -ENOMEM;
-                return start;
-            }
-            s->corder[s->ncorder++] = ri;
-        }
     }
     return r->st_ready;
 }
@@ -817,15 +811,22 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
         wo_policy_globals(o->policy)->prefetch.mode == WO_PREFETCH_MODE_STREAM) {
         const struct wo_policy_globals *g = wo_policy_globals(o->policy);
 
-        /* the copy engine's rate from pinned copies, the shim's copy
-         * kernel's (0.91x of it, docs/prefetch.md) without them */
+        /* the copy engine's rate from pinned copies; without them the
+         * shim's copy kernel reads the range in place (zero-copy) */
         s->slots = g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT;
-        s->copy_s = 1.0 / (s->dm->h2d_gbs * 1e9) / (g->prefetch.pinned_copies ? 1.0 : 0.91);
+        s->copy_s = g->prefetch.pinned_copies ? 1.0 / (s->dm->h2d_gbs * 1e9) : s->zc_s;
         if (!(s->slot_free = calloc(s->slots, sizeof(*s->slot_free))))
             return -ENOMEM;
         for (size_t i = 0; i < d->nranges; i++) {
-            s->r[i].streamed = s->r[i].place == WO_PLACE_HOST;
-            s->r[i].st_step = UINT64_MAX;
+            struct rr *x = &s->r[i];
+
+            /* the executor's rule: host ranges, but an embedding (gathered
+             * by token id) is never streamed (wo_stream_gathered) */
+            x->streamed = x->place == WO_PLACE_HOST;
+            for (size_t t = 0; t < x->ntags && x->streamed; t++)
+                x->streamed = x->tags[t].name < 0 ||
+                              !wo_stream_gathered(s->names[x->tags[t].name].name);
+            x->st_step = x->st_seen = UINT64_MAX;
         }
     }
     for (size_t i = 0; i < d->nranges; i++) {
