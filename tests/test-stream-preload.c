@@ -75,6 +75,7 @@ static uint64_t redirected_reads; /* launches whose pointer was not the range's 
 static uint64_t stray_writes;     /* activation writes outside every tail */
 static uint64_t rewritten_words;  /* non-pointer words the kernel got changed */
 static unsigned slot_read_us;     /* auto-time: a read from a slot takes this much longer */
+static unsigned inplace_read_us;  /* auto-managed: a weight read in place takes this much longer */
 
 static uint64_t hash(const unsigned char *p, size_t n)
 {
@@ -90,17 +91,19 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     CUdeviceptr p = *(CUdeviceptr *)params[0];
     uint64_t n = *(uint64_t *)params[1];
     uint64_t *out = (uint64_t *)(uintptr_t) * (CUdeviceptr *)params[2];
-    bool ours = false;
+    bool ours = false, weight = false;
 
     (void)g;
     (void)b;
     for (int i = 0; i < NR; i++)
-        ours |= p >= ranges[i] && p < ranges[i] + MiB;
-    ours |= p == gapped || p == padded;
+        weight |= p >= ranges[i] && p < ranges[i] + MiB;
+    ours = weight || p == gapped || p == padded;
     if (!ours) {
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
         if (slot_read_us)
             usleep(slot_read_us);
+    } else if (weight && inplace_read_us) {
+        usleep(inplace_read_us);
     }
     *out = hash((const unsigned char *)(uintptr_t)p, n);
 }
@@ -166,7 +169,11 @@ static int child(const char *mode)
     /* auto-time: each range read once a step, so no gain: only auto's
      * step-time rule (uvm/stream-auto.c) can stream them, and it needs
      * steps to find the period, measure in place, then try */
-    bool time_mode = strcmp(mode, "auto-time") == 0;
+    /* auto-managed: nothing read more than once a step (no pair launches,
+     * no gapped or padded reads), so nothing is streamed for its gain and
+     * the planner's hot set has the whole budget until auto's try */
+    bool managed_mode = strncmp(mode, "auto-managed", 12) == 0;
+    bool time_mode = strcmp(mode, "auto-time") == 0 || managed_mode;
     /* stream-nopin: stream with pinned copies asked for while pinning
      * fails (the fake driver fails every pinning call, as a memlock
      * limit would): fewer steps suffice */
@@ -185,8 +192,13 @@ static int child(const char *mode)
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
-    slot_read_us = time_mode ? 3000 : 0; /* ~60 ms a step: above any scheduling noise
-                                          * (TSan, two cores shared with other tests) */
+    slot_read_us = time_mode && strcmp(mode, "auto-managed") != 0 ? 3000 : 0;
+    /* ~60 ms a step: above any scheduling noise (TSan, two cores shared
+     * with other tests). auto-managed: managed ranges, read in place
+     * slower than from a slot, so auto keeps streaming those the hot set
+     * leaves out (the fake's GPU is host memory: a resident range is as
+     * slow, which only makes streaming look better) */
+    inplace_read_us = strcmp(mode, "auto-managed") == 0 ? 3000 : 0;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -279,6 +291,13 @@ static int child(const char *mode)
          * executor must still find the steps (it keys them by range) */
         CUfunction kk = ((uint64_t)step * 0x9E3779B97F4A7C15ull) >> 63 ? kb : k;
 
+        /* auto-managed: one kernel, and below each layer's activation in
+         * its own allocation's tail (the whole allocation is managed: the
+         * planner keys on it), so the planner (keyed by function and
+         * lowest range) finds the steps and its hot set */
+        if (managed_mode)
+            kk = k;
+
         if (stream_mode && step == STEPS / 2) {
             /* (2) a copy writes range 3 after seal: its slot is dropped
              * before the write goes out; from now on it is read in place */
@@ -338,6 +357,8 @@ static int child(const char *mode)
 
                 lcg = lcg * 6364136223846793005ull + 1442695040888963407ull;
                 at = ranges[(lcg >> 33) % NR] + MiB + ((lcg >> 13) % (MiB / 8)) * 8;
+                if (managed_mode)
+                    at = ranges[i] + MiB + 4096;
                 CHECK(p_cuLaunchKernel(ks, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 CHECK(p_cuMemcpyDtoH(&back, at, 8) == CUDA_SUCCESS);
@@ -365,7 +386,7 @@ static int child(const char *mode)
 
                 LAUNCH_KEEPS(kst, params, v);
             }
-            for (int t = 0; t < 2 && (i == 1 || i == 2); t++) {
+            for (int t = 0; t < 2 && (i == 1 || i == 2) && !managed_mode; t++) {
                 /* the second word held a small integer first, so it is no
                  * pointer slot: when the launch is redirected for the
                  * weight in its first word, the address by chance in the
@@ -380,7 +401,7 @@ static int child(const char *mode)
             /* the GPU's time on this layer: the executor stages meanwhile */
             usleep(300);
         }
-        for (int r = 0; r < 2 * READS; r++) {
+        for (int r = 0; r < 2 * READS && !managed_mode; r++) {
             uint64_t n = MiB;
             void *params[] = {r < READS ? &gapped : &padded, &n, &out};
 
@@ -481,21 +502,26 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     pid_t pid;
     FILE *f;
 
+    bool managed = strncmp(mode, "auto-managed", 12) == 0;
+
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
-                 "device_budget: 16MiB\n"
-                 "prefetch: {mode: %s, slots: 3, experimental: true%s}\n"
+                 "device_budget: %s\n"
+                 "prefetch: {mode: %s, slots: %d, experimental: true%s}\n"
                  "rules:\n"
-                 "  - {name: experts, match: [experts], place: host}\n",
-                 strcmp(mode, "auto-time") == 0    ? "auto"
-                 : strncmp(mode, "stream", 6) == 0 ? "stream"
-                                                   : mode,
+                 "  - {name: experts, match: [experts], place: %s}\n",
+                 managed ? "12MiB" : "16MiB",
+                 strcmp(mode, "auto-time") == 0 || managed ? "auto"
+                 : strncmp(mode, "stream", 6) == 0         ? "stream"
+                                                           : mode,
+                 managed ? 6 : 3, /* managed: the slots take the room of hot ranges */
                  /* pinned copies: the default (auto) for stream (and
                   * stream-nopin) and hot-set, a cap of three ranges for
-                  * auto, off for auto-time */
-                 strcmp(mode, "auto") == 0        ? ", pinned_copies: 3MiB"
-                 : strcmp(mode, "auto-time") == 0 ? ", pinned_copies: off"
-                                                  : "");
+                  * auto, off for auto-time and auto-managed */
+                 strcmp(mode, "auto") == 0                   ? ", pinned_copies: 3MiB"
+                 : strcmp(mode, "auto-time") == 0 || managed ? ", pinned_copies: off"
+                                                             : "",
+                 managed ? "managed" : "host");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
@@ -713,6 +739,67 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
           num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
     CHECK(strstr(log, "prefetch: {pinned_copies: auto}, the default, copies each once") != NULL);
+
+    /* ---- auto-managed: managed ranges in a budget that holds about
+     * half of them, read once a step, slower in place than from a slot:
+     * auto streams by step time those the hot set leaves out and the hot
+     * ones the slots take the room of, and keeps them; the rest stay
+     * with the planner ---- */
+    run(argv, "auto-managed", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("auto-managed: %.0f redirected, %.0f tries, %.0f kept, %.0f back in place\n",
+           num_after(s, "\"redirected\":"), num_after(s, "\"auto_tries\":"),
+           num_after(s, "\"auto_kept\":"), num_after(s, "\"auto_backs\":"));
+    {
+        unsigned streamed = 0, kept = 0;
+        const char *t = strstr(log, "stream: auto: trying ");
+
+        for (int i = 0; i < NR; i++) {
+            char key[96];
+            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+            e = strstr(s ?: "", key);
+            if (e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":true", 15) == 0)
+                streamed++;
+            else
+                kept++;
+        }
+        printf("auto-managed: %u ranges streamed, %u left to the planner; %.100s\n", streamed,
+               kept, t ? t : "(no try)");
+        /* "(N managed, M of them hot ones the slots take the room of": the
+         * budget holds 6 of the 2 MiB allocations (its hot set, a quarter
+         * held back for cycling, about 4), 3 once the slots (6 MiB) are out */
+        CHECK(t && strtoul(strchr(t + 21, '(') + 1, NULL, 10) >= 1);
+        CHECK(t && strstr(t, " managed, ") &&
+              strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
+        CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+        /* what the budget less the slots holds (6 MiB: 3 allocations)
+         * stays with the planner */
+        CHECK(streamed >= 14 && kept >= 2 && kept <= 4);
+    }
+
+    /* ---- auto-managed-back: the same, a read from a slot made slower:
+     * auto tries and hands the managed ranges back to the planner, which
+     * prefetches them again ---- */
+    run(argv, "auto-managed-back", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("auto-managed-back: %.0f tries, %.0f back in place\n", num_after(s, "\"auto_tries\":"),
+           num_after(s, "\"auto_backs\":"));
+    CHECK(num_after(s, "\"auto_tries\":") >= 1 && num_after(s, "\"auto_backs\":") >= 1);
+    {
+        /* back with the planner: its per-name figures name them again */
+        const char *pf = strstr(stats, "\"prefetch\":{"), *end = strstr(stats, "\"stream\":{");
+        unsigned known = 0;
+
+        for (int i = 0; pf && end && i < NR; i++) {
+            char key[96];
+            const char *at;
+            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+            at = strstr(pf, key);
+            known += at && at < end;
+        }
+        printf("auto-managed-back: %u of %d ranges back with the planner\n", known, NR);
+        CHECK(known == NR);
+    }
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
     run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));

@@ -504,6 +504,17 @@ int wo_plan_is_resident(const struct wo_plan *p, uint32_t id, uint32_t gen, uint
     return 1;
 }
 
+uint64_t wo_plan_hot_bytes(const struct wo_plan *p, uint32_t id, uint32_t gen)
+{
+    const struct prange *r = wo_plan_range_get(p, id, gen);
+    uint64_t n = 0;
+
+    for (uint32_t i = 0; r && i < r->nunits; i++)
+        if (r->u[i].hot)
+            n += wo_plan_unit_bytes(r, i);
+    return n;
+}
+
 uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen)
 {
     const struct prange *r = wo_plan_range_get(p, id, gen);

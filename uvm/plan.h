@@ -146,6 +146,8 @@ uint64_t wo_plan_steps(const struct wo_plan *p);
 /* 1 when the planner believes [offset, offset+bytes) of the range resident. */
 int wo_plan_is_resident(const struct wo_plan *p, uint32_t id, uint32_t gen, uint64_t offset,
                         uint64_t bytes);
+/* Bytes of the range's units in the hot set (0 for an unknown range). */
+uint64_t wo_plan_hot_bytes(const struct wo_plan *p, uint32_t id, uint32_t gen);
 /* The eviction method the planner uses for a range (enum wo_plan_how). */
 uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen);
 

@@ -799,6 +799,37 @@ void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved)
     drain(shim);
 }
 
+struct readmit {
+    struct wo_prefetcher *pf;
+    uint32_t id, gen;
+};
+
+static int readmit_cb(const struct wo_uvm_segment *s, void *ud)
+{
+    const struct readmit *a = ud;
+
+    return s->id == a->id && s->gen == a->gen ? add_seg_cb(s, a->pf) : 0;
+}
+
+void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved)
+{
+    struct readmit a = {shim, id, gen};
+    uint64_t budget = wo_uvm_device_budget();
+
+    if (!shim)
+        return;
+    if (wo_uvm_foreach_managed(readmit_cb, &a) < 0)
+        wo_warn("prefetcher: out of memory taking a managed range back from the streaming "
+                "executor; it is read in place");
+    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
+    drain(shim);
+}
+
+uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen)
+{
+    return shim ? wo_plan_hot_bytes(shim->plan, id, gen) : 0;
+}
+
 static void tick(void)
 {
     if (shim) {

@@ -76,6 +76,14 @@ void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_tot
  * copy is dropped, the planner forgets it, and the planner's budget becomes
  * the device budget less `reserved` (the executor's slots). Consumer thread. */
 void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved);
+/* The other way: a managed range the executor stopped streaming goes back
+ * to the planner (new to it: its frequencies are learned again), and the
+ * planner's budget becomes the device budget less `reserved`. Consumer
+ * thread. */
+void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved);
+/* Bytes of the range the planner keeps in its hot set (0 when it has no
+ * planner or does not know the range). Consumer thread. */
+uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen);
 /* Totals of the shim's instance (zeros when none). Any thread. */
 void wo_prefetch_totals(struct wo_prefetch_totals *ret);
 /* The planner's step figures (uvm/plan.h), as last published with the

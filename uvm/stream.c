@@ -622,16 +622,19 @@ static void select_range(struct srange *r, uint32_t id, bool quiet)
                  (unsigned long long)((r->hi - r->lo) >> 20));
 }
 
-/* A host range auto streamed by step time goes back to being read in
- * place. Its assignment is taken back at once (unpublish: no hook takes
- * the slot any more); a hook that still holds the slot keeps reading it,
- * and stage() reuses a slot only once no hook does. */
+/* A range auto streamed by step time goes back to being read in place
+ * (a managed one to the planner, which may make it resident again). Its
+ * assignment is taken back at once (unpublish: no hook takes the slot any
+ * more); a hook that still holds the slot keeps reading it, and stage()
+ * reuses a slot only once no hook does. */
 static void unselect_range(struct srange *r, uint32_t id)
 {
     r->probed = false;
     r->streamed = false;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
     take_back(r);
+    if (!r->host)
+        wo_prefetch_readmit(id, r->gen, wo_stream_reserved());
 }
 
 /* the first decisions at info, later ones (a server's batch moves) at debug */
@@ -643,52 +646,103 @@ static void unselect_range(struct srange *r, uint32_t id)
             wo_debug(__VA_ARGS__);                                                                 \
     } while (0)
 
-/* auto's candidates for the step-time decision: host ranges a recent step
- * read, that the executor can stream and did not stream for their gain
- * (those stay streamed: they save bytes whatever the time says). Managed
- * ranges are left to the gain rule: the hot set already moves them. */
+/* Whether the range was read in a recent step and could be streamed. */
 #define AUTO_RECENT 4 /* steps */
-static bool auto_candidate(struct srange *r)
+static bool auto_recent(struct srange *r)
 {
-    if (!r->live || !r->host)
+    return r->live && !r->streamed && r->msteps && r->last_step + AUTO_RECENT >= ex->steps &&
+           streamable(r);
+}
+
+/* auto's candidates for the step-time decision: ranges a recent step read
+ * in place, that the executor can stream and did not stream for their gain
+ * (those stay streamed: they save bytes whatever the time says): host
+ * ranges, and managed ranges the planner's hot set does not keep on the
+ * GPU (transformers' default experts backend reads a stacked tensor once
+ * a step by count, per token on the GPU: the gain rule never sees it). */
+static bool auto_candidate(struct srange *r, uint32_t id)
+{
+    if (!r->live)
         return false;
     if (r->probed)
         return true;
-    return !r->streamed && r->msteps && r->last_step + AUTO_RECENT >= ex->steps && streamable(r);
+    return auto_recent(r) &&
+           (r->host || wo_prefetch_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
 }
 
-/* auto, host ranges: stream them when a step's period says it pays
- * (stream-auto.h), and back when it does not. */
+/* The slots come out of the planner's budget: the bytes of managed ranges
+ * its hot set keeps (and that are not streamed) beyond what is left of it
+ * once `reserved` is out. */
+static uint64_t hot_over(uint64_t reserved)
+{
+    uint64_t budget = wo_uvm_device_budget(), hot = 0;
+
+    budget -= WO_MIN(reserved, budget);
+    for (uint32_t id = 0; id < ex->nr; id++)
+        if (ex->r[id].live && !ex->r[id].host && !ex->r[id].streamed)
+            hot += wo_prefetch_hot_bytes(id, ex->r[id].gen);
+    return hot > budget ? hot - budget : 0;
+}
+
+/* auto by step time (stream-auto.h): stream the candidates when a step's
+ * period says it pays, and back when it does not. A hot managed range the
+ * slots leave no room for is streamed with them, the last of the step
+ * first (llama.cpp's --n-cpu-moe keeps the first layers on the GPU too):
+ * the planner would drop it, and it would be read in place. */
 static void auto_decide(uint64_t t_ns, unsigned k)
 {
-    uint64_t cand = 0, bytes = 0, kept = ex->au.kept;
-    unsigned n = 0;
+    uint64_t cand = 0, bytes = 0, kept = ex->au.kept, slot_bytes, over;
+    unsigned n = 0, nm = 0, nroom = 0;
     bool loud = ex->au.tries < 3;
     enum wo_auto_action act;
 
     if (ex->mode != WO_PREFETCH_MODE_AUTO || ex->slots_failed)
         return;
+    slot_bytes = (uint64_t)ex->nslots * ex->slot_size;
     for (uint32_t id = 0; id < ex->nr; id++)
-        if (auto_candidate(&ex->r[id]))
+        if (auto_candidate(&ex->r[id], id))
             cand += ex->r[id].hi - ex->r[id].lo;
+    if (cand && ex->au.phase == WO_AUTO_WATCH)
+        cand += hot_over(slot_bytes);
     act = wo_auto_step(&ex->au, t_ns, k, cand, ex->link_gbs);
     if (act == WO_AUTO_STREAM) {
         for (uint32_t id = 0; id < ex->nr; id++) {
             struct srange *r = &ex->r[id];
-            if (!auto_candidate(r) || r->probed)
+            if (!auto_candidate(r, id) || r->probed)
                 continue;
             select_range(r, id, true);
             if (r->streamed) {
                 r->probed = true;
                 n++;
+                nm += !r->host;
                 bytes += r->hi - r->lo;
+            }
+        }
+        over = hot_over(slot_bytes);
+        for (uint32_t i = ex->norder; over && i-- > 0;) {
+            uint32_t id = ex->order[i];
+            struct srange *r = &ex->r[id];
+            uint64_t hot;
+
+            if (id >= ex->nr || r->host || !auto_recent(r) ||
+                !(hot = wo_prefetch_hot_bytes(id, r->gen)))
+                continue;
+            select_range(r, id, true);
+            if (r->streamed) {
+                r->probed = true;
+                n++;
+                nm++;
+                nroom++;
+                bytes += r->hi - r->lo;
+                over -= WO_MIN(hot, over);
             }
         }
         add(&wo_stream_tab.n.auto_tries, 1);
         AUTO_SAY(loud,
-            "stream: auto: trying %u host ranges (%llu MiB) streamed: a step took %.1f ms read in "
-            "place, one copy of them takes %.1f ms at %.0f GB/s",
-            n, (unsigned long long)(bytes >> 20), ex->au.inplace_ns / 1e6,
+            "stream: auto: trying %u ranges (%u managed, %u of them hot ones the slots take the "
+            "room of; %llu MiB) streamed: a step took %.1f ms read in place, one copy of them "
+            "takes %.1f ms at %.0f GB/s",
+            n, nm, nroom, (unsigned long long)(bytes >> 20), ex->au.inplace_ns / 1e6,
             (double)bytes / ex->link_gbs / 1e6, ex->link_gbs);
     } else if (act == WO_AUTO_UNSTREAM) {
         for (uint32_t id = 0; id < ex->nr; id++)
@@ -699,7 +753,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
         if (ex->au.phase == WO_AUTO_HOLD) {
             add(&wo_stream_tab.n.auto_backs, 1);
             AUTO_SAY(loud,
-                "stream: auto: %u host ranges back in place: a step took %.1f ms streamed, "
+                "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
                 "%.1f ms in place",
                 n, ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
         } else {
@@ -710,7 +764,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
     } else if (ex->au.kept != kept) {
         add(&wo_stream_tab.n.auto_kept, 1);
         AUTO_SAY(loud,
-            "stream: auto: host ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
+            "stream: auto: the ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
             "in place",
             ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
     }
