@@ -207,10 +207,18 @@ void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint6
 /* Gives back a WO_KIND_PINNED allocation's host memory (unregister + unmap,
  * or cuMemFreeHost); *ret the driver's answer when ret is not NULL. */
 void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret);
-/* Pinned, device-mapped host memory of size bytes, the fast way first (a
- * huge-page mapping registered, else cuMemHostAlloc): *host, and *len the
- * mapping's length (0: cuMemHostAlloc's). No lock; a context current. */
-CUresult wo_pin_host(const struct wo_driver *d, size_t size, void **host, size_t *len);
+/* The pages for a pin of size bytes, mapped and populated without a driver
+ * call (a caller that registers inside the capture handshake maps first,
+ * outside it): *n their length. NULL below a huge page or when the map
+ * fails (wo_pin_host then takes cuMemHostAlloc). */
+void *wo_pin_pages(size_t size, size_t *n);
+/* Pinned, device-mapped host memory of size bytes, the fast way first
+ * (pages, from wo_pin_pages with its n, registered; NULL: mapped here;
+ * else cuMemHostAlloc): *host, and *len the mapping's length (0:
+ * cuMemHostAlloc's). The pages are the pin's or unmapped, whatever the
+ * result. No lock; a context current. */
+CUresult wo_pin_host(const struct wo_driver *d, size_t size, void *pages, size_t n, void **host,
+                     size_t *len);
 /* Gives back what wo_pin_host made (len as it returned it). */
 CUresult wo_unpin_host(const struct wo_driver *d, void *host, size_t len);
 

@@ -19,9 +19,6 @@
 #include <inttypes.h>
 #include <string.h>
 #include <sys/mman.h>
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels: EINVAL, the pages are touched */
-#endif
 #include <sys/resource.h>
 
 #include "core/event.h"
@@ -29,6 +26,9 @@
 #include "core/registry.h"
 
 #define PAGE 4096u
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels: EINVAL, the pages are touched */
+#endif
 
 const char *wo_cu_error_name(CUresult r)
 {
@@ -263,43 +263,60 @@ static bool api_servable(int api)
     return api == WO_API_CUDA_MALLOC || api == WO_API_CU_MEM_ALLOC || api == WO_API_UNKNOWN;
 }
 
-/* Pinned host memory, the fast way first: an anonymous mapping advised to
- * transparent huge pages and registered (bench/results/pin-cost-*: 295 ms
- * per GiB against cuMemHostAlloc's 634 on the lent H100, and the engine's
- * copies into it run at the same 9.4 GB/s). MADV_DONTFORK as the driver's
- * own pinned memory: a forked child must not share pages the GPU maps
- * (copy-on-write would leave the GPU reading the child's stale page). Falls
- * back to cuMemHostAlloc. */
-CUresult wo_pin_host(const struct wo_driver *d, size_t size, void **host, size_t *len)
+/* The pages of a pin: an anonymous mapping advised to transparent huge
+ * pages, MADV_DONTFORK as the driver's own pinned memory (a forked child
+ * must not share pages the GPU maps: copy-on-write would leave the GPU
+ * reading the child's stale page), and faulted in here, not inside
+ * cuMemHostRegister: the driver zeroes untouched pages inside the call,
+ * and the engine's launches on other threads wait for it meanwhile (2 GiB
+ * on the H100: launches stopped for 387 ms; populated first, 45 ms:
+ * bench/results/pin-contention-20261126-h100.txt). */
+void *wo_pin_pages(size_t size, size_t *n)
 {
     const size_t huge = 2 * WO_MiB;
+    void *p;
+
+    *n = WO_ALIGN_UP(size, huge);
+    if (size < huge)
+        return NULL;
+    p = mmap(NULL, *n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return NULL;
+    (void)madvise(p, *n, MADV_HUGEPAGE);
+    (void)madvise(p, *n, MADV_DONTFORK);
+    if (madvise(p, *n, MADV_POPULATE_WRITE) != 0)
+        for (size_t off = 0; off < *n; off += PAGE)
+            ((volatile char *)p)[off] = 0;
+    return p;
+}
+
+/* Pinned host memory, the fast way first: the pages registered
+ * (bench/results/pin-cost-*: 295 ms per GiB against cuMemHostAlloc's 634
+ * on the lent H100, and the engine's copies into it run at the same
+ * 9.4 GB/s). Falls back to cuMemHostAlloc. */
+CUresult wo_pin_host(const struct wo_driver *d, size_t size, void *pages, size_t n, void **host,
+                     size_t *len)
+{
     CUresult r;
 
     *len = 0;
-    if (d->cuMemHostRegister_v2 && d->cuMemHostUnregister && size >= huge) {
-        size_t n = WO_ALIGN_UP(size, huge);
-        void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-            (void)madvise(p, n, MADV_HUGEPAGE);
-            (void)madvise(p, n, MADV_DONTFORK);
-            /* The pages faulted in here, not inside cuMemHostRegister: the
-             * driver zeroes untouched pages inside the call, and the
-             * engine's launches on other threads wait for it meanwhile
-             * (2 GiB on the H100: launches stopped for 387 ms; populated
-             * first, 45 ms: bench/results/pin-contention-20261126-h100.txt) */
-            if (madvise(p, n, MADV_POPULATE_WRITE) != 0)
-                for (size_t off = 0; off < n; off += 4096)
-                    ((volatile char *)p)[off] = 0;
-            r = d->cuMemHostRegister_v2(p, n, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-            if (r == CUDA_SUCCESS) {
-                *host = p;
-                *len = n;
-                return CUDA_SUCCESS;
-            }
-            munmap(p, n);
-            if (r == CUDA_ERROR_OUT_OF_MEMORY)
-                return r; /* the memlock limit: cuMemHostAlloc would fail the same way */
+    if (!pages && d->cuMemHostRegister_v2 && d->cuMemHostUnregister)
+        pages = wo_pin_pages(size, &n);
+    if (pages && (!d->cuMemHostRegister_v2 || !d->cuMemHostUnregister)) {
+        munmap(pages, n);
+        pages = NULL;
+    }
+    if (pages) {
+        r = d->cuMemHostRegister_v2(pages, n,
+                                    CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+        if (r == CUDA_SUCCESS) {
+            *host = pages;
+            *len = n;
+            return CUDA_SUCCESS;
         }
+        munmap(pages, n);
+        if (r == CUDA_ERROR_OUT_OF_MEMORY)
+            return r; /* the memlock limit: cuMemHostAlloc would fail the same way */
     }
     return d->cuMemHostAlloc(host, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
 }
@@ -338,7 +355,7 @@ static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, cons
     if (!wo_uvm.sealed)
         wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
     t0 = wo_now_ns();
-    r = wo_pin_host(d, a->size, &host, &len);
+    r = wo_pin_host(d, a->size, NULL, 0, &host, &len);
     wo_uvm.pin_ns += wo_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return r;

@@ -15,6 +15,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "core/log.h"
@@ -123,17 +124,24 @@ static bool enter_wait(void)
 }
 
 /* Pinned, device-mapped memory for bytes in the executor's context (as
- * uvm/place.c pins: wo_pin_host), inside the capture handshake; the
- * driver's result (CUDA_ERROR_NOT_READY: the process exits). */
+ * uvm/place.c pins: wo_pin_host): the pages mapped and faulted in first,
+ * the driver calls inside the capture handshake (a global-mode capture
+ * waits for the register only); the driver's result
+ * (CUDA_ERROR_NOT_READY: the process exits). */
 static CUresult pin_new(uint64_t bytes, void **host, size_t *len, CUdeviceptr *dptr)
 {
     const struct wo_driver *d = pin.drv;
+    size_t n = 0;
+    void *pages = d->cuMemHostRegister_v2 ? wo_pin_pages((size_t)bytes, &n) : NULL;
     CUresult r;
 
-    if (!enter_wait())
+    if (!enter_wait()) {
+        if (pages)
+            munmap(pages, n);
         return CUDA_ERROR_NOT_READY;
+    }
     d->cuCtxSetCurrent(pin.ctx);
-    r = wo_pin_host(d, (size_t)bytes, host, len);
+    r = wo_pin_host(d, (size_t)bytes, pages, n, host, len);
     if (r == CUDA_SUCCESS) {
         r = d->cuMemHostGetDevicePointer_v2(dptr, *host, 0);
         if (r != CUDA_SUCCESS)
