@@ -273,6 +273,14 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
         f"# {_p} with prefetch.pinned_copies off\n"
         + POLICIES[_p].replace("  mode: ", "  pinned_copies: off\n  mode: ", 1))
 
+# Fewer staging slots (issue 18's managed target): under a device budget the
+# slots come out of the hot set's room, so each slot less leaves one more
+# range resident
+for _n in (2, 3):
+    POLICIES[f"experts-managed-half-auto-slots{_n}"] = (
+        f"# experts-managed-half-auto with {_n} staging slots\n"
+        + POLICIES["experts-managed-half-auto"].replace("  mode: auto\n", f"  mode: auto\n  slots: {_n}\n", 1))
+
 # ----------------------------------------------------------------------------
 # scenarios
 # swap: how the tensors are moved without the shim: ("pinned", selector) or
@@ -517,6 +525,9 @@ for _model, _pols in (("moe", ["experts-host-stream", "experts-host-stream-nopin
     SCENARIOS.append(S(f"pin-{_model}-gpu", _model, **_kw))
     SCENARIOS += [S(f"pin-{_model}-shim-{_p}", _model, policy=_p, offload="experts:all",
                     ref=f"pin-{_model}-gpu", **_kw) for _p in _pols]
+SCENARIOS += [S(f"pin-moe-shim-experts-managed-half-auto-slots{_n}", "moe",
+                policy=f"experts-managed-half-auto-slots{_n}", offload="experts:all", ref="pin-moe-gpu",
+                batches=[8, 32], prefill=0, **BATCH) for _n in (2, 3)]
 # issue 18: the static split (half the layers' experts on the GPU, the rest
 # streamed), the managed rows' GPU expert bytes, against llama.cpp -ncmoe 8
 SCENARIOS += [
