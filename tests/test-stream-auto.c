@@ -183,10 +183,32 @@ static void drift_waits_min_hold(void **state)
     run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
     assert_true(c.a.streaming);
     assert_int_equal(c.a.phase, WO_AUTO_HOLD);
-    /* the period at once 2x: nothing until MIN_HOLD steps are held */
-    assert_int_equal(run(&c, WO_AUTO_MIN_HOLD - 1, 840, 20.7), WO_AUTO_NONE);
+    /* the period at once half: nothing until MIN_HOLD steps are held */
+    assert_int_equal(run(&c, WO_AUTO_MIN_HOLD - 1, 210, 20.7), WO_AUTO_NONE);
     assert_true(c.a.streaming);
-    assert_int_equal(run(&c, 1, 840, 20.7), WO_AUTO_UNSTREAM);
+    assert_int_equal(run(&c, 1, 210, 20.7), WO_AUTO_UNSTREAM);
+}
+
+/* Streamed steps that grow longer (b8 to b32: each range read more times
+ * a step) keep streaming, held at the new period: measuring in place again
+ * would only cost slow steps. Shorter ones are measured again. */
+static void longer_streamed_steps_stay(void **state)
+{
+    struct clock c;
+    (void)state;
+    start(&c);
+    run(&c, 1 + WO_AUTO_PROBE_STEPS, 1570, 20.7);
+    run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
+    assert_true(c.a.streaming);
+    /* 2x, for as long as it lasts: never back in place */
+    assert_int_equal(run(&c, 5000, 840, 20.7), WO_AUTO_NONE);
+    assert_true(c.a.streaming);
+    assert_int_equal(c.unstreams, 0);
+    assert_true(c.a.regrown >= 1);
+    assert_true(c.a.decided_ns > 700 * MS);
+    /* then 4x shorter than that: measured in place again */
+    assert_int_equal(run(&c, WO_AUTO_MIN_HOLD + 20, 210, 20.7), WO_AUTO_UNSTREAM);
+    assert_false(c.a.streaming);
 }
 
 int main(void)
@@ -198,6 +220,7 @@ int main(void)
         cmocka_unit_test(boundaries),
         cmocka_unit_test(one_outlier_does_not_decide),
         cmocka_unit_test(drift_waits_min_hold),
+        cmocka_unit_test(longer_streamed_steps_stay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -99,6 +99,17 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         a->held++;
         per = fmin(fmax(per, 0.5 * a->decided_ns), 2 * a->decided_ns);
         a->ewma_ns += (per - a->ewma_ns) * 0.125;
+        if (a->streaming && a->held >= WO_AUTO_MIN_HOLD &&
+            a->ewma_ns > (1.0 + WO_AUTO_DRIFT) * a->decided_ns) {
+            /* longer steps, streamed: a bigger batch (or longer contexts)
+             * would only read more in place. The decision stands, at the
+             * new period: measuring in place again would cost steps at
+             * the slow rate and, for managed ranges, a round trip
+             * through the planner */
+            a->regrown++;
+            hold(a, a->ewma_ns);
+            return WO_AUTO_NONE;
+        }
         if ((a->held >= WO_AUTO_MIN_HOLD &&
              fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT) ||
             (!a->streaming && a->held >= WO_AUTO_HOLD_STEPS)) {

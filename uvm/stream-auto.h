@@ -33,7 +33,9 @@
  *    decision to stream is left first, so the in-place period is measured
  *    anew). A drift counts only after MIN_HOLD steps: a server's batch
  *    moves every step, and a decision taken every 20 steps would spend
- *    half the time measuring. */
+ *    half the time measuring. Streamed steps that grew longer do not
+ *    leave streaming (a bigger batch only reads more in place): the
+ *    decision is taken again at the new period (regrown). */
 #pragma once
 
 #include <stdbool.h>
@@ -69,6 +71,7 @@ struct wo_auto {
     uint64_t last_t;   /* the previous boundary's time, 0 none */
     uint64_t held;     /* steps held */
     uint64_t tries, kept, backs;
+    uint64_t regrown; /* streamed steps grew longer: held at the new period */
 };
 
 void wo_auto_init(struct wo_auto *a);
