@@ -24,7 +24,9 @@ in this order:
   model: experts-managed-6g for moe8);
 - host-stream (only when named in --rows): every expert `host`, prefetch
   mode stream (e2e.py's experts-host-stream: staged into device slots once
-  a step, issue 18).
+  a step, issue 18);
+- managed-auto (only when named in --rows): the managed row's policy with
+  prefetch mode auto (experts-managed-6g-auto for moe8).
 
 The shim rows run under build/tools/woffload-run with the automatic Python
 hook, as bench/e2e.py runs its scenarios; the policies are e2e.py's
@@ -100,7 +102,7 @@ sys.path.insert(0, HERE)
 import e2e  # noqa: E402  (MODELS, POLICIES, SCENARIOS, machine(): no torch at import)
 import serve  # noqa: E402  (parse_args, parse_burst, pct: standard library only)
 
-ROWS = ("plain", "empty", "host", "managed", "host-stream")
+ROWS = ("plain", "empty", "host", "managed", "host-stream", "managed-auto")
 DEFAULT_ROWS = "plain,empty,host,managed"
 # --soak and --faults: the offloaded rows of issue 20
 DEFAULT_SOAK_ROWS = "host,managed"
@@ -147,7 +149,8 @@ LONG_PROMPT_MARGIN = 64
 # (24 steps). They overestimate the measured rows by 5-15%.
 LOAD_S = 20.0
 EXIT_S = 0.0
-ITL_S = {"plain": 0.065, "empty": 0.065, "host": 0.32, "managed": 0.2, "host-stream": 0.32}
+ITL_S = {"plain": 0.065, "empty": 0.065, "host": 0.32, "managed": 0.2, "host-stream": 0.32,
+         "managed-auto": 0.2}
 
 
 def shim_policy(model: str, row: str) -> Optional[str]:
@@ -161,6 +164,8 @@ def shim_policy(model: str, row: str) -> Optional[str]:
         return "empty"
     if row == "host-stream":
         return "experts-host-stream"
+    if row == "managed-auto":  # the managed row's policy with prefetch mode auto
+        return shim_policy(model, "managed") + "-auto"
     suffix = {"host": "-shim-experts-host-all", "managed": "-shim-experts-managed-half"}[row]
     for s in e2e.SCENARIOS:
         if (s.get("cb") and s["model"] == model and not s.get("skew") and s["name"].startswith("cb-")
