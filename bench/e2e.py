@@ -66,6 +66,10 @@ MODELS: Dict[str, Dict[str, Any]] = {
 # policies (docs/policy.md). Written next to the results so a run is
 # reproducible from its own files.
 
+# A policy that names no prefetch.mode runs the default: `auto` since
+# 01c82cc (2026-11-26), `hot-set` before (docs/policy.md, "Why `auto` is the
+# default"). Results files name their commit: rows of the -managed-half and
+# -managed-6g policies from before it ran the hot set alone.
 POLICIES: Dict[str, str] = {
     "empty": """\
 # No rule: the shim passes every allocation through (examples/empty.yaml).

@@ -1207,9 +1207,16 @@ static void setup(void)
         /* measures (multiplicity, the warning) and never streams */
         ex->slots_failed = true;
     } else if (!largest || (uint64_t)ex->nslots * largest > budget) {
-        if (largest)
+        /* a warning where the policy asked to stream; under auto (the
+         * default) a fact, at info */
+        if (largest && ex->mode == WO_PREFETCH_MODE_STREAM)
             wo_warn("stream: %u slots of %llu MiB do not fit in the device budget (%llu MiB): "
                     "host and managed ranges are read in place",
+                    ex->nslots, (unsigned long long)(largest >> 20),
+                    (unsigned long long)(budget >> 20));
+        else if (largest)
+            wo_info("stream: auto: %u slots of %llu MiB do not fit in the device budget (%llu "
+                    "MiB): host and managed ranges are read in place",
                     ex->nslots, (unsigned long long)(largest >> 20),
                     (unsigned long long)(budget >> 20));
         ex->slots_failed = true;
