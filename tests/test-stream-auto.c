@@ -95,13 +95,23 @@ static void slower_streamed_goes_back(void **state)
     run(&c, 1 + WO_AUTO_PROBE_STEPS, 100, 2.0);
     assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 98, 2.0),
                      WO_AUTO_UNSTREAM);
-    /* held in place: nothing for HOLD_STEPS, then watched and tried again */
+    /* held in place: nothing for HOLD_STEPS, then watched: at the same
+     * step not tried again (the copies weighed at the efficiency the try
+     * measured, 376 / 465 ms: failed_try_teaches_efficiency), until that
+     * figure fades (a tenth a watch) */
     start(&c);
     run(&c, 1 + WO_AUTO_PROBE_STEPS, 410, 20.7);
     run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 465, 20.7);
     assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_HOLD_STEPS - 1, 410, 20.7),
                      WO_AUTO_NONE);
-    assert_int_equal(run(&c, 1 + WO_AUTO_PROBE_STEPS, 410, 20.7), WO_AUTO_STREAM);
+    assert_int_equal(run(&c, 1 + WO_AUTO_PROBE_STEPS, 410, 20.7), WO_AUTO_NONE);
+    assert_int_equal(c.a.tries, 1);
+    {
+        unsigned n = 0;
+        while (run(&c, 1, 410, 20.7) != WO_AUTO_STREAM && n < 3 * WO_AUTO_HOLD_STEPS)
+            n++;
+        assert_true(n > WO_AUTO_HOLD_STEPS && n < 3 * WO_AUTO_HOLD_STEPS);
+    }
     assert_int_equal(c.streams, 2);
     assert_int_equal(c.a.tries, 2);
 }
@@ -211,6 +221,50 @@ static void longer_streamed_steps_stay(void **state)
     assert_false(c.a.streaming);
 }
 
+/* A try whose streamed steps came out slower than the copy time said (a
+ * server at 3 req/s: 9.5 GiB of copies, 181 ms; in place 202 ms; streamed
+ * 289 ms, bench/results/serve-rows-20261126-154556-soak-managed-h100) is
+ * not repeated at the same step: the copies are weighed at the measured
+ * efficiency (181 / 289). A longer in-place step (the batch grew) is tried
+ * again, and the figure fades back toward 1 over the holds. */
+static void failed_try_teaches_efficiency(void **state)
+{
+    struct clock c;
+    double gb = 181.2 * 55.0 / 1000; /* 181.2 ms of copies at 55 GB/s */
+    (void)state;
+    start(&c);
+    assert_int_equal(run(&c, 1 + WO_AUTO_PROBE_STEPS, 202, gb), WO_AUTO_STREAM);
+    assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 289, gb),
+                     WO_AUTO_UNSTREAM);
+    assert_true(c.a.eff > 0.62 && c.a.eff < 0.64);
+    /* held in place, then watched again at the same step: not tried */
+    assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_HOLD_STEPS + WO_AUTO_PROBE_STEPS, 202,
+                         gb),
+                     WO_AUTO_NONE);
+    assert_int_equal(c.a.tries, 1);
+    /* the batch grew: 375 ms in place (more than 289 / 0.95) is tried,
+     * once the drift is seen and the in-place step measured again */
+    {
+        unsigned n = 0;
+        while (run(&c, 1, 375, gb) != WO_AUTO_STREAM && n < 1000)
+            n++;
+        assert_true(n > WO_AUTO_MIN_HOLD && n < 1000);
+    }
+    assert_int_equal(c.a.tries, 2);
+    /* kept at 294 ms: the efficiency is that try's */
+    assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 294, gb), WO_AUTO_NONE);
+    assert_true(c.a.streaming);
+    assert_true(c.a.eff > 0.61 && c.a.eff < 0.62);
+    /* fading: each watch that does not try gives a tenth back, up to 1 */
+    start(&c);
+    c.a.eff = 0.5;
+    run(&c, 1 + WO_AUTO_PROBE_STEPS, 1000, 0);
+    assert_true(c.a.eff > 0.54 && c.a.eff < 0.56);
+    for (int i = 0; i < 20; i++)
+        run(&c, WO_AUTO_HOLD_STEPS + WO_AUTO_PROBE_STEPS, 1000, 0);
+    assert_true(c.a.eff == 1.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -221,6 +275,7 @@ int main(void)
         cmocka_unit_test(one_outlier_does_not_decide),
         cmocka_unit_test(drift_waits_min_hold),
         cmocka_unit_test(longer_streamed_steps_stay),
+        cmocka_unit_test(failed_try_teaches_efficiency),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -10,6 +10,7 @@ void wo_auto_init(struct wo_auto *a)
 {
     memset(a, 0, sizeof(*a));
     a->phase = WO_AUTO_WATCH;
+    a->eff = 1.0;
 }
 
 static void begin(struct wo_auto *a, enum wo_auto_phase p, unsigned skip)
@@ -51,7 +52,7 @@ static bool measured(struct wo_auto *a, double per, double *median)
 enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
                                  double link_gbs)
 {
-    double per;
+    double per, copy_ns;
 
     if (!k)
         return WO_AUTO_NONE;
@@ -72,19 +73,23 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     case WO_AUTO_WATCH:
         if (!measured(a, per, &a->inplace_ns))
             return WO_AUTO_NONE;
-        if (cand_bytes && link_gbs > 0 &&
-            (double)cand_bytes / link_gbs < WO_AUTO_TRY_RATIO * a->inplace_ns) {
-            /* bytes / (GB/s) is in ns */
+        /* bytes / (GB/s) is in ns */
+        copy_ns = link_gbs > 0 ? (double)cand_bytes / link_gbs : 0;
+        if (cand_bytes && link_gbs > 0 && copy_ns / a->eff < WO_AUTO_TRY_RATIO * a->inplace_ns) {
             a->tries++;
             a->streaming = true;
+            a->try_copy_ns = copy_ns;
             begin(a, WO_AUTO_TRY, WO_AUTO_SETTLE_STEPS);
             return WO_AUTO_STREAM;
         }
+        a->eff = fmin(1.0, a->eff * 1.1);
         hold(a, a->inplace_ns);
         return WO_AUTO_NONE;
     case WO_AUTO_TRY:
         if (!measured(a, per, &a->stream_ns))
             return WO_AUTO_NONE;
+        if (a->stream_ns > 0 && a->try_copy_ns > 0)
+            a->eff = fmax(fmin(1.0, a->try_copy_ns / a->stream_ns), 0.05);
         if (a->stream_ns < WO_AUTO_KEEP_RATIO * a->inplace_ns) {
             a->kept++;
             hold(a, a->stream_ns);

@@ -21,9 +21,15 @@
  * The rule:
  *  - watch: PROBE_STEPS steps read in place give the in-place period. When
  *    one staging copy a step of the candidates (their bytes at the link's
- *    rate) takes less than TRY_RATIO of that period, streaming could win:
- *    try it. Otherwise it cannot (the copies alone would take longer than
- *    the step does now): hold in place.
+ *    rate, over the efficiency tries measured) takes less than TRY_RATIO
+ *    of that period, streaming could win: try it. Otherwise it cannot (the
+ *    copies alone would take longer than the step does now): hold in
+ *    place. The efficiency is the copy time over the streamed period the
+ *    last try measured (at most 1; 1 before any): a server whose streamed
+ *    steps came out 1.6x the copies' time (compute and launches that the
+ *    copies do not hide) is not tried again until its in-place step grows
+ *    past that. Each watch that does not try gives it back a tenth, so a
+ *    stale figure fades (over ~5 holds).
  *  - try: after SETTLE_STEPS (the slots fill), PROBE_STEPS streamed steps
  *    give the streamed period. Streaming stays when it is below KEEP_RATIO
  *    of the in-place one; else the ranges go back in place.
@@ -72,6 +78,8 @@ struct wo_auto {
     uint64_t held;     /* steps held */
     uint64_t tries, kept, backs;
     uint64_t regrown; /* streamed steps grew longer: held at the new period */
+    double eff;       /* copy time / streamed period, from the last try (1: none yet) */
+    double try_copy_ns; /* the copy time the try in progress was decided on */
 };
 
 void wo_auto_init(struct wo_auto *a);
