@@ -182,17 +182,23 @@ static void one_outlier_does_not_decide(void **state)
     assert_true(c.a.ewma_ns < 1.2 * c.a.decided_ns);
 }
 
+/* b32 as in faster_streamed_stays: tried, streamed, held */
+static void streamed_at_b32(struct clock *c)
+{
+    start(c);
+    run(c, 1 + WO_AUTO_PROBE_STEPS, 1570, 20.7);
+    run(c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
+    assert_true(c->a.streaming);
+    assert_int_equal(c->a.phase, WO_AUTO_HOLD);
+}
+
 /* A server's batch moves every step: a drift right after a decision
  * waits MIN_HOLD steps before it counts. */
 static void drift_waits_min_hold(void **state)
 {
     struct clock c;
     (void)state;
-    start(&c);
-    run(&c, 1 + WO_AUTO_PROBE_STEPS, 1570, 20.7);
-    run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
-    assert_true(c.a.streaming);
-    assert_int_equal(c.a.phase, WO_AUTO_HOLD);
+    streamed_at_b32(&c);
     /* the period at once half: nothing until MIN_HOLD steps are held */
     assert_int_equal(run(&c, WO_AUTO_MIN_HOLD - 1, 210, 20.7), WO_AUTO_NONE);
     assert_true(c.a.streaming);
@@ -206,10 +212,7 @@ static void longer_streamed_steps_stay(void **state)
 {
     struct clock c;
     (void)state;
-    start(&c);
-    run(&c, 1 + WO_AUTO_PROBE_STEPS, 1570, 20.7);
-    run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 420, 20.7);
-    assert_true(c.a.streaming);
+    streamed_at_b32(&c);
     /* 2x, for as long as it lasts: never back in place */
     assert_int_equal(run(&c, 5000, 840, 20.7), WO_AUTO_NONE);
     assert_true(c.a.streaming);
@@ -238,9 +241,9 @@ static void failed_try_teaches_efficiency(void **state)
                      WO_AUTO_UNSTREAM);
     assert_true(c.a.eff > 0.62 && c.a.eff < 0.64);
     /* held in place, then watched again at the same step: not tried */
-    assert_int_equal(run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_HOLD_STEPS + WO_AUTO_PROBE_STEPS, 202,
-                         gb),
-                     WO_AUTO_NONE);
+    assert_int_equal(
+        run(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_HOLD_STEPS + WO_AUTO_PROBE_STEPS, 202, gb),
+        WO_AUTO_NONE);
     assert_int_equal(c.a.tries, 1);
     /* the batch grew: 375 ms in place (more than 289 / 0.95) is tried,
      * once the drift is seen and the in-place step measured again */

@@ -763,14 +763,13 @@ int main(int argc, char **argv)
             else
                 kept++;
         }
-        printf("auto-managed: %u ranges streamed, %u left to the planner; %.100s\n", streamed,
-               kept, t ? t : "(no try)");
+        printf("auto-managed: %u ranges streamed, %u left to the planner; %.100s\n", streamed, kept,
+               t ? t : "(no try)");
         /* "(N managed, M of them hot ones the slots take the room of": the
          * budget holds 6 of the 2 MiB allocations (its hot set, a quarter
          * held back for cycling, about 4), 3 once the slots (6 MiB) are out */
         CHECK(t && strtoul(strchr(t + 21, '(') + 1, NULL, 10) >= 1);
-        CHECK(t && strstr(t, " managed, ") &&
-              strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
+        CHECK(t && strstr(t, " managed, ") && strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
         CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
         /* what the budget less the slots holds (6 MiB: 3 allocations)
          * stays with the planner */

@@ -77,8 +77,8 @@ struct wo_auto {
     uint64_t last_t;   /* the previous boundary's time, 0 none */
     uint64_t held;     /* steps held */
     uint64_t tries, kept, backs;
-    uint64_t regrown; /* streamed steps grew longer: held at the new period */
-    double eff;       /* copy time / streamed period, from the last try (1: none yet) */
+    uint64_t regrown;   /* streamed steps grew longer: held at the new period */
+    double eff;         /* copy time / streamed period, from the last try (1: none yet) */
     double try_copy_ns; /* the copy time the try in progress was decided on */
 };
 

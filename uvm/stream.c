@@ -666,8 +666,7 @@ static bool auto_candidate(struct srange *r, uint32_t id)
         return false;
     if (r->probed)
         return true;
-    return auto_recent(r) &&
-           (r->host || wo_prefetch_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
+    return auto_recent(r) && (r->host || wo_prefetch_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
 }
 
 /* The slots come out of the planner's budget: the bytes of managed ranges
@@ -738,7 +737,8 @@ static void auto_decide(uint64_t t_ns, unsigned k)
             }
         }
         add(&wo_stream_tab.n.auto_tries, 1);
-        AUTO_SAY(loud,
+        AUTO_SAY(
+            loud,
             "stream: auto: trying %u ranges (%u managed, %u of them hot ones the slots take the "
             "room of; %llu MiB) streamed: a step took %.1f ms read in place, one copy of them "
             "takes %.1f ms at %.0f GB/s",
@@ -753,9 +753,9 @@ static void auto_decide(uint64_t t_ns, unsigned k)
         if (ex->au.phase == WO_AUTO_HOLD) {
             add(&wo_stream_tab.n.auto_backs, 1);
             AUTO_SAY(loud,
-                "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
-                "%.1f ms in place",
-                n, ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
+                     "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
+                     "%.1f ms in place",
+                     n, ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
         } else {
             wo_debug("stream: auto: the step's period moved (%.1f ms, streamed at %.1f ms): "
                      "measuring in place again (%u ranges)",
@@ -764,9 +764,9 @@ static void auto_decide(uint64_t t_ns, unsigned k)
     } else if (ex->au.kept != kept) {
         add(&wo_stream_tab.n.auto_kept, 1);
         AUTO_SAY(loud,
-            "stream: auto: the ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
-            "in place",
-            ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
+                 "stream: auto: the ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
+                 "in place",
+                 ex->au.stream_ns / 1e6, ex->au.inplace_ns / 1e6);
     }
 }
 
