@@ -300,7 +300,8 @@ static void test_streaming(void **state)
 {
     static const char *const pol[] = {
         /* 0: in place */
-        "version: 1\nrules:\n  - {name: experts, match: experts, place: host}\n",
+        "version: 1\nprefetch: {mode: hot-set}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
         /* 1: streamed from pinned copies (the default), four slots */
         "version: 1\nprefetch: {mode: stream}\n"
         "rules:\n  - {name: experts, match: experts, place: host}\n",
@@ -351,11 +352,61 @@ static void test_streaming(void **state)
     wo_trace_data_free(d);
 }
 
+/* prefetch mode auto (the default): the replay weighs the executor's
+ * step-time rule on its two predictions. Stacked tensors read whole by one
+ * launch each (the default backend at a batch): one copy a step beats the
+ * reads in place, so streamed, as under mode stream. Each launch handed its
+ * own expert's slice, 2 of 8 picked (batch 1, eager): a copy of every
+ * expert takes longer than the step read in place, so in place. */
+static void test_auto(void **state)
+{
+    static const char *const pol[] = {
+        "version: 1\nrules:\n  - {name: experts, match: experts, place: host}\n",
+        "version: 1\nprefetch: {mode: stream}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+        "version: 1\nprefetch: {mode: hot-set}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+    };
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_replay_result r[3];
+    struct wo_trace_data *d;
+
+    (void)state;
+    go.steps = 32;
+    go.grouped = true;
+    go.expert_mib = 16;
+    d = make_trace(&go);
+    for (int k = 0; k < 3; k++)
+        stream_run(d, pol[k], 0, &r[k]);
+    assert_true(r[0].auto_weighed && r[0].auto_streamed);
+    assert_true(fabs(r[0].step_s - r[1].step_s) < r[1].step_s * 1e-6);
+    assert_true(r[0].stream_bytes_step > 0);
+    assert_true(fabs(r[0].auto_other_step_s - r[2].decode_step_s) < r[2].decode_step_s * 1e-6);
+    assert_false(r[1].auto_weighed || r[2].auto_weighed); /* a mode named: nothing weighed */
+    for (int k = 0; k < 3; k++)
+        wo_replay_result_free(&r[k]);
+    wo_trace_data_free(d);
+
+    go.grouped = false;
+    d = make_trace(&go);
+    for (int k = 0; k < 3; k++)
+        stream_run(d, pol[k], 0, &r[k]);
+    assert_true(r[1].decode_step_s > r[2].decode_step_s); /* streaming would be slower */
+    assert_true(r[0].auto_weighed && !r[0].auto_streamed);
+    assert_true(r[0].stream_bytes_step == 0);
+    assert_true(fabs(r[0].step_s - r[2].step_s) < r[2].step_s * 1e-6);
+    assert_true(fabs(r[0].auto_other_step_s - r[1].decode_step_s) < r[1].decode_step_s * 1e-6);
+    for (int k = 0; k < 3; k++)
+        wo_replay_result_free(&r[k]);
+    wo_trace_data_free(d);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multiplicity),
         cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_auto),
         cmocka_unit_test(test_model_roundtrip),
         cmocka_unit_test(test_model_errors),
         cmocka_unit_test(test_pf_curve),

@@ -6,6 +6,8 @@
 
 #include <string.h>
 
+#include "uvm/stream-auto.h"
+
 #define MAX_TIMELINE_EVENTS 400000u
 
 /* ---- timeline ------------------------------------------------------------- */
@@ -115,8 +117,8 @@ static void decode_steps(const struct sim *s, struct wo_replay_result *res)
     }
 }
 
-int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
-                  struct wo_replay_result *res, char *msg, size_t msglen)
+static int run_one(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                   struct wo_replay_result *res, char *msg, size_t msglen)
 {
     double *pacing = NULL;
     struct sim s;
@@ -224,6 +226,61 @@ out:
     if (r < 0)
         wo_replay_result_free(res);
     return r;
+}
+
+/* The decode step a result measures (the window's mean step without one) */
+static double decode_or_step(const struct wo_replay_result *r)
+{
+    return r->decode_step_s > 0 ? r->decode_step_s : r->step_s;
+}
+
+/* Whether `auto` has something to weigh: a policy in mode auto that reads
+ * `host` ranges in place */
+static bool auto_may_stream(const struct wo_replay_opts *o, const struct wo_replay_result *r)
+{
+    if (!o->policy || o->all_device || o->stream ||
+        wo_policy_globals(o->policy)->prefetch.mode != WO_PREFETCH_MODE_AUTO)
+        return false;
+    for (size_t i = 0; i < r->nnames; i++)
+        if (r->names[i].place == WO_PLACE_HOST && r->names[i].zc_bytes > 0)
+            return true;
+    return false;
+}
+
+int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                  struct wo_replay_result *res, char *msg, size_t msglen)
+{
+    struct wo_replay_opts so;
+    struct wo_replay_result st;
+    double inplace, streamed, copy;
+    char m2[256];
+    int r = run_one(d, o, res, msg, msglen);
+
+    if (r < 0 || !auto_may_stream(o, res))
+        return r;
+    /* auto: the step-time rule of uvm/stream-auto.c on the two predicted
+     * steps (the executor's host ranges streamed as under mode stream; the
+     * gain rule and managed ranges are not weighed) */
+    so = *o;
+    so.stream = true;
+    so.timeline = NULL; /* the timeline shows the in-place run */
+    if (run_one(d, &so, &st, m2, sizeof(m2)) < 0)
+        return 0;
+    res->auto_weighed = true;
+    inplace = decode_or_step(res);
+    streamed = decode_or_step(&st);
+    copy = st.stream_bytes_step / (o->dm->h2d_gbs * 1e9);
+    if (copy > 0 && copy < WO_AUTO_TRY_RATIO * inplace && streamed < WO_AUTO_KEEP_RATIO * inplace) {
+        wo_replay_result_free(res);
+        *res = st;
+        res->auto_weighed = true;
+        res->auto_streamed = true;
+        res->auto_other_step_s = inplace;
+    } else {
+        res->auto_other_step_s = streamed;
+        wo_replay_result_free(&st);
+    }
+    return 0;
 }
 
 void wo_replay_result_free(struct wo_replay_result *res)

@@ -808,7 +808,7 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
     if (!s->graphs || wo_replay_setup_ranges(s) < 0 || wo_replay_prepass(s) < 0)
         return -ENOMEM;
     if (o->policy && !o->all_device &&
-        wo_policy_globals(o->policy)->prefetch.mode == WO_PREFETCH_MODE_STREAM) {
+        (o->stream || wo_policy_globals(o->policy)->prefetch.mode == WO_PREFETCH_MODE_STREAM)) {
         const struct wo_policy_globals *g = wo_policy_globals(o->policy);
 
         /* the copy engine's rate from pinned copies; without them the

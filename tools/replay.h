@@ -32,6 +32,9 @@ struct wo_replay_opts {
      * drifted 1.6x between processes) is compared at its own host speed. */
     double host_scale;
     FILE *timeline;         /* Chrome trace JSON of the predicted timeline, or NULL */
+    /* Stream every `host` range (as prefetch mode stream) whatever the
+     * policy's mode: how wo_replay_run weighs `auto`'s try (below). */
+    bool stream;
 };
 
 struct wo_replay_name {
@@ -84,6 +87,14 @@ struct wo_replay_result {
                  * WO_PLAN_CHURN_STEPS steps (wo_plan_churn) */
     uint64_t managed_bytes, budget;
     uint64_t max_resident;      /* highest residency the planner reached */
+    /* prefetch mode auto (the default) with `host` ranges: whether the
+     * step-time rule would keep them streamed (uvm/stream-auto.h: one copy
+     * of them under WO_AUTO_TRY_RATIO of the in-place decode step, the
+     * streamed step under WO_AUTO_KEEP_RATIO of it), and the decode step of
+     * the choice not taken (0: not weighed). The figures above are the
+     * chosen one's. */
+    bool auto_weighed, auto_streamed;
+    double auto_other_step_s;
     struct wo_replay_name *names;
     size_t nnames;
 };

@@ -305,9 +305,16 @@ int main(int argc, char **argv)
            gb(res.prefetch_bytes_step, b3, sizeof(b3)), gb(res.copy_bytes_step, b4, sizeof(b4)),
            gb(res.evict_bytes_step, err, sizeof(err)));
     if (res.stream_bytes_step > 0)
-        printf("streamed:      %s a step staged into device slots (prefetch mode stream: each "
+        printf("streamed:      %s a step staged into device slots (prefetch mode %s: each "
                "host range copied once a step ahead of its launches)\n",
-               gb(res.stream_bytes_step, b1, sizeof(b1)));
+               gb(res.stream_bytes_step, b1, sizeof(b1)), res.auto_streamed ? "auto" : "stream");
+    if (res.auto_weighed)
+        printf("auto:          %s (the decode step %s: %s)\n",
+               res.auto_streamed ? "host ranges streamed, the step-time rule keeps them"
+                                 : "host ranges read in place, the step-time rule would not keep "
+                                   "them streamed",
+               res.auto_streamed ? "read in place" : "streamed",
+               ms(res.auto_other_step_s, b1, sizeof(b1)));
     printf("stalls / step: %s (managed misses read over PCIe, waits for prefetches%s)\n",
            ms(res.stall_s_step, b1, sizeof(b1)), res.stream_bytes_step > 0 ? ", for staging" : "");
     if (res.managed_bytes && !no_prefetch) {
