@@ -266,20 +266,19 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
     so.timeline = NULL; /* the timeline shows the in-place run */
     if (run_one(d, &so, &st, m2, sizeof(m2)) < 0)
         return 0;
-    res->auto_weighed = true;
     inplace = decode_or_step(res);
     streamed = decode_or_step(&st);
     copy = st.stream_bytes_step / (o->dm->h2d_gbs * 1e9);
     if (copy > 0 && copy < WO_AUTO_TRY_RATIO * inplace && streamed < WO_AUTO_KEEP_RATIO * inplace) {
         wo_replay_result_free(res);
         *res = st;
-        res->auto_weighed = true;
         res->auto_streamed = true;
         res->auto_other_step_s = inplace;
     } else {
         res->auto_other_step_s = streamed;
         wo_replay_result_free(&st);
     }
+    res->auto_weighed = true;
     return 0;
 }
 
