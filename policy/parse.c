@@ -1029,7 +1029,7 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.piece_size = WO_PIECE_SIZE_DEFAULT;
     g->prefetch.hot_set = true;
     g->prefetch.eviction = WO_EVICT_AUTO;
-    g->prefetch.mode = WO_PREFETCH_MODE_AUTO; /* measured: docs/policy.md, prefetch.mode */
+    g->prefetch.mode = WO_PREFETCH_MODE_HOT_SET; /* docs/policy.md, prefetch.mode: why not auto yet */
     g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
     g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO; /* measured: docs/prefetch.md, Pinned copies */
     g->fit.enabled = false;

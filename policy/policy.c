@@ -224,7 +224,7 @@ static const struct wo_policy_globals passthrough_globals = {
     .prefetch = {.enabled = true, .lookahead_kind = WO_LOOKAHEAD_RANGES,
                  .lookahead = WO_LOOKAHEAD_DEFAULT, .piece_size = WO_PIECE_SIZE_DEFAULT,
                  .hot_set = true, .eviction = WO_EVICT_AUTO,
-                 .mode = WO_PREFETCH_MODE_AUTO, .slots = WO_STREAM_SLOTS_DEFAULT,
+                 .mode = WO_PREFETCH_MODE_HOT_SET, .slots = WO_STREAM_SLOTS_DEFAULT,
                  .pinned_copies = WO_PIN_COPIES_AUTO},
     .fit = {.enabled = false, .device = {.kind = WO_BUDGET_BYTES},
             .keep_free = WO_FIT_KEEP_FREE_DEFAULT, .reserve = WO_FIT_RESERVE_DEFAULT,

@@ -361,7 +361,8 @@ static void test_streaming(void **state)
 static void test_auto(void **state)
 {
     static const char *const pol[] = {
-        "version: 1\nrules:\n  - {name: experts, match: experts, place: host}\n",
+        "version: 1\nprefetch: {mode: auto}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
         "version: 1\nprefetch: {mode: stream}\n"
         "rules:\n  - {name: experts, match: experts, place: host}\n",
         "version: 1\nprefetch: {mode: hot-set}\n"
