@@ -311,8 +311,8 @@ static void key_parses_and_dumps(void **state)
     assert_int_equal(g->fit.rest, WO_PLACE_HOST);
     assert_false(wo_policy_passthrough(p)); /* fit places: the window opens at start */
     assert_int_equal(g->window.open, WO_WINDOW_OPEN_AT_START);
-    /* hot-set, the default (under fit: as everywhere), unless the policy names one */
-    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
+    /* fit decides the prefetch mode too, unless the policy names one */
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
     p = wo_policy_free(p);
     wo_diags_clear(&d);
     p = load("fit: 90%\nprefetch: {mode: hot-set}\n", &d);
