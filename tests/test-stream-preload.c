@@ -128,6 +128,24 @@ static void pair(void **params, const uint32_t g[3], const uint32_t b[3])
     *(uint64_t *)(uintptr_t) * (CUdeviceptr *)params[2] = *(uint64_t *)params[1];
 }
 
+/* params: unsigned char *dst, const unsigned char *src, uint64_t n: a
+ * kernel that writes a weight (an RL trainer's weight sync, a repacking):
+ * dst gets src's bytes. Counts the writes that reached a slot. */
+static uint64_t slot_writes;
+static void overwrite(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr d = *(CUdeviceptr *)params[0], src = *(CUdeviceptr *)params[1];
+    bool weight = false;
+
+    (void)g;
+    (void)b;
+    for (int i = 0; i < NR; i++)
+        weight |= d >= ranges[i] && d < ranges[i] + MiB;
+    if (!weight)
+        __atomic_add_fetch(&slot_writes, 1, __ATOMIC_RELAXED);
+    memmove((void *)(uintptr_t)d, (const void *)(uintptr_t)src, *(uint64_t *)params[2]);
+}
+
 /* params: uint64_t *where, uint64_t value: an activation written after seal */
 static void scribble(void **params, const uint32_t g[3], const uint32_t b[3])
 {
@@ -205,7 +223,7 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, kb, ks, ke, kst, kp;
+    CUfunction k, kb, ks, ke, kst, kp, kw;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -274,6 +292,7 @@ static int child(const char *mode)
     ke = kernel("echo", 2, psz, echo);
     kst = kernel("stale", 2, psz, echo);
     kp = kernel("pair", 3, psz, pair);
+    kw = kernel("overwrite", 3, psz, overwrite);
 
 /* Launches kern (it writes a word it was handed to out) and counts the
  * word v reaching it changed: a word that is no pointer must never be
@@ -341,6 +360,20 @@ static int child(const char *mode)
             CHECK(p_cuEndCapture(cs, &g) == CUDA_SUCCESS && g != NULL);
         }
         for (int i = 0; i < NR; i++) {
+            if (stream_mode && step == STEPS / 2 + 4 && i == 6) {
+                /* (4) a launch writes range 6 (range 4's bytes into it),
+                 * through the slot it is pointed at: the reads after it
+                 * see the new bytes, the write check copies the slot back
+                 * before it is reused (the engine's copy below, at the
+                 * end, reads them), and range 6 is read in place from then
+                 * on. The function reached two ranges: a reader */
+                uint64_t n = MiB;
+                void *params[] = {&ranges[6], &ranges[4], &n};
+
+                CHECK(p_cuLaunchKernel(kw, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                expect[6] = expect[4];
+            }
             for (int r = 0; r < reads; r++) {
                 uint64_t n = MiB;
                 void *params[] = {&ranges[i], &n, &out};
@@ -439,6 +472,14 @@ static int child(const char *mode)
         free(buf);
         check_summary(mode);
         exit(failures ? 1 : 0);
+    }
+    if (stream_mode) {
+        /* what the launch wrote into range 6 is in the range itself */
+        CHECK(p_cuMemcpyDtoH(buf, ranges[6], MiB) == CUDA_SUCCESS);
+        CHECK(hash(buf, MiB) == expect[6]);
+        CHECK(slot_writes == 1);
+        printf("child stream: the write reached a slot %llu time(s)\n",
+               (unsigned long long)slot_writes);
     }
     {
         /* the figures while the model is loaded (per-name figures leave the
@@ -630,6 +671,18 @@ int main(int argc, char **argv)
     CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
     CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
     CHECK(num_after(s, "\"invalidated\":") >= 0);
+    /* (4) every slot was checked before reuse; the one range 6's write
+     * reached was copied back (the child read the bytes back), and the
+     * range is read in place since */
+    printf("stream: %.0f slots checked for writes, %.0f written back\n",
+           num_after(s, "\"write_checks\":"), num_after(s, "\"written_back\":"));
+    CHECK(num_after(s, "\"write_checks\":") >= steps * (NR - 4));
+    CHECK(num_after(s, "\"written_back\":") == 1);
+    CHECK(strstr(log, "a launch wrote 'model.layers.6.mlp.experts.gate_up_proj' while it was "
+                      "streamed") != NULL);
+    e = strstr(s, "\"model.layers.6.mlp.experts.gate_up_proj\":{");
+    CHECK(e && strstr(e, "\"streamed\":false") &&
+          strstr(e, "\"streamed\":false") < strstr(e, "\"written\":true"));
     /* (5) read 4x a step: multiplicity ~4 per name */
     e = strstr(s, "\"model.layers.5.mlp.experts.gate_up_proj\":{");
     mult = num_after(e, "\"read_multiplicity\":");

@@ -416,12 +416,13 @@ static void json_body(struct sbuf *b)
                   ",\"staged_by_kernel\":%" PRIu64 ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64
                   ",\"slot_bytes\":%" PRIu64 ",\"auto_tries\":%" PRIu64 ",\"auto_kept\":%" PRIu64
                   ",\"auto_backs\":%" PRIu64 ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
-                  ",\"check_mismatch\":%" PRIu64 ",",
+                  ",\"check_mismatch\":%" PRIu64 ",\"write_checks\":%" PRIu64
+                  ",\"written_back\":%" PRIu64 ",",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
                   sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated,
                   sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps,
                   sc.slot_bytes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.not_reader,
-                  sc.checked, sc.check_mismatch);
+                  sc.checked, sc.check_mismatch, sc.write_checks, sc.written_back);
         {
             struct wo_pin_counts pinc;
             wo_pin_counts(&pinc);

@@ -28,3 +28,107 @@ extern "C" __global__ void wo_stream_copy(unsigned char *dst, const unsigned cha
             dst[k] = src[k];
     }
 }
+
+// ---- write checks (uvm/stream-check.c) ------------------------------------
+// A launch the shim points at a slot may write it: the engine's kernels are
+// opaque, and some engines do write their weights (an RL trainer's weight
+// sync, a repacking after load). The slot is then the only copy of what was
+// written. So each slot's contents are hashed when a range is first staged
+// (on the copy stream, before any launch may read it) and again before the
+// slot is reused; when the two differ the slot is copied back into the range
+// and the executor is told (a flag in mapped host memory), which then reads
+// that range in place. A misprediction costs speed, never data.
+
+#define WO_GOLDEN 0x9e3779b97f4a7c15ull
+
+__device__ static unsigned long long wo_mix(unsigned long long x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+// *out = a hash of p[0..n) (p 16-byte aligned: a slot). Each block leaves
+// its sum in part[blockIdx.x]; the last block to finish adds them (count
+// returns to 0 for the next launch on the same scratch).
+extern "C" __global__ void wo_stream_hash(const unsigned char *p, unsigned long long n,
+                                          unsigned long long *part, unsigned int *count,
+                                          unsigned long long *out)
+{
+    __shared__ unsigned long long warp_sum[32];
+    __shared__ bool last;
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned long long nw = n / 8, h = 0;
+    const unsigned long long *w = (const unsigned long long *)p;
+
+    for (unsigned long long k = 2 * i; k + 1 < nw; k += 2 * step) {
+        ulonglong2 v = *(const ulonglong2 *)(w + k);
+        h += wo_mix(v.x + k * WO_GOLDEN) + wo_mix(v.y + (k + 1) * WO_GOLDEN);
+    }
+    if (i == 0) {
+        unsigned long long t = 0;
+        if (nw & 1)
+            h += wo_mix(w[nw - 1] + (nw - 1) * WO_GOLDEN);
+        for (unsigned long long k = nw * 8; k < n; k++)
+            t |= (unsigned long long)p[k] << (8 * (k - nw * 8));
+        h += wo_mix(t + nw * WO_GOLDEN) ^ n;
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        h += __shfl_down_sync(0xffffffffu, h, o);
+    if ((threadIdx.x & 31) == 0)
+        warp_sum[threadIdx.x >> 5] = h;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned long long b = 0;
+        for (unsigned k = 0; k < (blockDim.x + 31) / 32; k++)
+            b += warp_sum[k];
+        part[blockIdx.x] = b;
+        __threadfence();
+        last = atomicInc(count, gridDim.x - 1) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last && threadIdx.x == 0) {
+        unsigned long long s = 0;
+        for (unsigned k = 0; k < gridDim.x; k++)
+            s += ((volatile unsigned long long *)part)[k];
+        *out = s;
+    }
+}
+
+// When the slot's hash now (*got) is not the one it was staged with
+// (*want), copies the slot back into the range it holds.
+extern "C" __global__ void wo_stream_check(const unsigned char *slot, unsigned long long n,
+                                           const unsigned long long *want,
+                                           const unsigned long long *got, unsigned char *dst)
+{
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+
+    if (*want == *got)
+        return;
+    if (((uintptr_t)dst & 15) == 0) {
+        unsigned long long n16 = n / 16;
+        for (unsigned long long k = i; k < n16; k += step)
+            ((uint4 *)dst)[k] = ((const uint4 *)slot)[k];
+        for (unsigned long long k = n16 * 16 + i; k < n; k += step)
+            dst[k] = slot[k];
+    } else {
+        for (unsigned long long k = i; k < n; k += step)
+            dst[k] = slot[k];
+    }
+}
+
+// After wo_stream_check, in stream order (its copy is complete): tells the
+// executor the range was written (*flag = tag; mapped host memory, or
+// device memory it reads back).
+extern "C" __global__ void wo_stream_flag(const unsigned long long *want,
+                                          const unsigned long long *got, unsigned int *flag,
+                                          unsigned int tag)
+{
+    if (*want != *got)
+        *(volatile unsigned int *)flag = tag;
+}

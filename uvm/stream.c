@@ -33,6 +33,7 @@
 #include "uvm/plan.h"
 #include "uvm/prefetch.h"
 #include "uvm/stream-auto.h"
+#include "uvm/stream-check.h"
 #include "uvm/stream-copy-ptx.h"
 #include "uvm/stream-pin.h"
 
@@ -51,6 +52,9 @@ struct srange {
     bool big;      /* larger than a slot: read in place (said once) */
     bool probed;   /* streamed by auto's step-time decision (stream-auto.h), not by gain */
     bool gapped;   /* other bytes between its tags: never streamed (add_seg) */
+    bool hashed;   /* the write check has the hash it was staged with (stream-check.h) */
+    bool kernel_written; /* a write check found a launch wrote its slot: copied back */
+    unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -97,6 +101,9 @@ struct exec {
     uint64_t pin_limit; /* policy prefetch.pinned_copies */
     bool pin_on;        /* the pinned-copy worker runs (stream-pin.h) */
     bool said_kernel;   /* the copy kernel's info line was given */
+    bool check_on;      /* the write checks run (stream-check.h) */
+    uint32_t slot_chk[WO_STREAM_MAX_SLOTS];     /* the range staged there, not checked yet, NONE */
+    uint32_t slot_chk_gen[WO_STREAM_MAX_SLOTS]; /* ... its generation */
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
@@ -230,6 +237,9 @@ static bool slots(void)
     res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
     if (res == CUDA_SUCCESS)
         load_copy_kernel();
+    /* no slot is used unchecked: a launch may write what it was pointed at */
+    if (res == CUDA_SUCCESS && !(ex->check_on = wo_check_start(d, ex->copy_mod, ex->nslots)))
+        res = CUDA_ERROR_NOT_SUPPORTED;
     for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
@@ -247,7 +257,10 @@ static bool slots(void)
     wo_driver_leave();
     if (res != CUDA_SUCCESS) {
         /* what was made stays unused until exit: nothing reads it */
-        slots_fail("no device staging slots", res);
+        if (ex->copy && !ex->check_on)
+            ex->slots_failed = true; /* wo_check_start said why */
+        else
+            slots_fail("no device staging slots", res);
         return false;
     }
     ex->slots_ready = true;
@@ -367,6 +380,101 @@ static bool at_engine(unsigned slot, bool hooks_too)
            (hooks_too && last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED));
 }
 
+/* ---- write checks (stream-check.h) ---------------------------------------------- */
+
+/* Checks the contents slot s holds (the range staged there last) before
+ * the slot is reused or freed: on the checker's stream, after every launch
+ * that read it (fence_owner), with the copy stream waiting for it. A range
+ * freed since has nothing to keep; one a copy wrote since keeps the copy's
+ * bytes (the write check would put the slot's older ones back). Under
+ * wo_uvm.lock (the range stays live while the check is issued), in the
+ * slots' context. False: try later (the reader's stream is being
+ * captured). */
+static uint32_t check_tag(const struct srange *r)
+{
+    return r->gen << 1 | 1; /* a range that had the id before has another generation */
+}
+
+static bool check_slot(unsigned s)
+{
+    uint32_t id = ex->slot_chk[s];
+    struct wo_stream_slot *sl = &wo_stream_tab.slot[s];
+    struct srange *r;
+    struct wo_range rg;
+    CUresult res;
+
+    if (id == NONE)
+        return true;
+    r = id < ex->nr ? &ex->r[id] : NULL;
+    if (r && r->live && r->gen == ex->slot_chk_gen[s] && (!r->written || r->kernel_written) &&
+        ex->check_on && wo_registry_get(id, &rg) >= 0 && rg.gen == r->gen) {
+        if (!fence_owner(sl))
+            return false;
+        res = wo_check_slot(s, (CUdeviceptr)sl->dev, r->hi - r->lo, id, check_tag(r),
+                            (CUdeviceptr)(r->base + r->lo), sl->read_done, ex->copy);
+        if (res != CUDA_SUCCESS) {
+            /* what a launch may have written there cannot be known: stop
+             * streaming rather than risk it again */
+            wo_warn("stream: checking slot %u for writes failed (%s): nothing is streamed from "
+                    "now on",
+                    s, wo_cu_error_name(res));
+            ex->check_on = false;
+            ex->slots_failed = true;
+        } else {
+            r->chk_slot1 = s + 1;
+            add(&wo_stream_tab.n.write_checks, 1);
+        }
+    }
+    ex->slot_chk[s] = NONE;
+    return true;
+}
+
+static void unselect_range(struct srange *r, uint32_t id);
+
+/* A write check found that a launch wrote range id's slot, and copied the
+ * slot back into the range: from now on it is read in place. */
+static void kernel_wrote(struct srange *r, uint32_t id)
+{
+    bool was = r->streamed;
+
+    add(&wo_stream_tab.n.written_back, 1);
+    wo_warn("stream: a launch wrote '%s' while it was streamed: its slot was copied back into "
+            "it (nothing is lost); it is read in place from now on",
+            r->name ? r->name : "(unnamed)");
+    r->kernel_written = true;
+    if (was)
+        unselect_range(r, id); /* a managed one back to the planner */
+    mark_written(r, id);
+}
+
+/* Takes the results of the write checks that finished (all of them when
+ * wait). */
+static void poll_checks(bool wait)
+{
+    CUcontext prev;
+    bool read = false;
+
+    if (!ex->check_on || !wo_driver_enter())
+        return;
+    prev = push_ctx();
+    if (wait)
+        wo_check_sync();
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        struct srange *r = &ex->r[id];
+        if (!r->live || !r->chk_slot1 || !wo_check_done(r->chk_slot1 - 1))
+            continue;
+        if (!read) {
+            wo_check_read(ex->nr);
+            read = true;
+        }
+        r->chk_slot1 = 0;
+        if (wo_check_take(id, check_tag(r)))
+            kernel_wrote(r, id);
+    }
+    pop_ctx(prev);
+    wo_driver_leave();
+}
+
 /* Copies range id into slot and publishes the assignment. */
 static bool stage(uint32_t id, int slot)
 {
@@ -379,6 +487,10 @@ static bool stage(uint32_t id, int slot)
     CUcontext prev;
     CUresult res;
 
+    if (r->chk_slot1)
+        poll_checks(false); /* a launch may have written it: then it is not staged */
+    if (!r->streamed)
+        return true;
     if (at_engine((unsigned)slot, true))
         return false;
     if (!unpublish(slot))
@@ -418,16 +530,38 @@ static bool stage(uint32_t id, int slot)
         wo_driver_leave();
         return false; /* the reader's stream is being captured: later */
     }
-    res = d->cuStreamWaitEvent(ex->copy, s->read_done, 0);
+    /* the slot's last contents, and any earlier slot of this range, are
+     * checked for writes first (check_slot), the copy stream waiting */
+    for (unsigned k = 0; k < ex->nslots; k++)
+        if ((k == (unsigned)slot || ex->slot_chk[k] == id) && !check_slot(k)) {
+            pop_ctx(prev);
+            pthread_mutex_unlock(&wo_uvm.lock);
+            wo_driver_leave();
+            return false;
+        }
+    res = ex->check_on ? d->cuStreamWaitEvent(ex->copy, s->read_done, 0) : CUDA_ERROR_NOT_SUPPORTED;
     if (res == CUDA_SUCCESS) {
-        bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned;
-        CUdeviceptr src = source(id, r, managed, &pinned);
+        bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned = false;
+        /* a check of the range still under way may copy a written slot
+         * back into it, not into its pinned copy: stage from the range */
+        CUdeviceptr src =
+            r->chk_slot1 ? (CUdeviceptr)(r->base + r->lo) : source(id, r, managed, &pinned);
         res = copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed && !pinned);
         if (res == CUDA_SUCCESS && pinned)
             add(&wo_stream_tab.n.staged_pinned, 1);
     }
+    /* the hash it is checked against, before any launch may read (and
+     * write) the slot */
+    if (res == CUDA_SUCCESS && !r->hashed) {
+        res = wo_check_first(ex->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
+        r->hashed = res == CUDA_SUCCESS;
+    }
     if (res == CUDA_SUCCESS)
         res = d->cuEventRecord(s->copied, ex->copy);
+    if (res == CUDA_SUCCESS) {
+        ex->slot_chk[slot] = id;
+        ex->slot_chk_gen[slot] = r->gen;
+    }
     pop_ctx(prev);
     pthread_mutex_unlock(&wo_uvm.lock);
     wo_driver_leave();
@@ -1044,15 +1178,25 @@ static bool free_slots(void)
     if (!wo_driver_enter())
         return false;
     prev = push_ctx();
-    /* after everything its readers' streams were given (stage(): why) */
+    /* after everything its readers' streams were given (stage(): why), and
+     * each slot's contents checked for writes (check_slot) */
+    pthread_mutex_lock(&wo_uvm.lock);
     for (unsigned i = 0; i < ex->nslots; i++)
-        if (!fence_owner(&wo_stream_tab.slot[i])) {
+        if (!fence_owner(&wo_stream_tab.slot[i]) || !check_slot(i)) {
+            pthread_mutex_unlock(&wo_uvm.lock);
             pop_ctx(prev);
             wo_driver_leave();
             return false;
         }
+    pthread_mutex_unlock(&wo_uvm.lock);
     if (ex->copy && d->cuStreamSynchronize)
         d->cuStreamSynchronize(ex->copy);
+    pop_ctx(prev);
+    wo_driver_leave();
+    poll_checks(true);
+    if (!wo_driver_enter())
+        return false; /* a capture began: the slots go back later (checked again: no-op) */
+    prev = push_ctx();
     /* the copies from them are done (above): no event to wait for */
     if (ex->pin_on)
         wo_pin_retire_all(NULL);
@@ -1079,6 +1223,11 @@ static bool free_slots(void)
                 ex->r[id].slot = -1;
         ex->slot_range[i] = -1;
         ex->slot_last[i] = NONE;
+        ex->slot_chk[i] = NONE;
+    }
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        ex->r[id].hashed = false; /* the hashes go with the checker */
+        ex->r[id].chk_slot1 = 0;
     }
     if (ex->copy && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(ex->copy);
@@ -1087,6 +1236,8 @@ static bool free_slots(void)
         d->cuModuleUnload(ex->copy_mod);
     ex->copy_mod = NULL;
     ex->copy_fn = NULL;
+    wo_check_stop();
+    ex->check_on = false;
     pop_ctx(prev);
     wo_driver_leave();
     ex->slots_ready = false;
@@ -1179,6 +1330,7 @@ static void setup(void)
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         ex->slot_range[i] = -1;
         ex->slot_last[i] = NONE;
+        ex->slot_chk[i] = NONE;
     }
     wo_stepper_init(&ex->st);
     wo_auto_init(&ex->au);
@@ -1290,6 +1442,7 @@ static void tick(void)
 {
     if (ex) {
         reap();
+        poll_checks(false);
         if (ex->slots_ready && !any_streamed())
             (void)free_slots();
         advance();
@@ -1397,7 +1550,8 @@ static void finish(void)
                  (unsigned long long)c.auto_backs);
     wo_info("stream: %llu steps, %llu launches redirected, read in place: %llu no slot ready, "
             "%llu captured, %llu other; %llu staging copies (%llu MiB, %.1f MiB a step), "
-            "%llu slot waits, %llu invalidated by writes; %llu launches waited for their "
+            "%llu slot waits, %llu invalidated by writes, %llu slots checked for writes by "
+            "launches (%llu written, copied back); %llu launches waited for their "
             "copy to be issued (%.1f ms in all, %llu ran out)%s",
             (unsigned long long)c.steps, (unsigned long long)c.redirected,
             (unsigned long long)c.inplace_no_slot, (unsigned long long)c.inplace_captured,
@@ -1405,6 +1559,7 @@ static void finish(void)
             (unsigned long long)(c.staged_bytes >> 20),
             c.steps ? (double)c.staged_bytes / (double)c.steps / (1 << 20) : 0.0,
             (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated,
+            (unsigned long long)c.write_checks, (unsigned long long)c.written_back,
             (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
             (unsigned long long)c.await_timeouts, autos);
     if (ex->pin_on) {
@@ -1448,6 +1603,7 @@ static void atfork_child(void)
     parents_exec = ex;
     ex = NULL;
     wo_pin_atfork_child();
+    wo_check_atfork_child();
     tried = false;
     rescan = false;
     wo_stream_table_clear();

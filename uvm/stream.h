@@ -94,6 +94,8 @@ struct wo_stream_counts {
     uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
     uint64_t not_reader;     /* launches left alone: their function reached one off-device range
                               * only (stale words, not reads: preload/launch.c) */
+    uint64_t write_checks;   /* slots hashed before reuse for writes by launches (stream-check.h) */
+    uint64_t written_back;   /* ... that a launch had written: copied back into their range */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
     uint64_t check_mismatch; /* ... that differed from their host copy */
 };

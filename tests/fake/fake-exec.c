@@ -940,6 +940,73 @@ static void builtin_stream_copy(void **params, const uint32_t grid[3], const uin
     memmove(dst, src, n);
 }
 
+/* The write checks' kernels (uvm/stream-copy.cu, uvm/stream-check.c), as
+ * the GPU computes them: the same hash of a slot, the copy back when it
+ * changed, the flag. */
+static uint64_t fk_mix(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= UINT64_C(0xbf58476d1ce4e5b9);
+    x ^= x >> 27;
+    x *= UINT64_C(0x94d049bb133111eb);
+    x ^= x >> 31;
+    return x;
+}
+
+static void builtin_stream_hash(void **params, const uint32_t grid[3], const uint32_t block[3])
+{
+    const unsigned char *p;
+    uint64_t *out, n, nw, h = 0, t = 0, w;
+
+    (void)grid;
+    (void)block;
+    memcpy(&p, params[0], sizeof(p));
+    memcpy(&n, params[1], sizeof(n));
+    memcpy(&out, params[4], sizeof(out));
+    nw = n / 8;
+    for (uint64_t k = 0; k < nw; k++) {
+        memcpy(&w, p + 8 * k, 8);
+        h += fk_mix(w + k * UINT64_C(0x9e3779b97f4a7c15));
+    }
+    for (uint64_t k = nw * 8; k < n; k++)
+        t |= (uint64_t)p[k] << (8 * (k - nw * 8));
+    h += fk_mix(t + nw * UINT64_C(0x9e3779b97f4a7c15)) ^ n;
+    *out = h;
+}
+
+static void builtin_stream_check(void **params, const uint32_t grid[3], const uint32_t block[3])
+{
+    const unsigned char *slot;
+    const uint64_t *want, *got;
+    unsigned char *dst;
+    uint64_t n;
+
+    (void)grid;
+    (void)block;
+    memcpy(&slot, params[0], sizeof(slot));
+    memcpy(&n, params[1], sizeof(n));
+    memcpy(&want, params[2], sizeof(want));
+    memcpy(&got, params[3], sizeof(got));
+    memcpy(&dst, params[4], sizeof(dst));
+    if (*want != *got)
+        memmove(dst, slot, n);
+}
+
+static void builtin_stream_flag(void **params, const uint32_t grid[3], const uint32_t block[3])
+{
+    const uint64_t *want, *got;
+    unsigned *flag, tag;
+
+    (void)grid;
+    (void)block;
+    memcpy(&want, params[0], sizeof(want));
+    memcpy(&got, params[1], sizeof(got));
+    memcpy(&flag, params[2], sizeof(flag));
+    memcpy(&tag, params[3], sizeof(tag));
+    if (*want != *got)
+        __atomic_store_n(flag, tag, __ATOMIC_RELEASE);
+}
+
 static struct CUfunc_st *kernel_by_name(const char *name)
 {
     struct CUfunc_st *r = NULL;
@@ -952,6 +1019,15 @@ static struct CUfunc_st *kernel_by_name(const char *name)
     if (!r && strcmp(name, "wo_stream_copy") == 0) {
         static const size_t sizes[3] = {8, 8, 8};
         r = fakecuda_kernel(name, 3, sizes, builtin_stream_copy);
+    } else if (!r && strcmp(name, "wo_stream_hash") == 0) {
+        static const size_t sizes[5] = {8, 8, 8, 8, 8};
+        r = fakecuda_kernel(name, 5, sizes, builtin_stream_hash);
+    } else if (!r && strcmp(name, "wo_stream_check") == 0) {
+        static const size_t sizes[5] = {8, 8, 8, 8, 8};
+        r = fakecuda_kernel(name, 5, sizes, builtin_stream_check);
+    } else if (!r && strcmp(name, "wo_stream_flag") == 0) {
+        static const size_t sizes[4] = {8, 8, 8, 4};
+        r = fakecuda_kernel(name, 4, sizes, builtin_stream_flag);
     }
     return r;
 }
