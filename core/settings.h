@@ -28,6 +28,7 @@ struct wo_settings {
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
+    bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     int nerrors;             /* number of variables that had a bad value */
 };
 

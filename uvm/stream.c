@@ -101,6 +101,7 @@ struct exec {
     uint64_t pin_limit; /* policy prefetch.pinned_copies */
     bool pin_on;        /* the pinned-copy worker runs (stream-pin.h) */
     bool said_kernel;   /* the copy kernel's info line was given */
+    bool checks_wanted; /* WOFFLOAD_WRITE_CHECKS (default on) */
     bool check_on;      /* the write checks run (stream-check.h) */
     uint32_t slot_chk[WO_STREAM_MAX_SLOTS];     /* the range staged there, not checked yet, NONE */
     uint32_t slot_chk_gen[WO_STREAM_MAX_SLOTS]; /* ... its generation */
@@ -237,8 +238,10 @@ static bool slots(void)
     res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
     if (res == CUDA_SUCCESS)
         load_copy_kernel();
-    /* no slot is used unchecked: a launch may write what it was pointed at */
-    if (res == CUDA_SUCCESS && !(ex->check_on = wo_check_start(d, ex->copy_mod, ex->nslots)))
+    /* no slot is used unchecked: a launch may write what it was pointed at
+     * (unless WOFFLOAD_WRITE_CHECKS=0, to measure what the checks cost) */
+    if (res == CUDA_SUCCESS && ex->checks_wanted &&
+        !(ex->check_on = wo_check_start(d, ex->copy_mod, ex->nslots)))
         res = CUDA_ERROR_NOT_SUPPORTED;
     for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
@@ -257,7 +260,7 @@ static bool slots(void)
     wo_driver_leave();
     if (res != CUDA_SUCCESS) {
         /* what was made stays unused until exit: nothing reads it */
-        if (ex->copy && !ex->check_on)
+        if (ex->copy && ex->checks_wanted && !ex->check_on)
             ex->slots_failed = true; /* wo_check_start said why */
         else
             slots_fail("no device staging slots", res);
@@ -539,7 +542,8 @@ static bool stage(uint32_t id, int slot)
             wo_driver_leave();
             return false;
         }
-    res = ex->check_on ? d->cuStreamWaitEvent(ex->copy, s->read_done, 0) : CUDA_ERROR_NOT_SUPPORTED;
+    res = ex->check_on || !ex->checks_wanted ? d->cuStreamWaitEvent(ex->copy, s->read_done, 0)
+                                             : CUDA_ERROR_NOT_SUPPORTED;
     if (res == CUDA_SUCCESS) {
         bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned = false;
         /* a check of the range still under way may copy a written slot
@@ -552,7 +556,7 @@ static bool stage(uint32_t id, int slot)
     }
     /* the hash it is checked against, before any launch may read (and
      * write) the slot */
-    if (res == CUDA_SUCCESS && !r->hashed) {
+    if (res == CUDA_SUCCESS && ex->check_on && !r->hashed) {
         res = wo_check_first(ex->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
         r->hashed = res == CUDA_SUCCESS;
     }
@@ -1322,6 +1326,7 @@ static void setup(void)
     ex->drv = drv;
     ex->mode = g->prefetch.mode;
     ex->pin_limit = g->prefetch.pinned_copies;
+    ex->checks_wanted = wo_settings()->write_checks;
     ex->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
                         WO_STREAM_MAX_SLOTS);
     ex->maxi = NONE;

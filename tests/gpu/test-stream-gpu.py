@@ -15,6 +15,11 @@ woffload-run with the automatic hook and a policy that streams:
                      back in place when not; the row prints how often
   moe-managed-auto   the MoE, experts `managed` within half their bytes,
                      mode auto
+  moe-host-write     moe-host-stream, and after each of the first two calls
+                     the engine writes one layer's experts in place (an RL
+                     trainer's weight sync): the reference run writes the
+                     same; the write checks (uvm/stream-check.h) must keep
+                     every write
 
 Checks: tokens identical to the reference in every call, whether or not
 a range was streamed; for moe-host-stream, launches were redirected into
@@ -59,6 +64,8 @@ CASES = {
                           "rules:\n  - {name: mlp, match: [gate_proj, up_proj, down_proj], place: host}\n"),
     "moe-host-auto": ("moe", "version: 1\ndefault: device\nprefetch: {mode: auto}\n"
                       "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe-host-write": ("moe+write", "version: 1\ndefault: device\n" + STREAM +
+                       "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe-managed-auto": ("moe", "version: 1\ndefault: device\ndevice_budget: 192MiB\n"
                          "prefetch: {mode: auto}\n"
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
@@ -76,6 +83,7 @@ BATCHES = ((1, 160), (8, 48), (8, 48), (32, 24))
 def child(model: str) -> None:
     import torch
     import transformers
+    model, _, flag = model.partition("+")
     arch, cfg = MODELS[model]
     torch.manual_seed(0)
     with torch.device("cuda"):
@@ -95,6 +103,13 @@ def child(model: str) -> None:
             out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
                              min_new_tokens=n, do_sample=False, pad_token_id=0)
         res["tokens"][f"{i}:{b}"] = out[:, ids.shape[1]:].tolist()
+        if flag == "write" and i < 2:
+            # between calls, as a weight sync does: an in-place kernel on
+            # every expert tensor of layer 2
+            with torch.no_grad():
+                for n, p in m.named_parameters():
+                    if ".layers.2.mlp.experts." in n:
+                        p.add_(0.01 * (i + 1))
     torch.cuda.synchronize()
     try:
         import woffload
@@ -168,7 +183,10 @@ def main() -> int:
             if st.get("checked"):
                 checks[f"WOFFLOAD_STREAM_CHECK: every slot held its range's bytes ({st.get('checked')} "
                        f"compared, {st.get('check_mismatch')} differed)"] = not st.get("check_mismatch")
-            if case == "moe-host-stream":
+            if case == "moe-host-write":
+                print(f"    write checks: {st.get('write_checks')} slots checked, "
+                      f"{st.get('written_back')} written back")
+            if case in ("moe-host-stream", "moe-host-write"):
                 checks[f"launches redirected into slots ({st.get('redirected')}; in place: "
                        f"{st.get('inplace_no_slot')} no slot, {st.get('inplace_other')} other; "
                        f"{st.get('awaited', 0)} waited, {st.get('await_timeouts', 0)} ran out)"] = \
