@@ -482,6 +482,8 @@ struct launch {
     uint32_t cap;
     struct scan s;
     struct wo_redirect rd;
+    unsigned ntouch;                /* streamed ranges it touches in place */
+    uint32_t touch[WO_EV_MAX_HITS]; /* ... their ids (wo_stream_touch_begin) */
 };
 
 /* Everything a launch hook does before the real launch: the scan, and when
@@ -507,6 +509,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->no_layout = false;
     l->cap = 0;
     l->rd.n = 0;
+    l->ntouch = 0;
     l->observe = __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED);
     if (!l->observe)
         return;
@@ -526,11 +529,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     if (!reads_weights(&l->s)) {
         /* neither where the engine is nor a read to move */
         __atomic_add_fetch(&wo_stream_tab.n.not_reader, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    if (!wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0))
-        return;
-    {
+    } else if (wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0)) {
         void **np = *extra && !*params ? NULL : *params;
         const uint64_t *notptr = l->s.lay ? l->s.lay->notptr : NULL;
         void **ne = NULL;
@@ -541,13 +540,20 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {
             wo_redirect_cancel(&l->rd);
-            return;
-        }
-        if (np)
+        } else if (np) {
             *params = np;
-        else
+        } else {
             *extra = ne;
+        }
     }
+    /* What it reaches of a streamed range in place, it may write: the
+     * executor must neither stage those ranges from a copy older than this
+     * launch nor leave a slot published that is (uvm/stream.h). A captured
+     * launch runs later, from its graph: graphs read in place, and what
+     * they write is not seen (docs/prefetch.md, Write checks). */
+    if (!l->cap)
+        l->ntouch =
+            wo_stream_touch_begin(l->s.hits, l->s.nhits, l->rd.from, l->rd.to, l->rd.n, l->touch);
 }
 
 /* Everything a launch hook does after the real launch (ok: it succeeded). */
@@ -560,6 +566,11 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
         wo_redirect_check(&l->rd, stream, l->key);
     if (l->rd.n)
         wo_redirect_end(&l->rd, stream); /* slots released either way */
+    if (l->ntouch) {
+        const struct wo_real *r = wo_real_driver_peek();
+        wo_stream_touch_end(l->touch, l->ntouch, stream,
+                            r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL);
+    }
     if (!ok)
         return;
     wo_count(WO_CTR_launch_calls, 1);

@@ -114,7 +114,7 @@ CUresult wo_check_first(CUstream copy, CUdeviceptr dev, uint64_t n, uint32_t id)
 }
 
 CUresult wo_check_slot(unsigned slot, CUdeviceptr dev, uint64_t n, uint32_t id, uint32_t tag,
-                       CUdeviceptr dst, CUevent read_done, CUstream copy)
+                       CUdeviceptr dst, CUevent copied, CUevent read_done, CUstream copy)
 {
     const struct wo_driver *d = ck.d;
     CUdeviceptr want = ck.buf + OFF_WANT + 8 * (uint64_t)id;
@@ -128,7 +128,11 @@ CUresult wo_check_slot(unsigned slot, CUdeviceptr dev, uint64_t n, uint32_t id, 
 
     if (!ck.on || id >= WO_STREAM_IDS || slot >= ck.nslots)
         return CUDA_ERROR_NOT_INITIALIZED;
-    res = d->cuStreamWaitEvent(ck.s, read_done, 0);
+    /* after the copy that staged it (a slot no launch read has no
+     * read_done to wait for) and every launch that read it */
+    res = d->cuStreamWaitEvent(ck.s, copied, 0);
+    if (res == CUDA_SUCCESS)
+        res = d->cuStreamWaitEvent(ck.s, read_done, 0);
     if (res == CUDA_SUCCESS)
         res = hash(ck.s, dev, n, OFF_PART_CHECK, OFF_COUNT_CHECK, OFF_GOT + 8 * (uint64_t)slot);
     if (res == CUDA_SUCCESS)

@@ -33,12 +33,11 @@ bool wo_check_start(const struct wo_driver *d, CUmodule mod, unsigned nslots);
 CUresult wo_check_first(CUstream copy, CUdeviceptr dev, uint64_t n, uint32_t id);
 
 /* Slot `slot` (at dev) holds range id's n bytes, staged from dst: once
- * read_done has passed, hash it, copy it back into dst when it changed
- * (then the range's flag becomes tag: non-zero, and other than any earlier
- * range with that id had), and make the copy stream wait for that before
- * its next copy. */
+ * the copy that staged them (copied) and read_done have passed, hash it, copy it back into dst when
+ * it changed (then the range's flag becomes tag: non-zero, and other than any earlier range with
+ * that id had), and make the copy stream wait for that before its next copy. */
 CUresult wo_check_slot(unsigned slot, CUdeviceptr dev, uint64_t n, uint32_t id, uint32_t tag,
-                       CUdeviceptr dst, CUevent read_done, CUstream copy);
+                       CUdeviceptr dst, CUevent copied, CUevent read_done, CUstream copy);
 
 /* Whether the last check of slot has finished on the device (a failed
  * query counts as finished: there is nothing to wait for). */

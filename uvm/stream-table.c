@@ -50,6 +50,62 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
     }
 }
 
+unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, const uint64_t *from,
+                               const uint64_t *to, unsigned nred, uint32_t *ids)
+{
+    unsigned n = 0;
+
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return 0;
+    for (unsigned i = 0; i < nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &hits[i];
+        struct wo_stream_entry *e;
+        uint64_t w, at;
+        bool moved = false, dup = false;
+
+        if (h->id >= WO_STREAM_IDS)
+            continue;
+        e = &wo_stream_tab.e[h->id];
+        if (!__atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE) ||
+            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen ||
+            h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
+            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED) || !wo_hit_pointer_like(h))
+            continue;
+        at = __atomic_load_n(&e->base, __ATOMIC_RELAXED) + h->offset;
+        for (unsigned k = 0; k < nred; k++)
+            moved |= at >= from[k] && at < to[k];
+        for (unsigned k = 0; k < n; k++)
+            dup |= ids[k] == h->id;
+        if (moved || dup)
+            continue;
+        ids[n++] = h->id;
+        __atomic_add_fetch(&e->touch_begin, 1, __ATOMIC_SEQ_CST);
+        /* launches after this one read the range, not an older slot; a
+         * hook that pinned the slot before keeps reading it (the executor
+         * reuses a slot only once no hook does) */
+        w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
+        if (w != 0 && w != WO_STREAM_DIRTY &&
+            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            add(&wo_stream_tab.n.unpublished_inplace, 1);
+    }
+    if (n)
+        add(&wo_stream_tab.n.touched_inplace, 1);
+    return n;
+}
+
+void wo_stream_touch_end(const uint32_t *ids, unsigned n, uint64_t stream,
+                         CUresult (*record)(CUevent, CUstream))
+{
+    CUevent fence = __atomic_load_n(&wo_stream_tab.fence, __ATOMIC_ACQUIRE);
+
+    /* the fence first: an executor that sees the end waits for it, and it
+     * is recorded after this launch */
+    if (!fence || !record || record(fence, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
+        add(&wo_stream_tab.n.fence_failed, 1);
+    for (unsigned i = 0; i < n; i++)
+        __atomic_add_fetch(&wo_stream_tab.e[ids[i]].touch_end, 1, __ATOMIC_SEQ_CST);
+}
+
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
 {
     uint64_t t0, now;

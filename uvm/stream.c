@@ -55,6 +55,7 @@ struct srange {
     bool hashed;   /* the write check has the hash it was staged with (stream-check.h) */
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
     unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
+    uint32_t touch_seen; /* touch_end of its entry at its last staging copy */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -243,6 +244,12 @@ static bool slots(void)
     if (res == CUDA_SUCCESS && ex->checks_wanted &&
         !(ex->check_on = wo_check_start(d, ex->copy_mod, ex->nslots)))
         res = CUDA_ERROR_NOT_SUPPORTED;
+    if (res == CUDA_SUCCESS && !__atomic_load_n(&wo_stream_tab.fence, __ATOMIC_ACQUIRE)) {
+        /* kept until exit: hooks may hold it while the slots go */
+        CUevent f = NULL;
+        res = d->cuEventCreate(&f, CU_EVENT_DISABLE_TIMING);
+        __atomic_store_n(&wo_stream_tab.fence, f, __ATOMIC_RELEASE);
+    }
     for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
@@ -414,7 +421,7 @@ static bool check_slot(unsigned s)
         if (!fence_owner(sl))
             return false;
         res = wo_check_slot(s, (CUdeviceptr)sl->dev, r->hi - r->lo, id, check_tag(r),
-                            (CUdeviceptr)(r->base + r->lo), sl->read_done, ex->copy);
+                            (CUdeviceptr)(r->base + r->lo), sl->copied, sl->read_done, ex->copy);
         if (res != CUDA_SUCCESS) {
             /* what a launch may have written there cannot be known: stop
              * streaming rather than risk it again */
@@ -486,6 +493,8 @@ static bool stage(uint32_t id, int slot)
     struct wo_stream_entry *e = &wo_stream_tab.e[id];
     struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
     uint64_t w = 0, nw;
+    uint32_t tb, te;
+    bool fresh;
     struct wo_range rg;
     CUcontext prev;
     CUresult res;
@@ -502,6 +511,14 @@ static bool stage(uint32_t id, int slot)
         mark_written(r, id);
         return true; /* the slot is free: try the next range */
     }
+    /* launches that touched the range in place (wo_stream_touch_begin):
+     * one under way, later; one since the last staging copy, this copy
+     * comes after it (the fence) and from the range itself */
+    tb = __atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST);
+    te = __atomic_load_n(&e->touch_end, __ATOMIC_SEQ_CST);
+    if (tb != te)
+        return false;
+    fresh = te != r->touch_seen;
     if (!wo_driver_enter())
         return false;
     /* The engine may free the range at any moment (wo_uvm_free, on its
@@ -544,12 +561,15 @@ static bool stage(uint32_t id, int slot)
         }
     res = ex->check_on || !ex->checks_wanted ? d->cuStreamWaitEvent(ex->copy, s->read_done, 0)
                                              : CUDA_ERROR_NOT_SUPPORTED;
+    if (res == CUDA_SUCCESS && fresh)
+        res = d->cuStreamWaitEvent(ex->copy, wo_stream_tab.fence, 0);
     if (res == CUDA_SUCCESS) {
         bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned = false;
         /* a check of the range still under way may copy a written slot
-         * back into it, not into its pinned copy: stage from the range */
-        CUdeviceptr src =
-            r->chk_slot1 ? (CUdeviceptr)(r->base + r->lo) : source(id, r, managed, &pinned);
+         * back into it, and a launch that touched it in place may have
+         * written it, not its pinned copy: stage from the range */
+        CUdeviceptr src = r->chk_slot1 || fresh ? (CUdeviceptr)(r->base + r->lo)
+                                                : source(id, r, managed, &pinned);
         res = copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed && !pinned);
         if (res == CUDA_SUCCESS && pinned)
             add(&wo_stream_tab.n.staged_pinned, 1);
@@ -581,6 +601,15 @@ static bool stage(uint32_t id, int slot)
     add(&wo_stream_tab.n.staged, 1);
     add(&wo_stream_tab.n.staged_bytes, r->hi - r->lo);
     r->staged += r->hi - r->lo;
+    if (__atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST) != tb) {
+        /* a launch began touching it in place while the copy was issued:
+         * the copy may have raced a write; never published, never checked
+         * (nothing read or wrote it); staged again later */
+        ex->slot_chk[slot] = NONE;
+        add(&wo_stream_tab.n.not_published, 1);
+        return true;
+    }
+    r->touch_seen = te;
     __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
     ex->epoch++;
     nw = wo_stream_word(r->gen, ex->epoch, (unsigned)slot);
@@ -637,6 +666,11 @@ static void advance(void)
         struct srange *r = &ex->r[ahead[k]];
         int pick = -1;
 
+        /* a launch that read it in place took its assignment back
+         * (wo_stream_note_inplace): staged again, from the range */
+        if (r->slot >= 0 && r->streamed &&
+            __atomic_load_n(&wo_stream_tab.e[ahead[k]].word, __ATOMIC_SEQ_CST) == 0)
+            take_back(r);
         if (r->slot >= 0 || !r->streamed)
             continue;
         /* a free slot, else one of a range behind, the one just behind last;

@@ -60,6 +60,8 @@ struct wo_stream_entry {
                         * the engine nears it, so a hook may wait for that (wo_stream_await) */
     uint32_t nowait;   /* a hook's wait for it ran out: no hook waits again until the
                         * executor next publishes it */
+    uint32_t touch_begin, touch_end; /* launches that touched it in place, begun and ended
+                                      * (wo_stream_touch_begin) */
 };
 
 struct wo_stream_slot {
@@ -96,6 +98,10 @@ struct wo_stream_counts {
                               * only (stale words, not reads: preload/launch.c) */
     uint64_t write_checks;   /* slots hashed before reuse for writes by launches (stream-check.h) */
     uint64_t written_back;   /* ... that a launch had written: copied back into their range */
+    uint64_t touched_inplace;     /* launches that touched streamed ranges in place */
+    uint64_t unpublished_inplace; /* ... and took a published assignment back */
+    uint64_t fence_failed;        /* ... whose fence could not be recorded */
+    uint64_t not_published;       /* staging copies a touch in place overlapped: dropped */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
     uint64_t check_mismatch; /* ... that differed from their host copy */
 };
@@ -106,6 +112,8 @@ struct wo_stream_shared {
                     * then counts only when its function has reached two (launch.c) */
     uint32_t pos;  /* registry id + 1 of the last streamed range a launch touched */
     CUcontext ctx; /* the context slots and events live in (the engine's primary) */
+    CUevent fence; /* recorded after each launch that touched a streamed range in place
+                    * (wo_stream_touch_end); made with the first slots, kept until exit */
     struct wo_stream_counts n;
     struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
     struct wo_stream_entry e[WO_STREAM_IDS];
@@ -137,6 +145,24 @@ static inline uint32_t wo_stream_word_gen(uint64_t w)
  * which the write makes current) and the executor learns the range was
  * written. Lock-free; the registry read section must not be held. */
 void wo_stream_note_write(uint64_t dst, uint64_t bytes);
+
+/* A launch touches streamed ranges in place (not redirected: its function
+ * is no reader, no slot was ready, another stream owns the slot): it may
+ * write them. Before the launch, wo_stream_touch_begin lists them in ids
+ * (hits not among the nred redirected spans [from, to)), counts a touch
+ * begun on each, and takes back each published assignment (not sticky:
+ * the launches after it read the range until it is staged again). After
+ * it, wo_stream_touch_end records the fence event on the launch's stream
+ * (with record, the real cuEventRecord) and counts the touches ended. The
+ * executor then stages those ranges from the range itself, after the fence
+ * (not from a pinned copy made before), publishes no copy a touch overlapped,
+ * and the write check of that staging finds a range that was written
+ * (stream-check.h). Returns the number of ids (<= WO_EV_MAX_HITS). Any
+ * thread, lock-free. */
+unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, const uint64_t *from,
+                               const uint64_t *to, unsigned nred, uint32_t *ids);
+void wo_stream_touch_end(const uint32_t *ids, unsigned n, uint64_t stream,
+                         CUresult (*record)(CUevent, CUstream));
 
 /* The launch hook found entry e (generation gen) streamed but not staged:
  * the engine's host thread has run ahead of the executor, which issues
