@@ -448,6 +448,8 @@ static void kernel_wrote(struct srange *r, uint32_t id)
     bool was = r->streamed;
 
     add(&wo_stream_tab.n.written_back, 1);
+    if (r->kernel_written)
+        return; /* a later slot of it, copied back too: said once */
     wo_warn("stream: a launch wrote '%s' while it was streamed: its slot was copied back into "
             "it (nothing is lost); it is read in place from now on",
             r->name ? r->name : "(unnamed)");
@@ -494,7 +496,7 @@ static bool stage(uint32_t id, int slot)
     struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
     uint64_t w = 0, nw;
     uint32_t tb, te;
-    bool fresh;
+    bool fresh, hashed_now = false;
     struct wo_range rg;
     CUcontext prev;
     CUresult res;
@@ -578,7 +580,7 @@ static bool stage(uint32_t id, int slot)
      * write) the slot */
     if (res == CUDA_SUCCESS && ex->check_on && !r->hashed) {
         res = wo_check_first(ex->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
-        r->hashed = res == CUDA_SUCCESS;
+        r->hashed = hashed_now = res == CUDA_SUCCESS;
     }
     if (res == CUDA_SUCCESS)
         res = d->cuEventRecord(s->copied, ex->copy);
@@ -606,6 +608,8 @@ static bool stage(uint32_t id, int slot)
          * the copy may have raced a write; never published, never checked
          * (nothing read or wrote it); staged again later */
         ex->slot_chk[slot] = NONE;
+        if (hashed_now)
+            r->hashed = false; /* that hash may be of the raced copy */
         add(&wo_stream_tab.n.not_published, 1);
         return true;
     }
