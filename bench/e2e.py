@@ -540,6 +540,13 @@ SCENARIOS += [
     S("split-moe8-shim-experts-split-6g-stream", "moe8", batches=[8, 32], prefill=0,
       policy="experts-split-6g-stream", offload="experts:6-11", ref="pin-moe8-gpu", **BATCH),
 ]
+# issue 18: what the streaming slots' write checks cost (docs/prefetch.md,
+# "Write checks"): the pinned-copy rows above against the same with
+# WOFFLOAD_WRITE_CHECKS=0, side by side in one run
+SCENARIOS += [S(f"wc-moe-shim-{_p}-nochecks", "moe", policy=_p, offload="experts:all",
+                ref="pin-moe-gpu", batches=[8, 32], prefill=0, env={"WOFFLOAD_WRITE_CHECKS": "0"},
+                **BATCH)
+              for _p in ("experts-host-stream", "experts-managed-half-auto")]
 # issue 18, item 3: batch-8 decode with transformers' default experts
 # backend, traced (WOFFLOAD_TRACE) for CI's replay-accuracy check: the
 # replay under the recorded placements against the run's own step
@@ -1306,6 +1313,11 @@ def report(results: List[Dict[str, Any]], args: argparse.Namespace, started: str
         f"- machine: {args.machine.get('gpu')} ({args.machine.get('host')})",
         f"- date: {started}; git commit: {args.commit}",
         f"- command: `python3 bench/e2e.py {' '.join(shlex.quote(a) for a in sys.argv[1:])}`",
+        # the shim's settings exported for the whole run (a row's own env
+        # is in its scenario, bench/e2e.py SCENARIOS)
+        "- environment: " + ("not recorded" if args.environment is None else
+                             ", ".join(f"`{k}={v}`" for k, v in sorted(args.environment.items()))
+                             or "no WOFFLOAD_* variable"),
         f"- torch {next((r.get('torch') for r in results if r.get('torch')), '?')}, "
         f"transformers {next((r.get('transformers') for r in results if r.get('transformers')), '?')}, "
         f"libwoffload {next((r.get('woffload') for r in results if r.get('woffload')), '?')}",
@@ -1449,6 +1461,9 @@ def main() -> int:
     ap.add_argument("--keep-going", action="store_true",
                     help="run the shim scenarios even after one failed (default: skip them)")
     args = ap.parse_args()
+    # the shim's settings exported for the whole run (a row's own are in its
+    # scenario's env): said in the report
+    args.environment = {k: v for k, v in os.environ.items() if k.startswith("WOFFLOAD_")}
 
     if args.worker:
         spec = json.loads(args.worker)
@@ -1472,6 +1487,7 @@ def main() -> int:
         if args.commit != "?":
             saved["commit"] = args.commit
         args.machine, args.commit = saved["machine"], saved["commit"]
+        args.environment = saved.get("environment")  # None: not recorded (before 2026-11-26)
         sys.argv = saved["argv"]
         with open(args.render, "w") as f:
             json.dump(saved, f, indent=1)
@@ -1548,7 +1564,7 @@ def save(results: List[Dict[str, Any]], args: argparse.Namespace, started: str, 
         f.write(text)
     with open(os.path.join(args.out, f"e2e-{stamp}.json"), "w") as f:
         json.dump(dict(machine=args.machine, started=started, commit=args.commit,
-                       argv=sys.argv, results=results), f, indent=1)
+                       argv=sys.argv, environment=args.environment, results=results), f, indent=1)
     return text
 
 
