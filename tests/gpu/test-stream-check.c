@@ -185,6 +185,10 @@ int main(void)
         free(want);
     }
     wo_check_stop();
+    CK(drv.cuEventDestroy_v2(copied));
+    CK(drv.cuEventDestroy_v2(read_done));
+    CK(drv.cuStreamDestroy_v2(copy));
+    CK(drv.cuModuleUnload(mod));
     printf("%s: %u checks over %zu slot sizes (1 B to 64 MiB), %d failed\n",
            failures ? "FAIL" : "ok", checks, sizeof(sizes) / sizeof(sizes[0]), failures);
     return failures ? 1 : 0;
