@@ -852,7 +852,6 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
             r = -EINVAL;
         else
             g->prefetch.mode = (enum wo_prefetch_mode)idx;
-        g->prefetch.mode_set = true;
     }
     if (v[7] && get_bool(c, v[7], &experimental) < 0)
         r = -EINVAL;
@@ -1030,7 +1029,8 @@ static void defaults(struct wo_policy_globals *g)
     g->prefetch.piece_size = WO_PIECE_SIZE_DEFAULT;
     g->prefetch.hot_set = true;
     g->prefetch.eviction = WO_EVICT_AUTO;
-    g->prefetch.mode = WO_PREFETCH_MODE_HOT_SET; /* docs/policy.md, prefetch.mode: why not auto yet */
+    g->prefetch.mode =
+        WO_PREFETCH_MODE_AUTO; /* docs/policy.md, prefetch.mode: why, and its limits */
     g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
     g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO; /* measured: docs/prefetch.md, Pinned copies */
     g->fit.enabled = false;
@@ -1079,10 +1079,6 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
         r = -EINVAL;
     if (v[G_FIT] && parse_fit(&c, v[G_FIT]) < 0)
         r = -EINVAL;
-    /* fit: lets the shim decide, and auto measures per range what it sent
-     * off the device (docs/policy.md). A mode the policy names stands. */
-    if (p->g.fit.enabled && !p->g.prefetch.mode_set)
-        p->g.prefetch.mode = WO_PREFETCH_MODE_AUTO;
     if (v[G_RULES]) {
         const struct wo_node *rn = v[G_RULES];
         char b[128];

@@ -136,8 +136,7 @@ struct wo_policy_globals {
         uint64_t piece_size;  /* >= WO_PIECE_SIZE_MIN */
         bool hot_set;         /* keep the most-used ranges resident too */
         enum wo_eviction eviction;
-        enum wo_prefetch_mode mode; /* default HOT_SET, AUTO under fit: (docs/policy.md says why) */
-        bool mode_set;              /* the policy named a mode */
+        enum wo_prefetch_mode mode; /* default AUTO (docs/policy.md says why) */
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
         uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO
                                      * (the default), 0 (off) or a cap (docs/policy.md) */

@@ -22,6 +22,8 @@
 
 #include "core/log.h"
 #include "preload/hook.h"
+#include "preload/redirect.h"
+#include "uvm/stream.h"
 
 #define CAP_SLOTS 64
 #define GRAPH_SLOTS 4096u /* power of two */
@@ -261,6 +263,38 @@ void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
     push_g(WO_EV_GRAPH_LAUNCH, stream, exec, g ? graph : 0, api);
 }
 
+/* Whether launching exec may write weights the launch hook never sees: its
+ * graph's captured launches reached registered ranges (they replay in
+ * place, uvm/stream.h: blind launches), or the graph was not captured
+ * through the shim (its nodes are unknown). */
+static bool graph_blind(uint64_t exec)
+{
+    struct exec_slot *e = exec_slot(exec, false);
+    struct graph_slot *g;
+    uint64_t graph = e ? LOAD(e->graph) : 0;
+
+    g = graph ? graph_slot(graph, false) : NULL;
+    return !g || LOAD(g->hits) != 0;
+}
+
+/* Before a graph launch on stream: a blind launch begun (true) when the
+ * streaming executor may have a slot its graph could make stale. Launched
+ * into a capture, the graph is a node of the outer one, which is then
+ * blind in turn. */
+static bool graph_launch_begin(uint64_t exec, uint64_t stream)
+{
+    uint32_t cap;
+
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) || !graph_blind(exec))
+        return false;
+    cap = wo_capture_of(stream);
+    if (cap) {
+        wo_capture_note_launch(cap, 1);
+        return false;
+    }
+    return wo_stream_blind_begin();
+}
+
 void wo_capture_reset(void)
 {
     /* The child of fork: only the forking thread exists; start empty. */
@@ -343,14 +377,19 @@ CUresult wo_h_graph_instantiate_params(wo_pfn_cuGraphInstantiateWithParams real,
 
 CUresult wo_h_graph_launch(wo_pfn_cuGraphLaunch real, int id, void *ra, CUgraphExec e, CUstream s)
 {
+    uint64_t sid;
+    bool blind;
     CUresult res;
 
     WO_HOOK_ENTER(real(e, s));
+    sid = wo_stream_id(s, wo_hook_pt[id]);
+    blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
     res = real(e, s);
+    if (blind)
+        wo_hook_blind_end(sid);
     if (res == CUDA_SUCCESS) {
         wo_count_caller(ra, WO_CALLER_LAUNCH);
-        wo_capture_graph_launch((uint64_t)(uintptr_t)e, wo_stream_id(s, wo_hook_pt[id]),
-                                WO_API_GRAPH);
+        wo_capture_graph_launch((uint64_t)(uintptr_t)e, sid, WO_API_GRAPH);
     }
     wo_leave();
     return res;
@@ -428,14 +467,19 @@ cudaError_t wo_h_cuda_graph_instantiate_params(wo_pfn_cudaGraphInstantiateWithPa
 cudaError_t wo_h_cuda_graph_launch(wo_pfn_cudaGraphLaunch real, int id, void *ra,
                                    cudaGraphExec_t e, cudaStream_t s)
 {
+    uint64_t sid;
+    bool blind;
     cudaError_t res;
 
     WO_RT_HOOK_ENTER(real(e, s));
+    sid = wo_stream_id(s, wo_rt_pt[id]);
+    blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
     res = real(e, s);
+    if (blind)
+        wo_hook_blind_end(sid);
     if (res == cudaSuccess) {
         wo_count_caller(ra, WO_CALLER_LAUNCH);
-        wo_capture_graph_launch((uint64_t)(uintptr_t)e, wo_stream_id(s, wo_rt_pt[id]),
-                                WO_API_GRAPH);
+        wo_capture_graph_launch((uint64_t)(uintptr_t)e, sid, WO_API_GRAPH);
     }
     wo_leave();
     return res;

@@ -56,7 +56,8 @@ struct layout {
     uintptr_t key;  /* 0: empty; set once by CAS */
     uint32_t state; /* LAYOUT_*; written once, released after the sizes */
     uint16_t nparams;
-    uint16_t pad;
+    uint16_t blind; /* the function may write through pointers the scan cannot see
+                     * (blind_name): written before state is released */
     uint32_t arena; /* nparams > INLINE_PARAMS: offset of the sizes in arena[] */
     uint16_t sizes[INLINE_PARAMS];
     /* bit w: scanned word w (in scan order) has held a small non-zero
@@ -189,6 +190,23 @@ static void publish(struct layout *l, const uint16_t *sizes, int n)
     __atomic_store_n(&l->state, state, __ATOMIC_RELEASE);
 }
 
+/* Whether f is a kernel that writes through pointers its parameters do not
+ * hold, into memory that may be a weight: NCCL's kernels take their
+ * buffers from work descriptors in device memory (an RL trainer
+ * broadcasts new weights into a serving engine with them). uvm/stream.h,
+ * blind launches. */
+static bool blind_name(CUfunction f)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUresult (*get)(const char **, CUfunction) =
+        r ? (CUresult(*)(const char **, CUfunction))r->cuFuncGetName : NULL;
+    const char *name = NULL;
+
+    if (!get || !f || get(&name, f) != CUDA_SUCCESS || !name)
+        return false;
+    return strstr(name, "ncclDevKernel") || strstr(name, "ncclKernel");
+}
+
 /* Fills entry l (this thread holds it: a new key, or one made stale by an
  * unload) for the function behind key: what was learned per word and per
  * range is forgotten, the sizes read into tmp and published. Their count. */
@@ -203,6 +221,7 @@ static int fill(struct layout *l, uintptr_t key, const void *func, bool runtime,
     __atomic_store_n(&l->many_off, 0, __ATOMIC_RELAXED);
     n = read_param_sizes(f, tmp, MAX_PARAMS);
     __atomic_store_n(&l->owner, owner_of(f), __ATOMIC_RELAXED);
+    __atomic_store_n(&l->blind, (uint16_t)blind_name(f), __ATOMIC_RELAXED);
     publish(l, tmp, n);
     return n;
 }
@@ -433,6 +452,15 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
             scan_bytes(s, params[i], (*sizes)[i]);
 }
 
+/* Whether the launch's function is blind (blind_name), from its layout
+ * entry; one another thread is filling right now is asked directly. */
+static bool launch_blind(struct layout *l, uintptr_t key, const void *func, bool runtime)
+{
+    if (__atomic_load_n(&l->state, __ATOMIC_ACQUIRE) == LAYOUT_READY)
+        return __atomic_load_n(&l->blind, __ATOMIC_RELAXED) != 0;
+    return blind_name(function_of(key, func, runtime));
+}
+
 /* Whether the launch's function reads off-device weights, learned from the
  * ranges its launches reached (struct layout: first_off, many_off). Only
  * asked once launches reach two off-device ranges or more (the executor's
@@ -456,10 +484,7 @@ static bool reads_weights(const struct scan *s)
         e = &wo_stream_tab.e[h->id];
         /* the hits the consumer's reader() counts: inside the span (not an
          * activation in the allocation's tail) and pointer-like */
-        if (!__atomic_load_n(&e->base, __ATOMIC_RELAXED) ||
-            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen ||
-            h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
-            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED) || !wo_hit_pointer_like(h))
+        if (!wo_stream_hit_in_span(e, h, false))
             continue;
         any = true;
         if (__atomic_compare_exchange_n(&l->first_off, &cur, want, false, __ATOMIC_RELAXED,
@@ -482,6 +507,7 @@ struct launch {
     uint32_t cap;
     struct scan s;
     struct wo_redirect rd;
+    bool blind;                     /* a blind launch begun (wo_stream_blind_begin) */
     unsigned ntouch;                /* streamed ranges it touches in place */
     uint32_t touch[WO_EV_MAX_HITS]; /* ... their ids (wo_stream_touch_begin) */
 };
@@ -509,6 +535,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->no_layout = false;
     l->cap = 0;
     l->rd.n = 0;
+    l->blind = false;
     l->ntouch = 0;
     l->observe = __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED);
     if (!l->observe)
@@ -524,7 +551,14 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     wo_registry_read_end();
     l->scanned = true;
     l->no_layout = *params && !(*extra && !*params) && n < 0;
-    if (!l->s.nhits || !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return;
+    /* a kernel that writes through pointers the scan cannot see (NCCL's):
+     * no slot staged before it is read after it. A captured one is its
+     * graph's launch's to say (wo_capture_graph_blind) */
+    if (!l->cap && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
+        l->blind = wo_stream_blind_begin();
+    if (!l->s.nhits)
         return;
     if (!reads_weights(&l->s)) {
         /* neither where the engine is nor a read to move */
@@ -567,10 +601,12 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
     if (l->rd.n)
         wo_redirect_end(&l->rd, stream); /* slots released either way */
     if (l->ntouch) {
-        const struct wo_real *r = wo_real_driver_peek();
-        wo_stream_touch_end(l->touch, l->ntouch, stream,
-                            r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL);
+        struct wo_stream_evfns fn;
+        wo_hook_evfns(&fn);
+        wo_stream_touch_end(l->touch, l->ntouch, stream, &fn);
     }
+    if (l->blind)
+        wo_hook_blind_end(stream);
     if (!ok)
         return;
     wo_count(WO_CTR_launch_calls, 1);

@@ -83,6 +83,14 @@ static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct 
         release(slot);
         return false;
     }
+    if (wo_stream_blind_since(e)) {
+        /* staged before a launch that may have written the range unseen
+         * (uvm/stream.h, blind launches): read in place; the executor
+         * stages it again after that launch */
+        release(slot);
+        count(&wo_stream_tab.n.inplace_no_slot);
+        return false;
+    }
     owner = stream + 1;
     if (!__atomic_compare_exchange_n(&s->owner, &expect, owner, false, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE) &&
@@ -115,17 +123,11 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
         if (h->id >= WO_STREAM_IDS)
             continue;
         e = &wo_stream_tab.e[h->id];
-        if (!__atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen)
-            continue;
         /* a hit outside the streamed span (an activation the engine's
-         * allocator put in the allocation's tail) is neither the engine's
-         * position nor a read to move (the span is fixed while streamed) */
-        if (h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
-            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED))
-            continue;
-        /* a word that cannot point at a weight (core/event.h) */
-        if (!wo_hit_pointer_like(h))
+         * allocator put in the allocation's tail), or a word that cannot
+         * point at a weight, is neither the engine's position nor a read
+         * to move (the span is fixed while streamed) */
+        if (!wo_stream_hit_in_span(e, h, true))
             continue;
         /* where the engine is: the executor stages the ranges after it */
         __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
@@ -285,6 +287,23 @@ void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
     if (rd->n)
         count(&wo_stream_tab.n.redirected);
     rd->n = 0;
+}
+
+void wo_hook_evfns(struct wo_stream_evfns *fn)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+
+    fn->create = r ? (CUresult(*)(CUevent *, unsigned))r->cuEventCreate : NULL;
+    fn->destroy = r ? (CUresult(*)(CUevent))r->cuEventDestroy_v2 : NULL;
+    fn->record = r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL;
+}
+
+void wo_hook_blind_end(uint64_t stream)
+{
+    struct wo_stream_evfns fn;
+
+    wo_hook_evfns(&fn);
+    wo_stream_blind_end(true, stream, &fn);
 }
 
 /* ---- WOFFLOAD_STREAM_CHECK ------------------------------------------------ */

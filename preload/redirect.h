@@ -73,3 +73,10 @@ void wo_redirect_cancel(struct wo_redirect *rd);
 void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key);
 /* After the launch: read_done recorded on the stream, slots released. */
 void wo_redirect_end(struct wo_redirect *rd, uint64_t stream);
+/* After a blind launch (uvm/stream.h: wo_stream_blind_begin returned true
+ * before it): its fence recorded on stream, the end counted, with the
+ * real driver's event functions. */
+void wo_hook_blind_end(uint64_t stream);
+/* The real driver's event functions, for the table's fences. */
+struct wo_stream_evfns;
+void wo_hook_evfns(struct wo_stream_evfns *fn);

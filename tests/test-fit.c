@@ -295,7 +295,7 @@ static void key_parses_and_dumps(void **state)
     g = wo_policy_globals(p);
     assert_false(g->fit.enabled);
     assert_true(wo_policy_passthrough(p));
-    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET); /* the default, fit: or not */
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO); /* the default, fit: or not */
     p = wo_policy_free(p);
     wo_diags_clear(&d);
 
@@ -311,7 +311,7 @@ static void key_parses_and_dumps(void **state)
     assert_int_equal(g->fit.rest, WO_PLACE_HOST);
     assert_false(wo_policy_passthrough(p)); /* fit places: the window opens at start */
     assert_int_equal(g->window.open, WO_WINDOW_OPEN_AT_START);
-    /* fit decides the prefetch mode too, unless the policy names one */
+    /* auto, the default (under fit: as everywhere), unless the policy names one */
     assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
     p = wo_policy_free(p);
     wo_diags_clear(&d);

@@ -367,7 +367,7 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->window.min_size, WO_MiB);
     assert_true(g->prefetch.enabled);
     assert_int_equal(g->prefetch.piece_size, 64 * WO_MiB);
-    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_HOT_SET);
+    assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
     assert_int_equal(g->prefetch.slots, WO_STREAM_SLOTS_DEFAULT);
     assert_true(g->prefetch.pinned_copies == WO_PIN_COPIES_AUTO); /* auto by default */
     assert_true(wo_policy_passthrough(p));

@@ -167,6 +167,23 @@ static void poke(void **params, const uint32_t g[3], const uint32_t b[3])
         p[j] = (unsigned char)(j * 7 + seed);
 }
 
+/* params: unsigned char **table, uint64_t n, uint64_t seed: writes a
+ * pattern of seed into the n bytes at the address table[0] holds (a
+ * collective writing a buffer its work descriptor names) */
+static uint64_t blind_writes;
+static void broadcast(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr t = *(CUdeviceptr *)params[0];
+    unsigned char *p = *(unsigned char **)(uintptr_t)t;
+    uint64_t n = *(uint64_t *)params[1], seed = *(uint64_t *)params[2];
+
+    (void)g;
+    (void)b;
+    __atomic_add_fetch(&blind_writes, 1, __ATOMIC_RELAXED);
+    for (uint64_t j = 0; j < n; j++)
+        p[j] = (unsigned char)(j * 7 + seed);
+}
+
 /* params: uint64_t *where, uint64_t value: an activation written after seal */
 static void scribble(void **params, const uint32_t g[3], const uint32_t b[3])
 {
@@ -244,7 +261,8 @@ static int child(const char *mode)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction k, kb, ks, ke, kst, kp, kw, kpk;
+    CUfunction k, kb, ks, ke, kst, kp, kw, kpk, knc;
+    CUdeviceptr table;
     unsigned char *buf = malloc(MiB);
     uint64_t wrong = 0;
 
@@ -306,6 +324,7 @@ static int child(const char *mode)
     CHECK(tag((void *)(uintptr_t)(padded + MiB / 2), MiB / 2, "model.layers.98.mlp.experts.down") ==
           0);
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
+    CHECK(p_cuMemAlloc(&table, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
     kb = kernel("checksum_b", 3, psz, checksum);
@@ -315,6 +334,7 @@ static int child(const char *mode)
     kp = kernel("pair", 3, psz, pair);
     kw = kernel("overwrite", 3, psz, overwrite);
     kpk = kernel("poke", 3, psz, poke);
+    knc = kernel("ncclDevKernel_Broadcast_RING_LL", 3, psz, broadcast);
 
 /* Launches kern (it writes a word it was handed to out) and counts the
  * word v reaching it changed: a word that is no pointer must never be
@@ -349,22 +369,45 @@ static int child(const char *mode)
             CHECK(p_cuMemcpyHtoD(ranges[3], buf, MiB) == CUDA_SUCCESS);
             expect[3] = hash(buf, MiB);
         }
-        if (stream_mode && step == STEPS / 2 + 2) {
+        if (stream_mode && step == STEPS - 8) {
             /* (3) a launch into a capture is not redirected: the graph
-             * replays it later, without the hook, and reads in place */
+             * replays it later, without the hook, and reads in place. Its
+             * second node writes range 12 in place, unseen at replay: a
+             * blind launch (uvm/stream.h), after which no slot staged
+             * before it is read, and range 12 is staged from the range */
             CUgraph g;
             CUgraphExec ge;
-            uint64_t n = MiB;
+            uint64_t n = MiB, seed = 91;
             void *params[] = {&ranges[7], &n, &out};
+            void *wparams[] = {&ranges[12], &n, &seed};
 
             *(uint64_t *)(uintptr_t)out = 0;
             CHECK(p_cuBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
             CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuLaunchKernel(kpk, 1, 1, 1, 1, 1, 1, 0, s, wparams, NULL) == CUDA_SUCCESS);
             CHECK(p_cuEndCapture(s, &g) == CUDA_SUCCESS);
             CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
             CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
             CHECK(*(uint64_t *)(uintptr_t)out == expect[7]);
+            for (size_t j = 0; j < MiB; j++)
+                buf[j] = (unsigned char)(j * 7 + seed);
+            expect[12] = hash(buf, MiB);
+        }
+        if (stream_mode && step == STEPS - 4) {
+            /* (3b) a kernel named as NCCL's are writes range 10 through a
+             * pointer it reads from a table in device memory: the scan
+             * finds no pointer to it (an RL trainer broadcasting weights
+             * into the engine). Its name makes it a blind launch */
+            uint64_t n = MiB, seed = 55;
+            void *params[] = {&table, &n, &seed};
+
+            CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
+            CHECK(p_cuLaunchKernel(knc, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+            for (size_t j = 0; j < MiB; j++)
+                buf[j] = (unsigned char)(j * 7 + seed);
+            expect[10] = hash(buf, MiB);
         }
         if (cap_mode && step == STEPS / 2 - 2) {
             /* the pins are under way by now (staging started a few steps
@@ -516,9 +559,15 @@ static int child(const char *mode)
         CHECK(p_cuMemcpyDtoH(buf, ranges[6], MiB) == CUDA_SUCCESS);
         CHECK(hash(buf, MiB) == expect[6]);
         CHECK(slot_writes == 1);
-        CHECK(inplace_writes == 1);
+        CHECK(inplace_writes == 2); /* (4b) and the graph's node (3) */
         CHECK(p_cuMemcpyDtoH(buf, ranges[8], MiB) == CUDA_SUCCESS);
         CHECK(hash(buf, MiB) == expect[8]);
+        /* and what the graph and the blind kernel wrote, in theirs */
+        CHECK(p_cuMemcpyDtoH(buf, ranges[12], MiB) == CUDA_SUCCESS);
+        CHECK(hash(buf, MiB) == expect[12]);
+        CHECK(p_cuMemcpyDtoH(buf, ranges[10], MiB) == CUDA_SUCCESS);
+        CHECK(hash(buf, MiB) == expect[10]);
+        CHECK(blind_writes == 1);
         printf("child stream: the write reached a slot %llu time(s)\n",
                (unsigned long long)slot_writes);
     }
@@ -545,6 +594,7 @@ static int child(const char *mode)
     CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(padded) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
+    CHECK(p_cuMemFree(table) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
         static char js[1 << 17];
         const char *at = NULL;
@@ -708,8 +758,18 @@ int main(int argc, char **argv)
     CHECK(num_after(s, "\"staged\":") > 0 &&
           num_after(s, "\"staged_by_kernel\":") + num_after(s, "\"staged_pinned\":") ==
               num_after(s, "\"staged\":"));
-    CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 2);
+    CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 3);
     CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
+    /* (3) the graph and (3b) the NCCL-named kernel were blind launches:
+     * every pinned copy retired after the first (they may be older than
+     * their ranges), none made again, and the reads after each were right
+     * (the child checks) */
+    printf("stream: %.0f blind launches\n", num_after(s, "\"blind_launches\":"));
+    CHECK(num_after(s, "\"blind_launches\":") == 2);
+    CHECK(num_after(s, "\"blind_unfenced\":") == 0);
+    CHECK(num_after(e, "\"held\":") == 0 &&
+          num_after(e, "\"retired\":") == num_after(e, "\"made\":"));
+    CHECK(strstr(log, "pinned copies retired (docs/prefetch.md, Blind launches)") != NULL);
     CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
     CHECK(num_after(s, "\"invalidated\":") >= 0);
     /* (4) every slot was checked before reuse; the one range 6's write

@@ -66,10 +66,7 @@ unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, con
         if (h->id >= WO_STREAM_IDS)
             continue;
         e = &wo_stream_tab.e[h->id];
-        if (!__atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE) ||
-            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h->gen ||
-            h->hi <= __atomic_load_n(&e->lo, __ATOMIC_RELAXED) ||
-            h->offset >= __atomic_load_n(&e->hi, __ATOMIC_RELAXED) || !wo_hit_pointer_like(h))
+        if (!wo_stream_hit_in_span(e, h, true))
             continue;
         at = __atomic_load_n(&e->base, __ATOMIC_RELAXED) + h->offset;
         for (unsigned k = 0; k < nred; k++)
@@ -94,16 +91,54 @@ unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, con
 }
 
 void wo_stream_touch_end(const uint32_t *ids, unsigned n, uint64_t stream,
-                         CUresult (*record)(CUevent, CUstream))
+                         const struct wo_stream_evfns *fn)
 {
-    CUevent fence = __atomic_load_n(&wo_stream_tab.fence, __ATOMIC_ACQUIRE);
+    CUevent fence = wo_stream_fence(&wo_stream_tab.fence, fn->create, fn->destroy);
 
     /* the fence first: an executor that sees the end waits for it, and it
      * is recorded after this launch */
-    if (!fence || !record || record(fence, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
+    if (!fence || !fn->record || fn->record(fence, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
         add(&wo_stream_tab.n.fence_failed, 1);
     for (unsigned i = 0; i < n; i++)
         __atomic_add_fetch(&wo_stream_tab.e[ids[i]].touch_end, 1, __ATOMIC_SEQ_CST);
+}
+
+bool wo_stream_blind_begin(void)
+{
+    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return false;
+    __atomic_add_fetch(&wo_stream_tab.blind_begin, 1, __ATOMIC_SEQ_CST);
+    add(&wo_stream_tab.n.blind_launches, 1);
+    return true;
+}
+
+CUevent wo_stream_fence(CUevent *at, CUresult (*create)(CUevent *, unsigned),
+                        CUresult (*destroy)(CUevent))
+{
+    CUevent f = __atomic_load_n(at, __ATOMIC_ACQUIRE), mine = NULL;
+
+    if (f || !create || create(&mine, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS || !mine)
+        return f;
+    /* made once, by the executor's slots or the first launch that needs
+     * it; kept until exit (hooks may hold it) */
+    if (__atomic_compare_exchange_n(at, &f, mine, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return mine;
+    if (destroy)
+        destroy(mine);
+    return f;
+}
+
+void wo_stream_blind_end(bool begun, uint64_t stream, const struct wo_stream_evfns *fn)
+{
+    CUevent fence;
+
+    if (!begun)
+        return;
+    fence = wo_stream_fence(&wo_stream_tab.blind_fence, fn->create, fn->destroy);
+    /* the fence first: an executor that sees the end waits for it */
+    if (!fence || !fn->record || fn->record(fence, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
+        add(&wo_stream_tab.n.blind_unfenced, 1);
+    __atomic_add_fetch(&wo_stream_tab.blind_end, 1, __ATOMIC_SEQ_CST);
 }
 
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)

@@ -56,6 +56,7 @@ struct srange {
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
     unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
     uint32_t touch_seen; /* touch_end of its entry at its last staging copy */
+    uint32_t blind_seen; /* wo_stream_tab.blind_end at its last staging copy */
     uint32_t gen;
     uint64_t base, lo, hi; /* the staged bytes: [base+lo, base+hi) */
     uint64_t slice;        /* gcd of the non-zero offsets seen (relative to lo) */
@@ -106,6 +107,7 @@ struct exec {
     bool check_on;      /* the write checks run (stream-check.h) */
     uint32_t slot_chk[WO_STREAM_MAX_SLOTS];     /* the range staged there, not checked yet, NONE */
     uint32_t slot_chk_gen[WO_STREAM_MAX_SLOTS]; /* ... its generation */
+    uint32_t blind_seen;                        /* blind launches ended that blind() took in */
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
@@ -186,7 +188,7 @@ static void load_copy_kernel(void)
  * time), else the range itself. */
 static CUdeviceptr source(uint32_t id, const struct srange *r, bool managed, bool *pinned)
 {
-    CUdeviceptr p = ex->pin_on && managed
+    CUdeviceptr p = ex->pin_on && managed && !ex->blind_seen
                         ? wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo)
                         : 0;
 
@@ -244,12 +246,12 @@ static bool slots(void)
     if (res == CUDA_SUCCESS && ex->checks_wanted &&
         !(ex->check_on = wo_check_start(d, ex->copy_mod, ex->nslots)))
         res = CUDA_ERROR_NOT_SUPPORTED;
-    if (res == CUDA_SUCCESS && !__atomic_load_n(&wo_stream_tab.fence, __ATOMIC_ACQUIRE)) {
-        /* kept until exit: hooks may hold it while the slots go */
-        CUevent f = NULL;
-        res = d->cuEventCreate(&f, CU_EVENT_DISABLE_TIMING);
-        __atomic_store_n(&wo_stream_tab.fence, f, __ATOMIC_RELEASE);
-    }
+    /* the fences (stream.h), kept until exit: hooks may hold them while
+     * the slots go */
+    if (res == CUDA_SUCCESS &&
+        (!wo_stream_fence(&wo_stream_tab.fence, d->cuEventCreate, d->cuEventDestroy_v2) ||
+         !wo_stream_fence(&wo_stream_tab.blind_fence, d->cuEventCreate, d->cuEventDestroy_v2)))
+        res = CUDA_ERROR_OUT_OF_MEMORY;
     for (i = 0; i < ex->nslots && res == CUDA_SUCCESS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
@@ -460,9 +462,11 @@ static void kernel_wrote(struct srange *r, uint32_t id)
 }
 
 /* Takes the results of the write checks that finished (all of them when
- * wait). */
-static void poll_checks(bool wait)
+ * wait): of range only, or of every range (only NONE). */
+static void poll_checks(bool wait, uint32_t only)
 {
+    uint32_t from = only == NONE ? 0 : only, to = only == NONE ? ex->nr : only + 1;
+
     CUcontext prev;
     bool read = false;
 
@@ -471,7 +475,7 @@ static void poll_checks(bool wait)
     prev = push_ctx();
     if (wait)
         wo_check_sync();
-    for (uint32_t id = 0; id < ex->nr; id++) {
+    for (uint32_t id = from; id < to && id < ex->nr; id++) {
         struct srange *r = &ex->r[id];
         if (!r->live || !r->chk_slot1 || !wo_check_done(r->chk_slot1 - 1))
             continue;
@@ -487,6 +491,44 @@ static void poll_checks(bool wait)
     wo_driver_leave();
 }
 
+/* Takes in the blind launches (stream.h) that ended up to ge: the pinned
+ * copies may be older than their ranges from the first one on, so they are
+ * retired and none is made again (stage() copies from the ranges); one
+ * whose fence could not be recorded leaves nothing to order a staging copy
+ * after, so nothing is streamed from then on. False: try later (the driver
+ * is held by a capture). */
+static bool blind(uint32_t ge)
+{
+    uint64_t unfenced;
+    CUcontext prev;
+
+    if (ge == ex->blind_seen)
+        return true;
+    unfenced = __atomic_load_n(&wo_stream_tab.n.blind_unfenced, __ATOMIC_RELAXED);
+    if (unfenced && !ex->slots_failed) {
+        wo_warn("stream: a launch that may write weights unseen (an NCCL kernel, a CUDA graph) "
+                "could not be fenced: nothing is streamed from now on");
+        ex->slots_failed = true;
+        for (uint32_t id = 0; id < ex->nr; id++)
+            if (ex->r[id].live && ex->r[id].streamed)
+                unselect_range(&ex->r[id], id);
+    }
+    if (ex->pin_on) {
+        if (!wo_driver_enter())
+            return false;
+        prev = push_ctx();
+        wo_pin_retire_all(ex->copy);
+        pop_ctx(prev);
+        wo_driver_leave();
+        wo_info("stream: a launch may write weights through pointers the shim cannot see (an "
+                "NCCL kernel, or a CUDA graph that reads them): staged from the ranges from now "
+                "on, pinned copies retired (docs/prefetch.md, Blind launches)");
+    }
+    ex->pin_limit = 0; /* never made again */
+    ex->blind_seen = ge;
+    return true;
+}
+
 /* Copies range id into slot and publishes the assignment. */
 static bool stage(uint32_t id, int slot)
 {
@@ -495,14 +537,14 @@ static bool stage(uint32_t id, int slot)
     struct wo_stream_entry *e = &wo_stream_tab.e[id];
     struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
     uint64_t w = 0, nw;
-    uint32_t tb, te;
-    bool fresh, hashed_now = false;
+    uint32_t tb, te, gb, ge;
+    bool fresh, blind_fresh, hashed_now = false;
     struct wo_range rg;
     CUcontext prev;
     CUresult res;
 
     if (r->chk_slot1)
-        poll_checks(false); /* a launch may have written it: then it is not staged */
+        poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
     if (at_engine((unsigned)slot, true))
@@ -520,7 +562,16 @@ static bool stage(uint32_t id, int slot)
     te = __atomic_load_n(&e->touch_end, __ATOMIC_SEQ_CST);
     if (tb != te)
         return false;
-    fresh = te != r->touch_seen;
+    /* blind launches (stream.h): one under way, later; one since the last
+     * staging copy, the same as a touch, with its own fence */
+    gb = __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST);
+    ge = __atomic_load_n(&wo_stream_tab.blind_end, __ATOMIC_SEQ_CST);
+    if (gb != ge || !blind(ge))
+        return false;
+    if (!r->streamed)
+        return true; /* streaming stopped (blind()) */
+    blind_fresh = ge != r->blind_seen;
+    fresh = te != r->touch_seen || blind_fresh;
     if (!wo_driver_enter())
         return false;
     /* The engine may free the range at any moment (wo_uvm_free, on its
@@ -563,8 +614,10 @@ static bool stage(uint32_t id, int slot)
         }
     res = ex->check_on || !ex->checks_wanted ? d->cuStreamWaitEvent(ex->copy, s->read_done, 0)
                                              : CUDA_ERROR_NOT_SUPPORTED;
-    if (res == CUDA_SUCCESS && fresh)
+    if (res == CUDA_SUCCESS && te != r->touch_seen)
         res = d->cuStreamWaitEvent(ex->copy, wo_stream_tab.fence, 0);
+    if (res == CUDA_SUCCESS && blind_fresh)
+        res = d->cuStreamWaitEvent(ex->copy, wo_stream_tab.blind_fence, 0);
     if (res == CUDA_SUCCESS) {
         bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned = false;
         /* a check of the range still under way may copy a written slot
@@ -577,7 +630,11 @@ static bool stage(uint32_t id, int slot)
             add(&wo_stream_tab.n.staged_pinned, 1);
     }
     /* the hash it is checked against, before any launch may read (and
-     * write) the slot */
+     * write) the slot; after a blind launch, of the range as it is now
+     * (what the blind launch wrote is the range's, nothing to copy back:
+     * the range stays streamed, as after an RL trainer's weight update) */
+    if (blind_fresh && te == r->touch_seen)
+        r->hashed = false;
     if (res == CUDA_SUCCESS && ex->check_on && !r->hashed) {
         res = wo_check_first(ex->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
         r->hashed = hashed_now = res == CUDA_SUCCESS;
@@ -603,10 +660,12 @@ static bool stage(uint32_t id, int slot)
     add(&wo_stream_tab.n.staged, 1);
     add(&wo_stream_tab.n.staged_bytes, r->hi - r->lo);
     r->staged += r->hi - r->lo;
-    if (__atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST) != tb) {
-        /* a launch began touching it in place while the copy was issued:
-         * the copy may have raced a write; never published, never checked
-         * (nothing read or wrote it); staged again later */
+    if (__atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST) != tb ||
+        __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST) != gb) {
+        /* a launch began touching it in place (or a blind one began) while
+         * the copy was issued: the copy may have raced a write; never
+         * published, never checked (nothing read or wrote it); staged
+         * again later */
         ex->slot_chk[slot] = NONE;
         if (hashed_now)
             r->hashed = false; /* that hash may be of the raced copy */
@@ -614,6 +673,8 @@ static bool stage(uint32_t id, int slot)
         return true;
     }
     r->touch_seen = te;
+    r->blind_seen = ge;
+    __atomic_store_n(&e->blind, gb, __ATOMIC_RELAXED); /* before the word: hooks read it after */
     __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
     ex->epoch++;
     nw = wo_stream_word(r->gen, ex->epoch, (unsigned)slot);
@@ -670,10 +731,13 @@ static void advance(void)
         struct srange *r = &ex->r[ahead[k]];
         int pick = -1;
 
-        /* a launch that read it in place took its assignment back
-         * (wo_stream_note_inplace): staged again, from the range */
+        /* a launch that touched it in place took its assignment back
+         * (wo_stream_touch_begin), or a blind launch began since it was
+         * published (hooks no longer take it): staged again, from the
+         * range */
         if (r->slot >= 0 && r->streamed &&
-            __atomic_load_n(&wo_stream_tab.e[ahead[k]].word, __ATOMIC_SEQ_CST) == 0)
+            (__atomic_load_n(&wo_stream_tab.e[ahead[k]].word, __ATOMIC_SEQ_CST) == 0 ||
+             wo_stream_blind_since(&wo_stream_tab.e[ahead[k]])))
             take_back(r);
         if (r->slot >= 0 || !r->streamed)
             continue;
@@ -1235,7 +1299,7 @@ static bool free_slots(void)
         d->cuStreamSynchronize(ex->copy);
     pop_ctx(prev);
     wo_driver_leave();
-    poll_checks(true);
+    poll_checks(true, NONE);
     if (!wo_driver_enter())
         return false; /* a capture began: the slots go back later (checked again: no-op) */
     prev = push_ctx();
@@ -1485,7 +1549,7 @@ static void tick(void)
 {
     if (ex) {
         reap();
-        poll_checks(false);
+        poll_checks(false, NONE);
         if (ex->slots_ready && !any_streamed())
             (void)free_slots();
         advance();
@@ -1605,6 +1669,11 @@ static void finish(void)
             (unsigned long long)c.write_checks, (unsigned long long)c.written_back,
             (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
             (unsigned long long)c.await_timeouts, autos);
+    if (c.blind_launches)
+        wo_info("stream: %llu launches that may write weights unseen (NCCL kernels, CUDA graphs "
+                "that read them): every range staged after them from the range itself%s",
+                (unsigned long long)c.blind_launches,
+                c.blind_unfenced ? "; one could not be fenced, and streaming stopped" : "");
     if (ex->pin_on) {
         struct wo_pin_counts pc;
         wo_pin_counts(&pc);

@@ -62,6 +62,8 @@ struct wo_stream_entry {
                         * executor next publishes it */
     uint32_t touch_begin, touch_end; /* launches that touched it in place, begun and ended
                                       * (wo_stream_touch_begin) */
+    uint32_t blind; /* wo_stream_tab.blind_begin when the assignment was published: a hook
+                     * redirects to it only while no blind launch began since */
 };
 
 struct wo_stream_slot {
@@ -102,6 +104,9 @@ struct wo_stream_counts {
     uint64_t unpublished_inplace; /* ... and took a published assignment back */
     uint64_t fence_failed;        /* ... whose fence could not be recorded */
     uint64_t not_published;       /* staging copies a touch in place overlapped: dropped */
+    uint64_t blind_launches; /* launches that may write any range unseen (wo_stream_blind_begin) */
+    uint64_t blind_unfenced; /* ... whose fence could not be recorded (the executor then
+                              * synchronises the context before it stages again) */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
     uint64_t check_mismatch; /* ... that differed from their host copy */
 };
@@ -114,6 +119,8 @@ struct wo_stream_shared {
     CUcontext ctx; /* the context slots and events live in (the engine's primary) */
     CUevent fence; /* recorded after each launch that touched a streamed range in place
                     * (wo_stream_touch_end); made with the first slots, kept until exit */
+    CUevent blind_fence; /* recorded after each blind launch (wo_stream_blind_end); the same */
+    uint32_t blind_begin, blind_end; /* blind launches begun and ended */
     struct wo_stream_counts n;
     struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
     struct wo_stream_entry e[WO_STREAM_IDS];
@@ -153,16 +160,67 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes);
  * begun on each, and takes back each published assignment (not sticky:
  * the launches after it read the range until it is staged again). After
  * it, wo_stream_touch_end records the fence event on the launch's stream
- * (with record, the real cuEventRecord) and counts the touches ended. The
- * executor then stages those ranges from the range itself, after the fence
- * (not from a pinned copy made before), publishes no copy a touch overlapped,
- * and the write check of that staging finds a range that was written
- * (stream-check.h). Returns the number of ids (<= WO_EV_MAX_HITS). Any
- * thread, lock-free. */
+ * (with fn, the real driver's event functions; made there if need be) and counts the touches ended.
+ * The executor then stages those ranges from the range itself, after the fence (not from a pinned
+ * copy made before), publishes no copy a touch overlapped, and the write check of that staging
+ * finds a range that was written (stream-check.h). Returns the number of ids (<= WO_EV_MAX_HITS).
+ * Any thread, lock-free. */
 unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, const uint64_t *from,
                                const uint64_t *to, unsigned nred, uint32_t *ids);
+struct wo_stream_evfns { /* the real driver's, as the hooks have them */
+    CUresult (*create)(CUevent *, unsigned);
+    CUresult (*destroy)(CUevent);
+    CUresult (*record)(CUevent, CUstream);
+};
 void wo_stream_touch_end(const uint32_t *ids, unsigned n, uint64_t stream,
-                         CUresult (*record)(CUevent, CUstream));
+                         const struct wo_stream_evfns *fn);
+
+/* Whether hit h (a launch's word) lies in the streamed span of entry e, of
+ * the same generation, and can point at a weight (core/event.h): the hits
+ * that are reads of a streamed range, as the hooks and the executor count
+ * them (an activation in the allocation's tail is not one). streamed:
+ * only while the executor streams it. Any thread. */
+static inline bool wo_stream_hit_in_span(const struct wo_stream_entry *e, const struct wo_ev_hit *h,
+                                         bool streamed)
+{
+    return (!streamed || __atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE)) &&
+           __atomic_load_n(&e->base, __ATOMIC_RELAXED) &&
+           __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == h->gen &&
+           h->hi > __atomic_load_n(&e->lo, __ATOMIC_RELAXED) &&
+           h->offset < __atomic_load_n(&e->hi, __ATOMIC_RELAXED) && wo_hit_pointer_like(h);
+}
+
+/* A blind launch may write any range through pointers the shim cannot see:
+ * a kernel handed a table of pointers in device memory (NCCL's kernels: an
+ * RL trainer broadcasting new weights into the engine), or a graph whose
+ * captured launches reached off-device ranges (its nodes replay without
+ * the launch hook). wo_stream_blind_begin, before the launch, counts a
+ * blind launch begun: from then on no hook redirects to an assignment
+ * published before it (the entry's `blind`), and the executor takes those
+ * back. wo_stream_blind_end, after it, records blind_fence on the launch's
+ * stream (with the real driver's functions fn; made there if the executor
+ * has not made it yet; a failure is counted in blind_unfenced, and the
+ * executor then stops streaming) and counts it ended. The executor stages every range
+ * again after that fence, from the range itself, and retires the pinned
+ * copies for good (they may be older than the range now). Any thread,
+ * lock-free; both no-ops while nothing may be streamed (begin returns
+ * false, and end is then handed false). */
+bool wo_stream_blind_begin(void);
+void wo_stream_blind_end(bool begun, uint64_t stream, const struct wo_stream_evfns *fn);
+
+/* The fence event at *at (wo_stream_tab.fence or blind_fence), made with
+ * create (destroy: the one a racing maker lost with) when nobody made it
+ * yet; NULL when it cannot be made. */
+CUevent wo_stream_fence(CUevent *at, CUresult (*create)(CUevent *, unsigned),
+                        CUresult (*destroy)(CUevent));
+
+/* Whether a blind launch began since entry e's assignment was published
+ * (then it is read in place; hooks, after pinning). */
+static inline bool wo_stream_blind_since(const struct wo_stream_entry *e)
+{
+    return __atomic_load_n(&e->blind, __ATOMIC_RELAXED) !=
+           __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST);
+}
 
 /* The launch hook found entry e (generation gen) streamed but not staged:
  * the engine's host thread has run ahead of the executor, which issues
