@@ -87,8 +87,9 @@ rules:
     place: host
 """,
     "experts-host-all": """\
-# Every MoE expert in host memory, read in place over PCIe
-# (vLLM --cpu-offload-params experts, llama.cpp -ot exps=CPU).
+# Every MoE expert in host memory (vLLM --cpu-offload-params experts,
+# llama.cpp -ot exps=CPU), the default prefetch mode: auto since aca5a7f
+# (read in place, or staged once a step where that pays), hot-set before.
 version: 1
 default: device
 rules:
@@ -277,6 +278,13 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
         f"# {_p} with prefetch.pinned_copies off\n"
         + POLICIES[_p].replace("  mode: ", "  pinned_copies: off\n  mode: ", 1))
 
+# The same policies with the prefetch mode the default was before aca5a7f
+# (hot-set: read in place, the hot set resident), to compare in one lease
+POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
+    "rules:\n", "prefetch: {mode: hot-set}\nrules:\n", 1)
+POLICIES["experts-managed-half-hotset"] = POLICIES["experts-managed-half"].replace(
+    "  enabled: true\n", "  enabled: true\n  mode: hot-set\n", 1)
+
 # Fewer staging slots (issue 18's managed target): under a device budget the
 # slots come out of the hot set's room, so each slot less leaves one more
 # range resident
@@ -411,7 +419,8 @@ SCENARIOS: List[Dict[str, Any]] = [
     # (issue 18: host-stream, the streaming executor; managed-half-auto, it
     # deciding per range)
     *batch_rows("moe", "moe", ["experts-host-all", "experts-managed-half", "experts-host-stream",
-                               "experts-managed-half-auto"]),
+                               "experts-managed-half-auto", "experts-host-all-hotset",
+                               "experts-managed-half-hotset"]),
     S("batchdef-moe-shim-experts-host-stream-s3", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-host-stream-s3", offload="experts:all", ref="batchdef-moe-gpu"),
     # auto decides after the stepper found the step (~26 steps of this
