@@ -923,6 +923,30 @@ static struct CUfunc_st *func_of(const void *h)
     return f && f->magic == FUNC_MAGIC ? (struct CUfunc_st *)f : NULL;
 }
 
+/* The source reads of a staging copy, as a GPU's copy makes them: an
+ * engine kernel on another stream may be writing the range at the same
+ * moment (a launch that touches it in place, begun after the executor
+ * looked). On the GPU the copy then reads torn bytes, and the executor
+ * never publishes it (uvm/stream.h: wo_stream_touch_begin; the copy is
+ * counted in not_published). Here the copy and the engine's kernel run on
+ * two host threads: the reads are left uninstrumented, as the hardware's
+ * are, so ThreadSanitizer does not report that discarded copy as a race
+ * (volatile: no memcpy call for the sanitizer to intercept). Whatever the
+ * slot then holds is still checked by every read the tests make of it. */
+__attribute__((no_sanitize("thread"))) static void device_copy(unsigned char *dst,
+                                                                const unsigned char *src,
+                                                                unsigned long long n)
+{
+    const volatile unsigned char *s = src;
+    unsigned long long k = 0;
+
+    if (((uintptr_t)dst | (uintptr_t)src) % 8 == 0)
+        for (; k + 8 <= n; k += 8)
+            *(uint64_t *)(void *)(dst + k) = *(const volatile uint64_t *)(const void *)(src + k);
+    for (; k < n; k++)
+        dst[k] = s[k];
+}
+
 /* The shim's own kernel (uvm/stream-copy.cu: the streaming executor's
  * staging copy from managed memory), as the GPU would run it: bytes copied,
  * whatever the grid. */
@@ -937,7 +961,7 @@ static void builtin_stream_copy(void **params, const uint32_t grid[3], const uin
     memcpy(&dst, params[0], sizeof(dst));
     memcpy(&src, params[1], sizeof(src));
     memcpy(&n, params[2], sizeof(n));
-    memmove(dst, src, n);
+    device_copy(dst, src, n);
 }
 
 /* The write checks' kernels (uvm/stream-copy.cu, uvm/stream-check.c), as
