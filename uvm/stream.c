@@ -80,8 +80,7 @@ struct exec {
     CUmodule copy_mod;  /* its module, loaded with the slots and unloaded with them */
     CUfunction copy_fn; /* wo_stream_copy (uvm/stream-copy.cu), NULL: cuMemcpyAsync only */
     unsigned nslots;
-    uint64_t slot_size; /* the largest range a slot takes (wo_stream_slot_size) */
-    uint64_t slot_sz[WO_STREAM_MAX_SLOTS]; /* each slot's bytes, once made (size_slots) */
+    uint64_t slot_size;
     bool slots_ready, slots_failed;
     bool warned;                         /* the read-multiplicity warning was given */
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
@@ -221,75 +220,6 @@ static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, b
     return d->cuMemcpyAsync(dst, src, (size_t)bytes, ex->copy);
 }
 
-/* Device bytes the slots hold: their sizes once made, else the estimate
- * setup() checked against the budget (every slot the largest size). */
-static uint64_t slots_bytes(void)
-{
-    uint64_t n = 0;
-
-    if (!ex->slots_ready)
-        return (uint64_t)ex->nslots * ex->slot_size;
-    for (unsigned i = 0; i < ex->nslots; i++)
-        n += ex->slot_sz[i];
-    return n;
-}
-
-static int cmp_desc(const void *a, const void *b)
-{
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x > y ? -1 : x < y;
-}
-
-/* Sizes each slot for what it will hold (wo_stream_size_slots), from the
- * ranges streamed now, in the order the last step read them; ranges that
- * are neither streamed nor planned leave every slot the largest size. */
-static void size_slots(void)
-{
-    uint64_t *v = malloc((ex->norder ? ex->norder : 1) * sizeof(*v));
-    size_t n = 0;
-
-    for (uint32_t k = 0; v && k < ex->norder; k++) {
-        const struct srange *r = &ex->r[ex->order[k]];
-        if (r->live && r->streamed && r->hi - r->lo <= ex->slot_size)
-            v[n++] = r->hi - r->lo;
-    }
-    if (!v || !wo_stream_size_slots(v, n, ex->nslots, ex->slot_size, ex->slot_sz))
-        for (unsigned i = 0; i < ex->nslots; i++)
-            ex->slot_sz[i] = ex->slot_size;
-    free(v);
-}
-
-uint64_t *wo_stream_size_slots(const uint64_t *sizes, size_t n, unsigned nslots, uint64_t cap,
-                               uint64_t *out)
-{
-    uint64_t w[WO_STREAM_MAX_SLOTS];
-
-    if (!n || !nslots || nslots > WO_STREAM_MAX_SLOTS)
-        return NULL;
-    for (unsigned i = 0; i < nslots; i++)
-        out[i] = 0;
-    /* slot i: the largest i-th largest size of any nslots ranges in a row
-     * (the order is a cycle): the executor holds at most that many at once,
-     * the next ones and the one behind, and gives each the smallest free
-     * slot it fits */
-    for (size_t j = 0; j < (n > nslots ? n : 1); j++) {
-        unsigned m = (unsigned)(n < nslots ? n : nslots);
-        for (unsigned k = 0; k < m; k++)
-            w[k] = sizes[(j + k) % n];
-        qsort(w, m, sizeof(*w), cmp_desc);
-        for (unsigned k = 0; k < m; k++)
-            out[k] = out[k] > w[k] ? out[k] : w[k];
-    }
-    /* fewer ranges than slots: the spare ones take the smallest */
-    for (unsigned i = 1; i < nslots; i++)
-        if (!out[i])
-            out[i] = out[i - 1];
-    for (unsigned i = 0; i < nslots; i++)
-        if (out[i] > cap || !out[i])
-            out[i] = cap;
-    return out;
-}
-
 /* Allocates the slots, their events and the copy stream, once. */
 static bool slots(void)
 {
@@ -307,7 +237,6 @@ static bool slots(void)
     }
     if (!wo_driver_enter())
         return false; /* a global capture forbids cuMemAlloc: later */
-    size_slots();
     prev = push_ctx();
     res = d->cuStreamCreate(&ex->copy, CU_STREAM_NON_BLOCKING);
     if (res == CUDA_SUCCESS)
@@ -327,7 +256,7 @@ static bool slots(void)
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
 
-        res = d->cuMemAlloc_v2(&p, ex->slot_sz[i]);
+        res = d->cuMemAlloc_v2(&p, ex->slot_size);
         if (res == CUDA_SUCCESS)
             res = d->cuEventCreate(&s->copied, CU_EVENT_DISABLE_TIMING);
         if (res == CUDA_SUCCESS)
@@ -349,19 +278,11 @@ static bool slots(void)
     ex->slots_ready = true;
     if (!ex->pin_on && ex->pin_limit)
         ex->pin_on = wo_pin_start(d, ex->ctx, ex->pin_limit);
-    __atomic_store_n(&wo_stream_tab.n.slot_bytes, slots_bytes(), __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, (uint64_t)ex->nslots * ex->slot_size,
+                     __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.ctx, ex->ctx, __ATOMIC_RELEASE);
-    {
-        char sizes[16 * WO_STREAM_MAX_SLOTS] = "";
-        size_t at = 0;
-        for (i = 0; i < ex->nslots && at < sizeof(sizes); i++)
-            at += (size_t)snprintf(sizes + at, sizeof(sizes) - at, "%s%llu", i ? ", " : "",
-                                   (unsigned long long)(ex->slot_sz[i] >> 20));
-        wo_info("stream: %u device staging slots (%s MiB)", ex->nslots, sizes);
-    }
-    /* the planner's hot set gets what the sizing left of the estimate */
-    if (slots_bytes() < (uint64_t)ex->nslots * ex->slot_size)
-        wo_prefetch_reserve(wo_stream_reserved());
+    wo_info("stream: %u device staging slots of %llu MiB", ex->nslots,
+            (unsigned long long)(ex->slot_size >> 20));
     return true;
 }
 
@@ -821,18 +742,17 @@ static void advance(void)
         if (r->slot >= 0 || !r->streamed)
             continue;
         /* a free slot, else one of a range behind, the one just behind last;
-         * never the slot of the range the engine is at (at_engine); the
-         * smallest that takes the range (slots are sized: size_slots) */
-        for (int tier = 0; tier < 3 && pick < 0; tier++)
-            for (unsigned s = 0; s < ex->nslots; s++) {
-                uint32_t held = (uint32_t)ex->slot_range[s];
-                bool ok = tier == 0   ? ex->slot_range[s] < 0
-                          : tier == 1 ? !in(ahead, na, held) && held != behind
-                                      : !in(ahead, na, held);
-                if (ok && ex->slot_sz[s] >= r->hi - r->lo && !at_engine(s, true) &&
-                    (pick < 0 || ex->slot_sz[s] < ex->slot_sz[pick]))
-                    pick = (int)s;
-            }
+         * never the slot of the range the engine is at (at_engine) */
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (ex->slot_range[s] < 0 && !at_engine(s, true))
+                pick = (int)s;
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) &&
+                (uint32_t)ex->slot_range[s] != behind && !at_engine(s, true))
+                pick = (int)s;
+        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
+            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) && !at_engine(s, true))
+                pick = (int)s;
         if (pick < 0 || !stage(ahead[k], pick))
             break;
     }
@@ -1017,7 +937,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
 
     if (ex->mode != WO_PREFETCH_MODE_AUTO || ex->slots_failed)
         return;
-    slot_bytes = slots_bytes();
+    slot_bytes = (uint64_t)ex->nslots * ex->slot_size;
     for (uint32_t id = 0; id < ex->nr; id++)
         if (auto_candidate(&ex->r[id], id))
             cand += ex->r[id].hi - ex->r[id].lo;
@@ -1579,7 +1499,7 @@ uint64_t wo_stream_reserved(void)
         return 0;
     for (uint32_t i = 0; i < ex->nr; i++)
         if (ex->r[i].live && ex->r[i].streamed)
-            return slots_bytes();
+            return (uint64_t)ex->nslots * ex->slot_size;
     return 0;
 }
 

@@ -45,15 +45,6 @@ bool wo_stream_gathered(const char *name);
  * every slot twice as large. 0 for none. */
 uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n);
 
-/* Sizes nslots staging slots (out[0..nslots), largest first) for ranges of
- * these sizes read in this cyclic order, none above cap: slot i gets the
- * largest i-th largest size among any nslots ranges in a row, so a window
- * of nslots ranges always finds a slot each (two expert tensors of 768 and
- * 384 MiB in turn: two slots of each, not four of 768). out, or NULL when
- * there is nothing to size by. */
-uint64_t *wo_stream_size_slots(const uint64_t *sizes, size_t n, unsigned nslots, uint64_t cap,
-                               uint64_t *out);
-
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
  * only while word is 0, and every publication has a new epoch, so a hook
