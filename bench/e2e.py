@@ -66,10 +66,11 @@ MODELS: Dict[str, Dict[str, Any]] = {
 # policies (docs/policy.md). Written next to the results so a run is
 # reproducible from its own files.
 
-# A policy that names no prefetch.mode runs the default: `auto` since
-# 01c82cc (2026-11-26), `hot-set` before (docs/policy.md, "Why `auto` is the
-# default"). Results files name their commit: rows of the -managed-half and
-# -managed-6g policies from before it ran the hot set alone.
+# A policy that names no prefetch.mode runs the default (docs/policy.md,
+# "Why `auto` is the default"): `hot-set` before 01c82cc, `auto` from
+# 01c82cc to 1078979 (the evening of 2026-11-26), `hot-set` again from
+# 1078979 to d52ebb0, `auto` since d52ebb0. Results files name their
+# commit: read a row of a policy without a mode by it.
 POLICIES: Dict[str, str] = {
     "empty": """\
 # No rule: the shim passes every allocation through (examples/empty.yaml).
