@@ -89,7 +89,7 @@ rules:
 """,
     "experts-host-all": """\
 # Every MoE expert in host memory (vLLM --cpu-offload-params experts,
-# llama.cpp -ot exps=CPU), the default prefetch mode: auto since aca5a7f
+# llama.cpp -ot exps=CPU), the default prefetch mode: auto since d52ebb0
 # (read in place, or staged once a step where that pays), hot-set before.
 version: 1
 default: device
@@ -279,7 +279,7 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
         f"# {_p} with prefetch.pinned_copies off\n"
         + POLICIES[_p].replace("  mode: ", "  pinned_copies: off\n  mode: ", 1))
 
-# The same policies with the prefetch mode the default was before aca5a7f
+# The same policies with the prefetch mode the default was before d52ebb0
 # (hot-set: read in place, the hot set resident), to compare in one lease
 POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
     "rules:\n", "prefetch: {mode: hot-set}\nrules:\n", 1)
