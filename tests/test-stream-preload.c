@@ -209,6 +209,7 @@ static int child(const char *mode)
     CUresult (*p_cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
     CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*p_cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
     CUresult (*p_cuStreamCreate)(CUstream *, unsigned);
     CUresult (*p_cuBeginCapture)(CUstream, CUstreamCaptureMode);
     CUresult (*p_cuEndCapture)(CUstream, CUgraph *);
@@ -277,6 +278,7 @@ static int child(const char *mode)
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
     *(void **)&p_cuMemcpyDtoH = need(cu, "cuMemcpyDtoH_v2");
     *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
+    *(void **)&p_cuLaunchKernelEx = need(cu, "cuLaunchKernelEx");
     *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
     *(void **)&p_cuBeginCapture = need(cu, "cuStreamBeginCapture_v2");
     *(void **)&p_cuEndCapture = need(cu, "cuStreamEndCapture");
@@ -398,12 +400,18 @@ static int child(const char *mode)
             /* (3b) a kernel named as NCCL's are writes range 10 through a
              * pointer it reads from a table in device memory: the scan
              * finds no pointer to it (an RL trainer broadcasting weights
-             * into the engine). Its name makes it a blind launch */
+             * into the engine). Its name makes it a blind launch. Launched
+             * as NCCL launches, with cuLaunchKernelEx */
             uint64_t n = MiB, seed = 55;
             void *params[] = {&table, &n, &seed};
+            CUlaunchConfig cfg;
 
+            memset(&cfg, 0, sizeof(cfg));
+            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+            cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+            cfg.hStream = s;
             CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
-            CHECK(p_cuLaunchKernel(knc, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuLaunchKernelEx(&cfg, knc, params, NULL) == CUDA_SUCCESS);
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
             for (size_t j = 0; j < MiB; j++)
                 buf[j] = (unsigned char)(j * 7 + seed);
