@@ -456,7 +456,7 @@ static int child(const char *mode)
                 /* (4b) a launch of a function that touches range 8 alone
                  * (no reader: never redirected) writes it in place while
                  * its slot may be published: the assignment is taken back
-                 * (wo_stream_note_inplace), the reads after it read the
+                 * (wo_stream_touch_begin), the reads after it read the
                  * range, and the next staging copy's write check finds
                  * the range changed */
                 uint64_t n = MiB, seed = 77;
