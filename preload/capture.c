@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/log.h"
 #include "preload/hook.h"
@@ -106,21 +107,36 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
 /* wo_captures_global is raised *before* the real begin-capture call: the
  * prefetch thread checks it before each driver call, and a call of its that
  * starts after the capture exists would invalidate a global-mode capture. */
+#define CAPTURE_WAIT_NS UINT64_C(5000000000) /* 5 s */
+
 static void global_hold(int mode)
 {
     if (mode == CU_STREAM_CAPTURE_MODE_RELAXED)
         return;
     __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
     /* A prefetcher call already in flight would invalidate the capture:
-     * wait for it (uvm.h: the handshake). One call lasts at most tens of
-     * ms (an advice on a large range); never wait forever. */
+     * wait for it (uvm.h: the handshake). An advice on a large range lasts
+     * tens of ms, registering a pinned copy of a 768 MiB expert tensor
+     * hundreds; never wait forever. The bound is a time: a count of
+     * sched_yield() calls was 40 ms on an idle machine and let a 100 ms
+     * register invalidate test-stream-preload's capture. */
+    uint64_t t0 = 0;
+
     for (int i = 0; __atomic_load_n(&wo_prefetch_busy, __ATOMIC_SEQ_CST); i++) {
-        if (i == 200000) {
-            wo_log_once(WO_LOG_WARN, "a prefetch call is still running as a capture begins; "
-                                     "not waiting longer (the capture may be invalidated)");
+        if (i < 1024) {
+            sched_yield();
+            continue;
+        }
+        if (!t0) {
+            t0 = wo_now_ns();
+        } else if (wo_now_ns() - t0 > CAPTURE_WAIT_NS) {
+            wo_log_once(WO_LOG_WARN,
+                        "a prefetch call is still running %.0f s after a capture "
+                        "began; not waiting longer (the capture may be invalidated)",
+                        CAPTURE_WAIT_NS / 1e9);
             break;
         }
-        sched_yield();
+        nanosleep(&(struct timespec){0, 100000}, NULL);
     }
 }
 

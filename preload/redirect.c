@@ -303,7 +303,7 @@ void wo_hook_blind_end(uint64_t stream)
     struct wo_stream_evfns fn;
 
     wo_hook_evfns(&fn);
-    wo_stream_blind_end(true, stream, &fn);
+    wo_stream_blind_end(stream, &fn);
 }
 
 /* ---- WOFFLOAD_STREAM_CHECK ------------------------------------------------ */

@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include "uvm/stream-auto.h"
+#include "uvm/stream.h"
 
 #define MS UINT64_C(1000000)
 #define GB 1e9
@@ -307,6 +308,70 @@ static void grown_batch_tries_soon(void **state)
     assert_int_equal(c.a.tries, 0);
 }
 
+/* Slots sized for the ranges they hold (uvm/stream.h, wo_stream_size_slots):
+ * any window of nslots ranges in a row (the order is a cycle) finds a slot
+ * for each when each range takes the smallest slot it fits. */
+static bool window_fits(const uint64_t *sizes, size_t n, const uint64_t *slot, unsigned ns)
+{
+    for (size_t j = 0; j < n; j++) {
+        bool used[8] = {false};
+        for (unsigned k = 0; k < ns && k < n; k++) {
+            uint64_t want = sizes[(j + k) % n];
+            int best = -1;
+            for (unsigned i = 0; i < ns; i++)
+                if (!used[i] && slot[i] >= want && (best < 0 || slot[i] < slot[best]))
+                    best = (int)i;
+            if (best < 0)
+                return false;
+            used[best] = true;
+        }
+    }
+    return true;
+}
+
+static void slots_sized_for_their_ranges(void **state)
+{
+    const uint64_t M = 1 << 20;
+    /* Qwen3's experts in the order a step reads them: gate_up 768 MiB, down 384 */
+    uint64_t turn[32], out[8], sum = 0;
+    (void)state;
+
+    for (int i = 0; i < 32; i++)
+        turn[i] = i % 2 ? 384 * M : 768 * M;
+    assert_non_null(wo_stream_size_slots(turn, 32, 4, 768 * M, out));
+    for (int i = 0; i < 4; i++)
+        sum += out[i];
+    assert_true(out[0] == 768 * M && out[1] == 768 * M && out[2] == 384 * M && out[3] == 384 * M);
+    assert_true(sum == 2304 * M); /* 2.25 GiB, not 4 x 768 MiB */
+    assert_true(window_fits(turn, 32, out, 4));
+    /* three slots: windows of two 768 and one 384, or one and two */
+    assert_non_null(wo_stream_size_slots(turn, 32, 3, 768 * M, out));
+    assert_true(out[0] == 768 * M && out[1] == 768 * M && out[2] == 384 * M);
+    assert_true(window_fits(turn, 32, out, 3));
+    /* one size: every slot that size; the cap (the largest a slot takes) holds */
+    for (int i = 0; i < 32; i++)
+        turn[i] = 100 * M;
+    assert_non_null(wo_stream_size_slots(turn, 32, 4, 64 * M, out));
+    for (int i = 0; i < 4; i++)
+        assert_true(out[i] == 64 * M);
+    /* fewer ranges than slots: the spare slots take the smallest */
+    {
+        uint64_t two[2] = {10 * M, 30 * M};
+        assert_non_null(wo_stream_size_slots(two, 2, 4, 768 * M, out));
+        assert_true(out[0] == 30 * M && out[1] == 10 * M && out[2] == 10 * M && out[3] == 10 * M);
+    }
+    /* an irregular order: still every window fits */
+    {
+        uint64_t odd[9] = {5 * M, 1 * M, 1 * M, 9 * M, 2 * M, 9 * M, 1 * M, 3 * M, 1 * M};
+        for (unsigned ns = 2; ns <= 8; ns++) {
+            assert_non_null(wo_stream_size_slots(odd, 9, ns, 768 * M, out));
+            assert_true(window_fits(odd, 9, out, ns));
+        }
+    }
+    /* nothing to size by */
+    assert_null(wo_stream_size_slots(turn, 0, 4, 768 * M, out));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -319,6 +384,7 @@ int main(void)
         cmocka_unit_test(longer_streamed_steps_stay),
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
+        cmocka_unit_test(slots_sized_for_their_ranges),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

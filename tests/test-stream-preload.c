@@ -244,12 +244,24 @@ static int child(const char *mode)
      * driver while it is under way (it would invalidate the capture), and
      * the pins go on after it */
     bool cap_mode = strcmp(mode, "stream-capture") == 0;
+    /* stream-sized: the odd ranges are half a MiB (Qwen3's gate_up and
+     * down tensors in turn): the slots, made before a step's order is
+     * known, all of 1 MiB, are resized to 1, 1 and 0.5 MiB, and each range
+     * takes the smallest slot it fits */
+    bool sized_mode = strcmp(mode, "stream-sized") == 0 || strcmp(mode, "auto-managed-sized") == 0;
+    /* auto-managed and auto-managed-sized: streaming pays (reads in place
+     * made slower); auto-managed-back: it does not (reads from a slot) */
+    bool managed_pays =
+        strcmp(mode, "auto-managed") == 0 || strcmp(mode, "auto-managed-sized") == 0;
     int reads = time_mode ? 1 : READS;
     int steps = time_mode ? 3 * STEPS / 2 : nopin_mode || exit_mode || cap_mode ? STEPS / 2 : STEPS;
+    /* auto-managed-sized: 64 KiB, so the slots' shrinking frees the room
+     * of one 2 MiB allocation, which goes back to the planner */
+#define RANGE_BYTES(i) (sized_mode && ((i)&1) ? managed_mode ? MiB / 16 : MiB / 2 : MiB)
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
-    slot_read_us = time_mode && strcmp(mode, "auto-managed") != 0 ? 10000 : 0;
+    slot_read_us = time_mode && !managed_pays ? 10000 : 0;
     /* ~200 ms a step: above any scheduling noise (TSan, two cores shared
      * with other tests; at 3 ms a read, ~60 ms a step, CI's TSan run once
      * measured the streamed steps faster and kept them). auto-managed:
@@ -257,7 +269,7 @@ static int child(const char *mode)
      * slower than from a slot, so auto keeps streaming those the hot set
      * leaves out (the fake's GPU is host memory: a resident range is as
      * slow, which only makes streaming look better) */
-    inplace_read_us = strcmp(mode, "auto-managed") == 0 ? 10000 : 0;
+    inplace_read_us = managed_pays ? 10000 : 0;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -303,9 +315,9 @@ static int child(const char *mode)
         for (size_t j = 0; j < MiB; j++)
             buf[j] = (unsigned char)(j * 131 + (size_t)i * 7 + (j >> 12));
         CHECK(p_cuMemcpyHtoD(ranges[i], buf, MiB) == CUDA_SUCCESS);
-        expect[i] = hash(buf, MiB);
+        expect[i] = hash(buf, RANGE_BYTES(i));
         snprintf(name, sizeof(name), "model.layers.%d.mlp.experts.gate_up_proj", i);
-        CHECK(tag((void *)(uintptr_t)ranges[i], MiB, name) == 0);
+        CHECK(tag((void *)(uintptr_t)ranges[i], RANGE_BYTES(i), name) == 0);
     }
     /* two tags with untagged bytes between them */
     CHECK(p_cuMemAlloc(&gapped, MiB) == CUDA_SUCCESS);
@@ -368,6 +380,17 @@ static int child(const char *mode)
         if (managed_mode)
             kk = k;
 
+        if (sized_mode && !managed_mode && step == 3 * steps / 4) {
+            /* stream-sized: copies write every half-MiB range: read in
+             * place from now on, the 1 MiB ones alone streamed, so the
+             * small slot grows back to 1 MiB */
+            for (int i = 1; i < NR; i += 2) {
+                for (size_t j = 0; j < MiB / 2; j++)
+                    buf[j] = (unsigned char)(j * 3 + (size_t)i);
+                CHECK(p_cuMemcpyHtoD(ranges[i], buf, MiB / 2) == CUDA_SUCCESS);
+                expect[i] = hash(buf, MiB / 2);
+            }
+        }
         if (stream_mode && step == STEPS / 2) {
             /* (2) a copy writes range 3 after seal: its slot is dropped
              * before the write goes out; from now on it is read in place */
@@ -469,7 +492,7 @@ static int child(const char *mode)
                 expect[8] = hash(buf, MiB);
             }
             for (int r = 0; r < reads; r++) {
-                uint64_t n = MiB;
+                uint64_t n = RANGE_BYTES(i);
                 void *params[] = {&ranges[i], &n, &out};
 
                 CHECK(p_cuLaunchKernel(kk, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
@@ -829,6 +852,26 @@ int main(int argc, char **argv)
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 
+    /* ---- stream-sized: ranges of 1 and 0.5 MiB in turn: the slots are
+     * resized from 3 x 1 MiB to 1, 1 and 0.5 MiB once a step's order is
+     * known, and the small one back to 1 MiB once copies wrote every
+     * half-MiB range (read in place since); every read bit-identical
+     * through both (the child checks) ---- */
+    run(argv, "stream-sized", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("stream-sized: %.0f redirected, %.0f slots resized, %.0f slot bytes\n",
+           num_after(s, "\"redirected\":"), num_after(s, "\"slot_resizes\":"),
+           num_after(s, "\"slot_bytes\":"));
+    CHECK(num_after(s, "\"redirected\":") > STEPS / 2 * NR * READS / 8);
+    CHECK(num_after(s, "\"slot_resizes\":") == 2);
+    CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB);
+    CHECK(strstr(log, "stream: 3 device staging slots (1 MiB, 1 MiB, 1 MiB)") != NULL);
+    {
+        const char *r =
+            strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)");
+        CHECK(r && strstr(r, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 1 MiB)"));
+    }
+
     /* ---- stream, pinned copies asked for but every pin fails: one
      * warning, each range staged by the copy kernel instead, every read
      * bit-identical (the child checks), nothing held ---- */
@@ -953,6 +996,26 @@ int main(int argc, char **argv)
         /* what the budget less the slots holds (6 MiB: 3 allocations)
          * stays with the planner */
         CHECK(streamed >= 14 && kept >= 2 && kept <= 4);
+    }
+
+    /* ---- auto-managed-sized: the same with the odd ranges 64 KiB: the
+     * slots, made once auto tried, are sized for them at once (3 x 1 MiB
+     * and 3 x 64 KiB, not 6 x 1 MiB), and of the hot ranges streamed for
+     * the slots' room, one (a 2 MiB allocation) goes back to the planner;
+     * every read bit-identical (the child checks) ---- */
+    run(argv, "auto-managed-sized", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    {
+        const char *t = strstr(log, "stream: auto: trying ");
+        const char *b = strstr(log, "hot ranges back with the planner");
+        printf("auto-managed-sized: %.0f tries, %.0f kept, %.0f slot bytes; %.100s; %.60s\n",
+               num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+               num_after(s, "\"slot_bytes\":"), t ? t : "(no try)", b ? b - 24 : "(none back)");
+        CHECK(strstr(log, "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
+                          "64 KiB)") != NULL);
+        CHECK(t && strstr(t, " managed, ") && strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
+        CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
+        CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
     }
 
     /* ---- auto-managed-back: the same, a read from a slot made slower:

@@ -825,6 +825,16 @@ void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved)
     drain(shim);
 }
 
+void wo_prefetch_reserve(uint64_t reserved)
+{
+    uint64_t budget = wo_uvm_device_budget();
+
+    if (!shim)
+        return;
+    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
+    drain(shim);
+}
+
 uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen)
 {
     return shim ? wo_plan_hot_bytes(shim->plan, id, gen) : 0;

@@ -81,6 +81,10 @@ void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved);
  * planner's budget becomes the device budget less `reserved`. Consumer
  * thread. */
 void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved);
+/* The executor's slots now hold `reserved` bytes (resized for the ranges
+ * it streams): the planner's budget becomes the device budget less that.
+ * Consumer thread. */
+void wo_prefetch_reserve(uint64_t reserved);
 /* Bytes of the range the planner keeps in its hot set (0 when it has no
  * planner or does not know the range). Consumer thread. */
 uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen);

@@ -128,13 +128,9 @@ CUevent wo_stream_fence(CUevent *at, CUresult (*create)(CUevent *, unsigned),
     return f;
 }
 
-void wo_stream_blind_end(bool begun, uint64_t stream, const struct wo_stream_evfns *fn)
+void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn)
 {
-    CUevent fence;
-
-    if (!begun)
-        return;
-    fence = wo_stream_fence(&wo_stream_tab.blind_fence, fn->create, fn->destroy);
+    CUevent fence = wo_stream_fence(&wo_stream_tab.blind_fence, fn->create, fn->destroy);
     /* the fence first: an executor that sees the end waits for it */
     if (!fence || !fn->record || fn->record(fence, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
         add(&wo_stream_tab.n.blind_unfenced, 1);

@@ -41,6 +41,7 @@
 #define NONE UINT32_MAX
 #define AUTO_GAIN 1.5        /* stream when a step reads this many times the range's bytes */
 #define AUTO_STEPS 2         /* ... measured over at least this many steps */
+#define AUTO_RECENT 4        /* steps: a range read this recently is in use */
 #define WARN_MULT 2.0        /* a host range read this many times a step in place: one warning */
 #define SPIN_WAIT 20000      /* polls of a slot's in-flight count before trying later */
 #define PAD_MAX 511          /* bytes between two tags that are alignment, not a gap */
@@ -51,6 +52,7 @@ struct srange {
     bool gathered; /* an embedding: never streamed (wo_stream_gathered) */
     bool big;      /* larger than a slot: read in place (said once) */
     bool probed;   /* streamed by auto's step-time decision (stream-auto.h), not by gain */
+    bool room;     /* ... a hot managed range the slots took the room of (readmit_room) */
     bool gapped;   /* other bytes between its tags: never streamed (add_seg) */
     bool hashed;   /* the write check has the hash it was staged with (stream-check.h) */
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
@@ -80,7 +82,10 @@ struct exec {
     CUmodule copy_mod;  /* its module, loaded with the slots and unloaded with them */
     CUfunction copy_fn; /* wo_stream_copy (uvm/stream-copy.cu), NULL: cuMemcpyAsync only */
     unsigned nslots;
-    uint64_t slot_size;
+    uint64_t slot_size; /* the largest range a slot takes (wo_stream_slot_size) */
+    uint64_t slot_sz[WO_STREAM_MAX_SLOTS];     /* each slot's bytes, once made */
+    uint64_t want_sz[WO_STREAM_MAX_SLOTS];     /* ... for the ranges streamed now (want_sizes) */
+    uint64_t grow_failed[WO_STREAM_MAX_SLOTS]; /* a size cuMemAlloc refused the slot, 0 none */
     bool slots_ready, slots_failed;
     bool warned;                         /* the read-multiplicity warning was given */
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
@@ -220,6 +225,93 @@ static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, b
     return d->cuMemcpyAsync(dst, src, (size_t)bytes, ex->copy);
 }
 
+/* One info line: the slots' sizes. */
+static void say_slots(const char *what)
+{
+    char sizes[24 * WO_STREAM_MAX_SLOTS] = "";
+    size_t at = 0;
+
+    for (unsigned i = 0; i < ex->nslots && at < sizeof(sizes); i++) {
+        uint64_t b = ex->slot_sz[i];
+        bool mib = b >= (1u << 20);
+        at += (size_t)snprintf(sizes + at, sizeof(sizes) - at, "%s%llu %s", i ? ", " : "",
+                               (unsigned long long)(mib ? b >> 20 : b >> 10), mib ? "MiB" : "KiB");
+    }
+    wo_info("stream: %u device staging slots%s (%s)", ex->nslots, what, sizes);
+}
+
+static void slots_shrank(void);
+
+/* Device bytes the slots hold: their sizes once made, else what they will
+ * be made with (want_sizes; before any step, every slot the largest). */
+static uint64_t slots_bytes(void)
+{
+    uint64_t n = 0;
+
+    for (unsigned i = 0; i < ex->nslots; i++)
+        n += ex->slots_ready ? ex->slot_sz[i] : ex->want_sz[i] ? ex->want_sz[i] : ex->slot_size;
+    return n;
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x > y ? -1 : x < y;
+}
+
+uint64_t *wo_stream_size_slots(const uint64_t *sizes, size_t n, unsigned nslots, uint64_t cap,
+                               uint64_t *out)
+{
+    uint64_t w[WO_STREAM_MAX_SLOTS];
+
+    if (!n || !nslots || nslots > WO_STREAM_MAX_SLOTS)
+        return NULL;
+    for (unsigned i = 0; i < nslots; i++)
+        out[i] = 0;
+    /* slot i: the largest i-th largest size of any nslots ranges in a row
+     * (the order is a cycle): the executor holds at most that many at once
+     * (the next ones and the one behind) and gives each the smallest free
+     * slot it fits */
+    for (size_t j = 0; j < (n > nslots ? n : 1); j++) {
+        unsigned m = (unsigned)(n < nslots ? n : nslots);
+        for (unsigned k = 0; k < m; k++)
+            w[k] = sizes[(j + k) % n];
+        qsort(w, m, sizeof(*w), cmp_desc);
+        for (unsigned k = 0; k < m; k++)
+            out[k] = out[k] > w[k] ? out[k] : w[k];
+    }
+    /* fewer ranges than slots: the spare ones take the smallest */
+    for (unsigned i = 1; i < nslots; i++)
+        if (!out[i])
+            out[i] = out[i - 1];
+    for (unsigned i = 0; i < nslots; i++)
+        if (out[i] > cap || !out[i])
+            out[i] = cap;
+    return out;
+}
+
+/* The sizes the slots should have for the ranges streamed now, in the
+ * order the last step read them (wo_stream_size_slots); unchanged when no
+ * streamed range is in the order yet. */
+static void want_sizes(void)
+{
+    uint64_t *v = malloc((ex->norder ? ex->norder : 1) * sizeof(*v)), out[WO_STREAM_MAX_SLOTS];
+    size_t n = 0;
+
+    for (uint32_t k = 0; v && k < ex->norder; k++) {
+        const struct srange *r = &ex->r[ex->order[k]];
+        if (r->live && r->streamed && r->hi - r->lo <= ex->slot_size)
+            v[n++] = r->hi - r->lo;
+    }
+    if (v && wo_stream_size_slots(v, n, ex->nslots, ex->slot_size, out))
+        for (unsigned i = 0; i < ex->nslots; i++) {
+            if (out[i] != ex->want_sz[i])
+                ex->grow_failed[i] = 0;
+            ex->want_sz[i] = out[i];
+        }
+    free(v);
+}
+
 /* Allocates the slots, their events and the copy stream, once. */
 static bool slots(void)
 {
@@ -256,7 +348,8 @@ static bool slots(void)
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         CUdeviceptr p = 0;
 
-        res = d->cuMemAlloc_v2(&p, ex->slot_size);
+        ex->slot_sz[i] = ex->want_sz[i] ? ex->want_sz[i] : ex->slot_size;
+        res = d->cuMemAlloc_v2(&p, ex->slot_sz[i]);
         if (res == CUDA_SUCCESS)
             res = d->cuEventCreate(&s->copied, CU_EVENT_DISABLE_TIMING);
         if (res == CUDA_SUCCESS)
@@ -278,11 +371,13 @@ static bool slots(void)
     ex->slots_ready = true;
     if (!ex->pin_on && ex->pin_limit)
         ex->pin_on = wo_pin_start(d, ex->ctx, ex->pin_limit);
-    __atomic_store_n(&wo_stream_tab.n.slot_bytes, (uint64_t)ex->nslots * ex->slot_size,
-                     __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, slots_bytes(), __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.ctx, ex->ctx, __ATOMIC_RELEASE);
-    wo_info("stream: %u device staging slots of %llu MiB", ex->nslots,
-            (unsigned long long)(ex->slot_size >> 20));
+    say_slots("");
+    /* sized for the ranges streamed (want_sizes): the planner gets what
+     * the estimate it was given (every slot the largest) overstated */
+    if (slots_bytes() < (uint64_t)ex->nslots * ex->slot_size)
+        slots_shrank();
     return true;
 }
 
@@ -547,7 +642,7 @@ static bool stage(uint32_t id, int slot)
         poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
-    if (at_engine((unsigned)slot, true))
+    if (at_engine((unsigned)slot, true) || ex->slot_sz[slot] < r->hi - r->lo)
         return false;
     if (!unpublish(slot))
         return false;
@@ -697,6 +792,143 @@ static bool in(const uint32_t *v, unsigned n, uint32_t id)
     return false;
 }
 
+/* Gives slot s its wanted size: its contents checked for writes first and
+ * every launch that read it done (as free_slots does for all of them),
+ * then its memory freed and allocated again. A size cuMemAlloc refuses
+ * leaves the old one (remembered: not asked again until the wanted size
+ * changes). False: later (a hook holds it, or a capture). */
+static bool resize_slot(unsigned s)
+{
+    const struct wo_driver *d = ex->drv;
+    struct wo_stream_slot *sl = &wo_stream_tab.slot[s];
+    uint64_t want = ex->want_sz[s], old = ex->slot_sz[s];
+    CUdeviceptr p = 0;
+    CUcontext prev;
+    bool ok;
+
+    if (!d->cuMemFree_v2 || !d->cuStreamSynchronize || !d->cuEventSynchronize)
+        return false;
+    if (at_engine(s, true) || !unpublish(s) || !wo_driver_enter())
+        return false;
+    prev = push_ctx();
+    pthread_mutex_lock(&wo_uvm.lock);
+    ok = fence_owner(sl) && check_slot(s);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    if (ok) {
+        /* the check, the copies and every launch that read it, done */
+        d->cuStreamSynchronize(ex->copy);
+        d->cuEventSynchronize(sl->read_done);
+    }
+    pop_ctx(prev);
+    wo_driver_leave();
+    if (!ok)
+        return false;
+    poll_checks(true, NONE);
+    if (!wo_driver_enter())
+        return false;
+    prev = push_ctx();
+    d->cuMemFree_v2((CUdeviceptr)sl->dev);
+    sl->dev = 0;
+    ex->slot_sz[s] = 0;
+    /* growing: the planner's budget first (its hot set makes the room) */
+    if (want > old)
+        wo_prefetch_reserve(slots_bytes() + want);
+    if (d->cuMemAlloc_v2(&p, want) != CUDA_SUCCESS) {
+        ex->grow_failed[s] = want;
+        want = d->cuMemAlloc_v2(&p, old) == CUDA_SUCCESS ? old : 0;
+        wo_info("stream: a staging slot of %llu MiB could not be allocated: slot %u keeps %llu MiB",
+                (unsigned long long)(ex->want_sz[s] >> 20), s, (unsigned long long)(want >> 20));
+    }
+    pop_ctx(prev);
+    wo_driver_leave();
+    sl->dev = p;
+    ex->slot_sz[s] = want;
+    ex->slot_last[s] = NONE;
+    __atomic_store_n(&sl->owner, 0, __ATOMIC_RELEASE);
+    add(&wo_stream_tab.n.slot_resizes, 1);
+    return true;
+}
+
+/* After the slots shrank, `auto` gives back to the planner the hot managed
+ * ranges it streamed for their room (auto_decide) that the room now left
+ * holds, the first of the step first (the last stay streamed, as
+ * llama.cpp's --n-cpu-moe keeps the first layers on the GPU). The room is
+ * counted in whole allocations (what the planner places): the budget, less
+ * the slots, less every managed range not streamed that a recent step
+ * read. */
+static uint64_t footprint(uint32_t id, const struct srange *r)
+{
+    struct wo_range rg;
+
+    return wo_registry_get(id, &rg) >= 0 && rg.gen == r->gen ? rg.size : r->hi - r->lo;
+}
+
+static void readmit_room(void)
+{
+    uint64_t budget = wo_uvm_device_budget(), held = slots_bytes();
+    unsigned n = 0;
+
+    for (uint32_t id = 0; id < ex->nr; id++) {
+        const struct srange *r = &ex->r[id];
+        if (r->live && !r->host && !r->streamed && r->msteps &&
+            r->last_step + AUTO_RECENT >= ex->steps)
+            held += footprint(id, r);
+    }
+    for (uint32_t i = 0; i < ex->norder && held < budget; i++) {
+        uint32_t id = ex->order[i];
+        struct srange *r = &ex->r[id];
+        uint64_t fp;
+
+        if (id >= ex->nr || !r->live || !r->room || !r->streamed ||
+            held + (fp = footprint(id, r)) > budget)
+            continue;
+        held += fp;
+        unselect_range(r, id);
+        n++;
+    }
+    if (n)
+        wo_info("stream: auto: %u hot ranges back with the planner: the slots' room holds them", n);
+}
+
+/* Brings the slots to their wanted sizes (want_sizes), each once none of
+ * the next ranges (ahead) is in it and the engine is not at it; a slot
+ * that grows takes its bytes from the planner's budget first, one that
+ * shrank gives them back after. Sizes within an eighth are kept (no churn
+ * for ranges of near sizes). */
+static void resize(const uint32_t *ahead, unsigned na)
+{
+    uint64_t before = slots_bytes();
+    bool any = false;
+
+    if (!ex->slots_ready || ex->slots_failed)
+        return;
+    for (unsigned s = 0; s < ex->nslots; s++) {
+        uint64_t want = ex->want_sz[s], cur = ex->slot_sz[s];
+        if (!want || want == ex->grow_failed[s] || (want <= cur && want >= cur - cur / 8))
+            continue;
+        if (ex->slot_range[s] >= 0 && in(ahead, na, (uint32_t)ex->slot_range[s]))
+            continue;
+        any |= resize_slot(s);
+    }
+    if (!any)
+        return;
+    __atomic_store_n(&wo_stream_tab.n.slot_bytes, slots_bytes(), __ATOMIC_RELAXED);
+    say_slots(" resized");
+    if (slots_bytes() < before)
+        slots_shrank();
+    else
+        wo_prefetch_reserve(slots_bytes());
+}
+
+/* The slots hold fewer bytes than the planner was told: its budget grows,
+ * and auto gives back the hot ranges it streamed for the room (readmit_room). */
+static void slots_shrank(void)
+{
+    wo_prefetch_reserve(slots_bytes());
+    if (ex->mode == WO_PREFETCH_MODE_AUTO)
+        readmit_room();
+}
+
 /* Stages the range the engine is at and the next ones, keeping the one
  * before. */
 static void advance(void)
@@ -742,20 +974,22 @@ static void advance(void)
         if (r->slot >= 0 || !r->streamed)
             continue;
         /* a free slot, else one of a range behind, the one just behind last;
-         * never the slot of the range the engine is at (at_engine) */
-        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (ex->slot_range[s] < 0 && !at_engine(s, true))
-                pick = (int)s;
-        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) &&
-                (uint32_t)ex->slot_range[s] != behind && !at_engine(s, true))
-                pick = (int)s;
-        for (unsigned s = 0; s < ex->nslots && pick < 0; s++)
-            if (!in(ahead, na, (uint32_t)ex->slot_range[s]) && !at_engine(s, true))
-                pick = (int)s;
+         * never the slot of the range the engine is at (at_engine); of
+         * those, the smallest the range fits (slots are sized: want_sizes) */
+        for (int tier = 0; tier < 3 && pick < 0; tier++)
+            for (unsigned s = 0; s < ex->nslots; s++) {
+                uint32_t held = (uint32_t)ex->slot_range[s];
+                bool ok = tier == 0   ? ex->slot_range[s] < 0
+                          : tier == 1 ? !in(ahead, na, held) && held != behind
+                                      : !in(ahead, na, held);
+                if (ok && ex->slot_sz[s] >= r->hi - r->lo && !at_engine(s, true) &&
+                    (pick < 0 || ex->slot_sz[s] < ex->slot_sz[pick]))
+                    pick = (int)s;
+            }
         if (pick < 0 || !stage(ahead[k], pick))
             break;
     }
+    resize(ahead, na);
 }
 
 /* ---- learning ----------------------------------------------------------------- */
@@ -870,6 +1104,7 @@ static void select_range(struct srange *r, uint32_t id, bool quiet)
 static void unselect_range(struct srange *r, uint32_t id)
 {
     r->probed = false;
+    r->room = false;
     r->streamed = false;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
     take_back(r);
@@ -887,7 +1122,6 @@ static void unselect_range(struct srange *r, uint32_t id)
     } while (0)
 
 /* Whether the range was read in a recent step and could be streamed. */
-#define AUTO_RECENT 4 /* steps */
 static bool auto_recent(struct srange *r)
 {
     return r->live && !r->streamed && r->msteps && r->last_step + AUTO_RECENT >= ex->steps &&
@@ -937,7 +1171,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
 
     if (ex->mode != WO_PREFETCH_MODE_AUTO || ex->slots_failed)
         return;
-    slot_bytes = (uint64_t)ex->nslots * ex->slot_size;
+    slot_bytes = slots_bytes();
     for (uint32_t id = 0; id < ex->nr; id++)
         if (auto_candidate(&ex->r[id], id))
             cand += ex->r[id].hi - ex->r[id].lo;
@@ -969,6 +1203,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
             select_range(r, id, true);
             if (r->streamed) {
                 r->probed = true;
+                r->room = true;
                 n++;
                 nm++;
                 nroom++;
@@ -1099,6 +1334,8 @@ static void close_step(unsigned k, uint64_t t_ns)
     ex->maxi = NONE;
     if (measure)
         auto_decide(t_ns, k);
+    if (!ex->slots_failed)
+        want_sizes(); /* for what this step streamed, in its order (resize) */
     publish_names(false);
 }
 
@@ -1319,6 +1556,7 @@ static bool free_slots(void)
                 d->cuEventDestroy_v2(s->read_done);
         }
         s->dev = 0;
+        ex->slot_sz[i] = 0;
         s->copied = s->read_done = NULL;
         __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
         /* a range whose unpublish() failed may still name the slot */
@@ -1499,7 +1737,7 @@ uint64_t wo_stream_reserved(void)
         return 0;
     for (uint32_t i = 0; i < ex->nr; i++)
         if (ex->r[i].live && ex->r[i].streamed)
-            return (uint64_t)ex->nslots * ex->slot_size;
+            return slots_bytes();
     return 0;
 }
 

@@ -45,6 +45,15 @@ bool wo_stream_gathered(const char *name);
  * every slot twice as large. 0 for none. */
 uint64_t wo_stream_slot_size(uint64_t *sizes, size_t n);
 
+/* Sizes nslots staging slots (out[0..nslots), largest first) for ranges of
+ * these sizes read in this cyclic order, none above cap: slot i gets the
+ * largest i-th largest size among any nslots ranges in a row, so a window
+ * of nslots ranges always finds a slot each (two expert tensors of 768 and
+ * 384 MiB in turn: two slots of each, not four of 768). out, or NULL when
+ * there is nothing to size by. */
+uint64_t *wo_stream_size_slots(const uint64_t *sizes, size_t n, unsigned nslots, uint64_t cap,
+                               uint64_t *out);
+
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
  * only while word is 0, and every publication has a new epoch, so a hook
@@ -96,6 +105,7 @@ struct wo_stream_counts {
     uint64_t auto_kept;  /* ... and kept so: the step was faster */
     uint64_t auto_backs; /* ... and put back in place: it was not */
     uint64_t slot_bytes; /* device bytes the slots hold now (0 once no range is streamed) */
+    uint64_t slot_resizes;   /* slots given another size for the ranges streamed (want_sizes) */
     uint64_t not_reader;     /* launches left alone: their function reached one off-device range
                               * only (stale words, not reads: preload/launch.c) */
     uint64_t write_checks;   /* slots hashed before reuse for writes by launches (stream-check.h) */
@@ -203,10 +213,10 @@ static inline bool wo_stream_hit_in_span(const struct wo_stream_entry *e, const 
  * executor then stops streaming) and counts it ended. The executor stages every range
  * again after that fence, from the range itself, and retires the pinned
  * copies for good (they may be older than the range now). Any thread,
- * lock-free; both no-ops while nothing may be streamed (begin returns
- * false, and end is then handed false). */
+ * lock-free; while nothing may be streamed begin returns false, and the
+ * caller does not call end. */
 bool wo_stream_blind_begin(void);
-void wo_stream_blind_end(bool begun, uint64_t stream, const struct wo_stream_evfns *fn);
+void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn);
 
 /* The fence event at *at (wo_stream_tab.fence or blind_fence), made with
  * create (destroy: the one a racing maker lost with) when nobody made it
