@@ -114,17 +114,18 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     case WO_AUTO_HOLD:
         a->held++;
         /* In place, the hold's own window: once most of it says one copy
-         * of the candidates fits the step (the batch grew: Mixtral's b1 to
-         * b8, 74 to 550 ms a step, the copies 241 ms), streaming is tried
-         * now, not after MIN_HOLD steps and a watch (the drift rule, for
-         * small moves, waits that long) */
+         * of the candidates takes well under the step (the batch grew:
+         * Mixtral's b1 to b8, 74 to 550 ms a step, the copies 241 ms),
+         * streaming is tried now, not after MIN_HOLD steps and a watch
+         * (the drift rule, for small moves, waits that long; stream-auto.h:
+         * why only a clear gain acts early) */
         if (!a->streaming && cand_bytes && link_gbs > 0) {
             double med;
             a->win[a->n % WO_AUTO_PROBE_STEPS] = per;
             a->n++;
             copy_ns = (double)cand_bytes / link_gbs;
             if (a->n >= WO_AUTO_PROBE_STEPS && window_median(a, true, &med) &&
-                copy_ns / a->eff < WO_AUTO_TRY_RATIO * med) {
+                copy_ns / a->eff < WO_AUTO_EARLY_RATIO * med) {
                 a->inplace_ns = med;
                 return try_now(a, copy_ns);
             }

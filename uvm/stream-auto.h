@@ -34,10 +34,16 @@
  *    give the streamed period. Streaming stays when it is below KEEP_RATIO
  *    of the in-place one; else the ranges go back in place.
  *  - hold: in place, the hold keeps a window of its last PROBE_STEPS
- *    periods; once its median says a copy of the candidates would fit the
- *    step (as watch decides), streaming is tried at once: a batch that
- *    grew (Mixtral's b1 to b8: 74 to 550 ms a step in place, one copy
- *    241 ms) switches within PROBE_STEPS steps, not after MIN_HOLD.
+ *    periods; once most of it says a copy of the candidates takes less
+ *    than EARLY_RATIO of the step, streaming is tried at once: a batch
+ *    that grew (Mixtral's b1 to b8: 74 to 550 ms a step in place, one
+ *    copy 241 ms) switches within PROBE_STEPS steps, not after MIN_HOLD.
+ *    Only a clear gain acts that early: right after the batch moved, the
+ *    steps read in place are slower than they will be (the planner's hot
+ *    set is learning the new batch's experts; Qwen3 managed at half the
+ *    experts' bytes, b8: tried at 0.84 of such a step and kept streamed at
+ *    255 ms, where in place settles at 220). A marginal one waits for the
+ *    drift rule and a watch.
  *    Otherwise the decision stays until the period drifts by DRIFT from the one
  *    it was taken at (the batch changed), or, in place, for HOLD_STEPS
  *    (the batch may have grown below the drift), then watch again (a
@@ -57,6 +63,7 @@
 #define WO_AUTO_HOLD_STEPS 512
 #define WO_AUTO_MIN_HOLD 64
 #define WO_AUTO_TRY_RATIO 0.95
+#define WO_AUTO_EARLY_RATIO 0.75
 #define WO_AUTO_KEEP_RATIO 0.97
 #define WO_AUTO_DRIFT 0.30
 
