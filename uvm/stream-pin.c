@@ -52,6 +52,7 @@ static struct {
     pthread_cond_t cv;
     pthread_t thread;
     bool running, stop;
+    bool closed; /* wo_pin_close: no copy handed out or made any more */
     const struct wo_driver *drv;
     CUcontext ctx;
     uint64_t limit;                /* WO_PIN_COPIES_AUTO or bytes */
@@ -300,9 +301,10 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
 {
     if (pin.running)
         return true;
-    if (!limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
-        !d->cuMemHostAlloc || !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 || !d->cuEventCreate || !d->cuEventRecord ||
-        !d->cuEventSynchronize || !d->cuEventDestroy_v2 || !d->cuCtxSetCurrent)
+    if (pin.closed || !limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
+        !d->cuMemHostAlloc || !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 ||
+        !d->cuEventCreate || !d->cuEventRecord || !d->cuEventSynchronize || !d->cuEventDestroy_v2 ||
+        !d->cuCtxSetCurrent)
         return false;
     pin.e = calloc(WO_STREAM_IDS, sizeof(*pin.e));
     pin.queue = calloc(WO_STREAM_IDS, sizeof(*pin.queue));
@@ -343,6 +345,10 @@ CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t byte
         return 0;
     e = &pin.e[id];
     pthread_mutex_lock(&pin.lock);
+    if (pin.closed) {
+        pthread_mutex_unlock(&pin.lock);
+        return 0;
+    }
     if (e->state == P_READY && (e->gen != gen || e->src != src || e->bytes != bytes))
         retire_locked(e); /* another range's: freed at the next hand_over */
     if (e->state == P_READY) {
@@ -445,6 +451,20 @@ void wo_pin_retire_all(CUstream copy_stream)
     if (!pin.running)
         return;
     pthread_mutex_lock(&pin.lock);
+    for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
+        retire_locked(&pin.e[id]);
+    (void)hand_over(copy_stream);
+    pthread_mutex_unlock(&pin.lock);
+}
+
+void wo_pin_close(CUstream copy_stream)
+{
+    if (!pin.running) {
+        pin.closed = true; /* wo_pin_start refuses from now on */
+        return;
+    }
+    pthread_mutex_lock(&pin.lock);
+    pin.closed = true;
     for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
         retire_locked(&pin.e[id]);
     (void)hand_over(copy_stream);

@@ -70,6 +70,12 @@ void wo_pin_retire(uint32_t id);
  * its slots back); the worker stays for later ranges. */
 void wo_pin_retire_all(CUstream copy_stream);
 
+/* No pinned copy is handed out or made again (a blind launch may have
+ * written the ranges: docs/prefetch.md, Blind launches): every one is
+ * retired as wo_pin_retire_all does, and wo_pin_start refuses. The worker
+ * stays, to free them. */
+void wo_pin_close(CUstream copy_stream);
+
 /* Hands retired copies the driver was too busy to fence before (a
  * global-mode capture) to the worker. */
 void wo_pin_tick(CUstream copy_stream);

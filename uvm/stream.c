@@ -193,9 +193,8 @@ static void load_copy_kernel(void)
  * time), else the range itself. */
 static CUdeviceptr source(uint32_t id, const struct srange *r, bool managed, bool *pinned)
 {
-    CUdeviceptr p = ex->pin_on && managed && !ex->blind_seen
-                        ? wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo)
-                        : 0;
+    CUdeviceptr p =
+        ex->pin_on && managed ? wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo) : 0;
 
     *pinned = p != 0;
     return p ? p : (CUdeviceptr)(r->base + r->lo);
@@ -608,18 +607,21 @@ static bool blind(uint32_t ge)
             if (ex->r[id].live && ex->r[id].streamed)
                 unselect_range(&ex->r[id], id);
     }
-    if (ex->pin_on) {
+    /* the pinned copies may be older than their ranges now: closed for
+     * good (stream-pin.h), made or not yet */
+    if (!ex->pin_on) {
+        wo_pin_close(NULL); /* none made: none ever will be */
+    } else if (!ex->blind_seen) {
         if (!wo_driver_enter())
             return false;
         prev = push_ctx();
-        wo_pin_retire_all(ex->copy);
+        wo_pin_close(ex->copy);
         pop_ctx(prev);
         wo_driver_leave();
         wo_info("stream: a launch may write weights through pointers the shim cannot see (an "
                 "NCCL kernel, or a CUDA graph that reads them): staged from the ranges from now "
                 "on, pinned copies retired (docs/prefetch.md, Blind launches)");
     }
-    ex->pin_limit = 0; /* never made again */
     ex->blind_seen = ge;
     return true;
 }
