@@ -286,6 +286,13 @@ POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
 POLICIES["experts-managed-half-hotset"] = POLICIES["experts-managed-half"].replace(
     "  enabled: true\n", "  enabled: true\n  mode: hot-set\n", 1)
 
+# The managed row with every eviction a collapse of a read-mostly duplicate
+# (no PCIe traffic for the drop), where `auto` chose copy-backs: 32 of the
+# row's 50 evictions on the H100 (bench/results/e2e-20261127-010529-debug-
+# managed-h100)
+POLICIES["experts-managed-half-rm"] = POLICIES["experts-managed-half"].replace(
+    "  enabled: true\n", "  enabled: true\n  eviction: read-mostly\n", 1)
+
 # Fewer staging slots (issue 18's managed target): under a device budget the
 # slots come out of the hot set's room, so each slot less leaves one more
 # range resident
@@ -421,7 +428,7 @@ SCENARIOS: List[Dict[str, Any]] = [
     # deciding per range)
     *batch_rows("moe", "moe", ["experts-host-all", "experts-managed-half", "experts-host-stream",
                                "experts-managed-half-auto", "experts-host-all-hotset",
-                               "experts-managed-half-hotset"]),
+                               "experts-managed-half-hotset", "experts-managed-half-rm"]),
     S("batchdef-moe-shim-experts-host-stream-s3", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-host-stream-s3", offload="experts:all", ref="batchdef-moe-gpu"),
     # auto decides after the stepper found the step (~26 steps of this
