@@ -826,15 +826,18 @@ static bool resize_slot(unsigned s)
     if (!ok)
         return false;
     poll_checks(true, NONE);
+    /* growing: the planner's budget first (its hot set makes the room);
+     * outside the driver section, which is not nested (its drain enters
+     * it), and before the slots' context is pushed (the prefetcher may
+     * make its own current) */
+    if (want > old)
+        wo_prefetch_reserve(slots_bytes() - old + want);
     if (!wo_driver_enter())
         return false;
     prev = push_ctx();
     d->cuMemFree_v2((CUdeviceptr)sl->dev);
     sl->dev = 0;
     ex->slot_sz[s] = 0;
-    /* growing: the planner's budget first (its hot set makes the room) */
-    if (want > old)
-        wo_prefetch_reserve(slots_bytes() + want);
     if (d->cuMemAlloc_v2(&p, want) != CUDA_SUCCESS) {
         ex->grow_failed[s] = want;
         want = d->cuMemAlloc_v2(&p, old) == CUDA_SUCCESS ? old : 0;
