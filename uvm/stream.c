@@ -289,26 +289,37 @@ uint64_t *wo_stream_size_slots(const uint64_t *sizes, size_t n, unsigned nslots,
     return out;
 }
 
-/* The sizes the slots should have for the ranges streamed now, in the
- * order the last step read them (wo_stream_size_slots); unchanged when no
- * streamed range is in the order yet. */
-static void want_sizes(void)
+/* The sizes (out) the slots should have for the ranges streamed now but
+ * `skip` (NONE: none), in the order the last step read them
+ * (wo_stream_size_slots); false when no such range is in the order. */
+static bool size_for(uint32_t skip, uint64_t *out)
 {
-    uint64_t *v = malloc((ex->norder ? ex->norder : 1) * sizeof(*v)), out[WO_STREAM_MAX_SLOTS];
+    uint64_t *v = malloc((ex->norder ? ex->norder : 1) * sizeof(*v));
     size_t n = 0;
+    bool ok;
 
     for (uint32_t k = 0; v && k < ex->norder; k++) {
         const struct srange *r = &ex->r[ex->order[k]];
-        if (r->live && r->streamed && r->hi - r->lo <= ex->slot_size)
+        if (ex->order[k] != skip && r->live && r->streamed && r->hi - r->lo <= ex->slot_size)
             v[n++] = r->hi - r->lo;
     }
-    if (v && wo_stream_size_slots(v, n, ex->nslots, ex->slot_size, out))
+    ok = v && wo_stream_size_slots(v, n, ex->nslots, ex->slot_size, out);
+    free(v);
+    return ok;
+}
+
+/* want_sz for the ranges streamed now; unchanged when none is in the order
+ * yet. */
+static void want_sizes(void)
+{
+    uint64_t out[WO_STREAM_MAX_SLOTS];
+
+    if (size_for(NONE, out))
         for (unsigned i = 0; i < ex->nslots; i++) {
             if (out[i] != ex->want_sz[i])
                 ex->grow_failed[i] = 0;
             ex->want_sz[i] = out[i];
         }
-    free(v);
 }
 
 /* Allocates the slots, their events and the copy stream, once. */
@@ -870,7 +881,7 @@ static uint64_t footprint(uint32_t id, const struct srange *r)
 
 static void readmit_room(void)
 {
-    uint64_t budget = wo_uvm_device_budget(), held = slots_bytes();
+    uint64_t budget = wo_uvm_device_budget(), held = 0;
     unsigned n = 0;
 
     for (uint32_t id = 0; id < ex->nr; id++) {
@@ -882,10 +893,20 @@ static void readmit_room(void)
     for (uint32_t i = 0; i < ex->norder && held < budget; i++) {
         uint32_t id = ex->order[i];
         struct srange *r = &ex->r[id];
-        uint64_t fp;
+        uint64_t fp, sz[WO_STREAM_MAX_SLOTS], slots_after = 0;
 
-        if (id >= ex->nr || !r->live || !r->room || !r->streamed ||
-            held + (fp = footprint(id, r)) > budget)
+        if (id >= ex->nr || !r->live || !r->room || !r->streamed)
+            continue;
+        /* the slots the streamed ranges need without it: taking one of a
+         * pair of sizes out of the order (a down tensor between two
+         * gate_up ones) can make them larger, and the room they grow by
+         * is the planner's */
+        if (!size_for(id, sz))
+            continue;
+        for (unsigned k = 0; k < ex->nslots; k++)
+            slots_after += WO_MAX(sz[k], ex->slot_sz[k]);
+        fp = footprint(id, r);
+        if (held + fp + slots_after > budget)
             continue;
         held += fp;
         unselect_range(r, id);
