@@ -248,7 +248,8 @@ static int child(const char *mode)
      * down tensors in turn): the slots, made before a step's order is
      * known, all of 1 MiB, are resized to 1, 1 and 0.5 MiB, and each range
      * takes the smallest slot it fits */
-    bool sized_mode = strcmp(mode, "stream-sized") == 0 || strcmp(mode, "auto-managed-sized") == 0;
+    bool sized_mode =
+        strncmp(mode, "stream-sized", 12) == 0 || strcmp(mode, "auto-managed-sized") == 0;
     /* auto-managed and auto-managed-sized: streaming pays (reads in place
      * made slower); auto-managed-back: it does not (reads from a slot) */
     bool managed_pays =
@@ -713,6 +714,11 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         /* pins go through uvm/place.c's wo_pin_host: a registered huge-page
          * mapping, or cuMemHostAlloc (below 2 MiB, as here, and when the
          * register fails): the faults are on both */
+        /* the slot growing back to 1 MiB is refused: the engine's buffer
+         * is the first cuMemAlloc, the checker's and the three slots the
+         * next four, the shrink to 512 KiB the sixth */
+        if (strcmp(mode, "stream-sized-refused") == 0)
+            setenv("WOFAKE_FAIL", "cuMemAlloc_v2:7:2", 1);
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
             setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2,cuMemHostAlloc:*:2", 1);
         if (strcmp(mode, "stream-capture") == 0) /* every pin takes 0.1 s */
@@ -871,6 +877,28 @@ int main(int argc, char **argv)
             strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)");
         CHECK(r && strstr(r, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 1 MiB)"));
     }
+
+    /* ---- stream-sized-refused: as stream-sized, but cuMemAlloc refuses
+     * the small slot's growing back: it keeps 512 KiB (its old memory
+     * allocated again), is not asked again, and the 1 MiB ranges are
+     * staged in the two others; every read bit-identical ---- */
+    run(argv, "stream-sized-refused", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("stream-sized-refused: %.0f redirected, %.0f slots resized, %.0f slot bytes\n",
+           num_after(s, "\"redirected\":"), num_after(s, "\"slot_resizes\":"),
+           num_after(s, "\"slot_bytes\":"));
+    CHECK(num_after(s, "\"redirected\":") > STEPS / 2 * NR * READS / 8);
+    CHECK(num_after(s, "\"slot_resizes\":") == 1);
+    CHECK(num_after(s, "\"slot_bytes\":") == 2 * MiB + MiB / 2);
+    {
+        const char *r = strstr(log, "stream: staging slot 2: 1 MiB could not be allocated "
+                                    "(CUDA_ERROR_OUT_OF_MEMORY): it keeps 512 KiB\n");
+        CHECK(strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)"));
+        CHECK(r && !strstr(strchr(r, '\n'), "could not be allocated")); /* asked once */
+        CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
+    }
+    if (failures)
+        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 
     /* ---- stream, pinned copies asked for but every pin fails: one
      * warning, each range staged by the copy kernel instead, every read

@@ -35,16 +35,15 @@ static int cmp_double(const void *x, const void *y)
 }
 
 /* The median of the window (PROBE_STEPS periods); low: the lower of the
- * two middle ones (a window half old steps, half new, gives the old). True. */
-static bool window_median(const struct wo_auto *a, bool low, double *median)
+ * two middle ones (a window half old steps, half new, gives the old). */
+static double window_median(const struct wo_auto *a, bool low)
 {
     double v[WO_AUTO_PROBE_STEPS];
 
     memcpy(v, a->win, sizeof(v));
     qsort(v, WO_AUTO_PROBE_STEPS, sizeof(v[0]), cmp_double);
-    *median = low ? v[(WO_AUTO_PROBE_STEPS - 1) / 2]
-                  : (v[(WO_AUTO_PROBE_STEPS - 1) / 2] + v[WO_AUTO_PROBE_STEPS / 2]) / 2;
-    return true;
+    return low ? v[(WO_AUTO_PROBE_STEPS - 1) / 2]
+               : (v[(WO_AUTO_PROBE_STEPS - 1) / 2] + v[WO_AUTO_PROBE_STEPS / 2]) / 2;
 }
 
 /* Adds one step of per ns to the phase's window; true (and the window's
@@ -52,7 +51,10 @@ static bool window_median(const struct wo_auto *a, bool low, double *median)
 static bool measured(struct wo_auto *a, double per, double *median)
 {
     a->win[a->n++] = per;
-    return a->n >= WO_AUTO_PROBE_STEPS && window_median(a, false, median);
+    if (a->n < WO_AUTO_PROBE_STEPS)
+        return false;
+    *median = window_median(a, false);
+    return true;
 }
 
 /* Streams the candidates: one copy of them a step takes copy_ns. */
@@ -120,14 +122,15 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
          * (the drift rule, for small moves, waits that long; stream-auto.h:
          * why only a clear gain acts early) */
         if (!a->streaming && cand_bytes && link_gbs > 0) {
-            double med;
             a->win[a->n % WO_AUTO_PROBE_STEPS] = per;
             a->n++;
             copy_ns = (double)cand_bytes / link_gbs;
-            if (a->n >= WO_AUTO_PROBE_STEPS && window_median(a, true, &med) &&
-                copy_ns / a->eff < WO_AUTO_EARLY_RATIO * med) {
-                a->inplace_ns = med;
-                return try_now(a, copy_ns);
+            if (a->n >= WO_AUTO_PROBE_STEPS) {
+                double med = window_median(a, true);
+                if (copy_ns / a->eff < WO_AUTO_EARLY_RATIO * med) {
+                    a->inplace_ns = med;
+                    return try_now(a, copy_ns);
+                }
             }
         }
         per = fmin(fmax(per, 0.5 * a->decided_ns), 2 * a->decided_ns);

@@ -224,18 +224,25 @@ static CUresult copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, b
     return d->cuMemcpyAsync(dst, src, (size_t)bytes, ex->copy);
 }
 
+/* "N MiB" from a MiB up, else "N KiB": the sizes the info lines give. */
+static const char *size_str(uint64_t b, char buf[24])
+{
+    bool mib = b >= (1u << 20);
+
+    snprintf(buf, 24, "%llu %s", (unsigned long long)(mib ? b >> 20 : b >> 10),
+             mib ? "MiB" : "KiB");
+    return buf;
+}
+
 /* One info line: the slots' sizes. */
 static void say_slots(const char *what)
 {
-    char sizes[24 * WO_STREAM_MAX_SLOTS] = "";
+    char sizes[26 * WO_STREAM_MAX_SLOTS] = "", one[24];
     size_t at = 0;
 
-    for (unsigned i = 0; i < ex->nslots && at < sizeof(sizes); i++) {
-        uint64_t b = ex->slot_sz[i];
-        bool mib = b >= (1u << 20);
-        at += (size_t)snprintf(sizes + at, sizeof(sizes) - at, "%s%llu %s", i ? ", " : "",
-                               (unsigned long long)(mib ? b >> 20 : b >> 10), mib ? "MiB" : "KiB");
-    }
+    for (unsigned i = 0; i < ex->nslots && at < sizeof(sizes); i++)
+        at += (size_t)snprintf(sizes + at, sizeof(sizes) - at, "%s%s", i ? ", " : "",
+                               size_str(ex->slot_sz[i], one));
     wo_info("stream: %u device staging slots%s (%s)", ex->nslots, what, sizes);
 }
 
@@ -805,6 +812,38 @@ static bool in(const uint32_t *v, unsigned n, uint32_t id)
     return false;
 }
 
+/* Readies slots [lo, hi) for cuMemFree: what their readers' streams were
+ * given done (fence_owner), their contents checked for writes (check_slot),
+ * the copies and every launch that read them finished, and the checks'
+ * verdicts taken (poll_checks). False: later (a fence or a check cannot be
+ * had yet, or a capture forbids the driver calls). */
+static bool quiesce(unsigned lo, unsigned hi)
+{
+    const struct wo_driver *d = ex->drv;
+    CUcontext prev;
+    bool ok = true;
+
+    if (!wo_driver_enter())
+        return false;
+    prev = push_ctx();
+    pthread_mutex_lock(&wo_uvm.lock);
+    for (unsigned s = lo; s < hi && ok; s++)
+        ok = fence_owner(&wo_stream_tab.slot[s]) && check_slot(s);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    if (ok) {
+        if (ex->copy && d->cuStreamSynchronize)
+            d->cuStreamSynchronize(ex->copy);
+        for (unsigned s = lo; s < hi; s++)
+            if (wo_stream_tab.slot[s].read_done && d->cuEventSynchronize)
+                d->cuEventSynchronize(wo_stream_tab.slot[s].read_done);
+    }
+    pop_ctx(prev);
+    wo_driver_leave();
+    if (ok)
+        poll_checks(true, NONE);
+    return ok;
+}
+
 /* Gives slot s its wanted size: its contents checked for writes first and
  * every launch that read it done (as free_slots does for all of them),
  * then its memory freed and allocated again. A size cuMemAlloc refuses
@@ -817,26 +856,12 @@ static bool resize_slot(unsigned s)
     uint64_t want = ex->want_sz[s], old = ex->slot_sz[s];
     CUdeviceptr p = 0;
     CUcontext prev;
-    bool ok;
+    CUresult res;
 
-    if (!d->cuMemFree_v2 || !d->cuStreamSynchronize || !d->cuEventSynchronize)
+    if (!d->cuMemFree_v2)
         return false;
-    if (at_engine(s, true) || !unpublish(s) || !wo_driver_enter())
+    if (at_engine(s, true) || !unpublish(s) || !quiesce(s, s + 1))
         return false;
-    prev = push_ctx();
-    pthread_mutex_lock(&wo_uvm.lock);
-    ok = fence_owner(sl) && check_slot(s);
-    pthread_mutex_unlock(&wo_uvm.lock);
-    if (ok) {
-        /* the check, the copies and every launch that read it, done */
-        d->cuStreamSynchronize(ex->copy);
-        d->cuEventSynchronize(sl->read_done);
-    }
-    pop_ctx(prev);
-    wo_driver_leave();
-    if (!ok)
-        return false;
-    poll_checks(true, NONE);
     /* growing: the planner's budget first (its hot set makes the room);
      * outside the driver section, which is not nested (its drain enters
      * it), and before the slots' context is pushed (the prefetcher may
@@ -849,11 +874,14 @@ static bool resize_slot(unsigned s)
     d->cuMemFree_v2((CUdeviceptr)sl->dev);
     sl->dev = 0;
     ex->slot_sz[s] = 0;
-    if (d->cuMemAlloc_v2(&p, want) != CUDA_SUCCESS) {
+    res = d->cuMemAlloc_v2(&p, want);
+    if (res != CUDA_SUCCESS) {
+        char a[24], b[24];
         ex->grow_failed[s] = want;
         want = d->cuMemAlloc_v2(&p, old) == CUDA_SUCCESS ? old : 0;
-        wo_info("stream: a staging slot of %llu MiB could not be allocated: slot %u keeps %llu MiB",
-                (unsigned long long)(ex->want_sz[s] >> 20), s, (unsigned long long)(want >> 20));
+        wo_info("stream: staging slot %u: %s could not be allocated (%s): it keeps %s%s", s,
+                size_str(ex->want_sz[s], a), wo_cu_error_name(res), size_str(want, b),
+                want ? "" : " (no range is staged in it)");
     }
     pop_ctx(prev);
     wo_driver_leave();
@@ -861,8 +889,22 @@ static bool resize_slot(unsigned s)
     ex->slot_sz[s] = want;
     ex->slot_last[s] = NONE;
     __atomic_store_n(&sl->owner, 0, __ATOMIC_RELEASE);
-    add(&wo_stream_tab.n.slot_resizes, 1);
+    if (want != old)
+        add(&wo_stream_tab.n.slot_resizes, 1);
     return true;
+}
+
+/* The size slot s is given for a wanted size: kept when none is wanted
+ * yet, when cuMemAlloc refused that size, or when it shrinks by an eighth
+ * or less (no churn for ranges of near sizes). resize() and readmit_room()
+ * both judge by it. */
+static uint64_t size_after(unsigned s, uint64_t want)
+{
+    uint64_t cur = ex->slot_sz[s];
+
+    if (!want || want == ex->grow_failed[s] || (want <= cur && want >= cur - cur / 8))
+        return cur;
+    return want;
 }
 
 /* After the slots shrank, `auto` gives back to the planner the hot managed
@@ -871,7 +913,9 @@ static bool resize_slot(unsigned s)
  * llama.cpp's --n-cpu-moe keeps the first layers on the GPU). The room is
  * counted in whole allocations (what the planner places): the budget, less
  * the slots, less every managed range not streamed that a recent step
- * read. */
+ * read. That is what the planner wants, not what it holds (hot_over's
+ * measure, its hot bytes, which the budget caps): a range given back must
+ * fit beside all the planner wants, or the two evict each other. */
 static uint64_t footprint(uint32_t id, const struct srange *r)
 {
     struct wo_range rg;
@@ -903,8 +947,10 @@ static void readmit_room(void)
          * is the planner's */
         if (!size_for(id, sz))
             continue;
+        /* counted before any shrink is made: a slot gives its bytes back
+         * only once it is free */
         for (unsigned k = 0; k < ex->nslots; k++)
-            slots_after += WO_MAX(sz[k], ex->slot_sz[k]);
+            slots_after += WO_MAX(size_after(k, sz[k]), ex->slot_sz[k]);
         fp = footprint(id, r);
         if (held + fp + slots_after > budget)
             continue;
@@ -916,30 +962,34 @@ static void readmit_room(void)
         wo_info("stream: auto: %u hot ranges back with the planner: the slots' room holds them", n);
 }
 
-/* Brings the slots to their wanted sizes (want_sizes), each once none of
- * the next ranges (ahead) is in it and the engine is not at it; a slot
- * that grows takes its bytes from the planner's budget first, one that
- * shrank gives them back after. Sizes within an eighth are kept (no churn
- * for ranges of near sizes). */
+/* Brings the slots to their wanted sizes (want_sizes, size_after), each
+ * once none of the next ranges (ahead) is in it and the engine is not at
+ * it; a slot that grows takes its bytes from the planner's budget first,
+ * one that shrank gives them back after. */
 static void resize(const uint32_t *ahead, unsigned na)
 {
     uint64_t before = slots_bytes();
-    bool any = false;
+    bool done = false, changed = false;
 
     if (!ex->slots_ready || ex->slots_failed)
         return;
     for (unsigned s = 0; s < ex->nslots; s++) {
-        uint64_t want = ex->want_sz[s], cur = ex->slot_sz[s];
-        if (!want || want == ex->grow_failed[s] || (want <= cur && want >= cur - cur / 8))
+        uint64_t cur = ex->slot_sz[s];
+        if (size_after(s, ex->want_sz[s]) == cur)
             continue;
         if (ex->slot_range[s] >= 0 && in(ahead, na, (uint32_t)ex->slot_range[s]))
             continue;
-        any |= resize_slot(s);
+        if (resize_slot(s)) {
+            done = true;
+            changed |= ex->slot_sz[s] != cur; /* not when cuMemAlloc refused */
+        }
     }
-    if (!any)
+    if (!done)
         return;
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, slots_bytes(), __ATOMIC_RELAXED);
-    say_slots(" resized");
+    if (changed)
+        say_slots(" resized");
+    /* a refused grow gives back what it took from the planner */
     if (slots_bytes() < before)
         slots_shrank();
     else
@@ -1544,35 +1594,19 @@ static bool free_slots(void)
         if (__atomic_load_n(&wo_stream_tab.slot[i].inflight, __ATOMIC_SEQ_CST) > 0 ||
             at_engine(i, false))
             return false; /* a hook holds it, or kernels to come may read it (stage()) */
-    if (!wo_driver_enter())
-        return false;
-    prev = push_ctx();
     /* after everything its readers' streams were given (stage(): why), and
      * each slot's contents checked for writes (check_slot) */
-    pthread_mutex_lock(&wo_uvm.lock);
-    for (unsigned i = 0; i < ex->nslots; i++)
-        if (!fence_owner(&wo_stream_tab.slot[i]) || !check_slot(i)) {
-            pthread_mutex_unlock(&wo_uvm.lock);
-            pop_ctx(prev);
-            wo_driver_leave();
-            return false;
-        }
-    pthread_mutex_unlock(&wo_uvm.lock);
-    if (ex->copy && d->cuStreamSynchronize)
-        d->cuStreamSynchronize(ex->copy);
-    pop_ctx(prev);
-    wo_driver_leave();
-    poll_checks(true, NONE);
+    if (!quiesce(0, ex->nslots))
+        return false;
     if (!wo_driver_enter())
         return false; /* a capture began: the slots go back later (checked again: no-op) */
     prev = push_ctx();
-    /* the copies from them are done (above): no event to wait for */
+    /* the copies from them and their readers are done (quiesce): no event
+     * to wait for */
     if (ex->pin_on)
         wo_pin_retire_all(NULL);
     for (unsigned i = 0; i < ex->nslots; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
-        if (s->read_done && d->cuEventSynchronize)
-            d->cuEventSynchronize(s->read_done);
         if (s->dev && d->cuMemFree_v2)
             d->cuMemFree_v2((CUdeviceptr)s->dev);
         if (d->cuEventDestroy_v2) {
