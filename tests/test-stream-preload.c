@@ -204,6 +204,7 @@ static int child(const char *mode)
     void *cu = dlopen("libcuda.so.1", RTLD_NOW);
     CUresult (*p_cuInit)(unsigned), (*p_cuDeviceGet)(CUdevice *, int);
     CUresult (*p_cuCtxRetain)(CUcontext *, CUdevice), (*p_cuCtxSetCurrent)(CUcontext);
+    CUresult (*p_cuCtxCreate)(CUcontext *, unsigned, CUdevice);
     CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t), (*p_cuMemFree)(CUdeviceptr);
     CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*p_cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
@@ -244,6 +245,12 @@ static int child(const char *mode)
      * driver while it is under way (it would invalidate the capture), and
      * the pins go on after it */
     bool cap_mode = strcmp(mode, "stream-capture") == 0;
+    /* stream-unfenced: the NCCL-named kernel of (3b) runs on a stream of
+     * another context (its own communicator's, say), where the shim's
+     * fence event, made in the engine's context, cannot be recorded (the
+     * driver, and the fake, refuse an event and a stream of two contexts):
+     * nothing is streamed from then on, and every read stays right */
+    bool unfenced_mode = strcmp(mode, "stream-unfenced") == 0;
     /* stream-sized: the odd ranges are half a MiB (Qwen3's gate_up and
      * down tensors in turn): the slots, made before a step's order is
      * known, all of 1 MiB, are resized to 1, 1 and 0.5 MiB, and each range
@@ -286,6 +293,7 @@ static int child(const char *mode)
     *(void **)&p_cuDeviceGet = need(cu, "cuDeviceGet");
     *(void **)&p_cuCtxRetain = need(cu, "cuDevicePrimaryCtxRetain");
     *(void **)&p_cuCtxSetCurrent = need(cu, "cuCtxSetCurrent");
+    *(void **)&p_cuCtxCreate = need(cu, "cuCtxCreate_v2");
     *(void **)&p_cuMemAlloc = need(cu, "cuMemAlloc_v2");
     *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
@@ -343,7 +351,7 @@ static int child(const char *mode)
      * it gives the registry a shared granule array, which lives only in the
      * registry's mmap'd leaves, where LeakSanitizer does not look; the
      * stream-exit mode exits with its allocations live */
-    if (stream_mode)
+    if (stream_mode || unfenced_mode)
         CHECK(p_cuMemAlloc(&table, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
@@ -442,6 +450,28 @@ static int child(const char *mode)
             CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
             CHECK(p_cuLaunchKernelEx(&cfg, knc, params, NULL) == CUDA_SUCCESS);
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+            for (size_t j = 0; j < MiB; j++)
+                buf[j] = (unsigned char)(j * 7 + seed);
+            expect[10] = hash(buf, MiB);
+        }
+        if (unfenced_mode && step == STEPS / 2) {
+            uint64_t n = MiB, seed = 55;
+            void *params[] = {&table, &n, &seed};
+            CUlaunchConfig cfg;
+            CUcontext other;
+            CUstream os;
+
+            CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
+            CHECK(p_cuCtxCreate(&other, 0, dev) == CUDA_SUCCESS);
+            CHECK(p_cuCtxSetCurrent(other) == CUDA_SUCCESS);
+            CHECK(p_cuStreamCreate(&os, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            memset(&cfg, 0, sizeof(cfg));
+            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
+            cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
+            cfg.hStream = os;
+            CHECK(p_cuLaunchKernelEx(&cfg, knc, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(os) == CUDA_SUCCESS);
+            CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
             for (size_t j = 0; j < MiB; j++)
                 buf[j] = (unsigned char)(j * 7 + seed);
             expect[10] = hash(buf, MiB);
@@ -631,7 +661,7 @@ static int child(const char *mode)
     CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(padded) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
-    if (stream_mode)
+    if (stream_mode || unfenced_mode)
         CHECK(p_cuMemFree(table) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
         static char js[1 << 17];
@@ -897,6 +927,27 @@ int main(int argc, char **argv)
         CHECK(r && !strstr(strchr(r, '\n'), "could not be allocated")); /* asked once */
         CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
     }
+    if (failures)
+        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+
+    /* ---- stream-unfenced: a blind launch on another context's stream,
+     * halfway: its fence cannot be recorded, so the executor stops
+     * streaming (one warning); every read right before and after (the
+     * child checks), range 10's new bytes read in place ---- */
+    run(argv, "stream-unfenced", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    printf("stream-unfenced: %.0f blind launches, %.0f not fenced, %.0f redirected\n",
+           num_after(s, "\"blind_launches\":"), num_after(s, "\"blind_unfenced\":"),
+           num_after(s, "\"redirected\":"));
+    CHECK(num_after(s, "\"blind_launches\":") == 1);
+    CHECK(num_after(s, "\"blind_unfenced\":") == 1);
+    {
+        const char *w = strstr(log, "could not be fenced: nothing is streamed from now on");
+        CHECK(w && !strstr(strchr(w, '\n'), "could not be fenced: nothing")); /* one warning */
+        CHECK(strstr(log, "; one could not be fenced, and streaming stopped") != NULL);
+    }
+    e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
+    CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 

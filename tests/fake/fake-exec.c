@@ -28,6 +28,7 @@ struct CUstream_st {
     unsigned flags;
     int priority;
     bool legacy, per_thread;
+    CUcontext ctx; /* a user stream's: current at its creation */
     struct fk_capture *cap;
     struct CUstream_st *next; /* live user streams */
 };
@@ -37,6 +38,7 @@ struct CUevent_st {
     unsigned flags;
     bool recorded;
     uint64_t t_ns;
+    CUcontext ctx;          /* current at its creation */
     struct fk_capture *cap; /* recorded inside this capture (it may have ended) */
     uint64_t cap_id;
 };
@@ -248,6 +250,7 @@ static CUresult stream_create(CUstream *ph, unsigned flags, int prio)
         return CUDA_ERROR_OUT_OF_MEMORY;
     st->magic = STREAM_MAGIC;
     st->flags = flags;
+    st->ctx = fk_current_ctx();
     st->priority = prio > 0 ? 0 : prio < -5 ? -5 : prio;
     fk_lock_();
     st->next = streams;
@@ -454,11 +457,11 @@ FK_EXPORT CUresult cuStreamGetPriority_ptsz(CUstream hStream, int *priority)
 }
 FK_EXPORT CUresult cuStreamGetCtx(CUstream hStream, CUcontext *pctx)
 {
-    STREAM_GETTER(cuStreamGetCtx, false, CUcontext, pctx, fk_current_ctx());
+    STREAM_GETTER(cuStreamGetCtx, false, CUcontext, pctx, st->ctx ? st->ctx : fk_current_ctx());
 }
 FK_EXPORT CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext *pctx)
 {
-    STREAM_GETTER(cuStreamGetCtx_ptsz, true, CUcontext, pctx, fk_current_ctx());
+    STREAM_GETTER(cuStreamGetCtx_ptsz, true, CUcontext, pctx, st->ctx ? st->ctx : fk_current_ctx());
 }
 
 /* --- capture ------------------------------------------------------------- */
@@ -735,6 +738,7 @@ FK_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->magic = EVENT_MAGIC;
     e->flags = Flags;
+    e->ctx = fk_current_ctx();
     *phEvent = e;
     return CUDA_SUCCESS;
 }
@@ -742,6 +746,12 @@ FK_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 static CUresult event_record(CUevent e, CUstream s, bool pt)
 {
     if (!e || e->magic != EVENT_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    /* as the driver: the event and the stream of one context (the NULL
+     * and per-thread streams are the current context's) */
+    struct CUstream_st *st = fk_stream(s, pt);
+    CUcontext sctx = st && st->ctx ? st->ctx : fk_current_ctx();
+    if (e->ctx && sctx && e->ctx != sctx)
         return CUDA_ERROR_INVALID_HANDLE;
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
