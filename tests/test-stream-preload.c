@@ -216,6 +216,9 @@ static int child(const char *mode)
     CUresult (*p_cuEndCapture)(CUstream, CUgraph *);
     CUresult (*p_cuInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
     CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream);
+    CUresult (*p_cuGraphCreate)(CUgraph *, unsigned);
+    CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+                                       const CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*p_cuStreamSync)(CUstream);
     CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn);
     int (*tag)(const void *, size_t, const char *);
@@ -305,6 +308,8 @@ static int child(const char *mode)
     *(void **)&p_cuEndCapture = need(cu, "cuStreamEndCapture");
     *(void **)&p_cuInstantiate = need(cu, "cuGraphInstantiateWithFlags");
     *(void **)&p_cuGraphLaunch = need(cu, "cuGraphLaunch");
+    *(void **)&p_cuGraphCreate = need(cu, "cuGraphCreate");
+    *(void **)&p_cuGraphAddKernelNode = need(cu, "cuGraphAddKernelNode_v2");
     *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
     *(void **)&kernel = need(cu, "fakecuda_kernel");
     *(void **)&tag = need(RTLD_DEFAULT, "woffload_tag");
@@ -432,6 +437,32 @@ static int child(const char *mode)
             for (size_t j = 0; j < MiB; j++)
                 buf[j] = (unsigned char)(j * 7 + seed);
             expect[12] = hash(buf, MiB);
+        }
+        if (stream_mode && step == STEPS - 6) {
+            /* (3c) a graph built by hand (cuGraphCreate, a kernel node):
+             * no capture went through the shim, so it knows none of its
+             * nodes, and launching it is a blind launch. Its node writes
+             * range 14 in place */
+            CUgraph g;
+            CUgraphExec ge;
+            CUgraphNode node;
+            CUDA_KERNEL_NODE_PARAMS np;
+            uint64_t n = MiB, seed = 33;
+            void *wparams[] = {&ranges[14], &n, &seed};
+
+            memset(&np, 0, sizeof(np));
+            np.func = kpk;
+            np.gridDimX = np.gridDimY = np.gridDimZ = 1;
+            np.blockDimX = np.blockDimY = np.blockDimZ = 1;
+            np.kernelParams = wparams;
+            CHECK(p_cuGraphCreate(&g, 0) == CUDA_SUCCESS);
+            CHECK(p_cuGraphAddKernelNode(&node, g, NULL, 0, &np) == CUDA_SUCCESS);
+            CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
+            CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+            for (size_t j = 0; j < MiB; j++)
+                buf[j] = (unsigned char)(j * 7 + seed);
+            expect[14] = hash(buf, MiB);
         }
         if (stream_mode && step == STEPS - 4) {
             /* (3b) a kernel named as NCCL's are writes range 10 through a
@@ -626,7 +657,7 @@ static int child(const char *mode)
         CHECK(p_cuMemcpyDtoH(buf, ranges[6], MiB) == CUDA_SUCCESS);
         CHECK(hash(buf, MiB) == expect[6]);
         CHECK(slot_writes == 1);
-        CHECK(inplace_writes == 2); /* (4b) and the graph's node (3) */
+        CHECK(inplace_writes == 3); /* (4b), the graph's node (3) and (3c)'s */
         CHECK(p_cuMemcpyDtoH(buf, ranges[8], MiB) == CUDA_SUCCESS);
         CHECK(hash(buf, MiB) == expect[8]);
         /* and what the graph and the blind kernel wrote, in theirs */
@@ -634,6 +665,8 @@ static int child(const char *mode)
         CHECK(hash(buf, MiB) == expect[12]);
         CHECK(p_cuMemcpyDtoH(buf, ranges[10], MiB) == CUDA_SUCCESS);
         CHECK(hash(buf, MiB) == expect[10]);
+        CHECK(p_cuMemcpyDtoH(buf, ranges[14], MiB) == CUDA_SUCCESS);
+        CHECK(hash(buf, MiB) == expect[14]);
         CHECK(blind_writes == 1);
         printf("child stream: the write reached a slot %llu time(s)\n",
                (unsigned long long)slot_writes);
@@ -833,12 +866,12 @@ int main(int argc, char **argv)
               num_after(s, "\"staged\":"));
     CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 3);
     CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
-    /* (3) the graph and (3b) the NCCL-named kernel were blind launches:
+    /* (3) the graph, (3c) the hand-built one and (3b) the NCCL-named kernel were blind launches:
      * every pinned copy retired after the first (they may be older than
      * their ranges), none made again, and the reads after each were right
      * (the child checks) */
     printf("stream: %.0f blind launches\n", num_after(s, "\"blind_launches\":"));
-    CHECK(num_after(s, "\"blind_launches\":") == 2);
+    CHECK(num_after(s, "\"blind_launches\":") == 3);
     CHECK(num_after(s, "\"blind_unfenced\":") == 0);
     CHECK(num_after(e, "\"held\":") == 0 &&
           num_after(e, "\"retired\":") == num_after(e, "\"made\":"));

@@ -1518,6 +1518,60 @@ FK_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec)
     return CUDA_SUCCESS;
 }
 
+/* A graph built by hand (cuGraphCreate, cuGraphAddKernelNode): its kernel
+ * nodes run in the order they were added (a valid order for any
+ * dependencies, which name earlier nodes); the node handles are opaque
+ * tokens. Nothing an engine's hook sees: the shim cannot know its nodes. */
+FK_EXPORT CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+    FK_ENTER(cuGraphCreate);
+    if (!phGraph || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraph_st *g = calloc(1, sizeof(*g));
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    g->magic = GRAPH_MAGIC;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                           const CUgraphNode *dependencies, size_t numDependencies,
+                                           const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    FK_ENTER(cuGraphAddKernelNode_v2);
+    if (!phGraphNode || !hGraph || hGraph->magic != GRAPH_MAGIC || !p ||
+        (numDependencies && !dependencies))
+        return CUDA_ERROR_INVALID_VALUE;
+    struct CUfunc_st *f = p->func;
+    if (!f || f->magic != FUNC_MAGIC)
+        return p->kern ? CUDA_ERROR_NOT_SUPPORTED : CUDA_ERROR_INVALID_VALUE;
+    if (p->extra)
+        return CUDA_ERROR_NOT_SUPPORTED; /* packed parameters: not modelled here */
+    if (!p->kernelParams && f->nparams)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fk_op op = {.type = FK_OP_KERNEL,
+                       .k = {.f = f,
+                             .grid = {p->gridDimX, p->gridDimY, p->gridDimZ},
+                             .block = {p->blockDimX, p->blockDimY, p->blockDimZ},
+                             .shmem = p->sharedMemBytes}};
+    op.k.args = malloc(f->argbytes ? f->argbytes : 1);
+    if (!op.k.args)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < f->nparams; i++)
+        memcpy(op.k.args + f->offsets[i], p->kernelParams[i], f->sizes[i]);
+    fk_lock_();
+    CUresult r = graph_append_locked(hGraph, &op);
+    size_t n = hGraph->n;
+    fk_unlock_();
+    if (r != CUDA_SUCCESS) {
+        free(op.k.args);
+        return r;
+    }
+    *phGraphNode = (CUgraphNode)(uintptr_t)n;
+    return CUDA_SUCCESS;
+}
+
 FK_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
 {
     FK_ENTER(cuGraphDestroy);

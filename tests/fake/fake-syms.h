@@ -171,6 +171,8 @@
     X(cuGraphLaunch_ptsz, C)                                                                       \
     X(cuGraphExecDestroy, I)                                                                       \
     X(cuGraphDestroy, I)                                                                           \
+    X(cuGraphCreate, C)                                                                            \
+    X(cuGraphAddKernelNode_v2, C)                                                                  \
     X(cuMemGetAllocationGranularity, I)                                                            \
     X(cuMemCreate, C)                                                                              \
     X(cuMemRelease, I)                                                                             \
@@ -291,6 +293,8 @@
     X(cuGraphLaunch, 10000, cuGraphLaunch, cuGraphLaunch_ptsz)                                     \
     X(cuGraphExecDestroy, 10000, cuGraphExecDestroy, NULL)                                         \
     X(cuGraphDestroy, 10000, cuGraphDestroy, NULL)                                                 \
+    X(cuGraphCreate, 10000, cuGraphCreate, NULL)                                                   \
+    X(cuGraphAddKernelNode, 12000, cuGraphAddKernelNode_v2, NULL)                                  \
     X(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity, NULL)                   \
     X(cuMemCreate, 10020, cuMemCreate, NULL)                                                       \
     X(cuMemRelease, 10020, cuMemRelease, NULL)                                                     \
