@@ -67,6 +67,13 @@ struct leaf {
     struct garr *slot[LEAF_SLOTS];
 };
 
+/* LeakSanitizer does not scan mmap'ed memory: the shared granule arrays
+ * only the leaves point to would look leaked when the process exits with
+ * ranges live. In a process with LeakSanitizer the leaves are registered
+ * as root regions; elsewhere the weak symbols are absent and not called. */
+extern void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
+extern void __lsan_unregister_root_region(const void *p, size_t size) __attribute__((weak));
+
 struct rec {
     struct wo_range r;
     struct garr *one; /* the range's own one-entry array; NULL: id free */
@@ -270,6 +277,8 @@ static int leaves_alloc(uint64_t g0, uint64_t g1)
                  -1, 0);
         if (p == MAP_FAILED)
             return -ENOMEM;
+        if (__lsan_register_root_region)
+            __lsan_register_root_region(p, sizeof(struct leaf));
         __atomic_store_n(&top[t], (struct leaf *)p, __ATOMIC_SEQ_CST);
     }
     return 0;
@@ -789,6 +798,8 @@ void wo_registry_reset(void)
         if (!l)
             continue;
         __atomic_store_n(&top[t], NULL, __ATOMIC_SEQ_CST);
+        if (__lsan_unregister_root_region)
+            __lsan_unregister_root_region(l, sizeof(*l));
         munmap(l, sizeof(*l));
     }
     for (uint32_t i = 0; i < MARK_TOP_SLOTS; i++) {

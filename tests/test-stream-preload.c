@@ -352,12 +352,12 @@ static int child(const char *mode)
     CHECK(tag((void *)(uintptr_t)(padded + MiB / 2), MiB / 2, "model.layers.98.mlp.experts.down") ==
           0);
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
-    /* (3b)'s table, in the mode that uses it: beside `out` in one granule,
-     * it gives the registry a shared granule array, which lives only in the
-     * registry's mmap'd leaves, where LeakSanitizer does not look; the
-     * stream-exit mode exits with its allocations live */
-    if (stream_mode || unfenced_mode)
-        CHECK(p_cuMemAlloc(&table, 4096) == CUDA_SUCCESS);
+    /* (3b)'s table, in every mode: beside `out` in one granule, it gives
+     * the registry a shared granule array that only the registry's mmap'd
+     * leaves point to; stream-exit exits with it live, and LeakSanitizer
+     * must find it through the leaves (core/registry.c registers them as
+     * root regions) */
+    CHECK(p_cuMemAlloc(&table, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
     k = kernel("checksum", 3, psz, checksum);
     kb = kernel("checksum_b", 3, psz, checksum);
@@ -694,8 +694,7 @@ static int child(const char *mode)
     CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(padded) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
-    if (stream_mode || unfenced_mode)
-        CHECK(p_cuMemFree(table) == CUDA_SUCCESS);
+    CHECK(p_cuMemFree(table) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
         static char js[1 << 17];
         const char *at = NULL;
@@ -777,11 +776,11 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         /* pins go through uvm/place.c's wo_pin_host: a registered huge-page
          * mapping, or cuMemHostAlloc (below 2 MiB, as here, and when the
          * register fails): the faults are on both */
-        /* the slot growing back to 1 MiB is refused: the engine's buffer
-         * is the first cuMemAlloc, the checker's and the three slots the
-         * next four, the shrink to 512 KiB the sixth */
+        /* the slot growing back to 1 MiB is refused: the engine's two
+         * buffers are the first cuMemAllocs, the checker's and the three
+         * slots the next four, the shrink to 512 KiB the seventh */
         if (strcmp(mode, "stream-sized-refused") == 0)
-            setenv("WOFAKE_FAIL", "cuMemAlloc_v2:7:2", 1);
+            setenv("WOFAKE_FAIL", "cuMemAlloc_v2:8:2", 1);
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
             setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2,cuMemHostAlloc:*:2", 1);
         if (strcmp(mode, "stream-capture") == 0) /* every pin takes 0.1 s */
