@@ -464,45 +464,33 @@ static int child(const char *mode)
                 buf[j] = (unsigned char)(j * 7 + seed);
             expect[14] = hash(buf, MiB);
         }
-        if (stream_mode && step == STEPS - 4) {
+        if ((stream_mode && step == STEPS - 4) || (unfenced_mode && step == STEPS / 2)) {
             /* (3b) a kernel named as NCCL's are writes range 10 through a
              * pointer it reads from a table in device memory: the scan
              * finds no pointer to it (an RL trainer broadcasting weights
              * into the engine). Its name makes it a blind launch. Launched
-             * as NCCL launches, with cuLaunchKernelEx */
-            uint64_t n = MiB, seed = 55;
-            void *params[] = {&table, &n, &seed};
-            CUlaunchConfig cfg;
-
-            memset(&cfg, 0, sizeof(cfg));
-            cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
-            cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
-            cfg.hStream = s;
-            CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
-            CHECK(p_cuLaunchKernelEx(&cfg, knc, params, NULL) == CUDA_SUCCESS);
-            CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-            for (size_t j = 0; j < MiB; j++)
-                buf[j] = (unsigned char)(j * 7 + seed);
-            expect[10] = hash(buf, MiB);
-        }
-        if (unfenced_mode && step == STEPS / 2) {
+             * as NCCL launches, with cuLaunchKernelEx; in stream-unfenced
+             * on a stream of a second context */
             uint64_t n = MiB, seed = 55;
             void *params[] = {&table, &n, &seed};
             CUlaunchConfig cfg;
             CUcontext other;
-            CUstream os;
+            CUstream ls = s;
 
             CHECK(p_cuMemcpyHtoD(table, &ranges[10], sizeof(ranges[10])) == CUDA_SUCCESS);
-            CHECK(p_cuCtxCreate(&other, 0, dev) == CUDA_SUCCESS);
-            CHECK(p_cuCtxSetCurrent(other) == CUDA_SUCCESS);
-            CHECK(p_cuStreamCreate(&os, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            if (unfenced_mode) {
+                CHECK(p_cuCtxCreate(&other, 0, dev) == CUDA_SUCCESS);
+                CHECK(p_cuCtxSetCurrent(other) == CUDA_SUCCESS);
+                CHECK(p_cuStreamCreate(&ls, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            }
             memset(&cfg, 0, sizeof(cfg));
             cfg.gridDimX = cfg.gridDimY = cfg.gridDimZ = 1;
             cfg.blockDimX = cfg.blockDimY = cfg.blockDimZ = 1;
-            cfg.hStream = os;
+            cfg.hStream = ls;
             CHECK(p_cuLaunchKernelEx(&cfg, knc, params, NULL) == CUDA_SUCCESS);
-            CHECK(p_cuStreamSync(os) == CUDA_SUCCESS);
-            CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(ls) == CUDA_SUCCESS);
+            if (unfenced_mode)
+                CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
             for (size_t j = 0; j < MiB; j++)
                 buf[j] = (unsigned char)(j * 7 + seed);
             expect[10] = hash(buf, MiB);
@@ -813,6 +801,31 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     unlink(sn);
 }
 
+/* Whether text is in the log, on one line only. */
+static bool said_once(const char *log, const char *text)
+{
+    const char *at = strstr(log, text), *eol = at ? strchr(at, '\n') : NULL;
+    return at && (!eol || !strstr(eol, text));
+}
+
+/* A stream-sized run: how many resizes, and the slots' bytes at the end. */
+static void sized_run(char **argv, const char *mode, double resizes, double bytes, char *stats,
+                      size_t len, char *log, size_t loglen)
+{
+    const char *s;
+
+    run(argv, mode, stats, len, log, loglen);
+    s = strstr(stats, "\"stream\":{");
+    printf("%s: %.0f redirected, %.0f slots resized, %.0f slot bytes\n", mode,
+           num_after(s, "\"redirected\":"), num_after(s, "\"slot_resizes\":"),
+           num_after(s, "\"slot_bytes\":"));
+    CHECK(num_after(s, "\"redirected\":") > STEPS / 2 * NR * READS / 8);
+    CHECK(num_after(s, "\"slot_resizes\":") == resizes);
+    CHECK(num_after(s, "\"slot_bytes\":") == bytes);
+    CHECK(strstr(log, "stream: 3 device staging slots (1 MiB, 1 MiB, 1 MiB)") != NULL);
+    CHECK(strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)") != NULL);
+}
+
 int main(int argc, char **argv)
 {
     static char stats[1 << 17], log[1 << 17];
@@ -925,15 +938,7 @@ int main(int argc, char **argv)
      * known, and the small one back to 1 MiB once copies wrote every
      * half-MiB range (read in place since); every read bit-identical
      * through both (the child checks) ---- */
-    run(argv, "stream-sized", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("stream-sized: %.0f redirected, %.0f slots resized, %.0f slot bytes\n",
-           num_after(s, "\"redirected\":"), num_after(s, "\"slot_resizes\":"),
-           num_after(s, "\"slot_bytes\":"));
-    CHECK(num_after(s, "\"redirected\":") > STEPS / 2 * NR * READS / 8);
-    CHECK(num_after(s, "\"slot_resizes\":") == 2);
-    CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB);
-    CHECK(strstr(log, "stream: 3 device staging slots (1 MiB, 1 MiB, 1 MiB)") != NULL);
+    sized_run(argv, "stream-sized", 2, 3 * MiB, stats, sizeof(stats), log, sizeof(log));
     {
         const char *r =
             strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)");
@@ -944,21 +949,11 @@ int main(int argc, char **argv)
      * the small slot's growing back: it keeps 512 KiB (its old memory
      * allocated again), is not asked again, and the 1 MiB ranges are
      * staged in the two others; every read bit-identical ---- */
-    run(argv, "stream-sized-refused", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("stream-sized-refused: %.0f redirected, %.0f slots resized, %.0f slot bytes\n",
-           num_after(s, "\"redirected\":"), num_after(s, "\"slot_resizes\":"),
-           num_after(s, "\"slot_bytes\":"));
-    CHECK(num_after(s, "\"redirected\":") > STEPS / 2 * NR * READS / 8);
-    CHECK(num_after(s, "\"slot_resizes\":") == 1);
-    CHECK(num_after(s, "\"slot_bytes\":") == 2 * MiB + MiB / 2);
-    {
-        const char *r = strstr(log, "stream: staging slot 2: 1 MiB could not be allocated "
-                                    "(CUDA_ERROR_OUT_OF_MEMORY): it keeps 512 KiB\n");
-        CHECK(strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)"));
-        CHECK(r && !strstr(strchr(r, '\n'), "could not be allocated")); /* asked once */
-        CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
-    }
+    sized_run(argv, "stream-sized-refused", 1, 2 * MiB + MiB / 2, stats, sizeof(stats), log,
+              sizeof(log));
+    CHECK(said_once(log, "stream: staging slot 2: 1 MiB could not be allocated "
+                         "(CUDA_ERROR_OUT_OF_MEMORY): it keeps 512 KiB\n")); /* asked once */
+    CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
     if (failures)
         fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
 
@@ -973,11 +968,8 @@ int main(int argc, char **argv)
            num_after(s, "\"redirected\":"));
     CHECK(num_after(s, "\"blind_launches\":") == 1);
     CHECK(num_after(s, "\"blind_unfenced\":") == 1);
-    {
-        const char *w = strstr(log, "could not be fenced: nothing is streamed from now on");
-        CHECK(w && !strstr(strchr(w, '\n'), "could not be fenced: nothing")); /* one warning */
-        CHECK(strstr(log, "; one could not be fenced, and streaming stopped") != NULL);
-    }
+    CHECK(said_once(log, "could not be fenced: nothing is streamed from now on"));
+    CHECK(strstr(log, "; one could not be fenced, and streaming stopped") != NULL);
     e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
     CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
     if (failures)

@@ -194,6 +194,23 @@ CUresult fk_capture_check_unsafe(void)
     return r;
 }
 
+/* A kernel node with its own copy of the parameter values (the driver
+ * copies them when a launch is captured or a node added): from params, or
+ * from the packed buffer buf when that is set. */
+static CUresult kernel_op(struct fk_op *op, struct CUfunc_st *f, const uint32_t g[3],
+                          const uint32_t b[3], unsigned shmem, void **params, const uint8_t *buf)
+{
+    *op = (struct fk_op){
+        .type = FK_OP_KERNEL,
+        .k = {.f = f, .grid = {g[0], g[1], g[2]}, .block = {b[0], b[1], b[2]}, .shmem = shmem}};
+    op->k.args = malloc(f->argbytes ? f->argbytes : 1);
+    if (!op->k.args)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    for (int i = 0; i < f->nparams; i++)
+        memcpy(op->k.args + f->offsets[i], buf ? buf + f->offsets[i] : params[i], f->sizes[i]);
+    return CUDA_SUCCESS;
+}
+
 static void op_free(struct fk_op *op)
 {
     if (op->type == FK_OP_KERNEL)
@@ -1323,16 +1340,10 @@ static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3],
         return r;
     if (cap) {
         /* The driver copies parameter values at capture time. */
-        struct fk_op op = { .type = FK_OP_KERNEL,
-                            .k = { .f = f,
-                                   .grid = { g[0], g[1], g[2] },
-                                   .block = { b[0], b[1], b[2] },
-                                   .shmem = shmem } };
-        op.k.args = malloc(f->argbytes ? f->argbytes : 1);
-        if (!op.k.args)
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        for (int i = 0; i < f->nparams; i++)
-            memcpy(op.k.args + f->offsets[i], buf ? buf + f->offsets[i] : params[i], f->sizes[i]);
+        struct fk_op op;
+        r = kernel_op(&op, f, g, b, shmem, params, buf);
+        if (r != CUDA_SUCCESS)
+            return r;
         r = fk_capture_add(cap, &op);
         if (r == CUDA_SUCCESS)
             note_launch(f, g, b, shmem, s, 0, 1);
@@ -1550,18 +1561,14 @@ FK_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGr
         return CUDA_ERROR_NOT_SUPPORTED; /* packed parameters: not modelled here */
     if (!p->kernelParams && f->nparams)
         return CUDA_ERROR_INVALID_VALUE;
-    struct fk_op op = {.type = FK_OP_KERNEL,
-                       .k = {.f = f,
-                             .grid = {p->gridDimX, p->gridDimY, p->gridDimZ},
-                             .block = {p->blockDimX, p->blockDimY, p->blockDimZ},
-                             .shmem = p->sharedMemBytes}};
-    op.k.args = malloc(f->argbytes ? f->argbytes : 1);
-    if (!op.k.args)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    for (int i = 0; i < f->nparams; i++)
-        memcpy(op.k.args + f->offsets[i], p->kernelParams[i], f->sizes[i]);
+    const uint32_t g[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+    const uint32_t b[3] = {p->blockDimX, p->blockDimY, p->blockDimZ};
+    struct fk_op op;
+    CUresult r = kernel_op(&op, f, g, b, p->sharedMemBytes, p->kernelParams, NULL);
+    if (r != CUDA_SUCCESS)
+        return r;
     fk_lock_();
-    CUresult r = graph_append_locked(hGraph, &op);
+    r = graph_append_locked(hGraph, &op);
     size_t n = hGraph->n;
     fk_unlock_();
     if (r != CUDA_SUCCESS) {
