@@ -301,7 +301,7 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
 {
     if (pin.running)
         return true;
-    if (pin.closed || !limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
+    if (__atomic_load_n(&pin.closed, __ATOMIC_ACQUIRE) || !limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
         !d->cuMemHostAlloc || !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 ||
         !d->cuEventCreate || !d->cuEventRecord || !d->cuEventSynchronize || !d->cuEventDestroy_v2 ||
         !d->cuCtxSetCurrent)
@@ -345,7 +345,7 @@ CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t byte
         return 0;
     e = &pin.e[id];
     pthread_mutex_lock(&pin.lock);
-    if (pin.closed) {
+    if (__atomic_load_n(&pin.closed, __ATOMIC_ACQUIRE)) {
         pthread_mutex_unlock(&pin.lock);
         return 0;
     }
@@ -459,16 +459,9 @@ void wo_pin_retire_all(CUstream copy_stream)
 
 void wo_pin_close(CUstream copy_stream)
 {
-    if (!pin.running) {
-        pin.closed = true; /* wo_pin_start refuses from now on */
-        return;
-    }
-    pthread_mutex_lock(&pin.lock);
-    pin.closed = true;
-    for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
-        retire_locked(&pin.e[id]);
-    (void)hand_over(copy_stream);
-    pthread_mutex_unlock(&pin.lock);
+    /* wo_pin_start refuses, wo_pin_source hands out none, from now on */
+    __atomic_store_n(&pin.closed, true, __ATOMIC_RELEASE);
+    wo_pin_retire_all(copy_stream);
 }
 
 void wo_pin_tick(CUstream copy_stream)
