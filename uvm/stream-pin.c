@@ -301,10 +301,10 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
 {
     if (pin.running)
         return true;
-    if (__atomic_load_n(&pin.closed, __ATOMIC_ACQUIRE) || !limit || !ctx || !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister ||
-        !d->cuMemHostAlloc || !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 ||
-        !d->cuEventCreate || !d->cuEventRecord || !d->cuEventSynchronize || !d->cuEventDestroy_v2 ||
-        !d->cuCtxSetCurrent)
+    if (__atomic_load_n(&pin.closed, __ATOMIC_ACQUIRE) || !limit || !ctx ||
+        !d->cuMemHostRegister_v2 || !d->cuMemHostUnregister || !d->cuMemHostAlloc ||
+        !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 || !d->cuEventCreate ||
+        !d->cuEventRecord || !d->cuEventSynchronize || !d->cuEventDestroy_v2 || !d->cuCtxSetCurrent)
         return false;
     pin.e = calloc(WO_STREAM_IDS, sizeof(*pin.e));
     pin.queue = calloc(WO_STREAM_IDS, sizeof(*pin.queue));
