@@ -27,6 +27,11 @@ in this order:
   a step, issue 18);
 - managed-auto (only when named in --rows): the managed row's policy with
   prefetch mode auto (experts-managed-6g-auto for moe8).
+- split (only when named in --rows): llama.cpp's --n-cpu-moe from outside
+  the engine: the later half of the layers' experts `host`, prefetch mode
+  stream, the others on the GPU (e2e.py's split policy for the model:
+  experts-split-6g-stream for moe8, the managed row's GPU expert bytes;
+  its staging slots come on top, as llama.cpp's compute buffers do).
 
 The shim rows run under build/tools/woffload-run with the automatic Python
 hook, as bench/e2e.py runs its scenarios; the policies are e2e.py's
@@ -102,7 +107,7 @@ sys.path.insert(0, HERE)
 import e2e  # noqa: E402  (MODELS, POLICIES, SCENARIOS, machine(): no torch at import)
 import serve  # noqa: E402  (parse_args, parse_burst, pct: standard library only)
 
-ROWS = ("plain", "empty", "host", "managed", "host-stream", "managed-auto")
+ROWS = ("plain", "empty", "host", "managed", "host-stream", "managed-auto", "split")
 DEFAULT_ROWS = "plain,empty,host,managed"
 # --soak and --faults: the offloaded rows of issue 20
 DEFAULT_SOAK_ROWS = "host,managed"
@@ -150,7 +155,10 @@ LONG_PROMPT_MARGIN = 64
 LOAD_S = 20.0
 EXIT_S = 0.0
 ITL_S = {"plain": 0.065, "empty": 0.065, "host": 0.32, "managed": 0.2, "host-stream": 0.32,
-         "managed-auto": 0.2}
+         "managed-auto": 0.2, "split": 0.2}
+# split: e2e.py's split policy for each model (llama.cpp -ncmoe at the
+# managed row's GPU expert bytes)
+SPLIT_POLICY = {"moe8": "experts-split-6g-stream", "moe": "experts-split-half-stream"}
 
 
 def shim_policy(model: str, row: str) -> Optional[str]:
@@ -164,6 +172,11 @@ def shim_policy(model: str, row: str) -> Optional[str]:
         return "empty"
     if row == "host-stream":
         return "experts-host-stream"
+    if row == "split":
+        if model not in SPLIT_POLICY:
+            raise SystemExit(f"serve-rows.py: no split policy for model {model!r} "
+                             f"(bench/e2e.py has one for {', '.join(SPLIT_POLICY)})")
+        return SPLIT_POLICY[model]
     if row == "managed-auto":  # the managed row's policy with prefetch mode auto
         return shim_policy(model, "managed") + "-auto"
     suffix = {"host": "-shim-experts-host-all", "managed": "-shim-experts-managed-half"}[row]
