@@ -1001,6 +1001,39 @@ class TestSoakVerdict(unittest.TestCase):
         self.assertEqual(self.rows.dist_max("uniform:16:128"), 128)
 
 
+class TestRowPolicies(unittest.TestCase):
+    """serve-rows.py's rows and the e2e.py policies they run with: every
+    row's policy exists, `split` is llama.cpp's --n-cpu-moe at the managed
+    row's GPU expert bytes, and a model without one is refused by name."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.rows = load_rows()
+
+    def test_every_shim_row_has_a_policy(self) -> None:
+        import e2e
+        for model in ("moe8", "moe"):
+            for row in self.rows.ROWS:
+                pol = self.rows.shim_policy(model, row)
+                if row == "plain":
+                    self.assertIsNone(pol)
+                else:
+                    self.assertIn(pol, e2e.POLICIES, f"{model} {row}")
+
+    def test_split_is_half_the_layers_streamed(self) -> None:
+        import e2e
+        pol = e2e.POLICIES[self.rows.shim_policy("moe8", "split")]
+        self.assertIn("mode: stream", pol)
+        self.assertIn("layers: '6-11'", pol)  # moe8 has 12: the later half host
+        self.assertIn("place: host", pol)
+        self.assertIn("layers: '8-15'", e2e.POLICIES[self.rows.shim_policy("moe", "split")])
+
+    def test_split_of_an_unknown_model_is_refused(self) -> None:
+        with self.assertRaises(SystemExit) as cm:
+            self.rows.shim_policy("dense", "split")
+        self.assertIn("no split policy for model 'dense'", str(cm.exception))
+
+
 class TestRowsModes(unittest.TestCase):
     """serve-rows.py --soak and --faults on real serve.py reports: in-process
     runs against the fake manager (with a fake woffload.stats()), then the
