@@ -117,50 +117,6 @@ static void slower_streamed_goes_back(void **state)
     assert_int_equal(c.a.tries, 2);
 }
 
-/* Managed candidates (slow_inplace): after the batch moved, the planner's
- * hot set learns the new batch's experts, and the first steps in place are
- * slower than the settled ones (Qwen3 managed at half the experts' bytes,
- * b8: 285 ms, then 214; one copy of the candidates 241.6 ms, streamed 259).
- * A watch lets PLANNER_SETTLE more steps pass: it measures the settled
- * steps and holds in place, where a watch of host candidates would have
- * measured the transient, tried and kept streaming. */
-static void managed_watch_waits_for_the_planner(void **state)
-{
-    struct clock c;
-    double gb = 241.6 * 55.0 / 1000;
-    (void)state;
-
-    for (int slow = 0; slow <= 1; slow++) {
-        start(&c);
-        c.a.slow_inplace = slow;
-        /* b1: 50 ms a step, held in place */
-        run(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_MIN_HOLD, 50, gb);
-        assert_int_equal(c.a.phase, WO_AUTO_HOLD);
-        /* b8: the drift starts a watch within a few steps */
-        {
-            unsigned n = 0;
-            while (c.a.phase == WO_AUTO_HOLD && n < 20) {
-                run(&c, 1, 285, gb);
-                n++;
-            }
-            assert_true(n < 20);
-        }
-        assert_int_equal(c.a.phase, WO_AUTO_WATCH);
-        /* the planner still learning: PLANNER_SETTLE more steps at 285 ms,
-         * then settled at 214 (the remaining transient of a host watch's
-         * window ends where it measures) */
-        run(&c, WO_AUTO_PLANNER_SETTLE, 285, gb);
-        run(&c, 3 * WO_AUTO_PROBE_STEPS, 214, gb);
-        if (slow) {
-            assert_int_equal(c.a.tries, 0);
-            assert_false(c.a.streaming);
-            assert_true(c.a.inplace_ns > 213 * MS && c.a.inplace_ns < 215 * MS);
-        } else {
-            assert_int_equal(c.a.tries, 1);
-        }
-    }
-}
-
 /* b1: one copy of the experts (0.38 s) takes longer than a whole step read
  * in place (55 ms): never tried, at any point. */
 static void copy_longer_than_step_never_tries(void **state)
@@ -434,7 +390,6 @@ int main(void)
         cmocka_unit_test(faster_streamed_stays),
         cmocka_unit_test(slower_streamed_goes_back),
         cmocka_unit_test(copy_longer_than_step_never_tries),
-        cmocka_unit_test(managed_watch_waits_for_the_planner),
         cmocka_unit_test(boundaries),
         cmocka_unit_test(one_outlier_does_not_decide),
         cmocka_unit_test(drift_waits_min_hold),

@@ -16,8 +16,7 @@ void wo_auto_init(struct wo_auto *a)
 static void begin(struct wo_auto *a, enum wo_auto_phase p, unsigned skip)
 {
     a->phase = p;
-    /* a watch of managed candidates measures the settled hot set */
-    a->skip = skip + (p == WO_AUTO_WATCH && a->slow_inplace ? WO_AUTO_PLANNER_SETTLE : 0);
+    a->skip = skip;
     a->n = 0;
     a->held = 0;
 }

@@ -52,16 +52,7 @@
  *    moves every step, and a decision taken every 20 steps would spend
  *    half the time measuring. Streamed steps that grew longer do not
  *    leave streaming (a bigger batch only reads more in place): the
- *    decision is taken again at the new period (regrown).
- *  - managed candidates (slow_inplace): read in place, they are read
- *    through the planner's hot set, which learns a new batch's experts
- *    over several steps, so the steps right after the batch moved are
- *    slower than the ones after (Qwen3 managed at half the experts' bytes,
- *    b8: measured in place at 285 ms four steps after b1 ended, settled at
- *    214; streamed 259, kept; bench/results/e2e-20261127-0132-managed-
- *    7ff8433-h100 run a, and b32 then 97 tok/s streamed against 127 in
- *    place in run b). A watch over them lets PLANNER_SETTLE more steps
- *    pass before it measures. */
+ *    decision is taken again at the new period (regrown). */
 #pragma once
 
 #include <stdbool.h>
@@ -75,7 +66,6 @@
 #define WO_AUTO_EARLY_RATIO 0.75
 #define WO_AUTO_KEEP_RATIO 0.97
 #define WO_AUTO_DRIFT 0.30
-#define WO_AUTO_PLANNER_SETTLE 8
 
 enum wo_auto_phase { WO_AUTO_WATCH, WO_AUTO_TRY, WO_AUTO_HOLD };
 
@@ -102,11 +92,6 @@ struct wo_auto {
     uint64_t regrown;   /* streamed steps grew longer: held at the new period */
     double eff;         /* copy time / streamed period, from the last try (1: none yet) */
     double try_copy_ns; /* the copy time the try in progress was decided on */
-    /* set by the executor before each step: the candidates include managed
-     * ranges, whose in-place period settles only once the planner's hot
-     * set has learned the batch (a watch lets PLANNER_SETTLE more steps
-     * pass first) */
-    bool slow_inplace;
 };
 
 void wo_auto_init(struct wo_auto *a);

@@ -1242,23 +1242,17 @@ static void auto_decide(uint64_t t_ns, unsigned k)
 {
     uint64_t cand = 0, bytes = 0, kept = ex->au.kept, slot_bytes, over;
     unsigned n = 0, nm = 0, nroom = 0;
-    bool loud = ex->au.tries < 3, managed = false;
+    bool loud = ex->au.tries < 3;
     enum wo_auto_action act;
 
     if (ex->mode != WO_PREFETCH_MODE_AUTO || ex->slots_failed)
         return;
     slot_bytes = slots_bytes();
     for (uint32_t id = 0; id < ex->nr; id++)
-        if (auto_candidate(&ex->r[id], id)) {
+        if (auto_candidate(&ex->r[id], id))
             cand += ex->r[id].hi - ex->r[id].lo;
-            managed |= !ex->r[id].host;
-        }
-    if (cand && ex->au.phase == WO_AUTO_WATCH) {
-        uint64_t o = hot_over(slot_bytes);
-        cand += o;
-        managed |= o > 0;
-    }
-    ex->au.slow_inplace = managed;
+    if (cand && ex->au.phase == WO_AUTO_WATCH)
+        cand += hot_over(slot_bytes);
     act = wo_auto_step(&ex->au, t_ns, k, cand, ex->link_gbs);
     if (act == WO_AUTO_STREAM) {
         for (uint32_t id = 0; id < ex->nr; id++) {
