@@ -155,13 +155,14 @@ static CUresult legacy_check_locked(void)
     return r;
 }
 
-CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap)
+CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struct fk_capture **cap)
 {
     *cap = NULL;
     fk_lock_();
     struct CUstream_st *st = stream_locked(s, per_thread);
+    CUcontext sctx = st && st->ctx ? st->ctx : fk_current_ctx();
     CUresult r = CUDA_SUCCESS;
-    if (!st)
+    if (!st || (ctx && sctx && ctx != sctx))
         r = CUDA_ERROR_INVALID_HANDLE;
     else if (st->cap)
         r = st->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -170,6 +171,11 @@ CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap
         r = legacy_check_locked();
     fk_unlock_();
     return r;
+}
+
+CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap)
+{
+    return fk_stream_begin_op_in(s, per_thread, NULL, cap);
 }
 
 CUresult fk_capture_check_unsafe(void)
@@ -764,14 +770,9 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
 {
     if (!e || e->magic != EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
-    /* as the driver: the event and the stream of one context (the NULL
-     * and per-thread streams are the current context's) */
-    struct CUstream_st *st = fk_stream(s, pt);
-    CUcontext sctx = st && st->ctx ? st->ctx : fk_current_ctx();
-    if (e->ctx && sctx && e->ctx != sctx)
-        return CUDA_ERROR_INVALID_HANDLE;
+    /* as the driver: the event and the stream of one context */
     struct fk_capture *cap;
-    CUresult r = fk_stream_begin_op(s, pt, &cap);
+    CUresult r = fk_stream_begin_op_in(s, pt, e->ctx, &cap);
     if (r != CUDA_SUCCESS)
         return r;
     fk_lock_();

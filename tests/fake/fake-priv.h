@@ -93,6 +93,10 @@ struct CUstream_st *fk_stream(CUstream s, bool per_thread);
  * with fk_capture_add), CUDA_SUCCESS with *cap NULL to run it now, or an
  * error (bad stream, implicit capture dependency). Takes fk_lock itself. */
 CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap);
+/* The same for an operation bound to context ctx (an event's): as the
+ * driver, CUDA_ERROR_INVALID_HANDLE when the stream is another context's
+ * (the NULL and per-thread streams are the current context's). */
+CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struct fk_capture **cap);
 
 /* What a capture records (prefetches cannot be captured: driver 580). */
 enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST };
