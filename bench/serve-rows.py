@@ -435,6 +435,17 @@ def targets(rows: List[Dict[str, Any]]) -> List[str]:
             verdict = ("met" if q is not None and q >= 2 else "NOT met") if sat else "host not saturated: no target"
             lines.append(f"| managed / host throughput at {rate:g} req/s | {fmt(q, '.2f')} | ≥ 2 at saturation | "
                          f"{verdict} |")
+    # the other offloaded rows beside host and managed, when run: what a
+    # user's other policies give at the same rates (no target)
+    for row in ("host-stream", "managed-auto", "split"):
+        for rate in sorted(by.get(row, {})):
+            tok = by[row][rate]["throughput"]["output_tok_s"]
+            for base in ("host", "managed"):
+                b = by.get(base, {}).get(rate)
+                if b:
+                    q = ratio(tok, b["throughput"]["output_tok_s"])
+                    lines.append(f"| {row} / {base} throughput at {rate:g} req/s (no target) | "
+                                 f"{fmt(q, '.2f')} | | |")
     if not lines:
         return []
     return ["", "## Targets (issue 20)", "",

@@ -1028,6 +1028,19 @@ class TestRowPolicies(unittest.TestCase):
         self.assertIn("place: host", pol)
         self.assertIn("layers: '8-15'", e2e.POLICIES[self.rows.shim_policy("moe", "split")])
 
+    def test_targets_put_the_other_rows_beside_host_and_managed(self) -> None:
+        def row(name, tok):
+            summ = {"throughput": {"output_tok_s": tok}, "ttft_ms": {"p99": 100.0}, "itl_ms": {"p50": 50.0},
+                    "concurrency": {"sampled_in_flight": 300, "engine_active": 100}, "requests": {"cut": 0}}
+            return {"row": name, "report": {"phases": [{"rate": 30.0, "summary": summ}]}}
+        lines = self.rows.targets([row("plain", 800.0), row("host", 250.0), row("managed", 400.0),
+                                   row("split", 500.0)])
+        text = "\n".join(lines)
+        self.assertIn("| managed / host throughput at 30 req/s | 1.60 | ≥ 2 at saturation | NOT met |", text)
+        self.assertIn("| split / host throughput at 30 req/s (no target) | 2.00 | | |", text)
+        self.assertIn("| split / managed throughput at 30 req/s (no target) | 1.25 | | |", text)
+        self.assertNotIn("host-stream /", text)
+
     def test_split_of_an_unknown_model_is_refused(self) -> None:
         with self.assertRaises(SystemExit) as cm:
             self.rows.shim_policy("dense", "split")
