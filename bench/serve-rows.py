@@ -155,7 +155,7 @@ LONG_PROMPT_MARGIN = 64
 LOAD_S = 20.0
 EXIT_S = 0.0
 ITL_S = {"plain": 0.065, "empty": 0.065, "host": 0.32, "managed": 0.2, "host-stream": 0.32,
-         "managed-auto": 0.2, "split": 0.2}
+         "managed-auto": 0.2, "split": 0.2}  # split: not measured at 3 req/s; managed's figure
 # split: e2e.py's split policy for each model (llama.cpp -ncmoe at the
 # managed row's GPU expert bytes)
 SPLIT_POLICY = {"moe8": "experts-split-6g-stream", "moe": "experts-split-half-stream"}
