@@ -737,7 +737,10 @@ class TestInProcess(unittest.TestCase):
         self.assertLessEqual(m.cancelled, set(m.added))
         self.assertLessEqual(len(m.cancelled), rq["cut"])
         self.assertGreater(len(m.cancelled), 0)
-        self.assertEqual(m.batch_processor.scheduler.active_requests, {})
+        # what the engine still holds when the run stops it is cancelled: it
+        # leaves at the engine's next step, which a stop may come before (a
+        # loaded CI machine once stopped the fake's thread first)
+        self.assertLessEqual(set(m.batch_processor.scheduler.active_requests), m.cancelled)
 
     def test_failed_request_with_empty_error(self) -> None:
         """transformers fails a request with status FAILED and str(error),
