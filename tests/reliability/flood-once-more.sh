@@ -41,9 +41,12 @@ others=$(printf '%s\n' "$out" | grep '^FAIL' |
     grep -v -e '^FAIL dropped watched launches' -e '^FAIL the consumer saw' -e '^FAIL name ')
 dropped=$(printf '%s\n' "$out" | sed -n 's/.*dropped \([0-9]*\) (watched \([0-9]*\),.*/\2/p')
 watched=$(printf '%s\n' "$out" | sed -n 's/^flood .*, \([0-9]*\) touch an expert$/\1/p')
-if [ -n "$others" ] || [ -z "$dropped" ] || [ -z "$watched" ] || [ "$watched" -eq 0 ] ||
-    [ $((dropped * 100)) -gt "$watched" ]; then
-    echo "flood-once-more: not retried (failures other than a few lost launches)"
+if [ -n "$others" ] || [ -z "$dropped" ] || [ -z "$watched" ] || [ "$watched" -eq 0 ]; then
+    echo "flood-once-more: not retried: it failed on more than lost launches"
+    exit $rc
+fi
+if [ $((dropped * 100)) -gt "$watched" ]; then
+    echo "flood-once-more: not retried: $dropped of $watched expert launches lost, over 1%"
     exit $rc
 fi
 echo "flood-once-more: $dropped of $watched expert launches lost (<= 1%), nothing else failed: once more"
