@@ -258,17 +258,22 @@ static int child(const char *mode)
      * down tensors in turn): the slots, made before a step's order is
      * known, all of 1 MiB, are resized to 1, 1 and 0.5 MiB, and each range
      * takes the smallest slot it fits */
-    bool sized_mode =
-        strncmp(mode, "stream-sized", 12) == 0 || strcmp(mode, "auto-managed-sized") == 0;
-    /* auto-managed and auto-managed-sized: streaming pays (reads in place
-     * made slower); auto-managed-back: it does not (reads from a slot) */
+    /* auto-managed-sized-pair: the same with the 64 KiB ranges the even
+     * ones, in a budget of 10 MiB (run()) */
+    bool pair_mode = strcmp(mode, "auto-managed-sized-pair") == 0;
+    bool sized_mode = strncmp(mode, "stream-sized", 12) == 0 ||
+                      strcmp(mode, "auto-managed-sized") == 0 || pair_mode;
+    /* auto-managed and auto-managed-sized(-pair): streaming pays (reads in
+     * place made slower); auto-managed-back: it does not (reads from a
+     * slot) */
     bool managed_pays =
-        strcmp(mode, "auto-managed") == 0 || strcmp(mode, "auto-managed-sized") == 0;
+        strcmp(mode, "auto-managed") == 0 || strcmp(mode, "auto-managed-sized") == 0 || pair_mode;
     int reads = time_mode ? 1 : READS;
     int steps = time_mode ? 3 * STEPS / 2 : nopin_mode || exit_mode || cap_mode ? STEPS / 2 : STEPS;
     /* auto-managed-sized: 64 KiB, so the slots' shrinking frees the room
      * of one 2 MiB allocation, which goes back to the planner */
-#define RANGE_BYTES(i) (sized_mode && ((i)&1) ? managed_mode ? MiB / 16 : MiB / 2 : MiB)
+#define RANGE_BYTES(i)                                                                             \
+    (sized_mode && (((i) + pair_mode) & 1) ? managed_mode ? MiB / 16 : MiB / 2 : MiB)
 
     /* streamed steps come out slower (the fake's "device" is host memory):
      * auto must put the ranges back in place */
@@ -732,7 +737,9 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  "prefetch: {mode: %s, slots: %d, experimental: true%s}\n"
                  "rules:\n"
                  "  - {name: experts, match: [experts], place: %s}\n",
-                 managed ? "12MiB" : "16MiB",
+                 strcmp(mode, "auto-managed-sized-pair") == 0 ? "10MiB"
+                 : managed                                    ? "12MiB"
+                                                              : "16MiB",
                  strcmp(mode, "auto-time") == 0 || managed ? "auto"
                  : strncmp(mode, "stream", 6) == 0         ? "stream"
                                                            : mode,
@@ -1119,6 +1126,39 @@ int main(int argc, char **argv)
         CHECK(t && strstr(t, " managed, ") && strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
         CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
         CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+    }
+
+    /* ---- auto-managed-sized-pair: the 64 KiB ranges the even ones, a
+     * 10 MiB budget: two ranges stay with the planner (4 MiB) beside the
+     * first slots (6 x 1 MiB), three hot ones are streamed for that room,
+     * and once the slots are sized (3 MiB + 192 KiB) the room holds one of
+     * them again. The first of the three in the order is a 64 KiB range
+     * between two 1 MiB ones: given back, it would leave four 1 MiB ranges
+     * in a row of six, the slots would grow to 4 MiB + 128 KiB and, with
+     * the planner's 6 MiB, pass the budget. readmit_room counts the slots
+     * the ranges still streamed then need, so it gives back a 1 MiB one,
+     * and the slots keep their size ---- */
+    run(argv, "auto-managed-sized-pair", stats, sizeof(stats), log, sizeof(log));
+    s = strstr(stats, "\"stream\":{");
+    {
+        unsigned planner = 0;
+
+        for (int i = 0; i < NR; i++) {
+            char key[96];
+            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+            e = strstr(s ?: "", key);
+            planner +=
+                e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0;
+        }
+        printf("auto-managed-sized-pair: %u ranges (2 MiB allocations) with the planner, %.0f slot "
+               "bytes, budget 10 MiB\n",
+               planner, num_after(s, "\"slot_bytes\":"));
+        CHECK(strstr(log, "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
+                          "64 KiB)") != NULL);
+        CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
+        CHECK(strstr(log, "resized (1 MiB, 1 MiB, 1 MiB, 1 MiB") == NULL);
+        CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB + 3 * MiB / 16);
+        CHECK(planner >= 1 && planner * 2 * MiB + num_after(s, "\"slot_bytes\":") <= 10 * MiB);
     }
 
     /* ---- auto-managed-back: the same, a read from a slot made slower:
