@@ -197,6 +197,8 @@ void wo_alloc_destroy(struct wo_alloc *a);
  * there, same name), -ENOMEM. */
 int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,
                      struct wo_tag **ret, const struct wo_tag **clash);
+/* Index of a's first tag whose end lies above off (tags sorted, disjoint). */
+size_t wo_alloc_tag_above(const struct wo_alloc *a, uint64_t off);
 void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
 
