@@ -71,6 +71,13 @@ static struct wo_event *bl;
 static size_t bl_cap, bl_head, bl_n;
 static uint64_t bl_now, bl_peak, bl_moved;       /* relaxed atomics: read by the stats */
 static uint64_t bl_used_ns;                      /* when relieve last moved an event */
+/* When this thread last took from the ring (a drain or a relief), and the
+ * longest it was away between two such visits (relaxed atomic: read by the
+ * stats). A ring that fills while the consumer was never away long was
+ * held up on the producers' side (a push claimed a slot and had not yet
+ * filled it); a long absence names the consumer: a driver call made
+ * without relieving the ring first, or a thread the system did not run. */
+static uint64_t visit_ns, away_max_ns;
 static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
 static struct wo_event *volatile forked_bl;      /* the same for the backlog */
 
@@ -304,12 +311,22 @@ static void backlog_publish(void)
         __atomic_store_n(&bl_peak, bl_n, __ATOMIC_RELAXED);
 }
 
+static void visited(void)
+{
+    uint64_t now = wo_now_ns();
+
+    if (visit_ns && now - visit_ns > __atomic_load_n(&away_max_ns, __ATOMIC_RELAXED))
+        __atomic_store_n(&away_max_ns, now - visit_ns, __ATOMIC_RELAXED);
+    visit_ns = now;
+}
+
 void wo_consumer_relieve(void)
 {
     uint64_t moved = 0;
 
     if (!wo_events)
         return;
+    visited();
     for (;;) {
         if (bl_n == bl_cap && !backlog_grow())
             break; /* at the limit: the ring fills, and drops, as before */
@@ -343,6 +360,7 @@ void wo_consumer_backlog_stats(struct wo_backlog_stats *ret)
     ret->peak = __atomic_load_n(&bl_peak, __ATOMIC_RELAXED);
     ret->moved = __atomic_load_n(&bl_moved, __ATOMIC_RELAXED);
     ret->limit = wo_events ? wo_ring_capacity(wo_events) * BACKLOG_RINGS : 0;
+    ret->away_max_ns = __atomic_load_n(&away_max_ns, __ATOMIC_RELAXED);
 }
 
 /* Pops up to BATCH events, accounts them under one lock hold, dispatches
@@ -351,6 +369,7 @@ static size_t drain_batch(void)
 {
     size_t n = 0;
 
+    visited();
     while (n < BATCH && next_event(&batch[n]))
         n++;
     if (bl_cap)
@@ -393,6 +412,8 @@ static void *consumer_main(void *arg)
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&away_max_ns, 0, __ATOMIC_RELAXED);
+    visit_ns = 0;
     for (;;) {
         struct timespec ts;
         int st;

@@ -267,6 +267,7 @@ void wo_consumer_relieve(void);
  * holds now, the most it held, the most it may hold. */
 struct wo_backlog_stats {
     uint64_t now, peak, limit, moved;
+    uint64_t away_max_ns; /* the longest the consumer went without taking from the ring */
 };
 void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
 
