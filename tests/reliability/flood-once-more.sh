@@ -4,10 +4,12 @@
 #
 # Why: the flood keeps 48k launches/s on experts going; the 16384-slot ring
 # holds 340 ms of them. The consumer cannot drain a ring it is not scheduled
-# on: on a 2-vCPU virtual machine the hypervisor can pause the vCPU that
-# runs the consumer while the other keeps running the engine's threads (CI,
-# stop 35: 516 of 125,000 dropped, backlog peak 2,672, so the consumer was
-# not behind; it was away ~350 ms). No design inside the process survives
+# on (on a 2-vCPU virtual machine the hypervisor can pause the vCPU that
+# runs it while the other keeps running the engine's threads), nor pass a
+# slot a preempted producer claimed and has not filled (CI, stop 35: 516 of
+# 125,000 dropped, backlog peak 2,672, so the consumer was not behind; the
+# ring stood still ~350 ms; the run prints ring.away_max_ms, which tells
+# the two apart). No design inside the process survives
 # that; what the test checks is the design: that the consumer's driver
 # calls (5 ms each here) never hold it away from the ring. A defect there
 # loses launches in every run (before issue 21: 19% of them), so it fails
