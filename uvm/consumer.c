@@ -71,13 +71,6 @@ static struct wo_event *bl;
 static size_t bl_cap, bl_head, bl_n;
 static uint64_t bl_now, bl_peak, bl_moved;       /* relaxed atomics: read by the stats */
 static uint64_t bl_used_ns;                      /* when relieve last moved an event */
-/* When this thread last took from the ring (a drain or a relief), and the
- * longest it was away between two such visits (relaxed atomic: read by the
- * stats). A ring that fills while the consumer was never away long was
- * held up on the producers' side (a push claimed a slot and had not yet
- * filled it); a long absence names the consumer: a driver call made
- * without relieving the ring first, or a thread the system did not run. */
-static uint64_t visit_ns, away_max_ns;
 static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
 static struct wo_event *volatile forked_bl;      /* the same for the backlog */
 
@@ -179,6 +172,21 @@ static void finish(void)
         (*e)->finish();
 }
 
+/* Index of the first tag whose end lies above off. */
+static size_t first_tag_above(const struct wo_alloc *a, uint64_t off)
+{
+    size_t lo = 0, hi = a->ntags;
+
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (a->tags[mid].off + a->tags[mid].size <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* The bytes of tag t that a hit spanning [lo, hi) of its allocation read,
  * as the planner counts them (docs/prefetch.md, Units): a launch hands a
  * pointer, not a length, so a hit covers one slice from the lowest pointer
@@ -227,8 +235,7 @@ static void account_launch(const struct wo_event *ev)
             wo_uvm.hits_unaligned++;
             continue;
         }
-        for (size_t k = wo_alloc_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi;
-             k++) {
+        for (size_t k = first_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
             struct wo_tag *t = &a->tags[k];
             struct wo_name *n = t->name;
             if (n->last_launch != launch_no) {
@@ -311,22 +318,12 @@ static void backlog_publish(void)
         __atomic_store_n(&bl_peak, bl_n, __ATOMIC_RELAXED);
 }
 
-static void visited(void)
-{
-    uint64_t now = wo_now_ns();
-
-    if (visit_ns && now - visit_ns > __atomic_load_n(&away_max_ns, __ATOMIC_RELAXED))
-        __atomic_store_n(&away_max_ns, now - visit_ns, __ATOMIC_RELAXED);
-    visit_ns = now;
-}
-
 void wo_consumer_relieve(void)
 {
     uint64_t moved = 0;
 
     if (!wo_events)
         return;
-    visited();
     for (;;) {
         if (bl_n == bl_cap && !backlog_grow())
             break; /* at the limit: the ring fills, and drops, as before */
@@ -360,7 +357,6 @@ void wo_consumer_backlog_stats(struct wo_backlog_stats *ret)
     ret->peak = __atomic_load_n(&bl_peak, __ATOMIC_RELAXED);
     ret->moved = __atomic_load_n(&bl_moved, __ATOMIC_RELAXED);
     ret->limit = wo_events ? wo_ring_capacity(wo_events) * BACKLOG_RINGS : 0;
-    ret->away_max_ns = __atomic_load_n(&away_max_ns, __ATOMIC_RELAXED);
 }
 
 /* Pops up to BATCH events, accounts them under one lock hold, dispatches
@@ -369,7 +365,6 @@ static size_t drain_batch(void)
 {
     size_t n = 0;
 
-    visited();
     while (n < BATCH && next_event(&batch[n]))
         n++;
     if (bl_cap)
@@ -412,8 +407,6 @@ static void *consumer_main(void *arg)
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&away_max_ns, 0, __ATOMIC_RELAXED);
-    visit_ns = 0;
     for (;;) {
         struct timespec ts;
         int st;

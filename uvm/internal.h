@@ -197,8 +197,6 @@ void wo_alloc_destroy(struct wo_alloc *a);
  * there, same name), -ENOMEM. */
 int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,
                      struct wo_tag **ret, const struct wo_tag **clash);
-/* Index of a's first tag whose end lies above off (tags sorted, disjoint). */
-size_t wo_alloc_tag_above(const struct wo_alloc *a, uint64_t off);
 void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
 
@@ -267,7 +265,6 @@ void wo_consumer_relieve(void);
  * holds now, the most it held, the most it may hold. */
 struct wo_backlog_stats {
     uint64_t now, peak, limit, moved;
-    uint64_t away_max_ns; /* the longest the consumer went without taking from the ring */
 };
 void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
 

@@ -363,16 +363,15 @@ static void json_body(struct sbuf *b)
     {
         struct wo_event_books e;
         wo_event_books(&e);
-        sb_printf(
-            b,
-            ",\"ring\":{\"capacity\":%" PRIu64 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64
-            ",\"dropped_watched\":%" PRIu64 ",\"dropped_unwatched\":%" PRIu64
-            ",\"dropped_other\":%" PRIu64 ",\"all_events\":%s,\"skipped_launches\":%" PRIu64
-            ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64 ",\"peak\":%" PRIu64
-            ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "},\"away_max_ms\":%.3f}",
-            e.capacity, e.pushed, e.dropped, e.dropped_watched, e.dropped_unwatched,
-            e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other, e.backlog.now,
-            e.backlog.peak, e.backlog.limit, e.backlog.moved, (double)e.backlog.away_max_ns / 1e6);
+        sb_printf(b,
+                  ",\"ring\":{\"capacity\":%" PRIu64 ",\"pushed\":%" PRIu64 ",\"dropped\":%" PRIu64
+                  ",\"dropped_watched\":%" PRIu64 ",\"dropped_unwatched\":%" PRIu64
+                  ",\"dropped_other\":%" PRIu64 ",\"all_events\":%s,\"skipped_launches\":%" PRIu64
+                  ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64
+                  ",\"peak\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "}}",
+                  e.capacity, e.pushed, e.dropped, e.dropped_watched, e.dropped_unwatched,
+                  e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other,
+                  e.backlog.now, e.backlog.peak, e.backlog.limit, e.backlog.moved);
     }
 
     {
@@ -589,11 +588,10 @@ void wo_summary_log(const char *when)
                      " launches that touch no named or served range were only counted%s; "
                      "dropped (ring of %" PRIu64 " full): %" PRIu64 " launches touching a "
                      "named or served range, %" PRIu64 " other launches, %" PRIu64
-                     " other events; backlog peak %" PRIu64 " of %" PRIu64
-                     "; the consumer away from the ring %.1f ms at most",
+                     " other events; backlog peak %" PRIu64 " of %" PRIu64,
                      wo_uvm.launches, e.skipped_launches,
                      e.all ? " (none: every event is kept for the trace or WOFFLOAD_OBSERVE)" : "",
                      e.capacity, e.dropped_watched, e.dropped_unwatched, e.dropped_other,
-                     e.backlog.peak, e.backlog.limit, (double)e.backlog.away_max_ns / 1e6);
+                     e.backlog.peak, e.backlog.limit);
     }
 }

@@ -8,8 +8,8 @@
 # runs it while the other keeps running the engine's threads), nor pass a
 # slot a preempted producer claimed and has not filled (CI, stop 35: 516 of
 # 125,000 dropped, backlog peak 2,672, so the consumer was not behind; the
-# ring stood still ~350 ms; the run prints ring.away_max_ms, which tells
-# the two apart). No design inside the process survives
+# ring stood still ~350 ms; which of the two it was is not known:
+# docs/reliability.md). No design inside the process survives
 # that; what the test checks is the design: that the consumer's driver
 # calls (5 ms each here) never hold it away from the ring. A defect there
 # loses launches in every run (before issue 21: 19% of them), so it fails

@@ -235,13 +235,6 @@ static long long json_num(const char *json, const char *key)
     return p ? strtoll(p + strlen(key), NULL, 10) : -1;
 }
 
-/* The same for a number with a fraction; -1 when absent. */
-static double json_dbl(const char *json, const char *key)
-{
-    const char *p = json ? strstr(json, key) : NULL;
-    return p ? strtod(p + strlen(key), NULL) : -1;
-}
-
 /* --- kernels -------------------------------------------------------------- */
 
 /* y[i] += x[i] */
@@ -1136,13 +1129,12 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
     printf("flood %d threads: %ld launches in %.2f s (%.0f/s), %ld touch an expert\n", nthr, total,
            secs, (double)total / secs, watched);
     printf("ring capacity %lld pushed %lld dropped %lld (watched %lld, unwatched %lld, other %lld) "
-           "skipped %lld backlog peak %lld limit %lld, consumer away %.1f ms at most; rss %+ld "
-           "KiB\n",
+           "skipped %lld backlog peak %lld limit %lld; rss %+ld KiB\n",
            cap, json_num(js, "\"ring\":{\"capacity\":") >= 0 ? json_num(js, "\"pushed\":") : -1,
            json_num(js, "\"dropped\":"), json_num(js, "\"dropped_watched\":"),
            json_num(js, "\"dropped_unwatched\":"), json_num(js, "\"dropped_other\":"),
            json_num(js, "\"skipped_launches\":"), json_num(strstr(js, "\"backlog\":"), "\"peak\":"),
-           backlog_limit, json_dbl(js, "\"away_max_ms\":"), rss1 - rss0);
+           backlog_limit, rss1 - rss0);
     if (min_rate && (double)total / secs < (double)min_rate)
         FAIL("launch rate %.0f/s, below the %ld/s this run must show", (double)total / secs,
              min_rate);
@@ -1163,22 +1155,6 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
         if (!p || json_num(p, "\"launches\":") != t[i].watched)
             FAIL("name %s: launches %lld, issued %ld", key, p ? json_num(p, "\"launches\":") : -1,
                  t[i].watched);
-    }
-    /* The consumer's longest absence from the ring: at least one of its
-     * own prefetch calls when it made any (the fake holds each one the
-     * WOFAKE_DELAY microseconds; it relieves the ring before the call, not
-     * during it), and never longer than the run. */
-    {
-        const char *d = getenv("WOFAKE_DELAY"), *at = d ? strstr(d, "cuMemPrefetchAsync_v2:") : NULL;
-        double away = json_dbl(js, "\"away_max_ms\":");
-        double call_ms = at ? strtod(at + strlen("cuMemPrefetchAsync_v2:"), NULL) / 1000 : 0;
-        long long pf = json_num(strstr(js ?: "", "\"prefetch\":{"), "\"prefetches\":");
-
-        if (away < 0 || away > (secs + 60) * 1000)
-            FAIL("ring.away_max_ms %.3f: missing, or longer than the run", away);
-        if (pf > 0 && away < call_ms)
-            FAIL("ring.away_max_ms %.3f, under one prefetch call of %.1f ms (%lld made)", away,
-                 call_ms, pf);
     }
     /* Bounded memory: the ring (its pages are touched as it cycles) and at
      * most the backlog's limit, 248 bytes a slot, plus slack for the
