@@ -7,6 +7,8 @@ server (issue 20), standard library only.
         [--out results.json] [--stats-file S.json] [--pid PID] [fault options]
     python3 bench/serve.py --inprocess e2e:moe ...   (transformers' continuous batching
         driven in this process: bench/serve_engine.py, needs torch)
+    python3 bench/serve.py --server-kind llamacpp --endpoint completions --url http://127.0.0.1:8080 \
+        --rates 2,4,8 --ignore-eos --pid PID ...   (llama.cpp's llama-server, issue 40)
 
 Arrivals are Poisson at --rate requests/s (open loop: a request is sent at
 its time whether or not earlier ones finished), for --duration seconds or
@@ -23,6 +25,24 @@ still waiting for it), and the shim's stats over the run.
 
 The arrival schedule (times, lengths, prompts, which requests disconnect)
 depends only on --seed and the options, never on the server's speed.
+
+--server-kind llamacpp (llama.cpp's llama-server, read at 34af94cd): every
+streamed chunk of a partial result carries exactly one sampled token, and
+its text may be empty (a token that ends inside a UTF-8 character, or
+that may start a stop string, is held back and sent with a later one), so
+tokens are counted by the chunks' token ids, not by their text. The ids
+come with every chunk of the native /completion ("tokens": [id]); on
+/v1/completions and /v1/chat/completions only in the "__verbose" object,
+which a request's "verbose": true turns on (the OpenAI-shaped logprobs
+would carry them too, but cost a sort of the vocabulary a token), so this
+kind sends it. The greedy checks then compare token ids, not text.
+/v1/completions is the default endpoint of the kind: its stream ends with
+`data: [DONE]` as OpenAI's does; /completion ends the body instead.
+
+With --pid, the server's RSS (/proc/PID/status) and device memory (NVML
+through pynvml when importable, else nvidia-smi, else none: the report
+says which) are sampled every --sample-every seconds (default 1) into the
+report's "memory"; bench/serve-plot.py draws them.
 """
 from __future__ import annotations
 
@@ -39,6 +59,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -161,6 +182,7 @@ class Req:
     status: Optional[int] = None
     error: Optional[str] = None
     text: Any = None               # streamed output (text, or token ids in-process)
+    tok_ids: Optional[List[int]] = None  # the server's token ids, where it sends them (llamacpp)
     usage: Optional[Dict[str, Any]] = None
 
 
@@ -236,6 +258,8 @@ class HTTPError(Exception):
 def body_for(args: argparse.Namespace, r: Req) -> Dict[str, Any]:
     body: Dict[str, Any] = {"model": args.model, "max_tokens": r.output_len, "temperature": 0.0,
                             "stream": True}
+    if args.server_kind == "llamacpp" and args.endpoint != "native":
+        body["verbose"] = True  # token ids in each chunk's __verbose (module docstring)
     if args.endpoint == "chat":
         body["messages"] = [{"role": "user", "content": r.prompt}]
     else:
@@ -302,14 +326,34 @@ async def body_chunks(reader: asyncio.StreamReader, headers: Dict[str, str]):
             yield data
 
 
+ENDPOINT_PATH = {"chat": "/v1/chat/completions", "completions": "/v1/completions", "native": "/completion"}
+
+
+def sse_tokens(obj: Dict[str, Any]) -> Optional[List[int]]:
+    """llama-server's token ids in one chunk: the native endpoint's
+    "tokens", else "__verbose"'s (a partial result's; the final one has
+    stop: true and lists the whole output only with return_tokens), else
+    the logprobs' ids. None when the chunk names no ids (another server)."""
+    v = obj.get("__verbose") if isinstance(obj.get("__verbose"), dict) else obj
+    if "tokens" in v and "stop" in v:
+        return [] if v.get("stop") else [int(t) for t in v.get("tokens") or []]
+    ch = obj.get("choices") or []
+    lp = (ch[0].get("logprobs") if ch and isinstance(ch[0], dict) else None) or {}
+    if isinstance(lp, dict) and isinstance(lp.get("content"), list):
+        return [int(e["id"]) for e in lp["content"] if isinstance(e, dict) and "id" in e]
+    return None
+
+
 def sse_text(obj: Dict[str, Any]) -> Optional[str]:
     """The content of one streamed chunk (chat delta or completion text);
     None when the chunk carries no content (role, usage, finish)."""
     ch = obj.get("choices") or []
-    if not ch:
+    if not ch and "content" not in obj:
         return None
-    c = ch[0]
-    if "delta" in c:
+    c = ch[0] if ch else {}
+    if "content" in obj and "choices" not in obj:  # llama-server's native /completion
+        s = obj.get("content")
+    elif "delta" in c:
         s = (c.get("delta") or {}).get("content")
     else:
         s = c.get("text")
@@ -318,7 +362,7 @@ def sse_text(obj: Dict[str, Any]) -> Optional[str]:
 
 async def http_request(args: argparse.Namespace, r: Req, on_token: Callable[[Req], None]) -> None:
     u = args.parsed_url
-    path = u.path.rstrip("/") + ("/v1/chat/completions" if args.endpoint == "chat" else "/v1/completions")
+    path = u.path.rstrip("/") + ENDPOINT_PATH[args.endpoint]
     payload = json.dumps(body_for(args, r)).encode()
     head = (f"POST {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
             f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\nConnection: close\r\n")
@@ -357,10 +401,17 @@ async def http_request(args: argparse.Namespace, r: Req, on_token: Callable[[Req
                     if isinstance(obj, dict) and obj.get("usage"):
                         r.usage = obj["usage"]
                     s = sse_text(obj) if isinstance(obj, dict) else None
-                    if s is not None:
+                    ids = sse_tokens(obj) if isinstance(obj, dict) and args.server_kind == "llamacpp" else None
+                    if ids is not None:
+                        # one chunk a sampled token, its text possibly empty (held back)
+                        r.tok_ids = (r.tok_ids or []) + ids
+                        pieces.append(s or "")
+                        for _ in ids:
+                            on_token(r)
+                    elif s is not None:
                         pieces.append(s)
                         on_token(r)
-                        if r.kind == "disconnect" and len(r.token_times) >= r.disconnect_after:
+                    if r.kind == "disconnect" and r.token_times and len(r.token_times) >= r.disconnect_after:
                             r.text = "".join(pieces)
                             writer.transport.abort()  # the client goes away mid-stream
                             return
@@ -512,7 +563,7 @@ async def greedy_alone(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str,
     # the requests' time in the server, summed (what a server-side count of
     # running requests integrates over this pass)
     busy = sum((r.done - r.sent) for r in reqs if r.done is not None and r.sent)
-    return {str(i): (r.text if not r.error else None) for i, r in enumerate(reqs)}, busy
+    return {str(i): output_of(r) for i, r in enumerate(reqs)}, busy
 
 
 def rss_kib(pid: int) -> Optional[int]:
@@ -526,9 +577,44 @@ def rss_kib(pid: int) -> Optional[int]:
     return None
 
 
+_NVML: Any = None  # None: not tried yet; False: not importable or no driver
+
+
+def _nvml() -> Any:
+    global _NVML
+    if _NVML is None:
+        try:
+            import pynvml  # type: ignore
+            pynvml.nvmlInit()
+            _NVML = pynvml
+        except Exception:  # not installed, no driver: nvidia-smi instead
+            _NVML = False
+    return _NVML or None
+
+
+def gpu_used_nvml(nv: Any, pid: Optional[int]) -> Optional[Dict[str, Any]]:
+    try:
+        total, mine = 0, None
+        for i in range(nv.nvmlDeviceGetCount()):
+            for pr in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i)):
+                m = int(pr.usedGpuMemory or 0) >> 20
+                total += m
+                if pid is not None and pr.pid == pid:
+                    mine = (mine or 0) + m
+        return {"pid": mine, "all": total, "source": "nvml"}
+    except Exception:
+        return None
+
+
 def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
-    """nvidia-smi's per-process used memory (MiB): the pid's own when given,
-    and the sum over every compute process. None without nvidia-smi."""
+    """The per-process used device memory (MiB): the pid's own when given,
+    and the sum over every compute process; from NVML (pynvml) when
+    importable, else nvidia-smi. None with neither."""
+    nv = _nvml()
+    if nv is not None:
+        g = gpu_used_nvml(nv, pid)
+        if g is not None:
+            return g
     if not shutil.which("nvidia-smi"):
         return None
     try:
@@ -545,7 +631,52 @@ def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
         total += m
         if pid is not None and p == pid:
             mine = (mine or 0) + m
-    return {"pid": mine, "all": total}
+    return {"pid": mine, "all": total, "source": "nvidia-smi"}
+
+
+class MemSampler:
+    """The server's RSS and device memory every `every` seconds, on a
+    thread of its own (nvidia-smi blocks for tens of ms), at fixed ticks
+    from the phase's start so a slow sample does not shift the next."""
+
+    COLUMNS = ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib"]
+
+    def __init__(self, pid: int, every: float, t0: float) -> None:
+        self.pid, self.every, self.t0 = pid, every, t0
+        self.samples: List[List[Any]] = []
+        self.source = "none"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def loop(self) -> None:
+        k = 0
+        while True:
+            t = time.perf_counter() - self.t0
+            g = gpu_used_mib(self.pid)
+            if g is not None:
+                self.source = g["source"]
+            self.samples.append([round(t, 2), rss_kib(self.pid), g and g["pid"], g and g["all"]])
+            k += 1
+            if self.stop.wait(max(0.0, k * self.every - (time.perf_counter() - self.t0))):
+                return
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def report(self) -> Dict[str, Any]:
+        self.stop.set()
+        self.thread.join()
+        out: Dict[str, Any] = {"pid": self.pid, "every_s": self.every, "gpu_source": self.source,
+                               "columns": self.COLUMNS, "samples": self.samples}
+        # issue 40's soak target: RSS and device memory within 2% from
+        # minute 1 to the end (the whole run when it is shorter than 2 min)
+        t_from = 60.0 if self.samples and self.samples[-1][0] >= 120.0 else 0.0
+        for i, name in ((1, "rss_kib"), (2, "gpu_pid_mib"), (3, "gpu_all_mib")):
+            xs = [s[i] for s in self.samples if s[0] >= t_from and s[i] is not None]
+            if xs:
+                out[name] = {"from_s": t_from, "min": min(xs), "max": max(xs), "last": xs[-1],
+                             "spread": round((max(xs) - min(xs)) / min(xs), 4) if min(xs) > 0 else None}
+        return out
 
 
 # ----------------------------------------------------------------------------
@@ -800,9 +931,18 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
     return s
 
 
+def output_of(r: Req) -> Any:
+    """What the greedy checks compare: the token ids where the server sent
+    them (llamacpp), else the text (or the in-process driver's ids); None
+    for a request that failed."""
+    if r.error:
+        return None
+    return r.tok_ids if r.tok_ids is not None else r.text
+
+
 def greedy_outputs(run: Run) -> Dict[str, Any]:
     g = [r for r in run.reqs if r.kind == "greedy"]
-    return {str(i): (r.text if not r.error else None) for i, r in enumerate(g)}
+    return {str(i): output_of(r) for i, r in enumerate(g)}
 
 
 def rate_key(rate: float) -> str:
@@ -890,8 +1030,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g = p.add_argument_group("target")
     g.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL (default %(default)s)")
     g.add_argument("--model", default="default", help="the request's model field")
-    g.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
-                   help="/v1/chat/completions (default; transformers serve has only this one) or /v1/completions")
+    g.add_argument("--endpoint", choices=("chat", "completions", "native"), default=None,
+                   help="/v1/chat/completions (default; transformers serve has only this one), /v1/completions "
+                        "(the default of --server-kind llamacpp) or llama-server's own /completion (native)")
+    g.add_argument("--server-kind", choices=("openai", "llamacpp"), default="openai",
+                   help="llamacpp: llama.cpp's llama-server: asks for token ids in every streamed chunk, counts "
+                        "tokens by them and compares greedy outputs as ids (module docstring)")
     g.add_argument("--api-key", help="sent as a bearer token")
     g.add_argument("--inprocess", metavar="MODEL_SPEC",
                    help="no server: drive transformers' continuous batching in this process "
@@ -939,7 +1083,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g = p.add_argument_group("soak and stats")
     g.add_argument("--soak-minutes", type=float, help="arrivals for this many minutes (sets --duration)")
     g.add_argument("--report-every", type=float, default=0.0, help="seconds between interval lines (0: none)")
-    g.add_argument("--pid", type=int, help="the server's pid: its RSS and GPU memory in the interval lines")
+    g.add_argument("--pid", type=int, help="the server's pid: its RSS and GPU memory in the interval lines and "
+                                            "in the report's memory samples")
+    g.add_argument("--sample-every", type=float, default=None, metavar="S",
+                   help="with --pid: RSS and device memory every S seconds into the report (default 1 with --pid; 0: off)")
     g.add_argument("--stats-file", help="the shim's stats JSON (WOFFLOAD_STATS), read before and after")
     g.add_argument("--stats-url", help="a URL serving the shim's stats JSON, read before and after")
     g.add_argument("--stats-only", metavar="FILE",
@@ -949,6 +1096,14 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g.add_argument("--save-requests", action="store_true", help="per-request records in the JSON")
     g.add_argument("--verbose", action="store_true")
     a = p.parse_args(argv)
+    if a.endpoint is None:
+        a.endpoint = "completions" if a.server_kind == "llamacpp" else "chat"
+    if a.endpoint == "native" and a.server_kind != "llamacpp":
+        p.error("--endpoint native is llama-server's /completion: needs --server-kind llamacpp")
+    if a.sample_every is None:  # an explicit --pid only: --inprocess sets its own pid later
+        a.sample_every = 1.0 if a.pid else 0.0
+    if a.sample_every < 0:
+        p.error("--sample-every must be >= 0")
     if a.soak_minutes:
         a.duration = a.soak_minutes * 60.0
     if a.rates is not None and a.rate is not None:
@@ -994,6 +1149,9 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
     run = Run(args, reqs)
     stop = asyncio.Event()
     run.t0 = time.perf_counter()
+    mem = MemSampler(args.pid, args.sample_every, run.t0) if args.pid and args.sample_every > 0 else None
+    if mem is not None:
+        mem.start()
     bg = [asyncio.ensure_future(run.sampler(stop))]
     if args.report_every > 0:
         bg.append(asyncio.ensure_future(reporter(run, stop)))
@@ -1033,6 +1191,12 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
     print_table(summary, shim)
     rep: Dict[str, Any] = {"summary": summary, "shim": shim, "intervals": run.intervals,
                            "greedy_outputs": greedy_outputs(run)}
+    if mem is not None:
+        rep["memory"] = mem.report()
+        m = rep["memory"]
+        print(f"memory: {len(m['samples'])} samples of pid {m['pid']} every {m['every_s']} s, device memory from "
+              f"{m['gpu_source']}" + "".join(f"; {k} {m[k]['min']}-{m[k]['max']} (spread {m[k]['spread']})"
+                                             for k in ("rss_kib", "gpu_pid_mib") if k in m), flush=True)
     if before is not None and run.intervals:
         rep["interval_base"] = shim_counters(before)
     if args.save_requests:

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Tests of bench/serve.py --server-kind llamacpp, bench/serve-faults.py and
+bench/serve-plot.py (issue 40) against a fake of llama.cpp's llama-server
+written here, run as a process of its own (the fault checks signal it and
+start it again):
+
+    python3 tests/test-serve-llamacpp.py                 (the tests, ~40 s)
+    python3 tests/test-serve-llamacpp.py --fake PORT [--slots N] [--leak] [--bad-status S]
+        [--term-delay S] [--salt X] [--load-s S]          (the fake alone)
+
+The fake follows llama-server at 34af94cd (tools/server/server-context.cpp,
+server-task.cpp): --slots requests decode at once, the others wait; each
+sampled token is one SSE event `data: {...}\\n\\n` in a chunked body; on
+/v1/completions a partial is {"choices": [{"text", "index", "logprobs",
+"finish_reason": null}], "object": "text_completion", ...} with
+"__verbose": {"content", "tokens": [id], "stop": false, ...} when the
+request asked "verbose": true; the final event carries finish_reason and
+"usage", then `data: [DONE]`; the native /completion sends
+{"content", "tokens": [id], "stop": false, "id_slot"} a token and a final
+{"stop": true, "tokens": []} with no [DONE]. Every fifth token's text is
+empty (llama-server holds back a token that ends inside a UTF-8 character
+or may start a stop string). Invalid parameters (a max_tokens below -1, a
+non-number temperature) get 400 {"error": {"code": 400, "message",
+"type": "invalid_request_error"}}; GET /health is 503 while "loading"
+(--load-s), then 200; GET /slots lists {"id", "is_processing"}. A client
+that goes away frees its slot at the next token it would have been sent
+(--leak: never, the bug the disconnect check is there to see). SIGTERM:
+stops accepting, exits after --term-delay seconds (default 0.2).
+Tokens are a function of the prompt, the index and --salt only.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(SRC, "bench")
+PREFILL = 0.030
+ITL = 0.008
+SLOTS = 4
+
+
+# ----------------------------------------------------------------------------
+# the fake llama-server
+
+
+class Fake:
+    def __init__(self, slots: int, leak: bool, bad_status: int, salt: str, load_s: float) -> None:
+        self.lock = threading.Lock()
+        self.free = list(range(slots))
+        self.busy = [False] * slots
+        self.cv = threading.Condition(self.lock)
+        self.leak, self.bad_status, self.salt = leak, bad_status, salt
+        self.ready_at = time.monotonic() + load_s
+
+    def token(self, prompt: str, i: int) -> int:
+        h = 7
+        for ch in self.salt + prompt + f"#{i}":
+            h = (h * 131 + ord(ch)) % 1000003
+        return h % 32000
+
+    def take(self) -> int:
+        with self.cv:
+            while not self.free:
+                self.cv.wait()
+            s = self.free.pop(0)
+            self.busy[s] = True
+            return s
+
+    def give(self, s: int) -> None:
+        with self.cv:
+            self.busy[s] = False
+            self.free.append(s)
+            self.cv.notify()
+
+
+FAKE: Fake = None  # type: ignore
+
+
+def bad_params(body: dict) -> str:
+    mt = body.get("max_tokens", body.get("n_predict"))
+    if mt is not None and (not isinstance(mt, int) or isinstance(mt, bool) or mt < -1):
+        return f"Field 'n_predict': Value must be between -1 <= value <= 2147483647, but got {mt}"
+    t = body.get("temperature")
+    if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)):
+        return "Field 'temperature': type must be number, but is string"
+    if not isinstance(body.get("prompt"), str):
+        return '"prompt" is required'
+    return ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a) -> None:
+        pass
+
+    def send_json(self, code: int, obj) -> None:
+        b = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json; charset=utf-8")
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+
+    def do_GET(self) -> None:
+        if time.monotonic() < FAKE.ready_at and self.path == "/health":
+            self.send_json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
+        elif self.path == "/health":
+            self.send_json(200, {"status": "ok"})
+        elif self.path == "/slots":
+            with FAKE.lock:
+                self.send_json(200, [{"id": i, "n_ctx": 4096, "is_processing": b} for i, b in enumerate(FAKE.busy)])
+        else:
+            self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+
+    def event(self, obj) -> None:
+        data = b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def do_POST(self) -> None:
+        n = int(self.headers.get("Content-Length", "0"))
+        raw = self.rfile.read(n)
+        if self.path not in ("/v1/completions", "/completion", "/completions"):
+            self.send_json(404, {"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}})
+            return
+        try:
+            body = json.loads(raw)
+        except ValueError as e:  # llama-server: json::parse throws, not an invalid_argument: a 500
+            self.send_json(500, {"error": {"code": 500, "message": str(e), "type": "server_error"}})
+            return
+        why = bad_params(body) if isinstance(body, dict) else '"prompt" is required'
+        if why:
+            code = FAKE.bad_status
+            self.send_json(code, {"error": {"code": code, "message": why,
+                                            "type": "invalid_request_error" if code < 500 else "server_error"}})
+            return
+        oai = self.path == "/v1/completions"
+        n_out = body.get("max_tokens", body.get("n_predict", 16))
+        n_out = 16 if n_out in (None, -1) else n_out
+        verbose = bool(body.get("verbose"))
+        prompt = body["prompt"]
+        slot = FAKE.take()
+        freed = False
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            time.sleep(PREFILL)
+            for i in range(n_out):
+                if i:
+                    time.sleep(ITL)
+                tok = FAKE.token(prompt, i)
+                text = "" if i % 5 == 4 else f" w{tok}"
+                native = {"index": 0, "content": text, "tokens": [tok], "stop": False, "id_slot": slot,
+                          "tokens_predicted": i + 1, "tokens_evaluated": len(prompt.split())}
+                if oai:
+                    ev = {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": None}],
+                          "created": int(time.time()), "model": "fake", "system_fingerprint": "b0-fake",
+                          "object": "text_completion", "id": "cmpl-fake"}
+                    if verbose:
+                        ev["__verbose"] = native
+                    self.event(ev)
+                else:
+                    self.event(native)
+            final = {"index": 0, "content": "", "tokens": [], "id_slot": slot, "stop": True,
+                     "tokens_predicted": n_out, "tokens_evaluated": len(prompt.split()), "stop_type": "limit"}
+            if oai:
+                ev = {"choices": [{"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
+                      "object": "text_completion", "id": "cmpl-fake", "model": "fake",
+                      "usage": {"completion_tokens": n_out, "prompt_tokens": len(prompt.split()),
+                                "total_tokens": n_out + len(prompt.split())}}
+                if verbose:
+                    ev["__verbose"] = final
+                self.event(ev)
+                d = b"data: [DONE]\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(d), d))
+            else:
+                self.event(final)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            if FAKE.leak:
+                freed = True  # the bug: the slot stays busy
+        finally:
+            if not freed:
+                FAKE.give(slot)
+        self.close_connection = True
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+def run_fake(argv) -> int:
+    global FAKE
+    import argparse
+    p = argparse.ArgumentParser()
+    p.add_argument("--fake", type=int, required=True, metavar="PORT")
+    p.add_argument("--slots", type=int, default=SLOTS)
+    p.add_argument("--leak", action="store_true")
+    p.add_argument("--bad-status", type=int, default=400)
+    p.add_argument("--term-delay", type=float, default=0.2)
+    p.add_argument("--salt", default="")
+    p.add_argument("--load-s", type=float, default=0.3)
+    a = p.parse_args(argv)
+    FAKE = Fake(a.slots, a.leak, a.bad_status, a.salt, a.load_s)
+    srv = Server(("127.0.0.1", a.fake), Handler)
+
+    def on_term(*_):
+        threading.Thread(target=srv.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    srv.serve_forever(poll_interval=0.05)
+    time.sleep(a.term_delay)  # llama-server's own stop: slots cancelled, the stats written
+    os._exit(0)
+
+
+# ----------------------------------------------------------------------------
+# the tests
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def fake_cmd(port: int, *opts: str) -> list:
+    return [sys.executable, os.path.abspath(__file__), "--fake", str(port), *opts]
+
+
+def start_fake(port: int, *opts: str) -> subprocess.Popen:
+    proc = subprocess.Popen(fake_cmd(port, *opts), start_new_session=True)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 15:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the fake did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def py(script: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, os.path.join(BENCH, script), *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class TestLoad(unittest.TestCase):
+    """serve.py against the fake: tokens counted by ids (empty texts too),
+    a two-rate sweep, the memory samples of the server's pid, greedy ids
+    recorded and checked, the 400 of --bad-request."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="test-serve-llamacpp-")
+        cls.port = free_port()
+        cls.proc = start_fake(cls.port)
+        cls.ref = os.path.join(cls.tmp, "greedy.json")
+        cls.out = os.path.join(cls.tmp, "sweep.json")
+        cls.res = py("serve.py", "--url", f"http://127.0.0.1:{cls.port}", "--server-kind", "llamacpp",
+                     "--rates", "5,40", "--duration", "3", "--output-len", "fixed:10", "--prompt-len",
+                     "uniform:8:32", "--ignore-eos", "--pid", str(cls.proc.pid), "--sample-every", "0.5",
+                     "--record-greedy", cls.ref, "--greedy-n", "3", "--bad-request", "--report-every", "1",
+                     "--out", cls.out)
+        with open(cls.out) as f:
+            cls.rep = json.load(f)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        stop(cls.proc)
+
+    def test_runs(self) -> None:
+        self.assertEqual(self.res.returncode, 0, self.res.stdout + self.res.stderr)
+        self.assertEqual(len(self.rep["phases"]), 2)
+
+    def test_tokens_counted_by_ids(self) -> None:
+        # every fifth token has no text: counted by text, a request would have 8
+        for ph in self.rep["phases"]:
+            s = ph["summary"]
+            self.assertEqual(s["lengths"]["output_tokens_mean"], 10.0, s["lengths"])
+            self.assertEqual(s["lengths"]["usage_completion_tokens_mean"], 10.0)
+            self.assertEqual(s["errors"], {})
+
+    def test_latencies(self) -> None:
+        s = self.rep["phases"][0]["summary"]  # 5 req/s: well below the 4 slots' ~36 req/s
+        self.assertGreater(s["ttft_ms"]["p50"], PREFILL * 1e3 * 0.8)
+        self.assertLess(s["ttft_ms"]["p50"], PREFILL * 1e3 + 40)
+        self.assertGreater(s["itl_ms"]["p50"], ITL * 1e3 * 0.5)
+        self.assertLess(s["itl_ms"]["p50"], ITL * 1e3 + 15)
+        self.assertTrue(s["steady"]["output_tok_s"] > 0)
+
+    def test_saturation_queues(self) -> None:
+        lo, hi = (ph["summary"] for ph in self.rep["phases"])
+        self.assertGreater(hi["ttft_ms"]["p99"], lo["ttft_ms"]["p99"])
+        self.assertLessEqual(hi["concurrency"]["sampled_max"], 200)
+
+    def test_bad_request_is_4xx(self) -> None:
+        for ph in self.rep["phases"]:
+            b = ph["summary"]["bad_request"]
+            self.assertEqual(b["status"], 400)
+            self.assertGreater(b["completed_after"], 0)
+
+    def test_memory_samples(self) -> None:
+        m = self.rep["phases"][0]["memory"]
+        self.assertEqual(m["pid"], self.proc.pid)
+        self.assertEqual(m["columns"], ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib"])
+        self.assertGreaterEqual(len(m["samples"]), 5)  # 0.5 s over ~3 s
+        self.assertTrue(all(s[1] and s[1] > 1000 for s in m["samples"]))
+        ts = [s[0] for s in m["samples"]]
+        self.assertTrue(all(0.3 < b - a < 0.9 for a, b in zip(ts, ts[1:])), ts)
+        self.assertIn(m["gpu_source"], ("none", "nvml", "nvidia-smi"))
+        self.assertIn("spread", m["rss_kib"])
+
+    def test_greedy_ids_recorded_and_checked(self) -> None:
+        with open(self.ref) as f:
+            ref = json.load(f)
+        outs = ref["alone"]
+        self.assertEqual(len(outs), 3)
+        self.assertTrue(all(isinstance(v, list) and len(v) == 24 and all(isinstance(t, int) for t in v)
+                            for v in outs.values()), outs)
+        r = py("serve.py", "--url", f"http://127.0.0.1:{self.port}", "--server-kind", "llamacpp",
+               "--rate", "5", "--duration", "1", "--output-len", "fixed:4", "--ignore-eos",
+               "--greedy-check", self.ref, "--greedy-n", "3", "--greedy-load-check", "report")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("3 of 3 identical", r.stdout)
+        # one id changed in the reference: the check fails
+        ref["alone"]["1"][5] += 1
+        bad = os.path.join(self.tmp, "greedy-doctored.json")
+        with open(bad, "w") as f:
+            json.dump(ref, f)
+        r = py("serve.py", "--url", f"http://127.0.0.1:{self.port}", "--server-kind", "llamacpp",
+               "--rate", "5", "--duration", "1", "--output-len", "fixed:4", "--ignore-eos",
+               "--greedy-check", bad, "--greedy-n", "3", "--greedy-load-check", "report")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+
+    def test_native_endpoint(self) -> None:
+        out = os.path.join(self.tmp, "native.json")
+        r = py("serve.py", "--url", f"http://127.0.0.1:{self.port}", "--server-kind", "llamacpp",
+               "--endpoint", "native", "--requests", "6", "--rate", "20", "--output-len", "fixed:7",
+               "--ignore-eos", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(out) as f:
+            s = json.load(f)["summary"]
+        self.assertEqual(s["requests"]["completed"], 6)
+        self.assertEqual(s["lengths"]["output_tokens_mean"], 7.0)
+
+    def test_plot(self) -> None:
+        png = os.path.join(self.tmp, "sweep.png")
+        r = py("serve-plot.py", self.out, "--out", png, "--phase", "2")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn("matplotlib is not importable", r.stderr)
+            return
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+
+    def test_plot_without_samples(self) -> None:
+        path = os.path.join(self.tmp, "empty.json")
+        with open(path, "w") as f:
+            json.dump({"summary": {}}, f)
+        self.assertEqual(py("serve-plot.py", path).returncode, 2)
+
+
+def faults(port: int, *opts: str, fake_opts=(), checks="disconnect,bad,sigterm,restart", tmp=".") -> tuple:
+    out = os.path.join(tmp, f"faults-{port}.json")
+    cmd = " ".join(fake_cmd(port, *fake_opts))
+    r = py("serve-faults.py", "--url", f"http://127.0.0.1:{port}", "--server-cmd", cmd, "--start",
+           "--parallel", str(SLOTS), "--long-tokens", "60", "--greedy-n", "3", "--checks", checks,
+           "--load-timeout", "20", "--log-dir", tmp, "--out", out, *opts)
+    with open(out) as f:
+        return r, json.load(f)
+
+
+class TestFaults(unittest.TestCase):
+    """serve-faults.py against the fake; and each check made to fail by a
+    fake with the fault it is there to see."""
+
+    def setUp(self) -> None:
+        self.tmp = tempfile.mkdtemp(prefix="test-serve-faults-")
+
+    def test_all_pass(self) -> None:
+        r, rep = faults(free_port(), tmp=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        c = rep["checks"]
+        self.assertEqual(c["disconnect"]["observed"]["closed_mid_stream"], SLOTS)
+        self.assertEqual(c["disconnect"]["observed"]["slots_busy_after"], 0)
+        self.assertEqual([a["status"] for a in c["bad"]["observed"]["answers"]], [400, 400])
+        self.assertTrue(c["bad"]["observed"]["greedy_same"])
+        self.assertGreater(c["sigterm"]["observed"]["in_flight_at_signal"], 0)
+        self.assertLess(c["sigterm"]["observed"]["exit_s"], 10)
+        self.assertEqual(c["restart"]["observed"]["identical"], 3)
+        self.assertTrue(c["restart"]["observed"]["ids"])
+        for k in ("disconnect", "bad", "sigterm", "restart"):
+            self.assertIn("expected", c[k])
+
+    def test_leaked_slot_fails_disconnect(self) -> None:
+        r, rep = faults(free_port(), "--slot-timeout", "1", "--request-timeout", "3", fake_opts=("--leak",),
+                        checks="disconnect", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertFalse(rep["checks"]["disconnect"]["ok"])
+        self.assertEqual(rep["checks"]["disconnect"]["observed"]["slots_busy_after"], SLOTS)
+
+    def test_500_fails_bad(self) -> None:
+        r, rep = faults(free_port(), fake_opts=("--bad-status", "500"), checks="bad", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertEqual([a["status"] for a in rep["checks"]["bad"]["observed"]["answers"]], [500, 500])
+
+    def test_slow_exit_fails_sigterm(self) -> None:
+        r, rep = faults(free_port(), "--term-limit", "0.5", fake_opts=("--term-delay", "1.5"),
+                        checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        o = rep["checks"]["sigterm"]["observed"]
+        self.assertGreater(o["exit_s"], 1.0)
+        self.assertFalse(o["within_limit"])
+
+    def test_other_tokens_fail_restart(self) -> None:
+        # the restarted fake draws other tokens: a salt from the environment
+        # that the first start does not see
+        port = free_port()
+        cmd = f"env SALT_FILE={self.tmp}/salt {sys.executable} {os.path.abspath(__file__)} --fake {port} --salt-file"
+        out = os.path.join(self.tmp, "restart.json")
+        r = subprocess.run([sys.executable, os.path.join(BENCH, "serve-faults.py"), "--url",
+                            f"http://127.0.0.1:{port}", "--server-cmd", cmd, "--start", "--parallel", str(SLOTS),
+                            "--greedy-n", "2", "--checks", "sigterm,restart", "--long-tokens", "40",
+                            "--log-dir", self.tmp, "--out", out], capture_output=True, text=True, timeout=120)
+        with open(out) as f:
+            rep = json.load(f)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertTrue(rep["checks"]["sigterm"]["ok"])
+        self.assertEqual(rep["checks"]["restart"]["observed"]["identical"], 0)
+
+    def test_no_server_cmd_skips_restart(self) -> None:
+        port = free_port()
+        proc = start_fake(port)
+        try:
+            out = os.path.join(self.tmp, "skip.json")
+            r = py("serve-faults.py", "--url", f"http://127.0.0.1:{port}", "--checks", "bad,restart",
+                   "--out", out)
+            with open(out) as f:
+                rep = json.load(f)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("skipped", rep["checks"]["restart"])
+        finally:
+            stop(proc)
+
+
+def salted(argv) -> list:
+    """--salt-file: the fake's salt is a count of its starts kept in
+    $SALT_FILE (the restart test's server that changes its tokens)."""
+    if "--salt-file" not in argv:
+        return argv
+    argv = [a for a in argv if a != "--salt-file"]
+    path = os.environ["SALT_FILE"]
+    n = int(open(path).read()) if os.path.exists(path) else 0
+    with open(path, "w") as f:
+        f.write(str(n + 1))
+    return argv + ["--salt", str(n)]
+
+
+if __name__ == "__main__":
+    if "--fake" in sys.argv:
+        sys.exit(run_fake(salted(sys.argv[1:])))
+    unittest.main(verbosity=2)
