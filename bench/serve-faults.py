@@ -270,8 +270,12 @@ async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
 
 def start_server(a: argparse.Namespace, tag: str) -> subprocess.Popen:
     log = open(os.path.join(a.log_dir, f"server-{tag}.log"), "ab")
-    return subprocess.Popen(shlex.split(a.server_cmd), stdout=log, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(shlex.split(a.server_cmd), stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
+    # its pid where a caller cut short can find it (bench/llamacpp-serve.sh stops it)
+    with open(os.path.join(a.log_dir, f"{tag}.pid"), "w") as f:
+        f.write(f"{proc.pid}\n")
+    return proc
 
 
 async def check_restart(a: argparse.Namespace, c: Client, before: List[Any]) -> Dict[str, Any]:

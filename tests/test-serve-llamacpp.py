@@ -473,6 +473,45 @@ class TestFaults(unittest.TestCase):
             stop(proc)
 
 
+class TestScript(unittest.TestCase):
+    """bench/llamacpp-serve.sh end to end, with a llama-server that is the
+    fake (a wrapper taking llama-server's --port and --parallel) under a
+    WOFFLOAD_CMD prefix: every step passes, the markdown has a row a rate
+    and a line a fault check, no server is left running."""
+
+    def test_script(self) -> None:
+        tmp = tempfile.mkdtemp(prefix="test-llamacpp-serve-")
+        bindir = os.path.join(tmp, "bin")
+        os.mkdir(bindir)
+        wrapper = os.path.join(bindir, "llama-server")
+        with open(wrapper, "w") as f:
+            f.write("#!/bin/sh\nport=8080; par=4\n"
+                    "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
+                    " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
+                    f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par\n")
+        os.chmod(wrapper, 0o755)
+        out = os.path.join(tmp, "out")
+        env = dict(os.environ, LLAMA_BIN=bindir, OUT=out, PARALLEL=str(SLOTS), RATES="5,30", DURATION="2",
+                   DRAIN="3", OUTPUT_LEN="fixed:16", PROMPT_LEN="uniform:8:32", PORT=str(free_port()),
+                   LOAD_TIMEOUT="20", DEADLINE="400", WOFFLOAD_CMD="env WO_TEST_PREFIX=1", PYTHON=sys.executable)
+        r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve.sh"), os.path.join(tmp, "m.gguf")],
+                           env=env, capture_output=True, text=True, timeout=200)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(out, "llamacpp-serve.md")) as f:
+            md = f.read()
+        self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |") or x.startswith("| 30 |")]), 2, md)
+        for k in ("disconnect", "bad", "sigterm", "restart"):
+            self.assertRegex(md, rf"\| {k} \| .* \| yes \|")
+        self.assertIn("under load (sigterm check)", md)
+        self.assertIn("env WO_TEST_PREFIX=1", md)
+        with open(os.path.join(out, "faults.json")) as f:
+            self.assertTrue(json.load(f)["ok"])
+        with open(os.path.join(out, "restart.pid")) as f:
+            rpid = int(f.read())
+        self.assertFalse(os.path.exists(f"/proc/{rpid}"), "the restarted fake is still running")
+        self.assertRegex(r.stdout, r"\[ *[0-9.]+s\] sweep: done")
+
+
 def salted(argv) -> list:
     """--salt-file: the fake's salt is a count of its starts kept in
     $SALT_FILE (the restart test's server that changes its tokens)."""

@@ -1,0 +1,244 @@
+#!/usr/bin/env bash
+# bench/llamacpp-serve.sh: issue 40 on the GPU machine, in one call of at
+# most ~570 s once llama-server is built: start llama-server (under
+# WOFFLOAD_CMD when given), wait for /health, a short Poisson rate sweep at
+# one --parallel (bench/serve.py --server-kind llamacpp, RSS and device
+# memory sampled every second), the fault checks (bench/serve-faults.py:
+# disconnects, bad parameters, SIGTERM under load, restart with the same
+# command gives the same token ids), then SIGTERM to whatever server is
+# left, its exit time recorded. Every step runs even when an earlier one
+# failed; each prints the elapsed seconds.
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin OUT=/tmp/out \
+#     bash bench/llamacpp-serve.sh MODEL.gguf
+#   WOFFLOAD_CMD="build/tools/woffload-run --policy examples/P.yaml --stats /tmp/out/stats.json --" \
+#     LLAMA_BIN=... OUT=... bash bench/llamacpp-serve.sh MODEL.gguf
+#
+# Settings (environment; defaults in brackets):
+#   LLAMA_BIN     directory holding llama-server (required)
+#   OUT           where the results go [$PWD/llamacpp-serve-STAMP]
+#   WOFFLOAD_CMD  a prefix to the server's command line, e.g. woffload-run ... --
+#   PARALLEL      llama-server --parallel [32]
+#   CTX           llama-server -c, shared by the slots [PARALLEL x 1024]
+#   NGL           llama-server -ngl [99]
+#   LLAMA_ARGS    more llama-server arguments (e.g. "-ot exps=CPU", "--n-cpu-moe 8")
+#   PORT          [8080]
+#   RATES         the sweep's request rates, req/s [1,2,4,8,16]
+#   DURATION      seconds of arrivals a rate [20]
+#   DRAIN         seconds a phase waits for its last requests (past saturation) [15]
+#   PROMPT_LEN    [uniform:64:512]   OUTPUT_LEN [fixed:128]   SEED [0]
+#   LOAD_TIMEOUT  seconds for /health after a start [180]
+#   DEADLINE      seconds this script may take in all [560]
+#   STATS         the shim's WOFFLOAD_STATS path, checked at the SIGTERM (optional)
+#   GREEDY_REF    a greedy file recorded by another run (e.g. plain): the sweep checks its token ids
+#
+# Results in OUT: llamacpp-serve.md (the tables), sweep.json (serve.py's
+# report, a phase a rate, memory samples in each), sweep-memory.png (the
+# last phase; needs matplotlib), greedy.json (the greedy token ids: pass it
+# as GREEDY_REF to another row), faults.json, stop.json, server-*.log,
+# llamacpp-serve.log.
+set -u
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+GGUF=${1:-${GGUF:-}}
+: "${LLAMA_BIN:?LLAMA_BIN: the directory holding llama-server}"
+[ -n "$GGUF" ] || { echo "usage: LLAMA_BIN=DIR [OUT=DIR] [WOFFLOAD_CMD=...] $0 MODEL.gguf" >&2; exit 2; }
+OUT=${OUT:-$PWD/llamacpp-serve-$(date -u +%Y%m%d-%H%M%S)}
+PARALLEL=${PARALLEL:-32}
+CTX=${CTX:-$((PARALLEL * 1024))}
+NGL=${NGL:-99}
+PORT=${PORT:-8080}
+RATES=${RATES:-1,2,4,8,16}
+DURATION=${DURATION:-20}
+DRAIN=${DRAIN:-15}
+PROMPT_LEN=${PROMPT_LEN:-uniform:64:512}
+OUTPUT_LEN=${OUTPUT_LEN:-fixed:128}
+SEED=${SEED:-0}
+LOAD_TIMEOUT=${LOAD_TIMEOUT:-180}
+DEADLINE=${DEADLINE:-560}
+PY=${PYTHON:-python3}
+URL=http://127.0.0.1:$PORT
+mkdir -p "$OUT"
+T0=$(date +%s.%N)
+STEPS_FAILED=()
+
+elapsed() { awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+left() { awk -v a="$T0" -v b="$(date +%s.%N)" -v d="$DEADLINE" 'BEGIN { printf "%d", d - (b - a) }'; }
+log() { printf '[%7ss] %s\n' "$(elapsed)" "$*" | tee -a "$OUT/llamacpp-serve.log"; }
+step_rc() { # NAME RC
+    if [ "$2" -ne 0 ]; then STEPS_FAILED+=("$1 (exit $2)"); log "$1: FAILED (exit $2)"; else log "$1: done"; fi
+}
+
+# the server's command line: WOFFLOAD_CMD's words, then llama-server's
+# shellcheck disable=SC2206
+SERVER=(${WOFFLOAD_CMD:-} "$LLAMA_BIN/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$PORT"
+        --parallel "$PARALLEL" -c "$CTX" -ngl "$NGL" ${LLAMA_ARGS:-})
+SERVER_STR=$(printf '%q ' "${SERVER[@]}")
+log "out $OUT; server: $SERVER_STR"
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "host: $(hostname)"
+    echo "commit: $(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo '?')"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
+    "$LLAMA_BIN/llama-server" --version 2>&1 | grep -i -m2 'version\|commit' | sed 's/^/llama-server: /'
+    echo "server: $SERVER_STR"
+} > "$OUT/machine.txt" 2>&1
+
+health() { "$PY" -c 'import sys, urllib.request
+try:
+    sys.exit(0 if urllib.request.urlopen(sys.argv[1] + "/health", timeout=2).status == 200 else 1)
+except Exception:
+    sys.exit(1)' "$URL"; }
+
+# the pid whose RSS is the server's: the started one, or its llama-server
+# child when WOFFLOAD_CMD runs it as a child (woffload-run --fit)
+server_pid() {
+    local p=$1 c
+    case "$(readlink "/proc/$p/exe" 2>/dev/null)" in *llama-server*) echo "$p"; return ;; esac
+    for c in $(pgrep -P "$p" 2>/dev/null); do
+        case "$(readlink "/proc/$c/exe" 2>/dev/null)" in *llama-server*) echo "$c"; return ;; esac
+    done
+    echo "$p"
+}
+
+# SIGTERM and the seconds to exit (SIGKILL after 30 s), into stop.json
+stop_server() { # PID TAG
+    local pid=$1 tag=$2 t0 t killed=false
+    kill -0 "$pid" 2>/dev/null || { log "stop $tag: pid $pid already gone"; return 0; }
+    t0=$(date +%s.%N)
+    kill -TERM "$pid"
+    while kill -0 "$pid" 2>/dev/null; do
+        # a zombie has exited (wait reaps it below)
+        [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && break
+        if ! $killed && awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { exit !(b - a > 30) }'; then
+            kill -KILL "$pid"; killed=true
+        fi
+        sleep 0.05
+    done
+    t=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+    wait "$pid" 2>/dev/null; local rc=$?
+    log "stop $tag: SIGTERM -> exit in $t s (status $rc, SIGKILL: $killed)"
+    printf '{"tag": "%s", "pid": %s, "exit_s": %s, "status": %s, "killed": %s, "within_10s": %s}\n' \
+        "$tag" "$pid" "$t" "$rc" "$killed" \
+        "$(awk -v t="$t" -v k="$killed" 'BEGIN { print (t <= 10 && k == "false") ? "true" : "false" }')" \
+        >> "$OUT/stop.json"
+}
+
+cleanup() { [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null && stop_server "$PID" cleanup; :; }
+trap cleanup EXIT
+
+# 1. start, wait for /health
+log "start: llama-server --parallel $PARALLEL -c $CTX (load timeout $LOAD_TIMEOUT s)"
+"${SERVER[@]}" > "$OUT/server-1.log" 2>&1 &
+PID=$!
+UP=false
+for _ in $(seq 1 $((LOAD_TIMEOUT * 4))); do
+    if health; then UP=true; break; fi
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.25
+done
+SPID=$(server_pid "$PID")
+if $UP; then log "start: /health 200 (pid $PID, server pid $SPID)"; else
+    STEPS_FAILED+=("start"); log "start: FAILED: no /health 200 (see server-1.log)"; tail -20 "$OUT/server-1.log"; fi
+
+# 2. the rate sweep (bounded: what is left, less ~200 s for the faults and the stops)
+if $UP; then
+    budget=$(( $(left) - 200 ))
+    GREEDY=(--record-greedy "$OUT/greedy.json")
+    [ -n "${GREEDY_REF:-}" ] && GREEDY=(--greedy-check "$GREEDY_REF" --greedy-load-check report)
+    log "sweep: rates $RATES, $DURATION s each (+ drain <= $DRAIN s), at most $budget s"
+    timeout --signal=INT "$budget" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
+        --rates "$RATES" --duration "$DURATION" --drain-timeout "$DRAIN" --seed "$SEED" \
+        --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
+        --pid "$SPID" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
+        --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
+    step_rc sweep $?
+    grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^memory|^greedy' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
+    "$PY" "$HERE/serve-plot.py" "$OUT/sweep.json" --out "$OUT/sweep-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in sweep.json)"; else step_rc plot "$rc"; fi
+fi
+
+# 3. the fault checks: this server is signalled (sigterm) and one is started
+# again with the same command line (restart)
+if kill -0 "$PID" 2>/dev/null && $UP; then
+    budget=$(( $(left) - 15 ))
+    log "faults: at most $budget s"
+    timeout --signal=INT "$budget" "$PY" "$HERE/serve-faults.py" --server-kind llamacpp --url "$URL" \
+        --pid "$PID" --server-cmd "$SERVER_STR" --parallel "$PARALLEL" --load-timeout "$LOAD_TIMEOUT" \
+        ${STATS:+--stats-file "$STATS"} --log-dir "$OUT" --out "$OUT/faults.json" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
+    step_rc faults "${PIPESTATUS[0]}"
+fi
+
+# 4. whatever is left: SIGTERM, exit time. The first server, unless the
+# sigterm check stopped it (then a zombie until reaped here)
+if [ "$(awk '{print $3}' "/proc/$PID/stat" 2>/dev/null)" = Z ]; then
+    wait "$PID" 2>/dev/null; log "stop: the first server exited at the sigterm check (status $?)"
+elif kill -0 "$PID" 2>/dev/null; then stop_server "$PID" "after the checks"; fi
+# the restarted one, when the faults script was cut before it stopped it
+RPID=$(cat "$OUT/restart.pid" 2>/dev/null)
+if [ -n "$RPID" ] && kill -0 "$RPID" 2>/dev/null; then
+    case "$(readlink "/proc/$RPID/exe" 2>/dev/null)" in "$(readlink "/proc/$PID/exe" 2>/dev/null)"|*llama-server*|*python*)
+        stop_server "$RPID" "restarted, left running" ;; esac
+fi
+
+# 5. the markdown
+"$PY" - "$OUT" "$SERVER_STR" "${STEPS_FAILED[*]:-}" <<'EOF' > "$OUT/llamacpp-serve.md" 2>>"$OUT/llamacpp-serve.log"
+import json, os, sys
+out, cmd, failed = sys.argv[1], sys.argv[2], sys.argv[3]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+print("# llama-server under load (bench/llamacpp-serve.sh)\n")
+try:
+    print("```\n" + open(os.path.join(out, "machine.txt")).read().strip() + "\n```\n")
+except OSError:
+    pass
+print(f"server: `{cmd}`\n")
+if failed:
+    print(f"**failed steps:** {failed}\n")
+sw = load("sweep.json")
+if sw:
+    print("| rate req/s | offered | completed | failed | errors | steady tok/s | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB (min-max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for ph in sw.get("phases") or [sw]:
+        s = ph["summary"]; rq = s["requests"]; st = s.get("steady") or {}; m = ph.get("memory") or {}
+        c = s["concurrency"]
+        rng = lambda k, sc: (f"{m[k]['min'] * sc:.0f}-{m[k]['max'] * sc:.0f}" if k in m else "-")
+        print(f"| {ph.get('rate', sw['config']['rate']):g} | {s['offered_rate']} | {rq['completed']} | {rq['failed']} "
+              f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} | {st.get('requests_s', '-')} "
+              f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "
+              f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} |")
+    g = sw.get("greedy_alone")
+    if g:
+        print(f"\ngreedy token ids (sent alone after the sweep): {json.dumps(g)}")
+    print()
+fa = load("faults.json")
+if fa:
+    print("| fault check | expected | observed | ok |\n|---|---|---|---|")
+    for k, r in fa["checks"].items():
+        obs = r.get("observed") or r.get("skipped") or r.get("error")
+        print(f"| {k} | {r.get('expected', '-')} | `{json.dumps(obs)[:400]}` | {'yes' if r['ok'] else '**NO**'} |")
+    print()
+stops = []
+if fa:
+    t = (fa["checks"].get("sigterm") or {}).get("observed") or {}
+    if "exit_s" in t:
+        stops.append(f"under load (sigterm check): {t['exit_s']} s, within the limit: {t.get('within_limit')}")
+    t = ((fa["checks"].get("restart") or {}).get("observed") or {}).get("stop_idle") or {}
+    if "exit_s" in t:
+        stops.append(f"idle, the restarted server: {t['exit_s']} s, within the limit: {t.get('within_limit')}")
+try:
+    stops += open(os.path.join(out, "stop.json")).read().strip().splitlines()
+except OSError:
+    pass
+if stops:
+    print("SIGTERM to exit:\n" + "\n".join(f"- {x}" for x in stops))
+EOF
+log "markdown: $OUT/llamacpp-serve.md"
+trap - EXIT
+if [ ${#STEPS_FAILED[@]} -gt 0 ]; then log "done with failures: ${STEPS_FAILED[*]}"; exit 1; fi
+log "done"
