@@ -31,6 +31,11 @@
 #   DEADLINE      seconds this script may take in all [560]
 #   STATS         the shim's WOFFLOAD_STATS path, checked at the SIGTERM (optional)
 #   GREEDY_REF    a greedy file recorded by another run (e.g. plain): the sweep checks its token ids
+#   SOAK_MINUTES  instead of the sweep: one phase of this many minutes at SOAK_RATE req/s (issue 40:
+#                 ~70% of the sweep's saturation), an interval line a minute; DEADLINE becomes
+#                 SOAK_MINUTES x 60 + 300 unless set, and the fault checks run only with FAULTS=1.
+#                 Longer than one 600 s device call: start it detached (setsid nohup ... &) and
+#                 read OUT in later calls, if the machine keeps it between calls
 #
 # Results in OUT: llamacpp-serve.md (the tables), sweep.json (serve.py's
 # report, a phase a rate, memory samples in each), sweep-memory.png (the
@@ -55,7 +60,14 @@ PROMPT_LEN=${PROMPT_LEN:-uniform:64:512}
 OUTPUT_LEN=${OUTPUT_LEN:-fixed:128}
 SEED=${SEED:-0}
 LOAD_TIMEOUT=${LOAD_TIMEOUT:-180}
+SOAK_MINUTES=${SOAK_MINUTES:-}
+SOAK_RATE=${SOAK_RATE:-2}
+if [ -n "$SOAK_MINUTES" ]; then
+    DEADLINE=${DEADLINE:-$(awk -v m="$SOAK_MINUTES" 'BEGIN { printf "%d", m * 60 + 300 }')}
+    FAULTS=${FAULTS:-0}
+fi
 DEADLINE=${DEADLINE:-560}
+FAULTS=${FAULTS:-1}
 PY=${PYTHON:-python3}
 URL=http://127.0.0.1:$PORT
 mkdir -p "$OUT"
@@ -141,8 +153,23 @@ SPID=$(server_pid "$PID")
 if $UP; then log "start: /health 200 (pid $PID, server pid $SPID)"; else
     STEPS_FAILED+=("start"); log "start: FAILED: no /health 200 (see server-1.log)"; tail -20 "$OUT/server-1.log"; fi
 
+# 2s. the soak, in place of the sweep
+if $UP && [ -n "$SOAK_MINUTES" ]; then
+    log "soak: $SOAK_MINUTES min at $SOAK_RATE req/s"
+    timeout --signal=INT "$(( $(left) - 30 ))" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
+        --rate "$SOAK_RATE" --soak-minutes "$SOAK_MINUTES" --drain-timeout "$DRAIN" --seed "$SEED" \
+        --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
+        --pid "$SPID" --report-every 60 ${STATS:+--stats-file "$STATS"} \
+        --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+    step_rc soak $?
+    grep -E '^\[|^throughput|^  (TTFT|ITL)|^errors|^memory' "$OUT/soak.log" | tee -a "$OUT/llamacpp-serve.log"
+    "$PY" "$HERE/serve-plot.py" "$OUT/soak.json" --out "$OUT/soak-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in soak.json)"; else step_rc plot "$rc"; fi
+fi
+
 # 2. the rate sweep (bounded: what is left, less ~200 s for the faults and the stops)
-if $UP; then
+if $UP && [ -z "$SOAK_MINUTES" ]; then
     budget=$(( $(left) - 200 ))
     GREEDY=(--record-greedy "$OUT/greedy.json")
     [ -n "${GREEDY_REF:-}" ] && GREEDY=(--greedy-check "$GREEDY_REF" --greedy-load-check report)
@@ -161,7 +188,7 @@ fi
 
 # 3. the fault checks: this server is signalled (sigterm) and one is started
 # again with the same command line (restart)
-if kill -0 "$PID" 2>/dev/null && $UP; then
+if kill -0 "$PID" 2>/dev/null && $UP && [ "$FAULTS" = 1 ]; then
     budget=$(( $(left) - 15 ))
     log "faults: at most $budget s"
     timeout --signal=INT "$budget" "$PY" "$HERE/serve-faults.py" --server-kind llamacpp --url "$URL" \
@@ -200,7 +227,7 @@ except OSError:
 print(f"server: `{cmd}`\n")
 if failed:
     print(f"**failed steps:** {failed}\n")
-sw = load("sweep.json")
+sw = load("sweep.json") or load("soak.json")
 if sw:
     print("| rate req/s | offered | completed | failed | errors | steady tok/s | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB (min-max) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -212,6 +239,15 @@ if sw:
               f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} | {st.get('requests_s', '-')} "
               f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "
               f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} |")
+    so = load("soak.json")
+    if so and so.get("memory"):
+        m = so["memory"]
+        print("\nsoak memory from minute 1 (issue 40: within 2%): " + ", ".join(
+            f"{k} {m[k]['min']}-{m[k]['max']} (spread {m[k]['spread']})" for k in ("rss_kib", "gpu_pid_mib", "gpu_all_mib") if k in m)
+            + f"; errors {so['summary']['errors'] or 0}")
+        print("\n| minute | tok/s | TTFT p99 ms | errors | in flight |\n|---|---|---|---|---|")
+        for x in so.get("intervals") or []:
+            print(f"| {x['t'] / 60:g} | {x['tok_s']} | {x['ttft_p99_ms']} | {x['errors']} | {x['in_flight']} |")
     g = sw.get("greedy_alone")
     if g:
         print(f"\ngreedy token ids (sent alone after the sweep): {json.dumps(g)}")

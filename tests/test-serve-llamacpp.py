@@ -479,7 +479,7 @@ class TestScript(unittest.TestCase):
     WOFFLOAD_CMD prefix: every step passes, the markdown has a row a rate
     and a line a fault check, no server is left running."""
 
-    def test_script(self) -> None:
+    def run_script(self, **over) -> tuple:
         tmp = tempfile.mkdtemp(prefix="test-llamacpp-serve-")
         bindir = os.path.join(tmp, "bin")
         os.mkdir(bindir)
@@ -493,9 +493,25 @@ class TestScript(unittest.TestCase):
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, OUT=out, PARALLEL=str(SLOTS), RATES="5,30", DURATION="2",
                    DRAIN="3", OUTPUT_LEN="fixed:16", PROMPT_LEN="uniform:8:32", PORT=str(free_port()),
-                   LOAD_TIMEOUT="20", DEADLINE="400", WOFFLOAD_CMD="env WO_TEST_PREFIX=1", PYTHON=sys.executable)
+                   LOAD_TIMEOUT="20", DEADLINE="400", WOFFLOAD_CMD="env WO_TEST_PREFIX=1", PYTHON=sys.executable,
+                   **over)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve.sh"), os.path.join(tmp, "m.gguf")],
                            env=env, capture_output=True, text=True, timeout=200)
+        return r, out
+
+    def test_soak(self) -> None:
+        r, out = self.run_script(SOAK_MINUTES="0.1", SOAK_RATE="10")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with open(os.path.join(out, "soak.json")) as f:
+            rep = json.load(f)
+        self.assertGreaterEqual(len(rep["memory"]["samples"]), 5)
+        self.assertFalse(os.path.exists(os.path.join(out, "faults.json")))
+        with open(os.path.join(out, "stop.json")) as f:
+            stop = json.loads(f.readline())
+        self.assertTrue(stop["within_10s"], stop)
+
+    def test_script(self) -> None:
+        r, out = self.run_script()
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(os.path.join(out, "llamacpp-serve.md")) as f:
             md = f.read()
