@@ -552,14 +552,22 @@ async def greedy_alone(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str,
     differs too). Sent alone and together, the batch is the same in every
     run, so these outputs must be identical to the reference's: that is the
     check of the shim's correctness; the outputs under load are reported
-    beside it."""
+    beside it. Against llama-server (--server-kind llamacpp) they go one at
+    a time: the server batches whatever arrives within one of its steps,
+    and HTTP arrivals do not land in the same steps from run to run."""
     dummy = Run(args, [])
     reqs = [Req(i, 0.0, GREEDY_PROMPT_LEN, GREEDY_OUTPUT_LEN, "greedy", prompt=pr)
             for i, pr in enumerate(greedy_prompts(args.greedy_n))]
     for r in reqs:
         if args.engine is not None:
             args.engine.prepare(r)
-    await asyncio.gather(*(one(dummy, r, driver) for r in reqs))
+    if args.server_kind == "llamacpp":
+        # one at a time: an HTTP server batches what arrives within one of
+        # its steps, so "together" is not the same batch from run to run
+        for r in reqs:
+            await one(dummy, r, driver)
+    else:
+        await asyncio.gather(*(one(dummy, r, driver) for r in reqs))
     # the requests' time in the server, summed (what a server-side count of
     # running requests integrates over this pass)
     busy = sum((r.done - r.sent) for r in reqs if r.done is not None and r.sent)
@@ -1275,7 +1283,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 rc = max(rc, 1)
         g = report["greedy_alone"]
         g["request_s"] = busy
-        print(f"greedy alone (the {len(alone)} prompts together, nothing else in flight): "
+        how = "one at a time" if args.server_kind == "llamacpp" else "together"
+        print(f"greedy alone (the {len(alone)} prompts {how}, nothing else in flight): "
               + (f"recorded to {g['recorded']}" if "recorded" in g
                  else f"{g['identical']} of {g['compared']} identical to {g['reference']}"), flush=True)
         if args.out:

@@ -244,7 +244,9 @@ def fake_cmd(port: int, *opts: str) -> list:
 
 
 def start_fake(port: int, *opts: str) -> subprocess.Popen:
-    proc = subprocess.Popen(fake_cmd(port, *opts), start_new_session=True)
+    # no inherited stdout: a fake left behind must not hold the test's pipe open
+    proc = subprocess.Popen(fake_cmd(port, *opts), start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 15:
         try:
@@ -281,6 +283,7 @@ class TestLoad(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="test-serve-llamacpp-")
         cls.port = free_port()
         cls.proc = start_fake(cls.port)
+        cls.addClassCleanup(stop, cls.proc)  # also when the rest of setUpClass fails
         cls.ref = os.path.join(cls.tmp, "greedy.json")
         cls.out = os.path.join(cls.tmp, "sweep.json")
         cls.res = py("serve.py", "--url", f"http://127.0.0.1:{cls.port}", "--server-kind", "llamacpp",
@@ -288,12 +291,10 @@ class TestLoad(unittest.TestCase):
                      "uniform:8:32", "--ignore-eos", "--pid", str(cls.proc.pid), "--sample-every", "0.5",
                      "--record-greedy", cls.ref, "--greedy-n", "3", "--bad-request", "--report-every", "1",
                      "--out", cls.out)
+        if cls.res.returncode != 0 or not os.path.exists(cls.out):
+            raise AssertionError("serve.py failed:\n" + cls.res.stdout[-3000:] + cls.res.stderr[-3000:])
         with open(cls.out) as f:
             cls.rep = json.load(f)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        stop(cls.proc)
 
     def test_runs(self) -> None:
         self.assertEqual(self.res.returncode, 0, self.res.stdout + self.res.stderr)
