@@ -136,6 +136,13 @@ stop_server() { # PID TAG
         >> "$OUT/stop.json"
 }
 
+# a step's time limit: what is left less RESERVE, and at least 30 s (a
+# step that cannot get 30 s is skipped: `timeout 0` would mean no limit)
+budget_for() { # NAME RESERVE: sets budget (not in a subshell: STEPS_FAILED must stay)
+    budget=$(( $(left) - $2 ))
+    if [ "$budget" -lt 30 ]; then STEPS_FAILED+=("$1 (no time left)"); log "$1: SKIPPED: $budget s left for it"; return 1; fi
+}
+
 cleanup() { [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null && stop_server "$PID" cleanup; :; }
 trap cleanup EXIT
 
@@ -154,9 +161,9 @@ if $UP; then log "start: /health 200 (pid $PID, server pid $SPID)"; else
     STEPS_FAILED+=("start"); log "start: FAILED: no /health 200 (see server-1.log)"; tail -20 "$OUT/server-1.log"; fi
 
 # 2s. the soak, in place of the sweep
-if $UP && [ -n "$SOAK_MINUTES" ]; then
+if $UP && [ -n "$SOAK_MINUTES" ] && budget_for soak 30; then
     log "soak: $SOAK_MINUTES min at $SOAK_RATE req/s"
-    timeout --signal=INT "$(( $(left) - 30 ))" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
+    timeout --signal=INT "$budget" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
         --rate "$SOAK_RATE" --soak-minutes "$SOAK_MINUTES" --drain-timeout "$DRAIN" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
         --pid "$SPID" --report-every 60 ${STATS:+--stats-file "$STATS"} \
@@ -169,8 +176,7 @@ if $UP && [ -n "$SOAK_MINUTES" ]; then
 fi
 
 # 2. the rate sweep (bounded: what is left, less ~200 s for the faults and the stops)
-if $UP && [ -z "$SOAK_MINUTES" ]; then
-    budget=$(( $(left) - 200 ))
+if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep 200; then
     GREEDY=(--record-greedy "$OUT/greedy.json")
     [ -n "${GREEDY_REF:-}" ] && GREEDY=(--greedy-check "$GREEDY_REF" --greedy-load-check report)
     log "sweep: rates $RATES, $DURATION s each (+ drain <= $DRAIN s), at most $budget s"
@@ -188,8 +194,7 @@ fi
 
 # 3. the fault checks: this server is signalled (sigterm) and one is started
 # again with the same command line (restart)
-if kill -0 "$PID" 2>/dev/null && $UP && [ "$FAULTS" = 1 ]; then
-    budget=$(( $(left) - 15 ))
+if kill -0 "$PID" 2>/dev/null && $UP && [ "$FAULTS" = 1 ] && budget_for faults 15; then
     log "faults: at most $budget s"
     timeout --signal=INT "$budget" "$PY" "$HERE/serve-faults.py" --server-kind llamacpp --url "$URL" \
         --pid "$PID" --server-cmd "$SERVER_STR" --parallel "$PARALLEL" --load-timeout "$LOAD_TIMEOUT" \
