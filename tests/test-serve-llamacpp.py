@@ -311,9 +311,10 @@ class TestLoad(unittest.TestCase):
     def test_latencies(self) -> None:
         s = self.rep["phases"][0]["summary"]  # 5 req/s: well below the 4 slots' ~36 req/s
         self.assertGreater(s["ttft_ms"]["p50"], PREFILL * 1e3 * 0.8)
-        self.assertLess(s["ttft_ms"]["p50"], PREFILL * 1e3 + 40)
+        # upper bounds with room for a loaded CI machine (the server's sleeps run late)
+        self.assertLess(s["ttft_ms"]["p50"], PREFILL * 1e3 + 100)
         self.assertGreater(s["itl_ms"]["p50"], ITL * 1e3 * 0.5)
-        self.assertLess(s["itl_ms"]["p50"], ITL * 1e3 + 15)
+        self.assertLess(s["itl_ms"]["p50"], ITL * 1e3 + 30)
         self.assertTrue(s["steady"]["output_tok_s"] > 0)
 
     def test_saturation_queues(self) -> None:
@@ -334,7 +335,10 @@ class TestLoad(unittest.TestCase):
         self.assertGreaterEqual(len(m["samples"]), 5)  # 0.5 s over ~3 s
         self.assertTrue(all(s[1] and s[1] > 1000 for s in m["samples"]))
         ts = [s[0] for s in m["samples"]]
-        self.assertTrue(all(0.3 < b - a < 0.9 for a, b in zip(ts, ts[1:])), ts)
+        # fixed ticks: one late sample does not shift the others, so the
+        # mean spacing is the period even when a CI machine delays one
+        self.assertTrue(all(b > a for a, b in zip(ts, ts[1:])), ts)
+        self.assertAlmostEqual((ts[-1] - ts[0]) / (len(ts) - 1), 0.5, delta=0.15)
         self.assertIn(m["gpu_source"], ("none", "nvml", "nvidia-smi"))
         self.assertIn("spread", m["rss_kib"])
 
