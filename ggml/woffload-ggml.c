@@ -278,6 +278,7 @@ static void name_tensors(struct candidate *c)
         if (!data || !size || !name || !*name)
             continue;
         r = real.tag(data, size, name);
+        say(L_DEBUG, "tag '%s' [%p, +%zu): %s", name, data, size, r == 0 ? "ok" : strerror(-r));
         if (r == 0) {
             n++;
             bytes += size;
