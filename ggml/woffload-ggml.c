@@ -200,6 +200,10 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static int phase;         /* enum phase; read without the lock on the write paths (atomic) */
 static bool weights_seen; /* a candidate was marked WEIGHTS (under lock; atomic reads) */
 static bool window_checked;
+/* The shim was not initialised when the hook looked (no CUDA call yet): its
+ * start window opens with the first API call, so an -EALREADY from the
+ * first woffload_window_open() is that window, closed after the buffer. */
+static bool start_window_unknown;
 static struct candidate *cands;
 static size_t ncands, cap_cands;
 static struct {
@@ -233,7 +237,9 @@ static void close_start_window(void)
             return;
         n = real.stats(buf, (size_t)n + 1);
     }
-    if (n >= 0 && strstr(buf, "\"window_open\":true") && real.window_close() == 0)
+    if (n >= 0 && strstr(buf, "\"initialised\":false"))
+        start_window_unknown = true;
+    else if (n >= 0 && strstr(buf, "\"window_open\":true") && real.window_close() == 0)
         say(L_DEBUG, "closed the placeable window the policy opened at start: only model "
                      "buffers are opened to it, not the KV cache or compute buffers");
     if (buf != small)
@@ -354,6 +360,7 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
 {
     ggml_backend_buffer_t buf;
     bool opened = false;
+    int r;
 
     ensure();
     __atomic_store_n(&called, true, __ATOMIC_RELAXED);
@@ -365,9 +372,12 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
     pthread_mutex_lock(&lock);
     close_start_window();
     /* The buffer's cudaMalloc is made in the window: served by the shim,
-     * placeable at the same address. -EALREADY: someone opened it (the
-     * program's own call): leave it as found. */
-    opened = real.window_open() == 0;
+     * placeable at the same address. -EALREADY: the program opened it
+     * itself (leave it as found), or it is the policy's start window that
+     * the shim opened just now (close it). */
+    r = real.window_open();
+    opened = r == 0 || (r == -EALREADY && start_window_unknown);
+    start_window_unknown = false;
     buf = real.alloc_ctx_tensors_from_buft(ctx, buft);
     if (opened)
         (void)real.window_close();
