@@ -98,13 +98,23 @@ FGGML_EXPORT void fggml_ctx_free(struct ggml_context *ctx)
     free(ctx);
 }
 
+/* ggml_backend_buft_alloc_buffer(buft, 0): the dummy buffer of a no_alloc
+ * load (llama.cpp's common_fit_params measures a model that way first). */
+FGGML_EXPORT ggml_backend_buffer_t fggml_dummy_buffer(ggml_backend_buffer_type_t buft)
+{
+    struct ggml_backend_buffer *b = calloc(1, sizeof(*b));
+    if (b)
+        b->buft = buft;
+    return b;
+}
+
 FGGML_EXPORT void fggml_buffer_free(ggml_backend_buffer_t b)
 {
     if (!b)
         return;
     if (b->buft->host)
         free(b->base);
-    else
+    else if (b->base)
         cudaFree(b->base);
     free(b);
 }

@@ -2,6 +2,7 @@
  * the fake libggml-base.so (tests/ggml/fake-ggml.c) and the fake CUDA
  * runtime and driver (tests/fake), for the ggml hook's tests:
  *
+ *   0. common_fit_params' dry run (no_alloc: dummy buffers, a backend);
  *   1. a device context of weights (GGUF names, sizes that leave tensors
  *      sharing pages) and a host context (the CPU buffer of -ot/--n-cpu-moe),
  *      allocated with ggml_backend_alloc_ctx_tensors_from_buft and marked
@@ -9,13 +10,15 @@
  *   2. every weight written with ggml_backend_tensor_set (load_all_data);
  *   3. a backend and a KV cache context allocated after (llama_context);
  *   4. the first graph compute (the hook seals there), then a kernel that
- *      reads every weight, and every weight read back.
+ *      reads every weight, the same kernels captured into a CUDA graph
+ *      launched twice, and every weight read back.
  *
  * Checks, from the shim's woffload_stats() and the fake driver: each weight
  * is named once, at its own range (a repeat tag of exactly that range is
  * accepted as the same tag), with the policy's placement (--host REGEX: the
  * names expected on the host; the others on the device) and its page's
- * advice; the host context's and the KV cache's tensors carry no name; the
+ * advice, its launches (the graph's included) attributed to it; the host
+ * context's and the KV cache's tensors carry no name; the
  * KV cache is not managed memory; the kernel's sums and the bytes read back
  * are bit-exact. --unnamed: the hook cannot name anything (ggml linked into
  * this executable): no weight is named, the data is still exact. --pass: a
@@ -187,6 +190,14 @@ int main(int argc, char **argv)
     CHECK(fakecudart_register((const void *)stub_sum, reg("ggml_sum", 3, psz, k_sum)) == 0,
           "register the graph's kernel");
 
+    /* 0. common_fit_params' dry run: the model "loaded" with no_alloc
+     * (dummy buffers marked WEIGHTS), a context made (a backend): the hook
+     * must neither name nor think loading has begun */
+    ggml_backend_buffer_t dummy = fggml_dummy_buffer(fggml_buft_device());
+    ggml_backend_buffer_set_usage(dummy, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    CHECK(ggml_backend_dev_init(NULL, NULL) != NULL, "dry run's backend");
+    fggml_buffer_free(dummy);
+
     /* 1. the model's contexts and buffers (llama_model::load_tensors) */
     struct ggml_context *dev = fggml_ctx_new(), *cpu = fggml_ctx_new();
     for (size_t w = 0; w < NW; w++)
@@ -237,6 +248,33 @@ int main(int argc, char **argv)
                                NULL) == cudaSuccess,
               "launch on %s", weights[w].name);
     }
+    /* ggml-cuda's CUDA graphs: the same kernels captured on a stream of
+     * its own and the graph launched twice; each launch of the graph
+     * counts for every name its kernels read (docs/placement.md, Stats) */
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "capture begins");
+    for (size_t w = 0; w < NW; w++) {
+        const void *x = fggml_data(wt[w]);
+        size_t n = weights[w].size;
+        uint64_t *o = sums + w;
+        void *args[] = {&x, &n, &o};
+        CHECK(cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
+                               s) == cudaSuccess,
+              "captured launch on %s", weights[w].name);
+    }
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess &&
+              cudaGraphInstantiate(&ge, g, 0) == cudaSuccess,
+          "graph instantiated");
+    for (int i = 0; i < 2; i++)
+        CHECK(cudaGraphLaunch(ge, s) == cudaSuccess, "graph launch %d", i + 1);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "graph done");
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+
     uint64_t got[NW];
     CHECK(cudaMemcpy(got, sums, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess, "sums back");
     for (size_t w = 0; w < NW; w++) {
@@ -262,7 +300,7 @@ int main(int argc, char **argv)
         js = stats();
         for (size_t w = 0; js && w < NW && !unnamed && !pass; w++) {
             char *e = name_entry(js, weights[w].name);
-            all &= e && field(e, "launches") >= 1;
+            all &= e && field(e, "launches") >= 3;
             free(e);
         }
         if (all)
@@ -295,7 +333,9 @@ int main(int argc, char **argv)
         } else {
             CHECK(strstr(e, host ? "\"placement\":\"host\"" : "\"placement\":\"device\"") != NULL,
                   "%s placed on the %s (%s)", nm, host ? "host" : "device", e);
-            CHECK(field(e, "launches") >= 1, "%s: the graph's launch attributed to it", nm);
+            CHECK(field(e, "launches") >= 3,
+                  "%s: its launch and the graph's two attributed to it (launches %lld)", nm,
+                  field(e, "launches"));
             CHECK(page_state(mid, &ps) == 0 && ps.preferred == (host ? CU_DEVICE_CPU : 0),
                   "%s: its pages advised to the %s (preferred %d)", nm, host ? "host" : "device",
                   ps.preferred);
