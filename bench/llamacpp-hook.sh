@@ -92,6 +92,14 @@ GEN_PID=$!
 say "shim build rc=$? ($(ls build-gpu/ggml/libwoffload-ggml.so 2>/dev/null || echo 'no hook built'))"
 wait $GEN_PID
 say "GGUF rc=$? ($(du -h "$M" 2>/dev/null | cut -f1))"
+last=$(el)
+while kill -0 $LLAMA_PID 2>/dev/null; do # progress while llama.cpp builds (~4.5 min)
+    sleep 2
+    if [ $(($(el) - last)) -ge 30 ]; then
+        last=$(el)
+        say "llama.cpp build: $(grep -o '^\[[0-9]*/[0-9]*\]' "$OUT/build-llama.log" | tail -1)"
+    fi
+done
 wait $LLAMA_PID
 rc=$?
 say "llama.cpp build rc=$rc"
