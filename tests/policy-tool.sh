@@ -57,6 +57,22 @@ expect 0 "--var after the command overrides the environment" -- env BUDGET=1GiB 
 contains "$tmp/out" "host_budget: 2147483648" "--var overrides"
 expect 0 "environment" -- env BUDGET=1GiB RANK=2 "$tool" show "$tmp/vars.yaml"
 contains "$tmp/out" "host_budget: 1073741824" "environment"
+# llama.cpp's GGUF names against the examples that mirror its flags (docs/policy.md)
+ex="$root/examples"
+expect 0 "explain -ot exps=CPU" -- "$tool" explain "$ex/llamacpp-ot-exps-cpu.yaml" blk.3.ffn_up_exps.weight token_embd.weight
+contains "$tmp/out" "=> host, by rule 1 'exps' (llamacpp-ot-exps-cpu.yaml:9)" "explain -ot exps=CPU: experts"
+contains "$tmp/out" "=> device, by the default" "explain -ot exps=CPU: embeddings"
+for n in blk.0.ffn_gate_exps.weight blk.7.ffn_down_exps.weight blk.8.ffn_up_exps.weight blk.17.ffn_up_exps.weight blk.3.attn_q.weight; do
+    "$tool" explain "$ex/llamacpp-n-cpu-moe.yaml" "$n" >"$tmp/out" 2>&1
+    case $n in blk.[0-7].ffn_*) want="=> host, by rule 1 'experts-of-layers-0-7'" ;; *) want="=> device, by the default" ;; esac
+    contains "$tmp/out" "$want" "explain --n-cpu-moe 8: $n"
+done
+expect 0 "explain fit with GGUF names" -- "$tool" explain "$ex/llamacpp-fit.yaml" blk.3.ffn_up_exps.weight token_embd.weight output.weight blk.0.attn_norm.weight blk.0.attn_q.weight
+contains "$tmp/out" "fit: class 4 of 0-5 (routed experts)" "explain fit: experts"
+contains "$tmp/out" "fit: class 5 of 0-5 (token embeddings)" "explain fit: embeddings"
+contains "$tmp/out" "fit: class 3 of 0-5 (the output head)" "explain fit: output.weight"
+contains "$tmp/out" "fit: class 0 of 0-5 (norms, biases, routers)" "explain fit: norms"
+contains "$tmp/out" "fit: class 1 of 0-5 (attention)" "explain fit: attention"
 expect 2 "bad --var" -- "$tool" --var NOEQUALS show "$tmp/vars.yaml"
 
 expect 0 "show" -- "$tool" show "$root/examples/moe-experts-host.yaml"

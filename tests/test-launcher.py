@@ -391,6 +391,40 @@ class BuildTree(unittest.TestCase):
         self.assertTrue(all("san" in p for p in pre[:-1]), e["LD_PRELOAD"])
         self.assertEqual(e["PYTHONPATH"].split(":")[:2], [os.path.join(PYDIR, "site"), PYDIR])
 
+    def test_ggml_hook_by_the_commands_needed_libraries(self):
+        """A program that links libggml-base.so gets libwoffload-ggml.so after
+        libwoffload.so, and the launcher says why (--log info); one that does
+        not, none; --ggml and --no-ggml decide over the ELF."""
+        build = os.path.dirname(os.path.dirname(os.path.abspath(BUILD_LAUNCHER)))
+        hook = os.path.join(build, "ggml", "libwoffload-ggml.so")
+        client = os.path.join(build, "tests", "ggml", "ggml-client")
+        if not os.path.exists(hook) or not os.path.exists(client):
+            self.skipTest("the ggml hook or its test client is not built")
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--log", "info", "--dry-run", "--", client)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        pre = dry_env(r.stdout)["LD_PRELOAD"].split(":")
+        self.assertEqual(pre[-1], hook)
+        self.assertTrue(pre[-2].endswith("/libwoffload.so"), pre)
+        self.assertIn(f"ggml hook loaded: {client} links libggml-base.so", r.stderr)
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--log", "debug", "--dry-run", "--", "true")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn(hook, dry_env(r.stdout)["LD_PRELOAD"])
+        self.assertIn("ggml hook not loaded", r.stderr)
+        self.assertIn("links no ggml library", r.stderr)
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--ggml", "--dry-run", "--", "true")
+        self.assertEqual(dry_env(r.stdout)["LD_PRELOAD"].split(":")[-1], hook)
+        self.assertNotIn("ggml hook", r.stderr)  # said only with --log info or debug
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--no-ggml", "--dry-run", "--", client)
+        self.assertNotIn(hook, dry_env(r.stdout)["LD_PRELOAD"])
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--ggml", "--no-ggml", "--", "true")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--ggml and --no-ggml exclude each other", r.stderr)
+        # a script is no ELF: only --ggml loads the hook into it
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--log", "info", "--dry-run", "--",
+                os.path.join(SRC, "tests", "policy-tool.sh"))
+        self.assertNotIn(hook, dry_env(r.stdout)["LD_PRELOAD"])
+        self.assertIn("is not an ELF executable", r.stderr)
+
 
 class PythonWithoutLibrary(unittest.TestCase):
     """The package imports and degrades to no-ops without the library."""

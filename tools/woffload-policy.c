@@ -106,6 +106,27 @@ static int cmd_show(int argc, char **argv, struct vars *vars)
     return r < 0 ? 2 : 0;
 }
 
+/* Under fit:, a name no rule matches is decided at seal by its class
+ * (policy/fit.c): say which, so GGUF or PyTorch names can be checked
+ * before a run (blk.3.ffn_up_exps.weight: routed experts). */
+static void fit_line(const struct wo_policy *p, const char *name, uint64_t size)
+{
+    static const char *const classes[] = {
+        "norms, biases, routers", "attention", "shared experts and dense MLPs",
+        "the output head", "routed experts", "token embeddings",
+    };
+    const struct wo_policy_globals *g = wo_policy_globals(p);
+    struct wo_match m;
+    int c;
+
+    if (!g || !g->fit.enabled || wo_policy_match(p, name, size, &m) != 0)
+        return;
+    c = wo_fit_class(name);
+    printf("  fit: class %d of 0-5 (%s): on the device while the budget lasts, "
+           "lower classes first, else %s\n",
+           c, c >= 0 && c <= 5 ? classes[c] : "?", wo_placement_to_string(g->fit.rest));
+}
+
 /* One NAME[:SIZE]: 0, or 2 for a size that does not parse. */
 static int explain_one(const struct wo_policy *p, const char *arg, bool first)
 {
@@ -132,6 +153,7 @@ static int explain_one(const struct wo_policy *p, const char *arg, bool first)
     if (!first)
         printf("\n");
     wo_policy_explain_print(p, name, size, stdout);
+    fit_line(p, name, size);
     free(name);
     return 0;
 }

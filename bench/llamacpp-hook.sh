@@ -1,0 +1,309 @@
+#!/usr/bin/env bash
+# bench/llamacpp-hook.sh: llama.cpp under the shim with the ggml hook, on the
+# GPU machine, in one device call (<= 570 s with the build).
+#
+#   LLAMA_SRC=.peers/llama [PEERS=.peers/llamacpp] [OUT=...] bash bench/llamacpp-hook.sh
+#
+# LLAMA_SRC: the llama.cpp tree (SERVER=1 peers/llamacpp/make-tree.sh GIT_DIR
+# DEST); PEERS: the peers kit (gen_gguf.py); both carried as ignored folders,
+# with build-yaml (libyaml for the shim, bench/README.md). Builds llama-server,
+# llama-batched-bench and libllama in /tmp/llb (-j16), the random Qwen3-MoE
+# GGUF (19.75 GiB) beside it, the shim in build-gpu, all three at once; then,
+# each row skipped when the time left is too short, a failed row never
+# stopping the rest:
+#   tokens-*   bench/llamacpp-tokens.c, 32 greedy token ids: plain (twice: the
+#              second says whether llama.cpp repeats itself), then under
+#              woffload-run (hook loaded by the ELF's NEEDED libllama.so)
+#              with the empty policy, experts host (-ot exps=CPU), the first
+#              8 layers' experts host (--n-cpu-moe 8), experts host with
+#              --no-mmap: ids must equal plain; the stats must name every
+#              GGUF tensor with its policy's placement
+#   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
+#              the shim + hook with the same three policies, llama.cpp's own
+#              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
+#   server-*   llama-server plain and under the shim (experts host): load,
+#              /completion with "return_tokens", token ids compared when both
+#              answer 200 (a random model can get 500 from the chat parser,
+#              peers/llamacpp/README.md), stop on SIGTERM
+# Everything goes to $OUT: one log per row, the stats JSON, summary.txt.
+# ROWS="name ..." runs only those rows (see chosen() below).
+set -u
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+say() { echo "[$(el)s] $*" | tee -a "$OUT/summary.txt"; }
+left() { echo $((DEADLINE - $(el))); }
+
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+OUT=${OUT:-/tmp/llamacpp-hook}
+mkdir -p "$OUT"
+: >"$OUT/summary.txt"
+DEADLINE=${DEADLINE:-570}
+PEERS=$(cd "${PEERS:-.peers/llamacpp}" && pwd) || { echo "no peers kit at ${PEERS:-.peers/llamacpp}"; exit 1; }
+SRC=$(cd "${LLAMA_SRC:?set LLAMA_SRC to the llama.cpp tree (make-tree.sh)}" && pwd) || exit 1
+B=${LLB:-/tmp/llb}
+M=${GGUF:-/tmp/x.gguf}
+BIN=$B/bin
+TOK=$B/llamacpp-tokens
+RUN=$ROOT/build-gpu/tools/woffload-run
+POL_EMPTY=$ROOT/examples/empty.yaml
+POL_EXPS=$ROOT/examples/llamacpp-ot-exps-cpu.yaml
+POL_NCMOE=$ROOT/examples/llamacpp-n-cpu-moe.yaml
+
+# libyaml (and cmocka) of the GPU machine: unpacked Debian packages (bench/README.md)
+pc=$ROOT/build-yaml/root/usr/lib/x86_64-linux-gnu
+if [ -d "$pc/pkgconfig" ]; then
+    export PKG_CONFIG_PATH=$pc/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+    export LD_LIBRARY_PATH=$pc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+
+{
+    echo "# llamacpp-hook: $(date -u '+%Y-%m-%d %H:%M UTC'), commit ${WO_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
+    echo "cores $(nproc); LLAMA_SRC=$SRC; GGUF=$M"
+} | tee -a "$OUT/summary.txt"
+
+# ---- build: llama.cpp, the GGUF and the shim at once ---------------------------------
+(
+    if [ -x "$BIN/llama-batched-bench" ] && [ -x "$BIN/llama-server" ]; then
+        echo "llama.cpp already built in $B"
+    else
+        cmake -S "$SRC" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+            -DLLAMA_BUILD_COMMIT=34af94cd -DLLAMA_BUILD_NUMBER=10470 &&
+            cmake --build "$B" --target llama-server llama-batched-bench llama -j16
+    fi
+) >"$OUT/build-llama.log" 2>&1 &
+LLAMA_PID=$!
+(
+    if [ -s "$M" ]; then
+        echo "GGUF $M exists"
+    else
+        GGUF_PY=$SRC/gguf-py PYTHONUNBUFFERED=1 python3 "$PEERS/gen_gguf.py" "$M.part" && mv "$M.part" "$M"
+    fi
+) >"$OUT/gen.log" 2>&1 &
+GEN_PID=$!
+(
+    [ -f build-gpu/build.ninja ] ||
+        meson setup build-gpu -Dtests=disabled -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}"
+    nice ninja -C build-gpu -j4
+) >"$OUT/build-shim.log" 2>&1
+say "shim build rc=$? ($(ls build-gpu/ggml/libwoffload-ggml.so 2>/dev/null || echo 'no hook built'))"
+wait $GEN_PID
+say "GGUF rc=$? ($(du -h "$M" 2>/dev/null | cut -f1))"
+last=$(el)
+while kill -0 $LLAMA_PID 2>/dev/null; do # progress while llama.cpp builds (~4.5 min)
+    sleep 2
+    if [ $(($(el) - last)) -ge 30 ]; then
+        last=$(el)
+        say "llama.cpp build: $(grep -o '^\[[0-9]*/[0-9]*\]' "$OUT/build-llama.log" | tail -1)"
+    fi
+done
+wait $LLAMA_PID
+rc=$?
+say "llama.cpp build rc=$rc"
+[ $rc -eq 0 ] || { tail -30 "$OUT/build-llama.log"; exit 1; }
+[ -x "$RUN" ] || { tail -30 "$OUT/build-shim.log"; exit 1; }
+[ -s "$M" ] || { tail -30 "$OUT/gen.log"; exit 1; }
+cc -O2 -I"$SRC/include" -I"$SRC/ggml/include" bench/llamacpp-tokens.c -L"$BIN" -lllama \
+    -Wl,-rpath,"$BIN" -ldl -o "$TOK" >"$OUT/build-tokens.log" 2>&1
+say "tokens program rc=$? ($(readelf -d "$TOK" 2>/dev/null | grep -c NEEDED) NEEDED)"
+
+# ---- checks ------------------------------------------------------------------------
+# check_stats FILE MODE: every GGUF name the shim holds has the placement MODE's
+# policy gives it (empty: unplaceable, the bytes pass through), and there are some
+check_stats() {
+    python3 - "$1" "$2" <<'EOF'
+import json, re, sys
+path, mode = sys.argv[1], sys.argv[2]
+try:
+    s = json.load(open(path))
+except (OSError, ValueError) as e:
+    print(f"stats: cannot read {path}: {e}"); sys.exit(1)
+names = [n for n in s.get("names", []) if re.match(r"^(blk\.[0-9]+\.|token_embd\.|output)", n["name"])]
+# at exit llama.cpp has freed its model (names are the live ones): the
+# rules' cumulative counts still say what was named and where it went
+rules = s.get("rules", [])
+print("stats: rules: " + "; ".join(f"{r['label']} -> {r['placement']}: {r['names']} names "
+                                     f"{r['bytes'] / 2**30:.2f} GiB" for r in rules))
+if not names:
+    want_rule = {"exps": "'exps'", "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
+    hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
+    print(f"stats: no live names (the model was freed); judged by the rules: "
+          f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
+    sys.exit(0 if hit or mode == "empty" else 1)
+def want(n):
+    if mode == "empty":
+        return "unplaceable"
+    if mode == "exps":
+        return "host" if re.search(r"\.ffn_.*_exps\.", n) else "device"
+    if mode == "ncmoe8":
+        return "host" if re.match(r"^blk\.[0-7]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else "device"
+bad = [n for n in names if n["placement"] != want(n["name"])]
+by = {}
+for n in names:
+    p = by.setdefault(n["placement"], [0, 0, 0])
+    p[0] += 1; p[1] += n.get("bytes", 0); p[2] += n.get("launches", 0)
+print(f"stats: {len(names)} GGUF names; " + "; ".join(
+    f"{k}: {v[0]} tensors {v[1] / 2**30:.2f} GiB, {v[2]} launches" for k, v in sorted(by.items())))
+mc = s.get("managed_cap", {})
+print(f"stats: managed_cap pinned {mc.get('pinned')} passed {mc.get('passed')}; "
+      f"launches {s.get('launches')}; ring dropped {s.get('ring', {}).get('dropped')}")
+for n in bad[:5]:
+    print(f"stats: MISPLACED {n['name']}: {n['placement']}, wanted {want(n['name'])}")
+sys.exit(1 if bad or not names else 0)
+EOF
+}
+
+declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE)
+PLAIN_TOKENS=""
+FAILS=0
+
+# ROWS="tokens-plain bench-shim-exps ...": only those rows (default: all). A
+# second call on a machine still warm reuses /tmp/llb and the GGUF, so rows
+# skipped for time can be run then (tokens-plain first: the others compare
+# with it).
+chosen() {
+    case " ${ROWS:-all} " in *" all "* | *" $1 "*) return 0 ;; esac
+    return 1
+}
+
+# tokens NAME MODE|plain [nommap]
+tokens() {
+    local name=tokens-$1 mode=$2 mm=${3:-mmap} lim
+    chosen "$name" || return
+    lim=$(($(left) - 15)) # timeout's -k 10 included
+    [ $lim -gt 90 ] && lim=90
+    if [ $lim -lt 20 ]; then say "SKIP $name: $(left) s left"; return; fi
+    local cmd=("$TOK" "$M" 32 "$mm")
+    if [ "$mode" != plain ]; then
+        cmd=(env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" --policy "${POL[$mode]}"
+            --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+    fi
+    timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1
+    local rc=$? got
+    got=$(grep -m1 -o '^tokens:[ 0-9]*' "$OUT/$name.log")
+    if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS" ]; then
+        PLAIN_TOKENS=$got
+        say "$name rc=$rc: ${got:-no tokens}"
+        [ -n "$got" ] || FAILS=$((FAILS + 1))
+        return
+    fi
+    local verdict="tokens IDENTICAL to plain"
+    if [ -z "$got" ] || [ "$got" != "$PLAIN_TOKENS" ]; then
+        verdict="tokens DIFFER from plain (${got:-none})"
+        FAILS=$((FAILS + 1))
+    fi
+    say "$name rc=$rc: $verdict"
+    [ "$mode" = plain ] && return # plain twice: is greedy decoding repeatable at all?
+    grep -E "ggml hook|woffload: ggml:|woffload: seal|managed cap|error" "$OUT/$name.log" | head -8 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    check_stats "$OUT/$name.live.json" "$mode" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || FAILS=$((FAILS + 1))
+}
+
+# bench NAME MODE|plain [llama.cpp args...]
+bench() {
+    local name=bench-$1 mode=$2 lim
+    shift 2
+    chosen "$name" || return
+    lim=$(($(left) - 15))
+    [ $lim -gt 120 ] && lim=120
+    if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
+    local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg 32 -c 4096 -npl "1,8,32" "$@")
+    if [ "$mode" != plain ]; then
+        cmd=("$RUN" --policy "${POL[$mode]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+    fi
+    timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1
+    say "$name rc=$? (limit ${lim}s)"
+    grep -E "model buffer size|woffload: ggml:|woffload: seal|managed cap" "$OUT/$name.log" | head -6 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    grep -E '^\|' "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+    if [ "$mode" != plain ] && [ -f "$OUT/$name.stats.json" ]; then
+        check_stats "$OUT/$name.stats.json" "$mode" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    fi
+}
+
+# http URL [OUTFILE JSON]: GET (or POST JSON) with python's urllib (no curl
+# needed); prints the HTTP status, exit 0 on 200
+http() {
+    python3 - "$@" <<'EOF'
+import sys, urllib.error, urllib.request
+url = sys.argv[1]
+data = sys.argv[3].encode() if len(sys.argv) > 3 else None
+req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+        code, body = r.status, r.read()
+except urllib.error.HTTPError as e:
+    code, body = e.code, e.read()
+except Exception as e:
+    code, body = "none", str(e).encode()
+if len(sys.argv) > 2:
+    open(sys.argv[2], "wb").write(body)
+print(code)
+sys.exit(0 if code == 200 else 1)
+EOF
+}
+
+# server NAME MODE|plain: start, one /completion, SIGTERM
+SERVER_TOKENS=""
+server() {
+    local name=server-$1 mode=$2 port=$((18080 + RANDOM % 1000)) lim
+    chosen "$name" || return
+    lim=$(($(left) - 20))
+    [ $lim -gt 90 ] && lim=90
+    if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
+    local cmd=("$BIN/llama-server" -m "$M" -ngl 99 -fa on -c 4096 -np 1 --host 127.0.0.1 --port "$port")
+    if [ "$mode" != plain ]; then
+        cmd=("$RUN" --policy "${POL[$mode]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+    fi
+    "${cmd[@]}" >"$OUT/$name.log" 2>&1 &
+    local pid=$! t=0 up=0
+    while [ $t -lt $((lim - 15)) ]; do
+        if http "http://127.0.0.1:$port/health" >/dev/null 2>&1; then up=1; break; fi
+        kill -0 $pid 2>/dev/null || break
+        sleep 1; t=$((t + 1))
+    done
+    local code=none got=""
+    if [ $up -eq 1 ]; then
+        code=$(http "http://127.0.0.1:$port/completion" "$OUT/$name.json" \
+            '{"prompt": [97, 194, 291, 388, 485, 582, 679, 776], "n_predict": 32, "temperature": 0, "top_k": 1, "seed": 1, "cache_prompt": false, "return_tokens": true}')
+        got=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("tokens"))' "$OUT/$name.json" 2>/dev/null)
+    fi
+    kill -TERM $pid 2>/dev/null
+    local w=0
+    while kill -0 $pid 2>/dev/null && [ $w -lt 15 ]; do sleep 1; w=$((w + 1)); done
+    kill -0 $pid 2>/dev/null && { kill -KILL $pid; say "$name: still running 15 s after SIGTERM: killed"; }
+    wait $pid 2>/dev/null
+    local verdict=""
+    if [ "$mode" = plain ]; then
+        SERVER_TOKENS=$got
+    elif [ "$code" = 200 ] && [ -n "$SERVER_TOKENS" ] && [ "$got" != "None" ]; then
+        if [ "$got" = "$SERVER_TOKENS" ]; then verdict="; tokens IDENTICAL to plain"; else verdict="; tokens DIFFER from plain"; FAILS=$((FAILS + 1)); fi
+    fi
+    say "$name: up=$up after ${t}s, /completion HTTP $code, tokens ${got:-none}$verdict; stopped ${w}s after SIGTERM"
+    grep -E "ggml hook|woffload: ggml:|woffload: seal|model buffer size" "$OUT/$name.log" | head -6 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    if [ "$mode" != plain ] && [ -f "$OUT/$name.stats.json" ]; then
+        check_stats "$OUT/$name.stats.json" "$mode" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
+    fi
+}
+
+say "runs begin"
+# correctness first (tokens, the server), then the benchmark rows
+tokens plain plain
+tokens plain-again plain
+tokens empty empty
+tokens exps exps
+tokens ncmoe8 ncmoe8
+tokens exps-nommap exps nommap
+server plain plain
+server exps exps
+bench plain-allgpu plain
+bench shim-empty empty
+bench shim-exps exps
+bench llama-ot-exps plain -ot exps=CPU -lm none
+bench shim-ncmoe8 ncmoe8
+bench llama-ncmoe8 plain -ncmoe 8 -lm none
+say "done: $FAILS failed checks"
+exit $((FAILS > 0))

@@ -1,0 +1,498 @@
+/* ggml/woffload-ggml.c: the ggml registration hook (libwoffload-ggml.so).
+ *
+ * Preloaded after libwoffload.so into a program that uses ggml as shared
+ * libraries (llama.cpp's llama-server, llama-cli, llama-batched-bench), it
+ * names the model's weights by their GGUF names (blk.3.ffn_up_exps.weight)
+ * through the public API of include/woffload.h, as python/woffload does for
+ * PyTorch. It is a client of that API only: it never reaches into the shim,
+ * and every woffload_* function is looked up with dlsym(RTLD_DEFAULT), so
+ * without the shim it passes everything through.
+ *
+ * What it interposes (exported functions of libggml-base.so that libllama.so
+ * calls through its PLT), and why (docs/llamacpp.md has the source lines):
+ *   ggml_backend_alloc_ctx_tensors_from_buft  the model buffer's allocation:
+ *       on a device buffer type, opened inside the placeable window so the
+ *       buffer's cudaMalloc is served by the shim (same address, placeable)
+ *   ggml_backend_buffer_set_usage  llama.cpp marks a model buffer WEIGHTS
+ *       right after allocating it, before any byte is written: the tensors of
+ *       such a buffer are tagged by name then (never the KV cache's)
+ *   ggml_backend_tensor_set, ggml_backend_tensor_set_async,
+ *   ggml_backend_dev_init  the first write (or the upload backend of
+ *       --no-mmap) after a weights buffer: loading has begun, no model
+ *       buffer follows; later buffers (KV cache, LoRA) are left alone
+ *   ggml_backend_sched_graph_compute(_async)  the first graph computed after
+ *       loading: every weight is written, seal
+ * Accessors (ggml_get_first_tensor, ggml_get_next_tensor, ggml_get_name,
+ * ggml_get_data, ggml_nbytes, ggml_backend_buffer_get_base/_size/_type,
+ * ggml_backend_buft_is_host, ggml_backend_buft_name) are resolved with dlsym
+ * too: no struct offset of ggml is used, so ggml versions can change them.
+ *
+ * A program with ggml linked into the executable cannot be interposed: one
+ * message says so and everything passes through. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <link.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define WO_GGML_EXPORT __attribute__((visibility("default")))
+
+#include "ggml-abi.h"
+
+/* ---- the table of real functions ------------------------------------------- */
+
+static struct {
+    ggml_backend_buffer_t (*alloc_ctx_tensors_from_buft)(struct ggml_context *,
+                                                         ggml_backend_buffer_type_t);
+    void (*buffer_set_usage)(ggml_backend_buffer_t, enum ggml_backend_buffer_usage);
+    void (*tensor_set)(struct ggml_tensor *, const void *, size_t, size_t);
+    void (*tensor_set_async)(ggml_backend_t, struct ggml_tensor *, const void *, size_t, size_t);
+    ggml_backend_t (*dev_init)(ggml_backend_dev_t, const char *);
+    enum ggml_status (*sched_graph_compute)(ggml_backend_sched_t, struct ggml_cgraph *);
+    enum ggml_status (*sched_graph_compute_async)(ggml_backend_sched_t, struct ggml_cgraph *);
+    /* accessors */
+    struct ggml_tensor *(*get_first_tensor)(const struct ggml_context *);
+    struct ggml_tensor *(*get_next_tensor)(const struct ggml_context *, struct ggml_tensor *);
+    const char *(*get_name)(const struct ggml_tensor *);
+    void *(*get_data)(const struct ggml_tensor *);
+    size_t (*nbytes)(const struct ggml_tensor *);
+    void *(*buffer_get_base)(ggml_backend_buffer_t);
+    size_t (*buffer_get_size)(ggml_backend_buffer_t);
+    ggml_backend_buffer_type_t (*buffer_get_type)(ggml_backend_buffer_t);
+    bool (*buft_is_host)(ggml_backend_buffer_type_t);
+    const char *(*buft_name)(ggml_backend_buffer_type_t);
+    /* include/woffload.h, from the shim when it is loaded */
+    int (*window_open)(void);
+    int (*window_close)(void);
+    int (*tag)(const void *, size_t, const char *);
+    int (*seal)(void);
+    long (*stats)(char *, size_t);
+} real;
+
+static pthread_once_t real_once = PTHREAD_ONCE_INIT;
+/* Set when the accessors were all found and the shim is loaded: the hook
+ * names; otherwise every wrapper only forwards. */
+static bool naming;
+
+/* ---- logging (the shim's WOFFLOAD_LOG levels, read once) -------------------- */
+
+enum { L_OFF, L_ERROR, L_WARN, L_INFO, L_DEBUG };
+static int log_level = -1;
+
+static int level_of(const char *s)
+{
+    static const char *const names[] = {"off", "error", "warn", "info", "debug", "trace"};
+    if (!s || !*s)
+        return L_WARN;
+    if (s[0] >= '0' && s[0] <= '5' && !s[1])
+        return s[0] - '0' > L_DEBUG ? L_DEBUG : s[0] - '0';
+    if (strcasecmp(s, "warning") == 0)
+        return L_WARN;
+    for (int i = 0; i < 6; i++)
+        if (strcasecmp(s, names[i]) == 0)
+            return i > L_DEBUG ? L_DEBUG : i;
+    return L_WARN;
+}
+
+__attribute__((format(printf, 2, 3))) static void say(int level, const char *fmt, ...)
+{
+    static const char *const tag[] = {"", "error: ", "warning: ", "", "debug: "};
+    char line[1024];
+    va_list ap;
+    int n;
+
+    if (log_level < 0)
+        log_level = level_of(getenv("WOFFLOAD_LOG"));
+    if (level > log_level)
+        return;
+    n = snprintf(line, sizeof(line), "woffload: ggml: %s", tag[level]);
+    va_start(ap, fmt);
+    vsnprintf(line + n, sizeof(line) - (size_t)n, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s\n", line);
+}
+
+static void *next_sym(const char *name)
+{
+    return dlsym(RTLD_NEXT, name);
+}
+
+#define RESOLVE(field, sym) (*(void **)&real.field = next_sym(sym))
+#define RESOLVE_API(field, sym) (*(void **)&real.field = dlsym(RTLD_DEFAULT, sym))
+
+static void resolve(void)
+{
+    RESOLVE(alloc_ctx_tensors_from_buft, "ggml_backend_alloc_ctx_tensors_from_buft");
+    RESOLVE(buffer_set_usage, "ggml_backend_buffer_set_usage");
+    RESOLVE(tensor_set, "ggml_backend_tensor_set");
+    RESOLVE(tensor_set_async, "ggml_backend_tensor_set_async");
+    RESOLVE(dev_init, "ggml_backend_dev_init");
+    RESOLVE(sched_graph_compute, "ggml_backend_sched_graph_compute");
+    RESOLVE(sched_graph_compute_async, "ggml_backend_sched_graph_compute_async");
+    RESOLVE(get_first_tensor, "ggml_get_first_tensor");
+    RESOLVE(get_next_tensor, "ggml_get_next_tensor");
+    RESOLVE(get_name, "ggml_get_name");
+    RESOLVE(get_data, "ggml_get_data");
+    RESOLVE(nbytes, "ggml_nbytes");
+    RESOLVE(buffer_get_base, "ggml_backend_buffer_get_base");
+    RESOLVE(buffer_get_size, "ggml_backend_buffer_get_size");
+    RESOLVE(buffer_get_type, "ggml_backend_buffer_get_type");
+    RESOLVE(buft_is_host, "ggml_backend_buft_is_host");
+    RESOLVE(buft_name, "ggml_backend_buft_name");
+    RESOLVE_API(window_open, "woffload_window_open");
+    RESOLVE_API(window_close, "woffload_window_close");
+    RESOLVE_API(tag, "woffload_tag");
+    RESOLVE_API(seal, "woffload_seal");
+    RESOLVE_API(stats, "woffload_stats");
+
+    if (!real.get_first_tensor || !real.get_next_tensor || !real.get_name || !real.get_data ||
+        !real.nbytes || !real.buffer_get_base || !real.buffer_get_size || !real.buffer_get_type ||
+        !real.buft_is_host || !real.buft_name) {
+        say(L_WARN, "this ggml lacks an accessor the hook uses (ggml_get_data, ggml_nbytes, "
+                    "ggml_backend_buft_is_host, ...): names cannot be learned; everything "
+                    "passes through");
+        return;
+    }
+    if (!real.window_open || !real.window_close || !real.tag || !real.seal || !real.stats) {
+        say(L_WARN, "libwoffload.so is not loaded (LD_PRELOAD it before libwoffload-ggml.so, "
+                    "or use woffload-run): names go nowhere; everything passes through");
+        return;
+    }
+    naming = true;
+}
+
+static void ensure(void)
+{
+    pthread_once(&real_once, resolve);
+}
+
+/* A wrapper whose real function is missing cannot forward: ggml called a
+ * function it does not define, which only a broken preload order causes. */
+static void missing(const char *name)
+{
+    say(L_ERROR,
+        "%s: the real function was not found after this library (dlsym RTLD_NEXT); "
+        "preload libwoffload-ggml.so, do not link it",
+        name);
+    abort();
+}
+
+/* ---- the loading state ----------------------------------------------------- */
+
+/* ALLOC: model buffers may come; LOADING: weights are being written, no
+ * model buffer follows; SEALED: woffload_seal() was called. Only moves
+ * forward. */
+enum phase { PH_ALLOC, PH_LOADING, PH_SEALED };
+
+struct candidate {
+    ggml_backend_buffer_t buf;
+    struct ggml_context *ctx;
+    bool named;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int phase;         /* enum phase; read without the lock on the write paths (atomic) */
+static bool weights_seen; /* a candidate was marked WEIGHTS (under lock; atomic reads) */
+static bool window_checked;
+/* The shim was not initialised when the hook looked (no CUDA call yet): its
+ * start window opens with the first API call, so an -EALREADY from the
+ * first woffload_window_open() is that window, closed after the buffer. */
+static bool start_window_unknown;
+static struct candidate *cands;
+static size_t ncands, cap_cands;
+static struct {
+    unsigned long long buffers, tensors, bytes, unseen, failed, unnamed_buffers;
+} books;
+static bool called; /* any wrapper ran: the hook is in the call path */
+
+static int phase_now(void)
+{
+    return __atomic_load_n(&phase, __ATOMIC_ACQUIRE);
+}
+
+/* With a placing policy the shim opens its placeable window at start. For
+ * ggml that would make every allocation of 1 MiB and more before seal
+ * placeable (the KV cache, compute buffers): the hook opens the window
+ * itself around each model buffer instead, so close it once. Under lock. */
+static void close_start_window(void)
+{
+    char small[256], *buf = small;
+    long n;
+
+    if (window_checked)
+        return;
+    window_checked = true;
+    n = real.stats(small, sizeof(small));
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof(small)) {
+        buf = malloc((size_t)n + 1);
+        if (!buf)
+            return;
+        n = real.stats(buf, (size_t)n + 1);
+    }
+    if (n >= 0 && strstr(buf, "\"initialised\":false"))
+        start_window_unknown = true;
+    else if (n >= 0 && strstr(buf, "\"window_open\":true") && real.window_close() == 0)
+        say(L_DEBUG, "closed the placeable window the policy opened at start: only model "
+                     "buffers are opened to it, not the KV cache or compute buffers");
+    if (buf != small)
+        free(buf);
+}
+
+static struct candidate *find(ggml_backend_buffer_t buf)
+{
+    for (size_t i = 0; i < ncands; i++)
+        if (cands[i].buf == buf)
+            return &cands[i];
+    return NULL;
+}
+
+static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
+{
+    if (ncands == cap_cands) {
+        size_t n = cap_cands ? 2 * cap_cands : 8;
+        struct candidate *c = realloc(cands, n * sizeof(*c));
+        if (!c)
+            return;
+        cands = c;
+        cap_cands = n;
+    }
+    cands[ncands++] = (struct candidate){.buf = buf, .ctx = ctx};
+}
+
+/* Tags every tensor of a model buffer by its GGUF name, at the address
+ * ggml gave it, before a byte is written. Under lock. */
+static void name_tensors(struct candidate *c)
+{
+    unsigned long long n = 0, bytes = 0;
+    const char *bname = real.buft_name(real.buffer_get_type(c->buf));
+
+    for (struct ggml_tensor *t = real.get_first_tensor(c->ctx); t;
+         t = real.get_next_tensor(c->ctx, t)) {
+        const char *name = real.get_name(t);
+        void *data = real.get_data(t);
+        size_t size = real.nbytes(t);
+        int r;
+
+        if (!data || !size || !name || !*name)
+            continue;
+        r = real.tag(data, size, name);
+        say(L_DEBUG, "tag '%s' [%p, +%zu): %s", name, data, size, r == 0 ? "ok" : strerror(-r));
+        if (r == 0) {
+            n++;
+            bytes += size;
+        } else if (r == -ENOENT) {
+            books.unseen++; /* not memory the shim saw: the buffer did not come from cudaMalloc */
+        } else {
+            books.failed++;
+            say(L_WARN, "tagging '%s' [%p, +%zu) in the %s buffer: %s", name, data, size,
+                bname ? bname : "?", strerror(-r));
+        }
+    }
+    c->named = true;
+    books.buffers++;
+    books.tensors += n;
+    books.bytes += bytes;
+    say(L_DEBUG, "%s model buffer at %p (%zu bytes): %llu tensors named (%llu bytes)",
+        bname ? bname : "?", real.buffer_get_base(c->buf), real.buffer_get_size(c->buf), n, bytes);
+}
+
+/* The first write after a weights buffer: loading has begun. */
+static void loading_begins(const char *why)
+{
+    if (phase_now() != PH_ALLOC || !__atomic_load_n(&weights_seen, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&lock);
+    if (phase == PH_ALLOC) {
+        for (size_t i = 0; i < ncands; i++)
+            if (!cands[i].named)
+                books.unnamed_buffers++;
+        __atomic_store_n(&phase, PH_LOADING, __ATOMIC_RELEASE);
+        say(L_DEBUG, "loading begins (%s): %llu model buffers, %llu tensors named", why,
+            books.buffers, books.tensors);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+static void seal_now(void)
+{
+    char b[64];
+    int r;
+
+    if (phase_now() != PH_LOADING)
+        return;
+    pthread_mutex_lock(&lock);
+    if (phase != PH_LOADING) {
+        pthread_mutex_unlock(&lock);
+        return;
+    }
+    __atomic_store_n(&phase, PH_SEALED, __ATOMIC_RELEASE);
+    snprintf(b, sizeof(b), "%.2f GiB", (double)books.bytes / (1024.0 * 1024.0 * 1024.0));
+    say(L_INFO, "%llu tensors named (%s) in %llu model buffers; sealing at the first graph compute",
+        books.tensors, b, books.buffers);
+    if (books.unseen)
+        say(L_WARN,
+            "%llu tensors were in memory the shim did not see allocated (not through "
+            "cudaMalloc): their names are not recorded",
+            books.unseen);
+    if (books.unnamed_buffers)
+        say(L_DEBUG,
+            "%llu device buffers allocated before loading were never marked as "
+            "weights: left unnamed",
+            books.unnamed_buffers);
+    pthread_mutex_unlock(&lock);
+    r = real.seal();
+    if (r < 0 && r != -EALREADY)
+        say(L_WARN, "woffload_seal: %s (the shim's message above says which range)", strerror(-r));
+}
+
+/* ---- the exported wrappers ------------------------------------------------- */
+
+WO_GGML_EXPORT ggml_backend_buffer_t
+ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+{
+    ggml_backend_buffer_t buf;
+    bool opened = false;
+    int r;
+
+    ensure();
+    __atomic_store_n(&called, true, __ATOMIC_RELAXED);
+    if (!real.alloc_ctx_tensors_from_buft)
+        missing(__func__);
+    if (!naming || phase_now() != PH_ALLOC || !buft || real.buft_is_host(buft))
+        return real.alloc_ctx_tensors_from_buft(ctx, buft);
+
+    pthread_mutex_lock(&lock);
+    close_start_window();
+    /* The buffer's cudaMalloc is made in the window: served by the shim,
+     * placeable at the same address. -EALREADY: the program opened it
+     * itself (leave it as found), or it is the policy's start window that
+     * the shim opened just now (close it). */
+    r = real.window_open();
+    opened = r == 0 || (r == -EALREADY && start_window_unknown);
+    start_window_unknown = false;
+    buf = real.alloc_ctx_tensors_from_buft(ctx, buft);
+    if (opened)
+        (void)real.window_close();
+    if (buf)
+        remember(buf, ctx);
+    pthread_mutex_unlock(&lock);
+    return buf;
+}
+
+WO_GGML_EXPORT void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer,
+                                                  enum ggml_backend_buffer_usage usage)
+{
+    ensure();
+    if (!real.buffer_set_usage)
+        missing(__func__);
+    real.buffer_set_usage(buffer, usage);
+    if (!naming || usage != GGML_BACKEND_BUFFER_USAGE_WEIGHTS || phase_now() != PH_ALLOC)
+        return;
+    pthread_mutex_lock(&lock);
+    struct candidate *c = find(buffer);
+    if (c && !c->named && phase == PH_ALLOC) {
+        name_tensors(c);
+        __atomic_store_n(&weights_seen, true, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+WO_GGML_EXPORT void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data,
+                                            size_t offset, size_t size)
+{
+    ensure();
+    if (!real.tensor_set)
+        missing(__func__);
+    if (naming)
+        loading_begins("ggml_backend_tensor_set");
+    real.tensor_set(tensor, data, offset, size);
+}
+
+WO_GGML_EXPORT void ggml_backend_tensor_set_async(ggml_backend_t backend,
+                                                  struct ggml_tensor *tensor, const void *data,
+                                                  size_t offset, size_t size)
+{
+    ensure();
+    if (!real.tensor_set_async)
+        missing(__func__);
+    if (naming)
+        loading_begins("ggml_backend_tensor_set_async");
+    real.tensor_set_async(backend, tensor, data, offset, size);
+}
+
+WO_GGML_EXPORT ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char *params)
+{
+    ensure();
+    if (!real.dev_init)
+        missing(__func__);
+    if (naming)
+        loading_begins("ggml_backend_dev_init");
+    return real.dev_init(device, params);
+}
+
+WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute_async(ggml_backend_sched_t sched,
+                                                                       struct ggml_cgraph *graph)
+{
+    ensure();
+    if (!real.sched_graph_compute_async)
+        missing(__func__);
+    if (naming)
+        seal_now();
+    return real.sched_graph_compute_async(sched, graph);
+}
+
+WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched,
+                                                                 struct ggml_cgraph *graph)
+{
+    ensure();
+    if (!real.sched_graph_compute)
+        missing(__func__);
+    if (naming)
+        seal_now();
+    return real.sched_graph_compute(sched, graph);
+}
+
+/* ---- static builds ---------------------------------------------------------- */
+
+static const char static_msg[] =
+    "ggml is linked into the executable (%s), not loaded from libggml-base.so: its calls "
+    "never reach this hook, so GGUF tensor names cannot be learned; everything passes "
+    "through unnamed. Build llama.cpp with shared libraries (-DBUILD_SHARED_LIBS=ON, the "
+    "default) to name tensors (docs/llamacpp.md)";
+
+/* Where ggml's allocation function lives, decided before main: in the
+ * executable, the hook can never see a call (its own definition binds
+ * first); in no object yet, the program may dlopen ggml later, so the
+ * verdict waits for exit. */
+__attribute__((constructor)) static void at_load(void)
+{
+    void *sym = dlsym(RTLD_DEFAULT, "ggml_get_first_tensor");
+    void *self = dlopen(NULL, RTLD_NOW | RTLD_NOLOAD);
+    struct link_map *main_map = NULL, *where = NULL;
+    Dl_info info;
+
+    if (!sym || !self)
+        return;
+    if (dlinfo(self, RTLD_DI_LINKMAP, &main_map) == 0 &&
+        dladdr1(sym, &info, (void **)&where, RTLD_DL_LINKMAP) && where == main_map)
+        say(L_WARN, static_msg, program_invocation_short_name);
+}
+
+__attribute__((destructor)) static void at_exit_check(void)
+{
+    if (__atomic_load_n(&called, __ATOMIC_RELAXED) || dlsym(RTLD_NEXT, "ggml_get_first_tensor"))
+        return;
+    if (!dlsym(RTLD_DEFAULT, "ggml_get_first_tensor"))
+        say(L_WARN,
+            "no ggml library came through the hook in %s (not a ggml program, or ggml "
+            "linked statically without exported symbols): no tensor was named",
+            program_invocation_short_name);
+}

@@ -1,0 +1,253 @@
+/* tests/ggml/fake-ggml.c: a fake libggml-base.so for the ggml hook's CI
+ * tests. It exports the functions of ggml/ggml-abi.h with ggml's signatures,
+ * over a private tensor struct of its own (so a hook reading ggml's struct
+ * offsets would read garbage), and a few fggml_* calls the test client
+ * builds a "model" with. Device buffers come from cudaMalloc of the fake
+ * runtime (tests/fake), so the preloaded shim sees them as it sees
+ * ggml-cuda's; host buffers from malloc, as ggml-cpu's.
+ *
+ * Built twice: as libggml-base.so, and into ggml-client-static (the
+ * functions linked into the executable, as a static llama.cpp build).
+ *
+ * WOFAKE_GGML_SKEW=NAME: ggml_get_data of tensor NAME answers 256 bytes past
+ * its data, as a hook that guessed a wrong offset would see it: the client's
+ * checks must then fail (tests/meson.build runs that case). */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fake-ggml.h"
+
+#define ALIGN 128 /* ggml-cuda's buffer alignment */
+
+struct ggml_backend_buffer_type {
+    const char *name;
+    bool host;
+};
+
+struct ggml_tensor {
+    uint64_t magic; /* first, where ggml has its type: reading it as ggml's struct fails */
+    char name[128];
+    size_t nbytes;
+    void *data;
+    ggml_backend_buffer_t buffer;
+    struct ggml_tensor *next;
+};
+
+struct ggml_context {
+    struct ggml_tensor *first, *last;
+};
+
+struct ggml_backend_buffer {
+    ggml_backend_buffer_type_t buft;
+    void *base;
+    size_t size;
+    int usage;
+};
+
+static struct ggml_backend_buffer_type buft_cuda = {"CUDA0", false};
+static struct ggml_backend_buffer_type buft_cpu = {"CPU", true};
+
+FGGML_EXPORT ggml_backend_buffer_type_t fggml_buft_device(void)
+{
+    return &buft_cuda;
+}
+FGGML_EXPORT ggml_backend_buffer_type_t fggml_buft_host(void)
+{
+    return &buft_cpu;
+}
+
+FGGML_EXPORT struct ggml_context *fggml_ctx_new(void)
+{
+    return calloc(1, sizeof(struct ggml_context));
+}
+
+FGGML_EXPORT struct ggml_tensor *fggml_new_tensor(struct ggml_context *ctx, const char *name,
+                                                  size_t nbytes)
+{
+    struct ggml_tensor *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->magic = 0x66616b6567676d6cull;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->nbytes = nbytes;
+    if (ctx->last)
+        ctx->last->next = t;
+    else
+        ctx->first = t;
+    ctx->last = t;
+    return t;
+}
+
+/* The true data pointer, whatever WOFAKE_GGML_SKEW says. */
+FGGML_EXPORT void *fggml_data(const struct ggml_tensor *t)
+{
+    return t->data;
+}
+
+FGGML_EXPORT void fggml_ctx_free(struct ggml_context *ctx)
+{
+    struct ggml_tensor *t = ctx->first;
+    while (t) {
+        struct ggml_tensor *n = t->next;
+        free(t);
+        t = n;
+    }
+    free(ctx);
+}
+
+/* ggml_backend_buft_alloc_buffer(buft, 0): the dummy buffer of a no_alloc
+ * load (llama.cpp's common_fit_params measures a model that way first). */
+FGGML_EXPORT ggml_backend_buffer_t fggml_dummy_buffer(ggml_backend_buffer_type_t buft)
+{
+    struct ggml_backend_buffer *b = calloc(1, sizeof(*b));
+    if (b)
+        b->buft = buft;
+    return b;
+}
+
+FGGML_EXPORT void fggml_buffer_free(ggml_backend_buffer_t b)
+{
+    if (!b)
+        return;
+    if (b->buft->host)
+        free(b->base);
+    else if (b->base)
+        cudaFree(b->base);
+    free(b);
+}
+
+FGGML_EXPORT struct ggml_tensor *ggml_get_first_tensor(const struct ggml_context *ctx)
+{
+    return ctx->first;
+}
+
+FGGML_EXPORT struct ggml_tensor *ggml_get_next_tensor(const struct ggml_context *ctx,
+                                                      struct ggml_tensor *tensor)
+{
+    (void)ctx;
+    return tensor->next;
+}
+
+FGGML_EXPORT const char *ggml_get_name(const struct ggml_tensor *tensor)
+{
+    return tensor->name;
+}
+
+FGGML_EXPORT void *ggml_get_data(const struct ggml_tensor *tensor)
+{
+    const char *skew = getenv("WOFAKE_GGML_SKEW");
+    if (tensor->data && skew && strcmp(skew, tensor->name) == 0)
+        return (char *)tensor->data + 256;
+    return tensor->data;
+}
+
+FGGML_EXPORT size_t ggml_nbytes(const struct ggml_tensor *tensor)
+{
+    return tensor->nbytes;
+}
+
+FGGML_EXPORT void *ggml_backend_buffer_get_base(ggml_backend_buffer_t buffer)
+{
+    return buffer->base;
+}
+FGGML_EXPORT size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer)
+{
+    return buffer->size;
+}
+FGGML_EXPORT ggml_backend_buffer_type_t ggml_backend_buffer_get_type(ggml_backend_buffer_t buffer)
+{
+    return buffer->buft;
+}
+FGGML_EXPORT bool ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft)
+{
+    return buft->host;
+}
+FGGML_EXPORT const char *ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
+{
+    return buft->name;
+}
+
+/* ggml-alloc.c: one buffer for every tensor of ctx without data, each at an
+ * offset aligned to the buffer type's alignment, in context order. */
+FGGML_EXPORT ggml_backend_buffer_t
+ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+{
+    size_t size = 0, off = 0;
+    struct ggml_backend_buffer *b;
+
+    for (struct ggml_tensor *t = ctx->first; t; t = t->next)
+        if (!t->data)
+            size += (t->nbytes + ALIGN - 1) / ALIGN * ALIGN;
+    if (!size)
+        return NULL;
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return NULL;
+    b->buft = buft;
+    b->size = size;
+    if (buft->host)
+        b->base = aligned_alloc(ALIGN, size);
+    else if (cudaMalloc(&b->base, size) != cudaSuccess)
+        b->base = NULL;
+    if (!b->base) {
+        free(b);
+        return NULL;
+    }
+    for (struct ggml_tensor *t = ctx->first; t; t = t->next) {
+        if (t->data)
+            continue;
+        t->data = (char *)b->base + off;
+        t->buffer = b;
+        off += (t->nbytes + ALIGN - 1) / ALIGN * ALIGN;
+    }
+    return b;
+}
+
+FGGML_EXPORT void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer,
+                                                enum ggml_backend_buffer_usage usage)
+{
+    buffer->usage = usage;
+}
+
+FGGML_EXPORT void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data,
+                                          size_t offset, size_t size)
+{
+    if (tensor->buffer->buft->host)
+        memcpy((char *)tensor->data + offset, data, size);
+    else
+        (void)cudaMemcpy((char *)tensor->data + offset, data, size, cudaMemcpyHostToDevice);
+}
+
+FGGML_EXPORT void ggml_backend_tensor_set_async(ggml_backend_t backend, struct ggml_tensor *tensor,
+                                                const void *data, size_t offset, size_t size)
+{
+    (void)backend;
+    ggml_backend_tensor_set(tensor, data, offset, size);
+}
+
+static int backend_dummy;
+
+FGGML_EXPORT ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char *params)
+{
+    (void)device;
+    (void)params;
+    return (ggml_backend_t)&backend_dummy;
+}
+
+/* The graph itself is the client's: it launches its kernels after this. */
+FGGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute_async(ggml_backend_sched_t sched,
+                                                                     struct ggml_cgraph *graph)
+{
+    (void)sched;
+    (void)graph;
+    return GGML_STATUS_SUCCESS;
+}
+
+FGGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched,
+                                                               struct ggml_cgraph *graph)
+{
+    return ggml_backend_sched_graph_compute_async(sched, graph);
+}

@@ -1,0 +1,385 @@
+/* tests/ggml/ggml-client.c: loads a "model" the way llama.cpp does, through
+ * the fake libggml-base.so (tests/ggml/fake-ggml.c) and the fake CUDA
+ * runtime and driver (tests/fake), for the ggml hook's tests:
+ *
+ *   0. common_fit_params' dry run (no_alloc: dummy buffers, a backend);
+ *   1. a device context of weights (GGUF names, sizes that leave tensors
+ *      sharing pages) and a host context (the CPU buffer of -ot/--n-cpu-moe),
+ *      allocated with ggml_backend_alloc_ctx_tensors_from_buft and marked
+ *      GGML_BACKEND_BUFFER_USAGE_WEIGHTS, as llama_model::load_tensors does;
+ *   2. every weight written with ggml_backend_tensor_set (load_all_data);
+ *   3. a backend and a KV cache context allocated after (llama_context);
+ *   4. the first graph compute (the hook seals there), then a kernel that
+ *      reads every weight, the same kernels captured into a CUDA graph
+ *      launched twice, and every weight read back.
+ *
+ * Checks, from the shim's woffload_stats() and the fake driver: each weight
+ * is named once, at its own range (a repeat tag of exactly that range is
+ * accepted as the same tag), with the policy's placement (--host REGEX: the
+ * names expected on the host; the others on the device) and its page's
+ * advice, its launches (the graph's included) attributed to it; the host
+ * context's and the KV cache's tensors carry no name; the
+ * KV cache is not managed memory; the kernel's sums and the bytes read back
+ * are bit-exact. --unnamed: the hook cannot name anything (ggml linked into
+ * this executable): no weight is named, the data is still exact. --pass: a
+ * policy that places nothing (examples/empty.yaml): every weight is named,
+ * at its range, and passes through (placement "unplaceable").
+ *
+ * One "ok"/"FAIL" line per check; exit 1 on any failure. */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <regex.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fake-ggml.h"
+#include "fakecuda.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (cond) {                                                                                \
+            printf("ok ");                                                                         \
+        } else {                                                                                   \
+            printf("FAIL ");                                                                       \
+            failures++;                                                                            \
+        }                                                                                          \
+        printf(__VA_ARGS__);                                                                       \
+        putchar('\n');                                                                             \
+    } while (0)
+
+#define KiB 1024ul
+#define MiB (1024ul * 1024ul)
+
+/* Sizes not page multiples, so neighbours share 4 KiB pages. */
+static const struct {
+    const char *name;
+    size_t size;
+} weights[] = {
+    {"token_embd.weight", 1 * MiB + 384},        {"blk.0.attn_q.weight", 256 * KiB + 128},
+    {"blk.0.ffn_gate_inp.weight", 8 * KiB},      {"blk.0.ffn_up_exps.weight", 2 * MiB + 640},
+    {"blk.0.ffn_down_exps.weight", 2 * MiB},     {"blk.1.attn_q.weight", 256 * KiB + 128},
+    {"blk.1.ffn_up_exps.weight", 2 * MiB + 640}, {"blk.1.ffn_down_exps.weight", 2 * MiB},
+    {"output_norm.weight", 4 * KiB + 256},       {"output.weight", 1 * MiB + 384},
+};
+#define NW (sizeof(weights) / sizeof(weights[0]))
+
+static long (*access_fn)(const void *, size_t, int, int);
+static int (*page_state)(const void *, struct fakecuda_page_state *);
+static long (*stats_fn)(char *, size_t);
+static int (*tag_fn)(const void *, size_t, const char *);
+
+/* The graph: one kernel that sums a weight's bytes into *out. */
+static void k_sum(void **p, const uint32_t grid[3], const uint32_t block[3])
+{
+    const uint8_t *x = *(const uint8_t **)p[0];
+    size_t n = *(size_t *)p[1];
+    uint64_t *out = *(uint64_t **)p[2];
+    uint64_t s = 0;
+    (void)grid;
+    (void)block;
+    if (access_fn) {
+        access_fn(x, n, 0, 0);
+        access_fn(out, sizeof(*out), 0, 1);
+    }
+    for (size_t i = 0; i < n; i++)
+        s += x[i] * (uint64_t)(i % 7 + 1);
+    *out = s;
+}
+static volatile int stub_calls;
+__attribute__((noinline)) static void stub_sum(void)
+{
+    stub_calls++;
+}
+
+static uint8_t pattern(size_t w, size_t i)
+{
+    return (uint8_t)(w * 37 + i * 13 + (i >> 9));
+}
+
+static char *stats(void)
+{
+    long n = stats_fn(NULL, 0);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s)
+        stats_fn(s, (size_t)n + 1);
+    return s;
+}
+
+/* The object of name `name` in the stats' "names" list, copied; NULL if the
+ * shim holds no such name. */
+static char *name_entry(const char *js, const char *name)
+{
+    char key[256];
+    const char *p, *e;
+    char *out;
+
+    snprintf(key, sizeof(key), "{\"name\":\"%s\"", name);
+    p = strstr(js, key);
+    if (!p)
+        return NULL;
+    e = strchr(p, '}');
+    if (!e)
+        return NULL;
+    out = strndup(p, (size_t)(e - p + 1));
+    return out;
+}
+
+static long long field(const char *obj, const char *key)
+{
+    char k[64];
+    const char *p;
+    snprintf(k, sizeof(k), "\"%s\":", key);
+    p = strstr(obj, k);
+    return p ? strtoll(p + strlen(k), NULL, 10) : -1;
+}
+
+static void *need(void *h, const char *sym)
+{
+    void *p = dlsym(h, sym);
+    if (!p) {
+        printf("FAIL %s not found\n", sym);
+        exit(1);
+    }
+    return p;
+}
+
+int main(int argc, char **argv)
+{
+    const char *host_re = NULL;
+    int unnamed = 0, pass = 0;
+    regex_t re;
+    struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
+    uint64_t *sums;
+    uint8_t *src, *back;
+
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--host") == 0 && i + 1 < argc)
+            host_re = argv[++i];
+        else if (strcmp(argv[i], "--unnamed") == 0)
+            unnamed = 1;
+        else if (strcmp(argv[i], "--pass") == 0)
+            pass = 1;
+        else {
+            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (regcomp(&re, host_re ? host_re : "$^", REG_EXTENDED | REG_NOSUB) != 0)
+        return 2;
+
+    CHECK(cudaSetDevice(0) == cudaSuccess, "cudaSetDevice");
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (!cu) {
+        printf("FAIL libcuda.so.1 not loaded by the runtime\n");
+        return 1;
+    }
+    CUfunction (*reg)(const char *, int, const size_t *, fakecuda_kernel_fn) = (CUfunction(*)(
+        const char *, int, const size_t *, fakecuda_kernel_fn))need(cu, "fakecuda_kernel");
+    *(void **)&access_fn = need(cu, "fakecuda_access");
+    *(void **)&page_state = need(cu, "fakecuda_managed_state");
+    *(void **)&stats_fn = need(RTLD_DEFAULT, "woffload_stats");
+    *(void **)&tag_fn = need(RTLD_DEFAULT, "woffload_tag");
+    const size_t psz[] = {sizeof(void *), sizeof(size_t), sizeof(void *)};
+    CHECK(fakecudart_register((const void *)stub_sum, reg("ggml_sum", 3, psz, k_sum)) == 0,
+          "register the graph's kernel");
+
+    /* 0. common_fit_params' dry run: the model "loaded" with no_alloc
+     * (dummy buffers marked WEIGHTS), a context made (a backend): the hook
+     * must neither name nor think loading has begun */
+    ggml_backend_buffer_t dummy = fggml_dummy_buffer(fggml_buft_device());
+    ggml_backend_buffer_set_usage(dummy, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    CHECK(ggml_backend_dev_init(NULL, NULL) != NULL, "dry run's backend");
+    fggml_buffer_free(dummy);
+
+    /* 1. the model's contexts and buffers (llama_model::load_tensors) */
+    struct ggml_context *dev = fggml_ctx_new(), *cpu = fggml_ctx_new();
+    for (size_t w = 0; w < NW; w++)
+        wt[w] = fggml_new_tensor(dev, weights[w].name, weights[w].size);
+    cpu_t = fggml_new_tensor(cpu, "blk.1.ffn_gate_exps.weight", 512 * KiB);
+    ggml_backend_buffer_t bdev = ggml_backend_alloc_ctx_tensors_from_buft(dev, fggml_buft_device());
+    ggml_backend_buffer_t bcpu = ggml_backend_alloc_ctx_tensors_from_buft(cpu, fggml_buft_host());
+    CHECK(bdev && bcpu, "model buffers allocated");
+    if (!bdev || !bcpu)
+        return 1;
+    ggml_backend_buffer_set_usage(bdev, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_buffer_set_usage(bcpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+
+    /* 2. load_all_data */
+    size_t maxw = 0;
+    for (size_t w = 0; w < NW; w++)
+        maxw = weights[w].size > maxw ? weights[w].size : maxw;
+    src = malloc(maxw);
+    back = malloc(maxw);
+    for (size_t w = 0; w < NW; w++) {
+        for (size_t i = 0; i < weights[w].size; i++)
+            src[i] = pattern(w, i);
+        ggml_backend_tensor_set(wt[w], src, 0, weights[w].size);
+    }
+    memset(src, 0x5a, 512 * KiB);
+    ggml_backend_tensor_set(cpu_t, src, 0, 512 * KiB);
+
+    /* 3. llama_context: a backend, then the KV cache */
+    ggml_backend_t be = ggml_backend_dev_init(NULL, NULL);
+    CHECK(be != NULL, "backend");
+    struct ggml_context *kv = fggml_ctx_new();
+    kv_t = fggml_new_tensor(kv, "cache_k_l0", 2 * MiB);
+    ggml_backend_buffer_t bkv = ggml_backend_alloc_ctx_tensors_from_buft(kv, fggml_buft_device());
+    CHECK(bkv != NULL, "KV cache allocated");
+    if (!bkv)
+        return 1;
+
+    /* 4. the first graph (seal), its kernels, the bytes back */
+    CHECK(ggml_backend_sched_graph_compute_async(NULL, NULL) == GGML_STATUS_SUCCESS,
+          "first compute");
+    CHECK(cudaMalloc((void **)&sums, NW * sizeof(uint64_t)) == cudaSuccess, "sums");
+    for (size_t w = 0; w < NW; w++) {
+        const void *x = fggml_data(wt[w]);
+        size_t n = weights[w].size;
+        uint64_t *o = sums + w;
+        void *args[] = {&x, &n, &o};
+        CHECK(cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
+                               NULL) == cudaSuccess,
+              "launch on %s", weights[w].name);
+    }
+    /* ggml-cuda's CUDA graphs: the same kernels captured on a stream of
+     * its own and the graph launched twice; each launch of the graph
+     * counts for every name its kernels read (docs/placement.md, Stats) */
+    cudaStream_t s = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "capture begins");
+    for (size_t w = 0; w < NW; w++) {
+        const void *x = fggml_data(wt[w]);
+        size_t n = weights[w].size;
+        uint64_t *o = sums + w;
+        void *args[] = {&x, &n, &o};
+        CHECK(cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
+                               s) == cudaSuccess,
+              "captured launch on %s", weights[w].name);
+    }
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess &&
+              cudaGraphInstantiate(&ge, g, 0) == cudaSuccess,
+          "graph instantiated");
+    for (int i = 0; i < 2; i++)
+        CHECK(cudaGraphLaunch(ge, s) == cudaSuccess, "graph launch %d", i + 1);
+    CHECK(cudaStreamSynchronize(s) == cudaSuccess, "graph done");
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+
+    uint64_t got[NW];
+    CHECK(cudaMemcpy(got, sums, sizeof(got), cudaMemcpyDeviceToHost) == cudaSuccess, "sums back");
+    for (size_t w = 0; w < NW; w++) {
+        uint64_t want = 0;
+        for (size_t i = 0; i < weights[w].size; i++)
+            want += pattern(w, i) * (uint64_t)(i % 7 + 1);
+        CHECK(got[w] == want, "kernel sum of %s", weights[w].name);
+        CHECK(cudaMemcpy(back, fggml_data(wt[w]), weights[w].size, cudaMemcpyDeviceToHost) ==
+                  cudaSuccess,
+              "read back %s", weights[w].name);
+        int same = 1;
+        for (size_t i = 0; i < weights[w].size && same; i++)
+            same = back[i] == pattern(w, i);
+        CHECK(same, "%s bit-exact", weights[w].name);
+    }
+
+    /* What the shim learned. Launch counts come from its consumer thread:
+     * give it up to 5 s. */
+    char *js = NULL;
+    for (int tries = 0; tries < 100; tries++) {
+        int all = 1;
+        free(js);
+        js = stats();
+        for (size_t w = 0; js && w < NW && !unnamed && !pass; w++) {
+            char *e = name_entry(js, weights[w].name);
+            all &= e && field(e, "launches") >= 3;
+            free(e);
+        }
+        if (all)
+            break;
+        nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    }
+    CHECK(js != NULL, "woffload_stats");
+    if (!js)
+        return 1;
+    for (size_t w = 0; w < NW; w++) {
+        const char *nm = weights[w].name;
+        char *e = name_entry(js, nm);
+        int host = regexec(&re, nm, 0, NULL, 0) == 0;
+        const char *mid = (const char *)fggml_data(wt[w]) + weights[w].size / 2;
+        struct fakecuda_page_state ps;
+        if (unnamed) {
+            CHECK(e == NULL, "%s not named", nm);
+            free(e);
+            continue;
+        }
+        CHECK(e != NULL, "%s named", nm);
+        if (!e)
+            continue;
+        CHECK(field(e, "tensors") == 1 && field(e, "bytes") == (long long)weights[w].size,
+              "%s: one tensor of %zu bytes (%s)", nm, weights[w].size, e);
+        if (pass) {
+            CHECK(strstr(e, "\"placement\":\"unplaceable\"") != NULL &&
+                      page_state(mid, &ps) == -ENOENT,
+                  "%s passes through as device memory (%s)", nm, e);
+        } else {
+            CHECK(strstr(e, host ? "\"placement\":\"host\"" : "\"placement\":\"device\"") != NULL,
+                  "%s placed on the %s (%s)", nm, host ? "host" : "device", e);
+            CHECK(field(e, "launches") >= 3,
+                  "%s: its launch and the graph's two attributed to it (launches %lld)", nm,
+                  field(e, "launches"));
+            CHECK(page_state(mid, &ps) == 0 && ps.preferred == (host ? CU_DEVICE_CPU : 0),
+                  "%s: its pages advised to the %s (preferred %d)", nm, host ? "host" : "device",
+                  ps.preferred);
+        }
+        /* the same name on exactly its range is a repeat (0), and still
+         * one tensor: the hook's tag is this range, not a neighbour's */
+        CHECK(tag_fn(fggml_data(wt[w]), weights[w].size, nm) == 0, "%s tagged at its own range",
+              nm);
+        free(e);
+    }
+    if (!unnamed) {
+        free(js);
+        js = stats();
+        for (size_t w = 0; js && w < NW; w++) {
+            char *e = name_entry(js, weights[w].name);
+            CHECK(e && field(e, "tensors") == 1, "%s: still one tensor after the repeat tag",
+                  weights[w].name);
+            free(e);
+        }
+    }
+    char *e = name_entry(js, "blk.1.ffn_gate_exps.weight");
+    CHECK(e == NULL, "the host buffer's tensor is left alone");
+    free(e);
+    e = name_entry(js, "cache_k_l0");
+    CHECK(e == NULL, "the KV cache is not named");
+    free(e);
+    /* (ggml linked in, the policy's window is open at start, as without
+     * the hook: the KV cache is the window's) */
+    struct fakecuda_page_state ps;
+    if (!unnamed)
+        CHECK(page_state(fggml_data(kv_t), &ps) == -ENOENT,
+              "the KV cache is device memory, not managed");
+    free(js);
+
+    fggml_buffer_free(bkv);
+    fggml_buffer_free(bdev);
+    fggml_buffer_free(bcpu);
+    cudaFree(sums);
+    fggml_ctx_free(kv);
+    fggml_ctx_free(dev);
+    fggml_ctx_free(cpu);
+    free(src);
+    free(back);
+    regfree(&re);
+    printf("%s\n", failures ? "FAILED" : "PASSED");
+    return failures ? 1 : 0;
+}
