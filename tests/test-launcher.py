@@ -406,6 +406,13 @@ class BuildTree(unittest.TestCase):
         self.assertEqual(pre[-1], hook)
         self.assertTrue(pre[-2].endswith("/libwoffload.so"), pre)
         self.assertIn(f"ggml hook loaded: {client} links libggml-base.so", r.stderr)
+        # through a library of its own (llama-batched-bench's case): found by
+        # following NEEDED along the RUNPATH, never by running it
+        indirect = os.path.join(build, "tests", "ggml", "ggml-indirect-client")
+        r = run(BUILD_LAUNCHER, "--policy", self.policy, "--log", "info", "--dry-run", "--", indirect)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(dry_env(r.stdout)["LD_PRELOAD"].split(":")[-1], hook)
+        self.assertIn(f"ggml hook loaded: {indirect} links libggml-base.so", r.stderr)
         r = run(BUILD_LAUNCHER, "--policy", self.policy, "--log", "debug", "--dry-run", "--", "true")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertNotIn(hook, dry_env(r.stdout)["LD_PRELOAD"])
