@@ -106,8 +106,10 @@ config() {
     shift 2
     t0=$(now)
     say "[$name] start"
+    echo "$name: building since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
     setup "$dir" "$@" || { say "[$name] build failed"; return 1; }
     t1=$(now)
+    echo "$name: testing since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
     # shellcheck disable=SC2046 # names have no spaces
     run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-test.log" $(tests "$dir" parallel) || return 1
     if [ "$dir" = build-ci-gcc ]; then
@@ -121,6 +123,7 @@ config() {
 # lane LABEL CONFIG... : configurations one after another; "NAME|DIR|OPTS"
 lane() {
     label=$1
+    LANE=$label
     shift
     for c in "$@"; do
         IFS='|' read -r name dir cc opts <<EOF
@@ -130,6 +133,17 @@ EOF
         CC=$cc config "$name" "$dir" $opts || { echo failed >"$TMPD/$label"; return 1; }
     done
     echo ok >"$TMPD/$label"
+    rm -f "$TMPD/phase-$label"
+}
+
+# every 5 minutes, what each lane is doing: no long silence on a slow machine
+heartbeat() {
+    # sleep without our stdio: killed, the loop leaves no pipe held open
+    while sleep 300 </dev/null >/dev/null 2>&1 && [ -d "$TMPD" ]; do
+        for f in "$TMPD"/phase-*; do
+            [ -f "$f" ] && say "... $(mmss $(($(now) - start))) in: $(cat "$f")"
+        done
+    done
 }
 
 verb=${1:-}
@@ -156,7 +170,8 @@ test)
     PROCS=$JOBS
     export JOBS PROCS
     TMPD=$(mktemp -d)
-    trap 'rm -rf "$TMPD"' EXIT
+    ph=
+    trap '[ -z "$ph" ] || kill "$ph" 2>/dev/null; rm -rf "$TMPD"' EXIT
     GCC="gcc -Werror|build-ci-gcc|gcc|-Dwerror=true"
     CLANG="clang -Werror|build-ci-clang|clang|-Dwerror=true"
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
@@ -166,8 +181,11 @@ test)
     pa=$!
     lane b "$GCC" "$CLANG" "$RELEASE" "$ASAN" &
     pb=$!
+    heartbeat &
+    ph=$!
     wait $pa || true
     wait $pb || true
+    kill $ph 2>/dev/null || true
     if [ "$(cat "$TMPD/a" 2>/dev/null)" != ok ] || [ "$(cat "$TMPD/b" 2>/dev/null)" != ok ]; then
         say "failed after $(mmss $(($(now) - start)))"
         exit 1
