@@ -83,18 +83,20 @@ for t in json.load(sys.stdin):
 # run_tests NAME DIR PROCS MULT LOG [TEST...]: meson test, output to LOG; on
 # failure the failed tests' logs go to stderr
 run_tests() {
-    name=$1 dir=$2 procs=$3 mult=$4 log=$5
+    rt_name=$1 rt_dir=$2 rt_procs=$3 rt_mult=$4 rt_log=$5
     shift 5
     # no names would mean every test
     if [ $# -eq 0 ]; then
-        : >"$log"
+        : >"$rt_log"
         return 0
     fi
-    if ! meson test -C "$dir" --print-errorlogs --num-processes "$procs" \
-        --timeout-multiplier "$mult" "$@" >"$log" 2>&1; then
-        grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$log" >&2 || true
-        tail -n 60 "$log" >&2
-        say "$name: tests failed (logs: $log, $dir/meson-logs/testlog.txt)"
+    # meson-logs/NAME.{txt,json} per run (NAME the log's), kept side by side
+    rt_base=$(basename "$rt_log" .log)
+    if ! meson test -C "$rt_dir" --print-errorlogs --num-processes "$rt_procs" \
+        --timeout-multiplier "$rt_mult" --logbase "$rt_base" "$@" >"$rt_log" 2>&1; then
+        grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$rt_log" >&2 || true
+        tail -n 60 "$rt_log" >&2
+        say "$rt_name: tests failed (logs: $rt_log, $rt_dir/meson-logs/$rt_base.txt)"
         return 1
     fi
 }
