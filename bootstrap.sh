@@ -112,8 +112,11 @@ config() {
     setup "$dir" "$@" || { say "[$name] build failed"; return 1; }
     t1=$(now)
     echo "$name: testing since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
-    # shellcheck disable=SC2046 # names have no spaces
-    run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-test.log" $(tests "$dir" parallel) || return 1
+    # a failed listing must not pass as "no tests" (errexit is off in here)
+    # shellcheck disable=SC2015 # either failure takes the same branch
+    list=$(tests "$dir" parallel) && [ -n "$list" ] || { say "[$name] cannot list its tests"; return 1; }
+    # shellcheck disable=SC2086 # names have no spaces
+    run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-test.log" $list || return 1
     if [ "$dir" = build-ci-gcc ]; then
         run_tests "valgrind" "$dir" 1 3 "$dir/bootstrap-valgrind.log" --suite valgrind || return 1
     fi
@@ -141,6 +144,7 @@ EOF
 # every 5 minutes, what each lane is doing: no long silence on a slow machine
 heartbeat() {
     # sleep without our stdio: killed, the loop leaves no pipe held open
+    # shellcheck disable=SC2217
     while sleep 300 </dev/null >/dev/null 2>&1 && [ -d "$TMPD" ]; do
         for f in "$TMPD"/phase-*; do
             [ -f "$f" ] && say "... $(mmss $(($(now) - start))) in: $(cat "$f")"
@@ -198,8 +202,9 @@ test)
 $c
 EOF
         t0=$(now)
-        # shellcheck disable=SC2046
-        run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $(tests "$dir" alone) || {
+        list=$(tests "$dir" alone) || { say "[$name] cannot list its tests"; exit 1; }
+        # shellcheck disable=SC2086
+        run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $list || {
             say "failed after $(mmss $(($(now) - start)))"
             exit 1
         }

@@ -16,12 +16,12 @@ printf 'version: 1\n' >"$tmp/p.yaml"
 
 # a program that never touches CUDA: python3 when there is one (the
 # interpreter itself: a pyenv shim is a shell script that execs several
-# times, each exec a start), else sh
+# times, each exec a start), else echo
 py=$(python3 -c 'import sys; print(sys.executable)' 2>/dev/null)
 if [ -n "$py" ] && [ -x "$py" ]; then
     prog="$py -c print(1)"
 else
-    prog="sh -c echo\ 1"
+    prog="echo 1"
 fi
 
 # shellcheck disable=SC2086
