@@ -175,12 +175,15 @@ static void print_names(FILE *out, struct wo_replay_result *r, double pcie_step)
                 human(pcie_step - shown, b1, sizeof(b1)));
     fprintf(out, "  %-52s %4s %-8s %10s %16s\n", "total (the summary's figure below)", "", "", "",
             pcie_step > 0 ? human(pcie_step, b1, sizeof(b1)) : "0 B");
-    fprintf(out, "  PCIe per token: a decode step's bytes over PCIe (one token at batch 1), split\n"
-                 "  between the names as the whole replayed window, prefills included, splits them\n");
+    fprintf(out,
+            "  PCIe per token: a decode step's bytes over PCIe (one token at batch 1), split\n"
+            "  between the names as the whole replayed window, prefills included, splits them\n");
     if (whole)
-        fprintf(out, "  <= : the kernels were handed only the base of these tensors, so the replay\n"
-                     "       counts every byte as read (an upper bound; a batch-1 MoE reads only the\n"
-                     "       active experts: bench/results/e2e-20261122-143449-issue8.md measured it)\n");
+        fprintf(
+            out,
+            "  <= : the kernels were handed only the base of these tensors, so the replay\n"
+            "       counts every byte as read (an upper bound; a batch-1 MoE reads only the\n"
+            "       active experts: bench/results/e2e-20261122-143449-issue8.md measured it)\n");
 }
 
 static int replay_one(const struct wo_trace_data *d, const struct wo_devmodel *dm,
