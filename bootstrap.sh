@@ -15,9 +15,8 @@
 # used at build time. Exit status: 0 success, 2 usage error, 1 failure.
 #
 # `test` runs two configurations at a time (TSan, the longest, beside the
-# other four in turn), each building with half the cores; TSan tests as many
-# at a time as there are cores, the others half as many. The tests that must
-# run alone (is_parallel: false in tests/meson.build: timing checks, floods)
+# other four in turn), each with half the cores; the tests that must run
+# alone (is_parallel: false in tests/meson.build: timing checks, floods)
 # run afterwards, one configuration at a time. Logs: DIR/meson-logs/.
 set -eu
 cd "$(dirname "$0")"
@@ -172,12 +171,10 @@ test)
     deps
     start=$(now)
     ncpu=$(nproc 2>/dev/null || echo 2)
-    # two lanes, each with half the cores for its builds; TSan's tests, the
-    # longest (an hour of CPU on 2 cores), run as many at a time as there
-    # are cores, the other lane's half as many: when that lane is done, TSan
-    # still has every core
+    # two lanes, each with half the cores for its build and its tests
     JOBS=$(((ncpu + 1) / 2))
-    export JOBS
+    PROCS=$JOBS
+    export JOBS PROCS
     TMPD=$(mktemp -d)
     ph=
     trap '[ -z "$ph" ] || kill "$ph" 2>/dev/null; rm -rf "$TMPD"' EXIT
@@ -186,9 +183,9 @@ test)
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
     ASAN="ASan+UBSan|build-ci-asan|gcc|-Db_sanitize=address,undefined -Db_lundef=false"
     TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
-    PROCS=$ncpu lane a "$TSAN" &
+    lane a "$TSAN" &
     pa=$!
-    PROCS=$JOBS lane b "$GCC" "$CLANG" "$RELEASE" "$ASAN" &
+    lane b "$GCC" "$CLANG" "$RELEASE" "$ASAN" &
     pb=$!
     heartbeat &
     ph=$!
