@@ -2,15 +2,22 @@
 # bootstrap.sh: the README's two commands, on a fresh Debian 12 machine with
 # the CUDA toolkit (run as root so missing packages can be installed).
 #
-#   ./bootstrap.sh demo   build, then run the main job
-#   ./bootstrap.sh test   build and run the whole test suite: gcc and clang
-#                         with -Werror, a release build (NDEBUG), valgrind
-#                         on the unit tests,
-#                         ASan+UBSan, TSan (what CI runs)
+#   ./bootstrap.sh demo   build (build/), then run the demo: build/tools/woffload demo
+#   ./bootstrap.sh test   build and test five configurations, as CI does: gcc
+#                         -Werror (and valgrind on the unit tests), clang
+#                         -Werror, release (NDEBUG), ASan+UBSan, TSan; up to
+#                         an hour and about 10 GB of memory on 2 cores
+#   ./bootstrap.sh deps   install the Debian packages that are missing
+#   ./bootstrap.sh build [DIR]
+#                         one debug build in DIR (default build/)
 #
-# Other verbs: deps (install what is missing), build [DIR] (one debug build).
 # CUDA_HOME (default /usr/local/cuda) names the toolkit; only its headers are
-# used at build time.
+# used at build time. Exit status: 0 success, 2 usage error, 1 failure.
+#
+# `test` runs two configurations at a time (TSan, the longest, beside the
+# other four in turn), each with half the cores; the tests that must run
+# alone (is_parallel: false in tests/meson.build: timing checks, floods)
+# run afterwards, one configuration at a time. Logs: DIR/meson-logs/.
 set -eu
 cd "$(dirname "$0")"
 
@@ -18,6 +25,9 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 PACKAGES="meson ninja-build pkg-config gcc clang libclang-rt-14-dev binutils libyaml-dev zlib1g-dev libcmocka-dev python3 valgrind"
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
+
+# the comment at the top, whole
+usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; }
 
 deps() {
     missing=""
@@ -42,7 +52,8 @@ deps() {
     fi
 }
 
-# setup DIR [meson options...]: configure DIR once, reconfigure when options change
+# setup DIR [meson options...]: configure DIR once, reconfigure when options
+# change, build with $JOBS jobs (ninja's default when unset)
 setup() {
     dir=$1
     shift
@@ -51,21 +62,94 @@ setup() {
     else
         meson setup "$dir" -Dcuda-path="$CUDA_HOME" "$@" >/dev/null
     fi
-    ninja -C "$dir" >/dev/null || ninja -C "$dir"
+    ninja -C "$dir" ${JOBS:+-j "$JOBS"} >/dev/null || ninja -C "$dir" ${JOBS:+-j 1}
 }
 
-# check NAME DIR [meson options...]: one configuration of the suite
-check() {
-    name=$1
-    dir=$2
+now() { date +%s; }
+mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+
+# tests DIR parallel|alone: the names of the default setup's tests (not the
+# gpu or valgrind suites) that meson may run beside others, or must run alone
+tests() {
+    meson introspect --tests "$1" | python3 -c '
+import json, sys
+want = sys.argv[1] == "parallel"
+for t in json.load(sys.stdin):
+    suites = {s.split(":")[-1] for s in t["suite"]}
+    if not suites & {"gpu", "valgrind"} and t["is_parallel"] == want:
+        print(t["name"])' "$2"
+}
+
+# run_tests NAME DIR PROCS MULT LOG [TEST...]: meson test, output to LOG; on
+# failure the failed tests' logs go to stderr
+run_tests() {
+    rt_name=$1 rt_dir=$2 rt_procs=$3 rt_mult=$4 rt_log=$5
+    shift 5
+    # no names would mean every test
+    if [ $# -eq 0 ]; then
+        : >"$rt_log"
+        return 0
+    fi
+    # meson-logs/NAME.{txt,json} per run (NAME the log's), kept side by side
+    rt_base=$(basename "$rt_log" .log)
+    if ! meson test -C "$rt_dir" --print-errorlogs --num-processes "$rt_procs" \
+        --timeout-multiplier "$rt_mult" --logbase "$rt_base" "$@" >"$rt_log" 2>&1; then
+        grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$rt_log" >&2 || true
+        tail -n 60 "$rt_log" >&2
+        say "$rt_name: tests failed (logs: $rt_log, $rt_dir/meson-logs/$rt_base.txt)"
+        return 1
+    fi
+}
+
+# config NAME DIR [meson options...]: build, then the tests that may run
+# beside others; writes DIR/bootstrap-times (build and test seconds)
+config() {
+    name=$1 dir=$2
     shift 2
-    say "== $name: build"
-    setup "$dir" "$@"
-    say "== $name: test"
-    meson test -C "$dir" --print-errorlogs --num-processes 2 || {
-        say "$name: tests failed (logs: $dir/meson-logs/testlog.txt)"
-        exit 1
-    }
+    t0=$(now)
+    say "[$name] start"
+    echo "$name: building since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
+    setup "$dir" "$@" || { say "[$name] build failed"; return 1; }
+    t1=$(now)
+    echo "$name: testing since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
+    # a failed listing must not pass as "no tests" (errexit is off in here)
+    # shellcheck disable=SC2015 # either failure takes the same branch
+    list=$(tests "$dir" parallel) && [ -n "$list" ] || { say "[$name] cannot list its tests"; return 1; }
+    # shellcheck disable=SC2086 # names have no spaces
+    run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-test.log" $list || return 1
+    if [ "$dir" = build-ci-gcc ]; then
+        run_tests "valgrind" "$dir" 1 3 "$dir/bootstrap-valgrind.log" --suite valgrind || return 1
+    fi
+    t2=$(now)
+    echo "$((t1 - t0)) $((t2 - t1))" >"$dir/bootstrap-times"
+    say "[$name] built in $(mmss $((t1 - t0))), tests in $(mmss $((t2 - t1))) (those that run alone follow)"
+}
+
+# lane LABEL CONFIG... : configurations one after another; "NAME|DIR|OPTS"
+lane() {
+    label=$1
+    LANE=$label
+    shift
+    for c in "$@"; do
+        IFS='|' read -r name dir cc opts <<EOF
+$c
+EOF
+        # shellcheck disable=SC2086
+        CC=$cc config "$name" "$dir" $opts || { echo failed >"$TMPD/$label"; return 1; }
+    done
+    echo ok >"$TMPD/$label"
+    rm -f "$TMPD/phase-$label"
+}
+
+# every 5 minutes, what each lane is doing: no long silence on a slow machine
+heartbeat() {
+    # sleep without our stdio: killed, the loop leaves no pipe held open
+    # shellcheck disable=SC2217
+    while sleep 300 </dev/null >/dev/null 2>&1 && [ -d "$TMPD" ]; do
+        for f in "$TMPD"/phase-*; do
+            [ -f "$f" ] && say "... $(mmss $(($(now) - start))) in: $(cat "$f")"
+        done
+    done
 }
 
 verb=${1:-}
@@ -85,20 +169,64 @@ demo)
     ;;
 test)
     deps
-    CC=gcc check "gcc -Werror" build-ci-gcc -Dwerror=true
-    say "== valgrind memcheck on the unit tests"
-    meson test -C build-ci-gcc --suite valgrind --print-errorlogs || {
-        say "valgrind: errors (logs: build-ci-gcc/meson-logs/testlog.txt)"
+    start=$(now)
+    ncpu=$(nproc 2>/dev/null || echo 2)
+    # two lanes, each with half the cores for its build and its tests
+    JOBS=$(((ncpu + 1) / 2))
+    PROCS=$JOBS
+    export JOBS PROCS
+    TMPD=$(mktemp -d)
+    ph=
+    trap '[ -z "$ph" ] || kill "$ph" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    GCC="gcc -Werror|build-ci-gcc|gcc|-Dwerror=true"
+    CLANG="clang -Werror|build-ci-clang|clang|-Dwerror=true"
+    RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
+    ASAN="ASan+UBSan|build-ci-asan|gcc|-Db_sanitize=address,undefined -Db_lundef=false"
+    TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
+    lane a "$TSAN" &
+    pa=$!
+    lane b "$GCC" "$CLANG" "$RELEASE" "$ASAN" &
+    pb=$!
+    heartbeat &
+    ph=$!
+    wait $pa || true
+    wait $pb || true
+    kill $ph 2>/dev/null || true
+    if [ "$(cat "$TMPD/a" 2>/dev/null)" != ok ] || [ "$(cat "$TMPD/b" 2>/dev/null)" != ok ]; then
+        say "failed after $(mmss $(($(now) - start)))"
         exit 1
-    }
-    CC=clang check "clang -Werror" build-ci-clang -Dwerror=true
-    CC=gcc check "release (NDEBUG)" build-ci-release -Dbuildtype=release -Db_ndebug=true -Dwerror=true
-    CC=gcc check "ASan+UBSan" build-ci-asan -Db_sanitize=address,undefined -Db_lundef=false
-    CC=gcc check "TSan" build-ci-tsan -Db_sanitize=thread -Db_lundef=false
-    say "all configurations passed"
+    fi
+    # the tests that must run alone, one configuration at a time, all cores
+    for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
+        IFS='|' read -r name dir cc opts <<EOF
+$c
+EOF
+        t0=$(now)
+        list=$(tests "$dir" alone) || { say "[$name] cannot list its tests"; exit 1; }
+        # shellcheck disable=SC2086
+        run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $list || {
+            say "failed after $(mmss $(($(now) - start)))"
+            exit 1
+        }
+        echo "$(($(now) - t0))" >>"$dir/bootstrap-times"
+        say "[$name] tests that run alone: $(mmss $(($(now) - t0)))"
+    done
+    say "all configurations passed in $(mmss $(($(now) - start))) on $ncpu cores:"
+    for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
+        IFS='|' read -r name dir cc opts <<EOF
+$c
+EOF
+        read -r b t <"$dir/bootstrap-times"
+        a=$(tail -n 1 "$dir/bootstrap-times")
+        say "  $(printf '%-18s' "$name") build $(mmss "$b"), tests $(mmss "$t") + $(mmss "$a") alone"
+    done
+    ;;
+-h | --help | help)
+    usage
     ;;
 *)
-    sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
-    [ -z "$verb" ] || exit 2
+    usage >&2
+    [ -z "$verb" ] || say "unknown command \"$verb\""
+    exit 2
     ;;
 esac

@@ -52,6 +52,14 @@ static void check(int ok, const char *what)
     }
 }
 
+/* The example misuses the API on purpose, three times, to show what the
+ * library answers; each time the library logs a warning. Say so first, so
+ * the warning reads as what it is. */
+static void expected(const char *what)
+{
+    fprintf(stderr, "c-engine: on purpose, the next warning is expected: %s\n", what);
+}
+
 static int load_driver(void)
 {
     void *h = dlopen("libcuda.so.1", RTLD_NOW);
@@ -118,11 +126,13 @@ int main(void)
     check(woffload_tag_push("model.layers.0.mlp.experts.gate_up_proj") == 0, "tag_push");
     check(cu.alloc(&experts, 16 * MiB) == 0, "cuMemAlloc (experts)");
     check(woffload_tag_pop() == 0, "tag_pop");
+    expected("a pop with no tag scope open is a misuse: -EPERM");
     check(woffload_tag_pop() == -EPERM, "a pop without a scope is -EPERM");
 
     /* The window: allocations made while it is open are placeable; names
      * come afterwards, for ranges inside them. A policy opens it at start
      * unless it says otherwise (window: open:), so it may be open already. */
+    expected("the policy opened the window at start, so opening it again is -EALREADY");
     e = woffload_window_open();
     check(e == 0 || e == -EALREADY, "window_open");
     check(cu.alloc(&attn, 8 * MiB) == 0, "cuMemAlloc (attention)");
@@ -135,6 +145,7 @@ int main(void)
 
     /* Loading is over: placements take effect, at the same addresses. */
     check(woffload_seal() == 0, "seal");
+    expected("a second seal is -EALREADY");
     check(woffload_seal() == -EALREADY, "a second seal is -EALREADY");
     check(round_trip(experts, 16 * MiB, 1), "the experts' bytes round-trip");
     check(round_trip(attn, 8 * MiB, 2), "the attention bytes round-trip");

@@ -13,12 +13,18 @@ struct ctx {
     struct wo_diags *diags;
     struct wo_policy *p;
     uint64_t regex_nodes; /* estimated regcomp nodes of every regex so far */
+    /* While a rule is parsed: the error count at its start. Its first error
+     * is reported, the rest dropped: they follow from the first (a key
+     * misspelt makes the rule lack it too). SIZE_MAX outside a rule. */
+    size_t rule_errors_from;
 };
 
 static void err(struct ctx *c, const struct wo_node *n, const char *fmt, ...) WO_PRINTF(3, 4);
 static void err(struct ctx *c, const struct wo_node *n, const char *fmt, ...)
 {
     va_list ap;
+    if (c->rule_errors_from != SIZE_MAX && c->diags && c->diags->nerrors > c->rule_errors_from)
+        return;
     va_start(ap, fmt);
     wo_diag_addv(c->diags, c->file, n ? n->line : 0, n ? n->column : 0, WO_DIAG_ERROR, fmt, ap);
     va_end(ap);
@@ -602,6 +608,23 @@ enum {
 static const char *const rule_keys[] = {"name", "match", "glob", "regex", "layers", "min_size",
                                         "max_size", "place", "pin", "priority", "slices"};
 static const char *const place_names[] = {"device", "host", "managed"};
+
+/* A placement: device, host or managed; cpu (any case, as llama.cpp's
+ * -ot ...=CPU writes it) is host. names is place_names or rest_names. */
+static int get_place(struct ctx *c, const struct wo_node *n, const char *const *names, size_t nn,
+                     enum wo_placement *ret)
+{
+    int idx;
+
+    if (n->kind == WO_NODE_SCALAR && !n->null && n->value && strcasecmp(n->value, "cpu") == 0) {
+        *ret = WO_PLACE_HOST;
+        return 0;
+    }
+    if (get_enum(c, n, names, nn, &idx) < 0)
+        return -EINVAL;
+    *ret = wo_placement_from_string(names[idx]);
+    return 0;
+}
 static const char *const slices_names[] = {"auto", "none"};
 
 static int parse_rule(struct ctx *c, const struct wo_node *n, struct wo_rule *rule,
@@ -686,9 +709,8 @@ static int parse_rule(struct ctx *c, const struct wo_node *n, struct wo_rule *ru
         err(c, n, "found a rule without 'place', expected place: device, host or managed");
         return -EINVAL;
     }
-    if (get_enum(c, v[K_PLACE], place_names, 3, &idx) < 0)
+    if (get_place(c, v[K_PLACE], place_names, 3, &rule->place) < 0)
         return -EINVAL;
-    rule->place = (enum wo_placement)(WO_PLACE_DEVICE + idx);
     if (v[K_PIN]) {
         if (rule->place != WO_PLACE_HOST) {
             err(c, v[K_PIN], "found 'pin' in a rule with place: %s, expected it only with place: host",
@@ -961,7 +983,7 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
 {
     struct wo_fit *f = &c->p->g.fit;
     const struct wo_node *v[4];
-    int r, idx;
+    int r;
     bool dev_ok = false, kf_ok = false;
 
     if (n->kind == WO_NODE_SCALAR && !n->null) {
@@ -994,10 +1016,8 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
             kf_ok = true;
     }
     if (v[2]) {
-        if (get_enum(c, v[2], rest_names, 2, &idx) < 0)
+        if (get_place(c, v[2], rest_names, 2, &f->rest) < 0)
             r = -EINVAL;
-        else
-            f->rest = idx ? WO_PLACE_MANAGED : WO_PLACE_HOST;
     }
     if (v[3] && get_size(c, v[3], &f->reserve) < 0)
         r = -EINVAL;
@@ -1043,7 +1063,7 @@ static void defaults(struct wo_policy_globals *g)
 int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const char *file,
                         struct wo_diags *diags)
 {
-    struct ctx c = {.file = file, .diags = diags, .p = p};
+    struct ctx c = {.file = file, .diags = diags, .p = p, .rule_errors_from = SIZE_MAX};
     const struct wo_node *v[G_MAX];
     bool open_given = false;
     int r, idx;
@@ -1058,10 +1078,8 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
             r = -EINVAL;
     }
     if (v[G_DEFAULT]) {
-        if (get_enum(&c, v[G_DEFAULT], place_names, 3, &idx) < 0)
+        if (get_place(&c, v[G_DEFAULT], place_names, 3, &p->g.default_place) < 0)
             r = -EINVAL;
-        else
-            p->g.default_place = (enum wo_placement)(WO_PLACE_DEVICE + idx);
     }
     if (v[G_HOST] && parse_budget(&c, v[G_HOST], false, &p->g.host_budget) < 0)
         r = -EINVAL;
@@ -1092,7 +1110,10 @@ int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const c
             if (!p->rules || !p->m)
                 return -ENOMEM;
             for (size_t i = 0; i < rn->n; i++) {
-                int q = parse_rule(&c, rn->items[i], &p->rules[i], &p->m[i]);
+                int q;
+                c.rule_errors_from = c.diags ? c.diags->nerrors : SIZE_MAX;
+                q = parse_rule(&c, rn->items[i], &p->rules[i], &p->m[i]);
+                c.rule_errors_from = SIZE_MAX;
                 p->nrules = i + 1; /* what was parsed is freed with the policy */
                 if (q == -ENOMEM)
                     return q;

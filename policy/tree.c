@@ -515,7 +515,11 @@ int wo_tree_parse(struct wo_tree *t, const char *buf, size_t len, const char *fi
         if (!yaml_parser_parse(&parser, &ev)) {
             const char *problem = parser.problem ? parser.problem : "invalid YAML";
             yaml_mark_t m = parser.problem_mark;
-            if (parser.context)
+            /* libyaml says "found character that cannot start any token" of
+             * a tab where an indentation or a token is expected */
+            if (m.index < len && buf[m.index] == '\t')
+                berr(b, &m, "found a tab, expected spaces: tabs cannot indent YAML; use spaces");
+            else if (parser.context)
                 berr(b, &m, "%s %s", problem, parser.context);
             else
                 berr(b, &m, "%s", problem);

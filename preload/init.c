@@ -6,14 +6,21 @@
  * start-up; doing real work there (dlopen, threads) deadlocked hosts in
  * other interposers, and a process that never uses CUDA (python -c pass,
  * /bin/true) must not pay for us at all. */
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/log.h"
 #include "core/settings.h"
 #include "preload/hook.h"
+#include "wo-config.h"
 
 int wo_preload_state;
 __thread int wo_depth __attribute__((tls_model("initial-exec")));
@@ -105,8 +112,109 @@ int wo_preload_init_slow(void)
     return __atomic_load_n(&wo_preload_state, __ATOMIC_ACQUIRE);
 }
 
+/* Whether the file search the dynamic loader makes for a bare name finds
+ * it (LD_LIBRARY_PATH, its cache, the default directories); *where gets
+ * the directory, or "the loader's cache". Reads files, loads nothing. */
+static bool driver_findable(const char *name, char *where, size_t len)
+{
+    static const char *const dirs[] = {"/lib/x86_64-linux-gnu",
+                                       "/usr/lib/x86_64-linux-gnu",
+                                       "/lib64",
+                                       "/usr/lib64",
+                                       "/lib",
+                                       "/usr/lib"};
+    const char *lp = getenv("LD_LIBRARY_PATH");
+    char path[4096];
+    struct stat st;
+    bool found = false;
+    int fd;
+
+    if (strchr(name, '/')) {
+        snprintf(where, len, "%s", name);
+        return access(name, R_OK) == 0;
+    }
+    for (const char *p = lp; p && *p;) {
+        size_t n = strcspn(p, ":");
+        snprintf(path, sizeof(path), "%.*s/%s", (int)n, p, name);
+        if (n && access(path, R_OK) == 0) {
+            snprintf(where, len, "%.*s", (int)n, p);
+            return true;
+        }
+        p += n + (p[n] == ':');
+    }
+    fd = open("/etc/ld.so.cache", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && fstat(fd, &st) == 0 && st.st_size > 0) {
+        void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (m != MAP_FAILED) {
+            /* the cache stores each name with its terminating NUL */
+            found = memmem(m, (size_t)st.st_size, name, strlen(name) + 1) != NULL;
+            munmap(m, (size_t)st.st_size);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (found) {
+        snprintf(where, len, "the loader's cache");
+        return true;
+    }
+    for (size_t i = 0; i < WO_ARRAY_SIZE(dirs); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dirs[i], name);
+        if (access(path, R_OK) == 0) {
+            snprintf(where, len, "%s", dirs[i]);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* At WOFFLOAD_LOG=info or above, one line says the shim is loaded: its
+ * version, the policy, and whether the driver library can be found. From
+ * the environment as it is now, not through wo_settings(): the settings are
+ * read once, at the first CUDA call (a program may set WOFFLOAD_* before
+ * that); the driver is searched for, not loaded (see the top). A bad
+ * WOFFLOAD_LOG says nothing here: the settings name it at the first call. */
+static void start_line(void)
+{
+    const char *lv = getenv("WOFFLOAD_LOG"), *pol = getenv("WOFFLOAD_POLICY");
+    const char *lib = getenv("WOFFLOAD_CUDA_LIB"), *file = getenv("WOFFLOAD_LOG_FILE");
+    const char *off = getenv("WOFFLOAD_DISABLE");
+    char line[1024], where[512];
+    int n, fd = 2;
+    bool found;
+
+    if (!lv || wo_log_level_from_string(lv) < WO_LOG_INFO)
+        return;
+    if (!lib || !*lib)
+        lib = "libcuda.so.1";
+    found = driver_findable(lib, where, sizeof(where));
+    n = snprintf(
+        line, sizeof(line),
+        "woffload: info: libwoffload %s loaded (pid %d); policy: %s; CUDA driver %s: %s%s%s\n",
+        WO_VERSION, (int)getpid(), pol && *pol ? pol : "none (every allocation passes through)",
+        lib, found ? "found in " : "not found (every call would pass straight through)",
+        found ? where : "",
+        off && (!strcmp(off, "1") || !strcasecmp(off, "yes") || !strcasecmp(off, "true") ||
+                !strcasecmp(off, "on"))
+            ? "; WOFFLOAD_DISABLE is set: every call passes straight through"
+            : "");
+    if (n <= 0)
+        return;
+    if ((size_t)n >= sizeof(line))
+        n = (int)sizeof(line) - 1;
+    if (file && *file)
+        fd = open(file, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        fd = 2;
+    if (write(fd, line, (size_t)n) < 0) {
+        /* nowhere left to say it */
+    }
+    if (fd != 2)
+        close(fd);
+}
+
 /* The per-hook call counters are registered before main() so the stats name
- * them even when no hook ran; nothing else happens here on purpose. */
+ * them even when no hook ran; and the start line. Nothing else happens here
+ * on purpose. */
 __attribute__((constructor)) static void preload_ctor(void)
 {
     static const char *names[WO_NHOOKS + WO_NRT];
@@ -115,6 +223,7 @@ __attribute__((constructor)) static void preload_ctor(void)
     for (int i = 0; i < WO_NRT; i++)
         names[WO_NHOOKS + i] = wo_rt_names[i];
     wo_counters_register_calls(names, wo_hook_calls, WO_NHOOKS + WO_NRT);
+    start_line();
 }
 
 int wo_push_event_prio(struct wo_event *ev, bool low)

@@ -56,6 +56,17 @@ for f in "$dir"/*; do
             continue
         fi
     fi
+    # a second line "# errors: N": exactly N errors (follow-on errors dropped)
+    want=$(head -c 300 "$f" | sed -n '2{s/^# errors: \([0-9]*\).*/\1/p}' | tr -d '\0')
+    if [ -n "$want" ]; then
+        got=$(printf '%s\n' "$err" | grep -c ': error: ')
+        if [ "$got" != "$want" ]; then
+            echo "FAIL $f: $got errors, expected $want"
+            printf '%s\n' "$err" | sed 's/^/    /'
+            fail=1
+            continue
+        fi
+    fi
     echo "ok   $f: $(printf '%s\n' "$err" | grep -m1 ': error: ' | cut -c1-160)"
 done
 if [ $n -eq 0 ]; then

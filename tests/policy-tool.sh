@@ -95,6 +95,13 @@ printf 'model.layers.0.mlp.up_proj.weight:100MiB\n# a comment\n\nmodel.norm.weig
 contains "$tmp/out" "model.norm.weight (8.00 KiB)" "explain - reads stdin"
 expect 2 "explain with a bad size" -- "$tool" explain "$root/examples/empty.yaml" x.weight:12XB
 expect 2 "explain without names" -- "$tool" explain "$root/examples/empty.yaml"
+# place: cpu / CPU is host (llama.cpp's -ot ...=CPU)
+expect 0 "explain with place: CPU" -- "$tool" explain "$root/tests/policy/good/cpu-synonym.yaml" \
+    model.layers.0.mlp.experts.w1
+contains "$tmp/out" "=> host, by rule 1 'experts'" "place: CPU is host"
+expect 0 "explain with place: cpu" -- "$tool" explain "$root/tests/policy/good/cpu-synonym.yaml" \
+    model.norm.weight
+contains "$tmp/out" "=> host, by rule 2 'norms'" "place: cpu is host"
 # The whole policies in docs/policy.md (```yaml blocks with a rules: line) are valid.
 awk -v dir="$tmp" '/^```yaml/{f=1; n++; next} /^```/{f=0} f{print > (dir "/doc-" n ".yaml")}' \
     "$root/docs/policy.md"

@@ -67,6 +67,16 @@ printf '%s\n' "$stats" | grep -q '"sealed":true' || fail "the stats do not say s
 maps=$(env LD_LIBRARY_PATH="$libdir:$fake" LD_PRELOAD="$san" LD_TRACE_LOADED_OBJECTS=1 "$tmp/c-engine" 2>&1)
 printf '%s\n' "$maps" | grep -q "libwoffload\.so => $libdir/libwoffload\.so" ||
     fail "c-engine does not load the installed library: $maps"
+# an installed tool uses the installed paths, even with the build tree there
+tool=$(find "$dest" -path '*/bin/woffload' | head -n 1)
+if [ -z "$tool" ]; then
+    fail "bin/woffload not installed"
+else
+    doc=$(env LD_LIBRARY_PATH="$fake" "$tool" doctor 2>&1)
+    printf '%s\n' "$doc" | grep '^libwoffload:' | grep -q -F "$build" &&
+        fail "the installed woffload doctor reports the build tree's library: $(printf '%s\n' "$doc" | grep '^libwoffload:')"
+    printf '%s\n' "$doc" | grep -q '^libwoffload:' || fail "the installed woffload doctor has no libwoffload line: $doc"
+fi
 if [ "$fails" != 0 ]; then
     printf '%s\n' "$out" | sed 's/^/    /' | head -40
     exit 1

@@ -1,6 +1,7 @@
 #!/bin/sh
 # tests/test-trace-tool.sh TOOL GEN CORPUS: woffload-trace's commands and exit
-# codes (0 success, 1 usage or I/O error, 2 corrupt trace) on a synthetic MoE
+# codes (0 success, 2 usage or input error: a missing, corrupt or truncated
+# trace, 1 failure: an output that cannot be written) on a synthetic MoE
 # trace from gen-trace, on damaged copies of it and on the committed corpus.
 set -u
 tool=$1
@@ -115,14 +116,15 @@ printf 'not a trace at all\n' >"$tmp/text"
 expect 2 "validate a text file" -- "$tool" validate "$tmp/text"
 grep_out "not a libwoffload trace" "a foreign file is named as such"
 
-expect 1 "validate a missing file" -- "$tool" validate "$tmp/nope.wotrace"
+expect 2 "validate a missing file" -- "$tool" validate "$tmp/nope.wotrace"
 grep_out "No such file" "the missing file's error"
-expect 1 "no arguments" -- "$tool"
-expect 1 "unknown command" -- "$tool" frobnicate "$t"
-expect 1 "summary without a file" -- "$tool" summary
+expect 2 "no arguments" -- "$tool"
+expect 2 "unknown command" -- "$tool" frobnicate "$t"
+expect 2 "summary without a file" -- "$tool" summary
 expect 1 "export-chrome to an unwritable path" -- "$tool" export-chrome "$t" /nonexistent/x.json
 expect 0 "--help" -- "$tool" --help
 grep_out "export-chrome" "--help lists the commands"
+grep_out "Exit status: 0 success; 2 usage or input error" "--help states the exit codes"
 
 expect 2 "validate a trace without footer" -- "$tool" validate "$corpus/invalid-no-footer.wotrace"
 grep_out "without a footer" "the missing footer is named"

@@ -23,16 +23,18 @@
 #include "core/trace.h"
 #include "policy/policy.h"
 #include "uvm/devmodel.h"
+#include "tools/doctor.h"
 #include "tools/replay.h"
 #include "wo-config.h"
 
 /* Where the bundled traces and examples are: the source tree this was built
- * from, else the installed data directory. */
+ * from for the build tree's tool, the installed data directory for an
+ * installed one. */
 static const char *data_root(void)
 {
     static char buf[PATH_MAX];
     snprintf(buf, sizeof(buf), "%s/tests/traces", WO_SOURCE_ROOT);
-    if (access(buf, R_OK) == 0)
+    if (wo_tool_in_build_tree() && access(buf, R_OK) == 0)
         return WO_SOURCE_ROOT;
     return WO_DATADIR;
 }
@@ -111,7 +113,12 @@ static void fold(const char *name, char *out, size_t len)
     out[o] = '\0';
 }
 
-static void print_names(FILE *out, struct wo_replay_result *r, double steps_per_token)
+/* The table by name. Its PCIe column is the decode step's bytes (the
+ * summary's figure, pcie_step) split between the names as the replayed
+ * window splits its PCIe bytes (in-place reads, misses, prefetches): the
+ * replay keeps per-name figures for the whole window only, whose steps
+ * include the prefills; so the column adds up to the summary. */
+static void print_names(FILE *out, struct wo_replay_result *r, double pcie_step)
 {
     struct group {
         char name[256];
@@ -120,11 +127,16 @@ static void print_names(FILE *out, struct wo_replay_result *r, double steps_per_
         double zc;
     } g[24];
     size_t ng = 0;
+    double all = 0, shown = 0;
+    char b1[32], b2[48];
+    bool whole = false;
 
     qsort(r->names, r->nnames, sizeof(r->names[0]), by_bytes);
     for (size_t i = 0; i < r->nnames; i++) {
         char f[256];
         size_t j;
+        double w = r->names[i].zc_bytes + r->names[i].miss_bytes + r->names[i].prefetched;
+        all += w;
         fold(r->names[i].name, f, sizeof(f));
         for (j = 0; j < ng; j++)
             if (g[j].place == r->names[i].place && strcmp(g[j].name, f) == 0)
@@ -140,27 +152,38 @@ static void print_names(FILE *out, struct wo_replay_result *r, double steps_per_
         }
         g[j].bytes += r->names[i].bytes;
         g[j].n++;
-        g[j].zc += r->names[i].zc_bytes + r->names[i].miss_bytes;
+        g[j].zc += w;
     }
     fprintf(out, "  %-52s %4s %-8s %10s %16s\n", "name (layers folded)", "n", "place", "bytes",
             "PCIe per token");
-    bool whole = false;
     for (size_t j = 0; j < ng && j < 12; j++) {
-        char b1[32], b2[48] = "-";
+        double per_token = all > 0 ? g[j].zc / all * pcie_step : 0;
         /* A kernel is handed a pointer, not a length: when only the base of
          * a stacked tensor is seen (a grouped GEMM given the whole expert
          * stack), the replay must count all of it: an upper bound. */
-        bool all = g[j].zc * steps_per_token >= 0.9 * (double)g[j].bytes && g[j].bytes >= WO_MiB;
+        bool upper = g[j].zc >= 0.9 * (double)g[j].bytes && g[j].bytes >= WO_MiB;
+        snprintf(b2, sizeof(b2), "-");
         if (g[j].zc > 0)
-            snprintf(b2, sizeof(b2), "%s%s", all ? "<= " : "", human(g[j].zc * steps_per_token, b1, sizeof(b1)));
-        whole |= all && g[j].zc > 0;
+            snprintf(b2, sizeof(b2), "%s%s", upper ? "<= " : "", human(per_token, b1, sizeof(b1)));
+        whole |= upper && g[j].zc > 0;
+        shown += per_token;
         fprintf(out, "  %-52.52s %4llu %-8s %10s %16s\n", g[j].name, (unsigned long long)g[j].n,
                 wo_placement_to_string(g[j].place), human((double)g[j].bytes, b1, sizeof(b1)), b2);
     }
+    if (pcie_step - shown > 0.005 * pcie_step)
+        fprintf(out, "  %-52s %4s %-8s %10s %16s\n", "(the other names)", "", "", "",
+                human(pcie_step - shown, b1, sizeof(b1)));
+    fprintf(out, "  %-52s %4s %-8s %10s %16s\n", "total (the summary's figure below)", "", "", "",
+            pcie_step > 0 ? human(pcie_step, b1, sizeof(b1)) : "0 B");
+    fprintf(out,
+            "  PCIe per token: a decode step's bytes over PCIe (one token at batch 1), split\n"
+            "  between the names as the whole replayed window, prefills included, splits them\n");
     if (whole)
-        fprintf(out, "  <= : the kernels were handed only the base of these tensors, so the replay\n"
-                     "       counts every byte as read (an upper bound; a batch-1 MoE reads only the\n"
-                     "       active experts: see bench/results/e2e-*-issue8.md for the measured rate)\n");
+        fprintf(
+            out,
+            "  <= : the kernels were handed only the base of these tensors, so the replay\n"
+            "       counts every byte as read (an upper bound; a batch-1 MoE reads only the\n"
+            "       active experts: bench/results/e2e-20261122-143449-issue8.md measured it)\n");
 }
 
 static int replay_one(const struct wo_trace_data *d, const struct wo_devmodel *dm,
@@ -207,17 +230,20 @@ static int run_replay(FILE *out, const char *trace, const char *policy_path)
     if (r < 0)
         goto out;
 
-    fprintf(out, "No GPU with PyTorch here: replaying a real run instead.\n\n"
-                 "trace:  %s\n        transformers Qwen3-MoE (16 layers, 32 experts, top-4, bf16, 19.7 GiB), eager\n"
-                 "        experts backend, greedy decode at batch 1, every weight on the GPU, recorded\n"
-                 "        under libwoffload on an H100 (the same engine measured: bench/results/e2e-*-issue7-r7*)\n"
-                 "policy: %s\nmodel:  %s\n\n",
-            trace, policy_path, dm.name[0] ? dm.name : "built-in H100 (device-facts.md)");
+    fprintf(out,
+            "No GPU with PyTorch here: replaying a real run instead.\n\n"
+            "trace:  %s\n        transformers Qwen3-MoE (16 layers, 32 experts, top-4, bf16, 19.7 "
+            "GiB), eager\n"
+            "        experts backend, greedy decode at batch 1, every weight on the GPU, recorded\n"
+            "        under libwoffload on an H100 (the same engine measured: "
+            "bench/results/e2e-20261122-180852-issue7-r7.md)\n"
+            "policy: %s\nmodel:  %s\n\n",
+            trace, policy_path, dm.name[0] ? dm.name : "built-in H100");
     if (replay_one(d, &dm, NULL, true, &gpu) < 0 || replay_one(d, &dm, pol, false, &pl) < 0)
         goto out;
 
-    fprintf(out, "Placement by name (PCIe per step: the replayed window's average):\n");
-    print_names(out, &pl, 1.0);
+    fprintf(out, "Placement by name:\n");
+    print_names(out, &pl, pl.decode_step_s > 0 ? pl.decode_pcie_bytes : pl.pcie_bytes_step);
     {
         /* decode steps (one token each at batch 1) when the trace has them */
         double gs = gpu.decode_step_s > 0 ? gpu.decode_step_s : gpu.step_s;
@@ -240,11 +266,13 @@ static int run_replay(FILE *out, const char *trace, const char *policy_path)
                      "     host's own work could not hide (eager MoE waits once per expert)\n",
                 (ps - gs) * 1e3);
     }
-    fprintf(out, "\nTry the experts managed within 9 GiB of the GPU (half their bytes):\n"
-                 "  WO_EXPERT_BUDGET=9GiB woffload demo --policy examples/moe-experts-managed.yaml\n"
-                 "(measured on the H100 with the same calls: replays run 2-19%% short of the measured\n"
-                 "step, docs/prefetch.md \"How well the replay predicts\")\n"
-                 "Or any trace of your own: WOFFLOAD_TRACE=run.wotrace woffload-run --policy P -- CMD\n");
+    fprintf(out,
+            "\nTry the experts managed within 9 GiB of the GPU (half their bytes):\n"
+            "  WO_EXPERT_BUDGET=9GiB woffload demo --policy %s/examples/moe-experts-managed.yaml\n"
+            "(measured on the H100 with the same calls: replays run 2-19%% short of the measured\n"
+            "step, docs/prefetch.md \"How well the replay predicts\")\n"
+            "Or any trace of your own: WOFFLOAD_TRACE=run.wotrace woffload-run --policy P -- CMD\n",
+            data_root());
     ret = 0;
 out:
     wo_replay_result_free(&gpu);

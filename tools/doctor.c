@@ -7,6 +7,8 @@
 #include <ctype.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -187,7 +189,8 @@ static void report_memlock(FILE *out)
                 strcmp(line, "max") ? " (host placements count against it)" : "");
 }
 
-static void report_policy(FILE *out, const char *path)
+/* Returns whether the policy loads (true without one). */
+static bool report_policy(FILE *out, const char *path)
 {
     struct wo_diags diags = {0};
     struct wo_policy *p = NULL;
@@ -197,7 +200,7 @@ static void report_policy(FILE *out, const char *path)
 
     if (!path) {
         fprintf(out, "policy:       none (WOFFLOAD_POLICY unset): every allocation passes through untouched\n");
-        return;
+        return true;
     }
     r = wo_policy_load_file(path, NULL, &p, &diags);
     for (size_t i = 0; i < diags.n; i++) {
@@ -209,7 +212,7 @@ static void report_policy(FILE *out, const char *path)
     if (r < 0) {
         fprintf(out, "policy:       %s does not load: %s (the shim would pass everything through)\n", path,
                 strerror(-r));
-        return;
+        return false;
     }
     g = wo_policy_globals(p);
     if (g->host_budget.kind == WO_BUDGET_BYTES)
@@ -218,20 +221,31 @@ static void report_policy(FILE *out, const char *path)
             wo_policy_nrules(p), wo_placement_to_string(g->default_place), hb,
             wo_policy_passthrough(p) ? " (places nothing off the device)" : "");
     wo_policy_free(p);
+    return true;
+}
+
+bool wo_tool_in_build_tree(void)
+{
+    char self[PATH_MAX], root[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    size_t len;
+
+    if (n <= 0 || !realpath(WO_BUILD_ROOT, root))
+        return false;
+    self[n] = '\0';
+    len = strlen(root);
+    return strncmp(self, root, len) == 0 && self[len] == '/';
 }
 
 static void report_shim(FILE *out)
 {
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-    char lib[4096];
-    if (n > 0)
-        self[n] = '\0';
+    char lib[PATH_MAX];
+
+    /* the build tree's library for the build tree's tool, the installed one
+     * for an installed tool (even when the build tree is still there) */
+    if (wo_tool_in_build_tree())
+        snprintf(lib, sizeof(lib), "%s/preload/libwoffload.so", WO_BUILD_ROOT);
     else
-        snprintf(self, sizeof(self), "?");
-    /* the library next to the tool in the build tree, else the installed one */
-    snprintf(lib, sizeof(lib), "%s/preload/libwoffload.so", WO_BUILD_ROOT);
-    if (access(lib, R_OK) != 0)
         snprintf(lib, sizeof(lib), "%s/libwoffload.so", WO_LIBDIR);
     fprintf(out, "libwoffload:  %s %s\n", WO_VERSION, access(lib, R_OK) == 0 ? lib : "(library not found)");
 }
@@ -242,6 +256,7 @@ int wo_doctor(FILE *out, const char *policy_path, bool env)
     struct utsname u;
     int tk = 0;
     const char *root = getenv("CUDA_HOME");
+    bool policy_ok;
 
     if (env) {
         wo_settings_print(out, s);
@@ -260,9 +275,10 @@ int wo_doctor(FILE *out, const char *policy_path, bool env)
         fprintf(out, "toolkit CUDA: not found under %s; built against %d.%d\n", root,
                 CUDA_VERSION / 1000, (CUDA_VERSION % 1000) / 10);
     report_memlock(out);
-    report_policy(out, policy_path ? policy_path : s->policy);
+    policy_ok = report_policy(out, policy_path ? policy_path : s->policy);
     if (s->nerrors)
         fprintf(out, "settings:     %d WOFFLOAD_* variable(s) have bad values (messages above); see `woffload doctor --env`\n",
                 s->nerrors);
-    return 0;
+    /* an input error: the policy or a setting the shim would not take */
+    return policy_ok && !s->nerrors ? 0 : 2;
 }

@@ -50,7 +50,8 @@ static void usage(FILE *f)
             "                  RANK, LOCAL_RANK, WORLD_SIZE default to 0, 0, 1)\n"
             "-q, --quiet       check: print nothing for a policy without diagnostics\n"
             "\n"
-            "Exit status: 0 when every policy is valid (warnings allowed), 2 on any error.\n"
+            "Exit status: 0 when every policy is valid (warnings allowed); 2 on a usage or input\n"
+            "error (any error in a policy); 1 on a failure.\n"
             "Keys and examples: docs/policy.md.\n");
 }
 

@@ -31,7 +31,7 @@ static void usage(FILE *f)
             "recorded trace (plain or gzip-compressed .wot.gz) under a policy\n"
             "(docs/prefetch.md).\n"
             "  --policy P     placements from this policy (default: those the trace recorded)\n"
-            "  --device MODEL device model file (default: built-in H100, device-facts.md)\n"
+            "  --device MODEL device model file (default: the built-in H100, uvm/devmodel.c)\n"
             "  --budget B     device budget for managed ranges: bytes (\"8GiB\") or a share\n"
             "                 of the managed bytes (\"50%%\"); default: the policy's device_budget\n"
             "  --timeline F   write the predicted timeline as Chrome trace JSON (Perfetto)\n"
@@ -43,7 +43,9 @@ static void usage(FILE *f)
             "                 recorded run's: a slower (F > 1) or faster host\n"
             "  --host-step MS the host speed at which the all-GPU replay's decode step\n"
             "                 takes MS milliseconds: give the all-GPU decode step measured\n"
-            "                 on the machine the prediction is for\n");
+            "                 on the machine the prediction is for\n"
+            "Exit status: 0 success; 2 usage or input error (a bad option, trace, policy or\n"
+            "model); 1 failure (--check not met, or the replay itself failed).\n");
 }
 
 static const char *gb(double bytes, char *buf, size_t len)

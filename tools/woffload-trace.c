@@ -19,7 +19,9 @@
 #include "core/trace.h"
 #include "wo-config.h"
 
-enum { EXIT_USAGE = 1, EXIT_INVALID = 2 };
+/* 0 success, 2 usage or input errors (a missing, corrupt or truncated trace),
+ * 1 failure (out of memory, an output that cannot be written): every tool's. */
+enum { EXIT_FAIL = 1, EXIT_USAGE = 2, EXIT_INVALID = 2 };
 
 /* Traces bigger than this many events are refused rather than exhausting
  * memory (each loaded event takes ~270 bytes). */
@@ -45,7 +47,8 @@ static void usage(FILE *f)
             "\n"
             "TRACE may be gzip-compressed (.wot.gz): it is read as it is.\n"
             "Options: -h, --help; --version.\n"
-            "Exit status: 0 success, 1 usage or I/O error, 2 the trace is corrupt or truncated.\n"
+            "Exit status: 0 success; 2 usage or input error (a missing, corrupt or truncated\n"
+            "trace); 1 failure (out of memory, an output that cannot be written).\n"
             "The format: docs/trace-format.md.\n");
 }
 
@@ -66,8 +69,8 @@ static const char *human(uint64_t b, char *buf, size_t len)
     return buf;
 }
 
-/* Loads path; prints the reader's error. Returns 0, EXIT_INVALID (with *ret
- * holding what was read before the problem) or EXIT_USAGE. */
+/* Loads path; prints the reader's error. Returns 0, or EXIT_INVALID with *ret
+ * holding what was read before the problem, or NULL when nothing was. */
 static int load(const char *path, unsigned flags, struct wo_trace_data **ret)
 {
     int e = wo_trace_load(path, flags, MAX_EVENTS, ret);
@@ -78,7 +81,7 @@ static int load(const char *path, unsigned flags, struct wo_trace_data **ret)
         fprintf(stderr, "woffload-trace: %s: %s\n", path, strerror(-e));
         wo_trace_data_free(*ret);
         *ret = NULL;
-        return EXIT_USAGE;
+        return EXIT_INVALID;
     }
     fprintf(stderr, "woffload-trace: %s: %s\n", path, (*ret)->error_text);
     return EXIT_INVALID;
@@ -442,7 +445,7 @@ static int cmd_summary(int argc, char **argv)
         return EXIT_USAGE;
     }
     rc = load(argv[optind], 0, &d);
-    if (rc == EXIT_USAGE)
+    if (!d)
         return rc;
 
     printf("trace: %s", argv[optind]);
@@ -517,7 +520,7 @@ static int cmd_summary(int argc, char **argv)
         fprintf(stderr, "woffload-trace: out of memory\n");
         attr_free(&a);
         wo_trace_data_free(d);
-        return EXIT_USAGE;
+        return EXIT_FAIL;
     }
     nrows = name_rows(d, &a, 0, &rows);
     print_rows("names by bytes", rows, nrows, top, cmp_row_bytes, 0);
@@ -700,20 +703,20 @@ static int cmd_export_chrome(int argc, char **argv)
         return EXIT_USAGE;
     }
     rc = load(argv[1], 0, &d);
-    if (rc == EXIT_USAGE)
+    if (!d)
         return rc;
     if (attribute(d, &a) < 0) {
         fprintf(stderr, "woffload-trace: out of memory\n");
         attr_free(&a);
         wo_trace_data_free(d);
-        return EXIT_USAGE;
+        return EXIT_FAIL;
     }
     f = strcmp(argv[2], "-") == 0 ? stdout : fopen(argv[2], "w");
     if (!f) {
         fprintf(stderr, "woffload-trace: %s: %s\n", argv[2], strerror(errno));
         attr_free(&a);
         wo_trace_data_free(d);
-        return EXIT_USAGE;
+        return EXIT_FAIL;
     }
     v = wo_trace_data_info(d, "pid");
     pid = v ? atoi(v) : 1;
@@ -858,7 +861,7 @@ static int cmd_export_chrome(int argc, char **argv)
     fprintf(f, "\n]}\n");
     if (f != stdout ? fclose(f) != 0 : fflush(f) != 0) {
         fprintf(stderr, "woffload-trace: writing %s: %s\n", argv[2], strerror(errno));
-        rc = EXIT_USAGE;
+        rc = EXIT_FAIL;
     }
     free(st.ids);
     attr_free(&a);

@@ -22,7 +22,11 @@ static void usage(FILE *f)
                "doctor      report the CUDA driver, GPUs, toolkit, memlock and cgroup limits,\n"
                "            and whether the policy (WOFFLOAD_POLICY or --policy) parses\n"
                "doctor --env, --help-env\n"
-               "            print every WOFFLOAD_* setting: default, current value, meaning\n");
+               "            print every WOFFLOAD_* setting: default, current value, meaning\n"
+               "\n"
+               "Exit status: 0 success; 2 usage or input error (doctor: the policy does not\n"
+               "load or a WOFFLOAD_* variable has a bad value, the rest still reported);\n"
+               "1 failure (demo: the replay or the engine failed).\n");
 }
 
 int main(int argc, char **argv)

@@ -51,7 +51,7 @@ void wo_devmodel_default(struct wo_devmodel *m)
 {
     memset(m, 0, sizeof(*m));
     snprintf(m->name, sizeof(m->name), "%s",
-             "built-in: H100 80GB HBM3 PCIe Gen5, guide/device-facts.md (2026-11-22)");
+             "built-in: H100 80GB HBM3 PCIe Gen5, uvm/devmodel.c (2026-11-22)");
     m->device_bytes = UINT64_C(85029158912);
     m->hbm_gbs = 2500;
     m->zc_gbs = 50;
