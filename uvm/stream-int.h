@@ -62,7 +62,10 @@ struct srange {
 
 struct exec {
     const struct wo_driver *drv;
-    enum wo_prefetch_mode mode;
+    /* policy prefetch.mode, read once (setup): */
+    bool stream_all;   /* stream: every streamable range, from the start */
+    bool by_auto;      /* auto: by read multiplicity, then auto's step-time rule */
+    bool measure_only; /* hot-set: nothing streamed; measures, and warns once */
     CUcontext ctx;
     CUstream copy;
     CUmodule copy_mod;  /* its module, loaded with the slots and unloaded with them */

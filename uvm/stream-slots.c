@@ -434,7 +434,7 @@ void wo_sx_resize(const uint32_t *ahead, unsigned na)
 static void slots_shrank(void)
 {
     wo_prefetch_reserve(wo_sx_slots_bytes());
-    if (wo_sx->mode == WO_PREFETCH_MODE_AUTO)
+    if (wo_sx->by_auto)
         readmit_room();
 }
 
