@@ -14,7 +14,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "uvm/stream.h"
+#include "uvm/plan-stream.h"
 
 #define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
 

@@ -1,0 +1,430 @@
+/* uvm/stream-learn.c: what the streaming executor learns from launches
+ * (see stream-int.h): per range and step the bytes read and the distinct
+ * bytes among them (read multiplicity), which ranges are streamed (by gain,
+ * or by auto's step-time rule, stream-auto.h), the steps, and which launch
+ * functions read off-device ranges. */
+#include "uvm/stream-int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "uvm/prefetch.h"
+
+/* ---- learning ----------------------------------------------------------------- */
+
+static uint64_t granule(const struct srange *r)
+{
+    uint64_t span = r->hi - r->lo;
+    return (span + GRANULES - 1) / GRANULES;
+}
+
+static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h)
+{
+    uint64_t span = r->hi - r->lo, rel, relhi, end, g = granule(r);
+
+    if (h->offset < r->lo || h->offset >= r->hi)
+        return; /* another part of the allocation */
+    rel = h->offset - r->lo;
+    relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;
+    if (rel)
+        r->slice = r->slice ? wo_plan_gcd(r->slice, rel) : rel;
+    end = wo_plan_extent_end(span, r->slice, rel, relhi);
+    if (end <= rel)
+        return;
+    r->read += end - rel;
+    for (uint64_t k = rel / g; k <= (end - 1) / g && k < GRANULES; k++)
+        r->mask |= UINT64_C(1) << k;
+    if (!r->touched) {
+        r->touched = true;
+        /* the order takes a copy of cur at the step's end: same capacity */
+        if (wo_grow((void **)&wo_sx->cur, &wo_sx->cap_cur, wo_sx->ncur + 1, sizeof(*wo_sx->cur)) <
+                0 ||
+            wo_grow((void **)&wo_sx->order, &wo_sx->cap_order, wo_sx->ncur + 1,
+                    sizeof(*wo_sx->order)) < 0)
+            return;
+        wo_sx->cur[wo_sx->ncur++] = id;
+    }
+}
+
+/* Whether the executor can stream the range at all: its span is weights
+ * only, no copy wrote it, it is not gathered, and it fits a slot (said
+ * once when it does not). */
+static bool streamable(struct srange *r)
+{
+    if (r->written || r->gathered || r->gapped)
+        return false;
+    if (r->hi - r->lo > wo_sx->slot_size) {
+        if (!r->big) {
+            r->big = true;
+            wo_info("stream: '%s' (%llu MiB) is larger than the staging slots (%llu MiB): read "
+                    "in place",
+                    r->name ? r->name : "(unnamed)", (unsigned long long)((r->hi - r->lo) >> 20),
+                    (unsigned long long)(wo_sx->slot_size >> 20));
+        }
+        return false;
+    }
+    return true;
+}
+
+/* quiet: auto's step-time decision streams many ranges at once and says
+ * so in one line (auto_decide) */
+void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet)
+{
+    if (r->streamed || !streamable(r))
+        return;
+    r->streamed = true;
+    __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
+    if (!r->host)
+        wo_prefetch_release(id, r->gen, wo_stream_reserved());
+    if (quiet)
+        return;
+    if (r->msteps)
+        wo_info("stream: '%s' (%s, %llu MiB) is streamed: read %.1fx its bytes a step",
+                r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                (unsigned long long)((r->hi - r->lo) >> 20), r->gain);
+    else
+        wo_debug("stream: '%s' (%s, %llu MiB) is streamed (prefetch.mode stream)",
+                 r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
+                 (unsigned long long)((r->hi - r->lo) >> 20));
+}
+
+/* A range auto streamed by step time goes back to being read in place
+ * (a managed one to the planner, which may make it resident again). Its
+ * assignment is taken back at once (unpublish: no hook takes the slot any
+ * more); a hook that still holds the slot keeps reading it, and wo_sx_stage()
+ * reuses a slot only once no hook does. */
+void wo_sx_unselect_range(struct srange *r, uint32_t id)
+{
+    r->probed = false;
+    r->room = false;
+    r->streamed = false;
+    __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
+    wo_sx_take_back(r);
+    if (!r->host)
+        wo_prefetch_readmit(id, r->gen, wo_stream_reserved());
+}
+
+/* the first decisions at info, later ones (a server's batch moves) at debug */
+#define AUTO_SAY(loud, ...)                                                                        \
+    do {                                                                                           \
+        if (loud)                                                                                  \
+            wo_info(__VA_ARGS__);                                                                  \
+        else                                                                                       \
+            wo_debug(__VA_ARGS__);                                                                 \
+    } while (0)
+
+/* Whether the range was read in a recent step and could be streamed. */
+static bool auto_recent(struct srange *r)
+{
+    return r->live && !r->streamed && r->msteps && r->last_step + AUTO_RECENT >= wo_sx->steps &&
+           streamable(r);
+}
+
+/* auto's candidates for the step-time decision: ranges a recent step read
+ * in place, that the executor can stream and did not stream for their gain
+ * (those stay streamed: they save bytes whatever the time says): host
+ * ranges, and managed ranges the planner's hot set does not keep on the
+ * GPU (transformers' default experts backend reads a stacked tensor once
+ * a step by count, per token on the GPU: the gain rule never sees it). */
+static bool auto_candidate(struct srange *r, uint32_t id)
+{
+    if (!r->live)
+        return false;
+    if (r->probed)
+        return true;
+    return auto_recent(r) && (r->host || wo_prefetch_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
+}
+
+/* The slots come out of the planner's budget: the bytes of managed ranges
+ * its hot set keeps (and that are not streamed) beyond what is left of it
+ * once `reserved` is out. */
+static uint64_t hot_over(uint64_t reserved)
+{
+    uint64_t budget = wo_uvm_device_budget(), hot = 0;
+
+    budget -= WO_MIN(reserved, budget);
+    for (uint32_t id = 0; id < wo_sx->nr; id++)
+        if (wo_sx->r[id].live && !wo_sx->r[id].host && !wo_sx->r[id].streamed)
+            hot += wo_prefetch_hot_bytes(id, wo_sx->r[id].gen);
+    return hot > budget ? hot - budget : 0;
+}
+
+/* auto by step time (stream-auto.h): stream the candidates when a step's
+ * period says it pays, and back when it does not. A hot managed range the
+ * slots leave no room for is streamed with them, the last of the step
+ * first (llama.cpp's --n-cpu-moe keeps the first layers on the GPU too):
+ * the planner would drop it, and it would be read in place. */
+static void auto_decide(uint64_t t_ns, unsigned k)
+{
+    uint64_t cand = 0, bytes = 0, kept = wo_sx->au.kept, slot_bytes, over;
+    unsigned n = 0, nm = 0, nroom = 0;
+    bool loud = wo_sx->au.tries < 3;
+    enum wo_auto_action act;
+
+    if (!wo_sx->by_auto || wo_sx->slots_failed)
+        return;
+    slot_bytes = wo_sx_slots_bytes();
+    for (uint32_t id = 0; id < wo_sx->nr; id++)
+        if (auto_candidate(&wo_sx->r[id], id))
+            cand += wo_sx->r[id].hi - wo_sx->r[id].lo;
+    if (cand && wo_sx->au.phase == WO_AUTO_WATCH)
+        cand += hot_over(slot_bytes);
+    act = wo_auto_step(&wo_sx->au, t_ns, k, cand, wo_sx->link_gbs);
+    if (act == WO_AUTO_STREAM) {
+        for (uint32_t id = 0; id < wo_sx->nr; id++) {
+            struct srange *r = &wo_sx->r[id];
+            if (!auto_candidate(r, id) || r->probed)
+                continue;
+            wo_sx_select_range(r, id, true);
+            if (r->streamed) {
+                r->probed = true;
+                n++;
+                nm += !r->host;
+                bytes += r->hi - r->lo;
+            }
+        }
+        over = hot_over(slot_bytes);
+        for (uint32_t i = wo_sx->norder; over && i-- > 0;) {
+            uint32_t id = wo_sx->order[i];
+            struct srange *r = &wo_sx->r[id];
+            uint64_t hot;
+
+            if (id >= wo_sx->nr || r->host || !auto_recent(r) ||
+                !(hot = wo_prefetch_hot_bytes(id, r->gen)))
+                continue;
+            wo_sx_select_range(r, id, true);
+            if (r->streamed) {
+                r->probed = true;
+                r->room = true;
+                n++;
+                nm++;
+                nroom++;
+                bytes += r->hi - r->lo;
+                over -= WO_MIN(hot, over);
+            }
+        }
+        add(&wo_stream_tab.n.auto_tries, 1);
+        AUTO_SAY(
+            loud,
+            "stream: auto: trying %u ranges (%u managed, %u of them hot ones the slots take the "
+            "room of; %llu MiB) streamed: a step took %.1f ms read in place, one copy of them "
+            "takes %.1f ms at %.0f GB/s",
+            n, nm, nroom, (unsigned long long)(bytes >> 20), wo_sx->au.inplace_ns / 1e6,
+            (double)bytes / wo_sx->link_gbs / 1e6, wo_sx->link_gbs);
+    } else if (act == WO_AUTO_UNSTREAM) {
+        for (uint32_t id = 0; id < wo_sx->nr; id++)
+            if (wo_sx->r[id].live && wo_sx->r[id].probed) {
+                wo_sx_unselect_range(&wo_sx->r[id], id);
+                n++;
+            }
+        if (wo_sx->au.phase == WO_AUTO_HOLD) {
+            add(&wo_stream_tab.n.auto_backs, 1);
+            AUTO_SAY(loud,
+                     "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
+                     "%.1f ms in place",
+                     n, wo_sx->au.stream_ns / 1e6, wo_sx->au.inplace_ns / 1e6);
+        } else {
+            wo_debug("stream: auto: the step's period moved (%.1f ms, streamed at %.1f ms): "
+                     "measuring in place again (%u ranges)",
+                     wo_sx->au.ewma_ns / 1e6, wo_sx->au.decided_ns / 1e6, n);
+        }
+    } else if (wo_sx->au.kept != kept) {
+        add(&wo_stream_tab.n.auto_kept, 1);
+        AUTO_SAY(loud,
+                 "stream: auto: the ranges stay streamed: a step takes %.1f ms streamed, %.1f ms "
+                 "in place",
+                 wo_sx->au.stream_ns / 1e6, wo_sx->au.inplace_ns / 1e6);
+    }
+}
+
+void wo_sx_publish_names(bool force);
+
+static void close_step(unsigned k, uint64_t t_ns)
+{
+    /* the first boundary closes the steps the period was learned on, and
+     * everything read since the start with them: not a measurement */
+    bool measure = wo_sx->steps > 0;
+    const char *warn_name = NULL;
+    double warn_mult = 0;
+    unsigned warn_more = 0;
+
+    wo_sx->steps += k;
+    add(&wo_stream_tab.n.steps, k);
+    for (uint32_t id = 0; id < wo_sx->nr; id++) {
+        struct srange *r = &wo_sx->r[id];
+        uint64_t distinct;
+        double mult, gain;
+
+        if (!r->live)
+            continue;
+        r->steps_all += k;
+        r->sum_staged += (double)r->staged;
+        r->staged = 0;
+        if (!r->touched || !measure) {
+            r->read = 0;
+            r->mask = 0;
+            r->touched = false;
+            continue;
+        }
+        /* per step: the bytes read over the distinct bytes among them */
+        distinct = WO_MIN((uint64_t)__builtin_popcountll(r->mask) * granule(r), r->hi - r->lo);
+        mult = distinct ? (double)r->read / (double)k / (double)distinct : 0;
+        gain = (double)r->read / (double)k / (double)(r->hi - r->lo);
+        r->msteps += k;
+        r->last_step = wo_sx->steps;
+        r->sum_mult += mult * k;
+        r->sum_read += (double)r->read;
+        /* a running mean while young, then recent steps weigh more */
+        r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
+                                 : 0.75 * r->gain + 0.25 * gain;
+        if (!wo_sx->slots_failed &&
+            ((wo_sx->by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+             wo_sx->stream_all)) {
+            r->probed = false; /* streamed for its gain now: the step time cannot take it back */
+            wo_sx_select_range(r, id, false); /* stream: also ranges that came after setup */
+        }
+        /* the advice is a mode: under stream or auto a range read in place
+         * was too large for a slot, gapped or written (said when found) */
+        if (wo_sx->measure_only && r->host && !r->streamed && !r->warned &&
+            r->msteps >= AUTO_STEPS && r->sum_mult / (double)r->msteps >= WARN_MULT) {
+            r->warned = true;
+            if (!warn_name) {
+                warn_name = r->name ? r->name : "(unnamed)";
+                warn_mult = r->sum_mult / (double)r->msteps;
+            } else {
+                warn_more++;
+            }
+        }
+        r->read = 0;
+        r->mask = 0;
+        r->touched = false;
+    }
+    if (warn_name && !wo_sx->warned) {
+        /* one line for the process: the first range, and how many more */
+        char more[64] = "";
+        wo_sx->warned = true;
+        if (warn_more)
+            snprintf(more, sizeof(more), " (and %u more host ranges)", warn_more);
+        wo_warn("stream: '%s' (host) is read %.1fx a step in place over PCIe%s; "
+                "prefetch: {mode: auto} would copy it once a step into device slots "
+                "(docs/prefetch.md, Streaming)",
+                warn_name, warn_mult, more);
+    }
+    /* this step's first touches are the next step's plan */
+    for (uint32_t i = 0; i < wo_sx->norder; i++)
+        if (wo_sx->order[i] < wo_sx->nr) {
+            wo_sx->r[wo_sx->order[i]].ord = NONE;
+            __atomic_store_n(&wo_stream_tab.e[wo_sx->order[i]].planned, 0, __ATOMIC_RELAXED);
+        }
+    memcpy(wo_sx->order, wo_sx->cur, wo_sx->ncur * sizeof(*wo_sx->cur));
+    wo_sx->norder = wo_sx->ncur;
+    wo_sx->ncur = 0;
+    for (uint32_t i = 0; i < wo_sx->norder; i++) {
+        wo_sx->r[wo_sx->order[i]].ord = i;
+        __atomic_store_n(&wo_stream_tab.e[wo_sx->order[i]].planned, 1, __ATOMIC_RELAXED);
+    }
+    wo_sx->maxi = NONE;
+    if (measure)
+        auto_decide(t_ns, k);
+    if (!wo_sx->slots_failed)
+        wo_sx_want_sizes(); /* for what this step streamed, in its order (resize) */
+    wo_sx_publish_names(false);
+}
+
+/* The consumer's copy of preload/launch.c's reads_weights(): whether
+ * func's launches reached two off-device ranges or more (ids: this
+ * launch's). Once ranges vary (lows_vary), a function that reached one
+ * only reached it through a word that held an address by chance: a
+ * libtorch kernel's unfilled struct members named the last layer's weight
+ * in every layer on the Qwen3 shape (docs/prefetch.md, Streaming). */
+static bool reader(uint64_t func, const uint32_t *ids, unsigned n)
+{
+    struct fnrec *f = NULL;
+    uint64_t h = func * UINT64_C(0x9E3779B97F4A7C15);
+
+    if (!wo_sx->fns && !(wo_sx->fns = calloc(FNS, sizeof(*wo_sx->fns))))
+        return true;
+    for (unsigned i = 0; i < 32 && !f; i++) {
+        struct fnrec *c = &wo_sx->fns[((h >> 40) + i) & (FNS - 1)];
+        if (c->func == func || !c->func)
+            f = c;
+    }
+    if (!f)
+        return true; /* table crowded: as before */
+    f->func = func;
+    for (unsigned i = 0; i < n && !f->many; i++) {
+        if (!f->first)
+            f->first = ids[i] + 1;
+        else if (f->first != ids[i] + 1)
+            f->many = true;
+    }
+    return f->many;
+}
+
+void wo_sx_on_launch(const struct wo_event *ev)
+{
+    uint32_t low = NONE, ids[WO_EV_MAX_HITS];
+    unsigned n = 0;
+    bool same;
+    unsigned k;
+
+    if (ev->capture)
+        return; /* replayed later by a graph, never redirected */
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &ev->l.hits[i];
+        struct srange *r;
+
+        if (h->id >= wo_sx->nr || !(r = &wo_sx->r[h->id])->live || r->gen != h->gen)
+            continue;
+        /* a hit outside the span (an activation in the allocation's tail)
+         * is not a weight read: it neither counts nor keys the step (those
+         * move between steps, and the step would never be found) */
+        if (h->hi <= r->lo || h->offset >= r->hi)
+            continue;
+        /* nor is a word that cannot point at a weight (core/event.h) */
+        if (!wo_hit_pointer_like(h))
+            continue;
+        ids[n++] = h->id;
+    }
+    if (!n || (!reader(ev->l.func, ids, n) && wo_sx->lows_vary))
+        return;
+    for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
+        const struct wo_ev_hit *h = &ev->l.hits[i];
+
+        if (!in(ids, n, h->id) || h->gen != wo_sx->r[h->id].gen)
+            continue;
+        account_hit(&wo_sx->r[h->id], h->id, h);
+        low = WO_MIN(low, h->id);
+    }
+    /* The step's keys are the ranges in the order launches reach them, a
+     * run of launches on one range counted once: a forward pass reaches
+     * the same weights in the same order whatever kernels it picks for its
+     * batch, so steps are found again at once when the batch changes (a
+     * key of function and range, as the planner's, changes with the
+     * kernels: b1 to b8, or every step under continuous batching). */
+    if (low == NONE)
+        return;
+    same = low == wo_sx->last_seen;
+    wo_sx->last_seen = low;
+    /* With one range only (an LM head alone off the device), the ranges
+     * say nothing of the step: the planner's key then, function and range.
+     * The second range seen switches over, once, from a new stepper. */
+    if (!wo_sx->lows_vary && wo_sx->first_low != NONE && low != wo_sx->first_low) {
+        wo_sx->lows_vary = true;
+        __atomic_store_n(&wo_stream_tab.readers, 1, __ATOMIC_RELAXED);
+        wo_stepper_done(&wo_sx->st);
+        wo_stepper_init(&wo_sx->st);
+    }
+    if (wo_sx->first_low == NONE)
+        wo_sx->first_low = low;
+    if (wo_sx->lows_vary) {
+        if (same)
+            return;
+        k = wo_stepper_feed(&wo_sx->st, wo_stepper_key(0, low));
+    } else {
+        k = wo_stepper_feed(&wo_sx->st, wo_stepper_key(ev->l.func, low));
+    }
+    if (k)
+        close_step(k, ev->t_ns);
+}

@@ -1,0 +1,481 @@
+/* uvm/stream-stage.c: the streaming executor's staging (see stream-int.h):
+ * publishing and taking back assignments, fencing a slot's readers, the
+ * write checks, blind launches, the staging copy of one range into a slot,
+ * and advancing the staged window with the engine. */
+#include "uvm/stream-int.h"
+
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "uvm/stream-check.h"
+#include "uvm/stream-pin.h"
+
+/* ---- assignments ---------------------------------------------------------- */
+
+/* Takes the slot's assignment back and waits until no hook holds it; false
+ * when a hook still does after SPIN_WAIT polls (try again later). */
+bool wo_sx_unpublish(int slot)
+{
+    int id = wo_sx->slot_range[slot];
+    struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
+
+    if (id >= 0) {
+        struct wo_stream_entry *e = &wo_stream_tab.e[id];
+        uint64_t w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
+        /* WO_STREAM_DIRTY stays: the range was written */
+        if (w != WO_STREAM_DIRTY && w != 0)
+            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    }
+    for (int i = 0; __atomic_load_n(&s->inflight, __ATOMIC_SEQ_CST) > 0; i++) {
+        if (i == SPIN_WAIT) {
+            add(&wo_stream_tab.n.slot_waits, 1);
+            return false;
+        }
+        if (i % 64 == 63)
+            sched_yield();
+    }
+    if (id >= 0 && (uint32_t)id < wo_sx->nr)
+        wo_sx->r[id].slot = -1;
+    wo_sx->slot_range[slot] = -1;
+    return true;
+}
+
+/* Takes the range's slot back (unpublish). A hook that still holds it
+ * keeps reading it: the slot is free all the same, and wo_sx_stage() reuses it
+ * only once no hook does (read_done orders the reuse). */
+void wo_sx_take_back(struct srange *r)
+{
+    int s = r->slot;
+
+    if (s >= 0 && !wo_sx_unpublish(s)) {
+        wo_sx->slot_range[s] = -1;
+        r->slot = -1;
+    }
+}
+
+/* A copy wrote the range: it is read in place from now on. */
+void wo_sx_mark_written(struct srange *r, uint32_t id)
+{
+    if (r->written)
+        return;
+    r->written = true;
+    if (r->streamed)
+        wo_info("stream: '%s' was written after seal: read in place from now on",
+                r->name ? r->name : "(unnamed)");
+    r->streamed = false;
+    __atomic_store_n(&wo_stream_tab.e[id].word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
+    if (r->slot >= 0)
+        (void)wo_sx_unpublish(r->slot); /* if a hook holds it, the slot is reclaimed later */
+    if (wo_sx->pin_on)
+        wo_pin_retire(id);
+}
+
+void wo_sx_drop(uint32_t id);
+
+/* Records the slot's read_done on the engine stream that read its last
+ * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
+ * thread's own, not the engine's: there the hooks' record stands. A stream
+ * under capture would take the record (and through it the copy stream)
+ * into the engine's graph: false, try later. A stream gone (destroyed, its
+ * work done or in flight before the hooks' record) has nothing more to
+ * fence. False only for a capture. */
+bool wo_sx_fence_owner(struct wo_stream_slot *s)
+{
+    const struct wo_driver *d = wo_sx->drv;
+    uint64_t owner = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
+    CUstream st = (CUstream)(uintptr_t)(owner - 1);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+
+    if (!owner || st == CU_STREAM_PER_THREAD)
+        return true;
+    if (d->cuStreamIsCapturing && d->cuStreamIsCapturing(st, &cs) == CUDA_SUCCESS &&
+        cs != CU_STREAM_CAPTURE_STATUS_NONE)
+        return false;
+    if (d->cuEventRecord(s->read_done, st) != CUDA_SUCCESS)
+        __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+    return true;
+}
+
+/* The range the engine is at may still have launches to come that read
+ * its slot through a table an earlier one wrote (wo_sx_stage()'s fence): its
+ * slot is reused (or freed) only once a launch has touched another range.
+ * Two views of where the engine is: the hooks' (pos: the last streamed
+ * range a launch touched, ahead of the consumer, but still while nothing
+ * is streamed) and the consumer's (the last tracked range in the events it
+ * has read: launches come in program order, so one on another range means
+ * the kernels before it were submitted). A range the engine freed has no
+ * launches to come. hooks_too false: the consumer's view only (free_slots:
+ * pos stays put once nothing is streamed, no hook moves it). */
+bool wo_sx_at_engine(unsigned slot, bool hooks_too)
+{
+    uint32_t last = wo_sx->slot_last[slot];
+
+    if (last == NONE || last >= wo_sx->nr || !wo_sx->r[last].live)
+        return false;
+    return last == wo_sx->last_seen ||
+           (hooks_too && last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED));
+}
+
+/* ---- write checks (stream-check.h) ---------------------------------------------- */
+
+/* Checks the contents slot s holds (the range staged there last) before
+ * the slot is reused or freed: on the checker's stream, after every launch
+ * that read it (fence_owner), with the copy stream waiting for it. A range
+ * freed since has nothing to keep; one a copy wrote since keeps the copy's
+ * bytes (the write check would put the slot's older ones back). Under
+ * wo_uvm.lock (the range stays live while the check is issued), in the
+ * slots' context. False: try later (the reader's stream is being
+ * captured). */
+static uint32_t check_tag(const struct srange *r)
+{
+    return r->gen << 1 | 1; /* a range that had the id before has another generation */
+}
+
+bool wo_sx_check_slot(unsigned s)
+{
+    uint32_t id = wo_sx->slot_chk[s];
+    struct wo_stream_slot *sl = &wo_stream_tab.slot[s];
+    struct srange *r;
+    struct wo_range rg;
+    CUresult res;
+
+    if (id == NONE)
+        return true;
+    r = id < wo_sx->nr ? &wo_sx->r[id] : NULL;
+    if (r && r->live && r->gen == wo_sx->slot_chk_gen[s] && (!r->written || r->kernel_written) &&
+        wo_sx->check_on && wo_registry_get(id, &rg) >= 0 && rg.gen == r->gen) {
+        if (!wo_sx_fence_owner(sl))
+            return false;
+        res = wo_check_slot(s, (CUdeviceptr)sl->dev, r->hi - r->lo, id, check_tag(r),
+                            (CUdeviceptr)(r->base + r->lo), sl->copied, sl->read_done, wo_sx->copy);
+        if (res != CUDA_SUCCESS) {
+            /* what a launch may have written there cannot be known: stop
+             * streaming rather than risk it again */
+            wo_warn("stream: checking slot %u for writes failed (%s): nothing is streamed from "
+                    "now on",
+                    s, wo_cu_error_name(res));
+            wo_sx->check_on = false;
+            wo_sx->slots_failed = true;
+        } else {
+            r->chk_slot1 = s + 1;
+            add(&wo_stream_tab.n.write_checks, 1);
+        }
+    }
+    wo_sx->slot_chk[s] = NONE;
+    return true;
+}
+
+void wo_sx_unselect_range(struct srange *r, uint32_t id);
+
+/* A write check found that a launch wrote range id's slot, and copied the
+ * slot back into the range: from now on it is read in place. */
+static void kernel_wrote(struct srange *r, uint32_t id)
+{
+    bool was = r->streamed;
+
+    add(&wo_stream_tab.n.written_back, 1);
+    if (r->kernel_written)
+        return; /* a later slot of it, copied back too: said once */
+    wo_warn("stream: a launch wrote '%s' while it was streamed: its slot was copied back into "
+            "it (nothing is lost); it is read in place from now on",
+            r->name ? r->name : "(unnamed)");
+    r->kernel_written = true;
+    if (was)
+        wo_sx_unselect_range(r, id); /* a managed one back to the planner */
+    wo_sx_mark_written(r, id);
+}
+
+/* Takes the results of the write checks that finished (all of them when
+ * wait): of range only, or of every range (only NONE). */
+void wo_sx_poll_checks(bool wait, uint32_t only)
+{
+    uint32_t from = only == NONE ? 0 : only, to = only == NONE ? wo_sx->nr : only + 1;
+
+    CUcontext prev;
+    bool read = false;
+
+    if (!wo_sx->check_on || !wo_driver_enter())
+        return;
+    prev = wo_sx_push_ctx();
+    if (wait)
+        wo_check_sync();
+    for (uint32_t id = from; id < to && id < wo_sx->nr; id++) {
+        struct srange *r = &wo_sx->r[id];
+        if (!r->live || !r->chk_slot1 || !wo_check_done(r->chk_slot1 - 1))
+            continue;
+        if (!read) {
+            wo_check_read(wo_sx->nr);
+            read = true;
+        }
+        r->chk_slot1 = 0;
+        if (wo_check_take(id, check_tag(r)))
+            kernel_wrote(r, id);
+    }
+    wo_sx_pop_ctx(prev);
+    wo_driver_leave();
+}
+
+/* Takes in the blind launches (stream.h) that ended up to ge: the pinned
+ * copies may be older than their ranges from the first one on, so they are
+ * retired and none is made again (wo_sx_stage() copies from the ranges); one
+ * whose fence could not be recorded leaves nothing to order a staging copy
+ * after, so nothing is streamed from then on. False: try later (the driver
+ * is held by a capture). */
+static bool blind(uint32_t ge)
+{
+    uint64_t unfenced;
+    CUcontext prev;
+
+    if (ge == wo_sx->blind_seen)
+        return true;
+    unfenced = __atomic_load_n(&wo_stream_tab.n.blind_unfenced, __ATOMIC_RELAXED);
+    if (unfenced && !wo_sx->slots_failed) {
+        wo_warn("stream: a launch that may write weights unseen (an NCCL kernel, a CUDA graph) "
+                "could not be fenced: nothing is streamed from now on");
+        wo_sx->slots_failed = true;
+        for (uint32_t id = 0; id < wo_sx->nr; id++)
+            if (wo_sx->r[id].live && wo_sx->r[id].streamed)
+                wo_sx_unselect_range(&wo_sx->r[id], id);
+    }
+    /* the pinned copies may be older than their ranges now: closed for
+     * good (stream-pin.h), made or not yet */
+    if (!wo_sx->pin_on) {
+        wo_pin_close(NULL); /* none made: none ever will be */
+    } else if (!wo_sx->blind_seen) {
+        if (!wo_driver_enter())
+            return false;
+        prev = wo_sx_push_ctx();
+        wo_pin_close(wo_sx->copy);
+        wo_sx_pop_ctx(prev);
+        wo_driver_leave();
+        wo_info("stream: a launch may write weights through pointers the shim cannot see (an "
+                "NCCL kernel, or a CUDA graph that reads them): staged from the ranges from now "
+                "on, pinned copies retired (docs/prefetch.md, Blind launches)");
+    }
+    wo_sx->blind_seen = ge;
+    return true;
+}
+
+/* Copies range id into slot and publishes the assignment. */
+bool wo_sx_stage(uint32_t id, int slot)
+{
+    const struct wo_driver *d = wo_sx->drv;
+    struct srange *r = &wo_sx->r[id];
+    struct wo_stream_entry *e = &wo_stream_tab.e[id];
+    struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
+    uint64_t w = 0, nw;
+    uint32_t tb, te, gb, ge;
+    bool fresh, blind_fresh, hashed_now = false;
+    struct wo_range rg;
+    CUcontext prev;
+    CUresult res;
+
+    if (r->chk_slot1)
+        wo_sx_poll_checks(false, id); /* a launch may have written it: then it is not staged */
+    if (!r->streamed)
+        return true;
+    if (wo_sx_at_engine((unsigned)slot, true) || wo_sx->slot_sz[slot] < r->hi - r->lo)
+        return false;
+    if (!wo_sx_unpublish(slot))
+        return false;
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == WO_STREAM_DIRTY) {
+        wo_sx_mark_written(r, id);
+        return true; /* the slot is free: try the next range */
+    }
+    /* launches that touched the range in place (wo_stream_touch_begin):
+     * one under way, later; one since the last staging copy, this copy
+     * comes after it (the fence) and from the range itself */
+    tb = __atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST);
+    te = __atomic_load_n(&e->touch_end, __ATOMIC_SEQ_CST);
+    if (tb != te)
+        return false;
+    /* blind launches (stream.h): one under way, later; one since the last
+     * staging copy, the same as a touch, with its own fence */
+    gb = __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST);
+    ge = __atomic_load_n(&wo_stream_tab.blind_end, __ATOMIC_SEQ_CST);
+    if (gb != ge || !blind(ge))
+        return false;
+    if (!r->streamed)
+        return true; /* streaming stopped (blind()) */
+    blind_fresh = ge != r->blind_seen;
+    fresh = te != r->touch_seen || blind_fresh;
+    if (!wo_driver_enter())
+        return false;
+    /* The engine may free the range at any moment (wo_uvm_free, on its
+     * thread, under wo_uvm.lock): a copy from freed memory reads unmapped
+     * pages. So the copy is issued under that lock, with the range still
+     * live; a free after it waits in the driver for the copy (cuMemFree
+     * synchronises with the device's work). */
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        wo_driver_leave();
+        wo_sx_drop(id);
+        return true; /* the slot is free: try the next range */
+    }
+    prev = wo_sx_push_ctx();
+    /* after every kernel that read the slot's previous range: read_done, as
+     * the hooks recorded it after each redirected launch, is not enough. A
+     * launch may turn the slot address it was handed into a table in
+     * device memory that a later kernel reads (PyTorch's grouped GEMM:
+     * one kernel writes each expert's pointer, the next one, which the
+     * shim sees no pointer in, reads through them). That kernel was
+     * submitted after the redirected one and, since the engine's host
+     * thread has moved on past it, before now: recorded here, on the
+     * stream that read the slot, read_done covers it too. No hook holds
+     * the slot (unpublished above), so none records it meanwhile. */
+    if (!wo_sx_fence_owner(s)) {
+        wo_sx_pop_ctx(prev);
+        pthread_mutex_unlock(&wo_uvm.lock);
+        wo_driver_leave();
+        return false; /* the reader's stream is being captured: later */
+    }
+    /* the slot's last contents, and any earlier slot of this range, are
+     * checked for writes first (check_slot), the copy stream waiting */
+    for (unsigned k = 0; k < wo_sx->nslots; k++)
+        if ((k == (unsigned)slot || wo_sx->slot_chk[k] == id) && !wo_sx_check_slot(k)) {
+            wo_sx_pop_ctx(prev);
+            pthread_mutex_unlock(&wo_uvm.lock);
+            wo_driver_leave();
+            return false;
+        }
+    res = wo_sx->check_on || !wo_sx->checks_wanted
+              ? d->cuStreamWaitEvent(wo_sx->copy, s->read_done, 0)
+              : CUDA_ERROR_NOT_SUPPORTED;
+    if (res == CUDA_SUCCESS && te != r->touch_seen)
+        res = d->cuStreamWaitEvent(wo_sx->copy, wo_stream_tab.fence, 0);
+    if (res == CUDA_SUCCESS && blind_fresh)
+        res = d->cuStreamWaitEvent(wo_sx->copy, wo_stream_tab.blind_fence, 0);
+    if (res == CUDA_SUCCESS) {
+        bool managed = (rg.flags & WO_RANGE_MANAGED) != 0, pinned = false;
+        /* a check of the range still under way may copy a written slot
+         * back into it, and a launch that touched it in place may have
+         * written it, not its pinned copy: stage from the range */
+        CUdeviceptr src = r->chk_slot1 || fresh ? (CUdeviceptr)(r->base + r->lo)
+                                                : wo_sx_source(id, r, managed, &pinned);
+        res = wo_sx_copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed && !pinned);
+        if (res == CUDA_SUCCESS && pinned)
+            add(&wo_stream_tab.n.staged_pinned, 1);
+    }
+    /* the hash it is checked against, before any launch may read (and
+     * write) the slot; after a blind launch, of the range as it is now
+     * (what the blind launch wrote is the range's, nothing to copy back:
+     * the range stays streamed, as after an RL trainer's weight update) */
+    if (blind_fresh && te == r->touch_seen)
+        r->hashed = false;
+    if (res == CUDA_SUCCESS && wo_sx->check_on && !r->hashed) {
+        res = wo_check_first(wo_sx->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
+        r->hashed = hashed_now = res == CUDA_SUCCESS;
+    }
+    if (res == CUDA_SUCCESS)
+        res = d->cuEventRecord(s->copied, wo_sx->copy);
+    if (res == CUDA_SUCCESS) {
+        wo_sx->slot_chk[slot] = id;
+        wo_sx->slot_chk_gen[slot] = r->gen;
+    }
+    wo_sx_pop_ctx(prev);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    wo_driver_leave();
+    if (res != CUDA_SUCCESS) {
+        /* the range may have been freed under us (its free event still in
+         * the ring): it is read in place */
+        wo_debug("stream: staging '%s': %s", r->name ? r->name : "(unnamed)",
+                 wo_cu_error_name(res));
+        r->streamed = false;
+        __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
+        return true;
+    }
+    add(&wo_stream_tab.n.staged, 1);
+    add(&wo_stream_tab.n.staged_bytes, r->hi - r->lo);
+    r->staged += r->hi - r->lo;
+    if (__atomic_load_n(&e->touch_begin, __ATOMIC_SEQ_CST) != tb ||
+        __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST) != gb) {
+        /* a launch began touching it in place (or a blind one began) while
+         * the copy was issued: the copy may have raced a write; never
+         * published, never checked (nothing read or wrote it); staged
+         * again later */
+        wo_sx->slot_chk[slot] = NONE;
+        if (hashed_now)
+            r->hashed = false; /* that hash may be of the raced copy */
+        add(&wo_stream_tab.n.not_published, 1);
+        return true;
+    }
+    r->touch_seen = te;
+    r->blind_seen = ge;
+    __atomic_store_n(&e->blind, gb, __ATOMIC_RELAXED); /* before the word: hooks read it after */
+    __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+    wo_sx->epoch++;
+    nw = wo_stream_word(r->gen, wo_sx->epoch, (unsigned)slot);
+    if (!__atomic_compare_exchange_n(&e->word, &w, nw, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+        wo_sx_mark_written(r, id); /* a copy wrote it while we staged */
+        return true;
+    }
+    r->slot = slot;
+    wo_sx->slot_range[slot] = (int)id;
+    wo_sx->slot_last[slot] = id;
+    __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
+    return true;
+}
+
+void wo_sx_advance(void)
+{
+    uint32_t pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), idx;
+    uint32_t ahead[WO_STREAM_MAX_SLOTS], behind = NONE;
+    unsigned na = 0;
+
+    if (!wo_sx->norder || pos == 0 || pos - 1 >= wo_sx->nr)
+        return;
+    idx = wo_sx->r[pos - 1].ord;
+    if (idx == NONE)
+        return;
+    /* the furthest point of this step; far back means the next step began */
+    if (wo_sx->maxi == NONE || idx > wo_sx->maxi || idx + wo_sx->norder / 2 < wo_sx->maxi)
+        wo_sx->maxi = idx;
+    for (uint32_t k = 0; k < wo_sx->norder && na < wo_sx->nslots - 1; k++) {
+        uint32_t id = wo_sx->order[(wo_sx->maxi + k) % wo_sx->norder];
+        if (wo_sx->r[id].live && wo_sx->r[id].streamed && !in(ahead, na, id))
+            ahead[na++] = id;
+    }
+    for (uint32_t k = 1; k < wo_sx->norder; k++) {
+        uint32_t id = wo_sx->order[(wo_sx->maxi + wo_sx->norder - k) % wo_sx->norder];
+        if (wo_sx->r[id].live && wo_sx->r[id].streamed) {
+            behind = in(ahead, na, id) ? NONE : id;
+            break;
+        }
+    }
+    if (!na || !wo_sx_slots())
+        return;
+    for (unsigned k = 0; k < na; k++) {
+        struct srange *r = &wo_sx->r[ahead[k]];
+        int pick = -1;
+
+        /* a launch that touched it in place took its assignment back
+         * (wo_stream_touch_begin), or a blind launch began since it was
+         * published (hooks no longer take it): staged again, from the
+         * range */
+        if (r->slot >= 0 && r->streamed &&
+            (__atomic_load_n(&wo_stream_tab.e[ahead[k]].word, __ATOMIC_SEQ_CST) == 0 ||
+             wo_stream_blind_since(&wo_stream_tab.e[ahead[k]])))
+            wo_sx_take_back(r);
+        if (r->slot >= 0 || !r->streamed)
+            continue;
+        /* a free slot, else one of a range behind, the one just behind last;
+         * never the slot of the range the engine is at (at_engine); of
+         * those, the smallest the range fits (slots are sized: want_sizes) */
+        for (int tier = 0; tier < 3 && pick < 0; tier++)
+            for (unsigned s = 0; s < wo_sx->nslots; s++) {
+                uint32_t held = (uint32_t)wo_sx->slot_range[s];
+                bool ok = tier == 0   ? wo_sx->slot_range[s] < 0
+                          : tier == 1 ? !in(ahead, na, held) && held != behind
+                                      : !in(ahead, na, held);
+                if (ok && wo_sx->slot_sz[s] >= r->hi - r->lo && !wo_sx_at_engine(s, true) &&
+                    (pick < 0 || wo_sx->slot_sz[s] < wo_sx->slot_sz[pick]))
+                    pick = (int)s;
+            }
+        if (pick < 0 || !wo_sx_stage(ahead[k], pick))
+            break;
+    }
+    wo_sx_resize(ahead, na);
+}

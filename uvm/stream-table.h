@@ -1,0 +1,228 @@
+/* uvm/stream-table.h: the streaming table, the launch path's hot-path header
+ * (issue 39). The one uvm/ header besides uvm/uvm.h that preload/ may include
+ * (tests/test-structure.py checks it): what the hooks need to redirect a
+ * launch lock-free, and nothing of the executor that fills it.
+ *
+ * A range placed `host` or `managed` that a step reads more than once is
+ * copied, once a step, into a device staging slot (uvm/stream.h: the
+ * executor). Two sides share the table below:
+ *  - the executor (uvm/stream.c, consumer thread) owns the slots, the copy
+ *    stream and the events, stages ranges ahead of the engine and publishes
+ *    each assignment (range -> slot) here;
+ *  - the hooks (preload/, any engine thread): read an assignment lock-free,
+ *    pin the slot (in-flight counter, re-checked like a seqlock), order the
+ *    launch after the slot's copy (cuStreamWaitEvent on `copied`), launch
+ *    with the rewritten arguments, and record `read_done` on the launch's
+ *    stream. A copy hook that writes into a range drops its assignment at
+ *    once (wo_stream_note_write), before the write is forwarded.
+ * Defined in uvm/stream-table.c. */
+#pragma once
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/event.h"
+
+/* Registry ids that can be streamed (ids are dense slot indices; a range
+ * with a larger id is read in place and counted). */
+#define WO_STREAM_IDS 16384u
+#define WO_STREAM_MAX_SLOTS 8u /* policy prefetch.slots: 2..8 */
+
+/* One registry range as the hooks see it. `word` is the assignment:
+ * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
+ * only while word is 0, and every publication has a new epoch, so a hook
+ * that reads word, then the fields, then word again after pinning the slot,
+ * saw a consistent assignment when both reads agree. */
+struct wo_stream_entry {
+    uint64_t word;
+    uint64_t base;     /* range base address */
+    uint64_t lo, hi;   /* the staged bytes: [base+lo, base+hi) */
+    uint32_t gen;      /* the generation `streamed` refers to */
+    uint32_t streamed; /* the executor streams this range (no slot published may still be) */
+    uint32_t planned;  /* it has a place in the learned order: the executor stages it when
+                        * the engine nears it, so a hook may wait for that (wo_stream_await) */
+    uint32_t nowait;   /* a hook's wait for it ran out: no hook waits again until the
+                        * executor next publishes it */
+    uint32_t touch_begin, touch_end; /* launches that touched it in place, begun and ended
+                                      * (wo_stream_touch_begin) */
+    uint32_t blind; /* wo_stream_tab.blind_begin when the assignment was published: a hook
+                     * redirects to it only while no blind launch began since */
+};
+
+struct wo_stream_slot {
+    uint64_t dev;      /* device address of the slot (cuMemAlloc), fixed once allocated */
+    int inflight;      /* hooks between pinning the slot and recording read_done */
+    uint64_t owner;    /* engine stream + 1 that reads it since it was published; 0 none */
+    CUevent copied;    /* recorded on the copy stream after the staging copy */
+    CUevent read_done; /* recorded on the owner stream after each redirected launch */
+};
+
+/* What the hooks count (atomics; the executor's totals are in the same
+ * struct so the stats read one place). */
+struct wo_stream_counts {
+    uint64_t redirected;       /* launches whose arguments pointed at a slot */
+    uint64_t inplace_no_slot;  /* a streamed range with no slot ready (or moved under the hook) */
+    uint64_t awaited;          /* launches that waited for their range's copy to be issued */
+    uint64_t await_ns;         /* ... the host time they waited, in all */
+    uint64_t await_timeouts;   /* waits that ran out (then read in place, in inplace_no_slot) */
+    uint64_t inplace_captured; /* a launch into a capture: graphs read in place */
+    uint64_t inplace_other;    /* another stream owns the slot this step, another context,
+                                * too many parameters, a failed wait */
+    uint64_t invalidated;      /* assignments dropped by a copy writing the range */
+    uint64_t staged, staged_bytes; /* staging copies issued */
+    uint64_t staged_by_kernel;     /* ... of them by the copy kernel (managed sources) */
+    uint64_t staged_pinned;        /* ... of them from a pinned copy of a managed range
+                                    * (stream-pin.h), by the copy engine */
+    uint64_t slot_waits;           /* a slot still pinned by a hook when the executor wanted it */
+    uint64_t steps;                /* steps the executor found */
+    uint64_t auto_tries;   /* auto: host ranges tried streamed by step time (stream-auto.h) */
+    uint64_t auto_kept;    /* ... and kept so: the step was faster */
+    uint64_t auto_backs;   /* ... and put back in place: it was not */
+    uint64_t slot_bytes;   /* device bytes the slots hold now (0 once no range is streamed) */
+    uint64_t slot_resizes; /* slots given another size for the ranges streamed (want_sizes) */
+    uint64_t not_reader;   /* launches left alone: their function reached one off-device range
+                            * only (stale words, not reads: preload/launch.c) */
+    uint64_t write_checks; /* slots hashed before reuse for writes by launches (stream-check.h) */
+    uint64_t written_back; /* ... that a launch had written: copied back into their range */
+    uint64_t touched_inplace;     /* launches that touched streamed ranges in place */
+    uint64_t unpublished_inplace; /* ... and took a published assignment back */
+    uint64_t fence_failed;        /* ... whose fence could not be recorded */
+    uint64_t not_published;       /* staging copies a touch in place overlapped: dropped */
+    uint64_t blind_launches; /* launches that may write any range unseen (wo_stream_blind_begin) */
+    uint64_t blind_unfenced; /* ... whose fence could not be recorded (the executor then
+                              * synchronises the context before it stages again) */
+    uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
+    uint64_t check_mismatch; /* ... that differed from their host copy */
+};
+
+struct wo_stream_shared {
+    int active;          /* 1 once an assignment may exist: the hooks look only then */
+    int readers;         /* 1 once launches reached two or more off-device ranges: a launch
+                          * then counts only when its function has reached two (launch.c) */
+    uint32_t pos;        /* registry id + 1 of the last streamed range a launch touched */
+    CUcontext ctx;       /* the context slots and events live in (the engine's primary) */
+    CUevent fence;       /* recorded after each launch that touched a streamed range in place
+                          * (wo_stream_touch_end); made with the first slots, kept until exit */
+    CUevent blind_fence; /* recorded after each blind launch (wo_stream_blind_end); the same */
+    uint32_t blind_begin, blind_end; /* blind launches begun and ended */
+    struct wo_stream_counts n;
+    struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
+    struct wo_stream_entry e[WO_STREAM_IDS];
+};
+
+extern struct wo_stream_shared wo_stream_tab;
+
+/* An entry word no assignment can be: a copy wrote the range; sticky (the
+ * executor publishes with a CAS from 0, never over it). */
+#define WO_STREAM_DIRTY UINT64_C(0xff)
+
+static inline uint64_t wo_stream_word(uint32_t gen, uint32_t epoch, unsigned slot)
+{
+    return (uint64_t)gen << 32 | (uint64_t)(epoch & 0xffffffu) << 8 | (uint64_t)(slot + 1);
+}
+
+static inline unsigned wo_stream_word_slot(uint64_t w)
+{
+    return (unsigned)(w & 0xff) - 1;
+}
+
+static inline uint32_t wo_stream_word_gen(uint64_t w)
+{
+    return (uint32_t)(w >> 32);
+}
+
+/* A copy hook is about to write [dst, dst+bytes): every assignment of a
+ * range it overlaps is dropped now (the next launches read the host copy,
+ * which the write makes current) and the executor learns the range was
+ * written. Lock-free; the registry read section must not be held. */
+void wo_stream_note_write(uint64_t dst, uint64_t bytes);
+
+/* A launch touches streamed ranges in place (not redirected: its function
+ * is no reader, no slot was ready, another stream owns the slot): it may
+ * write them. Before the launch, wo_stream_touch_begin lists them in ids
+ * (hits not among the nred redirected spans [from, to)), counts a touch
+ * begun on each, and takes back each published assignment (not sticky:
+ * the launches after it read the range until it is staged again). After
+ * it, wo_stream_touch_end records the fence event on the launch's stream
+ * (with fn, the real driver's event functions; made there if need be) and counts the touches ended.
+ * The executor then stages those ranges from the range itself, after the fence (not from a pinned
+ * copy made before), publishes no copy a touch overlapped, and the write check of that staging
+ * finds a range that was written (stream-check.h). Returns the number of ids (<= WO_EV_MAX_HITS).
+ * Any thread, lock-free. */
+unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, const uint64_t *from,
+                               const uint64_t *to, unsigned nred, uint32_t *ids);
+struct wo_stream_evfns { /* the real driver's, as the hooks have them */
+    CUresult (*create)(CUevent *, unsigned);
+    CUresult (*destroy)(CUevent);
+    CUresult (*record)(CUevent, CUstream);
+};
+void wo_stream_touch_end(const uint32_t *ids, unsigned n, uint64_t stream,
+                         const struct wo_stream_evfns *fn);
+
+/* Whether hit h (a launch's word) lies in the streamed span of entry e, of
+ * the same generation, and can point at a weight (core/event.h): the hits
+ * that are reads of a streamed range, as the hooks and the executor count
+ * them (an activation in the allocation's tail is not one). streamed:
+ * only while the executor streams it. Any thread. */
+static inline bool wo_stream_hit_in_span(const struct wo_stream_entry *e, const struct wo_ev_hit *h,
+                                         bool streamed)
+{
+    return (!streamed || __atomic_load_n(&e->streamed, __ATOMIC_ACQUIRE)) &&
+           __atomic_load_n(&e->base, __ATOMIC_RELAXED) &&
+           __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == h->gen &&
+           h->hi > __atomic_load_n(&e->lo, __ATOMIC_RELAXED) &&
+           h->offset < __atomic_load_n(&e->hi, __ATOMIC_RELAXED) && wo_hit_pointer_like(h);
+}
+
+/* A blind launch may write any range through pointers the shim cannot see:
+ * a kernel handed a table of pointers in device memory (NCCL's kernels: an
+ * RL trainer broadcasting new weights into the engine), or a graph whose
+ * captured launches reached off-device ranges (its nodes replay without
+ * the launch hook). wo_stream_blind_begin, before the launch, counts a
+ * blind launch begun: from then on no hook redirects to an assignment
+ * published before it (the entry's `blind`), and the executor takes those
+ * back. wo_stream_blind_end, after it, records blind_fence on the launch's
+ * stream (with the real driver's functions fn; made there if the executor
+ * has not made it yet; a failure is counted in blind_unfenced, and the
+ * executor then stops streaming) and counts it ended. The executor stages every range
+ * again after that fence, from the range itself, and retires the pinned
+ * copies for good (they may be older than the range now). Any thread,
+ * lock-free; while nothing may be streamed begin returns false, and the
+ * caller does not call end. */
+bool wo_stream_blind_begin(void);
+void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn);
+
+/* The fence event at *at (wo_stream_tab.fence or blind_fence), made with
+ * create (destroy: the one a racing maker lost with) when nobody made it
+ * yet; NULL when it cannot be made. */
+CUevent wo_stream_fence(CUevent *at, CUresult (*create)(CUevent *, unsigned),
+                        CUresult (*destroy)(CUevent));
+
+/* Whether a blind launch began since entry e's assignment was published
+ * (then it is read in place; hooks, after pinning). */
+static inline bool wo_stream_blind_since(const struct wo_stream_entry *e)
+{
+    return __atomic_load_n(&e->blind, __ATOMIC_RELAXED) !=
+           __atomic_load_n(&wo_stream_tab.blind_begin, __ATOMIC_SEQ_CST);
+}
+
+/* The launch hook found entry e (generation gen) streamed but not staged:
+ * the engine's host thread has run ahead of the executor, which issues
+ * the staging copies on the consumer thread. When the range is planned,
+ * the hook waits (bounded: WO_STREAM_AWAIT_NS) for the executor to publish
+ * it, waking the consumer first. The engine's host thread normally runs far
+ * ahead of the GPU, so the wait costs no GPU time, while a read in place
+ * costs the PCIe read and the copy already under way for it is wasted.
+ * Returns true when an assignment was published (pin it as usual). Any
+ * thread; never blocks longer than the bound. */
+#define WO_STREAM_AWAIT_NS 500000u
+extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests change it) */
+bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
+
+/* The counters (any thread; relaxed reads). */
+void wo_stream_counts(struct wo_stream_counts *ret);
+
+/* Zeroes the table word by word (the hooks and the stats read it
+ * concurrently): the executor, when it starts and in a forked child. */
+void wo_stream_table_clear(void);
