@@ -26,7 +26,7 @@
 #
 # Experts managed (9 GiB budget), only sessions run with the executor of
 # today (the prefetcher in a context of its own, 133b949; earlier managed
-# figures measured executors that no longer exist: docs/prefetch.md):
+# figures measured executors that no longer exist: docs/history/prefetch.md):
 # -18% (-203725), -1% (-204435-own-vs-engine-context, traced rows, 6 calls),
 # -13% (-205334, 15 calls), -6% (-210334, 15 calls). Held to 20%, not the
 # issue's 15% (met in three of the four): the model

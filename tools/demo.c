@@ -270,7 +270,7 @@ static int run_replay(FILE *out, const char *trace, const char *policy_path)
             "\nTry the experts managed within 9 GiB of the GPU (half their bytes):\n"
             "  WO_EXPERT_BUDGET=9GiB woffload demo --policy %s/examples/moe-experts-managed.yaml\n"
             "(measured on the H100 with the same calls: replays run 2-19%% short of the measured\n"
-            "step, docs/prefetch.md \"How well the replay predicts\")\n"
+            "step, docs/history/prefetch.md \"How well the replay predicts\")\n"
             "Or any trace of your own: WOFFLOAD_TRACE=run.wotrace woffload-run --policy P -- CMD\n",
             data_root());
     ret = 0;

@@ -27,7 +27,7 @@ the slots and staging copies were made (stats "stream"); no CUDA error. The
 dense row prints its counters only: on the lent H100 (2026-11-25) the
 executor's stepper never found this small model's decode step (0 steps over
 9,163 launches), so it read everything in place; the 16-layer Llama of
-bench/bigload.py streams (docs/prefetch.md, Streaming); it still found none
+bench/bigload.py streams (docs/history/prefetch.md, Streaming); it still found none
 on 42e905b, after launches outside a weight's tags stopped keying the step.
 WO_STREAM_TRACE_DIR=D records each row's trace to D/ROW.wot (woffload-run
 --trace) for the replay tools. WO_STREAM_DEBUG=1 reruns a failing row with
@@ -76,7 +76,7 @@ CASES = {
 # to come back (40-64 steps of these models), then a period must hold for
 # 256 more; it stages after that. The later calls run with the slots in use
 # from the first one (the Qwen3 shape's batch-8 calls differed only from
-# the second call on, docs/prefetch.md), and batch 32 reads every expert.
+# the second call on, docs/history/prefetch.md), and batch 32 reads every expert.
 BATCHES = ((1, 160), (8, 48), (8, 48), (32, 24))
 
 
