@@ -24,7 +24,7 @@
 #include "core/log.h"
 #include "preload/hook.h"
 #include "preload/redirect.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 #define CAP_SLOTS 64
 #define GRAPH_SLOTS 4096u /* power of two */
@@ -281,7 +281,7 @@ void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
 
 /* Whether launching exec may write weights the launch hook never sees: its
  * graph's captured launches reached registered ranges (they replay in
- * place, uvm/stream-table.h: blind launches), or the graph was not captured
+ * place, uvm/hotpath.h: blind launches), or the graph was not captured
  * through the shim (its nodes are unknown). */
 static bool graph_blind(uint64_t exec)
 {

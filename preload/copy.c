@@ -2,10 +2,10 @@
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
  * stream). Never synchronises: an async copy is recorded when enqueued.
  * Before forwarding, a copy into a range the streaming executor staged
- * drops the range's device slot (uvm/stream-table.h): later launches read the
+ * drops the range's device slot (uvm/hotpath.h): later launches read the
  * host copy the write makes current. */
 #include "preload/hook.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 #include "core/registry.h"
 

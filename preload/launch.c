@@ -16,7 +16,7 @@
  *     8-byte aligned inside its struct and the struct inside the buffer;
  *  3. before the real launch: when a hit lies in a range the streaming
  *     executor staged into a device slot, the launch gets parameters with
- *     that pointer moved into the slot (redirect.c, uvm/stream-table.h);
+ *     that pointer moved into the slot (redirect.c, uvm/hotpath.h);
  *  4. after it, one WO_EV_LAUNCH event pushed into the ring (a full ring
  *     drops and counts; no ring: nothing pushed), naming the host ranges.
  *     Only a launch that touches a
@@ -37,7 +37,7 @@
 #include "core/settings.h"
 #include "preload/hook.h"
 #include "preload/redirect.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 #define LAYOUT_SLOTS 16384u /* power of two */
 #define LAYOUT_PROBES 32u
@@ -193,7 +193,7 @@ static void publish(struct layout *l, const uint16_t *sizes, int n)
 /* Whether f is a kernel that writes through pointers its parameters do not
  * hold, into memory that may be a weight: NCCL's kernels take their
  * buffers from work descriptors in device memory (an RL trainer
- * broadcasts new weights into a serving engine with them). uvm/stream-table.h,
+ * broadcasts new weights into a serving engine with them). uvm/hotpath.h,
  * blind launches. */
 static bool blind_name(CUfunction f)
 {
@@ -582,7 +582,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     }
     /* What it reaches of a streamed range in place, it may write: the
      * executor must neither stage those ranges from a copy older than this
-     * launch nor leave a slot published that is (uvm/stream-table.h). A captured
+     * launch nor leave a slot published that is (uvm/hotpath.h). A captured
      * launch runs later, from its graph: graphs read in place, and what
      * they write is not seen (docs/prefetch.md, Write checks). */
     if (!l->cap)

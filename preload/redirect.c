@@ -1,4 +1,4 @@
-/* preload/redirect.c: launch redirection (see redirect.h and uvm/stream-table.h).
+/* preload/redirect.c: launch redirection (see redirect.h and uvm/hotpath.h).
  *
  * A launch whose scan found a pointer into a range the streaming executor
  * has staged into a device slot reads the slot instead: the hook pins the
@@ -21,7 +21,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 #include "preload/hook.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 static void count(uint64_t *c)
 {
@@ -85,7 +85,7 @@ static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct 
     }
     if (wo_stream_blind_since(e)) {
         /* staged before a launch that may have written the range unseen
-         * (uvm/stream-table.h, blind launches): read in place; the executor
+         * (uvm/hotpath.h, blind launches): read in place; the executor
          * stages it again after that launch */
         release(slot);
         count(&wo_stream_tab.n.inplace_no_slot);

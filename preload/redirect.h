@@ -1,5 +1,5 @@
 /* preload/redirect.h: launch redirection, the hook side of the streaming
- * executor (uvm/stream-table.h). Called by the launch hooks (launch.c) between the
+ * executor (uvm/hotpath.h). Called by the launch hooks (launch.c) between the
  * parameter scan and the real launch:
  *
  *   n = wo_redirect_begin(&rd, hits, nhits, stream, captured);
@@ -73,7 +73,7 @@ void wo_redirect_cancel(struct wo_redirect *rd);
 void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key);
 /* After the launch: read_done recorded on the stream, slots released. */
 void wo_redirect_end(struct wo_redirect *rd, uint64_t stream);
-/* After a blind launch (uvm/stream-table.h: wo_stream_blind_begin returned true
+/* After a blind launch (uvm/hotpath.h: wo_stream_blind_begin returned true
  * before it): its fence recorded on stream, the end counted, with the
  * real driver's event functions. */
 void wo_hook_blind_end(uint64_t stream);

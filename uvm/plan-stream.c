@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "policy/policy.h"
-#include "uvm/stream-table.h" /* WO_STREAM_MAX_SLOTS */
+#include "uvm/hotpath.h" /* WO_STREAM_MAX_SLOTS */
 
 static int cmp_desc(const void *a, const void *b)
 {

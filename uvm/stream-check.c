@@ -11,7 +11,7 @@
 
 #include "core/log.h"
 #include "uvm/internal.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 #define HASH_BLOCKS 256u
 #define HASH_THREADS 256u

@@ -23,7 +23,7 @@
 #include "core/macro.h"
 #include "core/registry.h"
 #include "uvm/internal.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 #define PIECE (16 * WO_MiB) /* bytes copied per check that the range is live (~2 ms) */
 

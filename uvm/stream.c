@@ -2,7 +2,7 @@
  * "Streaming"). Consumer thread only, except the published per-name
  * figures (any thread, under snap_lock). The table's hook side
  * (wo_stream_note_write, wo_stream_await, the counters) is
- * stream-table.c; pinned copies of managed ranges, stream-pin.c.
+ * hotpath.c; pinned copies of managed ranges, stream-pin.c.
  *
  * Per step (found by the same stepper the planner uses, keyed on the
  * launches that touch host or managed ranges) it measures, per range, the

@@ -10,7 +10,7 @@
  * step how many times its bytes are read (read multiplicity), decides what
  * to stream (policy prefetch.mode), owns the slots, the copy stream and the
  * events, stages ranges ahead of the engine and publishes each assignment
- * (range -> slot) in the table the hooks read (uvm/stream-table.h, the
+ * (range -> slot) in the table the hooks read (uvm/hotpath.h, the
  * launch path's hot-path header: preload/ includes that one, never this).
  * docs/prefetch.md ("Streaming") has the design and the measurements. */
 #pragma once
@@ -21,7 +21,7 @@
 
 #include "core/event.h"
 #include "uvm/plan-stream.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 /* ---- the executor (consumer thread) ------------------------------------------ */
 

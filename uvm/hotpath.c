@@ -1,5 +1,5 @@
-/* uvm/stream-table.c: the streaming executor's table as the hooks use it
- * (stream-table.h: the two sides). Any thread, lock-free: a copy hook drops the
+/* uvm/hotpath.c: the streaming executor's table as the hooks use it
+ * (hotpath.h: the two sides). Any thread, lock-free: a copy hook drops the
  * assignments of the ranges it writes (wo_stream_note_write), a launch hook
  * waits, bounded, for a planned range's copy to be issued
  * (wo_stream_await), and anyone reads the counters. The executor's side,
@@ -10,7 +10,7 @@
 #include "core/macro.h"
 #include "core/registry.h"
 #include "uvm/internal.h"
-#include "uvm/stream-table.h"
+#include "uvm/hotpath.h"
 
 struct wo_stream_shared wo_stream_tab;
 uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;

@@ -1,4 +1,4 @@
-/* uvm/stream-table.h: the streaming table, the launch path's hot-path header
+/* uvm/hotpath.h: the streaming table, the launch path's hot-path header
  * (issue 39). The one uvm/ header besides uvm/uvm.h that preload/ may include
  * (tests/test-structure.py checks it): what the hooks need to redirect a
  * launch lock-free, and nothing of the executor that fills it.
@@ -15,7 +15,7 @@
  *    with the rewritten arguments, and record `read_done` on the launch's
  *    stream. A copy hook that writes into a range drops its assignment at
  *    once (wo_stream_note_write), before the write is forwarded.
- * Defined in uvm/stream-table.c. */
+ * Defined in uvm/hotpath.c. */
 #pragma once
 
 #include <cuda.h>
