@@ -177,7 +177,9 @@ test)
     export JOBS PROCS
     TMPD=$(mktemp -d)
     ph=
-    trap '[ -z "$ph" ] || kill "$ph" 2>/dev/null; rm -rf "$TMPD"' EXIT
+    # every command here must succeed: under set -e a failing one (kill of a
+    # heartbeat already gone) would turn a passing run's exit status into 1
+    trap '[ -z "$ph" ] || kill "$ph" 2>/dev/null || true; rm -rf "$TMPD"' EXIT
     GCC="gcc -Werror|build-ci-gcc|gcc|-Dwerror=true"
     CLANG="clang -Werror|build-ci-clang|clang|-Dwerror=true"
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
@@ -192,6 +194,7 @@ test)
     wait $pa || true
     wait $pb || true
     kill $ph 2>/dev/null || true
+    ph=
     if [ "$(cat "$TMPD/a" 2>/dev/null)" != ok ] || [ "$(cat "$TMPD/b" 2>/dev/null)" != ok ]; then
         say "failed after $(mmss $(($(now) - start)))"
         exit 1
