@@ -238,7 +238,11 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuModuleUnload)                                                                              \
     Y(cuFuncGetParamInfo)                                                                          \
     Y(cuKernelGetParamInfo)                                                                        \
-    Y(cuFuncGetModule)
+    Y(cuFuncGetModule)                                                                             \
+    Y(cuMemAddressReserve)                                                                         \
+    Y(cuMemAddressFree)                                                                            \
+    Y(cuMemSetAccess)                                                                              \
+    Y(cuMemGetAllocationGranularity)
 
 /* The real driver table: filled once from the driver library. */
 struct wo_real {

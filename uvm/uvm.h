@@ -63,6 +63,20 @@ struct wo_driver {
     CUresult (*cuLaunchKernel)(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
                                unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem,
                                CUstream s, void **params, void **extra);
+    /* VMM, for late binding (uvm/bind.c) */
+    CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *h, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags);
+    CUresult (*cuMemRelease)(CUmemGenericAllocationHandle h);
+    CUresult (*cuMemAddressReserve)(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags);
+    CUresult (*cuMemAddressFree)(CUdeviceptr p, size_t size);
+    CUresult (*cuMemMap)(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags);
+    CUresult (*cuMemUnmap)(CUdeviceptr p, size_t size);
+    CUresult (*cuMemSetAccess)(CUdeviceptr p, size_t size, const CUmemAccessDesc *desc,
+                               size_t count);
+    CUresult (*cuMemGetAllocationGranularity)(size_t *g, const CUmemAllocationProp *prop,
+                                              CUmemAllocationGranularity_flags option);
 };
 
 /* Every member of struct wo_driver, in order: the one list that fills it
@@ -78,7 +92,9 @@ struct wo_driver {
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
-    X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel)
+    X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \
+    X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)         \
+    X(cuMemGetAllocationGranularity)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */

@@ -112,8 +112,19 @@ static struct alloc *find_range_locked(uintptr_t p, size_t n)
     struct alloc *a = find_locked(p);
     if (!a)
         return NULL;
-    if (n > a->base + a->size - p)
+    if (n <= a->base + a->size - p)
+        return a;
+    /* VMM: a range may run across mappings that follow one another without
+     * a gap (PyTorch's expandable segments copy tensors that span several
+     * handles); the first mapping answers for the range */
+    if (a->kind != FK_K_MAPPING)
         return NULL;
+    for (uintptr_t end = a->base + a->size; end - p < n;) {
+        struct alloc *b = find_locked(end);
+        if (!b || b->kind != FK_K_MAPPING || b->base != end)
+            return NULL;
+        end = b->base + b->size;
+    }
     return a;
 }
 
@@ -834,7 +845,10 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
 {
     if (!a && strict)
         return CUDA_ERROR_INVALID_VALUE;
-    bool host = a && (a->kind == FAKECUDA_HOST || a->kind == FAKECUDA_REGISTERED);
+    /* a mapping of host-located VMM memory reads as host memory, as the
+     * re-backed range did on driver 580 (device-facts, "VMM") */
+    bool host = a && (a->kind == FAKECUDA_HOST || a->kind == FAKECUDA_REGISTERED ||
+                      (a->kind == FK_K_MAPPING && a->device == CU_DEVICE_CPU));
     uintptr_t base = a ? a->base : 0;
     size_t size = a ? a->size : 0;
     uintptr_t rbase = base;
@@ -850,7 +864,7 @@ static CUresult ptr_attr_locked(const struct alloc *a, uintptr_t p, CUpointer_at
     }
     switch ((int)attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *(CUcontext *)data = a ? fk_primary_ctx(a->device) : NULL;
+        *(CUcontext *)data = a ? fk_primary_ctx(a->device < 0 ? 0 : a->device) : NULL;
         break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *(unsigned int *)data = !a ? 0u : host ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE;
@@ -1356,11 +1370,21 @@ void fk_op_run(const struct fk_op *op)
 
 /* --- VMM ----------------------------------------------------------------- */
 
+/* A device location, or host NUMA node 0 (the lent machine's one node:
+ * device attribute 141, HOST_NUMA VMM, is supported there; docs of
+ * ../shared/guide/device-facts.md, "VMM"). */
 static bool prop_ok(const CUmemAllocationProp *prop)
 {
-    return prop && prop->type == CU_MEM_ALLOCATION_TYPE_PINNED &&
-           prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-           fk_device_valid(prop->location.id);
+    if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
+        return false;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA)
+        return prop->location.id == 0;
+    return prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE && fk_device_valid(prop->location.id);
+}
+
+static bool prop_host(const CUmemAllocationProp *prop)
+{
+    return prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
 }
 
 FK_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity,
@@ -1392,7 +1416,8 @@ static void handle_put_locked(struct vmm_handle *v)
             *pp = v->next;
             break;
         }
-    dev_bytes -= v->size;
+    if (v->device != CU_DEVICE_CPU)
+        dev_bytes -= v->size;
     close(v->fd);
     v->magic = 0;
     free(v);
@@ -1416,15 +1441,18 @@ FK_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     }
     v->magic = VMM_MAGIC;
     v->size = size;
-    v->device = prop->location.id;
+    /* host-located physical memory: its mappings are host memory
+     * (fakecuda_where says CPU) and it takes no device memory */
+    v->device = prop_host(prop) ? CU_DEVICE_CPU : prop->location.id;
     fk_lock_();
-    if (fk_device_used_locked() + size > fk_total_mem) {
+    if (v->device != CU_DEVICE_CPU && fk_device_used_locked() + size > fk_total_mem) {
         fk_unlock_();
         close(v->fd);
         free(v);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    dev_bytes += size;
+    if (v->device != CU_DEVICE_CPU)
+        dev_bytes += size;
     v->next = handles;
     handles = v;
     fk_unlock_();
