@@ -29,6 +29,7 @@ struct wo_settings {
     bool progress;           /* WOFFLOAD_PROGRESS */
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
+    bool late_bind;          /* WOFFLOAD_LATE_BIND */
     int nerrors;             /* number of variables that had a bad value */
 };
 

@@ -22,6 +22,11 @@
  *   fit:  a fit: policy: window memory is advised to the host before the
  *         engine writes it; seal chooses what fits the device (attention
  *         first, experts last) and the rest stays host.
+ *   fitfirst, fitlate: the experts load first, then attention. Served as
+ *         managed memory (fitfirst), attention comes past the cap, is
+ *         pinned, and fit can only choose among experts; late bound
+ *         (fitlate, WOFFLOAD_LATE_BIND=1) every weight can still move at
+ *         seal, and fit puts attention on the device.
  * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
 #include <dlfcn.h>
 #include <errno.h>
@@ -101,8 +106,13 @@ static int child(const char *scenario)
         }
         fill(buf, WSIZE / 8, i);
         CHECK(p_htod(w[i], buf, WSIZE) == CUDA_SUCCESS);
-        snprintf(name, sizeof(name), "model.layers.%u.%s", i / 2,
-                 i % 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
+        if (strcmp(scenario, "fitfirst") == 0 || strcmp(scenario, "fitlate") == 0)
+            /* every expert first, then every attention weight */
+            snprintf(name, sizeof(name), "model.layers.%u.%s", i % (NW / 2),
+                     i < NW / 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
+        else
+            snprintf(name, sizeof(name), "model.layers.%u.%s", i / 2,
+                     i % 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
         CHECK(p_tag((void *)(uintptr_t)w[i], WSIZE, name) == 0);
     }
     if (strcmp(scenario, "cap") == 0) {
@@ -184,6 +194,26 @@ static int run(char **argv, const char *scenario, const char *policy, const char
     unlink(st);
     unlink(er);
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* How many names containing `what` the stats place on the device. */
+static int on_device(const char *stats, const char *what)
+{
+    int n = 0;
+
+    for (const char *e = strstr(stats, "{\"name\":\""); e; e = strstr(e + 1, "{\"name\":\"")) {
+        const char *next = strstr(e + 1, "{\"name\":\""), *q = strchr(e + 9, '"');
+        const char *pl = strstr(e, "\"placement\":\"device\"");
+        char nm[128];
+        size_t len = q ? (size_t)(q - (e + 9)) : 0;
+        if (!q || len >= sizeof(nm))
+            continue;
+        memcpy(nm, e + 9, len);
+        nm[len] = 0;
+        if (strstr(nm, what) && pl && (!next || pl < next))
+            n++;
+    }
+    return n;
 }
 
 static void dump_on_failure(int before, const char *what, const char *stats, const char *err)
@@ -342,5 +372,36 @@ int main(int argc, char **argv)
     CHECK(strstr(stats, "\"reserve_bytes\":100663296,") != NULL);
     CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
     dump_on_failure(f0, "fitreserve96", stats, err);
+
+    /* fitfirst: the fit policy, the experts loaded first: the 12 weights
+     * managed memory takes before the cap are experts, attention is pinned,
+     * and fit puts six experts on the device: the order bytes came in
+     * decided, not their value. */
+    f0 = failures;
+    rc = run(argv, "fitfirst", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+    CHECK(rc == 0);
+    CHECK(on_device(stats, "self_attn") == 0);
+    CHECK(on_device(stats, "experts") == 6);
+    dump_on_failure(f0, "fitfirst", stats, err);
+
+    /* fitlate: the same, late bound. The first 10 weights (experts) are
+     * backed on the device while 192 MiB (margin and keep_free) stay free,
+     * the rest on the host; at seal fit chooses six attention weights
+     * (192 MiB: 704 MiB less the 512 MiB blocker) and the experts go to the
+     * host, every byte read back after the re-backing. */
+    f0 = failures;
+    {
+        static const char *const env[] = {"WOFFLOAD_LATE_BIND=1", NULL};
+        rc = run(argv, "fitlate", fit_policy, env, stats, sizeof(stats), err, sizeof(err));
+    }
+    CHECK(rc == 0);
+    CHECK(on_device(stats, "self_attn") == 6);
+    CHECK(on_device(stats, "experts") == 0);
+    CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"ranges\":48,\"fallbacks\":0,") != NULL);
+    CHECK(strstr(stats, "\"device_bytes\":201326592,") != NULL);
+    CHECK(strstr(stats, "\"failures\":0}") != NULL);
+    CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+    dump_on_failure(f0, "fitlate", stats, err);
     return failures ? 1 : 0;
 }

@@ -204,6 +204,8 @@ void wo_uvm_reset(void)
                 d->cuMemFree_v2(a->base);
             else if (d && a->kind == WO_KIND_PINNED)
                 wo_place_unpin(d, a, NULL);
+            else if (a->kind == WO_KIND_BOUND)
+                wo_place_bind_free(a);
             if (a->ours_in_registry)
                 (void)wo_registry_remove(a->base, NULL);
             wo_alloc_destroy(a);

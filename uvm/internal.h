@@ -43,7 +43,10 @@ enum wo_alloc_kind {
     WO_KIND_OBSERVED = 0, /* the engine's own allocation: tags are recorded only */
     WO_KIND_MANAGED,      /* served by uvm/ with cuMemAllocManaged */
     WO_KIND_PINNED,       /* served by uvm/ with cuMemHostAlloc (host + pin) */
+    WO_KIND_BOUND,        /* served by uvm/ as a late-bound VMM range (place-bind.c) */
 };
+
+struct wo_bound;
 
 struct wo_tag {
     uint64_t off, size;
@@ -67,6 +70,7 @@ struct wo_alloc {
     size_t host_len;          /* WO_KIND_PINNED: 0 (cuMemHostAlloc), or the length of
                                * our huge-page mapping registered with cuMemHostRegister */
     bool capped;              /* pinned because managed memory would have passed the cap */
+    struct wo_bound *bound;   /* WO_KIND_BOUND: the range (uvm/bind.h) */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
     uint64_t default_bytes;
@@ -130,6 +134,13 @@ struct wo_uvm_state {
     struct wo_progress pin_progress;  /* pinning while the engine loads; ended at seal */
     uint64_t seal_ns;                 /* how long seal took */
     uint64_t pin_ns;                  /* time inside cuMemHostAlloc, all served pins */
+    struct {                          /* late binding (WOFFLOAD_LATE_BIND, place-bind.c) */
+        uint64_t ranges;              /* placeable allocations served as bound ranges */
+        uint64_t fallbacks;           /* ... that could not be, and were served as before */
+        uint64_t host_bytes, device_bytes; /* live, by backing (granule bytes) */
+        uint64_t moves, moved_bytes;  /* re-backings and the bytes they copied */
+        uint64_t failures;            /* re-backings that failed (bytes stayed) */
+    } bind;
     struct {                          /* what fit: chose at seal */
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
@@ -164,6 +175,22 @@ struct wo_uvm_state {
 };
 
 extern struct wo_uvm_state wo_uvm;
+
+/* ---- place-bind.c (under wo_uvm.lock) --------------------------------- */
+/* WOFFLOAD_LATE_BIND=1: placeable allocations become bound ranges. */
+bool wo_place_bind_enabled(void);
+/* Serves a (size set, kind set to BOUND on success) as a bound range; known
+ * is the placement its tag scope decided (UNSET: the window's). 0 and *p,
+ * or a negative errno: the caller serves it as before. */
+int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_placement known,
+                        CUdeviceptr *p);
+/* At seal: re-backs a's granules to its tags' placements, the untagged
+ * bytes to gaps. After seal: one tag's. 0 or the first error. */
+int wo_place_bind_seal(struct wo_alloc *a, enum wo_placement gaps);
+int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t);
+void wo_place_bind_free(struct wo_alloc *a);
+/* Device-backed bytes of every bound range now. */
+uint64_t wo_place_bind_device_bytes(void);
 
 /* ---- init.c ---------------------------------------------------------- */
 /* wo_uvm_init() with an explicit policy path (NULL: none). Tests and tools. */

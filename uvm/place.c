@@ -218,7 +218,12 @@ void wo_place_decide(struct wo_alloc *a, struct wo_tag *t)
 
 int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
 {
-    int r = apply_range(a, t->off, t->size, t->place, true, residency);
+    int r;
+
+    /* a bound range has no advice: its granules move when residency is due */
+    if (a->kind == WO_KIND_BOUND)
+        return residency ? wo_place_bind_tag(a, t) : 0;
+    r = apply_range(a, t->off, t->size, t->place, true, residency);
 
     if (r == 0)
         t->applied = true;
@@ -501,6 +506,10 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             wo_uvm.pin_fallbacks++;
         }
     }
+    /* Late binding: a VMM range instead of managed memory (place-bind.c);
+     * no managed cap, since its device backing is plain device memory. */
+    if (a->kind == WO_KIND_MANAGED && wo_place_bind_enabled())
+        (void)wo_place_bind_serve(d, a, scope_name ? pending.place : WO_PLACE_UNSET, &p);
     if (a->kind == WO_KIND_MANAGED && !managed_fits(d, size, &headroom, &free_now)) {
         /* Past the managed cap. A device placement is what the engine asked
          * for anyway: its own call allocates device memory. So is the
@@ -562,7 +571,9 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         wo_uvm.cap.min_headroom = WO_MIN(wo_uvm.cap.min_headroom, headroom);
     }
     a->base = p;
-    a->flags = WO_RANGE_PLACEABLE | (a->kind == WO_KIND_PINNED ? WO_RANGE_HOST : WO_RANGE_MANAGED);
+    a->flags = WO_RANGE_PLACEABLE | (a->kind == WO_KIND_PINNED  ? WO_RANGE_HOST
+                                     : a->kind == WO_KIND_BOUND ? WO_RANGE_VMM
+                                                                : WO_RANGE_MANAGED);
     registered = wo_registry_add(p, size, a->flags, (uint32_t)wo_uvm.device, a, &rr) == 0;
     if (!registered || wo_alloc_insert(a) < 0) {
         /* A live range already holds this address (uvm/ and the registry
@@ -574,6 +585,8 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             (void)wo_registry_remove(p, NULL);
         if (a->kind == WO_KIND_PINNED) {
             wo_place_unpin(d, a, NULL);
+        } else if (a->kind == WO_KIND_BOUND) {
+            wo_place_bind_free(a);
         } else {
             d->cuMemFree_v2(p);
             wo_uvm.cap.live -= size;
@@ -626,10 +639,16 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
             a->default_bytes = size;
         }
         a->place = dp;
-        (void)apply_range(a, 0, size, dp, true, false);
+        if (a->kind == WO_KIND_BOUND)
+            (void)wo_place_bind_seal(a, dp);
+        else
+            (void)apply_range(a, 0, size, dp, true, false);
     }
     wo_debug("served %s allocation of %zu bytes at 0x%llx%s%s%s",
-             a->kind == WO_KIND_PINNED ? "a pinned host" : "a managed", size,
+             a->kind == WO_KIND_PINNED  ? "a pinned host"
+             : a->kind == WO_KIND_BOUND ? "a late-bound"
+                                        : "a managed",
+             size,
              (unsigned long long)p, n ? " for '" : " (window)", n ? n->s : "", n ? "'" : "");
     *ret_ptr = p;
     *ret_res = CUDA_SUCCESS;
@@ -664,10 +683,14 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
         return 0;
     }
     wo_uvm_wait_cpu_read(a->base, a->size);
-    if (a->kind == WO_KIND_PINNED)
+    if (a->kind == WO_KIND_PINNED) {
         wo_place_unpin(d, a, &r);
-    else
+    } else if (a->kind == WO_KIND_BOUND) {
+        wo_place_bind_free(a);
+        r = CUDA_SUCCESS;
+    } else {
         r = d->cuMemFree_v2(ptr);
+    }
     if (r != CUDA_SUCCESS) {
         /* The memory is still there: keep its record so the engine can retry. */
         wo_error("freeing the placeable range 0x%llx failed: %s", (unsigned long long)ptr,
@@ -795,7 +818,7 @@ static int seal_alloc(struct wo_alloc *a)
     struct seg cur = {0, 0, WO_PLACE_UNSET, true};
     int ret = 0, r;
 
-    if (a->kind != WO_KIND_MANAGED)
+    if (a->kind != WO_KIND_MANAGED && a->kind != WO_KIND_BOUND)
         return 0;
     for (size_t i = 0; i < a->ntags; i++) {
         gap += a->tags[i].off - pos;
@@ -819,6 +842,8 @@ static int seal_alloc(struct wo_alloc *a)
         wo_uvm.rule_counts[ci].bytes += gap;
     }
     a->place = dp;
+    if (a->kind == WO_KIND_BOUND)
+        return wo_place_bind_seal(a, dp);
 
     pos = 0;
     for (size_t i = 0; i <= a->ntags; i++) {
@@ -929,7 +954,7 @@ static void place_fit(size_t free_b, size_t total_b)
                     .size = t->size,
                     .weight = -1,
                     .fixed = t->name->rule >= 0 ? t->place : WO_PLACE_UNSET,
-                    .movable = a->kind == WO_KIND_MANAGED,
+                    .movable = a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_BOUND,
                 };
                 /* A name a rule sent to the device was advised there when it
                  * was made, so the engine's writes put its pages there and
@@ -942,6 +967,9 @@ static void place_fit(size_t free_b, size_t total_b)
             }
         }
     }
+    /* late-bound ranges' device granules can all move: their memory is
+     * the budget's too */
+    resident += wo_place_bind_device_bytes();
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
     /* the engine's allocations after seal come out of the same budget:
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
@@ -1119,7 +1147,8 @@ int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud)
     pthread_mutex_lock(&wo_uvm.lock);
     for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
-            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_PINNED)
+            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_PINNED ||
+                a->kind == WO_KIND_BOUND)
                 ret = foreach_managed_alloc(a, fn, ud, true);
     pthread_mutex_unlock(&wo_uvm.lock);
     return ret;

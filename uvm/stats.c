@@ -285,6 +285,13 @@ static void json_body(struct sbuf *b)
               __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED));
 
     sb_printf(b,
+              ",\"late_bind\":{\"enabled\":%s,\"ranges\":%" PRIu64 ",\"fallbacks\":%" PRIu64
+              ",\"host_bytes\":%" PRIu64 ",\"device_bytes\":%" PRIu64 ",\"moves\":%" PRIu64
+              ",\"moved_bytes\":%" PRIu64 ",\"failures\":%" PRIu64 "}",
+              wo_place_bind_enabled() ? "true" : "false", wo_uvm.bind.ranges, wo_uvm.bind.fallbacks,
+              wo_uvm.bind.host_bytes, wo_uvm.bind.device_bytes, wo_uvm.bind.moves,
+              wo_uvm.bind.moved_bytes, wo_uvm.bind.failures);
+    sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64
               ",\"min_headroom\":",
               wo_uvm.cap.margin, wo_uvm.cap.live, wo_uvm.cap.peak);

@@ -1,0 +1,247 @@
+/* uvm/place-bind.c: placeable allocations served as late-bound VMM ranges
+ * (WOFFLOAD_LATE_BIND=1; uvm/bind.h has the mechanism, docs/placement.md
+ * "Late binding" the why).
+ *
+ * Instead of managed memory, a placeable allocation becomes a bound range:
+ * backed on the device while the device has room beyond the managed cap's
+ * margin (and, under fit, keep_free), on the host after that, and re-backed
+ * at seal, at the same address, to what the tags then say. So whatever
+ * order the engine's bytes arrive in, every tensor can still go anywhere
+ * at seal: fit chooses among all of them, not among those that came first.
+ *
+ * Placements map onto two backings: device is device memory; host and
+ * managed are host memory read in place (a bound range is not managed
+ * memory, so UVM prefetch never touches it; the streaming executor copies
+ * from it as from pinned memory). A 2 MiB granule holding bytes of two
+ * placements is on the device if any of its bytes are placed there.
+ * Everything here runs under wo_uvm.lock. */
+#include "uvm/internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "uvm/bind.h"
+
+bool wo_place_bind_enabled(void)
+{
+    return wo_settings()->late_bind;
+}
+
+static enum wo_bind_loc loc_of(enum wo_placement p)
+{
+    return p == WO_PLACE_DEVICE ? WO_BIND_DEVICE : WO_BIND_HOST;
+}
+
+/* Device backing at allocation while the device keeps the margin (and fit's
+ * keep_free) free after it: loading then fills the device first, and seal
+ * moves only what the choice changes. */
+static enum wo_bind_loc first_loc(const struct wo_driver *d, size_t size, enum wo_placement known)
+{
+    size_t free_b = 0, total_b = 0;
+    uint64_t keep = wo_uvm.cap.margin + (wo_uvm.g->fit.enabled ? wo_uvm.g->fit.keep_free : 0);
+
+    if (known == WO_PLACE_HOST || known == WO_PLACE_MANAGED)
+        return WO_BIND_HOST;
+    if (!d->cuMemGetInfo_v2 || d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS)
+        return WO_BIND_HOST;
+    return free_b >= size && free_b - size >= keep ? WO_BIND_DEVICE : WO_BIND_HOST;
+}
+
+static void count_stats(void)
+{
+    uint64_t host = 0, dev = 0;
+
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            if (a->kind == WO_KIND_BOUND) {
+                struct wo_bind_stats st;
+                wo_bind_stats(a->bound, &st);
+                host += st.host_bytes;
+                dev += st.device_bytes;
+            }
+    wo_uvm.bind.host_bytes = host;
+    wo_uvm.bind.device_bytes = dev;
+}
+
+static void add_moves(const struct wo_bind_stats *before, const struct wo_bound *b)
+{
+    struct wo_bind_stats st;
+
+    wo_bind_stats(b, &st);
+    wo_uvm.bind.moves += st.moves - before->moves;
+    wo_uvm.bind.moved_bytes += st.moved_bytes - before->moved_bytes;
+    wo_uvm.bind.failures += st.failures - before->failures;
+}
+
+int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_placement known,
+                        CUdeviceptr *p)
+{
+    enum wo_bind_loc loc = first_loc(d, a->size, known);
+    struct wo_bound *b = NULL;
+    CUresult res;
+    int r;
+
+    r = wo_bind_create(d, wo_uvm.device, a->size, loc, &b, &res);
+    if (r == -ENOMEM && loc == WO_BIND_DEVICE)
+        /* the device filled up between the check and the call */
+        r = wo_bind_create(d, wo_uvm.device, a->size, loc = WO_BIND_HOST, &b, &res);
+    if (r != 0) {
+        wo_uvm.bind.fallbacks++;
+        if (r == -ENOTSUP)
+            wo_log_once(WO_LOG_WARN,
+                        "WOFFLOAD_LATE_BIND=1: the driver cannot back VMM memory on the host "
+                        "(device attribute 141); placeable allocations are served as managed "
+                        "memory");
+        else
+            wo_error("late binding %zu bytes: %s; served as managed memory instead", a->size,
+                     res != CUDA_SUCCESS ? wo_cu_error_name(res) : strerror(-r));
+        return r;
+    }
+    a->kind = WO_KIND_BOUND;
+    a->bound = b;
+    *p = wo_bind_base(b);
+    wo_uvm.bind.ranges++;
+    if (loc == WO_BIND_DEVICE)
+        wo_uvm.bind.device_bytes += wo_bind_size(b);
+    else
+        wo_uvm.bind.host_bytes += wo_bind_size(b);
+    return 0;
+}
+
+void wo_place_bind_free(struct wo_alloc *a)
+{
+    if (a->kind != WO_KIND_BOUND || !a->bound)
+        return;
+    wo_bind_destroy(a->bound);
+    a->bound = NULL;
+    count_stats();
+}
+
+/* Re-backs the granules of [0, a->size) as want[] says: the moves to the
+ * host first, so the device memory they free is there for the moves to
+ * the device. A failed move leaves its bytes where they were (bind.h) and
+ * is reported; the others still run. */
+static int apply_want(struct wo_alloc *a, const uint8_t *want, size_t ng)
+{
+    size_t gran = wo_bind_granule(a->bound);
+    struct wo_bind_stats before;
+    int ret = 0;
+
+    wo_bind_stats(a->bound, &before);
+    for (int pass = 0; pass < 2; pass++) {
+        uint8_t to = pass == 0 ? WO_BIND_HOST : WO_BIND_DEVICE;
+        for (size_t g = 0; g < ng;) {
+            size_t e = g;
+            CUresult res;
+            int r;
+
+            while (e < ng && want[e] == to)
+                e++;
+            if (e == g) {
+                g++;
+                continue;
+            }
+            r = wo_bind_move(a->bound, g * gran, (e - g) * gran, (enum wo_bind_loc)to, &res);
+            if (r != 0) {
+                char b1[32];
+                wo_uvm.placement_errors++;
+                wo_error("re-backing %s of [0x%" PRIx64 ", +%" PRIu64 ") on the %s failed: %s; "
+                         "those bytes stay where they are",
+                         wo_format_size((e - g) * gran, b1, sizeof(b1)), a->base, a->size,
+                         to == WO_BIND_DEVICE ? "device" : "host",
+                         res != CUDA_SUCCESS ? wo_cu_error_name(res) : strerror(-r));
+                if (!ret)
+                    ret = r;
+            }
+            g = e;
+        }
+    }
+    add_moves(&before, a->bound);
+    count_stats();
+    return ret;
+}
+
+static void mark(uint8_t *want, size_t gran, uint64_t off, uint64_t len)
+{
+    for (uint64_t g = off / gran; g < (off + len + gran - 1) / gran; g++)
+        want[g] = WO_BIND_DEVICE;
+}
+
+int wo_place_bind_seal(struct wo_alloc *a, enum wo_placement gaps)
+{
+    size_t gran = wo_bind_granule(a->bound), ng = (a->size + gran - 1) / gran;
+    uint8_t *want = malloc(ng ? ng : 1);
+    uint64_t pos = 0;
+    int r;
+
+    if (!want) {
+        wo_error("late binding: out of memory at seal; [0x%" PRIx64 ", +%" PRIu64
+                 ") stays as loaded",
+                 a->base, a->size);
+        return -ENOMEM;
+    }
+    /* host everywhere, then every granule with a byte placed on the device */
+    memset(want, WO_BIND_HOST, ng);
+    for (size_t i = 0; i <= a->ntags; i++) {
+        uint64_t toff = i < a->ntags ? a->tags[i].off : a->size;
+        if (toff > pos && loc_of(gaps) == WO_BIND_DEVICE)
+            mark(want, gran, pos, toff - pos);
+        if (i < a->ntags) {
+            if (loc_of(a->tags[i].place) == WO_BIND_DEVICE)
+                mark(want, gran, a->tags[i].off, a->tags[i].size);
+            a->tags[i].applied = true;
+            pos = a->tags[i].off + a->tags[i].size;
+        }
+    }
+    r = apply_want(a, want, ng);
+    free(want);
+    return r;
+}
+
+int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
+{
+    CUresult res;
+    struct wo_bind_stats before;
+    enum wo_bind_loc to = loc_of(t->place);
+    int r;
+
+    /* after seal: this tag's granules alone; a granule it shares with a
+     * device-placed neighbour stays on the device */
+    if (to == WO_BIND_HOST) {
+        size_t gran = wo_bind_granule(a->bound);
+        uint64_t lo = WO_ALIGN_UP(t->off, (uint64_t)gran);
+        uint64_t hi = (t->off + t->size) / gran * gran;
+        if (t->off + t->size == a->size)
+            hi = WO_ALIGN_UP(a->size, (uint64_t)gran);
+        if (t->off == 0)
+            lo = 0;
+        if (hi <= lo) {
+            t->applied = true;
+            return 0;
+        }
+        wo_bind_stats(a->bound, &before);
+        r = wo_bind_move(a->bound, lo, hi - lo, to, &res);
+    } else {
+        wo_bind_stats(a->bound, &before);
+        r = wo_bind_move(a->bound, t->off, t->size, to, &res);
+    }
+    add_moves(&before, a->bound);
+    count_stats();
+    if (r != 0) {
+        wo_uvm.placement_errors++;
+        wo_error("placing '%s' on the %s (late bound): %s; it stays where it was", t->name->s,
+                 to == WO_BIND_DEVICE ? "device" : "host",
+                 res != CUDA_SUCCESS ? wo_cu_error_name(res) : strerror(-r));
+        return r;
+    }
+    t->applied = true;
+    return 0;
+}
+
+uint64_t wo_place_bind_device_bytes(void)
+{
+    return wo_uvm.bind.device_bytes;
+}
