@@ -173,7 +173,7 @@ void wo_bind_destroy(struct wo_bound *b)
     free(b);
 }
 
-int wo_bind_create(const struct wo_driver *d, int dev, size_t size, enum wo_bind_loc loc,
+int wo_bind_create(const struct wo_driver *d, int dev, size_t size, size_t on_device,
                    struct wo_bound **out, CUresult *res)
 {
     struct wo_bound *b;
@@ -205,8 +205,11 @@ int wo_bind_create(const struct wo_driver *d, int dev, size_t size, enum wo_bind
         goto fail;
     }
     for (size_t g = 0; g < b->ngr; g += per) {
-        struct blk k = {.g0 = g, .n = WO_MIN(per, b->ngr - g), .loc = (uint8_t)loc};
-        CUmemAllocationProp p = prop_of(dev, loc);
+        struct blk k = {.g0 = g, .n = WO_MIN(per, b->ngr - g)};
+        CUmemAllocationProp p;
+
+        k.loc = (k.g0 + k.n) * gran <= on_device ? WO_BIND_DEVICE : WO_BIND_HOST;
+        p = prop_of(dev, (enum wo_bind_loc)k.loc);
 
         r = d->cuMemCreate(&k.h, k.n * gran, &p, 0);
         if (r != CUDA_SUCCESS)

@@ -56,10 +56,13 @@ struct wo_bind_stats {
 bool wo_bind_supported(const struct wo_driver *d, int dev, size_t *granule);
 
 /* Reserves size bytes (rounded up to the granule) on device dev and backs
- * every granule at loc. Returns 0 and *out, or -ENOMEM / -ENOTSUP / -EIO
- * with *res the driver's error (CUDA_SUCCESS when it was not a driver call);
- * nothing is left allocated on failure. */
-int wo_bind_create(const struct wo_driver *d, int dev, size_t size, enum wo_bind_loc loc,
+ * the first `on_device` bytes (rounded down to a block) on the device and
+ * the rest on the host: one allocation larger than the free device memory
+ * (ggml's single model buffer) starts on the device as far as it can.
+ * Returns 0 and *out, or -ENOMEM / -ENOTSUP / -EIO with *res the driver's
+ * error (CUDA_SUCCESS when it was not a driver call); nothing is left
+ * allocated on failure. */
+int wo_bind_create(const struct wo_driver *d, int dev, size_t size, size_t on_device,
                    struct wo_bound **out, CUresult *res);
 
 /* Unmaps every granule and frees the reservation and its physical memory. */

@@ -35,19 +35,19 @@ static enum wo_bind_loc loc_of(enum wo_placement p)
     return p == WO_PLACE_DEVICE ? WO_BIND_DEVICE : WO_BIND_HOST;
 }
 
-/* Device backing at allocation while the device keeps the margin (and fit's
- * keep_free) free after it: loading then fills the device first, and seal
- * moves only what the choice changes. */
-static enum wo_bind_loc first_loc(const struct wo_driver *d, size_t size, enum wo_placement known)
+/* The bytes backed on the device at allocation: as many as leave the
+ * margin (and fit's keep_free) free. Loading then fills the device first,
+ * and seal moves only what the choice changes. */
+static size_t device_room(const struct wo_driver *d, size_t size, enum wo_placement known)
 {
     size_t free_b = 0, total_b = 0;
     uint64_t keep = wo_uvm.cap.margin + (wo_uvm.g->fit.enabled ? wo_uvm.g->fit.keep_free : 0);
 
     if (known == WO_PLACE_HOST || known == WO_PLACE_MANAGED)
-        return WO_BIND_HOST;
+        return 0;
     if (!d->cuMemGetInfo_v2 || d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS)
-        return WO_BIND_HOST;
-    return free_b >= size && free_b - size >= keep ? WO_BIND_DEVICE : WO_BIND_HOST;
+        return 0;
+    return free_b > keep ? WO_MIN(free_b - keep, size) : 0;
 }
 
 static void count_stats(void)
@@ -79,15 +79,16 @@ static void add_moves(const struct wo_bind_stats *before, const struct wo_bound 
 int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_placement known,
                         CUdeviceptr *p)
 {
-    enum wo_bind_loc loc = first_loc(d, a->size, known);
+    size_t room = device_room(d, a->size, known);
     struct wo_bound *b = NULL;
+    struct wo_bind_stats st;
     CUresult res;
     int r;
 
-    r = wo_bind_create(d, wo_uvm.device, a->size, loc, &b, &res);
-    if (r == -ENOMEM && loc == WO_BIND_DEVICE)
+    r = wo_bind_create(d, wo_uvm.device, a->size, room, &b, &res);
+    if (r == -ENOMEM && room)
         /* the device filled up between the check and the call */
-        r = wo_bind_create(d, wo_uvm.device, a->size, loc = WO_BIND_HOST, &b, &res);
+        r = wo_bind_create(d, wo_uvm.device, a->size, 0, &b, &res);
     if (r != 0) {
         wo_uvm.bind.fallbacks++;
         if (r == -ENOTSUP)
@@ -104,10 +105,9 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
     a->bound = b;
     *p = wo_bind_base(b);
     wo_uvm.bind.ranges++;
-    if (loc == WO_BIND_DEVICE)
-        wo_uvm.bind.device_bytes += wo_bind_size(b);
-    else
-        wo_uvm.bind.host_bytes += wo_bind_size(b);
+    wo_bind_stats(b, &st);
+    wo_uvm.bind.device_bytes += st.device_bytes;
+    wo_uvm.bind.host_bytes += st.host_bytes;
     return 0;
 }
 

@@ -321,7 +321,7 @@ int main(int argc, char **argv)
     fill_random(ref, size / 8, (uint64_t)time(NULL));
 
     t0 = now_ms();
-    if (wo_bind_create(&drv, dev, size, WO_BIND_HOST, &b, &res) != 0) {
+    if (wo_bind_create(&drv, dev, size, 0, &b, &res) != 0) {
         const char *s = "?";
         drv.cuGetErrorName(res, &s);
         fprintf(stderr, "FAIL: wo_bind_create: %s\n", s);
@@ -347,6 +347,40 @@ int main(int argc, char **argv)
     }
     if (fake_fail)
         injected(b, ref, back, size);
+    /* a second range, created part on the device: whole blocks from the
+     * start as far as on_device goes (never past it), the rest on the host */
+    {
+        struct wo_bound *b2;
+        struct wo_bind_stats st;
+        size_t on = size / 2 + gran;
+        if (wo_bind_create(&drv, dev, size, on, &b2, &res) != 0) {
+            fprintf(stderr, "FAIL: wo_bind_create with %zu bytes on the device\n", on);
+            failures++;
+        } else {
+            int ok = 1;
+            wo_bind_stats(b2, &st);
+            for (size_t g = 0; g < ngr; g++) {
+                enum wo_bind_loc w = wo_bind_where(b2, g * gran);
+                void *p = (void *)(uintptr_t)(wo_bind_base(b2) + g * gran);
+                if ((w == WO_BIND_DEVICE && (g + 1) * gran > on) ||
+                    (g > 0 && w == WO_BIND_DEVICE && wo_bind_where(b2, (g - 1) * gran) != w) ||
+                    (fake_where && fake_where(p) != (w == WO_BIND_HOST ? -1 : 0)))
+                    ok = 0;
+            }
+            CK(htod(wo_bind_base(b2), ref, size));
+            CK(dtoh(back, wo_bind_base(b2), size));
+            if (!ok || memcmp(back, ref, size) != 0 || st.device_bytes > on ||
+                st.device_bytes + st.host_bytes != size) {
+                fprintf(stderr, "FAIL: a range created part on the device (%zu of %zu bytes "
+                                "asked, %llu on the device)\n",
+                        on, size, (unsigned long long)st.device_bytes);
+                failures++;
+            }
+            printf("created with %zu bytes asked on the device: %llu there\n", on,
+                   (unsigned long long)st.device_bytes);
+            wo_bind_destroy(b2);
+        }
+    }
     /* something on the device for destroy to give back */
     move(b, "the first quarter to the device", 0, size / 4, WO_BIND_DEVICE, ref, back, size);
 
