@@ -197,6 +197,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     if wo is not None:
         st = wo.stats() or {}
         res["managed_cap"] = st.get("managed_cap")
+        res["late_bind"] = st.get("late_bind")
         res["fit"] = st.get("fit")
         res["stream"] = {k: v for k, v in (st.get("stream") or {}).items() if k != "names"}
         res["placements"] = {k: v for k, v in (st.get("placements") or {}).items()}
@@ -220,6 +221,7 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
         launcher = os.path.join(args.build, "tools", "woffload-run")
         cmd = [launcher, "--policy", pol, "--log", args.log, "--"] + cmd
         env["WOFFLOAD_PROGRESS"] = "1"
+        env.update(spec.get("env", {}))
     print(f"=== {spec['name']}: {' '.join(shlex.quote(c) for c in cmd[:-1])} '<spec>'", flush=True)
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
@@ -289,7 +291,8 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--runs", default="plain,fit,fp8",
                     help="plain, fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
-                         "(read in place), fit-stream (prefetch.mode stream), fp8")
+                         "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
+                         "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fp8")
     ap.add_argument("--stream-slots", default="",
                     help="fit and fit-stream rows: comma-separated slot counts (prefetch.slots), one row each; "
                          "empty: the policy's default")
@@ -328,6 +331,10 @@ def main() -> int:
                 pol = fitkey + (f"prefetch: {{slots: {int(n)}}}\n" if n else "")
                 rows.append(run(dict(base, name=f"fit{'-s' + n if n else ''}-{f}", fraction=f, shim=True,
                                      policy=pol), args))
+        if "fit-late" in runs:
+            # the same policy as fit, every placeable allocation late bound
+            rows.append(run(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
+                                 env={"WOFFLOAD_LATE_BIND": "1"}), args))
         if "fit-hotset" in runs:
             rows.append(run(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
                                  policy=fitkey + "prefetch: {mode: hot-set}\n"), args))
