@@ -1,0 +1,67 @@
+#!/bin/sh
+# tests/gpu/test-llamacpp-gpu.sh WOFFLOAD-RUN SRCDIR: llama.cpp under the shim
+# with the ggml hook, on the GPU (suite 'gpu'). Greedy token ids from
+# bench/llamacpp-tokens.c (built against a llama.cpp tree, as
+# bench/llamacpp-hook.sh builds it) must equal the plain run's:
+#   - experts on the host by GGUF name (examples/llamacpp-ot-exps-cpu.yaml);
+#   - the first 8 layers' experts on the host (llamacpp-n-cpu-moe.yaml);
+#   - experts on the host, late bound (WOFFLOAD_LATE_BIND=1: the model
+#     buffer is a VMM range re-backed at seal, docs/placement.md);
+# and the live stats must place every `_exps` tensor on the host.
+# Needs LLAMA_TOKENS (the llamacpp-tokens program) and LLAMA_GGUF (a MoE
+# GGUF, e.g. the peers kit's gen_gguf.py output); without them: skipped (77).
+set -u
+run=$1
+src=$2
+tok=${LLAMA_TOKENS:-}
+gguf=${LLAMA_GGUF:-}
+if [ -z "$tok" ] || [ -z "$gguf" ] || [ ! -x "$tok" ] || [ ! -f "$gguf" ]; then
+    echo "SKIP: set LLAMA_TOKENS (bench/llamacpp-tokens.c, built) and LLAMA_GGUF (a MoE GGUF)"
+    exit 77
+fi
+tmp=$(mktemp -d /tmp/wo-llamacpp-gpu-XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+
+plain=$("$tok" "$gguf" 32 mmap 2>"$tmp/plain.err" | grep -m1 '^tokens:')
+if [ -z "$plain" ]; then
+    echo "FAIL: the plain run gave no tokens"
+    tail -5 "$tmp/plain.err"
+    exit 1
+fi
+echo "plain: $plain"
+
+# row NAME POLICY [VAR=VALUE...]
+row() {
+    name=$1 pol=$2
+    shift 2
+    env "$@" WO_TOKENS_STATS="$tmp/$name.json" "$run" --policy "$src/examples/$pol" --log info -- \
+        "$tok" "$gguf" 32 mmap >"$tmp/$name.out" 2>"$tmp/$name.err"
+    got=$(grep -m1 '^tokens:' "$tmp/$name.out")
+    if [ "$got" != "$plain" ]; then
+        echo "FAIL $name: tokens ${got:-none}, plain $plain"
+        tail -8 "$tmp/$name.err"
+        fails=$((fails + 1))
+        return
+    fi
+    if ! python3 - "$tmp/$name.json" "$pol" <<'PY'; then
+import json, sys
+st = json.load(open(sys.argv[1]))
+exps = [n for n in st.get("names", []) if n["name"].endswith("_exps.weight")]
+want_all = "ot-exps" in sys.argv[2]
+host = [n for n in exps if n["placement"] == "host"]
+print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind {st.get('late_bind')}")
+sys.exit(0 if exps and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
+PY
+        echo "FAIL $name: the stats do not place the experts as the policy says"
+        fails=$((fails + 1))
+        return
+    fi
+    echo "ok   $name: tokens identical to plain"
+}
+
+row exps-host llamacpp-ot-exps-cpu.yaml
+row n-cpu-moe llamacpp-n-cpu-moe.yaml
+row exps-host-late llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1
+[ "$fails" -eq 0 ] || exit 1
+echo "PASS"
