@@ -20,6 +20,15 @@ model=$root/tools/models/h100.model
 expect 0 'fit: predicted step time [0-9.]+ ms' -- "$tool" fit --trace "$trace" --device 30GiB --model "$model" -o "$dir/p30.yaml"
 grep -Eq 'all on GPU [0-9.]+ ms' "$dir/out" || fail "no all-on-GPU step time"
 grep -Eq 'offloaded-bytes bound: [0-9.]+ ms' "$dir/out" || fail "no offloaded-bytes bound"
+# the other choices at the same budget, each replayed; reads per step never
+# predicts slower than the kind of tensor alone or experts-host
+for c in 'by reads per step' 'by the kind of tensor only' 'experts on the host, the rest device'; do
+    grep -Eq "^fit:   $c .* [0-9.]+ ms; [0-9.]+ [KMG]iB" "$dir/out" || fail "no predicted step for the choice '$c'"
+done
+awk '/^fit:   / && match($0, /[0-9.]+ ms;/) { t = substr($0, RSTART, RLENGTH - 4) + 0
+         if ($0 ~ /by reads per step/) v = t; else if ($0 !~ /over the budget/ && (min == "" || t < min)) min = t }
+     END { exit !(v != "" && min != "" && v <= min * 1.001) }' "$dir/out" ||
+    { fail "fit by reads per step predicts slower than another choice"; grep '^fit:   ' "$dir/out"; }
 expect 0 'ok' -- "$tool" check "$dir/p30.yaml"
 grep -q '^default: host$' "$dir/p30.yaml" || fail "the rest is not the default (host)"
 grep -q '^# budget for weights: 11.65 GiB' "$dir/p30.yaml" || { fail "budget header"; head -5 "$dir/p30.yaml"; }

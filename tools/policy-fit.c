@@ -470,6 +470,88 @@ static const char *ms(double s, char *buf, size_t len)
     return buf;
 }
 
+/* The predicted step times of one choice (items[].out set): the policy it
+ * implies, written as write_policy writes it, loaded and replayed. 0, or a
+ * negative errno with err set. */
+static int predict(const struct fit_args *a, const struct wo_policy *base, const struct wo_fit *fit,
+                   const struct fname *names, const struct wo_fit_item *items, size_t n,
+                   uint64_t budget, uint64_t engine, uint64_t total, struct wo_trace_data *d,
+                   struct wo_replay_opts o, struct wo_replay_result *res, char *err, size_t errlen)
+{
+    struct wo_policy *pol = NULL;
+    struct wo_diags diags = {0};
+    char *text = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&text, &len);
+    int r;
+
+    if (!mf)
+        return -ENOMEM;
+    r = write_policy(mf, a, base, fit, names, items, n, budget, engine, total, true);
+    fclose(mf);
+    if (r == 0)
+        r = wo_policy_load_buffer(text, len, "(a choice)", NULL, &pol, &diags);
+    wo_diags_clear(&diags);
+    free(text);
+    if (r < 0) {
+        snprintf(err, errlen, "the choice's policy does not load");
+        return r;
+    }
+    o.all_device = false;
+    o.policy = pol;
+    r = wo_replay_run(d, &o, res, err, errlen);
+    wo_policy_free(pol);
+    return r;
+}
+
+/* Beside fit's own choice, the others a user would weigh at the same
+ * budget, each replayed: fit by the kind of tensor only (no trace
+ * weights), and the one-line hand policy, experts on the host and the
+ * rest on the device (over the budget when the rest does not fit it). */
+static void compare_choices(const struct fit_args *a, const struct wo_policy *base,
+                            const struct wo_fit *fit, const struct fname *names,
+                            const struct wo_fit_item *chosen, size_t n, uint64_t budget,
+                            uint64_t engine, uint64_t total, struct wo_trace_data *d,
+                            const struct wo_replay_opts *o, double fit_decode, uint64_t fit_dev)
+{
+    struct wo_fit_item *v = malloc(n * sizeof(*v));
+    char err[256], s1[32], s2[32];
+
+    if (!v)
+        return;
+    fprintf(stderr, "fit: the choices at this budget, replayed (decode step; device bytes):\n");
+    fprintf(stderr, "fit:   %-40s %s; %s\n", "by reads per step (this policy)",
+            ms(fit_decode, s1, sizeof(s1)), wo_format_size(fit_dev, s2, sizeof(s2)));
+    for (int c = 0; c < 2; c++) {
+        struct wo_replay_result res = {0};
+        uint64_t dev = 0;
+        const char *label = c == 0 ? "by the kind of tensor only" : "experts on the host, the rest device";
+
+        memcpy(v, chosen, n * sizeof(*v));
+        if (c == 0) {
+            for (size_t i = 0; i < n; i++)
+                v[i].weight = -1;
+            wo_fit_choose(fit, v, n, budget);
+        } else {
+            for (size_t i = 0; i < n; i++)
+                if (v[i].fixed == WO_PLACE_UNSET && v[i].movable)
+                    v[i].out = wo_fit_class(v[i].name) == 4 ? WO_PLACE_HOST : WO_PLACE_DEVICE;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (v[i].out == WO_PLACE_DEVICE)
+                dev += v[i].size;
+        if (predict(a, base, fit, names, v, n, budget, engine, total, d, *o, &res, err,
+                    sizeof(err)) < 0) {
+            fprintf(stderr, "fit:   %-40s no prediction: %s\n", label, err);
+            continue;
+        }
+        fprintf(stderr, "fit:   %-40s %s; %s%s\n", label, ms(res.decode_step_s, s1, sizeof(s1)),
+                wo_format_size(dev, s2, sizeof(s2)), dev > budget ? ", over the budget" : "");
+        wo_replay_result_free(&res);
+    }
+    free(v);
+}
+
 int wo_policy_fit_main(int argc, char **argv)
 {
     struct fit_args a;
@@ -664,6 +746,8 @@ int wo_policy_fit_main(int argc, char **argv)
                 "device model's copy bandwidth)\n",
                 ms((double)off / (dm.h2d_gbs * 1e9), s1, sizeof(s1)),
                 wo_format_size(off, s2, sizeof(s2)), dm.h2d_gbs);
+        compare_choices(&a, base, &fit, names, items, (size_t)n, budget, engine, total, d, &o,
+                        res.decode_step_s, dev);
         ret = 0;
     }
 out:
