@@ -242,7 +242,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuMemAddressReserve)                                                                         \
     Y(cuMemAddressFree)                                                                            \
     Y(cuMemSetAccess)                                                                              \
-    Y(cuMemGetAllocationGranularity)
+    Y(cuMemGetAllocationGranularity)                                                               \
+    Y(cuCtxSynchronize)
 
 /* The real driver table: filled once from the driver library. */
 struct wo_real {

@@ -120,6 +120,29 @@ void wo_place_bind_free(struct wo_alloc *a)
     count_stats();
 }
 
+/* Every stream of the context idle: a re-backing swaps mappings, so no
+ * copy or kernel may still be writing or reading the range (the engine's
+ * last loading copies may still be in flight at seal). False when the
+ * driver would not: then nothing moves (speed, never data). */
+static bool quiesce(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+
+    if (d && d->cuCtxSynchronize_v2)
+        r = d->cuCtxSynchronize_v2(NULL);
+    else if (d && d->cuCtxSynchronize)
+        r = d->cuCtxSynchronize();
+    if (r != CUDA_SUCCESS) {
+        wo_uvm.placement_errors++;
+        wo_error("late binding: waiting for the engine's work before re-backing failed (%s); "
+                 "the ranges stay as they are",
+                 wo_cu_error_name(r));
+        return false;
+    }
+    return true;
+}
+
 /* Re-backs the granules of [0, a->size) as want[] says: the moves to the
  * host first, so the device memory they free is there for the moves to
  * the device. A failed move leaves its bytes where they were (bind.h) and
@@ -130,6 +153,8 @@ static int apply_want(struct wo_alloc *a, const uint8_t *want, size_t ng)
     struct wo_bind_stats before;
     int ret = 0;
 
+    if (!quiesce())
+        return -EIO;
     wo_bind_stats(a->bound, &before);
     for (int pass = 0; pass < 2; pass++) {
         uint8_t to = pass == 0 ? WO_BIND_HOST : WO_BIND_DEVICE;
@@ -208,6 +233,8 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
     enum wo_bind_loc to = loc_of(t->place);
     int r;
 
+    if (!quiesce())
+        return -EIO;
     /* after seal: this tag's granules alone; a granule it shares with a
      * device-placed neighbour stays on the device */
     if (to == WO_BIND_HOST) {

@@ -77,6 +77,10 @@ struct wo_driver {
                                size_t count);
     CUresult (*cuMemGetAllocationGranularity)(size_t *g, const CUmemAllocationProp *prop,
                                               CUmemAllocationGranularity_flags option);
+    /* every stream of the context idle, before a re-backing (CUDA 13: _v2 with
+     * a context, NULL the current one; older drivers: without) */
+    CUresult (*cuCtxSynchronize_v2)(CUcontext ctx);
+    CUresult (*cuCtxSynchronize)(void);
 };
 
 /* Every member of struct wo_driver, in order: the one list that fills it
@@ -94,7 +98,7 @@ struct wo_driver {
     X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)         \
-    X(cuMemGetAllocationGranularity)
+    X(cuMemGetAllocationGranularity) X(cuCtxSynchronize_v2) X(cuCtxSynchronize)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */
