@@ -56,7 +56,7 @@ static void count_stats(void)
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
-            if (a->kind == WO_KIND_BOUND) {
+            if (a->kind == WO_KIND_BOUND && a->bound) {
                 struct wo_bind_stats st;
                 wo_bind_stats(a->bound, &st);
                 host += st.host_bytes;

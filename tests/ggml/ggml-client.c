@@ -23,7 +23,10 @@
  * are bit-exact. --unnamed: the hook cannot name anything (ggml linked into
  * this executable): no weight is named, the data is still exact. --pass: a
  * policy that places nothing (examples/empty.yaml): every weight is named,
- * at its range, and passes through (placement "unplaceable").
+ * at its range, and passes through (placement "unplaceable"). --late: run
+ * with WOFFLOAD_LATE_BIND=1: the model buffer is a VMM range, and each
+ * weight's middle is backed where its placement says (the fake's
+ * fakecuda_where) instead of advised.
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -153,7 +156,8 @@ static void *need(void *h, const char *sym)
 int main(int argc, char **argv)
 {
     const char *host_re = NULL;
-    int unnamed = 0, pass = 0;
+    int unnamed = 0, pass = 0, late = 0;
+    int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
     uint64_t *sums;
@@ -166,8 +170,10 @@ int main(int argc, char **argv)
             unnamed = 1;
         else if (strcmp(argv[i], "--pass") == 0)
             pass = 1;
+        else if (strcmp(argv[i], "--late") == 0)
+            late = 1;
         else {
-            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass] [--late]\n", argv[0]);
             return 2;
         }
     }
@@ -184,6 +190,7 @@ int main(int argc, char **argv)
         const char *, int, const size_t *, fakecuda_kernel_fn))need(cu, "fakecuda_kernel");
     *(void **)&access_fn = need(cu, "fakecuda_access");
     *(void **)&page_state = need(cu, "fakecuda_managed_state");
+    *(void **)&where_fn = need(cu, "fakecuda_where");
     *(void **)&stats_fn = need(RTLD_DEFAULT, "woffload_stats");
     *(void **)&tag_fn = need(RTLD_DEFAULT, "woffload_tag");
     const size_t psz[] = {sizeof(void *), sizeof(size_t), sizeof(void *)};
@@ -336,9 +343,25 @@ int main(int argc, char **argv)
             CHECK(field(e, "launches") >= 3,
                   "%s: its launch and the graph's two attributed to it (launches %lld)", nm,
                   field(e, "launches"));
-            CHECK(page_state(mid, &ps) == 0 && ps.preferred == (host ? CU_DEVICE_CPU : 0),
-                  "%s: its pages advised to the %s (preferred %d)", nm, host ? "host" : "device",
-                  ps.preferred);
+            if (late) {
+                /* 2 MiB granules; one that holds a byte of a device-placed
+                 * weight is on the device (docs/llamacpp.md) */
+                const uintptr_t G = 2u << 20, g0 = (uintptr_t)mid & ~(G - 1);
+                int on_dev = !host;
+                for (size_t v = 0; v < NW && !on_dev; v++) {
+                    uintptr_t b = (uintptr_t)fggml_data(wt[v]);
+                    on_dev = regexec(&re, weights[v].name, 0, NULL, 0) != 0 && b < g0 + G &&
+                          b + weights[v].size > g0;
+                }
+                CHECK(where_fn(mid) == (on_dev ? 0 : CU_DEVICE_CPU),
+                      "%s: late bound, its middle's granule backed on the %s (where %d)", nm,
+                      on_dev ? "device" : "host", where_fn(mid));
+            } else {
+                CHECK(page_state(mid, &ps) == 0 && ps.preferred == (host ? CU_DEVICE_CPU : 0),
+                      "%s: its pages advised to the %s (preferred %d)", nm, host ? "host" : "device",
+                      ps.preferred);
+            }
+
         }
         /* the same name on exactly its range is a repeat (0), and still
          * one tensor: the hook's tag is this range, not a neighbour's */
