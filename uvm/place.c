@@ -14,7 +14,7 @@
  * wo_uvm.lock; seal-time prefetches go to a private stream, never to one of
  * the engine's. */
 #include "uvm/internal.h"
-#include "uvm/stream.h"
+#include "uvm/plan-stream.h"
 
 #include <inttypes.h>
 #include <string.h>
