@@ -34,7 +34,6 @@ PRELOAD_ALLOWED = {"uvm/uvm.h", "uvm/hotpath.h"}
 KNOWN = {
     "lines: core/trace-read.c",
     "lines: policy/parse.c",
-    "lines: uvm/place.c",
 }
 # Module sets of include circles at the landing (sorted, joined by ' ').
 KNOWN_CIRCLES = set()
