@@ -193,6 +193,8 @@ int wo_alloc_insert(struct wo_alloc *a);
 void wo_alloc_unlink(struct wo_alloc *a);
 /* Drops every tag of a (names unreferenced, budget returned) and frees a. */
 void wo_alloc_destroy(struct wo_alloc *a);
+/* Index of a's first tag whose end lies above off (a->ntags: none). */
+size_t wo_alloc_tag_above(const struct wo_alloc *a, uint64_t off);
 /* Adds a tag; 0, -EEXIST (overlaps another name; *clash set), 1 (already
  * there, same name), -ENOMEM. */
 int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,

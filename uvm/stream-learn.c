@@ -27,8 +27,7 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
         return; /* another part of the allocation */
     rel = h->offset - r->lo;
     relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;
-    if (rel)
-        r->slice = r->slice ? wo_plan_gcd(r->slice, rel) : rel;
+    r->slice = wo_plan_slice_learn(r->slice, rel);
     end = wo_plan_extent_end(span, r->slice, rel, relhi);
     if (end <= rel)
         return;
