@@ -1033,31 +1033,13 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
     return r;
 }
 
+/* A policy file's defaults: the window open from the start. A static
+ * object, so its padding is zero as the memset it replaced left it. */
+static const struct wo_policy_globals file_defaults = WO_POLICY_DEFAULTS(WO_WINDOW_OPEN_AT_START);
+
 static void defaults(struct wo_policy_globals *g)
 {
-    memset(g, 0, sizeof(*g));
-    g->default_place = WO_PLACE_DEVICE;
-    g->host_budget.kind = WO_BUDGET_UNLIMITED;
-    g->device_budget.kind = WO_BUDGET_AUTO;
-    g->pin_fallback = WO_PIN_FALLBACK_MANAGED;
-    g->window.open = WO_WINDOW_OPEN_AT_START;
-    g->window.close = WO_WINDOW_CLOSE_AT_SEAL;
-    g->window.min_size = WO_WINDOW_MIN_SIZE_DEFAULT;
-    g->prefetch.enabled = true;
-    g->prefetch.lookahead_kind = WO_LOOKAHEAD_RANGES;
-    g->prefetch.lookahead = WO_LOOKAHEAD_DEFAULT;
-    g->prefetch.piece_size = WO_PIECE_SIZE_DEFAULT;
-    g->prefetch.hot_set = true;
-    g->prefetch.eviction = WO_EVICT_AUTO;
-    g->prefetch.mode =
-        WO_PREFETCH_MODE_AUTO; /* docs/policy.md, prefetch.mode: why, and its limits */
-    g->prefetch.slots = WO_STREAM_SLOTS_DEFAULT;
-    g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO; /* measured: docs/prefetch.md, Pinned copies */
-    g->fit.enabled = false;
-    g->fit.device.kind = WO_BUDGET_BYTES;
-    g->fit.keep_free = WO_FIT_KEEP_FREE_DEFAULT;
-    g->fit.reserve = WO_FIT_RESERVE_DEFAULT;
-    g->fit.rest = WO_PLACE_HOST;
+    memcpy(g, &file_defaults, sizeof(*g));
 }
 
 int wo_policy_from_tree(struct wo_policy *p, const struct wo_node *root, const char *file,
