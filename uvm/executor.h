@@ -3,6 +3,7 @@
  * mechanism):
  *   uvm/stream.c    staging into device slots + launch redirection (stream.h)
  *   uvm/prefetch.c  UVM prefetch and eviction of managed ranges (prefetch.h)
+ * (stream-pin.c, the pinned copies, runs under the streaming executor.)
  * The consumer (uvm/consumer.c) drives them all alike, in the order of
  * wo_executors; each decides for itself, at the first launch after seal,
  * whether it runs (policy prefetch settings, WOFFLOAD_PREFETCH). They never

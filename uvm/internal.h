@@ -202,7 +202,7 @@ int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_
 void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
 
-/* ---- place.c ----------------------------------------------------------- */
+/* ---- place-cap.c, place-pin.c (placement's files: place-int.h) --------- */
 /* A tag on memory the managed cap pinned wanted `want` for size bytes: counts
  * it as stuck in host memory unless host was asked or fit chooses for it. */
 void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint64_t size);
@@ -231,7 +231,7 @@ void wo_api_note_tag(void);
 /* Logs, once per reason, why a tag on observed memory cannot move it. */
 void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 
-/* ---- place.c (under wo_uvm.lock) --------------------------------------- */
+/* ---- place.c, place-seal.c (under wo_uvm.lock) ------------------------- */
 /* Waits, the lock released meanwhile, until the pinned-copy worker reads
  * nothing of [base, base+size): called before memory goes back to the
  * driver. */

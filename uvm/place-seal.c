@@ -68,13 +68,16 @@ static int seal_alloc(struct wo_alloc *a)
                 cur.advised = cur.advised && next[k].advised;
                 continue;
             }
-            if (cur.len && (r = wo_place_apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
+            if (cur.len &&
+                (r = wo_place_apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) <
+                    0 &&
                 ret == 0)
                 ret = r;
             cur = next[k];
         }
     }
-    if (cur.len && (r = wo_place_apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
+    if (cur.len &&
+        (r = wo_place_apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
         ret == 0)
         ret = r;
     return ret;
