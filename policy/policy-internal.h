@@ -8,6 +8,38 @@
 
 #include "policy/policy.h"
 
+/* ---- the defaults ---- */
+
+/* Every global setting's default, written once (docs/policy.md): a policy
+ * file starts from them (parse.c) with the window open from the start, the
+ * pass-through policy (policy.c) with it opened by the API. */
+#define WO_POLICY_DEFAULTS(window_open)                                                            \
+    {                                                                                              \
+        .default_place = WO_PLACE_DEVICE,                                                          \
+        .host_budget = {.kind = WO_BUDGET_UNLIMITED},                                              \
+        .device_budget = {.kind = WO_BUDGET_AUTO},                                                 \
+        .pin_fallback = WO_PIN_FALLBACK_MANAGED,                                                   \
+        .window = {.open = (window_open),                                                          \
+                   .close = WO_WINDOW_CLOSE_AT_SEAL,                                               \
+                   .min_size = WO_WINDOW_MIN_SIZE_DEFAULT},                                        \
+        .prefetch = {.enabled = true,                                                              \
+                     .lookahead_kind = WO_LOOKAHEAD_RANGES,                                        \
+                     .lookahead = WO_LOOKAHEAD_DEFAULT,                                            \
+                     .piece_size = WO_PIECE_SIZE_DEFAULT,                                          \
+                     .hot_set = true,                                                              \
+                     .eviction = WO_EVICT_AUTO,                                                    \
+                     /* docs/policy.md, prefetch.mode: why, and its limits */                      \
+                     .mode = WO_PREFETCH_MODE_AUTO,                                                \
+                     .slots = WO_STREAM_SLOTS_DEFAULT,                                             \
+                     /* measured: docs/prefetch.md, Pinned copies */                               \
+                     .pinned_copies = WO_PIN_COPIES_AUTO},                                         \
+        .fit = {.enabled = false,                                                                  \
+                .device = {.kind = WO_BUDGET_BYTES},                                               \
+                .keep_free = WO_FIT_KEEP_FREE_DEFAULT,                                             \
+                .reserve = WO_FIT_RESERVE_DEFAULT,                                                 \
+                .rest = WO_PLACE_HOST},                                                            \
+    }
+
 /* ---- diagnostics ---- */
 
 /* Adds one diagnostic; on allocation failure the message is dropped (the

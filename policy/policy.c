@@ -213,30 +213,10 @@ const char *wo_policy_source(const struct wo_policy *p)
     return p ? p->source : "";
 }
 
-/* What `rules: []` gives: nothing placeable, everything passes through. */
-static const struct wo_policy_globals passthrough_globals = {
-    .default_place = WO_PLACE_DEVICE,
-    .host_budget = {.kind = WO_BUDGET_UNLIMITED},
-    .device_budget = {.kind = WO_BUDGET_AUTO},
-    .pin_fallback = WO_PIN_FALLBACK_MANAGED,
-    .window = {.open = WO_WINDOW_OPEN_API,
-               .close = WO_WINDOW_CLOSE_AT_SEAL,
-               .min_size = WO_WINDOW_MIN_SIZE_DEFAULT},
-    .prefetch = {.enabled = true,
-                 .lookahead_kind = WO_LOOKAHEAD_RANGES,
-                 .lookahead = WO_LOOKAHEAD_DEFAULT,
-                 .piece_size = WO_PIECE_SIZE_DEFAULT,
-                 .hot_set = true,
-                 .eviction = WO_EVICT_AUTO,
-                 .mode = WO_PREFETCH_MODE_AUTO,
-                 .slots = WO_STREAM_SLOTS_DEFAULT,
-                 .pinned_copies = WO_PIN_COPIES_AUTO},
-    .fit = {.enabled = false,
-            .device = {.kind = WO_BUDGET_BYTES},
-            .keep_free = WO_FIT_KEEP_FREE_DEFAULT,
-            .reserve = WO_FIT_RESERVE_DEFAULT,
-            .rest = WO_PLACE_HOST},
-};
+/* What `rules: []` gives: nothing placeable, everything passes through
+ * (the window opens only when the API asks). */
+static const struct wo_policy_globals passthrough_globals =
+    WO_POLICY_DEFAULTS(WO_WINDOW_OPEN_API);
 
 const struct wo_policy_globals *wo_policy_globals(const struct wo_policy *p)
 {

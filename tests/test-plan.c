@@ -118,6 +118,18 @@ static void test_gcd_extent(void **state)
     assert_int_equal(wo_plan_extent_end(UINT64_MAX, UINT64_MAX - 5, 10, 11), UINT64_MAX);
 }
 
+/* The one slice rule every learner calls: offset 0 teaches nothing, the
+ * first non-zero offset is the slice, later ones shrink it to the gcd. */
+static void test_slice_learn(void **state)
+{
+    (void)state;
+    assert_int_equal(wo_plan_slice_learn(0, 0), 0);
+    assert_int_equal(wo_plan_slice_learn(0, 96), 96);
+    assert_int_equal(wo_plan_slice_learn(96, 0), 96);
+    assert_int_equal(wo_plan_slice_learn(96, 64), 32);
+    assert_int_equal(wo_plan_slice_learn(32, 96), 32);
+}
+
 static void test_cfg_invalid(void **state)
 {
     struct wo_plan_cfg cfg;
@@ -898,6 +910,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gcd_extent),
+        cmocka_unit_test(test_slice_learn),
         cmocka_unit_test(test_cfg_invalid),
         cmocka_unit_test(test_stepper_inner_repeat),
         cmocka_unit_test(test_stepper_clusters_and_noise),

@@ -768,7 +768,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         setenv("WOFFLOAD_LOG_FILE", lg, 1);
         setenv("WOFFLOAD_LOG", "info", 1);
         setenv("WO_STREAM_SNAP", sn, 1);
-        /* pins go through uvm/place.c's wo_pin_host: a registered huge-page
+        /* pins go through uvm/place-pin.c's wo_pin_host: a registered huge-page
          * mapping, or cuMemHostAlloc (below 2 MiB, as here, and when the
          * register fails): the faults are on both */
         /* the slot growing back to 1 MiB is refused: the engine's two

@@ -101,7 +101,7 @@ static int child(void)
     CHECK(push("model.layers.1.mlp.experts.w2_weight") == 0);
     CHECK(p_cuMemAlloc(&pinned, 2 * MiB) == CUDA_SUCCESS);
     CHECK(pop() == 0);
-    /* a huge-page mapping registered with the driver (uvm/place.c pin_host) */
+    /* a huge-page mapping registered with the driver (uvm/place-pin.c, wo_pin_host) */
     CHECK(live(FAKECUDA_HOST) + live(FAKECUDA_REGISTERED) == host0 + 2 * MiB);
 
     CHECK(seal() == 0);

@@ -27,6 +27,8 @@
 #include "core/registry.h"
 #include "uvm/graph.h"
 #include "uvm/internal.h"
+#include "uvm/plan-budget.h"
+#include "uvm/plan.h"
 
 static struct wo_driver drv;
 static void *fake;
@@ -1646,6 +1648,94 @@ static void fork_child_restarts(void **state)
     stop();
 }
 
+/* The device budget the executors share (uvm/plan-budget.h): the planner's
+ * part is the device budget less what the stager's slots reserve, never
+ * below 0; a range the stager takes or gives back reaches the resident
+ * side, and the planner's queued actions run after each change; with no
+ * resident side registered nothing happens and the questions answer 0. */
+static uint64_t ledger_reserved;
+static char ledger_log[16];
+
+static uint64_t ledger_reserve_fn(void)
+{
+    return ledger_reserved;
+}
+
+static bool ledger_claims_fn(uint32_t id, uint32_t gen)
+{
+    return id == 7 && gen == 2;
+}
+
+static void ledger_note(char c)
+{
+    size_t n = strlen(ledger_log);
+
+    if (n + 1 < sizeof(ledger_log)) {
+        ledger_log[n] = c;
+        ledger_log[n + 1] = 0;
+    }
+}
+
+static void ledger_drop(uint32_t id, uint32_t gen)
+{
+    ledger_note(id == 7 && gen == 2 ? 'd' : '?');
+}
+
+static void ledger_admit(uint32_t id, uint32_t gen)
+{
+    ledger_note(id == 7 && gen == 2 ? 'a' : '?');
+}
+
+static void ledger_run(void)
+{
+    ledger_note('r');
+}
+
+static void budget_ledger(void **state)
+{
+    const struct wo_budget_stager st = {.reserved = ledger_reserve_fn, .claims = ledger_claims_fn};
+    const struct wo_budget_resident res = {
+        .drop = ledger_drop, .admit = ledger_admit, .run = ledger_run};
+    uint64_t saved = wo_uvm.device_budget;
+    struct wo_plan_cfg cfg;
+    struct wo_plan *plan = NULL;
+
+    (void)state;
+    wo_uvm.device_budget = 100 * MiB;
+    wo_budget_stager(NULL);
+    wo_budget_resident(NULL, NULL);
+    assert_int_equal(wo_budget_for_plan(), 100 * MiB);
+    assert_false(wo_budget_claimed(7, 2));
+
+    wo_budget_stager(&st);
+    ledger_reserved = 30 * MiB;
+    assert_int_equal(wo_budget_for_plan(), 70 * MiB);
+    assert_true(wo_budget_claimed(7, 2));
+    assert_false(wo_budget_claimed(7, 3));
+    ledger_reserved = 200 * MiB;
+    assert_int_equal(wo_budget_for_plan(), 0);
+    wo_budget_take(7, 2);
+    wo_budget_give(7, 2);
+    wo_budget_reserve(MiB);
+    assert_int_equal(wo_budget_hot_bytes(7, 2), 0);
+    assert_string_equal(ledger_log, "");
+
+    wo_plan_cfg_default(&cfg);
+    cfg.budget = 100 * MiB;
+    assert_int_equal(wo_plan_new(&cfg, &plan), 0);
+    wo_budget_resident(plan, &res);
+    wo_budget_take(7, 2);
+    wo_budget_give(7, 2);
+    wo_budget_reserve(MiB);
+    assert_string_equal(ledger_log, "drarr");
+    assert_int_equal(wo_budget_hot_bytes(7, 2), 0); /* a range the planner does not know */
+
+    wo_budget_resident(NULL, NULL);
+    wo_budget_stager(NULL);
+    wo_plan_free(plan);
+    wo_uvm.device_budget = saved;
+}
+
 /* A failed assert leaves its test early: undo what start() did. */
 static int teardown(void **state)
 {
@@ -1690,6 +1780,7 @@ int main(int argc, char **argv)
         T(consumer_sleeps_when_idle),
         T(shutdown_is_prompt_and_idempotent),
         T(fork_child_restarts),
+        cmocka_unit_test(budget_ledger),
     };
 
     if (argc > 1)

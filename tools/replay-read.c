@@ -177,8 +177,7 @@ int wo_replay_prepass(struct sim *s)
                 /* (a word that is no weight pointer teaches no slice: core/event.h) */
                 if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size &&
                     (!r->ntags || wo_hit_pointer_like(&l->l.hits[h])))
-                    r->slice = r->slice ? wo_plan_gcd(r->slice, l->l.hits[h].offset)
-                                        : l->l.hits[h].offset;
+                    r->slice = wo_plan_slice_learn(r->slice, l->l.hits[h].offset);
             }
         }
     }

@@ -172,21 +172,6 @@ static void finish(void)
         (*e)->finish();
 }
 
-/* Index of the first tag whose end lies above off. */
-static size_t first_tag_above(const struct wo_alloc *a, uint64_t off)
-{
-    size_t lo = 0, hi = a->ntags;
-
-    while (lo < hi) {
-        size_t mid = (lo + hi) / 2;
-        if (a->tags[mid].off + a->tags[mid].size <= off)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
-
 /* The bytes of tag t that a hit spanning [lo, hi) of its allocation read,
  * as the planner counts them (docs/prefetch.md, Units): a launch hands a
  * pointer, not a length, so a hit covers one slice from the lowest pointer
@@ -202,8 +187,7 @@ static uint64_t touched_bytes(struct wo_tag *t, uint64_t lo, uint64_t hi)
 
     if (rel >= t->size)
         return 0;
-    if (rel)
-        t->slice = t->slice ? wo_plan_gcd(t->slice, rel) : rel;
+    t->slice = wo_plan_slice_learn(t->slice, rel);
     return wo_plan_extent_end(t->size, t->slice, rel, relhi) - rel;
 }
 
@@ -235,7 +219,7 @@ static void account_launch(const struct wo_event *ev)
             wo_uvm.hits_unaligned++;
             continue;
         }
-        for (size_t k = first_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
+        for (size_t k = wo_alloc_tag_above(a, h->offset); k < a->ntags && a->tags[k].off < hi; k++) {
             struct wo_tag *t = &a->tags[k];
             struct wo_name *n = t->name;
             if (n->last_launch != launch_no) {

@@ -3,12 +3,14 @@
  * mechanism):
  *   uvm/stream.c    staging into device slots + launch redirection (stream.h)
  *   uvm/prefetch.c  UVM prefetch and eviction of managed ranges (prefetch.h)
+ * (stream-pin.c, the pinned copies, runs under the streaming executor.)
  * The consumer (uvm/consumer.c) drives them all alike, in the order of
  * wo_executors; each decides for itself, at the first launch after seal,
- * whether it runs (policy prefetch settings, WOFFLOAD_PREFETCH). What they
- * say to each other (which ranges the streaming executor takes from the
- * prefetcher, and the device bytes its slots reserve) is in their own
- * headers. */
+ * whether it runs (policy prefetch settings, WOFFLOAD_PREFETCH). They never
+ * call each other: the device budget they share (which ranges the streaming
+ * executor takes from the prefetcher's planner, the device bytes its slots
+ * reserve, the planner's hot set) is the planner's ledger,
+ * uvm/plan-budget.h. */
 #pragma once
 
 #include "core/event.h"
@@ -31,7 +33,10 @@ struct wo_executor {
 extern const struct wo_executor wo_stream_executor;
 extern const struct wo_executor wo_prefetch_executor;
 
-/* Every executor, NULL-terminated, in the order the consumer calls them:
- * the streaming executor first, so that at the first launch after seal it
- * claims the ranges it streams before the prefetcher lists its own. */
+/* Every executor, NULL-terminated, in the order the consumer calls them.
+ * Either order is correct (a range the streaming executor claims after the
+ * prefetcher listed it is dropped from the planner through the ledger);
+ * the streaming executor goes first so that at the first launch after seal
+ * it claims the ranges it streams before the prefetcher lists its own, and
+ * no GPU copy is made only to be dropped. */
 extern const struct wo_executor *const wo_executors[];

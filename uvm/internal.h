@@ -220,6 +220,8 @@ int wo_alloc_insert(struct wo_alloc *a);
 void wo_alloc_unlink(struct wo_alloc *a);
 /* Drops every tag of a (names unreferenced, budget returned) and frees a. */
 void wo_alloc_destroy(struct wo_alloc *a);
+/* Index of a's first tag whose end lies above off (a->ntags: none). */
+size_t wo_alloc_tag_above(const struct wo_alloc *a, uint64_t off);
 /* Adds a tag; 0, -EEXIST (overlaps another name; *clash set), 1 (already
  * there, same name), -ENOMEM. */
 int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,
@@ -227,7 +229,7 @@ int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_
 void wo_names_free_all(void);
 void wo_scope_forget_thread(void);
 
-/* ---- place.c ----------------------------------------------------------- */
+/* ---- place-cap.c, place-pin.c (placement's files: place-int.h) --------- */
 /* A tag on memory the managed cap pinned wanted `want` for size bytes: counts
  * it as stuck in host memory unless host was asked or fit chooses for it. */
 void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint64_t size);
@@ -256,7 +258,7 @@ void wo_api_note_tag(void);
 /* Logs, once per reason, why a tag on observed memory cannot move it. */
 void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 
-/* ---- place.c (under wo_uvm.lock) --------------------------------------- */
+/* ---- place.c, place-seal.c (under wo_uvm.lock) ------------------------- */
 /* Waits, the lock released meanwhile, until the pinned-copy worker reads
  * nothing of [base, base+size): called before memory goes back to the
  * driver. */

@@ -356,8 +356,8 @@ void wo_alloc_destroy(struct wo_alloc *a)
     free(a);
 }
 
-/* First tag whose end lies above off (tags are sorted and disjoint). */
-static size_t tag_lower(const struct wo_alloc *a, uint64_t off)
+/* Binary search: tags are sorted and disjoint. */
+size_t wo_alloc_tag_above(const struct wo_alloc *a, uint64_t off)
 {
     size_t lo = 0, hi = a->ntags;
 
@@ -374,7 +374,7 @@ static size_t tag_lower(const struct wo_alloc *a, uint64_t off)
 int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_name *n,
                      struct wo_tag **ret, const struct wo_tag **clash)
 {
-    size_t i = tag_lower(a, off);
+    size_t i = wo_alloc_tag_above(a, off);
     struct wo_tag *t;
 
     if (i < a->ntags && a->tags[i].off < off + size) {

@@ -12,23 +12,19 @@
  * can never change, so it gets cuMemHostAlloc(DEVICEMAP|PORTABLE).
  * docs/placement.md explains the choice. Every function here runs under
  * wo_uvm.lock; seal-time prefetches go to a private stream, never to one of
- * the engine's. */
-#include "uvm/internal.h"
-#include "uvm/stream.h"
+ * the engine's.
+ *
+ * Placement's other ideas have files of their own, behind place-int.h:
+ * pinned host memory (place-pin.c), the managed cap (place-cap.c), seal
+ * (place-seal.c) and fit (place-fit.c). */
+#include "uvm/place-int.h"
 
 #include <inttypes.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
 
 #include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
-
-#define PAGE 4096u
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23 /* Linux 5.14; older kernels: EINVAL, the pages are touched */
-#endif
 
 const char *wo_cu_error_name(CUresult r)
 {
@@ -98,8 +94,8 @@ static const char *tag_label(const struct wo_alloc *a, uint64_t off)
  * synchronises it). The range is widened to whole pages inside the
  * allocation: advice works on pages, and neighbours that share a page get
  * the placement applied last. */
-static int apply_range(struct wo_alloc *a, uint64_t off, uint64_t len, enum wo_placement p,
-                       bool advice, bool residency)
+int wo_place_apply_range(struct wo_alloc *a, uint64_t off, uint64_t len, enum wo_placement p,
+                         bool advice, bool residency)
 {
     const struct wo_driver *d = wo_uvm_driver();
     uint64_t start = off & ~(uint64_t)(PAGE - 1);
@@ -157,7 +153,7 @@ fail:
     return cu_errno(r);
 }
 
-static int sync_private(void)
+int wo_place_sync(void)
 {
     const struct wo_driver *d = wo_uvm_driver();
     CUresult r;
@@ -223,12 +219,12 @@ int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
     /* a bound range has no advice: its granules move when residency is due */
     if (a->kind == WO_KIND_BOUND)
         return residency ? wo_place_bind_tag(a, t) : 0;
-    r = apply_range(a, t->off, t->size, t->place, true, residency);
+    r = wo_place_apply_range(a, t->off, t->size, t->place, true, residency);
 
     if (r == 0)
         t->applied = true;
     if (residency) {
-        int r2 = sync_private();
+        int r2 = wo_place_sync();
         if (r == 0)
             r = r2;
     }
@@ -236,29 +232,6 @@ int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
 }
 
 /* ---- allocation routing ----------------------------------------------------- */
-
-static void log_pin_failure(const char *name, size_t size, CUresult r, bool fallback)
-{
-    struct rlimit rl;
-    char lim[64] = "unknown", hard[64] = "unknown", asked[32];
-
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-        if (rl.rlim_cur == RLIM_INFINITY)
-            snprintf(lim, sizeof(lim), "unlimited");
-        else
-            wo_format_size(rl.rlim_cur, lim, sizeof(lim));
-        if (rl.rlim_max == RLIM_INFINITY)
-            snprintf(hard, sizeof(hard), "unlimited");
-        else
-            wo_format_size(rl.rlim_max, hard, sizeof(hard));
-    }
-    wo_error("pinning %s (%zu bytes) of host memory for '%s' failed (%s): RLIMIT_MEMLOCK is %s "
-             "(hard limit %s); raise it (ulimit -l, docker --ulimit memlock=-1) or the cgroup's "
-             "memory limit; %s",
-             wo_format_size(size, asked, sizeof(asked)), size, name, wo_cu_error_name(r), lim, hard,
-             fallback ? "falling back to managed memory kept on host (pin_fallback: managed)"
-                      : "the allocation fails with CUDA_ERROR_OUT_OF_MEMORY (pin_fallback: stop)");
-}
 
 static bool api_servable(int api)
 {
@@ -268,169 +241,75 @@ static bool api_servable(int api)
     return api == WO_API_CUDA_MALLOC || api == WO_API_CU_MEM_ALLOC || api == WO_API_UNKNOWN;
 }
 
-/* The pages of a pin: an anonymous mapping advised to transparent huge
- * pages, MADV_DONTFORK as the driver's own pinned memory (a forked child
- * must not share pages the GPU maps: copy-on-write would leave the GPU
- * reading the child's stale page), and faulted in here, not inside
- * cuMemHostRegister: the driver zeroes untouched pages inside the call,
- * and the engine's launches on other threads wait for it meanwhile (2 GiB
- * on the H100: launches stopped for 387 ms; populated first, 45 ms:
- * bench/results/pin-contention-20261126-h100.txt). */
-void *wo_pin_pages(size_t size, size_t *n)
+/* Whether an allocation of size bytes by api is placeable now: inside a
+ * tag scope (*scope: its name) or while the placeable window is open (and
+ * at least its minimum size), and by an API whose memory the shim may
+ * serve. */
+static bool placeable(size_t size, int api, const char **scope)
 {
-    const size_t huge = 2 * WO_MiB;
-    void *p;
-
-    *n = WO_ALIGN_UP(size, huge);
-    if (size < huge)
-        return NULL;
-    p = mmap(NULL, *n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-        return NULL;
-    (void)madvise(p, *n, MADV_HUGEPAGE);
-    (void)madvise(p, *n, MADV_DONTFORK);
-    if (madvise(p, *n, MADV_POPULATE_WRITE) != 0)
-        for (size_t off = 0; off < *n; off += PAGE)
-            ((volatile char *)p)[off] = 0;
-    return p;
-}
-
-/* Pinned host memory, the fast way first: the pages registered
- * (bench/results/pin-cost-*: 295 ms per GiB against cuMemHostAlloc's 634
- * on the lent H100, and the engine's copies into it run at the same
- * 9.4 GB/s). Falls back to cuMemHostAlloc. */
-CUresult wo_pin_host(const struct wo_driver *d, size_t size, void *pages, size_t n, void **host,
-                     size_t *len)
-{
-    CUresult r;
-
-    *len = 0;
-    if (!pages && d->cuMemHostRegister_v2 && d->cuMemHostUnregister)
-        pages = wo_pin_pages(size, &n);
-    if (pages && (!d->cuMemHostRegister_v2 || !d->cuMemHostUnregister)) {
-        munmap(pages, n);
-        pages = NULL;
-    }
-    if (pages) {
-        r = d->cuMemHostRegister_v2(pages, n,
-                                    CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
-        if (r == CUDA_SUCCESS) {
-            *host = pages;
-            *len = n;
-            return CUDA_SUCCESS;
-        }
-        munmap(pages, n);
-        if (r == CUDA_ERROR_OUT_OF_MEMORY)
-            return r; /* the memlock limit: cuMemHostAlloc would fail the same way */
-    }
-    return d->cuMemHostAlloc(host, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
-}
-
-CUresult wo_unpin_host(const struct wo_driver *d, void *host, size_t len)
-{
-    CUresult r;
-
-    if (!len)
-        return d->cuMemFreeHost(host);
-    r = d->cuMemHostUnregister(host);
-    if (r == CUDA_SUCCESS)
-        munmap(host, len);
-    /* else the pages stay: unmapped while registered, the GPU could keep a
-     * stale mapping */
-    return r;
-}
-
-void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret)
-{
-    CUresult r = wo_unpin_host(d, a->host, a->host_len);
-
-    if (ret)
-        *ret = r;
-}
-
-/* Serves a with pinned, device-mapped host memory: 0 and *p, or the driver's error. */
-static CUresult serve_pinned(const struct wo_driver *d, struct wo_alloc *a, const char *name,
-                             CUdeviceptr *p)
-{
-    void *host = NULL;
-    size_t len = 0;
-    uint64_t t0;
-    CUresult r;
-
-    if (!wo_uvm.sealed)
-        wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
-    t0 = wo_now_ns();
-    r = wo_pin_host(d, a->size, NULL, 0, &host, &len);
-    wo_uvm.pin_ns += wo_now_ns() - t0;
-    if (r != CUDA_SUCCESS)
-        return r;
-    a->host = host;
-    a->host_len = len;
-    r = d->cuMemHostGetDevicePointer_v2(p, host, 0);
-    if (r != CUDA_SUCCESS) {
-        wo_error("cuMemHostGetDevicePointer for '%s' failed: %s", name, wo_cu_error_name(r));
-        wo_place_unpin(d, a, NULL);
-        a->host = NULL;
-        a->host_len = 0;
-        return r;
-    }
-    a->kind = WO_KIND_PINNED;
-    if (!wo_uvm.sealed)
-        wo_progress_add(&wo_uvm.pin_progress, a->size);
-    return CUDA_SUCCESS;
-}
-
-static bool can_pin(const struct wo_driver *d)
-{
-    return d->cuMemHostAlloc && d->cuMemHostGetDevicePointer_v2 && d->cuMemFreeHost;
-}
-
-/* The managed cap: may size more bytes of managed memory be asked for now?
- * Every live managed byte the shim served counts as if it were on the
- * device, because a page the engine writes lands there
- * (bench/results/managed-residency-20261125-h100.txt) and the driver cannot
- * say how many did: live + size <= free - margin. A failed cuMemGetInfo
- * counts as no room. */
-static bool managed_fits(const struct wo_driver *d, size_t size, int64_t *headroom, size_t *free_ret)
-{
-    size_t free_b = 0, total_b = 0;
-
-    wo_uvm.cap.checks++;
-    *free_ret = 0;
-    if (!d->cuMemGetInfo_v2 || d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS) {
-        wo_uvm.cap.unknown_free++;
+    wo_uvm_ensure_init();
+    if (!__atomic_load_n(&wo_uvm.placing, __ATOMIC_ACQUIRE) || size == 0)
+        return false;
+    *scope = wo_scope_current();
+    if (!*scope && (!__atomic_load_n(&wo_uvm.window_open, __ATOMIC_ACQUIRE) ||
+                    size < wo_uvm.g->window.min_size))
+        return false;
+    if (!api_servable(api)) {
+        wo_log_once(WO_LOG_INFO,
+                    "stream-ordered and engine-managed allocations are never placeable; they "
+                    "pass through (see docs/placement.md)");
         return false;
     }
-    *free_ret = free_b;
-    *headroom = (int64_t)free_b - (int64_t)wo_uvm.cap.margin - (int64_t)wo_uvm.cap.live -
-                (int64_t)size;
-    return *headroom >= 0;
+    return true;
 }
 
-void wo_place_count_stuck(const struct wo_name *n, enum wo_placement want, uint64_t size)
+/* The placement a served allocation starts with: its tag scope's (advice
+ * at once; residency too after seal), else under fit: or a default off the
+ * device the host until seal, else after seal the default. */
+static void place_served(struct wo_alloc *a, struct wo_name *n, const struct wo_tag *pending)
 {
-    /* Under fit, a name no rule placed has no placement to miss: fit chooses
-     * among what can move. */
-    if (want == WO_PLACE_HOST || (wo_uvm.g->fit.enabled && n->rule < 0))
-        return;
-    wo_uvm.cap.stuck_tags++;
-    wo_uvm.cap.stuck_bytes += size;
-}
+    struct wo_tag *t;
+    const struct wo_tag *clash;
 
-static void report_cap(const char *name, size_t size, const char *what)
-{
-    char b1[32], b2[32], b3[32];
-
-    wo_log_once(WO_LOG_WARN,
-                "managed memory would pass the free device memory minus %s: from here on "
-                "placeable allocations placed on the device (or, with a default on the device, "
-                "the window's while the device has room) pass through as device memory, and "
-                "the others are served as pinned host memory (placement host); see "
-                "docs/placement.md (the managed cap)",
-                wo_format_size(wo_uvm.cap.margin, b1, sizeof(b1)));
-    wo_debug("managed cap: %s%s%s%s (%s managed live) %s", wo_format_size(size, b2, sizeof(b2)),
-             name ? " for '" : "", name ? name : "", name ? "'" : "",
-             wo_format_size(wo_uvm.cap.live, b3, sizeof(b3)), what);
+    if (n) {
+        if (wo_alloc_add_tag(a, 0, a->size, n, &t, &clash) == 0) {
+            t->place = pending->place;
+            t->charged = pending->charged;
+            if (a->kind == WO_KIND_PINNED) {
+                t->applied = true;
+            } else {
+                /* Known now: advice at once (residency waits for seal; fresh
+                 * memory has no pages to move). After seal, residency too. */
+                (void)wo_place_apply_tag(a, t, wo_uvm.sealed);
+            }
+            wo_consumer_push_tag(a, t);
+        } else if (pending->charged) {
+            wo_host_budget_release(&wo_uvm.host_budget, a->size);
+        }
+    } else if (!wo_uvm.sealed &&
+               (wo_uvm.g->fit.enabled || wo_uvm.g->default_place != WO_PLACE_DEVICE)) {
+        /* Under fit the device set is chosen at seal, from every name; with
+         * a default off the device, untagged bytes go to the host anyway.
+         * Until seal the engine's writes land on the host (advised before
+         * the first write; measured: bench/results/managed-residency-*), so
+         * the device holds nothing it should not, and loading a model
+         * larger than the device does not fill it first. */
+        (void)wo_place_apply_range(a, 0, a->size, WO_PLACE_HOST, true, false);
+    } else if (wo_uvm.sealed) {
+        /* The window is open after seal (opened by the API): the default applies now. */
+        enum wo_placement dp = wo_uvm.g->default_place;
+        if (dp == WO_PLACE_HOST && !wo_host_budget_take(&wo_uvm.host_budget, a->size))
+            dp = WO_PLACE_DEVICE;
+        else if (dp == WO_PLACE_HOST) {
+            a->default_charged = true;
+            a->default_bytes = a->size;
+        }
+        a->place = dp;
+        if (a->kind == WO_KIND_BOUND)
+            (void)wo_place_bind_seal(a, dp);
+        else
+            (void)wo_place_apply_range(a, 0, a->size, dp, true, false);
+    }
 }
 
 int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
@@ -439,8 +318,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     const char *scope_name;
     struct wo_alloc *a = NULL;
     struct wo_name *n = NULL;
-    struct wo_tag pending, *t;
-    const struct wo_tag *clash;
+    struct wo_tag pending;
     struct wo_range rr;
     CUdeviceptr p = 0;
     CUresult r;
@@ -450,19 +328,8 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     size_t free_now = 0;
     int served = 0;
 
-    wo_uvm_ensure_init();
-    if (!__atomic_load_n(&wo_uvm.placing, __ATOMIC_ACQUIRE) || size == 0)
+    if (!placeable(size, api, &scope_name))
         return 0;
-    scope_name = wo_scope_current();
-    if (!scope_name && (!__atomic_load_n(&wo_uvm.window_open, __ATOMIC_ACQUIRE) ||
-                        size < wo_uvm.g->window.min_size))
-        return 0;
-    if (!api_servable(api)) {
-        wo_log_once(WO_LOG_INFO,
-                    "stream-ordered and engine-managed allocations are never placeable; they "
-                    "pass through (see docs/placement.md)");
-        return 0;
-    }
     d = wo_uvm_driver();
     if (!d || !d->cuMemAllocManaged || !d->cuMemFree_v2)
         return 0;
@@ -489,69 +356,19 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         wo_place_decide(a, &pending);
     }
 
-    if (scope_name && pending.place == WO_PLACE_HOST && n->pin && can_pin(d)) {
-        r = serve_pinned(d, a, n->s, &p);
-        if (r != CUDA_SUCCESS && a->kind != WO_KIND_PINNED) {
-            wo_uvm.pin_failures++;
-            if (wo_uvm.g->pin_fallback == WO_PIN_FALLBACK_STOP) {
-                log_pin_failure(n->s, size, r, false);
-                if (pending.charged)
-                    wo_host_budget_release(&wo_uvm.host_budget, size);
-                *ret_ptr = 0;
-                *ret_res = CUDA_ERROR_OUT_OF_MEMORY;
-                served = 1;
-                goto out;
-            }
-            log_pin_failure(n->s, size, r, true);
-            wo_uvm.pin_fallbacks++;
-        }
+    if (scope_name && !wo_place_pin_named(d, a, n, &pending, &p)) {
+        *ret_ptr = 0;
+        *ret_res = CUDA_ERROR_OUT_OF_MEMORY;
+        served = 1;
+        goto out;
     }
     /* Late binding: a VMM range instead of managed memory (place-bind.c);
      * no managed cap, since its device backing is plain device memory. */
     if (a->kind == WO_KIND_MANAGED && wo_place_bind_enabled())
         (void)wo_place_bind_serve(d, a, scope_name ? pending.place : WO_PLACE_UNSET, &p);
-    if (a->kind == WO_KIND_MANAGED && !managed_fits(d, size, &headroom, &free_now)) {
-        /* Past the managed cap. A device placement is what the engine asked
-         * for anyway: its own call allocates device memory. So is the
-         * window's memory when the default is the device (no fit:) and the
-         * device still has room for it beyond the margin: a KV cache or
-         * workspace made before seal stays device memory (the cap counts
-         * managed pages the engine wrote twice, once in free and once in
-         * live, so it binds near half the free memory). Anything else
-         * (host, managed, fit, or no room left) is served as pinned host
-         * memory, the placement that needs no device memory: the engine
-         * never sees an out-of-memory the shim caused. */
-        const char *nm = n ? n->s : NULL;
-        bool device_room = free_now >= size && free_now - size >= wo_uvm.cap.margin;
-        if ((scope_name && pending.place == WO_PLACE_DEVICE) ||
-            (!scope_name && !wo_uvm.g->fit.enabled &&
-             wo_uvm.g->default_place == WO_PLACE_DEVICE && device_room)) {
-            wo_uvm.cap.passed++;
-            wo_uvm.cap.passed_bytes += size;
-            report_cap(nm, size, "passes through as device memory");
-            goto out;
-        }
-        r = can_pin(d) ? serve_pinned(d, a, nm ? nm : "(window)", &p) : CUDA_ERROR_NOT_SUPPORTED;
-        if (r != CUDA_SUCCESS) {
-            char b[32];
-            wo_uvm.cap.failed++;
-            wo_uvm.cap.failed_bytes += size;
-            wo_error("%s%s%s: no room for managed memory and pinning %s of host memory failed "
-                     "(%s): the allocation passes through as device memory; raise the memlock "
-                     "limit (ulimit -l) or place less on the device",
-                     nm ? "'" : "a placeable allocation", nm ? nm : "", nm ? "'" : "",
-                     wo_format_size(size, b, sizeof(b)), wo_cu_error_name(r));
-            if (pending.charged)
-                wo_host_budget_release(&wo_uvm.host_budget, size);
-            goto out;
-        }
-        a->capped = true;
-        wo_uvm.cap.pinned++;
-        wo_uvm.cap.pinned_bytes += size;
-        report_cap(nm, size, "served as pinned host memory");
-        if (scope_name)
-            wo_place_count_stuck(n, pending.place, size);
-    }
+    if (a->kind == WO_KIND_MANAGED && !wo_place_cap_fits(d, size, &headroom, &free_now) &&
+        !wo_place_capped(d, a, n, &pending, free_now, &p))
+        goto out;
     if (a->kind == WO_KIND_MANAGED) {
         r = d->cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL);
         if (r != CUDA_SUCCESS) {
@@ -605,45 +422,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         wo_uvm.served_pinned++;
     else
         wo_uvm.served_managed++;
-    if (n) {
-        if (wo_alloc_add_tag(a, 0, size, n, &t, &clash) == 0) {
-            t->place = pending.place;
-            t->charged = pending.charged;
-            if (a->kind == WO_KIND_PINNED) {
-                t->applied = true;
-            } else {
-                /* Known now: advice at once (residency waits for seal; fresh
-                 * memory has no pages to move). After seal, residency too. */
-                (void)wo_place_apply_tag(a, t, wo_uvm.sealed);
-            }
-            wo_consumer_push_tag(a, t);
-        } else if (pending.charged) {
-            wo_host_budget_release(&wo_uvm.host_budget, size);
-        }
-    } else if (!wo_uvm.sealed &&
-               (wo_uvm.g->fit.enabled || wo_uvm.g->default_place != WO_PLACE_DEVICE)) {
-        /* Under fit the device set is chosen at seal, from every name; with
-         * a default off the device, untagged bytes go to the host anyway.
-         * Until seal the engine's writes land on the host (advised before
-         * the first write; measured: bench/results/managed-residency-*), so
-         * the device holds nothing it should not, and loading a model
-         * larger than the device does not fill it first. */
-        (void)apply_range(a, 0, size, WO_PLACE_HOST, true, false);
-    } else if (wo_uvm.sealed) {
-        /* The window is open after seal (opened by the API): the default applies now. */
-        enum wo_placement dp = wo_uvm.g->default_place;
-        if (dp == WO_PLACE_HOST && !wo_host_budget_take(&wo_uvm.host_budget, size))
-            dp = WO_PLACE_DEVICE;
-        else if (dp == WO_PLACE_HOST) {
-            a->default_charged = true;
-            a->default_bytes = size;
-        }
-        a->place = dp;
-        if (a->kind == WO_KIND_BOUND)
-            (void)wo_place_bind_seal(a, dp);
-        else
-            (void)apply_range(a, 0, size, dp, true, false);
-    }
+    place_served(a, n, &pending);
     wo_debug("served %s allocation of %zu bytes at 0x%llx%s%s%s",
              a->kind == WO_KIND_PINNED  ? "a pinned host"
              : a->kind == WO_KIND_BOUND ? "a late-bound"
@@ -800,244 +579,6 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api)
     pthread_mutex_unlock(&wo_uvm.lock);
 }
 
-/* ---- seal --------------------------------------------------------------------- */
-
-struct seg {
-    uint64_t off, len;
-    enum wo_placement place;
-    bool advised;
-};
-
-/* Applies a served allocation's placements: tags as decided, the gaps
- * between them the policy's default. Neighbours with the same placement
- * become one call: small advice and prefetch calls cost ~100 us each. */
-static int seal_alloc(struct wo_alloc *a)
-{
-    enum wo_placement dp = wo_uvm.g->default_place;
-    uint64_t gap = 0, pos = 0;
-    struct seg cur = {0, 0, WO_PLACE_UNSET, true};
-    int ret = 0, r;
-
-    if (a->kind != WO_KIND_MANAGED && a->kind != WO_KIND_BOUND)
-        return 0;
-    for (size_t i = 0; i < a->ntags; i++) {
-        gap += a->tags[i].off - pos;
-        pos = a->tags[i].off + a->tags[i].size;
-    }
-    gap += a->size - pos;
-    if (gap > 0 && dp == WO_PLACE_HOST) {
-        if (wo_host_budget_take(&wo_uvm.host_budget, gap)) {
-            a->default_charged = true;
-            a->default_bytes = gap;
-        } else {
-            dp = WO_PLACE_DEVICE;
-            wo_uvm.over_budget_bytes += gap;
-            wo_debug("untagged [0x%llx, +%llu) stays on the device: host budget spent",
-                     (unsigned long long)a->base, (unsigned long long)gap);
-        }
-    }
-    if (gap > 0) {
-        size_t ci = wo_uvm.nrule_counts - 1;
-        wo_uvm.rule_counts[ci].names++;
-        wo_uvm.rule_counts[ci].bytes += gap;
-    }
-    a->place = dp;
-    if (a->kind == WO_KIND_BOUND)
-        return wo_place_bind_seal(a, dp);
-
-    pos = 0;
-    for (size_t i = 0; i <= a->ntags; i++) {
-        struct seg next[2];
-        int nn = 0;
-        uint64_t toff = i < a->ntags ? a->tags[i].off : a->size;
-
-        if (toff > pos)
-            next[nn++] = (struct seg){pos, toff - pos, dp, false};
-        if (i < a->ntags) {
-            next[nn++] = (struct seg){a->tags[i].off, a->tags[i].size, a->tags[i].place,
-                                      a->tags[i].applied};
-            a->tags[i].applied = true;
-            pos = a->tags[i].off + a->tags[i].size;
-        }
-        for (int k = 0; k < nn; k++) {
-            if (cur.len && cur.place == next[k].place && cur.off + cur.len == next[k].off) {
-                cur.len += next[k].len;
-                cur.advised = cur.advised && next[k].advised;
-                continue;
-            }
-            if (cur.len && (r = apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
-                ret == 0)
-                ret = r;
-            cur = next[k];
-        }
-    }
-    if (cur.len && (r = apply_range(a, cur.off, cur.len, cur.place, !cur.advised, true)) < 0 &&
-        ret == 0)
-        ret = r;
-    return ret;
-}
-
-/* ---- fit (policy fit:, docs/policy.md) ------------------------------------------ */
-
-static bool engine_device_memory(const struct wo_alloc *a)
-{
-    return a->kind == WO_KIND_OBSERVED &&
-           !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED));
-}
-
-/* The device bytes fit keeps for the streaming executor's slots when the
- * policy asks for streaming (prefetch.mode stream or auto): a slot holds
- * the tensors fit may send off the device (embeddings aside: they are
- * gathered by token, never streamed), sized as the executor sizes it
- * (wo_stream_slot_size: 90% of the bytes; larger ones read in place), and
- * the executor wants prefetch.slots of them. Never more than half the
- * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
- * least two). */
-static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budget)
-{
-    const struct wo_policy_globals *g = wo_uvm.g;
-    uint64_t largest = 0, want, *sizes;
-    size_t k = 0;
-
-    if (!g->prefetch.enabled || g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET)
-        return 0;
-    sizes = malloc((n ? n : 1) * sizeof(*sizes));
-    if (!sizes)
-        return 0;
-    /* every tensor fit decides, pinned ones too: those are off the device
-     * already, and exactly what the slots will carry */
-    for (size_t i = 0; i < n; i++)
-        if (v[i].fixed == WO_PLACE_UNSET && !wo_stream_gathered(v[i].name))
-            sizes[k++] = v[i].size;
-    largest = wo_stream_slot_size(sizes, k);
-    free(sizes);
-    want = largest * (g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT);
-    while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
-        want -= largest;
-    return want <= budget / 2 ? want : 0;
-}
-
-/* Chooses, from every name the engine tagged, what stays on the device
- * under fit: (policy/fit.c decides; this gathers the items and applies the
- * answer to the tags, before seal_alloc() makes it so). Names an explicit
- * rule placed keep it; pinned memory (the managed cap) cannot move. */
-static void place_fit(size_t free_b, size_t total_b)
-{
-    const struct wo_fit *fit = &wo_uvm.g->fit;
-    struct wo_fit_item *v;
-    struct wo_tag **tv;
-    size_t n = 0;
-    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
-
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
-            n += a->kind == WO_KIND_OBSERVED ? 0 : a->ntags;
-    v = calloc(n ? n : 1, sizeof(*v));
-    tv = calloc(n ? n : 1, sizeof(*tv));
-    if (!v || !tv) {
-        wo_error("fit: out of memory; the policy's placements apply as written");
-        goto out;
-    }
-    n = 0;
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
-            if (engine_device_memory(a))
-                engine += a->size;
-            if (a->kind == WO_KIND_OBSERVED)
-                continue;
-            for (size_t k = 0; k < a->ntags; k++) {
-                struct wo_tag *t = &a->tags[k];
-                tv[n] = t;
-                v[n] = (struct wo_fit_item){
-                    .name = t->name->s,
-                    .size = t->size,
-                    .weight = -1,
-                    .fixed = t->name->rule >= 0 ? t->place : WO_PLACE_UNSET,
-                    .movable = a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_BOUND,
-                };
-                /* A name a rule sent to the device was advised there when it
-                 * was made, so the engine's writes put its pages there and
-                 * the free memory already lacks them (assumed: an engine
-                 * that has not written all of it yet leaves less room than
-                 * this counts, and the budget is that much too high). */
-                if (a->kind == WO_KIND_MANAGED && v[n].fixed == WO_PLACE_DEVICE)
-                    resident += t->size;
-                n++;
-            }
-        }
-    }
-    /* late-bound ranges' device granules can all move: their memory is
-     * the budget's too */
-    resident += wo_place_bind_device_bytes();
-    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
-    /* the engine's allocations after seal come out of the same budget:
-     * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
-    reserve = wo_fit_reserve(fit, budget);
-    weights = budget - reserve;
-    staging = fit_staging(v, n, weights);
-    chosen = wo_fit_choose(fit, v, n, weights - staging);
-    for (size_t i = 0; i < n; i++) {
-        struct wo_tag *t = tv[i];
-        if (v[i].fixed != WO_PLACE_UNSET)
-            continue;
-        if (t->place != v[i].out)
-            t->applied = false; /* seal_alloc() applies the new placement */
-        t->place = t->name->place = v[i].out;
-        if (v[i].out != WO_PLACE_DEVICE)
-            rest += t->size;
-    }
-    wo_uvm.fit.budget = budget;
-    wo_uvm.fit.device_bytes = chosen;
-    wo_uvm.fit.rest_bytes = rest;
-    wo_uvm.fit.engine_bytes = engine;
-    wo_uvm.fit.names = n;
-    wo_uvm.fit.staging_bytes = staging;
-    wo_uvm.fit.reserve_bytes = reserve;
-    /* The prefetcher keeps managed bytes, and the streaming executor its
-     * slots, within what fit left the weights (with no room kept for slots
-     * there are none: the device stays within the fit budget). */
-    if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
-        wo_uvm.device_budget = weights > chosen ? weights - chosen : 0;
-    wo_log_write(WO_LOG_OFF,
-                 "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
-                 "holds, within the free memory less keep_free; %s of it kept for what the "
-                 "engine allocates after seal, %s for staging slots), %s %s over %zu names",
-                 wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
-                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
-                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(rest, b4, sizeof(b4)),
-                 wo_placement_to_string(fit->rest), n);
-out:
-    free(v);
-    free(tv);
-}
-
-int wo_place_seal(void)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-    size_t free_b = 0, total_b = 0;
-    int ret = 0, r;
-    char b1[32], b2[32];
-
-    if (wo_uvm.policy && d && d->cuMemGetInfo_v2 &&
-        d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS) {
-        wo_uvm.device_total = total_b;
-        wo_uvm.device_budget = wo_policy_device_budget(wo_uvm.policy, total_b, free_b);
-        if (wo_uvm.g->fit.enabled)
-            place_fit(free_b, total_b);
-        wo_debug("device budget for managed memory: %s of %s",
-                 wo_format_size(wo_uvm.device_budget, b1, sizeof(b1)),
-                 wo_format_size(total_b, b2, sizeof(b2)));
-    }
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
-            if ((r = seal_alloc(a)) < 0 && ret == 0)
-                ret = r;
-    if ((r = sync_private()) < 0 && ret == 0)
-        ret = r;
-    return ret;
-}
-
 /* ---- explicit moves ------------------------------------------------------------- */
 
 int wo_uvm_place_range(uint64_t addr, uint64_t size, enum wo_placement p)
@@ -1057,9 +598,9 @@ int wo_uvm_place_range(uint64_t addr, uint64_t size, enum wo_placement p)
         r = -ERANGE;
         goto out;
     }
-    r = apply_range(a, addr - a->base, size, p, true, true);
+    r = wo_place_apply_range(a, addr - a->base, size, p, true, true);
     if (r == 0)
-        r = sync_private();
+        r = wo_place_sync();
     if (r == 0) {
         /* Keep the books: tags wholly inside the range now live at p. */
         for (size_t i = 0; i < a->ntags; i++) {

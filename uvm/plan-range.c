@@ -20,6 +20,13 @@ uint64_t wo_plan_gcd(uint64_t a, uint64_t b)
     return a;
 }
 
+uint64_t wo_plan_slice_learn(uint64_t slice, uint64_t offset)
+{
+    if (offset == 0)
+        return slice;
+    return slice ? wo_plan_gcd(slice, offset) : offset;
+}
+
 uint64_t wo_plan_extent_end(uint64_t range_size, uint64_t slice, uint64_t offset, uint64_t hi)
 {
     uint64_t end;
@@ -220,7 +227,7 @@ void wo_plan_learn_slice(struct wo_plan *p, uint32_t id, uint64_t offset)
 
     if (offset == 0 || offset >= r->size)
         return;
-    s = r->slice ? wo_plan_gcd(r->slice, offset) : offset;
+    s = wo_plan_slice_learn(r->slice, offset);
     if (s == r->slice)
         return;
     r->slice = s;

@@ -157,6 +157,11 @@ uint32_t wo_plan_range_how(const struct wo_plan *p, uint32_t id, uint32_t gen);
  * offsets launches pointed at (per-expert slices of a stacked tensor), or
  * the whole range while only offset 0 was seen. */
 uint64_t wo_plan_gcd(uint64_t a, uint64_t b);
+/* The one rule every learner of slices uses (the planner, the streaming
+ * executor, the consumer's per-name figures, the replay): the slice
+ * learned so far (0: none yet) after a launch pointed at offset (relative
+ * to the range; 0 teaches nothing). */
+uint64_t wo_plan_slice_learn(uint64_t slice, uint64_t offset);
 /* The bytes a hit touches: a launch hands a kernel a pointer, not a length,
  * so the hit covers [offset, max(hi, offset + slice)) clipped to the range.
  * slice 0 means the rest of the range. Returns the end offset. */

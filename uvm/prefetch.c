@@ -13,9 +13,9 @@
 #include "core/trace.h"
 #include "uvm/devmodel.h"
 #include "uvm/executor.h"
+#include "uvm/plan-budget.h"
 #include "uvm/internal.h"
 #include "uvm/record.h"
-#include "uvm/stream.h"
 
 #define MAX_PIECE (2 * WO_GiB) /* one call stays interruptible-ish and below int limits */
 
@@ -586,7 +586,7 @@ static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
     /* the registry knows the allocation's size (segments are tags in it) */
     if (wo_registry_get(s->id, &rg) < 0 || rg.gen != s->gen)
         return 0;
-    if (wo_stream_claims(s->id, s->gen))
+    if (wo_budget_claimed(s->id, s->gen))
         return 0; /* staged into device slots by the streaming executor */
     if (wo_prefetcher_add_segment(pf, s->id, s->gen, rg.base, rg.size, s->offset, s->size,
                                   s->priority, s->slices != WO_SLICES_NONE) == -ENOMEM ||
@@ -594,6 +594,69 @@ static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
         return -ENOMEM;
     return 0;
 }
+
+/* The streaming executor took a managed range (plan-budget.h): its GPU
+ * copy goes (collapse or copy-back, as the planner would) and the planner
+ * forgets it. During a global-mode capture the copy stays, outside the
+ * budget, until the range is freed: only device memory is lost, never
+ * data. */
+static void budget_drop(uint32_t id, uint32_t gen)
+{
+    struct prange *r;
+
+    if (id < shim->nr && (r = &shim->r[id])->live && r->gen == gen) {
+        struct wo_plan_action a = {.type = WO_PLAN_EVICT,
+                                   .how = wo_plan_range_how(shim->plan, id, gen),
+                                   .id = id,
+                                   .gen = gen,
+                                   .offset = 0,
+                                   .bytes = r->size};
+        if (wo_driver_enter()) {
+            exec(shim, &a);
+            wo_driver_leave();
+        } else {
+            wo_debug("prefetcher: a range handed to the streaming executor keeps its GPU copy "
+                     "(a capture is under way)");
+        }
+        forget(shim, id);
+    }
+}
+
+struct readmit {
+    struct wo_prefetcher *pf;
+    uint32_t id, gen;
+};
+
+static int readmit_cb(const struct wo_uvm_segment *s, void *ud)
+{
+    const struct readmit *a = ud;
+
+    return s->id == a->id && s->gen == a->gen ? add_seg_cb(s, a->pf) : 0;
+}
+
+/* The other way: a managed range the streaming executor gave back is
+ * listed again (new to the planner: its frequencies are learned again). */
+static void budget_admit(uint32_t id, uint32_t gen)
+{
+    struct readmit a = {shim, id, gen};
+
+    if (wo_uvm_foreach_managed(readmit_cb, &a) < 0)
+        wo_warn("prefetcher: out of memory taking a managed range back from the streaming "
+                "executor; it is read in place");
+}
+
+/* The planner's budget changed: its evictions go out now, before the
+ * streaming executor's slots grow into the room. */
+static void budget_run(void)
+{
+    drain(shim);
+}
+
+static const struct wo_budget_resident budget_ops = {
+    .drop = budget_drop,
+    .admit = budget_admit,
+    .run = budget_run,
+};
 
 /* The cost rule weighs moves at this machine's rates when a calibrated
  * model names them (WOFFLOAD_DEVICE_MODEL, written by woffload-calibrate);
@@ -631,7 +694,7 @@ static void shim_setup(void)
         return;
     wo_plan_cfg_default(&cfg);
     /* the streaming executor's slots come out of the same budget */
-    cfg.budget = wo_uvm_device_budget() - WO_MIN(wo_stream_reserved(), wo_uvm_device_budget());
+    cfg.budget = wo_budget_for_plan();
     wo_plan_cfg_policy(&cfg, g);
     load_device_model(&cfg.costs);
     /* wo_uvm.device is set once, by the first served allocation, long
@@ -647,6 +710,7 @@ static void shim_setup(void)
         return;
     }
     shim->tot = &shim_totals;
+    wo_budget_resident(shim->plan, &budget_ops);
     wo_prefetcher_own_context(shim, wo_settings()->prefetch_own_ctx);
     /* a prefetch or collapse call can take milliseconds: the engine's
      * events wait in the consumer's backlog instead of filling the ring */
@@ -765,79 +829,9 @@ static void atfork_child(void)
      * Kept reachable so leak checkers do not report the deliberate leak. */
     parents_prefetcher = shim;
     shim = NULL;
+    wo_budget_resident(NULL, NULL);
     shim_tried = false;
     shim_rescan = false;
-}
-
-void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved)
-{
-    uint64_t budget = wo_uvm_device_budget();
-    struct prange *r;
-
-    if (!shim)
-        return;
-    if (id < shim->nr && (r = &shim->r[id])->live && r->gen == gen) {
-        struct wo_plan_action a = {.type = WO_PLAN_EVICT,
-                                   .how = wo_plan_range_how(shim->plan, id, gen),
-                                   .id = id,
-                                   .gen = gen,
-                                   .offset = 0,
-                                   .bytes = r->size};
-        /* its GPU copy goes (collapse or copy-back, as the planner would);
-         * during a global-mode capture it stays, outside the budget, until
-         * the range is freed: only device memory is lost, never data */
-        if (wo_driver_enter()) {
-            exec(shim, &a);
-            wo_driver_leave();
-        } else {
-            wo_debug("prefetcher: a range handed to the streaming executor keeps its GPU copy "
-                     "(a capture is under way)");
-        }
-        forget(shim, id);
-    }
-    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
-    drain(shim);
-}
-
-struct readmit {
-    struct wo_prefetcher *pf;
-    uint32_t id, gen;
-};
-
-static int readmit_cb(const struct wo_uvm_segment *s, void *ud)
-{
-    const struct readmit *a = ud;
-
-    return s->id == a->id && s->gen == a->gen ? add_seg_cb(s, a->pf) : 0;
-}
-
-void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved)
-{
-    struct readmit a = {shim, id, gen};
-    uint64_t budget = wo_uvm_device_budget();
-
-    if (!shim)
-        return;
-    if (wo_uvm_foreach_managed(readmit_cb, &a) < 0)
-        wo_warn("prefetcher: out of memory taking a managed range back from the streaming "
-                "executor; it is read in place");
-    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
-    drain(shim);
-}
-
-void wo_prefetch_reserve(uint64_t reserved)
-{
-    uint64_t budget = wo_uvm_device_budget();
-
-    if (!shim)
-        return;
-    wo_plan_set_budget(shim->plan, budget - WO_MIN(reserved, budget));
-    drain(shim);
-}
-
-uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen)
-{
-    return shim ? wo_plan_hot_bytes(shim->plan, id, gen) : 0;
 }
 
 static void tick(void)
@@ -883,6 +877,7 @@ static void finish(void)
      * the process */
     shim->stream = NULL;
     shim->own_ctx = NULL;
+    wo_budget_resident(NULL, NULL);
     wo_prefetcher_free(shim);
     shim = NULL;
     shim_tried = false;

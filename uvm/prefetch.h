@@ -72,22 +72,9 @@ void wo_prefetcher_totals(const struct wo_prefetcher *pf, struct wo_prefetch_tot
  * budget and the policy's prefetch settings, unless WOFFLOAD_PREFETCH=0 or
  * the policy's prefetch is off. At finish it logs totals and frees. */
 
-/* The streaming executor (uvm/stream.c) takes a managed range: its GPU
- * copy is dropped, the planner forgets it, and the planner's budget becomes
- * the device budget less `reserved` (the executor's slots). Consumer thread. */
-void wo_prefetch_release(uint32_t id, uint32_t gen, uint64_t reserved);
-/* The other way: a managed range the executor stopped streaming goes back
- * to the planner (new to it: its frequencies are learned again), and the
- * planner's budget becomes the device budget less `reserved`. Consumer
- * thread. */
-void wo_prefetch_readmit(uint32_t id, uint32_t gen, uint64_t reserved);
-/* The executor's slots now hold `reserved` bytes (resized for the ranges
- * it streams): the planner's budget becomes the device budget less that.
- * Consumer thread. */
-void wo_prefetch_reserve(uint64_t reserved);
-/* Bytes of the range the planner keeps in its hot set (0 when it has no
- * planner or does not know the range). Consumer thread. */
-uint64_t wo_prefetch_hot_bytes(uint32_t id, uint32_t gen);
+/* What the streaming executor takes out of the planner's budget (device
+ * bytes for its slots, the ranges it streams) goes through uvm/plan-budget.h,
+ * where this executor registers its planner while it runs. */
 /* Totals of the shim's instance (zeros when none). Any thread. */
 void wo_prefetch_totals(struct wo_prefetch_totals *ret);
 /* The planner's step figures (uvm/plan.h), as last published with the

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "uvm/prefetch.h"
+#include "uvm/plan-budget.h"
 
 /* ---- learning ----------------------------------------------------------------- */
 
@@ -27,8 +27,7 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
         return; /* another part of the allocation */
     rel = h->offset - r->lo;
     relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;
-    if (rel)
-        r->slice = r->slice ? wo_plan_gcd(r->slice, rel) : rel;
+    r->slice = wo_plan_slice_learn(r->slice, rel);
     end = wo_plan_extent_end(span, r->slice, rel, relhi);
     if (end <= rel)
         return;
@@ -76,7 +75,7 @@ void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet)
     r->streamed = true;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
     if (!r->host)
-        wo_prefetch_release(id, r->gen, wo_stream_reserved());
+        wo_budget_take(id, r->gen);
     if (quiet)
         return;
     if (r->msteps)
@@ -102,7 +101,7 @@ void wo_sx_unselect_range(struct srange *r, uint32_t id)
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
     wo_sx_take_back(r);
     if (!r->host)
-        wo_prefetch_readmit(id, r->gen, wo_stream_reserved());
+        wo_budget_give(id, r->gen);
 }
 
 /* the first decisions at info, later ones (a server's batch moves) at debug */
@@ -133,7 +132,7 @@ static bool auto_candidate(struct srange *r, uint32_t id)
         return false;
     if (r->probed)
         return true;
-    return auto_recent(r) && (r->host || wo_prefetch_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
+    return auto_recent(r) && (r->host || wo_budget_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);
 }
 
 /* The slots come out of the planner's budget: the bytes of managed ranges
@@ -146,7 +145,7 @@ static uint64_t hot_over(uint64_t reserved)
     budget -= WO_MIN(reserved, budget);
     for (uint32_t id = 0; id < wo_sx->nr; id++)
         if (wo_sx->r[id].live && !wo_sx->r[id].host && !wo_sx->r[id].streamed)
-            hot += wo_prefetch_hot_bytes(id, wo_sx->r[id].gen);
+            hot += wo_budget_hot_bytes(id, wo_sx->r[id].gen);
     return hot > budget ? hot - budget : 0;
 }
 
@@ -191,7 +190,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
             uint64_t hot;
 
             if (id >= wo_sx->nr || r->host || !auto_recent(r) ||
-                !(hot = wo_prefetch_hot_bytes(id, r->gen)))
+                !(hot = wo_budget_hot_bytes(id, r->gen)))
                 continue;
             wo_sx_select_range(r, id, true);
             if (r->streamed) {

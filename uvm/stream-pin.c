@@ -2,7 +2,7 @@
  * executor (see stream-pin.h; docs/prefetch.md, "Pinned copies").
  *
  * One worker thread, started with the executor's first request, does the
- * slow parts: an anonymous mapping advised to huge pages (as uvm/place.c
+ * slow parts: an anonymous mapping advised to huge pages (as uvm/place-pin.c
  * pins), the range's bytes copied into it by the CPU in pieces under
  * wo_uvm.lock (the engine may free the range meanwhile: each piece checks
  * that it is still live), then cuMemHostRegister. The executor asks for a
@@ -125,7 +125,7 @@ static bool enter_wait(void)
 }
 
 /* Pinned, device-mapped memory for bytes in the executor's context (as
- * uvm/place.c pins: wo_pin_host): the pages mapped and faulted in first,
+ * uvm/place-pin.c pins: wo_pin_host): the pages mapped and faulted in first,
  * the driver calls inside the capture handshake (a global-mode capture
  * waits for the register only); the driver's result
  * (CUDA_ERROR_NOT_READY: the process exits). */

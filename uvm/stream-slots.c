@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "uvm/prefetch.h"
+#include "uvm/plan-budget.h"
 #include "uvm/stream-check.h"
 #include "uvm/stream-copy-ptx.h"
 #include "uvm/stream-pin.h"
@@ -300,7 +300,7 @@ static bool resize_slot(unsigned s)
      * it), and before the slots' context is pushed (the prefetcher may
      * make its own current) */
     if (want > old)
-        wo_prefetch_reserve(wo_sx_slots_bytes() - old + want);
+        wo_budget_reserve(wo_sx_slots_bytes() - old + want);
     if (!wo_driver_enter())
         return false;
     prev = wo_sx_push_ctx();
@@ -426,14 +426,14 @@ void wo_sx_resize(const uint32_t *ahead, unsigned na)
     if (wo_sx_slots_bytes() < before)
         slots_shrank();
     else
-        wo_prefetch_reserve(wo_sx_slots_bytes());
+        wo_budget_reserve(wo_sx_slots_bytes());
 }
 
 /* The slots hold fewer bytes than the planner was told: its budget grows,
  * and auto gives back the hot ranges it streamed for the room (readmit_room). */
 static void slots_shrank(void)
 {
-    wo_prefetch_reserve(wo_sx_slots_bytes());
+    wo_budget_reserve(wo_sx_slots_bytes());
     if (wo_sx->by_auto)
         readmit_room();
 }

@@ -29,6 +29,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "uvm/executor.h"
+#include "uvm/plan-budget.h"
 #include "uvm/devmodel.h"
 #include "uvm/stream-check.h"
 #include "uvm/stream-pin.h"
@@ -227,6 +228,30 @@ static void on_copy(const struct wo_event *ev)
     wo_sx_mark_written(&wo_sx->r[id], id);
 }
 
+/* The device bytes the slots take from the planner's budget (plan-budget.h):
+ * theirs once a range is streamed, else none. */
+static uint64_t reserved(void)
+{
+    if (!wo_sx || wo_sx->slots_failed)
+        return 0;
+    for (uint32_t i = 0; i < wo_sx->nr; i++)
+        if (wo_sx->r[i].live && wo_sx->r[i].streamed)
+            return wo_sx_slots_bytes();
+    return 0;
+}
+
+/* Whether the range is streamed (the prefetcher leaves it alone). */
+static bool claims(uint32_t id, uint32_t gen)
+{
+    return wo_sx && id < wo_sx->nr && wo_sx->r[id].live && wo_sx->r[id].gen == gen &&
+           wo_sx->r[id].streamed;
+}
+
+static const struct wo_budget_stager budget_ops = {
+    .reserved = reserved,
+    .claims = claims,
+};
+
 /* ---- setup ----------------------------------------------------------------- */
 
 static void setup(void)
@@ -239,6 +264,8 @@ static void setup(void)
     CUdevice dev;
 
     tried = true;
+    /* the prefetcher asks what the slots take (none while wo_sx is NULL) */
+    wo_budget_stager(&budget_ops);
     /* hooks look at the table only once it is active: clear what a
      * previous instance (tests reset uvm/) left, word by word (the hooks
      * and the stats read it concurrently, atomically) */
@@ -316,22 +343,6 @@ static void setup(void)
             : wo_sx->by_auto  ? "auto"
                               : "hot-set (measures only)",
             wo_sx->nslots, (unsigned long long)(largest >> 20));
-}
-
-uint64_t wo_stream_reserved(void)
-{
-    if (!wo_sx || wo_sx->slots_failed)
-        return 0;
-    for (uint32_t i = 0; i < wo_sx->nr; i++)
-        if (wo_sx->r[i].live && wo_sx->r[i].streamed)
-            return wo_sx_slots_bytes();
-    return 0;
-}
-
-bool wo_stream_claims(uint32_t id, uint32_t gen)
-{
-    return wo_sx && id < wo_sx->nr && wo_sx->r[id].live && wo_sx->r[id].gen == gen &&
-           wo_sx->r[id].streamed;
 }
 
 static void on_event(const struct wo_event *ev)

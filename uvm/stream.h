@@ -30,11 +30,9 @@
  * prefetch.mode; WOFFLOAD_PREFETCH=0 or prefetch.enabled false leave it
  * off); when idle it stages what the engine's position asks for. */
 
-/* For the prefetcher (consumer thread): device bytes the slots hold (taken
- * from the device budget), and whether a range belongs to the executor
- * (then the prefetcher leaves it alone). */
-uint64_t wo_stream_reserved(void);
-bool wo_stream_claims(uint32_t id, uint32_t gen);
+/* What it takes from the prefetcher (device bytes for the slots, the
+ * ranges it streams) goes through uvm/plan-budget.h, never a call into
+ * uvm/prefetch.c. */
 
 /* Per name: read multiplicity per step (bytes launches read / distinct
  * bytes read, mean over the measured steps), bytes read and staged per

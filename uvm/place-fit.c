@@ -1,0 +1,144 @@
+/* uvm/place-fit.c: fit (policy fit:, docs/policy.md; place-int.h): at
+ * seal, from every name the engine tagged, what stays on the device within
+ * the fit budget, with room kept for the streaming executor's slots and
+ * for what the engine allocates after seal. policy/fit.c decides; this
+ * gathers the items and applies the answer to the tags. */
+#include "uvm/place-int.h"
+
+#include <stdlib.h>
+
+#include "core/log.h"
+#include "uvm/plan-stream.h"
+
+static bool engine_device_memory(const struct wo_alloc *a)
+{
+    return a->kind == WO_KIND_OBSERVED &&
+           !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED));
+}
+
+/* The device bytes fit keeps for the streaming executor's slots when the
+ * policy asks for streaming (prefetch.mode stream or auto): a slot holds
+ * the tensors fit may send off the device (embeddings aside: they are
+ * gathered by token, never streamed), sized as the executor sizes it
+ * (wo_stream_slot_size: 90% of the bytes; larger ones read in place), and
+ * the executor wants prefetch.slots of them. Never more than half the
+ * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
+ * least two). */
+static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budget)
+{
+    const struct wo_policy_globals *g = wo_uvm.g;
+    uint64_t largest = 0, want, *sizes;
+    size_t k = 0;
+
+    if (!g->prefetch.enabled || g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET)
+        return 0;
+    sizes = malloc((n ? n : 1) * sizeof(*sizes));
+    if (!sizes)
+        return 0;
+    /* every tensor fit decides, pinned ones too: those are off the device
+     * already, and exactly what the slots will carry */
+    for (size_t i = 0; i < n; i++)
+        if (v[i].fixed == WO_PLACE_UNSET && !wo_stream_gathered(v[i].name))
+            sizes[k++] = v[i].size;
+    largest = wo_stream_slot_size(sizes, k);
+    free(sizes);
+    want = largest * (g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT);
+    while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
+        want -= largest;
+    return want <= budget / 2 ? want : 0;
+}
+
+/* Chooses, from every name the engine tagged, what stays on the device
+ * under fit: (policy/fit.c decides; this gathers the items and applies the
+ * answer to the tags, before seal_alloc() makes it so). Names an explicit
+ * rule placed keep it; pinned memory (the managed cap) cannot move. */
+void wo_place_fit(size_t free_b, size_t total_b)
+{
+    const struct wo_fit *fit = &wo_uvm.g->fit;
+    struct wo_fit_item *v;
+    struct wo_tag **tv;
+    size_t n = 0;
+    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            n += a->kind == WO_KIND_OBSERVED ? 0 : a->ntags;
+    v = calloc(n ? n : 1, sizeof(*v));
+    tv = calloc(n ? n : 1, sizeof(*tv));
+    if (!v || !tv) {
+        wo_error("fit: out of memory; the policy's placements apply as written");
+        goto out;
+    }
+    n = 0;
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
+            if (engine_device_memory(a))
+                engine += a->size;
+            if (a->kind == WO_KIND_OBSERVED)
+                continue;
+            for (size_t k = 0; k < a->ntags; k++) {
+                struct wo_tag *t = &a->tags[k];
+                tv[n] = t;
+                v[n] = (struct wo_fit_item){
+                    .name = t->name->s,
+                    .size = t->size,
+                    .weight = -1,
+                    .fixed = t->name->rule >= 0 ? t->place : WO_PLACE_UNSET,
+                    .movable = a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_BOUND,
+                };
+                /* A name a rule sent to the device was advised there when it
+                 * was made, so the engine's writes put its pages there and
+                 * the free memory already lacks them (assumed: an engine
+                 * that has not written all of it yet leaves less room than
+                 * this counts, and the budget is that much too high). */
+                if (a->kind == WO_KIND_MANAGED && v[n].fixed == WO_PLACE_DEVICE)
+                    resident += t->size;
+                n++;
+            }
+        }
+    }
+    /* late-bound ranges' device granules can all move: their memory is
+     * the budget's too */
+    resident += wo_place_bind_device_bytes();
+    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
+    /* the engine's allocations after seal come out of the same budget:
+     * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
+    reserve = wo_fit_reserve(fit, budget);
+    weights = budget - reserve;
+    staging = fit_staging(v, n, weights);
+    chosen = wo_fit_choose(fit, v, n, weights - staging);
+    for (size_t i = 0; i < n; i++) {
+        struct wo_tag *t = tv[i];
+        if (v[i].fixed != WO_PLACE_UNSET)
+            continue;
+        if (t->place != v[i].out)
+            t->applied = false; /* seal_alloc() applies the new placement */
+        t->place = t->name->place = v[i].out;
+        if (v[i].out != WO_PLACE_DEVICE)
+            rest += t->size;
+    }
+    wo_uvm.fit.budget = budget;
+    wo_uvm.fit.device_bytes = chosen;
+    wo_uvm.fit.rest_bytes = rest;
+    wo_uvm.fit.engine_bytes = engine;
+    wo_uvm.fit.names = n;
+    wo_uvm.fit.staging_bytes = staging;
+    wo_uvm.fit.reserve_bytes = reserve;
+    /* The prefetcher keeps managed bytes, and the streaming executor its
+     * slots, within what fit left the weights (with no room kept for slots
+     * there are none: the device stays within the fit budget). */
+    if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
+        wo_uvm.device_budget = weights > chosen ? weights - chosen : 0;
+    wo_log_write(WO_LOG_OFF,
+                 "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
+                 "holds, within the free memory less keep_free; %s of it kept for what the "
+                 "engine allocates after seal, %s for staging slots), %s %s over %zu names",
+                 wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
+                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
+                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_placement_to_string(fit->rest), n);
+out:
+    free(v);
+    free(tv);
+}

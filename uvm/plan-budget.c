@@ -1,0 +1,87 @@
+/* uvm/plan-budget.c: the device budget the executors share (plan-budget.h).
+ * Kept apart from both executors so that neither calls the other: each
+ * reaches the other's state only through what it registered here. */
+#include "uvm/plan-budget.h"
+
+#include <stddef.h>
+
+#include "core/macro.h"
+#include "uvm/internal.h"
+#include "uvm/plan.h"
+
+static const struct wo_budget_stager *stager;
+static const struct wo_budget_resident *resident;
+static struct wo_plan *plan;
+
+void wo_budget_stager(const struct wo_budget_stager *s)
+{
+    stager = s;
+}
+
+void wo_budget_resident(struct wo_plan *p, const struct wo_budget_resident *r)
+{
+    plan = p;
+    resident = p ? r : NULL;
+}
+
+static uint64_t reserved(void)
+{
+    return stager ? stager->reserved() : 0;
+}
+
+static uint64_t less(uint64_t bytes)
+{
+    uint64_t budget = wo_uvm_device_budget();
+
+    return budget - WO_MIN(bytes, budget);
+}
+
+uint64_t wo_budget_for_plan(void)
+{
+    return less(reserved());
+}
+
+bool wo_budget_claimed(uint32_t id, uint32_t gen)
+{
+    return stager && stager->claims(id, gen);
+}
+
+/* The planner's budget changed: its evictions go out at once. */
+static void set(uint64_t bytes)
+{
+    wo_plan_set_budget(plan, less(bytes));
+    resident->run();
+}
+
+/* reserved is read before the resident side acts, as the stager's own
+ * figure at the moment it decided */
+void wo_budget_take(uint32_t id, uint32_t gen)
+{
+    uint64_t r = reserved();
+
+    if (!plan)
+        return;
+    resident->drop(id, gen);
+    set(r);
+}
+
+void wo_budget_give(uint32_t id, uint32_t gen)
+{
+    uint64_t r = reserved();
+
+    if (!plan)
+        return;
+    resident->admit(id, gen);
+    set(r);
+}
+
+void wo_budget_reserve(uint64_t slots)
+{
+    if (plan)
+        set(slots);
+}
+
+uint64_t wo_budget_hot_bytes(uint32_t id, uint32_t gen)
+{
+    return plan ? wo_plan_hot_bytes(plan, id, gen) : 0;
+}

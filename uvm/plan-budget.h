@@ -1,0 +1,69 @@
+/* uvm/plan-budget.h: the shim's one device budget, shared by its executors
+ * (issue 39). The device budget (wo_uvm_device_budget) is split between
+ * two holders:
+ *   - the stager (uvm/stream.c): device slots it stages ranges into, and
+ *     the ranges it claims (streams) and so takes from the resident side;
+ *   - the resident side (uvm/prefetch.c): the planner (uvm/plan.h) that
+ *     keeps managed ranges on the GPU within what the slots leave.
+ * Each executor talks to this ledger only, never to the other one: the
+ * arithmetic (the planner's budget is the device budget less the reserved
+ * bytes) and the hot-set question are planner calls made here, and what
+ * an executor must do in response (drop a range's GPU copy, take one back,
+ * run the planner's queued actions) it registers as callbacks. Either
+ * side may be absent (not started, off by policy, finished): the calls
+ * then do what the executors' old direct calls did without it, nothing
+ * (and 0 / false for the questions).
+ *
+ * Pure: no clock, no driver call of its own. Consumer thread only. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct wo_plan;
+
+/* What the stager answers: the device bytes its slots hold (0 when no
+ * range is streamed), and whether it claims a range (then the resident
+ * side leaves it alone). */
+struct wo_budget_stager {
+    uint64_t (*reserved)(void);
+    bool (*claims)(uint32_t id, uint32_t gen);
+};
+
+/* What the resident side does: drop a range's GPU copy and forget it
+ * (the stager took it), list it again (given back), and run the actions
+ * its planner queued (a smaller budget queues evictions, which must be
+ * done before the slots grow into the room). */
+struct wo_budget_resident {
+    void (*drop)(uint32_t id, uint32_t gen);
+    void (*admit)(uint32_t id, uint32_t gen);
+    void (*run)(void);
+};
+
+/* The stager registers once (its answers cover "not running"). */
+void wo_budget_stager(const struct wo_budget_stager *s);
+/* The resident side registers its planner when it starts, and NULLs when
+ * it stops (finish, fork child). */
+void wo_budget_resident(struct wo_plan *plan, const struct wo_budget_resident *r);
+
+/* ---- the resident side asks ------------------------------------------------- */
+
+/* The device budget less the stager's reserved bytes (never below 0). */
+uint64_t wo_budget_for_plan(void);
+/* Whether the stager claims the range. */
+bool wo_budget_claimed(uint32_t id, uint32_t gen);
+
+/* ---- the stager tells ----------------------------------------------------------- */
+
+/* It claimed a managed range: the resident side drops and forgets it, and
+ * the planner's budget becomes the device budget less the reserved bytes. */
+void wo_budget_take(uint32_t id, uint32_t gen);
+/* It stopped streaming a managed range: the planner gets it back (new to
+ * it: its frequencies are learned again), and its budget as above. */
+void wo_budget_give(uint32_t id, uint32_t gen);
+/* Its slots now hold `slots` bytes: the planner's budget becomes the
+ * device budget less that. */
+void wo_budget_reserve(uint64_t slots);
+/* Bytes of the range the planner keeps in its hot set (0 without a
+ * planner, or for a range it does not know). */
+uint64_t wo_budget_hot_bytes(uint32_t id, uint32_t gen);
