@@ -142,3 +142,81 @@ out:
     free(v);
     free(tv);
 }
+
+/* ---- the staging room back to weights ------------------------------------------- */
+
+/* A tensor fit sent to the host that can still move to the device at the
+ * same address without stopping the engine: managed memory (advice and a
+ * prefetch; a late-bound range would have to be re-mapped under running
+ * kernels), placed by fit (no rule), not on the device yet. */
+static bool regrowable(const struct wo_alloc *a, const struct wo_tag *t)
+{
+    return a->kind == WO_KIND_MANAGED && t->name->rule < 0 && t->place == WO_PLACE_HOST;
+}
+
+/* After seal, under fit with rest: host: `room` device bytes that fit kept
+ * for the streaming executor's slots and that the slots gave back (auto
+ * chose to read in place) go to weights: the host tensors fit would have
+ * chosen next, in its order, moved to the device. Returns the bytes moved;
+ * the device budget shrinks by them (the slots' room is spent). */
+uint64_t wo_place_fit_regrow(uint64_t room)
+{
+    const struct wo_fit *fit = &wo_uvm.g->fit;
+    struct wo_fit_item *v = NULL;
+    struct wo_tag **tv = NULL;
+    struct wo_alloc **av = NULL;
+    uint64_t moved = 0;
+    size_t n = 0;
+    char b1[32], b2[32];
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (!fit->enabled || fit->rest != WO_PLACE_HOST || !wo_uvm.sealed || !room)
+        goto out;
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            for (size_t k = 0; k < a->ntags; k++)
+                n += regrowable(a, &a->tags[k]);
+    if (!n)
+        goto out;
+    v = calloc(n, sizeof(*v));
+    tv = calloc(n, sizeof(*tv));
+    av = calloc(n, sizeof(*av));
+    if (!v || !tv || !av)
+        goto out;
+    n = 0;
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            for (size_t k = 0; k < a->ntags; k++) {
+                if (!regrowable(a, &a->tags[k]))
+                    continue;
+                av[n] = a;
+                tv[n] = &a->tags[k];
+                v[n] = (struct wo_fit_item){.name = tv[n]->name->s, .size = tv[n]->size,
+                                            .weight = -1, .fixed = WO_PLACE_UNSET, .movable = true};
+                n++;
+            }
+    (void)wo_fit_choose(fit, v, n, room);
+    for (size_t i = 0; i < n; i++) {
+        if (v[i].out != WO_PLACE_DEVICE)
+            continue;
+        if (wo_place_apply_range(av[i], tv[i]->off, tv[i]->size, WO_PLACE_DEVICE, true, true) < 0)
+            continue; /* stays on the host (the error is reported) */
+        tv[i]->place = tv[i]->name->place = WO_PLACE_DEVICE;
+        moved += tv[i]->size;
+    }
+    (void)wo_place_sync();
+    wo_uvm.fit.device_bytes += moved;
+    wo_uvm.fit.rest_bytes -= WO_MIN(moved, wo_uvm.fit.rest_bytes);
+    wo_uvm.fit.regrown_bytes += moved;
+    if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
+        wo_uvm.device_budget -= WO_MIN(moved, wo_uvm.device_budget);
+    wo_info("fit: the staging slots stayed empty: %s of weights moved to the device in their "
+            "room (%s)",
+            wo_format_size(moved, b1, sizeof(b1)), wo_format_size(room, b2, sizeof(b2)));
+out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+    free(v);
+    free(tv);
+    free(av);
+    return moved;
+}
