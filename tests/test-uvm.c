@@ -662,45 +662,6 @@ static void managed_segments_for_the_prefetcher(void **state)
 
 /* ---- budgets -------------------------------------------------------------- */
 
-/* fit, rest host: when the staging slots give their room back, the host
- * tensors fit would choose next move to the device, in fit's order. */
-static void fit_regrow_staging_room(void **state)
-{
-    CUdeviceptr p;
-    char *js;
-
-    (void)state;
-    start("version: 1\nfit: {device: 6MiB, keep_free: 0, reserve: 0}\n"
-          "prefetch: {mode: hot-set}\n");
-    p = alloc_ok(8 * MiB);
-    assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 2 * MiB, "l.0.mlp.experts.w1"), 0);
-    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 2 * MiB), 2 * MiB, "l.0.self_attn.q_proj"), 0);
-    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB), 2 * MiB, "l.1.mlp.experts.w1"), 0);
-    assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 6 * MiB), 2 * MiB, "l.0.mlp.down_proj"), 0);
-    assert_int_equal(wo_api_seal(), 0);
-    /* 6 MiB: attention, the dense MLP, one expert; the other on the host */
-    assert_device_placed(p + 2 * MiB);
-    assert_device_placed(p + 6 * MiB);
-    assert_device_placed(p);
-    assert_host_placed(p + 4 * MiB);
-    /* room for less than a tensor moves nothing */
-    assert_int_equal(wo_place_fit_regrow(MiB), 0);
-    assert_host_placed(p + 4 * MiB);
-    assert_int_equal(wo_place_fit_regrow(4 * MiB), 2 * MiB);
-    assert_device_placed(p + 4 * MiB);
-    assert_true(log_has("fit: the staging slots stayed empty: 2.00 MiB of weights moved"));
-    /* nothing left on the host to move */
-    assert_int_equal(wo_place_fit_regrow(4 * MiB), 0);
-    js = stats();
-    assert_valid_json(js);
-    assert_name(js, "l.1.mlp.experts.w1", "\"placement\":\"device\"");
-    assert_true(strstr(js, "\"regrown_bytes\":2097152}") != NULL);
-    assert_true(strstr(js, "\"device_bytes\":8388608,") != NULL);
-    free(js);
-    free_ok(p);
-    stop();
-}
-
 static void host_budget_in_tag_order(void **state)
 {
     CUdeviceptr p;
@@ -1820,7 +1781,6 @@ int main(int argc, char **argv)
         T(shutdown_is_prompt_and_idempotent),
         T(fork_child_restarts),
         cmocka_unit_test(budget_ledger),
-        T(fit_regrow_staging_room),
     };
 
     if (argc > 1)

@@ -145,7 +145,6 @@ struct wo_uvm_state {
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
-        uint64_t regrown_bytes; /* moved to the device later in the slots' room */
         size_t names;
     } fit;
 
@@ -192,12 +191,6 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t);
 void wo_place_bind_free(struct wo_alloc *a);
 /* Device-backed bytes of every bound range now. */
 uint64_t wo_place_bind_device_bytes(void);
-
-/* ---- place-fit.c ------------------------------------------------------ */
-/* After seal, under fit (rest host): room device bytes kept for the
- * streaming slots and given back go to the host tensors fit would choose
- * next; returns the bytes moved. Takes wo_uvm.lock. */
-uint64_t wo_place_fit_regrow(uint64_t room);
 
 /* ---- init.c ---------------------------------------------------------- */
 /* wo_uvm_init() with an explicit policy path (NULL: none). Tests and tools. */

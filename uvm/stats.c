@@ -313,11 +313,10 @@ static void json_body(struct sbuf *b)
         sb_printf(b,
                   ",\"fit\":{\"budget\":%" PRIu64 ",\"device_bytes\":%" PRIu64
                   ",\"rest_bytes\":%" PRIu64 ",\"engine_bytes\":%" PRIu64
-                  ",\"staging_bytes\":%" PRIu64 ",\"reserve_bytes\":%" PRIu64 ",\"names\":%zu"
-                  ",\"regrown_bytes\":%" PRIu64 "}",
+                  ",\"staging_bytes\":%" PRIu64 ",\"reserve_bytes\":%" PRIu64 ",\"names\":%zu}",
                   wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
                   wo_uvm.fit.engine_bytes, wo_uvm.fit.staging_bytes, wo_uvm.fit.reserve_bytes,
-                  wo_uvm.fit.names, wo_uvm.fit.regrown_bytes);
+                  wo_uvm.fit.names);
 
     sb_printf(b, ",\"rules\":[");
     if (p) {
