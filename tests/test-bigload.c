@@ -344,13 +344,18 @@ int main(int argc, char **argv)
 
     /* fitauto: the same budget with no prefetch mode named: fit runs auto,
      * which may stream, so it keeps room for the default four slots (128
-     * MiB of the 416): 9 weights on the device */
+     * MiB of the 416): 9 weights on the device, and the room lent */
     f0 = failures;
     rc = run(argv, "fitauto", fit_auto_policy, NULL, stats, sizeof(stats), err, sizeof(err));
     CHECK(rc == 0);
     CHECK(strstr(stats, "\"staging_bytes\":134217728,") != NULL);
     CHECK(strstr(stats, "\"device_bytes\":301989888,") != NULL);
     CHECK(strstr(err, "128.00 MiB for staging slots") != NULL);
+    /* the staging room lent: the three managed weights fit left on the
+     * host become managed, for the prefetcher to hold while the slots are
+     * empty (the other 36 are pinned: they cannot move) */
+    CHECK(strstr(stats, "\"lent_bytes\":100663296}") != NULL);
+    CHECK(strstr(err, "lent to 96.00 MiB of managed weights") != NULL);
     CHECK(strstr(err, "fakecuda: managed guard") == NULL);
     dump_on_failure(f0, "fitauto", stats, err);
 

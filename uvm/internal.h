@@ -145,6 +145,7 @@ struct wo_uvm_state {
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
+        uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
         size_t names;
     } fit;
 

@@ -48,6 +48,40 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
     return want <= budget / 2 ? want : 0;
 }
 
+/* The staging room, lent (rest: host): the tensors fit would choose next,
+ * up to `staging` bytes, become managed rather than host, among those in
+ * managed memory (lendable[i]). The prefetcher keeps managed ranges on the
+ * device within the device budget less what the slots hold (plan-budget.h),
+ * so while auto reads in place and the slots stay empty the room holds
+ * weights, and when the slots grow the planner gives it back. Returns the
+ * bytes lent. */
+static uint64_t lend_staging(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                             size_t n, uint64_t staging)
+{
+    struct wo_fit_item *c;
+    size_t *at, nc = 0;
+    uint64_t lent = 0;
+
+    if (!staging || fit->rest != WO_PLACE_HOST)
+        return 0;
+    c = malloc((n ? n : 1) * sizeof(*c));
+    at = malloc((n ? n : 1) * sizeof(*at));
+    if (c && at) {
+        for (size_t i = 0; i < n; i++)
+            if (lendable[i] && v[i].fixed == WO_PLACE_UNSET && v[i].out == WO_PLACE_HOST) {
+                c[nc] = v[i];
+                at[nc++] = i;
+            }
+        lent = wo_fit_choose(fit, c, nc, staging);
+        for (size_t k = 0; k < nc; k++)
+            if (c[k].out == WO_PLACE_DEVICE)
+                v[at[k]].out = WO_PLACE_MANAGED;
+    }
+    free(c);
+    free(at);
+    return lent;
+}
+
 /* Chooses, from every name the engine tagged, what stays on the device
  * under fit: (policy/fit.c decides; this gathers the items and applies the
  * answer to the tags, before seal_alloc() makes it so). Names an explicit
@@ -57,16 +91,19 @@ void wo_place_fit(size_t free_b, size_t total_b)
     const struct wo_fit *fit = &wo_uvm.g->fit;
     struct wo_fit_item *v;
     struct wo_tag **tv;
+    bool *lendable;
     size_t n = 0;
     uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32];
+    uint64_t lent;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
             n += a->kind == WO_KIND_OBSERVED ? 0 : a->ntags;
     v = calloc(n ? n : 1, sizeof(*v));
     tv = calloc(n ? n : 1, sizeof(*tv));
-    if (!v || !tv) {
+    lendable = calloc(n ? n : 1, sizeof(*lendable));
+    if (!v || !tv || !lendable) {
         wo_error("fit: out of memory; the policy's placements apply as written");
         goto out;
     }
@@ -87,6 +124,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
                     .fixed = t->name->rule >= 0 ? t->place : WO_PLACE_UNSET,
                     .movable = a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_BOUND,
                 };
+                lendable[n] = a->kind == WO_KIND_MANAGED;
                 /* A name a rule sent to the device was advised there when it
                  * was made, so the engine's writes put its pages there and
                  * the free memory already lacks them (assumed: an engine
@@ -108,6 +146,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     weights = budget - reserve;
     staging = fit_staging(v, n, weights);
     chosen = wo_fit_choose(fit, v, n, weights - staging);
+    lent = lend_staging(fit, v, lendable, n, staging);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
@@ -115,7 +154,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
         if (t->place != v[i].out)
             t->applied = false; /* seal_alloc() applies the new placement */
         t->place = t->name->place = v[i].out;
-        if (v[i].out != WO_PLACE_DEVICE)
+        if (v[i].out == WO_PLACE_HOST)
             rest += t->size;
     }
     wo_uvm.fit.budget = budget;
@@ -125,6 +164,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.names = n;
     wo_uvm.fit.staging_bytes = staging;
     wo_uvm.fit.reserve_bytes = reserve;
+    wo_uvm.fit.lent_bytes = lent;
     /* The prefetcher keeps managed bytes, and the streaming executor its
      * slots, within what fit left the weights (with no room kept for slots
      * there are none: the device stays within the fit budget). */
@@ -133,12 +173,15 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds, within the free memory less keep_free; %s of it kept for what the "
-                 "engine allocates after seal, %s for staging slots), %s %s over %zu names",
+                 "engine allocates after seal, %s for staging slots, lent to %s of managed "
+                 "weights while the slots are empty), %s %s over %zu names",
                  wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
                  wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
-                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(lent, b7, sizeof(b7)),
+                 wo_format_size(rest, b4, sizeof(b4)),
                  wo_placement_to_string(fit->rest), n);
 out:
     free(v);
     free(tv);
+    free(lendable);
 }
