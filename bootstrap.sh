@@ -71,12 +71,14 @@ mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 # tests DIR parallel|alone: the names of the default setup's tests (not the
 # gpu or valgrind suites) that meson may run beside others, or must run
 # alone; the `once` suite (checks no compiled code takes part in) only in
-# the first configuration, build-ci-gcc
+# the first configuration, build-ci-gcc; the `nothreads` suite (the
+# single-threaded tools) not under TSan, which finds nothing there
 tests() {
     meson introspect --tests "$1" | python3 -c '
 import json, sys
 want = sys.argv[1] == "parallel"
 skip = {"gpu", "valgrind"} | (set() if sys.argv[2] == "build-ci-gcc" else {"once"})
+skip |= {"nothreads"} if sys.argv[2] == "build-ci-tsan" else set()
 for t in json.load(sys.stdin):
     suites = {s.split(":")[-1] for s in t["suite"]}
     if not suites & skip and t["is_parallel"] == want:
