@@ -14,10 +14,12 @@
 # CUDA_HOME (default /usr/local/cuda) names the toolkit; only its headers are
 # used at build time. Exit status: 0 success, 2 usage error, 1 failure.
 #
-# `test` runs two configurations at a time (TSan, the longest, beside the
-# other four in turn), each with half the cores; the tests that must run
-# alone (is_parallel: false in tests/meson.build: timing checks, floods)
-# run afterwards, one configuration at a time. Logs: DIR/meson-logs/.
+# `test` runs two configurations at a time (TSan, then release, beside gcc,
+# clang and ASan+UBSan in turn), each with half the cores; the tests that
+# must run alone (is_parallel: false in tests/meson.build: timing checks,
+# floods) run afterwards, one configuration at a time. The `once` suite
+# runs in the gcc configuration only, the `nothreads` suite everywhere but
+# TSan (tests/meson.build says why). Logs: DIR/meson-logs/.
 set -eu
 cd "$(dirname "$0")"
 
@@ -190,9 +192,11 @@ test)
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
     ASAN="ASan+UBSan|build-ci-asan|gcc|-Db_sanitize=address,undefined -Db_lundef=false"
     TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
-    lane a "$TSAN" &
+    # balanced by their measured times: TSan (~20 min of tests) and the
+    # release build (~5) beside gcc, clang and ASan+UBSan (~6, ~5, ~10)
+    lane a "$TSAN" "$RELEASE" &
     pa=$!
-    lane b "$GCC" "$CLANG" "$RELEASE" "$ASAN" &
+    lane b "$GCC" "$CLANG" "$ASAN" &
     pb=$!
     heartbeat &
     ph=$!
