@@ -8,6 +8,7 @@
 
 #include <cmocka.h>
 
+#include "uvm/plan-stream.h"
 #include "uvm/stream-auto.h"
 #include "uvm/stream.h"
 
@@ -384,6 +385,41 @@ static void slots_sized_for_their_ranges(void **state)
     assert_null(wo_stream_size_slots(turn, 0, 4, 768 * M, out));
 }
 
+/* prefetch.mode decoded in one place: each mode asks exactly one thing */
+static void mode_decoded_once(void **state)
+{
+    struct wo_stream_mode m;
+
+    (void)state;
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_STREAM);
+    assert_true(m.all && !m.by_auto && !m.measure_only);
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_AUTO);
+    assert_true(!m.all && m.by_auto && !m.measure_only);
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_HOT_SET);
+    assert_true(!m.all && !m.by_auto && m.measure_only);
+}
+
+/* prefetch.slots, or the default when the policy leaves it unset */
+static void slots_wanted(void **state)
+{
+    struct wo_policy_globals g = {0};
+
+    (void)state;
+    assert_int_equal(wo_stream_slots_wanted(&g), WO_STREAM_SLOTS_DEFAULT);
+    g.prefetch.slots = 6;
+    assert_int_equal(wo_stream_slots_wanted(&g), 6);
+}
+
+/* the rule's comparisons, the ones the replay weighs auto by */
+static void try_and_keep_ratios(void **state)
+{
+    (void)state;
+    assert_true(wo_auto_try_pays(0.9, 1.0));
+    assert_false(wo_auto_try_pays(WO_AUTO_TRY_RATIO, 1.0));
+    assert_true(wo_auto_keep_pays(0.96, 1.0));
+    assert_false(wo_auto_keep_pays(WO_AUTO_KEEP_RATIO, 1.0));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +433,9 @@ int main(void)
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
         cmocka_unit_test(slots_sized_for_their_ranges),
+        cmocka_unit_test(mode_decoded_once),
+        cmocka_unit_test(slots_wanted),
+        cmocka_unit_test(try_and_keep_ratios),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

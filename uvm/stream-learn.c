@@ -161,7 +161,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
     bool loud = wo_sx->au.tries < 3;
     enum wo_auto_action act;
 
-    if (!wo_sx->by_auto || wo_sx->slots_failed)
+    if (!wo_sx->mode.by_auto || wo_sx->slots_failed)
         return;
     slot_bytes = wo_sx_slots_bytes();
     for (uint32_t id = 0; id < wo_sx->nr; id++)
@@ -278,14 +278,14 @@ static void close_step(unsigned k, uint64_t t_ns)
         r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
                                  : 0.75 * r->gain + 0.25 * gain;
         if (!wo_sx->slots_failed &&
-            ((wo_sx->by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
-             wo_sx->stream_all)) {
+            ((wo_sx->mode.by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+             wo_sx->mode.all)) {
             r->probed = false; /* streamed for its gain now: the step time cannot take it back */
             wo_sx_select_range(r, id, false); /* stream: also ranges that came after setup */
         }
         /* the advice is a mode: under stream or auto a range read in place
          * was too large for a slot, gapped or written (said when found) */
-        if (wo_sx->measure_only && r->host && !r->streamed && !r->warned &&
+        if (wo_sx->mode.measure_only && r->host && !r->streamed && !r->warned &&
             r->msteps >= AUTO_STEPS && r->sum_mult / (double)r->msteps >= WARN_MULT) {
             r->warned = true;
             if (!warn_name) {
