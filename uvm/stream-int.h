@@ -86,11 +86,10 @@ struct exec {
     size_t cap_order, cap_cur;
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
-    struct wo_stepper st;
-    uint32_t first_low; /* the first range a keyed launch reached, NONE */
-    bool lows_vary;     /* launches reached another range since: keys by range */
-    uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine;
-                         * keyed by range, a run of launches on it counts once) */
+    /* the steps, by the planner's step detector on the executor's keys
+     * (plan-stream.h); keys.last_seen is also the last range a launch
+     * reached in the events read (wo_sx_at_engine) */
+    struct wo_stream_keys keys;
     uint64_t steps;
     struct fnrec *fns;  /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au;  /* auto's step-time decision for host ranges */

@@ -4,8 +4,8 @@
  * (wo_stream_note_write, wo_stream_await, the counters) is
  * hotpath.c; pinned copies of managed ranges, stream-pin.c.
  *
- * Per step (found by the same stepper the planner uses, keyed on the
- * launches that touch host or managed ranges) it measures, per range, the
+ * Per step (found by the planner's step detector on the ranges launches
+ * reach in turn, wo_stream_keys in plan-step.c) it measures, per range, the
  * bytes launches read (each hit one slice, as the planner counts it) and
  * the distinct bytes among them (64 granules per range): their ratio is
  * the read multiplicity. A range is streamed when the policy says `stream`,
@@ -281,14 +281,12 @@ static void setup(void)
     wo_sx->checks_wanted = wo_settings()->write_checks;
     wo_sx->nslots = WO_MIN(wo_stream_slots_wanted(g), WO_STREAM_MAX_SLOTS);
     wo_sx->maxi = NONE;
-    wo_sx->first_low = NONE;
-    wo_sx->last_seen = NONE;
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         wo_sx->slot_range[i] = -1;
         wo_sx->slot_last[i] = NONE;
         wo_sx->slot_chk[i] = NONE;
     }
-    wo_stepper_init(&wo_sx->st);
+    wo_stream_keys_init(&wo_sx->keys);
     wo_auto_init(&wo_sx->au);
     {
         struct wo_devmodel dm;
@@ -336,9 +334,9 @@ static void setup(void)
                 wo_sx_select_range(&wo_sx->r[i], i, false);
     __atomic_store_n(&wo_stream_tab.active, 1, __ATOMIC_RELEASE);
     wo_info("stream: mode %s, %u slots of up to %llu MiB",
-            wo_sx->mode.all ? "stream"
-            : wo_sx->mode.by_auto  ? "auto"
-                              : "hot-set (measures only)",
+            wo_sx->mode.all       ? "stream"
+            : wo_sx->mode.by_auto ? "auto"
+                                  : "hot-set (measures only)",
             wo_sx->nslots, (unsigned long long)(largest >> 20));
 }
 
@@ -467,7 +465,7 @@ static void free_exec(void)
     free(wo_sx->order);
     free(wo_sx->cur);
     free(wo_sx->fns);
-    wo_stepper_done(&wo_sx->st);
+    wo_stream_keys_done(&wo_sx->keys);
     free(wo_sx);
     wo_sx = NULL;
 }
