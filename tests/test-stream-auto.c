@@ -8,6 +8,8 @@
 
 #include <cmocka.h>
 
+#include "uvm/plan-stream.h"
+#include "uvm/plan.h"
 #include "uvm/stream-auto.h"
 #include "uvm/stream.h"
 
@@ -384,6 +386,79 @@ static void slots_sized_for_their_ranges(void **state)
     assert_null(wo_stream_size_slots(turn, 0, 4, 768 * M, out));
 }
 
+/* prefetch.mode decoded in one place: each mode asks exactly one thing */
+static void mode_decoded_once(void **state)
+{
+    struct wo_stream_mode m;
+
+    (void)state;
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_STREAM);
+    assert_true(m.all && !m.by_auto && !m.measure_only);
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_AUTO);
+    assert_true(!m.all && m.by_auto && !m.measure_only);
+    m = wo_stream_mode_of(WO_PREFETCH_MODE_HOT_SET);
+    assert_true(!m.all && !m.by_auto && m.measure_only);
+}
+
+/* prefetch.slots, or the default when the policy leaves it unset */
+static void slots_wanted(void **state)
+{
+    struct wo_policy_globals g = {0};
+
+    (void)state;
+    assert_int_equal(wo_stream_slots_wanted(&g), WO_STREAM_SLOTS_DEFAULT);
+    g.prefetch.slots = 6;
+    assert_int_equal(wo_stream_slots_wanted(&g), 6);
+}
+
+/* the rule's comparisons, the ones the replay weighs auto by */
+static void try_and_keep_ratios(void **state)
+{
+    (void)state;
+    assert_true(wo_auto_try_pays(0.9, 1.0));
+    assert_false(wo_auto_try_pays(WO_AUTO_TRY_RATIO, 1.0));
+    assert_true(wo_auto_keep_pays(0.96, 1.0));
+    assert_false(wo_auto_keep_pays(WO_AUTO_KEEP_RATIO, 1.0));
+}
+
+/* The executor's step keys: the second range seen switches to keys by
+ * range, once; a run of launches on one range then counts once, so steps
+ * are found whatever kernels (functions) read the ranges. */
+static void step_keys_by_range(void **state)
+{
+    struct wo_stream_keys k;
+    unsigned ended = 0, first = 0, switches = 0;
+    bool sw;
+
+    (void)state;
+    wo_stream_keys_init(&k);
+    /* forty ranges a step (the detector wants WO_STEPPER_MIN_MATCH keys
+     * past the first period), each read by two launches of a function
+     * that changes every step (the batch's kernels) */
+    for (unsigned step = 0; step < 16; step++)
+        for (uint32_t r = 0; r < 40; r++)
+            for (unsigned l = 0; l < 2; l++) {
+                unsigned e = wo_stream_keys_feed(&k, 0x1000 + step * 16 + l, 10 + r, &sw);
+
+                if (sw) {
+                    /* the second range seen, once */
+                    assert_true(step == 0 && r == 1 && l == 0);
+                    switches++;
+                }
+                assert_true(k.lows_vary == (step > 0 || r > 0));
+                if (l == 1 && k.lows_vary)
+                    assert_int_equal(e, 0); /* the run's second launch: no key */
+                if (e && !first)
+                    first = step;
+                ended += e;
+            }
+    assert_int_equal(switches, 1);
+    assert_true(ended > 0);
+    assert_true(first < 12);
+    assert_int_equal(k.last_seen, 49);
+    wo_stream_keys_done(&k);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -397,6 +472,10 @@ int main(void)
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
         cmocka_unit_test(slots_sized_for_their_ranges),
+        cmocka_unit_test(mode_decoded_once),
+        cmocka_unit_test(slots_wanted),
+        cmocka_unit_test(try_and_keep_ratios),
+        cmocka_unit_test(step_keys_by_range),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "uvm/plan-stream.h"
 #include "uvm/stream-auto.h"
 
 #define MAX_TIMELINE_EVENTS 400000u
@@ -239,7 +240,7 @@ static double decode_or_step(const struct wo_replay_result *r)
 static bool auto_may_stream(const struct wo_replay_opts *o, const struct wo_replay_result *r)
 {
     if (!o->policy || o->all_device || o->stream ||
-        wo_policy_globals(o->policy)->prefetch.mode != WO_PREFETCH_MODE_AUTO)
+        !wo_stream_mode_of(wo_policy_globals(o->policy)->prefetch.mode).by_auto)
         return false;
     for (size_t i = 0; i < r->nnames; i++)
         if (r->names[i].place == WO_PLACE_HOST && r->names[i].zc_bytes > 0)
@@ -269,7 +270,7 @@ int wo_replay_run(const struct wo_trace_data *d, const struct wo_replay_opts *o,
     inplace = decode_or_step(res);
     streamed = decode_or_step(&st);
     copy = st.stream_bytes_step / (o->dm->h2d_gbs * 1e9);
-    if (copy > 0 && copy < WO_AUTO_TRY_RATIO * inplace && streamed < WO_AUTO_KEEP_RATIO * inplace) {
+    if (copy > 0 && wo_auto_try_pays(copy, inplace) && wo_auto_keep_pays(streamed, inplace)) {
         wo_replay_result_free(res);
         *res = st;
         res->auto_streamed = true;

@@ -808,12 +808,12 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
     if (!s->graphs || wo_replay_setup_ranges(s) < 0 || wo_replay_prepass(s) < 0)
         return -ENOMEM;
     if (o->policy && !o->all_device &&
-        (o->stream || wo_policy_globals(o->policy)->prefetch.mode == WO_PREFETCH_MODE_STREAM)) {
+        (o->stream || wo_stream_mode_of(wo_policy_globals(o->policy)->prefetch.mode).all)) {
         const struct wo_policy_globals *g = wo_policy_globals(o->policy);
 
         /* the copy engine's rate from pinned copies; without them the
          * shim's copy kernel reads the range in place (zero-copy) */
-        s->slots = g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT;
+        s->slots = wo_stream_slots_wanted(g);
         s->copy_s = g->prefetch.pinned_copies ? 1.0 / (s->dm->h2d_gbs * 1e9) : s->zc_s;
         if (!(s->slot_free = calloc(s->slots, sizeof(*s->slot_free))))
             return -ENOMEM;

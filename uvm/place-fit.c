@@ -30,7 +30,7 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
     uint64_t largest = 0, want, *sizes;
     size_t k = 0;
 
-    if (!g->prefetch.enabled || g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET)
+    if (!g->prefetch.enabled || wo_stream_mode_of(g->prefetch.mode).measure_only)
         return 0;
     sizes = malloc((n ? n : 1) * sizeof(*sizes));
     if (!sizes)
@@ -42,7 +42,7 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
             sizes[k++] = v[i].size;
     largest = wo_stream_slot_size(sizes, k);
     free(sizes);
-    want = largest * (g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT);
+    want = largest * wo_stream_slots_wanted(g);
     while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
         want -= largest;
     return want <= budget / 2 ? want : 0;

@@ -1,8 +1,9 @@
 /* uvm/plan-step.c: where a step ends, found from launch keys alone (plan.h
  * documents the rules: an exact period of the keys, or a key that recurs at
  * regular gaps). Its own idea because it needs nothing of the planner: the
- * planner feeds it one key a launch, and the streaming executor
- * (uvm/stream.c) runs one of its own on the same keys. */
+ * planner feeds it one key a launch, and the streaming executor runs one
+ * of its own on its keys, the ranges in the order launches reach them
+ * (wo_stream_keys, below; plan.h says why other keys). */
 #include <string.h>
 
 #include "uvm/plan.h"
@@ -248,4 +249,36 @@ unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key)
         return 0;
     }
     return 0;
+}
+
+void wo_stream_keys_init(struct wo_stream_keys *k)
+{
+    wo_stepper_init(&k->st);
+    k->first_low = UINT32_MAX;
+    k->lows_vary = false;
+    k->last_seen = UINT32_MAX;
+}
+
+void wo_stream_keys_done(struct wo_stream_keys *k)
+{
+    wo_stepper_done(&k->st);
+}
+
+unsigned wo_stream_keys_feed(struct wo_stream_keys *k, uint64_t func, uint32_t low, bool *switched)
+{
+    bool same = low == k->last_seen;
+
+    *switched = false;
+    k->last_seen = low;
+    if (!k->lows_vary && k->first_low != UINT32_MAX && low != k->first_low) {
+        k->lows_vary = true;
+        *switched = true;
+        wo_stepper_done(&k->st);
+        wo_stepper_init(&k->st);
+    }
+    if (k->first_low == UINT32_MAX)
+        k->first_low = low;
+    if (k->lows_vary)
+        return same ? 0 : wo_stepper_feed(&k->st, wo_stepper_key(0, low));
+    return wo_stepper_feed(&k->st, wo_stepper_key(func, low));
 }

@@ -1,13 +1,28 @@
-/* uvm/plan-stream.c: the streaming executor's pure sizing rules (no clock,
- * no driver, no executor state): which tensors are gathered, the staging
- * slot size, and the slot sizes for a cyclic read order. Shared with the
- * replay (tools/replay-sim.c), which restates no copy of them. */
+/* uvm/plan-stream.c: the streaming executor's pure rules (no clock, no
+ * driver, no executor state): what prefetch.mode asks of it, how many slots
+ * it wants, which tensors are gathered, the staging slot size, and the slot
+ * sizes for a cyclic read order. Shared with fit and the replay
+ * (tools/replay-sim.c), which restate no copy of them. */
 #include "uvm/plan-stream.h"
 
 #include <stdlib.h>
 
 #include "policy/policy.h"
 #include "uvm/hotpath.h" /* WO_STREAM_MAX_SLOTS */
+
+struct wo_stream_mode wo_stream_mode_of(enum wo_prefetch_mode mode)
+{
+    return (struct wo_stream_mode){
+        .all = mode == WO_PREFETCH_MODE_STREAM,
+        .by_auto = mode == WO_PREFETCH_MODE_AUTO,
+        .measure_only = mode == WO_PREFETCH_MODE_HOT_SET,
+    };
+}
+
+unsigned wo_stream_slots_wanted(const struct wo_policy_globals *g)
+{
+    return g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT;
+}
 
 static int cmp_desc(const void *a, const void *b)
 {

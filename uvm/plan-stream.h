@@ -1,11 +1,28 @@
-/* uvm/plan-stream.h: the streaming executor's pure sizing rules
- * (plan-stream.c): no clock, no driver, no executor state, so the replay
- * (tools/replay-sim.c) calls the same code the shim runs. */
+/* uvm/plan-stream.h: the streaming executor's pure rules (plan-stream.c):
+ * what the policy asks of it, how many slots and of what size, which
+ * tensors are never streamed. No clock, no driver, no executor state, so
+ * the replay (tools/replay-sim.c) and fit (uvm/place-fit.c) call the same
+ * code the shim runs. */
 #pragma once
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "policy/policy.h"
+
+/* What prefetch.mode asks of the streaming executor, decoded here only:
+ * exactly one of the three is true. */
+struct wo_stream_mode {
+    bool all;          /* stream: every streamable range, from the start */
+    bool by_auto;      /* auto: by read multiplicity, then auto's step-time rule */
+    bool measure_only; /* hot-set: nothing streamed; measures, and warns once */
+};
+
+struct wo_stream_mode wo_stream_mode_of(enum wo_prefetch_mode mode);
+
+/* The staging slots the policy asks for (prefetch.slots, or the default). */
+unsigned wo_stream_slots_wanted(const struct wo_policy_globals *g);
 
 /* True for a tensor that engines gather from by index (an embedding,
  * policy/fit.c's class 5): a launch is handed the whole tensor and reads a

@@ -242,3 +242,27 @@ uint64_t wo_stepper_key(uint64_t func, uint32_t id);
  * boundary; 2 at the first boundary, which closes the two steps the period
  * was learned on), 0 otherwise. */
 unsigned wo_stepper_feed(struct wo_stepper *s, uint64_t key);
+
+/* The streaming executor's steps (uvm/stream-learn.c): the same detector
+ * fed the executor's keys, a state of its own. The keys are the ranges
+ * in the order launches reach them, a run of launches on one range counted
+ * once: a forward pass reaches the same weights in the same order whatever
+ * kernels it picks for its batch, so steps are found again at once when
+ * the batch changes (the planner's key, function and managed range,
+ * changes with the kernels: b1 to b8, or every step under continuous
+ * batching). With one range only (an LM head alone off the device), the
+ * ranges say nothing of the step: the planner's key then. The second range
+ * seen switches over, once, from a new stepper. */
+struct wo_stream_keys {
+    struct wo_stepper st;
+    uint32_t first_low; /* the first range a keyed launch reached, UINT32_MAX none */
+    bool lows_vary;     /* launches reached another range since: keys by range */
+    uint32_t last_seen; /* the last range a launch reached, UINT32_MAX none */
+};
+
+void wo_stream_keys_init(struct wo_stream_keys *k);
+void wo_stream_keys_done(struct wo_stream_keys *k);
+/* A launch of func whose lowest off-device range is low: the steps it
+ * ends (wo_stepper_feed's answer, 0 none). *switched is set when this
+ * launch made the ranges vary (keys by range from now on). */
+unsigned wo_stream_keys_feed(struct wo_stream_keys *k, uint64_t func, uint32_t low, bool *switched);

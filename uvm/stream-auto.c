@@ -13,6 +13,16 @@ void wo_auto_init(struct wo_auto *a)
     a->eff = 1.0;
 }
 
+bool wo_auto_try_pays(double copy, double inplace)
+{
+    return copy < WO_AUTO_TRY_RATIO * inplace;
+}
+
+bool wo_auto_keep_pays(double streamed, double inplace)
+{
+    return streamed < WO_AUTO_KEEP_RATIO * inplace;
+}
+
 static void begin(struct wo_auto *a, enum wo_auto_phase p, unsigned skip)
 {
     a->phase = p;
@@ -93,7 +103,7 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             return WO_AUTO_NONE;
         /* bytes / (GB/s) is in ns */
         copy_ns = link_gbs > 0 ? (double)cand_bytes / link_gbs : 0;
-        if (cand_bytes && link_gbs > 0 && copy_ns / a->eff < WO_AUTO_TRY_RATIO * a->inplace_ns)
+        if (cand_bytes && link_gbs > 0 && wo_auto_try_pays(copy_ns / a->eff, a->inplace_ns))
             return try_now(a, copy_ns);
         a->eff = fmin(1.0, a->eff * 1.1);
         hold(a, a->inplace_ns);
@@ -103,7 +113,7 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             return WO_AUTO_NONE;
         if (a->stream_ns > 0 && a->try_copy_ns > 0)
             a->eff = fmax(fmin(1.0, a->try_copy_ns / a->stream_ns), 0.05);
-        if (a->stream_ns < WO_AUTO_KEEP_RATIO * a->inplace_ns) {
+        if (wo_auto_keep_pays(a->stream_ns, a->inplace_ns)) {
             a->kept++;
             hold(a, a->stream_ns);
             return WO_AUTO_NONE;

@@ -67,6 +67,14 @@
 #define WO_AUTO_KEEP_RATIO 0.97
 #define WO_AUTO_DRIFT 0.30
 
+/* The rule's two comparisons, in any one unit of time (the replay weighs
+ * its predicted steps by them too, tools/replay-report.c): streaming is
+ * worth a try when one staging copy of the candidates takes less than
+ * TRY_RATIO of the step read in place, and stays when the streamed step
+ * is below KEEP_RATIO of it. */
+bool wo_auto_try_pays(double copy, double inplace);
+bool wo_auto_keep_pays(double streamed, double inplace);
+
 enum wo_auto_phase { WO_AUTO_WATCH, WO_AUTO_TRY, WO_AUTO_HOLD };
 
 /* What the executor must do after a step boundary. */

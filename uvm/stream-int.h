@@ -7,8 +7,8 @@
  *    copy, advancing with the engine;
  *  - stream-learn.c: read multiplicity, what is streamed (gain and auto's
  *    step-time rule), steps, launches;
- *  - plan-stream.c: the pure sizing rules (no executor state), shared with
- *    the replay.
+ *  - plan-stream.c: the pure rules (what prefetch.mode asks, the slots
+ *    wanted and their sizes; no executor state), shared with the replay.
  * Functions here are wo_sx_ (stream executor, internal); each file's own
  * helpers stay static. */
 #pragma once
@@ -21,6 +21,7 @@
 #include "policy/policy.h"
 #include "uvm/internal.h"
 #include "uvm/plan.h"
+#include "uvm/plan-stream.h"
 #include "uvm/stream-auto.h"
 #include "uvm/stream.h"
 
@@ -62,10 +63,9 @@ struct srange {
 
 struct exec {
     const struct wo_driver *drv;
-    /* policy prefetch.mode, read once (setup): */
-    bool stream_all;   /* stream: every streamable range, from the start */
-    bool by_auto;      /* auto: by read multiplicity, then auto's step-time rule */
-    bool measure_only; /* hot-set: nothing streamed; measures, and warns once */
+    /* policy prefetch.mode, decoded once at setup (wo_stream_mode_of): the
+     * rest of the executor reads this decision, never the policy */
+    struct wo_stream_mode mode;
     CUcontext ctx;
     CUstream copy;
     CUmodule copy_mod;  /* its module, loaded with the slots and unloaded with them */
@@ -86,11 +86,10 @@ struct exec {
     size_t cap_order, cap_cur;
     uint32_t maxi; /* furthest index in the order the engine reached this step */
     uint32_t epoch;
-    struct wo_stepper st;
-    uint32_t first_low; /* the first range a keyed launch reached, NONE */
-    bool lows_vary;     /* launches reached another range since: keys by range */
-    uint32_t last_seen; /* the last range a launch reached, in the events read (at_engine;
-                         * keyed by range, a run of launches on it counts once) */
+    /* the steps, by the planner's step detector on the executor's keys
+     * (plan-stream.h); keys.last_seen is also the last range a launch
+     * reached in the events read (wo_sx_at_engine) */
+    struct wo_stream_keys keys;
     uint64_t steps;
     struct fnrec *fns;  /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au;  /* auto's step-time decision for host ranges */

@@ -161,7 +161,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
     bool loud = wo_sx->au.tries < 3;
     enum wo_auto_action act;
 
-    if (!wo_sx->by_auto || wo_sx->slots_failed)
+    if (!wo_sx->mode.by_auto || wo_sx->slots_failed)
         return;
     slot_bytes = wo_sx_slots_bytes();
     for (uint32_t id = 0; id < wo_sx->nr; id++)
@@ -278,14 +278,14 @@ static void close_step(unsigned k, uint64_t t_ns)
         r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
                                  : 0.75 * r->gain + 0.25 * gain;
         if (!wo_sx->slots_failed &&
-            ((wo_sx->by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
-             wo_sx->stream_all)) {
+            ((wo_sx->mode.by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+             wo_sx->mode.all)) {
             r->probed = false; /* streamed for its gain now: the step time cannot take it back */
             wo_sx_select_range(r, id, false); /* stream: also ranges that came after setup */
         }
         /* the advice is a mode: under stream or auto a range read in place
          * was too large for a slot, gapped or written (said when found) */
-        if (wo_sx->measure_only && r->host && !r->streamed && !r->warned &&
+        if (wo_sx->mode.measure_only && r->host && !r->streamed && !r->warned &&
             r->msteps >= AUTO_STEPS && r->sum_mult / (double)r->msteps >= WARN_MULT) {
             r->warned = true;
             if (!warn_name) {
@@ -365,7 +365,7 @@ void wo_sx_on_launch(const struct wo_event *ev)
 {
     uint32_t low = NONE, ids[WO_EV_MAX_HITS];
     unsigned n = 0;
-    bool same;
+    bool switched;
     unsigned k;
 
     if (ev->capture)
@@ -386,7 +386,7 @@ void wo_sx_on_launch(const struct wo_event *ev)
             continue;
         ids[n++] = h->id;
     }
-    if (!n || (!reader(ev->l.func, ids, n) && wo_sx->lows_vary))
+    if (!n || (!reader(ev->l.func, ids, n) && wo_sx->keys.lows_vary))
         return;
     for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
         const struct wo_ev_hit *h = &ev->l.hits[i];
@@ -396,34 +396,14 @@ void wo_sx_on_launch(const struct wo_event *ev)
         account_hit(&wo_sx->r[h->id], h->id, h);
         low = WO_MIN(low, h->id);
     }
-    /* The step's keys are the ranges in the order launches reach them, a
-     * run of launches on one range counted once: a forward pass reaches
-     * the same weights in the same order whatever kernels it picks for its
-     * batch, so steps are found again at once when the batch changes (a
-     * key of function and range, as the planner's, changes with the
-     * kernels: b1 to b8, or every step under continuous batching). */
+    /* the step's keys: plan.h (wo_stream_keys) says why by range */
     if (low == NONE)
         return;
-    same = low == wo_sx->last_seen;
-    wo_sx->last_seen = low;
-    /* With one range only (an LM head alone off the device), the ranges
-     * say nothing of the step: the planner's key then, function and range.
-     * The second range seen switches over, once, from a new stepper. */
-    if (!wo_sx->lows_vary && wo_sx->first_low != NONE && low != wo_sx->first_low) {
-        wo_sx->lows_vary = true;
+    k = wo_stream_keys_feed(&wo_sx->keys, ev->l.func, low, &switched);
+    /* from now on a launch counts only when its function reached two
+     * ranges (reader(); reads_weights() in preload/launch.c) */
+    if (switched)
         __atomic_store_n(&wo_stream_tab.readers, 1, __ATOMIC_RELAXED);
-        wo_stepper_done(&wo_sx->st);
-        wo_stepper_init(&wo_sx->st);
-    }
-    if (wo_sx->first_low == NONE)
-        wo_sx->first_low = low;
-    if (wo_sx->lows_vary) {
-        if (same)
-            return;
-        k = wo_stepper_feed(&wo_sx->st, wo_stepper_key(0, low));
-    } else {
-        k = wo_stepper_feed(&wo_sx->st, wo_stepper_key(ev->l.func, low));
-    }
     if (k)
         close_step(k, ev->t_ns);
 }

@@ -434,7 +434,7 @@ void wo_sx_resize(const uint32_t *ahead, unsigned na)
 static void slots_shrank(void)
 {
     wo_budget_reserve(wo_sx_slots_bytes());
-    if (wo_sx->by_auto)
+    if (wo_sx->mode.by_auto)
         readmit_room();
 }
 

@@ -114,7 +114,7 @@ bool wo_sx_at_engine(unsigned slot, bool hooks_too)
 
     if (last == NONE || last >= wo_sx->nr || !wo_sx->r[last].live)
         return false;
-    return last == wo_sx->last_seen ||
+    return last == wo_sx->keys.last_seen ||
            (hooks_too && last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED));
 }
 

@@ -4,8 +4,8 @@
  * (wo_stream_note_write, wo_stream_await, the counters) is
  * hotpath.c; pinned copies of managed ranges, stream-pin.c.
  *
- * Per step (found by the same stepper the planner uses, keyed on the
- * launches that touch host or managed ranges) it measures, per range, the
+ * Per step (found by the planner's step detector on the ranges launches
+ * reach in turn, wo_stream_keys in plan-step.c) it measures, per range, the
  * bytes launches read (each hit one slice, as the planner counts it) and
  * the distinct bytes among them (64 granules per range): their ratio is
  * the read multiplicity. A range is streamed when the policy says `stream`,
@@ -276,22 +276,17 @@ static void setup(void)
     if (!wo_sx)
         return;
     wo_sx->drv = drv;
-    wo_sx->stream_all = g->prefetch.mode == WO_PREFETCH_MODE_STREAM;
-    wo_sx->by_auto = g->prefetch.mode == WO_PREFETCH_MODE_AUTO;
-    wo_sx->measure_only = g->prefetch.mode == WO_PREFETCH_MODE_HOT_SET;
+    wo_sx->mode = wo_stream_mode_of(g->prefetch.mode);
     wo_sx->pin_limit = g->prefetch.pinned_copies;
     wo_sx->checks_wanted = wo_settings()->write_checks;
-    wo_sx->nslots = WO_MIN(g->prefetch.slots ? g->prefetch.slots : WO_STREAM_SLOTS_DEFAULT,
-                           WO_STREAM_MAX_SLOTS);
+    wo_sx->nslots = WO_MIN(wo_stream_slots_wanted(g), WO_STREAM_MAX_SLOTS);
     wo_sx->maxi = NONE;
-    wo_sx->first_low = NONE;
-    wo_sx->last_seen = NONE;
     for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         wo_sx->slot_range[i] = -1;
         wo_sx->slot_last[i] = NONE;
         wo_sx->slot_chk[i] = NONE;
     }
-    wo_stepper_init(&wo_sx->st);
+    wo_stream_keys_init(&wo_sx->keys);
     wo_auto_init(&wo_sx->au);
     {
         struct wo_devmodel dm;
@@ -314,13 +309,13 @@ static void setup(void)
      * not fit, none below two (a copy could then never overlap the reads) */
     while (wo_sx->nslots > WO_STREAM_SLOTS_MIN && (uint64_t)wo_sx->nslots * largest > budget)
         wo_sx->nslots--;
-    if (wo_sx->measure_only) {
+    if (wo_sx->mode.measure_only) {
         /* measures (multiplicity, the warning) and never streams */
         wo_sx->slots_failed = true;
     } else if (!largest || (uint64_t)wo_sx->nslots * largest > budget) {
         /* a warning where the policy asked to stream; under auto (the
          * default) a fact, at info */
-        if (largest && wo_sx->stream_all)
+        if (largest && wo_sx->mode.all)
             wo_warn("stream: %u slots of %llu MiB do not fit in the device budget (%llu MiB): "
                     "host and managed ranges are read in place",
                     wo_sx->nslots, (unsigned long long)(largest >> 20),
@@ -333,15 +328,15 @@ static void setup(void)
         wo_sx->slots_failed = true;
     }
     wo_sx->slot_size = largest;
-    if (wo_sx->stream_all && !wo_sx->slots_failed)
+    if (wo_sx->mode.all && !wo_sx->slots_failed)
         for (uint32_t i = 0; i < wo_sx->nr; i++)
             if (wo_sx->r[i].live)
                 wo_sx_select_range(&wo_sx->r[i], i, false);
     __atomic_store_n(&wo_stream_tab.active, 1, __ATOMIC_RELEASE);
     wo_info("stream: mode %s, %u slots of up to %llu MiB",
-            wo_sx->stream_all ? "stream"
-            : wo_sx->by_auto  ? "auto"
-                              : "hot-set (measures only)",
+            wo_sx->mode.all       ? "stream"
+            : wo_sx->mode.by_auto ? "auto"
+                                  : "hot-set (measures only)",
             wo_sx->nslots, (unsigned long long)(largest >> 20));
 }
 
@@ -470,7 +465,7 @@ static void free_exec(void)
     free(wo_sx->order);
     free(wo_sx->cur);
     free(wo_sx->fns);
-    wo_stepper_done(&wo_sx->st);
+    wo_stream_keys_done(&wo_sx->keys);
     free(wo_sx);
     wo_sx = NULL;
 }
@@ -487,7 +482,7 @@ static void finish(void)
     __atomic_store_n(&wo_stream_tab.active, 0, __ATOMIC_RELEASE);
     wo_sx_publish_names(true);
     wo_stream_counts(&c);
-    if (wo_sx->by_auto)
+    if (wo_sx->mode.by_auto)
         snprintf(autos, sizeof(autos),
                  "; auto by step time: %llu tries, %llu kept streamed, %llu back in place",
                  (unsigned long long)c.auto_tries, (unsigned long long)c.auto_kept,
