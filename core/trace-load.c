@@ -279,11 +279,11 @@ out:
     return e < 0 ? e : 0;
 }
 
-int wo_trace_load(const char *path, unsigned flags, size_t max_events, struct wo_trace_data **ret)
+/* Loads from a reader just opened (e its open status): a failed open still
+ * gives *ret the error and where it happened, for the caller's message. */
+static int load_opened(struct wo_trace_reader *r, int e, size_t max_events,
+                       struct wo_trace_data **ret)
 {
-    struct wo_trace_reader *r;
-    int e = wo_trace_reader_open(path, flags, &r);
-
     *ret = NULL;
     if (!r)
         return e;
@@ -303,29 +303,21 @@ int wo_trace_load(const char *path, unsigned flags, size_t max_events, struct wo
     return e;
 }
 
+int wo_trace_load(const char *path, unsigned flags, size_t max_events, struct wo_trace_data **ret)
+{
+    struct wo_trace_reader *r;
+    int e = wo_trace_reader_open(path, flags, &r);
+
+    return load_opened(r, e, max_events, ret);
+}
+
 int wo_trace_load_mem(const void *buf, size_t len, unsigned flags, size_t max_events,
                       struct wo_trace_data **ret)
 {
     struct wo_trace_reader *r;
     int e = wo_trace_reader_open_mem(buf, len, flags, &r);
 
-    *ret = NULL;
-    if (!r)
-        return e;
-    if (e < 0) {
-        struct wo_trace_data *d = calloc(1, sizeof(*d));
-        if (d) {
-            d->error = e;
-            d->error_offset = wo_trace_reader_error_offset(r);
-            snprintf(d->error_text, sizeof(d->error_text), "%s", wo_trace_reader_error(r));
-        }
-        *ret = d;
-        wo_trace_reader_close(r);
-        return d ? e : -ENOMEM;
-    }
-    e = load(r, max_events, ret);
-    wo_trace_reader_close(r);
-    return e;
+    return load_opened(r, e, max_events, ret);
 }
 
 void wo_trace_data_free(struct wo_trace_data *d)

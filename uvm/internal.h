@@ -137,7 +137,6 @@ struct wo_uvm_state {
     struct {                          /* late binding (WOFFLOAD_LATE_BIND, place-bind.c) */
         uint64_t ranges;              /* placeable allocations served as bound ranges */
         uint64_t fallbacks;           /* ... that could not be, and were served as before */
-        uint64_t host_bytes, device_bytes; /* live, by backing (granule bytes) */
         uint64_t moves, moved_bytes;  /* re-backings and the bytes they copied */
         uint64_t failures;            /* re-backings that failed (bytes stayed) */
     } bind;
@@ -190,8 +189,8 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
 int wo_place_bind_seal(struct wo_alloc *a, enum wo_placement gaps);
 int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t);
 void wo_place_bind_free(struct wo_alloc *a);
-/* Device-backed bytes of every bound range now. */
-uint64_t wo_place_bind_device_bytes(void);
+/* Granule bytes of every live bound range now, by backing. */
+void wo_place_bind_bytes(uint64_t *host, uint64_t *device);
 
 /* ---- init.c ---------------------------------------------------------- */
 /* wo_uvm_init() with an explicit policy path (NULL: none). Tests and tools. */

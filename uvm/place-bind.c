@@ -50,20 +50,19 @@ static size_t device_room(const struct wo_driver *d, size_t size, enum wo_placem
     return free_b > keep ? WO_MIN(free_b - keep, size) : 0;
 }
 
-static void count_stats(void)
+/* Granule bytes of every live bound range, by backing: derived from the
+ * ranges when asked (stats, fit at seal), never kept beside them. */
+void wo_place_bind_bytes(uint64_t *host, uint64_t *device)
 {
-    uint64_t host = 0, dev = 0;
-
+    *host = *device = 0;
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
             if (a->kind == WO_KIND_BOUND && a->bound) {
                 struct wo_bind_stats st;
                 wo_bind_stats(a->bound, &st);
-                host += st.host_bytes;
-                dev += st.device_bytes;
+                *host += st.host_bytes;
+                *device += st.device_bytes;
             }
-    wo_uvm.bind.host_bytes = host;
-    wo_uvm.bind.device_bytes = dev;
 }
 
 static void add_moves(const struct wo_bind_stats *before, const struct wo_bound *b)
@@ -81,7 +80,6 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
 {
     size_t room = device_room(d, a->size, known);
     struct wo_bound *b = NULL;
-    struct wo_bind_stats st;
     CUresult res;
     int r;
 
@@ -105,9 +103,6 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
     a->bound = b;
     *p = wo_bind_base(b);
     wo_uvm.bind.ranges++;
-    wo_bind_stats(b, &st);
-    wo_uvm.bind.device_bytes += st.device_bytes;
-    wo_uvm.bind.host_bytes += st.host_bytes;
     return 0;
 }
 
@@ -117,7 +112,6 @@ void wo_place_bind_free(struct wo_alloc *a)
         return;
     wo_bind_destroy(a->bound);
     a->bound = NULL;
-    count_stats();
 }
 
 /* Every stream of the context idle: a re-backing swaps mappings, so no
@@ -152,7 +146,14 @@ static int apply_want(struct wo_alloc *a, const uint8_t *want, size_t ng)
     size_t gran = wo_bind_granule(a->bound);
     struct wo_bind_stats before;
     int ret = 0;
+    size_t g0 = 0;
 
+    /* a range already as wanted (most of them, loaded where they belong)
+     * needs neither the wait nor a move */
+    while (g0 < ng && wo_bind_where(a->bound, g0 * gran) == (enum wo_bind_loc)want[g0])
+        g0++;
+    if (g0 == ng)
+        return 0;
     if (!quiesce())
         return -EIO;
     wo_bind_stats(a->bound, &before);
@@ -185,7 +186,6 @@ static int apply_want(struct wo_alloc *a, const uint8_t *want, size_t ng)
         }
     }
     add_moves(&before, a->bound);
-    count_stats();
     return ret;
 }
 
@@ -256,7 +256,6 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
         r = wo_bind_move(a->bound, t->off, t->size, to, &res);
     }
     add_moves(&before, a->bound);
-    count_stats();
     if (r != 0) {
         wo_uvm.placement_errors++;
         wo_error("placing '%s' on the %s (late bound): %s; it stays where it was", t->name->s,
@@ -266,9 +265,4 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
     }
     t->applied = true;
     return 0;
-}
-
-uint64_t wo_place_bind_device_bytes(void)
-{
-    return wo_uvm.bind.device_bytes;
 }

@@ -138,7 +138,11 @@ void wo_place_fit(size_t free_b, size_t total_b)
     }
     /* late-bound ranges' device granules can all move: their memory is
      * the budget's too */
-    resident += wo_place_bind_device_bytes();
+    {
+        uint64_t bound_host, bound_device;
+        wo_place_bind_bytes(&bound_host, &bound_device);
+        resident += bound_device;
+    }
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
     /* the engine's allocations after seal come out of the same budget:
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */

@@ -233,6 +233,7 @@ static void json_body(struct sbuf *b)
 {
     const struct wo_policy *p = wo_uvm.policy;
     struct wo_place_counts pc;
+    uint64_t bound_host, bound_device;
     char label[256];
     bool first = true;
 
@@ -284,12 +285,13 @@ static void json_body(struct sbuf *b)
               wo_uvm.pin_fallbacks, wo_uvm.placement_errors, wo_uvm.unplaceable_tags,
               __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED));
 
+    wo_place_bind_bytes(&bound_host, &bound_device);
     sb_printf(b,
               ",\"late_bind\":{\"enabled\":%s,\"ranges\":%" PRIu64 ",\"fallbacks\":%" PRIu64
               ",\"host_bytes\":%" PRIu64 ",\"device_bytes\":%" PRIu64 ",\"moves\":%" PRIu64
               ",\"moved_bytes\":%" PRIu64 ",\"failures\":%" PRIu64 "}",
               wo_place_bind_enabled() ? "true" : "false", wo_uvm.bind.ranges, wo_uvm.bind.fallbacks,
-              wo_uvm.bind.host_bytes, wo_uvm.bind.device_bytes, wo_uvm.bind.moves,
+              bound_host, bound_device, wo_uvm.bind.moves,
               wo_uvm.bind.moved_bytes, wo_uvm.bind.failures);
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64

@@ -92,25 +92,10 @@ static uint64_t kernel_sum(CUdeviceptr p, size_t bytes)
     return out;
 }
 
-static void fill_random(uint64_t *w, size_t nwords, uint64_t seed)
-{
-    uint64_t s = seed | 1;
-
-    for (size_t i = 0; i < nwords; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        w[i] = s;
-    }
-}
-
 static uint64_t xs = 88172645463325252ull;
 static uint64_t rnd(void)
 {
-    xs ^= xs << 13;
-    xs ^= xs >> 7;
-    xs ^= xs << 17;
-    return xs;
+    return xorshift(&xs);
 }
 
 /* What the test asked for, per granule: the model of the range. */

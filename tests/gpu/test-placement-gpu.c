@@ -137,18 +137,6 @@ static uint64_t kernel_sum(CUdeviceptr p, size_t bytes, double *gbs)
     return out;
 }
 
-static void fill_random(uint64_t *w, size_t nwords, uint64_t seed)
-{
-    uint64_t s = seed | 1;
-
-    for (size_t i = 0; i < nwords; i++) {
-        s ^= s << 13;
-        s ^= s >> 7;
-        s ^= s << 17;
-        w[i] = s;
-    }
-}
-
 struct row {
     char what[64];
     const char *placement;

@@ -6,6 +6,7 @@
 #ifndef WO_TESTS_GPU_WSUM_H
 #define WO_TESTS_GPU_WSUM_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include <cuda.h>
@@ -84,6 +85,23 @@ __attribute__((unused)) static uint64_t host_sum(const uint64_t *w, size_t nword
     for (size_t i = 0; i < nwords; i++)
         s += w[i] ^ (i * g);
     return s;
+}
+
+/* The tests' random data: xorshift64, one state per stream of numbers. */
+__attribute__((unused)) static uint64_t xorshift(uint64_t *s)
+{
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+__attribute__((unused)) static void fill_random(uint64_t *w, size_t nwords, uint64_t seed)
+{
+    uint64_t s = seed | 1;
+
+    for (size_t i = 0; i < nwords; i++)
+        w[i] = xorshift(&s);
 }
 
 #endif /* WO_TESTS_GPU_WSUM_H */
