@@ -62,6 +62,26 @@ int woffload_window_close(void);
  * path (the message says which range and why; memory stays where it was). */
 int woffload_seal(void);
 
+/* Mixture-of-experts picks: the launches that read the expert tensor
+ * [experts, experts + bytes) of n_experts rows (one stacked tensor, expert e
+ * at e * bytes / n_experts) read only the rows its router picked; ids are
+ * those picks, n_ids integers of id_bytes (4 or 8, signed; values outside
+ * [0, n_experts) are ignored) in device memory, written on the stream of
+ * those launches before them. Call it before the layer's expert launches
+ * (a forward pre-hook, with the router's top-k ids) and again with ids NULL
+ * after them; until then the ids must stay where they are, and the
+ * launches that read the tensor must read only the rows the ids name, and
+ * only read. A tensor placed `host` or `managed` is then read from a device
+ * buffer into which only the picked rows were copied, on the launch's own
+ * stream (docs/placement.md, "Picked experts"); one on the device needs
+ * nothing. Returns 0; -EINVAL (NULL experts, bytes or n_experts 0, bytes not
+ * a multiple of n_experts, n_experts over 1024, id_bytes not 4 or 8, ids
+ * given with n_ids 0); -ENOENT (experts is in no allocation the shim saw);
+ * -ERANGE (the tensor crosses the end of its allocation); -ENOSPC (more than
+ * 1024 expert tensors). */
+int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
+                       size_t n_ids, unsigned id_bytes);
+
 /* A JSON snapshot of the shim's state and counters into buf (always
  * NUL-terminated when len > 0). Returns the length the full snapshot needs,
  * excluding the NUL (like snprintf): call again with a larger buffer when the

@@ -40,6 +40,12 @@ WO_EXPORT int woffload_seal(void)
     return wo_api_seal();
 }
 
+WO_EXPORT int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts,
+                                 const void *ids, size_t n_ids, unsigned id_bytes)
+{
+    return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, id_bytes);
+}
+
 WO_EXPORT long woffload_stats(char *buf, size_t len)
 {
     return wo_api_stats(buf, len);

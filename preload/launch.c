@@ -521,6 +521,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
 {
     uint16_t tmp[MAX_PARAMS];
     const uint16_t *sizes = NULL;
+    bool active, picks;
     int n = -1;
 
     l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
@@ -534,7 +535,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->scanned = false;
     l->no_layout = false;
     l->cap = 0;
-    l->rd.n = 0;
+    l->rd.n = l->rd.nslot = 0;
     l->blind = false;
     l->ntouch = 0;
     l->observe = __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED);
@@ -551,21 +552,36 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     wo_registry_read_end();
     l->scanned = true;
     l->no_layout = *params && !(*extra && !*params) && n < 0;
-    if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+    active = __atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE);
+    picks = __atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE);
+    if (!active && !picks)
         return;
     /* a kernel that writes through pointers the scan cannot see (NCCL's):
      * no slot staged before it is read after it. A captured one is its
      * graph's launch's to say (wo_capture_graph_blind) */
-    if (!l->cap && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
+    if (active && !l->cap && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
         l->blind = wo_stream_blind_begin();
     if (!l->s.nhits)
         return;
-    if (!reads_weights(&l->s)) {
+    if (active && !reads_weights(&l->s)) {
         /* neither where the engine is nor a read to move */
         __atomic_add_fetch(&wo_stream_tab.n.not_reader, 1, __ATOMIC_RELAXED);
-    } else if (wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0)) {
+    } else if (active) {
+        wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0);
+    }
+    /* the experts its router picked, when the engine said where the picks
+     * are (uvm/hotpath.h: picked staging; explicit, so no reader rule) */
+    if (picks) {
+        struct wo_picks_move mv[WO_REDIRECT_MAX];
+        unsigned np = wo_picks_stage(l->s.hits, l->s.nhits, stream, l->cap != 0, l->rd.from,
+                                     l->rd.to, l->rd.n, mv, WO_REDIRECT_MAX - l->rd.n);
+        for (unsigned k = 0; k < np; k++)
+            wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev);
+    }
+    if (l->rd.n) {
         void **np = *extra && !*params ? NULL : *params;
         const uint64_t *notptr = l->s.lay ? l->s.lay->notptr : NULL;
+        unsigned picked = l->rd.n - l->rd.nslot;
         void **ne = NULL;
 
         if (np)
@@ -573,6 +589,8 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         else
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {
+            if (picked)
+                wo_picks_unused(picked); /* its copies were made: speed, not data */
             wo_redirect_cancel(&l->rd);
         } else if (np) {
             *params = np;
@@ -585,7 +603,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
      * launch nor leave a slot published that is (uvm/hotpath.h). A captured
      * launch runs later, from its graph: graphs read in place, and what
      * they write is not seen (docs/prefetch.md, Write checks). */
-    if (!l->cap)
+    if (active && !l->cap)
         l->ntouch =
             wo_stream_touch_begin(l->s.hits, l->s.nhits, l->rd.from, l->rd.to, l->rd.n, l->touch);
 }
@@ -596,7 +614,7 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
 {
     struct wo_event ev;
 
-    if (l->rd.n && ok && wo_settings()->stream_check)
+    if (l->rd.nslot && ok && wo_settings()->stream_check)
         wo_redirect_check(&l->rd, stream, l->key);
     if (l->rd.n)
         wo_redirect_end(&l->rd, stream); /* slots released either way */

@@ -35,11 +35,22 @@ static void release(unsigned slot)
 
 void wo_redirect_cancel(struct wo_redirect *rd)
 {
-    for (unsigned i = 0; i < rd->n; i++) {
+    for (unsigned i = 0; i < rd->nslot; i++) {
         release(rd->slot[i]);
         count(&wo_stream_tab.n.inplace_other);
     }
-    rd->n = 0;
+    rd->n = rd->nslot = 0;
+}
+
+void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev)
+{
+    if (rd->n == WO_REDIRECT_MAX)
+        return;
+    rd->slot[rd->n] = UINT32_MAX;
+    rd->from[rd->n] = from;
+    rd->to[rd->n] = to;
+    rd->dev[rd->n] = dev;
+    rd->n++;
 }
 
 /* The engine's context must be the slots': a launch on another device (or
@@ -112,7 +123,7 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
 {
     bool ctx_checked = false;
 
-    rd->n = 0;
+    rd->n = rd->nslot = 0;
     if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
         return 0;
     for (unsigned i = 0; i < nhits && i < WO_EV_MAX_HITS; i++) {
@@ -141,7 +152,7 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
             count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
             continue;
         }
-        if (rd->n == WO_REDIRECT_MAX) {
+        if (rd->n == WO_REDIRECT_MAX / 2) {
             count(&wo_stream_tab.n.inplace_other);
             continue;
         }
@@ -158,6 +169,7 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
         if (!dup)
             pin(rd, e, h, stream);
     }
+    rd->nslot = rd->n;
     return rd->n;
 }
 
@@ -255,7 +267,7 @@ bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream)
     CUresult (*wait)(CUstream, CUevent, unsigned) =
         r ? (CUresult(*)(CUstream, CUevent, unsigned))r->cuStreamWaitEvent : NULL;
 
-    for (unsigned i = 0; i < rd->n; i++) {
+    for (unsigned i = 0; i < rd->nslot; i++) {
         CUevent ev = wo_stream_tab.slot[rd->slot[i]].copied;
         if (!wait || wait((CUstream)(uintptr_t)stream, ev, 0) != CUDA_SUCCESS) {
             wo_redirect_cancel(rd);
@@ -271,7 +283,7 @@ void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
     CUresult (*rec)(CUevent, CUstream) =
         r ? (CUresult(*)(CUevent, CUstream))r->cuEventRecord : NULL;
 
-    for (unsigned i = 0; i < rd->n; i++) {
+    for (unsigned i = 0; i < rd->nslot; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[rd->slot[i]];
         /* The executor waits for read_done before it reuses the slot. A
          * failed record (not expected on a stream that just took a launch)
@@ -284,9 +296,9 @@ void wo_redirect_end(struct wo_redirect *rd, uint64_t stream)
         }
         release(rd->slot[i]);
     }
-    if (rd->n)
+    if (rd->nslot)
         count(&wo_stream_tab.n.redirected);
-    rd->n = 0;
+    rd->n = rd->nslot = 0;
 }
 
 void wo_hook_evfns(struct wo_stream_evfns *fn)
@@ -358,7 +370,7 @@ void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t k
         (CUresult(*)(void *, CUdeviceptr, size_t))wo_real_hook(WO_HOOK_cuMemcpyDtoH_v2);
     unsigned char *a, *b;
 
-    if (!rd->n || !sync || !dtoh)
+    if (!rd->nslot || !sync || !dtoh)
         return;
     name_once(key, rd);
     /* the launch is done and no staging copy can touch a pinned slot */
@@ -366,7 +378,7 @@ void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t k
         return;
     a = malloc(CHECK_CHUNK);
     b = malloc(CHECK_CHUNK);
-    for (unsigned i = 0; a && b && i < rd->n; i++) {
+    for (unsigned i = 0; a && b && i < rd->nslot; i++) {
         uint64_t size = rd->to[i] - rd->from[i];
         uint64_t nchunks = (size + CHECK_CHUNK - 1) / CHECK_CHUNK;
         uint64_t stride = nchunks > CHECK_CHUNKS ? nchunks / CHECK_CHUNKS : 1;

@@ -17,13 +17,14 @@
 
 #include "core/event.h"
 
-#define WO_REDIRECT_MAX 4      /* streamed ranges one launch may read from slots */
+#define WO_REDIRECT_MAX 8      /* ranges one launch may read from slots and buffers */
 #define WO_REDIRECT_PARAMS 256 /* launches with more parameters read in place */
 #define WO_REDIRECT_BYTES 4096 /* bytes of rewritten parameters (the classic limit) */
 #define WO_NOTPTR_WORDS 512u   /* parameter words whose pointer-ness launch.c learns */
 
 struct wo_redirect {
-    unsigned n;
+    unsigned n;     /* moves: [0, nslot) pinned slots, [nslot, n) picked buffers */
+    unsigned nslot;
     unsigned slot[WO_REDIRECT_MAX];
     uint64_t from[WO_REDIRECT_MAX], to[WO_REDIRECT_MAX]; /* [from, to) moves to dev */
     uint64_t dev[WO_REDIRECT_MAX];
@@ -50,6 +51,10 @@ struct wo_redirect_buf {
  * position. Returns how many slots are pinned (rd->n). */
 unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits, unsigned nhits,
                            uint64_t stream, bool captured);
+/* Adds a move to a picked staging buffer (uvm/hotpath.h: wo_picks_stage)
+ * after the pinned slots: [from, to) reads [dev, ...). Nothing to release;
+ * wait, end and the check look at the slots only. */
+void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev);
 /* The parameter array to launch with: params with every pointer word into
  * a pinned range moved into its slot (the rewritten parameters copied into
  * b), scanning the same 8-byte words as the launch scan; NULL when it does

@@ -8,6 +8,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
+#include "uvm/picks.h"
 
 static void misuse(void)
 {
@@ -232,5 +233,37 @@ int wo_api_seal(void)
         (void)wo_ring_push(wo_events, &ev);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}
+
+int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
+                     size_t n_ids, unsigned id_bytes)
+{
+    const char *why = !experts                          ? "NULL experts"
+                      : !bytes || !n_experts            ? "bytes or n_experts 0"
+                      : n_experts > WO_PICKS_EXPERTS    ? "more than 1024 experts"
+                      : bytes % n_experts               ? "bytes not a multiple of n_experts"
+                      : ids && id_bytes != 4 && id_bytes != 8 ? "id_bytes not 4 or 8"
+                      : ids && !n_ids                   ? "ids with n_ids 0"
+                                                        : NULL;
+    int r;
+
+    if (why) {
+        wo_warn("woffload_moe_picks(%p, %zu, %u, %p, %zu, %u): %s (-EINVAL)", experts, bytes,
+                n_experts, ids, n_ids, id_bytes, why);
+        misuse();
+        return -EINVAL;
+    }
+    wo_uvm_ensure_init();
+    r = wo_picks_set((uint64_t)(uintptr_t)experts, bytes, n_experts, (uint64_t)(uintptr_t)ids,
+                     n_ids, id_bytes);
+    if (r == -ENOENT || r == -ERANGE || r == -ENOSPC) {
+        wo_warn("woffload_moe_picks(%p, %zu, ...): %s (%s)", experts, bytes,
+                r == -ENOENT   ? "the pointer is not in any allocation the shim saw"
+                : r == -ERANGE ? "the tensor crosses the end of its allocation"
+                               : "more than 1024 expert tensors have picks",
+                r == -ENOENT ? "-ENOENT" : r == -ERANGE ? "-ERANGE" : "-ENOSPC");
+        misuse();
+    }
     return r;
 }

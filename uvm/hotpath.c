@@ -24,6 +24,7 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
 {
     uint64_t ends[2] = {dst, bytes ? dst + bytes - 1 : dst};
 
+    wo_picks_note_write(dst, bytes);
     if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
         return;
     for (int i = 0; i < 2; i++) {

@@ -226,3 +226,36 @@ void wo_stream_counts(struct wo_stream_counts *ret);
 /* Zeroes the table word by word (the hooks and the stats read it
  * concurrently): the executor, when it starts and in a forked child. */
 void wo_stream_table_clear(void);
+
+/* ---- picked staging (uvm/picks.h: the executor) ---------------------------
+ * A launch that reads an expert tensor whose picks the engine registered
+ * (woffload_moe_picks) gets only the picked rows, copied on its own stream
+ * right before it into a device buffer; the hook moves its pointers there
+ * as it does for a slot (preload/launch.c). */
+/* Spans (+1, saturating at 255) in each registry range id (< WO_STREAM_IDS): a
+ * launch's hit on an id with 0 is not for this executor (lock-free). */
+extern uint8_t wo_picks_ids[WO_STREAM_IDS];
+/* 1 once any span exists: the launch hooks look only then. */
+extern int wo_picks_any;
+
+/* One move for the launch: [from, to) of the tensor reads [dev, ...). */
+struct wo_picks_move {
+    uint64_t from, to, dev;
+};
+
+/* The launch hook (any engine thread), after the parameter scan and the
+ * streaming executor's redirect: for each hit in a span with picks now
+ * (none when captured), enqueues the mark and copy on stream (or reuses a
+ * buffer that holds them) and returns the moves (at most max), skipping
+ * hits inside any of the nskip spans [skip_from[k], skip_to[k]) already
+ * moved. */
+unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t stream,
+                        bool captured, const uint64_t *skip_from, const uint64_t *skip_to,
+                        unsigned nskip, struct wo_picks_move *moves, unsigned max);
+/* The launch with the moves was not made (the parameters could not be
+ * rewritten): counted. */
+void wo_picks_unused(unsigned n);
+/* A copy hook writes [dst, dst + bytes) (wo_stream_note_write calls it
+ * first): buffers holding rows of a span it
+ * overlaps are stale (copied again at the next launch). Any thread. */
+void wo_picks_note_write(uint64_t dst, uint64_t bytes);

@@ -16,6 +16,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "uvm/executor.h"
+#include "uvm/picks.h"
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -213,6 +214,8 @@ void wo_uvm_reset(void)
     }
     free(wo_uvm.alloc_hash);
     wo_names_free_all();
+    wo_picks_free(d);
+    wo_picks_reset();
     if (d && wo_uvm.stream && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(wo_uvm.stream);
     wo_policy_free(wo_uvm.policy);
@@ -256,6 +259,7 @@ void wo_uvm_atfork_child(void)
     wo_uvm.stream = NULL;
     wo_uvm.stream_failed = false;
     wo_consumer_forget();
+    wo_picks_atfork_child();
     for (const struct wo_executor *const *e = wo_executors; *e; e++)
         (*e)->atfork_child();
     /* The next wo_uvm_init() call starts a consumer thread again; the policy,

@@ -346,6 +346,8 @@ int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), 
 int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud);
 /* Device budget in bytes for managed memory (resolved at seal); 0 before. */
 uint64_t wo_uvm_device_budget(void);
+/* The shim's kernels as PTX (uvm/copy-ptx.c: uvm/stream-copy.cu). */
+const char *wo_copy_ptx(void);
 /* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */
 const struct wo_policy *wo_uvm_policy(void);
 

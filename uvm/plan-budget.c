@@ -7,6 +7,7 @@
 
 #include "core/macro.h"
 #include "uvm/internal.h"
+#include "uvm/picks.h"
 #include "uvm/plan.h"
 
 static const struct wo_budget_stager *stager;
@@ -38,7 +39,7 @@ static uint64_t less(uint64_t bytes)
 
 uint64_t wo_budget_for_plan(void)
 {
-    return less(reserved());
+    return less(reserved() + wo_picks_reserved());
 }
 
 bool wo_budget_claimed(uint32_t id, uint32_t gen)

@@ -48,7 +48,8 @@ void wo_budget_resident(struct wo_plan *plan, const struct wo_budget_resident *r
 
 /* ---- the resident side asks ------------------------------------------------- */
 
-/* The device budget less the stager's reserved bytes (never below 0). */
+/* The device budget less the stager's reserved bytes and the picked
+ * staging buffers' (uvm/picks.h; never below 0). */
 uint64_t wo_budget_for_plan(void);
 /* Whether the stager claims the range. */
 bool wo_budget_claimed(uint32_t id, uint32_t gen);

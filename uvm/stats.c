@@ -14,6 +14,7 @@
 #include "core/counters.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "uvm/picks.h"
 #include "uvm/prefetch.h"
 #include "uvm/stream-pin.h"
 #include "uvm/stream.h"
@@ -129,6 +130,22 @@ static void sb_str(struct sbuf *b, const char *s)
     }
     b->p[b->n++] = '"';
     b->p[b->n] = '\0';
+}
+
+/* One member of "picks":{"names":{...}}: a tensor's picked staging. */
+static void picks_name_json(void *ud, const struct wo_picks_figs *f)
+{
+    struct sbuf *b = ud;
+
+    sb_printf(b, "%s", b->first ? "" : ",");
+    b->first = false;
+    sb_str(b, f->name ? f->name : "(unnamed)");
+    sb_printf(b,
+              ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64
+              ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
+              ",\"bytes_copied\":%" PRIu64 "}",
+              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows,
+              f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0);
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
@@ -293,6 +310,21 @@ static void json_body(struct sbuf *b)
               wo_place_bind_enabled() ? "true" : "false", wo_uvm.bind.ranges, wo_uvm.bind.fallbacks,
               bound_host, bound_device, wo_uvm.bind.moves,
               wo_uvm.bind.moved_bytes, wo_uvm.bind.failures);
+    {
+        struct wo_picks_totals pt;
+
+        sb_printf(b, ",\"picks\":{\"names\":{");
+        b->first = true;
+        wo_picks_report(&pt, picks_name_json, b);
+        sb_printf(b,
+                  "},\"tensors\":%" PRIu64 ",\"registrations\":%" PRIu64 ",\"staged\":%" PRIu64
+                  ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"bytes_copied\":%" PRIu64
+                  ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
+                  ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"buffer_bytes\":%" PRIu64
+                  "}",
+                  pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied,
+                  pt.whole_bytes, pt.captured, pt.failed, pt.unused, pt.writes, pt.buffer_bytes);
+    }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64
               ",\"min_headroom\":",
@@ -603,5 +635,6 @@ void wo_summary_log(const char *when)
                      e.all ? " (none: every event is kept for the trace or WOFFLOAD_OBSERVE)" : "",
                      e.capacity, e.dropped_watched, e.dropped_unwatched, e.dropped_other,
                      e.backlog.peak, e.backlog.limit);
+        wo_picks_summary();
     }
 }

@@ -132,3 +132,63 @@ extern "C" __global__ void wo_stream_flag(const unsigned long long *want,
     if (*want != *got)
         *(volatile unsigned int *)flag = tag;
 }
+
+// ---- picked staging (uvm/picks.c) -------------------------------------------
+// A mixture-of-experts layer reads only the experts its router picked. When
+// the engine says where the picks are (woffload_moe_picks: the router's
+// top-k ids, in device memory, written earlier on the same stream), the
+// shim copies only those experts' rows of a host or managed expert tensor
+// into a device buffer laid out as the tensor, on the engine's own stream
+// right before the launch that reads them, and points the launch there.
+// Stream order makes it exact: the ids are the ones that launch reads, and
+// the rows it does not read are never looked at. Nothing waits on the host.
+
+// marks[e] = gen for every id e in [0, n_experts) among ids[0..n) (width:
+// 4 or 8 bytes, signed; ids out of range, such as -1 padding, are skipped).
+extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n, unsigned width,
+                                         unsigned n_experts, unsigned *marks, unsigned gen)
+{
+    unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
+
+    for (unsigned long long k = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; k < n;
+         k += step) {
+        long long e = width == 8 ? ((const long long *)ids)[k] : ((const int *)ids)[k];
+        if (e >= 0 && e < (long long)n_experts)
+            marks[e] = gen;
+    }
+}
+
+// Block (x, e): when expert e is marked with gen, chunk x (of gridDim.x) of
+// its row [e*row, (e+1)*row) copied from src to dst; *rows (device memory,
+// read back off the engine's streams for the stats) counts the rows copied.
+extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char *src,
+                                         unsigned long long row, const unsigned *marks,
+                                         unsigned gen, unsigned long long *rows)
+{
+    unsigned long long e = blockIdx.y, chunk, lo, hi;
+
+    if (marks[e] != gen)
+        return;
+    chunk = (row + gridDim.x - 1) / gridDim.x;
+    chunk = (chunk + 15) & ~15ull;
+    lo = blockIdx.x * chunk;
+    hi = lo + chunk < row ? lo + chunk : row;
+    if (blockIdx.x == 0 && threadIdx.x == 0 && rows)
+        atomicAdd(rows, 1ull);
+    if (lo >= hi)
+        return;
+    dst += e * row;
+    src += e * row;
+    if ((((uintptr_t)dst | (uintptr_t)src | lo) & 15) == 0) {
+        unsigned long long n16 = (hi - lo) / 16;
+        uint4 *d = (uint4 *)(dst + lo);
+        const uint4 *s = (const uint4 *)(src + lo);
+        for (unsigned long long k = threadIdx.x; k < n16; k += blockDim.x)
+            d[k] = s[k];
+        for (unsigned long long k = lo + n16 * 16 + threadIdx.x; k < hi; k += blockDim.x)
+            dst[k] = src[k];
+    } else {
+        for (unsigned long long k = lo + threadIdx.x; k < hi; k += blockDim.x)
+            dst[k] = src[k];
+    }
+}

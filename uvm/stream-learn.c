@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "uvm/picks.h"
 #include "uvm/plan-budget.h"
 
 /* ---- learning ----------------------------------------------------------------- */
@@ -52,6 +53,9 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
 static bool streamable(struct srange *r)
 {
     if (r->written || r->gathered || r->gapped)
+        return false;
+    /* its launches read only the picked experts (uvm/picks.h) */
+    if (wo_picks_claims((uint32_t)(r - wo_sx->r), r->gen))
         return false;
     if (r->hi - r->lo > wo_sx->slot_size) {
         if (!r->big) {

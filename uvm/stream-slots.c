@@ -10,7 +10,6 @@
 #include "core/log.h"
 #include "uvm/plan-budget.h"
 #include "uvm/stream-check.h"
-#include "uvm/stream-copy-ptx.h"
 #include "uvm/stream-pin.h"
 
 /* ---- driver access ------------------------------------------------------------ */
@@ -54,7 +53,7 @@ static void load_copy_kernel(void)
     CUresult res = CUDA_ERROR_NOT_SUPPORTED;
 
     if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuModuleUnload && d->cuLaunchKernel) {
-        res = d->cuModuleLoadData(&mod, wo_stream_copy_ptx);
+        res = d->cuModuleLoadData(&mod, wo_copy_ptx());
         if (res == CUDA_SUCCESS)
             res = d->cuModuleGetFunction(&wo_sx->copy_fn, mod, "wo_stream_copy");
         if (res != CUDA_SUCCESS && mod)

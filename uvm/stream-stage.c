@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "uvm/picks.h"
 #include "uvm/stream-check.h"
 #include "uvm/stream-pin.h"
 
@@ -276,6 +277,11 @@ bool wo_sx_stage(uint32_t id, int slot)
         wo_sx_poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
+    if (wo_picks_claims(id, r->gen)) {
+        /* picks came for it since it was selected: they move less */
+        wo_sx_unselect_range(r, id);
+        return true;
+    }
     if (wo_sx_at_engine((unsigned)slot, true) || wo_sx->slot_sz[slot] < r->hi - r->lo)
         return false;
     if (!wo_sx_unpublish(slot))

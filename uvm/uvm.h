@@ -193,4 +193,6 @@ int wo_api_tag(const void *ptr, size_t size, const char *name);
 int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);
+int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
+                     size_t n_ids, unsigned id_bytes);
 long wo_api_stats(char *buf, size_t len);

@@ -1059,6 +1059,61 @@ static void builtin_stream_flag(void **params, const uint32_t grid[3], const uin
         __atomic_store_n(flag, tag, __ATOMIC_RELEASE);
 }
 
+/* Picked staging's kernels (uvm/stream-copy.cu, uvm/picks.c): marks[e] =
+ * gen for each id e in range; then each marked row copied, and the rows
+ * counted, whatever the grid (its y is the experts). */
+static void builtin_picks_mark(void **params, const uint32_t grid[3], const uint32_t block[3])
+{
+    const unsigned char *ids;
+    unsigned long long n;
+    unsigned width, ne, gen, *marks;
+
+    (void)grid;
+    (void)block;
+    memcpy(&ids, params[0], sizeof(ids));
+    memcpy(&n, params[1], sizeof(n));
+    memcpy(&width, params[2], sizeof(width));
+    memcpy(&ne, params[3], sizeof(ne));
+    memcpy(&marks, params[4], sizeof(marks));
+    memcpy(&gen, params[5], sizeof(gen));
+    for (unsigned long long k = 0; k < n; k++) {
+        long long e;
+        if (width == 8) {
+            memcpy(&e, ids + 8 * k, 8);
+        } else {
+            int32_t v;
+            memcpy(&v, ids + 4 * k, 4);
+            e = v;
+        }
+        if (e >= 0 && e < (long long)ne)
+            marks[e] = gen;
+    }
+}
+
+static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint32_t block[3])
+{
+    unsigned char *dst;
+    const unsigned char *src;
+    unsigned long long row, *rows;
+    const unsigned *marks;
+    unsigned gen;
+
+    (void)block;
+    memcpy(&dst, params[0], sizeof(dst));
+    memcpy(&src, params[1], sizeof(src));
+    memcpy(&row, params[2], sizeof(row));
+    memcpy(&marks, params[3], sizeof(marks));
+    memcpy(&gen, params[4], sizeof(gen));
+    memcpy(&rows, params[5], sizeof(rows));
+    for (uint32_t e = 0; e < grid[1]; e++) {
+        if (marks[e] != gen)
+            continue;
+        device_copy(dst + e * row, src + e * row, row);
+        if (rows)
+            __atomic_add_fetch(rows, 1, __ATOMIC_RELAXED);
+    }
+}
+
 static struct CUfunc_st *kernel_by_name(const char *name)
 {
     struct CUfunc_st *r = NULL;
@@ -1080,6 +1135,12 @@ static struct CUfunc_st *kernel_by_name(const char *name)
     } else if (!r && strcmp(name, "wo_stream_flag") == 0) {
         static const size_t sizes[4] = {8, 8, 8, 4};
         r = fakecuda_kernel(name, 4, sizes, builtin_stream_flag);
+    } else if (!r && strcmp(name, "wo_picks_mark") == 0) {
+        static const size_t sizes[6] = {8, 8, 4, 4, 8, 4};
+        r = fakecuda_kernel(name, 6, sizes, builtin_picks_mark);
+    } else if (!r && strcmp(name, "wo_picks_copy") == 0) {
+        static const size_t sizes[6] = {8, 8, 8, 8, 4, 8};
+        r = fakecuda_kernel(name, 6, sizes, builtin_picks_copy);
     }
     return r;
 }

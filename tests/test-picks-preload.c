@@ -1,0 +1,345 @@
+/* tests/test-picks-preload.c: picked staging (uvm/picks.h, issue 42) end to
+ * end through the preloaded shim and the fake driver.
+ *
+ * An engine-like child holds two stacked expert tensors ("experts"), E rows
+ * each, placed by the policy, and a device buffer of router ids. Every step
+ * it draws picks (tokens x top-k, with repeats; -1 padding in the int32
+ * tensor), writes them into the ids buffer, registers them
+ * (woffload_moe_picks), and launches a gather kernel that reads the picked
+ * rows through the tensor's base pointer and the ids, twice (an eager loop's
+ * second launch reuses the buffer), then clears them and launches it once
+ * more (read in place). The checks:
+ *  - every row each launch read hashes as the host data does (bit-exact);
+ *  - launches with picks read from elsewhere (a buffer), the one after the
+ *    clear from the tensor itself;
+ *  - a copy into a picked row between two launches of one registration is
+ *    seen by the second (the buffer is copied again);
+ *  - a launch into a capture reads in place and its graph reads right;
+ *  - the stats: staged and reused counts, the rows copied are the distinct
+ *    picks (not the tensor), bytes_copied below whole_bytes;
+ *  - misuse gets its errno: NULL, a bad size, an unknown pointer, a width.
+ * Policies: experts `host` (pinned), and `managed` with a small device
+ * budget. */
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda.h>
+
+#include "fakecuda.h"
+#include "preload-check.h"
+
+#define E 16                  /* experts */
+#define ROW0 (64u << 10)      /* tensor 0's row: gate/up */
+#define ROW1 (32u << 10)      /* tensor 1's row: down */
+#define TOKENS 2
+#define TOPK 2
+#define STEPS 12
+
+static CUdeviceptr w[2];
+static const size_t row_of[2] = {ROW0, ROW1};
+static uint64_t inplace_reads, moved_reads;
+
+static uint64_t hash(const unsigned char *p, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+
+/* params: const unsigned char *w, const void *ids, uint64_t n, uint64_t width,
+ * uint64_t row, uint64_t *out: out[k] = hash of row ids[k] (0 for an id
+ * outside [0, E)); counts whether w was the tensor's own address */
+static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr p = *(CUdeviceptr *)params[0];
+    const unsigned char *ids = (const unsigned char *)(uintptr_t) * (CUdeviceptr *)params[1];
+    uint64_t n = *(uint64_t *)params[2], width = *(uint64_t *)params[3];
+    uint64_t row = *(uint64_t *)params[4];
+    uint64_t *out = (uint64_t *)(uintptr_t) * (CUdeviceptr *)params[5];
+
+    (void)g;
+    (void)b;
+    if (p == w[0] || p == w[1])
+        __atomic_add_fetch(&inplace_reads, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_add_fetch(&moved_reads, 1, __ATOMIC_RELAXED);
+    for (uint64_t k = 0; k < n; k++) {
+        int64_t e;
+        if (width == 8) {
+            memcpy(&e, ids + 8 * k, 8);
+        } else {
+            int32_t v;
+            memcpy(&v, ids + 4 * k, 4);
+            e = v;
+        }
+        out[k] = e >= 0 && e < E ? hash((const unsigned char *)(uintptr_t)p + e * row, row) : 0;
+    }
+}
+
+static uint64_t rng = 88172645463325252ull;
+static uint64_t xorshift(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+/* the number after "key", searched from where "in" is (the totals of
+ * "picks" follow its names: "},\"tensors\":") */
+static long long json_num(const char *js, const char *in, const char *key)
+{
+    const char *p = js ? strstr(js, in) : NULL;
+    p = p ? strstr(p, key) : NULL;
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+static int child(void)
+{
+    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
+    CUresult (*p_cuInit)(unsigned);
+    CUresult (*p_cuDeviceGet)(CUdevice *, int);
+    CUresult (*p_cuCtxRetain)(CUcontext *, CUdevice);
+    CUresult (*p_cuCtxSetCurrent)(CUcontext);
+    CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t);
+    CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
+    CUresult (*p_cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, CUstream, void **, void **);
+    CUresult (*p_cuStreamCreate)(CUstream *, unsigned);
+    CUresult (*p_cuStreamSync)(CUstream);
+    CUresult (*p_cuBeginCapture)(CUstream, CUstreamCaptureMode);
+    CUresult (*p_cuEndCapture)(CUstream, CUgraph *);
+    CUresult (*p_cuInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
+    CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream);
+    CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn);
+    int (*push)(const char *), (*pop)(void), (*seal)(void);
+    int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
+    long (*stats)(char *, size_t);
+    static const size_t gsizes[6] = {8, 8, 8, 8, 8, 8};
+    unsigned char *host[2];
+    uint64_t distinct_rows = 0, staged_launches = 0, ref[TOKENS * TOPK], got[TOKENS * TOPK];
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream s;
+    CUfunction kg;
+    CUdeviceptr ids, out, other;
+    char *js;
+    long len;
+
+    if (!cu)
+        return 1;
+    *(void **)&p_cuInit = need(cu, "cuInit");
+    *(void **)&p_cuDeviceGet = need(cu, "cuDeviceGet");
+    *(void **)&p_cuCtxRetain = need(cu, "cuDevicePrimaryCtxRetain");
+    *(void **)&p_cuCtxSetCurrent = need(cu, "cuCtxSetCurrent");
+    *(void **)&p_cuMemAlloc = need(cu, "cuMemAlloc_v2");
+    *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
+    *(void **)&p_cuMemcpyDtoH = need(cu, "cuMemcpyDtoH_v2");
+    *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
+    *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
+    *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
+    *(void **)&p_cuBeginCapture = need(cu, "cuStreamBeginCapture_v2");
+    *(void **)&p_cuEndCapture = need(cu, "cuStreamEndCapture");
+    *(void **)&p_cuInstantiate = need(cu, "cuGraphInstantiateWithFlags");
+    *(void **)&p_cuGraphLaunch = need(cu, "cuGraphLaunch");
+    *(void **)&kernel = need(cu, "fakecuda_kernel");
+    *(void **)&push = need(RTLD_DEFAULT, "woffload_tag_push");
+    *(void **)&pop = need(RTLD_DEFAULT, "woffload_tag_pop");
+    *(void **)&seal = need(RTLD_DEFAULT, "woffload_seal");
+    *(void **)&picks = need(RTLD_DEFAULT, "woffload_moe_picks");
+    *(void **)&stats = need(RTLD_DEFAULT, "woffload_stats");
+
+    CHECK(p_cuInit(0) == CUDA_SUCCESS);
+    CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    CHECK(p_cuCtxRetain(&ctx, dev) == CUDA_SUCCESS);
+    CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+    CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    kg = kernel("gather", 6, gsizes, gather);
+    for (int t = 0; t < 2; t++) {
+        host[t] = malloc(E * row_of[t]);
+        for (size_t i = 0; i < E * row_of[t]; i++)
+            host[t][i] = (unsigned char)xorshift();
+        CHECK(push(t ? "model.layers.0.mlp.experts.down_proj"
+                     : "model.layers.0.mlp.experts.gate_up_proj") == 0);
+        CHECK(p_cuMemAlloc(&w[t], E * row_of[t]) == CUDA_SUCCESS);
+        CHECK(pop() == 0);
+        CHECK(p_cuMemcpyHtoD(w[t], host[t], E * row_of[t]) == CUDA_SUCCESS);
+    }
+    CHECK(p_cuMemAlloc(&ids, TOKENS * TOPK * 8) == CUDA_SUCCESS);
+    CHECK(p_cuMemAlloc(&out, TOKENS * TOPK * 8) == CUDA_SUCCESS);
+    CHECK(p_cuMemAlloc(&other, 4096) == CUDA_SUCCESS);
+    CHECK(seal() == 0);
+
+    /* misuse */
+    CHECK(picks(NULL, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -EINVAL);
+    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0 - 1, E, (void *)(uintptr_t)ids, 4, 8) ==
+          -EINVAL);
+    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 4, 3) == -EINVAL);
+    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, 0, (void *)(uintptr_t)ids, 4, 8) == -EINVAL);
+    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 0, 8) == -EINVAL);
+    CHECK(picks((void *)(uintptr_t)0x10, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ENOENT);
+    CHECK(picks((void *)(uintptr_t)w[0], 2 * E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) ==
+          -ERANGE);
+
+    for (int step = 0; step < STEPS; step++) {
+        for (int t = 0; t < 2; t++) {
+            uint64_t n = TOKENS * TOPK, width = t ? 4 : 8, row = row_of[t];
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out};
+            unsigned char picked[E] = {0};
+            int64_t id64[TOKENS * TOPK];
+            int32_t id32[TOKENS * TOPK];
+
+            for (int k = 0; k < TOKENS * TOPK; k++) {
+                int64_t e = (int64_t)(xorshift() % (t ? E + 2 : E)) - (t ? 2 : 0);
+                id64[k] = e;
+                id32[k] = (int32_t)e;
+                ref[k] = e >= 0 && e < E ? hash(host[t] + e * row, row) : 0;
+                if (e >= 0 && e < E && !picked[e]) {
+                    picked[e] = 1;
+                    distinct_rows++;
+                }
+            }
+            CHECK(p_cuMemcpyHtoD(ids, t ? (void *)id32 : (void *)id64, n * width) ==
+                  CUDA_SUCCESS);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n,
+                        (unsigned)width) == 0);
+            for (int rep = 0; rep < 2; rep++) {
+                uint64_t before = moved_reads;
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
+                      CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(moved_reads == before + 1);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+                /* a copy into a picked row between two launches: the
+                 * second sees it */
+                if (rep == 0 && step == 3) {
+                    int64_t e = t ? id32[0] : id64[0];
+                    if (e < 0)
+                        e = 0;
+                    memset(host[t] + e * row, 0x5a, 64);
+                    CHECK(p_cuMemcpyHtoD(w[t] + e * row, host[t] + e * row, 64) ==
+                          CUDA_SUCCESS);
+                    for (int k = 0; k < TOKENS * TOPK; k++) {
+                        int64_t x = t ? id32[k] : id64[k];
+                        ref[k] = x >= 0 && x < E ? hash(host[t] + x * row, row) : 0;
+                    }
+                }
+            }
+            staged_launches++;
+            /* a capture reads in place, and its graph right */
+            if (step == 5) {
+                CUgraph g;
+                CUgraphExec ge;
+                uint64_t before = inplace_reads;
+                CHECK(p_cuBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
+                      CUDA_SUCCESS);
+                CHECK(p_cuEndCapture(s, &g) == CUDA_SUCCESS);
+                CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
+                CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(inplace_reads == before + 1);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            }
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+            {
+                uint64_t before = inplace_reads;
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
+                      CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(inplace_reads == before + 1);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            }
+        }
+        usleep(1500); /* the rows counters are read back at most every ms */
+    }
+    /* one more registration reads the counters back after the last copy */
+    {
+        uint64_t n = 1, width = 8, row = ROW0;
+        int64_t id = 0;
+        void *params[] = {&w[0], &ids, &n, &width, &row, &out};
+        CHECK(p_cuMemcpyHtoD(ids, &id, 8) == CUDA_SUCCESS);
+        CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 1, 8) == 0);
+        CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+        distinct_rows++;
+        staged_launches++;
+        usleep(1500);
+        CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+        CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, NULL, 0, 0) == 0);
+    }
+    len = stats(NULL, 0);
+    js = malloc((size_t)len + 1);
+    CHECK(js && stats(js, (size_t)len + 1) == len);
+    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
+    /* each registration staged once, plus once more after the write (per
+     * tensor: 2), and its second launch reused the buffer */
+    CHECK(json_num(js, "\"picks\":", "},\"tensors\":") == 2);
+    CHECK(json_num(js, "},\"tensors\":", "\"staged\":") == (long long)staged_launches + 2);
+    CHECK(json_num(js, "},\"tensors\":", "\"reused\":") == (long long)(2 * STEPS - 2 + 1));
+    CHECK(json_num(js, "},\"tensors\":", "\"captured\":") == 2);
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    CHECK(json_num(js, "},\"tensors\":", "\"writes\":") == 2);
+    /* the rows moved: the distinct picks of each copy (the copies after
+     * the writes move their picks again), never the whole tensors */
+    {
+        long long rows = json_num(js, "},\"tensors\":", "\"rows\":");
+        long long copied = json_num(js, "},\"tensors\":", "\"bytes_copied\":");
+        long long whole = json_num(js, "},\"tensors\":", "\"whole_bytes\":");
+        CHECK(rows >= (long long)distinct_rows && rows <= (long long)distinct_rows + 2 * TOPK * TOKENS);
+        CHECK(copied > 0 && copied * 3 < whole); /* <= 4 of 16 rows a copy */
+        CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") > 0);
+    }
+    CHECK(json_num(js, "model.layers.0.mlp.experts.down_proj\":", "\"experts\":") == E);
+    free(js);
+    check_summary("test-picks-preload child");
+    return failures ? 1 : 0;
+}
+
+static const char *policies[] = {
+    "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
+    "version: 1\ndefault: device\ndevice_budget: 1MiB\nprefetch:\n  enabled: true\nrules:\n"
+    "  - {name: experts, match: [experts], place: managed}\n",
+};
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "child") == 0)
+        return child();
+    for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
+        char pol[] = "/tmp/wo-picks-XXXXXX";
+        int fd = mkstemp(pol), st = 0;
+        pid_t pid;
+
+        CHECK(fd >= 0 && write(fd, policies[i], strlen(policies[i])) ==
+                             (ssize_t)strlen(policies[i]));
+        close(fd);
+        pid = fork();
+        if (pid == 0) {
+            setenv("WOFFLOAD_POLICY", pol, 1);
+            setenv("WOFFLOAD_LOG", "info", 1);
+            execl("/proc/self/exe", argv[0], "child", (char *)NULL);
+            _exit(127);
+        }
+        CHECK(waitpid(pid, &st, 0) == pid);
+        fprintf(stderr, "test-picks-preload: policy %zu: child exit %d\n", i,
+                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        unlink(pol);
+    }
+    check_summary("test-picks-preload");
+    return failures ? 1 : 0;
+}

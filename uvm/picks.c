@@ -1,0 +1,600 @@
+/* uvm/picks.c: picked staging (uvm/picks.h): the experts a router picked,
+ * copied on the engine's stream right before the launch that reads them. */
+#include "uvm/picks.h"
+
+#include <cuda.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/macro.h"
+#include "core/registry.h"
+#include "uvm/internal.h"
+#include "uvm/uvm.h"
+
+uint8_t wo_picks_ids[WO_STREAM_IDS];
+int wo_picks_any;
+
+#define BUF_ALIGN (2ull << 20)
+#define MARK_THREADS 256u
+#define COPY_THREADS 256u
+#define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
+#define CHUNKS_MAX 32u
+#define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
+
+struct span {
+    uint64_t lo, hi;         /* the tensor: [lo, hi) */
+    uint64_t off;            /* lo - its registry range's base */
+    uint64_t row;            /* (hi - lo) / n_experts */
+    uint32_t rid, rgen;      /* its registry range */
+    unsigned n_experts;
+    bool offdev;             /* host or managed: staged; on the device: left alone */
+    uint64_t ids, n_ids;     /* the registration now; ids 0: none */
+    unsigned width;
+    uint32_t seq;            /* registrations and writes: a buffer holds one seq's rows */
+    char *name;
+    uint64_t regs, staged, reused;
+};
+
+struct buf {
+    CUdeviceptr dev;
+    uint64_t size;
+    int span; /* the span whose rows it holds, -1 none */
+    uint32_t seq, gen;
+    uint64_t tick;
+};
+
+struct strm {
+    uint64_t stream; /* 0 with used false: free */
+    bool used;
+    struct buf b[WO_PICKS_BUFS];
+};
+
+static struct {
+    pthread_mutex_t lock;
+    struct span *s;
+    unsigned n;
+    struct strm st[WO_PICKS_STREAMS];
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction mark, copy;
+    bool ready, broken;
+    CUdeviceptr marks; /* u32 [WO_PICKS_STREAMS * WO_PICKS_BUFS][WO_PICKS_EXPERTS] */
+    CUdeviceptr rows;  /* u64 [WO_PICKS_SPANS]: rows copied, by span */
+    uint64_t *rows_host;
+    CUstream side; /* reads rows back, no engine stream waits on it */
+    uint64_t last_refresh_ns;
+    uint64_t tick;
+    uint64_t bytes;
+    uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes;
+    bool said_on, said_fail;
+} pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static const char *err_name(CUresult r)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    const char *s = NULL;
+
+    if (d && d->cuGetErrorName)
+        d->cuGetErrorName(r, &s);
+    return s ? s : "?";
+}
+
+/* ---- registration ---------------------------------------------------------- */
+
+/* The tag's name at addr and whether its bytes are off the device, from
+ * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside). */
+static char *describe(uint64_t addr, bool *offdev)
+{
+    struct wo_alloc *a;
+    char *name = NULL;
+
+    *offdev = false;
+    pthread_mutex_lock(&wo_uvm.lock);
+    a = wo_alloc_find_addr(addr);
+    if (a) {
+        enum wo_placement place = a->place;
+        for (size_t i = 0; i < a->ntags; i++) {
+            const struct wo_tag *t = &a->tags[i];
+            if (addr - a->base >= t->off && addr - a->base < t->off + t->size) {
+                place = t->place;
+                name = strdup(t->name->s);
+                break;
+            }
+        }
+        /* pinned memory is host memory whatever the tag asked; managed
+         * memory the planner keeps resident is still read over PCIe until
+         * it is, and a copy from it is no slower than the launch's read */
+        *offdev = a->kind == WO_KIND_PINNED ||
+                  (a->kind != WO_KIND_OBSERVED &&
+                   (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return name;
+}
+
+static int find_span(uint64_t lo, uint64_t hi)
+{
+    for (unsigned i = 0; i < pk.n; i++)
+        if (pk.s[i].lo == lo && pk.s[i].hi == hi)
+            return (int)i;
+    return -1;
+}
+
+int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids,
+                 uint64_t n_ids, unsigned id_bytes)
+{
+    struct wo_range rg;
+    struct span *s;
+    bool offdev = false;
+    char *name = NULL;
+    int i, r = 0;
+
+    if (wo_registry_find(experts, &rg) != 0)
+        return -ENOENT;
+    if (bytes > rg.size - (experts - rg.base))
+        return -ERANGE;
+    pthread_mutex_lock(&pk.lock);
+    i = find_span(experts, experts + bytes);
+    s = i >= 0 ? &pk.s[i] : NULL;
+    if (s && s->rid == rg.id && s->rgen == rg.gen) {
+        s->regs++;
+        pk.regs++;
+        s->ids = ids;
+        s->n_ids = ids ? n_ids : 0;
+        s->width = id_bytes;
+        s->seq++;
+        pthread_mutex_unlock(&pk.lock);
+        return 0;
+    }
+    pthread_mutex_unlock(&pk.lock);
+    /* a new tensor, or new memory at the same address: learn it (outside
+     * the picks lock: describe takes uvm/'s) */
+    name = describe(experts, &offdev);
+    pthread_mutex_lock(&pk.lock);
+    if (!pk.s && !(pk.s = calloc(WO_PICKS_SPANS, sizeof(*pk.s)))) {
+        r = -ENOMEM;
+        goto out;
+    }
+    i = find_span(experts, experts + bytes);
+    if (i < 0) {
+        if (pk.n == WO_PICKS_SPANS) {
+            r = -ENOSPC;
+            goto out;
+        }
+        i = (int)pk.n++;
+    }
+    s = &pk.s[i];
+    free(s->name);
+    *s = (struct span){.lo = experts,
+                       .hi = experts + bytes,
+                       .off = experts - rg.base,
+                       .row = bytes / n_experts,
+                       .rid = rg.id,
+                       .rgen = rg.gen,
+                       .n_experts = n_experts,
+                       .offdev = offdev,
+                       .ids = ids,
+                       .n_ids = ids ? n_ids : 0,
+                       .width = id_bytes,
+                       .seq = s->seq + 1,
+                       .name = name,
+                       .regs = 1};
+    name = NULL;
+    pk.regs++;
+    /* the buffers that held the old tensor's rows hold nothing now */
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            if (pk.st[k].b[b].span == i)
+                pk.st[k].b[b].span = -1;
+    if (rg.id < WO_STREAM_IDS && wo_picks_ids[rg.id] < 255)
+        __atomic_store_n(&wo_picks_ids[rg.id], (uint8_t)(wo_picks_ids[rg.id] + 1),
+                         __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_picks_any, 1, __ATOMIC_RELEASE);
+    if (!offdev)
+        wo_debug("picks: '%s' is on the device: its launches need no staging",
+                 s->name ? s->name : "(unnamed)");
+out:
+    pthread_mutex_unlock(&pk.lock);
+    free(name);
+    return r;
+}
+
+void wo_picks_note_write(uint64_t dst, uint64_t bytes)
+{
+    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned i = 0; i < pk.n; i++)
+        if (dst < pk.s[i].hi && dst + bytes > pk.s[i].lo) {
+            pk.s[i].seq++;
+            pk.writes++;
+        }
+    pthread_mutex_unlock(&pk.lock);
+}
+
+/* ---- the device side ------------------------------------------------------- */
+
+/* Module, marks and counters in the current context, once (the picks lock
+ * held; never during a global capture: a module load or an allocation
+ * would invalidate it). False: read in place. */
+static bool ready(const struct wo_driver *d)
+{
+    CUcontext cur = NULL;
+    CUresult res;
+    size_t marks = (size_t)WO_PICKS_STREAMS * WO_PICKS_BUFS * WO_PICKS_EXPERTS * 4;
+
+    if (pk.broken || !d->cuCtxGetCurrent || d->cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        return false;
+    if (pk.ready)
+        return cur == pk.ctx;
+    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST))
+        return false;
+    if (!d->cuModuleLoadData || !d->cuModuleGetFunction || !d->cuLaunchKernel ||
+        !d->cuMemAlloc_v2 || !d->cuMemFree_v2 || !d->cuMemsetD8_v2 || !d->cuMemHostAlloc ||
+        !d->cuMemcpyAsync || !d->cuStreamCreate || !d->cuStreamSynchronize) {
+        pk.broken = true;
+        wo_warn("picks: the driver lacks a function picked staging needs: the experts are read "
+                "in place");
+        return false;
+    }
+    res = d->cuModuleLoadData(&pk.mod, wo_copy_ptx());
+    if (res == CUDA_SUCCESS)
+        res = d->cuModuleGetFunction(&pk.mark, pk.mod, "wo_picks_mark");
+    if (res == CUDA_SUCCESS)
+        res = d->cuModuleGetFunction(&pk.copy, pk.mod, "wo_picks_copy");
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemAlloc_v2(&pk.marks, marks);
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemAlloc_v2(&pk.rows, WO_PICKS_SPANS * sizeof(uint64_t));
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemsetD8_v2(pk.marks, 0, marks);
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemsetD8_v2(pk.rows, 0, WO_PICKS_SPANS * sizeof(uint64_t));
+    if (res == CUDA_SUCCESS)
+        res = d->cuMemHostAlloc((void **)&pk.rows_host, WO_PICKS_SPANS * sizeof(uint64_t), 0);
+    if (res == CUDA_SUCCESS)
+        res = d->cuStreamCreate(&pk.side, CU_STREAM_NON_BLOCKING);
+    if (res != CUDA_SUCCESS) {
+        /* what was made stays (a few MiB): freeing it needs the context
+         * idle, and this is the engine's launch path */
+        pk.broken = true;
+        wo_warn("picks: cannot set up picked staging (%s): the experts are read in place",
+                err_name(res));
+        return false;
+    }
+    memset(pk.rows_host, 0, WO_PICKS_SPANS * sizeof(uint64_t));
+    pk.ctx = cur;
+    pk.ready = true;
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            pk.st[k].b[b].span = -1;
+    return true;
+}
+
+static struct strm *stream_of(uint64_t stream)
+{
+    struct strm *free_one = NULL;
+
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        if (pk.st[k].used && pk.st[k].stream == stream)
+            return &pk.st[k];
+        if (!pk.st[k].used && !free_one)
+            free_one = &pk.st[k];
+    }
+    if (free_one) {
+        free_one->used = true;
+        free_one->stream = stream;
+    }
+    return free_one;
+}
+
+/* The buffer of stream t that holds span i's rows of its registration now,
+ * or the least recently used one, grown to the span's bytes (NULL: none). */
+static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, bool *fresh)
+{
+    const struct span *s = &pk.s[i];
+    uint64_t need = (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
+    struct buf *b = NULL;
+    CUresult res;
+
+    *fresh = false;
+    for (unsigned k = 0; k < WO_PICKS_BUFS; k++)
+        if (t->b[k].span == i && t->b[k].seq == s->seq && t->b[k].dev)
+            return &t->b[k];
+    for (unsigned k = 0; k < WO_PICKS_BUFS; k++)
+        if (!b || t->b[k].tick < b->tick)
+            b = &t->b[k];
+    *fresh = true;
+    if (b->size >= need)
+        return b;
+    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST))
+        return NULL;
+    if (b->dev) {
+        /* launches of this stream may still read it: this stream only
+         * ever reads it, so its work done is the buffer free */
+        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
+            return NULL;
+        d->cuMemFree_v2(b->dev);
+        __atomic_sub_fetch(&pk.bytes, b->size, __ATOMIC_RELAXED);
+        b->dev = 0;
+        b->size = 0;
+        b->span = -1;
+    }
+    res = d->cuMemAlloc_v2(&b->dev, need);
+    if (res != CUDA_SUCCESS) {
+        b->dev = 0;
+        if (!pk.said_fail) {
+            pk.said_fail = true;
+            wo_warn("picks: no device memory for a %llu MiB staging buffer (%s): '%s' is read in "
+                    "place",
+                    (unsigned long long)(need >> 20), err_name(res),
+                    s->name ? s->name : "(unnamed)");
+        }
+        return NULL;
+    }
+    b->size = need;
+    b->span = -1;
+    __atomic_add_fetch(&pk.bytes, need, __ATOMIC_RELAXED);
+    return b;
+}
+
+/* Reads the rows counters back on the side stream, at most every
+ * REFRESH_NS (the stats show them as last read). */
+static void refresh(const struct wo_driver *d)
+{
+    uint64_t t = now_ns();
+
+    if (t - pk.last_refresh_ns < REFRESH_NS)
+        return;
+    pk.last_refresh_ns = t;
+    (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)pk.rows_host, pk.rows,
+                           pk.n * sizeof(uint64_t), pk.side);
+}
+
+/* Enqueues the mark and the copy of span i's picked rows into b on the
+ * stream. */
+static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
+{
+    const struct span *s = &pk.s[i];
+    CUstream st = (CUstream)(uintptr_t)t->stream;
+    unsigned slot = (unsigned)((t - pk.st) * WO_PICKS_BUFS + (unsigned)(b - t->b));
+    CUdeviceptr marks = pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4;
+    CUdeviceptr rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t);
+    CUdeviceptr ids = s->ids, src = s->lo, dst = b->dev;
+    unsigned long long n = s->n_ids, row = s->row;
+    unsigned width = s->width, ne = s->n_experts, gen, mblocks, chunks;
+    void *margs[] = {&ids, &n, &width, &ne, &marks, &gen};
+    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows};
+
+    gen = b->gen + 1 ? b->gen + 1 : 1;
+    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
+    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
+    if (!n)
+        return false;
+    if (d->cuLaunchKernel(pk.mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL) !=
+            CUDA_SUCCESS ||
+        d->cuLaunchKernel(pk.copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL) !=
+            CUDA_SUCCESS) {
+        b->span = -1;
+        return false;
+    }
+    b->gen = gen;
+    b->span = i;
+    b->seq = s->seq;
+    return true;
+}
+
+static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsigned n)
+{
+    for (unsigned k = 0; k < n; k++)
+        if (a >= from[k] && a < to[k])
+            return true;
+    return false;
+}
+
+unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t stream,
+                        bool captured, const uint64_t *skip_from, const uint64_t *skip_to,
+                        unsigned nskip, struct wo_picks_move *moves, unsigned max)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    unsigned n = 0;
+    bool any = false;
+
+    for (unsigned h = 0; h < nhits && h < WO_EV_MAX_HITS && !any; h++)
+        any = hits[h].id < WO_STREAM_IDS &&
+              __atomic_load_n(&wo_picks_ids[hits[h].id], __ATOMIC_ACQUIRE) != 0;
+    if (!any || !d)
+        return 0;
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned h = 0; h < nhits && h < WO_EV_MAX_HITS; h++) {
+        const struct wo_ev_hit *hit = &hits[h];
+        if (hit->id >= WO_STREAM_IDS || !wo_picks_ids[hit->id] || !wo_hit_pointer_like(hit))
+            continue;
+        for (unsigned i = 0; i < pk.n; i++) {
+            struct span *s = &pk.s[i];
+            struct strm *t;
+            struct buf *b;
+            bool dup = false, fresh;
+
+            if (s->rid != hit->id || s->rgen != hit->gen || !s->ids || !s->offdev ||
+                hit->offset >= s->off + (s->hi - s->lo) || hit->hi <= s->off)
+                continue;
+            if (skipped(s->lo, skip_from, skip_to, nskip))
+                continue;
+            for (unsigned k = 0; k < n; k++)
+                dup |= moves[k].from == s->lo;
+            if (dup)
+                continue;
+            if (captured) {
+                pk.captured++;
+                continue;
+            }
+            if (n == max || !ready(d) || !(t = stream_of(stream)) ||
+                !(b = buffer_for(d, t, (int)i, &fresh)) || (fresh && !enqueue(d, t, b, (int)i))) {
+                pk.failed++;
+                continue;
+            }
+            b->tick = ++pk.tick;
+            if (fresh) {
+                s->staged++;
+                pk.staged++;
+                pk.whole_bytes += s->hi - s->lo;
+            } else {
+                s->reused++;
+                pk.reused++;
+            }
+            moves[n++] = (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev};
+        }
+    }
+    if (n && !pk.said_on) {
+        pk.said_on = true;
+        wo_info("picks: the experts' launches read only the picked rows, copied on their stream "
+                "(woffload_moe_picks)");
+    }
+    if (pk.ready)
+        refresh(d);
+    pthread_mutex_unlock(&pk.lock);
+    return n;
+}
+
+void wo_picks_unused(unsigned n)
+{
+    pthread_mutex_lock(&pk.lock);
+    pk.unused += n;
+    pthread_mutex_unlock(&pk.lock);
+}
+
+/* ---- the books --------------------------------------------------------------- */
+
+bool wo_picks_claims(uint32_t id, uint32_t gen)
+{
+    bool r = false;
+
+    if (id >= WO_STREAM_IDS || !__atomic_load_n(&wo_picks_ids[id], __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned i = 0; i < pk.n && !r; i++)
+        r = pk.s[i].rid == id && pk.s[i].rgen == gen && pk.s[i].offdev;
+    pthread_mutex_unlock(&pk.lock);
+    return r;
+}
+
+uint64_t wo_picks_reserved(void)
+{
+    return __atomic_load_n(&pk.bytes, __ATOMIC_RELAXED);
+}
+
+void wo_picks_report(struct wo_picks_totals *t,
+                     void (*fn)(void *ud, const struct wo_picks_figs *f), void *ud)
+{
+    memset(t, 0, sizeof(*t));
+    pthread_mutex_lock(&pk.lock);
+    t->spans = pk.n;
+    t->regs = pk.regs;
+    t->staged = pk.staged;
+    t->reused = pk.reused;
+    t->captured = pk.captured;
+    t->failed = pk.failed;
+    t->unused = pk.unused;
+    t->writes = pk.writes;
+    t->whole_bytes = pk.whole_bytes;
+    t->buffer_bytes = wo_picks_reserved();
+    for (unsigned i = 0; i < pk.n; i++) {
+        const struct span *s = &pk.s[i];
+        uint64_t rows = pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0;
+        struct wo_picks_figs f = {.name = s->name,
+                                  .n_experts = s->n_experts,
+                                  .bytes = s->hi - s->lo,
+                                  .regs = s->regs,
+                                  .staged = s->staged,
+                                  .reused = s->reused,
+                                  .rows = rows};
+        t->rows += rows;
+        t->bytes_copied += rows * s->row;
+        if (fn)
+            fn(ud, &f);
+    }
+    pthread_mutex_unlock(&pk.lock);
+}
+
+void wo_picks_summary(void)
+{
+    struct wo_picks_totals t;
+
+    wo_picks_report(&t, NULL, NULL);
+    if (!t.staged && !t.reused)
+        return;
+    wo_log_write(WO_LOG_OFF, "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
+            " launches reused one) moved %.2f GB of the %.2f GB whole tensors would have "
+            "(rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
+            " captured, %" PRIu64 " for a failure",
+            t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9, (double)t.whole_bytes / 1e9,
+            t.buffer_bytes >> 20, t.captured, t.failed);
+}
+
+void wo_picks_free(const struct wo_driver *d)
+{
+    pthread_mutex_lock(&pk.lock);
+    if (d && pk.ready) {
+        for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+            for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+                if (pk.st[k].b[b].dev && d->cuMemFree_v2)
+                    d->cuMemFree_v2(pk.st[k].b[b].dev);
+        if (d->cuStreamSynchronize)
+            d->cuStreamSynchronize(pk.side);
+        if (d->cuStreamDestroy_v2)
+            d->cuStreamDestroy_v2(pk.side);
+        if (d->cuMemFreeHost)
+            d->cuMemFreeHost(pk.rows_host);
+        if (d->cuMemFree_v2) {
+            d->cuMemFree_v2(pk.marks);
+            d->cuMemFree_v2(pk.rows);
+        }
+        if (d->cuModuleUnload)
+            d->cuModuleUnload(pk.mod);
+    }
+    pthread_mutex_unlock(&pk.lock);
+}
+
+void wo_picks_atfork_child(void)
+{
+    pthread_mutex_init(&pk.lock, NULL);
+    wo_picks_reset();
+}
+
+void wo_picks_reset(void)
+{
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned i = 0; i < pk.n; i++)
+        free(pk.s[i].name);
+    free(pk.s);
+    pk.s = NULL;
+    pk.n = 0;
+    memset(pk.st, 0, sizeof(pk.st));
+    pk.ctx = NULL;
+    pk.mod = NULL;
+    pk.ready = pk.broken = pk.said_on = pk.said_fail = false;
+    pk.marks = pk.rows = 0;
+    pk.rows_host = NULL;
+    pk.side = NULL;
+    pk.last_refresh_ns = 0;
+    pk.tick = 0;
+    pk.bytes = 0;
+    pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
+    pk.whole_bytes = 0;
+    memset(wo_picks_ids, 0, sizeof(wo_picks_ids));
+    __atomic_store_n(&wo_picks_any, 0, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&pk.lock);
+}

@@ -1,0 +1,100 @@
+/* uvm/picks.h: picked staging, the executor that moves only the experts a
+ * mixture-of-experts router picked (issue 42).
+ *
+ * A fine-grained MoE layer (128-384 experts, top-8) reads a few experts of
+ * a stacked expert tensor a step: at batch 8 about 40% of them, at batch 1
+ * about 6%. Reading the tensor in place over PCIe is slow (a GEMM's reads of
+ * host memory are small and repeated), and staging the whole tensor moves
+ * 2.5x the picked bytes at batch 8. Which experts a launch reads is known
+ * only on the device, in stream order: the router's top-k ids, written by an
+ * earlier kernel on the engine's stream.
+ *
+ * So the engine (its registration hook: python/woffload's experts hook,
+ * or woffload_moe_picks() in C) says, before the experts' launches, where
+ * those ids are: the expert tensor [experts, experts + bytes) of n_experts
+ * rows, and the ids (device memory, n_ids integers of 4 or 8 bytes). Each
+ * launch that reads that tensor from host or managed memory then gets, on
+ * its own stream and right before it:
+ *   - wo_picks_mark: marks[e] = gen for each id e (out-of-range ids skipped);
+ *   - wo_picks_copy: each marked row copied into a device buffer of the
+ *     stream, laid out as the tensor (the launch computes its own offsets);
+ * and runs with its pointers into the tensor moved into the buffer. Stream
+ * order makes it exact: the ids are those the launch reads, the rows it does
+ * not read are never looked at, and nothing waits on the host. A later
+ * launch of the same stream that reads the same tensor with the same
+ * registration reuses the buffer (transformers' eager experts loop: one
+ * launch per picked expert). Two buffers per stream (an MoE layer's gate/up
+ * and down tensors), each as large as the largest tensor staged.
+ *
+ * What the registration promises: until it is cleared (ids NULL) or
+ * replaced, the ids stay where they are and the launches that read the
+ * tensor only read it, and only the rows the ids name. Captured launches
+ * read in place (a graph replays later, past this hook). A copy hook that
+ * writes into the tensor drops the buffer's contents (wo_picks_note_write).
+ * Any failure (no device memory for a buffer, a driver refusal, another
+ * context, a global capture under way) reads in place: speed, never data.
+ *
+ * Thread safety: the launch hooks and the registration run on engine
+ * threads and share one mutex, taken only when a hit lies in a range that
+ * has a span (wo_picks_ids). */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/event.h"
+#include "uvm/hotpath.h"
+
+struct wo_driver;
+
+#define WO_PICKS_SPANS 1024u     /* expert tensors with picks, at most */
+#define WO_PICKS_EXPERTS 1024u   /* experts a tensor may have */
+#define WO_PICKS_STREAMS 8u      /* engine streams with buffers */
+#define WO_PICKS_BUFS 2u         /* buffers a stream */
+
+/* woffload_moe_picks (uvm/api.c checks the arguments). ids NULL clears. */
+int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids,
+                 uint64_t n_ids, unsigned id_bytes);
+
+/* Whether registry range (id, gen) holds a span: the streaming executor
+ * leaves it to this one (consumer thread; relaxed). */
+bool wo_picks_claims(uint32_t id, uint32_t gen);
+/* Device bytes the buffers hold (the budget ledger takes them off the
+ * planner's budget). Any thread. */
+uint64_t wo_picks_reserved(void);
+
+/* What the stats say (uvm/stats.c: "picks"). Per span: */
+struct wo_picks_figs {
+    const char *name; /* the tag's name at the tensor's start, NULL none */
+    unsigned n_experts;
+    uint64_t bytes;   /* the tensor's */
+    uint64_t regs;    /* registrations */
+    uint64_t staged;  /* marks and copies enqueued */
+    uint64_t reused;  /* launches that read a buffer a launch before them filled */
+    uint64_t rows;    /* rows the copies moved (read back from the device) */
+};
+/* ... and in all: */
+struct wo_picks_totals {
+    uint64_t spans, regs, staged, reused, rows, bytes_copied;
+    uint64_t whole_bytes;  /* what staging whole tensors would have moved */
+    uint64_t captured;     /* launches into a capture: read in place */
+    uint64_t failed;       /* launches read in place for a failure (no buffer, driver) */
+    uint64_t unused;       /* staged, then not launched with (parameters not rewritten) */
+    uint64_t writes;       /* copies that wrote into a span (its buffers made stale) */
+    uint64_t buffer_bytes; /* device bytes of the buffers */
+};
+/* Fills *t and calls fn for each span (under the picks lock: fn must not
+ * call back). The rows are as last read back from the device. */
+void wo_picks_report(struct wo_picks_totals *t,
+                     void (*fn)(void *ud, const struct wo_picks_figs *f), void *ud);
+/* The exit summary's line, or nothing when no span was staged. */
+void wo_picks_summary(void);
+/* Forgets everything without a driver call (exit after the summary, fork
+ * child, tests). */
+void wo_picks_reset(void);
+/* Frees the buffers and what the device side set up, with d (NULL: none;
+ * the process's work on them done: wo_uvm_reset, tests). */
+void wo_picks_free(const struct wo_driver *d);
+/* In a fork child: the lock made again (its holder may not have survived),
+ * then reset. */
+void wo_picks_atfork_child(void);
