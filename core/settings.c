@@ -52,6 +52,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "0 (measuring their cost only): the streaming executor does not check its slots for writes by launches before reusing them; a launch that writes a streamed weight then loses the write (docs/prefetch.md, Write checks)", OFF(write_checks), 0, 0},
     {"WOFFLOAD_LATE_BIND", WO_SETTING_BOOL, "0",
      "1 (experimental, not yet checked on a GPU): serve placeable allocations as VMM ranges re-backed at seal at the same address, instead of managed memory, so any tensor can still move when placement is decided (docs/placement.md, Late binding)", OFF(late_bind), 0, 0},
+    {"WOFFLOAD_PICKS", WO_SETTING_BOOL, "1",
+     "0: woffload_moe_picks does nothing (and the Python hook registers no experts hooks): expert tensors off the device are staged whole or read in place instead of only their picked rows (docs/placement.md, Picked experts)", OFF(picks), 0, 0},
     {"WOFFLOAD_RING_EVENTS", WO_SETTING_UINT_POW2, "16384",
      "capacity of the event ring (power of two); a full ring drops and counts (stats: ring)", OFF(ring_events), 1024, UINT64_C(1) << 24},
     {"WOFFLOAD_SCAN_WORDS", WO_SETTING_UINT, "512",

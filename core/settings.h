@@ -30,6 +30,7 @@ struct wo_settings {
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
+    bool picks;              /* WOFFLOAD_PICKS */
     int nerrors;             /* number of variables that had a bad value */
 };
 

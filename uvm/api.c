@@ -8,6 +8,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
+#include "core/settings.h"
 #include "uvm/picks.h"
 
 static void misuse(void)
@@ -255,6 +256,8 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
         return -EINVAL;
     }
     wo_uvm_ensure_init();
+    if (!wo_settings()->picks)
+        return 0; /* WOFFLOAD_PICKS=0 */
     r = wo_picks_set((uint64_t)(uintptr_t)experts, bytes, n_experts, (uint64_t)(uintptr_t)ids,
                      n_ids, id_bytes);
     if (r == -ENOENT || r == -ERANGE || r == -ENOSPC) {

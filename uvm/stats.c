@@ -313,7 +313,8 @@ static void json_body(struct sbuf *b)
     {
         struct wo_picks_totals pt;
 
-        sb_printf(b, ",\"picks\":{\"names\":{");
+        sb_printf(b, ",\"picks\":{\"enabled\":%s,\"names\":{",
+                  wo_settings()->picks ? "true" : "false");
         b->first = true;
         wo_picks_report(&pt, picks_name_json, b);
         sb_printf(b,

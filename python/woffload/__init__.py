@@ -24,7 +24,7 @@ import json
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 __all__ = [
     "available", "version", "tag", "tag_push", "tag_pop", "tag_scope",
@@ -71,6 +71,10 @@ def _load() -> Optional[ctypes.CDLL]:
     lib.woffload_seal.argtypes = []
     lib.woffload_stats.restype = ctypes.c_long
     lib.woffload_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    if hasattr(lib, "woffload_moe_picks"):
+        lib.woffload_moe_picks.restype = ctypes.c_int
+        lib.woffload_moe_picks.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint,
+                                           ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
     _lib = lib
     return lib
 
@@ -256,3 +260,93 @@ def tag_module(module: Any, prefix: str = "") -> TagReport:
         else:
             rep.errors[name] = r
     return rep
+
+
+def moe_picks(experts: Any, ids: Any) -> int:
+    """Tells the shim which experts of a stacked expert tensor the next
+    launches read: ``experts`` a CUDA tensor [n_experts, ...] (contiguous),
+    ``ids`` the router's top-k indices (a CUDA int32/int64 tensor, written
+    on the current stream). A tensor the policy placed off the device is then
+    read from a device buffer that holds only the picked rows (copied on the
+    launch's stream). Call moe_picks_clear() after the layer's launches.
+    Returns 0 or a negative errno (woffload.h: woffload_moe_picks)."""
+    lib = _load()
+    if lib is None or not hasattr(lib, "woffload_moe_picks"):
+        return -errno.ENOSYS
+    return int(lib.woffload_moe_picks(experts.data_ptr(), experts.numel() * experts.element_size(),
+                                      experts.shape[0], ids.data_ptr(), ids.numel(),
+                                      ids.element_size()))
+
+
+def moe_picks_clear(experts: Any) -> int:
+    """Ends moe_picks(): launches read the tensor as placed again."""
+    lib = _load()
+    if lib is None or not hasattr(lib, "woffload_moe_picks"):
+        return -errno.ENOSYS
+    return int(lib.woffload_moe_picks(experts.data_ptr(), experts.numel() * experts.element_size(),
+                                      experts.shape[0], None, 0, 0))
+
+
+def _stacked_experts(module: Any) -> List[Any]:
+    """The module's own parameters that are stacked expert tensors: CUDA,
+    contiguous, three dimensions or more, the first the experts."""
+    out = []
+    for p in module.parameters(recurse=False):
+        if getattr(p, "is_cuda", False) and p.dim() >= 3 and p.shape[0] > 1 and \
+                p.is_contiguous():
+            out.append(p)
+    return out
+
+
+def _ids_arg(args: Any, kwargs: Any) -> Optional[Any]:
+    """The router's picks among a forward's arguments: the first CUDA tensor
+    of an integer type (transformers' experts modules take
+    (hidden_states, top_k_index, top_k_weights))."""
+    for a in list(args) + list((kwargs or {}).values()):
+        if getattr(a, "is_cuda", False) and not a.is_floating_point() and \
+                not a.is_complex() and a.element_size() in (4, 8) and a.numel() > 0:
+            return a
+    return None
+
+
+def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
+    """Registers, on each module of ``model`` that holds stacked expert
+    tensors and is called with the router's picks (an integer CUDA tensor
+    argument), a forward pre-hook that hands those picks to the shim for its
+    expert tensors (moe_picks) and a forward hook that clears them. With
+    ``names``, only modules with a tensor of one of those full names (the
+    ones the policy placed off the device) are hooked. Returns the number of
+    modules hooked. The hooks cost one library call per tensor and forward."""
+    if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
+        return 0
+    model = getattr(model, "_orig_mod", model)
+    wanted = set(names) if names is not None else None
+    n = 0
+    for mname, mod in model.named_modules():
+        tensors = _stacked_experts(mod)
+        if wanted is not None:
+            tensors = [p for pname, p in mod.named_parameters(prefix=mname, recurse=False)
+                       if pname in wanted and any(p is t for t in tensors)]
+        if not tensors or getattr(mod, "_woffload_picks", None) is not None:
+            continue
+
+        def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors) -> None:
+            ids = _ids_arg(args, kwargs)
+            m._woffload_picks = ids
+            if ids is None:
+                return
+            for p in _t:
+                if moe_picks(p, ids) != 0:
+                    break
+
+        def post(m: Any, args: Any, kwargs: Any, output: Any, _t: List[Any] = tensors) -> None:
+            if m._woffload_picks is not None:
+                for p in _t:
+                    moe_picks_clear(p)
+                m._woffload_picks = None
+
+        mod._woffload_picks = None
+        mod.register_forward_pre_hook(pre, with_kwargs=True)
+        mod.register_forward_hook(post, with_kwargs=True, always_call=True)
+        n += 1
+    return n

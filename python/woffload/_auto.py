@@ -99,9 +99,29 @@ def _pre_hook(module: Any, args: Any) -> None:
         return
     _log(f"{type(module).__name__}: {rep}; seal: {'ok' if r == 0 else os.strerror(-r)}",
          "info" if r == 0 and not rep.errors else "warn")
+    if r == 0:
+        _hook_experts(module)
     if rep.errors:
         for name, err in list(rep.errors.items())[:5]:
             _log(f"  tag {name}: {os.strerror(-err)}", "warn")
+
+
+def _hook_experts(module: Any) -> None:
+    """Stacked expert tensors the policy put off the device are read as the
+    router picked them (woffload.hook_experts: only the picked rows cross
+    PCIe). WOFFLOAD_PICKS=0 leaves them to the streaming executor."""
+    try:
+        st = woffload.stats() or {}
+        if not st.get("picks", {}).get("enabled", False):
+            return
+        off = [n["name"] for n in st.get("names", [])
+               if n.get("placement") in ("host", "managed")]
+        n = woffload.hook_experts(module, off) if off else 0
+    except Exception as e:  # never break the engine
+        _log(f"expert picks hooks failed: {type(e).__name__}: {e}", "error")
+        return
+    if n:
+        _log(f"{n} expert modules hand their router's picks to the shim", "info")
 
 
 _is_compiling: Any = lambda: False

@@ -20,6 +20,18 @@ woffload-run with the automatic hook and a policy that streams:
                      trainer's weight sync): the reference run writes the
                      same; the write checks (uvm/stream-check.h) must keep
                      every write
+  moe-host-picks     the MoE, experts `host`, default mode, picked staging
+                     (uvm/picks.h: the hook hands each experts module's
+                     router ids to the shim; only picked rows are copied)
+  moe-managed-picks  the same, experts `managed` within half their bytes
+  moe-host-write-picks  moe-host-write with picked staging
+  moe128-host-picks  a fine-grained MoE (128 experts, top-8), experts `host`,
+                     picked staging
+
+The rows named for the streaming executor run with WOFFLOAD_PICKS=0 (the
+hook would otherwise take the experts from it); the -picks rows check that
+picked copies were made and none failed, and print the bytes they moved
+against whole tensors'.
 
 Checks: tokens identical to the reference in every call, whether or not
 a range was streamed; for moe-host-stream, launches were redirected into
@@ -50,6 +62,11 @@ MODELS = {
         num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
         num_experts=8, num_experts_per_tok=2, max_position_embeddings=1024,
         decoder_sparse_step=1, mlp_only_layers=[])),
+    "moe128": ("Qwen3MoeConfig", dict(
+        vocab_size=4096, hidden_size=1024, intermediate_size=2048, moe_intermediate_size=256,
+        num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, max_position_embeddings=1024,
+        decoder_sparse_step=1, mlp_only_layers=[])),
     "dense": ("LlamaConfig", dict(
         vocab_size=4096, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,
         num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=1024,
@@ -69,6 +86,14 @@ CASES = {
     "moe-managed-auto": ("moe", "version: 1\ndefault: device\ndevice_budget: 192MiB\n"
                          "prefetch: {mode: auto}\n"
                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
+    "moe-host-picks": ("moe", "version: 1\ndefault: device\n"
+                       "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe-managed-picks": ("moe", "version: 1\ndefault: device\ndevice_budget: 192MiB\n"
+                          "rules:\n  - {name: experts, match: experts, place: managed}\n"),
+    "moe-host-write-picks": ("moe+write", "version: 1\ndefault: device\n"
+                             "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-host-picks": ("moe128", "version: 1\ndefault: device\n"
+                          "rules:\n  - {name: experts, match: experts, place: host}\n"),
 }
 # (batch, new tokens), one generate call each, in this order: the executor
 # learns the step from the launch order first: the prefill's launches come
@@ -167,8 +192,10 @@ def main() -> int:
                 # found no step: the dense row on the H100 found none)
                 cmd += ["--trace", os.path.join(os.environ["WO_STREAM_TRACE_DIR"], f"{case}.wot")]
             cmd += ["--"] + me + [model]
-            got = gpucheck.result(cmd, env, must=False)
+            got = gpucheck.result(cmd, dict(env, WOFFLOAD_PICKS="1" if "picks" in case else "0"),
+                                  must=False)
             st = (got.get("stats") or {}).get("stream") or {}
+            pk = (got.get("stats") or {}).get("picks") or {}
             checks = {"ran to the end": "error" not in got}
             for i, (b, _) in enumerate(BATCHES):
                 mine, want = got.get("tokens", {}).get(f"{i}:{b}"), ref["tokens"][f"{i}:{b}"]
@@ -193,6 +220,13 @@ def main() -> int:
                     st.get("redirected", 0) > 0
                 checks[f"staging copies ({st.get('staged')}, {st.get('staged_bytes')} B)"] = \
                     st.get("staged", 0) > 0
+            if case.endswith("-picks"):
+                checks[f"picked copies ({pk.get('staged')} made, {pk.get('reused')} reused, "
+                       f"{pk.get('captured')} captured launches in place)"] = pk.get("staged", 0) > 0
+                checks[f"no picked copy failed ({pk.get('failed')})"] = pk.get("failed", 1) == 0
+                print(f"    picks: {pk.get('bytes_copied', 0) / 1e9:.3f} GB moved against "
+                      f"{pk.get('whole_bytes', 0) / 1e9:.3f} GB of whole tensors, "
+                      f"{pk.get('buffer_bytes', 0) >> 20} MiB of buffers")
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
                       f"streamed, {st.get('auto_backs')} back in place; {st.get('redirected')} launches "
@@ -202,7 +236,7 @@ def main() -> int:
                 if not ok:
                     failures.append(f"{case}: {what}")
             lines = got["stderr"].splitlines()
-            tail = [ln for ln in lines if ("stream" in ln or "rror" in ln) and "stream check" not in ln]
+            tail = [ln for ln in lines if ("stream" in ln or "picks" in ln or "rror" in ln) and "stream check" not in ln]
             print("\n".join("    " + ln for ln in tail[-12:]))
             print("\n".join("    " + ln for ln in [ln for ln in lines if "stream check" in ln][:40]))
             if not all(checks.values()):
