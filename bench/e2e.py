@@ -57,6 +57,14 @@ MODELS: Dict[str, Dict[str, Any]] = {
         num_hidden_layers=12, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         num_experts=8, num_experts_per_tok=2, max_position_embeddings=4096,
         decoder_sparse_step=1, mlp_only_layers=[])),
+    # issue 42: a fine-grained MoE, Qwen3-30B-A3B's layer shape (128 experts,
+    # top-8, expert width 768, hidden 2048) at 24 of its 48 layers: 27 GiB
+    # of experts, 1.13 GiB a layer
+    "moe128": dict(arch="Qwen3MoeConfig", cfg=dict(
+        vocab_size=32000, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+        num_experts=128, num_experts_per_tok=8, max_position_embeddings=4096,
+        decoder_sparse_step=1, mlp_only_layers=[])),
     "dense": dict(arch="LlamaConfig", cfg=dict(
         vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=4096)),
@@ -168,6 +176,19 @@ rules:
 version: 1
 default: device
 device_budget: 9GiB
+prefetch:
+  enabled: true
+rules:
+  - name: experts
+    match: experts
+    place: managed
+""",
+    "experts-managed-13g": """\
+# Every expert managed within a device budget of half the experts' bytes of
+# the 128-expert shape (13.5 GiB of 27).
+version: 1
+default: device
+device_budget: 13.5GiB
 prefetch:
   enabled: true
 rules:
@@ -429,6 +450,17 @@ SCENARIOS: List[Dict[str, Any]] = [
     *batch_rows("moe", "moe", ["experts-host-all", "experts-managed-half", "experts-host-stream",
                                "experts-managed-half-auto", "experts-host-all-hotset",
                                "experts-managed-half-hotset", "experts-managed-half-rm"]),
+    # issue 42: picked staging (the hook hands the router's ids to the shim,
+    # only the picked experts cross PCIe; the default) beside the same rows
+    # with it off (WOFFLOAD_PICKS=0: the streaming executor's `auto`), on the
+    # 128-expert shape
+    *batch_rows("moe128", "moe128", ["experts-host-all", "experts-managed-13g"]),
+    S("batchdef-moe128-shim-experts-host-all-nopicks", "moe128", batches=[1, 8, 32], prefill=0,
+      **BATCH, policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_PICKS": "0"}),
+    S("batchdef-moe128-shim-experts-managed-13g-nopicks", "moe128", batches=[1, 8, 32], prefill=0,
+      **BATCH, policy="experts-managed-13g", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_PICKS": "0"}),
     S("batchdef-moe-shim-experts-host-stream-s3", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-host-stream-s3", offload="experts:all", ref="batchdef-moe-gpu"),
     # auto decides after the stepper found the step (~26 steps of this

@@ -256,6 +256,6 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
  * rewritten): counted. */
 void wo_picks_unused(unsigned n);
 /* A copy hook writes [dst, dst + bytes) (wo_stream_note_write calls it
- * first): buffers holding rows of a span it
- * overlaps are stale (copied again at the next launch). Any thread. */
+ * first): buffers holding rows of a tensor it overlaps are stale (copied
+ * again at the next launch). Any thread. */
 void wo_picks_note_write(uint64_t dst, uint64_t bytes);
