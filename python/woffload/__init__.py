@@ -298,21 +298,45 @@ def _stacked_experts(module: Any) -> List[Any]:
     return out
 
 
-def _ids_arg(args: Any, kwargs: Any) -> Optional[Any]:
-    """The router's picks among a forward's arguments: the first CUDA tensor
-    of an integer type (transformers' experts modules take
-    (hidden_states, top_k_index, top_k_weights))."""
-    for a in list(args) + list((kwargs or {}).values()):
-        if getattr(a, "is_cuda", False) and not a.is_floating_point() and \
-                not a.is_complex() and a.element_size() in (4, 8) and a.numel() > 0:
-            return a
+# The names engines give the router's picks in an experts module's forward
+# (transformers: top_k_index; vLLM/SGLang fused MoE: topk_ids; Mixtral-style
+# blocks: selected_experts).
+_PICKS_PARAMS = ("top_k_index", "topk_ids", "topk_idx", "topk_indices", "selected_experts",
+                 "router_indices", "expert_indices", "routing_indices")
+
+
+def _picks_param(module: Any) -> Optional[Tuple[int, str]]:
+    """(position, name) of the forward parameter that carries the router's
+    picks, or None: a module is hooked only when its signature names them
+    (copying the rows of another integer tensor's values would leave the
+    launch reading rows that were never copied)."""
+    import inspect
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    for i, p in enumerate(params):
+        if p.name in _PICKS_PARAMS:
+            return i, p.name
+    return None
+
+
+def _ids_arg(args: Any, kwargs: Any, where: Tuple[int, str]) -> Optional[Any]:
+    """The picks tensor among a forward's arguments, when it is one the
+    shim can read: CUDA, an integer type of 4 or 8 bytes, contiguous."""
+    i, name = where
+    a = (kwargs or {}).get(name, args[i] if i < len(args) else None)
+    if getattr(a, "is_cuda", False) and not a.is_floating_point() and not a.is_complex() and \
+            a.element_size() in (4, 8) and a.numel() > 0 and a.is_contiguous():
+        return a
     return None
 
 
 def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
     """Registers, on each module of ``model`` that holds stacked expert
-    tensors and is called with the router's picks (an integer CUDA tensor
-    argument), a forward pre-hook that hands those picks to the shim for its
+    tensors and whose forward takes the router's picks (a parameter named
+    as engines name them: top_k_index, topk_ids, selected_experts, ...),
+    a forward pre-hook that hands those picks to the shim for its
     expert tensors (moe_picks) and a forward hook that clears them. With
     ``names``, only modules with a tensor of one of those full names (the
     ones the policy placed off the device) are hooked. Returns the number of
@@ -327,11 +351,15 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
         if wanted is not None:
             tensors = [p for pname, p in mod.named_parameters(prefix=mname, recurse=False)
                        if pname in wanted and any(p is t for t in tensors)]
-        if not tensors or getattr(mod, "_woffload_picks", None) is not None:
+        if not tensors or hasattr(mod, "_woffload_picks"):
+            continue
+        where = _picks_param(mod)
+        if where is None:
             continue
 
-        def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors) -> None:
-            ids = _ids_arg(args, kwargs)
+        def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
+                _w: Tuple[int, str] = where) -> None:
+            ids = _ids_arg(args, kwargs, _w)
             m._woffload_picks = ids
             if ids is None:
                 return
