@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""The python hook's picked-staging side (woffload.hook_experts, moe_picks)
+under the preloaded shim and the fake driver, with stand-ins for torch's
+tensors and modules (CI has no torch): which modules it hooks, which
+argument it hands the shim, and what the shim then counts.
+
+    python3 tests/test-python-picks.py LIBWOFFLOAD FAKE_DIR
+
+It re-runs itself under LD_PRELOAD with a policy that puts the experts on
+the host, once with WOFFLOAD_PICKS unset and once with WOFFLOAD_PICKS=0.
+"""
+import ctypes
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+E, ROW = 8, 4096
+
+
+class T:
+    """A tensor stand-in over a fake-device pointer."""
+
+    def __init__(self, ptr, shape, elem=2, floating=True, cuda=True, contiguous=True):
+        self.ptr, self.shape, self.elem = ptr, tuple(shape), elem
+        self.floating, self.is_cuda, self.contiguous = floating, cuda, contiguous
+
+    def data_ptr(self):
+        return self.ptr
+
+    def numel(self):
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    def element_size(self):
+        return self.elem
+
+    def dim(self):
+        return len(self.shape)
+
+    def is_contiguous(self):
+        return self.contiguous
+
+    def is_floating_point(self):
+        return self.floating
+
+    def is_complex(self):
+        return False
+
+
+class Module:
+    """What hook_experts uses of torch.nn.Module."""
+
+    def __init__(self, params=None, children=None):
+        self._params = params or {}
+        self._children = children or {}
+        self.pre, self.post = [], []
+
+    def named_modules(self, prefix=""):
+        yield prefix, self
+        for n, c in self._children.items():
+            yield from c.named_modules(f"{prefix}.{n}" if prefix else n)
+
+    def parameters(self, recurse=True):
+        return list(self._params.values())
+
+    def named_parameters(self, prefix="", recurse=True):
+        for n, p in self._params.items():
+            yield (f"{prefix}.{n}" if prefix else n), p
+
+    def register_forward_pre_hook(self, fn, with_kwargs=False):
+        assert with_kwargs
+        self.pre.append(fn)
+
+    def register_forward_hook(self, fn, with_kwargs=False, always_call=False):
+        assert with_kwargs and always_call
+        self.post.append(fn)
+
+    def call(self, *args, **kwargs):
+        for f in self.pre:
+            f(self, args, kwargs)
+        for f in self.post:
+            f(self, args, kwargs, None)
+
+
+class Experts(Module):
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        pass
+
+
+class NotExperts(Module):
+    def forward(self, x, position_ids):
+        pass
+
+
+def child():
+    sys.path.insert(0, os.path.join(SRC, "python"))
+    import woffload
+
+    cu = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    assert cu.cuInit(0) == 0
+    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
+    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
+    assert cu.cuCtxSetCurrent(ctx) == 0
+
+    def alloc(name, size):
+        p = ctypes.c_uint64()
+        if name:
+            assert woffload.tag_push(name) == 0
+        assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)) == 0
+        if name:
+            assert woffload.tag_pop() == 0
+        return p.value
+
+    base = "model.layers.0.mlp.experts."
+    gu = T(alloc(base + "gate_up_proj", E * ROW), (E, ROW // 4, 2))
+    dn = T(alloc(base + "down_proj", E * ROW), (E, 2, ROW // 4))
+    other = T(alloc("model.layers.0.other.stacked", E * ROW), (E, ROW // 4, 2))
+    ondev = T(alloc("model.layers.1.mlp.experts.gate_up_proj", E * ROW), (E, ROW // 4, 2))
+    ids = T(alloc(None, 64), (4, 2), elem=8, floating=False)
+    assert woffload.seal() == 0
+
+    experts = Experts({"gate_up_proj": gu, "down_proj": dn})
+    wrong = NotExperts({"stacked": other})
+    resident = Experts({"gate_up_proj": ondev})
+    model = Module(children={"model": Module(children={"layers": Module(children={
+        "0": Module(children={"mlp": Module(children={"experts": experts}),
+                              "other": wrong}),
+        "1": Module(children={"mlp": Module(children={"experts": resident})})})})})
+    st = woffload.stats()
+    off = [n["name"] for n in st["names"] if n["placement"] in ("host", "managed")]
+    hooked = woffload.hook_experts(model, off)
+    experts.call(T(0, (4, 16)), ids, T(0, (4, 2)))            # positional
+    experts.call(T(0, (4, 16)), top_k_index=ids, top_k_weights=T(0, (4, 2)))  # keyword
+    experts.call(T(0, (4, 16)), T(ids.ptr, (4, 2)), T(0, (4, 2)))  # float picks: none
+    st = woffload.stats()
+    pk = st["picks"]
+    print("RESULT " + json.dumps({
+        "off": sorted(off), "hooked": hooked,
+        "enabled": pk["enabled"],
+        "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre)],
+        "regs": {k: v["registrations"] for k, v in pk["names"].items()},
+        "misuse": woffload.moe_picks(T(0x10, (E, 2, 2)), ids)}), flush=True)
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child()
+        return 0
+    lib, fake = sys.argv[1], sys.argv[2]
+    failures = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        pol = os.path.join(tmp, "p.yaml")
+        with open(pol, "w") as f:
+            f.write("version: 1\ndefault: device\nrules:\n"
+                    "  - {name: experts, match: [layers.0], place: host}\n")
+        for picks in ("1", "0"):
+            env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake, WOFFLOAD_POLICY=pol,
+                       WOFFLOAD_LOG="info", WOFFLOAD_PICKS=picks,
+                       ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
+                               capture_output=True, text=True, env=env, timeout=120)
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+            if p.returncode != 0 or not lines:
+                print(p.stdout + p.stderr)
+                print(f"FAIL: WOFFLOAD_PICKS={picks}: the child exited {p.returncode}")
+                failures += 1
+                continue
+            r = json.loads(lines[0][7:])
+            on = picks == "1"
+            g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
+            checks = {
+                "the host-placed tensors are the ones off the device":
+                    r["off"] == sorted([g, d, "model.layers.0.other.stacked"]),
+                "picks.enabled follows WOFFLOAD_PICKS": r["enabled"] == on,
+                # the experts module only: the other one's forward names no
+                # picks, the third's tensor is on the device
+                "one module hooked": r["hooked"] == (1 if on else 1) and r["hooks"] == [1, 0, 0],
+                # two calls with picks (set + clear each), one with float
+                # "picks" (nothing); none when off
+                "registrations per tensor": r["regs"] == ({g: 4, d: 4} if on else {}),
+                "an unknown pointer: -ENOENT (picks on), 0 (off)":
+                    r["misuse"] == (-2 if on else 0),
+            }
+            for what, ok in checks.items():
+                print(f"{'ok' if ok else 'FAIL'}: WOFFLOAD_PICKS={picks}: {what}")
+                if not ok:
+                    print(f"    got {r}")
+                    failures += 1
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
