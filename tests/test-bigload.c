@@ -27,6 +27,7 @@
  *         pinned, and fit can only choose among experts; late bound
  *         (fitlate, WOFFLOAD_LATE_BIND=1) every weight can still move at
  *         seal, and fit puts attention on the device.
+ * Arguments: the scenarios to run (default: all of them).
  * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
 #include <dlfcn.h>
 #include <errno.h>
@@ -225,6 +226,18 @@ static void dump_on_failure(int before, const char *what, const char *stats, con
         fprintf(stderr, "--- %s: stats:\n%s\n--- stderr:\n%s\n", what, stats, err);
 }
 
+/* Whether scenario name runs: every one without arguments, else those
+ * named (ThreadSanitizer runs three: meson.build says why). */
+static bool want(int argc, char **argv, const char *name)
+{
+    if (argc < 2)
+        return true;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return true;
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     static const char cap_policy[] = "version: 1\n"
@@ -257,7 +270,6 @@ int main(int argc, char **argv)
     const char *s;
     int rc, f0;
 
-    (void)argc;
     if ((s = getenv("WO_BIGLOAD_CHILD")))
         return child(s);
     if (!getenv("LD_PRELOAD")) {
@@ -267,149 +279,171 @@ int main(int argc, char **argv)
 
     /* cap: at most 896 MiB of managed memory (1 GiB free less the margin);
      * the engine's writes land on the device and count against free too. */
-    f0 = failures;
-    rc = run(argv, "cap", cap_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"managed_cap\":{\"margin\":134217728") != NULL);
-    CHECK(strstr(stats, "\"failed\":0") != NULL);
-    CHECK(strstr(stats, "\"passed\":13,") != NULL); /* 12 window + the scope */
-    CHECK(strstr(stats, "\"pinned\":24,") != NULL);
-    CHECK(strstr(err, "managed memory would pass the free device memory") != NULL);
-    CHECK(strstr(err, "seal: managed cap") != NULL);
-    CHECK(strstr(err, "pinning host memory:") != NULL);
-    CHECK(strstr(err, "seal took") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") != NULL); /* the negative control only */
-    {
-        /* min_headroom never negative: the invariant, from the shim's books */
-        const char *h = strstr(stats, "\"min_headroom\":");
-        CHECK(h && h[15] != '-' && strncmp(h + 15, "null", 4) != 0);
+    if (want(argc, argv, "cap")) {
+        f0 = failures;
+        rc = run(argv, "cap", cap_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"managed_cap\":{\"margin\":134217728") != NULL);
+        CHECK(strstr(stats, "\"failed\":0") != NULL);
+        CHECK(strstr(stats, "\"passed\":13,") != NULL); /* 12 window + the scope */
+        CHECK(strstr(stats, "\"pinned\":24,") != NULL);
+        CHECK(strstr(err, "managed memory would pass the free device memory") != NULL);
+        CHECK(strstr(err, "seal: managed cap") != NULL);
+        CHECK(strstr(err, "pinning host memory:") != NULL);
+        CHECK(strstr(err, "seal took") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") != NULL); /* the negative control only */
+        {
+            /* min_headroom never negative: the invariant, from the shim's books */
+            const char *h = strstr(stats, "\"min_headroom\":");
+            CHECK(h && h[15] != '-' && strncmp(h + 15, "null", 4) != 0);
+        }
+        dump_on_failure(f0, "cap", stats, err);
     }
-    dump_on_failure(f0, "cap", stats, err);
 
     /* nopin: pinning fails as well: past the cap the engine's own calls
      * allocate device memory, and the load still completes bit-exact. */
-    f0 = failures;
-    {
-        static const char *const env[] = {"WOFAKE_FAIL=cuMemHostAlloc:*:2,cuMemHostRegister_v2:*:2",
-                                          NULL};
-        rc = run(argv, "nopin", cap_policy, env, stats, sizeof(stats), err, sizeof(err));
+    if (want(argc, argv, "nopin")) {
+        f0 = failures;
+        {
+            static const char *const env[] = {
+                "WOFAKE_FAIL=cuMemHostAlloc:*:2,cuMemHostRegister_v2:*:2", NULL};
+            rc = run(argv, "nopin", cap_policy, env, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+        CHECK(strstr(stats, "\"failed\":4,") != NULL);
+        CHECK(strstr(err, "no room for managed memory and pinning") != NULL);
+        CHECK(strstr(err, "ulimit -l") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "nopin", stats, err);
     }
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"pinned\":0,") != NULL);
-    CHECK(strstr(stats, "\"failed\":4,") != NULL);
-    CHECK(strstr(err, "no room for managed memory and pinning") != NULL);
-    CHECK(strstr(err, "ulimit -l") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    dump_on_failure(f0, "nopin", stats, err);
 
     /* fit: window memory is advised to the host before the engine writes
      * it, so the free memory stays 1 GiB and 14 weights (896 MiB) are
      * managed, the rest pinned. Seal keeps attention on the device first. */
-    f0 = failures;
-    rc = run(argv, "fit", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"fit\":{") != NULL);
-    CHECK(strstr(err, "fit:") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    {
-        /* every attention weight that is managed is on the device, and no
-         * expert is while an attention weight is not */
-        const char *e = strstr(stats, "{\"name\":\"model.layers.0.self_attn.qkv_proj.weight\"");
-        CHECK(e && strstr(e, "\"placement\":\"device\""));
-        e = strstr(stats, "{\"name\":\"model.layers.0.mlp.experts.gate_up_proj\"");
-        CHECK(e && strstr(e, "\"placement\":\"host\""));
-        e = strstr(stats, "{\"name\":\"model.layers.5.self_attn.qkv_proj.weight\"");
-        CHECK(e && strstr(e, "\"placement\":\"device\""));
-        e = strstr(stats, "{\"name\":\"model.layers.6.self_attn.qkv_proj.weight\"");
-        CHECK(e && strstr(e, "\"placement\":\"host\"")); /* pinned by the cap */
-        CHECK(strstr(stats, "\"device_bytes\":201326592") != NULL);
-        CHECK(strstr(stats, "\"pinned\":36,") != NULL);
-        CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
+    if (want(argc, argv, "fit")) {
+        f0 = failures;
+        rc = run(argv, "fit", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"fit\":{") != NULL);
+        CHECK(strstr(err, "fit:") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        {
+            /* every attention weight that is managed is on the device, and no
+             * expert is while an attention weight is not */
+            const char *e = strstr(stats, "{\"name\":\"model.layers.0.self_attn.qkv_proj.weight\"");
+            CHECK(e && strstr(e, "\"placement\":\"device\""));
+            e = strstr(stats, "{\"name\":\"model.layers.0.mlp.experts.gate_up_proj\"");
+            CHECK(e && strstr(e, "\"placement\":\"host\""));
+            e = strstr(stats, "{\"name\":\"model.layers.5.self_attn.qkv_proj.weight\"");
+            CHECK(e && strstr(e, "\"placement\":\"device\""));
+            e = strstr(stats, "{\"name\":\"model.layers.6.self_attn.qkv_proj.weight\"");
+            CHECK(e && strstr(e, "\"placement\":\"host\"")); /* pinned by the cap */
+            CHECK(strstr(stats, "\"device_bytes\":201326592") != NULL);
+            CHECK(strstr(stats, "\"pinned\":36,") != NULL);
+            CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
+        }
+        dump_on_failure(f0, "fit", stats, err);
     }
-    dump_on_failure(f0, "fit", stats, err);
 
     /* fitstream: fit with streaming asked for keeps room for two staging
      * slots of the largest weight it may send off the device (32 MiB):
      * budget 416 MiB (928 MiB less the 512 MiB blocker), 64 MiB of it for
      * the slots, so 11 of the 12 managed weights stay on the device, not
      * all 12 (384 MiB) as without streaming. */
-    f0 = failures;
-    rc = run(argv, "fitstream", fit_stream_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"staging_bytes\":67108864,") != NULL);
-    CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
-    CHECK(strstr(err, "64.00 MiB for staging slots") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    dump_on_failure(f0, "fitstream", stats, err);
+    if (want(argc, argv, "fitstream")) {
+        f0 = failures;
+        rc =
+            run(argv, "fitstream", fit_stream_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"staging_bytes\":67108864,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
+        CHECK(strstr(err, "64.00 MiB for staging slots") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitstream", stats, err);
+    }
 
     /* fitauto: the same budget with no prefetch mode named: fit runs auto,
      * which may stream, so it keeps room for the default four slots (128
      * MiB of the 416): 9 weights on the device, and the room lent */
-    f0 = failures;
-    rc = run(argv, "fitauto", fit_auto_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"staging_bytes\":134217728,") != NULL);
-    CHECK(strstr(stats, "\"device_bytes\":301989888,") != NULL);
-    CHECK(strstr(err, "128.00 MiB for staging slots") != NULL);
-    /* the staging room lent: the three managed weights fit left on the
-     * host become managed, for the prefetcher to hold while the slots are
-     * empty (the other 36 are pinned: they cannot move) */
-    CHECK(strstr(stats, "\"lent_bytes\":100663296}") != NULL);
-    CHECK(strstr(err, "lent to 96.00 MiB of managed weights") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    dump_on_failure(f0, "fitauto", stats, err);
+    if (want(argc, argv, "fitauto")) {
+        f0 = failures;
+        rc = run(argv, "fitauto", fit_auto_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"staging_bytes\":134217728,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":301989888,") != NULL);
+        CHECK(strstr(err, "128.00 MiB for staging slots") != NULL);
+        /* the staging room lent: the three managed weights fit left on the
+         * host become managed, for the prefetcher to hold while the slots are
+         * empty (the other 36 are pinned: they cannot move) */
+        CHECK(strstr(stats, "\"lent_bytes\":100663296}") != NULL);
+        CHECK(strstr(err, "lent to 96.00 MiB of managed weights") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitauto", stats, err);
+    }
 
     /* fitreserve: the budget is 448 MiB (the 512 MiB the blocker leaves
      * free, less keep_free). The default reserve (256 MiB) for what the
      * engine allocates after seal is held to half of it, 224 MiB, so the
      * weights get 224 MiB: 7 of the 32 MiB weights, not the 12 (384 MiB)
      * that fit without a reserve. Given as 96 MiB, 11 of them. */
-    f0 = failures;
-    rc = run(argv, "fitreserve", fit_reserve_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"budget\":469762048,") != NULL);
-    CHECK(strstr(stats, "\"reserve_bytes\":234881024,") != NULL);
-    CHECK(strstr(stats, "\"device_bytes\":234881024,") != NULL);
-    CHECK(strstr(err, "224.00 MiB of it kept for what the engine allocates after seal") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    dump_on_failure(f0, "fitreserve", stats, err);
-    f0 = failures;
-    rc = run(argv, "fitreserve96", fit_reserve96_policy, NULL, stats, sizeof(stats), err,
-             sizeof(err));
-    CHECK(rc == 0);
-    CHECK(strstr(stats, "\"reserve_bytes\":100663296,") != NULL);
-    CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
-    dump_on_failure(f0, "fitreserve96", stats, err);
+    if (want(argc, argv, "fitreserve")) {
+        f0 = failures;
+        rc = run(argv, "fitreserve", fit_reserve_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"budget\":469762048,") != NULL);
+        CHECK(strstr(stats, "\"reserve_bytes\":234881024,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":234881024,") != NULL);
+        CHECK(strstr(err, "224.00 MiB of it kept for what the engine allocates after seal") !=
+              NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitreserve", stats, err);
+    }
+    if (want(argc, argv, "fitreserve96")) {
+        f0 = failures;
+        rc = run(argv, "fitreserve96", fit_reserve96_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"reserve_bytes\":100663296,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
+        dump_on_failure(f0, "fitreserve96", stats, err);
+    }
 
     /* fitfirst: the fit policy, the 12 experts loaded first: the 12 weights
      * managed memory takes before the cap are the experts, attention is pinned,
      * and fit puts six experts on the device: the order bytes came in
      * decided, not their value. */
-    f0 = failures;
-    rc = run(argv, "fitfirst", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
-    CHECK(rc == 0);
-    CHECK(on_device(stats, "self_attn") == 0);
-    CHECK(on_device(stats, "experts") == 6);
-    dump_on_failure(f0, "fitfirst", stats, err);
+    if (want(argc, argv, "fitfirst")) {
+        f0 = failures;
+        rc = run(argv, "fitfirst", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 0);
+        CHECK(on_device(stats, "experts") == 6);
+        dump_on_failure(f0, "fitfirst", stats, err);
+    }
 
     /* fitlate: the same, late bound. The first 10 weights (experts) are
      * backed on the device while 192 MiB (margin and keep_free) stay free,
      * the rest on the host; at seal fit chooses six attention weights
      * (192 MiB: 704 MiB less the 512 MiB blocker) and the experts go to the
      * host, every byte read back after the re-backing. */
-    f0 = failures;
-    {
-        static const char *const env[] = {"WOFFLOAD_LATE_BIND=1", NULL};
-        rc = run(argv, "fitlate", fit_policy, env, stats, sizeof(stats), err, sizeof(err));
+    if (want(argc, argv, "fitlate")) {
+        f0 = failures;
+        {
+            static const char *const env[] = {"WOFFLOAD_LATE_BIND=1", NULL};
+            rc = run(argv, "fitlate", fit_policy, env, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 6);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"ranges\":24,\"fallbacks\":0,") !=
+              NULL);
+        CHECK(strstr(stats, "\"device_bytes\":201326592,") != NULL);
+        CHECK(strstr(stats, "\"failures\":0}") != NULL);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitlate", stats, err);
     }
-    CHECK(rc == 0);
-    CHECK(on_device(stats, "self_attn") == 6);
-    CHECK(on_device(stats, "experts") == 0);
-    CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"ranges\":24,\"fallbacks\":0,") != NULL);
-    CHECK(strstr(stats, "\"device_bytes\":201326592,") != NULL);
-    CHECK(strstr(stats, "\"failures\":0}") != NULL);
-    CHECK(strstr(stats, "\"pinned\":0,") != NULL);
-    CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-    dump_on_failure(f0, "fitlate", stats, err);
     return failures ? 1 : 0;
 }

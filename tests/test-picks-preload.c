@@ -35,9 +35,9 @@
 #include "fakecuda.h"
 #include "preload-check.h"
 
-#define E 16                  /* experts */
-#define ROW0 (64u << 10)      /* tensor 0's row: gate/up */
-#define ROW1 (32u << 10)      /* tensor 1's row: down */
+#define E 16             /* experts */
+#define ROW0 (64u << 10) /* tensor 0's row: gate/up */
+#define ROW1 (32u << 10) /* tensor 1's row: down */
 #define TOKENS 2
 #define TOPK 2
 #define STEPS 12
@@ -181,14 +181,12 @@ static int child(void)
 
     /* misuse */
     CHECK(picks(NULL, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -EINVAL);
-    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0 - 1, E, (void *)(uintptr_t)ids, 4, 8) ==
-          -EINVAL);
+    CHECK(picks((void *)(uintptr_t)w[0], E * ROW0 - 1, E, (void *)(uintptr_t)ids, 4, 8) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 4, 3) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, 0, (void *)(uintptr_t)ids, 4, 8) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 0, 8) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)0x10, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ENOENT);
-    CHECK(picks((void *)(uintptr_t)w[0], 2 * E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) ==
-          -ERANGE);
+    CHECK(picks((void *)(uintptr_t)w[0], 2 * E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ERANGE);
 
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
@@ -208,14 +206,12 @@ static int child(void)
                     distinct_rows++;
                 }
             }
-            CHECK(p_cuMemcpyHtoD(ids, t ? (void *)id32 : (void *)id64, n * width) ==
-                  CUDA_SUCCESS);
+            CHECK(p_cuMemcpyHtoD(ids, t ? (void *)id32 : (void *)id64, n * width) == CUDA_SUCCESS);
             CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n,
                         (unsigned)width) == 0);
             for (int rep = 0; rep < 2; rep++) {
                 uint64_t before = moved_reads;
-                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
-                      CUDA_SUCCESS);
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 CHECK(moved_reads == before + 1);
                 CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
@@ -227,8 +223,7 @@ static int child(void)
                     if (e < 0)
                         e = 0;
                     memset(host[t] + e * row, 0x5a, 64);
-                    CHECK(p_cuMemcpyHtoD(w[t] + e * row, host[t] + e * row, 64) ==
-                          CUDA_SUCCESS);
+                    CHECK(p_cuMemcpyHtoD(w[t] + e * row, host[t] + e * row, 64) == CUDA_SUCCESS);
                     for (int k = 0; k < TOKENS * TOPK; k++) {
                         int64_t x = t ? id32[k] : id64[k];
                         ref[k] = x >= 0 && x < E ? hash(host[t] + x * row, row) : 0;
@@ -242,8 +237,7 @@ static int child(void)
                 CUgraphExec ge;
                 uint64_t before = inplace_reads;
                 CHECK(p_cuBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
-                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
-                      CUDA_SUCCESS);
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuEndCapture(s, &g) == CUDA_SUCCESS);
                 CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
                 CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
@@ -255,8 +249,7 @@ static int child(void)
             CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
             {
                 uint64_t before = inplace_reads;
-                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
-                      CUDA_SUCCESS);
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 CHECK(inplace_reads == before + 1);
                 CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
@@ -299,7 +292,8 @@ static int child(void)
         long long rows = json_num(js, "},\"tensors\":", "\"rows\":");
         long long copied = json_num(js, "},\"tensors\":", "\"bytes_copied\":");
         long long whole = json_num(js, "},\"tensors\":", "\"whole_bytes\":");
-        CHECK(rows >= (long long)distinct_rows && rows <= (long long)distinct_rows + 2 * TOPK * TOKENS);
+        CHECK(rows >= (long long)distinct_rows &&
+              rows <= (long long)distinct_rows + 2 * TOPK * TOKENS);
         CHECK(copied > 0 && copied * 3 < whole); /* <= 4 of 16 rows a copy */
         CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") > 0);
     }
@@ -324,8 +318,8 @@ int main(int argc, char **argv)
         int fd = mkstemp(pol), st = 0;
         pid_t pid;
 
-        CHECK(fd >= 0 && write(fd, policies[i], strlen(policies[i])) ==
-                             (ssize_t)strlen(policies[i]));
+        CHECK(fd >= 0 &&
+              write(fd, policies[i], strlen(policies[i])) == (ssize_t)strlen(policies[i]));
         close(fd);
         pid = fork();
         if (pid == 0) {

@@ -26,15 +26,15 @@ int wo_picks_any;
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
 
 struct span {
-    uint64_t lo, hi;         /* the tensor: [lo, hi) */
-    uint64_t off;            /* lo - its registry range's base */
-    uint64_t row;            /* (hi - lo) / n_experts */
-    uint32_t rid, rgen;      /* its registry range */
+    uint64_t lo, hi;    /* the tensor: [lo, hi) */
+    uint64_t off;       /* lo - its registry range's base */
+    uint64_t row;       /* (hi - lo) / n_experts */
+    uint32_t rid, rgen; /* its registry range */
     unsigned n_experts;
-    bool offdev;             /* host or managed: staged; on the device: left alone */
-    uint64_t ids, n_ids;     /* the registration now; ids 0: none */
+    bool offdev;         /* host or managed: staged; on the device: left alone */
+    uint64_t ids, n_ids; /* the registration now; ids 0: none */
     unsigned width;
-    uint32_t seq;            /* registrations and writes: a buffer holds one seq's rows */
+    uint32_t seq; /* registrations and writes: a buffer holds one seq's rows */
     char *name;
     uint64_t regs, staged, reused;
 };
@@ -116,9 +116,9 @@ static char *describe(uint64_t addr, bool *offdev)
         /* pinned memory is host memory whatever the tag asked; managed
          * memory the planner keeps resident is still read over PCIe until
          * it is, and a copy from it is no slower than the launch's read */
-        *offdev = a->kind == WO_KIND_PINNED ||
-                  (a->kind != WO_KIND_OBSERVED &&
-                   (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
+        *offdev =
+            a->kind == WO_KIND_PINNED ||
+            (a->kind != WO_KIND_OBSERVED && (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     return name;
@@ -132,8 +132,8 @@ static int find_span(uint64_t lo, uint64_t hi)
     return -1;
 }
 
-int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids,
-                 uint64_t n_ids, unsigned id_bytes)
+int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
+                 unsigned id_bytes)
 {
     struct wo_range rg;
     struct span *s;
@@ -359,8 +359,8 @@ static void refresh(const struct wo_driver *d)
     if (t - pk.last_refresh_ns < REFRESH_NS)
         return;
     pk.last_refresh_ns = t;
-    (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)pk.rows_host, pk.rows,
-                           pk.n * sizeof(uint64_t), pk.side);
+    (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)pk.rows_host, pk.rows, pk.n * sizeof(uint64_t),
+                           pk.side);
 }
 
 /* Enqueues the mark and the copy of span i's picked rows into b on the
@@ -496,8 +496,8 @@ uint64_t wo_picks_reserved(void)
     return __atomic_load_n(&pk.bytes, __ATOMIC_RELAXED);
 }
 
-void wo_picks_report(struct wo_picks_totals *t,
-                     void (*fn)(void *ud, const struct wo_picks_figs *f), void *ud)
+void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struct wo_picks_figs *f),
+                     void *ud)
 {
     memset(t, 0, sizeof(*t));
     pthread_mutex_lock(&pk.lock);
@@ -536,12 +536,13 @@ void wo_picks_summary(void)
     wo_picks_report(&t, NULL, NULL);
     if (!t.staged && !t.reused)
         return;
-    wo_log_write(WO_LOG_OFF, "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
-            " launches reused one) moved %.2f GB of the %.2f GB whole tensors would have "
-            "(rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
-            " captured, %" PRIu64 " for a failure",
-            t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9, (double)t.whole_bytes / 1e9,
-            t.buffer_bytes >> 20, t.captured, t.failed);
+    wo_log_write(WO_LOG_OFF,
+                 "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
+                 " launches reused one) moved %.2f GB of the %.2f GB whole tensors would have "
+                 "(rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
+                 " captured, %" PRIu64 " for a failure",
+                 t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
+                 (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
 }
 
 void wo_picks_free(const struct wo_driver *d)

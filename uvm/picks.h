@@ -47,14 +47,14 @@
 
 struct wo_driver;
 
-#define WO_PICKS_SPANS 1024u     /* expert tensors with picks, at most */
-#define WO_PICKS_EXPERTS 1024u   /* experts a tensor may have */
-#define WO_PICKS_STREAMS 8u      /* engine streams with buffers */
-#define WO_PICKS_BUFS 2u         /* buffers a stream */
+#define WO_PICKS_SPANS 1024u   /* expert tensors with picks, at most */
+#define WO_PICKS_EXPERTS 1024u /* experts a tensor may have */
+#define WO_PICKS_STREAMS 8u    /* engine streams with buffers */
+#define WO_PICKS_BUFS 2u       /* buffers a stream */
 
 /* woffload_moe_picks (uvm/api.c checks the arguments). ids NULL clears. */
-int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids,
-                 uint64_t n_ids, unsigned id_bytes);
+int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
+                 unsigned id_bytes);
 
 /* Whether registry range (id, gen) holds a span: the streaming executor
  * leaves it to this one (consumer thread; relaxed). */
@@ -67,11 +67,11 @@ uint64_t wo_picks_reserved(void);
 struct wo_picks_figs {
     const char *name; /* the tag's name at the tensor's start, NULL none */
     unsigned n_experts;
-    uint64_t bytes;   /* the tensor's */
-    uint64_t regs;    /* registrations */
-    uint64_t staged;  /* marks and copies enqueued */
-    uint64_t reused;  /* launches that read a buffer a launch before them filled */
-    uint64_t rows;    /* rows the copies moved (read back from the device) */
+    uint64_t bytes;  /* the tensor's */
+    uint64_t regs;   /* registrations */
+    uint64_t staged; /* marks and copies enqueued */
+    uint64_t reused; /* launches that read a buffer a launch before them filled */
+    uint64_t rows;   /* rows the copies moved (read back from the device) */
 };
 /* ... and in all: */
 struct wo_picks_totals {
@@ -85,8 +85,8 @@ struct wo_picks_totals {
 };
 /* Fills *t and calls fn for each span (under the picks lock: fn must not
  * call back). The rows are as last read back from the device. */
-void wo_picks_report(struct wo_picks_totals *t,
-                     void (*fn)(void *ud, const struct wo_picks_figs *f), void *ud);
+void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struct wo_picks_figs *f),
+                     void *ud);
 /* The exit summary's line, or nothing when no span was staged. */
 void wo_picks_summary(void);
 /* Forgets everything without a driver call (exit after the summary, fork
