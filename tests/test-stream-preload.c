@@ -833,13 +833,24 @@ static void sized_run(char **argv, const char *mode, double resizes, double byte
     CHECK(strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)") != NULL);
 }
 
+/* Whether mode name runs: every one without arguments, else those named
+ * (ThreadSanitizer runs a few: meson.build says which and why). */
+static bool want(int argc, char **argv, const char *name)
+{
+    if (argc < 2)
+        return true;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return true;
+    return false;
+}
+
 int main(int argc, char **argv)
 {
     static char stats[1 << 17], log[1 << 17];
     const char *mode = getenv("WO_STREAM_CHILD"), *s, *e;
     double redirected, staged, steps, mult;
 
-    (void)argc;
     if (mode)
         return child(mode);
     if (!getenv("LD_PRELOAD")) {
@@ -848,264 +859,289 @@ int main(int argc, char **argv)
     }
 
     /* ---- stream ---- */
-    run(argv, "stream", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    CHECK(s != NULL);
-    redirected = num_after(s, "\"redirected\":");
-    staged = num_after(s, "\"staged_bytes\":");
-    steps = num_after(s, "\"steps\":");
-    printf("stream: %.0f redirected, %.0f bytes staged in %.0f steps (%.2f MiB a step), "
-           "%.0f captured, %.0f invalidated, %.0f in place with no slot, %.0f waited for "
-           "their copy (%.2f ms, %.0f ran out)\n",
-           redirected, staged, steps, steps > 0 ? staged / steps / MiB : 0,
-           num_after(s, "\"inplace_captured\":"), num_after(s, "\"invalidated\":"),
-           num_after(s, "\"inplace_no_slot\":"), num_after(s, "\"awaited\":"),
-           num_after(s, "\"await_ms\":"), num_after(s, "\"await_timeouts\":"));
-    /* about 2,100 of the 3,200 reads here; the rest find no slot ready
-     * when the executor (TSan, a loaded machine) falls behind the child's
-     * 0.3 ms a layer: a bound that holds there */
-    CHECK(redirected > STEPS * NR * READS / 8);
-    /* (1) once a step, not READS times: about the distinct bytes (NR MiB;
-     * the written range is read in place after the copy) */
-    CHECK(steps >= STEPS / 2);
-    CHECK(staged / steps <= 1.25 * NR * MiB && staged / steps >= 0.3 * NR * MiB);
-    CHECK(num_after(s, "\"inplace_captured\":") >= 1);
-    /* the ranges are managed memory (window-served host placements): each
-     * staged by the copy kernel (uvm/stream-copy.cu) until the worker made
-     * its pinned copy (uvm/stream-pin.c), then from that by the copy
-     * engine; the copy of the written range was retired */
-    e = strstr(s, "\"pinned_copies\":{");
-    printf("stream: %.0f staged, %.0f by the copy kernel, %.0f from pinned copies; %.0f copies "
-           "made, %.0f retired\n",
-           num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
-           num_after(s, "\"staged_pinned\":"), num_after(e, "\"made\":"),
-           num_after(e, "\"retired\":"));
-    CHECK(num_after(s, "\"staged\":") > 0 &&
-          num_after(s, "\"staged_by_kernel\":") + num_after(s, "\"staged_pinned\":") ==
-              num_after(s, "\"staged\":"));
-    CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 3);
-    CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
-    /* (3) the graph, (3c) the hand-built one and (3b) the NCCL-named kernel were blind launches:
-     * every pinned copy retired after the first (they may be older than
-     * their ranges), none made again, and the reads after each were right
-     * (the child checks) */
-    printf("stream: %.0f blind launches\n", num_after(s, "\"blind_launches\":"));
-    CHECK(num_after(s, "\"blind_launches\":") == 3);
-    CHECK(num_after(s, "\"blind_unfenced\":") == 0);
-    CHECK(num_after(e, "\"held\":") == 0 &&
-          num_after(e, "\"retired\":") == num_after(e, "\"made\":"));
-    CHECK(strstr(log, "pinned copies retired (docs/prefetch.md, Blind launches)") != NULL);
-    CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
-    CHECK(num_after(s, "\"invalidated\":") >= 0);
-    /* (4) every slot was checked before reuse; the one range 6's write
-     * reached was copied back (the child read the bytes back), and the
-     * range is read in place since */
-    printf("stream: %.0f slots checked for writes, %.0f written back\n",
-           num_after(s, "\"write_checks\":"), num_after(s, "\"written_back\":"));
-    CHECK(num_after(s, "\"write_checks\":") >= steps * (NR - 4));
-    printf("stream: %.0f assignments taken back by launches in place, %.0f fences not recorded\n",
-           num_after(s, "\"unpublished_inplace\":"), num_after(s, "\"fence_failed\":"));
-    /* the hooks make the fence when the slots have not yet */
-    CHECK(num_after(s, "\"fence_failed\":") == 0);
-    /* range 6 (its slot written), range 8 (written in place, found at its
-     * next staging copy's check) */
-    CHECK(num_after(s, "\"written_back\":") == 2);
-    CHECK(num_after(s, "\"unpublished_inplace\":") >= 1);
-    CHECK(strstr(log, "a launch wrote 'model.layers.8.mlp.experts.gate_up_proj' while it was "
-                      "streamed") != NULL);
-    CHECK(strstr(log, "a launch wrote 'model.layers.6.mlp.experts.gate_up_proj' while it was "
-                      "streamed") != NULL);
-    e = strstr(s, "\"model.layers.6.mlp.experts.gate_up_proj\":{");
-    CHECK(e && strstr(e, "\"streamed\":false") &&
-          strstr(e, "\"streamed\":false") < strstr(e, "\"written\":true"));
-    /* (5) read 4x a step: multiplicity ~4 per name */
-    e = strstr(s, "\"model.layers.5.mlp.experts.gate_up_proj\":{");
-    mult = num_after(e, "\"read_multiplicity\":");
-    CHECK(mult > 3.5 && mult < 4.5);
-    CHECK(e && strstr(e, "\"streamed\":true") && strstr(e, "\"placement\":\"host\""));
-    /* (6) a range with untagged bytes between its tags is never streamed */
-    e = strstr(s, "\"model.layers.99.mlp.experts.up\":{");
-    CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
-    CHECK(strstr(log, "'model.layers.99.mlp.experts.up': bytes no off-device tag names lie "
-                      "between its tags") != NULL);
-    /* ... and one whose tags are apart by less than an alignment is */
-    e = strstr(s, "\"model.layers.98.mlp.experts.up\":{");
-    CHECK(e && strstr(e, "\"streamed\":true"));
-    /* (2) the written range is no longer streamed */
-    e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
-    CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
-    CHECK(e && strncmp(strstr(e, "\"written\":") ?: "", "\"written\":true", 14) == 0);
-    CHECK(strstr(log, "stream: ") && strstr(log, "launches redirected"));
-    CHECK(strstr(log, "pinned_copies: auto}, the default, copies each once") == NULL); /* on here */
-    if (failures)
-        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    if (want(argc, argv, "stream")) {
+        run(argv, "stream", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        CHECK(s != NULL);
+        redirected = num_after(s, "\"redirected\":");
+        staged = num_after(s, "\"staged_bytes\":");
+        steps = num_after(s, "\"steps\":");
+        printf("stream: %.0f redirected, %.0f bytes staged in %.0f steps (%.2f MiB a step), "
+               "%.0f captured, %.0f invalidated, %.0f in place with no slot, %.0f waited for "
+               "their copy (%.2f ms, %.0f ran out)\n",
+               redirected, staged, steps, steps > 0 ? staged / steps / MiB : 0,
+               num_after(s, "\"inplace_captured\":"), num_after(s, "\"invalidated\":"),
+               num_after(s, "\"inplace_no_slot\":"), num_after(s, "\"awaited\":"),
+               num_after(s, "\"await_ms\":"), num_after(s, "\"await_timeouts\":"));
+        /* about 2,100 of the 3,200 reads here; the rest find no slot ready
+         * when the executor (TSan, a loaded machine) falls behind the child's
+         * 0.3 ms a layer: a bound that holds there */
+        CHECK(redirected > STEPS * NR * READS / 8);
+        /* (1) once a step, not READS times: about the distinct bytes (NR MiB;
+         * the written range is read in place after the copy) */
+        CHECK(steps >= STEPS / 2);
+        CHECK(staged / steps <= 1.25 * NR * MiB && staged / steps >= 0.3 * NR * MiB);
+        CHECK(num_after(s, "\"inplace_captured\":") >= 1);
+        /* the ranges are managed memory (window-served host placements): each
+         * staged by the copy kernel (uvm/stream-copy.cu) until the worker made
+         * its pinned copy (uvm/stream-pin.c), then from that by the copy
+         * engine; the copy of the written range was retired */
+        e = strstr(s, "\"pinned_copies\":{");
+        printf("stream: %.0f staged, %.0f by the copy kernel, %.0f from pinned copies; %.0f copies "
+               "made, %.0f retired\n",
+               num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
+               num_after(s, "\"staged_pinned\":"), num_after(e, "\"made\":"),
+               num_after(e, "\"retired\":"));
+        CHECK(num_after(s, "\"staged\":") > 0 &&
+              num_after(s, "\"staged_by_kernel\":") + num_after(s, "\"staged_pinned\":") ==
+                  num_after(s, "\"staged\":"));
+        CHECK(num_after(s, "\"staged_pinned\":") > num_after(s, "\"staged\":") / 3);
+        CHECK(num_after(e, "\"made\":") >= NR - 1 && num_after(e, "\"retired\":") >= 1);
+        /* (3) the graph, (3c) the hand-built one and (3b) the NCCL-named kernel were blind
+         * launches: every pinned copy retired after the first (they may be older than their
+         * ranges), none made again, and the reads after each were right (the child checks) */
+        printf("stream: %.0f blind launches\n", num_after(s, "\"blind_launches\":"));
+        CHECK(num_after(s, "\"blind_launches\":") == 3);
+        CHECK(num_after(s, "\"blind_unfenced\":") == 0);
+        CHECK(num_after(e, "\"held\":") == 0 &&
+              num_after(e, "\"retired\":") == num_after(e, "\"made\":"));
+        CHECK(strstr(log, "pinned copies retired (docs/prefetch.md, Blind launches)") != NULL);
+        CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
+        CHECK(num_after(s, "\"invalidated\":") >= 0);
+        /* (4) every slot was checked before reuse; the one range 6's write
+         * reached was copied back (the child read the bytes back), and the
+         * range is read in place since */
+        printf("stream: %.0f slots checked for writes, %.0f written back\n",
+               num_after(s, "\"write_checks\":"), num_after(s, "\"written_back\":"));
+        CHECK(num_after(s, "\"write_checks\":") >= steps * (NR - 4));
+        printf(
+            "stream: %.0f assignments taken back by launches in place, %.0f fences not recorded\n",
+            num_after(s, "\"unpublished_inplace\":"), num_after(s, "\"fence_failed\":"));
+        /* the hooks make the fence when the slots have not yet */
+        CHECK(num_after(s, "\"fence_failed\":") == 0);
+        /* range 6 (its slot written), range 8 (written in place, found at its
+         * next staging copy's check) */
+        CHECK(num_after(s, "\"written_back\":") == 2);
+        CHECK(num_after(s, "\"unpublished_inplace\":") >= 1);
+        CHECK(strstr(log, "a launch wrote 'model.layers.8.mlp.experts.gate_up_proj' while it was "
+                          "streamed") != NULL);
+        CHECK(strstr(log, "a launch wrote 'model.layers.6.mlp.experts.gate_up_proj' while it was "
+                          "streamed") != NULL);
+        e = strstr(s, "\"model.layers.6.mlp.experts.gate_up_proj\":{");
+        CHECK(e && strstr(e, "\"streamed\":false") &&
+              strstr(e, "\"streamed\":false") < strstr(e, "\"written\":true"));
+        /* (5) read 4x a step: multiplicity ~4 per name */
+        e = strstr(s, "\"model.layers.5.mlp.experts.gate_up_proj\":{");
+        mult = num_after(e, "\"read_multiplicity\":");
+        CHECK(mult > 3.5 && mult < 4.5);
+        CHECK(e && strstr(e, "\"streamed\":true") && strstr(e, "\"placement\":\"host\""));
+        /* (6) a range with untagged bytes between its tags is never streamed */
+        e = strstr(s, "\"model.layers.99.mlp.experts.up\":{");
+        CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
+        CHECK(strstr(log, "'model.layers.99.mlp.experts.up': bytes no off-device tag names lie "
+                          "between its tags") != NULL);
+        /* ... and one whose tags are apart by less than an alignment is */
+        e = strstr(s, "\"model.layers.98.mlp.experts.up\":{");
+        CHECK(e && strstr(e, "\"streamed\":true"));
+        /* (2) the written range is no longer streamed */
+        e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
+        CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
+        CHECK(e && strncmp(strstr(e, "\"written\":") ?: "", "\"written\":true", 14) == 0);
+        CHECK(strstr(log, "stream: ") && strstr(log, "launches redirected"));
+        CHECK(strstr(log, "pinned_copies: auto}, the default, copies each once") ==
+              NULL); /* on here */
+        if (failures)
+            fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    }
 
     /* ---- stream-sized: ranges of 1 and 0.5 MiB in turn: the slots are
      * resized from 3 x 1 MiB to 1, 1 and 0.5 MiB once a step's order is
      * known, and the small one back to 1 MiB once copies wrote every
      * half-MiB range (read in place since); every read bit-identical
      * through both (the child checks) ---- */
-    sized_run(argv, "stream-sized", 2, 3 * MiB, stats, sizeof(stats), log, sizeof(log));
-    {
-        const char *r =
-            strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)");
-        CHECK(r && strstr(r, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 1 MiB)"));
+    if (want(argc, argv, "stream-sized")) {
+        sized_run(argv, "stream-sized", 2, 3 * MiB, stats, sizeof(stats), log, sizeof(log));
+        {
+            const char *r =
+                strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)");
+            CHECK(r && strstr(r, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 1 MiB)"));
+        }
     }
 
     /* ---- stream-sized-refused: as stream-sized, but cuMemAlloc refuses
      * the small slot's growing back: it keeps 512 KiB (its old memory
      * allocated again), is not asked again, and the 1 MiB ranges are
      * staged in the two others; every read bit-identical ---- */
-    sized_run(argv, "stream-sized-refused", 1, 2 * MiB + MiB / 2, stats, sizeof(stats), log,
-              sizeof(log));
-    CHECK(said_once(log, "stream: staging slot 2: 1 MiB could not be allocated "
-                         "(CUDA_ERROR_OUT_OF_MEMORY): it keeps 512 KiB\n")); /* asked once */
-    CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
-    if (failures)
-        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    if (want(argc, argv, "stream-sized-refused")) {
+        sized_run(argv, "stream-sized-refused", 1, 2 * MiB + MiB / 2, stats, sizeof(stats), log,
+                  sizeof(log));
+        CHECK(said_once(log, "stream: staging slot 2: 1 MiB could not be allocated "
+                             "(CUDA_ERROR_OUT_OF_MEMORY): it keeps 512 KiB\n")); /* asked once */
+        CHECK(!strstr(log, "resized (1 MiB, 1 MiB, 1 MiB)"));
+        if (failures)
+            fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    }
 
     /* ---- stream-unfenced: a blind launch on another context's stream,
      * halfway: its fence cannot be recorded, so the executor stops
      * streaming (one warning); every read right before and after (the
      * child checks), range 10's new bytes read in place ---- */
-    run(argv, "stream-unfenced", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("stream-unfenced: %.0f blind launches, %.0f not fenced, %.0f redirected\n",
-           num_after(s, "\"blind_launches\":"), num_after(s, "\"blind_unfenced\":"),
-           num_after(s, "\"redirected\":"));
-    CHECK(num_after(s, "\"blind_launches\":") == 1);
-    CHECK(num_after(s, "\"blind_unfenced\":") == 1);
-    CHECK(said_once(log, "could not be fenced: nothing is streamed from now on"));
-    CHECK(strstr(log, "; one could not be fenced, and streaming stopped") != NULL);
-    e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
-    CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
-    if (failures)
-        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    if (want(argc, argv, "stream-unfenced")) {
+        run(argv, "stream-unfenced", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf("stream-unfenced: %.0f blind launches, %.0f not fenced, %.0f redirected\n",
+               num_after(s, "\"blind_launches\":"), num_after(s, "\"blind_unfenced\":"),
+               num_after(s, "\"redirected\":"));
+        CHECK(num_after(s, "\"blind_launches\":") == 1);
+        CHECK(num_after(s, "\"blind_unfenced\":") == 1);
+        CHECK(said_once(log, "could not be fenced: nothing is streamed from now on"));
+        CHECK(strstr(log, "; one could not be fenced, and streaming stopped") != NULL);
+        e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
+        CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);
+        if (failures)
+            fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+    }
 
     /* ---- stream, pinned copies asked for but every pin fails: one
      * warning, each range staged by the copy kernel instead, every read
      * bit-identical (the child checks), nothing held ---- */
-    run(argv, "stream-nopin", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    e = strstr(s ?: "", "\"pinned_copies\":{");
-    printf("stream-nopin: %.0f staged, %.0f by the kernel, %.0f from pinned copies; %.0f failed, "
-           "%.0f made\n",
-           num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
-           num_after(s, "\"staged_pinned\":"), num_after(e, "\"failed\":"),
-           num_after(e, "\"made\":"));
-    CHECK(num_after(s, "\"staged\":") > 0 &&
-          num_after(s, "\"staged_by_kernel\":") == num_after(s, "\"staged\":"));
-    CHECK(num_after(e, "\"failed\":") >= 1 && num_after(e, "\"made\":") == 0 &&
-          num_after(e, "\"held\":") == 0);
-    {
-        const char *w = strstr(log, "stream: pinning a copy of ");
-        CHECK(w && strstr(w, "CUDA_ERROR_OUT_OF_MEMORY") &&
-              !strstr(w + 1, "stream: pinning a copy of ")); /* one warning */
+    if (want(argc, argv, "stream-nopin")) {
+        run(argv, "stream-nopin", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        e = strstr(s ?: "", "\"pinned_copies\":{");
+        printf(
+            "stream-nopin: %.0f staged, %.0f by the kernel, %.0f from pinned copies; %.0f failed, "
+            "%.0f made\n",
+            num_after(s, "\"staged\":"), num_after(s, "\"staged_by_kernel\":"),
+            num_after(s, "\"staged_pinned\":"), num_after(e, "\"failed\":"),
+            num_after(e, "\"made\":"));
+        CHECK(num_after(s, "\"staged\":") > 0 &&
+              num_after(s, "\"staged_by_kernel\":") == num_after(s, "\"staged\":"));
+        CHECK(num_after(e, "\"failed\":") >= 1 && num_after(e, "\"made\":") == 0 &&
+              num_after(e, "\"held\":") == 0);
+        {
+            const char *w = strstr(log, "stream: pinning a copy of ");
+            CHECK(w && strstr(w, "CUDA_ERROR_OUT_OF_MEMORY") &&
+                  !strstr(w + 1, "stream: pinning a copy of ")); /* one warning */
+        }
     }
 
     /* ---- stream-exit: the engine exits while the worker has pins to
      * make (0.3 s each, about 20 queued): exit stops it after the one in
      * hand, the exit stats are written (run() checks), and the process
      * is gone well before the queue would have been ---- */
-    {
-        int fd = mkstemp(exit_ts);
-        char b[64] = "";
-        long long at;
+    if (want(argc, argv, "stream-exit")) {
+        {
+            int fd = mkstemp(exit_ts);
+            char b[64] = "";
+            long long at;
 
-        CHECK(fd >= 0);
-        close(fd);
-        run(argv, "stream-exit", stats, sizeof(stats), log, sizeof(log));
-        (void)slurp(exit_ts, b, sizeof(b));
-        at = strtoll(b, NULL, 10);
-        printf("stream-exit: the process was gone %.2f s after exit()\n",
-               at > 0 ? (double)(reaped_ns - at) / 1e9 : -1.0);
-        CHECK(at > 0 && reaped_ns - at < 3000000000LL); /* the queue: ~5 s */
-        unlink(exit_ts);
+            CHECK(fd >= 0);
+            close(fd);
+            run(argv, "stream-exit", stats, sizeof(stats), log, sizeof(log));
+            (void)slurp(exit_ts, b, sizeof(b));
+            at = strtoll(b, NULL, 10);
+            printf("stream-exit: the process was gone %.2f s after exit()\n",
+                   at > 0 ? (double)(reaped_ns - at) / 1e9 : -1.0);
+            CHECK(at > 0 && reaped_ns - at < 3000000000LL); /* the queue: ~5 s */
+            unlink(exit_ts);
+        }
     }
 
     /* ---- stream-capture: a global-mode capture held for 0.2 s while pins
      * are queued ends valid (the child checks cuStreamEndCapture), every
      * read bit-identical, and the pins went on after it ---- */
-    run(argv, "stream-capture", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    e = strstr(s ?: "", "\"pinned_copies\":{");
-    printf("stream-capture: %.0f pinned copies made, %.0f failed, %.0f staged from them\n",
-           num_after(e, "\"made\":"), num_after(e, "\"failed\":"),
-           num_after(s, "\"staged_pinned\":"));
-    CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"failed\":") == 0);
+    if (want(argc, argv, "stream-capture")) {
+        run(argv, "stream-capture", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        e = strstr(s ?: "", "\"pinned_copies\":{");
+        printf("stream-capture: %.0f pinned copies made, %.0f failed, %.0f staged from them\n",
+               num_after(e, "\"made\":"), num_after(e, "\"failed\":"),
+               num_after(s, "\"staged_pinned\":"));
+        CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"failed\":") == 0);
+    }
 
     /* ---- auto: read 4x a step, so streamed once measured ---- */
-    run(argv, "auto", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    redirected = num_after(s, "\"redirected\":");
-    printf("auto: %.0f redirected\n", redirected);
-    CHECK(redirected > 0);
-    e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
-    CHECK(e && strstr(e, "\"streamed\":true"));
-    /* pinned_copies: 3MiB: three ranges of 1 MiB get a pinned copy, the
-     * rest stay staged by the copy kernel */
-    e = strstr(s ?: "", "\"pinned_copies\":{");
-    printf("auto: %.0f pinned copies made, %.0f over the cap; %.0f staged from them, %.0f by "
-           "the kernel\n",
-           num_after(e, "\"made\":"), num_after(e, "\"over_budget\":"),
-           num_after(s, "\"staged_pinned\":"), num_after(s, "\"staged_by_kernel\":"));
-    CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"made\":") <= 3);
-    CHECK(num_after(e, "\"over_budget\":") >= 1);
-    CHECK(num_after(s, "\"staged_pinned\":") > 0 && num_after(s, "\"staged_by_kernel\":") > 0);
+    if (want(argc, argv, "auto")) {
+        run(argv, "auto", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        redirected = num_after(s, "\"redirected\":");
+        printf("auto: %.0f redirected\n", redirected);
+        CHECK(redirected > 0);
+        e = strstr(s ?: "", "\"model.layers.5.mlp.experts.gate_up_proj\":{");
+        CHECK(e && strstr(e, "\"streamed\":true"));
+        /* pinned_copies: 3MiB: three ranges of 1 MiB get a pinned copy, the
+         * rest stay staged by the copy kernel */
+        e = strstr(s ?: "", "\"pinned_copies\":{");
+        printf("auto: %.0f pinned copies made, %.0f over the cap; %.0f staged from them, %.0f by "
+               "the kernel\n",
+               num_after(e, "\"made\":"), num_after(e, "\"over_budget\":"),
+               num_after(s, "\"staged_pinned\":"), num_after(s, "\"staged_by_kernel\":"));
+        CHECK(num_after(e, "\"made\":") >= 1 && num_after(e, "\"made\":") <= 3);
+        CHECK(num_after(e, "\"over_budget\":") >= 1);
+        CHECK(num_after(s, "\"staged_pinned\":") > 0 && num_after(s, "\"staged_by_kernel\":") > 0);
+    }
 
     /* ---- auto by step time: read once a step, so only the period can
      * stream them; a read from a slot is made slower (slot_read_us), so
      * auto tries and then puts them back in place (unselect_range), every
      * read bit-identical throughout (the child checks each checksum) ---- */
-    run(argv, "auto-time", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("auto-time: %.0f redirected, %.0f steps, %.0f tries, %.0f kept, %.0f back in place\n",
-           num_after(s, "\"redirected\":"), num_after(s, "\"steps\":"),
-           num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
-           num_after(s, "\"auto_backs\":"));
-    CHECK(num_after(s, "\"auto_tries\":") >= 1);
-    CHECK(num_after(s, "\"auto_backs\":") >= 1);
-    CHECK(num_after(s, "\"redirected\":") > 0);
-    CHECK(strstr(log, "stream: auto: trying ") != NULL);
-    /* pinned_copies: off; one line says what would help */
-    CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
-          num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
-    CHECK(strstr(log, "prefetch: {pinned_copies: auto}, the default, copies each once") != NULL);
+    if (want(argc, argv, "auto-time")) {
+        run(argv, "auto-time", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf(
+            "auto-time: %.0f redirected, %.0f steps, %.0f tries, %.0f kept, %.0f back in place\n",
+            num_after(s, "\"redirected\":"), num_after(s, "\"steps\":"),
+            num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+            num_after(s, "\"auto_backs\":"));
+        CHECK(num_after(s, "\"auto_tries\":") >= 1);
+        CHECK(num_after(s, "\"auto_backs\":") >= 1);
+        CHECK(num_after(s, "\"redirected\":") > 0);
+        CHECK(strstr(log, "stream: auto: trying ") != NULL);
+        /* pinned_copies: off; one line says what would help */
+        CHECK(num_after(s, "\"staged_pinned\":") == 0 &&
+              num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
+        CHECK(strstr(log, "prefetch: {pinned_copies: auto}, the default, copies each once") !=
+              NULL);
+    }
 
     /* ---- auto-managed: managed ranges in a budget that holds about
      * half of them, read once a step, slower in place than from a slot:
      * auto streams by step time those the hot set leaves out and the hot
      * ones the slots take the room of, and keeps them; the rest stay
      * with the planner ---- */
-    run(argv, "auto-managed", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("auto-managed: %.0f redirected, %.0f tries, %.0f kept, %.0f back in place\n",
-           num_after(s, "\"redirected\":"), num_after(s, "\"auto_tries\":"),
-           num_after(s, "\"auto_kept\":"), num_after(s, "\"auto_backs\":"));
-    {
-        unsigned streamed = 0, kept = 0;
-        const char *t = strstr(log, "stream: auto: trying ");
+    if (want(argc, argv, "auto-managed")) {
+        run(argv, "auto-managed", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf("auto-managed: %.0f redirected, %.0f tries, %.0f kept, %.0f back in place\n",
+               num_after(s, "\"redirected\":"), num_after(s, "\"auto_tries\":"),
+               num_after(s, "\"auto_kept\":"), num_after(s, "\"auto_backs\":"));
+        {
+            unsigned streamed = 0, kept = 0;
+            const char *t = strstr(log, "stream: auto: trying ");
 
-        for (int i = 0; i < NR; i++) {
-            char key[96];
-            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
-            e = strstr(s ?: "", key);
-            if (e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":true", 15) == 0)
-                streamed++;
-            else
-                kept++;
+            for (int i = 0; i < NR; i++) {
+                char key[96];
+                snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+                e = strstr(s ?: "", key);
+                if (e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":true", 15) == 0)
+                    streamed++;
+                else
+                    kept++;
+            }
+            printf("auto-managed: %u ranges streamed, %u left to the planner; %.100s\n", streamed,
+                   kept, t ? t : "(no try)");
+            /* "(N managed, M of them hot ones the slots take the room of": the
+             * budget holds 6 of the 2 MiB allocations (its hot set, a quarter
+             * held back for cycling, about 4), 3 once the slots (6 MiB) are out */
+            CHECK(t && strtoul(strchr(t + 21, '(') + 1, NULL, 10) >= 1);
+            CHECK(t && strstr(t, " managed, ") &&
+                  strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
+            CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+            /* what the budget less the slots holds (6 MiB: 3 allocations)
+             * stays with the planner */
+            CHECK(streamed >= 14 && kept >= 2 && kept <= 4);
         }
-        printf("auto-managed: %u ranges streamed, %u left to the planner; %.100s\n", streamed, kept,
-               t ? t : "(no try)");
-        /* "(N managed, M of them hot ones the slots take the room of": the
-         * budget holds 6 of the 2 MiB allocations (its hot set, a quarter
-         * held back for cycling, about 4), 3 once the slots (6 MiB) are out */
-        CHECK(t && strtoul(strchr(t + 21, '(') + 1, NULL, 10) >= 1);
-        CHECK(t && strstr(t, " managed, ") && strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
-        CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
-        /* what the budget less the slots holds (6 MiB: 3 allocations)
-         * stays with the planner */
-        CHECK(streamed >= 14 && kept >= 2 && kept <= 4);
     }
 
     /* ---- auto-managed-sized: the same with the odd ranges 64 KiB: the
@@ -1113,19 +1149,23 @@ int main(int argc, char **argv)
      * and 3 x 64 KiB, not 6 x 1 MiB), and of the hot ranges streamed for
      * the slots' room, one (a 2 MiB allocation) goes back to the planner;
      * every read bit-identical (the child checks) ---- */
-    run(argv, "auto-managed-sized", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    {
-        const char *t = strstr(log, "stream: auto: trying ");
-        const char *b = strstr(log, "hot ranges back with the planner");
-        printf("auto-managed-sized: %.0f tries, %.0f kept, %.0f slot bytes; %.100s; %.60s\n",
-               num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
-               num_after(s, "\"slot_bytes\":"), t ? t : "(no try)", b ? b - 24 : "(none back)");
-        CHECK(strstr(log, "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
-                          "64 KiB)") != NULL);
-        CHECK(t && strstr(t, " managed, ") && strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
-        CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
-        CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+    if (want(argc, argv, "auto-managed-sized")) {
+        run(argv, "auto-managed-sized", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        {
+            const char *t = strstr(log, "stream: auto: trying ");
+            const char *b = strstr(log, "hot ranges back with the planner");
+            printf("auto-managed-sized: %.0f tries, %.0f kept, %.0f slot bytes; %.100s; %.60s\n",
+                   num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+                   num_after(s, "\"slot_bytes\":"), t ? t : "(no try)", b ? b - 24 : "(none back)");
+            CHECK(strstr(log,
+                         "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
+                         "64 KiB)") != NULL);
+            CHECK(t && strstr(t, " managed, ") &&
+                  strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
+            CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
+            CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+        }
     }
 
     /* ---- auto-managed-sized-pair: the 64 KiB ranges the even ones, a
@@ -1138,68 +1178,77 @@ int main(int argc, char **argv)
      * the planner's 6 MiB, pass the budget. readmit_room counts the slots
      * the ranges still streamed then need, so it gives back a 1 MiB one,
      * and the slots keep their size ---- */
-    run(argv, "auto-managed-sized-pair", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    {
-        unsigned planner = 0;
+    if (want(argc, argv, "auto-managed-sized-pair")) {
+        run(argv, "auto-managed-sized-pair", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        {
+            unsigned planner = 0;
 
-        for (int i = 0; i < NR; i++) {
-            char key[96];
-            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
-            e = strstr(s ?: "", key);
-            planner +=
-                e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0;
+            for (int i = 0; i < NR; i++) {
+                char key[96];
+                snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+                e = strstr(s ?: "", key);
+                planner +=
+                    e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0;
+            }
+            printf("auto-managed-sized-pair: %u ranges (2 MiB allocations) with the planner, %.0f "
+                   "slot "
+                   "bytes, budget 10 MiB\n",
+                   planner, num_after(s, "\"slot_bytes\":"));
+            CHECK(strstr(log,
+                         "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
+                         "64 KiB)") != NULL);
+            CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
+            CHECK(strstr(log, "resized (1 MiB, 1 MiB, 1 MiB, 1 MiB") == NULL);
+            CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB + 3 * MiB / 16);
+            CHECK(planner >= 1 && planner * 2 * MiB + num_after(s, "\"slot_bytes\":") <= 10 * MiB);
         }
-        printf("auto-managed-sized-pair: %u ranges (2 MiB allocations) with the planner, %.0f slot "
-               "bytes, budget 10 MiB\n",
-               planner, num_after(s, "\"slot_bytes\":"));
-        CHECK(strstr(log, "stream: 6 device staging slots (1 MiB, 1 MiB, 1 MiB, 64 KiB, 64 KiB, "
-                          "64 KiB)") != NULL);
-        CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
-        CHECK(strstr(log, "resized (1 MiB, 1 MiB, 1 MiB, 1 MiB") == NULL);
-        CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB + 3 * MiB / 16);
-        CHECK(planner >= 1 && planner * 2 * MiB + num_after(s, "\"slot_bytes\":") <= 10 * MiB);
     }
 
     /* ---- auto-managed-back: the same, a read from a slot made slower:
      * auto tries and hands the managed ranges back to the planner, which
      * prefetches them again ---- */
-    run(argv, "auto-managed-back", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    printf("auto-managed-back: %.0f tries, %.0f back in place\n", num_after(s, "\"auto_tries\":"),
-           num_after(s, "\"auto_backs\":"));
-    CHECK(num_after(s, "\"auto_tries\":") >= 1 && num_after(s, "\"auto_backs\":") >= 1);
-    {
-        /* back with the planner: its per-name figures name them again */
-        const char *pf = strstr(stats, "\"prefetch\":{"), *end = strstr(stats, "\"stream\":{");
-        unsigned known = 0;
+    if (want(argc, argv, "auto-managed-back")) {
+        run(argv, "auto-managed-back", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf("auto-managed-back: %.0f tries, %.0f back in place\n",
+               num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_backs\":"));
+        CHECK(num_after(s, "\"auto_tries\":") >= 1 && num_after(s, "\"auto_backs\":") >= 1);
+        {
+            /* back with the planner: its per-name figures name them again */
+            const char *pf = strstr(stats, "\"prefetch\":{"), *end = strstr(stats, "\"stream\":{");
+            unsigned known = 0;
 
-        for (int i = 0; pf && end && i < NR; i++) {
-            char key[96];
-            const char *at;
-            snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
-            at = strstr(pf, key);
-            known += at && at < end;
+            for (int i = 0; pf && end && i < NR; i++) {
+                char key[96];
+                const char *at;
+                snprintf(key, sizeof(key), "\"model.layers.%d.mlp.experts.gate_up_proj\":{", i);
+                at = strstr(pf, key);
+                known += at && at < end;
+            }
+            printf("auto-managed-back: %u of %d ranges back with the planner\n", known, NR);
+            CHECK(known == NR);
         }
-        printf("auto-managed-back: %u of %d ranges back with the planner\n", known, NR);
-        CHECK(known == NR);
     }
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
-    run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));
-    s = strstr(stats, "\"stream\":{");
-    CHECK(num_after(s, "\"redirected\":") == 0);
-    /* one line for the process, naming the first range and the fix */
-    CHECK(strstr(log, "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
-                      "place over PCIe (and 21 more host ranges); prefetch: {mode: auto} "
-                      "would copy it once a step") != NULL);
-    {
-        const char *w = strstr(log, "in place over PCIe");
-        CHECK(w && !strstr(w + 1, "in place over PCIe"));
+    if (want(argc, argv, "hot-set")) {
+        run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        CHECK(num_after(s, "\"redirected\":") == 0);
+        /* one line for the process, naming the first range and the fix */
+        CHECK(strstr(log, "'model.layers.0.mlp.experts.gate_up_proj' (host) is read 4.0x a step in "
+                          "place over PCIe (and 21 more host ranges); prefetch: {mode: auto} "
+                          "would copy it once a step") != NULL);
+        {
+            const char *w = strstr(log, "in place over PCIe");
+            CHECK(w && !strstr(w + 1, "in place over PCIe"));
+        }
+        if (failures)
+            fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
+        check_summary("test-stream-preload (a child's failure shows as the run() line: its own "
+                      "summary is above)");
     }
-    if (failures)
-        fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
-    check_summary("test-stream-preload (a child's failure shows as the run() line: its own "
-                  "summary is above)");
+
     return failures ? 1 : 0;
 }
