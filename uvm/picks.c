@@ -538,10 +538,11 @@ void wo_picks_summary(void)
         return;
     wo_log_write(WO_LOG_OFF,
                  "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
-                 " launches reused one) moved %.2f GB of the %.2f GB whole tensors would have "
-                 "(rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
+                 " launches reused one) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
+                 "have (rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
                  " captured, %" PRIu64 " for a failure",
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
+                 t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
 }
 

@@ -143,9 +143,11 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
     sb_printf(b,
               ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64
               ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
-              ",\"bytes_copied\":%" PRIu64 "}",
+              ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f}",
               f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows,
-              f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0);
+              f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0,
+              f->staged && f->n_experts ? (double)f->rows / ((double)f->staged * f->n_experts)
+                                        : 0.0);
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
