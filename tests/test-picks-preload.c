@@ -14,7 +14,8 @@
  *    clear from the tensor itself;
  *  - a copy into a picked row between two launches of one registration is
  *    seen by the second (the buffer is copied again);
- *  - a launch into a capture reads in place and its graph reads right;
+ *  - a launch into a capture, or from another thread than the one that
+ *    registered the picks, reads in place, and reads right;
  *  - the stats: staged and reused counts, the rows copied are the distinct
  *    picks (not the tensor), bytes_copied below whole_bytes;
  *  - misuse gets its errno: NULL, a bad size, an unknown pointer, a width.
@@ -22,6 +23,7 @@
  * budget. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -82,6 +84,28 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
         }
         out[k] = e >= 0 && e < E ? hash((const unsigned char *)(uintptr_t)p + e * row, row) : 0;
     }
+}
+
+/* a launch from another thread than the one that registered the picks */
+struct other_launch {
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **);
+    CUresult (*ctx_set)(CUcontext);
+    CUcontext ctx;
+    CUfunction f;
+    CUstream s;
+    void **params;
+    CUresult r;
+};
+
+static void *other_thread(void *arg)
+{
+    struct other_launch *o = arg;
+
+    o->r = o->ctx_set(o->ctx);
+    if (o->r == CUDA_SUCCESS)
+        o->r = o->launch(o->f, 1, 1, 1, 1, 1, 1, 0, o->s, o->params, NULL);
+    return NULL;
 }
 
 static uint64_t rng = 88172645463325252ull;
@@ -231,6 +255,21 @@ static int child(void)
                 }
             }
             staged_launches++;
+            /* another thread's launch reads in place (its own forward of
+             * the layer would have its own picks) */
+            if (step == 7) {
+                uint64_t before = inplace_reads;
+                struct other_launch o = {p_cuLaunchKernel, p_cuCtxSetCurrent, ctx, kg, s, params,
+                                         CUDA_ERROR_UNKNOWN};
+                pthread_t th;
+                CHECK(pthread_create(&th, NULL, other_thread, &o) == 0);
+                pthread_join(th, NULL);
+                CHECK(o.r == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(inplace_reads == before + 1);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            }
             /* a capture reads in place, and its graph right */
             if (step == 5) {
                 CUgraph g;

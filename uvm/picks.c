@@ -34,6 +34,8 @@ struct span {
     bool offdev;         /* host or managed: staged; on the device: left alone */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
     unsigned width;
+    pthread_t owner; /* the thread that registered it: only its launches use it (another
+                      * thread's forward of the same layer may be under way) */
     uint32_t seq; /* registrations and writes: a buffer holds one seq's rows */
     char *name;
     uint64_t regs, staged, reused;
@@ -154,6 +156,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->ids = ids;
         s->n_ids = ids ? n_ids : 0;
         s->width = id_bytes;
+        s->owner = pthread_self();
         s->seq++;
         pthread_mutex_unlock(&pk.lock);
         return 0;
@@ -188,6 +191,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .ids = ids,
                        .n_ids = ids ? n_ids : 0,
                        .width = id_bytes,
+                       .owner = pthread_self(),
                        .seq = s->seq + 1,
                        .name = name,
                        .regs = 1};
@@ -429,6 +433,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             bool dup = false, fresh;
 
             if (s->rid != hit->id || s->rgen != hit->gen || !s->ids || !s->offdev ||
+                !pthread_equal(s->owner, pthread_self()) ||
                 hit->offset >= s->off + (s->hi - s->lo) || hit->hi <= s->off)
                 continue;
             if (skipped(s->lo, skip_from, skip_to, nskip))

@@ -29,7 +29,8 @@
  * What the registration promises: until it is cleared (ids NULL) or
  * replaced, the ids stay where they are and the launches that read the
  * tensor only read it, and only the rows the ids name. Captured launches
- * read in place (a graph replays later, past this hook). A copy hook that
+ * read in place (a graph replays later, past this hook), and so do launches
+ * from another thread than the one that registered. A copy hook that
  * writes into the tensor drops the buffer's contents (wo_picks_note_write).
  * Any failure (no device memory for a buffer, a driver refusal, another
  * context, a global capture under way) reads in place: speed, never data.
