@@ -255,17 +255,21 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
         misuse();
         return -EINVAL;
     }
+    if (!wo_settings()->picks || wo_settings()->disable)
+        return 0; /* WOFFLOAD_PICKS=0, or the shim passes everything through */
     wo_uvm_ensure_init();
-    if (!wo_settings()->picks)
-        return 0; /* WOFFLOAD_PICKS=0 */
     r = wo_picks_set((uint64_t)(uintptr_t)experts, bytes, n_experts, (uint64_t)(uintptr_t)ids,
                      n_ids, id_bytes);
     if (r == -ENOENT || r == -ERANGE || r == -ENOSPC) {
-        wo_warn("woffload_moe_picks(%p, %zu, ...): %s (%s)", experts, bytes,
-                r == -ENOENT   ? "the pointer is not in any allocation the shim saw"
-                : r == -ERANGE ? "the tensor crosses the end of its allocation"
-                               : "more than 1024 expert tensors have picks",
-                r == -ENOENT ? "-ENOENT" : r == -ERANGE ? "-ERANGE" : "-ENOSPC");
+        /* once: an engine calls it every layer and step */
+        wo_log_once(WO_LOG_WARN,
+                    "woffload_moe_picks(%p, %zu, ...): %s (%s); further such calls are counted "
+                    "in the stats (allocations.misuse)",
+                    experts, bytes,
+                    r == -ENOENT   ? "the pointer is not in any allocation the shim saw"
+                    : r == -ERANGE ? "the tensor crosses the end of its allocation"
+                                   : "more than 1024 expert tensors have picks",
+                    r == -ENOENT ? "-ENOENT" : r == -ERANGE ? "-ERANGE" : "-ENOSPC");
         misuse();
     }
     return r;
