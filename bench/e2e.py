@@ -461,6 +461,14 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe128-shim-experts-managed-13g-nopicks", "moe128", batches=[1, 8, 32], prefill=0,
       **BATCH, policy="experts-managed-13g", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_PICKS": "0"}),
+    # ... and a 1024-token prefill, where every expert is picked and picked
+    # staging cannot overlap a layer's copy with its compute (the streaming
+    # executor copies ahead)
+    S("moe128-gpu", "moe128"),
+    S("moe128-shim-experts-host-all", "moe128", policy="experts-host-all", offload="experts:all",
+      ref="moe128-gpu"),
+    S("moe128-shim-experts-host-all-nopicks", "moe128", policy="experts-host-all",
+      offload="experts:all", ref="moe128-gpu", env={"WOFFLOAD_PICKS": "0"}),
     S("batchdef-moe-shim-experts-host-stream-s3", "moe", batches=[1, 8, 32], prefill=0, **BATCH,
       policy="experts-host-stream-s3", offload="experts:all", ref="batchdef-moe-gpu"),
     # auto decides after the stepper found the step (~26 steps of this
