@@ -1730,6 +1730,27 @@ static void budget_ledger(void **state)
     assert_string_equal(ledger_log, "drarr");
     assert_int_equal(wo_budget_hot_bytes(7, 2), 0); /* a range the planner does not know */
 
+    /* picked staging's buffers come off the planner's budget, at the
+     * resident side's next tick (and only when they changed) */
+    ledger_reserved = 30 * MiB;
+    wo_budget_picks_bytes(20 * MiB);
+    assert_int_equal(wo_budget_for_plan(), 50 * MiB);
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrr");
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrr");
+    wo_budget_picks_bytes(0);
+    assert_int_equal(wo_budget_for_plan(), 70 * MiB);
+
+    /* residency as the resident side reports it, by (id, gen) */
+    assert_false(wo_budget_resident_whole(7, 2));
+    wo_budget_note_resident(7, 2, true);
+    assert_true(wo_budget_resident_whole(7, 2));
+    assert_false(wo_budget_resident_whole(7, 3)); /* new memory under the id */
+    wo_budget_note_resident(7, 2, false);
+    assert_false(wo_budget_resident_whole(7, 2));
+    assert_false(wo_budget_resident_whole(1u << 20, 0)); /* past every id */
+
     wo_budget_resident(NULL, NULL);
     wo_budget_stager(NULL);
     wo_plan_free(plan);

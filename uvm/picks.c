@@ -13,6 +13,7 @@
 #include "core/macro.h"
 #include "core/registry.h"
 #include "uvm/internal.h"
+#include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
 
 uint8_t wo_picks_ids[WO_STREAM_IDS];
@@ -71,7 +72,7 @@ static struct {
     uint64_t last_refresh_ns;
     uint64_t tick;
     uint64_t bytes;
-    uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes;
+    uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     bool said_on, said_fail;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -331,7 +332,7 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
         if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
             return NULL;
         d->cuMemFree_v2(b->dev);
-        __atomic_sub_fetch(&pk.bytes, b->size, __ATOMIC_RELAXED);
+        wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, b->size, __ATOMIC_RELAXED));
         b->dev = 0;
         b->size = 0;
         b->span = -1;
@@ -350,7 +351,7 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
     }
     b->size = need;
     b->span = -1;
-    __atomic_add_fetch(&pk.bytes, need, __ATOMIC_RELAXED);
+    wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, need, __ATOMIC_RELAXED));
     return b;
 }
 
@@ -446,6 +447,12 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 pk.captured++;
                 continue;
             }
+            /* managed, and the prefetcher holds all of it on the device:
+             * the launch reads it there, faster than any copy */
+            if (wo_budget_resident_whole(s->rid, s->rgen)) {
+                pk.resident++;
+                continue;
+            }
             if (n == max || !ready(d) || !(t = stream_of(stream)) ||
                 !(b = buffer_for(d, t, (int)i, &fresh)) || (fresh && !enqueue(d, t, b, (int)i))) {
                 pk.failed++;
@@ -514,6 +521,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->failed = pk.failed;
     t->unused = pk.unused;
     t->writes = pk.writes;
+    t->resident = pk.resident;
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved();
     for (unsigned i = 0; i < pk.n; i++) {
@@ -599,7 +607,9 @@ void wo_picks_reset(void)
     pk.last_refresh_ns = 0;
     pk.tick = 0;
     pk.bytes = 0;
+    wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
+    pk.resident = 0;
     pk.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));
     __atomic_store_n(&wo_picks_any, 0, __ATOMIC_RELEASE);

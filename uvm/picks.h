@@ -82,6 +82,8 @@ struct wo_picks_totals {
     uint64_t failed;       /* launches read in place for a failure (no buffer, driver) */
     uint64_t unused;       /* staged, then not launched with (parameters not rewritten) */
     uint64_t writes;       /* copies that wrote into a span (its buffers made stale) */
+    uint64_t resident;     /* launches that read a managed tensor the prefetcher holds wholly
+                            * on the device: read there, no copy */
     uint64_t buffer_bytes; /* device bytes of the buffers */
 };
 /* Fills *t and calls fn for each span (under the picks lock: fn must not

@@ -6,11 +6,15 @@
 #include <stddef.h>
 
 #include "core/macro.h"
+#include "uvm/hotpath.h"
 #include "uvm/internal.h"
-#include "uvm/picks.h"
 #include "uvm/plan.h"
 
 static const struct wo_budget_stager *stager;
+/* gen + 1 of the range wholly resident under each registry id, 0 none */
+static uint32_t resident_gen[WO_STREAM_IDS];
+static uint64_t picks_bytes; /* picked staging's buffers (any thread writes) */
+static uint64_t picks_seen;  /* ... at the last set */
 static const struct wo_budget_resident *resident;
 static struct wo_plan *plan;
 
@@ -39,7 +43,7 @@ static uint64_t less(uint64_t bytes)
 
 uint64_t wo_budget_for_plan(void)
 {
-    return less(reserved() + wo_picks_reserved());
+    return less(reserved() + __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED));
 }
 
 bool wo_budget_claimed(uint32_t id, uint32_t gen)
@@ -50,8 +54,31 @@ bool wo_budget_claimed(uint32_t id, uint32_t gen)
 /* The planner's budget changed: its evictions go out at once. */
 static void set(uint64_t bytes)
 {
-    wo_plan_set_budget(plan, less(bytes));
+    picks_seen = __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED);
+    wo_plan_set_budget(plan, less(bytes + picks_seen));
     resident->run();
+}
+
+void wo_budget_note_resident(uint32_t id, uint32_t gen, bool whole)
+{
+    if (id < WO_STREAM_IDS)
+        __atomic_store_n(&resident_gen[id], whole ? gen + 1 : 0, __ATOMIC_RELEASE);
+}
+
+bool wo_budget_resident_whole(uint32_t id, uint32_t gen)
+{
+    return id < WO_STREAM_IDS && __atomic_load_n(&resident_gen[id], __ATOMIC_ACQUIRE) == gen + 1;
+}
+
+void wo_budget_picks_bytes(uint64_t bytes)
+{
+    __atomic_store_n(&picks_bytes, bytes, __ATOMIC_RELAXED);
+}
+
+void wo_budget_tick(void)
+{
+    if (plan && __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED) != picks_seen)
+        set(reserved());
 }
 
 /* reserved is read before the resident side acts, as the stager's own

@@ -49,7 +49,7 @@ void wo_budget_resident(struct wo_plan *plan, const struct wo_budget_resident *r
 /* ---- the resident side asks ------------------------------------------------- */
 
 /* The device budget less the stager's reserved bytes and the picked
- * staging buffers' (uvm/picks.h; never below 0). */
+ * staging buffers' (wo_budget_picks_bytes; never below 0). */
 uint64_t wo_budget_for_plan(void);
 /* Whether the stager claims the range. */
 bool wo_budget_claimed(uint32_t id, uint32_t gen);
@@ -65,6 +65,26 @@ void wo_budget_give(uint32_t id, uint32_t gen);
 /* Its slots now hold `slots` bytes: the planner's budget becomes the
  * device budget less that. */
 void wo_budget_reserve(uint64_t slots);
+/* ---- residency, as the resident side reports it (any thread reads) ------- */
+
+/* The resident side made all of range (id, gen)'s managed bytes resident on
+ * the device (whole), or not any more. Prefetches are asynchronous: a
+ * reader may find the range reported resident while its pages are still
+ * on their way (reads stay correct either way). */
+void wo_budget_note_resident(uint32_t id, uint32_t gen, bool whole);
+/* Whether range (id, gen) was last reported wholly resident. Lock-free:
+ * picked staging asks it on the engine's launch path, and reads such a
+ * range in place (from device memory) instead of copying its rows. */
+bool wo_budget_resident_whole(uint32_t id, uint32_t gen);
+/* ---- picked staging tells (uvm/picks.h; any thread) ------------------------ */
+
+/* Its buffers now hold bytes: they come off the planner's budget at the
+ * resident side's next tick (wo_budget_tick). */
+void wo_budget_picks_bytes(uint64_t bytes);
+/* The resident side, each tick: when the picked staging buffers' bytes
+ * changed since it last looked, the planner's budget follows. */
+void wo_budget_tick(void);
+
 /* Bytes of the range the planner keeps in its hot set (0 without a
  * planner, or for a range it does not know). */
 uint64_t wo_budget_hot_bytes(uint32_t id, uint32_t gen);

@@ -29,6 +29,8 @@ struct prange {
     bool written;
     uint32_t gen;
     uint64_t base, size;
+    uint64_t resident; /* bytes prefetched and not evicted since (the ledger hears
+                        * when they cover its managed segments) */
     struct seg *segs;
     size_t nsegs;
     char *name; /* of its first managed segment (for the summary) */
@@ -397,6 +399,18 @@ static void piece(struct wo_prefetcher *pf, struct prange *r, const struct wo_pl
             add(&pf->tot->evict_bytes, len);
         }
     }
+    if (res == CUDA_SUCCESS) {
+        uint64_t managed = 0;
+
+        if (a->type == WO_PLAN_PREFETCH)
+            r->resident += len;
+        else
+            r->resident -= WO_MIN(len, r->resident);
+        for (size_t i = 0; i < r->nsegs; i++)
+            managed += r->segs[i].size;
+        wo_budget_note_resident((uint32_t)(r - pf->r), r->gen,
+                                managed && r->resident >= managed);
+    }
     if (res == CUDA_SUCCESS)
         record(a->type == WO_PLAN_PREFETCH ? WO_EV_PREFETCH : WO_EV_EVICT, r->base, off, len,
                a->type == WO_PLAN_PREFETCH ? WO_TRACE_PLACE_MANAGED : WO_TRACE_PLACE_DEVICE,
@@ -524,6 +538,7 @@ static void forget(struct wo_prefetcher *pf, uint32_t id)
     size_t j = 0;
 
     wo_plan_range_remove(pf->plan, id, r->gen);
+    wo_budget_note_resident(id, r->gen, false);
     for (size_t i = 0; i < pf->nheld; i++)
         if (pf->held[i].id != id || pf->held[i].gen != r->gen)
             pf->held[j++] = pf->held[i];
@@ -837,6 +852,7 @@ static void atfork_child(void)
 static void tick(void)
 {
     if (shim) {
+        wo_budget_tick();
         wo_prefetcher_tick(shim);
         publish(shim, false);
     }

@@ -323,10 +323,11 @@ static void json_body(struct sbuf *b)
                   "},\"tensors\":%" PRIu64 ",\"registrations\":%" PRIu64 ",\"staged\":%" PRIu64
                   ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"bytes_copied\":%" PRIu64
                   ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
-                  ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"buffer_bytes\":%" PRIu64
-                  "}",
+                  ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"resident\":%" PRIu64
+                  ",\"buffer_bytes\":%" PRIu64 "}",
                   pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied,
-                  pt.whole_bytes, pt.captured, pt.failed, pt.unused, pt.writes, pt.buffer_bytes);
+                  pt.whole_bytes, pt.captured, pt.failed, pt.unused, pt.writes, pt.resident,
+                  pt.buffer_bytes);
     }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64
