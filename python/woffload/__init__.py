@@ -332,6 +332,18 @@ def _ids_arg(args: Any, kwargs: Any, where: Tuple[int, str]) -> Optional[Any]:
     return None
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing (the hooks then do nothing: a traced
+    forward replays without them, and reads the tensors as placed)."""
+    import sys
+    torch = sys.modules.get("torch")
+    f = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    try:
+        return bool(f()) if f is not None else False
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
     """Registers, on each module of ``model`` that holds stacked expert
     tensors and whose forward takes the router's picks (a parameter named
@@ -359,7 +371,7 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
 
         def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
                 _w: Tuple[int, str] = where) -> None:
-            ids = _ids_arg(args, kwargs, _w)
+            ids = None if _compiling() else _ids_arg(args, kwargs, _w)
             m._woffload_picks = ids
             if ids is None:
                 return
