@@ -92,6 +92,13 @@ class Experts(Module):
         pass
 
 
+class WrappedExperts(Module):
+    """transformers' dispatch wrapper without functools.wraps"""
+
+    def forward(self, *args, **kwargs):
+        pass
+
+
 class NotExperts(Module):
     def forward(self, x, position_ids):
         pass
@@ -122,14 +129,17 @@ def child():
     dn = T(alloc(base + "down_proj", E * ROW), (E, 2, ROW // 4))
     other = T(alloc("model.layers.0.other.stacked", E * ROW), (E, ROW // 4, 2))
     ondev = T(alloc("model.layers.1.mlp.experts.gate_up_proj", E * ROW), (E, ROW // 4, 2))
+    wr = T(alloc("model.layers.0.mlp2.experts.gate_up_proj", E * ROW), (E, ROW // 4, 2))
     ids = T(alloc(None, 64), (4, 2), elem=8, floating=False)
     assert woffload.seal() == 0
 
     experts = Experts({"gate_up_proj": gu, "down_proj": dn})
     wrong = NotExperts({"stacked": other})
     resident = Experts({"gate_up_proj": ondev})
+    wrapped = WrappedExperts({"gate_up_proj": wr})
     model = Module(children={"model": Module(children={"layers": Module(children={
         "0": Module(children={"mlp": Module(children={"experts": experts}),
+                              "mlp2": Module(children={"experts": wrapped}),
                               "other": wrong}),
         "1": Module(children={"mlp": Module(children={"experts": resident})})})})})
     st = woffload.stats()
@@ -138,12 +148,15 @@ def child():
     experts.call(T(0, (4, 16)), ids, T(0, (4, 2)))            # positional
     experts.call(T(0, (4, 16)), top_k_index=ids, top_k_weights=T(0, (4, 2)))  # keyword
     experts.call(T(0, (4, 16)), T(ids.ptr, (4, 2)), T(0, (4, 2)))  # float picks: none
+    wrapped.call(T(0, (4, 16)), ids, T(0, (4, 2)))             # the positional convention
+    wrapped.call(T(0, (4, 16)), ids, T(0, (4, 3)))             # shapes that say otherwise
+    wrapped.call(T(0, (3, 16)), ids, T(0, (4, 2)))
     st = woffload.stats()
     pk = st["picks"]
     print("RESULT " + json.dumps({
         "off": sorted(off), "hooked": hooked,
         "enabled": pk["enabled"],
-        "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre)],
+        "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre), len(wrapped.pre)],
         "regs": {k: v["registrations"] for k, v in pk["names"].items()},
         "misuse": woffload.moe_picks(T(0x10, (E, 2, 2)), ids)}), flush=True)
 
@@ -174,16 +187,19 @@ def main():
             r = json.loads(lines[0][7:])
             on = picks == "1"
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
+            w = "model.layers.0.mlp2.experts.gate_up_proj"
             checks = {
                 "the host-placed tensors are the ones off the device":
-                    r["off"] == sorted([g, d, "model.layers.0.other.stacked"]),
+                    r["off"] == sorted([g, d, w, "model.layers.0.other.stacked"]),
                 "picks.enabled follows WOFFLOAD_PICKS": r["enabled"] == on,
-                # the experts module only: the other one's forward names no
-                # picks, the third's tensor is on the device
-                "one module hooked": r["hooked"] == (1 if on else 1) and r["hooks"] == [1, 0, 0],
+                # the experts modules only: the other one's forward names no
+                # picks, the third's tensor is on the device; the wrapped
+                # one by transformers' positional convention
+                "two modules hooked": r["hooked"] == 2 and r["hooks"] == [1, 0, 0, 1],
                 # two calls with picks (set + clear each), one with float
-                # "picks" (nothing); none when off
-                "registrations per tensor": r["regs"] == ({g: 4, d: 4} if on else {}),
+                # "picks" (nothing); the wrapped one's call whose shapes
+                # fit the convention, not the two that do not; none when off
+                "registrations per tensor": r["regs"] == ({g: 4, d: 4, w: 2} if on else {}),
                 "an unknown pointer: -ENOENT (picks on), 0 (off)":
                     r["misuse"] == (-2 if on else 0),
             }

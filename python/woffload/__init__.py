@@ -318,6 +318,13 @@ def _picks_param(module: Any) -> Optional[Tuple[int, str]]:
     for i, p in enumerate(params):
         if p.name in _PICKS_PARAMS:
             return i, p.name
+    # transformers' experts dispatch wrapper without functools.wraps hides
+    # the signature behind (*args, **kwargs): its experts modules take
+    # (hidden_states, top_k_index, top_k_weights), which _ids_arg then
+    # checks call by call (the shapes must say so)
+    if type(module).__name__.endswith("Experts") and \
+            any(p.kind == inspect.Parameter.VAR_POSITIONAL for p in params):
+        return 1, ""
     return None
 
 
@@ -325,7 +332,15 @@ def _ids_arg(args: Any, kwargs: Any, where: Tuple[int, str]) -> Optional[Any]:
     """The picks tensor among a forward's arguments, when it is one the
     shim can read: CUDA, an integer type of 4 or 8 bytes, contiguous."""
     i, name = where
-    a = (kwargs or {}).get(name, args[i] if i < len(args) else None)
+    if not name:
+        # positional (hidden_states, top_k_index, top_k_weights) only: the
+        # ids one row per token, the weights the same shape as the ids
+        if len(args) < 3 or not all(hasattr(x, "shape") for x in args[:3]) or \
+                tuple(args[1].shape) != tuple(args[2].shape) or \
+                not args[2].is_floating_point() or not args[1].shape or \
+                args[0].shape[0] != args[1].shape[0]:
+            return None
+    a = (kwargs or {}).get(name, args[i] if i < len(args) else None) if name else args[i]
     if getattr(a, "is_cuda", False) and not a.is_floating_point() and not a.is_complex() and \
             a.element_size() in (4, 8) and a.numel() > 0 and a.is_contiguous():
         return a
