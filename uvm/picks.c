@@ -370,28 +370,44 @@ static void refresh(const struct wo_driver *d)
 
 /* Enqueues the mark and the copy of span i's picked rows into b on the
  * stream. */
+CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction copy,
+                         CUstream st, const struct wo_picks_copy *c)
+{
+    CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
+    unsigned long long n = c->n_ids, row = c->row;
+    unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
+    void *margs[] = {&ids, &n, &width, &ne, &marks, &gen};
+    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows};
+    CUresult res;
+
+    if (!n || !ne || !row)
+        return CUDA_ERROR_INVALID_VALUE;
+    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
+    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
+    res = d->cuLaunchKernel(mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL);
+    if (res == CUDA_SUCCESS)
+        res = d->cuLaunchKernel(copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL);
+    return res;
+}
+
 static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
 {
     const struct span *s = &pk.s[i];
-    CUstream st = (CUstream)(uintptr_t)t->stream;
     unsigned slot = (unsigned)((t - pk.st) * WO_PICKS_BUFS + (unsigned)(b - t->b));
-    CUdeviceptr marks = pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4;
-    CUdeviceptr rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t);
-    CUdeviceptr ids = s->ids, src = s->lo, dst = b->dev;
-    unsigned long long n = s->n_ids, row = s->row;
-    unsigned width = s->width, ne = s->n_experts, gen, mblocks, chunks;
-    void *margs[] = {&ids, &n, &width, &ne, &marks, &gen};
-    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows};
+    unsigned gen = b->gen + 1 ? b->gen + 1 : 1;
+    struct wo_picks_copy c = {.ids = s->ids,
+                              .n_ids = s->n_ids,
+                              .width = s->width,
+                              .n_experts = s->n_experts,
+                              .marks = pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4,
+                              .gen = gen,
+                              .dst = b->dev,
+                              .src = s->lo,
+                              .row = s->row,
+                              .rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
 
-    gen = b->gen + 1 ? b->gen + 1 : 1;
-    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
-    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
-    if (!n)
-        return false;
-    if (d->cuLaunchKernel(pk.mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL) !=
-            CUDA_SUCCESS ||
-        d->cuLaunchKernel(pk.copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL) !=
-            CUDA_SUCCESS) {
+    if (wo_picks_launch(d, pk.mark, pk.copy, (CUstream)(uintptr_t)t->stream, &c) !=
+        CUDA_SUCCESS) {
         b->span = -1;
         return false;
     }

@@ -46,7 +46,29 @@
 #include "core/event.h"
 #include "uvm/hotpath.h"
 
+#include <cuda.h>
+
 struct wo_driver;
+
+/* One picked copy (the kernels' arguments, uvm/stream-copy.cu): the ids
+ * (n_ids of width bytes) mark their experts in marks (u32 [n_experts]) with
+ * gen, then each marked row [e * row, (e + 1) * row) of src goes to dst and
+ * *rows (u64) counts it. */
+struct wo_picks_copy {
+    CUdeviceptr ids;
+    unsigned long long n_ids;
+    unsigned width, n_experts;
+    CUdeviceptr marks;
+    unsigned gen; /* never 0; greater than any gen marks holds */
+    CUdeviceptr dst, src;
+    unsigned long long row;
+    CUdeviceptr rows; /* 0: not counted */
+};
+/* Enqueues the mark and the copy on st with functions mark and copy
+ * (wo_picks_mark, wo_picks_copy of the shim's module). picks.c's executor
+ * and tests/gpu/test-picks-gpu.c use it. */
+CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction copy,
+                         CUstream st, const struct wo_picks_copy *c);
 
 #define WO_PICKS_SPANS 1024u   /* expert tensors with picks, at most */
 #define WO_PICKS_EXPERTS 1024u /* experts a tensor may have */

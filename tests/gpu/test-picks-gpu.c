@@ -1,0 +1,292 @@
+/* tests/gpu/test-picks-gpu.c: picked staging's kernels (wo_picks_mark,
+ * wo_picks_copy in uvm/stream-copy.cu, enqueued by wo_picks_launch as
+ * uvm/picks.c does) on the real GPU (suite 'gpu'), and on the fake driver in
+ * CI.
+ *
+ * For expert tensors in pinned host memory of several shapes (rows of 17
+ * bytes, unaligned, to 3 MiB; 8 to 384 experts; ids of 4 and 8 bytes with
+ * repeats, -1 padding and ids past the last expert), a device buffer filled
+ * with a sentinel gets the picked rows:
+ *  - every picked row equals its source byte for byte, every other row
+ *    still holds the sentinel;
+ *  - the rows counter counts the distinct picks;
+ *  - a second copy into the same buffer with other picks and the next
+ *    generation, on the same marks, copies only its own picks (the first
+ *    copy's marks are stale).
+ * On the GPU it then times picked copies from a Qwen3-30B-A3B-shaped tensor
+ * (128 experts of 6 MiB) at 8 and 51 distinct picks (batch 1 and 8),
+ * against cuMemcpyAsync of the same bytes, and prints both rates.
+ *
+ * Usage: test-picks-gpu. Exit: 0 pass, 1 fail, 77 no GPU (skipped). */
+#include <dlfcn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "uvm/internal.h"
+#include "uvm/picks.h"
+#include "uvm/uvm.h"
+
+static struct wo_driver drv;
+static void *lib;
+static int failures;
+static CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+static CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        CUresult r_ = (call);                                                                      \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            fprintf(stderr, "%s:%d: %s: %d\n", __FILE__, __LINE__, #call, (int)r_);                \
+            exit(1);                                                                               \
+        }                                                                                          \
+    } while (0)
+
+#define EXPECT(cond, ...)                                                                          \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            printf("FAIL: " __VA_ARGS__);                                                          \
+            printf("\n");                                                                          \
+        }                                                                                          \
+    } while (0)
+
+#define SENTINEL 0xee
+
+static void *lookup(void *ud, const char *name)
+{
+    (void)ud;
+    return dlsym(lib, name);
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint64_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+struct shape {
+    unsigned experts;
+    size_t row;
+    unsigned n_ids, width;
+};
+
+/* ids for one copy: random experts, some repeated, with -1 and past-the-end
+ * values mixed in; picked[e] set for each valid one; returns the distinct
+ * count */
+static unsigned draw(const struct shape *sh, void *ids, bool *picked)
+{
+    unsigned distinct = 0;
+
+    memset(picked, 0, sh->experts * sizeof(*picked));
+    for (unsigned k = 0; k < sh->n_ids; k++) {
+        long long e = (long long)(next() % (sh->experts / 3 + 1)) * 3 % sh->experts;
+        if (k % 7 == 3)
+            e = -1;
+        else if (k % 11 == 5)
+            e = sh->experts + (long long)(next() % 5);
+        if (sh->width == 8)
+            ((long long *)ids)[k] = e;
+        else
+            ((int *)ids)[k] = (int)e;
+        if (e >= 0 && e < sh->experts && !picked[e]) {
+            picked[e] = true;
+            distinct++;
+        }
+    }
+    return distinct;
+}
+
+static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, CUstream st)
+{
+    size_t bytes = sh->experts * sh->row;
+    unsigned char *host = NULL, *got = malloc(bytes);
+    void *ids_host = malloc((size_t)sh->n_ids * sh->width);
+    bool *picked = malloc(sh->experts * sizeof(bool));
+    CUdeviceptr src = 0, dst = 0, ids = 0, marks = 0, rows = 0;
+    uint64_t counted = 0, want_rows = 0;
+
+    CK(drv.cuMemHostAlloc((void **)&host, bytes, CU_MEMHOSTALLOC_DEVICEMAP));
+    CK(drv.cuMemHostGetDevicePointer_v2(&src, host, 0));
+    for (size_t i = 0; i < bytes; i++)
+        host[i] = (unsigned char)next();
+    CK(drv.cuMemAlloc_v2(&dst, bytes));
+    CK(drv.cuMemAlloc_v2(&ids, (size_t)sh->n_ids * sh->width));
+    CK(drv.cuMemAlloc_v2(&marks, sh->experts * 4));
+    CK(drv.cuMemAlloc_v2(&rows, 8));
+    CK(drv.cuMemsetD8_v2(marks, 0, sh->experts * 4));
+    CK(drv.cuMemsetD8_v2(rows, 0, 8));
+    for (unsigned gen = 1; gen <= 3; gen++) {
+        struct wo_picks_copy c = {.ids = ids,
+                                  .n_ids = sh->n_ids,
+                                  .width = sh->width,
+                                  .n_experts = sh->experts,
+                                  .marks = marks,
+                                  .gen = gen,
+                                  .dst = dst,
+                                  .src = src,
+                                  .row = sh->row,
+                                  .rows = rows};
+        unsigned bad = 0;
+
+        want_rows += draw(sh, ids_host, picked);
+        CK(memcpy_htod(ids, ids_host, (size_t)sh->n_ids * sh->width));
+        CK(drv.cuMemsetD8_v2(dst, SENTINEL, bytes));
+        CK(drv.cuCtxSynchronize ? drv.cuCtxSynchronize() : drv.cuStreamSynchronize(st));
+        CK(wo_picks_launch(&drv, mark, copy, st, &c));
+        CK(drv.cuStreamSynchronize(st));
+        CK(memcpy_dtoh(got, dst, bytes));
+        for (unsigned e = 0; e < sh->experts && bad < 4; e++) {
+            const unsigned char *g = got + e * sh->row, *h = host + e * sh->row;
+            size_t i = 0;
+            if (picked[e]) {
+                while (i < sh->row && g[i] == h[i])
+                    i++;
+            } else {
+                while (i < sh->row && g[i] == SENTINEL)
+                    i++;
+            }
+            if (i < sh->row) {
+                bad++;
+                EXPECT(false,
+                       "%u experts, row %zu, %u-byte ids, gen %u: expert %u (%s) differs "
+                       "at byte %zu",
+                       sh->experts, sh->row, sh->width, gen, e, picked[e] ? "picked" : "not picked",
+                       i);
+            }
+        }
+        CK(memcpy_dtoh(&counted, rows, 8));
+        EXPECT(counted == want_rows, "%u experts, row %zu, gen %u: rows counted %llu, want %llu",
+               sh->experts, sh->row, gen, (unsigned long long)counted,
+               (unsigned long long)want_rows);
+    }
+    printf("ok: %u experts, rows of %zu bytes, %u ids of %u bytes: three copies, only the picked "
+           "rows, %llu rows counted\n",
+           sh->experts, sh->row, sh->n_ids, sh->width, (unsigned long long)counted);
+    drv.cuMemFree_v2(dst);
+    drv.cuMemFree_v2(ids);
+    drv.cuMemFree_v2(marks);
+    drv.cuMemFree_v2(rows);
+    drv.cuMemFreeHost(host);
+    free(got);
+    free(ids_host);
+    free(picked);
+}
+
+/* GPU only: picked copies of a Qwen3-30B-A3B-shaped gate/up tensor against
+ * the copy engine moving the same bytes. */
+static void timing(CUfunction mark, CUfunction copy, CUstream st)
+{
+    const unsigned E = 128;
+    const size_t row = 6u << 20;
+    const unsigned distinct[] = {8, 51, 128};
+    unsigned char *host = NULL;
+    CUdeviceptr src = 0, dst = 0, ids = 0, marks = 0;
+    CUevent a, b;
+    unsigned gen = 1;
+
+    CK(drv.cuMemHostAlloc((void **)&host, E * row, CU_MEMHOSTALLOC_DEVICEMAP));
+    CK(drv.cuMemHostGetDevicePointer_v2(&src, host, 0));
+    memset(host, 1, E * row);
+    CK(drv.cuMemAlloc_v2(&dst, E * row));
+    CK(drv.cuMemAlloc_v2(&ids, E * 8));
+    CK(drv.cuMemAlloc_v2(&marks, E * 4));
+    CK(drv.cuMemsetD8_v2(marks, 0, E * 4));
+    CK(drv.cuEventCreate(&a, 0));
+    CK(drv.cuEventCreate(&b, 0));
+    for (size_t d = 0; d < sizeof(distinct) / sizeof(distinct[0]); d++) {
+        long long v[128];
+        float kt = 0, ct = 0;
+        double gb = (double)distinct[d] * (double)row / 1e9;
+
+        for (unsigned k = 0; k < distinct[d]; k++)
+            v[k] = (long long)((k * 37u) % E);
+        CK(memcpy_htod(ids, v, distinct[d] * 8));
+        for (int rep = 0; rep < 4; rep++) {
+            struct wo_picks_copy c = {.ids = ids,
+                                      .n_ids = distinct[d],
+                                      .width = 8,
+                                      .n_experts = E,
+                                      .marks = marks,
+                                      .gen = ++gen,
+                                      .dst = dst,
+                                      .src = src,
+                                      .row = row,
+                                      .rows = 0};
+            float ms = 0;
+            CK(drv.cuEventRecord(a, st));
+            CK(wo_picks_launch(&drv, mark, copy, st, &c));
+            CK(drv.cuEventRecord(b, st));
+            CK(drv.cuEventSynchronize(b));
+            CK(((CUresult(*)(float *, CUevent, CUevent))dlsym(lib, "cuEventElapsedTime"))(&ms, a,
+                                                                                          b));
+            kt = rep ? (kt < ms ? kt : ms) : ms;
+            CK(drv.cuEventRecord(a, st));
+            CK(drv.cuMemcpyAsync(dst, src, distinct[d] * row, st));
+            CK(drv.cuEventRecord(b, st));
+            CK(drv.cuEventSynchronize(b));
+            CK(((CUresult(*)(float *, CUevent, CUevent))dlsym(lib, "cuEventElapsedTime"))(&ms, a,
+                                                                                          b));
+            ct = rep ? (ct < ms ? ct : ms) : ms;
+        }
+        printf("timing: %3u of 128 experts of 6 MiB picked: picked copy %.3f ms (%.1f GB/s), "
+               "cuMemcpyAsync of the same bytes %.3f ms (%.1f GB/s)\n",
+               distinct[d], kt, gb / (kt / 1e3), ct, gb / (ct / 1e3));
+    }
+    drv.cuMemFree_v2(dst);
+    drv.cuMemFree_v2(ids);
+    drv.cuMemFree_v2(marks);
+    drv.cuMemFreeHost(host);
+}
+
+int main(void)
+{
+    static const struct shape shapes[] = {
+        {16, 17, 24, 8},     {128, 4096 + 8, 64, 4}, {384, 64u << 10, 16, 8},
+        {8, 3u << 20, 8, 4}, {1024, 32, 4096, 8},
+    };
+    CUdevice dev;
+    CUcontext ctx;
+    CUmodule mod;
+    CUfunction mark, copy;
+    CUstream st;
+    bool fake;
+
+    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        printf("SKIP: no CUDA driver (%s)\n", dlerror());
+        return 77;
+    }
+    if (wo_driver_fill(&drv, lookup, NULL) != 0 || !drv.cuModuleLoadData || !drv.cuLaunchKernel) {
+        fprintf(stderr, "test-picks-gpu: libcuda.so.1 lacks a function it needs\n");
+        return 1;
+    }
+    *(void **)&memcpy_dtoh = dlsym(lib, "cuMemcpyDtoH_v2");
+    *(void **)&memcpy_htod = dlsym(lib, "cuMemcpyHtoD_v2");
+    if (!memcpy_dtoh || !memcpy_htod)
+        return 1;
+    fake = dlsym(lib, "fakecuda_kernel") != NULL;
+    if (drv.cuInit(0) != CUDA_SUCCESS) {
+        printf("SKIP: cuInit failed: no usable GPU\n");
+        return 77;
+    }
+    CK(drv.cuDeviceGet(&dev, 0));
+    CK(drv.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CK(drv.cuCtxSetCurrent(ctx));
+    CK(drv.cuModuleLoadData(&mod, wo_copy_ptx()));
+    CK(drv.cuModuleGetFunction(&mark, mod, "wo_picks_mark"));
+    CK(drv.cuModuleGetFunction(&copy, mod, "wo_picks_copy"));
+    CK(drv.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        one_shape(&shapes[i], mark, copy, st);
+    if (!fake)
+        timing(mark, copy, st);
+    drv.cuStreamDestroy_v2(st);
+    drv.cuModuleUnload(mod);
+    printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
+    return failures ? 1 : 0;
+}
