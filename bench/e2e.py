@@ -183,19 +183,6 @@ rules:
     match: experts
     place: managed
 """,
-    "experts-managed-13g": """\
-# Every expert managed within a device budget of half the experts' bytes of
-# the 128-expert shape (13.5 GiB of 27).
-version: 1
-default: device
-device_budget: 13.5GiB
-prefetch:
-  enabled: true
-rules:
-  - name: experts
-    match: experts
-    place: managed
-""",
     "experts-managed-6g": """\
 # Every expert managed within a device budget of half the experts' bytes of
 # the 8-expert shape (6 GiB of 12.4).
@@ -304,6 +291,9 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
 # (hot-set: read in place, the hot set resident), to compare in one lease
 POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
     "rules:\n", "prefetch: {mode: hot-set}\nrules:\n", 1)
+POLICIES["experts-managed-13g"] = POLICIES["experts-managed-half"].replace(
+    "half the experts' bytes (9 GiB of 18)", "half the experts' bytes of the 128-expert\n# shape (13.5 GiB of 27)").replace(
+    "device_budget: 9GiB", "device_budget: 13.5GiB")
 POLICIES["experts-managed-half-hotset"] = POLICIES["experts-managed-half"].replace(
     "  enabled: true\n", "  enabled: true\n  mode: hot-set\n", 1)
 

@@ -3,13 +3,16 @@
  * test-stream-preload.c, test-bigload.c): CHECK(), which counts a failure
  * and goes on so one run reports every broken promise; need(), a dlsym()
  * that stops the program when a symbol is missing; slurp(), which reads
- * what a child left in a file. Each program
+ * what a child left in a file; want(), which says whether a case named on
+ * the command line runs. Each program
  * returns `failures ? 1 : 0`. */
 #pragma once
 
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int failures;
 static int failed_lines[8]; /* the first few, for check_summary() */
@@ -57,4 +60,16 @@ static inline size_t slurp(const char *path, char *buf, size_t len)
     if (f)
         fclose(f);
     return n;
+}
+
+/* Whether case name runs: every one when the program got no arguments,
+ * else those named (meson.build runs subsets under ThreadSanitizer). */
+static inline bool want(int argc, char **argv, const char *name)
+{
+    if (argc < 2)
+        return true;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], name) == 0)
+            return true;
+    return false;
 }

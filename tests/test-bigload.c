@@ -226,18 +226,6 @@ static void dump_on_failure(int before, const char *what, const char *stats, con
         fprintf(stderr, "--- %s: stats:\n%s\n--- stderr:\n%s\n", what, stats, err);
 }
 
-/* Whether scenario name runs: every one without arguments, else those
- * named (ThreadSanitizer runs three: meson.build says why). */
-static bool want(int argc, char **argv, const char *name)
-{
-    if (argc < 2)
-        return true;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return true;
-    return false;
-}
-
 int main(int argc, char **argv)
 {
     static const char cap_policy[] = "version: 1\n"

@@ -35,6 +35,7 @@
 #include <cuda.h>
 
 #include "fakecuda.h"
+#include "gpu/wsum.h"
 #include "preload-check.h"
 
 #define E 16             /* experts */
@@ -108,13 +109,10 @@ static void *other_thread(void *arg)
     return NULL;
 }
 
-static uint64_t rng = 88172645463325252ull;
-static uint64_t xorshift(void)
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t rng(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return xorshift(&rng_state);
 }
 
 /* the number after "key", searched from where "in" is (the totals of
@@ -191,7 +189,7 @@ static int child(void)
     for (int t = 0; t < 2; t++) {
         host[t] = malloc(E * row_of[t]);
         for (size_t i = 0; i < E * row_of[t]; i++)
-            host[t][i] = (unsigned char)xorshift();
+            host[t][i] = (unsigned char)rng();
         CHECK(push(t ? "model.layers.0.mlp.experts.down_proj"
                      : "model.layers.0.mlp.experts.gate_up_proj") == 0);
         CHECK(p_cuMemAlloc(&w[t], E * row_of[t]) == CUDA_SUCCESS);
@@ -221,7 +219,7 @@ static int child(void)
             int32_t id32[TOKENS * TOPK];
 
             for (int k = 0; k < TOKENS * TOPK; k++) {
-                int64_t e = (int64_t)(xorshift() % (t ? E + 2 : E)) - (t ? 2 : 0);
+                int64_t e = (int64_t)(rng() % (t ? E + 2 : E)) - (t ? 2 : 0);
                 id64[k] = e;
                 id32[k] = (int32_t)e;
                 ref[k] = e >= 0 && e < E ? hash(host[t] + e * row, row) : 0;

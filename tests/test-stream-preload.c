@@ -833,18 +833,6 @@ static void sized_run(char **argv, const char *mode, double resizes, double byte
     CHECK(strstr(log, "stream: 3 device staging slots resized (1 MiB, 1 MiB, 512 KiB)") != NULL);
 }
 
-/* Whether mode name runs: every one without arguments, else those named
- * (ThreadSanitizer runs a few: meson.build says which and why). */
-static bool want(int argc, char **argv, const char *name)
-{
-    if (argc < 2)
-        return true;
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], name) == 0)
-            return true;
-    return false;
-}
-
 int main(int argc, char **argv)
 {
     static char stats[1 << 17], log[1 << 17];

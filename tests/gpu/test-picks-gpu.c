@@ -27,46 +27,18 @@
 #include "uvm/internal.h"
 #include "uvm/picks.h"
 #include "uvm/uvm.h"
+#include "gpu-test.h"
+#include "wsum.h"
 
-static struct wo_driver drv;
-static void *lib;
-static int failures;
 static CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
 static CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %d\n", __FILE__, __LINE__, #call, (int)r_);                \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            printf("FAIL: " __VA_ARGS__);                                                          \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
-
 #define SENTINEL 0xee
-
-static void *lookup(void *ud, const char *name)
-{
-    (void)ud;
-    return dlsym(lib, name);
-}
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next(void)
 {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
+    return xorshift(&rng);
 }
 
 struct shape {
@@ -249,34 +221,20 @@ int main(void)
         {16, 17, 24, 8},     {128, 4096 + 8, 64, 4}, {384, 64u << 10, 16, 8},
         {8, 3u << 20, 8, 4}, {1024, 32, 4096, 8},
     };
-    CUdevice dev;
-    CUcontext ctx;
     CUmodule mod;
     CUfunction mark, copy;
     CUstream st;
     bool fake;
+    int rc;
 
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        printf("SKIP: no CUDA driver (%s)\n", dlerror());
-        return 77;
-    }
-    if (wo_driver_fill(&drv, lookup, NULL) != 0 || !drv.cuModuleLoadData || !drv.cuLaunchKernel) {
-        fprintf(stderr, "test-picks-gpu: libcuda.so.1 lacks a function it needs\n");
-        return 1;
-    }
+    rc = gpu_open("test-picks-gpu");
+    if (rc)
+        return rc;
     *(void **)&memcpy_dtoh = dlsym(lib, "cuMemcpyDtoH_v2");
     *(void **)&memcpy_htod = dlsym(lib, "cuMemcpyHtoD_v2");
     if (!memcpy_dtoh || !memcpy_htod)
         return 1;
     fake = dlsym(lib, "fakecuda_kernel") != NULL;
-    if (drv.cuInit(0) != CUDA_SUCCESS) {
-        printf("SKIP: cuInit failed: no usable GPU\n");
-        return 77;
-    }
-    CK(drv.cuDeviceGet(&dev, 0));
-    CK(drv.cuDevicePrimaryCtxRetain(&ctx, dev));
-    CK(drv.cuCtxSetCurrent(ctx));
     CK(drv.cuModuleLoadData(&mod, wo_copy_ptx()));
     CK(drv.cuModuleGetFunction(&mark, mod, "wo_picks_mark"));
     CK(drv.cuModuleGetFunction(&copy, mod, "wo_picks_copy"));

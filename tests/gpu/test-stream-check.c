@@ -26,35 +26,12 @@
 #include "uvm/stream-check.h"
 #include "uvm/stream-copy-ptx.h"
 #include "uvm/uvm.h"
+#include "gpu-test.h"
 
-static struct wo_driver drv;
-static void *lib;
-static int failures;
 static CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
 
-#define CK(call)                                                                                   \
-    do {                                                                                           \
-        CUresult r_ = (call);                                                                      \
-        if (r_ != CUDA_SUCCESS) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %d\n", __FILE__, __LINE__, #call, (int)r_);             \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
-#define EXPECT(cond, ...)                                                                          \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            printf("FAIL: " __VA_ARGS__);                                                          \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
-static void *lookup(void *ud, const char *name)
-{
-    (void)ud;
-    return dlsym(lib, name);
-}
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static unsigned char next_byte(void)
@@ -82,33 +59,19 @@ int main(void)
 {
     static const size_t sizes[] = {1,  7,  8,         9,         15,       16,       17,
                                    24, 40, 4096 + 5, 3u << 20, 64u << 20, 1u << 20};
-    CUdevice dev;
-    CUcontext ctx;
     CUmodule mod;
     CUstream copy;
     CUevent copied, read_done;
     uint32_t id = 0, tag = 1;
     unsigned checks = 0;
+    int rc;
 
-    lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!lib) {
-        printf("SKIP: no CUDA driver (%s)\n", dlerror());
-        return 77;
-    }
-    if (wo_driver_fill(&drv, lookup, NULL) != 0 || !drv.cuModuleLoadData || !drv.cuLaunchKernel) {
-        fprintf(stderr, "test-stream-check: libcuda.so.1 lacks a function it needs\n");
-        return 1;
-    }
+    rc = gpu_open("test-stream-check");
+    if (rc)
+        return rc;
     *(void **)&memcpy_dtoh = dlsym(lib, "cuMemcpyDtoH_v2");
     if (!memcpy_dtoh)
         return 1;
-    if (drv.cuInit(0) != CUDA_SUCCESS) {
-        printf("SKIP: cuInit failed: no usable GPU\n");
-        return 77;
-    }
-    CK(drv.cuDeviceGet(&dev, 0));
-    CK(drv.cuDevicePrimaryCtxRetain(&ctx, dev));
-    CK(drv.cuCtxSetCurrent(ctx));
     CK(drv.cuModuleLoadData(&mod, wo_stream_copy_ptx));
     if (!wo_check_start(&drv, mod, 1)) {
         printf("FAIL: wo_check_start\n");
