@@ -38,6 +38,7 @@ struct wo_bound {
     size_t size, gran, ngr;
     struct blk *b; /* sorted by g0, covering [0, ngr) */
     size_t nb, cap;
+    CUstream copy_stream; /* the fills' copies (made at the first move) */
     struct wo_bind_stats st;
 };
 
@@ -169,6 +170,8 @@ void wo_bind_destroy(struct wo_bound *b)
     }
     if (b->base)
         (void)b->d->cuMemAddressFree(b->base, b->size);
+    if (b->copy_stream && b->d->cuStreamDestroy_v2)
+        (void)b->d->cuStreamDestroy_v2(b->copy_stream);
     free(b->b);
     free(b);
 }
@@ -288,6 +291,37 @@ static size_t cut(const struct blk *k, size_t m0, size_t m1, uint8_t loc, struct
     return np;
 }
 
+/* Copies len bytes between two of the range's mappings and returns when
+ * the copy is complete: the scratch mapping is unmapped and the source
+ * swapped out right after. cuMemcpy is not enough: between two device
+ * pointers (a HOST_NUMA mapping is one too) it returns before the copy
+ * ends (cuda.h, "API synchronization behavior"), and on the H200 a 20 MiB
+ * copy still running when its scratch mapping went faulted the context
+ * (CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronize). Its own stream,
+ * non-blocking, so the engine's streams are neither waited for nor made
+ * to wait. */
+static CUresult copy_done(struct wo_bound *b, CUdeviceptr dst, CUdeviceptr src, size_t len)
+{
+    const struct wo_driver *d = b->d;
+    CUresult r;
+
+    if (!b->copy_stream && d->cuStreamCreate && d->cuMemcpyAsync && d->cuStreamSynchronize &&
+        d->cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+        b->copy_stream = NULL;
+    if (b->copy_stream) {
+        r = d->cuMemcpyAsync(dst, src, len, b->copy_stream);
+        return r == CUDA_SUCCESS ? d->cuStreamSynchronize(b->copy_stream) : r;
+    }
+    /* no stream of its own: the copy on the legacy stream, then the whole
+     * context waited for */
+    r = d->cuMemcpy(dst, src, len);
+    if (r == CUDA_SUCCESS)
+        r = d->cuCtxSynchronize_v2 ? d->cuCtxSynchronize_v2(NULL)
+            : d->cuCtxSynchronize  ? d->cuCtxSynchronize()
+                                   : CUDA_ERROR_NOT_SUPPORTED;
+    return r;
+}
+
 /* Fills part p from the old block's bytes through a scratch reservation. */
 static CUresult fill(struct wo_bound *b, const struct blk *old, struct blk *p, int *made)
 {
@@ -310,8 +344,7 @@ static CUresult fill(struct wo_bound *b, const struct blk *old, struct blk *p, i
         CUresult u;
         r = grant(b, tmp, len);
         if (r == CUDA_SUCCESS)
-            /* synchronous: done before the swap unmaps the source */
-            r = d->cuMemcpy(tmp, blk_ptr(b, old) + (p->g0 - old->g0) * b->gran, len);
+            r = copy_done(b, tmp, blk_ptr(b, old) + (p->g0 - old->g0) * b->gran, len);
         u = unmap(b, tmp, len);
         if (u != CUDA_SUCCESS) {
             /* the scratch mapping stays and keeps the part's memory after

@@ -178,7 +178,8 @@ static void move(struct wo_bound *b, const char *what, size_t off, size_t len,
 static void injected(struct wo_bound *b, const uint64_t *ref, uint64_t *back, size_t size)
 {
     static const char *const calls[] = {"cuMemCreate", "cuMemAddressReserve", "cuMemMap",
-                                        "cuMemSetAccess", "cuMemcpy", "cuMemUnmap"};
+                                        "cuMemSetAccess", "cuMemcpyAsync", "cuStreamSynchronize",
+                                        "cuMemUnmap"};
     /* a run that cuts a block in three, host to device and back */
     size_t off = gran + gran / 2, len = 3 * gran;
 
