@@ -1125,7 +1125,14 @@ int main(int argc, char **argv)
             CHECK(t && strtoul(strchr(t + 21, '(') + 1, NULL, 10) >= 1);
             CHECK(t && strstr(t, " managed, ") &&
                   strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
-            CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+            /* kept: the try that stands at the end kept them (the ranges
+             * streamed below). Under TSan one step-time comparison in
+             * about three runs times a slower step with the slots than
+             * without, puts them back and tries again (2 tries, 1 kept, 1
+             * back: the CI failure of 25e5a72); that costs speed, never
+             * data, and the second try decides */
+            CHECK(num_after(s, "\"auto_kept\":") >= 1 &&
+                  num_after(s, "\"auto_backs\":") < num_after(s, "\"auto_tries\":"));
             /* what the budget less the slots holds (6 MiB: 3 allocations)
              * stays with the planner */
             CHECK(streamed >= 14 && kept >= 2 && kept <= 4);
@@ -1152,7 +1159,14 @@ int main(int argc, char **argv)
             CHECK(t && strstr(t, " managed, ") &&
                   strtoul(strstr(t, " managed, ") + 10, NULL, 10) >= 1);
             CHECK(strstr(log, "stream: auto: 1 hot ranges back with the planner") != NULL);
-            CHECK(num_after(s, "\"auto_kept\":") >= 1 && num_after(s, "\"auto_backs\":") == 0);
+            /* kept: the try that stands at the end kept them (the ranges
+             * streamed below). Under TSan one step-time comparison in
+             * about three runs times a slower step with the slots than
+             * without, puts them back and tries again (2 tries, 1 kept, 1
+             * back: the CI failure of 25e5a72); that costs speed, never
+             * data, and the second try decides */
+            CHECK(num_after(s, "\"auto_kept\":") >= 1 &&
+                  num_after(s, "\"auto_backs\":") < num_after(s, "\"auto_tries\":"));
         }
     }
 
