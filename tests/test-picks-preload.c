@@ -335,6 +335,19 @@ static int child(void)
         CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") > 0);
     }
     CHECK(json_num(js, "model.layers.0.mlp.experts.down_proj\":", "\"experts\":") == E);
+    /* per tensor: the bytes moved a registration (a layer's step), and
+     * the launches that found it wholly resident, within the total */
+    {
+        const char *t = "model.layers.0.mlp.experts.down_proj\":";
+        long long regs = json_num(js, t, "\"registrations\":");
+        long long copied = json_num(js, t, "\"bytes_copied\":");
+
+        CHECK(regs > 0 && copied > 0 &&
+              json_num(js, t, "\"copied_per_registration\":") == copied / regs);
+        CHECK(json_num(js, t, "\"resident\":") >= 0 &&
+              json_num(js, t, "\"resident\":") <=
+                  json_num(js, "},\"tensors\":", "\"resident\":"));
+    }
     free(js);
     check_summary("test-picks-preload child");
     return failures ? 1 : 0;

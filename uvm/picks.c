@@ -39,7 +39,7 @@ struct span {
                       * thread's forward of the same layer may be under way) */
     uint32_t seq; /* registrations and writes: a buffer holds one seq's rows */
     char *name;
-    uint64_t regs, staged, reused;
+    uint64_t regs, staged, reused, resident;
 };
 
 struct buf {
@@ -467,6 +467,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
              * the launch reads it there, faster than any copy */
             if (wo_budget_resident_whole(s->rid, s->rgen)) {
                 pk.resident++;
+                s->resident++;
                 continue;
             }
             if (n == max || !ready(d) || !(t = stream_of(stream)) ||
@@ -549,6 +550,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                                   .regs = s->regs,
                                   .staged = s->staged,
                                   .reused = s->reused,
+                                  .resident = s->resident,
                                   .rows = rows};
         t->rows += rows;
         t->bytes_copied += rows * s->row;

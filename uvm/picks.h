@@ -95,6 +95,7 @@ struct wo_picks_figs {
     uint64_t staged; /* marks and copies enqueued */
     uint64_t reused; /* launches that read a buffer a launch before them filled */
     uint64_t rows;   /* rows the copies moved (read back from the device) */
+    uint64_t resident; /* launches that read it wholly resident (managed): no copy */
 };
 /* ... and in all: */
 struct wo_picks_totals {

@@ -136,18 +136,25 @@ static void sb_str(struct sbuf *b, const char *s)
 static void picks_name_json(void *ud, const struct wo_picks_figs *f)
 {
     struct sbuf *b = ud;
+    uint64_t copied = f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0;
+    uint64_t reads = f->staged + f->reused + f->resident;
 
     sb_printf(b, "%s", b->first ? "" : ",");
     b->first = false;
     sb_str(b, f->name ? f->name : "(unnamed)");
+    /* copied_per_registration: a layer registers once a forward step, so
+     * the bytes moved a step; resident_fraction: of its launches, those
+     * that read it wholly resident */
     sb_printf(b,
               ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64
               ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
-              ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f}",
-              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows,
-              f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0,
+              ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64
+              ",\"copied_per_registration\":%" PRIu64 ",\"resident_fraction\":%.4f}",
+              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows, copied,
               f->staged && f->n_experts ? (double)f->rows / ((double)f->staged * f->n_experts)
-                                        : 0.0);
+                                        : 0.0,
+              f->resident, f->regs ? copied / f->regs : 0,
+              reads ? (double)f->resident / (double)reads : 0.0);
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
