@@ -1,6 +1,6 @@
 /* tools/replay-bound.c: the offline-optimal bound (a Lagrangian lower
  * bound on any schedule within the budget) and the clairvoyant static
- * schedule, over the unit accesses a pass recorded (docs/prefetch.md). */
+ * schedule, over the unit accesses a pass recorded (docs/replay.md). */
 #include "tools/replay-int.h"
 
 #include <math.h>
@@ -25,7 +25,7 @@ static int acc_cmp(const void *a, const void *b)
  * UVM and link constraints and lambda, the price of one resident byte at
  * one launch: min over every schedule of the weighted resource use, less
  * lambda * budget * launches. Each unit's part is a shortest path over its
- * accesses (resident or streamed at each). docs/prefetch.md derives it. */
+ * accesses (resident or streamed at each). docs/replay.md derives it. */
 static double bound_eval(const struct sim *s, const struct bunit *bu, double budget, double N,
                          double al, double mu, double nu, double la)
 {

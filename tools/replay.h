@@ -2,7 +2,7 @@
  * the placements the trace recorded) and the prefetch planner (uvm/plan.h,
  * the shim's own code) against a device model, and computes the
  * offline-optimal bound for the same budget and costs. Used by
- * woffload-replay, `woffload demo` and the replay tests. docs/prefetch.md
+ * woffload-replay, `woffload demo` and the replay tests. docs/replay.md
  * describes the model and the bound; tools/replay-int.h how the
  * replay-*.c files divide it. */
 #pragma once

@@ -221,7 +221,7 @@ static double prefetch_gbs(CUdeviceptr p, uint64_t n, uint64_t piece, CUmemLocat
 static void usage(FILE *f)
 {
     fprintf(f, "usage: woffload-calibrate [-o FILE] [--device N] [--size MiB] [--reps N]\n"
-               "Measures the device model of this machine's GPU (docs/prefetch.md) and writes\n"
+               "Measures the device model of this machine's GPU (docs/replay.md) and writes\n"
                "it to FILE (default: standard output). Needs a GPU and its driver.\n"
                "Exit status: 0 success; 2 usage error; 1 failure (no driver or GPU, a CUDA\n"
                "call failed, FILE cannot be written).\n");

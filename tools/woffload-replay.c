@@ -9,7 +9,7 @@
  * predicted step time, PCIe bytes per step, stalls, the offline-optimal
  * bound and where the time goes per name. --check makes the exit status
  * say whether the prediction is within RATIO of the bound (the CI check of
- * docs/prefetch.md). Exit: 0 fine, 1 check failed, 2 usage or input error,
+ * docs/replay.md). Exit: 0 fine, 1 check failed, 2 usage or input error,
  * 77 check skipped (no repeating step to measure). */
 #include <limits.h>
 #include <math.h>
@@ -29,7 +29,7 @@ static void usage(FILE *f)
             "                       [--check RATIO] [--top N] [--host-scale F | --host-step MS]\n"
             "Predicts step time, PCIe bytes, stalls and the offline-optimal bound of a\n"
             "recorded trace (plain or gzip-compressed .wot.gz) under a policy\n"
-            "(docs/prefetch.md).\n"
+            "(docs/replay.md).\n"
             "  --policy P     placements from this policy (default: those the trace recorded)\n"
             "  --device MODEL device model file (default: the built-in H100, uvm/devmodel.c)\n"
             "  --budget B     device budget for managed ranges: bytes (\"8GiB\") or a share\n"

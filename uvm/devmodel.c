@@ -225,7 +225,7 @@ int wo_devmodel_load(const char *path, struct wo_devmodel *m, char *err, size_t 
 
 int wo_devmodel_write(FILE *f, const struct wo_devmodel *m)
 {
-    fprintf(f, "# libwoffload device model (docs/prefetch.md). GB/s = 1e9 bytes/s, us = microseconds.\n");
+    fprintf(f, "# libwoffload device model (docs/replay.md). GB/s = 1e9 bytes/s, us = microseconds.\n");
     for (size_t i = 0; i < WO_ARRAY_SIZE(keys); i++) {
         const void *p = (const char *)m + keys[i].off;
 
