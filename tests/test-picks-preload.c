@@ -20,7 +20,9 @@
  *    picks (not the tensor), bytes_copied below whole_bytes;
  *  - misuse gets its errno: NULL, a bad size, an unknown pointer, a width.
  * Policies: experts `host` (pinned), and `managed` with a small device
- * budget. */
+ * budget; then `managed` in a budget that holds them, where the launches
+ * with picks read a tensor the prefetcher holds wholly on the device in
+ * place, with no copy (resident_child). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -124,6 +126,70 @@ static long long json_num(const char *js, const char *in, const char *key)
     return p ? strtoll(p + strlen(key), NULL, 10) : -1;
 }
 
+/* Managed in a budget that holds both tensors: once the prefetcher holds a
+ * tensor wholly on the device, launches with picks read it there with no
+ * copy; every read right throughout, and the stats count those launches
+ * per tensor (resident, resident_fraction) and in all. */
+static int resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
+                                       unsigned),
+                          long (*stats)(char *, size_t),
+                          CUresult (*htod)(CUdeviceptr, const void *, size_t),
+                          CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+                          CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                             unsigned, unsigned, unsigned, CUstream, void **,
+                                             void **),
+                          CUresult (*sync)(CUstream), CUfunction kg, CUstream s, CUdeviceptr ids,
+                          CUdeviceptr out, unsigned char *const host[2])
+{
+    uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
+    bool resident = false;
+    long long per_name = 0;
+    char *js;
+    long len;
+
+    /* up to ~3 s (longer under the sanitizers: the steps are slower, not
+     * more): the prefetcher learns the step, then prefetches */
+    for (int step = 0; step < 1500 && !resident; step++) {
+        for (int t = 0; t < 2; t++) {
+            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t], before = inplace_reads;
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out};
+            int64_t id64[TOKENS * TOPK];
+
+            for (int k = 0; k < TOKENS * TOPK; k++) {
+                id64[k] = (int64_t)(rng() % E);
+                ref[k] = hash(host[t] + id64[k] * row, row);
+            }
+            CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
+            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(sync(s) == CUDA_SUCCESS);
+            CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
+            CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+            if (inplace_reads > before)
+                resident = true;
+        }
+        usleep(2000);
+        if (failures)
+            return 1;
+    }
+    len = stats(NULL, 0);
+    js = malloc((size_t)len + 1);
+    CHECK(js && stats(js, (size_t)len + 1) == len);
+    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
+    CHECK(resident);
+    for (int t = 0; t < 2; t++)
+        per_name += json_num(js,
+                             t ? "model.layers.0.mlp.experts.down_proj\":"
+                               : "model.layers.0.mlp.experts.gate_up_proj\":",
+                             "\"resident\":");
+    CHECK(per_name > 0 && per_name == json_num(js, "},\"tensors\":", "\"resident\":"));
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    check_summary("test-picks-preload resident child");
+    return failures ? 1 : 0;
+}
+
 static int child(void)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -209,6 +275,10 @@ static int child(void)
     CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 0, 8) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)0x10, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ENOENT);
     CHECK(picks((void *)(uintptr_t)w[0], 2 * E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ERANGE);
+
+    if (getenv("WO_PICKS_TEST_RESIDENT"))
+        return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                              p_cuStreamSync, kg, s, ids, out, host);
 
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
@@ -357,6 +427,9 @@ static const char *policies[] = {
     "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
     "version: 1\ndefault: device\ndevice_budget: 1MiB\nprefetch:\n  enabled: true\nrules:\n"
     "  - {name: experts, match: [experts], place: managed}\n",
+    /* the last: a budget that holds both tensors (resident_child) */
+    "version: 1\ndefault: device\ndevice_budget: 32MiB\nprefetch:\n  enabled: true\nrules:\n"
+    "  - {name: experts, match: [experts], place: managed}\n",
 };
 
 int main(int argc, char **argv)
@@ -375,6 +448,8 @@ int main(int argc, char **argv)
         if (pid == 0) {
             setenv("WOFFLOAD_POLICY", pol, 1);
             setenv("WOFFLOAD_LOG", "info", 1);
+            if (i == sizeof(policies) / sizeof(policies[0]) - 1)
+                setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
             _exit(127);
         }
