@@ -46,7 +46,8 @@ static bool has_vmm(const struct wo_driver *d)
 {
     return d && d->cuMemCreate && d->cuMemRelease && d->cuMemAddressReserve &&
            d->cuMemAddressFree && d->cuMemMap && d->cuMemUnmap && d->cuMemSetAccess &&
-           d->cuMemGetAllocationGranularity && d->cuMemcpy;
+           d->cuMemGetAllocationGranularity && d->cuMemcpyAsync && d->cuStreamCreate &&
+           d->cuStreamSynchronize && d->cuStreamDestroy_v2;
 }
 
 static CUmemAllocationProp prop_of(int dev, enum wo_bind_loc loc)
@@ -170,7 +171,7 @@ void wo_bind_destroy(struct wo_bound *b)
     }
     if (b->base)
         (void)b->d->cuMemAddressFree(b->base, b->size);
-    if (b->copy_stream && b->d->cuStreamDestroy_v2)
+    if (b->copy_stream)
         (void)b->d->cuStreamDestroy_v2(b->copy_stream);
     free(b->b);
     free(b);
@@ -299,27 +300,21 @@ static size_t cut(const struct blk *k, size_t m0, size_t m1, uint8_t loc, struct
  * copy still running when its scratch mapping went faulted the context
  * (CUDA_ERROR_ILLEGAL_ADDRESS at the next synchronize). Its own stream,
  * non-blocking, so the engine's streams are neither waited for nor made
- * to wait. */
+ * to wait; a stream that cannot be made fails the move. */
 static CUresult copy_done(struct wo_bound *b, CUdeviceptr dst, CUdeviceptr src, size_t len)
 {
     const struct wo_driver *d = b->d;
     CUresult r;
 
-    if (!b->copy_stream && d->cuStreamCreate && d->cuMemcpyAsync && d->cuStreamSynchronize &&
-        d->cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
-        b->copy_stream = NULL;
-    if (b->copy_stream) {
-        r = d->cuMemcpyAsync(dst, src, len, b->copy_stream);
-        return r == CUDA_SUCCESS ? d->cuStreamSynchronize(b->copy_stream) : r;
+    if (!b->copy_stream) {
+        r = d->cuStreamCreate(&b->copy_stream, CU_STREAM_NON_BLOCKING);
+        if (r != CUDA_SUCCESS) {
+            b->copy_stream = NULL;
+            return r; /* the move fails: nothing has changed yet */
+        }
     }
-    /* no stream of its own: the copy on the legacy stream, then the whole
-     * context waited for */
-    r = d->cuMemcpy(dst, src, len);
-    if (r == CUDA_SUCCESS)
-        r = d->cuCtxSynchronize_v2 ? d->cuCtxSynchronize_v2(NULL)
-            : d->cuCtxSynchronize  ? d->cuCtxSynchronize()
-                                   : CUDA_ERROR_NOT_SUPPORTED;
-    return r;
+    r = d->cuMemcpyAsync(dst, src, len, b->copy_stream);
+    return r == CUDA_SUCCESS ? d->cuStreamSynchronize(b->copy_stream) : r;
 }
 
 /* Fills part p from the old block's bytes through a scratch reservation. */
