@@ -14,8 +14,8 @@
 # CUDA_HOME (default /usr/local/cuda) names the toolkit; only its headers are
 # used at build time. Exit status: 0 success, 2 usage error, 1 failure.
 #
-# `test` runs two configurations at a time (TSan, then release, beside gcc,
-# clang and ASan+UBSan in turn), each with half the cores; the tests that
+# `test` runs two configurations at a time, each with half the cores, in
+# two lanes that take them from one queue, the longest first; the tests that
 # must run alone (is_parallel: false in tests/meson.build: timing checks,
 # floods) run afterwards, one configuration at a time. The `once` suite
 # runs in the gcc configuration only, the `nothreads` suite everywhere but
@@ -132,19 +132,37 @@ config() {
     say "[$name] built in $(mmss $((t1 - t0))), tests in $(mmss $((t2 - t1))) (those that run alone follow)"
 }
 
-# lane LABEL CONFIG... : configurations one after another; "NAME|DIR|OPTS"
+# take: the next configuration of the queue ("" when it is empty or a lane
+# has failed), under a lock (mkdir is atomic)
+take() {
+    until mkdir "$TMPD/lock" 2>/dev/null; do sleep 1; done
+    if [ -f "$TMPD/failed" ]; then
+        c=
+    else
+        c=$(head -n 1 "$TMPD/queue")
+        sed -i 1d "$TMPD/queue"
+    fi
+    rmdir "$TMPD/lock"
+    printf '%s' "$c"
+}
+
+# lane LABEL: configurations ("NAME|DIR|CC|OPTS") from the queue, one after
+# another, until it is empty
 lane() {
     label=$1
     LANE=$label
-    shift
-    for c in "$@"; do
+    while c=$(take) && [ -n "$c" ]; do
         IFS='|' read -r name dir cc opts <<EOF
 $c
 EOF
         # shellcheck disable=SC2086
-        CC=$cc config "$name" "$dir" $opts || { echo failed >"$TMPD/$label"; return 1; }
+        CC=$cc config "$name" "$dir" $opts || {
+            echo failed >"$TMPD/$label"
+            : >"$TMPD/failed"
+            return 1
+        }
     done
-    echo ok >"$TMPD/$label"
+    [ -f "$TMPD/failed" ] && echo stopped >"$TMPD/$label" || echo ok >"$TMPD/$label"
     rm -f "$TMPD/phase-$label"
 }
 
@@ -192,13 +210,13 @@ test)
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
     ASAN="ASan+UBSan|build-ci-asan|gcc|-Db_sanitize=address,undefined -Db_lundef=false"
     TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
-    # balanced by their measured times (build + tests, clean clone on 2
-    # cores, 2026-11-29, with TSan's heaviest tests cut since): TSan (~16
-    # min) and clang (~6.5) beside gcc (~8.7 with valgrind), ASan+UBSan
-    # (~11) and release (~4.6)
-    lane a "$TSAN" "$CLANG" &
+    # two lanes take configurations from one queue, the longest first
+    # (build + tests, clean clone on 2 cores): whichever lane is free takes
+    # the next, so neither waits idle for the other at the end
+    printf '%s\n' "$TSAN" "$ASAN" "$GCC" "$CLANG" "$RELEASE" >"$TMPD/queue"
+    lane a &
     pa=$!
-    lane b "$GCC" "$ASAN" "$RELEASE" &
+    lane b &
     pb=$!
     heartbeat &
     ph=$!

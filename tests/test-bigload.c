@@ -1,10 +1,10 @@
 /* tests/test-bigload.c: a model larger than the free device memory, loaded
  * through the preloaded shim and the fake driver (issue 19): the managed cap.
  *
- * The fake device has 1 GiB; a blocker (device memory the shim does not
- * serve, as on the lent GPU) leaves 512 MiB free; WOFFLOAD_MANAGED_MARGIN=128
- * leaves 384 MiB for managed memory. The engine loads up to 48 weights of
- * 32 MiB (1.5 GiB) with
+ * The fake device has 256 MiB; a blocker (device memory the shim does not
+ * serve, as on the lent GPU) leaves 128 MiB free; WOFFLOAD_MANAGED_MARGIN=32
+ * leaves 96 MiB for managed memory. The engine loads up to 48 weights of
+ * 8 MiB (384 MiB) with
  * cuMemAlloc + cuMemcpyHtoD while the placeable window is open, tags them,
  * seals, and reads every byte back. WOFAKE_MANAGED_GUARD=1 is the referee:
  * the fake refuses any cuMemAllocManaged that would make live managed bytes
@@ -13,9 +13,11 @@
  * guard bites: the engine's own oversized cuMemAllocManaged is refused.
  *
  * Scenarios (each a re-executed child with its own environment):
- *   cap:  48 weights: 12 managed; past the cap, with the default on the
+ *   cap:  96 weights: 12 managed; past the cap, with the default on the
  *         device, 12 pass through as device memory while the device has
- *         room beyond the margin, the other 24 are pinned host memory; a
+ *         room beyond the margin, the other 72 are pinned host memory (576
+ *         MiB: past the 512 MiB under which pinning makes no progress
+ *         line); a
  *         device-placed scope passes through; stats and seal warning.
  *   nopin: 28 weights, pinning fails too: the last 4 pass through with a
  *         located error (the device still has room for them).
@@ -42,8 +44,12 @@
 #include <cuda.h>
 
 #define MiB ((size_t)1 << 20)
-#define NW_MAX 48
-#define WSIZE (32 * MiB)
+#define NW_MAX 96
+/* Sizes are a quarter of those first written (32 MiB weights, a 1 GiB
+ * device): the same decisions, a quarter of the bytes to copy and check
+ * (under TSan the shadow memory of 1.5 GiB of loads made it the longest
+ * test of the run, 129 s). */
+#define WSIZE (8 * MiB)
 
 #include "preload-check.h"
 
@@ -70,7 +76,10 @@ static int child(const char *scenario)
     CUdeviceptr blocker, w[NW_MAX], late = 0, m = 0;
     /* fitfirst and fitlate: 24 weights show the order as well as 48 */
     const bool first = strcmp(scenario, "fitfirst") == 0 || strcmp(scenario, "fitlate") == 0;
-    const unsigned NW = strcmp(scenario, "nopin") == 0 ? 28 : first ? 24 : NW_MAX;
+    const unsigned NW = strcmp(scenario, "nopin") == 0 ? 28
+                        : first                        ? 24
+                        : strcmp(scenario, "cap") == 0 ? NW_MAX
+                                                       : 48;
     uint64_t *buf = malloc(WSIZE), *back = malloc(WSIZE);
     char name[64];
 
@@ -96,10 +105,10 @@ static int child(const char *scenario)
     CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
     CHECK(p_cuCtxRetain(&ctx, dev) == CUDA_SUCCESS);
     CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
-    /* The blocker leaves 512 MiB of the fake's 1 GiB free. It must be
+    /* The blocker leaves 128 MiB of the fake's 256 MiB free. It must be
      * device memory the shim does not serve: stream-ordered allocations
      * never are (on the GPU the blocker is another process). */
-    CHECK(p_cuMemAllocAsync(&blocker, 512 * MiB, 0) == CUDA_SUCCESS);
+    CHECK(p_cuMemAllocAsync(&blocker, 128 * MiB, 0) == CUDA_SUCCESS);
 
     for (unsigned i = 0; i < NW; i++) {
         CUresult r = p_cuMemAlloc(&w[i], WSIZE);
@@ -123,12 +132,11 @@ static int child(const char *scenario)
         /* A scope the policy places on the device, past the cap: the
          * engine's own call allocates it as device memory. */
         CHECK(p_push("model.norm.weight") == 0);
-        CHECK(p_cuMemAlloc(&late, 8 * MiB) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&late, 2 * MiB) == CUDA_SUCCESS);
         CHECK(p_pop() == 0);
         /* The negative control: the referee refuses the engine's own
          * managed memory beyond the free device memory. */
-        CHECK(p_cuMemAllocManaged(&m, 2048 * MiB, CU_MEM_ATTACH_GLOBAL) ==
-              CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK(p_cuMemAllocManaged(&m, 512 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
     }
     CHECK(p_seal() == 0);
     for (unsigned i = 0; i < NW; i++) {
@@ -180,9 +188,9 @@ static int run(char **argv, const char *scenario, const char *policy, const char
         setenv("WO_BIGLOAD_CHILD", scenario, 1);
         setenv("WOFFLOAD_POLICY", pol, 1);
         setenv("WOFFLOAD_STATS", st, 1);
-        setenv("WOFAKE_TOTAL_MEM", "1024M", 1);
+        setenv("WOFAKE_TOTAL_MEM", "256M", 1);
         setenv("WOFAKE_MANAGED_GUARD", "1", 1);
-        setenv("WOFFLOAD_MANAGED_MARGIN", "128", 1);
+        setenv("WOFFLOAD_MANAGED_MARGIN", "32", 1);
         setenv("WOFFLOAD_PROGRESS", "1", 1);
         for (; env && *env; env++)
             putenv((char *)*env);
@@ -231,28 +239,28 @@ int main(int argc, char **argv)
     static const char cap_policy[] = "version: 1\n"
                                      "rules:\n"
                                      "  - {match: [experts], place: managed}\n";
-    /* 704 MiB less the 512 MiB blocker the engine holds: 192 MiB, the six
+    /* 176 MiB less the 128 MiB blocker the engine holds: 48 MiB, the six
      * attention weights that are managed (the cap pinned the rest); no
      * reserve for the engine's later allocations (this engine makes none).
      * Read in place (hot-set): no room kept for staging slots. */
     static const char fit_policy[] = "version: 1\n"
-                                     "fit: {device: 704MiB, keep_free: 64MiB, reserve: 0}\n"
+                                     "fit: {device: 176MiB, keep_free: 16MiB, reserve: 0}\n"
                                      "prefetch: {mode: hot-set}\n";
     /* fit's own prefetch mode (auto): room for the default four slots */
     static const char fit_auto_policy[] = "version: 1\n"
-                                          "fit: {device: 928MiB, keep_free: 64MiB, reserve: 0}\n";
+                                          "fit: {device: 232MiB, keep_free: 16MiB, reserve: 0}\n";
     static const char fit_stream_policy[] = "version: 1\n"
-                                            "fit: {device: 928MiB, keep_free: 64MiB, "
+                                            "fit: {device: 232MiB, keep_free: 16MiB, "
                                             "reserve: 0}\n"
                                             "prefetch: {mode: stream, slots: 2, "
                                             "experimental: true}\n";
     /* the default reserve (256 MiB, at most half the budget), and one given */
     static const char fit_reserve_policy[] = "version: 1\n"
-                                             "fit: {device: 1GiB, keep_free: 64MiB}\n"
+                                             "fit: {device: 256MiB, keep_free: 16MiB}\n"
                                              "prefetch: {mode: hot-set}\n";
     static const char fit_reserve96_policy[] = "version: 1\n"
-                                               "fit: {device: 1GiB, keep_free: 64MiB, "
-                                               "reserve: 96MiB}\n"
+                                               "fit: {device: 256MiB, keep_free: 16MiB, "
+                                               "reserve: 24MiB}\n"
                                                "prefetch: {mode: hot-set}\n";
     static char stats[1 << 20], err[1 << 16];
     const char *s;
@@ -265,16 +273,16 @@ int main(int argc, char **argv)
         return 77;
     }
 
-    /* cap: at most 896 MiB of managed memory (1 GiB free less the margin);
+    /* cap: at most 224 MiB of managed memory (256 MiB free less the margin);
      * the engine's writes land on the device and count against free too. */
     if (want(argc, argv, "cap")) {
         f0 = failures;
         rc = run(argv, "cap", cap_policy, NULL, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"managed_cap\":{\"margin\":134217728") != NULL);
+        CHECK(strstr(stats, "\"managed_cap\":{\"margin\":33554432") != NULL);
         CHECK(strstr(stats, "\"failed\":0") != NULL);
         CHECK(strstr(stats, "\"passed\":13,") != NULL); /* 12 window + the scope */
-        CHECK(strstr(stats, "\"pinned\":24,") != NULL);
+        CHECK(strstr(stats, "\"pinned\":72,") != NULL);
         CHECK(strstr(err, "managed memory would pass the free device memory") != NULL);
         CHECK(strstr(err, "seal: managed cap") != NULL);
         CHECK(strstr(err, "pinning host memory:") != NULL);
@@ -307,7 +315,7 @@ int main(int argc, char **argv)
     }
 
     /* fit: window memory is advised to the host before the engine writes
-     * it, so the free memory stays 1 GiB and 14 weights (896 MiB) are
+     * it, so the free memory stays 256 MiB and 14 weights (224 MiB) are
      * managed, the rest pinned. Seal keeps attention on the device first. */
     if (want(argc, argv, "fit")) {
         f0 = failures;
@@ -327,7 +335,7 @@ int main(int argc, char **argv)
             CHECK(e && strstr(e, "\"placement\":\"device\""));
             e = strstr(stats, "{\"name\":\"model.layers.6.self_attn.qkv_proj.weight\"");
             CHECK(e && strstr(e, "\"placement\":\"host\"")); /* pinned by the cap */
-            CHECK(strstr(stats, "\"device_bytes\":201326592") != NULL);
+            CHECK(strstr(stats, "\"device_bytes\":50331648") != NULL);
             CHECK(strstr(stats, "\"pinned\":36,") != NULL);
             CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
         }
@@ -335,56 +343,55 @@ int main(int argc, char **argv)
     }
 
     /* fitstream: fit with streaming asked for keeps room for two staging
-     * slots of the largest weight it may send off the device (32 MiB):
-     * budget 416 MiB (928 MiB less the 512 MiB blocker), 64 MiB of it for
+     * slots of the largest weight it may send off the device (8 MiB):
+     * budget 104 MiB (232 MiB less the 128 MiB blocker), 16 MiB of it for
      * the slots, so 11 of the 12 managed weights stay on the device, not
-     * all 12 (384 MiB) as without streaming. */
+     * all 12 (96 MiB) as without streaming. */
     if (want(argc, argv, "fitstream")) {
         f0 = failures;
         rc =
             run(argv, "fitstream", fit_stream_policy, NULL, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"staging_bytes\":67108864,") != NULL);
-        CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
-        CHECK(strstr(err, "64.00 MiB for staging slots") != NULL);
+        CHECK(strstr(stats, "\"staging_bytes\":16777216,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":92274688,") != NULL);
+        CHECK(strstr(err, "16.00 MiB for staging slots") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitstream", stats, err);
     }
 
     /* fitauto: the same budget with no prefetch mode named: fit runs auto,
-     * which may stream, so it keeps room for the default four slots (128
-     * MiB of the 416): 9 weights on the device, and the room lent */
+     * which may stream, so it keeps room for the default four slots (32
+     * MiB of the 104): 9 weights on the device, and the room lent */
     if (want(argc, argv, "fitauto")) {
         f0 = failures;
         rc = run(argv, "fitauto", fit_auto_policy, NULL, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"staging_bytes\":134217728,") != NULL);
-        CHECK(strstr(stats, "\"device_bytes\":301989888,") != NULL);
-        CHECK(strstr(err, "128.00 MiB for staging slots") != NULL);
+        CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":75497472,") != NULL);
+        CHECK(strstr(err, "32.00 MiB for staging slots") != NULL);
         /* the staging room lent: the three managed weights fit left on the
          * host become managed, for the prefetcher to hold while the slots are
          * empty (the other 36 are pinned: they cannot move) */
-        CHECK(strstr(stats, "\"lent_bytes\":100663296}") != NULL);
-        CHECK(strstr(err, "lent to 96.00 MiB of managed weights") != NULL);
+        CHECK(strstr(stats, "\"lent_bytes\":25165824}") != NULL);
+        CHECK(strstr(err, "lent to 24.00 MiB of managed weights") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitauto", stats, err);
     }
 
-    /* fitreserve: the budget is 448 MiB (the 512 MiB the blocker leaves
+    /* fitreserve: the budget is 112 MiB (the 128 MiB the blocker leaves
      * free, less keep_free). The default reserve (256 MiB) for what the
-     * engine allocates after seal is held to half of it, 224 MiB, so the
-     * weights get 224 MiB: 7 of the 32 MiB weights, not the 12 (384 MiB)
-     * that fit without a reserve. Given as 96 MiB, 11 of them. */
+     * engine allocates after seal is held to half of it, 56 MiB, so the
+     * weights get 56 MiB: 7 of the 8 MiB weights, not the 12 (96 MiB)
+     * that fit without a reserve. Given as 24 MiB, 11 of them. */
     if (want(argc, argv, "fitreserve")) {
         f0 = failures;
         rc = run(argv, "fitreserve", fit_reserve_policy, NULL, stats, sizeof(stats), err,
                  sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"budget\":469762048,") != NULL);
-        CHECK(strstr(stats, "\"reserve_bytes\":234881024,") != NULL);
-        CHECK(strstr(stats, "\"device_bytes\":234881024,") != NULL);
-        CHECK(strstr(err, "224.00 MiB of it kept for what the engine allocates after seal") !=
-              NULL);
+        CHECK(strstr(stats, "\"budget\":117440512,") != NULL);
+        CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":58720256,") != NULL);
+        CHECK(strstr(err, "56.00 MiB of it kept for what the engine allocates after seal") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitreserve", stats, err);
     }
@@ -393,8 +400,8 @@ int main(int argc, char **argv)
         rc = run(argv, "fitreserve96", fit_reserve96_policy, NULL, stats, sizeof(stats), err,
                  sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"reserve_bytes\":100663296,") != NULL);
-        CHECK(strstr(stats, "\"device_bytes\":369098752,") != NULL);
+        CHECK(strstr(stats, "\"reserve_bytes\":25165824,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":92274688,") != NULL);
         dump_on_failure(f0, "fitreserve96", stats, err);
     }
 
@@ -412,9 +419,9 @@ int main(int argc, char **argv)
     }
 
     /* fitlate: the same, late bound. The first 10 weights (experts) are
-     * backed on the device while 192 MiB (margin and keep_free) stay free,
+     * backed on the device while 48 MiB (margin and keep_free) stay free,
      * the rest on the host; at seal fit chooses six attention weights
-     * (192 MiB: 704 MiB less the 512 MiB blocker) and the experts go to the
+     * (48 MiB: 176 MiB less the 128 MiB blocker) and the experts go to the
      * host, every byte read back after the re-backing. */
     if (want(argc, argv, "fitlate")) {
         f0 = failures;
@@ -427,7 +434,7 @@ int main(int argc, char **argv)
         CHECK(on_device(stats, "experts") == 0);
         CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"ranges\":24,\"fallbacks\":0,") !=
               NULL);
-        CHECK(strstr(stats, "\"device_bytes\":201326592,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":50331648,") != NULL);
         CHECK(strstr(stats, "\"failures\":0}") != NULL);
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);

@@ -56,6 +56,11 @@ else
     echo "ok   a passing ./bootstrap.sh test exits 0"
 fi
 grep -q "all configurations passed" "$tmp/out" || fail "a passing run does not say so"
+# the two lanes take the five configurations from one queue: each runs once
+for name in "gcc -Werror" "clang -Werror" "release (NDEBUG)" "ASan+UBSan" "TSan"; do
+    n=$(grep -cF "bootstrap: [$name] start" "$tmp/out")
+    [ "$n" -eq 1 ] || fail "configuration $name started $n times, expected once"
+done
 
 for d in build-ci-asan build-ci-tsan; do
     run "$d"

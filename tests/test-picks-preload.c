@@ -51,14 +51,6 @@ static CUdeviceptr w[2];
 static const size_t row_of[2] = {ROW0, ROW1};
 static uint64_t inplace_reads, moved_reads;
 
-static uint64_t hash(const unsigned char *p, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
-}
-
 /* params: const unsigned char *w, const void *ids, uint64_t n, uint64_t width,
  * uint64_t row, uint64_t *out: out[k] = hash of row ids[k] (0 for an id
  * outside [0, E)); counts whether w was the tensor's own address */
@@ -85,7 +77,7 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
             memcpy(&v, ids + 4 * k, 4);
             e = v;
         }
-        out[k] = e >= 0 && e < E ? hash((const unsigned char *)(uintptr_t)p + e * row, row) : 0;
+        out[k] = e >= 0 && e < E ? check_hash((const unsigned char *)(uintptr_t)p + e * row, row) : 0;
     }
 }
 
@@ -157,7 +149,7 @@ static int resident_child(int (*picks)(const void *, size_t, unsigned, const voi
 
             for (int k = 0; k < TOKENS * TOPK; k++) {
                 id64[k] = (int64_t)(rng() % E);
-                ref[k] = hash(host[t] + id64[k] * row, row);
+                ref[k] = check_hash(host[t] + id64[k] * row, row);
             }
             CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
             CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
@@ -292,7 +284,7 @@ static int child(void)
                 int64_t e = (int64_t)(rng() % (t ? E + 2 : E)) - (t ? 2 : 0);
                 id64[k] = e;
                 id32[k] = (int32_t)e;
-                ref[k] = e >= 0 && e < E ? hash(host[t] + e * row, row) : 0;
+                ref[k] = e >= 0 && e < E ? check_hash(host[t] + e * row, row) : 0;
                 if (e >= 0 && e < E && !picked[e]) {
                     picked[e] = 1;
                     distinct_rows++;
@@ -318,7 +310,7 @@ static int child(void)
                     CHECK(p_cuMemcpyHtoD(w[t] + e * row, host[t] + e * row, 64) == CUDA_SUCCESS);
                     for (int k = 0; k < TOKENS * TOPK; k++) {
                         int64_t x = t ? id32[k] : id64[k];
-                        ref[k] = x >= 0 && x < E ? hash(host[t] + x * row, row) : 0;
+                        ref[k] = x >= 0 && x < E ? check_hash(host[t] + x * row, row) : 0;
                     }
                 }
             }
