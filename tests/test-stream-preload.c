@@ -371,7 +371,7 @@ static int child(const char *mode)
  * redirected. */
 #define LAUNCH_KEEPS(kern, params, v)                                                              \
     do {                                                                                           \
-        CHECK(p_cuLaunchKernel(kern, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);      \
+        CHECK(p_cuLaunchKernel(kern, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);       \
         CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);                                                  \
         if (*(uint64_t *)(uintptr_t)out != (v))                                                    \
             rewritten_words++;                                                                     \
@@ -598,12 +598,18 @@ static int child(const char *mode)
                 LAUNCH_KEEPS(kp, params, v);
             }
             /* the GPU's time on this layer: the executor stages meanwhile.
-             * stream-exit: 4 ms, a real layer's order: with 0.3 ms its
-             * twenty steps (0.2 s once the checksum went word by word)
-             * ended before any range was staged while every pin takes
-             * 0.3 s, and it checks that the exit comes with reads
-             * redirected and pins still queued */
-            usleep(exit_mode ? 4000 : 300);
+             * The stream modes check what happens to a range while it is
+             * staged (a write through its slot, a slot taken back): 2 ms,
+             * a real layer's order, so the executor keeps ahead of the
+             * engine also under ASan on a loaded machine (the byte-wise
+             * checksum used to give it ~4 ms; at 0.3 ms ASan's staging fell
+             * behind once and the write through a slot went in place).
+             * stream-exit: 4 ms: with 0.3 ms its twenty steps ended before
+             * any range was staged while every pin takes 0.3 s, and it
+             * checks that the exit comes with reads redirected and pins
+             * still queued. The others check step times and decisions:
+             * 0.3 ms */
+            usleep(exit_mode ? 4000 : strncmp(mode, "stream", 6) == 0 ? 2000 : 300);
         }
         for (int r = 0; r < 2 * READS && !managed_mode; r++) {
             uint64_t n = MiB;
@@ -619,8 +625,8 @@ static int child(const char *mode)
     CHECK(stray_writes == 0);
     CHECK(rewritten_words == 0);
     printf("child %s: %llu of %d reads from a slot, %llu wrong, %llu non-pointer words changed\n",
-           mode, (unsigned long long)redirected_reads, steps * NR * reads, (unsigned long long)wrong,
-           (unsigned long long)rewritten_words);
+           mode, (unsigned long long)redirected_reads, steps * NR * reads,
+           (unsigned long long)wrong, (unsigned long long)rewritten_words);
     if (strcmp(mode, "hot-set") == 0)
         CHECK(redirected_reads == 0);
     else
