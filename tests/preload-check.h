@@ -4,13 +4,12 @@
  * and goes on so one run reports every broken promise; need(), a dlsym()
  * that stops the program when a symbol is missing; slurp(), which reads
  * what a child left in a file; want(), which says whether a case named on
- * the command line runs; check_hash(), the checksum their kernels and
- * checks compare. Each program returns `failures ? 1 : 0`. */
+ * the command line runs. Each program
+ * returns `failures ? 1 : 0`. */
 #pragma once
 
 #include <dlfcn.h>
 #include <stdbool.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,23 +72,4 @@ static inline bool want(int argc, char **argv, const char *name)
         if (strcmp(argv[i], name) == 0)
             return true;
     return false;
-}
-
-/* FNV-1a over 8-byte words (the tail byte by byte): any one changed word
- * changes the result (xor, then a multiply by an odd number, is a
- * bijection). Word by word, not byte by byte: the byte loop was 85% of
- * test-stream-preload's CPU, and a sanitizer checks each load. */
-static inline uint64_t check_hash(const void *data, size_t n)
-{
-    const unsigned char *p = data;
-    uint64_t h = 1469598103934665603ull, w;
-    size_t i = 0;
-
-    for (; i + 8 <= n; i += 8) {
-        memcpy(&w, p + i, 8);
-        h = (h ^ w) * 1099511628211ull;
-    }
-    for (; i < n; i++)
-        h = (h ^ p[i]) * 1099511628211ull;
-    return h;
 }

@@ -53,7 +53,7 @@ static const size_t row_of[2] = {ROW0, ROW1};
 static uint64_t inplace_reads, moved_reads;
 
 /* params: const unsigned char *w, const void *ids, uint64_t n, uint64_t width,
- * uint64_t row, uint64_t *out: out[k] = hash of row ids[k] (0 for an id
+ * uint64_t row, uint64_t *out: out[k] = host_sum (gpu/wsum.h) of row ids[k] (0 for an id
  * outside [0, E)); counts whether w was the tensor's own address */
 static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
 {
@@ -78,7 +78,8 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
             memcpy(&v, ids + 4 * k, 4);
             e = v;
         }
-        out[k] = e >= 0 && e < E ? check_hash((const unsigned char *)(uintptr_t)p + e * row, row) : 0;
+        out[k] =
+            e >= 0 && e < E ? host_sum((const uint64_t *)(uintptr_t)(p + e * row), row / 8) : 0;
     }
 }
 
@@ -142,16 +143,14 @@ static char *snapshot(long (*stats)(char *, size_t))
  * tensor wholly on the device, launches with picks read it there with no
  * copy; every read right throughout, and the stats count those launches
  * per tensor (resident, resident_fraction) and in all. */
-static int resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
-                                       unsigned),
-                          long (*stats)(char *, size_t),
-                          CUresult (*htod)(CUdeviceptr, const void *, size_t),
-                          CUresult (*dtoh)(void *, CUdeviceptr, size_t),
-                          CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                             unsigned, unsigned, unsigned, CUstream, void **,
-                                             void **),
-                          CUresult (*sync)(CUstream), CUfunction kg, CUstream s, CUdeviceptr ids,
-                          CUdeviceptr out, unsigned char *const host[2])
+static int
+resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
+               long (*stats)(char *, size_t), CUresult (*htod)(CUdeviceptr, const void *, size_t),
+               CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+               CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                  unsigned, unsigned, CUstream, void **, void **),
+               CUresult (*sync)(CUstream), CUfunction kg, CUstream s, CUdeviceptr ids,
+               CUdeviceptr out, unsigned char *const host[2])
 {
     uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
     bool resident = false;
@@ -168,7 +167,7 @@ static int resident_child(int (*picks)(const void *, size_t, unsigned, const voi
 
             for (int k = 0; k < TOKENS * TOPK; k++) {
                 id64[k] = (int64_t)(rng() % E);
-                ref[k] = check_hash(host[t] + id64[k] * row, row);
+                ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
             }
             CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
             CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
@@ -301,7 +300,8 @@ static int child(void)
                 int64_t e = (int64_t)(rng() % (t ? E + 2 : E)) - (t ? 2 : 0);
                 id64[k] = e;
                 id32[k] = (int32_t)e;
-                ref[k] = e >= 0 && e < E ? check_hash(host[t] + e * row, row) : 0;
+                ref[k] =
+                    e >= 0 && e < E ? host_sum((const uint64_t *)(host[t] + e * row), row / 8) : 0;
                 if (e >= 0 && e < E && !picked[e]) {
                     picked[e] = 1;
                     distinct_rows++;
@@ -327,7 +327,9 @@ static int child(void)
                     CHECK(p_cuMemcpyHtoD(w[t] + e * row, host[t] + e * row, 64) == CUDA_SUCCESS);
                     for (int k = 0; k < TOKENS * TOPK; k++) {
                         int64_t x = t ? id32[k] : id64[k];
-                        ref[k] = x >= 0 && x < E ? check_hash(host[t] + x * row, row) : 0;
+                        ref[k] = x >= 0 && x < E
+                                     ? host_sum((const uint64_t *)(host[t] + x * row), row / 8)
+                                     : 0;
                     }
                 }
             }
@@ -336,8 +338,8 @@ static int child(void)
              * the layer would have its own picks) */
             if (step == 7) {
                 uint64_t before = inplace_reads;
-                struct other_launch o = {p_cuLaunchKernel, p_cuCtxSetCurrent, ctx, kg, s, params,
-                                         CUDA_ERROR_UNKNOWN};
+                struct other_launch o = {p_cuLaunchKernel, p_cuCtxSetCurrent, ctx, kg, s,
+                                         params,           CUDA_ERROR_UNKNOWN};
                 pthread_t th;
                 CHECK(pthread_create(&th, NULL, other_thread, &o) == 0);
                 pthread_join(th, NULL);
@@ -416,9 +418,11 @@ static int child(void)
         long long rows = json_num(js, "},\"tensors\":", "\"rows\":");
         long long copied = json_num(js, "},\"tensors\":", "\"bytes_copied\":");
         long long whole = json_num(js, "},\"tensors\":", "\"whole_bytes\":");
-        CHECK(rows >= (long long)distinct_rows &&
-              rows <= (long long)distinct_rows + 2 * TOPK * TOKENS);
-        if (rows < (long long)distinct_rows || rows > (long long)distinct_rows + 2 * TOPK * TOKENS)
+        bool rows_ok = rows >= (long long)distinct_rows &&
+                       rows <= (long long)distinct_rows + 2 * TOPK * TOKENS;
+
+        CHECK(rows_ok);
+        if (!rows_ok)
             fprintf(stderr, "rows %lld, distinct %llu, staged launches %llu\n", rows,
                     (unsigned long long)distinct_rows, (unsigned long long)staged_launches);
         CHECK(copied > 0 && copied * 3 < whole); /* <= 4 of 16 rows a copy */
@@ -435,8 +439,7 @@ static int child(void)
         CHECK(regs > 0 && copied > 0 &&
               json_num(js, t, "\"copied_per_registration\":") == copied / regs);
         CHECK(json_num(js, t, "\"resident\":") >= 0 &&
-              json_num(js, t, "\"resident\":") <=
-                  json_num(js, "},\"tensors\":", "\"resident\":"));
+              json_num(js, t, "\"resident\":") <= json_num(js, "},\"tensors\":", "\"resident\":"));
     }
     free(js);
     check_summary("test-picks-preload child");
