@@ -42,7 +42,14 @@ DEADLINE=${DEADLINE:-570}
 PEERS=$(cd "${PEERS:-.peers/llamacpp}" && pwd) || { echo "no peers kit at ${PEERS:-.peers/llamacpp}"; exit 1; }
 SRC=$(cd "${LLAMA_SRC:?set LLAMA_SRC to the llama.cpp tree (make-tree.sh)}" && pwd) || exit 1
 B=${LLB:-/tmp/llb}
-M=${GGUF:-/tmp/x.gguf}
+# SHAPE: moe32 (the kit's 32 experts top-4) or moe128 (128 experts top-8,
+# Qwen3-30B-A3B's layer): bench/gguf-shape.py
+SHAPE=${SHAPE:-moe32}
+case $SHAPE in
+moe32) M=${GGUF:-/tmp/x.gguf} ;;
+moe128) M=${GGUF:-/tmp/x-moe128.gguf} ;;
+*) echo "SHAPE=$SHAPE: expected moe32 or moe128"; exit 2 ;;
+esac
 BIN=$B/bin
 TOK=$B/llamacpp-tokens
 RUN=$ROOT/build-gpu/tools/woffload-run
@@ -60,7 +67,7 @@ fi
 {
     echo "# llamacpp-hook: $(date -u '+%Y-%m-%d %H:%M UTC'), commit ${WO_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.free --format=csv,noheader 2>&1
-    echo "cores $(nproc); LLAMA_SRC=$SRC; GGUF=$M"
+    echo "cores $(nproc); LLAMA_SRC=$SRC; SHAPE=$SHAPE; GGUF=$M"
 } | tee -a "$OUT/summary.txt"
 
 # ---- build: llama.cpp, the GGUF and the shim at once ---------------------------------
@@ -81,7 +88,7 @@ LLAMA_PID=$!
     if [ -s "$M" ]; then
         echo "GGUF $M exists"
     else
-        GGUF_PY=$SRC/gguf-py PYTHONUNBUFFERED=1 python3 "$PEERS/gen_gguf.py" "$M.part" && mv "$M.part" "$M"
+        GGUF_PY=$SRC/gguf-py PEERS=$PEERS PYTHONUNBUFFERED=1 python3 bench/gguf-shape.py "$SHAPE" "$M.part" && mv "$M.part" "$M"
     fi
 ) >"$OUT/gen.log" 2>&1 &
 GEN_PID=$!
