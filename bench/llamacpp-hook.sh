@@ -218,21 +218,27 @@ bench() {
     lim=$(($(left) - 15))
     [ $lim -gt 120 ] && lim=120
     if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
-    local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg 32 -c 4096 -npl "1,8,32" -lv 4 "$@")
+    local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg "${NTG:-32}" -c 4096 -npl "1,8,32" -lv 4 "$@")
     if [ "$mode" != plain ]; then
         cmd=("$RUN" --policy "${POL[$mode]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
+    local base
+    base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1 &
     local pid=$! peak
     # the process's device memory (weights, KV, compute buffers, the shim's
-    # staging and context): the peak of nvidia-smi's per-process figure,
-    # sampled each second; the one GPU runs one of these rows at a time
+    # staging and context), sampled each second; the one GPU runs one of
+    # these rows at a time. Two figures: nvidia-smi's per-process one, which
+    # leaves out managed memory resident on the device (the shim's model
+    # buffer), and the GPU's used memory less what was used before the row
+    # started, which counts it
     peak=$(while kill -0 $pid 2>/dev/null; do
-        nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null
+        echo "p $(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')"
+        echo "g $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)"
         sleep 1
-    done | awk '{ s = $1 + 0; if (s > m) m = s } END { print m + 0 }')
+    done | awk -v b="${base:-0}" '$1 == "p" { if ($2 > p) p = $2 } $1 == "g" { if ($2 - b > g) g = $2 - b } END { printf "%d MiB per process, %d MiB of the GPU used memory", p, g }')
     wait $pid
-    say "$name rc=$? (limit ${lim}s), device memory peak ${peak} MiB"
+    say "$name rc=$? (limit ${lim}s), device memory peak: ${peak}"
     grep -E "model buffer size|KV buffer size|compute buffer size|woffload: ggml:|woffload: seal|managed cap" "$OUT/$name.log" | head -9 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
     grep -E '^\|' "$OUT/$name.log" | tee -a "$OUT/summary.txt"
     if [ "$mode" != plain ] && [ -f "$OUT/$name.stats.json" ]; then
