@@ -21,6 +21,9 @@
 #   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
 #              the shim + hook with the same three policies, llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
+#   *-fit      with FIT=SIZE: tokens and a batched-bench row under
+#              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
+#              row held: the shim choosing what stays within the same total)
 #   server-*   llama-server plain and under the shim (experts host): load,
 #              /completion with "return_tokens", token ids compared when both
 #              answer 200 (a random model can get 500 from the chat parser,
@@ -135,6 +138,14 @@ names = [n for n in s.get("names", []) if re.match(r"^(blk\.[0-9]+\.|token_embd\
 rules = s.get("rules", [])
 print("stats: rules: " + "; ".join(f"{r['label']} -> {r['placement']}: {r['names']} names "
                                      f"{r['bytes'] / 2**30:.2f} GiB" for r in rules))
+if mode == "fit":
+    f = s.get("fit", {})
+    print("stats: fit: " + ", ".join(f"{k} {f[k] / 2**30:.2f} GiB" for k in
+          ("budget", "device_bytes", "rest_bytes", "engine_bytes", "staging_bytes", "reserve_bytes")
+          if isinstance(f.get(k), (int, float))))
+    if not names:
+        print("stats: no live names (the model was freed); judged by fit's device bytes")
+        sys.exit(0 if f.get("device_bytes", 0) > 0 else 1)
 if not names:
     want_rule = {"exps": "'exps'", "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
     hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
@@ -142,6 +153,8 @@ if not names:
           f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
     sys.exit(0 if hit or mode == "empty" else 1)
 def want(n):
+    if mode == "fit":  # fit chooses; every name is on one side or the other
+        return next((x["placement"] for x in names if x["name"] == n and x["placement"] in ("device", "host")), "device or host")
     if mode == "empty":
         return "unplaceable"
     if mode == "exps":
@@ -165,6 +178,12 @@ EOF
 }
 
 declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE)
+# shim_args MODE: the launcher's placement arguments in SHIM (an array): the
+# mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
+# memory a llama.cpp row was measured to hold, for a row at equal memory)
+shim_args() {
+    if [ "$1" = fit ]; then SHIM=(--fit "$FIT"); else SHIM=(--policy "${POL[$1]}"); fi
+}
 PLAIN_TOKENS=""
 FAILS=0
 
@@ -186,7 +205,8 @@ tokens() {
     if [ $lim -lt 20 ]; then say "SKIP $name: $(left) s left"; return; fi
     local cmd=("$TOK" "$M" 32 "$mm")
     if [ "$mode" != plain ]; then
-        cmd=(env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" --policy "${POL[$mode]}"
+        shim_args "$mode"
+        cmd=(env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" "${SHIM[@]}"
             --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1
@@ -220,7 +240,8 @@ bench() {
     if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
     local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg "${NTG:-32}" -c 4096 -npl "1,8,32" -lv 4 "$@")
     if [ "$mode" != plain ]; then
-        cmd=("$RUN" --policy "${POL[$mode]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+        shim_args "$mode"
+        cmd=("$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     local base
     base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -278,7 +299,8 @@ server() {
     if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
     local cmd=("$BIN/llama-server" -m "$M" -ngl 99 -fa on -c 4096 -np 1 --host 127.0.0.1 --port "$port")
     if [ "$mode" != plain ]; then
-        cmd=("$RUN" --policy "${POL[$mode]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+        shim_args "$mode"
+        cmd=("$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     "${cmd[@]}" >"$OUT/$name.log" 2>&1 &
     local pid=$! t=0 up=0
@@ -327,5 +349,13 @@ bench shim-exps exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
+# fit at the device memory llama.cpp's -ncmoe 8 row held (FIT, measured):
+# the shim chooses what stays by value within the same total
+if [ -n "${FIT:-}" ]; then
+    tokens fit fit
+    bench shim-fit fit
+elif chosen tokens-fit || chosen bench-shim-fit; then
+    say "SKIP the fit rows: FIT (the fit size) not set"
+fi
 say "done: $FAILS failed checks"
 exit $((FAILS > 0))
