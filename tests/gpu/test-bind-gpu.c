@@ -364,6 +364,43 @@ int main(int argc, char **argv)
             }
             printf("created with %zu bytes asked on the device: %llu there\n", on,
                    (unsigned long long)st.device_bytes);
+            if (fake_fail) {
+                /* Fake only: a range's copy stream is made by its first
+                 * move that copies (the first range's was made long ago):
+                 * when it cannot be made the move fails and nothing
+                 * changes; the next move makes it and succeeds. The last
+                 * granule is on the host (created so). */
+                size_t g0 = (ngr - 1) * gran;
+                enum wo_bind_loc w0 = wo_bind_where(b2, g0);
+                enum wo_bind_loc to = w0 == WO_BIND_HOST ? WO_BIND_DEVICE : WO_BIND_HOST;
+                int rc;
+
+                if (fake_fail("cuStreamCreate", 1, CUDA_ERROR_OUT_OF_MEMORY) != 0) {
+                    fprintf(stderr, "FAIL: the fake does not know cuStreamCreate\n");
+                    failures++;
+                }
+                rc = wo_bind_move(b2, g0, gran, to, &res);
+                fake_fail_clear();
+                CK(dtoh(back, wo_bind_base(b2), size));
+                if (rc == 0 || wo_bind_where(b2, g0) != w0 || memcmp(back, ref, size) != 0) {
+                    fprintf(stderr, "FAIL: a move whose copy stream cannot be made: rc %d, "
+                                    "granule on the %s, bytes %s\n",
+                            rc, wo_bind_where(b2, g0) == WO_BIND_HOST ? "host" : "device",
+                            memcmp(back, ref, size) ? "CHANGED" : "kept");
+                    failures++;
+                }
+                rc = wo_bind_move(b2, g0, gran, to, &res);
+                CK(dtoh(back, wo_bind_base(b2), size));
+                if (rc != 0 || wo_bind_where(b2, g0) != to || memcmp(back, ref, size) != 0 ||
+                    (fake_where && fake_where((void *)(uintptr_t)(wo_bind_base(b2) + g0)) !=
+                                       (to == WO_BIND_HOST ? -1 : 0))) {
+                    fprintf(stderr, "FAIL: the same move once the stream can be made: rc %d\n",
+                            rc);
+                    failures++;
+                }
+                printf("a move whose copy stream could not be made failed and changed nothing; "
+                       "the next one moved the granule\n");
+            }
             wo_bind_destroy(b2);
         }
     }
