@@ -19,11 +19,12 @@
 # lane may take once the build is done (and valgrind in the gcc
 # configuration), the longest configurations first. The tests that must run
 # alone (is_parallel: false in tests/meson.build: timing checks, floods) run
-# afterwards, one configuration at a time; those of them in the `quiet`
-# suite (timing checks against a server of their own, mostly asleep) side
-# by side. The `once` suite runs in the gcc configuration only, the
-# `nothreads` suite everywhere but TSan (tests/meson.build says why). Logs:
-# DIR/meson-logs/.
+# after the lanes, one configuration at a time, but for the `quiet` suite
+# (timing checks against a server of their own, mostly asleep, with room
+# for a loaded machine): those start side by side, beside the lanes, once
+# their configuration is built. The `once` suite runs in the gcc
+# configuration only, the `nothreads` suite everywhere but TSan
+# (tests/meson.build says why). Logs: DIR/meson-logs/.
 set -eu
 cd "$(dirname "$0")"
 
@@ -123,8 +124,9 @@ run_tests() {
 # synthetic traces the tests read are not in ninja's default), then mark it
 # built; tests1, tests2: every other test of those that may run beside
 # others (the first half, the second); valgrind: the valgrind suite (gcc
-# only). Each appends its seconds to DIR/bootstrap-build or
-# DIR/bootstrap-tests.
+# only); quiet: start the quiet tests side by side in the background (the
+# lane goes on; $TMPD/quiet-DIR gets their status and seconds). Each
+# appends its seconds to DIR/bootstrap-build or DIR/bootstrap-tests.
 item() {
     kind=$1 name=$2 dir=$3
     shift 3
@@ -165,6 +167,21 @@ for t in json.load(sys.stdin):
     valgrind)
         run_tests "valgrind" "$dir" 1 3 "$dir/bootstrap-valgrind.log" --suite valgrind || return 1
         ;;
+    quiet)
+        list=$(tests "$dir" quiet) || { say "[$name] cannot list its tests"; return 1; }
+        (
+            rc=0
+            pids=
+            for t in $list; do
+                run_tests "$name" "$dir" 1 2 "$dir/bootstrap-quiet-$t.log" "$t" &
+                pids="$pids $!"
+            done
+            for p in $pids; do wait "$p" || rc=1; done
+            q=$TMPD/quiet-$(basename "$dir")
+            echo "$rc $(($(now) - t0))" >"$q.tmp" && mv "$q.tmp" "$q"
+        ) &
+        return 0
+        ;;
     esac
     echo "$(($(now) - t0))" >>"$dir/bootstrap-tests"
     say "[$name] $kind in $(mmss $(($(now) - t0)))"
@@ -175,7 +192,7 @@ for t in json.load(sys.stdin):
 # holds only tests of configurations still building; "" when it is empty or
 # a lane has failed. Under a lock (mkdir is atomic).
 take() {
-    until mkdir "$TMPD/lock" 2>/dev/null; do sleep 1; done
+    until mkdir "$TMPD/lock" 2>/dev/null; do sleep 0.1; done
     c=
     if [ ! -f "$TMPD/failed" ] && [ -s "$TMPD/queue" ]; then
         c='wait'
@@ -261,26 +278,31 @@ test)
     TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
     for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
         d=$(echo "$c" | cut -d'|' -f2)
-        rm -f "$d/bootstrap-built" "$d/bootstrap-build" "$d/bootstrap-tests" "$d/bootstrap-alone"
+        rm -f "$d/bootstrap-built" "$d/bootstrap-build" "$d/bootstrap-tests" "$d/bootstrap-alone" \
+            "$d/bootstrap-quiet"
     done
     # the queue, in the order the lanes take it (a piece whose build is not
     # done is passed over): the longest configurations first (build + tests,
     # clean clone on 2 cores: TSan, ASan about twice the others), each one's
-    # halves right after its build, the shortest pieces last, so that
-    # neither lane waits idle for the other at the end
+    # quiet tests and halves right after its build, the shortest pieces
+    # last (valgrind: 1 min), so that neither lane waits long for the other
+    # at the end
     {
         for c in "$TSAN" "$ASAN"; do echo "build|$c"; done
+        for c in "$TSAN" "$ASAN"; do echo "quiet|$c"; done
         for c in "$TSAN" "$ASAN"; do echo "tests1|$c"; done
         for c in "$TSAN" "$ASAN"; do echo "tests2|$c"; done
         for c in "$GCC" "$CLANG"; do echo "build|$c"; done
+        for c in "$GCC" "$CLANG"; do echo "quiet|$c"; done
         echo "tests1|$GCC"
         echo "tests1|$CLANG"
         echo "build|$RELEASE"
-        echo "tests2|$GCC"
-        echo "valgrind|$GCC"
+        echo "quiet|$RELEASE"
         echo "tests2|$CLANG"
+        echo "tests2|$GCC"
         echo "tests1|$RELEASE"
         echo "tests2|$RELEASE"
+        echo "valgrind|$GCC"
     } >"$TMPD/queue"
     lane a &
     pa=$!
@@ -297,28 +319,29 @@ test)
         exit 1
     fi
     lanes=$(($(now) - start))
-    # the tests that must run alone, one configuration at a time, all cores;
-    # then the quiet ones of it side by side
+    # the quiet tests started beside the lanes: done before anything runs alone
+    for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
+        IFS='|' read -r name dir cc opts <<EOF
+$c
+EOF
+        q=$TMPD/quiet-$(basename "$dir")
+        until [ -f "$q" ]; do sleep 1; done
+        read -r rc secs <"$q"
+        [ "$rc" = 0 ] || {
+            say "failed after $(mmss $(($(now) - start)))"
+            exit 1
+        }
+        echo "$secs" >"$dir/bootstrap-quiet"
+    done
+    # the tests that must run alone, one configuration at a time, all cores
     for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
         IFS='|' read -r name dir cc opts <<EOF
 $c
 EOF
         t0=$(now)
         list=$(tests "$dir" alone) || { say "[$name] cannot list its tests"; exit 1; }
-        quiet=$(tests "$dir" quiet) || { say "[$name] cannot list its tests"; exit 1; }
         # shellcheck disable=SC2086
         run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $list || {
-            say "failed after $(mmss $(($(now) - start)))"
-            exit 1
-        }
-        pids=
-        for t in $quiet; do
-            run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone-$t.log" "$t" &
-            pids="$pids $!"
-        done
-        ok=1
-        for p in $pids; do wait "$p" || ok=0; done
-        [ $ok = 1 ] || {
             say "failed after $(mmss $(($(now) - start)))"
             exit 1
         }
@@ -334,7 +357,10 @@ EOF
         b=$(awk '{ s += $1 } END { print s + 0 }' "$dir/bootstrap-build")
         t=$(awk '{ s += $1 } END { print s + 0 }' "$dir/bootstrap-tests")
         a=$(cat "$dir/bootstrap-alone")
-        say "  $(printf '%-18s' "$name") build $(mmss "$b"), tests $(mmss "$t") + $(mmss "$a") alone"
+        q=$(cat "$dir/bootstrap-quiet")
+        quiet=
+        [ "$q" = 0 ] || quiet=" ($(mmss "$q") of quiet tests beside the lanes)"
+        say "  $(printf '%-18s' "$name") build $(mmss "$b"), tests $(mmss "$t") + $(mmss "$a") alone$quiet"
     done
     ;;
 -h | --help | help)
