@@ -75,25 +75,31 @@ setup() {
 now() { date +%s; }
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
-# tests DIR parallel|alone|quiet: the names of the default setup's tests
-# (not the gpu or valgrind suites) that meson may run beside others, or must
-# run alone (the `quiet` suite left out), or must run alone but may run
-# beside each other (the `quiet` suite); the `once` suite (checks no
-# compiled code takes part in) only in the first configuration,
+# lists DIR: the names of the default setup's tests (not the gpu or
+# valgrind suites), one a line, in DIR/bootstrap-list-parallel (those meson
+# may run beside others), DIR/bootstrap-list-alone (those that must run
+# alone, the `quiet` suite left out) and DIR/bootstrap-list-quiet (those
+# that must run alone but may run beside each other); the `once` suite
+# (checks no compiled code takes part in) only in the first configuration,
 # build-ci-gcc; the `nothreads` suite (the single-threaded tools) not under
-# TSan, which finds nothing there
-tests() {
+# TSan, which finds nothing there. Once per configuration: each python3
+# start costs dozens of processes behind a pyenv shim.
+lists() {
     meson introspect --tests "$1" | python3 -c '
 import json, sys
-kind = sys.argv[1]
+d = sys.argv[1]
 skip = {"gpu", "valgrind"} | (set() if sys.argv[2] == "build-ci-gcc" else {"once"})
 skip |= {"nothreads"} if sys.argv[2] == "build-ci-tsan" else set()
+out = {"parallel": [], "alone": [], "quiet": []}
 for t in json.load(sys.stdin):
     suites = {s.split(":")[-1] for s in t["suite"]}
-    if suites & skip or t["is_parallel"] != (kind == "parallel"):
+    if suites & skip:
         continue
-    if kind == "parallel" or ("quiet" in suites) == (kind == "quiet"):
-        print(t["name"])' "$2" "$(basename "$1")"
+    kind = "parallel" if t["is_parallel"] else "quiet" if "quiet" in suites else "alone"
+    out[kind].append(t["name"])
+for kind, names in out.items():
+    with open(d + "/bootstrap-list-" + kind, "w") as f:
+        f.write("".join(n + "\n" for n in names))' "$1" "$(basename "$1")"
 }
 
 # run_tests NAME DIR PROCS MULT LOG [TEST...]: meson test, output to LOG; on
@@ -151,6 +157,7 @@ for t in json.load(sys.stdin):
             say "[$name] build failed"
             return 1
         }
+        lists "$dir" || { say "[$name] cannot list its tests"; return 1; }
         echo "$(($(now) - t0))" >>"$dir/bootstrap-build"
         : >"$dir/bootstrap-built"
         say "[$name] build in $(mmss $(($(now) - t0)))"
@@ -159,7 +166,7 @@ for t in json.load(sys.stdin):
     tests1 | tests2)
         # a failed listing must not pass as "no tests" (errexit is off in here)
         # shellcheck disable=SC2015 # either failure takes the same branch
-        list=$(tests "$dir" parallel) && [ -n "$list" ] || { say "[$name] cannot list its tests"; return 1; }
+        list=$(cat "$dir/bootstrap-list-parallel") && [ -n "$list" ] || { say "[$name] no tests to run"; return 1; }
         list=$(printf '%s\n' "$list" | awk -v k="${kind#tests}" 'NR % 2 == k % 2')
         # shellcheck disable=SC2086 # names have no spaces
         run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-$kind.log" $list || return 1
@@ -168,7 +175,7 @@ for t in json.load(sys.stdin):
         run_tests "valgrind" "$dir" 1 3 "$dir/bootstrap-valgrind.log" --suite valgrind || return 1
         ;;
     quiet)
-        list=$(tests "$dir" quiet) || { say "[$name] cannot list its tests"; return 1; }
+        list=$(cat "$dir/bootstrap-list-quiet") || return 1
         (
             rc=0
             pids=
@@ -197,8 +204,11 @@ take() {
     if [ ! -f "$TMPD/failed" ] && [ -s "$TMPD/queue" ]; then
         c='wait'
         # the first line that may run now (0: none)
-        n=$(awk -F'|' '$1 == "build" || system("test -f \"" $3 "/bootstrap-built\"") == 0 { print NR; exit }
-            END { if (!NR) print 0 }' "$TMPD/queue")
+        built=
+        for f in */bootstrap-built; do
+            [ -f "$f" ] && built="$built ${f%/bootstrap-built}"
+        done
+        n=$(awk -F'|' -v built="$built " '$1 == "build" || index(built, " " $3 " ") { print NR; exit }' "$TMPD/queue")
         n=${n:-0}
         if [ "$n" -gt 0 ]; then
             c=$(sed -n "${n}p" "$TMPD/queue")
@@ -215,7 +225,7 @@ lane() {
     LANE=$label
     while c=$(take) && [ -n "$c" ]; do
         if [ "$c" = wait ]; then
-            sleep 1
+            sleep 0.2
             continue
         fi
         IFS='|' read -r kind name dir cc opts <<EOF
@@ -279,7 +289,7 @@ test)
     for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
         d=$(echo "$c" | cut -d'|' -f2)
         rm -f "$d/bootstrap-built" "$d/bootstrap-build" "$d/bootstrap-tests" "$d/bootstrap-alone" \
-            "$d/bootstrap-quiet"
+            "$d/bootstrap-quiet" "$d"/bootstrap-list-*
     done
     # the queue, in the order the lanes take it (a piece whose build is not
     # done is passed over): the longest configurations first (build + tests,
@@ -325,7 +335,7 @@ test)
 $c
 EOF
         q=$TMPD/quiet-$(basename "$dir")
-        until [ -f "$q" ]; do sleep 1; done
+        until [ -f "$q" ]; do sleep 0.2; done
         read -r rc secs <"$q"
         [ "$rc" = 0 ] || {
             say "failed after $(mmss $(($(now) - start)))"
@@ -339,7 +349,7 @@ EOF
 $c
 EOF
         t0=$(now)
-        list=$(tests "$dir" alone) || { say "[$name] cannot list its tests"; exit 1; }
+        list=$(cat "$dir/bootstrap-list-alone") || exit 1
         # shellcheck disable=SC2086
         run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $list || {
             say "failed after $(mmss $(($(now) - start)))"
