@@ -6,7 +6,7 @@
 #   ./bootstrap.sh test   build and test five configurations, as CI does: gcc
 #                         -Werror (and valgrind on the unit tests), clang
 #                         -Werror, release (NDEBUG), ASan+UBSan, TSan; about
-#                         26 minutes and 10 GB of memory on 2 cores
+#                         19 minutes and 10 GB of memory on 2 cores
 #   ./bootstrap.sh deps   install the Debian packages that are missing
 #   ./bootstrap.sh build [DIR]
 #                         one debug build in DIR (default build/)
@@ -14,12 +14,17 @@
 # CUDA_HOME (default /usr/local/cuda) names the toolkit; only its headers are
 # used at build time. Exit status: 0 success, 2 usage error, 1 failure.
 #
-# `test` runs two configurations at a time, each with half the cores, in
-# two lanes that take them from one queue, the longest first; the tests that
-# must run alone (is_parallel: false in tests/meson.build: timing checks,
-# floods) run afterwards, one configuration at a time. The `once` suite
-# runs in the gcc configuration only, the `nothreads` suite everywhere but
-# TSan (tests/meson.build says why). Logs: DIR/meson-logs/.
+# `test` runs two lanes, each with half the cores, that take work from one
+# queue: a configuration's build, then its tests in two halves that either
+# lane may take once the build is done (and valgrind in the gcc
+# configuration), the longest configurations first. The tests that must run
+# alone (is_parallel: false in tests/meson.build: timing checks, floods) run
+# after the lanes, one configuration at a time, but for the `quiet` suite
+# (timing checks against a server of their own, mostly asleep, with room
+# for a loaded machine): those start side by side, beside the lanes, once
+# their configuration is built. The `once` suite runs in the gcc
+# configuration only, the `nothreads` suite everywhere but TSan
+# (tests/meson.build says why). Logs: DIR/meson-logs/.
 set -eu
 cd "$(dirname "$0")"
 
@@ -70,21 +75,31 @@ setup() {
 now() { date +%s; }
 mmss() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
 
-# tests DIR parallel|alone: the names of the default setup's tests (not the
-# gpu or valgrind suites) that meson may run beside others, or must run
-# alone; the `once` suite (checks no compiled code takes part in) only in
-# the first configuration, build-ci-gcc; the `nothreads` suite (the
-# single-threaded tools) not under TSan, which finds nothing there
-tests() {
+# lists DIR: the names of the default setup's tests (not the gpu or
+# valgrind suites), one a line, in DIR/bootstrap-list-parallel (those meson
+# may run beside others), DIR/bootstrap-list-alone (those that must run
+# alone, the `quiet` suite left out) and DIR/bootstrap-list-quiet (those
+# that must run alone but may run beside each other); the `once` suite
+# (checks no compiled code takes part in) only in the first configuration,
+# build-ci-gcc; the `nothreads` suite (the single-threaded tools) not under
+# TSan, which finds nothing there. Once per configuration: each python3
+# start costs dozens of processes behind a pyenv shim.
+lists() {
     meson introspect --tests "$1" | python3 -c '
 import json, sys
-want = sys.argv[1] == "parallel"
+d = sys.argv[1]
 skip = {"gpu", "valgrind"} | (set() if sys.argv[2] == "build-ci-gcc" else {"once"})
 skip |= {"nothreads"} if sys.argv[2] == "build-ci-tsan" else set()
+out = {"parallel": [], "alone": [], "quiet": []}
 for t in json.load(sys.stdin):
     suites = {s.split(":")[-1] for s in t["suite"]}
-    if not suites & skip and t["is_parallel"] == want:
-        print(t["name"])' "$2" "$(basename "$1")"
+    if suites & skip:
+        continue
+    kind = "parallel" if t["is_parallel"] else "quiet" if "quiet" in suites else "alone"
+    out[kind].append(t["name"])
+for kind, names in out.items():
+    with open(d + "/bootstrap-list-" + kind, "w") as f:
+        f.write("".join(n + "\n" for n in names))' "$1" "$(basename "$1")"
 }
 
 # run_tests NAME DIR PROCS MULT LOG [TEST...]: meson test, output to LOG; on
@@ -99,7 +114,9 @@ run_tests() {
     fi
     # meson-logs/NAME.{txt,json} per run (NAME the log's), kept side by side
     rt_base=$(basename "$rt_log" .log)
-    if ! meson test -C "$rt_dir" --print-errorlogs --num-processes "$rt_procs" \
+    # --no-rebuild: item build built every target; two halves of one
+    # configuration may run at once, and two ninjas must not share a directory
+    if ! meson test -C "$rt_dir" --no-rebuild --print-errorlogs --num-processes "$rt_procs" \
         --timeout-multiplier "$rt_mult" --logbase "$rt_base" "$@" >"$rt_log" 2>&1; then
         grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$rt_log" >&2 || true
         tail -n 60 "$rt_log" >&2
@@ -108,55 +125,114 @@ run_tests() {
     fi
 }
 
-# config NAME DIR [meson options...]: build, then the tests that may run
-# beside others; writes DIR/bootstrap-times (build and test seconds)
-config() {
-    name=$1 dir=$2
-    shift 2
+# item KIND NAME DIR [meson options...]: one piece of a configuration's
+# work, run by a lane. build: configure and build DIR, every target (the
+# synthetic traces the tests read are not in ninja's default), then mark it
+# built; tests1, tests2: every other test of those that may run beside
+# others (the first half, the second); valgrind: the valgrind suite (gcc
+# only); quiet: start the quiet tests side by side in the background (the
+# lane goes on; $TMPD/quiet-DIR gets their status and seconds). Each
+# appends its seconds to DIR/bootstrap-build or DIR/bootstrap-tests.
+item() {
+    kind=$1 name=$2 dir=$3
+    shift 3
     t0=$(now)
-    say "[$name] start"
-    echo "$name: building since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
-    setup "$dir" "$@" || { say "[$name] build failed"; return 1; }
-    t1=$(now)
-    echo "$name: testing since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
-    # a failed listing must not pass as "no tests" (errexit is off in here)
-    # shellcheck disable=SC2015 # either failure takes the same branch
-    list=$(tests "$dir" parallel) && [ -n "$list" ] || { say "[$name] cannot list its tests"; return 1; }
-    # shellcheck disable=SC2086 # names have no spaces
-    run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-test.log" $list || return 1
-    if [ "$dir" = build-ci-gcc ]; then
+    echo "$name: $kind since $(date +%H:%M:%S)" >"$TMPD/phase-$LANE"
+    say "[$name] $kind"
+    case $kind in
+    build)
+        setup "$dir" "$@" || { say "[$name] build failed"; return 1; }
+        extra=$(meson introspect --targets "$dir" | python3 -c '
+import json, os, sys
+d = os.path.realpath(sys.argv[1])
+for t in json.load(sys.stdin):
+    if not t.get("build_by_default", True):
+        for f in t["filename"]:
+            print(os.path.relpath(os.path.realpath(f), d))' "$dir") || {
+            say "[$name] cannot list its targets"
+            return 1
+        }
+        # shellcheck disable=SC2086 # names have no spaces
+        [ -z "$extra" ] || ninja -C "$dir" ${JOBS:+-j "$JOBS"} $extra >/dev/null || {
+            say "[$name] build failed"
+            return 1
+        }
+        lists "$dir" || { say "[$name] cannot list its tests"; return 1; }
+        echo "$(($(now) - t0))" >>"$dir/bootstrap-build"
+        : >"$dir/bootstrap-built"
+        say "[$name] build in $(mmss $(($(now) - t0)))"
+        return 0
+        ;;
+    tests1 | tests2)
+        # a failed listing must not pass as "no tests" (errexit is off in here)
+        # shellcheck disable=SC2015 # either failure takes the same branch
+        list=$(cat "$dir/bootstrap-list-parallel") && [ -n "$list" ] || { say "[$name] no tests to run"; return 1; }
+        list=$(printf '%s\n' "$list" | awk -v k="${kind#tests}" 'NR % 2 == k % 2')
+        # shellcheck disable=SC2086 # names have no spaces
+        run_tests "$name" "$dir" "$PROCS" 3 "$dir/bootstrap-$kind.log" $list || return 1
+        ;;
+    valgrind)
         run_tests "valgrind" "$dir" 1 3 "$dir/bootstrap-valgrind.log" --suite valgrind || return 1
-    fi
-    t2=$(now)
-    echo "$((t1 - t0)) $((t2 - t1))" >"$dir/bootstrap-times"
-    say "[$name] built in $(mmss $((t1 - t0))), tests in $(mmss $((t2 - t1))) (those that run alone follow)"
+        ;;
+    quiet)
+        list=$(cat "$dir/bootstrap-list-quiet") || return 1
+        (
+            rc=0
+            pids=
+            for t in $list; do
+                run_tests "$name" "$dir" 1 2 "$dir/bootstrap-quiet-$t.log" "$t" &
+                pids="$pids $!"
+            done
+            for p in $pids; do wait "$p" || rc=1; done
+            q=$TMPD/quiet-$(basename "$dir")
+            echo "$rc $(($(now) - t0))" >"$q.tmp" && mv "$q.tmp" "$q"
+        ) &
+        return 0
+        ;;
+    esac
+    echo "$(($(now) - t0))" >>"$dir/bootstrap-tests"
+    say "[$name] $kind in $(mmss $(($(now) - t0)))"
 }
 
-# take: the next configuration of the queue ("" when it is empty or a lane
-# has failed), under a lock (mkdir is atomic)
+# take: the next piece of work ("KIND|NAME|DIR|CC|OPTS") whose configuration
+# is built (a build always is), in the queue's order; "wait" when the queue
+# holds only tests of configurations still building; "" when it is empty or
+# a lane has failed. Under a lock (mkdir is atomic).
 take() {
-    until mkdir "$TMPD/lock" 2>/dev/null; do sleep 1; done
-    if [ -f "$TMPD/failed" ]; then
-        c=
-    else
-        c=$(head -n 1 "$TMPD/queue")
-        sed -i 1d "$TMPD/queue"
+    until mkdir "$TMPD/lock" 2>/dev/null; do sleep 0.1; done
+    c=
+    if [ ! -f "$TMPD/failed" ] && [ -s "$TMPD/queue" ]; then
+        c='wait'
+        # the first line that may run now (0: none)
+        built=
+        for f in */bootstrap-built; do
+            [ -f "$f" ] && built="$built ${f%/bootstrap-built}"
+        done
+        n=$(awk -F'|' -v built="$built " '$1 == "build" || index(built, " " $3 " ") { print NR; exit }' "$TMPD/queue")
+        n=${n:-0}
+        if [ "$n" -gt 0 ]; then
+            c=$(sed -n "${n}p" "$TMPD/queue")
+            sed -i "${n}d" "$TMPD/queue"
+        fi
     fi
     rmdir "$TMPD/lock"
     printf '%s' "$c"
 }
 
-# lane LABEL: configurations ("NAME|DIR|CC|OPTS") from the queue, one after
-# another, until it is empty
+# lane LABEL: work from the queue, one piece after another, until it is empty
 lane() {
     label=$1
     LANE=$label
     while c=$(take) && [ -n "$c" ]; do
-        IFS='|' read -r name dir cc opts <<EOF
+        if [ "$c" = wait ]; then
+            sleep 0.2
+            continue
+        fi
+        IFS='|' read -r kind name dir cc opts <<EOF
 $c
 EOF
         # shellcheck disable=SC2086
-        CC=$cc config "$name" "$dir" $opts || {
+        CC=$cc item "$kind" "$name" "$dir" $opts || {
             echo failed >"$TMPD/$label"
             : >"$TMPD/failed"
             return 1
@@ -210,10 +286,34 @@ test)
     RELEASE="release (NDEBUG)|build-ci-release|gcc|-Dbuildtype=release -Db_ndebug=true -Dwerror=true"
     ASAN="ASan+UBSan|build-ci-asan|gcc|-Db_sanitize=address,undefined -Db_lundef=false"
     TSAN="TSan|build-ci-tsan|gcc|-Db_sanitize=thread -Db_lundef=false"
-    # two lanes take configurations from one queue, the longest first
-    # (build + tests, clean clone on 2 cores): whichever lane is free takes
-    # the next, so neither waits idle for the other at the end
-    printf '%s\n' "$TSAN" "$ASAN" "$GCC" "$CLANG" "$RELEASE" >"$TMPD/queue"
+    for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
+        d=$(echo "$c" | cut -d'|' -f2)
+        rm -f "$d/bootstrap-built" "$d/bootstrap-build" "$d/bootstrap-tests" "$d/bootstrap-alone" \
+            "$d/bootstrap-quiet" "$d"/bootstrap-list-*
+    done
+    # the queue, in the order the lanes take it (a piece whose build is not
+    # done is passed over): the longest configurations first (build + tests,
+    # clean clone on 2 cores: TSan, ASan about twice the others), each one's
+    # quiet tests and halves right after its build, the shortest pieces
+    # last (valgrind: 1 min), so that neither lane waits long for the other
+    # at the end
+    {
+        for c in "$TSAN" "$ASAN"; do echo "build|$c"; done
+        for c in "$TSAN" "$ASAN"; do echo "quiet|$c"; done
+        for c in "$TSAN" "$ASAN"; do echo "tests1|$c"; done
+        for c in "$TSAN" "$ASAN"; do echo "tests2|$c"; done
+        for c in "$GCC" "$CLANG"; do echo "build|$c"; done
+        for c in "$GCC" "$CLANG"; do echo "quiet|$c"; done
+        echo "tests1|$GCC"
+        echo "tests1|$CLANG"
+        echo "build|$RELEASE"
+        echo "quiet|$RELEASE"
+        echo "tests2|$CLANG"
+        echo "tests2|$GCC"
+        echo "tests1|$RELEASE"
+        echo "tests2|$RELEASE"
+        echo "valgrind|$GCC"
+    } >"$TMPD/queue"
     lane a &
     pa=$!
     lane b &
@@ -228,29 +328,49 @@ test)
         say "failed after $(mmss $(($(now) - start)))"
         exit 1
     fi
+    lanes=$(($(now) - start))
+    # the quiet tests started beside the lanes: done before anything runs alone
+    for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
+        IFS='|' read -r name dir cc opts <<EOF
+$c
+EOF
+        q=$TMPD/quiet-$(basename "$dir")
+        until [ -f "$q" ]; do sleep 0.2; done
+        read -r rc secs <"$q"
+        [ "$rc" = 0 ] || {
+            say "failed after $(mmss $(($(now) - start)))"
+            exit 1
+        }
+        echo "$secs" >"$dir/bootstrap-quiet"
+    done
     # the tests that must run alone, one configuration at a time, all cores
     for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
         IFS='|' read -r name dir cc opts <<EOF
 $c
 EOF
         t0=$(now)
-        list=$(tests "$dir" alone) || { say "[$name] cannot list its tests"; exit 1; }
+        list=$(cat "$dir/bootstrap-list-alone") || exit 1
         # shellcheck disable=SC2086
         run_tests "$name" "$dir" 1 2 "$dir/bootstrap-alone.log" $list || {
             say "failed after $(mmss $(($(now) - start)))"
             exit 1
         }
-        echo "$(($(now) - t0))" >>"$dir/bootstrap-times"
+        echo "$(($(now) - t0))" >"$dir/bootstrap-alone"
         say "[$name] tests that run alone: $(mmss $(($(now) - t0)))"
     done
-    say "all configurations passed in $(mmss $(($(now) - start))) on $ncpu cores:"
+    say "all configurations passed in $(mmss $(($(now) - start))) on $ncpu cores" \
+        "(the lanes $(mmss "$lanes"), then the tests that run alone):"
     for c in "$GCC" "$CLANG" "$RELEASE" "$ASAN" "$TSAN"; do
         IFS='|' read -r name dir cc opts <<EOF
 $c
 EOF
-        read -r b t <"$dir/bootstrap-times"
-        a=$(tail -n 1 "$dir/bootstrap-times")
-        say "  $(printf '%-18s' "$name") build $(mmss "$b"), tests $(mmss "$t") + $(mmss "$a") alone"
+        b=$(awk '{ s += $1 } END { print s + 0 }' "$dir/bootstrap-build")
+        t=$(awk '{ s += $1 } END { print s + 0 }' "$dir/bootstrap-tests")
+        a=$(cat "$dir/bootstrap-alone")
+        q=$(cat "$dir/bootstrap-quiet")
+        quiet=
+        [ "$q" = 0 ] || quiet=" ($(mmss "$q") of quiet tests beside the lanes)"
+        say "  $(printf '%-18s' "$name") build $(mmss "$b"), tests $(mmss "$t") + $(mmss "$a") alone$quiet"
     done
     ;;
 -h | --help | help)

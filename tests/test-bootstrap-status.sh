@@ -24,8 +24,14 @@ case "$1" in
 setup) mkdir -p "$2" && : >"$2/build.ninja" ;;
 configure) ;;
 introspect)
-    echo '[{"name": "p", "suite": ["x:unit"], "is_parallel": true},' \
-        '{"name": "a", "suite": ["x:unit"], "is_parallel": false}]'
+    case "$2" in
+    --targets) echo '[]' ;;
+    *)
+        echo '[{"name": "p", "suite": ["x:unit"], "is_parallel": true},' \
+            '{"name": "a", "suite": ["x:unit"], "is_parallel": false},' \
+            '{"name": "q", "suite": ["x:quiet"], "is_parallel": false}]'
+        ;;
+    esac
     ;;
 test)
     shift
@@ -56,11 +62,16 @@ else
     echo "ok   a passing ./bootstrap.sh test exits 0"
 fi
 grep -q "all configurations passed" "$tmp/out" || fail "a passing run does not say so"
-# the two lanes take the five configurations from one queue: each runs once
+# the two lanes take the five configurations' builds and test halves from
+# one queue: each runs once
 for name in "gcc -Werror" "clang -Werror" "release (NDEBUG)" "ASan+UBSan" "TSan"; do
-    n=$(grep -cF "bootstrap: [$name] start" "$tmp/out")
-    [ "$n" -eq 1 ] || fail "configuration $name started $n times, expected once"
+    for piece in build tests1 tests2; do
+        n=$(grep -cF "bootstrap: [$name] $piece" "$tmp/out")
+        [ "$n" -eq 2 ] || fail "configuration $name: $piece started and ended $n times, expected once each"
+    done
 done
+n=$(grep -cF "bootstrap: [gcc -Werror] valgrind in" "$tmp/out")
+[ "$n" -eq 1 ] || fail "valgrind ran $n times, expected once"
 
 for d in build-ci-asan build-ci-tsan; do
     run "$d"
