@@ -267,10 +267,6 @@ void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size);
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
 /* Applies a tag's placement now (after seal, or at allocation time). */
 int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency);
-/* A tag that arrives before seal: off the device in a managed allocation
- * (fit off), its advice at once, so the engine's writes to come land on
- * the host; residency waits for seal. */
-int wo_place_tag_early(struct wo_alloc *a, struct wo_tag *t);
 int wo_place_seal(void);
 const char *wo_cu_error_name(CUresult r);
 

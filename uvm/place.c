@@ -231,21 +231,6 @@ int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
     return r;
 }
 
-int wo_place_tag_early(struct wo_alloc *a, struct wo_tag *t)
-{
-    /* An engine that names its weights before writing them (the ggml hook
-     * tags a model buffer before load_all_data) then writes a host tensor
-     * to the host: loading never holds it on the device. Device tags keep
-     * what they had (the engine's writes land on the device anyway). Seal
-     * applies every tag again in address order (t->applied stays false):
-     * residency, and the rule for a page shared with a neighbour (the
-     * higher address wins), are seal's. Under fit the allocation is on the
-     * host already and fit chooses at seal. */
-    if (a->kind != WO_KIND_MANAGED || t->place == WO_PLACE_DEVICE || wo_uvm.g->fit.enabled)
-        return 0;
-    return wo_place_apply_range(a, t->off, t->size, t->place, true, false);
-}
-
 /* ---- allocation routing ----------------------------------------------------- */
 
 static bool api_servable(int api)

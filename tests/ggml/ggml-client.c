@@ -217,20 +217,6 @@ int main(int argc, char **argv)
         return 1;
     ggml_backend_buffer_set_usage(bdev, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_set_usage(bcpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    /* Named before a byte is written: a weight placed on the host is
-     * advised there already, so llama.cpp's writes land on the host and
-     * loading never holds it on the device (seal then only confirms);
-     * a device weight's pages are left to the first write. Checked on a
-     * page wholly inside each weight. */
-    for (size_t w = 0; w < NW && !unnamed && !pass && !late; w++) {
-        const char *mid = (const char *)fggml_data(wt[w]) + weights[w].size / 2;
-        int host = regexec(&re, weights[w].name, 0, NULL, 0) == 0;
-        struct fakecuda_page_state ps;
-        int got = page_state(mid, &ps);
-        CHECK(got == 0 && (host ? ps.preferred == CU_DEVICE_CPU : ps.preferred != CU_DEVICE_CPU),
-              "%s: before loading, its pages %s (preferred %d)", weights[w].name,
-              host ? "advised to the host" : "not advised to the host", got == 0 ? ps.preferred : -99);
-    }
 
     /* 2. load_all_data */
     size_t maxw = 0;
