@@ -144,6 +144,9 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
         } else if (wo_uvm.sealed) {
             /* After seal a tag takes effect at once (same address). */
             (void)wo_place_apply_tag(a, t, true);
+        } else {
+            /* Before seal: what can be applied already (place.c). */
+            (void)wo_place_tag_early(a, t);
         }
         wo_consumer_push_tag(a, t);
     }

@@ -198,6 +198,10 @@ int wo_bind_create(const struct wo_driver *d, int dev, size_t size, size_t on_de
     b->gran = gran;
     b->ngr = (size + gran - 1) / gran;
     b->size = b->ngr * gran;
+    /* all of it asked for: the last granule too, which the size rounds up
+     * past what was asked (it was left on the host) */
+    if (on_device >= size)
+        on_device = b->size;
     per = WO_MAX(BLOCK_MAX / gran, (size_t)1);
     if (reserve_blocks(b, (b->ngr + per - 1) / per) < 0) {
         free(b);

@@ -56,7 +56,8 @@ struct wo_bind_stats {
 bool wo_bind_supported(const struct wo_driver *d, int dev, size_t *granule);
 
 /* Reserves size bytes (rounded up to the granule) on device dev and backs
- * the first `on_device` bytes (rounded down to a block) on the device and
+ * the first `on_device` bytes (rounded down to a block; on_device >= size
+ * means all of it) on the device and
  * the rest on the host: one allocation larger than the free device memory
  * (ggml's single model buffer) starts on the device as far as it can.
  * Returns 0 and *out, or -ENOMEM / -ENOTSUP / -EIO with *res the driver's

@@ -267,6 +267,11 @@ void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size);
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
 /* Applies a tag's placement now (after seal, or at allocation time). */
 int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency);
+/* A tag that arrives before seal, placed off the device (fit off): in a
+ * managed allocation its advice at once (residency waits for seal), in a
+ * late-bound range its whole granules re-backed on the host at once; the
+ * engine's writes to come then land on the host. */
+int wo_place_tag_early(struct wo_alloc *a, struct wo_tag *t);
 int wo_place_seal(void);
 const char *wo_cu_error_name(CUresult r);
 

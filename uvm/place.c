@@ -231,6 +231,31 @@ int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency)
     return r;
 }
 
+int wo_place_tag_early(struct wo_alloc *a, struct wo_tag *t)
+{
+    /* An engine that names its weights before writing them (the ggml hook
+     * tags a model buffer before load_all_data) then writes a host tensor
+     * to the host: loading never holds it on the device, and what the
+     * engine allocates next (llama.cpp's KV cache) finds the room. Device
+     * tags keep what they had (the engine's writes land on the device
+     * anyway; one that starts on the host waits for seal, which moves the
+     * host tensors out first). Under fit nothing moves before seal: fit
+     * chooses then, from every name. */
+    if (t->place == WO_PLACE_DEVICE || wo_uvm.g->fit.enabled)
+        return 0;
+    /* Managed memory: the advice now; seal applies every tag again in
+     * address order (t->applied stays false): residency, and the rule for
+     * a page shared with a neighbour (the higher address wins). */
+    if (a->kind == WO_KIND_MANAGED)
+        return wo_place_apply_range(a, t->off, t->size, t->place, true, false);
+    /* A late-bound range: the granules wholly inside the tag re-backed on
+     * the host now (a granule shared with a neighbour is seal's: it goes
+     * to the device if any of its bytes are placed there). */
+    if (a->kind == WO_KIND_BOUND)
+        return wo_place_bind_tag(a, t);
+    return 0;
+}
+
 /* ---- allocation routing ----------------------------------------------------- */
 
 static bool api_servable(int api)

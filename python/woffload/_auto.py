@@ -70,7 +70,7 @@ def _owns_cuda_parameters(module: Any) -> bool:
 
 def _pre_hook(module: Any, args: Any) -> None:
     global _done, _handle
-    if _done or _is_compiling() or not _owns_cuda_parameters(module):
+    if _done or woffload._compiling() or not _owns_cuda_parameters(module):
         return
     with _state_lock:
         if _done:
@@ -124,17 +124,14 @@ def _hook_experts(module: Any) -> None:
         _log(f"{n} expert modules hand their router's picks to the shim", "info")
 
 
-_is_compiling: Any = lambda: False
-
-
 def _on_torch_imported(torch: Any) -> None:
-    global _handle, _is_compiling
+    global _handle
     if _done or _handle is not None:
         return
     _ensure_window()
-    # While dynamo traces a forward the hook does nothing: it must run eagerly
-    # (torch.compile(model) still calls the wrapper module's hooks eagerly).
-    _is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", _is_compiling)
+    # While dynamo traces a forward the hook does nothing (woffload._compiling):
+    # it must run eagerly (torch.compile(model) still calls the wrapper
+    # module's hooks eagerly).
     _handle = torch.nn.modules.module.register_module_forward_pre_hook(_pre_hook)
 
 

@@ -70,6 +70,8 @@ static const struct {
     {"blk.0.ffn_down_exps.weight", 2 * MiB},     {"blk.1.attn_q.weight", 256 * KiB + 128},
     {"blk.1.ffn_up_exps.weight", 2 * MiB + 640}, {"blk.1.ffn_down_exps.weight", 2 * MiB},
     {"output_norm.weight", 4 * KiB + 256},       {"output.weight", 1 * MiB + 384},
+    /* large enough to hold whole 2 MiB granules wherever it lands */
+    {"blk.0.ffn_gate_exps.weight", 6 * MiB + 128},
 };
 #define NW (sizeof(weights) / sizeof(weights[0]))
 
@@ -217,6 +219,37 @@ int main(int argc, char **argv)
         return 1;
     ggml_backend_buffer_set_usage(bdev, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_set_usage(bcpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    /* Named before a byte is written: a weight placed on the host is
+     * advised there already, so llama.cpp's writes land on the host and
+     * loading never holds it on the device (seal then only confirms);
+     * a device weight's pages are left to the first write. Checked on a
+     * page wholly inside each weight. */
+    /* Late bound (--late): every 2 MiB granule wholly inside a host
+     * weight is backed on the host already (a shared one is seal's). */
+    size_t inner = 0;
+    for (size_t w = 0; w < NW && !unnamed && !pass; w++) {
+        const char *mid = (const char *)fggml_data(wt[w]) + weights[w].size / 2;
+        int host = regexec(&re, weights[w].name, 0, NULL, 0) == 0;
+        struct fakecuda_page_state ps;
+        if (late) {
+            const uintptr_t G = 2u << 20, b = (uintptr_t)fggml_data(wt[w]);
+            for (uintptr_t g = (b + G - 1) & ~(G - 1); host && g + G <= b + weights[w].size;
+                 g += G) {
+                inner++;
+                CHECK(where_fn((const void *)g) == CU_DEVICE_CPU,
+                      "%s: before loading, its granule at +%zu backed on the host (where %d)",
+                      weights[w].name, (size_t)(g - b), where_fn((const void *)g));
+            }
+            continue;
+        }
+        int got = page_state(mid, &ps);
+        CHECK(got == 0 && (host ? ps.preferred == CU_DEVICE_CPU : ps.preferred != CU_DEVICE_CPU),
+              "%s: before loading, its pages %s (preferred %d)", weights[w].name,
+              host ? "advised to the host" : "not advised to the host", got == 0 ? ps.preferred : -99);
+    }
+    if (late && !unnamed && !pass && regexec(&re, "blk.0.ffn_gate_exps.weight", 0, NULL, 0) == 0)
+        CHECK(inner > 0, "late bound: %zu whole granules of host weights checked before loading",
+              inner);
 
     /* 2. load_all_data */
     size_t maxw = 0;

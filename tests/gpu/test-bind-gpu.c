@@ -404,6 +404,26 @@ int main(int argc, char **argv)
             wo_bind_destroy(b2);
         }
     }
+    /* a range whose size is not a whole number of granules, all of it
+     * asked on the device: its last granule too (it once stayed on the
+     * host, the rounded size being past what was asked) */
+    {
+        struct wo_bound *b3;
+        struct wo_bind_stats st;
+        size_t odd = 3 * gran + 4096;
+        if (wo_bind_create(&drv, dev, odd, odd, &b3, &res) != 0) {
+            fprintf(stderr, "FAIL: wo_bind_create of %zu bytes all on the device\n", odd);
+            failures++;
+        } else {
+            wo_bind_stats(b3, &st);
+            if (st.host_bytes != 0 || wo_bind_where(b3, 3 * gran) != WO_BIND_DEVICE) {
+                fprintf(stderr, "FAIL: %zu bytes asked all on the device: %llu on the host\n",
+                        odd, (unsigned long long)st.host_bytes);
+                failures++;
+            }
+            wo_bind_destroy(b3);
+        }
+    }
     /* something on the device for destroy to give back */
     move(b, "the first quarter to the device", 0, size / 4, WO_BIND_DEVICE, ref, back, size);
 
