@@ -368,8 +368,15 @@ bool wo_sx_stage(uint32_t id, int slot)
     /* the hash it is checked against, before any launch may read (and
      * write) the slot; after a blind launch, of the range as it is now
      * (what the blind launch wrote is the range's, nothing to copy back:
-     * the range stays streamed, as after an RL trainer's weight update) */
-    if (blind_fresh && te == r->touch_seen)
+     * the range stays streamed, as after an RL trainer's weight update).
+     * Also when a launch touched it in place since its last staging copy:
+     * whether that one or the blind one wrote cannot be told, and either
+     * wrote the range itself, so keeping the old hash would only take the
+     * range out of streaming; and whether it was kept depended on the
+     * executor staging it between the two or not (an engine that replays
+     * graphs between eager launches would lose its streamed ranges one by
+     * one) */
+    if (blind_fresh)
         r->hashed = false;
     if (res == CUDA_SUCCESS && wo_sx->check_on && !r->hashed) {
         res = wo_check_first(wo_sx->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
