@@ -153,8 +153,9 @@ if not names:
           f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
     sys.exit(0 if hit or mode == "empty" else 1)
 def want(n):
-    if mode == "fit":  # fit chooses; every name is on one side or the other
-        return next((x["placement"] for x in names if x["name"] == n and x["placement"] in ("device", "host")), "device or host")
+    if mode == "fit":  # fit chooses: every name placed (managed is fit's own choice too), none unplaceable
+        return next((x["placement"] for x in names if x["name"] == n and x["placement"] in ("device", "host", "managed")),
+                    "device, host or managed")
     if mode == "empty":
         return "unplaceable"
     if mode == "exps":

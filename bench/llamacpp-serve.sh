@@ -27,6 +27,10 @@
 #   DURATION      seconds of arrivals a rate [20]
 #   DRAIN         seconds a phase waits for its last requests (past saturation) [15]
 #   PROMPT_LEN    [uniform:64:512]   OUTPUT_LEN [fixed:128]   SEED [0]
+#                 (words: a small or synthetic vocabulary makes several tokens of a
+#                 word, and a request over CTX / PARALLEL tokens gets llama-server's
+#                 400 "exceeds the available context size"; bench/gguf-shape.py's
+#                 GGUFs took 3-6 tokens a word: uniform:16:64 with CTX = PARALLEL x 2048)
 #   LOAD_TIMEOUT  seconds for /health after a start [180]
 #   DEADLINE      seconds this script may take in all [560]
 #   STATS         the shim's WOFFLOAD_STATS path, checked at the SIGTERM (optional)
@@ -175,8 +179,11 @@ if $UP && [ -n "$SOAK_MINUTES" ] && budget_for soak 30; then
     if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in soak.json)"; else step_rc plot "$rc"; fi
 fi
 
-# 2. the rate sweep (bounded: what is left, less ~200 s for the faults and the stops)
-if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep 200; then
+# 2. the rate sweep (bounded: what is left, less ~200 s for the faults and the
+# stops; 20 s for the stop when FAULTS=0)
+SWEEP_RESERVE=200
+[ "$FAULTS" = 1 ] || SWEEP_RESERVE=20
+if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep "$SWEEP_RESERVE"; then
     GREEDY=(--record-greedy "$OUT/greedy.json")
     [ -n "${GREEDY_REF:-}" ] && GREEDY=(--greedy-check "$GREEDY_REF" --greedy-load-check report)
     log "sweep: rates $RATES, $DURATION s each (+ drain <= $DRAIN s), at most $budget s"
