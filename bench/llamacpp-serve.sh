@@ -94,7 +94,7 @@ log "out $OUT; server: $SERVER_STR"
 {
     echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "host: $(hostname)"
-    echo "commit: $(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "commit: ${WO_COMMIT:-$(git -C "$HERE/.." rev-parse --short HEAD 2>/dev/null || echo '?')}"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
     "$LLAMA_BIN/llama-server" --version 2>&1 | grep -i -m2 'version\|commit' | sed 's/^/llama-server: /'
     echo "server: $SERVER_STR"
@@ -241,8 +241,8 @@ if failed:
     print(f"**failed steps:** {failed}\n")
 sw = load("sweep.json") or load("soak.json")
 if sw:
-    print("| rate req/s | offered | completed | failed | errors | steady tok/s | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB (min-max) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rate req/s | offered | completed | failed | errors | steady tok/s | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB, process (min-max) | GPU used MiB, device (min-max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ph in sw.get("phases") or [sw]:
         s = ph["summary"]; rq = s["requests"]; st = s.get("steady") or {}; m = ph.get("memory") or {}
         c = s["concurrency"]
@@ -250,12 +250,12 @@ if sw:
         print(f"| {ph.get('rate', sw['config']['rate']):g} | {s['offered_rate']} | {rq['completed']} | {rq['failed']} "
               f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} | {st.get('requests_s', '-')} "
               f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "
-              f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} |")
+              f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} | {rng('gpu_dev_mib', 1)} |")
     so = load("soak.json")
     if so and so.get("memory"):
         m = so["memory"]
         print("\nsoak memory from minute 1 (issue 40: within 2%): " + ", ".join(
-            f"{k} {m[k]['min']}-{m[k]['max']} (spread {m[k]['spread']})" for k in ("rss_kib", "gpu_pid_mib", "gpu_all_mib") if k in m)
+            f"{k} {m[k]['min']}-{m[k]['max']} (spread {m[k]['spread']})" for k in ("rss_kib", "gpu_pid_mib", "gpu_all_mib", "gpu_dev_mib") if k in m)
             + f"; errors {so['summary']['errors'] or 0}")
         print("\n| minute | tok/s | TTFT p99 ms | errors | in flight |\n|---|---|---|---|---|")
         for x in so.get("intervals") or []:

@@ -68,9 +68,16 @@ def main() -> int:
     fig, ax = plt.subplots(panels, 1, figsize=(9, 2.6 * panels), sharex=True)
     ax[0].plot(t, [v if v is not None else float("nan") for v in rss], lw=1)
     ax[0].set_ylabel("RSS (MiB)")
+    dev = series("gpu_dev_mib", 1.0) if "gpu_dev_mib" in idx else []
+    if any(v is not None for v in dev):
+        # the device's used memory: what the per-process figure leaves out
+        # (the shim's managed memory resident on the device) counts there
+        ax[1].plot(t, [v if v is not None else float("nan") for v in dev], lw=1, color="tab:blue",
+                   label="the device's used memory")
+        gpu_label += "; blue: the device's used memory (MiB)"
     if any(v is not None for v in gpu):
         ax[1].plot(t, [v if v is not None else float("nan") for v in gpu], lw=1, color="tab:green")
-    else:
+    elif not any(v is not None for v in dev):
         ax[1].text(0.5, 0.5, f"no device memory samples (source: {mem.get('gpu_source', 'none')})",
                    ha="center", va="center", transform=ax[1].transAxes)
     ax[1].set_ylabel("MiB")

@@ -602,22 +602,34 @@ def _nvml() -> Any:
 
 def gpu_used_nvml(nv: Any, pid: Optional[int]) -> Optional[Dict[str, Any]]:
     try:
-        total, mine = 0, None
+        total, mine, dev = 0, None, 0
         for i in range(nv.nvmlDeviceGetCount()):
-            for pr in nv.nvmlDeviceGetComputeRunningProcesses(nv.nvmlDeviceGetHandleByIndex(i)):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            dev += int(nv.nvmlDeviceGetMemoryInfo(h).used) >> 20
+            for pr in nv.nvmlDeviceGetComputeRunningProcesses(h):
                 m = int(pr.usedGpuMemory or 0) >> 20
                 total += m
                 if pid is not None and pr.pid == pid:
                     mine = (mine or 0) + m
-        return {"pid": mine, "all": total, "source": "nvml"}
+        return {"pid": mine, "all": total, "device": dev, "source": "nvml"}
     except Exception:
         return None
 
 
+def _smi(query: str) -> List[str]:
+    try:
+        return subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+
+
 def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
-    """The per-process used device memory (MiB): the pid's own when given,
-    and the sum over every compute process; from NVML (pynvml) when
-    importable, else nvidia-smi. None with neither."""
+    """The used device memory (MiB): the pid's own when given, the sum over
+    every compute process, and the devices' used memory (`device`: what the
+    per-process figures leave out counts there, managed memory resident on
+    the device among it, so rows under the shim compare by it); from NVML
+    (pynvml) when importable, else nvidia-smi. None with neither."""
     nv = _nvml()
     if nv is not None:
         g = gpu_used_nvml(nv, pid)
@@ -625,13 +637,8 @@ def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
             return g
     if not shutil.which("nvidia-smi"):
         return None
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    total, mine = 0, None
-    for line in out.splitlines():
+    total, mine, dev = 0, None, None
+    for line in _smi("--query-compute-apps=pid,used_memory"):
         try:
             p, m = (int(x) for x in line.split(","))
         except ValueError:
@@ -639,7 +646,12 @@ def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
         total += m
         if pid is not None and p == pid:
             mine = (mine or 0) + m
-    return {"pid": mine, "all": total, "source": "nvidia-smi"}
+    for line in _smi("--query-gpu=memory.used"):
+        try:
+            dev = (dev or 0) + int(line.strip())
+        except ValueError:
+            continue
+    return {"pid": mine, "all": total, "device": dev, "source": "nvidia-smi"}
 
 
 class MemSampler:
@@ -647,7 +659,7 @@ class MemSampler:
     thread of its own (nvidia-smi blocks for tens of ms), at fixed ticks
     from the phase's start so a slow sample does not shift the next."""
 
-    COLUMNS = ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib"]
+    COLUMNS = ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib", "gpu_dev_mib"]
 
     def __init__(self, pid: int, every: float, t0: float) -> None:
         self.pid, self.every, self.t0 = pid, every, t0
@@ -663,7 +675,8 @@ class MemSampler:
             g = gpu_used_mib(self.pid)
             if g is not None:
                 self.source = g["source"]
-            self.samples.append([round(t, 2), rss_kib(self.pid), g and g["pid"], g and g["all"]])
+            self.samples.append([round(t, 2), rss_kib(self.pid), g and g["pid"], g and g["all"],
+                                 g and g.get("device")])
             k += 1
             if self.stop.wait(max(0.0, k * self.every - (time.perf_counter() - self.t0))):
                 return
@@ -679,7 +692,7 @@ class MemSampler:
         # issue 40's soak target: RSS and device memory within 2% from
         # minute 1 to the end (the whole run when it is shorter than 2 min)
         t_from = 60.0 if self.samples and self.samples[-1][0] >= 120.0 else 0.0
-        for i, name in ((1, "rss_kib"), (2, "gpu_pid_mib"), (3, "gpu_all_mib")):
+        for i, name in ((1, "rss_kib"), (2, "gpu_pid_mib"), (3, "gpu_all_mib"), (4, "gpu_dev_mib")):
             xs = [s[i] for s in self.samples if s[0] >= t_from and s[i] is not None]
             if xs:
                 out[name] = {"from_s": t_from, "min": min(xs), "max": max(xs), "last": xs[-1],

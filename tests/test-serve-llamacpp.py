@@ -331,7 +331,7 @@ class TestLoad(unittest.TestCase):
     def test_memory_samples(self) -> None:
         m = self.rep["phases"][0]["memory"]
         self.assertEqual(m["pid"], self.proc.pid)
-        self.assertEqual(m["columns"], ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib"])
+        self.assertEqual(m["columns"], ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib", "gpu_dev_mib"])
         self.assertGreaterEqual(len(m["samples"]), 5)  # 0.5 s over ~3 s
         self.assertTrue(all(s[1] and s[1] > 1000 for s in m["samples"]))
         ts = [s[0] for s in m["samples"]]
@@ -341,6 +341,27 @@ class TestLoad(unittest.TestCase):
         self.assertAlmostEqual((ts[-1] - ts[0]) / (len(ts) - 1), 0.5, delta=0.15)
         self.assertIn(m["gpu_source"], ("none", "nvml", "nvidia-smi"))
         self.assertIn("spread", m["rss_kib"])
+
+    def test_device_memory_by_nvidia_smi(self) -> None:
+        """Without pynvml, nvidia-smi gives the process's figure and the
+        device's used memory (where the shim's managed memory counts): a
+        stand-in nvidia-smi on PATH, two processes on two GPUs."""
+        d = tempfile.mkdtemp(prefix="test-serve-smi-", dir=self.tmp)
+        with open(os.path.join(d, "nvidia-smi"), "w") as f:
+            f.write('#!/bin/sh\ncase "$1" in\n'
+                    '  --query-compute-apps=*) echo "4242, 1330"; echo "77, 500" ;;\n'
+                    '  --query-gpu=memory.used) echo "3003"; echo "10" ;;\n'
+                    '  *) exit 9 ;;\nesac\n')
+        os.chmod(os.path.join(d, "nvidia-smi"), 0o755)
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); import serve; serve._NVML = False; "
+                "print(serve.gpu_used_mib(4242)); print(serve.gpu_used_mib(None))")
+        env = dict(os.environ, PATH=d + os.pathsep + os.environ.get("PATH", ""))
+        r = subprocess.run([sys.executable, "-c", code, BENCH], capture_output=True, text=True, env=env,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        mine, anyone = r.stdout.splitlines()
+        self.assertEqual(mine, str({"pid": 1330, "all": 1830, "device": 3013, "source": "nvidia-smi"}))
+        self.assertEqual(anyone, str({"pid": None, "all": 1830, "device": 3013, "source": "nvidia-smi"}))
 
     def test_greedy_ids_recorded_and_checked(self) -> None:
         with open(self.ref) as f:
