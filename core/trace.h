@@ -231,6 +231,10 @@ struct wo_trace_data {
     struct wo_trace_range *ranges; /* one per alloc event with a known range, in order */
     size_t nranges;
     size_t *range_index; /* internal: ranges sorted by (id, gen) */
+    size_t *id_first;    /* internal: id_first[id]..id_first[id + 1] in range_index hold id's
+                          * ranges, for id < nid (ids are the registry's, dense): NULL when
+                          * they are not (wo_trace_data_range searches all of range_index) */
+    size_t nid;
     struct wo_trace_kernel_name *kernels; /* sorted by func */
     size_t nkernels;
     struct wo_trace_tag *tags; /* in file order; names owned here */

@@ -437,6 +437,61 @@ static void loader_matches_frees_to_allocs(void **state)
     wo_trace_data_free(d);
 }
 
+/* Ranges are found by (id, gen): through the table of ids when the ids are
+ * dense (the registry's), by the search over all of them when they are not;
+ * the same answers either way, an id's later generations and ids with no
+ * range included. */
+static void range_lookup_by_id_and_gen(void **state)
+{
+    static const struct {
+        uint32_t id, gen;
+    } dense[] = {{3, 1}, {0, 7}, {0, 9}, {5, 2}, {0, 8}, {5, 1}},
+      sparse[] = {{3, 1}, {1u << 30, 4}, {0, 7}, {(1u << 30) + 2, 4}};
+
+    (void)state;
+    for (int pass = 0; pass < 2; pass++) {
+        char path[256];
+        struct wo_trace *t;
+        struct wo_trace_data *d;
+        size_t n = pass ? WO_ARRAY_SIZE(sparse) : WO_ARRAY_SIZE(dense);
+
+        path_in(path, sizeof(path), pass ? "ids-sparse.wotrace" : "ids-dense.wotrace");
+        assert_int_equal(wo_trace_open(path, &t), 0);
+        for (size_t i = 0; i < n; i++) {
+            struct wo_event ev;
+            memset(&ev, 0, sizeof(ev));
+            ev.type = WO_EV_ALLOC;
+            ev.t_ns = 1000 + i;
+            ev.a.base = UINT64_C(0x7f0000000000) + (uint64_t)i * (2u << 20);
+            ev.a.size = 4096;
+            ev.a.seq = i + 1;
+            assert_int_equal(wo_trace_event_ids(t, &ev, pass ? sparse[i].id : dense[i].id,
+                                                pass ? sparse[i].gen : dense[i].gen),
+                             0);
+        }
+        assert_int_equal(wo_trace_close(t, 0), 0);
+        assert_int_equal(wo_trace_load(path, WO_TRACE_STRICT, 0, &d), 0);
+        assert_int_equal(d->nranges, n);
+        if (pass)
+            assert_null(d->id_first); /* ids far apart: no table */
+        else
+            assert_non_null(d->id_first);
+        for (size_t i = 0; i < n; i++) {
+            uint32_t id = pass ? sparse[i].id : dense[i].id, gen = pass ? sparse[i].gen : dense[i].gen;
+            const struct wo_trace_range *g = wo_trace_data_range(d, id, gen);
+            assert_non_null(g);
+            assert_int_equal(g->base, UINT64_C(0x7f0000000000) + (uint64_t)i * (2u << 20));
+            assert_null(wo_trace_data_range(d, id, gen + 100));
+        }
+        assert_null(wo_trace_data_range(d, 1, 7));
+        assert_null(wo_trace_data_range(d, 4, 1));
+        assert_null(wo_trace_data_range(d, 6, 1));
+        assert_null(wo_trace_data_range(d, (1u << 30) + 1, 4));
+        assert_null(wo_trace_data_range(d, UINT32_MAX, 4));
+        wo_trace_data_free(d);
+    }
+}
+
 /* ---- a small trace and its record boundaries ------------------------------- */
 
 static uint8_t *small_trace(size_t *len)
@@ -1180,6 +1235,7 @@ int main(void)
         cmocka_unit_test(roundtrip_every_event_type),
         cmocka_unit_test(load_builds_tables),
         cmocka_unit_test(loader_matches_frees_to_allocs),
+        cmocka_unit_test(range_lookup_by_id_and_gen),
         cmocka_unit_test(truncation_at_every_offset),
         cmocka_unit_test(single_bit_flips_detected),
         cmocka_unit_test(damage_is_named),
