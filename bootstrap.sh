@@ -6,7 +6,7 @@
 #   ./bootstrap.sh test   build and test five configurations, as CI does: gcc
 #                         -Werror (and valgrind on the unit tests), clang
 #                         -Werror, release (NDEBUG), ASan+UBSan, TSan; about
-#                         19-22 minutes and 10 GB of memory on 2 cores
+#                         17-20 minutes and 10 GB of memory on 2 cores
 #   ./bootstrap.sh deps   install the Debian packages that are missing
 #   ./bootstrap.sh build [DIR]
 #                         one debug build in DIR (default build/)
