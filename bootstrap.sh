@@ -176,6 +176,10 @@ for t in json.load(sys.stdin):
         ;;
     quiet)
         list=$(cat "$dir/bootstrap-list-quiet") || return 1
+        if [ -z "$list" ]; then # none in this configuration (the `once` suite's)
+            echo "0 0" >"$TMPD/quiet-$(basename "$dir")"
+            return 0
+        fi
         (
             rc=0
             pids=

@@ -30,7 +30,8 @@
 #                 (words: a small or synthetic vocabulary makes several tokens of a
 #                 word, and a request over CTX / PARALLEL tokens gets llama-server's
 #                 400 "exceeds the available context size"; bench/gguf-shape.py's
-#                 GGUFs took 3-6 tokens a word: uniform:16:64 with CTX = PARALLEL x 2048)
+#                 GGUFs take 7.4 tokens a word (serve.py's usage_prompt_tokens_per_asked):
+#                 uniform:16:64 with CTX = PARALLEL x 2048)
 #   LOAD_TIMEOUT  seconds for /health after a start [180]
 #   DEADLINE      seconds this script may take in all [560]
 #   STATS         the shim's WOFFLOAD_STATS path, checked at the SIGTERM (optional)

@@ -83,6 +83,7 @@ int main(int argc, char **argv)
     if (argc > 5) ITERS = atoi(argv[5]);
     size_t words = S / 8, layer = (size_t)E * S;
     uint64_t **host = (uint64_t **)calloc(LAYERS, sizeof(*host));
+    uint64_t **hdev = (uint64_t **)calloc(LAYERS, sizeof(*hdev)); // host[l] as the device sees it
     unsigned long long *esum = (unsigned long long *)calloc((size_t)LAYERS * E, sizeof(*esum));
     uint64_t *slot;
     int *dpicks, *hpicks;
@@ -93,6 +94,7 @@ int main(int argc, char **argv)
     CR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     for (int l = 0; l < LAYERS; l++) {
         CR(cudaHostAlloc((void **)&host[l], layer, cudaHostAllocMapped));
+        CR(cudaHostGetDevicePointer((void **)&hdev[l], host[l], 0));
         for (size_t i = 0; i < layer / 8; i++)
             host[l][i] = (i * 0x9e3779b97f4a7c15ull) ^ ((uint64_t)l << 56);
         for (int e = 0; e < E; e++)
@@ -187,12 +189,10 @@ int main(int argc, char **argv)
                 } else {
                     for (int l = 0; l < LAYERS; l++) {
                         const uint64_t *src = slot;
-                        uint64_t *hd;
-                        CR(cudaHostGetDevicePointer((void **)&hd, host[l], 0));
                         if (row == 0)
-                            src = hd;
+                            src = hdev[l];
                         else if (row == 1)
-                            copier<<<K, 512, 0, s>>>(slot, hd, dpicks + l * E, words);
+                            copier<<<K, 512, 0, s>>>(slot, hdev[l], dpicks + l * E, words);
                         else
                             for (int k = 0; k < K; k++) {
                                 int e = hpicks[l * E + k];

@@ -72,8 +72,7 @@ def main() -> int:
     if any(v is not None for v in dev):
         # the device's used memory: what the per-process figure leaves out
         # (the shim's managed memory resident on the device) counts there
-        ax[1].plot(t, [v if v is not None else float("nan") for v in dev], lw=1, color="tab:blue",
-                   label="the device's used memory")
+        ax[1].plot(t, [v if v is not None else float("nan") for v in dev], lw=1, color="tab:blue")
         gpu_label += "; blue: the device's used memory (MiB)"
     if any(v is not None for v in gpu):
         ax[1].plot(t, [v if v is not None else float("nan") for v in gpu], lw=1, color="tab:green")

@@ -875,6 +875,30 @@ static const char *const all_modes[] = {
 };
 #define NMODES (sizeof(all_modes) / sizeof(all_modes[0]))
 
+/* want() for a mode main() runs: one all_modes lacks would never be
+ * started side by side, so every child fails on it */
+static bool is_mode(const char *name)
+{
+    for (size_t i = 0; i < NMODES; i++)
+        if (strcmp(all_modes[i], name) == 0)
+            return true;
+    return false;
+}
+
+static bool want_mode(int argc, char **argv, const char *name)
+{
+    if (!is_mode(name)) {
+        fprintf(stderr, "test-stream-preload: mode '%s' is not in all_modes: it never runs\n", name);
+        failures++;
+    }
+    return want(argc, argv, name);
+}
+
+static bool passed(int status)
+{
+    return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 static int side_by_side(int argc, char **argv)
 {
     const char *e = getenv("WO_STREAM_JOBS");
@@ -891,6 +915,11 @@ static int side_by_side(int argc, char **argv)
     for (size_t i = 0; i < NMODES; i++)
         if (want(argc, argv, all_modes[i]))
             order[n++] = (int)i; /* all_modes' order */
+    for (int a = 1; a < argc; a++)
+        if (!is_mode(argv[a])) {
+            fprintf(stderr, "test-stream-preload: no mode '%s'\n", argv[a]);
+            return 2;
+        }
     for (int k = 0; k < n; k++) {
         int fd;
 
@@ -949,7 +978,7 @@ static int side_by_side(int argc, char **argv)
     for (int k = 0; k < n; k++) {
         int m = order[k];
         static char text[1 << 20];
-        bool ok = status[m] != -1 && WIFEXITED(status[m]) && WEXITSTATUS(status[m]) == 0;
+        bool ok = passed(status[m]);
 
         (void)slurp(out[m], text, sizeof(text));
         unlink(out[m]);
@@ -968,7 +997,7 @@ static int side_by_side(int argc, char **argv)
         fprintf(stderr, "test-stream-preload: %d of %d modes failed:", bad, n);
         for (int k = 0; k < n; k++) {
             int m = order[k];
-            if (!(status[m] != -1 && WIFEXITED(status[m]) && WEXITSTATUS(status[m]) == 0))
+            if (!passed(status[m]))
                 fprintf(stderr, " %s", all_modes[m]);
         }
         fprintf(stderr, " (each one's output is above)\n");
@@ -992,7 +1021,7 @@ int main(int argc, char **argv)
         return side_by_side(argc, argv);
 
     /* ---- stream ---- */
-    if (want(argc, argv, "stream")) {
+    if (want_mode(argc, argv, "stream")) {
         run(argv, "stream", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         CHECK(s != NULL);
@@ -1092,7 +1121,7 @@ int main(int argc, char **argv)
      * known, and the small one back to 1 MiB once copies wrote every
      * half-MiB range (read in place since); every read bit-identical
      * through both (the child checks) ---- */
-    if (want(argc, argv, "stream-sized")) {
+    if (want_mode(argc, argv, "stream-sized")) {
         sized_run(argv, "stream-sized", 2, 3 * MiB, stats, sizeof(stats), log, sizeof(log));
         {
             const char *r =
@@ -1105,7 +1134,7 @@ int main(int argc, char **argv)
      * the small slot's growing back: it keeps 512 KiB (its old memory
      * allocated again), is not asked again, and the 1 MiB ranges are
      * staged in the two others; every read bit-identical ---- */
-    if (want(argc, argv, "stream-sized-refused")) {
+    if (want_mode(argc, argv, "stream-sized-refused")) {
         sized_run(argv, "stream-sized-refused", 1, 2 * MiB + MiB / 2, stats, sizeof(stats), log,
                   sizeof(log));
         CHECK(said_once(log, "stream: staging slot 2: 1 MiB could not be allocated "
@@ -1119,7 +1148,7 @@ int main(int argc, char **argv)
      * halfway: its fence cannot be recorded, so the executor stops
      * streaming (one warning); every read right before and after (the
      * child checks), range 10's new bytes read in place ---- */
-    if (want(argc, argv, "stream-unfenced")) {
+    if (want_mode(argc, argv, "stream-unfenced")) {
         run(argv, "stream-unfenced", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         printf("stream-unfenced: %.0f blind launches, %.0f not fenced, %.0f redirected\n",
@@ -1138,7 +1167,7 @@ int main(int argc, char **argv)
     /* ---- stream, pinned copies asked for but every pin fails: one
      * warning, each range staged by the copy kernel instead, every read
      * bit-identical (the child checks), nothing held ---- */
-    if (want(argc, argv, "stream-nopin")) {
+    if (want_mode(argc, argv, "stream-nopin")) {
         run(argv, "stream-nopin", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         e = strstr(s ?: "", "\"pinned_copies\":{");
@@ -1163,7 +1192,7 @@ int main(int argc, char **argv)
      * make (0.3 s each, about 20 queued): exit stops it after the one in
      * hand, the exit stats are written (run() checks), and the process
      * is gone well before the queue would have been ---- */
-    if (want(argc, argv, "stream-exit")) {
+    if (want_mode(argc, argv, "stream-exit")) {
         {
             int fd = mkstemp(exit_ts);
             char b[64] = "";
@@ -1184,7 +1213,7 @@ int main(int argc, char **argv)
     /* ---- stream-capture: a global-mode capture held for 0.2 s while pins
      * are queued ends valid (the child checks cuStreamEndCapture), every
      * read bit-identical, and the pins went on after it ---- */
-    if (want(argc, argv, "stream-capture")) {
+    if (want_mode(argc, argv, "stream-capture")) {
         run(argv, "stream-capture", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         e = strstr(s ?: "", "\"pinned_copies\":{");
@@ -1195,7 +1224,7 @@ int main(int argc, char **argv)
     }
 
     /* ---- auto: read 4x a step, so streamed once measured ---- */
-    if (want(argc, argv, "auto")) {
+    if (want_mode(argc, argv, "auto")) {
         run(argv, "auto", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         redirected = num_after(s, "\"redirected\":");
@@ -1219,7 +1248,7 @@ int main(int argc, char **argv)
      * stream them; a read from a slot is made slower (slot_read_us), so
      * auto tries and then puts them back in place (unselect_range), every
      * read bit-identical throughout (the child checks each checksum) ---- */
-    if (want(argc, argv, "auto-time")) {
+    if (want_mode(argc, argv, "auto-time")) {
         run(argv, "auto-time", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         printf(
@@ -1243,7 +1272,7 @@ int main(int argc, char **argv)
      * auto streams by step time those the hot set leaves out and the hot
      * ones the slots take the room of, and keeps them; the rest stay
      * with the planner ---- */
-    if (want(argc, argv, "auto-managed")) {
+    if (want_mode(argc, argv, "auto-managed")) {
         run(argv, "auto-managed", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         printf("auto-managed: %.0f redirected, %.0f tries, %.0f kept, %.0f back in place\n",
@@ -1289,7 +1318,7 @@ int main(int argc, char **argv)
      * and 3 x 64 KiB, not 6 x 1 MiB), and of the hot ranges streamed for
      * the slots' room, one (a 2 MiB allocation) goes back to the planner;
      * every read bit-identical (the child checks) ---- */
-    if (want(argc, argv, "auto-managed-sized")) {
+    if (want_mode(argc, argv, "auto-managed-sized")) {
         run(argv, "auto-managed-sized", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         {
@@ -1325,7 +1354,7 @@ int main(int argc, char **argv)
      * the planner's 6 MiB, pass the budget. readmit_room counts the slots
      * the ranges still streamed then need, so it gives back a 1 MiB one,
      * and the slots keep their size ---- */
-    if (want(argc, argv, "auto-managed-sized-pair")) {
+    if (want_mode(argc, argv, "auto-managed-sized-pair")) {
         run(argv, "auto-managed-sized-pair", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         {
@@ -1355,7 +1384,7 @@ int main(int argc, char **argv)
     /* ---- auto-managed-back: the same, a read from a slot made slower:
      * auto tries and hands the managed ranges back to the planner, which
      * prefetches them again ---- */
-    if (want(argc, argv, "auto-managed-back")) {
+    if (want_mode(argc, argv, "auto-managed-back")) {
         run(argv, "auto-managed-back", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         printf("auto-managed-back: %.0f tries, %.0f back in place\n",
@@ -1379,7 +1408,7 @@ int main(int argc, char **argv)
     }
 
     /* ---- hot-set: read in place, with one warning per range read 2x or more ---- */
-    if (want(argc, argv, "hot-set")) {
+    if (want_mode(argc, argv, "hot-set")) {
         run(argv, "hot-set", stats, sizeof(stats), log, sizeof(log));
         s = strstr(stats, "\"stream\":{");
         CHECK(num_after(s, "\"redirected\":") == 0);
