@@ -194,7 +194,7 @@ if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep "$SWEEP_RESERVE"; then
         --pid "$SPID" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
         --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
     step_rc sweep $?
-    grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^memory|^greedy' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
+    grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^  example|^memory|^greedy' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
     "$PY" "$HERE/serve-plot.py" "$OUT/sweep.json" --out "$OUT/sweep-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in sweep.json)"; else step_rc plot "$rc"; fi
@@ -252,6 +252,14 @@ if sw:
               f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} | {st.get('requests_s', '-')} "
               f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "
               f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} | {rng('gpu_dev_mib', 1)} |")
+    ex = {}
+    for ph in sw.get("phases") or [sw]:
+        for k, ms in (ph["summary"].get("error_examples") or {}).items():
+            ex.setdefault(k, [])
+            ex[k] += [m for m in ms if m not in ex[k]][:3 - len(ex[k])]
+    if ex:
+        print("\nwhat the server said, up to three a kind:\n" + "\n".join(
+            f"- {k}: `{m}`" for k, ms in sorted(ex.items()) for m in ms))
     so = load("soak.json")
     if so and so.get("memory"):
         m = so["memory"]

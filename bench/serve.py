@@ -181,6 +181,7 @@ class Req:
     done: Optional[float] = None
     status: Optional[int] = None
     error: Optional[str] = None
+    error_msg: Optional[str] = None  # the exception's text, for the report's examples
     text: Any = None               # streamed output (text, or token ids in-process)
     tok_ids: Optional[List[int]] = None  # the server's token ids, where it sends them (llamacpp)
     usage: Optional[Dict[str, Any]] = None
@@ -520,6 +521,7 @@ async def one(run: Run, r: Req, driver: Any) -> None:
         err = CUT
     except Exception as e:  # every failure is a counted result, never a crash
         err = error_kind(e)
+        r.error_msg = str(e)[:300]
         if run.args.verbose:
             sys.stderr.write(f"serve.py: request {r.idx} ({r.kind}): {err}: {e}\n")
     run.finish(r, err)
@@ -887,9 +889,13 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
     tpot = [(r.done - r.first) / (len(r.token_times) - 1) for r in ok
             if r.first is not None and r.done is not None and len(r.token_times) > 1]
     errors: Dict[str, int] = {}
+    examples: Dict[str, List[str]] = {}  # up to 3 distinct messages a kind: what the server said
     for r in main:
         if r.error and r.error != CUT:
             errors[r.error] = errors.get(r.error, 0) + 1
+            ex = examples.setdefault(r.error, [])
+            if r.error_msg and r.error_msg not in ex and len(ex) < 3:
+                ex.append(r.error_msg)
     dur = last_done if last_done > 0 else wall
     # Little's law over the whole run: L = (completed / time) x mean time in system
     little = (len(ok) / dur) * (sum(e2e) / len(e2e)) if e2e and dur > 0 else None
@@ -935,6 +941,7 @@ def summarise(run: Run, wall: float) -> Dict[str, Any]:
                     "usage_prompt_tokens_per_asked": _r(sum(a for a, _ in usage_in) / sum(b for _, b in usage_in))
                     if usage_in else None},
         "errors": errors,
+        "error_examples": examples,
     }
     bad = [r for r in run.reqs if r.kind == "bad"]
     if bad:
@@ -1012,6 +1019,9 @@ def print_table(s: Dict[str, Any], st: Optional[Dict[str, Any]]) -> None:
           + (f", engine's active requests {c['engine_active']}" if c.get("engine_active") is not None else ""))
     if s["errors"]:
         print("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())))
+        for k, ex in sorted(s.get("error_examples", {}).items()):
+            for m in ex:
+                print(f"  example {k}: {m}")
     if "bad_request" in s:
         b = s["bad_request"]
         print(f"bad request: HTTP {b['status']} ({'4xx as expected' if b['got_4xx'] else 'NOT a 4xx'}), "

@@ -6,7 +6,7 @@ start it again):
 
     python3 tests/test-serve-llamacpp.py                 (the tests, ~40 s)
     python3 tests/test-serve-llamacpp.py --fake PORT [--slots N] [--leak] [--bad-status S]
-        [--term-delay S] [--salt X] [--load-s S]          (the fake alone)
+        [--term-delay S] [--salt X] [--load-s S] [--stream-error-every N]   (the fake alone)
 
 The fake follows llama-server at 34af94cd (tools/server/server-context.cpp,
 server-task.cpp): --slots requests decode at once, the others wait; each
@@ -24,7 +24,10 @@ non-number temperature) get 400 {"error": {"code": 400, "message",
 "type": "invalid_request_error"}}; GET /health is 503 while "loading"
 (--load-s), then 200; GET /slots lists {"id", "is_processing"}. A client
 that goes away frees its slot at the next token it would have been sent
-(--leak: never, the bug the disconnect check is there to see). SIGTERM:
+(--leak: never, the bug the disconnect check is there to see). With
+--stream-error-every N every Nth request gets, after two tokens, an event
+{"error": {"code": 500, "message", "type"}} and the end of the body (a
+200 stream that fails, as llama-server reports a task's failure). SIGTERM:
 stops accepting, exits after --term-delay seconds (default 0.2).
 Tokens are a function of the prompt, the index and --salt only.
 """
@@ -59,6 +62,7 @@ class Fake:
         self.cv = threading.Condition(self.lock)
         self.leak, self.bad_status, self.salt = leak, bad_status, salt
         self.ready_at = time.monotonic() + load_s
+        self.error_every, self.served = 0, 0  # --stream-error-every: a streamed error every Nth request
 
     def token(self, prompt: str, i: int) -> int:
         h = 7
@@ -149,6 +153,9 @@ class Handler(BaseHTTPRequestHandler):
         verbose = bool(body.get("verbose"))
         prompt = body["prompt"]
         slot = FAKE.take()
+        with FAKE.lock:
+            FAKE.served += 1
+            fail_at = 2 if FAKE.error_every and FAKE.served % FAKE.error_every == 0 else -1
         freed = False
         try:
             self.send_response(200)
@@ -157,9 +164,15 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.flush()
             time.sleep(PREFILL)
+            failed = False
             for i in range(n_out):
                 if i:
                     time.sleep(ITL)
+                if i == fail_at:  # an error inside the 200 stream, as llama-server sends one
+                    self.event({"error": {"code": 500, "message": f"fake stream failure at token {i}",
+                                          "type": "server_error"}})
+                    failed = True
+                    break
                 tok = FAKE.token(prompt, i)
                 text = "" if i % 5 == 4 else f" w{tok}"
                 native = {"index": 0, "content": text, "tokens": [tok], "stop": False, "id_slot": slot,
@@ -173,6 +186,10 @@ class Handler(BaseHTTPRequestHandler):
                     self.event(ev)
                 else:
                     self.event(native)
+            if failed:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+                return
             final = {"index": 0, "content": "", "tokens": [], "id_slot": slot, "stop": True,
                      "tokens_predicted": n_out, "tokens_evaluated": len(prompt.split()), "stop_type": "limit"}
             if oai:
@@ -214,8 +231,10 @@ def run_fake(argv) -> int:
     p.add_argument("--term-delay", type=float, default=0.2)
     p.add_argument("--salt", default="")
     p.add_argument("--load-s", type=float, default=0.3)
+    p.add_argument("--stream-error-every", type=int, default=0)
     a = p.parse_args(argv)
     FAKE = Fake(a.slots, a.leak, a.bad_status, a.salt, a.load_s)
+    FAKE.error_every = a.stream_error_every
     srv = Server(("127.0.0.1", a.fake), Handler)
 
     def on_term(*_):
@@ -426,6 +445,27 @@ def faults(port: int, *opts: str, fake_opts=(), checks="disconnect,bad,sigterm,r
         return r, json.load(f)
 
 
+class TestStreamError(unittest.TestCase):
+    """A 200 stream that carries an error event is a stream_error, and the
+    report keeps what the server said (up to three messages a kind)."""
+
+    def test_examples(self) -> None:
+        port = free_port()
+        proc = start_fake(port, "--stream-error-every", "3")
+        self.addCleanup(stop, proc)
+        out = os.path.join(tempfile.mkdtemp(prefix="test-serve-llamacpp-err-"), "r.json")
+        res = py("serve.py", "--url", f"http://127.0.0.1:{port}", "--server-kind", "llamacpp", "--requests", "9",
+                 "--rate", "20", "--output-len", "fixed:6", "--prompt-len", "uniform:8:16", "--ignore-eos",
+                 "--warmup-requests", "0", "--greedy-n", "0", "--out", out)
+        with open(out) as f:
+            s = json.load(f)["summary"]
+        self.assertEqual(s["errors"], {"stream_error": 3}, res.stdout + res.stderr)
+        ex = s["error_examples"]["stream_error"]
+        self.assertEqual(len(ex), 1)
+        self.assertIn("fake stream failure at token 2", ex[0])
+        self.assertIn("  example stream_error: stream error: {", res.stdout)
+
+
 class TestFaults(unittest.TestCase):
     """serve-faults.py against the fake; and each check made to fail by a
     fake with the fault it is there to see."""
@@ -552,6 +592,53 @@ class TestScript(unittest.TestCase):
             rpid = int(f.read())
         self.assertFalse(os.path.exists(f"/proc/{rpid}"), "the restarted fake is still running")
         self.assertRegex(r.stdout, r"\[ *[0-9.]+s\] sweep: done")
+
+
+class TestRows(unittest.TestCase):
+    """bench/llamacpp-serve-rows.sh: a run a row, each in its own folder,
+    the shim's rows under woffload-run (here a stand-in that runs the
+    command after `--`), later rows checked against plain's greedy ids, an
+    unknown row named and skipped; and what the server streamed as an error
+    is in the row's markdown."""
+
+    def test_rows(self) -> None:
+        tmp = tempfile.mkdtemp(prefix="test-llamacpp-rows-")
+        bindir, tools = os.path.join(tmp, "bin"), os.path.join(tmp, "shim", "tools")
+        os.makedirs(bindir)
+        os.makedirs(tools)
+        with open(os.path.join(bindir, "llama-server"), "w") as f:
+            f.write("#!/bin/sh\nport=8080; par=4\n"
+                    "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
+                    " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
+                    f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par $FAKE_OPTS\n")
+        with open(os.path.join(tools, "woffload-run"), "w") as f:
+            f.write("#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\n"
+                    "echo \"$@\" > \"$(dirname \"$0\")/ran\"\nexec \"$@\"\n")
+        for x in ("llama-server", "woffload-run"):
+            d = bindir if x == "llama-server" else tools
+            os.chmod(os.path.join(d, x), 0o755)
+        out = os.path.join(tmp, "out")
+        env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
+                   ROWS="plain shim-exps bogus llama-ot", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
+                   OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
+                   WOFFLOAD_BUILD=os.path.join(tmp, "shim"), FAKE_OPTS="--stream-error-every 4",
+                   PYTHON=sys.executable)
+        r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
+                           text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("bogus: unknown row", r.stdout)
+        for row in ("plain", "shim-exps", "llama-ot"):
+            with open(os.path.join(out, f"p4-{row}", "llamacpp-serve.md")) as f:
+                md = f.read()
+            self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |")]), 1, md)
+            self.assertIn("- stream_error: `stream error: {", md)
+            with open(os.path.join(out, f"p4-{row}", "sweep.json")) as f:
+                cfg = json.load(f)["config"]
+            self.assertEqual(cfg["greedy_check"] is None, row == "plain", cfg)
+        self.assertIn("woffload-run --policy", open(os.path.join(out, "p4-shim-exps", "machine.txt")).read())
+        self.assertIn("llama-server -m", open(os.path.join(tools, "ran")).read())
+        self.assertIn("-ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
+        self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
 
 
 def salted(argv) -> list:

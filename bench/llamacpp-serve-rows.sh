@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# bench/llamacpp-serve-rows.sh: issue 40's rows side by side, one
+# bench/llamacpp-serve.sh run a row, on the same llama-server binary and GGUF:
+#
+#   LLAMA_BIN=/tmp/llb/bin GGUF=/tmp/x.gguf OUTROOT=$OUT PARALLEL=32 \
+#     ROWS="plain shim-exps llama-ot shim-ncmoe8 llama-ncmoe8" bash bench/llamacpp-serve-rows.sh
+#
+# Rows (each in OUTROOT/pP-ROW; the default row comes first, the others
+# check their greedy ids against its greedy.json when it is there):
+#   plain          llama-server, all on the GPU
+#   shim-empty     woffload-run --policy examples/empty.yaml
+#   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
+#   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
+#   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
+#                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]
+#   shim-ncmoe8    woffload-run --policy examples/llamacpp-n-cpu-moe.yaml
+#   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
+#   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
+#                  row was measured to use, for a row at equal memory)
+# Settings (environment; defaults in brackets): PARALLEL [32]; CTX
+# [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
+# (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
+# DRAIN [10] a rate; the rates of a row R_FAST (plain, shim-empty) [8,32,96],
+# R_SLOW (experts host) [1,2,4], R_MID (half resident) [1.5,3,8]; FAULTS [0];
+# ROW_S, the most seconds a row may take [200]; END_S, the seconds for all
+# rows [570] (a row with less than 90 s left is skipped); WOFFLOAD_BUILD,
+# the shim's build directory [build]. Between rows every llama-server left
+# is stopped by its exact name (never `pkill -f`, which matches this script).
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/.." && pwd)
+: "${LLAMA_BIN:?LLAMA_BIN: the directory holding llama-server}"
+GGUF=${GGUF:?GGUF: the model}
+OUTROOT=${OUTROOT:?OUTROOT: where the rows go}
+ROWS=${ROWS:-plain shim-exps llama-ot}
+P=${PARALLEL:-32}
+RUN=${WOFFLOAD_BUILD:-$ROOT/build}/tools/woffload-run
+END=${END_S:-570}
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+export LLAMA_BIN
+for row in $ROWS; do
+    left=$((END - $(el)))
+    per=${ROW_S:-200}
+    if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
+    [ "$per" -gt "$left" ] && per=$left
+    O=$OUTROOT/p$P-$row
+    unset WOFFLOAD_CMD LLAMA_ARGS STATS GREEDY_REF WO_EXPERT_BUDGET
+    POL=""
+    case $row in
+    plain) R=${R_FAST:-8,32,96} ;;
+    shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
+    shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
+    llama-ot) R=${R_SLOW:-1,2,4}; export LLAMA_ARGS="-ot exps=CPU -lm none" ;;
+    shim-managed) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-exps-managed.yaml
+        export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
+    shim-ncmoe8) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
+    llama-ncmoe8) R=${R_MID:-1.5,3,8}; export LLAMA_ARGS="--n-cpu-moe 8 -lm none" ;;
+    shim-fit) R=${R_MID:-1.5,3,8}; : "${FIT:?FIT: the size for the shim-fit row}" ;;
+    *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
+    esac
+    mkdir -p "$O"
+    case $row in
+    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --" ;;
+    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --" ;;
+    esac
+    if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
+        export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json
+    fi
+    echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, at most $per s"
+    RATES=$R PARALLEL=$P CTX=${CTX:-$((P * 1024))} OUTPUT_LEN=${OUTPUT_LEN:-fixed:32} \
+        PROMPT_LEN=${PROMPT_LEN:-uniform:16:48} DURATION=${DURATION:-40} DRAIN=${DRAIN:-10} \
+        FAULTS=${FAULTS:-0} LOAD_TIMEOUT=${LOAD_TIMEOUT:-150} DEADLINE=$per OUT=$O \
+        bash "$HERE/llamacpp-serve.sh" "$GGUF" >"$O/run.log" 2>&1
+    echo "[serve-rows $(el)s] $row: exit $?"
+    grep -E '^=== phase|^throughput|ITL|^errors|^  example|^greedy|FAILED' "$O/llamacpp-serve.log" | tail -16
+    pkill -x llama-server 2>/dev/null
+    sleep 1
+done
