@@ -19,7 +19,12 @@ The checks, in this order (a failed one does not stop the next):
    greedy reference prompt gives the same token ids as before them.
 3. sigterm: SIGTERM to --pid while --parallel x 2 long requests are in
    flight. Expected: the process exits within --term-limit seconds (10);
-   with --stats-file, the file is written after the signal.
+   with --stats-file, the file is written after the signal. A process
+   still there at the limit is told apart: the clients close their streams
+   and the seconds to the exit after that are recorded
+   (`exit_after_clients_left_s`, `waits_for_clients`: a server that waits
+   for its open streams, not one stuck in its teardown); SIGKILL at
+   --term-hard (30 s).
 4. restart (needs --server-cmd): the server started again with the same
    command (the same policy under WOFFLOAD_CMD). Expected: the greedy
    prompts, sent one at a time (batch 1, so the batch does not differ),
@@ -241,6 +246,13 @@ async def check_bad(a: argparse.Namespace, c: Client) -> Dict[str, Any]:
 
 async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
                         proc: Optional[subprocess.Popen]) -> Dict[str, Any]:
+    """SIGTERM under load. When the process is still there at the limit,
+    the clients go away (their connections closed) and the seconds from
+    then to the exit are recorded too: a server that exits soon after its
+    last stream closed waits for its clients (llama-server at 34af94cd
+    stops decoding at SIGTERM but keeps each open stream's handler polling
+    its connection), one that does not is stuck elsewhere (in its own
+    teardown or the shim's). SIGKILL after 30 s."""
     expected = (f"SIGTERM with {2 * a.parallel} long requests in flight: the process exits within "
                 f"{a.term_limit:g} s" + ("; the stats file is written after the signal" if a.stats_file else ""))
     reqs = [c.req(prompt(300 + i), a.long_tokens) for i in range(2 * a.parallel)]
@@ -250,9 +262,48 @@ async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
         await asyncio.sleep(0.05)
     in_flight = sum(1 for r in reqs if r.done is None)
     signalled = time.time()
-    loop = asyncio.get_running_loop()
-    term = await loop.run_in_executor(None, term_and_wait, pid, a.term_limit, proc)
-    done = await asyncio.gather(*tasks)
+
+    def gone() -> bool:
+        return proc.poll() is not None if proc is not None else not alive(pid)
+
+    t0 = time.monotonic()
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return {"expected": expected, "ok": False, "observed": {"exit_s": None, "error": "no such process"}}
+    while not gone() and time.monotonic() - t0 <= a.term_limit:
+        await asyncio.sleep(0.02)
+    term: Dict[str, Any] = {}
+    killed = False
+    if not gone():
+        # the clients go away: does the exit follow?
+        term["streams_open_at_limit"] = sum(1 for t in tasks if not t.done())
+        for t in tasks:
+            t.cancel()
+        left = time.monotonic()
+        while not gone() and time.monotonic() - t0 <= a.term_hard:
+            await asyncio.sleep(0.02)
+        if not gone():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            killed = True
+            while not gone():
+                await asyncio.sleep(0.02)
+        else:
+            term["exit_after_clients_left_s"] = round(time.monotonic() - left, 3)
+        # exited within a few seconds of its last client: it was waiting for them
+        term["waits_for_clients"] = not killed and term["exit_after_clients_left_s"] <= a.term_limit
+    exit_s = time.monotonic() - t0
+    term = {"exit_s": round(exit_s, 3), "killed": killed,
+            "within_limit": not killed and exit_s <= a.term_limit, **term}
+    if proc is not None:
+        term["returncode"] = proc.returncode
+    done = await asyncio.gather(*tasks, return_exceptions=True)
     stats = None
     if a.stats_file:
         stats = {"path": a.stats_file, "exists": os.path.exists(a.stats_file)}
@@ -261,7 +312,7 @@ async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
     ok = bool(term.get("within_limit")) and (stats is None or bool(stats.get("written_after_signal")))
     ends: Dict[str, int] = {}
     for r in done:
-        k = r.error or "completed"
+        k = "left at the limit" if isinstance(r, BaseException) else (r.error or "completed")
         ends[k] = ends.get(k, 0) + 1
     return {"expected": expected, "ok": ok,
             "observed": {"in_flight_at_signal": in_flight, **term, "stats_file": stats,
@@ -387,6 +438,8 @@ def main() -> int:
     p.add_argument("--greedy-n", type=int, default=4, help="greedy prompts compared across the restart")
     p.add_argument("--slot-timeout", type=float, default=10.0)
     p.add_argument("--term-limit", type=float, default=10.0, help="seconds a SIGTERM may take to exit")
+    p.add_argument("--term-hard", type=float, default=30.0,
+                   help="seconds after the SIGTERM at which the sigterm check sends SIGKILL")
     p.add_argument("--load-timeout", type=float, default=300.0, help="seconds for /health to answer 200")
     p.add_argument("--request-timeout", type=float, default=120.0)
     p.add_argument("--stats-file", help="the shim's WOFFLOAD_STATS file: must be written at the SIGTERM")

@@ -6,7 +6,8 @@ start it again):
 
     python3 tests/test-serve-llamacpp.py                 (the tests, ~40 s)
     python3 tests/test-serve-llamacpp.py --fake PORT [--slots N] [--leak] [--bad-status S]
-        [--term-delay S] [--salt X] [--load-s S] [--stream-error-every N]   (the fake alone)
+        [--term-delay S] [--salt X] [--load-s S] [--stream-error-every N]
+    [--term-waits-for-clients]                         (the fake alone)
 
 The fake follows llama-server at 34af94cd (tools/server/server-context.cpp,
 server-task.cpp): --slots requests decode at once, the others wait; each
@@ -28,7 +29,11 @@ that goes away frees its slot at the next token it would have been sent
 --stream-error-every N every Nth request gets, after two tokens, an event
 {"error": {"code": 500, "message", "type"}} and the end of the body (a
 200 stream that fails, as llama-server reports a task's failure). SIGTERM:
-stops accepting, exits after --term-delay seconds (default 0.2).
+stops accepting, exits after --term-delay seconds (default 0.2); with
+--term-waits-for-clients it stops sending tokens and exits only once every
+open stream's client has closed it (llama-server at 34af94cd: SIGTERM ends
+its decode loop, but each open stream's handler polls its connection until
+the client goes; server.cpp, server-queue.cpp).
 Tokens are a function of the prompt, the index and --salt only.
 """
 import json
@@ -63,6 +68,9 @@ class Fake:
         self.leak, self.bad_status, self.salt = leak, bad_status, salt
         self.ready_at = time.monotonic() + load_s
         self.error_every, self.served = 0, 0  # --stream-error-every: a streamed error every Nth request
+        # --term-waits-for-clients: at SIGTERM decoding stops, but the process
+        # exits only once no stream is open (llama-server at 34af94cd)
+        self.wait_clients, self.terminating, self.open = False, False, 0
 
     def token(self, prompt: str, i: int) -> int:
         h = 7
@@ -154,6 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         prompt = body["prompt"]
         slot = FAKE.take()
         with FAKE.lock:
+            FAKE.open += 1
             FAKE.served += 1
             fail_at = 2 if FAKE.error_every and FAKE.served % FAKE.error_every == 0 else -1
         freed = False
@@ -168,6 +177,10 @@ class Handler(BaseHTTPRequestHandler):
             for i in range(n_out):
                 if i:
                     time.sleep(ITL)
+                while FAKE.terminating and FAKE.wait_clients:  # no more tokens; the stream stays open
+                    if client_gone(self.connection):
+                        raise ConnectionResetError("the client left")
+                    time.sleep(0.05)
                 if i == fail_at:  # an error inside the 200 stream, as llama-server sends one
                     self.event({"error": {"code": 500, "message": f"fake stream failure at token {i}",
                                           "type": "server_error"}})
@@ -212,7 +225,19 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             if not freed:
                 FAKE.give(slot)
+            with FAKE.lock:
+                FAKE.open -= 1
         self.close_connection = True
+
+
+def client_gone(sock) -> bool:
+    """The peer closed its end: readable, and a peek reads nothing."""
+    import select
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+        return bool(r) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 class Server(ThreadingHTTPServer):
@@ -232,16 +257,21 @@ def run_fake(argv) -> int:
     p.add_argument("--salt", default="")
     p.add_argument("--load-s", type=float, default=0.3)
     p.add_argument("--stream-error-every", type=int, default=0)
+    p.add_argument("--term-waits-for-clients", action="store_true")
     a = p.parse_args(argv)
     FAKE = Fake(a.slots, a.leak, a.bad_status, a.salt, a.load_s)
     FAKE.error_every = a.stream_error_every
+    FAKE.wait_clients = a.term_waits_for_clients
     srv = Server(("127.0.0.1", a.fake), Handler)
 
     def on_term(*_):
+        FAKE.terminating = True
         threading.Thread(target=srv.shutdown, daemon=True).start()
 
     signal.signal(signal.SIGTERM, on_term)
     srv.serve_forever(poll_interval=0.05)
+    while FAKE.wait_clients and FAKE.open > 0:
+        time.sleep(0.02)
     time.sleep(a.term_delay)  # llama-server's own stop: slots cancelled, the stats written
     os._exit(0)
 
@@ -507,6 +537,29 @@ class TestFaults(unittest.TestCase):
         o = rep["checks"]["sigterm"]["observed"]
         self.assertGreater(o["exit_s"], 1.0)
         self.assertFalse(o["within_limit"])
+
+    def test_server_waiting_for_its_clients(self) -> None:
+        """llama-server's way: decoding stops at SIGTERM, the process stays
+        while streams are open. The check fails (the limit is the limit),
+        and says that the exit followed the clients' leaving."""
+        r, rep = faults(free_port(), "--term-limit", "1", fake_opts=("--term-waits-for-clients",),
+                        checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        o = rep["checks"]["sigterm"]["observed"]
+        self.assertFalse(o["within_limit"])
+        self.assertFalse(o["killed"])
+        self.assertGreater(o["streams_open_at_limit"], 0)
+        self.assertLess(o["exit_after_clients_left_s"], 1.0)
+        self.assertTrue(o["waits_for_clients"])
+        self.assertGreater(o["clients_ended"].get("left at the limit", 0), 0)
+
+    def test_slow_teardown_is_not_waiting_for_clients(self) -> None:
+        r, rep = faults(free_port(), "--term-limit", "0.5", fake_opts=("--term-delay", "2.5"),
+                        checks="sigterm", tmp=self.tmp)
+        o = rep["checks"]["sigterm"]["observed"]
+        self.assertFalse(o["within_limit"])
+        self.assertGreater(o["exit_after_clients_left_s"], 0.5)
+        self.assertFalse(o["waits_for_clients"])
 
     def test_other_tokens_fail_restart(self) -> None:
         # the restarted fake draws other tokens: a salt from the environment
