@@ -24,7 +24,9 @@
 # R_SLOW (experts host) [1,2,4], R_MID (half resident) [1.5,3,8]; FAULTS [0];
 # ROW_S, the most seconds a row may take [200]; END_S, the seconds for all
 # rows [570] (a row with less than 90 s left is skipped); WOFFLOAD_BUILD,
-# the shim's build directory [build]. Between rows every llama-server left
+# the shim's build directory [build]. The shim's rows write their stats
+# every second (--stats-every 1), so the sweep has the shim's figures of each
+# phase and a server killed at its stop still leaves them. Between rows every llama-server left
 # is stopped by its exact name (never `pkill -f`, which matches this script).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -61,8 +63,8 @@ for row in $ROWS; do
     esac
     mkdir -p "$O"
     case $row in
-    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --" ;;
-    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --" ;;
+    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
+    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <linux/capability.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1353,7 +1354,12 @@ static void stats_json_content(void **state)
 
     fd = mkstemp(path);
     assert_true(fd >= 0);
+    close(fd);
+    /* the file is replaced whole (written beside it, renamed over it): read
+     * it by its path, and nothing is left beside it */
     assert_int_equal(wo_stats_write_file(path), 0);
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
     n = read(fd, buf, sizeof(buf) - 1);
     assert_true(n > 0);
     buf[n] = '\0';
@@ -1361,6 +1367,17 @@ static void stats_json_content(void **state)
     buf[n - 1] = '\0';
     assert_valid_json(buf);
     close(fd);
+    {
+        char tmp[sizeof(path) + 32];
+        struct stat st;
+        snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+        assert_int_equal(stat(tmp, &st), -1);
+        /* a path that is not a regular file is written in place, never
+         * replaced: /dev/null stays the device */
+        assert_int_equal(wo_stats_write_file("/dev/null"), 0);
+        assert_int_equal(stat("/dev/null", &st), 0);
+        assert_true(S_ISCHR(st.st_mode));
+    }
     unlink(path);
     assert_int_equal(wo_stats_write_file("/nonexistent-dir/x.json"), -ENOENT);
     assert_true(log_has("cannot write the stats to /nonexistent-dir/x.json"));

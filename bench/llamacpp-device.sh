@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# bench/llamacpp-device.sh: on the GPU machine, the steps of a session's
+# llama.cpp work, each within one device call (600 s), the machine kept warm
+# between calls (the next call within 30 s: /tmp/llb, the GGUFs and
+# build-gpu survive only then).
+#
+#   WO_COMMIT=<commit> OUT=$OUT bash bench/llamacpp-device.sh STEP...
+#   (carry [".peers", "build-yaml"], made by bench/llamacpp-kit.sh)
+#
+# Steps, in the order given:
+#   build          llama.cpp (llama-server, llama-batched-bench, libllama) in
+#                  /tmp/llb, the moe32 GGUF /tmp/x.gguf and the shim in build-gpu, at
+#                  once: about 5 min cold, nothing when they are there
+#   gguf128        the 128-expert GGUF /tmp/x-moe128.gguf (bench/gguf-shape.py)
+#   probe          bench/picked-copy.cu (about 1 min)
+#   suite1         the gpu suite without llamacpp-gpu and stream-gpu
+#   suite2         llamacpp-gpu and stream-gpu (about 7.5 min): the two together
+#                  are the suite, recorded as $OUT/gpu-suite-{1,2}.txt
+#   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
+#                  environment (its header), GGUF /tmp/x.gguf unless set
+# Each step's output goes to $OUT/STEP.log (rows: $OUT/pP-ROW/); its last lines are
+# printed. Only 8 files come back from a call: tar what a step leaves (TAR=1 does it
+# for every folder in $OUT at the end).
+set -u
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+: "${OUT:?OUT: where the results go}"
+: "${WO_COMMIT:?WO_COMMIT: the commit this tree is (git metadata on the device can be stale)}"
+export WO_COMMIT
+T0=$(date +%s)
+el() { echo $(($(date +%s) - T0)); }
+pc=$ROOT/build-yaml/root/usr/lib/x86_64-linux-gnu
+export PKG_CONFIG_PATH=$pc/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+export LD_LIBRARY_PATH=$pc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+[ -d .peers/llama ] || { [ -s .peers/llama.txz ] && tar xJf .peers/llama.txz -C .peers; }
+mkdir -p "$OUT"
+SUITE_B=(llamacpp-gpu stream-gpu)
+# the gpu suite's tests less SUITE_B (the first of the two calls it takes)
+suite_part1() {
+    meson test -C build-gpu --setup gpu --suite gpu --list 2>/dev/null | sed 's/.* \/ //' |
+        grep -v -x -e "${SUITE_B[0]}" -e "${SUITE_B[1]}"
+}
+rc_all=0
+for step in "$@"; do
+    echo "[device $(el)s] $step"
+    left=$((570 - $(el)))
+    case $step in
+    build)
+        mkdir -p "$OUT/build"
+        # the shim with its tests (the gpu suite's steps need them; llamacpp-hook.sh
+        # alone would set build-gpu up without)
+        [ -f build-gpu/build.ninja ] ||
+            meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
+        ROWS=none DEADLINE=${BUILD_DEADLINE:-400} LLAMA_SRC=.peers/llama OUT=$OUT/build \
+            bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
+        rc=$?
+        tail -4 "$OUT/build/summary.txt" ;;
+    gguf128)
+        [ -s /tmp/x-moe128.gguf ] || GGUF_PY=.peers/llama/gguf-py PEERS=.peers/llamacpp \
+            python3 bench/gguf-shape.py moe128 /tmp/x-moe128.gguf.part >"$OUT/gguf128.log" 2>&1 &&
+            mv /tmp/x-moe128.gguf.part /tmp/x-moe128.gguf
+        rc=$?
+        ls -la /tmp/x-moe128.gguf ;;
+    probe)
+        { nvcc -O2 -arch=sm_90 -I bench -o /tmp/picked-copy bench/picked-copy.cu -lcuda &&
+            timeout 120 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
+        rc=$?
+        tail -14 "$OUT/probe.log" ;;
+    suite1)
+        meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
+        ninja -C build-gpu >/dev/null 2>&1
+        # shellcheck disable=SC2046
+        bench/gpu-suite.sh "$OUT/gpu-suite-1.txt" $(suite_part1)
+        rc=$?
+        tail -12 "$OUT/gpu-suite-1.txt" ;;
+    suite2)
+        meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
+        LLAMA_TOKENS=/tmp/llb/llamacpp-tokens LLAMA_GGUF=/tmp/x.gguf \
+            bench/gpu-suite.sh "$OUT/gpu-suite-2.txt" "${SUITE_B[@]}"
+        rc=$?
+        tail -12 "$OUT/gpu-suite-2.txt" ;;
+    rows)
+        LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT WOFFLOAD_BUILD=$ROOT/build-gpu \
+            END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
+        rc=$? ;;
+    *)
+        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows)"
+        rc=2 ;;
+    esac
+    echo "[device $(el)s] $step: exit $rc"
+    [ "$rc" -eq 0 ] || rc_all=1
+done
+if [ -n "${TAR:-}" ]; then
+    for d in "$OUT"/*/; do
+        [ -d "$d" ] || continue
+        tar czf "${d%/}.tgz" -C "$OUT" "$(basename "$d")" && rm -rf "$d"
+    done
+fi
+exit $rc_all
