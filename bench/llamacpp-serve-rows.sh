@@ -23,7 +23,13 @@
 # DRAIN [10] a rate; the rates of a row R_FAST (plain, shim-empty) [8,32,96],
 # R_SLOW (experts host) [1,2,4], R_MID (half resident) [1.5,3,8]; FAULTS [0];
 # ROW_S, the most seconds a row may take [200]; END_S, the seconds for all
-# rows [570] (a row with less than 90 s left is skipped); WOFFLOAD_BUILD,
+# rows [570] (a row with less than 90 s left is skipped); BAN_BYTE_TOKENS [1]:
+# every request bans token ids 3-258 (logit_bias), the byte tokens of
+# bench/gguf-shape.py's placeholder vocabulary: a completion cut inside a
+# UTF-8 character fails llama-server's content parser, which streams a 500
+# ("does not match the expected Content-only format") in 2-8% of requests, in
+# every row (bench/results/llamacpp-serve-faults-20261129-1636-h200); 0 for a real
+# model's GGUF; EXTRA_BODY, JSON merged into every request (replaces the ban); WOFFLOAD_BUILD,
 # the shim's build directory [build]. The shim's rows write their stats
 # every second (--stats-every 1), so the sweep has the shim's figures of each
 # phase and a server killed at its stop still leaves them. Between rows every llama-server left
@@ -41,6 +47,10 @@ END=${END_S:-570}
 T0=$(date +%s)
 el() { echo $(($(date +%s) - T0)); }
 export LLAMA_BIN
+if [ -z "${EXTRA_BODY:-}" ] && [ "${BAN_BYTE_TOKENS:-1}" = 1 ]; then
+    EXTRA_BODY=$(python3 -c 'import json; print(json.dumps({"logit_bias": [[t, False] for t in range(3, 259)]}))')
+fi
+export EXTRA_BODY
 for row in $ROWS; do
     left=$((END - $(el)))
     per=${ROW_S:-200}

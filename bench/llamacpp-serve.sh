@@ -35,6 +35,9 @@
 #   LOAD_TIMEOUT  seconds for /health after a start [180]
 #   DEADLINE      seconds this script may take in all [560]
 #   STATS         the shim's WOFFLOAD_STATS path, checked at the SIGTERM (optional)
+#   EXTRA_BODY    JSON merged into every request's body, the fault checks' too (serve.py
+#                 --extra-body), e.g. a logit_bias (bench/llamacpp-serve-rows.sh bans the
+#                 synthetic vocabulary's byte tokens with it)
 #   GREEDY_REF    a greedy file recorded by another run (e.g. plain): the sweep checks its token ids
 #   SOAK_MINUTES  instead of the sweep: one phase of this many minutes at SOAK_RATE req/s (issue 40:
 #                 ~70% of the sweep's saturation), an interval line a minute; DEADLINE becomes
@@ -99,6 +102,7 @@ log "out $OUT; server: $SERVER_STR"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
     "$LLAMA_BIN/llama-server" --version 2>&1 | grep -i -m2 'version\|commit' | sed 's/^/llama-server: /'
     echo "server: $SERVER_STR"
+    [ -n "${EXTRA_BODY:-}" ] && echo "request body extra: $EXTRA_BODY"
 } > "$OUT/machine.txt" 2>&1
 
 health() { "$PY" -c 'import sys, urllib.request
@@ -172,7 +176,7 @@ if $UP && [ -n "$SOAK_MINUTES" ] && budget_for soak 30; then
         --rate "$SOAK_RATE" --soak-minutes "$SOAK_MINUTES" --drain-timeout "$DRAIN" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
         --pid "$SPID" --report-every 60 ${STATS:+--stats-file "$STATS"} \
-        --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1
+        ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1
     step_rc soak $?
     grep -E '^\[|^throughput|^  (TTFT|ITL)|^errors|^memory' "$OUT/soak.log" | tee -a "$OUT/llamacpp-serve.log"
     "$PY" "$HERE/serve-plot.py" "$OUT/soak.json" --out "$OUT/soak-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
@@ -192,7 +196,7 @@ if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep "$SWEEP_RESERVE"; then
         --rates "$RATES" --duration "$DURATION" --drain-timeout "$DRAIN" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
         --pid "$SPID" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
-        --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
+        ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
     step_rc sweep $?
     grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^  example|^memory|^greedy' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
     "$PY" "$HERE/serve-plot.py" "$OUT/sweep.json" --out "$OUT/sweep-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
@@ -206,7 +210,8 @@ if kill -0 "$PID" 2>/dev/null && $UP && [ "$FAULTS" = 1 ] && budget_for faults 1
     log "faults: at most $budget s"
     timeout --signal=INT "$budget" "$PY" "$HERE/serve-faults.py" --server-kind llamacpp --url "$URL" \
         --pid "$PID" --server-cmd "$SERVER_STR" --parallel "$PARALLEL" --load-timeout "$LOAD_TIMEOUT" \
-        ${STATS:+--stats-file "$STATS"} --log-dir "$OUT" --out "$OUT/faults.json" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
+        ${STATS:+--stats-file "$STATS"} ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} \
+        --log-dir "$OUT" --out "$OUT/faults.json" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
     step_rc faults "${PIPESTATUS[0]}"
 fi
 

@@ -137,6 +137,7 @@ class Client:
             opts += ["--endpoint", a.endpoint]
         self.args = serve.parse_args(opts)
         self.args.request_timeout = a.request_timeout
+        self.args.extra_body = a.extra_body
         self.args.parsed_url = serve.urllib.parse.urlsplit(a.url)
 
     def req(self, prompt: str, max_tokens: int, kind: str = "normal", after: int = 0) -> serve.Req:
@@ -429,6 +430,8 @@ def main() -> int:
     p.add_argument("--endpoint", choices=("chat", "completions", "native"), default=None,
                    help="as serve.py's (default completions for llamacpp)")
     p.add_argument("--model", default="default")
+    p.add_argument("--extra-body", type=json.loads, default={}, metavar="JSON",
+                   help="merged into every request body but the bad ones' (serve.py --extra-body)")
     p.add_argument("--pid", type=int, help="the running server's pid (the sigterm check signals it)")
     p.add_argument("--server-cmd", help="the command that starts the server (the restart check runs it again; "
                                         "with --start and no --pid, also the first server)")

@@ -7,7 +7,7 @@ start it again):
     python3 tests/test-serve-llamacpp.py                 (the tests, ~40 s)
     python3 tests/test-serve-llamacpp.py --fake PORT [--slots N] [--leak] [--bad-status S]
         [--term-delay S] [--salt X] [--load-s S] [--stream-error-every N]
-    [--term-waits-for-clients]                         (the fake alone)
+    [--term-waits-for-clients] [--need-body-key K]     (the fake alone)
 
 The fake follows llama-server at 34af94cd (tools/server/server-context.cpp,
 server-task.cpp): --slots requests decode at once, the others wait; each
@@ -33,7 +33,8 @@ stops accepting, exits after --term-delay seconds (default 0.2); with
 --term-waits-for-clients it stops sending tokens and exits only once every
 open stream's client has closed it (llama-server at 34af94cd: SIGTERM ends
 its decode loop, but each open stream's handler polls its connection until
-the client goes; server.cpp, server-queue.cpp).
+the client goes; server.cpp, server-queue.cpp). --need-body-key K answers
+400 to a body without K (a setting that must reach every request).
 Tokens are a function of the prompt, the index and --salt only.
 """
 import json
@@ -71,6 +72,7 @@ class Fake:
         # --term-waits-for-clients: at SIGTERM decoding stops, but the process
         # exits only once no stream is open (llama-server at 34af94cd)
         self.wait_clients, self.terminating, self.open = False, False, 0
+        self.need_key = ""  # --need-body-key: a 400 for a body without it
 
     def token(self, prompt: str, i: int) -> int:
         h = 7
@@ -150,6 +152,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(500, {"error": {"code": 500, "message": str(e), "type": "server_error"}})
             return
         why = bad_params(body) if isinstance(body, dict) else '"prompt" is required'
+        if not why and FAKE.need_key and FAKE.need_key not in body:
+            why = f"this fake wants \"{FAKE.need_key}\" in every body (--need-body-key)"
         if why:
             code = FAKE.bad_status
             self.send_json(code, {"error": {"code": code, "message": why,
@@ -258,10 +262,12 @@ def run_fake(argv) -> int:
     p.add_argument("--load-s", type=float, default=0.3)
     p.add_argument("--stream-error-every", type=int, default=0)
     p.add_argument("--term-waits-for-clients", action="store_true")
+    p.add_argument("--need-body-key", default="")
     a = p.parse_args(argv)
     FAKE = Fake(a.slots, a.leak, a.bad_status, a.salt, a.load_s)
     FAKE.error_every = a.stream_error_every
     FAKE.wait_clients = a.term_waits_for_clients
+    FAKE.need_key = a.need_body_key
     srv = Server(("127.0.0.1", a.fake), Handler)
 
     def on_term(*_):
@@ -538,6 +544,17 @@ class TestFaults(unittest.TestCase):
         self.assertGreater(o["exit_s"], 1.0)
         self.assertFalse(o["within_limit"])
 
+    def test_extra_body_reaches_every_request(self) -> None:
+        """--extra-body goes into each check's requests (the rows' byte-token
+        ban): a fake that wants it answers 400 to every body without it."""
+        r, rep = faults(free_port(), "--extra-body", '{"logit_bias": [[3, false]]}',
+                        fake_opts=("--need-body-key", "logit_bias"), checks="disconnect,bad,sigterm,restart",
+                        tmp=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        r, rep = faults(free_port(), fake_opts=("--need-body-key", "logit_bias"), checks="disconnect", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertFalse(rep["checks"]["disconnect"]["ok"])
+
     def test_server_waiting_for_its_clients(self) -> None:
         """llama-server's way: decoding stops at SIGTERM, the process stays
         while streams are open. The check fails (the limit is the limit),
@@ -674,7 +691,8 @@ class TestRows(unittest.TestCase):
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
                    ROWS="plain shim-exps bogus llama-ot", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
-                   WOFFLOAD_BUILD=os.path.join(tmp, "shim"), FAKE_OPTS="--stream-error-every 4",
+                   WOFFLOAD_BUILD=os.path.join(tmp, "shim"),
+                   FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
                    PYTHON=sys.executable)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
                            text=True, timeout=300)
@@ -688,6 +706,10 @@ class TestRows(unittest.TestCase):
             with open(os.path.join(out, f"p4-{row}", "sweep.json")) as f:
                 cfg = json.load(f)["config"]
             self.assertEqual(cfg["greedy_check"] is None, row == "plain", cfg)
+            # the synthetic vocabulary's byte tokens banned in every request: no 400 but the bad one
+            self.assertEqual(cfg["extra_body"]["logit_bias"][0], [3, False])
+            self.assertEqual(len(cfg["extra_body"]["logit_bias"]), 256)
+            self.assertNotIn("http_400", md)
         self.assertIn("woffload-run --policy", open(os.path.join(out, "p4-shim-exps", "machine.txt")).read())
         self.assertIn("llama-server -m", open(os.path.join(tools, "ran")).read())
         self.assertIn("-ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
