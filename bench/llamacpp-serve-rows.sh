@@ -29,7 +29,11 @@
 # UTF-8 character fails llama-server's content parser, which streams a 500
 # ("does not match the expected Content-only format") in 2-8% of requests, in
 # every row (bench/results/llamacpp-serve-faults-20261129-1636-h200); 0 for a real
-# model's GGUF; EXTRA_BODY, JSON merged into every request (replaces the ban); WOFFLOAD_BUILD,
+# model's GGUF; EXTRA_BODY, JSON merged into every request (replaces the ban);
+# SERVER_ARGS, llama-server arguments of every row [--cache-ram 0: no prompt
+# cache in host memory; random prompts never hit it, and filling it grows the
+# server's RSS by up to 8 GiB, llama-server's default cap, which a soak would
+# read as growth; every eviction from it is also logged]; WOFFLOAD_BUILD,
 # the shim's build directory [build]. The shim's rows write their stats
 # every second (--stats-every 1), so the sweep has the shim's figures of each
 # phase and a server killed at its stop still leaves them. Between rows every llama-server left
@@ -57,17 +61,18 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     [ "$per" -gt "$left" ] && per=$left
     O=$OUTROOT/p$P-$row
-    unset WOFFLOAD_CMD LLAMA_ARGS STATS GREEDY_REF WO_EXPERT_BUDGET
+    unset WOFFLOAD_CMD STATS GREEDY_REF WO_EXPERT_BUDGET
     POL=""
+    export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     case $row in
     plain) R=${R_FAST:-8,32,96} ;;
     shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
-    llama-ot) R=${R_SLOW:-1,2,4}; export LLAMA_ARGS="-ot exps=CPU -lm none" ;;
+    llama-ot) R=${R_SLOW:-1,2,4}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
     shim-ncmoe8) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
-    llama-ncmoe8) R=${R_MID:-1.5,3,8}; export LLAMA_ARGS="--n-cpu-moe 8 -lm none" ;;
+    llama-ncmoe8) R=${R_MID:-1.5,3,8}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,8}; : "${FIT:?FIT: the size for the shim-fit row}" ;;
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac

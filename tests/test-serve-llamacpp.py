@@ -712,7 +712,8 @@ class TestRows(unittest.TestCase):
             self.assertNotIn("http_400", md)
         self.assertIn("woffload-run --policy", open(os.path.join(out, "p4-shim-exps", "machine.txt")).read())
         self.assertIn("llama-server -m", open(os.path.join(tools, "ran")).read())
-        self.assertIn("-ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
+        self.assertIn("--cache-ram 0 -ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
+        self.assertIn("--cache-ram 0", open(os.path.join(out, "p4-plain", "machine.txt")).read())
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
 
 
