@@ -1708,9 +1708,17 @@ static void ledger_run(void)
     ledger_note('r');
 }
 
+static uint64_t ledger_blind;
+
+static uint64_t ledger_blind_fn(void)
+{
+    return ledger_blind;
+}
+
 static void budget_ledger(void **state)
 {
-    const struct wo_budget_stager st = {.reserved = ledger_reserve_fn, .claims = ledger_claims_fn};
+    const struct wo_budget_stager st = {.reserved = ledger_reserve_fn, .claims = ledger_claims_fn,
+                                        .blind_unused = ledger_blind_fn};
     const struct wo_budget_resident res = {
         .drop = ledger_drop, .admit = ledger_admit, .run = ledger_run};
     uint64_t saved = wo_uvm.device_budget;
@@ -1768,8 +1776,25 @@ static void budget_ledger(void **state)
     assert_false(wo_budget_resident_whole(7, 2));
     assert_false(wo_budget_resident_whole(1u << 20, 0)); /* past every id */
 
+    /* fit's staging room back to weights: after enough graph replays
+     * through empty slots; then the planner's budget follows the smaller
+     * device budget at once, and no range is streamed any more */
+    ledger_blind = 31;
+    assert_false(wo_budget_staging_unused(32));
+    ledger_blind = 32;
+    assert_true(wo_budget_staging_unused(32));
+    assert_false(wo_budget_staging_closed());
+    wo_uvm.device_budget = 40 * MiB;
+    wo_budget_close_staging();
+    assert_true(wo_budget_staging_closed());
+    assert_string_equal(ledger_log, "drarrrr");
+    assert_int_equal(wo_budget_for_plan(), 10 * MiB);
+    wo_budget_stager(&st); /* a new instance (reset, fork child) opens it again */
+    assert_false(wo_budget_staging_closed());
+
     wo_budget_resident(NULL, NULL);
     wo_budget_stager(NULL);
+    assert_false(wo_budget_staging_unused(0)); /* no stager: nothing to give back */
     wo_plan_free(plan);
     wo_uvm.device_budget = saved;
 }

@@ -31,6 +31,7 @@
 #include "core/trace.h"
 #include "uvm/executor.h"
 #include "uvm/graph.h"
+#include "uvm/plan-budget.h"
 #include "uvm/plan.h"
 #include "uvm/record.h"
 
@@ -156,12 +157,24 @@ static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
         (*e)->on_event(ev);
 }
 
+/* fit's staging room goes back to weights once the slots stayed empty
+ * through this many graph replays (wo_place_fit_return): an engine whose
+ * steps are graphs. llama.cpp replays one graph a token; 32 is a few
+ * tokens into the first request. */
+#define FIT_RETURN_BLIND 32
+static bool fit_return_done;
+
 /* On the consumer thread each time the ring was found empty, before it
  * sleeps: where queued prefetches go out once a capture has ended. */
 static void idle(void)
 {
     for (const struct wo_executor *const *e = wo_executors; *e; e++)
         (*e)->tick();
+    if (!fit_return_done && wo_budget_staging_unused(FIT_RETURN_BLIND)) {
+        fit_return_done = true;
+        if (wo_place_fit_return())
+            wo_budget_close_staging(); /* the prefetcher's budget follows; no slots now */
+    }
 }
 
 /* Once, on the consumer thread, after the last event was dispatched (exit
@@ -413,6 +426,7 @@ static void *consumer_main(void *arg)
     (void)arg;
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     stats_next_ns = 0;
+    fit_return_done = false;
     __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
     for (;;) {
