@@ -3,9 +3,10 @@
 # build and run llama.cpp beside the shim. Everything goes in ignored folders
 # that a device call carries: carry [".peers", "build-yaml"].
 #
-#   bash bench/llamacpp-kit.sh GIT_DIR
+#   bash bench/llamacpp-kit.sh [GIT_DIR]
 #
-# GIT_DIR: a bare git directory of a llama.cpp snapshot holding commit
+# Without GIT_DIR it makes build-yaml only (what any GPU run of the shim
+# needs). GIT_DIR: a bare git directory of a llama.cpp snapshot holding commit
 # 34af94cd (the unslothai/llama.cpp snapshot does; fetch it with the library's
 # fetch tool). It makes:
 #   .peers/llama.txz   llama.cpp's tree for llama-server and llama-batched-bench
@@ -20,20 +21,22 @@
 # script prints the sum and fails when it is over.
 set -eu
 cd "$(dirname "$0")/.."
-G=${1:?usage: bench/llamacpp-kit.sh GIT_DIR (a bare llama.cpp snapshot holding 34af94cd)}
+G=${1:-}
 PEERS=${PEERS_KIT:-../shared/peers/llamacpp}
-[ -f "$PEERS/make-tree.sh" ] || { echo "llamacpp-kit: no peers kit at $PEERS (set PEERS_KIT)" >&2; exit 1; }
-mkdir -p .peers
-[ -d .peers/llamacpp ] && chmod -R u+w .peers/llamacpp && rm -rf .peers/llamacpp
-cp -r "$PEERS" .peers/llamacpp && chmod -R u+w .peers/llamacpp
-if [ ! -s .peers/llama.txz ]; then
-    tmp=$(mktemp -d)
-    # make-tree.sh's git archive names blobs the snapshot lacks (models/*.gguf): its
-    # errors about them are expected, the paths it needs are whole
-    SERVER=1 bash .peers/llamacpp/make-tree.sh "$G" "$tmp/llama" >/dev/null 2>&1 || true
-    [ -f "$tmp/llama/tools/server/server.cpp" ] || { echo "llamacpp-kit: $G did not give the tree (no tools/server/server.cpp)" >&2; exit 1; }
-    tar cJf .peers/llama.txz -C "$tmp" llama
-    rm -rf "$tmp"
+if [ -n "$G" ]; then
+    [ -f "$PEERS/make-tree.sh" ] || { echo "llamacpp-kit: no peers kit at $PEERS (set PEERS_KIT)" >&2; exit 1; }
+    mkdir -p .peers
+    [ -d .peers/llamacpp ] && chmod -R u+w .peers/llamacpp && rm -rf .peers/llamacpp
+    cp -r "$PEERS" .peers/llamacpp && chmod -R u+w .peers/llamacpp
+    if [ ! -s .peers/llama.txz ]; then
+        tmp=$(mktemp -d)
+        # make-tree.sh's git archive names blobs the snapshot lacks (models/*.gguf): its
+        # errors about them are expected, the paths it needs are whole
+        SERVER=1 bash .peers/llamacpp/make-tree.sh "$G" "$tmp/llama" >/dev/null 2>&1 || true
+        [ -f "$tmp/llama/tools/server/server.cpp" ] || { echo "llamacpp-kit: $G did not give the tree (no tools/server/server.cpp)" >&2; exit 1; }
+        tar cJf .peers/llama.txz -C "$tmp" llama
+        rm -rf "$tmp"
+    fi
 fi
 if [ ! -f build-yaml/root/usr/lib/x86_64-linux-gnu/pkgconfig/yaml-0.1.pc ]; then
     rm -rf build-yaml
@@ -48,7 +51,7 @@ if [ ! -f build-yaml/root/usr/lib/x86_64-linux-gnu/pkgconfig/yaml-0.1.pc ]; then
         rm -rf ../../../share/doc ../../../share/man)
 fi
 tracked=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
-kit=$(du -sb .peers build-yaml | awk '{s += $1} END {print s}')
+kit=$(du -sb .peers build-yaml 2>/dev/null | awk '{s += $1} END {print s}')
 total=$((tracked + kit))
 echo "llamacpp-kit: tracked $((tracked >> 20)) MiB + kit $((kit >> 20)) MiB = $((total >> 20)) MiB of the 64 MiB a call carries"
 [ "$total" -le $((64 << 20)) ] || { echo "llamacpp-kit: over 64 MiB: the device call will refuse it" >&2; exit 1; }

@@ -46,7 +46,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import serve  # noqa: E402
@@ -102,27 +102,42 @@ def alive(pid: int) -> bool:
 
 
 def term_and_wait(pid: int, limit: float, proc: Optional[subprocess.Popen] = None,
-                  hard: float = 30.0) -> Dict[str, Any]:
+                  hard: float = 30.0, at_limit: Optional[Callable[[], Dict[str, Any]]] = None) -> Dict[str, Any]:
     """SIGTERM, then the seconds until the process is gone; SIGKILL after
-    `hard` seconds (the run goes on; the check has failed by then)."""
+    `hard` seconds (the run goes on; the check has failed by then). When
+    the process is still there at `limit`, at_limit() runs once (the sigterm
+    check closes its clients there) and what it returns joins the result,
+    with the seconds from then to the exit (`exit_after_clients_left_s`)
+    and whether that was within the limit (`waits_for_clients`)."""
     t0 = time.monotonic()
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return {"exit_s": None, "error": "no such process"}
     killed = False
+    left = None
+    extra: Dict[str, Any] = {}
     while True:
         if proc is not None:
             if proc.poll() is not None:
                 break
         elif not alive(pid):
             break
+        if at_limit is not None and left is None and time.monotonic() - t0 > limit:
+            extra = at_limit()
+            left = time.monotonic()
         if time.monotonic() - t0 > hard and not killed:
             os.kill(pid, signal.SIGKILL)
             killed = True
         time.sleep(0.02)
-    out: Dict[str, Any] = {"exit_s": round(time.monotonic() - t0, 3), "killed": killed,
-                           "within_limit": not killed and time.monotonic() - t0 <= limit}
+    end = time.monotonic()
+    out: Dict[str, Any] = {"exit_s": round(end - t0, 3), "killed": killed,
+                           "within_limit": not killed and end - t0 <= limit, **extra}
+    if left is not None:
+        if not killed:
+            out["exit_after_clients_left_s"] = round(end - left, 3)
+        # exited within the limit of its last client: it was waiting for them
+        out["waits_for_clients"] = not killed and end - left <= limit
     if proc is not None:
         out["returncode"] = proc.returncode
     return out
@@ -253,7 +268,7 @@ async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
     last stream closed waits for its clients (llama-server at 34af94cd
     stops decoding at SIGTERM but keeps each open stream's handler polling
     its connection), one that does not is stuck elsewhere (in its own
-    teardown or the shim's). SIGKILL after 30 s."""
+    teardown or the shim's). SIGKILL at --term-hard."""
     expected = (f"SIGTERM with {2 * a.parallel} long requests in flight: the process exits within "
                 f"{a.term_limit:g} s" + ("; the stats file is written after the signal" if a.stats_file else ""))
     reqs = [c.req(prompt(300 + i), a.long_tokens) for i in range(2 * a.parallel)]
@@ -263,47 +278,21 @@ async def check_sigterm(a: argparse.Namespace, c: Client, pid: int,
         await asyncio.sleep(0.05)
     in_flight = sum(1 for r in reqs if r.done is None)
     signalled = time.time()
+    loop = asyncio.get_running_loop()
 
-    def gone() -> bool:
-        return proc.poll() is not None if proc is not None else not alive(pid)
-
-    t0 = time.monotonic()
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
+    def cancel_all() -> None:
         for t in tasks:
             t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return {"expected": expected, "ok": False, "observed": {"exit_s": None, "error": "no such process"}}
-    while not gone() and time.monotonic() - t0 <= a.term_limit:
-        await asyncio.sleep(0.02)
-    term: Dict[str, Any] = {}
-    killed = False
-    if not gone():
-        # the clients go away: does the exit follow?
-        term["streams_open_at_limit"] = sum(1 for t in tasks if not t.done())
-        for t in tasks:
-            t.cancel()
-        left = time.monotonic()
-        while not gone() and time.monotonic() - t0 <= a.term_hard:
-            await asyncio.sleep(0.02)
-        if not gone():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            killed = True
-            while not gone():
-                await asyncio.sleep(0.02)
-        else:
-            term["exit_after_clients_left_s"] = round(time.monotonic() - left, 3)
-        # exited within a few seconds of its last client: it was waiting for them
-        term["waits_for_clients"] = not killed and term["exit_after_clients_left_s"] <= a.term_limit
-    exit_s = time.monotonic() - t0
-    term = {"exit_s": round(exit_s, 3), "killed": killed,
-            "within_limit": not killed and exit_s <= a.term_limit, **term}
-    if proc is not None:
-        term["returncode"] = proc.returncode
+
+    def clients_leave() -> Dict[str, Any]:  # on term_and_wait's thread
+        open_n = sum(1 for t in tasks if not t.done())
+        loop.call_soon_threadsafe(cancel_all)
+        return {"streams_open_at_limit": open_n}
+
+    term = await loop.run_in_executor(None, term_and_wait, pid, a.term_limit, proc, a.term_hard,
+                                      clients_leave)
+    if "error" in term:
+        cancel_all()
     done = await asyncio.gather(*tasks, return_exceptions=True)
     stats = None
     if a.stats_file:

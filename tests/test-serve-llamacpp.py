@@ -298,6 +298,19 @@ def fake_cmd(port: int, *opts: str) -> list:
     return [sys.executable, os.path.abspath(__file__), "--fake", str(port), *opts]
 
 
+def fake_server_bin(bindir: str) -> None:
+    """bindir/llama-server: the fake, taking llama-server's --port and
+    --parallel (and --version), its own options from $FAKE_OPTS."""
+    os.makedirs(bindir, exist_ok=True)
+    path = os.path.join(bindir, "llama-server")
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\nport=8080; par=4\n"
+                "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
+                " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
+                f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par $FAKE_OPTS\n")
+    os.chmod(path, 0o755)
+
+
 def start_fake(port: int, *opts: str) -> subprocess.Popen:
     # no inherited stdout: a fake left behind must not hold the test's pipe open
     proc = subprocess.Popen(fake_cmd(port, *opts), start_new_session=True, stdin=subprocess.DEVNULL,
@@ -618,14 +631,7 @@ class TestScript(unittest.TestCase):
     def run_script(self, **over) -> tuple:
         tmp = tempfile.mkdtemp(prefix="test-llamacpp-serve-")
         bindir = os.path.join(tmp, "bin")
-        os.mkdir(bindir)
-        wrapper = os.path.join(bindir, "llama-server")
-        with open(wrapper, "w") as f:
-            f.write("#!/bin/sh\nport=8080; par=4\n"
-                    "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
-                    " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
-                    f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par\n")
-        os.chmod(wrapper, 0o755)
+        fake_server_bin(bindir)
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, OUT=out, PARALLEL=str(SLOTS), RATES="5,30", DURATION="2",
                    DRAIN="3", OUTPUT_LEN="fixed:16", PROMPT_LEN="uniform:8:32", PORT=str(free_port()),
@@ -674,19 +680,12 @@ class TestRows(unittest.TestCase):
     def test_rows(self) -> None:
         tmp = tempfile.mkdtemp(prefix="test-llamacpp-rows-")
         bindir, tools = os.path.join(tmp, "bin"), os.path.join(tmp, "shim", "tools")
-        os.makedirs(bindir)
+        fake_server_bin(bindir)
         os.makedirs(tools)
-        with open(os.path.join(bindir, "llama-server"), "w") as f:
-            f.write("#!/bin/sh\nport=8080; par=4\n"
-                    "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
-                    " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
-                    f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par $FAKE_OPTS\n")
         with open(os.path.join(tools, "woffload-run"), "w") as f:
             f.write("#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\n"
                     "echo \"$@\" > \"$(dirname \"$0\")/ran\"\nexec \"$@\"\n")
-        for x in ("llama-server", "woffload-run"):
-            d = bindir if x == "llama-server" else tools
-            os.chmod(os.path.join(d, x), 0o755)
+        os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
                    ROWS="plain shim-exps bogus llama-ot", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
