@@ -142,7 +142,7 @@ if mode == "fit":
     f = s.get("fit", {})
     print("stats: fit: " + ", ".join(f"{k} {f[k] / 2**30:.2f} GiB" for k in
           ("budget", "device_bytes", "rest_bytes", "engine_bytes", "staging_bytes", "reserve_bytes",
-           "lent_bytes")
+           "lent_bytes", "returned_bytes")
           if isinstance(f.get(k), (int, float))))
     if not names:
         print("stats: no live names (the model was freed); judged by fit's device bytes")

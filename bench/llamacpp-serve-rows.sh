@@ -34,7 +34,9 @@
 # cache in host memory; random prompts never hit it, and filling it grows the
 # server's RSS by up to 8 GiB, llama-server's default cap, which a soak would
 # read as growth; every eviction from it is also logged]; WOFFLOAD_BUILD,
-# the shim's build directory [build]. Between rows every llama-server left
+# the shim's build directory [build]. The shim's rows write their stats
+# every second (--stats-every 1), so the sweep has the shim's figures of each
+# phase and a server killed at its stop still leaves them. Between rows every llama-server left
 # is stopped by its exact name (never `pkill -f`, which matches this script).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -76,8 +78,8 @@ for row in $ROWS; do
     esac
     mkdir -p "$O"
     case $row in
-    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --" ;;
-    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --" ;;
+    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
+    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json

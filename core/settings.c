@@ -27,6 +27,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "device model file (woffload-calibrate) whose rates the prefetcher's cost rule weighs moves with; unset: the lent H100's figures", OFF(device_model), 0, 0},
     {"WOFFLOAD_STATS", WO_SETTING_PATH, "",
      "write the JSON stats snapshot to this file at exit", OFF(stats), 0, 0},
+    {"WOFFLOAD_STATS_EVERY", WO_SETTING_UINT, "0",
+     "also rewrite the WOFFLOAD_STATS file every this many seconds while the process runs (replaced whole: a reader never sees half of it; a process killed by SIGKILL leaves the last one); 0: at exit only", OFF(stats_every), 0, 86400},
     {"WOFFLOAD_CUDA_LIB", WO_SETTING_PATH, "libcuda.so.1",
      "the CUDA driver library to dlopen", OFF(cuda_lib), 0, 0},
     {"WOFFLOAD_DISABLE", WO_SETTING_BOOL, "0",

@@ -16,6 +16,7 @@ struct wo_settings {
     const char *trace;       /* WOFFLOAD_TRACE, NULL = no trace */
     const char *device_model; /* WOFFLOAD_DEVICE_MODEL, NULL = device-facts.md's H100 */
     const char *stats;       /* WOFFLOAD_STATS, NULL = no stats file at exit */
+    uint32_t stats_every;    /* WOFFLOAD_STATS_EVERY: seconds between refreshes of it, 0 = at exit only */
     const char *cuda_lib;    /* WOFFLOAD_CUDA_LIB */
     bool disable;            /* WOFFLOAD_DISABLE */
     bool prefetch;           /* WOFFLOAD_PREFETCH */

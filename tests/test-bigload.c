@@ -43,6 +43,8 @@
 
 #include <cuda.h>
 
+#include "fakecuda.h"
+
 #define MiB ((size_t)1 << 20)
 #define NW_MAX 96
 /* Sizes are a quarter of those first written (32 MiB weights, a 1 GiB
@@ -57,6 +59,84 @@ static void fill(uint64_t *w, size_t n, unsigned k)
 {
     for (size_t i = 0; i < n; i++)
         w[i] = (uint64_t)k * 0x9E3779B97F4A7C15ull + i;
+}
+
+static uint64_t kernel_sum;
+
+static void read_first_word(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    (void)g;
+    (void)b;
+    kernel_sum += *(const uint64_t *)(uintptr_t) * (CUdeviceptr *)params[0];
+}
+
+/* fitreturn: the engine's steps as CUDA graph replays (llama.cpp's way):
+ * one eager launch (the streaming executor sets up at the first launch
+ * after seal), then a graph whose kernel reads a weight off the device
+ * (layer 0's experts: managed, lent), replayed 40 times. The slots stay
+ * empty through them (nothing is staged through a graph), so fit's lent
+ * weights go to the device for good: each managed weight ends preferring
+ * the GPU, and the bytes still read back exact. */
+static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
+{
+    CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn) =
+        need(cu, "fakecuda_kernel");
+    int (*state)(const void *, struct fakecuda_page_state *) = need(cu, "fakecuda_managed_state");
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **) = need(cu, "cuLaunchKernel");
+    CUresult (*stream_create)(CUstream *, unsigned) = need(cu, "cuStreamCreate");
+    CUresult (*begin)(CUstream, CUstreamCaptureMode) = need(cu, "cuStreamBeginCapture_v2");
+    CUresult (*end)(CUstream, CUgraph *) = need(cu, "cuStreamEndCapture");
+    CUresult (*inst)(CUgraphExec *, CUgraph, unsigned long long) =
+        need(cu, "cuGraphInstantiateWithFlags");
+    CUresult (*glaunch)(CUgraphExec, CUstream) = need(cu, "cuGraphLaunch");
+    CUresult (*sync)(CUstream) = need(cu, "cuStreamSynchronize");
+    long (*stats)(char *, size_t) = need(RTLD_DEFAULT, "woffload_stats");
+    static const size_t psz[1] = {8};
+    CUfunction k = kernel("read_first_word", 1, psz, read_first_word);
+    CUdeviceptr arg = w[1];
+    void *params[] = {&arg};
+    CUstream s;
+    CUgraph g;
+    CUgraphExec ge;
+    unsigned managed = 0, on_gpu = 0;
+    static char buf[1 << 16];
+    bool returned = false;
+
+    CHECK(stream_create(&s, 0) == CUDA_SUCCESS);
+    CHECK(launch(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+    CHECK(begin(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+    CHECK(launch(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+    CHECK(end(s, &g) == CUDA_SUCCESS);
+    CHECK(inst(&ge, g, 0) == CUDA_SUCCESS);
+    /* the executor sets up on the consumer thread, after the eager launch:
+     * replays count as blind from then on */
+    for (int i = 0; i < 300; i++) {
+        CHECK(glaunch(ge, s) == CUDA_SUCCESS);
+        CHECK(stats(buf, sizeof(buf)) > 0);
+        if (!strstr(buf, "\"blind_launches\":0,"))
+            break;
+        usleep(10000);
+    }
+    for (int i = 0; i < 40; i++)
+        CHECK(glaunch(ge, s) == CUDA_SUCCESS);
+    CHECK(sync(s) == CUDA_SUCCESS);
+    /* the consumer thread takes the replays in, then gives the room back */
+    for (int i = 0; i < 300 && !returned; i++) {
+        CHECK(stats(buf, sizeof(buf)) > 0);
+        returned = strstr(buf, "\"returned_bytes\":25165824}") != NULL;
+        if (!returned)
+            usleep(10000);
+    }
+    CHECK(returned);
+    for (unsigned i = 0; i < nw; i++) {
+        struct fakecuda_page_state ps;
+        if (!w[i] || state((const void *)(uintptr_t)w[i], &ps) != 0)
+            continue; /* pinned by the cap: not managed */
+        managed++;
+        on_gpu += ps.preferred == 0 && ps.last_prefetch == 0;
+    }
+    CHECK(managed > 3 && on_gpu == managed);
 }
 
 static int child(const char *scenario)
@@ -148,6 +228,15 @@ static int child(const char *scenario)
         if (memcmp(buf, back, WSIZE) != 0) {
             fprintf(stderr, "weight %u does not read back bit-exact\n", i);
             failures++;
+        }
+    }
+    if (strcmp(scenario, "fitreturn") == 0 && !failures) {
+        graph_steps(cu, w, NW);
+        for (unsigned i = 0; i < NW; i++) { /* moved: still the same bytes */
+            fill(buf, WSIZE / 8, i);
+            memset(back, 0, WSIZE);
+            CHECK(p_dtoh(back, w[i], WSIZE) == CUDA_SUCCESS);
+            CHECK(memcmp(buf, back, WSIZE) == 0);
         }
     }
     /* fit keeps its weights to the end: the stats at exit name them. */
@@ -372,10 +461,26 @@ int main(int argc, char **argv)
         /* the staging room lent: the three managed weights fit left on the
          * host become managed, for the prefetcher to hold while the slots are
          * empty (the other 36 are pinned: they cannot move) */
-        CHECK(strstr(stats, "\"lent_bytes\":25165824}") != NULL);
+        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":0}") != NULL);
         CHECK(strstr(err, "lent to 24.00 MiB of managed weights") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitauto", stats, err);
+    }
+
+    /* fitreturn: the same, the engine's steps CUDA graph replays: the
+     * slots stay empty through them, and the 24 MiB lent go to the device
+     * for good (the child checks the pages; graph_steps) */
+    if (want(argc, argv, "fitreturn")) {
+        f0 = failures;
+        static const char *const info[] = {"WOFFLOAD_LOG=info", NULL};
+        rc = run(argv, "fitreturn", fit_auto_policy, info, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":25165824}") != NULL);
+        CHECK(strstr(err, "fit: the staging slots stayed empty through the engine's CUDA graph "
+                          "replays: 24.00 MiB of lent weights now stay on the device") != NULL);
+        CHECK(strstr(stats, "\"managed\":{\"bytes\":0,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitreturn", stats, err);
     }
 
     /* fitreserve: the budget is 112 MiB (the 128 MiB the blocker leaves

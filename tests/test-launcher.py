@@ -133,6 +133,10 @@ class Installed(unittest.TestCase):
                 "--log", "DEBUG", "--dry-run", "--", "true")
         e = dry_env(r.stdout)
         self.assertEqual((e["WOFFLOAD_TRACE"], e["WOFFLOAD_STATS"], e["WOFFLOAD_LOG"]), (trace, stats, "debug"))
+        self.assertNotIn("WOFFLOAD_STATS_EVERY", e)
+        e = dry_env(run(self.launcher, "--policy", self.policy, "--stats", stats, "--stats-every", "5",
+                        "--dry-run", "--", "true").stdout)
+        self.assertEqual(e["WOFFLOAD_STATS_EVERY"], "5")
 
     def test_no_auto_keeps_package_but_not_hook(self):
         e = dry_env(run(self.launcher, "--policy", self.policy, "--no-auto", "--dry-run", "--", "true").stdout)
@@ -154,6 +158,9 @@ class Installed(unittest.TestCase):
             (("--policy", self.tmp, "--", "true"), "is a directory"),
             (("--policy", self.policy, "--log", "loud", "--", "true"), "--log loud"),
             (("--policy", self.policy, "--trace", "/no/dir/t", "--", "true"), "does not exist"),
+            (("--policy", self.policy, "--stats-every", "5", "--", "true"), "needs --stats S"),
+            (("--policy", self.policy, "--stats", os.path.join(self.tmp, "s.json"), "--stats-every", "0.5",
+              "--", "true"), "expected whole seconds from 1 to 86400"),
         ]
         for args, msg in cases:
             r = run(self.launcher, *args)

@@ -10,6 +10,8 @@
  * and LD_LIBRARY_PATH=the fake driver's directory (meson sets both). */
 #include <dlfcn.h>
 #include <errno.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,6 +134,26 @@ static int child(void)
     CHECK(live(FAKECUDA_HOST) + live(FAKECUDA_REGISTERED) == host0);
     CHECK(p_cuMemFree(small) == CUDA_SUCCESS);
     /* big stays allocated: the exit summary and stats report it. */
+    if (getenv("WO_UVM_PRELOAD_KILL")) {
+        /* WOFFLOAD_STATS_EVERY=1: the file appears while this process runs,
+         * whole; then SIGKILL, which no exit handler sees */
+        const char *path = getenv("WOFFLOAD_STATS");
+        bool seen_live = false;
+        for (int i = 0; i < 500 && !seen_live && !failures; i++) {
+            FILE *f = fopen(path, "r");
+            size_t got = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+            if (f)
+                fclose(f);
+            buf[got] = '\0';
+            seen_live = got > 0 && strstr(buf, "\"sealed\":true") != NULL;
+            if (!seen_live)
+                usleep(10000);
+        }
+        CHECK(seen_live);
+        CHECK(buf[0] == '{' && buf[strlen(buf) - 1] == '\n');
+        if (!failures)
+            kill(getpid(), SIGKILL);
+    }
     return failures ? 1 : 0;
 }
 
@@ -189,6 +211,29 @@ int main(int argc, char **argv)
     CHECK(strstr(buf, "\"sealed\":true") != NULL);
     if (failures)
         fprintf(stderr, "stats file:\n%s\n", buf);
+
+    /* WOFFLOAD_STATS_EVERY: the file is refreshed while the child runs, so
+     * a child killed by SIGKILL (no exit handler) still leaves it, whole */
+    CHECK(unlink(st) == 0);
+    pid = fork();
+    if (pid == 0) {
+        setenv("WO_UVM_PRELOAD_CHILD", "1", 1);
+        setenv("WO_UVM_PRELOAD_KILL", "1", 1);
+        setenv("WOFFLOAD_POLICY", pol, 1);
+        setenv("WOFFLOAD_STATS", st, 1);
+        setenv("WOFFLOAD_STATS_EVERY", "1", 1);
+        execv("/proc/self/exe", argv);
+        _exit(127);
+    }
+    CHECK(waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    n = slurp(st, buf, sizeof(buf));
+    CHECK(n > 0 && buf[0] == '{' && buf[n - 1] == '\n');
+    e = strstr(buf, "{\"name\":\"model.layers.0.mlp.experts.w13_weight\"");
+    CHECK(e && strstr(e, "\"placement\":\"host\""));
+    CHECK(strstr(buf, "\"stats_every\":1") != NULL);
+    if (failures)
+        fprintf(stderr, "stats file of the killed child:\n%s\n", buf);
     unlink(pol);
     unlink(st);
     return failures ? 1 : 0;

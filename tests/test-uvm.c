@@ -15,6 +15,7 @@
 #include <string.h>
 #include <linux/capability.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1353,7 +1354,12 @@ static void stats_json_content(void **state)
 
     fd = mkstemp(path);
     assert_true(fd >= 0);
+    close(fd);
+    /* the file is replaced whole (written beside it, renamed over it): read
+     * it by its path, and nothing is left beside it */
     assert_int_equal(wo_stats_write_file(path), 0);
+    fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
     n = read(fd, buf, sizeof(buf) - 1);
     assert_true(n > 0);
     buf[n] = '\0';
@@ -1361,6 +1367,17 @@ static void stats_json_content(void **state)
     buf[n - 1] = '\0';
     assert_valid_json(buf);
     close(fd);
+    {
+        char tmp[sizeof(path) + 32];
+        struct stat st;
+        snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+        assert_int_equal(stat(tmp, &st), -1);
+        /* a path that is not a regular file is written in place, never
+         * replaced: /dev/null stays the device */
+        assert_int_equal(wo_stats_write_file("/dev/null"), 0);
+        assert_int_equal(stat("/dev/null", &st), 0);
+        assert_true(S_ISCHR(st.st_mode));
+    }
     unlink(path);
     assert_int_equal(wo_stats_write_file("/nonexistent-dir/x.json"), -ENOENT);
     assert_true(log_has("cannot write the stats to /nonexistent-dir/x.json"));
@@ -1691,9 +1708,17 @@ static void ledger_run(void)
     ledger_note('r');
 }
 
+static uint64_t ledger_blind;
+
+static uint64_t ledger_blind_fn(void)
+{
+    return ledger_blind;
+}
+
 static void budget_ledger(void **state)
 {
-    const struct wo_budget_stager st = {.reserved = ledger_reserve_fn, .claims = ledger_claims_fn};
+    const struct wo_budget_stager st = {.reserved = ledger_reserve_fn, .claims = ledger_claims_fn,
+                                        .blind_unused = ledger_blind_fn};
     const struct wo_budget_resident res = {
         .drop = ledger_drop, .admit = ledger_admit, .run = ledger_run};
     uint64_t saved = wo_uvm.device_budget;
@@ -1751,8 +1776,25 @@ static void budget_ledger(void **state)
     assert_false(wo_budget_resident_whole(7, 2));
     assert_false(wo_budget_resident_whole(1u << 20, 0)); /* past every id */
 
+    /* fit's staging room back to weights: after enough graph replays
+     * through empty slots; then the planner's budget follows the smaller
+     * device budget at once, and no range is streamed any more */
+    ledger_blind = 31;
+    assert_false(wo_budget_staging_unused(32));
+    ledger_blind = 32;
+    assert_true(wo_budget_staging_unused(32));
+    assert_false(wo_budget_staging_closed());
+    wo_uvm.device_budget = 40 * MiB;
+    wo_budget_close_staging();
+    assert_true(wo_budget_staging_closed());
+    assert_string_equal(ledger_log, "drarrrr");
+    assert_int_equal(wo_budget_for_plan(), 10 * MiB);
+    wo_budget_stager(&st); /* a new instance (reset, fork child) opens it again */
+    assert_false(wo_budget_staging_closed());
+
     wo_budget_resident(NULL, NULL);
     wo_budget_stager(NULL);
+    assert_false(wo_budget_staging_unused(0)); /* no stager: nothing to give back */
     wo_plan_free(plan);
     wo_uvm.device_budget = saved;
 }

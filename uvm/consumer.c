@@ -27,9 +27,11 @@
 
 #include "core/log.h"
 #include "core/registry.h"
+#include "core/settings.h"
 #include "core/trace.h"
 #include "uvm/executor.h"
 #include "uvm/graph.h"
+#include "uvm/plan-budget.h"
 #include "uvm/plan.h"
 #include "uvm/record.h"
 
@@ -155,12 +157,24 @@ static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
         (*e)->on_event(ev);
 }
 
+/* fit's staging room goes back to weights once the slots stayed empty
+ * through this many graph replays (wo_place_fit_return): an engine whose
+ * steps are graphs. llama.cpp replays one graph a token; 32 is a few
+ * tokens into the first request. */
+#define FIT_RETURN_BLIND 32
+static bool fit_return_done;
+
 /* On the consumer thread each time the ring was found empty, before it
  * sleeps: where queued prefetches go out once a capture has ended. */
 static void idle(void)
 {
     for (const struct wo_executor *const *e = wo_executors; *e; e++)
         (*e)->tick();
+    if (!fit_return_done && wo_budget_staging_unused(FIT_RETURN_BLIND)) {
+        fit_return_done = true;
+        if (wo_place_fit_return())
+            wo_budget_close_staging(); /* the prefetcher's budget follows; no slots now */
+    }
 }
 
 /* Once, on the consumer thread, after the last event was dispatched (exit
@@ -383,12 +397,36 @@ static size_t drain_batch(void)
     return n;
 }
 
+/* WOFFLOAD_STATS_EVERY: the stats file rewritten while the process runs,
+ * from this thread (the engine's never pay for it), so that a run cut
+ * short by SIGKILL still leaves figures at most that old, and a load
+ * generator can read them as it goes. The first one comes one period
+ * after the thread starts; the last one at exit (wo_uvm_shutdown). */
+static uint64_t stats_next_ns;
+
+static void stats_refresh(void)
+{
+    const struct wo_settings *st = wo_settings();
+    uint64_t now;
+
+    if (!st->stats || !*st->stats || !st->stats_every)
+        return;
+    now = wo_now_ns();
+    if (now < stats_next_ns)
+        return;
+    if (stats_next_ns)
+        (void)wo_stats_write_file(st->stats);
+    stats_next_ns = now + (uint64_t)st->stats_every * UINT64_C(1000000000);
+}
+
 static void *consumer_main(void *arg)
 {
     long sleep_ns = SLEEP_MIN_NS;
 
     (void)arg;
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
+    stats_next_ns = 0;
+    fit_return_done = false;
     __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
     for (;;) {
@@ -397,6 +435,7 @@ static void *consumer_main(void *arg)
 
         if (__atomic_load_n(&fork_hold, __ATOMIC_RELAXED))
             park_for_fork(); /* benign race: read again under sleep_lock */
+        stats_refresh();
         if (drain_batch() > 0) {
             sleep_ns = SLEEP_MIN_NS;
             continue;

@@ -55,6 +55,7 @@ struct wo_tag {
     enum wo_placement place; /* decided placement */
     bool charged;            /* holds host budget bytes */
     bool applied;            /* advice/residency applied for `place` */
+    bool lent;               /* fit made it managed, in the staging room (place-fit.c) */
     uint64_t slice;          /* gcd of the non-zero offsets launches pointed at in it; 0 none yet (consumer) */
 };
 
@@ -145,6 +146,8 @@ struct wo_uvm_state {
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
         uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
+        uint64_t returned_bytes; /* ... placed on the device for good: the slots stayed empty */
+        bool returned;          /* the room went back to weights (once) */
         size_t names;
     } fit;
 
@@ -265,6 +268,13 @@ void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size);
 /* Decides a tag's placement (policy match, host budget) and counts it. */
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
+/* fit (place-fit.c), from the consumer thread: the staging room fit lent
+ * goes back to weights for good. Its lent managed weights are placed on
+ * the device (preferred location the GPU, prefetched there), and the
+ * device budget the prefetcher and the slots share loses their bytes.
+ * Once; returns the bytes placed (0: nothing lent, or done before). Takes
+ * wo_uvm.lock. */
+uint64_t wo_place_fit_return(void);
 /* Applies a tag's placement now (after seal, or at allocation time). */
 int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency);
 /* A tag that arrives before seal, placed off the device (fit off): in a

@@ -155,6 +155,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
             continue;
+        /* lend_staging's choices: fit's own are the device or its rest */
+        t->lent = lent && v[i].out == WO_PLACE_MANAGED && fit->rest == WO_PLACE_HOST;
         if (t->place != v[i].out)
             t->applied = false; /* seal_alloc() applies the new placement */
         t->place = t->name->place = v[i].out;
@@ -188,4 +190,71 @@ out:
     free(v);
     free(tv);
     free(lendable);
+}
+
+/* The staging room back to weights (issue 41). fit kept room for the
+ * streaming executor's slots and lent it to managed weights, which the
+ * prefetcher keeps on the device while the slots are empty. An engine
+ * that runs its steps as CUDA graphs never stages (a graph replay is a
+ * blind launch: bench/results/llamacpp-early-20261129-1328-h200, llama.cpp
+ * under --fit: staged 0, 93 blind launches), so the room is lent for good:
+ * the lent weights are placed on the device, where the prefetcher no
+ * longer has to hold them (that run decoded at 0.92x the hand policy with
+ * 1.5 GiB lent). The consumer thread calls this once the slots stayed
+ * empty through enough graph replays (consumer.c). */
+uint64_t wo_place_fit_return(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    uint64_t moved = 0, budget;
+    size_t failed = 0;
+    CUcontext ctx = NULL, prev = NULL;
+    CUdevice dev;
+    char b1[32], b2[32];
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_uvm.fit.returned || !wo_uvm.fit.lent_bytes || !d) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        return 0;
+    }
+    wo_uvm.fit.returned = true;
+    /* the consumer thread has no context of its own: the device's primary
+     * one, where the engine's allocations and the placement stream live
+     * (as the streaming executor and the prefetcher take it) */
+    if (d->cuDeviceGet && d->cuDevicePrimaryCtxRetain && d->cuCtxGetCurrent && d->cuCtxSetCurrent &&
+        d->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS &&
+        d->cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS &&
+        d->cuCtxGetCurrent(&prev) == CUDA_SUCCESS && prev != ctx)
+        (void)d->cuCtxSetCurrent(ctx);
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
+            if (a->kind != WO_KIND_MANAGED)
+                continue;
+            for (size_t k = 0; k < a->ntags; k++) {
+                struct wo_tag *t = &a->tags[k];
+                if (!t->lent)
+                    continue;
+                t->lent = false;
+                if (t->place != WO_PLACE_MANAGED)
+                    continue;
+                if (wo_place_apply_range(a, t->off, t->size, WO_PLACE_DEVICE, true, true) < 0) {
+                    failed++; /* said by wo_place_apply_range; it stays managed */
+                    continue;
+                }
+                t->place = t->name->place = WO_PLACE_DEVICE;
+                moved += t->size;
+            }
+        }
+    (void)wo_place_sync();
+    if (ctx && prev != ctx)
+        (void)d->cuCtxSetCurrent(prev);
+    wo_uvm.fit.returned_bytes = moved;
+    budget = __atomic_load_n(&wo_uvm.device_budget, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_uvm.device_budget, budget - WO_MIN(moved, budget), __ATOMIC_RELAXED);
+    pthread_mutex_unlock(&wo_uvm.lock);
+    wo_info("fit: the staging slots stayed empty through the engine's CUDA graph replays: %s of "
+            "lent weights now stay on the device (the prefetcher's budget is %s)%s",
+            wo_format_size(moved, b1, sizeof(b1)),
+            wo_format_size(budget - WO_MIN(moved, budget), b2, sizeof(b2)),
+            failed ? "; some could not be moved and stay managed" : "");
+    return moved;
 }

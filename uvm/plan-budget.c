@@ -17,10 +17,12 @@ static uint64_t picks_bytes; /* picked staging's buffers (any thread writes) */
 static uint64_t picks_seen;  /* ... at the last set */
 static const struct wo_budget_resident *resident;
 static struct wo_plan *plan;
+static bool staging_closed; /* fit's room for the slots went back to weights */
 
 void wo_budget_stager(const struct wo_budget_stager *s)
 {
     stager = s;
+    staging_closed = false; /* a new instance (reset, fork child) */
 }
 
 void wo_budget_resident(struct wo_plan *p, const struct wo_budget_resident *r)
@@ -44,6 +46,11 @@ static uint64_t less(uint64_t bytes)
 uint64_t wo_budget_for_plan(void)
 {
     return less(reserved() + __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED));
+}
+
+bool wo_budget_staging_unused(uint64_t launches)
+{
+    return stager && stager->blind_unused && stager->blind_unused() >= launches;
 }
 
 bool wo_budget_claimed(uint32_t id, uint32_t gen)
@@ -107,6 +114,18 @@ void wo_budget_reserve(uint64_t slots)
 {
     if (plan)
         set(slots);
+}
+
+void wo_budget_close_staging(void)
+{
+    staging_closed = true;
+    if (plan)
+        set(reserved());
+}
+
+bool wo_budget_staging_closed(void)
+{
+    return staging_closed;
 }
 
 uint64_t wo_budget_hot_bytes(uint32_t id, uint32_t gen)

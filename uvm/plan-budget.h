@@ -28,6 +28,9 @@ struct wo_plan;
 struct wo_budget_stager {
     uint64_t (*reserved)(void);
     bool (*claims)(uint32_t id, uint32_t gen);
+    /* the blind launches (graph replays) its slots stayed empty through;
+     * 0 once it streamed a range */
+    uint64_t (*blind_unused)(void);
 };
 
 /* What the resident side does: drop a range's GPU copy and forget it
@@ -53,6 +56,18 @@ void wo_budget_resident(struct wo_plan *plan, const struct wo_budget_resident *r
 uint64_t wo_budget_for_plan(void);
 /* Whether the stager claims the range. */
 bool wo_budget_claimed(uint32_t id, uint32_t gen);
+/* Whether the stager is running, has never streamed a range, and at least
+ * `launches` blind launches (graph replays, which it cannot stage through)
+ * went by: the engine runs its steps as graphs, and the room fit kept for
+ * the slots can go back to weights (wo_place_fit_return). */
+bool wo_budget_staging_unused(uint64_t launches);
+/* fit gave the room it kept for the slots back to weights: the planner's
+ * budget follows the smaller device budget, and the stager streams
+ * nothing from now on (its slots would take device memory past fit's
+ * size; what it would have streamed is read in place). */
+void wo_budget_close_staging(void);
+/* Whether that happened. */
+bool wo_budget_staging_closed(void);
 
 /* ---- the stager tells ----------------------------------------------------------- */
 

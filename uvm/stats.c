@@ -5,10 +5,12 @@
  * copied out with snprintf semantics; its shape is in docs/placement.md. */
 #include "uvm/internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "core/counters.h"
@@ -239,6 +241,7 @@ static void json_settings(struct sbuf *b)
     sb_str(b, s->trace);
     sb_printf(b, ",\"stats\":");
     sb_str(b, s->stats);
+    sb_printf(b, ",\"stats_every\":%" PRIu32, s->stats_every);
     sb_printf(b, ",\"cuda_lib\":");
     sb_str(b, s->cuda_lib);
     sb_printf(b,
@@ -359,10 +362,10 @@ static void json_body(struct sbuf *b)
                   ",\"fit\":{\"budget\":%" PRIu64 ",\"device_bytes\":%" PRIu64
                   ",\"rest_bytes\":%" PRIu64 ",\"engine_bytes\":%" PRIu64
                   ",\"staging_bytes\":%" PRIu64 ",\"reserve_bytes\":%" PRIu64 ",\"names\":%zu"
-                  ",\"lent_bytes\":%" PRIu64 "}",
+                  ",\"lent_bytes\":%" PRIu64 ",\"returned_bytes\":%" PRIu64 "}",
                   wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
                   wo_uvm.fit.engine_bytes, wo_uvm.fit.staging_bytes, wo_uvm.fit.reserve_bytes,
-                  wo_uvm.fit.names, wo_uvm.fit.lent_bytes);
+                  wo_uvm.fit.names, wo_uvm.fit.lent_bytes, wo_uvm.fit.returned_bytes);
 
     sb_printf(b, ",\"rules\":[");
     if (p) {
@@ -549,35 +552,64 @@ long wo_api_stats(char *buf, size_t len)
     return (long)n;
 }
 
+static int write_all(int fd, const char *s, size_t n)
+{
+    size_t off = 0;
+
+    while (off < n) {
+        ssize_t w = write(fd, s + off, n - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        off += (size_t)w;
+    }
+    return 0;
+}
+
+/* The file is replaced whole: written beside it under a name of this
+ * process's, then renamed over it, so that a reader (serve.py
+ * --stats-file, while WOFFLOAD_STATS_EVERY refreshes it) never sees half
+ * of one. Where that cannot be done (a path that is not a regular file,
+ * such as /dev/stdout or a FIFO; a directory this process cannot create
+ * in), it is written in place. */
 int wo_stats_write_file(const char *path)
 {
-    size_t n = 0, off = 0;
+    size_t n = 0;
     char *s = wo_stats_json(&n);
-    int fd, r = 0;
+    char tmp[4096];
+    struct stat st;
+    int fd = -1, r;
+    bool replace;
 
     if (!s)
         return -ENOMEM;
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    s[n] = '\n';
+    n++;
+    replace = !(stat(path, &st) == 0 && !S_ISREG(st.st_mode)) &&
+              snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid()) < (int)sizeof(tmp);
+    if (replace)
+        fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        replace = false;
+        fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    }
     if (fd < 0) {
         r = -errno;
         wo_error("cannot write the stats to %s (WOFFLOAD_STATS): %s", path, strerror(errno));
         free(s);
         return r;
     }
-    s[n] = '\n';
-    n++;
-    while (off < n) {
-        ssize_t w = write(fd, s + off, n - off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            r = w < 0 ? -errno : -EIO;
-            wo_error("writing the stats to %s (WOFFLOAD_STATS): %s", path, strerror(-r));
-            break;
-        }
-        off += (size_t)w;
+    r = write_all(fd, s, n);
+    if (close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == 0 && replace && rename(tmp, path) < 0)
+        r = -errno;
+    if (r < 0) {
+        wo_error("writing the stats to %s (WOFFLOAD_STATS): %s", path, strerror(-r));
+        if (replace)
+            (void)unlink(tmp);
     }
-    close(fd);
     free(s);
     return r;
 }

@@ -102,6 +102,7 @@ struct exec {
     uint32_t slot_chk[WO_STREAM_MAX_SLOTS];     /* the range staged there, not checked yet, NONE */
     uint32_t slot_chk_gen[WO_STREAM_MAX_SLOTS]; /* ... its generation */
     uint32_t blind_seen;                        /* blind launches ended that blind() took in */
+    bool ever_streamed;                         /* a range was streamed once (slots held bytes) */
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */

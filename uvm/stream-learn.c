@@ -74,9 +74,11 @@ static bool streamable(struct srange *r)
  * so in one line (auto_decide) */
 void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet)
 {
-    if (r->streamed || !streamable(r))
+    /* fit gave the slots' room back to weights (plan-budget.h): in place */
+    if (r->streamed || !streamable(r) || wo_budget_staging_closed())
         return;
     r->streamed = true;
+    wo_sx->ever_streamed = true;
     __atomic_store_n(&wo_stream_tab.e[id].streamed, 1, __ATOMIC_RELEASE);
     if (!r->host)
         wo_budget_take(id, r->gen);

@@ -247,9 +247,19 @@ static bool claims(uint32_t id, uint32_t gen)
            wo_sx->r[id].streamed;
 }
 
+/* The blind launches (graph replays: nothing is staged through them) its
+ * slots stayed empty through; 0 once a range was streamed. */
+static uint64_t blind_unused(void)
+{
+    if (!wo_sx || wo_sx->ever_streamed)
+        return 0;
+    return __atomic_load_n(&wo_stream_tab.n.blind_launches, __ATOMIC_RELAXED);
+}
+
 static const struct wo_budget_stager budget_ops = {
     .reserved = reserved,
     .claims = claims,
+    .blind_unused = blind_unused,
 };
 
 /* ---- setup ----------------------------------------------------------------- */
