@@ -37,7 +37,7 @@ mkdir -p "$OUT"
 SUITE_B=(llamacpp-gpu stream-gpu)
 # the gpu suite's tests less SUITE_B (the first of the two calls it takes)
 suite_part1() {
-    meson test -C build-gpu --setup gpu --suite gpu --list 2>/dev/null | sed 's/.* \/ //' |
+    meson test -C build-gpu --setup gpu --suite gpu --list 2>/dev/null | sed 's/.*://' |
         grep -v -x -e "${SUITE_B[0]}" -e "${SUITE_B[1]}"
 }
 rc_all=0
@@ -80,7 +80,7 @@ for step in "$@"; do
         rc=$?
         tail -12 "$OUT/gpu-suite-2.txt" ;;
     rows)
-        LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT WOFFLOAD_BUILD=$ROOT/build-gpu \
+        LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)

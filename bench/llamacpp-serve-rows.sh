@@ -33,7 +33,7 @@
 # SERVER_ARGS, llama-server arguments of every row [--cache-ram 0: no prompt
 # cache in host memory; random prompts never hit it, and filling it grows the
 # server's RSS by up to 8 GiB, llama-server's default cap, which a soak would
-# read as growth; every eviction from it is also logged]; WOFFLOAD_BUILD,
+# read as growth; every eviction from it is also logged]; SHIM_BUILD,
 # the shim's build directory [build]. The shim's rows write their stats
 # every second (--stats-every 1), so the sweep has the shim's figures of each
 # phase and a server killed at its stop still leaves them. Between rows every llama-server left
@@ -46,7 +46,7 @@ GGUF=${GGUF:?GGUF: the model}
 OUTROOT=${OUTROOT:?OUTROOT: where the rows go}
 ROWS=${ROWS:-plain shim-exps llama-ot}
 P=${PARALLEL:-32}
-RUN=${WOFFLOAD_BUILD:-$ROOT/build}/tools/woffload-run
+RUN=${SHIM_BUILD:-$ROOT/build}/tools/woffload-run
 END=${END_S:-570}
 T0=$(date +%s)
 el() { echo $(($(date +%s) - T0)); }
@@ -61,7 +61,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     [ "$per" -gt "$left" ] && per=$left
     O=$OUTROOT/p$P-$row
-    unset WOFFLOAD_CMD STATS GREEDY_REF WO_EXPERT_BUDGET
+    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     case $row in
@@ -78,8 +78,8 @@ for row in $ROWS; do
     esac
     mkdir -p "$O"
     case $row in
-    shim-fit) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
-    shim-*) export STATS=$O/stats.json WOFFLOAD_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
+    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
+    shim-*) export STATS=$O/stats.json SHIM_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json

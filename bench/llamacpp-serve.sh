@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/llamacpp-serve.sh: issue 40 on the GPU machine, in one call of at
 # most ~570 s once llama-server is built: start llama-server (under
-# WOFFLOAD_CMD when given), wait for /health, a short Poisson rate sweep at
+# SHIM_CMD when given), wait for /health, a short Poisson rate sweep at
 # one --parallel (bench/serve.py --server-kind llamacpp, RSS and device
 # memory sampled every second), the fault checks (bench/serve-faults.py:
 # disconnects, bad parameters, SIGTERM under load, restart with the same
@@ -11,13 +11,13 @@
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin OUT=/tmp/out \
 #     bash bench/llamacpp-serve.sh MODEL.gguf
-#   WOFFLOAD_CMD="build/tools/woffload-run --policy examples/P.yaml --stats /tmp/out/stats.json --" \
+#   SHIM_CMD="build/tools/woffload-run --policy examples/P.yaml --stats /tmp/out/stats.json --" \
 #     LLAMA_BIN=... OUT=... bash bench/llamacpp-serve.sh MODEL.gguf
 #
 # Settings (environment; defaults in brackets):
 #   LLAMA_BIN     directory holding llama-server (required)
 #   OUT           where the results go [$PWD/llamacpp-serve-STAMP]
-#   WOFFLOAD_CMD  a prefix to the server's command line, e.g. woffload-run ... --
+#   SHIM_CMD  a prefix to the server's command line, e.g. woffload-run ... --
 #   PARALLEL      llama-server --parallel [32]
 #   CTX           llama-server -c, shared by the slots [PARALLEL x 1024]
 #   NGL           llama-server -ngl [99]
@@ -55,7 +55,7 @@ set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 GGUF=${1:-${GGUF:-}}
 : "${LLAMA_BIN:?LLAMA_BIN: the directory holding llama-server}"
-[ -n "$GGUF" ] || { echo "usage: LLAMA_BIN=DIR [OUT=DIR] [WOFFLOAD_CMD=...] $0 MODEL.gguf" >&2; exit 2; }
+[ -n "$GGUF" ] || { echo "usage: LLAMA_BIN=DIR [OUT=DIR] [SHIM_CMD=...] $0 MODEL.gguf" >&2; exit 2; }
 OUT=${OUT:-$PWD/llamacpp-serve-$(date -u +%Y%m%d-%H%M%S)}
 PARALLEL=${PARALLEL:-32}
 CTX=${CTX:-$((PARALLEL * 1024))}
@@ -89,9 +89,9 @@ step_rc() { # NAME RC
     if [ "$2" -ne 0 ]; then STEPS_FAILED+=("$1 (exit $2)"); log "$1: FAILED (exit $2)"; else log "$1: done"; fi
 }
 
-# the server's command line: WOFFLOAD_CMD's words, then llama-server's
+# the server's command line: SHIM_CMD's words, then llama-server's
 # shellcheck disable=SC2206
-SERVER=(${WOFFLOAD_CMD:-} "$LLAMA_BIN/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$PORT"
+SERVER=(${SHIM_CMD:-} "$LLAMA_BIN/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$PORT"
         --parallel "$PARALLEL" -c "$CTX" -ngl "$NGL" ${LLAMA_ARGS:-})
 SERVER_STR=$(printf '%q ' "${SERVER[@]}")
 log "out $OUT; server: $SERVER_STR"
@@ -102,7 +102,17 @@ log "out $OUT; server: $SERVER_STR"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
     "$LLAMA_BIN/llama-server" --version 2>&1 | grep -i -m2 'version\|commit' | sed 's/^/llama-server: /'
     echo "server: $SERVER_STR"
-    [ -n "${EXTRA_BODY:-}" ] && echo "request body extra: $EXTRA_BODY"
+    # a long logit_bias list (the rows script's ban of byte tokens) is shown as its ranges
+    [ -n "${EXTRA_BODY:-}" ] && echo "request body extra: $("$PY" -c 'import json, sys
+b = json.loads(sys.argv[1]); lb = b.get("logit_bias")
+if isinstance(lb, list) and len(lb) > 8 and all(isinstance(x, list) and len(x) == 2 for x in lb):
+    ids = sorted(int(x[0]) for x in lb); runs = []
+    for t in ids:
+        if runs and t == runs[-1][1] + 1: runs[-1][1] = t
+        else: runs.append([t, t])
+    vals = sorted({json.dumps(x[1]) for x in lb})
+    b["logit_bias"] = "%d token ids (%s) set to %s" % (len(ids), ", ".join("%d-%d" % (a, z) if a != z else str(a) for a, z in runs), "/".join(vals))
+print(json.dumps(b))' "$EXTRA_BODY" 2>/dev/null || echo "$EXTRA_BODY")"
 } > "$OUT/machine.txt" 2>&1
 
 health() { "$PY" -c 'import sys, urllib.request
@@ -112,7 +122,7 @@ except Exception:
     sys.exit(1)' "$URL"; }
 
 # the pid whose RSS is the server's: the started one, or its llama-server
-# child when WOFFLOAD_CMD runs it as a child (woffload-run --fit)
+# child when SHIM_CMD runs it as a child (woffload-run --fit)
 server_pid() {
     local p=$1 c
     case "$(readlink "/proc/$p/exe" 2>/dev/null)" in *llama-server*) echo "$p"; return ;; esac

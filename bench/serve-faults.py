@@ -26,7 +26,7 @@ The checks, in this order (a failed one does not stop the next):
    for its open streams, not one stuck in its teardown); SIGKILL at
    --term-hard (30 s).
 4. restart (needs --server-cmd): the server started again with the same
-   command (the same policy under WOFFLOAD_CMD). Expected: the greedy
+   command (the same policy under SHIM_CMD). Expected: the greedy
    prompts, sent one at a time (batch 1, so the batch does not differ),
    give the same token ids as before the SIGTERM; then SIGTERM again,
    its exit time recorded (idle), within --term-limit.

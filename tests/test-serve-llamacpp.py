@@ -625,7 +625,7 @@ class TestFaults(unittest.TestCase):
 class TestScript(unittest.TestCase):
     """bench/llamacpp-serve.sh end to end, with a llama-server that is the
     fake (a wrapper taking llama-server's --port and --parallel) under a
-    WOFFLOAD_CMD prefix: every step passes, the markdown has a row a rate
+    SHIM_CMD prefix: every step passes, the markdown has a row a rate
     and a line a fault check, no server is left running."""
 
     def run_script(self, **over) -> tuple:
@@ -635,7 +635,7 @@ class TestScript(unittest.TestCase):
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, OUT=out, PARALLEL=str(SLOTS), RATES="5,30", DURATION="2",
                    DRAIN="3", OUTPUT_LEN="fixed:16", PROMPT_LEN="uniform:8:32", PORT=str(free_port()),
-                   LOAD_TIMEOUT="20", DEADLINE="400", WOFFLOAD_CMD="env WO_TEST_PREFIX=1", PYTHON=sys.executable,
+                   LOAD_TIMEOUT="20", DEADLINE="400", SHIM_CMD="env WO_TEST_PREFIX=1", PYTHON=sys.executable,
                    **over)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve.sh"), os.path.join(tmp, "m.gguf")],
                            env=env, capture_output=True, text=True, timeout=200)
@@ -690,7 +690,7 @@ class TestRows(unittest.TestCase):
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
                    ROWS="plain shim-exps bogus llama-ot", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
-                   WOFFLOAD_BUILD=os.path.join(tmp, "shim"),
+                   SHIM_BUILD=os.path.join(tmp, "shim"),
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
                    PYTHON=sys.executable)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
