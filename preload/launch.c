@@ -477,22 +477,24 @@ static bool reads_weights(const struct scan *s)
     for (unsigned i = 0; i < s->nhits; i++) {
         const struct wo_ev_hit *h = &s->hits[i];
         const struct wo_stream_entry *e;
-        uint32_t want = h->id + 1, cur = 0;
+        uint32_t it = 0, sid;
 
-        if (h->id >= WO_STREAM_IDS)
-            continue;
-        e = &wo_stream_tab.e[h->id];
-        /* the hits the consumer's reader() counts: inside the span (not an
-         * activation in the allocation's tail) and pointer-like */
-        if (!wo_stream_hit_in_span(e, h, false))
-            continue;
-        any = true;
-        if (__atomic_compare_exchange_n(&l->first_off, &cur, want, false, __ATOMIC_RELAXED,
-                                        __ATOMIC_RELAXED) ||
-            cur == want)
-            continue;
-        __atomic_store_n(&l->many_off, 1, __ATOMIC_RELAXED);
-        return true;
+        /* each span of the hit's allocation (uvm/hotpath.h) */
+        while ((e = wo_stream_span_next(h, &it, &sid))) {
+            uint32_t want = sid + 1, cur = 0;
+
+            /* the hits the consumer's reader() counts: inside the span (not
+             * an activation in the allocation's tail) and pointer-like */
+            if (!wo_stream_hit_in_span(e, h, false))
+                continue;
+            any = true;
+            if (__atomic_compare_exchange_n(&l->first_off, &cur, want, false, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED) ||
+                cur == want)
+                continue;
+            __atomic_store_n(&l->many_off, 1, __ATOMIC_RELAXED);
+            return true;
+        }
     }
     return !any; /* no off-device range: nothing to decide */
 }
@@ -509,7 +511,7 @@ struct launch {
     struct wo_redirect rd;
     bool blind;                     /* a blind launch begun (wo_stream_blind_begin) */
     unsigned ntouch;                /* streamed ranges it touches in place */
-    uint32_t touch[WO_EV_MAX_HITS]; /* ... their ids (wo_stream_touch_begin) */
+    uint32_t touch[WO_STREAM_TOUCH_MAX]; /* ... their span ids (wo_stream_touch_begin) */
 };
 
 /* Everything a launch hook does before the real launch: the scan, and when

@@ -118,6 +118,53 @@ static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct 
     return true;
 }
 
+/* One span e (sid) that hit h can read: where the engine is, and its slot
+ * pinned for the launch when one is published. False: the launch must not
+ * be redirected at all (another context). */
+static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uint32_t sid,
+                          const struct wo_ev_hit *h, uint64_t stream, bool captured,
+                          bool *ctx_checked)
+{
+    uint64_t at;
+    bool dup = false;
+
+    /* a hit outside the streamed span (an activation the engine's
+     * allocator put in the allocation's tail), or a word that cannot
+     * point at a weight, is neither the engine's position nor a read
+     * to move (the span is fixed while streamed) */
+    if (!wo_stream_hit_in_span(e, h, true))
+        return true;
+    /* where the engine is: the executor stages the ranges after it */
+    __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELAXED);
+    if (captured) {
+        /* a graph replays its launches later, without this hook: its
+         * nodes read in place (correct, slower) */
+        count(&wo_stream_tab.n.inplace_captured);
+        return true;
+    }
+    if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED) && !wo_stream_await(e, h->gen)) {
+        count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
+        return true;
+    }
+    if (rd->n == WO_REDIRECT_MAX / 2) {
+        count(&wo_stream_tab.n.inplace_other);
+        return true;
+    }
+    if (!*ctx_checked) {
+        if (!same_context()) {
+            count(&wo_stream_tab.n.inplace_other);
+            return false;
+        }
+        *ctx_checked = true;
+    }
+    at = __atomic_load_n(&e->base, __ATOMIC_RELAXED) + __atomic_load_n(&e->lo, __ATOMIC_RELAXED);
+    for (unsigned k = 0; k < rd->n; k++)
+        dup |= rd->from[k] <= at && at < rd->to[k];
+    if (!dup)
+        pin(rd, e, h, stream);
+    return true;
+}
+
 unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits, unsigned nhits,
                            uint64_t stream, bool captured)
 {
@@ -127,47 +174,16 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
     if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
         return 0;
     for (unsigned i = 0; i < nhits && i < WO_EV_MAX_HITS; i++) {
-        const struct wo_ev_hit *h = &hits[i];
         struct wo_stream_entry *e;
-        bool dup = false;
+        uint32_t it = 0, sid;
 
-        if (h->id >= WO_STREAM_IDS)
-            continue;
-        e = &wo_stream_tab.e[h->id];
-        /* a hit outside the streamed span (an activation the engine's
-         * allocator put in the allocation's tail), or a word that cannot
-         * point at a weight, is neither the engine's position nor a read
-         * to move (the span is fixed while streamed) */
-        if (!wo_stream_hit_in_span(e, h, true))
-            continue;
-        /* where the engine is: the executor stages the ranges after it */
-        __atomic_store_n(&wo_stream_tab.pos, h->id + 1, __ATOMIC_RELAXED);
-        if (captured) {
-            /* a graph replays its launches later, without this hook: its
-             * nodes read in place (correct, slower) */
-            count(&wo_stream_tab.n.inplace_captured);
-            continue;
-        }
-        if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED) && !wo_stream_await(e, h->gen)) {
-            count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
-            continue;
-        }
-        if (rd->n == WO_REDIRECT_MAX / 2) {
-            count(&wo_stream_tab.n.inplace_other);
-            continue;
-        }
-        if (!ctx_checked) {
-            if (!same_context()) {
-                count(&wo_stream_tab.n.inplace_other);
+        /* each span of the allocation the hit can read: its one span, or
+         * the sub-spans of a buffer of many tensors (uvm/hotpath.h) */
+        while ((e = wo_stream_span_next(&hits[i], &it, &sid)))
+            if (!redirect_span(rd, e, sid, &hits[i], stream, captured, &ctx_checked)) {
                 wo_redirect_cancel(rd);
                 return 0;
             }
-            ctx_checked = true;
-        }
-        for (unsigned k = 0; k < rd->n; k++)
-            dup |= rd->from[k] <= e->base + h->offset && e->base + h->offset < rd->to[k];
-        if (!dup)
-            pin(rd, e, h, stream);
     }
     rd->nslot = rd->n;
     return rd->n;

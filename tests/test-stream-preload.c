@@ -128,6 +128,7 @@ static void pair(void **params, const uint32_t g[3], const uint32_t b[3])
  * kernel that writes a weight (an RL trainer's weight sync, a repacking):
  * dst gets src's bytes. Counts the writes that reached a slot. */
 static uint64_t slot_writes;
+static bool slot_primed; /* (4): a read of range 6 came from its slot just before the write */
 static void overwrite(void **params, const uint32_t g[3], const uint32_t b[3])
 {
     CUdeviceptr d = *(CUdeviceptr *)params[0], src = *(CUdeviceptr *)params[1];
@@ -530,9 +531,23 @@ static int child(const char *mode)
                  * before it is reused (the engine's copy below, at the
                  * end, reads them), and range 6 is read in place from then
                  * on. The function reached two ranges: a reader */
-                uint64_t n = MiB;
+                uint64_t n = MiB, before = redirected_reads;
                 void *params[] = {&ranges[6], &ranges[4], &n};
 
+                /* the executor may run behind the engine (TSan, a loaded
+                 * machine): reads of range 6 first, until one came from
+                 * its slot (bounded), so that the write finds the slot */
+                for (int t = 0; t < 200 && redirected_reads == before; t++) {
+                    void *rp[] = {&ranges[6], &n, &out};
+
+                    CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, rp, NULL) == CUDA_SUCCESS);
+                    CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                    if (*(uint64_t *)(uintptr_t)out != expect[6])
+                        wrong++;
+                    if (redirected_reads == before)
+                        usleep(10000);
+                }
+                slot_primed = redirected_reads != before;
                 CHECK(p_cuLaunchKernel(kw, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 expect[6] = expect[4];
@@ -667,7 +682,8 @@ static int child(const char *mode)
         /* what the launch wrote into range 6 is in the range itself */
         CHECK(p_cuMemcpyDtoH(buf, ranges[6], MiB) == CUDA_SUCCESS);
         CHECK(host_sum((const uint64_t *)buf, MiB / 8) == expect[6]);
-        CHECK(slot_writes == 1);
+        /* in place only when the executor never staged range 6 in 2 s */
+        CHECK(slot_primed ? slot_writes == 1 : slot_writes == 0);
         CHECK(inplace_writes == 3); /* (4b), the graph's node (3) and (3c)'s */
         CHECK(p_cuMemcpyDtoH(buf, ranges[8], MiB) == CUDA_SUCCESS);
         CHECK(host_sum((const uint64_t *)buf, MiB / 8) == expect[8]);

@@ -29,8 +29,9 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
         return;
     for (int i = 0; i < 2; i++) {
         struct wo_stream_entry *e;
+        struct wo_ev_hit w;
         struct wo_hit h;
-        uint64_t old;
+        uint32_t it = 0, sid;
         int ok;
 
         wo_registry_read_begin();
@@ -38,16 +39,27 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes)
         wo_registry_read_end();
         if (!ok || h.id >= WO_STREAM_IDS)
             continue;
-        e = &wo_stream_tab.e[h.id];
-        /* every range the executor knows, streamed or not yet: a range
-         * selected while this write is under way is never published */
-        if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h.gen ||
-            __atomic_load_n(&e->base, __ATOMIC_RELAXED) == 0)
-            continue;
-        /* sticky: the executor publishes with a CAS from 0, never over it */
-        old = __atomic_exchange_n(&e->word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
-        if (old != WO_STREAM_DIRTY && old != 0)
-            add(&wo_stream_tab.n.invalidated, 1);
+        /* the part of the write in this allocation, as offsets: from the
+         * first end on, or up to the last */
+        w = (struct wo_ev_hit){h.id, h.gen, h.offset, h.offset + (bytes ? bytes : 1)};
+        if (i == 1)
+            w = (struct wo_ev_hit){h.id, h.gen, h.offset + 1 > bytes ? h.offset + 1 - bytes : 0,
+                                   h.offset + 1};
+        /* its one span (whatever part the write reaches), or each sub-span
+         * the write overlaps */
+        while ((e = wo_stream_span_next(&w, &it, &sid))) {
+            uint64_t old;
+
+            /* every range the executor knows, streamed or not yet: a range
+             * selected while this write is under way is never published */
+            if (__atomic_load_n(&e->gen, __ATOMIC_RELAXED) != h.gen ||
+                __atomic_load_n(&e->base, __ATOMIC_RELAXED) == 0)
+                continue;
+            /* sticky: the executor publishes with a CAS from 0, never over it */
+            old = __atomic_exchange_n(&e->word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
+            if (old != WO_STREAM_DIRTY && old != 0)
+                add(&wo_stream_tab.n.invalidated, 1);
+        }
     }
 }
 
@@ -61,30 +73,41 @@ unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, con
     for (unsigned i = 0; i < nhits && i < WO_EV_MAX_HITS; i++) {
         const struct wo_ev_hit *h = &hits[i];
         struct wo_stream_entry *e;
-        uint64_t w, at;
-        bool moved = false, dup = false;
+        uint32_t it = 0, sid;
 
-        if (h->id >= WO_STREAM_IDS)
-            continue;
-        e = &wo_stream_tab.e[h->id];
-        if (!wo_stream_hit_in_span(e, h, true))
-            continue;
-        at = __atomic_load_n(&e->base, __ATOMIC_RELAXED) + h->offset;
-        for (unsigned k = 0; k < nred; k++)
-            moved |= at >= from[k] && at < to[k];
-        for (unsigned k = 0; k < n; k++)
-            dup |= ids[k] == h->id;
-        if (moved || dup)
-            continue;
-        ids[n++] = h->id;
-        __atomic_add_fetch(&e->touch_begin, 1, __ATOMIC_SEQ_CST);
-        /* launches after this one read the range, not an older slot; a
-         * hook that pinned the slot before keeps reading it (the executor
-         * reuses a slot only once no hook does) */
-        w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
-        if (w != 0 && w != WO_STREAM_DIRTY &&
-            __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
-            add(&wo_stream_tab.n.unpublished_inplace, 1);
+        while ((e = wo_stream_span_next(h, &it, &sid))) {
+            uint64_t w, at;
+            bool moved = false, dup = false;
+
+            if (!wo_stream_hit_in_span(e, h, true))
+                continue;
+            /* the span's first byte the hit reads */
+            at = __atomic_load_n(&e->base, __ATOMIC_RELAXED) +
+                 WO_MAX(h->offset, __atomic_load_n(&e->lo, __ATOMIC_RELAXED));
+            for (unsigned k = 0; k < nred; k++)
+                moved |= at >= from[k] && at < to[k];
+            for (unsigned k = 0; k < n; k++)
+                dup |= ids[k] == sid;
+            if (moved || dup)
+                continue;
+            /* launches after this one read the range, not an older slot; a
+             * hook that pinned the slot before keeps reading it (the
+             * executor reuses a slot only once no hook does) */
+            w = __atomic_load_n(&e->word, __ATOMIC_SEQ_CST);
+            if (w != 0 && w != WO_STREAM_DIRTY &&
+                __atomic_compare_exchange_n(&e->word, &w, 0, false, __ATOMIC_SEQ_CST,
+                                            __ATOMIC_SEQ_CST))
+                add(&wo_stream_tab.n.unpublished_inplace, 1);
+            if (n == WO_STREAM_TOUCH_MAX) {
+                /* no room to count the touch: the span is treated as a
+                 * copy wrote it (sticky: never published again) */
+                __atomic_store_n(&e->word, WO_STREAM_DIRTY, __ATOMIC_SEQ_CST);
+                add(&wo_stream_tab.n.touch_overflow, 1);
+                continue;
+            }
+            ids[n++] = sid;
+            __atomic_add_fetch(&e->touch_begin, 1, __ATOMIC_SEQ_CST);
+        }
     }
     if (n)
         add(&wo_stream_tab.n.touched_inplace, 1);

@@ -28,6 +28,15 @@
  * with a larger id is read in place and counted). */
 #define WO_STREAM_IDS 16384u
 #define WO_STREAM_MAX_SLOTS 8u /* policy prefetch.slots: 2..8 */
+/* Spans beyond one per allocation: an allocation whose off-device tags form
+ * several runs with other bytes between them (llama.cpp's one model buffer:
+ * each layer's host experts between device tensors) gets a span per run of
+ * host tags, each an entry of its own at WO_STREAM_IDS + k (never reused:
+ * handed out in order while the process lives; once all are used, such
+ * runs are read in place). Entries are indexed by span id (sid): a sid
+ * below WO_STREAM_IDS is the registry id of the allocation's one span. */
+#define WO_STREAM_SUBS 4096u
+#define WO_STREAM_ENTRIES (WO_STREAM_IDS + WO_STREAM_SUBS)
 
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
@@ -48,6 +57,8 @@ struct wo_stream_entry {
                                       * (wo_stream_touch_begin) */
     uint32_t blind; /* wo_stream_tab.blind_begin when the assignment was published: a hook
                      * redirects to it only while no blind launch began since */
+    uint32_t rid;   /* the registry id of its allocation (a sub-span's; its own sid else) */
+    uint32_t next;  /* a sub-span: sid + 1 of its allocation's next one (higher offsets), 0 */
 };
 
 struct wo_stream_slot {
@@ -94,6 +105,8 @@ struct wo_stream_counts {
                               * synchronises the context before it stages again) */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: slots compared after a redirected launch */
     uint64_t check_mismatch; /* ... that differed from their host copy */
+    uint64_t touch_overflow; /* spans a launch touched in place past WO_STREAM_TOUCH_MAX */
+    uint64_t sub_spans;      /* sub-spans made (spans beyond one in an allocation) */
 };
 
 struct wo_stream_shared {
@@ -108,7 +121,11 @@ struct wo_stream_shared {
     uint32_t blind_begin, blind_end; /* blind launches begun and ended */
     struct wo_stream_counts n;
     struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
-    struct wo_stream_entry e[WO_STREAM_IDS];
+    /* by registry id: sid + 1 of the allocation's first sub-span, 0 when it
+     * has one span (entry e[id]) or none (the executor clears e[id] before
+     * it publishes the chain: a hook then finds no span, never a stale one) */
+    uint32_t sub_first[WO_STREAM_IDS];
+    struct wo_stream_entry e[WO_STREAM_ENTRIES];
 };
 
 extern struct wo_stream_shared wo_stream_tab;
@@ -148,8 +165,10 @@ void wo_stream_note_write(uint64_t dst, uint64_t bytes);
  * (with fn, the real driver's event functions; made there if need be) and counts the touches ended.
  * The executor then stages those ranges from the range itself, after the fence (not from a pinned
  * copy made before), publishes no copy a touch overlapped, and the write check of that staging
- * finds a range that was written (stream-check.h). Returns the number of ids (<= WO_EV_MAX_HITS).
+ * finds a range that was written (stream-check.h). Returns the number of ids (span ids, at most
+ * WO_STREAM_TOUCH_MAX: a span past them is dropped as a copy's write would drop it).
  * Any thread, lock-free. */
+#define WO_STREAM_TOUCH_MAX (4 * WO_EV_MAX_HITS)
 unsigned wo_stream_touch_begin(const struct wo_ev_hit *hits, unsigned nhits, const uint64_t *from,
                                const uint64_t *to, unsigned nred, uint32_t *ids);
 struct wo_stream_evfns { /* the real driver's, as the hooks have them */
@@ -173,6 +192,45 @@ static inline bool wo_stream_hit_in_span(const struct wo_stream_entry *e, const 
            __atomic_load_n(&e->gen, __ATOMIC_RELAXED) == h->gen &&
            h->hi > __atomic_load_n(&e->lo, __ATOMIC_RELAXED) &&
            h->offset < __atomic_load_n(&e->hi, __ATOMIC_RELAXED) && wo_hit_pointer_like(h);
+}
+
+/* The spans of hit h's allocation that can hold its reads, one per call:
+ * *it starts at 0; returns the entry (its sid in *sid), NULL after the
+ * last. An allocation with one span gives e[h->id]; one with sub-spans
+ * gives those its [offset, hi) overlaps, in offset order. The caller still
+ * checks wo_stream_hit_in_span (generation, pointer-like). Any thread,
+ * lock-free: sub-spans are published before their link and never reused. */
+static inline struct wo_stream_entry *wo_stream_span_next(const struct wo_ev_hit *h, uint32_t *it,
+                                                          uint32_t *sid)
+{
+    uint32_t next;
+
+    if (h->id >= WO_STREAM_IDS || *it == UINT32_MAX)
+        return NULL;
+    if (*it == 0) {
+        next = __atomic_load_n(&wo_stream_tab.sub_first[h->id], __ATOMIC_ACQUIRE);
+        if (!next) {
+            *it = UINT32_MAX;
+            *sid = h->id;
+            return &wo_stream_tab.e[h->id];
+        }
+    } else {
+        next = __atomic_load_n(&wo_stream_tab.e[*it - 1].next, __ATOMIC_ACQUIRE);
+    }
+    for (; next && next <= WO_STREAM_ENTRIES;
+         next = __atomic_load_n(&wo_stream_tab.e[next - 1].next, __ATOMIC_ACQUIRE)) {
+        struct wo_stream_entry *e = &wo_stream_tab.e[next - 1];
+
+        if (__atomic_load_n(&e->lo, __ATOMIC_RELAXED) >= h->hi)
+            break; /* in offset order: none further can overlap */
+        if (__atomic_load_n(&e->hi, __ATOMIC_RELAXED) > h->offset) {
+            *it = next;
+            *sid = next - 1;
+            return e;
+        }
+    }
+    *it = UINT32_MAX;
+    return NULL;
 }
 
 /* A blind launch may write any range through pointers the shim cannot see:

@@ -352,6 +352,8 @@ struct wo_uvm_segment {
     enum wo_slices slices;
     enum wo_placement place; /* MANAGED, or HOST (wo_uvm_foreach_offdevice only) */
     bool untagged;         /* bytes no tag names (a gap, the allocation's tail) */
+    uint64_t unnamed_before; /* a tag: the longest run of bytes no tag names between it and
+                              * the piece given before it of the allocation (0: none) */
 };
 /* Calls fn for every managed piece, under wo_uvm.lock (fn must not call back
  * into uvm/ API functions). Stops when fn returns non-zero, returning it. */

@@ -656,13 +656,17 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
                                  int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud,
                                  bool host)
 {
-    uint64_t pos = 0;
+    uint64_t pos = 0, unnamed = 0;
     int ret = 0;
 
     for (size_t k = 0; k <= a->ntags && !ret; k++) {
         uint64_t toff = k < a->ntags ? a->tags[k].off : a->size;
         struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO};
 
+        /* the longest run of bytes no tag names since the last piece
+         * given (the first tag's leading bytes do not count) */
+        if (k > 0 && toff > pos && toff - pos > unnamed)
+            unnamed = toff - pos;
         if (toff > pos && wanted(a->place, host)) {
             s.place = a->place;
             s.base = a->base + pos;
@@ -681,6 +685,8 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
                 continue;
             s.place = t->place;
             s.untagged = false;
+            s.unnamed_before = unnamed;
+            unnamed = 0;
             s.base = a->base + t->off;
             s.offset = t->off;
             s.size = t->size;

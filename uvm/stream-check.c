@@ -20,13 +20,13 @@
 
 /* offsets in the device buffer */
 #define OFF_WANT 0
-#define OFF_GOT (OFF_WANT + 8 * (uint64_t)WO_STREAM_IDS)
+#define OFF_GOT (OFF_WANT + 8 * (uint64_t)WO_STREAM_ENTRIES)
 #define OFF_PART_COPY (OFF_GOT + 8 * (uint64_t)WO_STREAM_MAX_SLOTS)
 #define OFF_PART_CHECK (OFF_PART_COPY + 8 * (uint64_t)HASH_BLOCKS)
 #define OFF_COUNT_COPY (OFF_PART_CHECK + 8 * (uint64_t)HASH_BLOCKS)
 #define OFF_COUNT_CHECK (OFF_COUNT_COPY + 8)
 #define OFF_FLAGS (OFF_COUNT_CHECK + 8) /* when no mapped host memory is had */
-#define BUF_BYTES (OFF_FLAGS + 4 * (uint64_t)WO_STREAM_IDS)
+#define BUF_BYTES (OFF_FLAGS + 4 * (uint64_t)WO_STREAM_ENTRIES)
 
 static struct {
     const struct wo_driver *d;
@@ -65,10 +65,10 @@ bool wo_check_start(const struct wo_driver *d, CUmodule mod, unsigned nslots)
         /* the flags in mapped host memory, else (pinning fails: the
          * memlock limit) in the buffer, read back when a check finished */
         if (res == CUDA_SUCCESS &&
-            d->cuMemHostAlloc(&flags, 4 * (size_t)WO_STREAM_IDS,
+            d->cuMemHostAlloc(&flags, 4 * (size_t)WO_STREAM_ENTRIES,
                               CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE) ==
                 CUDA_SUCCESS) {
-            memset(flags, 0, 4 * (size_t)WO_STREAM_IDS);
+            memset(flags, 0, 4 * (size_t)WO_STREAM_ENTRIES);
             if (d->cuMemHostGetDevicePointer_v2(&ck.flags_dev, flags, 0) == CUDA_SUCCESS) {
                 ck.flags = flags;
                 ck.mapped = true;
@@ -77,7 +77,7 @@ bool wo_check_start(const struct wo_driver *d, CUmodule mod, unsigned nslots)
             }
         }
         if (res == CUDA_SUCCESS && !ck.mapped) {
-            ck.flags = calloc(WO_STREAM_IDS, 4);
+            ck.flags = calloc(WO_STREAM_ENTRIES, 4);
             ck.flags_dev = ck.buf + OFF_FLAGS;
             if (!ck.flags || !d->cuMemcpyAsync || !d->cuStreamSynchronize)
                 res = CUDA_ERROR_OUT_OF_MEMORY;
@@ -108,7 +108,7 @@ static CUresult hash(CUstream s, CUdeviceptr dev, uint64_t n, uint64_t part, uin
 
 CUresult wo_check_first(CUstream copy, CUdeviceptr dev, uint64_t n, uint32_t id)
 {
-    if (!ck.on || id >= WO_STREAM_IDS)
+    if (!ck.on || id >= WO_STREAM_ENTRIES)
         return CUDA_ERROR_NOT_INITIALIZED;
     return hash(copy, dev, n, OFF_PART_COPY, OFF_COUNT_COPY, OFF_WANT + 8 * (uint64_t)id);
 }
@@ -126,7 +126,7 @@ CUresult wo_check_slot(unsigned slot, CUdeviceptr dev, uint64_t n, uint32_t id, 
     void *fargs[] = {&want, &got, &flag, &t};
     CUresult res;
 
-    if (!ck.on || id >= WO_STREAM_IDS || slot >= ck.nslots)
+    if (!ck.on || id >= WO_STREAM_ENTRIES || slot >= ck.nslots)
         return CUDA_ERROR_NOT_INITIALIZED;
     /* after the copy that staged it (a slot no launch read has no
      * read_done to wait for) and every launch that read it */
@@ -158,14 +158,14 @@ void wo_check_read(uint32_t n)
      * engine's work */
     if (ck.on && !ck.mapped && n &&
         ck.d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)ck.flags, ck.flags_dev,
-                            4 * (size_t)(n < WO_STREAM_IDS ? n : WO_STREAM_IDS),
+                            4 * (size_t)(n < WO_STREAM_ENTRIES ? n : WO_STREAM_ENTRIES),
                             ck.s) == CUDA_SUCCESS)
         (void)ck.d->cuStreamSynchronize(ck.s);
 }
 
 bool wo_check_take(uint32_t id, uint32_t tag)
 {
-    return ck.on && id < WO_STREAM_IDS && __atomic_load_n(&ck.flags[id], __ATOMIC_ACQUIRE) == tag;
+    return ck.on && id < WO_STREAM_ENTRIES && __atomic_load_n(&ck.flags[id], __ATOMIC_ACQUIRE) == tag;
 }
 
 void wo_check_sync(void)

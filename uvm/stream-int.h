@@ -43,6 +43,10 @@ struct srange {
     bool gapped;         /* other bytes between its tags: never streamed (add_seg) */
     bool hashed;         /* the write check has the hash it was staged with (stream-check.h) */
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
+    bool sub;            /* a sub-span (sid >= WO_STREAM_IDS): one run of host tags */
+    bool mixed;          /* a managed tag is among its tags (a sub-span is host tags only) */
+    uint32_t rid;        /* the registry id of its allocation (its sid when not a sub-span) */
+    uint32_t next;       /* a sub-span: sid + 1 of the allocation's next one, 0 */
     unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
     uint32_t touch_seen; /* touch_end of its entry at its last staging copy */
     uint32_t blind_seen; /* wo_stream_tab.blind_end at its last staging copy */
@@ -80,7 +84,7 @@ struct exec {
     int slot_range[WO_STREAM_MAX_SLOTS]; /* registry id held, -1 none */
     uint32_t
         slot_last[WO_STREAM_MAX_SLOTS]; /* the last id staged there (kept when dropped), NONE */
-    struct srange *r;                   /* by registry id (< WO_STREAM_IDS) */
+    struct srange *r;                   /* by span id (< WO_STREAM_ENTRIES, hotpath.h) */
     uint32_t nr;
     uint32_t *order, norder, *cur, ncur;
     size_t cap_order, cap_cur;
@@ -103,6 +107,15 @@ struct exec {
     uint32_t slot_chk_gen[WO_STREAM_MAX_SLOTS]; /* ... its generation */
     uint32_t blind_seen;                        /* blind launches ended that blind() took in */
     bool ever_streamed;                         /* a range was streamed once (slots held bytes) */
+    /* by registry id: an allocation split into sub-spans (add_seg) */
+    struct split {
+        uint32_t gen;         /* the allocation's generation */
+        uint32_t first, last; /* sid + 1 of its first and last sub-span, 0 none */
+        bool on;
+        bool tainted; /* unnamed bytes between its tags: no sub-span (read in place) */
+    } *split;
+    uint32_t nsub; /* sub-spans handed out (WO_STREAM_IDS + nsub is the next sid) */
+    bool said_subs_full;
 };
 
 #define FNS 8192u /* functions tracked by reader(), open addressing; more count as readers */
@@ -161,4 +174,9 @@ void wo_sx_on_launch(const struct wo_event *ev);
 /* ---- stream.c ---------------------------------------------------------------- */
 
 void wo_sx_drop(uint32_t id);
+/* The spans of hit h's allocation its [offset, hi) can read, as the
+ * executor knows them (hotpath.h's wo_stream_span_next on wo_sx->r): *it
+ * starts at 0; returns a live span of h's generation (its sid in *sid) or
+ * NULL after the last. */
+struct srange *wo_sx_span_next(const struct wo_ev_hit *h, uint32_t *it, uint32_t *sid);
 void wo_sx_publish_names(bool force);

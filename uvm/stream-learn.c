@@ -24,9 +24,12 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
 {
     uint64_t span = r->hi - r->lo, rel, relhi, end, g = granule(r);
 
-    if (h->offset < r->lo || h->offset >= r->hi)
-        return; /* another part of the allocation */
-    rel = h->offset - r->lo;
+    /* another part of the allocation; a sub-span counts from its start the
+     * hit that began before it (the hits of one launch in an allocation
+     * are one: from its lowest pointer to its highest) */
+    if (r->sub ? h->hi <= r->lo || h->offset >= r->hi : h->offset < r->lo || h->offset >= r->hi)
+        return;
+    rel = h->offset > r->lo ? h->offset - r->lo : 0;
     relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;
     r->slice = wo_plan_slice_learn(r->slice, rel);
     end = wo_plan_extent_end(span, r->slice, rel, relhi);
@@ -55,7 +58,7 @@ static bool streamable(struct srange *r)
     if (r->written || r->gathered || r->gapped)
         return false;
     /* its launches read only the picked experts (uvm/picks.h) */
-    if (wo_picks_claims((uint32_t)(r - wo_sx->r), r->gen))
+    if (wo_picks_claims(r->rid, r->gen))
         return false;
     if (r->hi - r->lo > wo_sx->slot_size) {
         if (!r->big) {
@@ -369,7 +372,7 @@ static bool reader(uint64_t func, const uint32_t *ids, unsigned n)
 
 void wo_sx_on_launch(const struct wo_event *ev)
 {
-    uint32_t low = NONE, ids[WO_EV_MAX_HITS];
+    uint32_t low = NONE, ids[WO_STREAM_TOUCH_MAX];
     unsigned n = 0;
     bool switched;
     unsigned k;
@@ -379,28 +382,36 @@ void wo_sx_on_launch(const struct wo_event *ev)
     for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
         const struct wo_ev_hit *h = &ev->l.hits[i];
         struct srange *r;
+        uint32_t it = 0, sid;
 
-        if (h->id >= wo_sx->nr || !(r = &wo_sx->r[h->id])->live || r->gen != h->gen)
-            continue;
-        /* a hit outside the span (an activation in the allocation's tail)
-         * is not a weight read: it neither counts nor keys the step (those
-         * move between steps, and the step would never be found) */
-        if (h->hi <= r->lo || h->offset >= r->hi)
-            continue;
         /* nor is a word that cannot point at a weight (core/event.h) */
         if (!wo_hit_pointer_like(h))
             continue;
-        ids[n++] = h->id;
+        /* the allocation's span, or the sub-spans the hit overlaps */
+        while ((r = wo_sx_span_next(h, &it, &sid)) && n < WO_STREAM_TOUCH_MAX) {
+            /* a hit outside the span (an activation in the allocation's
+             * tail) is not a weight read: it neither counts nor keys the
+             * step (those move between steps, and the step would never be
+             * found) */
+            if (h->hi <= r->lo || h->offset >= r->hi)
+                continue;
+            if (!in(ids, n, sid))
+                ids[n++] = sid;
+        }
     }
     if (!n || (!reader(ev->l.func, ids, n) && wo_sx->keys.lows_vary))
         return;
     for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++) {
         const struct wo_ev_hit *h = &ev->l.hits[i];
+        struct srange *r;
+        uint32_t it = 0, sid;
 
-        if (!in(ids, n, h->id) || h->gen != wo_sx->r[h->id].gen)
-            continue;
-        account_hit(&wo_sx->r[h->id], h->id, h);
-        low = WO_MIN(low, h->id);
+        while ((r = wo_sx_span_next(h, &it, &sid))) {
+            if (!in(ids, n, sid))
+                continue;
+            account_hit(r, sid, h);
+            low = WO_MIN(low, sid);
+        }
     }
     /* the step's keys: plan.h (wo_stream_keys) says why by range */
     if (low == NONE)

@@ -30,7 +30,7 @@
 enum pin_state { P_NONE, P_QUEUED, P_BUSY, P_READY, P_FAILED, P_DROP };
 
 struct pin_ent {
-    uint32_t gen;
+    uint32_t gen, rid; /* rid: the registry id of the range's allocation */
     enum pin_state state;
     uint64_t src, bytes;
     void *host;
@@ -56,8 +56,8 @@ static struct {
     const struct wo_driver *drv;
     CUcontext ctx;
     uint64_t limit;                /* WO_PIN_COPIES_AUTO or bytes */
-    struct pin_ent *e;             /* by registry id, WO_STREAM_IDS */
-    uint32_t *queue, qhead, qtail; /* ids asked for, a ring of WO_STREAM_IDS */
+    struct pin_ent *e;             /* by span id, WO_STREAM_ENTRIES (hotpath.h) */
+    uint32_t *queue, qhead, qtail; /* ids asked for, a ring of WO_STREAM_ENTRIES */
     struct retired *to_free;       /* events recorded: the worker frees them */
     struct retired *pending;       /* no event yet (the driver was busy): next retire */
     bool said_fail, said_budget;
@@ -83,7 +83,7 @@ static bool within_budget(uint64_t bytes)
  * the lock: the first 10 s after load, while 12 GiB of copies were made,
  * decoded 0.55x to 0.95x as fast: bench/results/e2e-20261126-121704-
  * pinned-copies-mixtral-h100). */
-static bool copy_range(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes, unsigned char *dst)
+static bool copy_range(uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes, unsigned char *dst)
 {
     for (uint64_t off = 0; off < bytes; off += PIECE) {
         uint64_t n = WO_MIN(PIECE, bytes - off);
@@ -93,7 +93,7 @@ static bool copy_range(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes, 
         if (__atomic_load_n(&pin.stop, __ATOMIC_RELAXED))
             return false; /* the process exits: do not hold it up */
         pthread_mutex_lock(&wo_uvm.lock);
-        live = wo_registry_get(id, &rg) == 0 && rg.gen == gen && src >= rg.base &&
+        live = wo_registry_get(rid, &rg) == 0 && rg.gen == gen && src >= rg.base &&
                src + bytes <= rg.base + rg.size;
         if (live) {
             wo_uvm.cpu_read_lo = src + off;
@@ -167,7 +167,7 @@ static void pin_release(void *host, size_t len)
 static void make(uint32_t id)
 {
     struct pin_ent *e = &pin.e[id];
-    uint32_t gen;
+    uint32_t gen, rid;
     uint64_t src, bytes, t0 = wo_now_ns();
     size_t len;
     void *host;
@@ -181,6 +181,7 @@ static void make(uint32_t id)
         return;
     }
     gen = e->gen;
+    rid = e->rid;
     src = e->src;
     bytes = e->bytes;
     if (!within_budget(bytes)) {
@@ -201,7 +202,7 @@ static void make(uint32_t id)
 
     r = pin_new(bytes, &host, &len, &dptr);
     ok = r == CUDA_SUCCESS;
-    if (ok && !copy_range(id, gen, src, bytes, host)) {
+    if (ok && !copy_range(rid, gen, src, bytes, host)) {
         /* the engine freed the range meanwhile, or the process exits */
         pin_release(host, len);
         ok = false;
@@ -283,7 +284,7 @@ static void *worker(void *arg)
             continue;
         }
         if (pin.qhead != pin.qtail) {
-            uint32_t id = pin.queue[pin.qhead % WO_STREAM_IDS];
+            uint32_t id = pin.queue[pin.qhead % WO_STREAM_ENTRIES];
 
             pin.qhead++;
             pthread_mutex_unlock(&pin.lock);
@@ -306,8 +307,8 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
         !d->cuMemFreeHost || !d->cuMemHostGetDevicePointer_v2 || !d->cuEventCreate ||
         !d->cuEventRecord || !d->cuEventSynchronize || !d->cuEventDestroy_v2 || !d->cuCtxSetCurrent)
         return false;
-    pin.e = calloc(WO_STREAM_IDS, sizeof(*pin.e));
-    pin.queue = calloc(WO_STREAM_IDS, sizeof(*pin.queue));
+    pin.e = calloc(WO_STREAM_ENTRIES, sizeof(*pin.e));
+    pin.queue = calloc(WO_STREAM_ENTRIES, sizeof(*pin.queue));
     if (!pin.e || !pin.queue) {
         free(pin.e);
         free(pin.queue);
@@ -336,12 +337,12 @@ bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit)
 
 static void retire_locked(struct pin_ent *e);
 
-CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes)
+CUdeviceptr wo_pin_source(uint32_t id, uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes)
 {
     struct pin_ent *e;
     CUdeviceptr p = 0;
 
-    if (!pin.running || id >= WO_STREAM_IDS)
+    if (!pin.running || id >= WO_STREAM_ENTRIES)
         return 0;
     e = &pin.e[id];
     pthread_mutex_lock(&pin.lock);
@@ -354,12 +355,13 @@ CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t byte
     if (e->state == P_READY) {
         p = e->dptr;
     } else if ((e->state == P_NONE || (e->state == P_FAILED && e->gen != gen)) &&
-               pin.qtail - pin.qhead < WO_STREAM_IDS) {
+               pin.qtail - pin.qhead < WO_STREAM_ENTRIES) {
         e->gen = gen;
+        e->rid = rid;
         e->src = src;
         e->bytes = bytes;
         e->state = P_QUEUED;
-        pin.queue[pin.qtail++ % WO_STREAM_IDS] = id;
+        pin.queue[pin.qtail++ % WO_STREAM_ENTRIES] = id;
         pthread_cond_signal(&pin.cv);
     }
     pthread_mutex_unlock(&pin.lock);
@@ -435,7 +437,7 @@ static void retire_locked(struct pin_ent *e)
 
 void wo_pin_retire(uint32_t id)
 {
-    if (!pin.running || id >= WO_STREAM_IDS)
+    if (!pin.running || id >= WO_STREAM_ENTRIES)
         return;
     pthread_mutex_lock(&pin.lock);
     retire_locked(&pin.e[id]);
@@ -451,7 +453,7 @@ void wo_pin_retire_all(CUstream copy_stream)
     if (!pin.running)
         return;
     pthread_mutex_lock(&pin.lock);
-    for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
+    for (uint32_t id = 0; id < WO_STREAM_ENTRIES; id++)
         retire_locked(&pin.e[id]);
     (void)hand_over(copy_stream);
     pthread_mutex_unlock(&pin.lock);

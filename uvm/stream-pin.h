@@ -56,10 +56,11 @@ struct wo_pin_counts {
  * when off or the driver lacks what it needs (then nothing is pinned). */
 bool wo_pin_start(const struct wo_driver *d, CUcontext ctx, uint64_t limit);
 
-/* The pinned copy of range id (generation gen), bytes [src, src+bytes) of
- * it, as a device pointer, or 0: none yet (then one is asked for, unless it
- * failed or the budget is spent). */
-CUdeviceptr wo_pin_source(uint32_t id, uint32_t gen, uint64_t src, uint64_t bytes);
+/* The pinned copy of span id (hotpath.h; of the allocation with registry id
+ * rid, generation gen), bytes [src, src+bytes) of it, as a device pointer,
+ * or 0: none yet (then one is asked for, unless it failed or the budget is
+ * spent). */
+CUdeviceptr wo_pin_source(uint32_t id, uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes);
 
 /* The range is gone or was written: its pinned copy is never handed out
  * again, and is freed once the copies already issued from it are done (the

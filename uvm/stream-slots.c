@@ -75,7 +75,7 @@ static void load_copy_kernel(void)
 CUdeviceptr wo_sx_source(uint32_t id, const struct srange *r, bool managed, bool *pinned)
 {
     CUdeviceptr p =
-        wo_sx->pin_on && managed ? wo_pin_source(id, r->gen, r->base + r->lo, r->hi - r->lo) : 0;
+        wo_sx->pin_on && managed ? wo_pin_source(id, r->rid, r->gen, r->base + r->lo, r->hi - r->lo) : 0;
 
     *pinned = p != 0;
     return p ? p : (CUdeviceptr)(r->base + r->lo);
@@ -352,7 +352,8 @@ static uint64_t footprint(uint32_t id, const struct srange *r)
 {
     struct wo_range rg;
 
-    return wo_registry_get(id, &rg) >= 0 && rg.gen == r->gen ? rg.size : r->hi - r->lo;
+    (void)id;
+    return wo_registry_get(r->rid, &rg) >= 0 && rg.gen == r->gen ? rg.size : r->hi - r->lo;
 }
 
 static void readmit_room(void)

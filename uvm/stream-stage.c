@@ -146,7 +146,7 @@ bool wo_sx_check_slot(unsigned s)
         return true;
     r = id < wo_sx->nr ? &wo_sx->r[id] : NULL;
     if (r && r->live && r->gen == wo_sx->slot_chk_gen[s] && (!r->written || r->kernel_written) &&
-        wo_sx->check_on && wo_registry_get(id, &rg) >= 0 && rg.gen == r->gen) {
+        wo_sx->check_on && wo_registry_get(r->rid, &rg) >= 0 && rg.gen == r->gen) {
         if (!wo_sx_fence_owner(sl))
             return false;
         res = wo_check_slot(s, (CUdeviceptr)sl->dev, r->hi - r->lo, id, check_tag(r),
@@ -277,7 +277,7 @@ bool wo_sx_stage(uint32_t id, int slot)
         wo_sx_poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
-    if (wo_picks_claims(id, r->gen)) {
+    if (wo_picks_claims(r->rid, r->gen)) {
         /* picks came for it since it was selected: they move less */
         wo_sx_unselect_range(r, id);
         return true;
@@ -315,7 +315,7 @@ bool wo_sx_stage(uint32_t id, int slot)
      * live; a free after it waits in the driver for the copy (cuMemFree
      * synchronises with the device's work). */
     pthread_mutex_lock(&wo_uvm.lock);
-    if (wo_registry_get(id, &rg) < 0 || rg.gen != r->gen) {
+    if (wo_registry_get(r->rid, &rg) < 0 || rg.gen != r->gen) {
         pthread_mutex_unlock(&wo_uvm.lock);
         wo_driver_leave();
         wo_sx_drop(id);

@@ -39,14 +39,194 @@ static bool tried, rescan;
 
 /* ---- ranges ----------------------------------------------------------------- */
 
+/* Grows the executor's spans to hold sid. */
+static struct srange *span_at(uint32_t sid)
+{
+    if (sid >= wo_sx->nr) {
+        uint32_t n = WO_MIN(WO_MAX(sid + 1, wo_sx->nr * 2), WO_STREAM_ENTRIES);
+        struct srange *v = realloc(wo_sx->r, (size_t)n * sizeof(*v));
+        if (!v)
+            return NULL;
+        memset(v + wo_sx->nr, 0, (size_t)(n - wo_sx->nr) * sizeof(*v));
+        for (uint32_t i = wo_sx->nr; i < n; i++) {
+            v[i].slot = -1;
+            v[i].ord = NONE;
+        }
+        wo_sx->r = v;
+        wo_sx->nr = n;
+    }
+    return &wo_sx->r[sid];
+}
+
+/* Publishes span sid's bytes to the hooks (only while it is not streamed). */
+static void publish_bounds(uint32_t sid, const struct srange *r)
+{
+    __atomic_store_n(&wo_stream_tab.e[sid].lo, r->lo, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.e[sid].hi, r->hi, __ATOMIC_RELAXED);
+}
+
+/* A new span: the allocation's one (sid = its registry id) or a sub-span. */
+static struct srange *new_span(uint32_t sid, uint32_t rid, uint32_t gen, uint64_t base,
+                               uint64_t lo, uint64_t hi, const char *name)
+{
+    struct srange *r = span_at(sid);
+    struct wo_stream_entry *e = &wo_stream_tab.e[sid];
+
+    if (!r)
+        return NULL;
+    r->live = true;
+    r->gen = gen;
+    r->rid = rid;
+    r->base = base;
+    r->lo = lo;
+    r->hi = hi;
+    r->sub = sid >= WO_STREAM_IDS;
+    r->name = strdup(name ? name : "(unnamed)");
+    r->gathered = wo_stream_gathered(r->name);
+    __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&e->next, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->rid, rid, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->base, base, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->gen, gen, __ATOMIC_RELAXED);
+    publish_bounds(sid, r);
+    return r;
+}
+
+/* A sub-span for the run of host tags [lo, hi) of allocation rid, linked
+ * after the allocation's last (hooks see it once linked: release). */
+static void add_sub(uint32_t rid, uint32_t gen, uint64_t base, uint64_t lo, uint64_t hi,
+                    const char *name)
+{
+    struct split *sp = &wo_sx->split[rid];
+    uint32_t sid = WO_STREAM_IDS + wo_sx->nsub;
+
+    if (wo_sx->nsub >= WO_STREAM_SUBS) {
+        if (!wo_sx->said_subs_full) {
+            wo_sx->said_subs_full = true;
+            wo_info("stream: all %u sub-spans are used: '%s' and later runs of host tags inside "
+                    "one allocation are read in place",
+                    WO_STREAM_SUBS, name ? name : "(unnamed)");
+        }
+        return;
+    }
+    if (!new_span(sid, rid, gen, base, lo, hi, name))
+        return;
+    wo_sx->nsub++;
+    wo_sx->r[sid].host = true;
+    add(&wo_stream_tab.n.sub_spans, 1);
+    if (sp->last) {
+        wo_sx->r[sp->last - 1].next = sid + 1;
+        __atomic_store_n(&wo_stream_tab.e[sp->last - 1].next, sid + 1, __ATOMIC_RELEASE);
+    } else {
+        sp->first = sid + 1;
+        __atomic_store_n(&wo_stream_tab.sub_first[rid], sid + 1, __ATOMIC_RELEASE);
+    }
+    sp->last = sid + 1;
+}
+
+/* Drops index id from the learned order and this step's list. */
+static void unorder(uint32_t id)
+{
+    uint32_t n = 0;
+
+    for (uint32_t i = 0; i < wo_sx->norder; i++)
+        if (wo_sx->order[i] != id)
+            wo_sx->order[n++] = wo_sx->order[i];
+    wo_sx->norder = n;
+    n = 0;
+    for (uint32_t i = 0; i < wo_sx->ncur; i++)
+        if (wo_sx->cur[i] != id)
+            wo_sx->cur[n++] = wo_sx->cur[i];
+    wo_sx->ncur = n;
+}
+
+/* Allocation id's off-device tags are no longer one span: other bytes lie
+ * between them (llama.cpp's model buffer: device tensors between each
+ * layer's host experts). Its span so far (nothing of it published yet)
+ * becomes its first sub-span when all its tags are host, and each later
+ * run of host tags gets its own; managed tags in such an allocation are
+ * read in place (the planner keeps them). False: no split (no room). */
+static bool split_alloc(uint32_t id, struct srange *r)
+{
+    char *name = r->name;
+    uint64_t lo = r->lo, hi = r->hi, base = r->base;
+    uint32_t gen = r->gen;
+    bool host_run = r->host && !r->mixed;
+    struct wo_stream_entry *e = &wo_stream_tab.e[id];
+
+    if (!wo_sx->split && !(wo_sx->split = calloc(WO_STREAM_IDS, sizeof(*wo_sx->split))))
+        return false;
+    if (wo_sx->nsub + 1 >= WO_STREAM_SUBS)
+        return false;
+    /* the hooks find no span for the id from here until the chain is
+     * published (base 0 fails wo_stream_hit_in_span) */
+    __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&e->planned, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&e->base, 0, __ATOMIC_RELEASE);
+    if (wo_sx->pin_on)
+        wo_pin_retire(id);
+    unorder(id);
+    r->name = NULL;
+    memset(r, 0, sizeof(*r));
+    r->slot = -1;
+    r->ord = NONE;
+    wo_sx->split[id] = (struct split){.gen = gen, .on = true};
+    wo_info("stream: '%s': other bytes lie between the allocation's off-device tags: each run "
+            "of host tags is a span of its own",
+            name ? name : "(unnamed)");
+    if (host_run)
+        add_sub(id, gen, base, lo, hi, name);
+    free(name);
+    return true;
+}
+
+/* One segment of a split allocation: extends its last sub-span when it
+ * follows it (alignment apart), else starts a new one; a managed tag, or
+ * one at or before the last's end (seen already), is no sub-span's. */
+static void add_split_seg(const struct wo_uvm_segment *s, uint64_t base)
+{
+    struct split *sp = &wo_sx->split[s->id];
+    struct srange *l = sp->last ? &wo_sx->r[sp->last - 1] : NULL;
+
+    if (sp->tainted)
+        return;
+    if (s->unnamed_before > PAD_MAX) {
+        /* bytes no tag names lie between its tags after all (activations
+         * may live there, and a kernel may read across them): the whole
+         * allocation is read in place, as an unsplit one would be */
+        sp->tainted = true;
+        for (uint32_t sid = sp->first, next; sid && sid <= wo_sx->nr; sid = next) {
+            next = wo_sx->r[sid - 1].next;
+            if (wo_sx->r[sid - 1].live)
+                wo_sx_drop(sid - 1);
+        }
+        __atomic_store_n(&wo_stream_tab.sub_first[s->id], 0, __ATOMIC_RELEASE);
+        sp->first = sp->last = 0;
+        wo_info("stream: '%s': bytes no tag names lie between its allocation's tags: the "
+                "allocation is read in place",
+                s->name ? s->name : "(unnamed)");
+        return;
+    }
+    if (s->place != WO_PLACE_HOST || (l && s->offset < l->hi))
+        return;
+    if (l && l->live && s->offset <= l->hi + PAD_MAX && !l->streamed && l->slot < 0) {
+        l->hi = s->offset + s->size;
+        publish_bounds(sp->last - 1, l);
+        return;
+    }
+    add_sub(s->id, s->gen, base, s->offset, s->offset + s->size, s->name);
+}
+
 /* Bytes no off-device tag names are not known to be weights: the engine's
  * allocator may hand them to activations after seal (PyTorch splits a
  * 20 MiB segment between two 8 MiB weights and whatever comes next), which
  * kernels write. So a span is made of off-device tags only, and a span
  * with other bytes between its tags is never streamed: a redirected write
- * would land in the slot. The pieces of an allocation come in offset
- * order, so a tag that starts past the span's end (or ends before its
- * start) leaves such a gap. */
+ * would land in the slot. Such an allocation is split instead: a span per
+ * run of host tags (split_alloc). The pieces of an allocation come in
+ * offset order, so a tag that starts past the span's end (or ends before
+ * its start) leaves such a gap. */
 static int add_seg(const struct wo_uvm_segment *s, void *ud)
 {
     struct srange *r;
@@ -56,34 +236,18 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
     if (s->untagged || s->id >= WO_STREAM_IDS || wo_registry_get(s->id, &rg) < 0 ||
         rg.gen != s->gen)
         return 0;
-    if (s->id >= wo_sx->nr) {
-        uint32_t n = WO_MIN(WO_MAX(s->id + 1, wo_sx->nr * 2), WO_STREAM_IDS);
-        struct srange *v = realloc(wo_sx->r, (size_t)n * sizeof(*v));
-        if (!v)
-            return -ENOMEM;
-        memset(v + wo_sx->nr, 0, (size_t)(n - wo_sx->nr) * sizeof(*v));
-        for (uint32_t i = wo_sx->nr; i < n; i++) {
-            v[i].slot = -1;
-            v[i].ord = NONE;
-        }
-        wo_sx->r = v;
-        wo_sx->nr = n;
+    if (wo_sx->split && wo_sx->split[s->id].on) {
+        if (wo_sx->split[s->id].gen == s->gen)
+            add_split_seg(s, rg.base);
+        return 0; /* an older allocation's: reap() drops its sub-spans first */
     }
-    r = &wo_sx->r[s->id];
+    if (!(r = span_at(s->id)))
+        return -ENOMEM;
     if (r->live && r->gen != s->gen)
         return 0; /* the free of the old one is still in the ring */
     if (!r->live) {
-        struct wo_stream_entry *e = &wo_stream_tab.e[s->id];
-        r->live = true;
-        r->gen = s->gen;
-        r->base = rg.base;
-        r->lo = s->offset;
-        r->hi = s->offset + s->size;
-        r->name = strdup(s->name);
-        r->gathered = wo_stream_gathered(s->name);
-        __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
-        __atomic_store_n(&e->base, rg.base, __ATOMIC_RELAXED);
-        __atomic_store_n(&e->gen, s->gen, __ATOMIC_RELAXED);
+        if (!new_span(s->id, s->id, s->gen, rg.base, s->offset, s->offset + s->size, s->name))
+            return -ENOMEM;
     } else {
         /* more off-device bytes of the same allocation: one span, unless
          * other bytes lie between (fewer than PAD_MAX are the alignment of
@@ -91,6 +255,15 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         if (r->streamed || r->slot >= 0)
             return 0; /* its span is published: keep it */
         if ((s->offset > r->hi + PAD_MAX || s->offset + s->size + PAD_MAX < r->lo) && !r->gapped) {
+            /* a gap after the span made of tags placed on the device
+             * (alignment apart: no bytes an activation could take), found
+             * while the allocation's tags are listed in offset order: a
+             * span per run of host tags instead */
+            if (s->offset > r->hi + PAD_MAX && s->unnamed_before <= PAD_MAX &&
+                split_alloc(s->id, r)) {
+                add_split_seg(s, rg.base);
+                return 0;
+            }
             r->gapped = true;
             wo_info("stream: '%s': bytes no off-device tag names lie between its tags "
                     "(activations may live there): never streamed, read in place",
@@ -100,8 +273,8 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         r->hi = WO_MAX(r->hi, s->offset + s->size);
     }
     r->host |= s->place == WO_PLACE_HOST;
-    __atomic_store_n(&wo_stream_tab.e[s->id].lo, r->lo, __ATOMIC_RELAXED);
-    __atomic_store_n(&wo_stream_tab.e[s->id].hi, r->hi, __ATOMIC_RELAXED);
+    r->mixed |= s->place != WO_PLACE_HOST;
+    publish_bounds(s->id, r);
     return 0;
 }
 
@@ -177,13 +350,24 @@ static bool free_slots(void)
 
 /* Frees reach uvm/ on the engine's thread (wo_uvm_free), not as events:
  * a range whose registry slot is gone or reused is dropped here. */
+static void unsplit(uint32_t id);
+
 static void reap(void)
 {
     for (uint32_t id = 0; id < wo_sx->nr; id++) {
         struct wo_range rg;
 
-        if (wo_sx->r[id].live && (wo_registry_get(id, &rg) < 0 || rg.gen != wo_sx->r[id].gen))
+        if (wo_sx->r[id].live &&
+            (wo_registry_get(wo_sx->r[id].rid, &rg) < 0 || rg.gen != wo_sx->r[id].gen))
             wo_sx_drop(id);
+    }
+    /* a split allocation whose sub-spans all went (or that had none) */
+    for (uint32_t id = 0; wo_sx->split && id < WO_STREAM_IDS; id++) {
+        struct wo_range rg;
+
+        if (wo_sx->split[id].on &&
+            (wo_registry_get(id, &rg) < 0 || rg.gen != wo_sx->split[id].gen))
+            unsplit(id);
     }
 }
 
@@ -193,6 +377,14 @@ static bool any_streamed(void)
         if (wo_sx->r[i].live && wo_sx->r[i].streamed)
             return true;
     return false;
+}
+
+/* Allocation id is no longer split (it was freed): the hooks find no
+ * sub-span of it from now on; those left are dropped by reap(). */
+static void unsplit(uint32_t id)
+{
+    __atomic_store_n(&wo_stream_tab.sub_first[id], 0, __ATOMIC_RELEASE);
+    wo_sx->split[id] = (struct split){0};
 }
 
 void wo_sx_drop(uint32_t id)
@@ -217,15 +409,53 @@ void wo_sx_drop(uint32_t id)
 static void on_copy(const struct wo_event *ev)
 {
     struct wo_range rg;
-    uint32_t id;
+    struct wo_ev_hit w;
+    struct srange *r;
+    uint32_t it = 0, sid;
 
-    if (wo_registry_find(ev->c.dst, &rg) < 0 || (id = rg.id) >= wo_sx->nr || !wo_sx->r[id].live ||
-        wo_sx->r[id].gen != rg.gen)
+    if (wo_registry_find(ev->c.dst, &rg) < 0)
         return;
-    if (ev->c.dst >= rg.base + wo_sx->r[id].hi ||
-        ev->c.dst + ev->c.bytes <= rg.base + wo_sx->r[id].lo)
-        return;
-    wo_sx_mark_written(&wo_sx->r[id], id);
+    w = (struct wo_ev_hit){rg.id, rg.gen, ev->c.dst - rg.base,
+                           ev->c.dst - rg.base + (ev->c.bytes ? ev->c.bytes : 1)};
+    /* the allocation's span, or each sub-span the copy overlaps */
+    while ((r = wo_sx_span_next(&w, &it, &sid)))
+        if (w.offset < r->hi && w.hi > r->lo)
+            wo_sx_mark_written(r, sid);
+}
+
+struct srange *wo_sx_span_next(const struct wo_ev_hit *h, uint32_t *it, uint32_t *sid)
+{
+    uint32_t next;
+
+    if (h->id >= WO_STREAM_IDS || *it == UINT32_MAX)
+        return NULL;
+    if (*it == 0) {
+        const struct split *sp = wo_sx->split ? &wo_sx->split[h->id] : NULL;
+
+        if (!sp || !sp->on || sp->gen != h->gen) {
+            *it = UINT32_MAX;
+            if (h->id >= wo_sx->nr || !wo_sx->r[h->id].live || wo_sx->r[h->id].gen != h->gen)
+                return NULL;
+            *sid = h->id;
+            return &wo_sx->r[h->id];
+        }
+        next = sp->first;
+    } else {
+        next = wo_sx->r[*it - 1].next;
+    }
+    for (; next && next <= wo_sx->nr; next = wo_sx->r[next - 1].next) {
+        struct srange *r = &wo_sx->r[next - 1];
+
+        if (r->lo >= h->hi)
+            break; /* in offset order */
+        if (r->hi > h->offset && r->live && r->gen == h->gen) {
+            *it = next;
+            *sid = next - 1;
+            return r;
+        }
+    }
+    *it = UINT32_MAX;
+    return NULL;
 }
 
 /* The device bytes the slots take from the planner's budget (plan-budget.h):

@@ -26,7 +26,13 @@
  * at its range, and passes through (placement "unplaceable"). --late: run
  * with WOFFLOAD_LATE_BIND=1: the model buffer is a VMM range, and each
  * weight's middle is backed where its placement says (the fake's
- * fakecuda_where) instead of advised.
+ * fakecuda_where) instead of advised. --stream: then STREAM_STEPS steps of
+ * eager launches, each host weight (--host) read STREAM_READS times a step
+ * and every other weight once: the host experts, runs of tensors between
+ * device ones inside the one model buffer, are streamed as sub-spans
+ * (uvm/hotpath.h): launches on them redirected into device slots, never a
+ * device weight's, every sum exact, and after a copy into a streamed
+ * weight the next step reads the new bytes.
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -145,6 +151,100 @@ static long long field(const char *obj, const char *key)
     return p ? strtoll(p + strlen(k), NULL, 10) : -1;
 }
 
+/* The data pointers the sum kernel was handed (k_sum records them). */
+#define SEEN_MAX 4096
+static const void *seen[SEEN_MAX];
+static unsigned nseen;
+
+static void k_sum_seen(void **p, const uint32_t grid[3], const uint32_t block[3])
+{
+    if (nseen < SEEN_MAX)
+        seen[nseen++] = *(const void **)p[0];
+    k_sum(p, grid, block);
+}
+
+static uint64_t want_sum(size_t w, uint8_t add)
+{
+    uint64_t want = 0;
+    for (size_t i = 0; i < weights[w].size; i++)
+        want += (uint8_t)(pattern(w, i) + add) * (uint64_t)(i % 7 + 1);
+    return want;
+}
+
+/* the step is found after WO_STEPPER_MIN_MATCH (256) keys: three a step
+ * here (a key per run of host experts), so about 90 steps */
+#define STREAM_STEPS 120
+#define STREAM_READS 3
+
+static char *stats(void);
+static long long field(const char *obj, const char *key);
+
+/* --stream: eager steps as llama.cpp runs a batch (its CUDA graphs off). */
+static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
+{
+    static volatile int stub_seen;
+    uint64_t want[NW];
+    size_t moved_host = 0, moved_dev = 0, wrong = 0, written = 0;
+    int changed_at = STREAM_STEPS - 6;
+
+    for (size_t w = 0; w < NW; w++)
+        want[w] = want_sum(w, 0);
+    (void)stub_seen;
+    for (int step = 0; step < STREAM_STEPS; step++) {
+        if (step == changed_at) {
+            /* a copy into a streamed weight (a LoRA swap, a reload): the
+             * next reads see the new bytes, not an older slot's */
+            for (size_t w = 0; w < NW; w++) {
+                if (strcmp(weights[w].name, "blk.1.ffn_up_exps.weight") != 0)
+                    continue;
+                uint8_t *b = malloc(weights[w].size);
+                for (size_t i = 0; b && i < weights[w].size; i++)
+                    b[i] = (uint8_t)(pattern(w, i) + 1);
+                CHECK(b && cudaMemcpy(fggml_data(wt[w]), b, weights[w].size,
+                                      cudaMemcpyHostToDevice) == cudaSuccess,
+                      "step %d: a copy writes %s", step, weights[w].name);
+                free(b);
+                want[w] = want_sum(w, 1);
+                written = w + 1;
+            }
+        }
+        for (size_t w = 0; w < NW; w++) {
+            int host = regexec(re, weights[w].name, 0, NULL, 0) == 0;
+            for (int r = 0; r < (host ? STREAM_READS : 1); r++) {
+                const void *x = fggml_data(wt[w]);
+                size_t n = weights[w].size;
+                uint64_t *o = sums + w, got = 0;
+                void *args[] = {&x, &n, &o};
+                unsigned before = nseen;
+                if (cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args,
+                                     0, NULL) != cudaSuccess ||
+                    cudaMemcpy(&got, o, sizeof(got), cudaMemcpyDeviceToHost) != cudaSuccess ||
+                    got != want[w])
+                    wrong++;
+                if (nseen > before && seen[nseen - 1] != fggml_data(wt[w]))
+                    *(host ? &moved_host : &moved_dev) += 1;
+                nseen = 0;
+            }
+        }
+    }
+    CHECK(wrong == 0, "--stream: every sum of %d steps exact (%zu wrong)", STREAM_STEPS, wrong);
+    CHECK(written != 0, "--stream: the copy into a streamed weight was made");
+    CHECK(moved_host > 0, "--stream: launches on host experts read a device slot (%zu)",
+          moved_host);
+    CHECK(moved_dev == 0, "--stream: no launch on a device weight was moved (%zu)", moved_dev);
+    char *js = stats();
+    const char *st = js ? strstr(js, "\"stream\":{") : NULL;
+    CHECK(st && field(st, "sub_spans") >= 2,
+          "--stream: the model buffer's host runs are sub-spans (%lld)",
+          st ? field(st, "sub_spans") : -1);
+    CHECK(st && field(st, "redirected") > 0, "--stream: launches redirected (%lld)",
+          st ? field(st, "redirected") : -1);
+    CHECK(st && field(st, "invalidated") + field(st, "staged") > 0,
+          "--stream: staged (%lld) and the copy's assignment dropped (%lld)",
+          st ? field(st, "staged") : -1, st ? field(st, "invalidated") : -1);
+    free(js);
+}
+
 static void *need(void *h, const char *sym)
 {
     void *p = dlsym(h, sym);
@@ -158,7 +258,7 @@ static void *need(void *h, const char *sym)
 int main(int argc, char **argv)
 {
     const char *host_re = NULL;
-    int unnamed = 0, pass = 0, late = 0;
+    int unnamed = 0, pass = 0, late = 0, stream = 0;
     int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
@@ -174,8 +274,11 @@ int main(int argc, char **argv)
             pass = 1;
         else if (strcmp(argv[i], "--late") == 0)
             late = 1;
+        else if (strcmp(argv[i], "--stream") == 0)
+            stream = 1;
         else {
-            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass] [--late]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -196,7 +299,8 @@ int main(int argc, char **argv)
     *(void **)&stats_fn = need(RTLD_DEFAULT, "woffload_stats");
     *(void **)&tag_fn = need(RTLD_DEFAULT, "woffload_tag");
     const size_t psz[] = {sizeof(void *), sizeof(size_t), sizeof(void *)};
-    CHECK(fakecudart_register((const void *)stub_sum, reg("ggml_sum", 3, psz, k_sum)) == 0,
+    CHECK(fakecudart_register((const void *)stub_sum,
+                              reg("ggml_sum", 3, psz, stream ? k_sum_seen : k_sum)) == 0,
           "register the graph's kernel");
 
     /* 0. common_fit_params' dry run: the model "loaded" with no_alloc
@@ -330,6 +434,9 @@ int main(int argc, char **argv)
             same = back[i] == pattern(w, i);
         CHECK(same, "%s bit-exact", weights[w].name);
     }
+
+    if (stream)
+        stream_steps(wt, sums, &re);
 
     /* What the shim learned. Launch counts come from its consumer thread:
      * give it up to 5 s. */
