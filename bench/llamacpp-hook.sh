@@ -16,10 +16,11 @@
 #              woffload-run (hook loaded by the ELF's NEEDED libllama.so)
 #              with the empty policy, experts host (-ot exps=CPU), the first
 #              8 layers' experts host (--n-cpu-moe 8), experts host with
-#              --no-mmap: ids must equal plain; the stats must name every
-#              GGUF tensor with its policy's placement
+#              --no-mmap, experts host staged into slots (exps-stream:
+#              examples/llamacpp-exps-stream.yaml): ids must equal plain; the
+#              stats must name every GGUF tensor with its policy's placement
 #   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
-#              the shim + hook with the same three policies, llama.cpp's own
+#              the shim + hook with the same four policies, llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
@@ -59,6 +60,7 @@ RUN=$ROOT/build-gpu/tools/woffload-run
 POL_EMPTY=$ROOT/examples/empty.yaml
 POL_EXPS=$ROOT/examples/llamacpp-ot-exps-cpu.yaml
 POL_NCMOE=$ROOT/examples/llamacpp-n-cpu-moe.yaml
+POL_STREAM=$ROOT/examples/llamacpp-exps-stream.yaml
 
 # libyaml (and cmocka) of the GPU machine: unpacked Debian packages (bench/README.md)
 pc=$ROOT/build-yaml/root/usr/lib/x86_64-linux-gnu
@@ -148,7 +150,8 @@ if mode == "fit":
         print("stats: no live names (the model was freed); judged by fit's device bytes")
         sys.exit(0 if f.get("device_bytes", 0) > 0 else 1)
 if not names:
-    want_rule = {"exps": "'exps'", "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
+    want_rule = {"exps": "'exps'", "exps-stream": "'exps'",
+                 "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
     hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
     print(f"stats: no live names (the model was freed); judged by the rules: "
           f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
@@ -158,7 +161,7 @@ def want(n):  # the placements the mode accepts for name n
         return ("device", "host", "managed")
     if mode == "empty":
         return ("unplaceable",)
-    if mode == "exps":
+    if mode in ("exps", "exps-stream"):
         return ("host",) if re.search(r"\.ffn_.*_exps\.", n) else ("device",)
     if mode == "ncmoe8":
         return ("host",) if re.match(r"^blk\.[0-7]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else ("device",)
@@ -169,6 +172,10 @@ for n in names:
     p[0] += 1; p[1] += n.get("bytes", 0); p[2] += n.get("launches", 0)
 print(f"stats: {len(names)} GGUF names; " + "; ".join(
     f"{k}: {v[0]} tensors {v[1] / 2**30:.2f} GiB, {v[2]} launches" for k, v in sorted(by.items())))
+st = s.get("stream", {})
+print("stats: stream: " + ", ".join(f"{k} {st.get(k)}" for k in
+      ("sub_spans", "redirected", "staged", "staged_bytes", "staged_pinned", "staged_by_kernel",
+       "inplace_no_slot", "inplace_captured", "steps", "slot_bytes", "auto_tries", "auto_kept")))
 mc = s.get("managed_cap", {})
 print(f"stats: managed_cap pinned {mc.get('pinned')} passed {mc.get('passed')}; "
       f"launches {s.get('launches')}; ring dropped {s.get('ring', {}).get('dropped')}")
@@ -178,7 +185,7 @@ sys.exit(1 if bad or not names else 0)
 EOF
 }
 
-declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE)
+declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-stream]=$POL_STREAM)
 # shim_args MODE: the launcher's placement arguments in SHIM (an array): the
 # mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
 # memory a llama.cpp row was measured to hold, for a row at equal memory)
@@ -342,11 +349,13 @@ tokens empty empty
 tokens exps exps
 tokens ncmoe8 ncmoe8
 tokens exps-nommap exps nommap
+tokens exps-stream exps-stream
 server plain plain
 server exps exps
 bench plain-allgpu plain
 bench shim-empty empty
 bench shim-exps exps
+bench shim-exps-stream exps-stream
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench llama-ncmoe8 plain -ncmoe 8 -lm none

@@ -10,6 +10,8 @@
 #   plain          llama-server, all on the GPU
 #   shim-empty     woffload-run --policy examples/empty.yaml
 #   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
+#   shim-exps-stream  woffload-run --policy examples/llamacpp-exps-stream.yaml
+#                  (the same, every step's host experts staged into slots)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
 #                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]
@@ -68,6 +70,7 @@ for row in $ROWS; do
     plain) R=${R_FAST:-8,32,96} ;;
     shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
+    shim-exps-stream) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-exps-stream.yaml ;;
     llama-ot) R=${R_SLOW:-1,2,4}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;

@@ -38,7 +38,10 @@
  * and its launches must not hide the step from the executor. One more
  * allocation has an untagged gap between its two tags: it is never
  * streamed, however often it is read; one whose tags are apart by less
- * than an alignment (512 bytes) is.
+ * than an alignment (512 bytes) is. In mode stream, two more hold a
+ * device-placed tag between their host tags, as llama.cpp's model buffer
+ * does: one is split into a sub-span per host tag, each streamed; the
+ * other also holds bytes no tag names, and is read in place.
  *
  * Each layer also hands a kernel a word that is not a pointer but whose
  * value falls (unaligned) inside the weight just staged: the kernel must
@@ -72,7 +75,7 @@
 
 /* ---- the child: an engine ---------------------------------------------------- */
 
-static CUdeviceptr ranges[NR], gapped, padded;
+static CUdeviceptr ranges[NR], gapped, padded, split96, split97;
 static uint64_t redirected_reads; /* launches whose pointer was not the range's */
 static uint64_t stray_writes;     /* activation writes outside every tail */
 static uint64_t rewritten_words;  /* non-pointer words the kernel got changed */
@@ -93,7 +96,8 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     (void)b;
     for (int i = 0; i < NR; i++)
         weight |= p >= ranges[i] && p < ranges[i] + MiB;
-    ours = weight || p == gapped || p == padded;
+    ours = weight || p == gapped || p == padded || (p >= split96 && p < split96 + MiB) ||
+           (p >= split97 && p < split97 + MiB);
     if (!ours) {
         __atomic_add_fetch(&redirected_reads, 1, __ATOMIC_RELAXED);
         if (slot_read_us)
@@ -223,6 +227,10 @@ static int child(const char *mode)
     long (*stats)(char *, size_t);
     static const size_t psz[3] = {8, 8, 8};
     uint64_t expect[NR], expect_gapped, expect_padded, lcg = 12345;
+    /* the split allocations' host tags: 96's a and b, 97's a and c */
+    uint64_t expect_split[4];
+    CUdeviceptr split_at[4];
+    const uint64_t split_n[4] = {MiB / 4, MiB / 4, MiB / 8, MiB / 4};
     bool stream_mode = strcmp(mode, "stream") == 0;
     /* auto-time: each range read once a step, so no gain: only auto's
      * step-time rule (uvm/stream-auto.c) can stream them, and it needs
@@ -353,6 +361,38 @@ static int child(const char *mode)
     CHECK(tag((void *)(uintptr_t)padded, MiB / 2 - 100, "model.layers.98.mlp.experts.up") == 0);
     CHECK(tag((void *)(uintptr_t)(padded + MiB / 2), MiB / 2, "model.layers.98.mlp.experts.down") ==
           0);
+    /* llama.cpp's one model buffer: host tags with a device-placed tag
+     * between them. 96: a, o (device), b: split, a sub-span per host tag,
+     * each streamed. 97: a, o (device), b, 384 KiB no tag names, c: split,
+     * then found to hold such bytes: every sub-span of it taken back, the
+     * allocation read in place (docs/prefetch.md, What is streamed).
+     * In mode stream only (the others count slots and pinned copies) */
+    if (stream_mode) {
+        CHECK(p_cuMemAlloc(&split96, MiB) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&split97, MiB) == CUDA_SUCCESS);
+        for (size_t j = 0; j < MiB; j++)
+            buf[j] = (unsigned char)(j * 43 + 9 + (j >> 14));
+        CHECK(p_cuMemcpyHtoD(split96, buf, MiB) == CUDA_SUCCESS);
+        CHECK(p_cuMemcpyHtoD(split97, buf, MiB) == CUDA_SUCCESS);
+        split_at[0] = split96;
+        split_at[1] = split96 + MiB / 2;
+        split_at[2] = split97;
+        split_at[3] = split97 + 3 * MiB / 4;
+        for (int t = 0; t < 4; t++)
+            expect_split[t] =
+                host_sum((const uint64_t *)(buf + (split_at[t] - (t < 2 ? split96 : split97))),
+                         split_n[t] / 8);
+        CHECK(tag((void *)(uintptr_t)split96, MiB / 4, "model.layers.96.mlp.experts.a") == 0);
+        CHECK(tag((void *)(uintptr_t)(split96 + MiB / 4), MiB / 4, "model.layers.96.attn.o") == 0);
+        CHECK(tag((void *)(uintptr_t)(split96 + MiB / 2), MiB / 4,
+                  "model.layers.96.mlp.experts.b") == 0);
+        CHECK(tag((void *)(uintptr_t)split97, MiB / 8, "model.layers.97.mlp.experts.a") == 0);
+        CHECK(tag((void *)(uintptr_t)(split97 + MiB / 8), MiB / 8, "model.layers.97.attn.o") == 0);
+        CHECK(tag((void *)(uintptr_t)(split97 + MiB / 4), MiB / 8,
+                  "model.layers.97.mlp.experts.b") == 0);
+        CHECK(tag((void *)(uintptr_t)(split97 + 3 * MiB / 4), MiB / 4,
+                  "model.layers.97.mlp.experts.c") == 0);
+    }
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS); /* small: stays on the device */
     /* (3b)'s table, in every mode: beside `out` in one granule, it gives
      * the registry a shared granule array that only the registry's mmap'd
@@ -650,6 +690,15 @@ static int child(const char *mode)
             if (*(uint64_t *)(uintptr_t)out != (r < READS ? expect_gapped : expect_padded))
                 wrong++;
         }
+        for (int r = 0; r < 4 * READS && stream_mode; r++) {
+            uint64_t n = split_n[r / READS];
+            void *params[] = {&split_at[r / READS], &n, &out};
+
+            CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+            if (*(uint64_t *)(uintptr_t)out != expect_split[r / READS])
+                wrong++;
+        }
     }
     CHECK(wrong == 0);
     CHECK(stray_writes == 0);
@@ -720,6 +769,10 @@ static int child(const char *mode)
         CHECK(p_cuMemFree(ranges[i]) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(gapped) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(padded) == CUDA_SUCCESS);
+    if (stream_mode) {
+        CHECK(p_cuMemFree(split96) == CUDA_SUCCESS);
+        CHECK(p_cuMemFree(split97) == CUDA_SUCCESS);
+    }
     CHECK(p_cuMemFree(out) == CUDA_SUCCESS);
     CHECK(p_cuMemFree(table) == CUDA_SUCCESS);
     if (strcmp(mode, "hot-set") != 0) {
@@ -1121,6 +1174,19 @@ int main(int argc, char **argv)
         /* ... and one whose tags are apart by less than an alignment is */
         e = strstr(s, "\"model.layers.98.mlp.experts.up\":{");
         CHECK(e && strstr(e, "\"streamed\":true"));
+        /* (6b) one with a device-placed tag between its host tags: a
+         * sub-span per host tag, each streamed; one that also holds bytes
+         * no tag names: read in place */
+        CHECK(num_after(s, "\"sub_spans\":") == 4);
+        CHECK(strstr(log, "'model.layers.96.mlp.experts.a': tensors placed on the device lie "
+                          "between the allocation's off-device tags") != NULL);
+        e = strstr(s, "\"model.layers.96.mlp.experts.a\":{");
+        CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":true", 15) == 0);
+        e = strstr(s, "\"model.layers.96.mlp.experts.b\":{");
+        CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":true", 15) == 0);
+        CHECK(strstr(log, "'model.layers.97.mlp.experts.c': bytes no tag names lie between its "
+                          "allocation's tags: the allocation is read in place") != NULL);
+        CHECK(strstr(s, "\"model.layers.97.mlp.experts.a\":{") == NULL);
         /* (2) the written range is no longer streamed */
         e = strstr(s, "\"model.layers.3.mlp.experts.gate_up_proj\":{");
         CHECK(e && strncmp(strstr(e, "\"streamed\":") ?: "", "\"streamed\":false", 16) == 0);

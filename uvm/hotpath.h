@@ -28,13 +28,13 @@
  * with a larger id is read in place and counted). */
 #define WO_STREAM_IDS 16384u
 #define WO_STREAM_MAX_SLOTS 8u /* policy prefetch.slots: 2..8 */
-/* Spans beyond one per allocation: an allocation whose off-device tags form
- * several runs with other bytes between them (llama.cpp's one model buffer:
- * each layer's host experts between device tensors) gets a span per run of
- * host tags, each an entry of its own at WO_STREAM_IDS + k (never reused:
- * handed out in order while the process lives; once all are used, such
- * runs are read in place). Entries are indexed by span id (sid): a sid
- * below WO_STREAM_IDS is the registry id of the allocation's one span. */
+/* Spans beyond one per allocation: an allocation with tensors placed on the
+ * device between its off-device tags (llama.cpp's one model buffer: each
+ * layer's host experts between its attention tensors) gets a span per host
+ * tag, each an entry of its own at WO_STREAM_IDS + k (never reused: handed
+ * out in order while the process lives; once all are used, such tags are
+ * read in place). Entries are indexed by span id (sid): a sid below
+ * WO_STREAM_IDS is the registry id of the allocation's one span. */
 #define WO_STREAM_SUBS 4096u
 #define WO_STREAM_ENTRIES (WO_STREAM_IDS + WO_STREAM_SUBS)
 

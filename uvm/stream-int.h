@@ -43,8 +43,7 @@ struct srange {
     bool gapped;         /* other bytes between its tags: never streamed (add_seg) */
     bool hashed;         /* the write check has the hash it was staged with (stream-check.h) */
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
-    bool sub;            /* a sub-span (sid >= WO_STREAM_IDS): one run of host tags */
-    bool mixed;          /* a managed tag is among its tags (a sub-span is host tags only) */
+    bool sub;            /* a sub-span (sid >= WO_STREAM_IDS): one host tag */
     uint32_t rid;        /* the registry id of its allocation (its sid when not a sub-span) */
     uint32_t next;       /* a sub-span: sid + 1 of the allocation's next one, 0 */
     unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
@@ -113,8 +112,10 @@ struct exec {
         uint32_t first, last; /* sid + 1 of its first and last sub-span, 0 none */
         bool on;
         bool tainted; /* unnamed bytes between its tags: no sub-span (read in place) */
+        bool pending; /* split in this listing: its sub-spans come in the next (list_ranges) */
     } *split;
     uint32_t nsub; /* sub-spans handed out (WO_STREAM_IDS + nsub is the next sid) */
+    bool resplit;  /* an allocation was split during this listing */
     bool said_subs_full;
 };
 

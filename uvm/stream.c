@@ -92,8 +92,8 @@ static struct srange *new_span(uint32_t sid, uint32_t rid, uint32_t gen, uint64_
     return r;
 }
 
-/* A sub-span for the run of host tags [lo, hi) of allocation rid, linked
- * after the allocation's last (hooks see it once linked: release). */
+/* A sub-span for the host tag [lo, hi) of allocation rid, linked after the
+ * allocation's last (hooks see it once linked: release). */
 static void add_sub(uint32_t rid, uint32_t gen, uint64_t base, uint64_t lo, uint64_t hi,
                     const char *name)
 {
@@ -103,7 +103,7 @@ static void add_sub(uint32_t rid, uint32_t gen, uint64_t base, uint64_t lo, uint
     if (wo_sx->nsub >= WO_STREAM_SUBS) {
         if (!wo_sx->said_subs_full) {
             wo_sx->said_subs_full = true;
-            wo_info("stream: all %u sub-spans are used: '%s' and later runs of host tags inside "
+            wo_info("stream: all %u sub-spans are used: '%s' and later host tags inside "
                     "one allocation are read in place",
                     WO_STREAM_SUBS, name ? name : "(unnamed)");
         }
@@ -143,15 +143,14 @@ static void unorder(uint32_t id)
 /* Allocation id's off-device tags are no longer one span: other bytes lie
  * between them (llama.cpp's model buffer: device tensors between each
  * layer's host experts). Its span so far (nothing of it published yet)
- * becomes its first sub-span when all its tags are host, and each later
- * run of host tags gets its own; managed tags in such an allocation are
- * read in place (the planner keeps them). False: no split (no room). */
+ * goes; once this listing is over, the allocation is listed again
+ * (list_ranges) and each of its host tags becomes a sub-span of its own;
+ * managed tags in such an allocation are read in place (the planner keeps
+ * them). False: no split (no room). */
 static bool split_alloc(uint32_t id, struct srange *r)
 {
     char *name = r->name;
-    uint64_t lo = r->lo, hi = r->hi, base = r->base;
     uint32_t gen = r->gen;
-    bool host_run = r->host && !r->mixed;
     struct wo_stream_entry *e = &wo_stream_tab.e[id];
 
     if (!wo_sx->split && !(wo_sx->split = calloc(WO_STREAM_IDS, sizeof(*wo_sx->split))))
@@ -171,26 +170,25 @@ static bool split_alloc(uint32_t id, struct srange *r)
     memset(r, 0, sizeof(*r));
     r->slot = -1;
     r->ord = NONE;
-    wo_sx->split[id] = (struct split){.gen = gen, .on = true};
-    wo_info("stream: '%s': other bytes lie between the allocation's off-device tags: each run "
-            "of host tags is a span of its own",
+    wo_sx->split[id] = (struct split){.gen = gen, .on = true, .pending = true};
+    wo_sx->resplit = true;
+    wo_info("stream: '%s': tensors placed on the device lie between the allocation's "
+            "off-device tags: each host tag is a span of its own",
             name ? name : "(unnamed)");
-    if (host_run)
-        add_sub(id, gen, base, lo, hi, name);
     free(name);
     return true;
 }
 
-/* One segment of a split allocation: extends its last sub-span when it
- * follows it (alignment apart), else starts a new one; a managed tag, or
- * one at or before the last's end (seen already), is no sub-span's. */
+/* One segment of a split allocation: a host tag past the last sub-span's
+ * end is a new one; a managed tag, or one at or before that end (seen
+ * already), is no sub-span's. */
 static void add_split_seg(const struct wo_uvm_segment *s, uint64_t base)
 {
     struct split *sp = &wo_sx->split[s->id];
     struct srange *l = sp->last ? &wo_sx->r[sp->last - 1] : NULL;
 
-    if (sp->tainted)
-        return;
+    if (sp->tainted || sp->pending)
+        return; /* pending: listed again from its first tag (list_ranges) */
     if (s->unnamed_before > PAD_MAX) {
         /* bytes no tag names lie between its tags after all (activations
          * may live there, and a kernel may read across them): the whole
@@ -210,11 +208,6 @@ static void add_split_seg(const struct wo_uvm_segment *s, uint64_t base)
     }
     if (s->place != WO_PLACE_HOST || (l && s->offset < l->hi))
         return;
-    if (l && l->live && s->offset <= l->hi + PAD_MAX && !l->streamed && l->slot < 0) {
-        l->hi = s->offset + s->size;
-        publish_bounds(sp->last - 1, l);
-        return;
-    }
     add_sub(s->id, s->gen, base, s->offset, s->offset + s->size, s->name);
 }
 
@@ -223,10 +216,11 @@ static void add_split_seg(const struct wo_uvm_segment *s, uint64_t base)
  * 20 MiB segment between two 8 MiB weights and whatever comes next), which
  * kernels write. So a span is made of off-device tags only, and a span
  * with other bytes between its tags is never streamed: a redirected write
- * would land in the slot. Such an allocation is split instead: a span per
- * run of host tags (split_alloc). The pieces of an allocation come in
- * offset order, so a tag that starts past the span's end (or ends before
- * its start) leaves such a gap. */
+ * would land in the slot. Where those bytes are all tensors placed on the
+ * device, the allocation is split instead: a span per host tag
+ * (split_alloc). The pieces of an allocation come in offset order, so a
+ * tag that starts past the span's end (or ends before its start) leaves
+ * such a gap. */
 static int add_seg(const struct wo_uvm_segment *s, void *ud)
 {
     struct srange *r;
@@ -258,7 +252,7 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
             /* a gap after the span made of tags placed on the device
              * (alignment apart: no bytes an activation could take), found
              * while the allocation's tags are listed in offset order: a
-             * span per run of host tags instead */
+             * span per host tag instead */
             if (s->offset > r->hi + PAD_MAX && s->unnamed_before <= PAD_MAX &&
                 split_alloc(s->id, r)) {
                 add_split_seg(s, rg.base);
@@ -273,9 +267,23 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         r->hi = WO_MAX(r->hi, s->offset + s->size);
     }
     r->host |= s->place == WO_PLACE_HOST;
-    r->mixed |= s->place != WO_PLACE_HOST;
     publish_bounds(s->id, r);
     return 0;
+}
+
+/* Lists the off-device ranges (add_seg); an allocation split on the way is
+ * listed again, from its first tag, into its sub-spans. */
+static int list_ranges(void)
+{
+    int ret = wo_uvm_foreach_offdevice(add_seg, NULL);
+
+    if (ret >= 0 && wo_sx->resplit) {
+        wo_sx->resplit = false;
+        for (uint32_t id = 0; id < WO_STREAM_IDS; id++)
+            wo_sx->split[id].pending = false;
+        ret = wo_uvm_foreach_offdevice(add_seg, NULL);
+    }
+    return ret;
 }
 
 /* No range is streamed any more (the engine freed them): the slots go
@@ -536,7 +544,7 @@ static void setup(void)
     if (drv->cuDeviceGet && drv->cuDevicePrimaryCtxRetain &&
         drv->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS)
         drv->cuDevicePrimaryCtxRetain(&wo_sx->ctx, dev);
-    if (wo_uvm_foreach_offdevice(add_seg, NULL) < 0)
+    if (list_ranges() < 0)
         wo_warn("stream: out of memory listing ranges; some are read in place");
     /* the slots hold 90% of the bytes' ranges (wo_stream_slot_size) */
     sizes = malloc((wo_sx->nr ? wo_sx->nr : 1) * sizeof(*sizes));
@@ -607,7 +615,7 @@ static void on_event(const struct wo_event *ev)
     case WO_EV_LAUNCH:
         if (rescan) {
             rescan = false;
-            (void)wo_uvm_foreach_offdevice(add_seg, NULL);
+            (void)list_ranges();
         }
         wo_sx_on_launch(ev);
         wo_sx_advance();

@@ -28,8 +28,8 @@
  * weight's middle is backed where its placement says (the fake's
  * fakecuda_where) instead of advised. --stream: then STREAM_STEPS steps of
  * eager launches, each host weight (--host) read STREAM_READS times a step
- * and every other weight once: the host experts, runs of tensors between
- * device ones inside the one model buffer, are streamed as sub-spans
+ * and every other weight once: the host experts, tensors between device
+ * ones inside the one model buffer, are streamed as sub-spans
  * (uvm/hotpath.h): launches on them redirected into device slots, never a
  * device weight's, every sum exact, and after a copy into a streamed
  * weight the next step reads the new bytes.
@@ -171,9 +171,9 @@ static uint64_t want_sum(size_t w, uint8_t add)
     return want;
 }
 
-/* the step is found after WO_STEPPER_MIN_MATCH (256) keys: three a step
- * here (a key per run of host experts), so about 90 steps */
-#define STREAM_STEPS 120
+/* the step is found after WO_STEPPER_MIN_MATCH (256) keys: five a step
+ * here (a key per host expert), so about 55 steps */
+#define STREAM_STEPS 80
 #define STREAM_READS 3
 
 static char *stats(void);
@@ -234,8 +234,8 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     CHECK(moved_dev == 0, "--stream: no launch on a device weight was moved (%zu)", moved_dev);
     char *js = stats();
     const char *st = js ? strstr(js, "\"stream\":{") : NULL;
-    CHECK(st && field(st, "sub_spans") >= 2,
-          "--stream: the model buffer's host runs are sub-spans (%lld)",
+    CHECK(st && field(st, "sub_spans") == 5,
+          "--stream: the model buffer's five host tensors are sub-spans (%lld)",
           st ? field(st, "sub_spans") : -1);
     CHECK(st && field(st, "redirected") > 0, "--stream: launches redirected (%lld)",
           st ? field(st, "redirected") : -1);

@@ -7,6 +7,10 @@
 #   - the first 8 layers' experts on the host (llamacpp-n-cpu-moe.yaml);
 #   - experts on the host, late bound (WOFFLOAD_LATE_BIND=1: the model
 #     buffer is a VMM range re-backed at seal, docs/placement.md);
+#   - experts on the host staged into device slots every step
+#     (llamacpp-exps-stream.yaml, llama.cpp's CUDA graphs off so that its
+#     launches can be redirected: each expert tensor a sub-span of the model
+#     buffer); the stats must show launches redirected;
 # and the live stats must place every `_exps` tensor on the host.
 # Needs LLAMA_TOKENS (the llamacpp-tokens program) and LLAMA_GGUF (a MoE
 # GGUF, e.g. the peers kit's gen_gguf.py output); without them: skipped (77).
@@ -48,12 +52,16 @@ row() {
 import json, sys
 st = json.load(open(sys.argv[1]))
 exps = [n for n in st.get("names", []) if n["name"].endswith("_exps.weight")]
-want_all = "ot-exps" in sys.argv[2]
+want_all = "ot-exps" in sys.argv[2] or "exps-stream" in sys.argv[2]
 host = [n for n in exps if n["placement"] == "host"]
-print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind {st.get('late_bind')}")
-sys.exit(0 if exps and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
+sx = st.get("stream", {})
+print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind {st.get('late_bind')}; "
+      f"stream: {sx.get('sub_spans')} sub-spans, {sx.get('redirected')} launches redirected, "
+      f"{sx.get('staged')} staging copies")
+streamed = "exps-stream" not in sys.argv[2] or (sx.get("sub_spans", 0) > 0 and sx.get("redirected", 0) > 0)
+sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
-        echo "FAIL $name: the stats do not place the experts as the policy says"
+        echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
         fails=$((fails + 1))
         return
     fi
@@ -63,5 +71,6 @@ PY
 row exps-host llamacpp-ot-exps-cpu.yaml
 row n-cpu-moe llamacpp-n-cpu-moe.yaml
 row exps-host-late llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1
+row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 [ "$fails" -eq 0 ] || exit 1
 echo "PASS"
