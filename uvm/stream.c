@@ -713,6 +713,7 @@ static void free_exec(void)
     free(wo_sx->order);
     free(wo_sx->cur);
     free(wo_sx->fns);
+    free(wo_sx->split);
     wo_stream_keys_done(&wo_sx->keys);
     free(wo_sx);
     wo_sx = NULL;
