@@ -388,11 +388,14 @@ static bool any_streamed(void)
 }
 
 /* Allocation id is no longer split (it was freed): the hooks find no
- * sub-span of it from now on; those left are dropped by reap(). */
+ * sub-span of it from now on; those left are dropped by reap(). The next
+ * launch lists the ranges again: an allocation that took the id since was
+ * passed over while the old one's split stood. */
 static void unsplit(uint32_t id)
 {
     __atomic_store_n(&wo_stream_tab.sub_first[id], 0, __ATOMIC_RELEASE);
     wo_sx->split[id] = (struct split){0};
+    rescan = true;
 }
 
 void wo_sx_drop(uint32_t id)
