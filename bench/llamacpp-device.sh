@@ -18,6 +18,9 @@
 #                  are the suite, recorded as $OUT/gpu-suite-{1,2}.txt
 #   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
 #                  environment (its header), GGUF /tmp/x.gguf unless set
+#   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
+#                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
+#                  build left, into $OUT/hook
 # Each step's output goes to $OUT/STEP.log (rows: $OUT/pP-ROW/); its last lines are
 # printed. Only 8 files come back from a call: tar what a step leaves (TAR=1 does it
 # for every folder in $OUT at the end).
@@ -79,12 +82,19 @@ for step in "$@"; do
             bench/gpu-suite.sh "$OUT/gpu-suite-2.txt" "${SUITE_B[@]}"
         rc=$?
         tail -12 "$OUT/gpu-suite-2.txt" ;;
+    hook)
+        : "${HOOK_ROWS:?HOOK_ROWS: the llamacpp-hook.sh rows to run}"
+        mkdir -p "$OUT/hook"
+        ROWS=$HOOK_ROWS DEADLINE=$left LLAMA_SRC=.peers/llama OUT=$OUT/hook \
+            bash bench/llamacpp-hook.sh >"$OUT/hook.log" 2>&1
+        rc=$?
+        tail -20 "$OUT/hook/summary.txt" ;;
     rows)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows)"
+        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows, hook)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
