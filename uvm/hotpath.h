@@ -34,9 +34,18 @@
  * tag, each an entry of its own at WO_STREAM_IDS + k (never reused: handed
  * out in order while the process lives; once all are used, such tags are
  * read in place). Entries are indexed by span id (sid): a sid below
- * WO_STREAM_IDS is the registry id of the allocation's one span. */
+ * WO_STREAM_IDS is the registry id of the allocation's one span.
+ * A hit finds its sub-span in O(1): each split allocation has an index of
+ * its granules (2 MiB or more, at most WO_STREAM_INDEX_MAX of them) giving
+ * the first sub-span that ends past the granule's start; the hook goes on
+ * from there along the sub-spans' links (offset order), past the few that
+ * share the granule. Index entries come from one pool of
+ * WO_STREAM_GRANULES, handed out in order like the sub-spans. */
 #define WO_STREAM_SUBS 4096u
 #define WO_STREAM_ENTRIES (WO_STREAM_IDS + WO_STREAM_SUBS)
+#define WO_STREAM_GRANULES 65536u
+#define WO_STREAM_INDEX_MAX 8192u
+#define WO_STREAM_GRANULE_SHIFT 21u
 
 /* One registry range as the hooks see it. `word` is the assignment:
  * 0 none, else gen << 32 | epoch << 8 | (slot + 1); base/lo/hi/dev change
@@ -57,8 +66,14 @@ struct wo_stream_entry {
                                       * (wo_stream_touch_begin) */
     uint32_t blind; /* wo_stream_tab.blind_begin when the assignment was published: a hook
                      * redirects to it only while no blind launch began since */
-    uint32_t rid;   /* the registry id of its allocation (a sub-span's; its own sid else) */
     uint32_t next;  /* a sub-span: sid + 1 of its allocation's next one (higher offsets), 0 */
+};
+
+/* A split allocation's granule index (n 0: not split): entries
+ * [at, at + n) of wo_stream_tab.gidx, granule g = offsets [g << shift,
+ * (g + 1) << shift). n is published last (release), and cleared first. */
+struct wo_stream_split {
+    uint32_t at, n, shift;
 };
 
 struct wo_stream_slot {
@@ -121,10 +136,13 @@ struct wo_stream_shared {
     uint32_t blind_begin, blind_end; /* blind launches begun and ended */
     struct wo_stream_counts n;
     struct wo_stream_slot slot[WO_STREAM_MAX_SLOTS];
-    /* by registry id: sid + 1 of the allocation's first sub-span, 0 when it
-     * has one span (entry e[id]) or none (the executor clears e[id] before
-     * it publishes the chain: a hook then finds no span, never a stale one) */
-    uint32_t sub_first[WO_STREAM_IDS];
+    /* by registry id: the allocation's granule index when it is split
+     * (the executor clears e[id] before: a hook then finds no span, never
+     * a stale one) */
+    struct wo_stream_split split[WO_STREAM_IDS];
+    /* the index entries: sid + 1 of the first sub-span ending past the
+     * granule's start, 0 none */
+    uint32_t gidx[WO_STREAM_GRANULES];
     struct wo_stream_entry e[WO_STREAM_ENTRIES];
 };
 
@@ -197,9 +215,10 @@ static inline bool wo_stream_hit_in_span(const struct wo_stream_entry *e, const 
 /* The spans of hit h's allocation that can hold its reads, one per call:
  * *it starts at 0; returns the entry (its sid in *sid), NULL after the
  * last. An allocation with one span gives e[h->id]; one with sub-spans
- * gives those its [offset, hi) overlaps, in offset order. The caller still
- * checks wo_stream_hit_in_span (generation, pointer-like). Any thread,
- * lock-free: sub-spans are published before their link and never reused. */
+ * gives those its [offset, hi) overlaps, in offset order, starting from
+ * its granule index. The caller still checks wo_stream_hit_in_span
+ * (generation, pointer-like). Any thread, lock-free: sub-spans and index
+ * entries are published before they are linked and never reused. */
 static inline struct wo_stream_entry *wo_stream_span_next(const struct wo_ev_hit *h, uint32_t *it,
                                                           uint32_t *sid)
 {
@@ -208,12 +227,20 @@ static inline struct wo_stream_entry *wo_stream_span_next(const struct wo_ev_hit
     if (h->id >= WO_STREAM_IDS || *it == UINT32_MAX)
         return NULL;
     if (*it == 0) {
-        next = __atomic_load_n(&wo_stream_tab.sub_first[h->id], __ATOMIC_ACQUIRE);
-        if (!next) {
+        const struct wo_stream_split *x = &wo_stream_tab.split[h->id];
+        uint32_t n = __atomic_load_n(&x->n, __ATOMIC_ACQUIRE);
+        uint64_t g;
+
+        if (!n) {
             *it = UINT32_MAX;
             *sid = h->id;
             return &wo_stream_tab.e[h->id];
         }
+        g = h->offset >> __atomic_load_n(&x->shift, __ATOMIC_RELAXED);
+        next = g < n ? __atomic_load_n(&wo_stream_tab.gidx[__atomic_load_n(&x->at, __ATOMIC_RELAXED) +
+                                                           (uint32_t)g],
+                                       __ATOMIC_ACQUIRE)
+                     : 0;
     } else {
         next = __atomic_load_n(&wo_stream_tab.e[*it - 1].next, __ATOMIC_ACQUIRE);
     }

@@ -43,9 +43,8 @@ struct srange {
     bool gapped;         /* other bytes between its tags: never streamed (add_seg) */
     bool hashed;         /* the write check has the hash it was staged with (stream-check.h) */
     bool kernel_written; /* a write check found a launch wrote its slot: copied back */
-    bool sub;            /* a sub-span (sid >= WO_STREAM_IDS): one host tag */
-    uint32_t rid;        /* the registry id of its allocation (its sid when not a sub-span) */
-    uint32_t next;       /* a sub-span: sid + 1 of the allocation's next one, 0 */
+    uint32_t rid;        /* the registry id of its allocation (its sid when not a sub-span,
+                          * which is one host tag: sid >= WO_STREAM_IDS) */
     unsigned chk_slot1;  /* slot + 1 whose check of it may be unfinished, 0 none */
     uint32_t touch_seen; /* touch_end of its entry at its last staging copy */
     uint32_t blind_seen; /* wo_stream_tab.blind_end at its last staging copy */
@@ -108,13 +107,14 @@ struct exec {
     bool ever_streamed;                         /* a range was streamed once (slots held bytes) */
     /* by registry id: an allocation split into sub-spans (add_seg) */
     struct split {
-        uint32_t gen;         /* the allocation's generation */
-        uint32_t first, last; /* sid + 1 of its first and last sub-span, 0 none */
+        uint32_t gen;  /* the allocation's generation */
+        uint32_t last; /* sid + 1 of its last sub-span, 0 none (the first: its index's first entry) */
         bool on;
         bool tainted; /* unnamed bytes between its tags: no sub-span (read in place) */
         bool pending; /* split in this listing: its sub-spans come in the next (list_ranges) */
     } *split;
     uint32_t nsub; /* sub-spans handed out (WO_STREAM_IDS + nsub is the next sid) */
+    uint32_t ngidx; /* granule index entries handed out (hotpath.h) */
     bool resplit;  /* an allocation was split during this listing */
     bool said_subs_full;
 };

@@ -27,7 +27,8 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
     /* another part of the allocation; a sub-span counts from its start the
      * hit that began before it (the hits of one launch in an allocation
      * are one: from its lowest pointer to its highest) */
-    if (r->sub ? h->hi <= r->lo || h->offset >= r->hi : h->offset < r->lo || h->offset >= r->hi)
+    if (id >= WO_STREAM_IDS ? h->hi <= r->lo || h->offset >= r->hi
+                            : h->offset < r->lo || h->offset >= r->hi)
         return;
     rel = h->offset > r->lo ? h->offset - r->lo : 0;
     relhi = h->hi > h->offset ? h->hi - r->lo : rel + 1;

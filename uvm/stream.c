@@ -80,12 +80,10 @@ static struct srange *new_span(uint32_t sid, uint32_t rid, uint32_t gen, uint64_
     r->base = base;
     r->lo = lo;
     r->hi = hi;
-    r->sub = sid >= WO_STREAM_IDS;
     r->name = strdup(name ? name : "(unnamed)");
     r->gathered = wo_stream_gathered(r->name);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&e->next, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->rid, rid, __ATOMIC_RELAXED);
     __atomic_store_n(&e->base, base, __ATOMIC_RELAXED);
     __atomic_store_n(&e->gen, gen, __ATOMIC_RELAXED);
     publish_bounds(sid, r);
@@ -93,12 +91,15 @@ static struct srange *new_span(uint32_t sid, uint32_t rid, uint32_t gen, uint64_
 }
 
 /* A sub-span for the host tag [lo, hi) of allocation rid, linked after the
- * allocation's last (hooks see it once linked: release). */
+ * allocation's last, and the index entries of the granules no earlier one
+ * ends past (hooks see it once linked: release). */
 static void add_sub(uint32_t rid, uint32_t gen, uint64_t base, uint64_t lo, uint64_t hi,
                     const char *name)
 {
     struct split *sp = &wo_sx->split[rid];
+    const struct wo_stream_split *x = &wo_stream_tab.split[rid];
     uint32_t sid = WO_STREAM_IDS + wo_sx->nsub;
+    uint64_t g0 = sp->last ? (wo_sx->r[sp->last - 1].hi - 1) >> x->shift : 0;
 
     if (wo_sx->nsub >= WO_STREAM_SUBS) {
         if (!wo_sx->said_subs_full) {
@@ -114,14 +115,31 @@ static void add_sub(uint32_t rid, uint32_t gen, uint64_t base, uint64_t lo, uint
     wo_sx->nsub++;
     wo_sx->r[sid].host = true;
     add(&wo_stream_tab.n.sub_spans, 1);
-    if (sp->last) {
-        wo_sx->r[sp->last - 1].next = sid + 1;
+    if (sp->last)
         __atomic_store_n(&wo_stream_tab.e[sp->last - 1].next, sid + 1, __ATOMIC_RELEASE);
-    } else {
-        sp->first = sid + 1;
-        __atomic_store_n(&wo_stream_tab.sub_first[rid], sid + 1, __ATOMIC_RELEASE);
-    }
+    for (uint64_t g = g0; g <= (hi - 1) >> x->shift && g < x->n; g++)
+        if (!wo_stream_tab.gidx[x->at + g])
+            __atomic_store_n(&wo_stream_tab.gidx[x->at + g], sid + 1, __ATOMIC_RELEASE);
     sp->last = sid + 1;
+}
+
+/* Publishes allocation id (size bytes) as split, with an index of its
+ * granules from the pool, all empty. False: the pool has no room. */
+static bool index_alloc(uint32_t id, uint64_t size)
+{
+    struct wo_stream_split *x = &wo_stream_tab.split[id];
+    uint32_t shift = WO_STREAM_GRANULE_SHIFT;
+    uint64_t n;
+
+    while ((n = ((size - 1) >> shift) + 1) > WO_STREAM_INDEX_MAX)
+        shift++;
+    if (n > WO_STREAM_GRANULES - wo_sx->ngidx)
+        return false;
+    __atomic_store_n(&x->at, wo_sx->ngidx, __ATOMIC_RELAXED);
+    __atomic_store_n(&x->shift, shift, __ATOMIC_RELAXED);
+    __atomic_store_n(&x->n, (uint32_t)n, __ATOMIC_RELEASE);
+    wo_sx->ngidx += (uint32_t)n;
+    return true;
 }
 
 /* Drops index id from the learned order and this step's list. */
@@ -147,7 +165,7 @@ static void unorder(uint32_t id)
  * (list_ranges) and each of its host tags becomes a sub-span of its own;
  * managed tags in such an allocation are read in place (the planner keeps
  * them). False: no split (no room). */
-static bool split_alloc(uint32_t id, struct srange *r)
+static bool split_alloc(uint32_t id, uint64_t size, struct srange *r)
 {
     char *name = r->name;
     uint32_t gen = r->gen;
@@ -157,12 +175,16 @@ static bool split_alloc(uint32_t id, struct srange *r)
         return false;
     if (wo_sx->nsub + 1 >= WO_STREAM_SUBS)
         return false;
-    /* the hooks find no span for the id from here until the chain is
+    /* the hooks find no span for the id from here until the sub-spans are
      * published (base 0 fails wo_stream_hit_in_span) */
     __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&e->planned, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&e->base, 0, __ATOMIC_RELEASE);
+    if (!index_alloc(id, size)) {
+        __atomic_store_n(&e->base, r->base, __ATOMIC_RELEASE);
+        return false;
+    }
     if (wo_sx->pin_on)
         wo_pin_retire(id);
     unorder(id);
@@ -193,14 +215,15 @@ static void add_split_seg(const struct wo_uvm_segment *s, uint64_t base)
         /* bytes no tag names lie between its tags after all (activations
          * may live there, and a kernel may read across them): the whole
          * allocation is read in place, as an unsplit one would be */
+        const struct wo_stream_split *x = &wo_stream_tab.split[s->id];
+        uint32_t sid = x->n ? wo_stream_tab.gidx[x->at] : 0; /* the first */
+
         sp->tainted = true;
-        for (uint32_t sid = sp->first, next; sid && sid <= wo_sx->nr; sid = next) {
-            next = wo_sx->r[sid - 1].next;
+        __atomic_store_n(&wo_stream_tab.split[s->id].n, 0, __ATOMIC_RELEASE);
+        for (; sid && sid <= wo_sx->nr; sid = wo_stream_tab.e[sid - 1].next)
             if (wo_sx->r[sid - 1].live)
                 wo_sx_drop(sid - 1);
-        }
-        __atomic_store_n(&wo_stream_tab.sub_first[s->id], 0, __ATOMIC_RELEASE);
-        sp->first = sp->last = 0;
+        sp->last = 0;
         wo_info("stream: '%s': bytes no tag names lie between its allocation's tags: the "
                 "allocation is read in place",
                 s->name ? s->name : "(unnamed)");
@@ -254,7 +277,7 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
              * while the allocation's tags are listed in offset order: a
              * span per host tag instead */
             if (s->offset > r->hi + PAD_MAX && s->unnamed_before <= PAD_MAX &&
-                split_alloc(s->id, r)) {
+                split_alloc(s->id, rg.size, r)) {
                 add_split_seg(s, rg.base);
                 return 0;
             }
@@ -393,7 +416,7 @@ static bool any_streamed(void)
  * passed over while the old one's split stood. */
 static void unsplit(uint32_t id)
 {
-    __atomic_store_n(&wo_stream_tab.sub_first[id], 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_stream_tab.split[id].n, 0, __ATOMIC_RELEASE);
     wo_sx->split[id] = (struct split){0};
     rescan = true;
 }
@@ -436,36 +459,10 @@ static void on_copy(const struct wo_event *ev)
 
 struct srange *wo_sx_span_next(const struct wo_ev_hit *h, uint32_t *it, uint32_t *sid)
 {
-    uint32_t next;
-
-    if (h->id >= WO_STREAM_IDS || *it == UINT32_MAX)
-        return NULL;
-    if (*it == 0) {
-        const struct split *sp = wo_sx->split ? &wo_sx->split[h->id] : NULL;
-
-        if (!sp || !sp->on || sp->gen != h->gen) {
-            *it = UINT32_MAX;
-            if (h->id >= wo_sx->nr || !wo_sx->r[h->id].live || wo_sx->r[h->id].gen != h->gen)
-                return NULL;
-            *sid = h->id;
-            return &wo_sx->r[h->id];
-        }
-        next = sp->first;
-    } else {
-        next = wo_sx->r[*it - 1].next;
-    }
-    for (; next && next <= wo_sx->nr; next = wo_sx->r[next - 1].next) {
-        struct srange *r = &wo_sx->r[next - 1];
-
-        if (r->lo >= h->hi)
-            break; /* in offset order */
-        if (r->hi > h->offset && r->live && r->gen == h->gen) {
-            *it = next;
-            *sid = next - 1;
-            return r;
-        }
-    }
-    *it = UINT32_MAX;
+    /* the hooks' walk (hotpath.h), the spans the executor holds live */
+    while (wo_stream_span_next(h, it, sid))
+        if (*sid < wo_sx->nr && wo_sx->r[*sid].live && wo_sx->r[*sid].gen == h->gen)
+            return &wo_sx->r[*sid];
     return NULL;
 }
 
