@@ -217,9 +217,12 @@ tokens() {
         cmd=(env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" "${SHIM[@]}"
             --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
-    timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1
+    # the token line on stdout alone: the shim's stderr lines, written
+    # meanwhile, broke it in two in a shared file
+    timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.out" 2>"$OUT/$name.log"
     local rc=$? got
-    got=$(grep -m1 -o '^tokens:[ 0-9]*' "$OUT/$name.log")
+    cat "$OUT/$name.out" >>"$OUT/$name.log"
+    got=$(grep -m1 -o '^tokens:[ 0-9]*' "$OUT/$name.out")
     if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS" ]; then
         PLAIN_TOKENS=$got
         say "$name rc=$rc: ${got:-no tokens}"

@@ -109,8 +109,39 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
  * starts after the capture exists would invalidate a global-mode capture. */
 #define CAPTURE_WAIT_NS UINT64_C(5000000000) /* 5 s */
 
+/* Every mode, relaxed too: no record of the shim's on an engine's stream is
+ * under way while the begin-capture call runs (uvm.h: wo_engine_records).
+ * Such a record is one cuEventRecord: microseconds; bounded all the same. */
+static void record_hold(void)
+{
+    uint64_t t0 = 0;
+
+    __atomic_fetch_add(&wo_capture_begins, 1, __ATOMIC_SEQ_CST);
+    for (int i = 0; __atomic_load_n(&wo_engine_records, __ATOMIC_SEQ_CST); i++) {
+        if (i < 1024) {
+            sched_yield();
+            continue;
+        }
+        if (!t0) {
+            t0 = wo_now_ns();
+        } else if (wo_now_ns() - t0 > CAPTURE_WAIT_NS) {
+            wo_log_once(WO_LOG_WARN, "an event record of the shim's is still running %.0f s "
+                                     "after a capture began; not waiting longer",
+                        CAPTURE_WAIT_NS / 1e9);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
+}
+
+static void record_release(void)
+{
+    __atomic_fetch_sub(&wo_capture_begins, 1, __ATOMIC_SEQ_CST);
+}
+
 static void global_hold(int mode)
 {
+    record_hold();
     if (mode == CU_STREAM_CAPTURE_MODE_RELAXED)
         return;
     __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
@@ -320,6 +351,7 @@ void wo_capture_reset(void)
     memset(execs, 0, sizeof(execs));
     caps_active = 0;
     __atomic_store_n(&wo_captures_global, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_capture_begins, 0, __ATOMIC_RELEASE);
 }
 
 /* --- hooks ---------------------------------------------------------------- */
@@ -341,6 +373,7 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
     WO_HOOK_ENTER(real(s, mode));
     global_hold((int)mode);
     res = real(s, mode);
+    record_release();
     if (res == CUDA_SUCCESS)
         wo_capture_begin(wo_stream_id(s, wo_hook_pt[id]), (int)mode);
     else
@@ -428,6 +461,7 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
     WO_RT_HOOK_ENTER(real(s, mode));
     global_hold((int)mode);
     res = real(s, mode);
+    record_release();
     if (res == cudaSuccess)
         wo_capture_begin(wo_stream_id(s, wo_rt_pt[id]), (int)mode);
     else

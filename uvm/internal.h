@@ -388,3 +388,21 @@ static inline void wo_driver_leave(void)
 {
     __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
 }
+
+/* The shim's threads' side of the record handshake (uvm.h:
+ * wo_engine_records): true when no begin-capture call is under way, and
+ * then none returns until wo_engine_record_leave(). */
+static inline bool wo_engine_record_enter(void)
+{
+    __atomic_add_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wo_capture_begins, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_sub_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
+        return false;
+    }
+    return true;
+}
+
+static inline void wo_engine_record_leave(void)
+{
+    __atomic_sub_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
+}

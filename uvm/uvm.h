@@ -151,6 +151,19 @@ extern int wo_captures_global;
  * once a global-mode capture begins (such a call would invalidate it). */
 extern int wo_prefetch_busy;
 
+/* The same handshake for every capture mode, relaxed too (llama.cpp's):
+ * wo_capture_begins counts begin-capture calls under way, wo_engine_records
+ * the shim's threads recording an event on an engine's stream (the stream
+ * executor's fence, uvm/stream-stage.c). Such a record checks that the
+ * stream is not capturing, then records: a capture begun between the two
+ * would take the record, and the shim's later wait on that event, into the
+ * engine's graph (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, and the engine's
+ * capture invalidated: seen on llama-server at --parallel 64). A begin
+ * raises begins, then waits for records to fall; a record raises records,
+ * then gives up while begins is raised. */
+extern int wo_capture_begins;
+extern int wo_engine_records;
+
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
  * an empty policy the launch hooks only count and forward. */
