@@ -33,7 +33,6 @@
 struct cap_slot {
     uint64_t stream;
     uint32_t id; /* 0: free */
-    int mode;
     uint64_t launches, hit_launches, hits;
 };
 
@@ -104,47 +103,20 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
     wo_push_event(&ev);
 }
 
-/* wo_captures_global is raised *before* the real begin-capture call: the
- * prefetch thread checks it before each driver call, and a call of its that
- * starts after the capture exists would invalidate a global-mode capture. */
+/* wo_captures_live is raised *before* the real begin-capture call: the
+ * shim's threads check it before each driver call, and a call of theirs that
+ * starts after the capture exists could invalidate it. Every mode, relaxed
+ * too: in relaxed mode the driver forbids the other threads nothing, but the
+ * stream executor records on the engine's stream and waits on that record
+ * (uvm/stream-stage.c, its fence): a capture begun in between takes the
+ * record, the wait joins the executor's streams to the engine's graph, and
+ * the capture is invalidated (llama-server aborted so at --parallel 64;
+ * llama.cpp captures in relaxed mode). */
 #define CAPTURE_WAIT_NS UINT64_C(5000000000) /* 5 s */
 
-/* Every mode, relaxed too: no record of the shim's on an engine's stream is
- * under way while the begin-capture call runs (uvm.h: wo_engine_records).
- * Such a record is one cuEventRecord: microseconds; bounded all the same. */
-static void record_hold(void)
+static void capture_hold(void)
 {
-    uint64_t t0 = 0;
-
-    __atomic_fetch_add(&wo_capture_begins, 1, __ATOMIC_SEQ_CST);
-    for (int i = 0; __atomic_load_n(&wo_engine_records, __ATOMIC_SEQ_CST); i++) {
-        if (i < 1024) {
-            sched_yield();
-            continue;
-        }
-        if (!t0) {
-            t0 = wo_now_ns();
-        } else if (wo_now_ns() - t0 > CAPTURE_WAIT_NS) {
-            wo_log_once(WO_LOG_WARN, "an event record of the shim's is still running %.0f s "
-                                     "after a capture began; not waiting longer",
-                        CAPTURE_WAIT_NS / 1e9);
-            break;
-        }
-        nanosleep(&(struct timespec){0, 20000}, NULL);
-    }
-}
-
-static void record_release(void)
-{
-    __atomic_fetch_sub(&wo_capture_begins, 1, __ATOMIC_SEQ_CST);
-}
-
-static void global_hold(int mode)
-{
-    record_hold();
-    if (mode == CU_STREAM_CAPTURE_MODE_RELAXED)
-        return;
-    __atomic_fetch_add(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+    __atomic_fetch_add(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
     /* A prefetcher call already in flight would invalidate the capture:
      * wait for it (uvm.h: the handshake). An advice on a large range lasts
      * tens of ms, registering a pinned copy of a 768 MiB expert tensor
@@ -171,13 +143,12 @@ static void global_hold(int mode)
     }
 }
 
-static void global_release(int mode)
+static void capture_release(void)
 {
-    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
-        __atomic_fetch_sub(&wo_captures_global, 1, __ATOMIC_SEQ_CST);
+    __atomic_fetch_sub(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
 }
 
-/* After a successful begin (global_hold already done). */
+/* After a successful begin (capture_hold already done). */
 void wo_capture_begin(uint64_t stream, int mode)
 {
     int i;
@@ -189,7 +160,7 @@ void wo_capture_begin(uint64_t stream, int mode)
     if (i == CAP_SLOTS) {
         pthread_mutex_unlock(&cap_lock);
         /* Its end cannot be matched: do not hold the prefetcher forever. */
-        global_release(mode);
+        capture_release();
         wo_count(WO_CTR_capture_table_full, 1);
         wo_log_once(WO_LOG_WARN, "more than %d streams capture at once: launches of the others "
                                  "are recorded as ordinary launches", CAP_SLOTS);
@@ -201,7 +172,6 @@ void wo_capture_begin(uint64_t stream, int mode)
     STORE(caps[i].launches, 0);
     STORE(caps[i].hit_launches, 0);
     STORE(caps[i].hits, 0);
-    caps[i].mode = mode;
     STORE(caps[i].id, next_id);
     __atomic_fetch_add(&caps_active, 1, __ATOMIC_RELEASE);
     wo_count(WO_CTR_capture_begin, 1);
@@ -257,7 +227,7 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
             continue;
         STORE(caps[i].id, 0);
         __atomic_fetch_sub(&caps_active, 1, __ATOMIC_RELEASE);
-        global_release(caps[i].mode);
+        capture_release();
         wo_count(WO_CTR_capture_end, 1);
         if (ok && graph) {
             /* A graph handle may be reused after cuGraphDestroy: the slot
@@ -350,8 +320,7 @@ void wo_capture_reset(void)
     memset(graphs, 0, sizeof(graphs));
     memset(execs, 0, sizeof(execs));
     caps_active = 0;
-    __atomic_store_n(&wo_captures_global, 0, __ATOMIC_RELEASE);
-    __atomic_store_n(&wo_capture_begins, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_captures_live, 0, __ATOMIC_RELEASE);
 }
 
 /* --- hooks ---------------------------------------------------------------- */
@@ -371,13 +340,12 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
     (void)ra;
 
     WO_HOOK_ENTER(real(s, mode));
-    global_hold((int)mode);
+    capture_hold();
     res = real(s, mode);
-    record_release();
     if (res == CUDA_SUCCESS)
         wo_capture_begin(wo_stream_id(s, wo_hook_pt[id]), (int)mode);
     else
-        global_release((int)mode);
+        capture_release();
     wo_leave();
     return res;
 }
@@ -459,13 +427,12 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
     (void)ra;
 
     WO_RT_HOOK_ENTER(real(s, mode));
-    global_hold((int)mode);
+    capture_hold();
     res = real(s, mode);
-    record_release();
     if (res == cudaSuccess)
         wo_capture_begin(wo_stream_id(s, wo_rt_pt[id]), (int)mode);
     else
-        global_release((int)mode);
+        capture_release();
     wo_leave();
     return res;
 }

@@ -136,7 +136,7 @@ static inline void wo_launch_extra(void **extra, const void **buf, size_t *size)
 uint32_t wo_capture_of(uint64_t stream);
 /* Accounts a launch recorded into capture `id` that touched nhits ranges. */
 void wo_capture_note_launch(uint32_t id, uint32_t nhits);
-/* After a successful begin; the hook raised wo_captures_global before it. */
+/* After a successful begin; the hook raised wo_captures_live before it. */
 void wo_capture_begin(uint64_t stream, int mode);
 void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);
 void wo_capture_instantiated(uint64_t exec, uint64_t graph);

@@ -148,7 +148,7 @@ static int setup(void **state)
     fail_ctx = CUDA_SUCCESS;
     streams_made = 0;
     fail_prefetch = CUDA_SUCCESS;
-    wo_captures_global = 0;
+    wo_captures_live = 0;
     return 0;
 }
 
@@ -339,7 +339,7 @@ static void test_capture_holds(void **state)
     (void)state;
     assert_int_equal(wo_prefetcher_add_segment(pf, 6, 1, BASE, 32 * WO_MiB, 0, 32 * WO_MiB, 0, true), 0);
     assert_int_equal(wo_prefetcher_add_segment(pf, 7, 1, BASE + WO_GiB, 32 * WO_MiB, 0, 32 * WO_MiB, 0, true), 0);
-    wo_captures_global = 1;
+    wo_captures_live = 1;
     launch(pf, 6, 0);
     launch(pf, 7, 0);
     assert_int_equal(ncalls, 0);
@@ -353,7 +353,7 @@ static void test_capture_holds(void **state)
     ev.type = WO_EV_FREE;
     ev.a.base = BASE + WO_GiB;
     wo_prefetcher_event(pf, &ev);
-    wo_captures_global = 0;
+    wo_captures_live = 0;
     wo_prefetcher_tick(pf);
     assert_int_equal(count("prefetch", -1), 1);
     for (size_t i = 0; i < ncalls; i++)

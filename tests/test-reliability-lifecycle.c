@@ -49,7 +49,7 @@ static const struct mode modes[] = {
  * prefetches) must not run into the engine's global-mode capture, or the
  * driver invalidates the capture (CUDA_ERROR_STREAM_CAPTURE_INVALIDATED on
  * the captured launch). It did once (docs/reliability.md, fixed bug 2): the
- * handshake of wo_prefetch_busy and wo_captures_global prevents it. */
+ * handshake of wo_prefetch_busy and wo_captures_live prevents it. */
 static int global_capture(const char *client, const char *polenv, int runs)
 {
     struct job *jobs = calloc((size_t)runs, sizeof(*jobs));

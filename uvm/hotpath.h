@@ -122,8 +122,6 @@ struct wo_stream_counts {
     uint64_t check_mismatch; /* ... that differed from their host copy */
     uint64_t touch_overflow; /* spans a launch touched in place past WO_STREAM_TOUCH_MAX */
     uint64_t sub_spans;      /* sub-spans made (spans beyond one in an allocation) */
-    uint64_t fence_capture;  /* stagings and checks put off: the stream that read the slot
-                              * was capturing, or about to (wo_sx_fence_owner) */
 };
 
 struct wo_stream_shared {

@@ -371,13 +371,13 @@ const struct wo_policy *wo_uvm_policy(void);
 /* The shim's threads' side of the capture handshake (uvm.h:
  * wo_prefetch_busy), for the prefetcher and the stream executor (the
  * consumer thread) and the pinned-copy worker (stream-pin.c) alike: true
- * when no global-mode capture is under way, and then none begins until
+ * when no capture (any mode) is under way, and then none begins until
  * wo_driver_leave(). A count: two threads may be inside at once. Not
  * nested on one thread. */
 static inline bool wo_driver_enter(void)
 {
     __atomic_add_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST) > 0) {
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST) > 0) {
         __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
         return false;
     }
@@ -387,22 +387,4 @@ static inline bool wo_driver_enter(void)
 static inline void wo_driver_leave(void)
 {
     __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
-}
-
-/* The shim's threads' side of the record handshake (uvm.h:
- * wo_engine_records): true when no begin-capture call is under way, and
- * then none returns until wo_engine_record_leave(). */
-static inline bool wo_engine_record_enter(void)
-{
-    __atomic_add_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&wo_capture_begins, __ATOMIC_SEQ_CST) > 0) {
-        __atomic_sub_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
-        return false;
-    }
-    return true;
-}
-
-static inline void wo_engine_record_leave(void)
-{
-    __atomic_sub_fetch(&wo_engine_records, 1, __ATOMIC_SEQ_CST);
 }

@@ -244,7 +244,7 @@ static bool ready(const struct wo_driver *d)
         return false;
     if (pk.ready)
         return cur == pk.ctx;
-    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST))
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return false;
     if (!d->cuModuleLoadData || !d->cuModuleGetFunction || !d->cuLaunchKernel ||
         !d->cuMemAlloc_v2 || !d->cuMemFree_v2 || !d->cuMemsetD8_v2 || !d->cuMemHostAlloc ||
@@ -324,7 +324,7 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
     *fresh = true;
     if (b->size >= need)
         return b;
-    if (__atomic_load_n(&wo_captures_global, __ATOMIC_SEQ_CST))
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return NULL;
     if (b->dev) {
         /* launches of this stream may still read it: this stream only

@@ -1,6 +1,6 @@
 /* uvm/prefetch.c: the prefetch executor (see prefetch.h): the planner's
  * actions turned into driver calls on a private stream, held back while a
- * global-mode capture is under way; and the shim's one instance, built at
+ * capture is under way; and the shim's one instance, built at
  * the first launch after seal. */
 #include "uvm/prefetch.h"
 
@@ -509,7 +509,7 @@ static void drain(struct wo_prefetcher *pf)
 
     wo_prefetcher_tick(pf);
     while (wo_plan_pop(pf->plan, &a) == 1) {
-        /* a global-mode capture forbids work on other streams: hold it */
+        /* a capture is under way (uvm.h: the handshake): hold it */
         if (pf->nheld || !wo_driver_enter()) {
             hold(pf, &a);
         } else {
@@ -612,7 +612,7 @@ static int add_seg_cb(const struct wo_uvm_segment *s, void *ud)
 
 /* The streaming executor took a managed range (plan-budget.h): its GPU
  * copy goes (collapse or copy-back, as the planner would) and the planner
- * forgets it. During a global-mode capture the copy stays, outside the
+ * forgets it. During a capture the copy stays, outside the
  * budget, until the range is freed: only device memory is lost, never
  * data. */
 static void budget_drop(uint32_t id, uint32_t gen)

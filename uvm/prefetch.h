@@ -3,8 +3,8 @@
  * the planner (uvm/plan.h) and carries out its actions through the driver
  * table: cuMemPrefetchAsync_v2 on a stream of its own (never one of the
  * engine's), cuMemAdvise_v2 for read-mostly duplication and collapse. It
- * enqueues nothing while a stream captures in global mode
- * (wo_captures_global > 0): actions wait in a queue until the capture ends.
+ * enqueues nothing while a stream captures (wo_captures_live > 0): actions
+ * wait in a queue until the capture ends.
  * A misprediction costs speed only: UVM keeps managed memory coherent and
  * nothing here changes what a kernel reads.
  *

@@ -477,16 +477,14 @@ static void json_body(struct sbuf *b)
                   ",\"touched_inplace\":%" PRIu64 ",\"unpublished_inplace\":%" PRIu64
                   ",\"fence_failed\":%" PRIu64 ",\"not_published\":%" PRIu64
                   ",\"blind_launches\":%" PRIu64 ",\"blind_unfenced\":%" PRIu64
-                  ",\"sub_spans\":%" PRIu64 ",\"touch_overflow\":%" PRIu64
-                  ",\"fence_capture\":%" PRIu64 ",",
+                  ",\"sub_spans\":%" PRIu64 ",\"touch_overflow\":%" PRIu64 ",",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
                   sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated,
                   sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps,
                   sc.slot_bytes, sc.slot_resizes, sc.auto_tries, sc.auto_kept, sc.auto_backs,
                   sc.not_reader, sc.checked, sc.check_mismatch, sc.write_checks, sc.written_back,
                   sc.touched_inplace, sc.unpublished_inplace, sc.fence_failed, sc.not_published,
-                  sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow,
-                  sc.fence_capture);
+                  sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow);
         {
             struct wo_pin_counts pinc;
             wo_pin_counts(&pinc);

@@ -111,7 +111,7 @@ static bool copy_range(uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes,
     return true;
 }
 
-/* wo_driver_enter(), waiting (1 ms at a time) while a global-mode capture
+/* wo_driver_enter(), waiting (1 ms at a time) while a capture
  * forbids driver calls; false when the process exits meanwhile. */
 static bool enter_wait(void)
 {
@@ -126,7 +126,7 @@ static bool enter_wait(void)
 
 /* Pinned, device-mapped memory for bytes in the executor's context (as
  * uvm/place-pin.c pins: wo_pin_host): the pages mapped and faulted in first,
- * the driver calls inside the capture handshake (a global-mode capture
+ * the driver calls inside the capture handshake (a capture
  * waits for the register only); the driver's result
  * (CUDA_ERROR_NOT_READY: the process exits). */
 static CUresult pin_new(uint64_t bytes, void **host, size_t *len, CUdeviceptr *dptr)
@@ -370,7 +370,7 @@ CUdeviceptr wo_pin_source(uint32_t id, uint32_t rid, uint32_t gen, uint64_t src,
 
 /* Records, on the copy stream, the event after which the retired copies may
  * go, and hands them to the worker. Under pin.lock. False: the driver is
- * busy (a global-mode capture): later. */
+ * busy (a capture): later. */
 static bool hand_over(CUstream copy_stream)
 {
     const struct wo_driver *d = pin.drv;

@@ -78,7 +78,7 @@ void wo_pin_retire_all(CUstream copy_stream);
 void wo_pin_close(CUstream copy_stream);
 
 /* Hands retired copies the driver was too busy to fence before (a
- * global-mode capture) to the worker. */
+ * capture) to the worker. */
 void wo_pin_tick(CUstream copy_stream);
 
 void wo_pin_counts(struct wo_pin_counts *ret);

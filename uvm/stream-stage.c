@@ -79,44 +79,24 @@ void wo_sx_drop(uint32_t id);
  * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
  * thread's own, not the engine's: there the hooks' record stands. A stream
  * under capture would take the record (and through it the copy stream)
- * into the engine's graph: false, try later. A capture may also begin
- * between the check and the record: the record handshake (uvm.h:
- * wo_engine_records) holds a begin-capture call back meanwhile, and a
- * stream that joined another stream's capture meanwhile (no begin of its
- * own) is caught by asking again after the record: false, and the event,
- * maybe in the capture, is not waited on (every wait comes after a true
- * here, which records it again). A stream gone (destroyed, its work done or
- * in flight before the hooks' record) has nothing more to fence. False
- * only for a capture. */
-static bool capturing(const struct wo_driver *d, CUstream st)
-{
-    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-
-    return d->cuStreamIsCapturing && d->cuStreamIsCapturing(st, &cs) == CUDA_SUCCESS &&
-           cs != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
+ * into the engine's graph: false, try later. A stream gone (destroyed, its
+ * work done or in flight before the hooks' record) has nothing more to
+ * fence. False only for a capture. */
 bool wo_sx_fence_owner(struct wo_stream_slot *s)
 {
     const struct wo_driver *d = wo_sx->drv;
     uint64_t owner = __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE);
     CUstream st = (CUstream)(uintptr_t)(owner - 1);
-    bool ok = true;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
 
     if (!owner || st == CU_STREAM_PER_THREAD)
         return true;
-    if (!wo_engine_record_enter())
+    if (d->cuStreamIsCapturing && d->cuStreamIsCapturing(st, &cs) == CUDA_SUCCESS &&
+        cs != CU_STREAM_CAPTURE_STATUS_NONE)
         return false;
-    if (capturing(d, st))
-        ok = false;
-    else if (d->cuEventRecord(s->read_done, st) != CUDA_SUCCESS)
+    if (d->cuEventRecord(s->read_done, st) != CUDA_SUCCESS)
         __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
-    else if (capturing(d, st))
-        ok = false;
-    wo_engine_record_leave();
-    if (!ok)
-        add(&wo_stream_tab.n.fence_capture, 1);
-    return ok;
+    return true;
 }
 
 /* The range the engine is at may still have launches to come that read

@@ -311,7 +311,7 @@ static int list_ranges(void)
 
 /* No range is streamed any more (the engine freed them): the slots go
  * back, once no hook holds one and the GPU is done with them. False: later
- * (a hook still holds a slot, or a global-mode capture is under way). */
+ * (a hook still holds a slot, or a capture is under way). */
 static bool free_slots(void)
 {
     const struct wo_driver *d = wo_sx->drv;

@@ -139,30 +139,19 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res);
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api);
 void wo_uvm_observe_free(CUdeviceptr ptr, int api);
 
-/* Capture state, kept by preload/ and read by the prefetch thread: the number
- * of streams capturing in global (or thread-local) mode right now. The
- * prefetcher enqueues nothing while a global-mode capture is under way. */
-extern int wo_captures_global;
+/* Capture state, kept by preload/ and read by the shim's threads: the number
+ * of streams capturing right now, in any mode (relaxed too: preload/capture.c
+ * says why). The prefetcher, the stream executor and the pinned-copy worker
+ * call the driver for nothing while a capture is under way. */
+extern int wo_captures_live;
 
-/* 1 while the prefetch thread is inside a driver call. With
- * wo_captures_global it forms a handshake (both seq_cst): the prefetcher
- * raises busy, then checks captures; a capture begin raises captures, then
- * waits for busy to fall. So no prefetcher call is in flight, or starts,
- * once a global-mode capture begins (such a call would invalidate it). */
+/* The shim's threads inside a driver call (the prefetcher, the stream
+ * executor, the pinned-copy worker: a count). With wo_captures_live it forms
+ * a handshake (both seq_cst): a thread raises busy, then checks captures; a
+ * capture begin raises captures, then waits for busy to fall. So no call of
+ * theirs is in flight, or starts, once a capture begins (such a call could
+ * invalidate it). */
 extern int wo_prefetch_busy;
-
-/* The same handshake for every capture mode, relaxed too (llama.cpp's):
- * wo_capture_begins counts begin-capture calls under way, wo_engine_records
- * the shim's threads recording an event on an engine's stream (the stream
- * executor's fence, uvm/stream-stage.c). Such a record checks that the
- * stream is not capturing, then records: a capture begun between the two
- * would take the record, and the shim's later wait on that event, into the
- * engine's graph (CUDA_ERROR_STREAM_CAPTURE_ISOLATION, and the engine's
- * capture invalidated: seen on llama-server at --parallel 64). A begin
- * raises begins, then waits for records to fall; a record raises records,
- * then gives up while begins is raised. */
-extern int wo_capture_begins;
-extern int wo_engine_records;
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
