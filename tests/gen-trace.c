@@ -43,6 +43,7 @@ static const char *const kernel_names[K_MAX] = {
 struct grange {
     uint32_t id, gen;
     uint64_t base, size;
+    uint64_t at; /* its offset inside its allocation (one_buffer's tensors) */
 };
 
 struct layer {
@@ -58,6 +59,8 @@ struct gen {
     uint32_t next_id;
     uint64_t rng;
     int err;
+    struct grange buf; /* one_buffer: the model buffer (size 0: not made yet) */
+    uint64_t buf_used;
 };
 
 static uint64_t rnd(struct gen *g)
@@ -89,10 +92,42 @@ static struct wo_event ev_new(struct gen *g, unsigned type)
 
 /* An allocation the engine makes while loading, optionally tagged, then
  * filled from the host. */
+static void tag_and_fill(struct gen *g, const struct grange *r, const char *name, unsigned place,
+                         uint32_t rule, int placeable);
+
+/* one_buffer: a weight carved from the model buffer (made at the first,
+ * `total` bytes), tagged and filled as a tensor of it (ggml's 512-byte
+ * alignment between tensors) */
+static struct grange carve(struct gen *g, uint64_t total, uint64_t size, const char *name,
+                           unsigned place, uint32_t rule)
+{
+    struct grange r;
+
+    if (!g->buf.size) {
+        struct wo_event ev = ev_new(g, WO_EV_ALLOC);
+
+        g->buf = (struct grange){g->next_id++, 1, g->next_addr, total, 0};
+        g->next_addr = WO_ALIGN_UP(g->next_addr + total, 2 * WO_MiB);
+        ev.a.base = g->buf.base;
+        ev.a.size = total;
+        ev.a.seq = ++g->seq;
+        ev.a.flags = 1u; /* WO_RANGE_PLACEABLE */
+        ev.api = 1;
+        check(g, wo_trace_event_ids(g->t, &ev, g->buf.id, g->buf.gen));
+        g->now += 3000;
+    }
+    r = (struct grange){g->buf.id, g->buf.gen, g->buf.base + g->buf_used, size, g->buf_used};
+    g->buf_used = WO_ALIGN_UP(g->buf_used + size, 512);
+    if (g->buf_used > total)
+        g->err = -EINVAL;
+    tag_and_fill(g, &r, name, place, rule, 1);
+    return r;
+}
+
 static struct grange alloc(struct gen *g, uint64_t size, const char *name, unsigned place,
                            uint32_t rule, int placeable)
 {
-    struct grange r = {g->next_id++, 1, g->next_addr, size};
+    struct grange r = {g->next_id++, 1, g->next_addr, size, 0};
     struct wo_event ev = ev_new(g, WO_EV_ALLOC);
 
     g->next_addr = WO_ALIGN_UP(g->next_addr + size, 2 * WO_MiB);
@@ -103,27 +138,33 @@ static struct grange alloc(struct gen *g, uint64_t size, const char *name, unsig
     ev.api = 1;
     check(g, wo_trace_event_ids(g->t, &ev, r.id, r.gen));
     g->now += 3000;
-    if (name) {
-        struct wo_trace_tag tag = {
-            .id = r.id, .gen = r.gen, .base = r.base, .offset = 0, .size = size,
-            .placement = place, .rule = rule,
-            .flags = placeable ? WO_TRACE_TAG_PLACEABLE : 0u, .name = name,
-        };
-        ev = ev_new(g, WO_EV_TAG);
-        ev.a.base = r.base;
-        ev.a.size = size;
-        check(g, wo_trace_tag(g->t, &tag));
-        check(g, wo_trace_event_ids(g->t, &ev, r.id, r.gen));
-        ev = ev_new(g, WO_EV_COPY);
-        ev.c.dst = r.base;
-        ev.c.src = UINT64_C(0x7ff000000000) + r.base % (1u << 30);
-        ev.c.bytes = size;
-        ev.c.kind = WO_COPY_H2D;
-        check(g, wo_trace_event_ids(g->t, &ev, WO_TRACE_NO_ID, 0));
-        /* a synchronous H2D copy at ~20 GB/s of pageable memory */
-        g->now += size / 20;
-    }
+    if (name)
+        tag_and_fill(g, &r, name, place, rule, placeable);
     return r;
+}
+
+static void tag_and_fill(struct gen *g, const struct grange *r, const char *name, unsigned place,
+                         uint32_t rule, int placeable)
+{
+    struct wo_trace_tag tag = {
+        .id = r->id, .gen = r->gen, .base = r->base - r->at, .offset = r->at, .size = r->size,
+        .placement = place, .rule = rule,
+        .flags = placeable ? WO_TRACE_TAG_PLACEABLE : 0u, .name = name,
+    };
+    struct wo_event ev = ev_new(g, WO_EV_TAG);
+
+    ev.a.base = r->base;
+    ev.a.size = r->size;
+    check(g, wo_trace_tag(g->t, &tag));
+    check(g, wo_trace_event_ids(g->t, &ev, r->id, r->gen));
+    ev = ev_new(g, WO_EV_COPY);
+    ev.c.dst = r->base;
+    ev.c.src = UINT64_C(0x7ff000000000) + r->base % (1u << 30);
+    ev.c.bytes = r->size;
+    ev.c.kind = WO_COPY_H2D;
+    check(g, wo_trace_event_ids(g->t, &ev, WO_TRACE_NO_ID, 0));
+    /* a synchronous H2D copy at ~20 GB/s of pageable memory */
+    g->now += r->size / 20;
 }
 
 struct hit {
@@ -148,8 +189,8 @@ static void launch(struct gen *g, enum kern k, const struct hit *hits, unsigned 
     for (unsigned i = 0; i < n && i < WO_EV_MAX_HITS; i++) {
         ev.l.hits[i].id = hits[i].r->id;
         ev.l.hits[i].gen = hits[i].r->gen;
-        ev.l.hits[i].offset = hits[i].offset;
-        ev.l.hits[i].hi = hits[i].hi;
+        ev.l.hits[i].offset = hits[i].r->at + hits[i].offset;
+        ev.l.hits[i].hi = hits[i].r->at + hits[i].hi;
     }
     check(g, wo_trace_event_ids(g->t, &ev, WO_TRACE_NO_ID, 0));
     /* host-side launch cost; the GPU runs behind */
@@ -232,7 +273,7 @@ static unsigned route_step(struct gen *g, unsigned layer, unsigned *out)
 int wo_gen_every_type(struct wo_trace *t)
 {
     struct gen g = {.t = t, .now = UINT64_C(1000000000)};
-    struct grange r = {0, 1, UINT64_C(0x7f1000000000), 64 * WO_MiB};
+    struct grange r = {0, 1, UINT64_C(0x7f1000000000), 64 * WO_MiB, 0};
     struct hit h = {&r, 0, 4096};
 
     check(&g, wo_trace_info(t, "synthetic", "tests/gen-trace --every-type: one event of each type"));
@@ -312,6 +353,7 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
     uint64_t up = o->expert_mib * WO_MiB, down = up / 2;
     struct layer *L;
     struct grange embed, lm_head, final_norm, act, logits;
+    uint64_t total = 0;
     char name[160];
     unsigned sel[256], nsel;
 
@@ -331,18 +373,33 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
                  o->tokens, o->step_us, o->grouped ? " grouped" : "");
     if (o->repeat > 1)
         snprintf(name + strlen(name), sizeof(name) - strlen(name), " repeat=%u", o->repeat);
+    if (o->one_buffer)
+        snprintf(name + strlen(name), sizeof(name) - strlen(name), " one_buffer");
     check(&g, wo_trace_info(t, "generator_args", name));
     check(&g, wo_trace_info(t, "gpu", "none (synthetic)"));
     check(&g, wo_trace_rule(t, 0, "experts"));
     check(&g, wo_trace_rule(t, 1, "default"));
 
+    /* one_buffer: the model buffer's bytes, each tensor 512-byte aligned */
+    if (o->one_buffer) {
+        const uint64_t layer[] = {H * 2, H * H * 2, H * H / 2, H * H / 2, H * H * 2, H * 2,
+                                  H * o->experts * 2, up * o->experts, down * o->experts};
+
+        total = WO_ALIGN_UP(vocab * H * 2, 512);
+        for (unsigned l = 0; l < o->layers; l++)
+            for (size_t k = 0; k < WO_ARRAY_SIZE(layer); k++)
+                total = WO_ALIGN_UP(total + layer[k], 512);
+        total = WO_ALIGN_UP(WO_ALIGN_UP(total + H * 2, 512) + vocab * H * 2, 512);
+    }
+#define WEIGHT(sz, nm, place, rule)                                                                \
+    (o->one_buffer ? carve(&g, total, sz, nm, place, rule) : alloc(&g, sz, nm, place, rule, 1))
     /* load: the window is open, weights are allocated, tagged, copied in */
-    embed = alloc(&g, vocab * H * 2, "model.embed_tokens.weight", WO_TRACE_PLACE_DEVICE, 1, 1);
+    embed = WEIGHT(vocab * H * 2, "model.embed_tokens.weight", WO_TRACE_PLACE_DEVICE, 1);
     for (unsigned l = 0; l < o->layers; l++) {
         struct layer *y = &L[l];
 #define W(field, sz, suffix, place, rule)                                                          \
     snprintf(name, sizeof(name), "model.layers.%u.%s", l, suffix);                                  \
-    y->field = alloc(&g, sz, name, place, rule, 1)
+    y->field = WEIGHT(sz, name, place, rule)
         W(norm1, H * 2, "input_layernorm.weight", WO_TRACE_PLACE_DEVICE, 1);
         W(q, H * H * 2, "self_attn.q_proj.weight", WO_TRACE_PLACE_DEVICE, 1);
         W(k, H * H / 2, "self_attn.k_proj.weight", WO_TRACE_PLACE_DEVICE, 1);
@@ -354,8 +411,9 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
         W(down, down * o->experts, "mlp.experts.down_proj", WO_TRACE_PLACE_MANAGED, 0);
 #undef W
     }
-    final_norm = alloc(&g, H * 2, "model.norm.weight", WO_TRACE_PLACE_DEVICE, 1, 1);
-    lm_head = alloc(&g, vocab * H * 2, "lm_head.weight", WO_TRACE_PLACE_DEVICE, 1, 1);
+    final_norm = WEIGHT(H * 2, "model.norm.weight", WO_TRACE_PLACE_DEVICE, 1);
+    lm_head = WEIGHT(vocab * H * 2, "lm_head.weight", WO_TRACE_PLACE_DEVICE, 1);
+#undef WEIGHT
     {
         struct wo_event ev = ev_new(&g, WO_EV_SEAL);
         check(&g, wo_trace_event_ids(t, &ev, WO_TRACE_NO_ID, 0));
@@ -367,6 +425,7 @@ int wo_gen_moe_trace(struct wo_trace *t, const struct wo_gen_opts *o)
             struct wo_event ev = ev_new(&g, WO_EV_PLACE);
             ev.p.id = rs[i]->id;
             ev.p.gen = rs[i]->gen;
+            ev.p.offset = rs[i]->at;
             ev.p.bytes = rs[i]->size;
             ev.p.from = WO_TRACE_PLACE_DEVICE;
             ev.p.to = WO_TRACE_PLACE_MANAGED;
@@ -480,7 +539,7 @@ int main(int argc, char **argv)
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             printf("usage: gen-trace OUT [--layers N] [--experts N] [--topk N] [--steps N]\n"
                    "                 [--expert-mib N] [--skew X] [--seed N] [--tokens N]\n"
-                   "                 [--step-us N] [--grouped] [--repeat N]\n"
+                   "                 [--step-us N] [--grouped] [--repeat N] [--one-buffer]\n"
                    "       gen-trace OUT --every-type\n"
                    "Writes a synthetic MoE decode trace (for unit tests only), or a short\n"
                    "trace with one event of every type. --tokens N routes N tokens a step\n"
@@ -488,7 +547,8 @@ int main(int argc, char **argv)
                    "adds N us of host work a step (a step of many tokens computes longer);\n"
                    "--grouped launches one kernel per expert tensor, handed its base pointer;\n"
                    "--repeat N launches each picked expert's slice N times a step (read\n"
-                   "multiplicity N).\n");
+                   "multiplicity N); --one-buffer puts every weight in one allocation, as\n"
+                   "llama.cpp's model buffer, placed tensor by tensor at seal.\n");
             return 0;
         }
         if (a[0] != '-') {
@@ -501,6 +561,10 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--grouped") == 0) {
             o.grouped = true;
+            continue;
+        }
+        if (strcmp(a, "--one-buffer") == 0) {
+            o.one_buffer = true;
             continue;
         }
         if (i + 1 >= argc) {

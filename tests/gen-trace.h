@@ -25,6 +25,8 @@ struct wo_gen_opts {
                        * (a step of many tokens computes longer; 0: none) */
     unsigned repeat;  /* each picked expert's launches issued this many times a step (a kernel
                        * per token reading the same slice: read multiplicity; 0 or 1: once) */
+    bool one_buffer;  /* every weight a tensor inside one allocation (llama.cpp's model buffer),
+                       * placed tag by tag at seal: the same launches and bytes as without */
 };
 
 #define WO_GEN_DEFAULTS                                                                            \

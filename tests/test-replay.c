@@ -352,6 +352,49 @@ static void test_streaming(void **state)
     wo_trace_data_free(d);
 }
 
+/* llama.cpp's layout: every weight a tensor of one model buffer, each
+ * placed by its own rule (the shim places that buffer tag by tag). The same
+ * decode with the same policy predicts the same step and the same PCIe
+ * bytes as with a tensor per allocation: experts read over the link,
+ * attention and the head from the device (by the largest tag, the buffer
+ * was one placement: every byte on the device, or every byte host). */
+static void test_one_buffer(void **state)
+{
+    static const char *const pol[] = {
+        "version: 1\nprefetch: {mode: hot-set}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
+        /* the largest tensors (embedding, head) off the device, experts on */
+        "version: 1\nprefetch: {mode: hot-set}\n"
+        "rules:\n  - {name: big, match: [embed_tokens, lm_head], place: host}\n",
+        "version: 1\n",
+    };
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_trace_data *d[2];
+    struct wo_replay_result r[2];
+
+    (void)state;
+    go.steps = 24;
+    for (int b = 0; b < 2; b++) {
+        go.one_buffer = b == 1;
+        d[b] = make_trace(&go);
+    }
+    for (size_t k = 0; k < sizeof(pol) / sizeof(pol[0]); k++) {
+        for (int b = 0; b < 2; b++)
+            stream_run(d[b], pol[k], 0, &r[b]);
+        assert_true(fabs(r[1].zc_bytes_step - r[0].zc_bytes_step) <= r[0].zc_bytes_step * 1e-3);
+        assert_true(fabs(r[1].step_s - r[0].step_s) <= r[0].step_s * 1e-3);
+        if (k == 0) /* layers x topk x (gate_up + down) slices, as test_host_bytes */
+            assert_true(r[1].zc_bytes_step >
+                        (double)go.layers * go.topk * (go.expert_mib * WO_MiB * 3 / 2) * 0.999);
+        if (k == 2)
+            assert_true(r[1].zc_bytes_step == 0);
+        for (int b = 0; b < 2; b++)
+            wo_replay_result_free(&r[b]);
+    }
+    for (int b = 0; b < 2; b++)
+        wo_trace_data_free(d[b]);
+}
+
 /* prefetch mode auto (the default): the replay weighs the executor's
  * step-time rule on its two predictions. Stacked tensors read whole by one
  * launch each (the default backend at a batch): one copy a step beats the
@@ -407,6 +450,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multiplicity),
         cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_one_buffer),
         cmocka_unit_test(test_auto),
         cmocka_unit_test(test_model_roundtrip),
         cmocka_unit_test(test_model_errors),

@@ -16,6 +16,8 @@
 struct rtag {
     uint64_t offset, size;
     int name;
+    uint32_t place; /* enum wo_placement: the tag's own (a mixed range's hits read by it) */
+    uint64_t slice; /* a mixed range's: gcd of the hit offsets inside the tag, from its start */
     /* this step's reads of the tag's bytes (replay-sim.c, multiplicity):
      * bytes launches read and the granules (64 over the tag) among them */
     double rd;
@@ -24,7 +26,10 @@ struct rtag {
 
 struct rr {
     const struct wo_trace_range *tr;
-    uint32_t place;    /* enum wo_placement, after seal */
+    uint32_t place;    /* enum wo_placement, after seal: its largest tag's */
+    /* its tags have more than one placement (llama.cpp's one model buffer):
+     * each hit reads as its tag is placed (replay-sim.c, hit_place) */
+    bool mixed;
     int prio;
     bool no_slices;
     bool written;
@@ -147,6 +152,8 @@ struct rr *wo_replay_rr_of(struct sim *s, uint32_t id, uint32_t gen);
 int wo_replay_name_at(const struct rr *r, uint64_t off);
 /* The tag holding off (the first tag when none does), NULL without tags. */
 struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off);
+/* The tag that holds byte off of r, or NULL. */
+struct rtag *wo_replay_tag_in(const struct rr *r, uint64_t off);
 /* Ranges, their tags and names, each range placed (replay-whatif.c).
  * 0 or -ENOMEM. */
 int wo_replay_setup_ranges(struct sim *s);

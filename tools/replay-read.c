@@ -33,6 +33,14 @@ struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off)
     return r->ntags ? &r->tags[0] : NULL;
 }
 
+struct rtag *wo_replay_tag_in(const struct rr *r, uint64_t off)
+{
+    for (size_t i = 0; i < r->ntags; i++)
+        if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
+            return &r->tags[i];
+    return NULL;
+}
+
 int wo_replay_name_at(const struct rr *r, uint64_t off)
 {
     const struct rtag *t = wo_replay_tag_at(r, off);
@@ -74,7 +82,8 @@ int wo_replay_setup_ranges(struct sim *s)
             if (!nt)
                 return -ENOMEM;
             r->tags = nt;
-            r->tags[r->ntags++] = (struct rtag){.offset = t->offset, .size = t->size, .name = ni};
+            r->tags[r->ntags++] =
+                (struct rtag){.offset = t->offset, .size = t->size, .name = ni, .place = pl};
         }
         /* one allocation has one placement: the largest tag's */
         for (size_t j = 0; j + 1 < r->ntags; j++)
@@ -86,6 +95,20 @@ int wo_replay_setup_ranges(struct sim *s)
         }
     }
     wo_replay_place_recorded(s);
+    /* a range is placed as its largest tag, unless its tags are placed
+     * apart (llama.cpp's buffer): then each hit reads as its tag does */
+    for (size_t i = 0; i < d->nranges; i++) {
+        struct rr *r = &s->r[i];
+        size_t big = 0;
+
+        for (size_t j = 1; j < r->ntags; j++) {
+            r->mixed |= r->tags[j].place != r->tags[0].place;
+            if (r->tags[j].size > r->tags[big].size)
+                big = j;
+        }
+        if (r->mixed)
+            r->place = r->tags[big].place;
+    }
     return 0;
 }
 
@@ -178,6 +201,14 @@ int wo_replay_prepass(struct sim *s)
                 if (r && l->l.hits[h].offset && l->l.hits[h].offset < r->tr->size &&
                     (!r->ntags || wo_hit_pointer_like(&l->l.hits[h])))
                     r->slice = wo_plan_slice_learn(r->slice, l->l.hits[h].offset);
+                /* a mixed range's tensors are read each by itself: the
+                 * slices a tag's hits make are the tag's */
+                if (r && r->mixed && wo_hit_pointer_like(&l->l.hits[h])) {
+                    struct rtag *t = wo_replay_tag_in(r, l->l.hits[h].offset);
+
+                    if (t && l->l.hits[h].offset > t->offset)
+                        t->slice = wo_plan_slice_learn(t->slice, l->l.hits[h].offset - t->offset);
+                }
             }
         }
     }

@@ -457,6 +457,21 @@ static void stream_step(struct sim *s)
     s->ncorder = 0;
 }
 
+/* Where a hit on a mixed range (replay-int.h) reads: its tag's placement;
+ * the bytes between tags (alignment padding) on the device. A managed tag
+ * reads as managed only where the range is managed (its pieces are modelled
+ * per range), else in place as host memory. Mixed ranges are never streamed
+ * (the shim streams each host tag of one as a span of its own: not modelled
+ * here, so their reads stay in place, the slower side). */
+static uint32_t hit_place(const struct rr *r, const struct rtag *t)
+{
+    uint32_t p = t ? t->place : WO_PLACE_DEVICE;
+
+    if (p == WO_PLACE_MANAGED && !(r->place == WO_PLACE_MANAGED && r->ready))
+        p = WO_PLACE_HOST;
+    return p;
+}
+
 static void kernel(struct sim *s, const struct wo_event *ev)
 {
     double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
@@ -514,9 +529,21 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         if (!r || hit->offset >= r->tr->size || (r->ntags && !wo_hit_pointer_like(hit)))
             continue;
         end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
-        b = end_off - hit->offset;
         place = s->sealed ? r->place : WO_PLACE_DEVICE;
         tag = wo_replay_tag_at(r, hit->offset);
+        if (r->mixed) {
+            /* a tensor of a buffer of many: its own bytes, its own slices */
+            struct rtag *in = wo_replay_tag_in(r, hit->offset);
+
+            if (in)
+                end_off = in->offset + wo_plan_extent_end(in->size, in->slice,
+                                                          hit->offset - in->offset,
+                                                          hit->hi > in->offset ? hit->hi - in->offset
+                                                                               : 0);
+            if (s->sealed)
+                place = hit_place(r, in);
+        }
+        b = end_off - hit->offset;
         ni = tag ? tag->name : -1;
         if (s->in_window && ni >= 0)
             mult_hit(tag, hit->offset, end_off);
@@ -822,7 +849,7 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
 
             /* the executor's rule: host ranges, but an embedding (gathered
              * by token id) is never streamed (wo_stream_gathered) */
-            x->streamed = x->place == WO_PLACE_HOST;
+            x->streamed = x->place == WO_PLACE_HOST && !x->mixed;
             for (size_t t = 0; t < x->ntags && x->streamed; t++)
                 x->streamed = x->tags[t].name < 0 ||
                               !wo_stream_gathered(s->names[x->tags[t].name].name);
@@ -832,7 +859,22 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
     for (size_t i = 0; i < d->nranges; i++) {
         struct rr *x = &s->r[i];
 
-        if (x->place == WO_PLACE_MANAGED) {
+        if (x->mixed) {
+            /* its managed tags are the managed bytes, its device tags
+             * and the bytes no tag names the device's */
+            uint64_t off_dev = 0, man = 0;
+
+            for (size_t t = 0; t < x->ntags; t++) {
+                off_dev += x->tags[t].place != WO_PLACE_DEVICE ? x->tags[t].size : 0;
+                man += x->tags[t].place == WO_PLACE_MANAGED ? x->tags[t].size : 0;
+            }
+            devbytes += x->tr->size - WO_MIN(off_dev, x->tr->size);
+            if (x->place != WO_PLACE_MANAGED)
+                continue;
+            managed += man;
+            x->usize = x->tr->size;
+            x->ubase = nunits++;
+        } else if (x->place == WO_PLACE_MANAGED) {
             managed += x->tr->size;
             x->usize = (x->no_slices || !x->slice || x->slice >= x->tr->size)
                            ? x->tr->size

@@ -62,8 +62,16 @@ void wo_replay_place_recorded(struct sim *s)
 
             if (ev->type != WO_EV_PLACE || !(r = wo_replay_rr_of(s, ev->p.id, ev->p.gen)))
                 continue;
-            if (ev->p.to >= WO_PLACE_DEVICE && ev->p.to <= WO_PLACE_MANAGED)
+            if (ev->p.to < WO_PLACE_DEVICE || ev->p.to > WO_PLACE_MANAGED)
+                continue;
+            /* a change of the whole range, or of the tags that begin in
+             * its bytes (seal places llama.cpp's buffer tag by tag) */
+            if (ev->p.offset == 0 && ev->p.bytes >= r->tr->size)
                 r->place = ev->p.to;
+            for (size_t k = 0; k < r->ntags; k++)
+                if (r->tags[k].offset >= ev->p.offset &&
+                    r->tags[k].offset - ev->p.offset < ev->p.bytes)
+                    r->tags[k].place = ev->p.to;
         }
     }
 }
