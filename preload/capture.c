@@ -117,15 +117,18 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
 static void capture_hold(void)
 {
     __atomic_fetch_add(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
-    /* A prefetcher call already in flight would invalidate the capture:
-     * wait for it (uvm.h: the handshake). An advice on a large range lasts
-     * tens of ms, registering a pinned copy of a 768 MiB expert tensor
-     * hundreds; never wait forever. The bound is a time: a count of
+    /* A call of the shim's threads already in flight could invalidate the
+     * capture: wait for it (uvm.h: the handshake). An advice on a large
+     * range lasts tens of ms, registering a pinned copy of a 768 MiB expert
+     * tensor hundreds; never wait forever. The bound is a time: a count of
      * sched_yield() calls was 40 ms on an idle machine and let a 100 ms
-     * register invalidate test-stream-preload's capture. */
-    uint64_t t0 = 0;
+     * register invalidate test-stream-preload's capture. The waits are
+     * counted (capture_waits, capture_wait_us): the engine's time. */
+    uint64_t t0 = 0, first = 0;
 
     for (int i = 0; __atomic_load_n(&wo_prefetch_busy, __ATOMIC_SEQ_CST); i++) {
+        if (!first)
+            first = wo_now_ns();
         if (i < 1024) {
             sched_yield();
             continue;
@@ -134,12 +137,16 @@ static void capture_hold(void)
             t0 = wo_now_ns();
         } else if (wo_now_ns() - t0 > CAPTURE_WAIT_NS) {
             wo_log_once(WO_LOG_WARN,
-                        "a prefetch call is still running %.0f s after a capture "
+                        "a driver call of the shim's is still running %.0f s after a capture "
                         "began; not waiting longer (the capture may be invalidated)",
                         CAPTURE_WAIT_NS / 1e9);
             break;
         }
         nanosleep(&(struct timespec){0, 100000}, NULL);
+    }
+    if (first) {
+        wo_count(WO_CTR_capture_waits, 1);
+        wo_count(WO_CTR_capture_wait_us, (wo_now_ns() - first) / 1000);
     }
 }
 
