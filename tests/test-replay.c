@@ -355,9 +355,10 @@ static void test_streaming(void **state)
 /* llama.cpp's layout: every weight a tensor of one model buffer, each
  * placed by its own rule (the shim places that buffer tag by tag). The same
  * decode with the same policy predicts the same step and the same PCIe
- * bytes as with a tensor per allocation: experts read over the link,
- * attention and the head from the device (by the largest tag, the buffer
- * was one placement: every byte on the device, or every byte host). */
+ * bytes as with a tensor per allocation: experts read over the link, or
+ * staged each by itself (the shim's sub-spans), attention and the head
+ * from the device (by the largest tag, the buffer was one placement: every
+ * byte on the device, or every byte host). */
 static void test_one_buffer(void **state)
 {
     static const char *const pol[] = {
@@ -367,6 +368,9 @@ static void test_one_buffer(void **state)
         "version: 1\nprefetch: {mode: hot-set}\n"
         "rules:\n  - {name: big, match: [embed_tokens, lm_head], place: host}\n",
         "version: 1\n",
+        /* experts staged every step: one sub-span a tensor in the buffer */
+        "version: 1\nprefetch: {mode: stream}\n"
+        "rules:\n  - {name: experts, match: experts, place: host}\n",
     };
     struct wo_gen_opts go = WO_GEN_DEFAULTS;
     struct wo_trace_data *d[2];
@@ -388,6 +392,13 @@ static void test_one_buffer(void **state)
                         (double)go.layers * go.topk * (go.expert_mib * WO_MiB * 3 / 2) * 0.999);
         if (k == 2)
             assert_true(r[1].zc_bytes_step == 0);
+        /* every expert tensor staged once a step, nothing read in place */
+        assert_true(fabs(r[1].stream_bytes_step - r[0].stream_bytes_step) <=
+                    r[0].stream_bytes_step * 1e-3);
+        if (k == 3)
+            assert_true(r[1].stream_bytes_step >
+                            (double)go.layers * go.experts * (go.expert_mib * WO_MiB * 3 / 2) * 0.999 &&
+                        r[1].zc_bytes_step == 0);
         for (int b = 0; b < 2; b++)
             wo_replay_result_free(&r[b]);
     }

@@ -18,6 +18,7 @@ struct rtag {
     int name;
     uint32_t place; /* enum wo_placement: the tag's own (a mixed range's hits read by it) */
     uint64_t slice; /* a mixed range's: gcd of the hit offsets inside the tag, from its start */
+    int32_t su;     /* a mixed range's: the tag's stream unit (sim.su), -1: none */
     /* this step's reads of the tag's bytes (replay-sim.c, multiplicity):
      * bytes launches read and the granules (64 over the tag) among them */
     double rd;
@@ -42,7 +43,13 @@ struct rr {
     size_t ntags;
     /* the streaming executor (replay-sim.c, stream_read): a host range
      * under prefetch mode stream is copied once a step into a device slot */
-    bool streamed;
+    int32_t su;        /* its stream unit (sim.su), -1: none (a mixed range: its tags') */
+};
+
+/* What the streaming executor copies into a slot once a step: a host
+ * range, or a host tag of a mixed range (the shim's sub-span). */
+struct sunit {
+    uint64_t size;
     uint64_t st_step;  /* the step its latest copy serves (UINT64_MAX: none) */
     uint64_t st_copy;  /* that copy's index (its slot: index % slots) */
     uint64_t st_seen;  /* the last step that read it (UINT64_MAX: none) */
@@ -128,7 +135,9 @@ struct sim {
     double ce_free;           /* when the copy engine is idle */
     double *slot_free;        /* by slot: the end of the last read of its range */
     uint64_t ncopies;         /* copies issued */
-    uint32_t *sorder, *corder; /* streamed ranges (indices into r) in the order the last complete
+    struct sunit *su;         /* the stream units */
+    size_t nsu, capsu;
+    uint32_t *sorder, *corder; /* stream units (indices into su) in the order the last complete
                                * step / this step read them first */
     size_t nsorder, ncorder, capsorder, capcorder;
     size_t la_pos;            /* the next copy ahead: sorder[la_pos] for step la_step */

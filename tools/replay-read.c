@@ -60,6 +60,7 @@ int wo_replay_setup_ranges(struct sim *s)
     for (size_t i = 0; i < d->nranges; i++) {
         s->r[i].tr = &d->ranges[i];
         s->r[i].place = WO_PLACE_DEVICE;
+        s->r[i].su = -1; /* streamed: replay-sim.c, stream_units */
     }
     for (size_t i = 0; i < d->ntags; i++) {
         const struct wo_trace_tag *t = &d->tags[i];
@@ -83,7 +84,7 @@ int wo_replay_setup_ranges(struct sim *s)
                 return -ENOMEM;
             r->tags = nt;
             r->tags[r->ntags++] =
-                (struct rtag){.offset = t->offset, .size = t->size, .name = ni, .place = pl};
+                (struct rtag){.offset = t->offset, .size = t->size, .name = ni, .place = pl, .su = -1};
         }
         /* one allocation has one placement: the largest tag's */
         for (size_t j = 0; j + 1 < r->ntags; j++)

@@ -351,43 +351,43 @@ static void mult_close(struct sim *s, bool count)
  * a launch waits for its range's copy. The first step, before an order is
  * known, copies each range when a launch first needs it. */
 
-/* Issues the copy of range index ri for step `step` at time `at` at the
+/* Issues the copy of stream unit u for step `step` at time `at` at the
  * earliest (its slot free, the copy engine idle). */
-static void stream_issue(struct sim *s, uint32_t ri, uint64_t step, double at)
+static void stream_issue(struct sim *s, uint32_t u, uint64_t step, double at)
 {
-    struct rr *r = &s->r[ri];
+    struct sunit *x = &s->su[u];
     unsigned slot = (unsigned)(s->ncopies % s->slots);
     double t0 = WO_MAX(at, s->ce_free), t1;
 
-    /* a slot still held by a range copied ahead and not read yet (the
+    /* a slot still held by a unit copied ahead and not read yet (the
      * step read another first) is taken now, as the executor does */
     if (s->slot_free[slot] < INFINITY)
         t0 = WO_MAX(t0, s->slot_free[slot]);
 
-    t1 = link_use(s, t0, (double)r->tr->size * s->copy_s, 1);
+    t1 = link_use(s, t0, (double)x->size * s->copy_s, 1);
     traffic(s, t0, t1, 1);
     s->ce_free = t1;
     s->slot_free[slot] = INFINITY; /* until its reads are seen */
-    r->st_step = step;
-    r->st_copy = s->ncopies++;
-    r->st_ready = t1;
+    x->st_step = step;
+    x->st_copy = s->ncopies++;
+    x->st_ready = t1;
     if (s->in_window)
-        s->stream_b += (double)r->tr->size;
+        s->stream_b += (double)x->size;
     wo_replay_tl_event(s, 2, "stage", t0, t1);
 }
 
 /* Copies ahead of the launches, in the last step's order, while slots are
- * free of ranges not read yet; at least the one after the range just read. */
+ * free of units not read yet; at least the one after the unit just read. */
 static void stream_ahead(struct sim *s, double at)
 {
     while (s->nsorder) {
         unsigned slot = (unsigned)(s->ncopies % s->slots);
-        uint32_t ri = s->sorder[s->la_pos];
+        uint32_t u = s->sorder[s->la_pos];
 
         if (s->slot_free[slot] == INFINITY)
-            break; /* held by a range the step has not read yet */
-        if (s->r[ri].st_step != s->la_step)
-            stream_issue(s, ri, s->la_step, at);
+            break; /* held by a unit the step has not read yet */
+        if (s->su[u].st_step != s->la_step)
+            stream_issue(s, u, s->la_step, at);
         if (++s->la_pos == s->nsorder) {
             s->la_pos = 0;
             s->la_step++;
@@ -395,45 +395,45 @@ static void stream_ahead(struct sim *s, double at)
     }
 }
 
-/* A launch at `start` reads streamed range ri: when its bytes are in the
- * slot (the copy issued now if none serves this step). The step's first
- * read of each range makes this step's order. */
-static double stream_read(struct sim *s, uint32_t ri, double start)
+/* A launch at `start` reads stream unit u: when its bytes are in the slot
+ * (the copy issued now if none serves this step). The step's first read of
+ * each unit makes this step's order. */
+static double stream_read(struct sim *s, uint32_t u, double start)
 {
-    struct rr *r = &s->r[ri];
+    struct sunit *x = &s->su[u];
 
-    if (r->st_seen != s->step) {
-        r->st_seen = s->step;
+    if (x->st_seen != s->step) {
+        x->st_seen = s->step;
         if (wo_grow((void **)&s->corder, &s->capcorder, s->ncorder + 1, sizeof(*s->corder)) < 0) {
             s->err = -ENOMEM;
             return start;
         }
-        s->corder[s->ncorder++] = ri;
+        s->corder[s->ncorder++] = u;
     }
-    if (r->st_step != s->step) {
+    if (x->st_step != s->step) {
         /* not copied ahead (the first step, or another order): now, and
-         * the copies ahead go on from the range after it */
+         * the copies ahead go on from the unit after it */
         size_t i;
 
-        for (i = 0; i < s->nsorder && s->sorder[i] != ri; i++)
+        for (i = 0; i < s->nsorder && s->sorder[i] != u; i++)
             ;
         if (i < s->nsorder) {
             s->la_pos = (i + 1) % s->nsorder;
             s->la_step = s->step + (i + 1 == s->nsorder);
         }
-        stream_issue(s, ri, s->step, start);
+        stream_issue(s, u, s->step, start);
     }
-    return r->st_ready;
+    return x->st_ready;
 }
 
-/* The launch that read ri ends at `end`: its slot is free from then on
+/* The launch that read unit u ends at `end`: its slot is free from then on
  * (until a later launch of the step reads it again). */
-static void stream_done(struct sim *s, uint32_t ri, double end)
+static void stream_done(struct sim *s, uint32_t u, double end)
 {
-    struct rr *r = &s->r[ri];
-    unsigned slot = (unsigned)(r->st_copy % s->slots);
+    struct sunit *x = &s->su[u];
+    unsigned slot = (unsigned)(x->st_copy % s->slots);
 
-    if (s->ncopies - r->st_copy <= s->slots)
+    if (s->ncopies - x->st_copy <= s->slots)
         s->slot_free[slot] = s->slot_free[slot] == INFINITY ? end : WO_MAX(s->slot_free[slot], end);
     stream_ahead(s, end);
 }
@@ -460,9 +460,67 @@ static void stream_step(struct sim *s)
 /* Where a hit on a mixed range (replay-int.h) reads: its tag's placement;
  * the bytes between tags (alignment padding) on the device. A managed tag
  * reads as managed only where the range is managed (its pieces are modelled
- * per range), else in place as host memory. Mixed ranges are never streamed
- * (the shim streams each host tag of one as a span of its own: not modelled
- * here, so their reads stay in place, the slower side). */
+ * per range), else in place as host memory. Under streaming, each host tag
+ * is a stream unit of its own (stream_units). */
+/* A stream unit of `size` bytes; its index, or -1 (no memory: s->err). */
+static int32_t stream_unit(struct sim *s, uint64_t size)
+{
+    if (wo_grow((void **)&s->su, &s->capsu, s->nsu + 1, sizeof(*s->su)) < 0) {
+        s->err = -ENOMEM;
+        return -1;
+    }
+    s->su[s->nsu] = (struct sunit){.size = size, .st_step = UINT64_MAX, .st_seen = UINT64_MAX};
+    return (int32_t)s->nsu++;
+}
+
+/* Whether a tag names an embedding (gathered by token id: never streamed,
+ * wo_stream_gathered). */
+static bool tag_gathered(const struct sim *s, const struct rtag *t)
+{
+    return t->name >= 0 && wo_stream_gathered(s->names[t->name].name);
+}
+
+/* Whether a mixed range holds more than 511 bytes that no tag names
+ * between two of its tags: the shim then reads it in place, never splits it
+ * (uvm/place.c, unnamed_before; docs/prefetch.md, What is streamed). */
+static bool unnamed_between(const struct rr *x)
+{
+    for (size_t i = 0; i < x->ntags; i++) {
+        uint64_t end = x->tags[i].offset + x->tags[i].size, next = UINT64_MAX;
+
+        for (size_t j = 0; j < x->ntags; j++)
+            if (x->tags[j].offset >= end && x->tags[j].offset < next)
+                next = x->tags[j].offset;
+        if (next != UINT64_MAX && next - end > 511)
+            return true;
+    }
+    return false;
+}
+
+/* The executor's units: each host range but an embedding, and in a mixed
+ * range each host tag (a sub-span), unless bytes no tag names lie between
+ * its tags. */
+static int stream_units(struct sim *s)
+{
+    for (size_t i = 0; i < s->d->nranges; i++) {
+        struct rr *x = &s->r[i];
+        bool whole = x->place == WO_PLACE_HOST && !x->mixed;
+
+        x->su = -1;
+        for (size_t t = 0; t < x->ntags; t++) {
+            x->tags[t].su = -1;
+            whole &= !tag_gathered(s, &x->tags[t]);
+        }
+        if (whole)
+            x->su = stream_unit(s, x->tr->size);
+        else if (x->mixed && !unnamed_between(x))
+            for (size_t t = 0; t < x->ntags; t++)
+                if (x->tags[t].place == WO_PLACE_HOST && !tag_gathered(s, &x->tags[t]))
+                    x->tags[t].su = stream_unit(s, x->tags[t].size);
+    }
+    return s->err;
+}
+
 static uint32_t hit_place(const struct rr *r, const struct rtag *t)
 {
     uint32_t p = t ? t->place : WO_PLACE_DEVICE;
@@ -523,6 +581,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         struct rtag *tag;
         uint32_t place;
         uint64_t end_off, b;
+        int32_t su;
         int ni;
 
         /* on weights, a word that is no pointer (core/event.h) reads nothing */
@@ -531,10 +590,13 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         end_off = wo_plan_extent_end(r->tr->size, r->slice, hit->offset, hit->hi);
         place = s->sealed ? r->place : WO_PLACE_DEVICE;
         tag = wo_replay_tag_at(r, hit->offset);
+        su = r->su;
         if (r->mixed) {
-            /* a tensor of a buffer of many: its own bytes, its own slices */
+            /* a tensor of a buffer of many: its own bytes, its own slices,
+             * its own stream unit */
             struct rtag *in = wo_replay_tag_in(r, hit->offset);
 
+            su = in ? in->su : -1;
             if (in)
                 end_off = in->offset + wo_plan_extent_end(in->size, in->slice,
                                                           hit->offset - in->offset,
@@ -587,14 +649,13 @@ static void kernel(struct sim *s, const struct wo_event *ev)
                                                   (double)(hi - lo), 0, 0};
                 }
             }
-        } else if (place == WO_PLACE_HOST && r->streamed && s->sealed) {
-            uint32_t ri = (uint32_t)(r - s->r);
-            double wait = stream_read(s, ri, start);
+        } else if (place == WO_PLACE_HOST && su >= 0 && s->sealed) {
+            double wait = stream_read(s, (uint32_t)su, start);
 
             hbm += (double)b;
             t_in = WO_MAX(t_in, wait);
             if (nstreamed < WO_ARRAY_SIZE(streamed))
-                streamed[nstreamed++] = ri;
+                streamed[nstreamed++] = (uint32_t)su;
             if (s->in_window) {
                 s->stall_s += WO_MAX(0.0, wait - start);
                 if (ni >= 0) {
@@ -724,6 +785,7 @@ void wo_replay_sim_free(struct sim *s)
     free(s->lk);
     free(s->tp);
     free(s->slot_free);
+    free(s->su);
     free(s->sorder);
     free(s->corder);
     wo_plan_free(s->plan);
@@ -844,17 +906,8 @@ int wo_replay_sim_once(const struct wo_trace_data *d, const struct wo_replay_opt
         s->copy_s = g->prefetch.pinned_copies ? 1.0 / (s->dm->h2d_gbs * 1e9) : s->zc_s;
         if (!(s->slot_free = calloc(s->slots, sizeof(*s->slot_free))))
             return -ENOMEM;
-        for (size_t i = 0; i < d->nranges; i++) {
-            struct rr *x = &s->r[i];
-
-            /* the executor's rule: host ranges, but an embedding (gathered
-             * by token id) is never streamed (wo_stream_gathered) */
-            x->streamed = x->place == WO_PLACE_HOST && !x->mixed;
-            for (size_t t = 0; t < x->ntags && x->streamed; t++)
-                x->streamed = x->tags[t].name < 0 ||
-                              !wo_stream_gathered(s->names[x->tags[t].name].name);
-            x->st_step = x->st_seen = UINT64_MAX;
-        }
+        if (stream_units(s) < 0)
+            return -ENOMEM;
     }
     for (size_t i = 0; i < d->nranges; i++) {
         struct rr *x = &s->r[i];
