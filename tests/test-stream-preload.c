@@ -1345,8 +1345,10 @@ int main(int argc, char **argv)
                num_after(s, "\"redirected\":"), num_after(stats, "\"capture_waits\":"),
                num_after(stats, "\"capture_wait_us\":") / 1e3);
         CHECK(num_after(s, "\"redirected\":") > 0);
-        /* the executor's records take 3 ms: some begin waited for one */
+        /* the executor's records take 3 ms: some begin waited for one,
+         * and the exit summary says so */
         CHECK(num_after(stats, "\"capture_waits\":") > 0);
+        CHECK(said_once(log, "of them waited for a driver call of the shim's"));
         CHECK(!strstr(log, "nothing is streamed from now on"));
     }
 

@@ -679,6 +679,17 @@ void wo_summary_log(const char *when)
                      e.all ? " (none: every event is kept for the trace or WOFFLOAD_OBSERVE)" : "",
                      e.capacity, e.dropped_watched, e.dropped_unwatched, e.dropped_other,
                      e.backlog.peak, e.backlog.limit);
+        {
+            /* what the capture handshake (uvm.h) cost the engine */
+            uint64_t waits = wo_counter_get(WO_CTR_capture_waits);
+
+            if (waits)
+                wo_log_write(WO_LOG_OFF,
+                             "captures: %" PRIu64 " begun, %" PRIu64
+                             " of them waited for a driver call of the shim's (%.1f ms in all)",
+                             wo_counter_get(WO_CTR_capture_begin), waits,
+                             (double)wo_counter_get(WO_CTR_capture_wait_us) / 1e3);
+        }
         wo_picks_summary();
     }
 }
