@@ -155,6 +155,16 @@ static void capture_release(void)
     __atomic_fetch_sub(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
 }
 
+/* After a begin-capture call (capture_hold before it): the capture is
+ * known, or the hold is given back. */
+static void begin_done(bool ok, uint64_t stream, int mode)
+{
+    if (ok)
+        wo_capture_begin(stream, mode);
+    else
+        capture_release();
+}
+
 /* After a successful begin (capture_hold already done). */
 void wo_capture_begin(uint64_t stream, int mode)
 {
@@ -349,10 +359,25 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
     WO_HOOK_ENTER(real(s, mode));
     capture_hold();
     res = real(s, mode);
-    if (res == CUDA_SUCCESS)
-        wo_capture_begin(wo_stream_id(s, wo_hook_pt[id]), (int)mode);
-    else
-        capture_release();
+    begin_done(res == CUDA_SUCCESS, wo_stream_id(s, wo_hook_pt[id]), (int)mode);
+    wo_leave();
+    return res;
+}
+
+/* The same for a capture into a graph the caller made
+ * (cuStreamBeginCaptureToGraph, CUDA 12.3): its launches are captured as
+ * any capture's, and the end returns that graph. */
+CUresult wo_h_begin_capture_to_graph(wo_pfn_cuStreamBeginCaptureToGraph real, int id, void *ra,
+                                     CUstream s, CUgraph g, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode)
+{
+    CUresult res;
+    (void)ra;
+
+    WO_HOOK_ENTER(real(s, g, deps, data, n, mode));
+    capture_hold();
+    res = real(s, g, deps, data, n, mode);
+    begin_done(res == CUDA_SUCCESS, wo_stream_id(s, wo_hook_pt[id]), (int)mode);
     wo_leave();
     return res;
 }
@@ -436,10 +461,24 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
     WO_RT_HOOK_ENTER(real(s, mode));
     capture_hold();
     res = real(s, mode);
-    if (res == cudaSuccess)
-        wo_capture_begin(wo_stream_id(s, wo_rt_pt[id]), (int)mode);
-    else
-        capture_release();
+    begin_done(res == cudaSuccess, wo_stream_id(s, wo_rt_pt[id]), (int)mode);
+    wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_begin_capture_to_graph(wo_pfn_cudaStreamBeginCaptureToGraph real, int id,
+                                             void *ra, cudaStream_t s, cudaGraph_t g,
+                                             const cudaGraphNode_t *deps,
+                                             const cudaGraphEdgeData *data, size_t n,
+                                             enum cudaStreamCaptureMode mode)
+{
+    cudaError_t res;
+    (void)ra;
+
+    WO_RT_HOOK_ENTER(real(s, g, deps, data, n, mode));
+    capture_hold();
+    res = real(s, g, deps, data, n, mode);
+    begin_done(res == cudaSuccess, wo_stream_id(s, wo_rt_pt[id]), (int)mode);
     wo_leave();
     return res;
 }

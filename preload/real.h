@@ -81,6 +81,8 @@
     X(cuLaunchKernelEx_ptsz, 1, wo_h_launch_kernel_ex, CUresult, (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra), (cfg, f, params, extra)) \
     X(cuStreamBeginCapture_v2, 0, wo_h_begin_capture, CUresult, (CUstream s, CUstreamCaptureMode mode), (s, mode)) \
     X(cuStreamBeginCapture_v2_ptsz, 1, wo_h_begin_capture, CUresult, (CUstream s, CUstreamCaptureMode mode), (s, mode)) \
+    X(cuStreamBeginCaptureToGraph, 0, wo_h_begin_capture_to_graph, CUresult, (CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode), (s, g, deps, data, n, mode)) \
+    X(cuStreamBeginCaptureToGraph_ptsz, 1, wo_h_begin_capture_to_graph, CUresult, (CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode), (s, g, deps, data, n, mode)) \
     X(cuStreamEndCapture, 0, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
     X(cuStreamEndCapture_ptsz, 1, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
     X(cuGraphInstantiateWithFlags, 0, wo_h_graph_instantiate, CUresult, (CUgraphExec *e, CUgraph g, unsigned long long flags), (e, g, flags)) \
@@ -125,6 +127,7 @@
     G("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz) \
     G("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz) \
     G("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
+    G("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz) \
     G("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz) \
     G("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
     G("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
@@ -164,6 +167,8 @@
     X(cudaLaunchKernelExC_ptsz, 1, wo_h_cuda_launch_kernel_ex, cudaError_t, (const cudaLaunchConfig_t *cfg, const void *func, void **args), (cfg, func, args)) \
     X(cudaStreamBeginCapture, 0, wo_h_cuda_begin_capture, cudaError_t, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) \
     X(cudaStreamBeginCapture_ptsz, 1, wo_h_cuda_begin_capture, cudaError_t, (cudaStream_t s, enum cudaStreamCaptureMode mode), (s, mode)) \
+    X(cudaStreamBeginCaptureToGraph, 0, wo_h_cuda_begin_capture_to_graph, cudaError_t, (cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t *deps, const cudaGraphEdgeData *data, size_t n, enum cudaStreamCaptureMode mode), (s, g, deps, data, n, mode)) \
+    X(cudaStreamBeginCaptureToGraph_ptsz, 1, wo_h_cuda_begin_capture_to_graph, cudaError_t, (cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t *deps, const cudaGraphEdgeData *data, size_t n, enum cudaStreamCaptureMode mode), (s, g, deps, data, n, mode)) \
     X(cudaStreamEndCapture, 0, wo_h_cuda_end_capture, cudaError_t, (cudaStream_t s, cudaGraph_t *g), (s, g)) \
     X(cudaStreamEndCapture_ptsz, 1, wo_h_cuda_end_capture, cudaError_t, (cudaStream_t s, cudaGraph_t *g), (s, g)) \
     X(cudaGraphInstantiate, 0, wo_h_cuda_graph_instantiate, cudaError_t, (cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags), (e, g, flags)) \

@@ -220,6 +220,9 @@ static int child(const char *mode)
     CUresult (*p_cuInstantiate)(CUgraphExec *, CUgraph, unsigned long long);
     CUresult (*p_cuGraphLaunch)(CUgraphExec, CUstream);
     CUresult (*p_cuGraphCreate)(CUgraph *, unsigned);
+    CUresult (*p_cuBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode *,
+                                        const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
+    CUresult (*p_cuGraphDestroy)(CUgraph), (*p_cuGraphExecDestroy)(CUgraphExec);
     CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                        const CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*p_cuStreamSync)(CUstream);
@@ -256,7 +259,8 @@ static int child(const char *mode)
      * the pins go on after it */
     bool cap_mode = strcmp(mode, "stream-capture") == 0;
     /* stream-relaxed: llama.cpp's captures: each layer, a relaxed-mode
-     * capture after another on the engine's own stream, while the
+     * capture after another on the engine's own stream (once into a graph
+     * of the engine's own: cuStreamBeginCaptureToGraph), while the
      * executor records its fence on that stream (every record made 3 ms
      * slow, so a capture begins between the executor's look at the stream
      * and its record): every capture must end valid */
@@ -330,6 +334,9 @@ static int child(const char *mode)
     *(void **)&p_cuInstantiate = need(cu, "cuGraphInstantiateWithFlags");
     *(void **)&p_cuGraphLaunch = need(cu, "cuGraphLaunch");
     *(void **)&p_cuGraphCreate = need(cu, "cuGraphCreate");
+    *(void **)&p_cuBeginCaptureToGraph = need(cu, "cuStreamBeginCaptureToGraph");
+    *(void **)&p_cuGraphDestroy = need(cu, "cuGraphDestroy");
+    *(void **)&p_cuGraphExecDestroy = need(cu, "cuGraphExecDestroy");
     *(void **)&p_cuGraphAddKernelNode = need(cu, "cuGraphAddKernelNode_v2");
     *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
     *(void **)&kernel = need(cu, "fakecuda_kernel");
@@ -640,6 +647,34 @@ static int child(const char *mode)
                     usleep(1500);
                     if (p_cuEndCapture(s, &g) != CUDA_SUCCESS || !g)
                         broken_captures++;
+                }
+                if (relaxed_mode && step == steps / 2 && r == 0 && i == 3) {
+                    /* once, into a graph of the engine's own (CUDA 12.3's
+                     * cuStreamBeginCaptureToGraph), a launch that reads
+                     * the weight just read: captured, so read in place
+                     * when the graph runs, never redirected into a slot
+                     * the executor reuses meanwhile */
+                    CUgraph mine = NULL, g = NULL;
+                    CUgraphExec ge = NULL;
+
+                    CHECK(p_cuGraphCreate(&mine, 0) == CUDA_SUCCESS);
+                    CHECK(p_cuBeginCaptureToGraph(s, mine, NULL, NULL, 0,
+                                                  CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+                    CHECK(p_cuLaunchKernel(kk, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
+                          CUDA_SUCCESS);
+                    usleep(1500);
+                    if (p_cuEndCapture(s, &g) != CUDA_SUCCESS || g != mine) {
+                        broken_captures++;
+                    } else {
+                        *(uint64_t *)(uintptr_t)out = 0;
+                        CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
+                        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
+                        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                        if (*(uint64_t *)(uintptr_t)out != expect[i])
+                            wrong++;
+                        CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
+                    }
+                    CHECK(p_cuGraphDestroy(mine) == CUDA_SUCCESS);
                 }
             }
             {
@@ -1345,6 +1380,9 @@ int main(int argc, char **argv)
                num_after(s, "\"redirected\":"), num_after(stats, "\"capture_waits\":"),
                num_after(stats, "\"capture_wait_us\":") / 1e3);
         CHECK(num_after(s, "\"redirected\":") > 0);
+        /* the launches captured into the engine's own graphs were seen
+         * as captured (read in place), and their graph launches as such */
+        CHECK(num_after(s, "\"inplace_captured\":") > 0);
         /* the executor's records take 3 ms: some begin waited for one,
          * and the exit summary says so */
         CHECK(num_after(stats, "\"capture_waits\":") > 0);

@@ -84,6 +84,7 @@ struct fk_capture {
     struct CUstream_st *joined[MAX_JOINED];
     int njoined;
     struct CUgraph_st *graph;
+    bool into; /* cuStreamBeginCaptureToGraph: the caller's graph, never freed here */
 };
 
 static struct CUstream_st legacy_stream = { .magic = STREAM_MAGIC, .legacy = true };
@@ -605,19 +606,24 @@ static void graph_free(struct CUgraph_st *g)
     free(g);
 }
 
-static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool pt)
+/* into: the graph cuStreamBeginCaptureToGraph captures into (NULL: a new one) */
+static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool pt, struct CUgraph_st *into)
 {
     if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
         mode != CU_STREAM_CAPTURE_MODE_RELAXED)
         return CUDA_ERROR_INVALID_VALUE;
+    if (into && into->magic != GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
     struct fk_capture *c = calloc(1, sizeof(*c));
-    struct CUgraph_st *g = calloc(1, sizeof(*g));
+    struct CUgraph_st *g = into ? into : calloc(1, sizeof(*g));
     if (!c || !g) {
         free(c);
-        free(g);
+        if (!into)
+            free(g);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     g->magic = GRAPH_MAGIC;
+    c->into = into != NULL;
     fk_lock_();
     struct CUstream_st *st = stream_locked(s, pt);
     CUresult r = CUDA_SUCCESS;
@@ -632,7 +638,8 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool pt)
     if (r != CUDA_SUCCESS) {
         fk_unlock_();
         free(c);
-        free(g);
+        if (!into)
+            free(g);
         return r;
     }
     c->id = next_capture_id++;
@@ -651,12 +658,38 @@ static CUresult begin_capture(CUstream s, CUstreamCaptureMode mode, bool pt)
 FK_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
     FK_ENTER(cuStreamBeginCapture_v2);
-    return begin_capture(hStream, mode, false);
+    return begin_capture(hStream, mode, false, NULL);
 }
 FK_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
     FK_ENTER(cuStreamBeginCapture_v2_ptsz);
-    return begin_capture(hStream, mode, true);
+    return begin_capture(hStream, mode, true, NULL);
+}
+
+/* Dependencies on the graph's nodes are not modelled: the captured work
+ * follows the graph's earlier nodes, as the fake runs everything in order. */
+FK_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                               const CUgraphNode *dependencies,
+                                               const CUgraphEdgeData *dependencyData,
+                                               size_t numDependencies, CUstreamCaptureMode mode)
+{
+    FK_ENTER(cuStreamBeginCaptureToGraph);
+    (void)dependencies;
+    (void)dependencyData;
+    (void)numDependencies;
+    return hGraph ? begin_capture(hStream, mode, false, hGraph) : CUDA_ERROR_INVALID_VALUE;
+}
+FK_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                    const CUgraphNode *dependencies,
+                                                    const CUgraphEdgeData *dependencyData,
+                                                    size_t numDependencies,
+                                                    CUstreamCaptureMode mode)
+{
+    FK_ENTER(cuStreamBeginCaptureToGraph_ptsz);
+    (void)dependencies;
+    (void)dependencyData;
+    (void)numDependencies;
+    return hGraph ? begin_capture(hStream, mode, true, hGraph) : CUDA_ERROR_INVALID_VALUE;
 }
 
 static CUresult end_capture(CUstream s, CUgraph *phGraph, bool pt)
@@ -688,7 +721,8 @@ static CUresult end_capture(CUstream s, CUgraph *phGraph, bool pt)
         }
     fk_unlock_();
     if (c->invalidated) {
-        graph_free(c->graph);
+        if (!c->into)
+            graph_free(c->graph);
         *phGraph = NULL;
         r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     } else {

@@ -133,6 +133,8 @@
     X(cuStreamGetCaptureInfo_v3_ptsz, C)                                                           \
     X(cuStreamBeginCapture_v2, C)                                                                  \
     X(cuStreamBeginCapture_v2_ptsz, C)                                                             \
+    X(cuStreamBeginCaptureToGraph, C)                                                              \
+    X(cuStreamBeginCaptureToGraph_ptsz, C)                                                         \
     X(cuStreamEndCapture, C)                                                                       \
     X(cuStreamEndCapture_ptsz, C)                                                                  \
     X(cuLaunchHostFunc, C)                                                                         \
@@ -262,6 +264,8 @@
     X(cuStreamGetCaptureInfo, 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz)    \
     X(cuStreamGetCaptureInfo, 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz)    \
     X(cuStreamBeginCapture, 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz)          \
+    X(cuStreamBeginCaptureToGraph, 12030, cuStreamBeginCaptureToGraph,                             \
+      cuStreamBeginCaptureToGraph_ptsz)                                                            \
     X(cuStreamEndCapture, 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz)                      \
     X(cuLaunchHostFunc, 10000, cuLaunchHostFunc, cuLaunchHostFunc_ptsz)                            \
     X(cuEventCreate, 2000, cuEventCreate, NULL)                                                    \
