@@ -14,8 +14,10 @@
  * capture id), WO_EV_GRAPH_INSTANTIATE (exec, graph), WO_EV_GRAPH_LAUNCH
  * (exec, graph; ev.stream).
  *
- * Not seen: launches on a stream that joined a capture through an event wait
- * (cross-stream capture) are recorded as ordinary launches. */
+ * A stream that joined a capture through an event wait (cross-stream
+ * capture) is not in the table: wo_capture_joined asks the driver, so that
+ * its launches read in place; their events are recorded as ordinary
+ * launches. */
 #include <pthread.h>
 #include <sched.h>
 #include <string.h>
@@ -74,6 +76,25 @@ uint32_t wo_capture_of(uint64_t stream)
             return id;
     }
     return 0;
+}
+
+bool wo_capture_joined(uint64_t stream)
+{
+    const struct wo_real *r;
+    CUresult (*is)(CUstream, CUstreamCaptureStatus *);
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+
+    if (WO_LIKELY(__atomic_load_n(&wo_captures_live, __ATOMIC_RELAXED) == 0))
+        return false;
+    r = wo_real_driver_peek();
+    is = r ? (CUresult(*)(CUstream, CUstreamCaptureStatus *))r->cuStreamIsCapturing : NULL;
+    if (!is)
+        return false;
+    if (is((CUstream)(uintptr_t)stream, &cs) != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+        wo_count(WO_CTR_launch_joined_capture, 1);
+        return true;
+    }
+    return false;
 }
 
 void wo_capture_note_launch(uint32_t id, uint32_t nhits)

@@ -134,6 +134,12 @@ static inline void wo_launch_extra(void **extra, const void **buf, size_t *size)
 
 /* Capture id when the stream is capturing now, else 0. Lock-free. */
 uint32_t wo_capture_of(uint64_t stream);
+/* Whether a stream the table does not know captures all the same: it joined
+ * a capture through an event wait (a fork inside the engine's graph). Asks
+ * the driver, and only while a capture is under way (wo_captures_live):
+ * otherwise one relaxed load. An error counts as capturing (the legacy
+ * stream beside a capturing blocking stream). */
+bool wo_capture_joined(uint64_t stream);
 /* Accounts a launch recorded into capture `id` that touched nhits ranges. */
 void wo_capture_note_launch(uint32_t id, uint32_t nhits);
 /* After a successful begin; the hook raised wo_captures_live before it. */

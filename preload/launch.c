@@ -506,7 +506,8 @@ struct launch {
     bool observe; /* wo_launch_scan: scan and push */
     bool scanned;
     bool no_layout;
-    uint32_t cap;
+    uint32_t cap;   /* the capture it is recorded into, by the table (0: none) */
+    bool captured;  /* recorded into a capture: the table's, or one its stream joined */
     struct scan s;
     struct wo_redirect rd;
     bool blind;                     /* a blind launch begun (wo_stream_blind_begin) */
@@ -537,6 +538,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->scanned = false;
     l->no_layout = false;
     l->cap = 0;
+    l->captured = false;
     l->rd.n = l->rd.nslot = 0;
     l->blind = false;
     l->ntouch = 0;
@@ -544,6 +546,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     if (!l->observe)
         return;
     l->cap = wo_capture_of(stream);
+    l->captured = l->cap != 0;
     if (wo_registry_count() == 0)
         return;
     wo_registry_read_begin();
@@ -558,10 +561,14 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     picks = __atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE);
     if (!active && !picks)
         return;
+    /* what it moves or fences must not land in a capture the table does
+     * not know of: its stream may have joined one */
+    if (!l->captured)
+        l->captured = wo_capture_joined(stream);
     /* a kernel that writes through pointers the scan cannot see (NCCL's):
      * no slot staged before it is read after it. A captured one is its
      * graph's launch's to say (wo_capture_graph_blind) */
-    if (active && !l->cap && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
+    if (active && !l->captured && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
         l->blind = wo_stream_blind_begin();
     if (!l->s.nhits)
         return;
@@ -569,13 +576,13 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         /* neither where the engine is nor a read to move */
         __atomic_add_fetch(&wo_stream_tab.n.not_reader, 1, __ATOMIC_RELAXED);
     } else if (active) {
-        wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->cap != 0);
+        wo_redirect_begin(&l->rd, l->s.hits, l->s.nhits, stream, l->captured);
     }
     /* the experts its router picked, when the engine said where the picks
      * are (uvm/hotpath.h: picked staging; explicit, so no reader rule) */
     if (picks) {
         struct wo_picks_move mv[WO_REDIRECT_MAX];
-        unsigned np = wo_picks_stage(l->s.hits, l->s.nhits, stream, l->cap != 0, l->rd.from,
+        unsigned np = wo_picks_stage(l->s.hits, l->s.nhits, stream, l->captured, l->rd.from,
                                      l->rd.to, l->rd.n, mv, WO_REDIRECT_MAX - l->rd.n);
         for (unsigned k = 0; k < np; k++)
             wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev);
@@ -605,7 +612,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
      * launch nor leave a slot published that is (uvm/hotpath.h). A captured
      * launch runs later, from its graph: graphs read in place, and what
      * they write is not seen (docs/prefetch.md, Write checks). */
-    if (active && !l->cap)
+    if (active && !l->captured)
         l->ntouch =
             wo_stream_touch_begin(l->s.hits, l->s.nhits, l->rd.from, l->rd.to, l->rd.n, l->touch);
 }

@@ -231,6 +231,7 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuStreamDestroy_v2)                                                                          \
     Y(cuStreamSynchronize)                                                                         \
     Y(cuStreamWaitEvent)                                                                           \
+    Y(cuStreamIsCapturing)                                                                         \
     Y(cuEventCreate)                                                                               \
     Y(cuEventDestroy_v2)                                                                           \
     Y(cuEventRecord)                                                                               \

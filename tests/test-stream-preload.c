@@ -223,6 +223,8 @@ static int child(const char *mode)
     CUresult (*p_cuBeginCaptureToGraph)(CUstream, CUgraph, const CUgraphNode *,
                                         const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
     CUresult (*p_cuGraphDestroy)(CUgraph), (*p_cuGraphExecDestroy)(CUgraphExec);
+    CUresult (*p_cuEventCreate)(CUevent *, unsigned), (*p_cuEventRecord)(CUevent, CUstream);
+    CUresult (*p_cuStreamWaitEvent)(CUstream, CUevent, unsigned);
     CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                        const CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*p_cuStreamSync)(CUstream);
@@ -260,7 +262,8 @@ static int child(const char *mode)
     bool cap_mode = strcmp(mode, "stream-capture") == 0;
     /* stream-relaxed: llama.cpp's captures: each layer, a relaxed-mode
      * capture after another on the engine's own stream (once into a graph
-     * of the engine's own: cuStreamBeginCaptureToGraph), while the
+     * of the engine's own: cuStreamBeginCaptureToGraph; once joined from
+     * another stream's capture through an event), while the
      * executor records its fence on that stream (every record made 3 ms
      * slow, so a capture begins between the executor's look at the stream
      * and its record): every capture must end valid */
@@ -337,6 +340,9 @@ static int child(const char *mode)
     *(void **)&p_cuBeginCaptureToGraph = need(cu, "cuStreamBeginCaptureToGraph");
     *(void **)&p_cuGraphDestroy = need(cu, "cuGraphDestroy");
     *(void **)&p_cuGraphExecDestroy = need(cu, "cuGraphExecDestroy");
+    *(void **)&p_cuEventCreate = need(cu, "cuEventCreate");
+    *(void **)&p_cuEventRecord = need(cu, "cuEventRecord");
+    *(void **)&p_cuStreamWaitEvent = need(cu, "cuStreamWaitEvent");
     *(void **)&p_cuGraphAddKernelNode = need(cu, "cuGraphAddKernelNode_v2");
     *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
     *(void **)&kernel = need(cu, "fakecuda_kernel");
@@ -675,6 +681,41 @@ static int child(const char *mode)
                         CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
                     }
                     CHECK(p_cuGraphDestroy(mine) == CUDA_SUCCESS);
+                }
+                if (relaxed_mode && step == steps / 2 + 1 && r == 0 && i == 3) {
+                    /* once, the engine's stream joins a capture begun on
+                     * another (a fork: an event recorded there, waited on
+                     * here), and reads the weight just read: the table
+                     * knows only the other stream, the driver says this
+                     * one captures too (wo_capture_joined), so it is read
+                     * in place, never redirected inside the capture */
+                    CUstream cs;
+                    CUevent fork, join;
+                    CUgraph g = NULL;
+                    CUgraphExec ge = NULL;
+
+                    CHECK(p_cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+                    CHECK(p_cuEventCreate(&fork, 0) == CUDA_SUCCESS);
+                    CHECK(p_cuEventCreate(&join, 0) == CUDA_SUCCESS);
+                    CHECK(p_cuBeginCapture(cs, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+                    CHECK(p_cuEventRecord(fork, cs) == CUDA_SUCCESS);
+                    CHECK(p_cuStreamWaitEvent(s, fork, 0) == CUDA_SUCCESS);
+                    CHECK(p_cuLaunchKernel(kk, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
+                          CUDA_SUCCESS);
+                    CHECK(p_cuEventRecord(join, s) == CUDA_SUCCESS);
+                    CHECK(p_cuStreamWaitEvent(cs, join, 0) == CUDA_SUCCESS);
+                    if (p_cuEndCapture(cs, &g) != CUDA_SUCCESS || !g) {
+                        broken_captures++;
+                    } else {
+                        *(uint64_t *)(uintptr_t)out = 0;
+                        CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
+                        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
+                        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                        if (*(uint64_t *)(uintptr_t)out != expect[i])
+                            wrong++;
+                        CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
+                        CHECK(p_cuGraphDestroy(g) == CUDA_SUCCESS);
+                    }
                 }
             }
             {
@@ -1380,9 +1421,11 @@ int main(int argc, char **argv)
                num_after(s, "\"redirected\":"), num_after(stats, "\"capture_waits\":"),
                num_after(stats, "\"capture_wait_us\":") / 1e3);
         CHECK(num_after(s, "\"redirected\":") > 0);
-        /* the launches captured into the engine's own graphs were seen
-         * as captured (read in place), and their graph launches as such */
-        CHECK(num_after(s, "\"inplace_captured\":") > 0);
+        /* the launch captured into the engine's own graph, and the one on
+         * the stream that joined a capture, were seen as captured (read in
+         * place) */
+        CHECK(num_after(s, "\"inplace_captured\":") >= 2);
+        CHECK(num_after(stats, "\"launch_joined_capture\":") >= 1);
         /* the executor's records take 3 ms: some begin waited for one,
          * and the exit summary says so */
         CHECK(num_after(stats, "\"capture_waits\":") > 0);
