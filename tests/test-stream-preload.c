@@ -225,6 +225,7 @@ static int child(const char *mode)
     CUresult (*p_cuGraphDestroy)(CUgraph), (*p_cuGraphExecDestroy)(CUgraphExec);
     CUresult (*p_cuEventCreate)(CUevent *, unsigned), (*p_cuEventRecord)(CUevent, CUstream);
     CUresult (*p_cuStreamWaitEvent)(CUstream, CUevent, unsigned);
+    CUresult (*p_cuEventDestroy)(CUevent);
     CUresult (*p_cuGraphAddKernelNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
                                        const CUDA_KERNEL_NODE_PARAMS *);
     CUresult (*p_cuStreamSync)(CUstream);
@@ -343,6 +344,7 @@ static int child(const char *mode)
     *(void **)&p_cuEventCreate = need(cu, "cuEventCreate");
     *(void **)&p_cuEventRecord = need(cu, "cuEventRecord");
     *(void **)&p_cuStreamWaitEvent = need(cu, "cuStreamWaitEvent");
+    *(void **)&p_cuEventDestroy = need(cu, "cuEventDestroy_v2");
     *(void **)&p_cuGraphAddKernelNode = need(cu, "cuGraphAddKernelNode_v2");
     *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
     *(void **)&kernel = need(cu, "fakecuda_kernel");
@@ -716,6 +718,8 @@ static int child(const char *mode)
                         CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
                         CHECK(p_cuGraphDestroy(g) == CUDA_SUCCESS);
                     }
+                    CHECK(p_cuEventDestroy(fork) == CUDA_SUCCESS);
+                    CHECK(p_cuEventDestroy(join) == CUDA_SUCCESS);
                 }
             }
             {
