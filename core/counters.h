@@ -59,8 +59,8 @@
     X(capture_end)                                                                                 \
     X(capture_table_full)                                                                          \
     X(capture_waits)           /* begin-capture calls that waited for a driver call of the shim's */ \
-    X(launch_joined_capture)   /* launches on a stream that joined a capture (wo_capture_joined) */ \
     X(capture_wait_us)         /* ... the time they waited, in all (uvm/uvm.h: the handshake) */  \
+    X(launch_joined_capture)   /* launches on a stream that joined a capture (wo_capture_joined) */ \
     X(graph_instantiate)       /* instantiations of a graph the shim saw captured */              \
     X(graph_instantiate_other) /* instantiations of graphs not captured (built by hand) */        \
     X(graph_launch)                                                                                \

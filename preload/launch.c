@@ -524,7 +524,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
 {
     uint16_t tmp[MAX_PARAMS];
     const uint16_t *sizes = NULL;
-    bool active, picks;
+    bool active, picks, blind;
     int n = -1;
 
     l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
@@ -561,14 +561,18 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     picks = __atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE);
     if (!active && !picks)
         return;
-    /* what it moves or fences must not land in a capture the table does
-     * not know of: its stream may have joined one */
-    if (!l->captured)
-        l->captured = wo_capture_joined(stream);
     /* a kernel that writes through pointers the scan cannot see (NCCL's):
      * no slot staged before it is read after it. A captured one is its
      * graph's launch's to say (wo_capture_graph_blind) */
-    if (active && !l->captured && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime))
+    blind = active && l->s.lay && launch_blind(l->s.lay, l->key, func, runtime);
+    if (!l->s.nhits && !blind)
+        return;
+    /* what it moves or fences must not land in a capture the table does
+     * not know of: its stream may have joined one (asked only now, of a
+     * launch with something to move or fence) */
+    if (!l->captured)
+        l->captured = wo_capture_joined(stream);
+    if (blind && !l->captured)
         l->blind = wo_stream_blind_begin();
     if (!l->s.nhits)
         return;

@@ -95,35 +95,6 @@ static struct wo_event ev_new(struct gen *g, unsigned type)
 static void tag_and_fill(struct gen *g, const struct grange *r, const char *name, unsigned place,
                          uint32_t rule, int placeable);
 
-/* one_buffer: a weight carved from the model buffer (made at the first,
- * `total` bytes), tagged and filled as a tensor of it (ggml's 512-byte
- * alignment between tensors) */
-static struct grange carve(struct gen *g, uint64_t total, uint64_t size, const char *name,
-                           unsigned place, uint32_t rule)
-{
-    struct grange r;
-
-    if (!g->buf.size) {
-        struct wo_event ev = ev_new(g, WO_EV_ALLOC);
-
-        g->buf = (struct grange){g->next_id++, 1, g->next_addr, total, 0};
-        g->next_addr = WO_ALIGN_UP(g->next_addr + total, 2 * WO_MiB);
-        ev.a.base = g->buf.base;
-        ev.a.size = total;
-        ev.a.seq = ++g->seq;
-        ev.a.flags = 1u; /* WO_RANGE_PLACEABLE */
-        ev.api = 1;
-        check(g, wo_trace_event_ids(g->t, &ev, g->buf.id, g->buf.gen));
-        g->now += 3000;
-    }
-    r = (struct grange){g->buf.id, g->buf.gen, g->buf.base + g->buf_used, size, g->buf_used};
-    g->buf_used = WO_ALIGN_UP(g->buf_used + size, 512);
-    if (g->buf_used > total)
-        g->err = -EINVAL;
-    tag_and_fill(g, &r, name, place, rule, 1);
-    return r;
-}
-
 static struct grange alloc(struct gen *g, uint64_t size, const char *name, unsigned place,
                            uint32_t rule, int placeable)
 {
@@ -140,6 +111,24 @@ static struct grange alloc(struct gen *g, uint64_t size, const char *name, unsig
     g->now += 3000;
     if (name)
         tag_and_fill(g, &r, name, place, rule, placeable);
+    return r;
+}
+
+/* one_buffer: a weight carved from the model buffer (allocated at the
+ * first, `total` bytes, placeable, untagged), tagged and filled as a tensor
+ * of it (ggml's 512-byte alignment between tensors) */
+static struct grange carve(struct gen *g, uint64_t total, uint64_t size, const char *name,
+                           unsigned place, uint32_t rule)
+{
+    struct grange r;
+
+    if (!g->buf.size)
+        g->buf = alloc(g, total, NULL, 0, 0, 1);
+    r = (struct grange){g->buf.id, g->buf.gen, g->buf.base + g->buf_used, size, g->buf_used};
+    g->buf_used = WO_ALIGN_UP(g->buf_used + size, 512);
+    if (g->buf_used > total)
+        g->err = -EINVAL;
+    tag_and_fill(g, &r, name, place, rule, 1);
     return r;
 }
 

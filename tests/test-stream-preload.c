@@ -438,6 +438,21 @@ static int child(const char *mode)
     knc = kernel("ncclDevKernel_Broadcast_RING_LL", 3, psz, broadcast);
     kpe = kernel("peek", 3, psz, checksum);
 
+/* A capture's graph g that reads a weight whose sum is want: instantiated,
+ * launched on the engine's stream, a wrong sum counted; its exec destroyed
+ * (the graph is the caller's). */
+#define RUN_GRAPH(g, want)                                                                         \
+    do {                                                                                           \
+        CUgraphExec ge_;                                                                           \
+        *(uint64_t *)(uintptr_t)out = 0;                                                           \
+        CHECK(p_cuInstantiate(&ge_, (g), 0) == CUDA_SUCCESS);                                      \
+        CHECK(p_cuGraphLaunch(ge_, s) == CUDA_SUCCESS);                                            \
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);                                                  \
+        if (*(uint64_t *)(uintptr_t)out != (want))                                                 \
+            wrong++;                                                                               \
+        CHECK(p_cuGraphExecDestroy(ge_) == CUDA_SUCCESS);                                          \
+    } while (0)
+
 /* Launches kern (it writes a word it was handed to out) and counts the
  * word v reaching it changed: a word that is no pointer must never be
  * redirected. */
@@ -663,7 +678,6 @@ static int child(const char *mode)
                      * when the graph runs, never redirected into a slot
                      * the executor reuses meanwhile */
                     CUgraph mine = NULL, g = NULL;
-                    CUgraphExec ge = NULL;
 
                     CHECK(p_cuGraphCreate(&mine, 0) == CUDA_SUCCESS);
                     CHECK(p_cuBeginCaptureToGraph(s, mine, NULL, NULL, 0,
@@ -671,17 +685,10 @@ static int child(const char *mode)
                     CHECK(p_cuLaunchKernel(kk, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) ==
                           CUDA_SUCCESS);
                     usleep(1500);
-                    if (p_cuEndCapture(s, &g) != CUDA_SUCCESS || g != mine) {
+                    if (p_cuEndCapture(s, &g) != CUDA_SUCCESS || g != mine)
                         broken_captures++;
-                    } else {
-                        *(uint64_t *)(uintptr_t)out = 0;
-                        CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
-                        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
-                        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                        if (*(uint64_t *)(uintptr_t)out != expect[i])
-                            wrong++;
-                        CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
-                    }
+                    else
+                        RUN_GRAPH(g, expect[i]);
                     CHECK(p_cuGraphDestroy(mine) == CUDA_SUCCESS);
                 }
                 if (relaxed_mode && step == steps / 2 + 1 && r == 0 && i == 3) {
@@ -694,7 +701,6 @@ static int child(const char *mode)
                     CUstream cs;
                     CUevent fork, join;
                     CUgraph g = NULL;
-                    CUgraphExec ge = NULL;
 
                     CHECK(p_cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
                     CHECK(p_cuEventCreate(&fork, 0) == CUDA_SUCCESS);
@@ -709,13 +715,7 @@ static int child(const char *mode)
                     if (p_cuEndCapture(cs, &g) != CUDA_SUCCESS || !g) {
                         broken_captures++;
                     } else {
-                        *(uint64_t *)(uintptr_t)out = 0;
-                        CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
-                        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
-                        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                        if (*(uint64_t *)(uintptr_t)out != expect[i])
-                            wrong++;
-                        CHECK(p_cuGraphExecDestroy(ge) == CUDA_SUCCESS);
+                        RUN_GRAPH(g, expect[i]);
                         CHECK(p_cuGraphDestroy(g) == CUDA_SUCCESS);
                     }
                     CHECK(p_cuEventDestroy(fork) == CUDA_SUCCESS);

@@ -25,20 +25,19 @@ static int name_index(struct sim *s, const char *name, uint32_t place)
     return (int)s->nnames++;
 }
 
-struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off)
-{
-    for (size_t i = 0; i < r->ntags; i++)
-        if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
-            return &r->tags[i];
-    return r->ntags ? &r->tags[0] : NULL;
-}
-
 struct rtag *wo_replay_tag_in(const struct rr *r, uint64_t off)
 {
     for (size_t i = 0; i < r->ntags; i++)
         if (off >= r->tags[i].offset && off - r->tags[i].offset < r->tags[i].size)
             return &r->tags[i];
     return NULL;
+}
+
+struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off)
+{
+    struct rtag *t = wo_replay_tag_in(r, off);
+
+    return t ? t : r->ntags ? &r->tags[0] : NULL;
 }
 
 int wo_replay_name_at(const struct rr *r, uint64_t off)
@@ -86,18 +85,18 @@ int wo_replay_setup_ranges(struct sim *s)
             r->tags[r->ntags++] =
                 (struct rtag){.offset = t->offset, .size = t->size, .name = ni, .place = pl, .su = -1};
         }
-        /* one allocation has one placement: the largest tag's */
+        /* its rule's priority and slices: the largest tag's */
         for (size_t j = 0; j + 1 < r->ntags; j++)
             biggest = WO_MAX(biggest, r->tags[j].size);
         if (t->size > biggest) {
-            r->place = pl;
             r->prio = prio;
             r->no_slices = ns;
         }
     }
     wo_replay_place_recorded(s);
-    /* a range is placed as its largest tag, unless its tags are placed
-     * apart (llama.cpp's buffer): then each hit reads as its tag does */
+    /* a range is placed as its largest tag (after the recorded changes);
+     * one whose tags are placed apart (llama.cpp's buffer) is mixed: each
+     * hit reads as its tag does */
     for (size_t i = 0; i < d->nranges; i++) {
         struct rr *r = &s->r[i];
         size_t big = 0;
@@ -107,7 +106,7 @@ int wo_replay_setup_ranges(struct sim *s)
             if (r->tags[j].size > r->tags[big].size)
                 big = j;
         }
-        if (r->mixed)
+        if (r->ntags)
             r->place = r->tags[big].place;
     }
     return 0;
