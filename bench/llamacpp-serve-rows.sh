@@ -19,6 +19,10 @@
 #   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
 #   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
 #                  row was measured to use, for a row at equal memory)
+#   shim-ROW-late  any shim row with WOFFLOAD_LATE_BIND=1: llama.cpp's model
+#                  buffer late bound, its host tensors pinned host memory that
+#                  the streaming executor copies from on the copy engine
+#                  (docs/placement.md, Late binding)
 # Settings (environment; defaults in brackets): PARALLEL [32]; CTX
 # [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
 # (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
@@ -63,10 +67,14 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     [ "$per" -gt "$left" ] && per=$left
     O=$OUTROOT/p$P-$row
-    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET
+    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
+    base=$row
     case $row in
+    shim-*-late) base=${row%-late}; export WOFFLOAD_LATE_BIND=1 ;;
+    esac
+    case $base in
     plain) R=${R_FAST:-8,32,96} ;;
     shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
@@ -80,7 +88,7 @@ for row in $ROWS; do
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac
     mkdir -p "$O"
-    case $row in
+    case $base in
     shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
     shim-*) export STATS=$O/stats.json SHIM_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
     esac

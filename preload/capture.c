@@ -417,6 +417,28 @@ CUresult wo_h_end_capture(wo_pfn_cuStreamEndCapture real, int id, void *ra, CUst
     return res;
 }
 
+/* A stream's end: before it, uvm/ gives up what refers to it (the stream
+ * executor's slots fence their readers there, picked staging's buffers
+ * wait for it: wo_uvm_stream_gone); after it, a capture it was making ends
+ * (destroying a capturing stream invalidates the capture, and its end would
+ * never come: the shim's threads would keep out of the driver for good). */
+CUresult wo_h_stream_destroy(wo_pfn_cuStreamDestroy_v2 real, int id, void *ra, CUstream s)
+{
+    CUresult res;
+    uint64_t sid;
+    (void)ra;
+
+    WO_HOOK_ENTER(real(s));
+    sid = wo_stream_id(s, wo_hook_pt[id]);
+    if (s && s != CU_STREAM_LEGACY && s != CU_STREAM_PER_THREAD)
+        wo_uvm_stream_gone(sid);
+    res = real(s);
+    if (res == CUDA_SUCCESS && wo_capture_of(sid))
+        wo_capture_end(sid, 0, false);
+    wo_leave();
+    return res;
+}
+
 CUresult wo_h_graph_instantiate(wo_pfn_cuGraphInstantiateWithFlags real, int id, void *ra,
                                 CUgraphExec *e, CUgraph g, unsigned long long flags)
 {

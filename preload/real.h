@@ -83,6 +83,7 @@
     X(cuStreamBeginCapture_v2_ptsz, 1, wo_h_begin_capture, CUresult, (CUstream s, CUstreamCaptureMode mode), (s, mode)) \
     X(cuStreamBeginCaptureToGraph, 0, wo_h_begin_capture_to_graph, CUresult, (CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode), (s, g, deps, data, n, mode)) \
     X(cuStreamBeginCaptureToGraph_ptsz, 1, wo_h_begin_capture_to_graph, CUresult, (CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode), (s, g, deps, data, n, mode)) \
+    X(cuStreamDestroy_v2, 0, wo_h_stream_destroy, CUresult, (CUstream s), (s)) \
     X(cuStreamEndCapture, 0, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
     X(cuStreamEndCapture_ptsz, 1, wo_h_end_capture, CUresult, (CUstream s, CUgraph *g), (s, g)) \
     X(cuGraphInstantiateWithFlags, 0, wo_h_graph_instantiate, CUresult, (CUgraphExec *e, CUgraph g, unsigned long long flags), (e, g, flags)) \
@@ -128,6 +129,7 @@
     G("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz) \
     G("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
     G("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz) \
+    G("cuStreamDestroy", 4000, cuStreamDestroy_v2, cuStreamDestroy_v2) \
     G("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz) \
     G("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
     G("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \

@@ -442,6 +442,34 @@ static int child(void)
               json_num(js, t, "\"resident\":") <= json_num(js, "},\"tensors\":", "\"resident\":"));
     }
     free(js);
+    /* streams that come and go (an engine's short-lived side streams): each
+     * destroyed stream gives its buffers back, so a 9th, 10th... still gets
+     * the picked rows (the table holds 8), and nothing later hands the
+     * driver a destroyed stream */
+    {
+        CUresult (*p_cuStreamDestroy)(CUstream);
+        uint64_t (*dead_uses)(void);
+        uint64_t n = 1, width = 8, row = ROW0;
+        int64_t id = 3;
+        void *params[] = {&w[0], &ids, &n, &width, &row, &out};
+
+        *(void **)&p_cuStreamDestroy = need(cu, "cuStreamDestroy_v2");
+        *(void **)&dead_uses = need(cu, "fakecuda_dead_stream_uses");
+        CHECK(p_cuMemcpyHtoD(ids, &id, 8) == CUDA_SUCCESS);
+        for (int k = 0; k < 12; k++) {
+            CUstream t;
+            uint64_t before = moved_reads;
+
+            CHECK(p_cuStreamCreate(&t, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+            CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 1, 8) == 0);
+            CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, t, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuStreamSync(t) == CUDA_SUCCESS);
+            CHECK(moved_reads == before + 1);
+            CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, NULL, 0, 0) == 0);
+            CHECK(p_cuStreamDestroy(t) == CUDA_SUCCESS);
+        }
+        CHECK(dead_uses() == 0);
+    }
     check_summary("test-picks-preload child");
     return failures ? 1 : 0;
 }

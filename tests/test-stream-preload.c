@@ -870,6 +870,26 @@ static int child(const char *mode)
             fclose(f);
         }
     }
+    if (stream_mode) {
+        /* the engine's stream goes before its weights, as llama-server's
+         * contexts go before its model: nothing of the shim's may use it
+         * after (the fake counts uses of a destroyed stream; the real
+         * driver crashed on them) */
+        CUresult (*p_cuStreamDestroy)(CUstream);
+
+        CUstream cs;
+
+        *(void **)&p_cuStreamDestroy = need(cu, "cuStreamDestroy_v2");
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+        CHECK(p_cuStreamDestroy(s) == CUDA_SUCCESS);
+        /* a stream destroyed while it captures: the capture ends with it
+         * (the shim's threads keep out of the driver only while one is
+         * under way, and the slots below go back only once they may
+         * enter it) */
+        CHECK(p_cuStreamCreate(&cs, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        CHECK(p_cuBeginCapture(cs, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+        CHECK(p_cuStreamDestroy(cs) == CUDA_SUCCESS);
+    }
     /* the engine unloads: the executor gives its slots back */
     for (int i = 0; i < NR; i++)
         CHECK(p_cuMemFree(ranges[i]) == CUDA_SUCCESS);
@@ -894,6 +914,14 @@ static int child(const char *mode)
             usleep(25000);
         }
         CHECK(at != NULL);
+    }
+    if (stream_mode) {
+        uint64_t (*dead_uses)(void);
+
+        *(void **)&dead_uses = need(cu, "fakecuda_dead_stream_uses");
+        printf("child stream: %llu driver calls with the destroyed stream\n",
+               (unsigned long long)dead_uses());
+        CHECK(dead_uses() == 0);
     }
     free(buf);
     check_summary(mode);

@@ -312,6 +312,14 @@ void wo_stream_counts(struct wo_stream_counts *ret);
  * concurrently): the executor, when it starts and in a forked child. */
 void wo_stream_table_clear(void);
 
+/* The engine destroys stream (the hook calls this before the real call,
+ * on the engine's thread): the streaming executor's slots that it read get
+ * their read_done recorded there now and forget it, and picked staging's
+ * buffers of it wait for its work and are given back; nothing the shim
+ * does later hands the driver the freed stream (llama-server frees its
+ * streams before its model buffer, whose free gives the slots back). */
+void wo_uvm_stream_gone(uint64_t stream);
+
 /* ---- picked staging (uvm/picks.h: the executor) ---------------------------
  * A launch that reads an expert tensor whose picks the engine registered
  * (woffload_moe_picks) gets only the picked rows, copied on its own stream

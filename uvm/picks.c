@@ -305,6 +305,34 @@ static struct strm *stream_of(uint64_t stream)
     return free_one;
 }
 
+/* The engine destroys stream (before the real call): its buffers, if it
+ * has any, wait for its work there (its launches may still read them; a
+ * later owner overwrites them) and go to the next stream that asks, empty;
+ * the entry is free. Without this a growing buffer synchronised a freed
+ * stream, and a destroyed stream's entry was never given back. */
+void wo_picks_stream_gone(uint64_t stream)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        struct strm *t = &pk.st[k];
+        bool held = false;
+
+        if (!t->used || t->stream != stream)
+            continue;
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++) {
+            held |= t->b[b].dev != 0;
+            t->b[b].span = -1;
+        }
+        if (held && d && d->cuStreamSynchronize)
+            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
+        t->used = false;
+        t->stream = 0;
+    }
+    pthread_mutex_unlock(&pk.lock);
+}
+
 /* The buffer of stream t that holds span i's rows of its registration now,
  * or the least recently used one, grown to the span's bytes (NULL: none). */
 static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, bool *fresh)

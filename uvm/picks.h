@@ -115,6 +115,9 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                      void *ud);
 /* The exit summary's line, or nothing when no span was staged. */
 void wo_picks_summary(void);
+/* The engine destroys stream (wo_uvm_stream_gone): its buffers wait for
+ * its work and go to the next stream that asks, empty. */
+void wo_picks_stream_gone(uint64_t stream);
 /* Forgets everything without a driver call (exit after the summary, fork
  * child, tests). */
 void wo_picks_reset(void);

@@ -99,6 +99,52 @@ bool wo_sx_fence_owner(struct wo_stream_slot *s)
     return true;
 }
 
+/* The engine destroys stream (its hook, before the real call): every slot
+ * whose readers ran there gets its read_done recorded there now, while the
+ * stream exists, and forgets the stream, so that no later fence or write
+ * check hands the driver a freed stream (llama-server frees its contexts,
+ * their streams with them, before its model buffer, whose free gives the
+ * slots back: the fence then crashed the real driver at exit). Should the
+ * record fail (the stream of another context), the stream's work is
+ * waited for instead. Under wo_uvm.lock, as every fence is. */
+static void wo_sx_stream_gone(uint64_t stream)
+{
+    const struct wo_driver *d;
+    CUcontext prev;
+    bool in;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (!wo_sx || !wo_sx->slots_ready) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        return;
+    }
+    d = wo_sx->drv;
+    in = wo_driver_enter(); /* the engine's own thread: recorded also while a capture runs */
+    prev = wo_sx_push_ctx();
+    for (unsigned i = 0; i < wo_sx->nslots; i++) {
+        struct wo_stream_slot *s = &wo_stream_tab.slot[i];
+        uint64_t owner = stream + 1;
+
+        if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != owner)
+            continue;
+        if (!s->read_done || d->cuEventRecord(s->read_done, (CUstream)(uintptr_t)stream) !=
+                                 CUDA_SUCCESS)
+            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
+        __atomic_compare_exchange_n(&s->owner, &owner, 0, false, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_ACQUIRE);
+    }
+    wo_sx_pop_ctx(prev);
+    if (in)
+        wo_driver_leave();
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+void wo_uvm_stream_gone(uint64_t stream)
+{
+    wo_sx_stream_gone(stream);
+    wo_picks_stream_gone(stream);
+}
+
 /* The range the engine is at may still have launches to come that read
  * its slot through a table an earlier one wrote (wo_sx_stage()'s fence): its
  * slot is reused (or freed) only once a launch has touched another range.

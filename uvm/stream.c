@@ -334,6 +334,9 @@ static bool free_slots(void)
      * to wait for */
     if (wo_sx->pin_on)
         wo_pin_retire_all(NULL);
+    /* under the lock: a stream the engine destroys meanwhile has its
+     * slots' read_done recorded there (wo_sx_stream_gone) */
+    pthread_mutex_lock(&wo_uvm.lock);
     for (unsigned i = 0; i < wo_sx->nslots; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         if (s->dev && d->cuMemFree_v2)
@@ -358,6 +361,7 @@ static bool free_slots(void)
         wo_sx->slot_last[i] = NONE;
         wo_sx->slot_chk[i] = NONE;
     }
+    pthread_mutex_unlock(&wo_uvm.lock);
     for (uint32_t id = 0; id < wo_sx->nr; id++) {
         wo_sx->r[id].hashed = false; /* the hashes go with the checker */
         wo_sx->r[id].chk_slot1 = 0;

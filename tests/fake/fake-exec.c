@@ -103,6 +103,12 @@ static bool have_last;
 
 /* --- streams ------------------------------------------------------------- */
 
+/* Destroyed streams are kept here, never freed, so that a handle used after
+ * its destroy is told apart from one never made (the real driver may crash
+ * on it): counted by fakecuda_dead_stream_uses, then refused as any bad one. */
+static struct CUstream_st *dead_streams;
+static _Atomic uint64_t dead_stream_uses;
+
 static struct CUstream_st *stream_locked(CUstream s, bool per_thread)
 {
     if (s == NULL)
@@ -117,6 +123,11 @@ static struct CUstream_st *stream_locked(CUstream s, bool per_thread)
     for (struct CUstream_st *st = streams; st; st = st->next)
         if (st == s)
             return st;
+    for (struct CUstream_st *st = dead_streams; st; st = st->next)
+        if (st == s) {
+            dead_stream_uses++;
+            break;
+        }
     return NULL;
 }
 
@@ -323,8 +334,9 @@ FK_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream)
             capture_detach_locked(st->cap, st);
         }
         st->magic = 0;
+        st->next = dead_streams;
+        dead_streams = st;
         fk_unlock_();
-        free(st);
         return CUDA_SUCCESS;
     }
     fk_unlock_();
@@ -1704,6 +1716,11 @@ FK_EXPORT int fakecuda_last_launch(struct fakecuda_launch *out)
         *out = last_launch;
     fk_unlock_();
     return have ? 0 : -ENOENT;
+}
+
+FK_EXPORT uint64_t fakecuda_dead_stream_uses(void)
+{
+    return dead_stream_uses;
 }
 
 FK_EXPORT int fakecuda_capturing(void)

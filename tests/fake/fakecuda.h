@@ -203,6 +203,9 @@ uint64_t fakecuda_launches_run(void);
 uint64_t fakecuda_launches_captured(void);
 /* The last launch (run or captured): 0, or -ENOENT if none. */
 int fakecuda_last_launch(struct fakecuda_launch *out);
+/* Calls that passed a stream after cuStreamDestroy had destroyed it (each
+ * refused with CUDA_ERROR_INVALID_HANDLE; the real driver may crash). */
+uint64_t fakecuda_dead_stream_uses(void);
 /* Number of streams capturing now (any mode). */
 int fakecuda_capturing(void);
 /* Number of operations in a graph or graph exec (-EINVAL for a bad handle). */
