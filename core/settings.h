@@ -32,6 +32,7 @@ struct wo_settings {
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool picks;              /* WOFFLOAD_PICKS */
+    bool readonly;           /* WOFFLOAD_READONLY */
     int nerrors;             /* number of variables that had a bad value */
 };
 

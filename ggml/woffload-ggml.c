@@ -73,6 +73,7 @@ static struct {
     int (*tag)(const void *, size_t, const char *);
     int (*seal)(void);
     long (*stats)(char *, size_t);
+    int (*readonly)(const void *, size_t); /* NULL: a libwoffload without it */
 } real;
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
@@ -150,6 +151,7 @@ static void resolve(void)
     RESOLVE_API(tag, "woffload_tag");
     RESOLVE_API(seal, "woffload_seal");
     RESOLVE_API(stats, "woffload_stats");
+    RESOLVE_API(readonly, "woffload_readonly");
 
     if (!real.get_first_tensor || !real.get_next_tensor || !real.get_name || !real.get_data ||
         !real.nbytes || !real.buffer_get_base || !real.buffer_get_size || !real.buffer_get_type ||
@@ -295,6 +297,15 @@ static void name_tensors(struct candidate *c)
             say(L_WARN, "tagging '%s' [%p, +%zu) in the %s buffer: %s", name, data, size,
                 bname ? bname : "?", strerror(-r));
         }
+    }
+    /* llama.cpp never writes its weights from a kernel (copies into them,
+     * a LoRA swap or a reload, are still seen): so a CUDA graph that reads
+     * them is no blind launch, and streamed experts keep their staged
+     * copies (woffload.h, woffload_readonly; WOFFLOAD_READONLY=0: not) */
+    if (n && real.readonly) {
+        int r = real.readonly(real.buffer_get_base(c->buf), 0);
+        say(r == 0 ? L_DEBUG : L_WARN, "model buffer at %p declared read-only to kernels: %s",
+            real.buffer_get_base(c->buf), r == 0 ? "ok" : strerror(-r));
     }
     c->named = true;
     books.buffers++;

@@ -82,6 +82,20 @@ int woffload_seal(void);
 int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                        size_t n_ids, unsigned id_bytes);
 
+/* Read-only to kernels: no kernel writes the allocation at ptr (ptr its
+ * base, size its size or 0) from now on, as an inference engine never
+ * writes its weights (the ggml hook says so of llama.cpp's model buffers).
+ * Copies into it are still seen. The streaming executor then keeps what it
+ * staged across CUDA graph launches that read the allocation (otherwise
+ * such a graph may have written it unseen: a blind launch), skips the write
+ * checks of its slots, and keeps its pinned copies (docs/prefetch.md,
+ * "Blind launches"). A kernel that does write it after all may then have
+ * its write lost in a slot: declare only what holds. Returns 0 (also when
+ * declared before); -EINVAL (NULL ptr, or not a whole allocation); -ENOENT
+ * (no allocation the shim saw holds ptr); -ENOSPC (the allocation's id is
+ * past the table: 16384 live allocations). */
+int woffload_readonly(const void *ptr, size_t size);
+
 /* A JSON snapshot of the shim's state and counters into buf (always
  * NUL-terminated when len > 0). Returns the length the full snapshot needs,
  * excluding the NUL (like snprintf): call again with a larger buffer when the

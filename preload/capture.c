@@ -36,12 +36,13 @@ struct cap_slot {
     uint64_t stream;
     uint32_t id; /* 0: free */
     uint64_t launches, hit_launches, hits;
+    uint64_t wr_hits; /* hits on allocations kernels may write (not woffload_readonly) */
 };
 
 struct graph_slot {
     uint64_t key; /* graph handle; set once by its writer under cap_lock */
     uint32_t capture;
-    uint64_t launches, hits;
+    uint64_t launches, hits, wr_hits;
 };
 
 struct exec_slot {
@@ -97,7 +98,7 @@ bool wo_capture_joined(uint64_t stream)
     return false;
 }
 
-void wo_capture_note_launch(uint32_t id, uint32_t nhits)
+void wo_capture_note_launch(uint32_t id, uint32_t nhits, uint32_t nwritable)
 {
     for (int i = 0; i < CAP_SLOTS; i++) {
         if (LOAD(caps[i].id) != id)
@@ -106,6 +107,7 @@ void wo_capture_note_launch(uint32_t id, uint32_t nhits)
         if (nhits) {
             __atomic_fetch_add(&caps[i].hit_launches, 1, __ATOMIC_RELAXED);
             __atomic_fetch_add(&caps[i].hits, nhits, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&caps[i].wr_hits, nwritable, __ATOMIC_RELAXED);
         }
         return;
     }
@@ -210,6 +212,7 @@ void wo_capture_begin(uint64_t stream, int mode)
     STORE(caps[i].launches, 0);
     STORE(caps[i].hit_launches, 0);
     STORE(caps[i].hits, 0);
+    STORE(caps[i].wr_hits, 0);
     STORE(caps[i].id, next_id);
     __atomic_fetch_add(&caps_active, 1, __ATOMIC_RELEASE);
     wo_count(WO_CTR_capture_begin, 1);
@@ -275,6 +278,7 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
                 STORE(g->capture, id);
                 STORE(g->launches, LOAD(caps[i].launches));
                 STORE(g->hits, LOAD(caps[i].hits));
+                STORE(g->wr_hits, LOAD(caps[i].wr_hits));
             } else {
                 wo_log_once(WO_LOG_WARN, "graph table full: later graphs are not attributed");
             }
@@ -319,9 +323,10 @@ void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
 }
 
 /* Whether launching exec may write weights the launch hook never sees: its
- * graph's captured launches reached registered ranges (they replay in
- * place, uvm/hotpath.h: blind launches), or the graph was not captured
- * through the shim (its nodes are unknown). */
+ * graph's captured launches reached registered ranges that kernels may
+ * write (they replay in place, uvm/hotpath.h: blind launches; ranges
+ * declared read-only, woffload_readonly, do not count), or the graph was
+ * not captured through the shim (its nodes are unknown). */
 static bool graph_blind(uint64_t exec)
 {
     struct exec_slot *e = exec_slot(exec, false);
@@ -329,7 +334,7 @@ static bool graph_blind(uint64_t exec)
     uint64_t graph = e ? LOAD(e->graph) : 0;
 
     g = graph ? graph_slot(graph, false) : NULL;
-    return !g || LOAD(g->hits) != 0;
+    return !g || LOAD(g->wr_hits) != 0;
 }
 
 /* Before a graph launch on stream: a blind launch begun (true) when the
@@ -344,7 +349,7 @@ static bool graph_launch_begin(uint64_t exec, uint64_t stream)
         return false;
     cap = wo_capture_of(stream);
     if (cap) {
-        wo_capture_note_launch(cap, 1);
+        wo_capture_note_launch(cap, 1, 1);
         return false;
     }
     return wo_stream_blind_begin();

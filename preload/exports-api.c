@@ -46,6 +46,11 @@ WO_EXPORT int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_e
     return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, id_bytes);
 }
 
+WO_EXPORT int woffload_readonly(const void *ptr, size_t size)
+{
+    return wo_api_readonly(ptr, size);
+}
+
 WO_EXPORT long woffload_stats(char *buf, size_t len)
 {
     return wo_api_stats(buf, len);

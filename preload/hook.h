@@ -140,8 +140,10 @@ uint32_t wo_capture_of(uint64_t stream);
  * otherwise one relaxed load. An error counts as capturing (the legacy
  * stream beside a capturing blocking stream). */
 bool wo_capture_joined(uint64_t stream);
-/* Accounts a launch recorded into capture `id` that touched nhits ranges. */
-void wo_capture_note_launch(uint32_t id, uint32_t nhits);
+/* Accounts a launch recorded into capture `id` that touched nhits ranges,
+ * nwritable of them not declared read-only to kernels (woffload_readonly):
+ * the graph is a blind launch only when some are (graph_blind). */
+void wo_capture_note_launch(uint32_t id, uint32_t nhits, uint32_t nwritable);
 /* After a successful begin; the hook raised wo_captures_live before it. */
 void wo_capture_begin(uint64_t stream, int mode);
 void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);

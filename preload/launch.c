@@ -354,6 +354,20 @@ static inline bool word_notptr(const struct scan *s, uint32_t w)
     return s->lay && wo_notptr_word(s->lay->notptr, w);
 }
 
+/* The ranges of a captured launch whose writes could make a staged copy
+ * stale (its graph then is a blind launch): watched ones (named or served:
+ * every range the streaming executor stages is one) that are not declared
+ * read-only to kernels; those past WO_EV_MAX_HITS count (unknown). An
+ * activation or a KV cache (unwatched) holds nothing staged. */
+static uint32_t writable_hits(const struct scan *s)
+{
+    uint32_t n = s->found > s->nhits ? s->found - s->nhits : 0;
+
+    for (unsigned i = 0; i < s->nhits; i++)
+        n += (s->watched >> i & 1u) && !wo_readonly(s->hits[i].id, s->hits[i].gen);
+    return n;
+}
+
 /* Learns that word w of this function's parameters is no pointer slot:
  * uninitialised members of a by-value struct (PyTorch's TensorInfo keeps
  * sizes and strides for 25 dimensions and fills as many as the tensor
@@ -663,7 +677,7 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
     }
     if (l->cap) {
         wo_count(WO_CTR_launch_captured, 1);
-        wo_capture_note_launch(l->cap, l->s.found);
+        wo_capture_note_launch(l->cap, l->s.found, writable_hits(&l->s));
     }
     if (!__atomic_load_n(&wo_events, __ATOMIC_RELAXED))
         return;

@@ -27,6 +27,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "uvm/graph.h"
+#include "uvm/hotpath.h"
 #include "uvm/internal.h"
 #include "uvm/plan-budget.h"
 #include "uvm/plan.h"
@@ -834,6 +835,26 @@ static void misuse_has_defined_results(void **state)
         char *js = stats();
         assert_name(js, "first", "\"bytes\":1048576");
         assert_name(js, "second", "\"bytes\":1048576");
+        free(js);
+    }
+
+    /* read-only to kernels: whole allocations only, each counted once */
+    assert_int_equal(wo_api_readonly(NULL, 0), -EINVAL);
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)0x10, 0), -ENOENT);
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)(p + 4096), 0), -EINVAL);
+    assert_true(log_has("not a whole allocation"));
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)p, MiB), -EINVAL);
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)p, 4 * MiB), 0);
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)p, 0), 0); /* again: no-op */
+    assert_int_equal(wo_api_readonly((void *)(uintptr_t)o, 0), 0); /* observed memory too */
+    {
+        struct wo_range rg;
+        char *js = stats();
+
+        assert_int_equal(wo_registry_find(p, &rg), 0);
+        assert_true(wo_readonly(rg.id, rg.gen));
+        assert_false(wo_readonly(rg.id, rg.gen + 1));
+        assert_non_null(strstr(js, "\"readonly\":2}"));
         free(js);
     }
 

@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
+#include "uvm/hotpath.h"
 #include "uvm/picks.h"
 
 static void misuse(void)
@@ -238,6 +239,46 @@ int wo_api_seal(void)
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     return r;
+}
+
+int wo_api_readonly(const void *ptr, size_t size)
+{
+    struct wo_range rg;
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    const char *why = NULL;
+    int r = 0;
+
+    if (!ptr) {
+        wo_warn("woffload_readonly(NULL, %zu): NULL pointer (-EINVAL)", size);
+        misuse();
+        return -EINVAL;
+    }
+    if (wo_settings()->disable || !wo_settings()->readonly)
+        return 0; /* the shim passes everything through, or WOFFLOAD_READONLY=0 */
+    wo_uvm_ensure_init();
+    if (wo_registry_find(p, &rg) < 0) {
+        why = "the pointer is not in any allocation the shim saw";
+        r = -ENOENT;
+    } else if (rg.base != p || (size && size != rg.size)) {
+        why = "not a whole allocation (its base, and its size or 0)";
+        r = -EINVAL;
+    } else if (rg.id >= WO_STREAM_IDS) {
+        why = "more allocations live than the table holds";
+        r = -ENOSPC;
+    }
+    if (r) {
+        wo_warn("woffload_readonly(%p, %zu): %s (%s)", ptr, size, why,
+                r == -ENOENT ? "-ENOENT" : r == -EINVAL ? "-EINVAL" : "-ENOSPC");
+        misuse();
+        return r;
+    }
+    if (__atomic_exchange_n(&wo_readonly_gen[rg.id], rg.gen + 1, __ATOMIC_RELEASE) != rg.gen + 1) {
+        __atomic_add_fetch(&wo_uvm.readonly_allocs, 1, __ATOMIC_RELAXED);
+        wo_info("woffload_readonly: no kernel writes the allocation at %p (%llu MiB): graphs "
+                "reading it are no blind launches, its staged copies are not checked for writes",
+                ptr, (unsigned long long)(rg.size >> 20));
+    }
+    return 0;
 }
 
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,

@@ -13,6 +13,7 @@
 #include "uvm/hotpath.h"
 
 struct wo_stream_shared wo_stream_tab;
+uint32_t wo_readonly_gen[WO_STREAM_IDS];
 uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
 
 static void add(uint64_t *c, uint64_t n)

@@ -312,6 +312,21 @@ void wo_stream_counts(struct wo_stream_counts *ret);
  * concurrently): the executor, when it starts and in a forked child. */
 void wo_stream_table_clear(void);
 
+/* ---- allocations no kernel writes (woffload_readonly) -------------------------
+ * The generation + 1 of each registry id the engine declared read-only to
+ * kernels (0: not declared; a later allocation under the id has another
+ * generation). Copies into such an allocation are still seen and handled as
+ * for any range (wo_stream_note_write). What it changes: a graph whose
+ * captured launches reached only such allocations is no blind launch
+ * (preload/capture.c), and the streaming executor neither checks their
+ * slots for writes nor stages them again from the range after a launch
+ * read them in place; their pinned copies stay valid. Any thread. */
+extern uint32_t wo_readonly_gen[WO_STREAM_IDS];
+static inline bool wo_readonly(uint32_t id, uint32_t gen)
+{
+    return id < WO_STREAM_IDS && __atomic_load_n(&wo_readonly_gen[id], __ATOMIC_RELAXED) == gen + 1;
+}
+
 /* The engine destroys stream (the hook calls this before the real call,
  * on the engine's thread): the streaming executor's slots that it read get
  * their read_done recorded there now and forget it, and picked staging's

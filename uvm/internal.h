@@ -157,6 +157,7 @@ struct wo_uvm_state {
     uint64_t over_budget_tags, over_budget_bytes;
     uint64_t unplaceable_tags;
     uint64_t misuse;
+    uint64_t readonly_allocs; /* woffload_readonly declarations taken */
     uint64_t placement_errors;
 
     /* consumer results */

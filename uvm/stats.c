@@ -309,10 +309,12 @@ static void json_body(struct sbuf *b)
               ",\"allocations\":{\"live\":%zu,\"served_managed\":%" PRIu64
               ",\"served_pinned\":%" PRIu64 ",\"pin_failures\":%" PRIu64
               ",\"pin_fallbacks\":%" PRIu64 ",\"placement_errors\":%" PRIu64
-              ",\"unplaceable_tags\":%" PRIu64 ",\"misuse\":%" PRIu64 "}",
+              ",\"unplaceable_tags\":%" PRIu64 ",\"misuse\":%" PRIu64 ",\"readonly\":%" PRIu64
+              "}",
               wo_uvm.nallocs, wo_uvm.served_managed, wo_uvm.served_pinned, wo_uvm.pin_failures,
               wo_uvm.pin_fallbacks, wo_uvm.placement_errors, wo_uvm.unplaceable_tags,
-              __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED));
+              __atomic_load_n(&wo_uvm.misuse, __ATOMIC_RELAXED),
+              __atomic_load_n(&wo_uvm.readonly_allocs, __ATOMIC_RELAXED));
 
     wo_place_bind_bytes(&bound_host, &bound_device);
     sb_printf(b,

@@ -191,8 +191,10 @@ bool wo_sx_check_slot(unsigned s)
     if (id == NONE)
         return true;
     r = id < wo_sx->nr ? &wo_sx->r[id] : NULL;
+    /* a range no kernel writes (woffload_readonly) has nothing to check */
     if (r && r->live && r->gen == wo_sx->slot_chk_gen[s] && (!r->written || r->kernel_written) &&
-        wo_sx->check_on && wo_registry_get(r->rid, &rg) >= 0 && rg.gen == r->gen) {
+        wo_sx->check_on && !wo_readonly(r->rid, r->gen) && wo_registry_get(r->rid, &rg) >= 0 &&
+        rg.gen == r->gen) {
         if (!wo_sx_fence_owner(sl))
             return false;
         res = wo_check_slot(s, (CUdeviceptr)sl->dev, r->hi - r->lo, id, check_tag(r),
@@ -314,7 +316,7 @@ bool wo_sx_stage(uint32_t id, int slot)
     struct wo_stream_slot *s = &wo_stream_tab.slot[slot];
     uint64_t w = 0, nw;
     uint32_t tb, te, gb, ge;
-    bool fresh, blind_fresh, hashed_now = false;
+    bool fresh, blind_fresh, ro, touched, hashed_now = false;
     struct wo_range rg;
     CUcontext prev;
     CUresult res;
@@ -352,7 +354,11 @@ bool wo_sx_stage(uint32_t id, int slot)
     if (!r->streamed)
         return true; /* streaming stopped (blind()) */
     blind_fresh = ge != r->blind_seen;
-    fresh = te != r->touch_seen || blind_fresh;
+    /* a launch that read a read-only range in place wrote nothing: its
+     * pinned copy and hash stay good, the copy needs no fence */
+    ro = wo_readonly(r->rid, r->gen);
+    touched = te != r->touch_seen && !ro;
+    fresh = touched || blind_fresh;
     if (!wo_driver_enter())
         return false;
     /* The engine may free the range at any moment (wo_uvm_free, on its
@@ -396,7 +402,7 @@ bool wo_sx_stage(uint32_t id, int slot)
     res = wo_sx->check_on || !wo_sx->checks_wanted
               ? d->cuStreamWaitEvent(wo_sx->copy, s->read_done, 0)
               : CUDA_ERROR_NOT_SUPPORTED;
-    if (res == CUDA_SUCCESS && te != r->touch_seen)
+    if (res == CUDA_SUCCESS && touched)
         res = d->cuStreamWaitEvent(wo_sx->copy, wo_stream_tab.fence, 0);
     if (res == CUDA_SUCCESS && blind_fresh)
         res = d->cuStreamWaitEvent(wo_sx->copy, wo_stream_tab.blind_fence, 0);
@@ -424,7 +430,7 @@ bool wo_sx_stage(uint32_t id, int slot)
      * one) */
     if (blind_fresh)
         r->hashed = false;
-    if (res == CUDA_SUCCESS && wo_sx->check_on && !r->hashed) {
+    if (res == CUDA_SUCCESS && wo_sx->check_on && !r->hashed && !ro) {
         res = wo_check_first(wo_sx->copy, (CUdeviceptr)s->dev, r->hi - r->lo, id);
         r->hashed = hashed_now = res == CUDA_SUCCESS;
     }

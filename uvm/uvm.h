@@ -198,3 +198,4 @@ int wo_api_seal(void);
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                      size_t n_ids, unsigned id_bytes);
 long wo_api_stats(char *buf, size_t len);
+int wo_api_readonly(const void *ptr, size_t size);

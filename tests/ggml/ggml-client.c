@@ -180,6 +180,25 @@ static uint64_t want_sum(size_t w, uint8_t add)
 static char *stats(void);
 static long long field(const char *obj, const char *key);
 
+/* A graph of one stub_sum launch per weight into out[w], captured on s in
+ * mode, as ggml-cuda captures its CUDA graphs. */
+static void capture_sums(struct ggml_tensor **wt, uint64_t *out, cudaStream_t s,
+                         enum cudaStreamCaptureMode mode, cudaGraph_t *g, cudaGraphExec_t *ge)
+{
+    CHECK(cudaStreamBeginCapture(s, mode) == cudaSuccess, "capture begins");
+    for (size_t w = 0; w < NW; w++) {
+        const void *x = fggml_data(wt[w]);
+        size_t n = weights[w].size;
+        uint64_t *o = out + w;
+        void *args[] = {&x, &n, &o};
+        CHECK(cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
+                               s) == cudaSuccess,
+              "captured launch on %s", weights[w].name);
+    }
+    CHECK(cudaStreamEndCapture(s, g) == cudaSuccess && cudaGraphInstantiate(ge, *g, 0) == cudaSuccess,
+          "graph instantiated");
+}
+
 /* --stream: eager steps as llama.cpp runs a batch (its CUDA graphs off). */
 static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
 {
@@ -191,6 +210,22 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     for (size_t w = 0; w < NW; w++)
         want[w] = want_sum(w, 0);
     (void)stub_seen;
+    /* a CUDA graph reading every weight, replayed between the eager steps
+     * (llama-server's single-sequence steps are graph replays between its
+     * batched eager ones). The ggml hook declared the model buffer
+     * read-only to kernels (woffload_readonly): the graph is no blind
+     * launch, and nothing is checked for writes. WOFFLOAD_READONLY=0: it
+     * is one */
+    const char *ro_env = getenv("WOFFLOAD_READONLY");
+    int ro = !ro_env || strcmp(ro_env, "0") != 0;
+    size_t graph_wrong = 0, replays = 0;
+    uint64_t *gsums = NULL;
+    cudaStream_t gs = NULL;
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CHECK(cudaMalloc((void **)&gsums, NW * sizeof(uint64_t)) == cudaSuccess, "graph sums");
+    CHECK(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking) == cudaSuccess, "graph stream");
+    capture_sums(wt, gsums, gs, cudaStreamCaptureModeRelaxed, &g, &ge);
     /* at least STREAM_STEPS; on a loaded machine (a sanitizer, two cores)
      * the consumer thread may learn the step later: on until a launch
      * read a slot (at most STREAM_STEPS_MAX), then the copy, then 6 more */
@@ -215,6 +250,17 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
                 written = w + 1;
             }
         }
+        if (step % 8 == 4) {
+            uint64_t got[NW];
+
+            replays++;
+            if (cudaGraphLaunch(ge, gs) != cudaSuccess || cudaStreamSynchronize(gs) != cudaSuccess ||
+                cudaMemcpy(got, gsums, sizeof(got), cudaMemcpyDeviceToHost) != cudaSuccess)
+                graph_wrong++;
+            else
+                for (size_t w = 0; w < NW; w++)
+                    graph_wrong += got[w] != want[w];
+        }
         for (size_t w = 0; w < NW; w++) {
             int host = regexec(re, weights[w].name, 0, NULL, 0) == 0;
             for (int r = 0; r < (host ? STREAM_READS : 1); r++) {
@@ -235,6 +281,12 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
         }
     }
     CHECK(wrong == 0, "--stream: every sum of %d steps exact (%zu wrong)", step, wrong);
+    CHECK(graph_wrong == 0, "--stream: every sum of %zu graph replays exact (%zu wrong)", replays,
+          graph_wrong);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaStreamDestroy(gs);
+    cudaFree(gsums);
     CHECK(written != 0, "--stream: the copy into a streamed weight was made");
     CHECK(moved_host > 0, "--stream: launches on host experts read a device slot (%zu)",
           moved_host);
@@ -248,6 +300,23 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
           st ? field(st, "redirected") : -1);
     CHECK(st && field(st, "staged") > 0, "--stream: staging copies made (%lld)",
           st ? field(st, "staged") : -1);
+    const char *al = js ? strstr(js, "\"allocations\":{") : NULL;
+    if (ro) {
+        CHECK(al && field(al, "readonly") == 1,
+              "--stream: the model buffer declared read-only to kernels (%lld)",
+              al ? field(al, "readonly") : -1);
+        CHECK(st && field(st, "blind_launches") == 0,
+              "--stream: %zu graph replays of read-only weights: no blind launch (%lld)", replays,
+              st ? field(st, "blind_launches") : -1);
+        CHECK(st && field(st, "write_checks") == 0,
+              "--stream: read-only weights' slots not checked for writes (%lld)",
+              st ? field(st, "write_checks") : -1);
+    } else {
+        CHECK(al && field(al, "readonly") == 0, "--stream: WOFFLOAD_READONLY=0: nothing declared");
+        CHECK(st && field(st, "blind_launches") > 0,
+              "--stream: WOFFLOAD_READONLY=0: the graph replays are blind launches (%lld)",
+              st ? field(st, "blind_launches") : -1);
+    }
     /* the copy made it a written range: read in place from then on */
     const char *wn = st ? strstr(st, "\"blk.1.ffn_up_exps.weight\":{") : NULL;
     const char *we = wn ? strchr(wn, '}') : NULL;
@@ -410,19 +479,7 @@ int main(int argc, char **argv)
     cudaGraph_t g = NULL;
     cudaGraphExec_t ge = NULL;
     CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess, "stream");
-    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess, "capture begins");
-    for (size_t w = 0; w < NW; w++) {
-        const void *x = fggml_data(wt[w]);
-        size_t n = weights[w].size;
-        uint64_t *o = sums + w;
-        void *args[] = {&x, &n, &o};
-        CHECK(cudaLaunchKernel((const void *)stub_sum, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
-                               s) == cudaSuccess,
-              "captured launch on %s", weights[w].name);
-    }
-    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess &&
-              cudaGraphInstantiate(&ge, g, 0) == cudaSuccess,
-          "graph instantiated");
+    capture_sums(wt, sums, s, cudaStreamCaptureModeGlobal, &g, &ge);
     for (int i = 0; i < 2; i++)
         CHECK(cudaGraphLaunch(ge, s) == cudaSuccess, "graph launch %d", i + 1);
     CHECK(cudaStreamSynchronize(s) == cudaSuccess, "graph done");
