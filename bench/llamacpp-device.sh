@@ -18,6 +18,14 @@
 #                  are the suite, recorded as $OUT/gpu-suite-{1,2}.txt
 #   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
 #                  environment (its header), GGUF /tmp/x.gguf unless set
+#   soak-start     issue 40's soak: one row (SOAK_ROW [shim-exps]) of
+#                  bench/llamacpp-serve-rows.sh with SOAK_MINUTES [10] at SOAK_RATE
+#                  [0.25] req/s (about 70% of the P=64 saturation measured on the
+#                  moe32 GGUF), PARALLEL, in /tmp/soak, in a process session of its
+#                  own: it outlives this call (one call ends at 600 s), then
+#   soak-wait      (the next call, within 30 s) waits for it (at most until 560 s
+#                  into the call: call it again if it is not done) and copies
+#                  /tmp/soak to $OUT/soak
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
@@ -89,12 +97,33 @@ for step in "$@"; do
             bash bench/llamacpp-hook.sh >"$OUT/hook.log" 2>&1
         rc=$?
         tail -20 "$OUT/hook/summary.txt" ;;
+    soak-start)
+        rm -rf /tmp/soak && mkdir -p /tmp/soak
+        soak_min=${SOAK_MINUTES:-10}
+        (
+            export SOAK_MINUTES=$soak_min SOAK_RATE=${SOAK_RATE:-0.25} ROWS=${SOAK_ROW:-shim-exps}
+            export LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=/tmp/soak
+            export SHIM_BUILD=$ROOT/build-gpu ROW_S=$((soak_min * 60 + 240)) END_S=$((soak_min * 60 + 400))
+            setsid nohup bash -c 'bash bench/llamacpp-serve-rows.sh; touch /tmp/soak/done' \
+                >/tmp/soak/rows.log 2>&1 </dev/null &
+        )
+        sleep 2
+        pgrep -f llamacpp-serve-rows.sh >/dev/null
+        rc=$?
+        echo "soak: ${SOAK_ROW:-shim-exps}, $soak_min min at ${SOAK_RATE:-0.25} req/s, --parallel ${PARALLEL:-32}: started (rc $rc)" ;;
+    soak-wait)
+        while [ ! -e /tmp/soak/done ] && [ "$(el)" -lt 560 ]; do sleep 5; done
+        [ -e /tmp/soak/done ]
+        rc=$?
+        [ "$rc" -eq 0 ] || echo "soak: not done yet: call soak-wait again"
+        mkdir -p "$OUT/soak" && cp -r /tmp/soak/. "$OUT/soak/"
+        tail -5 /tmp/soak/rows.log ;;
     rows)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows, hook)"
+        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
