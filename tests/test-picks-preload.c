@@ -488,8 +488,8 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "child") == 0)
         return child();
     for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
-        char pol[] = "/tmp/wo-picks-XXXXXX";
-        int fd = mkstemp(pol), st = 0;
+        char pol[] = "/tmp/wo-picks-XXXXXX", logf[] = "/tmp/wo-picks-log-XXXXXX";
+        int fd = mkstemp(pol), st = 0, lfd = mkstemp(logf);
         pid_t pid;
 
         CHECK(fd >= 0 &&
@@ -499,6 +499,7 @@ int main(int argc, char **argv)
         if (pid == 0) {
             setenv("WOFFLOAD_POLICY", pol, 1);
             setenv("WOFFLOAD_LOG", "info", 1);
+            setenv("WOFFLOAD_LOG_FILE", logf, 1);
             if (i == sizeof(policies) / sizeof(policies[0]) - 1)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
@@ -508,6 +509,23 @@ int main(int argc, char **argv)
         fprintf(stderr, "test-picks-preload: policy %zu: child exit %d\n", i,
                 WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+        {
+            /* the exit summary: the totals, then the spread over the two
+             * expert tensors (each layer's bytes a step) */
+            static char log[1 << 20];
+            ssize_t n = lfd >= 0 ? read(lfd, log, sizeof(log) - 1) : -1;
+            const char *sp;
+
+            log[n > 0 ? n : 0] = '\0';
+            fputs(log, stderr);
+            sp = strstr(log, "picks: by tensor, moved a step: least ");
+            CHECK(strstr(log, "picks: 2 expert tensors") != NULL);
+            if (i < sizeof(policies) / sizeof(policies[0]) - 1)
+                CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
+                      strstr(sp, "experts picked a copy "));
+            close(lfd);
+            unlink(logf);
+        }
         unlink(pol);
     }
     check_summary("test-picks-preload");

@@ -138,8 +138,6 @@ static void sb_str(struct sbuf *b, const char *s)
 static void picks_name_json(void *ud, const struct wo_picks_figs *f)
 {
     struct sbuf *b = ud;
-    uint64_t copied = f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0;
-    uint64_t reads = f->staged + f->reused + f->resident;
 
     sb_printf(b, "%s", b->first ? "" : ",");
     b->first = false;
@@ -152,11 +150,9 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
               ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
               ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64
               ",\"copied_per_registration\":%" PRIu64 ",\"resident_fraction\":%.4f}",
-              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows, copied,
-              f->staged && f->n_experts ? (double)f->rows / ((double)f->staged * f->n_experts)
-                                        : 0.0,
-              f->resident, f->regs ? copied / f->regs : 0,
-              reads ? (double)f->resident / (double)reads : 0.0);
+              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows, wo_picks_copied(f),
+              wo_picks_picked_fraction(f), f->resident, wo_picks_per_reg(f),
+              wo_picks_resident_fraction(f));
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
