@@ -113,4 +113,7 @@ static inline uint32_t wo_tev_size(unsigned type, unsigned nhits)
 #define WO_TREC_TAG_FIXED 46    /* id, gen u32; base, offset, size u64; placement, rule, flags u32; len u16 */
 #define WO_TREC_RULE_FIXED 6    /* index u32, len u16 */
 #define WO_TREC_FOOTER_FIXED 28 /* t_end, ring_dropped, records u64; ntypes u32 */
+#define WO_TREC_PICKS_FIXED 12  /* t_ns u64, n u32 */
+#define WO_TREC_PICK 72         /* one tensor: id, gen u32; offset, bytes u64; n_experts, 0 u32;
+                                 * regs, staged, reused, rows, resident u64 */
 #define WO_TRACE_MAX_KEY 255u

@@ -237,6 +237,22 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             d->has_footer = 1;
             d->footer = rec.footer;
             break;
+        case WO_TREC_PICKS: {
+            /* cumulative: the last record says it all */
+            struct wo_trace_pick *pk = rec.npicks ? malloc(rec.npicks * sizeof(*pk)) : NULL;
+
+            if (rec.npicks && !pk) {
+                e = -ENOMEM;
+                goto out;
+            }
+            if (rec.npicks)
+                memcpy(pk, rec.picks, rec.npicks * sizeof(*pk));
+            free(d->picks);
+            d->picks = pk;
+            d->npicks = rec.npicks;
+            d->picks_t_ns = rec.picks_t_ns;
+            break;
+        }
         default:
             break;
         }
@@ -366,6 +382,7 @@ void wo_trace_data_free(struct wo_trace_data *d)
     for (size_t i = 0; i < d->nrules; i++)
         free(d->rules[i].name);
     free(d->rules);
+    free(d->picks);
     free(d);
 }
 

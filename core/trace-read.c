@@ -58,6 +58,7 @@ struct wo_trace_reader {
     char *info_keys[WO_TRACE_MAX_INFO];
     char *info_vals[WO_TRACE_MAX_INFO];
     char name[UINT16_MAX + 1]; /* the current record's name */
+    struct wo_trace_pick *picks; /* the current PICKS record's (WO_TRACE_MAX_PICKS) */
 };
 
 static int bad(struct wo_trace_reader *r, uint64_t off, const char *fmt, ...) WO_PRINTF(3, 4);
@@ -356,6 +357,7 @@ static void reader_free(struct wo_trace_reader *r)
     }
     free(r->zin);
     free(r->buf);
+    free(r->picks);
     free(r);
 }
 
@@ -639,6 +641,48 @@ static int at_end(struct wo_trace_reader *r)
     return 0;
 }
 
+/* A PICKS record: t_ns, n, then n tensors of WO_TREC_PICK bytes. */
+static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t *p, uint32_t len,
+                        struct wo_trace_rec *rec)
+{
+    uint32_t n;
+
+    if (len < WO_TREC_PICKS_FIXED)
+        return bad(r, poff, "picks record of %u bytes: at least %d expected", len,
+                   WO_TREC_PICKS_FIXED);
+    n = wo_get32(p + 8);
+    if (n > WO_TRACE_MAX_PICKS)
+        return bad(r, poff + 8, "picks record of %u tensors: at most %u expected", n,
+                   WO_TRACE_MAX_PICKS);
+    if (!size_ok(r, len, WO_TREC_PICKS_FIXED + n * WO_TREC_PICK))
+        return bad(r, poff, "picks record of %u bytes for %u tensors: %u expected", len, n,
+                   WO_TREC_PICKS_FIXED + n * WO_TREC_PICK);
+    if (n && !r->picks && !(r->picks = calloc(WO_TRACE_MAX_PICKS, sizeof(*r->picks))))
+        return bad(r, poff, "out of memory for a picks record");
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *q = p + WO_TREC_PICKS_FIXED + (size_t)i * WO_TREC_PICK;
+        struct wo_trace_pick *k = &r->picks[i];
+
+        if (wo_get32(q + 28) != 0)
+            return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * WO_TREC_PICK + 28,
+                       "reserved picks bytes are not zero");
+        k->id = wo_get32(q);
+        k->gen = wo_get32(q + 4);
+        k->offset = wo_get64(q + 8);
+        k->bytes = wo_get64(q + 16);
+        k->n_experts = wo_get32(q + 24);
+        k->regs = wo_get64(q + 32);
+        k->staged = wo_get64(q + 40);
+        k->reused = wo_get64(q + 48);
+        k->rows = wo_get64(q + 56);
+        k->resident = wo_get64(q + 64);
+    }
+    rec->picks_t_ns = wo_get64(p);
+    rec->npicks = n;
+    rec->picks = r->picks;
+    return 0;
+}
+
 int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
 {
     for (;;) {
@@ -738,6 +782,9 @@ int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
         case WO_TREC_FOOTER:
             e = decode_footer(r, poff, p, len, rec);
             r->seen_footer = 1;
+            break;
+        case WO_TREC_PICKS:
+            e = decode_picks(r, poff, p, len, rec);
             break;
         default:
             if (type & 0x80) {

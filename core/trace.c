@@ -132,6 +132,8 @@ const char *wo_trace_rec_type_name(unsigned type)
         return "info";
     case WO_TREC_FOOTER:
         return "footer";
+    case WO_TREC_PICKS:
+        return "picks";
     default:
         return "unknown";
     }
@@ -651,6 +653,39 @@ int wo_trace_tag(struct wo_trace *t, const struct wo_trace_tag *tag)
     wo_put16(p + 44, (uint16_t)n);
     if (n)
         memcpy(p + WO_TREC_TAG_FIXED, tag->name, n);
+    rec_end(t, rec, payload);
+    return 0;
+}
+
+int wo_trace_picks(struct wo_trace *t, uint64_t t_ns, const struct wo_trace_pick *pk, uint32_t n)
+{
+    uint32_t payload;
+    uint8_t *rec, *p;
+
+    if (!t || (n && !pk) || n > WO_TRACE_MAX_PICKS)
+        return -EINVAL;
+    payload = WO_TREC_PICKS_FIXED + n * WO_TREC_PICK;
+    rec = rec_begin(t, WO_TREC_PICKS, 0, payload);
+    if (!rec)
+        return -EIO;
+    p = rec + WO_TRACE_REC_HEADER;
+    wo_put64(p, t_ns);
+    wo_put32(p + 8, n);
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t *q = p + WO_TREC_PICKS_FIXED + (size_t)i * WO_TREC_PICK;
+
+        wo_put32(q, pk[i].id);
+        wo_put32(q + 4, pk[i].gen);
+        wo_put64(q + 8, pk[i].offset);
+        wo_put64(q + 16, pk[i].bytes);
+        wo_put32(q + 24, pk[i].n_experts);
+        wo_put32(q + 28, 0);
+        wo_put64(q + 32, pk[i].regs);
+        wo_put64(q + 40, pk[i].staged);
+        wo_put64(q + 48, pk[i].reused);
+        wo_put64(q + 56, pk[i].rows);
+        wo_put64(q + 64, pk[i].resident);
+    }
     rec_end(t, rec, payload);
     return 0;
 }

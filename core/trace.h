@@ -54,7 +54,10 @@ enum wo_trace_rec_type {
     WO_TREC_RULE = 0x05,   /* policy rule index -> rule name */
     WO_TREC_INFO = 0x06,   /* more key/value strings (GPU facts known later) */
     WO_TREC_FOOTER = 0x07, /* counts; must be the last record */
-    WO_TREC_MAX
+    WO_TREC_MAX,
+    /* optional (older readers skip it): picked staging's figures per expert
+     * tensor, cumulative, written at step events and at the end */
+    WO_TREC_PICKS = 0x81,
 };
 
 /* Placement values stored in tag records and WO_EV_PLACE events. */
@@ -81,6 +84,43 @@ struct wo_trace_tag {
     const char *name;
 };
 enum { WO_TRACE_TAG_PLACEABLE = 1u << 0 };
+
+/* One expert tensor's picked staging (uvm/picks.h), cumulative since the
+ * start: a PICKS record holds every tensor with picks. */
+struct wo_trace_pick {
+    uint32_t id, gen;   /* registry range of the tensor's allocation */
+    uint64_t offset;    /* the tensor's start inside the range */
+    uint64_t bytes;     /* the tensor's */
+    uint32_t n_experts; /* rows */
+    uint64_t regs;      /* registrations (a layer's: one a forward step) */
+    uint64_t staged;    /* picked copies enqueued */
+    uint64_t reused;    /* launches that read a buffer an earlier one filled */
+    uint64_t rows;      /* rows the copies moved (as last read back from the device) */
+    uint64_t resident;  /* launches that read it wholly resident: no copy */
+};
+/* What the stats, the exit summary and woffload-trace derive from one:
+ * bytes its copies moved; bytes moved a registration (a layer registers
+ * once a forward step: a step's); the share of its experts a copy moved;
+ * of its launches, those that read it wholly resident. */
+static inline uint64_t wo_trace_pick_copied(const struct wo_trace_pick *p)
+{
+    return p->n_experts ? p->rows * (p->bytes / p->n_experts) : 0;
+}
+static inline uint64_t wo_trace_pick_per_reg(const struct wo_trace_pick *p)
+{
+    return p->regs ? wo_trace_pick_copied(p) / p->regs : 0;
+}
+static inline double wo_trace_pick_picked(const struct wo_trace_pick *p)
+{
+    return p->staged && p->n_experts ? (double)p->rows / ((double)p->staged * p->n_experts) : 0.0;
+}
+static inline double wo_trace_pick_resident(const struct wo_trace_pick *p)
+{
+    uint64_t reads = p->staged + p->reused + p->resident;
+    return reads ? (double)p->resident / (double)reads : 0.0;
+}
+/* Most tensors one PICKS record holds. */
+#define WO_TRACE_MAX_PICKS 2048u /* 147 KiB: within the writer's 256 KiB buffer */
 
 /* ---- writer ------------------------------------------------------------- */
 
@@ -110,6 +150,8 @@ int wo_trace_tag(struct wo_trace *t, const struct wo_trace_tag *tag);
 int wo_trace_rule(struct wo_trace *t, uint32_t index, const char *name);
 /* More header facts known only later (keys: gpu, gpu_driver, cuda_version...). */
 int wo_trace_info(struct wo_trace *t, const char *key, const char *value);
+/* A PICKS record: n (at most WO_TRACE_MAX_PICKS) tensors' figures at t_ns. */
+int wo_trace_picks(struct wo_trace *t, uint64_t t_ns, const struct wo_trace_pick *p, uint32_t n);
 
 /* Writes the buffer out (0 or -EIO). */
 int wo_trace_flush(struct wo_trace *t);
@@ -155,6 +197,11 @@ struct wo_trace_rec {
     uint32_t ninfo;
     /* WO_TREC_FOOTER */
     struct wo_trace_footer footer;
+    /* WO_TREC_PICKS: npicks entries (the reader's: valid until the next
+     * record), at picks_t_ns */
+    uint64_t picks_t_ns;
+    uint32_t npicks;
+    const struct wo_trace_pick *picks;
 };
 
 struct wo_trace_reader;
@@ -243,6 +290,10 @@ struct wo_trace_data {
     size_t nrules;
     int has_footer;
     struct wo_trace_footer footer;
+    /* The last PICKS record's tensors (cumulative figures), at picks_t_ns */
+    struct wo_trace_pick *picks;
+    size_t npicks;
+    uint64_t picks_t_ns;
     /* An error that ended the reading (partial data above), else "". */
     int error;
     uint64_t error_offset;

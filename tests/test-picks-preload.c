@@ -489,7 +489,8 @@ int main(int argc, char **argv)
         return child();
     for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
         char pol[] = "/tmp/wo-picks-XXXXXX", logf[] = "/tmp/wo-picks-log-XXXXXX";
-        int fd = mkstemp(pol), st = 0, lfd = mkstemp(logf);
+        char trace[] = "/tmp/wo-picks-trace-XXXXXX";
+        int fd = mkstemp(pol), st = 0, lfd = mkstemp(logf), tfd = mkstemp(trace);
         pid_t pid;
 
         CHECK(fd >= 0 &&
@@ -500,6 +501,8 @@ int main(int argc, char **argv)
             setenv("WOFFLOAD_POLICY", pol, 1);
             setenv("WOFFLOAD_LOG", "info", 1);
             setenv("WOFFLOAD_LOG_FILE", logf, 1);
+            if (i == 0)
+                setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == sizeof(policies) / sizeof(policies[0]) - 1)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
@@ -526,6 +529,31 @@ int main(int argc, char **argv)
             close(lfd);
             unlink(logf);
         }
+        if (i == 0 && getenv("WO_TRACE_TOOL")) {
+            /* the trace's PICKS records, as woffload-trace summary shows
+             * them: both tensors with their bytes a step */
+            char cmd[512], out[8192];
+            FILE *p;
+            size_t n = 0;
+
+            snprintf(cmd, sizeof(cmd), "%s summary %s", getenv("WO_TRACE_TOOL"), trace);
+            p = popen(cmd, "r");
+            if (p) {
+                n = fread(out, 1, sizeof(out) - 1, p);
+                CHECK(pclose(p) == 0);
+            }
+            out[n] = '\0';
+            {
+                const char *pk = strstr(out, "picked experts (2 tensors");
+                CHECK(pk && strstr(pk, "model.layers.0.mlp.experts.gate_up_proj") &&
+                      strstr(pk, "model.layers.0.mlp.experts.down_proj") &&
+                      strstr(pk, "of what copying whole tensors would have moved"));
+                if (!pk)
+                    fputs(out, stderr);
+            }
+        }
+        close(tfd);
+        unlink(trace);
         unlink(pol);
     }
     check_summary("test-picks-preload");

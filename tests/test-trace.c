@@ -639,6 +639,76 @@ static void patch_crc(uint8_t *rec)
         rec[8 + len + i] = (uint8_t)(c >> (8 * i));
 }
 
+/* PICKS records (optional type 0x81): the loader keeps the last one's
+ * tensors; a count past the limit, a length that does not match the count
+ * and nonzero reserved bytes are errors at their offsets. */
+static void picks_records_roundtrip(void **state)
+{
+    static const struct wo_trace_pick p1[2] = {
+        {7, 3, 0, 1 << 20, 16, 10, 9, 1, 30, 0},
+        {7, 3, 1 << 20, 1 << 19, 16, 10, 9, 1, 40, 2},
+    };
+    struct wo_trace_pick p2[2];
+    char path[256], err[WO_TRACE_ERR_MAX];
+    struct wo_trace_data *d;
+    struct wo_trace *t;
+    uint64_t b[16], off;
+    uint8_t *buf;
+    size_t len, nb;
+
+    (void)state;
+    memcpy(p2, p1, sizeof(p2));
+    p2[0].regs = 20;
+    p2[0].rows = 61;
+    p2[1].resident = 5;
+    path_in(path, sizeof(path), "picks.wotrace");
+    assert_int_equal(wo_trace_open(path, &t), 0);
+    assert_int_equal(wo_trace_picks(t, 100, p1, 2), 0);
+    assert_int_equal(wo_trace_picks(t, 200, p2, 2), 0);
+    assert_int_equal(wo_trace_picks(t, 300, p2, WO_TRACE_MAX_PICKS + 1), -EINVAL);
+    assert_int_equal(wo_trace_picks(t, 300, NULL, 1), -EINVAL);
+    assert_int_equal(wo_trace_close(t, 0), 0);
+    buf = slurp(path, &len);
+    assert_int_equal(wo_trace_load_mem(buf, len, WO_TRACE_STRICT, 0, &d), 0);
+    assert_int_equal(d->npicks, 2);
+    assert_int_equal(d->picks_t_ns, 200);
+    assert_memory_equal(d->picks, p2, sizeof(p2));
+    assert_int_equal(wo_trace_pick_copied(&d->picks[0]), 61u << 16);
+    assert_int_equal(wo_trace_pick_per_reg(&d->picks[0]), (61u << 16) / 20);
+    assert_true(wo_trace_pick_picked(&d->picks[1]) > 0.27 && wo_trace_pick_picked(&d->picks[1]) < 0.28);
+    assert_true(wo_trace_pick_resident(&d->picks[1]) == 5.0 / 15.0);
+    wo_trace_data_free(d);
+
+    /* the first picks record's offset, in b[1] */
+    nb = boundaries(buf, len, b, WO_ARRAY_SIZE(b));
+    for (size_t i = 0; i < nb; i++)
+        if (buf[b[i] + 4] == WO_TREC_PICKS) {
+            b[1] = b[i];
+            break;
+        }
+    assert_int_equal(buf[b[1] + 4], WO_TREC_PICKS);
+    /* a count the length does not hold */
+    buf[b[1] + WO_TRACE_REC_HEADER + 8] = 3;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER);
+    assert_non_null(strstr(err, "picks record of 156 bytes for 3 tensors"));
+    /* past the limit */
+    buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0x7f;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
+    assert_non_null(strstr(err, "at most 2048 expected"));
+    /* reserved bytes */
+    buf[b[1] + WO_TRACE_REC_HEADER + 8] = 2;
+    buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0;
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 72 + 28] = 1;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 72 + 28);
+    assert_non_null(strstr(err, "reserved picks bytes"));
+    free(buf);
+}
+
 static void damage_is_named(void **state)
 {
     size_t len, nb;
@@ -1239,6 +1309,7 @@ int main(void)
         cmocka_unit_test(truncation_at_every_offset),
         cmocka_unit_test(single_bit_flips_detected),
         cmocka_unit_test(damage_is_named),
+        cmocka_unit_test(picks_records_roundtrip),
         cmocka_unit_test(unwritable_path_logs_once),
         cmocka_unit_test(full_disk_logs_once),
         cmocka_unit_test(write_error_midway_stops_recording),

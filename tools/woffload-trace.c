@@ -404,6 +404,45 @@ out:
 
 /* ---- summary ------------------------------------------------------------------------ */
 
+static const char *tag_of(const struct wo_trace_data *d, const struct attr *a, uint32_t id, uint32_t gen,
+                          uint64_t off)
+{
+    size_t t;
+    if (tags_hit(a, id, gen, off, off + 1, &t, 1) == 1)
+        return d->tags[t].name;
+    return NULL;
+}
+
+/* Picked staging by expert tensor (the last PICKS record: cumulative), in
+ * the order the tensors were first registered: a layer's bytes moved a
+ * step, the share of experts a copy moved, the launches that found it
+ * resident (docs/placement.md, "Picked experts"). */
+static void print_picks(const struct wo_trace_data *d, const struct attr *a)
+{
+    uint64_t moved = 0, whole = 0;
+    char hb[32];
+
+    if (!d->npicks)
+        return;
+    printf("\npicked experts (%zu tensors, figures at %.3f s):\n", d->npicks,
+           d->nevents ? (double)(d->picks_t_ns - d->events[0].ev.t_ns) / 1e9 : 0.0);
+    printf("  %-48s %7s %13s %14s %7s %9s\n", "tensor", "experts", "registrations",
+           "moved a step", "picked", "resident");
+    for (size_t i = 0; i < d->npicks; i++) {
+        const struct wo_trace_pick *p = &d->picks[i];
+        const char *name = tag_of(d, a, p->id, p->gen, p->offset);
+
+        printf("  %-48s %7u %13" PRIu64 " %14s %6.1f%% %8.1f%%\n", name ? name : "(untagged)",
+               p->n_experts, p->regs, human(wo_trace_pick_per_reg(p), hb, sizeof(hb)),
+               100 * wo_trace_pick_picked(p), 100 * wo_trace_pick_resident(p));
+        moved += wo_trace_pick_copied(p);
+        whole += p->staged * p->bytes;
+    }
+    printf("  moved %s", human(moved, hb, sizeof(hb)));
+    printf(" in all, %.0f%% of what copying whole tensors would have moved\n",
+           whole ? 100.0 * (double)moved / (double)whole : 0.0);
+}
+
 static int cmd_summary(int argc, char **argv)
 {
     static const struct option opts[] = {{"top", required_argument, NULL, 't'},
@@ -533,6 +572,7 @@ static int cmd_summary(int argc, char **argv)
     if (a.unknown_hits)
         printf("; hits on ranges without an alloc record (allocated before recording began, or freed before the recorder saw them): %" PRIu64, a.unknown_hits);
     printf("\n");
+    print_picks(d, &a);
     attr_free(&a);
 
     per = step_period(d);
@@ -665,15 +705,6 @@ static int stream_tid(struct streams *s, uint64_t stream)
     }
     s->ids[s->n] = stream;
     return TID_STREAM0 + (int)s->n++;
-}
-
-static const char *tag_of(const struct wo_trace_data *d, const struct attr *a, uint32_t id, uint32_t gen,
-                          uint64_t off)
-{
-    size_t t;
-    if (tags_hit(a, id, gen, off, off + 1, &t, 1) == 1)
-        return d->tags[t].name;
-    return NULL;
 }
 
 static void ev_head(FILE *f, int *first, const char *ph, double ts, int pid, int tid)

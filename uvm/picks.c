@@ -573,13 +573,16 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         const struct span *s = &pk.s[i];
         uint64_t rows = pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0;
         struct wo_picks_figs f = {.name = s->name,
-                                  .n_experts = s->n_experts,
-                                  .bytes = s->hi - s->lo,
-                                  .regs = s->regs,
-                                  .staged = s->staged,
-                                  .reused = s->reused,
-                                  .resident = s->resident,
-                                  .rows = rows};
+                                  .k = {.id = s->rid,
+                                        .gen = s->rgen,
+                                        .offset = s->off,
+                                        .bytes = s->hi - s->lo,
+                                        .n_experts = s->n_experts,
+                                        .regs = s->regs,
+                                        .staged = s->staged,
+                                        .reused = s->reused,
+                                        .rows = rows,
+                                        .resident = s->resident}};
         t->rows += rows;
         t->bytes_copied += rows * s->row;
         if (fn)
@@ -604,10 +607,10 @@ static void spread_add(void *ud, const struct wo_picks_figs *f)
 {
     struct spread *sp = ud;
 
-    if (!f->regs || sp->n == sp->cap)
+    if (!f->k.regs || sp->n == sp->cap)
         return;
-    sp->v[sp->n++] = (struct tfig){f->name, wo_picks_per_reg(f), wo_picks_picked_fraction(f),
-                                   wo_picks_resident_fraction(f)};
+    sp->v[sp->n++] = (struct tfig){f->name, wo_trace_pick_per_reg(&f->k), wo_trace_pick_picked(&f->k),
+                                   wo_trace_pick_resident(&f->k)};
 }
 
 static int by_per_reg(const void *a, const void *b)

@@ -44,6 +44,7 @@
 #include <stdint.h>
 
 #include "core/event.h"
+#include "core/trace.h"
 #include "uvm/hotpath.h"
 
 #include <cuda.h>
@@ -88,36 +89,9 @@ uint64_t wo_picks_reserved(void);
 
 /* What the stats say (uvm/stats.c: "picks"). Per span: */
 struct wo_picks_figs {
-    const char *name; /* the tag's name at the tensor's start, NULL none */
-    unsigned n_experts;
-    uint64_t bytes;  /* the tensor's */
-    uint64_t regs;   /* registrations */
-    uint64_t staged; /* marks and copies enqueued */
-    uint64_t reused; /* launches that read a buffer a launch before them filled */
-    uint64_t rows;   /* rows the copies moved (read back from the device) */
-    uint64_t resident; /* launches that read it wholly resident (managed): no copy */
+    const char *name;      /* the tag's name at the tensor's start, NULL none */
+    struct wo_trace_pick k; /* its figures, as PICKS trace records carry them */
 };
-/* What the stats and the exit summary derive from a tensor's figures:
- * bytes its copies moved; the bytes moved a registration (a layer
- * registers once a forward step: a step's); the share of its experts a
- * copy moved; of its launches, those that read it wholly resident. */
-static inline uint64_t wo_picks_copied(const struct wo_picks_figs *f)
-{
-    return f->n_experts ? f->rows * (f->bytes / f->n_experts) : 0;
-}
-static inline uint64_t wo_picks_per_reg(const struct wo_picks_figs *f)
-{
-    return f->regs ? wo_picks_copied(f) / f->regs : 0;
-}
-static inline double wo_picks_picked_fraction(const struct wo_picks_figs *f)
-{
-    return f->staged && f->n_experts ? (double)f->rows / ((double)f->staged * f->n_experts) : 0.0;
-}
-static inline double wo_picks_resident_fraction(const struct wo_picks_figs *f)
-{
-    uint64_t reads = f->staged + f->reused + f->resident;
-    return reads ? (double)f->resident / (double)reads : 0.0;
-}
 /* ... and in all: */
 struct wo_picks_totals {
     uint64_t spans, regs, staged, reused, rows, bytes_copied;

@@ -19,6 +19,7 @@
 #include "core/settings.h"
 #include "policy/policy.h"
 #include "uvm/internal.h"
+#include "uvm/picks.h"
 
 /* preload/launch.c marks runtime launches (cudaLaunchKernel's host stub, not
  * a CUfunction) by setting this bit of wo_event.l.func. */
@@ -163,6 +164,44 @@ static void name_kernel(uint64_t key)
     wo_trace_kernel(trace, key, wo_kernel_name(key, name, buf, sizeof(buf)));
 }
 
+/* ---- picked staging's figures (PICKS records) ---- */
+
+struct picks_rec {
+    struct wo_trace_pick v[WO_PICKS_SPANS];
+    uint32_t n;
+    uint64_t sum; /* of the counts last written: nothing new, nothing written */
+};
+
+static void pick_add(void *ud, const struct wo_picks_figs *f)
+{
+    struct picks_rec *pr = ud;
+
+    if (pr->n == WO_PICKS_SPANS)
+        return;
+    pr->v[pr->n++] = f->k;
+}
+
+/* At a step event and at the end: every expert tensor's cumulative figures,
+ * when any changed since the last record. */
+static void record_picks(uint64_t t_ns)
+{
+    static struct picks_rec pr;
+    static uint64_t written;
+    struct wo_picks_totals t;
+    uint64_t sum = 0;
+
+    pr.n = 0;
+    wo_picks_report(&t, pick_add, &pr);
+    for (uint32_t i = 0; i < pr.n; i++)
+        sum += pr.v[i].regs + pr.v[i].staged + pr.v[i].reused + pr.v[i].rows + pr.v[i].resident;
+    if (!pr.n || sum == written)
+        return;
+    written = sum;
+    for (uint32_t i = 0; i < pr.n; i++)
+        ensure_range(pr.v[i].id, pr.v[i].gen, t_ns);
+    wo_trace_picks(trace, t_ns, pr.v, pr.n);
+}
+
 void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)
 {
     if (!tried)
@@ -190,6 +229,9 @@ void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)
     case WO_EV_EVICT:
         ensure_range(ev->p.id, ev->p.gen, ev->t_ns);
         break;
+    case WO_EV_STEP:
+        record_picks(ev->t_ns);
+        break;
     case WO_EV_SEAL: {
         /* resolved at seal (uvm/place.c) before the event was pushed: a
          * replay with no policy of its own takes the run's budget from here */
@@ -213,6 +255,8 @@ void wo_record_finish(void)
 {
     if (!trace)
         return;
+    if (wo_trace_ok(trace))
+        record_picks(wo_now_ns());
     wo_trace_close(trace, wo_events ? wo_ring_dropped(wo_events) : 0);
     trace = NULL;
     seen_free();

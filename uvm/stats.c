@@ -150,9 +150,9 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
               ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
               ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64
               ",\"copied_per_registration\":%" PRIu64 ",\"resident_fraction\":%.4f}",
-              f->n_experts, f->bytes, f->regs, f->staged, f->reused, f->rows, wo_picks_copied(f),
-              wo_picks_picked_fraction(f), f->resident, wo_picks_per_reg(f),
-              wo_picks_resident_fraction(f));
+              f->k.n_experts, f->k.bytes, f->k.regs, f->k.staged, f->k.reused, f->k.rows,
+              wo_trace_pick_copied(&f->k), wo_trace_pick_picked(&f->k), f->k.resident,
+              wo_trace_pick_per_reg(&f->k), wo_trace_pick_resident(&f->k));
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
