@@ -109,19 +109,23 @@ bool wo_sx_fence_owner(struct wo_stream_slot *s)
  * waited for instead. Under wo_uvm.lock, as every fence is. */
 static void wo_sx_stream_gone(uint64_t stream)
 {
-    const struct wo_driver *d;
-    CUcontext prev;
+    /* the hooks' view only (the executor's own state is the consumer's):
+     * the slots' context, published once their events exist, and each
+     * slot's owner word; read_done under the lock free_slots destroys it
+     * under */
+    CUcontext ctx = __atomic_load_n(&wo_stream_tab.ctx, __ATOMIC_ACQUIRE), prev = NULL;
+    const struct wo_driver *d = wo_uvm_driver();
     bool in;
 
-    pthread_mutex_lock(&wo_uvm.lock);
-    if (!wo_sx || !wo_sx->slots_ready) {
-        pthread_mutex_unlock(&wo_uvm.lock);
+    if (!ctx || !d || !d->cuEventRecord || !d->cuStreamSynchronize)
         return;
-    }
-    d = wo_sx->drv;
+    pthread_mutex_lock(&wo_uvm.lock);
     in = wo_driver_enter(); /* the engine's own thread: recorded also while a capture runs */
-    prev = wo_sx_push_ctx();
-    for (unsigned i = 0; i < wo_sx->nslots; i++) {
+    if (d->cuCtxGetCurrent)
+        d->cuCtxGetCurrent(&prev);
+    if (prev != ctx && d->cuCtxSetCurrent)
+        d->cuCtxSetCurrent(ctx);
+    for (unsigned i = 0; i < WO_STREAM_MAX_SLOTS; i++) {
         struct wo_stream_slot *s = &wo_stream_tab.slot[i];
         uint64_t owner = stream + 1;
 
@@ -133,7 +137,8 @@ static void wo_sx_stream_gone(uint64_t stream)
         __atomic_compare_exchange_n(&s->owner, &owner, 0, false, __ATOMIC_ACQ_REL,
                                     __ATOMIC_ACQUIRE);
     }
-    wo_sx_pop_ctx(prev);
+    if (prev != ctx && d->cuCtxSetCurrent)
+        d->cuCtxSetCurrent(prev);
     if (in)
         wo_driver_leave();
     pthread_mutex_unlock(&wo_uvm.lock);
