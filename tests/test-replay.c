@@ -263,6 +263,63 @@ static void test_multiplicity(void **state)
     }
 }
 
+/* Picked staging's model (the trace's PICKS figures): a launch on an expert
+ * tensor with picks reads a device buffer, and the copy of its picked rows
+ * crosses the link; here every launch copies half the tensor's rows, so a
+ * step moves half a tensor per launch on it, whatever slice it reads. */
+static void test_picks(void **state)
+{
+    struct wo_gen_opts go = WO_GEN_DEFAULTS;
+    struct wo_replay_result plain, pk;
+    struct wo_trace_data *d;
+    double want = 0;
+    size_t n = 0;
+
+    (void)state;
+    go.steps = 32;
+    d = make_trace(&go);
+    replay(d, 0.5, true, false, &plain);
+    assert_int_equal(plain.pick_bytes_step, 0);
+    d->picks = calloc(d->ntags, sizeof(*d->picks));
+    assert_non_null(d->picks);
+    for (size_t i = 0; i < d->ntags; i++) {
+        const struct wo_trace_tag *t = &d->tags[i];
+        struct wo_trace_pick *p = &d->picks[n];
+        uint64_t launches = 0;
+
+        if (!strstr(t->name, "mlp.experts."))
+            continue;
+        for (size_t e = 0; e < d->nevents; e++) {
+            const struct wo_event *ev = &d->events[e].ev;
+
+            for (unsigned h = 0; ev->type == WO_EV_LAUNCH && h < ev->nhits; h++)
+                launches += ev->l.hits[h].id == t->id && ev->l.hits[h].gen == t->gen &&
+                            ev->l.hits[h].offset >= t->offset &&
+                            ev->l.hits[h].offset < t->offset + t->size;
+        }
+        assert_true(launches > 0);
+        *p = (struct wo_trace_pick){.id = t->id, .gen = t->gen, .offset = t->offset,
+                                    .bytes = t->size, .n_experts = go.experts,
+                                    .regs = go.steps, .staged = launches,
+                                    .rows = launches * go.experts / 2};
+        want += (double)wo_trace_pick_copied(p) / go.steps;
+        n++;
+    }
+    assert_int_equal(n, 2 * go.layers);
+    d->npicks = n;
+    replay(d, 0.5, true, false, &pk);
+    assert_true(pk.pick_bytes_step > want * 0.99 && pk.pick_bytes_step < want * 1.01);
+    /* the experts' reads are the picked copies now, nothing else is off
+     * the device; and half a tensor a launch is more than the one slice
+     * each launch read in place */
+    assert_true(fabs(pk.zc_bytes_step - pk.pick_bytes_step) < 1e-6 * want);
+    assert_true(pk.zc_bytes_step > plain.zc_bytes_step);
+    assert_true(pk.step_s > plain.step_s);
+    wo_replay_result_free(&plain);
+    wo_replay_result_free(&pk);
+    wo_trace_data_free(d);
+}
+
 /* The streaming executor's model (prefetch mode stream): each expert
  * tensor crosses once a step into a slot, however often launches read it,
  * on the copy engine (no zero-copy reads of experts), never faster than the
@@ -460,6 +517,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_multiplicity),
+        cmocka_unit_test(test_picks),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_one_buffer),
         cmocka_unit_test(test_auto),

@@ -23,6 +23,10 @@ struct rtag {
      * bytes launches read and the granules (64 over the tag) among them */
     double rd;
     uint64_t mask;
+    /* picked staging (the trace's PICKS record for the tensor at this tag's
+     * start): the bytes one launch's picked copy moves, on average (the
+     * copies' rows over the launches that copied or reused); < 0: none */
+    double pick_copy;
 };
 
 struct rr {
@@ -143,6 +147,7 @@ struct sim {
     size_t la_pos;            /* the next copy ahead: sorder[la_pos] for step la_step */
     uint64_t la_step;
     double stream_b;          /* window: bytes staged */
+    double pick_b;            /* window: bytes picked staging copied (in zc_b too) */
     uint64_t launches;
     uint64_t max_resident;
     unsigned warmup;

@@ -82,8 +82,9 @@ int wo_replay_setup_ranges(struct sim *s)
             if (!nt)
                 return -ENOMEM;
             r->tags = nt;
-            r->tags[r->ntags++] =
-                (struct rtag){.offset = t->offset, .size = t->size, .name = ni, .place = pl, .su = -1};
+            r->tags[r->ntags++] = (struct rtag){
+                .offset = t->offset, .size = t->size, .name = ni, .place = pl, .su = -1,
+                .pick_copy = -1};
         }
         /* its rule's priority and slices: the largest tag's */
         for (size_t j = 0; j + 1 < r->ntags; j++)
@@ -108,6 +109,18 @@ int wo_replay_setup_ranges(struct sim *s)
         }
         if (r->ntags)
             r->place = r->tags[big].place;
+    }
+    /* picked staging: a tensor's launches read a device buffer its picked
+     * rows were copied into, the copy made once a registration and reused
+     * by the registration's later launches on the stream */
+    for (size_t i = 0; i < d->npicks; i++) {
+        const struct wo_trace_pick *p = &d->picks[i];
+        struct rr *r = wo_replay_rr_of(s, p->id, p->gen);
+        struct rtag *t = r ? wo_replay_tag_in(r, p->offset) : NULL;
+        uint64_t launches = p->staged + p->reused;
+
+        if (t && t->offset == p->offset && launches)
+            t->pick_copy = (double)wo_trace_pick_copied(p) / (double)launches;
     }
     return 0;
 }

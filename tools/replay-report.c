@@ -153,6 +153,7 @@ static int run_one(const struct wo_trace_data *d, const struct wo_replay_opts *o
         res->evict_bytes_step = s.ev_b / ws;
         res->copy_bytes_step = s.copy_b / ws;
         res->stream_bytes_step = s.stream_b / ws;
+        res->pick_bytes_step = s.pick_b / ws;
         /* copy-back evictions cross PCIe too (device to host) */
         res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
                                res->stream_bytes_step + s.cb_b / ws;

@@ -530,6 +530,19 @@ static uint32_t hit_place(const struct rr *r, const struct rtag *t)
     return p;
 }
 
+/* A managed tensor (tag t of range r) the prefetcher holds wholly on the
+ * device by `at`: its launches read it there, also under picked staging
+ * (no copy). */
+static bool managed_whole(const struct rr *r, const struct rtag *t, double at)
+{
+    if (!r->ready || !r->npieces)
+        return false;
+    for (uint64_t p = t->offset / PIECE; p * PIECE < t->offset + t->size; p++)
+        if (p >= r->npieces || !(r->ready[p] <= at))
+            return false;
+    return true;
+}
+
 static void kernel(struct sim *s, const struct wo_event *ev)
 {
     double start, t_in, hbm = 0, zc = 0, end, le, fixed_hbm = 0, host_zc = 0;
@@ -609,7 +622,23 @@ static void kernel(struct sim *s, const struct wo_event *ev)
         ni = tag ? tag->name : -1;
         if (s->in_window && ni >= 0)
             mult_hit(tag, hit->offset, end_off);
-        if (place == WO_PLACE_MANAGED && r->ready) {
+        if (s->sealed && tag && tag->pick_copy >= 0 &&
+            (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED) && !managed_whole(r, tag, start)) {
+            /* picked staging: the copy kernel reads the picked rows over
+             * the link (as a read in place), the launch reads the buffer */
+            zc += tag->pick_copy;
+            hbm += (double)b;
+            if (s->in_window) {
+                s->fixed_link += tag->pick_copy * s->zc_s;
+                host_zc += tag->pick_copy * s->zc_s;
+                s->pick_b += tag->pick_copy;
+                if (ni >= 0) {
+                    s->names[ni].zc_bytes += tag->pick_copy;
+                    s->names[ni].hbm_bytes += (double)b;
+                    s->names[ni].read_s += tag->pick_copy * s->zc_s + (double)b * s->hbm_s;
+                }
+            }
+        } else if (place == WO_PLACE_MANAGED && r->ready) {
             double mh = 0, mz = 0, wait = start;
 
             for (uint64_t p = hit->offset / PIECE; p * PIECE < end_off && p < r->npieces; p++) {

@@ -77,6 +77,7 @@ struct wo_replay_result {
     double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies + staging */
     double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
     double stream_bytes_step;   /* staged into device slots (prefetch mode stream) */
+    double pick_bytes_step;     /* picked staging's copies (the trace's PICKS; in zc_bytes_step) */
     double stall_s_step;
     /* The cost rule (uvm/cost.h) over the window, per step, at the model's
      * rates: the managed bytes read, all in place (what `host` pays) and as
