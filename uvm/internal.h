@@ -353,6 +353,7 @@ struct wo_uvm_segment {
     enum wo_slices slices;
     enum wo_placement place; /* MANAGED, or HOST (wo_uvm_foreach_offdevice only) */
     bool untagged;         /* bytes no tag names (a gap, the allocation's tail) */
+    bool bound;            /* of a late-bound range (WOFFLOAD_LATE_BIND, place-bind.c) */
     uint64_t unnamed_before; /* a tag: the longest run of bytes no tag names between it and
                               * the piece given before it of the allocation (0: none) */
 };

@@ -661,7 +661,8 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
 
     for (size_t k = 0; k <= a->ntags && !ret; k++) {
         uint64_t toff = k < a->ntags ? a->tags[k].off : a->size;
-        struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO};
+        struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO,
+                                   .bound = a->kind == WO_KIND_BOUND};
 
         /* the longest run of bytes no tag names since the last piece
          * given (the first tag's leading bytes do not count) */
