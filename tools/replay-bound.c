@@ -115,7 +115,8 @@ double wo_replay_bound(struct sim *s, uint64_t budget)
                                         x->s / (s->dm->copyback_gbs * 1e9));
         }
     }
-    qsort(s->acc, s->nacc, sizeof(*s->acc), acc_cmp);
+    if (s->nacc) /* none: nothing managed was read (every read picked, or in place) */
+        qsort(s->acc, s->nacc, sizeof(*s->acc), acc_cmp);
     lhi = 2 * WO_MAX(s->zc_s, 1.0 / pf_best);
     /* coarse grid over the weights, then a finer one around the best */
     for (int pass = 0; pass < 2; pass++) {
