@@ -44,6 +44,33 @@ def fix_crc(b, off):
     struct.pack_into("<I", b, off + 8 + length, crc32c(bytes(b[off:off + 8 + length])))
 
 
+def with_record(trace, at, rec):
+    """trace with rec inserted at offset at, the footer's record count raised."""
+    out = bytearray(trace)
+    out[at:at] = rec
+    foot = records(out)[-1]
+    (n,) = struct.unpack_from("<Q", out, foot + 8 + 16)
+    struct.pack_into("<Q", out, foot + 8 + 16, n + 1)
+    fix_crc(out, foot)
+    return out
+
+
+def picks_traces(every, recs):
+    """A PICKS record (type 0x81, docs/trace-format.md) of two expert tensors
+    in the every-type trace, and the same with a count its length does not
+    hold (3 tensors in 12 + 2 x 72 bytes)."""
+    tensors = [(7, 3, 0, 1 << 20, 16, 10, 9, 1, 30, 0), (7, 3, 1 << 20, 1 << 19, 16, 10, 9, 1, 40, 2)]
+    payload = struct.pack("<QI", 123456789, len(tensors))
+    for t in tensors:
+        payload += struct.pack("<IIQQII5Q", t[0], t[1], t[2], t[3], t[4], 0, *t[5:])
+    rec = bytearray(struct.pack("<IBBH", len(payload), 0x81, 0, 0) + payload + b"\0\0\0\0")
+    fix_crc(rec, 0)
+    bad = bytearray(rec)
+    struct.pack_into("<I", bad, 8 + 8, 3)
+    fix_crc(bad, 0)
+    return with_record(every, recs[2], rec), with_record(every, recs[2], bad)
+
+
 def main():
     gen, outdir = sys.argv[1], sys.argv[2]
     os.makedirs(outdir, exist_ok=True)
@@ -74,6 +101,9 @@ def main():
     struct.pack_into("<Q", opt, foot + 8 + 16, n + 1)
     fix_crc(opt, foot)
     write("valid-optional-record.wotrace", opt)
+    valid_picks, bad_picks = picks_traces(every, recs)
+    write("valid-picks-record.wotrace", valid_picks)
+    write("invalid-picks-count-vs-length.wotrace", bad_picks)
 
     write("invalid-empty.wotrace", b"")
     write("invalid-prelude-only.wotrace", every[:16])
