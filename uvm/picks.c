@@ -619,48 +619,19 @@ static int by_per_reg(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* One line over the tensors with picks (a layer's gate/up and down each
- * one): the bytes a step moved, least, median and most, with the names of
- * the extremes, and the ranges of the picked and resident shares. The
- * stats' picks.names has every tensor's figures. */
-static void summary_spread(unsigned n)
+/* The exit summary: the totals, then one line over the tensors with
+ * picks (a layer's gate/up and down each one): the bytes a step moved,
+ * least, median and most, with the names of the extremes, and the ranges
+ * of the picked and resident shares. The stats' picks.names has every
+ * tensor's figures. One pass over the spans for both. */
+void wo_picks_summary(void)
 {
-    struct spread sp = {calloc(n ? n : 1, sizeof(struct tfig)), 0, n};
+    static struct tfig v[WO_PICKS_SPANS]; /* at exit, once */
+    struct spread sp = {v, 0, WO_PICKS_SPANS};
     struct wo_picks_totals t;
     double pmin = 1, pmax = 0, rmin = 1, rmax = 0;
 
-    if (!sp.v)
-        return;
     wo_picks_report(&t, spread_add, &sp);
-    if (sp.n >= 2) {
-        const struct tfig *lo, *hi;
-
-        qsort(sp.v, sp.n, sizeof(*sp.v), by_per_reg);
-        lo = &sp.v[0];
-        hi = &sp.v[sp.n - 1];
-        for (unsigned i = 0; i < sp.n; i++) {
-            pmin = WO_MIN(pmin, sp.v[i].picked);
-            pmax = WO_MAX(pmax, sp.v[i].picked);
-            rmin = WO_MIN(rmin, sp.v[i].resident);
-            rmax = WO_MAX(rmax, sp.v[i].resident);
-        }
-        wo_log_write(WO_LOG_OFF,
-                     "picks: by tensor, moved a step: least %.1f MB (%s), median %.1f MB, most "
-                     "%.1f MB (%s); experts picked a copy %.0f-%.0f%%; launches on resident "
-                     "tensors %.0f-%.0f%%",
-                     (double)lo->per_reg / 1e6, lo->name ? lo->name : "(unnamed)",
-                     (double)sp.v[sp.n / 2].per_reg / 1e6, (double)hi->per_reg / 1e6,
-                     hi->name ? hi->name : "(unnamed)", 100 * pmin, 100 * pmax, 100 * rmin,
-                     100 * rmax);
-    }
-    free(sp.v);
-}
-
-void wo_picks_summary(void)
-{
-    struct wo_picks_totals t;
-
-    wo_picks_report(&t, NULL, NULL);
     if (!t.staged && !t.reused)
         return;
     wo_log_write(WO_LOG_OFF,
@@ -671,7 +642,23 @@ void wo_picks_summary(void)
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
-    summary_spread((unsigned)t.spans);
+    if (sp.n < 2)
+        return;
+    qsort(sp.v, sp.n, sizeof(*sp.v), by_per_reg);
+    for (unsigned i = 0; i < sp.n; i++) {
+        pmin = WO_MIN(pmin, sp.v[i].picked);
+        pmax = WO_MAX(pmax, sp.v[i].picked);
+        rmin = WO_MIN(rmin, sp.v[i].resident);
+        rmax = WO_MAX(rmax, sp.v[i].resident);
+    }
+    wo_log_write(WO_LOG_OFF,
+                 "picks: by tensor, moved a step: least %.1f MB (%s), median %.1f MB, most "
+                 "%.1f MB (%s); experts picked a copy %.0f-%.0f%%; launches on resident "
+                 "tensors %.0f-%.0f%%",
+                 (double)sp.v[0].per_reg / 1e6, sp.v[0].name ? sp.v[0].name : "(unnamed)",
+                 (double)sp.v[sp.n / 2].per_reg / 1e6, (double)sp.v[sp.n - 1].per_reg / 1e6,
+                 sp.v[sp.n - 1].name ? sp.v[sp.n - 1].name : "(unnamed)", 100 * pmin, 100 * pmax,
+                 100 * rmin, 100 * rmax);
 }
 
 void wo_picks_free(const struct wo_driver *d)

@@ -169,7 +169,6 @@ static void name_kernel(uint64_t key)
 struct picks_rec {
     struct wo_trace_pick v[WO_PICKS_SPANS];
     uint32_t n;
-    uint64_t sum; /* of the counts last written: nothing new, nothing written */
 };
 
 static void pick_add(void *ud, const struct wo_picks_figs *f)
