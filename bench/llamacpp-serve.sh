@@ -45,6 +45,12 @@
 #                 Longer than one 600 s device call: start it detached (setsid nohup ... &) and
 #                 read OUT in later calls, if the machine keeps it between calls
 #
+# llama-server runs with --metrics: serve.py samples /metrics each second and
+# reports, over each phase's steady window, the server's step period (its
+# llama_decode calls) and the tokens it processed (prompt + generated): at
+# saturation those compare rows, not the output rate a client sees, which
+# swings with how prompts and decodes share the steps.
+#
 # Results in OUT: llamacpp-serve.md (the tables), sweep.json (serve.py's
 # report, a phase a rate, memory samples in each), sweep-memory.png (the
 # last phase; needs matplotlib), greedy.json (the greedy token ids: pass it
@@ -92,7 +98,7 @@ step_rc() { # NAME RC
 # the server's command line: SHIM_CMD's words, then llama-server's
 # shellcheck disable=SC2206
 SERVER=(${SHIM_CMD:-} "$LLAMA_BIN/llama-server" -m "$GGUF" --host 127.0.0.1 --port "$PORT"
-        --parallel "$PARALLEL" -c "$CTX" -ngl "$NGL" ${LLAMA_ARGS:-})
+        --parallel "$PARALLEL" -c "$CTX" -ngl "$NGL" --metrics ${LLAMA_ARGS:-})
 SERVER_STR=$(printf '%q ' "${SERVER[@]}")
 log "out $OUT; server: $SERVER_STR"
 {
@@ -185,10 +191,10 @@ if $UP && [ -n "$SOAK_MINUTES" ] && budget_for soak 30; then
     timeout --signal=INT "$budget" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
         --rate "$SOAK_RATE" --soak-minutes "$SOAK_MINUTES" --drain-timeout "$DRAIN" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
-        --pid "$SPID" --report-every 60 ${STATS:+--stats-file "$STATS"} \
+        --pid "$SPID" --metrics-url "$URL/metrics" --report-every 60 ${STATS:+--stats-file "$STATS"} \
         ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} --out "$OUT/soak.json" > "$OUT/soak.log" 2>&1
     step_rc soak $?
-    grep -E '^\[|^throughput|^  (TTFT|ITL)|^errors|^memory' "$OUT/soak.log" | tee -a "$OUT/llamacpp-serve.log"
+    grep -E '^\[|^throughput|^  (TTFT|ITL)|^errors|^memory|^server' "$OUT/soak.log" | tee -a "$OUT/llamacpp-serve.log"
     "$PY" "$HERE/serve-plot.py" "$OUT/soak.json" --out "$OUT/soak-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in soak.json)"; else step_rc plot "$rc"; fi
@@ -205,10 +211,10 @@ if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep "$SWEEP_RESERVE"; then
     timeout --signal=INT "$budget" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
         --rates "$RATES" --duration "$DURATION" --drain-timeout "$DRAIN" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
-        --pid "$SPID" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
+        --pid "$SPID" --metrics-url "$URL/metrics" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
         ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
     step_rc sweep $?
-    grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^  example|^memory|^greedy' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
+    grep -E '^=== phase|^throughput|^  (TTFT|ITL)|^errors|^  example|^memory|^greedy|^server' "$OUT/sweep.log" | tee -a "$OUT/llamacpp-serve.log"
     "$PY" "$HERE/serve-plot.py" "$OUT/sweep.json" --out "$OUT/sweep-memory.png" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 3 ]; then log "plot: skipped (no matplotlib for $PY: the samples are in sweep.json)"; else step_rc plot "$rc"; fi
@@ -257,14 +263,15 @@ if failed:
     print(f"**failed steps:** {failed}\n")
 sw = load("sweep.json") or load("soak.json")
 if sw:
-    print("| rate req/s | offered | completed | failed | errors | steady tok/s | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB, process (min-max) | GPU used MiB, device (min-max) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| rate req/s | offered | completed | failed | errors | steady tok/s | server step ms | server tok/s (prompt + generated) | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB, process (min-max) | GPU used MiB, device (min-max) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ph in sw.get("phases") or [sw]:
         s = ph["summary"]; rq = s["requests"]; st = s.get("steady") or {}; m = ph.get("memory") or {}
-        c = s["concurrency"]
+        c = s["concurrency"]; sv = ph.get("server") or {}
         rng = lambda k, sc: (f"{m[k]['min'] * sc:.0f}-{m[k]['max'] * sc:.0f}" if k in m else "-")
         print(f"| {ph.get('rate', sw['config']['rate']):g} | {s['offered_rate']} | {rq['completed']} | {rq['failed']} "
-              f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} | {st.get('requests_s', '-')} "
+              f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} "
+              f"| {sv.get('step_ms') or '-'} | {sv.get('processed_tok_s') or '-'} | {st.get('requests_s', '-')} "
               f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "
               f"| {c['sampled_in_flight']} / {c['sampled_max']} | {rng('rss_kib', 1 / 1024)} | {rng('gpu_pid_mib', 1)} | {rng('gpu_dev_mib', 1)} |")
     ex = {}

@@ -61,6 +61,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
@@ -703,6 +704,119 @@ class MemSampler:
 
 
 # ----------------------------------------------------------------------------
+# the server's own counters (llama-server --metrics: GET /metrics)
+
+
+def parse_prometheus(text: str) -> Dict[str, float]:
+    """Prometheus text exposition: `name value` lines (labels kept in the
+    name), comments skipped. llama-server writes its doubles with C++'s
+    default stream format (1.23457e+06), which float() reads."""
+    out: Dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, rest = line.rpartition(" ")
+        try:
+            out[name.strip()] = float(rest)
+        except ValueError:
+            continue
+    return out
+
+
+class MetricsSampler:
+    """GET args.metrics_url every `every` seconds on a thread of its own, at
+    fixed ticks from the phase's start. At saturation the output rate a
+    client sees depends on how the server shares its steps between prompts
+    and decodes; the server's step period (its llama_decode calls) and the
+    tokens it processed are the figures that compare rows there."""
+
+    PREFIX = "llamacpp:"
+
+    def __init__(self, url: str, every: float, t0: float) -> None:
+        self.url, self.every, self.t0 = url, every, t0
+        self.samples: List[Tuple[float, Dict[str, float]]] = []
+        self.error: Optional[str] = None
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def get(self) -> Optional[Dict[str, float]]:
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as f:
+                m = parse_prometheus(f.read().decode("utf-8", "replace"))
+        except urllib.error.HTTPError as e:  # llama-server without --metrics: 501
+            self.error = f"HTTP {e.code} from {self.url} (llama-server needs --metrics)"
+            return None
+        except (OSError, ValueError) as e:
+            self.error = f"{self.url}: {e}"
+            return None
+        if not any(k.startswith(self.PREFIX) for k in m):
+            self.error = f"{self.url}: no {self.PREFIX} counters"
+            return None
+        return m
+
+    def loop(self) -> None:
+        k = 0
+        while True:
+            t = time.perf_counter() - self.t0
+            m = self.get()
+            if m is not None:
+                self.samples.append((round(t, 3), m))
+            k += 1
+            if self.stop.wait(max(0.0, k * self.every - (time.perf_counter() - self.t0))):
+                break
+        m = self.get()  # the end of the phase
+        if m is not None:
+            self.samples.append((round(time.perf_counter() - self.t0, 3), m))
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def report(self, window: Optional[List[float]]) -> Dict[str, Any]:
+        """Deltas between the first sample at or after the window's start and
+        the last one at or before its end (the steady window; the whole phase
+        without one)."""
+        self.stop.set()
+        self.thread.join()
+        out: Dict[str, Any] = {"source": self.url, "samples": len(self.samples)}
+        if len(self.samples) < 2:
+            out["error"] = self.error or "fewer than 2 samples"
+            return out
+        lo, hi = (window or [self.samples[0][0], self.samples[-1][0]])[:2]
+        a = next((x for x in self.samples if x[0] >= lo), self.samples[0])
+        b = next((x for x in reversed(self.samples) if x[0] <= hi), self.samples[-1])
+        if b[0] <= a[0]:
+            a, b = self.samples[0], self.samples[-1]
+        dt = b[0] - a[0]
+        d = lambda k: b[1].get(self.PREFIX + k, 0.0) - a[1].get(self.PREFIX + k, 0.0)  # noqa: E731
+        decodes = d("n_decode_total")
+        prompt, predicted = d("prompt_tokens_total"), d("tokens_predicted_total")
+        # the busy-slots gauge is a mean over all decodes so far: its total
+        # is the gauge times the decodes, whose delta is the window's
+        busy = lambda x: x[1].get(self.PREFIX + "n_busy_slots_per_decode", 0.0) * \
+            x[1].get(self.PREFIX + "n_decode_total", 0.0)  # noqa: E731
+        out.update({
+            "window_s": [a[0], b[0]], "decodes": decodes,
+            "step_ms": _r(dt / decodes, 1e3) if decodes > 0 else None,
+            "busy_slots_per_decode": _r((busy(b) - busy(a)) / decodes) if decodes > 0 else None,
+            "prompt_tokens": prompt, "predicted_tokens": predicted,
+            "prompt_tok_s": _r(prompt / dt), "predicted_tok_s": _r(predicted / dt),
+            "processed_tok_s": _r((prompt + predicted) / dt),
+        })
+        return out
+
+
+def print_server(m: Dict[str, Any]) -> None:
+    if "error" in m:
+        print(f"server counters: none ({m['error']})", flush=True)
+        return
+    print(f"server (llama-server /metrics over {m['window_s']} s): {m['decodes']:.0f} decode calls, "
+          f"step {m['step_ms']} ms, {m['busy_slots_per_decode']} busy slots a decode; prompt "
+          f"{m['prompt_tok_s']} tok/s, generated {m['predicted_tok_s']} tok/s (counted as each request ends), "
+          f"processed {m['processed_tok_s']} tok/s", flush=True)
+
+
+# ----------------------------------------------------------------------------
 # the shim's stats (uvm/stats.c, docs/placement.md "Stats")
 
 
@@ -1120,6 +1234,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help="with --pid: RSS and device memory every S seconds into the report (default 1 with --pid; 0: off)")
     g.add_argument("--stats-file", help="the shim's stats JSON (WOFFLOAD_STATS), read before and after")
     g.add_argument("--stats-url", help="a URL serving the shim's stats JSON, read before and after")
+    g.add_argument("--metrics-url", metavar="URL",
+                   help="the server's Prometheus counters (llama-server --metrics: URL/metrics), sampled each "
+                        "second: its step period and processed tokens/s over the steady window")
     g.add_argument("--stats-only", metavar="FILE",
                    help="no load: summarise a stats file (WOFFLOAD_STATS, written when the server exited)")
     g = p.add_argument_group("output")
@@ -1183,6 +1300,9 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
     mem = MemSampler(args.pid, args.sample_every, run.t0) if args.pid and args.sample_every > 0 else None
     if mem is not None:
         mem.start()
+    met = MetricsSampler(args.metrics_url, 1.0, run.t0) if args.metrics_url and args.engine is None else None
+    if met is not None:
+        met.start()
     bg = [asyncio.ensure_future(run.sampler(stop))]
     if args.report_every > 0:
         bg.append(asyncio.ensure_future(reporter(run, stop)))
@@ -1228,6 +1348,9 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
         print(f"memory: {len(m['samples'])} samples of pid {m['pid']} every {m['every_s']} s, device memory from "
               f"{m['gpu_source']}" + "".join(f"; {k} {m[k]['min']}-{m[k]['max']} (spread {m[k]['spread']})"
                                              for k in ("rss_kib", "gpu_pid_mib") if k in m), flush=True)
+    if met is not None:
+        rep["server"] = met.report((summary.get("steady") or {}).get("window_s"))
+        print_server(rep["server"])
     if before is not None and run.intervals:
         rep["interval_base"] = shim_counters(before)
     if args.save_requests:

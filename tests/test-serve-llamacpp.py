@@ -7,7 +7,7 @@ start it again):
     python3 tests/test-serve-llamacpp.py                 (the tests, ~40 s)
     python3 tests/test-serve-llamacpp.py --fake PORT [--slots N] [--leak] [--bad-status S]
         [--term-delay S] [--salt X] [--load-s S] [--stream-error-every N]
-    [--term-waits-for-clients] [--need-body-key K]     (the fake alone)
+    [--term-waits-for-clients] [--need-body-key K] [--metrics]   (the fake alone)
 
 The fake follows llama-server at 34af94cd (tools/server/server-context.cpp,
 server-task.cpp): --slots requests decode at once, the others wait; each
@@ -35,6 +35,11 @@ open stream's client has closed it (llama-server at 34af94cd: SIGTERM ends
 its decode loop, but each open stream's handler polls its connection until
 the client goes; server.cpp, server-queue.cpp). --need-body-key K answers
 400 to a body without K (a setting that must reach every request).
+--metrics serves GET /metrics as llama-server --metrics does (Prometheus
+text, `llamacpp:` counters: prompt tokens counted once a prompt is
+processed, generated tokens once a request ends, a "decode" for each
+prefill and each token sent, and the mean busy slots a decode); without
+it /metrics is llama-server's 501.
 Tokens are a function of the prompt, the index and --salt only.
 """
 import json
@@ -73,6 +78,26 @@ class Fake:
         # exits only once no stream is open (llama-server at 34af94cd)
         self.wait_clients, self.terminating, self.open = False, False, 0
         self.need_key = ""  # --need-body-key: a 400 for a body without it
+        self.metrics = False  # --metrics: GET /metrics
+        self.n_prompt, self.n_predicted, self.n_decode, self.n_busy = 0, 0, 0, 0
+
+    def decoded(self) -> None:
+        """One "llama_decode" (caller holds the lock): a prefill or a token."""
+        self.n_decode += 1
+        self.n_busy += sum(self.busy)
+
+    def prometheus(self) -> str:
+        with self.lock:
+            counters = [("prompt_tokens_total", self.n_prompt), ("tokens_predicted_total", self.n_predicted),
+                        ("n_decode_total", self.n_decode)]
+            gauges = [("n_busy_slots_per_decode", self.n_busy / max(self.n_decode, 1)),
+                      ("requests_processing", sum(self.busy))]
+        out = []
+        for kind, items in (("counter", counters), ("gauge", gauges)):
+            for name, v in items:
+                out += [f"# HELP llamacpp:{name} fake", f"# TYPE llamacpp:{name} {kind}",
+                        f"llamacpp:{name} {float(v):g}"]
+        return "\n".join(out) + "\n"
 
     def token(self, prompt: str, i: int) -> int:
         h = 7
@@ -129,6 +154,17 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(503, {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})
         elif self.path == "/health":
             self.send_json(200, {"status": "ok"})
+        elif self.path == "/metrics" and FAKE.metrics:
+            b = FAKE.prometheus().encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(b)))
+            self.end_headers()
+            self.wfile.write(b)
+        elif self.path == "/metrics":
+            self.send_json(501, {"error": {"code": 501, "type": "not_supported_error",
+                                           "message": "This server does not support metrics endpoint. "
+                                                      "Start it with `--metrics`"}})
         elif self.path == "/slots":
             with FAKE.lock:
                 self.send_json(200, [{"id": i, "n_ctx": 4096, "is_processing": b} for i, b in enumerate(FAKE.busy)])
@@ -169,7 +205,7 @@ class Handler(BaseHTTPRequestHandler):
             FAKE.open += 1
             FAKE.served += 1
             fail_at = 2 if FAKE.error_every and FAKE.served % FAKE.error_every == 0 else -1
-        freed = False
+        freed, sent = False, 0
         try:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -177,6 +213,9 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.flush()
             time.sleep(PREFILL)
+            with FAKE.lock:
+                FAKE.n_prompt += len(prompt.split())
+                FAKE.decoded()
             failed = False
             for i in range(n_out):
                 if i:
@@ -191,6 +230,9 @@ class Handler(BaseHTTPRequestHandler):
                     failed = True
                     break
                 tok = FAKE.token(prompt, i)
+                with FAKE.lock:
+                    FAKE.decoded()
+                sent += 1
                 text = "" if i % 5 == 4 else f" w{tok}"
                 native = {"index": 0, "content": text, "tokens": [tok], "stop": False, "id_slot": slot,
                           "tokens_predicted": i + 1, "tokens_evaluated": len(prompt.split())}
@@ -231,6 +273,7 @@ class Handler(BaseHTTPRequestHandler):
                 FAKE.give(slot)
             with FAKE.lock:
                 FAKE.open -= 1
+                FAKE.n_predicted += sent  # llama-server: at the slot's reset, the request's end
         self.close_connection = True
 
 
@@ -263,11 +306,13 @@ def run_fake(argv) -> int:
     p.add_argument("--stream-error-every", type=int, default=0)
     p.add_argument("--term-waits-for-clients", action="store_true")
     p.add_argument("--need-body-key", default="")
+    p.add_argument("--metrics", action="store_true")
     a = p.parse_args(argv)
     FAKE = Fake(a.slots, a.leak, a.bad_status, a.salt, a.load_s)
     FAKE.error_every = a.stream_error_every
     FAKE.wait_clients = a.term_waits_for_clients
     FAKE.need_key = a.need_body_key
+    FAKE.metrics = a.metrics
     srv = Server(("127.0.0.1", a.fake), Handler)
 
     def on_term(*_):
@@ -306,6 +351,7 @@ def fake_server_bin(bindir: str) -> None:
     with open(path, "w") as f:
         f.write("#!/bin/sh\nport=8080; par=4\n"
                 "while [ $# -gt 0 ]; do case \"$1\" in --port) port=$2; shift;; --parallel) par=$2; shift;;"
+                " --metrics) FAKE_OPTS=\"$FAKE_OPTS --metrics\";;"
                 " --version) echo 'version: 0 (fake)'; exit 0;; esac; shift; done\n"
                 f"exec {sys.executable} {os.path.abspath(__file__)} --fake $port --slots $par $FAKE_OPTS\n")
     os.chmod(path, 0o755)
@@ -350,7 +396,7 @@ class TestLoad(unittest.TestCase):
     def setUpClass(cls) -> None:
         cls.tmp = tempfile.mkdtemp(prefix="test-serve-llamacpp-")
         cls.port = free_port()
-        cls.proc = start_fake(cls.port)
+        cls.proc = start_fake(cls.port, "--metrics")
         cls.addClassCleanup(stop, cls.proc)  # also when the rest of setUpClass fails
         cls.ref = os.path.join(cls.tmp, "greedy.json")
         cls.out = os.path.join(cls.tmp, "sweep.json")
@@ -358,7 +404,7 @@ class TestLoad(unittest.TestCase):
                      "--rates", "5,40", "--duration", "3", "--output-len", "fixed:10", "--prompt-len",
                      "uniform:8:32", "--ignore-eos", "--pid", str(cls.proc.pid), "--sample-every", "0.5",
                      "--record-greedy", cls.ref, "--greedy-n", "3", "--bad-request", "--report-every", "1",
-                     "--out", cls.out)
+                     "--metrics-url", f"http://127.0.0.1:{cls.port}/metrics", "--out", cls.out)
         if cls.res.returncode != 0 or not os.path.exists(cls.out):
             raise AssertionError("serve.py failed:\n" + cls.res.stdout[-3000:] + cls.res.stderr[-3000:])
         with open(cls.out) as f:
@@ -452,6 +498,48 @@ class TestLoad(unittest.TestCase):
                "--rate", "5", "--duration", "1", "--output-len", "fixed:4", "--ignore-eos",
                "--greedy-check", bad, "--greedy-n", "3", "--greedy-load-check", "report")
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+
+    def test_server_counters(self) -> None:
+        """--metrics-url: the server's decodes, step period and processed
+        tokens over the steady window, from its own counters (the fake: a
+        decode a prefill and a token sent; generated tokens counted as each
+        request ends, as llama-server does)."""
+        for ph in self.rep["phases"]:
+            m, st = ph["server"], ph["summary"]["steady"]
+            self.assertNotIn("error", m, m)
+            self.assertGreaterEqual(m["samples"], 3)
+            lo, hi = m["window_s"]
+            self.assertGreaterEqual(lo, st["window_s"][0])
+            self.assertLessEqual(hi, st["window_s"][1])
+            # every token the client saw in the window was a decode of the
+            # server's (the window's edges are whole seconds off the steady one)
+            toks = st["output_tok_s"] * (st["window_s"][1] - st["window_s"][0])
+            self.assertGreater(m["decodes"], 0.3 * toks, (m, st))
+            self.assertAlmostEqual(m["step_ms"], (hi - lo) * 1e3 / m["decodes"], delta=0.01)
+            self.assertAlmostEqual(m["processed_tok_s"], m["prompt_tok_s"] + m["predicted_tok_s"], delta=0.01)
+            self.assertGreater(m["predicted_tok_s"], 0)
+            self.assertGreater(m["prompt_tok_s"], 0)
+            self.assertGreater(m["busy_slots_per_decode"], 0)
+            self.assertLessEqual(m["busy_slots_per_decode"], SLOTS)
+        # saturated (40 req/s against ~36): more slots busy a decode than at 5 req/s
+        lo_m, hi_m = (ph["server"] for ph in self.rep["phases"])
+        self.assertGreater(hi_m["busy_slots_per_decode"], lo_m["busy_slots_per_decode"])
+        self.assertRegex(self.res.stdout, r"server \(llama-server /metrics over .*\): \d+ decode calls, step ")
+
+    def test_server_without_metrics(self) -> None:
+        """A llama-server started without --metrics answers 501: one line says
+        so, and the run is not failed for it."""
+        port = free_port()
+        proc = start_fake(port)
+        self.addCleanup(stop, proc)
+        out = os.path.join(self.tmp, "nometrics.json")
+        r = py("serve.py", "--url", f"http://127.0.0.1:{port}", "--server-kind", "llamacpp", "--requests", "4",
+               "--rate", "20", "--output-len", "fixed:4", "--ignore-eos",
+               "--metrics-url", f"http://127.0.0.1:{port}/metrics", "--out", out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("server counters: none (HTTP 501", r.stdout)
+        with open(out) as f:
+            self.assertIn("needs --metrics", json.load(f)["server"]["error"])
 
     def test_native_endpoint(self) -> None:
         out = os.path.join(self.tmp, "native.json")
@@ -657,7 +745,13 @@ class TestScript(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         with open(os.path.join(out, "llamacpp-serve.md")) as f:
             md = f.read()
-        self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |") or x.startswith("| 30 |")]), 2, md)
+        rows = [x for x in md.splitlines() if x.startswith("| 5 |") or x.startswith("| 30 |")]
+        self.assertEqual(len(rows), 2, md)
+        self.assertIn("| server step ms | server tok/s (prompt + generated) |", md)
+        for x in rows:  # the server's counters (the script starts it with --metrics): numbers, not "-"
+            step, tok = x.split(" | ")[6:8]
+            self.assertGreater(float(step), 0, x)
+            self.assertGreater(float(tok), 0, x)
         for k in ("disconnect", "bad", "sigterm", "restart"):
             self.assertRegex(md, rf"\| {k} \| .* \| yes \|")
         self.assertIn("under load (sigterm check)", md)
