@@ -1273,6 +1273,24 @@ int main(int argc, char **argv)
         CHECK(num_after(e, "\"held\":") == 0 &&
               num_after(e, "\"retired\":") == num_after(e, "\"made\":"));
         CHECK(strstr(log, "pinned copies retired (docs/prefetch.md, Blind launches)") != NULL);
+        {
+            /* the steps that staged, timed between the launches' step
+             * boundaries: each layer sleeps 2 ms here, so a step of NR
+             * layers takes 40 ms or more; and the exit summary's line has
+             * the stats' figures */
+            char want[96];
+            double ss = num_after(s, "\"staging_steps\":"), ms = num_after(s, "\"staging_step_ms\":");
+
+            printf("stream: %.0f steps that staged, %.2f ms each, %.3f GB/s\n", ss, ms,
+                   num_after(s, "\"staging_gbs\":"));
+            CHECK(ss >= 1 && ss <= steps);
+            CHECK(ms >= 0.8 * NR * 2.0);
+            CHECK(num_after(s, "\"staging_gbs\":") > 0);
+            snprintf(want, sizeof(want), "stream: %.0f staging copies (", num_after(s, "\"staged\":"));
+            CHECK(strstr(log, want) != NULL);
+            CHECK(strstr(log, " steps that staged took ") != NULL);
+            CHECK(strstr(log, "% from pinned copies (copy engine), ") != NULL);
+        }
         CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
         CHECK(num_after(s, "\"invalidated\":") >= 0);
         /* (4) every slot was checked before reuse; the one range 6's write

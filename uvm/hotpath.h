@@ -122,6 +122,10 @@ struct wo_stream_counts {
     uint64_t check_mismatch; /* ... that differed from their host copy */
     uint64_t touch_overflow; /* spans a launch touched in place past WO_STREAM_TOUCH_MAX */
     uint64_t sub_spans;      /* sub-spans made (spans beyond one in an allocation) */
+    /* steps that staged (one step between two boundaries, the launches'
+     * host times): their count, their periods and the bytes they staged,
+     * in all: the copy rate a streamed step reaches, against the link's */
+    uint64_t staging_steps, staging_step_ns, staging_step_bytes;
 };
 
 struct wo_stream_shared {

@@ -475,14 +475,18 @@ static void json_body(struct sbuf *b)
                   ",\"touched_inplace\":%" PRIu64 ",\"unpublished_inplace\":%" PRIu64
                   ",\"fence_failed\":%" PRIu64 ",\"not_published\":%" PRIu64
                   ",\"blind_launches\":%" PRIu64 ",\"blind_unfenced\":%" PRIu64
-                  ",\"sub_spans\":%" PRIu64 ",\"touch_overflow\":%" PRIu64 ",",
+                  ",\"sub_spans\":%" PRIu64 ",\"touch_overflow\":%" PRIu64
+                  ",\"staging_steps\":%" PRIu64 ",\"staging_step_ms\":%.3f,\"staging_gbs\":%.2f,",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
                   sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated,
                   sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps,
                   sc.slot_bytes, sc.slot_resizes, sc.auto_tries, sc.auto_kept, sc.auto_backs,
                   sc.not_reader, sc.checked, sc.check_mismatch, sc.write_checks, sc.written_back,
                   sc.touched_inplace, sc.unpublished_inplace, sc.fence_failed, sc.not_published,
-                  sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow);
+                  sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow,
+                  sc.staging_steps,
+                  sc.staging_steps ? (double)sc.staging_step_ns / (double)sc.staging_steps / 1e6 : 0.0,
+                  sc.staging_step_ns ? (double)sc.staging_step_bytes / (double)sc.staging_step_ns : 0.0);
         {
             struct wo_pin_counts pinc;
             wo_pin_counts(&pinc);
@@ -688,6 +692,7 @@ void wo_summary_log(const char *when)
                              wo_counter_get(WO_CTR_capture_begin), waits,
                              (double)wo_counter_get(WO_CTR_capture_wait_us) / 1e3);
         }
+        wo_stream_summary();
         wo_picks_summary();
     }
 }

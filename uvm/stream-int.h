@@ -93,6 +93,7 @@ struct exec {
      * reached in the events read (wo_sx_at_engine) */
     struct wo_stream_keys keys;
     uint64_t steps;
+    uint64_t close_ns;  /* the last step boundary's launch time (the staging steps' periods) */
     struct fnrec *fns;  /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au;  /* auto's step-time decision for host ranges */
     double link_gbs;    /* the copy rate it assumes (the built-in device model's) */

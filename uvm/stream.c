@@ -21,6 +21,7 @@
  * executor interface, setup, the events, the ranges and the end. */
 #include "uvm/stream-int.h"
 
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -732,6 +733,38 @@ static void free_exec(void)
     wo_stream_keys_done(&wo_sx->keys);
     free(wo_sx);
     wo_sx = NULL;
+}
+
+void wo_stream_summary(void)
+{
+    struct wo_stream_counts c;
+    struct wo_devmodel dm;
+    char sz[32], step[32], autos[128] = "", timed[192] = "";
+    double n;
+
+    wo_stream_counts(&c);
+    if (!c.staged)
+        return;
+    wo_devmodel_default(&dm);
+    n = (double)c.staged;
+    if (c.auto_tries)
+        snprintf(autos, sizeof(autos), "; auto: %" PRIu64 " tried, %" PRIu64 " kept, %" PRIu64 " back in place",
+                 c.auto_tries, c.auto_kept, c.auto_backs);
+    if (c.staging_steps && c.staging_step_ns)
+        snprintf(timed, sizeof(timed),
+                 "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",
+                 c.staging_steps, (double)c.staging_step_ns / (double)c.staging_steps / 1e6,
+                 (double)c.staging_step_bytes / (double)c.staging_step_ns, dm.h2d_gbs);
+    wo_log_write(WO_LOG_OFF,
+                 "stream: %" PRIu64 " staging copies (%s, %s a step over %" PRIu64 " steps): %.0f%% from "
+                 "pinned copies (copy engine), %.0f%% by the copy kernel, %.0f%% from host memory "
+                 "(copy engine)%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
+                 "slot ready, %" PRIu64 " in place in a capture%s",
+                 c.staged, wo_format_size(c.staged_bytes, sz, sizeof(sz)),
+                 wo_format_size(c.steps ? c.staged_bytes / c.steps : 0, step, sizeof(step)), c.steps,
+                 100.0 * (double)c.staged_pinned / n, 100.0 * (double)c.staged_by_kernel / n,
+                 100.0 * (double)(c.staged - WO_MIN(c.staged, c.staged_pinned + c.staged_by_kernel)) / n,
+                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, autos);
 }
 
 static void finish(void)

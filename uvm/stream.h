@@ -52,3 +52,9 @@ struct wo_stream_name_stats {
 void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
                                        const struct wo_stream_name_stats *st),
                             void *ud);
+
+/* The exit summary's line (WOFFLOAD_SUMMARY): what was staged, from where,
+ * the copy rate of the steps that staged against the link's, and the
+ * launches read in place; nothing when nothing was staged. From the
+ * counters alone: also after the executor is gone. */
+void wo_stream_summary(void);
