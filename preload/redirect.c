@@ -135,7 +135,7 @@ static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uin
     if (!wo_stream_hit_in_span(e, h, true))
         return true;
     /* where the engine is: the executor stages the ranges after it */
-    __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELAXED);
+    wo_stream_publish_pos(sid);
     if (captured) {
         /* a graph replays its launches later, without this hook: its
          * nodes read in place (correct, slower) */

@@ -1290,6 +1290,17 @@ int main(int argc, char **argv)
             CHECK(strstr(log, want) != NULL);
             CHECK(strstr(log, " steps that staged took ") != NULL);
             CHECK(strstr(log, "% from pinned copies (copy engine), ") != NULL);
+            /* the hooks moved the engine's position once a range and woke
+             * the executor's thread; it took each up (how fast is the GPU
+             * runs' figure, not a test's) */
+            printf("stream: %.0f position wakes, %.0f reactions, %.3f ms each, at most %.3f ms\n",
+                   num_after(s, "\"pos_wakes\":"), num_after(s, "\"reactions\":"),
+                   num_after(s, "\"reaction_ms\":"), num_after(s, "\"reaction_max_ms\":"));
+            CHECK(num_after(s, "\"pos_wakes\":") >= STEPS * NR / 2);
+            CHECK(num_after(s, "\"reactions\":") >= STEPS * NR / 4 &&
+                  num_after(s, "\"reactions\":") <= num_after(s, "\"pos_wakes\":"));
+            CHECK(num_after(s, "\"reaction_max_ms\":") >= num_after(s, "\"reaction_ms\":"));
+            CHECK(strstr(log, "the executor took the engine's position up ") != NULL);
         }
         CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
         CHECK(num_after(s, "\"invalidated\":") >= 0);

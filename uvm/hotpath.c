@@ -162,6 +162,18 @@ void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn)
     __atomic_add_fetch(&wo_stream_tab.blind_end, 1, __ATOMIC_SEQ_CST);
 }
 
+void wo_stream_publish_pos(uint32_t sid)
+{
+    if (__atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED) == sid + 1)
+        return;
+    /* the time first: the executor reads pos, then pos_ns (a time from a
+     * moment before its move can only make a reaction look longer) */
+    __atomic_store_n(&wo_stream_tab.pos_ns, wo_now_ns(), __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELEASE);
+    add(&wo_stream_tab.n.pos_wakes, 1);
+    wo_consumer_wake();
+}
+
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
 {
     uint64_t t0, now;

@@ -126,6 +126,10 @@ struct wo_stream_counts {
      * host times): their count, their periods and the bytes they staged,
      * in all: the copy rate a streamed step reaches, against the link's */
     uint64_t staging_steps, staging_step_ns, staging_step_bytes;
+    /* a hook moved the engine's position and woke the executor's thread
+     * (which sleeps up to 2 ms between batches of events); the executor
+     * took the new position up this long after (in all, and the longest) */
+    uint64_t pos_wakes, reactions, reaction_ns, reaction_max_ns;
 };
 
 struct wo_stream_shared {
@@ -133,6 +137,7 @@ struct wo_stream_shared {
     int readers;         /* 1 once launches reached two or more off-device ranges: a launch
                           * then counts only when its function has reached two (launch.c) */
     uint32_t pos;        /* registry id + 1 of the last streamed range a launch touched */
+    uint64_t pos_ns;     /* when a hook last moved pos (wo_stream_publish_pos) */
     CUcontext ctx;       /* the context slots and events live in (the engine's primary) */
     CUevent fence;       /* recorded after each launch that touched a streamed range in place
                           * (wo_stream_touch_end); made with the first slots, kept until exit */
@@ -307,6 +312,13 @@ static inline bool wo_stream_blind_since(const struct wo_stream_entry *e)
  * thread; never blocks longer than the bound. */
 #define WO_STREAM_AWAIT_NS 500000u
 extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests change it) */
+
+/* The engine reached streamed span sid: published for the executor, which
+ * stages the spans after it. A new position wakes the executor's thread:
+ * it may be asleep (the engine's host thread waited on the GPU, no events
+ * came), and the next copy is issued only once it looks. One relaxed load
+ * when the position did not move; a futex wake at most once a span. */
+void wo_stream_publish_pos(uint32_t sid);
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* The counters (any thread; relaxed reads). */

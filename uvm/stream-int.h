@@ -94,6 +94,7 @@ struct exec {
     struct wo_stream_keys keys;
     uint64_t steps;
     uint64_t close_ns;  /* the last step boundary's launch time (the staging steps' periods) */
+    uint32_t seen_pos;  /* the engine's position the last advance took up (its reaction time) */
     struct fnrec *fns;  /* by launch function: the off-device ranges it reached (reader()) */
     struct wo_auto au;  /* auto's step-time decision for host ranges */
     double link_gbs;    /* the copy rate it assumes (the built-in device model's) */

@@ -489,12 +489,33 @@ bool wo_sx_stage(uint32_t id, int slot)
     return true;
 }
 
+/* How long after a hook moved the engine's position this thread took it
+ * up (stats: stream.reaction_*): the copy of the next span waits for it. */
+static void reacted(uint32_t pos)
+{
+    uint64_t at, now, d;
+
+    if (pos == wo_sx->seen_pos)
+        return;
+    wo_sx->seen_pos = pos;
+    at = __atomic_load_n(&wo_stream_tab.pos_ns, __ATOMIC_RELAXED);
+    now = wo_now_ns();
+    if (!at || now < at)
+        return;
+    d = now - at;
+    add(&wo_stream_tab.n.reactions, 1);
+    add(&wo_stream_tab.n.reaction_ns, d);
+    if (d > __atomic_load_n(&wo_stream_tab.n.reaction_max_ns, __ATOMIC_RELAXED))
+        __atomic_store_n(&wo_stream_tab.n.reaction_max_ns, d, __ATOMIC_RELAXED);
+}
+
 void wo_sx_advance(void)
 {
-    uint32_t pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), idx;
+    uint32_t pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_ACQUIRE), idx;
     uint32_t ahead[WO_STREAM_MAX_SLOTS], behind = NONE;
     unsigned na = 0;
 
+    reacted(pos);
     if (!wo_sx->norder || pos == 0 || pos - 1 >= wo_sx->nr)
         return;
     idx = wo_sx->r[pos - 1].ord;

@@ -739,7 +739,7 @@ void wo_stream_summary(void)
 {
     struct wo_stream_counts c;
     struct wo_devmodel dm;
-    char sz[32], step[32], autos[128] = "", timed[192] = "";
+    char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "";
     double n;
 
     wo_stream_counts(&c);
@@ -755,16 +755,20 @@ void wo_stream_summary(void)
                  "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",
                  c.staging_steps, (double)c.staging_step_ns / (double)c.staging_steps / 1e6,
                  (double)c.staging_step_bytes / (double)c.staging_step_ns, dm.h2d_gbs);
+    if (c.reactions)
+        snprintf(react, sizeof(react), "; the executor took the engine's position up %.3f ms after a hook "
+                 "moved it (at most %.3f ms)",
+                 (double)c.reaction_ns / (double)c.reactions / 1e6, (double)c.reaction_max_ns / 1e6);
     wo_log_write(WO_LOG_OFF,
                  "stream: %" PRIu64 " staging copies (%s, %s a step over %" PRIu64 " steps): %.0f%% from "
                  "pinned copies (copy engine), %.0f%% by the copy kernel, %.0f%% from host memory "
                  "(copy engine)%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
-                 "slot ready, %" PRIu64 " in place in a capture%s",
+                 "slot ready, %" PRIu64 " in place in a capture%s%s",
                  c.staged, wo_format_size(c.staged_bytes, sz, sizeof(sz)),
                  wo_format_size(c.steps ? c.staged_bytes / c.steps : 0, step, sizeof(step)), c.steps,
                  100.0 * (double)c.staged_pinned / n, 100.0 * (double)c.staged_by_kernel / n,
                  100.0 * (double)(c.staged - WO_MIN(c.staged, c.staged_pinned + c.staged_by_kernel)) / n,
-                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, autos);
+                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, react, autos);
 }
 
 static void finish(void)
