@@ -80,6 +80,8 @@ static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct 
     }
     s = &wo_stream_tab.slot[slot];
     __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+    /* a read after a departure fence: that fence no longer covers it */
+    __atomic_add_fetch(&s->pins, 1, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) != w) {
         release(slot);
         count(&wo_stream_tab.n.inplace_no_slot);
@@ -135,7 +137,12 @@ static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uin
     if (!wo_stream_hit_in_span(e, h, true))
         return true;
     /* where the engine is: the executor stages the ranges after it */
-    wo_stream_publish_pos(sid);
+    {
+        struct wo_stream_evfns fn;
+
+        wo_hook_evfns(&fn);
+        wo_stream_publish_pos(sid, stream, captured, &fn);
+    }
     if (captured) {
         /* a graph replays its launches later, without this hook: its
          * nodes read in place (correct, slower) */

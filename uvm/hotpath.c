@@ -162,16 +162,55 @@ void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn)
     __atomic_add_fetch(&wo_stream_tab.blind_end, 1, __ATOMIC_SEQ_CST);
 }
 
-void wo_stream_publish_pos(uint32_t sid)
+/* read_done of the slot span sid is published in, recorded on stream now
+ * (the engine is two ranges past it), and the slot's `left` set, unless
+ * the slot changed hands meanwhile (uvm/hotpath.h, struct wo_stream_slot) */
+static void depart(uint32_t sid, uint64_t stream, const struct wo_stream_evfns *fn)
 {
-    if (__atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED) == sid + 1)
+    struct wo_stream_entry *e = &wo_stream_tab.e[sid];
+    uint64_t w = __atomic_load_n(&e->word, __ATOMIC_ACQUIRE);
+    unsigned slot = wo_stream_word_slot(w);
+    struct wo_stream_slot *s;
+    uint32_t a, p;
+
+    if (w == 0 || w == WO_STREAM_DIRTY || slot >= WO_STREAM_MAX_SLOTS)
         return;
+    s = &wo_stream_tab.slot[slot];
+    if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != stream + 1 || !s->read_done)
+        return;
+    a = __atomic_load_n(&s->assign, __ATOMIC_SEQ_CST);
+    p = __atomic_load_n(&s->pins, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&s->left, __ATOMIC_ACQUIRE) == wo_stream_left(a, p))
+        return; /* this assignment's fence is there, and no launch read it since */
+    if (fn->record(s->read_done, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
+        return;
+    /* the executor unpublishes before it looks at `left`: a word that
+     * moved means the record may not be of the assignment counted */
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) != w)
+        return;
+    __atomic_store_n(&s->left, wo_stream_left(a, p), __ATOMIC_SEQ_CST);
+}
+
+void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
+                           const struct wo_stream_evfns *fn)
+{
+    uint32_t cur = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), left2;
+
+    if (cur == sid + 1)
+        return;
+    left2 = __atomic_load_n(&wo_stream_tab.pos_prev, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_stream_tab.pos_prev, cur, __ATOMIC_RELAXED);
     /* the time first: the executor reads pos, then pos_ns (a time from a
      * moment before its move can only make a reaction look longer) */
     __atomic_store_n(&wo_stream_tab.pos_ns, wo_now_ns(), __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELEASE);
     add(&wo_stream_tab.n.pos_wakes, 1);
     wo_consumer_wake();
+    /* before this launch: the record covers what the engine submitted up
+     * to the range it left last, not the launches of this one */
+    if (left2 && left2 != sid + 1 && left2 != cur && left2 - 1 < WO_STREAM_ENTRIES && !captured &&
+        fn && fn->record)
+        depart(left2 - 1, stream, fn);
 }
 
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)

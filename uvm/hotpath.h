@@ -82,7 +82,22 @@ struct wo_stream_slot {
     uint64_t owner;    /* engine stream + 1 that reads it since it was published; 0 none */
     CUevent copied;    /* recorded on the copy stream after the staging copy */
     CUevent read_done; /* recorded on the owner stream after each redirected launch */
+    /* The departure fence (wo_stream_publish_pos): assignments published
+     * here (the executor's count, before each word), launches that pinned
+     * it, and wo_stream_left(assign, pins) once a hook recorded read_done
+     * on the owner stream after the engine had gone two ranges past this
+     * one: every kernel that could read the slot (through a table another
+     * kernel wrote, too) was submitted by then, so the executor may reuse
+     * the slot without recording read_done at the stream's tail, which
+     * would make the copy wait for the kernels the engine submitted last */
+    uint32_t assign, pins;
+    uint64_t left;
 };
+
+static inline uint64_t wo_stream_left(uint32_t assign, uint32_t pins)
+{
+    return (uint64_t)assign << 32 | pins;
+}
 
 /* What the hooks count (atomics; the executor's totals are in the same
  * struct so the stats read one place). */
@@ -130,6 +145,9 @@ struct wo_stream_counts {
      * (which sleeps up to 2 ms between batches of events); the executor
      * took the new position up this long after (in all, and the longest) */
     uint64_t pos_wakes, reactions, reaction_ns, reaction_max_ns;
+    /* slots reused after a departure fence (wo_stream_slot.left), and
+     * reused with read_done recorded at the owner stream's tail instead */
+    uint64_t fences_departed, fences_at_reuse;
 };
 
 struct wo_stream_shared {
@@ -137,6 +155,7 @@ struct wo_stream_shared {
     int readers;         /* 1 once launches reached two or more off-device ranges: a launch
                           * then counts only when its function has reached two (launch.c) */
     uint32_t pos;        /* registry id + 1 of the last streamed range a launch touched */
+    uint32_t pos_prev;   /* ... the one before it (the range the engine left last) */
     uint64_t pos_ns;     /* when a hook last moved pos (wo_stream_publish_pos) */
     CUcontext ctx;       /* the context slots and events live in (the engine's primary) */
     CUevent fence;       /* recorded after each launch that touched a streamed range in place
@@ -313,12 +332,17 @@ static inline bool wo_stream_blind_since(const struct wo_stream_entry *e)
 #define WO_STREAM_AWAIT_NS 500000u
 extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests change it) */
 
-/* The engine reached streamed span sid: published for the executor, which
- * stages the spans after it. A new position wakes the executor's thread:
- * it may be asleep (the engine's host thread waited on the GPU, no events
- * came), and the next copy is issued only once it looks. One relaxed load
- * when the position did not move; a futex wake at most once a span. */
-void wo_stream_publish_pos(uint32_t sid);
+/* The engine reached streamed span sid (a launch on stream, captured or
+ * not, about to be made): published for the executor, which stages the
+ * spans after it. A new position wakes the executor's thread: it may be
+ * asleep (the engine's host thread waited on the GPU, no events came), and
+ * the next copy is issued only once it looks. And the slot of the range
+ * the engine left two moves ago gets its departure fence (struct
+ * wo_stream_slot), when this stream reads it and is not capturing. One
+ * relaxed load when the position did not move; else a futex wake and at
+ * most one event record, once a span. */
+void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
+                           const struct wo_stream_evfns *fn);
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* The counters (any thread; relaxed reads). */

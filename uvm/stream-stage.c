@@ -82,6 +82,18 @@ void wo_sx_drop(uint32_t id);
  * into the engine's graph: false, try later. A stream gone (destroyed, its
  * work done or in flight before the hooks' record) has nothing more to
  * fence. False only for a capture. */
+/* The slot's read_done was recorded by a hook after the engine had left its
+ * range two ranges behind, and no launch pinned the slot since (struct
+ * wo_stream_slot). After wo_sx_unpublish: no hook holds it. */
+static bool departed(struct wo_stream_slot *s)
+{
+    uint32_t a = __atomic_load_n(&s->assign, __ATOMIC_SEQ_CST);
+    uint32_t p = __atomic_load_n(&s->pins, __ATOMIC_SEQ_CST);
+
+    return __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != 0 &&
+           __atomic_load_n(&s->left, __ATOMIC_SEQ_CST) == wo_stream_left(a, p);
+}
+
 bool wo_sx_fence_owner(struct wo_stream_slot *s)
 {
     const struct wo_driver *d = wo_sx->drv;
@@ -388,8 +400,19 @@ bool wo_sx_stage(uint32_t id, int slot)
      * submitted after the redirected one and, since the engine's host
      * thread has moved on past it, before now: recorded here, on the
      * stream that read the slot, read_done covers it too. No hook holds
-     * the slot (unpublished above), so none records it meanwhile. */
-    if (!wo_sx_fence_owner(s)) {
+     * the slot (unpublished above), so none records it meanwhile.
+     * Recorded at the tail, though, it also orders the copy after the
+     * kernels the engine submitted last, which read other slots: copies
+     * and kernels then take turns on the GPU. So where a hook recorded it
+     * when the engine had gone two ranges past this slot's range (its
+     * departure fence: uvm/hotpath.h, struct wo_stream_slot) and no launch
+     * read the slot since, that record stands. */
+    if (departed(s)) {
+        add(&wo_stream_tab.n.fences_departed, 1);
+    } else if (wo_sx_fence_owner(s)) {
+        if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE))
+            add(&wo_stream_tab.n.fences_at_reuse, 1);
+    } else {
         wo_sx_pop_ctx(prev);
         pthread_mutex_unlock(&wo_uvm.lock);
         wo_driver_leave();
@@ -476,6 +499,8 @@ bool wo_sx_stage(uint32_t id, int slot)
     r->blind_seen = ge;
     __atomic_store_n(&e->blind, gb, __ATOMIC_RELAXED); /* before the word: hooks read it after */
     __atomic_store_n(&s->owner, 0, __ATOMIC_RELEASE);
+    /* a new assignment: a departure fence of the last one no longer counts */
+    __atomic_add_fetch(&s->assign, 1, __ATOMIC_SEQ_CST);
     wo_sx->epoch++;
     nw = wo_stream_word(r->gen, wo_sx->epoch, (unsigned)slot);
     if (!__atomic_compare_exchange_n(&e->word, &w, nw, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {

@@ -739,7 +739,7 @@ void wo_stream_summary(void)
 {
     struct wo_stream_counts c;
     struct wo_devmodel dm;
-    char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "";
+    char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "", fences[160] = "";
     double n;
 
     wo_stream_counts(&c);
@@ -755,6 +755,10 @@ void wo_stream_summary(void)
                  "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",
                  c.staging_steps, (double)c.staging_step_ns / (double)c.staging_steps / 1e6,
                  (double)c.staging_step_bytes / (double)c.staging_step_ns, dm.h2d_gbs);
+    if (c.fences_departed + c.fences_at_reuse)
+        snprintf(fences, sizeof(fences),
+                 "; slots reused after the engine left them: %" PRIu64 ", after all it had submitted: %" PRIu64,
+                 c.fences_departed, c.fences_at_reuse);
     if (c.reactions)
         snprintf(react, sizeof(react), "; the executor took the engine's position up %.3f ms after a hook "
                  "moved it (at most %.3f ms)",
@@ -763,12 +767,12 @@ void wo_stream_summary(void)
                  "stream: %" PRIu64 " staging copies (%s, %s a step over %" PRIu64 " steps): %.0f%% from "
                  "pinned copies (copy engine), %.0f%% by the copy kernel, %.0f%% from host memory "
                  "(copy engine)%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
-                 "slot ready, %" PRIu64 " in place in a capture%s%s",
+                 "slot ready, %" PRIu64 " in place in a capture%s%s%s",
                  c.staged, wo_format_size(c.staged_bytes, sz, sizeof(sz)),
                  wo_format_size(c.steps ? c.staged_bytes / c.steps : 0, step, sizeof(step)), c.steps,
                  100.0 * (double)c.staged_pinned / n, 100.0 * (double)c.staged_by_kernel / n,
                  100.0 * (double)(c.staged - WO_MIN(c.staged, c.staged_pinned + c.staged_by_kernel)) / n,
-                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, react, autos);
+                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, react, fences, autos);
 }
 
 static void finish(void)
