@@ -200,17 +200,18 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
         return;
     left2 = __atomic_load_n(&wo_stream_tab.pos_prev, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.pos_prev, cur, __ATOMIC_RELAXED);
+    /* before this launch: the record covers what the engine submitted up
+     * to the range it left last, not the launches of this one; and before
+     * the executor hears of the move, which is when it reuses that slot */
+    if (left2 && left2 != sid + 1 && left2 != cur && left2 - 1 < WO_STREAM_ENTRIES && !captured &&
+        fn && fn->record)
+        depart(left2 - 1, stream, fn);
     /* the time first: the executor reads pos, then pos_ns (a time from a
      * moment before its move can only make a reaction look longer) */
     __atomic_store_n(&wo_stream_tab.pos_ns, wo_now_ns(), __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELEASE);
     add(&wo_stream_tab.n.pos_wakes, 1);
     wo_consumer_wake();
-    /* before this launch: the record covers what the engine submitted up
-     * to the range it left last, not the launches of this one */
-    if (left2 && left2 != sid + 1 && left2 != cur && left2 - 1 < WO_STREAM_ENTRIES && !captured &&
-        fn && fn->record)
-        depart(left2 - 1, stream, fn);
 }
 
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
