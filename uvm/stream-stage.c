@@ -75,13 +75,6 @@ void wo_sx_mark_written(struct srange *r, uint32_t id)
 
 void wo_sx_drop(uint32_t id);
 
-/* Records the slot's read_done on the engine stream that read its last
- * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
- * thread's own, not the engine's: there the hooks' record stands. A stream
- * under capture would take the record (and through it the copy stream)
- * into the engine's graph: false, try later. A stream gone (destroyed, its
- * work done or in flight before the hooks' record) has nothing more to
- * fence. False only for a capture. */
 /* The slot's read_done was recorded by a hook after the engine had left its
  * range two ranges behind, and no launch pinned the slot since (struct
  * wo_stream_slot). After wo_sx_unpublish: no hook holds it. */
@@ -94,6 +87,13 @@ static bool departed(struct wo_stream_slot *s)
            __atomic_load_n(&s->left, __ATOMIC_SEQ_CST) == wo_stream_left(a, p);
 }
 
+/* Records the slot's read_done on the engine stream that read its last
+ * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
+ * thread's own, not the engine's: there the hooks' record stands. A stream
+ * under capture would take the record (and through it the copy stream)
+ * into the engine's graph: false, try later. A stream gone (destroyed, its
+ * work done or in flight before the hooks' record) has nothing more to
+ * fence. False only for a capture. */
 bool wo_sx_fence_owner(struct wo_stream_slot *s)
 {
     const struct wo_driver *d = wo_sx->drv;
