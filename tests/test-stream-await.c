@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "core/event.h"
+#include "uvm/hotpath.h"
 #include "uvm/stream.h"
 
 #define GEN 7u
@@ -143,9 +144,162 @@ static void test_dropped_while_waiting(void **state)
     assert_int_equal(wo_stream_tab.n.await_timeouts, 0);
 }
 
+/* ---- departure fences (wo_stream_publish_pos, uvm/hotpath.h) -------------
+ * Spans 1-4 are published in slots 0-3, read by stream STREAM. The engine
+ * moves 1, 2, 3, 4: on reaching a span, the hook records read_done of the
+ * slot of the span it left two moves ago, before its own launch, and marks
+ * that slot's assignment departed; a pin or a new assignment undoes it. */
+
+#define STREAM UINT64_C(0x10)
+
+static struct {
+    int n;
+    CUevent ev[16];
+    CUstream st[16];
+    int fail;                      /* the next record fails */
+    struct wo_stream_entry *steal; /* the record unpublishes this entry meanwhile */
+} recs;
+
+static CUresult fake_record(CUevent e, CUstream st)
+{
+    if (recs.fail) {
+        recs.fail = 0;
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (recs.n < 16) {
+        recs.ev[recs.n] = e;
+        recs.st[recs.n] = st;
+    }
+    recs.n++;
+    if (recs.steal)
+        __atomic_store_n(&recs.steal->word, 0, __ATOMIC_SEQ_CST);
+    return CUDA_SUCCESS;
+}
+
+static const struct wo_stream_evfns fns = {NULL, NULL, fake_record};
+
+static void spans(void)
+{
+    memset(&recs, 0, sizeof(recs));
+    memset(&wo_stream_tab.n, 0, sizeof(wo_stream_tab.n));
+    wo_stream_tab.pos = wo_stream_tab.pos_prev = 0;
+    for (unsigned i = 0; i < 4; i++) {
+        struct wo_stream_slot *sl = &wo_stream_tab.slot[i];
+        struct wo_stream_entry *e = &wo_stream_tab.e[i + 1];
+
+        memset(sl, 0, sizeof(*sl));
+        memset(e, 0, sizeof(*e));
+        sl->read_done = (CUevent)(uintptr_t)(0x100 + i);
+        sl->owner = STREAM + 1;
+        sl->assign = 1;
+        e->gen = GEN;
+        e->streamed = 1;
+        e->word = wo_stream_word(GEN, 1, i);
+    }
+}
+
+static void test_depart_two_behind(void **state)
+{
+    (void)state;
+    spans();
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    assert_int_equal(recs.n, 0); /* nothing two moves behind yet */
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    assert_int_equal(recs.n, 0); /* no move: nothing at all */
+    assert_int_equal(wo_stream_tab.n.pos_wakes, 2);
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    /* span 1 (slot 0) left two moves ago: its read_done, on its stream */
+    assert_int_equal(recs.n, 1);
+    assert_ptr_equal(recs.ev[0], wo_stream_tab.slot[0].read_done);
+    assert_ptr_equal(recs.st[0], (CUstream)(uintptr_t)STREAM);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[0]));
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[1])); /* left one move ago */
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[2])); /* where the engine is */
+    wo_stream_publish_pos(4, STREAM, false, &fns);
+    assert_int_equal(recs.n, 2);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[1]));
+    /* back to span 1, then on: slot 0 departed already, no second record
+     * for the same assignment and pins... */
+    wo_stream_publish_pos(1, STREAM, false, &fns); /* left two back: span 3 */
+    assert_int_equal(recs.n, 3);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[2]));
+}
+
+static void test_depart_undone(void **state)
+{
+    (void)state;
+    spans();
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[0]));
+    /* a launch pinned the slot after the fence (redirect.c pin): the fence
+     * does not cover it */
+    __atomic_add_fetch(&wo_stream_tab.slot[0].pins, 1, __ATOMIC_SEQ_CST);
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
+    /* slot 1 departs at the next move; a new assignment there (the
+     * executor's count) undoes it */
+    wo_stream_publish_pos(4, STREAM, false, &fns);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[1]));
+    __atomic_add_fetch(&wo_stream_tab.slot[1].assign, 1, __ATOMIC_SEQ_CST);
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[1]));
+    /* no reader: nothing to fence, never departed */
+    wo_stream_tab.slot[3].owner = 0;
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[3]));
+}
+
+static void test_depart_not_taken(void **state)
+{
+    (void)state;
+    /* the launch that moves the engine is captured: no record (it would
+     * become a node of the engine's graph) */
+    spans();
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    wo_stream_publish_pos(3, STREAM, true, &fns);
+    assert_int_equal(recs.n, 0);
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
+    assert_int_equal(wo_stream_tab.pos, 4); /* the position moved all the same */
+    /* another stream reads the slot: not this launch's to fence */
+    spans();
+    wo_stream_tab.slot[0].owner = STREAM + 2;
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    assert_int_equal(recs.n, 0);
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
+    /* the record fails: not departed */
+    spans();
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    recs.fail = 1;
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
+    /* the executor took the slot back while the hook recorded: the record
+     * may be of another assignment, not marked */
+    spans();
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    recs.steal = &wo_stream_tab.e[1];
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    assert_int_equal(recs.n, 1);
+    assert_int_equal(wo_stream_tab.slot[0].left, 0);
+    /* span 1 unpublished (word 0), or dirty: nothing to fence */
+    spans();
+    wo_stream_tab.e[1].word = 0;
+    wo_stream_publish_pos(1, STREAM, false, &fns);
+    wo_stream_publish_pos(2, STREAM, false, &fns);
+    wo_stream_publish_pos(3, STREAM, false, &fns);
+    assert_int_equal(recs.n, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_depart_two_behind),
+        cmocka_unit_test(test_depart_undone),
+        cmocka_unit_test(test_depart_not_taken),
         cmocka_unit_test(test_published_while_waiting),
         cmocka_unit_test(test_runs_out_once),
         cmocka_unit_test(test_not_planned),

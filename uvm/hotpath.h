@@ -99,6 +99,19 @@ static inline uint64_t wo_stream_left(uint32_t assign, uint32_t pins)
     return (uint64_t)assign << 32 | pins;
 }
 
+/* The slot's read_done is its departure fence: a hook recorded it after the
+ * engine had gone two ranges past the slot's range, for the assignment in
+ * it now, and no launch pinned the slot since. (The executor asks after
+ * unpublishing the slot: no hook holds it then.) */
+static inline bool wo_stream_departed(struct wo_stream_slot *s)
+{
+    uint32_t a = __atomic_load_n(&s->assign, __ATOMIC_SEQ_CST);
+    uint32_t p = __atomic_load_n(&s->pins, __ATOMIC_SEQ_CST);
+
+    return __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != 0 &&
+           __atomic_load_n(&s->left, __ATOMIC_SEQ_CST) == wo_stream_left(a, p);
+}
+
 /* What the hooks count (atomics; the executor's totals are in the same
  * struct so the stats read one place). */
 struct wo_stream_counts {

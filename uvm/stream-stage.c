@@ -75,18 +75,6 @@ void wo_sx_mark_written(struct srange *r, uint32_t id)
 
 void wo_sx_drop(uint32_t id);
 
-/* The slot's read_done was recorded by a hook after the engine had left its
- * range two ranges behind, and no launch pinned the slot since (struct
- * wo_stream_slot). After wo_sx_unpublish: no hook holds it. */
-static bool departed(struct wo_stream_slot *s)
-{
-    uint32_t a = __atomic_load_n(&s->assign, __ATOMIC_SEQ_CST);
-    uint32_t p = __atomic_load_n(&s->pins, __ATOMIC_SEQ_CST);
-
-    return __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != 0 &&
-           __atomic_load_n(&s->left, __ATOMIC_SEQ_CST) == wo_stream_left(a, p);
-}
-
 /* Records the slot's read_done on the engine stream that read its last
  * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
  * thread's own, not the engine's: there the hooks' record stands. A stream
@@ -407,7 +395,7 @@ bool wo_sx_stage(uint32_t id, int slot)
      * when the engine had gone two ranges past this slot's range (its
      * departure fence: uvm/hotpath.h, struct wo_stream_slot) and no launch
      * read the slot since, that record stands. */
-    if (departed(s)) {
+    if (wo_stream_departed(s)) {
         add(&wo_stream_tab.n.fences_departed, 1);
     } else if (wo_sx_fence_owner(s)) {
         if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE))
