@@ -56,6 +56,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "1 (experimental; the streaming executor never stages the ranges it serves: llama-server with host experts under it failed with an illegal address on the H200 once they were staged): serve placeable allocations as VMM ranges re-backed at seal at the same address, instead of managed memory, so any tensor can still move when placement is decided (docs/placement.md, Late binding)", OFF(late_bind), 0, 0},
     {"WOFFLOAD_READONLY", WO_SETTING_BOOL, "1",
      "0: woffload_readonly declarations are ignored (the ggml hook makes one for each of llama.cpp's model buffers): CUDA graphs reading them count as launches that may write them, which retires the streaming executor's pinned copies and stages again after each (docs/prefetch.md, Blind launches)", OFF(readonly), 0, 0},
+    {"WOFFLOAD_DEPARTURE_FENCES", WO_SETTING_BOOL, "1",
+     "0 (measuring their effect): the streaming executor records a slot's read event at the end of the engine's stream before it reuses the slot, as before departure fences, so each staging copy waits for the kernels the engine submitted last (docs/prefetch.md, Departure fences)", OFF(departure_fences), 0, 0},
     {"WOFFLOAD_PICKS", WO_SETTING_BOOL, "1",
      "0: woffload_moe_picks does nothing (and the Python hook registers no experts hooks): expert tensors off the device are staged whole or read in place instead of only their picked rows (docs/placement.md, Picked experts)", OFF(picks), 0, 0},
     {"WOFFLOAD_RING_EVENTS", WO_SETTING_UINT_POW2, "16384",

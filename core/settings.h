@@ -33,6 +33,7 @@ struct wo_settings {
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool picks;              /* WOFFLOAD_PICKS */
     bool readonly;           /* WOFFLOAD_READONLY */
+    bool departure_fences;   /* WOFFLOAD_DEPARTURE_FENCES */
     int nerrors;             /* number of variables that had a bad value */
 };
 

@@ -141,7 +141,7 @@ static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uin
         struct wo_stream_evfns fn;
 
         wo_hook_evfns(&fn);
-        wo_stream_publish_pos(sid, stream, captured, &fn);
+        wo_stream_publish_pos(sid, stream, captured, wo_settings()->departure_fences ? &fn : NULL);
     }
     if (captured) {
         /* a graph replays its launches later, without this hook: its
