@@ -23,6 +23,9 @@
 #                  buffer late bound, its host tensors pinned host memory that
 #                  the streaming executor copies from on the copy engine
 #                  (docs/placement.md, Late binding)
+#   shim-ROW-tail  any shim row with WOFFLOAD_DEPARTURE_FENCES=0: staging
+#                  copies wait for the kernels the engine submitted last
+#                  (docs/prefetch.md, Departure fences), to measure the change
 # Settings (environment; defaults in brackets): PARALLEL [32]; CTX
 # [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
 # (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
@@ -67,12 +70,13 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     [ "$per" -gt "$left" ] && per=$left
     O=$OUTROOT/p$P-$row
-    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND
+    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     base=$row
     case $row in
     shim-*-late) base=${row%-late}; export WOFFLOAD_LATE_BIND=1 ;;
+    shim-*-tail) base=${row%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
     esac
     case $base in
     plain) R=${R_FAST:-8,32,96} ;;

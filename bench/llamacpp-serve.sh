@@ -108,6 +108,7 @@ log "out $OUT; server: $SERVER_STR"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | sed 's/^/gpu: /'
     "$LLAMA_BIN/llama-server" --version 2>&1 | grep -i -m2 'version\|commit' | sed 's/^/llama-server: /'
     echo "server: $SERVER_STR"
+    env | grep '^WOFFLOAD_' | sort | sed 's/^/environment: /'
     # a long logit_bias list (the rows script's ban of byte tokens) is shown as its ranges
     [ -n "${EXTRA_BODY:-}" ] && echo "request body extra: $("$PY" -c 'import json, sys
 b = json.loads(sys.argv[1]); lb = b.get("logit_bias")
