@@ -158,6 +158,7 @@ static struct {
     CUstream st[16];
     int fail;                      /* the next record fails */
     struct wo_stream_entry *steal; /* the record unpublishes this entry meanwhile */
+    int held;                      /* slot 0's inflight during the last record */
 } recs;
 
 static CUresult fake_record(CUevent e, CUstream st)
@@ -171,6 +172,9 @@ static CUresult fake_record(CUevent e, CUstream st)
         recs.st[recs.n] = st;
     }
     recs.n++;
+    /* the hook holds the slot across the record (the executor neither
+     * reuses it nor destroys the event meanwhile) */
+    recs.held = __atomic_load_n(&wo_stream_tab.slot[0].inflight, __ATOMIC_SEQ_CST);
     if (recs.steal)
         __atomic_store_n(&recs.steal->word, 0, __ATOMIC_SEQ_CST);
     return CUDA_SUCCESS;
@@ -214,6 +218,8 @@ static void test_depart_two_behind(void **state)
     assert_ptr_equal(recs.ev[0], wo_stream_tab.slot[0].read_done);
     assert_ptr_equal(recs.st[0], (CUstream)(uintptr_t)STREAM);
     assert_true(wo_stream_departed(&wo_stream_tab.slot[0]));
+    assert_int_equal(recs.held, 1); /* held while recorded, let go after */
+    assert_int_equal(wo_stream_tab.slot[0].inflight, 0);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[1])); /* left one move ago */
     assert_false(wo_stream_departed(&wo_stream_tab.slot[2])); /* where the engine is */
     wo_stream_publish_pos(4, STREAM, false, &fns);

@@ -164,7 +164,10 @@ void wo_stream_blind_end(uint64_t stream, const struct wo_stream_evfns *fn)
 
 /* read_done of the slot span sid is published in, recorded on stream now
  * (the engine is two ranges past it), and the slot's `left` set, unless
- * the slot changed hands meanwhile (uvm/hotpath.h, struct wo_stream_slot) */
+ * the slot changed hands meanwhile (uvm/hotpath.h, struct wo_stream_slot).
+ * The slot is held (inflight) across the record, as a launch's pin holds
+ * it: the executor neither reuses it nor destroys its events meanwhile,
+ * and records read_done itself only once no hook holds the slot. */
 static void depart(uint32_t sid, uint64_t stream, const struct wo_stream_evfns *fn)
 {
     struct wo_stream_entry *e = &wo_stream_tab.e[sid];
@@ -176,19 +179,22 @@ static void depart(uint32_t sid, uint64_t stream, const struct wo_stream_evfns *
     if (w == 0 || w == WO_STREAM_DIRTY || slot >= WO_STREAM_MAX_SLOTS)
         return;
     s = &wo_stream_tab.slot[slot];
-    if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != stream + 1 || !s->read_done)
-        return;
+    __atomic_add_fetch(&s->inflight, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) != w ||
+        __atomic_load_n(&s->owner, __ATOMIC_ACQUIRE) != stream + 1 || !s->read_done)
+        goto out;
     a = __atomic_load_n(&s->assign, __ATOMIC_SEQ_CST);
     p = __atomic_load_n(&s->pins, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&s->left, __ATOMIC_ACQUIRE) == wo_stream_left(a, p))
-        return; /* this assignment's fence is there, and no launch read it since */
+        goto out; /* this assignment's fence is there, and no launch read it since */
     if (fn->record(s->read_done, (CUstream)(uintptr_t)stream) != CUDA_SUCCESS)
-        return;
-    /* the executor unpublishes before it looks at `left`: a word that
+        goto out;
+    /* the executor unpublishes before it waits for the slot: a word that
      * moved means the record may not be of the assignment counted */
-    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) != w)
-        return;
-    __atomic_store_n(&s->left, wo_stream_left(a, p), __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&e->word, __ATOMIC_SEQ_CST) == w)
+        __atomic_store_n(&s->left, wo_stream_left(a, p), __ATOMIC_SEQ_CST);
+out:
+    __atomic_sub_fetch(&s->inflight, 1, __ATOMIC_RELEASE);
 }
 
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
