@@ -657,39 +657,61 @@ def gpu_used_mib(pid: Optional[int]) -> Optional[Dict[str, Any]]:
     return {"pid": mine, "all": total, "device": dev, "source": "nvidia-smi"}
 
 
-class MemSampler:
-    """The server's RSS and device memory every `every` seconds, on a
-    thread of its own (nvidia-smi blocks for tens of ms), at fixed ticks
-    from the phase's start so a slow sample does not shift the next."""
+class Ticker:
+    """sample(t) every `every` seconds on a thread of its own, at fixed
+    ticks from t0 so that a slow sample does not shift the next; once more
+    when stopped when final."""
 
-    COLUMNS = ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib", "gpu_dev_mib"]
-
-    def __init__(self, pid: int, every: float, t0: float) -> None:
-        self.pid, self.every, self.t0 = pid, every, t0
-        self.samples: List[List[Any]] = []
-        self.source = "none"
+    def __init__(self, every: float, t0: float, final: bool = False) -> None:
+        self.every, self.t0, self.final = every, t0, final
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def sample(self, t: float) -> None:
+        raise NotImplementedError
 
     def loop(self) -> None:
         k = 0
         while True:
-            t = time.perf_counter() - self.t0
-            g = gpu_used_mib(self.pid)
-            if g is not None:
-                self.source = g["source"]
-            self.samples.append([round(t, 2), rss_kib(self.pid), g and g["pid"], g and g["all"],
-                                 g and g.get("device")])
+            self.sample(self.now())
             k += 1
-            if self.stop.wait(max(0.0, k * self.every - (time.perf_counter() - self.t0))):
-                return
+            if self.stop.wait(max(0.0, k * self.every - self.now())):
+                break
+        if self.final:
+            self.sample(self.now())
 
     def start(self) -> None:
         self.thread.start()
 
-    def report(self) -> Dict[str, Any]:
+    def halt(self) -> None:
         self.stop.set()
         self.thread.join()
+
+
+class MemSampler(Ticker):
+    """The server's RSS and device memory every `every` seconds (on the
+    ticker's thread: nvidia-smi blocks for tens of ms)."""
+
+    COLUMNS = ["t", "rss_kib", "gpu_pid_mib", "gpu_all_mib", "gpu_dev_mib"]
+
+    def __init__(self, pid: int, every: float, t0: float) -> None:
+        super().__init__(every, t0)
+        self.pid = pid
+        self.samples: List[List[Any]] = []
+        self.source = "none"
+
+    def sample(self, t: float) -> None:
+        g = gpu_used_mib(self.pid)
+        if g is not None:
+            self.source = g["source"]
+        self.samples.append([round(t, 2), rss_kib(self.pid), g and g["pid"], g and g["all"],
+                             g and g.get("device")])
+
+    def report(self) -> Dict[str, Any]:
+        self.halt()
         out: Dict[str, Any] = {"pid": self.pid, "every_s": self.every, "gpu_source": self.source,
                                "columns": self.COLUMNS, "samples": self.samples}
         # issue 40's soak target: RSS and device memory within 2% from
@@ -724,9 +746,9 @@ def parse_prometheus(text: str) -> Dict[str, float]:
     return out
 
 
-class MetricsSampler:
-    """GET args.metrics_url every `every` seconds on a thread of its own, at
-    fixed ticks from the phase's start. At saturation the output rate a
+class MetricsSampler(Ticker):
+    """GET args.metrics_url every `every` seconds (a Ticker; once more at the
+    phase's end). At saturation the output rate a
     client sees depends on how the server shares its steps between prompts
     and decodes; the server's step period (its llama_decode calls) and the
     tokens it processed are the figures that compare rows there."""
@@ -734,11 +756,10 @@ class MetricsSampler:
     PREFIX = "llamacpp:"
 
     def __init__(self, url: str, every: float, t0: float) -> None:
-        self.url, self.every, self.t0 = url, every, t0
+        super().__init__(every, t0, final=True)  # a last sample: the end of the phase
+        self.url = url
         self.samples: List[Tuple[float, Dict[str, float]]] = []
         self.error: Optional[str] = None
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.loop, daemon=True)
 
     def get(self) -> Optional[Dict[str, float]]:
         try:
@@ -755,29 +776,16 @@ class MetricsSampler:
             return None
         return m
 
-    def loop(self) -> None:
-        k = 0
-        while True:
-            t = time.perf_counter() - self.t0
-            m = self.get()
-            if m is not None:
-                self.samples.append((round(t, 3), m))
-            k += 1
-            if self.stop.wait(max(0.0, k * self.every - (time.perf_counter() - self.t0))):
-                break
-        m = self.get()  # the end of the phase
+    def sample(self, t: float) -> None:
+        m = self.get()
         if m is not None:
-            self.samples.append((round(time.perf_counter() - self.t0, 3), m))
-
-    def start(self) -> None:
-        self.thread.start()
+            self.samples.append((round(t, 3), m))
 
     def report(self, window: Optional[List[float]]) -> Dict[str, Any]:
         """Deltas between the first sample at or after the window's start and
         the last one at or before its end (the steady window; the whole phase
         without one)."""
-        self.stop.set()
-        self.thread.join()
+        self.halt()
         out: Dict[str, Any] = {"source": self.url, "samples": len(self.samples)}
         if len(self.samples) < 2:
             out["error"] = self.error or "fewer than 2 samples"

@@ -202,17 +202,24 @@ static void spans(void)
     }
 }
 
+/* The engine moves to each span of sids in turn (the launch that moves
+ * it captured or not) */
+static void walk(const char *sids, bool captured)
+{
+    for (const char *c = sids; *c; c++)
+        wo_stream_publish_pos((uint32_t)(*c - '0'), STREAM, captured, &fns);
+}
+
 static void test_depart_two_behind(void **state)
 {
     (void)state;
     spans();
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
+    walk("12", false);
     assert_int_equal(recs.n, 0); /* nothing two moves behind yet */
-    wo_stream_publish_pos(2, STREAM, false, &fns);
+    walk("2", false);
     assert_int_equal(recs.n, 0); /* no move: nothing at all */
     assert_int_equal(wo_stream_tab.n.pos_wakes, 2);
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("3", false);
     /* span 1 (slot 0) left two moves ago: its read_done, on its stream */
     assert_int_equal(recs.n, 1);
     assert_ptr_equal(recs.ev[0], wo_stream_tab.slot[0].read_done);
@@ -222,34 +229,38 @@ static void test_depart_two_behind(void **state)
     assert_int_equal(wo_stream_tab.slot[0].inflight, 0);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[1])); /* left one move ago */
     assert_false(wo_stream_departed(&wo_stream_tab.slot[2])); /* where the engine is */
-    wo_stream_publish_pos(4, STREAM, false, &fns);
-    assert_int_equal(recs.n, 2);
-    assert_true(wo_stream_departed(&wo_stream_tab.slot[1]));
-    /* back to span 1, then on: slot 0 departed already, no second record
-     * for the same assignment and pins... */
-    wo_stream_publish_pos(1, STREAM, false, &fns); /* left two back: span 3 */
+    walk("41", false); /* span 2 (slot 1), then span 3 (slot 2) */
     assert_int_equal(recs.n, 3);
+    assert_ptr_equal(recs.ev[2], wo_stream_tab.slot[2].read_done);
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[1]));
     assert_true(wo_stream_departed(&wo_stream_tab.slot[2]));
+    /* 2 (span 4, slot 3), then 3: span 1 two behind again, its slot's
+     * fence still stands (no pin, same assignment): no second record */
+    walk("23", false);
+    assert_int_equal(recs.n, 4);
+    assert_ptr_equal(recs.ev[3], wo_stream_tab.slot[3].read_done);
 }
 
 static void test_depart_undone(void **state)
 {
     (void)state;
     spans();
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("123", false);
     assert_true(wo_stream_departed(&wo_stream_tab.slot[0]));
     /* a launch pinned the slot after the fence (redirect.c pin): the fence
-     * does not cover it */
+     * does not cover it, and the next time it is two behind it is made
+     * again */
     __atomic_add_fetch(&wo_stream_tab.slot[0].pins, 1, __ATOMIC_SEQ_CST);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
     /* slot 1 departs at the next move; a new assignment there (the
      * executor's count) undoes it */
-    wo_stream_publish_pos(4, STREAM, false, &fns);
+    walk("4", false);
     assert_true(wo_stream_departed(&wo_stream_tab.slot[1]));
     __atomic_add_fetch(&wo_stream_tab.slot[1].assign, 1, __ATOMIC_SEQ_CST);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[1]));
+    walk("123", false); /* span 1 two behind at 3 again */
+    assert_true(wo_stream_departed(&wo_stream_tab.slot[0]));
+    assert_int_equal(recs.n, 5); /* slots 0, 1, 2 (at 1), 3 (at 2), 0 again (at 3) */
     /* no reader: nothing to fence, never departed */
     wo_stream_tab.slot[3].owner = 0;
     assert_false(wo_stream_departed(&wo_stream_tab.slot[3]));
@@ -261,42 +272,35 @@ static void test_depart_not_taken(void **state)
     /* the launch that moves the engine is captured: no record (it would
      * become a node of the engine's graph) */
     spans();
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
-    wo_stream_publish_pos(3, STREAM, true, &fns);
+    walk("12", false);
+    walk("3", true);
     assert_int_equal(recs.n, 0);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
     assert_int_equal(wo_stream_tab.pos, 4); /* the position moved all the same */
     /* another stream reads the slot: not this launch's to fence */
     spans();
     wo_stream_tab.slot[0].owner = STREAM + 2;
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("123", false);
     assert_int_equal(recs.n, 0);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
     /* the record fails: not departed */
     spans();
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
+    walk("12", false);
     recs.fail = 1;
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("3", false);
     assert_false(wo_stream_departed(&wo_stream_tab.slot[0]));
     /* the executor took the slot back while the hook recorded: the record
      * may be of another assignment, not marked */
     spans();
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
+    walk("12", false);
     recs.steal = &wo_stream_tab.e[1];
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("3", false);
     assert_int_equal(recs.n, 1);
     assert_int_equal(wo_stream_tab.slot[0].left, 0);
-    /* span 1 unpublished (word 0), or dirty: nothing to fence */
+    /* span 1 unpublished (word 0): nothing to fence */
     spans();
     wo_stream_tab.e[1].word = 0;
-    wo_stream_publish_pos(1, STREAM, false, &fns);
-    wo_stream_publish_pos(2, STREAM, false, &fns);
-    wo_stream_publish_pos(3, STREAM, false, &fns);
+    walk("123", false);
     assert_int_equal(recs.n, 0);
 }
 

@@ -257,19 +257,8 @@ static void close_step(unsigned k, uint64_t t_ns)
     const char *warn_name = NULL;
     double warn_mult = 0;
     unsigned warn_more = 0;
-    uint64_t staged = 0;
+    uint64_t staged = 0; /* the bytes the step(s) staged */
 
-    for (uint32_t id = 0; id < wo_sx->nr; id++)
-        if (wo_sx->r[id].live)
-            staged += wo_sx->r[id].staged;
-    /* one step that staged, timed from the last boundary (k > 1: the
-     * boundaries between were not seen, no period) */
-    if (k == 1 && staged && wo_sx->close_ns && t_ns > wo_sx->close_ns) {
-        add(&wo_stream_tab.n.staging_steps, 1);
-        add(&wo_stream_tab.n.staging_step_ns, t_ns - wo_sx->close_ns);
-        add(&wo_stream_tab.n.staging_step_bytes, staged);
-    }
-    wo_sx->close_ns = t_ns;
     wo_sx->steps += k;
     add(&wo_stream_tab.n.steps, k);
     for (uint32_t id = 0; id < wo_sx->nr; id++) {
@@ -281,6 +270,7 @@ static void close_step(unsigned k, uint64_t t_ns)
             continue;
         r->steps_all += k;
         r->sum_staged += (double)r->staged;
+        staged += r->staged;
         r->staged = 0;
         if (!r->touched || !measure) {
             r->read = 0;
@@ -332,6 +322,14 @@ static void close_step(unsigned k, uint64_t t_ns)
                 "(docs/prefetch.md, Streaming)",
                 warn_name, warn_mult, more);
     }
+    /* one step that staged, timed from the last boundary (k > 1: the
+     * boundaries between were not seen, no period) */
+    if (k == 1 && staged && wo_sx->close_ns && t_ns > wo_sx->close_ns) {
+        add(&wo_stream_tab.n.staging_steps, 1);
+        add(&wo_stream_tab.n.staging_step_ns, t_ns - wo_sx->close_ns);
+        add(&wo_stream_tab.n.staging_step_bytes, staged);
+    }
+    wo_sx->close_ns = t_ns;
     /* this step's first touches are the next step's plan */
     for (uint32_t i = 0; i < wo_sx->norder; i++)
         if (wo_sx->order[i] < wo_sx->nr) {

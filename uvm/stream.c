@@ -779,7 +779,6 @@ static void finish(void)
 {
     struct wo_stream_counts c;
     unsigned shown = 0;
-    char autos[128] = "";
 
     if (!wo_sx)
         return;
@@ -787,25 +786,17 @@ static void finish(void)
     __atomic_store_n(&wo_stream_tab.active, 0, __ATOMIC_RELEASE);
     wo_sx_publish_names(true);
     wo_stream_counts(&c);
-    if (wo_sx->mode.by_auto)
-        snprintf(autos, sizeof(autos),
-                 "; auto by step time: %llu tries, %llu kept streamed, %llu back in place",
-                 (unsigned long long)c.auto_tries, (unsigned long long)c.auto_kept,
-                 (unsigned long long)c.auto_backs);
-    wo_info("stream: %llu steps, %llu launches redirected, read in place: %llu no slot ready, "
-            "%llu captured, %llu other; %llu staging copies (%llu MiB, %.1f MiB a step), "
-            "%llu slot waits, %llu invalidated by writes, %llu slots checked for writes by "
-            "launches (%llu written, copied back); %llu launches waited for their "
-            "copy to be issued (%.1f ms in all, %llu ran out)%s",
-            (unsigned long long)c.steps, (unsigned long long)c.redirected,
-            (unsigned long long)c.inplace_no_slot, (unsigned long long)c.inplace_captured,
-            (unsigned long long)c.inplace_other, (unsigned long long)c.staged,
-            (unsigned long long)(c.staged_bytes >> 20),
-            c.steps ? (double)c.staged_bytes / (double)c.steps / (1 << 20) : 0.0,
-            (unsigned long long)c.slot_waits, (unsigned long long)c.invalidated,
-            (unsigned long long)c.write_checks, (unsigned long long)c.written_back,
-            (unsigned long long)c.awaited, (double)c.await_ns / 1e6,
-            (unsigned long long)c.await_timeouts, autos);
+    /* the copies, their sources and rate, the launches redirected or read
+     * in place and auto's decisions are the exit summary's stream line
+     * (wo_stream_summary); these are the rest */
+    wo_info("stream: %llu launches read in place for another reason (stream, context, "
+            "parameters); %llu slot waits, %llu assignments invalidated by writes, %llu slots "
+            "checked for writes by launches (%llu written, copied back); %llu launches waited "
+            "for their copy to be issued (%.1f ms in all, %llu ran out)",
+            (unsigned long long)c.inplace_other, (unsigned long long)c.slot_waits,
+            (unsigned long long)c.invalidated, (unsigned long long)c.write_checks,
+            (unsigned long long)c.written_back, (unsigned long long)c.awaited,
+            (double)c.await_ns / 1e6, (unsigned long long)c.await_timeouts);
     if (c.blind_launches)
         wo_info("stream: %llu launches that may write weights unseen (NCCL kernels, CUDA graphs "
                 "that read them): every range staged after them from the range itself%s",
@@ -814,11 +805,9 @@ static void finish(void)
     if (wo_sx->pin_on) {
         struct wo_pin_counts pc;
         wo_pin_counts(&pc);
-        wo_info("stream: %llu staging copies from pinned copies of managed ranges (copy "
-                "engine), %llu by the copy kernel; %llu pinned copies made (%.1f s of the "
-                "worker's time), %llu held (%llu MiB), %llu retired, %llu failed, %llu over "
+        wo_info("stream: %llu pinned copies of managed ranges made (%.1f s of the worker's "
+                "time), %llu held (%llu MiB), %llu retired, %llu failed, %llu over "
                 "prefetch.pinned_copies",
-                (unsigned long long)c.staged_pinned, (unsigned long long)c.staged_by_kernel,
                 (unsigned long long)pc.made, (double)pc.pin_ns / 1e9, (unsigned long long)pc.held,
                 (unsigned long long)(pc.bytes >> 20), (unsigned long long)pc.retired,
                 (unsigned long long)pc.failed, (unsigned long long)pc.over_budget);
