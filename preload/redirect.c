@@ -137,14 +137,7 @@ static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uin
     if (!wo_stream_hit_in_span(e, h, true))
         return true;
     /* where the engine is: the executor stages the ranges after it */
-    if (__atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED) != sid + 1) {
-        /* a move (once a range, not once a launch): the wake and the
-         * departure fence need the driver's record */
-        struct wo_stream_evfns fn;
-
-        wo_hook_evfns(&fn);
-        wo_stream_publish_pos(sid, stream, captured, wo_settings()->departure_fences ? &fn : NULL);
-    }
+    wo_stream_publish_pos(sid, stream, captured, wo_hook_evfns);
     if (captured) {
         /* a graph replays its launches later, without this hook: its
          * nodes read in place (correct, slower) */

@@ -9,6 +9,7 @@
 #include "core/event.h"
 #include "core/macro.h"
 #include "core/registry.h"
+#include "core/settings.h"
 #include "uvm/internal.h"
 #include "uvm/hotpath.h"
 
@@ -198,7 +199,7 @@ out:
 }
 
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
-                           const struct wo_stream_evfns *fn)
+                           void (*evfns)(struct wo_stream_evfns *fn))
 {
     uint32_t cur = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), left2;
 
@@ -210,8 +211,13 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
      * to the range it left last, not the launches of this one; and before
      * the executor hears of the move, which is when it reuses that slot */
     if (left2 && left2 != sid + 1 && left2 != cur && left2 - 1 < WO_STREAM_ENTRIES && !captured &&
-        fn && fn->record)
-        depart(left2 - 1, stream, fn);
+        evfns && wo_settings()->departure_fences) {
+        struct wo_stream_evfns fn = {0};
+
+        evfns(&fn);
+        if (fn.record)
+            depart(left2 - 1, stream, &fn);
+    }
     /* the time first: the executor reads pos, then pos_ns (a time from a
      * moment before its move can only make a reaction look longer) */
     __atomic_store_n(&wo_stream_tab.pos_ns, wo_now_ns(), __ATOMIC_RELAXED);

@@ -351,11 +351,12 @@ extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests chan
  * asleep (the engine's host thread waited on the GPU, no events came), and
  * the next copy is issued only once it looks. And the slot of the range
  * the engine left two moves ago gets its departure fence (struct
- * wo_stream_slot), when this stream reads it and is not capturing. One
- * relaxed load when the position did not move; else a futex wake and at
- * most one event record, once a span. */
+ * wo_stream_slot), when this stream reads it and is not capturing
+ * (evfns gives the driver's record function; WOFFLOAD_DEPARTURE_FENCES=0:
+ * none made). One relaxed load when the position did not move; else a
+ * futex wake and at most one event record, once a span. */
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
-                           const struct wo_stream_evfns *fn);
+                           void (*evfns)(struct wo_stream_evfns *fn));
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* The counters (any thread; relaxed reads). */

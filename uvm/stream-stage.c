@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "core/settings.h"
 #include "uvm/picks.h"
 #include "uvm/stream-check.h"
 #include "uvm/stream-pin.h"
@@ -396,7 +395,7 @@ bool wo_sx_stage(uint32_t id, int slot)
      * when the engine had gone two ranges past this slot's range (its
      * departure fence: uvm/hotpath.h, struct wo_stream_slot) and no launch
      * read the slot since, that record stands. */
-    if (wo_settings()->departure_fences && wo_stream_departed(s)) {
+    if (wo_stream_departed(s)) { /* never, with WOFFLOAD_DEPARTURE_FENCES=0: no hook records one */
         add(&wo_stream_tab.n.fences_departed, 1);
     } else if (wo_sx_fence_owner(s)) {
         if (__atomic_load_n(&s->owner, __ATOMIC_ACQUIRE))
