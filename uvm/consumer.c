@@ -146,6 +146,33 @@ void wo_consumer_fork_parent(void)
 const struct wo_executor *const wo_executors[] = {&wo_stream_executor, &wo_prefetch_executor,
                                                    NULL};
 
+/* The longest single executor call (an event's or a tick), and whose: this
+ * thread is away from the ring for that long, and what arrives meanwhile
+ * must fit in the ring (and the backlog, for the prefetcher's driver calls).
+ * Written here, read by the stats (relaxed). */
+static uint64_t longest_ns;
+static unsigned longest_who; /* 1 + 2 * executor index + (1 for a tick) */
+
+static void note_call(uint64_t t0, const struct wo_executor *const *e, bool tick)
+{
+    uint64_t d = wo_now_ns() - t0;
+
+    if (d > __atomic_load_n(&longest_ns, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&longest_who, 1u + 2u * (unsigned)(e - wo_executors) + tick,
+                         __ATOMIC_RELAXED);
+        __atomic_store_n(&longest_ns, d, __ATOMIC_RELAXED);
+    }
+}
+
+void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick)
+{
+    unsigned w = __atomic_load_n(&longest_who, __ATOMIC_RELAXED);
+
+    *ns = __atomic_load_n(&longest_ns, __ATOMIC_RELAXED);
+    *who = w ? wo_executors[(w - 1) / 2]->name : "";
+    *tick = w && (w - 1) % 2;
+}
+
 /* Every event, in ring order, on the consumer thread, with no uvm/ lock
  * held. tag is the resolved tag for WO_EV_TAG events (its name valid only
  * during the call), NULL otherwise.
@@ -153,8 +180,11 @@ const struct wo_executor *const wo_executors[] = {&wo_stream_executor, &wo_prefe
 static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
 {
     wo_record_event(ev, tag);
-    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+    for (const struct wo_executor *const *e = wo_executors; *e; e++) {
+        uint64_t t0 = wo_now_ns();
         (*e)->on_event(ev);
+        note_call(t0, e, false);
+    }
 }
 
 /* fit's staging room goes back to weights once the slots stayed empty
@@ -168,8 +198,11 @@ static bool fit_return_done;
  * sleeps: where queued prefetches go out once a capture has ended. */
 static void idle(void)
 {
-    for (const struct wo_executor *const *e = wo_executors; *e; e++)
+    for (const struct wo_executor *const *e = wo_executors; *e; e++) {
+        uint64_t t0 = wo_now_ns();
         (*e)->tick();
+        note_call(t0, e, true);
+    }
     if (!fit_return_done && wo_budget_staging_unused(FIT_RETURN_BLIND)) {
         fit_return_done = true;
         if (wo_place_fit_return())
@@ -429,6 +462,8 @@ static void *consumer_main(void *arg)
     fit_return_done = false;
     __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&longest_ns, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&longest_who, 0, __ATOMIC_RELAXED);
     for (;;) {
         struct timespec ts;
         int st;

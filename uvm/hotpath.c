@@ -4,6 +4,7 @@
  * waits, bounded, for a planned range's copy to be issued
  * (wo_stream_await), and anyone reads the counters. The executor's side,
  * which fills the table on the consumer thread, is stream.c. */
+#include <sched.h>
 #include <stdint.h>
 
 #include "core/event.h"
@@ -16,6 +17,7 @@
 struct wo_stream_shared wo_stream_tab;
 uint32_t wo_readonly_gen[WO_STREAM_IDS];
 uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
+#define AWAIT_SPIN 256u /* polls before the wait yields the CPU each time round */
 
 static void add(uint64_t *c, uint64_t n)
 {
@@ -254,7 +256,14 @@ bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
             add(&wo_stream_tab.n.await_ns, now - t0);
             return false;
         }
-        wo_cpu_relax();
+        /* a short spin, then the CPU given up each time round: the thread
+         * waited for may be on this CPU (an engine with more threads than
+         * cores waiting here would otherwise starve the consumer it waits
+         * for: the reliability flood, eight threads on two CPUs) */
+        if (i < AWAIT_SPIN)
+            wo_cpu_relax();
+        else
+            (void)sched_yield();
     }
     now = wo_now_ns();
     add(&wo_stream_tab.n.awaited, 1);

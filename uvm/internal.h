@@ -312,6 +312,10 @@ struct wo_backlog_stats {
     uint64_t now, peak, limit, moved;
 };
 void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
+/* The longest single executor call on the consumer thread so far (its time
+ * away from the ring), the executor's name ("" before any) and whether it
+ * was a tick (else an event's). Any thread; relaxed. */
+void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick);
 
 /* ---- stats.c ----------------------------------------------------------- */
 /* The event path's books (stats "ring", the exit summary): drops split into
@@ -322,6 +326,9 @@ struct wo_event_books {
     uint64_t skipped_launches, skipped_other;
     bool all; /* wo_events_all */
     struct wo_backlog_stats backlog;
+    uint64_t longest_ns; /* wo_consumer_longest */
+    const char *longest_in;
+    bool longest_tick;
 };
 void wo_event_books(struct wo_event_books *ret);
 /* The JSON snapshot into a malloc'ed string (NULL on ENOMEM); *len set. */

@@ -422,10 +422,12 @@ static void json_body(struct sbuf *b)
                   ",\"dropped_watched\":%" PRIu64 ",\"dropped_unwatched\":%" PRIu64
                   ",\"dropped_other\":%" PRIu64 ",\"all_events\":%s,\"skipped_launches\":%" PRIu64
                   ",\"skipped_other\":%" PRIu64 ",\"backlog\":{\"now\":%" PRIu64
-                  ",\"peak\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64 "}}",
+                  ",\"peak\":%" PRIu64 ",\"limit\":%" PRIu64 ",\"moved\":%" PRIu64
+                  "},\"longest_call\":{\"ms\":%.3f,\"executor\":\"%s\",\"tick\":%s}}",
                   e.capacity, e.pushed, e.dropped, e.dropped_watched, e.dropped_unwatched,
                   e.dropped_other, bool_s(e.all), e.skipped_launches, e.skipped_other,
-                  e.backlog.now, e.backlog.peak, e.backlog.limit, e.backlog.moved);
+                  e.backlog.now, e.backlog.peak, e.backlog.limit, e.backlog.moved,
+                  (double)e.longest_ns / 1e6, e.longest_in, bool_s(e.longest_tick));
     }
 
     {
@@ -630,6 +632,7 @@ void wo_event_books(struct wo_event_books *ret)
     uint64_t du = wo_counter_get(WO_CTR_events_dropped_unwatched);
 
     memset(ret, 0, sizeof(*ret));
+    ret->longest_in = "";
     ret->all = __atomic_load_n(&wo_events_all, __ATOMIC_RELAXED) != 0;
     if (!r)
         return;
@@ -645,6 +648,7 @@ void wo_event_books(struct wo_event_books *ret)
     ret->skipped_launches = wo_counter_get(WO_CTR_launch_skipped);
     ret->skipped_other = wo_counter_get(WO_CTR_events_skipped);
     wo_consumer_backlog_stats(&ret->backlog);
+    wo_consumer_longest(&ret->longest_ns, &ret->longest_in, &ret->longest_tick);
 }
 
 /* Summaries follow WOFFLOAD_SUMMARY: shown at log level warn and above when
@@ -682,11 +686,14 @@ void wo_summary_log(const char *when)
                      " launches that touch no named or served range were only counted%s; "
                      "dropped (ring of %" PRIu64 " full): %" PRIu64 " launches touching a "
                      "named or served range, %" PRIu64 " other launches, %" PRIu64
-                     " other events; backlog peak %" PRIu64 " of %" PRIu64,
+                     " other events; backlog peak %" PRIu64 " of %" PRIu64
+                     "; longest executor call %.1f ms (%s%s)",
                      wo_uvm.launches, e.skipped_launches,
                      e.all ? " (none: every event is kept for the trace or WOFFLOAD_OBSERVE)" : "",
                      e.capacity, e.dropped_watched, e.dropped_unwatched, e.dropped_other,
-                     e.backlog.peak, e.backlog.limit);
+                     e.backlog.peak, e.backlog.limit, (double)e.longest_ns / 1e6,
+                     *e.longest_in ? e.longest_in : "none",
+                     !*e.longest_in ? "" : e.longest_tick ? ", a tick" : ", an event");
         {
             /* what the capture handshake (uvm.h) cost the engine */
             uint64_t waits = wo_counter_get(WO_CTR_capture_waits);

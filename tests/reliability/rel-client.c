@@ -1187,6 +1187,24 @@ static int flood(int nthr, long total, int every, long burst, long pause_us, lon
     printf("held on purpose: pinned copies %lld KiB, device memory %+lld KiB, managed ranges "
            "populated %lld KiB\n",
            pinned > 0 ? pinned / 1024 : 0, (dev1 - dev0) / 1024, populated / 1024);
+    {
+        /* where the consumer was (a failure's first clue: what kept it from
+         * the ring), and what the two executors did */
+        const char *lc = js ? strstr(js, "\"longest_call\":") : NULL;
+        const char *who = lc ? strstr(lc, "\"executor\":\"") : NULL;
+        const char *st = js ? strstr(js, "\"stream\":") : NULL;
+        const char *pf = js ? strstr(js, "\"prefetch\":") : NULL;
+        int wn = who ? (int)strcspn(who + 12, "\"") : 0;
+
+        printf("consumer: longest executor call %lld ms (%.*s%s); prefetcher: %lld prefetches, "
+               "%lld evictions; stream: %lld staged, %lld slot waits, %lld await timeouts, auto "
+               "tried %lld, went back %lld\n",
+               json_num(lc, "\"ms\":"), wn, who ? who + 12 : "", lc && strstr(lc, "\"tick\":true")
+                   ? ", a tick" : "",
+               json_num(pf, "\"prefetches\":"), json_num(pf, "\"evictions\":"), staged,
+               json_num(st, "\"slot_waits\":"), json_num(st, "\"await_timeouts\":"),
+               json_num(st, "\"auto_tries\":"), json_num(st, "\"auto_backs\":"));
+    }
     /* Under TSan every byte the process touches costs its shadow too (4x
      * the application's bytes, and the meta map): a run in which auto
      * streamed grew by 104 MiB there, for 26 MiB held on purpose (a
