@@ -143,16 +143,22 @@ extern "C" __global__ void wo_stream_flag(const unsigned long long *want,
 // Stream order makes it exact: the ids are the ones that launch reads, and
 // the rows it does not read are never looked at. Nothing waits on the host.
 
-// marks[e] = gen for every id e in [0, n_experts) among ids[0..n) (width:
+// marks[e] = gen for every id e in [0, n_experts) among the n ids (width:
 // 4 or 8 bytes, signed; ids out of range, such as -1 padding, are skipped).
-extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n, unsigned width,
-                                         unsigned n_experts, unsigned *marks, unsigned gen)
+// The ids are rows of per_row, row r starting stride ids after row r - 1
+// (per_row == stride: one contiguous array; llama.cpp's ffn_moe_topk is
+// the first k columns of an argsort over all experts, a row a token).
+extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n,
+                                         unsigned long long per_row, unsigned long long stride,
+                                         unsigned width, unsigned n_experts, unsigned *marks,
+                                         unsigned gen)
 {
     unsigned long long step = (unsigned long long)gridDim.x * blockDim.x;
 
     for (unsigned long long k = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; k < n;
          k += step) {
-        long long e = width == 8 ? ((const long long *)ids)[k] : ((const int *)ids)[k];
+        unsigned long long at = per_row == stride ? k : k / per_row * stride + k % per_row;
+        long long e = width == 8 ? ((const long long *)ids)[at] : ((const int *)ids)[at];
         if (e >= 0 && e < (long long)n_experts)
             marks[e] = gen;
     }
