@@ -82,6 +82,16 @@ int woffload_seal(void);
 int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                        size_t n_ids, unsigned id_bytes);
 
+/* The same with the ids in rows: n_rows rows of per_row ids each (a token's
+ * top-k), row r starting row_stride ids after row r - 1 (row_stride >=
+ * per_row). llama.cpp's ffn_moe_topk is such a view: the first k columns of
+ * an argsort over all the experts, a row a token (row_stride n_experts).
+ * woffload_moe_picks(..., ids, n, b) is woffload_moe_picks_rows(..., ids, n,
+ * 1, n, b). Returns as woffload_moe_picks; -EINVAL also for per_row or
+ * n_rows 0 with ids, or row_stride < per_row. */
+int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
+                            size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes);
+
 /* Read-only to kernels: no kernel writes the allocation at ptr (ptr its
  * base, size its size or 0) from now on, as an inference engine never
  * writes its weights (the ggml hook says so of llama.cpp's model buffers).

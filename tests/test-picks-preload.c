@@ -18,6 +18,9 @@
  *    registered the picks, reads in place, and reads right;
  *  - the stats: staged and reused counts, the rows copied are the distinct
  *    picks (not the tensor), bytes_copied below whole_bytes;
+ *  - ids in rows a stride apart (woffload_moe_picks_rows, as llama.cpp's
+ *    ffn_moe_topk view of an argsort): the other ids of each row, valid
+ *    experts, are never copied;
  *  - misuse gets its errno: NULL, a bad size, an unknown pointer, a width.
  * Policies: experts `host` (pinned), and `managed` with a small device
  * budget; then `managed` in a budget that holds them, where the launches
@@ -53,8 +56,11 @@ static const size_t row_of[2] = {ROW0, ROW1};
 static uint64_t inplace_reads, moved_reads;
 
 /* params: const unsigned char *w, const void *ids, uint64_t n, uint64_t width,
- * uint64_t row, uint64_t *out: out[k] = host_sum (gpu/wsum.h) of row ids[k] (0 for an id
- * outside [0, E)); counts whether w was the tensor's own address */
+ * uint64_t row, uint64_t *out, uint64_t per_row, uint64_t stride: out[k] = host_sum
+ * (gpu/wsum.h) of the row the k-th id names (0 for an id outside [0, E)), the ids
+ * in rows of per_row a stride apart (llama.cpp's ffn_moe_topk: the first k
+ * columns of an argsort over all E); counts whether w was the tensor's own
+ * address */
 static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
 {
     CUdeviceptr p = *(CUdeviceptr *)params[0];
@@ -62,6 +68,7 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
     uint64_t n = *(uint64_t *)params[2], width = *(uint64_t *)params[3];
     uint64_t row = *(uint64_t *)params[4];
     uint64_t *out = (uint64_t *)(uintptr_t) * (CUdeviceptr *)params[5];
+    uint64_t per_row = *(uint64_t *)params[6], stride = *(uint64_t *)params[7];
 
     (void)g;
     (void)b;
@@ -70,12 +77,13 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
     else
         __atomic_add_fetch(&moved_reads, 1, __ATOMIC_RELAXED);
     for (uint64_t k = 0; k < n; k++) {
+        uint64_t at = k / per_row * stride + k % per_row;
         int64_t e;
         if (width == 8) {
-            memcpy(&e, ids + 8 * k, 8);
+            memcpy(&e, ids + 8 * at, 8);
         } else {
             int32_t v;
-            memcpy(&v, ids + 4 * k, 4);
+            memcpy(&v, ids + 4 * at, 4);
             e = v;
         }
         out[k] =
@@ -162,7 +170,7 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
     for (int step = 0; step < 1500 && !resident; step++) {
         for (int t = 0; t < 2; t++) {
             uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t], before = inplace_reads;
-            void *params[] = {&w[t], &ids, &n, &width, &row, &out};
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &n, &n};
             int64_t id64[TOKENS * TOPK];
 
             for (int k = 0; k < TOKENS * TOPK; k++) {
@@ -221,7 +229,9 @@ static int child(void)
     int (*push)(const char *), (*pop)(void), (*seal)(void);
     int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
     long (*stats)(char *, size_t);
-    static const size_t gsizes[6] = {8, 8, 8, 8, 8, 8};
+    int (*picks_rows)(const void *, size_t, unsigned, const void *, size_t, size_t, size_t,
+                      unsigned);
+    static const size_t gsizes[8] = {8, 8, 8, 8, 8, 8, 8, 8};
     unsigned char *host[2];
     uint64_t distinct_rows = 0, staged_launches = 0, ref[TOKENS * TOPK], got[TOKENS * TOPK];
     CUdevice dev;
@@ -252,6 +262,7 @@ static int child(void)
     *(void **)&pop = need(RTLD_DEFAULT, "woffload_tag_pop");
     *(void **)&seal = need(RTLD_DEFAULT, "woffload_seal");
     *(void **)&picks = need(RTLD_DEFAULT, "woffload_moe_picks");
+    *(void **)&picks_rows = need(RTLD_DEFAULT, "woffload_moe_picks_rows");
     *(void **)&stats = need(RTLD_DEFAULT, "woffload_stats");
 
     CHECK(p_cuInit(0) == CUDA_SUCCESS);
@@ -259,7 +270,7 @@ static int child(void)
     CHECK(p_cuCtxRetain(&ctx, dev) == CUDA_SUCCESS);
     CHECK(p_cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
     CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    kg = kernel("gather", 6, gsizes, gather);
+    kg = kernel("gather", 8, gsizes, gather);
     for (int t = 0; t < 2; t++) {
         host[t] = malloc(E * row_of[t]);
         for (size_t i = 0; i < E * row_of[t]; i++)
@@ -270,7 +281,7 @@ static int child(void)
         CHECK(pop() == 0);
         CHECK(p_cuMemcpyHtoD(w[t], host[t], E * row_of[t]) == CUDA_SUCCESS);
     }
-    CHECK(p_cuMemAlloc(&ids, TOKENS * TOPK * 8) == CUDA_SUCCESS);
+    CHECK(p_cuMemAlloc(&ids, TOKENS * E * 8) == CUDA_SUCCESS);
     CHECK(p_cuMemAlloc(&out, TOKENS * TOPK * 8) == CUDA_SUCCESS);
     CHECK(p_cuMemAlloc(&other, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
@@ -283,6 +294,10 @@ static int child(void)
     CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 0, 8) == -EINVAL);
     CHECK(picks((void *)(uintptr_t)0x10, E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ENOENT);
     CHECK(picks((void *)(uintptr_t)w[0], 2 * E * ROW0, E, (void *)(uintptr_t)ids, 4, 8) == -ERANGE);
+    CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 2, 2, 1, 4) ==
+          -EINVAL);
+    CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 2, 0, 4, 4) ==
+          -EINVAL);
 
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
@@ -291,10 +306,15 @@ static int child(void)
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
             uint64_t n = TOKENS * TOPK, width = t ? 4 : 8, row = row_of[t];
-            void *params[] = {&w[t], &ids, &n, &width, &row, &out};
+            /* every other step the int32 ids are rows of TOPK picks, E apart,
+             * the rest of each row other experts (an argsort's): those must
+             * not be copied (the rows check below counts the picks only) */
+            bool strided = t == 1 && step % 2 == 1;
+            uint64_t pr = strided ? TOPK : n, st = strided ? E : n;
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &pr, &st};
             unsigned char picked[E] = {0};
             int64_t id64[TOKENS * TOPK];
-            int32_t id32[TOKENS * TOPK];
+            int32_t id32[TOKENS * TOPK], rows32[TOKENS * E];
 
             for (int k = 0; k < TOKENS * TOPK; k++) {
                 int64_t e = (int64_t)(rng() % (t ? E + 2 : E)) - (t ? 2 : 0);
@@ -307,9 +327,27 @@ static int child(void)
                     distinct_rows++;
                 }
             }
-            CHECK(p_cuMemcpyHtoD(ids, t ? (void *)id32 : (void *)id64, n * width) == CUDA_SUCCESS);
-            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n,
-                        (unsigned)width) == 0);
+            if (strided) {
+                int fill = 0;
+                for (int r = 0; r < TOKENS; r++)
+                    for (int j = 0; j < E; j++) {
+                        if (j < TOPK) {
+                            rows32[r * E + j] = id32[r * TOPK + j];
+                            continue;
+                        }
+                        while (picked[fill % E])
+                            fill++;
+                        rows32[r * E + j] = fill++ % E;
+                    }
+                CHECK(p_cuMemcpyHtoD(ids, rows32, sizeof(rows32)) == CUDA_SUCCESS);
+                CHECK(picks_rows((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids,
+                                 TOPK, TOKENS, E, 4) == 0);
+            } else {
+                CHECK(p_cuMemcpyHtoD(ids, t ? (void *)id32 : (void *)id64, n * width) ==
+                      CUDA_SUCCESS);
+                CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n,
+                            (unsigned)width) == 0);
+            }
             for (int rep = 0; rep < 2; rep++) {
                 uint64_t before = moved_reads;
                 CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
@@ -389,7 +427,7 @@ static int child(void)
     {
         uint64_t n = 1, width = 8, row = ROW0;
         int64_t id = 0;
-        void *params[] = {&w[0], &ids, &n, &width, &row, &out};
+        void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
         CHECK(p_cuMemcpyHtoD(ids, &id, 8) == CUDA_SUCCESS);
         CHECK(picks((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 1, 8) == 0);
         CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);

@@ -282,20 +282,23 @@ int wo_api_readonly(const void *ptr, size_t size)
 }
 
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
-                     size_t n_ids, unsigned id_bytes)
+                     size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes)
 {
     const char *why = !experts                          ? "NULL experts"
                       : !bytes || !n_experts            ? "bytes or n_experts 0"
                       : n_experts > WO_PICKS_EXPERTS    ? "more than 1024 experts"
                       : bytes % n_experts               ? "bytes not a multiple of n_experts"
                       : ids && id_bytes != 4 && id_bytes != 8 ? "id_bytes not 4 or 8"
-                      : ids && !n_ids                   ? "ids with n_ids 0"
+                      : ids && (!per_row || !n_rows)    ? "ids with n_ids (per_row or n_rows) 0"
+                      : ids && row_stride < per_row     ? "row_stride below per_row"
+                      : ids && per_row > SIZE_MAX / n_rows ? "per_row * n_rows overflows"
                                                         : NULL;
+    size_t n_ids = ids ? per_row * n_rows : 0;
     int r;
 
     if (why) {
-        wo_warn("woffload_moe_picks(%p, %zu, %u, %p, %zu, %u): %s (-EINVAL)", experts, bytes,
-                n_experts, ids, n_ids, id_bytes, why);
+        wo_warn("woffload_moe_picks(%p, %zu, %u, %p, %zu x %zu ids, stride %zu, %u): %s (-EINVAL)",
+                experts, bytes, n_experts, ids, n_rows, per_row, row_stride, id_bytes, why);
         misuse();
         return -EINVAL;
     }
@@ -303,7 +306,7 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
         return 0; /* WOFFLOAD_PICKS=0, or the shim passes everything through */
     wo_uvm_ensure_init();
     r = wo_picks_set((uint64_t)(uintptr_t)experts, bytes, n_experts, (uint64_t)(uintptr_t)ids,
-                     n_ids, id_bytes);
+                     n_ids, n_rows > 1 ? per_row : 0, n_rows > 1 ? row_stride : 0, id_bytes);
     if (r == -ENOENT || r == -ERANGE || r == -ENOSPC) {
         /* once: an engine calls it every layer and step */
         wo_log_once(WO_LOG_WARN,

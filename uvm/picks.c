@@ -34,6 +34,7 @@ struct span {
     unsigned n_experts;
     bool offdev;         /* host or managed: staged; on the device: left alone */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
+    uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
     unsigned width;
     pthread_t owner; /* the thread that registered it: only its launches use it (another
                       * thread's forward of the same layer may be under way) */
@@ -136,7 +137,7 @@ static int find_span(uint64_t lo, uint64_t hi)
 }
 
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
-                 unsigned id_bytes)
+                 uint64_t per_row, uint64_t stride, unsigned id_bytes)
 {
     struct wo_range rg;
     struct span *s;
@@ -156,6 +157,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         pk.regs++;
         s->ids = ids;
         s->n_ids = ids ? n_ids : 0;
+        s->per_row = per_row;
+        s->stride = stride;
         s->width = id_bytes;
         s->owner = pthread_self();
         s->seq++;
@@ -191,6 +194,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .offdev = offdev,
                        .ids = ids,
                        .n_ids = ids ? n_ids : 0,
+                       .per_row = per_row,
+                       .stride = stride,
                        .width = id_bytes,
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
@@ -403,8 +408,9 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
 {
     CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
     unsigned long long n = c->n_ids, row = c->row;
+    unsigned long long per_row = c->per_row ? c->per_row : n, stride = c->per_row ? c->stride : n;
     unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
-    void *margs[] = {&ids, &n, &width, &ne, &marks, &gen};
+    void *margs[] = {&ids, &n, &per_row, &stride, &width, &ne, &marks, &gen};
     void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows};
     CUresult res;
 
@@ -425,6 +431,8 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
     unsigned gen = b->gen + 1 ? b->gen + 1 : 1;
     struct wo_picks_copy c = {.ids = s->ids,
                               .n_ids = s->n_ids,
+                              .per_row = s->per_row,
+                              .stride = s->stride,
                               .width = s->width,
                               .n_experts = s->n_experts,
                               .marks = pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4,

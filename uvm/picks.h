@@ -58,6 +58,9 @@ struct wo_driver;
 struct wo_picks_copy {
     CUdeviceptr ids;
     unsigned long long n_ids;
+    /* the ids in rows of per_row, a row starting stride ids after the last
+     * (0: one contiguous array of n_ids) */
+    unsigned long long per_row, stride;
     unsigned width, n_experts;
     CUdeviceptr marks;
     unsigned gen; /* never 0; greater than any gen marks holds */
@@ -78,7 +81,7 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
 
 /* woffload_moe_picks (uvm/api.c checks the arguments). ids NULL clears. */
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
-                 unsigned id_bytes);
+                 uint64_t per_row, uint64_t stride, unsigned id_bytes);
 
 /* Whether registry range (id, gen) holds a span: the streaming executor
  * leaves it to this one (consumer thread; relaxed). */

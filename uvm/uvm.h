@@ -196,6 +196,6 @@ int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
-                     size_t n_ids, unsigned id_bytes);
+                     size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes);
 long wo_api_stats(char *buf, size_t len);
 int wo_api_readonly(const void *ptr, size_t size);

@@ -1111,24 +1111,28 @@ static void builtin_stream_flag(void **params, const uint32_t grid[3], const uin
 static void builtin_picks_mark(void **params, const uint32_t grid[3], const uint32_t block[3])
 {
     const unsigned char *ids;
-    unsigned long long n;
+    unsigned long long n, per_row, stride;
     unsigned width, ne, gen, *marks;
 
     (void)grid;
     (void)block;
     memcpy(&ids, params[0], sizeof(ids));
     memcpy(&n, params[1], sizeof(n));
-    memcpy(&width, params[2], sizeof(width));
-    memcpy(&ne, params[3], sizeof(ne));
-    memcpy(&marks, params[4], sizeof(marks));
-    memcpy(&gen, params[5], sizeof(gen));
+    memcpy(&per_row, params[2], sizeof(per_row));
+    memcpy(&stride, params[3], sizeof(stride));
+    memcpy(&width, params[4], sizeof(width));
+    memcpy(&ne, params[5], sizeof(ne));
+    memcpy(&marks, params[6], sizeof(marks));
+    memcpy(&gen, params[7], sizeof(gen));
     for (unsigned long long k = 0; k < n; k++) {
+        /* the device kernel's indexing (uvm/stream-copy.cu) */
+        unsigned long long at = per_row == stride ? k : k / per_row * stride + k % per_row;
         long long e;
         if (width == 8) {
-            memcpy(&e, ids + 8 * k, 8);
+            memcpy(&e, ids + 8 * at, 8);
         } else {
             int32_t v;
-            memcpy(&v, ids + 4 * k, 4);
+            memcpy(&v, ids + 4 * at, 4);
             e = v;
         }
         if (e >= 0 && e < (long long)ne)
@@ -1182,8 +1186,8 @@ static struct CUfunc_st *kernel_by_name(const char *name)
         static const size_t sizes[4] = {8, 8, 8, 4};
         r = fakecuda_kernel(name, 4, sizes, builtin_stream_flag);
     } else if (!r && strcmp(name, "wo_picks_mark") == 0) {
-        static const size_t sizes[6] = {8, 8, 4, 4, 8, 4};
-        r = fakecuda_kernel(name, 6, sizes, builtin_picks_mark);
+        static const size_t sizes[8] = {8, 8, 8, 8, 4, 4, 8, 4};
+        r = fakecuda_kernel(name, 8, sizes, builtin_picks_mark);
     } else if (!r && strcmp(name, "wo_picks_copy") == 0) {
         static const size_t sizes[6] = {8, 8, 8, 8, 4, 8};
         r = fakecuda_kernel(name, 6, sizes, builtin_picks_copy);
