@@ -8,6 +8,8 @@
 #   (carry [".peers", "build-yaml"], made by bench/llamacpp-kit.sh)
 #
 # Steps, in the order given:
+#   shim           the shim alone in build-gpu, with its tests (about 1 min cold):
+#                  enough for suite1 on a fresh machine
 #   build          llama.cpp (llama-server, llama-batched-bench, libllama) in
 #                  /tmp/llb, the moe32 GGUF /tmp/x.gguf and the shim in build-gpu, at
 #                  once: about 5 min cold, nothing when they are there
@@ -66,6 +68,13 @@ for step in "$@"; do
             bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
         rc=$?
         tail -4 "$OUT/build/summary.txt" ;;
+    shim)
+        [ -f build-gpu/build.ninja ] ||
+            meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
+        meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
+        ninja -C build-gpu >"$OUT/shim.log" 2>&1
+        rc=$?
+        tail -2 "$OUT/shim.log" ;;
     gguf128)
         [ -s /tmp/x-moe128.gguf ] || GGUF_PY=.peers/llama/gguf-py PEERS=.peers/llamacpp \
             python3 bench/gguf-shape.py moe128 /tmp/x-moe128.gguf.part >"$OUT/gguf128.log" 2>&1 &&
@@ -123,7 +132,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook)"
+        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"

@@ -59,5 +59,12 @@ size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
 ggml_backend_buffer_type_t ggml_backend_buffer_get_type(ggml_backend_buffer_t buffer);
 bool ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft);
 const char *ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+/* ... and for the picks (ggml.h) */
+int ggml_graph_n_nodes(struct ggml_cgraph *cgraph);
+struct ggml_tensor *ggml_graph_node(struct ggml_cgraph *cgraph, int i);
+long long ggml_nelements(const struct ggml_tensor *tensor); /* int64_t in ggml.h */
+long long ggml_nrows(const struct ggml_tensor *tensor);
+bool ggml_is_contiguous(const struct ggml_tensor *tensor);
+size_t ggml_element_size(const struct ggml_tensor *tensor);
 
 #endif /* WO_GGML_ABI_H */

@@ -21,11 +21,18 @@
  *       --no-mmap) after a weights buffer: loading has begun, no model
  *       buffer follows; later buffers (KV cache, LoRA) are left alone
  *   ggml_backend_sched_graph_compute(_async)  the first graph computed after
- *       loading: every weight is written, seal
+ *       loading: every weight is written, seal; and at every compute, each
+ *       MoE layer's router picks (the node ffn_moe_topk-L, llama.cpp's
+ *       name) registered for the layer's expert tensors
+ *       (woffload_moe_picks_rows) before the real call and cleared after
+ *       it: the shim then copies only the picked experts of host expert
+ *       tensors on the launches' own stream ("picked experts" below)
  * Accessors (ggml_get_first_tensor, ggml_get_next_tensor, ggml_get_name,
  * ggml_get_data, ggml_nbytes, ggml_backend_buffer_get_base/_size/_type,
- * ggml_backend_buft_is_host, ggml_backend_buft_name) are resolved with dlsym
- * too: no struct offset of ggml is used, so ggml versions can change them.
+ * ggml_backend_buft_is_host, ggml_backend_buft_name; for the picks
+ * ggml_graph_n_nodes, ggml_graph_node, ggml_nelements, ggml_nrows,
+ * ggml_is_contiguous, ggml_element_size) are resolved with dlsym too: no
+ * struct offset of ggml is used, so ggml versions can change them.
  *
  * A program with ggml linked into the executable cannot be interposed: one
  * message says so and everything passes through. */
@@ -67,6 +74,13 @@ static struct {
     ggml_backend_buffer_type_t (*buffer_get_type)(ggml_backend_buffer_t);
     bool (*buft_is_host)(ggml_backend_buffer_type_t);
     const char *(*buft_name)(ggml_backend_buffer_type_t);
+    /* the picks' (NULL: no picks) */
+    int (*graph_n_nodes)(struct ggml_cgraph *);
+    struct ggml_tensor *(*graph_node)(struct ggml_cgraph *, int);
+    long long (*nelements)(const struct ggml_tensor *);
+    long long (*nrows)(const struct ggml_tensor *);
+    bool (*is_contiguous)(const struct ggml_tensor *);
+    size_t (*element_size)(const struct ggml_tensor *);
     /* include/woffload.h, from the shim when it is loaded */
     int (*window_open)(void);
     int (*window_close)(void);
@@ -74,6 +88,8 @@ static struct {
     int (*seal)(void);
     long (*stats)(char *, size_t);
     int (*readonly)(const void *, size_t); /* NULL: a libwoffload without it */
+    int (*picks_rows)(const void *, size_t, unsigned, const void *, size_t, size_t, size_t,
+                      unsigned); /* NULL: a libwoffload without it */
 } real;
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
@@ -152,6 +168,13 @@ static void resolve(void)
     RESOLVE_API(seal, "woffload_seal");
     RESOLVE_API(stats, "woffload_stats");
     RESOLVE_API(readonly, "woffload_readonly");
+    RESOLVE(graph_n_nodes, "ggml_graph_n_nodes");
+    RESOLVE(graph_node, "ggml_graph_node");
+    RESOLVE(nelements, "ggml_nelements");
+    RESOLVE(nrows, "ggml_nrows");
+    RESOLVE(is_contiguous, "ggml_is_contiguous");
+    RESOLVE(element_size, "ggml_element_size");
+    RESOLVE_API(picks_rows, "woffload_moe_picks_rows");
 
     if (!real.get_first_tensor || !real.get_next_tensor || !real.get_name || !real.get_data ||
         !real.nbytes || !real.buffer_get_base || !real.buffer_get_size || !real.buffer_get_type ||
@@ -269,6 +292,214 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
     cands[ncands++] = (struct candidate){.buf = buf, .ctx = ctx};
 }
 
+/* ---- picked experts ---------------------------------------------------------
+ *
+ * A MoE layer's expert tensors (blk.L.ffn_{gate,up,down,gate_up}_exps.weight,
+ * experts stacked on the slowest axis) are read only at the experts the
+ * router picked for the step's tokens: llama.cpp's node ffn_moe_topk-L, the
+ * first k columns of an argsort over the E experts (a row a token, E ids
+ * apart), written on the GPU before the layer's MUL_MAT_ID. Before each
+ * compute the hook registers those ids for the layer's expert tensors
+ * (woffload_moe_picks_rows), and clears them after the call, whose launches
+ * have all been issued by then. The shim copies, for a host expert tensor,
+ * only the picked experts' bytes into a device buffer on the launch's stream
+ * (uvm/picks.h); a tensor on the device is left alone, and a launch into a
+ * CUDA graph capture (llama.cpp's single-sequence steps) reads in place.
+ *
+ * Only when it pays: at n tokens a uniform router picks 1 - (1 - k/E)^n of
+ * the experts; above WOFFLOAD_GGML_PICKS percent (80) the whole tensor is
+ * better moved by the copy engine, overlapped with the kernels, than a
+ * share of it copied on the engine's stream. E comes from the node
+ * ffn_moe_probs-L (E columns, a row a token). */
+
+#define MAX_LAYERS 1024
+#define MAX_PICKED 1024 /* the shim's WO_PICKS_SPANS */
+
+struct expert_tensor {
+    int layer;
+    void *data;
+    size_t size;
+};
+static struct expert_tensor *experts; /* under lock while loading; read-only once sealed */
+static size_t nexperts, cap_experts;
+static int picks_pct = -1; /* WOFFLOAD_GGML_PICKS */
+static struct {
+    unsigned long long computes, registered, too_many, layers;
+} pbooks; /* atomics */
+
+/* Remembers a tagged weight that is a layer's stacked expert tensor. Under lock. */
+static void note_expert(const char *name, void *data, size_t size)
+{
+    int layer, end = 0;
+
+    if (sscanf(name, "blk.%d.ffn_%*[a-z_]%n", &layer, &end) != 1 || layer < 0 ||
+        layer >= MAX_LAYERS || end < 5 || strncmp(name + end - 5, "_exps", 5) != 0 ||
+        strcmp(name + end, ".weight") != 0)
+        return;
+    if (nexperts == cap_experts) {
+        size_t n = cap_experts ? 2 * cap_experts : 64;
+        struct expert_tensor *e = realloc(experts, n * sizeof(*e));
+        if (!e)
+            return;
+        experts = e;
+        cap_experts = n;
+    }
+    experts[nexperts++] = (struct expert_tensor){layer, data, size};
+}
+
+static int layer_of(const char *name, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    char *end;
+    long l;
+
+    if (strncmp(name, prefix, n) != 0 || name[n] < '0' || name[n] > '9')
+        return -1;
+    l = strtol(name + n, &end, 10);
+    return *end || l >= MAX_LAYERS ? -1 : (int)l;
+}
+
+static int picks_setting(void)
+{
+    const char *v = getenv("WOFFLOAD_GGML_PICKS");
+    char *end;
+    long p;
+
+    if (!v || !*v)
+        return 80;
+    p = strtol(v, &end, 10);
+    /* the shim's settings check reports a bad value; the default here too */
+    return *end || p < 0 || p > 100 ? 80 : (int)p;
+}
+
+struct reg {
+    const struct expert_tensor *t;
+    unsigned n_experts;
+};
+
+/* Registers the picks of every MoE layer of graph g; fills regs (what to
+ * clear after the compute) and returns how many. */
+static size_t picks_register(struct ggml_cgraph *g, struct reg *regs)
+{
+    struct ggml_tensor **topk;
+    long long *n_exp;
+    int n = real.graph_n_nodes(g), layers = 0;
+    size_t nr = 0;
+
+    if (n <= 0 || !(topk = calloc(MAX_LAYERS, sizeof(*topk))))
+        return 0;
+    if (!(n_exp = calloc(MAX_LAYERS, sizeof(*n_exp)))) {
+        free(topk);
+        return 0;
+    }
+    for (int i = 0; i < n; i++) {
+        struct ggml_tensor *t = real.graph_node(g, i);
+        const char *name = t ? real.get_name(t) : NULL;
+        int l;
+
+        if (!name || strncmp(name, "ffn_moe_", 8) != 0)
+            continue;
+        if ((l = layer_of(name, "ffn_moe_topk-")) >= 0) {
+            topk[l] = t;
+        } else if ((l = layer_of(name, "ffn_moe_probs-")) >= 0) {
+            long long rows = real.nrows(t), el = real.nelements(t);
+            n_exp[l] = rows > 0 && el > 0 && el % rows == 0 ? el / rows : 0;
+        }
+    }
+    for (int l = 0; l < MAX_LAYERS; l++) {
+        struct ggml_tensor *t = topk[l];
+        long long rows, k, e = n_exp[l];
+        size_t width, stride;
+        void *ids;
+        double share;
+
+        if (!t || e <= 0 || e > 1024 || !(ids = real.get_data(t)))
+            continue;
+        rows = real.nrows(t);
+        k = rows > 0 ? real.nelements(t) / rows : 0;
+        width = real.element_size(t);
+        if (k <= 0 || k > e || rows * k != real.nelements(t) || (width != 4 && width != 8))
+            continue;
+        /* the view of an argsort: its rows are E ids apart; a top-k op's own
+         * output (contiguous) k apart */
+        stride = real.is_contiguous(t) ? (size_t)k : (size_t)e;
+        share = 1.0;
+        for (long long r = 0; r < rows && share > 1e-6; r++)
+            share *= 1.0 - (double)k / (double)e;
+        share = 1.0 - share; /* the share of the experts a uniform router picks */
+        if (share * 100.0 > picks_pct + 1e-9) {
+            __atomic_add_fetch(&pbooks.too_many, 1, __ATOMIC_RELAXED);
+            continue;
+        }
+        layers++;
+        for (size_t x = 0; x < nexperts && nr < MAX_PICKED; x++) {
+            const struct expert_tensor *et = &experts[x];
+            if (et->layer != l || et->size % (size_t)e)
+                continue;
+            if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
+                                stride, (unsigned)width) == 0)
+                regs[nr++] = (struct reg){et, (unsigned)e};
+        }
+    }
+    free(topk);
+    free(n_exp);
+    __atomic_add_fetch(&pbooks.computes, 1, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&pbooks.registered, nr, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&pbooks.layers, (unsigned long long)layers, __ATOMIC_RELAXED);
+    return nr;
+}
+
+static void picks_clear(const struct reg *regs, size_t nr)
+{
+    for (size_t i = 0; i < nr; i++)
+        (void)real.picks_rows(regs[i].t->data, regs[i].t->size, regs[i].n_experts, NULL, 0, 0, 0,
+                              0);
+}
+
+static bool picks_wanted(void)
+{
+    if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0)
+        __atomic_store_n(&picks_pct, picks_setting(), __ATOMIC_RELAXED);
+    return naming && real.picks_rows && real.graph_n_nodes && real.graph_node && real.nelements &&
+           real.nrows && real.is_contiguous && real.element_size && nexperts &&
+           phase_now() == PH_SEALED && picks_pct > 0;
+}
+
+/* The compute, with the picks registered around it. */
+static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_sched_t,
+                                                                  struct ggml_cgraph *),
+                                           ggml_backend_sched_t sched, struct ggml_cgraph *graph)
+{
+    static struct reg *regs; /* one compute at a time; this keeps one table */
+    static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
+    static bool said;
+    /* ggml_backend_sched_graph_compute calls the _async one through the PLT,
+     * that is through this hook again: the outer call registered already */
+    static __thread int inside;
+    enum ggml_status st;
+    size_t nr;
+
+    if (!graph || inside || !picks_wanted())
+        return fn(sched, graph);
+    pthread_mutex_lock(&compute_lock);
+    if (!regs && !(regs = calloc(MAX_PICKED, sizeof(*regs)))) {
+        pthread_mutex_unlock(&compute_lock);
+        return fn(sched, graph);
+    }
+    nr = picks_register(graph, regs);
+    if (nr && !said) {
+        said = true;
+        say(L_INFO, "picks: %zu expert tensors read only at their router's picks this compute "
+                    "(ffn_moe_topk; up to %d%% of the experts picked)", nr, picks_pct);
+    }
+    inside = 1;
+    st = fn(sched, graph);
+    inside = 0;
+    picks_clear(regs, nr);
+    pthread_mutex_unlock(&compute_lock);
+    return st;
+}
+
 /* Tags every tensor of a model buffer by its GGUF name, at the address
  * ggml gave it, before a byte is written. Under lock. */
 static void name_tensors(struct candidate *c)
@@ -290,6 +521,7 @@ static void name_tensors(struct candidate *c)
         if (r == 0) {
             n++;
             bytes += size;
+            note_expert(name, data, size);
         } else if (r == -ENOENT) {
             books.unseen++; /* not memory the shim saw: the buffer did not come from cudaMalloc */
         } else {
@@ -457,7 +689,7 @@ WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute_async(ggml_back
         missing(__func__);
     if (naming)
         seal_now();
-    return real.sched_graph_compute_async(sched, graph);
+    return compute_with_picks(real.sched_graph_compute_async, sched, graph);
 }
 
 WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched,
@@ -468,7 +700,7 @@ WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sc
         missing(__func__);
     if (naming)
         seal_now();
-    return real.sched_graph_compute(sched, graph);
+    return compute_with_picks(real.sched_graph_compute, sched, graph);
 }
 
 /* ---- static builds ---------------------------------------------------------- */

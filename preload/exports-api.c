@@ -43,14 +43,15 @@ WO_EXPORT int woffload_seal(void)
 WO_EXPORT int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts,
                                  const void *ids, size_t n_ids, unsigned id_bytes)
 {
-    return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, 1, n_ids, id_bytes);
+    return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, 1, n_ids, id_bytes, true);
 }
 
 WO_EXPORT int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigned n_experts,
                                       const void *ids, size_t per_row, size_t n_rows,
                                       size_t row_stride, unsigned id_bytes)
 {
-    return wo_api_moe_picks(experts, bytes, n_experts, ids, per_row, n_rows, row_stride, id_bytes);
+    return wo_api_moe_picks(experts, bytes, n_experts, ids, per_row, n_rows, row_stride, id_bytes,
+                            false);
 }
 
 WO_EXPORT int woffload_readonly(const void *ptr, size_t size)

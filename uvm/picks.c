@@ -35,6 +35,7 @@ struct span {
     bool offdev;         /* host or managed: staged; on the device: left alone */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
     uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
+    bool sticky;              /* claimed from its first registration on (wo_picks_claims) */
     unsigned width;
     pthread_t owner; /* the thread that registered it: only its launches use it (another
                       * thread's forward of the same layer may be under way) */
@@ -137,7 +138,7 @@ static int find_span(uint64_t lo, uint64_t hi)
 }
 
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
-                 uint64_t per_row, uint64_t stride, unsigned id_bytes)
+                 uint64_t per_row, uint64_t stride, unsigned id_bytes, bool sticky)
 {
     struct wo_range rg;
     struct span *s;
@@ -160,6 +161,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->per_row = per_row;
         s->stride = stride;
         s->width = id_bytes;
+        s->sticky |= sticky && ids;
         s->owner = pthread_self();
         s->seq++;
         pthread_mutex_unlock(&pk.lock);
@@ -196,6 +198,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .n_ids = ids ? n_ids : 0,
                        .per_row = per_row,
                        .stride = stride,
+                       .sticky = sticky && ids,
                        .width = id_bytes,
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
@@ -543,15 +546,18 @@ void wo_picks_unused(unsigned n)
 
 /* ---- the books --------------------------------------------------------------- */
 
-bool wo_picks_claims(uint32_t id, uint32_t gen)
+bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
 {
     bool r = false;
 
     if (id >= WO_STREAM_IDS || !__atomic_load_n(&wo_picks_ids[id], __ATOMIC_ACQUIRE))
         return false;
     pthread_mutex_lock(&pk.lock);
-    for (unsigned i = 0; i < pk.n && !r; i++)
-        r = pk.s[i].rid == id && pk.s[i].rgen == gen && pk.s[i].offdev;
+    for (unsigned i = 0; i < pk.n && !r; i++) {
+        const struct span *s = &pk.s[i];
+        r = s->rid == id && s->rgen == gen && s->offdev && (s->ids || s->sticky) &&
+            s->off < hi && s->off + (s->hi - s->lo) > lo;
+    }
     pthread_mutex_unlock(&pk.lock);
     return r;
 }

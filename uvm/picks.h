@@ -81,11 +81,18 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
 
 /* woffload_moe_picks (uvm/api.c checks the arguments). ids NULL clears. */
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
-                 uint64_t per_row, uint64_t stride, unsigned id_bytes);
+                 uint64_t per_row, uint64_t stride, unsigned id_bytes, bool sticky);
 
-/* Whether registry range (id, gen) holds a span: the streaming executor
- * leaves it to this one (consumer thread; relaxed). */
-bool wo_picks_claims(uint32_t id, uint32_t gen);
+/* Whether a span of registry range (id, gen) overlapping its bytes [lo, hi)
+ * is this executor's: the streaming executor leaves those to it (consumer
+ * thread). A span is while a registration holds ids, and from then on when
+ * one came through woffload_moe_picks (sticky): the Python hook registers
+ * at each layer's forward and clears after it, and between two forwards the
+ * tensor must not go back to whole staging. Registrations in rows
+ * (woffload_moe_picks_rows) claim only while they hold ids: the ggml hook
+ * registers them only for the computes where picks pay, and streaming keeps
+ * the tensor for the others (a batch that picks most experts). */
+bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */
 uint64_t wo_picks_reserved(void);

@@ -59,7 +59,7 @@ static bool streamable(struct srange *r)
     if (r->written || r->gathered || r->gapped)
         return false;
     /* its launches read only the picked experts (uvm/picks.h) */
-    if (wo_picks_claims(r->rid, r->gen))
+    if (wo_picks_claims(r->rid, r->gen, r->lo, r->hi))
         return false;
     if (r->hi - r->lo > wo_sx->slot_size) {
         if (!r->big) {

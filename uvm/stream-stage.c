@@ -330,7 +330,7 @@ bool wo_sx_stage(uint32_t id, int slot)
         wo_sx_poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
-    if (wo_picks_claims(r->rid, r->gen)) {
+    if (wo_picks_claims(r->rid, r->gen, r->lo, r->hi)) {
         /* picks came for it since it was selected: they move less */
         wo_sx_unselect_range(r, id);
         return true;

@@ -195,7 +195,9 @@ int wo_api_tag(const void *ptr, size_t size, const char *name);
 int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);
+/* sticky: woffload_moe_picks (wo_picks_claims says what it means) */
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
-                     size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes);
+                     size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes,
+                     bool sticky);
 long wo_api_stats(char *buf, size_t len);
 int wo_api_readonly(const void *ptr, size_t size);

@@ -34,6 +34,16 @@ struct ggml_tensor {
     void *data;
     ggml_backend_buffer_t buffer;
     struct ggml_tensor *next;
+    /* a graph node's shape (fggml_node): ne0 elements of elsize bytes a
+     * row, rows rows; contiguous false for a view of the first ne0 columns */
+    long long ne0, rows;
+    size_t elsize;
+    bool contiguous;
+};
+
+struct ggml_cgraph {
+    struct ggml_tensor *nodes[256];
+    int n;
 };
 
 struct ggml_context {
@@ -237,12 +247,93 @@ FGGML_EXPORT ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, con
     return (ggml_backend_t)&backend_dummy;
 }
 
-/* The graph itself is the client's: it launches its kernels after this. */
+/* ---- graphs: nodes with a shape, computed by the client's callback ---------- */
+
+FGGML_EXPORT struct ggml_tensor *fggml_node(const char *name, void *data, long long ne0,
+                                            long long rows, size_t elsize, bool contiguous)
+{
+    struct ggml_tensor *t = calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    t->magic = 0x66616b6567676d6cull;
+    snprintf(t->name, sizeof(t->name), "%s", name);
+    t->data = data;
+    t->ne0 = ne0;
+    t->rows = rows;
+    t->elsize = elsize;
+    t->contiguous = contiguous;
+    t->nbytes = (size_t)(ne0 * rows) * elsize;
+    return t;
+}
+
+FGGML_EXPORT struct ggml_cgraph *fggml_graph_new(void)
+{
+    return calloc(1, sizeof(struct ggml_cgraph));
+}
+
+FGGML_EXPORT void fggml_graph_add(struct ggml_cgraph *g, struct ggml_tensor *t)
+{
+    if (g->n < 256)
+        g->nodes[g->n++] = t;
+}
+
+FGGML_EXPORT void fggml_graph_free(struct ggml_cgraph *g)
+{
+    for (int i = 0; g && i < g->n; i++)
+        free(g->nodes[i]);
+    free(g);
+}
+
+static void (*compute_fn)(struct ggml_cgraph *, void *);
+static void *compute_ud;
+
+FGGML_EXPORT void fggml_set_compute(void (*fn)(struct ggml_cgraph *, void *), void *ud)
+{
+    compute_fn = fn;
+    compute_ud = ud;
+}
+
+FGGML_EXPORT int ggml_graph_n_nodes(struct ggml_cgraph *cgraph)
+{
+    return cgraph->n;
+}
+
+FGGML_EXPORT struct ggml_tensor *ggml_graph_node(struct ggml_cgraph *cgraph, int i)
+{
+    if (i < 0)
+        i += cgraph->n;
+    return i >= 0 && i < cgraph->n ? cgraph->nodes[i] : NULL;
+}
+
+FGGML_EXPORT long long ggml_nelements(const struct ggml_tensor *tensor)
+{
+    return tensor->ne0 * tensor->rows;
+}
+
+FGGML_EXPORT long long ggml_nrows(const struct ggml_tensor *tensor)
+{
+    return tensor->rows;
+}
+
+FGGML_EXPORT bool ggml_is_contiguous(const struct ggml_tensor *tensor)
+{
+    return tensor->contiguous;
+}
+
+FGGML_EXPORT size_t ggml_element_size(const struct ggml_tensor *tensor)
+{
+    return tensor->elsize;
+}
+
+/* The graph itself is the client's: its callback (fggml_set_compute)
+ * launches the kernels, as ggml-cuda does inside the compute; without one
+ * the client launches them after this. */
 FGGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute_async(ggml_backend_sched_t sched,
                                                                      struct ggml_cgraph *graph)
 {
     (void)sched;
-    (void)graph;
+    if (compute_fn && graph)
+        compute_fn(graph, compute_ud);
     return GGML_STATUS_SUCCESS;
 }
 

@@ -32,7 +32,18 @@
  * ones inside the one model buffer, are streamed as sub-spans
  * (uvm/hotpath.h): launches on them redirected into device slots, never a
  * device weight's, every sum exact, and after a copy into a streamed
- * weight the next step reads the new bytes.
+ * weight the next step reads the new bytes. --picks: then PICKS_STEPS
+ * computes of two MoE layers (E experts, top-K, the nodes llama.cpp names
+ * ffn_moe_probs-L, ffn_moe_argsort-L and ffn_moe_topk-L, the last a view of
+ * the first K columns of the argsort), each reading the picked rows of the
+ * layer's expert tensors in the compute (as ggml-cuda's MUL_MAT_ID): with
+ * PICKS_TOKENS tokens every sum is exact, the host experts' launches read a
+ * buffer of the shim's (the picks were registered), the shim copied only
+ * rows the router picked (never the other ids of an argsort row), and a
+ * compute of PICKS_MANY tokens (most experts picked) registers nothing;
+ * --picks-off (WOFFLOAD_GGML_PICKS=0): nothing registered, all in place.
+ * With --stream too, the picks' computes come first: the streaming
+ * executor then takes the host experts all the same.
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -45,6 +56,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "fake-ggml.h"
 #include "fakecuda.h"
@@ -179,6 +191,200 @@ static uint64_t want_sum(size_t w, uint8_t add)
 
 static char *stats(void);
 static long long field(const char *obj, const char *key);
+
+/* --picks */
+#define PE 8 /* experts: every expert tensor's size is a multiple */
+#define PK 2
+#define PICKS_TOKENS 2  /* 1 - (6/8)^2: 44% of the experts picked, under WOFFLOAD_GGML_PICKS */
+#define PICKS_MANY 16   /* 99%: over it */
+#define PICKS_STEPS 10
+#define PICKS_MAXT 16
+
+struct picks_ctx {
+    struct ggml_tensor **wt;
+    int *ids[2];      /* device: each layer's argsort, PICKS_MAXT rows of PE */
+    uint64_t *out;    /* device: a sum per launch row */
+    long long tokens; /* this compute's */
+    size_t launches, moved, in_place, wrong;
+    uint64_t want[NW][PE];
+    int picks[2][PICKS_MAXT][PK];
+};
+
+static volatile int rows_calls;
+__attribute__((noinline)) static void stub_rows(void)
+{
+    rows_calls++;
+}
+static const void *rows_seen;
+
+/* params: const uint8_t *w, const int *ids, size_t k, size_t rows, size_t stride,
+ * size_t row_bytes, uint64_t *out: out[r * k + j] = the weighted sum (k_sum's) of
+ * the expert row ids[r * stride + j] of w, its bytes' indices counted from w */
+static void k_rows(void **p, const uint32_t grid[3], const uint32_t block[3])
+{
+    const uint8_t *w = *(const uint8_t **)p[0];
+    const int *ids = *(const int **)p[1];
+    size_t k = *(size_t *)p[2], rows = *(size_t *)p[3], stride = *(size_t *)p[4];
+    size_t rb = *(size_t *)p[5];
+    uint64_t *out = *(uint64_t **)p[6];
+    (void)grid;
+    (void)block;
+    rows_seen = w;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < k; j++) {
+            int e = ids[r * stride + j];
+            uint64_t s = 0;
+            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
+                s += w[i] * (uint64_t)(i % 7 + 1);
+            out[r * k + j] = s;
+        }
+}
+
+static int layer_of_weight(size_t w)
+{
+    int l;
+    return strstr(weights[w].name, "_exps.") && sscanf(weights[w].name, "blk.%d.", &l) == 1 ? l
+                                                                                            : -1;
+}
+
+/* the compute (fggml_set_compute): each expert tensor read at the picks */
+static void picks_compute(struct ggml_cgraph *g, void *ud)
+{
+    struct picks_ctx *c = ud;
+    (void)g;
+    for (size_t w = 0; w < NW; w++) {
+        int l = layer_of_weight(w);
+        if (l < 0)
+            continue;
+        const void *x = fggml_data(c->wt[w]);
+        const int *ids = c->ids[l];
+        size_t k = PK, rows = (size_t)c->tokens, stride = PE, rb = weights[w].size / PE;
+        uint64_t *o = c->out, got[PICKS_MAXT * PK];
+        void *args[] = {&x, &ids, &k, &rows, &stride, &rb, &o};
+        rows_seen = NULL;
+        c->launches++;
+        if (cudaLaunchKernel((const void *)stub_rows, (dim3){1, 1, 1}, (dim3){1, 1, 1}, args, 0,
+                             NULL) != cudaSuccess ||
+            cudaMemcpy(got, o, rows * k * sizeof(uint64_t), cudaMemcpyDeviceToHost) != cudaSuccess) {
+            c->wrong++;
+            continue;
+        }
+        *(rows_seen == x ? &c->in_place : &c->moved) += 1;
+        for (size_t r = 0; r < rows; r++)
+            for (size_t j = 0; j < k; j++)
+                c->wrong += got[r * k + j] != c->want[w][c->picks[l][r][j]];
+    }
+}
+
+static unsigned picks_rng = 12345;
+
+/* One compute of `tokens` tokens: fresh picks, the argsort rows (the picks
+ * first, then every other expert, as an argsort over all of them), the
+ * graph's nodes, the compute. */
+static void picks_step(struct picks_ctx *c, long long tokens)
+{
+    struct ggml_cgraph *g = fggml_graph_new();
+    char nm[64];
+
+    c->tokens = tokens;
+    for (int l = 0; l < 2; l++) {
+        int rowsv[PICKS_MAXT * PE];
+        for (long long r = 0; r < tokens; r++) {
+            int used[PE] = {0}, n = 0;
+            for (int j = 0; j < PK; j++) {
+                int e;
+                do {
+                    picks_rng = picks_rng * 1103515245u + 12345u;
+                    e = (int)((picks_rng >> 16) % PE);
+                } while (used[e]);
+                used[e] = 1;
+                c->picks[l][r][j] = e;
+                rowsv[r * PE + n++] = e;
+            }
+            for (int e = PE - 1; e >= 0; e--)
+                if (!used[e])
+                    rowsv[r * PE + n++] = e;
+        }
+        if (cudaMemcpy(c->ids[l], rowsv, (size_t)tokens * PE * sizeof(int),
+                       cudaMemcpyHostToDevice) != cudaSuccess)
+            c->wrong++;
+        snprintf(nm, sizeof(nm), "ffn_moe_probs-%d", l);
+        fggml_graph_add(g, fggml_node(nm, c->out, PE, tokens, 4, true));
+        snprintf(nm, sizeof(nm), "ffn_moe_argsort-%d", l);
+        fggml_graph_add(g, fggml_node(nm, c->ids[l], PE, tokens, 4, true));
+        snprintf(nm, sizeof(nm), "ffn_moe_topk-%d", l);
+        fggml_graph_add(g, fggml_node(nm, c->ids[l], PK, tokens, 4, false));
+    }
+    (void)ggml_backend_sched_graph_compute(NULL, g);
+    fggml_graph_free(g);
+}
+
+static long long picks_field(const char *key)
+{
+    char *js = stats();
+    const char *p = js ? strstr(js, "\"picks\":") : NULL;
+    const char *t = p ? strstr(p, "},\"tensors\":") : NULL;
+    long long v = t ? field(t, key) : -1;
+    free(js);
+    return v;
+}
+
+static void picks_steps(struct ggml_tensor **wt, int off)
+{
+    struct picks_ctx *c = calloc(1, sizeof(*c));
+    long long staged0, staged1, copied, whole;
+
+    if (!c)
+        return;
+    c->wt = wt;
+    for (size_t w = 0; w < NW; w++)
+        for (int e = 0; e < PE && layer_of_weight(w) >= 0; e++) {
+            size_t rb = weights[w].size / PE;
+            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
+                c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
+        }
+    CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
+          "--picks: the compute buffers");
+    fggml_set_compute(picks_compute, c);
+    for (int s = 0; s < PICKS_STEPS; s++)
+        picks_step(c, PICKS_TOKENS);
+    CHECK(c->wrong == 0, "--picks: every sum of %zu launches at the picks exact (%zu wrong)",
+          c->launches, c->wrong);
+    if (off) {
+        CHECK(c->moved == 0 && picks_field("staged") <= 0,
+              "--picks-off: every launch read its tensor in place (%zu moved), nothing staged",
+              c->moved);
+    } else {
+        CHECK(c->moved == c->launches,
+              "--picks: every launch on a host expert tensor read the shim's buffer (%zu of %zu)",
+              c->moved, c->launches);
+        /* the rows counters are read back at most every ms, at a
+         * registration: one more compute after a pause */
+        usleep(20000);
+        picks_step(c, PICKS_TOKENS);
+        copied = picks_field("bytes_copied");
+        whole = picks_field("whole_bytes");
+        CHECK(copied > 0 && whole > 0 && copied * 10 < whole * 6,
+              "--picks: the bytes copied (%lld) at most the picked rows' share of the whole "
+              "tensors' (%lld): the argsort's other ids were not copied",
+              copied, whole);
+    }
+    staged0 = picks_field("staged");
+    c->moved = c->in_place = 0;
+    picks_step(c, PICKS_MANY);
+    staged1 = picks_field("staged");
+    CHECK(c->wrong == 0 && c->moved == 0 && staged1 == staged0,
+          "--picks: %d tokens (99%% of the experts picked): nothing registered, read in place "
+          "(%zu moved, staged %lld then %lld), sums exact",
+          PICKS_MANY, c->moved, staged0, staged1);
+    fggml_set_compute(NULL, NULL);
+    cudaFree(c->ids[0]);
+    cudaFree(c->ids[1]);
+    cudaFree(c->out);
+    free(c);
+}
 
 /* A graph of one stub_sum launch per weight into out[w], captured on s in
  * mode, as ggml-cuda captures its CUDA graphs. */
@@ -352,7 +558,7 @@ static void *need(void *h, const char *sym)
 int main(int argc, char **argv)
 {
     const char *host_re = NULL;
-    int unnamed = 0, pass = 0, late = 0, stream = 0;
+    int unnamed = 0, pass = 0, late = 0, stream = 0, picks = 0, picks_off = 0;
     int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
@@ -370,8 +576,14 @@ int main(int argc, char **argv)
             late = 1;
         else if (strcmp(argv[i], "--stream") == 0)
             stream = 1;
+        else if (strcmp(argv[i], "--picks") == 0)
+            picks = 1;
+        else if (strcmp(argv[i], "--picks-off") == 0)
+            picks = picks_off = 1;
         else {
-            fprintf(stderr, "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream]\n",
+            fprintf(stderr,
+                    "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream] "
+                    "[--picks | --picks-off]\n",
                     argv[0]);
             return 2;
         }
@@ -396,6 +608,10 @@ int main(int argc, char **argv)
     CHECK(fakecudart_register((const void *)stub_sum,
                               reg("ggml_sum", 3, psz, stream ? k_sum_seen : k_sum)) == 0,
           "register the graph's kernel");
+    const size_t rsz[] = {sizeof(void *), sizeof(void *), sizeof(size_t), sizeof(size_t),
+                          sizeof(size_t), sizeof(size_t), sizeof(void *)};
+    CHECK(fakecudart_register((const void *)stub_rows, reg("ggml_rows", 7, rsz, k_rows)) == 0,
+          "register the picks' kernel");
 
     /* 0. common_fit_params' dry run: the model "loaded" with no_alloc
      * (dummy buffers marked WEIGHTS), a context made (a backend): the hook
@@ -517,6 +733,10 @@ int main(int argc, char **argv)
         CHECK(same, "%s bit-exact", weights[w].name);
     }
 
+    /* picks first: registrations in rows claim a tensor only while they
+     * hold ids, so the streaming executor takes the host experts after */
+    if (picks)
+        picks_steps(wt, picks_off);
     if (stream)
         stream_steps(wt, sums, &re);
 
