@@ -22,6 +22,11 @@
 #   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
 #              the shim + hook with the same four policies, llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
+#   *-picksN   the same with WOFFLOAD_GGML_PICKS=N (tokens-exps-picks100,
+#              bench-shim-exps-picks0, bench-shim-exps-picks100: the router's
+#              picks never / always registered; with llama.cpp's CUDA graphs
+#              off, GGML_CUDA_DISABLE_GRAPHS=1, for its batched steps to be
+#              eager: a captured launch reads in place)
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
 #              row held: the shim choosing what stays within the same total)
@@ -192,6 +197,11 @@ declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-st
 shim_args() {
     if [ "$1" = fit ]; then SHIM=(--fit "$FIT"); else SHIM=(--policy "${POL[$1]}"); fi
 }
+# a row named ...-picksN runs with WOFFLOAD_GGML_PICKS=N (the ggml hook's
+# router picks: 0 never, 100 always; docs/llamacpp.md, "Picked experts")
+picks_env() {
+    case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${1##*-picks}") ;; *) PENV=() ;; esac
+}
 PLAIN_TOKENS=""
 FAILS=0
 
@@ -214,7 +224,8 @@ tokens() {
     local cmd=("$TOK" "$M" 32 "$mm")
     if [ "$mode" != plain ]; then
         shim_args "$mode"
-        cmd=(env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" "${SHIM[@]}"
+        picks_env "$name"
+        cmd=("${PENV[@]}" env WO_TOKENS_STATS="$OUT/$name.live.json" "$RUN" "${SHIM[@]}"
             --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     # the token line on stdout alone: the shim's stderr lines, written
@@ -252,7 +263,8 @@ bench() {
     local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg "${NTG:-32}" -c 4096 -npl "1,8,32" -lv 4 "$@")
     if [ "$mode" != plain ]; then
         shim_args "$mode"
-        cmd=("$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
+        picks_env "$name"
+        cmd=("${PENV[@]}" "$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     local base
     base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -353,12 +365,15 @@ tokens exps exps
 tokens ncmoe8 ncmoe8
 tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
+tokens exps-picks100 exps
 server plain plain
 server exps exps
 bench plain-allgpu plain
 bench shim-empty empty
 bench shim-exps exps
 bench shim-exps-stream exps-stream
+bench shim-exps-picks0 exps
+bench shim-exps-picks100 exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench llama-ncmoe8 plain -ncmoe 8 -lm none

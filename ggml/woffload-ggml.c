@@ -306,11 +306,15 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * (uvm/picks.h); a tensor on the device is left alone, and a launch into a
  * CUDA graph capture (llama.cpp's single-sequence steps) reads in place.
  *
- * Only when it pays: at n tokens a uniform router picks 1 - (1 - k/E)^n of
- * the experts; above WOFFLOAD_GGML_PICKS percent (80) the whole tensor is
- * better moved by the copy engine, overlapped with the kernels, than a
- * share of it copied on the engine's stream. E comes from the node
- * ffn_moe_probs-L (E columns, a row a token). */
+ * Only when asked, and only where it may pay: at n tokens a uniform router
+ * picks 1 - (1 - k/E)^n of the experts, and a layer is registered when that
+ * is at most WOFFLOAD_GGML_PICKS percent (0 by default: never). Above a
+ * share near one the whole tensor is better moved by the copy engine,
+ * overlapped with the kernels, than most of it copied on the engine's
+ * stream; below it, llama.cpp's MUL_MAT_ID reading a host tensor in place
+ * already fetches only the picked experts (docs/llamacpp.md says what that
+ * leaves to gain, and why the default waits for a GPU measurement). E comes
+ * from the node ffn_moe_probs-L (E columns, a row a token). */
 
 #define MAX_LAYERS 1024
 #define MAX_PICKED 1024 /* the shim's WO_PICKS_SPANS */
@@ -366,10 +370,10 @@ static int picks_setting(void)
     long p;
 
     if (!v || !*v)
-        return 80;
+        return 0;
     p = strtol(v, &end, 10);
     /* the shim's settings check reports a bad value; the default here too */
-    return *end || p < 0 || p > 100 ? 80 : (int)p;
+    return *end || p < 0 || p > 100 ? 0 : (int)p;
 }
 
 struct reg {
@@ -465,38 +469,36 @@ static bool picks_wanted(void)
            phase_now() == PH_SEALED && picks_pct > 0;
 }
 
-/* The compute, with the picks registered around it. */
+/* The compute, with the picks registered around it. Each thread keeps its
+ * own table of what it registered (a thread's launches use only its own
+ * registrations: uvm/picks.h): two contexts computing on two threads at
+ * once are not serialised. Two registering the same tensor at once take
+ * turns on it; a launch whose thread's registration was replaced reads in
+ * place (speed, never data). */
 static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_sched_t,
                                                                   struct ggml_cgraph *),
                                            ggml_backend_sched_t sched, struct ggml_cgraph *graph)
 {
-    static struct reg *regs; /* one compute at a time; this keeps one table */
-    static pthread_mutex_t compute_lock = PTHREAD_MUTEX_INITIALIZER;
-    static bool said;
+    static __thread struct reg *regs; /* the thread's, kept for its life (16 KiB) */
     /* ggml_backend_sched_graph_compute calls the _async one through the PLT,
      * that is through this hook again: the outer call registered already */
     static __thread int inside;
+    static int said;
     enum ggml_status st;
     size_t nr;
 
     if (!graph || inside || !picks_wanted())
         return fn(sched, graph);
-    pthread_mutex_lock(&compute_lock);
-    if (!regs && !(regs = calloc(MAX_PICKED, sizeof(*regs)))) {
-        pthread_mutex_unlock(&compute_lock);
+    if (!regs && !(regs = calloc(MAX_PICKED, sizeof(*regs))))
         return fn(sched, graph);
-    }
     nr = picks_register(graph, regs);
-    if (nr && !said) {
-        said = true;
+    if (nr && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         say(L_INFO, "picks: %zu expert tensors read only at their router's picks this compute "
                     "(ffn_moe_topk; up to %d%% of the experts picked)", nr, picks_pct);
-    }
     inside = 1;
     st = fn(sched, graph);
     inside = 0;
     picks_clear(regs, nr);
-    pthread_mutex_unlock(&compute_lock);
     return st;
 }
 
@@ -727,6 +729,20 @@ __attribute__((constructor)) static void at_load(void)
     if (dlinfo(self, RTLD_DI_LINKMAP, &main_map) == 0 &&
         dladdr1(sym, &info, (void **)&where, RTLD_DL_LINKMAP) && where == main_map)
         say(L_WARN, static_msg, program_invocation_short_name);
+}
+
+__attribute__((destructor)) static void at_exit_picks(void)
+{
+    unsigned long long c = __atomic_load_n(&pbooks.computes, __ATOMIC_RELAXED);
+
+    if (!c)
+        return;
+    say(L_INFO,
+        "picks: %llu graph computes; %llu layer computes registered (%llu expert tensor "
+        "registrations), %llu not, their share of experts picked over WOFFLOAD_GGML_PICKS=%d%%",
+        c, __atomic_load_n(&pbooks.layers, __ATOMIC_RELAXED),
+        __atomic_load_n(&pbooks.registered, __ATOMIC_RELAXED),
+        __atomic_load_n(&pbooks.too_many, __ATOMIC_RELAXED), picks_pct);
 }
 
 __attribute__((destructor)) static void at_exit_check(void)

@@ -90,8 +90,9 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * at each layer's forward and clears after it, and between two forwards the
  * tensor must not go back to whole staging. Registrations in rows
  * (woffload_moe_picks_rows) claim only while they hold ids: the ggml hook
- * registers them only for the computes where picks pay, and streaming keeps
- * the tensor for the others (a batch that picks most experts). */
+ * registers them only for the computes WOFFLOAD_GGML_PICKS allows, and
+ * streaming keeps the tensor for the others (a batch that picks most
+ * experts). */
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */

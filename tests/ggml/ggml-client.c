@@ -41,7 +41,8 @@
  * buffer of the shim's (the picks were registered), the shim copied only
  * rows the router picked (never the other ids of an argsort row), and a
  * compute of PICKS_MANY tokens (most experts picked) registers nothing;
- * --picks-off (WOFFLOAD_GGML_PICKS=0): nothing registered, all in place.
+ * (under WOFFLOAD_GGML_PICKS=80); --picks-off (the default, 0): nothing
+ * registered, all in place.
  * With --stream too, the picks' computes come first: the streaming
  * executor then takes the host experts all the same.
  *
@@ -195,7 +196,7 @@ static long long field(const char *obj, const char *key);
 /* --picks */
 #define PE 8 /* experts: every expert tensor's size is a multiple */
 #define PK 2
-#define PICKS_TOKENS 2  /* 1 - (6/8)^2: 44% of the experts picked, under WOFFLOAD_GGML_PICKS */
+#define PICKS_TOKENS 2  /* 1 - (6/8)^2: 44% of the experts picked, under WOFFLOAD_GGML_PICKS=80 */
 #define PICKS_MANY 16   /* 99%: over it */
 #define PICKS_STEPS 10
 #define PICKS_MAXT 16

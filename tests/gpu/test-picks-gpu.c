@@ -10,6 +10,8 @@
  *  - every picked row equals its source byte for byte, every other row
  *    still holds the sentinel;
  *  - the rows counter counts the distinct picks;
+ *  - ids in rows a stride apart (llama.cpp's topk view of an argsort),
+ *    the rest of each row valid experts never picked: never copied;
  *  - a second copy into the same buffer with other picks and the next
  *    generation, on the same marks, copies only its own picks (the first
  *    copy's marks are stale).
@@ -45,7 +47,38 @@ struct shape {
     unsigned experts;
     size_t row;
     unsigned n_ids, width;
+    /* rows of per_row ids, stride apart, the rest of each row other experts
+     * (llama.cpp's ffn_moe_topk view of an argsort); 0: one contiguous array */
+    unsigned per_row, stride;
 };
+
+/* The ids' buffer as the kernel sees it: contiguous, or each per_row ids
+ * followed by stride - per_row decoys, valid experts none of the picks name
+ * (a wrong stride would copy them). Returns its size in ids. */
+static size_t lay_out(const struct shape *sh, const void *ids, const bool *picked, void *out)
+{
+    size_t n = sh->per_row ? (size_t)sh->n_ids / sh->per_row * sh->stride : sh->n_ids;
+    unsigned decoy = 0;
+
+    for (size_t k = 0; k < n; k++) {
+        size_t r = sh->per_row ? k / sh->stride : 0, j = sh->per_row ? k % sh->stride : k;
+        long long e;
+        if (!sh->per_row || j < sh->per_row) {
+            size_t at = sh->per_row ? r * sh->per_row + j : k;
+            e = sh->width == 8 ? ((const long long *)ids)[at] : ((const int *)ids)[at];
+        } else {
+            while (decoy < sh->experts && picked[decoy])
+                decoy++;
+            e = decoy < sh->experts ? (long long)decoy : -1;
+            decoy = decoy + 1 < sh->experts ? decoy + 1 : 0;
+        }
+        if (sh->width == 8)
+            ((long long *)out)[k] = e;
+        else
+            ((int *)out)[k] = (int)e;
+    }
+    return n;
+}
 
 /* ids for one copy: random experts, some repeated, with -1 and past-the-end
  * values mixed in; picked[e] set for each valid one; returns the distinct
@@ -78,6 +111,8 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     size_t bytes = sh->experts * sh->row;
     unsigned char *host = NULL, *got = malloc(bytes);
     void *ids_host = malloc((size_t)sh->n_ids * sh->width);
+    size_t n_laid = sh->per_row ? (size_t)sh->n_ids / sh->per_row * sh->stride : sh->n_ids;
+    void *ids_laid = malloc(n_laid * sh->width);
     bool *picked = malloc(sh->experts * sizeof(bool));
     CUdeviceptr src = 0, dst = 0, ids = 0, marks = 0, rows = 0;
     uint64_t counted = 0, want_rows = 0;
@@ -87,7 +122,7 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     for (size_t i = 0; i < bytes; i++)
         host[i] = (unsigned char)next();
     CK(drv.cuMemAlloc_v2(&dst, bytes));
-    CK(drv.cuMemAlloc_v2(&ids, (size_t)sh->n_ids * sh->width));
+    CK(drv.cuMemAlloc_v2(&ids, n_laid * sh->width));
     CK(drv.cuMemAlloc_v2(&marks, sh->experts * 4));
     CK(drv.cuMemAlloc_v2(&rows, 8));
     CK(drv.cuMemsetD8_v2(marks, 0, sh->experts * 4));
@@ -95,6 +130,8 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     for (unsigned gen = 1; gen <= 3; gen++) {
         struct wo_picks_copy c = {.ids = ids,
                                   .n_ids = sh->n_ids,
+                                  .per_row = sh->per_row,
+                                  .stride = sh->stride,
                                   .width = sh->width,
                                   .n_experts = sh->experts,
                                   .marks = marks,
@@ -106,7 +143,8 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
         unsigned bad = 0;
 
         want_rows += draw(sh, ids_host, picked);
-        CK(memcpy_htod(ids, ids_host, (size_t)sh->n_ids * sh->width));
+        (void)lay_out(sh, ids_host, picked, ids_laid);
+        CK(memcpy_htod(ids, ids_laid, n_laid * sh->width));
         CK(drv.cuMemsetD8_v2(dst, SENTINEL, bytes));
         CK(drv.cuCtxSynchronize ? drv.cuCtxSynchronize() : drv.cuStreamSynchronize(st));
         CK(wo_picks_launch(&drv, mark, copy, st, &c));
@@ -146,6 +184,7 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     drv.cuMemFreeHost(host);
     free(got);
     free(ids_host);
+    free(ids_laid);
     free(picked);
 }
 
@@ -218,8 +257,11 @@ static void timing(CUfunction mark, CUfunction copy, CUstream st)
 int main(void)
 {
     static const struct shape shapes[] = {
-        {16, 17, 24, 8},     {128, 4096 + 8, 64, 4}, {384, 64u << 10, 16, 8},
-        {8, 3u << 20, 8, 4}, {1024, 32, 4096, 8},
+        {16, 17, 24, 8, 0, 0},     {128, 4096 + 8, 64, 4, 0, 0}, {384, 64u << 10, 16, 8, 0, 0},
+        {8, 3u << 20, 8, 4, 0, 0}, {1024, 32, 4096, 8, 0, 0},
+        /* llama.cpp's topk rows: 8 of 128 a token, 16 tokens, 128 apart;
+         * 4 of 32, 3 tokens */
+        {128, 4096 + 8, 128, 4, 8, 128}, {32, 1u << 16, 12, 4, 4, 32},
     };
     CUmodule mod;
     CUfunction mark, copy;
