@@ -61,7 +61,7 @@ const struct wo_setting_def wo_setting_defs[] = {
     {"WOFFLOAD_PICKS", WO_SETTING_BOOL, "1",
      "0: woffload_moe_picks does nothing (and the Python hook registers no experts hooks): expert tensors off the device are staged whole or read in place instead of only their picked rows (docs/placement.md, Picked experts)", OFF(picks), 0, 0},
     {"WOFFLOAD_GGML_PICKS", WO_SETTING_UINT, "0",
-     "the ggml hook registers a layer's router picks (llama.cpp's ffn_moe_topk) so that only the picked experts of its host expert tensors are copied, when the share of the experts a uniform router would pick at the step's batch is at most this many percent (top-k of E experts, n tokens: 1 - (1 - k/E)^n); 0 (the default until measured on a GPU): never, 100: always. Otherwise the tensors are staged whole or read in place (docs/llamacpp.md, Picked experts)", OFF(ggml_picks), 0, 100},
+     "the ggml hook registers a layer's router picks (llama.cpp's ffn_moe_topk) so that only the picked experts of its host expert tensors are copied, when the share of the experts a uniform router would pick at the step's batch is at most this many percent (top-k of E experts, n tokens: 1 - (1 - k/E)^n); 0 (the default: llama.cpp's kernels reading host experts in place already fetch only the picked ones, and the copies made its decode 2-3% slower on the H200): never, 100: always. Otherwise the tensors are staged whole or read in place (docs/llamacpp.md, Picked experts)", OFF(ggml_picks), 0, 100},
     {"WOFFLOAD_RING_EVENTS", WO_SETTING_UINT_POW2, "16384",
      "capacity of the event ring (power of two); a full ring drops and counts (stats: ring)", OFF(ring_events), 1024, UINT64_C(1) << 24},
     {"WOFFLOAD_SCAN_WORDS", WO_SETTING_UINT, "512",
