@@ -239,6 +239,7 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuEventRecord)                                                                               \
     Y(cuEventQuery)                                                                                \
     Y(cuEventSynchronize)                                                                          \
+    Y(cuEventElapsedTime)                                                                          \
     Y(cuFuncGetName)                                                                               \
     Y(cuPointerGetAttribute)                                                                       \
     Y(cuModuleLoadData)                                                                            \

@@ -489,7 +489,7 @@ static int child(void)
         uint64_t (*dead_uses)(void);
         uint64_t n = 1, width = 8, row = ROW0;
         int64_t id = 3;
-        void *params[] = {&w[0], &ids, &n, &width, &row, &out};
+        void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
 
         *(void **)&p_cuStreamDestroy = need(cu, "cuStreamDestroy_v2");
         *(void **)&dead_uses = need(cu, "fakecuda_dead_stream_uses");

@@ -161,6 +161,11 @@ struct wo_stream_counts {
     /* slots reused after a departure fence (wo_stream_slot.left), and
      * reused with read_done recorded at the owner stream's tail instead */
     uint64_t fences_departed, fences_at_reuse;
+    /* copy-engine staging copies timed between two events on the copy
+     * stream: their count, bytes and the time the copy engine spent on
+     * them (stream-slots.c, wo_sx_time_*): the rate while it copied,
+     * against staging_gbs, the rate over the steps */
+    uint64_t copies_timed, copies_timed_bytes, copies_busy_ns;
 };
 
 struct wo_stream_shared {

@@ -481,7 +481,9 @@ static void json_body(struct sbuf *b)
                   ",\"staging_steps\":%" PRIu64 ",\"staging_step_ms\":%.3f,\"staging_gbs\":%.2f"
                   ",\"pos_wakes\":%" PRIu64 ",\"reactions\":%" PRIu64
                   ",\"reaction_ms\":%.4f,\"reaction_max_ms\":%.4f"
-                  ",\"fences_departed\":%" PRIu64 ",\"fences_at_reuse\":%" PRIu64 ",",
+                  ",\"fences_departed\":%" PRIu64 ",\"fences_at_reuse\":%" PRIu64
+                  ",\"copies_timed\":%" PRIu64 ",\"copies_timed_bytes\":%" PRIu64
+                  ",\"copies_busy_ms\":%.3f,\"copies_busy_gbs\":%.2f,",
                   sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
                   sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated,
                   sc.staged, sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps,
@@ -494,7 +496,10 @@ static void json_body(struct sbuf *b)
                   sc.staging_step_ns ? (double)sc.staging_step_bytes / (double)sc.staging_step_ns : 0.0,
                   sc.pos_wakes, sc.reactions,
                   sc.reactions ? (double)sc.reaction_ns / (double)sc.reactions / 1e6 : 0.0,
-                  (double)sc.reaction_max_ns / 1e6, sc.fences_departed, sc.fences_at_reuse);
+                  (double)sc.reaction_max_ns / 1e6, sc.fences_departed, sc.fences_at_reuse,
+                  sc.copies_timed, sc.copies_timed_bytes, (double)sc.copies_busy_ns / 1e6,
+                  sc.copies_busy_ns ? (double)sc.copies_timed_bytes / (double)sc.copies_busy_ns
+                                    : 0.0);
         {
             struct wo_pin_counts pinc;
             wo_pin_counts(&pinc);

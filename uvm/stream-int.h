@@ -31,6 +31,7 @@
 #define AUTO_STEPS 2    /* ... measured over at least this many steps */
 #define AUTO_RECENT 4   /* steps: a range read this recently is in use */
 #define WARN_MULT 2.0   /* a host range read this many times a step in place: one warning */
+#define WO_SX_TIMED 64 /* staging copies timed at once (copy_time) */
 #define SPIN_WAIT 20000 /* polls of a slot's in-flight count before trying later */
 #define PAD_MAX 511     /* bytes between two tags that are alignment, not a gap */
 
@@ -168,6 +169,18 @@ bool wo_sx_check_slot(unsigned s);
 void wo_sx_poll_checks(bool wait, uint32_t only);
 bool wo_sx_stage(uint32_t id, int slot);
 void wo_sx_advance(void);
+/* Copy timing (stream-slots.c): a staging copy on the copy engine is
+ * bracketed by two timing events on the copy stream; once both completed,
+ * the time between them is the copy's own (the waits before it are not in
+ * it). begin returns the pair, or -1 (none free, or timing off); end
+ * records its second event; poll takes in the finished ones, in order. */
+int wo_sx_time_begin(void);
+void wo_sx_time_end(int i, uint64_t bytes);
+void wo_sx_time_poll(void);
+/* The pairs go, with the slots (in their context, the copies done). */
+void wo_sx_time_free(void);
+/* In a fork child: the parent's pairs forgotten, no driver call. */
+void wo_sx_time_atfork_child(void);
 
 /* ---- stream-learn.c ---------------------------------------------------------- */
 

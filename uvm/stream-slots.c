@@ -105,6 +105,136 @@ CUresult wo_sx_copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, bo
     return d->cuMemcpyAsync(dst, src, (size_t)bytes, wo_sx->copy);
 }
 
+/* ---- copy timing -------------------------------------------------------------
+ *
+ * How fast the copy engine moves a staging copy while it moves it, apart
+ * from how long the steps wait for copies: staging_gbs (bytes over the
+ * steps' periods) mixes the two. Timing events cost the copy stream two
+ * records a copy and this thread an event query each; the pairs are made
+ * with the slots and go with them. Kept here, not in the executor's state,
+ * which exit frees with no driver call: pairs still made then stay
+ * reachable, as the slots' own events in wo_stream_tab do. */
+
+static struct copy_time {
+    CUevent a, b;
+    uint64_t bytes;
+} ct[WO_SX_TIMED];
+static unsigned ct_head, ct_n; /* the FIFO of the pairs in flight */
+static bool ct_ready;
+
+void wo_sx_time_atfork_child(void)
+{
+    memset(ct, 0, sizeof(ct));
+    ct_head = ct_n = 0;
+    ct_ready = false;
+}
+
+static void time_make(void)
+{
+    const struct wo_driver *d = wo_sx->drv;
+    unsigned i;
+
+    ct_ready = false;
+    ct_head = ct_n = 0;
+    if (!d->cuEventCreate || !d->cuEventQuery || !d->cuEventElapsedTime || !d->cuEventDestroy_v2)
+        return;
+    for (i = 0; i < WO_SX_TIMED; i++)
+        if (d->cuEventCreate(&ct[i].a, CU_EVENT_DEFAULT) != CUDA_SUCCESS ||
+            d->cuEventCreate(&ct[i].b, CU_EVENT_DEFAULT) != CUDA_SUCCESS)
+            break;
+    if (i == WO_SX_TIMED) {
+        ct_ready = true;
+        return;
+    }
+    /* fewer than all: none (what was made is destroyed) */
+    for (unsigned k = 0; k <= i && k < WO_SX_TIMED; k++) {
+        if (ct[k].a)
+            d->cuEventDestroy_v2(ct[k].a);
+        if (ct[k].b)
+            d->cuEventDestroy_v2(ct[k].b);
+        ct[k].a = ct[k].b = NULL;
+    }
+}
+
+static void time_poll(void);
+
+void wo_sx_time_free(void)
+{
+    const struct wo_driver *d = wo_sx->drv;
+
+    time_poll();
+    for (unsigned k = 0; k < WO_SX_TIMED && ct_ready; k++) {
+        d->cuEventDestroy_v2(ct[k].a);
+        d->cuEventDestroy_v2(ct[k].b);
+        ct[k].a = ct[k].b = NULL;
+    }
+    ct_ready = false;
+    ct_head = ct_n = 0;
+}
+
+/* In the slots' context, inside wo_driver_enter(). */
+static void time_poll(void)
+{
+    const struct wo_driver *d = wo_sx->drv;
+
+    while (ct_ready && ct_n) {
+        struct copy_time *t = &ct[ct_head];
+        float ms = 0;
+        CUresult r = d->cuEventQuery(t->b);
+
+        if (r == CUDA_ERROR_NOT_READY)
+            return;
+        if (r == CUDA_SUCCESS && d->cuEventElapsedTime(&ms, t->a, t->b) == CUDA_SUCCESS &&
+            ms >= 0) {
+            add(&wo_stream_tab.n.copies_timed, 1);
+            add(&wo_stream_tab.n.copies_timed_bytes, t->bytes);
+            add(&wo_stream_tab.n.copies_busy_ns, (uint64_t)((double)ms * 1e6));
+        }
+        ct_head = (ct_head + 1) % WO_SX_TIMED;
+        ct_n--;
+    }
+}
+
+/* From the consumer's tick: the queries are driver calls, kept out of a
+ * global capture like every other of this thread's. */
+void wo_sx_time_poll(void)
+{
+    CUcontext prev;
+
+    if (!ct_ready || !ct_n || !wo_driver_enter())
+        return;
+    prev = wo_sx_push_ctx();
+    time_poll();
+    wo_sx_pop_ctx(prev);
+    wo_driver_leave();
+}
+
+int wo_sx_time_begin(void)
+{
+    unsigned i;
+
+    if (!ct_ready)
+        return -1;
+    if (ct_n == WO_SX_TIMED)
+        time_poll();
+    if (ct_n == WO_SX_TIMED)
+        return -1; /* all in flight: this copy goes untimed */
+    i = (ct_head + ct_n) % WO_SX_TIMED;
+    if (wo_sx->drv->cuEventRecord(ct[i].a, wo_sx->copy) != CUDA_SUCCESS)
+        return -1;
+    return (int)i;
+}
+
+void wo_sx_time_end(int i, uint64_t bytes)
+{
+    if (i < 0 || (unsigned)i != (ct_head + ct_n) % WO_SX_TIMED)
+        return;
+    if (wo_sx->drv->cuEventRecord(ct[i].b, wo_sx->copy) != CUDA_SUCCESS)
+        return; /* never taken in: the pair is free again */
+    ct[i].bytes = bytes;
+    ct_n++;
+}
+
 /* "N MiB" from a MiB up, else "N KiB": the sizes the info lines give. */
 static const char *size_str(uint64_t b, char buf[24])
 {
@@ -194,8 +324,10 @@ bool wo_sx_slots(void)
         return false; /* a global capture forbids cuMemAlloc: later */
     prev = wo_sx_push_ctx();
     res = d->cuStreamCreate(&wo_sx->copy, CU_STREAM_NON_BLOCKING);
-    if (res == CUDA_SUCCESS)
+    if (res == CUDA_SUCCESS) {
         load_copy_kernel();
+        time_make();
+    }
     /* no slot is used unchecked: a launch may write what it was pointed at
      * (unless WOFFLOAD_WRITE_CHECKS=0, to measure what the checks cost) */
     if (res == CUDA_SUCCESS && wo_sx->checks_wanted &&

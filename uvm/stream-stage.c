@@ -429,7 +429,11 @@ bool wo_sx_stage(uint32_t id, int slot)
          * written it, not its pinned copy: stage from the range */
         CUdeviceptr src = r->chk_slot1 || fresh ? (CUdeviceptr)(r->base + r->lo)
                                                 : wo_sx_source(id, r, managed, &pinned);
+        /* copy-engine copies are timed (the copy kernel's take SMs too) */
+        int timed = managed && !pinned && wo_sx->copy_fn ? -1 : wo_sx_time_begin();
         res = wo_sx_copy_to_slot((CUdeviceptr)s->dev, src, r->hi - r->lo, managed && !pinned);
+        if (res == CUDA_SUCCESS)
+            wo_sx_time_end(timed, r->hi - r->lo);
         if (res == CUDA_SUCCESS && pinned)
             add(&wo_stream_tab.n.staged_pinned, 1);
     }

@@ -378,6 +378,7 @@ static bool free_slots(void)
         wo_sx->r[id].hashed = false; /* the hashes go with the checker */
         wo_sx->r[id].chk_slot1 = 0;
     }
+    wo_sx_time_free();
     if (wo_sx->copy && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(wo_sx->copy);
     wo_sx->copy = NULL;
@@ -646,6 +647,7 @@ static void tick(void)
     if (wo_sx) {
         reap();
         wo_sx_poll_checks(false, NONE);
+        wo_sx_time_poll();
         if (wo_sx->slots_ready && !any_streamed())
             (void)free_slots();
         wo_sx_advance();
@@ -740,6 +742,7 @@ void wo_stream_summary(void)
     struct wo_stream_counts c;
     struct wo_devmodel dm;
     char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "", fences[160] = "";
+    char busy[192] = "";
     double n;
 
     wo_stream_counts(&c);
@@ -755,6 +758,13 @@ void wo_stream_summary(void)
                  "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",
                  c.staging_steps, (double)c.staging_step_ns / (double)c.staging_steps / 1e6,
                  (double)c.staging_step_bytes / (double)c.staging_step_ns, dm.h2d_gbs);
+    if (c.copies_timed && c.copies_busy_ns)
+        snprintf(busy, sizeof(busy),
+                 "; the copy engine moved %" PRIu64 " timed copies at %.1f GB/s while it copied them "
+                 "(%.0f%% of the staging steps' time)",
+                 c.copies_timed, (double)c.copies_timed_bytes / (double)c.copies_busy_ns,
+                 c.staging_step_ns ? 100.0 * (double)c.copies_busy_ns / (double)c.staging_step_ns
+                                   : 0.0);
     if (c.fences_departed + c.fences_at_reuse)
         snprintf(fences, sizeof(fences),
                  "; slots reused after the engine left them: %" PRIu64 ", after all it had submitted: %" PRIu64,
@@ -766,13 +776,14 @@ void wo_stream_summary(void)
     wo_log_write(WO_LOG_OFF,
                  "stream: %" PRIu64 " staging copies (%s, %s a step over %" PRIu64 " steps): %.0f%% from "
                  "pinned copies (copy engine), %.0f%% by the copy kernel, %.0f%% from host memory "
-                 "(copy engine)%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
+                 "(copy engine)%s%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
                  "slot ready, %" PRIu64 " in place in a capture%s%s%s",
                  c.staged, wo_format_size(c.staged_bytes, sz, sizeof(sz)),
                  wo_format_size(c.steps ? c.staged_bytes / c.steps : 0, step, sizeof(step)), c.steps,
                  100.0 * (double)c.staged_pinned / n, 100.0 * (double)c.staged_by_kernel / n,
                  100.0 * (double)(c.staged - WO_MIN(c.staged, c.staged_pinned + c.staged_by_kernel)) / n,
-                 timed, c.redirected, c.inplace_no_slot, c.inplace_captured, react, fences, autos);
+                 timed, busy, c.redirected, c.inplace_no_slot, c.inplace_captured, react, fences,
+                 autos);
 }
 
 static void finish(void)
@@ -841,6 +852,7 @@ static void atfork_child(void)
     wo_sx = NULL;
     wo_pin_atfork_child();
     wo_check_atfork_child();
+    wo_sx_time_atfork_child();
     tried = false;
     rescan = false;
     wo_stream_table_clear();

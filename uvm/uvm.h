@@ -55,6 +55,7 @@ struct wo_driver {
     CUresult (*cuEventRecord)(CUevent e, CUstream s);
     CUresult (*cuEventQuery)(CUevent e);
     CUresult (*cuEventSynchronize)(CUevent e);
+    CUresult (*cuEventElapsedTime)(float *ms, CUevent start, CUevent end);
     CUresult (*cuFuncGetName)(const char **name, CUfunction f);
     CUresult (*cuPointerGetAttribute)(void *data, CUpointer_attribute attr, CUdeviceptr p);
     CUresult (*cuModuleLoadData)(CUmodule *m, const void *image);
@@ -95,7 +96,7 @@ struct wo_driver {
     X(cuMemHostUnregister) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
-    X(cuEventSynchronize) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
+    X(cuEventSynchronize) X(cuEventElapsedTime) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)         \
     X(cuMemGetAllocationGranularity) X(cuCtxSynchronize_v2) X(cuCtxSynchronize)

@@ -521,6 +521,17 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
           st ? field(st, "redirected") : -1);
     CHECK(st && field(st, "staged") > 0, "--stream: staging copies made (%lld)",
           st ? field(st, "staged") : -1);
+    /* the copy engine's: timed between two events on the copy stream (the
+     * fake copies as it is called: the time between is the copy's) */
+    {
+        long long timed = st ? field(st, "copies_timed") : -1;
+        long long ce = st ? field(st, "staged") - field(st, "staged_by_kernel") : -1;
+        CHECK(st && timed >= 0 && timed <= ce && (ce == 0 || timed > 0) &&
+                  (timed == 0) == (field(st, "copies_timed_bytes") == 0),
+              "--stream: the copy engine's staging copies timed (%lld of %lld; %lld by the "
+              "copy kernel, untimed)",
+              timed, ce, st ? field(st, "staged_by_kernel") : -1);
+    }
     const char *al = js ? strstr(js, "\"allocations\":{") : NULL;
     if (ro) {
         CHECK(al && field(al, "readonly") == 1,
