@@ -279,16 +279,26 @@ static struct candidate *find(ggml_backend_buffer_t buf)
     return NULL;
 }
 
+/* Room for one more element in the array *v of n (capacity *cap, doubled
+ * from `first`); false when out of memory (the element is then not kept). */
+static bool room(void **v, size_t *cap, size_t n, size_t size, size_t first)
+{
+    size_t c = *cap ? 2 * *cap : first;
+    void *p;
+
+    if (n < *cap)
+        return true;
+    if (!(p = realloc(*v, c * size)))
+        return false;
+    *v = p;
+    *cap = c;
+    return true;
+}
+
 static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
 {
-    if (ncands == cap_cands) {
-        size_t n = cap_cands ? 2 * cap_cands : 8;
-        struct candidate *c = realloc(cands, n * sizeof(*c));
-        if (!c)
-            return;
-        cands = c;
-        cap_cands = n;
-    }
+    if (!room((void **)&cands, &cap_cands, ncands, sizeof(*cands), 8))
+        return;
     cands[ncands++] = (struct candidate){.buf = buf, .ctx = ctx};
 }
 
@@ -340,14 +350,8 @@ static void note_expert(const char *name, void *data, size_t size)
         layer >= MAX_LAYERS || end < 5 || strncmp(name + end - 5, "_exps", 5) != 0 ||
         strcmp(name + end, ".weight") != 0)
         return;
-    if (nexperts == cap_experts) {
-        size_t n = cap_experts ? 2 * cap_experts : 64;
-        struct expert_tensor *e = realloc(experts, n * sizeof(*e));
-        if (!e)
-            return;
-        experts = e;
-        cap_experts = n;
-    }
+    if (!room((void **)&experts, &cap_experts, nexperts, sizeof(*experts), 64))
+        return;
     experts[nexperts++] = (struct expert_tensor){layer, data, size};
 }
 
@@ -376,26 +380,29 @@ static int picks_setting(void)
     return *end || p < 0 || p > 100 ? 0 : (int)p;
 }
 
-struct reg {
-    const struct expert_tensor *t;
-    unsigned n_experts;
+/* A thread's compute with picks: what the graph holds per layer (up to
+ * `top`, the highest layer seen + 1; cleared after each compute), and what
+ * was registered, to clear after it. Made once a thread (24 KiB). */
+struct scratch {
+    struct ggml_tensor *topk[MAX_LAYERS];
+    long long n_exp[MAX_LAYERS];
+    int top;
+    struct reg {
+        const struct expert_tensor *t;
+        unsigned n_experts;
+    } regs[MAX_PICKED];
 };
 
-/* Registers the picks of every MoE layer of graph g; fills regs (what to
- * clear after the compute) and returns how many. */
-static size_t picks_register(struct ggml_cgraph *g, struct reg *regs)
+/* Registers the picks of every MoE layer of graph g into sc->regs and
+ * returns how many. */
+static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
 {
-    struct ggml_tensor **topk;
-    long long *n_exp;
+    struct ggml_tensor **topk = sc->topk;
+    long long *n_exp = sc->n_exp;
     int n = real.graph_n_nodes(g), layers = 0;
     size_t nr = 0;
 
-    if (n <= 0 || !(topk = calloc(MAX_LAYERS, sizeof(*topk))))
-        return 0;
-    if (!(n_exp = calloc(MAX_LAYERS, sizeof(*n_exp)))) {
-        free(topk);
-        return 0;
-    }
+    sc->top = 0;
     for (int i = 0; i < n; i++) {
         struct ggml_tensor *t = real.graph_node(g, i);
         const char *name = t ? real.get_name(t) : NULL;
@@ -408,9 +415,12 @@ static size_t picks_register(struct ggml_cgraph *g, struct reg *regs)
         } else if ((l = layer_of(name, "ffn_moe_probs-")) >= 0) {
             long long rows = real.nrows(t), el = real.nelements(t);
             n_exp[l] = rows > 0 && el > 0 && el % rows == 0 ? el / rows : 0;
+        } else {
+            continue;
         }
+        sc->top = l + 1 > sc->top ? l + 1 : sc->top;
     }
-    for (int l = 0; l < MAX_LAYERS; l++) {
+    for (int l = 0; l < sc->top; l++) {
         struct ggml_tensor *t = topk[l];
         long long rows, k, e = n_exp[l];
         size_t width, stride;
@@ -442,22 +452,23 @@ static size_t picks_register(struct ggml_cgraph *g, struct reg *regs)
                 continue;
             if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
                                 stride, (unsigned)width) == 0)
-                regs[nr++] = (struct reg){et, (unsigned)e};
+                sc->regs[nr++] = (struct reg){et, (unsigned)e};
         }
     }
-    free(topk);
-    free(n_exp);
+    /* the next compute finds its own nodes */
+    memset(topk, 0, (size_t)sc->top * sizeof(*topk));
+    memset(n_exp, 0, (size_t)sc->top * sizeof(*n_exp));
     __atomic_add_fetch(&pbooks.computes, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pbooks.registered, nr, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pbooks.layers, (unsigned long long)layers, __ATOMIC_RELAXED);
     return nr;
 }
 
-static void picks_clear(const struct reg *regs, size_t nr)
+static void picks_clear(const struct scratch *sc, size_t nr)
 {
     for (size_t i = 0; i < nr; i++)
-        (void)real.picks_rows(regs[i].t->data, regs[i].t->size, regs[i].n_experts, NULL, 0, 0, 0,
-                              0);
+        (void)real.picks_rows(sc->regs[i].t->data, sc->regs[i].t->size, sc->regs[i].n_experts,
+                              NULL, 0, 0, 0, 0);
 }
 
 static bool picks_wanted(void)
@@ -479,7 +490,7 @@ static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_s
                                                                   struct ggml_cgraph *),
                                            ggml_backend_sched_t sched, struct ggml_cgraph *graph)
 {
-    static __thread struct reg *regs; /* the thread's, kept for its life (16 KiB) */
+    static __thread struct scratch *sc; /* the thread's, kept for its life */
     /* ggml_backend_sched_graph_compute calls the _async one through the PLT,
      * that is through this hook again: the outer call registered already */
     static __thread int inside;
@@ -489,16 +500,16 @@ static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_s
 
     if (!graph || inside || !picks_wanted())
         return fn(sched, graph);
-    if (!regs && !(regs = calloc(MAX_PICKED, sizeof(*regs))))
+    if (!sc && !(sc = calloc(1, sizeof(*sc))))
         return fn(sched, graph);
-    nr = picks_register(graph, regs);
+    nr = picks_register(graph, sc);
     if (nr && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         say(L_INFO, "picks: %zu expert tensors read only at their router's picks this compute "
                     "(ffn_moe_topk; up to %d%% of the experts picked)", nr, picks_pct);
     inside = 1;
     st = fn(sched, graph);
     inside = 0;
-    picks_clear(regs, nr);
+    picks_clear(sc, nr);
     return st;
 }
 

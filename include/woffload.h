@@ -88,9 +88,9 @@ int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts, co
  * an argsort over all the experts, a row a token (row_stride n_experts).
  * woffload_moe_picks(..., ids, n, b) is woffload_moe_picks_rows(..., ids, n,
  * 1, n, b). Returns as woffload_moe_picks; -EINVAL also for per_row or
- * n_rows 0 with ids, or row_stride < per_row; and, with more than one row,
- * -EFAULT when the ids are not in memory the shim saw allocated on the
- * device (a CPU backend's buffer: the copy reads them on the GPU). */
+ * n_rows 0 with ids, or row_stride < per_row; and -EFAULT when the ids are
+ * not in memory the shim saw allocated on the device (a CPU backend's
+ * buffer: the copy reads them on the GPU). */
 int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                             size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes);
 

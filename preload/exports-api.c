@@ -43,7 +43,7 @@ WO_EXPORT int woffload_seal(void)
 WO_EXPORT int woffload_moe_picks(const void *experts, size_t bytes, unsigned n_experts,
                                  const void *ids, size_t n_ids, unsigned id_bytes)
 {
-    return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, 1, n_ids, id_bytes, true);
+    return wo_api_moe_picks(experts, bytes, n_experts, ids, n_ids, 1, n_ids, id_bytes, false);
 }
 
 WO_EXPORT int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigned n_experts,
@@ -51,7 +51,7 @@ WO_EXPORT int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigne
                                       size_t row_stride, unsigned id_bytes)
 {
     return wo_api_moe_picks(experts, bytes, n_experts, ids, per_row, n_rows, row_stride, id_bytes,
-                            false);
+                            true);
 }
 
 WO_EXPORT int woffload_readonly(const void *ptr, size_t size)

@@ -298,6 +298,10 @@ static int child(void)
           -EINVAL);
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, (void *)(uintptr_t)ids, 2, 0, 4, 4) ==
           -EINVAL);
+    /* rows in host memory (a CPU backend's), even one: the mark kernel would
+     * read them on the GPU */
+    CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 1, 2, 4) == -EFAULT);
+    CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 2, 4, 4) == -EFAULT);
 
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,

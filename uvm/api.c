@@ -283,7 +283,7 @@ int wo_api_readonly(const void *ptr, size_t size)
 
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                      size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes,
-                     bool sticky)
+                     bool rows)
 {
     const char *why = !experts                          ? "NULL experts"
                       : !bytes || !n_experts            ? "bytes or n_experts 0"
@@ -306,11 +306,11 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
     if (!wo_settings()->picks || wo_settings()->disable)
         return 0; /* WOFFLOAD_PICKS=0, or the shim passes everything through */
     wo_uvm_ensure_init();
-    if (ids && n_rows > 1) {
+    if (ids && rows) {
         /* rows come from a hook that found them in an engine's graph (the
-         * ggml hook): the mark kernel reads them on the device, so they
-         * must be device memory the shim saw allocated, never a CPU
-         * backend's buffer */
+         * ggml hook), one row or many: the mark kernel reads them on the
+         * device, so they must be device memory the shim saw allocated,
+         * never a CPU backend's buffer */
         struct wo_range ir;
         uint64_t lo = (uint64_t)(uintptr_t)ids;
         uint64_t len = ((uint64_t)(n_rows - 1) * row_stride + per_row) * id_bytes;
@@ -327,7 +327,7 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
     }
     r = wo_picks_set((uint64_t)(uintptr_t)experts, bytes, n_experts, (uint64_t)(uintptr_t)ids,
                      n_ids, n_rows > 1 ? per_row : 0, n_rows > 1 ? row_stride : 0, id_bytes,
-                     sticky);
+                     !rows);
     if (r == -ENOENT || r == -ERANGE || r == -ENOSPC) {
         /* once: an engine calls it every layer and step */
         wo_log_once(WO_LOG_WARN,

@@ -257,9 +257,10 @@ bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
             return false;
         }
         /* a short spin, then the CPU given up each time round: the thread
-         * waited for may be on this CPU (an engine with more threads than
-         * cores waiting here would otherwise starve the consumer it waits
-         * for: the reliability flood, eight threads on two CPUs) */
+         * waited for may need this CPU (an engine with more threads than
+         * cores, all waiting here, would keep the consumer they wait for
+         * off the CPUs; a suspect, not shown, in a CI flood that lost
+         * launches: tests/reliability/flood.yaml) */
         if (i < AWAIT_SPIN)
             wo_cpu_relax();
         else

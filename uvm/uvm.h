@@ -196,9 +196,11 @@ int wo_api_tag(const void *ptr, size_t size, const char *name);
 int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);
-/* sticky: woffload_moe_picks (wo_picks_claims says what it means) */
+/* rows: woffload_moe_picks_rows (its ids checked to be device memory; its
+ * registrations claim a tensor only while they hold ids: wo_picks_claims),
+ * else woffload_moe_picks */
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                      size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes,
-                     bool sticky);
+                     bool rows);
 long wo_api_stats(char *buf, size_t len);
 int wo_api_readonly(const void *ptr, size_t size);
