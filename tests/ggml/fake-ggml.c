@@ -74,8 +74,8 @@ FGGML_EXPORT struct ggml_context *fggml_ctx_new(void)
     return calloc(1, sizeof(struct ggml_context));
 }
 
-FGGML_EXPORT struct ggml_tensor *fggml_new_tensor(struct ggml_context *ctx, const char *name,
-                                                  size_t nbytes)
+/* A tensor named name, of nbytes, in no context yet. */
+static struct ggml_tensor *tensor_new(const char *name, size_t nbytes)
 {
     struct ggml_tensor *t = calloc(1, sizeof(*t));
     if (!t)
@@ -83,6 +83,15 @@ FGGML_EXPORT struct ggml_tensor *fggml_new_tensor(struct ggml_context *ctx, cons
     t->magic = 0x66616b6567676d6cull;
     snprintf(t->name, sizeof(t->name), "%s", name);
     t->nbytes = nbytes;
+    return t;
+}
+
+FGGML_EXPORT struct ggml_tensor *fggml_new_tensor(struct ggml_context *ctx, const char *name,
+                                                  size_t nbytes)
+{
+    struct ggml_tensor *t = tensor_new(name, nbytes);
+    if (!t)
+        return NULL;
     if (ctx->last)
         ctx->last->next = t;
     else
@@ -252,17 +261,14 @@ FGGML_EXPORT ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, con
 FGGML_EXPORT struct ggml_tensor *fggml_node(const char *name, void *data, long long ne0,
                                             long long rows, size_t elsize, bool contiguous)
 {
-    struct ggml_tensor *t = calloc(1, sizeof(*t));
+    struct ggml_tensor *t = tensor_new(name, (size_t)(ne0 * rows) * elsize);
     if (!t)
         return NULL;
-    t->magic = 0x66616b6567676d6cull;
-    snprintf(t->name, sizeof(t->name), "%s", name);
     t->data = data;
     t->ne0 = ne0;
     t->rows = rows;
     t->elsize = elsize;
     t->contiguous = contiguous;
-    t->nbytes = (size_t)(ne0 * rows) * elsize;
     return t;
 }
 
