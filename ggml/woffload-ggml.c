@@ -26,7 +26,10 @@
  *       name) registered for the layer's expert tensors
  *       (woffload_moe_picks_rows) before the real call and cleared after
  *       it: the shim then copies only the picked experts of host expert
- *       tensors on the launches' own stream ("picked experts" below)
+ *       tensors on the launches' own stream, or, in a compute of few
+ *       tokens, the tensors claimed read in place (woffload_read_in_place):
+ *       the streaming executor copies them whole only in the computes of
+ *       many ("picked experts" below)
  * Accessors (ggml_get_first_tensor, ggml_get_next_tensor, ggml_get_name,
  * ggml_get_data, ggml_nbytes, ggml_backend_buffer_get_base/_size/_type,
  * ggml_backend_buft_is_host, ggml_backend_buft_name; for the picks
@@ -90,6 +93,7 @@ static struct {
     int (*readonly)(const void *, size_t); /* NULL: a libwoffload without it */
     int (*picks_rows)(const void *, size_t, unsigned, const void *, size_t, size_t, size_t,
                       unsigned); /* NULL: a libwoffload without it */
+    int (*read_in_place)(const void *, size_t, int); /* NULL: a libwoffload without it */
 } real;
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
@@ -175,6 +179,7 @@ static void resolve(void)
     RESOLVE(is_contiguous, "ggml_is_contiguous");
     RESOLVE(element_size, "ggml_element_size");
     RESOLVE_API(picks_rows, "woffload_moe_picks_rows");
+    RESOLVE_API(read_in_place, "woffload_read_in_place");
 
     if (!real.get_first_tensor || !real.get_next_tensor || !real.get_name || !real.get_data ||
         !real.nbytes || !real.buffer_get_base || !real.buffer_get_size || !real.buffer_get_type ||
@@ -324,7 +329,16 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * stream; below it, llama.cpp's MUL_MAT_ID reading a host tensor in place
  * already fetches only the picked experts (on the H200 the picks made its
  * decode 2-3% slower: docs/llamacpp.md, "Picked experts"). E comes
- * from the node ffn_moe_probs-L (E columns, a row a token). */
+ * from the node ffn_moe_probs-L (E columns, a row a token).
+ *
+ * The same share says when a whole copy pays: read in place, MUL_MAT_ID
+ * fetches the picked experts at 50-51 GB/s; the copy engine moves the whole
+ * tensor at 55. So a layer not registered for picks whose share is below
+ * WOFFLOAD_GGML_STREAM percent (92 by default, the ratio of the two) has its
+ * expert tensors claimed read in place for the compute
+ * (woffload_read_in_place): the streaming executor stages them only in
+ * computes of enough tokens (a prompt's ubatch, a batch of 32 on the
+ * 32-expert GGUF), and under prefetch.mode auto streams them for those. */
 
 #define MAX_LAYERS 1024
 #define MAX_PICKED 1024 /* the shim's WO_PICKS_SPANS */
@@ -336,9 +350,10 @@ struct expert_tensor {
 };
 static struct expert_tensor *experts; /* under lock while loading; read-only once sealed */
 static size_t nexperts, cap_experts;
-static int picks_pct = -1; /* WOFFLOAD_GGML_PICKS */
+static int picks_pct = -1;  /* WOFFLOAD_GGML_PICKS */
+static int stream_pct = -1; /* WOFFLOAD_GGML_STREAM */
 static struct {
-    unsigned long long computes, registered, too_many, layers;
+    unsigned long long computes, registered, too_many, layers, claimed, claims;
 } pbooks; /* atomics */
 
 /* Remembers a tagged weight that is a layer's stacked expert tensor. Under lock. */
@@ -367,17 +382,18 @@ static int layer_of(const char *name, const char *prefix)
     return *end || l >= MAX_LAYERS ? -1 : (int)l;
 }
 
-static int picks_setting(void)
+/* A percent setting; the shim's settings check reports a bad value, the
+ * default here too. */
+static int pct_setting(const char *name, int dflt)
 {
-    const char *v = getenv("WOFFLOAD_GGML_PICKS");
+    const char *v = getenv(name);
     char *end;
     long p;
 
     if (!v || !*v)
-        return 0;
+        return dflt;
     p = strtol(v, &end, 10);
-    /* the shim's settings check reports a bad value; the default here too */
-    return *end || p < 0 || p > 100 ? 0 : (int)p;
+    return *end || p < 0 || p > 100 ? dflt : (int)p;
 }
 
 /* A thread's compute with picks: what the graph holds per layer (up to
@@ -393,14 +409,52 @@ struct scratch {
     } regs[MAX_PICKED];
 };
 
-/* Registers the picks of every MoE layer of graph g into sc->regs and
- * returns how many. */
+/* Layer l's expert tensors claimed read in place (want) or not, from this
+ * compute on. A claim holds across computes until one of another share
+ * comes: cleared after each compute, it would leave the executor a moment
+ * between two computes of few tokens to stage the whole tensors. A tensor
+ * with nothing streamed is claimed at a later compute, once it is. */
+static pthread_mutex_t claims_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool *claimed_now; /* by experts[] index */
+
+static void claim_layer(int l, bool want)
+{
+    unsigned long long n = 0;
+
+    if (!real.read_in_place)
+        return;
+    pthread_mutex_lock(&claims_lock);
+    if (!claimed_now && !(claimed_now = calloc(nexperts, sizeof(*claimed_now)))) {
+        pthread_mutex_unlock(&claims_lock);
+        return;
+    }
+    for (size_t x = 0; x < nexperts; x++) {
+        const struct expert_tensor *et = &experts[x];
+        if (et->layer != l || claimed_now[x] == want)
+            continue;
+        if (!want) {
+            (void)real.read_in_place(et->data, et->size, 0);
+            claimed_now[x] = false;
+        } else if (real.read_in_place(et->data, et->size, 1) > 0) {
+            claimed_now[x] = true; /* > 0: a streamed span was claimed */
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&claims_lock);
+    if (n)
+        __atomic_add_fetch(&pbooks.claims, n, __ATOMIC_RELAXED);
+}
+
+/* Registers the picks of every MoE layer of graph g into sc->regs (and
+ * returns how many), and claims the others' expert tensors read in place or
+ * not, by their share of experts picked. */
 static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
 {
     struct ggml_tensor **topk = sc->topk;
     long long *n_exp = sc->n_exp;
-    int n = real.graph_n_nodes(g), layers = 0;
+    int n = real.graph_n_nodes(g), layers = 0, claimed = 0;
     size_t nr = 0;
+    bool want;
 
     sc->top = 0;
     for (int i = 0; i < n; i++) {
@@ -441,19 +495,25 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         for (long long r = 0; r < rows && share > 1e-6; r++)
             share *= 1.0 - (double)k / (double)e;
         share = 1.0 - share; /* the share of the experts a uniform router picks */
-        if (share * 100.0 > picks_pct + 1e-9) {
-            __atomic_add_fetch(&pbooks.too_many, 1, __ATOMIC_RELAXED);
+        if (real.picks_rows && picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) {
+            layers++;
+            for (size_t x = 0; x < nexperts && nr < MAX_PICKED; x++) {
+                const struct expert_tensor *et = &experts[x];
+                if (et->layer != l || et->size % (size_t)e)
+                    continue;
+                if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k,
+                                    (size_t)rows, stride, (unsigned)width) == 0)
+                    sc->regs[nr++] = (struct reg){et, (unsigned)e};
+            }
+            claim_layer(l, false); /* the picks claim it */
             continue;
         }
-        layers++;
-        for (size_t x = 0; x < nexperts && nr < MAX_PICKED; x++) {
-            const struct expert_tensor *et = &experts[x];
-            if (et->layer != l || et->size % (size_t)e)
-                continue;
-            if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
-                                stride, (unsigned)width) == 0)
-                sc->regs[nr++] = (struct reg){et, (unsigned)e};
-        }
+        __atomic_add_fetch(&pbooks.too_many, 1, __ATOMIC_RELAXED);
+        /* below the share, read in place; at or above it the streaming
+         * executor may copy them whole */
+        want = real.read_in_place && stream_pct > 0 && share * 100.0 < stream_pct - 1e-9;
+        claimed += want;
+        claim_layer(l, want);
     }
     /* the next compute finds its own nodes */
     memset(topk, 0, (size_t)sc->top * sizeof(*topk));
@@ -461,6 +521,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
     __atomic_add_fetch(&pbooks.computes, 1, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pbooks.registered, nr, __ATOMIC_RELAXED);
     __atomic_add_fetch(&pbooks.layers, (unsigned long long)layers, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&pbooks.claimed, (unsigned long long)claimed, __ATOMIC_RELAXED);
     return nr;
 }
 
@@ -473,11 +534,13 @@ static void picks_clear(const struct scratch *sc, size_t nr)
 
 static bool picks_wanted(void)
 {
-    if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0)
-        __atomic_store_n(&picks_pct, picks_setting(), __ATOMIC_RELAXED);
-    return naming && real.picks_rows && real.graph_n_nodes && real.graph_node && real.nelements &&
-           real.nrows && real.is_contiguous && real.element_size && nexperts &&
-           phase_now() == PH_SEALED && picks_pct > 0;
+    if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0) {
+        __atomic_store_n(&stream_pct, pct_setting("WOFFLOAD_GGML_STREAM", 92), __ATOMIC_RELAXED);
+        __atomic_store_n(&picks_pct, pct_setting("WOFFLOAD_GGML_PICKS", 0), __ATOMIC_RELAXED);
+    }
+    return naming && real.graph_n_nodes && real.graph_node && real.nelements && real.nrows &&
+           real.is_contiguous && real.element_size && nexperts && phase_now() == PH_SEALED &&
+           ((real.picks_rows && picks_pct > 0) || (real.read_in_place && stream_pct > 0));
 }
 
 /* The compute, with the picks registered around it. Each thread keeps its
@@ -748,12 +811,18 @@ __attribute__((destructor)) static void at_exit_picks(void)
 
     if (!c)
         return;
+    unsigned long long over = __atomic_load_n(&pbooks.too_many, __ATOMIC_RELAXED);
+    unsigned long long claimed = __atomic_load_n(&pbooks.claimed, __ATOMIC_RELAXED);
+
     say(L_INFO,
         "picks: %llu graph computes; %llu layer computes registered (%llu expert tensor "
-        "registrations), %llu not, their share of experts picked over WOFFLOAD_GGML_PICKS=%d%%",
+        "registrations), %llu not, their share of experts picked over WOFFLOAD_GGML_PICKS=%d%%: "
+        "%llu of them read in place (%llu claims of streamed tensors made), their share under "
+        "WOFFLOAD_GGML_STREAM=%d%%, %llu left to the streaming executor",
         c, __atomic_load_n(&pbooks.layers, __ATOMIC_RELAXED),
-        __atomic_load_n(&pbooks.registered, __ATOMIC_RELAXED),
-        __atomic_load_n(&pbooks.too_many, __ATOMIC_RELAXED), picks_pct);
+        __atomic_load_n(&pbooks.registered, __ATOMIC_RELAXED), over, picks_pct, claimed,
+        __atomic_load_n(&pbooks.claims, __ATOMIC_RELAXED), stream_pct,
+        over > claimed ? over - claimed : 0);
 }
 
 __attribute__((destructor)) static void at_exit_check(void)

@@ -108,6 +108,23 @@ int woffload_moe_picks_rows(const void *experts, size_t bytes, unsigned n_expert
  * past the table: 16384 live allocations). */
 int woffload_readonly(const void *ptr, size_t size);
 
+/* Read in place, for now: from this call until the same call with on 0,
+ * kernels read only a small share of the bytes [ptr, ptr + bytes) of a
+ * streamed tensor, by index (an MoE layer's stacked experts in a step of
+ * few tokens: llama.cpp's MUL_MAT_ID reads only the picked experts). The
+ * streaming executor then copies none of it into a slot, launches read it
+ * in place, and a copy staged before the claim is still read from its slot.
+ * Without claims the executor would stage the whole tensor every step,
+ * which costs more than the picked share read in place. Claims nest (each
+ * on needs its off). Under prefetch.mode auto, a tensor once claimed is
+ * streamed in the steps it is not claimed in: the engine says, step by
+ * step, which read it whole enough for a copy to pay (the ggml hook does,
+ * from its MoE layers' share of experts picked: docs/llamacpp.md). Returns
+ * the streamed spans it found there (0: nothing is streamed there, nothing
+ * to claim); -EINVAL (NULL ptr or bytes 0); -ENOENT (no allocation the
+ * shim saw holds ptr); -ERANGE (the bytes run past the allocation). */
+int woffload_read_in_place(const void *ptr, size_t bytes, int on);
+
 /* A JSON snapshot of the shim's state and counters into buf (always
  * NUL-terminated when len > 0). Returns the length the full snapshot needs,
  * excluding the NUL (like snprintf): call again with a larger buffer when the

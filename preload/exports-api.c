@@ -59,6 +59,11 @@ WO_EXPORT int woffload_readonly(const void *ptr, size_t size)
     return wo_api_readonly(ptr, size);
 }
 
+WO_EXPORT int woffload_read_in_place(const void *ptr, size_t bytes, int on)
+{
+    return wo_api_read_in_place(ptr, bytes, on);
+}
+
 WO_EXPORT long woffload_stats(char *buf, size_t len)
 {
     return wo_api_stats(buf, len);

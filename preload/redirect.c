@@ -145,7 +145,9 @@ static bool redirect_span(struct wo_redirect *rd, struct wo_stream_entry *e, uin
         return true;
     }
     if (!__atomic_load_n(&e->word, __ATOMIC_RELAXED) && !wo_stream_await(e, h->gen)) {
-        count(&wo_stream_tab.n.inplace_no_slot); /* not staged (yet) */
+        /* not staged (yet), or claimed read in place (woffload_read_in_place) */
+        count(wo_stream_inplace_now(e) ? &wo_stream_tab.n.inplace_claimed
+                                       : &wo_stream_tab.n.inplace_no_slot);
         return true;
     }
     if (rd->n == WO_REDIRECT_MAX / 2) {

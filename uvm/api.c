@@ -281,6 +281,37 @@ int wo_api_readonly(const void *ptr, size_t size)
     return 0;
 }
 
+int wo_api_read_in_place(const void *ptr, size_t bytes, int on)
+{
+    static int said;
+    uint64_t p = (uint64_t)(uintptr_t)ptr;
+    int r;
+
+    if (!ptr || !bytes) {
+        wo_warn("woffload_read_in_place(%p, %zu, %d): %s (-EINVAL)", ptr, bytes, on,
+                !ptr ? "NULL pointer" : "0 bytes");
+        misuse();
+        return -EINVAL;
+    }
+    if (wo_settings()->disable)
+        return 0;
+    wo_uvm_ensure_init();
+    r = wo_stream_claim_in_place(p, bytes, on != 0);
+    if (r < 0) {
+        wo_warn("woffload_read_in_place(%p, %zu, %d): %s (%s)", ptr, bytes, on,
+                r == -ENOENT ? "the pointer is not in any allocation the shim saw"
+                             : "the bytes run past the allocation",
+                r == -ENOENT ? "-ENOENT" : "-ERANGE");
+        misuse();
+        return r;
+    }
+    if (on && r && !__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
+        wo_info("woffload_read_in_place: the engine says which steps read its streamed ranges "
+                "only in part: those read them in place, the others may stage them whole "
+                "(under prefetch.mode auto they are streamed for that)");
+    return r;
+}
+
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                      size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes,
                      bool rows)

@@ -4,6 +4,7 @@
  * waits, bounded, for a planned range's copy to be issued
  * (wo_stream_await), and anyone reads the counters. The executor's side,
  * which fills the table on the consumer thread, is stream.c. */
+#include <errno.h>
 #include <sched.h>
 #include <stdint.h>
 
@@ -233,8 +234,9 @@ bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)
     uint64_t t0, now;
     bool woke = false;
 
+    /* a range claimed in place is not staged: nothing to wait for */
     if (!__atomic_load_n(&e->planned, __ATOMIC_RELAXED) ||
-        __atomic_load_n(&e->nowait, __ATOMIC_RELAXED))
+        __atomic_load_n(&e->nowait, __ATOMIC_RELAXED) || wo_stream_inplace_now(e))
         return false;
     t0 = wo_now_ns();
     for (unsigned i = 0;; i++) {
@@ -285,4 +287,43 @@ void wo_stream_table_clear(void)
 void wo_stream_counts(struct wo_stream_counts *ret)
 {
     wo_load_words(ret, &wo_stream_tab.n, sizeof(*ret));
+}
+
+int wo_stream_claim_in_place(uint64_t p, uint64_t bytes, bool on)
+{
+    struct wo_range rg;
+    struct wo_ev_hit h;
+    struct wo_stream_entry *e;
+    uint32_t it = 0, sid;
+    int n = 0;
+
+    if (wo_registry_find(p, &rg) < 0)
+        return -ENOENT;
+    if (!bytes || bytes > rg.size - (p - rg.base))
+        return -ERANGE;
+    if (rg.id >= WO_STREAM_IDS)
+        return 0; /* past the table: never streamed */
+    h = (struct wo_ev_hit){rg.id, rg.gen, p - rg.base, p - rg.base + bytes};
+    while ((e = wo_stream_span_next(&h, &it, &sid))) {
+        uint32_t v;
+
+        if (!wo_stream_hit_in_span(e, &h, false))
+            continue;
+        if (on) {
+            __atomic_or_fetch(&e->inplace, WO_STREAM_INPLACE_EVER, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&e->inplace, 1, __ATOMIC_ACQ_REL);
+        } else {
+            /* never below none: a span made between a claim and its end
+             * (new_span clears the count) was never claimed */
+            v = __atomic_load_n(&e->inplace, __ATOMIC_ACQUIRE);
+            while ((v & ~WO_STREAM_INPLACE_EVER) &&
+                   !__atomic_compare_exchange_n(&e->inplace, &v, v - 1, false, __ATOMIC_ACQ_REL,
+                                                __ATOMIC_ACQUIRE))
+                ;
+        }
+        n++;
+    }
+    if (on && n)
+        add(&wo_stream_tab.n.inplace_claims, 1);
+    return n;
 }

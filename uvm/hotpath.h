@@ -67,7 +67,19 @@ struct wo_stream_entry {
     uint32_t blind; /* wo_stream_tab.blind_begin when the assignment was published: a hook
                      * redirects to it only while no blind launch began since */
     uint32_t next;  /* a sub-span: sid + 1 of its allocation's next one (higher offsets), 0 */
+    uint32_t inplace; /* claims to read it in place held now (woffload_read_in_place), with
+                       * WO_STREAM_INPLACE_EVER once it had one: not staged while any is held */
+    uint32_t pad_;
 };
+
+#define WO_STREAM_INPLACE_EVER 0x80000000u
+
+/* Whether an engine claims the span read in place now (its launches read a
+ * small share of it by index: a whole copy would move more than they read). */
+static inline bool wo_stream_inplace_now(const struct wo_stream_entry *e)
+{
+    return (__atomic_load_n(&e->inplace, __ATOMIC_ACQUIRE) & ~WO_STREAM_INPLACE_EVER) != 0;
+}
 
 /* A split allocation's granule index (n 0: not split): entries
  * [at, at + n) of wo_stream_tab.gidx, granule g = offsets [g << shift,
@@ -166,6 +178,9 @@ struct wo_stream_counts {
      * them (stream-slots.c, wo_sx_time_*): the rate while it copied,
      * against staging_gbs, the rate over the steps */
     uint64_t copies_timed, copies_timed_bytes, copies_busy_ns;
+    /* woffload_read_in_place: claims that found streamed spans, and the
+     * launches that read such a span in place while claimed, no slot ready */
+    uint64_t inplace_claims, inplace_claimed;
 };
 
 struct wo_stream_shared {
@@ -363,6 +378,14 @@ extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests chan
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
                            void (*evfns)(struct wo_stream_evfns *fn));
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
+
+/* woffload_read_in_place: on, each streamed span [p, p + bytes) overlaps is
+ * claimed read in place (counted: claims nest) until a call with on false
+ * ends the claim; the executor stages none while one is held, and hooks do
+ * not wait for its copy. Any thread. Returns the spans it found (0: none is
+ * streamed there), -ENOENT (no allocation the shim saw), -ERANGE (bytes 0 or
+ * past the allocation). */
+int wo_stream_claim_in_place(uint64_t p, uint64_t bytes, bool on);
 
 /* The counters (any thread; relaxed reads). */
 void wo_stream_counts(struct wo_stream_counts *ret);

@@ -51,6 +51,15 @@ static void account_hit(struct srange *r, uint32_t id, const struct wo_ev_hit *h
     }
 }
 
+/* Whether the engine ever claimed the span read in place for a step
+ * (woffload_read_in_place): it says step by step which steps read it whole
+ * enough to stage. */
+static bool claimed_ever(uint32_t id)
+{
+    return (__atomic_load_n(&wo_stream_tab.e[id].inplace, __ATOMIC_ACQUIRE) &
+            WO_STREAM_INPLACE_EVER) != 0;
+}
+
 /* Whether the executor can stream the range at all: its span is weights
  * only, no copy wrote it, it is not gathered, and it fits a slot (said
  * once when it does not). */
@@ -289,11 +298,18 @@ static void close_step(unsigned k, uint64_t t_ns)
         /* a running mean while young, then recent steps weigh more */
         r->gain = r->msteps <= 4 ? r->gain + (gain - r->gain) * k / (double)r->msteps
                                  : 0.75 * r->gain + 0.25 * gain;
+        /* auto: streamed for its gain, or because the engine says each
+         * step whether it reads the range whole enough for a copy to pay
+         * (woffload_read_in_place claims the others: the ggml hook's MoE
+         * layers below a share of experts picked) */
         if (!wo_sx->slots_failed &&
-            ((wo_sx->mode.by_auto && r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) ||
+            ((wo_sx->mode.by_auto &&
+              ((r->msteps >= AUTO_STEPS && r->gain >= AUTO_GAIN) || claimed_ever(id))) ||
              wo_sx->mode.all)) {
             r->probed = false; /* streamed for its gain now: the step time cannot take it back */
-            wo_sx_select_range(r, id, false); /* stream: also ranges that came after setup */
+            /* stream: also ranges that came after setup; a claimed one's
+             * gain says nothing (said once, by the claims' first call) */
+            wo_sx_select_range(r, id, wo_sx->mode.by_auto && claimed_ever(id));
         }
         /* the advice is a mode: under stream or auto a range read in place
          * was too large for a slot, gapped or written (said when found) */

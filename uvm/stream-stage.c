@@ -335,6 +335,10 @@ bool wo_sx_stage(uint32_t id, int slot)
         wo_sx_unselect_range(r, id);
         return true;
     }
+    /* the engine claims it read in place now (woffload_read_in_place): its
+     * launches read a small share of it; the slot is free for the next range */
+    if (wo_stream_inplace_now(e))
+        return true;
     if (wo_sx_at_engine((unsigned)slot, true) || wo_sx->slot_sz[slot] < r->hi - r->lo)
         return false;
     if (!wo_sx_unpublish(slot))

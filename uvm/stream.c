@@ -85,6 +85,7 @@ static struct srange *new_span(uint32_t sid, uint32_t rid, uint32_t gen, uint64_
     r->gathered = wo_stream_gathered(r->name);
     __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
     __atomic_store_n(&e->next, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&e->inplace, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&e->base, base, __ATOMIC_RELAXED);
     __atomic_store_n(&e->gen, gen, __ATOMIC_RELAXED);
     publish_bounds(sid, r);
@@ -742,7 +743,7 @@ void wo_stream_summary(void)
     struct wo_stream_counts c;
     struct wo_devmodel dm;
     char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "", fences[160] = "";
-    char busy[192] = "";
+    char busy[192] = "", claims[160] = "";
     double n;
 
     wo_stream_counts(&c);
@@ -769,6 +770,11 @@ void wo_stream_summary(void)
         snprintf(fences, sizeof(fences),
                  "; slots reused after the engine left them: %" PRIu64 ", after all it had submitted: %" PRIu64,
                  c.fences_departed, c.fences_at_reuse);
+    if (c.inplace_claims)
+        snprintf(claims, sizeof(claims),
+                 "; %" PRIu64 " claims to read in place (woffload_read_in_place): %" PRIu64
+                 " launches read a claimed range in place",
+                 c.inplace_claims, c.inplace_claimed);
     if (c.reactions)
         snprintf(react, sizeof(react), "; the executor took the engine's position up %.3f ms after a hook "
                  "moved it (at most %.3f ms)",
@@ -777,13 +783,13 @@ void wo_stream_summary(void)
                  "stream: %" PRIu64 " staging copies (%s, %s a step over %" PRIu64 " steps): %.0f%% from "
                  "pinned copies (copy engine), %.0f%% by the copy kernel, %.0f%% from host memory "
                  "(copy engine)%s%s; launches: %" PRIu64 " redirected, %" PRIu64 " read in place with no "
-                 "slot ready, %" PRIu64 " in place in a capture%s%s%s",
+                 "slot ready, %" PRIu64 " in place in a capture%s%s%s%s",
                  c.staged, wo_format_size(c.staged_bytes, sz, sizeof(sz)),
                  wo_format_size(c.steps ? c.staged_bytes / c.steps : 0, step, sizeof(step)), c.steps,
                  100.0 * (double)c.staged_pinned / n, 100.0 * (double)c.staged_by_kernel / n,
                  100.0 * (double)(c.staged - WO_MIN(c.staged, c.staged_pinned + c.staged_by_kernel)) / n,
-                 timed, busy, c.redirected, c.inplace_no_slot, c.inplace_captured, react, fences,
-                 autos);
+                 timed, busy, c.redirected, c.inplace_no_slot, c.inplace_captured, claims, react,
+                 fences, autos);
 }
 
 static void finish(void)

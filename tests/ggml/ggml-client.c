@@ -44,7 +44,9 @@
  * (under WOFFLOAD_GGML_PICKS=80); --picks-off (the default, 0): nothing
  * registered, all in place.
  * With --stream too, the picks' computes come first: the streaming
- * executor then takes the host experts all the same.
+ * executor then takes the host experts all the same. --claims: the same
+ * computes with no picks registered: few tokens claim the expert tensors
+ * read in place (WOFFLOAD_GGML_STREAM), many stage them (claims_steps).
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -387,6 +389,93 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     free(c);
 }
 
+/* the streaming executor's counter key, or -1 */
+static long long stream_field(const char *key)
+{
+    char *js = stats();
+    const char *st = js ? strstr(js, "\"stream\":{") : NULL;
+    long long v = st ? field(st, key) : -1;
+    free(js);
+    return v;
+}
+
+/* --claims: the picks' computes with the host experts streamed and no picks
+ * registered (WOFFLOAD_GGML_PICKS 0): a compute of PICKS_TOKENS (44% of the
+ * experts picked, under WOFFLOAD_GGML_STREAM's 92) claims the layers'
+ * expert tensors read in place until a compute of PICKS_MANY (99%) comes,
+ * whose launches read them staged. Every sum exact; no staging copy while
+ * the claims hold; launches on the claimed tensors read in place; staging
+ * again after. Under prefetch.mode auto the claims are what streams them. */
+#define CLAIMS_MAX 300
+static void claims_steps(struct ggml_tensor **wt)
+{
+    struct picks_ctx *c = calloc(1, sizeof(*c));
+    long long staged0, staged1, staged2, claimed0, claimed1;
+    int n;
+
+    if (!c)
+        return;
+    c->wt = wt;
+    for (size_t w = 0; w < NW; w++)
+        for (int e = 0; e < PE && layer_of_weight(w) >= 0; e++) {
+            size_t rb = weights[w].size / PE;
+            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
+                c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
+        }
+    CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
+          "--claims: the compute buffers");
+    fggml_set_compute(picks_compute, c);
+    /* few tokens first: the claims (under auto, what makes them streamed) */
+    for (n = 0; n < 4; n++)
+        picks_step(c, PICKS_TOKENS);
+    /* many: on until a launch read a staged copy (the executor learns the
+     * step first; a loaded machine takes longer) */
+    c->moved = 0;
+    for (n = 0; n < CLAIMS_MAX && c->moved == 0; n++)
+        picks_step(c, PICKS_MANY);
+    CHECK(c->moved > 0, "--claims: computes of %d tokens: a launch read a staged copy after %d",
+          PICKS_MANY, n);
+    /* few again: the claims hold from the first one on */
+    picks_step(c, PICKS_TOKENS);
+    usleep(50000);
+    staged0 = stream_field("staged");
+    claimed0 = stream_field("inplace_claimed");
+    c->moved = c->in_place = 0;
+    for (n = 0; n < 12; n++)
+        picks_step(c, PICKS_TOKENS);
+    usleep(50000);
+    staged1 = stream_field("staged");
+    claimed1 = stream_field("inplace_claimed");
+    CHECK(staged0 >= 0 && staged1 == staged0,
+          "--claims: no staging copy while %d computes of %d tokens claimed the experts (%lld, "
+          "then %lld)",
+          n, PICKS_TOKENS, staged0, staged1);
+    CHECK(claimed1 > claimed0 && c->in_place > 0,
+          "--claims: their launches read the claimed tensors in place (%lld counted, %zu of "
+          "%zu launches; %zu read a copy staged before)",
+          claimed1 - claimed0, c->in_place, c->launches, c->moved);
+    CHECK(stream_field("inplace_claims") > 0, "--claims: claims made (%lld)",
+          stream_field("inplace_claims"));
+    c->moved = 0;
+    for (n = 0; n < CLAIMS_MAX && c->moved == 0; n++)
+        picks_step(c, PICKS_MANY);
+    usleep(50000);
+    staged2 = stream_field("staged");
+    CHECK(c->moved > 0 && staged2 > staged1,
+          "--claims: computes of %d tokens stage them again (staged %lld, then %lld; a launch "
+          "read a copy after %d)",
+          PICKS_MANY, staged1, staged2, n);
+    CHECK(c->wrong == 0, "--claims: every sum of %zu launches exact (%zu wrong)", c->launches,
+          c->wrong);
+    fggml_set_compute(NULL, NULL);
+    cudaFree(c->ids[0]);
+    cudaFree(c->ids[1]);
+    cudaFree(c->out);
+    free(c);
+}
+
 /* A graph of one stub_sum launch per weight into out[w], captured on s in
  * mode, as ggml-cuda captures its CUDA graphs. */
 static void capture_sums(struct ggml_tensor **wt, uint64_t *out, cudaStream_t s,
@@ -570,7 +659,7 @@ static void *need(void *h, const char *sym)
 int main(int argc, char **argv)
 {
     const char *host_re = NULL;
-    int unnamed = 0, pass = 0, late = 0, stream = 0, picks = 0, picks_off = 0;
+    int unnamed = 0, pass = 0, late = 0, stream = 0, picks = 0, picks_off = 0, claims = 0;
     int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
@@ -592,10 +681,12 @@ int main(int argc, char **argv)
             picks = 1;
         else if (strcmp(argv[i], "--picks-off") == 0)
             picks = picks_off = 1;
+        else if (strcmp(argv[i], "--claims") == 0)
+            claims = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream] "
-                    "[--picks | --picks-off]\n",
+                    "[--picks | --picks-off] [--claims]\n",
                     argv[0]);
             return 2;
         }
@@ -749,6 +840,8 @@ int main(int argc, char **argv)
      * hold ids, so the streaming executor takes the host experts after */
     if (picks)
         picks_steps(wt, picks_off);
+    if (claims)
+        claims_steps(wt);
     if (stream)
         stream_steps(wt, sums, &re);
 
