@@ -148,6 +148,8 @@ def child():
     experts.call(T(0, (4, 16)), ids, T(0, (4, 2)))            # positional
     experts.call(T(0, (4, 16)), top_k_index=ids, top_k_weights=T(0, (4, 2)))  # keyword
     experts.call(T(0, (4, 16)), T(ids.ptr, (4, 2)), T(0, (4, 2)))  # float picks: none
+    experts.call(T(0, (1, 16)), T(ids.ptr, (1, 2), elem=8, floating=False),
+                 T(0, (1, 2)))                                 # one token: in place
     wrapped.call(T(0, (4, 16)), ids, T(0, (4, 2)))             # the positional convention
     wrapped.call(T(0, (4, 16)), ids, T(0, (4, 3)))             # shapes that say otherwise
     wrapped.call(T(0, (3, 16)), ids, T(0, (4, 2)))

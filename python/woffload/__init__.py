@@ -366,8 +366,10 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
     a forward pre-hook that hands those picks to the shim for its
     expert tensors (moe_picks) and a forward hook that clears them. With
     ``names``, only modules with a tensor of one of those full names (the
-    ones the policy placed off the device) are hooked. Returns the number of
-    modules hooked. The hooks cost one library call per tensor and forward."""
+    ones the policy placed off the device) are hooked. A forward of one
+    token (picks of one row) registers nothing: its launches read the picked
+    experts in place. Returns the number of modules hooked. The hooks cost
+    one library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
     model = getattr(model, "_orig_mod", model)
@@ -387,6 +389,12 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
         def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
                 _w: Tuple[int, str] = where) -> None:
             ids = None if _compiling() else _ids_arg(args, kwargs, _w)
+            # one token's picks (one row): its expert GEMMs read each picked
+            # expert once, in place, which is all a copy would move; the copy
+            # only adds two kernels before them (on the H200, 128 experts
+            # top-8, batch 1: 20.8 tok/s with the picks, 22.9 without)
+            if ids is not None and ids.dim() >= 2 and ids.shape[0] == 1:
+                ids = None
             m._woffload_picks = ids
             if ids is None:
                 return
