@@ -20,7 +20,8 @@
 #              examples/llamacpp-exps-stream.yaml): ids must equal plain; the
 #              stats must name every GGUF tensor with its policy's placement
 #   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
-#              the shim + hook with the same four policies, llama.cpp's own
+#              the shim + hook with the same four policies (and experts host
+#              with 2 staging slots, bench-shim-exps-slots2), llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
 #   *-picksN   the same with WOFFLOAD_GGML_PICKS=N (tokens-exps-picks100,
 #              bench-shim-exps-picks0, bench-shim-exps-picks100: the router's
@@ -155,7 +156,7 @@ if mode == "fit":
         print("stats: no live names (the model was freed); judged by fit's device bytes")
         sys.exit(0 if f.get("device_bytes", 0) > 0 else 1)
 if not names:
-    want_rule = {"exps": "'exps'", "exps-stream": "'exps'",
+    want_rule = {"exps": "'exps'", "exps-stream": "'exps'", "exps-slots2": "'exps'",
                  "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
     hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
     print(f"stats: no live names (the model was freed); judged by the rules: "
@@ -166,7 +167,7 @@ def want(n):  # the placements the mode accepts for name n
         return ("device", "host", "managed")
     if mode == "empty":
         return ("unplaceable",)
-    if mode in ("exps", "exps-stream"):
+    if mode in ("exps", "exps-stream", "exps-slots2"):
         return ("host",) if re.search(r"\.ffn_.*_exps\.", n) else ("device",)
     if mode == "ncmoe8":
         return ("host",) if re.match(r"^blk\.[0-7]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else ("device",)
@@ -180,7 +181,8 @@ print(f"stats: {len(names)} GGUF names; " + "; ".join(
 st = s.get("stream", {})
 print("stats: stream: " + ", ".join(f"{k} {st.get(k)}" for k in
       ("sub_spans", "redirected", "staged", "staged_bytes", "staged_pinned", "staged_by_kernel",
-       "inplace_no_slot", "inplace_captured", "steps", "slot_bytes", "auto_tries", "auto_kept")))
+       "inplace_no_slot", "inplace_captured", "inplace_claims", "inplace_claimed", "steps",
+       "slot_bytes", "auto_tries", "auto_kept", "staging_gbs", "copies_busy_gbs")))
 mc = s.get("managed_cap", {})
 print(f"stats: managed_cap pinned {mc.get('pinned')} passed {mc.get('passed')}; "
       f"launches {s.get('launches')}; ring dropped {s.get('ring', {}).get('dropped')}")
@@ -190,7 +192,13 @@ sys.exit(1 if bad or not names else 0)
 EOF
 }
 
-declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-stream]=$POL_STREAM)
+# exps-slots2: the experts-host policy (auto) with two staging slots, the
+# least that overlaps a copy with the kernels: the slots' device memory
+# counts in the equal-memory comparison with llama.cpp's -ot exps=CPU
+POL_SLOTS2=$OUT/llamacpp-exps-slots2.yaml
+sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' "$POL_EXPS" >"$POL_SLOTS2"
+declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-stream]=$POL_STREAM
+    [exps-slots2]=$POL_SLOTS2)
 # shim_args MODE: the launcher's placement arguments in SHIM (an array): the
 # mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
 # memory a llama.cpp row was measured to hold, for a row at equal memory)
@@ -372,6 +380,7 @@ bench plain-allgpu plain
 bench shim-empty empty
 bench shim-exps exps
 bench shim-exps-stream exps-stream
+bench shim-exps-slots2 exps-slots2
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
