@@ -532,8 +532,8 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
                 const struct expert_tensor *et = &experts[x];
                 if (et->layer != l || et->size % (size_t)e)
                     continue;
-                if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k,
-                                    (size_t)rows, stride, (unsigned)width) == 0)
+                if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
+                                    stride, (unsigned)width) == 0)
                     sc->regs[nr++] = (struct reg){et, (unsigned)e};
             }
             claim_layer(l, false); /* the picks claim it */

@@ -322,6 +322,38 @@ static void picks_step(struct picks_ctx *c, long long tokens)
     fggml_graph_free(g);
 }
 
+/* The picks' computes: each expert row's weighted sum, the ids and sums
+ * buffers, the compute installed (picks_compute); NULL out of memory. */
+static struct picks_ctx *picks_ctx_new(struct ggml_tensor **wt, const char *what)
+{
+    struct picks_ctx *c = calloc(1, sizeof(*c));
+
+    if (!c)
+        return NULL;
+    c->wt = wt;
+    for (size_t w = 0; w < NW; w++)
+        for (int e = 0; e < PE && layer_of_weight(w) >= 0; e++) {
+            size_t rb = weights[w].size / PE;
+            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
+                c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
+        }
+    CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
+          "%s: the compute buffers", what);
+    fggml_set_compute(picks_compute, c);
+    return c;
+}
+
+static void picks_ctx_free(struct picks_ctx *c)
+{
+    fggml_set_compute(NULL, NULL);
+    cudaFree(c->ids[0]);
+    cudaFree(c->ids[1]);
+    cudaFree(c->out);
+    free(c);
+}
+
 static long long picks_field(const char *key)
 {
     char *js = stats();
@@ -334,23 +366,11 @@ static long long picks_field(const char *key)
 
 static void picks_steps(struct ggml_tensor **wt, int off)
 {
-    struct picks_ctx *c = calloc(1, sizeof(*c));
+    struct picks_ctx *c = picks_ctx_new(wt, "--picks");
     long long staged0, staged1, copied, whole;
 
     if (!c)
         return;
-    c->wt = wt;
-    for (size_t w = 0; w < NW; w++)
-        for (int e = 0; e < PE && layer_of_weight(w) >= 0; e++) {
-            size_t rb = weights[w].size / PE;
-            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
-                c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
-        }
-    CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
-              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
-              cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
-          "--picks: the compute buffers");
-    fggml_set_compute(picks_compute, c);
     for (int s = 0; s < PICKS_STEPS; s++)
         picks_step(c, PICKS_TOKENS);
     CHECK(c->wrong == 0, "--picks: every sum of %zu launches at the picks exact (%zu wrong)",
@@ -382,11 +402,7 @@ static void picks_steps(struct ggml_tensor **wt, int off)
           "--picks: %d tokens (99%% of the experts picked): nothing registered, read in place "
           "(%zu moved, staged %lld then %lld), sums exact",
           PICKS_MANY, c->moved, staged0, staged1);
-    fggml_set_compute(NULL, NULL);
-    cudaFree(c->ids[0]);
-    cudaFree(c->ids[1]);
-    cudaFree(c->out);
-    free(c);
+    picks_ctx_free(c);
 }
 
 /* the streaming executor's counter key, or -1 */
@@ -409,24 +425,12 @@ static long long stream_field(const char *key)
 #define CLAIMS_MAX 300
 static void claims_steps(struct ggml_tensor **wt)
 {
-    struct picks_ctx *c = calloc(1, sizeof(*c));
+    struct picks_ctx *c = picks_ctx_new(wt, "--claims");
     long long staged0, staged1, staged2, claimed0, claimed1;
     int n;
 
     if (!c)
         return;
-    c->wt = wt;
-    for (size_t w = 0; w < NW; w++)
-        for (int e = 0; e < PE && layer_of_weight(w) >= 0; e++) {
-            size_t rb = weights[w].size / PE;
-            for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
-                c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
-        }
-    CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
-              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
-              cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
-          "--claims: the compute buffers");
-    fggml_set_compute(picks_compute, c);
     /* few tokens first: the claims (under auto, what makes them streamed) */
     for (n = 0; n < 4; n++)
         picks_step(c, PICKS_TOKENS);
@@ -469,11 +473,7 @@ static void claims_steps(struct ggml_tensor **wt)
           PICKS_MANY, staged1, staged2, n);
     CHECK(c->wrong == 0, "--claims: every sum of %zu launches exact (%zu wrong)", c->launches,
           c->wrong);
-    fggml_set_compute(NULL, NULL);
-    cudaFree(c->ids[0]);
-    cudaFree(c->ids[1]);
-    cudaFree(c->out);
-    free(c);
+    picks_ctx_free(c);
 }
 
 /* A graph of one stub_sum launch per weight into out[w], captured on s in
