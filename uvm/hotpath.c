@@ -325,5 +325,10 @@ int wo_stream_claim_in_place(uint64_t p, uint64_t bytes, bool on)
     }
     if (on && n)
         add(&wo_stream_tab.n.inplace_claims, 1);
+    /* the step that reads it whole comes next: the executor (asleep up to
+     * 2 ms between batches of events) may stage its first ranges now,
+     * before its launches reach them */
+    if (!on && n)
+        wo_consumer_wake();
     return n;
 }
