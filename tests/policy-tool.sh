@@ -60,7 +60,7 @@ contains "$tmp/out" "host_budget: 1073741824" "environment"
 # llama.cpp's GGUF names against the examples that mirror its flags (docs/policy.md)
 ex="$root/examples"
 expect 0 "explain -ot exps=CPU" -- "$tool" explain "$ex/llamacpp-ot-exps-cpu.yaml" blk.3.ffn_up_exps.weight token_embd.weight
-contains "$tmp/out" "=> host, by rule 1 'exps' (llamacpp-ot-exps-cpu.yaml:9)" "explain -ot exps=CPU: experts"
+contains "$tmp/out" "=> host, by rule 1 'exps' (llamacpp-ot-exps-cpu.yaml:15)" "explain -ot exps=CPU: experts"
 contains "$tmp/out" "=> device, by the default" "explain -ot exps=CPU: embeddings"
 for n in blk.0.ffn_gate_exps.weight blk.7.ffn_down_exps.weight blk.8.ffn_up_exps.weight blk.17.ffn_up_exps.weight blk.3.attn_q.weight; do
     "$tool" explain "$ex/llamacpp-n-cpu-moe.yaml" "$n" >"$tmp/out" 2>&1
