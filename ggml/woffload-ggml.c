@@ -415,7 +415,8 @@ struct scratch {
  * between two computes of few tokens to stage the whole tensors. A tensor
  * with nothing streamed is claimed at a later compute, once it is. */
 static pthread_mutex_t claims_lock = PTHREAD_MUTEX_INITIALIZER;
-static bool *claimed_now; /* by experts[] index */
+static bool *claimed_now; /* by experts[] index, the first claimed_n of them */
+static size_t claimed_n;
 
 static void claim_layer(int l, bool want)
 {
@@ -424,11 +425,9 @@ static void claim_layer(int l, bool want)
     if (!real.read_in_place)
         return;
     pthread_mutex_lock(&claims_lock);
-    if (!claimed_now && !(claimed_now = calloc(nexperts, sizeof(*claimed_now)))) {
-        pthread_mutex_unlock(&claims_lock);
-        return;
-    }
-    for (size_t x = 0; x < nexperts; x++) {
+    if (!claimed_now && (claimed_now = calloc(nexperts, sizeof(*claimed_now))))
+        claimed_n = nexperts; /* tagged before seal: no expert tensor comes after */
+    for (size_t x = 0; x < claimed_n; x++) {
         const struct expert_tensor *et = &experts[x];
         if (et->layer != l || claimed_now[x] == want)
             continue;
