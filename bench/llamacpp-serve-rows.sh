@@ -11,6 +11,9 @@
 #   shim-empty     woffload-run --policy examples/empty.yaml
 #   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
 #   shim-exps-stream  woffload-run --policy examples/llamacpp-exps-stream.yaml
+#   shim-exps-slots2  shim-exps with prefetch: {slots: 2} (the policy written to
+#                  OUTROOT): the staging slots' device memory halved, for rows at
+#                  equal memory with llama-ot
 #                  (the same, every step's host experts staged into slots)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
@@ -83,6 +86,9 @@ for row in $ROWS; do
     shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
     shim-exps-stream) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-exps-stream.yaml ;;
+    shim-exps-slots2) R=${R_SLOW:-1,2,4}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
+        sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' \
+            "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
     llama-ot) R=${R_SLOW:-1,2,4}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
@@ -94,10 +100,14 @@ for row in $ROWS; do
     mkdir -p "$O"
     case $base in
     shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
-    shim-*) export STATS=$O/stats.json SHIM_CMD="$RUN --policy $ROOT/$POL --stats $O/stats.json --stats-every 1 --" ;;
+    shim-*) case $POL in /*) ;; *) POL=$ROOT/$POL ;; esac
+        export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
+    # the greedy ids to match: plain's, else llama-ot's when it ran first
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json
+    elif [ "$row" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
+        export GREEDY_REF=$OUTROOT/p$P-llama-ot/greedy.json
     fi
     echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, at most $per s"
     RATES=$R PARALLEL=$P CTX=${CTX:-$((P * 1024))} OUTPUT_LEN=${OUTPUT_LEN:-fixed:32} \

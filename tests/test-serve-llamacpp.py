@@ -782,7 +782,7 @@ class TestRows(unittest.TestCase):
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
                    SHIM_BUILD=os.path.join(tmp, "shim"),
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
@@ -791,7 +791,7 @@ class TestRows(unittest.TestCase):
                            text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("bogus: unknown row", r.stdout)
-        for row in ("plain", "shim-exps", "llama-ot"):
+        for row in ("plain", "shim-exps", "llama-ot", "shim-exps-slots2"):
             with open(os.path.join(out, f"p4-{row}", "llamacpp-serve.md")) as f:
                 md = f.read()
             self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |")]), 1, md)
@@ -808,6 +808,11 @@ class TestRows(unittest.TestCase):
         self.assertIn("--cache-ram 0 -ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
         self.assertIn("--cache-ram 0", open(os.path.join(out, "p4-plain", "machine.txt")).read())
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
+        # the equal-memory row: the experts-host policy with two staging slots
+        pol = os.path.join(out, "llamacpp-exps-slots2.yaml")
+        self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots2", "machine.txt")).read())
+        with open(pol) as f:
+            self.assertIn("default: device\nprefetch:\n  slots: 2\nrules:", f.read())
 
 
 def salted(argv) -> list:
