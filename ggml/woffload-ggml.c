@@ -335,10 +335,11 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * fetches the picked experts at 50-51 GB/s; the copy engine moves the whole
  * tensor at 55. So a layer not registered for picks whose share is below
  * WOFFLOAD_GGML_STREAM percent (92 by default, the ratio of the two) has its
- * expert tensors claimed read in place for the compute
- * (woffload_read_in_place): the streaming executor stages them only in
- * computes of enough tokens (a prompt's ubatch, a batch of 32 on the
- * 32-expert GGUF), and under prefetch.mode auto streams them for those. */
+ * expert tensors claimed read in place from that compute until one of a
+ * larger share (woffload_read_in_place): the streaming executor stages
+ * them only in computes of enough tokens (a prompt's ubatch, a batch of 32
+ * on the 32-expert GGUF), and under prefetch.mode auto streams them for
+ * those. */
 
 #define MAX_LAYERS 1024
 #define MAX_PICKED 1024 /* the shim's WO_PICKS_SPANS */

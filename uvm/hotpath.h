@@ -69,7 +69,6 @@ struct wo_stream_entry {
     uint32_t next;  /* a sub-span: sid + 1 of its allocation's next one (higher offsets), 0 */
     uint32_t inplace; /* claims to read it in place held now (woffload_read_in_place), with
                        * WO_STREAM_INPLACE_EVER once it had one: not staged while any is held */
-    uint32_t pad_;
 };
 
 #define WO_STREAM_INPLACE_EVER 0x80000000u
