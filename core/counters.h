@@ -67,6 +67,13 @@
     X(graph_launch_attributed) /* graph launches tied to a captured graph */                      \
     X(graph_launch_kernels)    /* captured kernel launches replayed by those */                   \
     X(graph_launch_hits)       /* (launch, range) pairs replayed by those */                      \
+    X(graph_replays)           /* graph launches replayed kernel by kernel (graph-replay.c) */   \
+    X(graph_replay_kernels)    /* ... the kernels they launched */                                \
+    X(graph_replay_failed)     /* ... replays a failed call ended (its error returned) */         \
+    X(graph_snapshots)         /* graphs read for replay at instantiation or update */            \
+    X(graph_snapshot_unsupported) /* ... that hold nodes a replay cannot make (launched whole) */  \
+    X(graph_snapshot_ns)       /* ... the time spent reading them */                              \
+    X(graph_exec_changed)      /* exec nodes changed in place: the exec is launched whole since */ \
     X(dlsym_calls)             /* dlsym/dlvsym hook calls */                                      \
     X(dlsym_next)              /* ... RTLD_NEXT searched by the C hook (not x86-64) */             \
     X(dlsym_substituted)       /* ... answered with a hook instead of the driver's function */    \

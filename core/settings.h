@@ -31,6 +31,7 @@ struct wo_settings {
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
+    bool graph_replay;       /* WOFFLOAD_GRAPH_REPLAY */
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool picks;              /* WOFFLOAD_PICKS */

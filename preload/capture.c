@@ -292,9 +292,13 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
 void wo_capture_instantiated(uint64_t exec, uint64_t graph)
 {
     struct exec_slot *e;
+    struct graph_slot *g;
+    bool hits;
 
     pthread_mutex_lock(&cap_lock);
-    if (graph_slot(graph, false))
+    g = graph_slot(graph, false);
+    hits = g && LOAD(g->hits) != 0;
+    if (g)
         wo_count(WO_CTR_graph_instantiate, 1);
     else
         wo_count(WO_CTR_graph_instantiate_other, 1);
@@ -303,6 +307,9 @@ void wo_capture_instantiated(uint64_t exec, uint64_t graph)
         STORE(e->graph, graph);
     push_g(WO_EV_GRAPH_INSTANTIATE, 0, exec, graph, WO_API_GRAPH);
     pthread_mutex_unlock(&cap_lock);
+    /* the copy a replay launches from (graph-replay.c), read while the
+     * graph is alive */
+    wo_replay_note(exec, graph, hits);
 }
 
 void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
@@ -472,14 +479,62 @@ CUresult wo_h_graph_instantiate_params(wo_pfn_cuGraphInstantiateWithParams real,
     return res;
 }
 
+/* An exec updated from graph g (cuGraphExecUpdate): it runs g's nodes now,
+ * as if instantiated from it. A failed update leaves the exec as it was,
+ * but its replay copy is dropped all the same (the engine instantiates
+ * again). Noted whatever the nesting: a copy must never outlive its exec's
+ * contents. */
+static void exec_updated(CUgraphExec e, CUgraph g, bool ok)
+{
+    if (ok)
+        wo_capture_instantiated((uint64_t)(uintptr_t)e, (uint64_t)(uintptr_t)g);
+    else
+        wo_replay_forget((uint64_t)(uintptr_t)e, false);
+}
+
+CUresult wo_h_graph_exec_update(wo_pfn_cuGraphExecUpdate_v2 real, int id, void *ra, CUgraphExec e,
+                                CUgraph g, CUgraphExecUpdateResultInfo *info)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    res = real(e, g, info);
+    exec_updated(e, g, res == CUDA_SUCCESS);
+    return res;
+}
+
+CUresult wo_h_graph_exec_update_v1(wo_pfn_cuGraphExecUpdate real, int id, void *ra, CUgraphExec e,
+                                   CUgraph g, CUgraphNode *err, CUgraphExecUpdateResult *out)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    res = real(e, g, err, out);
+    exec_updated(e, g, res == CUDA_SUCCESS);
+    return res;
+}
+
 CUresult wo_h_graph_launch(wo_pfn_cuGraphLaunch real, int id, void *ra, CUgraphExec e, CUstream s)
 {
     uint64_t sid;
     bool blind;
     CUresult res;
+    int rp;
 
     WO_HOOK_ENTER(real(e, s));
     sid = wo_stream_id(s, wo_hook_pt[id]);
+    /* replayed kernel by kernel when that stages what it reads */
+    rp = wo_replay_launch((uint64_t)(uintptr_t)e, sid, ra, &res);
+    if (rp) {
+        wo_leave();
+        return rp > 0 ? CUDA_SUCCESS : res;
+    }
     blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
     res = real(e, s);
     if (blind)
@@ -581,9 +636,17 @@ cudaError_t wo_h_cuda_graph_launch(wo_pfn_cudaGraphLaunch real, int id, void *ra
     uint64_t sid;
     bool blind;
     cudaError_t res;
+    CUresult cres = CUDA_SUCCESS;
+    int rp;
 
     WO_RT_HOOK_ENTER(real(e, s));
     sid = wo_stream_id(s, wo_rt_pt[id]);
+    rp = wo_replay_launch((uint64_t)(uintptr_t)e, sid, ra, &cres);
+    if (rp) {
+        wo_leave();
+        /* the driver's codes of launch failures are the runtime's */
+        return rp > 0 ? cudaSuccess : (cudaError_t)cres;
+    }
     blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
     res = real(e, s);
     if (blind)

@@ -130,6 +130,21 @@ static inline void wo_launch_extra(void **extra, const void **buf, size_t *size)
     }
 }
 
+/* For graph replay (graph-replay.c). The sizes of f's parameters (its
+ * cached layout), copied into sizes (at most max): their count, or -1 when
+ * the driver cannot say or there are max or more. */
+int wo_launch_param_sizes(CUfunction f, uint16_t *sizes, int max);
+/* The ranges a launch of f with params reaches, as the launch scan finds
+ * them (at most max into hits): their count. */
+unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, unsigned max);
+/* One kernel of a replayed graph launched on stream as the launch hooks
+ * launch one: scanned, redirected into staging slots, its event pushed.
+ * cluster: its cluster dimensions (all 0 or 1: none); coop: cooperative. ra:
+ * the graph launch's caller. */
+CUresult wo_launch_node(CUfunction f, const uint32_t grid[3], const uint32_t block[3],
+                        unsigned shmem, const uint32_t cluster[3], bool coop, uint64_t stream,
+                        void **params, void *ra);
+
 /* --- capture state (capture.c) -------------------------------------------- */
 
 /* Capture id when the stream is capturing now, else 0. Lock-free. */
@@ -150,6 +165,21 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);
 void wo_capture_instantiated(uint64_t exec, uint64_t graph);
 void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api);
 void wo_capture_reset(void);
+
+/* --- graph replay (graph-replay.c) ---------------------------------------- */
+
+/* exec runs graph's nodes now (instantiated or updated from it); hits: its
+ * captured launches reached registered ranges. Reads the copy a replay
+ * launches from (WOFFLOAD_GRAPH_REPLAY on, something placed). */
+void wo_replay_note(uint64_t exec, uint64_t graph, bool hits);
+/* exec's nodes were changed in place (changed), or it is gone: no replay. */
+void wo_replay_forget(uint64_t exec, bool changed);
+/* Before a graph launch: 0 when the graph is to be launched whole; 1 when
+ * its nodes were launched one by one on stream instead (something it reads
+ * is streamed and not claimed read in place), -1 when that failed part way
+ * (*err: the error to return). */
+int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err);
+void wo_replay_reset(void);
 
 /* --- resolvers (resolve.c) ------------------------------------------------ */
 

@@ -61,6 +61,7 @@ static void atfork_child(void)
      * re-created by the reset functions. */
     wo_depth = 0;
     wo_capture_reset();
+    wo_replay_reset();
     wo_launch_reset();
     wo_uvm_atfork_child();
 }

@@ -704,6 +704,93 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
                  1);
 }
 
+/* --- graph replay (graph-replay.c) ---------------------------------------- */
+
+int wo_launch_param_sizes(CUfunction f, uint16_t *sizes, int max)
+{
+    uint16_t tmp[MAX_PARAMS];
+    struct layout *l = NULL;
+    int n = -1;
+    const uint16_t *sz = layout_get((uintptr_t)f, f, false, tmp, &n, &l);
+
+    if (!sz || n < 0 || n >= max || n >= MAX_PARAMS)
+        return -1; /* unknown, or maybe truncated */
+    memcpy(sizes, sz, (size_t)n * sizeof(*sizes));
+    return n;
+}
+
+unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, unsigned max)
+{
+    uint16_t tmp[MAX_PARAMS];
+    const uint16_t *sizes = NULL;
+    struct scan s;
+    int n = -1;
+
+    memset(&s, 0, offsetof(struct scan, hits));
+    if (!params || wo_registry_count() == 0)
+        return 0;
+    wo_registry_read_begin();
+    scan_params(&s, (uintptr_t)f, f, false, params, tmp, &sizes, &n);
+    wo_registry_read_end();
+    n = WO_MIN((int)s.nhits, (int)max);
+    memcpy(hits, s.hits, (size_t)n * sizeof(*hits));
+    return (unsigned)n;
+}
+
+CUresult wo_launch_node(CUfunction f, const uint32_t grid[3], const uint32_t block[3],
+                        unsigned shmem, const uint32_t cluster[3], bool coop, uint64_t stream,
+                        void **params, void *ra)
+{
+    struct wo_redirect_buf b;
+    struct launch l;
+    void **extra = NULL;
+    CUresult res;
+    bool ex = coop || cluster[0] > 1 || cluster[1] > 1 || cluster[2] > 1;
+
+    prepare_launch(&l, f, false, stream, &params, &extra, &b);
+    if (ex) {
+        wo_pfn_cuLaunchKernelEx real = (wo_pfn_cuLaunchKernelEx)wo_real_hook(WO_HOOK_cuLaunchKernelEx);
+        CUlaunchAttribute at[2];
+        CUlaunchConfig cfg;
+        unsigned na = 0;
+
+        memset(&cfg, 0, sizeof(cfg));
+        memset(at, 0, sizeof(at));
+        cfg.gridDimX = grid[0];
+        cfg.gridDimY = grid[1];
+        cfg.gridDimZ = grid[2];
+        cfg.blockDimX = block[0];
+        cfg.blockDimY = block[1];
+        cfg.blockDimZ = block[2];
+        cfg.sharedMemBytes = shmem;
+        cfg.hStream = (CUstream)(uintptr_t)stream;
+        if (cluster[0] > 1 || cluster[1] > 1 || cluster[2] > 1) {
+            at[na].id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            at[na].value.clusterDim.x = WO_MAX(cluster[0], 1u);
+            at[na].value.clusterDim.y = WO_MAX(cluster[1], 1u);
+            at[na].value.clusterDim.z = WO_MAX(cluster[2], 1u);
+            na++;
+        }
+        if (coop) {
+            at[na].id = CU_LAUNCH_ATTRIBUTE_COOPERATIVE;
+            at[na].value.cooperative = 1;
+            na++;
+        }
+        cfg.attrs = at;
+        cfg.numAttrs = na;
+        res = real ? real(&cfg, f, params, extra) : CUDA_ERROR_NOT_FOUND;
+    } else {
+        wo_pfn_cuLaunchKernel real = (wo_pfn_cuLaunchKernel)wo_real_hook(WO_HOOK_cuLaunchKernel);
+        res = real ? real(f, grid[0], grid[1], grid[2], block[0], block[1], block[2], shmem,
+                          (CUstream)(uintptr_t)stream, params, extra)
+                   : CUDA_ERROR_NOT_FOUND;
+    }
+    if (res == CUDA_SUCCESS)
+        wo_count(WO_CTR_graph_replay_kernels, 1);
+    finish_launch(&l, res == CUDA_SUCCESS, grid, block, stream, WO_API_CU_LAUNCH, ra);
+    return res;
+}
+
 /* --- hooks ---------------------------------------------------------------- */
 
 CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunction f,

@@ -27,6 +27,10 @@
 
 /* The 11.3 resolver has no status argument; cuda.h maps the name to _v2. */
 #undef cuGetProcAddress
+/* The graph-exec mutators are hooked in both versions (an engine built
+ * against CUDA 11 asks for the first); cuda.h maps the names to _v2. */
+#undef cuGraphExecUpdate
+#undef cuGraphExecKernelNodeSetParams
 
 #define WO_UNPACK(...) __VA_ARGS__
 
@@ -91,6 +95,15 @@
     X(cuGraphInstantiateWithParams_ptsz, 1, wo_h_graph_instantiate_params, CUresult, (CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p), (e, g, p)) \
     X(cuGraphLaunch, 0, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s)) \
     X(cuGraphLaunch_ptsz, 1, wo_h_graph_launch, CUresult, (CUgraphExec e, CUstream s), (e, s)) \
+    X(cuGraphExecUpdate, 0, wo_h_graph_exec_update_v1, CUresult, (CUgraphExec e, CUgraph g, CUgraphNode *err, CUgraphExecUpdateResult *res), (e, g, err, res)) \
+    X(cuGraphExecUpdate_v2, 0, wo_h_graph_exec_update, CUresult, (CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info), (e, g, info)) \
+    X(cuGraphExecDestroy, 0, wo_h_graph_exec_destroy, CUresult, (CUgraphExec e), (e)) \
+    X(cuGraphExecKernelNodeSetParams, 0, wo_h_exec_kernel_set_v1, CUresult, (CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (e, n, p)) \
+    X(cuGraphExecKernelNodeSetParams_v2, 0, wo_h_exec_kernel_set, CUresult, (CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p), (e, n, p)) \
+    X(cuGraphExecMemcpyNodeSetParams, 0, wo_h_exec_memcpy_set, CUresult, (CUgraphExec e, CUgraphNode n, const CUDA_MEMCPY3D *p, CUcontext c), (e, n, p, c)) \
+    X(cuGraphExecMemsetNodeSetParams, 0, wo_h_exec_memset_set, CUresult, (CUgraphExec e, CUgraphNode n, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c), (e, n, p, c)) \
+    X(cuGraphExecNodeSetParams, 0, wo_h_exec_node_set, CUresult, (CUgraphExec e, CUgraphNode n, CUgraphNodeParams *p), (e, n, p)) \
+    X(cuGraphNodeSetEnabled, 0, wo_h_exec_node_enable, CUresult, (CUgraphExec e, CUgraphNode n, unsigned int on), (e, n, on)) \
     X(cuStreamSynchronize, 0, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
     X(cuStreamSynchronize_ptsz, 1, wo_h_stream_sync, CUresult, (CUstream s), (s)) \
     X(cuCtxSynchronize_v2, 0, wo_h_ctx_sync, CUresult, (CUcontext ctx), (ctx)) \
@@ -135,6 +148,15 @@
     G("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags) \
     G("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz) \
     G("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz) \
+    G("cuGraphExecUpdate", 10020, cuGraphExecUpdate, cuGraphExecUpdate) \
+    G("cuGraphExecUpdate", 12000, cuGraphExecUpdate_v2, cuGraphExecUpdate_v2) \
+    G("cuGraphExecDestroy", 10000, cuGraphExecDestroy, cuGraphExecDestroy) \
+    G("cuGraphExecKernelNodeSetParams", 10010, cuGraphExecKernelNodeSetParams, cuGraphExecKernelNodeSetParams) \
+    G("cuGraphExecKernelNodeSetParams", 12000, cuGraphExecKernelNodeSetParams_v2, cuGraphExecKernelNodeSetParams_v2) \
+    G("cuGraphExecMemcpyNodeSetParams", 10020, cuGraphExecMemcpyNodeSetParams, cuGraphExecMemcpyNodeSetParams) \
+    G("cuGraphExecMemsetNodeSetParams", 10020, cuGraphExecMemsetNodeSetParams, cuGraphExecMemsetNodeSetParams) \
+    G("cuGraphExecNodeSetParams", 12020, cuGraphExecNodeSetParams, cuGraphExecNodeSetParams) \
+    G("cuGraphNodeSetEnabled", 11060, cuGraphNodeSetEnabled, cuGraphNodeSetEnabled) \
     G("cuStreamSynchronize", 2000, cuStreamSynchronize, cuStreamSynchronize_ptsz) \
     G("cuCtxSynchronize", 13000, cuCtxSynchronize_v2, cuCtxSynchronize_v2) \
     G("cuEventSynchronize", 2000, cuEventSynchronize, cuEventSynchronize) \
@@ -252,7 +274,17 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuMemAddressFree)                                                                            \
     Y(cuMemSetAccess)                                                                              \
     Y(cuMemGetAllocationGranularity)                                                               \
-    Y(cuCtxSynchronize)
+    Y(cuCtxSynchronize)                                                                            \
+    Y(cuGraphGetNodes)                                                                             \
+    Y(cuGraphGetEdges_v2)                                                                          \
+    Y(cuGraphNodeGetType)                                                                          \
+    Y(cuGraphKernelNodeGetParams_v2)                                                               \
+    Y(cuGraphKernelNodeGetAttribute)                                                               \
+    Y(cuGraphMemcpyNodeGetParams)                                                                  \
+    Y(cuGraphMemsetNodeGetParams)                                                                  \
+    Y(cuMemsetD8Async)                                                                             \
+    Y(cuMemsetD16Async)                                                                            \
+    Y(cuMemsetD32Async)
 
 /* The real driver table: filled once from the driver library. */
 struct wo_real {

@@ -19,6 +19,7 @@
 #define FUNC_MAGIC 0x46554e43u
 #define GRAPH_MAGIC 0x47524150u
 #define EXEC_MAGIC 0x47455845u
+#define NODE_MAGIC 0x4e4f4445u
 #define MOD_MAGIC 0x4d4f4455u
 #define MAX_PARAMS 64
 #define MAX_JOINED 16
@@ -59,7 +60,17 @@ struct CUgraph_st {
     uint32_t magic;
     struct fk_op *ops;
     size_t n, cap;
+    struct fk_node **nodes; /* node handles, by op (made on first ask: fk_node) */
+    size_t nodes_cap;
 };
+/* A node handle: op idx of graph g (cuGraphGetNodes, graph nodes below). */
+struct fk_node {
+    uint32_t magic;
+    struct CUgraph_st *g;
+    size_t idx;
+    void *params[MAX_PARAMS]; /* cuGraphKernelNodeGetParams: into the op's args */
+};
+static struct fk_node *node_locked(struct CUgraph_st *g, size_t i);
 
 struct CUgraphExec_st {
     uint32_t magic;
@@ -613,6 +624,12 @@ static void graph_free(struct CUgraph_st *g)
 {
     for (size_t i = 0; i < g->n; i++)
         op_free(&g->ops[i]);
+    for (size_t i = 0; i < g->nodes_cap; i++)
+        if (g->nodes[i]) {
+            g->nodes[i]->magic = 0;
+            free(g->nodes[i]);
+        }
+    free(g->nodes);
     free(g->ops);
     g->magic = 0;
     free(g);
@@ -1681,13 +1698,15 @@ FK_EXPORT CUresult cuGraphAddKernelNode_v2(CUgraphNode *phGraphNode, CUgraph hGr
         return r;
     fk_lock_();
     r = graph_append_locked(hGraph, &op);
-    size_t n = hGraph->n;
+    struct fk_node *node = r == CUDA_SUCCESS ? node_locked(hGraph, hGraph->n - 1) : NULL;
     fk_unlock_();
     if (r != CUDA_SUCCESS) {
         free(op.k.args);
         return r;
     }
-    *phGraphNode = (CUgraphNode)(uintptr_t)n;
+    if (!node)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* the node was added all the same */
+    *phGraphNode = (CUgraphNode)node;
     return CUDA_SUCCESS;
 }
 
@@ -1698,6 +1717,275 @@ FK_EXPORT CUresult cuGraphDestroy(CUgraph hGraph)
         return CUDA_ERROR_INVALID_VALUE;
     graph_free(hGraph);
     return CUDA_SUCCESS;
+}
+
+/* --- graph nodes ----------------------------------------------------------
+ * What the shim's graph replay reads of a graph (preload/graph-replay.c):
+ * its nodes, their edges, types and parameters. A graph's nodes are its
+ * ops in order, each with a handle of its own (struct fk_node, made on
+ * first ask and freed with the graph); the edges are the chain from each
+ * op to the next (the fake runs a graph in op order). An exec's ops are
+ * its graph's at instantiation, replaced by cuGraphExecUpdate and changed
+ * one by one by cuGraphExecKernelNodeSetParams. */
+
+
+/* The handle of op i of g (made on first ask); NULL without memory. */
+static struct fk_node *node_locked(struct CUgraph_st *g, size_t i)
+{
+    if (i >= g->n)
+        return NULL;
+    if (g->nodes_cap < g->cap) {
+        struct fk_node **n = realloc(g->nodes, g->cap * sizeof(*n));
+        if (!n)
+            return NULL;
+        memset(n + g->nodes_cap, 0, (g->cap - g->nodes_cap) * sizeof(*n));
+        g->nodes = n;
+        g->nodes_cap = g->cap;
+    }
+    if (!g->nodes[i]) {
+        g->nodes[i] = calloc(1, sizeof(struct fk_node));
+        if (g->nodes[i]) {
+            g->nodes[i]->magic = NODE_MAGIC;
+            g->nodes[i]->g = g;
+            g->nodes[i]->idx = i;
+        }
+    }
+    return g->nodes[i];
+}
+
+static const struct fk_op *node_op_locked(CUgraphNode h)
+{
+    const struct fk_node *n = (const struct fk_node *)h;
+
+    if (!n || n->magic != NODE_MAGIC || !n->g || n->g->magic != GRAPH_MAGIC || n->idx >= n->g->n)
+        return NULL;
+    return &n->g->ops[n->idx];
+}
+
+FK_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
+{
+    FK_ENTER(cuGraphGetNodes);
+    if (!hGraph || hGraph->magic != GRAPH_MAGIC || !numNodes)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    CUresult r = CUDA_SUCCESS;
+    if (nodes) {
+        for (size_t i = 0; i < *numNodes; i++) {
+            nodes[i] = i < hGraph->n ? (CUgraphNode)node_locked(hGraph, i) : NULL;
+            if (i < hGraph->n && !nodes[i])
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    *numNodes = hGraph->n;
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphGetEdges_v2(CUgraph hGraph, CUgraphNode *from, CUgraphNode *to,
+                                      CUgraphEdgeData *edgeData, size_t *numEdges)
+{
+    FK_ENTER(cuGraphGetEdges_v2);
+    if (!hGraph || hGraph->magic != GRAPH_MAGIC || !numEdges || (!from) != (!to))
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    size_t n = hGraph->n ? hGraph->n - 1 : 0;
+    CUresult r = CUDA_SUCCESS;
+    if (from) {
+        for (size_t i = 0; i < *numEdges; i++) {
+            from[i] = i < n ? (CUgraphNode)node_locked(hGraph, i) : NULL;
+            to[i] = i < n ? (CUgraphNode)node_locked(hGraph, i + 1) : NULL;
+            if (edgeData)
+                memset(&edgeData[i], 0, sizeof(edgeData[i]));
+            if (i < n && (!from[i] || !to[i]))
+                r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    *numEdges = n;
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
+{
+    FK_ENTER(cuGraphNodeGetType);
+    if (!type)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (op)
+        *type = op->type == FK_OP_KERNEL ? CU_GRAPH_NODE_TYPE_KERNEL
+                : op->type == FK_OP_COPY ? CU_GRAPH_NODE_TYPE_MEMCPY
+                : op->type == FK_OP_SET  ? CU_GRAPH_NODE_TYPE_MEMSET
+                                         : CU_GRAPH_NODE_TYPE_HOST;
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *p)
+{
+    FK_ENTER(cuGraphKernelNodeGetParams_v2);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op && op->type == FK_OP_KERNEL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        struct fk_node *n = (struct fk_node *)hNode;
+        memset(p, 0, sizeof(*p));
+        p->func = op->k.f;
+        p->gridDimX = op->k.grid[0];
+        p->gridDimY = op->k.grid[1];
+        p->gridDimZ = op->k.grid[2];
+        p->blockDimX = op->k.block[0];
+        p->blockDimY = op->k.block[1];
+        p->blockDimZ = op->k.block[2];
+        p->sharedMemBytes = op->k.shmem;
+        for (int i = 0; i < op->k.f->nparams; i++)
+            n->params[i] = op->k.args + op->k.f->offsets[i];
+        p->kernelParams = n->params;
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
+                                                 CUkernelNodeAttrValue *value)
+{
+    FK_ENTER(cuGraphKernelNodeGetAttribute);
+    if (!value)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    fk_unlock_();
+    if (!op || op->type != FK_OP_KERNEL)
+        return CUDA_ERROR_INVALID_VALUE;
+    (void)attr;
+    memset(value, 0, sizeof(*value)); /* nothing set: no cluster, not cooperative */
+    return CUDA_SUCCESS;
+}
+
+/* A copy of the fake is one contiguous range: as a 1-D copy of unified
+ * addresses (the real driver gives the memory types it was captured with). */
+FK_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMCPY3D *p)
+{
+    FK_ENTER(cuGraphMemcpyNodeGetParams);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op && op->type == FK_OP_COPY ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        memset(p, 0, sizeof(*p));
+        p->srcMemoryType = p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+        p->srcDevice = (CUdeviceptr)(uintptr_t)op->cp.src;
+        p->dstDevice = (CUdeviceptr)(uintptr_t)op->cp.dst;
+        p->WidthInBytes = op->cp.n;
+        p->Height = p->Depth = 1;
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode, CUDA_MEMSET_NODE_PARAMS *p)
+{
+    FK_ENTER(cuGraphMemsetNodeGetParams);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op && op->type == FK_OP_SET ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        memset(p, 0, sizeof(*p));
+        p->dst = (CUdeviceptr)(uintptr_t)op->set.dst;
+        p->value = op->set.val;
+        p->elementSize = op->set.esz;
+        p->width = op->set.n;
+        p->height = 1;
+    }
+    fk_unlock_();
+    return r;
+}
+
+static void exec_ops_free(struct CUgraphExec_st *e)
+{
+    for (size_t i = 0; i < e->n; i++)
+        op_free(&e->ops[i]);
+    free(e->ops);
+    e->ops = NULL;
+    e->n = 0;
+}
+
+/* The exec takes g's ops when g has as many of the same types (the real
+ * driver's topology rule, as the fake can tell it); else
+ * CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE and the exec is unchanged. */
+FK_EXPORT CUresult cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                        CUgraphExecUpdateResultInfo *resultInfo)
+{
+    FK_ENTER(cuGraphExecUpdate_v2);
+    if (!hGraphExec || hGraphExec->magic != EXEC_MAGIC || !hGraph || hGraph->magic != GRAPH_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (resultInfo)
+        memset(resultInfo, 0, sizeof(*resultInfo));
+    fk_lock_();
+    bool same = hGraph->n == hGraphExec->n;
+    for (size_t i = 0; same && i < hGraph->n; i++)
+        same = hGraph->ops[i].type == hGraphExec->ops[i].type;
+    if (!same) {
+        fk_unlock_();
+        if (resultInfo)
+            resultInfo->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+        return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    }
+    struct fk_op *ops = calloc(hGraph->n ? hGraph->n : 1, sizeof(*ops));
+    size_t n = 0;
+    CUresult r = ops ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+    for (; n < hGraph->n && r == CUDA_SUCCESS; n++)
+        r = op_copy(&ops[n], &hGraph->ops[n]);
+    if (r != CUDA_SUCCESS) {
+        for (size_t i = 0; i + 1 < n; i++)
+            op_free(&ops[i]);
+        free(ops);
+        fk_unlock_();
+        return r;
+    }
+    exec_ops_free(hGraphExec);
+    hGraphExec->ops = ops;
+    hGraphExec->n = n;
+    fk_unlock_();
+    if (resultInfo)
+        resultInfo->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+    return CUDA_SUCCESS;
+}
+
+/* Node hNode of the exec's graph gets new parameters in the exec only. */
+FK_EXPORT CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                     const CUDA_KERNEL_NODE_PARAMS *p)
+{
+    FK_ENTER(cuGraphExecKernelNodeSetParams_v2);
+    if (!hGraphExec || hGraphExec->magic != EXEC_MAGIC || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_node *n = (const struct fk_node *)hNode;
+    struct fk_op *op = n && n->magic == NODE_MAGIC && n->idx < hGraphExec->n
+                           ? &hGraphExec->ops[n->idx]
+                           : NULL;
+    CUresult r = op && op->type == FK_OP_KERNEL && p->func == op->k.f && p->kernelParams
+                     ? CUDA_SUCCESS
+                     : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        for (int i = 0; i < op->k.f->nparams; i++)
+            memcpy(op->k.args + op->k.f->offsets[i], p->kernelParams[i], op->k.f->sizes[i]);
+        op->k.grid[0] = p->gridDimX;
+        op->k.grid[1] = p->gridDimY;
+        op->k.grid[2] = p->gridDimZ;
+        op->k.block[0] = p->blockDimX;
+        op->k.block[1] = p->blockDimY;
+        op->k.block[2] = p->blockDimZ;
+        op->k.shmem = p->sharedMemBytes;
+    }
+    fk_unlock_();
+    return r;
 }
 
 /* --- fakecuda_* launch queries ------------------------------------------- */

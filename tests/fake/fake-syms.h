@@ -175,6 +175,15 @@
     X(cuGraphDestroy, I)                                                                           \
     X(cuGraphCreate, C)                                                                            \
     X(cuGraphAddKernelNode_v2, C)                                                                  \
+    X(cuGraphGetNodes, C)                                                                          \
+    X(cuGraphGetEdges_v2, C)                                                                       \
+    X(cuGraphNodeGetType, C)                                                                       \
+    X(cuGraphKernelNodeGetParams_v2, C)                                                            \
+    X(cuGraphKernelNodeGetAttribute, C)                                                            \
+    X(cuGraphMemcpyNodeGetParams, C)                                                               \
+    X(cuGraphMemsetNodeGetParams, C)                                                               \
+    X(cuGraphExecUpdate_v2, C)                                                                     \
+    X(cuGraphExecKernelNodeSetParams_v2, C)                                                        \
     X(cuMemGetAllocationGranularity, I)                                                            \
     X(cuMemCreate, C)                                                                              \
     X(cuMemRelease, I)                                                                             \
@@ -299,6 +308,15 @@
     X(cuGraphDestroy, 10000, cuGraphDestroy, NULL)                                                 \
     X(cuGraphCreate, 10000, cuGraphCreate, NULL)                                                   \
     X(cuGraphAddKernelNode, 12000, cuGraphAddKernelNode_v2, NULL)                                  \
+    X(cuGraphGetNodes, 10000, cuGraphGetNodes, NULL)                                               \
+    X(cuGraphGetEdges, 12030, cuGraphGetEdges_v2, NULL)                                            \
+    X(cuGraphNodeGetType, 10000, cuGraphNodeGetType, NULL)                                         \
+    X(cuGraphKernelNodeGetParams, 12000, cuGraphKernelNodeGetParams_v2, NULL)                      \
+    X(cuGraphKernelNodeGetAttribute, 11000, cuGraphKernelNodeGetAttribute, NULL)                   \
+    X(cuGraphMemcpyNodeGetParams, 10000, cuGraphMemcpyNodeGetParams, NULL)                         \
+    X(cuGraphMemsetNodeGetParams, 10000, cuGraphMemsetNodeGetParams, NULL)                         \
+    X(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2, NULL)                                        \
+    X(cuGraphExecKernelNodeSetParams, 12000, cuGraphExecKernelNodeSetParams_v2, NULL)              \
     X(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity, NULL)                   \
     X(cuMemCreate, 10020, cuMemCreate, NULL)                                                       \
     X(cuMemRelease, 10020, cuMemRelease, NULL)                                                     \

@@ -1,0 +1,639 @@
+/* preload/graph-replay.c: CUDA graph launches replayed kernel by kernel.
+ *
+ * A graph's kernels run without the launch hook: their parameters were fixed
+ * at capture, and a captured launch reads its weights in place (the
+ * streaming executor's slots change every step; capture.c). llama.cpp runs
+ * every step as a graph by default, so its host experts were read in place
+ * over PCIe even in the steps where a whole copy on the copy engine pays
+ * (a batch that picks nearly every expert).
+ *
+ * So the shim keeps, per graph exec, what it needs to launch the exec's
+ * work itself: the graph's nodes in an order its edges allow, each
+ * kernel's function, dimensions, cluster and cooperative attributes and a
+ * copy of its parameter bytes, each copy's and memset's parameters. It is
+ * read when a graph the shim saw captured, whose launches reached
+ * registered ranges, is instantiated or an exec is updated from it
+ * (cuGraphExecUpdate): the graph is alive then. A graph with any other
+ * node (host, event, child graph, conditional, memory alloc) or more than
+ * RP_NODES nodes is launched whole.
+ *
+ * At a graph launch, when the exec has such a copy, nothing captures, and
+ * one of the ranges its kernels read is streamed and not claimed read in
+ * place (woffload_read_in_place: the ggml hook claims the steps that read a
+ * small share of the experts), each node is launched on the launch's
+ * stream in that order, a kernel through the launch hook's own path
+ * (preload/launch.c: scanned, redirected into the slots, its event pushed).
+ * The stream runs them one after another: an order the graph allows.
+ * Otherwise the graph is launched whole, as before.
+ *
+ * What could make the copy differ from the exec is watched: an exec whose
+ * nodes are changed in place (cuGraphExecKernelNodeSetParams and the other
+ * exec setters, cuGraphNodeSetEnabled) loses its copy until it is updated
+ * or instantiated again; an update that fails keeps the exec as it was and
+ * loses the copy all the same; a destroyed exec's copy is freed.
+ *
+ * Locking: one mutex over the table; a replay holds a reference to its
+ * copy, not the lock, while it launches. Nothing here runs unless
+ * WOFFLOAD_GRAPH_REPLAY is on and something is placed (an empty policy pays
+ * one relaxed load per graph launch). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/log.h"
+#include "core/settings.h"
+#include "preload/hook.h"
+#include "uvm/hotpath.h"
+
+#define RP_EXECS 1024  /* execs with a copy at once; later ones run whole */
+#define RP_NODES 65536 /* larger graphs run whole */
+#define RP_HITS 1024   /* distinct ranges one graph's kernels may reach */
+#define RP_MAX_PARAMS 1024
+#define RP_ALIGN 16
+
+enum { RP_KERNEL = 1, RP_COPY, RP_SET };
+
+struct rp_node {
+    int kind;
+    union {
+        struct {
+            CUfunction f;
+            uint32_t grid[3], block[3], cluster[3];
+            unsigned shmem;
+            bool coop;
+            uint32_t first; /* its parameter pointers: ptrs[first, first + nparams) */
+        } k;
+        CUDA_MEMCPY3D cp;
+        struct {
+            CUdeviceptr dst;
+            unsigned value, esz;
+            size_t n;
+        } set;
+    };
+};
+
+struct rp_snap {
+    uint64_t exec;
+    unsigned refs; /* replays launching from it now */
+    bool retired;  /* no longer the exec's: freed by the last replay */
+    uint32_t n;
+    struct rp_node *nodes;
+    void **ptrs;
+    unsigned char *blob;
+    unsigned nhits;
+    struct wo_ev_hit *hits;
+};
+
+static pthread_mutex_t rp_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct rp_snap *snaps[RP_EXECS];
+static unsigned nsnaps;
+static int any_snaps; /* nsnaps != 0, read without the lock */
+
+static void snap_free(struct rp_snap *s)
+{
+    if (!s)
+        return;
+    free(s->nodes);
+    free(s->ptrs);
+    free(s->blob);
+    free(s->hits);
+    free(s);
+}
+
+/* Takes exec's copy out of the table (lock held); freed now, or by the
+ * last replay using it. */
+static void drop_locked(uint64_t exec)
+{
+    for (unsigned i = 0; i < nsnaps; i++) {
+        struct rp_snap *s = snaps[i];
+        if (s->exec != exec)
+            continue;
+        snaps[i] = snaps[--nsnaps];
+        __atomic_store_n(&any_snaps, nsnaps != 0, __ATOMIC_RELAXED);
+        if (s->refs)
+            s->retired = true;
+        else
+            snap_free(s);
+        return;
+    }
+}
+
+/* --- reading a graph -------------------------------------------------------- */
+
+typedef CUresult (*nodes_fn)(CUgraph, CUgraphNode *, size_t *);
+typedef CUresult (*edges_fn)(CUgraph, CUgraphNode *, CUgraphNode *, CUgraphEdgeData *, size_t *);
+typedef CUresult (*type_fn)(CUgraphNode, CUgraphNodeType *);
+typedef CUresult (*kparams_fn)(CUgraphNode, CUDA_KERNEL_NODE_PARAMS *);
+typedef CUresult (*kattr_fn)(CUgraphNode, CUkernelNodeAttrID, CUkernelNodeAttrValue *);
+typedef CUresult (*cparams_fn)(CUgraphNode, CUDA_MEMCPY3D *);
+typedef CUresult (*sparams_fn)(CUgraphNode, CUDA_MEMSET_NODE_PARAMS *);
+
+static int cmp_node(const void *a, const void *b)
+{
+    uintptr_t x = *(const uintptr_t *)a, y = *(const uintptr_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The index of node h in the sorted (handle, index) pairs, -1 if absent. */
+static long node_index(const uintptr_t *pairs, size_t n, CUgraphNode h)
+{
+    size_t lo = 0, hi = n;
+
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (pairs[2 * mid] < (uintptr_t)h)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && pairs[2 * lo] == (uintptr_t)h ? (long)pairs[2 * lo + 1] : -1;
+}
+
+/* The graph's nodes in an order its edges allow (Kahn's): order[0, n).
+ * False when the driver cannot say or the edges name unknown nodes. */
+static bool topo_order(const struct wo_real *r, CUgraph g, CUgraphNode *nodes, size_t n,
+                       uint32_t *order)
+{
+    edges_fn edges = (edges_fn)r->cuGraphGetEdges_v2;
+    size_t ne = 0;
+    CUgraphNode *from = NULL, *to = NULL;
+    CUgraphEdgeData *data = NULL;
+    uintptr_t *pairs = NULL;
+    uint32_t *indeg = NULL, *start = NULL, *adj = NULL, *queue = order;
+    bool ok = false;
+    size_t head = 0, tail = 0;
+
+    if (!edges || edges(g, NULL, NULL, NULL, &ne) != CUDA_SUCCESS)
+        return false;
+    pairs = malloc(2 * n * sizeof(*pairs));
+    indeg = calloc(n, sizeof(*indeg));
+    start = calloc(n + 1, sizeof(*start));
+    if (ne) {
+        from = malloc(ne * sizeof(*from));
+        to = malloc(ne * sizeof(*to));
+        data = calloc(ne, sizeof(*data));
+        adj = malloc(ne * sizeof(*adj));
+    }
+    if (!pairs || !indeg || !start || (ne && (!from || !to || !data || !adj)))
+        goto out;
+    if (ne) {
+        size_t got = ne;
+        if (edges(g, from, to, data, &got) != CUDA_SUCCESS || got != ne)
+            goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pairs[2 * i] = (uintptr_t)nodes[i];
+        pairs[2 * i + 1] = i;
+    }
+    qsort(pairs, n, 2 * sizeof(*pairs), cmp_node);
+    /* adjacency (CSR by source); the edge data (a programmatic edge) only
+     * lets the destination start earlier: the stream's order is stricter */
+    for (size_t e = 0; e < ne; e++) {
+        long a = node_index(pairs, n, from[e]), b = node_index(pairs, n, to[e]);
+        if (a < 0 || b < 0)
+            goto out;
+        start[a + 1]++;
+        indeg[b]++;
+    }
+    for (size_t i = 0; i < n; i++)
+        start[i + 1] += start[i];
+    {
+        uint32_t *fill = calloc(n, sizeof(*fill));
+        if (!fill)
+            goto out;
+        for (size_t e = 0; e < ne; e++) {
+            long a = node_index(pairs, n, from[e]), b = node_index(pairs, n, to[e]);
+            adj[start[a] + fill[a]++] = (uint32_t)b;
+        }
+        free(fill);
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!indeg[i])
+            queue[tail++] = (uint32_t)i;
+    while (head < tail) {
+        uint32_t v = queue[head++];
+        for (uint32_t k = start[v]; k < start[v + 1]; k++)
+            if (--indeg[adj[k]] == 0)
+                queue[tail++] = adj[k];
+    }
+    ok = tail == n; /* else a cycle: no graph has one */
+out:
+    free(pairs);
+    free(indeg);
+    free(start);
+    free(adj);
+    free(from);
+    free(to);
+    free(data);
+    return ok;
+}
+
+/* Adds the ranges a kernel's parameters reach to s's set (merged by range). */
+static void add_hits(struct rp_snap *s, const struct wo_ev_hit *h, unsigned nh)
+{
+    for (unsigned i = 0; i < nh; i++) {
+        unsigned j;
+        for (j = 0; j < s->nhits; j++) {
+            struct wo_ev_hit *e = &s->hits[j];
+            if (e->id == h[i].id && e->gen == h[i].gen) {
+                e->offset = WO_MIN(e->offset, h[i].offset);
+                e->hi = WO_MAX(e->hi, h[i].hi);
+                break;
+            }
+        }
+        if (j == s->nhits && s->nhits < RP_HITS)
+            s->hits[s->nhits++] = h[i];
+    }
+}
+
+/* A kernel node into s: its parameters copied into the blob (offsets in
+ * ptrs for now). False: it cannot be replayed. */
+static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_snap *s,
+                        struct rp_node *out, size_t *blob_len, size_t *blob_cap, size_t *nptrs,
+                        size_t *ptrs_cap)
+{
+    kparams_fn get = (kparams_fn)r->cuGraphKernelNodeGetParams_v2;
+    kattr_fn attr = (kattr_fn)r->cuGraphKernelNodeGetAttribute;
+    CUDA_KERNEL_NODE_PARAMS p;
+    CUkernelNodeAttrValue v;
+    uint16_t sizes[RP_MAX_PARAMS];
+    struct wo_ev_hit hits[WO_EV_MAX_HITS];
+    CUfunction f;
+    int n;
+
+    memset(&p, 0, sizeof(p));
+    if (!get || get(node, &p) != CUDA_SUCCESS)
+        return false;
+    f = p.func ? p.func : (CUfunction)p.kern;
+    if (!f || (!p.kernelParams && p.extra))
+        return false;
+    n = wo_launch_param_sizes(f, sizes, RP_MAX_PARAMS);
+    if (n < 0 || (n && !p.kernelParams))
+        return false;
+    memset(out, 0, sizeof(*out));
+    out->kind = RP_KERNEL;
+    out->k.f = f;
+    out->k.grid[0] = p.gridDimX;
+    out->k.grid[1] = p.gridDimY;
+    out->k.grid[2] = p.gridDimZ;
+    out->k.block[0] = p.blockDimX;
+    out->k.block[1] = p.blockDimY;
+    out->k.block[2] = p.blockDimZ;
+    out->k.shmem = p.sharedMemBytes;
+    if (attr) {
+        memset(&v, 0, sizeof(v));
+        if (attr(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v) == CUDA_SUCCESS) {
+            out->k.cluster[0] = v.clusterDim.x;
+            out->k.cluster[1] = v.clusterDim.y;
+            out->k.cluster[2] = v.clusterDim.z;
+        }
+        memset(&v, 0, sizeof(v));
+        if (attr(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS)
+            out->k.coop = v.cooperative != 0;
+    }
+    if (*nptrs + (size_t)n > *ptrs_cap) {
+        size_t cap = WO_MAX(*ptrs_cap * 2, *nptrs + (size_t)n + 256);
+        void **np = realloc(s->ptrs, cap * sizeof(*np));
+        if (!np)
+            return false;
+        s->ptrs = np;
+        *ptrs_cap = cap;
+    }
+    out->k.first = (uint32_t)*nptrs;
+    for (int i = 0; i < n; i++) {
+        size_t at = (*blob_len + RP_ALIGN - 1) & ~(size_t)(RP_ALIGN - 1);
+        if (at + sizes[i] > *blob_cap) {
+            size_t cap = WO_MAX(*blob_cap * 2, at + sizes[i] + 4096);
+            unsigned char *nb = realloc(s->blob, cap);
+            if (!nb)
+                return false;
+            s->blob = nb;
+            *blob_cap = cap;
+        }
+        memcpy(s->blob + at, p.kernelParams[i], sizes[i]);
+        s->ptrs[(*nptrs)++] = (void *)(uintptr_t)at; /* an offset until the blob is final */
+        *blob_len = at + sizes[i];
+    }
+    add_hits(s, hits, wo_launch_hits(f, p.kernelParams, hits, WO_EV_MAX_HITS));
+    return true;
+}
+
+/* Reads graph g into a copy for exec; NULL when it cannot be replayed (or
+ * reaches no registered range: nothing to gain). */
+static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    nodes_fn get_nodes = r ? (nodes_fn)r->cuGraphGetNodes : NULL;
+    type_fn get_type = r ? (type_fn)r->cuGraphNodeGetType : NULL;
+    CUgraphNode *nodes = NULL;
+    uint32_t *order = NULL;
+    struct rp_snap *s = NULL;
+    size_t n = 0, blob_len = 0, blob_cap = 0, nptrs = 0, ptrs_cap = 0;
+    bool ok = false, readable = false;
+
+    if (!get_nodes || !get_type || get_nodes(g, NULL, &n) != CUDA_SUCCESS || n == 0 || n > RP_NODES)
+        return NULL;
+    nodes = malloc(n * sizeof(*nodes));
+    order = malloc(n * sizeof(*order));
+    s = calloc(1, sizeof(*s));
+    if (s) {
+        s->nodes = calloc(n, sizeof(*s->nodes));
+        s->hits = calloc(RP_HITS, sizeof(*s->hits));
+    }
+    if (!nodes || !order || !s || !s->nodes || !s->hits)
+        goto out;
+    {
+        size_t got = n;
+        if (get_nodes(g, nodes, &got) != CUDA_SUCCESS || got != n)
+            goto out;
+    }
+    if (!topo_order(r, g, nodes, n, order))
+        goto out;
+    s->exec = exec;
+    for (size_t i = 0; i < n; i++) {
+        CUgraphNode node = nodes[order[i]];
+        struct rp_node *out = &s->nodes[s->n];
+        CUgraphNodeType t;
+
+        if (get_type(node, &t) != CUDA_SUCCESS)
+            goto out;
+        switch (t) {
+        case CU_GRAPH_NODE_TYPE_EMPTY:
+            continue;
+        case CU_GRAPH_NODE_TYPE_KERNEL:
+            if (!read_kernel(r, node, s, out, &blob_len, &blob_cap, &nptrs, &ptrs_cap))
+                goto out;
+            break;
+        case CU_GRAPH_NODE_TYPE_MEMCPY: {
+            cparams_fn get = (cparams_fn)r->cuGraphMemcpyNodeGetParams;
+            out->kind = RP_COPY;
+            if (!get || get(node, &out->cp) != CUDA_SUCCESS)
+                goto out;
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEMSET: {
+            sparams_fn get = (sparams_fn)r->cuGraphMemsetNodeGetParams;
+            CUDA_MEMSET_NODE_PARAMS p;
+            memset(&p, 0, sizeof(p));
+            if (!get || get(node, &p) != CUDA_SUCCESS || p.height > 1 ||
+                (p.elementSize != 1 && p.elementSize != 2 && p.elementSize != 4))
+                goto out;
+            out->kind = RP_SET;
+            out->set.dst = p.dst;
+            out->set.value = p.value;
+            out->set.esz = p.elementSize;
+            out->set.n = p.width;
+            break;
+        }
+        default:
+            goto out; /* host, event, child graph, conditional, allocation: run whole */
+        }
+        s->n++;
+    }
+    /* the blob is final: offsets become pointers */
+    for (size_t i = 0; i < nptrs; i++)
+        s->ptrs[i] = s->blob + (uintptr_t)s->ptrs[i];
+    readable = true;
+    ok = s->nhits > 0; /* else it reaches no registered range: nothing to move */
+out:
+    free(nodes);
+    free(order);
+    if (!ok) {
+        if (!readable)
+            wo_count(WO_CTR_graph_snapshot_unsupported, 1);
+        snap_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* exec now runs graph g (instantiated from it, or updated to it); hits:
+ * g's captured launches reached registered ranges. */
+void wo_replay_note(uint64_t exec, uint64_t graph, bool hits)
+{
+    struct rp_snap *s = NULL;
+    uint64_t t0;
+
+    if (!wo_settings()->graph_replay)
+        return;
+    if (__atomic_load_n(&any_snaps, __ATOMIC_RELAXED)) {
+        pthread_mutex_lock(&rp_lock);
+        drop_locked(exec);
+        pthread_mutex_unlock(&rp_lock);
+    }
+    if (!hits || !graph || !__atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED))
+        return;
+    t0 = wo_now_ns();
+    s = snap_read(exec, (CUgraph)(uintptr_t)graph);
+    wo_count(WO_CTR_graph_snapshots, 1);
+    wo_count(WO_CTR_graph_snapshot_ns, wo_now_ns() - t0);
+    if (!s)
+        return;
+    pthread_mutex_lock(&rp_lock);
+    drop_locked(exec); /* another thread's, read meanwhile */
+    if (nsnaps < RP_EXECS) {
+        snaps[nsnaps++] = s;
+        __atomic_store_n(&any_snaps, 1, __ATOMIC_RELAXED);
+        s = NULL;
+    }
+    pthread_mutex_unlock(&rp_lock);
+    if (s) {
+        wo_log_once(WO_LOG_INFO,
+                    "graph replay: more than %d graph execs at once read streamed "
+                    "weights; later ones run whole (in place)",
+                    RP_EXECS);
+        snap_free(s);
+    }
+}
+
+/* exec's nodes changed in place, or it is gone: its copy is dropped. */
+void wo_replay_forget(uint64_t exec, bool changed)
+{
+    if (!__atomic_load_n(&any_snaps, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&rp_lock);
+    for (unsigned i = 0; i < nsnaps; i++)
+        if (snaps[i]->exec == exec) {
+            if (changed)
+                wo_count(WO_CTR_graph_exec_changed, 1);
+            drop_locked(exec);
+            break;
+        }
+    pthread_mutex_unlock(&rp_lock);
+}
+
+void wo_replay_reset(void)
+{
+    /* the child of fork: the parent's handles are not ours */
+    pthread_mutex_init(&rp_lock, NULL);
+    for (unsigned i = 0; i < nsnaps; i++)
+        snap_free(snaps[i]);
+    nsnaps = 0;
+    any_snaps = 0;
+}
+
+/* --- the launch ------------------------------------------------------------- */
+
+/* Whether a copy that reads s's ranges pays: one of them is streamed and
+ * not claimed read in place now. */
+static bool stages(const struct rp_snap *s)
+{
+    for (unsigned i = 0; i < s->nhits; i++) {
+        const struct wo_ev_hit *h = &s->hits[i];
+        const struct wo_stream_entry *e;
+        uint32_t it = 0, sid;
+
+        while ((e = wo_stream_span_next(h, &it, &sid)))
+            if (wo_stream_hit_in_span(e, h, true) && !wo_stream_inplace_now(e))
+                return true;
+    }
+    return false;
+}
+
+/* The bytes [lo, lo + n) a copy's destination spans. */
+static void copy_dst(const CUDA_MEMCPY3D *p, uint64_t *lo, uint64_t *n)
+{
+    uint64_t base = p->dstMemoryType == CU_MEMORYTYPE_HOST ? (uint64_t)(uintptr_t)p->dstHost
+                                                           : (uint64_t)p->dstDevice;
+    uint64_t h = p->Height ? p->Height : 1, d = p->Depth ? p->Depth : 1;
+    uint64_t pitch = p->dstPitch, hp = p->dstHeight;
+
+    *lo = base + p->dstXInBytes + p->dstY * pitch + p->dstZ * pitch * hp;
+    *n = p->WidthInBytes + (h - 1) * pitch + (d - 1) * pitch * hp;
+}
+
+static CUresult run_node(const struct rp_snap *s, const struct rp_node *nd, uint64_t stream,
+                         void *ra)
+{
+    const struct wo_real *r = wo_real_driver_peek();
+    CUstream cs = (CUstream)(uintptr_t)stream;
+
+    switch (nd->kind) {
+    case RP_KERNEL:
+        return wo_launch_node(nd->k.f, nd->k.grid, nd->k.block, nd->k.shmem, nd->k.cluster,
+                              nd->k.coop, stream, s->ptrs + nd->k.first, ra);
+    case RP_COPY: {
+        wo_pfn_cuMemcpy3DAsync_v2 cp =
+            (wo_pfn_cuMemcpy3DAsync_v2)wo_real_hook(WO_HOOK_cuMemcpy3DAsync_v2);
+        uint64_t lo, n;
+        copy_dst(&nd->cp, &lo, &n);
+        if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
+            wo_stream_note_write(lo, n); /* a slot of what it writes is dropped first */
+        return cp ? cp(&nd->cp, cs) : CUDA_ERROR_NOT_FOUND;
+    }
+    case RP_SET: {
+        uint64_t n = nd->set.n * nd->set.esz;
+        if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
+            wo_stream_note_write(nd->set.dst, n);
+        if (!r)
+            return CUDA_ERROR_NOT_FOUND;
+        if (nd->set.esz == 1 && r->cuMemsetD8Async)
+            return ((CUresult(*)(CUdeviceptr, unsigned char, size_t, CUstream))r->cuMemsetD8Async)(
+                nd->set.dst, (unsigned char)nd->set.value, nd->set.n, cs);
+        if (nd->set.esz == 2 && r->cuMemsetD16Async)
+            return (
+                (CUresult(*)(CUdeviceptr, unsigned short, size_t, CUstream))r->cuMemsetD16Async)(
+                nd->set.dst, (unsigned short)nd->set.value, nd->set.n, cs);
+        if (nd->set.esz == 4 && r->cuMemsetD32Async)
+            return ((CUresult(*)(CUdeviceptr, unsigned int, size_t, CUstream))r->cuMemsetD32Async)(
+                nd->set.dst, nd->set.value, nd->set.n, cs);
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    default:
+        return CUDA_SUCCESS;
+    }
+}
+
+int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
+{
+    struct rp_snap *s = NULL;
+    CUresult res = CUDA_SUCCESS;
+    uint32_t done = 0;
+
+    if (WO_LIKELY(!__atomic_load_n(&any_snaps, __ATOMIC_RELAXED)) ||
+        !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+        return 0;
+    /* launched into a capture, the graph becomes a node of another: whole */
+    if (wo_capture_of(stream) || wo_capture_joined(stream))
+        return 0;
+    pthread_mutex_lock(&rp_lock);
+    for (unsigned i = 0; i < nsnaps; i++)
+        if (snaps[i]->exec == exec) {
+            s = snaps[i];
+            break;
+        }
+    if (s && stages(s))
+        s->refs++;
+    else
+        s = NULL;
+    pthread_mutex_unlock(&rp_lock);
+    if (!s)
+        return 0;
+    for (; done < s->n; done++) {
+        res = run_node(s, &s->nodes[done], stream, ra);
+        if (res != CUDA_SUCCESS)
+            break;
+    }
+    pthread_mutex_lock(&rp_lock);
+    if (--s->refs == 0 && s->retired)
+        snap_free(s);
+    pthread_mutex_unlock(&rp_lock);
+    if (res != CUDA_SUCCESS && done == 0)
+        return 0; /* nothing ran: the graph runs whole instead */
+    if (res != CUDA_SUCCESS) {
+        wo_count(WO_CTR_graph_replay_failed, 1);
+        wo_log_once(WO_LOG_WARN,
+                    "graph replay: node %u of a graph failed (%d): the graph "
+                    "launch returns that error",
+                    done, (int)res);
+        *err = res;
+        return -1;
+    }
+    wo_count(WO_CTR_graph_replays, 1);
+    return 1;
+}
+
+/* --- exec mutators (hooks) ---------------------------------------------------
+ * Forwarded untouched, whatever the nesting; after a success the exec's
+ * copy is dropped (its nodes no longer are the graph's). */
+
+#define EXEC_SETTER(name, pfn, PARAMS, ARGS)                                                       \
+    CUresult name(pfn real, int id, void *ra, CUgraphExec e, WO_UNPACK PARAMS)                     \
+    {                                                                                              \
+        CUresult res;                                                                              \
+        (void)ra;                                                                                  \
+        wo_count_call(id);                                                                         \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        res = real(e, WO_UNPACK ARGS);                                                             \
+        if (res == CUDA_SUCCESS)                                                                   \
+            wo_replay_forget((uint64_t)(uintptr_t)e, true);                                        \
+        return res;                                                                                \
+    }
+
+EXEC_SETTER(wo_h_exec_kernel_set_v1, wo_pfn_cuGraphExecKernelNodeSetParams,
+            (CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (n, p))
+EXEC_SETTER(wo_h_exec_kernel_set, wo_pfn_cuGraphExecKernelNodeSetParams_v2,
+            (CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p), (n, p))
+EXEC_SETTER(wo_h_exec_memcpy_set, wo_pfn_cuGraphExecMemcpyNodeSetParams,
+            (CUgraphNode n, const CUDA_MEMCPY3D *p, CUcontext c), (n, p, c))
+EXEC_SETTER(wo_h_exec_memset_set, wo_pfn_cuGraphExecMemsetNodeSetParams,
+            (CUgraphNode n, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c), (n, p, c))
+EXEC_SETTER(wo_h_exec_node_set, wo_pfn_cuGraphExecNodeSetParams,
+            (CUgraphNode n, CUgraphNodeParams *p), (n, p))
+EXEC_SETTER(wo_h_exec_node_enable, wo_pfn_cuGraphNodeSetEnabled, (CUgraphNode n, unsigned int on),
+            (n, on))
+
+CUresult wo_h_graph_exec_destroy(wo_pfn_cuGraphExecDestroy real, int id, void *ra, CUgraphExec e)
+{
+    CUresult res;
+    (void)ra;
+
+    wo_count_call(id);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    res = real(e);
+    if (res == CUDA_SUCCESS)
+        wo_replay_forget((uint64_t)(uintptr_t)e, false);
+    return res;
+}
