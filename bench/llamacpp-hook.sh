@@ -23,6 +23,11 @@
 #              the shim + hook with the same four policies (and experts host
 #              with 2 staging slots, bench-shim-exps-slots2), llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
+#   *-noreplay with WOFFLOAD_GRAPH_REPLAY=0 (bench-shim-exps-noreplay: llama.cpp's
+#              CUDA graph launches run whole, reading the host experts in
+#              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
+#              (tokens-exps-stream-noclaims: every step staged, through
+#              graph replay when llama.cpp's graphs are on)
 #   *-picksN   the same with WOFFLOAD_GGML_PICKS=N (tokens-exps-picks100,
 #              bench-shim-exps-picks0, bench-shim-exps-picks100: the router's
 #              picks never / always registered; with llama.cpp's CUDA graphs
@@ -209,6 +214,10 @@ shim_args() {
 # router picks: 0 never, 100 always; docs/llamacpp.md, "Picked experts")
 picks_env() {
     case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${1##*-picks}") ;; *) PENV=() ;; esac
+    # *-noreplay: CUDA graph launches run whole (read in place); *-noclaims:
+    # the ggml hook never claims a layer read in place
+    case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
+    case $1 in *-noclaims*) PENV=(env WOFFLOAD_GGML_STREAM=0) ;; esac
 }
 PLAIN_TOKENS=""
 FAILS=0
@@ -374,6 +383,7 @@ tokens ncmoe8 ncmoe8
 tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
 tokens exps-picks100 exps
+tokens exps-stream-noclaims exps-stream
 server plain plain
 server exps exps
 bench plain-allgpu plain
@@ -381,6 +391,7 @@ bench shim-empty empty
 bench shim-exps exps
 bench shim-exps-stream exps-stream
 bench shim-exps-slots2 exps-slots2
+bench shim-exps-noreplay exps
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
 bench llama-ot-exps plain -ot exps=CPU -lm none

@@ -984,6 +984,10 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     pid = fork();
     if (pid == 0) {
         setenv("WO_STREAM_CHILD", mode, 1);
+        /* (3)'s graphs run whole, as graphs the shim cannot replay kernel
+         * by kernel do: their launches read in place, blind (the replay:
+         * test-graph-replay) */
+        setenv("WOFFLOAD_GRAPH_REPLAY", "0", 1);
         setenv("WOFFLOAD_POLICY", pol, 1);
         setenv("WOFFLOAD_STATS", st, 1);
         setenv("WOFFLOAD_LOG_FILE", lg, 1);

@@ -1857,8 +1857,9 @@ FK_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNode
         return CUDA_ERROR_INVALID_VALUE;
     fk_lock_();
     const struct fk_op *op = node_op_locked(hNode);
+    bool kernel = op && op->type == FK_OP_KERNEL;
     fk_unlock_();
-    if (!op || op->type != FK_OP_KERNEL)
+    if (!kernel)
         return CUDA_ERROR_INVALID_VALUE;
     (void)attr;
     memset(value, 0, sizeof(*value)); /* nothing set: no cluster, not cooperative */

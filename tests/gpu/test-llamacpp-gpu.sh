@@ -12,6 +12,9 @@
 #     launches can be redirected: each expert tensor a sub-span of the model
 #     buffer; WOFFLOAD_GGML_STREAM=0: no claims to read in place); the stats
 #     must show launches redirected;
+#   - the same with llama.cpp's CUDA graphs on (its default): each graph
+#     launch replayed kernel by kernel (preload/graph-replay.c), its
+#     launches redirected; the stats must count replays;
 #   - the same with the ggml hook's claims (the default): every compute here
 #     (a 16-token prompt, 88% of 32 experts top-4 picked, then one token at
 #     a time) claims the experts read in place, so nothing is staged and the
@@ -63,6 +66,11 @@ sx = st.get("stream", {})
 print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind {st.get('late_bind')}; "
       f"stream: {sx.get('sub_spans')} sub-spans, {sx.get('redirected')} launches redirected, "
       f"{sx.get('staged')} staging copies")
+ip = st.get("interpose", {})
+if sys.argv[3] == "exps-replay":
+    print(f"    graph launches replayed {ip.get('graph_replays')} ({ip.get('graph_replay_kernels')} "
+          f"kernels), graphs read {ip.get('graph_snapshots')} "
+          f"({ip.get('graph_snapshot_unsupported')} not replayable)")
 if sys.argv[3] == "exps-claims":
     print(f"    claims {sx.get('inplace_claims')}, launches read a claimed range in place "
           f"{sx.get('inplace_claimed')}")
@@ -70,6 +78,8 @@ if sys.argv[3] == "exps-claims":
 else:
     streamed = "exps-stream" not in sys.argv[2] or (sx.get("sub_spans", 0) > 0 and
                                                     sx.get("redirected", 0) > 0)
+    if sys.argv[3] == "exps-replay":
+        streamed = streamed and ip.get("graph_replays", 0) > 0
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
         echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
@@ -83,6 +93,7 @@ row exps-host llamacpp-ot-exps-cpu.yaml
 row n-cpu-moe llamacpp-n-cpu-moe.yaml
 row exps-host-late llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1
 row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GGML_STREAM=0
+row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 [ "$fails" -eq 0 ] || exit 1
 echo "PASS"
