@@ -318,6 +318,35 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
     return true;
 }
 
+/* Says why a graph is launched whole (info; the first 8 graphs). */
+static void say_whole(const char *why, int type)
+{
+    static const char *const names[] = {"kernel",
+                                        "memcpy",
+                                        "memset",
+                                        "host",
+                                        "child graph",
+                                        "empty",
+                                        "event wait",
+                                        "event record",
+                                        "external semaphore signal",
+                                        "external semaphore wait",
+                                        "memory allocation",
+                                        "memory free",
+                                        "batch memory op",
+                                        "conditional"};
+    static unsigned said;
+
+    if (__atomic_fetch_add(&said, 1, __ATOMIC_RELAXED) >= 8)
+        return;
+    if (type >= 0)
+        wo_info("graph replay: a graph holds a %s node (type %d): it is launched whole, reading "
+                "in place",
+                type < (int)(sizeof(names) / sizeof(names[0])) ? names[type] : "newer", type);
+    else
+        wo_info("graph replay: a graph %s: it is launched whole, reading in place", why);
+}
+
 /* Reads graph g into a copy for exec; NULL when it cannot be replayed (or
  * reaches no registered range: nothing to gain). */
 static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
@@ -331,8 +360,13 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
     size_t n = 0, blob_len = 0, blob_cap = 0, nptrs = 0, ptrs_cap = 0;
     bool ok = false, readable = false;
 
-    if (!get_nodes || !get_type || get_nodes(g, NULL, &n) != CUDA_SUCCESS || n == 0 || n > RP_NODES)
+    if (!get_nodes || !get_type || get_nodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
         return NULL;
+    if (n > RP_NODES) {
+        say_whole("has more than 65,536 nodes", -1);
+        wo_count(WO_CTR_graph_snapshot_unsupported, 1);
+        return NULL;
+    }
     nodes = malloc(n * sizeof(*nodes));
     order = malloc(n * sizeof(*order));
     s = calloc(1, sizeof(*s));
@@ -347,8 +381,10 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
         if (get_nodes(g, nodes, &got) != CUDA_SUCCESS || got != n)
             goto out;
     }
-    if (!topo_order(r, g, nodes, n, order))
+    if (!topo_order(r, g, nodes, n, order)) {
+        say_whole("whose edges could not be read", -1);
         goto out;
+    }
     s->exec = exec;
     for (size_t i = 0; i < n; i++) {
         CUgraphNode node = nodes[order[i]];
@@ -361,14 +397,18 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
         case CU_GRAPH_NODE_TYPE_EMPTY:
             continue;
         case CU_GRAPH_NODE_TYPE_KERNEL:
-            if (!read_kernel(r, node, s, out, &blob_len, &blob_cap, &nptrs, &ptrs_cap))
+            if (!read_kernel(r, node, s, out, &blob_len, &blob_cap, &nptrs, &ptrs_cap)) {
+                say_whole("holds a kernel whose parameters could not be read", -1);
                 goto out;
+            }
             break;
         case CU_GRAPH_NODE_TYPE_MEMCPY: {
             cparams_fn get = (cparams_fn)r->cuGraphMemcpyNodeGetParams;
             out->kind = RP_COPY;
-            if (!get || get(node, &out->cp) != CUDA_SUCCESS)
+            if (!get || get(node, &out->cp) != CUDA_SUCCESS) {
+                say_whole("holds a copy whose parameters could not be read", -1);
                 goto out;
+            }
             break;
         }
         case CU_GRAPH_NODE_TYPE_MEMSET: {
@@ -376,8 +416,10 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             CUDA_MEMSET_NODE_PARAMS p;
             memset(&p, 0, sizeof(p));
             if (!get || get(node, &p) != CUDA_SUCCESS || p.height > 1 ||
-                (p.elementSize != 1 && p.elementSize != 2 && p.elementSize != 4))
+                (p.elementSize != 1 && p.elementSize != 2 && p.elementSize != 4)) {
+                say_whole("holds a memset of more than one row (or unreadable)", -1);
                 goto out;
+            }
             out->kind = RP_SET;
             out->set.dst = p.dst;
             out->set.value = p.value;
@@ -385,8 +427,9 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             out->set.n = p.width;
             break;
         }
-        default:
-            goto out; /* host, event, child graph, conditional, allocation: run whole */
+        default: /* host, event, child graph, conditional, allocation: run whole */
+            say_whole(NULL, (int)t);
+            goto out;
         }
         s->n++;
     }

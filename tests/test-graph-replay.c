@@ -21,6 +21,13 @@
  *    place (cuGraphExecKernelNodeSetParams): the shim's copy is dropped,
  *    the graph runs whole and reads in place, and the changed node's read
  *    is the one that lands (a stale copy would write the old word).
+ *  - auto: `prefetch: {mode: auto}`, each launch claimed read in place
+ *    (woffload_read_in_place) for the first AUTO_FROM steps, as the ggml
+ *    hook claims the steps that read a small share of the experts: the
+ *    graphs run whole, and the executor learns the steps from their
+ *    launches (uvm/stream.c, graph launches) and streams the claimed
+ *    ranges for the other steps; once the claims stop, the launches are
+ *    replayed and read from slots, as in replay.
  *  - off: WOFFLOAD_GRAPH_REPLAY=0: every graph launch runs whole, every
  *    read in place, sums right.
  *  - claimed: every range claimed read in place (woffload_read_in_place)
@@ -50,6 +57,7 @@
 #define STEPS 160
 #define WORDS (NR * READS)
 #define CLAIMED_FROM 8
+#define AUTO_FROM 16
 
 static CUdeviceptr ranges[NR];
 static uint64_t inplace_reads, slot_reads;
@@ -102,7 +110,8 @@ static int child(const char *mode)
     long (*stats)(char *, size_t);
     static const size_t psz[3] = {8, 8, 8};
     static char js[1 << 17];
-    bool replay = strcmp(mode, "replay") == 0, claimed = strcmp(mode, "claimed") == 0;
+    bool autom = strcmp(mode, "auto") == 0;
+    bool replay = strcmp(mode, "replay") == 0 || autom, claimed = strcmp(mode, "claimed") == 0;
     uint64_t expect[NR], want[WORDS + 1], wrong = 0;
     unsigned char *buf = malloc(MiB);
     CUdevice dev;
@@ -225,6 +234,9 @@ static int child(const char *mode)
              * WORDS - 3 writes after it: word WORDS - 1 stays 0 */
             want[WORDS - 1] = 0;
         }
+        if (autom && step < AUTO_FROM)
+            for (int i = 0; i < NR; i++)
+                CHECK(claim((void *)(uintptr_t)ranges[i], MiB, 1) >= 0);
         if (claimed) {
             /* as the ggml hook claims a compute's layers (a span the
              * executor made after the claim is not claimed: steps from
@@ -239,9 +251,14 @@ static int child(const char *mode)
         }
         CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
         CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-        if (claimed)
+        if (claimed || (autom && step < AUTO_FROM))
             for (int i = 0; i < NR; i++)
                 CHECK(claim((void *)(uintptr_t)ranges[i], MiB, 0) >= 0);
+        if (autom && step == AUTO_FROM - 1) {
+            CHECK(stats(js, sizeof(js)) > 0);
+            replays_claimed = (uint64_t)num_after(js, "\"graph_replays\":");
+            slot_claimed = slot_reads;
+        }
         for (int w = 0; w <= WORDS; w++)
             if (((uint64_t *)(uintptr_t)out)[w] != want[w])
                 wrong++;
@@ -272,6 +289,13 @@ static int child(const char *mode)
             /* read at the instantiation and at the update */
             CHECK(snaps == 2);
             CHECK(replays >= STEPS / 4 && kernels == replays * WORDS);
+            /* auto: nothing replayed while claimed; streamed from the
+             * steps the graphs ran whole */
+            if (autom) {
+                CHECK(replays_claimed == 0 && slot_claimed == 0);
+                CHECK(num_after(js, "\"auto_tries\":") >= 0 &&
+                      strstr(js, "\"streamed\":true") != NULL);
+            }
             /* replayed until the change, never after */
             CHECK((double)replays_at_change == replays);
             CHECK(changed == 1);
@@ -298,15 +322,18 @@ static int child(const char *mode)
 static void run(char **argv, const char *mode)
 {
     char pol[] = "/tmp/test-graph-replay-policy-XXXXXX";
-    const char *policy = "version: 1\n"
-                         "device_budget: 16MiB\n"
-                         "prefetch: {mode: stream, slots: 3, experimental: true}\n"
-                         "rules:\n"
-                         "  - {name: experts, match: [experts], place: host}\n";
+    char policy[512];
+    int n = snprintf(policy, sizeof(policy),
+                     "version: 1\n"
+                     "device_budget: 16MiB\n"
+                     "prefetch: {mode: %s, slots: 3, experimental: true}\n"
+                     "rules:\n"
+                     "  - {name: experts, match: [experts], place: host}\n",
+                     strcmp(mode, "auto") == 0 ? "auto" : "stream");
     int fd = mkstemp(pol), status;
     pid_t pid;
 
-    CHECK(fd >= 0 && write(fd, policy, strlen(policy)) == (ssize_t)strlen(policy));
+    CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
     close(fd);
     pid = fork();
     if (pid == 0) {
@@ -330,6 +357,8 @@ int main(int argc, char **argv)
         return child(mode);
     if (want(argc, argv, "replay"))
         run(argv, "replay");
+    if (want(argc, argv, "auto"))
+        run(argv, "auto");
     if (want(argc, argv, "off"))
         run(argv, "off");
     if (want(argc, argv, "claimed"))

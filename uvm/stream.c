@@ -30,6 +30,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "uvm/executor.h"
+#include "uvm/graph.h"
 #include "uvm/plan-budget.h"
 #include "uvm/devmodel.h"
 #include "uvm/stream-check.h"
@@ -606,8 +607,64 @@ static void setup(void)
             wo_sx->nslots, (unsigned long long)(largest >> 20));
 }
 
+/* Graph launches (WOFFLOAD_GRAPH_REPLAY on): the executor learns from the
+ * launches a graph runs as it learns from eager ones, at the graph
+ * launch's time. A graph's launches read in place, but a graph that reads
+ * a streamed range not claimed read in place is replayed kernel by kernel
+ * (preload/graph-replay.c), its launches then seen as eager ones: without
+ * this, an engine whose every step is a graph (llama.cpp) would never show
+ * the executor a step, stream nothing, and never be replayed. */
+static struct wo_graphs *sx_graphs;
+
+static void on_graph_launch(const struct wo_event *ev)
+{
+    const struct wo_event *rep = NULL;
+    ssize_t n;
+
+    if (!sx_graphs)
+        return;
+    n = wo_graphs_expand(sx_graphs, ev, &rep);
+    for (ssize_t k = 0; k < n; k++) {
+        struct wo_event e = rep[k];
+
+        e.t_ns = ev->t_ns; /* it runs now, not when it was captured */
+        e.capture = 0;
+        wo_sx_on_launch(&e);
+    }
+}
+
+/* The captures and instantiations, from the first event on (a capture may
+ * begin before the executor is set up at its first launch). */
+static bool tried_graphs;
+
+static void graph_note(const struct wo_event *ev)
+{
+    const struct wo_event *rep;
+
+    switch (ev->type) {
+    case WO_EV_LAUNCH:
+        if (!ev->capture)
+            return;
+        break;
+    case WO_EV_CAPTURE_BEGIN:
+    case WO_EV_CAPTURE_END:
+    case WO_EV_GRAPH_INSTANTIATE:
+        break;
+    default:
+        return;
+    }
+    if (!tried_graphs) {
+        tried_graphs = true;
+        if (wo_settings()->graph_replay)
+            sx_graphs = wo_graphs_new(); /* NULL: graph launches teach nothing */
+    }
+    if (sx_graphs)
+        (void)wo_graphs_expand(sx_graphs, ev, &rep);
+}
+
 static void on_event(const struct wo_event *ev)
 {
+    graph_note(ev);
     if (!wo_sx) {
         /* the budget is resolved at seal: before that nothing is placed */
         if (tried || ev->type != WO_EV_LAUNCH || wo_uvm_device_budget() == 0)
@@ -635,8 +692,13 @@ static void on_event(const struct wo_event *ev)
             rescan = false;
             (void)list_ranges();
         }
+        if (ev->capture)
+            return; /* recorded into a capture (graph_note): runs at its graph's launches */
         wo_sx_on_launch(ev);
         wo_sx_advance();
+        return;
+    case WO_EV_GRAPH_LAUNCH:
+        on_graph_launch(ev);
         return;
     default:
         return;
@@ -797,6 +859,9 @@ static void finish(void)
     struct wo_stream_counts c;
     unsigned shown = 0;
 
+    wo_graphs_free(sx_graphs);
+    sx_graphs = NULL;
+    tried_graphs = false;
     if (!wo_sx)
         return;
     /* the hooks stop redirecting: launches after this read in place */
@@ -849,6 +914,7 @@ static void finish(void)
 }
 
 static __attribute__((used)) struct exec *parents_exec;
+static __attribute__((used)) struct wo_graphs *parents_graphs;
 
 static void atfork_child(void)
 {
@@ -856,6 +922,8 @@ static void atfork_child(void)
      * reachable for leak checkers) and read in place */
     parents_exec = wo_sx;
     wo_sx = NULL;
+    parents_graphs = sx_graphs;
+    sx_graphs = NULL;
     wo_pin_atfork_child();
     wo_check_atfork_child();
     wo_sx_time_atfork_child();
