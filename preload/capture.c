@@ -312,7 +312,21 @@ void wo_capture_instantiated(uint64_t exec, uint64_t graph)
     wo_replay_note(exec, graph, hits);
 }
 
+/* A graph launch: counted, and its event pushed (push false: replayed
+ * kernel by kernel, graph-replay.c, whose launches push their own). */
+static void graph_launched(uint64_t exec, uint64_t stream, int api, bool push);
+
 void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
+{
+    graph_launched(exec, stream, api, true);
+}
+
+void wo_capture_graph_replayed(uint64_t exec)
+{
+    graph_launched(exec, 0, WO_API_GRAPH, false);
+}
+
+static void graph_launched(uint64_t exec, uint64_t stream, int api, bool push)
 {
     struct exec_slot *e = exec_slot(exec, false);
     struct graph_slot *g = NULL;
@@ -326,7 +340,8 @@ void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api)
         wo_count(WO_CTR_graph_launch_kernels, LOAD(g->launches));
         wo_count(WO_CTR_graph_launch_hits, LOAD(g->hits));
     }
-    push_g(WO_EV_GRAPH_LAUNCH, stream, exec, g ? graph : 0, api);
+    if (push)
+        push_g(WO_EV_GRAPH_LAUNCH, stream, exec, g ? graph : 0, api);
 }
 
 /* Whether launching exec may write weights the launch hook never sees: its

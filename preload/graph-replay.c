@@ -61,7 +61,9 @@ struct rp_node {
             uint32_t grid[3], block[3], cluster[3];
             unsigned shmem;
             bool coop;
+            bool packed;    /* the `extra` form: one buffer, blob[first, first + size) */
             uint32_t first; /* its parameter pointers: ptrs[first, first + nparams) */
+            size_t size;
         } k;
         CUDA_MEMCPY3D cp;
         struct {
@@ -246,6 +248,74 @@ static void add_hits(struct rp_snap *s, const struct wo_ev_hit *h, unsigned nh)
     }
 }
 
+/* The dimensions and attributes of kernel node `node` (p: its parameters). */
+static void kernel_common(const struct wo_real *r, CUgraphNode node,
+                          const CUDA_KERNEL_NODE_PARAMS *p, CUfunction f, struct rp_node *out)
+{
+    kattr_fn attr = (kattr_fn)r->cuGraphKernelNodeGetAttribute;
+    CUkernelNodeAttrValue v;
+
+    memset(out, 0, sizeof(*out));
+    out->kind = RP_KERNEL;
+    out->k.f = f;
+    out->k.grid[0] = p->gridDimX;
+    out->k.grid[1] = p->gridDimY;
+    out->k.grid[2] = p->gridDimZ;
+    out->k.block[0] = p->blockDimX;
+    out->k.block[1] = p->blockDimY;
+    out->k.block[2] = p->blockDimZ;
+    out->k.shmem = p->sharedMemBytes;
+    if (!attr)
+        return;
+    memset(&v, 0, sizeof(v));
+    if (attr(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v) == CUDA_SUCCESS) {
+        out->k.cluster[0] = v.clusterDim.x;
+        out->k.cluster[1] = v.clusterDim.y;
+        out->k.cluster[2] = v.clusterDim.z;
+    }
+    memset(&v, 0, sizeof(v));
+    if (attr(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS)
+        out->k.coop = v.cooperative != 0;
+}
+
+/* Room for size more bytes in s's blob, at an aligned offset (*at). */
+static bool blob_room(struct rp_snap *s, size_t size, size_t *blob_len, size_t *blob_cap,
+                      size_t *at)
+{
+    *at = (*blob_len + RP_ALIGN - 1) & ~(size_t)(RP_ALIGN - 1);
+    if (*at + size > *blob_cap) {
+        size_t cap = WO_MAX(*blob_cap * 2, *at + size + 4096);
+        unsigned char *nb = realloc(s->blob, cap);
+        if (!nb)
+            return false;
+        s->blob = nb;
+        *blob_cap = cap;
+    }
+    *blob_len = *at + size;
+    return true;
+}
+
+/* A kernel node whose parameters are one packed buffer (the `extra` form:
+ * CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE, as cuBLAS launches): the buffer
+ * copied into the blob. */
+static bool read_packed(const CUDA_KERNEL_NODE_PARAMS *p, CUfunction f, struct rp_snap *s,
+                        struct rp_node *out, size_t *blob_len, size_t *blob_cap)
+{
+    struct wo_ev_hit hits[WO_EV_MAX_HITS];
+    const void *buf;
+    size_t size, at;
+
+    wo_launch_extra(p->extra, &buf, &size);
+    if (!buf || !blob_room(s, size, blob_len, blob_cap, &at))
+        return false;
+    memcpy(s->blob + at, buf, size);
+    out->k.packed = true;
+    out->k.first = (uint32_t)at;
+    out->k.size = size;
+    add_hits(s, hits, wo_launch_hits(f, NULL, p->extra, hits, WO_EV_MAX_HITS));
+    return true;
+}
+
 /* A kernel node into s: its parameters copied into the blob (offsets in
  * ptrs for now). False: it cannot be replayed. */
 static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_snap *s,
@@ -253,9 +323,7 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
                         size_t *ptrs_cap)
 {
     kparams_fn get = (kparams_fn)r->cuGraphKernelNodeGetParams_v2;
-    kattr_fn attr = (kattr_fn)r->cuGraphKernelNodeGetAttribute;
     CUDA_KERNEL_NODE_PARAMS p;
-    CUkernelNodeAttrValue v;
     uint16_t sizes[RP_MAX_PARAMS];
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
     CUfunction f;
@@ -265,32 +333,16 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
     if (!get || get(node, &p) != CUDA_SUCCESS)
         return false;
     f = p.func ? p.func : (CUfunction)p.kern;
-    if (!f || (!p.kernelParams && p.extra))
+    if (!f)
         return false;
+    if (!p.kernelParams && p.extra) {
+        kernel_common(r, node, &p, f, out);
+        return read_packed(&p, f, s, out, blob_len, blob_cap);
+    }
     n = wo_launch_param_sizes(f, sizes, RP_MAX_PARAMS);
     if (n < 0 || (n && !p.kernelParams))
         return false;
-    memset(out, 0, sizeof(*out));
-    out->kind = RP_KERNEL;
-    out->k.f = f;
-    out->k.grid[0] = p.gridDimX;
-    out->k.grid[1] = p.gridDimY;
-    out->k.grid[2] = p.gridDimZ;
-    out->k.block[0] = p.blockDimX;
-    out->k.block[1] = p.blockDimY;
-    out->k.block[2] = p.blockDimZ;
-    out->k.shmem = p.sharedMemBytes;
-    if (attr) {
-        memset(&v, 0, sizeof(v));
-        if (attr(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v) == CUDA_SUCCESS) {
-            out->k.cluster[0] = v.clusterDim.x;
-            out->k.cluster[1] = v.clusterDim.y;
-            out->k.cluster[2] = v.clusterDim.z;
-        }
-        memset(&v, 0, sizeof(v));
-        if (attr(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v) == CUDA_SUCCESS)
-            out->k.coop = v.cooperative != 0;
-    }
+    kernel_common(r, node, &p, f, out);
     if (*nptrs + (size_t)n > *ptrs_cap) {
         size_t cap = WO_MAX(*ptrs_cap * 2, *nptrs + (size_t)n + 256);
         void **np = realloc(s->ptrs, cap * sizeof(*np));
@@ -301,20 +353,13 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
     }
     out->k.first = (uint32_t)*nptrs;
     for (int i = 0; i < n; i++) {
-        size_t at = (*blob_len + RP_ALIGN - 1) & ~(size_t)(RP_ALIGN - 1);
-        if (at + sizes[i] > *blob_cap) {
-            size_t cap = WO_MAX(*blob_cap * 2, at + sizes[i] + 4096);
-            unsigned char *nb = realloc(s->blob, cap);
-            if (!nb)
-                return false;
-            s->blob = nb;
-            *blob_cap = cap;
-        }
+        size_t at;
+        if (!blob_room(s, sizes[i], blob_len, blob_cap, &at))
+            return false;
         memcpy(s->blob + at, p.kernelParams[i], sizes[i]);
         s->ptrs[(*nptrs)++] = (void *)(uintptr_t)at; /* an offset until the blob is final */
-        *blob_len = at + sizes[i];
     }
-    add_hits(s, hits, wo_launch_hits(f, p.kernelParams, hits, WO_EV_MAX_HITS));
+    add_hits(s, hits, wo_launch_hits(f, p.kernelParams, NULL, hits, WO_EV_MAX_HITS));
     return true;
 }
 
@@ -553,8 +598,15 @@ static CUresult run_node(const struct rp_snap *s, const struct rp_node *nd, uint
 
     switch (nd->kind) {
     case RP_KERNEL:
+        if (nd->k.packed) {
+            size_t size = nd->k.size;
+            void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, s->blob + nd->k.first,
+                             CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+            return wo_launch_node(nd->k.f, nd->k.grid, nd->k.block, nd->k.shmem, nd->k.cluster,
+                                  nd->k.coop, stream, NULL, extra, ra);
+        }
         return wo_launch_node(nd->k.f, nd->k.grid, nd->k.block, nd->k.shmem, nd->k.cluster,
-                              nd->k.coop, stream, s->ptrs + nd->k.first, ra);
+                              nd->k.coop, stream, s->ptrs + nd->k.first, NULL, ra);
     case RP_COPY: {
         wo_pfn_cuMemcpy3DAsync_v2 cp =
             (wo_pfn_cuMemcpy3DAsync_v2)wo_real_hook(WO_HOOK_cuMemcpy3DAsync_v2);
@@ -633,6 +685,7 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
         return -1;
     }
     wo_count(WO_CTR_graph_replays, 1);
+    wo_capture_graph_replayed(exec);
     return 1;
 }
 

@@ -134,16 +134,19 @@ static inline void wo_launch_extra(void **extra, const void **buf, size_t *size)
  * cached layout), copied into sizes (at most max): their count, or -1 when
  * the driver cannot say or there are max or more. */
 int wo_launch_param_sizes(CUfunction f, uint16_t *sizes, int max);
-/* The ranges a launch of f with params reaches, as the launch scan finds
- * them (at most max into hits): their count. */
-unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, unsigned max);
+/* The ranges a launch of f with params (or, params NULL, the `extra` form)
+ * reaches, as the launch scan finds them (at most max into hits): their
+ * count. */
+unsigned wo_launch_hits(CUfunction f, void **params, void **extra, struct wo_ev_hit *hits,
+                        unsigned max);
 /* One kernel of a replayed graph launched on stream as the launch hooks
- * launch one: scanned, redirected into staging slots, its event pushed.
+ * launch one: scanned, redirected into staging slots, its event pushed
+ * (params, or params NULL and the `extra` form).
  * cluster: its cluster dimensions (all 0 or 1: none); coop: cooperative. ra:
  * the graph launch's caller. */
 CUresult wo_launch_node(CUfunction f, const uint32_t grid[3], const uint32_t block[3],
                         unsigned shmem, const uint32_t cluster[3], bool coop, uint64_t stream,
-                        void **params, void *ra);
+                        void **params, void **extra, void *ra);
 
 /* --- capture state (capture.c) -------------------------------------------- */
 
@@ -164,6 +167,9 @@ void wo_capture_begin(uint64_t stream, int mode);
 void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);
 void wo_capture_instantiated(uint64_t exec, uint64_t graph);
 void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api);
+/* A graph launch replayed kernel by kernel: counted as a graph launch (the
+ * kernels push their own events). */
+void wo_capture_graph_replayed(uint64_t exec);
 void wo_capture_reset(void);
 
 /* --- graph replay (graph-replay.c) ---------------------------------------- */

@@ -719,7 +719,8 @@ int wo_launch_param_sizes(CUfunction f, uint16_t *sizes, int max)
     return n;
 }
 
-unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, unsigned max)
+unsigned wo_launch_hits(CUfunction f, void **params, void **extra, struct wo_ev_hit *hits,
+                        unsigned max)
 {
     uint16_t tmp[MAX_PARAMS];
     const uint16_t *sizes = NULL;
@@ -727,10 +728,13 @@ unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, uns
     int n = -1;
 
     memset(&s, 0, offsetof(struct scan, hits));
-    if (!params || wo_registry_count() == 0)
+    if ((!params && !extra) || wo_registry_count() == 0)
         return 0;
     wo_registry_read_begin();
-    scan_params(&s, (uintptr_t)f, f, false, params, tmp, &sizes, &n);
+    if (params)
+        scan_params(&s, (uintptr_t)f, f, false, params, tmp, &sizes, &n);
+    else
+        scan_extra(&s, extra);
     wo_registry_read_end();
     n = WO_MIN((int)s.nhits, (int)max);
     memcpy(hits, s.hits, (size_t)n * sizeof(*hits));
@@ -739,11 +743,10 @@ unsigned wo_launch_hits(CUfunction f, void **params, struct wo_ev_hit *hits, uns
 
 CUresult wo_launch_node(CUfunction f, const uint32_t grid[3], const uint32_t block[3],
                         unsigned shmem, const uint32_t cluster[3], bool coop, uint64_t stream,
-                        void **params, void *ra)
+                        void **params, void **extra, void *ra)
 {
     struct wo_redirect_buf b;
     struct launch l;
-    void **extra = NULL;
     CUresult res;
     bool ex = coop || cluster[0] > 1 || cluster[1] > 1 || cluster[2] > 1;
 

@@ -6,7 +6,8 @@
  * `prefetch: {mode: stream}` and runs every step as one CUDA graph, as
  * llama.cpp does: captured once, instantiated, launched each step. The
  * graph clears an output table (a memset node), reads each range READS
- * times with a checksum kernel (each sum into its own word), and copies
+ * times with a checksum kernel (each sum into its own word; one launch
+ * with its parameters packed, the `extra` form cuBLAS uses), and copies
  * the first sum aside (a copy node). Kernels are host functions in the
  * fake: a checksum tells whether the pointer it got was the range (in
  * place) or another address (a staging slot). After each launch the child
@@ -188,7 +189,16 @@ static int child(const char *mode)
             params[w][1] = &n;                                                                     \
             params[w][2] = &outw[at];                                                              \
             want[at] = expect[i];                                                                  \
-            CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params[w], NULL) == CUDA_SUCCESS);   \
+            if (w == 1) { /* the packed form (cuBLAS launches so) */                               \
+                uint64_t pk[3] = {ranges[i], n, outw[at]};                                         \
+                size_t psize = sizeof(pk);                                                         \
+                void *ex[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, pk, CU_LAUNCH_PARAM_BUFFER_SIZE,     \
+                              &psize, CU_LAUNCH_PARAM_END};                                        \
+                CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, NULL, ex) == CUDA_SUCCESS);      \
+            } else {                                                                               \
+                CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, params[w], NULL) ==              \
+                      CUDA_SUCCESS);                                                               \
+            }                                                                                      \
         }                                                                                          \
         CHECK(p_cuMemcpyDtoDAsync(outw[WORDS], outw[0], 8, s) == CUDA_SUCCESS);                    \
         want[WORDS] = want[0];                                                                     \

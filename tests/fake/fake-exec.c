@@ -69,6 +69,8 @@ struct fk_node {
     struct CUgraph_st *g;
     size_t idx;
     void *params[MAX_PARAMS]; /* cuGraphKernelNodeGetParams: into the op's args */
+    void *extra[5];           /* ... or, launched packed, the op's args as one buffer */
+    size_t size;
 };
 static struct fk_node *node_locked(struct CUgraph_st *g, size_t i);
 
@@ -1471,6 +1473,7 @@ static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3],
         /* The driver copies parameter values at capture time. */
         struct fk_op op;
         r = kernel_op(&op, f, g, b, shmem, params, buf);
+        op.k.packed = buf != NULL;
         if (r != CUDA_SUCCESS)
             return r;
         r = fk_capture_add(cap, &op);
@@ -1841,9 +1844,20 @@ FK_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_
         p->blockDimY = op->k.block[1];
         p->blockDimZ = op->k.block[2];
         p->sharedMemBytes = op->k.shmem;
-        for (int i = 0; i < op->k.f->nparams; i++)
-            n->params[i] = op->k.args + op->k.f->offsets[i];
-        p->kernelParams = n->params;
+        if (op->k.packed) {
+            /* as the driver gives back a launch captured in the extra form */
+            n->size = op->k.f->argbytes;
+            n->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+            n->extra[1] = op->k.args;
+            n->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+            n->extra[3] = &n->size;
+            n->extra[4] = CU_LAUNCH_PARAM_END;
+            p->extra = n->extra;
+        } else {
+            for (int i = 0; i < op->k.f->nparams; i++)
+                n->params[i] = op->k.args + op->k.f->offsets[i];
+            p->kernelParams = n->params;
+        }
     }
     fk_unlock_();
     return r;

@@ -108,6 +108,7 @@ struct fk_op {
             uint32_t grid[3], block[3];
             unsigned shmem;
             uint8_t *args; /* param bytes, laid out by the function's offsets */
+            bool packed;   /* launched with the `extra` form: a node gives it back so */
         } k;
         struct {
             void *dst;
