@@ -10,11 +10,13 @@
  * So the shim keeps, per graph exec, what it needs to launch the exec's
  * work itself: the graph's nodes in an order its edges allow, each
  * kernel's function, dimensions, cluster and cooperative attributes and a
- * copy of its parameter bytes, each copy's and memset's parameters. It is
+ * copy of its parameter bytes, each copy's and memset's parameters, its
+ * memory allocation and free nodes (a replay makes its own allocation and
+ * moves the words that point into the graph's: struct rp_alloc). It is
  * read when a graph the shim saw captured, whose launches reached
  * registered ranges, is instantiated or an exec is updated from it
  * (cuGraphExecUpdate): the graph is alive then. A graph with any other
- * node (host, event, child graph, conditional, memory alloc) or more than
+ * node (host, event, child graph, conditional) or more than
  * RP_NODES nodes is launched whole.
  *
  * At a graph launch, when the exec has such a copy, nothing captures, and
@@ -51,7 +53,9 @@
 #define RP_MAX_PARAMS 1024
 #define RP_ALIGN 16
 
-enum { RP_KERNEL = 1, RP_COPY, RP_SET };
+#define RP_ALLOCS 64 /* memory allocation nodes in one graph */
+
+enum { RP_KERNEL = 1, RP_COPY, RP_SET, RP_ALLOC, RP_FREE };
 
 struct rp_node {
     int kind;
@@ -71,7 +75,24 @@ struct rp_node {
             unsigned value, esz;
             size_t n;
         } set;
+        unsigned mem; /* RP_ALLOC, RP_FREE: the allocation's index */
     };
+};
+
+/* A graph's memory allocation node: the address it has in the graph, its
+ * size. A replay makes its own (cuMemAllocAsync on the launch's stream,
+ * freed at the free node) and moves every parameter word, copy and memset
+ * address inside it there. */
+struct rp_alloc {
+    CUdeviceptr gptr;
+    size_t size;
+    bool freed; /* the graph frees it (required) */
+};
+
+/* A parameter word (blob[off], 8 bytes) that points into allocation a. */
+struct rp_reloc {
+    uint32_t off;
+    uint16_t a;
 };
 
 struct rp_snap {
@@ -84,6 +105,11 @@ struct rp_snap {
     unsigned char *blob;
     unsigned nhits;
     struct wo_ev_hit *hits;
+    size_t blob_len, nptrs;
+    unsigned nalloc;
+    struct rp_alloc alloc[RP_ALLOCS];
+    size_t nreloc, reloc_cap;
+    struct rp_reloc *reloc;
 };
 
 static pthread_mutex_t rp_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -99,6 +125,7 @@ static void snap_free(struct rp_snap *s)
     free(s->ptrs);
     free(s->blob);
     free(s->hits);
+    free(s->reloc);
     free(s);
 }
 
@@ -295,6 +322,40 @@ static bool blob_room(struct rp_snap *s, size_t size, size_t *blob_len, size_t *
     return true;
 }
 
+/* The allocation of s whose graph address range holds v, or -1. */
+static int alloc_of(const struct rp_snap *s, uint64_t v)
+{
+    for (unsigned a = 0; a < s->nalloc; a++)
+        if (v >= s->alloc[a].gptr && v - s->alloc[a].gptr < s->alloc[a].size)
+            return (int)a;
+    return -1;
+}
+
+/* The words of blob[at, at + size) (8-byte steps) that point into one of
+ * the graph's allocations, noted for the replay to move. */
+static bool note_relocs(struct rp_snap *s, size_t at, size_t size)
+{
+    for (size_t off = 0; s->nalloc && off + 8 <= size; off += 8) {
+        uint64_t v;
+        int a;
+
+        memcpy(&v, s->blob + at + off, sizeof(v));
+        a = alloc_of(s, v);
+        if (a < 0)
+            continue;
+        if (s->nreloc == s->reloc_cap) {
+            size_t cap = s->reloc_cap ? 2 * s->reloc_cap : 64;
+            struct rp_reloc *r = realloc(s->reloc, cap * sizeof(*r));
+            if (!r)
+                return false;
+            s->reloc = r;
+            s->reloc_cap = cap;
+        }
+        s->reloc[s->nreloc++] = (struct rp_reloc){(uint32_t)(at + off), (uint16_t)a};
+    }
+    return true;
+}
+
 /* A kernel node whose parameters are one packed buffer (the `extra` form:
  * CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE, as cuBLAS launches): the buffer
  * copied into the blob. */
@@ -309,6 +370,8 @@ static bool read_packed(const CUDA_KERNEL_NODE_PARAMS *p, CUfunction f, struct r
     if (!buf || !blob_room(s, size, blob_len, blob_cap, &at))
         return false;
     memcpy(s->blob + at, buf, size);
+    if (!note_relocs(s, at, size))
+        return false;
     out->k.packed = true;
     out->k.first = (uint32_t)at;
     out->k.size = size;
@@ -357,6 +420,8 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
         if (!blob_room(s, sizes[i], blob_len, blob_cap, &at))
             return false;
         memcpy(s->blob + at, p.kernelParams[i], sizes[i]);
+        if (!note_relocs(s, at, sizes[i]))
+            return false;
         s->ptrs[(*nptrs)++] = (void *)(uintptr_t)at; /* an offset until the blob is final */
     }
     add_hits(s, hits, wo_launch_hits(f, p.kernelParams, NULL, hits, WO_EV_MAX_HITS));
@@ -472,12 +537,53 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             out->set.n = p.width;
             break;
         }
-        default: /* host, event, child graph, conditional, allocation: run whole */
+        case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
+            CUresult (*get)(CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *) = (CUresult(*)(
+                CUgraphNode, CUDA_MEM_ALLOC_NODE_PARAMS *))r->cuGraphMemAllocNodeGetParams;
+            CUDA_MEM_ALLOC_NODE_PARAMS p;
+            memset(&p, 0, sizeof(p));
+            if (!get || get(node, &p) != CUDA_SUCCESS || s->nalloc == RP_ALLOCS ||
+                p.poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE || !p.dptr) {
+                say_whole("holds a memory allocation it cannot make (not on the device, "
+                          "unreadable, or too many)",
+                          -1);
+                goto out;
+            }
+            out->kind = RP_ALLOC;
+            out->mem = s->nalloc;
+            s->alloc[s->nalloc++] = (struct rp_alloc){p.dptr, p.bytesize, false};
+            break;
+        }
+        case CU_GRAPH_NODE_TYPE_MEM_FREE: {
+            CUresult (*get)(CUgraphNode, CUdeviceptr *) =
+                (CUresult(*)(CUgraphNode, CUdeviceptr *))r->cuGraphMemFreeNodeGetParams;
+            CUdeviceptr d = 0;
+            int a;
+            if (!get || get(node, &d) != CUDA_SUCCESS || (a = alloc_of(s, d)) < 0 ||
+                s->alloc[a].gptr != d) {
+                say_whole("frees memory it did not allocate (or unreadable)", -1);
+                goto out;
+            }
+            out->kind = RP_FREE;
+            out->mem = (unsigned)a;
+            s->alloc[a].freed = true;
+            break;
+        }
+        default: /* host, event, child graph, conditional: run whole */
             say_whole(NULL, (int)t);
             goto out;
         }
         s->n++;
     }
+    /* memory the graph allocates and leaves to the engine to free: the
+     * replay's would be another address */
+    for (unsigned a = 0; a < s->nalloc; a++)
+        if (!s->alloc[a].freed) {
+            say_whole("allocates memory it does not free", -1);
+            goto out;
+        }
+    s->blob_len = blob_len;
+    s->nptrs = nptrs;
     /* the blob is final: offsets become pointers */
     for (size_t i = 0; i < nptrs; i++)
         s->ptrs[i] = s->blob + (uintptr_t)s->ptrs[i];
@@ -590,8 +696,59 @@ static void copy_dst(const CUDA_MEMCPY3D *p, uint64_t *lo, uint64_t *n)
     *n = p->WidthInBytes + (h - 1) * pitch + (d - 1) * pitch * hp;
 }
 
-static CUresult run_node(const struct rp_snap *s, const struct rp_node *nd, uint64_t stream,
-                         void *ra)
+/* One replay's own state: the parameter bytes it launches from (the
+ * copy's, or its own copy when the graph allocates memory, with the
+ * words into an allocation moved to the replay's), and its allocations. */
+struct rp_run {
+    const struct rp_snap *s;
+    unsigned char *blob;
+    void **ptrs;
+    CUdeviceptr dev[RP_ALLOCS]; /* the replay's allocations (0: not made, or freed) */
+};
+
+/* v moved into the replay's allocation when it points into the graph's. */
+static CUdeviceptr moved(const struct rp_run *x, CUdeviceptr v)
+{
+    int a = alloc_of(x->s, v);
+    return a < 0 || !x->dev[a] ? v : x->dev[a] + (v - x->s->alloc[a].gptr);
+}
+
+static CUresult run_alloc(struct rp_run *x, unsigned a, CUstream cs)
+{
+    wo_pfn_cuMemAllocAsync al = (wo_pfn_cuMemAllocAsync)wo_real_hook(WO_HOOK_cuMemAllocAsync);
+    CUdeviceptr d = 0;
+    CUresult res = al ? al(&d, x->s->alloc[a].size, cs) : CUDA_ERROR_NOT_FOUND;
+
+    if (res != CUDA_SUCCESS)
+        return res;
+    x->dev[a] = d;
+    /* the parameter words that point into it now point into the replay's */
+    for (size_t i = 0; i < x->s->nreloc; i++) {
+        const struct rp_reloc *rl = &x->s->reloc[i];
+        uint64_t v;
+        if (rl->a != a)
+            continue;
+        memcpy(&v, x->blob + rl->off, sizeof(v));
+        v = d + (v - x->s->alloc[a].gptr);
+        memcpy(x->blob + rl->off, &v, sizeof(v));
+    }
+    return CUDA_SUCCESS;
+}
+
+static CUresult run_free(struct rp_run *x, unsigned a, CUstream cs)
+{
+    wo_pfn_cuMemFreeAsync fr = (wo_pfn_cuMemFreeAsync)wo_real_hook(WO_HOOK_cuMemFreeAsync);
+    CUresult res;
+
+    if (!x->dev[a])
+        return CUDA_SUCCESS;
+    res = fr ? fr(x->dev[a], cs) : CUDA_ERROR_NOT_FOUND;
+    if (res == CUDA_SUCCESS)
+        x->dev[a] = 0;
+    return res;
+}
+
+static CUresult run_node(struct rp_run *x, const struct rp_node *nd, uint64_t stream, void *ra)
 {
     const struct wo_real *r = wo_real_driver_peek();
     CUstream cs = (CUstream)(uintptr_t)stream;
@@ -600,48 +757,94 @@ static CUresult run_node(const struct rp_snap *s, const struct rp_node *nd, uint
     case RP_KERNEL:
         if (nd->k.packed) {
             size_t size = nd->k.size;
-            void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, s->blob + nd->k.first,
+            void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, x->blob + nd->k.first,
                              CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
             return wo_launch_node(nd->k.f, nd->k.grid, nd->k.block, nd->k.shmem, nd->k.cluster,
                                   nd->k.coop, stream, NULL, extra, ra);
         }
         return wo_launch_node(nd->k.f, nd->k.grid, nd->k.block, nd->k.shmem, nd->k.cluster,
-                              nd->k.coop, stream, s->ptrs + nd->k.first, NULL, ra);
+                              nd->k.coop, stream, x->ptrs + nd->k.first, NULL, ra);
     case RP_COPY: {
         wo_pfn_cuMemcpy3DAsync_v2 cp =
             (wo_pfn_cuMemcpy3DAsync_v2)wo_real_hook(WO_HOOK_cuMemcpy3DAsync_v2);
+        CUDA_MEMCPY3D c = nd->cp;
         uint64_t lo, n;
-        copy_dst(&nd->cp, &lo, &n);
+        if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE || c.srcMemoryType == CU_MEMORYTYPE_UNIFIED)
+            c.srcDevice = moved(x, c.srcDevice);
+        if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE || c.dstMemoryType == CU_MEMORYTYPE_UNIFIED)
+            c.dstDevice = moved(x, c.dstDevice);
+        copy_dst(&c, &lo, &n);
         if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
             wo_stream_note_write(lo, n); /* a slot of what it writes is dropped first */
-        return cp ? cp(&nd->cp, cs) : CUDA_ERROR_NOT_FOUND;
+        return cp ? cp(&c, cs) : CUDA_ERROR_NOT_FOUND;
     }
     case RP_SET: {
         uint64_t n = nd->set.n * nd->set.esz;
+        CUdeviceptr dst = moved(x, nd->set.dst);
         if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
-            wo_stream_note_write(nd->set.dst, n);
+            wo_stream_note_write(dst, n);
         if (!r)
             return CUDA_ERROR_NOT_FOUND;
         if (nd->set.esz == 1 && r->cuMemsetD8Async)
             return ((CUresult(*)(CUdeviceptr, unsigned char, size_t, CUstream))r->cuMemsetD8Async)(
-                nd->set.dst, (unsigned char)nd->set.value, nd->set.n, cs);
+                dst, (unsigned char)nd->set.value, nd->set.n, cs);
         if (nd->set.esz == 2 && r->cuMemsetD16Async)
             return (
                 (CUresult(*)(CUdeviceptr, unsigned short, size_t, CUstream))r->cuMemsetD16Async)(
-                nd->set.dst, (unsigned short)nd->set.value, nd->set.n, cs);
+                dst, (unsigned short)nd->set.value, nd->set.n, cs);
         if (nd->set.esz == 4 && r->cuMemsetD32Async)
             return ((CUresult(*)(CUdeviceptr, unsigned int, size_t, CUstream))r->cuMemsetD32Async)(
-                nd->set.dst, nd->set.value, nd->set.n, cs);
+                dst, nd->set.value, nd->set.n, cs);
         return CUDA_ERROR_NOT_FOUND;
     }
+    case RP_ALLOC:
+        return run_alloc(x, nd->mem, cs);
+    case RP_FREE:
+        return run_free(x, nd->mem, cs);
     default:
         return CUDA_SUCCESS;
+    }
+}
+
+/* The replay's parameter bytes: the copy's own, or (the graph allocates
+ * memory: words move per replay) a copy of them. False without memory. */
+static bool run_begin(struct rp_run *x, const struct rp_snap *s)
+{
+    memset(x, 0, sizeof(*x));
+    x->s = s;
+    x->blob = s->blob;
+    x->ptrs = s->ptrs;
+    if (!s->nreloc)
+        return true;
+    x->blob = malloc(s->blob_len ? s->blob_len : 1);
+    x->ptrs = malloc((s->nptrs ? s->nptrs : 1) * sizeof(*x->ptrs));
+    if (!x->blob || !x->ptrs) {
+        free(x->blob);
+        free(x->ptrs);
+        return false;
+    }
+    memcpy(x->blob, s->blob, s->blob_len);
+    for (size_t i = 0; i < s->nptrs; i++)
+        x->ptrs[i] = x->blob + ((unsigned char *)s->ptrs[i] - s->blob);
+    return true;
+}
+
+/* After the last node (or a failure): what the replay allocated and did
+ * not free yet is freed on the stream; its own bytes freed. */
+static void run_end(struct rp_run *x, uint64_t stream)
+{
+    for (unsigned a = 0; a < x->s->nalloc; a++)
+        (void)run_free(x, a, (CUstream)(uintptr_t)stream);
+    if (x->blob != x->s->blob) {
+        free(x->blob);
+        free(x->ptrs);
     }
 }
 
 int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
 {
     struct rp_snap *s = NULL;
+    struct rp_run x;
     CUresult res = CUDA_SUCCESS;
     uint32_t done = 0;
 
@@ -664,10 +867,15 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     pthread_mutex_unlock(&rp_lock);
     if (!s)
         return 0;
-    for (; done < s->n; done++) {
-        res = run_node(s, &s->nodes[done], stream, ra);
-        if (res != CUDA_SUCCESS)
-            break;
+    if (!run_begin(&x, s)) {
+        res = CUDA_ERROR_OUT_OF_MEMORY; /* nothing ran: launched whole below */
+    } else {
+        for (; done < s->n; done++) {
+            res = run_node(&x, &s->nodes[done], stream, ra);
+            if (res != CUDA_SUCCESS)
+                break;
+        }
+        run_end(&x, stream);
     }
     pthread_mutex_lock(&rp_lock);
     if (--s->refs == 0 && s->retired)

@@ -282,6 +282,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuGraphKernelNodeGetAttribute)                                                               \
     Y(cuGraphMemcpyNodeGetParams)                                                                  \
     Y(cuGraphMemsetNodeGetParams)                                                                  \
+    Y(cuGraphMemAllocNodeGetParams)                                                                \
+    Y(cuGraphMemFreeNodeGetParams)                                                                 \
     Y(cuMemsetD8Async)                                                                             \
     Y(cuMemsetD16Async)                                                                            \
     Y(cuMemsetD32Async)

@@ -62,6 +62,11 @@
 
 static CUdeviceptr ranges[NR];
 static uint64_t inplace_reads, slot_reads;
+/* the graphs' own scratch allocations (one per capture), and the reads
+ * written into one of them: a replay writes into its own allocation */
+static CUdeviceptr gtmp[2];
+static int ntmp;
+static uint64_t gtmp_writes;
 
 /* params: const unsigned char *p, uint64_t n, uint64_t *out */
 static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
@@ -76,6 +81,9 @@ static void checksum(void **params, const uint32_t g[3], const uint32_t b[3])
     for (int i = 0; i < NR; i++)
         weight |= p >= ranges[i] && p < ranges[i] + MiB;
     __atomic_add_fetch(weight ? &inplace_reads : &slot_reads, 1, __ATOMIC_RELAXED);
+    for (int t = 0; t < ntmp; t++)
+        if ((CUdeviceptr)(uintptr_t)out >= gtmp[t] && (CUdeviceptr)(uintptr_t)out < gtmp[t] + 64)
+            __atomic_add_fetch(&gtmp_writes, 1, __ATOMIC_RELAXED);
     *out = host_sum((const uint64_t *)(uintptr_t)p, n / 8);
 }
 
@@ -94,6 +102,8 @@ static int child(const char *mode)
     CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*p_cuMemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
     CUresult (*p_cuMemsetD32Async)(CUdeviceptr, unsigned, size_t, CUstream);
+    CUresult (*p_cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+    CUresult (*p_cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **);
     CUresult (*p_cuStreamCreate)(CUstream *, unsigned), (*p_cuStreamSync)(CUstream);
@@ -124,7 +134,7 @@ static int child(const char *mode)
     CUgraphExec ge;
     uint64_t n = MiB, slot_before_change = 0, inplace_before_change = 0;
     CUdeviceptr outw[WORDS + 1];
-    void *params[WORDS][3];
+    void *params[WORDS][3], *tparams[3];
     uint64_t replays_at_change = 0, replays_claimed = 0, slot_claimed = 0;
 
     if (!cu || !buf)
@@ -137,6 +147,8 @@ static int child(const char *mode)
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
     *(void **)&p_cuMemcpyDtoDAsync = need(cu, "cuMemcpyDtoDAsync_v2");
     *(void **)&p_cuMemsetD32Async = need(cu, "cuMemsetD32Async");
+    *(void **)&p_cuMemAllocAsync = need(cu, "cuMemAllocAsync");
+    *(void **)&p_cuMemFreeAsync = need(cu, "cuMemFreeAsync");
     *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
     *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
     *(void **)&p_cuStreamSync = need(cu, "cuStreamSynchronize");
@@ -200,8 +212,17 @@ static int child(const char *mode)
                       CUDA_SUCCESS);                                                               \
             }                                                                                      \
         }                                                                                          \
-        CHECK(p_cuMemcpyDtoDAsync(outw[WORDS], outw[0], 8, s) == CUDA_SUCCESS);                    \
-        want[WORDS] = want[0];                                                                     \
+        /* scratch memory the graph allocates and frees (cuBLAS's workspace,                       \
+         * a memory allocation node): range 0's sum through it */                                  \
+        CHECK(p_cuMemAllocAsync(&gtmp[ntmp], 64, s) == CUDA_SUCCESS);                              \
+        tparams[0] = &ranges[0];                                                                   \
+        tparams[1] = &n;                                                                           \
+        tparams[2] = &gtmp[ntmp];                                                                  \
+        CHECK(p_cuLaunchKernel(k, 1, 1, 1, 1, 1, 1, 0, s, tparams, NULL) == CUDA_SUCCESS);         \
+        CHECK(p_cuMemcpyDtoDAsync(outw[WORDS], gtmp[ntmp], 8, s) == CUDA_SUCCESS);                 \
+        CHECK(p_cuMemFreeAsync(gtmp[ntmp], s) == CUDA_SUCCESS);                                    \
+        ntmp++;                                                                                    \
+        want[WORDS] = expect[0];                                                                   \
         CHECK(p_cuEndCapture(s, (gp)) == CUDA_SUCCESS);                                            \
     } while (0)
 
@@ -218,8 +239,8 @@ static int child(const char *mode)
         if (step == 3 * STEPS / 4) {
             /* one kernel node changed in the exec alone: the first kernel
              * (node 1, after the memset) reads range 5 into word 3 */
-            CUgraphNode nodes[WORDS + 2];
-            size_t nn = WORDS + 2;
+            CUgraphNode nodes[WORDS + 5];
+            size_t nn = WORDS + 5;
             CUDA_KERNEL_NODE_PARAMS kp;
             static void *np[3];
             static CUdeviceptr r5, w3;
@@ -228,7 +249,7 @@ static int child(const char *mode)
             inplace_before_change = inplace_reads;
             CHECK(stats(js, sizeof(js)) > 0);
             replays_at_change = (uint64_t)num_after(js, "\"graph_replays\":");
-            CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS && nn == WORDS + 2);
+            CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS && nn == WORDS + 5);
             r5 = ranges[5];
             w3 = outw[3];
             np[0] = &r5;
@@ -295,10 +316,15 @@ static int child(const char *mode)
                "unsupported, %.0f execs changed in place\n",
                mode, replays, kernels, snaps, unsup, changed);
         CHECK(unsup == 0);
+        /* every launch run whole wrote the graph's own scratch; no replay
+         * did (it allocated its own) */
+        printf("child %s: %llu reads written into a graph's own allocation\n", mode,
+               (unsigned long long)gtmp_writes);
+        CHECK((double)gtmp_writes == STEPS - replays);
         if (replay) {
             /* read at the instantiation and at the update */
             CHECK(snaps == 2);
-            CHECK(replays >= STEPS / 4 && kernels == replays * WORDS);
+            CHECK(replays >= STEPS / 4 && kernels == replays * (WORDS + 1));
             /* auto: nothing replayed while claimed; streamed from the
              * steps the graphs ran whole */
             if (autom) {
@@ -312,7 +338,7 @@ static int child(const char *mode)
             CHECK(slot_before_change > 0);
             /* after the change, the graph ran whole: every read in place */
             CHECK(slot_reads == slot_before_change);
-            CHECK(inplace_reads - inplace_before_change == (STEPS - 3 * STEPS / 4) * WORDS);
+            CHECK(inplace_reads - inplace_before_change == (STEPS - 3 * STEPS / 4) * (WORDS + 1));
         } else if (claimed) {
             /* claimed read in place: launched whole (the claims found the
              * streamed spans) */

@@ -1817,10 +1817,12 @@ FK_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
     const struct fk_op *op = node_op_locked(hNode);
     CUresult r = op ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
     if (op)
-        *type = op->type == FK_OP_KERNEL ? CU_GRAPH_NODE_TYPE_KERNEL
-                : op->type == FK_OP_COPY ? CU_GRAPH_NODE_TYPE_MEMCPY
-                : op->type == FK_OP_SET  ? CU_GRAPH_NODE_TYPE_MEMSET
-                                         : CU_GRAPH_NODE_TYPE_HOST;
+        *type = op->type == FK_OP_KERNEL  ? CU_GRAPH_NODE_TYPE_KERNEL
+                : op->type == FK_OP_COPY  ? CU_GRAPH_NODE_TYPE_MEMCPY
+                : op->type == FK_OP_SET   ? CU_GRAPH_NODE_TYPE_MEMSET
+                : op->type == FK_OP_ALLOC ? CU_GRAPH_NODE_TYPE_MEM_ALLOC
+                : op->type == FK_OP_FREE  ? CU_GRAPH_NODE_TYPE_MEM_FREE
+                                          : CU_GRAPH_NODE_TYPE_HOST;
     fk_unlock_();
     return r;
 }
@@ -1918,6 +1920,40 @@ FK_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode, CUDA_MEMSET_NOD
         p->width = op->set.n;
         p->height = 1;
     }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *p)
+{
+    FK_ENTER(cuGraphMemAllocNodeGetParams);
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op && op->type == FK_OP_ALLOC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS) {
+        memset(p, 0, sizeof(*p));
+        p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+        p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p->poolProps.location.id = 0;
+        p->bytesize = op->mem.size;
+        p->dptr = op->mem.dptr;
+    }
+    fk_unlock_();
+    return r;
+}
+
+FK_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr)
+{
+    FK_ENTER(cuGraphMemFreeNodeGetParams);
+    if (!dptr)
+        return CUDA_ERROR_INVALID_VALUE;
+    fk_lock_();
+    const struct fk_op *op = node_op_locked(hNode);
+    CUresult r = op && op->type == FK_OP_FREE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    if (r == CUDA_SUCCESS)
+        *dptr = op->mem.dptr;
     fk_unlock_();
     return r;
 }

@@ -385,10 +385,16 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream s, bool
     if (r != CUDA_SUCCESS)
         return r;
     /* Inside a capture the allocation is made now and lives until freed
-     * outside the graph: enough for graphs that use it, simpler than graph
-     * memory nodes. */
+     * outside the graph (enough for graphs that use it), and a memory
+     * allocation node records it (what the shim's graph replay reads). */
     uintptr_t p;
     r = new_alloc(FAKECUDA_ASYNC, bytesize, 0, &p);
+    if (r == CUDA_SUCCESS && cap) {
+        struct fk_op op = {.type = FK_OP_ALLOC, .mem = {.dptr = p, .size = bytesize}};
+        r = fk_capture_add(cap, &op);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
     if (r == CUDA_SUCCESS)
         *dptr = p;
     return r;
@@ -416,8 +422,11 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, bool pt)
         return r;
     if (cap) {
         /* A free captured into a graph: the memory stays valid (the graph
-         * may use it); validate only. */
-        return fk_mem_kind(dptr, 1) >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+         * may use it); validated, and a memory free node added. */
+        struct fk_op op = {.type = FK_OP_FREE, .mem = {.dptr = dptr}};
+        if (fk_mem_kind(dptr, 1) < 0)
+            return CUDA_ERROR_INVALID_VALUE;
+        return fk_capture_add(cap, &op);
     }
     return free_kind(dptr, 1u << FAKECUDA_DEVICE | 1u << FAKECUDA_ASYNC);
 }

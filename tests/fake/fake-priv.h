@@ -99,7 +99,7 @@ CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap
 CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struct fk_capture **cap);
 
 /* What a capture records (prefetches cannot be captured: driver 580). */
-enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST };
+enum fk_op_type { FK_OP_KERNEL = 1, FK_OP_COPY, FK_OP_SET, FK_OP_HOST, FK_OP_ALLOC, FK_OP_FREE };
 struct fk_op {
     int type;
     union {
@@ -125,6 +125,11 @@ struct fk_op {
             CUhostFn fn;
             void *ud;
         } host;
+        struct { /* a graph's memory node: nothing to run (the fake's memory
+                  * is made at capture and stays valid) */
+            CUdeviceptr dptr;
+            size_t size;
+        } mem;
     };
 };
 /* Appends a copy of op to the capture (args copied by the caller). */

@@ -182,6 +182,8 @@
     X(cuGraphKernelNodeGetAttribute, C)                                                            \
     X(cuGraphMemcpyNodeGetParams, C)                                                               \
     X(cuGraphMemsetNodeGetParams, C)                                                               \
+    X(cuGraphMemAllocNodeGetParams, C)                                                             \
+    X(cuGraphMemFreeNodeGetParams, C)                                                              \
     X(cuGraphExecUpdate_v2, C)                                                                     \
     X(cuGraphExecKernelNodeSetParams_v2, C)                                                        \
     X(cuMemGetAllocationGranularity, I)                                                            \
@@ -315,6 +317,8 @@
     X(cuGraphKernelNodeGetAttribute, 11000, cuGraphKernelNodeGetAttribute, NULL)                   \
     X(cuGraphMemcpyNodeGetParams, 10000, cuGraphMemcpyNodeGetParams, NULL)                         \
     X(cuGraphMemsetNodeGetParams, 10000, cuGraphMemsetNodeGetParams, NULL)                         \
+    X(cuGraphMemAllocNodeGetParams, 11040, cuGraphMemAllocNodeGetParams, NULL)                     \
+    X(cuGraphMemFreeNodeGetParams, 11040, cuGraphMemFreeNodeGetParams, NULL)                       \
     X(cuGraphExecUpdate, 12000, cuGraphExecUpdate_v2, NULL)                                        \
     X(cuGraphExecKernelNodeSetParams, 12000, cuGraphExecKernelNodeSetParams_v2, NULL)              \
     X(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity, NULL)                   \
