@@ -1765,6 +1765,23 @@ static const struct fk_op *node_op_locked(CUgraphNode h)
     return &n->g->ops[n->idx];
 }
 
+/* Node h's op when it is of the given type: returned with the lock held
+ * (the caller unlocks); NULL (unlocked) when out is NULL, or for another
+ * node, or none. */
+static const struct fk_op *node_op_typed(CUgraphNode h, int type, const void *out)
+{
+    const struct fk_op *op;
+
+    if (!out)
+        return NULL;
+    fk_lock_();
+    op = node_op_locked(h);
+    if (op && op->type == type)
+        return op;
+    fk_unlock_();
+    return NULL;
+}
+
 FK_EXPORT CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode *nodes, size_t *numNodes)
 {
     FK_ENTER(cuGraphGetNodes);
@@ -1830,53 +1847,45 @@ FK_EXPORT CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType *type)
 FK_EXPORT CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode hNode, CUDA_KERNEL_NODE_PARAMS *p)
 {
     FK_ENTER(cuGraphKernelNodeGetParams_v2);
-    if (!p)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_KERNEL, p);
+    struct fk_node *n = (struct fk_node *)hNode;
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    CUresult r = op && op->type == FK_OP_KERNEL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        struct fk_node *n = (struct fk_node *)hNode;
-        memset(p, 0, sizeof(*p));
-        p->func = op->k.f;
-        p->gridDimX = op->k.grid[0];
-        p->gridDimY = op->k.grid[1];
-        p->gridDimZ = op->k.grid[2];
-        p->blockDimX = op->k.block[0];
-        p->blockDimY = op->k.block[1];
-        p->blockDimZ = op->k.block[2];
-        p->sharedMemBytes = op->k.shmem;
-        if (op->k.packed) {
-            /* as the driver gives back a launch captured in the extra form */
-            n->size = op->k.f->argbytes;
-            n->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
-            n->extra[1] = op->k.args;
-            n->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
-            n->extra[3] = &n->size;
-            n->extra[4] = CU_LAUNCH_PARAM_END;
-            p->extra = n->extra;
-        } else {
-            for (int i = 0; i < op->k.f->nparams; i++)
-                n->params[i] = op->k.args + op->k.f->offsets[i];
-            p->kernelParams = n->params;
-        }
+    memset(p, 0, sizeof(*p));
+    p->func = op->k.f;
+    p->gridDimX = op->k.grid[0];
+    p->gridDimY = op->k.grid[1];
+    p->gridDimZ = op->k.grid[2];
+    p->blockDimX = op->k.block[0];
+    p->blockDimY = op->k.block[1];
+    p->blockDimZ = op->k.block[2];
+    p->sharedMemBytes = op->k.shmem;
+    if (op->k.packed) {
+        /* as the driver gives back a launch captured in the extra form */
+        n->size = op->k.f->argbytes;
+        n->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
+        n->extra[1] = op->k.args;
+        n->extra[2] = CU_LAUNCH_PARAM_BUFFER_SIZE;
+        n->extra[3] = &n->size;
+        n->extra[4] = CU_LAUNCH_PARAM_END;
+        p->extra = n->extra;
+    } else {
+        for (int i = 0; i < op->k.f->nparams; i++)
+            n->params[i] = op->k.args + op->k.f->offsets[i];
+        p->kernelParams = n->params;
     }
     fk_unlock_();
-    return r;
+    return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNodeAttrID attr,
                                                  CUkernelNodeAttrValue *value)
 {
     FK_ENTER(cuGraphKernelNodeGetAttribute);
-    if (!value)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_KERNEL, value);
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    bool kernel = op && op->type == FK_OP_KERNEL;
     fk_unlock_();
-    if (!kernel)
-        return CUDA_ERROR_INVALID_VALUE;
     (void)attr;
     memset(value, 0, sizeof(*value)); /* nothing set: no cluster, not cooperative */
     return CUDA_SUCCESS;
@@ -1887,75 +1896,60 @@ FK_EXPORT CUresult cuGraphKernelNodeGetAttribute(CUgraphNode hNode, CUkernelNode
 FK_EXPORT CUresult cuGraphMemcpyNodeGetParams(CUgraphNode hNode, CUDA_MEMCPY3D *p)
 {
     FK_ENTER(cuGraphMemcpyNodeGetParams);
-    if (!p)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_COPY, p);
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    CUresult r = op && op->type == FK_OP_COPY ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        memset(p, 0, sizeof(*p));
-        p->srcMemoryType = p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
-        p->srcDevice = (CUdeviceptr)(uintptr_t)op->cp.src;
-        p->dstDevice = (CUdeviceptr)(uintptr_t)op->cp.dst;
-        p->WidthInBytes = op->cp.n;
-        p->Height = p->Depth = 1;
-    }
+    memset(p, 0, sizeof(*p));
+    p->srcMemoryType = p->dstMemoryType = CU_MEMORYTYPE_UNIFIED;
+    p->srcDevice = (CUdeviceptr)(uintptr_t)op->cp.src;
+    p->dstDevice = (CUdeviceptr)(uintptr_t)op->cp.dst;
+    p->WidthInBytes = op->cp.n;
+    p->Height = p->Depth = 1;
     fk_unlock_();
-    return r;
+    return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuGraphMemsetNodeGetParams(CUgraphNode hNode, CUDA_MEMSET_NODE_PARAMS *p)
 {
     FK_ENTER(cuGraphMemsetNodeGetParams);
-    if (!p)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_SET, p);
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    CUresult r = op && op->type == FK_OP_SET ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        memset(p, 0, sizeof(*p));
-        p->dst = (CUdeviceptr)(uintptr_t)op->set.dst;
-        p->value = op->set.val;
-        p->elementSize = op->set.esz;
-        p->width = op->set.n;
-        p->height = 1;
-    }
+    memset(p, 0, sizeof(*p));
+    p->dst = (CUdeviceptr)(uintptr_t)op->set.dst;
+    p->value = op->set.val;
+    p->elementSize = op->set.esz;
+    p->width = op->set.n;
+    p->height = 1;
     fk_unlock_();
-    return r;
+    return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS *p)
 {
     FK_ENTER(cuGraphMemAllocNodeGetParams);
-    if (!p)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_ALLOC, p);
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    CUresult r = op && op->type == FK_OP_ALLOC ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS) {
-        memset(p, 0, sizeof(*p));
-        p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-        p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        p->poolProps.location.id = 0;
-        p->bytesize = op->mem.size;
-        p->dptr = op->mem.dptr;
-    }
+    memset(p, 0, sizeof(*p));
+    p->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->poolProps.location.id = 0;
+    p->bytesize = op->mem.size;
+    p->dptr = op->mem.dptr;
     fk_unlock_();
-    return r;
+    return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr *dptr)
 {
     FK_ENTER(cuGraphMemFreeNodeGetParams);
-    if (!dptr)
+    const struct fk_op *op = node_op_typed(hNode, FK_OP_FREE, dptr);
+    if (!op)
         return CUDA_ERROR_INVALID_VALUE;
-    fk_lock_();
-    const struct fk_op *op = node_op_locked(hNode);
-    CUresult r = op && op->type == FK_OP_FREE ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    if (r == CUDA_SUCCESS)
-        *dptr = op->mem.dptr;
+    *dptr = op->mem.dptr;
     fk_unlock_();
-    return r;
+    return CUDA_SUCCESS;
 }
 
 static void exec_ops_free(struct CUgraphExec_st *e)
