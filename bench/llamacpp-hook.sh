@@ -11,7 +11,8 @@
 # GGUF (19.75 GiB) beside it, the shim in build-gpu, all three at once; then,
 # each row skipped when the time left is too short, a failed row never
 # stopping the rest:
-#   tokens-*   bench/llamacpp-tokens.c, 32 greedy token ids: plain (twice: the
+#   tokens-*   bench/llamacpp-tokens.c, 32 greedy token ids (*-b32: of 32
+#              sequences side by side, against tokens-plain-b32): plain (twice: the
 #              second says whether llama.cpp repeats itself), then under
 #              woffload-run (hook loaded by the ELF's NEEDED libllama.so)
 #              with the empty policy, experts host (-ot exps=CPU), the first
@@ -220,6 +221,7 @@ picks_env() {
     case $1 in *-noclaims*) PENV=(env WOFFLOAD_GGML_STREAM=0) ;; esac
 }
 PLAIN_TOKENS=""
+PLAIN_TOKENS_B32=""
 FAILS=0
 
 # ROWS="tokens-plain bench-shim-exps ...": only those rows (default: all). A
@@ -238,7 +240,12 @@ tokens() {
     lim=$(($(left) - 15)) # timeout's -k 10 included
     [ $lim -gt 90 ] && lim=90
     if [ $lim -lt 20 ]; then say "SKIP $name: $(left) s left"; return; fi
-    local cmd=("$TOK" "$M" 32 "$mm")
+    # *-b32: 32 sequences side by side (a step reads 99% of the experts:
+    # staged, through graph replay with llama.cpp's graphs on), against
+    # tokens-plain-b32
+    local seqs=1
+    case $name in *-b32*) seqs=32 ;; esac
+    local cmd=("$TOK" "$M" 32 "$mm" "$seqs")
     if [ "$mode" != plain ]; then
         shim_args "$mode"
         picks_env "$name"
@@ -250,15 +257,26 @@ tokens() {
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.out" 2>"$OUT/$name.log"
     local rc=$? got
     cat "$OUT/$name.out" >>"$OUT/$name.log"
-    got=$(grep -m1 -o '^tokens:[ 0-9]*' "$OUT/$name.out")
-    if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS" ]; then
-        PLAIN_TOKENS=$got
-        say "$name rc=$rc: ${got:-no tokens}"
-        [ -n "$got" ] || FAILS=$((FAILS + 1))
-        return
+    got=$(grep -m1 -o '^tokens:[ 0-9|]*' "$OUT/$name.out")
+    if [ "$seqs" -gt 1 ]; then
+        if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS_B32" ]; then
+            PLAIN_TOKENS_B32=$got
+            say "$name rc=$rc: ${got:0:120}..."
+            [ -n "$got" ] || FAILS=$((FAILS + 1))
+            return
+        fi
+        local want=$PLAIN_TOKENS_B32
+    else
+        if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS" ]; then
+            PLAIN_TOKENS=$got
+            say "$name rc=$rc: ${got:-no tokens}"
+            [ -n "$got" ] || FAILS=$((FAILS + 1))
+            return
+        fi
+        local want=$PLAIN_TOKENS
     fi
     local verdict="tokens IDENTICAL to plain"
-    if [ -z "$got" ] || [ "$got" != "$PLAIN_TOKENS" ]; then
+    if [ -z "$got" ] || [ "$got" != "$want" ]; then
         verdict="tokens DIFFER from plain (${got:-none})"
         FAILS=$((FAILS + 1))
     fi
@@ -384,6 +402,8 @@ tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
 tokens exps-picks100 exps
 tokens exps-stream-noclaims exps-stream
+tokens plain-b32 plain
+tokens exps-b32 exps
 server plain plain
 server exps exps
 bench plain-allgpu plain

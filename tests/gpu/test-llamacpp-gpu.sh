@@ -15,6 +15,10 @@
 #   - the same with llama.cpp's CUDA graphs on (its default): each graph
 #     launch replayed kernel by kernel (preload/graph-replay.c), its
 #     launches redirected; the stats must count replays;
+#   - the same, graphs on, with 32 sequences decoded side by side (their
+#     ids against a plain run of the 32): the claims (the default) leave
+#     every step to the executor, and llama.cpp's batched graph (which
+#     allocates cuBLAS's workspace inside the graph) is replayed;
 #   - the same with the ggml hook's claims (the default): every compute here
 #     (a 16-token prompt, 88% of 32 experts top-4 picked, then one token at
 #     a time) claims the experts read in place, so nothing is staged and the
@@ -42,16 +46,25 @@ if [ -z "$plain" ]; then
     exit 1
 fi
 echo "plain: $plain"
+plain32=$("$tok" "$gguf" 32 mmap 32 2>"$tmp/plain32.err" | grep -m1 '^tokens:')
+if [ -z "$plain32" ]; then
+    echo "FAIL: the plain run of 32 sequences gave no tokens"
+    tail -5 "$tmp/plain32.err"
+    exit 1
+fi
+seqs=1
 
 # row NAME POLICY [VAR=VALUE...]
 row() {
     name=$1 pol=$2
     shift 2
     env "$@" WO_TOKENS_STATS="$tmp/$name.json" "$run" --policy "$src/examples/$pol" --log info -- \
-        "$tok" "$gguf" 32 mmap >"$tmp/$name.out" 2>"$tmp/$name.err"
+        "$tok" "$gguf" 32 mmap "$seqs" >"$tmp/$name.out" 2>"$tmp/$name.err"
     got=$(grep -m1 '^tokens:' "$tmp/$name.out")
-    if [ "$got" != "$plain" ]; then
-        echo "FAIL $name: tokens ${got:-none}, plain $plain"
+    want=$plain
+    [ "$seqs" -gt 1 ] && want=$plain32
+    if [ "$got" != "$want" ]; then
+        echo "FAIL $name: tokens ${got:-none}, plain $want"
         tail -8 "$tmp/$name.err"
         fails=$((fails + 1))
         return
@@ -67,7 +80,7 @@ print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind 
       f"stream: {sx.get('sub_spans')} sub-spans, {sx.get('redirected')} launches redirected, "
       f"{sx.get('staged')} staging copies")
 ip = st.get("interpose", {})
-if sys.argv[3] == "exps-replay":
+if sys.argv[3].startswith("exps-replay"):
     print(f"    graph launches replayed {ip.get('graph_replays')} ({ip.get('graph_replay_kernels')} "
           f"kernels), graphs read {ip.get('graph_snapshots')} "
           f"({ip.get('graph_snapshot_unsupported')} not replayable)")
@@ -78,7 +91,7 @@ if sys.argv[3] == "exps-claims":
 else:
     streamed = "exps-stream" not in sys.argv[2] or (sx.get("sub_spans", 0) > 0 and
                                                     sx.get("redirected", 0) > 0)
-    if sys.argv[3] == "exps-replay":
+    if sys.argv[3].startswith("exps-replay"):
         streamed = streamed and ip.get("graph_replays", 0) > 0
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
@@ -94,6 +107,9 @@ row n-cpu-moe llamacpp-n-cpu-moe.yaml
 row exps-host-late llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1
 row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GGML_STREAM=0
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
+seqs=32
+row exps-replay-b32 llamacpp-exps-stream.yaml
+seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 [ "$fails" -eq 0 ] || exit 1
 echo "PASS"
