@@ -403,7 +403,7 @@ tokens exps-stream exps-stream
 tokens exps-picks100 exps
 tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
-tokens exps-b32 exps
+tokens exps-stream-b32 exps-stream
 server plain plain
 server exps exps
 bench plain-allgpu plain
