@@ -258,22 +258,15 @@ tokens() {
     local rc=$? got
     cat "$OUT/$name.out" >>"$OUT/$name.log"
     got=$(grep -m1 -o '^tokens:[ 0-9|]*' "$OUT/$name.out")
-    if [ "$seqs" -gt 1 ]; then
-        if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS_B32" ]; then
-            PLAIN_TOKENS_B32=$got
-            say "$name rc=$rc: ${got:0:120}..."
-            [ -n "$got" ] || FAILS=$((FAILS + 1))
-            return
-        fi
-        local want=$PLAIN_TOKENS_B32
-    else
-        if [ "$mode" = plain ] && [ -z "$PLAIN_TOKENS" ]; then
-            PLAIN_TOKENS=$got
-            say "$name rc=$rc: ${got:-no tokens}"
-            [ -n "$got" ] || FAILS=$((FAILS + 1))
-            return
-        fi
-        local want=$PLAIN_TOKENS
+    # the plain run this one is held against: the first plain one of as many
+    # sequences
+    local -n want=PLAIN_TOKENS
+    [ "$seqs" -gt 1 ] && local -n want=PLAIN_TOKENS_B32
+    if [ "$mode" = plain ] && [ -z "$want" ]; then
+        want=$got
+        say "$name rc=$rc: ${got:0:200}"
+        [ -n "$got" ] || FAILS=$((FAILS + 1))
+        return
     fi
     local verdict="tokens IDENTICAL to plain"
     if [ -z "$got" ] || [ "$got" != "$want" ]; then

@@ -293,11 +293,11 @@ void wo_capture_instantiated(uint64_t exec, uint64_t graph)
 {
     struct exec_slot *e;
     struct graph_slot *g;
-    bool hits;
+    uint32_t capture;
 
     pthread_mutex_lock(&cap_lock);
     g = graph_slot(graph, false);
-    hits = g && LOAD(g->hits) != 0;
+    capture = g && LOAD(g->hits) != 0 ? LOAD(g->capture) : 0;
     if (g)
         wo_count(WO_CTR_graph_instantiate, 1);
     else
@@ -309,7 +309,7 @@ void wo_capture_instantiated(uint64_t exec, uint64_t graph)
     pthread_mutex_unlock(&cap_lock);
     /* the copy a replay launches from (graph-replay.c), read while the
      * graph is alive */
-    wo_replay_note(exec, graph, hits);
+    wo_replay_note(exec, graph, capture);
 }
 
 /* A graph launch: counted, and its event pushed (push false: replayed

@@ -97,15 +97,17 @@ struct rp_reloc {
 
 struct rp_snap {
     uint64_t exec;
-    unsigned refs; /* replays launching from it now */
-    bool retired;  /* no longer the exec's: freed by the last replay */
+    uint64_t graph;   /* read from this graph, recorded by this capture (capture.c's */
+    uint32_t capture; /* ids): an update from the same one reads nothing again */
+    unsigned refs;    /* replays launching from it now */
+    bool retired;     /* no longer the exec's: freed by the last replay */
     uint32_t n;
     struct rp_node *nodes;
     void **ptrs;
     unsigned char *blob;
     unsigned nhits;
     struct wo_ev_hit *hits;
-    size_t blob_len, nptrs;
+    size_t blob_len, blob_cap, nptrs, ptrs_cap;
     unsigned nalloc;
     struct rp_alloc alloc[RP_ALLOCS];
     size_t nreloc, reloc_cap;
@@ -114,8 +116,7 @@ struct rp_snap {
 
 static pthread_mutex_t rp_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct rp_snap *snaps[RP_EXECS];
-static unsigned nsnaps;
-static int any_snaps; /* nsnaps != 0, read without the lock */
+static unsigned nsnaps; /* written under rp_lock; read without it only to skip it */
 
 static void snap_free(struct rp_snap *s)
 {
@@ -129,22 +130,38 @@ static void snap_free(struct rp_snap *s)
     free(s);
 }
 
-/* Takes exec's copy out of the table (lock held); freed now, or by the
- * last replay using it. */
-static void drop_locked(uint64_t exec)
+static bool any_snaps(void)
 {
-    for (unsigned i = 0; i < nsnaps; i++) {
-        struct rp_snap *s = snaps[i];
-        if (s->exec != exec)
-            continue;
-        snaps[i] = snaps[--nsnaps];
-        __atomic_store_n(&any_snaps, nsnaps != 0, __ATOMIC_RELAXED);
-        if (s->refs)
-            s->retired = true;
-        else
-            snap_free(s);
-        return;
-    }
+    return __atomic_load_n(&nsnaps, __ATOMIC_RELAXED) != 0;
+}
+
+/* exec's copy (lock held), or NULL. */
+static struct rp_snap *find_locked(uint64_t exec, unsigned *at)
+{
+    for (unsigned i = 0; i < nsnaps; i++)
+        if (snaps[i]->exec == exec) {
+            *at = i;
+            return snaps[i];
+        }
+    return NULL;
+}
+
+/* Takes exec's copy out of the table (lock held); freed now, or by the
+ * last replay using it. Whether there was one. */
+static bool drop_locked(uint64_t exec)
+{
+    unsigned i;
+    struct rp_snap *s = find_locked(exec, &i);
+
+    if (!s)
+        return false;
+    snaps[i] = snaps[nsnaps - 1];
+    __atomic_store_n(&nsnaps, nsnaps - 1, __ATOMIC_RELAXED);
+    if (s->refs)
+        s->retired = true;
+    else
+        snap_free(s);
+    return true;
 }
 
 /* --- reading a graph -------------------------------------------------------- */
@@ -306,19 +323,18 @@ static void kernel_common(const struct wo_real *r, CUgraphNode node,
 }
 
 /* Room for size more bytes in s's blob, at an aligned offset (*at). */
-static bool blob_room(struct rp_snap *s, size_t size, size_t *blob_len, size_t *blob_cap,
-                      size_t *at)
+static bool blob_room(struct rp_snap *s, size_t size, size_t *at)
 {
-    *at = (*blob_len + RP_ALIGN - 1) & ~(size_t)(RP_ALIGN - 1);
-    if (*at + size > *blob_cap) {
-        size_t cap = WO_MAX(*blob_cap * 2, *at + size + 4096);
+    *at = (s->blob_len + RP_ALIGN - 1) & ~(size_t)(RP_ALIGN - 1);
+    if (*at + size > s->blob_cap) {
+        size_t cap = WO_MAX(s->blob_cap * 2, *at + size + 4096);
         unsigned char *nb = realloc(s->blob, cap);
         if (!nb)
             return false;
         s->blob = nb;
-        *blob_cap = cap;
+        s->blob_cap = cap;
     }
-    *blob_len = *at + size;
+    s->blob_len = *at + size;
     return true;
 }
 
@@ -356,40 +372,29 @@ static bool note_relocs(struct rp_snap *s, size_t at, size_t size)
     return true;
 }
 
-/* A kernel node whose parameters are one packed buffer (the `extra` form:
- * CU_LAUNCH_PARAM_BUFFER_POINTER and _SIZE, as cuBLAS launches): the buffer
- * copied into the blob. */
-static bool read_packed(const CUDA_KERNEL_NODE_PARAMS *p, CUfunction f, struct rp_snap *s,
-                        struct rp_node *out, size_t *blob_len, size_t *blob_cap)
+/* size bytes from src into s's blob (at an aligned offset, *at), the
+ * words among them that point into the graph's allocations noted. */
+static bool copy_in(struct rp_snap *s, const void *src, size_t size, size_t *at)
 {
-    struct wo_ev_hit hits[WO_EV_MAX_HITS];
-    const void *buf;
-    size_t size, at;
-
-    wo_launch_extra(p->extra, &buf, &size);
-    if (!buf || !blob_room(s, size, blob_len, blob_cap, &at))
+    if (!blob_room(s, size, at))
         return false;
-    memcpy(s->blob + at, buf, size);
-    if (!note_relocs(s, at, size))
-        return false;
-    out->k.packed = true;
-    out->k.first = (uint32_t)at;
-    out->k.size = size;
-    add_hits(s, hits, wo_launch_hits(f, NULL, p->extra, hits, WO_EV_MAX_HITS));
-    return true;
+    memcpy(s->blob + *at, src, size);
+    return note_relocs(s, *at, size);
 }
 
-/* A kernel node into s: its parameters copied into the blob (offsets in
- * ptrs for now). False: it cannot be replayed. */
+/* A kernel node into s: its parameters copied into the blob, as separate
+ * parameters (their blob offsets in ptrs until the blob is final) or as
+ * one packed buffer (the `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER and
+ * _SIZE, as cuBLAS launches). False: it cannot be replayed. */
 static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_snap *s,
-                        struct rp_node *out, size_t *blob_len, size_t *blob_cap, size_t *nptrs,
-                        size_t *ptrs_cap)
+                        struct rp_node *out)
 {
     kparams_fn get = (kparams_fn)r->cuGraphKernelNodeGetParams_v2;
     CUDA_KERNEL_NODE_PARAMS p;
     uint16_t sizes[RP_MAX_PARAMS];
     struct wo_ev_hit hits[WO_EV_MAX_HITS];
     CUfunction f;
+    size_t at;
     int n;
 
     memset(&p, 0, sizeof(p));
@@ -399,30 +404,36 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
     if (!f)
         return false;
     if (!p.kernelParams && p.extra) {
+        const void *buf;
+        size_t size;
+
+        wo_launch_extra(p.extra, &buf, &size);
         kernel_common(r, node, &p, f, out);
-        return read_packed(&p, f, s, out, blob_len, blob_cap);
+        if (!buf || !copy_in(s, buf, size, &at))
+            return false;
+        out->k.packed = true;
+        out->k.first = (uint32_t)at;
+        out->k.size = size;
+        add_hits(s, hits, wo_launch_hits(f, NULL, p.extra, hits, WO_EV_MAX_HITS));
+        return true;
     }
     n = wo_launch_param_sizes(f, sizes, RP_MAX_PARAMS);
     if (n < 0 || (n && !p.kernelParams))
         return false;
     kernel_common(r, node, &p, f, out);
-    if (*nptrs + (size_t)n > *ptrs_cap) {
-        size_t cap = WO_MAX(*ptrs_cap * 2, *nptrs + (size_t)n + 256);
+    if (s->nptrs + (size_t)n > s->ptrs_cap) {
+        size_t cap = WO_MAX(s->ptrs_cap * 2, s->nptrs + (size_t)n + 256);
         void **np = realloc(s->ptrs, cap * sizeof(*np));
         if (!np)
             return false;
         s->ptrs = np;
-        *ptrs_cap = cap;
+        s->ptrs_cap = cap;
     }
-    out->k.first = (uint32_t)*nptrs;
+    out->k.first = (uint32_t)s->nptrs;
     for (int i = 0; i < n; i++) {
-        size_t at;
-        if (!blob_room(s, sizes[i], blob_len, blob_cap, &at))
+        if (!copy_in(s, p.kernelParams[i], sizes[i], &at))
             return false;
-        memcpy(s->blob + at, p.kernelParams[i], sizes[i]);
-        if (!note_relocs(s, at, sizes[i]))
-            return false;
-        s->ptrs[(*nptrs)++] = (void *)(uintptr_t)at; /* an offset until the blob is final */
+        s->ptrs[s->nptrs++] = (void *)(uintptr_t)at;
     }
     add_hits(s, hits, wo_launch_hits(f, p.kernelParams, NULL, hits, WO_EV_MAX_HITS));
     return true;
@@ -467,7 +478,7 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
     CUgraphNode *nodes = NULL;
     uint32_t *order = NULL;
     struct rp_snap *s = NULL;
-    size_t n = 0, blob_len = 0, blob_cap = 0, nptrs = 0, ptrs_cap = 0;
+    size_t n = 0;
     bool ok = false, readable = false;
 
     if (!get_nodes || !get_type || get_nodes(g, NULL, &n) != CUDA_SUCCESS || n == 0)
@@ -507,7 +518,7 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
         case CU_GRAPH_NODE_TYPE_EMPTY:
             continue;
         case CU_GRAPH_NODE_TYPE_KERNEL:
-            if (!read_kernel(r, node, s, out, &blob_len, &blob_cap, &nptrs, &ptrs_cap)) {
+            if (!read_kernel(r, node, s, out)) {
                 say_whole("holds a kernel whose parameters could not be read", -1);
                 goto out;
             }
@@ -582,10 +593,8 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             say_whole("allocates memory it does not free", -1);
             goto out;
         }
-    s->blob_len = blob_len;
-    s->nptrs = nptrs;
     /* the blob is final: offsets become pointers */
-    for (size_t i = 0; i < nptrs; i++)
+    for (size_t i = 0; i < s->nptrs; i++)
         s->ptrs[i] = s->blob + (uintptr_t)s->ptrs[i];
     readable = true;
     ok = s->nhits > 0; /* else it reaches no registered range: nothing to move */
@@ -601,33 +610,43 @@ out:
     return s;
 }
 
-/* exec now runs graph g (instantiated from it, or updated to it); hits:
- * g's captured launches reached registered ranges. */
-void wo_replay_note(uint64_t exec, uint64_t graph, bool hits)
+/* exec now runs graph's nodes (instantiated from it, or updated to it);
+ * capture: the capture that recorded it (capture.c's id; 0: not captured
+ * through the shim, or its launches reached no registered range). */
+void wo_replay_note(uint64_t exec, uint64_t graph, uint32_t capture)
 {
-    struct rp_snap *s = NULL;
+    struct rp_snap *s = NULL, *old;
+    unsigned at;
     uint64_t t0;
 
     if (!wo_settings()->graph_replay)
         return;
-    if (__atomic_load_n(&any_snaps, __ATOMIC_RELAXED)) {
+    if (capture && any_snaps()) {
+        /* updated from the graph it was read from (llama.cpp updates its
+         * exec right after instantiating it): nothing changed */
+        bool same;
         pthread_mutex_lock(&rp_lock);
-        drop_locked(exec);
+        old = find_locked(exec, &at);
+        same = old && old->graph == graph && old->capture == capture;
         pthread_mutex_unlock(&rp_lock);
+        if (same)
+            return;
     }
-    if (!hits || !graph || !__atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED))
-        return;
-    t0 = wo_now_ns();
-    s = snap_read(exec, (CUgraph)(uintptr_t)graph);
-    wo_count(WO_CTR_graph_snapshots, 1);
-    wo_count(WO_CTR_graph_snapshot_ns, wo_now_ns() - t0);
-    if (!s)
+    if (capture && graph && __atomic_load_n(&wo_launch_scan, __ATOMIC_RELAXED)) {
+        t0 = wo_now_ns();
+        s = snap_read(exec, (CUgraph)(uintptr_t)graph);
+        wo_count(WO_CTR_graph_snapshots, 1);
+        wo_count(WO_CTR_graph_snapshot_ns, wo_now_ns() - t0);
+    }
+    if (!s && !any_snaps())
         return;
     pthread_mutex_lock(&rp_lock);
-    drop_locked(exec); /* another thread's, read meanwhile */
-    if (nsnaps < RP_EXECS) {
-        snaps[nsnaps++] = s;
-        __atomic_store_n(&any_snaps, 1, __ATOMIC_RELAXED);
+    drop_locked(exec); /* the copy of what the exec ran before */
+    if (s && nsnaps < RP_EXECS) {
+        s->graph = graph;
+        s->capture = capture;
+        snaps[nsnaps] = s;
+        __atomic_store_n(&nsnaps, nsnaps + 1, __ATOMIC_RELAXED);
         s = NULL;
     }
     pthread_mutex_unlock(&rp_lock);
@@ -643,17 +662,15 @@ void wo_replay_note(uint64_t exec, uint64_t graph, bool hits)
 /* exec's nodes changed in place, or it is gone: its copy is dropped. */
 void wo_replay_forget(uint64_t exec, bool changed)
 {
-    if (!__atomic_load_n(&any_snaps, __ATOMIC_RELAXED))
+    bool dropped;
+
+    if (!any_snaps())
         return;
     pthread_mutex_lock(&rp_lock);
-    for (unsigned i = 0; i < nsnaps; i++)
-        if (snaps[i]->exec == exec) {
-            if (changed)
-                wo_count(WO_CTR_graph_exec_changed, 1);
-            drop_locked(exec);
-            break;
-        }
+    dropped = drop_locked(exec);
     pthread_mutex_unlock(&rp_lock);
+    if (dropped && changed)
+        wo_count(WO_CTR_graph_exec_changed, 1);
 }
 
 void wo_replay_reset(void)
@@ -663,7 +680,6 @@ void wo_replay_reset(void)
     for (unsigned i = 0; i < nsnaps; i++)
         snap_free(snaps[i]);
     nsnaps = 0;
-    any_snaps = 0;
 }
 
 /* --- the launch ------------------------------------------------------------- */
@@ -847,19 +863,15 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     struct rp_run x;
     CUresult res = CUDA_SUCCESS;
     uint32_t done = 0;
+    unsigned at;
 
-    if (WO_LIKELY(!__atomic_load_n(&any_snaps, __ATOMIC_RELAXED)) ||
-        !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+    if (WO_LIKELY(!any_snaps()) || !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
         return 0;
     /* launched into a capture, the graph becomes a node of another: whole */
     if (wo_capture_of(stream) || wo_capture_joined(stream))
         return 0;
     pthread_mutex_lock(&rp_lock);
-    for (unsigned i = 0; i < nsnaps; i++)
-        if (snaps[i]->exec == exec) {
-            s = snaps[i];
-            break;
-        }
+    s = find_locked(exec, &at);
     if (s && stages(s))
         s->refs++;
     else

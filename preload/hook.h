@@ -174,10 +174,11 @@ void wo_capture_reset(void);
 
 /* --- graph replay (graph-replay.c) ---------------------------------------- */
 
-/* exec runs graph's nodes now (instantiated or updated from it); hits: its
- * captured launches reached registered ranges. Reads the copy a replay
- * launches from (WOFFLOAD_GRAPH_REPLAY on, something placed). */
-void wo_replay_note(uint64_t exec, uint64_t graph, bool hits);
+/* exec runs graph's nodes now (instantiated or updated from it); capture:
+ * the capture that recorded it, when its launches reached registered
+ * ranges (else 0). Reads the copy a replay launches from
+ * (WOFFLOAD_GRAPH_REPLAY on, something placed), once per capture. */
+void wo_replay_note(uint64_t exec, uint64_t graph, uint32_t capture);
 /* exec's nodes were changed in place (changed), or it is gone: no replay. */
 void wo_replay_forget(uint64_t exec, bool changed);
 /* Before a graph launch: 0 when the graph is to be launched whole; 1 when

@@ -235,6 +235,9 @@ static int child(const char *mode)
             CUgraphExecUpdateResultInfo info;
             CAPTURE(&g2, true);
             CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
+            /* and again from the same graph, as llama.cpp updates right
+             * after it instantiates: nothing to read again */
+            CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
         }
         if (step == 3 * STEPS / 4) {
             /* one kernel node changed in the exec alone: the first kernel
@@ -322,15 +325,15 @@ static int child(const char *mode)
                (unsigned long long)gtmp_writes);
         CHECK((double)gtmp_writes == STEPS - replays);
         if (replay) {
-            /* read at the instantiation and at the update */
+            /* read at the instantiation and at the first update (the
+             * second, from the same capture, reads nothing) */
             CHECK(snaps == 2);
             CHECK(replays >= STEPS / 4 && kernels == replays * (WORDS + 1));
             /* auto: nothing replayed while claimed; streamed from the
              * steps the graphs ran whole */
             if (autom) {
                 CHECK(replays_claimed == 0 && slot_claimed == 0);
-                CHECK(num_after(js, "\"auto_tries\":") >= 0 &&
-                      strstr(js, "\"streamed\":true") != NULL);
+                CHECK(strstr(js, "\"streamed\":true") != NULL);
             }
             /* replayed until the change, never after */
             CHECK((double)replays_at_change == replays);
