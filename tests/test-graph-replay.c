@@ -15,11 +15,13 @@
  *
  * Modes (each a child process; the child checks its own stats):
  *  - replay: graph launches are replayed once the executor streams the
- *    ranges: most reads come from slots, every sum right. Halfway, the
- *    exec is updated (cuGraphExecUpdate) from a second capture that reads
- *    the ranges in reverse order into other words: the replay follows it.
- *    At three quarters one kernel node of the exec gets new parameters in
- *    place (cuGraphExecKernelNodeSetParams): the shim's copy is dropped,
+ *    ranges (the steps wait for that, within a deadline: the executor is a
+ *    thread of its own): reads come from slots, every sum right. PHASE
+ *    steps later, the exec is updated (cuGraphExecUpdate) from a second
+ *    capture that reads the ranges in reverse order into other words: the
+ *    replay follows it. PHASE steps after its first replay, one kernel
+ *    node of the exec gets new parameters in place
+ *    (cuGraphExecKernelNodeSetParams): the shim's copy is dropped,
  *    the graph runs whole and reads in place, and the changed node's read
  *    is the one that lands (a stale copy would write the old word).
  *  - auto: `prefetch: {mode: auto}`, each launch claimed read in place
@@ -43,6 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -55,7 +58,8 @@
 #define MiB ((size_t)1 << 20)
 #define NR 8
 #define READS 2
-#define STEPS 160
+#define PHASE 40      /* steps of each phase after the first replay */
+#define DEADLINE_S 60 /* for the executor to stream */
 #define WORDS (NR * READS)
 #define CLAIMED_FROM 8
 #define AUTO_FROM 16
@@ -135,7 +139,8 @@ static int child(const char *mode)
     uint64_t n = MiB, slot_before_change = 0, inplace_before_change = 0;
     CUdeviceptr outw[WORDS + 1];
     void *params[WORDS][3], *tparams[3];
-    uint64_t replays_at_change = 0, replays_claimed = 0, slot_claimed = 0;
+    uint64_t replays_at_change = 0, replays_at_update = 0, replays_claimed = 0, slot_claimed = 0;
+    int steps = 0;
 
     if (!cu || !buf)
         return 1;
@@ -226,82 +231,127 @@ static int child(const char *mode)
         CHECK(p_cuEndCapture(s, (gp)) == CUDA_SUCCESS);                                            \
     } while (0)
 
+        /* one step: the graph launched (claimed read in place around the
+         * launch when `cl`), then every word checked */
+#define STEP(cl)                                                                                   \
+    do {                                                                                           \
+        if (cl)                                                                                    \
+            for (int r_ = 0; r_ < NR; r_++)                                                        \
+                CHECK(claim((void *)(uintptr_t)ranges[r_], MiB, 1) >= 0);                          \
+        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);                                             \
+        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);                                                  \
+        if (cl)                                                                                    \
+            for (int r_ = 0; r_ < NR; r_++)                                                        \
+                CHECK(claim((void *)(uintptr_t)ranges[r_], MiB, 0) >= 0);                          \
+        for (int w_ = 0; w_ <= WORDS; w_++)                                                        \
+            if (((uint64_t *)(uintptr_t)out)[w_] != want[w_])                                      \
+                wrong++;                                                                           \
+        steps++;                                                                                   \
+    } while (0)
+        /* steps until the executor streams and a replay read from a slot
+         * (cond), within a deadline: the executor is a thread of its own, and
+         * a loaded machine (CI runs two suites at once on two cores) may keep
+         * it off the CPU for many of the fake's steps, which take microseconds;
+         * a GPU step takes milliseconds, modelled by a short sleep */
+#define STEPS_UNTIL(cond)                                                                          \
+    do {                                                                                           \
+        struct timespec t0_, t_;                                                                   \
+        clock_gettime(CLOCK_MONOTONIC, &t0_);                                                      \
+        for (;;) {                                                                                 \
+            STEP(false);                                                                           \
+            CHECK(stats(js, sizeof(js)) > 0);                                                      \
+            if (cond)                                                                              \
+                break;                                                                             \
+            clock_gettime(CLOCK_MONOTONIC, &t_);                                                   \
+            if (t_.tv_sec - t0_.tv_sec > DEADLINE_S) {                                             \
+                fprintf(stderr, "child %s: no %s in %d s (%d steps): %s\n", mode, #cond,           \
+                        DEADLINE_S, steps, js);                                                    \
+                CHECK(cond);                                                                       \
+                break;                                                                             \
+            }                                                                                      \
+            usleep(200);                                                                           \
+        }                                                                                          \
+    } while (0)
+#define REPLAYS() ((uint64_t)num_after(js, "\"graph_replays\":"))
+
     CAPTURE(&g1, false);
     CHECK(p_cuInstantiate(&ge, g1, 0) == CUDA_SUCCESS);
-    for (int step = 0; step < STEPS; step++) {
-        if (step == STEPS / 2) {
-            /* the engine's graph changes (llama.cpp: another batch size):
-             * a new capture, and the exec updated from it */
-            CUgraphExecUpdateResultInfo info;
-            CAPTURE(&g2, true);
-            CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
-            /* and again from the same graph, as llama.cpp updates right
-             * after it instantiates: nothing to read again */
-            CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
-        }
-        if (step == 3 * STEPS / 4) {
-            /* one kernel node changed in the exec alone: the first kernel
-             * (node 1, after the memset) reads range 5 into word 3 */
-            CUgraphNode nodes[WORDS + 5];
-            size_t nn = WORDS + 5;
-            CUDA_KERNEL_NODE_PARAMS kp;
-            static void *np[3];
-            static CUdeviceptr r5, w3;
+    if (autom) {
+        /* claimed read in place, as the ggml hook claims the steps that
+         * read a small share of the experts: the graphs run whole */
+        for (int i = 0; i < AUTO_FROM; i++)
+            STEP(true);
+        CHECK(stats(js, sizeof(js)) > 0);
+        replays_claimed = REPLAYS();
+        slot_claimed = slot_reads;
+    }
+    if (claimed) {
+        /* as the ggml hook claims a compute's layers (a span the executor
+         * made after the claim is not claimed: the steps from CLAIMED_FROM
+         * on are checked) */
+        for (int i = 0; i < CLAIMED_FROM; i++)
+            STEP(true);
+        CHECK(stats(js, sizeof(js)) > 0);
+        replays_claimed = REPLAYS();
+        slot_claimed = slot_reads;
+    }
+    if (replay)
+        STEPS_UNTIL(REPLAYS() > 0 && slot_reads > 0);
+    for (int i = 0; i < PHASE; i++)
+        STEP(claimed);
+    {
+        /* the engine's graph changes (llama.cpp: another batch size): a new
+         * capture, and the exec updated from it */
+        CUgraphExecUpdateResultInfo info;
+        CAPTURE(&g2, true);
+        CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
+        /* and again from the same graph, as llama.cpp updates right after
+         * it instantiates: nothing to read again */
+        CHECK(p_cuExecUpdate(ge, g2, &info) == CUDA_SUCCESS);
+        CHECK(stats(js, sizeof(js)) > 0);
+        replays_at_update = REPLAYS();
+    }
+    /* the update followed: replays of the new graph, every word right (a
+     * stale copy would write the forward order's words) */
+    if (replay)
+        STEPS_UNTIL(REPLAYS() > replays_at_update);
+    for (int i = 0; i < PHASE; i++)
+        STEP(claimed);
+    {
+        /* one kernel node changed in the exec alone: the first kernel (node
+         * 1, after the memset) reads range 5 into word 3 */
+        CUgraphNode nodes[WORDS + 5];
+        size_t nn = WORDS + 5;
+        CUDA_KERNEL_NODE_PARAMS kp;
+        static void *np[3];
+        static CUdeviceptr r5, w3;
 
-            slot_before_change = slot_reads;
-            inplace_before_change = inplace_reads;
-            CHECK(stats(js, sizeof(js)) > 0);
-            replays_at_change = (uint64_t)num_after(js, "\"graph_replays\":");
-            CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS && nn == WORDS + 5);
-            r5 = ranges[5];
-            w3 = outw[3];
-            np[0] = &r5;
-            np[1] = &n;
-            np[2] = &w3;
-            memset(&kp, 0, sizeof(kp));
-            kp.func = k;
-            kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
-            kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
-            kp.kernelParams = np;
-            CHECK(p_cuExecKernelSet(ge, nodes[1], &kp) == CUDA_SUCCESS);
-            /* node 1 wrote word WORDS - 1; now word 3, which node
-             * WORDS - 3 writes after it: word WORDS - 1 stays 0 */
-            want[WORDS - 1] = 0;
-        }
-        if (autom && step < AUTO_FROM)
-            for (int i = 0; i < NR; i++)
-                CHECK(claim((void *)(uintptr_t)ranges[i], MiB, 1) >= 0);
-        if (claimed) {
-            /* as the ggml hook claims a compute's layers (a span the
-             * executor made after the claim is not claimed: steps from
-             * CLAIMED_FROM on are checked) */
-            if (step == CLAIMED_FROM) {
-                CHECK(stats(js, sizeof(js)) > 0);
-                replays_claimed = (uint64_t)num_after(js, "\"graph_replays\":");
-                slot_claimed = slot_reads;
-            }
-            for (int i = 0; i < NR; i++)
-                CHECK(claim((void *)(uintptr_t)ranges[i], MiB, 1) >= 0);
-        }
-        CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
-        CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-        if (claimed || (autom && step < AUTO_FROM))
-            for (int i = 0; i < NR; i++)
-                CHECK(claim((void *)(uintptr_t)ranges[i], MiB, 0) >= 0);
-        if (autom && step == AUTO_FROM - 1) {
-            CHECK(stats(js, sizeof(js)) > 0);
-            replays_claimed = (uint64_t)num_after(js, "\"graph_replays\":");
-            slot_claimed = slot_reads;
-        }
-        for (int w = 0; w <= WORDS; w++)
-            if (((uint64_t *)(uintptr_t)out)[w] != want[w])
-                wrong++;
-        if (step == 3 * STEPS / 4) {
-            /* the changed node's own read: range 5 into word 3, then node
-             * WORDS - 3 wrote word 3 again with its range (the reversed
-             * order's) */
-            CHECK(((uint64_t *)(uintptr_t)out)[WORDS - 1] == 0);
-        }
+        slot_before_change = slot_reads;
+        inplace_before_change = inplace_reads;
+        CHECK(stats(js, sizeof(js)) > 0);
+        replays_at_change = REPLAYS();
+        CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS && nn == WORDS + 5);
+        r5 = ranges[5];
+        w3 = outw[3];
+        np[0] = &r5;
+        np[1] = &n;
+        np[2] = &w3;
+        memset(&kp, 0, sizeof(kp));
+        kp.func = k;
+        kp.gridDimX = kp.gridDimY = kp.gridDimZ = 1;
+        kp.blockDimX = kp.blockDimY = kp.blockDimZ = 1;
+        kp.kernelParams = np;
+        CHECK(p_cuExecKernelSet(ge, nodes[1], &kp) == CUDA_SUCCESS);
+        /* node 1 wrote word WORDS - 1; now word 3, which node WORDS - 3
+         * writes after it: word WORDS - 1 stays 0 */
+        want[WORDS - 1] = 0;
+    }
+    for (int i = 0; i < PHASE; i++) {
+        STEP(claimed);
+        /* the changed node's own read: range 5 into word 3, then node
+         * WORDS - 3 wrote word 3 again with its range (the reversed
+         * order's) */
+        CHECK(((uint64_t *)(uintptr_t)out)[WORDS - 1] == 0);
     }
     printf("child %s: %llu reads from slots, %llu in place, %llu wrong words\n", mode,
            (unsigned long long)slot_reads, (unsigned long long)inplace_reads,
@@ -323,12 +373,12 @@ static int child(const char *mode)
          * did (it allocated its own) */
         printf("child %s: %llu reads written into a graph's own allocation\n", mode,
                (unsigned long long)gtmp_writes);
-        CHECK((double)gtmp_writes == STEPS - replays);
+        CHECK((double)gtmp_writes == steps - replays);
         if (replay) {
             /* read at the instantiation and at the first update (the
              * second, from the same capture, reads nothing) */
             CHECK(snaps == 2);
-            CHECK(replays >= STEPS / 4 && kernels == replays * (WORDS + 1));
+            CHECK(replays > replays_at_update && kernels == replays * (WORDS + 1));
             /* auto: nothing replayed while claimed; streamed from the
              * steps the graphs ran whole */
             if (autom) {
@@ -341,7 +391,7 @@ static int child(const char *mode)
             CHECK(slot_before_change > 0);
             /* after the change, the graph ran whole: every read in place */
             CHECK(slot_reads == slot_before_change);
-            CHECK(inplace_reads - inplace_before_change == (STEPS - 3 * STEPS / 4) * (WORDS + 1));
+            CHECK(inplace_reads - inplace_before_change == PHASE * (WORDS + 1));
         } else if (claimed) {
             /* claimed read in place: launched whole (the claims found the
              * streamed spans) */
