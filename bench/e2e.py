@@ -351,6 +351,8 @@ def cb_rows(model: str, tag: str, managed: str, skew: Optional[Dict[str, Any]]) 
 # issue 6: the biased router: `hot` experts a layer (drawn per layer) get
 # `sigma` standard deviations of that token's router logits added
 SKEW = dict(hot=8, sigma=2.5, seed=99)
+# the 128-expert shape's skewed router: 16 experts a layer favoured
+SKEW128 = dict(hot=16, sigma=2.5, seed=99)
 # batched rows: fewer and shorter calls (batch 32 reads every expert each step)
 BATCH = dict(batch_new_tokens=9, repeats=3)
 
@@ -451,6 +453,21 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe128-shim-experts-managed-13g-nopicks", "moe128", batches=[1, 8, 32], prefill=0,
       **BATCH, policy="experts-managed-13g", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_PICKS": "0"}),
+    # hot experts (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts"): the
+    # picked copies take the rows of each layer's most picked experts from
+    # the device; half the experts' bytes for them (13 GiB, the managed
+    # row's budget), beside the same policy without, with the uniform router
+    # and a skewed one (SKEW128)
+    S("batchdef-moe128-shim-experts-host-all-hot13g", "moe128", batches=[1, 8, 32], prefill=0,
+      **BATCH, policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_PICKS_HOT": "13312"}),
+    S("batchdef-moe128skew-gpu", "moe128", batches=[1, 8, 32], prefill=0, skew=SKEW128, **BATCH),
+    S("batchdef-moe128skew-shim-experts-host-all", "moe128", batches=[1, 8, 32], prefill=0,
+      skew=SKEW128, **BATCH, policy="experts-host-all", offload="experts:all",
+      ref="batchdef-moe128skew-gpu"),
+    S("batchdef-moe128skew-shim-experts-host-all-hot13g", "moe128", batches=[1, 8, 32], prefill=0,
+      skew=SKEW128, **BATCH, policy="experts-host-all", offload="experts:all",
+      ref="batchdef-moe128skew-gpu", env={"WOFFLOAD_PICKS_HOT": "13312"}),
     # ... and a 1024-token prefill, where every expert is picked and picked
     # staging cannot overlap a layer's copy with its compute (the streaming
     # executor copies ahead)

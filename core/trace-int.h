@@ -114,6 +114,8 @@ static inline uint32_t wo_tev_size(unsigned type, unsigned nhits)
 #define WO_TREC_RULE_FIXED 6    /* index u32, len u16 */
 #define WO_TREC_FOOTER_FIXED 28 /* t_end, ring_dropped, records u64; ntypes u32 */
 #define WO_TREC_PICKS_FIXED 12  /* t_ns u64, n u32 */
-#define WO_TREC_PICK 72         /* one tensor: id, gen u32; offset, bytes u64; n_experts, 0 u32;
-                                 * regs, staged, reused, rows, resident u64 */
+#define WO_TREC_PICK                                                                               \
+    80                     /* one tensor: id, gen u32; offset, bytes u64; n_experts, hot u32;      \
+                            * regs, staged, reused, rows, resident, hot_rows u64 */
+#define WO_TREC_PICK_V0 72 /* before hot experts: hot 0 and no hot_rows */
 #define WO_TRACE_MAX_KEY 255u

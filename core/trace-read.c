@@ -641,11 +641,12 @@ static int at_end(struct wo_trace_reader *r)
     return 0;
 }
 
-/* A PICKS record: t_ns, n, then n tensors of WO_TREC_PICK bytes. */
+/* A PICKS record: t_ns, n, then n tensors of WO_TREC_PICK bytes (or
+ * WO_TREC_PICK_V0, written before hot experts: none hot). */
 static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t *p, uint32_t len,
                         struct wo_trace_rec *rec)
 {
-    uint32_t n;
+    uint32_t n, each = WO_TREC_PICK;
 
     if (len < WO_TREC_PICKS_FIXED)
         return bad(r, poff, "picks record of %u bytes: at least %d expected", len,
@@ -654,28 +655,36 @@ static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t 
     if (n > WO_TRACE_MAX_PICKS)
         return bad(r, poff + 8, "picks record of %u tensors: at most %u expected", n,
                    WO_TRACE_MAX_PICKS);
-    if (!size_ok(r, len, WO_TREC_PICKS_FIXED + n * WO_TREC_PICK))
+    if (n && len == WO_TREC_PICKS_FIXED + n * WO_TREC_PICK_V0)
+        each = WO_TREC_PICK_V0;
+    if (!size_ok(r, len, WO_TREC_PICKS_FIXED + n * each))
         return bad(r, poff, "picks record of %u bytes for %u tensors: %u expected", len, n,
                    WO_TREC_PICKS_FIXED + n * WO_TREC_PICK);
     if (n && !r->picks && !(r->picks = calloc(WO_TRACE_MAX_PICKS, sizeof(*r->picks))))
         return bad(r, poff, "out of memory for a picks record");
     for (uint32_t i = 0; i < n; i++) {
-        const uint8_t *q = p + WO_TREC_PICKS_FIXED + (size_t)i * WO_TREC_PICK;
+        const uint8_t *q = p + WO_TREC_PICKS_FIXED + (size_t)i * each;
         struct wo_trace_pick *k = &r->picks[i];
 
-        if (wo_get32(q + 28) != 0)
-            return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * WO_TREC_PICK + 28,
-                       "reserved picks bytes are not zero");
         k->id = wo_get32(q);
         k->gen = wo_get32(q + 4);
         k->offset = wo_get64(q + 8);
         k->bytes = wo_get64(q + 16);
         k->n_experts = wo_get32(q + 24);
+        k->hot = wo_get32(q + 28);
         k->regs = wo_get64(q + 32);
         k->staged = wo_get64(q + 40);
         k->reused = wo_get64(q + 48);
         k->rows = wo_get64(q + 56);
         k->resident = wo_get64(q + 64);
+        k->hot_rows = each == WO_TREC_PICK ? wo_get64(q + 72) : 0;
+        if (k->hot > k->n_experts || (each == WO_TREC_PICK_V0 && k->hot))
+            return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * each + 28,
+                       "picks entry with %u hot experts of %u", k->hot, k->n_experts);
+        if (k->hot_rows > k->rows)
+            return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * each + 72,
+                       "picks entry with %llu rows from hot experts of %llu rows",
+                       (unsigned long long)k->hot_rows, (unsigned long long)k->rows);
     }
     rec->picks_t_ns = wo_get64(p);
     rec->npicks = n;

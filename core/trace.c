@@ -679,12 +679,13 @@ int wo_trace_picks(struct wo_trace *t, uint64_t t_ns, const struct wo_trace_pick
         wo_put64(q + 8, pk[i].offset);
         wo_put64(q + 16, pk[i].bytes);
         wo_put32(q + 24, pk[i].n_experts);
-        wo_put32(q + 28, 0);
+        wo_put32(q + 28, pk[i].hot);
         wo_put64(q + 32, pk[i].regs);
         wo_put64(q + 40, pk[i].staged);
         wo_put64(q + 48, pk[i].reused);
         wo_put64(q + 56, pk[i].rows);
         wo_put64(q + 64, pk[i].resident);
+        wo_put64(q + 72, pk[i].hot_rows);
     }
     rec_end(t, rec, payload);
     return 0;

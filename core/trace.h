@@ -92,16 +92,21 @@ struct wo_trace_pick {
     uint64_t offset;    /* the tensor's start inside the range */
     uint64_t bytes;     /* the tensor's */
     uint32_t n_experts; /* rows */
+    uint32_t hot;       /* experts held hot on the device (WOFFLOAD_PICKS_HOT) */
     uint64_t regs;      /* registrations (a layer's: one a forward step) */
     uint64_t staged;    /* picked copies enqueued */
     uint64_t reused;    /* launches that read a buffer an earlier one filled */
     uint64_t rows;      /* rows the copies moved (as last read back from the device) */
     uint64_t resident;  /* launches that read it wholly resident: no copy */
+    uint64_t hot_rows;  /* of rows, those copied from its hot experts on the device, not over
+                         * the link (as last read back) */
 };
 /* What the stats, the exit summary and woffload-trace derive from one:
  * bytes its copies moved; bytes moved a registration (a layer registers
- * once a forward step: a step's); the share of its experts a copy moved;
- * of its launches, those that read it wholly resident. */
+ * once a forward step: a step's); of them, the bytes that crossed the link
+ * (not from its hot experts); the share of its experts a copy moved; of the
+ * rows copied, those from hot experts; of its launches, those that read it
+ * wholly resident. */
 static inline uint64_t wo_trace_pick_copied(const struct wo_trace_pick *p)
 {
     return p->n_experts ? p->rows * (p->bytes / p->n_experts) : 0;
@@ -109,6 +114,15 @@ static inline uint64_t wo_trace_pick_copied(const struct wo_trace_pick *p)
 static inline uint64_t wo_trace_pick_per_reg(const struct wo_trace_pick *p)
 {
     return p->regs ? wo_trace_pick_copied(p) / p->regs : 0;
+}
+static inline uint64_t wo_trace_pick_linked_per_reg(const struct wo_trace_pick *p)
+{
+    uint64_t cold = p->rows > p->hot_rows ? p->rows - p->hot_rows : 0;
+    return p->regs && p->n_experts ? cold * (p->bytes / p->n_experts) / p->regs : 0;
+}
+static inline double wo_trace_pick_hot_rate(const struct wo_trace_pick *p)
+{
+    return p->rows ? (double)p->hot_rows / (double)p->rows : 0.0;
 }
 static inline double wo_trace_pick_picked(const struct wo_trace_pick *p)
 {
@@ -120,7 +134,7 @@ static inline double wo_trace_pick_resident(const struct wo_trace_pick *p)
     return reads ? (double)p->resident / (double)reads : 0.0;
 }
 /* Most tensors one PICKS record holds. */
-#define WO_TRACE_MAX_PICKS 2048u /* 147 KiB: within the writer's 256 KiB buffer */
+#define WO_TRACE_MAX_PICKS 2048u /* 160 KiB: within the writer's 256 KiB buffer */
 
 /* ---- writer ------------------------------------------------------------- */
 

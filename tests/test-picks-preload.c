@@ -207,6 +207,86 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
     return failures ? 1 : 0;
 }
 
+/* Hot experts (WOFFLOAD_PICKS_HOT, uvm/picks-hot.h): the router prefers
+ * experts 0-3 (three of a step's four picks), the fourth pick is any
+ * other. Every launch reads right throughout: while the hot sets fill and
+ * swap, after a write into a hot expert's row (its copy must come from the
+ * new bytes: the hot set is cleared before the next copy), and on a second
+ * stream (which reads every row from host). The stats: rows from hot
+ * experts in both tensors, most of tensor 0's rows, hot sets within the
+ * setting's bytes, nothing failed. */
+#define HOT_STEPS 160
+static int hot_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
+                     long (*stats)(char *, size_t),
+                     CUresult (*htod)(CUdeviceptr, const void *, size_t),
+                     CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+                     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                        unsigned, unsigned, unsigned, CUstream, void **, void **),
+                     CUresult (*sync)(CUstream), CUfunction kg, CUstream s, CUstream s2,
+                     CUdeviceptr ids, CUdeviceptr out, unsigned char *const host[2])
+{
+    uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
+    long long rows[2], hot_rows[2], hot_bytes, fills;
+    char *js;
+
+    for (int step = 0; step < HOT_STEPS; step++) {
+        for (int t = 0; t < 2; t++) {
+            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &n, &n};
+            int64_t id64[TOKENS * TOPK];
+            CUstream on = step == HOT_STEPS - 20 ? s2 : s;
+
+            /* a write into hot expert 0 of each tensor, between two
+             * registrations */
+            if (step == HOT_STEPS / 2) {
+                memset(host[t], 0xa5, 128);
+                CHECK(htod(w[t], host[t], 128) == CUDA_SUCCESS);
+            }
+            for (int k = 0; k < TOKENS * TOPK; k++) {
+                id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
+                ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
+            }
+            CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
+            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) == CUDA_SUCCESS);
+            CHECK(sync(on) == CUDA_SUCCESS);
+            CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
+            CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            if (memcmp(got, ref, sizeof(ref)) != 0)
+                fprintf(stderr, "hot child: step %d, tensor %d read wrong rows\n", step, t);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+        }
+        /* the counts are read back on the side stream; the rows counters
+         * at most every ms */
+        if (step % 16 == 15 || step == HOT_STEPS - 1)
+            usleep(5000);
+        if (failures)
+            return 1;
+    }
+    js = snapshot(stats);
+    CHECK(js != NULL);
+    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
+    for (int t = 0; t < 2; t++) {
+        const char *name = t ? "model.layers.0.mlp.experts.down_proj\":"
+                             : "model.layers.0.mlp.experts.gate_up_proj\":";
+        rows[t] = json_num(js, name, "\"rows\":");
+        hot_rows[t] = json_num(js, name, "\"hot_rows\":");
+        CHECK(json_num(js, name, "\"hot_experts\":") >= 4);
+        CHECK(hot_rows[t] > 0 && hot_rows[t] <= rows[t]);
+    }
+    /* tensor 0 holds 4 of 16 experts hot at least, three of four picks go
+     * to them: after the first choices most rows come from the device */
+    CHECK(hot_rows[0] * 2 > rows[0]);
+    hot_bytes = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
+    fills = json_num(js, "},\"tensors\":", "\"hot_fills\":");
+    CHECK(hot_bytes > 0 && hot_bytes <= (1ll << 20));
+    CHECK(fills >= 8);
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    check_summary("test-picks-preload hot child");
+    return failures ? 1 : 0;
+}
+
 static int child(void)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -303,6 +383,12 @@ static int child(void)
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 1, 2, 4) == -EFAULT);
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 2, 4, 4) == -EFAULT);
 
+    if (getenv("WO_PICKS_TEST_HOT")) {
+        CUstream s2;
+        CHECK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        return hot_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                         p_cuStreamSync, kg, s, s2, ids, out, host);
+    }
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
@@ -520,10 +606,15 @@ static const char *policies[] = {
     "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
     "version: 1\ndefault: device\ndevice_budget: 1MiB\nprefetch:\n  enabled: true\nrules:\n"
     "  - {name: experts, match: [experts], place: managed}\n",
-    /* the last: a budget that holds both tensors (resident_child) */
+    /* RESIDENT: a budget that holds both tensors (resident_child) */
     "version: 1\ndefault: device\ndevice_budget: 32MiB\nprefetch:\n  enabled: true\nrules:\n"
     "  - {name: experts, match: [experts], place: managed}\n",
+    /* HOT: host, with WOFFLOAD_PICKS_HOT=1 (MiB: half for each tensor, 7 of
+     * tensor 0's 16 experts, 15 of tensor 1's) (hot_child) */
+    "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
 };
+#define RESIDENT 2
+#define HOT 3
 
 int main(int argc, char **argv)
 {
@@ -543,10 +634,14 @@ int main(int argc, char **argv)
             setenv("WOFFLOAD_POLICY", pol, 1);
             setenv("WOFFLOAD_LOG", "info", 1);
             setenv("WOFFLOAD_LOG_FILE", logf, 1);
-            if (i == 0)
+            if (i == 0 || i == HOT)
                 setenv("WOFFLOAD_TRACE", trace, 1);
-            if (i == sizeof(policies) / sizeof(policies[0]) - 1)
+            if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
+            if (i == HOT) {
+                setenv("WO_PICKS_TEST_HOT", "1", 1);
+                setenv("WOFFLOAD_PICKS_HOT", "1", 1);
+            }
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
             _exit(127);
         }
@@ -565,13 +660,15 @@ int main(int argc, char **argv)
             fputs(log, stderr);
             sp = strstr(log, "picks: by tensor, moved a step: least ");
             CHECK(strstr(log, "picks: 2 expert tensors") != NULL);
-            if (i < sizeof(policies) / sizeof(policies[0]) - 1)
+            if (i != RESIDENT)
                 CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));
+            /* hot experts: their own line, only when some were kept */
+            CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT));
             close(lfd);
             unlink(logf);
         }
-        if (i == 0 && getenv("WO_TRACE_TOOL")) {
+        if ((i == 0 || i == HOT) && getenv("WO_TRACE_TOOL")) {
             /* the trace's PICKS records, as woffload-trace summary shows
              * them: both tensors with their bytes a step */
             char cmd[512], out[8192];
@@ -590,6 +687,9 @@ int main(int argc, char **argv)
                 CHECK(pk && strstr(pk, "model.layers.0.mlp.experts.gate_up_proj") &&
                       strstr(pk, "model.layers.0.mlp.experts.down_proj") &&
                       strstr(pk, "of what copying whole tensors would have moved"));
+                /* the hot experts' share, only where some were kept */
+                CHECK((pk && strstr(pk, "of the rows from hot experts on the device")) ==
+                      (i == HOT));
                 if (!pk)
                     fputs(out, stderr);
             }

@@ -266,7 +266,8 @@ static void test_multiplicity(void **state)
 /* Picked staging's model (the trace's PICKS figures): a launch on an expert
  * tensor with picks reads a device buffer, and the copy of its picked rows
  * crosses the link; here every launch copies half the tensor's rows, so a
- * step moves half a tensor per launch on it, whatever slice it reads. */
+ * step moves half a tensor per launch on it, whatever slice it reads; with
+ * three quarters of the rows from hot experts, a quarter of that crosses. */
 static void test_picks(void **state)
 {
     struct wo_gen_opts go = WO_GEN_DEFAULTS;
@@ -315,6 +316,21 @@ static void test_picks(void **state)
     assert_true(fabs(pk.zc_bytes_step - pk.pick_bytes_step) < 1e-6 * want);
     assert_true(pk.zc_bytes_step > plain.zc_bytes_step);
     assert_true(pk.step_s > plain.step_s);
+    /* hot experts: three quarters of the rows copied from the device, a
+     * quarter over the link (the link's bytes a quarter, the step shorter) */
+    {
+        struct wo_replay_result hot;
+
+        for (size_t i = 0; i < n; i++) {
+            d->picks[i].hot = go.experts / 2;
+            d->picks[i].hot_rows = d->picks[i].rows * 3 / 4;
+        }
+        replay(d, 0.5, true, false, &hot);
+        assert_true(hot.pick_bytes_step > want / 4 * 0.99 && hot.pick_bytes_step < want / 4 * 1.01);
+        assert_true(fabs(hot.zc_bytes_step - hot.pick_bytes_step) < 1e-6 * want);
+        assert_true(hot.step_s < pk.step_s);
+        wo_replay_result_free(&hot);
+    }
     wo_replay_result_free(&plain);
     wo_replay_result_free(&pk);
     wo_trace_data_free(d);

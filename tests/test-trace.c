@@ -640,13 +640,35 @@ static void patch_crc(uint8_t *rec)
 }
 
 /* PICKS records (optional type 0x81): the loader keeps the last one's
- * tensors; a count past the limit, a length that does not match the count
- * and nonzero reserved bytes are errors at their offsets. */
+ * tensors; a count past the limit, a length that does not match the count,
+ * more hot experts than experts and more hot rows than rows are errors at
+ * their offsets; entries of the 72 bytes written before hot experts load
+ * with none hot. */
 static void picks_records_roundtrip(void **state)
 {
     static const struct wo_trace_pick p1[2] = {
-        {7, 3, 0, 1 << 20, 16, 10, 9, 1, 30, 0},
-        {7, 3, 1 << 20, 1 << 19, 16, 10, 9, 1, 40, 2},
+        {.id = 7,
+         .gen = 3,
+         .offset = 0,
+         .bytes = 1 << 20,
+         .n_experts = 16,
+         .hot = 4,
+         .regs = 10,
+         .staged = 9,
+         .reused = 1,
+         .rows = 30,
+         .resident = 0,
+         .hot_rows = 12},
+        {.id = 7,
+         .gen = 3,
+         .offset = 1 << 20,
+         .bytes = 1 << 19,
+         .n_experts = 16,
+         .regs = 10,
+         .staged = 9,
+         .reused = 1,
+         .rows = 40,
+         .resident = 2},
     };
     struct wo_trace_pick p2[2];
     char path[256], err[WO_TRACE_ERR_MAX];
@@ -677,6 +699,8 @@ static void picks_records_roundtrip(void **state)
     assert_int_equal(wo_trace_pick_per_reg(&d->picks[0]), (61u << 16) / 20);
     assert_true(wo_trace_pick_picked(&d->picks[1]) > 0.27 && wo_trace_pick_picked(&d->picks[1]) < 0.28);
     assert_true(wo_trace_pick_resident(&d->picks[1]) == 5.0 / 15.0);
+    assert_true(wo_trace_pick_hot_rate(&d->picks[0]) == 12.0 / 61.0);
+    assert_int_equal(wo_trace_pick_linked_per_reg(&d->picks[0]), ((61u - 12u) << 16) / 20);
     wo_trace_data_free(d);
 
     /* the first picks record's offset, in b[1] */
@@ -692,21 +716,72 @@ static void picks_records_roundtrip(void **state)
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
     assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER);
-    assert_non_null(strstr(err, "picks record of 156 bytes for 3 tensors"));
+    assert_non_null(strstr(err, "picks record of 172 bytes for 3 tensors"));
     /* past the limit */
     buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0x7f;
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
     assert_non_null(strstr(err, "at most 2048 expected"));
-    /* reserved bytes */
     buf[b[1] + WO_TRACE_REC_HEADER + 8] = 2;
     buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0;
-    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 72 + 28] = 1;
+    /* more hot experts than experts */
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28] = 17;
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
-    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 72 + 28);
-    assert_non_null(strstr(err, "reserved picks bytes"));
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28);
+    assert_non_null(strstr(err, "17 hot experts of 16"));
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28] = 0;
+    /* more hot rows than rows (40) */
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72] = 41;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72);
+    assert_non_null(strstr(err, "41 rows from hot experts of 40 rows"));
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72] = 0;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), 0);
     free(buf);
+
+    /* a record of 72-byte entries (a trace from before hot experts): its
+     * hot fields read as none */
+    {
+        const struct wo_trace_pick v0[1] = {{.id = 7,
+                                             .gen = 3,
+                                             .bytes = 1 << 20,
+                                             .n_experts = 16,
+                                             .regs = 3,
+                                             .staged = 3,
+                                             .rows = 9}};
+        uint32_t plen;
+        uint8_t *rec;
+
+        path_in(path, sizeof(path), "picks-v0.wotrace");
+        assert_int_equal(wo_trace_open(path, &t), 0);
+        assert_int_equal(wo_trace_picks(t, 100, v0, 1), 0);
+        assert_int_equal(wo_trace_close(t, 0), 0);
+        buf = slurp(path, &len);
+        nb = boundaries(buf, len, b, WO_ARRAY_SIZE(b));
+        for (size_t i = 0; i + 1 < nb; i++) /* the last is the end */
+            if (buf[b[i] + 4] == WO_TREC_PICKS)
+                b[1] = b[i];
+        rec = buf + b[1];
+        plen = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
+               (uint32_t)rec[3] << 24;
+        assert_int_equal(plen, 12 + 80);
+        /* the entry's last 8 bytes (hot rows) cut: the rest of the file
+         * moves up 8 bytes */
+        memmove(rec + 8 + 12 + 72, rec + 8 + 12 + 80, len - (b[1] + 8 + 12 + 80));
+        len -= 8;
+        rec[0] = 12 + 72;
+        patch_crc(rec);
+        assert_int_equal(wo_trace_load_mem(buf, len, WO_TRACE_STRICT, 0, &d), 0);
+        assert_int_equal(d->npicks, 1);
+        assert_int_equal(d->picks[0].rows, 9);
+        assert_int_equal(d->picks[0].hot, 0);
+        assert_int_equal(d->picks[0].hot_rows, 0);
+        wo_trace_data_free(d);
+        free(buf);
+    }
 }
 
 static void damage_is_named(void **state)

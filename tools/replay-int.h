@@ -24,9 +24,11 @@ struct rtag {
     double rd;
     uint64_t mask;
     /* picked staging (the trace's PICKS record for the tensor at this tag's
-     * start): the bytes one launch's picked copy moves, on average (the
-     * copies' rows over the launches that copied or reused); < 0: none */
-    double pick_copy;
+     * start): the bytes one launch's picked copy moves over the link, on
+     * average (the copies' rows not from its hot experts over the launches
+     * that copied or reused); < 0: none; and those it copies from its hot
+     * experts on the device */
+    double pick_copy, pick_hot;
 };
 
 struct rr {

@@ -112,15 +112,21 @@ int wo_replay_setup_ranges(struct sim *s)
     }
     /* picked staging: a tensor's launches read a device buffer its picked
      * rows were copied into, the copy made once a registration and reused
-     * by the registration's later launches on the stream */
+     * by the registration's later launches on the stream; the rows of its
+     * hot experts come from the device, the others over the link */
     for (size_t i = 0; i < d->npicks; i++) {
         const struct wo_trace_pick *p = &d->picks[i];
         struct rr *r = wo_replay_rr_of(s, p->id, p->gen);
         struct rtag *t = r ? wo_replay_tag_in(r, p->offset) : NULL;
         uint64_t launches = p->staged + p->reused;
 
-        if (t && t->offset == p->offset && launches)
-            t->pick_copy = (double)wo_trace_pick_copied(p) / (double)launches;
+        uint64_t row = p->n_experts ? p->bytes / p->n_experts : 0;
+        uint64_t hot = WO_MIN(p->hot_rows, p->rows);
+
+        if (t && t->offset == p->offset && launches) {
+            t->pick_copy = (double)((p->rows - hot) * row) / (double)launches;
+            t->pick_hot = (double)(hot * row) / (double)launches;
+        }
     }
     return 0;
 }

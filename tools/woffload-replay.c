@@ -311,9 +311,9 @@ int main(int argc, char **argv)
                "host range copied once a step ahead of its launches)\n",
                gb(res.stream_bytes_step, b1, sizeof(b1)), res.auto_streamed ? "auto" : "stream");
     if (res.pick_bytes_step > 0)
-        printf("picked:        %s a step copied by picked staging (the trace's PICKS figures: "
-               "each expert tensor's picked rows, read over PCIe by the copy kernel; in the "
-               "zero-copy reads above)\n",
+        printf("picked:        %s a step copied over PCIe by picked staging (the trace's PICKS "
+               "figures: each expert tensor's picked rows not from its hot experts, read by the "
+               "copy kernel; in the zero-copy reads above)\n",
                gb(res.pick_bytes_step, b1, sizeof(b1)));
     if (res.auto_weighed)
         printf("auto:          %s (the decode step %s: %s)\n",

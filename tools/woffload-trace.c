@@ -415,32 +415,43 @@ static const char *tag_of(const struct wo_trace_data *d, const struct attr *a, u
 
 /* Picked staging by expert tensor (the last PICKS record: cumulative), in
  * the order the tensors were first registered: a layer's bytes moved a
- * step, the share of experts a copy moved, the launches that found it
- * resident (docs/placement.md, "Picked experts"). */
+ * step and of them those over the link (not from its hot experts), the
+ * share of experts a copy moved, the experts held hot and the share of
+ * rows taken from them, the launches that found it resident
+ * (docs/placement.md, "Picked experts", "Hot experts"). */
 static void print_picks(const struct wo_trace_data *d, const struct attr *a)
 {
-    uint64_t moved = 0, whole = 0;
-    char hb[32];
+    uint64_t moved = 0, whole = 0, hot_rows = 0, rows = 0;
+    char hb[32], lb[32];
 
     if (!d->npicks)
         return;
     printf("\npicked experts (%zu tensors, figures at %.3f s):\n", d->npicks,
            d->nevents ? (double)(d->picks_t_ns - d->events[0].ev.t_ns) / 1e9 : 0.0);
-    printf("  %-48s %7s %13s %14s %7s %9s\n", "tensor", "experts", "registrations",
-           "moved a step", "picked", "resident");
+    printf("  %-48s %7s %13s %14s %14s %7s %4s %7s %9s\n", "tensor", "experts", "registrations",
+           "moved a step", "over the link", "picked", "hot", "hot hit", "resident");
     for (size_t i = 0; i < d->npicks; i++) {
         const struct wo_trace_pick *p = &d->picks[i];
         const char *name = tag_of(d, a, p->id, p->gen, p->offset);
 
-        printf("  %-48s %7u %13" PRIu64 " %14s %6.1f%% %8.1f%%\n", name ? name : "(untagged)",
-               p->n_experts, p->regs, human(wo_trace_pick_per_reg(p), hb, sizeof(hb)),
-               100 * wo_trace_pick_picked(p), 100 * wo_trace_pick_resident(p));
+        printf("  %-48s %7u %13" PRIu64 " %14s %14s %6.1f%% %4u %6.1f%% %8.1f%%\n",
+               name ? name : "(untagged)", p->n_experts, p->regs,
+               human(wo_trace_pick_per_reg(p), hb, sizeof(hb)),
+               human(wo_trace_pick_linked_per_reg(p), lb, sizeof(lb)),
+               100 * wo_trace_pick_picked(p), p->hot, 100 * wo_trace_pick_hot_rate(p),
+               100 * wo_trace_pick_resident(p));
         moved += wo_trace_pick_copied(p);
         whole += p->staged * p->bytes;
+        rows += p->rows;
+        hot_rows += p->hot_rows;
     }
     printf("  moved %s", human(moved, hb, sizeof(hb)));
-    printf(" in all, %.0f%% of what copying whole tensors would have moved\n",
+    printf(" in all, %.0f%% of what copying whole tensors would have moved",
            whole ? 100.0 * (double)moved / (double)whole : 0.0);
+    if (hot_rows)
+        printf("; %.0f%% of the rows from hot experts on the device",
+               100.0 * (double)hot_rows / (double)rows);
+    printf("\n");
 }
 
 static int cmd_summary(int argc, char **argv)

@@ -12,7 +12,9 @@
 #include "core/log.h"
 #include "core/macro.h"
 #include "core/registry.h"
+#include "core/settings.h"
 #include "uvm/internal.h"
+#include "uvm/picks-hot.h"
 #include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
 
@@ -25,6 +27,7 @@ int wo_picks_any;
 #define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
 #define CHUNKS_MAX 32u
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
+#define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
 
 struct span {
     uint64_t lo, hi;    /* the tensor: [lo, hi) */
@@ -42,6 +45,8 @@ struct span {
     uint32_t seq; /* registrations and writes: a buffer holds one seq's rows */
     char *name;
     uint64_t regs, staged, reused, resident;
+    struct wo_picks_hot *hot; /* its hot experts on the device (WOFFLOAD_PICKS_HOT), NULL none */
+    bool hot_tried;           /* no hot set for it (no room, or a driver failure) */
 };
 
 struct buf {
@@ -65,15 +70,19 @@ static struct {
     struct strm st[WO_PICKS_STREAMS];
     CUcontext ctx;
     CUmodule mod;
-    CUfunction mark, copy;
+    CUfunction mark, copy, fill;
     bool ready, broken;
     CUdeviceptr marks; /* u32 [WO_PICKS_STREAMS * WO_PICKS_BUFS][WO_PICKS_EXPERTS] */
-    CUdeviceptr rows;  /* u64 [WO_PICKS_SPANS]: rows copied, by span */
-    uint64_t *rows_host;
+    CUdeviceptr rows;  /* u64 [2][WO_PICKS_SPANS]: rows copied, by span; of them from hot sets */
+    uint64_t *rows_host; /* the same, as last read back */
     CUstream side; /* reads rows back, no engine stream waits on it */
     uint64_t last_refresh_ns;
     uint64_t tick;
-    uint64_t bytes;
+    uint64_t bytes;     /* device bytes of the buffers and the hot sets */
+    uint64_t hot_bytes; /* of them, the hot sets' */
+    struct wo_picks_hot
+        *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
+    unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     bool said_on, said_fail;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -137,6 +146,15 @@ static int find_span(uint64_t lo, uint64_t hi)
     return -1;
 }
 
+/* Span s's hot set out of use: freed with the rest (copies may still read
+ * it; past the list's room it is left to the process's end). */
+static void retire(struct span *s)
+{
+    if (s->hot && pk.nretired < WO_PICKS_SPANS)
+        pk.retired[pk.nretired++] = s->hot;
+    s->hot = NULL;
+}
+
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
                  uint64_t per_row, uint64_t stride, unsigned id_bytes, bool sticky)
 {
@@ -186,6 +204,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     }
     s = &pk.s[i];
     free(s->name);
+    retire(s);
     *s = (struct span){.lo = experts,
                        .hi = experts + bytes,
                        .off = experts - rg.base,
@@ -233,6 +252,8 @@ void wo_picks_note_write(uint64_t dst, uint64_t bytes)
         if (dst < pk.s[i].hi && dst + bytes > pk.s[i].lo) {
             pk.s[i].seq++;
             pk.writes++;
+            if (pk.s[i].hot)
+                wo_hot_invalidate(pk.s[i].hot);
         }
     pthread_mutex_unlock(&pk.lock);
 }
@@ -268,15 +289,17 @@ static bool ready(const struct wo_driver *d)
     if (res == CUDA_SUCCESS)
         res = d->cuModuleGetFunction(&pk.copy, pk.mod, "wo_picks_copy");
     if (res == CUDA_SUCCESS)
+        res = d->cuModuleGetFunction(&pk.fill, pk.mod, "wo_stream_copy");
+    if (res == CUDA_SUCCESS)
         res = d->cuMemAlloc_v2(&pk.marks, marks);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemAlloc_v2(&pk.rows, WO_PICKS_SPANS * sizeof(uint64_t));
+        res = d->cuMemAlloc_v2(&pk.rows, ROWS_BYTES);
     if (res == CUDA_SUCCESS)
         res = d->cuMemsetD8_v2(pk.marks, 0, marks);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemsetD8_v2(pk.rows, 0, WO_PICKS_SPANS * sizeof(uint64_t));
+        res = d->cuMemsetD8_v2(pk.rows, 0, ROWS_BYTES);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemHostAlloc((void **)&pk.rows_host, WO_PICKS_SPANS * sizeof(uint64_t), 0);
+        res = d->cuMemHostAlloc((void **)&pk.rows_host, ROWS_BYTES, 0);
     if (res == CUDA_SUCCESS)
         res = d->cuStreamCreate(&pk.side, CU_STREAM_NON_BLOCKING);
     if (res != CUDA_SUCCESS) {
@@ -287,7 +310,7 @@ static bool ready(const struct wo_driver *d)
                 err_name(res));
         return false;
     }
-    memset(pk.rows_host, 0, WO_PICKS_SPANS * sizeof(uint64_t));
+    memset(pk.rows_host, 0, ROWS_BYTES);
     pk.ctx = cur;
     pk.ready = true;
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
@@ -337,6 +360,10 @@ void wo_picks_stream_gone(uint64_t stream)
             (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
         t->used = false;
         t->stream = 0;
+        /* its hot sets' copies are done with it too: the next stream home */
+        for (unsigned i = 0; i < pk.n; i++)
+            if (pk.s[i].hot)
+                wo_hot_stream_gone(pk.s[i].hot, stream);
     }
     pthread_mutex_unlock(&pk.lock);
 }
@@ -402,6 +429,10 @@ static void refresh(const struct wo_driver *d)
     pk.last_refresh_ns = t;
     (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)pk.rows_host, pk.rows, pk.n * sizeof(uint64_t),
                            pk.side);
+    if (pk.hot_bytes)
+        (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)(pk.rows_host + WO_PICKS_SPANS),
+                               pk.rows + WO_PICKS_SPANS * sizeof(uint64_t), pk.n * sizeof(uint64_t),
+                               pk.side);
 }
 
 /* Enqueues the mark and the copy of span i's picked rows into b on the
@@ -410,11 +441,12 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
                          CUstream st, const struct wo_picks_copy *c)
 {
     CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
+    CUdeviceptr where = c->where, cache = c->cache, counts = c->counts, hits = c->hits;
     unsigned long long n = c->n_ids, row = c->row;
     unsigned long long per_row = c->per_row ? c->per_row : n, stride = c->per_row ? c->stride : n;
     unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
     void *margs[] = {&ids, &n, &per_row, &stride, &width, &ne, &marks, &gen};
-    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows};
+    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows, &where, &cache, &counts, &hits};
     CUresult res;
 
     if (!n || !ne || !row)
@@ -427,9 +459,43 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
     return res;
 }
 
+/* Span i's hot set, made on stream t when WOFFLOAD_PICKS_HOT asks and it
+ * registered often enough to have counts: an equal share of what is left
+ * among the tensors off the device that have none yet. */
+static void make_hot(const struct wo_driver *d, struct strm *t, int i)
+{
+    struct span *s = &pk.s[i];
+    uint64_t total = (uint64_t)wo_settings()->picks_hot_mib << 20, left, share, map, bytes = 0;
+    unsigned want = 0, cap;
+
+    if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_EVERY ||
+        __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
+        return;
+    for (unsigned k = 0; k < pk.n; k++)
+        want += pk.s[k].offdev && !pk.s[k].hot && !pk.s[k].hot_tried;
+    left = total > pk.hot_bytes ? total - pk.hot_bytes : 0;
+    share = left / WO_MAX(want, 1u);
+    map = wo_hot_map_bytes(s->n_experts);
+    cap = (unsigned)WO_MIN((uint64_t)s->n_experts, share > map ? (share - map) / s->row : 0);
+    s->hot_tried = true;
+    if (!cap)
+        return;
+    s->hot = wo_hot_new(d, s->n_experts, s->row, cap, t->stream, &bytes);
+    if (!s->hot) {
+        wo_warn("picks: no device memory for %u hot experts of '%s': its picked rows all come "
+                "from host memory",
+                cap, s->name ? s->name : "(unnamed)");
+        return;
+    }
+    pk.hot_bytes += bytes;
+    wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, bytes, __ATOMIC_RELAXED));
+    wo_debug("picks: %u of the %u experts of '%s' may stay hot on the device (%llu MiB)", cap,
+             s->n_experts, s->name ? s->name : "(unnamed)", (unsigned long long)(bytes >> 20));
+}
+
 static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
 {
-    const struct span *s = &pk.s[i];
+    struct span *s = &pk.s[i];
     unsigned slot = (unsigned)((t - pk.st) * WO_PICKS_BUFS + (unsigned)(b - t->b));
     unsigned gen = b->gen + 1 ? b->gen + 1 : 1;
     struct wo_picks_copy c = {.ids = s->ids,
@@ -445,6 +511,18 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
                               .row = s->row,
                               .rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
 
+    make_hot(d, t, i);
+    if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, pk.fill, pk.side)) {
+        wo_hot_args(s->hot, t->stream, &c.where, &c.cache, &c.counts);
+        c.hits = pk.rows + (CUdeviceptr)(WO_PICKS_SPANS + (unsigned)i) * sizeof(uint64_t);
+    } else if (s->hot) {
+        /* a driver call failed: kept (copies may still read it) until
+         * freed with the rest, never used again */
+        wo_warn("picks: the hot experts of '%s' failed on the device: its picked rows all come "
+                "from host memory",
+                s->name ? s->name : "(unnamed)");
+        retire(s);
+    }
     if (wo_picks_launch(d, pk.mark, pk.copy, (CUstream)(uintptr_t)t->stream, &c) !=
         CUDA_SUCCESS) {
         b->span = -1;
@@ -582,23 +660,39 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->writes = pk.writes;
     t->resident = pk.resident;
     t->whole_bytes = pk.whole_bytes;
-    t->buffer_bytes = wo_picks_reserved();
+    t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
+    t->hot_bytes = pk.hot_bytes;
     for (unsigned i = 0; i < pk.n; i++) {
         const struct span *s = &pk.s[i];
         uint64_t rows = pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0;
-        struct wo_picks_figs f = {.name = s->name,
-                                  .k = {.id = s->rid,
-                                        .gen = s->rgen,
-                                        .offset = s->off,
-                                        .bytes = s->hi - s->lo,
-                                        .n_experts = s->n_experts,
-                                        .regs = s->regs,
-                                        .staged = s->staged,
-                                        .reused = s->reused,
-                                        .rows = rows,
-                                        .resident = s->resident}};
+        uint64_t hot_rows =
+            pk.rows_host ? __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED) : 0;
+        struct wo_hot_figs hf;
+        struct wo_picks_figs f;
+
+        wo_hot_figs(s->hot, &hf);
+        /* read back apart: never more from the hot set than in all */
+        hot_rows = WO_MIN(hot_rows, rows);
+        f = (struct wo_picks_figs){.name = s->name,
+                                   .k = {.id = s->rid,
+                                         .gen = s->rgen,
+                                         .offset = s->off,
+                                         .bytes = s->hi - s->lo,
+                                         .n_experts = s->n_experts,
+                                         .regs = s->regs,
+                                         .staged = s->staged,
+                                         .reused = s->reused,
+                                         .rows = rows,
+                                         .resident = s->resident,
+                                         .hot = hf.held,
+                                         .hot_rows = hot_rows},
+                                   .hot_slots = hf.cap,
+                                   .hot_fills = hf.fills,
+                                   .hot_bytes = hf.bytes};
         t->rows += rows;
+        t->hot_rows += hot_rows;
         t->bytes_copied += rows * s->row;
+        t->hot_fills += hf.fills;
         if (fn)
             fn(ud, &f);
     }
@@ -656,6 +750,12 @@ void wo_picks_summary(void)
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
+    if (t.hot_bytes)
+        wo_log_write(WO_LOG_OFF,
+                     "picks: hot experts: %.1f MiB on the device; %.0f%% of the rows copied "
+                     "came from them, not over the link; %" PRIu64 " rows copied into them",
+                     (double)t.hot_bytes / (1 << 20),
+                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0, t.hot_fills);
     if (sp.n < 2)
         return;
     qsort(sp.v, sp.n, sizeof(*sp.v), by_per_reg);
@@ -685,6 +785,13 @@ void wo_picks_free(const struct wo_driver *d)
                     d->cuMemFree_v2(pk.st[k].b[b].dev);
         if (d->cuStreamSynchronize)
             d->cuStreamSynchronize(pk.side);
+        for (unsigned i = 0; i < pk.n; i++) {
+            wo_hot_free(d, pk.s[i].hot);
+            pk.s[i].hot = NULL;
+        }
+        for (unsigned i = 0; i < pk.nretired; i++)
+            wo_hot_free(d, pk.retired[i]);
+        pk.nretired = 0;
         if (d->cuStreamDestroy_v2)
             d->cuStreamDestroy_v2(pk.side);
         if (d->cuMemFreeHost)
@@ -708,6 +815,8 @@ void wo_picks_atfork_child(void)
 void wo_picks_reset(void)
 {
     pthread_mutex_lock(&pk.lock);
+    /* hot sets wo_picks_free did not free are left (a fork child's: the
+     * parent's device memory) */
     for (unsigned i = 0; i < pk.n; i++)
         free(pk.s[i].name);
     free(pk.s);
@@ -722,7 +831,9 @@ void wo_picks_reset(void)
     pk.side = NULL;
     pk.last_refresh_ns = 0;
     pk.tick = 0;
-    pk.bytes = 0;
+    pk.bytes = pk.hot_bytes = 0;
+    pk.nretired = 0;
+    pk.fill = NULL;
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
     pk.resident = 0;

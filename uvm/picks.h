@@ -67,6 +67,11 @@ struct wo_picks_copy {
     CUdeviceptr dst, src;
     unsigned long long row;
     CUdeviceptr rows; /* 0: not counted */
+    /* the hot experts (uvm/picks-hot.h): where u32[n_experts] (a row's slot
+     * in cache, WO_HOT_NOWHERE: from src; 0: every row from src), cache,
+     * counts u32[n_experts] (copies that moved each expert; 0: not
+     * counted), hits (rows taken from cache; 0: not counted) */
+    CUdeviceptr where, cache, counts, hits;
 };
 /* Enqueues the mark and the copy on st with functions mark and copy
  * (wo_picks_mark, wo_picks_copy of the shim's module). picks.c's executor
@@ -102,6 +107,9 @@ uint64_t wo_picks_reserved(void);
 struct wo_picks_figs {
     const char *name;      /* the tag's name at the tensor's start, NULL none */
     struct wo_trace_pick k; /* its figures, as PICKS trace records carry them */
+    unsigned hot_slots;     /* its hot set's room, in experts (0: none) */
+    uint64_t hot_fills;     /* rows copied into its hot set */
+    uint64_t hot_bytes;     /* device bytes of its hot set */
 };
 /* ... and in all: */
 struct wo_picks_totals {
@@ -114,6 +122,9 @@ struct wo_picks_totals {
     uint64_t resident;     /* launches that read a managed tensor the prefetcher holds wholly
                             * on the device: read there, no copy */
     uint64_t buffer_bytes; /* device bytes of the buffers */
+    uint64_t hot_bytes;    /* device bytes of the hot sets (WOFFLOAD_PICKS_HOT) */
+    uint64_t hot_rows;     /* rows copied from hot sets, not over the link */
+    uint64_t hot_fills;    /* rows copied into hot sets */
 };
 /* Fills *t and calls fn for each span (under the picks lock: fn must not
  * call back). The rows are as last read back from the device. */

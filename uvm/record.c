@@ -192,7 +192,8 @@ static void record_picks(uint64_t t_ns)
     pr.n = 0;
     wo_picks_report(&t, pick_add, &pr);
     for (uint32_t i = 0; i < pr.n; i++)
-        sum += pr.v[i].regs + pr.v[i].staged + pr.v[i].reused + pr.v[i].rows + pr.v[i].resident;
+        sum += pr.v[i].regs + pr.v[i].staged + pr.v[i].reused + pr.v[i].rows + pr.v[i].resident +
+               pr.v[i].hot + pr.v[i].hot_rows;
     if (!pr.n || sum == written)
         return;
     written = sum;

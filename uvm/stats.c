@@ -143,16 +143,23 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
     b->first = false;
     sb_str(b, f->name ? f->name : "(unnamed)");
     /* copied_per_registration: a layer registers once a forward step, so
-     * the bytes moved a step; resident_fraction: of its launches, those
-     * that read it wholly resident */
-    sb_printf(b,
-              ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64
-              ",\"staged\":%" PRIu64 ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64
-              ",\"bytes_copied\":%" PRIu64 ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64
-              ",\"copied_per_registration\":%" PRIu64 ",\"resident_fraction\":%.4f}",
-              f->k.n_experts, f->k.bytes, f->k.regs, f->k.staged, f->k.reused, f->k.rows,
-              wo_trace_pick_copied(&f->k), wo_trace_pick_picked(&f->k), f->k.resident,
-              wo_trace_pick_per_reg(&f->k), wo_trace_pick_resident(&f->k));
+     * the bytes moved a step; linked_per_registration: of them, those that
+     * crossed the link (not from its hot experts); resident_fraction: of
+     * its launches, those that read it wholly resident; hot_*: its hot
+     * experts on the device (WOFFLOAD_PICKS_HOT) */
+    sb_printf(
+        b,
+        ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64 ",\"staged\":%" PRIu64
+        ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"bytes_copied\":%" PRIu64
+        ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64 ",\"copied_per_registration\":%" PRIu64
+        ",\"linked_per_registration\":%" PRIu64
+        ",\"resident_fraction\":%.4f,\"hot_slots\":%u,\"hot_experts\":%u,\"hot_rows\":%" PRIu64
+        ",\"hot_rate\":%.4f,\"hot_fills\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 "}",
+        f->k.n_experts, f->k.bytes, f->k.regs, f->k.staged, f->k.reused, f->k.rows,
+        wo_trace_pick_copied(&f->k), wo_trace_pick_picked(&f->k), f->k.resident,
+        wo_trace_pick_per_reg(&f->k), wo_trace_pick_linked_per_reg(&f->k),
+        wo_trace_pick_resident(&f->k), f->hot_slots, f->k.hot, f->k.hot_rows,
+        wo_trace_pick_hot_rate(&f->k), f->hot_fills, f->hot_bytes);
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
@@ -332,10 +339,11 @@ static void json_body(struct sbuf *b)
                   ",\"reused\":%" PRIu64 ",\"rows\":%" PRIu64 ",\"bytes_copied\":%" PRIu64
                   ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
                   ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"resident\":%" PRIu64
-                  ",\"buffer_bytes\":%" PRIu64 "}",
-                  pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied,
-                  pt.whole_bytes, pt.captured, pt.failed, pt.unused, pt.writes, pt.resident,
-                  pt.buffer_bytes);
+                  ",\"buffer_bytes\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 ",\"hot_rows\":%" PRIu64
+                  ",\"hot_fills\":%" PRIu64 "}",
+                  pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied, pt.whole_bytes,
+                  pt.captured, pt.failed, pt.unused, pt.writes, pt.resident, pt.buffer_bytes,
+                  pt.hot_bytes, pt.hot_rows, pt.hot_fills);
     }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64

@@ -165,26 +165,42 @@ extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n,
 }
 
 // Block (x, e): when expert e is marked with gen, chunk x (of gridDim.x) of
-// its row [e*row, (e+1)*row) copied from src to dst; *rows (device memory,
-// read back off the engine's streams for the stats) counts the rows copied.
+// its row [e*row, (e+1)*row) copied to dst from src, or, when where is
+// given and where[e] names a slot of the resident experts (not
+// WO_PICKS_NOWHERE), from that slot of cache (device memory: a copy at the
+// device's bandwidth, not the link's). *rows (device memory, read back off
+// the engine's streams for the stats) counts the rows copied, *hits those
+// of them from cache, and counts[e] the copies that moved expert e (the
+// executor keeps its most picked experts in cache); each may be NULL.
+#define WO_PICKS_NOWHERE 0xffffffffu
 extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char *src,
                                          unsigned long long row, const unsigned *marks,
-                                         unsigned gen, unsigned long long *rows)
+                                         unsigned gen, unsigned long long *rows,
+                                         const unsigned *where, const unsigned char *cache,
+                                         unsigned *counts, unsigned long long *hits)
 {
     unsigned long long e = blockIdx.y, chunk, lo, hi;
+    unsigned slot;
 
     if (marks[e] != gen)
         return;
+    slot = where ? where[e] : WO_PICKS_NOWHERE;
     chunk = (row + gridDim.x - 1) / gridDim.x;
     chunk = (chunk + 15) & ~15ull;
     lo = blockIdx.x * chunk;
     hi = lo + chunk < row ? lo + chunk : row;
-    if (blockIdx.x == 0 && threadIdx.x == 0 && rows)
-        atomicAdd(rows, 1ull);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (rows)
+            atomicAdd(rows, 1ull);
+        if (counts)
+            atomicAdd(&counts[e], 1u);
+        if (hits && slot != WO_PICKS_NOWHERE)
+            atomicAdd(hits, 1ull);
+    }
     if (lo >= hi)
         return;
     dst += e * row;
-    src += e * row;
+    src = slot != WO_PICKS_NOWHERE ? cache + slot * row : src + e * row;
     if ((((uintptr_t)dst | (uintptr_t)src | lo) & 15) == 0) {
         unsigned long long n16 = (hi - lo) / 16;
         uint4 *d = (uint4 *)(dst + lo);

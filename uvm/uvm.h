@@ -45,6 +45,7 @@ struct wo_driver {
     CUresult (*cuMemcpy)(CUdeviceptr dst, CUdeviceptr src, size_t size);
     CUresult (*cuMemcpyAsync)(CUdeviceptr dst, CUdeviceptr src, size_t size, CUstream s);
     CUresult (*cuMemsetD8_v2)(CUdeviceptr p, unsigned char v, size_t n);
+    CUresult (*cuMemsetD32Async)(CUdeviceptr p, unsigned int v, size_t n, CUstream s);
     CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
     CUresult (*cuStreamDestroy_v2)(CUstream s);
     CUresult (*cuStreamSynchronize)(CUstream s);
@@ -94,7 +95,7 @@ struct wo_driver {
     X(cuMemGetInfo_v2) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemAllocManaged) X(cuMemHostAlloc)     \
     X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemHostRegister_v2)                     \
     X(cuMemHostUnregister) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
-    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
+    X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
     X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \

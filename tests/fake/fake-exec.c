@@ -1162,10 +1162,10 @@ static void builtin_picks_mark(void **params, const uint32_t grid[3], const uint
 static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint32_t block[3])
 {
     unsigned char *dst;
-    const unsigned char *src;
-    unsigned long long row, *rows;
-    const unsigned *marks;
-    unsigned gen;
+    const unsigned char *src, *cache;
+    unsigned long long row, *rows, *hits;
+    const unsigned *marks, *where;
+    unsigned gen, *counts;
 
     (void)block;
     memcpy(&dst, params[0], sizeof(dst));
@@ -1174,12 +1174,22 @@ static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint
     memcpy(&marks, params[3], sizeof(marks));
     memcpy(&gen, params[4], sizeof(gen));
     memcpy(&rows, params[5], sizeof(rows));
+    memcpy(&where, params[6], sizeof(where));
+    memcpy(&cache, params[7], sizeof(cache));
+    memcpy(&counts, params[8], sizeof(counts));
+    memcpy(&hits, params[9], sizeof(hits));
     for (uint32_t e = 0; e < grid[1]; e++) {
+        unsigned slot = where ? where[e] : 0xffffffffu;
+
         if (marks[e] != gen)
             continue;
-        device_copy(dst + e * row, src + e * row, row);
+        device_copy(dst + e * row, slot != 0xffffffffu ? cache + slot * row : src + e * row, row);
         if (rows)
             __atomic_add_fetch(rows, 1, __ATOMIC_RELAXED);
+        if (counts)
+            __atomic_add_fetch(&counts[e], 1, __ATOMIC_RELAXED);
+        if (hits && slot != 0xffffffffu)
+            __atomic_add_fetch(hits, 1, __ATOMIC_RELAXED);
     }
 }
 
@@ -1208,8 +1218,8 @@ static struct CUfunc_st *kernel_by_name(const char *name)
         static const size_t sizes[8] = {8, 8, 8, 8, 4, 4, 8, 4};
         r = fakecuda_kernel(name, 8, sizes, builtin_picks_mark);
     } else if (!r && strcmp(name, "wo_picks_copy") == 0) {
-        static const size_t sizes[6] = {8, 8, 8, 8, 4, 8};
-        r = fakecuda_kernel(name, 6, sizes, builtin_picks_copy);
+        static const size_t sizes[10] = {8, 8, 8, 8, 4, 8, 8, 8, 8, 8};
+        r = fakecuda_kernel(name, 10, sizes, builtin_picks_copy);
     }
     return r;
 }

@@ -14,7 +14,12 @@
  *    the rest of each row valid experts never picked: never copied;
  *  - a second copy into the same buffer with other picks and the next
  *    generation, on the same marks, copies only its own picks (the first
- *    copy's marks are stale).
+ *    copy's marks are stale);
+ *  - the third copy with hot experts (uvm/picks-hot.h): a map giving some
+ *    experts a slot of a device cache that holds other bytes than the
+ *    host's: a picked hot expert's row comes from its slot, every other
+ *    picked row from host; the per-expert counts are 1 for each picked
+ *    expert, 0 for the others; the hits counter counts the picked hot ones.
  * On the GPU it then times picked copies from a Qwen3-30B-A3B-shaped tensor
  * (128 experts of 6 MiB) at 8 and 51 distinct picks (batch 1 and 8),
  * against cuMemcpyAsync of the same bytes, and prints both rates.
@@ -115,7 +120,11 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     void *ids_laid = malloc(n_laid * sh->width);
     bool *picked = malloc(sh->experts * sizeof(bool));
     CUdeviceptr src = 0, dst = 0, ids = 0, marks = 0, rows = 0;
+    CUdeviceptr where = 0, cache = 0, counts = 0, hits = 0;
     uint64_t counted = 0, want_rows = 0;
+    /* hot experts: every third expert, in slots in order, at most 8 */
+    unsigned nhot = 0, *map = malloc(sh->experts * 4), *cnt = malloc(sh->experts * 4);
+    unsigned char *cached = malloc(8 * sh->row);
 
     CK(drv.cuMemHostAlloc((void **)&host, bytes, CU_MEMHOSTALLOC_DEVICEMAP));
     CK(drv.cuMemHostGetDevicePointer_v2(&src, host, 0));
@@ -127,7 +136,21 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
     CK(drv.cuMemAlloc_v2(&rows, 8));
     CK(drv.cuMemsetD8_v2(marks, 0, sh->experts * 4));
     CK(drv.cuMemsetD8_v2(rows, 0, 8));
+    for (unsigned e = 0; e < sh->experts; e++)
+        map[e] = e % 3 == 1 && nhot < 8 ? nhot++ : 0xffffffffu;
+    for (size_t i = 0; i < 8 * sh->row; i++)
+        cached[i] = (unsigned char)next();
+    CK(drv.cuMemAlloc_v2(&where, sh->experts * 4));
+    CK(drv.cuMemAlloc_v2(&counts, sh->experts * 4));
+    CK(drv.cuMemAlloc_v2(&hits, 8));
+    CK(drv.cuMemAlloc_v2(&cache, 8 * sh->row));
+    CK(memcpy_htod(where, map, sh->experts * 4));
+    CK(memcpy_htod(cache, cached, 8 * sh->row));
+    CK(drv.cuMemsetD8_v2(counts, 0, sh->experts * 4));
+    CK(drv.cuMemsetD8_v2(hits, 0, 8));
     for (unsigned gen = 1; gen <= 3; gen++) {
+        bool hot = gen == 3;
+        uint64_t want_hits = 0, got_hits = 0;
         struct wo_picks_copy c = {.ids = ids,
                                   .n_ids = sh->n_ids,
                                   .per_row = sh->per_row,
@@ -139,7 +162,11 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
                                   .dst = dst,
                                   .src = src,
                                   .row = sh->row,
-                                  .rows = rows};
+                                  .rows = rows,
+                                  .where = hot ? where : 0,
+                                  .cache = hot ? cache : 0,
+                                  .counts = hot ? counts : 0,
+                                  .hits = hot ? hits : 0};
         unsigned bad = 0;
 
         want_rows += draw(sh, ids_host, picked);
@@ -153,6 +180,9 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
         for (unsigned e = 0; e < sh->experts && bad < 4; e++) {
             const unsigned char *g = got + e * sh->row, *h = host + e * sh->row;
             size_t i = 0;
+            if (hot && map[e] != 0xffffffffu)
+                h = cached + map[e] * sh->row;
+            want_hits += hot && picked[e] && map[e] != 0xffffffffu;
             if (picked[e]) {
                 while (i < sh->row && g[i] == h[i])
                     i++;
@@ -173,15 +203,34 @@ static void one_shape(const struct shape *sh, CUfunction mark, CUfunction copy, 
         EXPECT(counted == want_rows, "%u experts, row %zu, gen %u: rows counted %llu, want %llu",
                sh->experts, sh->row, gen, (unsigned long long)counted,
                (unsigned long long)want_rows);
+        if (!hot)
+            continue;
+        CK(memcpy_dtoh(&got_hits, hits, 8));
+        CK(memcpy_dtoh(cnt, counts, sh->experts * 4));
+        EXPECT(got_hits == want_hits, "%u experts, row %zu: hits %llu, want %llu", sh->experts,
+               sh->row, (unsigned long long)got_hits, (unsigned long long)want_hits);
+        for (unsigned e = 0; e < sh->experts; e++)
+            if (cnt[e] != (picked[e] ? 1u : 0u)) {
+                EXPECT(false, "%u experts, row %zu: expert %u counted %u, want %u", sh->experts,
+                       sh->row, e, cnt[e], picked[e] ? 1u : 0u);
+                break;
+            }
     }
     printf("ok: %u experts, rows of %zu bytes, %u ids of %u bytes: three copies, only the picked "
-           "rows, %llu rows counted\n",
-           sh->experts, sh->row, sh->n_ids, sh->width, (unsigned long long)counted);
+           "rows (the third with %u hot experts), %llu rows counted\n",
+           sh->experts, sh->row, sh->n_ids, sh->width, nhot, (unsigned long long)counted);
     drv.cuMemFree_v2(dst);
     drv.cuMemFree_v2(ids);
     drv.cuMemFree_v2(marks);
     drv.cuMemFree_v2(rows);
+    drv.cuMemFree_v2(where);
+    drv.cuMemFree_v2(cache);
+    drv.cuMemFree_v2(counts);
+    drv.cuMemFree_v2(hits);
     drv.cuMemFreeHost(host);
+    free(map);
+    free(cnt);
+    free(cached);
     free(got);
     free(ids_host);
     free(ids_laid);

@@ -1,0 +1,261 @@
+/* uvm/picks-hot.c: the hot experts of an expert tensor kept on the device
+ * (uvm/picks-hot.h). */
+#include "uvm/picks-hot.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/macro.h"
+
+#define DECAY 0.75    /* a score's weight a choice later */
+#define ENTER 1.25    /* an expert enters a full set when it scores this much more... */
+#define ENTER_ADD 0.5 /* ... plus this, than the hot expert it replaces */
+#define FILL_THREADS 256u
+#define FILL_BLOCKS 64u
+#define ALIGN 256u
+
+struct wo_picks_hot {
+    CUdeviceptr dev; /* where u32[n], counts u32[n], then the cache (cap rows) */
+    CUdeviceptr where, counts, cache;
+    uint64_t bytes, row;
+    unsigned n, cap, held;
+    uint64_t home;         /* the stream whose copies read the cache; 0: the next one */
+    uint32_t *counts_host; /* pinned: counts as last read back */
+    uint32_t *prev;        /* counts at the last choice */
+    float *score;
+    int *slot_of;   /* expert -> slot, -1 not hot */
+    int *expert_in; /* slot -> expert, -1 empty */
+    uint64_t last_regs;
+    bool zero;     /* the counts must be zeroed on home before any copy counts */
+    bool clear;    /* the map must be cleared on home before the next copy */
+    bool readback; /* a readback was enqueued (counts_host means something) */
+    uint64_t fills, choices;
+};
+
+static void forget(struct wo_picks_hot *h)
+{
+    for (unsigned e = 0; e < h->n; e++)
+        h->slot_of[e] = -1;
+    for (unsigned j = 0; j < h->cap; j++)
+        h->expert_in[j] = -1;
+    h->held = 0;
+}
+
+uint64_t wo_hot_map_bytes(unsigned n_experts)
+{
+    return ((uint64_t)n_experts * 8 + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
+}
+
+struct wo_picks_hot *wo_hot_new(const struct wo_driver *d, unsigned n_experts, uint64_t row,
+                                unsigned cap, uint64_t home, uint64_t *bytes)
+{
+    struct wo_picks_hot *h;
+    uint64_t map = wo_hot_map_bytes(n_experts);
+
+    *bytes = 0;
+    if (!n_experts || !cap || cap > n_experts || !row || !d->cuMemAlloc_v2 || !d->cuMemHostAlloc ||
+        !d->cuMemsetD32Async || !d->cuMemcpyAsync)
+        return NULL;
+    h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->n = n_experts;
+    h->cap = cap;
+    h->row = row;
+    h->home = home;
+    h->bytes = map + (uint64_t)cap * row;
+    h->prev = calloc(n_experts, sizeof(*h->prev));
+    h->score = calloc(n_experts, sizeof(*h->score));
+    h->slot_of = calloc(n_experts, sizeof(*h->slot_of));
+    h->expert_in = calloc(cap, sizeof(*h->expert_in));
+    if (!h->prev || !h->score || !h->slot_of || !h->expert_in ||
+        d->cuMemAlloc_v2(&h->dev, h->bytes) != CUDA_SUCCESS) {
+        h->dev = 0;
+        wo_hot_free(d, h);
+        return NULL;
+    }
+    if (d->cuMemHostAlloc((void **)&h->counts_host, (size_t)n_experts * 4, 0) != CUDA_SUCCESS) {
+        h->counts_host = NULL;
+        wo_hot_free(d, h);
+        return NULL;
+    }
+    memset(h->counts_host, 0, (size_t)n_experts * 4);
+    h->where = h->dev;
+    h->counts = h->dev + (CUdeviceptr)n_experts * 4;
+    h->cache = h->dev + map;
+    forget(h);
+    h->zero = h->clear = true;
+    *bytes = h->bytes;
+    return h;
+}
+
+void wo_hot_free(const struct wo_driver *d, struct wo_picks_hot *h)
+{
+    if (!h)
+        return;
+    if (h->dev && d && d->cuMemFree_v2)
+        d->cuMemFree_v2(h->dev);
+    if (h->counts_host && d && d->cuMemFreeHost)
+        d->cuMemFreeHost(h->counts_host);
+    free(h->prev);
+    free(h->score);
+    free(h->slot_of);
+    free(h->expert_in);
+    free(h);
+}
+
+/* One change on st: slot j's expert (if any) unpublished, the slot filled
+ * with expert e's host row, e published. */
+static bool put(const struct wo_driver *d, struct wo_picks_hot *h, CUstream st, uint64_t src,
+                CUfunction fill, unsigned j, unsigned e)
+{
+    CUdeviceptr dst = h->cache + (CUdeviceptr)j * h->row, from = src + (CUdeviceptr)e * h->row;
+    unsigned long long n = h->row;
+    void *args[] = {&dst, &from, &n};
+    unsigned blocks = (unsigned)WO_MAX(1ull, WO_MIN(n / (64ull << 10), (uint64_t)FILL_BLOCKS));
+    int old = h->expert_in[j];
+
+    if (old >= 0) {
+        if (d->cuMemsetD32Async(h->where + (CUdeviceptr)old * 4, WO_HOT_NOWHERE, 1, st) !=
+            CUDA_SUCCESS)
+            return false;
+        h->slot_of[old] = -1;
+        h->expert_in[j] = -1;
+        h->held--;
+    }
+    if (d->cuLaunchKernel(fill, blocks, 1, 1, FILL_THREADS, 1, 1, 0, st, args, NULL) !=
+            CUDA_SUCCESS ||
+        d->cuMemsetD32Async(h->where + (CUdeviceptr)e * 4, j, 1, st) != CUDA_SUCCESS)
+        return false;
+    h->slot_of[e] = (int)j;
+    h->expert_in[j] = (int)e;
+    h->held++;
+    h->fills++;
+    return true;
+}
+
+/* The best expert not hot (-1: none scores above zero). */
+static int best_cold(const struct wo_picks_hot *h)
+{
+    int b = -1;
+
+    for (unsigned e = 0; e < h->n; e++)
+        if (h->slot_of[e] < 0 && h->score[e] > 0 && (b < 0 || h->score[e] > h->score[b]))
+            b = (int)e;
+    return b;
+}
+
+/* The slot of the hot expert that scores least (-1: none hot). */
+static int worst_hot(const struct wo_picks_hot *h)
+{
+    int w = -1;
+
+    for (unsigned j = 0; j < h->cap; j++)
+        if (h->expert_in[j] >= 0 &&
+            (w < 0 || h->score[h->expert_in[j]] < h->score[h->expert_in[w]]))
+            w = (int)j;
+    return w;
+}
+
+static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream st, uint64_t src,
+                   CUfunction fill)
+{
+    unsigned swaps = 0, fills = 0;
+
+    for (unsigned e = 0; e < h->n; e++) {
+        uint32_t c = __atomic_load_n(&h->counts_host[e], __ATOMIC_RELAXED);
+        h->score[e] = (float)(h->score[e] * DECAY + (double)(uint32_t)(c - h->prev[e]));
+        h->prev[e] = c;
+    }
+    h->choices++;
+    /* free slots first, a few at a time: each costs one row over the link
+     * on the engine's stream, right before its launch (and a search) */
+    for (unsigned j = 0; j < h->cap && fills < WO_HOT_FILLS; j++) {
+        int c;
+        if (h->expert_in[j] >= 0)
+            continue;
+        if ((c = best_cold(h)) < 0)
+            return true;
+        if (!put(d, h, st, src, fill, j, (unsigned)c))
+            return false;
+        fills++;
+    }
+    /* then a few swaps, each only for a clearly better expert */
+    while (swaps < WO_HOT_SWAPS) {
+        int c = best_cold(h), w = worst_hot(h);
+        if (c < 0 || w < 0 || h->score[c] <= h->score[h->expert_in[w]] * ENTER + ENTER_ADD)
+            break;
+        if (!put(d, h, st, src, fill, (unsigned)w, (unsigned)c))
+            return false;
+        swaps++;
+    }
+    return true;
+}
+
+bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t st, uint64_t src,
+                    uint64_t regs, CUfunction fill, CUstream side)
+{
+    CUstream s = (CUstream)(uintptr_t)st;
+
+    if (!h->home)
+        h->home = st;
+    if (h->home != st)
+        return true;
+    if (h->zero) {
+        if (d->cuMemsetD32Async(h->counts, 0, h->n, s) != CUDA_SUCCESS)
+            return false;
+        h->zero = false;
+    }
+    if (h->clear) {
+        if (d->cuMemsetD32Async(h->where, WO_HOT_NOWHERE, h->n, s) != CUDA_SUCCESS)
+            return false;
+        forget(h);
+        h->clear = false;
+        h->last_regs = regs; /* the counts since then choose the next set */
+    }
+    if (regs - h->last_regs < WO_HOT_EVERY)
+        return true;
+    h->last_regs = regs;
+    if (h->readback && !choose(h, d, s, src, fill))
+        return false;
+    /* the next choice's counts (a copy still under way on the engine's
+     * streams counts in the one after) */
+    h->readback = d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)h->counts_host, h->counts,
+                                   (size_t)h->n * 4, side) == CUDA_SUCCESS;
+    return true;
+}
+
+void wo_hot_args(const struct wo_picks_hot *h, uint64_t st, CUdeviceptr *where, CUdeviceptr *cache,
+                 CUdeviceptr *counts)
+{
+    bool home = h->home == st && !h->clear;
+
+    *where = home ? h->where : 0;
+    *cache = home ? h->cache : 0;
+    *counts = h->zero ? 0 : h->counts;
+}
+
+void wo_hot_invalidate(struct wo_picks_hot *h)
+{
+    h->clear = true;
+}
+
+void wo_hot_stream_gone(struct wo_picks_hot *h, uint64_t stream)
+{
+    if (h->home != stream)
+        return;
+    h->home = 0;
+    h->clear = true;
+}
+
+void wo_hot_figs(const struct wo_picks_hot *h, struct wo_hot_figs *f)
+{
+    memset(f, 0, sizeof(*f));
+    if (!h)
+        return;
+    f->cap = h->cap;
+    f->held = h->held;
+    f->fills = h->fills;
+    f->choices = h->choices;
+    f->bytes = h->bytes;
+}

@@ -1,0 +1,84 @@
+/* uvm/picks-hot.h: the hot experts of one expert tensor kept on the device,
+ * composed with picked staging (uvm/picks.h).
+ *
+ * A picked copy moves each picked expert's row into a stream's staging
+ * buffer right before the launch that reads it. With a hot set, the copy
+ * kernel takes a row whose expert is hot from a device cache of the tensor
+ * (at the device's bandwidth) instead of from host memory (over PCIe): the
+ * link moves only the picked experts that are not hot.
+ *
+ * Which experts are hot: the copy kernel counts, on the device, the copies
+ * that moved each expert (counts[e]); the counts are read back on a side
+ * stream, and every WO_HOT_EVERY registrations of the tensor (a layer
+ * registers once a forward step) the executor decays each expert's score
+ * and adds the copies since the last time (frequency with recency: an
+ * LFRU), fills free slots (at most WO_HOT_FILLS) with the best experts not
+ * hot, then swaps at most WO_HOT_SWAPS of them for hot ones scoring
+ * clearly less.
+ *
+ * Stream order makes every change exact without a wait: on the tensor's
+ * home stream (the one stream whose copies read the cache), an expert
+ * leaving is unpublished (where[e] = WO_HOT_NOWHERE), its slot refilled by
+ * a copy kernel from the host row, and the new expert published (where[e] =
+ * its slot), all before the next picked copy; the copies before read the
+ * slot as it was. Copies on other streams read the host rows (they are
+ * given no map). A write into the tensor (wo_hot_invalidate) unpublishes
+ * every expert before the next copy on the home stream.
+ *
+ * Not thread-safe: picks.c calls it under its lock. */
+#pragma once
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "uvm/uvm.h"
+
+#define WO_HOT_NOWHERE 0xffffffffu /* where[e]: expert e is not hot (uvm/stream-copy.cu) */
+#define WO_HOT_EVERY 8u            /* registrations between two choices of the hot set */
+#define WO_HOT_SWAPS 2u            /* experts that may enter a full hot set at a choice */
+#define WO_HOT_FILLS 8u            /* free slots filled at a choice, at most */
+
+struct wo_picks_hot;
+
+/* A hot set of cap slots for a tensor of n_experts rows of row bytes,
+ * homed on stream home (its device memory allocated: where, counts, cache;
+ * *bytes gets its size). NULL: no memory or a driver failure (said by the
+ * caller). The map is cleared at the first wo_hot_prepare. */
+struct wo_picks_hot *wo_hot_new(const struct wo_driver *d, unsigned n_experts, uint64_t row,
+                                unsigned cap, uint64_t home, uint64_t *bytes);
+/* The device bytes of a hot set's map and counts (its rows come on top). */
+uint64_t wo_hot_map_bytes(unsigned n_experts);
+/* Frees it (its streams' work on it done: the caller synchronised). */
+void wo_hot_free(const struct wo_driver *d, struct wo_picks_hot *h);
+
+/* Before a picked copy of the tensor (its host rows at src) on stream st:
+ * on the home stream, the map cleared when invalidated, the counts read
+ * back (side stream) and, every WO_HOT_EVERY registrations (regs: the
+ * tensor's), the hot set chosen again and its changes enqueued on st with
+ * fill (wo_stream_copy of the shim's module). False: a driver call failed:
+ * the hot set is off for good (the copy reads every row from host, as
+ * without it). */
+bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t st, uint64_t src,
+                    uint64_t regs, CUfunction fill, CUstream side);
+
+/* The copy kernel's map and cache for a copy on stream st: where 0 when st
+ * is not the home stream (every row from host). counts: always (any
+ * stream's copies count). */
+void wo_hot_args(const struct wo_picks_hot *h, uint64_t st, CUdeviceptr *where, CUdeviceptr *cache,
+                 CUdeviceptr *counts);
+
+/* The tensor was written: no hot row may be read until refilled. */
+void wo_hot_invalidate(struct wo_picks_hot *h);
+/* Its home stream is gone (the caller synchronised it): the next stream
+ * that copies the tensor becomes home, with the map cleared. */
+void wo_hot_stream_gone(struct wo_picks_hot *h, uint64_t stream);
+
+/* Figures for the stats. */
+struct wo_hot_figs {
+    unsigned cap, held; /* slots, experts hot now */
+    uint64_t fills;     /* rows copied into the cache */
+    uint64_t choices;   /* hot sets chosen */
+    uint64_t bytes;     /* device bytes */
+};
+void wo_hot_figs(const struct wo_picks_hot *h, struct wo_hot_figs *f);
