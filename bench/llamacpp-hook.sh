@@ -34,6 +34,11 @@
 #              picks never / always registered; with llama.cpp's CUDA graphs
 #              off, GGML_CUDA_DISABLE_GRAPHS=1, for its batched steps to be
 #              eager: a captured launch reads in place)
+#   *-hotN     the router's picks always registered and N MiB of hot experts
+#              (WOFFLOAD_PICKS_HOT): tokens-exps-hot8704, bench-shim-exps-hot8704
+#              (the moe32 GGUF's 18 GiB of experts: about half kept hot, beside
+#              -ncmoe 8, half the layers' experts on host, at about the same
+#              device memory)
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
 #              row held: the shim choosing what stays within the same total)
@@ -215,6 +220,11 @@ shim_args() {
 # router picks: 0 never, 100 always; docs/llamacpp.md, "Picked experts")
 picks_env() {
     case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${1##*-picks}") ;; *) PENV=() ;; esac
+    # *-hotN: the router's picks always registered and N MiB of hot experts
+    # (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts": llama.cpp's graph
+    # launches then replayed, the picked rows copied, the hot ones from the
+    # device)
+    case $1 in *-hot[0-9]*) PENV=(env WOFFLOAD_GGML_PICKS=100 "WOFFLOAD_PICKS_HOT=${1##*-hot}") ;; esac
     # *-noreplay: CUDA graph launches run whole (read in place); *-noclaims:
     # the ggml hook never claims a layer read in place
     case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
@@ -394,6 +404,7 @@ tokens ncmoe8 ncmoe8
 tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
 tokens exps-picks100 exps
+tokens exps-hot8704 exps
 tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-stream-b32 exps-stream
@@ -407,6 +418,7 @@ bench shim-exps-slots2 exps-slots2
 bench shim-exps-noreplay exps
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
+bench shim-exps-hot8704 exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench llama-ncmoe8 plain -ncmoe 8 -lm none

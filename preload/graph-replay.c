@@ -22,7 +22,9 @@
  * At a graph launch, when the exec has such a copy, nothing captures, and
  * one of the ranges its kernels read is streamed and not claimed read in
  * place (woffload_read_in_place: the ggml hook claims the steps that read a
- * small share of the experts), each node is launched on the launch's
+ * small share of the experts), or is an expert tensor with picks registered
+ * and hot experts on (WOFFLOAD_PICKS_HOT: the replayed launches copy the
+ * picked rows, the hot ones from the device), each node is launched on the launch's
  * stream in that order, a kernel through the launch hook's own path
  * (preload/launch.c: scanned, redirected into the slots, its event pushed).
  * The stream runs them one after another: an order the graph allows.
@@ -685,9 +687,12 @@ void wo_replay_reset(void)
 /* --- the launch ------------------------------------------------------------- */
 
 /* Whether a copy that reads s's ranges pays: one of them is streamed and
- * not claimed read in place now. */
+ * not claimed read in place now, or has picked staging with hot experts
+ * (their rows come from the device, not over the link). */
 static bool stages(const struct rp_snap *s)
 {
+    if (wo_picks_hot_wanted(s->hits, s->nhits))
+        return true;
     for (unsigned i = 0; i < s->nhits; i++) {
         const struct wo_ev_hit *h = &s->hits[i];
         const struct wo_stream_entry *e;

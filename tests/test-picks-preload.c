@@ -386,8 +386,60 @@ static int child(void)
     if (getenv("WO_PICKS_TEST_HOT")) {
         CUstream s2;
         CHECK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-        return hot_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
-                         p_cuStreamSync, kg, s, s2, ids, out, host);
+        if (hot_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                      p_cuStreamSync, kg, s, s2, ids, out, host) != 0)
+            return 1;
+        /* a CUDA graph of the gather (llama.cpp runs its steps as graphs):
+         * with hot experts on, its launches are replayed kernel by kernel
+         * (preload/graph-replay.c) while picks are registered, so they read
+         * the copied rows, the hot ones from the device; every read right */
+        {
+            uint64_t n = TOKENS * TOPK, width = 8, row = ROW0, before_moved = moved_reads;
+            void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
+            long long replays, hot_before, hot_after;
+            CUgraph g;
+            CUgraphExec ge;
+
+            js = snapshot(stats);
+            hot_before = json_num(js, "},\"tensors\":", "\"hot_rows\":");
+            free(js);
+            CHECK(p_cuBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+            CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            CHECK(p_cuEndCapture(s, &g) == CUDA_SUCCESS);
+            CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
+            for (int step = 0; step < 40; step++) {
+                int64_t id64[TOKENS * TOPK];
+
+                for (int k = 0; k < TOKENS * TOPK; k++) {
+                    id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
+                    ref[k] = host_sum((const uint64_t *)(host[0] + id64[k] * row), row / 8);
+                }
+                CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, (void *)(uintptr_t)ids, n, 8) ==
+                      0);
+                CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, NULL, 0, 0) == 0);
+                if (step % 8 == 7)
+                    usleep(5000);
+            }
+            js = snapshot(stats);
+            replays = json_num(js, "\"interpose\":", "\"graph_replays\":");
+            hot_after = json_num(js, "},\"tensors\":", "\"hot_rows\":");
+            printf("hot child, graph: %lld replays, %llu launches read a buffer, hot rows %lld -> "
+                   "%lld\n",
+                   replays, (unsigned long long)(moved_reads - before_moved), hot_before,
+                   hot_after);
+            /* each launch replayed, each read the copied rows (a buffer) */
+            CHECK(replays == 40);
+            CHECK(json_num(js, "\"interpose\":", "\"graph_replay_kernels\":") == 40);
+            CHECK(moved_reads - before_moved == 40);
+            free(js);
+        }
+        check_summary("test-picks-preload hot child, graph");
+        return failures ? 1 : 0;
     }
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,

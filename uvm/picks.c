@@ -640,6 +640,28 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
     return r;
 }
 
+bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits)
+{
+    bool r = false;
+
+    if (!wo_settings()->picks_hot_mib || !__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE))
+        return false;
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned h = 0; h < nhits && !r; h++) {
+        const struct wo_ev_hit *hit = &hits[h];
+        if (hit->id >= WO_STREAM_IDS || !wo_picks_ids[hit->id])
+            continue;
+        for (unsigned i = 0; i < pk.n && !r; i++) {
+            const struct span *s = &pk.s[i];
+            r = s->rid == hit->id && s->rgen == hit->gen && s->offdev && s->ids &&
+                pthread_equal(s->owner, pthread_self()) && hit->offset < s->off + (s->hi - s->lo) &&
+                hit->hi > s->off;
+        }
+    }
+    pthread_mutex_unlock(&pk.lock);
+    return r;
+}
+
 uint64_t wo_picks_reserved(void)
 {
     return __atomic_load_n(&pk.bytes, __ATOMIC_RELAXED);
