@@ -264,7 +264,7 @@ static const struct {
     {"open", "window:"},          {"close", "window:"},         {"enabled", "prefetch:"},
     {"lookahead", "prefetch:"},   {"piece_size", "prefetch:"},  {"hot_set", "prefetch:"},
     {"eviction", "prefetch:"},    {"mode", "prefetch:"},        {"slots", "prefetch:"},
-    {"pinned_copies", "prefetch:"},
+    {"pinned_copies", "prefetch:"}, {"hot_experts", "prefetch:"},
     {"match", "a rule under rules:"},
     {"glob", "a rule under rules:"}, {"regex", "a rule under rules:"},
     {"layers", "a rule under rules:"}, {"place", "a rule under rules:"},

@@ -21,9 +21,9 @@ static const char *const rest_names[] = {"host", "managed"};
 static const char *const window_keys[] = {"open", "close", "min_size"};
 static const char *const open_names[] = {"at-start", "on-first-tag", "api"};
 static const char *const close_names[] = {"at-seal", "on-first-tag", "api"};
-static const char *const prefetch_keys[] = {"enabled", "lookahead",    "piece_size",
-                                            "hot_set", "eviction",     "mode",
-                                            "slots",   "experimental", "pinned_copies"};
+static const char *const prefetch_keys[] = {
+    "enabled", "lookahead", "piece_size",   "hot_set",       "eviction",
+    "mode",    "slots",     "experimental", "pinned_copies", "hot_experts"};
 static const char *const mode_names[] = {"auto", "hot-set", "stream"};
 static const char *const eviction_names[] = {"auto", "read-mostly", "copy-back"};
 static const char *const pinfb_names[] = {"managed", "stop"};
@@ -71,8 +71,8 @@ static int parse_window(struct ctx *c, const struct wo_node *n, bool *open_given
 static int parse_prefetch(struct ctx *c, const struct wo_node *n)
 {
     struct wo_policy_globals *g = &c->p->g;
-    const struct wo_node *v[9];
-    int r = wo_schema_map(c, n, prefetch_keys, 9, "prefetch", v), idx;
+    const struct wo_node *v[10];
+    int r = wo_schema_map(c, n, prefetch_keys, 10, "prefetch", v), idx;
     uint64_t slots;
     bool experimental = false;
 
@@ -160,6 +160,10 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
             r = -EINVAL;
         }
     }
+    /* device bytes for the hot experts of expert tensors with picks
+     * (uvm/picks-hot.h); 0: none */
+    if (v[9] && wo_schema_size(c, v[9], &g->prefetch.hot_experts) < 0)
+        r = -EINVAL;
     return r;
 }
 

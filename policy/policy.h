@@ -140,6 +140,8 @@ struct wo_policy_globals {
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
         uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO
                                      * (the default), 0 (off) or a cap (docs/policy.md) */
+        uint64_t hot_experts;       /* device bytes for hot experts of picked tensors, 0: none
+                                     * (WOFFLOAD_PICKS_HOT overrides; docs/placement.md) */
     } prefetch;
     struct wo_fit fit; /* `fit:`; enabled false when absent */
 };

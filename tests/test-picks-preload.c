@@ -661,9 +661,10 @@ static const char *policies[] = {
     /* RESIDENT: a budget that holds both tensors (resident_child) */
     "version: 1\ndefault: device\ndevice_budget: 32MiB\nprefetch:\n  enabled: true\nrules:\n"
     "  - {name: experts, match: [experts], place: managed}\n",
-    /* HOT: host, with WOFFLOAD_PICKS_HOT=1 (MiB: half for each tensor, 7 of
-     * tensor 0's 16 experts, 15 of tensor 1's) (hot_child) */
-    "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
+    /* HOT: host, with 1 MiB of hot experts (an equal share of what is left:
+     * 7 of tensor 0's 16 experts, then all 16 of tensor 1's) (hot_child) */
+    "version: 1\ndefault: device\nprefetch: {hot_experts: 1MiB}\nrules:\n"
+    "  - {name: experts, match: [experts], place: host}\n",
 };
 #define RESIDENT 2
 #define HOT 3
@@ -690,10 +691,8 @@ int main(int argc, char **argv)
                 setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
-            if (i == HOT) {
+            if (i == HOT)
                 setenv("WO_PICKS_TEST_HOT", "1", 1);
-                setenv("WOFFLOAD_PICKS_HOT", "1", 1);
-            }
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
             _exit(127);
         }

@@ -370,6 +370,7 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_AUTO);
     assert_int_equal(g->prefetch.slots, WO_STREAM_SLOTS_DEFAULT);
     assert_true(g->prefetch.pinned_copies == WO_PIN_COPIES_AUTO); /* auto by default */
+    assert_int_equal(g->prefetch.hot_experts, 0);                 /* none by default */
     assert_true(wo_policy_passthrough(p));
     /* no policy at all: the same globals as an empty one */
     assert_memory_equal(wo_policy_globals(NULL), g, sizeof(*g));
@@ -385,7 +386,7 @@ static void globals_defaults_and_values(void **state)
                 "window: {open: on-first-tag, close: api, min_size: 4MiB}\n"
                 "prefetch: {enabled: false, lookahead: 512MiB, piece_size: 16MiB, hot_set: off, "
                 "eviction: read-mostly, mode: stream, slots: 4, experimental: true, "
-                "pinned_copies: 24GiB}\n"
+                "pinned_copies: 24GiB, hot_experts: 1.5GiB}\n"
                 "rules: []\n");
     g = wo_policy_globals(p);
     assert_int_equal(g->default_place, WO_PLACE_HOST);
@@ -407,6 +408,7 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.mode, WO_PREFETCH_MODE_STREAM);
     assert_int_equal(g->prefetch.slots, 4);
     assert_int_equal(g->prefetch.pinned_copies, 24 * WO_GiB);
+    assert_int_equal(g->prefetch.hot_experts, 1610612736ull);
     assert_false(wo_policy_passthrough(p));
     wo_policy_free(p);
     p = load_ok("prefetch: {pinned_copies: off}\n");

@@ -146,6 +146,17 @@ static int find_span(uint64_t lo, uint64_t hi)
     return -1;
 }
 
+/* Device bytes for hot experts in all: WOFFLOAD_PICKS_HOT when set, else
+ * the policy's prefetch.hot_experts (0: none). */
+static uint64_t hot_total(void)
+{
+    uint64_t mib = wo_settings()->picks_hot_mib;
+
+    if (mib)
+        return mib << 20;
+    return wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
+}
+
 /* Span s's hot set out of use: freed with the rest (copies may still read
  * it; past the list's room it is left to the process's end). */
 static void retire(struct span *s)
@@ -459,13 +470,13 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
     return res;
 }
 
-/* Span i's hot set, made on stream t when WOFFLOAD_PICKS_HOT asks and it
+/* Span i's hot set, made on stream t when hot_total() asks and it
  * registered often enough to have counts: an equal share of what is left
  * among the tensors off the device that have none yet. */
 static void make_hot(const struct wo_driver *d, struct strm *t, int i)
 {
     struct span *s = &pk.s[i];
-    uint64_t total = (uint64_t)wo_settings()->picks_hot_mib << 20, left, share, map, bytes = 0;
+    uint64_t total = hot_total(), left, share, map, bytes = 0;
     unsigned want = 0, cap;
 
     if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_EVERY ||
@@ -644,7 +655,7 @@ bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits)
 {
     bool r = false;
 
-    if (!wo_settings()->picks_hot_mib || !__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE))
+    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) || !hot_total())
         return false;
     pthread_mutex_lock(&pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {
@@ -729,6 +740,7 @@ struct spread {
         const char *name;
         uint64_t per_reg;
         double picked, resident;
+        double hot; /* of its rows, those from its hot experts; < 0: no hot set */
     } *v;
     unsigned n, cap;
 };
@@ -739,8 +751,9 @@ static void spread_add(void *ud, const struct wo_picks_figs *f)
 
     if (!f->k.regs || sp->n == sp->cap)
         return;
-    sp->v[sp->n++] = (struct tfig){f->name, wo_trace_pick_per_reg(&f->k), wo_trace_pick_picked(&f->k),
-                                   wo_trace_pick_resident(&f->k)};
+    sp->v[sp->n++] = (struct tfig){f->name, wo_trace_pick_per_reg(&f->k),
+                                   wo_trace_pick_picked(&f->k), wo_trace_pick_resident(&f->k),
+                                   f->hot_slots ? wo_trace_pick_hot_rate(&f->k) : -1};
 }
 
 static int by_per_reg(const void *a, const void *b)
@@ -752,7 +765,8 @@ static int by_per_reg(const void *a, const void *b)
 /* The exit summary: the totals, then one line over the tensors with
  * picks (a layer's gate/up and down each one): the bytes a step moved,
  * least, median and most, with the names of the extremes, and the ranges
- * of the picked and resident shares. The stats' picks.names has every
+ * of the picked and resident shares; with hot experts, a line of their
+ * share of the rows, in all and by tensor. The stats' picks.names has every
  * tensor's figures. One pass over the spans for both. */
 void wo_picks_summary(void)
 {
@@ -772,12 +786,24 @@ void wo_picks_summary(void)
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
-    if (t.hot_bytes)
+    if (t.hot_bytes) {
+        double hmin = 1, hmax = 0;
+        unsigned with = 0;
+
+        for (unsigned i = 0; i < sp.n; i++)
+            if (sp.v[i].hot >= 0) {
+                hmin = WO_MIN(hmin, sp.v[i].hot);
+                hmax = WO_MAX(hmax, sp.v[i].hot);
+                with++;
+            }
         wo_log_write(WO_LOG_OFF,
-                     "picks: hot experts: %.1f MiB on the device; %.0f%% of the rows copied "
-                     "came from them, not over the link; %" PRIu64 " rows copied into them",
-                     (double)t.hot_bytes / (1 << 20),
-                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0, t.hot_fills);
+                     "picks: hot experts: %.1f MiB on the device for %u tensors; %.0f%% of the "
+                     "rows copied came from them, not over the link (by tensor %.0f-%.0f%%); "
+                     "%" PRIu64 " rows copied into them",
+                     (double)t.hot_bytes / (1 << 20), with,
+                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0,
+                     with ? 100 * hmin : 0.0, with ? 100 * hmax : 0.0, t.hot_fills);
+    }
     if (sp.n < 2)
         return;
     qsort(sp.v, sp.n, sizeof(*sp.v), by_per_reg);
