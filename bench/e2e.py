@@ -461,6 +461,16 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe128-shim-experts-host-all-hot13g", "moe128", batches=[1, 8, 32], prefill=0,
       **BATCH, policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_PICKS_HOT": "13312"}),
+    # traces of the picks at batch 8, without and with hot experts: the
+    # replay's model of picked staging held against the measured step
+    # (docs/replay.md, "Picked experts"; test-replay-accuracy once recorded)
+    S("trace-moe128-picks-b8", "moe128", batches=[8], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-b8.wotrace"}),
+    S("trace-moe128-picks-hot13g-b8", "moe128", batches=[8], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-hot13g-b8.wotrace",
+           "WOFFLOAD_PICKS_HOT": "13312"}),
     S("batchdef-moe128skew-gpu", "moe128", batches=[1, 8, 32], prefill=0, skew=SKEW128, **BATCH),
     S("batchdef-moe128skew-shim-experts-host-all", "moe128", batches=[1, 8, 32], prefill=0,
       skew=SKEW128, **BATCH, policy="experts-host-all", offload="experts:all",
