@@ -7,7 +7,9 @@ argument it hands the shim, and what the shim then counts.
     python3 tests/test-python-picks.py LIBWOFFLOAD FAKE_DIR
 
 It re-runs itself under LD_PRELOAD with a policy that puts the experts on
-the host, once with WOFFLOAD_PICKS unset and once with WOFFLOAD_PICKS=0.
+the host, with WOFFLOAD_PICKS unset, with WOFFLOAD_PICKS=0, and with hot
+experts on (WOFFLOAD_PICKS_HOT=1: a forward of one token then registers its
+picks too, their hot rows copied from the device).
 """
 import ctypes
 import json
@@ -157,7 +159,7 @@ def child():
     pk = st["picks"]
     print("RESULT " + json.dumps({
         "off": sorted(off), "hooked": hooked,
-        "enabled": pk["enabled"],
+        "enabled": pk["enabled"], "hot_experts": pk["hot_experts"],
         "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre), len(wrapped.pre)],
         "regs": {k: v["registrations"] for k, v in pk["names"].items()},
         "misuse": woffload.moe_picks(T(0x10, (E, 2, 2)), ids)}), flush=True)
@@ -174,9 +176,10 @@ def main():
         with open(pol, "w") as f:
             f.write("version: 1\ndefault: device\nrules:\n"
                     "  - {name: experts, match: [layers.0], place: host}\n")
-        for picks in ("1", "0"):
+        for picks in ("1", "0", "hot"):
             env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake, WOFFLOAD_POLICY=pol,
-                       WOFFLOAD_LOG="info", WOFFLOAD_PICKS=picks,
+                       WOFFLOAD_LOG="info", WOFFLOAD_PICKS="0" if picks == "0" else "1",
+                       WOFFLOAD_PICKS_HOT="1" if picks == "hot" else "0",
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
                                capture_output=True, text=True, env=env, timeout=120)
@@ -187,7 +190,7 @@ def main():
                 failures += 1
                 continue
             r = json.loads(lines[0][7:])
-            on = picks == "1"
+            on, hot = picks != "0", picks == "hot"
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
             w = "model.layers.0.mlp2.experts.gate_up_proj"
             checks = {
@@ -201,7 +204,11 @@ def main():
                 # two calls with picks (set + clear each), one with float
                 # "picks" (nothing); the wrapped one's call whose shapes
                 # fit the convention, not the two that do not; none when off
-                "registrations per tensor": r["regs"] == ({g: 4, d: 4, w: 2} if on else {}),
+                # and the one token's call (set + clear) with hot experts
+                "registrations per tensor":
+                    r["regs"] == ({g: 6 if hot else 4, d: 6 if hot else 4, w: 2} if on else {}),
+                "picks.hot_experts says the bytes for hot experts":
+                    r["hot_experts"] == (1 << 20 if hot else 0),
                 "an unknown pointer: -ENOENT (picks on), 0 (off)":
                     r["misuse"] == (-2 if on else 0),
             }

@@ -148,7 +148,7 @@ static int find_span(uint64_t lo, uint64_t hi)
 
 /* Device bytes for hot experts in all: WOFFLOAD_PICKS_HOT when set, else
  * the policy's prefetch.hot_experts (0: none). */
-static uint64_t hot_total(void)
+uint64_t wo_picks_hot_total(void)
 {
     uint64_t mib = wo_settings()->picks_hot_mib;
 
@@ -470,13 +470,13 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
     return res;
 }
 
-/* Span i's hot set, made on stream t when hot_total() asks and it
+/* Span i's hot set, made on stream t when wo_picks_hot_total() asks and it
  * registered often enough to have counts: an equal share of what is left
  * among the tensors off the device that have none yet. */
 static void make_hot(const struct wo_driver *d, struct strm *t, int i)
 {
     struct span *s = &pk.s[i];
-    uint64_t total = hot_total(), left, share, map, bytes = 0;
+    uint64_t total = wo_picks_hot_total(), left, share, map, bytes = 0;
     unsigned want = 0, cap;
 
     if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_EVERY ||
@@ -655,7 +655,7 @@ bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits)
 {
     bool r = false;
 
-    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) || !hot_total())
+    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) || !wo_picks_hot_total())
         return false;
     pthread_mutex_lock(&pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {

@@ -99,6 +99,9 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * streaming keeps the tensor for the others (a batch that picks most
  * experts). */
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
+/* Device bytes for hot experts in all (uvm/picks-hot.h): WOFFLOAD_PICKS_HOT
+ * when set, else the policy's prefetch.hot_experts; 0: none. */
+uint64_t wo_picks_hot_total(void);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */
 uint64_t wo_picks_reserved(void);

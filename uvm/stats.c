@@ -330,8 +330,8 @@ static void json_body(struct sbuf *b)
     {
         struct wo_picks_totals pt;
 
-        sb_printf(b, ",\"picks\":{\"enabled\":%s,\"names\":{",
-                  wo_settings()->picks ? "true" : "false");
+        sb_printf(b, ",\"picks\":{\"enabled\":%s,\"hot_experts\":%" PRIu64 ",\"names\":{",
+                  wo_settings()->picks ? "true" : "false", wo_picks_hot_total());
         b->first = true;
         wo_picks_report(&pt, picks_name_json, b);
         sb_printf(b,

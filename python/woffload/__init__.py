@@ -359,7 +359,8 @@ def _compiling() -> bool:
         return False
 
 
-def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
+def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
+                 one_row: Optional[bool] = None) -> int:
     """Registers, on each module of ``model`` that holds stacked expert
     tensors and whose forward takes the router's picks (a parameter named
     as engines name them: top_k_index, topk_ids, selected_experts, ...),
@@ -368,10 +369,17 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
     ``names``, only modules with a tensor of one of those full names (the
     ones the policy placed off the device) are hooked. A forward of one
     token (picks of one row) registers nothing: its launches read the picked
-    experts in place. Returns the number of modules hooked. The hooks cost
-    one library call per tensor and forward."""
+    experts in place; unless ``one_row`` (by default: when the shim keeps
+    hot experts, stats' picks.hot_experts, whose rows a copy takes from the
+    device). Returns the number of modules hooked. The hooks cost one
+    library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
+    if one_row is None:
+        try:
+            one_row = int((stats() or {}).get("picks", {}).get("hot_experts", 0)) > 0
+        except (OSError, ValueError, TypeError):
+            one_row = False
     model = getattr(model, "_orig_mod", model)
     wanted = set(names) if names is not None else None
     n = 0
@@ -387,13 +395,14 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None) -> int:
             continue
 
         def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
-                _w: Tuple[int, str] = where) -> None:
+                _w: Tuple[int, str] = where, _one: bool = bool(one_row)) -> None:
             ids = None if _compiling() else _ids_arg(args, kwargs, _w)
             # one token's picks (one row): its expert GEMMs read each picked
             # expert once, in place, which is all a copy would move; the copy
             # only adds two kernels before them (on the H200, 128 experts
-            # top-8, batch 1: 20.8 tok/s with the picks, 22.9 without)
-            if ids is not None and ids.dim() >= 2 and ids.shape[0] == 1:
+            # top-8, batch 1: 20.8 tok/s with the picks, 22.9 without);
+            # with hot experts the copy takes their rows from the device
+            if not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1:
                 ids = None
             m._woffload_picks = ids
             if ids is None:
