@@ -164,7 +164,9 @@ static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream s
 
     for (unsigned e = 0; e < h->n; e++) {
         uint32_t c = __atomic_load_n(&h->counts_host[e], __ATOMIC_RELAXED);
-        h->score[e] = (float)(h->score[e] * DECAY + (double)(uint32_t)(c - h->prev[e]));
+        /* counts only grow: one below the last was zeroed since (a new set) */
+        uint32_t add = c >= h->prev[e] ? c - h->prev[e] : c;
+        h->score[e] = (float)(h->score[e] * DECAY + (double)add);
         h->prev[e] = c;
     }
     h->choices++;
@@ -193,7 +195,7 @@ static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream s
 }
 
 bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t st, uint64_t src,
-                    uint64_t regs, CUfunction fill, CUstream side)
+                    uint64_t regs, CUfunction fill)
 {
     CUstream s = (CUstream)(uintptr_t)st;
 
@@ -218,10 +220,12 @@ bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t 
     h->last_regs = regs;
     if (h->readback && !choose(h, d, s, src, fill))
         return false;
-    /* the next choice's counts (a copy still under way on the engine's
-     * streams counts in the one after) */
+    /* the next choice's counts, read back on the home stream: after the
+     * zeroing and the copies before, in stream order (on a stream of its
+     * own the read could come before the zeroing: garbage counts); a few
+     * hundred bytes every WO_HOT_EVERY registrations */
     h->readback = d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)h->counts_host, h->counts,
-                                   (size_t)h->n * 4, side) == CUDA_SUCCESS;
+                                   (size_t)h->n * 4, s) == CUDA_SUCCESS;
     return true;
 }
 

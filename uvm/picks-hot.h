@@ -8,7 +8,7 @@
  * link moves only the picked experts that are not hot.
  *
  * Which experts are hot: the copy kernel counts, on the device, the copies
- * that moved each expert (counts[e]); the counts are read back on a side
+ * that moved each expert (counts[e]); the counts are read back on the home
  * stream, and every WO_HOT_EVERY registrations of the tensor (a layer
  * registers once a forward step) the executor decays each expert's score
  * and adds the copies since the last time (frequency with recency: an
@@ -53,14 +53,14 @@ uint64_t wo_hot_map_bytes(unsigned n_experts);
 void wo_hot_free(const struct wo_driver *d, struct wo_picks_hot *h);
 
 /* Before a picked copy of the tensor (its host rows at src) on stream st:
- * on the home stream, the map cleared when invalidated, the counts read
- * back (side stream) and, every WO_HOT_EVERY registrations (regs: the
- * tensor's), the hot set chosen again and its changes enqueued on st with
- * fill (wo_stream_copy of the shim's module). False: a driver call failed:
- * the hot set is off for good (the copy reads every row from host, as
- * without it). */
+ * on the home stream, the map cleared when invalidated and, every
+ * WO_HOT_EVERY registrations (regs: the tensor's), the hot set chosen again
+ * from the counts last read back, its changes enqueued on st with fill
+ * (wo_stream_copy of the shim's module), and the counts read back for the
+ * next choice (on st too). False: a driver call failed: the hot set is off
+ * for good (the copy reads every row from host, as without it). */
 bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t st, uint64_t src,
-                    uint64_t regs, CUfunction fill, CUstream side);
+                    uint64_t regs, CUfunction fill);
 
 /* The copy kernel's map and cache for a copy on stream st: where 0 when st
  * is not the home stream (every row from host). counts: always (any

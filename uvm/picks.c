@@ -523,7 +523,7 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
                               .rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
 
     make_hot(d, t, i);
-    if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, pk.fill, pk.side)) {
+    if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, pk.fill)) {
         wo_hot_args(s->hot, t->stream, &c.where, &c.cache, &c.counts);
         c.hits = pk.rows + (CUdeviceptr)(WO_PICKS_SPANS + (unsigned)i) * sizeof(uint64_t);
     } else if (s->hot) {
