@@ -636,6 +636,15 @@ SCENARIOS += cb_rows("moe8", "moe8-uniform", "experts-managed-6g", None)
 SCENARIOS += cb_rows("moe8", "moe8-skew", "experts-managed-6g", dict(hot=2, sigma=2.5, seed=99))
 SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
 SCENARIOS += cb_rows("moe", "moe32-skew", "experts-managed-half", SKEW)
+# issue 42: continuous batching on the 128-expert shape, uniform and skewed
+# routers: experts on host, managed at half their bytes, and on host with
+# half their bytes as hot experts (docs/placement.md, "Hot experts")
+for _tag, _skew in (("moe128-uniform", None), ("moe128-skew", SKEW128)):
+    SCENARIOS += cb_rows("moe128", _tag, "experts-managed-13g", _skew)
+    SCENARIOS.append(S(f"cb-{_tag}-shim-experts-host-all-hot13g", "moe128",
+                       policy="experts-host-all", offload="experts:all", ref=f"cb-{_tag}-gpu",
+                       env={"WOFFLOAD_PICKS_HOT": "13312"},
+                       **(dict(CB, skew=_skew) if _skew else dict(CB))))
 # issue 19: fit's policy against the three hand-written ones of
 # tests/test-fit-tool.sh at the same budget (fit --device 30GiB on the trace
 # of cb-moe32-uniform-trace-gpu: 11.65 GiB of weights on the device), on the
