@@ -84,7 +84,7 @@ static struct {
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
-    bool said_on, said_fail;
+    bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t now_ns(void)
@@ -493,9 +493,12 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
         return;
     s->hot = wo_hot_new(d, s->n_experts, s->row, cap, t->stream, &bytes);
     if (!s->hot) {
-        wo_warn("picks: no device memory for %u hot experts of '%s': its picked rows all come "
-                "from host memory",
-                cap, s->name ? s->name : "(unnamed)");
+        if (!pk.said_hot) {
+            pk.said_hot = true;
+            wo_warn("picks: no device memory for %u hot experts of '%s': its picked rows all "
+                    "come from host memory (said once)",
+                    cap, s->name ? s->name : "(unnamed)");
+        }
         return;
     }
     pk.hot_bytes += bytes;
@@ -873,7 +876,7 @@ void wo_picks_reset(void)
     memset(pk.st, 0, sizeof(pk.st));
     pk.ctx = NULL;
     pk.mod = NULL;
-    pk.ready = pk.broken = pk.said_on = pk.said_fail = false;
+    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = false;
     pk.marks = pk.rows = 0;
     pk.rows_host = NULL;
     pk.side = NULL;
