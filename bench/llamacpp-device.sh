@@ -31,6 +31,9 @@
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
+#   e2e            bench/e2e.py's scenarios E2E_SCENARIOS (comma-separated) with
+#                  the shim in build-gpu, into $OUT/e2e (--keep-going, within the
+#                  call's time left; E2E_CPUS pins them as bench.md says)
 # Each step's output goes to $OUT/STEP.log (rows: $OUT/pP-ROW/); its last lines are
 # printed. Only 8 files come back from a call: tar what a step leaves (TAR=1 does it
 # for every folder in $OUT at the end).
@@ -127,12 +130,23 @@ for step in "$@"; do
         [ "$rc" -eq 0 ] || echo "soak: not done yet: call soak-wait again"
         mkdir -p "$OUT/soak" && cp -r /tmp/soak/. "$OUT/soak/"
         tail -5 /tmp/soak/rows.log ;;
+    e2e)
+        : "${E2E_SCENARIOS:?E2E_SCENARIOS: the bench/e2e.py scenarios to run}"
+        [ -f build-gpu/build.ninja ] ||
+            meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
+        ninja -C build-gpu >"$OUT/e2e-build.log" 2>&1
+        mkdir -p "$OUT/e2e"
+        python3 bench/e2e.py --build build-gpu --out "$OUT/e2e" --keep-going \
+            --deadline $((left - 20)) --commit "$WO_COMMIT" --scenarios "$E2E_SCENARIOS" \
+            >"$OUT/e2e.log" 2>&1
+        rc=$?
+        tail -30 "$OUT/e2e.log" ;;
     rows)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook)"
+        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook, e2e)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
