@@ -201,12 +201,13 @@ def main():
                 # picks, the third's tensor is on the device; the wrapped
                 # one by transformers' positional convention
                 "two modules hooked": r["hooked"] == 2 and r["hooks"] == [1, 0, 0, 1],
-                # two calls with picks (set + clear each), one with float
-                # "picks" (nothing); the wrapped one's call whose shapes
-                # fit the convention, not the two that do not; none when off
-                # and the one token's call (set + clear) with hot experts
+                # two calls with picks (a clear after each is no
+                # registration), one with float "picks" (nothing); the
+                # wrapped one's call whose shapes fit the convention, not
+                # the two that do not; none when off; and the one token's
+                # call with hot experts
                 "registrations per tensor":
-                    r["regs"] == ({g: 6 if hot else 4, d: 6 if hot else 4, w: 2} if on else {}),
+                    r["regs"] == ({g: 3 if hot else 2, d: 3 if hot else 2, w: 1} if on else {}),
                 "picks.hot_experts says the bytes for hot experts":
                     r["hot_experts"] == (1 << 20 if hot else 0),
                 "an unknown pointer: -ENOENT (picks on), 0 (off)":

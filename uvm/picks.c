@@ -183,8 +183,10 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     i = find_span(experts, experts + bytes);
     s = i >= 0 ? &pk.s[i] : NULL;
     if (s && s->rid == rg.id && s->rgen == rg.gen) {
-        s->regs++;
-        pk.regs++;
+        /* a registration with ids (a layer's, once a forward step); a
+         * clear is none */
+        s->regs += ids != 0;
+        pk.regs += ids != 0;
         s->ids = ids;
         s->n_ids = ids ? n_ids : 0;
         s->per_row = per_row;
@@ -233,9 +235,9 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
                        .name = name,
-                       .regs = 1};
+                       .regs = ids != 0};
     name = NULL;
-    pk.regs++;
+    pk.regs += ids != 0;
     /* the buffers that held the old tensor's rows hold nothing now */
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
         for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
