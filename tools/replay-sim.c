@@ -624,20 +624,18 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             mult_hit(tag, hit->offset, end_off);
         if (s->sealed && tag && tag->pick_copy >= 0 &&
             (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED) && !managed_whole(r, tag, start)) {
-            /* picked staging: the copy kernel reads the picked rows over
-             * the link (as a read in place), those of hot experts from the
-             * device; the launch reads the buffer */
+            /* picked staging: rows over the link; hot rows and the buffer: dev */
+            double dev = (double)b + tag->pick_hot;
             zc += tag->pick_copy;
-            hbm += (double)b + tag->pick_hot;
+            hbm += dev;
             if (s->in_window) {
                 s->fixed_link += tag->pick_copy * s->zc_s;
                 host_zc += tag->pick_copy * s->zc_s;
                 s->pick_b += tag->pick_copy;
                 if (ni >= 0) {
                     s->names[ni].zc_bytes += tag->pick_copy;
-                    s->names[ni].hbm_bytes += (double)b + tag->pick_hot;
-                    s->names[ni].read_s +=
-                        tag->pick_copy * s->zc_s + ((double)b + tag->pick_hot) * s->hbm_s;
+                    s->names[ni].hbm_bytes += dev;
+                    s->names[ni].read_s += tag->pick_copy * s->zc_s + dev * s->hbm_s;
                 }
             }
         } else if (place == WO_PLACE_MANAGED && r->ready) {
