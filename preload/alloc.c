@@ -49,6 +49,24 @@ static int route(size_t size, int api, CUdeviceptr *ret, CUresult *res, void *ra
     return 1;
 }
 
+/* A forwarded allocation failed for want of device memory: uvm/ gives back
+ * what it holds by choice (hot experts), and the hook tries once more when
+ * it gave something back (wo_uvm_engine_oom). */
+static bool gave_back(size_t size)
+{
+    return wo_uvm_engine_oom(size) > 0;
+}
+
+/* The same for the runtime, which keeps the failure as the thread's last
+ * error: a retry that succeeds clears it, as if the first had not failed
+ * (an engine that checks cudaGetLastError after its next launch would take
+ * the first failure for its own). Without cudaGetLastError, no retry. */
+static bool rt_gave_back(size_t size, cudaError_t (**last)(void))
+{
+    *last = (cudaError_t(*)(void))wo_real_runtime_sym("cudaGetLastError");
+    return *last && gave_back(size);
+}
+
 static void observed_alloc(bool ok, CUdeviceptr p, size_t size, uint32_t flags, int api, void *ra)
 {
     if (!ok) {
@@ -98,6 +116,8 @@ CUresult wo_h_mem_alloc(wo_pfn_cuMemAlloc_v2 real, int id, void *ra, CUdeviceptr
     WO_HOOK_ENTER(real(dptr, size));
     if (!route(size, WO_API_CU_MEM_ALLOC, dptr, &res, ra)) {
         res = real(dptr, size);
+        if (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+            res = real(dptr, size);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, 0, WO_API_CU_MEM_ALLOC, ra);
     }
     wo_leave();
@@ -112,6 +132,8 @@ CUresult wo_h_mem_alloc_async(wo_pfn_cuMemAllocAsync real, int id, void *ra, CUd
     WO_HOOK_ENTER(real(dptr, size, s));
     if (!route(size, WO_API_CU_MEM_ALLOC_ASYNC, dptr, &res, ra)) {
         res = real(dptr, size, s);
+        if (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+            res = real(dptr, size, s);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, WO_RANGE_ASYNC,
                        WO_API_CU_MEM_ALLOC_ASYNC, ra);
     }
@@ -276,13 +298,16 @@ CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr pt
 cudaError_t wo_h_cuda_malloc(wo_pfn_cudaMalloc real, int id, void *ra, void **p, size_t size)
 {
     CUresult cres;
-    cudaError_t res;
+    cudaError_t res, (*last)(void);
 
     WO_RT_HOOK_ENTER(real(p, size));
     if (route(size, WO_API_CUDA_MALLOC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
         res = real(p, size);
+        if (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last) &&
+            (res = real(p, size)) == cudaSuccess)
+            (void)last();
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size, 0,
                        WO_API_CUDA_MALLOC, ra);
     }
@@ -294,13 +319,16 @@ cudaError_t wo_h_cuda_malloc_async(wo_pfn_cudaMallocAsync real, int id, void *ra
                                    size_t size, cudaStream_t s)
 {
     CUresult cres;
-    cudaError_t res;
+    cudaError_t res, (*last)(void);
 
     WO_RT_HOOK_ENTER(real(p, size, s));
     if (route(size, WO_API_CUDA_MALLOC_ASYNC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
         res = real(p, size, s);
+        if (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last) &&
+            (res = real(p, size, s)) == cudaSuccess)
+            (void)last();
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size,
                        WO_RANGE_ASYNC, WO_API_CUDA_MALLOC_ASYNC, ra);
     }

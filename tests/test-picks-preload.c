@@ -438,6 +438,59 @@ static int child(void)
             CHECK(moved_reads - before_moved == 40);
             free(js);
         }
+        /* the engine runs out of device memory: the hot sets are given back
+         * and its allocation tried again (it fails without: it asks for
+         * more than is free, less than that plus the sets); then every read
+         * still right, its rows from host, and no set made again */
+        {
+            CUresult (*p_cuMemGetInfo)(size_t *, size_t *);
+            CUresult (*p_cuMemFree)(CUdeviceptr);
+            uint64_t n = TOKENS * TOPK, width = 8, row = ROW0;
+            void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
+            size_t fr = 0, tot = 0;
+            long long hb, hot_rows;
+            CUdeviceptr big = 0;
+
+            *(void **)&p_cuMemGetInfo = need(cu, "cuMemGetInfo_v2");
+            *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
+            js = snapshot(stats);
+            hb = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
+            free(js);
+            CHECK(hb > 0);
+            CHECK(p_cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS);
+            CHECK(p_cuMemAlloc(&big, fr + (size_t)hb / 2) == CUDA_SUCCESS);
+            js = snapshot(stats);
+            printf("hot child, out of memory: %lld bytes of hot sets, %zu free: %.80s\n", hb, fr,
+                   js ? strstr(js, "\"hot_given_back\":") : "");
+            CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
+            CHECK(json_num(js, "},\"tensors\":", "\"hot_given_back\":") == hb);
+            CHECK(json_num(js, "\"picks\":", "\"hot_experts\":") == 0);
+            hot_rows = json_num(js, "},\"tensors\":", "\"hot_rows\":");
+            free(js);
+            for (int step = 0; step < 24; step++) {
+                int64_t id64[TOKENS * TOPK];
+
+                for (int k = 0; k < TOKENS * TOPK; k++) {
+                    id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
+                    ref[k] = host_sum((const uint64_t *)(host[0] + id64[k] * row), row / 8);
+                }
+                CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, (void *)(uintptr_t)ids, n, 8) ==
+                      0);
+                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, NULL, 0, 0) == 0);
+                if (step % 8 == 7)
+                    usleep(5000);
+            }
+            js = snapshot(stats);
+            CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
+            CHECK(json_num(js, "},\"tensors\":", "\"hot_rows\":") == hot_rows);
+            free(js);
+            CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
+        }
         check_summary("test-picks-preload hot child, graph");
         return failures ? 1 : 0;
     }
@@ -691,8 +744,13 @@ int main(int argc, char **argv)
                 setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
-            if (i == HOT)
+            if (i == HOT) {
                 setenv("WO_PICKS_TEST_HOT", "1", 1);
+                /* a small device for its out-of-memory check, room beyond
+                 * the managed cap's margin for the window's device memory */
+                setenv("WOFAKE_TOTAL_MEM", "256M", 1);
+                setenv("WOFFLOAD_MANAGED_MARGIN", "16", 1);
+            }
             execl("/proc/self/exe", argv[0], "child", (char *)NULL);
             _exit(127);
         }

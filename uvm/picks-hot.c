@@ -252,6 +252,11 @@ void wo_hot_stream_gone(struct wo_picks_hot *h, uint64_t stream)
     h->clear = true;
 }
 
+uint64_t wo_hot_home(const struct wo_picks_hot *h)
+{
+    return h->home;
+}
+
 void wo_hot_figs(const struct wo_picks_hot *h, struct wo_hot_figs *f)
 {
     memset(f, 0, sizeof(*f));

@@ -74,6 +74,8 @@ void wo_hot_invalidate(struct wo_picks_hot *h);
  * that copies the tensor becomes home, with the map cleared. */
 void wo_hot_stream_gone(struct wo_picks_hot *h, uint64_t stream);
 
+/* Its home stream (0: none yet). */
+uint64_t wo_hot_home(const struct wo_picks_hot *h);
 /* Figures for the stats. */
 struct wo_hot_figs {
     unsigned cap, held; /* slots, experts hot now */

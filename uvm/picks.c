@@ -80,6 +80,9 @@ static struct {
     uint64_t tick;
     uint64_t bytes;     /* device bytes of the buffers and the hot sets */
     uint64_t hot_bytes; /* of them, the hot sets' */
+    uint64_t fills_gone; /* rows copied into hot sets since freed */
+    uint64_t given_back; /* 0: the engine never ran out of device memory; else 1 + the hot
+                          * sets' bytes given back then (no set is made after) */
     struct wo_picks_hot
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
@@ -152,6 +155,8 @@ uint64_t wo_picks_hot_total(void)
 {
     uint64_t mib = wo_settings()->picks_hot_mib;
 
+    if (__atomic_load_n(&pk.given_back, __ATOMIC_RELAXED))
+        return 0; /* the engine needed the memory (wo_picks_give_back) */
     if (mib)
         return mib << 20;
     return wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
@@ -700,6 +705,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     t->hot_bytes = pk.hot_bytes;
+    t->hot_given_back = pk.given_back > 1 ? pk.given_back - 1 : 0; /* 1: none to give */
+    t->hot_fills = pk.fills_gone;
     for (unsigned i = 0; i < pk.n; i++) {
         const struct span *s = &pk.s[i];
         uint64_t rows = pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0;
@@ -756,9 +763,10 @@ static void spread_add(void *ud, const struct wo_picks_figs *f)
 
     if (!f->k.regs || sp->n == sp->cap)
         return;
-    sp->v[sp->n++] = (struct tfig){f->name, wo_trace_pick_per_reg(&f->k),
-                                   wo_trace_pick_picked(&f->k), wo_trace_pick_resident(&f->k),
-                                   f->hot_slots ? wo_trace_pick_hot_rate(&f->k) : -1};
+    sp->v[sp->n++] =
+        (struct tfig){f->name, wo_trace_pick_per_reg(&f->k), wo_trace_pick_picked(&f->k),
+                      wo_trace_pick_resident(&f->k),
+                      f->hot_slots || f->k.hot_rows ? wo_trace_pick_hot_rate(&f->k) : -1};
 }
 
 static int by_per_reg(const void *a, const void *b)
@@ -791,9 +799,10 @@ void wo_picks_summary(void)
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
-    if (t.hot_bytes) {
+    if (t.hot_bytes || t.hot_rows || t.hot_given_back) {
         double hmin = 1, hmax = 0;
         unsigned with = 0;
+        char gb[96] = "";
 
         for (unsigned i = 0; i < sp.n; i++)
             if (sp.v[i].hot >= 0) {
@@ -801,13 +810,17 @@ void wo_picks_summary(void)
                 hmax = WO_MAX(hmax, sp.v[i].hot);
                 with++;
             }
+        if (t.hot_given_back)
+            snprintf(gb, sizeof(gb),
+                     "; %.1f MiB given back when the engine ran out of device memory",
+                     (double)t.hot_given_back / (1 << 20));
         wo_log_write(WO_LOG_OFF,
-                     "picks: hot experts: %.1f MiB on the device for %u tensors; %.0f%% of the "
-                     "rows copied came from them, not over the link (by tensor %.0f-%.0f%%); "
-                     "%" PRIu64 " rows copied into them",
-                     (double)t.hot_bytes / (1 << 20), with,
-                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0,
-                     with ? 100 * hmin : 0.0, with ? 100 * hmax : 0.0, t.hot_fills);
+                     "picks: hot experts: %.1f MiB on the device; %.0f%% of the rows copied came "
+                     "from them, not over the link (%u tensors, %.0f-%.0f%% each); %" PRIu64
+                     " rows copied into them%s",
+                     (double)t.hot_bytes / (1 << 20),
+                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0, with,
+                     with ? 100 * hmin : 0.0, with ? 100 * hmax : 0.0, t.hot_fills, gb);
     }
     if (sp.n < 2)
         return;
@@ -826,6 +839,51 @@ void wo_picks_summary(void)
                  (double)sp.v[sp.n / 2].per_reg / 1e6, (double)sp.v[sp.n - 1].per_reg / 1e6,
                  sp.v[sp.n - 1].name ? sp.v[sp.n - 1].name : "(unnamed)", 100 * pmin, 100 * pmax,
                  100 * rmin, 100 * rmax);
+}
+
+uint64_t wo_picks_give_back(const struct wo_driver *d)
+{
+    uint64_t freed = 0;
+
+    if (!d || !d->cuStreamSynchronize || !d->cuMemFree_v2 ||
+        __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
+        return 0; /* a stream synchronised now could break a capture */
+    pthread_mutex_lock(&pk.lock);
+    /* no more sets from now on, whatever this frees */
+    __atomic_store_n(&pk.given_back, 1, __ATOMIC_RELAXED);
+    if (!pk.hot_bytes) {
+        pthread_mutex_unlock(&pk.lock);
+        return 0;
+    }
+    /* every stream with buffers may have copies in flight that read a set
+     * (its home's) or count into one (any stream's) */
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        if (pk.st[k].used)
+            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pk.st[k].stream);
+    for (unsigned i = 0; i < pk.n; i++) {
+        struct wo_hot_figs f;
+        if (!pk.s[i].hot)
+            continue;
+        wo_hot_figs(pk.s[i].hot, &f);
+        freed += f.bytes;
+        pk.fills_gone += f.fills;
+        wo_hot_free(d, pk.s[i].hot);
+        pk.s[i].hot = NULL;
+        pk.s[i].hot_tried = true;
+    }
+    for (unsigned i = 0; i < pk.nretired; i++) {
+        struct wo_hot_figs f;
+        wo_hot_figs(pk.retired[i], &f);
+        freed += f.bytes;
+        pk.fills_gone += f.fills;
+        wo_hot_free(d, pk.retired[i]);
+    }
+    pk.nretired = 0;
+    pk.hot_bytes = 0;
+    __atomic_store_n(&pk.given_back, freed ? freed + 1 : 1, __ATOMIC_RELAXED);
+    wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
+    pthread_mutex_unlock(&pk.lock);
+    return freed;
 }
 
 void wo_picks_free(const struct wo_driver *d)
@@ -884,7 +942,7 @@ void wo_picks_reset(void)
     pk.side = NULL;
     pk.last_refresh_ns = 0;
     pk.tick = 0;
-    pk.bytes = pk.hot_bytes = 0;
+    pk.bytes = pk.hot_bytes = pk.given_back = pk.fills_gone = 0;
     pk.nretired = 0;
     pk.fill = NULL;
     wo_budget_picks_bytes(0);

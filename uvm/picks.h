@@ -102,6 +102,10 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* Device bytes for hot experts in all (uvm/picks-hot.h): WOFFLOAD_PICKS_HOT
  * when set, else the policy's prefetch.hot_experts; 0: none. */
 uint64_t wo_picks_hot_total(void);
+/* The engine ran out of device memory (wo_uvm_engine_oom): every hot set is
+ * freed, once the streams with buffers are done (none while a capture is
+ * under way), and no more are made. Returns the bytes freed. */
+uint64_t wo_picks_give_back(const struct wo_driver *d);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */
 uint64_t wo_picks_reserved(void);
@@ -128,6 +132,7 @@ struct wo_picks_totals {
     uint64_t hot_bytes;    /* device bytes of the hot sets (WOFFLOAD_PICKS_HOT) */
     uint64_t hot_rows;     /* rows copied from hot sets, not over the link */
     uint64_t hot_fills;    /* rows copied into hot sets */
+    uint64_t hot_given_back; /* hot sets' bytes given back when the engine ran out of memory */
 };
 /* Fills *t and calls fn for each span (under the picks lock: fn must not
  * call back). The rows are as last read back from the device. */

@@ -25,6 +25,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/registry.h"
+#include "uvm/picks.h"
 
 const char *wo_cu_error_name(CUresult r)
 {
@@ -508,6 +509,18 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
     pthread_mutex_unlock(&wo_uvm.lock);
     *ret_res = r;
     return 1;
+}
+
+uint64_t wo_uvm_engine_oom(size_t size)
+{
+    uint64_t freed = wo_picks_give_back(wo_uvm_driver());
+    char b1[32], b2[32];
+
+    if (freed)
+        wo_warn("the engine ran out of device memory (an allocation of %s): the hot experts' %s "
+                "given back, the allocation tried again; no hot experts from now on",
+                wo_format_size(size, b1, sizeof(b1)), wo_format_size(freed, b2, sizeof(b2)));
+    return freed;
 }
 
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)

@@ -340,10 +340,10 @@ static void json_body(struct sbuf *b)
                   ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
                   ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"resident\":%" PRIu64
                   ",\"buffer_bytes\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 ",\"hot_rows\":%" PRIu64
-                  ",\"hot_fills\":%" PRIu64 "}",
+                  ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64 "}",
                   pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied, pt.whole_bytes,
                   pt.captured, pt.failed, pt.unused, pt.writes, pt.resident, pt.buffer_bytes,
-                  pt.hot_bytes, pt.hot_rows, pt.hot_fills);
+                  pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back);
     }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64
