@@ -845,14 +845,16 @@ uint64_t wo_picks_give_back(const struct wo_driver *d)
 {
     uint64_t freed = 0;
 
-    if (!d || !d->cuStreamSynchronize || !d->cuMemFree_v2 ||
-        __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
-        return 0; /* a stream synchronised now could break a capture */
+    /* a stream synchronised while a capture is under way could break it:
+     * none now, and none begins until this is done (the capture handshake) */
+    if (!d || !d->cuStreamSynchronize || !d->cuMemFree_v2 || !wo_driver_enter())
+        return 0;
     pthread_mutex_lock(&pk.lock);
     /* no more sets from now on, whatever this frees */
     __atomic_store_n(&pk.given_back, 1, __ATOMIC_RELAXED);
     if (!pk.hot_bytes) {
         pthread_mutex_unlock(&pk.lock);
+        wo_driver_leave();
         return 0;
     }
     /* every stream with buffers may have copies in flight that read a set
@@ -883,6 +885,7 @@ uint64_t wo_picks_give_back(const struct wo_driver *d)
     __atomic_store_n(&pk.given_back, freed ? freed + 1 : 1, __ATOMIC_RELAXED);
     wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
     pthread_mutex_unlock(&pk.lock);
+    wo_driver_leave();
     return freed;
 }
 
