@@ -415,6 +415,23 @@ static long long stream_field(const char *key)
     return v;
 }
 
+/* The staging copies counted once the executor stopped making them: the
+ * same count over 3 polls 20 ms apart (at most 2 s: a copy of the computes
+ * before, made late by a thread kept off the CPU, would otherwise count in
+ * the next phase). */
+static long long staged_settled(void)
+{
+    long long v = stream_field("staged"), w;
+
+    for (int same = 0, n = 0; same < 3 && n < 100; n++) {
+        usleep(20000);
+        w = stream_field("staged");
+        same = w == v ? same + 1 : 0;
+        v = w;
+    }
+    return v;
+}
+
 /* --claims: the picks' computes with the host experts streamed and no picks
  * registered (WOFFLOAD_GGML_PICKS 0): a compute of PICKS_TOKENS (44% of the
  * experts picked, under WOFFLOAD_GGML_STREAM's 92) claims the layers'
@@ -443,8 +460,7 @@ static void claims_steps(struct ggml_tensor **wt)
           PICKS_MANY, n);
     /* few again: the claims hold from the first one on */
     picks_step(c, PICKS_TOKENS);
-    usleep(50000);
-    staged0 = stream_field("staged");
+    staged0 = staged_settled();
     claimed0 = stream_field("inplace_claimed");
     c->moved = c->in_place = 0;
     for (n = 0; n < 12; n++)
@@ -462,11 +478,17 @@ static void claims_steps(struct ggml_tensor **wt)
           claimed1 - claimed0, c->in_place, c->launches, c->moved);
     CHECK(stream_field("inplace_claims") > 0, "--claims: claims made (%lld)",
           stream_field("inplace_claims"));
+    /* until a launch read a copy and a new one was staged: the first
+     * launches may read a copy still published from before the claims, and
+     * the executor (a thread of its own, slow under TSan on a loaded
+     * machine: staged 5, then 5, 50 ms after the first such launch) stages
+     * when it gets to it */
     c->moved = 0;
-    for (n = 0; n < CLAIMS_MAX && c->moved == 0; n++)
+    staged2 = staged1;
+    for (n = 0; n < CLAIMS_MAX && (c->moved == 0 || staged2 <= staged1); n++) {
         picks_step(c, PICKS_MANY);
-    usleep(50000);
-    staged2 = stream_field("staged");
+        staged2 = stream_field("staged");
+    }
     CHECK(c->moved > 0 && staged2 > staged1,
           "--claims: computes of %d tokens stage them again (staged %lld, then %lld; a launch "
           "read a copy after %d)",
