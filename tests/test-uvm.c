@@ -805,7 +805,7 @@ static void misuse_has_defined_results(void **state)
 {
     char longname[1100], buf[16];
     CUdeviceptr p, o;
-    long n;
+    long n, m;
 
     (void)state;
     start(moe_policy);
@@ -879,9 +879,14 @@ static void misuse_has_defined_results(void **state)
     assert_int_equal(wo_api_stats(NULL, 5), -EINVAL);
     n = wo_api_stats(NULL, 0);
     assert_true(n > (long)sizeof(buf));
-    assert_int_equal(wo_api_stats(buf, sizeof(buf)), n);
+    /* each call returns its own snapshot's whole length: the consumer
+     * thread's counters may gain a digit between two calls (a clean-clone
+     * CI saw 5788, then 5789) */
+    m = wo_api_stats(buf, sizeof(buf));
+    assert_true(m >= n - 16 && m <= n + 16);
     assert_int_equal(strlen(buf), sizeof(buf) - 1);
-    assert_int_equal(wo_api_stats(buf, 1), n);
+    m = wo_api_stats(buf, 1);
+    assert_true(m >= n - 16 && m <= n + 16);
     assert_int_equal(buf[0], '\0');
 
     assert_int_equal(wo_api_seal(), 0);
