@@ -207,63 +207,92 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
     return failures ? 1 : 0;
 }
 
-/* Hot experts (WOFFLOAD_PICKS_HOT, uvm/picks-hot.h): the router prefers
+/* Hot experts (prefetch.hot_experts, uvm/picks-hot.h): the router prefers
  * experts 0-3 (three of a step's four picks), the fourth pick is any
- * other. Every launch reads right throughout: while the hot sets fill and
- * swap, after a write into a hot expert's row (its copy must come from the
- * new bytes: the hot set is cleared before the next copy), and on a second
- * stream (which reads every row from host). The stats: rows from hot
- * experts in both tensors, most of tensor 0's rows, hot sets within the
- * setting's bytes, nothing failed. */
+ * other. Every launch reads right throughout:
+ *  - while the hot sets fill and swap, after a write into a hot expert's
+ *    row (its copy must come from the new bytes: the set is cleared before
+ *    the next copy), and on a second stream (which reads every row from
+ *    host); the stats: rows from hot experts in both tensors, most of
+ *    tensor 0's, sets within the policy's bytes, nothing failed;
+ *  - through a CUDA graph of the gather (llama.cpp runs its steps as
+ *    graphs): with hot experts on, its launches are replayed kernel by
+ *    kernel (preload/graph-replay.c) while picks are registered;
+ *  - after the engine ran out of device memory: the sets are given back
+ *    and its allocation tried again (it fails without: it asks for more
+ *    than is free, less than that plus the sets); then rows from host, and
+ *    no set made again. */
 #define HOT_STEPS 160
-static int hot_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
-                     long (*stats)(char *, size_t),
-                     CUresult (*htod)(CUdeviceptr, const void *, size_t),
-                     CUresult (*dtoh)(void *, CUdeviceptr, size_t),
-                     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                        unsigned, unsigned, unsigned, CUstream, void **, void **),
-                     CUresult (*sync)(CUstream), CUfunction kg, CUstream s, CUstream s2,
-                     CUdeviceptr ids, CUdeviceptr out, unsigned char *const host[2])
+struct hot_env {
+    int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
+    long (*stats)(char *, size_t);
+    CUresult (*htod)(CUdeviceptr, const void *, size_t);
+    CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **);
+    CUresult (*sync)(CUstream);
+    CUresult (*graph_launch)(CUgraphExec, CUstream);
+    CUfunction kg;
+    CUdeviceptr ids, out;
+    unsigned char *host[2];
+};
+
+/* One step of tensor t on stream on (through graph ge when given: a
+ * capture of the gather on tensor 0): picks drawn and registered, the
+ * launch, every sum checked, the picks cleared. */
+static void hot_step(const struct hot_env *h, int t, int step, CUstream on, CUgraphExec ge)
 {
+    uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
+    void *params[] = {&w[t], (void *)&h->ids, &n, &width, &row, (void *)&h->out, &n, &n};
     uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
-    long long rows[2], hot_rows[2], hot_bytes, fills;
+    int64_t id64[TOKENS * TOPK];
+
+    for (int k = 0; k < TOKENS * TOPK; k++) {
+        id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
+        ref[k] = host_sum((const uint64_t *)(h->host[t] + id64[k] * row), row / 8);
+    }
+    CHECK(h->htod(h->ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+    CHECK(h->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)h->ids, n, 8) == 0);
+    if (ge)
+        CHECK(h->graph_launch(ge, on) == CUDA_SUCCESS);
+    else
+        CHECK(h->launch(h->kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) == CUDA_SUCCESS);
+    CHECK(h->sync(on) == CUDA_SUCCESS);
+    CHECK(h->dtoh(got, h->out, sizeof(got)) == CUDA_SUCCESS);
+    if (memcmp(got, ref, sizeof(ref)) != 0) {
+        CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+        fprintf(stderr, "hot child: step %d, tensor %d%s read wrong rows\n", step, t,
+                ge ? " (graph)" : "");
+    }
+    CHECK(h->picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+    /* the counts are read back every 8 registrations, the rows counters at
+     * most every ms */
+    if (step % 8 == 7)
+        usleep(5000);
+}
+
+static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
+                     CUresult (*capture_begin)(CUstream, CUstreamCaptureMode),
+                     CUresult (*capture_end)(CUstream, CUgraph *),
+                     CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long),
+                     CUresult (*mem_alloc)(CUdeviceptr *, size_t))
+{
+    long long rows[2], hot_rows[2], hot_bytes, fills, replays;
+    uint64_t before_moved;
     char *js;
 
-    for (int step = 0; step < HOT_STEPS; step++) {
+    for (int step = 0; step < HOT_STEPS && !failures; step++)
         for (int t = 0; t < 2; t++) {
-            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
-            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &n, &n};
-            int64_t id64[TOKENS * TOPK];
-            CUstream on = step == HOT_STEPS - 20 ? s2 : s;
-
             /* a write into hot expert 0 of each tensor, between two
              * registrations */
             if (step == HOT_STEPS / 2) {
-                memset(host[t], 0xa5, 128);
-                CHECK(htod(w[t], host[t], 128) == CUDA_SUCCESS);
+                memset(h->host[t], 0xa5, 128);
+                CHECK(h->htod(w[t], h->host[t], 128) == CUDA_SUCCESS);
             }
-            for (int k = 0; k < TOKENS * TOPK; k++) {
-                id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
-                ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
-            }
-            CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
-            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
-            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) == CUDA_SUCCESS);
-            CHECK(sync(on) == CUDA_SUCCESS);
-            CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
-            CHECK(memcmp(got, ref, sizeof(ref)) == 0);
-            if (memcmp(got, ref, sizeof(ref)) != 0)
-                fprintf(stderr, "hot child: step %d, tensor %d read wrong rows\n", step, t);
-            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+            hot_step(h, t, step, step == HOT_STEPS - 20 ? s2 : s, NULL);
         }
-        /* the counts are read back on the side stream; the rows counters
-         * at most every ms */
-        if (step % 16 == 15 || step == HOT_STEPS - 1)
-            usleep(5000);
-        if (failures)
-            return 1;
-    }
-    js = snapshot(stats);
+    usleep(5000);
+    js = snapshot(h->stats);
     CHECK(js != NULL);
     printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
     for (int t = 0; t < 2; t++) {
@@ -283,6 +312,62 @@ static int hot_child(int (*picks)(const void *, size_t, unsigned, const void *, 
     CHECK(fills >= 8);
     CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
     free(js);
+
+    /* the graph: each launch replayed, each read the copied rows (a buffer) */
+    {
+        uint64_t n = TOKENS * TOPK, width = 8, row = ROW0;
+        void *params[] = {&w[0], (void *)&h->ids, &n, &width, &row, (void *)&h->out, &n, &n};
+        CUgraph g;
+        CUgraphExec ge;
+
+        CHECK(capture_begin(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
+        CHECK(h->launch(h->kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+        CHECK(capture_end(s, &g) == CUDA_SUCCESS);
+        CHECK(instantiate(&ge, g, 0) == CUDA_SUCCESS);
+        before_moved = moved_reads;
+        for (int step = 0; step < 40; step++)
+            hot_step(h, 0, step, s, ge);
+        js = snapshot(h->stats);
+        replays = json_num(js, "\"interpose\":", "\"graph_replays\":");
+        printf("hot child, graph: %lld replays, %llu launches read a buffer\n", replays,
+               (unsigned long long)(moved_reads - before_moved));
+        CHECK(replays == 40);
+        CHECK(json_num(js, "\"interpose\":", "\"graph_replay_kernels\":") == 40);
+        CHECK(moved_reads - before_moved == 40);
+        free(js);
+    }
+
+    /* out of device memory */
+    {
+        CUresult (*mem_info)(size_t *, size_t *);
+        CUresult (*mem_free)(CUdeviceptr);
+        size_t fr = 0, tot = 0;
+        CUdeviceptr big = 0;
+
+        *(void **)&mem_info = need(cu, "cuMemGetInfo_v2");
+        *(void **)&mem_free = need(cu, "cuMemFree_v2");
+        js = snapshot(h->stats);
+        hot_bytes = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
+        free(js);
+        CHECK(hot_bytes > 0);
+        CHECK(mem_info(&fr, &tot) == CUDA_SUCCESS);
+        CHECK(mem_alloc(&big, fr + (size_t)hot_bytes / 2) == CUDA_SUCCESS);
+        js = snapshot(h->stats);
+        printf("hot child, out of memory: %lld bytes of hot sets, %zu free: %.80s\n", hot_bytes,
+               fr, js ? strstr(js, "\"hot_given_back\":") : "");
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_given_back\":") == hot_bytes);
+        CHECK(json_num(js, "\"picks\":", "\"hot_experts\":") == 0);
+        hot_rows[0] = json_num(js, "},\"tensors\":", "\"hot_rows\":");
+        free(js);
+        for (int step = 0; step < 24; step++)
+            hot_step(h, 0, step, s, NULL);
+        js = snapshot(h->stats);
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_rows\":") == hot_rows[0]);
+        free(js);
+        CHECK(mem_free(big) == CUDA_SUCCESS);
+    }
     check_summary("test-picks-preload hot child");
     return failures ? 1 : 0;
 }
@@ -384,115 +469,14 @@ static int child(void)
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 2, 4, 4) == -EFAULT);
 
     if (getenv("WO_PICKS_TEST_HOT")) {
+        const struct hot_env h = {picks,          stats,        p_cuMemcpyHtoD, p_cuMemcpyDtoH,
+                                  p_cuLaunchKernel, p_cuStreamSync, p_cuGraphLaunch, kg,
+                                  ids,            out,          {host[0], host[1]}};
         CUstream s2;
+
         CHECK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-        if (hot_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
-                      p_cuStreamSync, kg, s, s2, ids, out, host) != 0)
-            return 1;
-        /* a CUDA graph of the gather (llama.cpp runs its steps as graphs):
-         * with hot experts on, its launches are replayed kernel by kernel
-         * (preload/graph-replay.c) while picks are registered, so they read
-         * the copied rows, the hot ones from the device; every read right */
-        {
-            uint64_t n = TOKENS * TOPK, width = 8, row = ROW0, before_moved = moved_reads;
-            void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
-            long long replays, hot_before, hot_after;
-            CUgraph g;
-            CUgraphExec ge;
-
-            js = snapshot(stats);
-            hot_before = json_num(js, "},\"tensors\":", "\"hot_rows\":");
-            free(js);
-            CHECK(p_cuBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS);
-            CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-            CHECK(p_cuEndCapture(s, &g) == CUDA_SUCCESS);
-            CHECK(p_cuInstantiate(&ge, g, 0) == CUDA_SUCCESS);
-            for (int step = 0; step < 40; step++) {
-                int64_t id64[TOKENS * TOPK];
-
-                for (int k = 0; k < TOKENS * TOPK; k++) {
-                    id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
-                    ref[k] = host_sum((const uint64_t *)(host[0] + id64[k] * row), row / 8);
-                }
-                CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
-                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, (void *)(uintptr_t)ids, n, 8) ==
-                      0);
-                CHECK(p_cuGraphLaunch(ge, s) == CUDA_SUCCESS);
-                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
-                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
-                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, NULL, 0, 0) == 0);
-                if (step % 8 == 7)
-                    usleep(5000);
-            }
-            js = snapshot(stats);
-            replays = json_num(js, "\"interpose\":", "\"graph_replays\":");
-            hot_after = json_num(js, "},\"tensors\":", "\"hot_rows\":");
-            printf("hot child, graph: %lld replays, %llu launches read a buffer, hot rows %lld -> "
-                   "%lld\n",
-                   replays, (unsigned long long)(moved_reads - before_moved), hot_before,
-                   hot_after);
-            /* each launch replayed, each read the copied rows (a buffer) */
-            CHECK(replays == 40);
-            CHECK(json_num(js, "\"interpose\":", "\"graph_replay_kernels\":") == 40);
-            CHECK(moved_reads - before_moved == 40);
-            free(js);
-        }
-        /* the engine runs out of device memory: the hot sets are given back
-         * and its allocation tried again (it fails without: it asks for
-         * more than is free, less than that plus the sets); then every read
-         * still right, its rows from host, and no set made again */
-        {
-            CUresult (*p_cuMemGetInfo)(size_t *, size_t *);
-            CUresult (*p_cuMemFree)(CUdeviceptr);
-            uint64_t n = TOKENS * TOPK, width = 8, row = ROW0;
-            void *params[] = {&w[0], &ids, &n, &width, &row, &out, &n, &n};
-            size_t fr = 0, tot = 0;
-            long long hb, hot_rows;
-            CUdeviceptr big = 0;
-
-            *(void **)&p_cuMemGetInfo = need(cu, "cuMemGetInfo_v2");
-            *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
-            js = snapshot(stats);
-            hb = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
-            free(js);
-            CHECK(hb > 0);
-            CHECK(p_cuMemGetInfo(&fr, &tot) == CUDA_SUCCESS);
-            CHECK(p_cuMemAlloc(&big, fr + (size_t)hb / 2) == CUDA_SUCCESS);
-            js = snapshot(stats);
-            printf("hot child, out of memory: %lld bytes of hot sets, %zu free: %.80s\n", hb, fr,
-                   js ? strstr(js, "\"hot_given_back\":") : "");
-            CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
-            CHECK(json_num(js, "},\"tensors\":", "\"hot_given_back\":") == hb);
-            CHECK(json_num(js, "\"picks\":", "\"hot_experts\":") == 0);
-            hot_rows = json_num(js, "},\"tensors\":", "\"hot_rows\":");
-            free(js);
-            for (int step = 0; step < 24; step++) {
-                int64_t id64[TOKENS * TOPK];
-
-                for (int k = 0; k < TOKENS * TOPK; k++) {
-                    id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
-                    ref[k] = host_sum((const uint64_t *)(host[0] + id64[k] * row), row / 8);
-                }
-                CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
-                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, (void *)(uintptr_t)ids, n, 8) ==
-                      0);
-                CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
-                CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
-                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
-                CHECK(picks((void *)(uintptr_t)w[0], E * row, E, NULL, 0, 0) == 0);
-                if (step % 8 == 7)
-                    usleep(5000);
-            }
-            js = snapshot(stats);
-            CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == 0);
-            CHECK(json_num(js, "},\"tensors\":", "\"hot_rows\":") == hot_rows);
-            free(js);
-            CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
-        }
-        check_summary("test-picks-preload hot child, graph");
-        return failures ? 1 : 0;
+        return hot_child(&h, cu, s, s2, p_cuBeginCapture, p_cuEndCapture, p_cuInstantiate,
+                         p_cuMemAlloc);
     }
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
