@@ -1,45 +1,37 @@
 /* preload/graph-replay.c: CUDA graph launches replayed kernel by kernel.
  *
- * A graph's kernels run without the launch hook: their parameters were fixed
- * at capture, and a captured launch reads its weights in place (the
- * streaming executor's slots change every step; capture.c). llama.cpp runs
- * every step as a graph by default, so its host experts were read in place
- * over PCIe even in the steps where a whole copy on the copy engine pays
- * (a batch that picks nearly every expert).
+ * A graph's kernels run without the launch hook: their parameters were fixed at capture, and a
+ * captured launch reads its weights in place (the streaming executor's slots change every step;
+ * capture.c). llama.cpp runs every step as a graph by default, so its host experts were read in
+ * place over PCIe even in the steps where a whole copy on the copy engine pays (a batch that picks
+ * nearly every expert).
  *
- * So the shim keeps, per graph exec, what it needs to launch the exec's
- * work itself: the graph's nodes in an order its edges allow, each
- * kernel's function, dimensions, cluster and cooperative attributes and a
- * copy of its parameter bytes, each copy's and memset's parameters, its
- * memory allocation and free nodes (a replay makes its own allocation and
- * moves the words that point into the graph's: struct rp_alloc). It is
- * read when a graph the shim saw captured, whose launches reached
- * registered ranges, is instantiated or an exec is updated from it
- * (cuGraphExecUpdate): the graph is alive then. A graph with any other
- * node (host, event, child graph, conditional) or more than
- * RP_NODES nodes is launched whole.
+ * So the shim keeps, per graph exec, what it needs to launch the exec's work itself: the graph's
+ * nodes in an order its edges allow, each kernel's function, dimensions, cluster and cooperative
+ * attributes and a copy of its parameter bytes, each copy's and memset's parameters, its memory
+ * allocation and free nodes (a replay makes its own allocation and moves the words that point into
+ * the graph's: struct rp_alloc). It is read when a graph the shim saw captured, whose launches
+ * reached registered ranges, is instantiated or an exec is updated from it (cuGraphExecUpdate):
+ * the graph is alive then. A graph with any other node (host, event, child graph, conditional) or
+ * more than RP_NODES nodes is launched whole.
  *
- * At a graph launch, when the exec has such a copy, nothing captures, and
- * one of the ranges its kernels read is streamed and not claimed read in
- * place (woffload_read_in_place: the ggml hook claims the steps that read a
- * small share of the experts), or is an expert tensor with picks registered
- * and hot experts on (WOFFLOAD_PICKS_HOT: the replayed launches copy the
- * picked rows, the hot ones from the device), each node is launched on the launch's
- * stream in that order, a kernel through the launch hook's own path
- * (preload/launch.c: scanned, redirected into the slots, its event pushed).
- * The stream runs them one after another: an order the graph allows.
- * Otherwise the graph is launched whole, as before.
+ * At a graph launch, when the exec has such a copy, nothing captures, and one of the ranges its
+ * kernels read is streamed and not claimed read in place (woffload_read_in_place: the ggml hook
+ * claims the steps that read a small share of the experts), or is an expert tensor with picks
+ * registered and hot experts on (WOFFLOAD_PICKS_HOT: the replayed launches copy the picked rows,
+ * the hot ones from the device), each node is launched on the launch's stream in that order, a
+ * kernel through the launch hook's own path (preload/launch.c: scanned, redirected into the slots,
+ * its event pushed). The stream runs them one after another: an order the graph allows. Otherwise
+ * the graph is launched whole, as before.
  *
- * What could make the copy differ from the exec is watched: an exec whose
- * nodes are changed in place (cuGraphExecKernelNodeSetParams and the other
- * exec setters, cuGraphNodeSetEnabled) loses its copy until it is updated
- * or instantiated again; an update that fails keeps the exec as it was and
- * loses the copy all the same; a destroyed exec's copy is freed.
+ * What could make the copy differ from the exec is watched: an exec whose nodes are changed in
+ * place (cuGraphExecKernelNodeSetParams and the other exec setters, cuGraphNodeSetEnabled) loses
+ * its copy until it is updated or instantiated again; an update that fails keeps the exec as it
+ * was and loses the copy all the same; a destroyed exec's copy is freed.
  *
- * Locking: one mutex over the table; a replay holds a reference to its
- * copy, not the lock, while it launches. Nothing here runs unless
- * WOFFLOAD_GRAPH_REPLAY is on and something is placed (an empty policy pays
- * one relaxed load per graph launch). */
+ * Locking: one mutex over the table; a replay holds a reference to its copy, not the lock, while
+ * it launches. Nothing here runs unless WOFFLOAD_GRAPH_REPLAY is on and something is placed (an
+ * empty policy pays one relaxed load per graph launch). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -55,7 +47,9 @@
 #define RP_MAX_PARAMS 1024
 #define RP_ALIGN 16
 
-#define RP_ALLOCS 64 /* memory allocation nodes in one graph */
+/* memory allocation nodes in one graph (a library that allocates its
+ * scratch per call, as cuBLAS can in a capture, makes one per call) */
+#define RP_ALLOCS 4096
 
 enum { RP_KERNEL = 1, RP_COPY, RP_SET, RP_ALLOC, RP_FREE };
 
@@ -71,11 +65,15 @@ struct rp_node {
             uint32_t first; /* its parameter pointers: ptrs[first, first + nparams) */
             size_t size;
         } k;
-        CUDA_MEMCPY3D cp;
+        struct {
+            CUDA_MEMCPY3D c;
+            int src_a, dst_a; /* the allocations its addresses are in, or -1 */
+        } cp;
         struct {
             CUdeviceptr dst;
             unsigned value, esz;
             size_t n;
+            int a; /* the allocation dst is in, or -1 */
         } set;
         unsigned mem; /* RP_ALLOC, RP_FREE: the allocation's index */
     };
@@ -88,7 +86,7 @@ struct rp_node {
 struct rp_alloc {
     CUdeviceptr gptr;
     size_t size;
-    bool freed; /* the graph frees it (required) */
+    bool freed; /* the graph frees it (required); while reading: before this node */
 };
 
 /* A parameter word (blob[off], 8 bytes) that points into allocation a. */
@@ -110,8 +108,8 @@ struct rp_snap {
     unsigned nhits;
     struct wo_ev_hit *hits;
     size_t blob_len, blob_cap, nptrs, ptrs_cap;
-    unsigned nalloc;
-    struct rp_alloc alloc[RP_ALLOCS];
+    unsigned nalloc, alloc_cap;
+    struct rp_alloc *alloc;
     size_t nreloc, reloc_cap;
     struct rp_reloc *reloc;
 };
@@ -129,6 +127,7 @@ static void snap_free(struct rp_snap *s)
     free(s->blob);
     free(s->hits);
     free(s->reloc);
+    free(s->alloc);
     free(s);
 }
 
@@ -340,11 +339,17 @@ static bool blob_room(struct rp_snap *s, size_t size, size_t *at)
     return true;
 }
 
-/* The allocation of s whose graph address range holds v, or -1. */
+/* The allocation of s live at the node being read (allocated, not yet
+ * freed, in the nodes' order) whose graph address range holds v, or -1.
+ * Live ones only: the driver may give an allocation the addresses of one
+ * the graph freed before it (scratch allocated and freed per call, each at
+ * the same address), and a word means the allocation live where it is
+ * used. Its edges order a use before the free, the free before the next
+ * allocation: so does the order read in. */
 static int alloc_of(const struct rp_snap *s, uint64_t v)
 {
-    for (unsigned a = 0; a < s->nalloc; a++)
-        if (v >= s->alloc[a].gptr && v - s->alloc[a].gptr < s->alloc[a].size)
+    for (unsigned a = s->nalloc; a-- > 0;)
+        if (!s->alloc[a].freed && v >= s->alloc[a].gptr && v - s->alloc[a].gptr < s->alloc[a].size)
             return (int)a;
     return -1;
 }
@@ -389,7 +394,7 @@ static bool copy_in(struct rp_snap *s, const void *src, size_t size, size_t *at)
  * one packed buffer (the `extra` form: CU_LAUNCH_PARAM_BUFFER_POINTER and
  * _SIZE, as cuBLAS launches). False: it cannot be replayed. */
 static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_snap *s,
-                        struct rp_node *out)
+                        struct rp_node *out, const char **why)
 {
     kparams_fn get = (kparams_fn)r->cuGraphKernelNodeGetParams_v2;
     CUDA_KERNEL_NODE_PARAMS p;
@@ -400,11 +405,14 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
     int n;
 
     memset(&p, 0, sizeof(p));
+    *why = "whose parameters the driver did not give";
     if (!get || get(node, &p) != CUDA_SUCCESS)
         return false;
     f = p.func ? p.func : (CUfunction)p.kern;
+    *why = "with no function";
     if (!f)
         return false;
+    *why = "whose parameters could not be copied";
     if (!p.kernelParams && p.extra) {
         const void *buf;
         size_t size;
@@ -420,8 +428,10 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
         return true;
     }
     n = wo_launch_param_sizes(f, sizes, RP_MAX_PARAMS);
+    *why = n < 0 ? "whose parameter layout is unknown" : "with no parameter array";
     if (n < 0 || (n && !p.kernelParams))
         return false;
+    *why = "whose parameters could not be copied";
     kernel_common(r, node, &p, f, out);
     if (s->nptrs + (size_t)n > s->ptrs_cap) {
         size_t cap = WO_MAX(s->ptrs_cap * 2, s->nptrs + (size_t)n + 256);
@@ -519,19 +529,32 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
         switch (t) {
         case CU_GRAPH_NODE_TYPE_EMPTY:
             continue;
-        case CU_GRAPH_NODE_TYPE_KERNEL:
-            if (!read_kernel(r, node, s, out)) {
-                say_whole("holds a kernel whose parameters could not be read", -1);
+        case CU_GRAPH_NODE_TYPE_KERNEL: {
+            const char *why = "";
+            char say[96];
+            if (!read_kernel(r, node, s, out, &why)) {
+                snprintf(say, sizeof(say), "holds a kernel %s", why);
+                say_whole(say, -1);
                 goto out;
             }
             break;
+        }
         case CU_GRAPH_NODE_TYPE_MEMCPY: {
             cparams_fn get = (cparams_fn)r->cuGraphMemcpyNodeGetParams;
+            CUDA_MEMCPY3D *c = &out->cp.c;
             out->kind = RP_COPY;
-            if (!get || get(node, &out->cp) != CUDA_SUCCESS) {
+            if (!get || get(node, c) != CUDA_SUCCESS) {
                 say_whole("holds a copy whose parameters could not be read", -1);
                 goto out;
             }
+            out->cp.src_a = c->srcMemoryType == CU_MEMORYTYPE_DEVICE ||
+                                    c->srcMemoryType == CU_MEMORYTYPE_UNIFIED
+                                ? alloc_of(s, c->srcDevice)
+                                : -1;
+            out->cp.dst_a = c->dstMemoryType == CU_MEMORYTYPE_DEVICE ||
+                                    c->dstMemoryType == CU_MEMORYTYPE_UNIFIED
+                                ? alloc_of(s, c->dstDevice)
+                                : -1;
             break;
         }
         case CU_GRAPH_NODE_TYPE_MEMSET: {
@@ -548,6 +571,7 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             out->set.value = p.value;
             out->set.esz = p.elementSize;
             out->set.n = p.width;
+            out->set.a = alloc_of(s, p.dst);
             break;
         }
         case CU_GRAPH_NODE_TYPE_MEM_ALLOC: {
@@ -561,6 +585,14 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
                           "unreadable, or too many)",
                           -1);
                 goto out;
+            }
+            if (s->nalloc == s->alloc_cap) {
+                unsigned cap = s->alloc_cap ? 2 * s->alloc_cap : 16;
+                struct rp_alloc *na = realloc(s->alloc, cap * sizeof(*na));
+                if (!na)
+                    goto out;
+                s->alloc = na;
+                s->alloc_cap = cap;
             }
             out->kind = RP_ALLOC;
             out->mem = s->nalloc;
@@ -592,7 +624,10 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
      * replay's would be another address */
     for (unsigned a = 0; a < s->nalloc; a++)
         if (!s->alloc[a].freed) {
-            say_whole("allocates memory it does not free", -1);
+            char say[96];
+            snprintf(say, sizeof(say), "allocates memory it does not free (%zu bytes, %u of %u)",
+                     (size_t)s->alloc[a].size, a + 1, s->nalloc);
+            say_whole(say, -1);
             goto out;
         }
     /* the blob is final: offsets become pointers */
@@ -724,13 +759,13 @@ struct rp_run {
     const struct rp_snap *s;
     unsigned char *blob;
     void **ptrs;
-    CUdeviceptr dev[RP_ALLOCS]; /* the replay's allocations (0: not made, or freed) */
+    CUdeviceptr *dev; /* the replay's allocations (0: not made, or freed) */
 };
 
-/* v moved into the replay's allocation when it points into the graph's. */
-static CUdeviceptr moved(const struct rp_run *x, CUdeviceptr v)
+/* v, an address in the graph's allocation a (-1: none), moved into the
+ * replay's. */
+static CUdeviceptr moved(const struct rp_run *x, int a, CUdeviceptr v)
 {
-    int a = alloc_of(x->s, v);
     return a < 0 || !x->dev[a] ? v : x->dev[a] + (v - x->s->alloc[a].gptr);
 }
 
@@ -788,12 +823,10 @@ static CUresult run_node(struct rp_run *x, const struct rp_node *nd, uint64_t st
     case RP_COPY: {
         wo_pfn_cuMemcpy3DAsync_v2 cp =
             (wo_pfn_cuMemcpy3DAsync_v2)wo_real_hook(WO_HOOK_cuMemcpy3DAsync_v2);
-        CUDA_MEMCPY3D c = nd->cp;
+        CUDA_MEMCPY3D c = nd->cp.c;
         uint64_t lo, n;
-        if (c.srcMemoryType == CU_MEMORYTYPE_DEVICE || c.srcMemoryType == CU_MEMORYTYPE_UNIFIED)
-            c.srcDevice = moved(x, c.srcDevice);
-        if (c.dstMemoryType == CU_MEMORYTYPE_DEVICE || c.dstMemoryType == CU_MEMORYTYPE_UNIFIED)
-            c.dstDevice = moved(x, c.dstDevice);
+        c.srcDevice = moved(x, nd->cp.src_a, c.srcDevice);
+        c.dstDevice = moved(x, nd->cp.dst_a, c.dstDevice);
         copy_dst(&c, &lo, &n);
         if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
             wo_stream_note_write(lo, n); /* a slot of what it writes is dropped first */
@@ -801,7 +834,7 @@ static CUresult run_node(struct rp_run *x, const struct rp_node *nd, uint64_t st
     }
     case RP_SET: {
         uint64_t n = nd->set.n * nd->set.esz;
-        CUdeviceptr dst = moved(x, nd->set.dst);
+        CUdeviceptr dst = moved(x, nd->set.a, nd->set.dst);
         if (__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) && n)
             wo_stream_note_write(dst, n);
         if (!r)
@@ -835,6 +868,11 @@ static bool run_begin(struct rp_run *x, const struct rp_snap *s)
     x->s = s;
     x->blob = s->blob;
     x->ptrs = s->ptrs;
+    if (!s->nalloc)
+        return true;
+    x->dev = calloc(s->nalloc, sizeof(*x->dev));
+    if (!x->dev)
+        return false;
     if (!s->nreloc)
         return true;
     x->blob = malloc(s->blob_len ? s->blob_len : 1);
@@ -842,6 +880,7 @@ static bool run_begin(struct rp_run *x, const struct rp_snap *s)
     if (!x->blob || !x->ptrs) {
         free(x->blob);
         free(x->ptrs);
+        free(x->dev);
         return false;
     }
     memcpy(x->blob, s->blob, s->blob_len);
@@ -854,8 +893,9 @@ static bool run_begin(struct rp_run *x, const struct rp_snap *s)
  * not free yet is freed on the stream; its own bytes freed. */
 static void run_end(struct rp_run *x, uint64_t stream)
 {
-    for (unsigned a = 0; a < x->s->nalloc; a++)
+    for (unsigned a = 0; x->dev && a < x->s->nalloc; a++)
         (void)run_free(x, a, (CUstream)(uintptr_t)stream);
+    free(x->dev);
     if (x->blob != x->s->blob) {
         free(x->blob);
         free(x->ptrs);

@@ -61,6 +61,7 @@
 #define PHASE 40      /* steps of each phase after the first replay */
 #define DEADLINE_S 60 /* for the executor to stream */
 #define WORDS (NR * READS)
+#define SCRATCH 70 /* allocation nodes in each graph */
 #define CLAIMED_FROM 8
 #define AUTO_FROM 16
 
@@ -217,8 +218,16 @@ static int child(const char *mode)
                       CUDA_SUCCESS);                                                               \
             }                                                                                      \
         }                                                                                          \
-        /* scratch memory the graph allocates and frees (cuBLAS's workspace,                       \
-         * a memory allocation node): range 0's sum through it */                                  \
+        /* scratch memory the graph allocates and frees (a memory allocation                       \
+         * node), once per call as a library's workspace can be: SCRATCH of                        \
+         * them, each at the address the last freed (the driver may reuse it),                     \
+         * more than a graph's copy held before; range 0's sum through the last */                 \
+        for (int j_ = 0; j_ < SCRATCH - 1; j_++) {                                                 \
+            CUdeviceptr sc_;                                                                       \
+            CHECK(p_cuMemAllocAsync(&sc_, 64, s) == CUDA_SUCCESS);                                 \
+            CHECK(p_cuMemsetD32Async(sc_, 0, 16, s) == CUDA_SUCCESS);                              \
+            CHECK(p_cuMemFreeAsync(sc_, s) == CUDA_SUCCESS);                                       \
+        }                                                                                          \
         CHECK(p_cuMemAllocAsync(&gtmp[ntmp], 64, s) == CUDA_SUCCESS);                              \
         tparams[0] = &ranges[0];                                                                   \
         tparams[1] = &n;                                                                           \
@@ -320,8 +329,8 @@ static int child(const char *mode)
     {
         /* one kernel node changed in the exec alone: the first kernel (node
          * 1, after the memset) reads range 5 into word 3 */
-        CUgraphNode nodes[WORDS + 5];
-        size_t nn = WORDS + 5;
+        CUgraphNode nodes[WORDS + 5 + 3 * (SCRATCH - 1)];
+        size_t nn = sizeof(nodes) / sizeof(nodes[0]);
         CUDA_KERNEL_NODE_PARAMS kp;
         static void *np[3];
         static CUdeviceptr r5, w3;
@@ -330,7 +339,8 @@ static int child(const char *mode)
         inplace_before_change = inplace_reads;
         CHECK(stats(js, sizeof(js)) > 0);
         replays_at_change = REPLAYS();
-        CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS && nn == WORDS + 5);
+        CHECK(p_cuGetNodes(g2, nodes, &nn) == CUDA_SUCCESS &&
+              nn == sizeof(nodes) / sizeof(nodes[0]));
         r5 = ranges[5];
         w3 = outw[3];
         np[0] = &r5;

@@ -289,6 +289,35 @@ CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op)
     return r;
 }
 
+/* The address a stream-ordered allocation of size bytes captured into cap
+ * takes when the capture freed one that fits before it and nothing took it
+ * since, as the real driver may give a graph's allocation node the
+ * addresses of one whose lifetime ended before it (scratch allocated and
+ * freed per call: each at the same address). 0: none. */
+CUdeviceptr fk_capture_reuse(struct fk_capture *cap, size_t size)
+{
+    CUdeviceptr got = 0;
+    fk_lock_();
+    if (capture_live_locked(cap, 0) && !cap->invalidated) {
+        const struct CUgraph_st *g = cap->graph;
+        for (size_t i = g->n; i-- > 0 && !got;) {
+            CUdeviceptr d = g->ops[i].mem.dptr;
+            bool taken = false;
+            if (g->ops[i].type != FK_OP_FREE)
+                continue;
+            for (size_t j = i + 1; j < g->n && !taken; j++)
+                taken = g->ops[j].type == FK_OP_ALLOC && g->ops[j].mem.dptr == d;
+            for (size_t j = i; !taken && j-- > 0;)
+                if (g->ops[j].type == FK_OP_ALLOC && g->ops[j].mem.dptr == d) {
+                    got = g->ops[j].mem.size >= size ? d : 0;
+                    break;
+                }
+        }
+    }
+    fk_unlock_();
+    return got;
+}
+
 static CUresult stream_create(CUstream *ph, unsigned flags, int prio)
 {
     if (!ph || (flags & ~(unsigned)CU_STREAM_NON_BLOCKING))

@@ -386,9 +386,12 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream s, bool
         return r;
     /* Inside a capture the allocation is made now and lives until freed
      * outside the graph (enough for graphs that use it), and a memory
-     * allocation node records it (what the shim's graph replay reads). */
-    uintptr_t p;
-    r = new_alloc(FAKECUDA_ASYNC, bytesize, 0, &p);
+     * allocation node records it (what the shim's graph replay reads); it
+     * takes the address of one the capture freed before it, when one fits,
+     * as the driver does. */
+    uintptr_t p = cap ? (uintptr_t)fk_capture_reuse(cap, bytesize) : 0;
+    if (!p)
+        r = new_alloc(FAKECUDA_ASYNC, bytesize, 0, &p);
     if (r == CUDA_SUCCESS && cap) {
         struct fk_op op = {.type = FK_OP_ALLOC, .mem = {.dptr = p, .size = bytesize}};
         r = fk_capture_add(cap, &op);

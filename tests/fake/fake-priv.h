@@ -134,6 +134,7 @@ struct fk_op {
 };
 /* Appends a copy of op to the capture (args copied by the caller). */
 CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op);
+CUdeviceptr fk_capture_reuse(struct fk_capture *cap, size_t size);
 
 /* "Unsafe" calls (synchronous allocation and free, context
  * synchronisation) made while a capture forbids them:

@@ -96,6 +96,7 @@ else:
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
         echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
+        grep -m8 -e 'graph replay' -e 'error' "$tmp/$name.err"
         fails=$((fails + 1))
         return
     fi
