@@ -50,8 +50,9 @@ static int route(size_t size, int api, CUdeviceptr *ret, CUresult *res, void *ra
 }
 
 /* A forwarded allocation failed for want of device memory: uvm/ gives back
- * what it holds by choice (hot experts), and the hook tries once more when
- * it gave something back (wo_uvm_engine_oom). */
+ * some of what it holds by choice (hot experts), and the hook tries again
+ * while it gave something back (wo_uvm_engine_oom: finite, each time less
+ * is held). */
 static bool gave_back(size_t size)
 {
     return wo_uvm_engine_oom(size) > 0;
@@ -116,7 +117,7 @@ CUresult wo_h_mem_alloc(wo_pfn_cuMemAlloc_v2 real, int id, void *ra, CUdeviceptr
     WO_HOOK_ENTER(real(dptr, size));
     if (!route(size, WO_API_CU_MEM_ALLOC, dptr, &res, ra)) {
         res = real(dptr, size);
-        if (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
             res = real(dptr, size);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, 0, WO_API_CU_MEM_ALLOC, ra);
     }
@@ -132,7 +133,7 @@ CUresult wo_h_mem_alloc_async(wo_pfn_cuMemAllocAsync real, int id, void *ra, CUd
     WO_HOOK_ENTER(real(dptr, size, s));
     if (!route(size, WO_API_CU_MEM_ALLOC_ASYNC, dptr, &res, ra)) {
         res = real(dptr, size, s);
-        if (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
             res = real(dptr, size, s);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, WO_RANGE_ASYNC,
                        WO_API_CU_MEM_ALLOC_ASYNC, ra);
@@ -305,9 +306,9 @@ cudaError_t wo_h_cuda_malloc(wo_pfn_cudaMalloc real, int id, void *ra, void **p,
         res = to_runtime_error(cres);
     } else {
         res = real(p, size);
-        if (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last) &&
-            (res = real(p, size)) == cudaSuccess)
-            (void)last();
+        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last))
+            if ((res = real(p, size)) == cudaSuccess)
+                (void)last(); /* the failures before were the shim's to mend */
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size, 0,
                        WO_API_CUDA_MALLOC, ra);
     }
@@ -326,9 +327,9 @@ cudaError_t wo_h_cuda_malloc_async(wo_pfn_cudaMallocAsync real, int id, void *ra
         res = to_runtime_error(cres);
     } else {
         res = real(p, size, s);
-        if (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last) &&
-            (res = real(p, size, s)) == cudaSuccess)
-            (void)last();
+        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last))
+            if ((res = real(p, size, s)) == cudaSuccess)
+                (void)last(); /* the failures before were the shim's to mend */
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size,
                        WO_RANGE_ASYNC, WO_API_CUDA_MALLOC_ASYNC, ra);
     }

@@ -218,10 +218,12 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
  *  - through a CUDA graph of the gather (llama.cpp runs its steps as
  *    graphs): with hot experts on, its launches are replayed kernel by
  *    kernel (preload/graph-replay.c) while picks are registered;
- *  - after the engine ran out of device memory: the sets are given back
- *    and its allocation tried again (it fails without: it asks for more
- *    than is free, less than that plus the sets); then rows from host, and
- *    no set made again. */
+ *  - after the engine ran out of device memory: sets are given back and
+ *    its allocation tried again (it fails without: it asks for more than
+ *    is free, less than that plus the sets): a KiB short, one set (the
+ *    other stays and its rows still come from the device); short by more
+ *    than the set left, that one too; then rows from host, and no set made
+ *    again. */
 #define HOT_STEPS 160
 struct hot_env {
     int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
@@ -337,12 +339,14 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
         free(js);
     }
 
-    /* out of device memory */
+    /* out of device memory: by a little, then by more than a set */
     {
         CUresult (*mem_info)(size_t *, size_t *);
         CUresult (*mem_free)(CUdeviceptr);
         size_t fr = 0, tot = 0;
-        CUdeviceptr big = 0;
+        CUdeviceptr big = 0, little = 0;
+        long long left, kept_rows;
+        int kept = -1;
 
         *(void **)&mem_info = need(cu, "cuMemGetInfo_v2");
         *(void **)&mem_free = need(cu, "cuMemFree_v2");
@@ -350,8 +354,44 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
         hot_bytes = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
         free(js);
         CHECK(hot_bytes > 0);
+        /* a KiB short: one set given back, the other stays and serves */
         CHECK(mem_info(&fr, &tot) == CUDA_SUCCESS);
-        CHECK(mem_alloc(&big, fr + (size_t)hot_bytes / 2) == CUDA_SUCCESS);
+        CHECK(mem_alloc(&little, fr + 1024) == CUDA_SUCCESS);
+        js = snapshot(h->stats);
+        left = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
+        printf("hot child, short by a KiB: %lld of %lld bytes of hot sets stay\n", left, hot_bytes);
+        CHECK(left > 0 && left < hot_bytes);
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_given_back\":") == hot_bytes - left);
+        CHECK(json_num(js, "\"picks\":", "\"hot_experts\":") == left);
+        for (int t = 0; t < 2; t++)
+            if (json_num(js,
+                         t ? "model.layers.0.mlp.experts.down_proj\":"
+                           : "model.layers.0.mlp.experts.gate_up_proj\":",
+                         "\"hot_slots\":") > 0) {
+                CHECK(kept < 0);
+                kept = t;
+            }
+        CHECK(kept >= 0);
+        free(js);
+        js = snapshot(h->stats);
+        kept_rows = json_num(js,
+                             kept ? "model.layers.0.mlp.experts.down_proj\":"
+                                  : "model.layers.0.mlp.experts.gate_up_proj\":",
+                             "\"hot_rows\":");
+        free(js);
+        for (int step = 0; step < 24; step++)
+            hot_step(h, kept, step, s, NULL);
+        usleep(5000);
+        js = snapshot(h->stats);
+        CHECK(json_num(js,
+                       kept ? "model.layers.0.mlp.experts.down_proj\":"
+                            : "model.layers.0.mlp.experts.gate_up_proj\":",
+                       "\"hot_rows\":") > kept_rows);
+        CHECK(json_num(js, "},\"tensors\":", "\"hot_bytes\":") == left);
+        free(js);
+        /* short by more than the set left: it goes too */
+        CHECK(mem_info(&fr, &tot) == CUDA_SUCCESS);
+        CHECK(mem_alloc(&big, fr + (size_t)left / 2) == CUDA_SUCCESS);
         js = snapshot(h->stats);
         printf("hot child, out of memory: %lld bytes of hot sets, %zu free: %.80s\n", hot_bytes,
                fr, js ? strstr(js, "\"hot_given_back\":") : "");
@@ -367,6 +407,7 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
         CHECK(json_num(js, "},\"tensors\":", "\"hot_rows\":") == hot_rows[0]);
         free(js);
         CHECK(mem_free(big) == CUDA_SUCCESS);
+        CHECK(mem_free(little) == CUDA_SUCCESS);
     }
     check_summary("test-picks-preload hot child");
     return failures ? 1 : 0;

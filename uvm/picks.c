@@ -81,14 +81,15 @@ static struct {
     uint64_t bytes;     /* device bytes of the buffers and the hot sets */
     uint64_t hot_bytes; /* of them, the hot sets' */
     uint64_t fills_gone; /* rows copied into hot sets since freed */
-    uint64_t given_back; /* 0: the engine never ran out of device memory; else 1 + the hot
-                          * sets' bytes given back then (no set is made after) */
+    uint64_t given_back; /* hot sets' bytes given back when the engine ran out of memory */
+    uint64_t ceiling;    /* the hot sets' bytes at most: UINT64_MAX until the engine ran out
+                          * of memory, then what was left (no set is made after) */
     struct wo_picks_hot
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     bool said_on, said_fail, said_hot;
-} pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+} pk = {.lock = PTHREAD_MUTEX_INITIALIZER, .ceiling = UINT64_MAX};
 
 static uint64_t now_ns(void)
 {
@@ -150,16 +151,14 @@ static int find_span(uint64_t lo, uint64_t hi)
 }
 
 /* Device bytes for hot experts in all: WOFFLOAD_PICKS_HOT when set, else
- * the policy's prefetch.hot_experts (0: none). */
+ * the policy's prefetch.hot_experts (0: none); after the engine ran out of
+ * device memory, no more than the sets it left (wo_picks_give_back). */
 uint64_t wo_picks_hot_total(void)
 {
     uint64_t mib = wo_settings()->picks_hot_mib;
+    uint64_t want = mib ? mib << 20 : wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
 
-    if (__atomic_load_n(&pk.given_back, __ATOMIC_RELAXED))
-        return 0; /* the engine needed the memory (wo_picks_give_back) */
-    if (mib)
-        return mib << 20;
-    return wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
+    return WO_MIN(want, __atomic_load_n(&pk.ceiling, __ATOMIC_RELAXED));
 }
 
 /* Span s's hot set out of use: freed with the rest (copies may still read
@@ -705,7 +704,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     t->hot_bytes = pk.hot_bytes;
-    t->hot_given_back = pk.given_back > 1 ? pk.given_back - 1 : 0; /* 1: none to give */
+    t->hot_given_back = pk.given_back;
     t->hot_fills = pk.fills_gone;
     for (unsigned i = 0; i < pk.n; i++) {
         const struct span *s = &pk.s[i];
@@ -841,49 +840,75 @@ void wo_picks_summary(void)
                  100 * rmin, 100 * rmax);
 }
 
-uint64_t wo_picks_give_back(const struct wo_driver *d)
+/* Frees hot set h (its streams synchronised), counted as given back. */
+static uint64_t give(const struct wo_driver *d, struct wo_picks_hot *h)
+{
+    struct wo_hot_figs f;
+
+    wo_hot_figs(h, &f);
+    pk.fills_gone += f.fills;
+    wo_hot_free(d, h);
+    pk.hot_bytes -= WO_MIN(f.bytes, pk.hot_bytes);
+    pk.given_back += f.bytes;
+    return f.bytes;
+}
+
+/* The live hot set whose rows saved the least link traffic per device
+ * byte (its rows from hot experts, as last read back), or -1. */
+static int least_worth(void)
+{
+    int best = -1;
+    double worst = 0;
+
+    for (unsigned i = 0; i < pk.n; i++) {
+        struct wo_hot_figs f;
+        double w;
+        if (!pk.s[i].hot)
+            continue;
+        wo_hot_figs(pk.s[i].hot, &f);
+        w = pk.rows_host ? (double)pk.rows_host[WO_PICKS_SPANS + i] * (double)pk.s[i].row : 0;
+        w /= (double)WO_MAX(f.bytes, 1);
+        if (best < 0 || w < worst) {
+            best = (int)i;
+            worst = w;
+        }
+    }
+    return best;
+}
+
+uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *sets_left)
 {
     uint64_t freed = 0;
+    int i;
 
+    *sets_left = 0;
     /* a stream synchronised while a capture is under way could break it:
      * none now, and none begins until this is done (the capture handshake) */
     if (!d || !d->cuStreamSynchronize || !d->cuMemFree_v2 || !wo_driver_enter())
         return 0;
     pthread_mutex_lock(&pk.lock);
-    /* no more sets from now on, whatever this frees */
-    __atomic_store_n(&pk.given_back, 1, __ATOMIC_RELAXED);
-    if (!pk.hot_bytes) {
-        pthread_mutex_unlock(&pk.lock);
-        wo_driver_leave();
-        return 0;
+    if (pk.hot_bytes) {
+        /* every stream with buffers may have copies in flight that read a
+         * set (its home's) or count into one (any stream's) */
+        for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+            if (pk.st[k].used)
+                (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pk.st[k].stream);
+        /* the sets of tensors gone first, then those worth least, until
+         * the engine's allocation has room */
+        for (unsigned r = 0; r < pk.nretired; r++)
+            freed += give(d, pk.retired[r]);
+        pk.nretired = 0;
+        while (freed < WO_MAX(need, 1) && (i = least_worth()) >= 0) {
+            freed += give(d, pk.s[i].hot);
+            pk.s[i].hot = NULL;
+            pk.s[i].hot_tried = true;
+        }
+        wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
     }
-    /* every stream with buffers may have copies in flight that read a set
-     * (its home's) or count into one (any stream's) */
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        if (pk.st[k].used)
-            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pk.st[k].stream);
-    for (unsigned i = 0; i < pk.n; i++) {
-        struct wo_hot_figs f;
-        if (!pk.s[i].hot)
-            continue;
-        wo_hot_figs(pk.s[i].hot, &f);
-        freed += f.bytes;
-        pk.fills_gone += f.fills;
-        wo_hot_free(d, pk.s[i].hot);
-        pk.s[i].hot = NULL;
-        pk.s[i].hot_tried = true;
-    }
-    for (unsigned i = 0; i < pk.nretired; i++) {
-        struct wo_hot_figs f;
-        wo_hot_figs(pk.retired[i], &f);
-        freed += f.bytes;
-        pk.fills_gone += f.fills;
-        wo_hot_free(d, pk.retired[i]);
-    }
-    pk.nretired = 0;
-    pk.hot_bytes = 0;
-    __atomic_store_n(&pk.given_back, freed ? freed + 1 : 1, __ATOMIC_RELAXED);
-    wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
+    /* no more sets from now on than those left */
+    __atomic_store_n(&pk.ceiling, pk.hot_bytes, __ATOMIC_RELAXED);
+    for (unsigned k = 0; k < pk.n; k++)
+        *sets_left += pk.s[k].hot != NULL;
     pthread_mutex_unlock(&pk.lock);
     wo_driver_leave();
     return freed;
@@ -946,6 +971,7 @@ void wo_picks_reset(void)
     pk.last_refresh_ns = 0;
     pk.tick = 0;
     pk.bytes = pk.hot_bytes = pk.given_back = pk.fills_gone = 0;
+    pk.ceiling = UINT64_MAX;
     pk.nretired = 0;
     pk.fill = NULL;
     wo_budget_picks_bytes(0);

@@ -102,10 +102,13 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* Device bytes for hot experts in all (uvm/picks-hot.h): WOFFLOAD_PICKS_HOT
  * when set, else the policy's prefetch.hot_experts; 0: none. */
 uint64_t wo_picks_hot_total(void);
-/* The engine ran out of device memory (wo_uvm_engine_oom): every hot set is
- * freed, once the streams with buffers are done (none while a capture is
- * under way), and no more are made. Returns the bytes freed. */
-uint64_t wo_picks_give_back(const struct wo_driver *d);
+/* The engine ran out of device memory (wo_uvm_engine_oom) and needs need
+ * more bytes: hot sets are freed, once the streams with buffers are done
+ * (none while a capture is under way), those of tensors gone first, then
+ * those whose rows saved the least link traffic per byte, until need bytes
+ * are freed or none is left; no set is made after (the sets left stay).
+ * Returns the bytes freed; *sets_left: the sets that stay. */
+uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *sets_left);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */
 uint64_t wo_picks_reserved(void);

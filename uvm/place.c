@@ -513,13 +513,19 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
 
 uint64_t wo_uvm_engine_oom(size_t size)
 {
-    uint64_t freed = wo_picks_give_back(wo_uvm_driver());
+    const struct wo_driver *d = wo_uvm_driver();
+    size_t free_b = 0, total_b = 0;
+    uint64_t need = size, freed; /* short by rounding: the hook asks again */
+    unsigned left = 0;
     char b1[32], b2[32];
 
+    if (d && d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
+        need = need > free_b ? need - free_b : 0;
+    freed = wo_picks_give_back(d, need, &left);
     if (freed)
-        wo_warn("the engine ran out of device memory (an allocation of %s): the hot experts' %s "
-                "given back, the allocation tried again; no hot experts from now on",
-                wo_format_size(size, b1, sizeof(b1)), wo_format_size(freed, b2, sizeof(b2)));
+        wo_warn("the engine ran out of device memory (an allocation of %s): %s of hot experts "
+                "given back, the allocation tried again; %u hot sets stay, no more are made",
+                wo_format_size(size, b1, sizeof(b1)), wo_format_size(freed, b2, sizeof(b2)), left);
     return freed;
 }
 

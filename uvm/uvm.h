@@ -133,10 +133,12 @@ void wo_uvm_atfork_parent(void);
  * forward it untouched. `api` says which entry point asked (enum wo_api). */
 int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res);
 /* An allocation the hook forwarded failed for want of device memory: uvm/
- * gives back the device memory it holds by choice (the hot experts'
- * sets, uvm/picks-hot.h; no more are made), once the engine's streams that
- * may read it are done, and returns the bytes given back: the hook tries the
- * allocation once more when they are not 0. Never during a capture. */
+ * gives back device memory it holds by choice (hot experts' sets,
+ * uvm/picks-hot.h, the least worth first, until the allocation has room
+ * as far as the free memory tells; no more are made), once the engine's
+ * streams that may read it are done, and returns the bytes given back: the
+ * hook tries the allocation again while they are not 0. Never during a
+ * capture. */
 uint64_t wo_uvm_engine_oom(size_t size);
 /* Free routing: 1 when ptr is a range uvm/ served (it freed it and set
  * *ret_res), 0 to forward. */
