@@ -108,7 +108,8 @@ struct rp_snap {
     unsigned nhits;
     struct wo_ev_hit *hits;
     size_t blob_len, blob_cap, nptrs, ptrs_cap;
-    unsigned nalloc, alloc_cap;
+    unsigned nalloc;
+    size_t alloc_cap;
     struct rp_alloc *alloc;
     size_t nreloc, reloc_cap;
     struct rp_reloc *reloc;
@@ -366,14 +367,8 @@ static bool note_relocs(struct rp_snap *s, size_t at, size_t size)
         a = alloc_of(s, v);
         if (a < 0)
             continue;
-        if (s->nreloc == s->reloc_cap) {
-            size_t cap = s->reloc_cap ? 2 * s->reloc_cap : 64;
-            struct rp_reloc *r = realloc(s->reloc, cap * sizeof(*r));
-            if (!r)
-                return false;
-            s->reloc = r;
-            s->reloc_cap = cap;
-        }
+        if (wo_grow((void **)&s->reloc, &s->reloc_cap, s->nreloc + 1, sizeof(*s->reloc)) < 0)
+            return false;
         s->reloc[s->nreloc++] = (struct rp_reloc){(uint32_t)(at + off), (uint16_t)a};
     }
     return true;
@@ -433,14 +428,8 @@ static bool read_kernel(const struct wo_real *r, CUgraphNode node, struct rp_sna
         return false;
     *why = "whose parameters could not be copied";
     kernel_common(r, node, &p, f, out);
-    if (s->nptrs + (size_t)n > s->ptrs_cap) {
-        size_t cap = WO_MAX(s->ptrs_cap * 2, s->nptrs + (size_t)n + 256);
-        void **np = realloc(s->ptrs, cap * sizeof(*np));
-        if (!np)
-            return false;
-        s->ptrs = np;
-        s->ptrs_cap = cap;
-    }
+    if (wo_grow((void **)&s->ptrs, &s->ptrs_cap, s->nptrs + (size_t)n, sizeof(*s->ptrs)) < 0)
+        return false;
     out->k.first = (uint32_t)s->nptrs;
     for (int i = 0; i < n; i++) {
         if (!copy_in(s, p.kernelParams[i], sizes[i], &at))
@@ -586,14 +575,8 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
                           -1);
                 goto out;
             }
-            if (s->nalloc == s->alloc_cap) {
-                unsigned cap = s->alloc_cap ? 2 * s->alloc_cap : 16;
-                struct rp_alloc *na = realloc(s->alloc, cap * sizeof(*na));
-                if (!na)
-                    goto out;
-                s->alloc = na;
-                s->alloc_cap = cap;
-            }
+            if (wo_grow((void **)&s->alloc, &s->alloc_cap, s->nalloc + 1, sizeof(*s->alloc)) < 0)
+                goto out;
             out->kind = RP_ALLOC;
             out->mem = s->nalloc;
             s->alloc[s->nalloc++] = (struct rp_alloc){p.dptr, p.bytesize, false};
