@@ -291,6 +291,10 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
 # (hot-set: read in place, the hot set resident), to compare in one lease
 POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
     "rules:\n", "prefetch: {mode: hot-set}\nrules:\n", 1)
+# hot experts sized by the shim: the device memory free when the first set
+# is made, less the managed margin (docs/placement.md, "Hot experts")
+POLICIES["experts-host-all-hotauto"] = POLICIES["experts-host-all"].replace(
+    "rules:\n", "prefetch: {hot_experts: auto}\nrules:\n", 1)
 POLICIES["experts-managed-13g"] = POLICIES["experts-managed-half"].replace(
     "half the experts' bytes (9 GiB of 18)", "half the experts' bytes of the 128-expert\n# shape (13.5 GiB of 27)").replace(
     "device_budget: 9GiB", "device_budget: 13.5GiB")
@@ -471,6 +475,11 @@ SCENARIOS: List[Dict[str, Any]] = [
       policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-hot13g-b8.wotrace",
            "WOFFLOAD_PICKS_HOT": "13312"}),
+    # ... and with hot_experts: auto (on an unconstrained GPU: every expert
+    # hot once picked, the rows copied from the device)
+    S("batchdef-moe128-shim-experts-host-all-hotauto", "moe128", batches=[1, 8, 32], prefill=0,
+      **BATCH, policy="experts-host-all-hotauto", offload="experts:all",
+      ref="batchdef-moe128-gpu"),
     S("batchdef-moe128skew-gpu", "moe128", batches=[1, 8, 32], prefill=0, skew=SKEW128, **BATCH),
     S("batchdef-moe128skew-shim-experts-host-all", "moe128", batches=[1, 8, 32], prefill=0,
       skew=SKEW128, **BATCH, policy="experts-host-all", offload="experts:all",

@@ -88,7 +88,10 @@ int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
         fputs("  pinned_copies: off\n", f);
     else
         fprintf(f, "  pinned_copies: %llu\n", (unsigned long long)g->prefetch.pinned_copies);
-    fprintf(f, "  hot_experts: %llu\n", (unsigned long long)g->prefetch.hot_experts);
+    if (g->prefetch.hot_experts == WO_HOT_EXPERTS_AUTO)
+        fputs("  hot_experts: auto\n", f);
+    else
+        fprintf(f, "  hot_experts: %llu\n", (unsigned long long)g->prefetch.hot_experts);
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);

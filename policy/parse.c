@@ -161,9 +161,22 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
         }
     }
     /* device bytes for the hot experts of expert tensors with picks
-     * (uvm/picks-hot.h); 0: none */
-    if (v[9] && wo_schema_size(c, v[9], &g->prefetch.hot_experts) < 0)
-        r = -EINVAL;
+     * (uvm/picks-hot.h): a size, auto or off (0) */
+    if (v[9]) {
+        const char *s = wo_schema_scalar(c, v[9], "auto, off or a size (8GiB)");
+        if (!s)
+            r = -EINVAL;
+        else if (strcmp(s, "auto") == 0)
+            g->prefetch.hot_experts = WO_HOT_EXPERTS_AUTO;
+        else if (strcmp(s, "off") == 0)
+            g->prefetch.hot_experts = 0;
+        else if (wo_parse_size(s, &g->prefetch.hot_experts) < 0) {
+            char b[128];
+            wo_schema_err(c, v[9], "found hot_experts %s, expected auto, off or a size (8GiB)",
+                          wo_schema_found(v[9], b, sizeof(b)));
+            r = -EINVAL;
+        }
+    }
     return r;
 }
 

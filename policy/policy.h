@@ -78,6 +78,9 @@ enum wo_prefetch_mode {
 
 /* prefetch.pinned_copies: auto (while the host keeps memory available) */
 #define WO_PIN_COPIES_AUTO UINT64_MAX
+/* prefetch.hot_experts: auto (the free device memory when the first set is
+ * made, less the managed margin) */
+#define WO_HOT_EXPERTS_AUTO UINT64_MAX
 
 enum wo_slices {
     WO_SLICES_AUTO = 0, /* track sub-ranges (per-expert slices) where launches touch them */
@@ -140,8 +143,9 @@ struct wo_policy_globals {
         uint32_t slots;             /* device staging slots for streamed ranges (2..8) */
         uint64_t pinned_copies;     /* host bytes of pinned staging sources: WO_PIN_COPIES_AUTO
                                      * (the default), 0 (off) or a cap (docs/policy.md) */
-        uint64_t hot_experts;       /* device bytes for hot experts of picked tensors, 0: none
-                                     * (WOFFLOAD_PICKS_HOT overrides; docs/placement.md) */
+        uint64_t hot_experts;       /* device bytes for hot experts of picked tensors, 0: none,
+                                     * WO_HOT_EXPERTS_AUTO (WOFFLOAD_PICKS_HOT overrides;
+                                     * docs/placement.md) */
     } prefetch;
     struct wo_fit fit; /* `fit:`; enabled false when absent */
 };

@@ -413,6 +413,38 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
     return failures ? 1 : 0;
 }
 
+/* hot_experts: auto: none before the first set (the stats say auto), then
+ * the free device memory less the managed margin (a 256 MiB device, 16
+ * MiB): room for every expert of both tensors, so every row comes from the
+ * device once the sets are filled. */
+static int hot_auto_child(const struct hot_env *h, CUstream s)
+{
+    long long total;
+    char *js = snapshot(h->stats);
+
+    CHECK(json_num(js, "\"picks\":", "\"hot_experts\":") == 0);
+    CHECK(js && strstr(js, "\"hot_experts_auto\":true") != NULL);
+    free(js);
+    for (int step = 0; step < 32 && !failures; step++)
+        for (int t = 0; t < 2; t++)
+            hot_step(h, t, step, s, NULL);
+    usleep(5000);
+    js = snapshot(h->stats);
+    total = json_num(js, "\"picks\":", "\"hot_experts\":");
+    printf("hot auto child: %lld bytes for hot experts\n", total);
+    CHECK(total > (64ll << 20) && total < (256ll << 20));
+    for (int t = 0; t < 2; t++) {
+        const char *name = t ? "model.layers.0.mlp.experts.down_proj\":"
+                             : "model.layers.0.mlp.experts.gate_up_proj\":";
+        CHECK(json_num(js, name, "\"hot_slots\":") == E);
+        CHECK(json_num(js, name, "\"hot_rows\":") > 0);
+    }
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    check_summary("test-picks-preload hot auto child");
+    return failures ? 1 : 0;
+}
+
 static int child(void)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -516,6 +548,8 @@ static int child(void)
         CUstream s2;
 
         CHECK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+        if (strcmp(getenv("WO_PICKS_TEST_HOT"), "auto") == 0)
+            return hot_auto_child(&h, s);
         return hot_child(&h, cu, s, s2, p_cuBeginCapture, p_cuEndCapture, p_cuInstantiate,
                          p_cuMemAlloc);
     }
@@ -743,9 +777,13 @@ static const char *policies[] = {
      * 7 of tensor 0's 16 experts, then all 16 of tensor 1's) (hot_child) */
     "version: 1\ndefault: device\nprefetch: {hot_experts: 1MiB}\nrules:\n"
     "  - {name: experts, match: [experts], place: host}\n",
+    /* HOT_AUTO: the same with hot_experts: auto (hot_auto_child) */
+    "version: 1\ndefault: device\nprefetch: {hot_experts: auto}\nrules:\n"
+    "  - {name: experts, match: [experts], place: host}\n",
 };
 #define RESIDENT 2
 #define HOT 3
+#define HOT_AUTO 4
 
 int main(int argc, char **argv)
 {
@@ -769,8 +807,8 @@ int main(int argc, char **argv)
                 setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
-            if (i == HOT) {
-                setenv("WO_PICKS_TEST_HOT", "1", 1);
+            if (i == HOT || i == HOT_AUTO) {
+                setenv("WO_PICKS_TEST_HOT", i == HOT ? "1" : "auto", 1);
                 /* a small device for its out-of-memory check, room beyond
                  * the managed cap's margin for the window's device memory */
                 setenv("WOFAKE_TOTAL_MEM", "256M", 1);
@@ -798,7 +836,8 @@ int main(int argc, char **argv)
                 CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));
             /* hot experts: their own line, only when some were kept */
-            CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT));
+            CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT || i == HOT_AUTO));
+            CHECK((strstr(log, "picks: hot experts: auto: ") != NULL) == (i == HOT_AUTO));
             close(lfd);
             unlink(logf);
         }

@@ -411,6 +411,12 @@ static void globals_defaults_and_values(void **state)
     assert_int_equal(g->prefetch.hot_experts, 1610612736ull);
     assert_false(wo_policy_passthrough(p));
     wo_policy_free(p);
+    p = load_ok("prefetch: {hot_experts: auto}\n");
+    assert_true(wo_policy_globals(p)->prefetch.hot_experts == WO_HOT_EXPERTS_AUTO);
+    wo_policy_free(p);
+    p = load_ok("prefetch: {hot_experts: off}\n");
+    assert_int_equal(wo_policy_globals(p)->prefetch.hot_experts, 0);
+    wo_policy_free(p);
     p = load_ok("prefetch: {pinned_copies: off}\n");
     assert_int_equal(wo_policy_globals(p)->prefetch.pinned_copies, 0);
     wo_policy_free(p);

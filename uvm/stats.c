@@ -330,8 +330,14 @@ static void json_body(struct sbuf *b)
     {
         struct wo_picks_totals pt;
 
-        sb_printf(b, ",\"picks\":{\"enabled\":%s,\"hot_experts\":%" PRIu64 ",\"names\":{",
-                  wo_settings()->picks ? "true" : "false", wo_picks_hot_total());
+        uint64_t hot = wo_picks_hot_total();
+
+        /* auto before the first set: 0 bytes yet, hot_experts_auto says it */
+        sb_printf(b,
+                  ",\"picks\":{\"enabled\":%s,\"hot_experts\":%" PRIu64
+                  ",\"hot_experts_auto\":%s,\"names\":{",
+                  wo_settings()->picks ? "true" : "false", hot == UINT64_MAX ? 0 : hot,
+                  wo_picks_hot_auto() ? "true" : "false");
         b->first = true;
         wo_picks_report(&pt, picks_name_json, b);
         sb_printf(b,

@@ -370,14 +370,15 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
     ones the policy placed off the device) are hooked. A forward of one
     token (picks of one row) registers nothing: its launches read the picked
     experts in place; unless ``one_row`` (by default: when the shim keeps
-    hot experts, stats' picks.hot_experts, whose rows a copy takes from the
-    device). Returns the number of modules hooked. The hooks cost one
+    hot experts, stats' picks.hot_experts or hot_experts_auto, whose rows a
+    copy takes from the device). Returns the number of modules hooked. The hooks cost one
     library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
     if one_row is None:
         try:
-            one_row = int((stats() or {}).get("picks", {}).get("hot_experts", 0)) > 0
+            pk = (stats() or {}).get("picks", {})
+            one_row = int(pk.get("hot_experts", 0)) > 0 or pk.get("hot_experts_auto") is True
         except (OSError, ValueError, TypeError):
             one_row = False
     model = getattr(model, "_orig_mod", model)
