@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/log.h"
 #include "core/macro.h"
+#include "core/settings.h"
+#include "uvm/internal.h"
 
 #define DECAY 0.75    /* a score's weight a choice later */
 #define ENTER 1.25    /* an expert enters a full set when it scores this much more... */
@@ -267,4 +270,62 @@ void wo_hot_figs(const struct wo_picks_hot *h, struct wo_hot_figs *f)
     f->fills = h->fills;
     f->choices = h->choices;
     f->bytes = h->bytes;
+}
+
+/* --- the bytes for hot experts in all ------------------------------------ */
+
+static uint64_t ceiling = UINT64_MAX;    /* the engine ran out of memory: the sets left */
+static uint64_t auto_bytes = UINT64_MAX; /* auto: what it came to; UINT64_MAX before */
+
+/* WOFFLOAD_PICKS_HOT when set, else the policy's prefetch.hot_experts. */
+static uint64_t hot_asked(void)
+{
+    uint64_t mib = wo_settings()->picks_hot_mib;
+
+    return mib ? mib << 20 : wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
+}
+
+bool wo_picks_hot_auto(void)
+{
+    return hot_asked() == WO_HOT_EXPERTS_AUTO;
+}
+
+uint64_t wo_picks_hot_total(void)
+{
+    uint64_t want = hot_asked();
+
+    if (want == WO_HOT_EXPERTS_AUTO)
+        want = __atomic_load_n(&auto_bytes, __ATOMIC_RELAXED);
+    return WO_MIN(want, __atomic_load_n(&ceiling, __ATOMIC_RELAXED));
+}
+
+/* What the engine holds by then (its KV cache, workspaces) is left out; an
+ * engine that allocates more later takes it back from the sets
+ * (wo_picks_give_back). */
+void wo_hot_resolve_auto(const struct wo_driver *d)
+{
+    size_t free_b = 0, total_b = 0;
+    uint64_t margin = (uint64_t)wo_settings()->managed_margin_mib << 20, got = 0;
+    char b1[32], b2[32], b3[32];
+
+    if (__atomic_load_n(&auto_bytes, __ATOMIC_RELAXED) != UINT64_MAX || !wo_picks_hot_auto())
+        return;
+    if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS &&
+        free_b > margin)
+        got = free_b - margin;
+    __atomic_store_n(&auto_bytes, got, __ATOMIC_RELAXED);
+    wo_info("picks: hot experts: auto: %s of device memory (%s free, less the %s margin)",
+            wo_format_size(got, b1, sizeof(b1)), wo_format_size(free_b, b2, sizeof(b2)),
+            wo_format_size(margin, b3, sizeof(b3)));
+}
+
+void wo_hot_set_ceiling(uint64_t bytes)
+{
+    __atomic_store_n(&ceiling, bytes, __ATOMIC_RELAXED);
+}
+
+void wo_hot_budget_reset(void)
+{
+    __atomic_store_n(&ceiling, UINT64_MAX, __ATOMIC_RELAXED);
+    __atomic_store_n(&auto_bytes, UINT64_MAX, __ATOMIC_RELAXED);
 }

@@ -74,6 +74,23 @@ void wo_hot_invalidate(struct wo_picks_hot *h);
  * that copies the tensor becomes home, with the map cleared. */
 void wo_hot_stream_gone(struct wo_picks_hot *h, uint64_t stream);
 
+/* The bytes for hot experts in all (any thread): WOFFLOAD_PICKS_HOT when
+ * set, else the policy's prefetch.hot_experts; 0: none; auto: what the free
+ * device memory came to when the first set was made (UINT64_MAX before);
+ * no more than the ceiling once set. */
+uint64_t wo_picks_hot_total(void);
+/* The policy asks for prefetch.hot_experts: auto (and the environment does
+ * not override it). */
+bool wo_picks_hot_auto(void);
+/* Under auto, before the first set: what it comes to, from the free device
+ * memory now less the managed margin (said once). */
+void wo_hot_resolve_auto(const struct wo_driver *d);
+/* No more bytes for hot experts from now on than this (the engine ran out
+ * of device memory: the sets left). */
+void wo_hot_set_ceiling(uint64_t bytes);
+/* As at start: no ceiling, auto not resolved. */
+void wo_hot_budget_reset(void);
+
 /* Its home stream (0: none yet). */
 uint64_t wo_hot_home(const struct wo_picks_hot *h);
 /* Figures for the stats. */

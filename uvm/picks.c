@@ -82,16 +82,12 @@ static struct {
     uint64_t hot_bytes; /* of them, the hot sets' */
     uint64_t fills_gone; /* rows copied into hot sets since freed */
     uint64_t given_back; /* hot sets' bytes given back when the engine ran out of memory */
-    uint64_t ceiling;    /* the hot sets' bytes at most: UINT64_MAX until the engine ran out
-                          * of memory, then what was left (no set is made after) */
-    uint64_t auto_bytes; /* hot_experts: auto: what it came to when the first set was
-                          * made; UINT64_MAX before */
     struct wo_picks_hot
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     bool said_on, said_fail, said_hot;
-} pk = {.lock = PTHREAD_MUTEX_INITIALIZER, .ceiling = UINT64_MAX, .auto_bytes = UINT64_MAX};
+} pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t now_ns(void)
 {
@@ -150,52 +146,6 @@ static int find_span(uint64_t lo, uint64_t hi)
         if (pk.s[i].lo == lo && pk.s[i].hi == hi)
             return (int)i;
     return -1;
-}
-
-/* WOFFLOAD_PICKS_HOT when set, else the policy's prefetch.hot_experts. */
-static uint64_t hot_asked(void)
-{
-    uint64_t mib = wo_settings()->picks_hot_mib;
-
-    return mib ? mib << 20 : wo_uvm.g ? wo_uvm.g->prefetch.hot_experts : 0;
-}
-
-bool wo_picks_hot_auto(void)
-{
-    return hot_asked() == WO_HOT_EXPERTS_AUTO;
-}
-
-/* Device bytes for hot experts in all: as asked (0: none; auto: what it
- * came to, UINT64_MAX before the first set); after the engine ran out of
- * device memory, no more than the sets it left (wo_picks_give_back). */
-uint64_t wo_picks_hot_total(void)
-{
-    uint64_t want = hot_asked();
-
-    if (want == WO_HOT_EXPERTS_AUTO)
-        want = __atomic_load_n(&pk.auto_bytes, __ATOMIC_RELAXED);
-    return WO_MIN(want, __atomic_load_n(&pk.ceiling, __ATOMIC_RELAXED));
-}
-
-/* hot_experts: auto, before the first set: the device memory free now less
- * the managed margin (WOFFLOAD_MANAGED_MARGIN), what the engine holds by
- * then (its KV cache, workspaces) left out; an engine that allocates more
- * later takes it back from the sets (wo_picks_give_back). */
-static void resolve_auto(const struct wo_driver *d)
-{
-    size_t free_b = 0, total_b = 0;
-    uint64_t margin = (uint64_t)wo_settings()->managed_margin_mib << 20, got = 0;
-    char b1[32], b2[32], b3[32];
-
-    if (pk.auto_bytes != UINT64_MAX || !wo_picks_hot_auto())
-        return;
-    if (d->cuMemGetInfo_v2 && d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS &&
-        free_b > margin)
-        got = free_b - margin;
-    __atomic_store_n(&pk.auto_bytes, got, __ATOMIC_RELAXED);
-    wo_info("picks: hot experts: auto: %s of device memory (%s free, less the %s margin)",
-            wo_format_size(got, b1, sizeof(b1)), wo_format_size(free_b, b2, sizeof(b2)),
-            wo_format_size(margin, b3, sizeof(b3)));
 }
 
 /* Span s's hot set out of use: freed with the rest (copies may still read
@@ -525,7 +475,7 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
     if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_EVERY ||
         __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return;
-    resolve_auto(d);
+    wo_hot_resolve_auto(d);
     total = wo_picks_hot_total();
     for (unsigned k = 0; k < pk.n; k++)
         want += pk.s[k].offdev && !pk.s[k].hot && !pk.s[k].hot_tried;
@@ -944,8 +894,7 @@ uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *
         }
         wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
     }
-    /* no more sets from now on than those left */
-    __atomic_store_n(&pk.ceiling, pk.hot_bytes, __ATOMIC_RELAXED);
+    wo_hot_set_ceiling(pk.hot_bytes); /* no more sets from now on than those left */
     for (unsigned k = 0; k < pk.n; k++)
         *sets_left += pk.s[k].hot != NULL;
     pthread_mutex_unlock(&pk.lock);
@@ -1010,7 +959,7 @@ void wo_picks_reset(void)
     pk.last_refresh_ns = 0;
     pk.tick = 0;
     pk.bytes = pk.hot_bytes = pk.given_back = pk.fills_gone = 0;
-    pk.ceiling = pk.auto_bytes = UINT64_MAX;
+    wo_hot_budget_reset();
     pk.nretired = 0;
     pk.fill = NULL;
     wo_budget_picks_bytes(0);

@@ -99,14 +99,6 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * streaming keeps the tensor for the others (a batch that picks most
  * experts). */
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
-/* Device bytes for hot experts in all (uvm/picks-hot.h): WOFFLOAD_PICKS_HOT
- * when set, else the policy's prefetch.hot_experts; 0: none; auto: what the
- * free device memory came to when the first set was made (UINT64_MAX
- * before); no more than the sets left once the engine ran out of memory. */
-uint64_t wo_picks_hot_total(void);
-/* The policy asks for prefetch.hot_experts: auto (and the environment does
- * not override it). */
-bool wo_picks_hot_auto(void);
 /* The engine ran out of device memory (wo_uvm_engine_oom) and needs need
  * more bytes: hot sets are freed, once the streams with buffers are done
  * (none while a capture is under way), those of tensors gone first, then

@@ -16,6 +16,7 @@
 #include "core/counters.h"
 #include "core/log.h"
 #include "core/settings.h"
+#include "uvm/picks-hot.h"
 #include "uvm/picks.h"
 #include "uvm/prefetch.h"
 #include "uvm/stream-pin.h"
