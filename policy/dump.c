@@ -34,6 +34,17 @@ static void put_list(FILE *f, const char *key, char **v, size_t n)
     fputs("]\n", f);
 }
 
+/* A prefetch key that is auto (UINT64_MAX), off (0) or a size. */
+static void put_auto_off_size(FILE *f, const char *key, uint64_t v)
+{
+    if (v == UINT64_MAX)
+        fprintf(f, "  %s: auto\n", key);
+    else if (v == 0)
+        fprintf(f, "  %s: off\n", key);
+    else
+        fprintf(f, "  %s: %llu\n", key, (unsigned long long)v);
+}
+
 static void put_budget(FILE *f, const char *key, const struct wo_budget *b)
 {
     switch (b->kind) {
@@ -82,16 +93,8 @@ int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
             (unsigned long long)g->prefetch.piece_size, g->prefetch.hot_set ? "true" : "false",
             evict_s[g->prefetch.eviction]);
     fprintf(f, "  mode: %s\n  slots: %u\n", mode_s[g->prefetch.mode], g->prefetch.slots);
-    if (g->prefetch.pinned_copies == WO_PIN_COPIES_AUTO)
-        fputs("  pinned_copies: auto\n", f);
-    else if (g->prefetch.pinned_copies == 0)
-        fputs("  pinned_copies: off\n", f);
-    else
-        fprintf(f, "  pinned_copies: %llu\n", (unsigned long long)g->prefetch.pinned_copies);
-    if (g->prefetch.hot_experts == WO_HOT_EXPERTS_AUTO)
-        fputs("  hot_experts: auto\n", f);
-    else
-        fprintf(f, "  hot_experts: %llu\n", (unsigned long long)g->prefetch.hot_experts);
+    put_auto_off_size(f, "pinned_copies", g->prefetch.pinned_copies);
+    put_auto_off_size(f, "hot_experts", g->prefetch.hot_experts);
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);

@@ -68,6 +68,30 @@ static int parse_window(struct ctx *c, const struct wo_node *n, bool *open_given
     return r;
 }
 
+/* auto (UINT64_MAX: WO_PIN_COPIES_AUTO, WO_HOT_EXPERTS_AUTO), off (0) or a
+ * size (example: one in the error), for prefetch.`key`. */
+static int parse_auto_off_size(struct ctx *c, const struct wo_node *n, const char *key,
+                               const char *example, uint64_t *ret)
+{
+    char expected[64], b[128];
+    const char *s;
+
+    snprintf(expected, sizeof(expected), "auto, off or a size (%s)", example);
+    s = wo_schema_scalar(c, n, expected);
+    if (!s)
+        return -EINVAL;
+    if (strcmp(s, "auto") == 0)
+        *ret = UINT64_MAX;
+    else if (strcmp(s, "off") == 0)
+        *ret = 0;
+    else if (wo_parse_size(s, ret) < 0) {
+        wo_schema_err(c, n, "found %s %s, expected %s", key, wo_schema_found(n, b, sizeof(b)),
+                      expected);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int parse_prefetch(struct ctx *c, const struct wo_node *n)
 {
     struct wo_policy_globals *g = &c->p->g;
@@ -143,40 +167,15 @@ static int parse_prefetch(struct ctx *c, const struct wo_node *n)
         else
             g->prefetch.slots = (uint32_t)slots;
     }
-    if (v[8]) {
-        /* auto, off, or a size: host memory for pinned copies of managed
-         * ranges, the staging source (uvm/stream-pin.h) */
-        const char *s = wo_schema_scalar(c, v[8], "auto, off or a size (16GiB)");
-        if (!s)
-            r = -EINVAL;
-        else if (strcmp(s, "auto") == 0)
-            g->prefetch.pinned_copies = WO_PIN_COPIES_AUTO;
-        else if (strcmp(s, "off") == 0)
-            g->prefetch.pinned_copies = 0;
-        else if (wo_parse_size(s, &g->prefetch.pinned_copies) < 0) {
-            char b[128];
-            wo_schema_err(c, v[8], "found pinned_copies %s, expected auto, off or a size (16GiB)",
-                wo_schema_found(v[8], b, sizeof(b)));
-            r = -EINVAL;
-        }
-    }
+    /* host memory for pinned copies of managed ranges, the staging source
+     * (uvm/stream-pin.h) */
+    if (v[8] &&
+        parse_auto_off_size(c, v[8], "pinned_copies", "16GiB", &g->prefetch.pinned_copies) < 0)
+        r = -EINVAL;
     /* device bytes for the hot experts of expert tensors with picks
-     * (uvm/picks-hot.h): a size, auto or off (0) */
-    if (v[9]) {
-        const char *s = wo_schema_scalar(c, v[9], "auto, off or a size (8GiB)");
-        if (!s)
-            r = -EINVAL;
-        else if (strcmp(s, "auto") == 0)
-            g->prefetch.hot_experts = WO_HOT_EXPERTS_AUTO;
-        else if (strcmp(s, "off") == 0)
-            g->prefetch.hot_experts = 0;
-        else if (wo_parse_size(s, &g->prefetch.hot_experts) < 0) {
-            char b[128];
-            wo_schema_err(c, v[9], "found hot_experts %s, expected auto, off or a size (8GiB)",
-                          wo_schema_found(v[9], b, sizeof(b)));
-            r = -EINVAL;
-        }
-    }
+     * (uvm/picks-hot.h) */
+    if (v[9] && parse_auto_off_size(c, v[9], "hot_experts", "8GiB", &g->prefetch.hot_experts) < 0)
+        r = -EINVAL;
     return r;
 }
 

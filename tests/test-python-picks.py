@@ -8,8 +8,9 @@ argument it hands the shim, and what the shim then counts.
 
 It re-runs itself under LD_PRELOAD with a policy that puts the experts on
 the host, with WOFFLOAD_PICKS unset, with WOFFLOAD_PICKS=0, and with hot
-experts on (WOFFLOAD_PICKS_HOT=1: a forward of one token then registers its
-picks too, their hot rows copied from the device).
+experts on (WOFFLOAD_PICKS_HOT=1, or the policy's hot_experts: auto: a
+forward of one token then registers its picks too, their hot rows copied
+from the device).
 """
 import ctypes
 import json
@@ -160,6 +161,7 @@ def child():
     print("RESULT " + json.dumps({
         "off": sorted(off), "hooked": hooked,
         "enabled": pk["enabled"], "hot_experts": pk["hot_experts"],
+        "hot_experts_auto": pk["hot_experts_auto"],
         "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre), len(wrapped.pre)],
         "regs": {k: v["registrations"] for k, v in pk["names"].items()},
         "misuse": woffload.moe_picks(T(0x10, (E, 2, 2)), ids)}), flush=True)
@@ -176,8 +178,13 @@ def main():
         with open(pol, "w") as f:
             f.write("version: 1\ndefault: device\nrules:\n"
                     "  - {name: experts, match: [layers.0], place: host}\n")
-        for picks in ("1", "0", "hot"):
-            env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake, WOFFLOAD_POLICY=pol,
+        pol_auto = os.path.join(tmp, "auto.yaml")
+        with open(pol_auto, "w") as f:
+            f.write("version: 1\ndefault: device\nprefetch: {hot_experts: auto}\nrules:\n"
+                    "  - {name: experts, match: [layers.0], place: host}\n")
+        for picks in ("1", "0", "hot", "hotauto"):
+            env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake,
+                       WOFFLOAD_POLICY=pol_auto if picks == "hotauto" else pol,
                        WOFFLOAD_LOG="info", WOFFLOAD_PICKS="0" if picks == "0" else "1",
                        WOFFLOAD_PICKS_HOT="1" if picks == "hot" else "0",
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
@@ -190,7 +197,7 @@ def main():
                 failures += 1
                 continue
             r = json.loads(lines[0][7:])
-            on, hot = picks != "0", picks == "hot"
+            on, hot, auto = picks != "0", picks.startswith("hot"), picks == "hotauto"
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
             w = "model.layers.0.mlp2.experts.gate_up_proj"
             checks = {
@@ -208,8 +215,11 @@ def main():
                 # call with hot experts
                 "registrations per tensor":
                     r["regs"] == ({g: 3 if hot else 2, d: 3 if hot else 2, w: 1} if on else {}),
+                # auto: no bytes until a tensor's first set (8 registrations),
+                # the stats say auto, and one token registers already
                 "picks.hot_experts says the bytes for hot experts":
-                    r["hot_experts"] == (1 << 20 if hot else 0),
+                    r["hot_experts"] == (1 << 20 if hot and not auto else 0),
+                "picks.hot_experts_auto says auto": r["hot_experts_auto"] == auto,
                 "an unknown pointer: -ENOENT (picks on), 0 (off)":
                     r["misuse"] == (-2 if on else 0),
             }
