@@ -765,8 +765,10 @@ int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
             break;
         case WO_TREC_KERNEL:
             e = decode_named(r, poff, "kernel", p, len, WO_TREC_KERNEL_FIXED);
-            rec->func = wo_get64(p);
-            rec->name = r->name;
+            if (e == 0) { /* a short record has no fixed part to read */
+                rec->func = wo_get64(p);
+                rec->name = r->name;
+            }
             break;
         case WO_TREC_TAG:
             e = decode_named(r, poff, "tag", p, len, WO_TREC_TAG_FIXED);
@@ -785,8 +787,10 @@ int wo_trace_next(struct wo_trace_reader *r, struct wo_trace_rec *rec)
             break;
         case WO_TREC_RULE:
             e = decode_named(r, poff, "rule", p, len, WO_TREC_RULE_FIXED);
-            rec->rule = wo_get32(p);
-            rec->name = r->name;
+            if (e == 0) {
+                rec->rule = wo_get32(p);
+                rec->name = r->name;
+            }
             break;
         case WO_TREC_FOOTER:
             e = decode_footer(r, poff, p, len, rec);

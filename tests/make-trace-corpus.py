@@ -134,6 +134,12 @@ def main():
             fix_crc(ev, off)
             break
     write("invalid-launch-hits-vs-length.wotrace", ev)
+    # kernel and rule records shorter than their fixed part (a fuzzer found
+    # the reader reading a kernel's function handle past such a record)
+    for name, rtype in (("kernel", 0x03), ("rule", 0x05)):
+        short = bytearray(struct.pack("<IBBH", 4, rtype, 0, 0) + b"\1\0\0\0" + b"\0\0\0\0")
+        fix_crc(short, 0)
+        write("invalid-short-%s.wotrace" % name, with_record(every, recs[2], short))
     lost = every[:recs[3]] + every[recs[4]:]
     write("invalid-record-lost.wotrace", lost)
     write("invalid-after-footer.wotrace", every + every[recs[1]:recs[2]])
