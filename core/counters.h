@@ -70,6 +70,7 @@
     X(graph_replays)           /* graph launches replayed kernel by kernel (graph-replay.c) */   \
     X(graph_replay_kernels)    /* ... the kernels they launched */                                \
     X(graph_replay_failed)     /* ... replays a failed call ended (its error returned) */         \
+    X(graph_replay_ns)         /* ... the engine thread's time in the replays that ran */         \
     X(graph_snapshots)         /* graphs read for replay at instantiation or update */            \
     X(graph_snapshot_unsupported) /* ... that hold nodes a replay cannot make (launched whole) */  \
     X(graph_snapshot_ns)       /* ... the time spent reading them */                              \

@@ -250,30 +250,56 @@ static int phase_now(void)
  * ggml that would make every allocation of 1 MiB and more before seal
  * placeable (the KV cache, compute buffers): the hook opens the window
  * itself around each model buffer instead, so close it once. Under lock. */
+/* The shim's stats (woffload_stats), malloc'd; NULL when it fails. */
+static char *stats_json(void)
+{
+    long n = real.stats(NULL, 0);
+    char *buf;
+
+    for (int tries = 0; n >= 0 && tries < 4; tries++) {
+        /* the stats may grow between two calls: room to spare */
+        if (!(buf = malloc((size_t)n + 4097)))
+            return NULL;
+        long m = real.stats(buf, (size_t)n + 4097);
+        if (m >= 0 && m < n + 4097)
+            return buf;
+        free(buf);
+        n = m;
+    }
+    return NULL;
+}
+
 static void close_start_window(void)
 {
-    char small[256], *buf = small;
-    long n;
+    char *buf;
 
     if (window_checked)
         return;
     window_checked = true;
-    n = real.stats(small, sizeof(small));
-    if (n < 0)
+    if (!(buf = stats_json()))
         return;
-    if ((size_t)n >= sizeof(small)) {
-        buf = malloc((size_t)n + 1);
-        if (!buf)
-            return;
-        n = real.stats(buf, (size_t)n + 1);
-    }
-    if (n >= 0 && strstr(buf, "\"initialised\":false"))
+    if (strstr(buf, "\"initialised\":false"))
         start_window_unknown = true;
-    else if (n >= 0 && strstr(buf, "\"window_open\":true") && real.window_close() == 0)
+    else if (strstr(buf, "\"window_open\":true") && real.window_close() == 0)
         say(L_DEBUG, "closed the placeable window the policy opened at start: only model "
                      "buffers are opened to it, not the KV cache or compute buffers");
-    if (buf != small)
-        free(buf);
+    free(buf);
+}
+
+/* Whether the shim keeps hot experts (WOFFLOAD_PICKS_HOT or the policy's
+ * prefetch.hot_experts): its stats' picks.hot_experts (bytes) or
+ * hot_experts_auto. */
+static bool hot_experts_asked(void)
+{
+    char *buf = stats_json();
+    const char *p = buf ? strstr(buf, "\"picks\":{") : NULL;
+    const char *h = p ? strstr(p, "\"hot_experts\":") : NULL;
+    const char *a = p ? strstr(p, "\"hot_experts_auto\":true") : NULL;
+    bool r = (h && strtoull(h + strlen("\"hot_experts\":"), NULL, 10) > 0) ||
+             (a && a < strstr(p, "\"names\":{"));
+
+    free(buf);
+    return r;
 }
 
 static struct candidate *find(ggml_backend_buffer_t buf)
@@ -567,7 +593,12 @@ static bool picks_wanted(void)
 {
     if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0) {
         __atomic_store_n(&stream_pct, pct_setting("WOFFLOAD_GGML_STREAM", 92), __ATOMIC_RELAXED);
-        __atomic_store_n(&picks_pct, pct_setting("WOFFLOAD_GGML_PICKS", 0), __ATOMIC_RELAXED);
+        /* with hot experts every compute registers: a copy then takes the
+         * hot rows from the device, whatever the share picked */
+        __atomic_store_n(&picks_pct,
+                         pct_setting("WOFFLOAD_GGML_PICKS",
+                                     naming && real.picks_rows && hot_experts_asked() ? 100 : 0),
+                         __ATOMIC_RELAXED);
     }
     return naming && real.graph_n_nodes && real.graph_node && real.nelements && real.nrows &&
            real.is_contiguous && real.element_size && nexperts && phase_now() == PH_SEALED &&

@@ -891,6 +891,7 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     struct rp_run x;
     CUresult res = CUDA_SUCCESS;
     uint32_t done = 0;
+    uint64_t t0;
     unsigned at;
 
     if (WO_LIKELY(!any_snaps()) || !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
@@ -907,6 +908,7 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     pthread_mutex_unlock(&rp_lock);
     if (!s)
         return 0;
+    t0 = wo_now_ns();
     if (!run_begin(&x, s)) {
         res = CUDA_ERROR_OUT_OF_MEMORY; /* nothing ran: launched whole below */
     } else {
@@ -933,6 +935,9 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
         return -1;
     }
     wo_count(WO_CTR_graph_replays, 1);
+    /* the engine thread's time in the replay (its launches, the copies
+     * they stage), not the GPU's */
+    wo_count(WO_CTR_graph_replay_ns, wo_now_ns() - t0);
     wo_capture_graph_replayed(exec);
     return 1;
 }

@@ -389,6 +389,8 @@ static int child(const char *mode)
              * second, from the same capture, reads nothing) */
             CHECK(snaps == 2);
             CHECK(replays > replays_at_update && kernels == replays * (WORDS + 1));
+            /* the engine thread's time in them was counted */
+            CHECK(num_after(js, "\"graph_replay_ns\":") > 0);
             /* auto: nothing replayed while claimed; streamed from the
              * steps the graphs ran whole */
             if (autom) {

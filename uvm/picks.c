@@ -635,15 +635,21 @@ void wo_picks_unused(unsigned n)
 
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
 {
-    bool r = false;
+    bool r = false, hot;
 
     if (id >= WO_STREAM_IDS || !__atomic_load_n(&wo_picks_ids[id], __ATOMIC_ACQUIRE))
         return false;
+    /* with hot experts asked, a tensor registered once stays claimed
+     * between its registrations: its picked copies take the hot rows from
+     * the device and move less than a whole copy at any share picked, and
+     * staging it whole would hold slots beside the sets */
+    hot = wo_picks_hot_total() != 0;
     pthread_mutex_lock(&pk.lock);
     for (unsigned i = 0; i < pk.n && !r; i++) {
         const struct span *s = &pk.s[i];
-        r = s->rid == id && s->rgen == gen && s->offdev && (s->ids || s->sticky) &&
-            s->off < hi && s->off + (s->hi - s->lo) > lo;
+        r = s->rid == id && s->rgen == gen && s->offdev &&
+            (s->ids || s->sticky || (hot && s->regs)) && s->off < hi &&
+            s->off + (s->hi - s->lo) > lo;
     }
     pthread_mutex_unlock(&pk.lock);
     return r;

@@ -97,7 +97,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * (woffload_moe_picks_rows) claim only while they hold ids: the ggml hook
  * registers them only for the computes WOFFLOAD_GGML_PICKS allows, and
  * streaming keeps the tensor for the others (a batch that picks most
- * experts). */
+ * experts); with hot experts asked (wo_picks_hot_total), from their first
+ * registration on as well. */
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* The engine ran out of device memory (wo_uvm_engine_oom) and needs need
  * more bytes: hot sets are freed, once the streams with buffers are done

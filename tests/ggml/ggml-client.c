@@ -44,7 +44,9 @@
  * (under WOFFLOAD_GGML_PICKS=80); --picks-off (the default, 0): nothing
  * registered, all in place.
  * With --stream too, the picks' computes come first: the streaming
- * executor then takes the host experts all the same. --claims: the same
+ * executor then takes the host experts all the same, unless hot experts
+ * are asked (WOFFLOAD_PICKS_HOT): then the picks keep them, read in place
+ * between registrations, and no staging slot is made. --claims: the same
  * computes with no picks registered: few tokens claim the expert tensors
  * read in place (WOFFLOAD_GGML_STREAM), many stage them (claims_steps).
  *
@@ -368,6 +370,11 @@ static void picks_steps(struct ggml_tensor **wt, int off)
 {
     struct picks_ctx *c = picks_ctx_new(wt, "--picks");
     long long staged0, staged1, copied, whole;
+    size_t launches0;
+    /* hot experts asked and no WOFFLOAD_GGML_PICKS: the hook registers
+     * every compute */
+    const char *hot_env = getenv("WOFFLOAD_PICKS_HOT"), *pct = getenv("WOFFLOAD_GGML_PICKS");
+    int every = hot_env && atoi(hot_env) > 0 && (!pct || !*pct);
 
     if (!c)
         return;
@@ -396,12 +403,21 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     }
     staged0 = picks_field("staged");
     c->moved = c->in_place = 0;
+    launches0 = c->launches;
     picks_step(c, PICKS_MANY);
     staged1 = picks_field("staged");
-    CHECK(c->wrong == 0 && c->moved == 0 && staged1 == staged0,
-          "--picks: %d tokens (99%% of the experts picked): nothing registered, read in place "
-          "(%zu moved, staged %lld then %lld), sums exact",
-          PICKS_MANY, c->moved, staged0, staged1);
+    if (every) {
+        CHECK(c->wrong == 0 && c->moved == c->launches - launches0 && staged1 > staged0,
+              "--picks: hot experts, WOFFLOAD_GGML_PICKS unset: %d tokens (99%% of the experts "
+              "picked) registered too (%zu of %zu launches moved, staged %lld then %lld), sums "
+              "exact",
+              PICKS_MANY, c->moved, c->launches - launches0, staged0, staged1);
+    } else {
+        CHECK(c->wrong == 0 && c->moved == 0 && staged1 == staged0,
+              "--picks: %d tokens (99%% of the experts picked): nothing registered, read in "
+              "place (%zu moved, staged %lld then %lld), sums exact",
+              PICKS_MANY, c->moved, staged0, staged1);
+    }
     picks_ctx_free(c);
 }
 
@@ -517,6 +533,8 @@ static void capture_sums(struct ggml_tensor **wt, uint64_t *out, cudaStream_t s,
           "graph instantiated");
 }
 
+static int picks_registered; /* --picks ran before --stream */
+
 /* --stream: eager steps as llama.cpp runs a batch (its CUDA graphs off). */
 static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
 {
@@ -535,10 +553,15 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
      * launch, and nothing is checked for writes. WOFFLOAD_READONLY=0: it
      * is one */
     const char *ro_env = getenv("WOFFLOAD_READONLY"), *late_env = getenv("WOFFLOAD_LATE_BIND");
+    const char *hot_env = getenv("WOFFLOAD_PICKS_HOT");
     int ro = !ro_env || strcmp(ro_env, "0") != 0;
     /* late bound: the executor reads the bound range in place (staging it
-     * failed on the H200, docs/placement.md): nothing moved, sums exact */
-    int late = late_env && strcmp(late_env, "1") == 0;
+     * failed on the H200, docs/placement.md): nothing moved, sums exact;
+     * with hot experts asked (after --picks) the picks keep the tensors
+     * they registered from the executor: the same */
+    int late_bound = late_env && strcmp(late_env, "1") == 0;
+    int hot = hot_env && atoi(hot_env) > 0 && picks_registered;
+    int late = late_bound || hot;
     size_t graph_wrong = 0, replays = 0;
     uint64_t *gsums = NULL;
     cudaStream_t gs = NULL;
@@ -610,8 +633,8 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     cudaFree(gsums);
     CHECK(written != 0, "--stream: the copy into a streamed weight was made");
     if (late)
-        CHECK(moved_host == 0, "--stream: late bound: host experts read in place (%zu moved)",
-              moved_host);
+        CHECK(moved_host == 0, "--stream: %s: host experts read in place (%zu moved)",
+              late_bound ? "late bound" : "hot experts", moved_host);
     else
         CHECK(moved_host > 0, "--stream: launches on host experts read a device slot (%zu)",
               moved_host);
@@ -620,8 +643,14 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     const char *st = js ? strstr(js, "\"stream\":{") : NULL;
     if (late) {
         CHECK(st && field(st, "staged") == 0 && field(st, "redirected") == 0,
-              "--stream: late bound: nothing staged (%lld) or redirected (%lld)",
-              st ? field(st, "staged") : -1, st ? field(st, "redirected") : -1);
+              "--stream: %s: nothing staged (%lld) or redirected (%lld)",
+              late_bound ? "late bound" : "hot experts", st ? field(st, "staged") : -1,
+              st ? field(st, "redirected") : -1);
+        if (hot)
+            CHECK(st && field(st, "auto_tries") == 0 && field(st, "slot_bytes") == 0,
+                  "--stream: hot experts: no staging slots held (%lld bytes), auto tried nothing "
+                  "(%lld)",
+                  st ? field(st, "slot_bytes") : -1, st ? field(st, "auto_tries") : -1);
         free(js);
         return;
     }
@@ -862,6 +891,7 @@ int main(int argc, char **argv)
      * hold ids, so the streaming executor takes the host experts after */
     if (picks)
         picks_steps(wt, picks_off);
+    picks_registered = picks && !picks_off;
     if (claims)
         claims_steps(wt);
     if (stream)
