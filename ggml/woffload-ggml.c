@@ -246,10 +246,6 @@ static int phase_now(void)
     return __atomic_load_n(&phase, __ATOMIC_ACQUIRE);
 }
 
-/* With a placing policy the shim opens its placeable window at start. For
- * ggml that would make every allocation of 1 MiB and more before seal
- * placeable (the KV cache, compute buffers): the hook opens the window
- * itself around each model buffer instead, so close it once. Under lock. */
 /* The shim's stats (woffload_stats), malloc'd; NULL when it fails. */
 static char *stats_json(void)
 {
@@ -269,6 +265,10 @@ static char *stats_json(void)
     return NULL;
 }
 
+/* With a placing policy the shim opens its placeable window at start. For
+ * ggml that would make every allocation of 1 MiB and more before seal
+ * placeable (the KV cache, compute buffers): the hook opens the window
+ * itself around each model buffer instead, so close it once. Under lock. */
 static void close_start_window(void)
 {
     char *buf;
@@ -287,17 +287,20 @@ static void close_start_window(void)
 }
 
 /* Whether the shim keeps hot experts (WOFFLOAD_PICKS_HOT or the policy's
- * prefetch.hot_experts): its stats' picks.hot_experts (bytes) or
- * hot_experts_auto. */
+ * prefetch.hot_experts), picks on: its stats' picks object begins
+ * {"enabled":true,"hot_experts":BYTES,"hot_experts_auto":BOOL,"names":... */
 static bool hot_experts_asked(void)
 {
+    static const char on[] = "\"picks\":{\"enabled\":true,\"hot_experts\":";
     char *buf = stats_json();
-    const char *p = buf ? strstr(buf, "\"picks\":{") : NULL;
-    const char *h = p ? strstr(p, "\"hot_experts\":") : NULL;
-    const char *a = p ? strstr(p, "\"hot_experts_auto\":true") : NULL;
-    bool r = (h && strtoull(h + strlen("\"hot_experts\":"), NULL, 10) > 0) ||
-             (a && a < strstr(p, "\"names\":{"));
+    const char *p = buf ? strstr(buf, on) : NULL;
+    char *end = NULL;
+    bool r = false;
 
+    if (p) {
+        unsigned long long bytes = strtoull(p + strlen(on), &end, 10);
+        r = bytes > 0 || strncmp(end, ",\"hot_experts_auto\":true", 24) == 0;
+    }
     free(buf);
     return r;
 }

@@ -371,10 +371,16 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     struct picks_ctx *c = picks_ctx_new(wt, "--picks");
     long long staged0, staged1, copied, whole;
     size_t launches0;
-    /* hot experts asked and no WOFFLOAD_GGML_PICKS: the hook registers
-     * every compute */
+    /* hot experts asked (WOFFLOAD_PICKS_HOT, or the policy's hot_experts:
+     * auto, which the stats say) and no WOFFLOAD_GGML_PICKS: the hook
+     * registers every compute */
     const char *hot_env = getenv("WOFFLOAD_PICKS_HOT"), *pct = getenv("WOFFLOAD_GGML_PICKS");
-    int every = hot_env && atoi(hot_env) > 0 && (!pct || !*pct);
+    char *js = stats();
+    int every =
+        ((hot_env && atoi(hot_env) > 0) || (js && strstr(js, "\"hot_experts_auto\":true"))) &&
+        (!pct || !*pct);
+
+    free(js);
 
     if (!c)
         return;
@@ -561,7 +567,7 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
      * they registered from the executor: the same */
     int late_bound = late_env && strcmp(late_env, "1") == 0;
     int hot = hot_env && atoi(hot_env) > 0 && picks_registered;
-    int late = late_bound || hot;
+    int in_place = late_bound || hot; /* the host experts are never staged */
     size_t graph_wrong = 0, replays = 0;
     uint64_t *gsums = NULL;
     cudaStream_t gs = NULL;
@@ -574,7 +580,7 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
      * the consumer thread may learn the step later: on until a launch
      * read a slot (at most STREAM_STEPS_MAX), then the copy, then 6 more */
     for (step = 0; step < STREAM_STEPS_MAX && (changed_at < 0 || step < changed_at + 6); step++) {
-        if (changed_at < 0 && ((step >= STREAM_STEPS - 6 && (moved_host > 0 || late)) ||
+        if (changed_at < 0 && ((step >= STREAM_STEPS - 6 && (moved_host > 0 || in_place)) ||
                                step == STREAM_STEPS_MAX - 6))
             changed_at = step;
         if (step == changed_at) {
@@ -632,7 +638,7 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     cudaStreamDestroy(gs);
     cudaFree(gsums);
     CHECK(written != 0, "--stream: the copy into a streamed weight was made");
-    if (late)
+    if (in_place)
         CHECK(moved_host == 0, "--stream: %s: host experts read in place (%zu moved)",
               late_bound ? "late bound" : "hot experts", moved_host);
     else
@@ -641,7 +647,7 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     CHECK(moved_dev == 0, "--stream: no launch on a device weight was moved (%zu)", moved_dev);
     char *js = stats();
     const char *st = js ? strstr(js, "\"stream\":{") : NULL;
-    if (late) {
+    if (in_place) {
         CHECK(st && field(st, "staged") == 0 && field(st, "redirected") == 0,
               "--stream: %s: nothing staged (%lld) or redirected (%lld)",
               late_bound ? "late bound" : "hot experts", st ? field(st, "staged") : -1,
