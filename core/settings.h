@@ -27,6 +27,8 @@ struct wo_settings {
     uint32_t scan_words;     /* WOFFLOAD_SCAN_WORDS: max 8-byte words scanned per launch */
     uint32_t ggml_picks;     /* WOFFLOAD_GGML_PICKS: read by the ggml hook (ggml/woffload-ggml.c) */
     uint32_t ggml_stream;    /* WOFFLOAD_GGML_STREAM: read by the ggml hook */
+    uint32_t ggml_picks_from; /* WOFFLOAD_GGML_PICKS_FROM: read by the ggml hook */
+    uint32_t picks_engine;   /* WOFFLOAD_PICKS_ENGINE: percent picked from which copies use the copy engine */
     uint32_t managed_margin_mib; /* WOFFLOAD_MANAGED_MARGIN */
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */

@@ -305,6 +305,21 @@ static bool hot_experts_asked(void)
     return r;
 }
 
+/* Whether the shim placed an expert tensor off the device (host or
+ * managed), by the stats' names. */
+static bool experts_off_device(void)
+{
+    static const char key[] = "_exps.weight\",\"placement\":\"";
+    char *buf = stats_json();
+    bool r = false;
+
+    for (const char *p = buf; p && !r && (p = strstr(p, key)); p += sizeof(key) - 1)
+        r = strncmp(p + sizeof(key) - 1, "host\"", 5) == 0 ||
+            strncmp(p + sizeof(key) - 1, "managed\"", 8) == 0;
+    free(buf);
+    return r;
+}
+
 static struct candidate *find(ggml_backend_buffer_t buf)
 {
     for (size_t i = 0; i < ncands; i++)
@@ -360,6 +375,12 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * decode 2-3% slower: docs/llamacpp.md, "Picked experts"). E comes
  * from the node ffn_moe_probs-L (E columns, a row a token).
  *
+ * From WOFFLOAD_GGML_PICKS_FROM percent (50 by default) up to
+ * WOFFLOAD_GGML_STREAM a layer is registered as well: the shim then copies
+ * the picked experts' runs on the copy engine (WOFFLOAD_PICKS_ENGINE, uvm/
+ * picks-dma.h) at 55 GB/s, where MUL_MAT_ID reads them at 50-51: the way
+ * llama.cpp's own -ot moves them at a batch of 32, without its host sync.
+ *
  * The same share says when a whole copy pays: read in place, MUL_MAT_ID
  * fetches the picked experts at 50-51 GB/s; the copy engine moves the whole
  * tensor at 55. So a layer not registered for picks whose share is below
@@ -382,6 +403,7 @@ static struct expert_tensor *experts; /* under lock while loading; read-only onc
 static size_t nexperts, cap_experts;
 static int picks_pct = -1;  /* WOFFLOAD_GGML_PICKS */
 static int stream_pct = -1; /* WOFFLOAD_GGML_STREAM */
+static int from_pct = -1;   /* WOFFLOAD_GGML_PICKS_FROM */
 static struct {
     unsigned long long computes, registered, too_many, layers, claimed, claims;
 } pbooks; /* atomics */
@@ -555,7 +577,10 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         for (long long r = 0; r < rows && share > 1e-6; r++)
             share *= 1.0 - (double)k / (double)e;
         share = 1.0 - share; /* the share of the experts a uniform router picks */
-        if (real.picks_rows && picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) {
+        if (real.picks_rows &&
+            ((picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) ||
+             (from_pct > 0 && share * 100.0 >= from_pct - 1e-9 &&
+              !(stream_pct > 0 && share * 100.0 >= stream_pct - 1e-9)))) {
             layers++;
             for (size_t x = 0; x < nexperts && nr < MAX_PICKED; x++) {
                 const struct expert_tensor *et = &experts[x];
@@ -603,9 +628,17 @@ static bool picks_wanted(void)
                                      naming && real.picks_rows && hot_experts_asked() ? 100 : 0),
                          __ATOMIC_RELAXED);
     }
+    /* once sealed: only with an expert tensor off the device (the walk of
+     * each compute's graph is a cost an all-device model must not pay) */
+    if (__atomic_load_n(&from_pct, __ATOMIC_RELAXED) < 0 && naming && real.picks_rows &&
+        phase_now() == PH_SEALED)
+        __atomic_store_n(&from_pct,
+                         experts_off_device() ? pct_setting("WOFFLOAD_GGML_PICKS_FROM", 50) : 0,
+                         __ATOMIC_RELAXED);
     return naming && real.graph_n_nodes && real.graph_node && real.nelements && real.nrows &&
            real.is_contiguous && real.element_size && nexperts && phase_now() == PH_SEALED &&
-           ((real.picks_rows && picks_pct > 0) || (real.read_in_place && stream_pct > 0));
+           ((real.picks_rows && (picks_pct > 0 || from_pct > 0)) ||
+            (real.read_in_place && stream_pct > 0));
 }
 
 /* The compute, with the picks registered around it. Each thread keeps its
@@ -627,7 +660,7 @@ static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_s
     size_t nr;
 
     if (!graph || inside || !picks_wanted() ||
-        (!(real.picks_rows && picks_pct > 0) && !claims_pay()))
+        (!(real.picks_rows && (picks_pct > 0 || from_pct > 0)) && !claims_pay()))
         return fn(sched, graph);
     if (!sc && !(sc = calloc(1, sizeof(*sc))))
         return fn(sched, graph);

@@ -286,7 +286,9 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuGraphMemFreeNodeGetParams)                                                                 \
     Y(cuMemsetD8Async)                                                                             \
     Y(cuMemsetD16Async)                                                                            \
-    Y(cuMemsetD32Async)
+    Y(cuMemsetD32Async)                                                                            \
+    Y(cuStreamWaitValue32_v2)                                                                      \
+    Y(cuStreamWriteValue32_v2)
 
 /* The real driver table: filled once from the driver library. */
 struct wo_real {

@@ -720,6 +720,22 @@ static int child(void)
         CHECK(copied > 0 && copied * 3 < whole); /* <= 4 of 16 rows a copy */
         CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") > 0);
     }
+    /* WOFFLOAD_PICKS_ENGINE=1: the host policy's copies went to the copy
+     * engine (pinned memory, no mirror needed), the managed one's to the
+     * kernels; with faults injected some fell back, and every read above
+     * was exact all the same */
+    if (getenv("WO_PICKS_TEST_ENGINE")) {
+        long long copies = json_num(js, "\"engine\":{", "\"copies\":");
+        long long runs = json_num(js, "\"engine\":{", "\"runs\":");
+
+        fprintf(stderr, "engine: copies %lld, runs %lld\n", copies, runs);
+        if (strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
+            CHECK(copies > 0 && runs >= copies &&
+                  json_num(js, "\"engine\":{", "\"bytes\":") > 0 &&
+                  json_num(js, "\"engine\":{", "\"mirrors\":") == 0);
+        else
+            CHECK(copies == 0);
+    }
     CHECK(json_num(js, "model.layers.0.mlp.experts.down_proj\":", "\"experts\":") == E);
     /* per tensor: the bytes moved a registration (a layer's step), and
      * the launches that found it wholly resident, within the total */
@@ -807,6 +823,9 @@ int main(int argc, char **argv)
                 setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
+            if (i <= 1 && getenv("WOFFLOAD_PICKS_ENGINE") &&
+                strcmp(getenv("WOFFLOAD_PICKS_ENGINE"), "0") != 0)
+                setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);
             if (i == HOT || i == HOT_AUTO) {
                 setenv("WO_PICKS_TEST_HOT", i == HOT ? "1" : "auto", 1);
                 /* a small device for its out-of-memory check, room beyond

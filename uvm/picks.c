@@ -14,6 +14,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "uvm/internal.h"
+#include "uvm/picks-dma.h"
 #include "uvm/picks-hot.h"
 #include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
@@ -22,10 +23,6 @@ uint8_t wo_picks_ids[WO_STREAM_IDS];
 int wo_picks_any;
 
 #define BUF_ALIGN (2ull << 20)
-#define MARK_THREADS 256u
-#define COPY_THREADS 256u
-#define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
-#define CHUNKS_MAX 32u
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
 #define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
 
@@ -36,6 +33,8 @@ struct span {
     uint32_t rid, rgen; /* its registry range */
     unsigned n_experts;
     bool offdev;         /* host or managed: staged; on the device: left alone */
+    uint8_t source;      /* what the copy engine may copy from: SRC_* */
+    uint32_t wseq;       /* writes into it (a pinned mirror holds one count's bytes) */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
     uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
     bool sticky;              /* claimed from its first registration on (wo_picks_claims) */
@@ -48,6 +47,11 @@ struct span {
     struct wo_picks_hot *hot; /* its hot experts on the device (WOFFLOAD_PICKS_HOT), NULL none */
     bool hot_tried;           /* no hot set for it (no room, or a driver failure) */
 };
+
+/* The copy engine's source for a span (uvm/picks-dma.h): none (managed
+ * placement, the prefetcher's; late bound), the tensor itself (pinned host
+ * memory), or a pinned mirror of it (managed memory advised to the host). */
+enum { SRC_NONE, SRC_PINNED, SRC_MIRROR };
 
 struct buf {
     CUdeviceptr dev;
@@ -75,6 +79,7 @@ static struct {
     CUdeviceptr marks; /* u32 [WO_PICKS_STREAMS * WO_PICKS_BUFS][WO_PICKS_EXPERTS] */
     CUdeviceptr rows;  /* u64 [2][WO_PICKS_SPANS]: rows copied, by span; of them from hot sets */
     uint64_t *rows_host; /* the same, as last read back */
+    uint64_t dma_rows[WO_PICKS_SPANS]; /* rows the copy engine copied, by span (atomic) */
     CUstream side; /* reads rows back, no engine stream waits on it */
     uint64_t last_refresh_ns;
     uint64_t tick;
@@ -111,12 +116,13 @@ static const char *err_name(CUresult r)
 
 /* The tag's name at addr and whether its bytes are off the device, from
  * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside). */
-static char *describe(uint64_t addr, bool *offdev)
+static char *describe(uint64_t addr, bool *offdev, uint8_t *source)
 {
     struct wo_alloc *a;
     char *name = NULL;
 
     *offdev = false;
+    *source = SRC_NONE;
     pthread_mutex_lock(&wo_uvm.lock);
     a = wo_alloc_find_addr(addr);
     if (a) {
@@ -135,6 +141,9 @@ static char *describe(uint64_t addr, bool *offdev)
         *offdev =
             a->kind == WO_KIND_PINNED ||
             (a->kind != WO_KIND_OBSERVED && (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
+        *source = a->kind == WO_KIND_PINNED                                ? SRC_PINNED
+                  : a->kind == WO_KIND_MANAGED && place == WO_PLACE_HOST ? SRC_MIRROR
+                                                                         : SRC_NONE;
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     return name;
@@ -163,6 +172,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     struct wo_range rg;
     struct span *s;
     bool offdev = false;
+    uint8_t source = SRC_NONE;
     char *name = NULL;
     int i, r = 0;
 
@@ -192,7 +202,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     pthread_mutex_unlock(&pk.lock);
     /* a new tensor, or new memory at the same address: learn it (outside
      * the picks lock: describe takes uvm/'s) */
-    name = describe(experts, &offdev);
+    name = describe(experts, &offdev, &source);
     pthread_mutex_lock(&pk.lock);
     if (!pk.s && !(pk.s = calloc(WO_PICKS_SPANS, sizeof(*pk.s)))) {
         r = -ENOMEM;
@@ -217,6 +227,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .rgen = rg.gen,
                        .n_experts = n_experts,
                        .offdev = offdev,
+                       .source = source,
+                       .wseq = s->wseq + 1,
                        .ids = ids,
                        .n_ids = ids ? n_ids : 0,
                        .per_row = per_row,
@@ -229,6 +241,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .regs = ids != 0};
     name = NULL;
     pk.regs += ids != 0;
+    __atomic_store_n(&pk.dma_rows[i], 0, __ATOMIC_RELAXED);
     /* the buffers that held the old tensor's rows hold nothing now */
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
         for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
@@ -255,6 +268,7 @@ void wo_picks_note_write(uint64_t dst, uint64_t bytes)
     for (unsigned i = 0; i < pk.n; i++)
         if (dst < pk.s[i].hi && dst + bytes > pk.s[i].lo) {
             pk.s[i].seq++;
+            pk.s[i].wseq++;
             pk.writes++;
             if (pk.s[i].hot)
                 wo_hot_invalidate(pk.s[i].hot);
@@ -439,30 +453,6 @@ static void refresh(const struct wo_driver *d)
                                pk.side);
 }
 
-/* Enqueues the mark and the copy of span i's picked rows into b on the
- * stream. */
-CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction copy,
-                         CUstream st, const struct wo_picks_copy *c)
-{
-    CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
-    CUdeviceptr where = c->where, cache = c->cache, counts = c->counts, hits = c->hits;
-    unsigned long long n = c->n_ids, row = c->row;
-    unsigned long long per_row = c->per_row ? c->per_row : n, stride = c->per_row ? c->stride : n;
-    unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
-    void *margs[] = {&ids, &n, &per_row, &stride, &width, &ne, &marks, &gen};
-    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows, &where, &cache, &counts, &hits};
-    CUresult res;
-
-    if (!n || !ne || !row)
-        return CUDA_ERROR_INVALID_VALUE;
-    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
-    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
-    res = d->cuLaunchKernel(mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL);
-    if (res == CUDA_SUCCESS)
-        res = d->cuLaunchKernel(copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL);
-    return res;
-}
-
 /* Span i's hot set, made on stream t when wo_picks_hot_total() asks and it
  * registered often enough to have counts: an equal share of what is left
  * among the tensors off the device that have none yet. */
@@ -502,6 +492,27 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
              s->n_experts, s->name ? s->name : "(unnamed)", (unsigned long long)(bytes >> 20));
 }
 
+/* Whether span i's copy goes to the copy engine: its source can be read
+ * there, no hot set (the kernel takes the hot rows from the device), and a
+ * uniform router picks at least WOFFLOAD_PICKS_ENGINE percent of its
+ * experts at the registration's ids (below it the run of copies, each a
+ * few experts, and the wait for the ids cost more than the kernel's slower
+ * reads: bench/results, picked-copy). */
+static bool engine_wanted(const struct span *s)
+{
+    unsigned pct = wo_settings()->picks_engine;
+    uint64_t n = s->per_row ? s->n_ids / s->per_row : s->n_ids;
+    double p = s->per_row && s->per_row <= s->n_experts ? (double)s->per_row / s->n_experts
+                                                        : 1.0 / s->n_experts;
+    double miss = 1.0;
+
+    if (!pct || s->hot || s->source == SRC_NONE || !s->n_experts)
+        return false;
+    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
+        miss *= 1.0 - p;
+    return (1.0 - miss) * 100.0 >= pct - 1e-9;
+}
+
 static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
 {
     struct span *s = &pk.s[i];
@@ -531,6 +542,26 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
                 "from host memory",
                 s->name ? s->name : "(unnamed)");
         retire(s);
+    }
+    if (engine_wanted(s)) {
+        struct wo_dma_job j = {.ids = s->ids,
+                               .n_ids = s->n_ids,
+                               .per_row = s->per_row,
+                               .stride = s->stride,
+                               .width = s->width,
+                               .n_experts = s->n_experts,
+                               .dst = b->dev,
+                               .row = s->row,
+                               .kernel = c,
+                               .rows = &pk.dma_rows[i]};
+        if (wo_dma_enqueue(d, pk.ctx, (unsigned)(t - pk.st), (CUstream)(uintptr_t)t->stream, &j,
+                           (unsigned)i, s->hi - s->lo, s->wseq, s->source == SRC_PINNED, pk.mark,
+                           pk.copy)) {
+            b->gen = gen;
+            b->span = i;
+            b->seq = s->seq;
+            return true;
+        }
     }
     if (wo_picks_launch(d, pk.mark, pk.copy, (CUstream)(uintptr_t)t->stream, &c) !=
         CUDA_SUCCESS) {
@@ -703,7 +734,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->hot_fills = pk.fills_gone;
     for (unsigned i = 0; i < pk.n; i++) {
         const struct span *s = &pk.s[i];
-        uint64_t rows = pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0;
+        uint64_t rows = (pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0) +
+                        __atomic_load_n(&pk.dma_rows[i], __ATOMIC_RELAXED);
         uint64_t hot_rows =
             pk.rows_host ? __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED) : 0;
         struct wo_hot_figs hf;
@@ -736,103 +768,6 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
             fn(ud, &f);
     }
     pthread_mutex_unlock(&pk.lock);
-}
-
-/* The per-tensor figures of the exit summary's spread line: the bytes moved
- * a registration (a layer's step), the share of experts a copy moved, the
- * share of launches that found the tensor resident. */
-struct spread {
-    struct tfig {
-        const char *name;
-        uint64_t per_reg;
-        double picked, resident;
-        double hot; /* of its rows, those from its hot experts; < 0: no hot set */
-    } *v;
-    unsigned n, cap;
-};
-
-static void spread_add(void *ud, const struct wo_picks_figs *f)
-{
-    struct spread *sp = ud;
-
-    if (!f->k.regs || sp->n == sp->cap)
-        return;
-    sp->v[sp->n++] =
-        (struct tfig){f->name, wo_trace_pick_per_reg(&f->k), wo_trace_pick_picked(&f->k),
-                      wo_trace_pick_resident(&f->k),
-                      f->hot_slots || f->k.hot_rows ? wo_trace_pick_hot_rate(&f->k) : -1};
-}
-
-static int by_per_reg(const void *a, const void *b)
-{
-    uint64_t x = ((const struct tfig *)a)->per_reg, y = ((const struct tfig *)b)->per_reg;
-    return x < y ? -1 : x > y;
-}
-
-/* The exit summary: the totals, then one line over the tensors with
- * picks (a layer's gate/up and down each one): the bytes a step moved,
- * least, median and most, with the names of the extremes, and the ranges
- * of the picked and resident shares; with hot experts, a line of their
- * share of the rows, in all and by tensor. The stats' picks.names has every
- * tensor's figures. One pass over the spans for both. */
-void wo_picks_summary(void)
-{
-    static struct tfig v[WO_PICKS_SPANS]; /* at exit, once */
-    struct spread sp = {v, 0, WO_PICKS_SPANS};
-    struct wo_picks_totals t;
-    double pmin = 1, pmax = 0, rmin = 1, rmax = 0;
-
-    wo_picks_report(&t, spread_add, &sp);
-    if (!t.staged && !t.reused)
-        return;
-    wo_log_write(WO_LOG_OFF,
-                 "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
-                 " launches reused one) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
-                 "have (rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
-                 " captured, %" PRIu64 " for a failure",
-                 t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
-                 t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
-                 (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
-    if (t.hot_bytes || t.hot_rows || t.hot_given_back) {
-        double hmin = 1, hmax = 0;
-        unsigned with = 0;
-        char gb[96] = "";
-
-        for (unsigned i = 0; i < sp.n; i++)
-            if (sp.v[i].hot >= 0) {
-                hmin = WO_MIN(hmin, sp.v[i].hot);
-                hmax = WO_MAX(hmax, sp.v[i].hot);
-                with++;
-            }
-        if (t.hot_given_back)
-            snprintf(gb, sizeof(gb),
-                     "; %.1f MiB given back when the engine ran out of device memory",
-                     (double)t.hot_given_back / (1 << 20));
-        wo_log_write(WO_LOG_OFF,
-                     "picks: hot experts: %.1f MiB on the device; %.0f%% of the rows copied came "
-                     "from them, not over the link (%u tensors, %.0f-%.0f%% each); %" PRIu64
-                     " rows copied into them%s",
-                     (double)t.hot_bytes / (1 << 20),
-                     t.rows ? 100.0 * (double)t.hot_rows / (double)t.rows : 0.0, with,
-                     with ? 100 * hmin : 0.0, with ? 100 * hmax : 0.0, t.hot_fills, gb);
-    }
-    if (sp.n < 2)
-        return;
-    qsort(sp.v, sp.n, sizeof(*sp.v), by_per_reg);
-    for (unsigned i = 0; i < sp.n; i++) {
-        pmin = WO_MIN(pmin, sp.v[i].picked);
-        pmax = WO_MAX(pmax, sp.v[i].picked);
-        rmin = WO_MIN(rmin, sp.v[i].resident);
-        rmax = WO_MAX(rmax, sp.v[i].resident);
-    }
-    wo_log_write(WO_LOG_OFF,
-                 "picks: by tensor, moved a step: least %.1f MB (%s), median %.1f MB, most "
-                 "%.1f MB (%s); experts picked a copy %.0f-%.0f%%; launches on resident "
-                 "tensors %.0f-%.0f%%",
-                 (double)sp.v[0].per_reg / 1e6, sp.v[0].name ? sp.v[0].name : "(unnamed)",
-                 (double)sp.v[sp.n / 2].per_reg / 1e6, (double)sp.v[sp.n - 1].per_reg / 1e6,
-                 sp.v[sp.n - 1].name ? sp.v[sp.n - 1].name : "(unnamed)", 100 * pmin, 100 * pmax,
-                 100 * rmin, 100 * rmax);
 }
 
 /* Frees hot set h (its streams synchronised), counted as given back. */
@@ -910,6 +845,8 @@ uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *
 
 void wo_picks_free(const struct wo_driver *d)
 {
+    /* first: no engine stream may wait for a copy that never comes */
+    wo_dma_stop(d);
     pthread_mutex_lock(&pk.lock);
     if (d && pk.ready) {
         for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
@@ -956,6 +893,8 @@ void wo_picks_reset(void)
     pk.s = NULL;
     pk.n = 0;
     memset(pk.st, 0, sizeof(pk.st));
+    memset(pk.dma_rows, 0, sizeof(pk.dma_rows));
+    wo_dma_reset();
     pk.ctx = NULL;
     pk.mod = NULL;
     pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = false;

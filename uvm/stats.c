@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "core/settings.h"
 #include "uvm/picks-hot.h"
+#include "uvm/picks-dma.h"
 #include "uvm/picks.h"
 #include "uvm/prefetch.h"
 #include "uvm/stream-pin.h"
@@ -330,7 +331,7 @@ static void json_body(struct sbuf *b)
               wo_uvm.bind.moved_bytes, wo_uvm.bind.failures);
     {
         struct wo_picks_totals pt;
-
+        struct wo_dma_figs df;
         uint64_t hot = wo_picks_hot_total();
 
         /* auto before the first set: 0 bytes yet, hot_experts_auto says it */
@@ -347,10 +348,19 @@ static void json_body(struct sbuf *b)
                   ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
                   ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"resident\":%" PRIu64
                   ",\"buffer_bytes\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 ",\"hot_rows\":%" PRIu64
-                  ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64 "}",
+                  ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64,
                   pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied, pt.whole_bytes,
                   pt.captured, pt.failed, pt.unused, pt.writes, pt.resident, pt.buffer_bytes,
                   pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back);
+        /* the copies on the copy engine (uvm/picks-dma.h) */
+        wo_dma_figs(&df);
+        sb_printf(b,
+                  ",\"engine\":{\"from_percent\":%u,\"copies\":%" PRIu64 ",\"runs\":%" PRIu64
+                  ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"no_slot\":%" PRIu64
+                  ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
+                  ",\"mirrors_failed\":%" PRIu64 "}}",
+                  wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.no_slot,
+                  df.mirrors, df.mirror_bytes, df.mirror_failed);
     }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64

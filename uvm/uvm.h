@@ -83,6 +83,12 @@ struct wo_driver {
      * a context, NULL the current one; older drivers: without) */
     CUresult (*cuCtxSynchronize_v2)(CUcontext ctx);
     CUresult (*cuCtxSynchronize)(void);
+    /* stream memory operations: the picked copies on the copy engine
+     * (uvm/picks-dma.c) */
+    CUresult (*cuStreamWaitValue32_v2)(CUstream s, CUdeviceptr addr, cuuint32_t value,
+                                       unsigned int flags);
+    CUresult (*cuStreamWriteValue32_v2)(CUstream s, CUdeviceptr addr, cuuint32_t value,
+                                        unsigned int flags);
 };
 
 /* Every member of struct wo_driver, in order: the one list that fills it
@@ -100,7 +106,8 @@ struct wo_driver {
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \
     X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess)         \
-    X(cuMemGetAllocationGranularity) X(cuCtxSynchronize_v2) X(cuCtxSynchronize)
+    X(cuMemGetAllocationGranularity) X(cuCtxSynchronize_v2) X(cuCtxSynchronize)    \
+    X(cuStreamWaitValue32_v2) X(cuStreamWriteValue32_v2)
 
 /* Fills every member with lookup(ud, ABI name) (NULL where it returns NULL).
  * Returns the number of members left NULL. */

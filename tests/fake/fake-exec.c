@@ -9,8 +9,10 @@
  * copied by value, as the driver does), and a graph launch replays it. */
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake-priv.h"
 
@@ -903,6 +905,74 @@ FK_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
     if (flags & ~(unsigned)CU_EVENT_RECORD_EXTERNAL)
         return CUDA_ERROR_INVALID_VALUE;
     return event_record(hEvent, hStream, true);
+}
+
+/* Stream memory operations (32-bit). Work runs when enqueued, so a wait
+ * blocks its caller until the word holds what it waits for (another thread
+ * writes it, as a GPU stream would wait in order); one never satisfied in
+ * WOFAKE_WAIT_MS (default 10000) fails with CUDA_ERROR_LAUNCH_TIMEOUT: on a
+ * GPU the stream would hang, here the test fails instead. Inside a capture
+ * they are not supported (the shim never captures them). No fake lock is
+ * held while waiting. */
+static CUresult mem_op_begin(CUstream s, CUdeviceptr addr, unsigned flags, unsigned known)
+{
+    struct fk_capture *cap;
+    CUresult r;
+
+    if (!addr || addr % 4 || (flags & ~known))
+        return CUDA_ERROR_INVALID_VALUE;
+    r = fk_stream_begin_op(s, false, &cap);
+    if (r == CUDA_SUCCESS && cap)
+        r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    return r;
+}
+
+static bool wait_met(uint32_t have, uint32_t want, unsigned how)
+{
+    switch (how) {
+    case CU_STREAM_WAIT_VALUE_GEQ:
+        return (int32_t)(have - want) >= 0;
+    case CU_STREAM_WAIT_VALUE_EQ:
+        return have == want;
+    case CU_STREAM_WAIT_VALUE_AND:
+        return (have & want) != 0;
+    default: /* NOR */
+        return ~(have | want) != 0;
+    }
+}
+
+FK_EXPORT CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                          unsigned int flags)
+{
+    FK_ENTER(cuStreamWaitValue32_v2);
+    CUresult r = mem_op_begin(stream, addr, flags, 3u | CU_STREAM_WAIT_VALUE_FLUSH);
+    if (r != CUDA_SUCCESS)
+        return r;
+    const char *env = getenv("WOFAKE_WAIT_MS");
+    uint64_t limit = (env && *env ? strtoull(env, NULL, 10) : 10000) * 1000000ull;
+    uint64_t t0 = fk_now_ns();
+    const volatile uint32_t *w = (const volatile uint32_t *)(uintptr_t)addr;
+    while (!wait_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u)) {
+        if (fk_now_ns() - t0 > limit) {
+            fprintf(stderr, "fakecuda: cuStreamWaitValue32 on %#llx for %u never met (holds %u): "
+                            "a GPU stream would hang here\n",
+                    (unsigned long long)addr, value, *w);
+            return CUDA_ERROR_LAUNCH_TIMEOUT;
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
+                                           unsigned int flags)
+{
+    FK_ENTER(cuStreamWriteValue32_v2);
+    CUresult r = mem_op_begin(stream, addr, flags, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
+    if (r == CUDA_SUCCESS)
+        __atomic_store_n((uint32_t *)(uintptr_t)addr, value, __ATOMIC_RELEASE);
+    return r;
 }
 
 /* Work completes when enqueued, so only a record inside a live capture is

@@ -75,6 +75,8 @@
     X(cuMemcpy, C)                                                                                 \
     X(cuMemcpy_ptds, C)                                                                            \
     X(cuMemcpyAsync, C)                                                                            \
+    X(cuStreamWaitValue32_v2, C)                                                                   \
+    X(cuStreamWriteValue32_v2, C)                                                                  \
     X(cuMemcpyAsync_ptsz, C)                                                                       \
     X(cuMemcpyHtoD_v2, C)                                                                          \
     X(cuMemcpyHtoD_v2_ptds, C)                                                                     \

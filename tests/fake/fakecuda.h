@@ -31,6 +31,8 @@
  *                      newer than the version asked for)
  *                      with CUDA_SUCCESS and *pfn = NULL, as the real
  *                      driver 580 does (measured); default: CUDA_ERROR_NOT_FOUND
+ *   WOFAKE_WAIT_MS     how long cuStreamWaitValue32 blocks its caller for a
+ *                      value never written before it fails (default 10000)
  *   WOFAKE_FORK_OK=1   a forked child may keep using the parent's state
  *                      (default: in the child of an initialised parent every
  *                      call, cuInit included, fails CUDA_ERROR_NOT_INITIALIZED)

@@ -1,0 +1,489 @@
+/* uvm/picks-dma.c: picked copies on the copy engine (uvm/picks-dma.h). */
+#include "uvm/picks-dma.h"
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
+
+#include "core/log.h"
+#include "core/macro.h"
+#include "uvm/internal.h"
+#include "uvm/stream-pin.h"
+#include "uvm/uvm.h"
+
+#define SLOTS 16u
+#define IDS_MAX (128u << 10) /* ids bytes a job may have (a batch of 256 rows of 128) */
+#define POLL_NS 4000l        /* the copy thread's sleep between two looks at the events */
+#define DRAIN_NS (5ull * 1000000000ull)
+#define HOST_WAIT_NS (10ull * 1000000000ull)
+#define MARK_THREADS 256u
+#define COPY_THREADS 256u
+#define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
+#define CHUNKS_MAX 32u
+
+enum { S_FREE, S_FILLING, S_QUEUED, S_BUSY };
+
+struct slot {
+    int state;
+    uint64_t order;
+    CUevent ev;
+    void *ids; /* pinned, IDS_MAX */
+    unsigned ix;
+    uint32_t seq;
+    struct wo_dma_job j;
+};
+
+enum { M_NONE, M_QUEUED, M_READY, M_FAILED };
+
+struct mirror {
+    int state;
+    void *host;
+    uint64_t lo, bytes;
+    uint32_t wseq, want; /* the writes count it copies / the span's now */
+};
+
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cv, mcv;
+    const struct wo_driver *d;
+    CUcontext ctx;
+    CUstream copy;
+    CUfunction mark, kcopy;
+    uint32_t *flags; /* pinned: one per engine stream index */
+    CUdeviceptr flags_dev;
+    uint32_t seq[WO_PICKS_STREAMS];
+    struct slot s[SLOTS];
+    unsigned queued;
+    uint64_t order;
+    bool started, broken, stop, th_on, mth_on, said_on;
+    pthread_t th, mth;
+    struct mirror *m; /* [WO_PICKS_SPANS] */
+    unsigned mq[WO_PICKS_SPANS], mhead, mtail;
+    struct wo_dma_figs f;
+} dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
+        .cv = PTHREAD_COND_INITIALIZER,
+        .mcv = PTHREAD_COND_INITIALIZER};
+
+static uint64_t now_ns(void)
+{
+    struct timespec t;
+
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static bool reached(uint32_t have, uint32_t want)
+{
+    return (int32_t)(have - want) >= 0;
+}
+
+/* The kernels' picked copy (uvm/picks-copy.h). */
+CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction copy,
+                         CUstream st, const struct wo_picks_copy *c)
+{
+    CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
+    CUdeviceptr where = c->where, cache = c->cache, counts = c->counts, hits = c->hits;
+    unsigned long long n = c->n_ids, row = c->row;
+    unsigned long long per_row = c->per_row ? c->per_row : n, stride = c->per_row ? c->stride : n;
+    unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
+    void *margs[] = {&ids, &n, &per_row, &stride, &width, &ne, &marks, &gen};
+    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows, &where, &cache, &counts, &hits};
+    CUresult res;
+
+    if (!n || !ne || !row)
+        return CUDA_ERROR_INVALID_VALUE;
+    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
+    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
+    res = d->cuLaunchKernel(mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL);
+    if (res == CUDA_SUCCESS)
+        res = d->cuLaunchKernel(copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL);
+    return res;
+}
+
+/* ---- the copy thread ------------------------------------------------------- */
+
+/* The flag of stream ix at seq from the host, after the copy stream's
+ * writes (an earlier job's must not land after it). */
+static void host_flag(unsigned ix, uint32_t seq)
+{
+    uint32_t have = __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE);
+
+    (void)dm.d->cuStreamSynchronize(dm.copy);
+    if (!reached(have, seq))
+        __atomic_store_n(&dm.flags[ix], seq, __ATOMIC_RELEASE);
+}
+
+/* One job whose ids are there (ok) or can never be read (!ok: a driver
+ * failure, or shutdown past its drain time): the copies, then the flag. */
+static void serve(struct slot *sl, bool ok)
+{
+    const struct wo_driver *d = dm.d;
+    const struct wo_dma_job *j = &sl->j;
+    uint64_t runs = 0, rows = 0;
+    bool done = false, kernel = false;
+
+    if (ok) {
+        uint8_t pick[WO_PICKS_EXPERTS];
+
+        memset(pick, 0, j->n_experts);
+        for (uint64_t k = 0; k < j->n_ids; k++) {
+            uint64_t at = j->per_row ? k / j->per_row * j->stride + k % j->per_row : k;
+            int64_t e = j->width == 8 ? ((const int64_t *)sl->ids)[at]
+                                      : (int64_t)((const int32_t *)sl->ids)[at];
+            if (e >= 0 && e < (int64_t)j->n_experts)
+                pick[e] = 1;
+        }
+        done = true;
+        for (unsigned e = 0; e < j->n_experts && done;) {
+            unsigned first;
+
+            if (!pick[e]) {
+                e++;
+                continue;
+            }
+            for (first = e; e < j->n_experts && pick[e]; e++)
+                ;
+            done = d->cuMemcpyAsync(j->dst + first * j->row, j->src + first * j->row,
+                                    (e - first) * j->row, dm.copy) == CUDA_SUCCESS;
+            runs += done;
+            rows += done ? e - first : 0;
+        }
+        /* the kernels read the ids on the device, still there: the launch
+         * has not run */
+        if (!done && dm.mark)
+            done = kernel = wo_picks_launch(d, dm.mark, dm.kcopy, dm.copy, &j->kernel) ==
+                            CUDA_SUCCESS;
+    }
+    if (d->cuStreamWriteValue32_v2(dm.copy, dm.flags_dev + sl->ix * sizeof(uint32_t), sl->seq,
+                                   0) != CUDA_SUCCESS)
+        host_flag(sl->ix, sl->seq);
+    if (!kernel && j->rows)
+        __atomic_add_fetch(j->rows, rows, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&dm.lock);
+    if (!done) {
+        wo_warn("picks: a picked copy on the copy engine failed, and the kernels could not copy "
+                "it either: a launch may read rows never copied (the driver refused; every later "
+                "copy uses the kernels)");
+        dm.broken = true;
+    }
+    dm.f.jobs += !kernel && done;
+    dm.f.kernel += kernel;
+    dm.f.runs += runs;
+    dm.f.bytes += rows * j->row;
+    sl->state = S_FREE;
+    dm.queued--;
+    pthread_mutex_unlock(&dm.lock);
+}
+
+static void *worker(void *arg)
+{
+    uint64_t drain_end = 0;
+
+    (void)arg;
+    (void)prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
+    (void)dm.d->cuCtxSetCurrent(dm.ctx);
+    for (;;) {
+        unsigned idx[SLOTS], n = 0;
+        bool any = false, stop;
+
+        pthread_mutex_lock(&dm.lock);
+        while (!dm.queued && !dm.stop)
+            pthread_cond_wait(&dm.cv, &dm.lock);
+        stop = dm.stop;
+        if (!dm.queued) {
+            pthread_mutex_unlock(&dm.lock);
+            break;
+        }
+        for (unsigned k = 0; k < SLOTS; k++)
+            if (dm.s[k].state == S_QUEUED) {
+                unsigned at = n++;
+                /* in the order they were queued: a stream's flag rises in order */
+                while (at && dm.s[idx[at - 1]].order > dm.s[k].order) {
+                    idx[at] = idx[at - 1];
+                    at--;
+                }
+                idx[at] = k;
+            }
+        for (unsigned k = 0; k < n; k++)
+            dm.s[idx[k]].state = S_BUSY;
+        pthread_mutex_unlock(&dm.lock);
+        if (stop && !drain_end)
+            drain_end = now_ns() + DRAIN_NS;
+        for (unsigned k = 0; k < n; k++) {
+            struct slot *sl = &dm.s[idx[k]];
+            CUresult r = dm.d->cuEventQuery(sl->ev);
+
+            if (r == CUDA_ERROR_NOT_READY && !(drain_end && now_ns() > drain_end)) {
+                pthread_mutex_lock(&dm.lock);
+                sl->state = S_QUEUED;
+                pthread_mutex_unlock(&dm.lock);
+                continue;
+            }
+            serve(sl, r == CUDA_SUCCESS);
+            any = true;
+        }
+        if (!any) {
+            struct timespec ts = {0, POLL_NS};
+            nanosleep(&ts, NULL);
+        }
+    }
+    return NULL;
+}
+
+/* ---- mirrors --------------------------------------------------------------- */
+
+static uint64_t mem_room(void)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long v, avail = 0, total = 0;
+    char key[64];
+
+    if (!f)
+        return 0;
+    while (fscanf(f, "%63s %llu kB\n", key, &v) == 2) {
+        if (strcmp(key, "MemAvailable:") == 0)
+            avail = v << 10;
+        else if (strcmp(key, "MemTotal:") == 0)
+            total = v << 10;
+    }
+    fclose(f);
+    return wo_pin_auto_room(avail, total);
+}
+
+/* Makes the mirrors asked for, one at a time: pinned memory, then the
+ * tensor's bytes copied by the CPU (managed memory advised to the host
+ * lies there). A mirror replaced by a newer one is left to the process's
+ * end (a queued job may still copy from it). */
+static void *mirrorer(void *arg)
+{
+    (void)arg;
+    (void)dm.d->cuCtxSetCurrent(dm.ctx);
+    pthread_mutex_lock(&dm.lock);
+    for (;;) {
+        unsigned i;
+        struct mirror want;
+        void *h = NULL;
+        bool ok;
+
+        while (!dm.stop && dm.mhead == dm.mtail)
+            pthread_cond_wait(&dm.mcv, &dm.lock);
+        if (dm.stop)
+            break;
+        i = dm.mq[dm.mhead++ % WO_PICKS_SPANS];
+        want = dm.m[i];
+        pthread_mutex_unlock(&dm.lock);
+        ok = want.bytes <= mem_room() &&
+             dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+        if (ok)
+            memcpy(h, (const void *)(uintptr_t)want.lo, want.bytes);
+        pthread_mutex_lock(&dm.lock);
+        if (!ok) {
+            dm.m[i].state = M_FAILED;
+            if (!dm.f.mirror_failed++)
+                wo_info("picks: no pinned mirror of a %" PRIu64 " MiB expert tensor (host memory "
+                        "or the driver): its picked rows are copied by the kernels",
+                        want.bytes >> 20);
+        } else if (dm.m[i].want != want.wseq || dm.m[i].lo != want.lo) {
+            /* written (or new memory) while copied: again */
+            dm.m[i].state = M_NONE;
+            (void)dm.d->cuMemFreeHost(h);
+        } else {
+            dm.m[i].host = h;
+            dm.m[i].wseq = want.wseq;
+            dm.m[i].state = M_READY;
+            dm.f.mirrors++;
+            dm.f.mirror_bytes += want.bytes;
+        }
+    }
+    pthread_mutex_unlock(&dm.lock);
+    return NULL;
+}
+
+/* The copy engine's source for the job, or 0 (under dm.lock). */
+static CUdeviceptr source(const struct wo_dma_job *j, unsigned span, uint64_t bytes,
+                          uint32_t wseq, bool pinned)
+{
+    struct mirror *m = &dm.m[span];
+
+    if (pinned)
+        return j->kernel.src;
+    if (m->lo != j->kernel.src || m->bytes != bytes) {
+        /* another tensor's (its old mirror is left, see mirrorer) */
+        if (m->state == M_QUEUED)
+            return 0;
+        *m = (struct mirror){.state = M_NONE, .lo = j->kernel.src, .bytes = bytes};
+    }
+    m->want = wseq;
+    if (m->state == M_READY && m->wseq == wseq)
+        return (CUdeviceptr)(uintptr_t)m->host;
+    if (m->state == M_NONE || m->state == M_READY ||
+        (m->state == M_FAILED && m->wseq != wseq)) {
+        m->state = M_QUEUED;
+        m->wseq = wseq;
+        dm.mq[dm.mtail++ % WO_PICKS_SPANS] = span;
+        pthread_cond_signal(&dm.mcv);
+    }
+    return 0;
+}
+
+/* ---- the engine's side ----------------------------------------------------- */
+
+/* Under dm.lock, on an engine thread. False: the kernels copy. */
+static bool start(const struct wo_driver *d, CUcontext ctx, CUfunction mark, CUfunction copy)
+{
+    CUresult r;
+
+    if (dm.broken || dm.stop)
+        return false;
+    if (dm.started)
+        return ctx == dm.ctx;
+    if (!d->cuStreamWaitValue32_v2 || !d->cuStreamWriteValue32_v2 || !d->cuEventCreate ||
+        !d->cuEventRecord || !d->cuEventQuery || !d->cuMemHostAlloc ||
+        !d->cuMemHostGetDevicePointer_v2 || !d->cuStreamCreate || !d->cuCtxSetCurrent ||
+        !d->cuStreamSynchronize || !d->cuMemcpyAsync || !d->cuMemFreeHost) {
+        dm.broken = true;
+        wo_info("picks: the driver lacks stream memory operations: picked rows are copied by "
+                "the kernels");
+        return false;
+    }
+    dm.d = d;
+    dm.ctx = ctx;
+    dm.mark = mark;
+    dm.kcopy = copy;
+    r = d->cuMemHostAlloc((void **)&dm.flags, WO_PICKS_STREAMS * sizeof(uint32_t),
+                          CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
+    if (r == CUDA_SUCCESS) {
+        memset(dm.flags, 0, WO_PICKS_STREAMS * sizeof(uint32_t));
+        r = d->cuMemHostGetDevicePointer_v2(&dm.flags_dev, dm.flags, 0);
+    }
+    if (r == CUDA_SUCCESS)
+        r = d->cuStreamCreate(&dm.copy, CU_STREAM_NON_BLOCKING);
+    for (unsigned k = 0; k < SLOTS && r == CUDA_SUCCESS; k++) {
+        r = d->cuMemHostAlloc(&dm.s[k].ids, IDS_MAX, CU_MEMHOSTALLOC_PORTABLE);
+        if (r == CUDA_SUCCESS)
+            r = d->cuEventCreate(&dm.s[k].ev, CU_EVENT_DISABLE_TIMING);
+    }
+    if (r == CUDA_SUCCESS && !(dm.m = calloc(WO_PICKS_SPANS, sizeof(*dm.m))))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS) {
+        dm.th_on = pthread_create(&dm.th, NULL, worker, NULL) == 0;
+        dm.mth_on = dm.th_on && pthread_create(&dm.mth, NULL, mirrorer, NULL) == 0;
+    }
+    if (r != CUDA_SUCCESS || !dm.th_on) {
+        /* what was made stays (a few MiB of pinned memory) */
+        dm.broken = true;
+        wo_warn("picks: cannot set up picked copies on the copy engine (%d): picked rows are "
+                "copied by the kernels",
+                (int)r);
+        return false;
+    }
+    dm.started = true;
+    return true;
+}
+
+bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
+                    const struct wo_dma_job *jin, unsigned span, uint64_t bytes, uint32_t wseq,
+                    bool pinned, CUfunction mark, CUfunction copy)
+{
+    uint64_t extent, idb;
+    struct slot *sl = NULL;
+    struct wo_dma_job j = *jin;
+    uint32_t seq;
+
+    if (!j.n_ids || !j.width || j.n_experts > WO_PICKS_EXPERTS || ix >= WO_PICKS_STREAMS ||
+        span >= WO_PICKS_SPANS)
+        return false;
+    extent = j.per_row ? (j.n_ids / j.per_row - 1) * j.stride + j.per_row : j.n_ids;
+    idb = extent * j.width;
+    pthread_mutex_lock(&dm.lock);
+    if (!start(d, ctx, mark, copy) || !(j.src = source(&j, span, bytes, wseq, pinned))) {
+        pthread_mutex_unlock(&dm.lock);
+        return false;
+    }
+    for (unsigned k = 0; k < SLOTS && !sl && idb <= IDS_MAX; k++)
+        if (dm.s[k].state == S_FREE)
+            sl = &dm.s[k];
+    if (!sl) {
+        dm.f.no_slot++;
+        pthread_mutex_unlock(&dm.lock);
+        return false;
+    }
+    sl->state = S_FILLING;
+    pthread_mutex_unlock(&dm.lock);
+    if (d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)sl->ids, j.ids, idb, stream) != CUDA_SUCCESS ||
+        d->cuEventRecord(sl->ev, stream) != CUDA_SUCCESS) {
+        pthread_mutex_lock(&dm.lock);
+        sl->state = S_FREE;
+        pthread_mutex_unlock(&dm.lock);
+        return false;
+    }
+    pthread_mutex_lock(&dm.lock);
+    seq = ++dm.seq[ix];
+    sl->ix = ix;
+    sl->seq = seq;
+    sl->j = j;
+    sl->order = ++dm.order;
+    sl->state = S_QUEUED;
+    dm.queued++;
+    pthread_cond_signal(&dm.cv);
+    if (!dm.said_on) {
+        dm.said_on = true;
+        wo_info("picks: picked experts are copied on the copy engine (WOFFLOAD_PICKS_ENGINE)");
+    }
+    pthread_mutex_unlock(&dm.lock);
+    /* queued before the wait: on the fake driver a wait blocks its caller */
+    if (d->cuStreamWaitValue32_v2(stream, dm.flags_dev + ix * sizeof(uint32_t), seq,
+                                  CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS)
+        return true;
+    /* The copy thread copies and writes the flag all the same: wait for it
+     * here (the copies are done when it is written), and the launch reads
+     * them; past HOST_WAIT_NS the kernels copy. The copy engine is not used
+     * again. */
+    bool there = false;
+    for (uint64_t t0 = now_ns(); !(there = reached(
+                                       __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq)) &&
+                                 now_ns() - t0 < HOST_WAIT_NS;) {
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_mutex_lock(&dm.lock);
+    dm.broken = true;
+    pthread_mutex_unlock(&dm.lock);
+    wo_warn("picks: the driver refused a stream wait (cuStreamWaitValue32): picked rows are "
+            "copied by the kernels from now on");
+    return there;
+}
+
+void wo_dma_figs(struct wo_dma_figs *f)
+{
+    pthread_mutex_lock(&dm.lock);
+    *f = dm.f;
+    pthread_mutex_unlock(&dm.lock);
+}
+
+void wo_dma_stop(const struct wo_driver *d)
+{
+    (void)d;
+    pthread_mutex_lock(&dm.lock);
+    dm.stop = true;
+    pthread_cond_broadcast(&dm.cv);
+    pthread_cond_broadcast(&dm.mcv);
+    pthread_mutex_unlock(&dm.lock);
+    if (dm.th_on)
+        pthread_join(dm.th, NULL);
+    if (dm.mth_on)
+        pthread_join(dm.mth, NULL);
+    dm.th_on = dm.mth_on = false;
+}
+
+void wo_dma_reset(void)
+{
+    memset(&dm, 0, sizeof(dm));
+    pthread_mutex_init(&dm.lock, NULL);
+    pthread_cond_init(&dm.cv, NULL);
+    pthread_cond_init(&dm.mcv, NULL);
+}

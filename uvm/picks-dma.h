@@ -1,0 +1,77 @@
+/* uvm/picks-dma.h: picked copies on the copy engine, the second way
+ * uvm/picks.c moves a launch's picked experts (docs/placement.md, "Picked
+ * experts").
+ *
+ * A kernel that copies the picked rows reads host memory over PCIe at
+ * 49-51 GB/s and takes SMs; the copy engine moves large runs at 55 GB/s.
+ * Its copies need the picks on the host, and the engine's thread must not
+ * wait for them. So, for a launch about to read a registered tensor, the
+ * engine's stream gets, right before the launch:
+ *   - an async copy of the ids into pinned memory, and an event;
+ *   - a wait (cuStreamWaitValue32) for the stream's flag, pinned memory,
+ *     to reach this job's number;
+ * and the shim's copy thread, once the event says the ids are there, reads
+ * them, copies each run of consecutive picked experts on a copy stream of
+ * its own, and has that stream write the flag after the copies
+ * (cuStreamWriteValue32). Nothing on the engine's thread waits; the GPU
+ * stream waits in order, for as long as the copies take.
+ *
+ * The thread polls every queued job's event (cuEventQuery), never blocks on
+ * one: a job of another stream can never hold it up. On any driver failure
+ * it copies with the kernels on its copy stream instead, and if even that
+ * fails it writes the flag from the host: a stream never waits forever.
+ *
+ * The source must be memory the copy engine reads at full speed: pinned
+ * host memory (placement host served pinned) as it is, or, for managed
+ * memory advised to the host (llama.cpp's one model buffer), a pinned
+ * mirror of the tensor that a second thread makes on first use (the host
+ * memory again: `mirror_bytes` in the stats); until it is there, and once
+ * anything wrote the tensor, the kernels copy. */
+#pragma once
+
+#include <cuda.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "uvm/picks-copy.h"
+
+/* One launch's picked copy. */
+struct wo_dma_job {
+    CUdeviceptr ids;             /* the registration's ids (device) */
+    uint64_t n_ids, per_row, stride;
+    unsigned width, n_experts;
+    CUdeviceptr src, dst;        /* the copy engine's source (set by wo_dma_enqueue), the buffer */
+    uint64_t row;                /* a row's bytes */
+    struct wo_picks_copy kernel; /* the kernels' arguments, when the copies fail */
+    uint64_t *rows;              /* counts the rows copied (atomic; NULL: not counted) */
+};
+
+/* Enqueues the job for the launch about to go on stream (engine index ix <
+ * WO_PICKS_STREAMS), starting the threads on first use with ctx and the
+ * kernels mark and copy. The job's src is set here: the tensor itself
+ * (j->kernel.src) when pinned, else the pinned mirror of span (index <
+ * WO_PICKS_SPANS) of bytes bytes, made and not written since (wseq: the
+ * span's writes count); without one a mirror is asked for. True: the
+ * stream waits for the copies; false: nothing that matters was enqueued (no
+ * mirror yet, no slot, the ids too large, the driver lacks stream memory
+ * operations or refused): copy with the kernels. */
+bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
+                    const struct wo_dma_job *j, unsigned span, uint64_t bytes, uint32_t wseq,
+                    bool pinned, CUfunction mark, CUfunction copy);
+
+struct wo_dma_figs {
+    uint64_t jobs;       /* copies made on the copy engine */
+    uint64_t runs;       /* their cuMemcpyAsync calls (a run of consecutive experts each) */
+    uint64_t bytes;      /* bytes they moved */
+    uint64_t kernel;     /* jobs the kernels copied for a failure */
+    uint64_t no_slot;    /* launches copied by the kernels: every slot queued, ids too large */
+    uint64_t mirrors, mirror_bytes, mirror_failed; /* pinned mirrors made, held, not made */
+};
+void wo_dma_figs(struct wo_dma_figs *f);
+
+/* At shutdown: the jobs queued are finished (each stream's flag written
+ * at the end, whatever happens), the threads stop. */
+void wo_dma_stop(const struct wo_driver *d);
+/* After wo_dma_stop, or in a forked child (the threads are not there):
+ * everything is forgotten (the pinned memory is left to the process). */
+void wo_dma_reset(void);
