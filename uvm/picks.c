@@ -508,6 +508,11 @@ static bool engine_wanted(const struct span *s)
 
     if (!pct || s->hot || s->source == SRC_NONE || !s->n_experts)
         return false;
+    /* a mirror is a copy: only of memory no kernel writes (the ggml hook
+     * declares llama.cpp's model buffers so); a kernel's write into the
+     * tensor (an in-place weight update) would leave it stale unseen */
+    if (s->source == SRC_MIRROR && !wo_readonly(s->rid, s->rgen))
+        return false;
     for (uint64_t r = 0; r < n && miss > 1e-6; r++)
         miss *= 1.0 - p;
     return (1.0 - miss) * 100.0 >= pct - 1e-9;
