@@ -29,9 +29,9 @@
 #              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
 #              (tokens-exps-stream-noclaims: every step staged, through
 #              graph replay when llama.cpp's graphs are on)
-#   *-from0, *-kernel, *-engine100: the copy engine's picked copies off
-#              (read in place as before), copied by the kernel instead, or
-#              also at shares over WOFFLOAD_GGML_STREAM (picks_env)
+#   *-fromN, *-kernel, *-engine100: picked copies on the copy engine from a
+#              share of N%, copied by the kernel instead, or also at shares
+#              over WOFFLOAD_GGML_STREAM (picks_env)
 #   *-picksN   the same with WOFFLOAD_GGML_PICKS=N (tokens-exps-picks100,
 #              bench-shim-exps-picks0, bench-shim-exps-picks100: the router's
 #              picks never / always registered; with llama.cpp's CUDA graphs
@@ -232,14 +232,22 @@ picks_env() {
     # the ggml hook never claims a layer read in place
     case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
     case $1 in *-noclaims*) PENV=(env WOFFLOAD_GGML_STREAM=0) ;; esac
-    # *-from0: no layer registered for the copy engine (WOFFLOAD_GGML_PICKS_FROM=0:
-    # read in place below WOFFLOAD_GGML_STREAM, as before); *-kernel: registered,
-    # copied by the kernel (WOFFLOAD_PICKS_ENGINE=0); *-engine100: the
-    # whole-staging share off (WOFFLOAD_GGML_STREAM=100), so a batch picking
-    # 99% goes to the copy engine too
-    case $1 in *-from0*) PENV=(env WOFFLOAD_GGML_PICKS_FROM=0) ;; esac
-    case $1 in *-kernel*) PENV=(env WOFFLOAD_PICKS_ENGINE=0) ;; esac
-    case $1 in *-engine100*) PENV=(env WOFFLOAD_GGML_STREAM=100) ;; esac
+    # *-fromN: the layers whose share is at least N% (and under
+    # WOFFLOAD_GGML_STREAM) registered, their picked runs copied on the copy
+    # engine (WOFFLOAD_GGML_PICKS_FROM=N); *-kernel: copied by the kernel
+    # instead (WOFFLOAD_PICKS_ENGINE=0); *-engine100: the whole-staging share
+    # off (WOFFLOAD_GGML_STREAM=100), every compute registered from N (default
+    # 0: every one) so a batch picking 99% goes to the copy engine too
+    case $1 in *-from[0-9]*)
+        local n=${1##*-from}
+        PENV=(env "WOFFLOAD_GGML_PICKS_FROM=${n%%-*}") ;;
+    esac
+    case $1 in *-kernel*) PENV+=(WOFFLOAD_PICKS_ENGINE=0) ;; esac
+    case $1 in *-engine100*)
+        [ ${#PENV[@]} -gt 0 ] || PENV=(env WOFFLOAD_GGML_PICKS_FROM=1)
+        PENV+=(WOFFLOAD_GGML_STREAM=100) ;;
+    esac
+    [ ${#PENV[@]} -eq 0 ] || [ "${PENV[0]}" = env ] || PENV=(env "${PENV[@]}")
 }
 PLAIN_TOKENS=""
 PLAIN_TOKENS_B32=""
@@ -420,6 +428,7 @@ tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
+tokens exps-from50-b32 exps
 tokens exps-engine100-b32 exps
 server plain plain
 server exps exps
@@ -429,8 +438,8 @@ bench shim-exps exps
 bench shim-exps-stream exps-stream
 bench shim-exps-slots2 exps-slots2
 bench shim-exps-noreplay exps
-bench shim-exps-from0 exps
-bench shim-exps-kernel exps
+bench shim-exps-from50 exps
+bench shim-exps-from50-kernel exps
 bench shim-exps-engine100 exps
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps

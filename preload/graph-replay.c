@@ -706,10 +706,11 @@ void wo_replay_reset(void)
 
 /* Whether a copy that reads s's ranges pays: one of them is streamed and
  * not claimed read in place now, or has picked staging with hot experts
- * (their rows come from the device, not over the link). */
+ * (their rows come from the device, not over the link) or on the copy
+ * engine (wo_picks_replay_wanted). */
 static bool stages(const struct rp_snap *s)
 {
-    if (wo_picks_hot_wanted(s->hits, s->nhits))
+    if (wo_picks_replay_wanted(s->hits, s->nhits))
         return true;
     for (unsigned i = 0; i < s->nhits; i++) {
         const struct wo_ev_hit *h = &s->hits[i];

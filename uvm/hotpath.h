@@ -445,12 +445,14 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
  * rewritten): counted. */
 void wo_picks_unused(unsigned n);
 /* Whether launches with these hits, replayed from a CUDA graph on the
- * calling thread, would take picked rows from hot experts
- * (WOFFLOAD_PICKS_HOT): a hit in a span off the device whose registration
- * holds ids now, registered by this thread (preload/graph-replay.c replays
- * the graph for it; without hot experts a graph's launches read the picked
- * experts in place, as fast as a copy of them). Any thread. */
-bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits);
+ * calling thread, would copy faster than the graph reads in place: a hit
+ * in a span off the device whose registration holds ids now, registered by
+ * this thread, and either with hot experts (WOFFLOAD_PICKS_HOT: rows from
+ * the device) or copied on the copy engine (WOFFLOAD_PICKS_ENGINE: 55 GB/s
+ * against the kernels' 50); preload/graph-replay.c replays the graph for
+ * it. Without either a graph's launches read the picked experts in place,
+ * as fast as the kernels' copy of them. Any thread. */
+bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits);
 /* A copy hook writes [dst, dst + bytes) (wo_stream_note_write calls it
  * first): buffers holding rows of a tensor it overlaps are stale (copied
  * again at the next launch). Any thread. */

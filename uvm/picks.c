@@ -691,11 +691,12 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
     return r;
 }
 
-bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits)
+bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
 {
-    bool r = false;
+    bool r = false, hot = wo_picks_hot_total() != 0;
 
-    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) || !wo_picks_hot_total())
+    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) ||
+        (!hot && !wo_settings()->picks_engine))
         return false;
     pthread_mutex_lock(&pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {
@@ -706,7 +707,7 @@ bool wo_picks_hot_wanted(const struct wo_ev_hit *hits, unsigned nhits)
             const struct span *s = &pk.s[i];
             r = s->rid == hit->id && s->rgen == hit->gen && s->offdev && s->ids &&
                 pthread_equal(s->owner, pthread_self()) && hit->offset < s->off + (s->hi - s->lo) &&
-                hit->hi > s->off;
+                hit->hi > s->off && (hot || engine_wanted(s));
         }
     }
     pthread_mutex_unlock(&pk.lock);
