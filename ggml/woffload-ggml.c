@@ -527,6 +527,28 @@ static bool claims_pay(void)
     return any;
 }
 
+/* With picks from a share (WOFFLOAD_GGML_PICKS_FROM), each expert tensor of
+ * layer l is made known to the shim at its first compute, registered or
+ * not (a clear: no ids): the shim then starts its pinned mirror, seconds
+ * of copying, before the first batch large enough to copy from it
+ * (llama-batched-bench's b32 lasts a fraction of a second). Once each. */
+static void announce(int l, unsigned e)
+{
+    static unsigned char *done; /* by expert tensor; under claims_lock */
+
+    pthread_mutex_lock(&claims_lock);
+    if (!done)
+        done = calloc(nexperts ? nexperts : 1, 1);
+    for (size_t x = 0; done && x < nexperts; x++) {
+        const struct expert_tensor *et = &experts[x];
+        if (et->layer != l || done[x] || et->size % e)
+            continue;
+        done[x] = 1;
+        (void)real.picks_rows(et->data, et->size, e, NULL, 0, 0, 0, 0);
+    }
+    pthread_mutex_unlock(&claims_lock);
+}
+
 /* Registers the picks of every MoE layer of graph g into sc->regs (and
  * returns how many), and claims the others' expert tensors read in place or
  * not, by their share of experts picked. */
@@ -594,6 +616,8 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
             continue;
         }
         __atomic_add_fetch(&pbooks.too_many, 1, __ATOMIC_RELAXED);
+        if (from_pct > 0)
+            announce(l, (unsigned)e);
         /* below the share, read in place; at or above it the streaming
          * executor may copy them whole */
         want = real.read_in_place && stream_pct > 0 && share * 100.0 < stream_pct - 1e-9;

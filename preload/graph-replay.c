@@ -895,7 +895,10 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     uint64_t t0;
     unsigned at;
 
-    if (WO_LIKELY(!any_snaps()) || !__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
+    /* something to replay for: the streaming executor (once active), or
+     * picked staging (registered picks) */
+    if (WO_LIKELY(!any_snaps()) || (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE) &&
+                                    !__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE)))
         return 0;
     /* launched into a capture, the graph becomes a node of another: whole */
     if (wo_capture_of(stream) || wo_capture_joined(stream))

@@ -15,9 +15,14 @@
 #include "uvm/stream-pin.h"
 #include "uvm/uvm.h"
 
-#define SLOTS 16u
-#define IDS_MAX (128u << 10) /* ids bytes a job may have (a batch of 256 rows of 128) */
-#define POLL_NS 4000l        /* the copy thread's sleep between two looks at the events */
+/* Jobs queued at once, all streams: llama.cpp issues a whole step (a graph
+ * replayed, 3 expert tensors a layer) before the GPU reaches its first
+ * layer, so a step's every job must fit (a job beyond them is copied by the
+ * kernels: no_slot) */
+#define SLOTS 256u
+#define IDS_MAX (64u << 10) /* ids bytes a job may have (a batch of 128 rows of 128) */
+#define POLL_MIN_NS 1000l   /* the copy thread's sleep between two looks at the events, */
+#define POLL_MAX_NS 32000l  /* doubled while none is ready, up to this */
 #define DRAIN_NS (5ull * 1000000000ull)
 #define HOST_WAIT_NS (10ull * 1000000000ull)
 #define MARK_THREADS 256u
@@ -25,11 +30,10 @@
 #define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
 #define CHUNKS_MAX 32u
 
-enum { S_FREE, S_FILLING, S_QUEUED, S_BUSY };
+enum { S_FREE, S_FILLING, S_QUEUED };
 
 struct slot {
     int state;
-    uint64_t order;
     CUevent ev;
     void *ids; /* pinned, IDS_MAX */
     unsigned ix;
@@ -57,8 +61,13 @@ static struct {
     CUdeviceptr flags_dev;
     uint32_t seq[WO_PICKS_STREAMS];
     struct slot s[SLOTS];
-    unsigned queued;
-    uint64_t order;
+    unsigned queued, next_free;
+    /* each engine stream's jobs in the order they were queued: its events
+     * complete in that order, and its flag must rise in it */
+    struct {
+        unsigned ring[SLOTS];
+        unsigned head, tail;
+    } q[WO_PICKS_STREAMS];
     bool started, broken, stop, th_on, mth_on, said_on;
     pthread_t th, mth;
     struct mirror *m; /* [WO_PICKS_SPANS] */
@@ -174,61 +183,72 @@ static void serve(struct slot *sl, bool ok)
     dm.f.kernel += kernel;
     dm.f.runs += runs;
     dm.f.bytes += rows * j->row;
-    sl->state = S_FREE;
-    dm.queued--;
     pthread_mutex_unlock(&dm.lock);
+}
+
+/* The head job of stream ix, or NULL. */
+static struct slot *head_of(unsigned ix)
+{
+    struct slot *sl = NULL;
+
+    pthread_mutex_lock(&dm.lock);
+    if (dm.q[ix].head != dm.q[ix].tail)
+        sl = &dm.s[dm.q[ix].ring[dm.q[ix].head % SLOTS]];
+    pthread_mutex_unlock(&dm.lock);
+    return sl;
 }
 
 static void *worker(void *arg)
 {
     uint64_t drain_end = 0;
+    long nap = POLL_MIN_NS;
 
     (void)arg;
     (void)prctl(PR_SET_TIMERSLACK, 1000ul, 0, 0, 0);
     (void)dm.d->cuCtxSetCurrent(dm.ctx);
     for (;;) {
-        unsigned idx[SLOTS], n = 0;
-        bool any = false, stop;
+        bool any = false;
 
         pthread_mutex_lock(&dm.lock);
         while (!dm.queued && !dm.stop)
             pthread_cond_wait(&dm.cv, &dm.lock);
-        stop = dm.stop;
         if (!dm.queued) {
             pthread_mutex_unlock(&dm.lock);
             break;
         }
-        for (unsigned k = 0; k < SLOTS; k++)
-            if (dm.s[k].state == S_QUEUED) {
-                unsigned at = n++;
-                /* in the order they were queued: a stream's flag rises in order */
-                while (at && dm.s[idx[at - 1]].order > dm.s[k].order) {
-                    idx[at] = idx[at - 1];
-                    at--;
-                }
-                idx[at] = k;
-            }
-        for (unsigned k = 0; k < n; k++)
-            dm.s[idx[k]].state = S_BUSY;
-        pthread_mutex_unlock(&dm.lock);
-        if (stop && !drain_end)
+        if (dm.stop && !drain_end)
             drain_end = now_ns() + DRAIN_NS;
-        for (unsigned k = 0; k < n; k++) {
-            struct slot *sl = &dm.s[idx[k]];
-            CUresult r = dm.d->cuEventQuery(sl->ev);
+        pthread_mutex_unlock(&dm.lock);
+        /* no driver call while an engine's capture is under way (a query
+         * would break a global one), and none begins meanwhile; only each
+         * stream's head can be ready: a later job's event is behind the
+         * head's wait on the same stream */
+        bool in = wo_driver_enter();
+        for (unsigned ix = 0; in && ix < WO_PICKS_STREAMS; ix++) {
+            struct slot *sl;
 
-            if (r == CUDA_ERROR_NOT_READY && !(drain_end && now_ns() > drain_end)) {
+            while ((sl = head_of(ix))) {
+                CUresult r = dm.d->cuEventQuery(sl->ev);
+
+                if (r == CUDA_ERROR_NOT_READY && !(drain_end && now_ns() > drain_end))
+                    break;
+                serve(sl, r == CUDA_SUCCESS);
                 pthread_mutex_lock(&dm.lock);
-                sl->state = S_QUEUED;
+                dm.q[ix].head++;
+                sl->state = S_FREE;
+                dm.queued--;
                 pthread_mutex_unlock(&dm.lock);
-                continue;
+                any = true;
             }
-            serve(sl, r == CUDA_SUCCESS);
-            any = true;
         }
-        if (!any) {
-            struct timespec ts = {0, POLL_NS};
+        if (in)
+            wo_driver_leave();
+        if (any) {
+            nap = POLL_MIN_NS;
+        } else {
+            struct timespec ts = {0, nap};
             nanosleep(&ts, NULL);
+            nap = nap * 2 > POLL_MAX_NS ? POLL_MAX_NS : nap * 2;
         }
     }
     return NULL;
@@ -276,8 +296,19 @@ static void *mirrorer(void *arg)
         i = dm.mq[dm.mhead++ % WO_PICKS_SPANS];
         want = dm.m[i];
         pthread_mutex_unlock(&dm.lock);
-        ok = want.bytes <= mem_room() &&
-             dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS;
+        ok = want.bytes <= mem_room();
+        if (ok) {
+            /* pinning is no call for a capture's time: wait it out */
+            bool in;
+            while (!(in = wo_driver_enter()) && !__atomic_load_n(&dm.stop, __ATOMIC_RELAXED)) {
+                struct timespec ts = {0, 1000000};
+                nanosleep(&ts, NULL);
+            }
+            ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
+                           CUDA_SUCCESS;
+            if (in)
+                wo_driver_leave();
+        }
         if (ok)
             memcpy(h, (const void *)(uintptr_t)want.lo, want.bytes);
         pthread_mutex_lock(&dm.lock);
@@ -304,18 +335,17 @@ static void *mirrorer(void *arg)
 }
 
 /* The copy engine's source for the job, or 0 (under dm.lock). */
-static CUdeviceptr source(const struct wo_dma_job *j, unsigned span, uint64_t bytes,
-                          uint32_t wseq, bool pinned)
+static CUdeviceptr source(uint64_t lo, unsigned span, uint64_t bytes, uint32_t wseq, bool pinned)
 {
     struct mirror *m = &dm.m[span];
 
     if (pinned)
-        return j->kernel.src;
-    if (m->lo != j->kernel.src || m->bytes != bytes) {
+        return lo;
+    if (m->lo != lo || m->bytes != bytes) {
         /* another tensor's (its old mirror is left, see mirrorer) */
         if (m->state == M_QUEUED)
             return 0;
-        *m = (struct mirror){.state = M_NONE, .lo = j->kernel.src, .bytes = bytes};
+        *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes};
     }
     m->want = wseq;
     if (m->state == M_READY && m->wseq == wseq)
@@ -333,7 +363,7 @@ static CUdeviceptr source(const struct wo_dma_job *j, unsigned span, uint64_t by
 /* ---- the engine's side ----------------------------------------------------- */
 
 /* Under dm.lock, on an engine thread. False: the kernels copy. */
-static bool start(const struct wo_driver *d, CUcontext ctx, CUfunction mark, CUfunction copy)
+static bool start(const struct wo_driver *d, CUcontext ctx)
 {
     CUresult r;
 
@@ -341,6 +371,9 @@ static bool start(const struct wo_driver *d, CUcontext ctx, CUfunction mark, CUf
         return false;
     if (dm.started)
         return ctx == dm.ctx;
+    /* streams, events and pinned memory are made outside any capture */
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
+        return false;
     if (!d->cuStreamWaitValue32_v2 || !d->cuStreamWriteValue32_v2 || !d->cuEventCreate ||
         !d->cuEventRecord || !d->cuEventQuery || !d->cuMemHostAlloc ||
         !d->cuMemHostGetDevicePointer_v2 || !d->cuStreamCreate || !d->cuCtxSetCurrent ||
@@ -352,8 +385,6 @@ static bool start(const struct wo_driver *d, CUcontext ctx, CUfunction mark, CUf
     }
     dm.d = d;
     dm.ctx = ctx;
-    dm.mark = mark;
-    dm.kcopy = copy;
     r = d->cuMemHostAlloc((void **)&dm.flags, WO_PICKS_STREAMS * sizeof(uint32_t),
                           CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP);
     if (r == CUDA_SUCCESS) {
@@ -400,13 +431,21 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     extent = j.per_row ? (j.n_ids / j.per_row - 1) * j.stride + j.per_row : j.n_ids;
     idb = extent * j.width;
     pthread_mutex_lock(&dm.lock);
-    if (!start(d, ctx, mark, copy) || !(j.src = source(&j, span, bytes, wseq, pinned))) {
+    if (mark && !dm.mark) {
+        dm.mark = mark;
+        dm.kcopy = copy;
+    }
+    if (!start(d, ctx) || !(j.src = source(j.kernel.src, span, bytes, wseq, pinned))) {
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
-    for (unsigned k = 0; k < SLOTS && !sl && idb <= IDS_MAX; k++)
-        if (dm.s[k].state == S_FREE)
-            sl = &dm.s[k];
+    for (unsigned k = 0; k < SLOTS && !sl && idb <= IDS_MAX; k++) {
+        unsigned at = (dm.next_free + k) % SLOTS;
+        if (dm.s[at].state == S_FREE) {
+            sl = &dm.s[at];
+            dm.next_free = at + 1;
+        }
+    }
     if (!sl) {
         dm.f.no_slot++;
         pthread_mutex_unlock(&dm.lock);
@@ -426,7 +465,7 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     sl->ix = ix;
     sl->seq = seq;
     sl->j = j;
-    sl->order = ++dm.order;
+    dm.q[ix].ring[dm.q[ix].tail++ % SLOTS] = (unsigned)(sl - dm.s);
     sl->state = S_QUEUED;
     dm.queued++;
     pthread_cond_signal(&dm.cv);
@@ -456,6 +495,17 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     wo_warn("picks: the driver refused a stream wait (cuStreamWaitValue32): picked rows are "
             "copied by the kernels from now on");
     return there;
+}
+
+void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
+                       uint64_t bytes, uint32_t wseq)
+{
+    if (span >= WO_PICKS_SPANS || !ctx)
+        return;
+    pthread_mutex_lock(&dm.lock);
+    if (start(d, ctx))
+        (void)source(lo, span, bytes, wseq, false);
+    pthread_mutex_unlock(&dm.lock);
 }
 
 void wo_dma_figs(struct wo_dma_figs *f)

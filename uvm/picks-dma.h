@@ -59,6 +59,12 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
                     const struct wo_dma_job *j, unsigned span, uint64_t bytes, uint32_t wseq,
                     bool pinned, CUfunction mark, CUfunction copy);
 
+/* Asks for the pinned mirror of span (as wo_dma_enqueue would) now, on
+ * the engine's thread with its context ctx current: a mirror takes seconds
+ * to make, and the first copies that want it should find it there. */
+void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
+                       uint64_t bytes, uint32_t wseq);
+
 struct wo_dma_figs {
     uint64_t jobs;       /* copies made on the copy engine */
     uint64_t runs;       /* their cuMemcpyAsync calls (a run of consecutive experts each) */

@@ -254,6 +254,19 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     if (!offdev)
         wo_debug("picks: '%s' is on the device: its launches need no staging",
                  s->name ? s->name : "(unnamed)");
+    /* announced (no ids: the ggml hook's first sight of a tensor it may
+     * register from a share, WOFFLOAD_GGML_PICKS_FROM): its pinned mirror
+     * asked for now (seconds to make), so that the first copies that go to
+     * the copy engine find it there; a tensor registered with ids asks at
+     * its first such copy, and one with hot experts never does */
+    if (source == SRC_MIRROR && !ids && wo_settings()->picks_engine && !wo_picks_hot_total() &&
+        wo_readonly(rg.id, rg.gen)) {
+        const struct wo_driver *d = wo_uvm_driver();
+        CUcontext cur = NULL;
+
+        if (d && d->cuCtxGetCurrent && d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
+            wo_dma_mirror_ask(d, cur, (unsigned)i, s->lo, s->hi - s->lo, s->wseq);
+    }
 out:
     pthread_mutex_unlock(&pk.lock);
     free(name);
