@@ -19,6 +19,12 @@
 #     ids against a plain run of the 32): the claims (the default) leave
 #     every step to the executor, and llama.cpp's batched graph (which
 #     allocates cuBLAS's workspace inside the graph) is replayed;
+#   - experts on the host, 32 sequences, every compute's router picks
+#     registered (WOFFLOAD_GGML_PICKS_FROM=1, WOFFLOAD_GGML_STREAM=100) and
+#     copied on the copy engine (uvm/picks-dma.c) from pinned mirrors of the
+#     model buffer's expert tensors, the decode graphs replayed for it; the
+#     stats must count copies on the copy engine, mirrors made, replays,
+#     and no kernel fallback;
 #   - the same with the ggml hook's claims (the default): every compute here
 #     (a 16-token prompt, 88% of 32 experts top-4 picked, then one token at
 #     a time) claims the experts read in place, so nothing is staged and the
@@ -84,6 +90,15 @@ if sys.argv[3].startswith("exps-replay"):
     print(f"    graph launches replayed {ip.get('graph_replays')} ({ip.get('graph_replay_kernels')} "
           f"kernels), graphs read {ip.get('graph_snapshots')} "
           f"({ip.get('graph_snapshot_unsupported')} not replayable)")
+if sys.argv[3].startswith("exps-engine"):
+    eng = st.get("picks", {}).get("engine", {})
+    print(f"    picks on the copy engine: {eng.get('copies')} copies in {eng.get('runs')} runs "
+          f"({eng.get('bytes', 0) / 1e9:.2f} GB), {eng.get('mirrors')} mirrors, "
+          f"{eng.get('kernel_fallbacks')} kernel fallbacks, {eng.get('no_slot')} without a slot; "
+          f"graph launches replayed {ip.get('graph_replays')}")
+    if not (eng.get("copies", 0) > 0 and eng.get("mirrors", 0) > 0 and
+            eng.get("kernel_fallbacks", 1) == 0 and ip.get("graph_replays", 0) > 0):
+        sys.exit(1)
 if sys.argv[3] == "exps-claims":
     print(f"    claims {sx.get('inplace_claims')}, launches read a claimed range in place "
           f"{sx.get('inplace_claimed')}")
@@ -110,6 +125,7 @@ row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GG
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml
+row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 [ "$fails" -eq 0 ] || exit 1
