@@ -16,8 +16,10 @@
 #   gguf128        the 128-expert GGUF /tmp/x-moe128.gguf (bench/gguf-shape.py)
 #   probe          bench/picked-copy.cu (about 1 min)
 #   suite1         the gpu suite without llamacpp-gpu and stream-gpu
-#   suite2         llamacpp-gpu and stream-gpu (about 7.5 min): the two together
-#                  are the suite, recorded as $OUT/gpu-suite-{1,2}.txt
+#   suite2         llamacpp-gpu and stream-gpu (about 9.5 min, over one call's
+#                  time): the two together are the suite, recorded as
+#                  $OUT/gpu-suite-{1,2}.txt; suite2a and suite2b run them one at
+#                  a time ($OUT/gpu-suite-2a.txt, -2b: about 3.5 and 7 min)
 #   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
 #                  environment (its header), GGUF /tmp/x.gguf unless set
 #   soak-start     issue 40's soak: one row (SOAK_ROW [shim-exps]) of
@@ -96,12 +98,17 @@ for step in "$@"; do
         bench/gpu-suite.sh "$OUT/gpu-suite-1.txt" $(suite_part1)
         rc=$?
         tail -12 "$OUT/gpu-suite-1.txt" ;;
-    suite2)
+    suite2 | suite2a | suite2b)
+        # suite2a: llamacpp-gpu alone, suite2b: stream-gpu alone (together
+        # they took 545 s on the H200, before llamacpp-gpu's engine row)
+        part=("${SUITE_B[@]}")
+        [ "$step" = suite2a ] && part=("${SUITE_B[0]}")
+        [ "$step" = suite2b ] && part=("${SUITE_B[1]}")
         meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
         LLAMA_TOKENS=/tmp/llb/llamacpp-tokens LLAMA_GGUF=/tmp/x.gguf \
-            bench/gpu-suite.sh "$OUT/gpu-suite-2.txt" "${SUITE_B[@]}"
+            bench/gpu-suite.sh "$OUT/gpu-suite-${step#suite}.txt" "${part[@]}"
         rc=$?
-        tail -12 "$OUT/gpu-suite-2.txt" ;;
+        tail -12 "$OUT/gpu-suite-${step#suite}.txt" ;;
     hook)
         : "${HOOK_ROWS:?HOOK_ROWS: the llamacpp-hook.sh rows to run}"
         mkdir -p "$OUT/hook"
