@@ -163,9 +163,10 @@ static void serve(struct slot *sl, bool ok)
         }
         /* the kernels read the ids on the device, still there: the launch
          * has not run */
-        if (!done && dm.mark)
-            done = kernel = wo_picks_launch(d, dm.mark, dm.kcopy, dm.copy, &j->kernel) ==
-                            CUDA_SUCCESS;
+        CUfunction mark = __atomic_load_n(&dm.mark, __ATOMIC_ACQUIRE);
+        if (!done && mark)
+            done = kernel = wo_picks_launch(d, mark, __atomic_load_n(&dm.kcopy, __ATOMIC_RELAXED),
+                                            dm.copy, &j->kernel) == CUDA_SUCCESS;
     }
     if (d->cuStreamWriteValue32_v2(dm.copy, dm.flags_dev + sl->ix * sizeof(uint32_t), sl->seq,
                                    0) != CUDA_SUCCESS)
@@ -432,8 +433,9 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     idb = extent * j.width;
     pthread_mutex_lock(&dm.lock);
     if (mark && !dm.mark) {
-        dm.mark = mark;
-        dm.kcopy = copy;
+        /* the copy thread reads them without the lock: kcopy first */
+        __atomic_store_n(&dm.kcopy, copy, __ATOMIC_RELAXED);
+        __atomic_store_n(&dm.mark, mark, __ATOMIC_RELEASE);
     }
     if (!start(d, ctx) || !(j.src = source(j.kernel.src, span, bytes, wseq, pinned))) {
         pthread_mutex_unlock(&dm.lock);
