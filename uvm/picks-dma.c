@@ -307,6 +307,13 @@ static void *mirrorer(void *arg)
             }
             ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
                            CUDA_SUCCESS;
+            /* a copy into the tensor noted before (its writes count, want)
+             * may still be in flight on the engine's stream: the context's
+             * work done first, so the mirror holds it */
+            if (ok && dm.d->cuCtxSynchronize_v2)
+                (void)dm.d->cuCtxSynchronize_v2(NULL);
+            else if (ok && dm.d->cuCtxSynchronize)
+                (void)dm.d->cuCtxSynchronize();
             if (in)
                 wo_driver_leave();
         }
