@@ -535,11 +535,19 @@ static bool claims_pay(void)
 static void announce(int l, unsigned e)
 {
     static unsigned char *done; /* by expert tensor; under claims_lock */
+    static size_t ndone;
 
     pthread_mutex_lock(&claims_lock);
-    if (!done)
-        done = calloc(nexperts ? nexperts : 1, 1);
-    for (size_t x = 0; done && x < nexperts; x++) {
+    if (ndone < nexperts) {
+        /* a model loaded since: room for its tensors too */
+        unsigned char *p = realloc(done, nexperts);
+        if (p) {
+            memset(p + ndone, 0, nexperts - ndone);
+            done = p;
+            ndone = nexperts;
+        }
+    }
+    for (size_t x = 0; done && x < ndone && x < nexperts; x++) {
         const struct expert_tensor *et = &experts[x];
         if (et->layer != l || done[x] || et->size % e)
             continue;
