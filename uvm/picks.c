@@ -515,12 +515,12 @@ static bool engine_wanted(const struct span *s)
 {
     unsigned pct = wo_settings()->picks_engine;
     uint64_t n = s->per_row ? s->n_ids / s->per_row : s->n_ids;
-    double p = s->per_row && s->per_row <= s->n_experts ? (double)s->per_row / s->n_experts
-                                                        : 1.0 / s->n_experts;
-    double miss = 1.0;
+    double p, miss = 1.0;
 
     if (!pct || s->hot || s->source == SRC_NONE || !s->n_experts)
         return false;
+    p = s->per_row && s->per_row <= s->n_experts ? (double)s->per_row / s->n_experts
+                                                 : 1.0 / s->n_experts;
     /* a mirror is a copy: only of memory no kernel writes (the ggml hook
      * declares llama.cpp's model buffers so); a kernel's write into the
      * tensor (an in-place weight update) would leave it stale unseen */
