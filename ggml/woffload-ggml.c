@@ -404,6 +404,7 @@ static size_t nexperts, cap_experts;
 static int picks_pct = -1;  /* WOFFLOAD_GGML_PICKS */
 static int stream_pct = -1; /* WOFFLOAD_GGML_STREAM */
 static int from_pct = -1;   /* WOFFLOAD_GGML_PICKS_FROM */
+static int hot_default;     /* hot experts on, WOFFLOAD_GGML_PICKS not set */
 static struct {
     unsigned long long computes, registered, too_many, layers, claimed, claims;
 } pbooks; /* atomics */
@@ -607,7 +608,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         for (long long r = 0; r < rows && share > 1e-6; r++)
             share *= 1.0 - (double)k / (double)e;
         share = 1.0 - share; /* the share of the experts a uniform router picks */
-        if (real.picks_rows &&
+        if (real.picks_rows && !(hot_default && rows == 1) &&
             ((picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) ||
              (from_pct > 0 && share * 100.0 >= from_pct - 1e-9 &&
               !(stream_pct > 0 && share * 100.0 >= stream_pct - 1e-9)))) {
@@ -653,11 +654,15 @@ static bool picks_wanted(void)
 {
     if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0) {
         __atomic_store_n(&stream_pct, pct_setting("WOFFLOAD_GGML_STREAM", 92), __ATOMIC_RELAXED);
-        /* with hot experts every compute registers: a copy then takes the
-         * hot rows from the device, whatever the share picked */
-        __atomic_store_n(&picks_pct,
-                         pct_setting("WOFFLOAD_GGML_PICKS",
-                                     naming && real.picks_rows && hot_experts_asked() ? 100 : 0),
+        /* with hot experts every compute of more than one token registers:
+         * a copy then takes the hot rows from the device, whatever the
+         * share picked. A single token's does not: its decode graph would
+         * be replayed kernel by kernel for a handful of experts, and on the
+         * H200 that ran slower than reading them in place (moe32, 8.5 GiB
+         * hot: 19.09 tok/s against 20.56 all on the host, docs/llamacpp.md) */
+        bool hot = naming && real.picks_rows && hot_experts_asked();
+        __atomic_store_n(&hot_default, hot && !getenv("WOFFLOAD_GGML_PICKS"), __ATOMIC_RELAXED);
+        __atomic_store_n(&picks_pct, pct_setting("WOFFLOAD_GGML_PICKS", hot ? 100 : 0),
                          __ATOMIC_RELAXED);
     }
     /* once sealed: only with an expert tensor off the device (the walk of
