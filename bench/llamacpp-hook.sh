@@ -37,7 +37,8 @@
 #              picks never / always registered; with llama.cpp's CUDA graphs
 #              off, GGML_CUDA_DISABLE_GRAPHS=1, for its batched steps to be
 #              eager: a captured launch reads in place)
-#   *-hotN     the router's picks always registered and N MiB of hot experts
+#   *-hotN     N MiB of hot experts, the router's picks registered (the hook's
+#              default then: every compute of more than one token)
 #              (WOFFLOAD_PICKS_HOT): tokens-exps-hot8704, bench-shim-exps-hot8704
 #              (the moe32 GGUF's 18 GiB of experts: about half kept hot, beside
 #              -ncmoe 8, half the layers' experts on host, at about the same
@@ -227,7 +228,9 @@ picks_env() {
     # (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts": llama.cpp's graph
     # launches then replayed, the picked rows copied, the hot ones from the
     # device)
-    case $1 in *-hot[0-9]*) PENV=(env WOFFLOAD_GGML_PICKS=100 "WOFFLOAD_PICKS_HOT=${1##*-hot}") ;; esac
+    # (the hook's default with hot experts: every compute of more than one
+    # token registered, a single token's read in place)
+    case $1 in *-hot[0-9]*) PENV=(env "WOFFLOAD_PICKS_HOT=${1##*-hot}") ;; esac
     # *-noreplay: CUDA graph launches run whole (read in place); *-noclaims:
     # the ggml hook never claims a layer read in place
     case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
