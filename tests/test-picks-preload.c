@@ -736,6 +736,12 @@ static int child(void)
         long long runs = json_num(js, "\"engine\":{", "\"runs\":");
 
         fprintf(stderr, "engine: copies %lld, runs %lld\n", copies, runs);
+        /* under WOFAKE_FAIL (the -faults test) the refused flag write was
+         * made from the host: counted */
+        if (getenv("WOFAKE_FAIL") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
+            CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") >= 1);
+        else if (!getenv("WOFAKE_FAIL"))
+            CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") == 0);
         if (strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
             CHECK(copies > 0 && runs >= copies &&
                   json_num(js, "\"engine\":{", "\"bytes\":") > 0 &&
@@ -860,6 +866,10 @@ int main(int argc, char **argv)
             fputs(log, stderr);
             sp = strstr(log, "picks: by tensor, moved a step: least ");
             CHECK(strstr(log, "picks: 2 expert tensors") != NULL);
+            /* the -faults test: the refused stream wait gave the copy engine up */
+            if (i == 0 && getenv("WOFAKE_FAIL") &&
+                strstr(getenv("WOFAKE_FAIL"), "cuStreamWaitValue32_v2"))
+                CHECK(strstr(log, "the driver refused a stream wait") != NULL);
             if (i != RESIDENT)
                 CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));

@@ -12,6 +12,7 @@
 #include "core/log.h"
 #include "core/macro.h"
 #include "uvm/internal.h"
+#include "core/meminfo.h"
 #include "uvm/stream-pin.h"
 #include "uvm/uvm.h"
 
@@ -38,6 +39,7 @@ struct slot {
     void *ids; /* pinned, IDS_MAX */
     unsigned ix;
     uint32_t seq;
+    CUdeviceptr src; /* the copy engine's source: j.c.src, or its mirror */
     struct wo_dma_job j;
 };
 
@@ -131,33 +133,33 @@ static void host_flag(unsigned ix, uint32_t seq)
 static void serve(struct slot *sl, bool ok)
 {
     const struct wo_driver *d = dm.d;
-    const struct wo_dma_job *j = &sl->j;
+    const struct wo_picks_copy *c = &sl->j.c;
     uint64_t runs = 0, rows = 0;
-    bool done = false, kernel = false;
+    bool done = false, kernel = false, host = false;
 
     if (ok) {
         uint8_t pick[WO_PICKS_EXPERTS];
 
-        memset(pick, 0, j->n_experts);
-        for (uint64_t k = 0; k < j->n_ids; k++) {
-            uint64_t at = j->per_row ? k / j->per_row * j->stride + k % j->per_row : k;
-            int64_t e = j->width == 8 ? ((const int64_t *)sl->ids)[at]
+        memset(pick, 0, c->n_experts);
+        for (uint64_t k = 0; k < c->n_ids; k++) {
+            uint64_t at = c->per_row ? k / c->per_row * c->stride + k % c->per_row : k;
+            int64_t e = c->width == 8 ? ((const int64_t *)sl->ids)[at]
                                       : (int64_t)((const int32_t *)sl->ids)[at];
-            if (e >= 0 && e < (int64_t)j->n_experts)
+            if (e >= 0 && e < (int64_t)c->n_experts)
                 pick[e] = 1;
         }
         done = true;
-        for (unsigned e = 0; e < j->n_experts && done;) {
+        for (unsigned e = 0; e < c->n_experts && done;) {
             unsigned first;
 
             if (!pick[e]) {
                 e++;
                 continue;
             }
-            for (first = e; e < j->n_experts && pick[e]; e++)
+            for (first = e; e < c->n_experts && pick[e]; e++)
                 ;
-            done = d->cuMemcpyAsync(j->dst + first * j->row, j->src + first * j->row,
-                                    (e - first) * j->row, dm.copy) == CUDA_SUCCESS;
+            done = d->cuMemcpyAsync(c->dst + first * c->row, sl->src + first * c->row,
+                                    (e - first) * c->row, dm.copy) == CUDA_SUCCESS;
             runs += done;
             rows += done ? e - first : 0;
         }
@@ -166,13 +168,15 @@ static void serve(struct slot *sl, bool ok)
         CUfunction mark = __atomic_load_n(&dm.mark, __ATOMIC_ACQUIRE);
         if (!done && mark)
             done = kernel = wo_picks_launch(d, mark, __atomic_load_n(&dm.kcopy, __ATOMIC_RELAXED),
-                                            dm.copy, &j->kernel) == CUDA_SUCCESS;
+                                            dm.copy, c) == CUDA_SUCCESS;
     }
     if (d->cuStreamWriteValue32_v2(dm.copy, dm.flags_dev + sl->ix * sizeof(uint32_t), sl->seq,
-                                   0) != CUDA_SUCCESS)
+                                   0) != CUDA_SUCCESS) {
         host_flag(sl->ix, sl->seq);
-    if (!kernel && j->rows)
-        __atomic_add_fetch(j->rows, rows, __ATOMIC_RELAXED);
+        host = true;
+    }
+    if (!kernel && sl->j.rows)
+        __atomic_add_fetch(sl->j.rows, rows, __ATOMIC_RELAXED);
     pthread_mutex_lock(&dm.lock);
     if (!done) {
         wo_warn("picks: a picked copy on the copy engine failed, and the kernels could not copy "
@@ -183,7 +187,8 @@ static void serve(struct slot *sl, bool ok)
     dm.f.jobs += !kernel && done;
     dm.f.kernel += kernel;
     dm.f.runs += runs;
-    dm.f.bytes += rows * j->row;
+    dm.f.bytes += rows * c->row;
+    dm.f.host_flags += host;
     pthread_mutex_unlock(&dm.lock);
 }
 
@@ -257,24 +262,6 @@ static void *worker(void *arg)
 
 /* ---- mirrors --------------------------------------------------------------- */
 
-static uint64_t mem_room(void)
-{
-    FILE *f = fopen("/proc/meminfo", "r");
-    unsigned long long v, avail = 0, total = 0;
-    char key[64];
-
-    if (!f)
-        return 0;
-    while (fscanf(f, "%63s %llu kB\n", key, &v) == 2) {
-        if (strcmp(key, "MemAvailable:") == 0)
-            avail = v << 10;
-        else if (strcmp(key, "MemTotal:") == 0)
-            total = v << 10;
-    }
-    fclose(f);
-    return wo_pin_auto_room(avail, total);
-}
-
 /* Makes the mirrors asked for, one at a time: pinned memory, then the
  * tensor's bytes copied by the CPU (managed memory advised to the host
  * lies there). A mirror replaced by a newer one is left to the process's
@@ -297,7 +284,8 @@ static void *mirrorer(void *arg)
         i = dm.mq[dm.mhead++ % WO_PICKS_SPANS];
         want = dm.m[i];
         pthread_mutex_unlock(&dm.lock);
-        ok = want.bytes <= mem_room();
+        ok = want.bytes <= wo_pin_auto_room(wo_meminfo_bytes("MemAvailable"),
+                                            wo_meminfo_bytes("MemTotal"));
         if (ok) {
             /* pinning is no call for a capture's time: wait it out */
             bool in;
@@ -425,26 +413,27 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
 }
 
 bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
-                    const struct wo_dma_job *jin, unsigned span, uint64_t bytes, uint32_t wseq,
-                    bool pinned, CUfunction mark, CUfunction copy)
+                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy)
 {
+    const struct wo_picks_copy *c = &j->c;
     uint64_t extent, idb;
     struct slot *sl = NULL;
-    struct wo_dma_job j = *jin;
+    CUdeviceptr src;
     uint32_t seq;
 
-    if (!j.n_ids || !j.width || j.n_experts > WO_PICKS_EXPERTS || ix >= WO_PICKS_STREAMS ||
-        span >= WO_PICKS_SPANS)
+    if (!c->n_ids || !c->width || c->n_experts > WO_PICKS_EXPERTS || ix >= WO_PICKS_STREAMS ||
+        j->span >= WO_PICKS_SPANS)
         return false;
-    extent = j.per_row ? (j.n_ids / j.per_row - 1) * j.stride + j.per_row : j.n_ids;
-    idb = extent * j.width;
+    extent = c->per_row ? (c->n_ids / c->per_row - 1) * c->stride + c->per_row : c->n_ids;
+    idb = extent * c->width;
     pthread_mutex_lock(&dm.lock);
     if (mark && !dm.mark) {
         /* the copy thread reads them without the lock: kcopy first */
         __atomic_store_n(&dm.kcopy, copy, __ATOMIC_RELAXED);
         __atomic_store_n(&dm.mark, mark, __ATOMIC_RELEASE);
     }
-    if (!start(d, ctx) || !(j.src = source(j.kernel.src, span, bytes, wseq, pinned))) {
+    if (!start(d, ctx) ||
+        !(src = source(c->src, j->span, c->row * c->n_experts, j->wseq, j->pinned))) {
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
@@ -462,7 +451,7 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     }
     sl->state = S_FILLING;
     pthread_mutex_unlock(&dm.lock);
-    if (d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)sl->ids, j.ids, idb, stream) != CUDA_SUCCESS ||
+    if (d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)sl->ids, c->ids, idb, stream) != CUDA_SUCCESS ||
         d->cuEventRecord(sl->ev, stream) != CUDA_SUCCESS) {
         pthread_mutex_lock(&dm.lock);
         sl->state = S_FREE;
@@ -473,7 +462,8 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     seq = ++dm.seq[ix];
     sl->ix = ix;
     sl->seq = seq;
-    sl->j = j;
+    sl->j = *j;
+    sl->src = src;
     dm.q[ix].ring[dm.q[ix].tail++ % SLOTS] = (unsigned)(sl - dm.s);
     sl->state = S_QUEUED;
     dm.queued++;

@@ -35,29 +35,26 @@
 
 #include "uvm/picks-copy.h"
 
-/* One launch's picked copy. */
+/* One launch's picked copy: the kernels' arguments (what to copy, and how
+ * the kernels copy it when the copy engine cannot), and where it stands. */
 struct wo_dma_job {
-    CUdeviceptr ids;             /* the registration's ids (device) */
-    uint64_t n_ids, per_row, stride;
-    unsigned width, n_experts;
-    CUdeviceptr src, dst;        /* the copy engine's source (set by wo_dma_enqueue), the buffer */
-    uint64_t row;                /* a row's bytes */
-    struct wo_picks_copy kernel; /* the kernels' arguments, when the copies fail */
-    uint64_t *rows;              /* counts the rows copied (atomic; NULL: not counted) */
+    struct wo_picks_copy c; /* c.src: the tensor; c.dst: the buffer */
+    unsigned span;          /* its picks span (index < WO_PICKS_SPANS): its mirror's */
+    uint32_t wseq;          /* the span's writes count (a mirror of an older one is stale) */
+    bool pinned;            /* c.src is pinned memory: copied as it is, no mirror */
+    uint64_t *rows;         /* counts the rows copied (atomic; NULL: not counted) */
 };
 
 /* Enqueues the job for the launch about to go on stream (engine index ix <
  * WO_PICKS_STREAMS), starting the threads on first use with ctx and the
- * kernels mark and copy. The job's src is set here: the tensor itself
- * (j->kernel.src) when pinned, else the pinned mirror of span (index <
- * WO_PICKS_SPANS) of bytes bytes, made and not written since (wseq: the
- * span's writes count); without one a mirror is asked for. True: the
- * stream waits for the copies; false: nothing that matters was enqueued (no
- * mirror yet, no slot, the ids too large, the driver lacks stream memory
- * operations or refused): copy with the kernels. */
+ * kernels mark and copy. The copy engine's source: the tensor itself when
+ * pinned, else its pinned mirror, made and not written since; without one
+ * a mirror is asked for. True: the stream waits for the copies; false:
+ * nothing that matters was enqueued (no mirror yet, no slot, the ids too
+ * large, the driver lacks stream memory operations or refused): copy with
+ * the kernels. */
 bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
-                    const struct wo_dma_job *j, unsigned span, uint64_t bytes, uint32_t wseq,
-                    bool pinned, CUfunction mark, CUfunction copy);
+                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy);
 
 /* Asks for the pinned mirror of span (as wo_dma_enqueue would) now, on
  * the engine's thread with its context ctx current: a mirror takes seconds
@@ -70,6 +67,7 @@ struct wo_dma_figs {
     uint64_t runs;       /* their cuMemcpyAsync calls (a run of consecutive experts each) */
     uint64_t bytes;      /* bytes they moved */
     uint64_t kernel;     /* jobs the kernels copied for a failure */
+    uint64_t host_flags; /* flags written from the host: the driver refused the stream's write */
     uint64_t no_slot;    /* launches copied by the kernels: every slot queued, ids too large */
     uint64_t mirrors, mirror_bytes, mirror_failed; /* pinned mirrors made, held, not made */
 };

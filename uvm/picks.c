@@ -34,6 +34,7 @@ struct span {
     unsigned n_experts;
     bool offdev;         /* host or managed: staged; on the device: left alone */
     uint8_t source;      /* what the copy engine may copy from: SRC_* */
+    uint8_t share;       /* percent of its experts the registration's ids pick (share_pct) */
     uint32_t wseq;       /* writes into it (a pinned mirror holds one count's bytes) */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
     uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
@@ -166,6 +167,22 @@ static void retire(struct span *s)
     s->hot = NULL;
 }
 
+/* The percent of n_experts a uniform router picks with these ids: n_ids
+ * in rows of per_row distinct ones (0: one run, each id on its own), 1 -
+ * (1 - k/E)^rows; once a registration (engine_wanted reads it at launches). */
+static uint8_t share_pct(uint64_t n_ids, uint64_t per_row, unsigned n_experts)
+{
+    uint64_t n = per_row ? n_ids / per_row : n_ids;
+    double p = per_row && per_row <= n_experts ? (double)per_row / n_experts : 1.0 / n_experts;
+    double miss = 1.0;
+
+    if (!n_ids || !n_experts)
+        return 0;
+    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
+        miss *= 1.0 - p;
+    return (uint8_t)((1.0 - miss) * 100.0 + 1e-6);
+}
+
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
                  uint64_t per_row, uint64_t stride, unsigned id_bytes, bool sticky)
 {
@@ -193,6 +210,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->per_row = per_row;
         s->stride = stride;
         s->width = id_bytes;
+        s->share = share_pct(s->n_ids, per_row, n_experts);
         s->sticky |= sticky && ids;
         s->owner = pthread_self();
         s->seq++;
@@ -235,6 +253,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .stride = stride,
                        .sticky = sticky && ids,
                        .width = id_bytes,
+                       .share = share_pct(ids ? n_ids : 0, per_row, n_experts),
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
                        .name = name,
@@ -514,21 +533,13 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
 static bool engine_wanted(const struct span *s)
 {
     unsigned pct = wo_settings()->picks_engine;
-    uint64_t n = s->per_row ? s->n_ids / s->per_row : s->n_ids;
-    double p, miss = 1.0;
 
-    if (!pct || s->hot || s->source == SRC_NONE || !s->n_experts)
+    if (!pct || s->hot || s->source == SRC_NONE || s->share < pct)
         return false;
-    p = s->per_row && s->per_row <= s->n_experts ? (double)s->per_row / s->n_experts
-                                                 : 1.0 / s->n_experts;
     /* a mirror is a copy: only of memory no kernel writes (the ggml hook
      * declares llama.cpp's model buffers so); a kernel's write into the
      * tensor (an in-place weight update) would leave it stale unseen */
-    if (s->source == SRC_MIRROR && !wo_readonly(s->rid, s->rgen))
-        return false;
-    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
-        miss *= 1.0 - p;
-    return (1.0 - miss) * 100.0 >= pct - 1e-9;
+    return s->source != SRC_MIRROR || wo_readonly(s->rid, s->rgen);
 }
 
 static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
@@ -562,19 +573,13 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
         retire(s);
     }
     if (engine_wanted(s)) {
-        struct wo_dma_job j = {.ids = s->ids,
-                               .n_ids = s->n_ids,
-                               .per_row = s->per_row,
-                               .stride = s->stride,
-                               .width = s->width,
-                               .n_experts = s->n_experts,
-                               .dst = b->dev,
-                               .row = s->row,
-                               .kernel = c,
+        struct wo_dma_job j = {.c = c,
+                               .span = (unsigned)i,
+                               .wseq = s->wseq,
+                               .pinned = s->source == SRC_PINNED,
                                .rows = &pk.dma_rows[i]};
         if (wo_dma_enqueue(d, pk.ctx, (unsigned)(t - pk.st), (CUstream)(uintptr_t)t->stream, &j,
-                           (unsigned)i, s->hi - s->lo, s->wseq, s->source == SRC_PINNED, pk.mark,
-                           pk.copy)) {
+                           pk.mark, pk.copy)) {
             b->gen = gen;
             b->span = i;
             b->seq = s->seq;

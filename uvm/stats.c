@@ -356,10 +356,12 @@ static void json_body(struct sbuf *b)
         wo_dma_figs(&df);
         sb_printf(b,
                   ",\"engine\":{\"from_percent\":%u,\"copies\":%" PRIu64 ",\"runs\":%" PRIu64
-                  ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"no_slot\":%" PRIu64
+                  ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"host_flags\":%" PRIu64
+                  ",\"no_slot\":%" PRIu64
                   ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
                   ",\"mirrors_failed\":%" PRIu64 "}}",
-                  wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.no_slot,
+                  wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.host_flags,
+                  df.no_slot,
                   df.mirrors, df.mirror_bytes, df.mirror_failed);
     }
     sb_printf(b,

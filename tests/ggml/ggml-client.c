@@ -366,6 +366,22 @@ static long long picks_field(const char *key)
     return v;
 }
 
+/* key of the stats' first object that opens with obj, or -1 */
+static long long object_field(const char *obj, const char *key)
+{
+    char *js = stats();
+    const char *o = js ? strstr(js, obj) : NULL;
+    long long v = o ? field(o, key) : -1;
+    free(js);
+    return v;
+}
+
+/* the copy engine's picked-copy counter key (picks.engine), or -1 */
+static long long engine_field(const char *key)
+{
+    return object_field("\"engine\":{", key);
+}
+
 static void picks_steps(struct ggml_tensor **wt, int off)
 {
     struct picks_ctx *c = picks_ctx_new(wt, "--picks");
@@ -407,6 +423,14 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "tensors' (%lld): the argsort's other ids were not copied",
               copied, whole);
     }
+    /* registered from a share (WOFFLOAD_GGML_PICKS_FROM): the copies went to
+     * the copy engine from pinned mirrors of the model buffer's tensors */
+    if (!off && getenv("WOFFLOAD_GGML_PICKS_FROM") && atoi(getenv("WOFFLOAD_GGML_PICKS_FROM")) > 0)
+        CHECK(engine_field("copies") > 0 && engine_field("mirrors") > 0 &&
+                  engine_field("kernel_fallbacks") == 0,
+              "--picks: copies on the copy engine (%lld) from pinned mirrors (%lld), no kernel "
+              "fallback",
+              engine_field("copies"), engine_field("mirrors"));
     staged0 = picks_field("staged");
     c->moved = c->in_place = 0;
     launches0 = c->launches;
@@ -442,11 +466,7 @@ static void picks_steps(struct ggml_tensor **wt, int off)
 /* the streaming executor's counter key, or -1 */
 static long long stream_field(const char *key)
 {
-    char *js = stats();
-    const char *st = js ? strstr(js, "\"stream\":{") : NULL;
-    long long v = st ? field(st, key) : -1;
-    free(js);
-    return v;
+    return object_field("\"stream\":{", key);
 }
 
 /* The staging copies counted once the executor stopped making them: the
