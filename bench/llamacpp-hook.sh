@@ -29,9 +29,10 @@
 #              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
 #              (tokens-exps-stream-noclaims: every step staged, through
 #              graph replay when llama.cpp's graphs are on)
-#   *-fromN, *-kernel, *-engine100: picked copies on the copy engine from a
-#              share of N%, copied by the kernel instead, or also at shares
-#              over WOFFLOAD_GGML_STREAM (picks_env)
+#   *-fromN, *-kernel, *-dma, *-engine100: picked copies from a share of
+#              N%, by the kernel (the default, or said: -kernel), on the copy
+#              engine (-dma), or on it also at shares over WOFFLOAD_GGML_STREAM
+#              (picks_env)
 #   *-picksN   the same with WOFFLOAD_GGML_PICKS=N (tokens-exps-picks100,
 #              bench-shim-exps-picks0, bench-shim-exps-picks100: the router's
 #              picks never / always registered; with llama.cpp's CUDA graphs
@@ -236,19 +237,22 @@ picks_env() {
     case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
     case $1 in *-noclaims*) PENV=(env WOFFLOAD_GGML_STREAM=0) ;; esac
     # *-fromN: the layers whose share is at least N% (and under
-    # WOFFLOAD_GGML_STREAM) registered, their picked runs copied on the copy
-    # engine (WOFFLOAD_GGML_PICKS_FROM=N); *-kernel: copied by the kernel
-    # instead (WOFFLOAD_PICKS_ENGINE=0); *-engine100: the whole-staging share
-    # off (WOFFLOAD_GGML_STREAM=100), every compute registered from N (default
-    # 0: every one) so a batch picking 99% goes to the copy engine too
+    # WOFFLOAD_GGML_STREAM) registered (WOFFLOAD_GGML_PICKS_FROM=N), their
+    # picked runs copied by the kernel (the default) or, *-dma, on the copy
+    # engine (WOFFLOAD_PICKS_ENGINE=50); *-kernel: the kernel said explicitly
+    # (WOFFLOAD_PICKS_ENGINE=0); *-engine100: on the copy engine with the
+    # whole-staging share off (WOFFLOAD_GGML_STREAM=100), every compute
+    # registered from N (default 1: every one) so a batch picking 99% goes to
+    # the copy engine too
     case $1 in *-from[0-9]*)
         local n=${1##*-from}
         PENV=(env "WOFFLOAD_GGML_PICKS_FROM=${n%%-*}") ;;
     esac
     case $1 in *-kernel*) PENV+=(WOFFLOAD_PICKS_ENGINE=0) ;; esac
+    case $1 in *-dma*) PENV+=(WOFFLOAD_PICKS_ENGINE=50) ;; esac
     case $1 in *-engine100*)
         [ ${#PENV[@]} -gt 0 ] || PENV=(env WOFFLOAD_GGML_PICKS_FROM=1)
-        PENV+=(WOFFLOAD_GGML_STREAM=100) ;;
+        PENV+=(WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50) ;;
     esac
     [ ${#PENV[@]} -eq 0 ] || [ "${PENV[0]}" = env ] || PENV=(env "${PENV[@]}")
 }
@@ -432,6 +436,7 @@ tokens plain-b32 plain
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
+tokens exps-from50-dma-b32 exps
 tokens exps-engine100-b32 exps
 server plain plain
 server exps exps
@@ -443,6 +448,7 @@ bench shim-exps-slots2 exps-slots2
 bench shim-exps-noreplay exps
 bench shim-exps-from50 exps
 bench shim-exps-from50-kernel exps
+bench shim-exps-from50-dma exps
 bench shim-exps-engine100 exps
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps

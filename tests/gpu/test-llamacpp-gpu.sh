@@ -21,7 +21,7 @@
 #     allocates cuBLAS's workspace inside the graph) is replayed;
 #   - experts on the host, 32 sequences, every compute's router picks
 #     registered (WOFFLOAD_GGML_PICKS_FROM=1, WOFFLOAD_GGML_STREAM=100) and
-#     copied on the copy engine (uvm/picks-dma.c) from pinned mirrors of the
+#     copied on the copy engine (WOFFLOAD_PICKS_ENGINE=50, off by default) (uvm/picks-dma.c) from pinned mirrors of the
 #     model buffer's expert tensors, the decode graphs replayed for it; the
 #     stats must count copies on the copy engine, mirrors made, replays,
 #     and no kernel fallback;
@@ -125,7 +125,7 @@ row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GG
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml
-row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100
+row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 [ "$fails" -eq 0 ] || exit 1
