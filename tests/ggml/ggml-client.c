@@ -423,9 +423,10 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "tensors' (%lld): the argsort's other ids were not copied",
               copied, whole);
     }
-    /* registered from a share (WOFFLOAD_GGML_PICKS_FROM): the copies went to
-     * the copy engine from pinned mirrors of the model buffer's tensors */
-    if (!off && getenv("WOFFLOAD_GGML_PICKS_FROM") && atoi(getenv("WOFFLOAD_GGML_PICKS_FROM")) > 0)
+    /* registered from a share (WOFFLOAD_GGML_PICKS_FROM) with the copy engine
+     * on (WOFFLOAD_PICKS_ENGINE): the copies went to it from pinned mirrors of the model buffer's tensors */
+    if (!off && getenv("WOFFLOAD_GGML_PICKS_FROM") && atoi(getenv("WOFFLOAD_GGML_PICKS_FROM")) > 0 &&
+        getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0)
         CHECK(engine_field("copies") > 0 && engine_field("mirrors") > 0 &&
                   engine_field("kernel_fallbacks") == 0,
               "--picks: copies on the copy engine (%lld) from pinned mirrors (%lld), no kernel "
