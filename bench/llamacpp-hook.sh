@@ -43,7 +43,8 @@
 #              (WOFFLOAD_PICKS_HOT): tokens-exps-hot8704, bench-shim-exps-hot8704
 #              (the moe32 GGUF's 18 GiB of experts: about half kept hot, beside
 #              -ncmoe 8, half the layers' experts on host, at about the same
-#              device memory)
+#              device memory); tokens-exps-hot9216-b32, bench-shim-exps-hot9216
+#              (the same for the moe128 GGUF's 18 GiB: half, 9 GiB, kept hot)
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
 #              row held: the shim choosing what stays within the same total)
@@ -231,7 +232,10 @@ picks_env() {
     # device)
     # (the hook's default with hot experts: every compute of more than one
     # token registered, a single token's read in place)
-    case $1 in *-hot[0-9]*) PENV=(env "WOFFLOAD_PICKS_HOT=${1##*-hot}") ;; esac
+    case $1 in *-hot[0-9]*)
+        local h=${1##*-hot}
+        PENV=(env "WOFFLOAD_PICKS_HOT=${h%%-*}") ;;
+    esac
     # *-noreplay: CUDA graph launches run whole (read in place); *-noclaims:
     # the ggml hook never claims a layer read in place
     case $1 in *-noreplay*) PENV=(env WOFFLOAD_GRAPH_REPLAY=0) ;; esac
@@ -431,6 +435,8 @@ tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
 tokens exps-picks100 exps
 tokens exps-hot8704 exps
+tokens exps-hot9216-b32 exps
+tokens ncmoe8-b32 ncmoe8
 tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-stream-b32 exps-stream
@@ -453,6 +459,7 @@ bench shim-exps-engine100 exps
 bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
 bench shim-exps-hot8704 exps
+bench shim-exps-hot9216 exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
