@@ -435,10 +435,10 @@ tokens exps-nommap exps nommap
 tokens exps-stream exps-stream
 tokens exps-picks100 exps
 tokens exps-hot8704 exps
-tokens exps-hot9216-b32 exps
-tokens ncmoe8-b32 ncmoe8
 tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
+tokens exps-hot9216-b32 exps
+tokens ncmoe8-b32 ncmoe8
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
