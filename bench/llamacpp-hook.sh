@@ -45,6 +45,10 @@
 #              -ncmoe 8, half the layers' experts on host, at about the same
 #              device memory); tokens-exps-hot9216-b32, bench-shim-exps-hot9216
 #              (the same for the moe128 GGUF's 18 GiB: half, 9 GiB, kept hot)
+#   *-trace    the shim's event stream recorded to NAME.wot (woffload-run
+#              --trace): bench-shim-exps-npl32-trace, b32 alone (*-npl32), for
+#              woffload-replay's prediction of the picked copies against the
+#              measured step
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
 #              row held: the shim choosing what stays within the same total)
@@ -174,7 +178,8 @@ if mode == "fit":
         sys.exit(0 if f.get("device_bytes", 0) > 0 else 1)
 if not names:
     want_rule = {"exps": "'exps'", "exps-stream": "'exps'", "exps-slots2": "'exps'",
-                 "ncmoe8": "'experts-of-layers-0-7'"}.get(mode)
+                 "ncmoe8": "'experts-of-layers-0-7'",
+                 "ncmoe9-slots2": "'experts-of-layers-0-8'"}.get(mode)
     hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
     print(f"stats: no live names (the model was freed); judged by the rules: "
           f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
@@ -186,8 +191,9 @@ def want(n):  # the placements the mode accepts for name n
         return ("unplaceable",)
     if mode in ("exps", "exps-stream", "exps-slots2"):
         return ("host",) if re.search(r"\.ffn_.*_exps\.", n) else ("device",)
-    if mode == "ncmoe8":
-        return ("host",) if re.match(r"^blk\.[0-7]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else ("device",)
+    if mode in ("ncmoe8", "ncmoe9-slots2"):
+        last = "7" if mode == "ncmoe8" else "8"
+        return ("host",) if re.match(r"^blk\.[0-" + last + r"]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else ("device",)
 bad = [n for n in names if n["placement"] not in want(n["name"])]
 by = {}
 for n in names:
@@ -214,8 +220,17 @@ EOF
 # counts in the equal-memory comparison with llama.cpp's -ot exps=CPU
 POL_SLOTS2=$OUT/llamacpp-exps-slots2.yaml
 sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' "$POL_EXPS" >"$POL_SLOTS2"
+# ncmoe9-slots2: layers 0-8's experts host and two staging slots, for a row
+# at llama.cpp's -ncmoe 8 device memory: the shim's n-cpu-moe 8 row held
+# 1,994 MiB more (four 384 MiB slots for the prompt's whole-tensor staging,
+# 768 MiB of picks buffers, against llama.cpp's 360 MiB larger compute
+# buffer), and one more layer's experts (1,152 MiB on the moe128 GGUF) and
+# two slots fewer (768 MiB) leave it at about the same
+POL_NCMOE9=$OUT/llamacpp-n-cpu-moe9-slots2.yaml
+sed "s/layers-0-7/layers-0-8/; s/\[0-7\]/[0-8]/; s/^default: device\$/default: device\nprefetch:\n  slots: 2/" \
+    "$POL_NCMOE" >"$POL_NCMOE9"
 declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-stream]=$POL_STREAM
-    [exps-slots2]=$POL_SLOTS2)
+    [exps-slots2]=$POL_SLOTS2 [ncmoe9-slots2]=$POL_NCMOE9)
 # shim_args MODE: the launcher's placement arguments in SHIM (an array): the
 # mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
 # memory a llama.cpp row was measured to hold, for a row at equal memory)
@@ -328,9 +343,16 @@ bench() {
     lim=$(($(left) - 15))
     [ $lim -gt 120 ] && lim=120
     if [ $lim -lt 30 ]; then say "SKIP $name: $(left) s left"; return; fi
-    local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg "${NTG:-32}" -c 4096 -npl "1,8,32" -lv 4 "$@")
+    # *-npl32: batches of 32 only (one step shape: a trace of it is one
+    # kind of step for the replay)
+    local npl=1,8,32
+    case $name in *-npl32*) npl=32 ;; esac
+    local cmd=("$BIN/llama-batched-bench" -m "$M" -ngl 99 -fa on -npp 32 -ntg "${NTG:-32}" -c 4096 -npl "$npl" -lv 4 "$@")
     if [ "$mode" != plain ]; then
         shim_args "$mode"
+        # *-trace: the event stream recorded (woffload-run --trace) to
+        # NAME.wot, for woffload-replay against the row's own figures
+        case $name in *-trace*) SHIM+=(--trace "$OUT/$name.wot") ;; esac
         picks_env "$name"
         cmd=("${PENV[@]}" "$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
@@ -439,6 +461,7 @@ tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-hot9216-b32 exps
 tokens ncmoe8-b32 ncmoe8
+tokens ncmoe9-slots2-b32 ncmoe9-slots2
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
@@ -460,8 +483,10 @@ bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
 bench shim-exps-hot8704 exps
 bench shim-exps-hot9216 exps
+bench shim-exps-npl32-trace exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
+bench shim-ncmoe9-slots2 ncmoe9-slots2
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
 # fit at the device memory llama.cpp's -ncmoe 8 row held (FIT, measured):
 # the shim chooses what stays by value within the same total

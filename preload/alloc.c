@@ -157,7 +157,7 @@ CUresult wo_h_mem_alloc_managed(wo_pfn_cuMemAllocManaged real, int id, void *ra,
     return res;
 }
 
-CUresult wo_h_mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr dptr)
+static CUresult mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr dptr)
 {
     CUresult res;
     (void)ra;
@@ -176,6 +176,19 @@ CUresult wo_h_mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr d
         freed(res, tracked, &r, WO_API_CU_MEM_ALLOC);
     }
     wo_leave();
+    return res;
+}
+
+/* The frees that wait for the context's work hold the copy engine's queue
+ * off first (uvm.h: wo_uvm_quiesce_begin): a wait on an engine stream for
+ * a copy not yet issued would never end. */
+CUresult wo_h_mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr dptr)
+{
+    if (!dptr)
+        return mem_free(real, id, ra, dptr);
+    wo_uvm_quiesce_begin();
+    CUresult res = mem_free(real, id, ra, dptr);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -222,7 +235,8 @@ CUresult wo_h_mem_create(wo_pfn_cuMemCreate real, int id, void *ra,
     return res;
 }
 
-CUresult wo_h_mem_release(wo_pfn_cuMemRelease real, int id, void *ra, CUmemGenericAllocationHandle h)
+static CUresult mem_release(wo_pfn_cuMemRelease real, int id, void *ra,
+                            CUmemGenericAllocationHandle h)
 {
     CUresult res;
     (void)ra;
@@ -235,6 +249,14 @@ CUresult wo_h_mem_release(wo_pfn_cuMemRelease real, int id, void *ra, CUmemGener
         wo_count(WO_CTR_vmm_release, 1);
         wo_leave();
     }
+    return res;
+}
+
+CUresult wo_h_mem_release(wo_pfn_cuMemRelease real, int id, void *ra, CUmemGenericAllocationHandle h)
+{
+    wo_uvm_quiesce_begin();
+    CUresult res = mem_release(real, id, ra, h);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -272,7 +294,7 @@ static int collect_mapped(const struct wo_range *r, void *ud)
     return u->n == UNMAP_BATCH;
 }
 
-CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr ptr, size_t size)
+static CUresult mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr ptr, size_t size)
 {
     CUresult res;
     (void)ra;
@@ -291,6 +313,14 @@ CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr pt
         } while (u.n == UNMAP_BATCH);
     }
     wo_leave();
+    return res;
+}
+
+CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr ptr, size_t size)
+{
+    wo_uvm_quiesce_begin();
+    CUresult res = mem_unmap(real, id, ra, ptr, size);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -355,7 +385,7 @@ cudaError_t wo_h_cuda_malloc_managed(wo_pfn_cudaMallocManaged real, int id, void
     return res;
 }
 
-cudaError_t wo_h_cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
+static cudaError_t cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
 {
     CUresult cres;
     cudaError_t res;
@@ -378,6 +408,16 @@ cudaError_t wo_h_cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
               WO_API_CUDA_MALLOC);
     }
     wo_leave();
+    return res;
+}
+
+cudaError_t wo_h_cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
+{
+    if (!p)
+        return cuda_free(real, id, ra, p);
+    wo_uvm_quiesce_begin();
+    cudaError_t res = cuda_free(real, id, ra, p);
+    wo_uvm_quiesce_end();
     return res;
 }
 

@@ -322,18 +322,34 @@ static CUresult unloaded(CUresult r, uintptr_t m)
     return r;
 }
 
+/* Unloads wait for the context's work: behind the copy engine's gate
+ * (uvm.h: wo_uvm_quiesce_begin). */
 CUresult wo_h_module_unload(wo_pfn_cuModuleUnload real, int id, void *ra, CUmodule m)
 {
+    CUresult r;
+
     (void)ra;
     wo_count_call(id);
-    return WO_UNLIKELY(!real) ? CUDA_ERROR_NOT_FOUND : unloaded(real(m), (uintptr_t)m);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    wo_uvm_quiesce_begin();
+    r = real(m);
+    wo_uvm_quiesce_end();
+    return unloaded(r, (uintptr_t)m);
 }
 
 CUresult wo_h_library_unload(wo_pfn_cuLibraryUnload real, int id, void *ra, CUlibrary lib)
 {
+    CUresult r;
+
     (void)ra;
     wo_count_call(id);
-    return WO_UNLIKELY(!real) ? CUDA_ERROR_NOT_FOUND : unloaded(real(lib), 0);
+    if (WO_UNLIKELY(!real))
+        return CUDA_ERROR_NOT_FOUND;
+    wo_uvm_quiesce_begin();
+    r = real(lib);
+    wo_uvm_quiesce_end();
+    return unloaded(r, 0);
 }
 
 /* --- scanning ------------------------------------------------------------- */

@@ -114,6 +114,45 @@ static void *other_thread(void *arg)
     return NULL;
 }
 
+/* WO_PICKS_TEST_FREER: another thread of the engine allocates and frees
+ * all along (llama.cpp's pools do), while the copy engine's jobs are
+ * queued and the engine's stream waits for them. On the fake driver a free
+ * waits for the context's work holding the lock the copy thread needs, as
+ * on the H200 (tests/fake: fk_quiet_free): without the shim's gate a free
+ * fails and a stream wait times out. */
+struct freer {
+    CUresult (*ctx_set)(CUcontext);
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*free)(CUdeviceptr);
+    CUcontext ctx;
+    int stop;
+    unsigned long frees, failed;
+};
+
+static void *freer_thread(void *arg)
+{
+    struct freer *f = arg;
+
+    if (f->ctx_set(f->ctx) != CUDA_SUCCESS) {
+        f->failed++;
+        return NULL;
+    }
+    while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+        CUdeviceptr p;
+
+        if (f->alloc(&p, 64u << 10) != CUDA_SUCCESS) {
+            f->failed++;
+            break;
+        }
+        if (f->free(p) != CUDA_SUCCESS)
+            f->failed++;
+        else
+            f->frees++;
+        usleep(100);
+    }
+    return NULL;
+}
+
 static uint64_t rng_state = 88172645463325252ull;
 static uint64_t rng(void)
 {
@@ -558,6 +597,12 @@ static int child(void)
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
 
+    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, ctx, 0, 0, 0};
+    pthread_t fth;
+    *(void **)&fr.free = need(cu, "cuMemFree_v2");
+    bool freeing = getenv("WO_PICKS_TEST_FREER") && getenv("WO_PICKS_TEST_ENGINE") &&
+                   strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0;
+    CHECK(!freeing || pthread_create(&fth, NULL, freer_thread, &fr) == 0);
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
             uint64_t n = TOKENS * TOPK, width = t ? 4 : 8, row = row_of[t];
@@ -674,6 +719,12 @@ static int child(void)
         }
         usleep(1500); /* the rows counters are read back at most every ms */
     }
+    if (freeing) {
+        __atomic_store_n(&fr.stop, 1, __ATOMIC_RELEASE);
+        pthread_join(fth, NULL);
+        fprintf(stderr, "freer: %lu frees, %lu failed\n", fr.frees, fr.failed);
+        CHECK(fr.frees > 0 && fr.failed == 0);
+    }
     /* one more registration reads the counters back after the last copy:
      * at least a millisecond after the last read back, on the shim's clock
      * (CLOCK_MONOTONIC_COARSE, which moves a tick at a time: 4 ms at 250
@@ -738,6 +789,9 @@ static int child(void)
         fprintf(stderr, "engine: copies %lld, runs %lld\n", copies, runs);
         /* under WOFAKE_FAIL (the -faults test) the refused flag write was
          * made from the host: counted */
+        /* with a freer, no free waited past the gate's limit */
+        if (freeing)
+            CHECK(json_num(js, "\"engine\":{", "\"quiesce_timeouts\":") == 0);
         if (getenv("WOFAKE_FAIL") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") >= 1);
         else if (!getenv("WOFAKE_FAIL"))
@@ -870,6 +924,11 @@ int main(int argc, char **argv)
             if (i == 0 && getenv("WOFAKE_FAIL") &&
                 strstr(getenv("WOFAKE_FAIL"), "cuStreamWaitValue32_v2"))
                 CHECK(strstr(log, "the driver refused a stream wait") != NULL);
+            /* the -frees test: no stream wait ran out (on the fake driver it
+             * does when a free holds the copy thread off: a GPU hangs) */
+            if (i == 0 && getenv("WO_PICKS_TEST_FREER"))
+                CHECK(strstr(log, "the driver refused a stream wait") == NULL &&
+                      strstr(log, "(0 frees went on past its wait)") != NULL);
             if (i != RESIDENT)
                 CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));

@@ -120,9 +120,21 @@ static CUdeviceptr blk_ptr(const struct wo_bound *b, const struct blk *k)
  * must not strand memory. */
 static CUresult unmap(struct wo_bound *b, CUdeviceptr p, size_t len)
 {
+    wo_uvm_quiesce_begin();
     CUresult r = b->d->cuMemUnmap(p, len);
 
-    return r == CUDA_SUCCESS ? r : b->d->cuMemUnmap(p, len);
+    if (r != CUDA_SUCCESS)
+        r = b->d->cuMemUnmap(p, len);
+    wo_uvm_quiesce_end();
+    return r;
+}
+
+/* A handle's memory given back, behind the copy engine's gate. */
+static void release(struct wo_bound *b, CUmemGenericAllocationHandle h)
+{
+    wo_uvm_quiesce_begin();
+    (void)b->d->cuMemRelease(h);
+    wo_uvm_quiesce_end();
 }
 
 static CUresult map_blk(struct wo_bound *b, const struct blk *k)
@@ -167,7 +179,7 @@ void wo_bind_destroy(struct wo_bound *b)
         return;
     for (size_t i = 0; i < b->nb; i++) {
         (void)unmap(b, blk_ptr(b, &b->b[i]), b->b[i].n * b->gran);
-        (void)b->d->cuMemRelease(b->b[i].h);
+        release(b, b->b[i].h);
     }
     if (b->base)
         (void)b->d->cuMemAddressFree(b->base, b->size);
@@ -380,7 +392,7 @@ static CUresult swap(struct wo_bound *b, size_t i, struct blk *part, size_t np)
             r = CUDA_ERROR_UNKNOWN; /* cannot happen short of a driver fault */
         return r;
     }
-    (void)b->d->cuMemRelease(old.h);
+    release(b, old.h);
     count(b, &old, -1);
     for (j = 0; j < np; j++)
         count(b, &part[j], +1);
@@ -406,7 +418,7 @@ static CUresult move_blk(struct wo_bound *b, size_t i, size_t m0, size_t m1, uin
     if (r != CUDA_SUCCESS) {
         for (size_t j = 0; j < np; j++)
             if (made[j])
-                (void)b->d->cuMemRelease(part[j].h);
+                release(b, part[j].h);
         return r;
     }
     *moved = np;

@@ -397,3 +397,21 @@ static inline void wo_driver_leave(void)
 {
     __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
 }
+
+/* The shim's own frees, behind the copy engine's gate (uvm.h:
+ * wo_uvm_quiesce_begin). */
+static inline CUresult wo_quiet_mem_free(const struct wo_driver *d, CUdeviceptr p)
+{
+    wo_uvm_quiesce_begin();
+    CUresult r = d->cuMemFree_v2(p);
+    wo_uvm_quiesce_end();
+    return r;
+}
+
+static inline CUresult wo_quiet_free_host(const struct wo_driver *d, void *h)
+{
+    wo_uvm_quiesce_begin();
+    CUresult r = d->cuMemFreeHost(h);
+    wo_uvm_quiesce_end();
+    return r;
+}

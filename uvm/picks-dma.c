@@ -26,6 +26,7 @@
 #define POLL_MAX_NS 32000l  /* doubled while none is ready, up to this */
 #define DRAIN_NS (5ull * 1000000000ull)
 #define HOST_WAIT_NS (10ull * 1000000000ull)
+#define QUIESCE_NS (2ull * 1000000000ull) /* the longest a free waits for the queue */
 #define MARK_THREADS 256u
 #define COPY_THREADS 256u
 #define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
@@ -70,7 +71,10 @@ static struct {
         unsigned ring[SLOTS];
         unsigned head, tail;
     } q[WO_PICKS_STREAMS];
-    bool started, broken, stop, th_on, mth_on, said_on;
+    bool started, broken, stop, th_on, mth_on, said_on, said_quiesce;
+    /* the quiesce gate (wo_uvm_quiesce_begin): threads about to free that
+     * hold new jobs off, and enqueues under way; atomics, Dekker-style */
+    unsigned quiescing, entering;
     pthread_t th, mth;
     struct mirror *m; /* [WO_PICKS_SPANS] */
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
@@ -315,9 +319,12 @@ static void *mirrorer(void *arg)
                         "or the driver): its picked rows are copied by the kernels",
                         want.bytes >> 20);
         } else if (dm.m[i].want != want.wseq || dm.m[i].lo != want.lo) {
-            /* written (or new memory) while copied: again */
+            /* written (or new memory) while copied: again; the free
+             * outside the lock, behind the gate (it drains the queue) */
             dm.m[i].state = M_NONE;
-            (void)dm.d->cuMemFreeHost(h);
+            pthread_mutex_unlock(&dm.lock);
+            (void)wo_quiet_free_host(dm.d, h);
+            pthread_mutex_lock(&dm.lock);
         } else {
             dm.m[i].host = h;
             dm.m[i].wseq = want.wseq;
@@ -412,20 +419,16 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
     return true;
 }
 
-bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
-                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy)
+/* wo_dma_enqueue's body, while counted in dm.entering (idb: the ids' bytes). */
+static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
+                        const struct wo_dma_job *j, CUfunction mark, CUfunction copy,
+                        uint64_t idb)
 {
     const struct wo_picks_copy *c = &j->c;
-    uint64_t extent, idb;
     struct slot *sl = NULL;
     CUdeviceptr src;
     uint32_t seq;
 
-    if (!c->n_ids || !c->width || c->n_experts > WO_PICKS_EXPERTS || ix >= WO_PICKS_STREAMS ||
-        j->span >= WO_PICKS_SPANS)
-        return false;
-    extent = c->per_row ? (c->n_ids / c->per_row - 1) * c->stride + c->per_row : c->n_ids;
-    idb = extent * c->width;
     pthread_mutex_lock(&dm.lock);
     if (mark && !dm.mark) {
         /* the copy thread reads them without the lock: kcopy first */
@@ -496,6 +499,32 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     return there;
 }
 
+bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
+                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy)
+{
+    const struct wo_picks_copy *c = &j->c;
+    uint64_t extent, idb;
+
+    if (!c->n_ids || !c->width || c->n_experts > WO_PICKS_EXPERTS || ix >= WO_PICKS_STREAMS ||
+        j->span >= WO_PICKS_SPANS)
+        return false;
+    extent = c->per_row ? (c->n_ids / c->per_row - 1) * c->stride + c->per_row : c->n_ids;
+    idb = extent * c->width;
+    /* no new job while a free waits for the queue to drain (the kernels
+     * copy this one): entering first, then the look at quiescing */
+    __atomic_add_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST)) {
+        __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+        pthread_mutex_lock(&dm.lock);
+        dm.f.quiesced++;
+        pthread_mutex_unlock(&dm.lock);
+        return false;
+    }
+    bool ok = enqueue_job(d, ctx, ix, stream, j, mark, copy, idb);
+    __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+    return ok;
+}
+
 void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
                        uint64_t bytes, uint32_t wseq)
 {
@@ -505,6 +534,56 @@ void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, 
     if (start(d, ctx))
         (void)source(lo, span, bytes, wseq, false);
     pthread_mutex_unlock(&dm.lock);
+}
+
+/* ---- the quiesce gate ------------------------------------------------------ */
+
+/* A cuMemFree (and the like) waits in the driver for the context's work
+ * to finish while it holds a lock that the copy thread's cuMemcpyAsync and
+ * cuStreamWriteValue32 take: with an engine stream waiting for a flag only
+ * the copy thread raises, neither would ever go on (seen on the H200:
+ * llama-batched-bench hung in its first step). So before such a call no new
+ * job is let in, and those queued are issued first: then every wait on the
+ * GPU is met by copies already on the copy stream. */
+void wo_uvm_quiesce_begin(void)
+{
+    uint64_t t0 = 0;
+
+    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+    for (;;) {
+        bool idle;
+
+        if (__atomic_load_n(&dm.entering, __ATOMIC_SEQ_CST) == 0) {
+            pthread_mutex_lock(&dm.lock);
+            /* without the copy thread nothing queued can be issued */
+            idle = !dm.queued || !dm.th_on;
+            pthread_mutex_unlock(&dm.lock);
+            if (idle)
+                return;
+        }
+        if (!t0) {
+            t0 = now_ns();
+        } else if (now_ns() - t0 > QUIESCE_NS) {
+            pthread_mutex_lock(&dm.lock);
+            dm.f.quiesce_timeouts++;
+            bool say = !dm.said_quiesce;
+            dm.said_quiesce = true;
+            pthread_mutex_unlock(&dm.lock);
+            if (say)
+                wo_warn("picks: a free waited %llu s for the copy engine's queued copies and "
+                        "goes on without them (a CUDA graph capture, or a GPU that stopped); "
+                        "if the process stops here, run with WOFFLOAD_PICKS_ENGINE=0",
+                        QUIESCE_NS / 1000000000ull);
+            return;
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void wo_uvm_quiesce_end(void)
+{
+    __atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
 }
 
 void wo_dma_figs(struct wo_dma_figs *f)

@@ -97,9 +97,9 @@ void wo_hot_free(const struct wo_driver *d, struct wo_picks_hot *h)
     if (!h)
         return;
     if (h->dev && d && d->cuMemFree_v2)
-        d->cuMemFree_v2(h->dev);
+        wo_quiet_mem_free(d, h->dev);
     if (h->counts_host && d && d->cuMemFreeHost)
-        d->cuMemFreeHost(h->counts_host);
+        wo_quiet_free_host(d, h->counts_host);
     free(h->prev);
     free(h->score);
     free(h->slot_of);

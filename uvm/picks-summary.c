@@ -72,10 +72,13 @@ void wo_picks_summary(void)
         wo_log_write(WO_LOG_OFF,
                      "picks: on the copy engine: %" PRIu64 " copies in %" PRIu64
                      " runs moved %.2f GB; %" PRIu64 " copied by the kernels for a failure, %" PRIu64
-                     " launches left to the kernels without a slot; %" PRIu64
-                     " pinned mirrors (%.2f GB of host memory), %" PRIu64 " not made",
-                     df.jobs, df.runs, (double)df.bytes / 1e9, df.kernel, df.no_slot, df.mirrors,
-                     (double)df.mirror_bytes / 1e9, df.mirror_failed);
+                     " launches left to the kernels without a slot, %" PRIu64
+                     " while a free drained the queue (%" PRIu64 " frees went on past its "
+                     "wait); %" PRIu64 " pinned mirrors (%.2f GB of host memory), %" PRIu64
+                     " not made",
+                     df.jobs, df.runs, (double)df.bytes / 1e9, df.kernel, df.no_slot, df.quiesced,
+                     df.quiesce_timeouts, df.mirrors, (double)df.mirror_bytes / 1e9,
+                     df.mirror_failed);
     if (t.hot_bytes || t.hot_rows || t.hot_given_back) {
         double hmin = 1, hmax = 0;
         unsigned with = 0;

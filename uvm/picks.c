@@ -444,7 +444,7 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
          * ever reads it, so its work done is the buffer free */
         if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
             return NULL;
-        d->cuMemFree_v2(b->dev);
+        wo_quiet_mem_free(d, b->dev);
         wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, b->size, __ATOMIC_RELAXED));
         b->dev = 0;
         b->size = 0;

@@ -431,7 +431,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         } else if (a->kind == WO_KIND_BOUND) {
             wo_place_bind_free(a);
         } else {
-            d->cuMemFree_v2(p);
+            wo_quiet_mem_free(d, p);
             wo_uvm.cap.live -= size;
         }
         if (pending.charged)

@@ -351,7 +351,7 @@ bool wo_sx_slots(void)
             res = d->cuEventCreate(&s->read_done, CU_EVENT_DISABLE_TIMING);
         s->dev = p;
         if (res != CUDA_SUCCESS && p && d->cuMemFree_v2)
-            d->cuMemFree_v2(p);
+            wo_quiet_mem_free(d, p);
     }
     wo_sx_pop_ctx(prev);
     wo_driver_leave();
@@ -435,7 +435,7 @@ static bool resize_slot(unsigned s)
     if (!wo_driver_enter())
         return false;
     prev = wo_sx_push_ctx();
-    d->cuMemFree_v2((CUdeviceptr)sl->dev);
+    wo_quiet_mem_free(d, (CUdeviceptr)sl->dev);
     sl->dev = 0;
     wo_sx->slot_sz[s] = 0;
     res = d->cuMemAlloc_v2(&p, want);

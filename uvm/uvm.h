@@ -170,6 +170,18 @@ extern int wo_captures_live;
  * invalidate it). */
 extern int wo_prefetch_busy;
 
+/* The copy engine's gate (uvm/picks-dma.c), around every driver call that
+ * waits for the context's work to finish while holding a lock the shim's
+ * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,
+ * cuMemUnmap, cuMemRelease, module and library unloads. An engine stream
+ * may be waiting on the GPU for a flag only that thread raises; begin lets
+ * no new picked copy onto the copy engine (the kernels copy them) and waits
+ * until the queued ones are issued (at most 2 s, then says so), end lets
+ * them in again. Nests; costs two atomics and a lock when nothing is
+ * queued. The hooks call it for the engine's calls, uvm/ for its own. */
+void wo_uvm_quiesce_begin(void);
+void wo_uvm_quiesce_end(void);
+
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
  * an empty policy the launch hooks only count and forward. */

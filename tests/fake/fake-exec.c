@@ -927,6 +927,55 @@ static CUresult mem_op_begin(CUstream s, CUdeviceptr addr, unsigned flags, unsig
     return r;
 }
 
+/* How long a wait is given before it counts as a hang (WOFAKE_WAIT_MS). */
+static uint64_t wait_limit_ns(void)
+{
+    const char *env = getenv("WOFAKE_WAIT_MS");
+
+    return (env && *env ? strtoull(env, NULL, 10) : 10000) * 1000000ull;
+}
+
+/* The driver's quiet lock. On the H200 a cuMemFree waited for the context's
+ * work to finish while holding a lock that another thread's cuMemcpyAsync
+ * and cuStreamWriteValue32 needed; with a stream waiting for a value only
+ * that thread would write, nothing went on again (llama-batched-bench
+ * under the shim's copy engine). Here work runs when enqueued, so "work
+ * not finished" is a caller blocked in cuStreamWaitValue32: a free that
+ * finds one waits, holding the lock, and fails past WOFAKE_WAIT_MS. */
+static pthread_rwlock_t quiet = PTHREAD_RWLOCK_INITIALIZER;
+static int stream_waiters;
+
+void fk_quiet_enter(void)
+{
+    pthread_rwlock_rdlock(&quiet);
+}
+
+void fk_quiet_leave(void)
+{
+    pthread_rwlock_unlock(&quiet);
+}
+
+CUresult fk_quiet_free(void)
+{
+    uint64_t t0 = fk_now_ns(), limit = wait_limit_ns();
+    CUresult r = CUDA_SUCCESS;
+
+    pthread_rwlock_wrlock(&quiet);
+    while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0) {
+        if (fk_now_ns() - t0 > limit) {
+            fprintf(stderr, "fakecuda: a free waited for the context's work while a stream "
+                            "waits on a value only a blocked call would write: a GPU would "
+                            "hang here\n");
+            r = CUDA_ERROR_LAUNCH_TIMEOUT;
+            break;
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    pthread_rwlock_unlock(&quiet);
+    return r;
+}
+
 static bool wait_met(uint32_t have, uint32_t want, unsigned how)
 {
     switch (how) {
@@ -948,21 +997,24 @@ FK_EXPORT CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
     CUresult r = mem_op_begin(stream, addr, flags, 3u | CU_STREAM_WAIT_VALUE_FLUSH);
     if (r != CUDA_SUCCESS)
         return r;
-    const char *env = getenv("WOFAKE_WAIT_MS");
-    uint64_t limit = (env && *env ? strtoull(env, NULL, 10) : 10000) * 1000000ull;
-    uint64_t t0 = fk_now_ns();
+    uint64_t limit = wait_limit_ns(), t0 = fk_now_ns();
     const volatile uint32_t *w = (const volatile uint32_t *)(uintptr_t)addr;
+    if (wait_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u))
+        return CUDA_SUCCESS;
+    __atomic_add_fetch(&stream_waiters, 1, __ATOMIC_ACQ_REL);
     while (!wait_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u)) {
         if (fk_now_ns() - t0 > limit) {
             fprintf(stderr, "fakecuda: cuStreamWaitValue32 on %#llx for %u never met (holds %u): "
                             "a GPU stream would hang here\n",
                     (unsigned long long)addr, value, *w);
-            return CUDA_ERROR_LAUNCH_TIMEOUT;
+            r = CUDA_ERROR_LAUNCH_TIMEOUT;
+            break;
         }
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
-    return CUDA_SUCCESS;
+    __atomic_sub_fetch(&stream_waiters, 1, __ATOMIC_ACQ_REL);
+    return r;
 }
 
 FK_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value,
@@ -970,8 +1022,11 @@ FK_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
 {
     FK_ENTER(cuStreamWriteValue32_v2);
     CUresult r = mem_op_begin(stream, addr, flags, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-    if (r == CUDA_SUCCESS)
+    if (r == CUDA_SUCCESS) {
+        fk_quiet_enter();
         __atomic_store_n((uint32_t *)(uintptr_t)addr, value, __ATOMIC_RELEASE);
+        fk_quiet_leave();
+    }
     return r;
 }
 

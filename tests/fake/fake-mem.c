@@ -369,6 +369,9 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         return r;
     if (dptr == 0)
         return CUDA_SUCCESS; /* as measured on driver 580 */
+    r = fk_quiet_free();
+    if (r != CUDA_SUCCESS)
+        return r;
     return free_kind(dptr, 1u << FAKECUDA_DEVICE | 1u << FAKECUDA_ASYNC | 1u << FAKECUDA_MANAGED);
 }
 
@@ -1035,11 +1038,20 @@ FK_EXPORT CUresult cuMemcpy_ptds(CUdeviceptr dst, CUdeviceptr src, size_t ByteCo
 {
     COPY_SYNC(cuMemcpy_ptds, P(dst), P(src), ByteCount, !check_unified(dst, src, ByteCount));
 }
-FK_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
-                                 CUstream hStream)
+static CUresult cuMemcpyAsync_body(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                   CUstream hStream)
 {
     COPY_ASYNC(cuMemcpyAsync, P(dst), P(src), ByteCount, !check_unified(dst, src, ByteCount),
                hStream, false);
+}
+/* enqueued under the driver's quiet lock (fk_quiet_free) */
+FK_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
+                                 CUstream hStream)
+{
+    fk_quiet_enter();
+    CUresult r = cuMemcpyAsync_body(dst, src, ByteCount, hStream);
+    fk_quiet_leave();
+    return r;
 }
 FK_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                       CUstream hStream)

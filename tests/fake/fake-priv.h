@@ -158,3 +158,10 @@ void fk_op_run(const struct fk_op *op);
 
 /* --- misc ---------------------------------------------------------------- */
 uint64_t fk_now_ns(void);
+/* The driver's quiet lock (fake-exec.c): cuMemcpyAsync and
+ * cuStreamWriteValue32 hold it to enqueue; a free waits holding it until no
+ * caller is blocked in cuStreamWaitValue32 (CUDA_ERROR_LAUNCH_TIMEOUT past
+ * WOFAKE_WAIT_MS: a GPU would hang there). */
+void fk_quiet_enter(void);
+void fk_quiet_leave(void);
+CUresult fk_quiet_free(void);
