@@ -323,7 +323,7 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
     uint64_t before_moved;
     char *js;
 
-    for (int step = 0; step < HOT_STEPS && !failures; step++)
+    for (int step = 0; step < HOT_STEPS && !failures; step++) {
         for (int t = 0; t < 2; t++) {
             /* a write into hot expert 0 of each tensor, between two
              * registrations */
@@ -333,6 +333,21 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
             }
             hot_step(h, t, step, step == HOT_STEPS - 20 ? s2 : s, NULL);
         }
+        /* after 8 registrations each set is full: made at the second,
+         * chosen at every one while slots are free (filled 8 rows every 8
+         * registrations it would not even exist yet) */
+        if (step == 7) {
+            const char *t0 = "model.layers.0.mlp.experts.gate_up_proj\":";
+            long long slots, held;
+
+            js = snapshot(h->stats);
+            slots = json_num(js, t0, "\"hot_slots\":");
+            held = json_num(js, t0, "\"hot_experts\":");
+            printf("hot child, after 8 registrations: %lld of %lld slots held\n", held, slots);
+            CHECK(slots > 0 && held == slots);
+            free(js);
+        }
+    }
     usleep(5000);
     js = snapshot(h->stats);
     CHECK(js != NULL);

@@ -164,6 +164,7 @@ static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream s
                    CUfunction fill)
 {
     unsigned swaps = 0, fills = 0;
+    unsigned most = (unsigned)WO_MAX((uint64_t)WO_HOT_FILLS_MIN, WO_HOT_FILL_BYTES / h->row);
 
     for (unsigned e = 0; e < h->n; e++) {
         uint32_t c = __atomic_load_n(&h->counts_host[e], __ATOMIC_RELAXED);
@@ -175,7 +176,7 @@ static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream s
     h->choices++;
     /* free slots first, a few at a time: each costs one row over the link
      * on the engine's stream, right before its launch (and a search) */
-    for (unsigned j = 0; j < h->cap && fills < WO_HOT_FILLS; j++) {
+    for (unsigned j = 0; j < h->cap && fills < most; j++) {
         int c;
         if (h->expert_in[j] >= 0)
             continue;
@@ -218,7 +219,8 @@ bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t 
         h->clear = false;
         h->last_regs = regs; /* the counts since then choose the next set */
     }
-    if (regs - h->last_regs < WO_HOT_EVERY)
+    /* every registration while slots are free, every WO_HOT_EVERY once full */
+    if (regs - h->last_regs < (h->held < h->cap ? 1u : WO_HOT_EVERY))
         return true;
     h->last_regs = regs;
     if (h->readback && !choose(h, d, s, src, fill))

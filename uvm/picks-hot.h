@@ -12,9 +12,13 @@
  * stream, and every WO_HOT_EVERY registrations of the tensor (a layer
  * registers once a forward step) the executor decays each expert's score
  * and adds the copies since the last time (frequency with recency: an
- * LFRU), fills free slots (at most WO_HOT_FILLS) with the best experts not
- * hot, then swaps at most WO_HOT_SWAPS of them for hot ones scoring
- * clearly less.
+ * LFRU), fills free slots (rows of at most WO_HOT_FILL_BYTES a choice, at
+ * least WO_HOT_FILLS_MIN) with the best experts not hot, then swaps at most
+ * WO_HOT_SWAPS of them for hot ones scoring clearly less. While slots are
+ * free it chooses at every registration: a set filled 8 rows every 8
+ * steps took 80 steps to fill 64 slots, longer than a benchmark's batch
+ * (llama-batched-bench's 32 steps on the H200: 48 of 64 filled at its
+ * end, 17% of the picked rows hot).
  *
  * Stream order makes every change exact without a wait: on the tensor's
  * home stream (the one stream whose copies read the cache), an expert
@@ -35,9 +39,14 @@
 #include "uvm/uvm.h"
 
 #define WO_HOT_NOWHERE 0xffffffffu /* where[e]: expert e is not hot (uvm/stream-copy.cu) */
-#define WO_HOT_EVERY 8u            /* registrations between two choices of the hot set */
-#define WO_HOT_SWAPS 2u            /* experts that may enter a full hot set at a choice */
-#define WO_HOT_FILLS 8u            /* free slots filled at a choice, at most */
+#define WO_HOT_EVERY 8u /* registrations between two choices of a full hot set */
+#define WO_HOT_SWAPS 2u /* experts that may enter a full hot set at a choice */
+/* free slots filled at a choice: rows of at most this many bytes (each a
+ * copy over the link on the engine's stream before its launch: 256 MiB is
+ * 5 ms at 55 GB/s), and at least WO_HOT_FILLS_MIN rows */
+#define WO_HOT_FILL_BYTES (256ull << 20)
+#define WO_HOT_FILLS_MIN 8u
+#define WO_HOT_FIRST 2u /* registrations of a tensor before its hot set is made */
 
 struct wo_picks_hot;
 

@@ -494,7 +494,7 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
     uint64_t total = wo_picks_hot_total(), left, share, map, bytes = 0;
     unsigned want = 0, cap;
 
-    if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_EVERY ||
+    if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_FIRST ||
         __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return;
     wo_hot_resolve_auto(d);
