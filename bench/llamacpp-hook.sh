@@ -49,6 +49,11 @@
 #              --trace): bench-shim-exps-npl32-trace, b32 alone (*-npl32), for
 #              woffload-replay's prediction of the picked copies against the
 #              measured step
+#   *-blockNN  beside a blocker process holding device memory so that NN% of
+#              the GGUF's bytes stay free (a model larger than the GPU, issue
+#              41); *-late with WOFFLOAD_LATE_BIND=1; tokens-fit-block50-late,
+#              bench-shim-fit-block50-late (--fit ${FIT:-90%}), -exps-block50,
+#              -exps-block50-late, bench-llama-ot-exps-block50, and at 25%
 #   *-fit      with FIT=SIZE: tokens and a batched-bench row under
 #              `woffload-run --fit SIZE` (e.g. the device memory the -ncmoe 8
 #              row held: the shim choosing what stays within the same total)
@@ -235,7 +240,7 @@ declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-st
 # mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
 # memory a llama.cpp row was measured to hold, for a row at equal memory)
 shim_args() {
-    if [ "$1" = fit ]; then SHIM=(--fit "$FIT"); else SHIM=(--policy "${POL[$1]}"); fi
+    if [ "$1" = fit ]; then SHIM=(--fit "${FIT:-90%}"); else SHIM=(--policy "${POL[$1]}"); fi
 }
 # a row named ...-picksN runs with WOFFLOAD_GGML_PICKS=N (the ggml hook's
 # router picks: 0 never, 100 always; docs/llamacpp.md, "Picked experts")
@@ -273,7 +278,43 @@ picks_env() {
         [ ${#PENV[@]} -gt 0 ] || PENV=(env WOFFLOAD_GGML_PICKS_FROM=1)
         PENV+=(WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50) ;;
     esac
+    # *-late: llama.cpp's model buffer late bound (WOFFLOAD_LATE_BIND=1: a VMM
+    # range re-backed at seal, docs/placement.md): without it a buffer larger
+    # than the free memory is served as pinned host memory whole
+    case $1 in *-late*) PENV+=(WOFFLOAD_LATE_BIND=1) ;; esac
     [ ${#PENV[@]} -eq 0 ] || [ "${PENV[0]}" = env ] || PENV=(env "${PENV[@]}")
+}
+
+# *-blockNN rows run beside a blocker: another process holding device
+# memory so that NN% of the GGUF's bytes stay free (issue 41: a model larger
+# than the GPU); the rows' memory figures leave it out
+BLOCK_PID=""
+blocker_start() {
+    local name=$1 pct gg w=0
+    case $name in *-block[0-9]*) pct=${name##*-block}; pct=${pct%%-*} ;; *) return ;; esac
+    gg=$(($(stat -c %s "$M") >> 20))
+    python3 - $((gg * pct / 100)) >"$OUT/$name.blocker" 2>&1 <<'PY' &
+import sys, time, torch
+target = int(sys.argv[1]) << 20
+free, _ = torch.cuda.mem_get_info()
+x = torch.empty(max(free - target, 0), dtype=torch.uint8, device="cuda")
+print(f"holds {x.numel() >> 20} MiB, {torch.cuda.mem_get_info()[0] >> 20} MiB free after it",
+      flush=True)
+time.sleep(3600)
+PY
+    BLOCK_PID=$!
+    while ! grep -q '^holds' "$OUT/$name.blocker" 2>/dev/null && kill -0 $BLOCK_PID 2>/dev/null &&
+        [ $w -lt 120 ]; do
+        sleep 0.5
+        w=$((w + 1))
+    done
+    say "$name: blocker $(head -1 "$OUT/$name.blocker") (target: $pct% of the GGUF's $gg MiB free)"
+}
+blocker_stop() {
+    [ -n "$BLOCK_PID" ] || return
+    kill $BLOCK_PID 2>/dev/null
+    wait $BLOCK_PID 2>/dev/null
+    BLOCK_PID=""
 }
 PLAIN_TOKENS=""
 PLAIN_TOKENS_B32=""
@@ -309,8 +350,10 @@ tokens() {
     fi
     # the token line on stdout alone: the shim's stderr lines, written
     # meanwhile, broke it in two in a shared file
+    blocker_start "$name"
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.out" 2>"$OUT/$name.log"
     local rc=$? got
+    blocker_stop
     cat "$OUT/$name.out" >>"$OUT/$name.log"
     got=$(grep -m1 -o '^tokens:[ 0-9|]*' "$OUT/$name.out")
     # the plain run this one is held against: the first plain one of as many
@@ -357,6 +400,7 @@ bench() {
         cmd=("${PENV[@]}" "$RUN" "${SHIM[@]}" --stats "$OUT/$name.stats.json" --log info -- "${cmd[@]}")
     fi
     local base
+    blocker_start "$name"
     base=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.log" 2>&1 &
     local pid=$! peak
@@ -367,12 +411,14 @@ bench() {
     # buffer), and the GPU's used memory less what was used before the row
     # started, which counts it
     peak=$(while kill -0 $pid 2>/dev/null; do
-        echo "p $(nvidia-smi --query-compute-apps=used_memory --format=csv,noheader,nounits 2>/dev/null | awk '{ s += $1 } END { print s + 0 }')"
+        echo "p $(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null | awk -F', *' -v k="${BLOCK_PID:-0}" '$1 != k { s += $2 } END { print s + 0 }')"
         echo "g $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)"
         sleep 1
     done | awk -v b="${base:-0}" '$1 == "p" { if ($2 > p) p = $2 } $1 == "g" { if ($2 - b > g) g = $2 - b } END { printf "%d MiB per process, %d MiB of the GPU used memory", p, g }')
     wait $pid
-    say "$name rc=$? (limit ${lim}s), device memory peak: ${peak}"
+    local rc=$?
+    blocker_stop
+    say "$name rc=$rc (limit ${lim}s), device memory peak: ${peak}"
     grep -E "model buffer size|KV buffer size|compute buffer size|woffload: ggml:|woffload: seal|managed cap" "$OUT/$name.log" | head -9 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
     grep -E '^\|' "$OUT/$name.log" | tee -a "$OUT/summary.txt"
     if [ "$mode" != plain ] && [ -f "$OUT/$name.stats.json" ]; then
@@ -488,6 +534,18 @@ bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench shim-ncmoe9-slots2 ncmoe9-slots2
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
+# a model larger than the GPU (issue 41): a blocker leaving 50% or 25% of the
+# GGUF's bytes free; fit (FIT, default 90%: all that is free) late bound,
+# the experts-host policy with and without late binding, llama.cpp's own
+tokens fit-block50-late fit
+tokens fit-block25-late fit
+bench shim-fit-block50-late fit
+bench shim-exps-block50 exps
+bench shim-exps-block50-late exps
+bench llama-ot-exps-block50 plain -ot exps=CPU -lm none
+bench shim-fit-block25-late fit
+bench shim-exps-block25-late exps
+bench llama-ot-exps-block25 plain -ot exps=CPU -lm none
 # fit at the device memory llama.cpp's -ncmoe 8 row held (FIT, measured):
 # the shim chooses what stays by value within the same total
 if [ -n "${FIT:-}" ]; then
