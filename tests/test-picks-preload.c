@@ -333,17 +333,19 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
             }
             hot_step(h, t, step, step == HOT_STEPS - 20 ? s2 : s, NULL);
         }
-        /* after 8 registrations each set is full: made at the second,
-         * chosen at every one while slots are free (filled 8 rows every 8
-         * registrations it would not even exist yet) */
-        if (step == 7) {
+        /* after 12 registrations the set is full: made at the second,
+         * chosen while slots are free at the next registration after a
+         * choice that filled some, twice as far after one that found none
+         * (one new expert a step here); filled 8 rows every 8 registrations
+         * from the 8th it would still be empty */
+        if (step == 11) {
             const char *t0 = "model.layers.0.mlp.experts.gate_up_proj\":";
             long long slots, held;
 
             js = snapshot(h->stats);
             slots = json_num(js, t0, "\"hot_slots\":");
             held = json_num(js, t0, "\"hot_experts\":");
-            printf("hot child, after 8 registrations: %lld of %lld slots held\n", held, slots);
+            printf("hot child, after 12 registrations: %lld of %lld slots held\n", held, slots);
             CHECK(slots > 0 && held == slots);
             free(js);
         }

@@ -32,6 +32,7 @@ struct wo_picks_hot {
     bool zero;     /* the counts must be zeroed on home before any copy counts */
     bool clear;    /* the map must be cleared on home before the next copy */
     bool readback; /* a readback was enqueued (counts_host means something) */
+    unsigned gap;  /* registrations to the next choice while slots are free (1..WO_HOT_EVERY) */
     uint64_t fills, choices;
 };
 
@@ -42,6 +43,7 @@ static void forget(struct wo_picks_hot *h)
     for (unsigned j = 0; j < h->cap; j++)
         h->expert_in[j] = -1;
     h->held = 0;
+    h->gap = 1;
 }
 
 uint64_t wo_hot_map_bytes(unsigned n_experts)
@@ -88,6 +90,7 @@ struct wo_picks_hot *wo_hot_new(const struct wo_driver *d, unsigned n_experts, u
     h->cache = h->dev + map;
     forget(h);
     h->zero = h->clear = true;
+    h->gap = 1;
     *bytes = h->bytes;
     return h;
 }
@@ -181,11 +184,16 @@ static bool choose(struct wo_picks_hot *h, const struct wo_driver *d, CUstream s
         if (h->expert_in[j] >= 0)
             continue;
         if ((c = best_cold(h)) < 0)
-            return true;
+            break;
         if (!put(d, h, st, src, fill, j, (unsigned)c))
             return false;
         fills++;
     }
+    /* the next choice: at the next registration after fills, twice as far
+     * after a choice that found none (a router that picks fewer experts
+     * than the slots would otherwise cost a choice and a readback every
+     * registration), every WO_HOT_EVERY once full */
+    h->gap = fills ? 1u : WO_MIN(h->gap * 2u, WO_HOT_EVERY);
     /* then a few swaps, each only for a clearly better expert */
     while (swaps < WO_HOT_SWAPS) {
         int c = best_cold(h), w = worst_hot(h);
@@ -219,8 +227,9 @@ bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t 
         h->clear = false;
         h->last_regs = regs; /* the counts since then choose the next set */
     }
-    /* every registration while slots are free, every WO_HOT_EVERY once full */
-    if (regs - h->last_regs < (h->held < h->cap ? 1u : WO_HOT_EVERY))
+    /* while slots are free, h->gap registrations apart (choose), every
+     * WO_HOT_EVERY once full */
+    if (regs - h->last_regs < (h->held < h->cap ? h->gap : WO_HOT_EVERY))
         return true;
     h->last_regs = regs;
     if (h->readback && !choose(h, d, s, src, fill))

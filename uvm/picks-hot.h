@@ -15,7 +15,8 @@
  * LFRU), fills free slots (rows of at most WO_HOT_FILL_BYTES a choice, at
  * least WO_HOT_FILLS_MIN) with the best experts not hot, then swaps at most
  * WO_HOT_SWAPS of them for hot ones scoring clearly less. While slots are
- * free it chooses at every registration: a set filled 8 rows every 8
+ * free it chooses again at the next registration after a choice that filled
+ * some, twice as far (up to WO_HOT_EVERY) after one that found none: a set filled 8 rows every 8
  * steps took 80 steps to fill 64 slots, longer than a benchmark's batch
  * (llama-batched-bench's 32 steps on the H200: 48 of 64 filled at its
  * end, 17% of the picked rows hot).
