@@ -106,6 +106,7 @@ for step in "$@"; do
         [ "$step" = suite2b ] && part=("${SUITE_B[1]}")
         meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
         LLAMA_TOKENS=/tmp/llb/llamacpp-tokens LLAMA_GGUF=/tmp/x.gguf \
+            LLAMA_BENCH=/tmp/llb/bin/llama-batched-bench \
             bench/gpu-suite.sh "$OUT/gpu-suite-${step#suite}.txt" "${part[@]}"
         rc=$?
         tail -12 "$OUT/gpu-suite-${step#suite}.txt" ;;

@@ -30,6 +30,10 @@
 #     a time) claims the experts read in place, so nothing is staged and the
 #     claims are counted;
 # and the live stats must place every `_exps` tensor on the host.
+#   - with LLAMA_BENCH (llama-batched-bench), 32 sequences under it with
+#     the copy engine on: it must end (it hung before the gate, uvm.h
+#     wo_uvm_quiesce_begin), with copies on the copy engine and no free past
+#     the gate's wait;
 # Needs LLAMA_TOKENS (the llamacpp-tokens program) and LLAMA_GGUF (a MoE
 # GGUF, e.g. the peers kit's gen_gguf.py output); without them: skipped (77).
 set -u
@@ -128,5 +132,39 @@ row exps-replay-b32 llamacpp-exps-stream.yaml
 row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
+
+# The copy engine under llama-batched-bench (LLAMA_BENCH: its binary), whose
+# first step frees memory while copies are queued: without the gate
+# (wo_uvm_quiesce_begin) it hung there on the H200. It must end within 150 s,
+# with copies on the copy engine and no free past the gate's wait.
+bench=${LLAMA_BENCH:-}
+if [ -n "$bench" ] && [ -x "$bench" ]; then
+    name=engine-bench-b32
+    timeout -k 10 150 env WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 \
+        WOFFLOAD_PICKS_ENGINE=50 "$run" --policy "$src/examples/llamacpp-ot-exps-cpu.yaml" \
+        --stats "$tmp/$name.json" --log info -- "$bench" -m "$gguf" -ngl 99 -fa on -npp 32 \
+        -ntg 8 -c 4096 -npl 32 >"$tmp/$name.out" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "FAIL $name: exit $rc (124: it hung)"
+        grep -m8 -e 'woffload: ' -e 'error' "$tmp/$name.out"
+        fails=$((fails + 1))
+    elif ! python3 - "$tmp/$name.json" <<'PY'; then
+import json, sys
+eng = json.load(open(sys.argv[1])).get("picks", {}).get("engine", {})
+print(f"    picks on the copy engine: {eng.get('copies')} copies, {eng.get('mirrors')} mirrors, "
+      f"{eng.get('quiesced')} launches left to the kernel while a free drained the queue, "
+      f"{eng.get('quiesce_timeouts')} frees past the gate's wait")
+sys.exit(0 if eng.get("copies", 0) > 0 and eng.get("quiesce_timeouts", 1) == 0 else 1)
+PY
+        echo "FAIL $name: no copies on the copy engine, or a free went on past the gate"
+        fails=$((fails + 1))
+    else
+        grep -E '^\|  *32 \|' "$tmp/$name.out" | sed 's/^/    /'
+        echo "ok   $name: llama-batched-bench ran to its end with the copy engine on"
+    fi
+else
+    echo "skip engine-bench-b32: LLAMA_BENCH (llama-batched-bench) not set"
+fi
 [ "$fails" -eq 0 ] || exit 1
 echo "PASS"
