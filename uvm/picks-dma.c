@@ -71,7 +71,7 @@ static struct {
         unsigned ring[SLOTS];
         unsigned head, tail;
     } q[WO_PICKS_STREAMS];
-    bool started, broken, stop, th_on, mth_on, said_on, said_quiesce;
+    bool started, broken, stop, th_on, mth_on, said_on;
     /* the quiesce gate (wo_uvm_quiesce_begin): threads about to free that
      * hold new jobs off, and enqueues under way; atomics, Dekker-style */
     unsigned quiescing, entering;
@@ -565,9 +565,7 @@ void wo_uvm_quiesce_begin(void)
             t0 = now_ns();
         } else if (now_ns() - t0 > QUIESCE_NS) {
             pthread_mutex_lock(&dm.lock);
-            dm.f.quiesce_timeouts++;
-            bool say = !dm.said_quiesce;
-            dm.said_quiesce = true;
+            bool say = dm.f.quiesce_timeouts++ == 0; /* said once */
             pthread_mutex_unlock(&dm.lock);
             if (say)
                 wo_warn("picks: a free waited %llu s for the copy engine's queued copies and "
