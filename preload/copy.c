@@ -301,10 +301,20 @@ CUresult wo_h_stream_sync(wo_pfn_cuStreamSynchronize real, int id, void *ra, CUs
     SYNC_HOOK(real(s), wo_stream_id(s, wo_hook_pt[id]));
 }
 
+/* The context's whole work waited for: behind the copy engine's gate, as
+ * the frees (uvm.h: wo_uvm_quiesce_begin). */
+static CUresult ctx_sync_gated(wo_pfn_cuCtxSynchronize_v2 real, CUcontext ctx)
+{
+    wo_uvm_quiesce_begin();
+    CUresult r = real(ctx);
+    wo_uvm_quiesce_end(false);
+    return r;
+}
+
 CUresult wo_h_ctx_sync(wo_pfn_cuCtxSynchronize_v2 real, int id, void *ra, CUcontext ctx)
 {
     (void)ra;
-    SYNC_HOOK(real(ctx), 0);
+    SYNC_HOOK(ctx_sync_gated(real, ctx), 0);
 }
 
 CUresult wo_h_event_sync(wo_pfn_cuEventSynchronize real, int id, void *ra, CUevent e)

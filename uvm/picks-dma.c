@@ -51,6 +51,7 @@ struct mirror {
     void *host;
     uint64_t lo, bytes;
     uint32_t wseq, want; /* the writes count it copies / the span's now */
+    uint32_t ep;         /* dm.frees when it was asked: the tensor was live then */
 };
 
 static struct {
@@ -75,6 +76,11 @@ static struct {
     /* the quiesce gate (wo_uvm_quiesce_begin): threads about to free that
      * hold new jobs off, and enqueues under way; atomics, Dekker-style */
     unsigned quiescing, entering;
+    /* frees passed through the gate (bumped as each ends), and a mirror's
+     * copy under way: the mirrorer reads the engine's memory with the CPU,
+     * which a free unmaps (llama-batched-bench's exit, seen on the H200:
+     * SIGSEGV in memcpy while a mirror was copied) */
+    unsigned frees, reading;
     pthread_t th, mth;
     struct mirror *m; /* [WO_PICKS_SPANS] */
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
@@ -266,6 +272,54 @@ static void *worker(void *arg)
 
 /* ---- mirrors --------------------------------------------------------------- */
 
+static void drain(void);
+
+#define MIRROR_CHUNK (32ull << 20)
+
+/* The mirrorer's own driver calls behind the gate (no job let in, the
+ * queued ones issued; the mirrorer reads nothing meanwhile), not counted as
+ * a free of the engine's memory: the other mirrors asked stay good. */
+static void own_quiet_begin(void)
+{
+    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+    drain();
+}
+
+static void own_quiet_end(void)
+{
+    __atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+}
+
+/* A mirror's pinned memory that never became a source. */
+static void free_own(void *h)
+{
+    own_quiet_begin();
+    (void)dm.d->cuMemFreeHost(h);
+    own_quiet_end();
+}
+
+/* Copies a mirror's bytes with the CPU, a chunk at a time, each only while
+ * no free is under way and none came since the mirror was asked (its
+ * source is the engine's memory, which a free unmaps). False: dropped.
+ * Dekker with wo_uvm_quiesce_begin: reading first, then the look at
+ * quiescing; the free raises quiescing, then waits for reading to fall. */
+static bool copy_live(void *h, const struct mirror *want)
+{
+    for (uint64_t at = 0; at < want->bytes; at += MIRROR_CHUNK) {
+        uint64_t n = WO_MIN(MIRROR_CHUNK, want->bytes - at);
+
+        __atomic_store_n(&dm.reading, 1, __ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST) ||
+            __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST) != want->ep) {
+            __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
+            return false;
+        }
+        memcpy((char *)h + at, (const char *)(uintptr_t)(want->lo + at), n);
+        __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
+    }
+    return true;
+}
+
 /* Makes the mirrors asked for, one at a time: pinned memory, then the
  * tensor's bytes copied by the CPU (managed memory advised to the host
  * lies there). A mirror replaced by a newer one is left to the process's
@@ -297,6 +351,9 @@ static void *mirrorer(void *arg)
                 struct timespec ts = {0, 1000000};
                 nanosleep(&ts, NULL);
             }
+            /* both calls may wait for the context's work, holding the lock
+             * the copy thread's calls need: behind the gate, as the frees */
+            own_quiet_begin();
             ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
                            CUDA_SUCCESS;
             /* a copy into the tensor noted before (its writes count, want)
@@ -306,13 +363,22 @@ static void *mirrorer(void *arg)
                 (void)dm.d->cuCtxSynchronize_v2(NULL);
             else if (ok && dm.d->cuCtxSynchronize)
                 (void)dm.d->cuCtxSynchronize();
+            own_quiet_end();
             if (in)
                 wo_driver_leave();
         }
-        if (ok)
-            memcpy(h, (const void *)(uintptr_t)want.lo, want.bytes);
+        bool dropped = ok && !copy_live(h, &want);
         pthread_mutex_lock(&dm.lock);
-        if (!ok) {
+        if (dropped) {
+            /* a free came since it was asked: its source may be gone. Asked
+             * again by the next copy that wants it (a live tensor then) */
+            dm.f.mirror_dropped++;
+            if (dm.m[i].lo == want.lo && dm.m[i].state == M_QUEUED)
+                dm.m[i].state = M_NONE;
+            pthread_mutex_unlock(&dm.lock);
+            free_own(h);
+            pthread_mutex_lock(&dm.lock);
+        } else if (!ok) {
             dm.m[i].state = M_FAILED;
             if (!dm.f.mirror_failed++)
                 wo_info("picks: no pinned mirror of a %" PRIu64 " MiB expert tensor (host memory "
@@ -323,7 +389,7 @@ static void *mirrorer(void *arg)
              * outside the lock, behind the gate (it drains the queue) */
             dm.m[i].state = M_NONE;
             pthread_mutex_unlock(&dm.lock);
-            (void)wo_quiet_free_host(dm.d, h);
+            free_own(h);
             pthread_mutex_lock(&dm.lock);
         } else {
             dm.m[i].host = h;
@@ -357,6 +423,9 @@ static CUdeviceptr source(uint64_t lo, unsigned span, uint64_t bytes, uint32_t w
         (m->state == M_FAILED && m->wseq != wseq)) {
         m->state = M_QUEUED;
         m->wseq = wseq;
+        /* asked by a launch (or a registration) that reads the tensor,
+         * within the gate: no free of it has begun */
+        m->ep = __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST);
         dm.mq[dm.mtail++ % WO_PICKS_SPANS] = span;
         pthread_cond_signal(&dm.mcv);
     }
@@ -417,6 +486,25 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
     }
     dm.started = true;
     return true;
+}
+
+/* No new job nor mirror while a free waits for the queue to drain:
+ * entering first, then the look at quiescing. False: a free is under way. */
+static bool gate_enter(void)
+{
+    __atomic_add_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST))
+        return true;
+    __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+    pthread_mutex_lock(&dm.lock);
+    dm.f.quiesced++;
+    pthread_mutex_unlock(&dm.lock);
+    return false;
+}
+
+static void gate_leave(void)
+{
+    __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
 }
 
 /* wo_dma_enqueue's body, while counted in dm.entering (idb: the ids' bytes). */
@@ -493,6 +581,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     }
     pthread_mutex_lock(&dm.lock);
     dm.broken = true;
+    dm.f.waits_refused++;
     pthread_mutex_unlock(&dm.lock);
     wo_warn("picks: the driver refused a stream wait (cuStreamWaitValue32): picked rows are "
             "copied by the kernels from now on");
@@ -510,46 +599,32 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
         return false;
     extent = c->per_row ? (c->n_ids / c->per_row - 1) * c->stride + c->per_row : c->n_ids;
     idb = extent * c->width;
-    /* no new job while a free waits for the queue to drain (the kernels
-     * copy this one): entering first, then the look at quiescing */
-    __atomic_add_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST)) {
-        __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
-        pthread_mutex_lock(&dm.lock);
-        dm.f.quiesced++;
-        pthread_mutex_unlock(&dm.lock);
-        return false;
-    }
+    if (!gate_enter())
+        return false; /* the kernels copy this one */
     bool ok = enqueue_job(d, ctx, ix, stream, j, mark, copy, idb);
-    __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
+    gate_leave();
     return ok;
 }
 
 void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
                        uint64_t bytes, uint32_t wseq)
 {
-    if (span >= WO_PICKS_SPANS || !ctx)
+    if (span >= WO_PICKS_SPANS || !ctx || !gate_enter())
         return;
     pthread_mutex_lock(&dm.lock);
     if (start(d, ctx))
         (void)source(lo, span, bytes, wseq, false);
     pthread_mutex_unlock(&dm.lock);
+    gate_leave();
 }
 
 /* ---- the quiesce gate ------------------------------------------------------ */
 
-/* A cuMemFree (and the like) waits in the driver for the context's work
- * to finish while it holds a lock that the copy thread's cuMemcpyAsync and
- * cuStreamWriteValue32 take: with an engine stream waiting for a flag only
- * the copy thread raises, neither would ever go on (seen on the H200:
- * llama-batched-bench hung in its first step). So before such a call no new
- * job is let in, and those queued are issued first: then every wait on the
- * GPU is met by copies already on the copy stream. */
-void wo_uvm_quiesce_begin(void)
+/* Waits (at most QUIESCE_NS) until no job is entering and none is queued. */
+static void drain(void)
 {
     uint64_t t0 = 0;
 
-    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
     for (;;) {
         bool idle;
 
@@ -579,8 +654,33 @@ void wo_uvm_quiesce_begin(void)
     }
 }
 
-void wo_uvm_quiesce_end(void)
+/* A cuMemFree (and the like) waits in the driver for the context's work
+ * to finish while it holds a lock that the copy thread's cuMemcpyAsync and
+ * cuStreamWriteValue32 take: with an engine stream waiting for a flag only
+ * the copy thread raises, neither would ever go on (seen on the H200:
+ * llama-batched-bench hung in its first step). So before such a call no new
+ * job is let in, and those queued are issued first: then every wait on the
+ * GPU is met by copies already on the copy stream. A free also waits for
+ * a mirror's chunk under way, and drops the mirrors asked before it
+ * (copy_live). */
+void wo_uvm_quiesce_begin(void)
 {
+    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+    drain();
+    /* a mirror's chunk under way ends (a memcpy of at most MIRROR_CHUNK:
+     * milliseconds); the next sees quiescing and is dropped */
+    while (__atomic_load_n(&dm.reading, __ATOMIC_SEQ_CST)) {
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void wo_uvm_quiesce_end(bool freed)
+{
+    /* before quiescing falls: a mirror asked before the free, or while it
+     * went on, is not copied from what it freed */
+    if (freed)
+        __atomic_add_fetch(&dm.frees, 1, __ATOMIC_SEQ_CST);
     __atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
 }
 

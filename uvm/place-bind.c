@@ -123,10 +123,13 @@ static bool quiesce(void)
     const struct wo_driver *d = wo_uvm_driver();
     CUresult r = CUDA_ERROR_NOT_SUPPORTED;
 
+    /* behind the copy engine's gate, as every wait for the context */
+    wo_uvm_quiesce_begin();
     if (d && d->cuCtxSynchronize_v2)
         r = d->cuCtxSynchronize_v2(NULL);
     else if (d && d->cuCtxSynchronize)
         r = d->cuCtxSynchronize();
+    wo_uvm_quiesce_end(false);
     if (r != CUDA_SUCCESS) {
         wo_uvm.placement_errors++;
         wo_error("late binding: waiting for the engine's work before re-backing failed (%s); "

@@ -178,9 +178,12 @@ extern int wo_prefetch_busy;
  * no new picked copy onto the copy engine (the kernels copy them) and waits
  * until the queued ones are issued (at most 2 s, then says so), end lets
  * them in again. Nests; costs two atomics and a lock when nothing is
- * queued. The hooks call it for the engine's calls, uvm/ for its own. */
+ * queued. The hooks call it for the engine's calls, uvm/ for its own.
+ * The same holds for calls that wait for the whole context (cuCtxSynchronize).
+ * end(freed): true after a free, unmap or unregister: a pinned mirror asked
+ * before it (its source may be what was freed) is dropped, not copied. */
 void wo_uvm_quiesce_begin(void);
-void wo_uvm_quiesce_end(void);
+void wo_uvm_quiesce_end(bool freed);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With

@@ -687,12 +687,15 @@ FK_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
     return CUDA_SUCCESS;
 }
 
-/* Work runs when it is enqueued, so synchronising has nothing to wait for;
- * it still may not happen inside a capture. */
+/* Work runs when it is enqueued, so synchronising has nothing to wait for
+ * but a caller blocked in cuStreamWaitValue32, which it waits for holding
+ * the driver's quiet lock, as a free does (fk_quiet_free); it still may not
+ * happen inside a capture. */
 FK_EXPORT CUresult cuCtxSynchronize(void)
 {
     FK_ENTER(cuCtxSynchronize);
-    return fk_capture_check_unsafe();
+    CUresult r = fk_capture_check_unsafe();
+    return r == CUDA_SUCCESS ? fk_quiet_free() : r;
 }
 
 FK_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
@@ -702,7 +705,8 @@ FK_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
         ctx = fk_current_ctx();
     if (!fk_ctx_valid(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
-    return fk_capture_check_unsafe();
+    CUresult r = fk_capture_check_unsafe();
+    return r == CUDA_SUCCESS ? fk_quiet_free() : r;
 }
 
 FK_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)

@@ -935,7 +935,7 @@ static uint64_t wait_limit_ns(void)
     return (env && *env ? strtoull(env, NULL, 10) : 10000) * 1000000ull;
 }
 
-/* The driver's quiet lock. On the H200 a cuMemFree waited for the context's
+/* The driver's quiet lock (cuMemFree, cuCtxSynchronize). On the H200 a cuMemFree waited for the context's
  * work to finish while holding a lock that another thread's cuMemcpyAsync
  * and cuStreamWriteValue32 needed; with a stream waiting for a value only
  * that thread would write, nothing went on again (llama-batched-bench
@@ -963,9 +963,9 @@ CUresult fk_quiet_free(void)
     pthread_rwlock_wrlock(&quiet);
     while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0) {
         if (fk_now_ns() - t0 > limit) {
-            fprintf(stderr, "fakecuda: a free waited for the context's work while a stream "
-                            "waits on a value only a blocked call would write: a GPU would "
-                            "hang here\n");
+            fprintf(stderr, "fakecuda: a free or a context synchronize waited for the "
+                            "context's work while a stream waits on a value only a blocked "
+                            "call would write: a GPU would hang here\n");
             r = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;
         }

@@ -428,10 +428,11 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     if (!off && getenv("WOFFLOAD_GGML_PICKS_FROM") && atoi(getenv("WOFFLOAD_GGML_PICKS_FROM")) > 0 &&
         getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0)
         CHECK(engine_field("copies") > 0 && engine_field("mirrors") > 0 &&
-                  engine_field("kernel_fallbacks") == 0,
+                  engine_field("kernel_fallbacks") == 0 && engine_field("waits_refused") == 0,
               "--picks: copies on the copy engine (%lld) from pinned mirrors (%lld), no kernel "
-              "fallback",
-              engine_field("copies"), engine_field("mirrors"));
+              "fallback, no stream wait refused (%lld: on the fake, a wait ran out while a "
+              "free or a synchronize held the copy thread off, where a GPU hangs)",
+              engine_field("copies"), engine_field("mirrors"), engine_field("waits_refused"));
     staged0 = picks_field("staged");
     c->moved = c->in_place = 0;
     launches0 = c->launches;
@@ -750,6 +751,7 @@ int main(int argc, char **argv)
 {
     const char *host_re = NULL;
     int unnamed = 0, pass = 0, late = 0, stream = 0, picks = 0, picks_off = 0, claims = 0;
+    int free_early = 0;
     int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
@@ -773,10 +775,12 @@ int main(int argc, char **argv)
             picks = picks_off = 1;
         else if (strcmp(argv[i], "--claims") == 0)
             claims = 1;
+        else if (strcmp(argv[i], "--free-early") == 0)
+            free_early = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream] "
-                    "[--picks | --picks-off] [--claims]\n",
+                    "[--picks | --picks-off] [--claims] [--free-early]\n",
                     argv[0]);
             return 2;
         }
@@ -924,6 +928,32 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < weights[w].size && same; i++)
             same = back[i] == pattern(w, i);
         CHECK(same, "%s bit-exact", weights[w].name);
+    }
+
+    /* --free-early: llama-batched-bench's exit on the H200. One compute asks
+     * the copy engine's pinned mirrors of the host expert tensors (made by a
+     * shim thread that copies them with the CPU; the test's WOFAKE_DELAY
+     * holds it in cuCtxSynchronize), then the model buffer is freed at once,
+     * which unmaps those tensors: the shim must drop the mirrors, not read
+     * the freed memory (SIGSEGV in memcpy before the fix), and say so */
+    if (free_early) {
+        struct picks_ctx *c = picks_ctx_new(wt, "--free-early");
+
+        if (c) {
+            picks_step(c, PICKS_TOKENS);
+            picks_ctx_free(c);
+        }
+        fggml_buffer_free(bdev);
+        bdev = NULL;
+        usleep(1500000); /* the mirrorer's delayed sync returns meanwhile */
+        CHECK(engine_field("mirrors_dropped") >= 1 && engine_field("mirrors") == 0,
+              "--free-early: the mirrors asked before the model buffer's free dropped (%lld), "
+              "none made from the freed memory (%lld)",
+              engine_field("mirrors_dropped"), engine_field("mirrors"));
+        fggml_buffer_free(bkv);
+        fggml_buffer_free(bcpu);
+        printf("%s\n", failures ? "FAILED" : "PASSED");
+        return failures ? 1 : 0;
     }
 
     /* picks first: registrations in rows claim a tensor only while they
