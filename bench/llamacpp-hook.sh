@@ -23,7 +23,9 @@
 #   bench-*    llama-batched-bench -npp 32 -ntg 32 -npl 1,8,32: plain all-GPU,
 #              the shim + hook with the same four policies (and experts host
 #              with 2 staging slots, bench-shim-exps-slots2), llama.cpp's own
-#              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned)
+#              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned);
+#              *-ncmoe8-hotset: the n-cpu-moe 8 policy with streaming off (no
+#              staging slots), near -ncmoe 8's device memory
 #   *-noreplay with WOFFLOAD_GRAPH_REPLAY=0 (bench-shim-exps-noreplay: llama.cpp's
 #              CUDA graph launches run whole, reading the host experts in
 #              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
@@ -184,7 +186,8 @@ if mode == "fit":
 if not names:
     want_rule = {"exps": "'exps'", "exps-stream": "'exps'", "exps-slots2": "'exps'",
                  "ncmoe8": "'experts-of-layers-0-7'",
-                 "ncmoe9-slots2": "'experts-of-layers-0-8'"}.get(mode)
+                 "ncmoe9-slots2": "'experts-of-layers-0-8'",
+                 "ncmoe8-hotset": "'experts-of-layers-0-7'"}.get(mode)
     hit = [r for r in rules if want_rule and want_rule in r["label"] and r["names"] > 0]
     print(f"stats: no live names (the model was freed); judged by the rules: "
           f"{'ok' if hit or mode == 'empty' else 'NOTHING NAMED by ' + str(want_rule)}")
@@ -196,8 +199,8 @@ def want(n):  # the placements the mode accepts for name n
         return ("unplaceable",)
     if mode in ("exps", "exps-stream", "exps-slots2"):
         return ("host",) if re.search(r"\.ffn_.*_exps\.", n) else ("device",)
-    if mode in ("ncmoe8", "ncmoe9-slots2"):
-        last = "7" if mode == "ncmoe8" else "8"
+    if mode in ("ncmoe8", "ncmoe9-slots2", "ncmoe8-hotset"):
+        last = "8" if mode == "ncmoe9-slots2" else "7"
         return ("host",) if re.match(r"^blk\.[0-" + last + r"]\.ffn_(up|down|gate|gate_up)_(ch|)exps", n) else ("device",)
 bad = [n for n in names if n["placement"] not in want(n["name"])]
 by = {}
@@ -234,8 +237,13 @@ sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' "$POL_EXPS" >"
 POL_NCMOE9=$OUT/llamacpp-n-cpu-moe9-slots2.yaml
 sed "s/layers-0-7/layers-0-8/; s/\[0-7\]/[0-8]/; s/^default: device\$/default: device\nprefetch:\n  slots: 2/" \
     "$POL_NCMOE" >"$POL_NCMOE9"
+# ncmoe8-hotset: layers 0-7's experts host with streaming off (prefetch mode
+# hot-set: no staging slots; the prompt's ubatches read them in place), the
+# same split as -ncmoe 8 at its memory but for the 768 MiB of picks buffers
+POL_NCMOE8H=$OUT/llamacpp-n-cpu-moe-hotset.yaml
+sed "s/^default: device\$/default: device\nprefetch:\n  mode: hot-set/" "$POL_NCMOE" >"$POL_NCMOE8H"
 declare -A POL=([empty]=$POL_EMPTY [exps]=$POL_EXPS [ncmoe8]=$POL_NCMOE [exps-stream]=$POL_STREAM
-    [exps-slots2]=$POL_SLOTS2 [ncmoe9-slots2]=$POL_NCMOE9)
+    [exps-slots2]=$POL_SLOTS2 [ncmoe9-slots2]=$POL_NCMOE9 [ncmoe8-hotset]=$POL_NCMOE8H)
 # shim_args MODE: the launcher's placement arguments in SHIM (an array): the
 # mode's policy, or for MODE fit `--fit $FIT` (FIT: a size, e.g. the device
 # memory a llama.cpp row was measured to hold, for a row at equal memory)
@@ -508,6 +516,7 @@ tokens plain-b32 plain
 tokens exps-hot9216-b32 exps
 tokens ncmoe8-b32 ncmoe8
 tokens ncmoe9-slots2-b32 ncmoe9-slots2
+tokens ncmoe8-hotset-b32 ncmoe8-hotset
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
@@ -533,6 +542,7 @@ bench shim-exps-npl32-trace exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench shim-ncmoe9-slots2 ncmoe9-slots2
+bench shim-ncmoe8-hotset ncmoe8-hotset
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
 # a model larger than the GPU (issue 41): a blocker leaving 50% or 25% of the
 # GGUF's bytes free; fit (FIT, default 90%: all that is free) late bound,
