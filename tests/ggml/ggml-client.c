@@ -952,6 +952,13 @@ int main(int argc, char **argv)
               engine_field("mirrors_dropped"), engine_field("mirrors"));
         fggml_buffer_free(bkv);
         fggml_buffer_free(bcpu);
+        cudaFree(sums);
+        fggml_ctx_free(kv);
+        fggml_ctx_free(dev);
+        fggml_ctx_free(cpu);
+        free(src);
+        free(back);
+        regfree(&re);
         printf("%s\n", failures ? "FAILED" : "PASSED");
         return failures ? 1 : 0;
     }
