@@ -950,17 +950,7 @@ int main(int argc, char **argv)
               "--free-early: the mirrors asked before the model buffer's free dropped (%lld), "
               "none made from the freed memory (%lld)",
               engine_field("mirrors_dropped"), engine_field("mirrors"));
-        fggml_buffer_free(bkv);
-        fggml_buffer_free(bcpu);
-        cudaFree(sums);
-        fggml_ctx_free(kv);
-        fggml_ctx_free(dev);
-        fggml_ctx_free(cpu);
-        free(src);
-        free(back);
-        regfree(&re);
-        printf("%s\n", failures ? "FAILED" : "PASSED");
-        return failures ? 1 : 0;
+        goto out;
     }
 
     /* picks first: registrations in rows claim a tensor only while they
@@ -1068,8 +1058,10 @@ int main(int argc, char **argv)
               "the KV cache is device memory, not managed");
     free(js);
 
+out:
     fggml_buffer_free(bkv);
-    fggml_buffer_free(bdev);
+    if (bdev) /* --free-early freed it */
+        fggml_buffer_free(bdev);
     fggml_buffer_free(bcpu);
     cudaFree(sums);
     fggml_ctx_free(kv);

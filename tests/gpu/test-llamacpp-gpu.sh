@@ -31,9 +31,10 @@
 #     claims are counted;
 # and the live stats must place every `_exps` tensor on the host.
 #   - with LLAMA_BENCH (llama-batched-bench), 32 sequences under it with
-#     the copy engine on: it must end (it hung before the gate, uvm.h
-#     wo_uvm_quiesce_begin), with copies on the copy engine and no free past
-#     the gate's wait;
+#     the copy engine on: it must end with exit status 0 (it hung before
+#     the gate, uvm.h wo_uvm_quiesce_begin, and ended in SIGSEGV when its
+#     exit freed a tensor the mirror thread was reading), with copies on the
+#     copy engine and no free past the gate's wait;
 # Needs LLAMA_TOKENS (the llamacpp-tokens program) and LLAMA_GGUF (a MoE
 # GGUF, e.g. the peers kit's gen_gguf.py output); without them: skipped (77).
 set -u
