@@ -25,7 +25,8 @@
  * Policies: experts `host` (pinned), and `managed` with a small device
  * budget; then `managed` in a budget that holds them, where the launches
  * with picks read a tensor the prefetcher holds wholly on the device in
- * place, with no copy (resident_child). */
+ * place, with no copy (resident_child); and `host` with a launch that reads
+ * three registered tensors, more than a stream's buffers (three_child). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -89,6 +90,33 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
         }
         out[k] =
             e >= 0 && e < E ? host_sum((const uint64_t *)(uintptr_t)(p + e * row), row / 8) : 0;
+    }
+}
+
+/* WO_PICKS_TEST_THREE: a third expert tensor (w3, rows of ROW1), and a
+ * launch that reads three registered tensors at once, more than a stream's
+ * two buffers. params: w[0], w[1], w3, ids (int64), n, out: out[j * n + k] =
+ * host_sum of the row of tensor j the k-th id names; counts the pointers
+ * that were a tensor's own address (read in place) */
+static CUdeviceptr w3;
+static uint64_t three_inplace, three_moved;
+
+static void gather3(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    const int64_t *ids = (const int64_t *)(uintptr_t) * (CUdeviceptr *)params[3];
+    uint64_t n = *(uint64_t *)params[4];
+    uint64_t *out = (uint64_t *)(uintptr_t) * (CUdeviceptr *)params[5];
+    const CUdeviceptr own[3] = {w[0], w[1], w3};
+    const uint64_t rows[3] = {ROW0, ROW1, ROW1};
+
+    (void)g;
+    (void)b;
+    for (int j = 0; j < 3; j++) {
+        CUdeviceptr p = *(CUdeviceptr *)params[j];
+        __atomic_add_fetch(p == own[j] ? &three_inplace : &three_moved, 1, __ATOMIC_RELAXED);
+        for (uint64_t k = 0; k < n; k++)
+            out[j * n + k] = host_sum((const uint64_t *)(uintptr_t)(p + ids[k] * rows[j]),
+                                      rows[j] / 8);
     }
 }
 
@@ -185,6 +213,52 @@ static char *snapshot(long (*stats)(char *, size_t))
         free(js);
     }
     return NULL;
+}
+
+/* Three registered tensors in one launch: two get the stream's buffers,
+ * the third is read in place; every sum exact (before, the third took the
+ * least recently used buffer, which this same launch read: the first
+ * tensor's pointer then held the third's rows). */
+static int
+three_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
+            CUresult (*htod)(CUdeviceptr, const void *, size_t),
+            CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+            CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                               unsigned, unsigned, CUstream, void **, void **),
+            CUresult (*sync)(CUstream), CUfunction k3, CUstream s, CUdeviceptr ids,
+            CUdeviceptr out, unsigned char *const host[3])
+{
+    enum { N = TOKENS * TOPK };
+    const CUdeviceptr t[3] = {w[0], w[1], w3};
+    const uint64_t rows[3] = {ROW0, ROW1, ROW1};
+    uint64_t ref[3 * N], got[3 * N], n = N;
+    void *params[] = {&w[0], &w[1], &w3, &ids, &n, &out};
+
+    for (int step = 0; step < 6; step++) {
+        int64_t id64[N];
+
+        for (int k = 0; k < N; k++)
+            id64[k] = (int64_t)(rng() % E);
+        for (int j = 0; j < 3; j++)
+            for (int k = 0; k < N; k++)
+                ref[j * N + k] =
+                    host_sum((const uint64_t *)(host[j] + id64[k] * rows[j]), rows[j] / 8);
+        CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+        for (int j = 0; j < 3; j++)
+            CHECK(picks((void *)(uintptr_t)t[j], E * rows[j], E, (void *)(uintptr_t)ids, N, 8) ==
+                  0);
+        CHECK(launch(k3, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+        CHECK(sync(s) == CUDA_SUCCESS);
+        CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
+        CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+        for (int j = 0; j < 3; j++)
+            CHECK(picks((void *)(uintptr_t)t[j], E * rows[j], E, NULL, 0, 0) == 0);
+    }
+    fprintf(stderr, "three: %llu pointers moved, %llu read in place\n",
+            (unsigned long long)three_moved, (unsigned long long)three_inplace);
+    CHECK(three_moved == 2 * 6 && three_inplace == 6);
+    check_summary("test-picks-preload three child");
+    return failures ? 1 : 0;
 }
 
 /* Managed in a budget that holds both tensors: once the prefetcher holds a
@@ -527,7 +601,7 @@ static int child(void)
     int (*picks_rows)(const void *, size_t, unsigned, const void *, size_t, size_t, size_t,
                       unsigned);
     static const size_t gsizes[8] = {8, 8, 8, 8, 8, 8, 8, 8};
-    unsigned char *host[2];
+    unsigned char *host[2], *host3 = NULL;
     uint64_t distinct_rows = 0, staged_launches = 0, ref[TOKENS * TOPK], got[TOKENS * TOPK];
     CUdevice dev;
     CUcontext ctx;
@@ -576,8 +650,17 @@ static int child(void)
         CHECK(pop() == 0);
         CHECK(p_cuMemcpyHtoD(w[t], host[t], E * row_of[t]) == CUDA_SUCCESS);
     }
+    if (getenv("WO_PICKS_TEST_THREE")) {
+        host3 = malloc(E * ROW1);
+        for (size_t i = 0; i < E * ROW1; i++)
+            host3[i] = (unsigned char)rng();
+        CHECK(push("model.layers.1.mlp.experts.down_proj") == 0);
+        CHECK(p_cuMemAlloc(&w3, E * ROW1) == CUDA_SUCCESS);
+        CHECK(pop() == 0);
+        CHECK(p_cuMemcpyHtoD(w3, host3, E * ROW1) == CUDA_SUCCESS);
+    }
     CHECK(p_cuMemAlloc(&ids, TOKENS * E * 8) == CUDA_SUCCESS);
-    CHECK(p_cuMemAlloc(&out, TOKENS * TOPK * 8) == CUDA_SUCCESS);
+    CHECK(p_cuMemAlloc(&out, 3 * TOKENS * TOPK * 8) == CUDA_SUCCESS);
     CHECK(p_cuMemAlloc(&other, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
 
@@ -609,6 +692,13 @@ static int child(void)
             return hot_auto_child(&h, s);
         return hot_child(&h, cu, s, s2, p_cuBeginCapture, p_cuEndCapture, p_cuInstantiate,
                          p_cuMemAlloc);
+    }
+    if (getenv("WO_PICKS_TEST_THREE")) {
+        static const size_t g3sizes[6] = {8, 8, 8, 8, 8, 8};
+        unsigned char *const h3[3] = {host[0], host[1], host3};
+        return three_child(picks, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                           p_cuStreamSync, kernel("gather3", 6, g3sizes, gather3), s, ids, out,
+                           h3);
     }
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
@@ -882,10 +972,13 @@ static const char *policies[] = {
     /* HOT_AUTO: the same with hot_experts: auto (hot_auto_child) */
     "version: 1\ndefault: device\nprefetch: {hot_experts: auto}\nrules:\n"
     "  - {name: experts, match: [experts], place: host}\n",
+    /* THREE: host, three tensors read by one launch (three_child) */
+    "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
 };
 #define RESIDENT 2
 #define HOT 3
 #define HOT_AUTO 4
+#define THREE 5
 
 int main(int argc, char **argv)
 {
@@ -909,6 +1002,8 @@ int main(int argc, char **argv)
                 setenv("WOFFLOAD_TRACE", trace, 1);
             if (i == RESIDENT)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
+            if (i == THREE)
+                setenv("WO_PICKS_TEST_THREE", "1", 1);
             if (i <= 1 && getenv("WOFFLOAD_PICKS_ENGINE") &&
                 strcmp(getenv("WOFFLOAD_PICKS_ENGINE"), "0") != 0)
                 setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);
@@ -936,7 +1031,8 @@ int main(int argc, char **argv)
             log[n > 0 ? n : 0] = '\0';
             fputs(log, stderr);
             sp = strstr(log, "picks: by tensor, moved a step: least ");
-            CHECK(strstr(log, "picks: 2 expert tensors") != NULL);
+            CHECK(strstr(log, i == THREE ? "picks: 3 expert tensors" : "picks: 2 expert tensors") !=
+                  NULL);
             /* the -faults test: the refused stream wait gave the copy engine up */
             if (i == 0 && getenv("WOFAKE_FAIL") &&
                 strstr(getenv("WOFAKE_FAIL"), "cuStreamWaitValue32_v2"))
@@ -947,7 +1043,8 @@ int main(int argc, char **argv)
                 CHECK(strstr(log, "the driver refused a stream wait") == NULL &&
                       strstr(log, "(0 frees went on past its wait)") != NULL);
             if (i != RESIDENT)
-                CHECK(sp && strstr(sp, "(model.layers.0.mlp.experts.") &&
+                CHECK(sp &&
+                      strstr(sp, i == THREE ? "(model.layers." : "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));
             /* hot experts: their own line, only when some were kept */
             CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT || i == HOT_AUTO));

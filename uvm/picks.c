@@ -419,8 +419,11 @@ void wo_picks_stream_gone(uint64_t stream)
 }
 
 /* The buffer of stream t that holds span i's rows of its registration now,
- * or the least recently used one, grown to the span's bytes (NULL: none). */
-static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, bool *fresh)
+ * or the least recently used one not in `taken` (bit k: buffer k holds
+ * another span this launch reads), grown to the span's bytes (NULL: none,
+ * and the launch reads that span in place). */
+static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, unsigned taken,
+                              bool *fresh)
 {
     const struct span *s = &pk.s[i];
     uint64_t need = (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
@@ -432,8 +435,10 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
         if (t->b[k].span == i && t->b[k].seq == s->seq && t->b[k].dev)
             return &t->b[k];
     for (unsigned k = 0; k < WO_PICKS_BUFS; k++)
-        if (!b || t->b[k].tick < b->tick)
+        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
             b = &t->b[k];
+    if (!b)
+        return NULL;
     *fresh = true;
     if (b->size >= need)
         return b;
@@ -610,7 +615,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                         unsigned nskip, struct wo_picks_move *moves, unsigned max)
 {
     const struct wo_driver *d = wo_uvm_driver();
-    unsigned n = 0;
+    unsigned n = 0, taken = 0; /* the stream's buffers this launch reads */
     bool any = false;
 
     for (unsigned h = 0; h < nhits && h < WO_EV_MAX_HITS && !any; h++)
@@ -650,11 +655,16 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 s->resident++;
                 continue;
             }
+            /* a launch that reads more registered tensors than the stream
+             * has buffers reads the others in place: a buffer this launch
+             * reads is never refilled under it */
             if (n == max || !ready(d) || !(t = stream_of(stream)) ||
-                !(b = buffer_for(d, t, (int)i, &fresh)) || (fresh && !enqueue(d, t, b, (int)i))) {
+                !(b = buffer_for(d, t, (int)i, taken, &fresh)) ||
+                (fresh && !enqueue(d, t, b, (int)i))) {
                 pk.failed++;
                 continue;
             }
+            taken |= 1u << (b - t->b);
             b->tick = ++pk.tick;
             if (fresh) {
                 s->staged++;
