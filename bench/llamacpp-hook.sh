@@ -25,7 +25,8 @@
 #              with 2 staging slots, bench-shim-exps-slots2), llama.cpp's own
 #              -ot exps=CPU and -ncmoe 8 (-lm none: host experts pinned);
 #              *-ncmoe8-hotset: the n-cpu-moe 8 policy with streaming off (no
-#              staging slots), near -ncmoe 8's device memory
+#              staging slots), near -ncmoe 8's device memory; *-buf1: one
+#              picked-copy buffer a stream (WOFFLOAD_PICKS_BUFFERS=1): at it
 #   *-noreplay with WOFFLOAD_GRAPH_REPLAY=0 (bench-shim-exps-noreplay: llama.cpp's
 #              CUDA graph launches run whole, reading the host experts in
 #              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
@@ -290,6 +291,9 @@ picks_env() {
     # range re-backed at seal, docs/placement.md): without it a buffer larger
     # than the free memory is served as pinned host memory whole
     case $1 in *-late*) PENV+=(WOFFLOAD_LATE_BIND=1) ;; esac
+    # *-buf1: one picked-copy buffer a stream (WOFFLOAD_PICKS_BUFFERS=1): one
+    # expert tensor's bytes less of device memory
+    case $1 in *-buf1*) PENV+=(WOFFLOAD_PICKS_BUFFERS=1) ;; esac
     [ ${#PENV[@]} -eq 0 ] || [ "${PENV[0]}" = env ] || PENV=(env "${PENV[@]}")
 }
 
@@ -517,6 +521,7 @@ tokens exps-hot9216-b32 exps
 tokens ncmoe8-b32 ncmoe8
 tokens ncmoe9-slots2-b32 ncmoe9-slots2
 tokens ncmoe8-hotset-b32 ncmoe8-hotset
+tokens ncmoe8-hotset-buf1-b32 ncmoe8-hotset
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
@@ -543,6 +548,7 @@ bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
 bench shim-ncmoe9-slots2 ncmoe9-slots2
 bench shim-ncmoe8-hotset ncmoe8-hotset
+bench shim-ncmoe8-hotset-buf1 ncmoe8-hotset
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
 # a model larger than the GPU (issue 41): a blocker leaving 50% or 25% of the
 # GGUF's bytes free; fit (FIT, default 90%: all that is free) late bound,

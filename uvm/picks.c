@@ -430,11 +430,13 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
     struct buf *b = NULL;
     CUresult res;
 
+    unsigned nb = WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
+
     *fresh = false;
-    for (unsigned k = 0; k < WO_PICKS_BUFS; k++)
+    for (unsigned k = 0; k < nb; k++)
         if (t->b[k].span == i && t->b[k].seq == s->seq && t->b[k].dev)
             return &t->b[k];
-    for (unsigned k = 0; k < WO_PICKS_BUFS; k++)
+    for (unsigned k = 0; k < nb; k++)
         if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
             b = &t->b[k];
     if (!b)
