@@ -77,7 +77,7 @@ static struct {
      * hold new jobs off, and enqueues under way; atomics, Dekker-style */
     unsigned quiescing, entering;
     /* frees passed through the gate (bumped as each ends), and a mirror's
-     * copy under way: the mirrorer reads the engine's memory with the CPU,
+     * chunk being copied: the mirrorer reads the engine's memory with the CPU,
      * which a free unmaps (llama-batched-bench's exit, seen on the H200:
      * SIGSEGV in memcpy while a mirror was copied) */
     unsigned frees, reading;
@@ -299,18 +299,28 @@ static void free_own(void *h)
 }
 
 /* Copies a mirror's bytes with the CPU, a chunk at a time, each only while
- * no free is under way and none came since the mirror was asked (its
- * source is the engine's memory, which a free unmaps). False: dropped.
- * Dekker with wo_uvm_quiesce_begin: reading first, then the look at
- * quiescing; the free raises quiescing, then waits for reading to fall. */
+ * nothing passes the gate (a free, or a wait for the context: waited out)
+ * and no free came since the mirror was asked (its source is the engine's
+ * memory, which a free unmaps). False: dropped. Dekker with
+ * wo_uvm_quiesce_begin: reading first, then the look at quiescing; the gate
+ * raises quiescing, then waits for reading to fall. A free's end counts in
+ * frees before quiescing falls, so the look at frees after sees it. */
 static bool copy_live(void *h, const struct mirror *want)
 {
     for (uint64_t at = 0; at < want->bytes; at += MIRROR_CHUNK) {
         uint64_t n = WO_MIN(MIRROR_CHUNK, want->bytes - at);
 
-        __atomic_store_n(&dm.reading, 1, __ATOMIC_SEQ_CST);
-        if (__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST) ||
-            __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST) != want->ep) {
+        for (;;) {
+            __atomic_store_n(&dm.reading, 1, __ATOMIC_SEQ_CST);
+            if (!__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST))
+                break;
+            __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
+            if (__atomic_load_n(&dm.stop, __ATOMIC_RELAXED))
+                return false;
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+        if (__atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST) != want->ep) {
             __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
             return false;
         }
@@ -668,7 +678,8 @@ void wo_uvm_quiesce_begin(void)
     __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
     drain();
     /* a mirror's chunk under way ends (a memcpy of at most MIRROR_CHUNK:
-     * milliseconds); the next sees quiescing and is dropped */
+     * milliseconds); the next waits until the gate is passed, and is
+     * dropped if this was a free (wo_uvm_quiesce_end) */
     while (__atomic_load_n(&dm.reading, __ATOMIC_SEQ_CST)) {
         struct timespec ts = {0, 50000};
         nanosleep(&ts, NULL);
@@ -695,7 +706,7 @@ void wo_dma_stop(const struct wo_driver *d)
 {
     (void)d;
     pthread_mutex_lock(&dm.lock);
-    dm.stop = true;
+    __atomic_store_n(&dm.stop, true, __ATOMIC_RELAXED); /* read without the lock too */
     pthread_cond_broadcast(&dm.cv);
     pthread_cond_broadcast(&dm.mcv);
     pthread_mutex_unlock(&dm.lock);
