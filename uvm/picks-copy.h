@@ -38,4 +38,4 @@ CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction 
 #define WO_PICKS_SPANS 1024u   /* expert tensors with picks, at most */
 #define WO_PICKS_EXPERTS 1024u /* experts a tensor may have */
 #define WO_PICKS_STREAMS 8u    /* engine streams with buffers */
-#define WO_PICKS_BUFS 2u       /* buffers a stream */
+#define WO_PICKS_BUFS 2u       /* buffers a stream, at most (WOFFLOAD_PICKS_BUFFERS) */

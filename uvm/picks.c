@@ -427,10 +427,9 @@ static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, 
 {
     const struct span *s = &pk.s[i];
     uint64_t need = (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
+    unsigned nb = WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
     struct buf *b = NULL;
     CUresult res;
-
-    unsigned nb = WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
 
     *fresh = false;
     for (unsigned k = 0; k < nb; k++)
