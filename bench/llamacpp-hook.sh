@@ -254,16 +254,19 @@ shim_args() {
 # a row named ...-picksN runs with WOFFLOAD_GGML_PICKS=N (the ggml hook's
 # router picks: 0 never, 100 always; docs/llamacpp.md, "Picked experts")
 picks_env() {
-    case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${1##*-picks}") ;; *) PENV=() ;; esac
+    local p=${1##*-picks}
+    case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${p%%-*}") ;; *) PENV=() ;; esac
     # *-hotN: the router's picks always registered and N MiB of hot experts
     # (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts": llama.cpp's graph
     # launches then replayed, the picked rows copied, the hot ones from the
     # device)
     # (the hook's default with hot experts: every compute of more than one
     # token registered, a single token's read in place)
+    # (with -picksN too: -hot9216-picks100 registers the single token's
+    # computes as well, b1 then reading its hot experts from the device)
     case $1 in *-hot[0-9]*)
         local h=${1##*-hot}
-        PENV=(env "WOFFLOAD_PICKS_HOT=${h%%-*}") ;;
+        PENV+=("WOFFLOAD_PICKS_HOT=${h%%-*}") ;;
     esac
     # *-noreplay: CUDA graph launches run whole (read in place); *-noclaims:
     # the ggml hook never claims a layer read in place
@@ -518,6 +521,7 @@ tokens exps-hot8704 exps
 tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-hot9216-b32 exps
+tokens exps-hot9216-picks100-b32 exps
 tokens ncmoe8-b32 ncmoe8
 tokens ncmoe9-slots2-b32 ncmoe9-slots2
 tokens ncmoe8-hotset-b32 ncmoe8-hotset
@@ -543,6 +547,7 @@ bench shim-exps-picks0 exps
 bench shim-exps-picks100 exps
 bench shim-exps-hot8704 exps
 bench shim-exps-hot9216 exps
+bench shim-exps-hot9216-picks100 exps
 bench shim-exps-npl32-trace exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8
