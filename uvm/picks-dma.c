@@ -2,6 +2,7 @@
 #include "uvm/picks-dma.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,7 @@
 #include "core/macro.h"
 #include "uvm/internal.h"
 #include "core/meminfo.h"
+#include "core/settings.h"
 #include "uvm/stream-pin.h"
 #include "uvm/uvm.h"
 
@@ -41,6 +43,7 @@ struct slot {
     unsigned ix;
     uint32_t seq;
     CUdeviceptr src; /* the copy engine's source: j.c.src, or its mirror */
+    uint64_t at;     /* when it was queued (the stall report) */
     struct wo_dma_job j;
 };
 
@@ -81,13 +84,24 @@ static struct {
      * which a free unmaps (llama-batched-bench's exit, seen on the H200:
      * SIGSEGV in memcpy while a mirror was copied) */
     unsigned frees, reading;
-    pthread_t th, mth;
+    /* for the stall report (watchdog): the driver call the copy thread (0)
+     * and the mirror thread (1) are in, NULL none, and since when; since
+     * when the gate has been held */
+    struct {
+        const char *call;
+        uint64_t since;
+    } doing[2];
+    uint64_t gate_since;
+    pthread_cond_t wcv;
+    pthread_t th, mth, wth;
+    bool wth_on;
     struct mirror *m; /* [WO_PICKS_SPANS] */
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
     struct wo_dma_figs f;
 } dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
         .cv = PTHREAD_COND_INITIALIZER,
-        .mcv = PTHREAD_COND_INITIALIZER};
+        .mcv = PTHREAD_COND_INITIALIZER,
+        .wcv = PTHREAD_COND_INITIALIZER};
 
 static uint64_t now_ns(void)
 {
@@ -95,6 +109,14 @@ static uint64_t now_ns(void)
 
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+/* Thread who (0 the copy thread, 1 the mirror thread) enters the driver
+ * call named call (NULL: leaves it). */
+static void doing(unsigned who, const char *call)
+{
+    __atomic_store_n(&dm.doing[who].since, call ? now_ns() : 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&dm.doing[who].call, call, __ATOMIC_RELEASE);
 }
 
 static bool reached(uint32_t have, uint32_t want)
@@ -133,7 +155,9 @@ static void host_flag(unsigned ix, uint32_t seq)
 {
     uint32_t have = __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE);
 
+    doing(0, "cuStreamSynchronize");
     (void)dm.d->cuStreamSynchronize(dm.copy);
+    doing(0, NULL);
     if (!reached(have, seq))
         __atomic_store_n(&dm.flags[ix], seq, __ATOMIC_RELEASE);
 }
@@ -168,8 +192,10 @@ static void serve(struct slot *sl, bool ok)
             }
             for (first = e; e < c->n_experts && pick[e]; e++)
                 ;
+            doing(0, "cuMemcpyAsync");
             done = d->cuMemcpyAsync(c->dst + first * c->row, sl->src + first * c->row,
                                     (e - first) * c->row, dm.copy) == CUDA_SUCCESS;
+            doing(0, NULL);
             runs += done;
             rows += done ? e - first : 0;
         }
@@ -180,8 +206,11 @@ static void serve(struct slot *sl, bool ok)
             done = kernel = wo_picks_launch(d, mark, __atomic_load_n(&dm.kcopy, __ATOMIC_RELAXED),
                                             dm.copy, c) == CUDA_SUCCESS;
     }
-    if (d->cuStreamWriteValue32_v2(dm.copy, dm.flags_dev + sl->ix * sizeof(uint32_t), sl->seq,
-                                   0) != CUDA_SUCCESS) {
+    doing(0, "cuStreamWriteValue32");
+    CUresult wr =
+        d->cuStreamWriteValue32_v2(dm.copy, dm.flags_dev + sl->ix * sizeof(uint32_t), sl->seq, 0);
+    doing(0, NULL);
+    if (wr != CUDA_SUCCESS) {
         host_flag(sl->ix, sl->seq);
         host = true;
     }
@@ -244,7 +273,9 @@ static void *worker(void *arg)
             struct slot *sl;
 
             while ((sl = head_of(ix))) {
+                doing(0, "cuEventQuery");
                 CUresult r = dm.d->cuEventQuery(sl->ev);
+                doing(0, NULL);
 
                 if (r == CUDA_ERROR_NOT_READY && !(drain_end && now_ns() > drain_end))
                     break;
@@ -294,7 +325,9 @@ static void own_quiet_end(void)
 static void free_own(void *h)
 {
     own_quiet_begin();
+    doing(1, "cuMemFreeHost");
     (void)dm.d->cuMemFreeHost(h);
+    doing(1, NULL);
     own_quiet_end();
 }
 
@@ -364,15 +397,18 @@ static void *mirrorer(void *arg)
             /* both calls may wait for the context's work, holding the lock
              * the copy thread's calls need: behind the gate, as the frees */
             own_quiet_begin();
+            doing(1, "cuMemHostAlloc");
             ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
                            CUDA_SUCCESS;
             /* a copy into the tensor noted before (its writes count, want)
              * may still be in flight on the engine's stream: the context's
              * work done first, so the mirror holds it */
+            doing(1, "cuCtxSynchronize");
             if (ok && dm.d->cuCtxSynchronize_v2)
                 (void)dm.d->cuCtxSynchronize_v2(NULL);
             else if (ok && dm.d->cuCtxSynchronize)
                 (void)dm.d->cuCtxSynchronize();
+            doing(1, NULL);
             own_quiet_end();
             if (in)
                 wo_driver_leave();
@@ -442,6 +478,90 @@ static CUdeviceptr source(uint64_t lo, unsigned span, uint64_t bytes, uint32_t w
     return 0;
 }
 
+/* ---- the stall report ------------------------------------------------------ */
+
+/* Appends to msg (used bytes so far, truncated at its end). */
+static void add(char *msg, size_t cap, size_t *used, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void add(char *msg, size_t cap, size_t *used, const char *fmt, ...)
+{
+    va_list ap;
+    int r;
+
+    if (*used + 1 >= cap)
+        return;
+    va_start(ap, fmt);
+    r = vsnprintf(msg + *used, cap - *used, fmt, ap);
+    va_end(ap);
+    if (r > 0)
+        *used = WO_MIN(*used + (size_t)r, cap - 1);
+}
+
+/* " the copy thread has been in cuMemcpyAsync for 5.2 s;" when thread who
+ * has been in a driver call longer than lim. */
+static void say_doing(char *msg, size_t cap, size_t *used, unsigned who, uint64_t now,
+                      uint64_t lim)
+{
+    const char *call = __atomic_load_n(&dm.doing[who].call, __ATOMIC_ACQUIRE);
+    uint64_t since = __atomic_load_n(&dm.doing[who].since, __ATOMIC_RELAXED);
+
+    if (call && since && now > since && now - since > lim)
+        add(msg, cap, used, " the %s thread has been in %s for %.1f s;", who ? "mirror" : "copy",
+            call, (double)(now - since) / 1e9);
+}
+
+/* A copy engine that stops moving hangs the engine's stream, which waits on
+ * the device for the copy thread's flag: when a driver call of the shim's
+ * threads, or the oldest queued copy, or the gate has lasted longer than
+ * WOFFLOAD_PICKS_STALL_MS, say once what each was doing (the driver call
+ * that holds the others off is the one to look at), and count it. */
+static void *watchdog(void *arg)
+{
+    uint64_t lim = (uint64_t)wo_settings()->picks_stall_ms * 1000000ull;
+
+    (void)arg;
+    pthread_mutex_lock(&dm.lock);
+    while (!dm.stop && !dm.f.stalls) {
+        struct timespec ts;
+        uint64_t now, oldest = 0, gate;
+        char msg[512];
+        size_t used = 0;
+
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100000000l; /* ten looks a second */
+        if (ts.tv_nsec >= 1000000000l) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000l;
+        }
+        (void)pthread_cond_timedwait(&dm.wcv, &dm.lock, &ts);
+        if (dm.stop)
+            break;
+        for (unsigned k = 0; k < SLOTS; k++)
+            if (dm.s[k].state == S_QUEUED && (!oldest || dm.s[k].at < oldest))
+                oldest = dm.s[k].at;
+        now = now_ns();
+        gate = __atomic_load_n(&dm.gate_since, __ATOMIC_RELAXED);
+        say_doing(msg, sizeof(msg), &used, 0, now, lim);
+        say_doing(msg, sizeof(msg), &used, 1, now, lim);
+        if (oldest && now > oldest && now - oldest > lim)
+            add(msg, sizeof(msg), &used, " %u %s queued, the oldest for %.1f s;", dm.queued,
+                dm.queued == 1 ? "copy" : "copies", (double)(now - oldest) / 1e9);
+        if (gate && now > gate && now - gate > lim)
+            add(msg, sizeof(msg), &used,
+                " a free or a wait for the context has held the gate for %.1f s;",
+                (double)(now - gate) / 1e9);
+        if (!used)
+            continue;
+        dm.f.stalls++;
+        msg[used - 1] = '\0'; /* the last ';' */
+        wo_warn("picks: the copy engine looks stuck:%s. If the process hangs, run with "
+                "WOFFLOAD_PICKS_ENGINE=0",
+                msg);
+    }
+    pthread_mutex_unlock(&dm.lock);
+    return NULL;
+}
+
 /* ---- the engine's side ----------------------------------------------------- */
 
 /* Under dm.lock, on an engine thread. False: the kernels copy. */
@@ -485,6 +605,7 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
     if (r == CUDA_SUCCESS) {
         dm.th_on = pthread_create(&dm.th, NULL, worker, NULL) == 0;
         dm.mth_on = dm.th_on && pthread_create(&dm.mth, NULL, mirrorer, NULL) == 0;
+        dm.wth_on = dm.th_on && pthread_create(&dm.wth, NULL, watchdog, NULL) == 0;
     }
     if (r != CUDA_SUCCESS || !dm.th_on) {
         /* what was made stays (a few MiB of pinned memory) */
@@ -565,6 +686,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     sl->seq = seq;
     sl->j = *j;
     sl->src = src;
+    sl->at = now_ns();
     dm.q[ix].ring[dm.q[ix].tail++ % SLOTS] = (unsigned)(sl - dm.s);
     sl->state = S_QUEUED;
     dm.queued++;
@@ -675,7 +797,8 @@ static void drain(void)
  * (copy_live). */
 void wo_uvm_quiesce_begin(void)
 {
-    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1)
+        __atomic_store_n(&dm.gate_since, now_ns(), __ATOMIC_RELAXED);
     drain();
     /* a mirror's chunk under way ends (a memcpy of at most MIRROR_CHUNK:
      * milliseconds); the next waits until the gate is passed, and is
@@ -692,7 +815,8 @@ void wo_uvm_quiesce_end(bool freed)
      * went on, is not copied from what it freed */
     if (freed)
         __atomic_add_fetch(&dm.frees, 1, __ATOMIC_SEQ_CST);
-    __atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 0)
+        __atomic_store_n(&dm.gate_since, 0, __ATOMIC_RELAXED);
 }
 
 void wo_dma_figs(struct wo_dma_figs *f)
@@ -709,12 +833,15 @@ void wo_dma_stop(const struct wo_driver *d)
     __atomic_store_n(&dm.stop, true, __ATOMIC_RELAXED); /* read without the lock too */
     pthread_cond_broadcast(&dm.cv);
     pthread_cond_broadcast(&dm.mcv);
+    pthread_cond_broadcast(&dm.wcv);
     pthread_mutex_unlock(&dm.lock);
     if (dm.th_on)
         pthread_join(dm.th, NULL);
     if (dm.mth_on)
         pthread_join(dm.mth, NULL);
-    dm.th_on = dm.mth_on = false;
+    if (dm.wth_on)
+        pthread_join(dm.wth, NULL);
+    dm.th_on = dm.mth_on = dm.wth_on = false;
 }
 
 void wo_dma_reset(void)
@@ -723,4 +850,5 @@ void wo_dma_reset(void)
     pthread_mutex_init(&dm.lock, NULL);
     pthread_cond_init(&dm.cv, NULL);
     pthread_cond_init(&dm.mcv, NULL);
+    pthread_cond_init(&dm.wcv, NULL);
 }

@@ -433,6 +433,16 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "fallback, no stream wait refused (%lld: on the fake, a wait ran out while a "
               "free or a synchronize held the copy thread off, where a GPU hangs)",
               engine_field("copies"), engine_field("mirrors"), engine_field("waits_refused"));
+    /* a stall report only where the test slows the copy thread past a
+     * short WOFFLOAD_PICKS_STALL_MS (-stall): none at the default 5 s */
+    if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {
+        const char *st = getenv("WOFFLOAD_PICKS_STALL_MS");
+        bool want = st && atoi(st) < 1000;
+        CHECK((engine_field("stalls") > 0) == want,
+              "--picks: the copy engine's stall report %s (stalls %lld)",
+              want ? "made, the copy thread slowed past WOFFLOAD_PICKS_STALL_MS" : "not made",
+              engine_field("stalls"));
+    }
     staged0 = picks_field("staged");
     c->moved = c->in_place = 0;
     launches0 = c->launches;

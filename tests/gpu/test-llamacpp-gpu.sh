@@ -149,13 +149,17 @@ if [ -n "$bench" ] && [ -x "$bench" ]; then
     if [ "$rc" -ne 0 ]; then
         echo "FAIL $name: exit $rc (124: it hung)"
         grep -m8 -e 'woffload: ' -e 'error' "$tmp/$name.out"
+        # the copy engine's stall report: which driver call held it off
+        grep -e 'looks stuck' "$tmp/$name.out"
+        tail -5 "$tmp/$name.out"
         fails=$((fails + 1))
     elif ! python3 - "$tmp/$name.json" <<'PY'; then
 import json, sys
 eng = json.load(open(sys.argv[1])).get("picks", {}).get("engine", {})
-print(f"    picks on the copy engine: {eng.get('copies')} copies, {eng.get('mirrors')} mirrors, "
+print(f"    picks on the copy engine: {eng.get('copies')} copies, {eng.get('mirrors')} mirrors "
+      f"({eng.get('mirrors_dropped')} dropped for a free), "
       f"{eng.get('quiesced')} launches left to the kernel while a free drained the queue, "
-      f"{eng.get('quiesce_timeouts')} frees past the gate's wait")
+      f"{eng.get('quiesce_timeouts')} frees past the gate's wait, {eng.get('stalls')} stall reports")
 sys.exit(0 if eng.get("copies", 0) > 0 and eng.get("quiesce_timeouts", 1) == 0 else 1)
 PY
         echo "FAIL $name: no copies on the copy engine, or a free went on past the gate"
