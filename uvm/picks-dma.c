@@ -521,7 +521,9 @@ static void *watchdog(void *arg)
 
     (void)arg;
     pthread_mutex_lock(&dm.lock);
-    while (!dm.stop && !dm.f.stalls) {
+    /* it runs until the copy engine stops, also once it has spoken: a
+     * thread that ended early would be left unjoined at exit */
+    while (!dm.stop) {
         struct timespec ts;
         uint64_t now, oldest = 0, gate;
         char msg[512];
@@ -536,6 +538,8 @@ static void *watchdog(void *arg)
         (void)pthread_cond_timedwait(&dm.wcv, &dm.lock, &ts);
         if (dm.stop)
             break;
+        if (dm.f.stalls)
+            continue; /* said once */
         for (unsigned k = 0; k < SLOTS; k++)
             if (dm.s[k].state == S_QUEUED && (!oldest || dm.s[k].at < oldest))
                 oldest = dm.s[k].at;
