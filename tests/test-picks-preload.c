@@ -146,7 +146,7 @@ static void *other_thread(void *arg)
  * all along (llama.cpp's pools do), while the copy engine's jobs are
  * queued and the engine's stream waits for them. On the fake driver a free
  * waits for the context's work holding the lock the copy thread needs, as
- * on the H200 (tests/fake: fk_quiet_free): without the shim's gate a free
+ * on the H200 (tests/fake: fk_quiet_wait): without the shim's gate a free
  * fails and a stream wait times out. */
 struct freer {
     CUresult (*ctx_set)(CUcontext);

@@ -43,7 +43,11 @@ struct slot {
     unsigned ix;
     uint32_t seq;
     CUdeviceptr src; /* the copy engine's source: j.c.src, or its mirror */
-    uint64_t at;     /* when it was queued (the stall report) */
+    /* the stall report's: when the watchdog first saw this job queued
+     * (the job: ix and seq then), 0 not yet */
+    uint64_t seen;
+    unsigned seen_ix;
+    uint32_t seen_seq;
     struct wo_dma_job j;
 };
 
@@ -303,32 +307,17 @@ static void *worker(void *arg)
 
 /* ---- mirrors --------------------------------------------------------------- */
 
-static void drain(void);
-
 #define MIRROR_CHUNK (32ull << 20)
 
-/* The mirrorer's own driver calls behind the gate (no job let in, the
- * queued ones issued; the mirrorer reads nothing meanwhile), not counted as
- * a free of the engine's memory: the other mirrors asked stay good. */
-static void own_quiet_begin(void)
-{
-    __atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
-    drain();
-}
-
-static void own_quiet_end(void)
-{
-    __atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST);
-}
-
-/* A mirror's pinned memory that never became a source. */
+/* A mirror's pinned memory that never became a source, freed behind the
+ * gate, as not the engine's memory: the other mirrors asked stay good. */
 static void free_own(void *h)
 {
-    own_quiet_begin();
+    wo_uvm_quiesce_begin();
     doing(1, "cuMemFreeHost");
     (void)dm.d->cuMemFreeHost(h);
     doing(1, NULL);
-    own_quiet_end();
+    wo_uvm_quiesce_end(false);
 }
 
 /* Copies a mirror's bytes with the CPU, a chunk at a time, each only while
@@ -395,8 +384,9 @@ static void *mirrorer(void *arg)
                 nanosleep(&ts, NULL);
             }
             /* both calls may wait for the context's work, holding the lock
-             * the copy thread's calls need: behind the gate, as the frees */
-            own_quiet_begin();
+             * the copy thread's calls need: behind the gate, as the frees
+             * (this thread reads nothing meanwhile) */
+            wo_uvm_quiesce_begin();
             doing(1, "cuMemHostAlloc");
             ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
                            CUDA_SUCCESS;
@@ -409,31 +399,25 @@ static void *mirrorer(void *arg)
             else if (ok && dm.d->cuCtxSynchronize)
                 (void)dm.d->cuCtxSynchronize();
             doing(1, NULL);
-            own_quiet_end();
+            wo_uvm_quiesce_end(false);
             if (in)
                 wo_driver_leave();
         }
         bool dropped = ok && !copy_live(h, &want);
         pthread_mutex_lock(&dm.lock);
-        if (dropped) {
-            /* a free came since it was asked: its source may be gone. Asked
-             * again by the next copy that wants it (a live tensor then) */
-            dm.f.mirror_dropped++;
-            if (dm.m[i].lo == want.lo && dm.m[i].state == M_QUEUED)
-                dm.m[i].state = M_NONE;
-            pthread_mutex_unlock(&dm.lock);
-            free_own(h);
-            pthread_mutex_lock(&dm.lock);
-        } else if (!ok) {
+        if (!ok) {
             dm.m[i].state = M_FAILED;
             if (!dm.f.mirror_failed++)
                 wo_info("picks: no pinned mirror of a %" PRIu64 " MiB expert tensor (host memory "
                         "or the driver): its picked rows are copied by the kernels",
                         want.bytes >> 20);
-        } else if (dm.m[i].want != want.wseq || dm.m[i].lo != want.lo) {
-            /* written (or new memory) while copied: again; the free
-             * outside the lock, behind the gate (it drains the queue) */
-            dm.m[i].state = M_NONE;
+        } else if (dropped || dm.m[i].want != want.wseq || dm.m[i].lo != want.lo) {
+            /* a free came since it was asked (its source may be gone), or
+             * it was written (or is new memory) while copied: asked again
+             * by the next copy that wants it; the free outside the lock */
+            dm.f.mirror_dropped += dropped;
+            if (dm.m[i].lo == want.lo && dm.m[i].state == M_QUEUED)
+                dm.m[i].state = M_NONE;
             pthread_mutex_unlock(&dm.lock);
             free_own(h);
             pthread_mutex_lock(&dm.lock);
@@ -540,10 +524,22 @@ static void *watchdog(void *arg)
             break;
         if (dm.f.stalls)
             continue; /* said once */
-        for (unsigned k = 0; k < SLOTS; k++)
-            if (dm.s[k].state == S_QUEUED && (!oldest || dm.s[k].at < oldest))
-                oldest = dm.s[k].at;
         now = now_ns();
+        for (unsigned k = 0; k < SLOTS; k++) {
+            struct slot *sl = &dm.s[k];
+
+            if (sl->state != S_QUEUED) {
+                sl->seen = 0;
+                continue;
+            }
+            if (!sl->seen || sl->seen_ix != sl->ix || sl->seen_seq != sl->seq) {
+                sl->seen = now;
+                sl->seen_ix = sl->ix;
+                sl->seen_seq = sl->seq;
+            }
+            if (!oldest || sl->seen < oldest)
+                oldest = sl->seen;
+        }
         gate = __atomic_load_n(&dm.gate_since, __ATOMIC_RELAXED);
         say_doing(msg, sizeof(msg), &used, 0, now, lim);
         say_doing(msg, sizeof(msg), &used, 1, now, lim);
@@ -619,7 +615,7 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
                 (int)r);
         return false;
     }
-    dm.started = true;
+    __atomic_store_n(&dm.started, true, __ATOMIC_RELEASE); /* drain reads it unlocked */
     return true;
 }
 
@@ -690,7 +686,6 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     sl->seq = seq;
     sl->j = *j;
     sl->src = src;
-    sl->at = now_ns();
     dm.q[ix].ring[dm.q[ix].tail++ % SLOTS] = (unsigned)(sl - dm.s);
     sl->state = S_QUEUED;
     dm.queued++;
@@ -765,6 +760,10 @@ static void drain(void)
         bool idle;
 
         if (__atomic_load_n(&dm.entering, __ATOMIC_SEQ_CST) == 0) {
+            /* never started (the default: off): nothing queued, and with
+             * quiescing raised nothing can be until the gate's end */
+            if (!__atomic_load_n(&dm.started, __ATOMIC_ACQUIRE))
+                return;
             pthread_mutex_lock(&dm.lock);
             /* without the copy thread nothing queued can be issued */
             idle = !dm.queued || !dm.th_on;
@@ -801,7 +800,8 @@ static void drain(void)
  * (copy_live). */
 void wo_uvm_quiesce_begin(void)
 {
-    if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1)
+    if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1 &&
+        __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE)) /* the stall report's */
         __atomic_store_n(&dm.gate_since, now_ns(), __ATOMIC_RELAXED);
     drain();
     /* a mirror's chunk under way ends (a memcpy of at most MIRROR_CHUNK:

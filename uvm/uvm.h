@@ -173,15 +173,17 @@ extern int wo_prefetch_busy;
 /* The copy engine's gate (uvm/picks-dma.c), around every driver call that
  * waits for the context's work to finish while holding a lock the shim's
  * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,
- * cuMemUnmap, cuMemRelease, module and library unloads. An engine stream
- * may be waiting on the GPU for a flag only that thread raises; begin lets
- * no new picked copy onto the copy engine (the kernels copy them) and waits
- * until the queued ones are issued (at most 2 s, then says so), end lets
- * them in again. Nests; costs two atomics and a lock when nothing is
- * queued. The hooks call it for the engine's calls, uvm/ for its own.
- * The same holds for calls that wait for the whole context (cuCtxSynchronize).
- * end(freed): true after a free, unmap or unregister: a pinned mirror asked
- * before it (its source may be what was freed) is dropped, not copied. */
+ * cuMemUnmap, cuMemRelease, module and library unloads, cuCtxSynchronize.
+ * An engine stream may be waiting on the GPU for a flag only that thread
+ * raises; begin lets no new picked copy onto the copy engine (the kernels
+ * copy them), waits until the queued ones are issued (at most 2 s, then
+ * says so) and for a mirror's chunk under way, end lets them in again.
+ * Nests; costs a few atomics while the copy engine has never started (the
+ * default), and a lock besides once it has. The hooks call it for the
+ * engine's calls, uvm/ for its own (the engine's cuMemFreeHost and
+ * cuMemHostUnregister are not hooked). end(freed): true after a free, unmap
+ * or unregister: a pinned mirror asked before it (its source may be what
+ * was freed) is dropped, not copied. */
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(bool freed);
 

@@ -689,13 +689,13 @@ FK_EXPORT CUresult cuCtxGetDevice_v2(CUdevice *device, CUcontext ctx)
 
 /* Work runs when it is enqueued, so synchronising has nothing to wait for
  * but a caller blocked in cuStreamWaitValue32, which it waits for holding
- * the driver's quiet lock, as a free does (fk_quiet_free); it still may not
+ * the driver's quiet lock, as a free does (fk_quiet_wait); it still may not
  * happen inside a capture. */
 FK_EXPORT CUresult cuCtxSynchronize(void)
 {
     FK_ENTER(cuCtxSynchronize);
     CUresult r = fk_capture_check_unsafe();
-    return r == CUDA_SUCCESS ? fk_quiet_free() : r;
+    return r == CUDA_SUCCESS ? fk_quiet_wait() : r;
 }
 
 FK_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
@@ -706,7 +706,7 @@ FK_EXPORT CUresult cuCtxSynchronize_v2(CUcontext ctx)
     if (!fk_ctx_valid(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     CUresult r = fk_capture_check_unsafe();
-    return r == CUDA_SUCCESS ? fk_quiet_free() : r;
+    return r == CUDA_SUCCESS ? fk_quiet_wait() : r;
 }
 
 FK_EXPORT CUresult cuCtxGetStreamPriorityRange(int *leastPriority, int *greatestPriority)

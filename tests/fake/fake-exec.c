@@ -955,7 +955,7 @@ void fk_quiet_leave(void)
     pthread_rwlock_unlock(&quiet);
 }
 
-CUresult fk_quiet_free(void)
+CUresult fk_quiet_wait(void)
 {
     uint64_t t0 = fk_now_ns(), limit = wait_limit_ns();
     CUresult r = CUDA_SUCCESS;

@@ -369,7 +369,7 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
         return r;
     if (dptr == 0)
         return CUDA_SUCCESS; /* as measured on driver 580 */
-    r = fk_quiet_free();
+    r = fk_quiet_wait();
     if (r != CUDA_SUCCESS)
         return r;
     return free_kind(dptr, 1u << FAKECUDA_DEVICE | 1u << FAKECUDA_ASYNC | 1u << FAKECUDA_MANAGED);
@@ -1044,7 +1044,7 @@ static CUresult cuMemcpyAsync_body(CUdeviceptr dst, CUdeviceptr src, size_t Byte
     COPY_ASYNC(cuMemcpyAsync, P(dst), P(src), ByteCount, !check_unified(dst, src, ByteCount),
                hStream, false);
 }
-/* enqueued under the driver's quiet lock (fk_quiet_free) */
+/* enqueued under the driver's quiet lock (fk_quiet_wait) */
 FK_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                  CUstream hStream)
 {

@@ -164,4 +164,4 @@ uint64_t fk_now_ns(void);
  * WOFAKE_WAIT_MS: a GPU would hang there). */
 void fk_quiet_enter(void);
 void fk_quiet_leave(void);
-CUresult fk_quiet_free(void);
+CUresult fk_quiet_wait(void);
