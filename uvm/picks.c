@@ -92,7 +92,7 @@ static struct {
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
-    bool said_on, said_fail, said_hot;
+    bool said_on, said_fail, said_hot, said_bound;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t now_ns(void)
@@ -116,13 +116,18 @@ static const char *err_name(CUresult r)
 /* ---- registration ---------------------------------------------------------- */
 
 /* The tag's name at addr and whether its bytes are off the device, from
- * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside). */
-static char *describe(uint64_t addr, bool *offdev, uint8_t *source)
+ * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside).
+ * A late-bound range (WOFFLOAD_LATE_BIND=1) is never staged, as in the
+ * streaming executor (uvm/stream.c): on the H200 a picked copy from one
+ * gave wrong tokens, as staging one gave an illegal address (docs/
+ * placement.md, Late binding); its launches read it in place (*bound). */
+static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
 {
     struct wo_alloc *a;
     char *name = NULL;
 
     *offdev = false;
+    *bound = false;
     *source = SRC_NONE;
     pthread_mutex_lock(&wo_uvm.lock);
     a = wo_alloc_find_addr(addr);
@@ -139,9 +144,10 @@ static char *describe(uint64_t addr, bool *offdev, uint8_t *source)
         /* pinned memory is host memory whatever the tag asked; managed
          * memory the planner keeps resident is still read over PCIe until
          * it is, and a copy from it is no slower than the launch's read */
-        *offdev =
-            a->kind == WO_KIND_PINNED ||
-            (a->kind != WO_KIND_OBSERVED && (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
+        *bound = a->kind == WO_KIND_BOUND;
+        *offdev = a->kind == WO_KIND_PINNED ||
+                  (a->kind != WO_KIND_OBSERVED && !*bound &&
+                   (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));
         *source = a->kind == WO_KIND_PINNED                                ? SRC_PINNED
                   : a->kind == WO_KIND_MANAGED && place == WO_PLACE_HOST ? SRC_MIRROR
                                                                          : SRC_NONE;
@@ -188,7 +194,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
 {
     struct wo_range rg;
     struct span *s;
-    bool offdev = false;
+    bool offdev = false, bound = false;
     uint8_t source = SRC_NONE;
     char *name = NULL;
     int i, r = 0;
@@ -220,8 +226,14 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     pthread_mutex_unlock(&pk.lock);
     /* a new tensor, or new memory at the same address: learn it (outside
      * the picks lock: describe takes uvm/'s) */
-    name = describe(experts, &offdev, &source);
+    name = describe(experts, &offdev, &source, &bound);
     pthread_mutex_lock(&pk.lock);
+    if (bound && !pk.said_bound) {
+        pk.said_bound = true;
+        wo_warn("picks: late-bound ranges (WOFFLOAD_LATE_BIND=1) are read in place, never "
+                "staged: a picked copy from one gave wrong tokens on the GPU (docs/placement.md, "
+                "Late binding)");
+    }
     if (!pk.s && !(pk.s = calloc(WO_PICKS_SPANS, sizeof(*pk.s)))) {
         r = -ENOMEM;
         goto out;
@@ -270,7 +282,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         __atomic_store_n(&wo_picks_ids[rg.id], (uint8_t)(wo_picks_ids[rg.id] + 1),
                          __ATOMIC_RELEASE);
     __atomic_store_n(&wo_picks_any, 1, __ATOMIC_RELEASE);
-    if (!offdev)
+    if (!offdev && !bound)
         wo_debug("picks: '%s' is on the device: its launches need no staging",
                  s->name ? s->name : "(unnamed)");
     /* announced (no ids: the ggml hook's first sight of a tensor it may
@@ -932,7 +944,7 @@ void wo_picks_reset(void)
     wo_dma_reset();
     pk.ctx = NULL;
     pk.mod = NULL;
-    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = false;
+    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = pk.said_bound = false;
     pk.marks = pk.rows = 0;
     pk.rows_host = NULL;
     pk.side = NULL;

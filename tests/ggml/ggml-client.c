@@ -965,9 +965,11 @@ int main(int argc, char **argv)
 
     /* picks first: registrations in rows claim a tensor only while they
      * hold ids, so the streaming executor takes the host experts after */
+    /* late bound: picked copies read the bound range in place, as the
+     * streaming executor (uvm/picks.c, describe): nothing staged */
     if (picks)
-        picks_steps(wt, picks_off);
-    picks_registered = picks && !picks_off;
+        picks_steps(wt, picks_off || late);
+    picks_registered = picks && !picks_off && !late;
     if (claims)
         claims_steps(wt);
     if (stream)
