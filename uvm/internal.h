@@ -404,7 +404,7 @@ static inline CUresult wo_quiet_mem_free(const struct wo_driver *d, CUdeviceptr 
 {
     wo_uvm_quiesce_begin();
     CUresult r = d->cuMemFree_v2(p);
-    wo_uvm_quiesce_end(true);
+    wo_uvm_quiesce_end_free(p, 0);
     return r;
 }
 
@@ -412,6 +412,6 @@ static inline CUresult wo_quiet_free_host(const struct wo_driver *d, void *h)
 {
     wo_uvm_quiesce_begin();
     CUresult r = d->cuMemFreeHost(h);
-    wo_uvm_quiesce_end(true);
+    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)h, 0);
     return r;
 }

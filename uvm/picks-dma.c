@@ -57,8 +57,20 @@ struct mirror {
     int state;
     void *host;
     uint64_t lo, bytes;
+    uint64_t base;       /* the engine allocation it lies in (its cuMemFree's pointer) */
     uint32_t wseq, want; /* the writes count it copies / the span's now */
     uint32_t ep;         /* dm.frees when it was asked: the tensor was live then */
+};
+
+/* What a free through the gate gave back (wo_uvm_quiesce_end_free): the
+ * allocation at lo (len 0), or [lo, lo + len); seq is its place in the
+ * count of frees plus one (0: unwritten), so a mirror asked before it can
+ * tell whether its source went (FREED_RING of them: a mirror with more
+ * frees since it was asked is dropped, as is one with an unknown free). */
+#define FREED_RING 64
+struct freed {
+    uint64_t lo, len;
+    uint32_t seq;
 };
 
 static struct {
@@ -88,6 +100,8 @@ static struct {
      * which a free unmaps (llama-batched-bench's exit, seen on the H200:
      * SIGSEGV in memcpy while a mirror was copied) */
     unsigned frees, reading;
+    pthread_mutex_t flock; /* the ring (a leaf lock; only once started) */
+    struct freed fr[FREED_RING];
     /* for the stall report (watchdog): the driver call the copy thread (0)
      * and the mirror thread (1) are in, NULL none, and since when; since
      * when the gate has been held */
@@ -103,6 +117,7 @@ static struct {
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
     struct wo_dma_figs f;
 } dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
+         .flock = PTHREAD_MUTEX_INITIALIZER,
         .cv = PTHREAD_COND_INITIALIZER,
         .mcv = PTHREAD_COND_INITIALIZER,
         .wcv = PTHREAD_COND_INITIALIZER};
@@ -320,15 +335,43 @@ static void free_own(void *h)
     wo_uvm_quiesce_end(false);
 }
 
+/* Whether a free since *ep may have given back the source of mirror m (its
+ * allocation, or bytes of it); false moves *ep to now. A free not in the
+ * ring (before the copy engine started, or too many since) counts as one
+ * that did. */
+static bool source_freed(const struct mirror *m, uint32_t *ep)
+{
+    uint32_t now = __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST);
+    bool gone = false;
+
+    if (now == *ep)
+        return false;
+    if (now - *ep > FREED_RING)
+        return true;
+    pthread_mutex_lock(&dm.flock);
+    for (uint32_t e = *ep; e != now && !gone; e++) {
+        const struct freed *f = &dm.fr[e % FREED_RING];
+        gone = f->seq != e + 1 ||
+               (f->len ? f->lo < m->lo + m->bytes && m->lo < f->lo + f->len : f->lo == m->base);
+    }
+    pthread_mutex_unlock(&dm.flock);
+    if (!gone)
+        *ep = now;
+    return gone;
+}
+
 /* Copies a mirror's bytes with the CPU, a chunk at a time, each only while
  * nothing passes the gate (a free, or a wait for the context: waited out)
- * and no free came since the mirror was asked (its source is the engine's
- * memory, which a free unmaps). False: dropped. Dekker with
+ * and no free of its source came since the mirror was asked (the engine's
+ * memory, which a free unmaps; frees of other memory, an engine's compute
+ * buffers, leave it be). False: dropped. Dekker with
  * wo_uvm_quiesce_begin: reading first, then the look at quiescing; the gate
  * raises quiescing, then waits for reading to fall. A free's end counts in
  * frees before quiescing falls, so the look at frees after sees it. */
 static bool copy_live(void *h, const struct mirror *want)
 {
+    uint32_t ep = want->ep;
+
     for (uint64_t at = 0; at < want->bytes; at += MIRROR_CHUNK) {
         uint64_t n = WO_MIN(MIRROR_CHUNK, want->bytes - at);
 
@@ -342,7 +385,7 @@ static bool copy_live(void *h, const struct mirror *want)
             struct timespec ts = {0, 50000};
             nanosleep(&ts, NULL);
         }
-        if (__atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST) != want->ep) {
+        if (source_freed(want, &ep)) {
             __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
             return false;
         }
@@ -434,7 +477,8 @@ static void *mirrorer(void *arg)
 }
 
 /* The copy engine's source for the job, or 0 (under dm.lock). */
-static CUdeviceptr source(uint64_t lo, unsigned span, uint64_t bytes, uint32_t wseq, bool pinned)
+static CUdeviceptr source(uint64_t lo, uint64_t base, unsigned span, uint64_t bytes, uint32_t wseq,
+                          bool pinned)
 {
     struct mirror *m = &dm.m[span];
 
@@ -444,7 +488,7 @@ static CUdeviceptr source(uint64_t lo, unsigned span, uint64_t bytes, uint32_t w
         /* another tensor's (its old mirror is left, see mirrorer) */
         if (m->state == M_QUEUED)
             return 0;
-        *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes};
+        *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes, .base = base};
     }
     m->want = wseq;
     if (m->state == M_READY && m->wseq == wseq)
@@ -655,7 +699,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
         __atomic_store_n(&dm.mark, mark, __ATOMIC_RELEASE);
     }
     if (!start(d, ctx) ||
-        !(src = source(c->src, j->span, c->row * c->n_experts, j->wseq, j->pinned))) {
+        !(src = source(c->src, j->base, j->span, c->row * c->n_experts, j->wseq, j->pinned))) {
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
@@ -738,13 +782,13 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
 }
 
 void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
-                       uint64_t bytes, uint32_t wseq)
+                       uint64_t base, uint64_t bytes, uint32_t wseq)
 {
     if (span >= WO_PICKS_SPANS || !ctx || !gate_enter())
         return;
     pthread_mutex_lock(&dm.lock);
     if (start(d, ctx))
-        (void)source(lo, span, bytes, wseq, false);
+        (void)source(lo, base, span, bytes, wseq, false);
     pthread_mutex_unlock(&dm.lock);
     gate_leave();
 }
@@ -813,14 +857,37 @@ void wo_uvm_quiesce_begin(void)
     }
 }
 
-void wo_uvm_quiesce_end(bool freed)
+/* A free's end: counted, and once the copy engine has started (before it
+ * no mirror is asked) written in the ring, before quiescing falls: a
+ * mirror asked before the free, or while it went on, is not copied from
+ * what it freed. unknown: whatever it freed, every mirror under way goes. */
+static void end_gate(bool freed, bool unknown, uint64_t lo, uint64_t len)
 {
-    /* before quiescing falls: a mirror asked before the free, or while it
-     * went on, is not copied from what it freed */
-    if (freed)
-        __atomic_add_fetch(&dm.frees, 1, __ATOMIC_SEQ_CST);
+    if (freed) {
+        bool ring = __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE);
+
+        /* counted inside the lock once started, so that a mirror that sees
+         * the count finds its entry written (seq 0: unknown) */
+        if (ring)
+            pthread_mutex_lock(&dm.flock);
+        uint32_t e = __atomic_fetch_add(&dm.frees, 1, __ATOMIC_SEQ_CST);
+        if (ring) {
+            dm.fr[e % FREED_RING] = (struct freed){.lo = lo, .len = len, .seq = unknown ? 0 : e + 1};
+            pthread_mutex_unlock(&dm.flock);
+        }
+    }
     if (__atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 0)
         __atomic_store_n(&dm.gate_since, 0, __ATOMIC_RELAXED);
+}
+
+void wo_uvm_quiesce_end(bool freed)
+{
+    end_gate(freed, true, 0, 0);
+}
+
+void wo_uvm_quiesce_end_free(uint64_t lo, uint64_t len)
+{
+    end_gate(true, false, lo, len);
 }
 
 void wo_dma_figs(struct wo_dma_figs *f)
@@ -852,6 +919,7 @@ void wo_dma_reset(void)
 {
     memset(&dm, 0, sizeof(dm));
     pthread_mutex_init(&dm.lock, NULL);
+    pthread_mutex_init(&dm.flock, NULL);
     pthread_cond_init(&dm.cv, NULL);
     pthread_cond_init(&dm.mcv, NULL);
     pthread_cond_init(&dm.wcv, NULL);

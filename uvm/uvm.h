@@ -181,11 +181,15 @@ extern int wo_prefetch_busy;
  * Nests; costs a few atomics while the copy engine has never started (the
  * default), and a lock besides once it has. The hooks call it for the
  * engine's calls, uvm/ for its own (the engine's cuMemFreeHost and
- * cuMemHostUnregister are not hooked). end(freed): true after a free, unmap
- * or unregister: a pinned mirror asked before it (its source may be what
- * was freed) is dropped, not copied. */
+ * cuMemHostUnregister are not hooked). A pinned mirror under way whose
+ * source a free since it was asked may have given back is dropped, not
+ * copied: end_free(lo, 0) after the free of the allocation at lo (cuMemFree,
+ * cudaFree, cuMemFreeHost), end_free(lo, len) after [lo, lo + len) went
+ * (cuMemUnmap, cuMemHostUnregister); end(true) after a free of unknown
+ * memory (every mirror under way goes), end(false) after no free. */
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(bool freed);
+void wo_uvm_quiesce_end_free(uint64_t lo, uint64_t len);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
