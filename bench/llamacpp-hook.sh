@@ -27,6 +27,7 @@
 #              *-ncmoe8-hotset: the n-cpu-moe 8 policy with streaming off (no
 #              staging slots), near -ncmoe 8's device memory; *-buf1: one
 #              picked-copy buffer a stream (WOFFLOAD_PICKS_BUFFERS=1): at it
+#              (*-buf1-dma: its picked copies on the copy engine)
 #   *-noreplay with WOFFLOAD_GRAPH_REPLAY=0 (bench-shim-exps-noreplay: llama.cpp's
 #              CUDA graph launches run whole, reading the host experts in
 #              place); *-noclaims with WOFFLOAD_GGML_STREAM=0
@@ -526,6 +527,7 @@ tokens ncmoe8-b32 ncmoe8
 tokens ncmoe9-slots2-b32 ncmoe9-slots2
 tokens ncmoe8-hotset-b32 ncmoe8-hotset
 tokens ncmoe8-hotset-buf1-b32 ncmoe8-hotset
+tokens ncmoe8-hotset-buf1-dma-b32 ncmoe8-hotset
 tokens exps-stream-b32 exps-stream
 tokens exps-b32 exps
 tokens exps-from50-b32 exps
@@ -554,6 +556,7 @@ bench shim-ncmoe8 ncmoe8
 bench shim-ncmoe9-slots2 ncmoe9-slots2
 bench shim-ncmoe8-hotset ncmoe8-hotset
 bench shim-ncmoe8-hotset-buf1 ncmoe8-hotset
+bench shim-ncmoe8-hotset-buf1-dma ncmoe8-hotset
 bench llama-ncmoe8 plain -ncmoe 8 -lm none
 # a model larger than the GPU (issue 41): a blocker leaving 50% or 25% of the
 # GGUF's bytes free; fit (FIT, default 90%: all that is free) late bound,

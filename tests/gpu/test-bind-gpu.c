@@ -154,10 +154,19 @@ static void check(const char *what, double ms, struct wo_bound *b, const uint64_
     }
 }
 
-static void move(struct wo_bound *b, const char *what, size_t off, size_t len,
-                 enum wo_bind_loc loc, const uint64_t *ref, uint64_t *back, size_t size)
+/* reuse: the device memory the move gave back handed out again at once
+ * (cuMemAlloc) and overwritten before the first read, as the shim's
+ * picked-copy buffers and staging slots are right after seal's re-backing
+ * (on the H200 llama.cpp late bound gave other tokens once picked copies
+ * ran from the range so re-backed: bench/results/gpu-suite-20261201-
+ * d9ab06b-h200.txt): a read through a stale mapping would see the new
+ * owner's bytes */
+static void move_x(struct wo_bound *b, const char *what, size_t off, size_t len,
+                   enum wo_bind_loc loc, const uint64_t *ref, uint64_t *back, size_t size,
+                   bool reuse)
 {
     CUresult res;
+    CUdeviceptr other = 0;
     double t0 = now_ms();
     int rc = wo_bind_move(b, off, len, loc, &res);
     double ms = now_ms() - t0;
@@ -170,7 +179,19 @@ static void move(struct wo_bound *b, const char *what, size_t off, size_t len,
         return;
     }
     model_move(off, len, loc);
+    if (reuse && drv.cuMemAlloc_v2(&other, len) == CUDA_SUCCESS)
+        CK(drv.cuMemsetD8_v2(other, 0x5a, len));
+    else if (reuse)
+        other = 0;
     check(what, ms, b, ref, back, size);
+    if (other)
+        CK(drv.cuMemFree_v2(other));
+}
+
+static void move(struct wo_bound *b, const char *what, size_t off, size_t len,
+                 enum wo_bind_loc loc, const uint64_t *ref, uint64_t *back, size_t size)
+{
+    move_x(b, what, off, len, loc, ref, back, size, false);
 }
 
 /* Fake only: each driver call a move makes fails once in turn; the move
@@ -330,6 +351,14 @@ int main(int argc, char **argv)
         snprintf(what, sizeof(what), "cycle %d: %zu granules from %zu", c + 1,
                  (len + off % gran + gran - 1) / gran, off / gran);
         move(b, what, off, len, rnd() & 1 ? WO_BIND_DEVICE : WO_BIND_HOST, ref, back, size);
+    }
+    /* device memory given back and handed out again before the first read,
+     * four times */
+    for (int c = 0; c < 4; c++) {
+        char what[80];
+        move(b, "all to the device (before a reuse)", 0, size, WO_BIND_DEVICE, ref, back, size);
+        snprintf(what, sizeof(what), "reuse %d: all to the host, its device memory reused", c + 1);
+        move_x(b, what, 0, size, WO_BIND_HOST, ref, back, size, true);
     }
     if (fake_fail)
         injected(b, ref, back, size);
