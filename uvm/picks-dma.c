@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <time.h>
 
@@ -56,6 +57,7 @@ enum { M_NONE, M_QUEUED, M_READY, M_FAILED };
 struct mirror {
     int state;
     void *host;
+    size_t host_len; /* wo_pin_host's: 0 cuMemHostAlloc, else the registered mapping */
     uint64_t lo, bytes;
     uint64_t base;       /* the engine allocation it lies in (its cuMemFree's pointer) */
     uint32_t wseq, want; /* the writes count it copies / the span's now */
@@ -324,15 +326,14 @@ static void *worker(void *arg)
 
 #define MIRROR_CHUNK (32ull << 20)
 
-/* A mirror's pinned memory that never became a source, freed behind the
- * gate, as not the engine's memory: the other mirrors asked stay good. */
-static void free_own(void *h)
+/* A mirror's pinned memory that never became a source, given back behind
+ * the gate (wo_unpin_host), as the shim's own memory: the other mirrors
+ * asked stay good. */
+static void free_own(void *h, size_t len)
 {
-    wo_uvm_quiesce_begin();
-    doing(1, "cuMemFreeHost");
-    (void)dm.d->cuMemFreeHost(h);
+    doing(1, len ? "cuMemHostUnregister" : "cuMemFreeHost");
+    (void)wo_unpin_host(dm.d, h, len);
     doing(1, NULL);
-    wo_uvm_quiesce_end(false);
 }
 
 /* Whether a free since *ep may have given back the source of mirror m (its
@@ -407,7 +408,8 @@ static void *mirrorer(void *arg)
     for (;;) {
         unsigned i;
         struct mirror want;
-        void *h = NULL;
+        void *h = NULL, *pages = NULL;
+        size_t n = 0, len = 0;
         bool ok;
 
         while (!dm.stop && dm.mhead == dm.mtail)
@@ -420,6 +422,12 @@ static void *mirrorer(void *arg)
         ok = want.bytes <= wo_pin_auto_room(wo_meminfo_bytes("MemAvailable"),
                                             wo_meminfo_bytes("MemTotal"));
         if (ok) {
+            /* the pages faulted in first, outside the driver (as the
+             * streaming executor's pinned copies, uvm/place-pin.c): the
+             * driver would zero them inside its call, the engine's launches
+             * waiting meanwhile (cuMemHostAlloc: 387 ms per 2 GiB on the
+             * H100), and registering them pins at half its cost */
+            pages = wo_pin_pages((size_t)want.bytes, &n);
             /* pinning is no call for a capture's time: wait it out */
             bool in;
             while (!(in = wo_driver_enter()) && !__atomic_load_n(&dm.stop, __ATOMIC_RELAXED)) {
@@ -430,9 +438,10 @@ static void *mirrorer(void *arg)
              * the copy thread's calls need: behind the gate, as the frees
              * (this thread reads nothing meanwhile) */
             wo_uvm_quiesce_begin();
-            doing(1, "cuMemHostAlloc");
-            ok = in && dm.d->cuMemHostAlloc(&h, want.bytes, CU_MEMHOSTALLOC_PORTABLE) ==
-                           CUDA_SUCCESS;
+            doing(1, "cuMemHostRegister");
+            ok = in && wo_pin_host(dm.d, (size_t)want.bytes, pages, n, &h, &len) == CUDA_SUCCESS;
+            if (!in && pages)
+                munmap(pages, n); /* wo_pin_host unmaps them when it fails */
             /* a copy into the tensor noted before (its writes count, want)
              * may still be in flight on the engine's stream: the context's
              * work done first, so the mirror holds it */
@@ -462,10 +471,11 @@ static void *mirrorer(void *arg)
             if (dm.m[i].lo == want.lo && dm.m[i].state == M_QUEUED)
                 dm.m[i].state = M_NONE;
             pthread_mutex_unlock(&dm.lock);
-            free_own(h);
+            free_own(h, len);
             pthread_mutex_lock(&dm.lock);
         } else {
             dm.m[i].host = h;
+            dm.m[i].host_len = len;
             dm.m[i].wseq = want.wseq;
             dm.m[i].state = M_READY;
             dm.f.mirrors++;

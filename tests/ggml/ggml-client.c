@@ -100,6 +100,7 @@ static const struct {
 
 static long (*access_fn)(const void *, size_t, int, int);
 static int (*page_state)(const void *, struct fakecuda_page_state *);
+static uint64_t (*calls_fn)(const char *name);
 static long (*stats_fn)(char *, size_t);
 static int (*tag_fn)(const void *, size_t, const char *);
 
@@ -811,6 +812,7 @@ int main(int argc, char **argv)
     *(void **)&access_fn = need(cu, "fakecuda_access");
     *(void **)&page_state = need(cu, "fakecuda_managed_state");
     *(void **)&where_fn = need(cu, "fakecuda_where");
+    *(void **)&calls_fn = need(cu, "fakecuda_calls");
     *(void **)&stats_fn = need(RTLD_DEFAULT, "woffload_stats");
     *(void **)&tag_fn = need(RTLD_DEFAULT, "woffload_tag");
     const size_t psz[] = {sizeof(void *), sizeof(size_t), sizeof(void *)};
@@ -977,6 +979,13 @@ int main(int argc, char **argv)
             CHECK(engine_field("mirrors_dropped") == 0 && engine_field("mirrors") >= 1,
                   "--free-other: frees of other memory dropped no mirror (%lld), %lld made",
                   engine_field("mirrors_dropped"), engine_field("mirrors"));
+        /* made as the streaming executor's pinned copies: pages faulted in
+         * first, then registered (not cuMemHostAlloc, which zeroes them
+         * inside the driver while the engine's launches wait) */
+        if (!free_early)
+            CHECK(calls_fn("cuMemHostRegister_v2") >= (uint64_t)engine_field("mirrors"),
+                  "--free-other: each mirror's pages registered (%llu registrations)",
+                  (unsigned long long)calls_fn("cuMemHostRegister_v2"));
         goto out;
     }
 
