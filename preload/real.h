@@ -49,6 +49,8 @@
     X(cuMemRelease, 0, wo_h_mem_release, CUresult, (CUmemGenericAllocationHandle h), (h)) \
     X(cuMemMap, 0, wo_h_mem_map, CUresult, (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h, unsigned long long flags), (ptr, size, offset, h, flags)) \
     X(cuMemUnmap, 0, wo_h_mem_unmap, CUresult, (CUdeviceptr ptr, size_t size), (ptr, size)) \
+    X(cuMemFreeHost, 0, wo_h_mem_free_host, CUresult, (void *p), (p)) \
+    X(cuMemHostUnregister, 0, wo_h_mem_host_unregister, CUresult, (void *p), (p)) \
     X(cuMemcpy, 0, wo_h_memcpy, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
     X(cuMemcpy_ptds, 1, wo_h_memcpy, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n), (dst, src, n)) \
     X(cuMemcpyAsync, 0, wo_h_memcpy_async, CUresult, (CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s), (dst, src, n, s)) \
@@ -123,6 +125,8 @@
     G("cuMemRelease", 10020, cuMemRelease, cuMemRelease) \
     G("cuMemMap", 10020, cuMemMap, cuMemMap) \
     G("cuMemUnmap", 10020, cuMemUnmap, cuMemUnmap) \
+    G("cuMemFreeHost", 2000, cuMemFreeHost, cuMemFreeHost) \
+    G("cuMemHostUnregister", 4000, cuMemHostUnregister, cuMemHostUnregister) \
     G("cuMemcpy", 4000, cuMemcpy, cuMemcpy_ptds) \
     G("cuMemcpyAsync", 4000, cuMemcpyAsync, cuMemcpyAsync_ptsz) \
     G("cuMemcpyHtoD", 3020, cuMemcpyHtoD_v2, cuMemcpyHtoD_v2_ptds) \
@@ -244,10 +248,8 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuCtxSetLimit)                                                                               \
     Y(cuMemGetInfo_v2)                                                                             \
     Y(cuMemHostAlloc)                                                                              \
-    Y(cuMemFreeHost)                                                                               \
     Y(cuMemHostGetDevicePointer_v2)                                                                \
     Y(cuMemHostRegister_v2)                                                                        \
-    Y(cuMemHostUnregister)                                                                         \
     Y(cuMemAdvise_v2)                                                                              \
     Y(cuMemPrefetchAsync_v2)                                                                       \
     Y(cuMemsetD8_v2)                                                                               \

@@ -152,6 +152,10 @@ struct freer {
     CUresult (*ctx_set)(CUcontext);
     CUresult (*alloc)(CUdeviceptr *, size_t);
     CUresult (*free)(CUdeviceptr);
+    /* every other round pinned host memory instead (llama.cpp's CUDA_Host
+     * buffers): cudaFreeHost waits for the context too */
+    CUresult (*host_alloc)(void **, size_t, unsigned);
+    CUresult (*host_free)(void *);
     CUcontext ctx;
     int stop;
     unsigned long frees, failed;
@@ -168,6 +172,19 @@ static void *freer_thread(void *arg)
     while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
         CUdeviceptr p;
 
+        if ((f->frees + f->failed) % 2) {
+            void *h;
+            if (f->host_alloc(&h, 64u << 10, 0) != CUDA_SUCCESS) {
+                f->failed++;
+                break;
+            }
+            if (f->host_free(h) != CUDA_SUCCESS)
+                f->failed++;
+            else
+                f->frees++;
+            usleep(100);
+            continue;
+        }
         if (f->alloc(&p, 64u << 10) != CUDA_SUCCESS) {
             f->failed++;
             break;
@@ -707,9 +724,11 @@ static int child(void)
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
 
-    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, ctx, 0, 0, 0};
+    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, NULL, NULL, ctx, 0, 0, 0};
     pthread_t fth;
     *(void **)&fr.free = need(cu, "cuMemFree_v2");
+    *(void **)&fr.host_alloc = need(cu, "cuMemHostAlloc");
+    *(void **)&fr.host_free = need(cu, "cuMemFreeHost");
     bool freeing = getenv("WO_PICKS_TEST_FREER") && getenv("WO_PICKS_TEST_ENGINE") &&
                    strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0;
     CHECK(!freeing || pthread_create(&fth, NULL, freer_thread, &fr) == 0);

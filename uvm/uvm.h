@@ -180,8 +180,8 @@ extern int wo_prefetch_busy;
  * says so) and for a mirror's chunk under way, end lets them in again.
  * Nests; costs a few atomics while the copy engine has never started (the
  * default), and a lock besides once it has. The hooks call it for the
- * engine's calls, uvm/ for its own (the engine's cuMemFreeHost and
- * cuMemHostUnregister are not hooked). A pinned mirror under way whose
+ * engine's calls (cuMemFreeHost and cuMemHostUnregister too), uvm/ for its
+ * own. A pinned mirror under way whose
  * source a free since it was asked may have given back is dropped, not
  * copied: end_free(lo, 0) after the free of the allocation at lo (cuMemFree,
  * cudaFree, cuMemFreeHost), end_free(lo, len) after [lo, lo + len) went

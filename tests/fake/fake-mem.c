@@ -493,10 +493,15 @@ FK_EXPORT CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)
     return host_alloc(pp, bytesize, 0);
 }
 
+/* Frees of pinned host memory wait for the context's work, as on the GPU
+ * (cudaFreeHost synchronizes): under the quiet lock, as cuMemFree */
 FK_EXPORT CUresult cuMemFreeHost(void *p)
 {
     FK_ENTER(cuMemFreeHost);
     CUresult r = fk_capture_check_unsafe();
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = fk_quiet_wait();
     if (r != CUDA_SUCCESS)
         return r;
     return free_kind((uintptr_t)p, 1u << FAKECUDA_HOST);
@@ -556,6 +561,9 @@ FK_EXPORT CUresult cuMemHostUnregister(void *p)
 {
     FK_ENTER(cuMemHostUnregister);
     CUresult r = fk_capture_check_unsafe();
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = fk_quiet_wait();
     if (r != CUDA_SUCCESS)
         return r;
     fk_lock_();
