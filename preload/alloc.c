@@ -188,7 +188,7 @@ CUresult wo_h_mem_free(wo_pfn_cuMemFree_v2 real, int id, void *ra, CUdeviceptr d
         return mem_free(real, id, ra, dptr);
     wo_uvm_quiesce_begin();
     CUresult res = mem_free(real, id, ra, dptr);
-    wo_uvm_quiesce_end_free(dptr, 0);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -256,8 +256,7 @@ CUresult wo_h_mem_release(wo_pfn_cuMemRelease real, int id, void *ra, CUmemGener
 {
     wo_uvm_quiesce_begin();
     CUresult res = mem_release(real, id, ra, h);
-    /* a handle's memory goes only once unmapped (cuMemUnmap's free) */
-    wo_uvm_quiesce_end(false);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -321,7 +320,7 @@ CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr pt
 {
     wo_uvm_quiesce_begin();
     CUresult res = mem_unmap(real, id, ra, ptr, size);
-    wo_uvm_quiesce_end_free(ptr, size);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -339,7 +338,7 @@ CUresult wo_h_mem_free_host(wo_pfn_cuMemFreeHost real, int id, void *ra, void *p
         return real(p);
     wo_uvm_quiesce_begin();
     CUresult res = real(p);
-    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)p, 0);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -351,7 +350,7 @@ CUresult wo_h_mem_host_unregister(wo_pfn_cuMemHostUnregister real, int id, void 
         return CUDA_ERROR_NOT_FOUND;
     wo_uvm_quiesce_begin();
     CUresult res = real(p);
-    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)p, 0);
+    wo_uvm_quiesce_end();
     return res;
 }
 
@@ -448,7 +447,7 @@ cudaError_t wo_h_cuda_free(wo_pfn_cudaFree real, int id, void *ra, void *p)
         return cuda_free(real, id, ra, p);
     wo_uvm_quiesce_begin();
     cudaError_t res = cuda_free(real, id, ra, p);
-    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)p, 0);
+    wo_uvm_quiesce_end();
     return res;
 }
 

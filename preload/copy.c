@@ -307,7 +307,7 @@ static CUresult ctx_sync_gated(wo_pfn_cuCtxSynchronize_v2 real, CUcontext ctx)
 {
     wo_uvm_quiesce_begin();
     CUresult r = real(ctx);
-    wo_uvm_quiesce_end(false);
+    wo_uvm_quiesce_end();
     return r;
 }
 

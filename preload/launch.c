@@ -334,7 +334,7 @@ CUresult wo_h_module_unload(wo_pfn_cuModuleUnload real, int id, void *ra, CUmodu
         return CUDA_ERROR_NOT_FOUND;
     wo_uvm_quiesce_begin();
     r = real(m);
-    wo_uvm_quiesce_end(false);
+    wo_uvm_quiesce_end();
     return unloaded(r, (uintptr_t)m);
 }
 
@@ -348,7 +348,7 @@ CUresult wo_h_library_unload(wo_pfn_cuLibraryUnload real, int id, void *ra, CUli
         return CUDA_ERROR_NOT_FOUND;
     wo_uvm_quiesce_begin();
     r = real(lib);
-    wo_uvm_quiesce_end(false);
+    wo_uvm_quiesce_end();
     return unloaded(r, 0);
 }
 

@@ -1569,10 +1569,13 @@ static void free_waits_for_cpu_read(void **state)
         CUdeviceptr p = observed_range ? observed(WO_MiB) : alloc_ok(WO_MiB);
         CUdeviceptr other = alloc_ok(WO_MiB);
         pthread_t t;
+        /* either reader (the pinned-copy worker, the copy engine's mirror
+         * thread) holds the free up */
+        unsigned who = observed_range ? WO_READER_MIRROR : WO_READER_PIN;
 
         pthread_mutex_lock(&wo_uvm.lock);
-        wo_uvm.cpu_read_lo = p + 64 * 1024;
-        wo_uvm.cpu_read_hi = p + 128 * 1024;
+        wo_uvm.cpu_read[who].lo = p + 64 * 1024;
+        wo_uvm.cpu_read[who].hi = p + 128 * 1024;
         pthread_mutex_unlock(&wo_uvm.lock);
         freeing = p;
         __atomic_store_n(&freed_flag, 0, __ATOMIC_RELEASE);
@@ -1582,7 +1585,7 @@ static void free_waits_for_cpu_read(void **state)
         free_ok(other); /* not read: not held up, nor is the lock */
         assert_int_equal(__atomic_load_n(&freed_flag, __ATOMIC_ACQUIRE), 0);
         pthread_mutex_lock(&wo_uvm.lock);
-        wo_uvm.cpu_read_lo = wo_uvm.cpu_read_hi = 0;
+        wo_uvm.cpu_read[who].lo = wo_uvm.cpu_read[who].hi = 0;
         pthread_cond_broadcast(&wo_uvm.cpu_read_cv);
         pthread_mutex_unlock(&wo_uvm.lock);
         assert_int_equal(pthread_join(t, NULL), 0);

@@ -125,7 +125,7 @@ static CUresult unmap(struct wo_bound *b, CUdeviceptr p, size_t len)
 
     if (r != CUDA_SUCCESS)
         r = b->d->cuMemUnmap(p, len);
-    wo_uvm_quiesce_end_free(p, len);
+    wo_uvm_quiesce_end();
     return r;
 }
 
@@ -134,7 +134,7 @@ static void release(struct wo_bound *b, CUmemGenericAllocationHandle h)
 {
     wo_uvm_quiesce_begin();
     (void)b->d->cuMemRelease(h);
-    wo_uvm_quiesce_end(false); /* unmapped before: nothing mapped goes */
+    wo_uvm_quiesce_end();
 }
 
 static CUresult map_blk(struct wo_bound *b, const struct blk *k)

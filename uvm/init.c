@@ -252,7 +252,7 @@ void wo_uvm_atfork_child(void)
      * that did not, and the parent's stream and context mean nothing here. */
     pthread_mutex_init(&wo_uvm.lock, NULL);
     pthread_cond_init(&wo_uvm.cpu_read_cv, NULL);
-    wo_uvm.cpu_read_lo = wo_uvm.cpu_read_hi = 0; /* its reader is gone */
+    memset(wo_uvm.cpu_read, 0, sizeof(wo_uvm.cpu_read)); /* its readers are gone */
     /* nor is any of the threads that may have been inside a driver call
      * (the consumer, the pinned-copy worker): none is here to leave it */
     __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);

@@ -85,6 +85,9 @@ struct wo_place_count {
     uint64_t bytes, tensors;
 };
 
+/* The shim's threads that copy the engine's memory by CPU (wo_uvm_copy_live) */
+enum { WO_READER_PIN, WO_READER_MIRROR, WO_CPU_READERS };
+
 struct wo_uvm_state {
     pthread_mutex_t lock;
     int state; /* 0 not initialised, 1 running, 2 shut down, 3 fork child before init */
@@ -165,11 +168,13 @@ struct wo_uvm_state {
     uint64_t hits_unaligned; /* on a weight's allocation, a word no weight pointer (core/event.h) */
     uint64_t events;
 
-    /* [cpu_read_lo, cpu_read_hi): bytes the pinned-copy worker is reading
-     * by CPU outside the lock (uvm/stream-pin.c); a free of a range that
-     * overlaps them waits on cpu_read_cv (with the lock) until they are
-     * read. Both 0: none. */
-    uint64_t cpu_read_lo, cpu_read_hi;
+    /* [lo, hi): bytes a shim thread is reading by CPU outside the lock
+     * (wo_uvm_copy_live: the pinned-copy worker, the copy engine's mirror
+     * thread); a free of a range that overlaps them waits on cpu_read_cv
+     * (with the lock) until they are read. Both 0: none. */
+    struct {
+        uint64_t lo, hi;
+    } cpu_read[WO_CPU_READERS];
     pthread_cond_t cpu_read_cv;
 
     /* driver state (forgotten in a fork child) */
@@ -263,10 +268,19 @@ void wo_api_note_tag(void);
 void wo_report_unplaceable(const struct wo_alloc *a, const char *name);
 
 /* ---- place.c, place-seal.c (under wo_uvm.lock) ------------------------- */
-/* Waits, the lock released meanwhile, until the pinned-copy worker reads
- * nothing of [base, base+size): called before memory goes back to the
- * driver. */
+/* Waits, the lock released meanwhile, until no shim thread reads anything
+ * of [base, base+size) by CPU (wo_uvm_copy_live): called before memory goes
+ * back to the driver. */
 void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size);
+/* Copies [src, src + bytes) of the live range (rid, gen) into dst with the
+ * CPU, a piece at a time: each piece is checked live under wo_uvm.lock and
+ * announced as reader `who`'s (a free of the range waits for it), then
+ * copied outside the lock, so the engine's frees of other memory and
+ * everything else that takes the lock go on. False when the engine freed
+ * the range meanwhile, or *stop rose (the process exits). Takes the lock:
+ * never called with it held. */
+bool wo_uvm_copy_live(unsigned who, uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes,
+                      void *dst, const bool *stop);
 /* Decides a tag's placement (policy match, host budget) and counts it. */
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
 /* fit (place-fit.c), from the consumer thread: the staging room fit lent
@@ -404,7 +418,7 @@ static inline CUresult wo_quiet_mem_free(const struct wo_driver *d, CUdeviceptr 
 {
     wo_uvm_quiesce_begin();
     CUresult r = d->cuMemFree_v2(p);
-    wo_uvm_quiesce_end_free(p, 0);
+    wo_uvm_quiesce_end();
     return r;
 }
 
@@ -412,6 +426,6 @@ static inline CUresult wo_quiet_free_host(const struct wo_driver *d, void *h)
 {
     wo_uvm_quiesce_begin();
     CUresult r = d->cuMemFreeHost(h);
-    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)h, 0);
+    wo_uvm_quiesce_end();
     return r;
 }

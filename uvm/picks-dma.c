@@ -59,20 +59,8 @@ struct mirror {
     void *host;
     size_t host_len; /* wo_pin_host's: 0 cuMemHostAlloc, else the registered mapping */
     uint64_t lo, bytes;
-    uint64_t base;       /* the engine allocation it lies in (its cuMemFree's pointer) */
+    uint32_t rid, gen;   /* the engine allocation it lies in (registry id, generation) */
     uint32_t wseq, want; /* the writes count it copies / the span's now */
-    uint32_t ep;         /* dm.frees when it was asked: the tensor was live then */
-};
-
-/* What a free through the gate gave back (wo_uvm_quiesce_end_free): the
- * allocation at lo (len 0), or [lo, lo + len); seq is its place in the
- * count of frees plus one (0: unwritten), so a mirror asked before it can
- * tell whether its source went (FREED_RING of them: a mirror with more
- * frees since it was asked is dropped, as is one with an unknown free). */
-#define FREED_RING 64
-struct freed {
-    uint64_t lo, len;
-    uint32_t seq;
 };
 
 static struct {
@@ -97,13 +85,6 @@ static struct {
     /* the quiesce gate (wo_uvm_quiesce_begin): threads about to free that
      * hold new jobs off, and enqueues under way; atomics, Dekker-style */
     unsigned quiescing, entering;
-    /* frees passed through the gate (bumped as each ends), and a mirror's
-     * chunk being copied: the mirrorer reads the engine's memory with the CPU,
-     * which a free unmaps (llama-batched-bench's exit, seen on the H200:
-     * SIGSEGV in memcpy while a mirror was copied) */
-    unsigned frees, reading;
-    pthread_mutex_t flock; /* the ring (a leaf lock; only once started) */
-    struct freed fr[FREED_RING];
     /* for the stall report (watchdog): the driver call the copy thread (0)
      * and the mirror thread (1) are in, NULL none, and since when; since
      * when the gate has been held */
@@ -119,7 +100,6 @@ static struct {
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
     struct wo_dma_figs f;
 } dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
-         .flock = PTHREAD_MUTEX_INITIALIZER,
         .cv = PTHREAD_COND_INITIALIZER,
         .mcv = PTHREAD_COND_INITIALIZER,
         .wcv = PTHREAD_COND_INITIALIZER};
@@ -324,7 +304,6 @@ static void *worker(void *arg)
 
 /* ---- mirrors --------------------------------------------------------------- */
 
-#define MIRROR_CHUNK (32ull << 20)
 
 /* A mirror's pinned memory that never became a source, given back behind
  * the gate (wo_unpin_host), as the shim's own memory: the other mirrors
@@ -334,66 +313,6 @@ static void free_own(void *h, size_t len)
     doing(1, len ? "cuMemHostUnregister" : "cuMemFreeHost");
     (void)wo_unpin_host(dm.d, h, len);
     doing(1, NULL);
-}
-
-/* Whether a free since *ep may have given back the source of mirror m (its
- * allocation, or bytes of it); false moves *ep to now. A free not in the
- * ring (before the copy engine started, or too many since) counts as one
- * that did. */
-static bool source_freed(const struct mirror *m, uint32_t *ep)
-{
-    uint32_t now = __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST);
-    bool gone = false;
-
-    if (now == *ep)
-        return false;
-    if (now - *ep > FREED_RING)
-        return true;
-    pthread_mutex_lock(&dm.flock);
-    for (uint32_t e = *ep; e != now && !gone; e++) {
-        const struct freed *f = &dm.fr[e % FREED_RING];
-        gone = f->seq != e + 1 ||
-               (f->len ? f->lo < m->lo + m->bytes && m->lo < f->lo + f->len : f->lo == m->base);
-    }
-    pthread_mutex_unlock(&dm.flock);
-    if (!gone)
-        *ep = now;
-    return gone;
-}
-
-/* Copies a mirror's bytes with the CPU, a chunk at a time, each only while
- * nothing passes the gate (a free, or a wait for the context: waited out)
- * and no free of its source came since the mirror was asked (the engine's
- * memory, which a free unmaps; frees of other memory, an engine's compute
- * buffers, leave it be). False: dropped. Dekker with
- * wo_uvm_quiesce_begin: reading first, then the look at quiescing; the gate
- * raises quiescing, then waits for reading to fall. A free's end counts in
- * frees before quiescing falls, so the look at frees after sees it. */
-static bool copy_live(void *h, const struct mirror *want)
-{
-    uint32_t ep = want->ep;
-
-    for (uint64_t at = 0; at < want->bytes; at += MIRROR_CHUNK) {
-        uint64_t n = WO_MIN(MIRROR_CHUNK, want->bytes - at);
-
-        for (;;) {
-            __atomic_store_n(&dm.reading, 1, __ATOMIC_SEQ_CST);
-            if (!__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST))
-                break;
-            __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
-            if (__atomic_load_n(&dm.stop, __ATOMIC_RELAXED))
-                return false;
-            struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
-        }
-        if (source_freed(want, &ep)) {
-            __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
-            return false;
-        }
-        memcpy((char *)h + at, (const char *)(uintptr_t)(want->lo + at), n);
-        __atomic_store_n(&dm.reading, 0, __ATOMIC_SEQ_CST);
-    }
-    return true;
 }
 
 /* Makes the mirrors asked for, one at a time: pinned memory, then the
@@ -451,11 +370,15 @@ static void *mirrorer(void *arg)
             else if (ok && dm.d->cuCtxSynchronize)
                 (void)dm.d->cuCtxSynchronize();
             doing(1, NULL);
-            wo_uvm_quiesce_end(false);
+            wo_uvm_quiesce_end();
             if (in)
                 wo_driver_leave();
         }
-        bool dropped = ok && !copy_live(h, &want);
+        /* read by the CPU piece by piece while the tensor's allocation is
+         * live (a free of it waits for the piece under way: wo_uvm_free);
+         * the engine's frees of other memory leave it be */
+        bool dropped = ok && !wo_uvm_copy_live(WO_READER_MIRROR, want.rid, want.gen, want.lo,
+                                                want.bytes, h, &dm.stop);
         pthread_mutex_lock(&dm.lock);
         if (!ok) {
             dm.m[i].state = M_FAILED;
@@ -464,9 +387,9 @@ static void *mirrorer(void *arg)
                         "or the driver): its picked rows are copied by the kernels",
                         want.bytes >> 20);
         } else if (dropped || dm.m[i].want != want.wseq || dm.m[i].lo != want.lo) {
-            /* a free came since it was asked (its source may be gone), or
-             * it was written (or is new memory) while copied: asked again
-             * by the next copy that wants it; the free outside the lock */
+            /* its allocation freed (its source is gone), or it was
+             * written (or is new memory) while copied: asked again by the
+             * next copy that wants it; the free outside the lock */
             dm.f.mirror_dropped += dropped;
             if (dm.m[i].lo == want.lo && dm.m[i].state == M_QUEUED)
                 dm.m[i].state = M_NONE;
@@ -487,8 +410,8 @@ static void *mirrorer(void *arg)
 }
 
 /* The copy engine's source for the job, or 0 (under dm.lock). */
-static CUdeviceptr source(uint64_t lo, uint64_t base, unsigned span, uint64_t bytes, uint32_t wseq,
-                          bool pinned)
+static CUdeviceptr source(uint64_t lo, uint32_t rid, uint32_t gen, unsigned span, uint64_t bytes,
+                          uint32_t wseq, bool pinned)
 {
     struct mirror *m = &dm.m[span];
 
@@ -498,7 +421,7 @@ static CUdeviceptr source(uint64_t lo, uint64_t base, unsigned span, uint64_t by
         /* another tensor's (its old mirror is left, see mirrorer) */
         if (m->state == M_QUEUED)
             return 0;
-        *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes, .base = base};
+        *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes, .rid = rid, .gen = gen};
     }
     m->want = wseq;
     if (m->state == M_READY && m->wseq == wseq)
@@ -507,9 +430,6 @@ static CUdeviceptr source(uint64_t lo, uint64_t base, unsigned span, uint64_t by
         (m->state == M_FAILED && m->wseq != wseq)) {
         m->state = M_QUEUED;
         m->wseq = wseq;
-        /* asked by a launch (or a registration) that reads the tensor,
-         * within the gate: no free of it has begun */
-        m->ep = __atomic_load_n(&dm.frees, __ATOMIC_SEQ_CST);
         dm.mq[dm.mtail++ % WO_PICKS_SPANS] = span;
         pthread_cond_signal(&dm.mcv);
     }
@@ -709,7 +629,8 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
         __atomic_store_n(&dm.mark, mark, __ATOMIC_RELEASE);
     }
     if (!start(d, ctx) ||
-        !(src = source(c->src, j->base, j->span, c->row * c->n_experts, j->wseq, j->pinned))) {
+        !(src = source(c->src, j->rid, j->gen, j->span, c->row * c->n_experts, j->wseq,
+                      j->pinned))) {
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
@@ -792,13 +713,13 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
 }
 
 void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
-                       uint64_t base, uint64_t bytes, uint32_t wseq)
+                       uint32_t rid, uint32_t gen, uint64_t bytes, uint32_t wseq)
 {
     if (span >= WO_PICKS_SPANS || !ctx || !gate_enter())
         return;
     pthread_mutex_lock(&dm.lock);
     if (start(d, ctx))
-        (void)source(lo, base, span, bytes, wseq, false);
+        (void)source(lo, rid, gen, span, bytes, wseq, false);
     pthread_mutex_unlock(&dm.lock);
     gate_leave();
 }
@@ -849,55 +770,21 @@ static void drain(void)
  * the copy thread raises, neither would ever go on (seen on the H200:
  * llama-batched-bench hung in its first step). So before such a call no new
  * job is let in, and those queued are issued first: then every wait on the
- * GPU is met by copies already on the copy stream. A free also waits for
- * a mirror's chunk under way, and drops the mirrors asked before it
- * (copy_live). */
+ * GPU is met by copies already on the copy stream. (A free of a tensor
+ * whose mirror is being made waits for the piece under way in uvm/'s own
+ * books: wo_uvm_copy_live.) */
 void wo_uvm_quiesce_begin(void)
 {
     if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1 &&
         __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE)) /* the stall report's */
         __atomic_store_n(&dm.gate_since, now_ns(), __ATOMIC_RELAXED);
     drain();
-    /* a mirror's chunk under way ends (a memcpy of at most MIRROR_CHUNK:
-     * milliseconds); the next waits until the gate is passed, and is
-     * dropped if this was a free (wo_uvm_quiesce_end) */
-    while (__atomic_load_n(&dm.reading, __ATOMIC_SEQ_CST)) {
-        struct timespec ts = {0, 50000};
-        nanosleep(&ts, NULL);
-    }
 }
 
-/* A free's end: counted, and once the copy engine has started (before it
- * no mirror is asked) written in the ring, before quiescing falls: a
- * mirror asked before the free, or while it went on, is not copied from
- * what it freed. unknown: whatever it freed, every mirror under way goes. */
-static void end_gate(bool freed, bool unknown, uint64_t lo, uint64_t len)
+void wo_uvm_quiesce_end(void)
 {
-    if (freed) {
-        bool ring = __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE);
-
-        /* counted inside the lock once started, so that a mirror that sees
-         * the count finds its entry written (seq 0: unknown) */
-        if (ring)
-            pthread_mutex_lock(&dm.flock);
-        uint32_t e = __atomic_fetch_add(&dm.frees, 1, __ATOMIC_SEQ_CST);
-        if (ring) {
-            dm.fr[e % FREED_RING] = (struct freed){.lo = lo, .len = len, .seq = unknown ? 0 : e + 1};
-            pthread_mutex_unlock(&dm.flock);
-        }
-    }
     if (__atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 0)
         __atomic_store_n(&dm.gate_since, 0, __ATOMIC_RELAXED);
-}
-
-void wo_uvm_quiesce_end(bool freed)
-{
-    end_gate(freed, true, 0, 0);
-}
-
-void wo_uvm_quiesce_end_free(uint64_t lo, uint64_t len)
-{
-    end_gate(true, false, lo, len);
 }
 
 void wo_dma_figs(struct wo_dma_figs *f)
@@ -929,7 +816,6 @@ void wo_dma_reset(void)
 {
     memset(&dm, 0, sizeof(dm));
     pthread_mutex_init(&dm.lock, NULL);
-    pthread_mutex_init(&dm.flock, NULL);
     pthread_cond_init(&dm.cv, NULL);
     pthread_cond_init(&dm.mcv, NULL);
     pthread_cond_init(&dm.wcv, NULL);

@@ -40,7 +40,7 @@
 struct wo_dma_job {
     struct wo_picks_copy c; /* c.src: the tensor; c.dst: the buffer */
     unsigned span;          /* its picks span (index < WO_PICKS_SPANS): its mirror's */
-    uint64_t base;          /* the engine allocation c.src lies in (a mirror's: its free) */
+    uint32_t rid, gen;      /* the engine allocation c.src lies in (registry id, generation) */
     uint32_t wseq;          /* the span's writes count (a mirror of an older one is stale) */
     bool pinned;            /* c.src is pinned memory: copied as it is, no mirror */
     uint64_t *rows;         /* counts the rows copied (atomic; NULL: not counted) */
@@ -61,7 +61,7 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
  * the engine's thread with its context ctx current: a mirror takes seconds
  * to make, and the first copies that want it should find it there. */
 void wo_dma_mirror_ask(const struct wo_driver *d, CUcontext ctx, unsigned span, uint64_t lo,
-                       uint64_t base, uint64_t bytes, uint32_t wseq);
+                       uint32_t rid, uint32_t gen, uint64_t bytes, uint32_t wseq);
 
 struct wo_dma_figs {
     uint64_t jobs;       /* copies made on the copy engine */

@@ -296,7 +296,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         CUcontext cur = NULL;
 
         if (d && d->cuCtxGetCurrent && d->cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur)
-            wo_dma_mirror_ask(d, cur, (unsigned)i, s->lo, rg.base, s->hi - s->lo, s->wseq);
+            wo_dma_mirror_ask(d, cur, (unsigned)i, s->lo, rg.id, rg.gen, s->hi - s->lo, s->wseq);
     }
 out:
     pthread_mutex_unlock(&pk.lock);
@@ -593,7 +593,8 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
     if (engine_wanted(s)) {
         struct wo_dma_job j = {.c = c,
                                .span = (unsigned)i,
-                               .base = s->lo - s->off,
+                               .rid = s->rid,
+                               .gen = s->rgen,
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
                                .rows = &pk.dma_rows[i]};

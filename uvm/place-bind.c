@@ -129,7 +129,7 @@ static bool quiesce(void)
         r = d->cuCtxSynchronize_v2(NULL);
     else if (d && d->cuCtxSynchronize)
         r = d->cuCtxSynchronize();
-    wo_uvm_quiesce_end(false);
+    wo_uvm_quiesce_end();
     if (r != CUDA_SUCCESS) {
         wo_uvm.placement_errors++;
         wo_error("late binding: waiting for the engine's work before re-backing failed (%s); "

@@ -102,7 +102,7 @@ CUresult wo_unpin_host(const struct wo_driver *d, void *host, size_t len)
         return wo_quiet_free_host(d, host);
     wo_uvm_quiesce_begin();
     r = d->cuMemHostUnregister(host);
-    wo_uvm_quiesce_end_free((uint64_t)(uintptr_t)host, len);
+    wo_uvm_quiesce_end();
     if (r == CUDA_SUCCESS)
         munmap(host, len);
     /* else the pages stay: unmapped while registered, the GPU could keep a

@@ -5,7 +5,7 @@
  * slow parts: an anonymous mapping advised to huge pages (as uvm/place-pin.c
  * pins), the range's bytes copied into it by the CPU in pieces under
  * wo_uvm.lock (the engine may free the range meanwhile: each piece checks
- * that it is still live), then cuMemHostRegister. The executor asks for a
+ * that it is still live: wo_uvm_copy_live), then cuMemHostRegister. The executor asks for a
  * copy on its thread and finds it ready on a later stage(); until then it
  * stages from the managed range by its copy kernel. A retired copy waits
  * for an event the executor records on its copy stream (the copies issued
@@ -25,7 +25,6 @@
 #include "uvm/internal.h"
 #include "uvm/hotpath.h"
 
-#define PIECE (16 * WO_MiB) /* bytes copied per check that the range is live (~2 ms) */
 
 enum pin_state { P_NONE, P_QUEUED, P_BUSY, P_READY, P_FAILED, P_DROP };
 
@@ -73,43 +72,6 @@ static bool within_budget(uint64_t bytes)
            bytes;
 }
 
-/* The bytes of range id, copied piece by piece while it is still the same
- * live range. False when the engine freed it meanwhile.
- *
- * Each piece is checked live under wo_uvm.lock and copied outside it,
- * announced in wo_uvm.cpu_read_*: a free of the range waits for the piece
- * (wo_uvm_wait_cpu_read), while the executor's staging and everything
- * else that takes the lock go on (measured on the H100 with the copy under
- * the lock: the first 10 s after load, while 12 GiB of copies were made,
- * decoded 0.55x to 0.95x as fast: bench/results/e2e-20261126-121704-
- * pinned-copies-mixtral-h100). */
-static bool copy_range(uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes, unsigned char *dst)
-{
-    for (uint64_t off = 0; off < bytes; off += PIECE) {
-        uint64_t n = WO_MIN(PIECE, bytes - off);
-        struct wo_range rg;
-        bool live;
-
-        if (__atomic_load_n(&pin.stop, __ATOMIC_RELAXED))
-            return false; /* the process exits: do not hold it up */
-        pthread_mutex_lock(&wo_uvm.lock);
-        live = wo_registry_get(rid, &rg) == 0 && rg.gen == gen && src >= rg.base &&
-               src + bytes <= rg.base + rg.size;
-        if (live) {
-            wo_uvm.cpu_read_lo = src + off;
-            wo_uvm.cpu_read_hi = src + off + n;
-        }
-        pthread_mutex_unlock(&wo_uvm.lock);
-        if (!live)
-            return false;
-        memcpy(dst + off, (const void *)(uintptr_t)(src + off), (size_t)n);
-        pthread_mutex_lock(&wo_uvm.lock);
-        wo_uvm.cpu_read_lo = wo_uvm.cpu_read_hi = 0;
-        pthread_cond_broadcast(&wo_uvm.cpu_read_cv);
-        pthread_mutex_unlock(&wo_uvm.lock);
-    }
-    return true;
-}
 
 /* wo_driver_enter(), waiting (1 ms at a time) while a capture
  * forbids driver calls; false when the process exits meanwhile. */
@@ -202,7 +164,9 @@ static void make(uint32_t id)
 
     r = pin_new(bytes, &host, &len, &dptr);
     ok = r == CUDA_SUCCESS;
-    if (ok && !copy_range(rid, gen, src, bytes, host)) {
+    /* piece by piece while it is still the same live range (the executor's
+     * staging goes on meanwhile): false when the engine freed it */
+    if (ok && !wo_uvm_copy_live(WO_READER_PIN, rid, gen, src, bytes, host, &pin.stop)) {
         /* the engine freed the range meanwhile, or the process exits */
         pin_release(host, len);
         ok = false;

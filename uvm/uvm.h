@@ -176,20 +176,15 @@ extern int wo_prefetch_busy;
  * cuMemUnmap, cuMemRelease, module and library unloads, cuCtxSynchronize.
  * An engine stream may be waiting on the GPU for a flag only that thread
  * raises; begin lets no new picked copy onto the copy engine (the kernels
- * copy them), waits until the queued ones are issued (at most 2 s, then
- * says so) and for a mirror's chunk under way, end lets them in again.
- * Nests; costs a few atomics while the copy engine has never started (the
- * default), and a lock besides once it has. The hooks call it for the
- * engine's calls (cuMemFreeHost and cuMemHostUnregister too), uvm/ for its
- * own. A pinned mirror under way whose
- * source a free since it was asked may have given back is dropped, not
- * copied: end_free(lo, 0) after the free of the allocation at lo (cuMemFree,
- * cudaFree, cuMemFreeHost), end_free(lo, len) after [lo, lo + len) went
- * (cuMemUnmap, cuMemHostUnregister); end(true) after a free of unknown
- * memory (every mirror under way goes), end(false) after no free. */
+ * copy them) and waits until the queued ones are issued (at most 2 s, then
+ * says so), end lets them in again. Nests; costs a few atomics while the
+ * copy engine has never started (the default), and a lock besides once it
+ * has. The hooks call it for the engine's calls, uvm/ for its own. (The
+ * CPU copies of the engine's memory, the copy engine's pinned mirrors
+ * among them, are kept safe from frees by uvm/'s books instead:
+ * wo_uvm_copy_live.) */
 void wo_uvm_quiesce_begin(void);
-void wo_uvm_quiesce_end(bool freed);
-void wo_uvm_quiesce_end_free(uint64_t lo, uint64_t len);
+void wo_uvm_quiesce_end(void);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With
