@@ -71,7 +71,7 @@ struct wo_dma_figs {
     uint64_t host_flags; /* flags written from the host: the driver refused the stream's write */
     uint64_t no_slot;    /* launches copied by the kernels: every slot queued, ids too large */
     uint64_t mirrors, mirror_bytes, mirror_failed; /* pinned mirrors made, held, not made */
-    uint64_t mirror_dropped; /* mirrors given up: a free came while they were asked or copied */
+    uint64_t mirror_dropped; /* mirrors given up: their tensor's allocation freed while copied */
     uint64_t waits_refused;  /* stream waits the driver refused: the copy engine given up */
     uint64_t stalls;         /* stall reports (WOFFLOAD_PICKS_STALL_MS; said once) */
     uint64_t quiesced;         /* launches copied by the kernels while a free drained the queue */

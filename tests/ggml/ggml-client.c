@@ -972,7 +972,7 @@ int main(int argc, char **argv)
         usleep(1500000); /* the mirrorer's delayed sync returns meanwhile */
         if (free_early)
             CHECK(engine_field("mirrors_dropped") >= 1 && engine_field("mirrors") == 0,
-                  "--free-early: the mirrors asked before the model buffer's free dropped "
+                  "--free-early: the mirrors under way at the model buffer's free dropped "
                   "(%lld), none made from the freed memory (%lld)",
                   engine_field("mirrors_dropped"), engine_field("mirrors"));
         else
