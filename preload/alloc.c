@@ -328,30 +328,27 @@ CUresult wo_h_mem_unmap(wo_pfn_cuMemUnmap real, int id, void *ra, CUdeviceptr pt
  * cudaHostUnregister reach these through the driver): both wait for the
  * context's work, as cuMemFree does, so they pass the copy engine's gate
  * too (a stream waiting for a copy not yet issued would never end). */
-CUresult wo_h_mem_free_host(wo_pfn_cuMemFreeHost real, int id, void *ra, void *p)
+static CUresult host_gated(CUresult (*real)(void *), int id, void *p)
 {
-    (void)ra;
     wo_count_call(id);
     if (WO_UNLIKELY(!real))
         return CUDA_ERROR_NOT_FOUND;
-    if (!p)
-        return real(p);
     wo_uvm_quiesce_begin();
     CUresult res = real(p);
     wo_uvm_quiesce_end();
     return res;
 }
 
+CUresult wo_h_mem_free_host(wo_pfn_cuMemFreeHost real, int id, void *ra, void *p)
+{
+    (void)ra;
+    return host_gated(real, id, p);
+}
+
 CUresult wo_h_mem_host_unregister(wo_pfn_cuMemHostUnregister real, int id, void *ra, void *p)
 {
     (void)ra;
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    wo_uvm_quiesce_begin();
-    CUresult res = real(p);
-    wo_uvm_quiesce_end();
-    return res;
+    return host_gated(real, id, p);
 }
 
 /* --- runtime -------------------------------------------------------------- */

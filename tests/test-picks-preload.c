@@ -170,26 +170,17 @@ static void *freer_thread(void *arg)
         return NULL;
     }
     while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
-        CUdeviceptr p;
+        bool host = (f->frees + f->failed) % 2;
+        CUdeviceptr p = 0;
+        void *h = NULL;
+        CUresult r;
 
-        if ((f->frees + f->failed) % 2) {
-            void *h;
-            if (f->host_alloc(&h, 64u << 10, 0) != CUDA_SUCCESS) {
-                f->failed++;
-                break;
-            }
-            if (f->host_free(h) != CUDA_SUCCESS)
-                f->failed++;
-            else
-                f->frees++;
-            usleep(100);
-            continue;
-        }
-        if (f->alloc(&p, 64u << 10) != CUDA_SUCCESS) {
+        if ((host ? f->host_alloc(&h, 64u << 10, 0) : f->alloc(&p, 64u << 10)) != CUDA_SUCCESS) {
             f->failed++;
             break;
         }
-        if (f->free(p) != CUDA_SUCCESS)
+        r = host ? f->host_free(h) : f->free(p);
+        if (r != CUDA_SUCCESS)
             f->failed++;
         else
             f->frees++;
