@@ -417,8 +417,9 @@ static CUdeviceptr source(uint64_t lo, uint32_t rid, uint32_t gen, unsigned span
 
     if (pinned)
         return lo;
-    if (m->lo != lo || m->bytes != bytes) {
-        /* another tensor's (its old mirror is left, see mirrorer) */
+    if (m->lo != lo || m->bytes != bytes || m->rid != rid || m->gen != gen) {
+        /* another tensor's, or new memory at the same address (its old
+         * mirror is left, see mirrorer) */
         if (m->state == M_QUEUED)
             return 0;
         *m = (struct mirror){.state = M_NONE, .lo = lo, .bytes = bytes, .rid = rid, .gen = gen};
