@@ -77,6 +77,15 @@ row() {
     if [ "$got" != "$want" ]; then
         echo "FAIL $name: tokens ${got:-none}, plain $want"
         tail -8 "$tmp/$name.err"
+        # what was placed, late bound and picked, for the record
+        python3 - "$tmp/$name.json" <<'PY' || true
+import json, sys
+st = json.load(open(sys.argv[1]))
+pk = st.get("picks", {})
+print(f"    late_bind {st.get('late_bind')}; picks: registrations {pk.get('registrations')}, "
+      f"staged {pk.get('staged')}, reused {pk.get('reused')}, failed {pk.get('failed')}, "
+      f"captured {pk.get('captured')}, buffers {pk.get('buffer_bytes')} B")
+PY
         fails=$((fails + 1))
         return
     fi
