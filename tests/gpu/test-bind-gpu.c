@@ -160,10 +160,11 @@ static void check(const char *what, double ms, struct wo_bound *b, const uint64_
  * (on the H200 llama.cpp late bound gave other tokens once picked copies
  * ran from the range so re-backed: bench/results/gpu-suite-20261201-
  * d9ab06b-h200.txt): a read through a stale mapping would see the new
- * owner's bytes */
+ * owner's bytes. reuse 1: at once; 2: after a context synchronize (if only
+ * the first fails, a wait after a re-backing is the fix) */
 static void move_x(struct wo_bound *b, const char *what, size_t off, size_t len,
                    enum wo_bind_loc loc, const uint64_t *ref, uint64_t *back, size_t size,
-                   bool reuse)
+                   int reuse)
 {
     CUresult res;
     CUdeviceptr other = 0;
@@ -179,6 +180,8 @@ static void move_x(struct wo_bound *b, const char *what, size_t off, size_t len,
         return;
     }
     model_move(off, len, loc);
+    if (reuse == 2)
+        CK(ctx_sync());
     if (reuse && drv.cuMemAlloc_v2(&other, len) == CUDA_SUCCESS)
         CK(drv.cuMemsetD8_v2(other, 0x5a, len));
     else if (reuse)
@@ -191,7 +194,7 @@ static void move_x(struct wo_bound *b, const char *what, size_t off, size_t len,
 static void move(struct wo_bound *b, const char *what, size_t off, size_t len,
                  enum wo_bind_loc loc, const uint64_t *ref, uint64_t *back, size_t size)
 {
-    move_x(b, what, off, len, loc, ref, back, size, false);
+    move_x(b, what, off, len, loc, ref, back, size, 0);
 }
 
 /* Fake only: each driver call a move makes fails once in turn; the move
@@ -353,12 +356,13 @@ int main(int argc, char **argv)
         move(b, what, off, len, rnd() & 1 ? WO_BIND_DEVICE : WO_BIND_HOST, ref, back, size);
     }
     /* device memory given back and handed out again before the first read,
-     * four times */
-    for (int c = 0; c < 4; c++) {
-        char what[80];
+     * four times at once, twice after a context synchronize */
+    for (int c = 0; c < 6; c++) {
+        char what[96];
         move(b, "all to the device (before a reuse)", 0, size, WO_BIND_DEVICE, ref, back, size);
-        snprintf(what, sizeof(what), "reuse %d: all to the host, its device memory reused", c + 1);
-        move_x(b, what, 0, size, WO_BIND_HOST, ref, back, size, true);
+        snprintf(what, sizeof(what), "reuse %d: all to the host, its device memory reused%s",
+                 c + 1, c < 4 ? "" : " after a sync");
+        move_x(b, what, 0, size, WO_BIND_HOST, ref, back, size, c < 4 ? 1 : 2);
     }
     if (fake_fail)
         injected(b, ref, back, size);
