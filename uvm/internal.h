@@ -143,6 +143,7 @@ struct wo_uvm_state {
         uint64_t fallbacks;           /* ... that could not be, and were served as before */
         uint64_t moves, moved_bytes;  /* re-backings and the bytes they copied */
         uint64_t failures;            /* re-backings that failed (bytes stayed) */
+        int said_in_place;            /* wo_place_bind_in_place: said once */
     } bind;
     struct {                          /* what fit: chose at seal */
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
@@ -198,6 +199,10 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
 int wo_place_bind_seal(struct wo_alloc *a, enum wo_placement gaps);
 int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t);
 void wo_place_bind_free(struct wo_alloc *a);
+/* A late-bound range is never staged by the shim's own copies (the
+ * streaming executor's slots, picked copies): its launches read it in
+ * place. Called by each that meets one; says why once. Any thread. */
+void wo_place_bind_in_place(void);
 /* Granule bytes of every live bound range now, by backing. */
 void wo_place_bind_bytes(uint64_t *host, uint64_t *device);
 

@@ -57,7 +57,6 @@ enum { M_NONE, M_QUEUED, M_READY, M_FAILED };
 struct mirror {
     int state;
     void *host;
-    size_t host_len; /* wo_pin_host's: 0 cuMemHostAlloc, else the registered mapping */
     uint64_t lo, bytes;
     uint32_t rid, gen;   /* the engine allocation it lies in (registry id, generation) */
     uint32_t wseq, want; /* the writes count it copies / the span's now */
@@ -398,7 +397,6 @@ static void *mirrorer(void *arg)
             pthread_mutex_lock(&dm.lock);
         } else {
             dm.m[i].host = h;
-            dm.m[i].host_len = len;
             dm.m[i].wseq = want.wseq;
             dm.m[i].state = M_READY;
             dm.f.mirrors++;

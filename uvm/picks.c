@@ -92,7 +92,7 @@ static struct {
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
-    bool said_on, said_fail, said_hot, said_bound;
+    bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static uint64_t now_ns(void)
@@ -117,10 +117,8 @@ static const char *err_name(CUresult r)
 
 /* The tag's name at addr and whether its bytes are off the device, from
  * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside).
- * A late-bound range (WOFFLOAD_LATE_BIND=1) is never staged, as in the
- * streaming executor (uvm/stream.c): on the H200 a picked copy from one
- * gave wrong tokens, as staging one gave an illegal address (docs/
- * placement.md, Late binding); its launches read it in place (*bound). */
+ * A late-bound range (*bound) is never copied picked: its launches read
+ * it in place (wo_place_bind_in_place). */
 static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
 {
     struct wo_alloc *a;
@@ -228,12 +226,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
      * the picks lock: describe takes uvm/'s) */
     name = describe(experts, &offdev, &source, &bound);
     pthread_mutex_lock(&pk.lock);
-    if (bound && !pk.said_bound) {
-        pk.said_bound = true;
-        wo_warn("picks: late-bound ranges (WOFFLOAD_LATE_BIND=1) are read in place, never "
-                "staged: a picked copy from one gave wrong tokens on the GPU (docs/placement.md, "
-                "Late binding)");
-    }
+    if (bound)
+        wo_place_bind_in_place();
     if (!pk.s && !(pk.s = calloc(WO_PICKS_SPANS, sizeof(*pk.s)))) {
         r = -ENOMEM;
         goto out;
@@ -946,7 +940,7 @@ void wo_picks_reset(void)
     wo_dma_reset();
     pk.ctx = NULL;
     pk.mod = NULL;
-    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = pk.said_bound = false;
+    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = false;
     pk.marks = pk.rows = 0;
     pk.rows_host = NULL;
     pk.side = NULL;

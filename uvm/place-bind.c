@@ -106,6 +106,17 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
     return 0;
 }
 
+/* On the H200 llama-server died with an illegal address once the streaming
+ * executor staged from a bound range, and llama.cpp gave other tokens once
+ * picked copies were made from one (docs/placement.md, Late binding): read
+ * in place until that is understood */
+void wo_place_bind_in_place(void)
+{
+    if (!__atomic_exchange_n(&wo_uvm.bind.said_in_place, 1, __ATOMIC_RELAXED))
+        wo_warn("late-bound ranges (WOFFLOAD_LATE_BIND=1) are read in place, never staged or "
+                "copied picked: both failed on the GPU (docs/placement.md, Late binding)");
+}
+
 void wo_place_bind_free(struct wo_alloc *a)
 {
     if (a->kind != WO_KIND_BOUND || !a->bound)

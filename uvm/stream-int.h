@@ -102,7 +102,6 @@ struct exec {
     uint64_t pin_limit; /* policy prefetch.pinned_copies */
     bool pin_on;        /* the pinned-copy worker runs (stream-pin.h) */
     bool said_kernel;   /* the copy kernel's info line was given */
-    bool said_bound;    /* late-bound ranges are not staged: said once */
     bool checks_wanted; /* WOFFLOAD_WRITE_CHECKS (default on) */
     bool check_on;      /* the write checks run (stream-check.h) */
     uint32_t slot_chk[WO_STREAM_MAX_SLOTS];     /* the range staged there, not checked yet, NONE */

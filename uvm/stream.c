@@ -257,14 +257,7 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
         rg.gen != s->gen)
         return 0;
     if (s->bound) {
-        /* staged from a late-bound range, llama-server died with an illegal
-         * address on the H200 (docs/placement.md, Late binding): read in
-         * place until that is understood */
-        if (!wo_sx->said_bound) {
-            wo_sx->said_bound = true;
-            wo_warn("stream: late-bound ranges (WOFFLOAD_LATE_BIND=1) are read in place, never "
-                    "staged: staging them failed on the GPU (docs/placement.md, Late binding)");
-        }
+        wo_place_bind_in_place();
         return 0;
     }
     if (wo_sx->split && wo_sx->split[s->id].on) {
