@@ -1,13 +1,22 @@
 #!/usr/bin/env python3
 """bench/bigload.py: a checkpoint larger than the free device memory,
-loaded from disk by transformers under the shim (issue 19), on the GPU.
+loaded from disk by transformers under the shim (issues 19 and 41), on the GPU.
 
-    python3 bench/bigload.py --build build --out DIR [--layers 24] [--fractions 0.5,0.25]
+    python3 bench/bigload.py --build build --out DIR [--shape dense|moe|moe128]
+                             [--layers N] [--fractions 0.5,0.25] [--batches 1,8,32]
+                             [--modes batched,cb] [--runs plain,host-free,fit,hand]
 
 What it does, each run in its own process:
-1. `make`: a Llama-shaped dense bf16 model (hidden 4096, MLP 14336, GQA 32/8
-   heads, vocab 32000), random weights, written with save_pretrained to
-   DIR/ckpt (safetensors). Every later run loads it with from_pretrained.
+1. `make`: random bf16 weights written with save_pretrained (safetensors) to
+   $BIGLOAD_CKPT_DIR/bigload-ckpt-SHAPE-LAYERS (kept: a later call on the
+   same machine loads it again). Every later run loads it with
+   from_pretrained(device_map="cuda"), as an unmodified script does.
+   - dense: a Llama shape (hidden 4096, MLP 14336, GQA 32/8 heads, vocab
+     32000), 24 layers by default;
+   - moe, moe128: bench/e2e.py's Qwen3-MoE shapes (32 experts top-4, and
+     Qwen3-30B-A3B's layer, 128 experts top-8), 16 layers by default (18.8
+     GiB for moe128: issue 41's model), their embedding and routers drawn at
+     std 1 as e2e.py does, so routing spreads over the experts.
 2. `plain`: no shim, no blocker: the load time, peak device memory, greedy
    tokens (batch 1) and decode tok/s that the others are compared with.
 3. `fit-F` for each F: a blocker (ordinary device memory, allocated with the
@@ -19,7 +28,18 @@ What it does, each run in its own process:
    (each offloaded byte read once a token at 55 GB/s; the embedding's rows
    only, so it is left out of that sum), and the shim's managed-cap and fit
    stats.
-4. `fp8-plain` / `fp8-F`: vLLM #19967's path. The bf16 checkpoint loads with
+   With --shape moe or moe128 (issue 41), per F also `hand-F`: the one-line
+   hand policy (every expert on the host, bench/e2e.py's experts-host-all)
+   under the same blocker; and `host-free`: that policy with no blocker
+   (fit has more device memory than it uses there, so fit must never be
+   slower). Decode is timed at each of --batches; `plain` also measures the
+   distinct experts each layer's router picks a step at that batch, which
+   gives each row's bound: its offloaded bytes (host and managed names, the
+   embedding aside) a step, an expert tensor counted at its layer's distinct
+   share, at 55 GB/s. --modes cb runs each as `NAME-cb` instead (batched,cb:
+   both): transformers' continuous batching (bench/e2e.py's, 64 requests of
+   16-128 tokens, 32 new), in its own process.
+4. `fp8-plain` / `fp8-F`: vLLM #19967's path (dense only). The bf16 checkpoint loads with
    `default: host` (its pages land in host memory: the window's memory is
    advised to the host before the engine writes it), then each Linear
    weight is quantized on the device (weight-only float8_e4m3fn, per-tensor
@@ -40,15 +60,25 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import e2e  # noqa: E402  (the MoE shapes, the hand policy, continuous batching)
 
 PCIE_GBS = 55.0
+STARTED = time.time()
+DEFAULT_LAYERS = dict(dense=24, moe=16, moe128=16)
+PROMPT = 32  # tokens of each decode prompt
 
 
-def model_config(layers: int) -> Dict[str, Any]:
-    return dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
-                max_position_embeddings=4096, tie_word_embeddings=False)
+def shape_config(shape: str, layers: int) -> Tuple[str, Dict[str, Any]]:
+    """The transformers config class and its arguments for a shape."""
+    if shape == "dense":
+        return "LlamaConfig", dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                                   num_attention_heads=32, num_key_value_heads=8, vocab_size=32000,
+                                   max_position_embeddings=4096, tie_word_embeddings=False)
+    mi = e2e.MODELS[shape]
+    return mi["arch"], dict(mi["cfg"], num_hidden_layers=layers)
 
 
 class PeakSampler:
@@ -74,20 +104,37 @@ class PeakSampler:
 
 
 def make(spec: Dict[str, Any]) -> Dict[str, Any]:
+    """The checkpoint, written once: a later call finds its done file and
+    reuses it (the GPU machine keeps /tmp while it stays warm)."""
+    done = os.path.join(spec["ckpt"], "bigload-done.json")
+    if os.path.exists(done):
+        with open(done) as f:
+            return dict(json.load(f), reused=True)
     import torch
     import transformers
-    cfg = transformers.LlamaConfig(**model_config(spec["layers"]))
+    arch, cfg = shape_config(spec["shape"], spec["layers"])
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device("cuda"):
-        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    with torch.no_grad():  # non-degenerate greedy tokens: wider weights than init's 0.02
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.05)
+        m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, arch)(**cfg),
+                                                          dtype=torch.bfloat16)
+    with torch.no_grad():
+        if spec["shape"] == "dense":  # non-degenerate greedy tokens: wider weights than init's 0.02
+            for p in m.parameters():
+                if p.dim() == 2:
+                    p.normal_(0.0, 0.05)
+        else:  # as bench/e2e.py: routing spreads over the experts (device-facts.md)
+            g = torch.Generator("cuda").manual_seed(1234)
+            m.get_input_embeddings().weight.normal_(0.0, 1.0, generator=g)
+            for name, p in m.named_parameters():
+                if name.endswith("mlp.gate.weight"):
+                    p.normal_(0.0, 1.0, generator=g)
     m.save_pretrained(spec["ckpt"], safe_serialization=True)
-    nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
-    return dict(weight_bytes=nbytes, make_s=time.perf_counter() - t0)
+    res = dict(weight_bytes=sum(p.numel() * p.element_size() for p in m.parameters()),
+               make_s=time.perf_counter() - t0, shape=spec["shape"], layers=spec["layers"])
+    with open(done, "w") as f:
+        json.dump(res, f)
+    return res
 
 
 def quantize_fp8(torch: Any, m: Any) -> int:
@@ -126,6 +173,30 @@ def quantize_fp8(torch: Any, m: Any) -> int:
     return n
 
 
+def timed_decode(torch: Any, m: Any, ids: Any, n: int, wu: int) -> Tuple[float, List[List[int]], float]:
+    """Aggregate decode tok/s of one batch: a warm-up generate of wu tokens
+    (prefetch.mode auto decides after the stepper has found the step, about
+    9 tokens, and timed 8 steps in place and 10 streamed: the timed call then
+    runs what it kept; every row warms up the same, plain too), then a full
+    generate of n tokens minus a one-token generate (the prefill). Returns
+    the rate, the greedy tokens and the warm-up's seconds."""
+    kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        t1 = time.perf_counter()
+        m.generate(ids, max_new_tokens=wu, min_new_tokens=wu, **kw)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        out = m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+        torch.cuda.synchronize()
+        full = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        m.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
+        torch.cuda.synchronize()
+        one = time.perf_counter() - t1
+    return ids.shape[0] * (n - 1) / max(full - one, 1e-9), out[:, ids.shape[1]:].tolist(), first
+
+
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     import transformers
@@ -150,10 +221,14 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         torch.cuda.synchronize()
         res["blocker"] = dict(size=size, free_after=torch.cuda.mem_get_info()[0], leave=leave)
     base = total - torch.cuda.mem_get_info()[0]
+    moe = spec["shape"] != "dense"
+    _, cfg = shape_config(spec["shape"], spec["layers"])
     with PeakSampler(torch) as ps:
         t0 = time.perf_counter()
+        # continuous batching reads the KV cache through paged attention
+        attn = dict(attn_implementation="paged|sdpa") if spec.get("cb") else {}
         m = transformers.AutoModelForCausalLM.from_pretrained(
-            spec["ckpt"], dtype=torch.bfloat16, device_map="cuda")
+            spec["ckpt"], dtype=torch.bfloat16, device_map="cuda", **attn)
         m.eval()
         torch.cuda.synchronize()
         res["load_s"] = time.perf_counter() - t0
@@ -166,32 +241,25 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             res["fp8_bytes"] = quantize_fp8(torch, m)
             torch.cuda.empty_cache()
             res["quantize_s"] = time.perf_counter() - t1
-        ids = torch.tensor([[1] + [(7 * i + 3) % 31000 + 100 for i in range(31)]], device="cuda")
         n = spec["new_tokens"]
-        # the warm-up: prefetch.mode auto decides after the stepper has found
-        # the step (~9 tokens here) and it has timed 8 steps in place and 10
-        # streamed: the timed call then runs what it kept (every row warms
-        # up the same, plain too)
         wu = max(n, spec.get("warmup_tokens", n))
-        with torch.no_grad():
-            t1 = time.perf_counter()
-            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=wu,
-                             min_new_tokens=wu, do_sample=False, pad_token_id=0)
-            torch.cuda.synchronize()
-            res["first_generate_s"] = time.perf_counter() - t1
-            # timed: a full generate minus a one-token generate (the prefill)
-            t1 = time.perf_counter()
-            out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             min_new_tokens=n, do_sample=False, pad_token_id=0)
-            torch.cuda.synchronize()
-            full = time.perf_counter() - t1
-            t1 = time.perf_counter()
-            m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1,
-                       min_new_tokens=1, do_sample=False, pad_token_id=0)
-            torch.cuda.synchronize()
-            one = time.perf_counter() - t1
-        res["decode_tok_s"] = (n - 1) / max(full - one, 1e-9)
-        res["tokens"] = out[0, ids.shape[1]:].tolist()
+        if spec.get("cb"):
+            res.update(e2e.continuous_batching(torch, m, dict(cb=e2e.CB["cb"], repeats=3), wo,
+                                               cfg["vocab_size"]))
+        else:
+            batches = spec.get("batches") or [1]
+            g = torch.Generator("cuda").manual_seed(2)
+            prompts = torch.randint(100, cfg["vocab_size"], (max(batches), PROMPT), device="cuda", generator=g)
+            res["batched"] = {}
+            for i, b in enumerate(batches):
+                rate, toks, first = timed_decode(torch, m, prompts[:b], n, wu if i == 0 else n)
+                row: Dict[str, Any] = dict(tok_s=rate, tokens=toks, first_generate_s=first)
+                if moe and spec.get("distinct"):
+                    row["distinct_experts"] = e2e.distinct_experts(torch, m, prompts[:b], cfg)
+                res["batched"][str(b)] = row
+            # the single-batch fields of the dense rows (their table)
+            first_b = res["batched"][str(batches[0])]
+            res["decode_tok_s"], res["tokens"] = first_b["tok_s"], first_b["tokens"][0]
     res["peak_device_bytes"] = ps.peak - base
     res["weight_bytes"] = spec["weight_bytes"]
     if wo is not None:
@@ -201,10 +269,13 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         res["fit"] = st.get("fit")
         res["stream"] = {k: v for k, v in (st.get("stream") or {}).items() if k != "names"}
         res["placements"] = {k: v for k, v in (st.get("placements") or {}).items()}
-        off = 0
-        for nm in st.get("names", []):
-            if nm.get("placement") in ("host", "managed") and "embed_tokens" not in nm.get("name", ""):
-                off += nm.get("bytes", 0)
+        # the names off the device (the embedding's rows aside: a step reads
+        # only its tokens' rows), for the bound
+        res["offloaded"] = [[nm.get("name", ""), nm.get("placement"), nm.get("bytes", 0)]
+                            for nm in st.get("names", [])
+                            if nm.get("placement") in ("host", "managed")
+                            and "embed_tokens" not in nm.get("name", "")]
+        off = sum(x[2] for x in res["offloaded"])
         res["offloaded_bytes"] = off
         res["bound_tok_s"] = PCIE_GBS * 1e9 / off if off else None
     del blocker
@@ -222,18 +293,31 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
         cmd = [launcher, "--policy", pol, "--log", args.log, "--"] + cmd
         env["WOFFLOAD_PROGRESS"] = "1"
         env.update(spec.get("env", {}))
+    timeout = args.timeout
+    if args.deadline:  # a device call's time: start no row that cannot end in it
+        left = args.deadline - (time.time() - STARTED)
+        if left < args.min_left:
+            print(f"=== {spec['name']}: skipped: {left:.0f} s left of --deadline", flush=True)
+            return dict(name=spec["name"], error=f"skipped: out of time (--deadline {args.deadline:.0f})")
+        timeout = min(timeout, left - 5)
     print(f"=== {spec['name']}: {' '.join(shlex.quote(c) for c in cmd[:-1])} '<spec>'", flush=True)
     t0 = time.time()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
-    res: Dict[str, Any] = dict(name=spec["name"], rc=p.returncode, wall_s=time.time() - t0)
-    for line in p.stdout.splitlines():
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        out, err, rc = p.stdout, p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+        err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + f"\n(timeout: {timeout:.0f} s)"
+        rc = -1
+    res: Dict[str, Any] = dict(name=spec["name"], rc=rc, wall_s=time.time() - t0)
+    for line in out.splitlines():
         if line.startswith("BIGLOAD_RESULT "):
             res.update(json.loads(line[len("BIGLOAD_RESULT "):]))
     with open(os.path.join(args.out, f"{spec['name']}.log"), "w") as f:
-        f.write(p.stdout + "\n--- stderr ---\n" + p.stderr)
-    if p.returncode != 0:
-        res["error"] = p.stderr[-3000:]
-        print(p.stderr[-3000:], flush=True)
+        f.write(out + "\n--- stderr ---\n" + err)
+    if rc != 0:
+        res["error"] = err[-3000:]
+        print(err[-3000:], flush=True)
     shown = {k: v for k, v in res.items() if k not in ("tokens", "placements")}
     print(json.dumps(shown), flush=True)
     return res
@@ -274,12 +358,107 @@ def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def step_bytes(offloaded: List[List[Any]], distinct: Optional[List[float]], experts: int) -> Optional[float]:
+    """Bytes a decode step must read over PCIe: each offloaded name's bytes,
+    an expert tensor's at its layer's distinct share (the distinct experts
+    its router picked a step, from the plain run at that batch, over the
+    experts). None without the shares or with nothing offloaded."""
+    if not distinct or not offloaded:
+        return None
+    total = 0.0
+    for name, _placement, nbytes in offloaded:
+        if ".experts." in f".{name}.":
+            li = e2e.layer_of(name)
+            share = distinct[li] / experts if 0 <= li < len(distinct) else 1.0
+            total += nbytes * min(1.0, share)
+        else:
+            total += nbytes
+    return total
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def moe_tables(rows: List[Dict[str, Any]], experts: int) -> str:
+    """Issue 41's tables: load and memory per run; decode at each batch
+    against the bound of the row's own offloaded bytes, host-free (the hand
+    policy with the whole device) and the hand policy under the same
+    blocker; continuous batching likewise; tokens against plain's."""
+    by = {r["name"]: r for r in rows}
+    plain = by.get("plain") or {}
+
+    def fr(r: Dict[str, Any]) -> str:
+        return "all" if "blocker" not in r else f"{r.get('fraction')}"
+
+    def peer(r: Dict[str, Any], kind: str) -> Dict[str, Any]:
+        cb = "-cb" if r["name"].endswith("-cb") else ""
+        name = f"host-free{cb}" if kind == "host-free" else f"hand-{r.get('fraction')}{cb}"
+        return by.get(name) or {}
+
+    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit budget GiB (peak x) | "
+           "device GiB | host GiB | managed GiB | managed cap pinned / passed GiB |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("error"):
+            out.append(f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |||||||")
+            continue
+        pl = r.get("placements") or {}
+        fb = (r.get("fit") or {}).get("budget")
+        cap = r.get("managed_cap") or {}
+        ref = plain if not r["name"].endswith("-cb") else by.get("plain-cb") or {}
+        out.append(f"| {r['name']} | {fr(r)} | {r['load_s']:.1f}"
+                   f"{'' if r is ref else ' (' + ratio(r['load_s'], ref.get('load_s')) + ')'} | "
+                   f"{gib(r.get('peak_device_bytes'))} | "
+                   f"{'-' if not fb else f'{fb / 2**30:.2f} (' + ratio(r.get('peak_device_bytes'), fb) + ')'} | "
+                   f"{gib((pl.get('device') or {}).get('bytes'))} | {gib((pl.get('host') or {}).get('bytes'))} | "
+                   f"{gib((pl.get('managed') or {}).get('bytes'))} | "
+                   f"{gib(cap.get('pinned_bytes'))} / {gib(cap.get('passed_bytes'))} |")
+    out += ["", "| run | free F | batch | tok/s | bound tok/s | x bound | x host-free | x hand, same F | "
+            "tokens = plain |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        for b, m in (r.get("batched") or {}).items() if not r.get("error") else []:
+            pb = (plain.get("batched") or {}).get(b) or {}
+            sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
+            bound = int(b) * PCIE_GBS * 1e9 / sb if sb else None
+            hf = ((peer(r, "host-free").get("batched") or {}).get(b) or {}).get("tok_s")
+            hd = ((peer(r, "hand").get("batched") or {}).get(b) or {}).get("tok_s")
+            same = "ref" if r is plain else ("-" if not pb.get("tokens") else
+                                             "identical" if m.get("tokens") == pb["tokens"] else "DIFFER")
+            out.append(f"| {r['name']} | {fr(r)} | {b} | {m['tok_s']:.2f} | "
+                       f"{'-' if not bound else f'{bound:.2f}'} | {ratio(m['tok_s'], bound)} | "
+                       f"{'-' if r['name'].startswith('host-free') else ratio(m['tok_s'], hf)} | "
+                       f"{'-' if r['name'].startswith('hand') else ratio(m['tok_s'], hd)} | {same} |")
+    cb = [r for r in rows if r["name"].endswith("-cb") and not r.get("error")]
+    if cb:
+        pc = by.get("plain-cb") or {}
+        out += ["", "Continuous batching (64 requests of 16-128 tokens, 32 new, at most 512 tokens a step): "
+                "generated tokens over a pass's wall time, the median of 3 after a warm-up pass.", "",
+                "| run | free F | tok/s | x plain | x host-free | x hand, same F | tokens = plain |",
+                "|---|---|---|---|---|---|---|"]
+        for r in cb:
+            same = "ref" if r is pc else ("-" if not pc.get("tokens") else
+                                          "identical" if r.get("tokens") == pc["tokens"] else "DIFFER")
+            hf, hd = peer(r, "host-free").get("cb_tok_s"), peer(r, "hand").get("cb_tok_s")
+            out.append(f"| {r['name']} | {fr(r)} | {r['cb_tok_s']:.2f} | "
+                       f"{'-' if r is pc else ratio(r['cb_tok_s'], pc.get('cb_tok_s'))} | "
+                       f"{'-' if r['name'].startswith('host-free') else ratio(r['cb_tok_s'], hf)} | "
+                       f"{'-' if r['name'].startswith('hand') else ratio(r['cb_tok_s'], hd)} | {same} |")
+    return "\n".join(out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worker")
     ap.add_argument("--build", default="build")
     ap.add_argument("--out", default="/tmp/bigload")
-    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--shape", default="dense", choices=sorted(DEFAULT_LAYERS))
+    ap.add_argument("--layers", type=int, default=0, help="decoder layers (default: 24 dense, 16 MoE)")
+    ap.add_argument("--batches", default="",
+                    help="decode batch sizes, comma-separated (default: 1 dense, 1,8,32 MoE)")
+    ap.add_argument("--modes", default="batched",
+                    help="batched (decode at --batches), cb (continuous batching: a row NAME-cb), or both: "
+                         "batched,cb; each row its own process")
     ap.add_argument("--fractions", default="0.5,0.25")
     ap.add_argument("--fp8-fractions", default="0.6",
                     help="free F for the fp8 path: its fp8 weights alone are 0.47x the bf16 bytes")
@@ -288,9 +467,15 @@ def main() -> int:
     ap.add_argument("--warmup-tokens", type=int, default=48,
                     help="tokens of the untimed first generate (auto's decision is taken in it)")
     ap.add_argument("--log", default="info")
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--runs", default="plain,fit,fp8",
-                    help="plain, fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
+    ap.add_argument("--timeout", type=float, default=600, help="seconds a row may take")
+    ap.add_argument("--deadline", type=float, default=0,
+                    help="seconds from the start: no row starts with fewer than --min-left left, "
+                         "none runs past it (a device call's limit)")
+    ap.add_argument("--min-left", type=float, default=60)
+    ap.add_argument("--runs", default="",
+                    help="default: plain,fit,fp8 dense; plain,host-free,fit,hand MoE. "
+                         "plain, host-free (every expert host, no blocker), hand (the same under "
+                         "each blocker), fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
                          "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
                          "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fp8")
     ap.add_argument("--stream-slots", default="",
@@ -309,17 +494,36 @@ def main() -> int:
         print("BIGLOAD_RESULT " + json.dumps(res), flush=True)
         return 0
     os.makedirs(args.out, exist_ok=True)
-    ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.layers}")
-    mk = run(dict(name="make", layers=args.layers, ckpt=ckpt), args)
+    moe = args.shape != "dense"
+    layers = args.layers or DEFAULT_LAYERS[args.shape]
+    ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
+    mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
     if mk.get("error"):
         return 1
     wb = mk["weight_bytes"]
-    base = dict(ckpt=ckpt, weight_bytes=wb, new_tokens=args.new_tokens, warmup_tokens=args.warmup_tokens)
-    runs = args.runs.split(",")
+    batches = [int(x) for x in (args.batches or ("1,8,32" if moe else "1")).split(",") if x]
+    base = dict(ckpt=ckpt, shape=args.shape, layers=layers, weight_bytes=wb, new_tokens=args.new_tokens,
+                warmup_tokens=args.warmup_tokens, batches=batches)
+    runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     rows: List[Dict[str, Any]] = []
     fracs = [float(x) for x in args.fractions.split(",") if x]
-    if any(x.startswith("fit") for x in runs):
-        rows.append(run(dict(base, name="plain"), args))
+    hand = e2e.POLICIES["experts-host-all"]
+
+    modes = args.modes.split(",")
+    if not set(modes) <= {"batched", "cb"}:
+        ap.error(f"--modes {args.modes}: batched, cb or both")
+
+    def both(spec: Dict[str, Any]) -> None:
+        """A row in each mode: decode at the batches, continuous batching (NAME-cb)."""
+        if "batched" in modes:
+            rows.append(run(spec, args))
+        if "cb" in modes:
+            rows.append(run(dict(spec, name=spec["name"] + "-cb", cb=True, distinct=False), args))
+
+    if "plain" in runs or any(x.startswith("fit") for x in runs):
+        both(dict(base, name="plain", distinct=moe))
+    if "host-free" in runs:
+        both(dict(base, name="host-free", shim=True, policy=hand))
     fitkey = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
     nslots = [x for x in args.stream_slots.split(",") if x] or [""]
     for f in fracs:
@@ -329,30 +533,35 @@ def main() -> int:
         if "fit" in runs:
             for n in nslots:
                 pol = fitkey + (f"prefetch: {{slots: {int(n)}}}\n" if n else "")
-                rows.append(run(dict(base, name=f"fit{'-s' + n if n else ''}-{f}", fraction=f, shim=True,
-                                     policy=pol), args))
+                both(dict(base, name=f"fit{'-s' + n if n else ''}-{f}", fraction=f, shim=True, policy=pol))
+        if "hand" in runs:
+            both(dict(base, name=f"hand-{f}", fraction=f, shim=True, policy=hand))
         if "fit-late" in runs:
             # the same policy as fit, every placeable allocation late bound
-            rows.append(run(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
-                                 env={"WOFFLOAD_LATE_BIND": "1"}), args))
+            both(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
+                      env={"WOFFLOAD_LATE_BIND": "1"}))
         if "fit-hotset" in runs:
-            rows.append(run(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
-                                 policy=fitkey + "prefetch: {mode: hot-set}\n"), args))
+            both(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
+                      policy=fitkey + "prefetch: {mode: hot-set}\n"))
         if "fit-stream" in runs:
             for n in nslots:
                 slots = f", slots: {int(n)}" if n else ""
                 pol = fitkey + f"prefetch: {{mode: stream{slots}}}\n"
-                rows.append(run(dict(base, name=f"fit-stream{'-s' + n if n else ''}-{f}", fraction=f,
-                                     shim=True, policy=pol), args))
-    if "fp8" in runs:
+                both(dict(base, name=f"fit-stream{'-s' + n if n else ''}-{f}", fraction=f, shim=True,
+                          policy=pol))
+    if "fp8" in runs and not moe:
         rows.append(run(dict(base, name="fp8-plain", fp8=True), args))
         for f in [float(x) for x in args.fp8_fractions.split(",") if x]:
             rows.append(run(dict(base, name=f"fp8-{f}", fraction=f, fp8=True, shim=True,
                                  policy="version: 1\ndefault: host\n"), args))
     allf = fracs + [float(x) for x in args.fp8_fractions.split(",") if x]
     for r in rows:
-        r["fraction"] = next((f for f in allf if r["name"].endswith(f"-{f}")), 1.0)
-    md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
+        r["fraction"] = next((f for f in allf if r["name"].removesuffix("-cb").endswith(f"-{f}")), 1.0)
+    if moe:
+        _, cfg = shape_config(args.shape, layers)
+        md = moe_tables(rows, cfg["num_experts"])
+    else:
+        md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
     for r in rows:
         st, fit = r.get("stream") or {}, r.get("fit") or {}
         if fit.get("budget"):
@@ -370,10 +579,13 @@ def main() -> int:
                    f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
                    f"auto by step time: {st.get('auto_tries', 0)} tries, {st.get('auto_kept', 0)} kept, "
                    f"{st.get('auto_backs', 0)} back in place")
-    head = (f"weights {wb / 2**30:.2f} GiB bf16 ({args.layers} layers, Llama shape), "
+    what = "Llama shape" if not moe else f"bench/e2e.py's {args.shape} shape"
+    head = (f"weights {wb / 2**30:.2f} GiB bf16 ({layers} layers, {what}), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "
-            f"once a token at {PCIE_GBS:.0f} GB/s\n\n")
+            f"once a token at {PCIE_GBS:.0f} GB/s"
+            + (", an expert tensor at its layer's distinct share of the experts (the routers' picks "
+               "in plain at that batch)" if moe else "") + "\n\n")
     with open(os.path.join(args.out, "bigload.md"), "w") as f:
         f.write(head + md + "\n")
     with open(os.path.join(args.out, "bigload.json"), "w") as f:

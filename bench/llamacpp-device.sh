@@ -35,6 +35,11 @@
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
+#   bigload        bench/bigload.py BIGLOAD_ARGS (e.g. "--shape moe128 --modes batched")
+#                  with the shim in build-gpu, into $OUT/bigload, within the call's
+#                  time left: issue 41's checkpoint larger than the free memory,
+#                  loaded by from_pretrained beside a blocker (its checkpoint stays
+#                  in /tmp for the next call)
 #   e2e            bench/e2e.py's scenarios E2E_SCENARIOS (comma-separated) with
 #                  the shim in build-gpu, into $OUT/e2e (--keep-going, within the
 #                  call's time left; E2E_CPUS pins them as bench.md says)
@@ -163,12 +168,22 @@ for step in "$@"; do
             >"$OUT/e2e.log" 2>&1
         rc=$?
         tail -30 "$OUT/e2e.log" ;;
+    bigload)
+        [ -f build-gpu/build.ninja ] ||
+            meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
+        ninja -C build-gpu >"$OUT/bigload-build.log" 2>&1
+        mkdir -p "$OUT/bigload"
+        # shellcheck disable=SC2086
+        python3 bench/bigload.py --build build-gpu --out "$OUT/bigload" --deadline $((left - 15)) \
+            ${BIGLOAD_ARGS:-} >"$OUT/bigload.log" 2>&1
+        rc=$?
+        tail -40 "$OUT/bigload/bigload.md" 2>/dev/null || tail -20 "$OUT/bigload.log" ;;
     rows)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook, e2e)"
+        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"

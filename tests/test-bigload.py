@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""bench/bigload.py's MoE report (issue 41) without a GPU: the bound of a
+row's own offloaded bytes (an expert tensor at its layer's distinct share),
+the ratios against host-free and the hand policy under the same blocker,
+tokens against plain's, and the continuous-batching table."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
+import bigload  # noqa: E402
+
+GB = 1e9
+EXPERT = "model.layers.{}.mlp.experts.gate_up_proj"
+
+
+def row(name, frac=None, rates=None, tokens=None, offloaded=None, distinct=None, **kw):
+    r = dict(name=name, load_s=kw.pop("load_s", 10.0), peak_device_bytes=kw.pop("peak", 4 * 2**30),
+             placements={"device": {"bytes": 2**30}, "host": {"bytes": 2 * 2**30}, "managed": {"bytes": 0}},
+             offloaded=offloaded or [], fraction=frac or 1.0, **kw)
+    if frac is not None:
+        r["blocker"] = dict(size=1, leave=1, free_after=1)
+    if rates is not None:
+        r["batched"] = {str(b): dict(tok_s=t, tokens=tokens or [[1, 2]] * b) for b, t in rates.items()}
+        if distinct is not None:
+            for b in rates:
+                r["batched"][str(b)]["distinct_experts"] = distinct[b]
+    return r
+
+
+class TestStepBytes(unittest.TestCase):
+    def test_expert_tensors_count_at_their_layers_share(self):
+        off = [[EXPERT.format(0), "host", 10 * GB], [EXPERT.format(1), "host", 10 * GB],
+               ["model.layers.1.self_attn.q_proj.weight", "host", 1 * GB]]
+        # layer 0 picks 8 of 128 experts a step, layer 1 64 of 128
+        self.assertAlmostEqual(bigload.step_bytes(off, [8, 64], 128), (10 * 8 / 128 + 10 * 0.5 + 1) * GB)
+
+    def test_no_shares_or_nothing_offloaded_is_no_bound(self):
+        self.assertIsNone(bigload.step_bytes([[EXPERT.format(0), "host", GB]], None, 128))
+        self.assertIsNone(bigload.step_bytes([], [8], 128))
+
+    def test_a_share_never_exceeds_the_whole_tensor(self):
+        self.assertEqual(bigload.step_bytes([[EXPERT.format(0), "host", GB]], [200], 128), GB)
+
+
+class TestMoeTables(unittest.TestCase):
+    def setUp(self):
+        off = [[EXPERT.format(0), "host", 11 * GB]]  # 11 GB of experts, layer 0
+        self.rows = [
+            row("plain", rates={1: 100.0, 8: 400.0}, distinct={1: [8], 8: [55]}),
+            row("host-free", rates={1: 20.0, 8: 30.0}, offloaded=off),
+            row("fit-0.5", frac=0.5, rates={1: 30.0, 8: 45.0}, offloaded=off,
+                fit={"budget": 5 * 2**30}, peak=int(5.5 * 2**30)),
+            row("hand-0.5", frac=0.5, rates={1: 15.0, 8: 40.0}, offloaded=off,
+                tokens=[[9, 9]]),  # b1 differs from plain; b8 given below
+        ]
+        self.rows[3]["batched"]["8"]["tokens"] = [[1, 2]] * 8
+        self.text = bigload.moe_tables(self.rows, 128)
+        self.lines = self.text.splitlines()
+
+    def line(self, run, batch):
+        return next(x for x in self.lines if x.startswith(f"| {run} |") and f"| {batch} |" in x
+                    and "tok" not in x)
+
+    def cells(self, run, batch):
+        return [c.strip() for c in self.line(run, batch).split("|")[1:-1]]
+
+    def test_bound_is_the_rows_own_distinct_bytes(self):
+        # b1: 11 GB x 8/128 = 0.6875 GB a step at 55 GB/s: 80 tok/s; fit's 30 is 0.38x
+        c = self.cells("fit-0.5", 1)
+        self.assertEqual(c[4], "80.00")
+        self.assertEqual(c[5], "0.38x")
+        # b8: 11 GB x 55/128 a step, 8 tokens each: 93.09 tok/s
+        self.assertEqual(self.cells("fit-0.5", 8)[4], "93.09")
+
+    def test_against_host_free_and_the_hand_policy_of_the_same_blocker(self):
+        c = self.cells("fit-0.5", 1)
+        self.assertEqual(c[6], "1.50x")  # 30 / 20
+        self.assertEqual(c[7], "2.00x")  # 30 / 15
+        self.assertEqual(self.cells("hand-0.5", 8)[7], "-")  # no ratio to itself
+
+    def test_tokens_against_plain(self):
+        self.assertEqual(self.cells("fit-0.5", 1)[8], "identical")
+        self.assertEqual(self.cells("hand-0.5", 1)[8], "DIFFER")
+        self.assertEqual(self.cells("hand-0.5", 8)[8], "identical")
+        self.assertEqual(self.cells("plain", 1)[8], "ref")
+
+    def test_load_table_says_the_peak_against_fits_budget(self):
+        ln = next(x for x in self.lines if x.startswith("| fit-0.5 | 0.5 | 10.0 (1.00x)"))
+        self.assertIn("| 5.00 (1.10x) |", ln)
+
+    def test_an_error_row_is_reported_not_raised(self):
+        rows = self.rows + [dict(name="fit-0.25", error="OutOfMemoryError: CUDA out of memory\n")]
+        self.assertIn("| fit-0.25 | | error: OutOfMemoryError", bigload.moe_tables(rows, 128))
+
+    def test_continuous_batching_table(self):
+        rows = [dict(r) for r in self.rows]
+        rows += [dict(name="plain-cb", cb_tok_s=300.0, tokens=[[1]], load_s=9.0),
+                 dict(name="host-free-cb", cb_tok_s=100.0, tokens=[[1]], load_s=9.0),
+                 dict(name="fit-0.5-cb", fraction=0.5, blocker={}, cb_tok_s=120.0, tokens=[[2]], load_s=9.0),
+                 dict(name="hand-0.5-cb", fraction=0.5, blocker={}, cb_tok_s=80.0, tokens=[[1]], load_s=9.0)]
+        text = bigload.moe_tables(rows, 128)
+        ln = next(x for x in text.splitlines() if x.startswith("| fit-0.5-cb | 0.5 | 120.00"))
+        self.assertEqual([c.strip() for c in ln.split("|")[1:-1]][3:],
+                         ["0.40x", "1.20x", "1.50x", "DIFFER"])
+
+
+class TestRowPlan(unittest.TestCase):
+    """main()'s rows for a MoE shape, each run replaced by a record of its spec."""
+
+    def plan(self, *argv):
+        import tempfile
+        specs = []
+
+        def fake_run(spec, args):
+            specs.append(spec)
+            if spec["name"] == "make":
+                return dict(weight_bytes=20 * 2**30)
+            return dict(name=spec["name"], error="not run")
+
+        real = bigload.run
+        bigload.run = fake_run
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                old = sys.argv
+                sys.argv = ["bigload.py", "--out", out, *argv]
+                try:
+                    rc = bigload.main()
+                finally:
+                    sys.argv = old
+                self.assertTrue(os.path.exists(os.path.join(out, "bigload.md")))
+        finally:
+            bigload.run = real
+        self.assertEqual(rc, 1)  # every row failed
+        return specs
+
+    def test_moe_rows(self):
+        specs = self.plan("--shape", "moe128", "--modes", "batched,cb")
+        names = [s["name"] for s in specs]
+        self.assertEqual(names, ["make", "plain", "plain-cb", "host-free", "host-free-cb",
+                                 "fit-0.5", "fit-0.5-cb", "hand-0.5", "hand-0.5-cb",
+                                 "fit-0.25", "fit-0.25-cb", "hand-0.25", "hand-0.25-cb"])
+        by = {s["name"]: s for s in specs}
+        self.assertEqual(by["make"]["layers"], 16)
+        self.assertTrue(by["make"]["ckpt"].endswith("bigload-ckpt-moe128-16"))
+        self.assertEqual(by["plain"]["batches"], [1, 8, 32])
+        self.assertTrue(by["plain"]["distinct"])
+        self.assertFalse(by["plain-cb"]["distinct"])
+        self.assertTrue(by["hand-0.25-cb"]["cb"])
+        self.assertEqual(by["hand-0.25"]["fraction"], 0.25)
+        self.assertNotIn("fraction", by["host-free"])
+        self.assertIn("place: host", by["hand-0.5"]["policy"])
+        self.assertIn("match: experts", by["host-free"]["policy"])
+        self.assertIn("fit: {device: 100%", by["fit-0.5"]["policy"])
+
+    def test_cb_alone(self):
+        names = [s["name"] for s in self.plan("--shape", "moe", "--modes", "cb", "--fractions", "0.5")]
+        self.assertEqual(names, ["make", "plain-cb", "host-free-cb", "fit-0.5-cb", "hand-0.5-cb"])
+
+    def test_no_row_starts_past_the_deadline(self):
+        import argparse
+        args = argparse.Namespace(deadline=100.0, min_left=60.0, timeout=600.0, out="/nonexistent",
+                                  build="/nonexistent", log="info")
+        started = bigload.STARTED
+        bigload.STARTED -= 50  # 50 s left: under --min-left
+        try:
+            r = bigload.run(dict(name="plain"), args)
+        finally:
+            bigload.STARTED = started
+        self.assertIn("skipped: out of time", r["error"])
+
+    def test_dense_keeps_its_rows(self):
+        names = [s["name"] for s in self.plan("--fractions", "0.5")]
+        self.assertEqual(names, ["make", "plain", "fit-0.5", "fp8-plain", "fp8-0.6"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
