@@ -327,13 +327,18 @@ def gib(x: Optional[float]) -> str:
     return "-" if x is None else f"{x / 2**30:.2f}"
 
 
+def error_row(r: Dict[str, Any], cols: int) -> str:
+    """A failed row of a table of cols columns: its error's last line."""
+    return f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |" + "|" * (cols - 3)
+
+
 def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
     out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit budget GiB (peak x) | "
            "on device GiB | offloaded GiB | decode tok/s | bound tok/s | x bound | tokens |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
-            out.append(f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} ||||||||")
+            out.append(error_row(r, 11))
             continue
         ref = plain.get("fp8" if r["name"].startswith("fp8") else "bf16")
         p_load = next((x["load_s"] for x in rows if x["name"] == ref), None)
@@ -401,7 +406,7 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("error"):
-            out.append(f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |||||||")
+            out.append(error_row(r, 9))
             continue
         pl = r.get("placements") or {}
         fb = (r.get("fit") or {}).get("budget")
