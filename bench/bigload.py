@@ -381,11 +381,19 @@ def step_bytes(offloaded: List[List[Any]], distinct: Optional[List[float]], expe
     return total
 
 
+def parse_size(text: str) -> int:
+    """'1GiB', '256MiB', '512KiB', '4096' (bytes) as bytes."""
+    for unit, mult in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10), ("B", 1)):
+        if text.endswith(unit):
+            return int(float(text[:-len(unit)]) * mult)
+    return int(text)
+
+
 def ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def moe_tables(rows: List[Dict[str, Any]], experts: int) -> str:
+def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
     """Issue 41's tables: load and memory per run; decode at each batch
     against the bound of the row's own offloaded bytes, host-free (the hand
     policy with the whole device) and the hand policy under the same
@@ -401,7 +409,7 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int) -> str:
         name = f"host-free{cb}" if kind == "host-free" else f"hand-{r.get('fraction')}{cb}"
         return by.get(name) or {}
 
-    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit budget GiB (peak x) | "
+    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit size GiB (peak x) | "
            "device GiB | host GiB | managed GiB | managed cap pinned / passed GiB |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -409,7 +417,9 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int) -> str:
             out.append(error_row(r, 9))
             continue
         pl = r.get("placements") or {}
-        fb = (r.get("fit") or {}).get("budget")
+        # the fit size under a blocker: the free memory less keep_free (the
+        # process's peak is above what it held once the blocker was there)
+        fb = (r["blocker"]["free_after"] - keep_free) if r.get("fit") and r.get("blocker") else None
         cap = r.get("managed_cap") or {}
         ref = plain if not r["name"].endswith("-cb") else by.get("plain-cb") or {}
         out.append(f"| {r['name']} | {fr(r)} | {r['load_s']:.1f}"
@@ -564,7 +574,7 @@ def main() -> int:
         r["fraction"] = next((f for f in allf if r["name"].removesuffix("-cb").endswith(f"-{f}")), 1.0)
     if moe:
         _, cfg = shape_config(args.shape, layers)
-        md = moe_tables(rows, cfg["num_experts"])
+        md = moe_tables(rows, cfg["num_experts"], parse_size(args.keep_free))
     else:
         md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
     for r in rows:

@@ -303,34 +303,29 @@ picks_env() {
 
 # *-blockNN rows run beside a blocker: another process holding device
 # memory so that NN% of the GGUF's bytes stay free (issue 41: a model larger
-# than the GPU); the rows' memory figures leave it out
+# than the GPU); the rows' memory figures leave it out, and the blocker
+# (bench/blocker.py) says the most memory the row's process held meanwhile,
+# sampled every 5 ms (the row's "peak used by others")
 BLOCK_PID=""
 blocker_start() {
     local name=$1 pct gg w=0
     case $name in *-block[0-9]*) pct=${name##*-block}; pct=${pct%%-*} ;; *) return ;; esac
-    gg=$(($(stat -c %s "$M") >> 20))
-    python3 - $((gg * pct / 100)) >"$OUT/$name.blocker" 2>&1 <<'PY' &
-import sys, time, torch
-target = int(sys.argv[1]) << 20
-free, _ = torch.cuda.mem_get_info()
-x = torch.empty(max(free - target, 0), dtype=torch.uint8, device="cuda")
-print(f"holds {x.numel() >> 20} MiB, {torch.cuda.mem_get_info()[0] >> 20} MiB free after it",
-      flush=True)
-time.sleep(3600)
-PY
+    gg=$(stat -c %s "$M")
+    python3 "$ROOT/bench/blocker.py" --leave $((gg * pct / 100)) >"$OUT/$name.blocker" 2>&1 &
     BLOCK_PID=$!
     while ! grep -q '^holds' "$OUT/$name.blocker" 2>/dev/null && kill -0 $BLOCK_PID 2>/dev/null &&
         [ $w -lt 120 ]; do
         sleep 0.5
         w=$((w + 1))
     done
-    say "$name: blocker $(head -1 "$OUT/$name.blocker") (target: $pct% of the GGUF's $gg MiB free)"
+    say "$name: blocker $(head -1 "$OUT/$name.blocker") (target: $pct% of the GGUF's $((gg >> 20)) MiB free)"
 }
 blocker_stop() {
     [ -n "$BLOCK_PID" ] || return
-    kill $BLOCK_PID 2>/dev/null
+    kill -TERM $BLOCK_PID 2>/dev/null
     wait $BLOCK_PID 2>/dev/null
     BLOCK_PID=""
+    say "    $(grep -m1 '^blocker: free at start' "$OUT/$1.blocker" 2>/dev/null)"
 }
 PLAIN_TOKENS=""
 PLAIN_TOKENS_B32=""
@@ -369,7 +364,7 @@ tokens() {
     blocker_start "$name"
     timeout -k 10 $lim "${cmd[@]}" >"$OUT/$name.out" 2>"$OUT/$name.log"
     local rc=$? got
-    blocker_stop
+    blocker_stop "$name"
     cat "$OUT/$name.out" >>"$OUT/$name.log"
     got=$(grep -m1 -o '^tokens:[ 0-9|]*' "$OUT/$name.out")
     # the plain run this one is held against: the first plain one of as many
@@ -433,7 +428,7 @@ bench() {
     done | awk -v b="${base:-0}" '$1 == "p" { if ($2 > p) p = $2 } $1 == "g" { if ($2 - b > g) g = $2 - b } END { printf "%d MiB per process, %d MiB of the GPU used memory", p, g }')
     wait $pid
     local rc=$?
-    blocker_stop
+    blocker_stop "$name"
     say "$name rc=$rc (limit ${lim}s), device memory peak: ${peak}"
     grep -E "model buffer size|KV buffer size|compute buffer size|woffload: ggml:|woffload: seal|managed cap" "$OUT/$name.log" | head -9 | sed 's/^/    /' | tee -a "$OUT/summary.txt"
     grep -E '^\|' "$OUT/$name.log" | tee -a "$OUT/summary.txt"

@@ -19,7 +19,7 @@ def row(name, frac=None, rates=None, tokens=None, offloaded=None, distinct=None,
              placements={"device": {"bytes": 2**30}, "host": {"bytes": 2 * 2**30}, "managed": {"bytes": 0}},
              offloaded=offloaded or [], fraction=frac or 1.0, **kw)
     if frac is not None:
-        r["blocker"] = dict(size=1, leave=1, free_after=1)
+        r["blocker"] = dict(size=1, leave=1, free_after=6 * 2**30)
     if rates is not None:
         r["batched"] = {str(b): dict(tok_s=t, tokens=tokens or [[1, 2]] * b) for b, t in rates.items()}
         if distinct is not None:
@@ -50,12 +50,12 @@ class TestMoeTables(unittest.TestCase):
             row("plain", rates={1: 100.0, 8: 400.0}, distinct={1: [8], 8: [55]}),
             row("host-free", rates={1: 20.0, 8: 30.0}, offloaded=off),
             row("fit-0.5", frac=0.5, rates={1: 30.0, 8: 45.0}, offloaded=off,
-                fit={"budget": 5 * 2**30}, peak=int(5.5 * 2**30)),
+                fit={"budget": 4 * 2**30}, peak=int(5.5 * 2**30)),
             row("hand-0.5", frac=0.5, rates={1: 15.0, 8: 40.0}, offloaded=off,
                 tokens=[[9, 9]]),  # b1 differs from plain; b8 given below
         ]
         self.rows[3]["batched"]["8"]["tokens"] = [[1, 2]] * 8
-        self.text = bigload.moe_tables(self.rows, 128)
+        self.text = bigload.moe_tables(self.rows, 128, 1 << 30)
         self.lines = self.text.splitlines()
 
     def line(self, run, batch):
@@ -85,13 +85,21 @@ class TestMoeTables(unittest.TestCase):
         self.assertEqual(self.cells("hand-0.5", 8)[8], "identical")
         self.assertEqual(self.cells("plain", 1)[8], "ref")
 
-    def test_load_table_says_the_peak_against_fits_budget(self):
+    def test_load_table_says_the_peak_against_the_fit_size(self):
+        # 6 GiB free after the blocker, keep_free 1 GiB: a fit size of 5 GiB
         ln = next(x for x in self.lines if x.startswith("| fit-0.5 | 0.5 | 10.0 (1.00x)"))
         self.assertIn("| 5.00 (1.10x) |", ln)
+        hand = next(x for x in self.lines if x.startswith("| hand-0.5 | 0.5 |"))
+        self.assertEqual(hand.split("|")[5].strip(), "-")  # no fit, no fit size
+
+    def test_sizes(self):
+        self.assertEqual(bigload.parse_size("1GiB"), 1 << 30)
+        self.assertEqual(bigload.parse_size("256MiB"), 256 << 20)
+        self.assertEqual(bigload.parse_size("4096"), 4096)
 
     def test_an_error_row_is_reported_not_raised(self):
         rows = self.rows + [dict(name="fit-0.25", error="OutOfMemoryError: CUDA out of memory\n")]
-        self.assertIn("| fit-0.25 | | error: OutOfMemoryError", bigload.moe_tables(rows, 128))
+        self.assertIn("| fit-0.25 | | error: OutOfMemoryError", bigload.moe_tables(rows, 128, 1 << 30))
 
     def test_continuous_batching_table(self):
         rows = [dict(r) for r in self.rows]
@@ -99,7 +107,7 @@ class TestMoeTables(unittest.TestCase):
                  dict(name="host-free-cb", cb_tok_s=100.0, tokens=[[1]], load_s=9.0),
                  dict(name="fit-0.5-cb", fraction=0.5, blocker={}, cb_tok_s=120.0, tokens=[[2]], load_s=9.0),
                  dict(name="hand-0.5-cb", fraction=0.5, blocker={}, cb_tok_s=80.0, tokens=[[1]], load_s=9.0)]
-        text = bigload.moe_tables(rows, 128)
+        text = bigload.moe_tables(rows, 128, 1 << 30)
         ln = next(x for x in text.splitlines() if x.startswith("| fit-0.5-cb | 0.5 | 120.00"))
         self.assertEqual([c.strip() for c in ln.split("|")[1:-1]][3:],
                          ["0.40x", "1.20x", "1.50x", "DIFFER"])

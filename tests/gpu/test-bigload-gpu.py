@@ -14,12 +14,17 @@ live managed after each managed allocation, read with cuMemGetInfo at that
 moment): no managed memory beyond the free device memory was ever asked
 for; the cap served the rest as pinned host memory; greedy tokens are
 identical to the free-GPU run; and under fit the device holds what fit
-chose. Exit 77 without torch, transformers or a GPU.
+chose, and the process's device peak above what it held once the blocker
+was in place (sampled every 5 ms from another thread) is at most 1.05x the
+fit size, the free memory less keep_free (issue 41). Exit 77 without torch,
+transformers or a GPU.
 """
 import json
 import os
 import sys
 import tempfile
+import threading
+import time
 
 import gpucheck
 
@@ -41,12 +46,28 @@ def child(ckpt: str, fraction: float) -> None:
         with woffload.window_closed():
             blocker = torch.empty(size, dtype=torch.uint8, device="cuda")
         res["free_after_blocker"] = torch.cuda.mem_get_info()[0]
+    # the device memory this process holds beyond what it held here: the
+    # least free memory, sampled every 5 ms while it loads and decodes
+    least, done = [torch.cuda.mem_get_info()[0]], threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.005):
+            least[0] = min(least[0], torch.cuda.mem_get_info()[0])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    start = least[0]
     m = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16, device_map="cuda")
     m.eval()
     ids = torch.tensor([[1, 50, 300, 7, 900, 42, 11, 5]], device="cuda")
     with torch.no_grad():
         out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
                          do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    time.sleep(0.02)
+    done.set()
+    sampler.join()
+    res["peak_device_bytes"] = start - least[0]
     res["tokens"] = out[0, ids.shape[1]:].tolist()
     res["weight_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
     if fraction:
@@ -115,6 +136,9 @@ def main() -> int:
             if name == "fit":
                 checks[f"fit kept {fit.get('device_bytes')} B on the device within its budget {fit.get('budget')} B"] = \
                     0 < fit.get("device_bytes", 0) <= fit.get("budget", 0)
+                size = got["free_after_blocker"] - (256 << 20)  # keep_free 256MiB
+                checks[f"the process's device peak {got['peak_device_bytes']} B at most 1.05x the fit size "
+                       f"{size} B"] = got["peak_device_bytes"] <= 1.05 * size
             for what, ok in checks.items():
                 print(f"{'ok' if ok else 'FAIL'}: {name}: {what}")
                 if not ok:

@@ -30,6 +30,10 @@
 #     a time) claims the experts read in place, so nothing is staged and the
 #     claims are counted;
 # and the live stats must place every `_exps` tensor on the host.
+#   - under `--fit 90%` beside a blocker process leaving half the GGUF's
+#     bytes free, with and without late binding: tokens identical, the
+#     process's device peak within 1.05x the fit size, no more managed
+#     memory than was free (block_row, below);
 #   - with LLAMA_BENCH (llama-batched-bench), 32 sequences under it with
 #     the copy engine on: it must end with exit status 0 (it hung before
 #     the gate, uvm.h wo_uvm_quiesce_begin, and ended in SIGSEGV when its
@@ -142,6 +146,78 @@ row exps-replay-b32 llamacpp-exps-stream.yaml
 row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
+
+# A model larger than the free device memory (issue 41): bench/blocker.py,
+# another process, holds device memory so that PCT% of the GGUF's bytes stay
+# free, and the tokens program runs under `woffload-run --fit 90%
+# --keep-free 1GiB`. Checks: tokens identical to plain; never more managed
+# memory asked for than was free (the managed cap's least headroom >= 0, its
+# peak below the free memory); the process's device peak (the blocker
+# samples the free memory every 5 ms: everything the tokens program held,
+# context included) at most 1.05x the fit size, the free memory less
+# keep_free. block_row NAME PCT [VAR=VALUE...]
+block_row() {
+    name=$1 pct=$2
+    shift 2
+    leave=$(($(stat -c %s "$gguf") * pct / 100))
+    python3 "$src/bench/blocker.py" --leave "$leave" >"$tmp/$name.blocker" 2>&1 &
+    bpid=$!
+    w=0
+    while ! grep -q '^holds' "$tmp/$name.blocker" && kill -0 $bpid 2>/dev/null && [ $w -lt 120 ]; do
+        sleep 0.5
+        w=$((w + 1))
+    done
+    if ! grep -q '^holds' "$tmp/$name.blocker"; then
+        echo "FAIL $name: the blocker did not start"
+        cat "$tmp/$name.blocker"
+        kill $bpid 2>/dev/null
+        fails=$((fails + 1))
+        return
+    fi
+    env "$@" WO_TOKENS_STATS="$tmp/$name.json" "$run" --fit 90% --keep-free 1GiB --log info -- \
+        "$tok" "$gguf" 32 mmap 1 >"$tmp/$name.out" 2>"$tmp/$name.err"
+    kill -TERM $bpid
+    wait $bpid
+    got=$(grep -m1 '^tokens:' "$tmp/$name.out")
+    if [ "$got" != "$plain" ]; then
+        echo "FAIL $name: tokens ${got:-none}, plain $plain"
+        tail -8 "$tmp/$name.err"
+        fails=$((fails + 1))
+        return
+    fi
+    if ! python3 - "$tmp/$name.json" "$tmp/$name.blocker" <<'PY'; then
+import json, re, sys
+st = json.load(open(sys.argv[1]))
+line = open(sys.argv[2]).read()
+m = re.search(r"free at start (\d+) B, least free (\d+) B, peak used by others (\d+) B", line)
+if not m:
+    print(f"    the blocker said no peak: {line.strip()[-300:]}")
+    sys.exit(1)
+free, peak = int(m.group(1)), int(m.group(3))
+size = free - (1 << 30)  # --keep-free 1GiB: the fit size under the blocker
+cap, fit, lb = st.get("managed_cap") or {}, st.get("fit") or {}, st.get("late_bind") or {}
+pl = st.get("placements") or {}
+gib = lambda x: f"{(x or 0) / 2**30:.2f} GiB"
+print(f"    free {gib(free)}, fit size {gib(size)}, process peak {gib(peak)} ({peak / size:.2f}x); "
+      f"fit budget {gib(fit.get('budget'))}, weights on the device {gib(fit.get('device_bytes'))}, "
+      f"engine {gib(fit.get('engine_bytes'))}; placed device {gib((pl.get('device') or {}).get('bytes'))}, "
+      f"host {gib((pl.get('host') or {}).get('bytes'))}, managed {gib((pl.get('managed') or {}).get('bytes'))}; "
+      f"managed cap: least headroom {cap.get('min_headroom')} B over {cap.get('checks')} checks, "
+      f"peak {gib(cap.get('peak'))}, pinned {gib(cap.get('pinned_bytes'))}; late_bind ranges {lb.get('ranges')}")
+ok = (peak <= 1.05 * size and cap.get("peak", 1 << 62) < free and
+      (cap.get("checks", 0) == 0 or cap.get("min_headroom", -1) >= 0) and fit.get("budget") is not None)
+sys.exit(0 if ok else 1)
+PY
+        echo "FAIL $name: over the fit size, or more managed memory than was free"
+        grep -m8 -e 'managed cap' -e 'fit:' -e 'error' "$tmp/$name.err"
+        fails=$((fails + 1))
+        return
+    fi
+    echo "ok   $name: tokens identical to plain, within the fit size"
+}
+
+block_row fit-block50 50
+block_row fit-block50-late 50 WOFFLOAD_LATE_BIND=1
 
 # The copy engine under llama-batched-bench (LLAMA_BENCH: its binary), whose
 # first step frees memory while copies are queued: without the gate
