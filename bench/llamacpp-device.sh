@@ -18,10 +18,12 @@
 #                  gguf128` makes both GGUFs and llama.cpp in about 280 s)
 #   probe          bench/picked-copy.cu (about 1 min)
 #   suite1         the gpu suite without llamacpp-gpu and stream-gpu
-#   suite2         llamacpp-gpu and stream-gpu (about 9.5 min, over one call's
-#                  time): the two together are the suite, recorded as
-#                  $OUT/gpu-suite-{1,2}.txt; suite2a and suite2b run them one at
-#                  a time ($OUT/gpu-suite-2a.txt, -2b: about 3.5 and 7 min)
+#   suite2         llamacpp-gpu and stream-gpu: the two together are the suite,
+#                  recorded as $OUT/gpu-suite-{1,2}.txt; suite2a and suite2b run
+#                  them one at a time ($OUT/gpu-suite-2a.txt, -2b). On the H200:
+#                  llamacpp-gpu 163 s before its two blocker rows (about 50 s
+#                  more), stream-gpu 458 s with its rows one after the other
+#                  (now three at a time: not yet timed), so suite2 may fit one call
 #   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
 #                  environment (its header), GGUF /tmp/x.gguf unless set
 #   soak-start     issue 40's soak: one row (SOAK_ROW [shim-exps]) of
