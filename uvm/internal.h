@@ -417,6 +417,24 @@ static inline void wo_driver_leave(void)
     __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
 }
 
+/* The copy engine's thread's side (uvm.h: wo_captures_strict): true when no
+ * global or thread-local capture is under way, and then none begins until
+ * wo_dma_driver_leave(); relaxed captures may. */
+static inline bool wo_dma_driver_enter(void)
+{
+    __atomic_add_fetch(&wo_dma_busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(&wo_captures_strict, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_sub_fetch(&wo_dma_busy, 1, __ATOMIC_SEQ_CST);
+        return false;
+    }
+    return true;
+}
+
+static inline void wo_dma_driver_leave(void)
+{
+    __atomic_sub_fetch(&wo_dma_busy, 1, __ATOMIC_SEQ_CST);
+}
+
 /* The shim's own frees, behind the copy engine's gate (uvm.h:
  * wo_uvm_quiesce_begin). */
 static inline CUresult wo_quiet_mem_free(const struct wo_driver *d, CUdeviceptr p)
