@@ -327,15 +327,19 @@ def gib(x: Optional[float]) -> str:
     return "-" if x is None else f"{x / 2**30:.2f}"
 
 
+def head(cols: List[str]) -> List[str]:
+    """A Markdown table's header and rule."""
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+
+
 def error_row(r: Dict[str, Any], cols: int) -> str:
     """A failed row of a table of cols columns: its error's last line."""
     return f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |" + "|" * (cols - 3)
 
 
 def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
-    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit budget GiB (peak x) | "
-           "on device GiB | offloaded GiB | decode tok/s | bound tok/s | x bound | tokens |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = head(["run", "free F / weights", "load s (x plain)", "peak device GiB", "fit budget GiB (peak x)",
+                "on device GiB", "offloaded GiB", "decode tok/s", "bound tok/s", "x bound", "tokens"])
     for r in rows:
         if r.get("error"):
             out.append(error_row(r, 11))
@@ -409,9 +413,8 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
         name = f"host-free{cb}" if kind == "host-free" else f"hand-{r.get('fraction')}{cb}"
         return by.get(name) or {}
 
-    out = ["| run | free F / weights | load s (x plain) | peak device GiB | fit size GiB (peak x) | "
-           "device GiB | host GiB | managed GiB | managed cap pinned / passed GiB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = head(["run", "free F / weights", "load s (x plain)", "peak device GiB", "fit size GiB (peak x)",
+                "device GiB", "host GiB", "managed GiB", "managed cap pinned / passed GiB"])
     for r in rows:
         if r.get("error"):
             out.append(error_row(r, 9))
@@ -429,8 +432,8 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
                    f"{gib((pl.get('device') or {}).get('bytes'))} | {gib((pl.get('host') or {}).get('bytes'))} | "
                    f"{gib((pl.get('managed') or {}).get('bytes'))} | "
                    f"{gib(cap.get('pinned_bytes'))} / {gib(cap.get('passed_bytes'))} |")
-    out += ["", "| run | free F | batch | tok/s | bound tok/s | x bound | x host-free | x hand, same F | "
-            "tokens = plain |", "|---|---|---|---|---|---|---|---|---|"]
+    out += [""] + head(["run", "free F", "batch", "tok/s", "bound tok/s", "x bound", "x host-free",
+                        "x hand, same F", "tokens = plain"])
     for r in rows:
         for b, m in (r.get("batched") or {}).items() if not r.get("error") else []:
             pb = (plain.get("batched") or {}).get(b) or {}
@@ -448,9 +451,8 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
     if cb:
         pc = by.get("plain-cb") or {}
         out += ["", "Continuous batching (64 requests of 16-128 tokens, 32 new, at most 512 tokens a step): "
-                "generated tokens over a pass's wall time, the median of 3 after a warm-up pass.", "",
-                "| run | free F | tok/s | x plain | x host-free | x hand, same F | tokens = plain |",
-                "|---|---|---|---|---|---|---|"]
+                "generated tokens over a pass's wall time, the median of 3 after a warm-up pass.", ""]
+        out += head(["run", "free F", "tok/s", "x plain", "x host-free", "x hand, same F", "tokens = plain"])
         for r in cb:
             same = "ref" if r is pc else ("-" if not pc.get("tokens") else
                                           "identical" if r.get("tokens") == pc["tokens"] else "DIFFER")
