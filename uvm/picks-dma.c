@@ -266,8 +266,9 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&dm.lock);
         /* no driver call while a global or thread-local capture is under
          * way (a query would break it), and none begins meanwhile; relaxed
-         * captures forbid it nothing, and holding off for them hung
-         * llama-batched-bench (uvm.h: wo_captures_strict). Only each
+         * captures forbid it nothing, and holding off for them can leave a
+         * copy unissued that another thread's free waits for (uvm.h:
+         * wo_captures_strict). Only each
          * stream's head can be ready: a later job's event is behind the
          * head's wait on the same stream */
         bool in = wo_dma_driver_enter();

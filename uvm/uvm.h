@@ -176,10 +176,11 @@ extern int wo_prefetch_busy;
  * for its own stream and for events the engine recorded before any capture
  * began, so it keeps out of these alone: held off by a relaxed capture it
  * could not issue a copy that the engine's stream waits for while another
- * thread's cuMemFree (or cuMemHostRegister) waited for that stream, and
- * the process hung (llama-batched-bench on the H200; llama.cpp captures in
- * relaxed mode). wo_dma_busy is its side of the same handshake: a strict
- * capture's begin waits for it to fall, a relaxed one's does not. */
+ * thread's cuMemFree (or cuMemHostRegister) waited for that stream: a
+ * hang, and the likely shape of llama-batched-bench's stall on the H200
+ * (llama.cpp captures in relaxed mode). wo_dma_busy is its side of the same
+ * handshake: a strict capture's begin waits for it to fall, a relaxed
+ * one's does not. */
 extern int wo_captures_strict;
 extern int wo_dma_busy;
 
