@@ -194,9 +194,10 @@ static void *freer_thread(void *arg)
  * event not complete yet), another thread of the engine begins a relaxed
  * capture on a stream of its own and holds it for CAPTURE_HOLD_MS, longer
  * than the fake lets a stream wait last. llama.cpp captures so; a copy
- * thread held off by such a capture left the engine's stream waiting while
- * another thread's free waited for that stream (llama-batched-bench on the
- * H200): here the stream wait runs out and the copy engine is given up. */
+ * thread held off by such a capture leaves the engine's stream waiting, and
+ * another thread's free waiting for that stream hangs (the likely shape of
+ * llama-batched-bench's stall on the H200): here the stream wait runs out
+ * and the copy engine is given up. */
 #define CAPTURE_HOLD_MS 1500
 struct capturer {
     CUresult (*ctx_set)(CUcontext);
