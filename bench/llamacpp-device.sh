@@ -44,7 +44,8 @@
 #                  in /tmp for the next call)
 #   e2e            bench/e2e.py's scenarios E2E_SCENARIOS (comma-separated) with
 #                  the shim in build-gpu, into $OUT/e2e (--keep-going, within the
-#                  call's time left; E2E_CPUS pins them as bench.md says)
+#                  call's time left; E2E_CPUS pins them as bench.md says), with
+#                  the traces its trace-* scenarios recorded (NAME.wot.gz)
 # Each step's output goes to $OUT/STEP.log (rows: $OUT/pP-ROW/); its last lines are
 # printed. Only 8 files come back from a call: tar what a step leaves (TAR=1 does it
 # for every folder in $OUT at the end).
@@ -169,6 +170,11 @@ for step in "$@"; do
             --deadline $((left - 20)) --commit "$WO_COMMIT" --scenarios "$E2E_SCENARIOS" \
             >"$OUT/e2e.log" 2>&1
         rc=$?
+        # the traces its trace-* scenarios recorded (WOFFLOAD_TRACE=/tmp/wo-trace-*),
+        # compressed, for tests/traces and the replay's checks
+        for t in /tmp/wo-trace-*.wotrace; do
+            [ -f "$t" ] && gzip -c "$t" >"$OUT/e2e/$(basename "$t" .wotrace).wot.gz"
+        done
         tail -30 "$OUT/e2e.log" ;;
     bigload)
         [ -f build-gpu/build.ninja ] ||
