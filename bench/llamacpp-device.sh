@@ -17,6 +17,12 @@
 #                  gguf128-bg starts it in the background (then `gguf128-bg build
 #                  gguf128` makes both GGUFs and llama.cpp in about 280 s)
 #   probe          bench/picked-copy.cu (about 1 min)
+#   pack           llama.cpp as build left it (/tmp/llb/bin and the CPU it was
+#                  built for) as $OUT/llb-bin.txz, in 15 MiB parts when larger
+#                  (llb-bin.txz.part-aa, -ab, ...: what comes back from $OUT is at
+#                  most 16 MiB a file). Joined here into .peers/llb-bin.txz
+#                  (cat parts > it) and carried, it saves a later session's build
+#                  (bench/llamacpp-hook.sh: used on a machine whose CPU matches)
 #   suite1         the gpu suite without llamacpp-gpu and stream-gpu
 #   suite2         llamacpp-gpu and stream-gpu: the two together are the suite,
 #                  recorded as $OUT/gpu-suite-{1,2}.txt; suite2a and suite2b run
@@ -113,6 +119,18 @@ for step in "$@"; do
             timeout 120 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
         rc=$?
         tail -14 "$OUT/probe.log" ;;
+    pack)
+        if [ -x /tmp/llb/bin/llama-batched-bench ] && [ -s /tmp/llb/cpu-key ]; then
+            tar cf - -C /tmp/llb bin cpu-key | xz -T0 -6 >"$OUT/llb-bin.txz"
+            rc=$?
+            if [ "$(stat -c %s "$OUT/llb-bin.txz")" -gt $((15 << 20)) ]; then
+                split -b 15M "$OUT/llb-bin.txz" "$OUT/llb-bin.txz.part-" && rm "$OUT/llb-bin.txz"
+            fi
+            ls -la "$OUT"/llb-bin.txz*
+        else
+            echo "pack: no llama.cpp build with its cpu-key in /tmp/llb (run build first)"
+            rc=1
+        fi ;;
     suite1)
         meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
         ninja -C build-gpu >/dev/null 2>&1
@@ -191,7 +209,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
+        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, pack, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"

@@ -112,7 +112,23 @@ fi
 } | tee -a "$OUT/summary.txt"
 
 # ---- build: llama.cpp, the GGUF and the shim at once ---------------------------------
+# A llama.cpp built on an earlier machine (bench/llamacpp-device.sh pack:
+# $B/bin and the CPU it was built for, LLAMA_PREBUILT, by default
+# .peers/llb-bin.txz, carried) saves the build's ~335 s: used when this
+# machine's CPU has the same flags (the build is -march=native, as users
+# build it, so the CPU backend's figures stay the peer's own), else built.
+PREBUILT=${LLAMA_PREBUILT:-$ROOT/.peers/llb-bin.txz}
+cpu_key() { grep -m1 '^flags' /proc/cpuinfo | md5sum | cut -c1-16; }
 (
+    if [ ! -x "$BIN/llama-batched-bench" ] && [ -s "$PREBUILT" ]; then
+        mkdir -p "$B" && tar xJf "$PREBUILT" -C "$B"
+        if [ "$(cat "$B/cpu-key" 2>/dev/null)" = "$(cpu_key)" ] && "$BIN/llama-batched-bench" --help >/dev/null 2>&1; then
+            echo "llama.cpp from $PREBUILT (built for this CPU)"
+        else
+            echo "$PREBUILT: built for another CPU (or does not run here): building"
+            rm -rf "$B/bin" "$B/cpu-key"
+        fi
+    fi
     if [ -x "$BIN/llama-batched-bench" ] && [ -x "$BIN/llama-server" ]; then
         echo "llama.cpp already built in $B"
     else
@@ -121,7 +137,8 @@ fi
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_APP=OFF \
             -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
             -DLLAMA_BUILD_COMMIT=34af94cd -DLLAMA_BUILD_NUMBER=10470 &&
-            cmake --build "$B" --target llama-server llama-batched-bench llama -j16
+            cmake --build "$B" --target llama-server llama-batched-bench llama -j16 &&
+            cpu_key >"$B/cpu-key"
     fi
 ) >"$OUT/build-llama.log" 2>&1 &
 LLAMA_PID=$!
