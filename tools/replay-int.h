@@ -1,10 +1,13 @@
 /* tools/replay-int.h: what the replay's files share (tools/replay.h is
  * the interface). One pass of the replay is a struct sim: the trace read
  * into ranges, tags, names and steps (replay-read.c), the placements and
- * budget it assumes (replay-whatif.c), its simulation against the device
- * model (replay-sim.c), the offline-optimal bound over what it recorded
- * (replay-bound.c), and the figures and timeline it reports
- * (replay-report.c). */
+ * budget it assumes (replay-place.c), its simulation against the device
+ * model (replay-sim.c) and the timeline it writes (replay-timeline.c), the
+ * pacing pass above it (replay-pacing.c), the offline-optimal bound over
+ * what it recorded (replay-bound.c), and the figures it reports
+ * (replay-report.c). No file calls one that calls it back: read uses
+ * place; the simulation uses both and the timeline; pacing and the bound
+ * use the simulation's state; the report uses them all. */
 #pragma once
 
 #include <errno.h>
@@ -170,27 +173,38 @@ int wo_replay_name_at(const struct rr *r, uint64_t off);
 struct rtag *wo_replay_tag_at(const struct rr *r, uint64_t off);
 /* The tag that holds byte off of r, or NULL. */
 struct rtag *wo_replay_tag_in(const struct rr *r, uint64_t off);
-/* Ranges, their tags and names, each range placed (replay-whatif.c).
+/* Ranges, their tags and names, each range placed (replay-place.c).
  * 0 or -ENOMEM. */
 int wo_replay_setup_ranges(struct sim *s);
+/* Under the recorded placements: the placement changes the trace recorded. */
+void wo_replay_place_recorded(struct sim *s);
 bool wo_replay_has_seal(const struct wo_trace_data *d);
 /* Steps this launch ends (see wo_stepper_feed): > 0 at a boundary. */
 unsigned wo_replay_is_boundary(struct sim *s, const struct wo_event *ev);
 /* Pre-pass: slices (gcd of hit offsets) and the number of steps. */
 int wo_replay_prepass(struct sim *s);
 
-/* ---- replay-whatif.c: the placements and budget of the replayed run ------ */
+/* ---- replay-place.c: the placements and budget of the replayed run ------- */
 
 /* The placement of a tag: all on the device, the recorded one, or the
  * policy's where the shim could have placed it; *prio and *no_slices from
  * the rule that matched. */
 uint32_t wo_replay_place_of_tag(struct sim *s, const struct wo_trace_tag *t,
                                 const struct wo_trace_range *tr, int *prio, bool *no_slices);
-/* Under the recorded placements: the placement changes the trace recorded. */
-void wo_replay_place_recorded(struct sim *s);
 /* The device budget for managed ranges (opts, the policy, or the recorded
  * one), given the managed and device-placed bytes. */
 uint64_t wo_replay_budget(const struct sim *s, uint64_t managed, uint64_t devbytes);
+
+/* ---- replay-timeline.c: the predicted timeline --------------------------- */
+
+/* One slice (t1 >= t0) or instant (t1 < t0) on timeline row tid. */
+void wo_replay_tl_event(struct sim *s, int tid, const char *name, double t0, double t1);
+/* The timeline's opening and closing JSON, around a pass that writes one. */
+void wo_replay_tl_open(const struct sim *s);
+void wo_replay_tl_close(const struct sim *s);
+
+/* ---- replay-pacing.c: the pacing pass (above the simulation) ------------- */
+
 /* The host's own work after each wait, from the pacing pass when the replay
  * places differently from the recording (free it); NULL when it does not,
  * or when the pass failed (each replay then subtracts its own wait). */
@@ -219,10 +233,5 @@ double wo_replay_bound(struct sim *s, uint64_t budget);
  * throughout (free it); NULL without memory. */
 uint8_t *wo_replay_oracle_set(const struct sim *s, uint64_t budget);
 
-/* ---- replay-report.c: the timeline (and the result, replay.h) ------------ */
-
-/* One slice (t1 >= t0) or instant (t1 < t0) on timeline row tid. */
-void wo_replay_tl_event(struct sim *s, int tid, const char *name, double t0, double t1);
-/* The timeline's opening and closing JSON, around a pass that writes one. */
-void wo_replay_tl_open(const struct sim *s);
-void wo_replay_tl_close(const struct sim *s);
+/* replay-report.c, on top: wo_replay_run and the result (replay.h), and
+ * the host speed of another machine (wo_replay_host_scale_for). */

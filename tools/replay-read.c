@@ -236,3 +236,31 @@ int wo_replay_prepass(struct sim *s)
     wo_stepper_init(&s->stepper);
     return 0;
 }
+
+/* Placement changes the recording made (WO_EV_PLACE) win over its tags'
+ * placements, when the replay keeps the recorded placements. */
+void wo_replay_place_recorded(struct sim *s)
+{
+    const struct wo_trace_data *d = s->d;
+
+    if (!s->o->policy && !s->o->all_device) {
+        /* placement changes the trace recorded win over the tags */
+        for (size_t i = 0; i < d->nevents; i++) {
+            const struct wo_event *ev = &d->events[i].ev;
+            struct rr *r;
+
+            if (ev->type != WO_EV_PLACE || !(r = wo_replay_rr_of(s, ev->p.id, ev->p.gen)))
+                continue;
+            if (ev->p.to < WO_PLACE_DEVICE || ev->p.to > WO_PLACE_MANAGED)
+                continue;
+            /* a change of the whole range, or of the tags that begin in
+             * its bytes (seal places llama.cpp's buffer tag by tag) */
+            if (ev->p.offset == 0 && ev->p.bytes >= r->tr->size)
+                r->place = ev->p.to;
+            for (size_t k = 0; k < r->ntags; k++)
+                if (r->tags[k].offset >= ev->p.offset &&
+                    r->tags[k].offset - ev->p.offset < ev->p.bytes)
+                    r->tags[k].place = ev->p.to;
+        }
+    }
+}

@@ -1,51 +1,15 @@
 /* tools/replay-report.c: what a replay reports: wo_replay_run's passes
  * (pacing, the replay, the clairvoyant schedule) turned into the figures of
  * replay.h (window means, median and decode steps, names by time), and the
- * predicted timeline as Chrome trace JSON. */
+ * host speed of another machine, found by replays (wo_replay_host_scale_for). */
 #include "tools/replay-int.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "uvm/plan-stream.h"
 #include "uvm/stream-auto.h"
 
-#define MAX_TIMELINE_EVENTS 400000u
-
-/* ---- timeline ------------------------------------------------------------- */
-
-void wo_replay_tl_event(struct sim *s, int tid, const char *name, double t0, double t1)
-{
-    FILE *f = s->o->timeline;
-
-    if (!f || s->oracle || s->tl_n >= MAX_TIMELINE_EVENTS)
-        return;
-    fprintf(f, "%s{\"name\":\"", s->tl_n++ ? ",\n" : "");
-    for (const char *c = name; *c; c++) {
-        if (*c == '"' || *c == '\\')
-            fputc('\\', f);
-        if ((unsigned char)*c >= 0x20)
-            fputc(*c, f);
-    }
-    if (t1 < t0)
-        fprintf(f, "\",\"ph\":\"i\",\"s\":\"g\",\"pid\":1,\"tid\":%d,\"ts\":%.3f}", tid, t0 * 1e6);
-    else
-        fprintf(f, "\",\"ph\":\"X\",\"pid\":1,\"tid\":%d,\"ts\":%.3f,\"dur\":%.3f}", tid, t0 * 1e6,
-                (t1 - t0) * 1e6);
-}
-
-void wo_replay_tl_open(const struct sim *s)
-{
-    if (s->o->timeline && !s->oracle)
-        fprintf(s->o->timeline, "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n");
-}
-
-void wo_replay_tl_close(const struct sim *s)
-{
-    if (s->o->timeline && !s->oracle)
-        fprintf(s->o->timeline, "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":1,\"args\":{\"name\":\"GPU compute\"}},\n"
-                "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":2,\"args\":{\"name\":\"UVM (prefetch thread)\"}}\n]}\n",
-                s->tl_n ? ",\n" : "");
-}
 
 /* ---- the result ---------------------------------------------------------- */
 
@@ -288,4 +252,52 @@ void wo_replay_result_free(struct wo_replay_result *res)
 {
     free(res->names);
     memset(res, 0, sizeof(*res));
+}
+
+/* ---- another machine's host --------------------------------------------- */
+
+/* The host speed (a factor on the recorded host work) at which the all-GPU
+ * replay's decode step is decode_step_s: each try a whole replay. */
+int wo_replay_host_scale_for(const struct wo_trace_data *d, const struct wo_replay_opts *o,
+                             double decode_step_s, double *scale, char *msg, size_t msglen)
+{
+    struct wo_replay_opts ro = *o;
+    struct wo_replay_result res;
+    double f0 = 0, p0 = 0, f = 1;
+    int r;
+
+    ro.policy = NULL;
+    ro.all_device = true;
+    ro.no_bound = true;
+    ro.timeline = NULL;
+    for (int it = 0; it < 12; it++) {
+        double p, nf;
+
+        ro.host_scale = f;
+        r = wo_replay_run(d, &ro, &res, msg, msglen);
+        if (r < 0)
+            return r;
+        p = res.decode_step_s;
+        wo_replay_result_free(&res);
+        if (p <= 0) {
+            snprintf(msg, msglen, "no decode step to calibrate on");
+            return -ENODATA;
+        }
+        if (fabs(p - decode_step_s) <= 1e-4 * decode_step_s) {
+            *scale = f;
+            return 0;
+        }
+        /* the step grows with the host's work: proportional first, then secant */
+        nf = (it == 0 || p == p0) ? f * decode_step_s / p : f + (decode_step_s - p) * (f - f0) / (p - p0);
+        f0 = f;
+        p0 = p;
+        f = WO_MIN(WO_MAX(nf, 0.05), 20.0);
+        if (f == f0) {
+            snprintf(msg, msglen, "no host speed in 0.05x-20x gives a %.3f ms all-GPU decode step",
+                     decode_step_s * 1e3);
+            return -ERANGE;
+        }
+    }
+    *scale = f;
+    return 0;
 }
