@@ -45,13 +45,13 @@ from typing import Any, Callable, Dict, List, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import serve  # noqa: E402  (WORDS, Req, HTTP-free parts)
+from words import WORDS  # noqa: E402  (the words bench/serve.py's prompts are made of)
 
 WORD_ID0 = 100  # token id of WORDS[0]; below it: specials and padding names
 
 
 def word_ids(prompt: str) -> List[int]:
-    index = {w: i for i, w in enumerate(serve.WORDS)}
+    index = {w: i for i, w in enumerate(WORDS)}
     return [WORD_ID0 + index[w] for w in prompt.split()]
 
 
@@ -109,7 +109,7 @@ class Engine:
         if self.wo is not None and not ((self.wo.stats() or {}).get("state") or {}).get("sealed"):
             # the hook seals at the first forward: make it an eager one, not
             # one inside the manager's graph capture (warm-up)
-            self.m.generate_batch(inputs=[word_ids(" ".join(serve.WORDS[:8]))],
+            self.m.generate_batch(inputs=[word_ids(" ".join(WORDS[:8]))],
                                   generation_config=GenerationConfig(do_sample=False, eos_token_id=None,
                                                                      pad_token_id=0, max_new_tokens=2),
                                   continuous_batching_config=ContinuousBatchingConfig(
@@ -268,9 +268,9 @@ def make_checkpoint(model: str, out: str) -> None:
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3}
     for i in range(4, WORD_ID0):
         vocab[f"<r{i}>"] = i
-    for i, w in enumerate(serve.WORDS):
+    for i, w in enumerate(WORDS):
         vocab[w] = WORD_ID0 + i
-    for i in range(WORD_ID0 + len(serve.WORDS), V):  # every id the model can emit decodes
+    for i in range(WORD_ID0 + len(WORDS), V):  # every id the model can emit decodes
         vocab[f"w{i}"] = i
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
