@@ -56,6 +56,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -113,6 +114,17 @@ def make(spec: Dict[str, Any]) -> Dict[str, Any]:
     import torch
     import transformers
     arch, cfg = shape_config(spec["shape"], spec["layers"])
+    with torch.device("meta"):
+        nbytes = sum(p.numel() * p.element_size() for p in transformers.AutoModelForCausalLM.from_config(
+            getattr(transformers, arch)(**cfg), dtype=torch.bfloat16).parameters())
+    # the GPU machine's 64 GiB disk also holds the GGUFs of a llama.cpp session
+    parent = os.path.dirname(os.path.abspath(spec["ckpt"]))
+    os.makedirs(parent, exist_ok=True)
+    free = shutil.disk_usage(parent).free
+    if free < nbytes * 1.05 + (2 << 30):
+        raise RuntimeError(f"{parent}: {free / 2**30:.1f} GiB free on its disk, the checkpoint needs "
+                           f"{nbytes / 2**30:.1f} GiB and 2 GiB to spare (set BIGLOAD_CKPT_DIR, or "
+                           f"remove the GGUFs in /tmp)")
     torch.manual_seed(0)
     t0 = time.perf_counter()
     with torch.device("cuda"):
