@@ -142,8 +142,8 @@ def make(spec: Dict[str, Any]) -> Dict[str, Any]:
                 if name.endswith("mlp.gate.weight"):
                     p.normal_(0.0, 1.0, generator=g)
     m.save_pretrained(spec["ckpt"], safe_serialization=True)
-    res = dict(weight_bytes=sum(p.numel() * p.element_size() for p in m.parameters()),
-               make_s=time.perf_counter() - t0, shape=spec["shape"], layers=spec["layers"])
+    res = dict(weight_bytes=nbytes, make_s=time.perf_counter() - t0, shape=spec["shape"],
+               layers=spec["layers"])
     with open(done, "w") as f:
         json.dump(res, f)
     return res
