@@ -264,7 +264,21 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             prompts = torch.randint(100, cfg["vocab_size"], (max(batches), PROMPT), device="cuda", generator=g)
             res["batched"] = {}
             for i, b in enumerate(batches):
-                rate, toks, first = timed_decode(torch, m, prompts[:b], n, wu if i == 0 else n)
+                try:
+                    rate, toks, first = timed_decode(torch, m, prompts[:b], n, wu if i == 0 else n)
+                except torch.OutOfMemoryError as e:
+                    # the engine's own memory at this batch, not the shim's:
+                    # transformers' default experts backend gathers the
+                    # picked experts' weights (3 GiB at b32 on the moe shape),
+                    # more than a blocker may leave. The batches before it
+                    # stand; larger ones would need more.
+                    if not i:
+                        raise
+                    res["batched"][str(b)] = dict(error="engine out of memory: "
+                                                  + str(e).split(". ")[0][:100])
+                    del e
+                    torch.cuda.empty_cache()
+                    break
                 row: Dict[str, Any] = dict(tok_s=rate, tokens=toks, first_generate_s=first)
                 if moe and spec.get("distinct"):
                     row["distinct_experts"] = e2e.distinct_experts(torch, m, prompts[:b], cfg)
@@ -328,7 +342,9 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
     with open(os.path.join(args.out, f"{spec['name']}.log"), "w") as f:
         f.write(out + "\n--- stderr ---\n" + err)
     if rc != 0:
-        res["error"] = err[-3000:]
+        # the worker's own account of its failure (BIGLOAD_RESULT's error),
+        # else stderr's tail
+        res.setdefault("error", err[-3000:])
         print(err[-3000:], flush=True)
     shown = {k: v for k, v in res.items() if k not in ("tokens", "placements")}
     print(json.dumps(shown), flush=True)
@@ -345,8 +361,11 @@ def head(cols: List[str]) -> List[str]:
 
 
 def error_row(r: Dict[str, Any], cols: int) -> str:
-    """A failed row of a table of cols columns: its error's last line."""
-    return f"| {r['name']} | | error: {r['error'].strip().splitlines()[-1][:120]} |" + "|" * (cols - 3)
+    """A failed row of a table of cols columns: its error's last line that is
+    not the shim's own log (its exit summary follows a Python traceback)."""
+    lines = [x for x in r["error"].strip().splitlines() if x.strip()] or ["?"]
+    said = [x for x in lines if not x.startswith("woffload")] or lines
+    return f"| {r['name']} | | error: {said[-1].strip()[:120]} |" + "|" * (cols - 3)
 
 
 def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
@@ -448,6 +467,9 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
                         "x hand, same F", "tokens = plain"])
     for r in rows:
         for b, m in (r.get("batched") or {}).items() if not r.get("error") else []:
+            if m.get("error"):
+                out.append(f"| {r['name']} | {fr(r)} | {b} | {m['error']} |||||")
+                continue
             pb = (plain.get("batched") or {}).get(b) or {}
             sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
             bound = int(b) * PCIE_GBS * 1e9 / sb if sb else None

@@ -85,8 +85,11 @@ for step in "$@"; do
         # alone would set build-gpu up without)
         [ -f build-gpu/build.ninja ] ||
             meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
-        ROWS=none DEADLINE=${BUILD_DEADLINE:-400} LLAMA_SRC=.peers/llama OUT=$OUT/build \
-            bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
+        # the 32-expert GGUF /tmp/x.gguf, whatever SHAPE and GGUF the hook
+        # step is given (the suite's llamacpp-gpu reads it; with the moe128
+        # ones exported, build raced gguf128-bg for /tmp/x-moe128.gguf)
+        SHAPE=moe32 GGUF=/tmp/x.gguf ROWS=none DEADLINE=${BUILD_DEADLINE:-400} \
+            LLAMA_SRC=.peers/llama OUT=$OUT/build bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
         rc=$?
         tail -4 "$OUT/build/summary.txt" ;;
     shim)
@@ -108,10 +111,14 @@ for step in "$@"; do
         rc=0 ;;
     gguf128)
         while pgrep -f "gguf-shape.py moe128" >/dev/null && [ "$(el)" -lt 560 ]; do sleep 2; done
-        [ -s /tmp/x-moe128.gguf ] || GGUF_PY=.peers/llama/gguf-py PEERS=.peers/llamacpp \
-            python3 bench/gguf-shape.py moe128 /tmp/x-moe128.gguf.part >"$OUT/gguf128.log" 2>&1 &&
-            mv /tmp/x-moe128.gguf.part /tmp/x-moe128.gguf
-        rc=$?
+        if [ -s /tmp/x-moe128.gguf ]; then
+            rc=0
+        else
+            GGUF_PY=.peers/llama/gguf-py PEERS=.peers/llamacpp python3 bench/gguf-shape.py \
+                moe128 /tmp/x-moe128.gguf.part >"$OUT/gguf128.log" 2>&1 &&
+                mv /tmp/x-moe128.gguf.part /tmp/x-moe128.gguf
+            rc=$?
+        fi
         [ -f /tmp/gguf128.log ] && tail -3 /tmp/gguf128.log
         ls -la /tmp/x-moe128.gguf ;;
     probe)

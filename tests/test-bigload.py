@@ -101,6 +101,20 @@ class TestMoeTables(unittest.TestCase):
         rows = self.rows + [dict(name="fit-0.25", error="OutOfMemoryError: CUDA out of memory\n")]
         self.assertIn("| fit-0.25 | | error: OutOfMemoryError", bigload.moe_tables(rows, 128, 1 << 30))
 
+    def test_the_error_shown_is_not_the_shims_exit_summary(self):
+        err = ("Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB\n"
+               "woffload: exit: device 706.00 MiB in 84 tensors\nwoffload: picks: by tensor, moved a step\n")
+        text = bigload.moe_tables(self.rows + [dict(name="hand-0.25", error=err)], 128, 1 << 30)
+        self.assertIn("| hand-0.25 | | error: torch.OutOfMemoryError: CUDA out of memory", text)
+
+    def test_a_batch_the_engine_had_no_memory_for_keeps_the_smaller_ones(self):
+        rows = [dict(r) for r in self.rows]
+        rows[2] = dict(rows[2], batched=dict(rows[2]["batched"]))
+        rows[2]["batched"]["32"] = dict(error="engine out of memory: CUDA out of memory")
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertIn("| fit-0.5 | 0.5 | 32 | engine out of memory: CUDA out of memory |", text)
+        self.assertRegex(text, r"\| fit-0\.5 \| 0\.5 \| 8 \| 45\.00 \|")
+
     def test_continuous_batching_table(self):
         rows = [dict(r) for r in self.rows]
         rows += [dict(name="plain-cb", cb_tok_s=300.0, tokens=[[1]], load_s=9.0),
