@@ -35,6 +35,7 @@
 struct cap_slot {
     uint64_t stream;
     uint32_t id; /* 0: free */
+    bool strict; /* global or thread-local mode (uvm.h: wo_captures_strict) */
     uint64_t launches, hit_launches, hits;
     uint64_t wr_hits; /* hits on allocations kernels may write (not woffload_readonly) */
 };
@@ -134,11 +135,22 @@ static void push_g(int type, uint64_t stream, uint64_t handle, uint64_t aux, int
  * (uvm/stream-stage.c, its fence): a capture begun in between takes the
  * record, the wait joins the executor's streams to the engine's graph, and
  * the capture is invalidated (llama-server aborted so at --parallel 64;
- * llama.cpp captures in relaxed mode). */
+ * llama.cpp captures in relaxed mode). The copy engine's thread touches no
+ * engine stream: it keeps out of strict captures only (uvm.h:
+ * wo_captures_strict), and a relaxed begin does not wait for it. */
 #define CAPTURE_WAIT_NS UINT64_C(5000000000) /* 5 s */
 
-static void capture_hold(void)
+static bool strict_mode(int mode)
 {
+    return mode != CU_STREAM_CAPTURE_MODE_RELAXED; /* cudaStreamCaptureModeRelaxed too */
+}
+
+static void capture_hold(int mode)
+{
+    bool strict = strict_mode(mode);
+
+    if (strict) /* the copy engine's thread keeps out of these alone */
+        __atomic_fetch_add(&wo_captures_strict, 1, __ATOMIC_SEQ_CST);
     __atomic_fetch_add(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
     /* A call of the shim's threads already in flight could invalidate the
      * capture: wait for it (uvm.h: the handshake). An advice on a large
@@ -149,7 +161,9 @@ static void capture_hold(void)
      * counted (capture_waits, capture_wait_us): the engine's time. */
     uint64_t t0 = 0, first = 0;
 
-    for (int i = 0; __atomic_load_n(&wo_prefetch_busy, __ATOMIC_SEQ_CST); i++) {
+    for (int i = 0; __atomic_load_n(&wo_prefetch_busy, __ATOMIC_SEQ_CST) ||
+                    (strict && __atomic_load_n(&wo_dma_busy, __ATOMIC_SEQ_CST));
+         i++) {
         if (!first)
             first = wo_now_ns();
         if (i < 1024) {
@@ -173,9 +187,11 @@ static void capture_hold(void)
     }
 }
 
-static void capture_release(void)
+static void capture_release(bool strict)
 {
     __atomic_fetch_sub(&wo_captures_live, 1, __ATOMIC_SEQ_CST);
+    if (strict)
+        __atomic_fetch_sub(&wo_captures_strict, 1, __ATOMIC_SEQ_CST);
 }
 
 /* After a begin-capture call (capture_hold before it): the capture is
@@ -185,7 +201,7 @@ static void begin_done(bool ok, uint64_t stream, int mode)
     if (ok)
         wo_capture_begin(stream, mode);
     else
-        capture_release();
+        capture_release(strict_mode(mode));
 }
 
 /* After a successful begin (capture_hold already done). */
@@ -200,7 +216,7 @@ void wo_capture_begin(uint64_t stream, int mode)
     if (i == CAP_SLOTS) {
         pthread_mutex_unlock(&cap_lock);
         /* Its end cannot be matched: do not hold the prefetcher forever. */
-        capture_release();
+        capture_release(strict_mode(mode));
         wo_count(WO_CTR_capture_table_full, 1);
         wo_log_once(WO_LOG_WARN, "more than %d streams capture at once: launches of the others "
                                  "are recorded as ordinary launches", CAP_SLOTS);
@@ -209,6 +225,7 @@ void wo_capture_begin(uint64_t stream, int mode)
     if (++next_id == 0)
         next_id = 1;
     STORE(caps[i].stream, stream);
+    caps[i].strict = strict_mode(mode); /* read under cap_lock */
     STORE(caps[i].launches, 0);
     STORE(caps[i].hit_launches, 0);
     STORE(caps[i].hits, 0);
@@ -268,7 +285,7 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
             continue;
         STORE(caps[i].id, 0);
         __atomic_fetch_sub(&caps_active, 1, __ATOMIC_RELEASE);
-        capture_release();
+        capture_release(caps[i].strict);
         wo_count(WO_CTR_capture_end, 1);
         if (ok && graph) {
             /* A graph handle may be reused after cuGraphDestroy: the slot
@@ -386,6 +403,7 @@ void wo_capture_reset(void)
     memset(execs, 0, sizeof(execs));
     caps_active = 0;
     __atomic_store_n(&wo_captures_live, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&wo_captures_strict, 0, __ATOMIC_RELEASE);
 }
 
 /* --- hooks ---------------------------------------------------------------- */
@@ -405,7 +423,7 @@ CUresult wo_h_begin_capture(wo_pfn_cuStreamBeginCapture_v2 real, int id, void *r
     (void)ra;
 
     WO_HOOK_ENTER(real(s, mode));
-    capture_hold();
+    capture_hold((int)mode);
     res = real(s, mode);
     begin_done(res == CUDA_SUCCESS, wo_stream_id(s, wo_hook_pt[id]), (int)mode);
     wo_leave();
@@ -423,7 +441,7 @@ CUresult wo_h_begin_capture_to_graph(wo_pfn_cuStreamBeginCaptureToGraph real, in
     (void)ra;
 
     WO_HOOK_ENTER(real(s, g, deps, data, n, mode));
-    capture_hold();
+    capture_hold((int)mode);
     res = real(s, g, deps, data, n, mode);
     begin_done(res == CUDA_SUCCESS, wo_stream_id(s, wo_hook_pt[id]), (int)mode);
     wo_leave();
@@ -577,7 +595,7 @@ cudaError_t wo_h_cuda_begin_capture(wo_pfn_cudaStreamBeginCapture real, int id, 
     (void)ra;
 
     WO_RT_HOOK_ENTER(real(s, mode));
-    capture_hold();
+    capture_hold((int)mode);
     res = real(s, mode);
     begin_done(res == cudaSuccess, wo_stream_id(s, wo_rt_pt[id]), (int)mode);
     wo_leave();
@@ -594,7 +612,7 @@ cudaError_t wo_h_cuda_begin_capture_to_graph(wo_pfn_cudaStreamBeginCaptureToGrap
     (void)ra;
 
     WO_RT_HOOK_ENTER(real(s, g, deps, data, n, mode));
-    capture_hold();
+    capture_hold((int)mode);
     res = real(s, g, deps, data, n, mode);
     begin_done(res == cudaSuccess, wo_stream_id(s, wo_rt_pt[id]), (int)mode);
     wo_leave();

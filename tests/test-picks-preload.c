@@ -189,6 +189,51 @@ static void *freer_thread(void *arg)
     return NULL;
 }
 
+/* WO_PICKS_TEST_CAPTURER (with WOFAKE_EVENT_DELAY_MS, WOFAKE_WAIT_MS): once,
+ * right after the engine's launch queued a job on the copy engine (its
+ * event not complete yet), another thread of the engine begins a relaxed
+ * capture on a stream of its own and holds it for CAPTURE_HOLD_MS, longer
+ * than the fake lets a stream wait last. llama.cpp captures so; a copy
+ * thread held off by such a capture leaves the engine's stream waiting, and
+ * another thread's free waiting for that stream hangs (the likely shape of
+ * llama-batched-bench's stall on the H200): here the stream wait runs out
+ * and the copy engine is given up. */
+#define CAPTURE_HOLD_MS 1500
+struct capturer {
+    CUresult (*ctx_set)(CUcontext);
+    CUresult (*stream_create)(CUstream *, unsigned);
+    CUresult (*begin)(CUstream, CUstreamCaptureMode);
+    CUresult (*end)(CUstream, CUgraph *);
+    CUresult (*graph_destroy)(CUgraph);
+    CUcontext ctx;
+    int go, done;
+    CUresult r;
+};
+
+static void *capturer_thread(void *arg)
+{
+    struct capturer *c = arg;
+    CUstream cs = NULL;
+    CUgraph g = NULL;
+
+    c->r = c->ctx_set(c->ctx);
+    if (c->r == CUDA_SUCCESS)
+        c->r = c->stream_create(&cs, CU_STREAM_NON_BLOCKING);
+    while (c->r == CUDA_SUCCESS && !__atomic_load_n(&c->go, __ATOMIC_ACQUIRE))
+        usleep(200);
+    usleep(20000); /* the job queued, its event 50 ms from complete */
+    if (c->r == CUDA_SUCCESS)
+        c->r = c->begin(cs, CU_STREAM_CAPTURE_MODE_RELAXED);
+    if (c->r == CUDA_SUCCESS) {
+        usleep(CAPTURE_HOLD_MS * 1000);
+        c->r = c->end(cs, &g);
+        if (g)
+            c->graph_destroy(g);
+    }
+    __atomic_store_n(&c->done, 1, __ATOMIC_RELEASE);
+    return NULL;
+}
+
 static uint64_t rng_state = 88172645463325252ull;
 static uint64_t rng(void)
 {
@@ -723,6 +768,12 @@ static int child(void)
     bool freeing = getenv("WO_PICKS_TEST_FREER") && getenv("WO_PICKS_TEST_ENGINE") &&
                    strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0;
     CHECK(!freeing || pthread_create(&fth, NULL, freer_thread, &fr) == 0);
+    struct capturer cap = {p_cuCtxSetCurrent, p_cuStreamCreate, p_cuBeginCapture, p_cuEndCapture,
+                           NULL, ctx, 0, 0, CUDA_SUCCESS};
+    pthread_t cth;
+    *(void **)&cap.graph_destroy = need(cu, "cuGraphDestroy");
+    bool capturing = getenv("WO_PICKS_TEST_CAPTURER") && freeing;
+    CHECK(!capturing || pthread_create(&cth, NULL, capturer_thread, &cap) == 0);
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
             uint64_t n = TOKENS * TOPK, width = t ? 4 : 8, row = row_of[t];
@@ -770,8 +821,14 @@ static int child(void)
             }
             for (int rep = 0; rep < 2; rep++) {
                 uint64_t before = moved_reads;
+                bool trigger = capturing && step == 2 && t == 0 && rep == 0;
+                if (trigger) /* the capture begins once this launch's job is queued */
+                    __atomic_store_n(&cap.go, 1, __ATOMIC_RELEASE);
                 CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                /* the next launches would read in place under the capture */
+                while (trigger && !__atomic_load_n(&cap.done, __ATOMIC_ACQUIRE))
+                    usleep(1000);
                 CHECK(moved_reads == before + 1);
                 CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
                 CHECK(memcmp(got, ref, sizeof(ref)) == 0);
@@ -838,6 +895,10 @@ static int child(void)
             }
         }
         usleep(1500); /* the rows counters are read back at most every ms */
+    }
+    if (capturing) {
+        pthread_join(cth, NULL);
+        CHECK(cap.r == CUDA_SUCCESS);
     }
     if (freeing) {
         __atomic_store_n(&fr.stop, 1, __ATOMIC_RELEASE);
@@ -912,6 +973,10 @@ static int child(void)
         /* with a freer, no free waited past the gate's limit */
         if (freeing)
             CHECK(json_num(js, "\"engine\":{", "\"quiesce_timeouts\":") == 0);
+        /* the copy thread served the queued job under the relaxed capture:
+         * no stream wait ran out, the copy engine was not given up */
+        if (capturing)
+            CHECK(json_num(js, "\"engine\":{", "\"waits_refused\":") == 0);
         if (getenv("WOFAKE_FAIL") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") >= 1);
         else if (!getenv("WOFAKE_FAIL"))

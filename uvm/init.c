@@ -27,6 +27,8 @@ static const struct wo_driver *driver;
 struct wo_ring *wo_events;
 int wo_captures_live;
 int wo_prefetch_busy;
+int wo_captures_strict;
+int wo_dma_busy;
 int wo_launch_scan = 1;
 int wo_events_all = 1;
 
@@ -256,6 +258,7 @@ void wo_uvm_atfork_child(void)
     /* nor is any of the threads that may have been inside a driver call
      * (the consumer, the pinned-copy worker): none is here to leave it */
     __atomic_store_n(&wo_prefetch_busy, 0, __ATOMIC_SEQ_CST);
+    __atomic_store_n(&wo_dma_busy, 0, __ATOMIC_SEQ_CST);
     wo_uvm.stream = NULL;
     wo_uvm.stream_failed = false;
     wo_consumer_forget();

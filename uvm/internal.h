@@ -396,25 +396,45 @@ const char *wo_copy_ptx(void);
 /* The policy in use (NULL: none); immutable, valid until wo_uvm_reset(). */
 const struct wo_policy *wo_uvm_policy(void);
 
-/* The shim's threads' side of the capture handshake (uvm.h:
- * wo_prefetch_busy), for the prefetcher and the stream executor (the
- * consumer thread) and the pinned-copy worker (stream-pin.c) alike: true
- * when no capture (any mode) is under way, and then none begins until
- * wo_driver_leave(). A count: two threads may be inside at once. Not
- * nested on one thread. */
-static inline bool wo_driver_enter(void)
+/* One side of a capture handshake (uvm.h: wo_prefetch_busy): raise busy,
+ * then look at the captures that forbid the call; true when none is under
+ * way, and then none begins until busy falls again. */
+static inline bool wo_enter_unless(int *busy, const int *captures)
 {
-    __atomic_add_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
-    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST) > 0) {
-        __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+    __atomic_add_fetch(busy, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(captures, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_sub_fetch(busy, 1, __ATOMIC_SEQ_CST);
         return false;
     }
     return true;
 }
 
+/* The shim's threads' side, for the prefetcher and the stream executor (the
+ * consumer thread), the pinned-copy worker (stream-pin.c) and the copy
+ * engine's mirror thread alike: true when no capture (any mode) is under
+ * way, and then none begins until wo_driver_leave(). A count: two threads
+ * may be inside at once. Not nested on one thread. */
+static inline bool wo_driver_enter(void)
+{
+    return wo_enter_unless(&wo_prefetch_busy, &wo_captures_live);
+}
+
 static inline void wo_driver_leave(void)
 {
     __atomic_sub_fetch(&wo_prefetch_busy, 1, __ATOMIC_SEQ_CST);
+}
+
+/* The copy engine's thread's side (uvm.h: wo_captures_strict): true when no
+ * global or thread-local capture is under way, and then none begins until
+ * wo_dma_driver_leave(); relaxed captures may. */
+static inline bool wo_dma_driver_enter(void)
+{
+    return wo_enter_unless(&wo_dma_busy, &wo_captures_strict);
+}
+
+static inline void wo_dma_driver_leave(void)
+{
+    __atomic_sub_fetch(&wo_dma_busy, 1, __ATOMIC_SEQ_CST);
 }
 
 /* The shim's own frees, behind the copy engine's gate (uvm.h:

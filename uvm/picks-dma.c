@@ -264,11 +264,14 @@ static void *worker(void *arg)
         if (dm.stop && !drain_end)
             drain_end = now_ns() + DRAIN_NS;
         pthread_mutex_unlock(&dm.lock);
-        /* no driver call while an engine's capture is under way (a query
-         * would break a global one), and none begins meanwhile; only each
+        /* no driver call while a global or thread-local capture is under
+         * way (a query would break it), and none begins meanwhile; relaxed
+         * captures forbid it nothing, and holding off for them can leave a
+         * copy unissued that another thread's free waits for (uvm.h:
+         * wo_captures_strict). Only each
          * stream's head can be ready: a later job's event is behind the
          * head's wait on the same stream */
-        bool in = wo_driver_enter();
+        bool in = wo_dma_driver_enter();
         for (unsigned ix = 0; in && ix < WO_PICKS_STREAMS; ix++) {
             struct slot *sl;
 
@@ -289,7 +292,7 @@ static void *worker(void *arg)
             }
         }
         if (in)
-            wo_driver_leave();
+            wo_dma_driver_leave();
         if (any) {
             nap = POLL_MIN_NS;
         } else {
@@ -525,6 +528,10 @@ static void *watchdog(void *arg)
                 (double)(now - gate) / 1e9);
         if (!used)
             continue;
+        /* what may hold the copy thread off: a strict capture */
+        add(msg, sizeof(msg), &used, " %d captures under way (%d of them global or thread-local);",
+            __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST),
+            __atomic_load_n(&wo_captures_strict, __ATOMIC_SEQ_CST));
         dm.f.stalls++;
         msg[used - 1] = '\0'; /* the last ';' */
         wo_warn("picks: the copy engine looks stuck:%s. If the process hangs, run with "

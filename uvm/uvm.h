@@ -170,6 +170,20 @@ extern int wo_captures_live;
  * invalidate it). */
 extern int wo_prefetch_busy;
 
+/* Of wo_captures_live, the captures in global or thread-local mode: these
+ * forbid other threads' unsafe calls, a relaxed capture forbids them
+ * nothing. The copy engine's thread (uvm/picks-dma.c) calls the driver only
+ * for its own stream and for events the engine recorded before any capture
+ * began, so it keeps out of these alone: held off by a relaxed capture it
+ * could not issue a copy that the engine's stream waits for while another
+ * thread's cuMemFree (or cuMemHostRegister) waited for that stream: a
+ * hang, and the likely shape of llama-batched-bench's stall on the H200
+ * (llama.cpp captures in relaxed mode). wo_dma_busy is its side of the same
+ * handshake: a strict capture's begin waits for it to fall, a relaxed
+ * one's does not. */
+extern int wo_captures_strict;
+extern int wo_dma_busy;
+
 /* The copy engine's gate (uvm/picks-dma.c), around every driver call that
  * waits for the context's work to finish while holding a lock the shim's
  * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,

@@ -1030,15 +1030,44 @@ FK_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
     return r;
 }
 
-/* Work completes when enqueued, so only a record inside a live capture is
- * special: querying it is CUDA_ERROR_CAPTURED_EVENT and breaks the capture
- * (measured on driver 580). */
-static CUresult event_wait(CUevent e)
+/* WOFAKE_EVENT_DELAY_MS: a recorded event completes that long after its
+ * record (a GPU still running the work before it), so that a query is
+ * CUDA_ERROR_NOT_READY meanwhile and a synchronize waits; 0 (the default):
+ * work completes when enqueued. */
+static uint64_t event_delay_ns(void)
+{
+    static uint64_t ns = UINT64_MAX;
+    uint64_t v = __atomic_load_n(&ns, __ATOMIC_RELAXED);
+
+    if (v == UINT64_MAX) {
+        const char *env = getenv("WOFAKE_EVENT_DELAY_MS");
+        v = (env && *env ? strtoull(env, NULL, 10) : 0) * 1000000ull;
+        __atomic_store_n(&ns, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+/* Work completes when enqueued (unless WOFAKE_EVENT_DELAY_MS), so only a
+ * record inside a live capture is special: querying it is
+ * CUDA_ERROR_CAPTURED_EVENT and breaks the capture (measured on driver
+ * 580). */
+static CUresult event_wait(CUevent e, bool sync)
 {
     if (!e || e->magic != EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = CUDA_SUCCESS;
     fk_lock_();
+    uint64_t due = e->recorded && event_delay_ns() ? e->t_ns + event_delay_ns() : 0;
+    if (due && fk_now_ns() < due) {
+        fk_unlock_();
+        if (!sync)
+            return CUDA_ERROR_NOT_READY;
+        while (fk_now_ns() < due) {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+        fk_lock_();
+    }
     bool captured = e->cap && capture_live_locked(e->cap, e->cap_id);
     if (captured) {
         invalidate_locked(e->cap);
@@ -1053,13 +1082,13 @@ static CUresult event_wait(CUevent e)
 FK_EXPORT CUresult cuEventQuery(CUevent hEvent)
 {
     FK_ENTER(cuEventQuery);
-    return event_wait(hEvent);
+    return event_wait(hEvent, false);
 }
 
 FK_EXPORT CUresult cuEventSynchronize(CUevent hEvent)
 {
     FK_ENTER(cuEventSynchronize);
-    return event_wait(hEvent);
+    return event_wait(hEvent, true);
 }
 
 FK_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
