@@ -49,6 +49,23 @@ int woffload_tag_pop(void);
  * tag is kept). Tagging the same range with the same name again returns 0. */
 int woffload_tag(const void *ptr, size_t size, const char *name);
 
+/* Expect: announces a tensor before the engine allocates it: its full name and
+ * its size in bytes (a loader that builds the model's structure first, as
+ * transformers does on the meta device, knows both before the first byte
+ * arrives). Before the next allocation the policy places every announced name
+ * (under fit: fit chooses among them, by the same rules as at seal); an
+ * allocation made in the window without a tag scope is then matched by size
+ * (rounded up by at most 2 MiB, as PyTorch's caching allocator asks) to an
+ * announced name not yet claimed, and one the plan puts on the host is served
+ * as pinned host memory at once, so the memory that stays movable until seal
+ * is what the plan keeps on the device, whatever order the bytes arrive in
+ * (docs/placement.md, "Names before bytes"). Names still come from
+ * woffload_tag: a match decides where the bytes are served, never a name; a
+ * wrong one costs placement, never data. Tensors under 1 MiB are never
+ * matched. Returns 0; -EINVAL (NULL or empty name, a name longer than the
+ * tag limit, size 0); -EBUSY (after seal: nothing left to decide); -ENOMEM. */
+int woffload_expect(const char *name, size_t bytes);
+
 /* The placeable window: while open, every allocation of at least the policy's
  * window.min_size bytes is placeable. The policy may open it itself (window:
  * open: at-start); these calls let a loader open it around model loading.

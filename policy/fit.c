@@ -99,7 +99,7 @@ int wo_fit_class(const char *name)
     if (any_component(name, shared_comp))
         return 2;
     if (any_component(name, experts_comp))
-        return 4;
+        return WO_FIT_CLASS_EXPERTS;
     /* llama.cpp's output projection is the bare `output.weight` */
     if (any_component(name, head_comp) || strcmp(name, "output.weight") == 0)
         return 3;

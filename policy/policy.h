@@ -312,6 +312,7 @@ uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uin
  * ffn_*_exps); 5 token embeddings (embed_tokens, wte, tok_embeddings: a step
  * reads only its tokens' rows, so host costs little). Unknown: 2. NULL: 2. */
 int wo_fit_class(const char *name);
+#define WO_FIT_CLASS_EXPERTS 4 /* wo_fit_class of routed experts */
 
 struct wo_fit_item {
     const char *name;

@@ -25,6 +25,11 @@ WO_EXPORT int woffload_tag(const void *ptr, size_t size, const char *name)
     return wo_api_tag(ptr, size, name);
 }
 
+WO_EXPORT int woffload_expect(const char *name, size_t bytes)
+{
+    return wo_api_expect(name, bytes);
+}
+
 WO_EXPORT int woffload_window_open(void)
 {
     return wo_api_window_open();

@@ -29,6 +29,13 @@
  *         pinned, and fit can only choose among experts; late bound
  *         (fitlate, WOFFLOAD_LATE_BIND=1) every weight can still move at
  *         seal, and fit puts attention on the device.
+ *   fitexpect: the same order, every name announced first (woffload_expect):
+ *         the experts are pinned as they come, and fit puts attention on the
+ *         device without late binding.
+ *   fitexpectauto: the same under fit's auto mode: no room for staging slots
+ *         while only experts leave the device (the router's picks carry them).
+ *   handorder, handexpect: the hand policy (experts host), each layer's
+ *         attention then its experts, without and with the names announced.
  * Arguments: the scenarios to run (default: all of them).
  * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
 #include <dlfcn.h>
@@ -150,14 +157,21 @@ static int child(const char *scenario)
     CUresult (*p_cuMemFreeAsync)(CUdeviceptr, CUstream);
     CUresult (*p_htod)(CUdeviceptr, const void *, size_t), (*p_dtoh)(void *, CUdeviceptr, size_t);
     int (*p_tag)(const void *, size_t, const char *), (*p_seal)(void);
-    int (*p_push)(const char *), (*p_pop)(void);
+    int (*p_push)(const char *), (*p_pop)(void), (*p_expect)(const char *, size_t);
+    size_t sz[NW_MAX];
     CUdevice dev;
     CUcontext ctx;
     CUdeviceptr blocker, w[NW_MAX], late = 0, m = 0;
+    /* the *expect scenarios announce every name first (woffload_expect),
+     * and their attention weights are smaller than their experts (as in a
+     * MoE model: a size tells the two apart) */
+    const bool expect = strstr(scenario, "expect") != NULL;
+    const bool hand = strncmp(scenario, "hand", 4) == 0;
     /* fitfirst and fitlate: 24 weights show the order as well as 48 */
-    const bool first = strcmp(scenario, "fitfirst") == 0 || strcmp(scenario, "fitlate") == 0;
+    const bool first = strcmp(scenario, "fitfirst") == 0 || strcmp(scenario, "fitlate") == 0 ||
+                       strncmp(scenario, "fitexpect", 9) == 0;
     const unsigned NW = strcmp(scenario, "nopin") == 0 ? 28
-                        : first                        ? 24
+                        : first || hand                ? 24
                         : strcmp(scenario, "cap") == 0 ? NW_MAX
                                                        : 48;
     uint64_t *buf = malloc(WSIZE), *back = malloc(WSIZE);
@@ -180,6 +194,7 @@ static int child(const char *scenario)
     p_seal = need(RTLD_DEFAULT, "woffload_seal");
     p_push = need(RTLD_DEFAULT, "woffload_tag_push");
     p_pop = need(RTLD_DEFAULT, "woffload_tag_pop");
+    p_expect = need(RTLD_DEFAULT, "woffload_expect");
 
     CHECK(p_cuInit(0) == CUDA_SUCCESS);
     CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
@@ -190,23 +205,42 @@ static int child(const char *scenario)
      * never are (on the GPU the blocker is another process). */
     CHECK(p_cuMemAllocAsync(&blocker, 128 * MiB, 0) == CUDA_SUCCESS);
 
-    for (unsigned i = 0; i < NW; i++) {
-        CUresult r = p_cuMemAlloc(&w[i], WSIZE);
-        CHECK(r == CUDA_SUCCESS);
-        if (r != CUDA_SUCCESS) {
-            w[i] = 0;
-            continue;
+    for (int pass = expect ? 0 : 1; pass < 2; pass++) {
+        for (unsigned i = 0; i < NW; i++) {
+            /* pass 0 announces the names and sizes before any byte, the
+             * last one first: the announcements' order is not the
+             * allocations' */
+            unsigned j = pass == 0 ? NW - 1 - i : i;
+            bool expert = first ? j < NW / 2 : j % 2;
+            CUresult r;
+
+            if (first)
+                /* every expert first, then every attention weight */
+                snprintf(name, sizeof(name), "model.layers.%u.%s", j % (NW / 2),
+                         expert ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
+            else
+                snprintf(name, sizeof(name), "model.layers.%u.%s", j / 2,
+                         expert ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
+            sz[j] = (expect || hand) && !expert ? WSIZE / 2 : WSIZE;
+            if (pass == 0) {
+                CHECK(p_expect(name, sz[j]) == 0);
+                continue;
+            }
+            r = p_cuMemAlloc(&w[i], sz[i]);
+            CHECK(r == CUDA_SUCCESS);
+            if (r != CUDA_SUCCESS) {
+                w[i] = 0;
+                continue;
+            }
+            fill(buf, sz[i] / 8, i);
+            CHECK(p_htod(w[i], buf, sz[i]) == CUDA_SUCCESS);
+            CHECK(p_tag((void *)(uintptr_t)w[i], sz[i], name) == 0);
         }
-        fill(buf, WSIZE / 8, i);
-        CHECK(p_htod(w[i], buf, WSIZE) == CUDA_SUCCESS);
-        if (first)
-            /* every expert first, then every attention weight */
-            snprintf(name, sizeof(name), "model.layers.%u.%s", i % (NW / 2),
-                     i < NW / 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
-        else
-            snprintf(name, sizeof(name), "model.layers.%u.%s", i / 2,
-                     i % 2 ? "mlp.experts.gate_up_proj" : "self_attn.qkv_proj.weight");
-        CHECK(p_tag((void *)(uintptr_t)w[i], WSIZE, name) == 0);
+    }
+    if (expect) {
+        /* misuse: a clear error, nothing announced */
+        CHECK(p_expect(NULL, WSIZE) == -EINVAL);
+        CHECK(p_expect("x", 0) == -EINVAL);
     }
     if (strcmp(scenario, "cap") == 0) {
         /* A scope the policy places on the device, past the cap: the
@@ -219,13 +253,15 @@ static int child(const char *scenario)
         CHECK(p_cuMemAllocManaged(&m, 512 * MiB, CU_MEM_ATTACH_GLOBAL) == CUDA_ERROR_OUT_OF_MEMORY);
     }
     CHECK(p_seal() == 0);
+    if (expect)
+        CHECK(p_expect("model.layers.0.mlp.experts.down_proj", WSIZE) == -EBUSY);
     for (unsigned i = 0; i < NW; i++) {
         if (!w[i])
             continue;
-        fill(buf, WSIZE / 8, i);
+        fill(buf, sz[i] / 8, i);
         memset(back, 0, WSIZE);
-        CHECK(p_dtoh(back, w[i], WSIZE) == CUDA_SUCCESS);
-        if (memcmp(buf, back, WSIZE) != 0) {
+        CHECK(p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+        if (memcmp(buf, back, sz[i]) != 0) {
             fprintf(stderr, "weight %u does not read back bit-exact\n", i);
             failures++;
         }
@@ -233,14 +269,14 @@ static int child(const char *scenario)
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
         for (unsigned i = 0; i < NW; i++) { /* moved: still the same bytes */
-            fill(buf, WSIZE / 8, i);
+            fill(buf, sz[i] / 8, i);
             memset(back, 0, WSIZE);
-            CHECK(p_dtoh(back, w[i], WSIZE) == CUDA_SUCCESS);
-            CHECK(memcmp(buf, back, WSIZE) == 0);
+            CHECK(p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+            CHECK(memcmp(buf, back, sz[i]) == 0);
         }
     }
     /* fit keeps its weights to the end: the stats at exit name them. */
-    for (unsigned i = 0; i < NW && strncmp(scenario, "fit", 3) != 0; i++)
+    for (unsigned i = 0; i < NW && strncmp(scenario, "fit", 3) != 0 && !hand; i++)
         if (w[i])
             CHECK(p_cuMemFree(w[i]) == CUDA_SUCCESS);
     if (late)
@@ -351,6 +387,10 @@ int main(int argc, char **argv)
                                                "fit: {device: 256MiB, keep_free: 16MiB, "
                                                "reserve: 24MiB}\n"
                                                "prefetch: {mode: hot-set}\n";
+    /* the hand policy of issue 41's rows: experts host, the rest on the device */
+    static const char hand_policy[] = "version: 1\n"
+                                      "rules:\n"
+                                      "  - {match: [experts], place: host}\n";
     static char stats[1 << 20], err[1 << 16];
     const char *s;
     int rc, f0;
@@ -544,6 +584,95 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitlate", stats, err);
+    }
+
+    /* fitexpect: the experts first again, but every name announced before
+     * its bytes (woffload_expect, in another order) and the attention
+     * weights half the experts' size. The plan (fit's budget: 48 MiB) puts
+     * the twelve attention weights (48 MiB) on the device and the experts
+     * on the host: each expert is served as pinned host memory as it
+     * arrives, the cap's room stays for attention, and fit at seal puts all
+     * of it on the device. */
+    if (want(argc, argv, "fitexpect")) {
+        f0 = failures;
+        {
+            static const char *const info[] = {"WOFFLOAD_LOG=info", NULL};
+            rc = run(argv, "fitexpect", fit_policy, info, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 12);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"expect\":{\"names\":24,\"bytes\":150994944,\"plan_host\":12,"
+                            "\"plan_host_bytes\":100663296,\"plan_device\":12,") != NULL);
+        CHECK(strstr(stats, "\"matched\":24,") != NULL);
+        CHECK(strstr(stats, "\"served_host\":12,\"served_host_bytes\":100663296,") != NULL);
+        CHECK(strstr(stats, "\"missed_tags\":0,") != NULL);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL); /* the cap pinned nothing */
+        CHECK(strstr(err, "expect: 24 names announced before their bytes") != NULL);
+        CHECK(strstr(err, "woffload_expect") != NULL); /* the misuse and after-seal lines */
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitexpect", stats, err);
+    }
+
+    /* fitexpectauto: the same under fit's own prefetch mode (auto, which
+     * may stream): the plan sends only experts off the device, which the
+     * router's picks carry, so no room is kept for staging slots (issue
+     * 41: 3 GiB kept, one staging copy in 160 steps). The plan keeps what
+     * the cap lets in (96 MiB): the attention weights and six experts. With
+     * WOFFLOAD_PICKS=0 the slots would carry the experts: room for the
+     * default four is kept. */
+    if (want(argc, argv, "fitexpectauto")) {
+        f0 = failures;
+        rc = run(argv, "fitexpectauto", fit_auto_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"staging_bytes\":0,") != NULL);
+        CHECK(on_device(stats, "self_attn") == 12);
+        CHECK(on_device(stats, "experts") == 6);
+        CHECK(strstr(stats, "\"served_host\":6,") != NULL);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitexpectauto", stats, err);
+        f0 = failures;
+        {
+            static const char *const nopicks[] = {"WOFFLOAD_PICKS=0", NULL};
+            rc = run(argv, "fitexpectauto", fit_auto_policy, nopicks, stats, sizeof(stats), err,
+                     sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitexpectauto (WOFFLOAD_PICKS=0)", stats, err);
+    }
+
+    /* handorder, handexpect: the hand policy (experts: host, the rest on
+     * the device), each layer's attention weight (4 MiB) then its experts
+     * (8 MiB), as transformers loads them. Without the names (handorder)
+     * the first eight layers take the cap's 96 MiB, and the last four pass
+     * through as device memory, experts too: 32 MiB of experts stay on the
+     * device against the policy (unplaceable, as in issue 41's hand row:
+     * 3.38 GiB). Announced (handexpect), every expert is pinned as it comes
+     * and all twelve attention weights are managed, then on the device. */
+    if (want(argc, argv, "handorder")) {
+        f0 = failures;
+        rc = run(argv, "handorder", hand_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 8);
+        CHECK(strstr(stats, "\"unplaceable\":{\"bytes\":50331648,\"tensors\":8,") != NULL);
+        dump_on_failure(f0, "handorder", stats, err);
+    }
+    if (want(argc, argv, "handexpect")) {
+        f0 = failures;
+        rc = run(argv, "handexpect", hand_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 12);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"served_host\":12,") != NULL);
+        CHECK(strstr(stats, "\"unplaceable_tags\":0,") != NULL);
+        CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "handexpect", stats, err);
     }
     return failures ? 1 : 0;
 }

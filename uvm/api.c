@@ -2,6 +2,7 @@
  * seal (tag scopes are in names.c, stats in stats.c). Every misuse gets a
  * defined errno and one log line naming the call and the reason. */
 #include "uvm/internal.h"
+#include "uvm/place-int.h"
 
 #include <string.h>
 
@@ -140,6 +141,7 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
              * while the engine loaded; it never moves. */
             if (a->capped)
                 wo_place_count_stuck(n, t->place, t->size);
+            wo_place_expect_tagged(a, t);
             t->place = WO_PLACE_HOST;
             t->applied = true;
         } else if (wo_uvm.sealed) {
@@ -153,6 +155,43 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
     }
     wo_name_unref(n);
 out:
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return r;
+}
+
+int wo_api_expect(const char *name, size_t bytes)
+{
+    int r;
+
+    if (!name || !*name || bytes == 0) {
+        wo_warn("woffload_expect(%s%s%s, %zu): %s (-EINVAL)", name ? "'" : "",
+                name ? name : "NULL", name ? "'" : "", bytes,
+                !name ? "NULL name" : !*name ? "empty name" : "size 0");
+        misuse();
+        return -EINVAL;
+    }
+    if (strnlen(name, WO_TAG_NAME_MAX + 1) > WO_TAG_NAME_MAX) {
+        wo_warn("woffload_expect: name '%.40s...' is longer than %d bytes (-EINVAL)", name,
+                WO_TAG_NAME_MAX);
+        misuse();
+        return -EINVAL;
+    }
+    wo_uvm_ensure_init();
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (wo_uvm.sealed) {
+        /* placement was decided at seal: an announcement now changes nothing */
+        wo_log_once(WO_LOG_WARN, "woffload_expect('%s'): after seal, names announced before "
+                                 "their bytes change nothing (-EBUSY)",
+                    name);
+        misuse();
+        r = -EBUSY;
+    } else {
+        r = wo_place_expect_add(name, bytes);
+        if (r < 0)
+            wo_error("woffload_expect('%s'): out of memory; the allocation is served as if it "
+                     "had not been announced",
+                     name);
+    }
     pthread_mutex_unlock(&wo_uvm.lock);
     return r;
 }

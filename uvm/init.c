@@ -9,6 +9,7 @@
  * end. The ring stays allocated (reachable through wo_events) because hooks
  * on other threads may still push into it; nobody drains it any more. */
 #include "uvm/internal.h"
+#include "uvm/place-int.h"
 
 #include <string.h>
 
@@ -215,6 +216,7 @@ void wo_uvm_reset(void)
         }
     }
     free(wo_uvm.alloc_hash);
+    wo_place_expect_free();
     wo_names_free_all();
     wo_picks_free(d);
     wo_picks_reset();

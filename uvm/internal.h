@@ -59,6 +59,29 @@ struct wo_tag {
     uint64_t slice;          /* gcd of the non-zero offsets launches pointed at in it; 0 none yet (consumer) */
 };
 
+/* A name announced before its bytes (woffload_expect, place-expect.c). */
+struct wo_expect_entry {
+    char *name;
+    uint64_t bytes;
+    enum wo_placement plan; /* the policy's or fit's placement of it */
+    bool claimed;           /* an allocation was matched to it */
+    bool pinned;            /* ... and served as pinned host memory */
+};
+
+struct wo_uvm_expect {
+    struct wo_expect_entry *v;
+    size_t n, cap;
+    bool dirty;                         /* announced since the last plan */
+    uint64_t bytes;                     /* announced */
+    uint64_t plan_host, plan_host_bytes, plan_device, plan_device_bytes;
+    uint64_t matched, matched_bytes;    /* allocations matched to a name */
+    uint64_t served_host, served_host_bytes; /* ... served as pinned host memory */
+    uint64_t pin_failures;              /* ... that could not be: served as before */
+    uint64_t unmatched;                 /* allocations of at least 1 MiB matched to none */
+    uint64_t released;                  /* claims given back by a free before seal */
+    uint64_t missed_tags, missed_bytes; /* tags in such host memory the plan did not want there */
+};
+
 struct wo_alloc {
     uint64_t base, size;
     uint32_t id, gen;  /* registry range */
@@ -71,6 +94,7 @@ struct wo_alloc {
     size_t host_len;          /* WO_KIND_PINNED: 0 (cuMemHostAlloc), or the length of
                                * our huge-page mapping registered with cuMemHostRegister */
     bool capped;              /* pinned because managed memory would have passed the cap */
+    uint32_t expect_ix;       /* 1 + the announced name it was matched to (place-expect.c); 0 none */
     struct wo_bound *bound;   /* WO_KIND_BOUND: the range (uvm/bind.h) */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
@@ -138,6 +162,7 @@ struct wo_uvm_state {
     struct wo_progress pin_progress;  /* pinning while the engine loads; ended at seal */
     uint64_t seal_ns;                 /* how long seal took */
     uint64_t pin_ns;                  /* time inside cuMemHostAlloc, all served pins */
+    struct wo_uvm_expect expect;      /* names announced before their bytes (place-expect.c) */
     struct {                          /* late binding (WOFFLOAD_LATE_BIND, place-bind.c) */
         uint64_t ranges;              /* placeable allocations served as bound ranges */
         uint64_t fallbacks;           /* ... that could not be, and were served as before */

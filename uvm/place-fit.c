@@ -8,23 +8,36 @@
 #include <stdlib.h>
 
 #include "core/log.h"
+#include "core/settings.h"
 #include "uvm/plan-stream.h"
 
-static bool engine_device_memory(const struct wo_alloc *a)
+uint64_t wo_place_engine_bytes(void)
 {
-    return a->kind == WO_KIND_OBSERVED &&
-           !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED));
+    uint64_t engine = 0;
+
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            if (a->kind == WO_KIND_OBSERVED &&
+                !(a->flags & (WO_RANGE_HOST | WO_RANGE_MANAGED | WO_RANGE_ENGINE_MANAGED)))
+                engine += a->size;
+    return engine;
 }
 
 /* The device bytes fit keeps for the streaming executor's slots when the
  * policy asks for streaming (prefetch.mode stream or auto): a slot holds
- * the tensors fit may send off the device (embeddings aside: they are
- * gathered by token, never streamed), sized as the executor sizes it
- * (wo_stream_slot_size: 90% of the bytes; larger ones read in place), and
- * the executor wants prefetch.slots of them. Never more than half the
+ * a tensor fit sends off the device (fit's first choice, with the whole
+ * budget), sized as the executor sizes it (wo_stream_slot_size: 90% of
+ * the bytes; larger ones read in place), and the executor wants
+ * prefetch.slots of them. Not counted: embeddings (gathered by token,
+ * never streamed) and, with WOFFLOAD_PICKS on, routed experts: the
+ * router's picks carry them (picked copies, buffers of their own), and
+ * slots sized for them stayed empty (issue 41: 3 GiB kept for slots, one
+ * staging copy in 160 steps, bench/results/bigload-20261201-2210-moe-h200).
+ * Nothing off the device for slots: no room kept. Never more than half the
  * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
- * least two). */
-static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budget)
+ * least two). Sets v[].out (the first choice). */
+uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
+                              uint64_t budget)
 {
     const struct wo_policy_globals *g = wo_uvm.g;
     uint64_t largest = 0, want, *sizes;
@@ -35,13 +48,18 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
     sizes = malloc((n ? n : 1) * sizeof(*sizes));
     if (!sizes)
         return 0;
-    /* every tensor fit decides, pinned ones too: those are off the device
-     * already, and exactly what the slots will carry */
+    (void)wo_fit_choose(fit, v, n, budget);
+    /* every tensor fit sends off the device, pinned ones too: those are
+     * off the device already, and exactly what the slots will carry */
     for (size_t i = 0; i < n; i++)
-        if (v[i].fixed == WO_PLACE_UNSET && !wo_stream_gathered(v[i].name))
+        if (v[i].fixed == WO_PLACE_UNSET && v[i].out != WO_PLACE_DEVICE &&
+            !wo_stream_gathered(v[i].name) &&
+            !(wo_settings()->picks && wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS))
             sizes[k++] = v[i].size;
-    largest = wo_stream_slot_size(sizes, k);
+    largest = k ? wo_stream_slot_size(sizes, k) : 0;
     free(sizes);
+    if (!largest)
+        return 0;
     want = largest * wo_stream_slots_wanted(g);
     while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
         want -= largest;
@@ -55,8 +73,8 @@ static uint64_t fit_staging(const struct wo_fit_item *v, size_t n, uint64_t budg
  * so while auto reads in place and the slots stay empty the room holds
  * weights, and when the slots grow the planner gives it back. Returns the
  * bytes lent. */
-static uint64_t lend_staging(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                             size_t n, uint64_t staging)
+uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                           size_t n, uint64_t staging)
 {
     struct wo_fit_item *c;
     size_t *at, nc = 0;
@@ -108,10 +126,9 @@ void wo_place_fit(size_t free_b, size_t total_b)
         goto out;
     }
     n = 0;
+    engine = wo_place_engine_bytes();
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
-            if (engine_device_memory(a))
-                engine += a->size;
             if (a->kind == WO_KIND_OBSERVED)
                 continue;
             for (size_t k = 0; k < a->ntags; k++) {
@@ -148,14 +165,14 @@ void wo_place_fit(size_t free_b, size_t total_b)
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
     reserve = wo_fit_reserve(fit, budget);
     weights = budget - reserve;
-    staging = fit_staging(v, n, weights);
+    staging = wo_place_fit_staging(fit, v, n, weights);
     chosen = wo_fit_choose(fit, v, n, weights - staging);
-    lent = lend_staging(fit, v, lendable, n, staging);
+    lent = wo_place_fit_lend(fit, v, lendable, n, staging);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
             continue;
-        /* lend_staging's choices: fit's own are the device or its rest */
+        /* wo_place_fit_lend's choices: fit's own are the device or its rest */
         t->lent = lent && v[i].out == WO_PLACE_MANAGED && fit->rest == WO_PLACE_HOST;
         if (t->place != v[i].out)
             t->applied = false; /* seal_alloc() applies the new placement */

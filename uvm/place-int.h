@@ -52,3 +52,36 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
 /* Chooses under fit: what stays on the device, from every tagged name and
  * the device's free and total memory; sets the device budget (auto). */
 void wo_place_fit(size_t free_b, size_t total_b);
+/* Device memory the engine holds besides what the shim serves (fit's
+ * engine_bytes). */
+uint64_t wo_place_engine_bytes(void);
+/* The bytes fit keeps for the streaming executor's slots out of budget
+ * (place-fit.c); sets v[].out to a first choice with the whole budget. */
+uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
+                              uint64_t budget);
+/* Lends the staging room to the tensors fit would choose next among the
+ * lendable ones (v[].out becomes MANAGED); returns the bytes lent. */
+uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                           size_t n, uint64_t staging);
+
+/* ---- names before bytes (place-expect.c) --------------------------------------- */
+
+/* Announces name (bytes) before its allocation: 0 or -ENOMEM. */
+int wo_place_expect_add(const char *name, uint64_t bytes);
+/* The planned placement of the announced name a (not yet registered,
+ * a->size set) is matched to by size, claimed for it (a->expect_ix), or
+ * UNSET: none matched, none announced, or sealed. Plans first when names
+ * were announced since. */
+enum wo_placement wo_place_expect_claim(const struct wo_driver *d, struct wo_alloc *a);
+/* a, matched to a name the plan put on the host, was served as pinned host
+ * memory (pinned), or pinning failed and it is served as before. */
+void wo_place_expect_served(struct wo_alloc *a, bool pinned);
+/* a is freed: before seal its claim is given back. */
+void wo_place_expect_release(struct wo_alloc *a);
+/* Tag t was made on a (pinned, matched): counts it when the policy or the
+ * plan wanted it on the device. */
+void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t);
+/* The seal's line on the announced names. */
+void wo_place_expect_log(void);
+/* Frees the announced names (wo_uvm_reset). */
+void wo_place_expect_free(void);

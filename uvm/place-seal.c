@@ -102,6 +102,7 @@ int wo_place_seal(void)
                  wo_format_size(wo_uvm.device_budget, b1, sizeof(b1)),
                  wo_format_size(total_b, b2, sizeof(b2)));
     }
+    wo_place_expect_log();
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
             if ((r = seal_alloc(a)) < 0 && ret == 0)

@@ -353,6 +353,7 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     int64_t headroom = 0;
     size_t free_now = 0;
     int served = 0;
+    enum wo_placement expected = WO_PLACE_UNSET;
 
     if (!placeable(size, api, &scope_name))
         return 0;
@@ -388,10 +389,18 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
         served = 1;
         goto out;
     }
+    /* Names announced before their bytes (place-expect.c): one the plan
+     * puts on the host is served as pinned host memory now, and leaves the
+     * cap's room to what stays on the device. */
+    if (!scope_name)
+        expected = wo_place_expect_claim(d, a);
+    if (expected == WO_PLACE_HOST && !wo_place_bind_enabled() && wo_place_can_pin(d))
+        wo_place_expect_served(a, wo_place_serve_pinned(d, a, "(announced host tensor)", &p) ==
+                                      CUDA_SUCCESS);
     /* Late binding: a VMM range instead of managed memory (place-bind.c);
      * no managed cap, since its device backing is plain device memory. */
     if (a->kind == WO_KIND_MANAGED && wo_place_bind_enabled())
-        (void)wo_place_bind_serve(d, a, scope_name ? pending.place : WO_PLACE_UNSET, &p);
+        (void)wo_place_bind_serve(d, a, scope_name ? pending.place : expected, &p);
     if (a->kind == WO_KIND_MANAGED && !wo_place_cap_fits(d, size, &headroom, &free_now) &&
         !wo_place_capped(d, a, n, &pending, free_now, &p))
         goto out;
@@ -462,6 +471,8 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
 out:
     if (n)
         wo_name_unref(n);
+    if (a)
+        wo_place_expect_release(a);
     free(a);
     pthread_mutex_unlock(&wo_uvm.lock);
     return served;
@@ -548,6 +559,7 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
         wo_alloc_unlink(a);
         if (a->ours_in_registry)
             (void)wo_registry_remove(ptr, NULL);
+        wo_place_expect_release(a);
         wo_alloc_destroy(a);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
@@ -662,6 +674,7 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api)
         wo_alloc_unlink(a);
         if (a->ours_in_registry)
             (void)wo_registry_remove(ptr, NULL);
+        wo_place_expect_release(a);
         wo_alloc_destroy(a);
     }
     pthread_mutex_unlock(&wo_uvm.lock);

@@ -383,6 +383,21 @@ static void json_body(struct sbuf *b)
               wo_uvm.cap.stuck_tags, wo_uvm.cap.stuck_bytes, wo_uvm.cap.unknown_free,
               (double)wo_uvm.seal_ns / 1e9, (double)wo_uvm.pin_ns / 1e9);
 
+    {
+        const struct wo_uvm_expect *x = &wo_uvm.expect;
+        sb_printf(b,
+                  ",\"expect\":{\"names\":%zu,\"bytes\":%" PRIu64 ",\"plan_host\":%" PRIu64
+                  ",\"plan_host_bytes\":%" PRIu64 ",\"plan_device\":%" PRIu64
+                  ",\"plan_device_bytes\":%" PRIu64 ",\"matched\":%" PRIu64
+                  ",\"matched_bytes\":%" PRIu64 ",\"served_host\":%" PRIu64
+                  ",\"served_host_bytes\":%" PRIu64 ",\"pin_failures\":%" PRIu64
+                  ",\"unmatched\":%" PRIu64 ",\"released\":%" PRIu64 ",\"missed_tags\":%" PRIu64
+                  ",\"missed_bytes\":%" PRIu64 "}",
+                  x->n, x->bytes, x->plan_host, x->plan_host_bytes, x->plan_device,
+                  x->plan_device_bytes, x->matched, x->matched_bytes, x->served_host,
+                  x->served_host_bytes, x->pin_failures, x->unmatched, x->released,
+                  x->missed_tags, x->missed_bytes);
+    }
     if (p && wo_uvm.g->fit.enabled)
         sb_printf(b,
                   ",\"fit\":{\"budget\":%" PRIu64 ",\"device_bytes\":%" PRIu64

@@ -239,6 +239,7 @@ enum wo_api {
 int wo_api_tag_push(const char *name);
 int wo_api_tag_pop(void);
 int wo_api_tag(const void *ptr, size_t size, const char *name);
+int wo_api_expect(const char *name, size_t bytes);
 int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);

@@ -28,7 +28,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 __all__ = [
     "available", "version", "tag", "tag_push", "tag_pop", "tag_scope",
-    "tag_module", "TagReport", "window_open", "window_close", "window_closed",
+    "tag_module", "TagReport", "expect", "expect_module", "window_open", "window_close", "window_closed",
     "seal", "stats", "WoffloadError",
 ]
 
@@ -71,6 +71,9 @@ def _load() -> Optional[ctypes.CDLL]:
     lib.woffload_seal.argtypes = []
     lib.woffload_stats.restype = ctypes.c_long
     lib.woffload_stats.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    if hasattr(lib, "woffload_expect"):
+        lib.woffload_expect.restype = ctypes.c_int
+        lib.woffload_expect.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
     if hasattr(lib, "woffload_moe_picks"):
         lib.woffload_moe_picks.restype = ctypes.c_int
         lib.woffload_moe_picks.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint,
@@ -135,6 +138,45 @@ def tag_scope(name: str) -> Iterator[None]:
 def tag(ptr: int, size: int, name: str) -> int:
     """Names [ptr, ptr+size). Returns 0 or a negative errno (see woffload.h)."""
     return _call("tag", ctypes.c_void_p(ptr), ctypes.c_size_t(size), name.encode())
+
+
+def expect(name: str, nbytes: int) -> int:
+    """Announces a tensor before its bytes are allocated (woffload.h,
+    woffload_expect): 0 or a negative errno. -ENOSYS from a library without
+    it."""
+    lib = _load()
+    if lib is not None and not hasattr(lib, "woffload_expect"):
+        return -errno.ENOSYS
+    return _call("expect", name.encode(), ctypes.c_size_t(nbytes))
+
+
+def expect_module(module: Any, prefix: str = "",
+                  keep: Optional[Any] = None) -> Tuple[int, int]:
+    """Announces every parameter and buffer of ``module`` by its full dotted
+    name and size before any of them has bytes: a model built on the meta
+    device (transformers does before it loads a checkpoint), or any module
+    whose tensors the engine is about to allocate. A tensor tied to an
+    earlier one (the same object) is announced once; keep(name), when given,
+    says which names to announce (those the engine will put on this GPU).
+    Returns (names announced, bytes). Nothing is raised."""
+    if _load() is None:
+        _warn_missing("expect_module")
+        return 0, 0
+    module = getattr(module, "_orig_mod", module)
+    seen = set()
+    n = total = 0
+    for name, t in named_tensors(module, prefix):
+        if id(t) in seen or (keep is not None and not keep(name)):
+            continue
+        seen.add(id(t))
+        try:
+            nbytes = int(t.numel()) * int(t.element_size())
+        except Exception:  # an object without numel: nothing to announce
+            continue
+        if nbytes and expect(name, nbytes) == 0:
+            n += 1
+            total += nbytes
+    return n, total
 
 
 def window_open() -> int:

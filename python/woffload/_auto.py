@@ -31,6 +31,11 @@ What it does, in order:
    window is open, the hook makes that warm-up a no-op when
    transformers.modeling_utils is imported, so each weight is its own
    allocation. WOFFLOAD_KEEP_WARMUP=1 keeps transformers' behaviour.
+   The warm-up is handed the model built on the meta device, before any
+   weight is loaded: the hook announces every weight there by name and
+   size (woffload.expect_module, woffload_expect), so the shim places each
+   allocation by the name it will have, not by the order it arrives in
+   (docs/placement.md, "Names before bytes").
 
 Limits, by design: one model per process (a second model loaded after the
 first forward is neither placeable nor named); memory the engine allocated
@@ -138,7 +143,7 @@ def _on_torch_imported(torch: Any) -> None:
 def _on_modeling_utils_imported(mu: Any) -> None:
     """Turns transformers' caching-allocator warm-up into a no-op (item 4 of
     this module's doc) while the shim places and the window is open."""
-    if os.environ.get("WOFFLOAD_KEEP_WARMUP", "0") not in ("", "0"):
+    if os.environ.get("WOFFLOAD_KEEP_WARMUP", "0").strip().lower() in ("1", "yes", "true", "on"):
         return
     try:
         st = woffload.stats() or {}
@@ -151,6 +156,27 @@ def _on_modeling_utils_imported(mu: Any) -> None:
         return
 
     def no_warmup(*args: Any, **kwargs: Any) -> None:
+        # The model is built on the meta device by now, and nothing is
+        # loaded: every weight's name and size is known before its first
+        # byte (woffload_expect: the shim places them by name, not by the
+        # order the bytes arrive in).
+        model = args[0] if args else kwargs.get("model_to_load", kwargs.get("model"))
+        dmap = args[1] if len(args) > 1 else kwargs.get("expanded_device_map")
+        keep = None
+        if isinstance(dmap, dict) and dmap:
+            # only what the loader puts on a GPU (accelerate's device_map may
+            # leave some on the CPU or the disk)
+            def keep(name: str) -> bool:
+                return str(dmap.get(name, "cuda")) not in ("cpu", "disk", "meta")
+        if model is not None and hasattr(model, "named_parameters"):
+            try:
+                n, nbytes = woffload.expect_module(model, keep=keep)
+            except Exception as e:  # never break the engine
+                _log(f"announcing the weights failed: {type(e).__name__}: {e}", "warn")
+            else:
+                if n:
+                    _log(f"{n} weights announced before loading ({nbytes / 2**30:.2f} GiB)",
+                         "info")
         return None
 
     no_warmup._woffload = True  # type: ignore[attr-defined]
