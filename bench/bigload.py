@@ -291,6 +291,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     if wo is not None:
         st = wo.stats() or {}
         res["managed_cap"] = st.get("managed_cap")
+        res["expect"] = st.get("expect")
         res["late_bind"] = st.get("late_bind")
         res["fit"] = st.get("fit")
         res["stream"] = {k: v for k, v in (st.get("stream") or {}).items() if k != "names"}
@@ -428,6 +429,16 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def announced(x: Optional[Dict[str, Any]]) -> str:
+    """The names announced before their bytes (the stats' expect object):
+    what was served as pinned host memory at once, and of it what a worker
+    had pinned ahead of the loader; '-' when nothing was announced."""
+    if not x or not x.get("names"):
+        return "-"
+    pp = x.get("prepin") or {}
+    return f"{gib(x.get('served_host_bytes'))} / {gib(pp.get('taken_bytes'))}"
+
+
 def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
     """Issue 41's tables: load and memory per run; decode at each batch
     against the bound of the row's own offloaded bytes, host-free (the hand
@@ -445,10 +456,11 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
         return by.get(name) or {}
 
     out = head(["run", "free F / weights", "load s (x plain)", "peak device GiB", "fit size GiB (peak x)",
-                "device GiB", "host GiB", "managed GiB", "managed cap pinned / passed GiB"])
+                "device GiB", "host GiB", "managed GiB", "managed cap pinned / passed GiB",
+                "announced: served host / pinned ahead GiB"])
     for r in rows:
         if r.get("error"):
-            out.append(error_row(r, 9))
+            out.append(error_row(r, 10))
             continue
         pl = r.get("placements") or {}
         # the fit size under a blocker: the free memory less keep_free (the
@@ -462,7 +474,8 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
                    f"{'-' if not fb else f'{fb / 2**30:.2f} (' + ratio(r.get('peak_device_bytes'), fb) + ')'} | "
                    f"{gib((pl.get('device') or {}).get('bytes'))} | {gib((pl.get('host') or {}).get('bytes'))} | "
                    f"{gib((pl.get('managed') or {}).get('bytes'))} | "
-                   f"{gib(cap.get('pinned_bytes'))} / {gib(cap.get('passed_bytes'))} |")
+                   f"{gib(cap.get('pinned_bytes'))} / {gib(cap.get('passed_bytes'))} | "
+                   f"{announced(r.get('expect'))} |")
     out += [""] + head(["run", "free F", "batch", "tok/s", "bound tok/s", "x bound", "x host-free",
                         "x hand, same F", "tokens = plain"])
     for r in rows:

@@ -60,6 +60,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "0 (measuring their effect): the streaming executor records a slot's read event at the end of the engine's stream before it reuses the slot, as before departure fences, so each staging copy waits for the kernels the engine submitted last (docs/prefetch.md, Departure fences)", OFF(departure_fences), 0, 0},
     {"WOFFLOAD_PICKS", WO_SETTING_BOOL, "1",
      "0: woffload_moe_picks does nothing (and the Python hook registers no experts hooks): expert tensors off the device are staged whole or read in place instead of only their picked rows (docs/placement.md, Picked experts)", OFF(picks), 0, 0},
+    {"WOFFLOAD_PREPIN", WO_SETTING_BOOL, "1",
+     "0: no worker pins host memory ahead of the loader for the names announced before their bytes that the plan puts on the host; each is pinned inside its allocation, on the engine's thread (docs/placement.md, Names before bytes)", OFF(prepin), 0, 0},
     {"WOFFLOAD_KEEP_WARMUP", WO_SETTING_BOOL, "0",
      "1: the Python hook leaves transformers' allocator warm-up as it is (one allocation as large as every weight, placeable only as a whole) and announces no weights before loading; 0: the warm-up is a no-op while the policy places something, and the weights of the model it is handed are announced by name and size (woffload_expect; docs/placement.md, Names before bytes)", OFF(keep_warmup), 0, 0},
     {"WOFFLOAD_PICKS_HOT", WO_SETTING_UINT, "0",

@@ -39,6 +39,7 @@ struct wo_settings {
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool picks;              /* WOFFLOAD_PICKS */
+    bool prepin;             /* WOFFLOAD_PREPIN */
     bool keep_warmup;        /* WOFFLOAD_KEEP_WARMUP: read by the Python hook (python/woffload/_auto.py) */
     uint32_t picks_hot_mib;  /* WOFFLOAD_PICKS_HOT: MiB for hot experts, 0 none */
     bool readonly;           /* WOFFLOAD_READONLY */

@@ -65,6 +65,11 @@ int woffload_tag(const void *ptr, size_t size, const char *name);
  * matched. Returns 0; -EINVAL (NULL or empty name, a name longer than the
  * tag limit, size 0); -EBUSY (after seal: nothing left to decide); -ENOMEM. */
 int woffload_expect(const char *name, size_t bytes);
+/* The names announced so far are all there are for now: they are placed at
+ * once (else at the next allocation), and a worker starts pinning host memory
+ * for those the plan puts on the host while the engine reads its checkpoint
+ * (WOFFLOAD_PREPIN). Returns 0. */
+int woffload_expect_end(void);
 
 /* The placeable window: while open, every allocation of at least the policy's
  * window.min_size bytes is placeable. The policy may open it itself (window:

@@ -30,6 +30,11 @@ WO_EXPORT int woffload_expect(const char *name, size_t bytes)
     return wo_api_expect(name, bytes);
 }
 
+WO_EXPORT int woffload_expect_end(void)
+{
+    return wo_api_expect_end();
+}
+
 WO_EXPORT int woffload_window_open(void)
 {
     return wo_api_window_open();

@@ -30,12 +30,16 @@
  *         (fitlate, WOFFLOAD_LATE_BIND=1) every weight can still move at
  *         seal, and fit puts attention on the device.
  *   fitexpect: the same order, every name announced first (woffload_expect):
- *         the experts are pinned as they come, and fit puts attention on the
- *         device without late binding.
+ *         the experts are pinned as they come (in buffers a worker pinned
+ *         ahead while the loader waited; WOFFLOAD_PREPIN=0: each in its
+ *         allocation), and fit puts attention on the device without late
+ *         binding.
  *   fitexpectauto: the same under fit's auto mode: no room for staging slots
  *         while only experts leave the device (the router's picks carry them).
  *   handorder, handexpect: the hand policy (experts host), each layer's
- *         attention then its experts, without and with the names announced.
+ *         attention then its experts, without and with the names announced
+ *         (one more expert announced than comes: its buffer pinned ahead
+ *         goes back at seal).
  * Arguments: the scenarios to run (default: all of them).
  * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
 #include <dlfcn.h>
@@ -146,6 +150,30 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
     CHECK(managed > 3 && on_gpu == managed);
 }
 
+/* The loader reads its checkpoint after the names are known: the time the
+ * worker pins ahead in. Waits (10 s at most) until the stats say a buffer
+ * was pinned ahead for each name the plan put on the host, unless
+ * WOFFLOAD_PREPIN=0. */
+static void wait_prepinned(void)
+{
+    long (*stats)(char *, size_t) = need(RTLD_DEFAULT, "woffload_stats");
+    const char *off = getenv("WOFFLOAD_PREPIN");
+    static char st[1 << 16];
+
+    if (off && strcmp(off, "0") == 0)
+        return;
+    for (int k = 0; k < 1000; k++) {
+        const char *h, *m;
+        if (stats(st, sizeof(st)) > 0 && (h = strstr(st, "\"plan_host\":")) &&
+            (m = strstr(st, "\"prepin\":{\"made\":")) &&
+            strtoul(h + 12, NULL, 10) == strtoul(m + 17, NULL, 10))
+            return;
+        usleep(10000);
+    }
+    fprintf(stderr, "the worker did not pin a buffer for every host-planned name in 10 s\n");
+    failures++;
+}
+
 static int child(const char *scenario)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW);
@@ -206,6 +234,11 @@ static int child(const char *scenario)
     CHECK(p_cuMemAllocAsync(&blocker, 128 * MiB, 0) == CUDA_SUCCESS);
 
     for (int pass = expect ? 0 : 1; pass < 2; pass++) {
+        if (pass == 1 && expect) {
+            int (*p_end)(void) = need(RTLD_DEFAULT, "woffload_expect_end");
+            CHECK(p_end() == 0);
+            wait_prepinned();
+        }
         for (unsigned i = 0; i < NW; i++) {
             /* pass 0 announces the names and sizes before any byte, the
              * last one first: the announcements' order is not the
@@ -224,6 +257,10 @@ static int child(const char *scenario)
             sz[j] = (expect || hand) && !expert ? WSIZE / 2 : WSIZE;
             if (pass == 0) {
                 CHECK(p_expect(name, sz[j]) == 0);
+                /* handexpect: one more expert announced than ever comes:
+                 * the buffer pinned for it goes back at seal */
+                if (i == NW - 1 && hand)
+                    CHECK(p_expect("model.layers.99.mlp.experts.gate_up_proj", WSIZE) == 0);
                 continue;
             }
             r = p_cuMemAlloc(&w[i], sz[i]);
@@ -611,7 +648,24 @@ int main(int argc, char **argv)
         CHECK(strstr(err, "expect: 24 names announced before their bytes") != NULL);
         CHECK(strstr(err, "woffload_expect") != NULL); /* the misuse and after-seal lines */
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        /* the loader waited after announcing (its checkpoint's reads): every
+         * expert found its pinned buffer ready */
+        CHECK(strstr(stats, "\"prepin\":{\"made\":12,\"made_bytes\":100663296,\"taken\":12,"
+                            "\"taken_bytes\":100663296,\"waits\":0,\"missed\":0,\"wasted\":0,") !=
+              NULL);
+        CHECK(strstr(err, "12 buffers pinned ahead of the loader") != NULL);
         dump_on_failure(f0, "fitexpect", stats, err);
+        /* WOFFLOAD_PREPIN=0: each pinned inside its allocation, the same placements */
+        f0 = failures;
+        {
+            static const char *const off[] = {"WOFFLOAD_PREPIN=0", NULL};
+            rc = run(argv, "fitexpect", fit_policy, off, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 12);
+        CHECK(strstr(stats, "\"served_host\":12,") != NULL);
+        CHECK(strstr(stats, "\"prepin\":{\"made\":0,") != NULL);
+        dump_on_failure(f0, "fitexpect (WOFFLOAD_PREPIN=0)", stats, err);
     }
 
     /* fitexpectauto: the same under fit's own prefetch mode (auto, which
@@ -668,6 +722,10 @@ int main(int argc, char **argv)
         CHECK(on_device(stats, "self_attn") == 12);
         CHECK(on_device(stats, "experts") == 0);
         CHECK(strstr(stats, "\"served_host\":12,") != NULL);
+        /* one more expert announced than came: its buffer went back at seal */
+        CHECK(strstr(stats, "\"prepin\":{\"made\":13,") != NULL);
+        CHECK(strstr(stats, "\"taken\":12,") != NULL);
+        CHECK(strstr(stats, "\"wasted\":1,\"wasted_bytes\":8388608,") != NULL);
         CHECK(strstr(stats, "\"unplaceable_tags\":0,") != NULL);
         CHECK(strstr(stats, "\"stuck_tags\":0,") != NULL);
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);

@@ -115,6 +115,14 @@ class TestMoeTables(unittest.TestCase):
         self.assertIn("| fit-0.5 | 0.5 | 32 | engine out of memory: CUDA out of memory |", text)
         self.assertRegex(text, r"\| fit-0\.5 \| 0\.5 \| 8 \| 45\.00 \|")
 
+    def test_the_names_announced_before_their_bytes(self):
+        rows = [dict(r) for r in self.rows]
+        rows[2] = dict(rows[2], expect={"names": 24, "served_host_bytes": 12 * 2**30,
+                                        "prepin": {"taken_bytes": 9 * 2**30}})
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertRegex(text, r"\| fit-0\.5 \| 0\.5 \|.*\| 12\.00 / 9\.00 \|")
+        self.assertRegex(text, r"\| plain \| all \|.*\| - \|")
+
     def test_continuous_batching_table(self):
         rows = [dict(r) for r in self.rows]
         rows += [dict(name="plain-cb", cb_tok_s=300.0, tokens=[[1]], load_s=9.0),

@@ -161,6 +161,11 @@ def main():
                 check(x["served_host"] == LAYERS and x["served_host_bytes"] == LAYERS * 8 * MiB,
                       f"experts served as pinned host memory as they came: {x}")
                 check(x["matched"] == 2 * LAYERS and x["missed_tags"] == 0, f"matches: {x}")
+                pp = x["prepin"]
+                # expect_module ends the announcements: a worker pins ahead,
+                # and each expert takes a buffer or pins its own, none left over
+                check(pp["taken"] + pp["missed"] == LAYERS and pp["wasted"] == 0
+                      and pp["made"] == pp["taken"], f"pinned ahead: {pp}")
                 check("weights announced before loading" in p.stderr,
                       "the hook's info line on the announced weights")
             else:

@@ -196,6 +196,15 @@ int wo_api_expect(const char *name, size_t bytes)
     return r;
 }
 
+int wo_api_expect_end(void)
+{
+    wo_uvm_ensure_init();
+    pthread_mutex_lock(&wo_uvm.lock);
+    wo_place_expect_plan(wo_uvm_driver());
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return 0;
+}
+
 int wo_api_window_open(void)
 {
     wo_uvm_ensure_init();

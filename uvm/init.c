@@ -183,6 +183,7 @@ void wo_uvm_shutdown(void)
         return;
     __atomic_store_n(&exiting, 1, __ATOMIC_RELEASE);
     wo_consumer_stop();
+    wo_place_prepin_stop(); /* a load that never sealed: its buffers go back */
     pthread_mutex_lock(&wo_uvm.lock);
     __atomic_store_n(&wo_uvm.state, 2, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&wo_uvm.lock);
@@ -217,6 +218,7 @@ void wo_uvm_reset(void)
     }
     free(wo_uvm.alloc_hash);
     wo_place_expect_free();
+    wo_place_prepin_reset();
     wo_names_free_all();
     wo_picks_free(d);
     wo_picks_reset();

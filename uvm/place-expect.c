@@ -158,6 +158,25 @@ static void plan(const struct wo_driver *d)
             x->plan_device_bytes += x->v[i].bytes;
         }
     }
+    /* what will be served as pinned host memory, pinned ahead of the
+     * loader (place-prepin.c) */
+    {
+        uint64_t *sizes = malloc((x->n ? x->n : 1) * sizeof(*sizes));
+        size_t k = 0;
+
+        for (size_t i = 0; sizes && i < x->n; i++)
+            if (x->v[i].plan == WO_PLACE_HOST && !x->v[i].claimed && x->v[i].bytes >= MATCH_MIN)
+                sizes[k++] = x->v[i].bytes;
+        if (sizes)
+            wo_place_prepin_plan(d, sizes, k);
+        free(sizes);
+    }
+}
+
+void wo_place_expect_plan(const struct wo_driver *d)
+{
+    if (wo_uvm.expect.n && wo_uvm.expect.dirty && !wo_uvm.sealed && d)
+        plan(d);
 }
 
 enum wo_placement wo_place_expect_claim(const struct wo_driver *d, struct wo_alloc *a)
@@ -255,10 +274,19 @@ void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t)
 void wo_place_expect_log(void)
 {
     const struct wo_uvm_expect *x = &wo_uvm.expect;
-    char b1[32], b2[32], b3[32];
+    struct wo_prepin_figs f;
+    char b1[32], b2[32], b3[32], b4[32];
 
     if (!x->n)
         return;
+    wo_place_prepin_figs(&f);
+    if (f.made || f.missed)
+        wo_info("expect: %" PRIu64 " buffers pinned ahead of the loader (%s in %.2f s of the "
+                "worker's time), %" PRIu64 " taken by allocations (%" PRIu64 " after a wait for "
+                "the one being pinned), %" PRIu64 " allocations pinned their own, %" PRIu64
+                " given back unused",
+                f.made, wo_format_size(f.made_bytes, b4, sizeof(b4)), (double)f.ns / 1e9, f.taken,
+                f.waits, f.missed, f.wasted);
     wo_info("expect: %zu names announced before their bytes (%s), %" PRIu64 " planned on the "
             "host (%s); %" PRIu64 " allocations matched, %" PRIu64 " served as pinned host "
             "memory at once (%s), %" PRIu64 " not matched, %" PRIu64 " claims given back by a "

@@ -68,6 +68,9 @@ uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, cons
 
 /* Announces name (bytes) before its allocation: 0 or -ENOMEM. */
 int wo_place_expect_add(const char *name, uint64_t bytes);
+/* Places the names announced since the last plan now (woffload_expect_end),
+ * and starts pinning ahead for them. */
+void wo_place_expect_plan(const struct wo_driver *d);
 /* The planned placement of the announced name a (not yet registered,
  * a->size set) is matched to by size, claimed for it (a->expect_ix), or
  * UNSET: none matched, none announced, or sealed. Plans first when names
@@ -85,3 +88,26 @@ void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t);
 void wo_place_expect_log(void);
 /* Frees the announced names (wo_uvm_reset). */
 void wo_place_expect_free(void);
+
+/* ---- pinning ahead of the loader (place-prepin.c) ------------------------------ */
+
+struct wo_prepin_figs {
+    uint64_t made, made_bytes;     /* buffers pinned ahead */
+    uint64_t taken, taken_bytes;   /* ... that an allocation took */
+    uint64_t waits;                /* allocations that waited for the one being pinned */
+    uint64_t missed;               /* allocations that pinned their own (none ready) */
+    uint64_t wasted, wasted_bytes; /* given back at seal, never taken */
+    uint64_t failed;               /* pins that failed: nothing more pinned ahead */
+    uint64_t ns;                   /* the worker's time pinning */
+};
+/* The plan's host tensors' sizes: the worker pins buffers for them ahead
+ * (started on the first plan; WOFFLOAD_PREPIN, late binding off). */
+void wo_place_prepin_plan(const struct wo_driver *d, const uint64_t *sizes, size_t n);
+/* A pinned buffer for an allocation of size bytes, taken: *host, *len (as
+ * wo_pin_host gives them); false: none, the caller pins. */
+bool wo_place_prepin_take(size_t size, void **host, size_t *len);
+/* Stops the worker and gives back what no allocation took (seal, exit). */
+void wo_place_prepin_stop(void);
+void wo_place_prepin_figs(struct wo_prepin_figs *f);
+/* Stopped, and its figures zeroed (wo_uvm_reset). */
+void wo_place_prepin_reset(void);

@@ -129,7 +129,11 @@ CUresult wo_place_serve_pinned(const struct wo_driver *d, struct wo_alloc *a, co
     if (!wo_uvm.sealed)
         wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
     t0 = wo_now_ns();
-    r = wo_pin_host(d, a->size, NULL, 0, &host, &len);
+    /* an announced host tensor: a buffer pinned ahead, when one is ready */
+    if (a->expect_ix && wo_place_prepin_take(a->size, &host, &len))
+        r = CUDA_SUCCESS;
+    else
+        r = wo_pin_host(d, a->size, NULL, 0, &host, &len);
     wo_uvm.pin_ns += wo_now_ns() - t0;
     if (r != CUDA_SUCCESS)
         return r;

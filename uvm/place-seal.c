@@ -92,6 +92,9 @@ int wo_place_seal(void)
     int ret = 0, r;
     char b1[32], b2[32];
 
+    /* nothing is served by announced name from here on: the buffers
+     * pinned ahead that no allocation took go back first */
+    wo_place_prepin_stop();
     if (wo_uvm.policy && d && d->cuMemGetInfo_v2 &&
         d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS) {
         wo_uvm.device_total = total_b;

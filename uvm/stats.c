@@ -4,6 +4,7 @@
  * The JSON is built under wo_uvm.lock into a growing heap buffer, then
  * copied out with snprintf semantics; its shape is in docs/placement.md. */
 #include "uvm/internal.h"
+#include "uvm/place-int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -392,11 +393,20 @@ static void json_body(struct sbuf *b)
                   ",\"matched_bytes\":%" PRIu64 ",\"served_host\":%" PRIu64
                   ",\"served_host_bytes\":%" PRIu64 ",\"pin_failures\":%" PRIu64
                   ",\"unmatched\":%" PRIu64 ",\"released\":%" PRIu64 ",\"missed_tags\":%" PRIu64
-                  ",\"missed_bytes\":%" PRIu64 "}",
+                  ",\"missed_bytes\":%" PRIu64,
                   x->n, x->bytes, x->plan_host, x->plan_host_bytes, x->plan_device,
                   x->plan_device_bytes, x->matched, x->matched_bytes, x->served_host,
                   x->served_host_bytes, x->pin_failures, x->unmatched, x->released,
                   x->missed_tags, x->missed_bytes);
+        struct wo_prepin_figs f;
+        wo_place_prepin_figs(&f);
+        sb_printf(b,
+                  ",\"prepin\":{\"made\":%" PRIu64 ",\"made_bytes\":%" PRIu64
+                  ",\"taken\":%" PRIu64 ",\"taken_bytes\":%" PRIu64 ",\"waits\":%" PRIu64
+                  ",\"missed\":%" PRIu64 ",\"wasted\":%" PRIu64 ",\"wasted_bytes\":%" PRIu64
+                  ",\"failed\":%" PRIu64 ",\"seconds\":%.3f}}",
+                  f.made, f.made_bytes, f.taken, f.taken_bytes, f.waits, f.missed, f.wasted,
+                  f.wasted_bytes, f.failed, (double)f.ns / 1e9);
     }
     if (p && wo_uvm.g->fit.enabled)
         sb_printf(b,

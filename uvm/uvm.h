@@ -240,6 +240,7 @@ int wo_api_tag_push(const char *name);
 int wo_api_tag_pop(void);
 int wo_api_tag(const void *ptr, size_t size, const char *name);
 int wo_api_expect(const char *name, size_t bytes);
+int wo_api_expect_end(void);
 int wo_api_window_open(void);
 int wo_api_window_close(void);
 int wo_api_seal(void);

@@ -74,6 +74,8 @@ def _load() -> Optional[ctypes.CDLL]:
     if hasattr(lib, "woffload_expect"):
         lib.woffload_expect.restype = ctypes.c_int
         lib.woffload_expect.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.woffload_expect_end.restype = ctypes.c_int
+        lib.woffload_expect_end.argtypes = []
     if hasattr(lib, "woffload_moe_picks"):
         lib.woffload_moe_picks.restype = ctypes.c_int
         lib.woffload_moe_picks.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint,
@@ -158,6 +160,8 @@ def expect_module(module: Any, prefix: str = "",
     whose tensors the engine is about to allocate. A tensor tied to an
     earlier one (the same object) is announced once; keep(name), when given,
     says which names to announce (those the engine will put on this GPU).
+    Ends with woffload_expect_end(): the names are placed at once, and host
+    memory for those the plan puts on the host is pinned ahead.
     Returns (names announced, bytes). Nothing is raised."""
     if _load() is None:
         _warn_missing("expect_module")
@@ -176,6 +180,8 @@ def expect_module(module: Any, prefix: str = "",
         if nbytes and expect(name, nbytes) == 0:
             n += 1
             total += nbytes
+    if n:
+        _call("expect_end")  # placed now; host memory pinned ahead of the loader
     return n, total
 
 
