@@ -146,6 +146,19 @@ static void live_free(struct live_map *m)
     free(m->used);
 }
 
+/* The entry of v (n of them) for the same tensor as p, hint first (the
+ * recorder lists its tensors in the same order each time): n when none. */
+static size_t pick_find(const struct wo_trace_pick *v, size_t n, const struct wo_trace_pick *p,
+                        size_t hint)
+{
+    if (hint < n && v[hint].id == p->id && v[hint].gen == p->gen && v[hint].offset == p->offset)
+        return hint;
+    for (size_t k = 0; k < n; k++)
+        if (v[k].id == p->id && v[k].gen == p->gen && v[k].offset == p->offset)
+            return k;
+    return n;
+}
+
 static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_data **ret)
 {
     struct wo_trace_data *d = calloc(1, sizeof(*d));
@@ -238,17 +251,27 @@ static int load(struct wo_trace_reader *r, size_t max_events, struct wo_trace_da
             d->footer = rec.footer;
             break;
         case WO_TREC_PICKS: {
-            /* cumulative: the last record says it all */
+            /* cumulative: the last record says it all, and each tensor's
+             * base is the first record that had its last hot set (the run
+             * from there on is its steady state: wo_trace_pick_steady) */
             struct wo_trace_pick *pk = rec.npicks ? malloc(rec.npicks * sizeof(*pk)) : NULL;
+            struct wo_trace_pick *base = rec.npicks ? malloc(rec.npicks * sizeof(*base)) : NULL;
 
-            if (rec.npicks && !pk) {
+            if (rec.npicks && (!pk || !base)) {
+                free(pk);
+                free(base);
                 e = -ENOMEM;
                 goto out;
             }
-            if (rec.npicks)
-                memcpy(pk, rec.picks, rec.npicks * sizeof(*pk));
+            for (size_t i = 0; i < rec.npicks; i++) {
+                size_t k = pick_find(d->picks, d->npicks, &rec.picks[i], i);
+                pk[i] = rec.picks[i];
+                base[i] = k < d->npicks && d->picks[k].hot == pk[i].hot ? d->picks_base[k] : pk[i];
+            }
             free(d->picks);
+            free(d->picks_base);
             d->picks = pk;
+            d->picks_base = base;
             d->npicks = rec.npicks;
             d->picks_t_ns = rec.picks_t_ns;
             break;
@@ -383,6 +406,7 @@ void wo_trace_data_free(struct wo_trace_data *d)
         free(d->rules[i].name);
     free(d->rules);
     free(d->picks);
+    free(d->picks_base);
     free(d);
 }
 

@@ -107,6 +107,24 @@ struct wo_trace_pick {
  * (not from its hot experts); the share of its experts a copy moved; of the
  * rows copied, those from hot experts; of its launches, those that read it
  * wholly resident. */
+/* A tensor's figures since base (an earlier record of it), the last
+ * record's when nothing registered since: a run's steady state, without
+ * the steps before its hot set was made. */
+static inline struct wo_trace_pick wo_trace_pick_steady(const struct wo_trace_pick *last,
+                                                        const struct wo_trace_pick *base)
+{
+    struct wo_trace_pick d = *last;
+
+    if (!base || base->regs >= last->regs || base->staged + base->reused >= last->staged + last->reused)
+        return d;
+    d.regs = last->regs - base->regs;
+    d.staged = last->staged - base->staged;
+    d.reused = last->reused - base->reused;
+    d.rows = last->rows >= base->rows ? last->rows - base->rows : 0;
+    d.resident = last->resident >= base->resident ? last->resident - base->resident : 0;
+    d.hot_rows = last->hot_rows >= base->hot_rows ? last->hot_rows - base->hot_rows : 0;
+    return d;
+}
 static inline uint64_t wo_trace_pick_copied(const struct wo_trace_pick *p)
 {
     return p->n_experts ? p->rows * (p->bytes / p->n_experts) : 0;
@@ -304,8 +322,10 @@ struct wo_trace_data {
     size_t nrules;
     int has_footer;
     struct wo_trace_footer footer;
-    /* The last PICKS record's tensors (cumulative figures), at picks_t_ns */
-    struct wo_trace_pick *picks;
+    /* The last PICKS record's tensors (cumulative figures), at picks_t_ns;
+     * picks_base[i]: picks[i]'s figures in the first record that had its
+     * last hot set (its steady state runs from there: wo_trace_pick_steady) */
+    struct wo_trace_pick *picks, *picks_base;
     size_t npicks;
     uint64_t picks_t_ns;
     /* An error that ended the reading (partial data above), else "". */

@@ -331,6 +331,39 @@ static void test_picks(void **state)
         assert_true(hot.step_s < pk.step_s);
         wo_replay_result_free(&hot);
     }
+    /* the hot sets made after the first quarter of the steps: the last
+     * record's cumulative rows take in those steps, all of their rows over
+     * the link (a quarter of the steps at the whole half, three quarters at
+     * a quarter of it: 7/16 of the half on average); the base, the first
+     * record with the last hot sets, leaves them out, and the replay sees
+     * the steady quarter again */
+    {
+        struct wo_replay_result steady, avg;
+
+        d->picks_base = calloc(n, sizeof(*d->picks_base));
+        assert_non_null(d->picks_base);
+        for (size_t i = 0; i < n; i++) {
+            struct wo_trace_pick *p = &d->picks[i], *b = &d->picks_base[i];
+            uint64_t first = p->staged / 4; /* launches before the hot set */
+
+            *b = *p;
+            b->regs = go.steps / 4;
+            b->staged = first;
+            b->rows = first * go.experts / 2;
+            b->hot_rows = 0;
+            p->hot_rows = (p->rows - b->rows) * 3 / 4;
+        }
+        replay(d, 0.5, true, false, &steady);
+        assert_true(steady.pick_bytes_step > want / 4 * 0.98 &&
+                    steady.pick_bytes_step < want / 4 * 1.02);
+        free(d->picks_base);
+        d->picks_base = NULL; /* a loader without it: the run's average */
+        replay(d, 0.5, true, false, &avg);
+        assert_true(avg.pick_bytes_step > want * 7 / 16 * 0.98 &&
+                    avg.pick_bytes_step < want * 7 / 16 * 1.02);
+        wo_replay_result_free(&steady);
+        wo_replay_result_free(&avg);
+    }
     wo_replay_result_free(&plain);
     wo_replay_result_free(&pk);
     wo_trace_data_free(d);

@@ -681,6 +681,7 @@ static void picks_records_roundtrip(void **state)
     (void)state;
     memcpy(p2, p1, sizeof(p2));
     p2[0].regs = 20;
+    p2[0].staged = 18;
     p2[0].rows = 61;
     p2[1].resident = 5;
     path_in(path, sizeof(path), "picks.wotrace");
@@ -701,7 +702,56 @@ static void picks_records_roundtrip(void **state)
     assert_true(wo_trace_pick_resident(&d->picks[1]) == 5.0 / 15.0);
     assert_true(wo_trace_pick_hot_rate(&d->picks[0]) == 12.0 / 61.0);
     assert_int_equal(wo_trace_pick_linked_per_reg(&d->picks[0]), ((61u - 12u) << 16) / 20);
+    /* each tensor's base: the first record with its last hot set, tensor 0
+     * hot from the first record, tensor 1 never */
+    assert_non_null(d->picks_base);
+    assert_memory_equal(&d->picks_base[0], &p1[0], sizeof(p1[0]));
+    assert_memory_equal(&d->picks_base[1], &p1[1], sizeof(p1[1]));
+    {
+        /* its steady state: the figures since the base */
+        struct wo_trace_pick st = wo_trace_pick_steady(&d->picks[0], &d->picks_base[0]);
+        assert_int_equal(st.regs, 10);
+        assert_int_equal(st.staged, 9);
+        assert_int_equal(st.rows, 31);
+        assert_int_equal(st.hot_rows, 0);
+        /* nothing registered since: the cumulative figures */
+        st = wo_trace_pick_steady(&d->picks[1], &d->picks_base[1]);
+        assert_memory_equal(&st, &d->picks[1], sizeof(st));
+    }
     wo_trace_data_free(d);
+    {
+        /* a hot set made between the records: the base is the record that
+         * first had it, not the first one */
+        struct wo_trace_pick q[3][1];
+        char path2[256];
+
+        memcpy(q[0], p1, sizeof(q[0]));
+        q[0][0].hot = 0;
+        q[0][0].hot_rows = 0;
+        memcpy(q[1], q[0], sizeof(q[1]));
+        q[1][0].hot = 4;
+        q[1][0].regs = 12;
+        q[1][0].staged = 11;
+        q[1][0].rows = 40;
+        memcpy(q[2], q[1], sizeof(q[2]));
+        q[2][0].regs = 30;
+        q[2][0].staged = 29;
+        q[2][0].rows = 70;
+        q[2][0].hot_rows = 20;
+        path_in(path2, sizeof(path2), "picks-base.wotrace");
+        assert_int_equal(wo_trace_open(path2, &t), 0);
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(wo_trace_picks(t, 100 + (uint64_t)k, q[k], 1), 0);
+        assert_int_equal(wo_trace_close(t, 0), 0);
+        free(buf);
+        buf = slurp(path2, &len);
+        assert_int_equal(wo_trace_load_mem(buf, len, WO_TRACE_STRICT, 0, &d), 0);
+        assert_memory_equal(&d->picks_base[0], &q[1][0], sizeof(q[1][0]));
+        assert_int_equal(wo_trace_pick_steady(&d->picks[0], &d->picks_base[0]).rows, 30);
+        wo_trace_data_free(d);
+        free(buf);
+        buf = slurp(path, &len);
+    }
 
     /* the first picks record's offset, in b[1] */
     nb = boundaries(buf, len, b, WO_ARRAY_SIZE(b));

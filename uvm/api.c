@@ -72,6 +72,16 @@ void wo_api_note_tag(void)
     pthread_mutex_unlock(&wo_uvm.lock);
 }
 
+/* A name longer than a tag may hold: said, and counted as misuse. */
+static bool too_long(const char *fn, const char *name)
+{
+    if (strnlen(name, WO_TAG_NAME_MAX + 1) <= WO_TAG_NAME_MAX)
+        return false;
+    wo_warn("%s: name '%.40s...' is longer than %d bytes (-EINVAL)", fn, name, WO_TAG_NAME_MAX);
+    misuse();
+    return true;
+}
+
 int wo_api_tag(const void *ptr, size_t size, const char *name)
 {
     uint64_t addr = (uint64_t)(uintptr_t)ptr;
@@ -88,12 +98,8 @@ int wo_api_tag(const void *ptr, size_t size, const char *name)
         misuse();
         return -EINVAL;
     }
-    if (strnlen(name, WO_TAG_NAME_MAX + 1) > WO_TAG_NAME_MAX) {
-        wo_warn("woffload_tag: name '%.40s...' is longer than %d bytes (-EINVAL)", name,
-                WO_TAG_NAME_MAX);
-        misuse();
+    if (too_long("woffload_tag", name))
         return -EINVAL;
-    }
     wo_uvm_ensure_init();
     pthread_mutex_lock(&wo_uvm.lock);
     first_tag();
@@ -170,12 +176,8 @@ int wo_api_expect(const char *name, size_t bytes)
         misuse();
         return -EINVAL;
     }
-    if (strnlen(name, WO_TAG_NAME_MAX + 1) > WO_TAG_NAME_MAX) {
-        wo_warn("woffload_expect: name '%.40s...' is longer than %d bytes (-EINVAL)", name,
-                WO_TAG_NAME_MAX);
-        misuse();
+    if (too_long("woffload_expect", name))
         return -EINVAL;
-    }
     wo_uvm_ensure_init();
     pthread_mutex_lock(&wo_uvm.lock);
     if (wo_uvm.sealed) {

@@ -424,6 +424,10 @@ void wo_uvm_stream_gone(uint64_t stream);
 /* Spans (+1, saturating at 255) in each registry range id (< WO_STREAM_IDS): a
  * launch's hit on an id with 0 is not for this executor (lock-free). */
 extern uint8_t wo_picks_ids[WO_STREAM_IDS];
+/* Bumped whenever a hot set is made or retired (uvm/picks.c): a trace
+ * records the picks' figures at that moment (uvm/record.c), so that the
+ * replay can take a tensor's steady state from there. */
+extern uint32_t wo_picks_hot_epoch;
 /* 1 once any span exists: the launch hooks look only then. */
 extern int wo_picks_any;
 

@@ -20,6 +20,7 @@
 #include "uvm/uvm.h"
 
 uint8_t wo_picks_ids[WO_STREAM_IDS];
+uint32_t wo_picks_hot_epoch;
 int wo_picks_any;
 
 #define BUF_ALIGN (2ull << 20)
@@ -168,6 +169,8 @@ static void retire(struct span *s)
 {
     if (s->hot && pk.nretired < WO_PICKS_SPANS)
         pk.retired[pk.nretired++] = s->hot;
+    if (s->hot)
+        __atomic_add_fetch(&wo_picks_hot_epoch, 1, __ATOMIC_RELAXED);
     s->hot = NULL;
 }
 
@@ -531,6 +534,7 @@ static void make_hot(const struct wo_driver *d, struct strm *t, int i)
         return;
     }
     pk.hot_bytes += bytes;
+    __atomic_add_fetch(&wo_picks_hot_epoch, 1, __ATOMIC_RELAXED);
     wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, bytes, __ATOMIC_RELAXED));
     wo_debug("picks: %u of the %u experts of '%s' may stay hot on the device (%llu MiB)", cap,
              s->n_experts, s->name ? s->name : "(unnamed)", (unsigned long long)(bytes >> 20));

@@ -19,6 +19,7 @@
 #include "core/settings.h"
 #include "policy/policy.h"
 #include "uvm/internal.h"
+#include "uvm/hotpath.h"
 #include "uvm/picks.h"
 
 /* preload/launch.c marks runtime launches (cudaLaunchKernel's host stub, not
@@ -180,12 +181,23 @@ static void pick_add(void *ud, const struct wo_picks_figs *f)
     pr->v[pr->n++] = f->k;
 }
 
-/* At a step event and at the end: every expert tensor's cumulative figures,
- * when any changed since the last record. */
+/* Picks records at least this often while launches come: a run without
+ * the prefetcher has no step events, and the replay takes a tensor's
+ * steady state from the first record that had its hot set (its figures
+ * before the hot set was made are all over the link). */
+#define PICKS_EVERY_NS (100ull * 1000000ull)
+static uint64_t picks_at;
+static uint32_t picks_epoch; /* wo_picks_hot_epoch at the last look */
+
+/* At a step event, every PICKS_EVERY_NS of launches, and at the end: every
+ * expert tensor's cumulative figures, when any changed since the last
+ * record. */
 static void record_picks(uint64_t t_ns)
 {
     static struct picks_rec pr;
     static uint64_t written;
+
+    picks_at = t_ns;
     struct wo_picks_totals t;
     uint64_t sum = 0;
 
@@ -218,12 +230,19 @@ void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)
         }
         break;
     }
-    case WO_EV_LAUNCH:
+    case WO_EV_LAUNCH: {
+        uint32_t epoch = __atomic_load_n(&wo_picks_hot_epoch, __ATOMIC_RELAXED);
+
+        if (ev->t_ns - picks_at >= PICKS_EVERY_NS || epoch != picks_epoch) {
+            picks_epoch = epoch;
+            record_picks(ev->t_ns);
+        }
         if (!wo_trace_kernel_known(trace, ev->l.func))
             name_kernel(ev->l.func);
         for (unsigned i = 0; i < ev->nhits && i < WO_EV_MAX_HITS; i++)
             ensure_range(ev->l.hits[i].id, ev->l.hits[i].gen, ev->t_ns);
         break;
+    }
     case WO_EV_PLACE:
     case WO_EV_PREFETCH:
     case WO_EV_EVICT:
