@@ -1,6 +1,7 @@
 /* uvm/picks-dma.c: picked copies on the copy engine (uvm/picks-dma.h). */
 #include "uvm/picks-dma.h"
 
+#include <dlfcn.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -92,6 +93,11 @@ static struct {
         uint64_t since;
     } doing[2];
     uint64_t gate_since;
+    /* who raised the gate last from closed (the stall report's): the
+     * caller's return address, and whether it was the mirror thread */
+    void *gate_by;
+    bool gate_mirror;
+    uint32_t served[WO_PICKS_STREAMS]; /* the last job's seq served, by stream */
     pthread_cond_t wcv;
     pthread_t th, mth, wth;
     bool wth_on;
@@ -284,6 +290,7 @@ static void *worker(void *arg)
                     break;
                 serve(sl, r == CUDA_SUCCESS);
                 pthread_mutex_lock(&dm.lock);
+                dm.served[ix] = sl->seq;
                 dm.q[ix].head++;
                 sl->state = S_FREE;
                 dm.queued--;
@@ -470,6 +477,22 @@ static void say_doing(char *msg, size_t cap, size_t *used, unsigned who, uint64_
             call, (double)(now - since) / 1e9);
 }
 
+/* "the mirror thread", or "a call from cuMemFree_v2" (the exported
+ * function nearest the address that raised the gate), or "a free or a wait
+ * for the context". */
+static void gate_raiser(char *who, size_t cap)
+{
+    void *by = __atomic_load_n(&dm.gate_by, __ATOMIC_RELAXED);
+    Dl_info di;
+
+    if (__atomic_load_n(&dm.gate_mirror, __ATOMIC_RELAXED))
+        snprintf(who, cap, "the mirror thread (pinning a mirror)");
+    else if (by && dladdr(by, &di) && di.dli_sname)
+        snprintf(who, cap, "a call from %s", di.dli_sname);
+    else
+        snprintf(who, cap, "a free or a wait for the context");
+}
+
 /* A copy engine that stops moving hangs the engine's stream, which waits on
  * the device for the copy thread's flag: when a driver call of the shim's
  * threads, or the oldest queued copy, or the gate has lasted longer than
@@ -486,7 +509,7 @@ static void *watchdog(void *arg)
     while (!dm.stop) {
         struct timespec ts;
         uint64_t now, oldest = 0, gate;
-        char msg[512];
+        char msg[1024];
         size_t used = 0;
 
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -522,12 +545,26 @@ static void *watchdog(void *arg)
         if (oldest && now > oldest && now - oldest > lim)
             add(msg, sizeof(msg), &used, " %u %s queued, the oldest for %.1f s;", dm.queued,
                 dm.queued == 1 ? "copy" : "copies", (double)(now - oldest) / 1e9);
-        if (gate && now > gate && now - gate > lim)
-            add(msg, sizeof(msg), &used,
-                " a free or a wait for the context has held the gate for %.1f s;",
+        if (gate && now > gate && now - gate > lim) {
+            char who[96];
+            gate_raiser(who, sizeof(who));
+            add(msg, sizeof(msg), &used, " %s has held the gate for %.1f s;", who,
                 (double)(now - gate) / 1e9);
+        }
         if (!used)
             continue;
+        /* where each stream with a queued copy stands: its oldest job, the
+         * flag its stream waits on, the last job served. A flag behind the
+         * job before the oldest means an earlier copy has not landed; at it,
+         * the engine's stream has not reached the oldest job's ids */
+        for (unsigned ix = 0, said = 0; ix < WO_PICKS_STREAMS && said < 3; ix++)
+            if (dm.q[ix].head != dm.q[ix].tail) {
+                const struct slot *h = &dm.s[dm.q[ix].ring[dm.q[ix].head % SLOTS]];
+                add(msg, sizeof(msg), &used,
+                    " stream %u: oldest queued job %u, its flag at %u, served up to %u;", ix,
+                    h->seq, __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), dm.served[ix]);
+                said++;
+            }
         /* what may hold the copy thread off: a strict capture */
         add(msg, sizeof(msg), &used, " %d captures under way (%d of them global or thread-local);",
             __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST),
@@ -758,11 +795,14 @@ static void drain(void)
             pthread_mutex_lock(&dm.lock);
             bool say = dm.f.quiesce_timeouts++ == 0; /* said once */
             pthread_mutex_unlock(&dm.lock);
-            if (say)
-                wo_warn("picks: a free waited %llu s for the copy engine's queued copies and "
+            if (say) {
+                char who[96];
+                gate_raiser(who, sizeof(who));
+                wo_warn("picks: %s waited %llu s for the copy engine's queued copies and "
                         "goes on without them (a CUDA graph capture, or a GPU that stopped); "
                         "if the process stops here, run with WOFFLOAD_PICKS_ENGINE=0",
-                        QUIESCE_NS / 1000000000ull);
+                        who, QUIESCE_NS / 1000000000ull);
+            }
             return;
         }
         struct timespec ts = {0, 50000};
@@ -782,8 +822,13 @@ static void drain(void)
 void wo_uvm_quiesce_begin(void)
 {
     if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1 &&
-        __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE)) /* the stall report's */
+        __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE)) { /* the stall report's */
         __atomic_store_n(&dm.gate_since, now_ns(), __ATOMIC_RELAXED);
+        __atomic_store_n(&dm.gate_by, __builtin_return_address(0), __ATOMIC_RELAXED);
+        /* mth_on and mth were set before started was published */
+        __atomic_store_n(&dm.gate_mirror, dm.mth_on && pthread_equal(pthread_self(), dm.mth),
+                         __ATOMIC_RELAXED);
+    }
     drain();
 }
 
