@@ -24,6 +24,8 @@
  *   fit:  a fit: policy: window memory is advised to the host before the
  *         engine writes it; seal chooses what fits the device (attention
  *         first, experts last) and the rest stays host.
+ *   fityield: fit's device weights yield to the host for an engine
+ *         allocation after seal that finds the device full.
  *   fitfirst, fitlate: 24 weights, the experts first, then attention. Served as
  *         managed memory (fitfirst), attention comes past the cap, is
  *         pinned, and fit can only choose among experts; late bound
@@ -135,7 +137,7 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
     /* the consumer thread takes the replays in, then gives the room back */
     for (int i = 0; i < 300 && !returned; i++) {
         CHECK(stats(buf, sizeof(buf)) > 0);
-        returned = strstr(buf, "\"returned_bytes\":25165824}") != NULL;
+        returned = strstr(buf, "\"returned_bytes\":25165824,") != NULL;
         if (!returned)
             usleep(10000);
     }
@@ -302,6 +304,26 @@ static int child(const char *scenario)
             fprintf(stderr, "weight %u does not read back bit-exact\n", i);
             failures++;
         }
+    }
+    if (strcmp(scenario, "fityield") == 0) {
+        /* the engine's allocation after seal past what fit left free (a
+         * b32 step's gather of experts): fit's device weights yield to the
+         * host, the allocation goes through, every weight still reads back */
+        CUdeviceptr big = 0;
+        /* the first failure is the engine's (a caching allocator frees its
+         * cache and asks again, as PyTorch does); the second yields */
+        CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
+        CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_SUCCESS);
+        for (unsigned i = 0; i < NW; i++) {
+            if (!w[i])
+                continue;
+            fill(buf, sz[i] / 8, i);
+            memset(back, 0, WSIZE);
+            CHECK(p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+            CHECK(memcmp(buf, back, sz[i]) == 0);
+        }
+        if (big)
+            CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
     }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
@@ -538,7 +560,7 @@ int main(int argc, char **argv)
         /* the staging room lent: the three managed weights fit left on the
          * host become managed, for the prefetcher to hold while the slots are
          * empty (the other 36 are pinned: they cannot move) */
-        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":0}") != NULL);
+        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":0,") != NULL);
         CHECK(strstr(err, "lent to 24.00 MiB of managed weights") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitauto", stats, err);
@@ -552,7 +574,7 @@ int main(int argc, char **argv)
         static const char *const info[] = {"WOFFLOAD_LOG=info", NULL};
         rc = run(argv, "fitreturn", fit_auto_policy, info, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":25165824}") != NULL);
+        CHECK(strstr(stats, "\"lent_bytes\":25165824,\"returned_bytes\":25165824,") != NULL);
         CHECK(strstr(err, "fit: the staging slots stayed empty through the engine's CUDA graph "
                           "replays: 24.00 MiB of lent weights now stay on the device") != NULL);
         CHECK(strstr(stats, "\"managed\":{\"bytes\":0,") != NULL);
@@ -621,6 +643,25 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitlate", stats, err);
+    }
+
+    /* fityield: the fit scenario's six attention weights on the device (48
+     * MiB: 176 MiB used of 256), then the engine asks 100 MiB after seal:
+     * the device is 20 MiB short. The first failure is the engine's to
+     * answer (PyTorch frees its cache and asks again); at the second, fit's
+     * weights yield three of the six to the host (the largest of the least
+     * valuable class first) and the allocation goes through on the hook's
+     * retry. */
+    if (want(argc, argv, "fityield")) {
+        f0 = failures;
+        rc = run(argv, "fityield", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"yielded_bytes\":25165824,\"yields\":1}") != NULL);
+        CHECK(on_device(stats, "self_attn") == 3);
+        CHECK(strstr(err, "fit: the engine ran out of device memory after seal: 24.00 MiB") !=
+              NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fityield", stats, err);
     }
 
     /* fitexpect: the experts first again, but every name announced before

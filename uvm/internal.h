@@ -176,6 +176,9 @@ struct wo_uvm_state {
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
         uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
         uint64_t returned_bytes; /* ... placed on the device for good: the slots stayed empty */
+        uint64_t yielded_bytes;  /* fit's device weights moved to the host for the engine's
+                                  * allocations after seal (wo_place_fit_yield) */
+        uint64_t yields;         /* engine allocations that took them */
         bool returned;          /* the room went back to weights (once) */
         size_t names;
     } fit;

@@ -275,3 +275,79 @@ uint64_t wo_place_fit_return(void)
             failed ? "; some could not be moved and stay managed" : "");
     return moved;
 }
+
+struct yielder {
+    struct wo_alloc *a;
+    struct wo_tag *t;
+    int cls;
+};
+
+static int yield_cmp(const void *pa, const void *pb)
+{
+    const struct yielder *a = pa, *b = pb;
+
+    if (a->cls != b->cls)
+        return a->cls > b->cls ? -1 : 1; /* the least valuable class first */
+    return a->t->size > b->t->size ? -1 : a->t->size < b->t->size; /* then the larger */
+}
+
+/* The engine ran out of device memory after seal (issue 41: transformers'
+ * default experts backend gathers the picked experts' weights, 1.5 to 3 GiB
+ * at b32, past fit's reserve): the weights fit chose for the device yield,
+ * the least valuable first by the tensor classes (embeddings, routed experts,
+ * the output head, ...), moved to the host at the same address until need
+ * bytes are free. Names an explicit rule placed stay. Their later reads cross
+ * PCIe: speed, never data. Returns the bytes moved. */
+uint64_t wo_place_fit_yield(uint64_t need)
+{
+    struct yielder *v;
+    size_t n = 0, cap = 64;
+    uint64_t moved = 0;
+    char b1[32];
+
+    if (!need || !wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled)
+        return 0;
+    v = malloc(cap * sizeof(*v));
+    for (size_t i = 0; v && i < wo_uvm.alloc_hash_size; i++)
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; v && a; a = a->next) {
+            if (a->kind != WO_KIND_MANAGED)
+                continue;
+            for (size_t k = 0; k < a->ntags; k++) {
+                struct wo_tag *t = &a->tags[k];
+                if (t->place != WO_PLACE_DEVICE || t->name->rule >= 0)
+                    continue;
+                if (n == cap) {
+                    struct yielder *w = realloc(v, 2 * cap * sizeof(*v));
+                    if (!w)
+                        break;
+                    v = w;
+                    cap *= 2;
+                }
+                v[n++] = (struct yielder){a, t, wo_fit_class(t->name->s)};
+            }
+        }
+    if (!v)
+        return 0;
+    qsort(v, n, sizeof(*v), yield_cmp);
+    for (size_t i = 0; i < n && moved < need; i++) {
+        if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true, true) < 0)
+            continue; /* said by wo_place_apply_range */
+        v[i].t->place = v[i].t->name->place = WO_PLACE_HOST;
+        moved += v[i].t->size;
+    }
+    free(v);
+    if (!moved)
+        return 0;
+    (void)wo_place_sync();
+    wo_uvm.fit.yielded_bytes += moved;
+    wo_uvm.fit.yields++;
+    wo_uvm.fit.device_bytes -= WO_MIN(moved, wo_uvm.fit.device_bytes);
+    wo_uvm.fit.rest_bytes += moved;
+    wo_log_once(WO_LOG_WARN,
+                "fit: the engine ran out of device memory after seal: %s of the weights fit had "
+                "placed on the device moved to the host to make room (the least valuable "
+                "first; their later reads cross PCIe). fit's reserve keeps room for what the "
+                "engine allocates after seal (docs/policy.md, fit: reserve)",
+                wo_format_size(moved, b1, sizeof(b1)));
+    return moved;
+}

@@ -52,6 +52,10 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
 /* Chooses under fit: what stays on the device, from every tagged name and
  * the device's free and total memory; sets the device budget (auto). */
 void wo_place_fit(size_t free_b, size_t total_b);
+/* The engine is short of need bytes of device memory after seal: fit's
+ * device weights move to the host, the least valuable first, until need
+ * bytes are free; returns the bytes moved. */
+uint64_t wo_place_fit_yield(uint64_t need);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);

@@ -567,6 +567,8 @@ int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
     return 1;
 }
 
+#define OOM_AGAIN_NS (5ull * 1000000000ull)
+
 uint64_t wo_uvm_engine_oom(size_t size)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -582,6 +584,25 @@ uint64_t wo_uvm_engine_oom(size_t size)
         wo_warn("the engine ran out of device memory (an allocation of %s): %s of hot experts "
                 "given back, the allocation tried again; %u hot sets stay, no more are made",
                 wo_format_size(size, b1, sizeof(b1)), wo_format_size(freed, b2, sizeof(b2)), left);
+    if (freed < need && __atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) == 1) {
+        /* Then fit's weights (place-fit.c), but only at the second failure
+         * within OOM_AGAIN_NS: an engine with a caching allocator (PyTorch)
+         * answers the first by freeing its cached blocks and asking again,
+         * which may be all it needed; weights moved for nothing would read
+         * over PCIe for good. An engine that does not ask again gets the
+         * failure it would have had without fit's weights on the device. */
+        static uint64_t armed;
+        uint64_t now = wo_now_ns();
+
+        pthread_mutex_lock(&wo_uvm.lock);
+        if (armed && now - armed < OOM_AGAIN_NS) {
+            freed += wo_place_fit_yield(need - freed);
+            armed = 0;
+        } else if (wo_uvm.sealed && wo_uvm.g && wo_uvm.g->fit.enabled) {
+            armed = now;
+        }
+        pthread_mutex_unlock(&wo_uvm.lock);
+    }
     return freed;
 }
 
