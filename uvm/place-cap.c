@@ -82,7 +82,7 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
         report_cap(nm, size, "passes through as device memory");
         return false;
     }
-    r = wo_place_can_pin(d) ? wo_place_serve_pinned(d, a, nm ? nm : "(window)", p)
+    r = wo_place_can_pin(d) ? wo_place_serve_pinned(d, a, nm ? nm : "(window)", NULL, 0, p)
                             : CUDA_ERROR_NOT_SUPPORTED;
     if (r != CUDA_SUCCESS) {
         char b[32];

@@ -23,9 +23,10 @@ int wo_place_sync(void);
 /* Whether the driver table can serve pinned, device-mapped host memory. */
 bool wo_place_can_pin(const struct wo_driver *d);
 /* Serves a with pinned, device-mapped host memory: CUDA_SUCCESS and *p, or
- * the driver's error. */
+ * the driver's error. ready (ready_len as wo_pin_host gives it): memory
+ * pinned already for it (place-prepin.c), else NULL: pinned here. */
 CUresult wo_place_serve_pinned(const struct wo_driver *d, struct wo_alloc *a, const char *name,
-                               CUdeviceptr *p);
+                               void *ready, size_t ready_len, CUdeviceptr *p);
 /* A tag scope's allocation whose rule pins (host, pin: true) is served as
  * pinned memory from its first byte. False: pinning failed under
  * pin_fallback: stop (said why; the caller fails the allocation with

@@ -119,20 +119,18 @@ void wo_place_unpin(const struct wo_driver *d, struct wo_alloc *a, CUresult *ret
 }
 
 CUresult wo_place_serve_pinned(const struct wo_driver *d, struct wo_alloc *a, const char *name,
-                               CUdeviceptr *p)
+                               void *ready, size_t ready_len, CUdeviceptr *p)
 {
-    void *host = NULL;
-    size_t len = 0;
+    void *host = ready;
+    size_t len = ready_len;
     uint64_t t0;
-    CUresult r;
+    CUresult r = CUDA_SUCCESS;
 
     if (!wo_uvm.sealed)
         wo_progress_begin(&wo_uvm.pin_progress, "pinning host memory");
     t0 = wo_now_ns();
-    /* an announced host tensor: a buffer pinned ahead, when one is ready */
-    if (a->expect_ix && wo_place_prepin_take(a->size, &host, &len))
-        r = CUDA_SUCCESS;
-    else
+    /* ready: pinned ahead of the loader (place-prepin.c) */
+    if (!ready)
         r = wo_pin_host(d, a->size, NULL, 0, &host, &len);
     wo_uvm.pin_ns += wo_now_ns() - t0;
     if (r != CUDA_SUCCESS)
@@ -165,7 +163,7 @@ bool wo_place_pin_named(const struct wo_driver *d, struct wo_alloc *a, const str
 
     if (pending->place != WO_PLACE_HOST || !n->pin || !wo_place_can_pin(d))
         return true;
-    r = wo_place_serve_pinned(d, a, n->s, p);
+    r = wo_place_serve_pinned(d, a, n->s, NULL, 0, p);
     if (r == CUDA_SUCCESS || a->kind == WO_KIND_PINNED)
         return true;
     wo_uvm.pin_failures++;

@@ -394,9 +394,15 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
      * cap's room to what stays on the device. */
     if (!scope_name)
         expected = wo_place_expect_claim(d, a);
-    if (expected == WO_PLACE_HOST && !wo_place_bind_enabled() && wo_place_can_pin(d))
-        wo_place_expect_served(a, wo_place_serve_pinned(d, a, "(announced host tensor)", &p) ==
-                                      CUDA_SUCCESS);
+    if (expected == WO_PLACE_HOST && !wo_place_bind_enabled() && wo_place_can_pin(d)) {
+        /* a buffer pinned ahead of the loader, when one is ready */
+        void *ready = NULL;
+        size_t ready_len = 0;
+
+        (void)wo_place_prepin_take(a->size, &ready, &ready_len);
+        wo_place_expect_served(a, wo_place_serve_pinned(d, a, "(announced host tensor)", ready,
+                                                        ready_len, &p) == CUDA_SUCCESS);
+    }
     /* Late binding: a VMM range instead of managed memory (place-bind.c);
      * no managed cap, since its device backing is plain device memory. */
     if (a->kind == WO_KIND_MANAGED && wo_place_bind_enabled())
