@@ -508,7 +508,64 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
                        f"{'-' if r is pc else ratio(r['cb_tok_s'], pc.get('cb_tok_s'))} | "
                        f"{'-' if r['name'].startswith('host-free') else ratio(r['cb_tok_s'], hf)} | "
                        f"{'-' if r['name'].startswith('hand') else ratio(r['cb_tok_s'], hd)} | {same} |")
+    out += targets(rows, experts, keep_free)
     return "\n".join(out)
+
+
+def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[str]:
+    """Issue 41's targets for the fit rows, one line each: met, NOT met (with
+    the figure), or not measured. Decode at every batch and under continuous
+    batching: at least 1.0x host-free and 1.0x the hand policy under the same
+    blocker, at least 0.9x the bound of its own offloaded bytes, and never
+    slower with more free memory; load at most 1.3x plain; the device peak
+    at most 1.05x the fit size; tokens identical."""
+    by = {r["name"]: r for r in rows}
+    plain = by.get("plain") or {}
+    lines: List[str] = []
+
+    def say(what: str, value: Optional[float], want: float, least: bool = True) -> None:
+        if value is None:
+            lines.append(f"- {what}: not measured")
+        else:
+            ok = value >= want if least else value <= want
+            lines.append(f"- {what}: {'met' if ok else 'NOT met'} ({value:.2f}x, "
+                         f"{'at least' if least else 'at most'} {want:.2f}x)")
+
+    def rate(r: Dict[str, Any], b: str) -> Optional[float]:
+        m = ((r.get("batched") or {}).get(b) or {})
+        return m.get("tok_s")
+
+    fits = sorted((r for r in rows if r["name"].startswith("fit-") and not r["name"].endswith("-cb")
+                   and not r.get("error")), key=lambda r: -float(r.get("fraction") or 0))
+    for r in fits:
+        f = r.get("fraction")
+        hand = by.get(f"hand-{f}") or {}
+        host = by.get("host-free") or {}
+        for b in (r.get("batched") or {}):
+            t = rate(r, b)
+            pb = (plain.get("batched") or {}).get(b) or {}
+            sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
+            bound = int(b) * PCIE_GBS * 1e9 / sb if sb else None
+            hf, hd = rate(host, b), rate(hand, b)
+            say(f"{r['name']} b{b} x host-free", t / hf if t and hf else None, 1.0)
+            say(f"{r['name']} b{b} x hand-{f}", t / hd if t and hd else None, 1.0)
+            say(f"{r['name']} b{b} x bound", t / bound if t and bound else None, 0.9)
+            if t and pb.get("tokens"):
+                m = (r.get("batched") or {}).get(b) or {}
+                lines.append(f"- {r['name']} b{b} tokens: "
+                             f"{'met' if m.get('tokens') == pb['tokens'] else 'NOT met (they differ)'}")
+        say(f"{r['name']} load x plain", r["load_s"] / plain["load_s"]
+            if plain.get("load_s") and r.get("load_s") else None, 1.3, least=False)
+        fb = (r["blocker"]["free_after"] - keep_free) if r.get("blocker") else None
+        say(f"{r['name']} peak x fit size", r["peak_device_bytes"] / fb
+            if fb and r.get("peak_device_bytes") else None, 1.05, least=False)
+    # monotone: more free memory never decodes slower
+    for hi, lo in zip(fits, fits[1:]):
+        for b in (lo.get("batched") or {}):
+            th, tl = rate(hi, b), rate(lo, b)
+            say(f"b{b}: {hi['name']} x {lo['name']} (more free memory)", th / tl if th and tl else None,
+                1.0)
+    return ["", "Issue 41's targets (fit rows):", ""] + lines if lines else []
 
 
 def main() -> int:

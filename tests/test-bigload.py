@@ -123,6 +123,27 @@ class TestMoeTables(unittest.TestCase):
         self.assertRegex(text, r"\| fit-0\.5 \| 0\.5 \|.*\| 12\.00 / 9\.00 \|")
         self.assertRegex(text, r"\| plain \| all \|.*\| - \|")
 
+    def test_the_targets_of_the_fit_rows(self):
+        rows = [dict(r) for r in self.rows]
+        rows.append(row("fit-0.25", frac=0.25, rates={1: 40.0, 8: 30.0},
+                        offloaded=[[EXPERT.format(0), "host", 11 * GB]],
+                        fit={"budget": 2**30}, peak=int(1.5 * 2**30)))
+        rows.append(row("hand-0.25", frac=0.25, rates={1: 20.0, 8: 20.0}))
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertIn("Issue 41's targets (fit rows):", text)
+        # fit-0.5 b1 30 against host-free's 20 and hand's 15
+        self.assertIn("- fit-0.5 b1 x host-free: met (1.50x, at least 1.00x)", text)
+        self.assertIn("- fit-0.5 b1 x hand-0.5: met (2.00x, at least 1.00x)", text)
+        # b8 45 against hand 40, host-free 30
+        self.assertIn("- fit-0.5 b8 x hand-0.5: met (1.12x, at least 1.00x)", text)
+        # monotone: fit-0.5 (more free) 30 at b1 against fit-0.25's 40: slower
+        self.assertIn("- b1: fit-0.5 x fit-0.25 (more free memory): NOT met (0.75x", text)
+        self.assertIn("- b8: fit-0.5 x fit-0.25 (more free memory): met (1.50x", text)
+        # load 10 s against plain's 10 s; peak 5.5 GiB against 5 GiB free less 1 GiB
+        self.assertIn("- fit-0.5 load x plain: met (1.00x, at most 1.30x)", text)
+        self.assertIn("- fit-0.5 peak x fit size: NOT met (1.10x, at most 1.05x)", text)
+        self.assertIn("- fit-0.5 b1 tokens: met", text)
+
     def test_continuous_batching_table(self):
         rows = [dict(r) for r in self.rows]
         rows += [dict(name="plain-cb", cb_tok_s=300.0, tokens=[[1]], load_s=9.0),
