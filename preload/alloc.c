@@ -116,6 +116,7 @@ CUresult wo_h_mem_alloc(wo_pfn_cuMemAlloc_v2 real, int id, void *ra, CUdeviceptr
 
     WO_HOOK_ENTER(real(dptr, size));
     if (!route(size, WO_API_CU_MEM_ALLOC, dptr, &res, ra)) {
+        wo_uvm_engine_alloc_ahead(size);
         res = real(dptr, size);
         while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
             res = real(dptr, size);
@@ -362,6 +363,7 @@ cudaError_t wo_h_cuda_malloc(wo_pfn_cudaMalloc real, int id, void *ra, void **p,
     if (route(size, WO_API_CUDA_MALLOC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
+        wo_uvm_engine_alloc_ahead(size);
         res = real(p, size);
         while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last))
             if ((res = real(p, size)) == cudaSuccess)

@@ -24,8 +24,10 @@
  *   fit:  a fit: policy: window memory is advised to the host before the
  *         engine writes it; seal chooses what fits the device (attention
  *         first, experts last) and the rest stays host.
- *   fityield: fit's device weights yield to the host for an engine
- *         allocation after seal that finds the device full.
+ *   fityield, fitoom: fit's device weights yield to the host for the
+ *         engine's allocations after seal: past fit's reserve, before they
+ *         are made; on a device full of memory fit does not count, at the
+ *         second failure.
  *   fitfirst, fitlate: 24 weights, the experts first, then attention. Served as
  *         managed memory (fitfirst), attention comes past the cap, is
  *         pinned, and fit can only choose among experts; late bound
@@ -305,15 +307,22 @@ static int child(const char *scenario)
             failures++;
         }
     }
-    if (strcmp(scenario, "fityield") == 0) {
-        /* the engine's allocation after seal past what fit left free (a
-         * b32 step's gather of experts): fit's device weights yield to the
-         * host, the allocation goes through, every weight still reads back */
-        CUdeviceptr big = 0;
-        /* the first failure is the engine's (a caching allocator frees its
-         * cache and asks again, as PyTorch does); the second yields */
-        CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
-        CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_SUCCESS);
+    if (strcmp(scenario, "fityield") == 0 || strcmp(scenario, "fitoom") == 0) {
+        /* fityield: the engine's allocation after seal passes fit's reserve
+         * (a b32 step's gather of experts): fit's device weights yield to
+         * the host before it is made. fitoom: memory fit does not count
+         * (a stream-ordered pool's) fills the device after seal, within
+         * the reserve the next allocation fails: the first failure is the
+         * engine's (a caching allocator frees its cache and asks again, as
+         * PyTorch does), the second yields. Every weight still reads back. */
+        CUdeviceptr big = 0, pool = 0;
+        if (strcmp(scenario, "fityield") == 0) {
+            CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_SUCCESS);
+        } else {
+            CHECK(p_cuMemAllocAsync(&pool, 30 * MiB, 0) == CUDA_SUCCESS);
+            CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
+            CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_SUCCESS);
+        }
         for (unsigned i = 0; i < NW; i++) {
             if (!w[i])
                 continue;
@@ -324,6 +333,8 @@ static int child(const char *scenario)
         }
         if (big)
             CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
+        if (pool)
+            CHECK(p_cuMemFreeAsync(pool, 0) == CUDA_SUCCESS);
     }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
@@ -376,6 +387,9 @@ static int run(char **argv, const char *scenario, const char *policy, const char
         setenv("WOFAKE_MANAGED_GUARD", "1", 1);
         setenv("WOFFLOAD_MANAGED_MARGIN", "32", 1);
         setenv("WOFFLOAD_PROGRESS", "1", 1);
+        /* nothing here registers the router's picks: fit keeps no room for
+         * their buffers unless a scenario says WOFFLOAD_PICKS=1 */
+        setenv("WOFFLOAD_PICKS", "0", 1);
         for (; env && *env; env++)
             putenv((char *)*env);
         execv("/proc/self/exe", argv);
@@ -646,22 +660,37 @@ int main(int argc, char **argv)
     }
 
     /* fityield: the fit scenario's six attention weights on the device (48
-     * MiB: 176 MiB used of 256), then the engine asks 100 MiB after seal:
-     * the device is 20 MiB short. The first failure is the engine's to
-     * answer (PyTorch frees its cache and asks again); at the second, fit's
-     * weights yield three of the six to the host (the largest of the least
-     * valuable class first) and the allocation goes through on the hook's
-     * retry. */
+     * MiB: 176 MiB used of 256, no reserve), then the engine asks 100 MiB
+     * after seal: past the reserve by all of it, so all six yield to the
+     * host before the allocation, which goes through at once: the process
+     * stays within the fit size. */
     if (want(argc, argv, "fityield")) {
         f0 = failures;
         rc = run(argv, "fityield", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"yielded_bytes\":25165824,\"yields\":1}") != NULL);
-        CHECK(on_device(stats, "self_attn") == 3);
-        CHECK(strstr(err, "fit: the engine ran out of device memory after seal: 24.00 MiB") !=
-              NULL);
+        CHECK(strstr(stats, "\"yielded_bytes\":50331648,\"yields\":1,") != NULL);
+        CHECK(on_device(stats, "self_attn") == 0);
+        CHECK(strstr(err, "fit: the engine's allocations after seal passed fit's reserve (0 B): "
+                          "48.00 MiB") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fityield", stats, err);
+    }
+
+    /* fitoom: a 24 MiB reserve of the 112 MiB budget: 11 weights (88 MiB)
+     * on the device, 40 MiB free; a stream-ordered allocation after seal
+     * (not counted against the reserve) leaves 10 MiB, and the engine's 16
+     * MiB, within the reserve, finds no room: at its second failure one
+     * weight (8 MiB) yields, and the hook's retry goes through. */
+    if (want(argc, argv, "fitoom")) {
+        f0 = failures;
+        rc = run(argv, "fitoom", fit_reserve96_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"yielded_bytes\":8388608,\"yields\":1,") != NULL);
+        CHECK(strstr(err, "fit: the engine ran out of device memory after seal: 8.00 MiB") !=
+              NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitoom", stats, err);
     }
 
     /* fitexpect: the experts first again, but every name announced before
@@ -710,32 +739,37 @@ int main(int argc, char **argv)
     }
 
     /* fitexpectauto: the same under fit's own prefetch mode (auto, which
-     * may stream): the plan sends only experts off the device, which the
-     * router's picks carry, so no room is kept for staging slots (issue
-     * 41: 3 GiB kept, one staging copy in 160 steps). The plan keeps what
-     * the cap lets in (96 MiB): the attention weights and six experts. With
-     * WOFFLOAD_PICKS=0 the slots would carry the experts: room for the
-     * default four is kept. */
+     * may stream), with WOFFLOAD_PICKS=1: the plan sends only experts off
+     * the device, which the router's picks carry, so no room is kept for
+     * staging slots (issue 41: 3 GiB kept, one staging copy in 160 steps),
+     * but the picks' two buffers of an expert tensor are (16 MiB): of the
+     * 104 MiB budget 88 for weights, the attention weights and five
+     * experts. With WOFFLOAD_PICKS=0 the slots would carry the experts:
+     * room for the default four is kept, none for picks. */
     if (want(argc, argv, "fitexpectauto")) {
         f0 = failures;
-        rc = run(argv, "fitexpectauto", fit_auto_policy, NULL, stats, sizeof(stats), err,
-                 sizeof(err));
+        {
+            static const char *const picks[] = {"WOFFLOAD_PICKS=1", NULL};
+            rc = run(argv, "fitexpectauto", fit_auto_policy, picks, stats, sizeof(stats), err,
+                     sizeof(err));
+        }
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"staging_bytes\":0,") != NULL);
+        /* but room for the picked copies' two buffers of an expert tensor */
+        CHECK(strstr(stats, "\"picks_bytes\":16777216}") != NULL);
+        CHECK(strstr(err, "16.00 MiB for the picked copies' buffers") != NULL);
         CHECK(on_device(stats, "self_attn") == 12);
-        CHECK(on_device(stats, "experts") == 6);
-        CHECK(strstr(stats, "\"served_host\":6,") != NULL);
+        CHECK(on_device(stats, "experts") == 5);
+        CHECK(strstr(stats, "\"served_host\":7,") != NULL);
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitexpectauto", stats, err);
         f0 = failures;
-        {
-            static const char *const nopicks[] = {"WOFFLOAD_PICKS=0", NULL};
-            rc = run(argv, "fitexpectauto", fit_auto_policy, nopicks, stats, sizeof(stats), err,
-                     sizeof(err));
-        }
+        rc = run(argv, "fitexpectauto", fit_auto_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
+        CHECK(strstr(stats, "\"picks_bytes\":0}") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitexpectauto (WOFFLOAD_PICKS=0)", stats, err);
     }

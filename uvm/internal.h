@@ -95,6 +95,7 @@ struct wo_alloc {
                                * our huge-page mapping registered with cuMemHostRegister */
     bool capped;              /* pinned because managed memory would have passed the cap */
     uint32_t expect_ix;       /* 1 + the announced name it was matched to (place-expect.c); 0 none */
+    bool after_seal;          /* the engine's device memory after seal, under fit: in fit.engine_after */
     struct wo_bound *bound;   /* WO_KIND_BOUND: the range (uvm/bind.h) */
     enum wo_placement place;  /* untagged bytes: placement applied so far (UNSET: none) */
     bool default_charged;     /* untagged bytes hold host budget (default: host) */
@@ -175,10 +176,13 @@ struct wo_uvm_state {
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
         uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
+        uint64_t picks_bytes;   /* kept for the picked copies' buffers */
         uint64_t returned_bytes; /* ... placed on the device for good: the slots stayed empty */
         uint64_t yielded_bytes;  /* fit's device weights moved to the host for the engine's
                                   * allocations after seal (wo_place_fit_yield) */
         uint64_t yields;         /* engine allocations that took them */
+        uint64_t engine_after;   /* the engine's device memory allocated after seal and live
+                                  * (cuMemAlloc, cudaMalloc): past reserve_bytes, weights yield */
         bool returned;          /* the room went back to weights (once) */
         size_t names;
     } fit;

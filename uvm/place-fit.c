@@ -73,6 +73,24 @@ uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, s
  * so while auto reads in place and the slots stay empty the room holds
  * weights, and when the slots grow the planner gives it back. Returns the
  * bytes lent. */
+/* The device bytes the router's picked copies take when fit's first
+ * choice (wo_place_fit_staging's) sends routed experts off the device and
+ * WOFFLOAD_PICKS is on: WOFFLOAD_PICKS_BUFFERS buffers of the largest such
+ * tensor, for one stream of the engine (uvm/picks.c; 1.5 GiB on the H200's
+ * 128-expert shape, which fit did not count: the process's peak passed the
+ * fit size). An engine that never registers picks leaves it unused. */
+uint64_t wo_place_fit_picks_room(const struct wo_fit_item *v, size_t n)
+{
+    uint64_t largest = 0;
+
+    if (!wo_settings()->picks)
+        return 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i].out != WO_PLACE_DEVICE && wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS)
+            largest = WO_MAX(largest, v[i].size);
+    return largest * wo_settings()->picks_buffers;
+}
+
 uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
                            size_t n, uint64_t staging)
 {
@@ -112,8 +130,9 @@ void wo_place_fit(size_t free_b, size_t total_b)
     bool *lendable;
     size_t n = 0;
     uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
+    uint64_t picks;
     uint64_t lent;
-    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32];
+    char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -166,7 +185,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
     reserve = wo_fit_reserve(fit, budget);
     weights = budget - reserve;
     staging = wo_place_fit_staging(fit, v, n, weights);
-    chosen = wo_fit_choose(fit, v, n, weights - staging);
+    picks = WO_MIN(wo_place_fit_picks_room(v, n), weights - staging);
+    chosen = wo_fit_choose(fit, v, n, weights - staging - picks);
     lent = wo_place_fit_lend(fit, v, lendable, n, staging);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
@@ -188,20 +208,22 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.staging_bytes = staging;
     wo_uvm.fit.reserve_bytes = reserve;
     wo_uvm.fit.lent_bytes = lent;
+    wo_uvm.fit.picks_bytes = picks;
     /* The prefetcher keeps managed bytes, and the streaming executor its
      * slots, within what fit left the weights (with no room kept for slots
      * there are none: the device stays within the fit budget). */
     if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
-        wo_uvm.device_budget = weights > chosen ? weights - chosen : 0;
+        wo_uvm.device_budget = weights - picks > chosen ? weights - picks - chosen : 0;
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds, within the free memory less keep_free; %s of it kept for what the "
                  "engine allocates after seal, %s for staging slots, lent to %s of managed "
-                 "weights while the slots are empty), %s %s over %zu names",
+                 "weights while the slots are empty, %s for the picked copies' buffers), %s %s "
+                 "over %zu names",
                  wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
                  wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
                  wo_format_size(staging, b5, sizeof(b5)), wo_format_size(lent, b7, sizeof(b7)),
-                 wo_format_size(rest, b4, sizeof(b4)),
+                 wo_format_size(picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
                  wo_placement_to_string(fit->rest), n);
 out:
     free(v);
@@ -297,13 +319,14 @@ static int yield_cmp(const void *pa, const void *pb)
  * the least valuable first by the tensor classes (embeddings, routed experts,
  * the output head, ...), moved to the host at the same address until need
  * bytes are free. Names an explicit rule placed stay. Their later reads cross
- * PCIe: speed, never data. Returns the bytes moved. */
-uint64_t wo_place_fit_yield(uint64_t need)
+ * PCIe: speed, never data. Returns the bytes moved. oom: the engine's
+ * allocation failed (else it would pass fit's reserve: wo_uvm_engine_alloc_ahead). */
+uint64_t wo_place_fit_yield(uint64_t need, bool oom)
 {
     struct yielder *v;
     size_t n = 0, cap = 64;
     uint64_t moved = 0;
-    char b1[32];
+    char b1[32], b2[32];
 
     if (!need || !wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled)
         return 0;
@@ -343,11 +366,20 @@ uint64_t wo_place_fit_yield(uint64_t need)
     wo_uvm.fit.yields++;
     wo_uvm.fit.device_bytes -= WO_MIN(moved, wo_uvm.fit.device_bytes);
     wo_uvm.fit.rest_bytes += moved;
-    wo_log_once(WO_LOG_WARN,
-                "fit: the engine ran out of device memory after seal: %s of the weights fit had "
-                "placed on the device moved to the host to make room (the least valuable "
-                "first; their later reads cross PCIe). fit's reserve keeps room for what the "
-                "engine allocates after seal (docs/policy.md, fit: reserve)",
-                wo_format_size(moved, b1, sizeof(b1)));
+    if (oom)
+        wo_log_once(WO_LOG_WARN,
+                    "fit: the engine ran out of device memory after seal: %s of the weights fit "
+                    "had placed on the device moved to the host to make room (the least "
+                    "valuable first; their later reads cross PCIe). fit's reserve keeps room "
+                    "for what the engine allocates after seal (docs/policy.md, fit: reserve)",
+                    wo_format_size(moved, b1, sizeof(b1)));
+    else
+        wo_log_once(WO_LOG_WARN,
+                    "fit: the engine's allocations after seal passed fit's reserve (%s): %s of "
+                    "the weights fit had placed on the device moved to the host, so that the "
+                    "process stays within the fit size (the least valuable first; their later "
+                    "reads cross PCIe; a larger fit: reserve keeps them, docs/policy.md)",
+                    wo_format_size(wo_uvm.fit.reserve_bytes, b2, sizeof(b2)),
+                    wo_format_size(moved, b1, sizeof(b1)));
     return moved;
 }

@@ -53,10 +53,11 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
 /* Chooses under fit: what stays on the device, from every tagged name and
  * the device's free and total memory; sets the device budget (auto). */
 void wo_place_fit(size_t free_b, size_t total_b);
-/* The engine is short of need bytes of device memory after seal: fit's
- * device weights move to the host, the least valuable first, until need
- * bytes are free; returns the bytes moved. */
-uint64_t wo_place_fit_yield(uint64_t need);
+/* The engine is short of need bytes of device memory after seal (oom: its
+ * allocation failed; else its allocations after seal would pass fit's
+ * reserve): fit's device weights move to the host, the least valuable first,
+ * until need bytes are free; returns the bytes moved. */
+uint64_t wo_place_fit_yield(uint64_t need, bool oom);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);
@@ -64,6 +65,9 @@ uint64_t wo_place_engine_bytes(void);
  * (place-fit.c); sets v[].out to a first choice with the whole budget. */
 uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
                               uint64_t budget);
+/* The device bytes of the picked copies' buffers when fit's first choice
+ * (v[].out) sends routed experts off the device (WOFFLOAD_PICKS). */
+uint64_t wo_place_fit_picks_room(const struct wo_fit_item *v, size_t n);
 /* Lends the staging room to the tensors fit would choose next among the
  * lendable ones (v[].out becomes MANAGED); returns the bytes lent. */
 uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,

@@ -602,7 +602,7 @@ uint64_t wo_uvm_engine_oom(size_t size)
 
         pthread_mutex_lock(&wo_uvm.lock);
         if (armed && now - armed < OOM_AGAIN_NS) {
-            freed += wo_place_fit_yield(need - freed);
+            freed += wo_place_fit_yield(need - freed, true);
             armed = 0;
         } else if (wo_uvm.sealed && wo_uvm.g && wo_uvm.g->fit.enabled) {
             armed = now;
@@ -610,6 +610,28 @@ uint64_t wo_uvm_engine_oom(size_t size)
         pthread_mutex_unlock(&wo_uvm.lock);
     }
     return freed;
+}
+
+/* The engine's own device allocations counted against fit's reserve. */
+static bool counted_after_seal(int api)
+{
+    return wo_uvm.sealed && wo_uvm.g && wo_uvm.g->fit.enabled && wo_uvm.fit.budget &&
+           (api == WO_API_CU_MEM_ALLOC || api == WO_API_CUDA_MALLOC);
+}
+
+void wo_uvm_engine_alloc_ahead(size_t size)
+{
+    if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1)
+        return;
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (counted_after_seal(WO_API_CU_MEM_ALLOC)) {
+        uint64_t will = wo_uvm.fit.engine_after + size;
+        uint64_t over = will > wo_uvm.fit.reserve_bytes ? will - wo_uvm.fit.reserve_bytes : 0;
+
+        if (over > wo_uvm.fit.yielded_bytes)
+            (void)wo_place_fit_yield(over - wo_uvm.fit.yielded_bytes, false);
+    }
+    pthread_mutex_unlock(&wo_uvm.lock);
 }
 
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)
@@ -630,6 +652,10 @@ void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, in
     a->kind = WO_KIND_OBSERVED;
     a->flags = range_flags & ~(uint32_t)WO_RANGE_PLACEABLE;
     pthread_mutex_lock(&wo_uvm.lock);
+    if (counted_after_seal(api)) {
+        a->after_seal = true;
+        wo_uvm.fit.engine_after += size;
+    }
     a->below_min_size = wo_uvm.g && wo_uvm.window_open && size < wo_uvm.g->window.min_size;
     old = wo_alloc_find_base(ptr);
     if (old && old->kind != WO_KIND_OBSERVED) {
@@ -701,7 +727,8 @@ void wo_uvm_observe_free(CUdeviceptr ptr, int api)
         wo_alloc_unlink(a);
         if (a->ours_in_registry)
             (void)wo_registry_remove(ptr, NULL);
-        wo_place_expect_release(a);
+        if (a->after_seal)
+            wo_uvm.fit.engine_after -= WO_MIN(a->size, wo_uvm.fit.engine_after);
         wo_alloc_destroy(a);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
