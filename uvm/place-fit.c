@@ -330,6 +330,11 @@ uint64_t wo_place_fit_yield(uint64_t need, bool oom)
 
     if (!need || !wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled)
         return 0;
+    /* moves are driver calls on the placement stream: never while a
+     * capture is under way (a global one would be broken), and none begins
+     * meanwhile; the next allocation outside it catches up */
+    if (!wo_driver_enter())
+        return 0;
     v = malloc(cap * sizeof(*v));
     for (size_t i = 0; v && i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; v && a; a = a->next) {
@@ -349,8 +354,10 @@ uint64_t wo_place_fit_yield(uint64_t need, bool oom)
                 v[n++] = (struct yielder){a, t, wo_fit_class(t->name->s)};
             }
         }
-    if (!v)
+    if (!v) {
+        wo_driver_leave();
         return 0;
+    }
     qsort(v, n, sizeof(*v), yield_cmp);
     for (size_t i = 0; i < n && moved < need; i++) {
         if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true, true) < 0)
@@ -359,9 +366,11 @@ uint64_t wo_place_fit_yield(uint64_t need, bool oom)
         moved += v[i].t->size;
     }
     free(v);
+    if (moved)
+        (void)wo_place_sync();
+    wo_driver_leave();
     if (!moved)
         return 0;
-    (void)wo_place_sync();
     wo_uvm.fit.yielded_bytes += moved;
     wo_uvm.fit.yields++;
     wo_uvm.fit.device_bytes -= WO_MIN(moved, wo_uvm.fit.device_bytes);
