@@ -597,15 +597,14 @@ uint64_t wo_uvm_engine_oom(size_t size)
          * which may be all it needed; weights moved for nothing would read
          * over PCIe for good. An engine that does not ask again gets the
          * failure it would have had without fit's weights on the device. */
-        static uint64_t armed;
         uint64_t now = wo_now_ns();
 
         pthread_mutex_lock(&wo_uvm.lock);
-        if (armed && now - armed < OOM_AGAIN_NS) {
+        if (wo_uvm.fit.oom_at && now - wo_uvm.fit.oom_at < OOM_AGAIN_NS) {
             freed += wo_place_fit_yield(need - freed, true);
-            armed = 0;
+            wo_uvm.fit.oom_at = 0;
         } else if (wo_uvm.sealed && wo_uvm.g && wo_uvm.g->fit.enabled) {
-            armed = now;
+            wo_uvm.fit.oom_at = now;
         }
         pthread_mutex_unlock(&wo_uvm.lock);
     }
@@ -621,7 +620,10 @@ static bool counted_after_seal(int api)
 
 void wo_uvm_engine_alloc_ahead(size_t size)
 {
-    if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1)
+    /* every engine allocation passes here: without fit, no lock (the
+     * policy's globals are set before the state is published) */
+    if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1 || !wo_uvm.g ||
+        !wo_uvm.g->fit.enabled)
         return;
     pthread_mutex_lock(&wo_uvm.lock);
     if (counted_after_seal(WO_API_CU_MEM_ALLOC)) {
