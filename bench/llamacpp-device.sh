@@ -13,6 +13,12 @@
 #   build          llama.cpp (llama-server, llama-batched-bench, libllama) in
 #                  /tmp/llb, the moe32 GGUF /tmp/x.gguf and the shim in build-gpu, at
 #                  once: about 5 min cold, nothing when they are there
+#   build-bg       build in a process session of its own (nice 15), its log in
+#                  /tmp/bgb.log, beside the next steps (`shim build-bg suite1`: the
+#                  suite's first part, 254 s, hides llama.cpp's 300 s build; the
+#                  prebuilt .peers/llb-bin.txz no longer travels with the tree,
+#                  whose tracked files are 60 MB of the 64 MiB a call takes);
+#                  build-wait waits for it (until 560 s into the call)
 #   gguf128        the 128-expert GGUF /tmp/x-moe128.gguf (bench/gguf-shape.py);
 #                  gguf128-bg starts it in the background (then `gguf128-bg build
 #                  gguf128` makes both GGUFs and llama.cpp in about 280 s)
@@ -92,6 +98,17 @@ for step in "$@"; do
             LLAMA_SRC=.peers/llama OUT=$OUT/build bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
         rc=$?
         tail -4 "$OUT/build/summary.txt" ;;
+    build-bg)
+        if ! pgrep -f "llamacpp-device.sh build\$" >/dev/null; then
+            (setsid nohup nice -n 15 env OUT=/tmp/bgb bash bench/llamacpp-device.sh build \
+                >/tmp/bgb.log 2>&1 </dev/null &)
+        fi
+        rc=0 ;;
+    build-wait)
+        while pgrep -f "llamacpp-device.sh build\$" >/dev/null && [ "$(el)" -lt 560 ]; do sleep 2; done
+        tail -3 /tmp/bgb.log
+        grep -q "build: exit 0" /tmp/bgb.log
+        rc=$? ;;
     shim)
         [ -f build-gpu/build.ninja ] ||
             meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
@@ -216,7 +233,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, gguf128, probe, pack, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
+        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, pack, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"

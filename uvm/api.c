@@ -266,16 +266,27 @@ int wo_api_seal(void)
                     wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)));
         }
         if (wo_uvm.cap.pinned || wo_uvm.cap.passed || wo_uvm.cap.failed) {
-            char pb[32], sb[32], mb[32];
-            wo_warn("seal: managed cap (free device memory minus %s): %llu allocations (%s) were "
-                    "served as pinned host memory and %llu passed through as device memory; "
-                    "%llu tensors (%s) the policy places on the device or managed stay in host "
-                    "memory. Use fit: (docs/policy.md) to choose what stays on the device",
+            char pb[32], sb[32], mb[32], lb[32];
+            bool fit = wo_uvm.g && wo_uvm.g->fit.enabled;
+            /* fit chooses among what can still move: an allocation the cap
+             * served as host memory cannot, and one engine buffer larger than
+             * the free memory (llama.cpp's model buffer) holds every weight */
+            wo_warn("seal: managed cap (free device memory minus %s): %llu allocations (%s, the "
+                    "largest %s) were served as pinned host memory and %llu passed through as "
+                    "device memory; %llu tensors (%s) the policy places on the device or managed "
+                    "stay in host memory. %s",
                     wo_format_size(wo_uvm.cap.margin, mb, sizeof(mb)),
                     (unsigned long long)wo_uvm.cap.pinned,
                     wo_format_size(wo_uvm.cap.pinned_bytes, pb, sizeof(pb)),
+                    wo_format_size(wo_uvm.cap.pinned_largest, lb, sizeof(lb)),
                     (unsigned long long)wo_uvm.cap.passed, (unsigned long long)wo_uvm.cap.stuck_tags,
-                    wo_format_size(wo_uvm.cap.stuck_bytes, sb, sizeof(sb)));
+                    wo_format_size(wo_uvm.cap.stuck_bytes, sb, sizeof(sb)),
+                    !fit ? "Use fit: (docs/policy.md) to choose what stays on the device"
+                    : wo_settings()->late_bind
+                        ? "fit chose among the rest"
+                        : "fit chose among the rest, and cannot move these; late binding "
+                          "(WOFFLOAD_LATE_BIND=1, docs/placement.md) serves an allocation "
+                          "whose 2 MiB granules fit can place one by one");
         }
     }
     wo_uvm.seal_ns = wo_now_ns() - t0;

@@ -155,6 +155,7 @@ struct wo_uvm_state {
                                        * allocation; INT64_MAX before the first */
         uint64_t checks;              /* managed allocations checked against the cap */
         uint64_t pinned, pinned_bytes; /* served as pinned host memory instead */
+        uint64_t pinned_largest;      /* the largest of them (a one-buffer engine's model) */
         uint64_t passed, passed_bytes; /* passed through as device memory (placement device) */
         uint64_t failed, failed_bytes; /* neither worked: passed through, the engine's call decides */
         uint64_t stuck_tags, stuck_bytes; /* tags wanting device/managed on capped pinned memory */

@@ -100,6 +100,7 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
     a->capped = true;
     wo_uvm.cap.pinned++;
     wo_uvm.cap.pinned_bytes += size;
+    wo_uvm.cap.pinned_largest = WO_MAX(wo_uvm.cap.pinned_largest, size);
     report_cap(nm, size, "served as pinned host memory");
     if (n)
         wo_place_count_stuck(n, pending->place, size);

@@ -376,10 +376,11 @@ static void json_body(struct sbuf *b)
         sb_printf(b, "%" PRId64, wo_uvm.cap.min_headroom);
     sb_printf(b,
               ",\"checks\":%" PRIu64 ",\"pinned\":%" PRIu64 ",\"pinned_bytes\":%" PRIu64
-              ",\"passed\":%" PRIu64 ",\"passed_bytes\":%" PRIu64 ",\"failed\":%" PRIu64
+              ",\"pinned_largest\":%" PRIu64 ",\"passed\":%" PRIu64 ",\"passed_bytes\":%" PRIu64 ",\"failed\":%" PRIu64
               ",\"failed_bytes\":%" PRIu64 ",\"stuck_tags\":%" PRIu64 ",\"stuck_bytes\":%" PRIu64
               ",\"unknown_free\":%" PRIu64 ",\"seal_seconds\":%.3f,\"pin_seconds\":%.3f}",
-              wo_uvm.cap.checks, wo_uvm.cap.pinned, wo_uvm.cap.pinned_bytes, wo_uvm.cap.passed,
+              wo_uvm.cap.checks, wo_uvm.cap.pinned, wo_uvm.cap.pinned_bytes, wo_uvm.cap.pinned_largest,
+              wo_uvm.cap.passed,
               wo_uvm.cap.passed_bytes, wo_uvm.cap.failed, wo_uvm.cap.failed_bytes,
               wo_uvm.cap.stuck_tags, wo_uvm.cap.stuck_bytes, wo_uvm.cap.unknown_free,
               (double)wo_uvm.seal_ns / 1e9, (double)wo_uvm.pin_ns / 1e9);

@@ -3,7 +3,11 @@
 
     python3 tests/gpu/test-bigload-gpu.py BUILD/tools/woffload-run
 
-A small Llama (1.1 GiB bf16, 48 MiB tensors) is written with save_pretrained
+A small Llama (24 layers, 2.2 GiB bf16, tensors of 2 to 32 MiB: large
+enough that half its bytes, less keep_free, hold more than the engine's own
+device memory, about 0.3 GiB of workspaces, activations and module code;
+at 8 layers the fit size was below that and no placement could meet it) is
+written with save_pretrained
 and loaded with from_pretrained three ways: without the shim on a free GPU
 (the reference tokens), and under woffload-run with a blocker (ordinary
 device memory, allocated with the placeable window closed) that leaves free
@@ -80,7 +84,7 @@ def child(ckpt: str, fraction: float) -> None:
 def make(ckpt: str) -> int:
     import torch
     import transformers
-    cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=8,
+    cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=6144, num_hidden_layers=24,
                                    num_attention_heads=16, num_key_value_heads=4, vocab_size=8192,
                                    tie_word_embeddings=False)
     torch.manual_seed(0)
