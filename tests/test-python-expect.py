@@ -13,7 +13,10 @@ names, experts first, tagged and sealed under the hand policy `experts:
 host`. The hook must announce every weight the device map puts on a GPU,
 once per tensor (a tied one once), and the shim must serve each expert as
 pinned host memory as it arrives and keep attention movable. A second run
-with WOFFLOAD_KEEP_WARMUP=1 announces nothing.
+with WOFFLOAD_KEEP_WARMUP=1 announces nothing. While the weights load the
+hook keeps PyTorch's caching allocator from splitting cached blocks over 21
+MiB, and before seal gives the cache back and puts the setting back (a
+stand-in torch records the calls).
 """
 import ctypes
 import json
@@ -93,6 +96,14 @@ def child():
     dmap = {n: "cuda:0" for n, _ in params}
     dmap["lm_head.weight"] = "cpu"
 
+    # what the hook uses of torch: the caching allocator's settings
+    calls = []
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        memory=types.SimpleNamespace(_set_allocator_settings=calls.append),
+        empty_cache=lambda: calls.append("empty_cache"))
+    sys.modules["torch"] = torch
+
     mu = types.ModuleType("transformers.modeling_utils")
     warmed = []
     mu.caching_allocator_warmup = lambda *a, **k: warmed.append(1)
@@ -106,12 +117,16 @@ def child():
         p = ctypes.c_uint64()
         assert cu.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(b)) == 0
         ptr[n] = (p.value, b)
+    during = list(calls)
+    _auto._end_load(torch)  # what the first forward's hook does before seal
     for n, (p, b) in ptr.items():
         assert woffload.tag(p, b, n) == 0
     assert woffload.seal() == 0
     st = woffload.stats()
     print("RESULT " + json.dumps({
         "warmed": len(warmed),
+        "allocator_during": during,
+        "allocator_after": calls[len(during):],
         "expect": st["expect"],
         "placements": {n["name"]: n["placement"] for n in st["names"]},
         "cap_pinned": st["managed_cap"]["pinned"]}), flush=True)
@@ -168,10 +183,18 @@ def main():
                       and pp["made"] == pp["taken"], f"pinned ahead: {pp}")
                 check("weights announced before loading" in p.stderr,
                       "the hook's info line on the announced weights")
+                # no cached block over 21 MiB split while loading; at seal
+                # the cache goes back, then the setting (unset: unlimited)
+                check(r["allocator_during"] == ["max_split_size_mb:21"],
+                      f"the allocator's splits limited while loading: {r['allocator_during']}")
+                check(r["allocator_after"] == ["empty_cache", f"max_split_size_mb:{1 << 40}"],
+                      f"the cache given back and the setting put back: {r['allocator_after']}")
             else:
                 check(r["warmed"] == 1, "WOFFLOAD_KEEP_WARMUP=1 keeps transformers' warm-up")
                 check(x["names"] == 0 and x["served_host"] == 0,
                       f"WOFFLOAD_KEEP_WARMUP=1 announces nothing: {x}")
+                check(r["allocator_during"] == [] and r["allocator_after"] == [],
+                      f"WOFFLOAD_KEEP_WARMUP=1 leaves the allocator alone: {r}")
             if failures:
                 print(p.stderr[-3000:])
     print("ok" if not failures else f"{failures} failures")

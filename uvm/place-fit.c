@@ -320,8 +320,8 @@ static int yield_cmp(const void *pa, const void *pb)
  * the output head, ...), moved to the host at the same address until need
  * bytes are free. Names an explicit rule placed stay. Their later reads cross
  * PCIe: speed, never data. Returns the bytes moved. why: the engine's
- * allocation failed, or the next one would pass fit's reserve or leave less
- * than keep_free free (wo_uvm_engine_alloc_ahead). */
+ * allocation failed, or the next one would pass fit's reserve
+ * (wo_uvm_engine_alloc_ahead). */
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
 {
     struct yielder *v;
@@ -383,15 +383,6 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
                     "valuable first; their later reads cross PCIe). fit's reserve keeps room "
                     "for what the engine allocates after seal (docs/policy.md, fit: reserve)",
                     wo_format_size(moved, b1, sizeof(b1)));
-    else if (why == WO_FIT_YIELD_FREE)
-        wo_log_once(WO_LOG_WARN,
-                    "fit: the device's free memory would fall below keep_free (%s) at the "
-                    "engine's next allocation (memory no allocation call shows: module code, "
-                    "pools, managed pages, another process): %s of the weights fit had placed "
-                    "on the device moved to the host first (the least valuable first; their "
-                    "later reads cross PCIe)",
-                    wo_format_size(wo_uvm.g->fit.keep_free, b2, sizeof(b2)),
-                    wo_format_size(moved, b1, sizeof(b1)));
     else
         wo_log_once(WO_LOG_WARN,
                     "fit: the engine's allocations after seal passed fit's reserve (%s): %s of "
@@ -401,25 +392,4 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
                     wo_format_size(wo_uvm.fit.reserve_bytes, b2, sizeof(b2)),
                     wo_format_size(moved, b1, sizeof(b1)));
     return moved;
-}
-
-uint64_t wo_place_fit_short(size_t size)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-    size_t free_b = 0, total_b = 0;
-    uint64_t keep;
-    CUresult r;
-
-    /* nothing of fit's left to yield: not even the driver call */
-    if (!wo_uvm.fit.device_bytes || !d || !d->cuMemGetInfo_v2 || !wo_uvm.g ||
-        !wo_uvm.g->fit.enabled)
-        return 0;
-    if (!wo_driver_enter())
-        return 0; /* under a capture: the next allocation outside it looks */
-    r = d->cuMemGetInfo_v2(&free_b, &total_b);
-    wo_driver_leave();
-    keep = wo_uvm.g->fit.keep_free;
-    if (r != CUDA_SUCCESS || (free_b >= size && free_b - size >= keep))
-        return 0;
-    return keep + size - free_b;
 }

@@ -53,22 +53,20 @@ bool wo_place_capped(const struct wo_driver *d, struct wo_alloc *a, const struct
 /* Chooses under fit: what stays on the device, from every tagged name and
  * the device's free and total memory; sets the device budget (auto). */
 void wo_place_fit(size_t free_b, size_t total_b);
-/* Why fit's device weights yield after seal (wo_place_fit_yield). */
+/* Why fit's device weights yield after seal (wo_place_fit_yield). There is
+ * no rule on the free memory the driver reports: after managed pages move
+ * to the host, cuMemGetInfo still counts them (UVM keeps the freed pages
+ * cached, ../shared/guide/device-facts.md; a cudaMalloc gets them back), so
+ * a yield would not show there; a rule of that kind, tried, ended with
+ * every weight fit had placed on the host (docs/placement.md). */
 enum wo_fit_yield_why {
     WO_FIT_YIELD_RESERVE, /* the engine's allocations would pass fit's reserve */
-    WO_FIT_YIELD_FREE,    /* the next one would leave less than keep_free free */
     WO_FIT_YIELD_OOM,     /* the engine's allocation failed (the second time) */
 };
 /* The engine is short of need bytes of device memory after seal: fit's
  * device weights move to the host, the least valuable first, until need
  * bytes are free; returns the bytes moved. */
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why);
-/* Before an engine allocation of size bytes after seal, while fit holds
- * weights on the device: the bytes to free first so that it leaves fit's
- * keep_free free on the device (memory that no allocation call shows:
- * module code, a pool, managed pages, another process), or 0. Under
- * wo_uvm.lock; wo_uvm_engine_alloc_ahead frees them. */
-uint64_t wo_place_fit_short(size_t size);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);

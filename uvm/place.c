@@ -625,8 +625,6 @@ void wo_uvm_engine_alloc_ahead(size_t size)
     if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1 || !wo_uvm.g ||
         !wo_uvm.g->fit.enabled)
         return;
-    uint64_t need = 0;
-
     pthread_mutex_lock(&wo_uvm.lock);
     if (counted_after_seal(WO_API_CU_MEM_ALLOC)) {
         uint64_t will = wo_uvm.fit.engine_after + size;
@@ -634,21 +632,8 @@ void wo_uvm_engine_alloc_ahead(size_t size)
 
         if (over > wo_uvm.fit.yielded_bytes)
             (void)wo_place_fit_yield(over - wo_uvm.fit.yielded_bytes, WO_FIT_YIELD_RESERVE);
-        need = wo_place_fit_short(size);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
-    if (need) {
-        /* as at an out-of-memory (wo_uvm_engine_oom): hot experts first
-         * (their own lock), then fit's weights */
-        unsigned left = 0;
-        uint64_t freed = wo_picks_give_back(wo_uvm_driver(), need, &left);
-
-        if (freed < need) {
-            pthread_mutex_lock(&wo_uvm.lock);
-            (void)wo_place_fit_yield(need - freed, WO_FIT_YIELD_FREE);
-            pthread_mutex_unlock(&wo_uvm.lock);
-        }
-    }
 }
 
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)

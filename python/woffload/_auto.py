@@ -35,7 +35,10 @@ What it does, in order:
    weight is loaded: the hook announces every weight there by name and
    size (woffload.expect_module, woffload_expect), so the shim places each
    allocation by the name it will have, not by the order it arrives in
-   (docs/placement.md, "Names before bytes").
+   (docs/placement.md, "Names before bytes"). Until seal PyTorch's caching
+   allocator then splits no cached block over 21 MiB (the loader's
+   temporaries, freed into its cache, would hold the next weights wherever
+   the shim served them); at seal the cache goes back and the setting too.
 
 Limits, by design: one model per process (a second model loaded after the
 first forward is neither placeable nor named); memory the engine allocated
@@ -55,6 +58,12 @@ import woffload
 _state_lock = threading.Lock()
 _handle: Optional[Any] = None
 _done = False
+# PyTorch's allocator setting to put back once the weights are loaded
+# (_limit_splits), None when the hook changed nothing
+_splits_back: Optional[str] = None
+# While the weights load, no cached block larger than this is split for a
+# smaller tensor (PyTorch's least: above its 20 MiB large-buffer size)
+LOAD_SPLIT_MB = 21
 
 
 def _log(msg: str, level: str = "info") -> None:
@@ -97,6 +106,7 @@ def _pre_hook(module: Any, args: Any) -> None:
             _log(f"{type(module).__name__}: sealed by the engine already; the hook does nothing",
                  "info")
             return
+        _end_load(sys.modules.get("torch"))
         rep = woffload.tag_module(module)
         r = woffload.seal()
     except Exception as e:  # never break the engine
@@ -140,6 +150,63 @@ def _on_torch_imported(torch: Any) -> None:
     _handle = torch.nn.modules.module.register_module_forward_pre_hook(_pre_hook)
 
 
+def _limit_splits(torch: Any) -> None:
+    """While the weights load, PyTorch's caching allocator splits no cached
+    block larger than LOAD_SPLIT_MB for a smaller tensor.
+
+    The shim serves each allocation by the name announced for its size, and
+    one served as pinned host memory stays there. The loader's temporaries
+    (transformers builds each stacked expert tensor from its experts, an
+    allocation the size of a whole expert tensor) claim such a name, go
+    back to PyTorch's cache when freed, and the cache then cut the next
+    weights out of them: on the H200's 128-expert shape, 29 attention
+    weights of a model whose policy keeps them on the device read over PCIe
+    from inside expert-sized pinned blocks (expect.missed_tags;
+    bench/results/bigload-20261202-0120-moe128-h200). Unsplit, a cached
+    block serves only a tensor of about its own size. _end_load gives the
+    cache back and puts the setting back before seal.
+    """
+    global _splits_back
+    mem = getattr(getattr(torch, "cuda", None), "memory", None)
+    setter = getattr(mem, "_set_allocator_settings", None)
+    if setter is None:
+        _log("PyTorch has no allocator settings to change: the loader's cached blocks may "
+             "hold weights of other sizes", "debug")
+        return
+    conf = ",".join(os.environ.get(k, "") for k in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"))
+    mine = None
+    for item in conf.split(","):
+        key, _, val = item.partition(":")
+        if key.strip() == "max_split_size_mb" and val.strip().isdigit():
+            mine = int(val.strip())
+    if mine is not None and mine <= LOAD_SPLIT_MB:
+        return  # the user's own is tighter
+    try:
+        setter(f"max_split_size_mb:{LOAD_SPLIT_MB}")
+    except Exception as e:  # never break the engine
+        _log(f"could not limit the allocator's splits while loading: {type(e).__name__}: {e}",
+             "warn")
+        return
+    # unset, PyTorch splits any block: a size no block reaches
+    _splits_back = f"max_split_size_mb:{mine if mine is not None else 1 << 40}"
+    _log(f"while the weights load, PyTorch's allocator splits no cached block over "
+         f"{LOAD_SPLIT_MB} MiB", "debug")
+
+
+def _end_load(torch: Any) -> None:
+    """Before seal: the loader's cached blocks go back to the driver (their
+    names' claims with them) and the allocator's setting is put back."""
+    global _splits_back
+    back, _splits_back = _splits_back, None
+    if back is None or torch is None:
+        return
+    try:
+        torch.cuda.empty_cache()
+        torch.cuda.memory._set_allocator_settings(back)
+    except Exception as e:  # never break the engine
+        _log(f"could not put the allocator's setting back: {type(e).__name__}: {e}", "warn")
+
+
 def _on_modeling_utils_imported(mu: Any) -> None:
     """Turns transformers' caching-allocator warm-up into a no-op (item 4 of
     this module's doc) while the shim places and the window is open."""
@@ -177,6 +244,7 @@ def _on_modeling_utils_imported(mu: Any) -> None:
                 if n:
                     _log(f"{n} weights announced before loading ({nbytes / 2**30:.2f} GiB)",
                          "info")
+                    _limit_splits(sys.modules.get("torch"))
         return None
 
     no_warmup._woffload = True  # type: ignore[attr-defined]
