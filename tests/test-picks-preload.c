@@ -26,7 +26,9 @@
  * budget; then `managed` in a budget that holds them, where the launches
  * with picks read a tensor the prefetcher holds wholly on the device in
  * place, with no copy (resident_child); and `host` with a launch that reads
- * three registered tensors, more than a stream's buffers (three_child). */
+ * three registered tensors, more than a stream's buffers (three_child); and
+ * `fit:` with both on the device, then yielded to the host after seal: their
+ * launches read in place, then picked copies (yield_child). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -632,6 +634,61 @@ static int hot_auto_child(const struct hot_env *h, CUstream s)
     return failures ? 1 : 0;
 }
 
+/* fit (YIELD): both tensors on the device, read in place with picks
+ * registered; then the engine allocates past fit's reserve (0), both yield
+ * to the host (least valuable first: experts), and from the next
+ * registration on the launches read picked copies (the span learnt again,
+ * wo_picks_moved); every read right throughout. */
+static int yield_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
+                       long (*stats)(char *, size_t),
+                       CUresult (*htod)(CUdeviceptr, const void *, size_t),
+                       CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+                       CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
+                                          unsigned, unsigned, unsigned, CUstream, void **, void **),
+                       CUresult (*sync)(CUstream), CUresult (*alloc)(CUdeviceptr *, size_t),
+                       CUfunction kg, CUstream s, CUdeviceptr ids, CUdeviceptr out,
+                       unsigned char *const host[2])
+{
+    enum { N = TOKENS * TOPK };
+    uint64_t moved[2] = {0, 0};
+    CUdeviceptr big = 0;
+    char *js;
+
+    for (int phase = 0; phase < 2; phase++) {
+        uint64_t m0 = moved_reads;
+
+        if (phase == 1) /* past fit's reserve (0): the weights yield first */
+            CHECK(alloc(&big, 2u << 20) == CUDA_SUCCESS);
+        for (int step = 0; step < 3; step++)
+            for (int t = 0; t < 2; t++) {
+                uint64_t n = N, width = 8, row = row_of[t], pr = N, st = N, ref[N], got[N];
+                void *params[] = {&w[t], &ids, &n, &width, &row, &out, &pr, &st};
+                int64_t id64[N];
+
+                for (int k = 0; k < N; k++) {
+                    id64[k] = (int64_t)(rng() % E);
+                    ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
+                }
+                CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+                CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, N, 8) == 0);
+                CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                CHECK(sync(s) == CUDA_SUCCESS);
+                CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
+                CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+                CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+            }
+        moved[phase] = moved_reads - m0;
+    }
+    fprintf(stderr, "yield: %llu launches read a picked copy on the device, %llu after the yield\n",
+            (unsigned long long)moved[0], (unsigned long long)moved[1]);
+    CHECK(moved[0] == 0 && moved[1] == 6);
+    js = snapshot(stats);
+    CHECK(js && strstr(js, "\"yielded_bytes\":1572864,\"yields\":1,") != NULL);
+    free(js);
+    check_summary("test-picks-preload yield child");
+    return failures ? 1 : 0;
+}
+
 static int child(void)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -756,6 +813,9 @@ static int child(void)
                            p_cuStreamSync, kernel("gather3", 6, g3sizes, gather3), s, ids, out,
                            h3);
     }
+    if (getenv("WO_PICKS_TEST_YIELD"))
+        return yield_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                           p_cuStreamSync, p_cuMemAlloc, kg, s, ids, out, host);
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
@@ -1052,11 +1112,14 @@ static const char *policies[] = {
     "  - {name: experts, match: [experts], place: host}\n",
     /* THREE: host, three tensors read by one launch (three_child) */
     "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
+    /* YIELD: fit puts both on the device, no reserve (yield_child) */
+    "version: 1\nfit: {device: 100%, keep_free: 16MiB, reserve: 0}\nprefetch: {mode: hot-set}\n",
 };
 #define RESIDENT 2
 #define HOT 3
 #define HOT_AUTO 4
 #define THREE 5
+#define YIELD 6
 
 int main(int argc, char **argv)
 {
@@ -1082,6 +1145,8 @@ int main(int argc, char **argv)
                 setenv("WO_PICKS_TEST_RESIDENT", "1", 1);
             if (i == THREE)
                 setenv("WO_PICKS_TEST_THREE", "1", 1);
+            if (i == YIELD)
+                setenv("WO_PICKS_TEST_YIELD", "1", 1);
             if (i <= 1 && getenv("WOFFLOAD_PICKS_ENGINE") &&
                 strcmp(getenv("WOFFLOAD_PICKS_ENGINE"), "0") != 0)
                 setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);
@@ -1120,7 +1185,7 @@ int main(int argc, char **argv)
             if (i == 0 && getenv("WO_PICKS_TEST_FREER"))
                 CHECK(strstr(log, "the driver refused a stream wait") == NULL &&
                       strstr(log, "(0 frees went on past its wait)") != NULL);
-            if (i != RESIDENT)
+            if (i != RESIDENT && i != YIELD)
                 CHECK(sp &&
                       strstr(sp, i == THREE ? "(model.layers." : "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));

@@ -48,6 +48,8 @@ struct span {
     uint64_t regs, staged, reused, resident;
     struct wo_picks_hot *hot; /* its hot experts on the device (WOFFLOAD_PICKS_HOT), NULL none */
     bool hot_tried;           /* no hot set for it (no room, or a driver failure) */
+    bool stale;               /* its placement changed (wo_picks_moved): learnt again at
+                               * the next registration */
 };
 
 /* The copy engine's source for a span (uvm/picks-dma.h): none (managed
@@ -207,7 +209,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     pthread_mutex_lock(&pk.lock);
     i = find_span(experts, experts + bytes);
     s = i >= 0 ? &pk.s[i] : NULL;
-    if (s && s->rid == rg.id && s->rgen == rg.gen) {
+    if (s && s->rid == rg.id && s->rgen == rg.gen && !s->stale) {
         /* a registration with ids (a layer's, once a forward step); a
          * clear is none */
         s->regs += ids != 0;
@@ -709,6 +711,15 @@ void wo_picks_unused(unsigned n)
 }
 
 /* ---- the books --------------------------------------------------------------- */
+
+void wo_picks_moved(uint64_t lo, uint64_t hi)
+{
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned i = 0; i < pk.n; i++)
+        if (pk.s[i].lo < hi && pk.s[i].hi > lo)
+            pk.s[i].stale = true;
+    pthread_mutex_unlock(&pk.lock);
+}
 
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
 {

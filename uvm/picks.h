@@ -67,6 +67,11 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * streaming keeps the tensor for the others (a batch that picks most
  * experts); with hot experts asked (wo_picks_hot_total), from their first
  * registration on as well. */
+/* The placement of [lo, hi) changed after its registrations began (fit's
+ * weights yielding to the host after seal): a tensor there is learnt again
+ * at its next registration (where it lies: an expert tensor now off the
+ * device gets picked copies). Under uvm/'s lock or none. */
+void wo_picks_moved(uint64_t lo, uint64_t hi);
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
 /* The engine ran out of device memory (wo_uvm_engine_oom) and needs need
  * more bytes: hot sets are freed, once the streams with buffers are done

@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "core/settings.h"
+#include "uvm/picks.h"
 #include "uvm/plan-stream.h"
 
 uint64_t wo_place_engine_bytes(void)
@@ -364,6 +365,9 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
         if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true, true) < 0)
             continue; /* said by wo_place_apply_range */
         v[i].t->place = v[i].t->name->place = WO_PLACE_HOST;
+        /* an expert tensor now off the device: its picked copies begin at
+         * its next registration */
+        wo_picks_moved(v[i].a->base + v[i].t->off, v[i].a->base + v[i].t->off + v[i].t->size);
         moved += v[i].t->size;
     }
     free(v);

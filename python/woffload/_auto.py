@@ -124,14 +124,19 @@ def _pre_hook(module: Any, args: Any) -> None:
 def _hook_experts(module: Any) -> None:
     """Stacked expert tensors the policy put off the device are read as the
     router picked them (woffload.hook_experts: only the picked rows cross
-    PCIe). WOFFLOAD_PICKS=0 leaves them to the streaming executor."""
+    PCIe). Under fit every expert module is hooked: fit's device weights may
+    yield to the host after seal (the engine's own memory past fit's
+    reserve), and an expert tensor that did is then copied as picked, not
+    read whole over PCIe (the shim leaves a registration on the device be).
+    WOFFLOAD_PICKS=0 leaves them to the streaming executor."""
     try:
         st = woffload.stats() or {}
         if not st.get("picks", {}).get("enabled", False):
             return
+        fit = st.get("fit") is not None
         off = [n["name"] for n in st.get("names", [])
                if n.get("placement") in ("host", "managed")]
-        n = woffload.hook_experts(module, off) if off else 0
+        n = woffload.hook_experts(module, None if fit else off) if (off or fit) else 0
     except Exception as e:  # never break the engine
         _log(f"expert picks hooks failed: {type(e).__name__}: {e}", "error")
         return
