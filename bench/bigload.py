@@ -599,10 +599,20 @@ def main() -> int:
                          "each blocker), fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
                          "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
                          "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fp8")
+    ap.add_argument("--fit-reserves", default="",
+                    help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
+                         "one more fit row each beside the default's (fit-rSIZE-F): whether the "
+                         "engine's memory after seal, past the default 256 MiB, is what slows fit")
     ap.add_argument("--stream-slots", default="",
                     help="fit and fit-stream rows: comma-separated slot counts (prefetch.slots), one row each; "
                          "empty: the policy's default")
     args = ap.parse_args()
+    for rv in args.fit_reserves.split(","):
+        try:
+            if rv.strip():
+                parse_size(rv.strip())  # a bad size stops here, before any row runs
+        except ValueError:
+            ap.error(f"--fit-reserves: {rv.strip()!r} is not a size (e.g. 2GiB, 512MiB)")
     if args.worker:
         spec = json.loads(args.worker)
         try:
@@ -646,6 +656,7 @@ def main() -> int:
     if "host-free" in runs:
         both(dict(base, name="host-free", shim=True, policy=hand))
     fitkey = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
+    reserves = [x.strip() for x in args.fit_reserves.split(",") if x.strip()]
     nslots = [x for x in args.stream_slots.split(",") if x] or [""]
     for f in fracs:
         # fit as users run it (prefetch.mode auto under fit: each off-device
@@ -655,6 +666,9 @@ def main() -> int:
             for n in nslots:
                 pol = fitkey + (f"prefetch: {{slots: {int(n)}}}\n" if n else "")
                 both(dict(base, name=f"fit{'-s' + n if n else ''}-{f}", fraction=f, shim=True, policy=pol))
+            for rv in reserves:
+                pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}, reserve: {rv}}}\n"
+                both(dict(base, name=f"fit-r{rv}-{f}", fraction=f, shim=True, policy=pol))
         if "hand" in runs:
             both(dict(base, name=f"hand-{f}", fraction=f, shim=True, policy=hand))
         if "fit-late" in runs:
