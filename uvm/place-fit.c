@@ -328,7 +328,7 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     struct yielder *v;
     size_t n = 0, cap = 64;
     uint64_t moved = 0;
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32];
 
     if (!need || !wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled)
         return 0;
@@ -365,6 +365,14 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
         if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true, true) < 0)
             continue; /* said by wo_place_apply_range */
         v[i].t->place = v[i].t->name->place = WO_PLACE_HOST;
+        /* each move, for the log at info (the warning below is said once) */
+        wo_info("fit: '%s' (%s) moved to the host after seal: %s (fit's reserve %s; the "
+                "engine's allocations since seal, live: %s before this one)",
+                v[i].t->name->s, wo_format_size(v[i].t->size, b1, sizeof(b1)),
+                why == WO_FIT_YIELD_OOM ? "the engine ran out of device memory"
+                                        : "the engine's next allocation would pass fit's reserve",
+                wo_format_size(wo_uvm.fit.reserve_bytes, b3, sizeof(b3)),
+                wo_format_size(wo_uvm.fit.engine_after, b2, sizeof(b2)));
         /* an expert tensor now off the device: its picked copies begin at
          * its next registration */
         wo_picks_moved(v[i].a->base + v[i].t->off, v[i].a->base + v[i].t->off + v[i].t->size);
