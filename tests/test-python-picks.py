@@ -10,7 +10,10 @@ It re-runs itself under LD_PRELOAD with a policy that puts the experts on
 the host, with WOFFLOAD_PICKS unset, with WOFFLOAD_PICKS=0, and with hot
 experts on (WOFFLOAD_PICKS_HOT=1, or the policy's hot_experts: auto: a
 forward of one token then registers its picks too, their hot rows copied
-from the device).
+from the device); then through the automatic hook's own choice
+(_auto._hook_experts): the modules off the device under that policy, and
+every experts module under `fit:` (fit's device weights may yield to the
+host after seal).
 """
 import ctypes
 import json
@@ -147,7 +150,13 @@ def child():
         "1": Module(children={"mlp": Module(children={"experts": resident})})})})})
     st = woffload.stats()
     off = [n["name"] for n in st["names"] if n["placement"] in ("host", "managed")]
-    hooked = woffload.hook_experts(model, off)
+    if os.environ.get("WO_TEST_AUTO"):
+        # the automatic hook's choice after seal (_auto._hook_experts)
+        from woffload import _auto
+        _auto._hook_experts(model)
+        hooked = sum(len(m.pre) for m in (experts, wrong, resident, wrapped))
+    else:
+        hooked = woffload.hook_experts(model, off)
     experts.call(T(0, (4, 16)), ids, T(0, (4, 2)))            # positional
     experts.call(T(0, (4, 16)), top_k_index=ids, top_k_weights=T(0, (4, 2)))  # keyword
     experts.call(T(0, (4, 16)), T(ids.ptr, (4, 2)), T(0, (4, 2)))  # float picks: none
@@ -182,12 +191,17 @@ def main():
         with open(pol_auto, "w") as f:
             f.write("version: 1\ndefault: device\nprefetch: {hot_experts: auto}\nrules:\n"
                     "  - {name: experts, match: [layers.0], place: host}\n")
-        for picks in ("1", "0", "hot", "hotauto"):
+        pol_fit = os.path.join(tmp, "fit.yaml")
+        with open(pol_fit, "w") as f:
+            f.write("version: 1\nfit: {device: 100%, keep_free: 1MiB}\n")
+        for picks in ("1", "0", "hot", "hotauto", "auto", "fit"):
             env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake,
-                       WOFFLOAD_POLICY=pol_auto if picks == "hotauto" else pol,
+                       WOFFLOAD_POLICY={"hotauto": pol_auto, "fit": pol_fit}.get(picks, pol),
                        WOFFLOAD_LOG="info", WOFFLOAD_PICKS="0" if picks == "0" else "1",
                        WOFFLOAD_PICKS_HOT="1" if picks == "hot" else "0",
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
+            if picks in ("auto", "fit"):
+                env["WO_TEST_AUTO"] = "1"
             p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
                                capture_output=True, text=True, env=env, timeout=120)
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
@@ -200,6 +214,22 @@ def main():
             on, hot, auto = picks != "0", picks.startswith("hot"), picks == "hotauto"
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
             w = "model.layers.0.mlp2.experts.gate_up_proj"
+            if picks == "fit":
+                # fit keeps everything on the device here, and the automatic
+                # hook still hooks every experts module, the one on the
+                # device too: fit's weights may yield to the host after seal
+                checks = {
+                    "nothing off the device": r["off"] == [],
+                    "every experts module hooked": r["hooked"] == 3 and r["hooks"] == [1, 0, 1, 1],
+                    "registrations on the device counted, nothing copied":
+                        r["regs"] == {g: 2, d: 2, w: 1},
+                }
+                for what, ok in checks.items():
+                    print(f"{'ok' if ok else 'FAIL'}: fit: {what}")
+                    if not ok:
+                        print(f"    got {r}")
+                        failures += 1
+                continue
             checks = {
                 "the host-placed tensors are the ones off the device":
                     r["off"] == sorted([g, d, w, "model.layers.0.other.stacked"]),
