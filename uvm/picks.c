@@ -50,6 +50,8 @@ struct span {
     bool hot_tried;           /* no hot set for it (no room, or a driver failure) */
     bool stale;               /* its placement changed (wo_picks_moved): learnt again at
                                * the next registration */
+    bool ondev;               /* on the device when learnt: never staged (fit's tensors
+                               * the hook registers all the same); left out of the report */
 };
 
 /* The copy engine's source for a span (uvm/picks-dma.h): none (managed
@@ -256,6 +258,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .rgen = rg.gen,
                        .n_experts = n_experts,
                        .offdev = offdev,
+                       .ondev = !offdev && !bound,
                        .source = source,
                        .wseq = s->wseq + 1,
                        .ids = ids,
@@ -776,7 +779,6 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
 {
     memset(t, 0, sizeof(*t));
     pthread_mutex_lock(&pk.lock);
-    t->spans = pk.n;
     t->regs = pk.regs;
     t->staged = pk.staged;
     t->reused = pk.reused;
@@ -799,6 +801,12 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         struct wo_hot_figs hf;
         struct wo_picks_figs f;
 
+        /* a tensor on the device (under fit the hook registers every
+         * expert tensor: one may yield to the host later) is no picked
+         * tensor until it is copied */
+        if (s->ondev && !s->staged && !s->reused)
+            continue;
+        t->spans++;
         wo_hot_figs(s->hot, &hf);
         /* read back apart: never more from the hot set than in all */
         hot_rows = WO_MIN(hot_rows, rows);
