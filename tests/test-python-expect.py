@@ -21,10 +21,11 @@ stand-in torch records the calls).
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import types
+
+import fakectx
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
@@ -78,12 +79,7 @@ def child():
     import woffload
     from woffload import _auto
 
-    cu = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    assert cu.cuInit(0) == 0
-    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
+    cu = fakectx.context()
     # torch's first CUDA allocation (the shim is set up by then)
     scratch = ctypes.c_uint64()
     assert cu.cuMemAlloc_v2(ctypes.byref(scratch), ctypes.c_size_t(4096)) == 0
@@ -154,14 +150,11 @@ def main():
             env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake, WOFFLOAD_POLICY=pol,
                        WOFFLOAD_LOG="info", WOFFLOAD_KEEP_WARMUP=keep,
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
-                               capture_output=True, text=True, env=env, timeout=120)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode != 0 or not lines:
+            p, r = fakectx.child(__file__, env)
+            if r is None:
                 print(p.stdout + p.stderr)
                 check(False, f"WOFFLOAD_KEEP_WARMUP={keep}: the child exited {p.returncode}")
                 continue
-            r = json.loads(lines[0][7:])
             x = r["expect"]
             experts = [n for n, _, e in names() if e]
             attn = [n for n, _, e in names() if not e]

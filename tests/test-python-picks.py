@@ -18,9 +18,10 @@ host after seal).
 import ctypes
 import json
 import os
-import subprocess
 import sys
 import tempfile
+
+import fakectx
 
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 E, ROW = 8, 4096
@@ -114,12 +115,7 @@ def child():
     sys.path.insert(0, os.path.join(SRC, "python"))
     import woffload
 
-    cu = ctypes.CDLL("libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
-    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
-    assert cu.cuInit(0) == 0
-    assert cu.cuDeviceGet(ctypes.byref(dev), 0) == 0
-    assert cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev) == 0
-    assert cu.cuCtxSetCurrent(ctx) == 0
+    cu = fakectx.context()
 
     def alloc(name, size):
         p = ctypes.c_uint64()
@@ -203,15 +199,12 @@ def main():
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
             if picks in ("auto", "fit"):
                 env["WO_TEST_AUTO"] = "1"
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child"],
-                               capture_output=True, text=True, env=env, timeout=120)
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
-            if p.returncode != 0 or not lines:
+            p, r = fakectx.child(__file__, env)
+            if r is None:
                 print(p.stdout + p.stderr)
                 print(f"FAIL: WOFFLOAD_PICKS={picks}: the child exited {p.returncode}")
                 failures += 1
                 continue
-            r = json.loads(lines[0][7:])
             on, hot, auto = picks != "0", picks.startswith("hot"), picks == "hotauto"
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
             w = "model.layers.0.mlp2.experts.gate_up_proj"

@@ -96,7 +96,8 @@ static bool plan_fit(const struct wo_driver *d)
     size_t n = wo_uvm.expect.n, free_b = 0, total_b = 0;
     struct wo_fit_item *v = calloc(n ? n : 1, sizeof(*v));
     bool *lendable = calloc(n ? n : 1, sizeof(*lendable));
-    uint64_t budget, reserve, weights, staging, picks, cap_room;
+    struct wo_fit_split sp;
+    uint64_t cap_room;
     bool ok = false;
 
     if (!v || !lendable || !d->cuMemGetInfo_v2 ||
@@ -115,19 +116,14 @@ static bool plan_fit(const struct wo_driver *d)
                                     .movable = !e->pinned};
         lendable[i] = !e->pinned;
     }
-    budget = wo_fit_budget(fit, total_b, free_b, wo_place_engine_bytes());
-    reserve = wo_fit_reserve(fit, budget);
-    weights = budget - reserve;
-    staging = wo_place_fit_staging(fit, v, n, weights);
-    picks = WO_MIN(wo_place_fit_picks_room(v, n), weights - staging);
     /* what the plan keeps on the device is managed memory until seal: no
      * more than the cap lets in (the free memory less its margin and what
      * is served already), or the last of it would be pinned after all */
     cap_room = free_b > wo_uvm.cap.margin + wo_uvm.cap.live
                    ? free_b - wo_uvm.cap.margin - wo_uvm.cap.live
                    : 0;
-    (void)wo_fit_choose(fit, v, n, WO_MIN(weights - staging - picks, cap_room));
-    (void)wo_place_fit_lend(fit, v, lendable, n, staging);
+    wo_place_fit_split(fit, v, lendable, n,
+                       wo_fit_budget(fit, total_b, free_b, wo_place_engine_bytes()), cap_room, &sp);
     for (size_t i = 0; i < n; i++)
         wo_uvm.expect.v[i].plan = v[i].out;
     ok = true;

@@ -37,8 +37,8 @@ uint64_t wo_place_engine_bytes(void)
  * Nothing off the device for slots: no room kept. Never more than half the
  * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
  * least two). Sets v[].out (the first choice). */
-uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
-                              uint64_t budget)
+static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
+                            uint64_t budget)
 {
     const struct wo_policy_globals *g = wo_uvm.g;
     uint64_t largest = 0, want, *sizes;
@@ -75,12 +75,12 @@ uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, s
  * weights, and when the slots grow the planner gives it back. Returns the
  * bytes lent. */
 /* The device bytes the router's picked copies take when fit's first
- * choice (wo_place_fit_staging's) sends routed experts off the device and
+ * choice (fit_staging's) sends routed experts off the device and
  * WOFFLOAD_PICKS is on: WOFFLOAD_PICKS_BUFFERS buffers of the largest such
  * tensor, for one stream of the engine (uvm/picks.c; 1.5 GiB on the H200's
  * 128-expert shape, which fit did not count: the process's peak passed the
  * fit size). An engine that never registers picks leaves it unused. */
-uint64_t wo_place_fit_picks_room(const struct wo_fit_item *v, size_t n)
+static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     uint64_t largest = 0;
 
@@ -92,8 +92,8 @@ uint64_t wo_place_fit_picks_room(const struct wo_fit_item *v, size_t n)
     return largest * wo_settings()->picks_buffers;
 }
 
-uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                           size_t n, uint64_t staging)
+static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                         size_t n, uint64_t staging)
 {
     struct wo_fit_item *c;
     size_t *at, nc = 0;
@@ -119,6 +119,23 @@ uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, cons
     return lent;
 }
 
+void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                        size_t n, uint64_t budget, uint64_t limit, struct wo_fit_split *sp)
+{
+    uint64_t weights;
+
+    sp->budget = budget;
+    /* the engine's allocations after seal come out of the same budget:
+     * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
+    sp->reserve = wo_fit_reserve(fit, budget);
+    weights = budget - sp->reserve;
+    sp->staging = fit_staging(fit, v, n, weights);
+    sp->picks = WO_MIN(fit_picks_room(v, n), weights - sp->staging);
+    sp->weights = weights - sp->staging - sp->picks;
+    sp->chosen = wo_fit_choose(fit, v, n, WO_MIN(sp->weights, limit));
+    sp->lent = fit_lend(fit, v, lendable, n, sp->staging);
+}
+
 /* Chooses, from every name the engine tagged, what stays on the device
  * under fit: (policy/fit.c decides; this gathers the items and applies the
  * answer to the tags, before seal_alloc() makes it so). Names an explicit
@@ -130,9 +147,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
     struct wo_tag **tv;
     bool *lendable;
     size_t n = 0;
-    uint64_t engine = 0, resident = 0, chosen = 0, rest = 0, budget, reserve, weights, staging;
-    uint64_t picks;
-    uint64_t lent;
+    uint64_t engine = 0, resident = 0, rest = 0;
+    struct wo_fit_split sp;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
@@ -180,51 +196,47 @@ void wo_place_fit(size_t free_b, size_t total_b)
         wo_place_bind_bytes(&bound_host, &bound_device);
         resident += bound_device;
     }
-    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
-    /* the engine's allocations after seal come out of the same budget:
-     * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
-    reserve = wo_fit_reserve(fit, budget);
-    weights = budget - reserve;
-    staging = wo_place_fit_staging(fit, v, n, weights);
-    picks = WO_MIN(wo_place_fit_picks_room(v, n), weights - staging);
-    chosen = wo_fit_choose(fit, v, n, weights - staging - picks);
-    lent = wo_place_fit_lend(fit, v, lendable, n, staging);
+    wo_place_fit_split(fit, v, lendable, n,
+                       wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine),
+                       UINT64_MAX, &sp);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
             continue;
-        /* wo_place_fit_lend's choices: fit's own are the device or its rest */
-        t->lent = lent && v[i].out == WO_PLACE_MANAGED && fit->rest == WO_PLACE_HOST;
+        /* fit_lend's choices: fit's own are the device or its rest */
+        t->lent = sp.lent && v[i].out == WO_PLACE_MANAGED && fit->rest == WO_PLACE_HOST;
         if (t->place != v[i].out)
             t->applied = false; /* seal_alloc() applies the new placement */
         t->place = t->name->place = v[i].out;
         if (v[i].out == WO_PLACE_HOST)
             rest += t->size;
     }
-    wo_uvm.fit.budget = budget;
-    wo_uvm.fit.device_bytes = chosen;
+    wo_uvm.fit.budget = sp.budget;
+    wo_uvm.fit.device_bytes = sp.chosen;
     wo_uvm.fit.rest_bytes = rest;
     wo_uvm.fit.engine_bytes = engine;
     wo_uvm.fit.names = n;
-    wo_uvm.fit.staging_bytes = staging;
-    wo_uvm.fit.reserve_bytes = reserve;
-    wo_uvm.fit.lent_bytes = lent;
-    wo_uvm.fit.picks_bytes = picks;
+    wo_uvm.fit.staging_bytes = sp.staging;
+    wo_uvm.fit.reserve_bytes = sp.reserve;
+    wo_uvm.fit.lent_bytes = sp.lent;
+    wo_uvm.fit.picks_bytes = sp.picks;
     /* The prefetcher keeps managed bytes, and the streaming executor its
      * slots, within what fit left the weights (with no room kept for slots
      * there are none: the device stays within the fit budget). */
     if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
-        wo_uvm.device_budget = weights - picks > chosen ? weights - picks - chosen : 0;
+        wo_uvm.device_budget =
+            sp.weights + sp.staging > sp.chosen ? sp.weights + sp.staging - sp.chosen : 0;
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds, within the free memory less keep_free; %s of it kept for what the "
                  "engine allocates after seal, %s for staging slots, lent to %s of managed "
                  "weights while the slots are empty, %s for the picked copies' buffers), %s %s "
                  "over %zu names",
-                 wo_format_size(chosen, b1, sizeof(b1)), wo_format_size(budget, b2, sizeof(b2)),
-                 wo_format_size(engine, b3, sizeof(b3)), wo_format_size(reserve, b6, sizeof(b6)),
-                 wo_format_size(staging, b5, sizeof(b5)), wo_format_size(lent, b7, sizeof(b7)),
-                 wo_format_size(picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_format_size(sp.chosen, b1, sizeof(b1)),
+                 wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
+                 wo_format_size(sp.reserve, b6, sizeof(b6)),
+                 wo_format_size(sp.staging, b5, sizeof(b5)), wo_format_size(sp.lent, b7, sizeof(b7)),
+                 wo_format_size(sp.picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
                  wo_placement_to_string(fit->rest), n);
 out:
     free(v);

@@ -70,17 +70,20 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);
-/* The bytes fit keeps for the streaming executor's slots out of budget
- * (place-fit.c); sets v[].out to a first choice with the whole budget. */
-uint64_t wo_place_fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
-                              uint64_t budget);
-/* The device bytes of the picked copies' buffers when fit's first choice
- * (v[].out) sends routed experts off the device (WOFFLOAD_PICKS). */
-uint64_t wo_place_fit_picks_room(const struct wo_fit_item *v, size_t n);
-/* Lends the staging room to the tensors fit would choose next among the
- * lendable ones (v[].out becomes MANAGED); returns the bytes lent. */
-uint64_t wo_place_fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                           size_t n, uint64_t staging);
+/* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
+ * before the bytes): the reserve for the engine's allocations after seal,
+ * room for the streaming executor's slots (none for routed experts with
+ * WOFFLOAD_PICKS on) and for the picked copies' buffers, then the weights
+ * chosen within the rest (and within limit) and the slots' room lent to
+ * managed weights; sets v[].out. */
+struct wo_fit_split {
+    uint64_t budget, reserve, staging, picks;
+    uint64_t weights; /* budget less the reserve, the staging room and the picks' */
+    uint64_t chosen;  /* of it, placed on the device */
+    uint64_t lent;    /* the staging room lent */
+};
+void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                        size_t n, uint64_t budget, uint64_t limit, struct wo_fit_split *sp);
 
 /* ---- names before bytes (place-expect.c) --------------------------------------- */
 

@@ -196,10 +196,10 @@ static void record_picks(uint64_t t_ns)
 {
     static struct picks_rec pr;
     static uint64_t written;
-
-    picks_at = t_ns;
     struct wo_picks_totals t;
     uint64_t sum = 0;
+
+    picks_at = t_ns;
 
     pr.n = 0;
     wo_picks_report(&t, pick_add, &pr);

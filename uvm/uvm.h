@@ -151,13 +151,13 @@ uint64_t wo_uvm_engine_oom(size_t size);
  * *ret_res), 0 to forward. */
 int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res);
 
-/* The hooks report allocations they forwarded (so tags can find them and
- * launches can be attributed) and frees of them. */
 /* The engine is about to allocate size bytes of device memory itself
  * (cuMemAlloc, cudaMalloc) after seal: under fit, the engine's allocations
  * after seal beyond fit's reserve come out of fit's device weights first,
  * so that the process stays within the fit size (place-fit.c). */
 void wo_uvm_engine_alloc_ahead(size_t size);
+/* The hooks report allocations they forwarded (so tags can find them and
+ * launches can be attributed) and frees of them. */
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api);
 void wo_uvm_observe_free(CUdeviceptr ptr, int api);
 
