@@ -57,6 +57,7 @@ import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -83,16 +84,23 @@ def shape_config(shape: str, layers: int) -> Tuple[str, Dict[str, Any]]:
 
 
 class PeakSampler:
-    """Device memory in use by anyone (total - free), sampled every 5 ms."""
+    """Device memory in use by anyone (total - free), sampled every 5 ms; the
+    peak overall and by phase (the worker names it: load, b1, b8, ...), and
+    when and in which phase the overall peak came."""
 
     def __init__(self, torch: Any) -> None:
         self.torch, self.peak, self.stop = torch, 0, False
+        self.phase, self.by_phase, self.peak_phase, self.peak_at = "load", {}, "load", 0.0
+        self.t0 = time.perf_counter()
         self.t = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         while not self.stop:
             free, total = self.torch.cuda.mem_get_info()
-            self.peak = max(self.peak, total - free)
+            used, ph = total - free, self.phase
+            self.by_phase[ph] = max(self.by_phase.get(ph, 0), used)
+            if used > self.peak:
+                self.peak, self.peak_phase, self.peak_at = used, ph, time.perf_counter() - self.t0
             time.sleep(0.005)
 
     def __enter__(self) -> "PeakSampler":
@@ -185,28 +193,36 @@ def quantize_fp8(torch: Any, m: Any) -> int:
     return n
 
 
-def timed_decode(torch: Any, m: Any, ids: Any, n: int, wu: int) -> Tuple[float, List[List[int]], float]:
+def timed_decode(torch: Any, m: Any, ids: Any, n: int, wu: int,
+                 repeats: int) -> Tuple[float, List[List[int]], float, List[float]]:
     """Aggregate decode tok/s of one batch: a warm-up generate of wu tokens
     (prefetch.mode auto decides after the stepper has found the step, about
-    9 tokens, and timed 8 steps in place and 10 streamed: the timed call then
-    runs what it kept; every row warms up the same, plain too), then a full
-    generate of n tokens minus a one-token generate (the prefill). Returns
-    the rate, the greedy tokens and the warm-up's seconds."""
+    9 tokens, and timed 8 steps in place and 10 streamed: the timed calls then
+    run what it kept; every row warms up the same, plain too), then repeats
+    full generates of n tokens, each less a one-token generate (the prefill,
+    timed once after them). Returns the median rate (bench.md: the median of
+    at least 5), the greedy tokens of the first, the warm-up's seconds and
+    every repeat's rate."""
     kw = dict(attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0)
+    fulls: List[float] = []
+    out = None
     with torch.no_grad():
         t1 = time.perf_counter()
         m.generate(ids, max_new_tokens=wu, min_new_tokens=wu, **kw)
         torch.cuda.synchronize()
         first = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        out = m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
-        torch.cuda.synchronize()
-        full = time.perf_counter() - t1
+        for k in range(max(1, repeats)):
+            t1 = time.perf_counter()
+            o = m.generate(ids, max_new_tokens=n, min_new_tokens=n, **kw)
+            torch.cuda.synchronize()
+            fulls.append(time.perf_counter() - t1)
+            out = o if out is None else out
         t1 = time.perf_counter()
         m.generate(ids, max_new_tokens=1, min_new_tokens=1, **kw)
         torch.cuda.synchronize()
         one = time.perf_counter() - t1
-    return ids.shape[0] * (n - 1) / max(full - one, 1e-9), out[:, ids.shape[1]:].tolist(), first
+    rates = [ids.shape[0] * (n - 1) / max(f - one, 1e-9) for f in fulls]
+    return statistics.median(rates), out[:, ids.shape[1]:].tolist(), first, rates
 
 
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -244,6 +260,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         m.eval()
         torch.cuda.synchronize()
         res["load_s"] = time.perf_counter() - t0
+        ps.phase = "after load"
         if spec.get("fp8"):
             t1 = time.perf_counter()
             if wo is not None:
@@ -256,6 +273,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         n = spec["new_tokens"]
         wu = max(n, spec.get("warmup_tokens", n))
         if spec.get("cb"):
+            ps.phase = "cb"
             res.update(e2e.continuous_batching(torch, m, dict(cb=e2e.CB["cb"], repeats=3), wo,
                                                cfg["vocab_size"]))
         else:
@@ -264,8 +282,10 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             prompts = torch.randint(100, cfg["vocab_size"], (max(batches), PROMPT), device="cuda", generator=g)
             res["batched"] = {}
             for i, b in enumerate(batches):
+                ps.phase = f"b{b}"
                 try:
-                    rate, toks, first = timed_decode(torch, m, prompts[:b], n, wu if i == 0 else n)
+                    rate, toks, first, rates = timed_decode(torch, m, prompts[:b], n,
+                                                            wu if i == 0 else n, spec.get("repeats", 5))
                 except torch.OutOfMemoryError as e:
                     # the engine's own memory at this batch, not the shim's:
                     # transformers' default experts backend gathers the
@@ -279,7 +299,8 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
                     del e
                     torch.cuda.empty_cache()
                     break
-                row: Dict[str, Any] = dict(tok_s=rate, tokens=toks, first_generate_s=first)
+                row: Dict[str, Any] = dict(tok_s=rate, tok_s_repeats=rates, tokens=toks,
+                                           first_generate_s=first)
                 if moe and spec.get("distinct"):
                     row["distinct_experts"] = e2e.distinct_experts(torch, m, prompts[:b], cfg)
                 res["batched"][str(b)] = row
@@ -287,6 +308,9 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             first_b = res["batched"][str(batches[0])]
             res["decode_tok_s"], res["tokens"] = first_b["tok_s"], first_b["tokens"][0]
     res["peak_device_bytes"] = ps.peak - base
+    # where the peak came: by phase, and the overall one's phase and time
+    res["peak_by_phase"] = {ph: v - base for ph, v in ps.by_phase.items()}
+    res["peak_phase"], res["peak_at_s"] = ps.peak_phase, ps.peak_at
     res["weight_bytes"] = spec["weight_bytes"]
     if wo is not None:
         st = wo.stats() or {}
@@ -399,6 +423,20 @@ def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
+           experts: int) -> Tuple[Optional[float], Optional[float]]:
+    """Row r's bounds at batch b: the PCIe bound (its offloaded distinct bytes
+    a step at 55 GB/s), and the bound its rate is judged by: the lesser of
+    that and plain's rate at b (a step is never faster than the engine's own
+    step with every weight on the device: at b1 on the 128-expert shape the
+    engine's launches, not PCIe, set plain's pace)."""
+    pb = (plain.get("batched") or {}).get(b) or {}
+    sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
+    pcie = int(b) * PCIE_GBS * 1e9 / sb if sb else None
+    floor = pb.get("tok_s")
+    return pcie, (min(pcie, floor) if pcie and floor else pcie)
+
+
 def step_bytes(offloaded: List[List[Any]], distinct: Optional[List[float]], experts: int) -> Optional[float]:
     """Bytes a decode step must read over PCIe: each offloaded name's bytes,
     an expert tensor's at its layer's distinct share (the distinct experts
@@ -476,22 +514,26 @@ def moe_tables(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> str:
                    f"{gib((pl.get('managed') or {}).get('bytes'))} | "
                    f"{gib(cap.get('pinned_bytes'))} / {gib(cap.get('passed_bytes'))} | "
                    f"{announced(r.get('expect'))} |")
-    out += [""] + head(["run", "free F", "batch", "tok/s", "bound tok/s", "x bound", "x host-free",
-                        "x hand, same F", "tokens = plain"])
+    out += ["", "tok/s: the median of the timed generates (their spread in bigload.json: "
+            "tok_s_repeats); PCIe bound: the row's offloaded distinct bytes a step at 55 GB/s; "
+            "x bound: against the lesser of the PCIe bound and plain (the engine's own step).", ""]
+    out += head(["run", "free F", "batch", "tok/s", "min-max", "PCIe bound tok/s", "x bound", "x host-free",
+                 "x hand, same F", "tokens = plain"])
     for r in rows:
         for b, m in (r.get("batched") or {}).items() if not r.get("error") else []:
             if m.get("error"):
-                out.append(f"| {r['name']} | {fr(r)} | {b} | {m['error']} |||||")
+                out.append(f"| {r['name']} | {fr(r)} | {b} | {m['error']} ||||||")
                 continue
             pb = (plain.get("batched") or {}).get(b) or {}
-            sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
-            bound = int(b) * PCIE_GBS * 1e9 / sb if sb else None
+            pcie, bound = bounds(r, plain, b, experts)
+            reps = m.get("tok_s_repeats") or []
+            spread = f"{min(reps):.2f}-{max(reps):.2f}" if len(reps) > 1 else "-"
             hf = ((peer(r, "host-free").get("batched") or {}).get(b) or {}).get("tok_s")
             hd = ((peer(r, "hand").get("batched") or {}).get(b) or {}).get("tok_s")
             same = "ref" if r is plain else ("-" if not pb.get("tokens") else
                                              "identical" if m.get("tokens") == pb["tokens"] else "DIFFER")
-            out.append(f"| {r['name']} | {fr(r)} | {b} | {m['tok_s']:.2f} | "
-                       f"{'-' if not bound else f'{bound:.2f}'} | {ratio(m['tok_s'], bound)} | "
+            out.append(f"| {r['name']} | {fr(r)} | {b} | {m['tok_s']:.2f} | {spread} | "
+                       f"{'-' if not pcie else f'{pcie:.2f}'} | {ratio(m['tok_s'], bound)} | "
                        f"{'-' if r['name'].startswith('host-free') else ratio(m['tok_s'], hf)} | "
                        f"{'-' if r['name'].startswith('hand') else ratio(m['tok_s'], hd)} | {same} |")
     cb = [r for r in rows if r["name"].endswith("-cb") and not r.get("error")]
@@ -544,8 +586,7 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
         for b in (r.get("batched") or {}):
             t = rate(r, b)
             pb = (plain.get("batched") or {}).get(b) or {}
-            sb = step_bytes(r.get("offloaded") or [], pb.get("distinct_experts"), experts)
-            bound = int(b) * PCIE_GBS * 1e9 / sb if sb else None
+            _, bound = bounds(r, plain, b, experts)
             hf, hd = rate(host, b), rate(hand, b)
             say(f"{r['name']} b{b} x host-free", t / hf if t and hf else None, 1.0)
             say(f"{r['name']} b{b} x hand-{f}", t / hd if t and hd else None, 1.0)
@@ -559,8 +600,14 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
         fb = (r["blocker"]["free_after"] - keep_free) if r.get("blocker") else None
         say(f"{r['name']} peak x fit size", r["peak_device_bytes"] / fb
             if fb and r.get("peak_device_bytes") else None, 1.05, least=False)
-    # monotone: more free memory never decodes slower
-    for hi, lo in zip(fits, fits[1:]):
+    # monotone: more free memory never decodes slower (rows of one kind,
+    # fit-F or fit-rSIZE-F, at different F)
+    def kind(r: Dict[str, Any]) -> str:
+        return r["name"].rsplit("-", 1)[0]
+
+    pairs = [(hi, lo) for i, hi in enumerate(fits) for lo in fits[i + 1:]
+             if kind(hi) == kind(lo) and hi.get("fraction") != lo.get("fraction")]
+    for hi, lo in pairs:
         for b in (lo.get("batched") or {}):
             th, tl = rate(hi, b), rate(lo, b)
             say(f"b{b}: {hi['name']} x {lo['name']} (more free memory)", th / tl if th and tl else None,
@@ -585,6 +632,8 @@ def main() -> int:
                     help="free F for the fp8 path: its fp8 weights alone are 0.47x the bf16 bytes")
     ap.add_argument("--keep-free", default="1GiB")
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--repeats", type=int, default=5,
+                    help="timed generates a batch after the warm-up: the rate is their median")
     ap.add_argument("--warmup-tokens", type=int, default=48,
                     help="tokens of the untimed first generate (auto's decision is taken in it)")
     ap.add_argument("--log", default="info")
@@ -634,7 +683,7 @@ def main() -> int:
     wb = mk["weight_bytes"]
     batches = [int(x) for x in (args.batches or ("1,8,32" if moe else "1")).split(",") if x]
     base = dict(ckpt=ckpt, shape=args.shape, layers=layers, weight_bytes=wb, new_tokens=args.new_tokens,
-                warmup_tokens=args.warmup_tokens, batches=batches)
+                warmup_tokens=args.warmup_tokens, batches=batches, repeats=args.repeats)
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     rows: List[Dict[str, Any]] = []
     fracs = [float(x) for x in args.fractions.split(",") if x]
@@ -703,7 +752,14 @@ def main() -> int:
             md += (f"\n\n{r['name']}: fit budget {fit['budget'] / 2**20:.0f} MiB: weights "
                    f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "
                    f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
-                   f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB")
+                   f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB; "
+                   f"{fit.get('yielded_bytes', 0) / 2**20:.0f} MiB yielded in {fit.get('yields', 0)} "
+                   f"yields; the engine's allocations after seal peaked at "
+                   f"{fit.get('engine_peak_bytes', 0) / 2**20:.0f} MiB")
+        if r.get("peak_by_phase"):
+            md += (f"\n\n{r['name']}: device peak in phase '{r.get('peak_phase')}' "
+                   f"({r.get('peak_at_s', 0):.0f} s in); by phase (GiB above the blocker): "
+                   + ", ".join(f"{ph} {v / 2**30:.2f}" for ph, v in r["peak_by_phase"].items()))
         if st.get("staged") or st.get("auto_tries"):
             md += ("; " if fit.get("budget") else f"\n\n{r['name']}: ")
             md += (f"streaming: {st.get('redirected')} launches redirected, read in place: "
@@ -717,8 +773,8 @@ def main() -> int:
     what = "Llama shape" if not moe else f"bench/e2e.py's {args.shape} shape"
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({layers} layers, {what}), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
-            f"keep_free {args.keep_free}; bound = offloaded bytes (embedding rows aside) "
-            f"once a token at {PCIE_GBS:.0f} GB/s"
+            f"keep_free {args.keep_free}; {args.repeats} timed generates a batch (the median); "
+            f"PCIe bound = offloaded bytes (embedding rows aside) once a token at {PCIE_GBS:.0f} GB/s"
             + (", an expert tensor at its layer's distinct share of the experts (the routers' picks "
                "in plain at that batch)" if moe else "") + "\n\n")
     with open(os.path.join(args.out, "bigload.md"), "w") as f:

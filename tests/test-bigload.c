@@ -620,6 +620,8 @@ int main(int argc, char **argv)
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"reserve_bytes\":25165824,") != NULL);
         CHECK(strstr(stats, "\"device_bytes\":92274688,") != NULL);
+        CHECK(strstr(err, "fit: the engine's allocations after seal reached 0 B of its 24.00 MiB "
+                          "reserve; no weight yielded (a smaller reserve") != NULL);
         dump_on_failure(f0, "fitreserve96", stats, err);
     }
 
@@ -672,6 +674,12 @@ int main(int argc, char **argv)
         CHECK(on_device(stats, "self_attn") == 0);
         CHECK(strstr(err, "fit: the engine's allocations after seal passed fit's reserve (0 B): "
                           "48.00 MiB") != NULL);
+        /* the high water of the engine's allocations after seal, and the
+         * reserve the exit summary names for the next run */
+        CHECK(strstr(stats, "\"engine_peak_bytes\":104857600}") != NULL);
+        CHECK(strstr(err, "fit: the engine's allocations after seal reached 100.00 MiB against a "
+                          "reserve of 0 B: 1 yields moved 48.00 MiB of fit's device weights to "
+                          "the host; fit: {reserve: 256.00 MiB} keeps them") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fityield", stats, err);
     }
@@ -756,7 +764,7 @@ int main(int argc, char **argv)
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"staging_bytes\":0,") != NULL);
         /* but room for the picked copies' two buffers of an expert tensor */
-        CHECK(strstr(stats, "\"picks_bytes\":16777216}") != NULL);
+        CHECK(strstr(stats, "\"picks_bytes\":16777216,") != NULL);
         CHECK(strstr(err, "16.00 MiB for the picked copies' buffers") != NULL);
         CHECK(on_device(stats, "self_attn") == 12);
         CHECK(on_device(stats, "experts") == 5);
@@ -769,7 +777,7 @@ int main(int argc, char **argv)
                  sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
-        CHECK(strstr(stats, "\"picks_bytes\":0}") != NULL);
+        CHECK(strstr(stats, "\"picks_bytes\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitexpectauto (WOFFLOAD_PICKS=0)", stats, err);
     }

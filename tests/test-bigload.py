@@ -68,22 +68,41 @@ class TestMoeTables(unittest.TestCase):
     def test_bound_is_the_rows_own_distinct_bytes(self):
         # b1: 11 GB x 8/128 = 0.6875 GB a step at 55 GB/s: 80 tok/s; fit's 30 is 0.38x
         c = self.cells("fit-0.5", 1)
-        self.assertEqual(c[4], "80.00")
-        self.assertEqual(c[5], "0.38x")
+        self.assertEqual(c[5], "80.00")
+        self.assertEqual(c[6], "0.38x")
         # b8: 11 GB x 55/128 a step, 8 tokens each: 93.09 tok/s
-        self.assertEqual(self.cells("fit-0.5", 8)[4], "93.09")
+        self.assertEqual(self.cells("fit-0.5", 8)[5], "93.09")
+
+    def test_the_bound_is_never_above_plain(self):
+        # plain at b1 50 tok/s, below the PCIe bound's 80: fit's 30 is 0.60x of 50
+        rows = [dict(r) for r in self.rows]
+        rows[0] = row("plain", rates={1: 50.0, 8: 400.0}, distinct={1: [8], 8: [55]})
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        ln = next(x for x in text.splitlines() if x.startswith("| fit-0.5 | 0.5 | 1 |"))
+        c = [x.strip() for x in ln.split("|")[1:-1]]
+        self.assertEqual(c[5], "80.00")  # the PCIe bound, shown
+        self.assertEqual(c[6], "0.60x")  # judged against plain's 50
+        self.assertIn("- fit-0.5 b1 x bound: NOT met (0.60x, at least 0.90x)", text)
+
+    def test_the_repeats_spread(self):
+        rows = [dict(r) for r in self.rows]
+        rows[2] = dict(rows[2], batched={k: dict(v) for k, v in rows[2]["batched"].items()})
+        rows[2]["batched"]["1"]["tok_s_repeats"] = [29.0, 30.0, 31.5]
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertRegex(text, r"\| fit-0\.5 \| 0\.5 \| 1 \| 30\.00 \| 29\.00-31\.50 \|")
+        self.assertRegex(self.text, r"\| fit-0\.5 \| 0\.5 \| 1 \| 30\.00 \| - \|")
 
     def test_against_host_free_and_the_hand_policy_of_the_same_blocker(self):
         c = self.cells("fit-0.5", 1)
-        self.assertEqual(c[6], "1.50x")  # 30 / 20
-        self.assertEqual(c[7], "2.00x")  # 30 / 15
-        self.assertEqual(self.cells("hand-0.5", 8)[7], "-")  # no ratio to itself
+        self.assertEqual(c[7], "1.50x")  # 30 / 20
+        self.assertEqual(c[8], "2.00x")  # 30 / 15
+        self.assertEqual(self.cells("hand-0.5", 8)[8], "-")  # no ratio to itself
 
     def test_tokens_against_plain(self):
-        self.assertEqual(self.cells("fit-0.5", 1)[8], "identical")
-        self.assertEqual(self.cells("hand-0.5", 1)[8], "DIFFER")
-        self.assertEqual(self.cells("hand-0.5", 8)[8], "identical")
-        self.assertEqual(self.cells("plain", 1)[8], "ref")
+        self.assertEqual(self.cells("fit-0.5", 1)[9], "identical")
+        self.assertEqual(self.cells("hand-0.5", 1)[9], "DIFFER")
+        self.assertEqual(self.cells("hand-0.5", 8)[9], "identical")
+        self.assertEqual(self.cells("plain", 1)[9], "ref")
 
     def test_load_table_says_the_peak_against_the_fit_size(self):
         # 6 GiB free after the blocker, keep_free 1 GiB: a fit size of 5 GiB
@@ -139,6 +158,11 @@ class TestMoeTables(unittest.TestCase):
         # monotone: fit-0.5 (more free) 30 at b1 against fit-0.25's 40: slower
         self.assertIn("- b1: fit-0.5 x fit-0.25 (more free memory): NOT met (0.75x", text)
         self.assertIn("- b8: fit-0.5 x fit-0.25 (more free memory): met (1.50x", text)
+        # a row of another kind (a reserve) at the same F is no "more free memory" pair
+        rows.append(row("fit-r2GiB-0.5", frac=0.5, rates={1: 10.0}, offloaded=[], fit={"budget": 2**30}))
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertNotIn("fit-0.5 x fit-r2GiB-0.5", text)
+        self.assertNotIn("fit-r2GiB-0.5 x fit-0.25", text)
         # load 10 s against plain's 10 s; peak 5.5 GiB against 5 GiB free less 1 GiB
         self.assertIn("- fit-0.5 load x plain: met (1.00x, at most 1.30x)", text)
         self.assertIn("- fit-0.5 peak x fit size: NOT met (1.10x, at most 1.05x)", text)
@@ -223,6 +247,78 @@ class TestRowPlan(unittest.TestCase):
     def test_dense_keeps_its_rows(self):
         names = [s["name"] for s in self.plan("--fractions", "0.5")]
         self.assertEqual(names, ["make", "plain", "fit-0.5", "fp8-plain", "fp8-0.6"])
+
+
+class TestTimedDecode(unittest.TestCase):
+    """The rate is the median of the repeats, each less the one-token
+    generate (the prefill), and the tokens are the first repeat's."""
+
+    def test_median_of_the_repeats(self):
+        class Ids:
+            shape = (2, 3)
+
+            def __getitem__(self, k):
+                return self
+
+        class Out:
+            def __init__(self, v):
+                self.v = v
+
+            def __getitem__(self, k):
+                return self
+
+            def tolist(self):
+                return [[self.v]]
+
+        class NoGrad:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *a):
+                return False
+
+        class Cuda:
+            @staticmethod
+            def synchronize():
+                pass
+
+        class Torch:
+            cuda = Cuda
+
+            @staticmethod
+            def no_grad():
+                return NoGrad()
+
+            @staticmethod
+            def ones_like(x):
+                return x
+
+        calls = []
+
+        class Model:
+            def generate(self, ids, max_new_tokens, min_new_tokens, **kw):
+                calls.append(max_new_tokens)
+                return Out(len(calls))
+
+        # the clock: warm-up 0-5, five repeats of 1.0, 1.2, 0.8, 3.0, 1.1 s, prefill 0.1 s
+        ticks = [0.0, 5.0]
+        t = 10.0
+        for d in (1.0, 1.2, 0.8, 3.0, 1.1, 0.1):
+            ticks += [t, t + d]
+            t += 10.0
+        it = iter(ticks)
+        real = bigload.time.perf_counter
+        bigload.time.perf_counter = lambda: next(it)
+        try:
+            rate, toks, first, rates = bigload.timed_decode(Torch, Model(), Ids(), 9, 12, 5)
+        finally:
+            bigload.time.perf_counter = real
+        self.assertEqual(calls, [12, 9, 9, 9, 9, 9, 1])
+        # batch 2, 8 decode tokens each: 16 / (full - 0.1)
+        self.assertEqual([round(r, 3) for r in rates], [17.778, 14.545, 22.857, 5.517, 16.0])
+        self.assertAlmostEqual(rate, 16.0)
+        self.assertEqual(first, 5.0)
+        self.assertEqual(toks, [[2]])  # the first timed generate's
 
 
 if __name__ == "__main__":

@@ -186,6 +186,7 @@ struct wo_uvm_state {
                                   * (wo_uvm_engine_oom: weights yield at the next one) */
         uint64_t engine_after;   /* the engine's device memory allocated after seal and live
                                   * (cuMemAlloc, cudaMalloc): past reserve_bytes, weights yield */
+        uint64_t engine_peak;    /* engine_after's high water: the reserve this run needed */
         bool returned;          /* the room went back to weights (once) */
         size_t names;
     } fit;

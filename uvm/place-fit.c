@@ -5,6 +5,7 @@
  * gathers the items and applies the answer to the tags. */
 #include "uvm/place-int.h"
 
+#include <inttypes.h>
 #include <stdlib.h>
 
 #include "core/log.h"
@@ -416,4 +417,33 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
                     wo_format_size(wo_uvm.fit.reserve_bytes, b2, sizeof(b2)),
                     wo_format_size(moved, b1, sizeof(b1)));
     return moved;
+}
+
+void wo_place_fit_summary(void)
+{
+    char b1[32], b2[32], b3[32], b4[32];
+    uint64_t peak, reserve, want;
+
+    /* at exit, under wo_uvm.lock (wo_summary_log's caller) */
+    if (!wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.budget)
+        return;
+    peak = wo_uvm.fit.engine_peak;
+    reserve = wo_uvm.fit.reserve_bytes;
+    /* the next run's reserve: this run's high water, up to 256 MiB */
+    want = (peak + (256ull << 20) - 1) & ~((256ull << 20) - 1);
+    if (wo_uvm.fit.yields)
+        wo_log_write(WO_LOG_OFF,
+                     "fit: the engine's allocations after seal reached %s against a reserve of "
+                     "%s: %" PRIu64 " yields moved %s of fit's device weights to the host; "
+                     "fit: {reserve: %s} keeps them on the device in a run like this one",
+                     wo_format_size(peak, b1, sizeof(b1)), wo_format_size(reserve, b2, sizeof(b2)),
+                     wo_uvm.fit.yields, wo_format_size(wo_uvm.fit.yielded_bytes, b3, sizeof(b3)),
+                     wo_format_size(want, b4, sizeof(b4)));
+    else
+        wo_log_write(WO_LOG_OFF,
+                     "fit: the engine's allocations after seal reached %s of its %s reserve; "
+                     "no weight yielded%s",
+                     wo_format_size(peak, b1, sizeof(b1)), wo_format_size(reserve, b2, sizeof(b2)),
+                     want < reserve ? " (a smaller reserve would leave more weights on the device)"
+                                    : "");
 }

@@ -67,6 +67,10 @@ enum wo_fit_yield_why {
  * device weights move to the host, the least valuable first, until need
  * bytes are free; returns the bytes moved. */
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why);
+/* The exit summary's line under fit: how far the engine's allocations
+ * after seal went against the reserve, and the reserve that would have kept
+ * the yielded weights on the device. */
+void wo_place_fit_summary(void);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);

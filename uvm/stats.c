@@ -416,11 +416,13 @@ static void json_body(struct sbuf *b)
                   ",\"staging_bytes\":%" PRIu64 ",\"reserve_bytes\":%" PRIu64 ",\"names\":%zu"
                   ",\"lent_bytes\":%" PRIu64 ",\"returned_bytes\":%" PRIu64
                   ",\"yielded_bytes\":%" PRIu64 ",\"yields\":%" PRIu64
-                  ",\"picks_bytes\":%" PRIu64 "}",
+                  ",\"picks_bytes\":%" PRIu64 ",\"engine_after_bytes\":%" PRIu64
+                  ",\"engine_peak_bytes\":%" PRIu64 "}",
                   wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
                   wo_uvm.fit.engine_bytes, wo_uvm.fit.staging_bytes, wo_uvm.fit.reserve_bytes,
                   wo_uvm.fit.names, wo_uvm.fit.lent_bytes, wo_uvm.fit.returned_bytes,
-                  wo_uvm.fit.yielded_bytes, wo_uvm.fit.yields, wo_uvm.fit.picks_bytes);
+                  wo_uvm.fit.yielded_bytes, wo_uvm.fit.yields, wo_uvm.fit.picks_bytes,
+                  wo_uvm.fit.engine_after, wo_uvm.fit.engine_peak);
 
     sb_printf(b, ",\"rules\":[");
     if (p) {
@@ -769,6 +771,7 @@ void wo_summary_log(const char *when)
                              wo_counter_get(WO_CTR_capture_begin), waits,
                              (double)wo_counter_get(WO_CTR_capture_wait_us) / 1e3);
         }
+        wo_place_fit_summary();
         wo_stream_summary();
         wo_picks_summary();
     }
