@@ -647,7 +647,9 @@ def main() -> int:
                          "plain, host-free (every expert host, no blocker), hand (the same under "
                          "each blocker), fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
                          "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
-                         "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fp8")
+                         "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fit-bind (fit with "
+                         "WOFFLOAD_FIT_BIND=1: the plan's device names late bound, yields free device "
+                         "memory at once), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -724,6 +726,9 @@ def main() -> int:
             # the same policy as fit, every placeable allocation late bound
             both(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_LATE_BIND": "1"}))
+        if "fit-bind" in runs:
+            both(dict(base, name=f"fit-bind-{f}", fraction=f, shim=True, policy=fitkey,
+                      env={"WOFFLOAD_FIT_BIND": "1"}))
         if "fit-hotset" in runs:
             both(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
                       policy=fitkey + "prefetch: {mode: hot-set}\n"))

@@ -54,6 +54,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "0 (measuring their cost only): the streaming executor does not check its slots for writes by launches before reusing them; a launch that writes a streamed weight then loses the write (docs/prefetch.md, Write checks)", OFF(write_checks), 0, 0},
     {"WOFFLOAD_LATE_BIND", WO_SETTING_BOOL, "0",
      "1 (experimental; the streaming executor never stages the ranges it serves: llama-server with host experts under it failed with an illegal address on the H200 once they were staged): serve placeable allocations as VMM ranges re-backed at seal at the same address, instead of managed memory, so any tensor can still move when placement is decided (docs/placement.md, Late binding)", OFF(late_bind), 0, 0},
+    {"WOFFLOAD_FIT_BIND", WO_SETTING_BOOL, "0",
+     "1 (experimental; under fit, with names announced before their bytes): a name the plan puts on the device is served as a VMM range backed by device memory instead of managed memory, so a weight that yields to the engine after seal gives its device memory back at once (re-backed on the host at the same address, then read in place); the other names are served as without it (docs/placement.md, Late binding)", OFF(fit_bind), 0, 0},
     {"WOFFLOAD_READONLY", WO_SETTING_BOOL, "1",
      "0: woffload_readonly declarations are ignored (the ggml hook makes one for each of llama.cpp's model buffers): CUDA graphs reading them count as launches that may write them, which retires the streaming executor's pinned copies and stages again after each (docs/prefetch.md, Blind launches)", OFF(readonly), 0, 0},
     {"WOFFLOAD_DEPARTURE_FENCES", WO_SETTING_BOOL, "1",

@@ -38,6 +38,10 @@
  *         ahead while the loader waited; WOFFLOAD_PREPIN=0: each in its
  *         allocation), and fit puts attention on the device without late
  *         binding.
+ *   fitexpectyield: fitexpect, then the engine's allocation after seal takes
+ *         five attention weights' room: under WOFFLOAD_FIT_BIND=1 they were
+ *         bound ranges and yield by a re-backing that frees their device
+ *         memory at once; without it they yield as managed memory.
  *   fitexpectauto: the same under fit's auto mode: no room for staging slots
  *         while only experts leave the device (the router's picks carry them).
  *   handorder, handexpect: the hand policy (experts host), each layer's
@@ -306,6 +310,30 @@ static int child(const char *scenario)
             fprintf(stderr, "weight %u does not read back bit-exact\n", i);
             failures++;
         }
+    }
+    if (strcmp(scenario, "fitexpectyield") == 0) {
+        /* fitexpect's twelve attention weights on the device (48 MiB, no
+         * reserve), then the engine asks 20 MiB after seal: five of them
+         * yield first. Under WOFFLOAD_FIT_BIND they are bound ranges,
+         * re-backed on the host at once: the device memory they held is the
+         * allocation's, and the free memory hardly moves. Every weight
+         * still reads back. */
+        CUresult (*p_info)(size_t *, size_t *) = need(cu, "cuMemGetInfo_v2");
+        size_t f0 = 0, f1 = 0, total = 0;
+        CUdeviceptr big = 0;
+        CHECK(p_info(&f0, &total) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&big, 20 * MiB) == CUDA_SUCCESS);
+        CHECK(p_info(&f1, &total) == CUDA_SUCCESS);
+        if (getenv("WOFFLOAD_FIT_BIND"))
+            CHECK(f1 + 2 * MiB >= f0);
+        for (unsigned i = 0; i < NW; i++) {
+            fill(buf, sz[i] / 8, i);
+            memset(back, 0, WSIZE);
+            CHECK(w[i] && p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+            CHECK(memcmp(buf, back, sz[i]) == 0);
+        }
+        if (big)
+            CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
     }
     if (strcmp(scenario, "fityield") == 0 || strcmp(scenario, "fitoom") == 0) {
         /* fityield: the engine's allocation after seal passes fit's reserve
@@ -652,7 +680,8 @@ int main(int argc, char **argv)
         CHECK(rc == 0);
         CHECK(on_device(stats, "self_attn") == 6);
         CHECK(on_device(stats, "experts") == 0);
-        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"ranges\":24,\"fallbacks\":0,") !=
+        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":true,\"fit_bind\":false,\"ranges\":24,"
+                            "\"fallbacks\":0,") !=
               NULL);
         CHECK(strstr(stats, "\"device_bytes\":50331648,") != NULL);
         CHECK(strstr(stats, "\"failures\":0}") != NULL);
@@ -744,6 +773,40 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"served_host\":12,") != NULL);
         CHECK(strstr(stats, "\"prepin\":{\"made\":0,") != NULL);
         dump_on_failure(f0, "fitexpect (WOFFLOAD_PREPIN=0)", stats, err);
+    }
+
+    /* fitexpectyield: fitexpect, then 20 MiB the engine allocates after
+     * seal: five attention weights (4 MiB each) yield. Under
+     * WOFFLOAD_FIT_BIND=1 the twelve the plan put on the device were served
+     * as bound ranges backed by device memory (no managed memory): the
+     * yield re-backs five on the host, and the child sees the free memory
+     * stay where it was. Without it, the same five move as managed memory. */
+    if (want(argc, argv, "fitexpectyield")) {
+        f0 = failures;
+        {
+            static const char *const bind[] = {"WOFFLOAD_FIT_BIND=1", NULL};
+            rc = run(argv, "fitexpectyield", fit_policy, bind, stats, sizeof(stats), err,
+                     sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 7);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":false,\"fit_bind\":true,\"ranges\":12,"
+                            "\"fallbacks\":0,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":29360128,\"moves\":5,") != NULL);
+        CHECK(strstr(stats, "\"yielded_bytes\":20971520,\"yields\":1,") != NULL);
+        CHECK(strstr(stats, "\"served_host\":12,") != NULL);
+        CHECK(strstr(stats, "\"missed_tags\":0,") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitexpectyield (WOFFLOAD_FIT_BIND=1)", stats, err);
+        f0 = failures;
+        rc = run(argv, "fitexpectyield", fit_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 7);
+        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":false,\"fit_bind\":false,\"ranges\":0,") !=
+              NULL);
+        CHECK(strstr(stats, "\"yielded_bytes\":20971520,\"yields\":1,") != NULL);
+        dump_on_failure(f0, "fitexpectyield", stats, err);
     }
 
     /* fitexpectauto: the same under fit's own prefetch mode (auto, which

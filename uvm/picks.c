@@ -147,7 +147,9 @@ static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
         /* pinned memory is host memory whatever the tag asked; managed
          * memory the planner keeps resident is still read over PCIe until
          * it is, and a copy from it is no slower than the launch's read */
-        *bound = a->kind == WO_KIND_BOUND;
+        /* a bound range on the device (WOFFLOAD_FIT_BIND's) is device
+         * memory; off it, it is read in place */
+        *bound = a->kind == WO_KIND_BOUND && place != WO_PLACE_DEVICE;
         *offdev = a->kind == WO_KIND_PINNED ||
                   (a->kind != WO_KIND_OBSERVED && !*bound &&
                    (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));

@@ -30,6 +30,11 @@ bool wo_place_bind_enabled(void)
     return wo_settings()->late_bind;
 }
 
+bool wo_place_bind_fit(void)
+{
+    return wo_settings()->fit_bind && !wo_settings()->late_bind && wo_uvm.g && wo_uvm.g->fit.enabled;
+}
+
 static enum wo_bind_loc loc_of(enum wo_placement p)
 {
     return p == WO_PLACE_DEVICE ? WO_BIND_DEVICE : WO_BIND_HOST;
@@ -113,8 +118,9 @@ int wo_place_bind_serve(const struct wo_driver *d, struct wo_alloc *a, enum wo_p
 void wo_place_bind_in_place(void)
 {
     if (!__atomic_exchange_n(&wo_uvm.bind.said_in_place, 1, __ATOMIC_RELAXED))
-        wo_warn("late-bound ranges (WOFFLOAD_LATE_BIND=1) are read in place, never staged or "
-                "copied picked: both failed on the GPU (docs/placement.md, Late binding)");
+        wo_warn("late-bound ranges off the device (WOFFLOAD_LATE_BIND=1, or weights that yielded "
+                "under WOFFLOAD_FIT_BIND=1) are read in place, never staged or copied picked: "
+                "both failed on the GPU (docs/placement.md, Late binding)");
 }
 
 void wo_place_bind_free(struct wo_alloc *a)

@@ -353,7 +353,12 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     v = malloc(cap * sizeof(*v));
     for (size_t i = 0; v && i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; v && a; a = a->next) {
-            if (a->kind != WO_KIND_MANAGED)
+            /* managed memory moves by a prefetch to the host (UVM keeps
+             * the device pages cached: cuMemGetInfo does not rise, a
+             * cudaMalloc gets them back); a bound range (WOFFLOAD_FIT_BIND,
+             * WOFFLOAD_LATE_BIND) is re-backed on the host, its device
+             * memory released at once */
+            if (a->kind != WO_KIND_MANAGED && (a->kind != WO_KIND_BOUND || !a->bound))
                 continue;
             for (size_t k = 0; k < a->ntags; k++) {
                 struct wo_tag *t = &a->tags[k];
@@ -375,8 +380,16 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     }
     qsort(v, n, sizeof(*v), yield_cmp);
     for (size_t i = 0; i < n && moved < need; i++) {
-        if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true, true) < 0)
+        if (v[i].a->kind == WO_KIND_BOUND) {
+            v[i].t->place = WO_PLACE_HOST;
+            if (wo_place_bind_tag(v[i].a, v[i].t) < 0) {
+                v[i].t->place = WO_PLACE_DEVICE; /* said by wo_place_bind_tag */
+                continue;
+            }
+        } else if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true,
+                                        true) < 0) {
             continue; /* said by wo_place_apply_range */
+        }
         v[i].t->place = v[i].t->name->place = WO_PLACE_HOST;
         /* each move, for the log at info (the warning below is said once) */
         wo_info("fit: '%s' (%s) moved to the host after seal: %s (fit's reserve %s; the "

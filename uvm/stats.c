@@ -324,10 +324,12 @@ static void json_body(struct sbuf *b)
 
     wo_place_bind_bytes(&bound_host, &bound_device);
     sb_printf(b,
-              ",\"late_bind\":{\"enabled\":%s,\"ranges\":%" PRIu64 ",\"fallbacks\":%" PRIu64
+              ",\"late_bind\":{\"enabled\":%s,\"fit_bind\":%s,\"ranges\":%" PRIu64
+              ",\"fallbacks\":%" PRIu64
               ",\"host_bytes\":%" PRIu64 ",\"device_bytes\":%" PRIu64 ",\"moves\":%" PRIu64
               ",\"moved_bytes\":%" PRIu64 ",\"failures\":%" PRIu64 "}",
-              wo_place_bind_enabled() ? "true" : "false", wo_uvm.bind.ranges, wo_uvm.bind.fallbacks,
+              wo_place_bind_enabled() ? "true" : "false", wo_place_bind_fit() ? "true" : "false",
+              wo_uvm.bind.ranges, wo_uvm.bind.fallbacks,
               bound_host, bound_device, wo_uvm.bind.moves,
               wo_uvm.bind.moved_bytes, wo_uvm.bind.failures);
     {
