@@ -22,7 +22,8 @@ identical to the free-GPU run; and under fit the device holds what fit
 chose, and the process's device peak above what it held once the blocker
 was in place (sampled every 5 ms from another thread) is at most 1.05x the
 fit size, the free memory less keep_free (issue 41). Exit 77 without torch,
-transformers or a GPU.
+transformers or a GPU. BIGLOAD_GPU_ROWS=fit-bind (comma-separated) runs only
+those rows after the reference.
 """
 import json
 import os
@@ -127,7 +128,11 @@ def main() -> int:
         me = [sys.executable, os.path.abspath(__file__), "--child", ckpt]
         ref = gpucheck.result(me + ["0"], env)
         print(f"weights {wb / 2**20:.0f} MiB; reference tokens {ref['tokens']}")
+        # BIGLOAD_GPU_ROWS=fit-bind,...: only those rows (a short device call)
+        only = [x for x in os.environ.get("BIGLOAD_GPU_ROWS", "").split(",") if x]
         for name, text in POLICIES.items():
+            if only and name not in only:
+                continue
             pol = os.path.join(tmp, f"{name}.yaml")
             with open(pol, "w") as f:
                 f.write(text)
