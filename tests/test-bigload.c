@@ -621,6 +621,10 @@ int main(int argc, char **argv)
                           "replays: 24.00 MiB of lent weights now stay on the device") != NULL);
         CHECK(strstr(stats, "\"managed\":{\"bytes\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        /* rest: host: the lent weights are the prefetcher's only managed
+         * memory, and it works from the engine's context */
+        CHECK(strstr(err, "prefetcher: no context of its own under fit") != NULL);
+        CHECK(strstr(err, "prefetcher: a context of its own") == NULL);
         dump_on_failure(f0, "fitreturn", stats, err);
     }
 

@@ -726,7 +726,18 @@ static void shim_setup(void)
     }
     shim->tot = &shim_totals;
     wo_budget_resident(shim->plan, &budget_ops);
-    wo_prefetcher_own_context(shim, wo_settings()->prefetch_own_ctx);
+    /* Under fit with the rest on the host, managed memory is only the
+     * staging room lent to weights while the slots stay empty: a context of
+     * its own would cost more device memory than it moves (131 MiB on the
+     * H200 against 74 MiB lent in bigload-gpu, outside fit's budget), so
+     * the few prefetches run from the engine's context. */
+    bool own = wo_settings()->prefetch_own_ctx;
+    if (own && wo_uvm.g && wo_uvm.g->fit.enabled && wo_uvm.g->fit.rest != WO_PLACE_MANAGED) {
+        own = false;
+        wo_info("prefetcher: no context of its own under fit with the rest on the host (it would "
+                "take device memory outside fit's budget for the lent weights alone)");
+    }
+    wo_prefetcher_own_context(shim, own);
     /* a prefetch or collapse call can take milliseconds: the engine's
      * events wait in the consumer's backlog instead of filling the ring */
     wo_prefetcher_between(shim, wo_consumer_relieve);
