@@ -256,6 +256,7 @@ WO_RUNTIME_HOOKS(WO_HOOK_DECL)
     Y(cuStreamCreate)                                                                              \
     Y(cuStreamDestroy_v2)                                                                          \
     Y(cuStreamSynchronize)                                                                         \
+    Y(cuStreamQuery)                                                                               \
     Y(cuStreamWaitEvent)                                                                           \
     Y(cuStreamIsCapturing)                                                                         \
     Y(cuEventCreate)                                                                               \

@@ -98,6 +98,7 @@ static struct {
     void *gate_by;
     bool gate_mirror;
     uint32_t served[WO_PICKS_STREAMS]; /* the last job's seq served, by stream */
+    uint64_t served_at[WO_PICKS_STREAMS]; /* and when (the stall report's) */
     pthread_cond_t wcv;
     pthread_t th, mth, wth;
     bool wth_on;
@@ -291,6 +292,7 @@ static void *worker(void *arg)
                 serve(sl, r == CUDA_SUCCESS);
                 pthread_mutex_lock(&dm.lock);
                 dm.served[ix] = sl->seq;
+                dm.served_at[ix] = now_ns();
                 dm.q[ix].head++;
                 sl->state = S_FREE;
                 dm.queued--;
@@ -503,6 +505,7 @@ static void *watchdog(void *arg)
     uint64_t lim = (uint64_t)wo_settings()->picks_stall_ms * 1000000ull;
 
     (void)arg;
+    (void)dm.d->cuCtxSetCurrent(dm.ctx); /* its queries of the copy stream */
     pthread_mutex_lock(&dm.lock);
     /* it runs until the copy engine stops, also once it has spoken: a
      * thread that ended early would be left unjoined at exit */
@@ -557,12 +560,19 @@ static void *watchdog(void *arg)
          * flag its stream waits on, the last job served. A flag behind the
          * job before the oldest means an earlier copy has not landed; at it,
          * the engine's stream has not reached the oldest job's ids */
+        CUevent head_ev = NULL;
         for (unsigned ix = 0, said = 0; ix < WO_PICKS_STREAMS && said < 3; ix++)
             if (dm.q[ix].head != dm.q[ix].tail) {
                 const struct slot *h = &dm.s[dm.q[ix].ring[dm.q[ix].head % SLOTS]];
                 add(msg, sizeof(msg), &used,
-                    " stream %u: oldest queued job %u, its flag at %u, served up to %u;", ix,
+                    " stream %u: oldest queued job %u, its flag at %u, served up to %u", ix,
                     h->seq, __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), dm.served[ix]);
+                if (dm.served_at[ix] && now > dm.served_at[ix])
+                    add(msg, sizeof(msg), &used, " %.1f s ago",
+                        (double)(now - dm.served_at[ix]) / 1e9);
+                add(msg, sizeof(msg), &used, ";");
+                if (!said)
+                    head_ev = h->ev;
                 said++;
             }
         /* what may hold the copy thread off: a strict capture */
@@ -570,6 +580,25 @@ static void *watchdog(void *arg)
             __atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST),
             __atomic_load_n(&wo_captures_strict, __ATOMIC_SEQ_CST));
         dm.f.stalls++;
+        /* whether the copy stream still holds work and the oldest job's ids
+         * have come (a flag behind a served job with the copy stream busy:
+         * the copy engine itself is held; idle: the flag's write went
+         * astray), asked outside the lock (a query may wait on the driver)
+         * and never during a strict capture (it would break it) */
+        if (wo_dma_driver_enter()) {
+            CUstream copy = dm.copy;
+            pthread_mutex_unlock(&dm.lock);
+            CUresult qs = copy && dm.d->cuStreamQuery ? dm.d->cuStreamQuery(copy)
+                                                       : CUDA_ERROR_NOT_SUPPORTED;
+            CUresult qe = head_ev ? dm.d->cuEventQuery(head_ev) : CUDA_ERROR_NOT_SUPPORTED;
+            wo_dma_driver_leave();
+            pthread_mutex_lock(&dm.lock);
+            add(msg, sizeof(msg), &used, " the copy stream %s;",
+                qs == CUDA_SUCCESS ? "is idle" : qs == CUDA_ERROR_NOT_READY ? "has work" : "?");
+            if (head_ev)
+                add(msg, sizeof(msg), &used, " the oldest job's ids %s;",
+                    qe == CUDA_SUCCESS ? "have come" : qe == CUDA_ERROR_NOT_READY ? "have not come" : "?");
+        }
         msg[used - 1] = '\0'; /* the last ';' */
         wo_warn("picks: the copy engine looks stuck:%s. If the process hangs, run with "
                 "WOFFLOAD_PICKS_ENGINE=0",

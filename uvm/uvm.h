@@ -49,6 +49,7 @@ struct wo_driver {
     CUresult (*cuStreamCreate)(CUstream *s, unsigned int flags);
     CUresult (*cuStreamDestroy_v2)(CUstream s);
     CUresult (*cuStreamSynchronize)(CUstream s);
+    CUresult (*cuStreamQuery)(CUstream s);
     CUresult (*cuStreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
     CUresult (*cuStreamIsCapturing)(CUstream s, CUstreamCaptureStatus *status);
     CUresult (*cuEventCreate)(CUevent *e, unsigned int flags);
@@ -102,6 +103,7 @@ struct wo_driver {
     X(cuMemFreeHost) X(cuMemHostGetDevicePointer_v2) X(cuMemHostRegister_v2)                     \
     X(cuMemHostUnregister) X(cuMemAdvise_v2) X(cuMemPrefetchAsync_v2)    \
     X(cuMemcpy) X(cuMemcpyAsync) X(cuMemsetD8_v2) X(cuMemsetD32Async) X(cuStreamCreate) X(cuStreamDestroy_v2) X(cuStreamSynchronize)    \
+    X(cuStreamQuery) \
     X(cuStreamWaitEvent) X(cuStreamIsCapturing) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) X(cuEventQuery)    \
     X(cuEventSynchronize) X(cuEventElapsedTime) X(cuFuncGetName) X(cuPointerGetAttribute) X(cuModuleLoadData)          \
     X(cuModuleGetFunction) X(cuModuleUnload) X(cuLaunchKernel) X(cuMemCreate) X(cuMemRelease)      \
