@@ -46,6 +46,9 @@
 #   soak-wait      (the next call, within 30 s) waits for it (at most until 560 s
 #                  into the call: call it again if it is not done) and copies
 #                  /tmp/soak to $OUT/soak
+#   gputests       the gpu suite's tests GPU_TESTS (space-separated) alone, as
+#                  $OUT/gpu-tests.txt (after shim: e.g. GPU_TESTS=bigload-gpu
+#                  BIGLOAD_GPU_ROWS=fit-bind,fit, about 110 s)
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
@@ -174,6 +177,19 @@ for step in "$@"; do
             bench/gpu-suite.sh "$OUT/gpu-suite-${step#suite}.txt" "${part[@]}"
         rc=$?
         tail -12 "$OUT/gpu-suite-${step#suite}.txt" ;;
+    gputests)
+        # some of the gpu suite's tests (GPU_TESTS, space-separated, e.g.
+        # "bigload-gpu"; BIGLOAD_GPU_ROWS=fit-bind picks that test's rows),
+        # recorded as $OUT/gpu-tests.txt
+        : "${GPU_TESTS:?GPU_TESTS: the gpu suite tests to run}"
+        meson configure build-gpu -Dtests=enabled >/dev/null 2>&1
+        ninja -C build-gpu >/dev/null 2>&1
+        # shellcheck disable=SC2086
+        LLAMA_TOKENS=/tmp/llb/llamacpp-tokens LLAMA_GGUF=/tmp/x.gguf \
+            LLAMA_BENCH=/tmp/llb/bin/llama-batched-bench \
+            bench/gpu-suite.sh "$OUT/gpu-tests.txt" $GPU_TESTS
+        rc=$?
+        grep -E '^(ok|FAIL)' "$OUT/gpu-tests.txt" | tail -30 ;;
     hook)
         : "${HOOK_ROWS:?HOOK_ROWS: the llamacpp-hook.sh rows to run}"
         mkdir -p "$OUT/hook"
@@ -233,7 +249,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, pack, suite1, suite2, rows, soak-start, soak-wait, hook, e2e, bigload)"
+        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
