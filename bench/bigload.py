@@ -648,8 +648,8 @@ def main() -> int:
                          "each blocker), fit (prefetch.mode as the policy defaults it: auto), fit-hotset "
                          "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
                          "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fit-bind (fit with "
-                         "WOFFLOAD_FIT_BIND=1: the plan's device names late bound, yields free device "
-                         "memory at once), fp8")
+                         "WOFFLOAD_FIT_BIND=1: late bound but for the names pinned on the host, yields free "
+                         "device memory at once), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "

@@ -692,6 +692,20 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"pinned\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitlate", stats, err);
+        /* WOFFLOAD_FIT_BIND=1 with no name announced: every allocation is
+         * bound as under WOFFLOAD_LATE_BIND, and fit chooses the same six */
+        f0 = failures;
+        {
+            static const char *const env[] = {"WOFFLOAD_FIT_BIND=1", NULL};
+            rc = run(argv, "fitlate", fit_policy, env, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 6);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"late_bind\":{\"enabled\":false,\"fit_bind\":true,\"ranges\":24,"
+                            "\"fallbacks\":0,") != NULL);
+        CHECK(strstr(stats, "\"pinned\":0,") != NULL);
+        dump_on_failure(f0, "fitlate (WOFFLOAD_FIT_BIND=1)", stats, err);
     }
 
     /* fityield: the fit scenario's six attention weights on the device (48

@@ -225,9 +225,10 @@ extern struct wo_uvm_state wo_uvm;
 /* ---- place-bind.c (under wo_uvm.lock) --------------------------------- */
 /* WOFFLOAD_LATE_BIND=1: placeable allocations become bound ranges. */
 bool wo_place_bind_enabled(void);
-/* WOFFLOAD_FIT_BIND=1 under fit (and not WOFFLOAD_LATE_BIND): only the
- * allocations the plan before the bytes puts on the device become bound
- * ranges, so that fit's yields after seal free device memory at once. */
+/* WOFFLOAD_FIT_BIND=1 under fit (and not WOFFLOAD_LATE_BIND): the
+ * placeable allocations not served as pinned host memory for a name the
+ * plan puts on the host become bound ranges (no managed memory), so that
+ * fit's yields after seal free device memory at once. */
 bool wo_place_bind_fit(void);
 /* Serves a (size set, kind set to BOUND on success) as a bound range; known
  * is the placement its tag scope decided (UNSET: the window's). 0 and *p,

@@ -405,10 +405,10 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res)
     }
     /* Late binding: a VMM range instead of managed memory (place-bind.c);
      * no managed cap, since its device backing is plain device memory.
-     * Under WOFFLOAD_FIT_BIND only what the plan puts on the device: a
-     * yield after seal then gives its device memory back at once. */
-    if (a->kind == WO_KIND_MANAGED &&
-        (wo_place_bind_enabled() || (expected == WO_PLACE_DEVICE && wo_place_bind_fit())))
+     * Under WOFFLOAD_FIT_BIND all but what was served as pinned host
+     * memory for a name the plan puts on the host: a yield after seal then
+     * gives its device memory back at once. */
+    if (a->kind == WO_KIND_MANAGED && (wo_place_bind_enabled() || wo_place_bind_fit()))
         (void)wo_place_bind_serve(d, a, scope_name ? pending.place : expected, &p);
     if (a->kind == WO_KIND_MANAGED && !wo_place_cap_fits(d, size, &headroom, &free_now) &&
         !wo_place_capped(d, a, n, &pending, free_now, &p))

@@ -12,7 +12,8 @@ and loaded with from_pretrained three ways: without the shim on a free GPU
 (the reference tokens), and under woffload-run with a blocker (ordinary
 device memory, allocated with the placeable window closed) that leaves free
 0.5x the weights' bytes, once with `fit:`, once with `fit:` under
-WOFFLOAD_FIT_BIND=1 (the names fit's plan puts on the device late bound)
+WOFFLOAD_FIT_BIND=1 (late bound instead of managed, the names pinned on the
+host aside)
 and once with a policy that asks for everything managed. With WOFFLOAD_MANAGED_MARGIN=256 the managed cap is
 0.5x - 256 MiB. Checks, from the shim's own books (the least free - margin -
 live managed after each managed allocation, read with cuMemGetInfo at that
@@ -36,8 +37,8 @@ import gpucheck
 
 POLICIES = {
     "fit": "version: 1\nfit: {device: 100%, keep_free: 256MiB}\n",
-    # the same, the plan's device names late bound (WOFFLOAD_FIT_BIND=1):
-    # no managed memory for them, and a yield frees their device memory
+    # the same under WOFFLOAD_FIT_BIND=1: late bound instead of managed (the
+    # names pinned on the host aside), and a yield frees device memory
     "fit-bind": "version: 1\nfit: {device: 100%, keep_free: 256MiB}\n",
     "managed": "version: 1\ndefault: managed\ndevice_budget: 256MiB\n",
 }
@@ -177,7 +178,7 @@ def main() -> int:
             }
             if name == "fit-bind":
                 lb = st.get("late_bind") or {}
-                checks[f"the plan's device names late bound ({lb.get('ranges')} ranges, "
+                checks[f"late bound instead of managed ({lb.get('ranges')} ranges, "
                        f"{lb.get('failures')} failures)"] = \
                     lb.get("fit_bind") is True and lb.get("ranges", 0) > 0 and lb.get("failures") == 0
             if name.startswith("fit"):
