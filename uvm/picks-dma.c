@@ -597,7 +597,9 @@ static void *watchdog(void *arg)
                 qs == CUDA_SUCCESS ? "is idle" : qs == CUDA_ERROR_NOT_READY ? "has work" : "?");
             if (head_ev)
                 add(msg, sizeof(msg), &used, " the oldest job's ids %s;",
-                    qe == CUDA_SUCCESS ? "have come" : qe == CUDA_ERROR_NOT_READY ? "have not come" : "?");
+                    qe == CUDA_SUCCESS             ? "have come"
+                    : qe == CUDA_ERROR_NOT_READY ? "have not come"
+                                                 : "?");
         }
         msg[used - 1] = '\0'; /* the last ';' */
         wo_warn("picks: the copy engine looks stuck:%s. If the process hangs, run with "

@@ -32,7 +32,9 @@ bool wo_place_bind_enabled(void)
 
 bool wo_place_bind_fit(void)
 {
-    return wo_settings()->fit_bind && !wo_settings()->late_bind && wo_uvm.g && wo_uvm.g->fit.enabled;
+    const struct wo_settings *s = wo_settings();
+
+    return s->fit_bind && !s->late_bind && wo_uvm.g && wo_uvm.g->fit.enabled;
 }
 
 static enum wo_bind_loc loc_of(enum wo_placement p)
