@@ -423,6 +423,24 @@ def table(rows: List[Dict[str, Any]], plain: Dict[str, str]) -> str:
     return "\n".join(out)
 
 
+def prior_rows(files: List[str], weight_bytes: int, shape: str) -> List[Dict[str, Any]]:
+    """The rows of earlier calls' bigload.json files (--with), on the same
+    checkpoint (its bytes and shape), the later file's row first where two
+    share a name. A file of another checkpoint is an error: its rows would
+    be compared with this one's."""
+    by: Dict[str, Dict[str, Any]] = {}
+    for fn in files:
+        with open(fn) as f:
+            d = json.load(f)
+        mk = d.get("make") or {}
+        if mk.get("weight_bytes") != weight_bytes or mk.get("shape", shape) != shape:
+            raise ValueError(f"{fn}: another checkpoint ({mk.get('shape')}, {mk.get('weight_bytes')} B; "
+                             f"this one: {shape}, {weight_bytes} B)")
+        for r in d.get("rows") or []:
+            by[r["name"]] = dict(r, prior=fn)
+    return list(by.values())
+
+
 def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
            experts: int) -> Tuple[Optional[float], Optional[float]]:
     """Row r's bounds at batch b: the PCIe bound (its offloaded distinct bytes
@@ -632,6 +650,10 @@ def main() -> int:
                     help="free F for the fp8 path: its fp8 weights alone are 0.47x the bf16 bytes")
     ap.add_argument("--keep-free", default="1GiB")
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--with", dest="with_", default="",
+                    help="earlier calls' bigload.json files (comma-separated, same checkpoint): their rows "
+                         "join this report unless this call ran a row of that name (plain among them "
+                         "is not run again): one report over several device calls")
     ap.add_argument("--repeats", type=int, default=5,
                     help="timed generates a batch after the warm-up: the rate is their median")
     ap.add_argument("--warmup-tokens", type=int, default=48,
@@ -688,6 +710,11 @@ def main() -> int:
                 warmup_tokens=args.warmup_tokens, batches=batches, repeats=args.repeats)
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     rows: List[Dict[str, Any]] = []
+    try:
+        prior = prior_rows([x for x in args.with_.split(",") if x], wb, args.shape)
+    except (OSError, ValueError) as e:
+        print(f"bigload: --with: {e}", file=sys.stderr)
+        return 2
     fracs = [float(x) for x in args.fractions.split(",") if x]
     hand = e2e.POLICIES["experts-host-all"]
 
@@ -702,7 +729,8 @@ def main() -> int:
         if "cb" in modes:
             rows.append(run(dict(spec, name=spec["name"] + "-cb", cb=True, distinct=False), args))
 
-    if "plain" in runs or any(x.startswith("fit") for x in runs):
+    have_plain = any(r["name"] == "plain" and not r.get("error") for r in prior)
+    if "plain" in runs or (any(x.startswith("fit") for x in runs) and not have_plain):
         both(dict(base, name="plain", distinct=moe))
     if "host-free" in runs:
         both(dict(base, name="host-free", shim=True, policy=hand))
@@ -743,9 +771,13 @@ def main() -> int:
         for f in [float(x) for x in args.fp8_fractions.split(",") if x]:
             rows.append(run(dict(base, name=f"fp8-{f}", fraction=f, fp8=True, shim=True,
                                  policy="version: 1\ndefault: host\n"), args))
+    ran = {r["name"] for r in rows}
+    rows += [r for r in prior if r["name"] not in ran]
+    rows.sort(key=lambda r: r["name"] != "plain")  # the reference first (a stable sort)
     allf = fracs + [float(x) for x in args.fp8_fractions.split(",") if x]
     for r in rows:
-        r["fraction"] = next((f for f in allf if r["name"].removesuffix("-cb").endswith(f"-{f}")), 1.0)
+        if not (r.get("prior") and r.get("fraction")):  # an earlier call's keeps its own
+            r["fraction"] = next((f for f in allf if r["name"].removesuffix("-cb").endswith(f"-{f}")), 1.0)
     if moe:
         _, cfg = shape_config(args.shape, layers)
         md = moe_tables(rows, cfg["num_experts"], parse_size(args.keep_free))

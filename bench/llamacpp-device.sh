@@ -52,7 +52,9 @@
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
-#   bigload        bench/bigload.py BIGLOAD_ARGS (e.g. "--shape moe128 --modes batched")
+#   bigload        bench/bigload.py BIGLOAD_ARGS (e.g. "--shape moe128 --modes batched");
+#                  BIGLOAD_WITH_PREV=1 adds the rows of this machine's earlier
+#                  bigload calls to the report (one report over several calls)
 #                  with the shim in build-gpu, into $OUT/bigload, within the call's
 #                  time left: issue 41's checkpoint larger than the free memory,
 #                  loaded by from_pretrained beside a blocker (its checkpoint stays
@@ -238,11 +240,18 @@ for step in "$@"; do
         [ -f build-gpu/build.ninja ] ||
             meson setup build-gpu -Dcuda-path="${CUDA_HOME:-/usr/local/cuda}" >"$OUT/setup.log" 2>&1
         ninja -C build-gpu >"$OUT/bigload-build.log" 2>&1
-        mkdir -p "$OUT/bigload"
+        mkdir -p "$OUT/bigload" /tmp/bigload-calls
+        # BIGLOAD_WITH_PREV=1: the rows of this machine's earlier bigload
+        # calls join the report (bigload.py --with; plain is not run again)
+        prev=""
+        [ "${BIGLOAD_WITH_PREV:-0}" = 1 ] &&
+            prev=$(find /tmp/bigload-calls -name '*.json' 2>/dev/null | sort | paste -sd, -)
         # shellcheck disable=SC2086
         python3 bench/bigload.py --build build-gpu --out "$OUT/bigload" --deadline $((left - 15)) \
-            ${BIGLOAD_ARGS:-} >"$OUT/bigload.log" 2>&1
+            ${prev:+--with "$prev"} ${BIGLOAD_ARGS:-} >"$OUT/bigload.log" 2>&1
         rc=$?
+        [ -f "$OUT/bigload/bigload.json" ] &&
+            cp "$OUT/bigload/bigload.json" "/tmp/bigload-calls/$(date +%s).json"
         tail -40 "$OUT/bigload/bigload.md" 2>/dev/null || tail -20 "$OUT/bigload.log" ;;
     rows)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \

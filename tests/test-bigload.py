@@ -249,6 +249,38 @@ class TestRowPlan(unittest.TestCase):
         self.assertEqual(names, ["make", "plain", "fit-0.5", "fp8-plain", "fp8-0.6"])
 
 
+class TestPriorRows(unittest.TestCase):
+    """--with: an earlier call's rows join the report; a file of another
+    checkpoint is refused; the later file wins a name both have."""
+
+    def write(self, d, name, rows, wb=100, shape="moe128"):
+        import json
+        fn = os.path.join(d, name)
+        with open(fn, "w") as f:
+            json.dump(dict(make=dict(weight_bytes=wb, shape=shape), rows=rows), f)
+        return fn
+
+    def test_rows_join_and_the_later_file_wins(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            a = self.write(d, "a.json", [dict(name="plain", tok=1), dict(name="fit-0.5", tok=1)])
+            b = self.write(d, "b.json", [dict(name="fit-0.5", tok=2)])
+            got = {r["name"]: r for r in bigload.prior_rows([a, b], 100, "moe128")}
+            self.assertEqual(sorted(got), ["fit-0.5", "plain"])
+            self.assertEqual(got["fit-0.5"]["tok"], 2)
+            self.assertEqual(got["plain"]["prior"], a)
+
+    def test_another_checkpoint_is_refused(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            a = self.write(d, "a.json", [dict(name="plain")], wb=99)
+            with self.assertRaisesRegex(ValueError, "another checkpoint"):
+                bigload.prior_rows([a], 100, "moe128")
+            b = self.write(d, "b.json", [dict(name="plain")], shape="moe")
+            with self.assertRaisesRegex(ValueError, "another checkpoint"):
+                bigload.prior_rows([b], 100, "moe128")
+
+
 class TestTimedDecode(unittest.TestCase):
     """The rate is the median of the repeats, each less the one-token
     generate (the prefill), and the tokens are the first repeat's."""
