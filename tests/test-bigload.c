@@ -335,6 +335,35 @@ static int child(const char *scenario)
         if (big)
             CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
     }
+    if (strcmp(scenario, "fitexpectfree") == 0) {
+        /* memory fit's books do not see (a stream-ordered pool, as kernels
+         * loaded on their first launch would be) leaves little free after
+         * seal; the engine's next allocation stays within fit's reserve,
+         * yet would leave less than keep_free free: under WOFFLOAD_FIT_BIND
+         * late-bound weights yield first, and keep_free stays free */
+        CUresult (*p_info)(size_t *, size_t *) = need(cu, "cuMemGetInfo_v2");
+        size_t f0 = 0, f1 = 0, total = 0;
+        CUdeviceptr big = 0, pool = 0;
+        CHECK(p_info(&f0, &total) == CUDA_SUCCESS);
+        CHECK(f0 > 24 * MiB);
+        CHECK(p_cuMemAllocAsync(&pool, f0 - 20 * MiB, 0) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&big, 8 * MiB) == CUDA_SUCCESS);
+        CHECK(p_info(&f1, &total) == CUDA_SUCCESS);
+        if (getenv("WOFFLOAD_FIT_BIND"))
+            CHECK(f1 >= 16 * MiB);
+        else
+            CHECK(f1 < 16 * MiB);
+        for (unsigned i = 0; i < NW; i++) {
+            fill(buf, sz[i] / 8, i);
+            memset(back, 0, WSIZE);
+            CHECK(w[i] && p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+            CHECK(memcmp(buf, back, sz[i]) == 0);
+        }
+        if (big)
+            CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
+        if (pool)
+            CHECK(p_cuMemFreeAsync(pool, 0) == CUDA_SUCCESS);
+    }
     if (strcmp(scenario, "fityield") == 0 || strcmp(scenario, "fitoom") == 0) {
         /* fityield: the engine's allocation after seal passes fit's reserve
          * (a b32 step's gather of experts): fit's device weights yield to
@@ -825,6 +854,37 @@ int main(int argc, char **argv)
               NULL);
         CHECK(strstr(stats, "\"yielded_bytes\":20971520,\"yields\":1,") != NULL);
         dump_on_failure(f0, "fitexpectyield", stats, err);
+    }
+
+    /* fitexpectfree: fitexpect with a 32 MiB reserve (held to 24 MiB, half
+     * the 48 MiB budget): six attention weights on the device. After seal a
+     * stream-ordered pool leaves 20 MiB free, and the engine's 8 MiB, well
+     * within the reserve, would leave 12 MiB, less than keep_free (16 MiB).
+     * Under WOFFLOAD_FIT_BIND one late-bound weight (4 MiB) yields and
+     * 16 MiB stay free; without it nothing yields and 12 MiB stay. */
+    if (want(argc, argv, "fitexpectfree")) {
+        static const char fit_reserve32_policy[] =
+            "version: 1\n"
+            "fit: {device: 176MiB, keep_free: 16MiB, reserve: 32MiB}\n"
+            "prefetch: {mode: hot-set}\n";
+        f0 = failures;
+        {
+            static const char *const bind[] = {"WOFFLOAD_FIT_BIND=1", NULL};
+            rc = run(argv, "fitexpectfree", fit_reserve32_policy, bind, stats, sizeof(stats), err,
+                     sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 5);
+        CHECK(strstr(stats, "\"yielded_bytes\":4194304,\"yields\":1,") != NULL);
+        CHECK(strstr(err, "would have left less than keep_free free") != NULL);
+        dump_on_failure(f0, "fitexpectfree (WOFFLOAD_FIT_BIND=1)", stats, err);
+        f0 = failures;
+        rc = run(argv, "fitexpectfree", fit_reserve32_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 6);
+        CHECK(strstr(stats, "\"yielded_bytes\":0,\"yields\":0,") != NULL);
+        dump_on_failure(f0, "fitexpectfree", stats, err);
     }
 
     /* fitexpectauto: the same under fit's own prefetch mode (auto, which

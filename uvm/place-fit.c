@@ -360,6 +360,8 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
              * memory released at once */
             if (a->kind != WO_KIND_MANAGED && (a->kind != WO_KIND_BOUND || !a->bound))
                 continue;
+            if (why == WO_FIT_YIELD_FREE && a->kind != WO_KIND_BOUND)
+                continue;
             for (size_t k = 0; k < a->ntags; k++) {
                 struct wo_tag *t = &a->tags[k];
                 if (t->place != WO_PLACE_DEVICE || t->name->rule >= 0)
@@ -395,8 +397,10 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
         wo_info("fit: '%s' (%s) moved to the host after seal: %s (fit's reserve %s; the "
                 "engine's allocations since seal, live: %s before this one)",
                 v[i].t->name->s, wo_format_size(v[i].t->size, b1, sizeof(b1)),
-                why == WO_FIT_YIELD_OOM ? "the engine ran out of device memory"
-                                        : "the engine's next allocation would pass fit's reserve",
+                why == WO_FIT_YIELD_OOM    ? "the engine ran out of device memory"
+                : why == WO_FIT_YIELD_FREE ? "the engine's next allocation would leave less than "
+                                             "keep_free free"
+                                           : "the engine's next allocation would pass fit's reserve",
                 wo_format_size(wo_uvm.fit.reserve_bytes, b3, sizeof(b3)),
                 wo_format_size(wo_uvm.fit.engine_after, b2, sizeof(b2)));
         /* an expert tensor now off the device: its picked copies begin at
@@ -420,6 +424,13 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
                     "had placed on the device moved to the host to make room (the least "
                     "valuable first; their later reads cross PCIe). fit's reserve keeps room "
                     "for what the engine allocates after seal (docs/policy.md, fit: reserve)",
+                    wo_format_size(moved, b1, sizeof(b1)));
+    else if (why == WO_FIT_YIELD_FREE)
+        wo_log_once(WO_LOG_WARN,
+                    "fit: the engine's allocation after seal would have left less than keep_free "
+                    "free (device memory fit does not count: kernels loaded at their first "
+                    "launch, library workspaces, other processes): %s of late-bound weights "
+                    "moved to the host, their device memory released",
                     wo_format_size(moved, b1, sizeof(b1)));
     else
         wo_log_once(WO_LOG_WARN,

@@ -62,6 +62,11 @@ void wo_place_fit(size_t free_b, size_t total_b);
 enum wo_fit_yield_why {
     WO_FIT_YIELD_RESERVE, /* the engine's allocations would pass fit's reserve */
     WO_FIT_YIELD_OOM,     /* the engine's allocation failed (the second time) */
+    /* WOFFLOAD_FIT_BIND: the engine's allocation would leave less than
+     * keep_free free. Only late-bound weights yield to it: their device
+     * memory is released at once, so the free memory rises and the rule
+     * stops (managed pages would stay cached, and it would not) */
+    WO_FIT_YIELD_FREE,
 };
 /* The engine is short of need bytes of device memory after seal: fit's
  * device weights move to the host, the least valuable first, until need

@@ -635,6 +635,15 @@ void wo_uvm_engine_alloc_ahead(size_t size)
 
         if (over > wo_uvm.fit.yielded_bytes)
             (void)wo_place_fit_yield(over - wo_uvm.fit.yielded_bytes, WO_FIT_YIELD_RESERVE);
+        /* WOFFLOAD_FIT_BIND: also what fit's books do not see (kernels
+         * loaded on their first launch, library workspaces, another
+         * process): the allocation must leave keep_free free */
+        const struct wo_driver *d = wo_uvm_driver();
+        size_t free_b = 0, total_b = 0;
+        uint64_t keep = wo_uvm.g->fit.keep_free;
+        if (wo_place_bind_fit() && d && d->cuMemGetInfo_v2 &&
+            d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && free_b < size + keep)
+            (void)wo_place_fit_yield(size + keep - free_b, WO_FIT_YIELD_FREE);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
 }
