@@ -182,6 +182,20 @@ static void wait_prepinned(void)
     failures++;
 }
 
+/* Every live weight w[0..n) reads back its bytes (fill's pattern i). */
+static void read_back(CUresult (*dtoh)(void *, CUdeviceptr, size_t), const CUdeviceptr *w,
+                      const size_t *sz, unsigned n, uint64_t *buf, uint64_t *back)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (!w[i])
+            continue;
+        fill(buf, sz[i] / 8, i);
+        memset(back, 0, WSIZE);
+        CHECK(dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
+        CHECK(memcmp(buf, back, sz[i]) == 0);
+    }
+}
+
 static int child(const char *scenario)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW);
@@ -326,12 +340,7 @@ static int child(const char *scenario)
         CHECK(p_info(&f1, &total) == CUDA_SUCCESS);
         if (getenv("WOFFLOAD_FIT_BIND"))
             CHECK(f1 + 2 * MiB >= f0);
-        for (unsigned i = 0; i < NW; i++) {
-            fill(buf, sz[i] / 8, i);
-            memset(back, 0, WSIZE);
-            CHECK(w[i] && p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
-            CHECK(memcmp(buf, back, sz[i]) == 0);
-        }
+        read_back(p_dtoh, w, sz, NW, buf, back);
         if (big)
             CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
     }
@@ -353,12 +362,7 @@ static int child(const char *scenario)
             CHECK(f1 >= 16 * MiB);
         else
             CHECK(f1 < 16 * MiB);
-        for (unsigned i = 0; i < NW; i++) {
-            fill(buf, sz[i] / 8, i);
-            memset(back, 0, WSIZE);
-            CHECK(w[i] && p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
-            CHECK(memcmp(buf, back, sz[i]) == 0);
-        }
+        read_back(p_dtoh, w, sz, NW, buf, back);
         if (big)
             CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
         if (pool)
@@ -380,14 +384,7 @@ static int child(const char *scenario)
             CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
             CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_SUCCESS);
         }
-        for (unsigned i = 0; i < NW; i++) {
-            if (!w[i])
-                continue;
-            fill(buf, sz[i] / 8, i);
-            memset(back, 0, WSIZE);
-            CHECK(p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
-            CHECK(memcmp(buf, back, sz[i]) == 0);
-        }
+        read_back(p_dtoh, w, sz, NW, buf, back);
         if (big)
             CHECK(p_cuMemFree(big) == CUDA_SUCCESS);
         if (pool)
@@ -395,12 +392,7 @@ static int child(const char *scenario)
     }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
-        for (unsigned i = 0; i < NW; i++) { /* moved: still the same bytes */
-            fill(buf, sz[i] / 8, i);
-            memset(back, 0, WSIZE);
-            CHECK(p_dtoh(back, w[i], sz[i]) == CUDA_SUCCESS);
-            CHECK(memcmp(buf, back, sz[i]) == 0);
-        }
+        read_back(p_dtoh, w, sz, NW, buf, back); /* moved: still the same bytes */
     }
     /* fit keeps its weights to the end: the stats at exit name them. */
     for (unsigned i = 0; i < NW && strncmp(scenario, "fit", 3) != 0 && !hand; i++)
