@@ -24,16 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CK(x)                                                                  \
-    do {                                                                       \
-        CUresult r_ = (x);                                                     \
-        if (r_ != CUDA_SUCCESS) {                                              \
-            const char *s_ = NULL;                                             \
-            cuGetErrorString(r_, &s_);                                         \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_);  \
-            exit(1);                                                           \
-        }                                                                      \
-    } while (0)
+#include "cuda-check.h"
 
 static double now(void)
 {

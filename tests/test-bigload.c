@@ -643,9 +643,10 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"managed\":{\"bytes\":0,") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         /* rest: host: the lent weights are the prefetcher's only managed
-         * memory, and it works from the engine's context */
+         * memory, and it is set up to work from the engine's context (the
+         * scenario makes no prefetch, so that no context is made is not
+         * seen here: the line is the check) */
         CHECK(strstr(err, "prefetcher: no context of its own under fit") != NULL);
-        CHECK(strstr(err, "prefetcher: a context of its own") == NULL);
         dump_on_failure(f0, "fitreturn", stats, err);
     }
 

@@ -443,6 +443,29 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     return moved;
 }
 
+uint64_t wo_place_fit_short(size_t size)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    size_t free_b = 0, total_b = 0;
+    uint64_t bound_host, bound_device, keep;
+    CUresult r;
+
+    if (!wo_place_bind_fit() || !d || !d->cuMemGetInfo_v2)
+        return 0;
+    /* nothing of fit's that could yield to it: not even the driver call */
+    wo_place_bind_bytes(&bound_host, &bound_device);
+    if (!bound_device)
+        return 0;
+    if (!wo_driver_enter())
+        return 0; /* under a capture: the next allocation outside it looks */
+    r = d->cuMemGetInfo_v2(&free_b, &total_b);
+    wo_driver_leave();
+    keep = wo_uvm.g->fit.keep_free;
+    if (r != CUDA_SUCCESS || (free_b >= size && free_b - size >= keep))
+        return 0;
+    return keep + size - free_b;
+}
+
 void wo_place_fit_summary(void)
 {
     char b1[32], b2[32], b3[32], b4[32];

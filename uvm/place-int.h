@@ -72,6 +72,11 @@ enum wo_fit_yield_why {
  * device weights move to the host, the least valuable first, until need
  * bytes are free; returns the bytes moved. */
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why);
+/* Under WOFFLOAD_FIT_BIND, with late-bound weights of fit's on the device:
+ * the bytes an engine allocation of size after seal is short of leaving
+ * keep_free free (WO_FIT_YIELD_FREE), 0 none or not asked. Under
+ * wo_uvm.lock. */
+uint64_t wo_place_fit_short(size_t size);
 /* The exit summary's line under fit: how far the engine's allocations
  * after seal went against the reserve, and the reserve that would have kept
  * the yielded weights on the device. */

@@ -628,6 +628,8 @@ void wo_uvm_engine_alloc_ahead(size_t size)
     if (__atomic_load_n(&wo_uvm.state, __ATOMIC_ACQUIRE) != 1 || !wo_uvm.g ||
         !wo_uvm.g->fit.enabled)
         return;
+    uint64_t need = 0;
+
     pthread_mutex_lock(&wo_uvm.lock);
     if (counted_after_seal(WO_API_CU_MEM_ALLOC)) {
         uint64_t will = wo_uvm.fit.engine_after + size;
@@ -635,17 +637,21 @@ void wo_uvm_engine_alloc_ahead(size_t size)
 
         if (over > wo_uvm.fit.yielded_bytes)
             (void)wo_place_fit_yield(over - wo_uvm.fit.yielded_bytes, WO_FIT_YIELD_RESERVE);
-        /* WOFFLOAD_FIT_BIND: also what fit's books do not see (kernels
-         * loaded on their first launch, library workspaces, another
-         * process): the allocation must leave keep_free free */
-        const struct wo_driver *d = wo_uvm_driver();
-        size_t free_b = 0, total_b = 0;
-        uint64_t keep = wo_uvm.g->fit.keep_free;
-        if (wo_place_bind_fit() && d && d->cuMemGetInfo_v2 &&
-            d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS && free_b < size + keep)
-            (void)wo_place_fit_yield(size + keep - free_b, WO_FIT_YIELD_FREE);
+        need = wo_place_fit_short(size);
     }
     pthread_mutex_unlock(&wo_uvm.lock);
+    if (need) {
+        /* as at an out-of-memory (wo_uvm_engine_oom): hot experts first
+         * (their own lock), then fit's late-bound weights */
+        unsigned left = 0;
+        uint64_t freed = wo_picks_give_back(wo_uvm_driver(), need, &left);
+
+        if (freed < need) {
+            pthread_mutex_lock(&wo_uvm.lock);
+            (void)wo_place_fit_yield(need - freed, WO_FIT_YIELD_FREE);
+            pthread_mutex_unlock(&wo_uvm.lock);
+        }
+    }
 }
 
 void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, int api)
