@@ -42,6 +42,11 @@
  *         five attention weights' room: under WOFFLOAD_FIT_BIND=1 they were
  *         bound ranges and yield by a re-backing that frees their device
  *         memory at once; without it they yield as managed memory.
+ *   fitexpectswap: fitexpect with room for ten of the twelve attention
+ *         weights: two of them come in memory pinned for the two the plan put
+ *         on the host, and trade plans with them (one size, one class).
+ *   capexpect: the experts managed, the names announced: the cap pins
+ *         experts past it; those tags are the cap's, not missed matches.
  *   fitexpectauto: the same under fit's auto mode: no room for staging slots
  *         while only experts leave the device (the router's picks carry them).
  *   handorder, handexpect: the hand policy (experts host), each layer's
@@ -813,6 +818,46 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"served_host\":12,") != NULL);
         CHECK(strstr(stats, "\"prepin\":{\"made\":0,") != NULL);
         dump_on_failure(f0, "fitexpect (WOFFLOAD_PREPIN=0)", stats, err);
+    }
+
+    /* fitexpectswap: fitexpect with a budget of 40 MiB: ten of the twelve
+     * attention weights (4 MiB each) on the device, two on the host. The
+     * allocations come in the other order than the names: within a size
+     * the device's claims go first, so two attention weights the plan put
+     * on the device are tagged in memory pinned for the two it put on the
+     * host. Same size, same class: the names trade plans (swapped_tags),
+     * none is missed, and fit at seal still puts ten on the device. */
+    if (want(argc, argv, "fitexpectswap")) {
+        static const char fit40_policy[] = "version: 1\n"
+                                           "fit: {device: 168MiB, keep_free: 16MiB, reserve: 0}\n"
+                                           "prefetch: {mode: hot-set}\n";
+        f0 = failures;
+        rc = run(argv, "fitexpectswap", fit40_policy, NULL, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(on_device(stats, "self_attn") == 10);
+        CHECK(on_device(stats, "experts") == 0);
+        CHECK(strstr(stats, "\"served_host\":14,") != NULL);
+        CHECK(strstr(stats, "\"missed_tags\":0,\"missed_bytes\":0,\"swapped_tags\":2,"
+                            "\"swapped_bytes\":8388608") != NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitexpectswap", stats, err);
+    }
+
+    /* capexpect: the cap scenario's experts managed, every name announced
+     * first: past the cap the experts are pinned by the cap, not by a
+     * match to a host name. Those tags are the cap's (stuck_tags), never
+     * missed matches. */
+    if (want(argc, argv, "capexpect")) {
+        f0 = failures;
+        rc = run(argv, "capexpect", cap_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"served_host\":0,") != NULL);
+        CHECK(strstr(stats, "\"missed_tags\":0,") != NULL);
+        s = strstr(stats, "\"stuck_tags\":");
+        CHECK(s && strtoull(s + 13, NULL, 10) > 0);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "capexpect", stats, err);
     }
 
     /* fitexpectyield: fitexpect, then 20 MiB the engine allocates after

@@ -66,6 +66,7 @@ struct wo_expect_entry {
     enum wo_placement plan; /* the policy's or fit's placement of it */
     bool claimed;           /* an allocation was matched to it */
     bool pinned;            /* ... and served as pinned host memory */
+    bool tagged;            /* its allocation's tag came (its name is the tag's) */
 };
 
 struct wo_uvm_expect {
@@ -80,6 +81,7 @@ struct wo_uvm_expect {
     uint64_t unmatched;                 /* allocations of at least 1 MiB matched to none */
     uint64_t released;                  /* claims given back by a free before seal */
     uint64_t missed_tags, missed_bytes; /* tags in such host memory the plan did not want there */
+    uint64_t swapped_tags, swapped_bytes; /* ... traded with a host name of their size and class */
 };
 
 struct wo_alloc {

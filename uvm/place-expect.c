@@ -25,7 +25,8 @@
  * A match decides where the bytes are served, never a name: the names still
  * come from the tags. A wrong match (another tensor of the same size, a
  * temporary) costs placement, never data: its tag says what the policy wanted,
- * and the stats count it (missed). A claim of an allocation freed before seal
+ * and the stats count it (missed). Under fit, two names of one size and one
+ * class that came in the other order trade plans instead (swapped). A claim of an allocation freed before seal
  * is given back. Every function here runs under wo_uvm.lock. */
 #include "uvm/place-int.h"
 
@@ -242,24 +243,68 @@ void wo_place_expect_release(struct wo_alloc *a)
     wo_uvm.expect.released++;
 }
 
+/* The announced entry named name other than e (untagged: only one whose
+ * allocation's tag has not come), or NULL. */
+static struct wo_expect_entry *entry_named(const char *name, const struct wo_expect_entry *e,
+                                           bool untagged)
+{
+    for (size_t i = 0; i < wo_uvm.expect.n; i++) {
+        struct wo_expect_entry *f = &wo_uvm.expect.v[i];
+        if (f != e && !(untagged && f->tagged) && strcmp(f->name, name) == 0)
+            return f;
+    }
+    return NULL;
+}
+
 void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t)
 {
-    const struct wo_uvm_expect *x = &wo_uvm.expect;
+    struct wo_uvm_expect *x = &wo_uvm.expect;
+    struct wo_expect_entry *e, *f = NULL;
     enum wo_placement want = t->place;
+    const bool by_plan = wo_uvm.g->fit.enabled && t->name->rule < 0;
 
-    if (!a->expect_ix || a->kind != WO_KIND_PINNED)
+    if (!a->expect_ix || a->expect_ix > x->n || a->kind != WO_KIND_PINNED)
         return;
+    e = &x->v[a->expect_ix - 1];
+    /* pinned by the managed cap, not for this match: the cap's books
+     * (stuck_tags) count it */
+    if (!e->pinned)
+        return;
+    if (strcmp(e->name, t->name->s) != 0)
+        f = entry_named(t->name->s, e, true);
     /* under fit a name no rule placed goes where the plan put it */
-    if (wo_uvm.g->fit.enabled && t->name->rule < 0) {
-        want = WO_PLACE_UNSET;
-        for (size_t i = 0; i < x->n && want == WO_PLACE_UNSET; i++)
-            if (strcmp(x->v[i].name, t->name->s) == 0)
-                want = x->v[i].plan;
+    if (by_plan) {
+        const struct wo_expect_entry *g = strcmp(e->name, t->name->s) == 0 ? e
+                                          : f ? f
+                                              : entry_named(t->name->s, e, false);
+        want = g ? g->plan : WO_PLACE_UNSET;
     }
+    if (want != WO_PLACE_HOST && want != WO_PLACE_UNSET && by_plan && f &&
+        f->bytes == e->bytes && wo_fit_class(f->name) == wo_fit_class(e->name)) {
+        /* Another name's claim: two tensors of one size and one class, the
+         * plan's host one and this device one, came in the other order
+         * (within a size the device's claims go first). They are worth the
+         * same to fit, so the names trade plans: this one is the host's now,
+         * and the device's claim holds the other (fit at seal chooses among
+         * the managed memory it is in). Counted, never missed. */
+        char *s = e->name;
+        e->name = f->name;
+        f->name = s;
+        f = NULL;
+        x->swapped_tags++;
+        x->swapped_bytes += t->size;
+        want = WO_PLACE_HOST;
+    } else if (f && f->bytes == e->bytes && f->plan == e->plan) {
+        /* the same size and plan: the books follow the tag */
+        char *s = e->name;
+        e->name = f->name;
+        f->name = s;
+    }
+    e->tagged = true;
     if (want == WO_PLACE_HOST || want == WO_PLACE_UNSET)
         return;
-    wo_uvm.expect.missed_tags++;
-    wo_uvm.expect.missed_bytes += t->size;
+    x->missed_tags++;
+    x->missed_bytes += t->size;
     wo_log_once(WO_LOG_WARN,
                 "expect: '%s' lies in memory served as pinned host memory for an announced "
                 "tensor of its size that the plan put on the host, but %s on the device: it "
@@ -287,9 +332,10 @@ void wo_place_expect_log(void)
     wo_info("expect: %zu names announced before their bytes (%s), %" PRIu64 " planned on the "
             "host (%s); %" PRIu64 " allocations matched, %" PRIu64 " served as pinned host "
             "memory at once (%s), %" PRIu64 " not matched, %" PRIu64 " claims given back by a "
-            "free, %" PRIu64 " tags in host memory the plan did not want there",
+            "free, %" PRIu64 " tags in host memory the plan did not want there, %" PRIu64
+            " traded with a tensor of their size and class",
             x->n, wo_format_size(x->bytes, b1, sizeof(b1)), x->plan_host,
             wo_format_size(x->plan_host_bytes, b2, sizeof(b2)), x->matched, x->served_host,
             wo_format_size(x->served_host_bytes, b3, sizeof(b3)), x->unmatched, x->released,
-            x->missed_tags);
+            x->missed_tags, x->swapped_tags);
 }

@@ -396,11 +396,12 @@ static void json_body(struct sbuf *b)
                   ",\"matched_bytes\":%" PRIu64 ",\"served_host\":%" PRIu64
                   ",\"served_host_bytes\":%" PRIu64 ",\"pin_failures\":%" PRIu64
                   ",\"unmatched\":%" PRIu64 ",\"released\":%" PRIu64 ",\"missed_tags\":%" PRIu64
-                  ",\"missed_bytes\":%" PRIu64,
+                  ",\"missed_bytes\":%" PRIu64 ",\"swapped_tags\":%" PRIu64
+                  ",\"swapped_bytes\":%" PRIu64,
                   x->n, x->bytes, x->plan_host, x->plan_host_bytes, x->plan_device,
                   x->plan_device_bytes, x->matched, x->matched_bytes, x->served_host,
                   x->served_host_bytes, x->pin_failures, x->unmatched, x->released,
-                  x->missed_tags, x->missed_bytes);
+                  x->missed_tags, x->missed_bytes, x->swapped_tags, x->swapped_bytes);
         struct wo_prepin_figs f;
         wo_place_prepin_figs(&f);
         sb_printf(b,

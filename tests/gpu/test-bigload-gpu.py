@@ -50,12 +50,14 @@ def child(ckpt: str, fraction: float) -> None:
     import transformers
     res = {}
     blocker = None
+    held = 0  # the blocker's bytes in PyTorch's cache (memory_reserved counts them)
     if fraction:
         import woffload
         free, _ = torch.cuda.mem_get_info()
         size = free - int(fraction * float(os.environ["WB"]))
         with woffload.window_closed():
             blocker = torch.empty(size, dtype=torch.uint8, device="cuda")
+        held = torch.cuda.memory_reserved()
         res["free_after_blocker"] = torch.cuda.mem_get_info()[0]
     # the device memory this process holds beyond what it held here: the
     # least free memory, sampled every 5 ms while it loads and decodes
@@ -84,7 +86,7 @@ def child(ckpt: str, fraction: float) -> None:
         torch.cuda.synchronize()
         time.sleep(0.02)
         res["peak_first_token_bytes"] = start - least[0]
-        res["torch_reserved_first_token"] = torch.cuda.memory_reserved()
+        res["torch_reserved_first_token"] = torch.cuda.memory_reserved() - held
         out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, min_new_tokens=16,
                          do_sample=False, pad_token_id=0)
     torch.cuda.synchronize()
@@ -92,7 +94,7 @@ def child(ckpt: str, fraction: float) -> None:
     done.set()
     sampler.join()
     res["peak_decode_bytes"] = start - least[0]
-    res["torch_reserved"] = torch.cuda.memory_reserved()
+    res["torch_reserved"] = torch.cuda.memory_reserved() - held
     res["peak_device_bytes"] = start - min(least[0], least_load)
     res["tokens"] = out[0, ids.shape[1]:].tolist()
     res["weight_bytes"] = sum(p.numel() * p.element_size() for p in m.parameters())
@@ -172,7 +174,8 @@ def main() -> int:
                     (cap.get("pinned", 0) > 0 or (st.get("expect") or {}).get("served_host", 0) > 0)
                     and cap.get("failed", 1) == 0,
                 f"no weight in pinned memory served for another name "
-                f"(expect.missed_tags {(st.get('expect') or {}).get('missed_tags')})":
+                f"(expect.missed_tags {(st.get('expect') or {}).get('missed_tags')}; "
+                f"traded in one size and class: {(st.get('expect') or {}).get('swapped_tags')})":
                     (st.get("expect") or {}).get("missed_tags", 0) == 0,
                 "sealed": st.get("state", {}).get("sealed") is True,
             }
