@@ -353,8 +353,13 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
         timeout = min(timeout, left - 5)
     print(f"=== {spec['name']}: {' '.join(shlex.quote(c) for c in cmd[:-1])} '<spec>'", flush=True)
     t0 = time.time()
+    cpus = parse_cpus(args.cpus)
+    # every row on the same cores, the shim's threads too (set before exec):
+    # b1 is bound by the engine's launches, the CPU's time
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout,
+                           preexec_fn=pin)
         out, err, rc = p.stdout, p.stderr, p.returncode
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -479,6 +484,21 @@ def parse_size(text: str) -> int:
         if text.endswith(unit):
             return int(float(text[:-len(unit)]) * mult)
     return int(text)
+
+
+def parse_cpus(text: str) -> List[int]:
+    """'0-7', '3', '0-3,8-11' as the cores it names (sorted); '' as none.
+    ValueError on anything else."""
+    cpus = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        a, dash, b = part.partition("-")
+        lo, hi = int(a), int(b) if dash else int(a)
+        if lo < 0 or hi < lo:
+            raise ValueError(f"{part!r} is not a core or a range of cores (e.g. 0-7)")
+        cpus.update(range(lo, hi + 1))
+    return sorted(cpus)
 
 
 def ratio(a: Optional[float], b: Optional[float]) -> str:
@@ -658,6 +678,9 @@ def main() -> int:
                     help="timed generates a batch after the warm-up: the rate is their median")
     ap.add_argument("--warmup-tokens", type=int, default=48,
                     help="tokens of the untimed first generate (auto's decision is taken in it)")
+    ap.add_argument("--cpus", default=os.environ.get("BIGLOAD_CPUS", ""),
+                    help="cores every row's process runs on, e.g. 0-7 (default $BIGLOAD_CPUS, else "
+                         "any): the same cores for every row, the shim's threads included")
     ap.add_argument("--log", default="info")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a row may take")
     ap.add_argument("--deadline", type=float, default=0,
@@ -680,6 +703,10 @@ def main() -> int:
                     help="fit and fit-stream rows: comma-separated slot counts (prefetch.slots), one row each; "
                          "empty: the policy's default")
     args = ap.parse_args()
+    try:
+        parse_cpus(args.cpus)
+    except ValueError as e:
+        ap.error(f"--cpus: {e}")
     for rv in args.fit_reserves.split(","):
         try:
             if rv.strip():
@@ -811,7 +838,8 @@ def main() -> int:
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({layers} layers, {what}), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "
             f"keep_free {args.keep_free}; {args.repeats} timed generates a batch (the median); "
-            f"PCIe bound = offloaded bytes (embedding rows aside) once a token at {PCIE_GBS:.0f} GB/s"
+            + (f"every row on cores {args.cpus}; " if args.cpus else "")
+            + f"PCIe bound = offloaded bytes (embedding rows aside) once a token at {PCIE_GBS:.0f} GB/s"
             + (", an expert tensor at its layer's distinct share of the experts (the routers' picks "
                "in plain at that batch)" if moe else "") + "\n\n")
     with open(os.path.join(args.out, "bigload.md"), "w") as f:

@@ -52,7 +52,8 @@
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
-#   bigload        bench/bigload.py BIGLOAD_ARGS (e.g. "--shape moe128 --modes batched");
+#   bigload        bench/bigload.py BIGLOAD_ARGS (e.g. "--shape moe128 --modes batched"),
+#                  every row on cores BIGLOAD_CPUS [0-7];
 #                  BIGLOAD_WITH_PREV=1 adds the rows of this machine's earlier
 #                  bigload calls to the report (one report over several calls)
 #                  with the shim in build-gpu, into $OUT/bigload, within the call's
@@ -246,6 +247,9 @@ for step in "$@"; do
         prev=""
         [ "${BIGLOAD_WITH_PREV:-0}" = 1 ] &&
             prev=$(find /tmp/bigload-calls -name '*.json' 2>/dev/null | sort | paste -sd, -)
+        # every row on cores 0-7 unless BIGLOAD_CPUS says (b1 is the CPU's
+        # launches: one set of cores for every row and every call)
+        export BIGLOAD_CPUS="${BIGLOAD_CPUS-0-7}"
         # shellcheck disable=SC2086
         python3 bench/bigload.py --build build-gpu --out "$OUT/bigload" --deadline $((left - 15)) \
             ${prev:+--with "$prev"} ${BIGLOAD_ARGS:-} >"$OUT/bigload.log" 2>&1

@@ -116,6 +116,13 @@ class TestMoeTables(unittest.TestCase):
         self.assertEqual(bigload.parse_size("256MiB"), 256 << 20)
         self.assertEqual(bigload.parse_size("4096"), 4096)
 
+    def test_cpus(self):
+        self.assertEqual(bigload.parse_cpus("0-3,8"), [0, 1, 2, 3, 8])
+        self.assertEqual(bigload.parse_cpus(""), [])
+        for bad in ("3-1", "x", "-2"):
+            with self.assertRaises(ValueError):
+                bigload.parse_cpus(bad)
+
     def test_an_error_row_is_reported_not_raised(self):
         rows = self.rows + [dict(name="fit-0.25", error="OutOfMemoryError: CUDA out of memory\n")]
         self.assertIn("| fit-0.25 | | error: OutOfMemoryError", bigload.moe_tables(rows, 128, 1 << 30))

@@ -602,6 +602,8 @@ static void *watchdog(void *arg)
                                                  : "?");
         }
         msg[used - 1] = '\0'; /* the last ';' */
+        /* kept for the stats (a test reads the clauses there) */
+        snprintf(dm.f.stall_report, sizeof(dm.f.stall_report), "%s", msg + (msg[0] == ' '));
         wo_warn("picks: the copy engine looks stuck:%s. If the process hangs, run with "
                 "WOFFLOAD_PICKS_ENGINE=0",
                 msg);

@@ -363,10 +363,12 @@ static void json_body(struct sbuf *b)
                   ",\"no_slot\":%" PRIu64 ",\"quiesced\":%" PRIu64
                   ",\"quiesce_timeouts\":%" PRIu64 ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
                   ",\"mirrors_failed\":%" PRIu64 ",\"mirrors_dropped\":%" PRIu64 ",\"waits_refused\":%" PRIu64
-                  ",\"stalls\":%" PRIu64 "}}",
+                  ",\"stalls\":%" PRIu64 ",\"stall_report\":",
                   wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.host_flags,
                   df.no_slot, df.quiesced, df.quiesce_timeouts, df.mirrors, df.mirror_bytes,
                   df.mirror_failed, df.mirror_dropped, df.waits_refused, df.stalls);
+        sb_str(b, df.stall_report);
+        sb_printf(b, "}}");
     }
     sb_printf(b,
               ",\"managed_cap\":{\"margin\":%" PRIu64 ",\"live\":%" PRIu64 ",\"peak\":%" PRIu64

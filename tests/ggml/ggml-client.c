@@ -383,6 +383,22 @@ static long long engine_field(const char *key)
     return object_field("\"engine\":{", key);
 }
 
+/* the copy engine's last stall report (picks.engine.stall_report), as said,
+ * into out ("" when none) */
+static void engine_report(char *out, size_t cap)
+{
+    char *js = stats();
+    const char *o = js ? strstr(js, "\"engine\":{") : NULL;
+    const char *r = o ? strstr(o, "\"stall_report\":\"") : NULL;
+    size_t n = 0;
+
+    if (r)
+        for (r += strlen("\"stall_report\":\""); *r && *r != '"' && n + 1 < cap; r++)
+            out[n++] = *r;
+    out[n] = '\0';
+    free(js);
+}
+
 static void picks_steps(struct ggml_tensor **wt, int off)
 {
     struct picks_ctx *c = picks_ctx_new(wt, "--picks");
@@ -439,10 +455,27 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {
         const char *st = getenv("WOFFLOAD_PICKS_STALL_MS");
         bool want = st && atoi(st) < 1000;
+        char said[1024];
+
         CHECK((engine_field("stalls") > 0) == want,
               "--picks: the copy engine's stall report %s (stalls %lld)",
               want ? "made, the copy thread slowed past WOFFLOAD_PICKS_STALL_MS" : "not made",
               engine_field("stalls"));
+        /* what it said (the stats keep it): the driver call a thread of
+         * the shim was in, the queued copy or the gate, the captures, and
+         * what the copy stream held, asked of the driver */
+        engine_report(said, sizeof(said));
+        if (want)
+            CHECK((strstr(said, "thread has been in cu") || strstr(said, "queued, the oldest for") ||
+                   strstr(said, "has held the gate for")) &&
+                      strstr(said, "captures under way") &&
+                      (strstr(said, "the copy stream has work") ||
+                       strstr(said, "the copy stream is idle")),
+                  "--picks: the stall report says where the copy thread was, the captures "
+                  "and the copy stream: '%s'",
+                  said);
+        else
+            CHECK(said[0] == '\0', "--picks: no stall report, none kept: '%s'", said);
     }
     staged0 = picks_field("staged");
     c->moved = c->in_place = 0;
