@@ -18,42 +18,6 @@ static void misuse(void)
     __atomic_add_fetch(&wo_uvm.misuse, 1, __ATOMIC_RELAXED);
 }
 
-/* Why a tag on an observed allocation cannot move it (one line, once each). */
-void wo_report_unplaceable(const struct wo_alloc *a, const char *name)
-{
-    if (!wo_uvm.policy) {
-        wo_log_once(WO_LOG_INFO, "tag '%s' recorded for stats only: no policy is loaded "
-                                 "(WOFFLOAD_POLICY)", name);
-    } else if (a->flags & WO_RANGE_ASYNC) {
-        wo_log_once(WO_LOG_WARN,
-                    "tag '%s' cannot move its memory: it came from a stream-ordered allocator "
-                    "(cudaMallocAsync/cuMemAllocAsync), which the shim never serves; recorded for "
-                    "stats only (see docs/placement.md)",
-                    name);
-    } else if (a->flags & (WO_RANGE_VMM | WO_RANGE_ENGINE_MANAGED)) {
-        wo_log_once(WO_LOG_WARN,
-                    "tag '%s' cannot move its memory: it is the engine's own %s memory; recorded "
-                    "for stats only (for PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
-                    "False; see docs/placement.md)",
-                    name, a->flags & WO_RANGE_VMM ? "VMM (cuMemMap)" : "managed");
-    } else if (a->below_min_size) {
-        char b[32];
-        wo_log_once(WO_LOG_WARN,
-                    "tag '%s' cannot move its memory: its allocation (%llu bytes) was smaller "
-                    "than the window's min_size (%s) when it was made; lower window.min_size, "
-                    "see docs/placement.md (recorded for stats only; further such tags are "
-                    "counted in the stats)",
-                    name, (unsigned long long)a->size,
-                    wo_format_size(wo_uvm.g->window.min_size, b, sizeof(b)));
-    } else {
-        wo_log_once(WO_LOG_WARN,
-                    "tag '%s' cannot move its memory: it was allocated outside the placeable "
-                    "window; open the window before loading, see docs/placement.md "
-                    "(recorded for stats only; further such tags are counted in the stats)",
-                    name);
-    }
-}
-
 static void first_tag(void)
 {
     if (wo_uvm.first_tag_seen || !wo_uvm.policy)
@@ -70,6 +34,22 @@ void wo_api_note_tag(void)
     pthread_mutex_lock(&wo_uvm.lock);
     first_tag();
     pthread_mutex_unlock(&wo_uvm.lock);
+}
+
+int wo_api_tag_push(const char *name)
+{
+    int r = wo_scope_push(name);
+
+    if (r == 0) {
+        wo_uvm_ensure_init();
+        wo_api_note_tag();
+    }
+    return r;
+}
+
+int wo_api_tag_pop(void)
+{
+    return wo_scope_pop();
 }
 
 /* A name longer than a tag may hold: said, and counted as misuse. */

@@ -71,7 +71,6 @@ static struct wo_graphs *graphs; /* captures, for accounting graph replays */
  * capacity, grown by doubling). Consumer thread only, but for the figures. */
 static struct wo_event *bl;
 static size_t bl_cap, bl_head, bl_n;
-static uint64_t bl_now, bl_peak, bl_moved;       /* relaxed atomics: read by the stats */
 static uint64_t bl_used_ns;                      /* when relieve last moved an event */
 static struct wo_graphs *volatile forked_graphs; /* a fork child's copy of the parent's */
 static struct wo_event *volatile forked_bl;      /* the same for the backlog */
@@ -123,7 +122,7 @@ void wo_consumer_fork_prepare(void)
     pthread_mutex_unlock(&sleep_lock);
 }
 
-void wo_consumer_wake(void)
+static void wake(void)
 {
     /* without sleep_lock: a wake that comes just before the thread waits is
      * lost, and it sleeps out its timeout (2 ms at most), as without one.
@@ -149,28 +148,18 @@ const struct wo_executor *const wo_executors[] = {&wo_stream_executor, &wo_prefe
 /* The longest single executor call (an event's or a tick), and whose: this
  * thread is away from the ring for that long, and what arrives meanwhile
  * must fit in the ring (and the backlog, for the prefetcher's driver calls).
- * Written here, read by the stats (relaxed). */
-static uint64_t longest_ns;
-static unsigned longest_who; /* 1 + 2 * executor index + (1 for a tick) */
+ * Written here into wo_consumer_figs (uvm/state.c), read by the stats
+ * (relaxed). */
 
 static void note_call(uint64_t t0, const struct wo_executor *const *e, bool tick)
 {
     uint64_t d = wo_now_ns() - t0;
 
-    if (d > __atomic_load_n(&longest_ns, __ATOMIC_RELAXED)) {
-        __atomic_store_n(&longest_who, 1u + 2u * (unsigned)(e - wo_executors) + tick,
-                         __ATOMIC_RELAXED);
-        __atomic_store_n(&longest_ns, d, __ATOMIC_RELAXED);
+    if (d > __atomic_load_n(&wo_consumer_figs.longest_ns, __ATOMIC_RELAXED)) {
+        __atomic_store_n(&wo_consumer_figs.longest_in, (*e)->name, __ATOMIC_RELAXED);
+        __atomic_store_n(&wo_consumer_figs.longest_tick, tick, __ATOMIC_RELAXED);
+        __atomic_store_n(&wo_consumer_figs.longest_ns, d, __ATOMIC_RELAXED);
     }
-}
-
-void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick)
-{
-    unsigned w = __atomic_load_n(&longest_who, __ATOMIC_RELAXED);
-
-    *ns = __atomic_load_n(&longest_ns, __ATOMIC_RELAXED);
-    *who = w ? wo_executors[(w - 1) / 2]->name : "";
-    *tick = w && (w - 1) % 2;
 }
 
 /* Every event, in ring order, on the consumer thread, with no uvm/ lock
@@ -344,12 +333,12 @@ static bool backlog_grow(void)
 
 static void backlog_publish(void)
 {
-    __atomic_store_n(&bl_now, bl_n, __ATOMIC_RELAXED);
-    if (bl_n > __atomic_load_n(&bl_peak, __ATOMIC_RELAXED))
-        __atomic_store_n(&bl_peak, bl_n, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.bl_now, bl_n, __ATOMIC_RELAXED);
+    if (bl_n > __atomic_load_n(&wo_consumer_figs.bl_peak, __ATOMIC_RELAXED))
+        __atomic_store_n(&wo_consumer_figs.bl_peak, bl_n, __ATOMIC_RELAXED);
 }
 
-void wo_consumer_relieve(void)
+static void relieve(void)
 {
     uint64_t moved = 0;
 
@@ -365,7 +354,7 @@ void wo_consumer_relieve(void)
     }
     if (moved) {
         bl_used_ns = wo_now_ns();
-        __atomic_add_fetch(&bl_moved, moved, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&wo_consumer_figs.bl_moved, moved, __ATOMIC_RELAXED);
         backlog_publish();
     }
 }
@@ -380,14 +369,6 @@ static int next_event(struct wo_event *ev)
         return 1;
     }
     return wo_ring_pop(wo_events, ev);
-}
-
-void wo_consumer_backlog_stats(struct wo_backlog_stats *ret)
-{
-    ret->now = __atomic_load_n(&bl_now, __ATOMIC_RELAXED);
-    ret->peak = __atomic_load_n(&bl_peak, __ATOMIC_RELAXED);
-    ret->moved = __atomic_load_n(&bl_moved, __ATOMIC_RELAXED);
-    ret->limit = wo_events ? wo_ring_capacity(wo_events) * BACKLOG_RINGS : 0;
 }
 
 /* Pops up to BATCH events, accounts them under one lock hold, dispatches
@@ -460,10 +441,12 @@ static void *consumer_main(void *arg)
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     stats_next_ns = 0;
     fit_return_done = false;
-    __atomic_store_n(&bl_peak, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&bl_moved, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&longest_ns, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&longest_who, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.bl_peak, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.bl_moved, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.bl_limit, backlog_limit(), __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.longest_ns, 0, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.longest_in, NULL, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_consumer_figs.longest_tick, false, __ATOMIC_RELAXED);
     for (;;) {
         struct timespec ts;
         int st;
@@ -530,6 +513,8 @@ int wo_consumer_start(void)
     pthread_once(&cond_once, cond_init);
     if (running || !wo_events)
         return 0;
+    /* the doorbell the hooks and the prefetcher ring (uvm/state.c) */
+    wo_consumer_install(wake, relieve);
     stop = 0;
     /* The engine's signals go to its own threads, never to this one. */
     sigfillset(&all);

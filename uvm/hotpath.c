@@ -17,6 +17,10 @@
 
 struct wo_stream_shared wo_stream_tab;
 uint32_t wo_readonly_gen[WO_STREAM_IDS];
+/* picked staging's tables (hotpath.h), kept by uvm/picks.c */
+uint8_t wo_picks_ids[WO_STREAM_IDS];
+uint32_t wo_picks_hot_epoch;
+int wo_picks_any;
 uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
 #define AWAIT_SPIN 256u /* polls before the wait yields the CPU each time round */
 
@@ -25,11 +29,20 @@ static void add(uint64_t *c, uint64_t n)
     __atomic_add_fetch(c, n, __ATOMIC_RELAXED);
 }
 
+static void (*note_write_also)(uint64_t dst, uint64_t bytes);
+
+void wo_stream_note_write_install(void (*fn)(uint64_t dst, uint64_t bytes))
+{
+    __atomic_store_n(&note_write_also, fn, __ATOMIC_RELEASE);
+}
+
 void wo_stream_note_write(uint64_t dst, uint64_t bytes)
 {
     uint64_t ends[2] = {dst, bytes ? dst + bytes - 1 : dst};
+    void (*also)(uint64_t, uint64_t) = __atomic_load_n(&note_write_also, __ATOMIC_ACQUIRE);
 
-    wo_picks_note_write(dst, bytes);
+    if (also)
+        also(dst, bytes);
     if (!__atomic_load_n(&wo_stream_tab.active, __ATOMIC_ACQUIRE))
         return;
     for (int i = 0; i < 2; i++) {

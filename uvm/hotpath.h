@@ -232,6 +232,10 @@ static inline uint32_t wo_stream_word_gen(uint64_t w)
  * which the write makes current) and the executor learns the range was
  * written. Lock-free; the registry read section must not be held. */
 void wo_stream_note_write(uint64_t dst, uint64_t bytes);
+/* Who else hears of such writes, before the streaming executor: picked
+ * staging installs its wo_picks_note_write with its first tensor (nothing
+ * to hear before). */
+void wo_stream_note_write_install(void (*fn)(uint64_t dst, uint64_t bytes));
 
 /* A launch touches streamed ranges in place (not redirected: its function
  * is no reader, no slot was ready, another stream owns the slot): it may
@@ -422,7 +426,9 @@ void wo_uvm_stream_gone(uint64_t stream);
  * right before it into a device buffer; the hook moves its pointers there
  * as it does for a slot (preload/launch.c). */
 /* Spans (+1, saturating at 255) in each registry range id (< WO_STREAM_IDS): a
- * launch's hit on an id with 0 is not for this executor (lock-free). */
+ * launch's hit on an id with 0 is not for this executor (lock-free). These
+ * three are the hot path's tables (defined in hotpath.c), kept by
+ * uvm/picks.c. */
 extern uint8_t wo_picks_ids[WO_STREAM_IDS];
 /* Bumped whenever a hot set is made or retired (uvm/picks.c): a trace
  * records the picks' figures at that moment (uvm/record.c), so that the
@@ -458,6 +464,6 @@ void wo_picks_unused(unsigned n);
  * as fast as the kernels' copy of them. Any thread. */
 bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits);
 /* A copy hook writes [dst, dst + bytes) (wo_stream_note_write calls it
- * first): buffers holding rows of a tensor it overlaps are stale (copied
- * again at the next launch). Any thread. */
+ * first, once installed): buffers holding rows of a tensor it overlaps are
+ * stale (copied again at the next launch). Any thread. */
 void wo_picks_note_write(uint64_t dst, uint64_t bytes);

@@ -1,6 +1,6 @@
-/* uvm/init.c: the life cycle of uvm/: the driver table, lazy init (policy,
- * event ring, consumer thread), shutdown at exit, reset for tests, and the
- * fork child.
+/* uvm/init.c: the life cycle of uvm/: lazy init (policy, event ring,
+ * consumer thread), shutdown at exit, reset for tests, and the fork child
+ * (the state it sets up lives in state.c).
  *
  * Exit ordering: preload/ calls wo_uvm_shutdown() from its destructor or
  * atexit handler. The driver may already be tearing itself down then, so
@@ -18,30 +18,6 @@
 #include "core/settings.h"
 #include "uvm/executor.h"
 #include "uvm/picks.h"
-
-struct wo_uvm_state wo_uvm = {
-    .lock = PTHREAD_MUTEX_INITIALIZER,
-    .cpu_read_cv = PTHREAD_COND_INITIALIZER,
-};
-
-static const struct wo_driver *driver;
-struct wo_ring *wo_events;
-int wo_captures_live;
-int wo_prefetch_busy;
-int wo_captures_strict;
-int wo_dma_busy;
-int wo_launch_scan = 1;
-int wo_events_all = 1;
-
-void wo_uvm_set_driver(const struct wo_driver *drv)
-{
-    __atomic_store_n(&driver, drv, __ATOMIC_RELEASE);
-}
-
-const struct wo_driver *wo_uvm_driver(void)
-{
-    return __atomic_load_n(&driver, __ATOMIC_ACQUIRE);
-}
 
 /* Loads the policy; a bad one is logged (located diagnostics) and leaves
  * uvm/ passing everything through, names still recorded for stats. */

@@ -265,6 +265,11 @@ void wo_uvm_ensure_init(void);
 /* ---- names.c (all under wo_uvm.lock unless said) ---------------------- */
 /* The innermost tag scope name of this thread, or NULL. No lock. */
 const char *wo_scope_current(void);
+/* This thread's tag scopes (woffload_tag_push/pop, uvm/api.c): a name
+ * checked and pushed, 0 or -EINVAL, -E2BIG, -ENOMEM (said, misuse
+ * counted); the innermost popped, 0 or -EPERM. */
+int wo_scope_push(const char *name);
+int wo_scope_pop(void);
 struct wo_name *wo_name_get(const char *s); /* interns; NULL on ENOMEM */
 void wo_name_ref(struct wo_name *n);
 void wo_name_unref(struct wo_name *n);
@@ -348,6 +353,14 @@ int wo_place_tag_early(struct wo_alloc *a, struct wo_tag *t);
 int wo_place_seal(void);
 const char *wo_cu_error_name(CUresult r);
 
+/* The gate (uvm.h: wo_uvm_quiesce_begin) is kept here, on uvm/'s ground
+ * floor (state.c): how many are behind it now, and what a higher file does
+ * at it, installed once before it has anything to drain (the copy
+ * engine's: uvm/picks-dma.c). begin gets the caller's return address and
+ * the count it raised; end the count it left. */
+extern unsigned wo_uvm_quiescing;
+void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(unsigned left));
+
 /* ---- consumer.c -------------------------------------------------------- */
 int wo_consumer_start(void);
 /* Stops the thread: drains what is left, joins (bounded wait). */
@@ -355,8 +368,11 @@ void wo_consumer_stop(void);
 /* In a fork child: the thread is gone; forget it without joining. */
 void wo_consumer_forget(void);
 /* Wakes the consumer thread if it sleeps between batches (any thread; one
- * futex call when it does: only for a hook that is about to wait on it). */
+ * futex call when it does: only for a hook that is about to wait on it).
+ * Kept in state.c, with wo_consumer_relieve: the doorbell the consumer
+ * installs when it starts (nothing to wake or relieve before). */
 void wo_consumer_wake(void);
+void wo_consumer_install(void (*wake)(void), void (*relieve)(void));
 /* fork(): prepare parks the thread between batches (waits 200 ms at most);
  * parent lets it go on. */
 void wo_consumer_fork_prepare(void);
@@ -378,6 +394,14 @@ void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
  * away from the ring), the executor's name ("" before any) and whether it
  * was a tick (else an event's). Any thread; relaxed. */
 void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick);
+/* Where the consumer thread publishes them (state.c; relaxed atomics). */
+struct wo_consumer_figs {
+    uint64_t bl_now, bl_peak, bl_moved, bl_limit;
+    uint64_t longest_ns;
+    const char *longest_in; /* the executor's name; NULL before any call */
+    bool longest_tick;
+};
+extern struct wo_consumer_figs wo_consumer_figs;
 
 /* ---- stats.c ----------------------------------------------------------- */
 /* The event path's books (stats "ring", the exit summary): drops split into

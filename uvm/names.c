@@ -54,7 +54,7 @@ void wo_scope_forget_thread(void)
     (void)pthread_setspecific(scope_key, NULL);
 }
 
-int wo_api_tag_push(const char *name)
+int wo_scope_push(const char *name)
 {
     struct scope_stack *s = scope;
     size_t len;
@@ -90,12 +90,10 @@ int wo_api_tag_push(const char *name)
     if (!copy)
         return -ENOMEM;
     s->names[s->depth++] = copy;
-    wo_uvm_ensure_init();
-    wo_api_note_tag();
     return 0;
 }
 
-int wo_api_tag_pop(void)
+int wo_scope_pop(void)
 {
     struct scope_stack *s = scope;
 

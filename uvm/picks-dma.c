@@ -84,7 +84,7 @@ static struct {
     bool started, broken, stop, th_on, mth_on, said_on;
     /* the quiesce gate (wo_uvm_quiesce_begin): threads about to free that
      * hold new jobs off, and enqueues under way; atomics, Dekker-style */
-    unsigned quiescing, entering;
+    unsigned entering; /* with wo_uvm_quiescing (the gate, uvm/state.c) */
     /* for the stall report (watchdog): the driver call the copy thread (0)
      * and the mirror thread (1) are in, NULL none, and since when; since
      * when the gate has been held */
@@ -614,6 +614,9 @@ static void *watchdog(void *arg)
 
 /* ---- the engine's side ----------------------------------------------------- */
 
+static void gate_begin(void *by, unsigned raised);
+static void gate_end(unsigned left);
+
 /* Under dm.lock, on an engine thread. False: the kernels copy. */
 static bool start(const struct wo_driver *d, CUcontext ctx)
 {
@@ -635,6 +638,9 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
                 "the kernels");
         return false;
     }
+    /* what the copy engine does at the gate (uvm/state.c): before a job
+     * can be queued */
+    wo_uvm_gate_install(gate_begin, gate_end);
     dm.d = d;
     dm.ctx = ctx;
     r = d->cuMemHostAlloc((void **)&dm.flags, WO_PICKS_STREAMS * sizeof(uint32_t),
@@ -674,7 +680,7 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
 static bool gate_enter(void)
 {
     __atomic_add_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
-    if (!__atomic_load_n(&dm.quiescing, __ATOMIC_SEQ_CST))
+    if (!__atomic_load_n(&wo_uvm_quiescing, __ATOMIC_SEQ_CST))
         return true;
     __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
     pthread_mutex_lock(&dm.lock);
@@ -852,12 +858,12 @@ static void drain(void)
  * GPU is met by copies already on the copy stream. (A free of a tensor
  * whose mirror is being made waits for the piece under way in uvm/'s own
  * books: wo_uvm_copy_live.) */
-void wo_uvm_quiesce_begin(void)
+static void gate_begin(void *by, unsigned raised)
 {
-    if (__atomic_add_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 1 &&
+    if (raised == 1 &&
         __atomic_load_n(&dm.started, __ATOMIC_ACQUIRE)) { /* the stall report's */
         __atomic_store_n(&dm.gate_since, now_ns(), __ATOMIC_RELAXED);
-        __atomic_store_n(&dm.gate_by, __builtin_return_address(0), __ATOMIC_RELAXED);
+        __atomic_store_n(&dm.gate_by, by, __ATOMIC_RELAXED);
         /* mth_on and mth were set before started was published */
         __atomic_store_n(&dm.gate_mirror, dm.mth_on && pthread_equal(pthread_self(), dm.mth),
                          __ATOMIC_RELAXED);
@@ -865,9 +871,9 @@ void wo_uvm_quiesce_begin(void)
     drain();
 }
 
-void wo_uvm_quiesce_end(void)
+static void gate_end(unsigned left)
 {
-    if (__atomic_sub_fetch(&dm.quiescing, 1, __ATOMIC_SEQ_CST) == 0)
+    if (left == 0)
         __atomic_store_n(&dm.gate_since, 0, __ATOMIC_RELAXED);
 }
 

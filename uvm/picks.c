@@ -19,10 +19,6 @@
 #include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
 
-uint8_t wo_picks_ids[WO_STREAM_IDS];
-uint32_t wo_picks_hot_epoch;
-int wo_picks_any;
-
 #define BUF_ALIGN (2ull << 20)
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
 #define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
@@ -285,6 +281,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     if (rg.id < WO_STREAM_IDS && wo_picks_ids[rg.id] < 255)
         __atomic_store_n(&wo_picks_ids[rg.id], (uint8_t)(wo_picks_ids[rg.id] + 1),
                          __ATOMIC_RELEASE);
+    /* the copy hooks' writes reach this executor from now on */
+    wo_stream_note_write_install(wo_picks_note_write);
     __atomic_store_n(&wo_picks_any, 1, __ATOMIC_RELEASE);
     if (!offdev && !bound)
         wo_debug("picks: '%s' is on the device: its launches need no staging",

@@ -1,4 +1,5 @@
-/* uvm/place.c: allocation routing and the placement backends.
+/* uvm/place.c: allocation routing (the managed backend it places through:
+ * place-apply.c).
  *
  * A placeable allocation (tag scope, or the open window) is served here with
  * cuMemAllocManaged, so its placement can change later at the same address:
@@ -27,146 +28,41 @@
 #include "core/registry.h"
 #include "uvm/picks.h"
 
-const char *wo_cu_error_name(CUresult r)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-    const char *s = NULL;
 
-    if (d && d->cuGetErrorName && d->cuGetErrorName(r, &s) == CUDA_SUCCESS && s)
-        return s;
-    return "CUDA error";
-}
-
-static int cu_errno(CUresult r)
+/* Why a tag on an observed allocation cannot move it (one line, once each). */
+void wo_report_unplaceable(const struct wo_alloc *a, const char *name)
 {
-    switch (r) {
-    case CUDA_SUCCESS:
-        return 0;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-        return -ENOMEM;
-    case CUDA_ERROR_INVALID_VALUE:
-        return -EINVAL;
-    case CUDA_ERROR_NOT_SUPPORTED:
-        return -EOPNOTSUPP;
-    default:
-        return -EIO;
+    if (!wo_uvm.policy) {
+        wo_log_once(WO_LOG_INFO, "tag '%s' recorded for stats only: no policy is loaded "
+                                 "(WOFFLOAD_POLICY)", name);
+    } else if (a->flags & WO_RANGE_ASYNC) {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it came from a stream-ordered allocator "
+                    "(cudaMallocAsync/cuMemAllocAsync), which the shim never serves; recorded for "
+                    "stats only (see docs/placement.md)",
+                    name);
+    } else if (a->flags & (WO_RANGE_VMM | WO_RANGE_ENGINE_MANAGED)) {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it is the engine's own %s memory; recorded "
+                    "for stats only (for PyTorch, set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:"
+                    "False; see docs/placement.md)",
+                    name, a->flags & WO_RANGE_VMM ? "VMM (cuMemMap)" : "managed");
+    } else if (a->below_min_size) {
+        char b[32];
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: its allocation (%llu bytes) was smaller "
+                    "than the window's min_size (%s) when it was made; lower window.min_size, "
+                    "see docs/placement.md (recorded for stats only; further such tags are "
+                    "counted in the stats)",
+                    name, (unsigned long long)a->size,
+                    wo_format_size(wo_uvm.g->window.min_size, b, sizeof(b)));
+    } else {
+        wo_log_once(WO_LOG_WARN,
+                    "tag '%s' cannot move its memory: it was allocated outside the placeable "
+                    "window; open the window before loading, see docs/placement.md "
+                    "(recorded for stats only; further such tags are counted in the stats)",
+                    name);
     }
-}
-
-static CUmemLocation loc_device(void)
-{
-    CUmemLocation l = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = wo_uvm.device};
-    return l;
-}
-
-static CUmemLocation loc_host(void)
-{
-    CUmemLocation l = {.type = CU_MEM_LOCATION_TYPE_HOST, .id = 0};
-    return l;
-}
-
-/* The private stream for residency changes; NULL when it cannot be had (the
- * placement then takes effect by advice alone, on first touch). */
-static CUstream private_stream(void)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-
-    if (wo_uvm.stream || wo_uvm.stream_failed)
-        return wo_uvm.stream;
-    if (!d || !d->cuStreamCreate || !d->cuMemPrefetchAsync_v2 || !d->cuStreamSynchronize ||
-        d->cuStreamCreate(&wo_uvm.stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-        wo_uvm.stream = NULL;
-        wo_uvm.stream_failed = true;
-        wo_warn("no private stream for placement prefetches: placements take effect on first "
-                "touch only");
-    }
-    return wo_uvm.stream;
-}
-
-static const char *tag_label(const struct wo_alloc *a, uint64_t off)
-{
-    for (size_t i = 0; i < a->ntags; i++)
-        if (a->tags[i].off <= off && off < a->tags[i].off + a->tags[i].size)
-            return a->tags[i].name->s;
-    return "(untagged)";
-}
-
-/* Advice and, with residency, a prefetch on the private stream (the caller
- * synchronises it). The range is widened to whole pages inside the
- * allocation: advice works on pages, and neighbours that share a page get
- * the placement applied last. */
-int wo_place_apply_range(struct wo_alloc *a, uint64_t off, uint64_t len, enum wo_placement p,
-                         bool advice, bool residency)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-    uint64_t start = off & ~(uint64_t)(PAGE - 1);
-    uint64_t end = WO_MIN(WO_ALIGN_UP(off + len, (uint64_t)PAGE), a->size);
-    CUdeviceptr ptr = a->base + start;
-    size_t n = end - start;
-    CUresult r = CUDA_SUCCESS;
-    const char *what = "";
-    CUstream s;
-
-    if (a->kind != WO_KIND_MANAGED || !d)
-        return 0;
-    if (advice && d->cuMemAdvise_v2) {
-        if (p == WO_PLACE_DEVICE) {
-            what = "advise preferred=GPU";
-            r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_device());
-        } else {
-            what = "advise preferred=host";
-            r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, loc_host());
-            if (r == CUDA_SUCCESS) {
-                what = "advise accessed-by=GPU";
-                r = d->cuMemAdvise_v2(ptr, n, CU_MEM_ADVISE_SET_ACCESSED_BY, loc_device());
-            }
-        }
-        if (r != CUDA_SUCCESS)
-            goto fail;
-    }
-    if (advice && wo_events) {
-        /* For the trace and the prefetcher (which then rescans its segments). */
-        struct wo_event ev;
-        memset(&ev, 0, sizeof(ev));
-        ev.t_ns = wo_now_ns();
-        ev.type = WO_EV_PLACE;
-        ev.p.id = a->id;
-        ev.p.gen = a->gen;
-        ev.p.offset = start;
-        ev.p.bytes = n;
-        ev.p.from = WO_PLACE_UNSET; /* not tracked per page */
-        ev.p.to = p;
-        (void)wo_ring_push(wo_events, &ev);
-    }
-    if (residency && (s = private_stream())) {
-        what = p == WO_PLACE_DEVICE ? "prefetch to the GPU" : "prefetch to host";
-        r = d->cuMemPrefetchAsync_v2(ptr, n, p == WO_PLACE_DEVICE ? loc_device() : loc_host(), 0,
-                                     s);
-        if (r != CUDA_SUCCESS)
-            goto fail;
-    }
-    return 0;
-fail:
-    wo_uvm.placement_errors++;
-    wo_error("placing '%s' [0x%" PRIx64 ", +%zu) on %s: %s failed: %s; it stays where it was",
-             tag_label(a, off), (uint64_t)ptr, n, wo_placement_to_string(p), what,
-             wo_cu_error_name(r));
-    return cu_errno(r);
-}
-
-int wo_place_sync(void)
-{
-    const struct wo_driver *d = wo_uvm_driver();
-    CUresult r;
-
-    if (!wo_uvm.stream)
-        return 0;
-    r = d->cuStreamSynchronize(wo_uvm.stream);
-    if (r != CUDA_SUCCESS) {
-        wo_error("waiting for placement prefetches: %s", wo_cu_error_name(r));
-        return cu_errno(r);
-    }
-    return 0;
 }
 
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t)
@@ -487,56 +383,6 @@ out:
     return served;
 }
 
-static bool cpu_reading(uint64_t base, uint64_t size)
-{
-    for (unsigned k = 0; k < WO_CPU_READERS; k++)
-        if (wo_uvm.cpu_read[k].lo < base + size && base < wo_uvm.cpu_read[k].hi)
-            return true;
-    return false;
-}
-
-void wo_uvm_wait_cpu_read(uint64_t base, uint64_t size)
-{
-    while (cpu_reading(base, size))
-        pthread_cond_wait(&wo_uvm.cpu_read_cv, &wo_uvm.lock);
-}
-
-/* A piece: about 2 ms of memcpy, the longest a free of the range waits
- * (measured on the H100 with the whole copy under the lock instead: the
- * first 10 s after load, while 12 GiB of copies were made, decoded 0.55x
- * to 0.95x as fast: bench/results/e2e-20261126-121704-pinned-copies-
- * mixtral-h100) */
-#define CPU_READ_PIECE (16 * WO_MiB)
-
-bool wo_uvm_copy_live(unsigned who, uint32_t rid, uint32_t gen, uint64_t src, uint64_t bytes,
-                      void *dst, const bool *stop)
-{
-    for (uint64_t off = 0; off < bytes; off += CPU_READ_PIECE) {
-        uint64_t n = WO_MIN(CPU_READ_PIECE, bytes - off);
-        struct wo_range rg;
-        bool live;
-
-        if (__atomic_load_n(stop, __ATOMIC_RELAXED))
-            return false; /* the process exits: do not hold it up */
-        pthread_mutex_lock(&wo_uvm.lock);
-        live = wo_registry_get(rid, &rg) == 0 && rg.gen == gen && src >= rg.base &&
-               src + bytes <= rg.base + rg.size;
-        if (live) {
-            wo_uvm.cpu_read[who].lo = src + off;
-            wo_uvm.cpu_read[who].hi = src + off + n;
-        }
-        pthread_mutex_unlock(&wo_uvm.lock);
-        if (!live)
-            return false;
-        memcpy((unsigned char *)dst + off, (const void *)(uintptr_t)(src + off), (size_t)n);
-        pthread_mutex_lock(&wo_uvm.lock);
-        wo_uvm.cpu_read[who].lo = wo_uvm.cpu_read[who].hi = 0;
-        pthread_cond_broadcast(&wo_uvm.cpu_read_cv);
-        pthread_mutex_unlock(&wo_uvm.lock);
-    }
-    return true;
-}
-
 int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -792,98 +638,4 @@ int wo_uvm_place_range(uint64_t addr, uint64_t size, enum wo_placement p)
 out:
     pthread_mutex_unlock(&wo_uvm.lock);
     return r;
-}
-
-/* ---- for the prefetcher ----------------------------------------------------------- */
-
-/* One callback per managed piece of a: its managed tags, and the untagged
- * gaps when the allocation's default placement is managed. */
-static bool wanted(enum wo_placement p, bool host)
-{
-    return p == WO_PLACE_MANAGED || (host && p == WO_PLACE_HOST);
-}
-
-static int foreach_managed_alloc(const struct wo_alloc *a,
-                                 int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud,
-                                 bool host)
-{
-    uint64_t pos = 0, unnamed = 0;
-    int ret = 0;
-
-    for (size_t k = 0; k <= a->ntags && !ret; k++) {
-        uint64_t toff = k < a->ntags ? a->tags[k].off : a->size;
-        struct wo_uvm_segment s = {.id = a->id, .gen = a->gen, .slices = WO_SLICES_AUTO,
-                                   .bound = a->kind == WO_KIND_BOUND};
-
-        /* the longest run of bytes no tag names since the last piece
-         * given (the first tag's leading bytes do not count) */
-        if (k > 0 && toff > pos && toff - pos > unnamed)
-            unnamed = toff - pos;
-        if (toff > pos && wanted(a->place, host)) {
-            s.place = a->place;
-            s.base = a->base + pos;
-            s.offset = pos;
-            s.size = toff - pos;
-            s.name = "(untagged)";
-            s.untagged = true;
-            ret = fn(&s, ud);
-        }
-        if (k < a->ntags && !ret) {
-            const struct wo_tag *t = &a->tags[k];
-            const struct wo_rule *rule =
-                t->name->rule >= 0 ? wo_policy_rule(wo_uvm.policy, (size_t)t->name->rule) : NULL;
-            pos = t->off + t->size;
-            if (!wanted(t->place, host))
-                continue;
-            s.place = t->place;
-            s.untagged = false;
-            s.unnamed_before = unnamed;
-            unnamed = 0;
-            s.base = a->base + t->off;
-            s.offset = t->off;
-            s.size = t->size;
-            s.name = t->name->s;
-            s.priority = rule ? rule->priority : 0;
-            s.slices = rule ? rule->slices : WO_SLICES_AUTO;
-            ret = fn(&s, ud);
-        }
-    }
-    return ret;
-}
-
-int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
-{
-    int ret = 0;
-
-    pthread_mutex_lock(&wo_uvm.lock);
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
-            if (a->kind == WO_KIND_MANAGED)
-                ret = foreach_managed_alloc(a, fn, ud, false);
-    pthread_mutex_unlock(&wo_uvm.lock);
-    return ret;
-}
-
-int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
-{
-    int ret = 0;
-
-    pthread_mutex_lock(&wo_uvm.lock);
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
-            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_PINNED ||
-                a->kind == WO_KIND_BOUND)
-                ret = foreach_managed_alloc(a, fn, ud, true);
-    pthread_mutex_unlock(&wo_uvm.lock);
-    return ret;
-}
-
-uint64_t wo_uvm_device_budget(void)
-{
-    return __atomic_load_n(&wo_uvm.device_budget, __ATOMIC_RELAXED);
-}
-
-const struct wo_policy *wo_uvm_policy(void)
-{
-    return wo_uvm.policy;
 }
