@@ -13,20 +13,7 @@
 #define EMA_ALPHA (1.0 / 64)  /* weight of the newest step in the frequency average */
 #define HYSTERESIS 1.15       /* a resident hot unit is kept unless a rival reads this much more */
 #define SWAP_HORIZON 128.0 /* steps a hot unit is expected to stay: a swap must pay back within */
-#define MIN_FREQ 0.02         /* units used less often than this are never hot */
 #define CYCLE_LINK_SHARE 0.8  /* cycling is on when the link is busy less than this share of a step */
-
-/* Positions until the unit's predicted next use (cyclic), scaled by how
- * rarely it is used: the victim with the largest value is evicted first
- * (Belady's rule on the learned order). */
-double wo_plan_next_use_far(const struct wo_plan *p, const struct unit *u)
-{
-    uint32_t len = p->prev_len ? p->prev_len : WO_MAX(p->pos, 1u);
-    double d = u->phase > p->pos ? (double)(u->phase - p->pos)
-                                 : (double)u->phase + (double)len - (double)p->pos;
-
-    return d / WO_MAX(u->freq, MIN_FREQ);
-}
 
 /* Frees room for `need` bytes by evicting resident units outside the hot
  * set and the current window (hot units are never victims: the hot set fits
@@ -149,7 +136,7 @@ static void choose_hot(struct wo_plan *p)
         double reads = u->freq * u->touched, gain;
 
         u->hot = 0;
-        if (u->freq < MIN_FREQ)
+        if (u->freq < WO_PLAN_MIN_FREQ)
             continue;
         /* The cost rule: a unit is hot when residency over the horizon
          * saves more than moving it costs. An incumbent's move is paid, a

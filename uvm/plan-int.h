@@ -120,16 +120,33 @@ static inline uint64_t wo_plan_unit_bytes(const struct prange *r, uint32_t i)
     return WO_MIN(r->usize, r->size - off);
 }
 
-/* plan.c: the action queue */
+/* plan-queue.c: the units met and the action queue */
+int wo_plan_know(struct wo_plan *p, uint32_t id, uint32_t unit);
 void wo_plan_add_pend(struct wo_plan *p, uint32_t type, uint32_t id, uint32_t unit, uint64_t key);
 void wo_plan_flush(struct wo_plan *p);
+/* An action onto the queue as it is (a step's mark): 0 or -ENOMEM. */
+int wo_plan_push_action(struct wo_plan *p, const struct wo_plan_action *a);
 
 /* plan-range.c: units and slices */
-int wo_plan_know(struct wo_plan *p, uint32_t id, uint32_t unit);
 void wo_plan_learn_slice(struct wo_plan *p, uint32_t id, uint64_t offset);
 
+/* Units used less often than this (accesses a step) are never hot, and
+ * count as this rare in the victims' order. */
+#define WO_PLAN_MIN_FREQ 0.02
+
+/* Positions until the unit's predicted next use (cyclic), scaled by how
+ * rarely it is used: the victim with the largest value is evicted first
+ * (Belady's rule on the learned order). */
+static inline double wo_plan_next_use_far(const struct wo_plan *p, const struct unit *u)
+{
+    uint32_t len = p->prev_len ? p->prev_len : WO_MAX(p->pos, 1u);
+    double d = u->phase > p->pos ? (double)(u->phase - p->pos)
+                                 : (double)u->phase + (double)len - (double)p->pos;
+
+    return d / WO_MAX(u->freq, WO_PLAN_MIN_FREQ);
+}
+
 /* plan-hot.c: prediction */
-double wo_plan_next_use_far(const struct wo_plan *p, const struct unit *u);
 bool wo_plan_load_on_miss(const struct wo_plan *p, const struct prange *r, uint32_t i,
                           const struct unit *u);
 void wo_plan_learn_step(struct wo_plan *p, double step_s, unsigned nsteps);

@@ -236,24 +236,6 @@ void wo_plan_learn_slice(struct wo_plan *p, uint32_t id, uint64_t offset)
         enforce_budget(p);
 }
 
-/* Lists a unit the planner has met (p->known: what the step fold, the hot
- * set and the victim search walk). 0 or -ENOMEM. */
-int wo_plan_know(struct wo_plan *p, uint32_t id, uint32_t unit)
-{
-    struct unit *u = &p->r[id].u[unit];
-
-    if (u->known)
-        return 0;
-    if (wo_grow((void **)&p->known, &p->capknown, p->nknown + 1, sizeof(*p->known)) < 0)
-        return -ENOMEM;
-    p->known[p->nknown++] = (struct uref){id, unit};
-    u->known = 1;
-    /* unused in every step so far: a unit first seen late is rare, not
-     * (as a running mean from its first use would say) always used */
-    u->age = (uint32_t)WO_MIN(p->elapsed, (uint64_t)UINT32_MAX / 2);
-    return 0;
-}
-
 void wo_plan_set_budget(struct wo_plan *p, uint64_t budget)
 {
     p->cfg.budget = budget;
