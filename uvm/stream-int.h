@@ -145,6 +145,12 @@ static inline bool in(const uint32_t *v, unsigned n, uint32_t id)
     return false;
 }
 
+/* The executor's files, each calling only those below it: stream.c (the
+ * executor) > stream-learn.c (what is streamed, the per-name figures) >
+ * stream-stage.c (ranges and assignments, fences, the staging copy, the
+ * slots' sizes and reuse) > stream-slots.c (the device slots, the copy
+ * stream, copy timing). */
+
 /* ---- stream-slots.c ---------------------------------------------------------- */
 
 CUcontext wo_sx_push_ctx(void);
@@ -153,26 +159,20 @@ CUdeviceptr wo_sx_source(uint32_t id, const struct srange *r, bool managed, bool
 CUresult wo_sx_copy_to_slot(CUdeviceptr dst, CUdeviceptr src, uint64_t bytes, bool managed);
 uint64_t wo_sx_slots_bytes(void);
 void wo_sx_want_sizes(void);
+/* The sizes (out) the slots should have for the ranges streamed now but
+ * skip (NONE: none); false when no such range is in the order. */
+bool wo_sx_size_for(uint32_t skip, uint64_t *out);
+/* One info line with the slots' sizes; a size as the info lines give it. */
+void wo_sx_say_slots(const char *what);
+const char *wo_sx_size_str(uint64_t b, char buf[24]);
+/* Makes the slots, their events and the copy stream, once: false when
+ * they cannot be had. */
 bool wo_sx_slots(void);
-bool wo_sx_quiesce(unsigned lo, unsigned hi);
-void wo_sx_resize(const uint32_t *ahead, unsigned na);
-
-/* ---- stream-stage.c ---------------------------------------------------------- */
-
-bool wo_sx_unpublish(int slot);
-void wo_sx_take_back(struct srange *r);
-void wo_sx_mark_written(struct srange *r, uint32_t id);
-bool wo_sx_fence_owner(struct wo_stream_slot *s);
-bool wo_sx_at_engine(unsigned slot, bool hooks_too);
-bool wo_sx_check_slot(unsigned s);
-void wo_sx_poll_checks(bool wait, uint32_t only);
-bool wo_sx_stage(uint32_t id, int slot);
-void wo_sx_advance(void);
-/* Copy timing (stream-slots.c): a staging copy on the copy engine is
- * bracketed by two timing events on the copy stream; once both completed,
- * the time between them is the copy's own (the waits before it are not in
- * it). begin returns the pair, or -1 (none free, or timing off); end
- * records its second event; poll takes in the finished ones, in order. */
+/* Copy timing: a staging copy on the copy engine is bracketed by two
+ * timing events on the copy stream; once both completed, the time between
+ * them is the copy's own (the waits before it are not in it). begin
+ * returns the pair, or -1 (none free, or timing off); end records its
+ * second event; poll takes in the finished ones, in order. */
 int wo_sx_time_begin(void);
 void wo_sx_time_end(int i, uint64_t bytes);
 void wo_sx_time_poll(void);
@@ -181,18 +181,33 @@ void wo_sx_time_free(void);
 /* In a fork child: the parent's pairs forgotten, no driver call. */
 void wo_sx_time_atfork_child(void);
 
-/* ---- stream-learn.c ---------------------------------------------------------- */
+/* ---- stream-stage.c ---------------------------------------------------------- */
 
-void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet);
-void wo_sx_unselect_range(struct srange *r, uint32_t id);
-void wo_sx_on_launch(const struct wo_event *ev);
-
-/* ---- stream.c ---------------------------------------------------------------- */
-
+bool wo_sx_unpublish(int slot);
+void wo_sx_take_back(struct srange *r);
+void wo_sx_mark_written(struct srange *r, uint32_t id);
+/* The range at id forgotten (its allocation freed): out of the table and
+ * the plan, its slot taken back. */
 void wo_sx_drop(uint32_t id);
+void wo_sx_unselect_range(struct srange *r, uint32_t id);
 /* The spans of hit h's allocation its [offset, hi) can read, as the
  * executor knows them (hotpath.h's wo_stream_span_next on wo_sx->r): *it
  * starts at 0; returns a live span of h's generation (its sid in *sid) or
  * NULL after the last. */
 struct srange *wo_sx_span_next(const struct wo_ev_hit *h, uint32_t *it, uint32_t *sid);
+bool wo_sx_fence_owner(struct wo_stream_slot *s);
+bool wo_sx_at_engine(unsigned slot, bool hooks_too);
+bool wo_sx_check_slot(unsigned s);
+void wo_sx_poll_checks(bool wait, uint32_t only);
+bool wo_sx_stage(uint32_t id, int slot);
+void wo_sx_advance(void);
+bool wo_sx_quiesce(unsigned lo, unsigned hi);
+void wo_sx_resize(const uint32_t *ahead, unsigned na);
+
+/* ---- stream-learn.c ---------------------------------------------------------- */
+
+void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet);
+void wo_sx_on_launch(const struct wo_event *ev);
+/* The per-name figures published for the stats (at most every 100 ms
+ * unless forced). */
 void wo_sx_publish_names(bool force);

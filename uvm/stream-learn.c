@@ -1,10 +1,12 @@
 /* uvm/stream-learn.c: what the streaming executor learns from launches
  * (see stream-int.h): per range and step the bytes read and the distinct
  * bytes among them (read multiplicity), which ranges are streamed (by gain,
- * or by auto's step-time rule, stream-auto.h), the steps, and which launch
- * functions read off-device ranges. */
+ * or by auto's step-time rule, stream-auto.h), the steps, which launch
+ * functions read off-device ranges, and the per-name figures it publishes
+ * for the stats. */
 #include "uvm/stream-int.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,22 +107,6 @@ void wo_sx_select_range(struct srange *r, uint32_t id, bool quiet)
         wo_debug("stream: '%s' (%s, %llu MiB) is streamed (prefetch.mode stream)",
                  r->name ? r->name : "(unnamed)", r->host ? "host" : "managed",
                  (unsigned long long)((r->hi - r->lo) >> 20));
-}
-
-/* A range auto streamed by step time goes back to being read in place
- * (a managed one to the planner, which may make it resident again). Its
- * assignment is taken back at once (unpublish: no hook takes the slot any
- * more); a hook that still holds the slot keeps reading it, and wo_sx_stage()
- * reuses a slot only once no hook does. */
-void wo_sx_unselect_range(struct srange *r, uint32_t id)
-{
-    r->probed = false;
-    r->room = false;
-    r->streamed = false;
-    __atomic_store_n(&wo_stream_tab.e[id].streamed, 0, __ATOMIC_RELEASE);
-    wo_sx_take_back(r);
-    if (!r->host)
-        wo_budget_give(id, r->gen);
 }
 
 /* the first decisions at info, later ones (a server's batch moves) at debug */
@@ -450,4 +436,68 @@ void wo_sx_on_launch(const struct wo_event *ev)
         __atomic_store_n(&wo_stream_tab.readers, 1, __ATOMIC_RELAXED);
     if (k)
         close_step(k, ev->t_ns);
+}
+
+/* ---- per-name figures --------------------------------------------------------- */
+
+struct name_snap {
+    char *name;
+    struct wo_stream_name_stats st;
+};
+
+static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct name_snap *snap;
+static size_t nsnap;
+static uint64_t snap_ns;
+
+void wo_sx_publish_names(bool force)
+{
+    struct name_snap *v, *old;
+    size_t n = 0, nold;
+    uint64_t now = wo_now_ns();
+
+    if (!wo_sx || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
+        return;
+    snap_ns = now;
+    v = calloc(wo_sx->nr ? wo_sx->nr : 1, sizeof(*v));
+    if (!v)
+        return;
+    for (uint32_t i = 0; i < wo_sx->nr; i++) {
+        const struct srange *r = &wo_sx->r[i];
+        struct wo_stream_name_stats *st = &v[n].st;
+
+        if (!r->live || !r->msteps)
+            continue;
+        st->multiplicity = r->sum_mult / (double)r->msteps;
+        st->read_per_step = r->sum_read / (double)r->msteps;
+        st->range_bytes = (double)(r->hi - r->lo);
+        st->staged_per_step = r->steps_all ? r->sum_staged / (double)r->steps_all : 0;
+        st->steps = r->msteps;
+        st->host = r->host;
+        st->streamed = r->streamed;
+        st->written = r->written;
+        v[n].name = strdup(r->name ? r->name : "(unnamed)");
+        if (!v[n].name)
+            break;
+        n++;
+    }
+    pthread_mutex_lock(&snap_lock);
+    old = snap;
+    nold = nsnap;
+    snap = v;
+    nsnap = n;
+    pthread_mutex_unlock(&snap_lock);
+    for (size_t i = 0; i < nold; i++)
+        free(old[i].name);
+    free(old);
+}
+
+void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
+                                       const struct wo_stream_name_stats *st),
+                            void *ud)
+{
+    pthread_mutex_lock(&snap_lock);
+    for (size_t i = 0; i < nsnap; i++)
+        fn(ud, snap[i].name, &snap[i].st);
+    pthread_mutex_unlock(&snap_lock);
 }

@@ -1,7 +1,8 @@
 /* uvm/stream-slots.c: the streaming executor's device slots (see
- * stream-int.h): the engine's context pushed around driver calls, the copy
- * kernel, the slots' sizes for the ranges streamed now, making, growing and
- * shrinking them (quiesced first), and the device budget they take. */
+ * stream-int.h), its ground floor: the engine's context pushed around
+ * driver calls, the copy kernel, the slots' sizes for the ranges streamed
+ * now, making them, and the copies' timing. Growing and shrinking them
+ * (quiesced first, their readers fenced) is staging's (stream-stage.c). */
 #include "uvm/stream-int.h"
 
 #include <stdlib.h>
@@ -236,7 +237,7 @@ void wo_sx_time_end(int i, uint64_t bytes)
 }
 
 /* "N MiB" from a MiB up, else "N KiB": the sizes the info lines give. */
-static const char *size_str(uint64_t b, char buf[24])
+const char *wo_sx_size_str(uint64_t b, char buf[24])
 {
     bool mib = b >= (1u << 20);
 
@@ -246,18 +247,16 @@ static const char *size_str(uint64_t b, char buf[24])
 }
 
 /* One info line: the slots' sizes. */
-static void say_slots(const char *what)
+void wo_sx_say_slots(const char *what)
 {
     char sizes[26 * WO_STREAM_MAX_SLOTS] = "", one[24];
     size_t at = 0;
 
     for (unsigned i = 0; i < wo_sx->nslots && at < sizeof(sizes); i++)
         at += (size_t)snprintf(sizes + at, sizeof(sizes) - at, "%s%s", i ? ", " : "",
-                               size_str(wo_sx->slot_sz[i], one));
+                               wo_sx_size_str(wo_sx->slot_sz[i], one));
     wo_info("stream: %u device staging slots%s (%s)", wo_sx->nslots, what, sizes);
 }
-
-static void slots_shrank(void);
 
 /* Device bytes the slots hold: their sizes once made, else what they will
  * be made with (want_sizes; before any step, every slot the largest). */
@@ -275,7 +274,7 @@ uint64_t wo_sx_slots_bytes(void)
 /* The sizes (out) the slots should have for the ranges streamed now but
  * `skip` (NONE: none), in the order the last step read them
  * (wo_stream_size_slots); false when no such range is in the order. */
-static bool size_for(uint32_t skip, uint64_t *out)
+bool wo_sx_size_for(uint32_t skip, uint64_t *out)
 {
     uint64_t *v = malloc((wo_sx->norder ? wo_sx->norder : 1) * sizeof(*v));
     size_t n = 0;
@@ -297,7 +296,7 @@ void wo_sx_want_sizes(void)
 {
     uint64_t out[WO_STREAM_MAX_SLOTS];
 
-    if (size_for(NONE, out))
+    if (wo_sx_size_for(NONE, out))
         for (unsigned i = 0; i < wo_sx->nslots; i++) {
             if (out[i] != wo_sx->want_sz[i])
                 wo_sx->grow_failed[i] = 0;
@@ -368,207 +367,6 @@ bool wo_sx_slots(void)
         wo_sx->pin_on = wo_pin_start(d, wo_sx->ctx, wo_sx->pin_limit);
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, wo_sx_slots_bytes(), __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.ctx, wo_sx->ctx, __ATOMIC_RELEASE);
-    say_slots("");
-    /* sized for the ranges streamed (want_sizes): the planner gets what
-     * the estimate it was given (every slot the largest) overstated */
-    if (wo_sx_slots_bytes() < (uint64_t)wo_sx->nslots * wo_sx->slot_size)
-        slots_shrank();
+    wo_sx_say_slots("");
     return true;
 }
-
-/* Readies slots [lo, hi) for cuMemFree: what their readers' streams were
- * given done (fence_owner), their contents checked for writes (check_slot),
- * the copies and every launch that read them finished, and the checks'
- * verdicts taken (poll_checks). False: later (a fence or a check cannot be
- * had yet, or a capture forbids the driver calls). */
-bool wo_sx_quiesce(unsigned lo, unsigned hi)
-{
-    const struct wo_driver *d = wo_sx->drv;
-    CUcontext prev;
-    bool ok = true;
-
-    if (!wo_driver_enter())
-        return false;
-    prev = wo_sx_push_ctx();
-    pthread_mutex_lock(&wo_uvm.lock);
-    for (unsigned s = lo; s < hi && ok; s++)
-        ok = wo_sx_fence_owner(&wo_stream_tab.slot[s]) && wo_sx_check_slot(s);
-    pthread_mutex_unlock(&wo_uvm.lock);
-    if (ok) {
-        if (wo_sx->copy && d->cuStreamSynchronize)
-            d->cuStreamSynchronize(wo_sx->copy);
-        for (unsigned s = lo; s < hi; s++)
-            if (wo_stream_tab.slot[s].read_done && d->cuEventSynchronize)
-                d->cuEventSynchronize(wo_stream_tab.slot[s].read_done);
-    }
-    wo_sx_pop_ctx(prev);
-    wo_driver_leave();
-    if (ok)
-        wo_sx_poll_checks(true, NONE);
-    return ok;
-}
-
-/* Gives slot s its wanted size: its contents checked for writes first and
- * every launch that read it done (as free_slots does for all of them),
- * then its memory freed and allocated again. A size cuMemAlloc refuses
- * leaves the old one (remembered: not asked again until the wanted size
- * changes). False: later (a hook holds it, or a capture). */
-static bool resize_slot(unsigned s)
-{
-    const struct wo_driver *d = wo_sx->drv;
-    struct wo_stream_slot *sl = &wo_stream_tab.slot[s];
-    uint64_t want = wo_sx->want_sz[s], old = wo_sx->slot_sz[s];
-    CUdeviceptr p = 0;
-    CUcontext prev;
-    CUresult res;
-
-    if (!d->cuMemFree_v2)
-        return false;
-    if (wo_sx_at_engine(s, true) || !wo_sx_unpublish(s) || !wo_sx_quiesce(s, s + 1))
-        return false;
-    /* growing: the planner's budget first (its hot set makes the room);
-     * outside the driver section, which is not nested (its drain enters
-     * it), and before the slots' context is pushed (the prefetcher may
-     * make its own current) */
-    if (want > old)
-        wo_budget_reserve(wo_sx_slots_bytes() - old + want);
-    if (!wo_driver_enter())
-        return false;
-    prev = wo_sx_push_ctx();
-    wo_quiet_mem_free(d, (CUdeviceptr)sl->dev);
-    sl->dev = 0;
-    wo_sx->slot_sz[s] = 0;
-    res = d->cuMemAlloc_v2(&p, want);
-    if (res != CUDA_SUCCESS) {
-        char a[24], b[24];
-        wo_sx->grow_failed[s] = want;
-        want = d->cuMemAlloc_v2(&p, old) == CUDA_SUCCESS ? old : 0;
-        wo_info("stream: staging slot %u: %s could not be allocated (%s): it keeps %s%s", s,
-                size_str(wo_sx->want_sz[s], a), wo_cu_error_name(res), size_str(want, b),
-                want ? "" : " (no range is staged in it)");
-    }
-    wo_sx_pop_ctx(prev);
-    wo_driver_leave();
-    sl->dev = p;
-    wo_sx->slot_sz[s] = want;
-    wo_sx->slot_last[s] = NONE;
-    __atomic_store_n(&sl->owner, 0, __ATOMIC_RELEASE);
-    if (want != old)
-        add(&wo_stream_tab.n.slot_resizes, 1);
-    return true;
-}
-
-/* The size slot s is given for a wanted size: kept when none is wanted
- * yet, when cuMemAlloc refused that size, or when it shrinks by an eighth
- * or less (no churn for ranges of near sizes). wo_sx_resize() and readmit_room()
- * both judge by it. */
-static uint64_t size_after(unsigned s, uint64_t want)
-{
-    uint64_t cur = wo_sx->slot_sz[s];
-
-    if (!want || want == wo_sx->grow_failed[s] || (want <= cur && want >= cur - cur / 8))
-        return cur;
-    return want;
-}
-
-/* After the slots shrank, `auto` gives back to the planner the hot managed
- * ranges it streamed for their room (auto_decide) that the room now left
- * holds, the first of the step first (the last stay streamed, as
- * llama.cpp's --n-cpu-moe keeps the first layers on the GPU). The room is
- * counted in whole allocations (what the planner places): the budget, less
- * the slots, less every managed range not streamed that a recent step
- * read. That is what the planner wants, not what it holds (hot_over's
- * measure, its hot bytes, which the budget caps): a range given back must
- * fit beside all the planner wants, or the two evict each other. */
-static uint64_t footprint(uint32_t id, const struct srange *r)
-{
-    struct wo_range rg;
-
-    (void)id;
-    return wo_registry_get(r->rid, &rg) >= 0 && rg.gen == r->gen ? rg.size : r->hi - r->lo;
-}
-
-static void readmit_room(void)
-{
-    uint64_t budget = wo_uvm_device_budget(), held = 0;
-    unsigned n = 0;
-
-    for (uint32_t id = 0; id < wo_sx->nr; id++) {
-        const struct srange *r = &wo_sx->r[id];
-        if (r->live && !r->host && !r->streamed && r->msteps &&
-            r->last_step + AUTO_RECENT >= wo_sx->steps)
-            held += footprint(id, r);
-    }
-    for (uint32_t i = 0; i < wo_sx->norder && held < budget; i++) {
-        uint32_t id = wo_sx->order[i];
-        struct srange *r = &wo_sx->r[id];
-        uint64_t fp, sz[WO_STREAM_MAX_SLOTS], slots_after = 0;
-
-        if (id >= wo_sx->nr || !r->live || !r->room || !r->streamed)
-            continue;
-        /* the slots the streamed ranges need without it: taking one of a
-         * pair of sizes out of the order (a down tensor between two
-         * gate_up ones) can make them larger, and the room they grow by
-         * is the planner's */
-        if (!size_for(id, sz))
-            continue;
-        /* counted before any shrink is made: a slot gives its bytes back
-         * only once it is free */
-        for (unsigned k = 0; k < wo_sx->nslots; k++)
-            slots_after += WO_MAX(size_after(k, sz[k]), wo_sx->slot_sz[k]);
-        fp = footprint(id, r);
-        if (held + fp + slots_after > budget)
-            continue;
-        held += fp;
-        wo_sx_unselect_range(r, id);
-        n++;
-    }
-    if (n)
-        wo_info("stream: auto: %u hot ranges back with the planner: the slots' room holds them", n);
-}
-
-/* Brings the slots to their wanted sizes (want_sizes, size_after), each
- * once none of the next ranges (ahead) is in it and the engine is not at
- * it; a slot that grows takes its bytes from the planner's budget first,
- * one that shrank gives them back after. */
-void wo_sx_resize(const uint32_t *ahead, unsigned na)
-{
-    uint64_t before = wo_sx_slots_bytes();
-    bool done = false, changed = false;
-
-    if (!wo_sx->slots_ready || wo_sx->slots_failed)
-        return;
-    for (unsigned s = 0; s < wo_sx->nslots; s++) {
-        uint64_t cur = wo_sx->slot_sz[s];
-        if (size_after(s, wo_sx->want_sz[s]) == cur)
-            continue;
-        if (wo_sx->slot_range[s] >= 0 && in(ahead, na, (uint32_t)wo_sx->slot_range[s]))
-            continue;
-        if (resize_slot(s)) {
-            done = true;
-            changed |= wo_sx->slot_sz[s] != cur; /* not when cuMemAlloc refused */
-        }
-    }
-    if (!done)
-        return;
-    __atomic_store_n(&wo_stream_tab.n.slot_bytes, wo_sx_slots_bytes(), __ATOMIC_RELAXED);
-    if (changed)
-        say_slots(" resized");
-    /* a refused grow gives back what it took from the planner */
-    if (wo_sx_slots_bytes() < before)
-        slots_shrank();
-    else
-        wo_budget_reserve(wo_sx_slots_bytes());
-}
-
-/* The slots hold fewer bytes than the planner was told: its budget grows,
- * and auto gives back the hot ranges it streamed for the room (readmit_room). */
-static void slots_shrank(void)
-{
-    wo_budget_reserve(wo_sx_slots_bytes());
-    if (wo_sx->mode.by_auto)
-        readmit_room();
-}
-
-/* Stages the range the engine is at and the next ones, keeping the one
- * before. */

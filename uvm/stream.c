@@ -433,25 +433,6 @@ static void unsplit(uint32_t id)
     rescan = true;
 }
 
-void wo_sx_drop(uint32_t id)
-{
-    struct srange *r = &wo_sx->r[id];
-    struct wo_stream_entry *e = &wo_stream_tab.e[id];
-
-    __atomic_store_n(&e->streamed, 0, __ATOMIC_RELEASE);
-    /* out of the plan too: a range that takes the id is not waited for */
-    __atomic_store_n(&e->planned, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&e->word, 0, __ATOMIC_SEQ_CST);
-    wo_sx_take_back(r);
-    if (wo_sx->pin_on)
-        wo_pin_retire(id);
-    free(r->name);
-    memset(r, 0, sizeof(*r));
-    r->slot = -1;
-    r->ord = NONE;
-}
-
 static void on_copy(const struct wo_event *ev)
 {
     struct wo_range rg;
@@ -467,15 +448,6 @@ static void on_copy(const struct wo_event *ev)
     while ((r = wo_sx_span_next(&w, &it, &sid)))
         if (w.offset < r->hi && w.hi > r->lo)
             wo_sx_mark_written(r, sid);
-}
-
-struct srange *wo_sx_span_next(const struct wo_ev_hit *h, uint32_t *it, uint32_t *sid)
-{
-    /* the hooks' walk (hotpath.h), the spans the executor holds live */
-    while (wo_stream_span_next(h, it, sid))
-        if (*sid < wo_sx->nr && wo_sx->r[*sid].live && wo_sx->r[*sid].gen == h->gen)
-            return &wo_sx->r[*sid];
-    return NULL;
 }
 
 /* The device bytes the slots take from the planner's budget (plan-budget.h):
@@ -711,70 +683,6 @@ static void tick(void)
         if (wo_sx->pin_on)
             wo_pin_tick(wo_sx->copy);
     }
-}
-
-/* ---- per-name figures --------------------------------------------------------- */
-
-struct name_snap {
-    char *name;
-    struct wo_stream_name_stats st;
-};
-
-static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct name_snap *snap;
-static size_t nsnap;
-static uint64_t snap_ns;
-
-void wo_sx_publish_names(bool force)
-{
-    struct name_snap *v, *old;
-    size_t n = 0, nold;
-    uint64_t now = wo_now_ns();
-
-    if (!wo_sx || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
-        return;
-    snap_ns = now;
-    v = calloc(wo_sx->nr ? wo_sx->nr : 1, sizeof(*v));
-    if (!v)
-        return;
-    for (uint32_t i = 0; i < wo_sx->nr; i++) {
-        const struct srange *r = &wo_sx->r[i];
-        struct wo_stream_name_stats *st = &v[n].st;
-
-        if (!r->live || !r->msteps)
-            continue;
-        st->multiplicity = r->sum_mult / (double)r->msteps;
-        st->read_per_step = r->sum_read / (double)r->msteps;
-        st->range_bytes = (double)(r->hi - r->lo);
-        st->staged_per_step = r->steps_all ? r->sum_staged / (double)r->steps_all : 0;
-        st->steps = r->msteps;
-        st->host = r->host;
-        st->streamed = r->streamed;
-        st->written = r->written;
-        v[n].name = strdup(r->name ? r->name : "(unnamed)");
-        if (!v[n].name)
-            break;
-        n++;
-    }
-    pthread_mutex_lock(&snap_lock);
-    old = snap;
-    nold = nsnap;
-    snap = v;
-    nsnap = n;
-    pthread_mutex_unlock(&snap_lock);
-    for (size_t i = 0; i < nold; i++)
-        free(old[i].name);
-    free(old);
-}
-
-void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
-                                       const struct wo_stream_name_stats *st),
-                            void *ud)
-{
-    pthread_mutex_lock(&snap_lock);
-    for (size_t i = 0; i < nsnap; i++)
-        fn(ud, snap[i].name, &snap[i].st);
-    pthread_mutex_unlock(&snap_lock);
 }
 
 /* ---- the end -------------------------------------------------------------------- */
