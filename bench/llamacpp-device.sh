@@ -23,6 +23,8 @@
 #                  gguf128-bg starts it in the background (then `gguf128-bg build
 #                  gguf128` makes both GGUFs and llama.cpp in about 280 s)
 #   probe          bench/picked-copy.cu (about 1 min)
+#   vmmprobe       bench/vmm-host-copy.cu (VMM_ROUNDS [10]): copies out of a range
+#                  backed by host memory (late binding's), $OUT/vmm-host-copy.txt
 #   pack           llama.cpp as build left it (/tmp/llb/bin and the CPU it was
 #                  built for) as $OUT/llb-bin.txz, in 15 MiB parts when larger
 #                  (llb-bin.txz.part-aa, -ab, ...: what comes back from $OUT is at
@@ -149,6 +151,11 @@ for step in "$@"; do
             timeout 120 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
         rc=$?
         tail -14 "$OUT/probe.log" ;;
+    vmmprobe)
+        { nvcc -O2 -arch=sm_90 -I bench -o /tmp/vmm-host-copy bench/vmm-host-copy.cu -lcuda &&
+            timeout 120 /tmp/vmm-host-copy "${VMM_ROUNDS:-10}"; } >"$OUT/vmm-host-copy.txt" 2>&1
+        rc=$?
+        tail -8 "$OUT/vmm-host-copy.txt" ;;
     pack)
         if [ -x /tmp/llb/bin/llama-batched-bench ] && [ -s /tmp/llb/cpu-key ]; then
             tar cf - -C /tmp/llb bin cpu-key | xz -T0 -6 >"$OUT/llb-bin.txz"
