@@ -94,7 +94,7 @@ static struct {
     int (*picks_rows)(const void *, size_t, unsigned, const void *, size_t, size_t, size_t,
                       unsigned); /* NULL: a libwoffload without it */
     int (*read_in_place)(const void *, size_t, int); /* NULL: a libwoffload without it */
-} real;
+} fwd; /* what each wrapper forwards to: the next definition (RTLD_NEXT), or libwoffload's */
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
 /* Set when the accessors were all found and the shim is loaded: the hook
@@ -144,8 +144,8 @@ static void *next_sym(const char *name)
     return dlsym(RTLD_NEXT, name);
 }
 
-#define RESOLVE(field, sym) (*(void **)&real.field = next_sym(sym))
-#define RESOLVE_API(field, sym) (*(void **)&real.field = dlsym(RTLD_DEFAULT, sym))
+#define RESOLVE(field, sym) (*(void **)&fwd.field = next_sym(sym))
+#define RESOLVE_API(field, sym) (*(void **)&fwd.field = dlsym(RTLD_DEFAULT, sym))
 
 static void resolve(void)
 {
@@ -181,15 +181,15 @@ static void resolve(void)
     RESOLVE_API(picks_rows, "woffload_moe_picks_rows");
     RESOLVE_API(read_in_place, "woffload_read_in_place");
 
-    if (!real.get_first_tensor || !real.get_next_tensor || !real.get_name || !real.get_data ||
-        !real.nbytes || !real.buffer_get_base || !real.buffer_get_size || !real.buffer_get_type ||
-        !real.buft_is_host || !real.buft_name) {
+    if (!fwd.get_first_tensor || !fwd.get_next_tensor || !fwd.get_name || !fwd.get_data ||
+        !fwd.nbytes || !fwd.buffer_get_base || !fwd.buffer_get_size || !fwd.buffer_get_type ||
+        !fwd.buft_is_host || !fwd.buft_name) {
         say(L_WARN, "this ggml lacks an accessor the hook uses (ggml_get_data, ggml_nbytes, "
                     "ggml_backend_buft_is_host, ...): names cannot be learned; everything "
                     "passes through");
         return;
     }
-    if (!real.window_open || !real.window_close || !real.tag || !real.seal || !real.stats) {
+    if (!fwd.window_open || !fwd.window_close || !fwd.tag || !fwd.seal || !fwd.stats) {
         say(L_WARN, "libwoffload.so is not loaded (LD_PRELOAD it before libwoffload-ggml.so, "
                     "or use woffload-run): names go nowhere; everything passes through");
         return;
@@ -249,14 +249,14 @@ static int phase_now(void)
 /* The shim's stats (woffload_stats), malloc'd; NULL when it fails. */
 static char *stats_json(void)
 {
-    long n = real.stats(NULL, 0);
+    long n = fwd.stats(NULL, 0);
     char *buf;
 
     for (int tries = 0; n >= 0 && tries < 4; tries++) {
         /* the stats may grow between two calls: room to spare */
         if (!(buf = malloc((size_t)n + 4097)))
             return NULL;
-        long m = real.stats(buf, (size_t)n + 4097);
+        long m = fwd.stats(buf, (size_t)n + 4097);
         if (m >= 0 && m < n + 4097)
             return buf;
         free(buf);
@@ -280,7 +280,7 @@ static void close_start_window(void)
         return;
     if (strstr(buf, "\"initialised\":false"))
         start_window_unknown = true;
-    else if (strstr(buf, "\"window_open\":true") && real.window_close() == 0)
+    else if (strstr(buf, "\"window_open\":true") && fwd.window_close() == 0)
         say(L_DEBUG, "closed the placeable window the policy opened at start: only model "
                      "buffers are opened to it, not the KV cache or compute buffers");
     free(buf);
@@ -477,7 +477,7 @@ static void claim_layer(int l, bool want)
 {
     unsigned long long n = 0;
 
-    if (!real.read_in_place)
+    if (!fwd.read_in_place)
         return;
     pthread_mutex_lock(&claims_lock);
     if (!claimed_now && (claimed_now = calloc(nexperts, sizeof(*claimed_now))))
@@ -487,9 +487,9 @@ static void claim_layer(int l, bool want)
         if (et->layer != l || claimed_now[x] == want)
             continue;
         if (!want) {
-            (void)real.read_in_place(et->data, et->size, 0);
+            (void)fwd.read_in_place(et->data, et->size, 0);
             claimed_now[x] = false;
-        } else if (real.read_in_place(et->data, et->size, 1) > 0) {
+        } else if (fwd.read_in_place(et->data, et->size, 1) > 0) {
             claimed_now[x] = true; /* > 0: a streamed span was claimed */
             n++;
         }
@@ -519,8 +519,8 @@ static bool claims_pay(void)
     if (n >= probe_at && !found) {
         probe_at = n < 1024 ? 2 * n : n + 1024;
         for (size_t x = 0; x < nexperts; x++)
-            if (real.read_in_place(experts[x].data, experts[x].size, 1) > 0) {
-                (void)real.read_in_place(experts[x].data, experts[x].size, 0);
+            if (fwd.read_in_place(experts[x].data, experts[x].size, 1) > 0) {
+                (void)fwd.read_in_place(experts[x].data, experts[x].size, 0);
                 any = true;
             }
         if (any)
@@ -555,7 +555,7 @@ static void announce(int l, unsigned e)
         if (et->layer != l || done[x] || et->size % e)
             continue;
         done[x] = 1;
-        (void)real.picks_rows(et->data, et->size, e, NULL, 0, 0, 0, 0);
+        (void)fwd.picks_rows(et->data, et->size, e, NULL, 0, 0, 0, 0);
     }
     pthread_mutex_unlock(&claims_lock);
 }
@@ -567,14 +567,14 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
 {
     struct ggml_tensor **topk = sc->topk;
     long long *n_exp = sc->n_exp;
-    int n = real.graph_n_nodes(g), layers = 0, claimed = 0;
+    int n = fwd.graph_n_nodes(g), layers = 0, claimed = 0;
     size_t nr = 0;
     bool want;
 
     sc->top = 0;
     for (int i = 0; i < n; i++) {
-        struct ggml_tensor *t = real.graph_node(g, i);
-        const char *name = t ? real.get_name(t) : NULL;
+        struct ggml_tensor *t = fwd.graph_node(g, i);
+        const char *name = t ? fwd.get_name(t) : NULL;
         int l;
 
         if (!name || strncmp(name, "ffn_moe_", 8) != 0)
@@ -582,7 +582,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         if ((l = layer_of(name, "ffn_moe_topk-")) >= 0) {
             topk[l] = t;
         } else if ((l = layer_of(name, "ffn_moe_probs-")) >= 0) {
-            long long rows = real.nrows(t), el = real.nelements(t);
+            long long rows = fwd.nrows(t), el = fwd.nelements(t);
             n_exp[l] = rows > 0 && el > 0 && el % rows == 0 ? el / rows : 0;
         } else {
             continue;
@@ -596,21 +596,21 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         void *ids;
         double share;
 
-        if (!t || e <= 0 || e > 1024 || !(ids = real.get_data(t)))
+        if (!t || e <= 0 || e > 1024 || !(ids = fwd.get_data(t)))
             continue;
-        rows = real.nrows(t);
-        k = rows > 0 ? real.nelements(t) / rows : 0;
-        width = real.element_size(t);
-        if (k <= 0 || k > e || rows * k != real.nelements(t) || (width != 4 && width != 8))
+        rows = fwd.nrows(t);
+        k = rows > 0 ? fwd.nelements(t) / rows : 0;
+        width = fwd.element_size(t);
+        if (k <= 0 || k > e || rows * k != fwd.nelements(t) || (width != 4 && width != 8))
             continue;
         /* the view of an argsort: its rows are E ids apart; a top-k op's own
          * output (contiguous) k apart */
-        stride = real.is_contiguous(t) ? (size_t)k : (size_t)e;
+        stride = fwd.is_contiguous(t) ? (size_t)k : (size_t)e;
         share = 1.0;
         for (long long r = 0; r < rows && share > 1e-6; r++)
             share *= 1.0 - (double)k / (double)e;
         share = 1.0 - share; /* the share of the experts a uniform router picks */
-        if (real.picks_rows && !(hot_default && rows == 1) &&
+        if (fwd.picks_rows && !(hot_default && rows == 1) &&
             ((picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) ||
              (from_pct > 0 && share * 100.0 >= from_pct - 1e-9 &&
               !(stream_pct > 0 && share * 100.0 >= stream_pct - 1e-9)))) {
@@ -619,7 +619,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
                 const struct expert_tensor *et = &experts[x];
                 if (et->layer != l || et->size % (size_t)e)
                     continue;
-                if (real.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
+                if (fwd.picks_rows(et->data, et->size, (unsigned)e, ids, (size_t)k, (size_t)rows,
                                     stride, (unsigned)width) == 0)
                     sc->regs[nr++] = (struct reg){et, (unsigned)e};
             }
@@ -631,7 +631,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
             announce(l, (unsigned)e);
         /* below the share, read in place; at or above it the streaming
          * executor may copy them whole */
-        want = real.read_in_place && stream_pct > 0 && share * 100.0 < stream_pct - 1e-9;
+        want = fwd.read_in_place && stream_pct > 0 && share * 100.0 < stream_pct - 1e-9;
         claimed += want;
         claim_layer(l, want);
     }
@@ -648,7 +648,7 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
 static void picks_clear(const struct scratch *sc, size_t nr)
 {
     for (size_t i = 0; i < nr; i++)
-        (void)real.picks_rows(sc->regs[i].t->data, sc->regs[i].t->size, sc->regs[i].n_experts,
+        (void)fwd.picks_rows(sc->regs[i].t->data, sc->regs[i].t->size, sc->regs[i].n_experts,
                               NULL, 0, 0, 0, 0);
 }
 
@@ -662,22 +662,22 @@ static bool picks_wanted(void)
          * be replayed kernel by kernel for a handful of experts, and on the
          * H200 that ran slower than reading them in place (moe32, 8.5 GiB
          * hot: 19.09 tok/s against 20.56 all on the host, docs/llamacpp.md) */
-        bool hot = naming && real.picks_rows && hot_experts_asked();
+        bool hot = naming && fwd.picks_rows && hot_experts_asked();
         __atomic_store_n(&hot_default, hot && !getenv("WOFFLOAD_GGML_PICKS"), __ATOMIC_RELAXED);
         __atomic_store_n(&picks_pct, pct_setting("WOFFLOAD_GGML_PICKS", hot ? 100 : 0),
                          __ATOMIC_RELAXED);
     }
     /* once sealed: only with an expert tensor off the device (the walk of
      * each compute's graph is a cost an all-device model must not pay) */
-    if (__atomic_load_n(&from_pct, __ATOMIC_RELAXED) < 0 && naming && real.picks_rows &&
+    if (__atomic_load_n(&from_pct, __ATOMIC_RELAXED) < 0 && naming && fwd.picks_rows &&
         phase_now() == PH_SEALED)
         __atomic_store_n(&from_pct,
                          experts_off_device() ? pct_setting("WOFFLOAD_GGML_PICKS_FROM", 80) : 0,
                          __ATOMIC_RELAXED);
-    return naming && real.graph_n_nodes && real.graph_node && real.nelements && real.nrows &&
-           real.is_contiguous && real.element_size && nexperts && phase_now() == PH_SEALED &&
-           ((real.picks_rows && (picks_pct > 0 || from_pct > 0)) ||
-            (real.read_in_place && stream_pct > 0));
+    return naming && fwd.graph_n_nodes && fwd.graph_node && fwd.nelements && fwd.nrows &&
+           fwd.is_contiguous && fwd.element_size && nexperts && phase_now() == PH_SEALED &&
+           ((fwd.picks_rows && (picks_pct > 0 || from_pct > 0)) ||
+            (fwd.read_in_place && stream_pct > 0));
 }
 
 /* The compute, with the picks registered around it. Each thread keeps its
@@ -699,7 +699,7 @@ static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_s
     size_t nr;
 
     if (!graph || inside || !picks_wanted() ||
-        (!(real.picks_rows && (picks_pct > 0 || from_pct > 0)) && !claims_pay()))
+        (!(fwd.picks_rows && (picks_pct > 0 || from_pct > 0)) && !claims_pay()))
         return fn(sched, graph);
     if (!sc && !(sc = calloc(1, sizeof(*sc))))
         return fn(sched, graph);
@@ -719,18 +719,18 @@ static enum ggml_status compute_with_picks(enum ggml_status (*fn)(ggml_backend_s
 static void name_tensors(struct candidate *c)
 {
     unsigned long long n = 0, bytes = 0;
-    const char *bname = real.buft_name(real.buffer_get_type(c->buf));
+    const char *bname = fwd.buft_name(fwd.buffer_get_type(c->buf));
 
-    for (struct ggml_tensor *t = real.get_first_tensor(c->ctx); t;
-         t = real.get_next_tensor(c->ctx, t)) {
-        const char *name = real.get_name(t);
-        void *data = real.get_data(t);
-        size_t size = real.nbytes(t);
+    for (struct ggml_tensor *t = fwd.get_first_tensor(c->ctx); t;
+         t = fwd.get_next_tensor(c->ctx, t)) {
+        const char *name = fwd.get_name(t);
+        void *data = fwd.get_data(t);
+        size_t size = fwd.nbytes(t);
         int r;
 
         if (!data || !size || !name || !*name)
             continue;
-        r = real.tag(data, size, name);
+        r = fwd.tag(data, size, name);
         say(L_DEBUG, "tag '%s' [%p, +%zu): %s", name, data, size, r == 0 ? "ok" : strerror(-r));
         if (r == 0) {
             n++;
@@ -748,17 +748,17 @@ static void name_tensors(struct candidate *c)
      * a LoRA swap or a reload, are still seen): so a CUDA graph that reads
      * them is no blind launch, and streamed experts keep their staged
      * copies (woffload.h, woffload_readonly; WOFFLOAD_READONLY=0: not) */
-    if (n && real.readonly) {
-        int r = real.readonly(real.buffer_get_base(c->buf), 0);
+    if (n && fwd.readonly) {
+        int r = fwd.readonly(fwd.buffer_get_base(c->buf), 0);
         say(r == 0 ? L_DEBUG : L_WARN, "model buffer at %p declared read-only to kernels: %s",
-            real.buffer_get_base(c->buf), r == 0 ? "ok" : strerror(-r));
+            fwd.buffer_get_base(c->buf), r == 0 ? "ok" : strerror(-r));
     }
     c->named = true;
     books.buffers++;
     books.tensors += n;
     books.bytes += bytes;
     say(L_DEBUG, "%s model buffer at %p (%zu bytes): %llu tensors named (%llu bytes)",
-        bname ? bname : "?", real.buffer_get_base(c->buf), real.buffer_get_size(c->buf), n, bytes);
+        bname ? bname : "?", fwd.buffer_get_base(c->buf), fwd.buffer_get_size(c->buf), n, bytes);
 }
 
 /* The first write after a weights buffer: loading has begun. */
@@ -805,7 +805,7 @@ static void seal_now(void)
             "weights: left unnamed",
             books.unnamed_buffers);
     pthread_mutex_unlock(&lock);
-    r = real.seal();
+    r = fwd.seal();
     if (r < 0 && r != -EALREADY)
         say(L_WARN, "woffload_seal: %s (the shim's message above says which range)", strerror(-r));
 }
@@ -821,10 +821,10 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
 
     ensure();
     __atomic_store_n(&called, true, __ATOMIC_RELAXED);
-    if (!real.alloc_ctx_tensors_from_buft)
+    if (!fwd.alloc_ctx_tensors_from_buft)
         missing(__func__);
-    if (!naming || phase_now() != PH_ALLOC || !buft || real.buft_is_host(buft))
-        return real.alloc_ctx_tensors_from_buft(ctx, buft);
+    if (!naming || phase_now() != PH_ALLOC || !buft || fwd.buft_is_host(buft))
+        return fwd.alloc_ctx_tensors_from_buft(ctx, buft);
 
     pthread_mutex_lock(&lock);
     close_start_window();
@@ -832,12 +832,12 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
      * placeable at the same address. -EALREADY: the program opened it
      * itself (leave it as found), or it is the policy's start window that
      * the shim opened just now (close it). */
-    r = real.window_open();
+    r = fwd.window_open();
     opened = r == 0 || (r == -EALREADY && start_window_unknown);
     start_window_unknown = false;
-    buf = real.alloc_ctx_tensors_from_buft(ctx, buft);
+    buf = fwd.alloc_ctx_tensors_from_buft(ctx, buft);
     if (opened)
-        (void)real.window_close();
+        (void)fwd.window_close();
     if (buf)
         remember(buf, ctx);
     pthread_mutex_unlock(&lock);
@@ -848,9 +848,9 @@ WO_GGML_EXPORT void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer,
                                                   enum ggml_backend_buffer_usage usage)
 {
     ensure();
-    if (!real.buffer_set_usage)
+    if (!fwd.buffer_set_usage)
         missing(__func__);
-    real.buffer_set_usage(buffer, usage);
+    fwd.buffer_set_usage(buffer, usage);
     if (!naming || usage != GGML_BACKEND_BUFFER_USAGE_WEIGHTS || phase_now() != PH_ALLOC)
         return;
     pthread_mutex_lock(&lock);
@@ -866,11 +866,11 @@ WO_GGML_EXPORT void ggml_backend_tensor_set(struct ggml_tensor *tensor, const vo
                                             size_t offset, size_t size)
 {
     ensure();
-    if (!real.tensor_set)
+    if (!fwd.tensor_set)
         missing(__func__);
     if (naming)
         loading_begins("ggml_backend_tensor_set");
-    real.tensor_set(tensor, data, offset, size);
+    fwd.tensor_set(tensor, data, offset, size);
 }
 
 WO_GGML_EXPORT void ggml_backend_tensor_set_async(ggml_backend_t backend,
@@ -878,43 +878,43 @@ WO_GGML_EXPORT void ggml_backend_tensor_set_async(ggml_backend_t backend,
                                                   size_t offset, size_t size)
 {
     ensure();
-    if (!real.tensor_set_async)
+    if (!fwd.tensor_set_async)
         missing(__func__);
     if (naming)
         loading_begins("ggml_backend_tensor_set_async");
-    real.tensor_set_async(backend, tensor, data, offset, size);
+    fwd.tensor_set_async(backend, tensor, data, offset, size);
 }
 
 WO_GGML_EXPORT ggml_backend_t ggml_backend_dev_init(ggml_backend_dev_t device, const char *params)
 {
     ensure();
-    if (!real.dev_init)
+    if (!fwd.dev_init)
         missing(__func__);
     if (naming)
         loading_begins("ggml_backend_dev_init");
-    return real.dev_init(device, params);
+    return fwd.dev_init(device, params);
 }
 
 WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute_async(ggml_backend_sched_t sched,
                                                                        struct ggml_cgraph *graph)
 {
     ensure();
-    if (!real.sched_graph_compute_async)
+    if (!fwd.sched_graph_compute_async)
         missing(__func__);
     if (naming)
         seal_now();
-    return compute_with_picks(real.sched_graph_compute_async, sched, graph);
+    return compute_with_picks(fwd.sched_graph_compute_async, sched, graph);
 }
 
 WO_GGML_EXPORT enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched,
                                                                  struct ggml_cgraph *graph)
 {
     ensure();
-    if (!real.sched_graph_compute)
+    if (!fwd.sched_graph_compute)
         missing(__func__);
     if (naming)
         seal_now();
-    return compute_with_picks(real.sched_graph_compute, sched, graph);
+    return compute_with_picks(fwd.sched_graph_compute, sched, graph);
 }
 
 /* ---- static builds ---------------------------------------------------------- */

@@ -520,10 +520,10 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
             continue;
         case CU_GRAPH_NODE_TYPE_KERNEL: {
             const char *why = "";
-            char say[96];
+            char line[96];
             if (!read_kernel(r, node, s, out, &why)) {
-                snprintf(say, sizeof(say), "holds a kernel %s", why);
-                say_whole(say, -1);
+                snprintf(line, sizeof(line), "holds a kernel %s", why);
+                say_whole(line, -1);
                 goto out;
             }
             break;
@@ -607,10 +607,10 @@ static struct rp_snap *snap_read(uint64_t exec, CUgraph g)
      * replay's would be another address */
     for (unsigned a = 0; a < s->nalloc; a++)
         if (!s->alloc[a].freed) {
-            char say[96];
-            snprintf(say, sizeof(say), "allocates memory it does not free (%zu bytes, %u of %u)",
+            char line[96];
+            snprintf(line, sizeof(line), "allocates memory it does not free (%zu bytes, %u of %u)",
                      (size_t)s->alloc[a].size, a + 1, s->nalloc);
-            say_whole(say, -1);
+            say_whole(line, -1);
             goto out;
         }
     /* the blob is final: offsets become pointers */
