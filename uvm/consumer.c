@@ -16,7 +16,7 @@
  * calls wo_consumer_relieve(), which moves the ring's events into a backlog
  * of this thread's own, drained first, in order; the ring then only has to
  * hold what arrives during one call. The backlog grows on demand up to
- * BACKLOG_RINGS rings' worth and is freed once empty: memory stays bounded,
+ * WO_BACKLOG_RINGS rings' worth and is freed once empty: memory stays bounded,
  * and a stall longer than that drops (counted) as before. */
 #include "uvm/internal.h"
 
@@ -36,7 +36,6 @@
 #include "uvm/record.h"
 
 #define BATCH 64
-#define BACKLOG_RINGS 4 /* backlog limit, in ring capacities */
 #define BACKLOG_MIN 1024u
 #define BACKLOG_KEEP_NS (UINT64_C(1000) * 1000 * 1000)
 #define SLEEP_MIN_NS 50000L
@@ -307,7 +306,7 @@ static void account_tag(size_t i)
 
 static size_t backlog_limit(void)
 {
-    return (size_t)wo_ring_capacity(wo_events) * BACKLOG_RINGS;
+    return (size_t)wo_ring_capacity(wo_events) * WO_BACKLOG_RINGS;
 }
 
 /* Doubles the backlog (keeping its order); false when at its limit or out
@@ -443,7 +442,6 @@ static void *consumer_main(void *arg)
     fit_return_done = false;
     __atomic_store_n(&wo_consumer_figs.bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.bl_moved, 0, __ATOMIC_RELAXED);
-    __atomic_store_n(&wo_consumer_figs.bl_limit, backlog_limit(), __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.longest_ns, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.longest_in, NULL, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.longest_tick, false, __ATOMIC_RELAXED);

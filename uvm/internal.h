@@ -66,7 +66,7 @@ struct wo_expect_entry {
     enum wo_placement plan; /* the policy's or fit's placement of it */
     bool claimed;           /* an allocation was matched to it */
     bool pinned;            /* ... and served as pinned host memory */
-    bool tagged;            /* its allocation's tag came (its name is the tag's) */
+    bool tagged;            /* the tag of the allocation that claimed it came */
 };
 
 struct wo_uvm_expect {
@@ -386,6 +386,7 @@ void wo_consumer_push_tag(const struct wo_alloc *a, const struct wo_tag *t);
 void wo_consumer_relieve(void);
 /* The backlog's figures for the stats (any thread; relaxed): events it
  * holds now, the most it held, the most it may hold. */
+#define WO_BACKLOG_RINGS 4 /* the backlog's limit, in ring capacities */
 struct wo_backlog_stats {
     uint64_t now, peak, limit, moved;
 };
@@ -396,7 +397,7 @@ void wo_consumer_backlog_stats(struct wo_backlog_stats *ret);
 void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick);
 /* Where the consumer thread publishes them (state.c; relaxed atomics). */
 struct wo_consumer_figs {
-    uint64_t bl_now, bl_peak, bl_moved, bl_limit;
+    uint64_t bl_now, bl_peak, bl_moved;
     uint64_t longest_ns;
     const char *longest_in; /* the executor's name; NULL before any call */
     bool longest_tick;

@@ -26,8 +26,9 @@
  * come from the tags. A wrong match (another tensor of the same size, a
  * temporary) costs placement, never data: its tag says what the policy wanted,
  * and the stats count it (missed). Under fit, two names of one size and one
- * class that came in the other order trade plans instead (swapped). A claim of an allocation freed before seal
- * is given back. Every function here runs under wo_uvm.lock. */
+ * class that came in the other order trade plans instead (swapped). A claim
+ * of an allocation freed before seal is given back. Every function here runs
+ * under wo_uvm.lock. */
 #include "uvm/place-int.h"
 
 #include <errno.h>
@@ -243,8 +244,8 @@ void wo_place_expect_release(struct wo_alloc *a)
     wo_uvm.expect.released++;
 }
 
-/* The announced entry named name other than e (untagged: only one whose
- * allocation's tag has not come), or NULL. */
+/* The announced entry named name other than e (untagged: only one no tag
+ * has consumed), or NULL. */
 static struct wo_expect_entry *entry_named(const char *name, const struct wo_expect_entry *e,
                                            bool untagged)
 {
@@ -259,9 +260,10 @@ static struct wo_expect_entry *entry_named(const char *name, const struct wo_exp
 void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t)
 {
     struct wo_uvm_expect *x = &wo_uvm.expect;
-    struct wo_expect_entry *e, *f = NULL;
+    struct wo_expect_entry *e, *f;
     enum wo_placement want = t->place;
     const bool by_plan = wo_uvm.g->fit.enabled && t->name->rule < 0;
+    bool same;
 
     if (!a->expect_ix || a->expect_ix > x->n || a->kind != WO_KIND_PINNED)
         return;
@@ -270,35 +272,34 @@ void wo_place_expect_tagged(const struct wo_alloc *a, const struct wo_tag *t)
      * (stuck_tags) count it */
     if (!e->pinned)
         return;
-    if (strcmp(e->name, t->name->s) != 0)
-        f = entry_named(t->name->s, e, true);
+    same = strcmp(e->name, t->name->s) == 0;
+    f = same ? NULL : entry_named(t->name->s, e, true);
     /* under fit a name no rule placed goes where the plan put it */
     if (by_plan) {
-        const struct wo_expect_entry *g = strcmp(e->name, t->name->s) == 0 ? e
-                                          : f ? f
-                                              : entry_named(t->name->s, e, false);
+        const struct wo_expect_entry *g = same ? e : f ? f : entry_named(t->name->s, e, false);
         want = g ? g->plan : WO_PLACE_UNSET;
     }
-    if (want != WO_PLACE_HOST && want != WO_PLACE_UNSET && by_plan && f &&
-        f->bytes == e->bytes && wo_fit_class(f->name) == wo_fit_class(e->name)) {
-        /* Another name's claim: two tensors of one size and one class, the
-         * plan's host one and this device one, came in the other order
-         * (within a size the device's claims go first). They are worth the
-         * same to fit, so the names trade plans: this one is the host's now,
-         * and the device's claim holds the other (fit at seal chooses among
-         * the managed memory it is in). Counted, never missed. */
+    /* Another name of its size took this claim, and this name's own entry
+     * is still to come: the two trade names when that costs nothing, so the
+     * books follow the tags. With one plan it changes no placement. Under
+     * fit, a device name in the memory pinned for a host one of its class
+     * (within a size the device's claims go first, so a loader that comes
+     * in another order than the names makes these) is worth the same to
+     * fit: the device's claim holds the other, fit at seal chooses among the
+     * managed memory it is in, and this one is the host's now. Counted
+     * (swapped), never missed. */
+    if (f && f->bytes == e->bytes &&
+        (f->plan == e->plan || (by_plan && wo_fit_class(f->name) == wo_fit_class(e->name)))) {
         char *s = e->name;
+
+        if (f->plan != e->plan) {
+            x->swapped_tags++;
+            x->swapped_bytes += t->size;
+        }
         e->name = f->name;
         f->name = s;
-        f = NULL;
-        x->swapped_tags++;
-        x->swapped_bytes += t->size;
-        want = WO_PLACE_HOST;
-    } else if (f && f->bytes == e->bytes && f->plan == e->plan) {
-        /* the same size and plan: the books follow the tag */
-        char *s = e->name;
-        e->name = f->name;
-        f->name = s;
+        if (by_plan)
+            want = e->plan;
     }
     e->tagged = true;
     if (want == WO_PLACE_HOST || want == WO_PLACE_UNSET)

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <string.h>
 
+#include "core/event.h"
 #include "core/log.h"
 #include "core/macro.h"
 
@@ -155,31 +156,30 @@ static int foreach_managed_alloc(const struct wo_alloc *a,
     return ret;
 }
 
-int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+/* Every piece of the served allocations: managed ones only, or (host)
+ * those off the device too (pinned, late-bound). */
+static int foreach_served(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud, bool host)
 {
     int ret = 0;
 
     pthread_mutex_lock(&wo_uvm.lock);
     for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
-            if (a->kind == WO_KIND_MANAGED)
-                ret = foreach_managed_alloc(a, fn, ud, false);
+            if (a->kind == WO_KIND_MANAGED ||
+                (host && (a->kind == WO_KIND_PINNED || a->kind == WO_KIND_BOUND)))
+                ret = foreach_managed_alloc(a, fn, ud, host);
     pthread_mutex_unlock(&wo_uvm.lock);
     return ret;
 }
 
+int wo_uvm_foreach_managed(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
+{
+    return foreach_served(fn, ud, false);
+}
+
 int wo_uvm_foreach_offdevice(int (*fn)(const struct wo_uvm_segment *s, void *ud), void *ud)
 {
-    int ret = 0;
-
-    pthread_mutex_lock(&wo_uvm.lock);
-    for (size_t i = 0; i < wo_uvm.alloc_hash_size && !ret; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a && !ret; a = a->next)
-            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_PINNED ||
-                a->kind == WO_KIND_BOUND)
-                ret = foreach_managed_alloc(a, fn, ud, true);
-    pthread_mutex_unlock(&wo_uvm.lock);
-    return ret;
+    return foreach_served(fn, ud, true);
 }
 
 uint64_t wo_uvm_device_budget(void)
@@ -255,7 +255,7 @@ void wo_consumer_backlog_stats(struct wo_backlog_stats *ret)
     ret->now = __atomic_load_n(&wo_consumer_figs.bl_now, __ATOMIC_RELAXED);
     ret->peak = __atomic_load_n(&wo_consumer_figs.bl_peak, __ATOMIC_RELAXED);
     ret->moved = __atomic_load_n(&wo_consumer_figs.bl_moved, __ATOMIC_RELAXED);
-    ret->limit = __atomic_load_n(&wo_consumer_figs.bl_limit, __ATOMIC_RELAXED);
+    ret->limit = wo_events ? wo_ring_capacity(wo_events) * WO_BACKLOG_RINGS : 0;
 }
 
 void wo_consumer_longest(uint64_t *ns, const char **who, bool *tick)
