@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "core/board.h"
 #include "core/log.h"
 #include "core/registry.h"
 #include "core/settings.h"
@@ -753,74 +754,63 @@ static void shim_setup(void)
  * thread. So the consumer publishes a copy of the planner's per-range
  * figures, at most every 100 ms and at exit, under its own lock. */
 
-struct name_snap {
-    char *name;
-    struct wo_plan_stats st;
-};
+static struct wo_board names_board = WO_BOARD_INIT(struct wo_plan_stats);
+/* the step figures, published with the names (under the board's lock) */
+static struct wo_prefetch_steps steps_pub;
 
-static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct name_snap *snap;
-static size_t nsnap;
-static uint64_t snap_ns;
-static struct wo_plan_step snap_last, snap_sum;
-static uint64_t snap_steps, snap_budget;
-
-static void snap_free(struct name_snap *v, size_t n)
+static void publish_steps(void *ud)
 {
-    for (size_t i = 0; i < n; i++)
-        free(v[i].name);
-    free(v);
+    struct wo_prefetcher *pf = ud;
+
+    wo_plan_step_stats(pf->plan, &steps_pub.last, &steps_pub.sum, &steps_pub.steps);
+    steps_pub.budget = wo_uvm_device_budget();
 }
 
 static void publish(struct wo_prefetcher *pf, bool force)
 {
-    struct name_snap *v, *old;
-    size_t n = 0, nold;
-    uint64_t now = wo_now_ns();
+    struct wo_board_draft d;
 
-    if (!pf || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
+    if (!pf || !wo_board_begin(&names_board, &d, pf->nr, force))
         return;
-    snap_ns = now;
-    v = calloc(pf->nr ? pf->nr : 1, sizeof(*v));
-    if (!v)
-        return; /* figures stay as last published */
     for (uint32_t i = 0; i < pf->nr; i++) {
+        struct wo_plan_stats *st;
         if (!pf->r[i].live)
             continue;
-        wo_plan_range_stats(pf->plan, i, pf->r[i].gen, &v[n].st);
-        v[n].name = strdup(pf->r[i].name ? pf->r[i].name : "(unnamed)");
-        if (!v[n].name)
+        if (!(st = wo_board_add(&d, pf->r[i].name)))
             break;
-        n++;
+        wo_plan_range_stats(pf->plan, i, pf->r[i].gen, st);
     }
-    pthread_mutex_lock(&snap_lock);
-    old = snap;
-    nold = nsnap;
-    snap = v;
-    nsnap = n;
-    wo_plan_step_stats(pf->plan, &snap_last, &snap_sum, &snap_steps);
-    snap_budget = wo_uvm_device_budget();
-    pthread_mutex_unlock(&snap_lock);
-    snap_free(old, nold);
+    wo_board_publish(&names_board, &d, publish_steps, pf);
+}
+
+struct foreach_name {
+    void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st);
+    void *ud;
+};
+
+static void foreach_name(void *ud, const char *name, const void *st)
+{
+    struct foreach_name *f = ud;
+
+    f->fn(f->ud, name, st);
 }
 
 void wo_prefetch_foreach_name(void (*fn)(void *ud, const char *name, const struct wo_plan_stats *st),
                               void *ud)
 {
-    pthread_mutex_lock(&snap_lock);
-    for (size_t i = 0; i < nsnap; i++)
-        fn(ud, snap[i].name, &snap[i].st);
-    pthread_mutex_unlock(&snap_lock);
+    struct foreach_name f = {fn, ud};
+
+    wo_board_foreach(&names_board, foreach_name, &f);
+}
+
+static void copy_steps(void *ud)
+{
+    *(struct wo_prefetch_steps *)ud = steps_pub;
 }
 
 void wo_prefetch_step_figures(struct wo_prefetch_steps *ret)
 {
-    pthread_mutex_lock(&snap_lock);
-    ret->last = snap_last;
-    ret->sum = snap_sum;
-    ret->steps = snap_steps;
-    ret->budget = snap_budget;
-    pthread_mutex_unlock(&snap_lock);
+    wo_board_locked(&names_board, copy_steps, ret);
 }
 
 static void on_event(const struct wo_event *ev)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/board.h"
 #include "core/log.h"
 #include "uvm/picks.h"
 #include "uvm/plan-budget.h"
@@ -440,34 +441,22 @@ void wo_sx_on_launch(const struct wo_event *ev)
 
 /* ---- per-name figures --------------------------------------------------------- */
 
-struct name_snap {
-    char *name;
-    struct wo_stream_name_stats st;
-};
-
-static pthread_mutex_t snap_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct name_snap *snap;
-static size_t nsnap;
-static uint64_t snap_ns;
+static struct wo_board names_board = WO_BOARD_INIT(struct wo_stream_name_stats);
 
 void wo_sx_publish_names(bool force)
 {
-    struct name_snap *v, *old;
-    size_t n = 0, nold;
-    uint64_t now = wo_now_ns();
+    struct wo_board_draft d;
 
-    if (!wo_sx || (!force && now - snap_ns < 100 * UINT64_C(1000000)))
-        return;
-    snap_ns = now;
-    v = calloc(wo_sx->nr ? wo_sx->nr : 1, sizeof(*v));
-    if (!v)
+    if (!wo_sx || !wo_board_begin(&names_board, &d, wo_sx->nr, force))
         return;
     for (uint32_t i = 0; i < wo_sx->nr; i++) {
         const struct srange *r = &wo_sx->r[i];
-        struct wo_stream_name_stats *st = &v[n].st;
+        struct wo_stream_name_stats *st;
 
         if (!r->live || !r->msteps)
             continue;
+        if (!(st = wo_board_add(&d, r->name)))
+            break;
         st->multiplicity = r->sum_mult / (double)r->msteps;
         st->read_per_step = r->sum_read / (double)r->msteps;
         st->range_bytes = (double)(r->hi - r->lo);
@@ -476,28 +465,27 @@ void wo_sx_publish_names(bool force)
         st->host = r->host;
         st->streamed = r->streamed;
         st->written = r->written;
-        v[n].name = strdup(r->name ? r->name : "(unnamed)");
-        if (!v[n].name)
-            break;
-        n++;
     }
-    pthread_mutex_lock(&snap_lock);
-    old = snap;
-    nold = nsnap;
-    snap = v;
-    nsnap = n;
-    pthread_mutex_unlock(&snap_lock);
-    for (size_t i = 0; i < nold; i++)
-        free(old[i].name);
-    free(old);
+    wo_board_publish(&names_board, &d, NULL, NULL);
+}
+
+struct foreach_name {
+    void (*fn)(void *ud, const char *name, const struct wo_stream_name_stats *st);
+    void *ud;
+};
+
+static void foreach_name(void *ud, const char *name, const void *st)
+{
+    struct foreach_name *f = ud;
+
+    f->fn(f->ud, name, st);
 }
 
 void wo_stream_foreach_name(void (*fn)(void *ud, const char *name,
                                        const struct wo_stream_name_stats *st),
                             void *ud)
 {
-    pthread_mutex_lock(&snap_lock);
-    for (size_t i = 0; i < nsnap; i++)
-        fn(ud, snap[i].name, &snap[i].st);
-    pthread_mutex_unlock(&snap_lock);
+    struct foreach_name f = {fn, ud};
+
+    wo_board_foreach(&names_board, foreach_name, &f);
 }
