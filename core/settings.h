@@ -39,6 +39,7 @@ struct wo_settings {
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool fit_bind;           /* WOFFLOAD_FIT_BIND */
+    bool bind_copies;        /* WOFFLOAD_BIND_COPIES */
     bool picks;              /* WOFFLOAD_PICKS */
     bool prepin;             /* WOFFLOAD_PREPIN */
     bool keep_warmup;        /* WOFFLOAD_KEEP_WARMUP: read by the Python hook (python/woffload/_auto.py) */

@@ -144,8 +144,11 @@ static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
          * memory the planner keeps resident is still read over PCIe until
          * it is, and a copy from it is no slower than the launch's read */
         /* a bound range on the device (WOFFLOAD_FIT_BIND's) is device
-         * memory; off it, it is read in place */
-        *bound = a->kind == WO_KIND_BOUND && place != WO_PLACE_DEVICE;
+         * memory; off it, it is read in place, or with
+         * WOFFLOAD_BIND_COPIES copied picked from the range itself (its
+         * host granules are pinned memory the copy engine reads) */
+        *bound = a->kind == WO_KIND_BOUND && place != WO_PLACE_DEVICE &&
+                 !wo_settings()->bind_copies;
         *offdev = a->kind == WO_KIND_PINNED ||
                   (a->kind != WO_KIND_OBSERVED && !*bound &&
                    (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED));

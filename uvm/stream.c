@@ -256,7 +256,7 @@ static int add_seg(const struct wo_uvm_segment *s, void *ud)
     if (s->untagged || s->id >= WO_STREAM_IDS || wo_registry_get(s->id, &rg) < 0 ||
         rg.gen != s->gen)
         return 0;
-    if (s->bound) {
+    if (s->bound && !wo_settings()->bind_copies) {
         wo_place_bind_in_place();
         return 0;
     }

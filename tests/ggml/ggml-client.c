@@ -619,6 +619,15 @@ static void capture_sums(struct ggml_tensor **wt, uint64_t *out, cudaStream_t s,
 
 static int picks_registered; /* --picks ran before --stream */
 
+/* WOFFLOAD_BIND_COPIES=1: late-bound ranges are staged and copied picked
+ * like host memory (uvm/picks.c, describe; uvm/stream.c, add_seg). */
+static int bind_copies(void)
+{
+    const char *e = getenv("WOFFLOAD_BIND_COPIES");
+
+    return e && strcmp(e, "1") == 0;
+}
+
 /* --stream: eager steps as llama.cpp runs a batch (its CUDA graphs off). */
 static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
 {
@@ -641,9 +650,10 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     int ro = !ro_env || strcmp(ro_env, "0") != 0;
     /* late bound: the executor reads the bound range in place (staging it
      * failed on the H200, docs/placement.md): nothing moved, sums exact;
-     * with hot experts asked (after --picks) the picks keep the tensors
+     * with WOFFLOAD_BIND_COPIES=1 it is staged as host memory is; with
+     * hot experts asked (after --picks) the picks keep the tensors
      * they registered from the executor: the same */
-    int late_bound = late_env && strcmp(late_env, "1") == 0;
+    int late_bound = late_env && strcmp(late_env, "1") == 0 && !bind_copies();
     int hot = hot_env && atoi(hot_env) > 0 && picks_registered;
     int in_place = late_bound || hot; /* the host experts are never staged */
     size_t graph_wrong = 0, replays = 0;
@@ -1025,10 +1035,11 @@ int main(int argc, char **argv)
     /* picks first: registrations in rows claim a tensor only while they
      * hold ids, so the streaming executor takes the host experts after */
     /* late bound: picked copies read the bound range in place, as the
-     * streaming executor (uvm/picks.c, describe): nothing staged */
+     * streaming executor (uvm/picks.c, describe): nothing staged; with
+     * WOFFLOAD_BIND_COPIES=1 they copy from it as from host memory */
     if (picks)
-        picks_steps(wt, picks_off || late);
-    picks_registered = picks && !picks_off && !late;
+        picks_steps(wt, picks_off || (late && !bind_copies()));
+    picks_registered = picks && !picks_off && !(late && !bind_copies());
     if (claims)
         claims_steps(wt);
     if (stream)
