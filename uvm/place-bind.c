@@ -136,7 +136,11 @@ void wo_place_bind_free(struct wo_alloc *a)
 /* Every stream of the context idle: a re-backing swaps mappings, so no
  * copy or kernel may still be writing or reading the range (the engine's
  * last loading copies may still be in flight at seal). False when the
- * driver would not: then nothing moves (speed, never data). */
+ * driver would not: then nothing moves (speed, never data). On true the
+ * copy engine's gate stays raised until settle(): no picked copy may be
+ * queued on it while the granules are unmapped and mapped again (the
+ * streaming executor's copies wait for wo_uvm.lock, which the caller
+ * holds). */
 static bool quiesce(void)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -148,8 +152,8 @@ static bool quiesce(void)
         r = d->cuCtxSynchronize_v2(NULL);
     else if (d && d->cuCtxSynchronize)
         r = d->cuCtxSynchronize();
-    wo_uvm_quiesce_end();
     if (r != CUDA_SUCCESS) {
+        wo_uvm_quiesce_end();
         wo_uvm.placement_errors++;
         wo_error("late binding: waiting for the engine's work before re-backing failed (%s); "
                  "the ranges stay as they are",
@@ -157,6 +161,11 @@ static bool quiesce(void)
         return false;
     }
     return true;
+}
+
+static void settle(void)
+{
+    wo_uvm_quiesce_end();
 }
 
 /* Re-backs the granules of [0, a->size) as want[] says: the moves to the
@@ -208,6 +217,7 @@ static int apply_want(struct wo_alloc *a, const uint8_t *want, size_t ng)
         }
     }
     add_moves(&before, a->bound);
+    settle();
     return ret;
 }
 
@@ -268,6 +278,7 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
         if (t->off == 0)
             lo = 0;
         if (hi <= lo) {
+            settle();
             t->applied = true;
             return 0;
         }
@@ -278,6 +289,7 @@ int wo_place_bind_tag(struct wo_alloc *a, struct wo_tag *t)
         r = wo_bind_move(a->bound, t->off, t->size, to, &res);
     }
     add_moves(&before, a->bound);
+    settle();
     if (r != 0) {
         wo_uvm.placement_errors++;
         wo_error("placing '%s' on the %s (late bound): %s; it stays where it was", t->name->s,
