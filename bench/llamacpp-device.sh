@@ -50,7 +50,10 @@
 #                  /tmp/soak to $OUT/soak
 #   gputests       the gpu suite's tests GPU_TESTS (space-separated) alone, as
 #                  $OUT/gpu-tests.txt (after shim: e.g. GPU_TESTS=bigload-gpu
-#                  BIGLOAD_GPU_ROWS=fit-bind,fit, about 110 s)
+#                  BIGLOAD_GPU_ROWS=fit-bind,fit, about 110 s; or GPU_TESTS=llamacpp-gpu
+#                  LLAMACPP_GPU_BIND_COPIES=1 LLAMACPP_GPU_ROWS=exps-host-late,
+#                  exps-host-late-copies,exps-stream-late-copies after build: late
+#                  binding's copies, WOFFLOAD_BIND_COPIES, on llama.cpp)
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook

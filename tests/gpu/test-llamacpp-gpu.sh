@@ -39,6 +39,12 @@
 #     the gate, uvm.h wo_uvm_quiesce_begin, and ended in SIGSEGV when its
 #     exit freed a tensor the mirror thread was reading), with copies on the
 #     copy engine and no free past the gate's wait;
+# LLAMACPP_GPU_BIND_COPIES=1 adds two rows, late bound with
+# WOFFLOAD_BIND_COPIES=1 (experimental: the bound range's host experts
+# copied picked, and staged, from the range itself; both failed on the H200
+# before the gate was held through re-backing): exps-host-late-copies and
+# exps-stream-late-copies. LLAMACPP_GPU_ROWS (comma-separated names) runs
+# only those rows (and no blocker or bench rows unless named).
 # Needs LLAMA_TOKENS (the llamacpp-tokens program) and LLAMA_GGUF (a MoE
 # GGUF, e.g. the peers kit's gen_gguf.py output); without them: skipped (77).
 set -u
@@ -70,9 +76,16 @@ fi
 seqs=1
 
 # row NAME POLICY [VAR=VALUE...]
+# LLAMACPP_GPU_ROWS: is row $1 to run
+wanted() {
+    [ -z "${LLAMACPP_GPU_ROWS:-}" ] && return 0
+    case ",$LLAMACPP_GPU_ROWS," in *",$1,"*) return 0 ;; esac
+    return 1
+}
 row() {
     name=$1 pol=$2
     shift 2
+    wanted "$name" || return 0
     env "$@" WO_TOKENS_STATS="$tmp/$name.json" "$run" --policy "$src/examples/$pol" --log info -- \
         "$tok" "$gguf" 32 mmap "$seqs" >"$tmp/$name.out" 2>"$tmp/$name.err"
     got=$(grep -m1 '^tokens:' "$tmp/$name.out")
@@ -117,6 +130,11 @@ if sys.argv[3].startswith("exps-engine"):
     if not (eng.get("copies", 0) > 0 and eng.get("mirrors", 0) > 0 and
             eng.get("kernel_fallbacks", 1) == 0 and ip.get("graph_replays", 0) > 0):
         sys.exit(1)
+if sys.argv[3] == "exps-host-late-copies":
+    pk = st.get("picks", {})
+    print(f"    picks from the bound range: {pk.get('staged')} copies, {pk.get('failed')} failed")
+    if not pk.get("staged", 0) > 0:
+        sys.exit(1)
 if sys.argv[3] == "exps-claims":
     print(f"    claims {sx.get('inplace_claims')}, launches read a claimed range in place "
           f"{sx.get('inplace_claimed')}")
@@ -139,6 +157,11 @@ PY
 row exps-host llamacpp-ot-exps-cpu.yaml
 row n-cpu-moe llamacpp-n-cpu-moe.yaml
 row exps-host-late llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1
+if [ "${LLAMACPP_GPU_BIND_COPIES:-0}" = 1 ]; then
+    row exps-host-late-copies llamacpp-ot-exps-cpu.yaml WOFFLOAD_LATE_BIND=1 WOFFLOAD_BIND_COPIES=1
+    row exps-stream-late-copies llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 \
+        WOFFLOAD_GGML_STREAM=0 WOFFLOAD_LATE_BIND=1 WOFFLOAD_BIND_COPIES=1
+fi
 row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GGML_STREAM=0
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
@@ -159,6 +182,7 @@ row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
 block_row() {
     name=$1 pct=$2
     shift 2
+    wanted "$name" || return 0
     leave=$(($(stat -c %s "$gguf") * pct / 100))
     python3 "$src/bench/blocker.py" --leave "$leave" >"$tmp/$name.blocker" 2>&1 &
     bpid=$!
@@ -226,7 +250,9 @@ block_row fit-block50-late 50 WOFFLOAD_LATE_BIND=1
 # (wo_uvm_quiesce_begin) it hung there on the H200. It must end within 150 s,
 # with copies on the copy engine and no free past the gate's wait.
 bench=${LLAMA_BENCH:-}
-if [ -n "$bench" ] && [ -x "$bench" ]; then
+if ! wanted engine-bench-b32; then
+    :
+elif [ -n "$bench" ] && [ -x "$bench" ]; then
     name=engine-bench-b32
     timeout -k 10 150 env WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 \
         WOFFLOAD_PICKS_ENGINE=50 "$run" --policy "$src/examples/llamacpp-ot-exps-cpu.yaml" \
