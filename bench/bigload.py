@@ -748,7 +748,8 @@ def main() -> int:
                          "(read in place), fit-stream (prefetch.mode stream), fit-late (fit with "
                          "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fit-bind (fit with "
                          "WOFFLOAD_FIT_BIND=1: late bound but for the names pinned on the host, yields free "
-                         "device memory at once), fp8")
+                         "device memory at once), fit-bind-copies (the same with WOFFLOAD_BIND_COPIES=1: "
+                         "yielded experts copied picked, not read in place), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -782,6 +783,12 @@ def main() -> int:
     moe = args.shape != "dense"
     layers = args.layers or DEFAULT_LAYERS[args.shape]
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
+    runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
+    known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
+             "fit-hotset", "fit-stream", "fp8"}
+    if set(runs) - known:
+        ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
+                 f"(known: {', '.join(sorted(known))})")
     mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
     if mk.get("error"):
         return 1
@@ -789,7 +796,6 @@ def main() -> int:
     batches = [int(x) for x in (args.batches or ("1,8,32" if moe else "1")).split(",") if x]
     base = dict(ckpt=ckpt, shape=args.shape, layers=layers, weight_bytes=wb, new_tokens=args.new_tokens,
                 warmup_tokens=args.warmup_tokens, batches=batches, repeats=args.repeats)
-    runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     rows: List[Dict[str, Any]] = []
     try:
         prior = prior_rows([x for x in args.with_.split(",") if x], wb, args.shape)
@@ -838,6 +844,11 @@ def main() -> int:
         if "fit-bind" in runs:
             both(dict(base, name=f"fit-bind-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_FIT_BIND": "1"}))
+        if "fit-bind-copies" in runs:
+            # the same, the experts that yield copied picked from their bound
+            # range rather than read in place (WOFFLOAD_BIND_COPIES=1)
+            both(dict(base, name=f"fit-bind-copies-{f}", fraction=f, shim=True, policy=fitkey,
+                      env={"WOFFLOAD_FIT_BIND": "1", "WOFFLOAD_BIND_COPIES": "1"}))
         if "fit-hotset" in runs:
             both(dict(base, name=f"fit-hotset-{f}", fraction=f, shim=True,
                       policy=fitkey + "prefetch: {mode: hot-set}\n"))
