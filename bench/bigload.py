@@ -749,7 +749,8 @@ def main() -> int:
                          "WOFFLOAD_LATE_BIND=1: VMM ranges re-backed at seal), fit-bind (fit with "
                          "WOFFLOAD_FIT_BIND=1: late bound but for the names pinned on the host, yields free "
                          "device memory at once), fit-bind-copies (the same with WOFFLOAD_BIND_COPIES=1: "
-                         "yielded experts copied picked, not read in place), fp8")
+                         "yielded experts copied picked, not read in place), fit-auto (fit with reserve: auto, "
+                         "run twice: the second reserves the first's high water), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -785,7 +786,7 @@ def main() -> int:
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
-             "fit-hotset", "fit-stream", "fp8"}
+             "fit-auto", "fit-hotset", "fit-stream", "fp8"}
     if set(runs) - known:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
                  f"(known: {', '.join(sorted(known))})")
@@ -844,6 +845,17 @@ def main() -> int:
         if "fit-bind" in runs:
             both(dict(base, name=f"fit-bind-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_FIT_BIND": "1"}))
+        if "fit-auto" in runs:
+            # fit with `reserve: auto`, twice: the first run keeps the
+            # engine's high water after seal in a memo file, the second
+            # reserves it (docs/policy.md, fit); each row in its own process
+            pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}, reserve: auto}}\n"
+            memo = os.path.abspath(os.path.join(args.out, f"fit-memo-{f}"))
+            if os.path.exists(memo):
+                os.unlink(memo)
+            for k in (1, 2):
+                both(dict(base, name=f"fit-auto{k}-{f}", fraction=f, shim=True, policy=pol,
+                          env={"WOFFLOAD_FIT_MEMO": memo}))
         if "fit-bind-copies" in runs:
             # the same, the experts that yield copied picked from their bound
             # range rather than read in place (WOFFLOAD_BIND_COPIES=1)

@@ -40,6 +40,7 @@ struct wo_settings {
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool fit_bind;           /* WOFFLOAD_FIT_BIND */
     bool bind_copies;        /* WOFFLOAD_BIND_COPIES */
+    const char *fit_memo;    /* WOFFLOAD_FIT_MEMO, NULL = by command line */
     bool picks;              /* WOFFLOAD_PICKS */
     bool prepin;             /* WOFFLOAD_PREPIN */
     bool keep_warmup;        /* WOFFLOAD_KEEP_WARMUP: read by the Python hook (python/woffload/_auto.py) */

@@ -98,9 +98,12 @@ int wo_policy_dump_globals(const struct wo_policy_globals *g, FILE *f)
     if (g->fit.enabled) {
         fputs("fit:\n", f);
         put_budget(f, "  device", &g->fit.device);
-        fprintf(f, "  keep_free: %llu\n  reserve: %llu\n  rest: %s\n",
-                (unsigned long long)g->fit.keep_free, (unsigned long long)g->fit.reserve,
-                wo_placement_to_string(g->fit.rest));
+        fprintf(f, "  keep_free: %llu\n", (unsigned long long)g->fit.keep_free);
+        if (g->fit.reserve == WO_FIT_RESERVE_AUTO)
+            fputs("  reserve: auto\n", f);
+        else
+            fprintf(f, "  reserve: %llu\n", (unsigned long long)g->fit.reserve);
+        fprintf(f, "  rest: %s\n", wo_placement_to_string(g->fit.rest));
     }
     return ferror(f) ? -EIO : 0;
 }

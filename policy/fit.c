@@ -127,7 +127,10 @@ uint64_t wo_fit_budget(const struct wo_fit *fit, uint64_t device_total,
 
 uint64_t wo_fit_reserve(const struct wo_fit *fit, uint64_t budget)
 {
-    return fit ? WO_MIN(fit->reserve, budget / 2) : 0;
+    if (!fit)
+        return 0;
+    return WO_MIN(fit->reserve == WO_FIT_RESERVE_AUTO ? WO_FIT_RESERVE_DEFAULT : fit->reserve,
+                  budget / 2);
 }
 
 /* ---- the choice ---- */

@@ -295,8 +295,14 @@ static int parse_fit(struct ctx *c, const struct wo_node *n)
         if (wo_schema_place(c, v[2], rest_names, 2, &f->rest) < 0)
             r = -EINVAL;
     }
-    if (v[3] && wo_schema_size(c, v[3], &f->reserve) < 0)
-        r = -EINVAL;
+    if (v[3]) {
+        /* a size, or auto: the last run's high water (uvm/fit-memo.c) */
+        const char *rs = v[3]->kind == WO_NODE_SCALAR && !v[3]->null ? v[3]->value : NULL;
+        if (rs && strcmp(rs, "auto") == 0)
+            f->reserve = WO_FIT_RESERVE_AUTO;
+        else if (wo_schema_size(c, v[3], &f->reserve) < 0)
+            r = -EINVAL;
+    }
     if (dev_ok && kf_ok && f->device.kind == WO_BUDGET_BYTES && f->keep_free >= f->device.bytes) {
         char s1[32], s2[32];
         wo_schema_err(c, v[1],

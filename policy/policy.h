@@ -104,12 +104,16 @@ enum wo_slices {
  * 1 on the lent H100 (bench/results/bigload-20261125-h100.md): the process
  * grew 0.23-0.35 GiB past its weights after seal. */
 #define WO_FIT_RESERVE_DEFAULT (256ull * WO_MiB)
+/* `reserve: auto`: the engine's high water after seal in the runs before
+ * (uvm/fit-memo.c keeps it); WO_FIT_RESERVE_DEFAULT until one ended. */
+#define WO_FIT_RESERVE_AUTO UINT64_MAX
 
 struct wo_fit {
     bool enabled;            /* a fit: key is present */
     struct wo_budget device; /* WO_BUDGET_BYTES or WO_BUDGET_PERCENT (of the device total) */
     uint64_t keep_free;      /* bytes; default WO_FIT_KEEP_FREE_DEFAULT (2 GiB) */
-    uint64_t reserve;        /* bytes; default WO_FIT_RESERVE_DEFAULT (wo_fit_reserve) */
+    uint64_t reserve;        /* bytes, or WO_FIT_RESERVE_AUTO; default WO_FIT_RESERVE_DEFAULT
+                              * (wo_fit_reserve) */
     enum wo_placement rest;  /* WO_PLACE_HOST (default) or WO_PLACE_MANAGED */
 };
 

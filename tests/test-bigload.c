@@ -395,6 +395,15 @@ static int child(const char *scenario)
         if (pool)
             CHECK(p_cuMemFreeAsync(pool, 0) == CUDA_SUCCESS);
     }
+    if (strncmp(scenario, "fitmemo", 7) == 0) {
+        /* fitmemo: the engine allocates 20 MiB after seal (within any
+         * reserve here), the high water `reserve: auto` keeps */
+        CUdeviceptr act = 0;
+        CHECK(p_cuMemAlloc(&act, 20 * MiB) == CUDA_SUCCESS);
+        read_back(p_dtoh, w, sz, NW, buf, back);
+        if (act)
+            CHECK(p_cuMemFree(act) == CUDA_SUCCESS);
+    }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
         read_back(p_dtoh, w, sz, NW, buf, back); /* moved: still the same bytes */
@@ -510,6 +519,10 @@ int main(int argc, char **argv)
     static const char fit_reserve_policy[] = "version: 1\n"
                                              "fit: {device: 256MiB, keep_free: 16MiB}\n"
                                              "prefetch: {mode: hot-set}\n";
+    static const char fit_auto_reserve_policy[] = "version: 1\n"
+                                                  "fit: {device: 256MiB, keep_free: 16MiB, "
+                                                  "reserve: auto}\n"
+                                                  "prefetch: {mode: hot-set}\n";
     static const char fit_reserve96_policy[] = "version: 1\n"
                                                "fit: {device: 256MiB, keep_free: 16MiB, "
                                                "reserve: 24MiB}\n"
@@ -682,6 +695,76 @@ int main(int argc, char **argv)
         CHECK(strstr(err, "fit: the engine's allocations after seal reached 0 B of its 24.00 MiB "
                           "reserve; no weight yielded (a smaller reserve") != NULL);
         dump_on_failure(f0, "fitreserve96", stats, err);
+    }
+
+    /* fitmemo: fitreserve's budget with `reserve: auto` and a memo file
+     * (WOFFLOAD_FIT_MEMO) that does not exist yet: the first run reserves
+     * the default (256 MiB, held to 56), the engine allocates 20 MiB after
+     * seal and the exit keeps it; the second run reserves it rounded up to
+     * 32 MiB, and its weights get 80 MiB (10 of them) instead of 56. A
+     * smaller high water does not replace a larger one. A memo file in
+     * another format: one warning naming it and the format, the default
+     * reserve, and the exit writes it again. */
+    if (want(argc, argv, "fitmemo")) {
+        char memo[] = "/tmp/test-bigload-memo-XXXXXX", envm[64], got[256] = "";
+        const char *env[] = {envm, NULL};
+        int mfd = mkstemp(memo);
+
+        f0 = failures;
+        CHECK(mfd >= 0);
+        close(mfd);
+        unlink(memo);
+        snprintf(envm, sizeof(envm), "WOFFLOAD_FIT_MEMO=%s", memo);
+        rc = run(argv, "fitmemo", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
+        CHECK(strstr(stats, "\"engine_peak_bytes\":20971520}") != NULL);
+        CHECK(strstr(err, "56.00 MiB of it kept for what the engine allocates after seal "
+                          "(reserve auto: no run before, the default)") != NULL);
+        CHECK(strstr(err, "the next run reserves 32.00 MiB (kept in ") != NULL);
+        CHECK(slurp(memo, got, sizeof(got)) > 0 &&
+              strcmp(got, "woffload fit memo 1\nengine_peak_bytes 20971520\n") == 0);
+        dump_on_failure(f0, "fitmemo (first run)", stats, err);
+
+        f0 = failures;
+        rc = run(argv, "fitmemo2", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"reserve_bytes\":33554432,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":83886080,") != NULL);
+        CHECK(strstr(err, "32.00 MiB of it kept for what the engine allocates after seal "
+                          "(reserve auto: the runs before's high water)") != NULL);
+        dump_on_failure(f0, "fitmemo (second run)", stats, err);
+
+        /* a larger high water kept: a run that allocated less leaves it */
+        f0 = failures;
+        FILE *mf = fopen(memo, "w");
+        CHECK(mf && fputs("woffload fit memo 1\nengine_peak_bytes 41943040\n", mf) >= 0 &&
+              fclose(mf) == 0);
+        rc = run(argv, "fitmemo3", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        /* 40 MiB, rounded up to 64, held to half the budget */
+        CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
+        memset(got, 0, sizeof(got));
+        CHECK(slurp(memo, got, sizeof(got)) > 0 && strstr(got, "engine_peak_bytes 41943040\n"));
+        dump_on_failure(f0, "fitmemo (a larger high water kept)", stats, err);
+
+        /* a file of another format */
+        f0 = failures;
+        mf = fopen(memo, "w");
+        CHECK(mf && fputs("reserve = 3GiB\n", mf) >= 0 && fclose(mf) == 0);
+        rc = run(argv, "fitmemo4", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
+        CHECK(strstr(err, memo) != NULL && strstr(err, "expected 'woffload fit memo 1' then "
+                                                       "'engine_peak_bytes N'") != NULL);
+        memset(got, 0, sizeof(got));
+        CHECK(slurp(memo, got, sizeof(got)) > 0 && strstr(got, "engine_peak_bytes 20971520\n"));
+        dump_on_failure(f0, "fitmemo (another format)", stats, err);
+        unlink(memo);
     }
 
     /* fitfirst: the fit policy, the 12 experts loaded first: the 12 weights

@@ -304,6 +304,23 @@ class Installed(unittest.TestCase):
         self.assertIn('fit:\n  device: "20GiB"\n  keep_free: "1GiB"\n', text)
         self.assertFalse(os.path.exists(path), "the fit policy was not removed")
 
+    def test_fit_reserve(self):
+        out, cmd = self._policy_cmd()
+        for reserve in ("auto", "3GiB"):
+            r = run(self.launcher, "--fit", "90%", "--reserve", reserve, "--", *cmd)
+            self.assertEqual(r.returncode, 7, r.stderr)
+            with open(out) as f:
+                text = f.read().split("\n", 2)[2]
+            self.assertIn(f'fit:\n  device: "90%"\n  reserve: "{reserve}"\n', text)
+        marker, cmd = self._marker_cmd()
+        r = run(self.launcher, "--fit", "90%", "--reserve", "lots", "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--reserve a size or auto", r.stderr)
+        self.assertFalse(os.path.exists(marker), "the command ran")
+        r = run(self.launcher, "--fit", "90%", "--reserve", "auto", "--fit-trace", "t.wot", "--", *cmd)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--reserve does not go with --fit-trace", r.stderr)
+
     def test_fit_bad_size_is_not_started(self):
         marker, cmd = self._marker_cmd()
         # the launcher's temporary files go to a folder of this test's own
@@ -366,7 +383,7 @@ class Installed(unittest.TestCase):
             self.assertFalse(os.path.exists(marker), "the command ran")
 
     def test_fit_options_need_fit(self):
-        for args in (("--keep-free", "1GiB"), ("--fit-trace", "t.wot")):
+        for args in (("--keep-free", "1GiB"), ("--fit-trace", "t.wot"), ("--reserve", "auto")):
             r = run(self.launcher, "--policy", self.policy, *args, "--", "true")
             self.assertEqual(r.returncode, 2, r.stderr)
             self.assertIn("go with --fit SIZE", r.stderr)

@@ -952,6 +952,23 @@ static void dump_normalized_form_loads_back_identically(void **state)
                           "  - glob: '*'\n"
                           "    place: host\n"
                           "    pin: false\n");
+    /* fit's reserve: a size, or auto (the runs before's high water,
+     * uvm/fit-memo.c; the default until one ended) */
+    dump_is_a_fixed_point("fit: {device: 20GiB, keep_free: 1GiB, reserve: auto}\n");
+    dump_is_a_fixed_point("fit: {device: 90%, reserve: 1GiB}\n");
+    {
+        struct wo_policy *p = load_ok("fit: {device: 20GiB, reserve: auto}\n");
+        const struct wo_policy_globals *g = wo_policy_globals(p);
+        char *s = dump_str(p);
+        assert_true(g->fit.reserve == WO_FIT_RESERVE_AUTO);
+        /* no run before: the default, held to half the budget */
+        assert_int_equal(wo_fit_reserve(&g->fit, 8 * WO_GiB), WO_FIT_RESERVE_DEFAULT);
+        assert_int_equal(wo_fit_reserve(&g->fit, 256 * WO_MiB), 128 * WO_MiB);
+        assert_non_null(strstr(s, "  reserve: auto\n"));
+        free(s);
+        wo_policy_free(p);
+    }
+    expect_error("fit: {device: 20GiB, reserve: automatic}\n", 1, 31, "expected a size");
     {
         struct wo_policy *p = load_ok("device_budget: 40%\nrules:\n  - glob: 'a$$b'\n    place: host\n");
         char *s = dump_str(p);

@@ -124,7 +124,12 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
                         size_t n, uint64_t budget, uint64_t limit, struct wo_fit_split *sp)
 {
     uint64_t weights;
+    struct wo_fit eff = *fit;
 
+    /* reserve: auto, the runs before's high water (fit-memo.c) */
+    if (eff.reserve == WO_FIT_RESERVE_AUTO)
+        eff.reserve = wo_fit_memo_reserve();
+    fit = &eff;
     sp->budget = budget;
     /* the engine's allocations after seal come out of the same budget:
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
@@ -230,12 +235,15 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds, within the free memory less keep_free; %s of it kept for what the "
-                 "engine allocates after seal, %s for staging slots, lent to %s of managed "
+                 "engine allocates after seal%s, %s for staging slots, lent to %s of managed "
                  "weights while the slots are empty, %s for the picked copies' buffers), %s %s "
                  "over %zu names",
                  wo_format_size(sp.chosen, b1, sizeof(b1)),
                  wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
                  wo_format_size(sp.reserve, b6, sizeof(b6)),
+                 fit->reserve != WO_FIT_RESERVE_AUTO ? ""
+                 : wo_fit_memo_have()                ? " (reserve auto: the runs before's high water)"
+                                                     : " (reserve auto: no run before, the default)",
                  wo_format_size(sp.staging, b5, sizeof(b5)), wo_format_size(sp.lent, b7, sizeof(b7)),
                  wo_format_size(sp.picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
                  wo_placement_to_string(fit->rest), n);
@@ -476,6 +484,28 @@ void wo_place_fit_summary(void)
         return;
     peak = wo_uvm.fit.engine_peak;
     reserve = wo_uvm.fit.reserve_bytes;
+    if (wo_uvm.g->fit.reserve == WO_FIT_RESERVE_AUTO) {
+        const char *at = wo_fit_memo_save(peak);
+        char moved[96] = "";
+        if (wo_uvm.fit.yields)
+            snprintf(moved, sizeof(moved), ": %" PRIu64 " yields moved %s of fit's device weights "
+                     "to the host", wo_uvm.fit.yields,
+                     wo_format_size(wo_uvm.fit.yielded_bytes, b3, sizeof(b3)));
+        if (at)
+            wo_log_write(WO_LOG_OFF,
+                         "fit: reserve auto: the engine's allocations after seal reached %s "
+                         "against a reserve of %s%s; the next run reserves %s (kept in %s)",
+                         wo_format_size(peak, b1, sizeof(b1)),
+                         wo_format_size(reserve, b2, sizeof(b2)), moved,
+                         wo_format_size(wo_fit_memo_reserve(), b4, sizeof(b4)), at);
+        else
+            wo_log_write(WO_LOG_OFF,
+                         "fit: reserve auto: the engine's allocations after seal reached %s "
+                         "against a reserve of %s%s; nothing kept for the next run",
+                         wo_format_size(peak, b1, sizeof(b1)),
+                         wo_format_size(reserve, b2, sizeof(b2)), moved);
+        return;
+    }
     /* the next run's reserve: this run's high water, up to 256 MiB */
     want = (peak + (256ull << 20) - 1) & ~((256ull << 20) - 1);
     if (wo_uvm.fit.yields)

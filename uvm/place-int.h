@@ -81,6 +81,15 @@ uint64_t wo_place_fit_short(size_t size);
  * after seal went against the reserve, and the reserve that would have kept
  * the yielded weights on the device. */
 void wo_place_fit_summary(void);
+/* `fit: {reserve: auto}` (fit-memo.c): the reserve the runs before call
+ * for (their engines' high water after seal, rounded up to 32 MiB), or
+ * WO_FIT_RESERVE_DEFAULT before any; read once. */
+uint64_t wo_fit_memo_reserve(void);
+/* Whether an earlier run's high water was found (after wo_fit_memo_reserve). */
+bool wo_fit_memo_have(void);
+/* Keeps this run's high water for the next run when it is the largest;
+ * returns the file, NULL when it could not be written (said). */
+const char *wo_fit_memo_save(uint64_t peak);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);
