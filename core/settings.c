@@ -3,12 +3,16 @@
  * settings.h). */
 #include "core/settings.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/log.h"
 
@@ -321,6 +325,35 @@ int wo_settings_parse(char *const *envp, struct wo_settings *out,
 static struct wo_settings settings;
 static pthread_once_t settings_once = PTHREAD_ONCE_INIT;
 
+/* Whether a file can be made at path: its deepest existing ancestor is a
+ * folder this process may write (the folders below it are made when the
+ * file is written). 0, or an errno. */
+static int can_hold(const char *path)
+{
+    char dir[PATH_MAX];
+    struct stat st;
+
+    snprintf(dir, sizeof(dir), "%s", path);
+    for (;;) {
+        char *slash = strrchr(dir, '/');
+        if (!slash)
+            snprintf(dir, sizeof(dir), ".");
+        else if (slash == dir)
+            dir[1] = '\0';
+        else
+            *slash = '\0';
+        if (stat(dir, &st) == 0)
+            break;
+        if (errno != ENOENT)
+            return errno;
+        if (!slash || slash == dir)
+            return ENOENT;
+    }
+    if (!S_ISDIR(st.st_mode))
+        return ENOTDIR;
+    return access(dir, W_OK | X_OK) == 0 ? 0 : errno;
+}
+
 static void settings_init(void)
 {
     extern char **environ;
@@ -334,6 +367,15 @@ static void settings_init(void)
                      settings.log_file, strerror(errno));
         else
             wo_log_set_fd(fd);
+    }
+    if (settings.fit_memo) {
+        int e = can_hold(settings.fit_memo);
+        if (e) {
+            wo_error("WOFFLOAD_FIT_MEMO=\"%s\": no file can be made there: %s; fit's reserve: "
+                     "auto starts from the default and keeps nothing",
+                     settings.fit_memo, strerror(e));
+            settings.fit_memo = ""; /* none: uvm/fit-memo.c reads and writes nothing */
+        }
     }
 }
 
