@@ -759,11 +759,20 @@ int main(int argc, char **argv)
                  sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
-        CHECK(strstr(err, memo) != NULL && strstr(err, "expected 'woffload fit memo 1' then "
-                                                       "'engine_peak_bytes N'") != NULL);
+        CHECK(strstr(err, memo) != NULL && strstr(err, ":1: expected 'woffload fit memo 1'; the "
+                                                       "file is ignored") != NULL);
         memset(got, 0, sizeof(got));
         CHECK(slurp(memo, got, sizeof(got)) > 0 && strstr(got, "engine_peak_bytes 20971520\n"));
         dump_on_failure(f0, "fitmemo (another format)", stats, err);
+        f0 = failures;
+        mf = fopen(memo, "w");
+        CHECK(mf && fputs("woffload fit memo 1\nengine_peak_bytes lots\n", mf) >= 0 &&
+              fclose(mf) == 0);
+        rc = run(argv, "fitmemo5", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(err, ":2: expected 'engine_peak_bytes N' (N bytes)") != NULL);
+        dump_on_failure(f0, "fitmemo (line 2)", stats, err);
         unlink(memo);
     }
 

@@ -93,15 +93,17 @@ static void load(void)
                     memo.path, strerror(errno));
         return;
     }
-    if (fgets(line, sizeof(line), f) && strncmp(line, MEMO_HEAD, strlen(MEMO_HEAD)) == 0 &&
-        fgets(line, sizeof(line), f) && sscanf(line, "engine_peak_bytes %llu", &v) == 1) {
+    if (!fgets(line, sizeof(line), f) || strncmp(line, MEMO_HEAD "\n", strlen(MEMO_HEAD) + 1) != 0)
+        wo_warn("fit: reserve auto: %s:1: expected '" MEMO_HEAD "'; the file is ignored (the "
+                "default reserve for this run; the next exit writes it again)",
+                memo.path);
+    else if (!fgets(line, sizeof(line), f) || sscanf(line, "engine_peak_bytes %llu", &v) != 1)
+        wo_warn("fit: reserve auto: %s:2: expected 'engine_peak_bytes N' (N bytes); the file is "
+                "ignored (the default reserve for this run; the next exit writes it again)",
+                memo.path);
+    else {
         memo.have = true;
         memo.peak = v;
-    } else {
-        wo_warn("fit: reserve auto: %s: expected '" MEMO_HEAD
-                "' then 'engine_peak_bytes N' on lines 1 and 2; ignored (the default reserve "
-                "for this run; the next exit writes it again)",
-                memo.path);
     }
     fclose(f);
 }
@@ -153,7 +155,9 @@ const char *wo_fit_memo_save(uint64_t peak)
 
     if (!memo.read)
         load();
-    if (!memo.path[0])
+    /* a run that allocated nothing after seal (loaded and left) says
+     * nothing of the next one's needs */
+    if (!memo.path[0] || (!peak && !memo.have))
         return NULL;
     if (memo.have && memo.peak >= peak)
         return memo.path; /* the largest high water stays */

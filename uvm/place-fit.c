@@ -501,9 +501,10 @@ void wo_place_fit_summary(void)
         else
             wo_log_write(WO_LOG_OFF,
                          "fit: reserve auto: the engine's allocations after seal reached %s "
-                         "against a reserve of %s%s; nothing kept for the next run",
+                         "against a reserve of %s%s; nothing kept for the next run%s",
                          wo_format_size(peak, b1, sizeof(b1)),
-                         wo_format_size(reserve, b2, sizeof(b2)), moved);
+                         wo_format_size(reserve, b2, sizeof(b2)), moved,
+                         peak ? "" : " (no allocation after seal)");
         return;
     }
     /* the next run's reserve: this run's high water, up to 256 MiB */
