@@ -1014,7 +1014,11 @@ int main(int argc, char **argv)
         } else if (cudaMalloc(&other, 1 << 20) == cudaSuccess) {
             cudaFree(other);
         }
-        usleep(1500000); /* the mirrorer's delayed sync returns meanwhile */
+        /* the mirrorer's delayed sync returns meanwhile: until it has made
+         * or dropped one (at most 15 s: a sanitizer on a loaded machine) */
+        for (int i = 0; i < 300 && engine_field("mirrors_dropped") + engine_field("mirrors") < 1;
+             i++)
+            usleep(50000);
         if (free_early)
             CHECK(engine_field("mirrors_dropped") >= 1 && engine_field("mirrors") == 0,
                   "--free-early: the mirrors under way at the model buffer's free dropped "
