@@ -422,6 +422,14 @@ static int child(const char *scenario)
 
 /* Runs the child for scenario with policy text and extra "K=V" settings;
  * returns its exit status, the stats file in stats, its stderr in err. */
+/* text as the whole of the file at path */
+static bool put(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+
+    return f && fputs(text, f) >= 0 && fclose(f) == 0;
+}
+
 static int run(char **argv, const char *scenario, const char *policy, const char *const *env,
                char *stats, size_t slen, char *err, size_t elen)
 {
@@ -739,9 +747,7 @@ int main(int argc, char **argv)
 
         /* a larger high water kept: a run that allocated less leaves it */
         f0 = failures;
-        FILE *mf = fopen(memo, "w");
-        CHECK(mf && fputs("woffload fit memo 1\nengine_peak_bytes 41943040\n", mf) >= 0 &&
-              fclose(mf) == 0);
+        CHECK(put(memo, "woffload fit memo 1\nengine_peak_bytes 41943040\n"));
         rc = run(argv, "fitmemo3", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
                  sizeof(err));
         CHECK(rc == 0);
@@ -753,8 +759,7 @@ int main(int argc, char **argv)
 
         /* a file of another format */
         f0 = failures;
-        mf = fopen(memo, "w");
-        CHECK(mf && fputs("reserve = 3GiB\n", mf) >= 0 && fclose(mf) == 0);
+        CHECK(put(memo, "reserve = 3GiB\n"));
         rc = run(argv, "fitmemo4", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
                  sizeof(err));
         CHECK(rc == 0);
@@ -765,9 +770,7 @@ int main(int argc, char **argv)
         CHECK(slurp(memo, got, sizeof(got)) > 0 && strstr(got, "engine_peak_bytes 20971520\n"));
         dump_on_failure(f0, "fitmemo (another format)", stats, err);
         f0 = failures;
-        mf = fopen(memo, "w");
-        CHECK(mf && fputs("woffload fit memo 1\nengine_peak_bytes lots\n", mf) >= 0 &&
-              fclose(mf) == 0);
+        CHECK(put(memo, "woffload fit memo 1\nengine_peak_bytes lots\n"));
         rc = run(argv, "fitmemo5", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
                  sizeof(err));
         CHECK(rc == 0);
@@ -845,7 +848,7 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"engine_peak_bytes\":104857600}") != NULL);
         CHECK(strstr(err, "fit: the engine's allocations after seal reached 100.00 MiB against a "
                           "reserve of 0 B: 1 yields moved 48.00 MiB of fit's device weights to "
-                          "the host; fit: {reserve: 256.00 MiB} keeps them") != NULL);
+                          "the host; fit: {reserve: 128.00 MiB} keeps them") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fityield", stats, err);
     }

@@ -28,7 +28,6 @@
 #include "core/log.h"
 #include "core/settings.h"
 
-#define MEMO_ROUND (32ull << 20)
 #define MEMO_HEAD "woffload fit memo 1"
 
 static struct {
@@ -108,6 +107,13 @@ static void load(void)
     fclose(f);
 }
 
+uint64_t wo_fit_reserve_for(uint64_t peak)
+{
+    const uint64_t round = 32ull << 20;
+
+    return (peak + round - 1) & ~(round - 1);
+}
+
 uint64_t wo_fit_memo_reserve(void)
 {
     char b[32];
@@ -117,14 +123,13 @@ uint64_t wo_fit_memo_reserve(void)
         if (memo.have)
             wo_info("fit: reserve auto: %s, the engine's high water after seal in the runs "
                     "before (%s)",
-                    wo_format_size((memo.peak + MEMO_ROUND - 1) & ~(MEMO_ROUND - 1), b,
-                                   sizeof(b)),
+                    wo_format_size(wo_fit_reserve_for(memo.peak), b, sizeof(b)),
                     memo.path);
         else
             wo_info("fit: reserve auto: no run before%s%s: the default reserve",
                     memo.path[0] ? " in " : "", memo.path);
     }
-    return memo.have ? (memo.peak + MEMO_ROUND - 1) & ~(MEMO_ROUND - 1) : WO_FIT_RESERVE_DEFAULT;
+    return memo.have ? wo_fit_reserve_for(memo.peak) : WO_FIT_RESERVE_DEFAULT;
 }
 
 bool wo_fit_memo_have(void)

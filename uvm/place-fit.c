@@ -507,8 +507,8 @@ void wo_place_fit_summary(void)
                          peak ? "" : " (no allocation after seal)");
         return;
     }
-    /* the next run's reserve: this run's high water, up to 256 MiB */
-    want = (peak + (256ull << 20) - 1) & ~((256ull << 20) - 1);
+    /* the next run's reserve: this run's high water, as reserve: auto takes it */
+    want = wo_fit_reserve_for(peak);
     if (wo_uvm.fit.yields)
         wo_log_write(WO_LOG_OFF,
                      "fit: the engine's allocations after seal reached %s against a reserve of "

@@ -85,6 +85,9 @@ void wo_place_fit_summary(void);
  * for (their engines' high water after seal, rounded up to 32 MiB), or
  * WO_FIT_RESERVE_DEFAULT before any; read once. */
 uint64_t wo_fit_memo_reserve(void);
+/* The reserve that keeps an engine's high water after seal: it rounded up
+ * to 32 MiB (reserve: auto's, and the one the exit line names). */
+uint64_t wo_fit_reserve_for(uint64_t peak);
 /* Whether an earlier run's high water was found (after wo_fit_memo_reserve). */
 bool wo_fit_memo_have(void);
 /* Keeps this run's high water for the next run when it is the largest;
