@@ -543,6 +543,7 @@ struct launch {
     bool blind;                     /* a blind launch begun (wo_stream_blind_begin) */
     unsigned ntouch;                /* streamed ranges it touches in place */
     uint32_t touch[WO_STREAM_TOUCH_MAX]; /* ... their span ids (wo_stream_touch_begin) */
+    bool picked; /* wo_picks_stage returned moves: wo_picks_issued after the call */
 };
 
 /* Everything a launch hook does before the real launch: the scan, and when
@@ -558,6 +559,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     int n = -1;
 
     l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
+    l->picked = false;
     l->s.words = 0;
     l->s.nhits = 0;
     l->s.overflow = 0;
@@ -618,6 +620,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         struct wo_picks_move mv[WO_REDIRECT_MAX];
         unsigned np = wo_picks_stage(l->s.hits, l->s.nhits, stream, l->captured, l->rd.from,
                                      l->rd.to, l->rd.n, mv, WO_REDIRECT_MAX - l->rd.n);
+        l->picked = np > 0;
         for (unsigned k = 0; k < np; k++)
             wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev);
     }
@@ -657,6 +660,8 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
 {
     struct wo_event ev;
 
+    if (l->picked)
+        wo_picks_issued();
     if (l->rd.nslot && ok && wo_settings()->stream_check)
         wo_redirect_check(&l->rd, stream, l->key);
     if (l->rd.n)

@@ -28,7 +28,9 @@
  * place, with no copy (resident_child); and `host` with a launch that reads
  * three registered tensors, more than a stream's buffers (three_child); and
  * `fit:` with both on the device, then yielded to the host after seal: their
- * launches read in place, then picked copies (yield_child). */
+ * launches read in place, then picked copies (yield_child); and `host` read
+ * on four streams in turn, one pool of buffers lent between them by events
+ * (streams_child). */
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
@@ -316,6 +318,67 @@ three_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, u
     uint64_t nb = nbe && *nbe ? strtoull(nbe, NULL, 10) : 2;
     CHECK(three_moved == nb * 6 && three_inplace == (3 - nb) * 6);
     check_summary("test-picks-preload three child");
+    return failures ? 1 : 0;
+}
+
+/* Four engine streams in turn (transformers' continuous batching runs its
+ * steps on four): the buffers are one pool, at most WOFFLOAD_PICKS_BUFFERS
+ * of the largest tensor (2 MiB here, their alignment), lent from stream to
+ * stream by an event; every sum exact, nothing read in place for a
+ * failure. Before, each stream held two buffers of its own (four times the
+ * bytes fit planned for them). */
+static int
+streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
+              long (*stats)(char *, size_t), CUresult (*htod)(CUdeviceptr, const void *, size_t),
+              CUresult (*dtoh)(void *, CUdeviceptr, size_t),
+              CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                 unsigned, unsigned, CUstream, void **, void **),
+              CUresult (*sync)(CUstream), CUresult (*stream_create)(CUstream *, unsigned),
+              CUfunction kg, CUdeviceptr ids, CUdeviceptr out, unsigned char *const host[2])
+{
+    enum { NS = 4 };
+    uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
+    const char *nbe = getenv("WOFFLOAD_PICKS_BUFFERS");
+    long long nb = nbe && *nbe ? strtoll(nbe, NULL, 10) : 2;
+    CUstream st[NS];
+    char *js;
+
+    for (int k = 0; k < NS; k++)
+        CHECK(stream_create(&st[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    for (int step = 0; step < 4 * NS; step++) {
+        CUstream on = st[step % NS];
+        for (int t = 0; t < 2; t++) {
+            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t], before = moved_reads;
+            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &n, &n};
+            int64_t id64[TOKENS * TOPK];
+
+            for (int k = 0; k < TOKENS * TOPK; k++) {
+                id64[k] = (int64_t)(rng() % E);
+                ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
+            }
+            CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
+            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) == CUDA_SUCCESS);
+            CHECK(sync(on) == CUDA_SUCCESS);
+            CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
+            CHECK(memcmp(got, ref, sizeof(ref)) == 0);
+            /* from a buffer, not in place */
+            CHECK(moved_reads == before + 1);
+            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
+        }
+    }
+    js = snapshot(stats);
+    CHECK(js != NULL);
+    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
+    CHECK(json_num(js, "},\"tensors\":", "\"buffer_cap\":") == nb * (2ll << 20));
+    CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") ==
+          json_num(js, "},\"tensors\":", "\"buffer_cap\":"));
+    /* the first stream made the buffers, every later one took them in turn */
+    CHECK(json_num(js, "},\"tensors\":", "\"buffers_lent\":") >= 4 * NS - 1);
+    CHECK(json_num(js, "},\"tensors\":", "\"buffers_reclaimed\":") == 0);
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    check_summary("test-picks-preload streams child");
     return failures ? 1 : 0;
 }
 
@@ -816,6 +879,9 @@ static int child(void)
     if (getenv("WO_PICKS_TEST_YIELD"))
         return yield_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                            p_cuStreamSync, p_cuMemAlloc, kg, s, ids, out, host);
+    if (getenv("WO_PICKS_TEST_STREAMS"))
+        return streams_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
+                             p_cuStreamSync, p_cuStreamCreate, kg, ids, out, host);
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
@@ -1114,12 +1180,15 @@ static const char *policies[] = {
     "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
     /* YIELD: fit puts both on the device, no reserve (yield_child) */
     "version: 1\nfit: {device: 100%, keep_free: 16MiB, reserve: 0}\nprefetch: {mode: hot-set}\n",
+    /* STREAMS: host, four streams in turn (streams_child) */
+    "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
 };
 #define RESIDENT 2
 #define HOT 3
 #define HOT_AUTO 4
 #define THREE 5
 #define YIELD 6
+#define STREAMS 7
 
 int main(int argc, char **argv)
 {
@@ -1147,6 +1216,8 @@ int main(int argc, char **argv)
                 setenv("WO_PICKS_TEST_THREE", "1", 1);
             if (i == YIELD)
                 setenv("WO_PICKS_TEST_YIELD", "1", 1);
+            if (i == STREAMS)
+                setenv("WO_PICKS_TEST_STREAMS", "1", 1);
             if (i <= 1 && getenv("WOFFLOAD_PICKS_ENGINE") &&
                 strcmp(getenv("WOFFLOAD_PICKS_ENGINE"), "0") != 0)
                 setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);

@@ -451,6 +451,10 @@ struct wo_picks_move {
 unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t stream,
                         bool captured, const uint64_t *skip_from, const uint64_t *skip_to,
                         unsigned nskip, struct wo_picks_move *moves, unsigned max);
+/* The launch hook, on the thread whose wo_picks_stage returned moves,
+ * after the real launch call (made or not): the stream's buffers may be
+ * lent to another stream from now on (uvm/picks-pool.h). */
+void wo_picks_issued(void);
 /* The launch with the moves was not made (the parameters could not be
  * rewritten): counted. */
 void wo_picks_unused(unsigned n);

@@ -62,11 +62,13 @@ void wo_picks_summary(void)
     wo_log_write(WO_LOG_OFF,
                  "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
                  " launches reused one) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
-                 "have (rows read back last), %" PRIu64 " MiB of buffers; read in place: %" PRIu64
+                 "have (rows read back last), %" PRIu64 " MiB of buffers (at most %" PRIu64
+                 " MiB, %" PRIu64 " lent between streams); read in place: %" PRIu64
                  " captured, %" PRIu64 " for a failure",
                  t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
-                 (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.captured, t.failed);
+                 (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.buffer_cap >> 20,
+                 t.buffers_lent, t.captured, t.failed);
     wo_dma_figs(&df);
     if (df.jobs || df.kernel || df.mirrors || df.mirror_failed || df.mirror_dropped)
         wo_log_write(WO_LOG_OFF,

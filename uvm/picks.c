@@ -16,6 +16,7 @@
 #include "uvm/internal.h"
 #include "uvm/picks-dma.h"
 #include "uvm/picks-hot.h"
+#include "uvm/picks-pool.h"
 #include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
 
@@ -55,25 +56,10 @@ struct span {
  * memory), or a pinned mirror of it (managed memory advised to the host). */
 enum { SRC_NONE, SRC_PINNED, SRC_MIRROR };
 
-struct buf {
-    CUdeviceptr dev;
-    uint64_t size;
-    int span; /* the span whose rows it holds, -1 none */
-    uint32_t seq, gen;
-    uint64_t tick;
-};
-
-struct strm {
-    uint64_t stream; /* 0 with used false: free */
-    bool used;
-    struct buf b[WO_PICKS_BUFS];
-};
-
 static struct {
     pthread_mutex_t lock;
     struct span *s;
     unsigned n;
-    struct strm st[WO_PICKS_STREAMS];
     CUcontext ctx;
     CUmodule mod;
     CUfunction mark, copy, fill;
@@ -277,10 +263,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     pk.regs += ids != 0;
     __atomic_store_n(&pk.dma_rows[i], 0, __ATOMIC_RELAXED);
     /* the buffers that held the old tensor's rows hold nothing now */
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
-            if (pk.st[k].b[b].span == i)
-                pk.st[k].b[b].span = -1;
+    wo_pool_forget_span(i);
     if (rg.id < WO_STREAM_IDS && wo_picks_ids[rg.id] < 255)
         __atomic_store_n(&wo_picks_ids[rg.id], (uint8_t)(wo_picks_ids[rg.id] + 1),
                          __ATOMIC_RELEASE);
@@ -380,27 +363,8 @@ static bool ready(const struct wo_driver *d)
     memset(pk.rows_host, 0, ROWS_BYTES);
     pk.ctx = cur;
     pk.ready = true;
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
-            pk.st[k].b[b].span = -1;
+    wo_pool_forget_all();
     return true;
-}
-
-static struct strm *stream_of(uint64_t stream)
-{
-    struct strm *free_one = NULL;
-
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
-        if (pk.st[k].used && pk.st[k].stream == stream)
-            return &pk.st[k];
-        if (!pk.st[k].used && !free_one)
-            free_one = &pk.st[k];
-    }
-    if (free_one) {
-        free_one->used = true;
-        free_one->stream = stream;
-    }
-    return free_one;
 }
 
 /* The engine destroys stream (before the real call): its buffers, if it
@@ -410,84 +374,35 @@ static struct strm *stream_of(uint64_t stream)
  * stream, and a destroyed stream's entry was never given back. */
 void wo_picks_stream_gone(uint64_t stream)
 {
-    const struct wo_driver *d = wo_uvm_driver();
-
     pthread_mutex_lock(&pk.lock);
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
-        struct strm *t = &pk.st[k];
-        bool held = false;
-
-        if (!t->used || t->stream != stream)
-            continue;
-        for (unsigned b = 0; b < WO_PICKS_BUFS; b++) {
-            held |= t->b[b].dev != 0;
-            t->b[b].span = -1;
-        }
-        if (held && d && d->cuStreamSynchronize)
-            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
-        t->used = false;
-        t->stream = 0;
-        /* its hot sets' copies are done with it too: the next stream home */
+    /* its hot sets' copies are done with it too: the next stream home */
+    if (wo_pool_stream_gone(wo_uvm_driver(), stream))
         for (unsigned i = 0; i < pk.n; i++)
             if (pk.s[i].hot)
                 wo_hot_stream_gone(pk.s[i].hot, stream);
-    }
     pthread_mutex_unlock(&pk.lock);
 }
 
-/* The buffer of stream t that holds span i's rows of its registration now,
- * or the least recently used one not in `taken` (bit k: buffer k holds
- * another span this launch reads), grown to the span's bytes (NULL: none,
- * and the launch reads that span in place). */
-static struct buf *buffer_for(const struct wo_driver *d, struct strm *t, int i, unsigned taken,
-                              bool *fresh)
+/* The buffer of stream t for span i's rows (uvm/picks-pool.h), the books
+ * kept (NULL: none, and the launch reads that span in place). */
+static struct wo_pool_buf *buffer_for(const struct wo_driver *d, struct wo_pool_strm *t, int i,
+                                      unsigned taken, bool *fresh)
 {
     const struct span *s = &pk.s[i];
     uint64_t need = (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
     unsigned nb = WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
-    struct buf *b = NULL;
-    CUresult res;
+    int64_t delta = 0;
+    CUresult res = CUDA_SUCCESS;
+    struct wo_pool_buf *b = wo_pool_buffer(d, t, i, s->seq, need, nb, taken, fresh, &delta, &res);
 
-    *fresh = false;
-    for (unsigned k = 0; k < nb; k++)
-        if (t->b[k].span == i && t->b[k].seq == s->seq && t->b[k].dev)
-            return &t->b[k];
-    for (unsigned k = 0; k < nb; k++)
-        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
-            b = &t->b[k];
-    if (!b)
-        return NULL;
-    *fresh = true;
-    if (b->size >= need)
-        return b;
-    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
-        return NULL;
-    if (b->dev) {
-        /* launches of this stream may still read it: this stream only
-         * ever reads it, so its work done is the buffer free */
-        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
-            return NULL;
-        wo_quiet_mem_free(d, b->dev);
-        wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, b->size, __ATOMIC_RELAXED));
-        b->dev = 0;
-        b->size = 0;
-        b->span = -1;
+    if (delta)
+        wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, (uint64_t)delta, __ATOMIC_RELAXED));
+    if (res != CUDA_SUCCESS && !pk.said_fail) {
+        pk.said_fail = true;
+        wo_warn("picks: no device memory for a %llu MiB staging buffer (%s): '%s' is read in "
+                "place",
+                (unsigned long long)(need >> 20), err_name(res), s->name ? s->name : "(unnamed)");
     }
-    res = d->cuMemAlloc_v2(&b->dev, need);
-    if (res != CUDA_SUCCESS) {
-        b->dev = 0;
-        if (!pk.said_fail) {
-            pk.said_fail = true;
-            wo_warn("picks: no device memory for a %llu MiB staging buffer (%s): '%s' is read in "
-                    "place",
-                    (unsigned long long)(need >> 20), err_name(res),
-                    s->name ? s->name : "(unnamed)");
-        }
-        return NULL;
-    }
-    b->size = need;
-    b->span = -1;
-    wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, need, __ATOMIC_RELAXED));
     return b;
 }
 
@@ -511,7 +426,7 @@ static void refresh(const struct wo_driver *d)
 /* Span i's hot set, made on stream t when wo_picks_hot_total() asks and it
  * registered often enough to have counts: an equal share of what is left
  * among the tensors off the device that have none yet. */
-static void make_hot(const struct wo_driver *d, struct strm *t, int i)
+static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
 {
     struct span *s = &pk.s[i];
     uint64_t total = wo_picks_hot_total(), left, share, map, bytes = 0;
@@ -566,10 +481,11 @@ static bool engine_wanted(const struct span *s)
     return s->source != SRC_MIRROR || wo_readonly(s->rid, s->rgen);
 }
 
-static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, int i)
+static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo_pool_buf *b,
+                    int i)
 {
     struct span *s = &pk.s[i];
-    unsigned slot = (unsigned)((t - pk.st) * WO_PICKS_BUFS + (unsigned)(b - t->b));
+    unsigned slot = wo_pool_index(t) * WO_PICKS_BUFS + (unsigned)(b - t->b);
     unsigned gen = b->gen + 1 ? b->gen + 1 : 1;
     struct wo_picks_copy c = {.ids = s->ids,
                               .n_ids = s->n_ids,
@@ -604,7 +520,7 @@ static bool enqueue(const struct wo_driver *d, struct strm *t, struct buf *b, in
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
                                .rows = &pk.dma_rows[i]};
-        if (wo_dma_enqueue(d, pk.ctx, (unsigned)(t - pk.st), (CUstream)(uintptr_t)t->stream, &j,
+        if (wo_dma_enqueue(d, pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j,
                            pk.mark, pk.copy)) {
             b->gen = gen;
             b->span = i;
@@ -637,6 +553,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
 {
     const struct wo_driver *d = wo_uvm_driver();
     unsigned n = 0, taken = 0; /* the stream's buffers this launch reads */
+    struct wo_pool_strm *issuing = NULL;
     bool any = false;
 
     for (unsigned h = 0; h < nhits && h < WO_EV_MAX_HITS && !any; h++)
@@ -651,8 +568,8 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             continue;
         for (unsigned i = 0; i < pk.n; i++) {
             struct span *s = &pk.s[i];
-            struct strm *t;
-            struct buf *b;
+            struct wo_pool_strm *t;
+            struct wo_pool_buf *b;
             bool dup = false, fresh;
 
             if (s->rid != hit->id || s->rgen != hit->gen || !s->ids || !s->offdev ||
@@ -679,13 +596,14 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             /* a launch that reads more registered tensors than the stream
              * has buffers reads the others in place: a buffer this launch
              * reads is never refilled under it */
-            if (n == max || !ready(d) || !(t = stream_of(stream)) ||
+            if (n == max || !ready(d) || !(t = wo_pool_stream(stream)) ||
                 !(b = buffer_for(d, t, (int)i, taken, &fresh)) ||
                 (fresh && !enqueue(d, t, b, (int)i))) {
                 pk.failed++;
                 continue;
             }
             taken |= 1u << (b - t->b);
+            issuing = t;
             b->tick = ++pk.tick;
             if (fresh) {
                 s->staged++;
@@ -698,6 +616,9 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             moves[n++] = (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev};
         }
     }
+    /* its buffers are not lent to another stream until its launch call */
+    if (issuing)
+        wo_pool_issuing(issuing);
     if (n && !pk.said_on) {
         pk.said_on = true;
         wo_info("picks: the experts' launches read only the picked rows, copied on their stream "
@@ -707,6 +628,11 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
         refresh(d);
     pthread_mutex_unlock(&pk.lock);
     return n;
+}
+
+void wo_picks_issued(void)
+{
+    wo_pool_issued();
 }
 
 void wo_picks_unused(unsigned n)
@@ -792,6 +718,13 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->resident = pk.resident;
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
+    {
+        struct wo_pool_figs pf;
+        wo_pool_figs(&pf);
+        t->buffer_cap = pf.cap;
+        t->buffers_lent = pf.lent;
+        t->buffers_reclaimed = pf.reclaimed;
+    }
     t->hot_bytes = pk.hot_bytes;
     t->hot_given_back = pk.given_back;
     t->hot_fills = pk.fills_gone;
@@ -889,9 +822,7 @@ uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *
     if (pk.hot_bytes) {
         /* every stream with buffers may have copies in flight that read a
          * set (its home's) or count into one (any stream's) */
-        for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-            if (pk.st[k].used)
-                (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pk.st[k].stream);
+        wo_pool_sync_all(d);
         /* the sets of tensors gone first, then those worth least, until
          * the engine's allocation has room */
         for (unsigned r = 0; r < pk.nretired; r++)
@@ -918,10 +849,7 @@ void wo_picks_free(const struct wo_driver *d)
     wo_dma_stop(d);
     pthread_mutex_lock(&pk.lock);
     if (d && pk.ready) {
-        for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-            for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
-                if (pk.st[k].b[b].dev && d->cuMemFree_v2)
-                    d->cuMemFree_v2(pk.st[k].b[b].dev);
+        wo_pool_free(d);
         if (d->cuStreamSynchronize)
             d->cuStreamSynchronize(pk.side);
         for (unsigned i = 0; i < pk.n; i++) {
@@ -961,7 +889,7 @@ void wo_picks_reset(void)
     free(pk.s);
     pk.s = NULL;
     pk.n = 0;
-    memset(pk.st, 0, sizeof(pk.st));
+    wo_pool_reset();
     memset(pk.dma_rows, 0, sizeof(pk.dma_rows));
     wo_dma_reset();
     pk.ctx = NULL;

@@ -103,6 +103,10 @@ struct wo_picks_totals {
     uint64_t resident;     /* launches that read a managed tensor the prefetcher holds wholly
                             * on the device: read there, no copy */
     uint64_t buffer_bytes; /* device bytes of the buffers */
+    uint64_t buffer_cap;   /* what they may reach: WOFFLOAD_PICKS_BUFFERS x the largest tensor
+                            * staged (uvm/picks-pool.h) */
+    uint64_t buffers_lent; /* buffers one stream took from another (an event, no host sync) */
+    uint64_t buffers_reclaimed; /* buffers freed to make room for another stream's larger one */
     uint64_t hot_bytes;    /* device bytes of the hot sets (WOFFLOAD_PICKS_HOT) */
     uint64_t hot_rows;     /* rows copied from hot sets, not over the link */
     uint64_t hot_fills;    /* rows copied into hot sets */

@@ -351,10 +351,13 @@ static void json_body(struct sbuf *b)
                   ",\"whole_bytes\":%" PRIu64 ",\"captured\":%" PRIu64 ",\"failed\":%" PRIu64
                   ",\"unused\":%" PRIu64 ",\"writes\":%" PRIu64 ",\"resident\":%" PRIu64
                   ",\"buffer_bytes\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 ",\"hot_rows\":%" PRIu64
-                  ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64,
+                  ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64
+                  ",\"buffer_cap\":%" PRIu64 ",\"buffers_lent\":%" PRIu64
+                  ",\"buffers_reclaimed\":%" PRIu64,
                   pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied, pt.whole_bytes,
                   pt.captured, pt.failed, pt.unused, pt.writes, pt.resident, pt.buffer_bytes,
-                  pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back);
+                  pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back, pt.buffer_cap,
+                  pt.buffers_lent, pt.buffers_reclaimed);
         /* the copies on the copy engine (uvm/picks-dma.h) */
         wo_dma_figs(&df);
         sb_printf(b,

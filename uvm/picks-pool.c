@@ -1,0 +1,271 @@
+/* uvm/picks-pool.c: the picked copies' device buffers, one pool shared by
+ * the engine's streams (uvm/picks-pool.h). */
+#include "uvm/picks-pool.h"
+
+#include <string.h>
+
+#include "core/macro.h"
+#include "uvm/internal.h"
+#include "uvm/uvm.h"
+
+static struct {
+    struct wo_pool_strm st[WO_PICKS_STREAMS];
+    uint64_t tick;
+    uint64_t bytes;   /* the buffers' device bytes */
+    uint64_t largest; /* the largest need seen */
+    unsigned nb;      /* entries a stream, as last asked */
+    CUevent ev;       /* lending's, recorded and waited on at once */
+    bool no_event;    /* none could be made: nothing is lent */
+    uint64_t lent, reclaimed;
+} pool;
+
+static __thread struct wo_pool_strm *issuing_t;
+
+struct wo_pool_strm *wo_pool_stream(uint64_t stream)
+{
+    struct wo_pool_strm *free_one = NULL;
+
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        if (pool.st[k].used && pool.st[k].stream == stream)
+            return &pool.st[k];
+        if (!pool.st[k].used && !free_one)
+            free_one = &pool.st[k];
+    }
+    if (free_one) {
+        free_one->used = true;
+        free_one->stream = stream;
+    }
+    return free_one;
+}
+
+unsigned wo_pool_index(const struct wo_pool_strm *t)
+{
+    return (unsigned)(t - pool.st);
+}
+
+/* Another stream's buffer that t may have: the least recently used, of at
+ * least need bytes when big (else any). A stream's between a staging and
+ * its launch call is not (an event recorded now would not cover that
+ * launch), nor a per-thread default stream's: that handle names the
+ * calling thread's stream, so an event recorded on it here would too. */
+static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bool big,
+                                 struct wo_pool_strm **owner)
+{
+    struct wo_pool_buf *best = NULL;
+
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        struct wo_pool_strm *o = &pool.st[k];
+        if (o == t ||
+            (o->used && (__atomic_load_n(&o->issuing, __ATOMIC_SEQ_CST) ||
+                         o->stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)))
+            continue;
+        for (unsigned j = 0; j < WO_PICKS_BUFS; j++) {
+            struct wo_pool_buf *x = &o->b[j];
+            if (x->dev && (!big || x->size >= need) && (!best || x->tick < best->tick)) {
+                best = x;
+                *owner = o;
+            }
+        }
+    }
+    return best;
+}
+
+/* x (of stream o) goes to b of t: t's stream waits for what o's stream
+ * queued so far (a free entry's stream is gone: its work was waited for).
+ * b's own smaller buffer is freed first, once t's stream is done with it
+ * (handed to o, o's copies into it would not wait for t's reads). */
+static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_pool_buf *x,
+                 struct wo_pool_strm *t, struct wo_pool_buf *b, int64_t *delta)
+{
+    if (o->used) {
+        if (pool.no_event || !d->cuEventCreate || !d->cuEventRecord || !d->cuStreamWaitEvent)
+            return false;
+        if (!pool.ev && d->cuEventCreate(&pool.ev, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+            pool.ev = NULL;
+            pool.no_event = true;
+            return false;
+        }
+    }
+    if (b->dev) {
+        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
+            return false;
+        wo_quiet_mem_free(d, b->dev);
+        pool.bytes -= b->size;
+        *delta -= (int64_t)b->size;
+        b->dev = 0;
+        b->size = 0;
+    }
+    b->span = -1;
+    if (o->used &&
+        (d->cuEventRecord(pool.ev, (CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS ||
+         d->cuStreamWaitEvent((CUstream)(uintptr_t)t->stream, pool.ev, 0) != CUDA_SUCCESS))
+        return false;
+    b->dev = x->dev;
+    b->size = x->size;
+    x->dev = 0;
+    x->size = 0;
+    x->span = -1;
+    pool.lent++;
+    return true;
+}
+
+/* x (of stream o) freed: o's stream done with it first (a host wait, only
+ * when the pool must make room for a buffer larger than any it holds). */
+static bool reclaim(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_pool_buf *x,
+                    int64_t *delta)
+{
+    if (o->used && d->cuStreamSynchronize((CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS)
+        return false;
+    wo_quiet_mem_free(d, x->dev);
+    pool.bytes -= x->size;
+    *delta -= (int64_t)x->size;
+    x->dev = 0;
+    x->size = 0;
+    x->span = -1;
+    pool.reclaimed++;
+    return true;
+}
+
+struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_strm *t, int span,
+                                   uint32_t seq, uint64_t need, unsigned nb, unsigned taken,
+                                   bool *fresh, int64_t *delta, CUresult *alloc)
+{
+    struct wo_pool_buf *b = NULL, *x;
+    struct wo_pool_strm *o = NULL;
+
+    *fresh = false;
+    *delta = 0;
+    *alloc = CUDA_SUCCESS;
+    pool.nb = nb;
+    pool.largest = WO_MAX(pool.largest, need);
+    for (unsigned k = 0; k < nb; k++)
+        if (t->b[k].span == span && t->b[k].seq == seq && t->b[k].dev)
+            return &t->b[k];
+    for (unsigned k = 0; k < nb; k++)
+        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
+            b = &t->b[k];
+    if (!b)
+        return NULL;
+    *fresh = true;
+    if (b->size >= need)
+        return b;
+    /* a lend or an allocation would land in a capture's graph */
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
+        return NULL;
+    if (pool.bytes - b->size + need > nb * pool.largest) {
+        if ((x = other(t, need, true, &o)))
+            return lend(d, o, x, t, b, delta) ? b : NULL;
+        /* none large enough: smaller ones of other streams make room */
+        while (pool.bytes - b->size + need > nb * pool.largest && (x = other(t, need, false, &o)))
+            if (!reclaim(d, o, x, delta))
+                return NULL;
+        if (pool.bytes - b->size + need > nb * pool.largest)
+            return NULL;
+    }
+    if (b->dev) {
+        /* launches of this stream may still read it: this stream only
+         * ever reads it, so its work done is the buffer free */
+        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
+            return NULL;
+        wo_quiet_mem_free(d, b->dev);
+        pool.bytes -= b->size;
+        *delta -= (int64_t)b->size;
+        b->dev = 0;
+        b->size = 0;
+        b->span = -1;
+    }
+    *alloc = d->cuMemAlloc_v2(&b->dev, need);
+    if (*alloc != CUDA_SUCCESS) {
+        b->dev = 0;
+        return NULL;
+    }
+    b->size = need;
+    b->span = -1;
+    pool.bytes += need;
+    *delta += (int64_t)need;
+    return b;
+}
+
+void wo_pool_forget_span(int span)
+{
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            if (pool.st[k].b[b].span == span)
+                pool.st[k].b[b].span = -1;
+}
+
+void wo_pool_forget_all(void)
+{
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            pool.st[k].b[b].span = -1;
+}
+
+bool wo_pool_stream_gone(const struct wo_driver *d, uint64_t stream)
+{
+    bool was = false;
+
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        struct wo_pool_strm *t = &pool.st[k];
+        bool held = false;
+
+        if (!t->used || t->stream != stream)
+            continue;
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++) {
+            held |= t->b[b].dev != 0;
+            t->b[b].span = -1;
+        }
+        if (held && d && d->cuStreamSynchronize)
+            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
+        t->used = false;
+        t->stream = 0;
+        was = true;
+    }
+    return was;
+}
+
+void wo_pool_sync_all(const struct wo_driver *d)
+{
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        if (pool.st[k].used)
+            (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pool.st[k].stream);
+}
+
+void wo_pool_issuing(struct wo_pool_strm *t)
+{
+    __atomic_add_fetch(&t->issuing, 1, __ATOMIC_SEQ_CST);
+    issuing_t = t;
+}
+
+void wo_pool_issued(void)
+{
+    if (!issuing_t)
+        return;
+    __atomic_sub_fetch(&issuing_t->issuing, 1, __ATOMIC_SEQ_CST);
+    issuing_t = NULL;
+}
+
+void wo_pool_figs(struct wo_pool_figs *f)
+{
+    f->bytes = pool.bytes;
+    f->cap = (uint64_t)WO_MAX(pool.nb, 1u) * pool.largest;
+    f->lent = pool.lent;
+    f->reclaimed = pool.reclaimed;
+}
+
+void wo_pool_free(const struct wo_driver *d)
+{
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            if (pool.st[k].b[b].dev && d->cuMemFree_v2)
+                d->cuMemFree_v2(pool.st[k].b[b].dev);
+    if (pool.ev && d->cuEventDestroy_v2)
+        d->cuEventDestroy_v2(pool.ev);
+    pool.ev = NULL;
+}
+
+void wo_pool_reset(void)
+{
+    memset(&pool, 0, sizeof(pool));
+    issuing_t = NULL;
+}
