@@ -13,7 +13,9 @@ names, experts first, tagged and sealed under the hand policy `experts:
 host`. The hook must announce every weight the device map puts on a GPU,
 once per tensor (a tied one once), and the shim must serve each expert as
 pinned host memory as it arrives and keep attention movable. A second run
-with WOFFLOAD_KEEP_WARMUP=1 announces nothing. While the weights load the
+with WOFFLOAD_KEEP_WARMUP=1 announces nothing. In both, transformers'
+continuous batching reads the free memory from the driver (a stand-in
+PagedAttentionMemoryHandler whose figure was negative). While the weights load the
 hook keeps PyTorch's caching allocator from splitting cached blocks over 21
 MiB, and before seal gives the cache back and puts the setting back (a
 stand-in torch records the calls).
@@ -97,7 +99,9 @@ def child():
     torch = types.ModuleType("torch")
     torch.cuda = types.SimpleNamespace(
         memory=types.SimpleNamespace(_set_allocator_settings=calls.append),
-        empty_cache=lambda: calls.append("empty_cache"))
+        empty_cache=lambda: calls.append("empty_cache"),
+        synchronize=lambda: None,
+        mem_get_info=lambda: (4 << 30, 8 << 30))
     sys.modules["torch"] = torch
 
     mu = types.ModuleType("transformers.modeling_utils")
@@ -119,10 +123,26 @@ def child():
         assert woffload.tag(p, b, n) == 0
     assert woffload.seal() == 0
     st = woffload.stats()
+    after = calls[len(during):]
+
+    # continuous batching's memory figure (item 5 of _auto's doc): a handler
+    # as transformers 5.17's, whose figure was negative beside a blocker
+    class PagedAttentionMemoryHandler:
+        @staticmethod
+        def get_available_memory(max_memory_percent=0.9):
+            return -13695300403
+
+    cbm = types.ModuleType(_auto._CB_CACHE)
+    cbm.PagedAttentionMemoryHandler = PagedAttentionMemoryHandler
+    _auto._on_cb_cache_imported(cbm)
+    _auto._on_cb_cache_imported(cbm)  # once is enough: a second call changes nothing
+    cb = [PagedAttentionMemoryHandler.get_available_memory(max_memory_percent=0.5),
+          PagedAttentionMemoryHandler.get_available_memory()]
     print("RESULT " + json.dumps({
+        "cb_available": cb,
         "warmed": len(warmed),
         "allocator_during": during,
-        "allocator_after": calls[len(during):],
+        "allocator_after": after,
         "expect": st["expect"],
         "placements": {n["name"]: n["placement"] for n in st["names"]},
         "cap_pinned": st["managed_cap"]["pinned"]}), flush=True)
@@ -161,6 +181,9 @@ def main():
             every = all(r["placements"].get(n) == "host" for n in experts) and \
                 all(r["placements"].get(n) == "device" for n in attn)
             check(every, f"KEEP_WARMUP={keep}: experts host, attention device: {r['placements']}")
+            # the driver's free memory (4 GiB here) times the percent asked
+            check(r["cb_available"] == [2 << 30, int((4 << 30) * 0.9)],
+                  f"continuous batching's available memory from the driver: {r['cb_available']}")
             if keep == "0":
                 check(r["warmed"] == 0, "the warm-up ran though the hook replaced it")
                 check(x["names"] == 2 * LAYERS and x["bytes"] == LAYERS * 10 * MiB,

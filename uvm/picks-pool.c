@@ -2,6 +2,7 @@
  * the engine's streams (uvm/picks-pool.h). */
 #include "uvm/picks-pool.h"
 
+#include <pthread.h>
 #include <string.h>
 
 #include "core/macro.h"
@@ -24,9 +25,12 @@ static __thread struct wo_pool_strm *issuing_t;
 struct wo_pool_strm *wo_pool_stream(uint64_t stream)
 {
     struct wo_pool_strm *free_one = NULL;
+    bool pt = stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
+    pthread_t self = pthread_self();
 
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
-        if (pool.st[k].used && pool.st[k].stream == stream)
+        if (pool.st[k].used && pool.st[k].stream == stream &&
+            (!pt || pthread_equal(pool.st[k].thread, self)))
             return &pool.st[k];
         if (!pool.st[k].used && !free_one)
             free_one = &pool.st[k];
@@ -34,6 +38,7 @@ struct wo_pool_strm *wo_pool_stream(uint64_t stream)
     if (free_one) {
         free_one->used = true;
         free_one->stream = stream;
+        free_one->thread = self;
     }
     return free_one;
 }
@@ -226,9 +231,20 @@ bool wo_pool_stream_gone(const struct wo_driver *d, uint64_t stream)
 
 void wo_pool_sync_all(const struct wo_driver *d)
 {
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        if (pool.st[k].used)
+    bool whole = false;
+
+    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
+        if (!pool.st[k].used)
+            continue;
+        /* another thread's per-thread stream cannot be named from here */
+        if (pool.st[k].stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD &&
+            !pthread_equal(pool.st[k].thread, pthread_self()))
+            whole = true;
+        else
             (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pool.st[k].stream);
+    }
+    if (whole && d->cuCtxSynchronize)
+        (void)d->cuCtxSynchronize();
 }
 
 void wo_pool_issuing(struct wo_pool_strm *t)

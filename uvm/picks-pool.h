@@ -18,6 +18,7 @@
 
 #include <cuda.h>
 #include <stdbool.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "uvm/picks-copy.h"
@@ -35,6 +36,10 @@ struct wo_pool_buf {
 struct wo_pool_strm {
     uint64_t stream; /* 0 with used false: free */
     bool used;
+    /* a per-thread default stream's: the handle names the calling thread's
+     * stream, so one entry per thread that launches on it (else two threads'
+     * launches would share buffers with no order between them) */
+    pthread_t thread;
     /* launches of this stream between their staging and the real launch
      * call (atomic): their buffers are not lent until the call is made,
      * for an event recorded before it would not cover it */

@@ -40,6 +40,18 @@ What it does, in order:
    temporaries, freed into its cache, would hold the next weights wherever
    the shim served them); at seal the cache goes back and the setting too.
 
+5. transformers' continuous batching sizes its paged cache from the device
+   memory as PyTorch counts it (PagedAttentionMemoryHandler.get_available_
+   memory). Under the shim PyTorch's reserved bytes include every weight the
+   shim serves from host memory, and transformers 5.17 subtracts them from
+   a figure that already leaves them out: beside a process that holds most
+   of the device it raised "MemoryError: ... available memory -13695300403"
+   with 4.70 GiB free (the H200, bench/results/bigload-20261202-0944-*).
+   While the policy places something, the hook makes that figure the
+   driver's free memory (after PyTorch's cache goes back) times the
+   engine's max_memory_percent (0.9 when none is given), when
+   transformers.generation.continuous_batching.cache is imported.
+
 Limits, by design: one model per process (a second model loaded after the
 first forward is neither placeable nor named); memory the engine allocated
 while the window was open but that belongs to no parameter or buffer keeps
@@ -258,6 +270,42 @@ def _on_modeling_utils_imported(mu: Any) -> None:
          "info")
 
 
+_CB_CACHE = "transformers.generation.continuous_batching.cache"
+
+
+def _on_cb_cache_imported(mod: Any) -> None:
+    """Continuous batching's memory figure from the driver (item 5 of this
+    module's doc), while the policy places something."""
+    try:
+        st = woffload.stats() or {}
+    except (OSError, ValueError):
+        return
+    if not st.get("policy", {}).get("placing"):
+        return
+    cls = getattr(mod, "PagedAttentionMemoryHandler", None)
+    orig = vars(cls).get("get_available_memory") if isinstance(cls, type) else None
+    if orig is None or getattr(getattr(orig, "__func__", orig), "_woffload", False):
+        return
+
+    def available(*args: Any, **kwargs: Any) -> int:
+        torch = sys.modules.get("torch")
+        pct = kwargs.get("max_memory_percent")
+        for x in args:
+            if pct is None and isinstance(x, (int, float)) and not isinstance(x, bool):
+                pct = x
+            elif pct is None and hasattr(x, "cb_config"):
+                pct = getattr(x.cb_config, "max_memory_percent", None)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        return int(torch.cuda.mem_get_info()[0] * (0.9 if pct is None else pct))
+
+    available._woffload = True  # type: ignore[attr-defined]
+    setattr(cls, "get_available_memory",
+            staticmethod(available) if isinstance(orig, staticmethod) else available)
+    _log("transformers' continuous batching reads the free memory from the driver "
+         "(PyTorch's reserved bytes include the weights served from host memory)", "info")
+
+
 class _Watcher:
     """A meta path finder that finds nothing itself: when module `name` is
     about to be imported it lets the other finders find it and wraps the
@@ -325,6 +373,11 @@ def install() -> None:
         _on_torch_imported(torch)
     else:
         sys.meta_path.insert(0, _Watcher("torch", _on_torch_imported))  # type: ignore[arg-type]
+    cb = sys.modules.get(_CB_CACHE)
+    if cb is not None:
+        _on_cb_cache_imported(cb)
+    else:
+        sys.meta_path.insert(0, _Watcher(_CB_CACHE, _on_cb_cache_imported))  # type: ignore[arg-type]
     mu = sys.modules.get("transformers.modeling_utils")
     if mu is not None:
         _on_modeling_utils_imported(mu)
