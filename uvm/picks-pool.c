@@ -75,6 +75,22 @@ static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bo
     return best;
 }
 
+/* x (of stream o) freed once o's stream is done with it (a host wait: o's
+ * launches may still read it; a stream gone was waited for). */
+static bool drop(const struct wo_driver *d, const struct wo_pool_strm *o, struct wo_pool_buf *x,
+                 int64_t *delta)
+{
+    if (o->used && d->cuStreamSynchronize((CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS)
+        return false;
+    wo_quiet_mem_free(d, x->dev);
+    pool.bytes -= x->size;
+    *delta -= (int64_t)x->size;
+    x->dev = 0;
+    x->size = 0;
+    x->span = -1;
+    return true;
+}
+
 /* x (of stream o) goes to b of t: t's stream waits for what o's stream
  * queued so far (a free entry's stream is gone: its work was waited for).
  * b's own smaller buffer is freed first, once t's stream is done with it
@@ -91,15 +107,8 @@ static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_po
             return false;
         }
     }
-    if (b->dev) {
-        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
-            return false;
-        wo_quiet_mem_free(d, b->dev);
-        pool.bytes -= b->size;
-        *delta -= (int64_t)b->size;
-        b->dev = 0;
-        b->size = 0;
-    }
+    if (b->dev && !drop(d, t, b, delta))
+        return false;
     b->span = -1;
     if (o->used &&
         (d->cuEventRecord(pool.ev, (CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS ||
@@ -111,23 +120,6 @@ static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_po
     x->size = 0;
     x->span = -1;
     pool.lent++;
-    return true;
-}
-
-/* x (of stream o) freed: o's stream done with it first (a host wait, only
- * when the pool must make room for a buffer larger than any it holds). */
-static bool reclaim(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_pool_buf *x,
-                    int64_t *delta)
-{
-    if (o->used && d->cuStreamSynchronize((CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS)
-        return false;
-    wo_quiet_mem_free(d, x->dev);
-    pool.bytes -= x->size;
-    *delta -= (int64_t)x->size;
-    x->dev = 0;
-    x->size = 0;
-    x->span = -1;
-    pool.reclaimed++;
     return true;
 }
 
@@ -162,23 +154,17 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
             return lend(d, o, x, t, b, delta) ? b : NULL;
         /* none large enough: smaller ones of other streams make room */
         while (pool.bytes - b->size + need > nb * pool.largest && (x = other(t, need, false, &o)))
-            if (!reclaim(d, o, x, delta))
+            if (drop(d, o, x, delta))
+                pool.reclaimed++; /* a host wait, only for a larger buffer than any */
+            else
                 return NULL;
         if (pool.bytes - b->size + need > nb * pool.largest)
             return NULL;
     }
-    if (b->dev) {
-        /* launches of this stream may still read it: this stream only
-         * ever reads it, so its work done is the buffer free */
-        if (d->cuStreamSynchronize((CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS)
-            return NULL;
-        wo_quiet_mem_free(d, b->dev);
-        pool.bytes -= b->size;
-        *delta -= (int64_t)b->size;
-        b->dev = 0;
-        b->size = 0;
-        b->span = -1;
-    }
+    /* launches of this stream may still read it: this stream only ever
+     * reads it, so its work done is the buffer free */
+    if (b->dev && !drop(d, t, b, delta))
+        return NULL;
     *alloc = d->cuMemAlloc_v2(&b->dev, need);
     if (*alloc != CUDA_SUCCESS) {
         b->dev = 0;
