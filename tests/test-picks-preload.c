@@ -376,6 +376,10 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
     /* the first stream made the buffers, every later one took them in turn */
     CHECK(json_num(js, "},\"tensors\":", "\"buffers_lent\":") >= 4 * NS - 1);
     CHECK(json_num(js, "},\"tensors\":", "\"buffers_reclaimed\":") == 0);
+    /* every copy by the kernels, one in 16 timed on the device (copies 0
+     * and 16: the fake's events complete at once) */
+    CHECK(json_num(js, "},\"tensors\":", "\"kernel_copies\":") == 4 * NS * 2);
+    CHECK(json_num(js, "},\"tensors\":", "\"timed_copies\":") == 2);
     CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
     free(js);
     check_summary("test-picks-preload streams child");
@@ -1260,6 +1264,10 @@ int main(int argc, char **argv)
                 CHECK(sp &&
                       strstr(sp, i == THREE ? "(model.layers." : "(model.layers.0.mlp.experts.") &&
                       strstr(sp, "experts picked a copy "));
+            /* the copies' device time, sampled (uvm/picks-time.h) */
+            if (i == STREAMS)
+                CHECK(strstr(log, "picks: 2 of 32 copies by the kernels timed on the device, ") !=
+                      NULL);
             /* hot experts: their own line, only when some were kept */
             CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT || i == HOT_AUTO));
             CHECK((strstr(log, "picks: hot experts: auto: ") != NULL) == (i == HOT_AUTO));

@@ -69,6 +69,24 @@ void wo_picks_summary(void)
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.buffer_cap >> 20,
                  t.buffers_lent, t.captured, t.failed);
+    if (t.timed_copies && t.kernel_copies) {
+        /* the timed copies' mean over every kernel copy: the device time
+         * they took, in the engine's stream order (their share of the run
+         * only over a run long enough to say: half a second) */
+        double each = t.timed_ms / (double)t.timed_copies / 1e3;
+        double all = each * (double)t.kernel_copies;
+        char share[160] = "";
+        if (t.copy_span_s >= 0.5)
+            snprintf(share, sizeof(share),
+                     ", %.0f%% of the %.2f s from the first to the last (the rest is the engine's "
+                     "own work, which they never overlap)",
+                     100.0 * all / t.copy_span_s, t.copy_span_s);
+        wo_log_write(WO_LOG_OFF,
+                     "picks: %" PRIu64 " of %" PRIu64 " copies by the kernels timed on the device, "
+                     "%.3f ms each: the copies took about %.3f s%s, at %.1f GB/s",
+                     t.timed_copies, t.kernel_copies, each * 1e3, all, share,
+                     all > 0 ? (double)t.kernel_bytes / all / 1e9 : 0.0);
+    }
     wo_dma_figs(&df);
     if (df.jobs || df.kernel || df.mirrors || df.mirror_failed || df.mirror_dropped)
         wo_log_write(WO_LOG_OFF,

@@ -17,6 +17,7 @@
 #include "uvm/picks-dma.h"
 #include "uvm/picks-hot.h"
 #include "uvm/picks-pool.h"
+#include "uvm/picks-time.h"
 #include "uvm/plan-budget.h"
 #include "uvm/uvm.h"
 
@@ -528,10 +529,16 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
             return true;
         }
     }
-    if (wo_picks_launch(d, pk.mark, pk.copy, (CUstream)(uintptr_t)t->stream, &c) !=
-        CUDA_SUCCESS) {
-        b->span = -1;
-        return false;
+    {
+        CUstream st = (CUstream)(uintptr_t)t->stream;
+        int ts = wo_picks_time_before(d, st);
+        CUresult lr = wo_picks_launch(d, pk.mark, pk.copy, st, &c);
+
+        wo_picks_time_after(d, st, ts, lr == CUDA_SUCCESS);
+        if (lr != CUDA_SUCCESS) {
+            b->span = -1;
+            return false;
+        }
     }
     b->gen = gen;
     b->span = i;
@@ -719,11 +726,21 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     {
+        const struct wo_driver *d = wo_uvm_driver();
         struct wo_pool_figs pf;
+        struct wo_picks_time_figs tf;
+
         wo_pool_figs(&pf);
         t->buffer_cap = pf.cap;
         t->buffers_lent = pf.lent;
         t->buffers_reclaimed = pf.reclaimed;
+        if (d && pk.ready)
+            wo_picks_time_poll(d);
+        wo_picks_time_figs(&tf);
+        t->kernel_copies = tf.copies;
+        t->timed_copies = tf.timed;
+        t->timed_ms = tf.timed_ms;
+        t->copy_span_s = tf.last_ns > tf.first_ns ? (double)(tf.last_ns - tf.first_ns) / 1e9 : 0;
     }
     t->hot_bytes = pk.hot_bytes;
     t->hot_given_back = pk.given_back;
@@ -763,6 +780,12 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                                    .hot_fills = hf.fills,
                                    .hot_bytes = hf.bytes};
         t->rows += rows;
+        /* over the link: the kernels' rows less those from hot sets */
+        if (pk.rows_host) {
+            uint64_t kr = __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED);
+            uint64_t kh = __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED);
+            t->kernel_bytes += (kr > kh ? kr - kh : 0) * s->row;
+        }
         t->hot_rows += hot_rows;
         t->bytes_copied += rows * s->row;
         t->hot_fills += hf.fills;
@@ -850,6 +873,7 @@ void wo_picks_free(const struct wo_driver *d)
     pthread_mutex_lock(&pk.lock);
     if (d && pk.ready) {
         wo_pool_free(d);
+        wo_picks_time_free(d);
         if (d->cuStreamSynchronize)
             d->cuStreamSynchronize(pk.side);
         for (unsigned i = 0; i < pk.n; i++) {
@@ -890,6 +914,7 @@ void wo_picks_reset(void)
     pk.s = NULL;
     pk.n = 0;
     wo_pool_reset();
+    wo_picks_time_reset();
     memset(pk.dma_rows, 0, sizeof(pk.dma_rows));
     wo_dma_reset();
     pk.ctx = NULL;

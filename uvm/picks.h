@@ -107,6 +107,11 @@ struct wo_picks_totals {
                             * staged (uvm/picks-pool.h) */
     uint64_t buffers_lent; /* buffers one stream took from another (an event, no host sync) */
     uint64_t buffers_reclaimed; /* buffers freed to make room for another stream's larger one */
+    /* the copy kernels, timed on the device one copy in 16 (uvm/picks-time.h) */
+    uint64_t kernel_copies, timed_copies;
+    double timed_ms;     /* the timed copies' device time, in all */
+    double copy_span_s;  /* from the first kernel copy launched to the last */
+    uint64_t kernel_bytes; /* rows the kernels copied, in bytes (as last read back) */
     uint64_t hot_bytes;    /* device bytes of the hot sets (WOFFLOAD_PICKS_HOT) */
     uint64_t hot_rows;     /* rows copied from hot sets, not over the link */
     uint64_t hot_fills;    /* rows copied into hot sets */
