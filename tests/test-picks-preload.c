@@ -321,6 +321,60 @@ three_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, u
     return failures ? 1 : 0;
 }
 
+/* One engine thread's steps on the per-thread default stream
+ * (CU_STREAM_PER_THREAD): both tensors each step, every sum checked; counts
+ * the launches that read a buffer and those that read in place. */
+struct pt_run {
+    CUresult (*ctx_set)(CUcontext);
+    int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
+    CUresult (*htod)(CUdeviceptr, const void *, size_t);
+    CUresult (*dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **);
+    CUresult (*sync)(CUstream);
+    CUcontext ctx;
+    CUfunction kg;
+    CUdeviceptr ids, out;
+    unsigned char *const *host;
+    uint64_t moved, inplace;
+    int bad;
+};
+
+static void *pt_thread(void *arg)
+{
+    struct pt_run *r = arg;
+
+    if (r->ctx_set(r->ctx) != CUDA_SUCCESS) {
+        r->bad++;
+        return NULL;
+    }
+    for (int step = 0; step < 4; step++)
+        for (int t = 0; t < 2; t++) {
+            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
+            uint64_t m0 = moved_reads, i0 = inplace_reads;
+            uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
+            void *params[] = {&w[t], &r->ids, &n, &width, &row, &r->out, &n, &n};
+            int64_t id64[TOKENS * TOPK];
+
+            for (int k = 0; k < TOKENS * TOPK; k++) {
+                id64[k] = (int64_t)(rng() % E);
+                ref[k] = host_sum((const uint64_t *)(r->host[t] + id64[k] * row), row / 8);
+            }
+            r->bad += r->htod(r->ids, id64, sizeof(id64)) != CUDA_SUCCESS;
+            r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)r->ids, n,
+                               8) != 0;
+            r->bad += r->launch(r->kg, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_PER_THREAD, params, NULL) !=
+                      CUDA_SUCCESS;
+            r->bad += r->sync(CU_STREAM_PER_THREAD) != CUDA_SUCCESS;
+            r->bad += r->dtoh(got, r->out, sizeof(got)) != CUDA_SUCCESS;
+            r->bad += memcmp(got, ref, sizeof(ref)) != 0;
+            r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) != 0;
+            r->moved += moved_reads - m0;
+            r->inplace += inplace_reads - i0;
+        }
+    return NULL;
+}
+
 /* Four engine streams in turn (transformers' continuous batching runs its
  * steps on four): the buffers are one pool, at most WOFFLOAD_PICKS_BUFFERS
  * of the largest tensor (2 MiB here, their alignment), lent from stream to
@@ -334,7 +388,8 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
               CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **),
               CUresult (*sync)(CUstream), CUresult (*stream_create)(CUstream *, unsigned),
-              CUfunction kg, CUdeviceptr ids, CUdeviceptr out, unsigned char *const host[2])
+              CUresult (*ctx_set)(CUcontext), CUcontext ctx, CUfunction kg, CUdeviceptr ids,
+              CUdeviceptr out, unsigned char *const host[2])
 {
     enum { NS = 4 };
     uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
@@ -371,16 +426,44 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
     CHECK(js != NULL);
     printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
     CHECK(json_num(js, "},\"tensors\":", "\"buffer_cap\":") == nb * (2ll << 20));
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    /* two threads on the per-thread default stream, one after the other:
+     * the handle names each thread's own stream, so the second must not
+     * use the first's buffers (no order between their launches); nothing
+     * can be lent from a per-thread stream (an event recorded on the handle
+     * here would be this thread's), so with the first holding the pool the
+     * second reads in place, every sum exact */
+    {
+        struct pt_run pr[2];
+        for (int k = 0; k < 2; k++) {
+            pthread_t th;
+            pr[k] = (struct pt_run){ctx_set, picks, htod, dtoh, launch, sync, ctx, kg, ids, out,
+                                    host, 0, 0, 0};
+            CHECK(pthread_create(&th, NULL, pt_thread, &pr[k]) == 0);
+            pthread_join(th, NULL);
+            CHECK(pr[k].bad == 0);
+        }
+        fprintf(stderr, "streams: per-thread streams: first %llu from buffers %llu in place, "
+                        "second %llu from buffers %llu in place\n",
+                (unsigned long long)pr[0].moved, (unsigned long long)pr[0].inplace,
+                (unsigned long long)pr[1].moved, (unsigned long long)pr[1].inplace);
+        CHECK(pr[0].moved == 8 && pr[0].inplace == 0);
+        CHECK(pr[1].moved == 0 && pr[1].inplace == 8);
+    }
+    js = snapshot(stats);
+    CHECK(js != NULL);
     CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") ==
           json_num(js, "},\"tensors\":", "\"buffer_cap\":"));
     /* the first stream made the buffers, every later one took them in turn */
     CHECK(json_num(js, "},\"tensors\":", "\"buffers_lent\":") >= 4 * NS - 1);
     CHECK(json_num(js, "},\"tensors\":", "\"buffers_reclaimed\":") == 0);
-    /* every copy by the kernels, one in 16 timed on the device (copies 0
-     * and 16: the fake's events complete at once) */
-    CHECK(json_num(js, "},\"tensors\":", "\"kernel_copies\":") == 4 * NS * 2);
-    CHECK(json_num(js, "},\"tensors\":", "\"timed_copies\":") == 2);
-    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    /* every copy by the kernels, one in 16 timed on the device (copies 0,
+     * 16 and 32: the fake's events complete at once) */
+    CHECK(json_num(js, "},\"tensors\":", "\"kernel_copies\":") == 4 * NS * 2 + 8);
+    CHECK(json_num(js, "},\"tensors\":", "\"timed_copies\":") == 3);
+    /* the second per-thread stream's launches */
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 8);
     free(js);
     check_summary("test-picks-preload streams child");
     return failures ? 1 : 0;
@@ -885,7 +968,8 @@ static int child(void)
                            p_cuStreamSync, p_cuMemAlloc, kg, s, ids, out, host);
     if (getenv("WO_PICKS_TEST_STREAMS"))
         return streams_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
-                             p_cuStreamSync, p_cuStreamCreate, kg, ids, out, host);
+                             p_cuStreamSync, p_cuStreamCreate, p_cuCtxSetCurrent, ctx, kg, ids,
+                             out, host);
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
@@ -1266,7 +1350,7 @@ int main(int argc, char **argv)
                       strstr(sp, "experts picked a copy "));
             /* the copies' device time, sampled (uvm/picks-time.h) */
             if (i == STREAMS)
-                CHECK(strstr(log, "picks: 2 of 32 copies by the kernels timed on the device, ") !=
+                CHECK(strstr(log, "picks: 3 of 40 copies by the kernels timed on the device, ") !=
                       NULL);
             /* hot experts: their own line, only when some were kept */
             CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT || i == HOT_AUTO));

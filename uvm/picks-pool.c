@@ -2,7 +2,6 @@
  * the engine's streams (uvm/picks-pool.h). */
 #include "uvm/picks-pool.h"
 
-#include <pthread.h>
 #include <string.h>
 
 #include "core/macro.h"
@@ -21,16 +20,25 @@ static struct {
 } pool;
 
 static __thread struct wo_pool_strm *issuing_t;
+static __thread uint64_t thread_no; /* this thread's number, 0 before it needs one */
+static uint64_t threads;            /* numbers given (atomic) */
+
+static uint64_t self_no(void)
+{
+    if (!thread_no)
+        thread_no = __atomic_add_fetch(&threads, 1, __ATOMIC_RELAXED);
+    return thread_no;
+}
 
 struct wo_pool_strm *wo_pool_stream(uint64_t stream)
 {
     struct wo_pool_strm *free_one = NULL;
     bool pt = stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
-    pthread_t self = pthread_self();
+    uint64_t self = pt ? self_no() : 0;
 
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
         if (pool.st[k].used && pool.st[k].stream == stream &&
-            (!pt || pthread_equal(pool.st[k].thread, self)))
+            (!pt || pool.st[k].thread == self))
             return &pool.st[k];
         if (!pool.st[k].used && !free_one)
             free_one = &pool.st[k];
@@ -224,7 +232,7 @@ void wo_pool_sync_all(const struct wo_driver *d)
             continue;
         /* another thread's per-thread stream cannot be named from here */
         if (pool.st[k].stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD &&
-            !pthread_equal(pool.st[k].thread, pthread_self()))
+            pool.st[k].thread != self_no())
             whole = true;
         else
             (void)d->cuStreamSynchronize((CUstream)(uintptr_t)pool.st[k].stream);

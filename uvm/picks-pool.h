@@ -18,7 +18,6 @@
 
 #include <cuda.h>
 #include <stdbool.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #include "uvm/picks-copy.h"
@@ -38,8 +37,10 @@ struct wo_pool_strm {
     bool used;
     /* a per-thread default stream's: the handle names the calling thread's
      * stream, so one entry per thread that launches on it (else two threads'
-     * launches would share buffers with no order between them) */
-    pthread_t thread;
+     * launches would share buffers with no order between them), told apart
+     * by a number each thread takes once (a pthread_t is reused after a
+     * join, while the old thread's last launches may still run) */
+    uint64_t thread;
     /* launches of this stream between their staging and the real launch
      * call (atomic): their buffers are not lent until the call is made,
      * for an event recorded before it would not cover it */
