@@ -397,8 +397,16 @@ static int child(const char *scenario)
     }
     if (strncmp(scenario, "fitmemo", 7) == 0) {
         /* fitmemo: the engine allocates 20 MiB after seal (within any
-         * reserve here), the high water `reserve: auto` keeps */
+         * reserve here), the high water `reserve: auto` keeps; fitmemoctx
+         * first loads a module (WOFAKE_MODULE_BYTES: device memory no
+         * allocation shows, as a real context's kernels), seen at the
+         * allocation (the blocker's free at the end hides it from exit) */
         CUdeviceptr act = 0;
+        if (strcmp(scenario, "fitmemoctx") == 0) {
+            CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
+            CUmodule mod;
+            CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
+        }
         CHECK(p_cuMemAlloc(&act, 20 * MiB) == CUDA_SUCCESS);
         read_back(p_dtoh, w, sz, NW, buf, back);
         if (act)
@@ -776,6 +784,46 @@ int main(int argc, char **argv)
         CHECK(rc == 0);
         CHECK(strstr(err, ":2: expected 'engine_peak_bytes N' (N bytes)") != NULL);
         dump_on_failure(f0, "fitmemo (line 2)", stats, err);
+
+        /* the CUDA context's own growth after seal (a module of 16 MiB):
+         * kept on line 3 and reserved with the engine's high water by the
+         * next run (20 + 16 MiB, rounded up to 64, held to half the budget) */
+        f0 = failures;
+        unlink(memo);
+        {
+            char envx[] = "WOFAKE_MODULE_BYTES=16M";
+            const char *envc[] = {envm, envx, NULL};
+            rc = run(argv, "fitmemoctx", fit_auto_reserve_policy, envc, stats, sizeof(stats), err,
+                     sizeof(err));
+            CHECK(rc == 0);
+            CHECK(strstr(err, "reached 20.00 MiB (and the CUDA context grew by 16.00 MiB beyond "
+                              "the allocations: kernels, local memory) against a reserve") !=
+                  NULL);
+            memset(got, 0, sizeof(got));
+            CHECK(slurp(memo, got, sizeof(got)) > 0 &&
+                  strcmp(got, "woffload fit memo 1\nengine_peak_bytes 20971520\n"
+                              "untracked_bytes 16777216\n") == 0);
+            dump_on_failure(f0, "fitmemo (the context's growth)", stats, err);
+            f0 = failures;
+            rc = run(argv, "fitmemo2", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                     sizeof(err));
+            CHECK(rc == 0);
+            CHECK(strstr(err, "56.00 MiB of it kept for what the engine allocates after seal "
+                              "(reserve auto: the runs before's high water)") != NULL &&
+                  strstr(err, "the next run reserves 64.00 MiB") != NULL);
+            CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
+            dump_on_failure(f0, "fitmemo (the context's growth reserved)", stats, err);
+        }
+        /* line 3 of another form: a warning, the high water still read */
+        f0 = failures;
+        CHECK(put(memo, "woffload fit memo 1\nengine_peak_bytes 20971520\nsomething else\n"));
+        rc = run(argv, "fitmemo2", fit_auto_reserve_policy, env, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(err, ":3: expected 'untracked_bytes N' (N bytes); the line is ignored") !=
+              NULL);
+        CHECK(strstr(stats, "\"reserve_bytes\":33554432,") != NULL);
+        dump_on_failure(f0, "fitmemo (line 3)", stats, err);
         unlink(memo);
     }
 

@@ -181,6 +181,7 @@ static void dispatch(const struct wo_event *ev, const struct wo_trace_tag *tag)
  * tokens into the first request. */
 #define FIT_RETURN_BLIND 32
 static bool fit_return_done;
+static uint64_t fit_sample_ns; /* the next wo_place_fit_sample */
 
 /* On the consumer thread each time the ring was found empty, before it
  * sleeps: where queued prefetches go out once a capture has ended. */
@@ -195,6 +196,10 @@ static void idle(void)
         fit_return_done = true;
         if (wo_place_fit_return())
             wo_budget_close_staging(); /* the prefetcher's budget follows; no slots now */
+    }
+    if (wo_now_ns() >= fit_sample_ns) {
+        fit_sample_ns = wo_now_ns() + UINT64_C(1000000000);
+        wo_place_fit_sample();
     }
 }
 
@@ -440,6 +445,7 @@ static void *consumer_main(void *arg)
     graphs = wo_graphs_new(); /* NULL: graph replays are not accounted */
     stats_next_ns = 0;
     fit_return_done = false;
+    fit_sample_ns = 0;
     __atomic_store_n(&wo_consumer_figs.bl_peak, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.bl_moved, 0, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_consumer_figs.longest_ns, 0, __ATOMIC_RELAXED);

@@ -13,7 +13,15 @@
  * WOFFLOAD_FIT_MEMO), rounded up to 32 MiB; the default reserve until a run
  * has ended. The file keeps the largest high water seen: a larger batch
  * once is a larger batch again; deleting the file forgets it. A file that
- * cannot be read or written costs the reserve, never the run. */
+ * cannot be read or written costs the reserve, never the run.
+ *
+ * Beside it the file keeps what the device's free memory fell by after
+ * seal beyond every allocation the shim saw (optional line 3,
+ * untracked_bytes): the CUDA context's own growth, kernels loaded on first
+ * use and local memory, which no allocation shows. On the H200 a run that
+ * reserved its whole high water still peaked 0.49 GiB over the fit size
+ * (bench/results/bigload-20261202-1236-moe128-f05-h200, fit-auto2). The
+ * reserve is the two together. */
 #include "uvm/internal.h"
 #include "uvm/place-int.h"
 
@@ -34,6 +42,7 @@ static struct {
     bool read;      /* looked for once */
     bool have;      /* an earlier run's high water */
     uint64_t peak;
+    uint64_t untracked; /* the context's growth after seal beyond the allocations */
     char path[PATH_MAX];
 } memo;
 
@@ -103,6 +112,15 @@ static void load(void)
     else {
         memo.have = true;
         memo.peak = v;
+        /* line 3 is optional (files of the first version have none) */
+        if (fgets(line, sizeof(line), f)) {
+            if (sscanf(line, "untracked_bytes %llu", &v) == 1)
+                memo.untracked = v;
+            else
+                wo_warn("fit: reserve auto: %s:3: expected 'untracked_bytes N' (N bytes); the "
+                        "line is ignored",
+                        memo.path);
+        }
     }
     fclose(f);
 }
@@ -120,16 +138,22 @@ uint64_t wo_fit_memo_reserve(void)
 
     if (!memo.read) {
         load();
-        if (memo.have)
+        if (memo.have) {
+            char u[32], why[96] = "";
+            if (memo.untracked)
+                snprintf(why, sizeof(why), ", with %s the CUDA context grew by beyond the "
+                                           "allocations",
+                         wo_format_size(memo.untracked, u, sizeof(u)));
             wo_info("fit: reserve auto: %s, the engine's high water after seal in the runs "
-                    "before (%s)",
-                    wo_format_size(wo_fit_reserve_for(memo.peak), b, sizeof(b)),
-                    memo.path);
+                    "before%s (%s)",
+                    wo_format_size(wo_fit_reserve_for(memo.peak + memo.untracked), b, sizeof(b)),
+                    why, memo.path);
+        }
         else
             wo_info("fit: reserve auto: no run before%s%s: the default reserve",
                     memo.path[0] ? " in " : "", memo.path);
     }
-    return memo.have ? wo_fit_reserve_for(memo.peak) : WO_FIT_RESERVE_DEFAULT;
+    return memo.have ? wo_fit_reserve_for(memo.peak + memo.untracked) : WO_FIT_RESERVE_DEFAULT;
 }
 
 bool wo_fit_memo_have(void)
@@ -152,7 +176,7 @@ static int make_dirs(char *path)
     return 0;
 }
 
-const char *wo_fit_memo_save(uint64_t peak)
+const char *wo_fit_memo_save(uint64_t peak, uint64_t untracked)
 {
     char tmp[PATH_MAX + 16], dir[PATH_MAX];
     FILE *f;
@@ -162,10 +186,14 @@ const char *wo_fit_memo_save(uint64_t peak)
         load();
     /* a run that allocated nothing after seal (loaded and left) says
      * nothing of the next one's needs */
-    if (!memo.path[0] || (!peak && !memo.have))
+    if (!memo.path[0] || (!peak && !untracked && !memo.have))
         return NULL;
-    if (memo.have && memo.peak >= peak)
+    if (memo.have && memo.peak >= peak && memo.untracked >= untracked)
         return memo.path; /* the largest high water stays */
+    if (memo.have) {
+        peak = peak > memo.peak ? peak : memo.peak;
+        untracked = untracked > memo.untracked ? untracked : memo.untracked;
+    }
     snprintf(dir, sizeof(dir), "%s", memo.path);
     snprintf(tmp, sizeof(tmp), "%s.%ld", memo.path, (long)getpid());
     if ((r = make_dirs(dir)) < 0 || !(f = fopen(tmp, "w"))) {
@@ -175,6 +203,8 @@ const char *wo_fit_memo_save(uint64_t peak)
         return NULL;
     }
     fprintf(f, MEMO_HEAD "\nengine_peak_bytes %llu\n", (unsigned long long)peak);
+    if (untracked)
+        fprintf(f, "untracked_bytes %llu\n", (unsigned long long)untracked);
     if (fclose(f) != 0 || rename(tmp, memo.path) != 0) {
         wo_warn("fit: reserve auto: cannot write %s: %s", memo.path, strerror(errno));
         (void)unlink(tmp);
@@ -182,5 +212,6 @@ const char *wo_fit_memo_save(uint64_t peak)
     }
     memo.have = true;
     memo.peak = peak;
+    memo.untracked = untracked;
     return memo.path;
 }

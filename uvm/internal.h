@@ -189,6 +189,9 @@ struct wo_uvm_state {
         uint64_t engine_after;   /* the engine's device memory allocated after seal and live
                                   * (cuMemAlloc, cudaMalloc): past reserve_bytes, weights yield */
         uint64_t engine_peak;    /* engine_after's high water: the reserve this run needed */
+        uint64_t free_at_seal;   /* the device's free memory at seal (0: not known) */
+        uint64_t untracked;      /* the high water of its fall beyond the allocations seen
+                                  * (wo_place_fit_sample: the context's own growth) */
         bool returned;          /* the room went back to weights (once) */
         size_t names;
     } fit;
@@ -343,6 +346,12 @@ void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
  * Once; returns the bytes placed (0: nothing lent, or done before). Takes
  * wo_uvm.lock. */
 uint64_t wo_place_fit_return(void);
+/* On the consumer thread, at most once a second: the high water of what
+ * the device's free memory fell by since seal beyond the allocations the
+ * shim saw (the CUDA context's own growth: `reserve: auto` keeps it). */
+void wo_place_fit_sample(void);
+/* The same with wo_uvm.lock held (the engine's allocations after seal). */
+void wo_place_fit_sample_locked(void);
 /* Applies a tag's placement now (after seal, or at allocation time). */
 int wo_place_apply_tag(struct wo_alloc *a, struct wo_tag *t, bool residency);
 /* A tag that arrives before seal, placed off the device (fit off): in a

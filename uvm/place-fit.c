@@ -6,10 +6,12 @@
 #include "uvm/place-int.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "core/log.h"
 #include "core/settings.h"
+#include "uvm/hotpath.h"
 #include "uvm/picks.h"
 #include "uvm/plan-stream.h"
 
@@ -474,18 +476,80 @@ uint64_t wo_place_fit_short(size_t size)
     return keep + size - free_b;
 }
 
+/* What the device's free memory fell by since seal beyond every device
+ * allocation since then that the shim saw (the engine's live ones, the
+ * picked copies' buffers, the streaming executor's slots): the CUDA
+ * context's own growth, kernels loaded on first use and local memory. Said
+ * only where nothing else moves the free memory: no weight placed managed
+ * (the prefetcher moves its pages; weights fit put on the device stay
+ * there), no yield (UVM's cache keeps a yielded weight's pages), no late
+ * binding; at most 1
+ * GiB (another process's allocation would read as growth). 0: none, or not
+ * known. Sampled at the engine's allocations after seal and by the
+ * consumer thread (wo_place_fit_sample_locked, at most every 100 ms: an
+ * engine that frees memory it held at seal before exit would hide it
+ * there) and at exit; the high water counts. */
+#define UNTRACKED_MAX (1ull << 30)
+static uint64_t untracked_now(void)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    size_t free_b = 0, total_b = 0;
+    uint64_t fell, seen;
+    struct wo_place_counts pc;
+
+    wo_place_counts(&pc);
+    if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.yields ||
+        pc.by[WO_PLACE_MANAGED].bytes || wo_place_bind_fit() || wo_settings()->late_bind ||
+        d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS ||
+        free_b >= wo_uvm.fit.free_at_seal)
+        return 0;
+    fell = wo_uvm.fit.free_at_seal - free_b;
+    seen = wo_uvm.fit.engine_after + wo_picks_reserved() +
+           __atomic_load_n(&wo_stream_tab.n.slot_bytes, __ATOMIC_RELAXED);
+    return fell > seen ? WO_MIN(fell - seen, UNTRACKED_MAX) : 0;
+}
+
+void wo_place_fit_sample_locked(void)
+{
+    static uint64_t next_ns; /* at most every 100 ms */
+    uint64_t u, now;
+
+    if (!wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.free_at_seal ||
+        (now = wo_now_ns()) < next_ns)
+        return;
+    next_ns = now + UINT64_C(100000000);
+    u = untracked_now();
+    if (u > wo_uvm.fit.untracked)
+        wo_uvm.fit.untracked = u;
+}
+
+void wo_place_fit_sample(void)
+{
+    if (!__atomic_load_n(&wo_uvm.sealed, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&wo_uvm.lock);
+    wo_place_fit_sample_locked();
+    pthread_mutex_unlock(&wo_uvm.lock);
+}
+
 void wo_place_fit_summary(void)
 {
-    char b1[32], b2[32], b3[32], b4[32];
-    uint64_t peak, reserve, want;
+    char b1[32], b2[32], b3[32], b4[32], b5[32], grew[128] = "";
+    uint64_t peak, reserve, want, untracked;
 
     /* at exit, under wo_uvm.lock (wo_summary_log's caller) */
     if (!wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.budget)
         return;
     peak = wo_uvm.fit.engine_peak;
     reserve = wo_uvm.fit.reserve_bytes;
+    untracked = WO_MAX(wo_uvm.fit.untracked, untracked_now());
+    if (untracked)
+        snprintf(grew, sizeof(grew),
+                 " (and the CUDA context grew by %s beyond the allocations: kernels, local "
+                 "memory)",
+                 wo_format_size(untracked, b5, sizeof(b5)));
     if (wo_uvm.g->fit.reserve == WO_FIT_RESERVE_AUTO) {
-        const char *at = wo_fit_memo_save(peak);
+        const char *at = wo_fit_memo_save(peak, untracked);
         char moved[96] = "";
         if (wo_uvm.fit.yields)
             snprintf(moved, sizeof(moved), ": %" PRIu64 " yields moved %s of fit's device weights "
@@ -493,35 +557,37 @@ void wo_place_fit_summary(void)
                      wo_format_size(wo_uvm.fit.yielded_bytes, b3, sizeof(b3)));
         if (at)
             wo_log_write(WO_LOG_OFF,
-                         "fit: reserve auto: the engine's allocations after seal reached %s "
+                         "fit: reserve auto: the engine's allocations after seal reached %s%s "
                          "against a reserve of %s%s; the next run reserves %s (kept in %s)",
-                         wo_format_size(peak, b1, sizeof(b1)),
+                         wo_format_size(peak, b1, sizeof(b1)), grew,
                          wo_format_size(reserve, b2, sizeof(b2)), moved,
                          wo_format_size(wo_fit_memo_reserve(), b4, sizeof(b4)), at);
         else
             wo_log_write(WO_LOG_OFF,
-                         "fit: reserve auto: the engine's allocations after seal reached %s "
+                         "fit: reserve auto: the engine's allocations after seal reached %s%s "
                          "against a reserve of %s%s; nothing kept for the next run%s",
-                         wo_format_size(peak, b1, sizeof(b1)),
+                         wo_format_size(peak, b1, sizeof(b1)), grew,
                          wo_format_size(reserve, b2, sizeof(b2)), moved,
                          peak ? "" : " (no allocation after seal)");
         return;
     }
     /* the next run's reserve: this run's high water, as reserve: auto takes it */
-    want = wo_fit_reserve_for(peak);
+    want = wo_fit_reserve_for(peak + untracked);
     if (wo_uvm.fit.yields)
         wo_log_write(WO_LOG_OFF,
-                     "fit: the engine's allocations after seal reached %s against a reserve of "
-                     "%s: %" PRIu64 " yields moved %s of fit's device weights to the host; "
+                     "fit: the engine's allocations after seal reached %s%s against a reserve "
+                     "of %s: %" PRIu64 " yields moved %s of fit's device weights to the host; "
                      "fit: {reserve: %s} keeps them on the device in a run like this one",
-                     wo_format_size(peak, b1, sizeof(b1)), wo_format_size(reserve, b2, sizeof(b2)),
+                     wo_format_size(peak, b1, sizeof(b1)), grew,
+                     wo_format_size(reserve, b2, sizeof(b2)),
                      wo_uvm.fit.yields, wo_format_size(wo_uvm.fit.yielded_bytes, b3, sizeof(b3)),
                      wo_format_size(want, b4, sizeof(b4)));
     else
         wo_log_write(WO_LOG_OFF,
-                     "fit: the engine's allocations after seal reached %s of its %s reserve; "
+                     "fit: the engine's allocations after seal reached %s%s of its %s reserve; "
                      "no weight yielded%s",
-                     wo_format_size(peak, b1, sizeof(b1)), wo_format_size(reserve, b2, sizeof(b2)),
+                     wo_format_size(peak, b1, sizeof(b1)), grew,
+                     wo_format_size(reserve, b2, sizeof(b2)),
                      want < reserve ? " (a smaller reserve would leave more weights on the device)"
                                     : "");
 }

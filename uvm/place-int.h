@@ -90,9 +90,10 @@ uint64_t wo_fit_memo_reserve(void);
 uint64_t wo_fit_reserve_for(uint64_t peak);
 /* Whether an earlier run's high water was found (after wo_fit_memo_reserve). */
 bool wo_fit_memo_have(void);
-/* Keeps this run's high water for the next run when it is the largest;
+/* Keeps this run's high water (and the context's growth beyond the
+ * allocations, untracked) for the next run, each the largest seen;
  * returns the file, NULL when it could not be written (said). */
-const char *wo_fit_memo_save(uint64_t peak);
+const char *wo_fit_memo_save(uint64_t peak, uint64_t untracked);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);

@@ -112,5 +112,11 @@ int wo_place_seal(void)
                 ret = r;
     if ((r = wo_place_sync()) < 0 && ret == 0)
         ret = r;
+    /* the free memory once the placements took effect (fit's weights on
+     * the device): what it falls by from here, beyond the allocations the
+     * shim sees, is the context's own (wo_place_fit_sample) */
+    if (wo_uvm.g && wo_uvm.g->fit.enabled && d && d->cuMemGetInfo_v2 &&
+        d->cuMemGetInfo_v2(&free_b, &total_b) == CUDA_SUCCESS)
+        wo_uvm.fit.free_at_seal = free_b;
     return ret;
 }

@@ -522,6 +522,7 @@ void wo_uvm_observe_alloc(CUdeviceptr ptr, size_t size, uint32_t range_flags, in
         a->after_seal = true;
         wo_uvm.fit.engine_after += size;
         wo_uvm.fit.engine_peak = WO_MAX(wo_uvm.fit.engine_peak, wo_uvm.fit.engine_after);
+        wo_place_fit_sample_locked();
     }
     a->below_min_size = wo_uvm.g && wo_uvm.window_open && size < wo_uvm.g->window.min_size;
     old = wo_alloc_find_base(ptr);

@@ -13,6 +13,7 @@
 
 pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t fk_total_mem = UINT64_C(16) << 30;
+uint64_t fk_module_bytes;
 bool fk_managed_guard;
 unsigned long fk_managed_guard_violations;
 int fk_ndevices = 1;
@@ -216,6 +217,15 @@ static void read_env(void)
             fk_total_mem = v;
         else
             fprintf(stderr, "fakecuda: WOFAKE_TOTAL_MEM='%s' is not a size; using 16G\n", s);
+    }
+    s = getenv("WOFAKE_MODULE_BYTES");
+    if (s && *s) {
+        bool ok;
+        uint64_t v = parse_size(s, &ok);
+        if (ok)
+            fk_module_bytes = v;
+        else
+            fprintf(stderr, "fakecuda: WOFAKE_MODULE_BYTES='%s' is not a size; using 0\n", s);
     }
     s = getenv("WOFAKE_MANAGED_GUARD");
     fk_managed_guard = s && *s && strcmp(s, "0") != 0;

@@ -1431,7 +1431,10 @@ FK_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     FK_ENTER(cuModuleLoadData);
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    return new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
+    CUresult r = new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
+    if (r == CUDA_SUCCESS && fk_module_bytes)
+        fk_dev_bytes_add((int64_t)fk_module_bytes);
+    return r;
 }
 
 FK_EXPORT CUresult cuModuleUnload(CUmodule hmod)
@@ -1441,6 +1444,8 @@ FK_EXPORT CUresult cuModuleUnload(CUmodule hmod)
         return CUDA_ERROR_INVALID_HANDLE;
     hmod->magic = 0;
     free(hmod);
+    if (fk_module_bytes)
+        fk_dev_bytes_add(-(int64_t)fk_module_bytes);
     return CUDA_SUCCESS;
 }
 

@@ -168,6 +168,13 @@ int fk_mem_kind(uintptr_t p, size_t n)
 /* Live managed bytes, for the managed guard (WOFAKE_MANAGED_GUARD). */
 static uint64_t managed_bytes;
 
+void fk_dev_bytes_add(int64_t delta)
+{
+    fk_lock_();
+    dev_bytes += (uint64_t)delta;
+    fk_unlock_();
+}
+
 uint64_t fk_device_used_locked(void)
 {
     return dev_bytes + managed_dev_pages * FK_PAGE;

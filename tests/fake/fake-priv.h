@@ -45,6 +45,11 @@ static inline void fk_unlock_(void) { pthread_mutex_unlock(&fk_lock); }
 
 /* Settings from the environment (fake-core.c). */
 extern uint64_t fk_total_mem;
+/* WOFAKE_MODULE_BYTES: device memory a loaded module holds (a real
+ * context's kernels live in device memory, outside any allocation) */
+extern uint64_t fk_module_bytes;
+/* Device bytes held outside allocations (modules), added or given back. */
+void fk_dev_bytes_add(int64_t delta);
 extern bool fk_managed_guard;                     /* WOFAKE_MANAGED_GUARD */
 extern unsigned long fk_managed_guard_violations;
 extern int fk_ndevices;
