@@ -348,6 +348,33 @@ struct pt_run {
     int bad;
 };
 
+/* One step of tensor t on stream on: picks drawn and registered, the
+ * launch, every sum checked, the picks cleared; counts into r whether it
+ * read a buffer or in place, and every failed call or wrong sum. */
+static void gather_step(struct pt_run *r, CUstream on, int t)
+{
+    uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
+    uint64_t m0 = moved_reads, i0 = inplace_reads;
+    uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
+    void *params[] = {&w[t], &r->ids, &n, &width, &row, &r->out, &n, &n};
+    int64_t id64[TOKENS * TOPK];
+
+    for (int k = 0; k < TOKENS * TOPK; k++) {
+        id64[k] = (int64_t)(rng() % E);
+        ref[k] = host_sum((const uint64_t *)(r->host[t] + id64[k] * row), row / 8);
+    }
+    r->bad += r->htod(r->ids, id64, sizeof(id64)) != CUDA_SUCCESS;
+    r->bad +=
+        r->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)r->ids, n, 8) != 0;
+    r->bad += r->launch(r->kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) != CUDA_SUCCESS;
+    r->bad += r->sync(on) != CUDA_SUCCESS;
+    r->bad += r->dtoh(got, r->out, sizeof(got)) != CUDA_SUCCESS;
+    r->bad += memcmp(got, ref, sizeof(ref)) != 0;
+    r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) != 0;
+    r->moved += moved_reads - m0;
+    r->inplace += inplace_reads - i0;
+}
+
 static void *pt_thread(void *arg)
 {
     struct pt_run *r = arg;
@@ -357,29 +384,8 @@ static void *pt_thread(void *arg)
         return NULL;
     }
     for (int step = 0; step < 4; step++)
-        for (int t = 0; t < 2; t++) {
-            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
-            uint64_t m0 = moved_reads, i0 = inplace_reads;
-            uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
-            void *params[] = {&w[t], &r->ids, &n, &width, &row, &r->out, &n, &n};
-            int64_t id64[TOKENS * TOPK];
-
-            for (int k = 0; k < TOKENS * TOPK; k++) {
-                id64[k] = (int64_t)(rng() % E);
-                ref[k] = host_sum((const uint64_t *)(r->host[t] + id64[k] * row), row / 8);
-            }
-            r->bad += r->htod(r->ids, id64, sizeof(id64)) != CUDA_SUCCESS;
-            r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)r->ids, n,
-                               8) != 0;
-            r->bad += r->launch(r->kg, 1, 1, 1, 1, 1, 1, 0, CU_STREAM_PER_THREAD, params, NULL) !=
-                      CUDA_SUCCESS;
-            r->bad += r->sync(CU_STREAM_PER_THREAD) != CUDA_SUCCESS;
-            r->bad += r->dtoh(got, r->out, sizeof(got)) != CUDA_SUCCESS;
-            r->bad += memcmp(got, ref, sizeof(ref)) != 0;
-            r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) != 0;
-            r->moved += moved_reads - m0;
-            r->inplace += inplace_reads - i0;
-        }
+        for (int t = 0; t < 2; t++)
+            gather_step(r, CU_STREAM_PER_THREAD, t);
     return NULL;
 }
 
@@ -400,36 +406,20 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
               CUdeviceptr out, unsigned char *const host[2])
 {
     enum { NS = 4 };
-    uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
     const char *nbe = getenv("WOFFLOAD_PICKS_BUFFERS");
     long long nb = nbe && *nbe ? strtoll(nbe, NULL, 10) : 2;
+    struct pt_run run = {ctx_set, picks, htod, dtoh, launch, sync, ctx, kg, ids, out, host,
+                         0,       0,     0};
     CUstream st[NS];
     char *js;
 
     for (int k = 0; k < NS; k++)
         CHECK(stream_create(&st[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    for (int step = 0; step < 4 * NS; step++) {
-        CUstream on = st[step % NS];
-        for (int t = 0; t < 2; t++) {
-            uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t], before = moved_reads;
-            void *params[] = {&w[t], &ids, &n, &width, &row, &out, &n, &n};
-            int64_t id64[TOKENS * TOPK];
-
-            for (int k = 0; k < TOKENS * TOPK; k++) {
-                id64[k] = (int64_t)(rng() % E);
-                ref[k] = host_sum((const uint64_t *)(host[t] + id64[k] * row), row / 8);
-            }
-            CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
-            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)ids, n, 8) == 0);
-            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) == CUDA_SUCCESS);
-            CHECK(sync(on) == CUDA_SUCCESS);
-            CHECK(dtoh(got, out, sizeof(got)) == CUDA_SUCCESS);
-            CHECK(memcmp(got, ref, sizeof(ref)) == 0);
-            /* from a buffer, not in place */
-            CHECK(moved_reads == before + 1);
-            CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
-        }
-    }
+    for (int step = 0; step < 4 * NS; step++)
+        for (int t = 0; t < 2; t++)
+            gather_step(&run, st[step % NS], t);
+    /* every sum exact, every launch from a buffer, none in place */
+    CHECK(run.bad == 0 && run.moved == 4 * NS * 2 && run.inplace == 0);
     js = snapshot(stats);
     CHECK(js != NULL);
     printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
