@@ -52,11 +52,13 @@
 #define E 16             /* experts */
 #define ROW0 (64u << 10) /* tensor 0's row: gate/up */
 #define ROW1 (32u << 10) /* tensor 1's row: down */
+#define ROWB (256u << 10) /* STREAMS' larger tensor's row (4 MiB in all) */
 #define TOKENS 2
 #define TOPK 2
 #define STEPS 12
 
 static CUdeviceptr w[2];
+static CUdeviceptr w3; /* a third tensor: THREE's, or STREAMS' larger one */
 static const size_t row_of[2] = {ROW0, ROW1};
 static uint64_t inplace_reads, moved_reads;
 static unsigned graph_replayed; /* graph launches replayed for the copy engine's picks */
@@ -78,7 +80,7 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
 
     (void)g;
     (void)b;
-    if (p == w[0] || p == w[1])
+    if (p == w[0] || p == w[1] || (w3 && p == w3))
         __atomic_add_fetch(&inplace_reads, 1, __ATOMIC_RELAXED);
     else
         __atomic_add_fetch(&moved_reads, 1, __ATOMIC_RELAXED);
@@ -102,7 +104,6 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
  * two buffers. params: w[0], w[1], w3, ids (int64), n, out: out[j * n + k] =
  * host_sum of the row of tensor j the k-th id names; counts the pointers
  * that were a tensor's own address (read in place) */
-static CUdeviceptr w3;
 static uint64_t three_inplace, three_moved;
 
 static void gather3(void **params, const uint32_t g[3], const uint32_t b[3])
@@ -351,28 +352,33 @@ struct pt_run {
 /* One step of tensor t on stream on: picks drawn and registered, the
  * launch, every sum checked, the picks cleared; counts into r whether it
  * read a buffer or in place, and every failed call or wrong sum. */
-static void gather_step(struct pt_run *r, CUstream on, int t)
+static void gather_on(struct pt_run *r, CUstream on, CUdeviceptr wt, uint64_t row,
+                      const unsigned char *host)
 {
-    uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
+    uint64_t n = TOKENS * TOPK, width = 8;
     uint64_t m0 = moved_reads, i0 = inplace_reads;
     uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
-    void *params[] = {&w[t], &r->ids, &n, &width, &row, &r->out, &n, &n};
+    void *params[] = {&wt, &r->ids, &n, &width, &row, &r->out, &n, &n};
     int64_t id64[TOKENS * TOPK];
 
     for (int k = 0; k < TOKENS * TOPK; k++) {
         id64[k] = (int64_t)(rng() % E);
-        ref[k] = host_sum((const uint64_t *)(r->host[t] + id64[k] * row), row / 8);
+        ref[k] = host_sum((const uint64_t *)(host + id64[k] * row), row / 8);
     }
     r->bad += r->htod(r->ids, id64, sizeof(id64)) != CUDA_SUCCESS;
-    r->bad +=
-        r->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)r->ids, n, 8) != 0;
+    r->bad += r->picks((void *)(uintptr_t)wt, E * row, E, (void *)(uintptr_t)r->ids, n, 8) != 0;
     r->bad += r->launch(r->kg, 1, 1, 1, 1, 1, 1, 0, on, params, NULL) != CUDA_SUCCESS;
     r->bad += r->sync(on) != CUDA_SUCCESS;
     r->bad += r->dtoh(got, r->out, sizeof(got)) != CUDA_SUCCESS;
     r->bad += memcmp(got, ref, sizeof(ref)) != 0;
-    r->bad += r->picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) != 0;
+    r->bad += r->picks((void *)(uintptr_t)wt, E * row, E, NULL, 0, 0) != 0;
     r->moved += moved_reads - m0;
     r->inplace += inplace_reads - i0;
+}
+
+static void gather_step(struct pt_run *r, CUstream on, int t)
+{
+    gather_on(r, on, w[t], row_of[t], r->host[t]);
 }
 
 static void *pt_thread(void *arg)
@@ -403,7 +409,7 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
                                  unsigned, unsigned, CUstream, void **, void **),
               CUresult (*sync)(CUstream), CUresult (*stream_create)(CUstream *, unsigned),
               CUresult (*ctx_set)(CUcontext), CUcontext ctx, CUfunction kg, CUdeviceptr ids,
-              CUdeviceptr out, unsigned char *const host[2])
+              CUdeviceptr out, unsigned char *const host[2], const unsigned char *host3)
 {
     enum { NS = 4 };
     const char *nbe = getenv("WOFFLOAD_PICKS_BUFFERS");
@@ -413,25 +419,13 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
     CUstream st[NS];
     char *js;
 
-    for (int k = 0; k < NS; k++)
-        CHECK(stream_create(&st[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-    for (int step = 0; step < 4 * NS; step++)
-        for (int t = 0; t < 2; t++)
-            gather_step(&run, st[step % NS], t);
-    /* every sum exact, every launch from a buffer, none in place */
-    CHECK(run.bad == 0 && run.moved == 4 * NS * 2 && run.inplace == 0);
-    js = snapshot(stats);
-    CHECK(js != NULL);
-    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
-    CHECK(json_num(js, "},\"tensors\":", "\"buffer_cap\":") == nb * (2ll << 20));
-    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
-    free(js);
-    /* two threads on the per-thread default stream, one after the other:
-     * the handle names each thread's own stream, so the second must not
-     * use the first's buffers (no order between their launches); nothing
-     * can be lent from a per-thread stream (an event recorded on the handle
-     * here would be this thread's), so with the first holding the pool the
-     * second reads in place, every sum exact */
+    /* first, two threads on the per-thread default stream, one after the
+     * other: the handle names each thread's own stream, so the second must
+     * not use the first's buffers (no order between their launches).
+     * Nothing is lent from a per-thread stream (an event recorded on the
+     * handle here would be this thread's): the first holds the pool, so the
+     * second frees its buffers after a wait for the context and makes its
+     * own (buffers_reclaimed), every sum exact */
     {
         struct pt_run pr[2];
         for (int k = 0; k < 2; k++) {
@@ -440,31 +434,53 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
                                     host, 0, 0, 0};
             CHECK(pthread_create(&th, NULL, pt_thread, &pr[k]) == 0);
             pthread_join(th, NULL);
-            CHECK(pr[k].bad == 0);
+            CHECK(pr[k].bad == 0 && pr[k].moved == 8 && pr[k].inplace == 0);
         }
-        fprintf(stderr, "streams: per-thread streams: first %llu from buffers %llu in place, "
-                        "second %llu from buffers %llu in place\n",
-                (unsigned long long)pr[0].moved, (unsigned long long)pr[0].inplace,
-                (unsigned long long)pr[1].moved, (unsigned long long)pr[1].inplace);
-        CHECK(pr[0].moved == 8 && pr[0].inplace == 0);
-        CHECK(pr[1].moved == 0 && pr[1].inplace == 8);
+        js = snapshot(stats);
+        CHECK(json_num(js, "},\"tensors\":", "\"buffers_reclaimed\":") >= 1);
+        free(js);
     }
+    for (int k = 0; k < NS; k++)
+        CHECK(stream_create(&st[k], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+    for (int step = 0; step < 4 * NS; step++)
+        for (int t = 0; t < 2; t++)
+            gather_step(&run, st[step % NS], t);
+    /* every sum exact, every launch from a buffer, none in place */
+    CHECK(run.bad == 0 && run.moved == 4 * NS * 2 && run.inplace == 0);
+    /* then a larger tensor (4 MiB: the pool may reach 8), first on stream
+     * 0, then on each stream after its two smaller ones: a stream whose
+     * least recently used buffer is too small trades it for another
+     * stream's larger one, both ways by events, no host wait */
+    for (int round = 0; round < 2; round++)
+        for (int k = 0; k < NS; k++) {
+            gather_step(&run, st[k], 0);
+            gather_step(&run, st[k], 1);
+            gather_on(&run, st[k], w3, ROWB, host3);
+        }
+    CHECK(run.bad == 0 && run.moved == 4 * NS * 2 + 2 * NS * 3 && run.inplace == 0);
     js = snapshot(stats);
     CHECK(js != NULL);
-    CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") ==
+    printf("%s\n", js ? strstr(js, "\"picks\":") : "(none)");
+    CHECK(json_num(js, "},\"tensors\":", "\"buffer_cap\":") == nb * (4ll << 20));
+    CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") <= nb * (4ll << 20));
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+    free(js);
+    js = snapshot(stats);
+    CHECK(js != NULL);
+    CHECK(json_num(js, "},\"tensors\":", "\"buffer_bytes\":") <=
           json_num(js, "},\"tensors\":", "\"buffer_cap\":"));
     /* the first stream made the buffers, every later one took them in turn */
     CHECK(json_num(js, "},\"tensors\":", "\"buffers_lent\":") >= 4 * NS - 1);
-    CHECK(json_num(js, "},\"tensors\":", "\"buffers_reclaimed\":") == 0);
     /* every copy by the kernels (unless the -engine tests put them on the
-     * copy engine), one in 16 timed on the device (copies 0, 16 and 32:
-     * the fake's events complete at once) */
+     * copy engine), one in 16 timed on the device (copies 0, 16, 32, 48
+     * and 64: the fake's events complete at once) */
     if (!engine_on()) {
-        CHECK(json_num(js, "},\"tensors\":", "\"kernel_copies\":") == 4 * NS * 2 + 8);
-        CHECK(json_num(js, "},\"tensors\":", "\"timed_copies\":") == 3);
+        CHECK(json_num(js, "},\"tensors\":", "\"kernel_copies\":") ==
+              16 + 4 * NS * 2 + 2 * NS * 3);
+        CHECK(json_num(js, "},\"tensors\":", "\"timed_copies\":") == 5);
     }
-    /* the second per-thread stream's launches */
-    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 8);
+    /* no launch read in place */
+    CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
     free(js);
     check_summary("test-picks-preload streams child");
     return failures ? 1 : 0;
@@ -914,6 +930,15 @@ static int child(void)
         CHECK(pop() == 0);
         CHECK(p_cuMemcpyHtoD(w[t], host[t], E * row_of[t]) == CUDA_SUCCESS);
     }
+    if (getenv("WO_PICKS_TEST_STREAMS")) {
+        host3 = malloc(E * ROWB);
+        for (size_t i = 0; i < E * ROWB; i++)
+            host3[i] = (unsigned char)rng();
+        CHECK(push("model.layers.1.mlp.experts.gate_up_proj") == 0);
+        CHECK(p_cuMemAlloc(&w3, E * ROWB) == CUDA_SUCCESS);
+        CHECK(pop() == 0);
+        CHECK(p_cuMemcpyHtoD(w3, host3, E * ROWB) == CUDA_SUCCESS);
+    }
     if (getenv("WO_PICKS_TEST_THREE")) {
         host3 = malloc(E * ROW1);
         for (size_t i = 0; i < E * ROW1; i++)
@@ -970,7 +995,7 @@ static int child(void)
     if (getenv("WO_PICKS_TEST_STREAMS"))
         return streams_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                              p_cuStreamSync, p_cuStreamCreate, p_cuCtxSetCurrent, ctx, kg, ids,
-                             out, host);
+                             out, host, host3);
     if (getenv("WO_PICKS_TEST_RESIDENT"))
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
@@ -1334,7 +1359,8 @@ int main(int argc, char **argv)
             log[n > 0 ? n : 0] = '\0';
             fputs(log, stderr);
             sp = strstr(log, "picks: by tensor, moved a step: least ");
-            CHECK(strstr(log, i == THREE ? "picks: 3 expert tensors" : "picks: 2 expert tensors") !=
+            CHECK(strstr(log, i == THREE || i == STREAMS ? "picks: 3 expert tensors"
+                                                         : "picks: 2 expert tensors") !=
                   NULL);
             /* the -faults test: the refused stream wait gave the copy engine up */
             if (i == 0 && getenv("WOFAKE_FAIL") &&
@@ -1351,7 +1377,7 @@ int main(int argc, char **argv)
                       strstr(sp, "experts picked a copy "));
             /* the copies' device time, sampled (uvm/picks-time.h) */
             if (i == STREAMS && !engine_on())
-                CHECK(strstr(log, "picks: 3 of 40 copies by the kernels timed on the device, ") !=
+                CHECK(strstr(log, "picks: 5 of 72 copies by the kernels timed on the device, ") !=
                       NULL);
             /* hot experts: their own line, only when some were kept */
             CHECK((strstr(log, "picks: hot experts: ") != NULL) == (i == HOT || i == HOT_AUTO));

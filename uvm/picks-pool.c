@@ -59,10 +59,16 @@ unsigned wo_pool_index(const struct wo_pool_strm *t)
 /* Another stream's buffer that t may have: the least recently used, of at
  * least need bytes when big (else any). A stream's between a staging and
  * its launch call is not (an event recorded now would not cover that
- * launch), nor a per-thread default stream's: that handle names the
- * calling thread's stream, so an event recorded on it here would too. */
+ * launch), nor a per-thread default stream's unless pt_ok (to be freed
+ * after a wait for the whole context): that handle names the calling
+ * thread's stream, so an event recorded on it here would too. */
+static bool per_thread(const struct wo_pool_strm *o)
+{
+    return o->used && o->stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD;
+}
+
 static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bool big,
-                                 struct wo_pool_strm **owner)
+                                 bool pt_ok, struct wo_pool_strm **owner)
 {
     struct wo_pool_buf *best = NULL;
 
@@ -70,7 +76,7 @@ static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bo
         struct wo_pool_strm *o = &pool.st[k];
         if (o == t ||
             (o->used && (__atomic_load_n(&o->issuing, __ATOMIC_SEQ_CST) ||
-                         o->stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD)))
+                         (per_thread(o) && !pt_ok))))
             continue;
         for (unsigned j = 0; j < WO_PICKS_BUFS; j++) {
             struct wo_pool_buf *x = &o->b[j];
@@ -84,12 +90,20 @@ static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bo
 }
 
 /* x (of stream o) freed once o's stream is done with it (a host wait: o's
- * launches may still read it; a stream gone was waited for). */
+ * launches may still read it; a stream gone was waited for; another
+ * thread's per-thread stream, the whole context). */
 static bool drop(const struct wo_driver *d, const struct wo_pool_strm *o, struct wo_pool_buf *x,
                  int64_t *delta)
 {
-    if (o->used && d->cuStreamSynchronize((CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS)
+    /* another thread's per-thread stream cannot be named here: the
+     * context's work done covers it (a thread gone keeps its entry) */
+    if (per_thread(o) && o->thread != self_no()) {
+        if (!d->cuCtxSynchronize || d->cuCtxSynchronize() != CUDA_SUCCESS)
+            return false;
+    } else if (o->used &&
+               d->cuStreamSynchronize((CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS) {
         return false;
+    }
     wo_quiet_mem_free(d, x->dev);
     pool.bytes -= x->size;
     *delta -= (int64_t)x->size;
@@ -101,11 +115,18 @@ static bool drop(const struct wo_driver *d, const struct wo_pool_strm *o, struct
 
 /* x (of stream o) goes to b of t: t's stream waits for what o's stream
  * queued so far (a free entry's stream is gone: its work was waited for).
- * b's own smaller buffer is freed first, once t's stream is done with it
- * (handed to o, o's copies into it would not wait for t's reads). */
+ * b's own smaller buffer, if any, goes to x the same way the other
+ * direction: o's stream waits for what t's queued so far, so o's later
+ * copies into it come after t's reads (transformers' gate_up and down
+ * tensors, 768 and 384 MiB on the 128-expert shape, trade places so with no
+ * host wait). To a free entry it cannot (the next stream that takes the
+ * entry would not wait): freed once t's stream is done with it. */
 static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_pool_buf *x,
                  struct wo_pool_strm *t, struct wo_pool_buf *b, int64_t *delta)
 {
+    CUdeviceptr mine = b->dev;
+    uint64_t mine_size = b->size;
+
     if (o->used) {
         if (pool.no_event || !d->cuEventCreate || !d->cuEventRecord || !d->cuStreamWaitEvent)
             return false;
@@ -114,18 +135,24 @@ static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_po
             pool.no_event = true;
             return false;
         }
+    } else if (b->dev) {
+        if (!drop(d, t, b, delta))
+            return false;
+        mine = 0;
+        mine_size = 0;
     }
-    if (b->dev && !drop(d, t, b, delta))
-        return false;
     b->span = -1;
     if (o->used &&
         (d->cuEventRecord(pool.ev, (CUstream)(uintptr_t)o->stream) != CUDA_SUCCESS ||
-         d->cuStreamWaitEvent((CUstream)(uintptr_t)t->stream, pool.ev, 0) != CUDA_SUCCESS))
+         d->cuStreamWaitEvent((CUstream)(uintptr_t)t->stream, pool.ev, 0) != CUDA_SUCCESS ||
+         (mine &&
+          (d->cuEventRecord(pool.ev, (CUstream)(uintptr_t)t->stream) != CUDA_SUCCESS ||
+           d->cuStreamWaitEvent((CUstream)(uintptr_t)o->stream, pool.ev, 0) != CUDA_SUCCESS))))
         return false;
     b->dev = x->dev;
     b->size = x->size;
-    x->dev = 0;
-    x->size = 0;
+    x->dev = mine;
+    x->size = mine_size;
     x->span = -1;
     pool.lent++;
     return true;
@@ -158,12 +185,19 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return NULL;
     if (pool.bytes - b->size + need > nb * pool.largest) {
-        if ((x = other(t, need, true, &o)))
+        /* the pool full: another of its own that holds the bytes already
+         * (no lend, no growth) */
+        for (unsigned k = 0; k < nb; k++)
+            if (!(taken & 1u << k) && t->b[k].size >= need)
+                return &t->b[k];
+        if ((x = other(t, need, true, false, &o)))
             return lend(d, o, x, t, b, delta) ? b : NULL;
-        /* none large enough: smaller ones of other streams make room */
-        while (pool.bytes - b->size + need > nb * pool.largest && (x = other(t, need, false, &o)))
+        /* none large enough, or only per-thread streams' (a thread that
+         * ended keeps its entry): those make room */
+        while (pool.bytes - b->size + need > nb * pool.largest &&
+               (x = other(t, need, false, true, &o)))
             if (drop(d, o, x, delta))
-                pool.reclaimed++; /* a host wait, only for a larger buffer than any */
+                pool.reclaimed++; /* a host wait: rare (sizes, per-thread streams) */
             else
                 return NULL;
         if (pool.bytes - b->size + need > nb * pool.largest)
