@@ -497,6 +497,10 @@ static uint64_t untracked_now(void)
     uint64_t fell, seen;
     struct wo_place_counts pc;
 
+    /* no driver call that a capture in global mode could refuse, and
+     * invalidate the engine's capture with */
+    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
+        return 0;
     wo_place_counts(&pc);
     if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.yields ||
         pc.by[WO_PLACE_MANAGED].bytes || wo_place_bind_fit() || wo_settings()->late_bind ||
