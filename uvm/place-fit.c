@@ -497,15 +497,19 @@ static uint64_t untracked_now(void)
     uint64_t fell, seen;
     struct wo_place_counts pc;
 
-    /* no driver call that a capture in global mode could refuse, and
-     * invalidate the engine's capture with */
-    if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
-        return 0;
+    CUresult r;
+
     wo_place_counts(&pc);
     if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.yields ||
-        pc.by[WO_PLACE_MANAGED].bytes || wo_place_bind_fit() || wo_settings()->late_bind ||
-        d->cuMemGetInfo_v2(&free_b, &total_b) != CUDA_SUCCESS ||
-        free_b >= wo_uvm.fit.free_at_seal)
+        pc.by[WO_PLACE_MANAGED].bytes || wo_place_bind_fit() || wo_settings()->late_bind)
+        return 0;
+    /* no driver call that a capture could refuse, and invalidate the
+     * engine's capture with: none under way, none begins meanwhile */
+    if (!wo_driver_enter())
+        return 0;
+    r = d->cuMemGetInfo_v2(&free_b, &total_b);
+    wo_driver_leave();
+    if (r != CUDA_SUCCESS || free_b >= wo_uvm.fit.free_at_seal)
         return 0;
     fell = wo_uvm.fit.free_at_seal - free_b;
     seen = wo_uvm.fit.engine_after + wo_picks_reserved() +
@@ -529,8 +533,7 @@ void wo_place_fit_sample_locked(void)
 
 void wo_place_fit_sample(void)
 {
-    if (!__atomic_load_n(&wo_uvm.sealed, __ATOMIC_ACQUIRE))
-        return;
+    /* sealed and the rest are written under the lock: read them there */
     pthread_mutex_lock(&wo_uvm.lock);
     wo_place_fit_sample_locked();
     pthread_mutex_unlock(&wo_uvm.lock);
