@@ -402,15 +402,19 @@ static int child(const char *scenario)
          * allocation shows, as a real context's kernels), seen at the
          * allocation (the blocker's free at the end hides it from exit) */
         CUdeviceptr act = 0;
+        CUmodule mod = NULL;
         if (strcmp(scenario, "fitmemoctx") == 0) {
             CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
-            CUmodule mod;
             CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
         }
         CHECK(p_cuMemAlloc(&act, 20 * MiB) == CUDA_SUCCESS);
         read_back(p_dtoh, w, sz, NW, buf, back);
         if (act)
             CHECK(p_cuMemFree(act) == CUDA_SUCCESS);
+        if (mod) {
+            CUresult (*p_unload)(CUmodule) = need(cu, "cuModuleUnload");
+            CHECK(p_unload(mod) == CUDA_SUCCESS);
+        }
     }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
