@@ -3,8 +3,8 @@
 #include "uvm/picks-time.h"
 
 #include <string.h>
-#include <time.h>
 
+#include "core/event.h"
 #include "uvm/internal.h"
 #include "uvm/uvm.h"
 
@@ -22,17 +22,9 @@ static struct {
     uint64_t first_ns, last_ns;
 } tm;
 
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
 int wo_picks_time_before(const struct wo_driver *d, CUstream st)
 {
-    uint64_t t = now_ns();
+    uint64_t t = wo_now_ns();
 
     if (!tm.copies)
         tm.first_ns = t;
