@@ -372,6 +372,8 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         res["expect"] = st.get("expect")
         res["late_bind"] = st.get("late_bind")
         res["fit"] = st.get("fit")
+        # picked copies, by tensor (staged, reused): where a row's copies went
+        res["picks"] = st.get("picks")
         res["stream"] = {k: v for k, v in (st.get("stream") or {}).items() if k != "names"}
         res["placements"] = {k: v for k, v in (st.get("placements") or {}).items()}
         # the names off the device (the embedding's rows aside: a step reads
