@@ -622,7 +622,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
                                      l->rd.to, l->rd.n, mv, WO_REDIRECT_MAX - l->rd.n);
         l->picked = np > 0;
         for (unsigned k = 0; k < np; k++)
-            wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev);
+            wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev, mv[k].row);
     }
     if (l->rd.n) {
         void **np = *extra && !*params ? NULL : *params;

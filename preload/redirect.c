@@ -42,7 +42,8 @@ void wo_redirect_cancel(struct wo_redirect *rd)
     rd->n = rd->nslot = 0;
 }
 
-void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev)
+void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev,
+                     uint64_t row)
 {
     if (rd->n == WO_REDIRECT_MAX)
         return;
@@ -50,6 +51,7 @@ void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_
     rd->from[rd->n] = from;
     rd->to[rd->n] = to;
     rd->dev[rd->n] = dev;
+    rd->row[rd->n] = row;
     rd->n++;
 }
 
@@ -116,6 +118,7 @@ static bool pin(struct wo_redirect *rd, struct wo_stream_entry *e, const struct 
     rd->from[rd->n] = base + lo;
     rd->to[rd->n] = base + hi;
     rd->dev[rd->n] = __atomic_load_n(&s->dev, __ATOMIC_RELAXED);
+    rd->row[rd->n] = 0;
     rd->n++;
     return true;
 }
@@ -193,23 +196,32 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
     return rd->n;
 }
 
-/* Moves one 8-byte word into its slot when it points into a pinned range
- * (and is aligned as a weight pointer is: another word that happens to fall
- * in the range keeps its value, core/event.h). */
+/* The move word v takes (its index), or -1: it points into a moved range,
+ * aligned as a weight pointer is (another word that happens to fall in the
+ * range keeps its value, core/event.h), and for a picked buffer at an
+ * expert's row (wo_redirect_add). */
+static int move_of(const struct wo_redirect *rd, uint64_t v)
+{
+    if (!wo_ptr_aligned(v))
+        return -1;
+    for (unsigned k = 0; k < rd->n; k++)
+        if (v >= rd->from[k] && v < rd->to[k])
+            return rd->row[k] && (v - rd->from[k]) % rd->row[k] ? -1 : (int)k;
+    return -1;
+}
+
+/* Moves one 8-byte word into its slot or buffer when it has a move. */
 static bool move_word(const struct wo_redirect *rd, unsigned char *p)
 {
     uint64_t v;
+    int k;
 
     memcpy(&v, p, sizeof(v));
-    if (!wo_ptr_aligned(v))
+    if ((k = move_of(rd, v)) < 0)
         return false;
-    for (unsigned k = 0; k < rd->n; k++)
-        if (v >= rd->from[k] && v < rd->to[k]) {
-            v = rd->dev[k] + (v - rd->from[k]);
-            memcpy(p, &v, sizeof(v));
-            return true;
-        }
-    return false;
+    v = rd->dev[k] + (v - rd->from[k]);
+    memcpy(p, &v, sizeof(v));
+    return true;
 }
 
 static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
@@ -217,12 +229,7 @@ static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
-    if (!wo_ptr_aligned(v))
-        return false;
-    for (unsigned k = 0; k < rd->n; k++)
-        if (v >= rd->from[k] && v < rd->to[k])
-            return true;
-    return false;
+    return move_of(rd, v) >= 0;
 }
 
 void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,

@@ -28,6 +28,10 @@ struct wo_redirect {
     unsigned slot[WO_REDIRECT_MAX];
     uint64_t from[WO_REDIRECT_MAX], to[WO_REDIRECT_MAX]; /* [from, to) moves to dev */
     uint64_t dev[WO_REDIRECT_MAX];
+    /* a picked buffer's: only words at from + a multiple of this move (an
+     * expert's row: where engines point into a stacked expert tensor); 0
+     * (slots): any word aligned as a weight pointer is */
+    uint64_t row[WO_REDIRECT_MAX];
 };
 
 /* Whether word w of a function's parameters is learned to be no pointer
@@ -52,9 +56,14 @@ struct wo_redirect_buf {
 unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits, unsigned nhits,
                            uint64_t stream, bool captured);
 /* Adds a move to a picked staging buffer (uvm/hotpath.h: wo_picks_stage)
- * after the pinned slots: [from, to) reads [dev, ...). Nothing to release;
- * wait, end and the check look at the slots only. */
-void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev);
+ * after the pinned slots: [from, to) reads [dev, ...), only the words at
+ * from + a multiple of row (an expert's rows: another word that falls in
+ * the tensor is a constant or left-over stack bytes that happen to look
+ * like an address, and keeps its value; a real pointer left so reads the
+ * tensor in place, which is correct). Nothing to release; wait, end and
+ * the check look at the slots only. */
+void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev,
+                     uint64_t row);
 /* The parameter array to launch with: params with every pointer word into
  * a pinned range moved into its slot (the rewritten parameters copied into
  * b), scanning the same 8-byte words as the launch scan; NULL when it does

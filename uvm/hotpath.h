@@ -437,9 +437,10 @@ extern uint32_t wo_picks_hot_epoch;
 /* 1 once any span exists: the launch hooks look only then. */
 extern int wo_picks_any;
 
-/* One move for the launch: [from, to) of the tensor reads [dev, ...). */
+/* One move for the launch: [from, to) of the tensor reads [dev, ...), the
+ * words at from + a multiple of row (an expert's bytes) only. */
 struct wo_picks_move {
-    uint64_t from, to, dev;
+    uint64_t from, to, dev, row;
 };
 
 /* The launch hook (any engine thread), after the parameter scan and the

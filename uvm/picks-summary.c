@@ -57,6 +57,12 @@ void wo_picks_summary(void)
     double pmin = 1, pmax = 0, rmin = 1, rmax = 0;
 
     wo_picks_report(&t, spread_add, &sp);
+    if (t.off_row)
+        wo_log_write(WO_LOG_OFF,
+                     "picks: %" PRIu64 " launches passed a word inside a registered expert tensor "
+                     "but at none of its experts (a constant or stack bytes that look like an "
+                     "address): not staged, the word left as it was",
+                     t.off_row);
     if (!t.staged && !t.reused)
         return;
     wo_log_write(WO_LOG_OFF,

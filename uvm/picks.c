@@ -80,6 +80,7 @@ static struct {
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
+    uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
     bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -546,6 +547,23 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     return true;
 }
 
+/* Whether hit h (the lowest and highest words a launch passed into s's
+ * range) has an end at one of s's experts: engines hand a stacked expert
+ * tensor at its base or at an expert (transformers' eager loop, llama.cpp's
+ * per-expert matmuls). A word elsewhere in it is no read of it: a constant
+ * or left-over stack bytes in an unused parameter that happen to look like
+ * an address (core/event.h). Staged and moved, such a word reached the
+ * kernel as a buffer's address: on the H200, transformers' continuous
+ * batching beside fit's device-resident experts then gave other tokens
+ * (bench/results/picks-stray-20261202-ad6185f-h200). */
+static bool at_row(const struct span *s, const struct wo_ev_hit *h)
+{
+    uint64_t size = s->hi - s->lo, a = h->offset, b = h->hi - 1;
+
+    return (a >= s->off && a - s->off < size && (a - s->off) % s->row == 0) ||
+           (b >= s->off && b - s->off < size && (b - s->off) % s->row == 0);
+}
+
 static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsigned n)
 {
     for (unsigned k = 0; k < n; k++)
@@ -585,6 +603,10 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 continue;
             if (skipped(s->lo, skip_from, skip_to, nskip))
                 continue;
+            if (!at_row(s, hit)) {
+                pk.off_row++;
+                continue;
+            }
             for (unsigned k = 0; k < n; k++)
                 dup |= moves[k].from == s->lo;
             if (dup)
@@ -620,7 +642,8 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 s->reused++;
                 pk.reused++;
             }
-            moves[n++] = (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev};
+            moves[n++] =
+                (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev, .row = s->row};
         }
     }
     /* its buffers are not lent to another stream until its launch call */
@@ -723,6 +746,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->unused = pk.unused;
     t->writes = pk.writes;
     t->resident = pk.resident;
+    t->off_row = pk.off_row;
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     {
@@ -931,6 +955,7 @@ void wo_picks_reset(void)
     pk.fill = NULL;
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
+    pk.off_row = 0;
     pk.resident = 0;
     pk.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));

@@ -102,6 +102,8 @@ struct wo_picks_totals {
     uint64_t writes;       /* copies that wrote into a span (its buffers made stale) */
     uint64_t resident;     /* launches that read a managed tensor the prefetcher holds wholly
                             * on the device: read there, no copy */
+    uint64_t off_row;      /* launches whose only words in a registered tensor were off an
+                            * expert's row: no read of it, not staged (picks.c: at_row) */
     uint64_t buffer_bytes; /* device bytes of the buffers */
     uint64_t buffer_cap;   /* what they may reach: WOFFLOAD_PICKS_BUFFERS x the largest tensor
                             * staged (uvm/picks-pool.h) */
