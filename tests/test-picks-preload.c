@@ -1186,6 +1186,11 @@ static int child(void)
                 CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"staged\":") == staged0);
                 CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"reused\":") == reused0 + 1);
                 CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"off_row\":") == off0 + 1);
+                /* and named: the launch that had only the word among those
+                 * not staged, the one with the base among the tensor's */
+                CHECK(js && strstr(js, "\"off_row_kernels\":[{\"name\":\"stray\",\"launches\":"));
+                CHECK(js && strstr(js, "{\"name\":\"gather\",\"launches\":") &&
+                      strstr(js, "{\"name\":\"stray\",\"launches\":1}"));
                 free(js);
                 stray_reused++;
             }

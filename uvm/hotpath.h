@@ -448,10 +448,10 @@ struct wo_picks_move {
  * (none when captured), enqueues the mark and copy on stream (or reuses a
  * buffer that holds them) and returns the moves (at most max), skipping
  * hits inside any of the nskip spans [skip_from[k], skip_to[k]) already
- * moved. */
+ * moved. key: the launch key (core/kernel-name.h), for the stats' kernels. */
 unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t stream,
                         bool captured, const uint64_t *skip_from, const uint64_t *skip_to,
-                        unsigned nskip, struct wo_picks_move *moves, unsigned max);
+                        unsigned nskip, struct wo_picks_move *moves, unsigned max, uint64_t key);
 /* The launch hook, on the thread whose wo_picks_stage returned moves,
  * after the real launch call (made or not): the stream's buffers may be
  * lent to another stream from now on (uvm/picks-pool.h). */

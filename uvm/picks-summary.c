@@ -57,12 +57,20 @@ void wo_picks_summary(void)
     double pmin = 1, pmax = 0, rmin = 1, rmax = 0;
 
     wo_picks_report(&t, spread_add, &sp);
-    if (t.off_row)
+    if (t.off_row) {
+        char kn[4 * (WO_PICKS_KERN_NAME + 32)] = "";
+        size_t at = 0;
+
+        for (unsigned i = 0; i < WO_PICKS_KERNS && t.off_kerns.k[i].key && at < sizeof(kn); i++)
+            at += (size_t)snprintf(kn + at, sizeof(kn) - at, "%s%s (%" PRIu64 ")",
+                                   i ? ", " : "; kernels: ", t.off_kerns.k[i].name,
+                                   t.off_kerns.k[i].launches);
         wo_log_write(WO_LOG_OFF,
                      "picks: %" PRIu64 " launches passed a word inside a registered expert tensor "
                      "but at none of its experts (a constant or stack bytes that look like an "
-                     "address): not staged, the word left as it was",
-                     t.off_row);
+                     "address): not staged, the word left as it was%s",
+                     t.off_row, kn);
+    }
     if (!t.staged && !t.reused)
         return;
     wo_log_write(WO_LOG_OFF,

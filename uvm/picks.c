@@ -16,6 +16,7 @@
 #include "uvm/internal.h"
 #include "uvm/picks-dma.h"
 #include "uvm/picks-hot.h"
+#include "uvm/picks-kern.h"
 #include "uvm/picks-pool.h"
 #include "uvm/picks-time.h"
 #include "uvm/plan-budget.h"
@@ -50,6 +51,7 @@ struct span {
                                * the next registration */
     bool ondev;               /* on the device when learnt: never staged (fit's tensors
                                * the hook registers all the same); left out of the report */
+    struct wo_picks_kerns kerns; /* the kernels whose launches it served */
 };
 
 /* The copy engine's source for a span (uvm/picks-dma.h): none (managed
@@ -81,6 +83,7 @@ static struct {
     unsigned nretired;
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
+    struct wo_picks_kerns off_kerns; /* their kernels */
     bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
@@ -574,7 +577,7 @@ static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsign
 
 unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t stream,
                         bool captured, const uint64_t *skip_from, const uint64_t *skip_to,
-                        unsigned nskip, struct wo_picks_move *moves, unsigned max)
+                        unsigned nskip, struct wo_picks_move *moves, unsigned max, uint64_t key)
 {
     const struct wo_driver *d = wo_uvm_driver();
     unsigned n = 0, taken = 0; /* the stream's buffers this launch reads */
@@ -605,6 +608,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 continue;
             if (!at_row(s, hit)) {
                 pk.off_row++;
+                wo_picks_kern_note(&pk.off_kerns, key, d);
                 continue;
             }
             for (unsigned k = 0; k < n; k++)
@@ -642,6 +646,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 s->reused++;
                 pk.reused++;
             }
+            wo_picks_kern_note(&s->kerns, key, d);
             moves[n++] =
                 (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev, .row = s->row};
         }
@@ -747,6 +752,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->writes = pk.writes;
     t->resident = pk.resident;
     t->off_row = pk.off_row;
+    t->off_kerns = pk.off_kerns;
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     {
@@ -788,6 +794,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         /* read back apart: never more from the hot set than in all */
         hot_rows = WO_MIN(hot_rows, rows);
         f = (struct wo_picks_figs){.name = s->name,
+                                   .kerns = &s->kerns,
                                    .k = {.id = s->rid,
                                          .gen = s->rgen,
                                          .offset = s->off,
@@ -956,6 +963,7 @@ void wo_picks_reset(void)
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
     pk.off_row = 0;
+    memset(&pk.off_kerns, 0, sizeof(pk.off_kerns));
     pk.resident = 0;
     pk.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));

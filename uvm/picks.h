@@ -47,6 +47,7 @@
 #include "core/trace.h"
 #include "uvm/hotpath.h"
 #include "uvm/picks-copy.h"
+#include "uvm/picks-kern.h"
 
 #include <cuda.h>
 
@@ -87,6 +88,7 @@ uint64_t wo_picks_reserved(void);
 /* What the stats say (uvm/stats.c: "picks"). Per span: */
 struct wo_picks_figs {
     const char *name;      /* the tag's name at the tensor's start, NULL none */
+    const struct wo_picks_kerns *kerns; /* the kernels whose launches it served */
     struct wo_trace_pick k; /* its figures, as PICKS trace records carry them */
     unsigned hot_slots;     /* its hot set's room, in experts (0: none) */
     uint64_t hot_fills;     /* rows copied into its hot set */
@@ -104,6 +106,7 @@ struct wo_picks_totals {
                             * on the device: read there, no copy */
     uint64_t off_row;      /* launches whose only words in a registered tensor were off an
                             * expert's row: no read of it, not staged (picks.c: at_row) */
+    struct wo_picks_kerns off_kerns; /* their kernels */
     uint64_t buffer_bytes; /* device bytes of the buffers */
     uint64_t buffer_cap;   /* what they may reach: WOFFLOAD_PICKS_BUFFERS x the largest tensor
                             * staged (uvm/picks-pool.h) */

@@ -137,6 +137,19 @@ static void sb_str(struct sbuf *b, const char *s)
     b->p[b->n] = '\0';
 }
 
+/* "kernels":[{"name":..,"launches":n},...] (uvm/picks-kern.h): the first
+ * kernels seen, then "other_launches": those of any kernel past them. */
+static void picks_kerns_json(struct sbuf *b, const char *key, const struct wo_picks_kerns *t)
+{
+    sb_printf(b, ",\"%s\":[", key);
+    for (unsigned i = 0; t && i < WO_PICKS_KERNS && t->k[i].key; i++) {
+        sb_printf(b, "%s{\"name\":", i ? "," : "");
+        sb_str(b, t->k[i].name);
+        sb_printf(b, ",\"launches\":%" PRIu64 "}", t->k[i].launches);
+    }
+    sb_printf(b, "],\"%s_other\":%" PRIu64, key, t ? t->other : 0);
+}
+
 /* One member of "picks":{"names":{...}}: a tensor's picked staging. */
 static void picks_name_json(void *ud, const struct wo_picks_figs *f)
 {
@@ -157,12 +170,16 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
         ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64 ",\"copied_per_registration\":%" PRIu64
         ",\"linked_per_registration\":%" PRIu64
         ",\"resident_fraction\":%.4f,\"hot_slots\":%u,\"hot_experts\":%u,\"hot_rows\":%" PRIu64
-        ",\"hot_rate\":%.4f,\"hot_fills\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 "}",
+        ",\"hot_rate\":%.4f,\"hot_fills\":%" PRIu64 ",\"hot_bytes\":%" PRIu64,
         f->k.n_experts, f->k.bytes, f->k.regs, f->k.staged, f->k.reused, f->k.rows,
         wo_trace_pick_copied(&f->k), wo_trace_pick_picked(&f->k), f->k.resident,
         wo_trace_pick_per_reg(&f->k), wo_trace_pick_linked_per_reg(&f->k),
         wo_trace_pick_resident(&f->k), f->hot_slots, f->k.hot, f->k.hot_rows,
         wo_trace_pick_hot_rate(&f->k), f->hot_fills, f->hot_bytes);
+    /* the kernels whose launches it served: its layer's one or two (a
+     * third is a word that looked like an address, uvm/picks-kern.h) */
+    picks_kerns_json(b, "kernels", f->kerns);
+    sb_printf(b, "}");
 }
 
 /* One member of "prefetch":{"names":{...}}: the planner's figures for it. */
@@ -361,6 +378,7 @@ static void json_body(struct sbuf *b)
                   pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back, pt.buffer_cap,
                   pt.buffers_lent, pt.buffers_reclaimed, pt.kernel_copies, pt.timed_copies,
                   pt.timed_ms, pt.copy_span_s, pt.kernel_bytes, pt.off_row);
+        picks_kerns_json(b, "off_row_kernels", &pt.off_kerns);
         /* the copies on the copy engine (uvm/picks-dma.h) */
         wo_dma_figs(&df);
         sb_printf(b,
