@@ -53,7 +53,7 @@ const struct wo_setting_def wo_setting_defs[] = {
     {"WOFFLOAD_PROGRESS", WO_SETTING_BOOL, "0",
      "1: progress as log lines also when stderr is not a TTY", OFF(progress), 0, 0},
     {"WOFFLOAD_STREAM_CHECK", WO_SETTING_BOOL, "0",
-     "1 (debugging, slow): after each launch redirected into a staging slot, wait for it and compare the slot with the host copy (stats stream.checked, check_mismatch); its synchronous calls would break a global-mode stream capture on another thread", OFF(stream_check), 0, 0},
+     "1 (debugging, slow): after each launch redirected into a staging slot or a picked buffer, wait for it and compare the slot with the host copy (stats stream.checked, check_mismatch), and the buffer's picked experts (the ids read back) with the tensor's rows (stats picks.checked, check_mismatch); its synchronous calls would break a global-mode stream capture on another thread", OFF(stream_check), 0, 0},
     {"WOFFLOAD_WRITE_CHECKS", WO_SETTING_BOOL, "1",
      "0 (measuring their cost only): the streaming executor does not check its slots for writes by launches before reusing them; a launch that writes a streamed weight then loses the write (docs/prefetch.md, Write checks)", OFF(write_checks), 0, 0},
     {"WOFFLOAD_LATE_BIND", WO_SETTING_BOOL, "0",

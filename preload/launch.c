@@ -662,7 +662,7 @@ static void finish_launch(struct launch *l, bool ok, const uint32_t grid[3],
 
     if (l->picked)
         wo_picks_issued();
-    if (l->rd.nslot && ok && wo_settings()->stream_check)
+    if (l->rd.n && ok && wo_settings()->stream_check)
         wo_redirect_check(&l->rd, stream, l->key);
     if (l->rd.n)
         wo_redirect_end(&l->rd, stream); /* slots released either way */

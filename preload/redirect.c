@@ -388,16 +388,98 @@ static void name_once(uint64_t key, const struct wo_redirect *rd)
     }
 }
 
+#define CHECK_EXPERTS 16             /* picked experts compared per buffer */
+#define CHECK_IDS_BYTES (1u << 20)   /* ids read back at most */
+
+typedef CUresult (*dtoh_fn)(void *, CUdeviceptr, size_t);
+
+/* The experts the registration picks, as flags (NULL: the ids could not be
+ * read back, or they are too many to read). */
+static unsigned char *picked_experts(const struct wo_picks_reg *g, dtoh_fn dtoh)
+{
+    /* ids in rows (woffload_moe_picks_rows), or flat (per_row 0) */
+    uint64_t pr = g->per_row ? g->per_row : g->n_ids, st = g->per_row ? g->stride : g->n_ids;
+    uint64_t last = (g->n_ids - 1) / pr * st + (g->n_ids - 1) % pr;
+    uint64_t bytes = (last + 1) * g->width;
+    unsigned char *ids = bytes <= CHECK_IDS_BYTES ? malloc(bytes) : NULL;
+    unsigned char *picked = ids ? calloc(g->n_experts, 1) : NULL;
+
+    if (!picked || dtoh(ids, (CUdeviceptr)g->ids, bytes) != CUDA_SUCCESS) {
+        free(ids);
+        free(picked);
+        return NULL;
+    }
+    for (uint64_t k = 0; k < g->n_ids; k++) {
+        uint64_t at = k / pr * st + k % pr;
+        int64_t e;
+        if (g->width == 8) {
+            memcpy(&e, ids + 8 * at, 8);
+        } else {
+            int32_t v;
+            memcpy(&v, ids + 4 * at, 4);
+            e = v;
+        }
+        if (e >= 0 && (uint64_t)e < g->n_experts)
+            picked[e] = 1;
+    }
+    free(ids);
+    return picked;
+}
+
+/* A picked buffer (move i): the rows of each expert the registration's ids
+ * pick (the first CHECK_EXPERTS of them), at their start and end, in the
+ * buffer against the tensor's. The rows it did not pick hold anything. */
+static void check_picked(const struct wo_redirect *rd, unsigned i, uint64_t key, dtoh_fn dtoh,
+                         unsigned char *a, unsigned char *b)
+{
+    static uint64_t told;
+    struct wo_picks_reg g;
+    unsigned char *picked;
+    unsigned seen = 0;
+    bool bad = false;
+
+    if (!wo_picks_reg_of(rd->from[i], &g) || !(picked = picked_experts(&g, dtoh)))
+        return;
+    for (unsigned e = 0; e < g.n_experts && seen < CHECK_EXPERTS && !bad; e++) {
+        uint64_t n = g.row < CHECK_CHUNK ? g.row : CHECK_CHUNK;
+        if (!picked[e])
+            continue;
+        seen++;
+        for (uint64_t off = 0; !bad; off = g.row - n) {
+            uint64_t at = e * g.row + off, j = 0;
+            char buf[512];
+            if (dtoh(a, (CUdeviceptr)rd->dev[i] + at, n) != CUDA_SUCCESS ||
+                dtoh(b, (CUdeviceptr)rd->from[i] + at, n) != CUDA_SUCCESS)
+                break;
+            if (memcmp(a, b, n) != 0) {
+                bad = true;
+                while (j < n && a[j] == b[j])
+                    j++;
+                if (__atomic_fetch_add(&told, 1, __ATOMIC_RELAXED) < CHECK_SAY)
+                    wo_warn("picks check: kernel %s read the picked buffer of [0x%llx, 0x%llx): "
+                            "expert %u's byte %llu is 0x%02x in the buffer, 0x%02x in the "
+                            "tensor",
+                            kernel_name(key, buf, sizeof(buf)), (unsigned long long)rd->from[i],
+                            (unsigned long long)rd->to[i], e, (unsigned long long)(off + j),
+                            a[j], b[j]);
+            }
+            if (off == g.row - n)
+                break;
+        }
+    }
+    free(picked);
+    wo_picks_checked(bad);
+}
+
 void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key)
 {
     static uint64_t told;
     const struct wo_real *r = wo_real_driver_peek();
     CUresult (*sync)(CUstream) = r ? (CUresult(*)(CUstream))r->cuStreamSynchronize : NULL;
-    CUresult (*dtoh)(void *, CUdeviceptr, size_t) =
-        (CUresult(*)(void *, CUdeviceptr, size_t))wo_real_hook(WO_HOOK_cuMemcpyDtoH_v2);
+    dtoh_fn dtoh = (dtoh_fn)wo_real_hook(WO_HOOK_cuMemcpyDtoH_v2);
     unsigned char *a, *b;
 
-    if (!rd->nslot || !sync || !dtoh)
+    if (!rd->n || !sync || !dtoh)
         return;
     name_once(key, rd);
     /* the launch is done and no staging copy can touch a pinned slot */
@@ -434,6 +516,8 @@ void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t k
         }
         count(&wo_stream_tab.n.checked);
     }
+    for (unsigned i = rd->nslot; a && b && i < rd->n; i++)
+        check_picked(rd, i, key, dtoh, a, b);
     free(a);
     free(b);
 }

@@ -81,7 +81,9 @@ bool wo_redirect_wait(struct wo_redirect *rd, uint64_t stream);
 void wo_redirect_cancel(struct wo_redirect *rd);
 /* WOFFLOAD_STREAM_CHECK (debugging, slow): after the launch and before
  * wo_redirect_end, waits for the stream and compares each pinned slot with
- * the host bytes it stands for (sampled: 32 chunks of 256 KiB), counting
+ * the host bytes it stands for (sampled: 32 chunks of 256 KiB), and each
+ * picked buffer's picked experts (the ids read back) with the tensor's
+ * rows (the first and last 256 KiB of each, 16 experts at most), counting
  * and telling mismatches; names each kernel the first time it is
  * redirected (key: the launch key, core/kernel-name.h). */
 void wo_redirect_check(const struct wo_redirect *rd, uint64_t stream, uint64_t key);

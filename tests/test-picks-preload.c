@@ -113,6 +113,19 @@ static void stray(void **params, const uint32_t g[3], const uint32_t b[3])
     stray_word = *(uint64_t *)params[1];
 }
 
+/* params: CUdeviceptr p, uint64_t e, uint64_t row: writes into expert e's
+ * row of what it is handed (a launch that breaks the registration's
+ * promise to only read: WOFFLOAD_STREAM_CHECK must see the buffer differ) */
+static void vandal(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr p = *(CUdeviceptr *)params[0];
+    uint64_t e = *(uint64_t *)params[1], row = *(uint64_t *)params[2];
+
+    (void)g;
+    (void)b;
+    memset((void *)(uintptr_t)(p + e * row), 0xa5, 64);
+}
+
 /* WO_PICKS_TEST_THREE: a third expert tensor (w3, rows of ROW1), and a
  * launch that reads three registered tensors at once, more than a stream's
  * two buffers. params: w[0], w[1], w3, ids (int64), n, out: out[j * n + k] =
@@ -487,8 +500,9 @@ streams_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t,
             fprintf(stderr, "streams: the pool's host waits over the larger tensor's rounds: %llu\n",
                     (unsigned long long)(calls("cuStreamSynchronize") + calls("cuCtxSynchronize") -
                                          syncs - 2 * NS * 3));
-        CHECK(!calls || calls("cuStreamSynchronize") + calls("cuCtxSynchronize") - syncs <=
-                            2 * NS * 3 + 1);
+        /* (WOFFLOAD_STREAM_CHECK waits after each launch itself) */
+        CHECK(!calls || getenv("WOFFLOAD_STREAM_CHECK") ||
+              calls("cuStreamSynchronize") + calls("cuCtxSynchronize") - syncs <= 2 * NS * 3 + 1);
         if (fk)
             dlclose(fk);
     }
@@ -920,9 +934,10 @@ static int child(void)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction kg, ks;
+    CUfunction kg, ks, kv;
     CUdeviceptr ids, out, other;
-    uint64_t stray_reused = 0;
+    uint64_t extra_reused = 0, vandals = 0;
+    bool checking = getenv("WOFFLOAD_STREAM_CHECK") != NULL;
     char *js;
 
     if (!cu)
@@ -956,6 +971,7 @@ static int child(void)
     CHECK(p_cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
     kg = kernel("gather", 8, gsizes, gather);
     ks = kernel("stray", 2, gsizes, stray);
+    kv = kernel("vandal", 3, gsizes, vandal);
     for (int t = 0; t < 2; t++) {
         host[t] = malloc(E * row_of[t]);
         for (size_t i = 0; i < E * row_of[t]; i++)
@@ -1192,7 +1208,27 @@ static int child(void)
                 CHECK(js && strstr(js, "{\"name\":\"gather\",\"launches\":") &&
                       strstr(js, "{\"name\":\"stray\",\"launches\":1}"));
                 free(js);
-                stray_reused++;
+                extra_reused++;
+            }
+            /* WOFFLOAD_STREAM_CHECK: a launch that writes into a picked
+             * expert of its buffer is told (the check after it compares the
+             * picked experts' rows); the buffer is copied again at the next
+             * registration, and the tensor itself was never written */
+            if (step == 6 && checking) {
+                uint64_t e = 0;
+                void *vp[] = {&w[t], &e, &row};
+
+                for (int k = 0; k < TOKENS * TOPK; k++) {
+                    int64_t x = t ? id32[k] : id64[k];
+                    if (x >= 0 && x < E) {
+                        e = (uint64_t)x;
+                        break;
+                    }
+                }
+                CHECK(p_cuLaunchKernel(kv, 1, 1, 1, 1, 1, 1, 0, s, vp, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                extra_reused++;
+                vandals++;
             }
             CHECK(picks((void *)(uintptr_t)w[t], E * row, E, NULL, 0, 0) == 0);
             {
@@ -1249,7 +1285,14 @@ static int child(void)
     CHECK(json_num(js, "\"picks\":", "},\"tensors\":") == 2);
     CHECK(json_num(js, "},\"tensors\":", "\"staged\":") == (long long)staged_launches + 2);
     CHECK(json_num(js, "},\"tensors\":", "\"reused\":") ==
-          (long long)(2 * STEPS - 2 + 1 + graph_replayed + stray_reused));
+          (long long)(2 * STEPS - 2 + 1 + graph_replayed + extra_reused));
+    /* WOFFLOAD_STREAM_CHECK: every launch that read a buffer was compared
+     * (the picked experts of each), and only the vandal's differed */
+    if (checking) {
+        CHECK(json_num(js, "},\"tensors\":", "\"checked\":") >= 2 * STEPS);
+        CHECK(json_num(js, "},\"tensors\":", "\"check_mismatch\":") == (long long)vandals);
+        CHECK(vandals == 2);
+    }
     CHECK(json_num(js, "},\"tensors\":", "\"captured\":") == 2);
     CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
     CHECK(json_num(js, "},\"tensors\":", "\"writes\":") == 2);

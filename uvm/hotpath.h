@@ -459,6 +459,18 @@ void wo_picks_issued(void);
 /* The launch with the moves was not made (the parameters could not be
  * rewritten): counted. */
 void wo_picks_unused(unsigned n);
+
+/* WOFFLOAD_STREAM_CHECK, for a launch that read a picked buffer: the
+ * registration of the tensor at from, as this thread's launches see it
+ * (false: none). The check (preload/redirect.c) reads the ids back and
+ * compares each picked expert's rows in the buffer with the tensor's, and
+ * reports each launch with wo_picks_checked. */
+struct wo_picks_reg {
+    uint64_t ids, n_ids, per_row, stride, row;
+    unsigned width, n_experts;
+};
+bool wo_picks_reg_of(uint64_t from, struct wo_picks_reg *r);
+void wo_picks_checked(bool mismatch);
 /* Whether launches with these hits, replayed from a CUDA graph on the
  * calling thread, would copy faster than the graph reads in place: a hit
  * in a span off the device whose registration holds ids now, registered by

@@ -7,9 +7,9 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "core/log.h"
+#include "core/event.h"
 #include "core/macro.h"
 #include "core/registry.h"
 #include "core/settings.h"
@@ -84,16 +84,9 @@ static struct {
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
     struct wo_picks_kerns off_kerns; /* their kernels */
+    uint64_t checked, check_mismatch; /* WOFFLOAD_STREAM_CHECK's launches, and those wrong */
     bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static const char *err_name(CUresult r)
 {
@@ -415,7 +408,7 @@ static struct wo_pool_buf *buffer_for(const struct wo_driver *d, struct wo_pool_
  * REFRESH_NS (the stats show them as last read). */
 static void refresh(const struct wo_driver *d)
 {
-    uint64_t t = now_ns();
+    uint64_t t = wo_now_ns();
 
     if (t - pk.last_refresh_ns < REFRESH_NS)
         return;
@@ -670,6 +663,36 @@ void wo_picks_issued(void)
     wo_pool_issued();
 }
 
+bool wo_picks_reg_of(uint64_t from, struct wo_picks_reg *r)
+{
+    bool ok = false;
+
+    pthread_mutex_lock(&pk.lock);
+    for (unsigned i = 0; i < pk.n && !ok; i++) {
+        const struct span *s = &pk.s[i];
+        if (s->lo != from || !s->ids || !pthread_equal(s->owner, pthread_self()))
+            continue;
+        *r = (struct wo_picks_reg){.ids = s->ids,
+                                   .n_ids = s->n_ids,
+                                   .per_row = s->per_row,
+                                   .stride = s->stride,
+                                   .row = s->row,
+                                   .width = s->width,
+                                   .n_experts = s->n_experts};
+        ok = true;
+    }
+    pthread_mutex_unlock(&pk.lock);
+    return ok;
+}
+
+void wo_picks_checked(bool mismatch)
+{
+    pthread_mutex_lock(&pk.lock);
+    pk.checked++;
+    pk.check_mismatch += mismatch;
+    pthread_mutex_unlock(&pk.lock);
+}
+
 void wo_picks_unused(unsigned n)
 {
     pthread_mutex_lock(&pk.lock);
@@ -753,6 +776,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->resident = pk.resident;
     t->off_row = pk.off_row;
     t->off_kerns = pk.off_kerns;
+    t->checked = pk.checked;
+    t->check_mismatch = pk.check_mismatch;
     t->whole_bytes = pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
     {
@@ -962,7 +987,7 @@ void wo_picks_reset(void)
     pk.fill = NULL;
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
-    pk.off_row = 0;
+    pk.off_row = pk.checked = pk.check_mismatch = 0;
     memset(&pk.off_kerns, 0, sizeof(pk.off_kerns));
     pk.resident = 0;
     pk.whole_bytes = 0;

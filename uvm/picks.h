@@ -107,6 +107,8 @@ struct wo_picks_totals {
     uint64_t off_row;      /* launches whose only words in a registered tensor were off an
                             * expert's row: no read of it, not staged (picks.c: at_row) */
     struct wo_picks_kerns off_kerns; /* their kernels */
+    uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: launches whose buffers were compared */
+    uint64_t check_mismatch; /* of them, with a picked expert's bytes not the tensor's */
     uint64_t buffer_bytes; /* device bytes of the buffers */
     uint64_t buffer_cap;   /* what they may reach: WOFFLOAD_PICKS_BUFFERS x the largest tensor
                             * staged (uvm/picks-pool.h) */
