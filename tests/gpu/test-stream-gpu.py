@@ -27,6 +27,15 @@ woffload-run with the automatic hook and a policy that streams:
   moe-host-write-picks  moe-host-write with picked staging
   moe128-host-picks  a fine-grained MoE (128 experts, top-8), experts `host`,
                      picked staging
+  moe128-host-picks-cb   the same under transformers' continuous batching
+                     (generate_batch, paged attention: its steps run on
+                     several streams, which share one pool of buffers), two
+                     passes over 32 requests
+  moe128-half-picks-cb   the same with the first half of the layers' experts
+                     on the device and the rest `host`, as fit mixes them:
+                     on the H200, fit's continuous batching with picked
+                     copies gave other tokens (bench/results,
+                     picks-stray-20261202-ad6185f-h200)
 
 The rows named for the streaming executor run with WOFFLOAD_PICKS=0 (the
 hook would otherwise take the experts from it); the -picks rows check that
@@ -96,6 +105,11 @@ CASES = {
                              "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks": ("moe128", "version: 1\ndefault: device\n"
                           "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-host-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
+                             "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-half-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
+                             "rules:\n  - {name: late, match: [layers.3.mlp.experts, "
+                             "layers.4.mlp.experts, layers.5.mlp.experts], place: host}\n"),
 }
 # (batch, new tokens), one generate call each, in this order: the executor
 # learns the step from the launch order first: the prefill's launches come
@@ -105,6 +119,10 @@ CASES = {
 # from the first one (the Qwen3 shape's batch-8 calls differed only from
 # the second call on, docs/history/prefetch.md), and batch 32 reads every expert.
 BATCHES = ((1, 160), (8, 48), (8, 48), (32, 24))
+# +cb models: continuous batching instead, CB_PASSES passes over the same
+# CB_REQUESTS requests (prompts of 16-64 tokens, CB_NEW new), each its own
+# generate_batch (new streams from PyTorch's pool each time)
+CB_REQUESTS, CB_NEW, CB_PASSES = 32, 16, 2
 
 
 def child(model: str) -> None:
@@ -112,10 +130,11 @@ def child(model: str) -> None:
     import transformers
     model, _, flag = model.partition("+")
     arch, cfg = MODELS[model]
+    attn = dict(attn_implementation="paged|sdpa") if flag == "cb" else {}
     torch.manual_seed(0)
     with torch.device("cuda"):
         m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, arch)(**cfg),
-                                                          dtype=torch.bfloat16)
+                                                          dtype=torch.bfloat16, **attn)
     with torch.no_grad():
         for n, p in m.named_parameters():
             if p.dim() >= 2:
@@ -123,8 +142,22 @@ def child(model: str) -> None:
                 p.normal_(0.0, 1.0 if n.endswith("gate.weight") else 0.05)
     m.eval()
     res = {"tokens": {}}
+    if flag == "cb":
+        from transformers import GenerationConfig
+        from transformers.generation import ContinuousBatchingConfig
+        g = torch.Generator().manual_seed(7)
+        lens = torch.randint(16, 65, (CB_REQUESTS,), generator=g).tolist()
+        inputs = [torch.randint(5, cfg["vocab_size"], (n,), generator=g).tolist() for n in lens]
+        gc = GenerationConfig(max_new_tokens=CB_NEW, min_new_tokens=CB_NEW, do_sample=False,
+                              eos_token_id=None, pad_token_id=0)
+        cbc = ContinuousBatchingConfig(max_batch_tokens=256, num_blocks=256)
+        for i in range(CB_PASSES):
+            with torch.no_grad():
+                r = m.generate_batch(inputs=inputs, generation_config=gc,
+                                     continuous_batching_config=cbc, progress_bar=False)
+            res["tokens"][f"cb pass {i + 1}"] = [list(r[k].generated_tokens) for k in sorted(r)]
     g = torch.Generator(device="cpu").manual_seed(1)
-    for i, (b, n) in enumerate(BATCHES):
+    for i, (b, n) in enumerate(BATCHES if flag != "cb" else ()):
         ids = torch.randint(5, cfg["vocab_size"], (b, 16), generator=g).cuda()
         with torch.no_grad():
             out = m.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
@@ -210,9 +243,10 @@ def main() -> int:
             st = (got.get("stats") or {}).get("stream") or {}
             pk = (got.get("stats") or {}).get("picks") or {}
             checks = {"ran to the end": "error" not in got}
-            for i, (b, _) in enumerate(BATCHES):
-                mine, want = got.get("tokens", {}).get(f"{i}:{b}"), ref["tokens"][f"{i}:{b}"]
-                what = f"call {i + 1} (batch {b}): tokens identical"
+            for key, want in ref["tokens"].items():
+                mine = got.get("tokens", {}).get(key)
+                i, _, b = key.partition(":")
+                what = (f"call {int(i) + 1} (batch {b})" if b else key) + ": tokens identical"
                 if mine and mine != want:
                     # the first differing position per sequence: early in
                     # most sequences is wrong data, late in few is rounding
@@ -233,7 +267,7 @@ def main() -> int:
                     st.get("redirected", 0) > 0
                 checks[f"staging copies ({st.get('staged')}, {st.get('staged_bytes')} B)"] = \
                     st.get("staged", 0) > 0
-            if case.endswith("-picks"):
+            if "-picks" in case:
                 checks[f"picked copies ({pk.get('staged')} made, {pk.get('reused')} reused, "
                        f"{pk.get('captured')} captured launches in place)"] = pk.get("staged", 0) > 0
                 checks[f"no picked copy failed ({pk.get('failed')})"] = pk.get("failed", 1) == 0
