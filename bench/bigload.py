@@ -39,9 +39,10 @@ What it does, each run in its own process:
    share, at 55 GB/s. --modes cb runs each as `NAME-cb` instead (batched,cb:
    both): transformers' continuous batching (bench/e2e.py's, 64 requests of
    16-128 tokens, 32 new), in its own process; beside a blocker its paged
-   cache is sized for those requests and its free-memory check reads the
-   driver's figure (cb_sizing: transformers 5.17 counts PyTorch's reserved
-   bytes twice, and under the shim they include host-served weights).
+   cache is sized for those requests, and the shim's Python hook makes its
+   free-memory check read the driver's figure (cb_sizing checks it did:
+   transformers 5.17 counts PyTorch's reserved bytes twice, and under the
+   shim they include host-served weights).
 4. `fp8-plain` / `fp8-F`: vLLM #19967's path (dense only). The bf16 checkpoint loads with
    `default: host` (its pages land in host memory: the window's memory is
    advised to the host before the engine writes it), then each Linear
@@ -235,11 +236,12 @@ def cb_sizing(torch: Any, cbs: Dict[str, Any]) -> Dict[str, Any]:
     that already excludes them (on the H200 at F = 0.25: "Memory footprint
     4706557952 is more than available memory -13695300403", with 4.70 GiB
     free), and under the shim those reserved bytes include every weight it
-    serves from host memory. So the blocker's rows ask for the cache the
-    requests need, not e2e's 512 blocks sized for a free GPU (all of them at
-    once: 64 requests of at most 128 + 32 tokens), and the check reads the
-    free memory as the driver reports it. The engine's own allocations are
-    unchanged; only its estimate of what is free is. Returns what was set."""
+    serves from host memory. The shim's Python hook reads the free memory
+    from the driver instead while its policy places (python/woffload/_auto.py:
+    every row with a blocker runs under it); this checks that it did. And the
+    blocker's rows ask for the cache the requests need, not e2e's 512 blocks
+    sized for a free GPU (all of them at once: 64 requests of at most 128 +
+    32 tokens). Returns what was set."""
     import importlib
     import pkgutil
     from transformers.generation import ContinuousBatchingConfig
@@ -248,32 +250,18 @@ def cb_sizing(torch: Any, cbs: Dict[str, Any]) -> Dict[str, Any]:
     block = getattr(ContinuousBatchingConfig(), "block_size", None) or 256
     per_request = -(-(128 + cbs["new"]) // block) + 1
     cbs["num_blocks"] = min(cbs["num_blocks"], cbs["requests"] * per_request)
-
-    def available(*a: Any, **kw: Any) -> int:
-        pct = kw.get("max_memory_percent")
-        for x in a:
-            if pct is None and isinstance(x, (int, float)):
-                pct = x
-            elif pct is None and hasattr(x, "cb_config"):
-                pct = getattr(x.cb_config, "max_memory_percent", None)
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        return int(torch.cuda.mem_get_info()[0] * (0.9 if pct is None else pct))
-
-    patched = []
+    hooked = 0
     for info in pkgutil.iter_modules(cbm.__path__):
         mod = importlib.import_module(f"{cbm.__name__}.{info.name}")
         cls = getattr(mod, "PagedAttentionMemoryHandler", None)
-        if cls is None or cls in patched or "get_available_memory" not in vars(cls):
-            continue
-        static = isinstance(vars(cls)["get_available_memory"], staticmethod)
-        setattr(cls, "get_available_memory", staticmethod(available) if static else available)
-        patched.append(cls)
-    if not patched:
-        raise RuntimeError("continuous batching beside a blocker: transformers "
-                           f"{importlib.import_module('transformers').__version__} has no "
-                           "PagedAttentionMemoryHandler.get_available_memory to read the free memory")
-    return dict(block_size=block, num_blocks=cbs["num_blocks"], patched=len(patched))
+        f = vars(cls).get("get_available_memory") if isinstance(cls, type) else None
+        hooked += bool(getattr(getattr(f, "__func__", f), "_woffload", False))
+    if not hooked:
+        raise RuntimeError("continuous batching beside a blocker: the shim's Python hook did not "
+                           "make transformers read the free memory from the driver (run under "
+                           "woffload-run with a policy that places, transformers "
+                           f"{importlib.import_module('transformers').__version__})")
+    return dict(block_size=block, num_blocks=cbs["num_blocks"], hooked=hooked)
 
 
 def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
