@@ -485,10 +485,10 @@ uint64_t wo_place_fit_short(size_t size)
  * there), no yield (UVM's cache keeps a yielded weight's pages), no late
  * binding; at most 1
  * GiB (another process's allocation would read as growth). 0: none, or not
- * known. Sampled at the engine's allocations after seal and by the
- * consumer thread (wo_place_fit_sample_locked, at most every 100 ms: an
- * engine that frees memory it held at seal before exit would hide it
- * there) and at exit; the high water counts. */
+ * known. Sampled at the engine's allocations after seal (at most every 100
+ * ms of them), by the consumer thread (once a second: an engine that frees
+ * memory it held at seal before exit would hide it there) and at exit; the
+ * high water counts. */
 #define UNTRACKED_MAX (1ull << 30)
 static uint64_t untracked_now(void)
 {
@@ -499,9 +499,12 @@ static uint64_t untracked_now(void)
 
     CUresult r;
 
-    wo_place_counts(&pc);
     if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.yields ||
-        pc.by[WO_PLACE_MANAGED].bytes || wo_place_bind_fit() || wo_settings()->late_bind)
+        wo_place_bind_fit() || wo_settings()->late_bind)
+        return 0;
+    /* the walk over every allocation last, once the rest allows a sample */
+    wo_place_counts(&pc);
+    if (pc.by[WO_PLACE_MANAGED].bytes)
         return 0;
     /* no driver call that a capture could refuse, and invalidate the
      * engine's capture with: none under way, none begins meanwhile */
@@ -517,25 +520,39 @@ static uint64_t untracked_now(void)
     return fell > seen ? WO_MIN(fell - seen, UNTRACKED_MAX) : 0;
 }
 
-void wo_place_fit_sample_locked(void)
+static bool sampling(void)
 {
-    static uint64_t next_ns; /* at most every 100 ms */
-    uint64_t u, now;
+    return wo_uvm.sealed && wo_uvm.g && wo_uvm.g->fit.enabled && wo_uvm.fit.free_at_seal;
+}
 
-    if (!wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.free_at_seal ||
-        (now = wo_now_ns()) < next_ns)
-        return;
-    next_ns = now + UINT64_C(100000000);
-    u = untracked_now();
+static void sample(void)
+{
+    uint64_t u = untracked_now();
+
     if (u > wo_uvm.fit.untracked)
         wo_uvm.fit.untracked = u;
+}
+
+void wo_place_fit_sample_locked(void)
+{
+    /* at most every 100 ms of the engine's allocations (its own clock: the
+     * consumer's samples do not hold one back, or a module loaded right
+     * after one went unseen until exit; test-bigload fitmemoctx under load) */
+    static uint64_t next_ns;
+    uint64_t now;
+
+    if (!sampling() || (now = wo_now_ns()) < next_ns)
+        return;
+    next_ns = now + UINT64_C(100000000);
+    sample();
 }
 
 void wo_place_fit_sample(void)
 {
     /* sealed and the rest are written under the lock: read them there */
     pthread_mutex_lock(&wo_uvm.lock);
-    wo_place_fit_sample_locked();
+    if (sampling())
+        sample();
     pthread_mutex_unlock(&wo_uvm.lock);
 }
 
