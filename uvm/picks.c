@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/log.h"
 #include "core/event.h"
+#include "core/log.h"
 #include "core/macro.h"
 #include "core/registry.h"
 #include "core/settings.h"
