@@ -113,6 +113,22 @@ static void stray(void **params, const uint32_t g[3], const uint32_t b[3])
     stray_word = *(uint64_t *)params[1];
 }
 
+/* params: CUdeviceptr p, uint64_t row, CUdeviceptr out: *out = host_sum of
+ * the row at p (an eager loop's launch on one expert: gate_up_proj[e]) */
+static CUdeviceptr slice_p;
+
+static void slice(void **params, const uint32_t g[3], const uint32_t b[3])
+{
+    CUdeviceptr p = *(CUdeviceptr *)params[0];
+    uint64_t row = *(uint64_t *)params[1];
+    uint64_t *out = (uint64_t *)(uintptr_t) * (CUdeviceptr *)params[2];
+
+    (void)g;
+    (void)b;
+    slice_p = p;
+    *out = host_sum((const uint64_t *)(uintptr_t)p, row / 8);
+}
+
 /* params: CUdeviceptr p, uint64_t e, uint64_t row: writes into expert e's
  * row of what it is handed (a launch that breaks the registration's
  * promise to only read: WOFFLOAD_STREAM_CHECK must see the buffer differ) */
@@ -934,7 +950,7 @@ static int child(void)
     CUdevice dev;
     CUcontext ctx;
     CUstream s;
-    CUfunction kg, ks, kv;
+    CUfunction kg, ks, kv, kl, ks2;
     CUdeviceptr ids, out, other;
     uint64_t extra_reused = 0, vandals = 0;
     bool checking = getenv("WOFFLOAD_STREAM_CHECK") != NULL;
@@ -972,6 +988,8 @@ static int child(void)
     kg = kernel("gather", 8, gsizes, gather);
     ks = kernel("stray", 2, gsizes, stray);
     kv = kernel("vandal", 3, gsizes, vandal);
+    kl = kernel("slice", 3, gsizes, slice);
+    ks2 = kernel("stray2", 2, gsizes, stray);
     for (int t = 0; t < 2; t++) {
         host[t] = malloc(E * row_of[t]);
         for (size_t i = 0; i < E * row_of[t]; i++)
@@ -1209,6 +1227,44 @@ static int child(void)
                       strstr(js, "{\"name\":\"stray\",\"launches\":1}"));
                 free(js);
                 extra_reused++;
+            }
+            /* A word at one of the tensor's experts past its base is staged
+             * only for a kernel seen reading two registered tensors
+             * (uvm/picks-kern.h): a kernel new here (stray2), whose word
+             * falls on expert 3, reads in place and gets its word as it
+             * was; an eager loop's launch on one picked expert (slice) reads
+             * in place at its first tensor, and from the second on reads
+             * the buffer, the same bytes */
+            if (step == 4) {
+                int64_t e = -1;
+                uint64_t sum = 0, nr0, word = w[t] + 3 * row;
+                CUdeviceptr at;
+                void *sp2[] = {&other, &word};
+                void *lp[] = {&at, &row, &out};
+
+                for (int k = 0; k < TOKENS * TOPK && e < 0; k++) {
+                    int64_t x = t ? id32[k] : id64[k];
+                    e = x >= 0 && x < E ? x : -1;
+                }
+                at = w[t] + (uint64_t)e * row;
+                js = snapshot(stats);
+                nr0 = (uint64_t)json_num(js, "},\"tensors\":", "\"not_reader\":");
+                free(js);
+                if (t == 0) {
+                    CHECK(p_cuLaunchKernel(ks2, 1, 1, 1, 1, 1, 1, 0, s, sp2, NULL) == CUDA_SUCCESS);
+                    CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                    CHECK(stray_p == other && stray_word == word);
+                }
+                CHECK(e >= 0 && p_cuLaunchKernel(kl, 1, 1, 1, 1, 1, 1, 0, s, lp, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(p_cuMemcpyDtoH(&sum, out, 8) == CUDA_SUCCESS);
+                CHECK(sum == host_sum((const uint64_t *)(host[t] + e * row), row / 8));
+                CHECK(t == 0 ? slice_p == at : slice_p != at);
+                js = snapshot(stats);
+                CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"not_reader\":") ==
+                      nr0 + (t == 0 ? 2 : 0));
+                free(js);
+                extra_reused += t == 1;
             }
             /* WOFFLOAD_STREAM_CHECK: a launch that writes into a picked
              * expert of its buffer is told (the check after it compares the

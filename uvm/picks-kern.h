@@ -11,6 +11,7 @@
  * runs under picks' lock. */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct wo_driver;
@@ -32,3 +33,23 @@ struct wo_picks_kerns {
 /* Counts a launch of key in t; a new key's name is asked of d (a driver
  * function's cuFuncGetName; a runtime stub's symbol) once. */
 void wo_picks_kern_note(struct wo_picks_kerns *t, uint64_t key, const struct wo_driver *d);
+
+/* Whether kernel key reads picked tensors, learnt from its launches: once
+ * they have reached two registered tensors at an expert (this launch's,
+ * span, counting) it is; before, it is not, and a launch whose words reach
+ * an expert past the tensor's base reads in place (uvm/picks.c: one at the
+ * base is staged all the same: where every engine hands the tensor, and
+ * where a constant lands one time in 384 of those that land in a 768 MiB
+ * tensor of 2 MiB-aligned experts, against one in three below).
+ * A weight-reading kernel reaches layer after layer (a grouped GEMM, a
+ * gather, llama.cpp's MUL_MAT_ID: from its second layer on); a word that
+ * only looks like an address is a constant, the same value launch after
+ * launch, inside one tensor at most. Such a word can fall on an expert:
+ * a float's bits beside four bytes of padding that hold the top of a host
+ * address (0x00007fXX3f800000: 1.0f) are 2 MiB-aligned, and an expert of
+ * 6 MiB then starts there one time in three. Moved, the float would be the
+ * buffer's address. true also when the table of kernels is full (as
+ * before it). */
+bool wo_picks_kern_reader(uint64_t key, unsigned span);
+/* Forgets the kernels learnt (the spans' indices mean other tensors). */
+void wo_picks_kern_forget(void);

@@ -42,6 +42,18 @@ static int by_per_reg(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* "; kernels: A (n), B (m)" of t, in buf. */
+static const char *kerns_said(const struct wo_picks_kerns *t, char *buf, size_t len)
+{
+    size_t at = 0;
+
+    buf[0] = 0;
+    for (unsigned i = 0; i < WO_PICKS_KERNS && t->k[i].key && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s (%" PRIu64 ")", i ? ", " : "; kernels: ",
+                               t->k[i].name, t->k[i].launches);
+    return buf;
+}
+
 /* The exit summary: the totals, then one line over the tensors with
  * picks (a layer's gate/up and down each one): the bytes a step moved,
  * least, median and most, with the names of the extremes, and the ranges
@@ -55,22 +67,21 @@ void wo_picks_summary(void)
     struct wo_picks_totals t;
     struct wo_dma_figs df;
     double pmin = 1, pmax = 0, rmin = 1, rmax = 0;
+    char kn[WO_PICKS_KERNS * (WO_PICKS_KERN_NAME + 32)];
 
     wo_picks_report(&t, spread_add, &sp);
-    if (t.off_row) {
-        char kn[4 * (WO_PICKS_KERN_NAME + 32)] = "";
-        size_t at = 0;
-
-        for (unsigned i = 0; i < WO_PICKS_KERNS && t.off_kerns.k[i].key && at < sizeof(kn); i++)
-            at += (size_t)snprintf(kn + at, sizeof(kn) - at, "%s%s (%" PRIu64 ")",
-                                   i ? ", " : "; kernels: ", t.off_kerns.k[i].name,
-                                   t.off_kerns.k[i].launches);
+    if (t.off_row)
         wo_log_write(WO_LOG_OFF,
                      "picks: %" PRIu64 " launches passed a word inside a registered expert tensor "
                      "but at none of its experts (a constant or stack bytes that look like an "
                      "address): not staged, the word left as it was%s",
-                     t.off_row, kn);
-    }
+                     t.off_row, kerns_said(&t.off_kerns, kn, sizeof(kn)));
+    if (t.not_reader)
+        wo_log_write(WO_LOG_OFF,
+                     "picks: %" PRIu64 " launches of kernels not (yet) seen reading two registered "
+                     "expert tensors read in place (a weight-reading kernel is one from its second "
+                     "layer on)%s",
+                     t.not_reader, kerns_said(&t.nr_kerns, kn, sizeof(kn)));
     if (!t.staged && !t.reused)
         return;
     wo_log_write(WO_LOG_OFF,

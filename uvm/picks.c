@@ -15,6 +15,7 @@
 #include "core/settings.h"
 #include "uvm/internal.h"
 #include "uvm/picks-dma.h"
+#include "uvm/picks-geom.h"
 #include "uvm/picks-hot.h"
 #include "uvm/picks-kern.h"
 #include "uvm/picks-pool.h"
@@ -34,7 +35,7 @@ struct span {
     unsigned n_experts;
     bool offdev;         /* host or managed: staged; on the device: left alone */
     uint8_t source;      /* what the copy engine may copy from: SRC_* */
-    uint8_t share;       /* percent of its experts the registration's ids pick (share_pct) */
+    uint8_t share;       /* percent of its experts the registration's ids pick (wo_picks_share_pct) */
     uint32_t wseq;       /* writes into it (a pinned mirror holds one count's bytes) */
     uint64_t ids, n_ids; /* the registration now; ids 0: none */
     uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
@@ -84,6 +85,8 @@ static struct {
     uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
     uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
     struct wo_picks_kerns off_kerns; /* their kernels */
+    uint64_t not_reader; /* launches of kernels not (yet) seen reading two tensors */
+    struct wo_picks_kerns nr_kerns; /* their kernels */
     uint64_t checked, check_mismatch; /* WOFFLOAD_STREAM_CHECK's launches, and those wrong */
     bool said_on, said_fail, said_hot;
 } pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
@@ -163,22 +166,6 @@ static void retire(struct span *s)
     s->hot = NULL;
 }
 
-/* The percent of n_experts a uniform router picks with these ids: n_ids
- * in rows of per_row distinct ones (0: one run, each id on its own), 1 -
- * (1 - k/E)^rows; once a registration (engine_wanted reads it at launches). */
-static uint8_t share_pct(uint64_t n_ids, uint64_t per_row, unsigned n_experts)
-{
-    uint64_t n = per_row ? n_ids / per_row : n_ids;
-    double p = per_row && per_row <= n_experts ? (double)per_row / n_experts : 1.0 / n_experts;
-    double miss = 1.0;
-
-    if (!n_ids || !n_experts)
-        return 0;
-    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
-        miss *= 1.0 - p;
-    return (uint8_t)((1.0 - miss) * 100.0 + 1e-6);
-}
-
 int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t ids, uint64_t n_ids,
                  uint64_t per_row, uint64_t stride, unsigned id_bytes, bool sticky)
 {
@@ -206,7 +193,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->per_row = per_row;
         s->stride = stride;
         s->width = id_bytes;
-        s->share = share_pct(s->n_ids, per_row, n_experts);
+        s->share = wo_picks_share_pct(s->n_ids, per_row, n_experts);
         s->sticky |= sticky && ids;
         s->owner = pthread_self();
         s->seq++;
@@ -252,7 +239,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .stride = stride,
                        .sticky = sticky && ids,
                        .width = id_bytes,
-                       .share = share_pct(ids ? n_ids : 0, per_row, n_experts),
+                       .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
                        .name = name,
@@ -543,23 +530,6 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     return true;
 }
 
-/* Whether hit h (the lowest and highest words a launch passed into s's
- * range) has an end at one of s's experts: engines hand a stacked expert
- * tensor at its base or at an expert (transformers' eager loop, llama.cpp's
- * per-expert matmuls). A word elsewhere in it is no read of it: a constant
- * or left-over stack bytes in an unused parameter that happen to look like
- * an address (core/event.h). Staged and moved, such a word reached the
- * kernel as a buffer's address: on the H200, transformers' continuous
- * batching beside fit's device-resident experts then gave other tokens
- * (bench/results/picks-stray-20261202-ad6185f-h200). */
-static bool at_row(const struct span *s, const struct wo_ev_hit *h)
-{
-    uint64_t size = s->hi - s->lo, a = h->offset, b = h->hi - 1;
-
-    return (a >= s->off && a - s->off < size && (a - s->off) % s->row == 0) ||
-           (b >= s->off && b - s->off < size && (b - s->off) % s->row == 0);
-}
-
 static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsigned n)
 {
     for (unsigned k = 0; k < n; k++)
@@ -599,9 +569,17 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 continue;
             if (skipped(s->lo, skip_from, skip_to, nskip))
                 continue;
-            if (!at_row(s, hit)) {
+            if (!wo_picks_at_expert(s->off, s->hi - s->lo, s->row, hit)) {
                 pk.off_row++;
                 wo_picks_kern_note(&pk.off_kerns, key, d);
+                continue;
+            }
+            /* learnt at every hit; asked only of a hit at an expert past the
+             * base: the base is where engines hand the tensor, and where a
+             * constant lands far less often (uvm/picks-kern.h) */
+            if (!wo_picks_kern_reader(key, i) && hit->offset != s->off && hit->hi - 1 != s->off) {
+                pk.not_reader++;
+                wo_picks_kern_note(&pk.nr_kerns, key, d);
                 continue;
             }
             for (unsigned k = 0; k < n; k++)
@@ -748,8 +726,8 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
         for (unsigned i = 0; i < pk.n && !r; i++) {
             const struct span *s = &pk.s[i];
             r = s->rid == hit->id && s->rgen == hit->gen && s->offdev && s->ids &&
-                pthread_equal(s->owner, pthread_self()) && hit->offset < s->off + (s->hi - s->lo) &&
-                hit->hi > s->off && (hot || engine_wanted(s));
+                pthread_equal(s->owner, pthread_self()) && wo_picks_at_expert(s->off, s->hi - s->lo, s->row, hit) &&
+                (hot || engine_wanted(s));
         }
     }
     pthread_mutex_unlock(&pk.lock);
@@ -776,6 +754,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->resident = pk.resident;
     t->off_row = pk.off_row;
     t->off_kerns = pk.off_kerns;
+    t->not_reader = pk.not_reader;
+    t->nr_kerns = pk.nr_kerns;
     t->checked = pk.checked;
     t->check_mismatch = pk.check_mismatch;
     t->whole_bytes = pk.whole_bytes;
@@ -987,8 +967,10 @@ void wo_picks_reset(void)
     pk.fill = NULL;
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
-    pk.off_row = pk.checked = pk.check_mismatch = 0;
+    pk.off_row = pk.not_reader = pk.checked = pk.check_mismatch = 0;
     memset(&pk.off_kerns, 0, sizeof(pk.off_kerns));
+    memset(&pk.nr_kerns, 0, sizeof(pk.nr_kerns));
+    wo_picks_kern_forget();
     pk.resident = 0;
     pk.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));

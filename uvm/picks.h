@@ -107,6 +107,9 @@ struct wo_picks_totals {
     uint64_t off_row;      /* launches whose only words in a registered tensor were off an
                             * expert's row: no read of it, not staged (picks.c: at_row) */
     struct wo_picks_kerns off_kerns; /* their kernels */
+    uint64_t not_reader;   /* launches of kernels not (yet) seen reading two registered tensors
+                            * at an expert: read in place (uvm/picks-kern.h) */
+    struct wo_picks_kerns nr_kerns; /* their kernels */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: launches whose buffers were compared */
     uint64_t check_mismatch; /* of them, with a picked expert's bytes not the tensor's */
     uint64_t buffer_bytes; /* device bytes of the buffers */

@@ -1,0 +1,48 @@
+/* uvm/picks-geom.h: the geometry of a picks registration (uvm/picks.h):
+ * what share of a tensor's experts a uniform router picks, and whether a
+ * launch's words into the tensor point at one of its experts. Pure
+ * functions, no lock. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/event.h"
+
+/* The percent of n_experts a uniform router picks with these ids: n_ids
+ * in rows of per_row distinct ones (0: one run, each id on its own), 1 -
+ * (1 - k/E)^rows; once a registration (picks.c's engine_wanted reads it at
+ * launches). */
+static inline uint8_t wo_picks_share_pct(uint64_t n_ids, uint64_t per_row, unsigned n_experts)
+{
+    uint64_t n = per_row ? n_ids / per_row : n_ids;
+    double p = per_row && per_row <= n_experts ? (double)per_row / n_experts : 1.0 / n_experts;
+    double miss = 1.0;
+
+    if (!n_ids || !n_experts)
+        return 0;
+    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
+        miss *= 1.0 - p;
+    return (uint8_t)((1.0 - miss) * 100.0 + 1e-6);
+}
+
+/* Whether hit h (the lowest and highest words a launch passed into a
+ * registry range) has an end at one of the experts of the tensor at off
+ * in that range (size bytes, rows of row): engines hand a stacked expert
+ * tensor at its base or at an expert (transformers' eager loop, llama.cpp's
+ * per-expert matmuls). A word elsewhere in it is no read of it: a constant
+ * or left-over stack bytes in an unused parameter that happen to look like
+ * an address (core/event.h). Staged and moved, such a word reached the
+ * kernel as a buffer's address: on the H200, transformers' continuous
+ * batching beside fit's device-resident experts then gave other tokens
+ * (bench/results/picks-stray-20261202-ad6185f-h200). A constant can still
+ * fall on an expert: the kernel reader rule (uvm/picks-kern.h) is the
+ * second filter. */
+static inline bool wo_picks_at_expert(uint64_t off, uint64_t size, uint64_t row,
+                                      const struct wo_ev_hit *h)
+{
+    uint64_t a = h->offset, b = h->hi - 1;
+
+    return row && ((a >= off && a - off < size && (a - off) % row == 0) ||
+                   (b >= off && b - off < size && (b - off) % row == 0));
+}
