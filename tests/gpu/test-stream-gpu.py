@@ -150,7 +150,9 @@ def child(model: str) -> None:
         inputs = [torch.randint(5, cfg["vocab_size"], (n,), generator=g).tolist() for n in lens]
         gc = GenerationConfig(max_new_tokens=CB_NEW, min_new_tokens=CB_NEW, do_sample=False,
                               eos_token_id=None, pad_token_id=0)
-        cbc = ContinuousBatchingConfig(max_batch_tokens=256, num_blocks=256)
+        # no CUDA graphs (bench/e2e.py's rows the same): a captured step reads
+        # in place, and these rows are for the picked copies
+        cbc = ContinuousBatchingConfig(max_batch_tokens=256, num_blocks=256, use_cuda_graph=False)
         for i in range(CB_PASSES):
             with torch.no_grad():
                 r = m.generate_batch(inputs=inputs, generation_config=gc,
