@@ -621,6 +621,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         unsigned np = wo_picks_stage(l->s.hits, l->s.nhits, stream, l->captured, l->rd.from,
                                      l->rd.to, l->rd.n, mv, WO_REDIRECT_MAX - l->rd.n, l->key);
         l->picked = np > 0;
+        l->rd.key = l->key;
         for (unsigned k = 0; k < np; k++)
             wo_redirect_add(&l->rd, mv[k].from, mv[k].to, mv[k].dev, mv[k].row);
     }

@@ -196,40 +196,104 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
     return rd->n;
 }
 
-/* The move word v takes (its index), or -1: it points into a moved range,
- * aligned as a weight pointer is (another word that happens to fall in the
- * range keeps its value, core/event.h), and for a picked buffer at an
- * expert's row (wo_redirect_add). */
-static int move_of(const struct wo_redirect *rd, uint64_t v)
+/* The parameter slots (function, word) in which a picked move found a
+ * word at an expert past a tensor's base, and whether they have held
+ * another value since (wo_redirect_add). Open addressing, no lock (engine
+ * threads; a fork may come at any time): an entry is claimed by its key,
+ * then filled, then published; one not yet published counts as constant.
+ * Full, a new slot counts as constant (the word keeps its value: read in
+ * place, correct). */
+#define SLOTS 4096u
+
+struct pslot {
+    uint64_t key; /* 0: free; claimed by compare-and-swap */
+    uint32_t w;
+    uint32_t ready; /* w and v written */
+    uint64_t v;     /* the first value seen */
+    uint32_t varied;
+};
+static struct pslot pslots[SLOTS];
+
+static bool slot_varied(uint64_t key, uint32_t w, uint64_t v)
+{
+    unsigned h = (unsigned)(((key ^ ((uint64_t)w << 48)) * UINT64_C(0x9e3779b97f4a7c15)) >> 52);
+
+    for (unsigned k = 0; k < SLOTS; k++) {
+        struct pslot *s = &pslots[(h + k) % SLOTS];
+        uint64_t have = __atomic_load_n(&s->key, __ATOMIC_ACQUIRE), none = 0;
+
+        if (have == key) {
+            if (!__atomic_load_n(&s->ready, __ATOMIC_ACQUIRE))
+                return false; /* being filled: its word is not known yet */
+            if (s->w != w)
+                continue;
+            if (s->v != v)
+                __atomic_store_n(&s->varied, 1, __ATOMIC_RELAXED);
+            return __atomic_load_n(&s->varied, __ATOMIC_RELAXED) != 0;
+        }
+        if (have)
+            continue;
+        if (!__atomic_compare_exchange_n(&s->key, &none, key, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE)) {
+            if (none != key)
+                continue; /* another key took it: probe on */
+            return false; /* the same key, being filled */
+        }
+        s->w = w;
+        s->v = v;
+        __atomic_store_n(&s->ready, 1, __ATOMIC_RELEASE);
+        return false;
+    }
+    return false;
+}
+
+/* The move word v (word w of the launch's parameters) takes (its index),
+ * or -1: it points into a moved range, aligned as a weight pointer is
+ * (another word that happens to fall in the range keeps its value,
+ * core/event.h), and for a picked buffer at an expert, past the base only
+ * from a slot that has held another value (wo_redirect_add). said: count a
+ * word so left (once per word: the second pass asks again). */
+static int move_of(const struct wo_redirect *rd, uint64_t v, uint32_t w, bool said)
 {
     if (!wo_ptr_aligned(v))
         return -1;
-    for (unsigned k = 0; k < rd->n; k++)
-        if (v >= rd->from[k] && v < rd->to[k])
-            return rd->row[k] && (v - rd->from[k]) % rd->row[k] ? -1 : (int)k;
+    for (unsigned k = 0; k < rd->n; k++) {
+        uint64_t off = v - rd->from[k];
+        if (v < rd->from[k] || v >= rd->to[k])
+            continue;
+        if (!rd->row[k] || off == 0)
+            return (int)k;
+        if (off % rd->row[k])
+            return -1;
+        if (slot_varied(rd->key, w, v))
+            return (int)k;
+        if (said)
+            __atomic_add_fetch(&wo_picks_const_words, 1, __ATOMIC_RELAXED);
+        return -1;
+    }
     return -1;
 }
 
-/* Moves one 8-byte word into its slot or buffer when it has a move. */
-static bool move_word(const struct wo_redirect *rd, unsigned char *p)
+/* Moves one 8-byte word (word w) into its slot or buffer when it has a move. */
+static bool move_word(const struct wo_redirect *rd, unsigned char *p, uint32_t w)
 {
     uint64_t v;
     int k;
 
     memcpy(&v, p, sizeof(v));
-    if ((k = move_of(rd, v)) < 0)
+    if ((k = move_of(rd, v, w, false)) < 0)
         return false;
     v = rd->dev[k] + (v - rd->from[k]);
     memcpy(p, &v, sizeof(v));
     return true;
 }
 
-static bool points_in(const struct wo_redirect *rd, const unsigned char *p)
+static bool points_in(const struct wo_redirect *rd, const unsigned char *p, uint32_t w)
 {
     uint64_t v;
 
     memcpy(&v, p, sizeof(v));
-    return move_of(rd, v) >= 0;
+    return move_of(rd, v, w, true) >= 0;
 }
 
 void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uint16_t *sizes,
@@ -251,7 +315,7 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
             continue;
         /* the same words the scan read (launch.c: scan_bytes) */
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
-            hit |= !wo_notptr_word(notptr, words) && points_in(rd, src + off);
+            hit |= !wo_notptr_word(notptr, words) && points_in(rd, src + off, words);
         if (!hit)
             continue;
         used = (used + 15) & ~(size_t)15;
@@ -261,7 +325,7 @@ void **wo_redirect_params(const struct wo_redirect *rd, void **params, const uin
         words = w0;
         for (size_t off = 0; off + 8 <= sizes[i] && words < max_words; off += 8, words++)
             if (!wo_notptr_word(notptr, words))
-                move_word(rd, b->bytes + used + off);
+                move_word(rd, b->bytes + used + off, words);
         b->params[i] = b->bytes + used;
         used += sizes[i];
     }
@@ -278,7 +342,7 @@ void **wo_redirect_extra(const struct wo_redirect *rd, void **extra, struct wo_r
         return NULL;
     memcpy(b->bytes, buf, size);
     for (size_t off = 0; off + 8 <= size; off += 8)
-        move_word(rd, b->bytes + off);
+        move_word(rd, b->bytes + off, (uint32_t)(off / 8));
     b->extra_size = size;
     b->extra[0] = CU_LAUNCH_PARAM_BUFFER_POINTER;
     b->extra[1] = b->bytes;

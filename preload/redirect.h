@@ -32,6 +32,7 @@ struct wo_redirect {
      * expert's row: where engines point into a stacked expert tensor); 0
      * (slots): any word aligned as a weight pointer is */
     uint64_t row[WO_REDIRECT_MAX];
+    uint64_t key; /* the launch key (core/kernel-name.h): picked moves learn its slots */
 };
 
 /* Whether word w of a function's parameters is learned to be no pointer
@@ -60,8 +61,12 @@ unsigned wo_redirect_begin(struct wo_redirect *rd, const struct wo_ev_hit *hits,
  * from + a multiple of row (an expert's rows: another word that falls in
  * the tensor is a constant or left-over stack bytes that happen to look
  * like an address, and keeps its value; a real pointer left so reads the
- * tensor in place, which is correct). Nothing to release; wait, end and
- * the check look at the slots only. */
+ * tensor in place, which is correct), and of those past from only the
+ * words whose parameter slot of the function (rd->key) has held another
+ * value in an earlier such launch: a weight pointer moves from layer to
+ * layer and expert to expert, a constant (a float beside padding that
+ * holds the top of a host address) never does. Nothing to release; wait,
+ * end and the check look at the slots only. */
 void wo_redirect_add(struct wo_redirect *rd, uint64_t from, uint64_t to, uint64_t dev,
                      uint64_t row);
 /* The parameter array to launch with: params with every pointer word into

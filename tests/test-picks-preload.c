@@ -1230,14 +1230,17 @@ static int child(void)
             }
             /* A word at one of the tensor's experts past its base is staged
              * only for a kernel seen reading two registered tensors
-             * (uvm/picks-kern.h): a kernel new here (stray2), whose word
-             * falls on expert 3, reads in place and gets its word as it
-             * was; an eager loop's launch on one picked expert (slice) reads
-             * in place at its first tensor, and from the second on reads
-             * the buffer, the same bytes */
-            if (step == 4) {
+             * (uvm/picks-kern.h), and moved only from a parameter slot seen
+             * holding another value (preload/redirect.c): a kernel new here
+             * (stray2), whose word falls on expert 3, reads in place and
+             * gets its word as it was; an eager loop's launch on one picked
+             * expert (slice) reads in place at its first tensor (no reader
+             * yet) and at its second (its slot's first value), and from
+             * then on reads the buffer, the same bytes */
+            if (step == 4 || step == 6) {
+                bool first = step == 4 && t == 0, second = step == 4 && t == 1;
                 int64_t e = -1;
-                uint64_t sum = 0, nr0, word = w[t] + 3 * row;
+                uint64_t sum = 0, nr0, cw0, word = w[t] + 3 * row;
                 CUdeviceptr at;
                 void *sp2[] = {&other, &word};
                 void *lp[] = {&at, &row, &out};
@@ -1249,8 +1252,9 @@ static int child(void)
                 at = w[t] + (uint64_t)e * row;
                 js = snapshot(stats);
                 nr0 = (uint64_t)json_num(js, "},\"tensors\":", "\"not_reader\":");
+                cw0 = (uint64_t)json_num(js, "},\"tensors\":", "\"const_words\":");
                 free(js);
-                if (t == 0) {
+                if (first) {
                     CHECK(p_cuLaunchKernel(ks2, 1, 1, 1, 1, 1, 1, 0, s, sp2, NULL) == CUDA_SUCCESS);
                     CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                     CHECK(stray_p == other && stray_word == word);
@@ -1259,12 +1263,33 @@ static int child(void)
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 CHECK(p_cuMemcpyDtoH(&sum, out, 8) == CUDA_SUCCESS);
                 CHECK(sum == host_sum((const uint64_t *)(host[t] + e * row), row / 8));
-                CHECK(t == 0 ? slice_p == at : slice_p != at);
+                CHECK(first || second ? slice_p == at : slice_p != at);
                 js = snapshot(stats);
                 CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"not_reader\":") ==
-                      nr0 + (t == 0 ? 2 : 0));
+                      nr0 + (first ? 2 : 0));
+                CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"const_words\":") ==
+                      cw0 + second);
                 free(js);
-                extra_reused += t == 1;
+                extra_reused += !first;
+            }
+            /* A kernel that reads the tensor (stray: a reader since step 4)
+             * and carries a constant that falls on expert 3 of it, as a
+             * GEMM's alpha beside padding could: the base moves, the
+             * constant, the same value launch after launch, stays */
+            if ((step == 6 || step == 8) && t == 0) {
+                uint64_t word = w[0] + 3 * ROW0, cw0;
+                void *bp[] = {&w[0], &word};
+
+                js = snapshot(stats);
+                cw0 = (uint64_t)json_num(js, "},\"tensors\":", "\"const_words\":");
+                free(js);
+                CHECK(p_cuLaunchKernel(ks, 1, 1, 1, 1, 1, 1, 0, s, bp, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(stray_p != w[0] && stray_word == word);
+                js = snapshot(stats);
+                CHECK((uint64_t)json_num(js, "},\"tensors\":", "\"const_words\":") == cw0 + 1);
+                free(js);
+                extra_reused++;
             }
             /* WOFFLOAD_STREAM_CHECK: a launch that writes into a picked
              * expert of its buffer is told (the check after it compares the

@@ -21,6 +21,7 @@ uint32_t wo_readonly_gen[WO_STREAM_IDS];
 uint8_t wo_picks_ids[WO_STREAM_IDS];
 uint32_t wo_picks_hot_epoch;
 int wo_picks_any;
+uint64_t wo_picks_const_words;
 uint64_t wo_stream_await_ns = WO_STREAM_AWAIT_NS;
 #define AWAIT_SPIN 256u /* polls before the wait yields the CPU each time round */
 

@@ -436,6 +436,10 @@ extern uint8_t wo_picks_ids[WO_STREAM_IDS];
 extern uint32_t wo_picks_hot_epoch;
 /* 1 once any span exists: the launch hooks look only then. */
 extern int wo_picks_any;
+/* Words at an expert past a tensor's base that the redirect left as they
+ * were: their parameter slot never held another value (preload/redirect.c,
+ * a constant; atomic). */
+extern uint64_t wo_picks_const_words;
 
 /* One move for the launch: [from, to) of the tensor reads [dev, ...), the
  * words at from + a multiple of row (an expert's bytes) only. */

@@ -82,6 +82,12 @@ void wo_picks_summary(void)
                      "expert tensors read in place (a weight-reading kernel is one from its second "
                      "layer on)%s",
                      t.not_reader, kerns_said(&t.nr_kerns, kn, sizeof(kn)));
+    if (t.const_words)
+        wo_log_write(WO_LOG_OFF,
+                     "picks: %" PRIu64 " words at an expert inside a registered tensor were left as "
+                     "they were: their parameter slot never held another value (a constant that "
+                     "looks like an address; a weight pointer moves from layer to layer)",
+                     t.const_words);
     if (!t.staged && !t.reused)
         return;
     wo_log_write(WO_LOG_OFF,

@@ -755,6 +755,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->off_row = pk.off_row;
     t->off_kerns = pk.off_kerns;
     t->not_reader = pk.not_reader;
+    t->const_words = __atomic_load_n(&wo_picks_const_words, __ATOMIC_RELAXED);
     t->nr_kerns = pk.nr_kerns;
     t->checked = pk.checked;
     t->check_mismatch = pk.check_mismatch;
@@ -968,6 +969,7 @@ void wo_picks_reset(void)
     wo_budget_picks_bytes(0);
     pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
     pk.off_row = pk.not_reader = pk.checked = pk.check_mismatch = 0;
+    __atomic_store_n(&wo_picks_const_words, 0, __ATOMIC_RELAXED);
     memset(&pk.off_kerns, 0, sizeof(pk.off_kerns));
     memset(&pk.nr_kerns, 0, sizeof(pk.nr_kerns));
     wo_picks_kern_forget();

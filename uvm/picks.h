@@ -110,6 +110,8 @@ struct wo_picks_totals {
     uint64_t not_reader;   /* launches of kernels not (yet) seen reading two registered tensors
                             * at an expert: read in place (uvm/picks-kern.h) */
     struct wo_picks_kerns nr_kerns; /* their kernels */
+    uint64_t const_words;  /* words at an expert past the base left as they were: their
+                            * parameter slot never held another value (preload/redirect.c) */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: launches whose buffers were compared */
     uint64_t check_mismatch; /* of them, with a picked expert's bytes not the tensor's */
     uint64_t buffer_bytes; /* device bytes of the buffers */
