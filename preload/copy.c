@@ -1,6 +1,8 @@
 /* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
  * stream). Never synchronises: an async copy is recorded when enqueued.
+ * Once the copy engine runs, the copies and waits that may wait for the
+ * engine's streams go behind its gate (copy_waits).
  * Before forwarding, a copy into a range the streaming executor staged
  * drops the range's device slot (uvm/hotpath.h): later launches read the
  * host copy the write makes current. */
@@ -99,13 +101,47 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
     }
 }
 
-/* The common shape of every driver copy hook. */
-#define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
+/* Whether a copy into dst may wait in the driver for the engine's streams
+ * while holding a lock that the copy engine's thread needs (uvm.h:
+ * wo_uvm_quiesce_begin): a synchronous copy, or an async one into host
+ * memory the driver does not know (pageable: the call returns once the
+ * copy is done). Asked only once the copy engine has started; an address
+ * the driver cannot place counts as pageable. */
+static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
+{
+    const struct wo_real *r;
+    CUresult (*attr)(void *, CUpointer_attribute, CUdeviceptr);
+    unsigned type = 0;
+
+    if (!wo_uvm_gate_live())
+        return false;
+    if (sync)
+        return true;
+    if (kind == WO_COPY_H2D || kind == WO_COPY_D2D)
+        return false;
+    r = wo_real_driver_peek();
+    *(void **)&attr = r ? r->cuPointerGetAttribute : NULL;
+    return !attr || attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)dst) != CUDA_SUCCESS;
+}
+
+/* The call behind the gate when it waits (copy_waits). */
+#define GATED(waits, res, call)                                                                    \
+    do {                                                                                           \
+        bool g_ = (waits);                                                                         \
+        if (g_)                                                                                    \
+            wo_uvm_quiesce_begin();                                                                \
+        res = call;                                                                                \
+        if (g_)                                                                                    \
+            wo_uvm_quiesce_end();                                                                  \
+    } while (0)
+
+/* The common shape of every driver copy hook (sync: a synchronous copy). */
+#define COPY_HOOK(call, dst, src, bytes, kind, stream, sync)                                       \
     do {                                                                                           \
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        res_ = call;                                                                               \
+        GATED(copy_waits(sync, (uint64_t)(dst), kind), res_, call);                                \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
                         wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
@@ -116,49 +152,49 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
 CUresult wo_h_memcpy(wo_pfn_cuMemcpy real, int id, void *ra, CUdeviceptr dst, CUdeviceptr src,
                      size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_DEFAULT, NULL);
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_DEFAULT, NULL, true);
 }
 
 CUresult wo_h_memcpy_async(wo_pfn_cuMemcpyAsync real, int id, void *ra, CUdeviceptr dst,
                            CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_DEFAULT, s);
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_DEFAULT, s, false);
 }
 
 CUresult wo_h_memcpy_htod(wo_pfn_cuMemcpyHtoD_v2 real, int id, void *ra, CUdeviceptr dst,
                           const void *src, size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, (uintptr_t)src, n, WO_COPY_H2D, NULL);
+    COPY_HOOK(real(dst, src, n), dst, (uintptr_t)src, n, WO_COPY_H2D, NULL, true);
 }
 
 CUresult wo_h_memcpy_dtoh(wo_pfn_cuMemcpyDtoH_v2 real, int id, void *ra, void *dst, CUdeviceptr src,
                           size_t n)
 {
-    COPY_HOOK(real(dst, src, n), (uintptr_t)dst, src, n, WO_COPY_D2H, NULL);
+    COPY_HOOK(real(dst, src, n), (uintptr_t)dst, src, n, WO_COPY_D2H, NULL, true);
 }
 
 CUresult wo_h_memcpy_dtod(wo_pfn_cuMemcpyDtoD_v2 real, int id, void *ra, CUdeviceptr dst,
                           CUdeviceptr src, size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_D2D, NULL);
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_D2D, NULL, true);
 }
 
-CUresult wo_h_memcpy_htod_async(wo_pfn_cuMemcpyHtoDAsync_v2 real, int id, void *ra,
-                                CUdeviceptr dst, const void *src, size_t n, CUstream s)
+CUresult wo_h_memcpy_htod_async(wo_pfn_cuMemcpyHtoDAsync_v2 real, int id, void *ra, CUdeviceptr dst,
+                                const void *src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, (uintptr_t)src, n, WO_COPY_H2D, s);
+    COPY_HOOK(real(dst, src, n, s), dst, (uintptr_t)src, n, WO_COPY_H2D, s, false);
 }
 
 CUresult wo_h_memcpy_dtoh_async(wo_pfn_cuMemcpyDtoHAsync_v2 real, int id, void *ra, void *dst,
                                 CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), (uintptr_t)dst, src, n, WO_COPY_D2H, s);
+    COPY_HOOK(real(dst, src, n, s), (uintptr_t)dst, src, n, WO_COPY_D2H, s, false);
 }
 
-CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *ra,
-                                CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *ra, CUdeviceptr dst,
+                                CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s);
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s, false);
 }
 
 #define P2_DST(p) (p ? addr_of(p->dstMemoryType, p->dstHost, p->dstDevice) : 0)
@@ -168,21 +204,21 @@ CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *
 CUresult wo_h_memcpy2d(wo_pfn_cuMemcpy2D_v2 real, int id, void *ra, const CUDA_MEMCPY2D *p)
 {
     COPY_HOOK(real(p), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), NULL);
+              P2_KIND(p), NULL, true);
 }
 
 CUresult wo_h_memcpy2d_async(wo_pfn_cuMemcpy2DAsync_v2 real, int id, void *ra,
                              const CUDA_MEMCPY2D *p, CUstream s)
 {
     COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), s);
+              P2_KIND(p), s, false);
 }
 
 CUresult wo_h_memcpy3d(wo_pfn_cuMemcpy3D_v2 real, int id, void *ra, const CUDA_MEMCPY3D *p)
 {
     COPY_HOOK(real(p), P2_DST(p), P2_SRC(p),
               p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), NULL);
+              P2_KIND(p), NULL, true);
 }
 
 CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
@@ -190,33 +226,33 @@ CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
 {
     COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p),
               p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), s);
+              P2_KIND(p), s, false);
 }
 
 CUresult wo_h_memcpy_peer(wo_pfn_cuMemcpyPeer real, int id, void *ra, CUdeviceptr dst,
                           CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)
 {
-    COPY_HOOK(real(dst, dctx, src, sctx, n), dst, src, n, WO_COPY_D2D, NULL);
+    COPY_HOOK(real(dst, dctx, src, sctx, n), dst, src, n, WO_COPY_D2D, NULL, true);
 }
 
 CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra, CUdeviceptr dst,
                                 CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
                                 CUstream s)
 {
-    COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s);
+    COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s, false);
 }
 
 /* --- runtime -------------------------------------------------------------- */
 
-#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
+#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream, sync)                                    \
     do {                                                                                           \
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
-        wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                      \
-        res_ = call;                                                                               \
+        wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
+        GATED(copy_waits(sync, (uint64_t)(uintptr_t)(dst), kind), res_, call);                     \
         if (res_ == cudaSuccess)                                                                   \
-            record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src),                    \
-                        (uint64_t)(bytes), kind, wo_stream_id(stream, wo_rt_pt[id]), ra);          \
+            record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
+                        kind, wo_stream_id(stream, wo_rt_pt[id]), ra);                             \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
@@ -224,14 +260,14 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
 cudaError_t wo_h_cuda_memcpy(wo_pfn_cudaMemcpy real, int id, void *ra, void *dst, const void *src,
                              size_t n, enum cudaMemcpyKind kind)
 {
-    RT_COPY_HOOK(real(dst, src, n, kind), dst, src, n, kind_of_runtime(kind), NULL);
+    RT_COPY_HOOK(real(dst, src, n, kind), dst, src, n, kind_of_runtime(kind), NULL, true);
 }
 
 cudaError_t wo_h_cuda_memcpy_async(wo_pfn_cudaMemcpyAsync real, int id, void *ra, void *dst,
                                    const void *src, size_t n, enum cudaMemcpyKind kind,
                                    cudaStream_t s)
 {
-    RT_COPY_HOOK(real(dst, src, n, kind, s), dst, src, n, kind_of_runtime(kind), s);
+    RT_COPY_HOOK(real(dst, src, n, kind, s), dst, src, n, kind_of_runtime(kind), s, false);
 }
 
 cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void *dst, size_t dpitch,
@@ -239,7 +275,7 @@ cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void 
                                enum cudaMemcpyKind kind)
 {
     RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), NULL);
+                 kind_of_runtime(kind), NULL, true);
 }
 
 cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void *ra, void *dst,
@@ -247,24 +283,26 @@ cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void
                                      size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
 {
     RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind, s), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), s);
+                 kind_of_runtime(kind), s, false);
 }
 
-#define P3_BYTES(p) (p ? (uint64_t)p->extent.width * WO_MAX(p->extent.height, (size_t)1) * \
-                             WO_MAX(p->extent.depth, (size_t)1) : 0)
+#define P3_BYTES(p)                                                                                \
+    (p ? (uint64_t)p->extent.width * WO_MAX(p->extent.height, (size_t)1) *                         \
+             WO_MAX(p->extent.depth, (size_t)1)                                                    \
+       : 0)
 
 cudaError_t wo_h_cuda_memcpy3d(wo_pfn_cudaMemcpy3D real, int id, void *ra,
                                const struct cudaMemcpy3DParms *p)
 {
     RT_COPY_HOOK(real(p), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL);
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL, true);
 }
 
 cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void *ra,
                                      const struct cudaMemcpy3DParms *p, cudaStream_t s)
 {
     RT_COPY_HOOK(real(p, s), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s, false);
 }
 
 /* --- waits ------------------------------------------------------------------
@@ -290,7 +328,7 @@ static void record_sync(uint64_t stream)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         record_sync(stream);                                                                       \
-        res_ = call;                                                                               \
+        GATED(wo_uvm_gate_live(), res_, call);                                                     \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)

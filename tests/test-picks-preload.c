@@ -207,6 +207,10 @@ struct freer {
     CUcontext ctx;
     int stop;
     unsigned long frees, failed;
+    /* every third round a read back into pageable memory (PyTorch's
+     * .item()): it waits for the context's work too (the H200 under fit) */
+    CUresult (*dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
+    unsigned long reads;
 };
 
 static void *freer_thread(void *arg)
@@ -218,7 +222,8 @@ static void *freer_thread(void *arg)
         return NULL;
     }
     while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
-        bool host = (f->frees + f->failed) % 2;
+        unsigned round = (unsigned)((f->frees + f->failed + f->reads) % 3);
+        bool host = round == 1;
         CUdeviceptr p = 0;
         void *h = NULL;
         CUresult r;
@@ -226,6 +231,13 @@ static void *freer_thread(void *arg)
         if ((host ? f->host_alloc(&h, 64u << 10, 0) : f->alloc(&p, 64u << 10)) != CUDA_SUCCESS) {
             f->failed++;
             break;
+        }
+        if (round == 2) {
+            uint64_t word = 0; /* on the stack: pageable */
+            if (f->dtoh_async(&word, p, sizeof(word), NULL) == CUDA_SUCCESS)
+                f->reads++;
+            else
+                f->failed++;
         }
         r = host ? f->host_free(h) : f->free(p);
         if (r != CUDA_SUCCESS)
@@ -1070,11 +1082,12 @@ static int child(void)
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
 
-    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, NULL, NULL, ctx, 0, 0, 0};
+    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, NULL, NULL, ctx, 0, 0, 0, NULL, 0};
     pthread_t fth;
     *(void **)&fr.free = need(cu, "cuMemFree_v2");
     *(void **)&fr.host_alloc = need(cu, "cuMemHostAlloc");
     *(void **)&fr.host_free = need(cu, "cuMemFreeHost");
+    *(void **)&fr.dtoh_async = need(cu, "cuMemcpyDtoHAsync_v2");
     bool freeing = getenv("WO_PICKS_TEST_FREER") && getenv("WO_PICKS_TEST_ENGINE") &&
                    strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0;
     CHECK(!freeing || pthread_create(&fth, NULL, freer_thread, &fr) == 0);
@@ -1330,8 +1343,9 @@ static int child(void)
     if (freeing) {
         __atomic_store_n(&fr.stop, 1, __ATOMIC_RELEASE);
         pthread_join(fth, NULL);
-        fprintf(stderr, "freer: %lu frees, %lu failed\n", fr.frees, fr.failed);
-        CHECK(fr.frees > 0 && fr.failed == 0);
+        fprintf(stderr, "freer: %lu frees, %lu reads back, %lu failed\n", fr.frees, fr.reads,
+                fr.failed);
+        CHECK(fr.frees > 0 && fr.reads > 0 && fr.failed == 0);
     }
     /* one more registration reads the counters back after the last copy:
      * at least a millisecond after the last read back, on the shim's clock

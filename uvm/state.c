@@ -204,6 +204,11 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
     __atomic_store_n(&gate_begin, begin, __ATOMIC_RELEASE);
 }
 
+bool wo_uvm_gate_live(void)
+{
+    return __atomic_load_n(&gate_begin, __ATOMIC_ACQUIRE) != NULL;
+}
+
 void wo_uvm_quiesce_begin(void)
 {
     void (*f)(void *, unsigned) = __atomic_load_n(&gate_begin, __ATOMIC_ACQUIRE);

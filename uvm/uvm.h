@@ -194,7 +194,11 @@ extern int wo_dma_busy;
 /* The copy engine's gate (uvm/picks-dma.c), around every driver call that
  * waits for the context's work to finish while holding a lock the shim's
  * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,
- * cuMemUnmap, cuMemRelease, module and library unloads, cuCtxSynchronize.
+ * cuMemUnmap, cuMemRelease, module and library unloads, cuCtxSynchronize;
+ * and, once the copy engine has started (wo_uvm_gate_live), the engine's
+ * stream and event waits, its synchronous copies and its async copies into
+ * pageable host memory (PyTorch's .item(): on the H200 the engine's thread
+ * spun in one while the copy thread sat in cuMemcpyAsync, under fit).
  * An engine stream may be waiting on the GPU for a flag only that thread
  * raises; begin lets no new picked copy onto the copy engine (the kernels
  * copy them) and waits until the queued ones are issued (at most 2 s, then
@@ -206,6 +210,9 @@ extern int wo_dma_busy;
  * wo_uvm_copy_live.) */
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(void);
+/* Whether the gate does anything: the copy engine has started (until then
+ * the hooks leave the engine's waits and copies ungated). */
+bool wo_uvm_gate_live(void);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With

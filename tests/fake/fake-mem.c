@@ -1024,6 +1024,16 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, boo
 
 #define P(x) ((void *)(uintptr_t)(x))
 
+/* A copy into host memory the driver does not know (pageable) returns once
+ * it is done: it waits for the context's work holding the quiet lock, as a
+ * free does (fk_quiet_wait). On the H200, under fit with the shim's copy
+ * engine, the engine's thread spun in such a copy (PyTorch's .item()) while
+ * the shim's copy thread sat in cuMemcpyAsync, and nothing went on. */
+static CUresult pageable_wait(const void *dst, size_t n)
+{
+    return n && dst && fk_mem_kind((uintptr_t)dst, n) < 0 ? fk_quiet_wait() : CUDA_SUCCESS;
+}
+
 /* Unified copies: any address works (UVA, pageable host memory included). */
 static CUresult check_unified(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
@@ -1063,14 +1073,20 @@ static CUresult cuMemcpyAsync_body(CUdeviceptr dst, CUdeviceptr src, size_t Byte
 FK_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                  CUstream hStream)
 {
+    CUresult r = pageable_wait(P(dst), ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     fk_quiet_enter();
-    CUresult r = cuMemcpyAsync_body(dst, src, ByteCount, hStream);
+    r = cuMemcpyAsync_body(dst, src, ByteCount, hStream);
     fk_quiet_leave();
     return r;
 }
 FK_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                       CUstream hStream)
 {
+    CUresult r = pageable_wait(P(dst), ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     COPY_ASYNC(cuMemcpyAsync_ptsz, P(dst), P(src), ByteCount, !check_unified(dst, src, ByteCount),
                hStream, true);
 }
@@ -1091,11 +1107,17 @@ FK_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHo
 }
 FK_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    CUresult r = pageable_wait(dstHost, ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     COPY_SYNC(cuMemcpyDtoH_v2, dstHost, P(srcDevice), ByteCount,
               HTOD_OK(srcDevice, dstHost, ByteCount));
 }
 FK_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
+    CUresult r = pageable_wait(dstHost, ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     COPY_SYNC(cuMemcpyDtoH_v2_ptds, dstHost, P(srcDevice), ByteCount,
               HTOD_OK(srcDevice, dstHost, ByteCount));
 }
@@ -1125,12 +1147,18 @@ FK_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *
 FK_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                         CUstream hStream)
 {
+    CUresult r = pageable_wait(dstHost, ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     COPY_ASYNC(cuMemcpyDtoHAsync_v2, dstHost, P(srcDevice), ByteCount,
                HTOD_OK(srcDevice, dstHost, ByteCount), hStream, false);
 }
 FK_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
                                              size_t ByteCount, CUstream hStream)
 {
+    CUresult r = pageable_wait(dstHost, ByteCount);
+    if (r != CUDA_SUCCESS)
+        return r;
     COPY_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, dstHost, P(srcDevice), ByteCount,
                HTOD_OK(srcDevice, dstHost, ByteCount), hStream, true);
 }
