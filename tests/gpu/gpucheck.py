@@ -24,7 +24,17 @@ def result(cmd: list, env=None, must: bool = True, timeout: float = 600) -> dict
     object, the child's stderr under "stderr". Without such a line: with
     must, the test fails here (the child's output tails on stderr);
     otherwise an object with "error" and those tails."""
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired as e:
+        # a hang (the child is killed): what it said so far
+        def text(b):
+            return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        tail = text(e.stdout)[-3000:] + text(e.stderr)[-5000:]
+        if must:
+            sys.stderr.write(tail)
+            raise SystemExit(f"FAIL: {' '.join(cmd)}: still running after {timeout:.0f} s")
+        return {"error": f"still running after {timeout:.0f} s (killed)", "stderr": tail}
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             r = json.loads(line[7:])

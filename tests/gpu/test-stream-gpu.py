@@ -27,6 +27,13 @@ woffload-run with the automatic hook and a policy that streams:
   moe-host-write-picks  moe-host-write with picked staging
   moe128-host-picks  a fine-grained MoE (128 experts, top-8), experts `host`,
                      picked staging
+  moe128-host-picks-engine  the same with every name announced before its
+                     bytes (woffload.expect_module on a meta-device copy,
+                     as from_pretrained's hook does: the host experts are
+                     served pinned) and WOFFLOAD_PICKS_ENGINE=1: the picked
+                     copies on the copy engine; on the H200 transformers
+                     under fit stopped so in its first step (bench/results,
+                     picks-engine-stall-20261203-h200)
   moe128-host-picks-cb   the same under transformers' continuous batching
                      (generate_batch, paged attention: its steps run on
                      several streams, which share one pool of buffers), two
@@ -105,6 +112,8 @@ CASES = {
                              "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks": ("moe128", "version: 1\ndefault: device\n"
                           "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-host-picks-engine": ("moe128+engine", "version: 1\ndefault: device\n"
+                                 "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
                              "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-half-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
@@ -132,6 +141,19 @@ def child(model: str) -> None:
     arch, cfg = MODELS[model]
     attn = dict(attn_implementation="paged|sdpa") if flag == "cb" else {}
     torch.manual_seed(0)
+    if flag == "engine":
+        # every name announced before its bytes (woffload.expect_module, as
+        # transformers' from_pretrained does through the hook): the host
+        # experts are served pinned, which the copy engine reads
+        try:
+            import woffload
+            with torch.device("meta"):
+                meta = transformers.AutoModelForCausalLM.from_config(
+                    getattr(transformers, arch)(**cfg), dtype=torch.bfloat16)
+            woffload.expect_module(meta)
+            del meta
+        except ImportError:  # the reference runs without the shim
+            pass
     with torch.device("cuda"):
         m = transformers.AutoModelForCausalLM.from_config(getattr(transformers, arch)(**cfg),
                                                           dtype=torch.bfloat16, **attn)
@@ -236,8 +258,13 @@ def main() -> int:
                 # found no step: the dense row on the H100 found none)
                 cmd += ["--trace", os.path.join(os.environ["WO_STREAM_TRACE_DIR"], f"{case}.wot")]
             cmds[case] = cmd + ["--"] + me + [model]
+        # the -engine rows put every picked copy on the copy engine, and a
+        # stall there would hang the row: 300 s, not 600
         runs = {case: pool.submit(gpucheck.result, cmds[case],
-                                  dict(env, WOFFLOAD_PICKS="1" if "picks" in case else "0"), must=False)
+                                  dict(env, WOFFLOAD_PICKS="1" if "picks" in case else "0",
+                                       **({"WOFFLOAD_PICKS_ENGINE": "1"}
+                                          if case.endswith("-engine") else {})),
+                                  must=False, timeout=300 if case.endswith("-engine") else 600)
                 for case in cases}
         for case in cases:
             cmd, ref = cmds[case], refs[CASES[case][0]]
@@ -276,6 +303,16 @@ def main() -> int:
                 print(f"    picks: {pk.get('bytes_copied', 0) / 1e9:.3f} GB moved against "
                       f"{pk.get('whole_bytes', 0) / 1e9:.3f} GB of whole tensors, "
                       f"{pk.get('buffer_bytes', 0) >> 20} MiB of buffers")
+            if case.endswith("-engine"):
+                eng = pk.get("engine") or {}
+                checks[f"picked copies on the copy engine ({eng.get('copies')} jobs, "
+                       f"{eng.get('bytes', 0) / 1e9:.3f} GB; {eng.get('kernel_fallbacks')} by the "
+                       f"kernels instead): the announced host experts are pinned"] = \
+                    eng.get("copies", 0) > 0
+                checks[f"the copy engine never stalled ({eng.get('stalls')}; "
+                       f"{eng.get('stall_report') or 'no report'}) and no gate ran out "
+                       f"({eng.get('quiesce_timeouts')})"] = \
+                    eng.get("stalls", 1) == 0 and eng.get("quiesce_timeouts", 1) == 0
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
                       f"streamed, {st.get('auto_backs')} back in place; {st.get('redirected')} launches "
