@@ -65,6 +65,9 @@
 #                  time left: issue 41's checkpoint larger than the free memory,
 #                  loaded by from_pretrained beside a blocker (its checkpoint stays
 #                  in /tmp for the next call)
+#                  STALL_STACKS=1: the shim's log in $OUT/bigload/shim.log, and the
+#                  first row the copy engine's watchdog reports stuck gets every
+#                  thread's stack by bench/stall-stacks.sh, then is killed
 #   e2e            bench/e2e.py's scenarios E2E_SCENARIOS (comma-separated) with
 #                  the shim in build-gpu, into $OUT/e2e (--keep-going, within the
 #                  call's time left; E2E_CPUS pins them as bench.md says), with
@@ -260,10 +263,21 @@ for step in "$@"; do
         # every row on cores 0-7 unless BIGLOAD_CPUS says (b1 is the CPU's
         # launches: one set of cores for every row and every call)
         export BIGLOAD_CPUS="${BIGLOAD_CPUS-0-7}"
+        # STALL_STACKS=1: the shim's log of every row in $OUT/bigload/shim.log,
+        # and at the first "looks stuck" in it every thread's stack of that
+        # row (bench/stall-stacks.sh), which is then killed: the next row runs
+        if [ "${STALL_STACKS:-0}" = 1 ]; then
+            export WOFFLOAD_LOG_FILE=$OUT/bigload/shim.log
+            STALL_KILL=1 bash bench/stall-stacks.sh "$WOFFLOAD_LOG_FILE" "$OUT/bigload" \
+                'looks stuck' "$left" >"$OUT/bigload/stall-watch.log" 2>&1 &
+            watcher=$!
+        fi
         # shellcheck disable=SC2086
         python3 bench/bigload.py --build build-gpu --out "$OUT/bigload" --deadline $((left - 15)) \
             ${prev:+--with "$prev"} ${BIGLOAD_ARGS:-} >"$OUT/bigload.log" 2>&1
         rc=$?
+        [ -n "${watcher:-}" ] && kill "$watcher" 2>/dev/null
+        unset WOFFLOAD_LOG_FILE watcher
         [ -f "$OUT/bigload/bigload.json" ] &&
             cp "$OUT/bigload/bigload.json" "/tmp/bigload-calls/$(date +%s).json"
         tail -40 "$OUT/bigload/bigload.md" 2>/dev/null || tail -20 "$OUT/bigload.log" ;;

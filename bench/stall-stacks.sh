@@ -10,7 +10,8 @@
 # wait channel and kernel stack (/proc), then its user stacks by gdb, eu-stack
 # or py-spy, whichever the machine has (its Python stack too, with py-spy).
 # Twice, 2 s apart: a thread in the same driver call both times is the one
-# that holds the others. Exit 0 when it wrote them, 1 when PATTERN never came.
+# that holds the others. STALL_KILL=1: then kills the process (kill -9), so a
+# bench's next row can run. Exit 0 when it wrote them, 1 when PATTERN never came.
 set -u
 log=${1:?LOG}
 out=${2:?OUTDIR}
@@ -50,3 +51,5 @@ for round in 1 2; do
     sleep 2
 done
 echo "stall-stacks: $f"
+[ "${STALL_KILL:-0}" = 1 ] && kill -9 "$pid" 2>/dev/null
+exit 0
