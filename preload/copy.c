@@ -124,12 +124,14 @@ static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
     return !attr || attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)dst) != CUDA_SUCCESS;
 }
 
-/* The call behind the gate when it waits (copy_waits). */
-#define GATED(waits, res, call)                                                                    \
+/* The call behind the gate when it waits (copy_waits), counted in ctr. */
+#define GATED(waits, res, call, ctr)                                                               \
     do {                                                                                           \
         bool g_ = (waits);                                                                         \
-        if (g_)                                                                                    \
+        if (g_) {                                                                                  \
+            wo_count(ctr, 1);                                                                      \
             wo_uvm_quiesce_begin();                                                                \
+        }                                                                                          \
         res = call;                                                                                \
         if (g_)                                                                                    \
             wo_uvm_quiesce_end();                                                                  \
@@ -141,7 +143,7 @@ static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        GATED(copy_waits(sync, (uint64_t)(dst), kind), res_, call);                                \
+        GATED(copy_waits(sync, (uint64_t)(dst), kind), res_, call, WO_CTR_gated_copies);           \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
                         wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
@@ -249,7 +251,8 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
         wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
-        GATED(copy_waits(sync, (uint64_t)(uintptr_t)(dst), kind), res_, call);                     \
+        GATED(copy_waits(sync, (uint64_t)(uintptr_t)(dst), kind), res_, call,                      \
+              WO_CTR_gated_copies);                                                                \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
                         kind, wo_stream_id(stream, wo_rt_pt[id]), ra);                             \
@@ -328,7 +331,7 @@ static void record_sync(uint64_t stream)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         record_sync(stream);                                                                       \
-        GATED(wo_uvm_gate_live(), res_, call);                                                     \
+        GATED(wo_uvm_gate_live(), res_, call, WO_CTR_gated_waits);                                 \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
