@@ -1,7 +1,7 @@
 /* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
  * stream). Never synchronises: an async copy is recorded when enqueued.
- * Once the copy engine runs, the copies and waits that may wait for the
+ * When the copy engine may run, the copies and waits that may wait for the
  * engine's streams go behind its gate (copy_waits).
  * Before forwarding, a copy into a range the streaming executor staged
  * drops the range's device slot (uvm/hotpath.h): later launches read the
@@ -105,15 +105,15 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
  * while holding a lock that the copy engine's thread needs (uvm.h:
  * wo_uvm_quiesce_begin): a synchronous copy, or an async one into host
  * memory the driver does not know (pageable: the call returns once the
- * copy is done). Asked only once the copy engine has started; an address
- * the driver cannot place counts as pageable. */
+ * copy is done). Asked only when the copy engine may run; an address the
+ * driver cannot place counts as pageable. */
 static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
 {
     const struct wo_real *r;
     CUresult (*attr)(void *, CUpointer_attribute, CUdeviceptr);
     unsigned type = 0;
 
-    if (!wo_uvm_gate_live())
+    if (!wo_uvm_gate_armed())
         return false;
     if (sync)
         return true;
@@ -310,8 +310,10 @@ cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void
 
 /* --- waits ------------------------------------------------------------------
  * Where the engine's thread waits for the GPU: the trace records a sync
- * event when the wait begins (the replay's host waits there, docs/prefetch.md);
- * nothing else happens, and with nothing recorded the hook only forwards. */
+ * event when the wait begins (the replay's host waits there, docs/prefetch.md).
+ * When the copy engine may run, the wait passes its gate first (uvm.h:
+ * wo_uvm_quiesce_begin); otherwise, with nothing recorded, the hook only
+ * forwards. */
 
 static void record_sync(uint64_t stream)
 {
@@ -331,7 +333,7 @@ static void record_sync(uint64_t stream)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         record_sync(stream);                                                                       \
-        GATED(wo_uvm_gate_live(), res_, call, WO_CTR_gated_waits);                                 \
+        GATED(wo_uvm_gate_armed(), res_, call, WO_CTR_gated_waits);                                \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
@@ -342,20 +344,10 @@ CUresult wo_h_stream_sync(wo_pfn_cuStreamSynchronize real, int id, void *ra, CUs
     SYNC_HOOK(real(s), wo_stream_id(s, wo_hook_pt[id]));
 }
 
-/* The context's whole work waited for: behind the copy engine's gate, as
- * the frees (uvm.h: wo_uvm_quiesce_begin). */
-static CUresult ctx_sync_gated(wo_pfn_cuCtxSynchronize_v2 real, CUcontext ctx)
-{
-    wo_uvm_quiesce_begin();
-    CUresult r = real(ctx);
-    wo_uvm_quiesce_end();
-    return r;
-}
-
 CUresult wo_h_ctx_sync(wo_pfn_cuCtxSynchronize_v2 real, int id, void *ra, CUcontext ctx)
 {
     (void)ra;
-    SYNC_HOOK(ctx_sync_gated(real, ctx), 0);
+    SYNC_HOOK(real(ctx), 0);
 }
 
 CUresult wo_h_event_sync(wo_pfn_cuEventSynchronize real, int id, void *ra, CUevent e)

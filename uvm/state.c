@@ -14,6 +14,7 @@
 #include "core/event.h"
 #include "core/log.h"
 #include "core/macro.h"
+#include "core/settings.h"
 
 struct wo_uvm_state wo_uvm = {
     .lock = PTHREAD_MUTEX_INITIALIZER,
@@ -204,9 +205,9 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
     __atomic_store_n(&gate_begin, begin, __ATOMIC_RELEASE);
 }
 
-bool wo_uvm_gate_live(void)
+bool wo_uvm_gate_armed(void)
 {
-    return __atomic_load_n(&gate_begin, __ATOMIC_ACQUIRE) != NULL;
+    return wo_settings()->picks_engine != 0;
 }
 
 void wo_uvm_quiesce_begin(void)

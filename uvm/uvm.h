@@ -194,25 +194,26 @@ extern int wo_dma_busy;
 /* The copy engine's gate (uvm/picks-dma.c), around every driver call that
  * waits for the context's work to finish while holding a lock the shim's
  * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,
- * cuMemUnmap, cuMemRelease, module and library unloads, cuCtxSynchronize;
- * and, once the copy engine has started (wo_uvm_gate_live), the engine's
- * stream and event waits, its synchronous copies and its async copies into
- * pageable host memory (PyTorch's .item(): on the H200 the engine's thread
- * spun in one while the copy thread sat in cuMemcpyAsync, under fit).
+ * cuMemUnmap, cuMemRelease, module and library unloads; and, when the copy
+ * engine may run (wo_uvm_gate_armed), the engine's context, stream and
+ * event waits, its synchronous copies and its async copies into pageable
+ * host memory (on the H200 the engine's thread spun in a driver call while
+ * the copy thread sat in cuMemcpyAsync: most likely PyTorch's .item()).
  * An engine stream may be waiting on the GPU for a flag only that thread
  * raises; begin lets no new picked copy onto the copy engine (the kernels
  * copy them) and waits until the queued ones are issued (at most 2 s, then
  * says so), end lets them in again. Nests; costs a few atomics while the
- * copy engine has never started (the default), and a lock besides once it
- * has. The hooks call it for the engine's calls, uvm/ for its own. (The
- * CPU copies of the engine's memory, the copy engine's pinned mirrors
- * among them, are kept safe from frees by uvm/'s books instead:
- * wo_uvm_copy_live.) */
+ * copy engine has never started, and a lock besides once it has. The
+ * hooks call it for the engine's calls, uvm/ for its own. (The CPU copies
+ * of the engine's memory, the copy engine's pinned mirrors among them, are
+ * kept safe from frees by uvm/'s books instead: wo_uvm_copy_live.) */
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(void);
-/* Whether the gate does anything: the copy engine has started (until then
- * the hooks leave the engine's waits and copies ungated). */
-bool wo_uvm_gate_live(void);
+/* Whether the copy engine may run (WOFFLOAD_PICKS_ENGINE set): the hooks
+ * gate the engine's waits and copies from the start then, not from the
+ * engine's first job (a wait entered ungated just before it would hold the
+ * first copy off); with it 0 (the default) they never do. */
+bool wo_uvm_gate_armed(void);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With

@@ -1027,12 +1027,17 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, boo
 /* A copy into host memory the driver does not know (pageable) returns once
  * it is done: it waits for the context's work holding the quiet lock, as a
  * free does (fk_quiet_wait). On the H200, under fit with the shim's copy
- * engine, the engine's thread spun in such a copy (PyTorch's .item()) while
- * the shim's copy thread sat in cuMemcpyAsync, and nothing went on. */
-static CUresult pageable_wait(const void *dst, size_t n)
-{
-    return n && dst && fk_mem_kind((uintptr_t)dst, n) < 0 ? fk_quiet_wait() : CUDA_SUCCESS;
-}
+ * engine, the engine's thread spun in a driver call (most likely such a
+ * copy: PyTorch's .item()) while the shim's copy thread sat in
+ * cuMemcpyAsync, and nothing went on. */
+#define PAGEABLE_WAIT(dst, n)                                                                      \
+    do {                                                                                           \
+        if ((n) && (dst) && fk_mem_kind((uintptr_t)(dst), (n)) < 0) {                             \
+            CUresult pw_ = fk_quiet_wait();                                                        \
+            if (pw_ != CUDA_SUCCESS)                                                               \
+                return pw_;                                                                        \
+        }                                                                                          \
+    } while (0)
 
 /* Unified copies: any address works (UVA, pageable host memory included). */
 static CUresult check_unified(CUdeviceptr dst, CUdeviceptr src, size_t n)
@@ -1073,20 +1078,16 @@ static CUresult cuMemcpyAsync_body(CUdeviceptr dst, CUdeviceptr src, size_t Byte
 FK_EXPORT CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                  CUstream hStream)
 {
-    CUresult r = pageable_wait(P(dst), ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(P(dst), ByteCount);
     fk_quiet_enter();
-    r = cuMemcpyAsync_body(dst, src, ByteCount, hStream);
+    CUresult r = cuMemcpyAsync_body(dst, src, ByteCount, hStream);
     fk_quiet_leave();
     return r;
 }
 FK_EXPORT CUresult cuMemcpyAsync_ptsz(CUdeviceptr dst, CUdeviceptr src, size_t ByteCount,
                                       CUstream hStream)
 {
-    CUresult r = pageable_wait(P(dst), ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(P(dst), ByteCount);
     COPY_ASYNC(cuMemcpyAsync_ptsz, P(dst), P(src), ByteCount, !check_unified(dst, src, ByteCount),
                hStream, true);
 }
@@ -1107,17 +1108,13 @@ FK_EXPORT CUresult cuMemcpyHtoD_v2_ptds(CUdeviceptr dstDevice, const void *srcHo
 }
 FK_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    CUresult r = pageable_wait(dstHost, ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(dstHost, ByteCount);
     COPY_SYNC(cuMemcpyDtoH_v2, dstHost, P(srcDevice), ByteCount,
               HTOD_OK(srcDevice, dstHost, ByteCount));
 }
 FK_EXPORT CUresult cuMemcpyDtoH_v2_ptds(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount)
 {
-    CUresult r = pageable_wait(dstHost, ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(dstHost, ByteCount);
     COPY_SYNC(cuMemcpyDtoH_v2_ptds, dstHost, P(srcDevice), ByteCount,
               HTOD_OK(srcDevice, dstHost, ByteCount));
 }
@@ -1147,18 +1144,14 @@ FK_EXPORT CUresult cuMemcpyHtoDAsync_v2_ptsz(CUdeviceptr dstDevice, const void *
 FK_EXPORT CUresult cuMemcpyDtoHAsync_v2(void *dstHost, CUdeviceptr srcDevice, size_t ByteCount,
                                         CUstream hStream)
 {
-    CUresult r = pageable_wait(dstHost, ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(dstHost, ByteCount);
     COPY_ASYNC(cuMemcpyDtoHAsync_v2, dstHost, P(srcDevice), ByteCount,
                HTOD_OK(srcDevice, dstHost, ByteCount), hStream, false);
 }
 FK_EXPORT CUresult cuMemcpyDtoHAsync_v2_ptsz(void *dstHost, CUdeviceptr srcDevice,
                                              size_t ByteCount, CUstream hStream)
 {
-    CUresult r = pageable_wait(dstHost, ByteCount);
-    if (r != CUDA_SUCCESS)
-        return r;
+    PAGEABLE_WAIT(dstHost, ByteCount);
     COPY_ASYNC(cuMemcpyDtoHAsync_v2_ptsz, dstHost, P(srcDevice), ByteCount,
                HTOD_OK(srcDevice, dstHost, ByteCount), hStream, true);
 }
