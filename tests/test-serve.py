@@ -25,6 +25,7 @@ import os
 import random
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -64,6 +65,9 @@ class State:
         self.served = 0
         self.rejected = 0
         self.disconnects = 0
+        # the server's own clock of each request it served to the end:
+        # (ttft, e2e, gaps between its token writes), from its arrival
+        self.timings = []
         # shim-like counters, with a history before the run that only a
         # delta removes: hit rate 0 so far, then 3 hits and 1 miss a token
         self.hits, self.misses, self.steps, self.touched, self.dropped = 0, 5000, 100, 0, 7
@@ -146,6 +150,8 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(400, {"error": {"message": "invalid parameters", "type": "invalid_request_error"}})
             return
         prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        t_arrive = time.perf_counter()
+        writes = []
         with STATE.lock:
             STATE.waiting += 1
         STATE.slots.acquire()  # the queue in front of the running batch
@@ -174,12 +180,16 @@ class Handler(BaseHTTPRequestHandler):
                 t = token(prompt, i)
                 event({"choices": [{"index": 0, "delta": {"content": t}}]} if chat else
                       {"choices": [{"index": 0, "text": t}]})
+                writes.append(time.perf_counter())
                 STATE.token_sent()
             event({"choices": [{"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}],
                    "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": mt}})
             if not chat:  # the chat path ends the body without [DONE], as transformers serve does
                 self.chunk(b"data: [DONE]\n\n")
             self.chunk(b"")
+            with STATE.lock:
+                STATE.timings.append((writes[0] - t_arrive, time.perf_counter() - t_arrive,
+                                      [b - a for a, b in zip(writes, writes[1:])]))
         except (BrokenPipeError, ConnectionResetError):
             gone = True
         finally:
@@ -250,11 +260,14 @@ class TestServe(unittest.TestCase):
         cls.greedy = os.path.join(cls.tmp, "greedy.json")
         # below saturation: 5 req/s against a capacity of 22; faults on
         before = server_info(cls.port)
+        STATE.timings = []
         cls.low = run_serve(cls.port, "--rate", "5", "--duration", "5", "--seed", "1", "--bad-request",
                             "--disconnect-frac", "0.3", "--long-prompt", "300", "--record-greedy", cls.greedy,
                             "--greedy-n", "4", "--stats-url", f"http://127.0.0.1:{cls.port}/stats",
                             "--report-every", "2", "--pid", str(os.getpid()))
         after = server_info(cls.port)
+        with STATE.lock:
+            cls.low_timings = list(STATE.timings)
         cls.low_server = {k: after[k] - before[k] for k in ("busy", "served", "rejected", "disconnects")}
         # past saturation: 40 req/s; the greedy set checked against the file
         # the first run recorded
@@ -286,15 +299,31 @@ class TestServe(unittest.TestCase):
         self.assertEqual(s["throughput"]["output_tokens"], sum(v["tokens"] for v in k.values()))
 
     def test_low_latencies_match_server_delays(self) -> None:
+        """The client's latencies sit on the server's own clock of the same
+        requests: no shorter than the delays the server sleeps, and above
+        what the server measured by at most the client's side of the
+        socket. The upper bounds follow the server's clock, not the
+        nominal delays: on a loaded machine every sleep runs long (a CI
+        run saw e2e p50 at 1.5x nominal), and that is no error of the
+        client's. A client that counted from the wrong moment, or missed
+        or merged tokens, still lands outside."""
         s = self.low["summary"]
+        srv = self.low_timings
+        self.assertGreater(len(srv), 10)
+        srv_ttft = statistics.median(t for t, _, _ in srv)
+        srv_e2e = statistics.median(e for _, e, _ in srv)
+        srv_itl = statistics.median(g for _, _, gaps in srv for g in gaps)
+        srv_tpot = statistics.mean((e - t) / len(gaps) for t, e, gaps in srv if gaps)
         self.assertGreaterEqual(s["ttft_ms"]["p50"], PREFILL * 1e3 * 0.9)
-        self.assertLess(s["ttft_ms"]["p50"], PREFILL * 1e3 + 40)
+        self.assertLess(s["ttft_ms"]["p50"], srv_ttft * 1e3 + 40)
         self.assertGreaterEqual(s["itl_ms"]["p50"], ITL * 1e3 * 0.9)
-        self.assertLess(s["itl_ms"]["p50"], ITL * 1e3 + 20)
-        self.assertAlmostEqual(s["tpot_ms"]["mean"], ITL * 1e3, delta=10)
+        self.assertLess(s["itl_ms"]["p50"], srv_itl * 1e3 + 20)
+        self.assertGreaterEqual(s["tpot_ms"]["mean"], ITL * 1e3 * 0.9)
+        self.assertLess(s["tpot_ms"]["mean"], srv_tpot * 1e3 + 10)
         e2e = (PREFILL + (OUT - 1) * ITL) * 1e3
         self.assertGreaterEqual(s["e2e_ms"]["p50"], e2e * 0.9)
-        self.assertLess(s["e2e_ms"]["p50"], e2e + 80)
+        self.assertGreaterEqual(s["e2e_ms"]["p50"], srv_e2e * 1e3 * 0.9)
+        self.assertLess(s["e2e_ms"]["p50"], srv_e2e * 1e3 + 80)
         self.assertEqual(s["lengths"]["output_tokens_mean"], OUT)
         self.assertEqual(s["lengths"]["usage_completion_tokens_mean"], OUT)
 
