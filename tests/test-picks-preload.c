@@ -1096,6 +1096,7 @@ static int child(void)
     pthread_t cth;
     *(void **)&cap.graph_destroy = need(cu, "cuGraphDestroy");
     bool capturing = getenv("WO_PICKS_TEST_CAPTURER") && freeing;
+    bool item = getenv("WO_PICKS_TEST_ITEM") != NULL;
     CHECK(!capturing || pthread_create(&cth, NULL, capturer_thread, &cap) == 0);
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
@@ -1148,6 +1149,12 @@ static int child(void)
                 if (trigger) /* the capture begins once this launch's job is queued */
                     __atomic_store_n(&cap.go, 1, __ATOMIC_RELEASE);
                 CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                /* WO_PICKS_TEST_ITEM: the sum read at once into pageable
+                 * memory, as PyTorch's .item() does (with the fake's streams
+                 * behind, WOFAKE_STREAMS_BEHIND, the stream is still waiting
+                 * for the copy engine then) */
+                if (item)
+                    CHECK(fr.dtoh_async(got, out, sizeof(got), s) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 /* the next launches would read in place under the capture */
                 while (trigger && !__atomic_load_n(&cap.done, __ATOMIC_ACQUIRE))
@@ -1442,6 +1449,15 @@ static int child(void)
          * its gate first (preload/copy.c: copy_waits) */
         CHECK(json_num(js, "\"interpose\":", "\"gated_copies\":") > 0 &&
               json_num(js, "\"interpose\":", "\"gated_waits\":") > 0);
+        /* -item: the engine's stream was still waiting for the copy
+         * engine when the reads into pageable memory came (work queued
+         * behind it on the fake), so each read met a queued job */
+        if (item && getenv("WOFAKE_STREAMS_BEHIND") && copies > 0) {
+            uint64_t (*behind)(void);
+            *(void **)&behind = need(cu, "fakecuda_behind_queued");
+            CHECK(behind() > 0);
+            fprintf(stderr, "behind: %llu operations queued\n", (unsigned long long)behind());
+        }
     } else {
         /* WOFFLOAD_PICKS_ENGINE 0: no copy or wait is gated */
         CHECK(json_num(js, "\"interpose\":", "\"gated_copies\":") == 0 &&

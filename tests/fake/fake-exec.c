@@ -4,7 +4,9 @@
  * capture with the real driver's rules, graphs and graph launches.
  *
  * All work runs synchronously when it is enqueued, so stream order holds
- * trivially and synchronisation has nothing to wait for. Work enqueued on a
+ * trivially and synchronisation has nothing to wait for (unless
+ * WOFAKE_STREAMS_BEHIND: a stream waiting for a value queues its later
+ * work, fake-behind.c). Work enqueued on a
  * capturing stream is recorded into the capture's graph instead (parameters
  * copied by value, as the driver does), and a graph launch replays it. */
 #include <errno.h>
@@ -34,6 +36,10 @@ struct CUstream_st {
     CUcontext ctx; /* a user stream's: current at its creation */
     struct fk_capture *cap;
     struct CUstream_st *next; /* live user streams */
+    /* WOFAKE_STREAMS_BEHIND (fake-behind.c): its queue, and the capture
+     * pointer fk_stream_begin_op hands out while the queue holds work */
+    struct fk_behind *bq;
+    struct fk_capture *dcap;
 };
 
 struct CUevent_st {
@@ -44,6 +50,8 @@ struct CUevent_st {
     CUcontext ctx;          /* current at its creation */
     struct fk_capture *cap; /* recorded inside this capture (it may have ended) */
     uint64_t cap_id;
+    unsigned pending;             /* records queued on streams behind (fake-behind.c) */
+    struct CUevent_st *dead_next; /* destroyed, kept (dead_events) */
 };
 
 struct CUfunc_st {
@@ -100,6 +108,7 @@ struct fk_capture {
     int njoined;
     struct CUgraph_st *graph;
     bool into; /* cuStreamBeginCaptureToGraph: the caller's graph, never freed here */
+    struct CUstream_st *defer; /* not a capture: the queue of this stream behind */
 };
 
 static struct CUstream_st legacy_stream = { .magic = STREAM_MAGIC, .legacy = true };
@@ -196,8 +205,30 @@ CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struc
                                  : (*cap = st->cap, CUDA_SUCCESS);
     else if (st->legacy)
         r = legacy_check_locked();
+    if (r == CUDA_SUCCESS && !*cap && fk_behind_busy(st->bq)) {
+        if (!st->dcap && (st->dcap = calloc(1, sizeof(*st->dcap))) != NULL)
+            st->dcap->defer = st;
+        if (st->dcap)
+            *cap = st->dcap;
+        else
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
     fk_unlock_();
     return r;
+}
+
+bool fk_capture_deferred(const struct fk_capture *cap)
+{
+    return cap && cap->defer;
+}
+
+CUresult fk_capture_settle(struct fk_capture **cap)
+{
+    if (!fk_capture_deferred(*cap))
+        return CUDA_SUCCESS;
+    struct fk_behind *q = (*cap)->defer->bq;
+    *cap = NULL;
+    return fk_behind_drain(q);
 }
 
 CUresult fk_stream_begin_op(CUstream s, bool per_thread, struct fk_capture **cap)
@@ -250,6 +281,11 @@ static void op_free(struct fk_op *op)
         free(op->k.args);
 }
 
+void fk_op_release(struct fk_op *op)
+{
+    op_free(op);
+}
+
 static CUresult op_copy(struct fk_op *dst, const struct fk_op *src)
 {
     *dst = *src;
@@ -279,6 +315,15 @@ static CUresult graph_append_locked(struct CUgraph_st *g, const struct fk_op *op
 /* Takes ownership of op's argument buffer. */
 CUresult fk_capture_add(struct fk_capture *cap, const struct fk_op *op)
 {
+    if (cap->defer) {
+        struct fk_item it = {.kind = FK_ITEM_OP, .op = *op};
+        CUresult r = fk_behind_push(&cap->defer->bq, &it);
+        if (r != CUDA_SUCCESS) {
+            struct fk_op tmp = *op;
+            op_free(&tmp);
+        }
+        return r;
+    }
     fk_lock_();
     CUresult r = !capture_live_locked(cap, 0) || cap->invalidated
                      ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
@@ -398,8 +443,10 @@ CUresult fk_sync_op(bool per_thread)
     } else if (st->legacy) {
         r = legacy_check_locked();
     }
+    struct fk_behind *q = st->bq;
     fk_unlock_();
-    return r;
+    /* a synchronous operation runs after its default stream's work */
+    return r == CUDA_SUCCESS && fk_behind_busy(q) ? fk_behind_drain(q) : r;
 }
 
 void fk_capture_invalidate(struct fk_capture *cap)
@@ -413,7 +460,7 @@ void fk_capture_invalidate(struct fk_capture *cap)
 /* Synchronising or querying a capturing stream is illegal and invalidates
  * the capture; the legacy stream synchronises with capturing blocking
  * streams. */
-static CUresult stream_sync(CUstream s, bool pt)
+static CUresult stream_sync(CUstream s, bool pt, bool wait)
 {
     /* Driver 580: synchronising or querying any stream, the caller's own
      * included, is an unsafe call while a global capture runs elsewhere. */
@@ -434,29 +481,32 @@ static CUresult stream_sync(CUstream s, bool pt)
     } else if (st->legacy) {
         r = legacy_check_locked();
     }
+    struct fk_behind *q = st ? st->bq : NULL;
     fk_unlock_();
+    if (r == CUDA_SUCCESS && fk_behind_busy(q))
+        r = wait ? fk_behind_drain(q) : CUDA_ERROR_NOT_READY;
     return r;
 }
 
 FK_EXPORT CUresult cuStreamSynchronize(CUstream hStream)
 {
     FK_ENTER(cuStreamSynchronize);
-    return stream_sync(hStream, false);
+    return stream_sync(hStream, false, true);
 }
 FK_EXPORT CUresult cuStreamSynchronize_ptsz(CUstream hStream)
 {
     FK_ENTER(cuStreamSynchronize_ptsz);
-    return stream_sync(hStream, true);
+    return stream_sync(hStream, true, true);
 }
 FK_EXPORT CUresult cuStreamQuery(CUstream hStream)
 {
     FK_ENTER(cuStreamQuery);
-    return stream_sync(hStream, false);
+    return stream_sync(hStream, false, false);
 }
 FK_EXPORT CUresult cuStreamQuery_ptsz(CUstream hStream)
 {
     FK_ENTER(cuStreamQuery_ptsz);
-    return stream_sync(hStream, true);
+    return stream_sync(hStream, true, false);
 }
 
 static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, bool pt)
@@ -491,6 +541,12 @@ static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, bool pt
         r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     } else if (!st->cap && st->legacy) {
         r = legacy_check_locked();
+    }
+    /* an event whose record waits on a stream behind: this stream falls
+     * behind until it has run */
+    if (r == CUDA_SUCCESS && !st->cap && e->pending) {
+        struct fk_item it = {.kind = FK_ITEM_WAIT_EVENT, .ev = e};
+        r = fk_behind_push(&st->bq, &it);
     }
     fk_unlock_();
     return r;
@@ -871,6 +927,22 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
     CUresult r = fk_stream_begin_op_in(s, pt, e->ctx, &cap);
     if (r != CUDA_SUCCESS)
         return r;
+    if (fk_capture_deferred(cap)) {
+        /* on a stream behind: complete once the stream reaches it */
+        struct fk_item it = {.kind = FK_ITEM_EVENT, .ev = e};
+        fk_lock_();
+        e->cap = NULL;
+        e->cap_id = 0;
+        e->pending++;
+        fk_unlock_();
+        r = fk_behind_push(&cap->defer->bq, &it);
+        if (r != CUDA_SUCCESS) {
+            fk_lock_();
+            e->pending--;
+            fk_unlock_();
+        }
+        return r;
+    }
     fk_lock_();
     e->cap = cap;
     e->cap_id = cap ? cap->id : 0;
@@ -880,6 +952,23 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
     }
     fk_unlock_();
     return CUDA_SUCCESS;
+}
+
+void fk_event_done(CUevent e)
+{
+    fk_lock_();
+    e->pending--;
+    e->recorded = true;
+    e->t_ns = fk_now_ns();
+    fk_unlock_();
+}
+
+bool fk_event_pending(CUevent e)
+{
+    fk_lock_();
+    bool p = e->pending != 0;
+    fk_unlock_();
+    return p;
 }
 
 FK_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream)
@@ -909,39 +998,59 @@ FK_EXPORT CUresult cuEventRecordWithFlags_ptsz(CUevent hEvent, CUstream hStream,
 
 /* Stream memory operations (32-bit). Work runs when enqueued, so a wait
  * blocks its caller until the word holds what it waits for (another thread
- * writes it, as a GPU stream would wait in order); one never satisfied in
+ * writes it, as a GPU stream would wait in order), or under
+ * WOFAKE_STREAMS_BEHIND puts its stream behind and returns; one never satisfied in
  * WOFAKE_WAIT_MS (default 10000) fails with CUDA_ERROR_LAUNCH_TIMEOUT: on a
  * GPU the stream would hang, here the test fails instead. Inside a capture
  * they are not supported (the shim never captures them). No fake lock is
  * held while waiting. */
-static CUresult mem_op_begin(CUstream s, CUdeviceptr addr, unsigned flags, unsigned known)
+static CUresult mem_op_begin(CUstream s, CUdeviceptr addr, unsigned flags, unsigned known,
+                             struct fk_capture **behind)
 {
     struct fk_capture *cap;
     CUresult r;
 
+    *behind = NULL;
     if (!addr || addr % 4 || (flags & ~known))
         return CUDA_ERROR_INVALID_VALUE;
     r = fk_stream_begin_op(s, false, &cap);
-    if (r == CUDA_SUCCESS && cap)
+    if (r == CUDA_SUCCESS && fk_capture_deferred(cap))
+        *behind = cap;
+    else if (r == CUDA_SUCCESS && cap)
         r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return r;
 }
 
+/* A value operation queued on stream s (WOFAKE_STREAMS_BEHIND): behind, the
+ * pointer fk_stream_begin_op gave, or NULL to put s behind now. */
+static CUresult value_push(CUstream s, struct fk_capture *behind, int kind, CUdeviceptr addr,
+                           uint32_t value, unsigned flags)
+{
+    struct fk_item it = {
+        .kind = kind, .addr = (uint32_t *)(uintptr_t)addr, .value = value, .flags = flags};
+    if (behind)
+        return fk_behind_push(&behind->defer->bq, &it);
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, false);
+    CUresult r = st ? fk_behind_push(&st->bq, &it) : CUDA_ERROR_INVALID_HANDLE;
+    fk_unlock_();
+    return r;
+}
+
 /* How long a wait is given before it counts as a hang (WOFAKE_WAIT_MS). */
-static uint64_t wait_limit_ns(void)
+uint64_t fk_wait_limit_ns(void)
 {
     const char *env = getenv("WOFAKE_WAIT_MS");
 
     return (env && *env ? strtoull(env, NULL, 10) : 10000) * 1000000ull;
 }
 
-/* The driver's quiet lock (cuMemFree, cuCtxSynchronize). On the H200 a cuMemFree waited for the context's
- * work to finish while holding a lock that another thread's cuMemcpyAsync
- * and cuStreamWriteValue32 needed; with a stream waiting for a value only
- * that thread would write, nothing went on again (llama-batched-bench
- * under the shim's copy engine). Here work runs when enqueued, so "work
- * not finished" is a caller blocked in cuStreamWaitValue32: a free that
- * finds one waits, holding the lock, and fails past WOFAKE_WAIT_MS. */
+/* The driver's quiet lock (cuMemFree, cuCtxSynchronize). On the H200 a cuMemFree waited for the
+ * context's work to finish while holding a lock that another thread's cuMemcpyAsync and
+ * cuStreamWriteValue32 needed; with a stream waiting for a value only that thread would write,
+ * nothing went on again (llama-batched-bench under the shim's copy engine). Here work runs when
+ * enqueued, so "work not finished" is a caller blocked in cuStreamWaitValue32 or a stream behind
+ * (fake-behind.c): a free that finds one waits, holding the lock, and fails past WOFAKE_WAIT_MS. */
 static pthread_rwlock_t quiet = PTHREAD_RWLOCK_INITIALIZER;
 static int stream_waiters;
 
@@ -957,11 +1066,11 @@ void fk_quiet_leave(void)
 
 CUresult fk_quiet_wait(void)
 {
-    uint64_t t0 = fk_now_ns(), limit = wait_limit_ns();
+    uint64_t t0 = fk_now_ns(), limit = fk_wait_limit_ns();
     CUresult r = CUDA_SUCCESS;
 
     pthread_rwlock_wrlock(&quiet);
-    while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0) {
+    while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0 || fk_behind_any()) {
         if (fk_now_ns() - t0 > limit) {
             fprintf(stderr, "fakecuda: a free or a context synchronize waited for the "
                             "context's work while a stream waits on a value only a blocked "
@@ -976,7 +1085,7 @@ CUresult fk_quiet_wait(void)
     return r;
 }
 
-static bool wait_met(uint32_t have, uint32_t want, unsigned how)
+bool fk_value_met(uint32_t have, uint32_t want, unsigned how)
 {
     switch (how) {
     case CU_STREAM_WAIT_VALUE_GEQ:
@@ -994,15 +1103,18 @@ FK_EXPORT CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, cuu
                                           unsigned int flags)
 {
     FK_ENTER(cuStreamWaitValue32_v2);
-    CUresult r = mem_op_begin(stream, addr, flags, 3u | CU_STREAM_WAIT_VALUE_FLUSH);
+    struct fk_capture *behind;
+    CUresult r = mem_op_begin(stream, addr, flags, 3u | CU_STREAM_WAIT_VALUE_FLUSH, &behind);
     if (r != CUDA_SUCCESS)
         return r;
-    uint64_t limit = wait_limit_ns(), t0 = fk_now_ns();
+    uint64_t limit = fk_wait_limit_ns(), t0 = fk_now_ns();
     const volatile uint32_t *w = (const volatile uint32_t *)(uintptr_t)addr;
-    if (wait_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u))
+    if (!behind && fk_value_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u))
         return CUDA_SUCCESS;
+    if (behind || fk_behind_enabled())
+        return value_push(stream, behind, FK_ITEM_WAIT_VALUE, addr, value, flags & 3u);
     __atomic_add_fetch(&stream_waiters, 1, __ATOMIC_ACQ_REL);
-    while (!wait_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u)) {
+    while (!fk_value_met(__atomic_load_n(w, __ATOMIC_ACQUIRE), value, flags & 3u)) {
         if (fk_now_ns() - t0 > limit) {
             fprintf(stderr, "fakecuda: cuStreamWaitValue32 on %#llx for %u never met (holds %u): "
                             "a GPU stream would hang here\n",
@@ -1021,8 +1133,14 @@ FK_EXPORT CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cu
                                            unsigned int flags)
 {
     FK_ENTER(cuStreamWriteValue32_v2);
-    CUresult r = mem_op_begin(stream, addr, flags, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER);
-    if (r == CUDA_SUCCESS) {
+    struct fk_capture *behind;
+    CUresult r =
+        mem_op_begin(stream, addr, flags, CU_STREAM_WRITE_VALUE_NO_MEMORY_BARRIER, &behind);
+    if (r == CUDA_SUCCESS && behind) {
+        fk_quiet_enter(); /* enqueued under the lock, as an immediate one */
+        r = value_push(stream, behind, FK_ITEM_WRITE_VALUE, addr, value, 0);
+        fk_quiet_leave();
+    } else if (r == CUDA_SUCCESS) {
         fk_quiet_enter();
         __atomic_store_n((uint32_t *)(uintptr_t)addr, value, __ATOMIC_RELEASE);
         fk_quiet_leave();
@@ -1057,6 +1175,19 @@ static CUresult event_wait(CUevent e, bool sync)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = CUDA_SUCCESS;
     fk_lock_();
+    if (e->pending) { /* its record is queued on a stream behind */
+        fk_unlock_();
+        if (!sync)
+            return CUDA_ERROR_NOT_READY;
+        uint64_t t0 = fk_now_ns();
+        while (fk_event_pending(e)) {
+            if (fk_now_ns() - t0 > 2 * fk_wait_limit_ns())
+                return CUDA_ERROR_LAUNCH_TIMEOUT;
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+        }
+        fk_lock_();
+    }
     uint64_t due = e->recorded && event_delay_ns() ? e->t_ns + event_delay_ns() : 0;
     if (due && fk_now_ns() < due) {
         fk_unlock_();
@@ -1097,7 +1228,16 @@ FK_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent)
     if (!hEvent || hEvent->magic != EVENT_MAGIC)
         return CUDA_ERROR_INVALID_HANDLE;
     hEvent->magic = 0;
-    free(hEvent);
+    if (!fk_behind_enabled()) {
+        free(hEvent);
+        return CUDA_SUCCESS;
+    }
+    /* a stream behind may still reach a record or a wait of it: kept */
+    static struct CUevent_st *dead_events;
+    fk_lock_();
+    hEvent->dead_next = dead_events;
+    dead_events = hEvent;
+    fk_unlock_();
     return CUDA_SUCCESS;
 }
 
@@ -1676,7 +1816,7 @@ static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3],
             return r;
         r = fk_capture_add(cap, &op);
         if (r == CUDA_SUCCESS)
-            note_launch(f, g, b, shmem, s, 0, 1);
+            note_launch(f, g, b, shmem, s, 0, !fk_capture_deferred(cap));
         return r;
     }
     note_launch(f, g, b, shmem, s, 0, 0);
@@ -1796,6 +1936,22 @@ FK_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGrap
     return instantiate(phGraphExec, hGraph);
 }
 
+/* Runs a recorded op: a graph's node, or work a stream behind queued. */
+void fk_exec_op(const struct fk_op *op)
+{
+    switch (op->type) {
+    case FK_OP_KERNEL:
+        run_packed(op->k.f, op->k.args, op->k.grid, op->k.block);
+        break;
+    case FK_OP_HOST:
+        op->host.fn(op->host.ud);
+        break;
+    default:
+        fk_op_run(op);
+        break;
+    }
+}
+
 static CUresult graph_launch(CUgraphExec e, CUstream s, bool pt)
 {
     if (!e || e->magic != EXEC_MAGIC)
@@ -1815,21 +1971,13 @@ static CUresult graph_launch(CUgraphExec e, CUstream s, bool pt)
             if (r != CUDA_SUCCESS)
                 return r;
             if (op->type == FK_OP_KERNEL)
-                note_launch(op->k.f, op->k.grid, op->k.block, op->k.shmem, s, 1, 1);
+                note_launch(op->k.f, op->k.grid, op->k.block, op->k.shmem, s, 1,
+                            !fk_capture_deferred(cap));
             continue;
         }
-        switch (op->type) {
-        case FK_OP_KERNEL:
+        if (op->type == FK_OP_KERNEL)
             note_launch(op->k.f, op->k.grid, op->k.block, op->k.shmem, s, 1, 0);
-            run_packed(op->k.f, op->k.args, op->k.grid, op->k.block);
-            break;
-        case FK_OP_HOST:
-            op->host.fn(op->host.ud);
-            break;
-        default:
-            fk_op_run(op);
-            break;
-        }
+        fk_exec_op(op);
     }
     return CUDA_SUCCESS;
 }

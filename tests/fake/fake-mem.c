@@ -388,6 +388,8 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, CUstream s, bool
         return CUDA_ERROR_INVALID_VALUE;
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r == CUDA_SUCCESS) /* a stream behind: after its work */
+        r = fk_capture_settle(&cap);
     /* Outside the capture it belongs to, a stream-ordered allocation is an
      * unsafe call (driver 580: 900 from another thread's own stream). */
     if (r == CUDA_SUCCESS && !cap)
@@ -429,6 +431,8 @@ static CUresult free_async(CUdeviceptr dptr, CUstream s, bool pt)
 {
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r == CUDA_SUCCESS) /* a stream behind: after its work */
+        r = fk_capture_settle(&cap);
     if (r == CUDA_SUCCESS && !cap)
         r = fk_capture_check_unsafe(); /* like cuMemAllocAsync (not probed) */
     if (r != CUDA_SUCCESS)
@@ -757,6 +761,8 @@ static CUresult prefetch(uintptr_t p, size_t n, int loc, unsigned flags, CUstrea
         return CUDA_ERROR_INVALID_VALUE;
     struct fk_capture *cap;
     CUresult r = fk_stream_begin_op(s, pt, &cap);
+    if (r == CUDA_SUCCESS) /* a stream behind: after its work */
+        r = fk_capture_settle(&cap);
     if (r != CUDA_SUCCESS)
         return r;
     if (cap) {

@@ -161,6 +161,47 @@ void fk_capture_invalidate(struct fk_capture *cap);
 /* Runs one op now (memory ops; kernels in fake-exec.c). */
 void fk_op_run(const struct fk_op *op);
 
+/* --- streams behind their callers (fake-behind.c) ------------------------
+ * WOFAKE_STREAMS_BEHIND=1: a stream wait not met when enqueued puts its
+ * stream behind, and later work on it queues until a device thread runs
+ * it. */
+enum fk_item_kind {
+    FK_ITEM_OP = 1,
+    FK_ITEM_EVENT,
+    FK_ITEM_WAIT_VALUE,
+    FK_ITEM_WRITE_VALUE,
+    FK_ITEM_WAIT_EVENT
+};
+struct fk_item {
+    int kind;
+    struct fk_op op; /* FK_ITEM_OP: owns a kernel's argument copy */
+    CUevent ev;      /* FK_ITEM_EVENT: its record; FK_ITEM_WAIT_EVENT */
+    uint32_t *addr;  /* the value items */
+    uint32_t value;
+    unsigned flags;
+};
+struct fk_behind; /* one stream's queue */
+bool fk_behind_enabled(void);
+bool fk_behind_busy(const struct fk_behind *q); /* NULL: an empty queue */
+bool fk_behind_any(void);                       /* any queue not empty */
+/* Appends it to *q (made on first use); takes ownership of it->op. */
+CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
+/* Waits until q (NULL: every queue) is empty. */
+CUresult fk_behind_drain(const struct fk_behind *q);
+/* What the device thread calls back (fake-exec.c). */
+void fk_exec_op(const struct fk_op *op);
+void fk_op_release(struct fk_op *op);
+void fk_event_done(CUevent e);
+bool fk_event_pending(CUevent e);
+bool fk_value_met(uint32_t have, uint32_t want, unsigned how);
+uint64_t fk_wait_limit_ns(void);
+/* A stream's queue when capture pointer cap is one of a stream behind
+ * (fk_stream_begin_op gives such a pointer: fk_capture_add queues the op);
+ * the caller that cannot queue its operation (a stream-ordered allocation
+ * or free, a prefetch) waits for that stream instead: *cap becomes NULL. */
+bool fk_capture_deferred(const struct fk_capture *cap);
+CUresult fk_capture_settle(struct fk_capture **cap);
+
 /* --- misc ---------------------------------------------------------------- */
 uint64_t fk_now_ns(void);
 /* The driver's quiet lock (fake-exec.c): cuMemcpyAsync and

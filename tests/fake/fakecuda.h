@@ -208,6 +208,9 @@ int fakecuda_last_launch(struct fakecuda_launch *out);
 /* Calls that passed a stream after cuStreamDestroy had destroyed it (each
  * refused with CUDA_ERROR_INVALID_HANDLE; the real driver may crash). */
 uint64_t fakecuda_dead_stream_uses(void);
+/* WOFAKE_STREAMS_BEHIND: operations that went into the queue of a stream
+ * behind its caller (tests/fake/fake-behind.c), since start. */
+uint64_t fakecuda_behind_queued(void);
 /* Number of streams capturing now (any mode). */
 int fakecuda_capturing(void);
 /* Number of operations in a graph or graph exec (-EINVAL for a bad handle). */
