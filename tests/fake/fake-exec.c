@@ -28,6 +28,20 @@
 #define MAX_PARAMS 64
 #define MAX_JOINED 16
 
+struct fk_capture {
+    uint64_t id;
+    CUstreamCaptureMode mode;
+    pthread_t thread;
+    bool invalidated;
+    bool blocking; /* origin synchronises with the legacy stream */
+    struct CUstream_st *origin;
+    struct CUstream_st *joined[MAX_JOINED];
+    int njoined;
+    struct CUgraph_st *graph;
+    bool into; /* cuStreamBeginCaptureToGraph: the caller's graph, never freed here */
+    struct CUstream_st *defer; /* not a capture: the queue of this stream behind */
+};
+
 struct CUstream_st {
     uint32_t magic;
     unsigned flags;
@@ -39,7 +53,7 @@ struct CUstream_st {
     /* WOFAKE_STREAMS_BEHIND (fake-behind.c): its queue, and the capture
      * pointer fk_stream_begin_op hands out while the queue holds work */
     struct fk_behind *bq;
-    struct fk_capture *dcap;
+    struct fk_capture dcap;
 };
 
 struct CUevent_st {
@@ -95,20 +109,6 @@ struct CUmod_st {
 };
 struct CUlib_st {
     uint32_t magic;
-};
-
-struct fk_capture {
-    uint64_t id;
-    CUstreamCaptureMode mode;
-    pthread_t thread;
-    bool invalidated;
-    bool blocking; /* origin synchronises with the legacy stream */
-    struct CUstream_st *origin;
-    struct CUstream_st *joined[MAX_JOINED];
-    int njoined;
-    struct CUgraph_st *graph;
-    bool into; /* cuStreamBeginCaptureToGraph: the caller's graph, never freed here */
-    struct CUstream_st *defer; /* not a capture: the queue of this stream behind */
 };
 
 static struct CUstream_st legacy_stream = { .magic = STREAM_MAGIC, .legacy = true };
@@ -206,12 +206,8 @@ CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struc
     else if (st->legacy)
         r = legacy_check_locked();
     if (r == CUDA_SUCCESS && !*cap && fk_behind_busy(st->bq)) {
-        if (!st->dcap && (st->dcap = calloc(1, sizeof(*st->dcap))) != NULL)
-            st->dcap->defer = st;
-        if (st->dcap)
-            *cap = st->dcap;
-        else
-            r = CUDA_ERROR_OUT_OF_MEMORY;
+        st->dcap.defer = st;
+        *cap = &st->dcap;
     }
     fk_unlock_();
     return r;
