@@ -18,6 +18,16 @@
 //               expert, then the reader (llama.cpp's way, without its sync)
 //  cond-copy    one graph: picks -> IF handles -> E IF nodes with a memcpy
 //               node each -> the reader; the host never sees the picks
+//  shim-copy    the shim's own picked copy (uvm/stream-copy.cu, included
+//               here: wo_picks_mark, then wo_picks_copy on a grid of
+//               row/128 KiB chunks, at most 32, by E experts, 256 threads,
+//               launched as uvm/picks-dma.c does), then the reader
+//  shim-x4      the same grid, each thread with four 16-byte loads in
+//               flight before its stores (wo_picks_copy_x4 below: a
+//               candidate for the shim; the shim's loop has one, so a
+//               block's chunk takes one PCIe round trip per 4 KiB)
+//  shim-x4-c64  shim-x4 on up to 64 chunks of at least 64 KiB (more blocks
+//               for the few experts of a small batch)
 //
 // Each row prints the step time, the picked bytes' rate, and whether the
 // reader's sums matched the host's (a wrong byte fails the row). The bound is
@@ -35,7 +45,78 @@
 
 #include "cuda-check.h"
 
+#include "../uvm/stream-copy.cu"
+
 static int LAYERS = 8, E = 128, ITERS = 10;
+
+// wo_picks_copy with four loads in flight a thread (the shim's loop issues
+// one, then waits for it to store it): same arguments, grid and result.
+extern "C" __global__ void wo_picks_copy_x4(unsigned char *dst, const unsigned char *src,
+                                            unsigned long long row, const unsigned *marks,
+                                            unsigned gen, unsigned long long *rows,
+                                            const unsigned *where, const unsigned char *cache,
+                                            unsigned *counts, unsigned long long *hits)
+{
+    unsigned long long e = blockIdx.y, chunk, lo, hi;
+    unsigned slot;
+
+    if (marks[e] != gen)
+        return;
+    slot = where ? where[e] : WO_PICKS_NOWHERE;
+    chunk = (row + gridDim.x - 1) / gridDim.x;
+    chunk = (chunk + 15) & ~15ull;
+    lo = blockIdx.x * chunk;
+    hi = lo + chunk < row ? lo + chunk : row;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (rows)
+            atomicAdd(rows, 1ull);
+        if (counts)
+            atomicAdd(&counts[e], 1u);
+        if (hits && slot != WO_PICKS_NOWHERE)
+            atomicAdd(hits, 1ull);
+    }
+    if (lo >= hi)
+        return;
+    dst += e * row;
+    src = slot != WO_PICKS_NOWHERE ? cache + slot * row : src + e * row;
+    if ((((uintptr_t)dst | (uintptr_t)src | lo) & 15) == 0) {
+        unsigned long long n16 = (hi - lo) / 16, b = blockDim.x, k = threadIdx.x;
+        uint4 *d = (uint4 *)(dst + lo);
+        const uint4 *s = (const uint4 *)(src + lo);
+        for (; k + 3 * b < n16; k += 4 * b) {
+            uint4 v0 = s[k], v1 = s[k + b], v2 = s[k + 2 * b], v3 = s[k + 3 * b];
+            d[k] = v0;
+            d[k + b] = v1;
+            d[k + 2 * b] = v2;
+            d[k + 3 * b] = v3;
+        }
+        for (; k < n16; k += b)
+            d[k] = s[k];
+        for (k = lo + n16 * 16 + threadIdx.x; k < hi; k += b)
+            dst[k] = src[k];
+    } else {
+        for (unsigned long long k = lo + threadIdx.x; k < hi; k += blockDim.x)
+            dst[k] = src[k];
+    }
+}
+
+// The shim's launch of a picked copy (uvm/picks-dma.c: wo_picks_launch):
+// the marks of the K picks, then the copy on chunks x E blocks.
+static void shim_copy(bool x4, unsigned long long cmin, unsigned cmax, uint64_t *slot,
+                      const uint64_t *src, unsigned long long row, int E, const int *picks, int K,
+                      unsigned *marks, unsigned gen, cudaStream_t s)
+{
+    unsigned long long n = K, chunks = row / cmin;
+    chunks = chunks < 1 ? 1 : chunks > cmax ? cmax : chunks;
+    wo_picks_mark<<<(K + 255) / 256, 256, 0, s>>>(picks, n, n, n, 4, E, marks, gen);
+    dim3 grid((unsigned)chunks, E);
+    if (x4)
+        wo_picks_copy_x4<<<grid, 256, 0, s>>>((unsigned char *)slot, (const unsigned char *)src,
+                                              row, marks, gen, NULL, NULL, NULL, NULL, NULL);
+    else
+        wo_picks_copy<<<grid, 256, 0, s>>>((unsigned char *)slot, (const unsigned char *)src, row,
+                                           marks, gen, NULL, NULL, NULL, NULL, NULL);
+}
 static size_t S = 3u << 20;
 
 __global__ void set_conds(const int *picks, int k, cudaGraphConditionalHandle *h)
@@ -87,6 +168,7 @@ int main(int argc, char **argv)
     unsigned long long *esum = (unsigned long long *)calloc((size_t)LAYERS * E, sizeof(*esum));
     uint64_t *slot;
     int *dpicks, *hpicks;
+    unsigned *marks, gen = 0;
     unsigned long long *dout, hout[64];
     cudaStream_t s;
 
@@ -104,6 +186,8 @@ int main(int argc, char **argv)
     CR(cudaMalloc((void **)&slot, layer));
     CR(cudaMalloc((void **)&dpicks, sizeof(int) * LAYERS * E));
     CR(cudaMalloc((void **)&dout, sizeof(unsigned long long) * LAYERS));
+    CR(cudaMalloc((void **)&marks, sizeof(unsigned) * E));
+    CR(cudaMemset(marks, 0, sizeof(unsigned) * E));
     CR(cudaHostAlloc((void **)&hpicks, sizeof(int) * LAYERS * E, 0));
     printf("picked-copy: %d layers of %d experts x %zu MiB, pinned host; %d iterations a row\n", LAYERS,
            E, S >> 20, ITERS);
@@ -161,8 +245,9 @@ int main(int argc, char **argv)
         }
         CR(cudaGraphInstantiate(&ge, g, 0));
 
-        for (int row = 0; row < 4; row++) {
-            static const char *names[] = {"in-place", "kernel-copy", "host-copy", "cond-copy"};
+        for (int row = 0; row < 7; row++) {
+            static const char *names[] = {"in-place",  "kernel-copy", "host-copy",  "cond-copy",
+                                          "shim-copy", "shim-x4",     "shim-x4-c64"};
             double t = 0;
             int bad = 0;
             srand(1234 + K);
@@ -193,6 +278,10 @@ int main(int argc, char **argv)
                             src = hdev[l];
                         else if (row == 1)
                             copier<<<K, 512, 0, s>>>(slot, hdev[l], dpicks + l * E, words);
+                        else if (row >= 4)
+                            shim_copy(row >= 5, row == 6 ? 64ull << 10 : 128ull << 10,
+                                      row == 6 ? 64 : 32, slot, hdev[l], S, E, dpicks + l * E, K,
+                                      marks, ++gen, s);
                         else
                             for (int k = 0; k < K; k++) {
                                 int e = hpicks[l * E + k];
