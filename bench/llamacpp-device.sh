@@ -154,9 +154,9 @@ for step in "$@"; do
         ls -la /tmp/x-moe128.gguf ;;
     probe)
         { nvcc -O2 -arch=sm_90 -I bench -o /tmp/picked-copy bench/picked-copy.cu -lcuda &&
-            timeout 120 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
+            timeout 180 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
         rc=$?
-        tail -14 "$OUT/probe.log" ;;
+        tail -24 "$OUT/probe.log" ;;
     vmmprobe)
         { nvcc -O2 -arch=sm_90 -I bench -o /tmp/vmm-host-copy bench/vmm-host-copy.cu -lcuda &&
             timeout 120 /tmp/vmm-host-copy "${VMM_ROUNDS:-10}"; } >"$OUT/vmm-host-copy.txt" 2>&1
