@@ -23,8 +23,8 @@
 //               row/128 KiB chunks, at most 32, by E experts, 256 threads,
 //               launched as uvm/picks-dma.c does), then the reader
 //  shim-x4      the same grid, each thread with four 16-byte loads in
-//               flight before its stores (wo_picks_copy_x4 below: a
-//               candidate for the shim; the shim's loop has one, so a
+//               flight before its stores (wo_picks_copy_x4, the shim's
+//               under WOFFLOAD_PICKS_COPY_X4=1; the default keeps one, so a
 //               block's chunk takes one PCIe round trip per 4 KiB)
 //  shim-x4-c64  shim-x4 on up to 64 chunks of at least 64 KiB (more blocks
 //               for the few experts of a small batch)
@@ -48,57 +48,6 @@
 #include "../uvm/stream-copy.cu"
 
 static int LAYERS = 8, E = 128, ITERS = 10;
-
-// wo_picks_copy with four loads in flight a thread (the shim's loop issues
-// one, then waits for it to store it): same arguments, grid and result.
-extern "C" __global__ void wo_picks_copy_x4(unsigned char *dst, const unsigned char *src,
-                                            unsigned long long row, const unsigned *marks,
-                                            unsigned gen, unsigned long long *rows,
-                                            const unsigned *where, const unsigned char *cache,
-                                            unsigned *counts, unsigned long long *hits)
-{
-    unsigned long long e = blockIdx.y, chunk, lo, hi;
-    unsigned slot;
-
-    if (marks[e] != gen)
-        return;
-    slot = where ? where[e] : WO_PICKS_NOWHERE;
-    chunk = (row + gridDim.x - 1) / gridDim.x;
-    chunk = (chunk + 15) & ~15ull;
-    lo = blockIdx.x * chunk;
-    hi = lo + chunk < row ? lo + chunk : row;
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (rows)
-            atomicAdd(rows, 1ull);
-        if (counts)
-            atomicAdd(&counts[e], 1u);
-        if (hits && slot != WO_PICKS_NOWHERE)
-            atomicAdd(hits, 1ull);
-    }
-    if (lo >= hi)
-        return;
-    dst += e * row;
-    src = slot != WO_PICKS_NOWHERE ? cache + slot * row : src + e * row;
-    if ((((uintptr_t)dst | (uintptr_t)src | lo) & 15) == 0) {
-        unsigned long long n16 = (hi - lo) / 16, b = blockDim.x, k = threadIdx.x;
-        uint4 *d = (uint4 *)(dst + lo);
-        const uint4 *s = (const uint4 *)(src + lo);
-        for (; k + 3 * b < n16; k += 4 * b) {
-            uint4 v0 = s[k], v1 = s[k + b], v2 = s[k + 2 * b], v3 = s[k + 3 * b];
-            d[k] = v0;
-            d[k + b] = v1;
-            d[k + 2 * b] = v2;
-            d[k + 3 * b] = v3;
-        }
-        for (; k < n16; k += b)
-            d[k] = s[k];
-        for (k = lo + n16 * 16 + threadIdx.x; k < hi; k += b)
-            dst[k] = src[k];
-    } else {
-        for (unsigned long long k = lo + threadIdx.x; k < hi; k += blockDim.x)
-            dst[k] = src[k];
-    }
-}
 
 // The shim's launch of a picked copy (uvm/picks-dma.c: wo_picks_launch):
 // the marks of the K picks, then the copy on chunks x E blocks.

@@ -1463,6 +1463,16 @@ static int child(void)
         CHECK(json_num(js, "\"interpose\":", "\"gated_copies\":") == 0 &&
               json_num(js, "\"interpose\":", "\"gated_waits\":") == 0);
     }
+    /* the copy kernel the setting names ran, the other never
+     * (WOFFLOAD_PICKS_COPY_X4: -x4) */
+    {
+        uint64_t (*named)(const char *);
+        bool x4 = getenv("WOFFLOAD_PICKS_COPY_X4") && strcmp(getenv("WOFFLOAD_PICKS_COPY_X4"), "1") == 0;
+        *(void **)&named = need(cu, "fakecuda_kernel_runs_named");
+        if (json_num(js, "},\"tensors\":", "\"kernel_copies\":") > 0)
+            CHECK(named(x4 ? "wo_picks_copy_x4" : "wo_picks_copy") > 0);
+        CHECK(named(x4 ? "wo_picks_copy" : "wo_picks_copy_x4") == 0);
+    }
     CHECK(json_num(js, "model.layers.0.mlp.experts.down_proj\":", "\"experts\":") == E);
     /* per tensor: the bytes moved a registration (a layer's step), and
      * the launches that found it wholly resident, within the total */

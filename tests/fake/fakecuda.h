@@ -85,6 +85,8 @@ CUkernel fakecuda_kernel_handle(CUfunction f);
 /* Times a registered kernel has actually run (graph replays included,
  * captured launches not). */
 uint64_t fakecuda_kernel_runs(CUfunction f);
+/* Runs of every kernel registered under name (a module's, a builtin's). */
+uint64_t fakecuda_kernel_runs_named(const char *name);
 
 /* --- call counters and fault injection ----------------------------------- */
 
