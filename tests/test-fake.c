@@ -4,7 +4,8 @@
  * versions/flags/status, init and context rules, capture (recorded, not
  * run; the real driver's invalidation rules), managed advice and residency,
  * pinned allocation under a small RLIMIT_MEMLOCK, pointer attributes, VMM,
- * parameter layouts and launches, and concurrent use.
+ * parameter layouts and launches, concurrent use, and streams behind their
+ * callers (WOFAKE_STREAMS_BEHIND).
  *
  * Linked directly against the fake libcuda.so.1. Tests that need a fresh
  * process (environment read once, rlimits, uid) re-run this binary with
@@ -24,6 +25,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -1042,6 +1044,88 @@ static int child_memlock(void)
     return cuMemFreeHost(h) == CUDA_SUCCESS ? 0 : 38;
 }
 
+/* WOFAKE_STREAMS_BEHIND=1 (tests/fake/fake-behind.c): a stream wait not
+ * met returns at once and what follows on its stream queues, in order,
+ * until another thread writes the value; queries say not ready meanwhile,
+ * a stream waiting on an event recorded there falls behind too, and a free
+ * waits for the queues. */
+static void *write_later(void *p)
+{
+    usleep(100 * 1000);
+    __atomic_store_n((uint32_t *)p, 2, __ATOMIC_RELEASE);
+    return NULL;
+}
+
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
+static int child_behind(void)
+{
+    CUdevice dev;
+    CUcontext c;
+    CUstream s, s2;
+    CUevent e;
+    CUdeviceptr a, b, x;
+    uint32_t *flag = NULL;
+    unsigned char src[256], got[256];
+    pthread_t t;
+
+    if (cuInit(0) || cuDeviceGet(&dev, 0) || cuDevicePrimaryCtxRetain(&c, dev) ||
+        cuCtxSetCurrent(c))
+        return 40;
+    if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) || cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) ||
+        cuEventCreate(&e, 0) || cuMemAlloc_v2(&a, sizeof(src)) || cuMemAlloc_v2(&b, sizeof(src)) ||
+        cuMemAlloc_v2(&x, 64) || cuMemHostAlloc((void **)&flag, 4096, 0))
+        return 41;
+    memset(src, 7, sizeof(src));
+    if (cuMemsetD8_v2(a, 0, sizeof(src)) || cuMemsetD8_v2(b, 0, sizeof(src)))
+        return 42;
+    *flag = 0;
+    /* the wait returns at once; the copy and the record after it queue */
+    if (cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_GEQ) ||
+        cuMemcpyHtoDAsync_v2(a, src, sizeof(src), s) || cuEventRecord(e, s))
+        return 43;
+    if (((unsigned char *)(uintptr_t)a)[0] != 0)
+        return 44; /* ran before the value was written */
+    if (cuStreamQuery(s) != CUDA_ERROR_NOT_READY || cuEventQuery(e) != CUDA_ERROR_NOT_READY)
+        return 45;
+    if (fakecuda_behind_queued() != 3)
+        return 46;
+    /* s2 waits on the event: behind as well, its copy after s's */
+    if (cuStreamWaitEvent(s2, e, 0) || cuMemcpyDtoDAsync_v2(b, a, sizeof(src), s2))
+        return 47;
+    if (cuStreamQuery(s2) != CUDA_ERROR_NOT_READY)
+        return 48;
+    __atomic_store_n(flag, 1, __ATOMIC_RELEASE);
+    if (cuStreamSynchronize(s2) || cuEventQuery(e) != CUDA_SUCCESS ||
+        cuStreamQuery(s) != CUDA_SUCCESS)
+        return 49;
+    if (cuMemcpyDtoH_v2(got, b, sizeof(got)) || memcmp(got, src, sizeof(src)) != 0)
+        return 50; /* in order: a filled before b was copied from it */
+    /* a free waits for the context's work: here a wait another thread
+     * meets 100 ms later */
+    if (cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)flag, 2, CU_STREAM_WAIT_VALUE_GEQ) ||
+        cuStreamQuery(s) != CUDA_ERROR_NOT_READY || pthread_create(&t, NULL, write_later, flag))
+        return 51;
+    double t0 = now_ms();
+    CUresult r = cuMemFree_v2(x);
+    double waited = now_ms() - t0;
+    pthread_join(t, NULL);
+    if (r != CUDA_SUCCESS || waited < 80 || cuStreamQuery(s) != CUDA_SUCCESS)
+        return 52;
+    return 0;
+}
+
+static void streams_behind_their_callers(void **state)
+{
+    const char *env[] = {"WOFAKE_STREAMS_BEHIND=1", "WOFAKE_WAIT_MS=2000", NULL};
+    assert_int_equal(run_child("behind", env), 0);
+}
+
 static void env_fail_rules_and_total_mem(void **state)
 {
     const char *env[] = { "WOFAKE_FAIL=cuMemAlloc_v2:2:2,cuStreamCreate:*:999",
@@ -1078,6 +1162,8 @@ int main(int argc, char **argv)
             return child_memlock();
         if (strcmp(n, "proc_missing") == 0)
             return child_proc_missing_success();
+        if (strcmp(n, "behind") == 0)
+            return child_behind();
         return 126;
     }
     ssize_t len = readlink("/proc/self/exe", self_exe, sizeof(self_exe) - 1);
@@ -1087,6 +1173,7 @@ int main(int argc, char **argv)
 
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(calls_before_init_fail_not_initialized),
+        cmocka_unit_test(streams_behind_their_callers),
         cmocka_unit_test(context_bound_calls_need_a_current_context),
         cmocka_unit_test(counters_count_every_call_by_abi_name),
         cmocka_unit_test(function_list_names_every_exported_symbol),

@@ -216,7 +216,7 @@ CUresult fk_behind_push(struct fk_behind **qp, const struct fk_item *it)
     return CUDA_SUCCESS;
 }
 
-/* Until q (NULL: every queue) is empty; CUDA_ERROR_LAUNCH_TIMEOUT past
+/* Until q (NULL: an empty queue) is empty; CUDA_ERROR_LAUNCH_TIMEOUT past
  * twice WOFAKE_WAIT_MS (the device thread drops a wait past one). */
 CUresult fk_behind_drain(const struct fk_behind *q)
 {
@@ -224,7 +224,7 @@ CUresult fk_behind_drain(const struct fk_behind *q)
     CUresult r = CUDA_SUCCESS;
 
     pthread_mutex_lock(&mu);
-    while (q ? q->head != NULL : pending != 0) {
+    while (q && q->head) {
         if (fk_now_ns() - t0 > limit) {
             r = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;

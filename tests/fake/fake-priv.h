@@ -186,7 +186,7 @@ bool fk_behind_busy(const struct fk_behind *q); /* NULL: an empty queue */
 bool fk_behind_any(void);                       /* any queue not empty */
 /* Appends it to *q (made on first use); takes ownership of it->op. */
 CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
-/* Waits until q (NULL: every queue) is empty. */
+/* Waits until q is empty (NULL: an empty queue). */
 CUresult fk_behind_drain(const struct fk_behind *q);
 /* What the device thread calls back (fake-exec.c). */
 void fk_exec_op(const struct fk_op *op);
