@@ -1117,6 +1117,9 @@ static int child_behind(void)
     pthread_join(t, NULL);
     if (r != CUDA_SUCCESS || waited < 80 || cuStreamQuery(s) != CUDA_SUCCESS)
         return 52;
+    if (cuEventDestroy_v2(e) || cuStreamDestroy_v2(s) || cuStreamDestroy_v2(s2) ||
+        cuMemFree_v2(a) || cuMemFree_v2(b) || cuMemFreeHost(flag))
+        return 53;
     return 0;
 }
 
