@@ -272,9 +272,11 @@ class TestServe(unittest.TestCase):
         # past saturation: 40 req/s; the greedy set checked against the file
         # the first run recorded
         STATE.max_running = 0
+        before = server_info(cls.port)
         cls.high = run_serve(cls.port, "--rate", "40", "--duration", "3", "--seed", "2",
                              "--greedy-check", cls.greedy, "--greedy-n", "4")
         cls.high_server = server_info(cls.port)
+        cls.high_busy = {k: cls.high_server[k] - before[k] for k in ("busy", "served")}
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -305,8 +307,12 @@ class TestServe(unittest.TestCase):
         socket. The upper bounds follow the server's clock, not the
         nominal delays: on a loaded machine every sleep runs long (a CI
         run saw e2e p50 at 1.5x nominal), and that is no error of the
-        client's. A client that counted from the wrong moment, or missed
-        or merged tokens, still lands outside."""
+        client's. The lower bounds stay on the nominal delays: the
+        server's set is not the client's (it also times the requests that
+        left mid-stream without its noticing, in full), and a CI run saw
+        the client's e2e p50 at 0.84x the server's. A client that counted
+        from the wrong moment, or missed or merged tokens, still lands
+        outside."""
         s = self.low["summary"]
         srv = self.low_timings
         self.assertGreater(len(srv), 10)
@@ -322,7 +328,6 @@ class TestServe(unittest.TestCase):
         self.assertLess(s["tpot_ms"]["mean"], srv_tpot * 1e3 + 10)
         e2e = (PREFILL + (OUT - 1) * ITL) * 1e3
         self.assertGreaterEqual(s["e2e_ms"]["p50"], e2e * 0.9)
-        self.assertGreaterEqual(s["e2e_ms"]["p50"], srv_e2e * 1e3 * 0.9)
         self.assertLess(s["e2e_ms"]["p50"], srv_e2e * 1e3 + 80)
         self.assertEqual(s["lengths"]["output_tokens_mean"], OUT)
         self.assertEqual(s["lengths"]["usage_completion_tokens_mean"], OUT)
@@ -404,7 +409,15 @@ class TestServe(unittest.TestCase):
         self.assertGreater(s["offered_rate"], 25)
         # what comes out is the server's capacity, not the offered rate
         self.assertLess(s["throughput"]["requests_s"], 0.8 * s["offered_rate"])
-        self.assertAlmostEqual(s["throughput"]["requests_s"] / CAPACITY, 1.0, delta=0.3, msg=s["throughput"])
+        # the capacity the server had on this machine (its slots over the
+        # mean time a request held one, on its own clock), not the nominal
+        # one: on a loaded machine its sleeps run long (0.64x nominal here
+        # beside six busy loops)
+        b = self.high_busy
+        capacity = SLOTS * b["served"] / b["busy"]
+        self.assertLess(capacity, CAPACITY * 1.05)
+        self.assertAlmostEqual(s["throughput"]["requests_s"] / capacity, 1.0, delta=0.3,
+                               msg=(s["throughput"], capacity))
         self.assertEqual(self.high_server["max_running"], SLOTS)
         c = s["concurrency"]
         # the queue builds up at the client; the running batch stays at the slots
