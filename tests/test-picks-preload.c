@@ -1436,7 +1436,19 @@ static int child(void)
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") >= 1);
         else if (!getenv("WOFAKE_FAIL"))
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") == 0);
-        if (strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
+        /* every engine stream was probed for a work queue shared with the
+         * copy stream (uvm/queue-probe.h); -queues (WOFAKE_QUEUES=1: every
+         * stream in one queue): each shares it, so the kernels copied all,
+         * and every read above was exact; elsewhere none shares it */
+        bool shared = getenv("WO_PICKS_TEST_SHARED") != NULL;
+        long long sq = json_num(js, "\"engine\":{", "\"shared_queues\":");
+        long long probes = json_num(js, "\"engine\":{", "\"probes\":");
+        CHECK(probes >= 1 || copies == 0);
+        CHECK(shared ? copies == 0 && sq == probes : sq == 0);
+        if (shared)
+            fprintf(stderr, "engine: %lld of %lld streams shared the copy stream's queue\n", sq,
+                    probes);
+        else if (strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
             CHECK(copies > 0 && runs >= copies &&
                   json_num(js, "\"engine\":{", "\"bytes\":") > 0 &&
                   json_num(js, "\"engine\":{", "\"mirrors\":") == 0 &&
@@ -1472,6 +1484,11 @@ static int child(void)
         if (json_num(js, "},\"tensors\":", "\"kernel_copies\":") > 0)
             CHECK(named(x4 ? "wo_picks_copy_x4" : "wo_picks_copy") > 0);
         CHECK(named(x4 ? "wo_picks_copy" : "wo_picks_copy_x4") == 0);
+        /* each copy engine job's ids went to pinned memory by the byte-copy
+         * kernel on the engine's stream, not a copy (uvm/queue-probe.h) */
+        long long jobs = json_num(js, "\"engine\":{", "\"copies\":");
+        if (jobs > 0)
+            CHECK(named("wo_stream_copy") >= (uint64_t)jobs);
     }
     CHECK(json_num(js, "model.layers.0.mlp.experts.down_proj\":", "\"experts\":") == E);
     /* per tensor: the bytes moved a registration (a layer's step), and

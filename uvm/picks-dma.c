@@ -15,6 +15,7 @@
 #include "core/log.h"
 #include "core/macro.h"
 #include "uvm/internal.h"
+#include "uvm/queue-probe.h"
 #include "core/meminfo.h"
 #include "core/settings.h"
 #include "uvm/stream-pin.h"
@@ -33,6 +34,8 @@
 #define QUIESCE_NS (2ull * 1000000000ull) /* the longest a free waits for the queue */
 #define MARK_THREADS 256u
 #define COPY_THREADS 256u
+#define PROBE_NS (500ull * 1000000ull) /* the longest a probe waits for the copy stream */
+#define PROBE_TRIES 3u                 /* copy streams tried while none has been found apart yet */
 #define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
 #define CHUNKS_MAX 32u
 
@@ -97,6 +100,14 @@ static struct {
      * caller's return address, and whether it was the mirror thread */
     void *gate_by;
     bool gate_mirror;
+    /* the work-queue probe (probe()), serialised by plock: the engine
+     * stream each index was last probed with, its verdict, and how many
+     * said apart (the copy stream is kept from the first) */
+    pthread_mutex_t plock;
+    CUstream probed[WO_PICKS_STREAMS];
+    bool probed_on[WO_PICKS_STREAMS], apart[WO_PICKS_STREAMS];
+    unsigned aparts;
+    struct wo_qprobe qp;
     uint32_t served[WO_PICKS_STREAMS]; /* the last job's seq served, by stream */
     uint64_t served_at[WO_PICKS_STREAMS]; /* and when (the stall report's) */
     pthread_cond_t wcv;
@@ -106,6 +117,7 @@ static struct {
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
     struct wo_dma_figs f;
 } dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
+        .plock = PTHREAD_MUTEX_INITIALIZER,
         .cv = PTHREAD_COND_INITIALIZER,
         .mcv = PTHREAD_COND_INITIALIZER,
         .wcv = PTHREAD_COND_INITIALIZER};
@@ -651,6 +663,8 @@ static bool start(const struct wo_driver *d, CUcontext ctx)
     }
     if (r == CUDA_SUCCESS)
         r = d->cuStreamCreate(&dm.copy, CU_STREAM_NON_BLOCKING);
+    if (r == CUDA_SUCCESS && !wo_qprobe_init(d, &dm.qp))
+        r = CUDA_ERROR_OUT_OF_MEMORY;
     for (unsigned k = 0; k < SLOTS && r == CUDA_SUCCESS; k++) {
         r = d->cuMemHostAlloc(&dm.s[k].ids, IDS_MAX, CU_MEMHOSTALLOC_PORTABLE);
         if (r == CUDA_SUCCESS)
@@ -694,10 +708,56 @@ static void gate_leave(void)
     __atomic_sub_fetch(&dm.entering, 1, __ATOMIC_SEQ_CST);
 }
 
+/* Whether stream ix's jobs may go on the copy engine: a job's wait on it
+ * must not hold the copy stream (uvm/queue-probe.h; the H200 hung so under
+ * transformers). Probed on its first job, on the engine's thread, and again
+ * when another engine stream takes the index. Until one stream is found
+ * apart, a copy stream found sharing is replaced (no job has been queued
+ * on it yet); after, a stream that shares the copy stream's queue has its
+ * rows copied by the kernels. */
+static bool probe(const struct wo_driver *d, unsigned ix, CUstream e, CUfunction fill)
+{
+    bool ok;
+
+    pthread_mutex_lock(&dm.plock);
+    if (dm.probed_on[ix] && dm.probed[ix] == e) {
+        ok = dm.apart[ix];
+        pthread_mutex_unlock(&dm.plock);
+        return ok;
+    }
+    ok = wo_qprobe_apart(d, &dm.qp, e, dm.copy, fill, PROBE_NS);
+    for (unsigned t = 1; !ok && !dm.aparts && t < PROBE_TRIES; t++) {
+        CUstream fresh;
+        if (d->cuStreamCreate(&fresh, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+            break;
+        CUstream old = dm.copy;
+        pthread_mutex_lock(&dm.lock);
+        dm.copy = fresh; /* nothing queued: the copy thread is not in serve() */
+        dm.f.copy_streams++;
+        pthread_mutex_unlock(&dm.lock);
+        if (d->cuStreamDestroy_v2)
+            (void)d->cuStreamDestroy_v2(old); /* its probe's write still runs */
+        ok = wo_qprobe_apart(d, &dm.qp, e, fresh, fill, PROBE_NS);
+    }
+    dm.probed[ix] = e;
+    dm.probed_on[ix] = true;
+    dm.apart[ix] = ok;
+    dm.aparts += ok;
+    pthread_mutex_lock(&dm.lock);
+    dm.f.probes++;
+    if (!ok && !dm.f.shared_queues++)
+        wo_info("picks: an engine stream shares the driver's work queue with the copy stream "
+                "(CUDA_DEVICE_MAX_CONNECTIONS, 8 by default): a stream wait there would hold the "
+                "copies it waits for, so the kernels copy that stream's picked rows");
+    pthread_mutex_unlock(&dm.lock);
+    pthread_mutex_unlock(&dm.plock);
+    return ok;
+}
+
 /* wo_dma_enqueue's body, while counted in dm.entering (idb: the ids' bytes). */
 static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
                         const struct wo_dma_job *j, CUfunction mark, CUfunction copy,
-                        uint64_t idb)
+                        CUfunction fill, uint64_t idb)
 {
     const struct wo_picks_copy *c = &j->c;
     struct slot *sl = NULL;
@@ -716,6 +776,10 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
+    pthread_mutex_unlock(&dm.lock);
+    if (!probe(d, ix, stream, fill))
+        return false;
+    pthread_mutex_lock(&dm.lock);
     for (unsigned k = 0; k < SLOTS && !sl && idb <= IDS_MAX; k++) {
         unsigned at = (dm.next_free + k) % SLOTS;
         if (dm.s[at].state == S_FREE) {
@@ -730,7 +794,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     }
     sl->state = S_FILLING;
     pthread_mutex_unlock(&dm.lock);
-    if (d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)sl->ids, c->ids, idb, stream) != CUDA_SUCCESS ||
+    if (wo_ids_to_host(d, fill, sl->ids, c->ids, idb, stream) != CUDA_SUCCESS ||
         d->cuEventRecord(sl->ev, stream) != CUDA_SUCCESS) {
         pthread_mutex_lock(&dm.lock);
         sl->state = S_FREE;
@@ -777,7 +841,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
 }
 
 bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
-                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy)
+                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy, CUfunction fill)
 {
     const struct wo_picks_copy *c = &j->c;
     uint64_t extent, idb;
@@ -789,7 +853,7 @@ bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstr
     idb = extent * c->width;
     if (!gate_enter())
         return false; /* the kernels copy this one */
-    bool ok = enqueue_job(d, ctx, ix, stream, j, mark, copy, idb);
+    bool ok = enqueue_job(d, ctx, ix, stream, j, mark, copy, fill, idb);
     gate_leave();
     return ok;
 }
@@ -906,6 +970,7 @@ void wo_dma_reset(void)
 {
     memset(&dm, 0, sizeof(dm));
     pthread_mutex_init(&dm.lock, NULL);
+    pthread_mutex_init(&dm.plock, NULL);
     pthread_cond_init(&dm.cv, NULL);
     pthread_cond_init(&dm.mcv, NULL);
     pthread_cond_init(&dm.wcv, NULL);

@@ -52,10 +52,12 @@ struct wo_dma_job {
  * pinned, else its pinned mirror, made and not written since; without one
  * a mirror is asked for. True: the stream waits for the copies; false:
  * nothing that matters was enqueued (no mirror yet, no slot, the ids too
- * large, the driver lacks stream memory operations or refused): copy with
- * the kernels. */
+ * large, the driver lacks stream memory operations or refused, the stream
+ * shares the copy stream's work queue): copy with the kernels. fill: the
+ * byte-copy kernel that copies the ids to pinned memory (NULL:
+ * cuMemcpyAsync; uvm/queue-probe.h: wo_ids_to_host). */
 bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
-                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy);
+                    const struct wo_dma_job *j, CUfunction mark, CUfunction copy, CUfunction fill);
 
 /* Asks for the pinned mirror of span (as wo_dma_enqueue would) now, on
  * the engine's thread with its context ctx current: a mirror takes seconds
@@ -77,6 +79,9 @@ struct wo_dma_figs {
     char stall_report[1024]; /* the report's clauses, as said ("" before one) */
     uint64_t quiesced;         /* launches copied by the kernels while a free drained the queue */
     uint64_t quiesce_timeouts; /* frees that went on with jobs still queued (QUIESCE_NS) */
+    uint64_t probes;           /* engine streams probed for a work queue shared with the copies */
+    uint64_t shared_queues;    /* of them sharing it: the kernels copy their rows */
+    uint64_t copy_streams;     /* copy streams replaced for sharing one before any job */
 };
 void wo_dma_figs(struct wo_dma_figs *f);
 

@@ -119,17 +119,20 @@ void wo_picks_summary(void)
                      all > 0 ? (double)t.kernel_bytes / all / 1e9 : 0.0);
     }
     wo_dma_figs(&df);
-    if (df.jobs || df.kernel || df.mirrors || df.mirror_failed || df.mirror_dropped)
-        wo_log_write(WO_LOG_OFF,
-                     "picks: on the copy engine: %" PRIu64 " copies in %" PRIu64
-                     " runs moved %.2f GB; %" PRIu64 " copied by the kernels for a failure, %" PRIu64
-                     " launches left to the kernels without a slot, %" PRIu64
-                     " while a free drained the queue (%" PRIu64 " frees went on past its "
-                     "wait); %" PRIu64 " pinned mirrors (%.2f GB of host memory), %" PRIu64
-                     " not made, %" PRIu64 " dropped for a free",
-                     df.jobs, df.runs, (double)df.bytes / 1e9, df.kernel, df.no_slot, df.quiesced,
-                     df.quiesce_timeouts, df.mirrors, (double)df.mirror_bytes / 1e9,
-                     df.mirror_failed, df.mirror_dropped);
+    if (df.jobs || df.kernel || df.mirrors || df.mirror_failed || df.mirror_dropped || df.probes)
+        wo_log_write(
+            WO_LOG_OFF,
+            "picks: on the copy engine: %" PRIu64 " copies in %" PRIu64
+            " runs moved %.2f GB; %" PRIu64 " copied by the kernels for a failure, %" PRIu64
+            " launches left to the kernels without a slot, %" PRIu64
+            " while a free drained the queue (%" PRIu64 " frees went on past its "
+            "wait); %" PRIu64 " pinned mirrors (%.2f GB of host memory), %" PRIu64
+            " not made, %" PRIu64 " dropped for a free; %" PRIu64
+            " engine streams probed for a work queue shared with the copy stream, %" PRIu64
+            " sharing one (the kernels copied theirs), %" PRIu64 " copy streams replaced",
+            df.jobs, df.runs, (double)df.bytes / 1e9, df.kernel, df.no_slot, df.quiesced,
+            df.quiesce_timeouts, df.mirrors, (double)df.mirror_bytes / 1e9, df.mirror_failed,
+            df.mirror_dropped, df.probes, df.shared_queues, df.copy_streams);
     if (t.hot_bytes || t.hot_rows || t.hot_given_back) {
         double hmin = 1, hmax = 0;
         unsigned with = 0;

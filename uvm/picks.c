@@ -507,8 +507,8 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
                                .rows = &pk.dma_rows[i]};
-        if (wo_dma_enqueue(d, pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j,
-                           pk.mark, pk.copy)) {
+        if (wo_dma_enqueue(d, pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j, pk.mark,
+                           pk.copy, pk.fill)) {
             b->gen = gen;
             b->span = i;
             b->seq = s->seq;

@@ -389,13 +389,16 @@ static void json_body(struct sbuf *b)
         sb_printf(b,
                   ",\"engine\":{\"from_percent\":%u,\"copies\":%" PRIu64 ",\"runs\":%" PRIu64
                   ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"host_flags\":%" PRIu64
-                  ",\"no_slot\":%" PRIu64 ",\"quiesced\":%" PRIu64
-                  ",\"quiesce_timeouts\":%" PRIu64 ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
-                  ",\"mirrors_failed\":%" PRIu64 ",\"mirrors_dropped\":%" PRIu64 ",\"waits_refused\":%" PRIu64
-                  ",\"stalls\":%" PRIu64 ",\"stall_report\":",
+                  ",\"no_slot\":%" PRIu64 ",\"quiesced\":%" PRIu64 ",\"quiesce_timeouts\":%" PRIu64
+                  ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
+                  ",\"mirrors_failed\":%" PRIu64 ",\"mirrors_dropped\":%" PRIu64
+                  ",\"waits_refused\":%" PRIu64 ",\"stalls\":%" PRIu64 ",\"probes\":%" PRIu64
+                  ",\"shared_queues\":%" PRIu64 ",\"copy_streams_replaced\":%" PRIu64
+                  ",\"stall_report\":",
                   wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.host_flags,
                   df.no_slot, df.quiesced, df.quiesce_timeouts, df.mirrors, df.mirror_bytes,
-                  df.mirror_failed, df.mirror_dropped, df.waits_refused, df.stalls);
+                  df.mirror_failed, df.mirror_dropped, df.waits_refused, df.stalls, df.probes,
+                  df.shared_queues, df.copy_streams);
         sb_str(b, df.stall_report);
         sb_printf(b, "}}");
     }

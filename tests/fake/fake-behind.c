@@ -21,6 +21,14 @@
  * WOFAKE_WAIT_MS is reported ("a GPU stream would hang here") and dropped,
  * so that the test ends and fails instead of hanging.
  *
+ * WOFAKE_QUEUES=N: the driver's work queues (CUDA_DEVICE_MAX_CONNECTIONS,
+ * 8 by default on a GPU). With more streams than queues a GPU puts several
+ * streams in one queue, in the order their work was enqueued, so a wait at
+ * the queue's head holds every stream of it. Here the k-th stream made
+ * shares queue k % N, and the default streams queue 0: they share one
+ * queue of this file. A synchronize waits for its whole queue. Unset or 0:
+ * a queue for each stream.
+ *
  * Not modelled: synchronous copies wait only for their own default
  * stream's queue, not for other blocking streams'. */
 #include <stdio.h>
@@ -49,16 +57,45 @@ static unsigned long pending; /* items in all queues */
 static uint64_t queued;       /* items ever pushed */
 static bool running;          /* the device thread */
 static int enabled = -1;
+#define HW_MAX 64u
+static struct fk_behind *hw[HW_MAX]; /* WOFAKE_QUEUES's */
 
 bool fk_behind_enabled(void)
 {
     int e = __atomic_load_n(&enabled, __ATOMIC_RELAXED);
     if (e < 0) {
         const char *v = getenv("WOFAKE_STREAMS_BEHIND");
-        e = v && *v && strcmp(v, "0") != 0;
+        e = !(v && strcmp(v, "0") == 0); /* on unless "0" */
         __atomic_store_n(&enabled, e, __ATOMIC_RELAXED);
     }
     return e;
+}
+
+/* A new queue, on the device thread's list (under mu). */
+static struct fk_behind *queue_new_locked(void)
+{
+    struct fk_behind *q = calloc(1, sizeof(*q));
+    if (q) {
+        q->all = queues;
+        queues = q;
+    }
+    return q;
+}
+
+struct fk_behind *fk_behind_hw(unsigned long k)
+{
+    const char *v = getenv("WOFAKE_QUEUES");
+    unsigned long n = v && *v ? strtoul(v, NULL, 10) : 0;
+
+    if (!n || !fk_behind_enabled())
+        return NULL;
+    n = n > HW_MAX ? HW_MAX : n;
+    pthread_mutex_lock(&mu);
+    if (!hw[k % n])
+        hw[k % n] = queue_new_locked();
+    struct fk_behind *q = hw[k % n];
+    pthread_mutex_unlock(&mu);
+    return q;
 }
 
 bool fk_behind_busy(const struct fk_behind *q)
@@ -176,16 +213,10 @@ CUresult fk_behind_push(struct fk_behind **qp, const struct fk_item *it)
     n->since = 0;
     n->next = NULL;
     pthread_mutex_lock(&mu);
-    if (!*qp) {
-        struct fk_behind *q = calloc(1, sizeof(*q));
-        if (!q) {
-            pthread_mutex_unlock(&mu);
-            free(n);
-            return CUDA_ERROR_OUT_OF_MEMORY;
-        }
-        q->all = queues;
-        queues = q;
-        *qp = q;
+    if (!*qp && !(*qp = queue_new_locked())) {
+        pthread_mutex_unlock(&mu);
+        free(n);
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     if (!running) {
         static bool atfork;

@@ -137,11 +137,15 @@ static struct CUstream_st *stream_locked(CUstream s, bool per_thread)
 {
     if (s == NULL)
         s = per_thread ? CU_STREAM_PER_THREAD : CU_STREAM_LEGACY;
-    if (s == CU_STREAM_LEGACY)
+    if (s == CU_STREAM_LEGACY) {
+        if (!legacy_stream.bq)
+            legacy_stream.bq = fk_behind_hw(0);
         return &legacy_stream;
+    }
     if (s == CU_STREAM_PER_THREAD) {
         if (pt_stream.magic != STREAM_MAGIC)
-            pt_stream = (struct CUstream_st){ .magic = STREAM_MAGIC, .per_thread = true };
+            pt_stream = (struct CUstream_st){
+                .magic = STREAM_MAGIC, .per_thread = true, .bq = fk_behind_hw(0)};
         return &pt_stream;
     }
     for (struct CUstream_st *st = streams; st; st = st->next)
@@ -372,6 +376,8 @@ static CUresult stream_create(CUstream *ph, unsigned flags, int prio)
     st->flags = flags;
     st->ctx = fk_current_ctx();
     st->priority = prio > 0 ? 0 : prio < -5 ? -5 : prio;
+    static unsigned long made;
+    st->bq = fk_behind_hw(__atomic_add_fetch(&made, 1, __ATOMIC_RELAXED));
     fk_lock_();
     st->next = streams;
     streams = st;

@@ -184,6 +184,9 @@ struct fk_behind; /* one stream's queue */
 bool fk_behind_enabled(void);
 bool fk_behind_busy(const struct fk_behind *q); /* NULL: an empty queue */
 bool fk_behind_any(void);                       /* any queue not empty */
+/* The queue the k-th stream made shares (WOFAKE_QUEUES; 0: the default
+ * streams'), NULL: a queue of its own. */
+struct fk_behind *fk_behind_hw(unsigned long k);
 /* Appends it to *q (made on first use); takes ownership of it->op. */
 CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
 /* Waits until q is empty (NULL: an empty queue). */

@@ -34,6 +34,13 @@ woffload-run with the automatic hook and a policy that streams:
                      copies on the copy engine; on the H200 transformers
                      under fit stopped so in its first step (bench/results,
                      picks-engine-stall-20261203-h200)
+  moe128-host-picks-engine-q1  the same with CUDA_DEVICE_MAX_CONNECTIONS=1:
+                     every stream in one of the driver's work queues, where
+                     a job's wait would hold its own copies; the shim's
+                     probe (uvm/queue-probe.h) must find that and leave the
+                     copies to the kernels, tokens identical (on the H200
+                     the first probe did: bench/results,
+                     engine-queues-20261203-h200.txt)
   moe128-host-picks-cb   the same under transformers' continuous batching
                      (generate_batch, paged attention: its steps run on
                      several streams, which share one pool of buffers), two
@@ -114,6 +121,8 @@ CASES = {
                           "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks-engine": ("moe128+engine", "version: 1\ndefault: device\n"
                                  "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-host-picks-engine-q1": ("moe128+engine", "version: 1\ndefault: device\n"
+                                    "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
                              "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-half-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
@@ -263,8 +272,10 @@ def main() -> int:
         runs = {case: pool.submit(gpucheck.result, cmds[case],
                                   dict(env, WOFFLOAD_PICKS="1" if "picks" in case else "0",
                                        **({"WOFFLOAD_PICKS_ENGINE": "1"}
-                                          if case.endswith("-engine") else {})),
-                                  must=False, timeout=300 if case.endswith("-engine") else 600)
+                                          if "-engine" in case else {}),
+                                       **({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+                                          if case.endswith("-q1") else {})),
+                                  must=False, timeout=300 if "-engine" in case else 600)
                 for case in cases}
         for case in cases:
             cmd, ref = cmds[case], refs[CASES[case][0]]
@@ -303,12 +314,21 @@ def main() -> int:
                 print(f"    picks: {pk.get('bytes_copied', 0) / 1e9:.3f} GB moved against "
                       f"{pk.get('whole_bytes', 0) / 1e9:.3f} GB of whole tensors, "
                       f"{pk.get('buffer_bytes', 0) >> 20} MiB of buffers")
-            if case.endswith("-engine"):
+            if "-engine" in case:
                 eng = pk.get("engine") or {}
-                checks[f"picked copies on the copy engine ({eng.get('copies')} jobs, "
-                       f"{eng.get('bytes', 0) / 1e9:.3f} GB; {eng.get('kernel_fallbacks')} by the "
-                       f"kernels instead): the announced host experts are pinned"] = \
-                    eng.get("copies", 0) > 0
+                if case.endswith("-q1"):
+                    checks[f"every engine stream shares the copy stream's work queue "
+                           f"({eng.get('shared_queues')} of {eng.get('probes')} probed), so the "
+                           f"kernels copied ({eng.get('copies')} copy engine jobs)"] = \
+                        eng.get("shared_queues", 0) >= 1 and \
+                        eng.get("shared_queues") == eng.get("probes") and eng.get("copies", 1) == 0
+                else:
+                    checks[f"picked copies on the copy engine ({eng.get('copies')} jobs, "
+                           f"{eng.get('bytes', 0) / 1e9:.3f} GB; {eng.get('kernel_fallbacks')} by "
+                           f"the kernels instead; {eng.get('shared_queues')} of "
+                           f"{eng.get('probes')} streams probed share the copy stream's work "
+                           f"queue): the announced host experts are pinned"] = \
+                        eng.get("copies", 0) > 0
                 checks[f"the copy engine never stalled ({eng.get('stalls')}; "
                        f"{eng.get('stall_report') or 'no report'}) and no gate ran out "
                        f"({eng.get('quiesce_timeouts')})"] = \
