@@ -142,7 +142,10 @@ static void run(struct fk_item *it)
 {
     switch (it->kind) {
     case FK_ITEM_OP:
-        fk_exec_op(&it->op);
+        if (it->op.type == FK_OP_COPY)
+            fk_op_copy_words(&it->op);
+        else
+            fk_exec_op(&it->op);
         fk_op_release(&it->op);
         break;
     case FK_ITEM_EVENT:

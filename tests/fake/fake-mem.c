@@ -1434,6 +1434,25 @@ void fk_op_run(const struct fk_op *op)
     }
 }
 
+void fk_op_copy_words(const struct fk_op *op)
+{
+    unsigned char *d = op->cp.dst;
+    const unsigned char *s = op->cp.src;
+    size_t n = op->cp.n, i = 0;
+
+    if (op->type != FK_OP_COPY || !n || (d < s + n && s < d + n) ||
+        ((uintptr_t)d | (uintptr_t)s) % 8) {
+        fk_op_run(op);
+        return;
+    }
+    for (; i + 8 <= n; i += 8)
+        __atomic_store_n((uint64_t *)(d + i), __atomic_load_n((const uint64_t *)(s + i),
+                                                              __ATOMIC_RELAXED),
+                         __ATOMIC_RELAXED);
+    for (; i < n; i++)
+        __atomic_store_n(d + i, __atomic_load_n(s + i, __ATOMIC_RELAXED), __ATOMIC_RELAXED);
+}
+
 /* --- VMM ----------------------------------------------------------------- */
 
 /* A device location, or host NUMA node 0 (the lent machine's one node:

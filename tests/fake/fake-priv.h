@@ -191,6 +191,12 @@ struct fk_behind *fk_behind_hw(unsigned long k);
 CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
 /* Waits until q is empty (NULL: an empty queue). */
 CUresult fk_behind_drain(const struct fk_behind *q);
+/* A copy op as a copy engine makes it, from the device thread: aligned
+ * 8-byte words, each a relaxed atomic load and store, so that a host
+ * thread's atomic read of the destination (the shim reads counters a copy
+ * brings back while the next copy lands) is no data race to TSan; memmove
+ * for overlapping or unaligned ranges and for other ops (fake-mem.c). */
+void fk_op_copy_words(const struct fk_op *op);
 /* What the device thread calls back (fake-exec.c). */
 void fk_exec_op(const struct fk_op *op);
 void fk_op_release(struct fk_op *op);
