@@ -740,8 +740,7 @@ def main() -> int:
                          "WOFFLOAD_FIT_BIND=1: late bound but for the names pinned on the host, yields free "
                          "device memory at once), fit-bind-copies (the same with WOFFLOAD_BIND_COPIES=1: "
                          "yielded experts copied picked, not read in place), fit-auto (fit with reserve: auto, "
-                         "run twice: the second reserves the first's high water), fit-x4 (fit with "
-                         "WOFFLOAD_PICKS_COPY_X4=1: the picked copy kernel with four loads in flight a thread), "
+                         "run twice: the second reserves the first's high water), "
                          "fit-engine (fit with WOFFLOAD_PICKS_ENGINE=50: picked copies on the copy engine "
                          "from half the experts picked), fp8")
     ap.add_argument("--fit-reserves", default="",
@@ -779,7 +778,7 @@ def main() -> int:
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
-             "fit-auto", "fit-hotset", "fit-stream", "fit-x4", "fit-engine", "fp8"}
+             "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fp8"}
     if set(runs) - known:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
                  f"(known: {', '.join(sorted(known))})")
@@ -838,11 +837,8 @@ def main() -> int:
         if "fit-bind" in runs:
             both(dict(base, name=f"fit-bind-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_FIT_BIND": "1"}))
-        # fit's picked copies by the other kernel, or on the copy engine
-        # (issue 42: the kernels' copies ran at 37-50 GB/s, the link's 55)
-        if "fit-x4" in runs:
-            both(dict(base, name=f"fit-x4-{f}", fraction=f, shim=True, policy=fitkey,
-                      env={"WOFFLOAD_PICKS_COPY_X4": "1"}))
+        # fit's picked copies on the copy engine (issue 42: the kernels'
+        # copies ran at 37-50 GB/s, the link's 55)
         if "fit-engine" in runs:
             both(dict(base, name=f"fit-engine-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50"}))

@@ -22,12 +22,9 @@
 //               here: wo_picks_mark, then wo_picks_copy on a grid of
 //               row/128 KiB chunks, at most 32, by E experts, 256 threads,
 //               launched as uvm/picks-dma.c does), then the reader
-//  shim-x4      the same grid, each thread with four 16-byte loads in
-//               flight before its stores (wo_picks_copy_x4, the shim's
-//               under WOFFLOAD_PICKS_COPY_X4=1; the default keeps one, so a
-//               block's chunk takes one PCIe round trip per 4 KiB)
-//  shim-x4-c64  shim-x4 on up to 64 chunks of at least 64 KiB (more blocks
-//               for the few experts of a small batch)
+//               (a version with four loads in flight a thread, and one on
+//               64 chunks, were no faster on the H200: 37.1-37.8 GB/s at
+//               K = 8; bench/results/gpu-suite-20261203-bc36a37-h200.txt)
 //
 // Each row prints the step time, the picked bytes' rate, and whether the
 // reader's sums matched the host's (a wrong byte fails the row). The bound is
@@ -51,20 +48,15 @@ static int LAYERS = 8, E = 128, ITERS = 10;
 
 // The shim's launch of a picked copy (uvm/picks-dma.c: wo_picks_launch):
 // the marks of the K picks, then the copy on chunks x E blocks.
-static void shim_copy(bool x4, unsigned long long cmin, unsigned cmax, uint64_t *slot,
-                      const uint64_t *src, unsigned long long row, int E, const int *picks, int K,
-                      unsigned *marks, unsigned gen, cudaStream_t s)
+static void shim_copy(uint64_t *slot, const uint64_t *src, unsigned long long row, int E,
+                      const int *picks, int K, unsigned *marks, unsigned gen, cudaStream_t s)
 {
-    unsigned long long n = K, chunks = row / cmin;
-    chunks = chunks < 1 ? 1 : chunks > cmax ? cmax : chunks;
+    unsigned long long n = K, chunks = row / (128ull << 10);
+    chunks = chunks < 1 ? 1 : chunks > 32 ? 32 : chunks;
     wo_picks_mark<<<(K + 255) / 256, 256, 0, s>>>(picks, n, n, n, 4, E, marks, gen);
     dim3 grid((unsigned)chunks, E);
-    if (x4)
-        wo_picks_copy_x4<<<grid, 256, 0, s>>>((unsigned char *)slot, (const unsigned char *)src,
-                                              row, marks, gen, NULL, NULL, NULL, NULL, NULL);
-    else
-        wo_picks_copy<<<grid, 256, 0, s>>>((unsigned char *)slot, (const unsigned char *)src, row,
-                                           marks, gen, NULL, NULL, NULL, NULL, NULL);
+    wo_picks_copy<<<grid, 256, 0, s>>>((unsigned char *)slot, (const unsigned char *)src, row,
+                                       marks, gen, NULL, NULL, NULL, NULL, NULL);
 }
 static size_t S = 3u << 20;
 
@@ -194,9 +186,9 @@ int main(int argc, char **argv)
         }
         CR(cudaGraphInstantiate(&ge, g, 0));
 
-        for (int row = 0; row < 7; row++) {
-            static const char *names[] = {"in-place",  "kernel-copy", "host-copy",  "cond-copy",
-                                          "shim-copy", "shim-x4",     "shim-x4-c64"};
+        for (int row = 0; row < 5; row++) {
+            static const char *names[] = {"in-place", "kernel-copy", "host-copy", "cond-copy",
+                                          "shim-copy"};
             double t = 0;
             int bad = 0;
             srand(1234 + K);
@@ -227,10 +219,8 @@ int main(int argc, char **argv)
                             src = hdev[l];
                         else if (row == 1)
                             copier<<<K, 512, 0, s>>>(slot, hdev[l], dpicks + l * E, words);
-                        else if (row >= 4)
-                            shim_copy(row >= 5, row == 6 ? 64ull << 10 : 128ull << 10,
-                                      row == 6 ? 64 : 32, slot, hdev[l], S, E, dpicks + l * E, K,
-                                      marks, ++gen, s);
+                        else if (row == 4)
+                            shim_copy(slot, hdev[l], S, E, dpicks + l * E, K, marks, ++gen, s);
                         else
                             for (int k = 0; k < K; k++) {
                                 int e = hpicks[l * E + k];

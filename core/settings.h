@@ -35,7 +35,6 @@ struct wo_settings {
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
-    bool picks_copy_x4;      /* WOFFLOAD_PICKS_COPY_X4: the picked copy kernel with four loads in flight */
     bool graph_replay;       /* WOFFLOAD_GRAPH_REPLAY */
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */

@@ -1475,15 +1475,12 @@ static int child(void)
         CHECK(json_num(js, "\"interpose\":", "\"gated_copies\":") == 0 &&
               json_num(js, "\"interpose\":", "\"gated_waits\":") == 0);
     }
-    /* the copy kernel the setting names ran, the other never
-     * (WOFFLOAD_PICKS_COPY_X4: -x4) */
+    /* the kernels' copies ran the picked copy kernel */
     {
         uint64_t (*named)(const char *);
-        bool x4 = getenv("WOFFLOAD_PICKS_COPY_X4") && strcmp(getenv("WOFFLOAD_PICKS_COPY_X4"), "1") == 0;
         *(void **)&named = need(cu, "fakecuda_kernel_runs_named");
         if (json_num(js, "},\"tensors\":", "\"kernel_copies\":") > 0)
-            CHECK(named(x4 ? "wo_picks_copy_x4" : "wo_picks_copy") > 0);
-        CHECK(named(x4 ? "wo_picks_copy" : "wo_picks_copy_x4") == 0);
+            CHECK(named("wo_picks_copy") > 0);
         /* each copy engine job's ids went to pinned memory by the byte-copy
          * kernel on the engine's stream, not a copy (uvm/queue-probe.h) */
         long long jobs = json_num(js, "\"engine\":{", "\"copies\":");

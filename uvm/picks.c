@@ -322,9 +322,7 @@ static bool ready(const struct wo_driver *d)
     if (res == CUDA_SUCCESS)
         res = d->cuModuleGetFunction(&pk.mark, pk.mod, "wo_picks_mark");
     if (res == CUDA_SUCCESS)
-        res = d->cuModuleGetFunction(&pk.copy, pk.mod,
-                                     wo_settings()->picks_copy_x4 ? "wo_picks_copy_x4"
-                                                                  : "wo_picks_copy");
+        res = d->cuModuleGetFunction(&pk.copy, pk.mod, "wo_picks_copy");
     if (res == CUDA_SUCCESS)
         res = d->cuModuleGetFunction(&pk.fill, pk.mod, "wo_stream_copy");
     if (res == CUDA_SUCCESS)

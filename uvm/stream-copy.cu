@@ -172,18 +172,12 @@ extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n,
 // the engine's streams for the stats) counts the rows copied, *hits those
 // of them from cache, and counts[e] the copies that moved expert e (the
 // executor keeps its most picked experts in cache); each may be NULL.
-// LOADS: the 16-byte loads a thread has in flight before it stores them.
-// With one, a block's chunk takes a round trip over PCIe per 4 KiB
-// (256 threads); wo_picks_copy_x4 keeps four in flight
-// (WOFFLOAD_PICKS_COPY_LOADS=4; bench/picked-copy.cu times both).
 #define WO_PICKS_NOWHERE 0xffffffffu
-template <int LOADS>
-__device__ __forceinline__ void wo_picks_copy_body(unsigned char *dst, const unsigned char *src,
-                                                   unsigned long long row, const unsigned *marks,
-                                                   unsigned gen, unsigned long long *rows,
-                                                   const unsigned *where,
-                                                   const unsigned char *cache, unsigned *counts,
-                                                   unsigned long long *hits)
+extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char *src,
+                                         unsigned long long row, const unsigned *marks,
+                                         unsigned gen, unsigned long long *rows,
+                                         const unsigned *where, const unsigned char *cache,
+                                         unsigned *counts, unsigned long long *hits)
 {
     unsigned long long e = blockIdx.y, chunk, lo, hi;
     unsigned slot;
@@ -208,44 +202,15 @@ __device__ __forceinline__ void wo_picks_copy_body(unsigned char *dst, const uns
     dst += e * row;
     src = slot != WO_PICKS_NOWHERE ? cache + slot * row : src + e * row;
     if ((((uintptr_t)dst | (uintptr_t)src | lo) & 15) == 0) {
-        unsigned long long n16 = (hi - lo) / 16, k = threadIdx.x, b = blockDim.x;
+        unsigned long long n16 = (hi - lo) / 16;
         uint4 *d = (uint4 *)(dst + lo);
         const uint4 *s = (const uint4 *)(src + lo);
-        if (LOADS > 1) {
-            for (; k + (LOADS - 1) * b < n16; k += LOADS * b) {
-                uint4 v[LOADS];
-#pragma unroll
-                for (int j = 0; j < LOADS; j++)
-                    v[j] = s[k + j * b];
-#pragma unroll
-                for (int j = 0; j < LOADS; j++)
-                    d[k + j * b] = v[j];
-            }
-        }
-        for (; k < n16; k += b)
+        for (unsigned long long k = threadIdx.x; k < n16; k += blockDim.x)
             d[k] = s[k];
-        for (k = lo + n16 * 16 + threadIdx.x; k < hi; k += b)
+        for (unsigned long long k = lo + n16 * 16 + threadIdx.x; k < hi; k += blockDim.x)
             dst[k] = src[k];
     } else {
         for (unsigned long long k = lo + threadIdx.x; k < hi; k += blockDim.x)
             dst[k] = src[k];
     }
-}
-
-extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char *src,
-                                         unsigned long long row, const unsigned *marks,
-                                         unsigned gen, unsigned long long *rows,
-                                         const unsigned *where, const unsigned char *cache,
-                                         unsigned *counts, unsigned long long *hits)
-{
-    wo_picks_copy_body<1>(dst, src, row, marks, gen, rows, where, cache, counts, hits);
-}
-
-extern "C" __global__ void wo_picks_copy_x4(unsigned char *dst, const unsigned char *src,
-                                            unsigned long long row, const unsigned *marks,
-                                            unsigned gen, unsigned long long *rows,
-                                            const unsigned *where, const unsigned char *cache,
-                                            unsigned *counts, unsigned long long *hits)
-{
-    wo_picks_copy_body<4>(dst, src, row, marks, gen, rows, where, cache, counts, hits);
 }

@@ -1553,8 +1553,7 @@ static struct CUfunc_st *kernel_by_name(const char *name)
     } else if (!r && strcmp(name, "wo_picks_mark") == 0) {
         static const size_t sizes[8] = {8, 8, 8, 8, 4, 4, 8, 4};
         r = fakecuda_kernel(name, 8, sizes, builtin_picks_mark);
-    } else if (!r && (strcmp(name, "wo_picks_copy") == 0 || strcmp(name, "wo_picks_copy_x4") == 0)) {
-        /* the two differ in loads in flight on a GPU, not in what they copy */
+    } else if (!r && strcmp(name, "wo_picks_copy") == 0) {
         static const size_t sizes[10] = {8, 8, 8, 8, 4, 8, 8, 8, 8, 8};
         r = fakecuda_kernel(name, 10, sizes, builtin_picks_copy);
     }

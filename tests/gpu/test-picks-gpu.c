@@ -1,7 +1,7 @@
 /* tests/gpu/test-picks-gpu.c: picked staging's kernels (wo_picks_mark,
- * wo_picks_copy and wo_picks_copy_x4 in uvm/stream-copy.cu, each copy
- * kernel in turn, enqueued by wo_picks_launch as uvm/picks.c does) on the
- * real GPU (suite 'gpu'), and on the fake driver in CI.
+ * wo_picks_copy in uvm/stream-copy.cu, enqueued by wo_picks_launch as
+ * uvm/picks.c does) on the real GPU (suite 'gpu'), and on the fake driver in
+ * CI.
  *
  * For expert tensors in pinned host memory of several shapes (rows of 17
  * bytes, unaligned, to 3 MiB; 8 to 384 experts; ids of 4 and 8 bytes with
@@ -334,10 +334,6 @@ int main(void)
          * 4 of 32, 3 tokens */
         {128, 4096 + 8, 128, 4, 8, 128}, {32, 1u << 16, 12, 4, 4, 32},
     };
-    /* the default copy kernel, and the one with four loads in flight a
-     * thread (WOFFLOAD_PICKS_COPY_X4): the same checks, and their timings
-     * side by side */
-    static const char *const copies[] = {"wo_picks_copy", "wo_picks_copy_x4"};
     CUmodule mod;
     CUfunction mark, copy;
     CUstream st;
@@ -354,15 +350,12 @@ int main(void)
     fake = dlsym(lib, "fakecuda_kernel") != NULL;
     CK(drv.cuModuleLoadData(&mod, wo_copy_ptx()));
     CK(drv.cuModuleGetFunction(&mark, mod, "wo_picks_mark"));
+    CK(drv.cuModuleGetFunction(&copy, mod, "wo_picks_copy"));
     CK(drv.cuStreamCreate(&st, CU_STREAM_NON_BLOCKING));
-    for (size_t k = 0; k < sizeof(copies) / sizeof(copies[0]); k++) {
-        CK(drv.cuModuleGetFunction(&copy, mod, copies[k]));
-        printf("%s\n", copies[k]);
-        for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
-            one_shape(&shapes[i], mark, copy, st);
-        if (!fake)
-            timing(mark, copy, st);
-    }
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++)
+        one_shape(&shapes[i], mark, copy, st);
+    if (!fake)
+        timing(mark, copy, st);
     drv.cuStreamDestroy_v2(st);
     drv.cuModuleUnload(mod);
     printf("%s: %d failure(s)\n", failures ? "FAIL" : "PASS", failures);
