@@ -101,8 +101,9 @@ static struct {
     void *gate_by;
     bool gate_mirror;
     /* the work-queue probe (probe()), serialised by plock: the engine
-     * stream each index was last probed with, its verdict, and how many
-     * said apart (the copy stream is kept from the first) */
+     * stream each index was last probed with and its verdict (written
+     * under lock too: a job reads them there), and how many said apart
+     * (the copy stream is kept from the first) */
     pthread_mutex_t plock;
     CUstream probed[WO_PICKS_STREAMS];
     bool probed_on[WO_PICKS_STREAMS], apart[WO_PICKS_STREAMS];
@@ -720,8 +721,11 @@ static bool probe(const struct wo_driver *d, unsigned ix, CUstream e, CUfunction
     bool ok;
 
     pthread_mutex_lock(&dm.plock);
-    if (dm.probed_on[ix] && dm.probed[ix] == e) {
-        ok = dm.apart[ix];
+    pthread_mutex_lock(&dm.lock);
+    bool known = dm.probed_on[ix] && dm.probed[ix] == e; /* another thread's probe */
+    ok = dm.apart[ix];
+    pthread_mutex_unlock(&dm.lock);
+    if (known) {
         pthread_mutex_unlock(&dm.plock);
         return ok;
     }
@@ -739,11 +743,11 @@ static bool probe(const struct wo_driver *d, unsigned ix, CUstream e, CUfunction
             (void)d->cuStreamDestroy_v2(old); /* its probe's write still runs */
         ok = wo_qprobe_apart(d, &dm.qp, e, fresh, fill, PROBE_NS);
     }
+    dm.aparts += ok;
+    pthread_mutex_lock(&dm.lock);
     dm.probed[ix] = e;
     dm.probed_on[ix] = true;
     dm.apart[ix] = ok;
-    dm.aparts += ok;
-    pthread_mutex_lock(&dm.lock);
     dm.f.probes++;
     if (!ok && !dm.f.shared_queues++)
         wo_info("picks: an engine stream shares the driver's work queue with the copy stream "
@@ -776,10 +780,16 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
         pthread_mutex_unlock(&dm.lock);
         return false;
     }
-    pthread_mutex_unlock(&dm.lock);
-    if (!probe(d, ix, stream, fill))
+    /* the stream's verdict, known after its first job: no second lock */
+    if (!dm.probed_on[ix] || dm.probed[ix] != stream) {
+        pthread_mutex_unlock(&dm.lock);
+        if (!probe(d, ix, stream, fill))
+            return false;
+        pthread_mutex_lock(&dm.lock);
+    } else if (!dm.apart[ix]) {
+        pthread_mutex_unlock(&dm.lock);
         return false;
-    pthread_mutex_lock(&dm.lock);
+    }
     for (unsigned k = 0; k < SLOTS && !sl && idb <= IDS_MAX; k++) {
         unsigned at = (dm.next_free + k) % SLOTS;
         if (dm.s[at].state == S_FREE) {

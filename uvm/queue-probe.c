@@ -3,13 +3,7 @@
 
 #include <time.h>
 
-static uint64_t now_ns(void)
-{
-    struct timespec t;
-
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
+#include "core/event.h"
 
 CUresult wo_ids_to_host(const struct wo_driver *d, CUfunction fill, void *dst, CUdeviceptr src,
                         uint64_t n, CUstream st)
@@ -55,9 +49,9 @@ bool wo_qprobe_apart(const struct wo_driver *d, struct wo_qprobe *p, CUstream e,
     if (d->cuMemcpyAsync(p->dev + 32, (CUdeviceptr)(uintptr_t)p->host + 32, 4, c) ==
             CUDA_SUCCESS &&
         d->cuStreamWriteValue32_v2(c, p->words_dev + sizeof(uint32_t), n, 0) == CUDA_SUCCESS)
-        for (uint64_t t0 = now_ns();
+        for (uint64_t t0 = wo_now_ns();
              !(met = (int32_t)(__atomic_load_n(&p->words[1], __ATOMIC_ACQUIRE) - n) >= 0) &&
-             now_ns() - t0 < limit_ns;) {
+             wo_now_ns() - t0 < limit_ns;) {
             struct timespec ts = {0, 20000};
             nanosleep(&ts, NULL);
         }
