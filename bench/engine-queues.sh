@@ -26,7 +26,8 @@ for v in ${2:-default 32 1}; do
     (
         [ "$v" = default ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$v
         export WOFFLOAD_LOG_FILE=$d/shim.log
-        STALL_KILL=1 bash bench/stall-stacks.sh "$WOFFLOAD_LOG_FILE" "$d" 'looks stuck' "$limit" \
+        # stacks at the first report, or 20 s before the limit (a hang the shim does not see)
+        STALL_AT_END=1 STALL_KILL=1 bash bench/stall-stacks.sh "$WOFFLOAD_LOG_FILE" "$d" 'looks stuck' $((limit - 20)) \
             >"$d/watch.log" 2>&1 &
         w=$!
         WO_GPU_TESTS=1 timeout "$limit" "$py" tests/gpu/test-stream-gpu.py build-gpu/tools/woffload-run \

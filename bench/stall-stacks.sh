@@ -11,7 +11,9 @@
 # or py-spy, whichever the machine has (its Python stack too, with py-spy).
 # Twice, 2 s apart: a thread in the same driver call both times is the one
 # that holds the others. STALL_KILL=1: then kills the process (kill -9), so a
-# bench's next row can run. Exit 0 when it wrote them, 1 when PATTERN never came.
+# bench's next row can run. STALL_AT_END=1: takes them at WAIT_S as well when
+# PATTERN never came and the process lives (a hang the shim does not report).
+# Exit 0 when it wrote them, 1 when PATTERN never came (and no stacks).
 set -u
 log=${1:?LOG}
 out=${2:?OUTDIR}
@@ -20,7 +22,10 @@ wait_s=${4:-600}
 mkdir -p "$out"
 end=$(($(date +%s) + wait_s))
 until [ -f "$log" ] && grep -q -- "$pat" "$log"; do
-    [ "$(date +%s)" -ge "$end" ] && exit 1
+    if [ "$(date +%s)" -ge "$end" ]; then
+        [ "${STALL_AT_END:-0}" = 1 ] && [ -f "$log" ] && break
+        exit 1
+    fi
     sleep 0.5
 done
 pid=$(grep -o 'loaded (pid [0-9]*)' "$log" | tail -1 | grep -o '[0-9]*')

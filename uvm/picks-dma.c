@@ -561,6 +561,14 @@ static void *watchdog(void *arg)
         if (oldest && now > oldest && now - oldest > lim)
             add(msg, sizeof(msg), &used, " %u %s queued, the oldest for %.1f s;", dm.queued,
                 dm.queued == 1 ? "copy" : "copies", (double)(now - oldest) / 1e9);
+        /* every job served, yet a flag behind (a hang the queue does not show) */
+        for (unsigned ix = 0; ix < WO_PICKS_STREAMS; ix++)
+            if (dm.served_at[ix] && now - dm.served_at[ix] > lim &&
+                !reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), dm.served[ix]))
+                add(msg, sizeof(msg), &used,
+                    " stream %u: its flag at %u, %.1f s after job %u was served;", ix,
+                    __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE),
+                    (double)(now - dm.served_at[ix]) / 1e9, dm.served[ix]);
         if (gate && now > gate && now - gate > lim) {
             char who[96];
             gate_raiser(who, sizeof(who));
