@@ -9,7 +9,7 @@
 #
 # VALUES (space-separated, [default 32 1]): "default" leaves the variable
 # unset; "hotset" (the policy's prefetch mode hot-set: no staging slots, whose
-# copy stream waits for the engine's events), "noprefetch" (WOFFLOAD_PREFETCH=0)
+# copy stream waits for the engine's events), "noprefetch" (WOFFLOAD_PREFETCH=0), "nomirror" (WOFFLOAD_PREPIN=0)
 # and "hotset-noprefetch" leave it unset and change what they say. Each row's test log in $OUT/q-VALUE/test.log; a row whose shim
 # reports the copy engine stuck gets every thread's stack
 # (bench/stall-stacks.sh, then killed) in $OUT/q-VALUE/. Rows run at once.
@@ -31,6 +31,7 @@ for v in ${2:-default 32 1}; do
         default) ;;
         hotset) export WO_STREAM_POLICY_EXTRA='prefetch: {mode: hot-set}\n' ;;
         noprefetch) export WOFFLOAD_PREFETCH=0 ;;
+        nomirror) export WOFFLOAD_PREPIN=0 ;;
         hotset-noprefetch)
             export WO_STREAM_POLICY_EXTRA='prefetch: {mode: hot-set}\n' WOFFLOAD_PREFETCH=0 ;;
         *) export CUDA_DEVICE_MAX_CONNECTIONS=$v ;;
