@@ -101,27 +101,22 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
     }
 }
 
-/* Whether a copy into dst may wait in the driver for the engine's streams
- * while holding a lock that the copy engine's thread needs (uvm.h:
- * wo_uvm_quiesce_begin): a synchronous copy, or an async one into host
- * memory the driver does not know (pageable: the call returns once the
- * copy is done). Asked only when the copy engine may run; an address the
- * driver cannot place counts as pageable. */
-static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
+/* Whether a copy must go behind the copy engine's gate (uvm.h:
+ * wo_uvm_quiesce_begin: the jobs queued are issued first, no new one
+ * meanwhile): every copy while the copy engine may run. A synchronous copy,
+ * or an async one into pageable memory, waits in the driver for the
+ * engine's streams while it holds a lock the copy thread needs. Any other
+ * copy waits on the GPU: the driver puts it, behind a wait for its stream's
+ * earlier work, in a copy queue that streams share; the copy thread's
+ * copies go there too, so a copy enqueued behind a job's wait would hold
+ * the very copies that release the wait (transformers' mid-step copies
+ * hung the H200 so, with every engine stream apart from the copy stream:
+ * bench/results/engine-queues-*). Through the gate the jobs' copies are
+ * ahead of it in that queue. With nothing queued the gate lets it through
+ * at once (a look at two counters). */
+static bool copy_waits(void)
 {
-    const struct wo_real *r;
-    CUresult (*attr)(void *, CUpointer_attribute, CUdeviceptr);
-    unsigned type = 0;
-
-    if (!wo_uvm_gate_armed())
-        return false;
-    if (sync)
-        return true;
-    if (kind == WO_COPY_H2D || kind == WO_COPY_D2D)
-        return false;
-    r = wo_real_driver_peek();
-    *(void **)&attr = r ? r->cuPointerGetAttribute : NULL;
-    return !attr || attr(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, (CUdeviceptr)dst) != CUDA_SUCCESS;
+    return wo_uvm_gate_armed();
 }
 
 /* The call behind the gate when it waits (copy_waits), counted in ctr. */
@@ -143,7 +138,7 @@ static bool copy_waits(bool sync, uint64_t dst, uint32_t kind)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        GATED(copy_waits(sync, (uint64_t)(dst), kind), res_, call, WO_CTR_gated_copies);           \
+        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
                         wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
@@ -251,8 +246,7 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
         wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
-        GATED(copy_waits(sync, (uint64_t)(uintptr_t)(dst), kind), res_, call,                      \
-              WO_CTR_gated_copies);                                                                \
+        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
                         kind, wo_stream_id(stream, wo_rt_pt[id]), ra);                             \

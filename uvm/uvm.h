@@ -196,9 +196,11 @@ extern int wo_dma_busy;
  * copy thread needs: cuMemFree, cuMemFreeHost, cuMemHostUnregister,
  * cuMemUnmap, cuMemRelease, module and library unloads; and, when the copy
  * engine may run (wo_uvm_gate_armed), the engine's context, stream and
- * event waits, its synchronous copies and its async copies into pageable
- * host memory (on the H200 the engine's thread spun in a driver call while
- * the copy thread sat in cuMemcpyAsync: most likely PyTorch's .item()).
+ * event waits, and every copy it enqueues: a synchronous copy, or one into
+ * pageable memory, waits in the driver (on the H200 the engine's thread
+ * spun in a driver call while the copy thread sat in cuMemcpyAsync: most
+ * likely PyTorch's .item()); any other copy waits on the GPU, in a copy
+ * queue that the copy thread's copies share (preload/copy.c).
  * An engine stream may be waiting on the GPU for a flag only that thread
  * raises; begin lets no new picked copy onto the copy engine (the kernels
  * copy them) and waits until the queued ones are issued (at most 2 s, then
