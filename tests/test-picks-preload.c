@@ -1097,6 +1097,15 @@ static int child(void)
     *(void **)&cap.graph_destroy = need(cu, "cuGraphDestroy");
     bool capturing = getenv("WO_PICKS_TEST_CAPTURER") && freeing;
     bool item = getenv("WO_PICKS_TEST_ITEM") != NULL;
+    /* WO_PICKS_TEST_H2D: right after each launch an async copy to the
+     * device from pinned memory on its stream, as PyTorch's
+     * .to(device, non_blocking=True) mid-step */
+    bool h2d = getenv("WO_PICKS_TEST_H2D") != NULL;
+    CUresult (*htod_async)(CUdeviceptr, const void *, size_t, CUstream);
+    *(void **)&htod_async = need(cu, "cuMemcpyHtoDAsync_v2");
+    CUdeviceptr h2d_dev = 0;
+    static uint64_t h2d_src[4] = {1, 2, 3, 4};
+    CHECK(!h2d || p_cuMemAlloc(&h2d_dev, sizeof(h2d_src)) == CUDA_SUCCESS);
     CHECK(!capturing || pthread_create(&cth, NULL, capturer_thread, &cap) == 0);
     for (int step = 0; step < STEPS; step++) {
         for (int t = 0; t < 2; t++) {
@@ -1153,6 +1162,8 @@ static int child(void)
                  * memory, as PyTorch's .item() does (with the fake's streams
                  * behind, WOFAKE_STREAMS_BEHIND, the stream is still waiting
                  * for the copy engine then) */
+                if (h2d)
+                    CHECK(htod_async(h2d_dev, h2d_src, sizeof(h2d_src), s) == CUDA_SUCCESS);
                 if (item)
                     CHECK(fr.dtoh_async(got, out, sizeof(got), s) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);

@@ -29,6 +29,15 @@
  * queue of this file. A synchronize waits for its whole queue. Unset or 0:
  * a queue for each stream.
  *
+ * WOFAKE_COPY_QUEUE=1: the copy engines' queue. A GPU sends the async
+ * copies of every stream through a few copy queues, each copy behind a wait
+ * for its own stream's earlier work: a copy enqueued on a stream that waits
+ * holds every later copy of every stream. Here they share one queue; a
+ * copy on a stream behind, or while that queue holds work, goes in it
+ * behind an event its stream records, and the stream waits for the copy.
+ * (transformers' mid-step copies behind a job's wait held the shim's copy
+ * engine so on the H200.)
+ *
  * Not modelled: synchronous copies wait only for their own default
  * stream's queue, not for other blocking streams'. */
 #include <stdio.h>
@@ -282,4 +291,37 @@ FK_EXPORT uint64_t fakecuda_behind_queued(void)
     uint64_t n = queued;
     pthread_mutex_unlock(&mu);
     return n;
+}
+
+static struct fk_behind *copyq; /* WOFAKE_COPY_QUEUE's */
+
+bool fk_copy_queue_on(void)
+{
+    const char *v = getenv("WOFAKE_COPY_QUEUE");
+    return v && strcmp(v, "1") == 0 && fk_behind_enabled();
+}
+
+CUresult fk_copy_queued(struct fk_behind **sq, bool stream_behind, struct fk_op *op)
+{
+    if (!stream_behind && !fk_behind_busy(copyq)) {
+        fk_op_copy_words(op);
+        fk_op_release(op);
+        return CUDA_SUCCESS;
+    }
+    CUevent reached = fk_event_queued(), copied = fk_event_queued();
+    if (!reached || !copied) {
+        fk_op_release(op);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fk_item its[] = {{.kind = FK_ITEM_EVENT, .ev = reached},
+                            {.kind = FK_ITEM_WAIT_EVENT, .ev = copied}};
+    struct fk_item cps[] = {{.kind = FK_ITEM_WAIT_EVENT, .ev = reached},
+                            {.kind = FK_ITEM_OP, .op = *op},
+                            {.kind = FK_ITEM_EVENT, .ev = copied}};
+    CUresult r = CUDA_SUCCESS;
+    for (unsigned k = 0; k < 2 && r == CUDA_SUCCESS; k++)
+        r = fk_behind_push(sq, &its[k]);
+    for (unsigned k = 0; k < 3 && r == CUDA_SUCCESS; k++)
+        r = fk_behind_push(&copyq, &cps[k]);
+    return r;
 }

@@ -920,6 +920,30 @@ FK_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
     return CUDA_SUCCESS;
 }
 
+/* An event of the fake's own, its record already counted as queued (the
+ * shared copy queue's, fake-behind.c); never freed. */
+CUevent fk_event_queued(void)
+{
+    struct CUevent_st *e = calloc(1, sizeof(*e));
+    if (e) {
+        e->magic = EVENT_MAGIC;
+        e->flags = CU_EVENT_DISABLE_TIMING;
+        e->ctx = fk_current_ctx();
+        e->pending = 1;
+    }
+    return e;
+}
+
+/* Stream s's queue of work behind its caller (made on first push), NULL
+ * for a bad handle. */
+struct fk_behind **fk_stream_queue(CUstream s, bool pt)
+{
+    fk_lock_();
+    struct CUstream_st *st = stream_locked(s, pt);
+    fk_unlock_();
+    return st ? &st->bq : NULL;
+}
+
 static CUresult event_record(CUevent e, CUstream s, bool pt)
 {
     if (!e || e->magic != EVENT_MAGIC)

@@ -1019,10 +1019,13 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, boo
     CUresult r = fk_stream_begin_op(s, pt, &cap);
     if (r != CUDA_SUCCESS)
         return r;
-    if (cap) {
-        struct fk_op op = { .type = FK_OP_COPY, .cp = { .dst = dst, .src = src, .n = n } };
-        return fk_capture_add(cap, &op);
+    struct fk_op op = { .type = FK_OP_COPY, .cp = { .dst = dst, .src = src, .n = n } };
+    if (fk_copy_queue_on() && n && (!cap || fk_capture_deferred(cap))) {
+        struct fk_behind **sq = fk_stream_queue(s, pt);
+        return sq ? fk_copy_queued(sq, fk_capture_deferred(cap), &op) : CUDA_ERROR_INVALID_HANDLE;
     }
+    if (cap)
+        return fk_capture_add(cap, &op);
     if (n)
         memmove(dst, src, n);
     return CUDA_SUCCESS;
