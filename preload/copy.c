@@ -1,6 +1,6 @@
 /* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
- * stream). Never synchronises: an async copy is recorded when enqueued.
+ * stream); and the driver's memsets (cuMemsetD*), forwarded. Never synchronises: an async copy is recorded when enqueued.
  * When the copy engine may run, the copies and waits that may wait for the
  * engine's streams go behind its gate (copy_waits).
  * Before forwarding, a copy into a range the streaming executor staged
@@ -238,6 +238,59 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
 {
     COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s, false);
 }
+
+/* --- memsets -------------------------------------------------------------- */
+
+/* A memset is a copy engine's work too, queued as a copy is (copy_waits):
+ * behind the gate while the copy engine may run. It writes device memory,
+ * so a staged range it writes is dropped first, as for a copy; not an
+ * event (nothing learns from it). */
+#define MEMSET_HOOK(call, dst, bytes)                                                              \
+    do {                                                                                           \
+        CUresult res_;                                                                             \
+        WO_HOOK_ENTER(call);                                                                       \
+        wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
+        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
+        wo_leave();                                                                                \
+        return res_;                                                                               \
+    } while (0)
+
+/* The bytes a 2-D memset of w elements of `size` in h rows `pitch` apart spans. */
+static uint64_t span_2d(size_t pitch, size_t w, size_t h, size_t size)
+{
+    return h ? (uint64_t)pitch * (h - 1) + (uint64_t)w * size : 0;
+}
+
+#define MEMSET_FNS(W, T)                                                                           \
+    CUresult wo_h_memset_d##W(wo_pfn_cuMemsetD##W##_v2 real, int id, void *ra, CUdeviceptr dst,   \
+                              T v, size_t n)                                                       \
+    {                                                                                              \
+        (void)ra;                                                                                  \
+        MEMSET_HOOK(real(dst, v, n), dst, (uint64_t)n * sizeof(T));                                \
+    }                                                                                              \
+    CUresult wo_h_memset_d##W##_async(wo_pfn_cuMemsetD##W##Async real, int id, void *ra,           \
+                                      CUdeviceptr dst, T v, size_t n, CUstream s)                  \
+    {                                                                                              \
+        (void)ra;                                                                                  \
+        MEMSET_HOOK(real(dst, v, n, s), dst, (uint64_t)n * sizeof(T));                             \
+    }                                                                                              \
+    CUresult wo_h_memset_2d##W(wo_pfn_cuMemsetD2D##W##_v2 real, int id, void *ra, CUdeviceptr dst, \
+                               size_t pitch, T v, size_t w, size_t h)                              \
+    {                                                                                              \
+        (void)ra;                                                                                  \
+        MEMSET_HOOK(real(dst, pitch, v, w, h), dst, span_2d(pitch, w, h, sizeof(T)));              \
+    }                                                                                              \
+    CUresult wo_h_memset_2d##W##_async(wo_pfn_cuMemsetD2D##W##Async real, int id, void *ra,        \
+                                       CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h,     \
+                                       CUstream s)                                                 \
+    {                                                                                              \
+        (void)ra;                                                                                  \
+        MEMSET_HOOK(real(dst, pitch, v, w, h, s), dst, span_2d(pitch, w, h, sizeof(T)));           \
+    }
+
+MEMSET_FNS(8, unsigned char)
+MEMSET_FNS(16, unsigned short)
+MEMSET_FNS(32, unsigned int)
 
 /* --- runtime -------------------------------------------------------------- */
 

@@ -81,6 +81,30 @@
     X(cuMemcpyPeer_ptds, 1, wo_h_memcpy_peer, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n), (dst, dctx, src, sctx, n)) \
     X(cuMemcpyPeerAsync, 0, wo_h_memcpy_peer_async, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s), (dst, dctx, src, sctx, n, s)) \
     X(cuMemcpyPeerAsync_ptsz, 1, wo_h_memcpy_peer_async, CUresult, (CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, CUstream s), (dst, dctx, src, sctx, n, s)) \
+    X(cuMemsetD8_v2, 0, wo_h_memset_d8, CUresult, (CUdeviceptr dst, unsigned char v, size_t n), (dst, v, n)) \
+    X(cuMemsetD8_v2_ptds, 1, wo_h_memset_d8, CUresult, (CUdeviceptr dst, unsigned char v, size_t n), (dst, v, n)) \
+    X(cuMemsetD8Async, 0, wo_h_memset_d8_async, CUresult, (CUdeviceptr dst, unsigned char v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD8Async_ptsz, 1, wo_h_memset_d8_async, CUresult, (CUdeviceptr dst, unsigned char v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD2D8_v2, 0, wo_h_memset_2d8, CUresult, (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D8_v2_ptds, 1, wo_h_memset_2d8, CUresult, (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D8Async, 0, wo_h_memset_2d8_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
+    X(cuMemsetD2D8Async_ptsz, 1, wo_h_memset_2d8_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned char v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
+    X(cuMemsetD16_v2, 0, wo_h_memset_d16, CUresult, (CUdeviceptr dst, unsigned short v, size_t n), (dst, v, n)) \
+    X(cuMemsetD16_v2_ptds, 1, wo_h_memset_d16, CUresult, (CUdeviceptr dst, unsigned short v, size_t n), (dst, v, n)) \
+    X(cuMemsetD16Async, 0, wo_h_memset_d16_async, CUresult, (CUdeviceptr dst, unsigned short v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD16Async_ptsz, 1, wo_h_memset_d16_async, CUresult, (CUdeviceptr dst, unsigned short v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD2D16_v2, 0, wo_h_memset_2d16, CUresult, (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D16_v2_ptds, 1, wo_h_memset_2d16, CUresult, (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D16Async, 0, wo_h_memset_2d16_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
+    X(cuMemsetD2D16Async_ptsz, 1, wo_h_memset_2d16_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned short v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
+    X(cuMemsetD32_v2, 0, wo_h_memset_d32, CUresult, (CUdeviceptr dst, unsigned int v, size_t n), (dst, v, n)) \
+    X(cuMemsetD32_v2_ptds, 1, wo_h_memset_d32, CUresult, (CUdeviceptr dst, unsigned int v, size_t n), (dst, v, n)) \
+    X(cuMemsetD32Async, 0, wo_h_memset_d32_async, CUresult, (CUdeviceptr dst, unsigned int v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD32Async_ptsz, 1, wo_h_memset_d32_async, CUresult, (CUdeviceptr dst, unsigned int v, size_t n, CUstream s), (dst, v, n, s)) \
+    X(cuMemsetD2D32_v2, 0, wo_h_memset_2d32, CUresult, (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D32_v2_ptds, 1, wo_h_memset_2d32, CUresult, (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h), (dst, pitch, v, w, h)) \
+    X(cuMemsetD2D32Async, 0, wo_h_memset_2d32_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
+    X(cuMemsetD2D32Async_ptsz, 1, wo_h_memset_2d32_async, CUresult, (CUdeviceptr dst, size_t pitch, unsigned int v, size_t w, size_t h, CUstream s), (dst, pitch, v, w, h, s)) \
     X(cuLaunchKernel, 0, wo_h_launch_kernel, CUresult, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)) \
     X(cuLaunchKernel_ptsz, 1, wo_h_launch_kernel, CUresult, (CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx, unsigned int by, unsigned int bz, unsigned int shmem, CUstream s, void **params, void **extra), (f, gx, gy, gz, bx, by, bz, shmem, s, params, extra)) \
     X(cuLaunchKernelEx, 0, wo_h_launch_kernel_ex, CUresult, (const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra), (cfg, f, params, extra)) \
@@ -142,6 +166,18 @@
     G("cuMemcpy3DAsync", 3020, cuMemcpy3DAsync_v2, cuMemcpy3DAsync_v2_ptsz) \
     G("cuMemcpyPeer", 4000, cuMemcpyPeer, cuMemcpyPeer_ptds) \
     G("cuMemcpyPeerAsync", 4000, cuMemcpyPeerAsync, cuMemcpyPeerAsync_ptsz) \
+    G("cuMemsetD8", 3020, cuMemsetD8_v2, cuMemsetD8_v2_ptds) \
+    G("cuMemsetD8Async", 3020, cuMemsetD8Async, cuMemsetD8Async_ptsz) \
+    G("cuMemsetD2D8", 3020, cuMemsetD2D8_v2, cuMemsetD2D8_v2_ptds) \
+    G("cuMemsetD2D8Async", 3020, cuMemsetD2D8Async, cuMemsetD2D8Async_ptsz) \
+    G("cuMemsetD16", 3020, cuMemsetD16_v2, cuMemsetD16_v2_ptds) \
+    G("cuMemsetD16Async", 3020, cuMemsetD16Async, cuMemsetD16Async_ptsz) \
+    G("cuMemsetD2D16", 3020, cuMemsetD2D16_v2, cuMemsetD2D16_v2_ptds) \
+    G("cuMemsetD2D16Async", 3020, cuMemsetD2D16Async, cuMemsetD2D16Async_ptsz) \
+    G("cuMemsetD32", 3020, cuMemsetD32_v2, cuMemsetD32_v2_ptds) \
+    G("cuMemsetD32Async", 3020, cuMemsetD32Async, cuMemsetD32Async_ptsz) \
+    G("cuMemsetD2D32", 3020, cuMemsetD2D32_v2, cuMemsetD2D32_v2_ptds) \
+    G("cuMemsetD2D32Async", 3020, cuMemsetD2D32Async, cuMemsetD2D32Async_ptsz) \
     G("cuLaunchKernel", 4000, cuLaunchKernel, cuLaunchKernel_ptsz) \
     G("cuLaunchKernelEx", 11060, cuLaunchKernelEx, cuLaunchKernelEx_ptsz) \
     G("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \

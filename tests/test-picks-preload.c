@@ -1099,8 +1099,12 @@ static int child(void)
     bool item = getenv("WO_PICKS_TEST_ITEM") != NULL;
     /* WO_PICKS_TEST_H2D: right after each launch an async copy to the
      * device from pinned memory on its stream, as PyTorch's
-     * .to(device, non_blocking=True) mid-step */
+     * .to(device, non_blocking=True) mid-step; WO_PICKS_TEST_H2D=memset: an
+     * async memset there instead (a zero_() by cudaMemsetAsync) */
     bool h2d = getenv("WO_PICKS_TEST_H2D") != NULL;
+    bool h2d_memset = h2d && strcmp(getenv("WO_PICKS_TEST_H2D"), "memset") == 0;
+    CUresult (*memset_async)(CUdeviceptr, unsigned int, size_t, CUstream);
+    *(void **)&memset_async = need(cu, "cuMemsetD32Async");
     CUresult (*htod_async)(CUdeviceptr, const void *, size_t, CUstream);
     *(void **)&htod_async = need(cu, "cuMemcpyHtoDAsync_v2");
     CUdeviceptr h2d_dev = 0;
@@ -1163,7 +1167,9 @@ static int child(void)
                  * behind, WOFAKE_STREAMS_BEHIND, the stream is still waiting
                  * for the copy engine then) */
                 if (h2d)
-                    CHECK(htod_async(h2d_dev, h2d_src, sizeof(h2d_src), s) == CUDA_SUCCESS);
+                    CHECK((h2d_memset ? memset_async(h2d_dev, 0, sizeof(h2d_src) / 4, s)
+                                      : htod_async(h2d_dev, h2d_src, sizeof(h2d_src), s)) ==
+                          CUDA_SUCCESS);
                 if (item)
                     CHECK(fr.dtoh_async(got, out, sizeof(got), s) == CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);

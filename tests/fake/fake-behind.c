@@ -30,7 +30,7 @@
  * a queue for each stream.
  *
  * WOFAKE_COPY_QUEUE=1: the copy engines' queue. A GPU sends the async
- * copies of every stream through a few copy queues, each copy behind a wait
+ * copies (and memsets) of every stream through a few copy queues, each copy behind a wait
  * for its own stream's earlier work: a copy enqueued on a stream that waits
  * holds every later copy of every stream. Here they share one queue; a
  * copy on a stream behind, or while that queue holds work, goes in it
@@ -304,7 +304,10 @@ bool fk_copy_queue_on(void)
 CUresult fk_copy_queued(struct fk_behind **sq, bool stream_behind, struct fk_op *op)
 {
     if (!stream_behind && !fk_behind_busy(copyq)) {
-        fk_op_copy_words(op);
+        if (op->type == FK_OP_COPY)
+            fk_op_copy_words(op);
+        else
+            fk_exec_op(op);
         fk_op_release(op);
         return CUDA_SUCCESS;
     }

@@ -1347,10 +1347,13 @@ static CUresult memset_(CUdeviceptr p, uint32_t val, unsigned esz, size_t n, boo
     CUresult r = async ? fk_stream_begin_op(s, pt, &cap) : fk_sync_op(pt);
     if (r != CUDA_SUCCESS)
         return r;
-    if (cap) {
-        struct fk_op op = { .type = FK_OP_SET, .set = { .dst = P(p), .val = val, .esz = esz, .n = n } };
-        return fk_capture_add(cap, &op);
+    struct fk_op op = { .type = FK_OP_SET, .set = { .dst = P(p), .val = val, .esz = esz, .n = n } };
+    if (async && n && fk_copy_queue_on() && (!cap || fk_capture_deferred(cap))) {
+        struct fk_behind **sq = fk_stream_queue(s, pt);
+        return sq ? fk_copy_queued(sq, fk_capture_deferred(cap), &op) : CUDA_ERROR_INVALID_HANDLE;
     }
+    if (cap)
+        return fk_capture_add(cap, &op);
     fill(P(p), val, esz, n);
     return CUDA_SUCCESS;
 }

@@ -191,7 +191,7 @@ struct fk_behind *fk_behind_hw(unsigned long k);
 CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
 /* Waits until q is empty (NULL: an empty queue). */
 CUresult fk_behind_drain(const struct fk_behind *q);
-/* WOFAKE_COPY_QUEUE=1: async copies of every stream go through one copy
+/* WOFAKE_COPY_QUEUE=1: async copies and memsets of every stream go through one copy
  * queue, each behind a wait for its stream's earlier work (fake-behind.c);
  * fk_copy_queued runs or queues one such copy (op, owned) on stream s
  * (its queue sq), not under capture. */
