@@ -45,6 +45,21 @@ void wo_counters_register_calls(const char *const *names, uint64_t *values, size
     __atomic_store_n(&call_n, n, __ATOMIC_RELEASE);
 }
 
+size_t wo_counters_calls(uint64_t *out, size_t cap)
+{
+    size_t n = __atomic_load_n(&call_n, __ATOMIC_ACQUIRE);
+
+    n = n < cap ? n : cap;
+    for (size_t i = 0; i < n; i++)
+        out[i] = __atomic_load_n(&call_values[i], __ATOMIC_RELAXED);
+    return n;
+}
+
+const char *wo_counters_call_name(size_t i)
+{
+    return i < __atomic_load_n(&call_n, __ATOMIC_ACQUIRE) ? call_names[i] : NULL;
+}
+
 void wo_count_caller(const void *ra, enum wo_caller_ctr c)
 {
     uintptr_t key = (uintptr_t)ra;

@@ -105,6 +105,11 @@ uint64_t wo_counter_get(enum wo_ctr c);
 /* Per-entry-point call counts: preload/ registers its hook names and a
  * matching array of counters once (the arrays must outlive the process). */
 void wo_counters_register_calls(const char *const *names, uint64_t *values, size_t n);
+/* The hooked entry points' call counts as registered, up to cap of them
+ * into out (how many: 0 before registration), and the i-th one's name
+ * (NULL past the end). */
+size_t wo_counters_calls(uint64_t *out, size_t cap);
+const char *wo_counters_call_name(size_t i);
 
 /* Per-caller counts. The hook passes its own return address; the table is
  * lock-free (open addressing keyed by the address) and bounded: addresses

@@ -1,8 +1,9 @@
 /* preload/copy.c: the copy hooks (runtime cudaMemcpy*, driver cuMemcpy*):
  * forwarded, then recorded as WO_EV_COPY (addresses, bytes, direction,
- * stream); and the driver's memsets (cuMemsetD*), forwarded. Never synchronises: an async copy is recorded when enqueued.
- * When the copy engine may run, the copies and waits that may wait for the
- * engine's streams go behind its gate (copy_waits).
+ * stream); and the driver's memsets (cuMemsetD*), forwarded. Never
+ * synchronises: an async copy is recorded when enqueued.
+ * When the copy engine may run, every copy, memset and wait goes behind
+ * its gate (copy_waits).
  * Before forwarding, a copy into a range the streaming executor staged
  * drops the range's device slot (uvm/hotpath.h): later launches read the
  * host copy the write makes current. */
@@ -132,8 +133,8 @@ static bool copy_waits(void)
             wo_uvm_quiesce_end();                                                                  \
     } while (0)
 
-/* The common shape of every driver copy hook (sync: a synchronous copy). */
-#define COPY_HOOK(call, dst, src, bytes, kind, stream, sync)                                       \
+/* The common shape of every driver copy hook. */
+#define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
     do {                                                                                           \
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
@@ -149,49 +150,49 @@ static bool copy_waits(void)
 CUresult wo_h_memcpy(wo_pfn_cuMemcpy real, int id, void *ra, CUdeviceptr dst, CUdeviceptr src,
                      size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_DEFAULT, NULL, true);
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_DEFAULT, NULL);
 }
 
 CUresult wo_h_memcpy_async(wo_pfn_cuMemcpyAsync real, int id, void *ra, CUdeviceptr dst,
                            CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_DEFAULT, s, false);
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_DEFAULT, s);
 }
 
 CUresult wo_h_memcpy_htod(wo_pfn_cuMemcpyHtoD_v2 real, int id, void *ra, CUdeviceptr dst,
                           const void *src, size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, (uintptr_t)src, n, WO_COPY_H2D, NULL, true);
+    COPY_HOOK(real(dst, src, n), dst, (uintptr_t)src, n, WO_COPY_H2D, NULL);
 }
 
 CUresult wo_h_memcpy_dtoh(wo_pfn_cuMemcpyDtoH_v2 real, int id, void *ra, void *dst, CUdeviceptr src,
                           size_t n)
 {
-    COPY_HOOK(real(dst, src, n), (uintptr_t)dst, src, n, WO_COPY_D2H, NULL, true);
+    COPY_HOOK(real(dst, src, n), (uintptr_t)dst, src, n, WO_COPY_D2H, NULL);
 }
 
 CUresult wo_h_memcpy_dtod(wo_pfn_cuMemcpyDtoD_v2 real, int id, void *ra, CUdeviceptr dst,
                           CUdeviceptr src, size_t n)
 {
-    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_D2D, NULL, true);
+    COPY_HOOK(real(dst, src, n), dst, src, n, WO_COPY_D2D, NULL);
 }
 
 CUresult wo_h_memcpy_htod_async(wo_pfn_cuMemcpyHtoDAsync_v2 real, int id, void *ra, CUdeviceptr dst,
                                 const void *src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, (uintptr_t)src, n, WO_COPY_H2D, s, false);
+    COPY_HOOK(real(dst, src, n, s), dst, (uintptr_t)src, n, WO_COPY_H2D, s);
 }
 
 CUresult wo_h_memcpy_dtoh_async(wo_pfn_cuMemcpyDtoHAsync_v2 real, int id, void *ra, void *dst,
                                 CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), (uintptr_t)dst, src, n, WO_COPY_D2H, s, false);
+    COPY_HOOK(real(dst, src, n, s), (uintptr_t)dst, src, n, WO_COPY_D2H, s);
 }
 
 CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *ra, CUdeviceptr dst,
                                 CUdeviceptr src, size_t n, CUstream s)
 {
-    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s, false);
+    COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s);
 }
 
 #define P2_DST(p) (p ? addr_of(p->dstMemoryType, p->dstHost, p->dstDevice) : 0)
@@ -201,21 +202,21 @@ CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *
 CUresult wo_h_memcpy2d(wo_pfn_cuMemcpy2D_v2 real, int id, void *ra, const CUDA_MEMCPY2D *p)
 {
     COPY_HOOK(real(p), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), NULL, true);
+              P2_KIND(p), NULL);
 }
 
 CUresult wo_h_memcpy2d_async(wo_pfn_cuMemcpy2DAsync_v2 real, int id, void *ra,
                              const CUDA_MEMCPY2D *p, CUstream s)
 {
     COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), s, false);
+              P2_KIND(p), s);
 }
 
 CUresult wo_h_memcpy3d(wo_pfn_cuMemcpy3D_v2 real, int id, void *ra, const CUDA_MEMCPY3D *p)
 {
     COPY_HOOK(real(p), P2_DST(p), P2_SRC(p),
               p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), NULL, true);
+              P2_KIND(p), NULL);
 }
 
 CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
@@ -223,20 +224,20 @@ CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
 {
     COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p),
               p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), s, false);
+              P2_KIND(p), s);
 }
 
 CUresult wo_h_memcpy_peer(wo_pfn_cuMemcpyPeer real, int id, void *ra, CUdeviceptr dst,
                           CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n)
 {
-    COPY_HOOK(real(dst, dctx, src, sctx, n), dst, src, n, WO_COPY_D2D, NULL, true);
+    COPY_HOOK(real(dst, dctx, src, sctx, n), dst, src, n, WO_COPY_D2D, NULL);
 }
 
 CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra, CUdeviceptr dst,
                                 CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n,
                                 CUstream s)
 {
-    COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s, false);
+    COPY_HOOK(real(dst, dctx, src, sctx, n, s), dst, src, n, WO_COPY_D2D, s);
 }
 
 /* --- memsets -------------------------------------------------------------- */
@@ -294,7 +295,7 @@ MEMSET_FNS(32, unsigned int)
 
 /* --- runtime -------------------------------------------------------------- */
 
-#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream, sync)                                    \
+#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
     do {                                                                                           \
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
@@ -310,14 +311,14 @@ MEMSET_FNS(32, unsigned int)
 cudaError_t wo_h_cuda_memcpy(wo_pfn_cudaMemcpy real, int id, void *ra, void *dst, const void *src,
                              size_t n, enum cudaMemcpyKind kind)
 {
-    RT_COPY_HOOK(real(dst, src, n, kind), dst, src, n, kind_of_runtime(kind), NULL, true);
+    RT_COPY_HOOK(real(dst, src, n, kind), dst, src, n, kind_of_runtime(kind), NULL);
 }
 
 cudaError_t wo_h_cuda_memcpy_async(wo_pfn_cudaMemcpyAsync real, int id, void *ra, void *dst,
                                    const void *src, size_t n, enum cudaMemcpyKind kind,
                                    cudaStream_t s)
 {
-    RT_COPY_HOOK(real(dst, src, n, kind, s), dst, src, n, kind_of_runtime(kind), s, false);
+    RT_COPY_HOOK(real(dst, src, n, kind, s), dst, src, n, kind_of_runtime(kind), s);
 }
 
 cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void *dst, size_t dpitch,
@@ -325,7 +326,7 @@ cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void 
                                enum cudaMemcpyKind kind)
 {
     RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), NULL, true);
+                 kind_of_runtime(kind), NULL);
 }
 
 cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void *ra, void *dst,
@@ -333,7 +334,7 @@ cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void
                                      size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
 {
     RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind, s), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), s, false);
+                 kind_of_runtime(kind), s);
 }
 
 #define P3_BYTES(p)                                                                                \
@@ -345,14 +346,14 @@ cudaError_t wo_h_cuda_memcpy3d(wo_pfn_cudaMemcpy3D real, int id, void *ra,
                                const struct cudaMemcpy3DParms *p)
 {
     RT_COPY_HOOK(real(p), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL, true);
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL);
 }
 
 cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void *ra,
                                      const struct cudaMemcpy3DParms *p, cudaStream_t s)
 {
     RT_COPY_HOOK(real(p, s), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s, false);
+                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
 }
 
 /* --- waits ------------------------------------------------------------------

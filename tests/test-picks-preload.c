@@ -1453,6 +1453,15 @@ static int child(void)
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") >= 1);
         else if (!getenv("WOFAKE_FAIL"))
             CHECK(json_num(js, "\"engine\":{", "\"host_flags\":") == 0);
+        /* WO_PICKS_TEST_STALL (-stall: the copy thread's copies slowed past
+         * a short WOFFLOAD_PICKS_STALL_MS): the stall report names the calls
+         * the engine made since a job was queued (uvm/picks-calls.h) */
+        if (getenv("WO_PICKS_TEST_STALL") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0) {
+            const char *rep = strstr(js, "\"stall_report\":\"");
+            CHECK(json_num(js, "\"engine\":{", "\"stalls\":") == 1 && rep &&
+                  strstr(rep, "calls since job") && strstr(rep, "cuStreamSynchronize"));
+            fprintf(stderr, "engine: stall report %.400s\n", rep ? rep : "(none)");
+        }
         /* every engine stream was probed for a work queue shared with the
          * copy stream (uvm/queue-probe.h); -queues (WOFAKE_QUEUES=1: every
          * stream in one queue): each shares it, so the kernels copied all,

@@ -15,16 +15,16 @@
 #include "core/log.h"
 #include "core/macro.h"
 #include "uvm/internal.h"
+#include "uvm/picks-calls.h"
 #include "uvm/queue-probe.h"
 #include "core/meminfo.h"
 #include "core/settings.h"
 #include "uvm/stream-pin.h"
 #include "uvm/uvm.h"
 
-/* Jobs queued at once, all streams: llama.cpp issues a whole step (a graph
- * replayed, 3 expert tensors a layer) before the GPU reaches its first
- * layer, so a step's every job must fit (a job beyond them is copied by the
- * kernels: no_slot) */
+/* Jobs queued at once, all streams: llama.cpp issues a whole step (a graph replayed, 3 expert
+ * tensors a layer) before the GPU reaches its first layer, so a step's every job must fit (a
+ * job beyond them is copied by the kernels: no_slot) */
 #define SLOTS 256u
 #define IDS_MAX (64u << 10) /* ids bytes a job may have (a batch of 128 rows of 128) */
 #define POLL_MIN_NS 1000l   /* the copy thread's sleep between two looks at the events, */
@@ -131,8 +131,7 @@ static uint64_t now_ns(void)
     return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
 }
 
-/* Thread who (0 the copy thread, 1 the mirror thread) enters the driver
- * call named call (NULL: leaves it). */
+/* Thread who (0 the copy thread, 1 the mirror thread) enters driver call `call` (NULL: leaves). */
 static void doing(unsigned who, const char *call)
 {
     __atomic_store_n(&dm.doing[who].since, call ? now_ns() : 0, __ATOMIC_RELAXED);
@@ -328,10 +327,8 @@ static void *worker(void *arg)
 
 /* ---- mirrors --------------------------------------------------------------- */
 
-
-/* A mirror's pinned memory that never became a source, given back behind
- * the gate (wo_unpin_host), as the shim's own memory: the other mirrors
- * asked stay good. */
+/* A mirror's pinned memory that never became a source, given back behind the gate
+ * (wo_unpin_host), as the shim's own memory: the other mirrors asked stay good. */
 static void free_own(void *h, size_t len)
 {
     doing(1, len ? "cuMemHostUnregister" : "cuMemFreeHost");
@@ -525,7 +522,8 @@ static void *watchdog(void *arg)
     while (!dm.stop) {
         struct timespec ts;
         uint64_t now, oldest = 0, gate;
-        char msg[1024];
+        char msg[sizeof(dm.f.stall_report)];
+        unsigned calls_ix = WO_PICKS_STREAMS; /* whose calls since a job it says */
         size_t used = 0;
 
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -562,13 +560,15 @@ static void *watchdog(void *arg)
             add(msg, sizeof(msg), &used, " %u %s queued, the oldest for %.1f s;", dm.queued,
                 dm.queued == 1 ? "copy" : "copies", (double)(now - oldest) / 1e9);
         /* every job served, yet a flag behind (a hang the queue does not show) */
-        for (unsigned ix = 0; ix < WO_PICKS_STREAMS; ix++)
-            if (dm.served_at[ix] && now - dm.served_at[ix] > lim &&
-                !reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), dm.served[ix]))
-                add(msg, sizeof(msg), &used,
-                    " stream %u: its flag at %u, %.1f s after job %u was served;", ix,
-                    __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE),
-                    (double)(now - dm.served_at[ix]) / 1e9, dm.served[ix]);
+        for (unsigned ix = 0; ix < WO_PICKS_STREAMS; ix++) {
+            uint32_t fl = __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE);
+            if (!dm.served_at[ix] || now - dm.served_at[ix] <= lim || reached(fl, dm.served[ix]))
+                continue;
+            add(msg, sizeof(msg), &used,
+                " stream %u: its flag at %u, %.1f s after job %u was served;", ix, fl,
+                (double)(now - dm.served_at[ix]) / 1e9, dm.served[ix]);
+            calls_ix = ix;
+        }
         if (gate && now > gate && now - gate > lim) {
             char who[96];
             gate_raiser(who, sizeof(who));
@@ -592,8 +592,10 @@ static void *watchdog(void *arg)
                     add(msg, sizeof(msg), &used, " %.1f s ago",
                         (double)(now - dm.served_at[ix]) / 1e9);
                 add(msg, sizeof(msg), &used, ";");
-                if (!said)
+                if (!said) {
                     head_ev = h->ev;
+                    calls_ix = ix;
+                }
                 said++;
             }
         /* what may hold the copy thread off: a strict capture */
@@ -622,6 +624,7 @@ static void *watchdog(void *arg)
                     : qe == CUDA_ERROR_NOT_READY ? "have not come"
                                                  : "?");
         }
+        wo_calls_say(calls_ix, msg, sizeof(msg), &used);
         msg[used - 1] = '\0'; /* the last ';' */
         /* kept for the stats (a test reads the clauses there) */
         snprintf(dm.f.stall_report, sizeof(dm.f.stall_report), "%s", msg + (msg[0] == ' '));
@@ -821,6 +824,8 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     }
     pthread_mutex_lock(&dm.lock);
     seq = ++dm.seq[ix];
+    if (reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq - 1))
+        wo_calls_mark(ix, seq); /* none outstanding: the stall report's baseline */
     sl->ix = ix;
     sl->seq = seq;
     sl->j = *j;

@@ -76,7 +76,7 @@ struct wo_dma_figs {
     uint64_t mirror_dropped; /* mirrors given up: their tensor's allocation freed while copied */
     uint64_t waits_refused;  /* stream waits the driver refused: the copy engine given up */
     uint64_t stalls;         /* stall reports (WOFFLOAD_PICKS_STALL_MS; said once) */
-    char stall_report[1024]; /* the report's clauses, as said ("" before one) */
+    char stall_report[1536]; /* the report's clauses, as said ("" before one) */
     uint64_t quiesced;         /* launches copied by the kernels while a free drained the queue */
     uint64_t quiesce_timeouts; /* frees that went on with jobs still queued (QUIESCE_NS) */
     uint64_t probes;           /* engine streams probed for a work queue shared with the copies */

@@ -303,7 +303,10 @@ bool fk_copy_queue_on(void)
 
 CUresult fk_copy_queued(struct fk_behind **sq, bool stream_behind, struct fk_op *op)
 {
-    if (!stream_behind && !fk_behind_busy(copyq)) {
+    pthread_mutex_lock(&mu);
+    bool busy = copyq && copyq->head;
+    pthread_mutex_unlock(&mu);
+    if (!stream_behind && !busy) {
         if (op->type == FK_OP_COPY)
             fk_op_copy_words(op);
         else

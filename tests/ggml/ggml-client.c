@@ -456,7 +456,7 @@ static void picks_steps(struct ggml_tensor **wt, int off)
     if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {
         const char *st = getenv("WOFFLOAD_PICKS_STALL_MS");
         bool want = st && atoi(st) < 1000;
-        char said[1024];
+        char said[1536];
 
         CHECK((engine_field("stalls") > 0) == want,
               "--picks: the copy engine's stall report %s (stalls %lld)",

@@ -1,0 +1,85 @@
+/* uvm/picks-calls.c: the counts of uvm/picks-calls.h. */
+#include "uvm/picks-calls.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/counters.h"
+#include "uvm/picks-copy.h"
+
+#define CALLS_MAX 512u /* hooked entry points counted (driver and runtime) */
+#define SAY_MOST 8u
+
+static struct {
+    pthread_mutex_t lock;
+    uint64_t at[WO_PICKS_STREAMS][CALLS_MAX];
+    size_t n[WO_PICKS_STREAMS];
+    uint32_t seq[WO_PICKS_STREAMS];
+    uint64_t when[WO_PICKS_STREAMS]; /* the marks' order, 0 never */
+    uint64_t marks;
+} cs = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+void wo_calls_mark(unsigned ix, uint32_t seq)
+{
+    if (ix >= WO_PICKS_STREAMS)
+        return;
+    pthread_mutex_lock(&cs.lock);
+    cs.n[ix] = wo_counters_calls(cs.at[ix], CALLS_MAX);
+    cs.seq[ix] = seq;
+    cs.when[ix] = ++cs.marks;
+    pthread_mutex_unlock(&cs.lock);
+}
+
+void wo_calls_say(unsigned ix, char *msg, size_t cap, size_t *used)
+{
+    static uint64_t now[CALLS_MAX]; /* under cs.lock */
+    uint64_t top[SAY_MOST];
+    size_t which[SAY_MOST], got = 0, n;
+
+    pthread_mutex_lock(&cs.lock);
+    for (unsigned k = 0; ix >= WO_PICKS_STREAMS && k < WO_PICKS_STREAMS; k++)
+        if (cs.when[k] == cs.marks && cs.marks)
+            ix = k;
+    if (ix >= WO_PICKS_STREAMS) {
+        pthread_mutex_unlock(&cs.lock);
+        return;
+    }
+    n = wo_counters_calls(now, CALLS_MAX);
+    n = n < cs.n[ix] ? n : cs.n[ix];
+    /* the SAY_MOST largest counts since, largest first */
+    for (size_t i = 0; i < n; i++) {
+        uint64_t d = now[i] - cs.at[ix][i];
+        size_t k;
+
+        if (!d)
+            continue;
+        if (got < SAY_MOST)
+            k = got++;
+        else if (d <= top[SAY_MOST - 1])
+            continue;
+        else
+            k = SAY_MOST - 1;
+        for (; k > 0 && top[k - 1] < d; k--) {
+            top[k] = top[k - 1];
+            which[k] = which[k - 1];
+        }
+        top[k] = d;
+        which[k] = i;
+    }
+    for (size_t k = 0; k < got && *used + 1 < cap; k++) {
+        int r =
+            k ? snprintf(msg + *used, cap - *used, ", %s %llu", wo_counters_call_name(which[k]),
+                         (unsigned long long)top[k])
+              : snprintf(msg + *used, cap - *used, " calls since job %u was queued: %s %llu",
+                         cs.seq[ix], wo_counters_call_name(which[k]), (unsigned long long)top[k]);
+        if (r <= 0)
+            break;
+        *used = (size_t)r < cap - *used ? *used + (size_t)r : cap - 1;
+    }
+    if (got && *used + 1 < cap) {
+        msg[(*used)++] = ';';
+        msg[*used] = '\0';
+    }
+    pthread_mutex_unlock(&cs.lock);
+}
