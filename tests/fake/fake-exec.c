@@ -921,7 +921,10 @@ FK_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags)
 }
 
 /* An event of the fake's own, its record already counted as queued (the
- * shared copy queue's, fake-behind.c); never freed. */
+ * shared copy queue's, fake-behind.c); never freed, kept on a list (a
+ * queue may still reach it). */
+static struct CUevent_st *own_events;
+
 CUevent fk_event_queued(void)
 {
     struct CUevent_st *e = calloc(1, sizeof(*e));
@@ -930,6 +933,10 @@ CUevent fk_event_queued(void)
         e->flags = CU_EVENT_DISABLE_TIMING;
         e->ctx = fk_current_ctx();
         e->pending = 1;
+        fk_lock_();
+        e->dead_next = own_events;
+        own_events = e;
+        fk_unlock_();
     }
     return e;
 }
