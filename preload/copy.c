@@ -114,10 +114,13 @@ static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
  * hung the H200 so, with every engine stream apart from the copy stream:
  * bench/results/engine-queues-*). Through the gate the jobs' copies are
  * ahead of it in that queue. With nothing queued the gate lets it through
- * at once (a look at two counters). */
-static bool copy_waits(void)
+ * at once (a look at two counters). A copy into a capture the shim knows
+ * (stream, with the hook's per-thread flag) is not enqueued on the GPU: not
+ * gated (the copy thread keeps out of strict captures, so the gate would
+ * wait its 2 s for every such copy). */
+static bool copy_waits(uint64_t stream)
 {
-    return wo_uvm_gate_armed();
+    return wo_uvm_gate_armed() && !wo_capture_of(stream);
 }
 
 /* The call behind the gate when it waits (copy_waits), counted in ctr. */
@@ -139,7 +142,7 @@ static bool copy_waits(void)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
+        GATED(copy_waits(wo_stream_id(stream, wo_hook_pt[id])), res_, call, WO_CTR_gated_copies);  \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
                         wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
@@ -246,12 +249,12 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
  * behind the gate while the copy engine may run. It writes device memory,
  * so a staged range it writes is dropped first, as for a copy; not an
  * event (nothing learns from it). */
-#define MEMSET_HOOK(call, dst, bytes)                                                              \
+#define MEMSET_HOOK(call, dst, bytes, stream)                                                      \
     do {                                                                                           \
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
+        GATED(copy_waits(wo_stream_id(stream, wo_hook_pt[id])), res_, call, WO_CTR_gated_copies);  \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
@@ -263,30 +266,30 @@ static uint64_t span_2d(size_t pitch, size_t w, size_t h, size_t size)
 }
 
 #define MEMSET_FNS(W, T)                                                                           \
-    CUresult wo_h_memset_d##W(wo_pfn_cuMemsetD##W##_v2 real, int id, void *ra, CUdeviceptr dst,   \
+    CUresult wo_h_memset_d##W(wo_pfn_cuMemsetD##W##_v2 real, int id, void *ra, CUdeviceptr dst,    \
                               T v, size_t n)                                                       \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, v, n), dst, (uint64_t)n * sizeof(T));                                \
+        MEMSET_HOOK(real(dst, v, n), dst, (uint64_t)n * sizeof(T), NULL);                          \
     }                                                                                              \
     CUresult wo_h_memset_d##W##_async(wo_pfn_cuMemsetD##W##Async real, int id, void *ra,           \
                                       CUdeviceptr dst, T v, size_t n, CUstream s)                  \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, v, n, s), dst, (uint64_t)n * sizeof(T));                             \
+        MEMSET_HOOK(real(dst, v, n, s), dst, (uint64_t)n * sizeof(T), s);                          \
     }                                                                                              \
     CUresult wo_h_memset_2d##W(wo_pfn_cuMemsetD2D##W##_v2 real, int id, void *ra, CUdeviceptr dst, \
                                size_t pitch, T v, size_t w, size_t h)                              \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, pitch, v, w, h), dst, span_2d(pitch, w, h, sizeof(T)));              \
+        MEMSET_HOOK(real(dst, pitch, v, w, h), dst, span_2d(pitch, w, h, sizeof(T)), NULL);        \
     }                                                                                              \
     CUresult wo_h_memset_2d##W##_async(wo_pfn_cuMemsetD2D##W##Async real, int id, void *ra,        \
                                        CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h,     \
                                        CUstream s)                                                 \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, pitch, v, w, h, s), dst, span_2d(pitch, w, h, sizeof(T)));           \
+        MEMSET_HOOK(real(dst, pitch, v, w, h, s), dst, span_2d(pitch, w, h, sizeof(T)), s);        \
     }
 
 MEMSET_FNS(8, unsigned char)
@@ -300,7 +303,7 @@ MEMSET_FNS(32, unsigned int)
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
         wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
-        GATED(copy_waits(), res_, call, WO_CTR_gated_copies);                                      \
+        GATED(copy_waits(wo_stream_id(stream, wo_rt_pt[id])), res_, call, WO_CTR_gated_copies);    \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
                         kind, wo_stream_id(stream, wo_rt_pt[id]), ra);                             \
