@@ -8,9 +8,7 @@
 #   OUT=$OUT bash bench/engine-queues.sh [LIMIT_S [VALUES]]
 #
 # VALUES (space-separated, [default 32 1]): "default" leaves the variable
-# unset; "hotset" (the policy's prefetch mode hot-set: no staging slots, whose
-# copy stream waits for the engine's events), "noprefetch" (WOFFLOAD_PREFETCH=0), "nomirror" (WOFFLOAD_PREPIN=0)
-# and "hotset-noprefetch" leave it unset and change what they say. Each row's test log in $OUT/q-VALUE/test.log; a row whose shim
+# unset. Each row's test log in $OUT/q-VALUE/test.log; a row whose shim
 # reports the copy engine stuck gets every thread's stack
 # (bench/stall-stacks.sh, then killed) in $OUT/q-VALUE/. Rows run at once.
 set -u
@@ -26,16 +24,7 @@ for v in ${2:-default 32 1}; do
     d=$OUT/q-$v
     mkdir -p "$d"
     (
-        unset CUDA_DEVICE_MAX_CONNECTIONS
-        case $v in
-        default) ;;
-        hotset) export WO_STREAM_POLICY_EXTRA='prefetch: {mode: hot-set}\n' ;;
-        noprefetch) export WOFFLOAD_PREFETCH=0 ;;
-        nomirror) export WOFFLOAD_PREPIN=0 ;;
-        hotset-noprefetch)
-            export WO_STREAM_POLICY_EXTRA='prefetch: {mode: hot-set}\n' WOFFLOAD_PREFETCH=0 ;;
-        *) export CUDA_DEVICE_MAX_CONNECTIONS=$v ;;
-        esac
+        [ "$v" = default ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$v
         export WOFFLOAD_LOG_FILE=$d/shim.log
         # stacks at the first report, or 20 s before the limit (a hang the shim does not see)
         STALL_AT_END=1 STALL_KILL=1 bash bench/stall-stacks.sh "$WOFFLOAD_LOG_FILE" "$d" 'looks stuck' $((limit - 20)) \

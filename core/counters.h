@@ -33,7 +33,7 @@
     X(copy_d2h)                                                                                    \
     X(copy_d2d)                                                                                    \
     X(copy_other)              /* default (unified), host-to-host, peer, arrays */                \
-    X(gated_copies)            /* copies and memsets behind the copy engine's gate (preload/copy.c) */        \
+    X(gated_copies)            /* copies and memsets behind the copy engine's gate (copy.c) */    \
     X(gated_waits)             /* stream and event waits behind it */                             \
     X(launch_calls)            /* every kernel launch seen (runtime and driver) */                \
     X(launch_runtime)          /* cudaLaunchKernel(ExC) */                                        \

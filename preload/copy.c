@@ -142,10 +142,10 @@ static bool copy_waits(uint64_t stream)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        GATED(copy_waits(wo_stream_id(stream, wo_hook_pt[id])), res_, call, WO_CTR_gated_copies);  \
+        uint64_t sid_ = wo_stream_id(stream, wo_hook_pt[id]);                                      \
+        GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
         if (res_ == CUDA_SUCCESS)                                                                  \
-            record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind,                 \
-                        wo_stream_id(stream, wo_hook_pt[id]), ra);                                 \
+            record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind, sid_, ra);      \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
@@ -303,10 +303,11 @@ MEMSET_FNS(32, unsigned int)
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
         wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
-        GATED(copy_waits(wo_stream_id(stream, wo_rt_pt[id])), res_, call, WO_CTR_gated_copies);    \
+        uint64_t sid_ = wo_stream_id(stream, wo_rt_pt[id]);                                        \
+        GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
-                        kind, wo_stream_id(stream, wo_rt_pt[id]), ra);                             \
+                        kind, sid_, ra);                                                           \
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)

@@ -13,21 +13,20 @@
 
 static struct {
     pthread_mutex_t lock;
-    uint64_t at[WO_PICKS_STREAMS][CALLS_MAX];
-    size_t n[WO_PICKS_STREAMS];
-    uint32_t seq[WO_PICKS_STREAMS];
-    uint64_t when[WO_PICKS_STREAMS]; /* the marks' order, 0 never */
-    uint64_t marks;
+    uint64_t at[WO_PICKS_STREAMS][CALLS_MAX]; /* each stream's counts as kept */
+    uint32_t seq[WO_PICKS_STREAMS];           /* at its job, 0: none kept */
+    size_t n;                                 /* counts registered (fixed at start) */
+    unsigned last;                            /* the stream kept last */
 } cs = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 void wo_calls_mark(unsigned ix, uint32_t seq)
 {
-    if (ix >= WO_PICKS_STREAMS)
+    if (ix >= WO_PICKS_STREAMS || !seq)
         return;
     pthread_mutex_lock(&cs.lock);
-    cs.n[ix] = wo_counters_calls(cs.at[ix], CALLS_MAX);
+    cs.n = wo_counters_calls(cs.at[ix], CALLS_MAX);
     cs.seq[ix] = seq;
-    cs.when[ix] = ++cs.marks;
+    cs.last = ix;
     pthread_mutex_unlock(&cs.lock);
 }
 
@@ -38,15 +37,14 @@ void wo_calls_say(unsigned ix, char *msg, size_t cap, size_t *used)
     size_t which[SAY_MOST], got = 0, n;
 
     pthread_mutex_lock(&cs.lock);
-    for (unsigned k = 0; ix >= WO_PICKS_STREAMS && k < WO_PICKS_STREAMS; k++)
-        if (cs.when[k] == cs.marks && cs.marks)
-            ix = k;
-    if (ix >= WO_PICKS_STREAMS) {
+    if (ix >= WO_PICKS_STREAMS)
+        ix = cs.last;
+    if (!cs.seq[ix]) {
         pthread_mutex_unlock(&cs.lock);
         return;
     }
     n = wo_counters_calls(now, CALLS_MAX);
-    n = n < cs.n[ix] ? n : cs.n[ix];
+    n = n < cs.n ? n : cs.n;
     /* the SAY_MOST largest counts since, largest first */
     for (size_t i = 0; i < n; i++) {
         uint64_t d = now[i] - cs.at[ix][i];

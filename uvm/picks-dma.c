@@ -96,8 +96,7 @@ static struct {
         uint64_t since;
     } doing[2];
     uint64_t gate_since;
-    /* who raised the gate last from closed (the stall report's): the
-     * caller's return address, and whether it was the mirror thread */
+    /* who raised the gate last (the stall report's): return address, and whether the mirrorer */
     void *gate_by;
     bool gate_mirror;
     /* the work-queue probe (probe()), serialised by plock: the engine
@@ -824,8 +823,7 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     }
     pthread_mutex_lock(&dm.lock);
     seq = ++dm.seq[ix];
-    if (reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq - 1))
-        wo_calls_mark(ix, seq); /* none outstanding: the stall report's baseline */
+    bool first = reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq - 1);
     sl->ix = ix;
     sl->seq = seq;
     sl->j = *j;
@@ -839,6 +837,8 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
         wo_info("picks: picked experts are copied on the copy engine (WOFFLOAD_PICKS_ENGINE)");
     }
     pthread_mutex_unlock(&dm.lock);
+    if (first) /* none outstanding: the stall report's baseline */
+        wo_calls_mark(ix, seq);
     /* queued before the wait: on the fake driver a wait blocks its caller */
     if (d->cuStreamWaitValue32_v2(stream, dm.flags_dev + ix * sizeof(uint32_t), seq,
                                   CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS)

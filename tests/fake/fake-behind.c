@@ -301,33 +301,40 @@ bool fk_copy_queue_on(void)
     return v && strcmp(v, "1") == 0 && fk_behind_enabled();
 }
 
-CUresult fk_copy_queued(struct fk_behind **sq, bool stream_behind, struct fk_op *op)
+bool fk_copy_queue_took(CUstream s, bool pt, const struct fk_capture *cap, struct fk_op *op,
+                        CUresult *r)
 {
+    size_t n = op->type == FK_OP_COPY ? op->cp.n : op->set.n;
+    if (!n || !fk_copy_queue_on() || (cap && !fk_capture_deferred(cap)))
+        return false;
+    struct fk_behind **sq = fk_stream_queue(s, pt);
+    if (!sq) {
+        *r = CUDA_ERROR_INVALID_HANDLE;
+        return true;
+    }
     pthread_mutex_lock(&mu);
     bool busy = copyq && copyq->head;
     pthread_mutex_unlock(&mu);
-    if (!stream_behind && !busy) {
-        if (op->type == FK_OP_COPY)
-            fk_op_copy_words(op);
-        else
-            fk_exec_op(op);
+    *r = CUDA_SUCCESS;
+    if (!fk_capture_deferred(cap) && !busy) { /* nothing to wait for: now */
+        fk_op_copy_words(op);
         fk_op_release(op);
-        return CUDA_SUCCESS;
+        return true;
     }
     CUevent reached = fk_event_queued(), copied = fk_event_queued();
     if (!reached || !copied) {
         fk_op_release(op);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+        *r = CUDA_ERROR_OUT_OF_MEMORY;
+        return true;
     }
     struct fk_item its[] = {{.kind = FK_ITEM_EVENT, .ev = reached},
                             {.kind = FK_ITEM_WAIT_EVENT, .ev = copied}};
     struct fk_item cps[] = {{.kind = FK_ITEM_WAIT_EVENT, .ev = reached},
                             {.kind = FK_ITEM_OP, .op = *op},
                             {.kind = FK_ITEM_EVENT, .ev = copied}};
-    CUresult r = CUDA_SUCCESS;
-    for (unsigned k = 0; k < 2 && r == CUDA_SUCCESS; k++)
-        r = fk_behind_push(sq, &its[k]);
-    for (unsigned k = 0; k < 3 && r == CUDA_SUCCESS; k++)
-        r = fk_behind_push(&copyq, &cps[k]);
-    return r;
+    for (unsigned k = 0; k < 2 && *r == CUDA_SUCCESS; k++)
+        *r = fk_behind_push(sq, &its[k]);
+    for (unsigned k = 0; k < 3 && *r == CUDA_SUCCESS; k++)
+        *r = fk_behind_push(&copyq, &cps[k]);
+    return true;
 }

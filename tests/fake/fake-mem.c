@@ -1020,10 +1020,8 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, boo
     if (r != CUDA_SUCCESS)
         return r;
     struct fk_op op = { .type = FK_OP_COPY, .cp = { .dst = dst, .src = src, .n = n } };
-    if (fk_copy_queue_on() && n && (!cap || fk_capture_deferred(cap))) {
-        struct fk_behind **sq = fk_stream_queue(s, pt);
-        return sq ? fk_copy_queued(sq, fk_capture_deferred(cap), &op) : CUDA_ERROR_INVALID_HANDLE;
-    }
+    if (fk_copy_queue_took(s, pt, cap, &op, &r))
+        return r;
     if (cap)
         return fk_capture_add(cap, &op);
     if (n)
@@ -1348,10 +1346,8 @@ static CUresult memset_(CUdeviceptr p, uint32_t val, unsigned esz, size_t n, boo
     if (r != CUDA_SUCCESS)
         return r;
     struct fk_op op = { .type = FK_OP_SET, .set = { .dst = P(p), .val = val, .esz = esz, .n = n } };
-    if (async && n && fk_copy_queue_on() && (!cap || fk_capture_deferred(cap))) {
-        struct fk_behind **sq = fk_stream_queue(s, pt);
-        return sq ? fk_copy_queued(sq, fk_capture_deferred(cap), &op) : CUDA_ERROR_INVALID_HANDLE;
-    }
+    if (async && fk_copy_queue_took(s, pt, cap, &op, &r))
+        return r;
     if (cap)
         return fk_capture_add(cap, &op);
     fill(P(p), val, esz, n);

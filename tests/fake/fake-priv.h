@@ -191,12 +191,15 @@ struct fk_behind *fk_behind_hw(unsigned long k);
 CUresult fk_behind_push(struct fk_behind **q, const struct fk_item *it);
 /* Waits until q is empty (NULL: an empty queue). */
 CUresult fk_behind_drain(const struct fk_behind *q);
-/* WOFAKE_COPY_QUEUE=1: async copies and memsets of every stream go through one copy
- * queue, each behind a wait for its stream's earlier work (fake-behind.c);
- * fk_copy_queued runs or queues one such copy (op, owned) on stream s
- * (its queue sq), not under capture. */
+/* WOFAKE_COPY_QUEUE=1: async copies and memsets of every stream go through
+ * one copy queue, each behind a wait for its stream's earlier work
+ * (fake-behind.c). fk_copy_queue_took runs or queues op (a copy or set,
+ * owned then) enqueued on stream s (cap: fk_stream_begin_op's) and says so,
+ * *r its result; false: not its to take (the mode off, a capture, nothing
+ * to copy). */
 bool fk_copy_queue_on(void);
-CUresult fk_copy_queued(struct fk_behind **sq, bool stream_behind, struct fk_op *op);
+bool fk_copy_queue_took(CUstream s, bool pt, const struct fk_capture *cap, struct fk_op *op,
+                        CUresult *r);
 CUevent fk_event_queued(void);
 struct fk_behind **fk_stream_queue(CUstream s, bool pt);
 /* A copy op as a copy engine makes it, from the device thread: aligned

@@ -260,9 +260,7 @@ def main() -> int:
             model, text = CASES[case]
             pol = os.path.join(tmp, f"{case}.yaml")
             with open(pol, "w") as f:
-                # WO_STREAM_POLICY_EXTRA: policy lines added to every row's
-                # (an experiment's, e.g. "prefetch: {mode: hot-set}")
-                f.write(text + os.environ.get("WO_STREAM_POLICY_EXTRA", "").replace("\\n", "\n"))
+                f.write(text)
             cmd = [launcher, "--policy", pol, "--log", "info"]
             if os.environ.get("WO_STREAM_TRACE_DIR"):
                 # a row's event stream, for the replay tools (why a stepper
