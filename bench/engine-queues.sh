@@ -8,7 +8,8 @@
 #   OUT=$OUT bash bench/engine-queues.sh [LIMIT_S [VALUES]]
 #
 # VALUES (space-separated, [default 32 1]): "default" leaves the variable
-# unset. Each row's test log in $OUT/q-VALUE/test.log; a row whose shim
+# unset; an item VAR=V[,VAR2=V2...] leaves it unset and sets those instead
+# (e.g. CUDA_MODULE_LOADING=EAGER); an item given twice runs twice. Each row's test log in $OUT/q-VALUE/test.log; a row whose shim
 # reports the copy engine stuck gets every thread's stack
 # (bench/stall-stacks.sh, then killed) in $OUT/q-VALUE/. Rows run at once.
 set -u
@@ -20,11 +21,21 @@ export LD_LIBRARY_PATH=$pc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 py=/opt/torch/.venv/bin/python3
 [ -x "$py" ] || py=python3
 pids=()
+n=0
 for v in ${2:-default 32 1}; do
-    d=$OUT/q-$v
+    n=$((n + 1))
+    d=$OUT/q-$n-${v//[^A-Za-z0-9_=.-]/_}
     mkdir -p "$d"
     (
-        [ "$v" = default ] && unset CUDA_DEVICE_MAX_CONNECTIONS || export CUDA_DEVICE_MAX_CONNECTIONS=$v
+        case $v in
+        default) unset CUDA_DEVICE_MAX_CONNECTIONS ;;
+        *=*)
+            unset CUDA_DEVICE_MAX_CONNECTIONS
+            IFS=, read -ra kv <<<"$v"
+            for a in "${kv[@]}"; do export "${a?}"; done
+            ;;
+        *) export CUDA_DEVICE_MAX_CONNECTIONS=$v ;;
+        esac
         export WOFFLOAD_LOG_FILE=$d/shim.log
         # stacks at the first report, or 20 s before the limit (a hang the shim does not see)
         STALL_AT_END=1 STALL_KILL=1 bash bench/stall-stacks.sh "$WOFFLOAD_LOG_FILE" "$d" 'looks stuck' $((limit - 20)) \

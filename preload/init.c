@@ -213,9 +213,24 @@ static void start_line(void)
         close(fd);
 }
 
+/* With the copy engine asked for (WOFFLOAD_PICKS_ENGINE set, not 0), CUDA's
+ * eager module loading, unless CUDA_MODULE_LOADING says otherwise: the
+ * driver reads it at cuInit, after this (and PyTorch keeps a value it
+ * finds). Lazy loading hangs the copy engine (uvm.h: wo_uvm_picks_engine,
+ * which keeps it off under any other value). Eager loading costs start-up
+ * time and device memory for every kernel of the libraries loaded
+ * (docs/placement.md). */
+static void module_loading(void)
+{
+    const char *pe = getenv("WOFFLOAD_PICKS_ENGINE");
+
+    if (pe && *pe && strcmp(pe, "0") != 0 && !getenv("CUDA_MODULE_LOADING"))
+        (void)setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+}
+
 /* The per-hook call counters are registered before main() so the stats name
- * them even when no hook ran; and the start line. Nothing else happens here
- * on purpose. */
+ * them even when no hook ran; the module loading the copy engine needs; and
+ * the start line. Nothing else happens here on purpose. */
 __attribute__((constructor)) static void preload_ctor(void)
 {
     static const char *names[WO_NHOOKS + WO_NRT];
@@ -224,6 +239,7 @@ __attribute__((constructor)) static void preload_ctor(void)
     for (int i = 0; i < WO_NRT; i++)
         names[WO_NHOOKS + i] = wo_rt_names[i];
     wo_counters_register_calls(names, wo_hook_calls, WO_NHOOKS + WO_NRT);
+    module_loading();
     start_line();
 }
 

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -396,10 +397,19 @@ three_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, u
 
 /* WOFFLOAD_PICKS_ENGINE on (the -engine tests): copies of host tensors
  * may run on the copy engine, not the kernels. */
-static bool engine_on(void)
+static bool engine_asked(void)
 {
     const char *e = getenv("WOFFLOAD_PICKS_ENGINE");
     return e && *e && strcmp(e, "0") != 0;
+}
+
+/* ... and on: only under CUDA's eager module loading, which the shim's
+ * constructor asks for when nothing else is set (uvm.h:
+ * wo_uvm_picks_engine); -lazy sets CUDA_MODULE_LOADING=LAZY */
+static bool engine_on(void)
+{
+    const char *m = getenv("CUDA_MODULE_LOADING");
+    return engine_asked() && m && strcasecmp(m, "EAGER") == 0;
 }
 
 /* One engine thread's steps on the per-thread default stream
@@ -1623,6 +1633,9 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "child") == 0)
         return child();
+    /* the shim's constructor asked for eager module loading (but -lazy's) */
+    if (engine_asked() && !getenv("WO_PICKS_TEST_LAZY"))
+        CHECK(engine_on());
     for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
         char pol[] = "/tmp/wo-picks-XXXXXX", logf[] = "/tmp/wo-picks-log-XXXXXX";
         char trace[] = "/tmp/wo-picks-trace-XXXXXX";
@@ -1647,8 +1660,7 @@ int main(int argc, char **argv)
                 setenv("WO_PICKS_TEST_YIELD", "1", 1);
             if (i == STREAMS)
                 setenv("WO_PICKS_TEST_STREAMS", "1", 1);
-            if (i <= 1 && getenv("WOFFLOAD_PICKS_ENGINE") &&
-                strcmp(getenv("WOFFLOAD_PICKS_ENGINE"), "0") != 0)
+            if (i <= 1 && engine_on())
                 setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);
             if (i == HOT || i == HOT_AUTO) {
                 setenv("WO_PICKS_TEST_HOT", i == HOT ? "1" : "auto", 1);
@@ -1677,6 +1689,11 @@ int main(int argc, char **argv)
             CHECK(strstr(log, i == THREE || i == STREAMS ? "picks: 3 expert tensors"
                                                          : "picks: 2 expert tensors") !=
                   NULL);
+            /* -lazy: the copy engine asked for, kept off, said why */
+            if (i == 0 && engine_asked())
+                CHECK((strstr(log, "the copy engine stays off, the kernels copy the picked "
+                                   "experts: CUDA_MODULE_LOADING is LAZY, not EAGER") != NULL) ==
+                      !engine_on());
             /* the -faults test: the refused stream wait gave the copy engine up */
             if (i == 0 && getenv("WOFAKE_FAIL") &&
                 strstr(getenv("WOFAKE_FAIL"), "cuStreamWaitValue32_v2"))

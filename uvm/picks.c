@@ -263,7 +263,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
      * asked for now (seconds to make), so that the first copies that go to
      * the copy engine find it there; a tensor registered with ids asks at
      * its first such copy, and one with hot experts never does */
-    if (source == SRC_MIRROR && !ids && wo_settings()->picks_engine && !wo_picks_hot_total() &&
+    if (source == SRC_MIRROR && !ids && wo_uvm_picks_engine() && !wo_picks_hot_total() &&
         wo_readonly(rg.id, rg.gen)) {
         const struct wo_driver *d = wo_uvm_driver();
         CUcontext cur = NULL;
@@ -456,7 +456,7 @@ static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
  * reads: bench/results, picked-copy). */
 static bool engine_wanted(const struct span *s)
 {
-    unsigned pct = wo_settings()->picks_engine;
+    unsigned pct = wo_uvm_picks_engine();
 
     if (!pct || s->hot || s->source == SRC_NONE || s->share < pct)
         return false;
@@ -716,7 +716,7 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
     bool r = false, hot = wo_picks_hot_total() != 0;
 
     if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) ||
-        (!hot && !wo_settings()->picks_engine))
+        (!hot && !wo_uvm_picks_engine()))
         return false;
     pthread_mutex_lock(&pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {

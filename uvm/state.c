@@ -9,7 +9,9 @@
 #include "uvm/internal.h"
 
 #include <inttypes.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "core/event.h"
 #include "core/log.h"
@@ -205,9 +207,35 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
     __atomic_store_n(&gate_begin, begin, __ATOMIC_RELEASE);
 }
 
+unsigned wo_uvm_picks_engine(void)
+{
+    static int eager = -1; /* unknown, 0, 1 */
+    unsigned pct = wo_settings()->picks_engine;
+    int e = __atomic_load_n(&eager, __ATOMIC_ACQUIRE);
+
+    if (!pct)
+        return 0;
+    if (e < 0) {
+        const char *v = getenv("CUDA_MODULE_LOADING");
+        int want = -1;
+
+        e = v && strcasecmp(v, "EAGER") == 0;
+        if (__atomic_compare_exchange_n(&eager, &want, e, false, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_ACQUIRE) &&
+            !e)
+            wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
+                    "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
+                    "lazily while an engine stream waits for the copy thread hangs the GPU: "
+                    "docs/placement.md, Picked experts on the copy engine)",
+                    pct, v ? v : "unset");
+        e = __atomic_load_n(&eager, __ATOMIC_ACQUIRE);
+    }
+    return e ? pct : 0;
+}
+
 bool wo_uvm_gate_armed(void)
 {
-    return wo_settings()->picks_engine != 0;
+    return wo_uvm_picks_engine() != 0;
 }
 
 void wo_uvm_quiesce_begin(void)

@@ -211,7 +211,16 @@ extern int wo_dma_busy;
  * kept safe from frees by uvm/'s books instead: wo_uvm_copy_live.) */
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(void);
-/* Whether the copy engine may run (WOFFLOAD_PICKS_ENGINE set): the hooks
+/* WOFFLOAD_PICKS_ENGINE, or 0 when the copy engine must stay off: CUDA's
+ * lazy module loading (a kernel's first launch loads its module, and the
+ * load waits for the context's work, a stream's wait for the copy thread's
+ * flag among it, while the GPU runs none of the copy stream's copies: the
+ * H200 hung so at the first job in 3 rows of 4 lazy, 0 of 3 eager:
+ * bench/results/engine-queues-*). The preload's constructor asks for eager
+ * loading when WOFFLOAD_PICKS_ENGINE is set and CUDA_MODULE_LOADING is not;
+ * any other value of it keeps the copy engine off, said once. */
+unsigned wo_uvm_picks_engine(void);
+/* Whether the copy engine may run (wo_uvm_picks_engine): the hooks
  * gate the engine's waits and copies from the start then, not from the
  * engine's first job (a wait entered ungated just before it would hold the
  * first copy off); with it 0 (the default) they never do. */
