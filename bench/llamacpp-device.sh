@@ -23,6 +23,8 @@
 #                  gguf128-bg starts it in the background (then `gguf128-bg build
 #                  gguf128` makes both GGUFs and llama.cpp in about 280 s)
 #   probe          bench/picked-copy.cu (about 1 min)
+#   calibrate      woffload-calibrate (after shim; CALIBRATE_REPS [7]): this GPU's
+#                  device model for woffload-replay, $OUT/calibrate.model
 #   vmmprobe       bench/vmm-host-copy.cu (VMM_ROUNDS [10]): copies out of a range
 #                  backed by host memory (late binding's), $OUT/vmm-host-copy.txt
 #   pack           llama.cpp as build left it (/tmp/llb/bin and the CPU it was
@@ -157,6 +159,14 @@ for step in "$@"; do
             timeout 180 /tmp/picked-copy ${PROBE_ARGS:-8 128 3 8,40,100}; } >"$OUT/probe.log" 2>&1
         rc=$?
         tail -24 "$OUT/probe.log" ;;
+    calibrate)
+        # the device model of this GPU for woffload-replay (docs/replay.md):
+        # $OUT/calibrate.model, to become tools/models/h200.model
+        ninja -C build-gpu >"$OUT/calibrate-build.log" 2>&1 &&
+            timeout 300 build-gpu/tools/woffload-calibrate -o "$OUT/calibrate.model" \
+                --reps "${CALIBRATE_REPS:-7}" >"$OUT/calibrate.log" 2>&1
+        rc=$?
+        tail -4 "$OUT/calibrate.log" ;;
     vmmprobe)
         { nvcc -O2 -arch=sm_90 -I bench -o /tmp/vmm-host-copy bench/vmm-host-copy.cu -lcuda &&
             timeout 120 /tmp/vmm-host-copy "${VMM_ROUNDS:-10}"; } >"$OUT/vmm-host-copy.txt" 2>&1
@@ -286,7 +296,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
+        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, calibrate, vmmprobe, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
