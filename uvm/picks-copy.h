@@ -1,6 +1,6 @@
 /* uvm/picks-copy.h: one picked copy by the kernels, the piece picked
  * staging (uvm/picks.h) and its copy-engine side (uvm/picks-dma.h) share;
- * wo_picks_launch is in uvm/picks-dma.c. */
+ * wo_picks_launch is in uvm/picks-copy.c. */
 #pragma once
 
 #include <cuda.h>

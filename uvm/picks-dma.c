@@ -32,12 +32,8 @@
 #define DRAIN_NS (5ull * 1000000000ull)
 #define HOST_WAIT_NS (10ull * 1000000000ull)
 #define QUIESCE_NS (2ull * 1000000000ull) /* the longest a free waits for the queue */
-#define MARK_THREADS 256u
-#define COPY_THREADS 256u
 #define PROBE_NS (500ull * 1000000ull) /* the longest a probe waits for the copy stream */
 #define PROBE_TRIES 3u                 /* copy streams tried while none has been found apart yet */
-#define CHUNK_MIN (128ull << 10) /* a copy block's share of a row, at least */
-#define CHUNKS_MAX 32u
 
 enum { S_FREE, S_FILLING, S_QUEUED };
 
@@ -140,29 +136,6 @@ static void doing(unsigned who, const char *call)
 static bool reached(uint32_t have, uint32_t want)
 {
     return (int32_t)(have - want) >= 0;
-}
-
-/* The kernels' picked copy (uvm/picks-copy.h). */
-CUresult wo_picks_launch(const struct wo_driver *d, CUfunction mark, CUfunction copy,
-                         CUstream st, const struct wo_picks_copy *c)
-{
-    CUdeviceptr ids = c->ids, marks = c->marks, dst = c->dst, src = c->src, rows = c->rows;
-    CUdeviceptr where = c->where, cache = c->cache, counts = c->counts, hits = c->hits;
-    unsigned long long n = c->n_ids, row = c->row;
-    unsigned long long per_row = c->per_row ? c->per_row : n, stride = c->per_row ? c->stride : n;
-    unsigned width = c->width, ne = c->n_experts, gen = c->gen, mblocks, chunks;
-    void *margs[] = {&ids, &n, &per_row, &stride, &width, &ne, &marks, &gen};
-    void *cargs[] = {&dst, &src, &row, &marks, &gen, &rows, &where, &cache, &counts, &hits};
-    CUresult res;
-
-    if (!n || !ne || !row)
-        return CUDA_ERROR_INVALID_VALUE;
-    mblocks = (unsigned)WO_MIN((n + MARK_THREADS - 1) / MARK_THREADS, 64ull);
-    chunks = (unsigned)WO_MAX(1ull, WO_MIN(row / CHUNK_MIN, (unsigned long long)CHUNKS_MAX));
-    res = d->cuLaunchKernel(mark, mblocks, 1, 1, MARK_THREADS, 1, 1, 0, st, margs, NULL);
-    if (res == CUDA_SUCCESS)
-        res = d->cuLaunchKernel(copy, chunks, ne, 1, COPY_THREADS, 1, 1, 0, st, cargs, NULL);
-    return res;
 }
 
 /* ---- the copy thread ------------------------------------------------------- */
@@ -839,6 +812,31 @@ static bool enqueue_job(const struct wo_driver *d, CUcontext ctx, unsigned ix, C
     pthread_mutex_unlock(&dm.lock);
     if (first) /* none outstanding: the stall report's baseline */
         wo_calls_mark(ix, seq);
+    if (j->later) { /* its launch is later: the stream waits then (wo_dma_wait) */
+        *j->later = seq;
+        return true;
+    }
+    return wo_dma_wait(d, ix, stream, seq);
+}
+
+bool wo_dma_done(unsigned ix, uint32_t seq)
+{
+    uint64_t t0 = now_ns();
+
+    if (ix >= WO_PICKS_STREAMS || !dm.flags)
+        return false;
+    while (!reached(__atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq)) {
+        if (now_ns() - t0 > HOST_WAIT_NS)
+            return false;
+        nanosleep(&(struct timespec){0, 20000}, NULL);
+    }
+    return true;
+}
+
+bool wo_dma_wait(const struct wo_driver *d, unsigned ix, CUstream stream, uint32_t seq)
+{
+    if (ix >= WO_PICKS_STREAMS || !dm.flags_dev)
+        return false;
     /* queued before the wait: on the fake driver a wait blocks its caller */
     if (d->cuStreamWaitValue32_v2(stream, dm.flags_dev + ix * sizeof(uint32_t), seq,
                                   CU_STREAM_WAIT_VALUE_GEQ) == CUDA_SUCCESS)

@@ -44,6 +44,9 @@ struct wo_dma_job {
     uint32_t wseq;          /* the span's writes count (a mirror of an older one is stale) */
     bool pinned;            /* c.src is pinned memory: copied as it is, no mirror */
     uint64_t *rows;         /* counts the rows copied (atomic; NULL: not counted) */
+    uint32_t *later;        /* NULL: the stream waits for the copies now; else it does not, and
+                             * *later gets the job's number for wo_dma_wait (an early copy:
+                             * a later launch reads it) */
 };
 
 /* Enqueues the job for the launch about to go on stream (engine index ix <
@@ -58,6 +61,14 @@ struct wo_dma_job {
  * cuMemcpyAsync; uvm/queue-probe.h: wo_ids_to_host). */
 bool wo_dma_enqueue(const struct wo_driver *d, CUcontext ctx, unsigned ix, CUstream stream,
                     const struct wo_dma_job *j, CUfunction mark, CUfunction copy, CUfunction fill);
+
+/* Stream waits on the device for the copies of job seq of engine index ix
+ * (a job enqueued with later); a wait the driver refuses is made on the
+ * host, at most 10 s, and the copy engine is given up. False: not done. */
+bool wo_dma_wait(const struct wo_driver *d, unsigned ix, CUstream stream, uint32_t seq);
+
+/* The same on the host: true once job seq's copies are done (at most 10 s). */
+bool wo_dma_done(unsigned ix, uint32_t seq);
 
 /* Asks for the pinned mirror of span (as wo_dma_enqueue would) now, on
  * the engine's thread with its context ctx current: a mirror takes seconds

@@ -6,6 +6,7 @@
 
 #include "core/macro.h"
 #include "uvm/internal.h"
+#include "uvm/picks-dma.h"
 #include "uvm/uvm.h"
 
 static struct {
@@ -89,12 +90,29 @@ static struct wo_pool_buf *other(const struct wo_pool_strm *t, uint64_t need, bo
     return best;
 }
 
+/* x's early copy (wo_pool_buf.later) waited for: on o's stream (a use
+ * enqueued there next comes after it), or on the host (host, for a free:
+ * the copy thread may not have issued it yet when the streams are done). */
+static bool settle(const struct wo_driver *d, const struct wo_pool_strm *o, struct wo_pool_buf *x,
+                   bool host)
+{
+    if (!x->later)
+        return true;
+    if (!(host ? wo_dma_done(wo_pool_index(o), x->later)
+               : wo_dma_wait(d, wo_pool_index(o), (CUstream)(uintptr_t)o->stream, x->later)))
+        return false;
+    x->later = 0;
+    return true;
+}
+
 /* x (of stream o) freed once o's stream is done with it (a host wait: o's
  * launches may still read it; a stream gone was waited for; another
  * thread's per-thread stream, the whole context). */
 static bool drop(const struct wo_driver *d, const struct wo_pool_strm *o, struct wo_pool_buf *x,
                  int64_t *delta)
 {
+    if (!settle(d, o, x, true))
+        return false;
     /* another thread's per-thread stream cannot be named here: the
      * context's work done covers it (a thread gone keeps its entry) */
     if (per_thread(o) && o->thread != self_no()) {
@@ -127,6 +145,9 @@ static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_po
     CUdeviceptr mine = b->dev;
     uint64_t mine_size = b->size;
 
+    /* an unused entry's early copy was waited for when its stream went */
+    if ((o->used && !settle(d, o, x, false)) || !settle(d, t, b, false))
+        return false;
     if (o->used) {
         if (pool.no_event || !d->cuEventCreate || !d->cuEventRecord || !d->cuStreamWaitEvent)
             return false;
@@ -172,11 +193,11 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     pool.largest = WO_MAX(pool.largest, need);
     for (unsigned k = 0; k < nb; k++)
         if (t->b[k].span == span && t->b[k].seq == seq && t->b[k].dev)
-            return &t->b[k];
+            return settle(d, t, &t->b[k], false) ? &t->b[k] : NULL;
     for (unsigned k = 0; k < nb; k++)
         if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
             b = &t->b[k];
-    if (!b)
+    if (!b || !settle(d, t, b, false))
         return NULL;
     *fresh = true;
     if (b->size >= need)
@@ -189,7 +210,7 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
          * (no lend, no growth) */
         for (unsigned k = 0; k < nb; k++)
             if (!(taken & 1u << k) && t->b[k].size >= need)
-                return &t->b[k];
+                return settle(d, t, &t->b[k], false) ? &t->b[k] : NULL;
         if ((x = other(t, need, true, false, &o)))
             return lend(d, o, x, t, b, delta) ? b : NULL;
         /* none large enough, or only per-thread streams' (a thread that
@@ -247,6 +268,9 @@ bool wo_pool_stream_gone(const struct wo_driver *d, uint64_t stream)
         for (unsigned b = 0; b < WO_PICKS_BUFS; b++) {
             held |= t->b[b].dev != 0;
             t->b[b].span = -1;
+            if (d)
+                (void)settle(d, t, &t->b[b], true);
+            t->b[b].later = 0;
         }
         if (held && d && d->cuStreamSynchronize)
             (void)d->cuStreamSynchronize((CUstream)(uintptr_t)stream);
@@ -264,6 +288,8 @@ void wo_pool_sync_all(const struct wo_driver *d)
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++) {
         if (!pool.st[k].used)
             continue;
+        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
+            (void)settle(d, &pool.st[k], &pool.st[k].b[b], true);
         /* another thread's per-thread stream cannot be named from here */
         if (pool.st[k].stream == (uint64_t)(uintptr_t)CU_STREAM_PER_THREAD &&
             pool.st[k].thread != self_no())
@@ -301,7 +327,8 @@ void wo_pool_free(const struct wo_driver *d)
 {
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
         for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
-            if (pool.st[k].b[b].dev && d->cuMemFree_v2)
+            if (pool.st[k].b[b].dev && d->cuMemFree_v2 &&
+                settle(d, &pool.st[k], &pool.st[k].b[b], true))
                 d->cuMemFree_v2(pool.st[k].b[b].dev);
     if (pool.ev && d->cuEventDestroy_v2)
         d->cuEventDestroy_v2(pool.ev);

@@ -30,6 +30,11 @@ struct wo_pool_buf {
     int span; /* the span whose rows it holds, -1 none */
     uint32_t seq, gen;
     uint64_t tick;
+    /* an early copy into it on the copy engine (uvm/picks-dma.h: later), its
+     * job's number, that its stream has not waited for yet: 0 none. Any use
+     * of the buffer waits for it first (wo_pool_buffer, lending, freeing) */
+    uint32_t later;
+    bool early; /* filled by an early copy, not yet read by its launch (picks.c's count) */
 };
 
 struct wo_pool_strm {
@@ -53,7 +58,8 @@ struct wo_pool_strm *wo_pool_stream(uint64_t stream);
 /* Entry t's index (the marks' slot of its buffer k: index * WO_PICKS_BUFS + k). */
 unsigned wo_pool_index(const struct wo_pool_strm *t);
 
-/* The buffer of t that holds span's rows at seq now, or one for them of at
+/* The buffer of t that holds span's rows at seq now (its early copy waited
+ * for on t's stream), or one for them of at
  * least need bytes (*fresh: its rows are to be copied): the least recently
  * used of t's nb entries not in taken (bit k: entry k holds another span
  * the launch reads), grown, or with the pool at nb times the largest need

@@ -92,11 +92,12 @@ void wo_picks_summary(void)
         return;
     wo_log_write(WO_LOG_OFF,
                  "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
-                 " launches reused one) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
+                 " launches reused one; %" PRIu64 " copied early, %" PRIu64
+                 " of them read) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
                  "have (rows read back last), %" PRIu64 " MiB of buffers (at most %" PRIu64
                  " MiB, %" PRIu64 " lent between streams); read in place: %" PRIu64
                  " captured, %" PRIu64 " for a failure",
-                 t.spans, t.staged, t.reused, (double)t.bytes_copied / 1e9,
+                 t.spans, t.staged, t.reused, t.early, t.early_used, (double)t.bytes_copied / 1e9,
                  t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
                  (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.buffer_cap >> 20,
                  t.buffers_lent, t.captured, t.failed);

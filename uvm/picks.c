@@ -17,6 +17,7 @@
 #include "uvm/picks-dma.h"
 #include "uvm/picks-geom.h"
 #include "uvm/picks-hot.h"
+#include "uvm/picks-int.h"
 #include "uvm/picks-kern.h"
 #include "uvm/picks-pool.h"
 #include "uvm/picks-time.h"
@@ -27,69 +28,7 @@
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
 #define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
 
-struct span {
-    uint64_t lo, hi;    /* the tensor: [lo, hi) */
-    uint64_t off;       /* lo - its registry range's base */
-    uint64_t row;       /* (hi - lo) / n_experts */
-    uint32_t rid, rgen; /* its registry range */
-    unsigned n_experts;
-    bool offdev;         /* host or managed: staged; on the device: left alone */
-    uint8_t source;      /* what the copy engine may copy from: SRC_* */
-    uint8_t share;       /* percent of its experts the registration's ids pick (wo_picks_share_pct) */
-    uint32_t wseq;       /* writes into it (a pinned mirror holds one count's bytes) */
-    uint64_t ids, n_ids; /* the registration now; ids 0: none */
-    uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */
-    bool sticky;              /* claimed from its first registration on (wo_picks_claims) */
-    unsigned width;
-    pthread_t owner; /* the thread that registered it: only its launches use it (another
-                      * thread's forward of the same layer may be under way) */
-    uint32_t seq; /* registrations and writes: a buffer holds one seq's rows */
-    char *name;
-    uint64_t regs, staged, reused, resident;
-    struct wo_picks_hot *hot; /* its hot experts on the device (WOFFLOAD_PICKS_HOT), NULL none */
-    bool hot_tried;           /* no hot set for it (no room, or a driver failure) */
-    bool stale;               /* its placement changed (wo_picks_moved): learnt again at
-                               * the next registration */
-    bool ondev;               /* on the device when learnt: never staged (fit's tensors
-                               * the hook registers all the same); left out of the report */
-    struct wo_picks_kerns kerns; /* the kernels whose launches it served */
-};
-
-/* The copy engine's source for a span (uvm/picks-dma.h): none (managed
- * placement, the prefetcher's; late bound), the tensor itself (pinned host
- * memory), or a pinned mirror of it (managed memory advised to the host). */
-enum { SRC_NONE, SRC_PINNED, SRC_MIRROR };
-
-static struct {
-    pthread_mutex_t lock;
-    struct span *s;
-    unsigned n;
-    CUcontext ctx;
-    CUmodule mod;
-    CUfunction mark, copy, fill;
-    bool ready, broken;
-    CUdeviceptr marks; /* u32 [WO_PICKS_STREAMS * WO_PICKS_BUFS][WO_PICKS_EXPERTS] */
-    CUdeviceptr rows;  /* u64 [2][WO_PICKS_SPANS]: rows copied, by span; of them from hot sets */
-    uint64_t *rows_host; /* the same, as last read back */
-    uint64_t dma_rows[WO_PICKS_SPANS]; /* rows the copy engine copied, by span (atomic) */
-    CUstream side; /* reads rows back, no engine stream waits on it */
-    uint64_t last_refresh_ns;
-    uint64_t tick;
-    uint64_t bytes;     /* device bytes of the buffers and the hot sets */
-    uint64_t hot_bytes; /* of them, the hot sets' */
-    uint64_t fills_gone; /* rows copied into hot sets since freed */
-    uint64_t given_back; /* hot sets' bytes given back when the engine ran out of memory */
-    struct wo_picks_hot
-        *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
-    unsigned nretired;
-    uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
-    uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
-    struct wo_picks_kerns off_kerns; /* their kernels */
-    uint64_t not_reader; /* launches of kernels not (yet) seen reading two tensors */
-    struct wo_picks_kerns nr_kerns; /* their kernels */
-    uint64_t checked, check_mismatch; /* WOFFLOAD_STREAM_CHECK's launches, and those wrong */
-    bool said_on, said_fail, said_hot;
-} pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
+struct wo_picks_state wo_picks_state = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *err_name(CUresult r)
 {
@@ -466,8 +405,12 @@ static bool engine_wanted(const struct span *s)
     return s->source != SRC_MIRROR || wo_readonly(s->rid, s->rgen);
 }
 
-static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo_pool_buf *b,
-                    int i)
+/* Copies span i's picked rows into b of t, for the launch about to go on
+ * t's stream (the copy engine's or the kernels'). With early, for a later
+ * launch instead: only on the copy engine, the stream not waiting now
+ * (b->later: its job). False: nothing was copied. */
+static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo_pool_buf *b, int i,
+                    bool early)
 {
     struct span *s = &pk.s[i];
     unsigned slot = wo_pool_index(t) * WO_PICKS_BUFS + (unsigned)(b - t->b);
@@ -485,7 +428,13 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                               .row = s->row,
                               .rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
 
-    make_hot(d, t, i);
+    uint32_t later = 0;
+
+    /* with hot experts asked, each tensor's launch may make its hot set */
+    if (early && (!engine_wanted(s) || wo_picks_hot_total()))
+        return false;
+    if (!early)
+        make_hot(d, t, i);
     if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, pk.fill)) {
         wo_hot_args(s->hot, t->stream, &c.where, &c.cache, &c.counts);
         c.hits = pk.rows + (CUdeviceptr)(WO_PICKS_SPANS + (unsigned)i) * sizeof(uint64_t);
@@ -504,15 +453,21 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                                .gen = s->rgen,
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
-                               .rows = &pk.dma_rows[i]};
+                               .rows = &pk.dma_rows[i],
+                               .later = early ? &later : NULL};
         if (wo_dma_enqueue(d, pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j, pk.mark,
                            pk.copy, pk.fill)) {
             b->gen = gen;
             b->span = i;
             b->seq = s->seq;
+            b->later = later;
+            b->early = early;
             return true;
         }
     }
+    if (early)
+        return false;
+    b->early = false;
     {
         CUstream st = (CUstream)(uintptr_t)t->stream;
         int ts = wo_picks_time_before(d, st);
@@ -528,6 +483,47 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     b->span = i;
     b->seq = s->seq;
     return true;
+}
+
+/* Early copies: the tensors registered with the same picks as one this
+ * launch staged on the copy engine (a layer's gate_up and down: the Python
+ * hook registers a module's expert tensors before its first launch), by the
+ * same thread, are copied now, behind it on the copy stream; their own
+ * launches, later on the stream, wait for them (wo_pool_buffer) and reuse
+ * the buffer. The copy engine then moves down's rows while the engine runs
+ * gate_up's GEMM, where it waited for down's launch before (the copy
+ * thread's latency twice a layer: bench/results,
+ * bigload-20261203-moe128-f05-engine-h200). WOFFLOAD_PICKS_EARLY. */
+static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
+                         const struct wo_picks_move *moves, unsigned n, unsigned taken)
+{
+    for (unsigned m = 0; m < n; m++) {
+        int a = find_span(moves[m].from, moves[m].to);
+
+        if (a < 0 || !pk.s[a].ids || !engine_wanted(&pk.s[a]))
+            continue;
+        for (unsigned i = 0; i < pk.n; i++) {
+            struct span *s = &pk.s[i], *f = &pk.s[a];
+            struct wo_pool_buf *b;
+            bool fresh;
+
+            if ((int)i == a || s->ids != f->ids || s->n_ids != f->n_ids ||
+                s->per_row != f->per_row || s->stride != f->stride || s->width != f->width ||
+                !s->offdev || !pthread_equal(s->owner, pthread_self()) || !engine_wanted(s) ||
+                wo_budget_resident_whole(s->rid, s->rgen))
+                continue;
+            if (!(b = buffer_for(d, t, (int)i, taken, &fresh)))
+                return; /* no buffer to spare: its launch copies */
+            if (!fresh || !enqueue(d, t, b, (int)i, true))
+                continue;
+            taken |= 1u << (b - t->b);
+            b->tick = ++pk.tick;
+            s->staged++;
+            pk.staged++;
+            pk.early++;
+            pk.whole_bytes += s->hi - s->lo;
+        }
+    }
 }
 
 static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsigned n)
@@ -602,7 +598,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
              * reads is never refilled under it */
             if (n == max || !ready(d) || !(t = wo_pool_stream(stream)) ||
                 !(b = buffer_for(d, t, (int)i, taken, &fresh)) ||
-                (fresh && !enqueue(d, t, b, (int)i))) {
+                (fresh && !enqueue(d, t, b, (int)i, false))) {
                 pk.failed++;
                 continue;
             }
@@ -613,6 +609,9 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 s->staged++;
                 pk.staged++;
                 pk.whole_bytes += s->hi - s->lo;
+            } else if (b->early) { /* copied early (below), counted staged then */
+                b->early = false;
+                pk.early_used++;
             } else {
                 s->reused++;
                 pk.reused++;
@@ -622,6 +621,8 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev, .row = s->row};
         }
     }
+    if (issuing && wo_settings()->picks_early)
+        early_copies(d, issuing, moves, n, taken);
     /* its buffers are not lent to another stream until its launch call */
     if (issuing)
         wo_pool_issuing(issuing);
@@ -737,99 +738,6 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
 uint64_t wo_picks_reserved(void)
 {
     return __atomic_load_n(&pk.bytes, __ATOMIC_RELAXED);
-}
-
-void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struct wo_picks_figs *f),
-                     void *ud)
-{
-    memset(t, 0, sizeof(*t));
-    pthread_mutex_lock(&pk.lock);
-    t->regs = pk.regs;
-    t->staged = pk.staged;
-    t->reused = pk.reused;
-    t->captured = pk.captured;
-    t->failed = pk.failed;
-    t->unused = pk.unused;
-    t->writes = pk.writes;
-    t->resident = pk.resident;
-    t->off_row = pk.off_row;
-    t->off_kerns = pk.off_kerns;
-    t->not_reader = pk.not_reader;
-    t->const_words = __atomic_load_n(&wo_picks_const_words, __ATOMIC_RELAXED);
-    t->nr_kerns = pk.nr_kerns;
-    t->checked = pk.checked;
-    t->check_mismatch = pk.check_mismatch;
-    t->whole_bytes = pk.whole_bytes;
-    t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
-    {
-        const struct wo_driver *d = wo_uvm_driver();
-        struct wo_pool_figs pf;
-        struct wo_picks_time_figs tf;
-
-        wo_pool_figs(&pf);
-        t->buffer_cap = pf.cap;
-        t->buffers_lent = pf.lent;
-        t->buffers_reclaimed = pf.reclaimed;
-        if (d && pk.ready)
-            wo_picks_time_poll(d);
-        wo_picks_time_figs(&tf);
-        t->kernel_copies = tf.copies;
-        t->timed_copies = tf.timed;
-        t->timed_ms = tf.timed_ms;
-        t->copy_span_s = tf.last_ns > tf.first_ns ? (double)(tf.last_ns - tf.first_ns) / 1e9 : 0;
-    }
-    t->hot_bytes = pk.hot_bytes;
-    t->hot_given_back = pk.given_back;
-    t->hot_fills = pk.fills_gone;
-    for (unsigned i = 0; i < pk.n; i++) {
-        const struct span *s = &pk.s[i];
-        uint64_t rows = (pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0) +
-                        __atomic_load_n(&pk.dma_rows[i], __ATOMIC_RELAXED);
-        uint64_t hot_rows =
-            pk.rows_host ? __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED) : 0;
-        struct wo_hot_figs hf;
-        struct wo_picks_figs f;
-
-        /* a tensor on the device (under fit the hook registers every
-         * expert tensor: one may yield to the host later) is no picked
-         * tensor until it is copied */
-        if (s->ondev && !s->staged && !s->reused)
-            continue;
-        t->spans++;
-        wo_hot_figs(s->hot, &hf);
-        /* read back apart: never more from the hot set than in all */
-        hot_rows = WO_MIN(hot_rows, rows);
-        f = (struct wo_picks_figs){.name = s->name,
-                                   .kerns = &s->kerns,
-                                   .k = {.id = s->rid,
-                                         .gen = s->rgen,
-                                         .offset = s->off,
-                                         .bytes = s->hi - s->lo,
-                                         .n_experts = s->n_experts,
-                                         .regs = s->regs,
-                                         .staged = s->staged,
-                                         .reused = s->reused,
-                                         .rows = rows,
-                                         .resident = s->resident,
-                                         .hot = hf.held,
-                                         .hot_rows = hot_rows},
-                                   .hot_slots = hf.cap,
-                                   .hot_fills = hf.fills,
-                                   .hot_bytes = hf.bytes};
-        t->rows += rows;
-        /* over the link: the kernels' rows less those from hot sets */
-        if (pk.rows_host) {
-            uint64_t kr = __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED);
-            uint64_t kh = __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED);
-            t->kernel_bytes += (kr > kh ? kr - kh : 0) * s->row;
-        }
-        t->hot_rows += hot_rows;
-        t->bytes_copied += rows * s->row;
-        t->hot_fills += hf.fills;
-        if (fn)
-            fn(ud, &f);
-    }
-    pthread_mutex_unlock(&pk.lock);
 }
 
 /* Frees hot set h (its streams synchronised), counted as given back. */

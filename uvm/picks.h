@@ -97,6 +97,9 @@ struct wo_picks_figs {
 /* ... and in all: */
 struct wo_picks_totals {
     uint64_t spans, regs, staged, reused, rows, bytes_copied;
+    uint64_t early;        /* of staged, copied early: with the layer's first tensor on the copy
+                            * engine (WOFFLOAD_PICKS_EARLY) */
+    uint64_t early_used;   /* of them, read by their own launch */
     uint64_t whole_bytes;  /* what staging whole tensors would have moved */
     uint64_t captured;     /* launches into a capture: read in place */
     uint64_t failed;       /* launches read in place for a failure (no buffer, driver) */
