@@ -240,6 +240,16 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     return b;
 }
 
+bool wo_pool_room(const struct wo_pool_strm *t, uint64_t need, unsigned nb, unsigned taken)
+{
+    const struct wo_pool_buf *b = NULL;
+
+    for (unsigned k = 0; k < nb; k++)
+        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
+            b = &t->b[k];
+    return b && b->dev && b->size >= need;
+}
+
 void wo_pool_forget_span(int span)
 {
     for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)

@@ -69,6 +69,10 @@ unsigned wo_pool_index(const struct wo_pool_strm *t);
 struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_strm *t, int span,
                                    uint32_t seq, uint64_t need, unsigned nb, unsigned taken,
                                    bool *fresh, int64_t *delta, CUresult *alloc);
+/* Whether the buffer wo_pool_buffer would fill next for t (its least
+ * recently used entry not in taken) already has need bytes: no growth, no
+ * lend (which would make t's stream wait for another's). */
+bool wo_pool_room(const struct wo_pool_strm *t, uint64_t need, unsigned nb, unsigned taken);
 /* No buffer holds span's rows any more (new memory at its address). */
 void wo_pool_forget_span(int span);
 /* No buffer holds any span's rows (the device side set up again). */

@@ -309,12 +309,23 @@ void wo_picks_stream_gone(uint64_t stream)
 
 /* The buffer of stream t for span i's rows (uvm/picks-pool.h), the books
  * kept (NULL: none, and the launch reads that span in place). */
+/* A buffer's bytes for span s, and the entries a stream has. */
+static uint64_t need_of(const struct span *s)
+{
+    return (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
+}
+
+static unsigned bufs(void)
+{
+    return WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
+}
+
 static struct wo_pool_buf *buffer_for(const struct wo_driver *d, struct wo_pool_strm *t, int i,
                                       unsigned taken, bool *fresh)
 {
     const struct span *s = &pk.s[i];
-    uint64_t need = (s->hi - s->lo + BUF_ALIGN - 1) & ~(BUF_ALIGN - 1);
-    unsigned nb = WO_MIN(WO_MAX(wo_settings()->picks_buffers, 1u), WO_PICKS_BUFS);
+    uint64_t need = need_of(s);
+    unsigned nb = bufs();
     int64_t delta = 0;
     CUresult res = CUDA_SUCCESS;
     struct wo_pool_buf *b = wo_pool_buffer(d, t, i, s->seq, need, nb, taken, fresh, &delta, &res);
@@ -512,8 +523,10 @@ static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
                 !s->offdev || !pthread_equal(s->owner, pthread_self()) || !engine_wanted(s) ||
                 wo_budget_resident_whole(s->rid, s->rgen))
                 continue;
-            if (!(b = buffer_for(d, t, (int)i, taken, &fresh)))
-                return; /* no buffer to spare: its launch copies */
+            /* only into a buffer of t's that is there: its launch grows or lends one */
+            if (!wo_pool_room(t, need_of(s), bufs(), taken) ||
+                !(b = buffer_for(d, t, (int)i, taken, &fresh)))
+                return;
             if (!fresh || !enqueue(d, t, b, (int)i, true))
                 continue;
             taken |= 1u << (b - t->b);
