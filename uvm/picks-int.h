@@ -28,6 +28,8 @@ struct span {
     pthread_t owner; /* the thread that registered it: only its launches use it (another
                       * thread's forward of the same layer may be under way) */
     uint32_t seq;    /* registrations and writes: a buffer holds one seq's rows */
+    uint32_t ran;    /* the seq its launch last read at (early copies skip it then) */
+    int next;        /* the span whose staged launch followed its own last, -1 none */
     char *name;
     uint64_t regs, staged, reused, resident;
     struct wo_picks_hot *hot;    /* its hot experts on the device (WOFFLOAD_PICKS_HOT), NULL none */

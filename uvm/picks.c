@@ -25,6 +25,7 @@
 #include "uvm/uvm.h"
 
 #define BUF_ALIGN (2ull << 20)
+#define EARLY_GROUP 3         /* a layer's expert tensors with one picks: gate, up, down */
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
 #define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
 
@@ -181,6 +182,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
                        .owner = pthread_self(),
                        .seq = s->seq + 1,
+                       .next = -1,
                        .name = name,
                        .regs = ids != 0};
     name = NULL;
@@ -505,23 +507,43 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
  * gate_up's GEMM, where it waited for down's launch before (the copy
  * thread's latency twice a layer: bench/results,
  * bigload-20261203-moe128-f05-engine-h200). WOFFLOAD_PICKS_EARLY. */
+/* The span this thread's last staged launch read (early copies learn from
+ * it which tensor's launch follows which). */
+static __thread int last_span = -1;
+
+static bool same_picks(const struct span *s, const struct span *f)
+{
+    return s->ids == f->ids && s->n_ids == f->n_ids && s->per_row == f->per_row &&
+           s->stride == f->stride && s->width == f->width && pthread_equal(s->owner, f->owner);
+}
+
 static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
                          const struct wo_picks_move *moves, unsigned n, unsigned taken)
 {
     for (unsigned m = 0; m < n; m++) {
         int a = find_span(moves[m].from, moves[m].to);
+        unsigned group = 0;
 
         if (a < 0 || !pk.s[a].ids || !engine_wanted(&pk.s[a]))
             continue;
-        for (unsigned i = 0; i < pk.n; i++) {
-            struct span *s = &pk.s[i], *f = &pk.s[a];
+        /* one layer's tensors only: more with the same ids (an engine that
+         * registers every layer at once, its layers' ids at one address
+         * the graph reuses) would be copied by this layer's picks */
+        for (unsigned i = 0; i < pk.n; i++)
+            group += same_picks(&pk.s[i], &pk.s[a]);
+        if (group > EARLY_GROUP)
+            continue;
+        /* the tensor whose launch came next the last time (down, after
+         * gate_up): an early copy for one launched later would be
+         * overwritten first with two buffers */
+        for (int i = pk.s[a].next; i >= 0 && i < (int)pk.n; i = -1) {
+            struct span *s = &pk.s[i];
             struct wo_pool_buf *b;
             bool fresh;
 
-            if ((int)i == a || s->ids != f->ids || s->n_ids != f->n_ids ||
-                s->per_row != f->per_row || s->stride != f->stride || s->width != f->width ||
-                !s->offdev || !pthread_equal(s->owner, pthread_self()) || !engine_wanted(s) ||
-                wo_budget_resident_whole(s->rid, s->rgen))
+            /* not read already at this registration */
+            if (i == a || !same_picks(s, &pk.s[a]) || s->ran == s->seq || !s->offdev ||
+                !engine_wanted(s) || wo_budget_resident_whole(s->rid, s->rgen))
                 continue;
             /* only into a buffer of t's that is there: its launch grows or lends one */
             if (!wo_pool_room(t, need_of(s), bufs(), taken) ||
@@ -629,6 +651,10 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
                 s->reused++;
                 pk.reused++;
             }
+            s->ran = s->seq;
+            if (last_span >= 0 && last_span < (int)pk.n && last_span != (int)i)
+                pk.s[last_span].next = (int)i;
+            last_span = (int)i;
             wo_picks_kern_note(&s->kerns, key, d);
             moves[n++] =
                 (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev, .row = s->row};
