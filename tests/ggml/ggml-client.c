@@ -214,6 +214,13 @@ struct picks_ctx {
     size_t launches, moved, in_place, wrong;
     uint64_t want[NW][PE];
     int picks[2][PICKS_MAXT][PK];
+    /* WO_GGML_TEST_ALIAS: both layers' ids at one address, as a graph that
+     * reuses a freed node's memory: each layer's argsort rows written there
+     * right before its launches (rows: the compute's, held; held_by: the
+     * layer whose rows the address holds, -1 none) */
+    bool alias;
+    int rows[2][PICKS_MAXT * PE];
+    int held_by;
 };
 
 static volatile int rows_calls;
@@ -264,6 +271,11 @@ static void picks_compute(struct ggml_cgraph *g, void *ud)
             continue;
         const void *x = fggml_data(c->wt[w]);
         const int *ids = c->ids[l];
+        if (c->alias && c->held_by != l) {
+            c->wrong += cudaMemcpy(c->ids[l], c->rows[l], (size_t)c->tokens * PE * sizeof(int),
+                                   cudaMemcpyHostToDevice) != cudaSuccess;
+            c->held_by = l;
+        }
         size_t k = PK, rows = (size_t)c->tokens, stride = PE, rb = weights[w].size / PE;
         uint64_t *o = c->out, got[PICKS_MAXT * PK];
         void *args[] = {&x, &ids, &k, &rows, &stride, &rb, &o};
@@ -311,8 +323,10 @@ static void picks_step(struct picks_ctx *c, long long tokens)
                 if (!used[e])
                     rowsv[r * PE + n++] = e;
         }
-        if (cudaMemcpy(c->ids[l], rowsv, (size_t)tokens * PE * sizeof(int),
-                       cudaMemcpyHostToDevice) != cudaSuccess)
+        memcpy(c->rows[l], rowsv, (size_t)tokens * PE * sizeof(int));
+        c->held_by = -1;
+        if (!c->alias && cudaMemcpy(c->ids[l], rowsv, (size_t)tokens * PE * sizeof(int),
+                                    cudaMemcpyHostToDevice) != cudaSuccess)
             c->wrong++;
         snprintf(nm, sizeof(nm), "ffn_moe_probs-%d", l);
         fggml_graph_add(g, fggml_node(nm, c->out, PE, tokens, 4, true));
@@ -340,8 +354,11 @@ static struct picks_ctx *picks_ctx_new(struct ggml_tensor **wt, const char *what
             for (size_t i = (size_t)e * rb; i < (size_t)(e + 1) * rb; i++)
                 c->want[w][e] += pattern(w, i) * (uint64_t)(i % 7 + 1);
         }
+    c->alias = getenv("WO_GGML_TEST_ALIAS") != NULL;
     CHECK(cudaMalloc((void **)&c->ids[0], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
-              cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) == cudaSuccess &&
+              (c->alias ? (c->ids[1] = c->ids[0], 1)
+                        : cudaMalloc((void **)&c->ids[1], PICKS_MAXT * PE * sizeof(int)) ==
+                              cudaSuccess) &&
               cudaMalloc((void **)&c->out, PICKS_MAXT * PE * sizeof(uint64_t)) == cudaSuccess,
           "%s: the compute buffers", what);
     fggml_set_compute(picks_compute, c);
@@ -352,7 +369,8 @@ static void picks_ctx_free(struct picks_ctx *c)
 {
     fggml_set_compute(NULL, NULL);
     cudaFree(c->ids[0]);
-    cudaFree(c->ids[1]);
+    if (!c->alias)
+        cudaFree(c->ids[1]);
     cudaFree(c->out);
     free(c);
 }
@@ -451,6 +469,17 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "fallback, no stream wait refused (%lld: on the fake, a wait ran out while a "
               "free or a synchronize held the copy thread off, where a GPU hangs)",
               engine_field("copies"), engine_field("mirrors"), engine_field("waits_refused"));
+    /* early copies (WOFFLOAD_PICKS_EARLY) on the copy engine: each read by
+     * its launch; with the layers' ids at one address
+     * (WO_GGML_TEST_ALIAS) none, for five tensors share those ids: an early
+     * copy by one layer's picks would be read at another's (the sums above
+     * count it wrong) */
+    if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0)
+        CHECK(c->alias
+                  ? picks_field("early") == 0
+                  : picks_field("early") > 0 && picks_field("early_used") == picks_field("early"),
+              "--picks: early copies %lld, %lld of them read (%s)", picks_field("early"),
+              picks_field("early_used"), c->alias ? "ids aliased: none" : "each read");
     /* a stall report only where the test slows the copy thread past a
      * short WOFFLOAD_PICKS_STALL_MS (-stall): none at the default 5 s */
     if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {
