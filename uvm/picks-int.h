@@ -1,5 +1,5 @@
 /* uvm/picks-int.h: picked staging's state (uvm/picks.c), shared by the
- * files of that module only: picks.c and picks-report.c. Each names it pk. */
+ * files of that module only: picks.c and picks-report.c. */
 #pragma once
 
 #include <cuda.h>
@@ -78,5 +78,4 @@ struct wo_picks_state {
     bool said_on, said_fail, said_hot;
 };
 
-extern struct wo_picks_state wo_picks_state;
-#define pk wo_picks_state
+extern struct wo_picks_state wo_pk;

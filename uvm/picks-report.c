@@ -14,26 +14,26 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                      void *ud)
 {
     memset(t, 0, sizeof(*t));
-    pthread_mutex_lock(&pk.lock);
-    t->regs = pk.regs;
-    t->staged = pk.staged;
-    t->reused = pk.reused;
-    t->early = pk.early;
-    t->early_used = pk.early_used;
-    t->captured = pk.captured;
-    t->failed = pk.failed;
-    t->unused = pk.unused;
-    t->writes = pk.writes;
-    t->resident = pk.resident;
-    t->off_row = pk.off_row;
-    t->off_kerns = pk.off_kerns;
-    t->not_reader = pk.not_reader;
+    pthread_mutex_lock(&wo_pk.lock);
+    t->regs = wo_pk.regs;
+    t->staged = wo_pk.staged;
+    t->reused = wo_pk.reused;
+    t->early = wo_pk.early;
+    t->early_used = wo_pk.early_used;
+    t->captured = wo_pk.captured;
+    t->failed = wo_pk.failed;
+    t->unused = wo_pk.unused;
+    t->writes = wo_pk.writes;
+    t->resident = wo_pk.resident;
+    t->off_row = wo_pk.off_row;
+    t->off_kerns = wo_pk.off_kerns;
+    t->not_reader = wo_pk.not_reader;
     t->const_words = __atomic_load_n(&wo_picks_const_words, __ATOMIC_RELAXED);
-    t->nr_kerns = pk.nr_kerns;
-    t->checked = pk.checked;
-    t->check_mismatch = pk.check_mismatch;
-    t->whole_bytes = pk.whole_bytes;
-    t->buffer_bytes = wo_picks_reserved() - pk.hot_bytes;
+    t->nr_kerns = wo_pk.nr_kerns;
+    t->checked = wo_pk.checked;
+    t->check_mismatch = wo_pk.check_mismatch;
+    t->whole_bytes = wo_pk.whole_bytes;
+    t->buffer_bytes = wo_picks_reserved() - wo_pk.hot_bytes;
     {
         const struct wo_driver *d = wo_uvm_driver();
         struct wo_pool_figs pf;
@@ -43,7 +43,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         t->buffer_cap = pf.cap;
         t->buffers_lent = pf.lent;
         t->buffers_reclaimed = pf.reclaimed;
-        if (d && pk.ready)
+        if (d && wo_pk.ready)
             wo_picks_time_poll(d);
         wo_picks_time_figs(&tf);
         t->kernel_copies = tf.copies;
@@ -51,15 +51,17 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         t->timed_ms = tf.timed_ms;
         t->copy_span_s = tf.last_ns > tf.first_ns ? (double)(tf.last_ns - tf.first_ns) / 1e9 : 0;
     }
-    t->hot_bytes = pk.hot_bytes;
-    t->hot_given_back = pk.given_back;
-    t->hot_fills = pk.fills_gone;
-    for (unsigned i = 0; i < pk.n; i++) {
-        const struct span *s = &pk.s[i];
-        uint64_t rows = (pk.rows_host ? __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED) : 0) +
-                        __atomic_load_n(&pk.dma_rows[i], __ATOMIC_RELAXED);
-        uint64_t hot_rows =
-            pk.rows_host ? __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED) : 0;
+    t->hot_bytes = wo_pk.hot_bytes;
+    t->hot_given_back = wo_pk.given_back;
+    t->hot_fills = wo_pk.fills_gone;
+    for (unsigned i = 0; i < wo_pk.n; i++) {
+        const struct span *s = &wo_pk.s[i];
+        uint64_t rows =
+            (wo_pk.rows_host ? __atomic_load_n(&wo_pk.rows_host[i], __ATOMIC_RELAXED) : 0) +
+            __atomic_load_n(&wo_pk.dma_rows[i], __ATOMIC_RELAXED);
+        uint64_t hot_rows = wo_pk.rows_host ? __atomic_load_n(&wo_pk.rows_host[WO_PICKS_SPANS + i],
+                                                              __ATOMIC_RELAXED)
+                                            : 0;
         struct wo_hot_figs hf;
         struct wo_picks_figs f;
 
@@ -91,9 +93,9 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                                    .hot_bytes = hf.bytes};
         t->rows += rows;
         /* over the link: the kernels' rows less those from hot sets */
-        if (pk.rows_host) {
-            uint64_t kr = __atomic_load_n(&pk.rows_host[i], __ATOMIC_RELAXED);
-            uint64_t kh = __atomic_load_n(&pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED);
+        if (wo_pk.rows_host) {
+            uint64_t kr = __atomic_load_n(&wo_pk.rows_host[i], __ATOMIC_RELAXED);
+            uint64_t kh = __atomic_load_n(&wo_pk.rows_host[WO_PICKS_SPANS + i], __ATOMIC_RELAXED);
             t->kernel_bytes += (kr > kh ? kr - kh : 0) * s->row;
         }
         t->hot_rows += hot_rows;
@@ -102,5 +104,5 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         if (fn)
             fn(ud, &f);
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
 }

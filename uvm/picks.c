@@ -27,9 +27,9 @@
 #define BUF_ALIGN (2ull << 20)
 #define EARLY_GROUP 3         /* a layer's expert tensors with one picks: gate, up, down */
 #define REFRESH_NS 1000000ull /* the rows counters read back at most this often */
-#define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* pk.rows */
+#define ROWS_BYTES (2 * WO_PICKS_SPANS * sizeof(uint64_t)) /* wo_pk.rows */
 
-struct wo_picks_state wo_picks_state = {.lock = PTHREAD_MUTEX_INITIALIZER};
+struct wo_picks_state wo_pk = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 static const char *err_name(CUresult r)
 {
@@ -89,8 +89,8 @@ static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
 
 static int find_span(uint64_t lo, uint64_t hi)
 {
-    for (unsigned i = 0; i < pk.n; i++)
-        if (pk.s[i].lo == lo && pk.s[i].hi == hi)
+    for (unsigned i = 0; i < wo_pk.n; i++)
+        if (wo_pk.s[i].lo == lo && wo_pk.s[i].hi == hi)
             return (int)i;
     return -1;
 }
@@ -99,8 +99,8 @@ static int find_span(uint64_t lo, uint64_t hi)
  * it; past the list's room it is left to the process's end). */
 static void retire(struct span *s)
 {
-    if (s->hot && pk.nretired < WO_PICKS_SPANS)
-        pk.retired[pk.nretired++] = s->hot;
+    if (s->hot && wo_pk.nretired < WO_PICKS_SPANS)
+        wo_pk.retired[wo_pk.nretired++] = s->hot;
     if (s->hot)
         __atomic_add_fetch(&wo_picks_hot_epoch, 1, __ATOMIC_RELAXED);
     s->hot = NULL;
@@ -120,14 +120,14 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         return -ENOENT;
     if (bytes > rg.size - (experts - rg.base))
         return -ERANGE;
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     i = find_span(experts, experts + bytes);
-    s = i >= 0 ? &pk.s[i] : NULL;
+    s = i >= 0 ? &wo_pk.s[i] : NULL;
     if (s && s->rid == rg.id && s->rgen == rg.gen && !s->stale) {
         /* a registration with ids (a layer's, once a forward step); a
          * clear is none */
         s->regs += ids != 0;
-        pk.regs += ids != 0;
+        wo_pk.regs += ids != 0;
         s->ids = ids;
         s->n_ids = ids ? n_ids : 0;
         s->per_row = per_row;
@@ -137,29 +137,29 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->sticky |= sticky && ids;
         s->owner = pthread_self();
         s->seq++;
-        pthread_mutex_unlock(&pk.lock);
+        pthread_mutex_unlock(&wo_pk.lock);
         return 0;
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     /* a new tensor, or new memory at the same address: learn it (outside
      * the picks lock: describe takes uvm/'s) */
     name = describe(experts, &offdev, &source, &bound);
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     if (bound)
         wo_place_bind_in_place();
-    if (!pk.s && !(pk.s = calloc(WO_PICKS_SPANS, sizeof(*pk.s)))) {
+    if (!wo_pk.s && !(wo_pk.s = calloc(WO_PICKS_SPANS, sizeof(*wo_pk.s)))) {
         r = -ENOMEM;
         goto out;
     }
     i = find_span(experts, experts + bytes);
     if (i < 0) {
-        if (pk.n == WO_PICKS_SPANS) {
+        if (wo_pk.n == WO_PICKS_SPANS) {
             r = -ENOSPC;
             goto out;
         }
-        i = (int)pk.n++;
+        i = (int)wo_pk.n++;
     }
-    s = &pk.s[i];
+    s = &wo_pk.s[i];
     free(s->name);
     retire(s);
     *s = (struct span){.lo = experts,
@@ -186,8 +186,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .name = name,
                        .regs = ids != 0};
     name = NULL;
-    pk.regs += ids != 0;
-    __atomic_store_n(&pk.dma_rows[i], 0, __ATOMIC_RELAXED);
+    wo_pk.regs += ids != 0;
+    __atomic_store_n(&wo_pk.dma_rows[i], 0, __ATOMIC_RELAXED);
     /* the buffers that held the old tensor's rows hold nothing now */
     wo_pool_forget_span(i);
     if (rg.id < WO_STREAM_IDS && wo_picks_ids[rg.id] < 255)
@@ -213,7 +213,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
             wo_dma_mirror_ask(d, cur, (unsigned)i, s->lo, rg.id, rg.gen, s->hi - s->lo, s->wseq);
     }
 out:
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     free(name);
     return r;
 }
@@ -222,16 +222,16 @@ void wo_picks_note_write(uint64_t dst, uint64_t bytes)
 {
     if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE))
         return;
-    pthread_mutex_lock(&pk.lock);
-    for (unsigned i = 0; i < pk.n; i++)
-        if (dst < pk.s[i].hi && dst + bytes > pk.s[i].lo) {
-            pk.s[i].seq++;
-            pk.s[i].wseq++;
-            pk.writes++;
-            if (pk.s[i].hot)
-                wo_hot_invalidate(pk.s[i].hot);
+    pthread_mutex_lock(&wo_pk.lock);
+    for (unsigned i = 0; i < wo_pk.n; i++)
+        if (dst < wo_pk.s[i].hi && dst + bytes > wo_pk.s[i].lo) {
+            wo_pk.s[i].seq++;
+            wo_pk.s[i].wseq++;
+            wo_pk.writes++;
+            if (wo_pk.s[i].hot)
+                wo_hot_invalidate(wo_pk.s[i].hot);
         }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 /* ---- the device side ------------------------------------------------------- */
@@ -245,50 +245,50 @@ static bool ready(const struct wo_driver *d)
     CUresult res;
     size_t marks = (size_t)WO_PICKS_STREAMS * WO_PICKS_BUFS * WO_PICKS_EXPERTS * 4;
 
-    if (pk.broken || !d->cuCtxGetCurrent || d->cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+    if (wo_pk.broken || !d->cuCtxGetCurrent || d->cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
         return false;
-    if (pk.ready)
-        return cur == pk.ctx;
+    if (wo_pk.ready)
+        return cur == wo_pk.ctx;
     if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return false;
     if (!d->cuModuleLoadData || !d->cuModuleGetFunction || !d->cuLaunchKernel ||
         !d->cuMemAlloc_v2 || !d->cuMemFree_v2 || !d->cuMemsetD8_v2 || !d->cuMemHostAlloc ||
         !d->cuMemcpyAsync || !d->cuStreamCreate || !d->cuStreamSynchronize) {
-        pk.broken = true;
+        wo_pk.broken = true;
         wo_warn("picks: the driver lacks a function picked staging needs: the experts are read "
                 "in place");
         return false;
     }
-    res = d->cuModuleLoadData(&pk.mod, wo_copy_ptx());
+    res = d->cuModuleLoadData(&wo_pk.mod, wo_copy_ptx());
     if (res == CUDA_SUCCESS)
-        res = d->cuModuleGetFunction(&pk.mark, pk.mod, "wo_picks_mark");
+        res = d->cuModuleGetFunction(&wo_pk.mark, wo_pk.mod, "wo_picks_mark");
     if (res == CUDA_SUCCESS)
-        res = d->cuModuleGetFunction(&pk.copy, pk.mod, "wo_picks_copy");
+        res = d->cuModuleGetFunction(&wo_pk.copy, wo_pk.mod, "wo_picks_copy");
     if (res == CUDA_SUCCESS)
-        res = d->cuModuleGetFunction(&pk.fill, pk.mod, "wo_stream_copy");
+        res = d->cuModuleGetFunction(&wo_pk.fill, wo_pk.mod, "wo_stream_copy");
     if (res == CUDA_SUCCESS)
-        res = d->cuMemAlloc_v2(&pk.marks, marks);
+        res = d->cuMemAlloc_v2(&wo_pk.marks, marks);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemAlloc_v2(&pk.rows, ROWS_BYTES);
+        res = d->cuMemAlloc_v2(&wo_pk.rows, ROWS_BYTES);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemsetD8_v2(pk.marks, 0, marks);
+        res = d->cuMemsetD8_v2(wo_pk.marks, 0, marks);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemsetD8_v2(pk.rows, 0, ROWS_BYTES);
+        res = d->cuMemsetD8_v2(wo_pk.rows, 0, ROWS_BYTES);
     if (res == CUDA_SUCCESS)
-        res = d->cuMemHostAlloc((void **)&pk.rows_host, ROWS_BYTES, 0);
+        res = d->cuMemHostAlloc((void **)&wo_pk.rows_host, ROWS_BYTES, 0);
     if (res == CUDA_SUCCESS)
-        res = d->cuStreamCreate(&pk.side, CU_STREAM_NON_BLOCKING);
+        res = d->cuStreamCreate(&wo_pk.side, CU_STREAM_NON_BLOCKING);
     if (res != CUDA_SUCCESS) {
         /* what was made stays (a few MiB): freeing it needs the context
          * idle, and this is the engine's launch path */
-        pk.broken = true;
+        wo_pk.broken = true;
         wo_warn("picks: cannot set up picked staging (%s): the experts are read in place",
                 err_name(res));
         return false;
     }
-    memset(pk.rows_host, 0, ROWS_BYTES);
-    pk.ctx = cur;
-    pk.ready = true;
+    memset(wo_pk.rows_host, 0, ROWS_BYTES);
+    wo_pk.ctx = cur;
+    wo_pk.ready = true;
     wo_pool_forget_all();
     return true;
 }
@@ -300,13 +300,13 @@ static bool ready(const struct wo_driver *d)
  * stream, and a destroyed stream's entry was never given back. */
 void wo_picks_stream_gone(uint64_t stream)
 {
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     /* its hot sets' copies are done with it too: the next stream home */
     if (wo_pool_stream_gone(wo_uvm_driver(), stream))
-        for (unsigned i = 0; i < pk.n; i++)
-            if (pk.s[i].hot)
-                wo_hot_stream_gone(pk.s[i].hot, stream);
-    pthread_mutex_unlock(&pk.lock);
+        for (unsigned i = 0; i < wo_pk.n; i++)
+            if (wo_pk.s[i].hot)
+                wo_hot_stream_gone(wo_pk.s[i].hot, stream);
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 /* The buffer of stream t for span i's rows (uvm/picks-pool.h), the books
@@ -325,7 +325,7 @@ static unsigned bufs(void)
 static struct wo_pool_buf *buffer_for(const struct wo_driver *d, struct wo_pool_strm *t, int i,
                                       unsigned taken, bool *fresh)
 {
-    const struct span *s = &pk.s[i];
+    const struct span *s = &wo_pk.s[i];
     uint64_t need = need_of(s);
     unsigned nb = bufs();
     int64_t delta = 0;
@@ -333,9 +333,9 @@ static struct wo_pool_buf *buffer_for(const struct wo_driver *d, struct wo_pool_
     struct wo_pool_buf *b = wo_pool_buffer(d, t, i, s->seq, need, nb, taken, fresh, &delta, &res);
 
     if (delta)
-        wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, (uint64_t)delta, __ATOMIC_RELAXED));
-    if (res != CUDA_SUCCESS && !pk.said_fail) {
-        pk.said_fail = true;
+        wo_budget_picks_bytes(__atomic_add_fetch(&wo_pk.bytes, (uint64_t)delta, __ATOMIC_RELAXED));
+    if (res != CUDA_SUCCESS && !wo_pk.said_fail) {
+        wo_pk.said_fail = true;
         wo_warn("picks: no device memory for a %llu MiB staging buffer (%s): '%s' is read in "
                 "place",
                 (unsigned long long)(need >> 20), err_name(res), s->name ? s->name : "(unnamed)");
@@ -349,15 +349,15 @@ static void refresh(const struct wo_driver *d)
 {
     uint64_t t = wo_now_ns();
 
-    if (t - pk.last_refresh_ns < REFRESH_NS)
+    if (t - wo_pk.last_refresh_ns < REFRESH_NS)
         return;
-    pk.last_refresh_ns = t;
-    (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)pk.rows_host, pk.rows, pk.n * sizeof(uint64_t),
-                           pk.side);
-    if (pk.hot_bytes)
-        (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)(pk.rows_host + WO_PICKS_SPANS),
-                               pk.rows + WO_PICKS_SPANS * sizeof(uint64_t), pk.n * sizeof(uint64_t),
-                               pk.side);
+    wo_pk.last_refresh_ns = t;
+    (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)wo_pk.rows_host, wo_pk.rows,
+                           wo_pk.n * sizeof(uint64_t), wo_pk.side);
+    if (wo_pk.hot_bytes)
+        (void)d->cuMemcpyAsync((CUdeviceptr)(uintptr_t)(wo_pk.rows_host + WO_PICKS_SPANS),
+                               wo_pk.rows + WO_PICKS_SPANS * sizeof(uint64_t),
+                               wo_pk.n * sizeof(uint64_t), wo_pk.side);
 }
 
 /* Span i's hot set, made on stream t when wo_picks_hot_total() asks and it
@@ -365,7 +365,7 @@ static void refresh(const struct wo_driver *d)
  * among the tensors off the device that have none yet. */
 static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
 {
-    struct span *s = &pk.s[i];
+    struct span *s = &wo_pk.s[i];
     uint64_t total = wo_picks_hot_total(), left, share, map, bytes = 0;
     unsigned want = 0, cap;
 
@@ -374,9 +374,9 @@ static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
         return;
     wo_hot_resolve_auto(d);
     total = wo_picks_hot_total();
-    for (unsigned k = 0; k < pk.n; k++)
-        want += pk.s[k].offdev && !pk.s[k].hot && !pk.s[k].hot_tried;
-    left = total > pk.hot_bytes ? total - pk.hot_bytes : 0;
+    for (unsigned k = 0; k < wo_pk.n; k++)
+        want += wo_pk.s[k].offdev && !wo_pk.s[k].hot && !wo_pk.s[k].hot_tried;
+    left = total > wo_pk.hot_bytes ? total - wo_pk.hot_bytes : 0;
     share = left / WO_MAX(want, 1u);
     map = wo_hot_map_bytes(s->n_experts);
     cap = (unsigned)WO_MIN((uint64_t)s->n_experts, share > map ? (share - map) / s->row : 0);
@@ -385,17 +385,17 @@ static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
         return;
     s->hot = wo_hot_new(d, s->n_experts, s->row, cap, t->stream, &bytes);
     if (!s->hot) {
-        if (!pk.said_hot) {
-            pk.said_hot = true;
+        if (!wo_pk.said_hot) {
+            wo_pk.said_hot = true;
             wo_warn("picks: no device memory for %u hot experts of '%s': its picked rows all "
                     "come from host memory (said once)",
                     cap, s->name ? s->name : "(unnamed)");
         }
         return;
     }
-    pk.hot_bytes += bytes;
+    wo_pk.hot_bytes += bytes;
     __atomic_add_fetch(&wo_picks_hot_epoch, 1, __ATOMIC_RELAXED);
-    wo_budget_picks_bytes(__atomic_add_fetch(&pk.bytes, bytes, __ATOMIC_RELAXED));
+    wo_budget_picks_bytes(__atomic_add_fetch(&wo_pk.bytes, bytes, __ATOMIC_RELAXED));
     wo_debug("picks: %u of the %u experts of '%s' may stay hot on the device (%llu MiB)", cap,
              s->n_experts, s->name ? s->name : "(unnamed)", (unsigned long long)(bytes >> 20));
 }
@@ -425,7 +425,7 @@ static bool engine_wanted(const struct span *s)
 static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo_pool_buf *b, int i,
                     bool early)
 {
-    struct span *s = &pk.s[i];
+    struct span *s = &wo_pk.s[i];
     unsigned slot = wo_pool_index(t) * WO_PICKS_BUFS + (unsigned)(b - t->b);
     unsigned gen = b->gen + 1 ? b->gen + 1 : 1;
     struct wo_picks_copy c = {.ids = s->ids,
@@ -434,12 +434,12 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                               .stride = s->stride,
                               .width = s->width,
                               .n_experts = s->n_experts,
-                              .marks = pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4,
+                              .marks = wo_pk.marks + (CUdeviceptr)slot * WO_PICKS_EXPERTS * 4,
                               .gen = gen,
                               .dst = b->dev,
                               .src = s->lo,
                               .row = s->row,
-                              .rows = pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
+                              .rows = wo_pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
 
     uint32_t later = 0;
 
@@ -448,9 +448,9 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
         return false;
     if (!early)
         make_hot(d, t, i);
-    if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, pk.fill)) {
+    if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, wo_pk.fill)) {
         wo_hot_args(s->hot, t->stream, &c.where, &c.cache, &c.counts);
-        c.hits = pk.rows + (CUdeviceptr)(WO_PICKS_SPANS + (unsigned)i) * sizeof(uint64_t);
+        c.hits = wo_pk.rows + (CUdeviceptr)(WO_PICKS_SPANS + (unsigned)i) * sizeof(uint64_t);
     } else if (s->hot) {
         /* a driver call failed: kept (copies may still read it) until
          * freed with the rest, never used again */
@@ -466,10 +466,10 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                                .gen = s->rgen,
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
-                               .rows = &pk.dma_rows[i],
+                               .rows = &wo_pk.dma_rows[i],
                                .later = early ? &later : NULL};
-        if (wo_dma_enqueue(d, pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j, pk.mark,
-                           pk.copy, pk.fill)) {
+        if (wo_dma_enqueue(d, wo_pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j,
+                           wo_pk.mark, wo_pk.copy, wo_pk.fill)) {
             b->gen = gen;
             b->span = i;
             b->seq = s->seq;
@@ -484,7 +484,7 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     {
         CUstream st = (CUstream)(uintptr_t)t->stream;
         int ts = wo_picks_time_before(d, st);
-        CUresult lr = wo_picks_launch(d, pk.mark, pk.copy, st, &c);
+        CUresult lr = wo_picks_launch(d, wo_pk.mark, wo_pk.copy, st, &c);
 
         wo_picks_time_after(d, st, ts, lr == CUDA_SUCCESS);
         if (lr != CUDA_SUCCESS) {
@@ -524,25 +524,25 @@ static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
         int a = find_span(moves[m].from, moves[m].to);
         unsigned group = 0;
 
-        if (a < 0 || !pk.s[a].ids || !engine_wanted(&pk.s[a]))
+        if (a < 0 || !wo_pk.s[a].ids || !engine_wanted(&wo_pk.s[a]))
             continue;
         /* one layer's tensors only: more with the same ids (an engine that
          * registers every layer at once, its layers' ids at one address
          * the graph reuses) would be copied by this layer's picks */
-        for (unsigned i = 0; i < pk.n; i++)
-            group += same_picks(&pk.s[i], &pk.s[a]);
+        for (unsigned i = 0; i < wo_pk.n; i++)
+            group += same_picks(&wo_pk.s[i], &wo_pk.s[a]);
         if (group > EARLY_GROUP)
             continue;
         /* the tensor whose launch came next the last time (down, after
          * gate_up): an early copy for one launched later would be
          * overwritten first with two buffers */
-        for (int i = pk.s[a].next; i >= 0 && i < (int)pk.n; i = -1) {
-            struct span *s = &pk.s[i];
+        for (int i = wo_pk.s[a].next; i >= 0 && i < (int)wo_pk.n; i = -1) {
+            struct span *s = &wo_pk.s[i];
             struct wo_pool_buf *b;
             bool fresh;
 
             /* not read already at this registration */
-            if (i == a || !same_picks(s, &pk.s[a]) || s->ran == s->seq || !s->offdev ||
+            if (i == a || !same_picks(s, &wo_pk.s[a]) || s->ran == s->seq || !s->offdev ||
                 !engine_wanted(s) || wo_budget_resident_whole(s->rid, s->rgen))
                 continue;
             /* only into a buffer of t's that is there: its launch grows or lends one */
@@ -552,11 +552,11 @@ static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
             if (!fresh || !enqueue(d, t, b, (int)i, true))
                 continue;
             taken |= 1u << (b - t->b);
-            b->tick = ++pk.tick;
+            b->tick = ++wo_pk.tick;
             s->staged++;
-            pk.staged++;
-            pk.early++;
-            pk.whole_bytes += s->hi - s->lo;
+            wo_pk.staged++;
+            wo_pk.early++;
+            wo_pk.whole_bytes += s->hi - s->lo;
         }
     }
 }
@@ -583,13 +583,13 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
               __atomic_load_n(&wo_picks_ids[hits[h].id], __ATOMIC_ACQUIRE) != 0;
     if (!any || !d)
         return 0;
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     for (unsigned h = 0; h < nhits && h < WO_EV_MAX_HITS; h++) {
         const struct wo_ev_hit *hit = &hits[h];
         if (hit->id >= WO_STREAM_IDS || !wo_picks_ids[hit->id] || !wo_hit_pointer_like(hit))
             continue;
-        for (unsigned i = 0; i < pk.n; i++) {
-            struct span *s = &pk.s[i];
+        for (unsigned i = 0; i < wo_pk.n; i++) {
+            struct span *s = &wo_pk.s[i];
             struct wo_pool_strm *t;
             struct wo_pool_buf *b;
             bool dup = false, fresh;
@@ -601,16 +601,16 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (skipped(s->lo, skip_from, skip_to, nskip))
                 continue;
             if (!wo_picks_at_expert(s->off, s->hi - s->lo, s->row, hit)) {
-                pk.off_row++;
-                wo_picks_kern_note(&pk.off_kerns, key, d);
+                wo_pk.off_row++;
+                wo_picks_kern_note(&wo_pk.off_kerns, key, d);
                 continue;
             }
             /* learnt at every hit; asked only of a hit at an expert past the
              * base: the base is where engines hand the tensor, and where a
              * constant lands far less often (uvm/picks-kern.h) */
             if (!wo_picks_kern_reader(key, i) && hit->offset != s->off && hit->hi - 1 != s->off) {
-                pk.not_reader++;
-                wo_picks_kern_note(&pk.nr_kerns, key, d);
+                wo_pk.not_reader++;
+                wo_picks_kern_note(&wo_pk.nr_kerns, key, d);
                 continue;
             }
             for (unsigned k = 0; k < n; k++)
@@ -618,13 +618,13 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (dup)
                 continue;
             if (captured) {
-                pk.captured++;
+                wo_pk.captured++;
                 continue;
             }
             /* managed, and the prefetcher holds all of it on the device:
              * the launch reads it there, faster than any copy */
             if (wo_budget_resident_whole(s->rid, s->rgen)) {
-                pk.resident++;
+                wo_pk.resident++;
                 s->resident++;
                 continue;
             }
@@ -634,26 +634,26 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (n == max || !ready(d) || !(t = wo_pool_stream(stream)) ||
                 !(b = buffer_for(d, t, (int)i, taken, &fresh)) ||
                 (fresh && !enqueue(d, t, b, (int)i, false))) {
-                pk.failed++;
+                wo_pk.failed++;
                 continue;
             }
             taken |= 1u << (b - t->b);
             issuing = t;
-            b->tick = ++pk.tick;
+            b->tick = ++wo_pk.tick;
             if (fresh) {
                 s->staged++;
-                pk.staged++;
-                pk.whole_bytes += s->hi - s->lo;
+                wo_pk.staged++;
+                wo_pk.whole_bytes += s->hi - s->lo;
             } else if (b->early) { /* copied early (below), counted staged then */
                 b->early = false;
-                pk.early_used++;
+                wo_pk.early_used++;
             } else {
                 s->reused++;
-                pk.reused++;
+                wo_pk.reused++;
             }
             s->ran = s->seq;
-            if (last_span >= 0 && last_span < (int)pk.n && last_span != (int)i)
-                pk.s[last_span].next = (int)i;
+            if (last_span >= 0 && last_span < (int)wo_pk.n && last_span != (int)i)
+                wo_pk.s[last_span].next = (int)i;
             last_span = (int)i;
             wo_picks_kern_note(&s->kerns, key, d);
             moves[n++] =
@@ -665,14 +665,14 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
     /* its buffers are not lent to another stream until its launch call */
     if (issuing)
         wo_pool_issuing(issuing);
-    if (n && !pk.said_on) {
-        pk.said_on = true;
+    if (n && !wo_pk.said_on) {
+        wo_pk.said_on = true;
         wo_info("picks: the experts' launches read only the picked rows, copied on their stream "
                 "(woffload_moe_picks)");
     }
-    if (pk.ready)
+    if (wo_pk.ready)
         refresh(d);
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     return n;
 }
 
@@ -685,9 +685,9 @@ bool wo_picks_reg_of(uint64_t from, struct wo_picks_reg *r)
 {
     bool ok = false;
 
-    pthread_mutex_lock(&pk.lock);
-    for (unsigned i = 0; i < pk.n && !ok; i++) {
-        const struct span *s = &pk.s[i];
+    pthread_mutex_lock(&wo_pk.lock);
+    for (unsigned i = 0; i < wo_pk.n && !ok; i++) {
+        const struct span *s = &wo_pk.s[i];
         if (s->lo != from || !s->ids || !pthread_equal(s->owner, pthread_self()))
             continue;
         *r = (struct wo_picks_reg){.ids = s->ids,
@@ -699,34 +699,34 @@ bool wo_picks_reg_of(uint64_t from, struct wo_picks_reg *r)
                                    .n_experts = s->n_experts};
         ok = true;
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     return ok;
 }
 
 void wo_picks_checked(bool mismatch)
 {
-    pthread_mutex_lock(&pk.lock);
-    pk.checked++;
-    pk.check_mismatch += mismatch;
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
+    wo_pk.checked++;
+    wo_pk.check_mismatch += mismatch;
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 void wo_picks_unused(unsigned n)
 {
-    pthread_mutex_lock(&pk.lock);
-    pk.unused += n;
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
+    wo_pk.unused += n;
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 /* ---- the books --------------------------------------------------------------- */
 
 void wo_picks_moved(uint64_t lo, uint64_t hi)
 {
-    pthread_mutex_lock(&pk.lock);
-    for (unsigned i = 0; i < pk.n; i++)
-        if (pk.s[i].lo < hi && pk.s[i].hi > lo)
-            pk.s[i].stale = true;
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
+    for (unsigned i = 0; i < wo_pk.n; i++)
+        if (wo_pk.s[i].lo < hi && wo_pk.s[i].hi > lo)
+            wo_pk.s[i].stale = true;
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
@@ -740,14 +740,14 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
      * the device and move less than a whole copy at any share picked, and
      * staging it whole would hold slots beside the sets */
     hot = wo_picks_hot_total() != 0;
-    pthread_mutex_lock(&pk.lock);
-    for (unsigned i = 0; i < pk.n && !r; i++) {
-        const struct span *s = &pk.s[i];
+    pthread_mutex_lock(&wo_pk.lock);
+    for (unsigned i = 0; i < wo_pk.n && !r; i++) {
+        const struct span *s = &wo_pk.s[i];
         r = s->rid == id && s->rgen == gen && s->offdev &&
             (s->ids || s->sticky || (hot && s->regs)) && s->off < hi &&
             s->off + (s->hi - s->lo) > lo;
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     return r;
 }
 
@@ -758,25 +758,25 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
     if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) ||
         (!hot && !wo_uvm_picks_engine()))
         return false;
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {
         const struct wo_ev_hit *hit = &hits[h];
         if (hit->id >= WO_STREAM_IDS || !wo_picks_ids[hit->id])
             continue;
-        for (unsigned i = 0; i < pk.n && !r; i++) {
-            const struct span *s = &pk.s[i];
+        for (unsigned i = 0; i < wo_pk.n && !r; i++) {
+            const struct span *s = &wo_pk.s[i];
             r = s->rid == hit->id && s->rgen == hit->gen && s->offdev && s->ids &&
                 pthread_equal(s->owner, pthread_self()) && wo_picks_at_expert(s->off, s->hi - s->lo, s->row, hit) &&
                 (hot || engine_wanted(s));
         }
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
     return r;
 }
 
 uint64_t wo_picks_reserved(void)
 {
-    return __atomic_load_n(&pk.bytes, __ATOMIC_RELAXED);
+    return __atomic_load_n(&wo_pk.bytes, __ATOMIC_RELAXED);
 }
 
 /* Frees hot set h (its streams synchronised), counted as given back. */
@@ -785,10 +785,10 @@ static uint64_t give(const struct wo_driver *d, struct wo_picks_hot *h)
     struct wo_hot_figs f;
 
     wo_hot_figs(h, &f);
-    pk.fills_gone += f.fills;
+    wo_pk.fills_gone += f.fills;
     wo_hot_free(d, h);
-    pk.hot_bytes -= WO_MIN(f.bytes, pk.hot_bytes);
-    pk.given_back += f.bytes;
+    wo_pk.hot_bytes -= WO_MIN(f.bytes, wo_pk.hot_bytes);
+    wo_pk.given_back += f.bytes;
     return f.bytes;
 }
 
@@ -799,13 +799,14 @@ static int least_worth(void)
     int best = -1;
     double worst = 0;
 
-    for (unsigned i = 0; i < pk.n; i++) {
+    for (unsigned i = 0; i < wo_pk.n; i++) {
         struct wo_hot_figs f;
         double w;
-        if (!pk.s[i].hot)
+        if (!wo_pk.s[i].hot)
             continue;
-        wo_hot_figs(pk.s[i].hot, &f);
-        w = pk.rows_host ? (double)pk.rows_host[WO_PICKS_SPANS + i] * (double)pk.s[i].row : 0;
+        wo_hot_figs(wo_pk.s[i].hot, &f);
+        w = wo_pk.rows_host ? (double)wo_pk.rows_host[WO_PICKS_SPANS + i] * (double)wo_pk.s[i].row
+                            : 0;
         w /= (double)WO_MAX(f.bytes, 1);
         if (best < 0 || w < worst) {
             best = (int)i;
@@ -825,27 +826,27 @@ uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *
      * none now, and none begins until this is done (the capture handshake) */
     if (!d || !d->cuStreamSynchronize || !d->cuMemFree_v2 || !wo_driver_enter())
         return 0;
-    pthread_mutex_lock(&pk.lock);
-    if (pk.hot_bytes) {
+    pthread_mutex_lock(&wo_pk.lock);
+    if (wo_pk.hot_bytes) {
         /* every stream with buffers may have copies in flight that read a
          * set (its home's) or count into one (any stream's) */
         wo_pool_sync_all(d);
         /* the sets of tensors gone first, then those worth least, until
          * the engine's allocation has room */
-        for (unsigned r = 0; r < pk.nretired; r++)
-            freed += give(d, pk.retired[r]);
-        pk.nretired = 0;
+        for (unsigned r = 0; r < wo_pk.nretired; r++)
+            freed += give(d, wo_pk.retired[r]);
+        wo_pk.nretired = 0;
         while (freed < WO_MAX(need, 1) && (i = least_worth()) >= 0) {
-            freed += give(d, pk.s[i].hot);
-            pk.s[i].hot = NULL;
-            pk.s[i].hot_tried = true;
+            freed += give(d, wo_pk.s[i].hot);
+            wo_pk.s[i].hot = NULL;
+            wo_pk.s[i].hot_tried = true;
         }
-        wo_budget_picks_bytes(__atomic_sub_fetch(&pk.bytes, freed, __ATOMIC_RELAXED));
+        wo_budget_picks_bytes(__atomic_sub_fetch(&wo_pk.bytes, freed, __ATOMIC_RELAXED));
     }
-    wo_hot_set_ceiling(pk.hot_bytes); /* no more sets from now on than those left */
-    for (unsigned k = 0; k < pk.n; k++)
-        *sets_left += pk.s[k].hot != NULL;
-    pthread_mutex_unlock(&pk.lock);
+    wo_hot_set_ceiling(wo_pk.hot_bytes); /* no more sets from now on than those left */
+    for (unsigned k = 0; k < wo_pk.n; k++)
+        *sets_left += wo_pk.s[k].hot != NULL;
+    pthread_mutex_unlock(&wo_pk.lock);
     wo_driver_leave();
     return freed;
 }
@@ -854,75 +855,76 @@ void wo_picks_free(const struct wo_driver *d)
 {
     /* first: no engine stream may wait for a copy that never comes */
     wo_dma_stop(d);
-    pthread_mutex_lock(&pk.lock);
-    if (d && pk.ready) {
+    pthread_mutex_lock(&wo_pk.lock);
+    if (d && wo_pk.ready) {
         wo_pool_free(d);
         wo_picks_time_free(d);
         if (d->cuStreamSynchronize)
-            d->cuStreamSynchronize(pk.side);
-        for (unsigned i = 0; i < pk.n; i++) {
-            wo_hot_free(d, pk.s[i].hot);
-            pk.s[i].hot = NULL;
+            d->cuStreamSynchronize(wo_pk.side);
+        for (unsigned i = 0; i < wo_pk.n; i++) {
+            wo_hot_free(d, wo_pk.s[i].hot);
+            wo_pk.s[i].hot = NULL;
         }
-        for (unsigned i = 0; i < pk.nretired; i++)
-            wo_hot_free(d, pk.retired[i]);
-        pk.nretired = 0;
+        for (unsigned i = 0; i < wo_pk.nretired; i++)
+            wo_hot_free(d, wo_pk.retired[i]);
+        wo_pk.nretired = 0;
         if (d->cuStreamDestroy_v2)
-            d->cuStreamDestroy_v2(pk.side);
+            d->cuStreamDestroy_v2(wo_pk.side);
         if (d->cuMemFreeHost)
-            d->cuMemFreeHost(pk.rows_host);
+            d->cuMemFreeHost(wo_pk.rows_host);
         if (d->cuMemFree_v2) {
-            d->cuMemFree_v2(pk.marks);
-            d->cuMemFree_v2(pk.rows);
+            d->cuMemFree_v2(wo_pk.marks);
+            d->cuMemFree_v2(wo_pk.rows);
         }
         if (d->cuModuleUnload)
-            d->cuModuleUnload(pk.mod);
+            d->cuModuleUnload(wo_pk.mod);
     }
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
 }
 
 void wo_picks_atfork_child(void)
 {
-    pthread_mutex_init(&pk.lock, NULL);
+    pthread_mutex_init(&wo_pk.lock, NULL);
     wo_picks_reset();
 }
 
 void wo_picks_reset(void)
 {
-    pthread_mutex_lock(&pk.lock);
+    pthread_mutex_lock(&wo_pk.lock);
     /* hot sets wo_picks_free did not free are left (a fork child's: the
      * parent's device memory) */
-    for (unsigned i = 0; i < pk.n; i++)
-        free(pk.s[i].name);
-    free(pk.s);
-    pk.s = NULL;
-    pk.n = 0;
+    for (unsigned i = 0; i < wo_pk.n; i++)
+        free(wo_pk.s[i].name);
+    free(wo_pk.s);
+    wo_pk.s = NULL;
+    wo_pk.n = 0;
     wo_pool_reset();
     wo_picks_time_reset();
-    memset(pk.dma_rows, 0, sizeof(pk.dma_rows));
+    memset(wo_pk.dma_rows, 0, sizeof(wo_pk.dma_rows));
     wo_dma_reset();
-    pk.ctx = NULL;
-    pk.mod = NULL;
-    pk.ready = pk.broken = pk.said_on = pk.said_fail = pk.said_hot = false;
-    pk.marks = pk.rows = 0;
-    pk.rows_host = NULL;
-    pk.side = NULL;
-    pk.last_refresh_ns = 0;
-    pk.tick = 0;
-    pk.bytes = pk.hot_bytes = pk.given_back = pk.fills_gone = 0;
+    wo_pk.ctx = NULL;
+    wo_pk.mod = NULL;
+    wo_pk.ready = wo_pk.broken = wo_pk.said_on = wo_pk.said_fail = wo_pk.said_hot = false;
+    wo_pk.marks = wo_pk.rows = 0;
+    wo_pk.rows_host = NULL;
+    wo_pk.side = NULL;
+    wo_pk.last_refresh_ns = 0;
+    wo_pk.tick = 0;
+    wo_pk.bytes = wo_pk.hot_bytes = wo_pk.given_back = wo_pk.fills_gone = 0;
     wo_hot_budget_reset();
-    pk.nretired = 0;
-    pk.fill = NULL;
+    wo_pk.nretired = 0;
+    wo_pk.fill = NULL;
     wo_budget_picks_bytes(0);
-    pk.regs = pk.staged = pk.reused = pk.captured = pk.failed = pk.unused = pk.writes = 0;
-    pk.off_row = pk.not_reader = pk.checked = pk.check_mismatch = 0;
+    wo_pk.regs = wo_pk.staged = wo_pk.reused = wo_pk.captured = wo_pk.failed = wo_pk.unused =
+        wo_pk.writes = 0;
+    wo_pk.off_row = wo_pk.not_reader = wo_pk.checked = wo_pk.check_mismatch = 0;
     __atomic_store_n(&wo_picks_const_words, 0, __ATOMIC_RELAXED);
-    memset(&pk.off_kerns, 0, sizeof(pk.off_kerns));
-    memset(&pk.nr_kerns, 0, sizeof(pk.nr_kerns));
+    memset(&wo_pk.off_kerns, 0, sizeof(wo_pk.off_kerns));
+    memset(&wo_pk.nr_kerns, 0, sizeof(wo_pk.nr_kerns));
     wo_picks_kern_forget();
-    pk.resident = 0;
-    pk.whole_bytes = 0;
+    wo_pk.resident = 0;
+    wo_pk.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));
     __atomic_store_n(&wo_picks_any, 0, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&pk.lock);
+    pthread_mutex_unlock(&wo_pk.lock);
 }
