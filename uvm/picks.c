@@ -498,18 +498,11 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     return true;
 }
 
-/* Early copies: the tensors registered with the same picks as one this
- * launch staged on the copy engine (a layer's gate_up and down: the Python
- * hook registers a module's expert tensors before its first launch), by the
- * same thread, are copied now, behind it on the copy stream; their own
- * launches, later on the stream, wait for them (wo_pool_buffer) and reuse
- * the buffer. The copy engine then moves down's rows while the engine runs
- * gate_up's GEMM, where it waited for down's launch before (the copy
- * thread's latency twice a layer: bench/results,
- * bigload-20261203-moe128-f05-engine-h200). WOFFLOAD_PICKS_EARLY. */
 /* The span this thread's last staged launch read (early copies learn from
  * it which tensor's launch follows which). */
 static __thread int last_span = -1;
+static __thread uint64_t last_stream; /* and its stream: a successor on another stream
+                                       * would find no early copy in its own buffers */
 
 static bool same_picks(const struct span *s, const struct span *f)
 {
@@ -517,6 +510,16 @@ static bool same_picks(const struct span *s, const struct span *f)
            s->stride == f->stride && s->width == f->width && pthread_equal(s->owner, f->owner);
 }
 
+/* Early copies: when a launch's copy went to the copy engine, the tensor
+ * whose launch came next last time on this thread and stream, registered
+ * with the same picks by the same thread (a layer's gate_up, then down: the
+ * Python hook registers a module's expert tensors before its first launch)
+ * and not read yet at this registration, is copied now, behind it on the
+ * copy stream; its own launch, later on the stream, waits for it
+ * (wo_pool_buffer) and reuses the buffer. The copy engine then moves down's
+ * rows while the engine runs gate_up's GEMM, where it waited for down's
+ * launch before (the copy thread's latency twice a layer: bench/results,
+ * bigload-20261203-moe128-f05-engine-h200). WOFFLOAD_PICKS_EARLY. */
 static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
                          const struct wo_picks_move *moves, unsigned n, unsigned taken)
 {
@@ -653,8 +656,9 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             }
             s->ran = s->seq;
             if (last_span >= 0 && last_span < (int)wo_pk.n && last_span != (int)i)
-                wo_pk.s[last_span].next = (int)i;
+                wo_pk.s[last_span].next = last_stream == stream ? (int)i : -1;
             last_span = (int)i;
+            last_stream = stream;
             wo_picks_kern_note(&s->kerns, key, d);
             moves[n++] =
                 (struct wo_picks_move){.from = s->lo, .to = s->hi, .dev = b->dev, .row = s->row};
