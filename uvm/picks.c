@@ -419,9 +419,11 @@ static bool engine_wanted(const struct span *s)
 }
 
 /* Copies span i's picked rows into b of t, for the launch about to go on
- * t's stream (the copy engine's or the kernels'). With early, for a later
- * launch instead: only on the copy engine, the stream not waiting now
- * (b->later: its job). False: nothing was copied. */
+ * t's stream (the copy engine's or the kernels'). On the copy engine the
+ * stream does not wait yet: b->later is the job, waited for by the launch
+ * (wait_jobs, after its early copies are queued) or, with early, by the
+ * later launch that reads it (only the copy engine then). False: nothing
+ * was copied. */
 static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo_pool_buf *b, int i,
                     bool early)
 {
@@ -467,7 +469,7 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                                .wseq = s->wseq,
                                .pinned = s->source == SRC_PINNED,
                                .rows = &wo_pk.dma_rows[i],
-                               .later = early ? &later : NULL};
+                               .later = &later};
         if (wo_dma_enqueue(d, wo_pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j,
                            wo_pk.mark, wo_pk.copy, wo_pk.fill)) {
             b->gen = gen;
@@ -562,6 +564,34 @@ static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
             wo_pk.whole_bytes += s->hi - s->lo;
         }
     }
+}
+
+/* The launch's own copy-engine jobs (its buffers in taken), waited for on
+ * its stream now that its early copies' ids and events are queued ahead of
+ * the wait: the copy thread serves them back to back. A wait that fails
+ * (the copy engine given up) takes the buffer's move out: that tensor is
+ * read in place. Returns the moves left. */
+static unsigned wait_jobs(const struct wo_driver *d, struct wo_pool_strm *t, unsigned taken,
+                          struct wo_picks_move *moves, unsigned n)
+{
+    for (unsigned k = 0; k < WO_PICKS_BUFS; k++) {
+        struct wo_pool_buf *b = &t->b[k];
+
+        if (!(taken & 1u << k) || !b->later)
+            continue;
+        if (wo_dma_wait(d, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, b->later)) {
+            b->later = 0;
+            continue;
+        }
+        for (unsigned m = 0; m < n; m++)
+            if (moves[m].dev == b->dev) {
+                moves[m] = moves[--n];
+                wo_pk.failed++;
+                break;
+            }
+        b->span = -1; /* its copies may land later: waited for at its next use */
+    }
+    return n;
 }
 
 static bool skipped(uint64_t a, const uint64_t *from, const uint64_t *to, unsigned n)
@@ -666,6 +696,8 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
     }
     if (issuing && wo_settings()->picks_early)
         early_copies(d, issuing, moves, n, taken);
+    if (issuing)
+        n = wait_jobs(d, issuing, taken, moves, n);
     /* its buffers are not lent to another stream until its launch call */
     if (issuing)
         wo_pool_issuing(issuing);
