@@ -791,8 +791,7 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits)
 {
     bool r = false, hot = wo_picks_hot_total() != 0;
 
-    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) ||
-        (!hot && !wo_uvm_picks_engine()))
+    if (!__atomic_load_n(&wo_picks_any, __ATOMIC_ACQUIRE) || (!hot && !wo_uvm_picks_engine()))
         return false;
     pthread_mutex_lock(&wo_pk.lock);
     for (unsigned h = 0; h < nhits && !r; h++) {
