@@ -649,77 +649,6 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
     return failures ? 1 : 0;
 }
 
-/* Early copies (WOFFLOAD_PICKS_EARLY, the -early test): both tensors
- * registered with the same ids before either launches, as the Python hook
- * registers a layer's gate_up and down, then launched one after the other
- * with no sync between. With the copy engine on, the second's rows are
- * copied with the first's and its launch waits for them on the device: with
- * the fake's streams behind and its events late, a launch that did not wait
- * would read its buffer before the copies land. Every read exact; every
- * early copy read by its launch; none with WOFFLOAD_PICKS_EARLY=0. */
-static int early_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned),
-                       long (*stats)(char *, size_t),
-                       CUresult (*htod)(CUdeviceptr, const void *, size_t),
-                       CUresult (*dtoh)(void *, CUdeviceptr, size_t),
-                       CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned,
-                                          unsigned, unsigned, unsigned, CUstream, void **, void **),
-                       CUresult (*sync)(CUstream), CUresult (*alloc)(CUdeviceptr *, size_t),
-                       CUfunction kg, CUstream s, CUdeviceptr ids, CUdeviceptr out,
-                       unsigned char *const host[2])
-{
-    uint64_t ref[2][TOKENS * TOPK], got[TOKENS * TOPK];
-    CUdeviceptr outs[2] = {out, 0};
-    const char *ev = getenv("WOFFLOAD_PICKS_EARLY");
-    bool want = engine_on() && !(ev && strcmp(ev, "0") == 0);
-    char *js;
-
-    CHECK(alloc(&outs[1], sizeof(got)) == CUDA_SUCCESS);
-    for (int step = 0; step < STEPS; step++) {
-        uint64_t n = TOKENS * TOPK, width = 8;
-        int64_t id64[TOKENS * TOPK];
-
-        for (int k = 0; k < TOKENS * TOPK; k++) {
-            id64[k] = (int64_t)(rng() % E);
-            for (int t = 0; t < 2; t++)
-                ref[t][k] =
-                    host_sum((const uint64_t *)(host[t] + id64[k] * row_of[t]), row_of[t] / 8);
-        }
-        CHECK(htod(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
-        for (int t = 0; t < 2; t++)
-            CHECK(picks((void *)(uintptr_t)w[t], E * row_of[t], E, (void *)(uintptr_t)ids, n, 8) ==
-                  0);
-        for (int t = 0; t < 2; t++) {
-            uint64_t row = row_of[t];
-            void *params[] = {&w[t], &ids, &n, &width, &row, &outs[t], &n, &n};
-            CHECK(launch(kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
-        }
-        CHECK(sync(s) == CUDA_SUCCESS);
-        for (int t = 0; t < 2; t++) {
-            CHECK(dtoh(got, outs[t], sizeof(got)) == CUDA_SUCCESS);
-            CHECK(memcmp(got, ref[t], sizeof(got)) == 0);
-        }
-        for (int t = 0; t < 2; t++)
-            CHECK(picks((void *)(uintptr_t)w[t], E * row_of[t], E, NULL, 0, 0) == 0);
-        if (failures)
-            return 1;
-    }
-    js = snapshot(stats);
-    CHECK(js != NULL);
-    if (js) {
-        long long early = json_num(js, "},\"tensors\":", "\"early\":");
-        long long used = json_num(js, "},\"tensors\":", "\"early_used\":");
-
-        fprintf(stderr, "early: %lld copies, %lld read (wanted: %d)\n", early, used, want);
-        /* the first step probes the stream: from the second on, each step's
-         * second tensor is copied early */
-        CHECK(want ? early >= STEPS - 1 && used == early : early == 0);
-        CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
-        free(js);
-    }
-    check_summary("test-picks-preload early child");
-    return failures ? 1 : 0;
-}
-
 /* Hot experts (prefetch.hot_experts, uvm/picks-hot.h): the router prefers
  * experts 0-3 (three of a step's four picks), the fourth pick is any
  * other. Every launch reads right throughout:
@@ -738,7 +667,8 @@ static int early_child(int (*picks)(const void *, size_t, unsigned, const void *
  *    than the set left, that one too; then rows from host, and no set made
  *    again. */
 #define HOT_STEPS 160
-struct hot_env {
+/* A child's driver entry points and buffers (the early and hot children's). */
+struct child_env {
     int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
     long (*stats)(char *, size_t);
     CUresult (*htod)(CUdeviceptr, const void *, size_t);
@@ -752,10 +682,74 @@ struct hot_env {
     unsigned char *host[2];
 };
 
+/* Early copies (WOFFLOAD_PICKS_EARLY, the -early test): both tensors
+ * registered with the same ids before either launches, as the Python hook
+ * registers a layer's gate_up and down, then launched one after the other
+ * with no sync between. With the copy engine on, the second's rows are
+ * copied with the first's and its launch waits for them on the device: with
+ * the fake's streams behind and its events late, a launch that did not wait
+ * would read its buffer before the copies land. Every read exact; every
+ * early copy read by its launch; none with WOFFLOAD_PICKS_EARLY=0. */
+static int early_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr *, size_t),
+                       CUstream s)
+{
+    uint64_t ref[2][TOKENS * TOPK], got[TOKENS * TOPK];
+    CUdeviceptr outs[2] = {h->out, 0};
+    const char *ev = getenv("WOFFLOAD_PICKS_EARLY");
+    bool want = engine_on() && !(ev && strcmp(ev, "0") == 0);
+    char *js;
+
+    CHECK(alloc(&outs[1], sizeof(got)) == CUDA_SUCCESS);
+    for (int step = 0; step < STEPS; step++) {
+        uint64_t n = TOKENS * TOPK, width = 8;
+        int64_t id64[TOKENS * TOPK];
+
+        for (int k = 0; k < TOKENS * TOPK; k++) {
+            id64[k] = (int64_t)(rng() % E);
+            for (int t = 0; t < 2; t++)
+                ref[t][k] =
+                    host_sum((const uint64_t *)(h->host[t] + id64[k] * row_of[t]), row_of[t] / 8);
+        }
+        CHECK(h->htod(h->ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+        for (int t = 0; t < 2; t++)
+            CHECK(h->picks((void *)(uintptr_t)w[t], E * row_of[t], E, (void *)(uintptr_t)h->ids, n,
+                           8) == 0);
+        for (int t = 0; t < 2; t++) {
+            uint64_t row = row_of[t];
+            void *params[] = {&w[t], (void *)&h->ids, &n, &width, &row, &outs[t], &n, &n};
+            CHECK(h->launch(h->kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+        }
+        CHECK(h->sync(s) == CUDA_SUCCESS);
+        for (int t = 0; t < 2; t++) {
+            CHECK(h->dtoh(got, outs[t], sizeof(got)) == CUDA_SUCCESS);
+            CHECK(memcmp(got, ref[t], sizeof(got)) == 0);
+        }
+        for (int t = 0; t < 2; t++)
+            CHECK(h->picks((void *)(uintptr_t)w[t], E * row_of[t], E, NULL, 0, 0) == 0);
+        if (failures)
+            return 1;
+    }
+    js = snapshot(h->stats);
+    CHECK(js != NULL);
+    if (js) {
+        long long early = json_num(js, "},\"tensors\":", "\"early\":");
+        long long used = json_num(js, "},\"tensors\":", "\"early_used\":");
+
+        fprintf(stderr, "early: %lld copies, %lld read (wanted: %d)\n", early, used, want);
+        /* the first step probes the stream: from the second on, each step's
+         * second tensor is copied early */
+        CHECK(want ? early >= STEPS - 1 && used == early : early == 0);
+        CHECK(json_num(js, "},\"tensors\":", "\"failed\":") == 0);
+        free(js);
+    }
+    check_summary("test-picks-preload early child");
+    return failures ? 1 : 0;
+}
+
 /* One step of tensor t on stream on (through graph ge when given: a
  * capture of the gather on tensor 0): picks drawn and registered, the
  * launch, every sum checked, the picks cleared. */
-static void hot_step(const struct hot_env *h, int t, int step, CUstream on, CUgraphExec ge)
+static void hot_step(const struct child_env *h, int t, int step, CUstream on, CUgraphExec ge)
 {
     uint64_t n = TOKENS * TOPK, width = 8, row = row_of[t];
     void *params[] = {&w[t], (void *)&h->ids, &n, &width, &row, (void *)&h->out, &n, &n};
@@ -786,7 +780,7 @@ static void hot_step(const struct hot_env *h, int t, int step, CUstream on, CUgr
         usleep(5000);
 }
 
-static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
+static int hot_child(const struct child_env *h, void *cu, CUstream s, CUstream s2,
                      CUresult (*capture_begin)(CUstream, CUstreamCaptureMode),
                      CUresult (*capture_end)(CUstream, CUgraph *),
                      CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long),
@@ -947,7 +941,7 @@ static int hot_child(const struct hot_env *h, void *cu, CUstream s, CUstream s2,
  * the free device memory less the managed margin (a 256 MiB device, 16
  * MiB): room for every expert of both tensors, so every row comes from the
  * device once the sets are filled. */
-static int hot_auto_child(const struct hot_env *h, CUstream s)
+static int hot_auto_child(const struct child_env *h, CUstream s)
 {
     long long total;
     char *js = snapshot(h->stats);
@@ -1150,14 +1144,21 @@ static int child(void)
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 1, 2, 4) == -EFAULT);
     CHECK(picks_rows((void *)(uintptr_t)w[0], E * ROW0, E, host[0], 2, 2, 4, 4) == -EFAULT);
 
+    const struct child_env h = {picks,
+                                stats,
+                                p_cuMemcpyHtoD,
+                                p_cuMemcpyDtoH,
+                                p_cuLaunchKernel,
+                                p_cuStreamSync,
+                                p_cuGraphLaunch,
+                                kg,
+                                ids,
+                                out,
+                                {host[0], host[1]}};
     if (getenv("WO_PICKS_TEST_EARLY") && getenv("WO_PICKS_TEST_ENGINE") &&
         strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
-        return early_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
-                           p_cuStreamSync, p_cuMemAlloc, kg, s, ids, out, host);
+        return early_child(&h, p_cuMemAlloc, s);
     if (getenv("WO_PICKS_TEST_HOT")) {
-        const struct hot_env h = {picks,          stats,        p_cuMemcpyHtoD, p_cuMemcpyDtoH,
-                                  p_cuLaunchKernel, p_cuStreamSync, p_cuGraphLaunch, kg,
-                                  ids,            out,          {host[0], host[1]}};
         CUstream s2;
 
         CHECK(p_cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);

@@ -845,13 +845,7 @@ bool wo_dma_wait(const struct wo_driver *d, unsigned ix, CUstream stream, uint32
      * here (the copies are done when it is written), and the launch reads
      * them; past HOST_WAIT_NS the kernels copy. The copy engine is not used
      * again. */
-    bool there = false;
-    for (uint64_t t0 = now_ns(); !(there = reached(
-                                       __atomic_load_n(&dm.flags[ix], __ATOMIC_ACQUIRE), seq)) &&
-                                 now_ns() - t0 < HOST_WAIT_NS;) {
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
-    }
+    bool there = wo_dma_done(ix, seq);
     pthread_mutex_lock(&dm.lock);
     dm.broken = true;
     dm.f.waits_refused++;

@@ -179,11 +179,22 @@ static bool lend(const struct wo_driver *d, struct wo_pool_strm *o, struct wo_po
     return true;
 }
 
+/* t's least recently used entry of the first nb not in taken, -1 none. */
+static int lru(const struct wo_pool_strm *t, unsigned nb, unsigned taken)
+{
+    int b = -1;
+
+    for (unsigned k = 0; k < nb; k++)
+        if (!(taken & 1u << k) && (b < 0 || t->b[k].tick < t->b[b].tick))
+            b = (int)k;
+    return b;
+}
+
 struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_strm *t, int span,
                                    uint32_t seq, uint64_t need, unsigned nb, unsigned taken,
                                    bool *fresh, int64_t *delta, CUresult *alloc)
 {
-    struct wo_pool_buf *b = NULL, *x;
+    struct wo_pool_buf *b, *x;
     struct wo_pool_strm *o = NULL;
 
     *fresh = false;
@@ -194,10 +205,8 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     for (unsigned k = 0; k < nb; k++)
         if (t->b[k].span == span && t->b[k].seq == seq && t->b[k].dev)
             return settle(d, t, &t->b[k], false) ? &t->b[k] : NULL;
-    for (unsigned k = 0; k < nb; k++)
-        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
-            b = &t->b[k];
-    if (!b || !settle(d, t, b, false))
+    int l = lru(t, nb, taken);
+    if (l < 0 || !settle(d, t, b = &t->b[l], false))
         return NULL;
     *fresh = true;
     if (b->size >= need)
@@ -242,12 +251,9 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
 
 bool wo_pool_room(const struct wo_pool_strm *t, uint64_t need, unsigned nb, unsigned taken)
 {
-    const struct wo_pool_buf *b = NULL;
+    int k = lru(t, nb, taken);
 
-    for (unsigned k = 0; k < nb; k++)
-        if (!(taken & 1u << k) && (!b || t->b[k].tick < b->tick))
-            b = &t->b[k];
-    return b && b->dev && b->size >= need;
+    return k >= 0 && t->b[k].dev && t->b[k].size >= need;
 }
 
 void wo_pool_forget_span(int span)

@@ -442,13 +442,9 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                               .src = s->lo,
                               .row = s->row,
                               .rows = wo_pk.rows + (CUdeviceptr)i * sizeof(uint64_t)};
-
     uint32_t later = 0;
 
-    /* with hot experts asked, each tensor's launch may make its hot set */
-    if (early && (!engine_wanted(s) || wo_picks_hot_total()))
-        return false;
-    if (!early)
+    if (!early) /* early_copies asks for none */
         make_hot(d, t, i);
     if (s->hot && wo_hot_prepare(d, s->hot, t->stream, s->lo, s->regs, wo_pk.fill)) {
         wo_hot_args(s->hot, t->stream, &c.where, &c.cache, &c.counts);
@@ -520,49 +516,51 @@ static bool same_picks(const struct span *s, const struct span *f)
  * copy stream; its own launch, later on the stream, waits for it
  * (wo_pool_buffer) and reuses the buffer. The copy engine then moves down's
  * rows while the engine runs gate_up's GEMM, where it waited for down's
- * launch before (the copy thread's latency twice a layer: bench/results,
- * bigload-20261203-moe128-f05-engine-h200). WOFFLOAD_PICKS_EARLY. */
+ * launch before (at b32 the step was 5.9 ms over the copies and the
+ * engine's own step; the copy thread's latency twice a layer is the guess,
+ * not measured: bench/results, bigload-20261203-moe128-f05-engine-h200).
+ * WOFFLOAD_PICKS_EARLY. */
 static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
                          const struct wo_picks_move *moves, unsigned n, unsigned taken)
 {
+    /* with hot experts asked, each tensor's own launch may make its hot set */
+    if (wo_picks_hot_total())
+        return;
     for (unsigned m = 0; m < n; m++) {
-        int a = find_span(moves[m].from, moves[m].to);
+        int a = find_span(moves[m].from, moves[m].to), i = a >= 0 ? wo_pk.s[a].next : -1;
         unsigned group = 0;
+        struct wo_pool_buf *b;
+        struct span *s;
+        bool fresh;
 
-        if (a < 0 || !wo_pk.s[a].ids || !engine_wanted(&wo_pk.s[a]))
+        /* the tensor whose launch came next last time (down, after gate_up:
+         * one launched later would find its early copy overwritten), with
+         * the same picks, not read yet at this registration */
+        if (i < 0 || i >= (int)wo_pk.n || i == a || !engine_wanted(&wo_pk.s[a]))
+            continue;
+        s = &wo_pk.s[i];
+        if (!same_picks(s, &wo_pk.s[a]) || s->ran == s->seq || !s->offdev || !engine_wanted(s) ||
+            wo_budget_resident_whole(s->rid, s->rgen))
             continue;
         /* one layer's tensors only: more with the same ids (an engine that
          * registers every layer at once, its layers' ids at one address
          * the graph reuses) would be copied by this layer's picks */
-        for (unsigned i = 0; i < wo_pk.n; i++)
-            group += same_picks(&wo_pk.s[i], &wo_pk.s[a]);
+        for (unsigned k = 0; k < wo_pk.n; k++)
+            group += same_picks(&wo_pk.s[k], &wo_pk.s[a]);
         if (group > EARLY_GROUP)
             continue;
-        /* the tensor whose launch came next the last time (down, after
-         * gate_up): an early copy for one launched later would be
-         * overwritten first with two buffers */
-        for (int i = wo_pk.s[a].next; i >= 0 && i < (int)wo_pk.n; i = -1) {
-            struct span *s = &wo_pk.s[i];
-            struct wo_pool_buf *b;
-            bool fresh;
-
-            /* not read already at this registration */
-            if (i == a || !same_picks(s, &wo_pk.s[a]) || s->ran == s->seq || !s->offdev ||
-                !engine_wanted(s) || wo_budget_resident_whole(s->rid, s->rgen))
-                continue;
-            /* only into a buffer of t's that is there: its launch grows or lends one */
-            if (!wo_pool_room(t, need_of(s), bufs(), taken) ||
-                !(b = buffer_for(d, t, (int)i, taken, &fresh)))
-                return;
-            if (!fresh || !enqueue(d, t, b, (int)i, true))
-                continue;
-            taken |= 1u << (b - t->b);
-            b->tick = ++wo_pk.tick;
-            s->staged++;
-            wo_pk.staged++;
-            wo_pk.early++;
-            wo_pk.whole_bytes += s->hi - s->lo;
-        }
+        /* only into a buffer of t's that is there: its launch grows or lends one */
+        if (!wo_pool_room(t, need_of(s), bufs(), taken) ||
+            !(b = buffer_for(d, t, i, taken, &fresh)))
+            return;
+        if (!fresh || !enqueue(d, t, b, i, true))
+            continue;
+        taken |= 1u << (b - t->b);
+        b->tick = ++wo_pk.tick;
+        s->staged++;
+        wo_pk.staged++;
+        wo_pk.early++;
+        wo_pk.whole_bytes += s->hi - s->lo;
     }
 }
 

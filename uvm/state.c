@@ -209,28 +209,23 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
 
 unsigned wo_uvm_picks_engine(void)
 {
-    static int eager = -1; /* unknown, 0, 1 */
+    static int eager = -1; /* unknown, 0, 1: read once */
     unsigned pct = wo_settings()->picks_engine;
     int e = __atomic_load_n(&eager, __ATOMIC_ACQUIRE);
 
-    if (!pct)
-        return 0;
-    if (e < 0) {
-        const char *v = getenv("CUDA_MODULE_LOADING");
-        int want = -1;
-
-        e = v && strcasecmp(v, "EAGER") == 0;
-        if (__atomic_compare_exchange_n(&eager, &want, e, false, __ATOMIC_ACQ_REL,
-                                        __ATOMIC_ACQUIRE) &&
-            !e)
-            wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
-                    "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
-                    "lazily while an engine stream waits for the copy thread hangs the GPU: "
-                    "docs/placement.md, Picked experts on the copy engine)",
-                    pct, v ? v : "unset");
-        e = __atomic_load_n(&eager, __ATOMIC_ACQUIRE);
-    }
-    return e ? pct : 0;
+    if (!pct || e >= 0)
+        return e > 0 ? pct : 0;
+    const char *v = getenv("CUDA_MODULE_LOADING");
+    int now = v && strcasecmp(v, "EAGER") == 0;
+    /* the first caller says it; another's answer is the same */
+    if (__atomic_compare_exchange_n(&eager, &e, now, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
+        !now)
+        wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
+                "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
+                "lazily while an engine stream waits for the copy thread hangs the GPU: "
+                "docs/placement.md, Picked experts on the copy engine)",
+                pct, v ? v : "unset");
+    return now ? pct : 0;
 }
 
 bool wo_uvm_gate_armed(void)
