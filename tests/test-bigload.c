@@ -24,6 +24,10 @@
  *   fit:  a fit: policy: window memory is advised to the host before the
  *         engine writes it; seal chooses what fits the device (attention
  *         first, experts last) and the rest stays host.
+ *   fitgap: a MiB of each weight's allocation no name covers: it goes to
+ *         the device with the default, and comes out of fit's budget.
+ *   fitctx: the context's own growth after seal (a module) takes fit's
+ *         reserve with the engine's allocations: a weight yields sooner.
  *   fityield, fitoom: fit's device weights yield to the host for the
  *         engine's allocations after seal: past fit's reserve, before they
  *         are made; on a device full of memory fit does not count, at the
@@ -222,6 +226,7 @@ static int child(const char *scenario)
      * MoE model: a size tells the two apart) */
     const bool expect = strstr(scenario, "expect") != NULL;
     const bool hand = strncmp(scenario, "hand", 4) == 0;
+    const bool gap = strcmp(scenario, "fitgap") == 0;
     /* fitfirst and fitlate: 24 weights show the order as well as 48 */
     const bool first = strcmp(scenario, "fitfirst") == 0 || strcmp(scenario, "fitlate") == 0 ||
                        strncmp(scenario, "fitexpect", 9) == 0;
@@ -298,7 +303,9 @@ static int child(const char *scenario)
             }
             fill(buf, sz[i] / 8, i);
             CHECK(p_htod(w[i], buf, sz[i]) == CUDA_SUCCESS);
-            CHECK(p_tag((void *)(uintptr_t)w[i], sz[i], name) == 0);
+            /* fitgap: the name covers all but the last MiB (a caching
+             * allocator's free block beside a weight in its segment) */
+            CHECK(p_tag((void *)(uintptr_t)w[i], sz[i] - (gap ? MiB : 0), name) == 0);
         }
     }
     if (expect) {
@@ -415,6 +422,27 @@ static int child(const char *scenario)
             CUresult (*p_unload)(CUmodule) = need(cu, "cuModuleUnload");
             CHECK(p_unload(mod) == CUDA_SUCCESS);
         }
+    }
+    if (strcmp(scenario, "fitctx") == 0) {
+        /* a module of 16 MiB (WOFAKE_MODULE_BYTES: the context's own
+         * growth), seen at the engine's first allocation after seal; the
+         * next one (1 + 16 + 12 MiB) passes the 24 MiB reserve: a weight
+         * yields before it is made */
+        CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
+        CUresult (*p_unload)(CUmodule) = need(cu, "cuModuleUnload");
+        CUmodule mod = NULL;
+        CUdeviceptr a1 = 0, a2 = 0;
+
+        CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&a1, MiB) == CUDA_SUCCESS);
+        CHECK(p_cuMemAlloc(&a2, 12 * MiB) == CUDA_SUCCESS);
+        read_back(p_dtoh, w, sz, NW, buf, back);
+        if (a2)
+            CHECK(p_cuMemFree(a2) == CUDA_SUCCESS);
+        if (a1)
+            CHECK(p_cuMemFree(a1) == CUDA_SUCCESS);
+        if (mod)
+            CHECK(p_unload(mod) == CUDA_SUCCESS);
     }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
@@ -717,6 +745,41 @@ int main(int argc, char **argv)
         dump_on_failure(f0, "fitreserve96", stats, err);
     }
 
+    /* fitgap: fitreserve96 with a MiB of each weight's allocation that no
+     * name covers. The 12 allocations served as managed memory (the cap's;
+     * the pinned ones stay on the host) put 12 MiB of them on the device
+     * with the default, out of the budget (112 - 12 = 100 MiB, the reserve
+     * 24 MiB): 10 of the 7 MiB weights. Every byte reads back. */
+    if (want(argc, argv, "fitgap")) {
+        f0 = failures;
+        rc =
+            run(argv, "fitgap", fit_reserve96_policy, NULL, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"budget\":104857600,") != NULL);
+        CHECK(strstr(stats, "\"untagged_bytes\":12582912}") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":73400320,") != NULL);
+        CHECK(strstr(err, "less 12.00 MiB of the engine's allocations that no name covers") !=
+              NULL);
+        dump_on_failure(f0, "fitgap", stats, err);
+    }
+
+    /* fitctx: fitreserve96, then the context grows 16 MiB after seal (a
+     * module), measured at the engine's first allocation: it takes fit's
+     * reserve with the engine's allocations, and the second (1 + 16 + 12
+     * MiB against 24) makes a weight yield first. Every weight reads back. */
+    if (want(argc, argv, "fitctx")) {
+        char envx[] = "WOFAKE_MODULE_BYTES=16M";
+        const char *envc[] = {envx, NULL};
+
+        f0 = failures;
+        rc =
+            run(argv, "fitctx", fit_reserve96_policy, envc, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"yielded_bytes\":8388608,\"yields\":1,") != NULL);
+        CHECK(strstr(err, "the CUDA context grew by 16.00 MiB beyond the allocations") != NULL);
+        dump_on_failure(f0, "fitctx", stats, err);
+    }
+
     /* fitmemo: fitreserve's budget with `reserve: auto` and a memo file
      * (WOFFLOAD_FIT_MEMO) that does not exist yet: the first run reserves
      * the default (256 MiB, held to 56), the engine allocates 20 MiB after
@@ -739,7 +802,7 @@ int main(int argc, char **argv)
                  sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
-        CHECK(strstr(stats, "\"engine_peak_bytes\":20971520}") != NULL);
+        CHECK(strstr(stats, "\"engine_peak_bytes\":20971520,") != NULL);
         CHECK(strstr(err, "56.00 MiB of it kept for what the engine allocates after seal "
                           "(reserve auto: no run before, the default)") != NULL);
         CHECK(strstr(err, "the next run reserves 32.00 MiB (kept in ") != NULL);
@@ -897,7 +960,7 @@ int main(int argc, char **argv)
                           "48.00 MiB") != NULL);
         /* the high water of the engine's allocations after seal, and the
          * reserve the exit summary names for the next run */
-        CHECK(strstr(stats, "\"engine_peak_bytes\":104857600}") != NULL);
+        CHECK(strstr(stats, "\"engine_peak_bytes\":104857600,") != NULL);
         CHECK(strstr(err, "fit: the engine's allocations after seal reached 100.00 MiB against a "
                           "reserve of 0 B: 1 yields moved 48.00 MiB of fit's device weights to "
                           "the host; fit: {reserve: 128.00 MiB} keeps them") != NULL);

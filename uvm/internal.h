@@ -180,6 +180,8 @@ struct wo_uvm_state {
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
         uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
         uint64_t picks_bytes;   /* kept for the picked copies' buffers */
+        uint64_t untagged_bytes; /* the engine's placeable allocations' bytes no name covers,
+                                  * on the device with the default: out of the budget */
         uint64_t returned_bytes; /* ... placed on the device for good: the slots stayed empty */
         uint64_t yielded_bytes;  /* fit's device weights moved to the host for the engine's
                                   * allocations after seal (wo_place_fit_yield) */

@@ -478,7 +478,11 @@ void wo_uvm_engine_alloc_ahead(size_t size)
 
     pthread_mutex_lock(&wo_uvm.lock);
     if (counted_after_seal(WO_API_CU_MEM_ALLOC)) {
-        uint64_t will = wo_uvm.fit.engine_after + size;
+        /* the context's own growth since seal (kernels, local memory: no
+         * allocation shows it, wo_place_fit_sample measures it) takes the
+         * same reserve: on the H200 0.46 GiB of a process that ran 1.02
+         * GiB past the fit size (bench/results/bigload-20261203b-moe128-early-h200) */
+        uint64_t will = wo_uvm.fit.engine_after + wo_uvm.fit.untracked + size;
         uint64_t over = will > wo_uvm.fit.reserve_bytes ? will - wo_uvm.fit.reserve_bytes : 0;
 
         if (over > wo_uvm.fit.yielded_bytes)
