@@ -895,7 +895,9 @@ def main() -> int:
             md += (f"\n\n{r['name']}: fit budget {fit['budget'] / 2**20:.0f} MiB: weights "
                    f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "
                    f"{fit.get('staging_bytes', 0) / 2**20:.0f} MiB, kept for what the engine allocates "
-                   f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB; "
+                   f"after seal {fit.get('reserve_bytes', 0) / 2**20:.0f} MiB, picked copies' "
+                   f"buffers {fit.get('picks_bytes', 0) / 2**20:.0f} MiB, the engine's bytes no "
+                   f"name covers {fit.get('untagged_bytes', 0) / 2**20:.0f} MiB; "
                    f"{fit.get('yielded_bytes', 0) / 2**20:.0f} MiB yielded in {fit.get('yields', 0)} "
                    f"yields; the engine's allocations after seal peaked at "
                    f"{fit.get('engine_peak_bytes', 0) / 2**20:.0f} MiB")
