@@ -457,6 +457,14 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe128-shim-experts-managed-13g-nopicks", "moe128", batches=[1, 8, 32], prefill=0,
       **BATCH, policy="experts-managed-13g", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_PICKS": "0"}),
+    # ... on the copy engine (WOFFLOAD_PICKS_ENGINE=50) with its early copies
+    # (a layer's down copied behind gate_up), and without them
+    S("batchdef-moe128-shim-experts-host-all-engine", "moe128", batches=[1, 8, 32], prefill=0,
+      **BATCH, policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_PICKS_ENGINE": "50"}),
+    S("batchdef-moe128-shim-experts-host-all-engine-late", "moe128", batches=[1, 8, 32],
+      prefill=0, **BATCH, policy="experts-host-all", offload="experts:all",
+      ref="batchdef-moe128-gpu", env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}),
     # hot experts (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts"): the
     # picked copies take the rows of each layer's most picked experts from
     # the device; half the experts' bytes for them (13 GiB, the managed
