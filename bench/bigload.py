@@ -744,7 +744,8 @@ def main() -> int:
                          "fit-engine (fit with WOFFLOAD_PICKS_ENGINE=50: picked copies on the copy engine "
                          "from half the experts picked; early copies on, WOFFLOAD_PICKS_EARLY's default), "
                          "fit-engine-late (the same with WOFFLOAD_PICKS_EARLY=0: each tensor's copy queued "
-                         "at its own launch), fp8")
+                         "at its own launch), fit-engine-all (WOFFLOAD_PICKS_ENGINE=1: every picked copy "
+                         "on the copy engine, b1's 6%% too), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -780,7 +781,8 @@ def main() -> int:
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
-             "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fit-engine-late", "fp8"}
+             "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fit-engine-late",
+             "fit-engine-all", "fp8"}
     if set(runs) - known:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
                  f"(known: {', '.join(sorted(known))})")
@@ -847,6 +849,9 @@ def main() -> int:
         if "fit-engine-late" in runs:
             both(dict(base, name=f"fit-engine-late-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}))
+        if "fit-engine-all" in runs:
+            both(dict(base, name=f"fit-engine-all-{f}", fraction=f, shim=True, policy=fitkey,
+                      env={"WOFFLOAD_PICKS_ENGINE": "1"}))
         if "fit-auto" in runs:
             # fit with `reserve: auto`, twice: the first run keeps the
             # engine's high water after seal in a memo file, the second
