@@ -10,6 +10,7 @@
 #include "uvm/picks-copy.h"
 #include "uvm/picks-hot.h"
 #include "uvm/picks-kern.h"
+#include "uvm/picks.h"
 
 struct span {
     uint64_t lo, hi;    /* the tensor: [lo, hi) */
@@ -68,13 +69,7 @@ struct wo_picks_state {
     struct wo_picks_hot
         *retired[WO_PICKS_SPANS]; /* hot sets of tensors gone (freed with the rest) */
     unsigned nretired;
-    uint64_t regs, staged, reused, captured, failed, unused, writes, whole_bytes, resident;
-    uint64_t early, early_used; /* early copies (enqueue: later), and those a launch read */
-    uint64_t off_row; /* launches whose words fell in a registered tensor off an expert's row */
-    struct wo_picks_kerns off_kerns;  /* their kernels */
-    uint64_t not_reader;              /* launches of kernels not (yet) seen reading two tensors */
-    struct wo_picks_kerns nr_kerns;   /* their kernels */
-    uint64_t checked, check_mismatch; /* WOFFLOAD_STREAM_CHECK's launches, and those wrong */
+    struct wo_picks_counts c; /* the report's counts (uvm/picks.h) */
     bool said_on, said_fail, said_hot;
 };
 

@@ -15,24 +15,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
 {
     memset(t, 0, sizeof(*t));
     pthread_mutex_lock(&wo_pk.lock);
-    t->regs = wo_pk.regs;
-    t->staged = wo_pk.staged;
-    t->reused = wo_pk.reused;
-    t->early = wo_pk.early;
-    t->early_used = wo_pk.early_used;
-    t->captured = wo_pk.captured;
-    t->failed = wo_pk.failed;
-    t->unused = wo_pk.unused;
-    t->writes = wo_pk.writes;
-    t->resident = wo_pk.resident;
-    t->off_row = wo_pk.off_row;
-    t->off_kerns = wo_pk.off_kerns;
-    t->not_reader = wo_pk.not_reader;
+    t->c = wo_pk.c;
     t->const_words = __atomic_load_n(&wo_picks_const_words, __ATOMIC_RELAXED);
-    t->nr_kerns = wo_pk.nr_kerns;
-    t->checked = wo_pk.checked;
-    t->check_mismatch = wo_pk.check_mismatch;
-    t->whole_bytes = wo_pk.whole_bytes;
     t->buffer_bytes = wo_picks_reserved() - wo_pk.hot_bytes;
     {
         const struct wo_driver *d = wo_uvm_driver();

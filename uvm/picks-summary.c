@@ -70,37 +70,37 @@ void wo_picks_summary(void)
     char kn[WO_PICKS_KERNS * (WO_PICKS_KERN_NAME + 32)];
 
     wo_picks_report(&t, spread_add, &sp);
-    if (t.off_row)
+    if (t.c.off_row)
         wo_log_write(WO_LOG_OFF,
                      "picks: %" PRIu64 " launches passed a word inside a registered expert tensor "
                      "but at none of its experts (a constant or stack bytes that look like an "
                      "address): not staged, the word left as it was%s",
-                     t.off_row, kerns_said(&t.off_kerns, kn, sizeof(kn)));
-    if (t.not_reader)
+                     t.c.off_row, kerns_said(&t.c.off_kerns, kn, sizeof(kn)));
+    if (t.c.not_reader)
         wo_log_write(WO_LOG_OFF,
                      "picks: %" PRIu64 " launches of kernels not (yet) seen reading two registered "
                      "expert tensors read in place (a weight-reading kernel is one from its second "
                      "layer on)%s",
-                     t.not_reader, kerns_said(&t.nr_kerns, kn, sizeof(kn)));
+                     t.c.not_reader, kerns_said(&t.c.nr_kerns, kn, sizeof(kn)));
     if (t.const_words)
         wo_log_write(WO_LOG_OFF,
                      "picks: %" PRIu64 " words at an expert inside a registered tensor were left as "
                      "they were: their parameter slot never held another value (a constant that "
                      "looks like an address; a weight pointer moves from layer to layer)",
                      t.const_words);
-    if (!t.staged && !t.reused)
+    if (!t.c.staged && !t.c.reused)
         return;
-    wo_log_write(WO_LOG_OFF,
-                 "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
-                 " launches reused one; %" PRIu64 " copied early, %" PRIu64
-                 " of them read) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
-                 "have (rows read back last), %" PRIu64 " MiB of buffers (at most %" PRIu64
-                 " MiB, %" PRIu64 " lent between streams); read in place: %" PRIu64
-                 " captured, %" PRIu64 " for a failure",
-                 t.spans, t.staged, t.reused, t.early, t.early_used, (double)t.bytes_copied / 1e9,
-                 t.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.whole_bytes : 0.0,
-                 (double)t.whole_bytes / 1e9, t.buffer_bytes >> 20, t.buffer_cap >> 20,
-                 t.buffers_lent, t.captured, t.failed);
+    wo_log_write(
+        WO_LOG_OFF,
+        "picks: %" PRIu64 " expert tensors, %" PRIu64 " picked copies (%" PRIu64
+        " launches reused one; %" PRIu64 " copied early, %" PRIu64
+        " of them read) moved %.2f GB, %.0f%% of the %.2f GB whole tensors would "
+        "have (rows read back last), %" PRIu64 " MiB of buffers (at most %" PRIu64 " MiB, %" PRIu64
+        " lent between streams); read in place: %" PRIu64 " captured, %" PRIu64 " for a failure",
+        t.spans, t.c.staged, t.c.reused, t.c.early, t.c.early_used, (double)t.bytes_copied / 1e9,
+        t.c.whole_bytes ? 100.0 * (double)t.bytes_copied / (double)t.c.whole_bytes : 0.0,
+        (double)t.c.whole_bytes / 1e9, t.buffer_bytes >> 20, t.buffer_cap >> 20, t.buffers_lent,
+        t.c.captured, t.c.failed);
     if (t.timed_copies && t.kernel_copies) {
         /* the timed copies' mean over every kernel copy: the device time
          * they took, in the engine's stream order (their share of the run

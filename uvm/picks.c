@@ -127,7 +127,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         /* a registration with ids (a layer's, once a forward step); a
          * clear is none */
         s->regs += ids != 0;
-        wo_pk.regs += ids != 0;
+        wo_pk.c.regs += ids != 0;
         s->ids = ids;
         s->n_ids = ids ? n_ids : 0;
         s->per_row = per_row;
@@ -186,7 +186,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .name = name,
                        .regs = ids != 0};
     name = NULL;
-    wo_pk.regs += ids != 0;
+    wo_pk.c.regs += ids != 0;
     __atomic_store_n(&wo_pk.dma_rows[i], 0, __ATOMIC_RELAXED);
     /* the buffers that held the old tensor's rows hold nothing now */
     wo_pool_forget_span(i);
@@ -227,7 +227,7 @@ void wo_picks_note_write(uint64_t dst, uint64_t bytes)
         if (dst < wo_pk.s[i].hi && dst + bytes > wo_pk.s[i].lo) {
             wo_pk.s[i].seq++;
             wo_pk.s[i].wseq++;
-            wo_pk.writes++;
+            wo_pk.c.writes++;
             if (wo_pk.s[i].hot)
                 wo_hot_invalidate(wo_pk.s[i].hot);
         }
@@ -558,9 +558,9 @@ static void early_copies(const struct wo_driver *d, struct wo_pool_strm *t,
         taken |= 1u << (b - t->b);
         b->tick = ++wo_pk.tick;
         s->staged++;
-        wo_pk.staged++;
-        wo_pk.early++;
-        wo_pk.whole_bytes += s->hi - s->lo;
+        wo_pk.c.staged++;
+        wo_pk.c.early++;
+        wo_pk.c.whole_bytes += s->hi - s->lo;
     }
 }
 
@@ -584,7 +584,7 @@ static unsigned wait_jobs(const struct wo_driver *d, struct wo_pool_strm *t, uns
         for (unsigned m = 0; m < n; m++)
             if (moves[m].dev == b->dev) {
                 moves[m] = moves[--n];
-                wo_pk.failed++;
+                wo_pk.c.failed++;
                 break;
             }
         b->span = -1; /* its copies may land later: waited for at its next use */
@@ -632,16 +632,16 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (skipped(s->lo, skip_from, skip_to, nskip))
                 continue;
             if (!wo_picks_at_expert(s->off, s->hi - s->lo, s->row, hit)) {
-                wo_pk.off_row++;
-                wo_picks_kern_note(&wo_pk.off_kerns, key, d);
+                wo_pk.c.off_row++;
+                wo_picks_kern_note(&wo_pk.c.off_kerns, key, d);
                 continue;
             }
             /* learnt at every hit; asked only of a hit at an expert past the
              * base: the base is where engines hand the tensor, and where a
              * constant lands far less often (uvm/picks-kern.h) */
             if (!wo_picks_kern_reader(key, i) && hit->offset != s->off && hit->hi - 1 != s->off) {
-                wo_pk.not_reader++;
-                wo_picks_kern_note(&wo_pk.nr_kerns, key, d);
+                wo_pk.c.not_reader++;
+                wo_picks_kern_note(&wo_pk.c.nr_kerns, key, d);
                 continue;
             }
             for (unsigned k = 0; k < n; k++)
@@ -649,13 +649,13 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (dup)
                 continue;
             if (captured) {
-                wo_pk.captured++;
+                wo_pk.c.captured++;
                 continue;
             }
             /* managed, and the prefetcher holds all of it on the device:
              * the launch reads it there, faster than any copy */
             if (wo_budget_resident_whole(s->rid, s->rgen)) {
-                wo_pk.resident++;
+                wo_pk.c.resident++;
                 s->resident++;
                 continue;
             }
@@ -665,7 +665,7 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             if (n == max || !ready(d) || !(t = wo_pool_stream(stream)) ||
                 !(b = buffer_for(d, t, (int)i, taken, &fresh)) ||
                 (fresh && !enqueue(d, t, b, (int)i, false))) {
-                wo_pk.failed++;
+                wo_pk.c.failed++;
                 continue;
             }
             taken |= 1u << (b - t->b);
@@ -673,14 +673,14 @@ unsigned wo_picks_stage(const struct wo_ev_hit *hits, unsigned nhits, uint64_t s
             b->tick = ++wo_pk.tick;
             if (fresh) {
                 s->staged++;
-                wo_pk.staged++;
-                wo_pk.whole_bytes += s->hi - s->lo;
+                wo_pk.c.staged++;
+                wo_pk.c.whole_bytes += s->hi - s->lo;
             } else if (b->early) { /* copied early (below), counted staged then */
                 b->early = false;
-                wo_pk.early_used++;
+                wo_pk.c.early_used++;
             } else {
                 s->reused++;
-                wo_pk.reused++;
+                wo_pk.c.reused++;
             }
             s->ran = s->seq;
             if (last_span >= 0 && last_span < (int)wo_pk.n && last_span != (int)i)
@@ -740,15 +740,15 @@ bool wo_picks_reg_of(uint64_t from, struct wo_picks_reg *r)
 void wo_picks_checked(bool mismatch)
 {
     pthread_mutex_lock(&wo_pk.lock);
-    wo_pk.checked++;
-    wo_pk.check_mismatch += mismatch;
+    wo_pk.c.checked++;
+    wo_pk.c.check_mismatch += mismatch;
     pthread_mutex_unlock(&wo_pk.lock);
 }
 
 void wo_picks_unused(unsigned n)
 {
     pthread_mutex_lock(&wo_pk.lock);
-    wo_pk.unused += n;
+    wo_pk.c.unused += n;
     pthread_mutex_unlock(&wo_pk.lock);
 }
 
@@ -948,15 +948,15 @@ void wo_picks_reset(void)
     wo_pk.nretired = 0;
     wo_pk.fill = NULL;
     wo_budget_picks_bytes(0);
-    wo_pk.regs = wo_pk.staged = wo_pk.reused = wo_pk.captured = wo_pk.failed = wo_pk.unused =
-        wo_pk.writes = 0;
-    wo_pk.off_row = wo_pk.not_reader = wo_pk.checked = wo_pk.check_mismatch = 0;
+    wo_pk.c.regs = wo_pk.c.staged = wo_pk.c.reused = wo_pk.c.captured = wo_pk.c.failed =
+        wo_pk.c.unused = wo_pk.c.writes = 0;
+    wo_pk.c.off_row = wo_pk.c.not_reader = wo_pk.c.checked = wo_pk.c.check_mismatch = 0;
     __atomic_store_n(&wo_picks_const_words, 0, __ATOMIC_RELAXED);
-    memset(&wo_pk.off_kerns, 0, sizeof(wo_pk.off_kerns));
-    memset(&wo_pk.nr_kerns, 0, sizeof(wo_pk.nr_kerns));
+    memset(&wo_pk.c.off_kerns, 0, sizeof(wo_pk.c.off_kerns));
+    memset(&wo_pk.c.nr_kerns, 0, sizeof(wo_pk.c.nr_kerns));
     wo_picks_kern_forget();
-    wo_pk.resident = 0;
-    wo_pk.whole_bytes = 0;
+    wo_pk.c.resident = 0;
+    wo_pk.c.whole_bytes = 0;
     memset(wo_picks_ids, 0, sizeof(wo_picks_ids));
     __atomic_store_n(&wo_picks_any, 0, __ATOMIC_RELEASE);
     pthread_mutex_unlock(&wo_pk.lock);

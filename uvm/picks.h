@@ -94,9 +94,9 @@ struct wo_picks_figs {
     uint64_t hot_fills;     /* rows copied into its hot set */
     uint64_t hot_bytes;     /* device bytes of its hot set */
 };
-/* ... and in all: */
-struct wo_picks_totals {
-    uint64_t spans, regs, staged, reused, rows, bytes_copied;
+/* ... and in all: the counts picks.c keeps as it goes (wo_pk.c), */
+struct wo_picks_counts {
+    uint64_t regs, staged, reused;
     uint64_t early;        /* of staged, copied early: with the layer's first tensor on the copy
                             * engine (WOFFLOAD_PICKS_EARLY) */
     uint64_t early_used;   /* of them, read by their own launch */
@@ -113,10 +113,15 @@ struct wo_picks_totals {
     uint64_t not_reader;   /* launches of kernels not (yet) seen reading two registered tensors
                             * at an expert: read in place (uvm/picks-kern.h) */
     struct wo_picks_kerns nr_kerns; /* their kernels */
-    uint64_t const_words;  /* words at an expert past the base left as they were: their
-                            * parameter slot never held another value (preload/redirect.c) */
     uint64_t checked;        /* WOFFLOAD_STREAM_CHECK: launches whose buffers were compared */
     uint64_t check_mismatch; /* of them, with a picked expert's bytes not the tensor's */
+};
+/* and the rest, read at the report */
+struct wo_picks_totals {
+    struct wo_picks_counts c;
+    uint64_t spans, rows, bytes_copied;
+    uint64_t const_words;  /* words at an expert past the base left as they were: their
+                            * parameter slot never held another value (preload/redirect.c) */
     uint64_t buffer_bytes; /* device bytes of the buffers */
     uint64_t buffer_cap;   /* what they may reach: WOFFLOAD_PICKS_BUFFERS x the largest tensor
                             * staged (uvm/picks-pool.h) */

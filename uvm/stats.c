@@ -375,14 +375,15 @@ static void json_body(struct sbuf *b)
                   ",\"kernel_bytes\":%" PRIu64 ",\"off_row\":%" PRIu64 ",\"not_reader\":%" PRIu64
                   ",\"const_words\":%" PRIu64 ",\"checked\":%" PRIu64 ",\"check_mismatch\":%" PRIu64
                   ",\"early\":%" PRIu64 ",\"early_used\":%" PRIu64,
-                  pt.spans, pt.regs, pt.staged, pt.reused, pt.rows, pt.bytes_copied, pt.whole_bytes,
-                  pt.captured, pt.failed, pt.unused, pt.writes, pt.resident, pt.buffer_bytes,
-                  pt.hot_bytes, pt.hot_rows, pt.hot_fills, pt.hot_given_back, pt.buffer_cap,
-                  pt.buffers_lent, pt.buffers_reclaimed, pt.kernel_copies, pt.timed_copies,
-                  pt.timed_ms, pt.copy_span_s, pt.kernel_bytes, pt.off_row, pt.not_reader,
-                  pt.const_words, pt.checked, pt.check_mismatch, pt.early, pt.early_used);
-        picks_kerns_json(b, "off_row_kernels", &pt.off_kerns);
-        picks_kerns_json(b, "not_reader_kernels", &pt.nr_kerns);
+                  pt.spans, pt.c.regs, pt.c.staged, pt.c.reused, pt.rows, pt.bytes_copied,
+                  pt.c.whole_bytes, pt.c.captured, pt.c.failed, pt.c.unused, pt.c.writes,
+                  pt.c.resident, pt.buffer_bytes, pt.hot_bytes, pt.hot_rows, pt.hot_fills,
+                  pt.hot_given_back, pt.buffer_cap, pt.buffers_lent, pt.buffers_reclaimed,
+                  pt.kernel_copies, pt.timed_copies, pt.timed_ms, pt.copy_span_s, pt.kernel_bytes,
+                  pt.c.off_row, pt.c.not_reader, pt.const_words, pt.c.checked, pt.c.check_mismatch,
+                  pt.c.early, pt.c.early_used);
+        picks_kerns_json(b, "off_row_kernels", &pt.c.off_kerns);
+        picks_kerns_json(b, "not_reader_kernels", &pt.c.nr_kerns);
         /* the copies on the copy engine (uvm/picks-dma.h) */
         wo_dma_figs(&df);
         sb_printf(b,
