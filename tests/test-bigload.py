@@ -175,6 +175,33 @@ class TestMoeTables(unittest.TestCase):
         self.assertIn("- fit-0.5 peak x fit size: NOT met (1.10x, at most 1.05x)", text)
         self.assertIn("- fit-0.5 b1 tokens: met", text)
 
+    def test_the_targets_of_issue_42_rows(self):
+        off = [[EXPERT.format(0), "host", 11 * GB]]
+        rows = [dict(r) for r in self.rows]
+        rows.append(row("host-free-engine", rates={1: 19.0, 8: 36.0}, offloaded=off))
+        rows.append(row("hot-free", rates={1: 25.0, 8: 70.0}, offloaded=off, tokens=[[7, 7]]))
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertIn("Issue 42's targets (no blocker: every expert host, half their bytes hot):", text)
+        # b8: 11 GB x 55/128 = 4.73 GB a step at 55 GB/s: 93.1 tok/s, less than plain's 400
+        self.assertIn("- host-free b8 x bound: NOT met (0.32x, at least 0.90x)", text)
+        self.assertIn("- host-free-engine b8 x bound: NOT met (0.39x", text)
+        # against the faster all-host row at b8: the engine's 36
+        self.assertIn("- hot-free b8 x the all-host row: met (1.94x, at least 1.70x)", text)
+        self.assertIn("- host-free-engine b1 x host-free: NOT met (0.95x, at least 1.00x)", text)
+        self.assertIn("- hot-free b1 x host-free: met (1.25x", text)
+        self.assertIn("- hot-free b1 tokens: NOT met (they differ)", text)
+        self.assertIn("- host-free-engine b8 tokens: met", text)
+        # without them, host-free's bound alone, and no hot line
+        text = bigload.moe_tables(self.rows, 128, 1 << 30)
+        self.assertIn("- host-free b8 x bound:", text)
+        self.assertNotIn("hot-free", text)
+
+    def test_half_the_experts_bytes_from_the_host_free_row(self):
+        rows = [row("host-free", offloaded=[[EXPERT.format(0), "host", 10 * 2**30],
+                                            ["model.embed_tokens.weight", "host", 2**30]])]
+        self.assertEqual(bigload.experts_bytes(rows, 100), 10 * 2**30)
+        self.assertEqual(bigload.experts_bytes([], 100), 50)
+
     def test_continuous_batching_table(self):
         rows = [dict(r) for r in self.rows]
         rows += [dict(name="plain-cb", cb_tok_s=300.0, tokens=[[1]], load_s=9.0),
