@@ -711,20 +711,22 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
     # at least 1.7x the all-host row there; b1 never slower than all host
     lines = []
     host, eng, hot = by.get("host-free") or {}, by.get("host-free-engine") or {}, by.get("hot-free") or {}
-    for r in (host, eng):
+    eall = by.get("host-free-engine-all") or {}
+    for r in (host, eng, eall):
         for b in ("8", "32"):
             if rate(r, b):
                 _, bound = bounds(r, plain, b, experts)
                 say(f"{r['name']} b{b} x bound", rate(r, b) / bound if bound else None, 0.9)
-    best = {b: max((x for x in (rate(host, b), rate(eng, b)) if x), default=None) for b in ("1", "8", "32")}
+    best = {b: max((x for x in (rate(host, b), rate(eng, b), rate(eall, b)) if x), default=None)
+            for b in ("1", "8", "32")}
     if hot:
         for b in ("8", "32"):
             say(f"hot-free b{b} x the all-host row", rate(hot, b) / best[b]
                 if rate(hot, b) and best[b] else None, 1.7)
-    for r in (eng, hot):
+    for r in (eng, eall, hot):
         if r and rate(r, "1") and rate(host, "1"):
             say(f"{r['name']} b1 x host-free", rate(r, "1") / rate(host, "1"), 1.0)
-    for r in (eng, hot):
+    for r in (eng, eall, hot):
         for b in (r.get("batched") or {}) if r else ():
             pb = (plain.get("batched") or {}).get(b) or {}
             m = (r.get("batched") or {}).get(b) or {}
@@ -821,7 +823,7 @@ def main() -> int:
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
              "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fit-engine-late",
-             "fit-engine-all", "host-free-engine", "hot-free", "hand-engine", "fp8"}
+             "fit-engine-all", "host-free-engine", "host-free-engine-all", "hot-free", "hand-engine", "fp8"}
     if set(runs) - known:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
                  f"(known: {', '.join(sorted(known))})")
@@ -865,6 +867,11 @@ def main() -> int:
     if "host-free-engine" in runs:
         both(dict(base, name="host-free-engine", shim=True, policy=hand,
                   env={"WOFFLOAD_PICKS_ENGINE": "50"}))
+    if "host-free-engine-all" in runs:
+        # every picked copy on the copy engine (b8 picks about 40% of a
+        # layer's experts: under 50 the kernels copy)
+        both(dict(base, name="host-free-engine-all", shim=True, policy=hand,
+                  env={"WOFFLOAD_PICKS_ENGINE": "1"}))
     if "hot-free" in runs:
         hot_mib = experts_bytes(rows + prior, wb) // 2 // 2**20
         both(dict(base, name="hot-free", shim=True, policy=hand,
