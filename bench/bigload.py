@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import statistics
@@ -824,7 +825,11 @@ def main() -> int:
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
              "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fit-engine-late",
              "fit-engine-all", "host-free-engine", "host-free-engine-all", "hot-free", "hand-engine", "fp8"}
-    if set(runs) - known:
+    # host-free-engine-N, fit-engine-N: the copy engine from N% of the experts
+    # picked (WOFFLOAD_PICKS_ENGINE=N; the plain names are 50)
+    pct_runs = {x: int(x.rsplit("-", 1)[1]) for x in runs
+                if re.fullmatch(r"(host-free|fit)-engine-\d+", x) and 1 <= int(x.rsplit("-", 1)[1]) <= 100}
+    if set(runs) - known - set(pct_runs):
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
                  f"(known: {', '.join(sorted(known))})")
     mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
@@ -872,6 +877,9 @@ def main() -> int:
         # layer's experts: under 50 the kernels copy)
         both(dict(base, name="host-free-engine-all", shim=True, policy=hand,
                   env={"WOFFLOAD_PICKS_ENGINE": "1"}))
+    for x, pct in pct_runs.items():
+        if x.startswith("host-free"):
+            both(dict(base, name=x, shim=True, policy=hand, env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
     if "hot-free" in runs:
         hot_mib = experts_bytes(rows + prior, wb) // 2 // 2**20
         both(dict(base, name="hot-free", shim=True, policy=hand,
@@ -909,6 +917,10 @@ def main() -> int:
         if "fit-engine" in runs:
             both(dict(base, name=f"fit-engine-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50"}))
+        for x, pct in pct_runs.items():
+            if x.startswith("fit"):
+                both(dict(base, name=f"{x}-{f}", fraction=f, shim=True, policy=fitkey,
+                          env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
         if "fit-engine-late" in runs:
             both(dict(base, name=f"fit-engine-late-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}))
