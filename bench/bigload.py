@@ -712,22 +712,23 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
     # at least 1.7x the all-host row there; b1 never slower than all host
     lines = []
     host, eng, hot = by.get("host-free") or {}, by.get("host-free-engine") or {}, by.get("hot-free") or {}
-    eall = by.get("host-free-engine-all") or {}
-    for r in (host, eng, eall):
+    # the copy engine's rows at other thresholds (host-free-engine-all, -N)
+    engs = [eng] + [r for r in rows if r["name"].startswith("host-free-engine-") and not r.get("error")]
+    for r in [host] + engs:
         for b in ("8", "32"):
             if rate(r, b):
                 _, bound = bounds(r, plain, b, experts)
                 say(f"{r['name']} b{b} x bound", rate(r, b) / bound if bound else None, 0.9)
-    best = {b: max((x for x in (rate(host, b), rate(eng, b), rate(eall, b)) if x), default=None)
+    best = {b: max((x for x in [rate(host, b)] + [rate(r, b) for r in engs] if x), default=None)
             for b in ("1", "8", "32")}
     if hot:
         for b in ("8", "32"):
             say(f"hot-free b{b} x the all-host row", rate(hot, b) / best[b]
                 if rate(hot, b) and best[b] else None, 1.7)
-    for r in (eng, eall, hot):
+    for r in engs + [hot]:
         if r and rate(r, "1") and rate(host, "1"):
             say(f"{r['name']} b1 x host-free", rate(r, "1") / rate(host, "1"), 1.0)
-    for r in (eng, eall, hot):
+    for r in engs + [hot]:
         for b in (r.get("batched") or {}) if r else ():
             pb = (plain.get("batched") or {}).get(b) or {}
             m = (r.get("batched") or {}).get(b) or {}
