@@ -28,6 +28,8 @@
  *         the device with the default, and comes out of fit's budget.
  *   fitctx: the context's own growth after seal (a module) takes fit's
  *         reserve with the engine's allocations: a weight yields sooner.
+ *   fityieldcache: fityield where managed pages keep their device memory
+ *         once on the host (UVM's cache): the squeeze gives it back.
  *   fityield, fitoom: fit's device weights yield to the host for the
  *         engine's allocations after seal: past fit's reserve, before they
  *         are made; on a device full of memory fit does not count, at the
@@ -380,7 +382,7 @@ static int child(const char *scenario)
         if (pool)
             CHECK(p_cuMemFreeAsync(pool, 0) == CUDA_SUCCESS);
     }
-    if (strcmp(scenario, "fityield") == 0 || strcmp(scenario, "fitoom") == 0) {
+    if (strncmp(scenario, "fityield", 8) == 0 || strcmp(scenario, "fitoom") == 0) {
         /* fityield: the engine's allocation after seal passes fit's reserve
          * (a b32 step's gather of experts): fit's device weights yield to
          * the host before it is made. fitoom: memory fit does not count
@@ -389,8 +391,17 @@ static int child(const char *scenario)
          * engine's (a caching allocator frees its cache and asks again, as
          * PyTorch does), the second yields. Every weight still reads back. */
         CUdeviceptr big = 0, pool = 0;
-        if (strcmp(scenario, "fityield") == 0) {
+        if (strncmp(scenario, "fityield", 8) == 0) {
+            uint64_t (*used)(void) = (uint64_t(*)(void))dlsym(cu, "fakecuda_device_used");
+            uint64_t (*cached)(void) = (uint64_t(*)(void))dlsym(cu, "fakecuda_uvm_cached");
             CHECK(p_cuMemAlloc(&big, 100 * MiB) == CUDA_SUCCESS);
+            /* fityieldcache: what the device holds once the allocation is
+             * made (the parent compares it with and without the squeeze) */
+            if (used && cached)
+                fprintf(stderr,
+                        "bigload: after the engine's allocation: device used %llu MiB, "
+                        "UVM cache %llu MiB\n",
+                        (unsigned long long)(used() / MiB), (unsigned long long)(cached() / MiB));
         } else {
             CHECK(p_cuMemAllocAsync(&pool, 30 * MiB, 0) == CUDA_SUCCESS);
             CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
@@ -756,7 +767,7 @@ int main(int argc, char **argv)
             run(argv, "fitgap", fit_reserve96_policy, NULL, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"budget\":104857600,") != NULL);
-        CHECK(strstr(stats, "\"untagged_bytes\":12582912}") != NULL);
+        CHECK(strstr(stats, "\"untagged_bytes\":12582912,") != NULL);
         CHECK(strstr(stats, "\"device_bytes\":73400320,") != NULL);
         CHECK(strstr(err, "less 12.00 MiB of the engine's allocations that no name covers") !=
               NULL);
@@ -966,6 +977,37 @@ int main(int argc, char **argv)
                           "the host; fit: {reserve: 128.00 MiB} keeps them") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fityield", stats, err);
+    }
+
+    /* fityieldcache: fityield on a fake whose managed pages keep their
+     * device memory once moved to the host (WOFAKE_UVM_CACHE=1, as UVM on
+     * driver 580: bench/results/uvm-release-20261203-h200.txt). Without the
+     * squeeze the engine's 100 MiB take the 80 MiB free first and the
+     * device is full (256 MiB used, the fit size passed); with it the 48
+     * MiB yielded come back less an eighth (6 MiB stay cached) before the
+     * allocation: 128 (blocker) + 100 + 6 = 234 MiB. */
+    if (want(argc, argv, "fityieldcache")) {
+        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info", NULL};
+        static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_FIT_SQUEEZE=0", NULL};
+
+        f0 = failures;
+        rc = run(argv, "fityieldcache", fit_policy, on, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"yielded_bytes\":50331648,\"yields\":1,") != NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":44040192}") != NULL);
+        CHECK(strstr(err, "fit: 42.00 MiB of the yielded weights' device pages given back") !=
+              NULL);
+        CHECK(strstr(err, "after the engine's allocation: device used 234 MiB, UVM cache 6 MiB") !=
+              NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fityieldcache", stats, err);
+        f0 = failures;
+        rc = run(argv, "fityieldcache", fit_policy, off, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"squeezed_bytes\":0}") != NULL);
+        CHECK(strstr(err, "after the engine's allocation: device used 256 MiB, UVM cache 28 MiB") !=
+              NULL);
+        dump_on_failure(f0, "fityieldcache (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);
     }
 
     /* fitoom: a 24 MiB reserve of the 112 MiB budget: 11 weights (88 MiB)

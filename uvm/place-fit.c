@@ -384,11 +384,68 @@ static int yield_cmp(const void *pa, const void *pb)
  * PCIe: speed, never data. Returns the bytes moved. why: the engine's
  * allocation failed, or the next one would pass fit's reserve
  * (wo_uvm_engine_alloc_ahead). */
+/* UVM keeps the device pages of a managed range prefetched to the host
+ * (the free memory does not rise), and a device allocation takes the free
+ * memory before them: the process would fill the device before the pages
+ * went (1.12x the fit size on the H200). Allocations of the free memory
+ * plus the pages' bytes take them back, and freed at once they are the
+ * device's free memory again (bench/uvm-release.cu: the data stays on the
+ * host; bench/results/uvm-release-20261203-h200.txt). Less a slack (an
+ * eighth of them, at most SQUEEZE_SLACK_MAX):
+ * past the cached pages the driver would evict the managed weights that
+ * are on the device. The caller holds wo_uvm.lock, so the engine's own
+ * allocations (wo_uvm_engine_alloc_ahead) wait; another process's may fail
+ * for that moment (WOFFLOAD_FIT_SQUEEZE=0 keeps the pages cached). */
+#define SQUEEZE_CHUNK (64ull << 20)
+#define SQUEEZE_SLACK_MAX (64ull << 20)
+static void squeeze(uint64_t cached)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    size_t free0 = 0, free1 = 0, total = 0;
+    uint64_t target, took = 0, slack = WO_MIN(cached / 8, SQUEEZE_SLACK_MAX);
+    CUdeviceptr *p;
+    size_t n = 0, cap;
+    char b1[32], b2[32];
+
+    if (!wo_settings()->fit_squeeze || !cached || !d || !d->cuMemGetInfo_v2 || !d->cuMemAlloc_v2 ||
+        !d->cuMemFree_v2 || d->cuMemGetInfo_v2(&free0, &total) != CUDA_SUCCESS)
+        return;
+    target = (uint64_t)free0 + cached - slack;
+    cap = (size_t)(target / SQUEEZE_CHUNK) + 1;
+    p = malloc(cap * sizeof(*p));
+    if (!p)
+        return;
+    while (took < target && n < cap) {
+        uint64_t want = WO_MIN(SQUEEZE_CHUNK, target - took);
+        if (d->cuMemAlloc_v2(&p[n], (size_t)want) != CUDA_SUCCESS)
+            break; /* nothing more cached: the rest stays as it is */
+        n++;
+        took += want;
+    }
+    /* behind the copy engine's gate, as the shim's other frees (a free
+     * waits for the context's work: uvm/internal.h wo_quiet_mem_free) */
+    wo_uvm_quiesce_begin();
+    for (size_t i = 0; i < n; i++)
+        if (d->cuMemFree_v2(p[i]) != CUDA_SUCCESS)
+            wo_warn("fit: a device allocation that took yielded pages back could not be freed: "
+                    "up to %s of device memory stay held",
+                    wo_format_size(SQUEEZE_CHUNK, b1, sizeof(b1)));
+    wo_uvm_quiesce_end();
+    free(p);
+    if (d->cuMemGetInfo_v2(&free1, &total) != CUDA_SUCCESS || free1 <= free0)
+        return;
+    wo_uvm.fit.squeezed_bytes += (uint64_t)(free1 - free0);
+    wo_info("fit: %s of the yielded weights' device pages given back (UVM kept them after the "
+            "move to the host; allocations of %s, freed at once)",
+            wo_format_size((uint64_t)(free1 - free0), b1, sizeof(b1)),
+            wo_format_size(took, b2, sizeof(b2)));
+}
+
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
 {
     struct yielder *v;
     size_t n = 0, cap = 64;
-    uint64_t moved = 0;
+    uint64_t moved = 0, moved_managed = 0;
     char b1[32], b2[32], b3[32];
 
     if (!need || !wo_uvm.sealed || !wo_uvm.g || !wo_uvm.g->fit.enabled)
@@ -439,6 +496,8 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
         } else if (wo_place_apply_range(v[i].a, v[i].t->off, v[i].t->size, WO_PLACE_HOST, true,
                                         true) < 0) {
             continue; /* said by wo_place_apply_range */
+        } else {
+            moved_managed += v[i].t->size;
         }
         v[i].t->place = v[i].t->name->place = WO_PLACE_HOST;
         /* each move, for the log at info (the warning below is said once) */
@@ -459,6 +518,9 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     free(v);
     if (moved)
         (void)wo_place_sync();
+    /* the managed pages now on the host: their device memory back too */
+    if (moved_managed)
+        squeeze(moved_managed);
     wo_driver_leave();
     if (!moved)
         return 0;

@@ -15,6 +15,7 @@ pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t fk_total_mem = UINT64_C(16) << 30;
 uint64_t fk_module_bytes;
 bool fk_managed_guard;
+bool fk_uvm_cache;
 unsigned long fk_managed_guard_violations;
 int fk_ndevices = 1;
 
@@ -229,6 +230,8 @@ static void read_env(void)
     }
     s = getenv("WOFAKE_MANAGED_GUARD");
     fk_managed_guard = s && *s && strcmp(s, "0") != 0;
+    s = getenv("WOFAKE_UVM_CACHE");
+    fk_uvm_cache = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_DEVICES");
     if (s && *s) {
         int n = atoi(s);

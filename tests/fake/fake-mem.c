@@ -64,6 +64,12 @@ static struct resv *resvs;
 static uint64_t next_id = 1;
 static uint64_t dev_bytes;        /* device + async + VMM handles */
 static uint64_t managed_dev_pages; /* managed pages with a device copy */
+/* WOFAKE_UVM_CACHE=1: the device memory of managed pages that lost their
+ * device copy stays held, as UVM's cache does on driver 580 (bench/
+ * uvm-release.cu on the H200): a managed page that comes to the device
+ * takes one back, and an allocation takes them only once the free memory
+ * is not enough. */
+static uint64_t uvm_cached_pages;
 static uint64_t migrated[9];       /* bytes that gained a copy: [0] host, [1+d] device d */
 static uint64_t faults[9];         /* pages that faulted on access from a location */
 static uint64_t remote[9];         /* bytes read or written in place over the bus */
@@ -177,7 +183,23 @@ void fk_dev_bytes_add(int64_t delta)
 
 uint64_t fk_device_used_locked(void)
 {
-    return dev_bytes + managed_dev_pages * FK_PAGE;
+    return dev_bytes + (managed_dev_pages + uvm_cached_pages) * FK_PAGE;
+}
+
+/* Whether size more bytes of device memory fit: the free memory first,
+ * then UVM's cached pages, taken back as needed. */
+static bool device_room_locked(uint64_t size)
+{
+    uint64_t held = dev_bytes + managed_dev_pages * FK_PAGE, over;
+
+    if (held + size > fk_total_mem)
+        return false;
+    over = held + uvm_cached_pages * FK_PAGE + size;
+    if (over > fk_total_mem) {
+        uint64_t pages = (over - fk_total_mem + FK_PAGE - 1) / FK_PAGE;
+        uvm_cached_pages -= pages < uvm_cached_pages ? pages : uvm_cached_pages;
+    }
+    return true;
 }
 
 static size_t page_round(size_t n)
@@ -228,7 +250,7 @@ static CUresult new_alloc(int kind, size_t size, unsigned flags, uintptr_t *ret)
                                          .last_prefetch = CU_DEVICE_INVALID };
     }
     fk_lock_();
-    if (counted && fk_device_used_locked() + size > fk_total_mem) {
+    if (counted && !device_room_locked(size)) {
         fk_unlock_();
         free(a->pages);
         free(a);
@@ -658,6 +680,10 @@ static void set_resident(struct page *pg, uint8_t mask)
     bool was = pg->resident & ~1u, now = mask & ~1u;
     if (was != now)
         managed_dev_pages += now ? 1 : (uint64_t)-1;
+    if (was && !now && fk_uvm_cache)
+        uvm_cached_pages++;
+    else if (!was && now && uvm_cached_pages)
+        uvm_cached_pages--;
     pg->resident = mask;
 }
 
@@ -1532,7 +1558,7 @@ FK_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
      * (fakecuda_where says CPU) and it takes no device memory */
     v->device = prop_host(prop) ? CU_DEVICE_CPU : prop->location.id;
     fk_lock_();
-    if (v->device != CU_DEVICE_CPU && fk_device_used_locked() + size > fk_total_mem) {
+    if (v->device != CU_DEVICE_CPU && !device_room_locked(size)) {
         fk_unlock_();
         close(v->fd);
         free(v);
@@ -1791,6 +1817,14 @@ FK_EXPORT size_t fakecuda_allocations(struct fakecuda_alloc *out, size_t max)
             out[n] = (struct fakecuda_alloc){ 0, v->size, FAKECUDA_VMM, 0 };
         n++;
     }
+    fk_unlock_();
+    return n;
+}
+
+FK_EXPORT uint64_t fakecuda_uvm_cached(void)
+{
+    fk_lock_();
+    uint64_t n = uvm_cached_pages * FK_PAGE;
     fk_unlock_();
     return n;
 }

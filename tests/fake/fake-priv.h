@@ -51,6 +51,7 @@ extern uint64_t fk_module_bytes;
 /* Device bytes held outside allocations (modules), added or given back. */
 void fk_dev_bytes_add(int64_t delta);
 extern bool fk_managed_guard;                     /* WOFAKE_MANAGED_GUARD */
+extern bool fk_uvm_cache;                         /* WOFAKE_UVM_CACHE */
 extern unsigned long fk_managed_guard_violations;
 extern int fk_ndevices;
 /* WOFAKE_PROC_MISSING=success: cuGetProcAddress answers a missing symbol (or

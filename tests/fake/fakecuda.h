@@ -20,6 +20,11 @@
  *                      fails (CUDA_ERROR_OUT_OF_MEMORY, one stderr line
  *                      "fakecuda: managed guard: ...") when live managed
  *                      bytes would exceed the free device memory.
+ *   WOFAKE_UVM_CACHE=1 a managed page that loses its device copy keeps its
+ *                      device memory (UVM's cache on driver 580): counted
+ *                      as used until a managed page comes to the device or
+ *                      an allocation needs more than the free memory
+ *                      (fakecuda_uvm_cached says how much is held).
  *   WOFAKE_DEVICES     number of devices (default 1, at most 8)
  *   WOFAKE_NO_DEVICE=1 cuInit fails with CUDA_ERROR_NO_DEVICE
  *   WOFAKE_FAIL        "name:nth:err,...": the nth call (1-based, counted from
@@ -145,6 +150,8 @@ size_t fakecuda_live_count(int kind);
 size_t fakecuda_allocations(struct fakecuda_alloc *out, size_t max);
 /* Device bytes in use as cuMemGetInfo counts them. */
 uint64_t fakecuda_device_used(void);
+/* Device bytes UVM's cache holds (WOFAKE_UVM_CACHE=1). */
+uint64_t fakecuda_uvm_cached(void);
 
 /* Locations as the driver writes them: a device ordinal >= 0, CU_DEVICE_CPU
  * (-1), CU_DEVICE_INVALID (-2); FAKECUDA_LOC_NONE: managed, never prefetched
