@@ -23,19 +23,13 @@
 #include <cstdlib>
 #include <vector>
 
-#define CK(x)                                                                                      \
-    do {                                                                                           \
-        cudaError_t e_ = (x);                                                                      \
-        if (e_ != cudaSuccess) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));    \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
+#include "cuda-check.h"
+
 
 static size_t free_now(void)
 {
     size_t f = 0, t = 0;
-    CK(cudaMemGetInfo(&f, &t));
+    CR(cudaMemGetInfo(&f, &t));
     return f;
 }
 
@@ -60,32 +54,32 @@ int main(int argc, char **argv)
     int dev = 0;
     cudaMemLocation cpu = {cudaMemLocationTypeHost, 0}, gpu = {cudaMemLocationTypeDevice, 0};
 
-    CK(cudaSetDevice(dev));
-    CK(cudaFree(0));
+    CR(cudaSetDevice(dev));
+    CR(cudaFree(0));
     size_t base = free_now();
     if (bytes > base / 2) {
         fprintf(stderr, "uvm-release: %.1f GiB is more than half the free memory\n", gib);
         return 2;
     }
     say("start", base, base);
-    CK(cudaMallocManaged(&p, bytes));
-    CK(cudaMemPrefetchAsync(p, bytes, gpu, 0, 0));
+    CR(cudaMallocManaged(&p, bytes));
+    CR(cudaMemPrefetchAsync(p, bytes, gpu, 0, 0));
     fill<<<1024, 256>>>(p, n);
-    CK(cudaDeviceSynchronize());
+    CR(cudaDeviceSynchronize());
     say("1. managed range written on the device", base, free_now());
-    CK(cudaMemPrefetchAsync(p, bytes, cpu, 0, 0));
-    CK(cudaDeviceSynchronize());
+    CR(cudaMemPrefetchAsync(p, bytes, cpu, 0, 0));
+    CR(cudaDeviceSynchronize());
     size_t after2 = free_now();
     say("2. prefetched to the host", base, after2);
-    CK(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, cpu));
-    CK(cudaMemPrefetchAsync(p, bytes, cpu, 0, 0));
-    CK(cudaDeviceSynchronize());
+    CR(cudaMemAdvise(p, bytes, cudaMemAdviseSetPreferredLocation, cpu));
+    CR(cudaMemPrefetchAsync(p, bytes, cpu, 0, 0));
+    CR(cudaDeviceSynchronize());
     say("3. preferred location CPU, prefetched again", base, free_now());
     {
         void *q = NULL;
-        CK(cudaMalloc(&q, bytes / 2));
+        CR(cudaMalloc(&q, bytes / 2));
         say("4a. a device allocation of half the range, made", base, free_now());
-        CK(cudaFree(q));
+        CR(cudaFree(q));
         say("4b. ... and freed", base, free_now());
     }
     {
@@ -106,14 +100,14 @@ int main(int argc, char **argv)
                took / 1073741824.0);
         say("5a. ... while they are held", base, free_now());
         for (void *q : v)
-            CK(cudaFree(q));
+            CR(cudaFree(q));
         say("5b. ... all freed", base, free_now());
     }
     size_t bad = 0;
     for (size_t i = 0; i < n; i++)
         bad += p[i] != (unsigned)(i * 2654435761u);
     printf("6. read back on the host: %zu of %zu words differ\n", bad, n);
-    CK(cudaFree(p));
+    CR(cudaFree(p));
     say("7. the range freed", base, free_now());
     return bad ? 1 : 0;
 }
