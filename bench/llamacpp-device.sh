@@ -27,6 +27,9 @@
 #                  device model for woffload-replay, $OUT/calibrate.model
 #   vmmprobe       bench/vmm-host-copy.cu (VMM_ROUNDS [10]): copies out of a range
 #                  backed by host memory (late binding's), $OUT/vmm-host-copy.txt
+#   uvmrelease     bench/uvm-release.cu (UVM_RELEASE_GIB [4]): whether a managed
+#                  range prefetched to the host gives its device memory back, and
+#                  what takes it back (fit's yields), $OUT/uvm-release.txt
 #   pack           llama.cpp as build left it (/tmp/llb/bin and the CPU it was
 #                  built for) as $OUT/llb-bin.txz, in 15 MiB parts when larger
 #                  (llb-bin.txz.part-aa, -ab, ...: what comes back from $OUT is at
@@ -172,6 +175,11 @@ for step in "$@"; do
             timeout 120 /tmp/vmm-host-copy "${VMM_ROUNDS:-10}"; } >"$OUT/vmm-host-copy.txt" 2>&1
         rc=$?
         tail -8 "$OUT/vmm-host-copy.txt" ;;
+    uvmrelease)
+        { nvcc -O2 -arch=sm_90 -I bench -o /tmp/uvm-release bench/uvm-release.cu &&
+            timeout 120 /tmp/uvm-release "${UVM_RELEASE_GIB:-4}"; } >"$OUT/uvm-release.txt" 2>&1
+        rc=$?
+        tail -12 "$OUT/uvm-release.txt" ;;
     pack)
         if [ -x /tmp/llb/bin/llama-batched-bench ] && [ -s /tmp/llb/cpu-key ]; then
             tar cf - -C /tmp/llb bin cpu-key | xz -T0 -6 >"$OUT/llb-bin.txz"
@@ -296,7 +304,7 @@ for step in "$@"; do
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$? ;;
     *)
-        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, calibrate, vmmprobe, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
+        echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, calibrate, vmmprobe, uvmrelease, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
     esac
     echo "[device $(el)s] $step: exit $rc"
