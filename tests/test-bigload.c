@@ -30,6 +30,7 @@
  *         reserve with the engine's allocations: a weight yields sooner.
  *   fityieldcache: fityield where managed pages keep their device memory
  *         once on the host (UVM's cache): the squeeze gives it back.
+ *   fityieldctx: the same, then the context grows: measured after the yield.
  *   fityield, fitoom: fit's device weights yield to the host for the
  *         engine's allocations after seal: past fit's reserve, before they
  *         are made; on a device full of memory fit does not count, at the
@@ -69,6 +70,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda.h>
@@ -402,6 +404,24 @@ static int child(const char *scenario)
                         "bigload: after the engine's allocation: device used %llu MiB, "
                         "UVM cache %llu MiB\n",
                         (unsigned long long)(used() / MiB), (unsigned long long)(cached() / MiB));
+            if (strcmp(scenario, "fityieldctx") == 0) {
+                /* then the context grows 16 MiB (a module,
+                 * WOFAKE_MODULE_BYTES), seen at the engine's next
+                 * allocation (past the 100 ms between samples) */
+                CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
+                CUresult (*p_unload)(CUmodule) = need(cu, "cuModuleUnload");
+                struct timespec ts = {0, 150000000};
+                CUmodule mod = NULL;
+                CUdeviceptr a1 = 0;
+
+                CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
+                nanosleep(&ts, NULL);
+                CHECK(p_cuMemAlloc(&a1, MiB) == CUDA_SUCCESS);
+                if (a1)
+                    CHECK(p_cuMemFree(a1) == CUDA_SUCCESS);
+                if (mod)
+                    CHECK(p_unload(mod) == CUDA_SUCCESS);
+            }
         } else {
             CHECK(p_cuMemAllocAsync(&pool, 30 * MiB, 0) == CUDA_SUCCESS);
             CHECK(p_cuMemAlloc(&big, 16 * MiB) == CUDA_ERROR_OUT_OF_MEMORY);
@@ -1008,6 +1028,28 @@ int main(int argc, char **argv)
         CHECK(strstr(err, "after the engine's allocation: device used 256 MiB, UVM cache 28 MiB") !=
               NULL);
         dump_on_failure(f0, "fityieldcache (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);
+    }
+
+    /* fityieldctx: fityieldcache, then the context grows 16 MiB: measured
+     * after the yield, since the squeeze gave the yielded pages back (80
+     * MiB free at seal + 42 given back - 6 free now, less the engine's 100
+     * MiB); without the squeeze the free memory says nothing after a yield
+     * and no growth is said. */
+    if (want(argc, argv, "fityieldctx")) {
+        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFAKE_MODULE_BYTES=16M", NULL};
+        static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFAKE_MODULE_BYTES=16M",
+                                          "WOFFLOAD_FIT_SQUEEZE=0", NULL};
+
+        f0 = failures;
+        rc = run(argv, "fityieldctx", fit_policy, on, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(err, "the CUDA context grew by 16.00 MiB beyond the allocations") != NULL);
+        dump_on_failure(f0, "fityieldctx", stats, err);
+        f0 = failures;
+        rc = run(argv, "fityieldctx", fit_policy, off, stats, sizeof(stats), err, sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(err, "the CUDA context grew by") == NULL);
+        dump_on_failure(f0, "fityieldctx (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);
     }
 
     /* fitoom: a 24 MiB reserve of the 112 MiB budget: 11 weights (88 MiB)

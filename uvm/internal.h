@@ -189,6 +189,9 @@ struct wo_uvm_state {
         uint64_t squeezed_bytes; /* device memory that came back to the free memory when
                                   * yielded managed weights' cached pages were taken back
                                   * (WOFFLOAD_FIT_SQUEEZE) */
+        uint64_t unsqueezed;     /* yields of managed weights whose pages did not come back
+                                  * (no squeeze, or less than half): the free memory no
+                                  * longer shows the context's growth */
         uint64_t oom_at;         /* the engine's last out-of-memory after seal not yet met
                                   * (wo_uvm_engine_oom: weights yield at the next one) */
         uint64_t engine_after;   /* the engine's device memory allocated after seal and live

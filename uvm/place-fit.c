@@ -398,7 +398,7 @@ static int yield_cmp(const void *pa, const void *pb)
  * for that moment (WOFFLOAD_FIT_SQUEEZE=0 keeps the pages cached). */
 #define SQUEEZE_CHUNK (64ull << 20)
 #define SQUEEZE_SLACK_MAX (64ull << 20)
-static void squeeze(uint64_t cached)
+static bool squeeze(uint64_t cached)
 {
     const struct wo_driver *d = wo_uvm_driver();
     size_t free0 = 0, free1 = 0, total = 0;
@@ -409,12 +409,12 @@ static void squeeze(uint64_t cached)
 
     if (!wo_settings()->fit_squeeze || !cached || !d || !d->cuMemGetInfo_v2 || !d->cuMemAlloc_v2 ||
         !d->cuMemFree_v2 || d->cuMemGetInfo_v2(&free0, &total) != CUDA_SUCCESS)
-        return;
+        return false;
     target = (uint64_t)free0 + cached - slack;
     cap = (size_t)(target / SQUEEZE_CHUNK) + 1;
     p = malloc(cap * sizeof(*p));
     if (!p)
-        return;
+        return false;
     while (took < target && n < cap) {
         uint64_t want = WO_MIN(SQUEEZE_CHUNK, target - took);
         if (d->cuMemAlloc_v2(&p[n], (size_t)want) != CUDA_SUCCESS)
@@ -433,12 +433,13 @@ static void squeeze(uint64_t cached)
     wo_uvm_quiesce_end();
     free(p);
     if (d->cuMemGetInfo_v2(&free1, &total) != CUDA_SUCCESS || free1 <= free0)
-        return;
+        return false;
     wo_uvm.fit.squeezed_bytes += (uint64_t)(free1 - free0);
     wo_info("fit: %s of the yielded weights' device pages given back (UVM kept them after the "
             "move to the host; allocations of %s, freed at once)",
             wo_format_size((uint64_t)(free1 - free0), b1, sizeof(b1)),
             wo_format_size(took, b2, sizeof(b2)));
+    return (uint64_t)(free1 - free0) >= cached / 2;
 }
 
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
@@ -519,8 +520,8 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     if (moved)
         (void)wo_place_sync();
     /* the managed pages now on the host: their device memory back too */
-    if (moved_managed)
-        squeeze(moved_managed);
+    if (moved_managed && !squeeze(moved_managed))
+        wo_uvm.fit.unsqueezed++;
     wo_driver_leave();
     if (!moved)
         return 0;
@@ -582,13 +583,14 @@ uint64_t wo_place_fit_short(size_t size)
  * context's own growth, kernels loaded on first use and local memory. Said
  * only where nothing else moves the free memory: no weight placed managed
  * (the prefetcher moves its pages; weights fit put on the device stay
- * there), no yield (UVM's cache keeps a yielded weight's pages), no late
- * binding; at most 1
- * GiB (another process's allocation would read as growth). 0: none, or not
- * known. Sampled at the engine's allocations after seal (at most every 100
- * ms of them), by the consumer thread (once a second: an engine that frees
- * memory it held at seal before exit would hide it there) and at exit; the
- * high water counts. */
+ * there), no yield whose pages did not come back (UVM's cache keeps a
+ * yielded weight's pages; after a squeeze the free memory has them again,
+ * less its slack, which the engine's allocations may take back unseen: the
+ * growth then reads up to that much low), no late binding; at most 1 GiB (another process's
+ * allocation would read as growth). 0: none, or not known. Sampled at the engine's allocations
+ * after seal (at most every 100 ms of them), by the consumer thread (once a second: an engine that
+ * frees memory it held at seal before exit would hide it there) and at exit; the high water counts.
+ */
 #define UNTRACKED_MAX (1ull << 30)
 static uint64_t untracked_now(void)
 {
@@ -599,7 +601,7 @@ static uint64_t untracked_now(void)
 
     CUresult r;
 
-    if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.yields ||
+    if (!d || !d->cuMemGetInfo_v2 || !wo_uvm.fit.free_at_seal || wo_uvm.fit.unsqueezed ||
         wo_place_bind_fit() || wo_settings()->late_bind)
         return 0;
     /* the walk over every allocation last, once the rest allows a sample */
@@ -612,9 +614,10 @@ static uint64_t untracked_now(void)
         return 0;
     r = d->cuMemGetInfo_v2(&free_b, &total_b);
     wo_driver_leave();
-    if (r != CUDA_SUCCESS || free_b >= wo_uvm.fit.free_at_seal)
+    /* the memory yielded weights gave back is no fall of the context's */
+    if (r != CUDA_SUCCESS || free_b >= wo_uvm.fit.free_at_seal + wo_uvm.fit.squeezed_bytes)
         return 0;
-    fell = wo_uvm.fit.free_at_seal - free_b;
+    fell = wo_uvm.fit.free_at_seal + wo_uvm.fit.squeezed_bytes - free_b;
     seen = wo_uvm.fit.engine_after + wo_picks_reserved() +
            __atomic_load_n(&wo_stream_tab.n.slot_bytes, __ATOMIC_RELAXED);
     return fell > seen ? WO_MIN(fell - seen, UNTRACKED_MAX) : 0;
