@@ -684,6 +684,12 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
             hf, hd = rate(host, b), rate(hand, b)
             say(f"{r['name']} b{b} x host-free", t / hf if t and hf else None, 1.0)
             say(f"{r['name']} b{b} x hand-{f}", t / hd if t and hd else None, 1.0)
+            # every other hand policy under the same blocker (hand-engine-F:
+            # the hand policy with the copy engine)
+            for hx in ("hand-engine",):
+                he = by.get(f"{hx}-{f}")
+                if he and rate(he, b):
+                    say(f"{r['name']} b{b} x {hx}-{f}", t / rate(he, b) if t else None, 1.0)
             say(f"{r['name']} b{b} x bound", t / bound if t and bound else None, 0.9)
             if t and pb.get("tokens"):
                 m = (r.get("batched") or {}).get(b) or {}
