@@ -505,6 +505,20 @@ def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
     return pcie, (min(pcie, floor) if pcie and floor else pcie)
 
 
+def engine_pct(run_name: str) -> int:
+    """WOFFLOAD_PICKS_ENGINE of a copy-engine run, KIND-engine[-all|-N] with
+    KIND host-free, fit or hand: 50 without a suffix, 1 for -all, N (1 to
+    100); 0 for any other name."""
+    m = re.fullmatch(r"(host-free|fit|hand)-engine(?:-(all|\d+))?", run_name)
+    if not m:
+        return 0
+    if not m.group(2):
+        return 50
+    if m.group(2) == "all":
+        return 1
+    return int(m.group(2)) if 1 <= int(m.group(2)) <= 100 else 0
+
+
 def experts_bytes(rows: List[Dict[str, Any]], weight_bytes: int) -> int:
     """The routed experts' bytes: from a row that offloaded every expert
     (host-free's offloaded list), else half the weights (a guess, said)."""
@@ -684,12 +698,11 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
             hf, hd = rate(host, b), rate(hand, b)
             say(f"{r['name']} b{b} x host-free", t / hf if t and hf else None, 1.0)
             say(f"{r['name']} b{b} x hand-{f}", t / hd if t and hd else None, 1.0)
-            # every other hand policy under the same blocker (hand-engine-F:
-            # the hand policy with the copy engine)
-            for hx in ("hand-engine",):
-                he = by.get(f"{hx}-{f}")
-                if he and rate(he, b):
-                    say(f"{r['name']} b{b} x {hx}-{f}", t / rate(he, b) if t else None, 1.0)
+            # the other hand policy under the same blocker, when run: with
+            # the copy engine
+            he = rate(by.get(f"hand-engine-{f}") or {}, b)
+            if he:
+                say(f"{r['name']} b{b} x hand-engine-{f}", t / he if t else None, 1.0)
             say(f"{r['name']} b{b} x bound", t / bound if t and bound else None, 0.9)
             if t and pb.get("tokens"):
                 m = (r.get("batched") or {}).get(b) or {}
@@ -717,9 +730,10 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
     # 0.9x the picked-bytes bound at b8 and b32; half the experts' bytes hot
     # at least 1.7x the all-host row there; b1 never slower than all host
     lines = []
-    host, eng, hot = by.get("host-free") or {}, by.get("host-free-engine") or {}, by.get("hot-free") or {}
-    # the copy engine's rows at other thresholds (host-free-engine-all, -N)
-    engs = [eng] + [r for r in rows if r["name"].startswith("host-free-engine-") and not r.get("error")]
+    host, hot = by.get("host-free") or {}, by.get("hot-free") or {}
+    # the copy engine's rows, at any threshold (host-free-engine[-all|-N])
+    engs = [r for r in rows if engine_pct(r["name"]) and r["name"].startswith("host-free")
+            and not r.get("error")]
     for r in [host] + engs:
         for b in ("8", "32"):
             if rate(r, b):
@@ -793,8 +807,10 @@ def main() -> int:
                          "fit-engine (fit with WOFFLOAD_PICKS_ENGINE=50: picked copies on the copy engine "
                          "from half the experts picked; early copies on, WOFFLOAD_PICKS_EARLY's default), "
                          "fit-engine-late (the same with WOFFLOAD_PICKS_EARLY=0: each tensor's copy queued "
-                         "at its own launch), fit-engine-all (WOFFLOAD_PICKS_ENGINE=1: every picked copy "
-                         "on the copy engine, b1's 6%% too), fp8")
+                         "at its own launch), KIND-engine-all and KIND-engine-N for KIND host-free, fit or "
+                         "hand (WOFFLOAD_PICKS_ENGINE=1 or N: a step of 8 of 128 top-8 picks about 40%% of "
+                         "the experts; a decode of one sequence registers no picks), hot-free (every expert "
+                         "host, half their bytes hot: WOFFLOAD_PICKS_HOT), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -830,15 +846,15 @@ def main() -> int:
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
     known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
-             "fit-auto", "fit-hotset", "fit-stream", "fit-engine", "fit-engine-late",
-             "fit-engine-all", "host-free-engine", "host-free-engine-all", "hot-free", "hand-engine", "fp8"}
-    # host-free-engine-N, fit-engine-N: the copy engine from N% of the experts
-    # picked (WOFFLOAD_PICKS_ENGINE=N; the plain names are 50)
-    pct_runs = {x: int(x.rsplit("-", 1)[1]) for x in runs
-                if re.fullmatch(r"(host-free|fit)-engine-\d+", x) and 1 <= int(x.rsplit("-", 1)[1]) <= 100}
-    if set(runs) - known - set(pct_runs):
-        ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(set(runs) - known))} "
-                 f"(known: {', '.join(sorted(known))})")
+             "fit-auto", "fit-hotset", "fit-stream", "fit-engine-late", "hot-free", "fp8"}
+    # the copy engine's rows, KIND-engine[-all|-N] (KIND host-free, fit or
+    # hand): WOFFLOAD_PICKS_ENGINE=N, 50 without a suffix, 1 for -all
+    engine_runs = {x: engine_pct(x) for x in runs if engine_pct(x)}
+    unknown = set(runs) - known - set(engine_runs)
+    if unknown:
+        ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(unknown))} "
+                 f"(known: {', '.join(sorted(known))}, and KIND-engine, KIND-engine-all, "
+                 f"KIND-engine-N for KIND host-free, fit or hand, N 1 to 100)")
     mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
     if mk.get("error"):
         return 1
@@ -876,15 +892,7 @@ def main() -> int:
     # them): every expert host with the copy engine, and half the experts'
     # bytes kept hot (WOFFLOAD_PICKS_HOT; the kernels copy a tensor with hot
     # experts), both with no blocker
-    if "host-free-engine" in runs:
-        both(dict(base, name="host-free-engine", shim=True, policy=hand,
-                  env={"WOFFLOAD_PICKS_ENGINE": "50"}))
-    if "host-free-engine-all" in runs:
-        # every picked copy on the copy engine (b8 picks about 40% of a
-        # layer's experts: under 50 the kernels copy)
-        both(dict(base, name="host-free-engine-all", shim=True, policy=hand,
-                  env={"WOFFLOAD_PICKS_ENGINE": "1"}))
-    for x, pct in pct_runs.items():
+    for x, pct in engine_runs.items():
         if x.startswith("host-free"):
             both(dict(base, name=x, shim=True, policy=hand, env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
     if "hot-free" in runs:
@@ -907,11 +915,14 @@ def main() -> int:
                 both(dict(base, name=f"fit-r{rv}-{f}", fraction=f, shim=True, policy=pol))
         if "hand" in runs:
             both(dict(base, name=f"hand-{f}", fraction=f, shim=True, policy=hand))
-        if "hand-engine" in runs:
-            # the hand policy with fit's copy engine: fit against a hand policy
-            # that has every mechanism fit has
-            both(dict(base, name=f"hand-engine-{f}", fraction=f, shim=True, policy=hand,
-                      env={"WOFFLOAD_PICKS_ENGINE": "50"}))
+        # fit's picked copies on the copy engine (issue 42: the kernels'
+        # copies ran at 37-50 GB/s, the link's 55), and the hand policy with
+        # it: fit against a hand policy that has every mechanism fit has
+        for x, pct in engine_runs.items():
+            if not x.startswith("host-free"):
+                both(dict(base, name=f"{x}-{f}", fraction=f, shim=True,
+                          policy=fitkey if x.startswith("fit") else hand,
+                          env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
         if "fit-late" in runs:
             # the same policy as fit, every placeable allocation late bound
             both(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
@@ -919,21 +930,9 @@ def main() -> int:
         if "fit-bind" in runs:
             both(dict(base, name=f"fit-bind-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_FIT_BIND": "1"}))
-        # fit's picked copies on the copy engine (issue 42: the kernels'
-        # copies ran at 37-50 GB/s, the link's 55)
-        if "fit-engine" in runs:
-            both(dict(base, name=f"fit-engine-{f}", fraction=f, shim=True, policy=fitkey,
-                      env={"WOFFLOAD_PICKS_ENGINE": "50"}))
-        for x, pct in pct_runs.items():
-            if x.startswith("fit"):
-                both(dict(base, name=f"{x}-{f}", fraction=f, shim=True, policy=fitkey,
-                          env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
         if "fit-engine-late" in runs:
             both(dict(base, name=f"fit-engine-late-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}))
-        if "fit-engine-all" in runs:
-            both(dict(base, name=f"fit-engine-all-{f}", fraction=f, shim=True, policy=fitkey,
-                      env={"WOFFLOAD_PICKS_ENGINE": "1"}))
         if "fit-auto" in runs:
             # fit with `reserve: auto`, twice: the first run keeps the
             # engine's high water after seal in a memo file, the second

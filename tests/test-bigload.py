@@ -204,6 +204,13 @@ class TestMoeTables(unittest.TestCase):
         self.assertIn("- host-free b8 x bound:", text)
         self.assertNotIn("hot-free", text)
 
+    def test_the_copy_engines_runs(self):
+        self.assertEqual(bigload.engine_pct("host-free-engine"), 50)
+        self.assertEqual(bigload.engine_pct("fit-engine-all"), 1)
+        self.assertEqual(bigload.engine_pct("hand-engine-20"), 20)
+        for name in ("fit-engine-0", "fit-engine-101", "fit-engine-late", "hot-free", "fit"):
+            self.assertEqual(bigload.engine_pct(name), 0, name)
+
     def test_half_the_experts_bytes_from_the_host_free_row(self):
         rows = [row("host-free", offloaded=[[EXPERT.format(0), "host", 10 * 2**30],
                                             ["model.embed_tokens.weight", "host", 2**30]])]

@@ -36,6 +36,19 @@ uint64_t wo_place_engine_bytes(void)
  * 128-expert shape (transformers, PyTorch's allocator) 0.57 GiB, about
  * half of what the process ran above the fit size
  * (bench/results/bigload-20261203b-moe128-early-h200). */
+uint64_t wo_place_untagged(const struct wo_alloc *a)
+{
+    uint64_t pos = 0, gap = 0;
+
+    for (size_t k = 0; k < a->ntags; k++) {
+        const struct wo_tag *t = &a->tags[k];
+        if (t->off > pos)
+            gap += t->off - pos;
+        pos = WO_MAX(pos, t->off + t->size);
+    }
+    return gap + (a->size > pos ? a->size - pos : 0);
+}
+
 static uint64_t untagged_to_device(void)
 {
     uint64_t sum = 0;
@@ -43,19 +56,9 @@ static uint64_t untagged_to_device(void)
     if (wo_uvm.g->default_place != WO_PLACE_DEVICE)
         return 0;
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
-        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
-            uint64_t pos = 0, gap = 0;
-
-            if (a->kind != WO_KIND_MANAGED && a->kind != WO_KIND_BOUND)
-                continue;
-            for (size_t k = 0; k < a->ntags; k++) {
-                const struct wo_tag *t = &a->tags[k];
-                if (t->off > pos)
-                    gap += t->off - pos;
-                pos = WO_MAX(pos, t->off + t->size);
-            }
-            sum += gap + (a->size > pos ? a->size - pos : 0);
-        }
+        for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
+            if (a->kind == WO_KIND_MANAGED || a->kind == WO_KIND_BOUND)
+                sum += wo_place_untagged(a);
     return sum;
 }
 

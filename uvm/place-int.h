@@ -97,6 +97,9 @@ const char *wo_fit_memo_save(uint64_t peak, uint64_t untracked);
 /* Device memory the engine holds besides what the shim serves (fit's
  * engine_bytes). */
 uint64_t wo_place_engine_bytes(void);
+/* The bytes of allocation a that no tag covers (its tags in address
+ * order): the gaps seal gives the policy's default. */
+uint64_t wo_place_untagged(const struct wo_alloc *a);
 /* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
  * before the bytes): the reserve for the engine's allocations after seal,
  * room for the streaming executor's slots (none for routed experts with

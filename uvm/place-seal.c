@@ -19,17 +19,13 @@ struct seg {
 static int seal_alloc(struct wo_alloc *a)
 {
     enum wo_placement dp = wo_uvm.g->default_place;
-    uint64_t gap = 0, pos = 0;
+    uint64_t gap, pos;
     struct seg cur = {0, 0, WO_PLACE_UNSET, true};
     int ret = 0, r;
 
     if (a->kind != WO_KIND_MANAGED && a->kind != WO_KIND_BOUND)
         return 0;
-    for (size_t i = 0; i < a->ntags; i++) {
-        gap += a->tags[i].off - pos;
-        pos = a->tags[i].off + a->tags[i].size;
-    }
-    gap += a->size - pos;
+    gap = wo_place_untagged(a);
     if (gap > 0 && dp == WO_PLACE_HOST) {
         if (wo_host_budget_take(&wo_uvm.host_budget, gap)) {
             a->default_charged = true;
