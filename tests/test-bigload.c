@@ -1017,6 +1017,8 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"squeezed_bytes\":44040192}") != NULL);
         CHECK(strstr(err, "fit: 42.00 MiB of the yielded weights' device pages given back") !=
               NULL);
+        CHECK(strstr(err, "(UVM kept them after the move to the host; 80.00 MiB free before, "
+                          "allocations of 122.00 MiB, freed at once)") != NULL);
         CHECK(strstr(err, "after the engine's allocation: device used 234 MiB, UVM cache 6 MiB") !=
               NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);

@@ -408,7 +408,7 @@ static bool squeeze(uint64_t cached)
     uint64_t target, took = 0, slack = WO_MIN(cached / 8, SQUEEZE_SLACK_MAX);
     CUdeviceptr *p;
     size_t n = 0, cap;
-    char b1[32], b2[32];
+    char b1[32], b2[32], b3[32];
 
     if (!wo_settings()->fit_squeeze || !cached || !d || !d->cuMemGetInfo_v2 || !d->cuMemAlloc_v2 ||
         !d->cuMemFree_v2 || d->cuMemGetInfo_v2(&free0, &total) != CUDA_SUCCESS)
@@ -438,10 +438,13 @@ static bool squeeze(uint64_t cached)
     if (d->cuMemGetInfo_v2(&free1, &total) != CUDA_SUCCESS || free1 <= free0)
         return false;
     wo_uvm.fit.squeezed_bytes += (uint64_t)(free1 - free0);
+    /* the free memory before and the allocations' stop say what UVM held:
+     * stopped short of the target, the cache had less than the yield */
     wo_info("fit: %s of the yielded weights' device pages given back (UVM kept them after the "
-            "move to the host; allocations of %s, freed at once)",
+            "move to the host; %s free before, allocations of %s%s, freed at once)",
             wo_format_size((uint64_t)(free1 - free0), b1, sizeof(b1)),
-            wo_format_size(took, b2, sizeof(b2)));
+            wo_format_size((uint64_t)free0, b3, sizeof(b3)), wo_format_size(took, b2, sizeof(b2)),
+            took < target ? ", stopped short of the target: the device had no more" : "");
     return (uint64_t)(free1 - free0) >= cached / 2;
 }
 
@@ -675,8 +678,9 @@ void wo_place_fit_summary(void)
     untracked = WO_MAX(wo_uvm.fit.untracked, untracked_now());
     if (untracked)
         snprintf(grew, sizeof(grew),
-                 " (and the CUDA context grew by %s beyond the allocations: kernels, local "
+                 " (and the CUDA context grew by %s%s beyond the allocations: kernels, local "
                  "memory)",
+                 untracked >= UNTRACKED_MAX ? "at least " : "",
                  wo_format_size(untracked, b5, sizeof(b5)));
     if (wo_uvm.g->fit.reserve == WO_FIT_RESERVE_AUTO) {
         const char *at = wo_fit_memo_save(peak, untracked);
