@@ -583,21 +583,22 @@ uint64_t wo_place_fit_short(size_t size)
     return keep + size - free_b;
 }
 
-/* What the device's free memory fell by since seal beyond every device
- * allocation since then that the shim saw (the engine's live ones, the
- * picked copies' buffers, the streaming executor's slots): the CUDA
- * context's own growth, kernels loaded on first use and local memory. Said
- * only where nothing else moves the free memory: no weight placed managed
- * (the prefetcher moves its pages; weights fit put on the device stay
- * there), no yield whose pages did not come back (UVM's cache keeps a
- * yielded weight's pages; after a squeeze the free memory has them again,
- * less its slack, which the engine's allocations may take back unseen: the
- * growth then reads up to that much low), no late binding; at most 1 GiB (another process's
- * allocation would read as growth). 0: none, or not known. Sampled at the engine's allocations
- * after seal (at most every 100 ms of them), by the consumer thread (once a second: an engine that
- * frees memory it held at seal before exit would hide it there) and at exit; the high water counts.
+/* What the device's free memory fell by since seal beyond every device allocation since then that
+ * the shim saw (the engine's live ones, the picked copies' buffers, the streaming executor's
+ * slots): the CUDA context's own growth, kernels loaded on first use and local memory. Said only
+ * where nothing else moves the free memory: no weight placed managed (the prefetcher moves its
+ * pages; weights fit put on the device stay there), no yield whose pages did not come back (UVM's
+ * cache keeps a yielded weight's pages; after a squeeze the free memory has them again, less its
+ * slack, which the engine's allocations may take back unseen: the growth then reads up to that
+ * much low), no late binding; at most 2 GiB (another process's allocation would read as growth;
+ * PyTorch's own on the H200 under the copy engine's eager module loading passed the 1 GiB cap this
+ * had: 1.07 GiB of modules, 0.46 GiB without them,
+ * bench/results/bigload-20261204-moe128-squeeze-h200). 0: none, or not known. Sampled at the
+ * engine's allocations after seal (at most every 100 ms of them), by the consumer thread (once a
+ * second: an engine that frees memory it held at seal before exit would hide it there) and at
+ * exit; the high water counts.
  */
-#define UNTRACKED_MAX (1ull << 30)
+#define UNTRACKED_MAX (2ull << 30)
 static uint64_t untracked_now(void)
 {
     const struct wo_driver *d = wo_uvm_driver();
