@@ -90,22 +90,29 @@ def shape_config(shape: str, layers: int) -> Tuple[str, Dict[str, Any]]:
 
 class PeakSampler:
     """Device memory in use by anyone (total - free), sampled every 5 ms; the
-    peak overall and by phase (the worker names it: load, b1, b8, ...), and
-    when and in which phase the overall peak came."""
+    peak overall and by phase (the worker names it: load, b1, b8, ...), when
+    and in which phase the overall peak came, and a timeline (the highest
+    sample of each 100 ms: when the device filled, against the shim's log)."""
 
     def __init__(self, torch: Any) -> None:
         self.torch, self.peak, self.stop = torch, 0, False
         self.phase, self.by_phase, self.peak_phase, self.peak_at = "load", {}, "load", 0.0
+        self.timeline: List[List[Any]] = []  # [s, phase, used bytes]
         self.t0 = time.perf_counter()
         self.t = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
         while not self.stop:
             free, total = self.torch.cuda.mem_get_info()
-            used, ph = total - free, self.phase
+            used, ph, now = total - free, self.phase, time.perf_counter() - self.t0
             self.by_phase[ph] = max(self.by_phase.get(ph, 0), used)
             if used > self.peak:
-                self.peak, self.peak_phase, self.peak_at = used, ph, time.perf_counter() - self.t0
+                self.peak, self.peak_phase, self.peak_at = used, ph, now
+            tick = round(int(now * 10) / 10, 1)
+            if self.timeline and self.timeline[-1][0] == tick and self.timeline[-1][1] == ph:
+                self.timeline[-1][2] = max(self.timeline[-1][2], used)
+            else:
+                self.timeline.append([tick, ph, used])
             time.sleep(0.005)
 
     def __enter__(self) -> "PeakSampler":
@@ -115,6 +122,15 @@ class PeakSampler:
     def __exit__(self, *a: Any) -> None:
         self.stop = True
         self.t.join()
+
+
+def first_near(timeline: List[List[Any]], peak: int, share: float = 0.98) -> Optional[Tuple[float, str]]:
+    """When a row's device memory first came within 2% of its peak, and in
+    which phase: the device filling at the first generate, or late."""
+    for t, ph, used in timeline:
+        if peak > 0 and used >= share * peak:
+            return t, ph
+    return None
 
 
 def make(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -354,6 +370,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     # where the peak came: by phase, and the overall one's phase and time
     res["peak_by_phase"] = {ph: v - base for ph, v in ps.by_phase.items()}
     res["peak_phase"], res["peak_at_s"] = ps.peak_phase, ps.peak_at
+    res["used_timeline"] = [[t, ph, v - base] for t, ph, v in ps.timeline]
     res["weight_bytes"] = spec["weight_bytes"]
     if wo is not None:
         st = wo.stats() or {}
@@ -991,6 +1008,9 @@ def main() -> int:
             md += (f"\n\n{r['name']}: device peak in phase '{r.get('peak_phase')}' "
                    f"({r.get('peak_at_s', 0):.0f} s in); by phase (GiB above the blocker): "
                    + ", ".join(f"{ph} {v / 2**30:.2f}" for ph, v in r["peak_by_phase"].items()))
+            near = first_near(r.get("used_timeline") or [], r.get("peak_device_bytes", 0))
+            if near:
+                md += f"; within 2% of the peak first at {near[0]:.1f} s, in phase '{near[1]}'"
         if st.get("staged") or st.get("auto_tries"):
             md += ("; " if fit.get("budget") else f"\n\n{r['name']}: ")
             md += (f"streaming: {st.get('redirected')} launches redirected, read in place: "

@@ -43,6 +43,16 @@ class TestStepBytes(unittest.TestCase):
         self.assertEqual(bigload.step_bytes([[EXPERT.format(0), "host", GB]], [200], 128), GB)
 
 
+class TestFirstNear(unittest.TestCase):
+    def test_the_first_sample_within_two_percent_of_the_peak(self):
+        tl = [[0.0, "load", 10], [0.1, "b1", 97], [0.2, "b1", 99], [0.3, "b8", 100]]
+        self.assertEqual(bigload.first_near(tl, 100), (0.2, "b1"))
+
+    def test_no_timeline_or_no_peak_says_nothing(self):
+        self.assertIsNone(bigload.first_near([], 100))
+        self.assertIsNone(bigload.first_near([[0.0, "load", 5]], 0))
+
+
 class TestMoeTables(unittest.TestCase):
     def setUp(self):
         off = [[EXPERT.format(0), "host", 11 * GB]]  # 11 GB of experts, layer 0
