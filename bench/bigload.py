@@ -89,14 +89,13 @@ def shape_config(shape: str, layers: int) -> Tuple[str, Dict[str, Any]]:
 
 
 class PeakSampler:
-    """Device memory in use by anyone (total - free), sampled every 5 ms; the
-    peak overall and by phase (the worker names it: load, b1, b8, ...), when
-    and in which phase the overall peak came, and a timeline (the highest
-    sample of each 100 ms: when the device filled, against the shim's log)."""
+    """Device memory in use by anyone (total - free), sampled every 5 ms and
+    kept as a timeline: the highest sample of each 100 ms, with its phase
+    (the worker names it: load, b1, b8, ...). The peaks are read from it
+    (peaks())."""
 
     def __init__(self, torch: Any) -> None:
-        self.torch, self.peak, self.stop = torch, 0, False
-        self.phase, self.by_phase, self.peak_phase, self.peak_at = "load", {}, "load", 0.0
+        self.torch, self.stop, self.phase = torch, False, "load"
         self.timeline: List[List[Any]] = []  # [s, phase, used bytes]
         self.t0 = time.perf_counter()
         self.t = threading.Thread(target=self.run, daemon=True)
@@ -104,11 +103,8 @@ class PeakSampler:
     def run(self) -> None:
         while not self.stop:
             free, total = self.torch.cuda.mem_get_info()
-            used, ph, now = total - free, self.phase, time.perf_counter() - self.t0
-            self.by_phase[ph] = max(self.by_phase.get(ph, 0), used)
-            if used > self.peak:
-                self.peak, self.peak_phase, self.peak_at = used, ph, now
-            tick = round(int(now * 10) / 10, 1)
+            used, ph = total - free, self.phase
+            tick = int((time.perf_counter() - self.t0) * 10) / 10
             if self.timeline and self.timeline[-1][0] == tick and self.timeline[-1][1] == ph:
                 self.timeline[-1][2] = max(self.timeline[-1][2], used)
             else:
@@ -124,13 +120,20 @@ class PeakSampler:
         self.t.join()
 
 
-def first_near(timeline: List[List[Any]], peak: int, share: float = 0.98) -> Optional[Tuple[float, str]]:
-    """When a row's device memory first came within 2% of its peak, and in
-    which phase: the device filling at the first generate, or late."""
+def peaks(timeline: List[List[Any]]) -> Dict[str, Any]:
+    """A timeline's peak overall (bytes, its phase and when, the first time
+    it came), by phase in the order the phases came, and when it first came
+    within 2% of the peak: the device filling at the first generate, or late."""
+    out: Dict[str, Any] = dict(peak=0, phase=None, at=0.0, by_phase={}, near=None)
     for t, ph, used in timeline:
-        if peak > 0 and used >= share * peak:
-            return t, ph
-    return None
+        out["by_phase"][ph] = max(out["by_phase"].get(ph, 0), used)
+        if used > out["peak"]:
+            out["peak"], out["phase"], out["at"] = used, ph, t
+    for t, ph, used in timeline:
+        if out["peak"] > 0 and used >= 0.98 * out["peak"]:
+            out["near"] = [t, ph]
+            break
+    return out
 
 
 def make(spec: Dict[str, Any]) -> Dict[str, Any]:
@@ -366,10 +369,12 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
             # the single-batch fields of the dense rows (their table)
             first_b = res["batched"][str(batches[0])]
             res["decode_tok_s"], res["tokens"] = first_b["tok_s"], first_b["tokens"][0]
-    res["peak_device_bytes"] = ps.peak - base
-    # where the peak came: by phase, and the overall one's phase and time
-    res["peak_by_phase"] = {ph: v - base for ph, v in ps.by_phase.items()}
-    res["peak_phase"], res["peak_at_s"] = ps.peak_phase, ps.peak_at
+    # where the peak came: by phase, the overall one's phase and time, and
+    # when the device first came near it
+    pk = peaks(ps.timeline)
+    res["peak_device_bytes"] = pk["peak"] - base
+    res["peak_by_phase"] = {ph: v - base for ph, v in pk["by_phase"].items()}
+    res["peak_phase"], res["peak_at_s"], res["peak_near"] = pk["phase"], pk["at"], pk["near"]
     res["used_timeline"] = [[t, ph, v - base] for t, ph, v in ps.timeline]
     res["weight_bytes"] = spec["weight_bytes"]
     if wo is not None:
@@ -1008,7 +1013,7 @@ def main() -> int:
             md += (f"\n\n{r['name']}: device peak in phase '{r.get('peak_phase')}' "
                    f"({r.get('peak_at_s', 0):.0f} s in); by phase (GiB above the blocker): "
                    + ", ".join(f"{ph} {v / 2**30:.2f}" for ph, v in r["peak_by_phase"].items()))
-            near = first_near(r.get("used_timeline") or [], r.get("peak_device_bytes", 0))
+            near = r.get("peak_near")
             if near:
                 md += f"; within 2% of the peak first at {near[0]:.1f} s, in phase '{near[1]}'"
         if st.get("staged") or st.get("auto_tries"):

@@ -43,14 +43,18 @@ class TestStepBytes(unittest.TestCase):
         self.assertEqual(bigload.step_bytes([[EXPERT.format(0), "host", GB]], [200], 128), GB)
 
 
-class TestFirstNear(unittest.TestCase):
-    def test_the_first_sample_within_two_percent_of_the_peak(self):
-        tl = [[0.0, "load", 10], [0.1, "b1", 97], [0.2, "b1", 99], [0.3, "b8", 100]]
-        self.assertEqual(bigload.first_near(tl, 100), (0.2, "b1"))
+class TestPeaks(unittest.TestCase):
+    def test_peak_by_phase_and_first_within_two_percent(self):
+        tl = [[0.0, "load", 10], [0.1, "b1", 97], [0.2, "b1", 99], [0.3, "b8", 100], [0.4, "b8", 100]]
+        pk = bigload.peaks(tl)
+        self.assertEqual((pk["peak"], pk["phase"], pk["at"]), (100, "b8", 0.3))
+        self.assertEqual(pk["by_phase"], {"load": 10, "b1": 99, "b8": 100})
+        self.assertEqual(list(pk["by_phase"]), ["load", "b1", "b8"])
+        self.assertEqual(pk["near"], [0.2, "b1"])
 
-    def test_no_timeline_or_no_peak_says_nothing(self):
-        self.assertIsNone(bigload.first_near([], 100))
-        self.assertIsNone(bigload.first_near([[0.0, "load", 5]], 0))
+    def test_no_timeline_says_nothing(self):
+        pk = bigload.peaks([])
+        self.assertEqual((pk["peak"], pk["by_phase"], pk["near"]), (0, {}, None))
 
 
 class TestMoeTables(unittest.TestCase):

@@ -591,12 +591,12 @@ uint64_t wo_place_fit_short(size_t size)
  * cache keeps a yielded weight's pages; after a squeeze the free memory has them again, less its
  * slack, which the engine's allocations may take back unseen: the growth then reads up to that
  * much low), no late binding; at most 2 GiB (another process's allocation would read as growth;
- * PyTorch's own on the H200 under the copy engine's eager module loading passed the 1 GiB cap this
- * had: 1.07 GiB of modules, 0.46 GiB without them,
- * bench/results/bigload-20261204-moe128-squeeze-h200). 0: none, or not known. Sampled at the
- * engine's allocations after seal (at most every 100 ms of them), by the consumer thread (once a
- * second: an engine that frees memory it held at seal before exit would hide it there) and at
- * exit; the high water counts.
+ * on the H200 under the copy engine's eager module loading, 1,068 MiB of modules for PyTorch, the
+ * measure sat at the 1 GiB cap it had while the process passed its books by 1.6 GiB; 0.46 GiB
+ * without the copy engine: bench/results/bigload-20261204-moe128-squeeze-h200). 0: none, or not
+ * known. Sampled at the engine's allocations after seal (at most every 100 ms of them), by the
+ * consumer thread (once a second: an engine that frees memory it held at seal before exit would
+ * hide it there) and at exit; the high water counts.
  */
 #define UNTRACKED_MAX (2ull << 30)
 static uint64_t untracked_now(void)
