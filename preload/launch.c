@@ -352,6 +352,42 @@ CUresult wo_h_library_unload(wo_pfn_cuLibraryUnload real, int id, void *ra, CUli
     return unloaded(r, 0);
 }
 
+/* Loads wait for the context's work too (under lazy loading a kernel's
+ * first launch does, and hung the H200 with a job queued: docs/placement.md,
+ * module loading; eager loading moves the load to the library's own load,
+ * which an engine may reach mid-run: cuBLAS at its first GEMM, a JIT's
+ * module), so they go behind the gate as unloads do: the jobs queued are
+ * issued first. */
+#define GATED_LOAD(hook, sym, PARAMS, ARGS)                                                        \
+    CUresult hook(wo_pfn_##sym real, int id, void *ra, WO_UNPACK PARAMS)                           \
+    {                                                                                              \
+        CUresult r;                                                                                \
+        (void)ra;                                                                                  \
+        wo_count_call(id);                                                                         \
+        if (WO_UNLIKELY(!real))                                                                    \
+            return CUDA_ERROR_NOT_FOUND;                                                           \
+        wo_uvm_quiesce_begin();                                                                    \
+        r = real ARGS;                                                                             \
+        wo_uvm_quiesce_end();                                                                      \
+        return r;                                                                                  \
+    }
+GATED_LOAD(wo_h_module_load, cuModuleLoad, (CUmodule * m, const char *fname), (m, fname))
+GATED_LOAD(wo_h_module_load_data, cuModuleLoadData, (CUmodule * m, const void *image), (m, image))
+GATED_LOAD(wo_h_module_load_data_ex, cuModuleLoadDataEx,
+           (CUmodule * m, const void *image, unsigned int n, CUjit_option *opts, void **vals),
+           (m, image, n, opts, vals))
+GATED_LOAD(wo_h_module_load_fatbin, cuModuleLoadFatBinary, (CUmodule * m, const void *fatbin),
+           (m, fatbin))
+GATED_LOAD(wo_h_library_load_data, cuLibraryLoadData,
+           (CUlibrary * l, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
+            CUlibraryOption *lo, void **lv, unsigned int nl),
+           (l, code, jo, jv, nj, lo, lv, nl))
+GATED_LOAD(wo_h_library_load_file, cuLibraryLoadFromFile,
+           (CUlibrary * l, const char *fname, CUjit_option *jo, void **jv, unsigned int nj,
+            CUlibraryOption *lo, void **lv, unsigned int nl),
+           (l, fname, jo, jv, nj, lo, lv, nl))
+#undef GATED_LOAD
+
 /* --- scanning ------------------------------------------------------------- */
 
 struct scan {

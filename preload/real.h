@@ -135,7 +135,13 @@
     X(cuCtxSynchronize_v2, 0, wo_h_ctx_sync, CUresult, (CUcontext ctx), (ctx)) \
     X(cuEventSynchronize, 0, wo_h_event_sync, CUresult, (CUevent e), (e)) \
     X(cuModuleUnload, 0, wo_h_module_unload, CUresult, (CUmodule m), (m)) \
-    X(cuLibraryUnload, 0, wo_h_library_unload, CUresult, (CUlibrary l), (l))
+    X(cuLibraryUnload, 0, wo_h_library_unload, CUresult, (CUlibrary l), (l)) \
+    X(cuModuleLoad, 0, wo_h_module_load, CUresult, (CUmodule *m, const char *fname), (m, fname)) \
+    X(cuModuleLoadData, 0, wo_h_module_load_data, CUresult, (CUmodule *m, const void *image), (m, image)) \
+    X(cuModuleLoadDataEx, 0, wo_h_module_load_data_ex, CUresult, (CUmodule *m, const void *image, unsigned int n, CUjit_option *opts, void **vals), (m, image, n, opts, vals)) \
+    X(cuModuleLoadFatBinary, 0, wo_h_module_load_fatbin, CUresult, (CUmodule *m, const void *fatbin), (m, fatbin)) \
+    X(cuLibraryLoadData, 0, wo_h_library_load_data, CUresult, (CUlibrary *l, const void *code, CUjit_option *jo, void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl), (l, code, jo, jv, nj, lo, lv, nl)) \
+    X(cuLibraryLoadFromFile, 0, wo_h_library_load_file, CUresult, (CUlibrary *l, const char *fname, CUjit_option *jo, void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl), (l, fname, jo, jv, nj, lo, lv, nl))
 
 #define WO_DRIVER_PROCS(G) \
     G("cuGetProcAddress", 11030, cuGetProcAddress, cuGetProcAddress) \
@@ -201,7 +207,13 @@
     G("cuCtxSynchronize", 13000, cuCtxSynchronize_v2, cuCtxSynchronize_v2) \
     G("cuEventSynchronize", 2000, cuEventSynchronize, cuEventSynchronize) \
     G("cuModuleUnload", 2000, cuModuleUnload, cuModuleUnload) \
-    G("cuLibraryUnload", 12000, cuLibraryUnload, cuLibraryUnload)
+    G("cuLibraryUnload", 12000, cuLibraryUnload, cuLibraryUnload) \
+    G("cuModuleLoad", 2000, cuModuleLoad, cuModuleLoad) \
+    G("cuModuleLoadData", 2000, cuModuleLoadData, cuModuleLoadData) \
+    G("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx, cuModuleLoadDataEx) \
+    G("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary, cuModuleLoadFatBinary) \
+    G("cuLibraryLoadData", 12000, cuLibraryLoadData, cuLibraryLoadData) \
+    G("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile, cuLibraryLoadFromFile)
 
 #define WO_RUNTIME_HOOKS(X) \
     X(cudaMalloc, 0, wo_h_cuda_malloc, cudaError_t, (void **p, size_t size), (p, size)) \

@@ -212,6 +212,12 @@ struct freer {
      * .item()): it waits for the context's work too (the H200 under fit) */
     CUresult (*dtoh_async)(void *, CUdeviceptr, size_t, CUstream);
     unsigned long reads;
+    /* WO_PICKS_TEST_FREER=loads: each round loads a module and unloads it
+     * instead (a library's late load under eager loading, a JIT's module):
+     * a load waits for the context's work as a free does */
+    CUresult (*load)(CUmodule *, const void *);
+    CUresult (*unload)(CUmodule);
+    unsigned long loads;
 };
 
 static void *freer_thread(void *arg)
@@ -223,6 +229,17 @@ static void *freer_thread(void *arg)
         return NULL;
     }
     while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+        if (f->load) {
+            CUmodule m = NULL;
+
+            if (f->load(&m, ".version 8.0\n.target sm_80\n.address_size 64\n") == CUDA_SUCCESS &&
+                f->unload(m) == CUDA_SUCCESS)
+                f->loads++;
+            else
+                f->failed++;
+            usleep(100);
+            continue;
+        }
         unsigned round = (unsigned)((f->frees + f->failed + f->reads) % 3);
         bool host = round == 1;
         CUdeviceptr p = 0;
@@ -1185,12 +1202,18 @@ static int child(void)
         return resident_child(picks, stats, p_cuMemcpyHtoD, p_cuMemcpyDtoH, p_cuLaunchKernel,
                               p_cuStreamSync, kg, s, ids, out, host);
 
-    struct freer fr = {p_cuCtxSetCurrent, p_cuMemAlloc, NULL, NULL, NULL, ctx, 0, 0, 0, NULL, 0};
+    struct freer fr = {.ctx_set = p_cuCtxSetCurrent, .alloc = p_cuMemAlloc, .ctx = ctx};
     pthread_t fth;
     *(void **)&fr.free = need(cu, "cuMemFree_v2");
     *(void **)&fr.host_alloc = need(cu, "cuMemHostAlloc");
     *(void **)&fr.host_free = need(cu, "cuMemFreeHost");
     *(void **)&fr.dtoh_async = need(cu, "cuMemcpyDtoHAsync_v2");
+    bool loading =
+        getenv("WO_PICKS_TEST_FREER") && strcmp(getenv("WO_PICKS_TEST_FREER"), "loads") == 0;
+    if (loading) {
+        *(void **)&fr.load = need(cu, "cuModuleLoadData");
+        *(void **)&fr.unload = need(cu, "cuModuleUnload");
+    }
     bool freeing = getenv("WO_PICKS_TEST_FREER") && getenv("WO_PICKS_TEST_ENGINE") &&
                    strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0;
     CHECK(!freeing || pthread_create(&fth, NULL, freer_thread, &fr) == 0);
@@ -1485,9 +1508,9 @@ static int child(void)
     if (freeing) {
         __atomic_store_n(&fr.stop, 1, __ATOMIC_RELEASE);
         pthread_join(fth, NULL);
-        fprintf(stderr, "freer: %lu frees, %lu reads back, %lu failed\n", fr.frees, fr.reads,
-                fr.failed);
-        CHECK(fr.frees > 0 && fr.reads > 0 && fr.failed == 0);
+        fprintf(stderr, "freer: %lu frees, %lu reads back, %lu loads, %lu failed\n", fr.frees,
+                fr.reads, fr.loads, fr.failed);
+        CHECK((loading ? fr.loads > 0 : fr.frees > 0 && fr.reads > 0) && fr.failed == 0);
     }
     /* one more registration reads the counters back after the last copy:
      * at least a millisecond after the last read back, on the shim's clock

@@ -539,3 +539,15 @@ static inline CUresult wo_quiet_free_host(const struct wo_driver *d, void *h)
     wo_uvm_quiesce_end();
     return r;
 }
+
+/* The shim's own module loads after start-up (the streaming executor's copy
+ * kernel, at its first slots): a load may wait for the context's work, as
+ * a free does. */
+static inline CUresult wo_quiet_module_load(const struct wo_driver *d, CUmodule *m,
+                                            const void *image)
+{
+    wo_uvm_quiesce_begin();
+    CUresult r = d->cuModuleLoadData(m, image);
+    wo_uvm_quiesce_end();
+    return r;
+}

@@ -54,7 +54,7 @@ static void load_copy_kernel(void)
     CUresult res = CUDA_ERROR_NOT_SUPPORTED;
 
     if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuModuleUnload && d->cuLaunchKernel) {
-        res = d->cuModuleLoadData(&mod, wo_copy_ptx());
+        res = wo_quiet_module_load(d, &mod, wo_copy_ptx());
         if (res == CUDA_SUCCESS)
             res = d->cuModuleGetFunction(&wo_sx->copy_fn, mod, "wo_stream_copy");
         if (res != CUDA_SUCCESS && mod)

@@ -1105,9 +1105,10 @@ CUresult fk_quiet_wait(void)
     pthread_rwlock_wrlock(&quiet);
     while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0 || fk_behind_any()) {
         if (fk_now_ns() - t0 > limit) {
-            fprintf(stderr, "fakecuda: a free or a context synchronize waited for the "
-                            "context's work while a stream waits on a value only a blocked "
-                            "call would write: a GPU would hang here\n");
+            fprintf(stderr,
+                    "fakecuda: a free, a module's load or a context synchronize "
+                    "waited for the context's work while a stream waits on a value only a blocked "
+                    "call would write: a GPU would hang here\n");
             r = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;
         }
@@ -1601,11 +1602,18 @@ static CUresult new_handle(void **out, size_t size, uint32_t magic)
     return CUDA_SUCCESS;
 }
 
+/* A load waits for the context's work holding the driver's quiet lock, as a
+ * free does (fk_quiet_wait): CUDA's programming guide says a module's load
+ * may synchronize the context, and on the H200 a kernel's lazy load with the
+ * shim's copy engine queued hung so. */
 FK_EXPORT CUresult cuModuleLoad(CUmodule *module, const char *fname)
 {
     FK_ENTER(cuModuleLoad);
     if (!module || !fname)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult w = fk_quiet_wait();
+    if (w != CUDA_SUCCESS)
+        return w;
     return new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
 }
 
@@ -1615,7 +1623,10 @@ FK_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image)
     FK_ENTER(cuModuleLoadData);
     if (!module || !image)
         return CUDA_ERROR_INVALID_VALUE;
-    CUresult r = new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
+    CUresult r = fk_quiet_wait();
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = new_handle((void **)module, sizeof(struct CUmod_st), MOD_MAGIC);
     if (r == CUDA_SUCCESS && fk_module_bytes)
         fk_dev_bytes_add((int64_t)fk_module_bytes);
     return r;
@@ -1674,6 +1685,9 @@ FK_EXPORT CUresult cuLibraryLoadData(CUlibrary *library, const void *code, CUjit
     FK_ENTER(cuLibraryLoadData);
     if (!library || !code)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult w = fk_quiet_wait();
+    if (w != CUDA_SUCCESS)
+        return w;
     return new_handle((void **)library, sizeof(struct CUlib_st), MOD_MAGIC);
 }
 

@@ -1,8 +1,15 @@
 """What the gpu suite's Python tests share (tests/gpu/*.py): the check for
 torch, transformers and a GPU, and reading a child's result."""
+import glob
 import json
+import os
 import subprocess
 import sys
+import tempfile
+
+# bench/stall-stacks.sh: every thread's stack of a process the shim reports stuck
+STALL_STACKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                            "stall-stacks.sh")
 
 
 def torch_on_gpu():
@@ -19,13 +26,56 @@ def torch_on_gpu():
     return torch
 
 
-def result(cmd: list, env=None, must: bool = True, timeout: float = 600) -> dict:
+def run_watched(cmd: list, env, timeout: float) -> subprocess.CompletedProcess:
+    """subprocess.run, with bench/stall-stacks.sh watching the child's stderr:
+    when the shim says the copy engine looks stuck (or 20 s before the
+    timeout, the child still running), every thread's stack is taken twice
+    and the child killed, and the stacks follow its stderr. A hang then
+    ends early and says where each thread was (a stall on the H200 came
+    once in eleven runs, with no stacks)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        err_path = os.path.join(tmp, "stderr.txt")
+        watcher = None
+        with open(err_path, "w") as err:
+            child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            if os.path.exists(STALL_STACKS):
+                watcher = subprocess.Popen(
+                    ["bash", STALL_STACKS, err_path, tmp, "looks stuck", str(max(10, int(timeout) - 20))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    env=dict(os.environ, STALL_KILL="1", STALL_AT_END="1"))
+            try:
+                out, _ = child.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired as e:
+                child.kill()
+                child.communicate()
+                with open(err_path, errors="replace") as f:
+                    e.stderr = f.read()
+                raise
+            finally:
+                if watcher:
+                    watcher.kill()
+                    watcher.wait()
+        with open(err_path, errors="replace") as f:
+            stderr = f.read()
+        for path in sorted(glob.glob(os.path.join(tmp, "stacks-*.txt"))):
+            with open(path, errors="replace") as f:
+                stderr += f"\n######## {os.path.basename(path)} (bench/stall-stacks.sh)\n" + f.read()
+    return subprocess.CompletedProcess(cmd, child.returncode, out, stderr)
+
+
+def result(cmd: list, env=None, must: bool = True, timeout: float = 600,
+           stacks: bool = False) -> dict:
     """Runs a child that prints one line `RESULT <json>` and returns that
     object, the child's stderr under "stderr". Without such a line: with
     must, the test fails here (the child's output tails on stderr);
-    otherwise an object with "error" and those tails."""
+    otherwise an object with "error" and those tails. stacks: a stall
+    takes the child's stacks and ends it (run_watched); they follow its
+    stderr, whole."""
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        if stacks:
+            p = run_watched(cmd, env, timeout)
+        else:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         # a hang (the child is killed): what it said so far
         def text(b):
@@ -40,7 +90,9 @@ def result(cmd: list, env=None, must: bool = True, timeout: float = 600) -> dict
             r = json.loads(line[7:])
             r["stderr"] = p.stderr
             return r
-    tail = p.stdout[-3000:] + p.stderr[-5000:]
+    stacks_at = p.stderr.find("\n######## stacks-")
+    tail = p.stdout[-3000:] + (p.stderr[max(0, stacks_at - 5000):] if stacks_at >= 0
+                               else p.stderr[-5000:])
     if must:
         sys.stderr.write(tail)
         raise SystemExit(f"FAIL: {' '.join(cmd)}: exit {p.returncode}, no result")

@@ -275,7 +275,8 @@ def main() -> int:
                                           if "-engine" in case else {}),
                                        **({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
                                           if case.endswith("-q1") else {})),
-                                  must=False, timeout=300 if "-engine" in case else 600)
+                                  must=False, timeout=300 if "-engine" in case else 600,
+                                  stacks="-engine" in case)
                 for case in cases}
         for case in cases:
             cmd, ref = cmds[case], refs[CASES[case][0]]
@@ -346,7 +347,9 @@ def main() -> int:
             print("\n".join("    " + ln for ln in tail[-12:]))
             print("\n".join("    " + ln for ln in [ln for ln in lines if "stream check" in ln][:40]))
             if not all(checks.values()):
-                sys.stderr.write(got["stderr"][-4000:])
+                # the stall's stacks whole, when a stall took them (gpucheck.run_watched)
+                at = got["stderr"].find("\n######## stacks-")
+                sys.stderr.write(got["stderr"][max(0, at - 4000):] if at >= 0 else got["stderr"][-4000:])
                 if os.environ.get("WO_STREAM_DEBUG") == "1":
                     debug(cmd, env)
     return 1 if failures else 0
