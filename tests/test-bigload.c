@@ -912,6 +912,20 @@ int main(int argc, char **argv)
             CHECK(strstr(stats, "\"reserve_bytes\":58720256,") != NULL);
             dump_on_failure(f0, "fitmemo (the context's growth reserved)", stats, err);
         }
+        /* a growth past the measure's cap (UNTRACKED_MAX, 2 GiB: a module of
+         * 3 GiB on a device of 8 GiB): said as "at least" the cap */
+        f0 = failures;
+        unlink(memo);
+        {
+            char envx[] = "WOFAKE_MODULE_BYTES=3G", envt[] = "WOFAKE_TOTAL_MEM=8G";
+            const char *envc[] = {envm, envx, envt, NULL};
+            rc = run(argv, "fitmemoctx", fit_auto_reserve_policy, envc, stats, sizeof(stats), err,
+                     sizeof(err));
+            CHECK(rc == 0);
+            CHECK(strstr(err, "(and the CUDA context grew by at least 2.00 GiB beyond the "
+                              "allocations: kernels, local memory)") != NULL);
+            dump_on_failure(f0, "fitmemo (the context's growth past the cap)", stats, err);
+        }
         /* line 3 of another form: a warning, the high water still read */
         f0 = failures;
         CHECK(put(memo, "woffload fit memo 1\nengine_peak_bytes 20971520\nsomething else\n"));
