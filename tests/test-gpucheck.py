@@ -20,7 +20,22 @@ FINE = ("import sys\n"
         "print('RESULT {\"tokens\": {\"0\": [[1, 2]]}}')\n")
 
 
+STALLED = ("import os, sys, time\n"
+           "sys.stderr.write(f'woffload: info: libwoffload 0.1.0 loaded (pid {os.getpid()})\\n')\n"
+           "sys.stderr.write('woffload: warning: picks: the copy engine looks stuck: test\\n')\n"
+           "sys.stderr.flush()\n"
+           "time.sleep(6)\n"
+           "print('RESULT {\"tokens\": {}}')\n")
+
+
 class TestWatched(unittest.TestCase):
+    def test_stalled_child_goes_on(self):
+        got = gpucheck.result([sys.executable, "-c", STALLED], must=False, timeout=60,
+                              stacks=True, kill_on_stall=False)
+        self.assertEqual(got.get("tokens"), {}, "not killed: its result comes")
+        self.assertIn("######## stacks-", got["stderr"])
+        self.assertIn("### round 2", got["stderr"])
+
     def test_stuck_child_ends_with_stacks(self):
         t0 = time.monotonic()
         got = gpucheck.result([sys.executable, "-c", STUCK], must=False, timeout=120, stacks=True)

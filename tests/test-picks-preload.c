@@ -1603,6 +1603,14 @@ static int child(void)
                   strstr(rep, "calls since job") && strstr(rep, "cuStreamSynchronize"));
             fprintf(stderr, "engine: stall report %.400s\n", rep ? rep : "(none)");
         }
+        /* WO_PICKS_TEST_RESCUE (-rescue: the copy thread held in its first
+         * copy past the stall limit): the watchdog rescued that job, the
+         * reads above exact */
+        if (getenv("WO_PICKS_TEST_RESCUE") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0) {
+            long long rescues = json_num(js, "\"engine\":{", "\"rescues\":");
+            fprintf(stderr, "engine: %lld rescues\n", rescues);
+            CHECK(rescues >= 1);
+        }
         /* every engine stream was probed for a work queue shared with the
          * copy stream (uvm/queue-probe.h); -queues (WOFAKE_QUEUES=1: every
          * stream in one queue): each shares it, so the kernels copied all,

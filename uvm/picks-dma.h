@@ -70,6 +70,25 @@ bool wo_dma_wait(const struct wo_driver *d, unsigned ix, CUstream stream, uint32
 /* The same on the host: true once job seq's copies are done (at most 10 s). */
 bool wo_dma_done(unsigned ix, uint32_t seq);
 
+/* The rescue's guard of job seq, right after its wait on stream (the launch
+ * that reads its rows next): copy, the kernels' copy function, with the
+ * rescue marks of index ix as its marks and seq as their generation, from
+ * src (the tensor's rows) into dst (the job's buffer), one block an
+ * expert. It copies nothing unless the watchdog rescued the job: the copy
+ * thread held in one driver call past WOFFLOAD_PICKS_STALL_MS while the
+ * engine's stream waits for it (a load or a free of another thread waiting
+ * for the context's work while holding the driver's lock): its picked
+ * experts are marked and its flag written from the host, and the guard
+ * copies their rows. A stall, then, not a hang. A job without a guard is
+ * never rescued. */
+void wo_dma_guard(const struct wo_driver *d, unsigned ix, CUstream stream, uint32_t seq,
+                  CUfunction copy, CUdeviceptr dst, CUdeviceptr src, uint64_t row,
+                  unsigned n_experts);
+/* Whether a rescued job's copies on the copy stream may still land: the
+ * kernels then fill no buffer (stage reads in place instead), for a late
+ * copy would overwrite it; copies on the copy engine land after them. */
+bool wo_dma_rescue_pending(void);
+
 /* Asks for the pinned mirror of span (as wo_dma_enqueue would) now, on
  * the engine's thread with its context ctx current: a mirror takes seconds
  * to make, and the first copies that want it should find it there. */
@@ -87,6 +106,8 @@ struct wo_dma_figs {
     uint64_t mirror_dropped; /* mirrors given up: their tensor's allocation freed while copied */
     uint64_t waits_refused;  /* stream waits the driver refused: the copy engine given up */
     uint64_t stalls;         /* stall reports (WOFFLOAD_PICKS_STALL_MS; said once) */
+    uint64_t rescues;        /* jobs whose rows the kernels copied on the engine's stream, the copy
+                              * thread held in a driver call past WOFFLOAD_PICKS_STALL_MS */
     char stall_report[1536]; /* the report's clauses, as said ("" before one) */
     uint64_t quiesced;         /* launches copied by the kernels while a free drained the queue */
     uint64_t quiesce_timeouts; /* frees that went on with jobs still queued (QUIESCE_NS) */

@@ -479,6 +479,11 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
     if (early)
         return false;
     b->early = false;
+    /* a rescued job's copies may still land in any buffer: read in place */
+    if (wo_dma_rescue_pending()) {
+        b->span = -1;
+        return false;
+    }
     {
         CUstream st = (CUstream)(uintptr_t)t->stream;
         int ts = wo_picks_time_before(d, st);
@@ -578,6 +583,11 @@ static unsigned wait_jobs(const struct wo_driver *d, struct wo_pool_strm *t, uns
         if (!(taken & 1u << k) || !b->later)
             continue;
         if (wo_dma_wait(d, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, b->later)) {
+            if (b->span >= 0 && b->span < (int)wo_pk.n) {
+                const struct span *s = &wo_pk.s[b->span];
+                wo_dma_guard(d, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, b->later,
+                             wo_pk.copy, b->dev, s->lo, s->row, s->n_experts);
+            }
             b->later = 0;
             continue;
         }

@@ -47,6 +47,10 @@ static _Atomic int armed[FK_NSYMS];
 /* WOFAKE_DELAY: CPU time (us) a call takes before it does anything, as the
  * real driver's prefetch and advice calls do (guide/device-facts.md). */
 static _Atomic uint32_t delay_us[FK_NSYMS];
+/* name:us:n: only the n-th call (0: every call); WOFAKE_DELAY_THREAD: only
+ * calls from threads of that name, counted among themselves */
+static _Atomic uint64_t delay_calls[FK_NSYMS], delay_seen[FK_NSYMS];
+static char delay_thread[16];
 
 #define MAX_RULES 64
 struct rule {
@@ -191,7 +195,7 @@ static void parse_delay_env(const char *spec)
         char *c = strchr(tok, ':');
         int id;
         if (!c) {
-            fprintf(stderr, "fakecuda: WOFAKE_DELAY: '%s' is not name:microseconds\n", tok);
+            fprintf(stderr, "fakecuda: WOFAKE_DELAY: '%s' is not name:microseconds[:calls]\n", tok);
             continue;
         }
         *c = '\0';
@@ -200,6 +204,8 @@ static void parse_delay_env(const char *spec)
             fprintf(stderr, "fakecuda: WOFAKE_DELAY: no function '%s'\n", tok);
             continue;
         }
+        char *n = strchr(c + 1, ':');
+        atomic_store(&delay_calls[id], n ? strtoull(n + 1, NULL, 10) : 0);
         atomic_store(&delay_us[id], (uint32_t)strtoul(c + 1, NULL, 10));
     }
     free(copy);
@@ -248,6 +254,9 @@ static void read_env(void)
     s = getenv("WOFAKE_FAIL");
     if (s && *s)
         parse_fail_env(s);
+    s = getenv("WOFAKE_DELAY_THREAD");
+    if (s)
+        snprintf(delay_thread, sizeof(delay_thread), "%s", s);
     s = getenv("WOFAKE_DELAY");
     if (s && *s)
         parse_delay_env(s);
@@ -266,7 +275,14 @@ CUresult fk_enter(enum fk_sym_id id)
     if (trace)
         fprintf(stderr, "fakecuda: %s #%llu\n", sym_names[id], (unsigned long long)n);
     uint32_t d = atomic_load_explicit(&delay_us[id], memory_order_relaxed);
-    if (d) {
+    if (d && delay_thread[0]) {
+        char me[16] = "";
+        if (pthread_getname_np(pthread_self(), me, sizeof(me)) != 0 ||
+            strcmp(me, delay_thread) != 0)
+            d = 0;
+    }
+    uint64_t dn = atomic_load_explicit(&delay_calls[id], memory_order_relaxed);
+    if (d && (!dn || atomic_fetch_add(&delay_seen[id], 1) + 1 == dn)) {
         struct timespec ts = { .tv_sec = d / 1000000u, .tv_nsec = (long)(d % 1000000u) * 1000 };
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
             ;

@@ -26,13 +26,15 @@ def torch_on_gpu():
     return torch
 
 
-def run_watched(cmd: list, env, timeout: float) -> subprocess.CompletedProcess:
+def run_watched(cmd: list, env, timeout: float, kill: bool = True) -> subprocess.CompletedProcess:
     """subprocess.run, with bench/stall-stacks.sh watching the child's stderr:
-    when the shim says the copy engine looks stuck (or 20 s before the
-    timeout, the child still running), every thread's stack is taken twice
-    and the child killed, and the stacks follow its stderr. A hang then
-    ends early and says where each thread was (a stall on the H200 came
-    once in eleven runs, with no stacks)."""
+    when the shim says the copy engine looks stuck (or, with kill, 20 s
+    before the timeout, the child still running), every thread's stack is
+    taken twice, 2 s apart, and the stacks follow its stderr. With kill the
+    child is then killed (a hang ends early and says where each thread
+    was: a stall on the H200 came once in eleven runs, with no stacks);
+    without, it goes on (the shim's rescue of the stalled jobs may end the
+    stall: whether it did, and with which tokens, is the child's result)."""
     with tempfile.TemporaryDirectory() as tmp:
         err_path = os.path.join(tmp, "stderr.txt")
         watcher = None
@@ -42,7 +44,8 @@ def run_watched(cmd: list, env, timeout: float) -> subprocess.CompletedProcess:
                 watcher = subprocess.Popen(
                     ["bash", STALL_STACKS, err_path, tmp, "looks stuck", str(max(10, int(timeout) - 20))],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    env=dict(os.environ, STALL_KILL="1", STALL_AT_END="1"))
+                    env=dict(os.environ, STALL_KILL="1" if kill else "0",
+                             STALL_AT_END="1" if kill else "0"))
             try:
                 out, _ = child.communicate(timeout=timeout)
             except subprocess.TimeoutExpired as e:
@@ -64,16 +67,16 @@ def run_watched(cmd: list, env, timeout: float) -> subprocess.CompletedProcess:
 
 
 def result(cmd: list, env=None, must: bool = True, timeout: float = 600,
-           stacks: bool = False) -> dict:
+           stacks: bool = False, kill_on_stall: bool = True) -> dict:
     """Runs a child that prints one line `RESULT <json>` and returns that
     object, the child's stderr under "stderr". Without such a line: with
     must, the test fails here (the child's output tails on stderr);
     otherwise an object with "error" and those tails. stacks: a stall
-    takes the child's stacks and ends it (run_watched); they follow its
-    stderr, whole."""
+    takes the child's stacks (run_watched), and with kill_on_stall ends
+    it; they follow its stderr, whole."""
     try:
         if stacks:
-            p = run_watched(cmd, env, timeout)
+            p = run_watched(cmd, env, timeout, kill_on_stall)
         else:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:

@@ -276,7 +276,7 @@ def main() -> int:
                                        **({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
                                           if case.endswith("-q1") else {})),
                                   must=False, timeout=300 if "-engine" in case else 600,
-                                  stacks="-engine" in case)
+                                  stacks="-engine" in case, kill_on_stall=False)
                 for case in cases}
         for case in cases:
             cmd, ref = cmds[case], refs[CASES[case][0]]
@@ -331,8 +331,8 @@ def main() -> int:
                            f"queue): the announced host experts are pinned"] = \
                         eng.get("copies", 0) > 0
                 checks[f"the copy engine never stalled ({eng.get('stalls')}; "
-                       f"{eng.get('stall_report') or 'no report'}) and no gate ran out "
-                       f"({eng.get('quiesce_timeouts')})"] = \
+                       f"{eng.get('stall_report') or 'no report'}; {eng.get('rescues')} jobs "
+                       f"rescued) and no gate ran out ({eng.get('quiesce_timeouts')})"] = \
                     eng.get("stalls", 1) == 0 and eng.get("quiesce_timeouts", 1) == 0
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
