@@ -1821,7 +1821,9 @@ static void note_launch(struct CUfunc_st *f, const uint32_t g[3], const uint32_t
 static void run_kernel(struct CUfunc_st *f, void **params, const uint32_t g[3],
                        const uint32_t b[3])
 {
+    fk_dev_enter(); /* one memory operation of the device at once (fake-priv.h) */
     f->fn(params, g, b);
+    fk_dev_leave();
 }
 
 static void run_packed(struct CUfunc_st *f, uint8_t *args, const uint32_t g[3], const uint32_t b[3])

@@ -1029,13 +1029,32 @@ static bool dev_ok(uintptr_t p, size_t n)
     return n == 0 || fk_mem_kind(p, n) >= 0;
 }
 
+static pthread_mutex_t dev_op = PTHREAD_MUTEX_INITIALIZER;
+
+void fk_dev_enter(void)
+{
+    pthread_mutex_lock(&dev_op);
+}
+
+void fk_dev_leave(void)
+{
+    pthread_mutex_unlock(&dev_op);
+}
+
+void fk_dev_memmove(void *dst, const void *src, size_t n)
+{
+    fk_dev_enter();
+    memmove(dst, src, n);
+    fk_dev_leave();
+}
+
 static CUresult copy_sync(void *dst, const void *src, size_t n, bool pt)
 {
     CUresult r = fk_sync_op(pt);
     if (r != CUDA_SUCCESS)
         return r;
     if (n)
-        memmove(dst, src, n);
+        fk_dev_memmove(dst, src, n);
     return CUDA_SUCCESS;
 }
 
@@ -1051,7 +1070,7 @@ static CUresult copy_async(void *dst, const void *src, size_t n, CUstream s, boo
     if (cap)
         return fk_capture_add(cap, &op);
     if (n)
-        memmove(dst, src, n);
+        fk_dev_memmove(dst, src, n);
     return CUDA_SUCCESS;
 }
 
@@ -1452,7 +1471,7 @@ void fk_op_run(const struct fk_op *op)
     switch (op->type) {
     case FK_OP_COPY:
         if (op->cp.n)
-            memmove(op->cp.dst, op->cp.src, op->cp.n);
+            fk_dev_memmove(op->cp.dst, op->cp.src, op->cp.n);
         break;
     case FK_OP_SET:
         fill(op->set.dst, op->set.val, op->set.esz, op->set.n);

@@ -223,6 +223,16 @@ uint64_t fk_wait_limit_ns(void);
 bool fk_capture_deferred(const struct fk_capture *cap);
 CUresult fk_capture_settle(struct fk_capture **cap);
 
+/* --- the device's engines ------------------------------------------------ */
+/* A copy's bytes and a kernel's run, one at a time (fake-mem.c): the fake's
+ * device does one memory operation at once, so a copy that lands while a
+ * kernel reads the same buffer (the shim's rescue: a late copy of the same
+ * bytes) is ordered, as a GPU's engines order their accesses. Leaf lock:
+ * nothing else is taken under it. */
+void fk_dev_memmove(void *dst, const void *src, size_t n);
+void fk_dev_enter(void);
+void fk_dev_leave(void);
+
 /* --- misc ---------------------------------------------------------------- */
 uint64_t fk_now_ns(void);
 /* The driver's quiet lock (fake-exec.c): cuMemcpyAsync and
