@@ -1549,7 +1549,9 @@ static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint
     for (uint32_t e = 0; e < grid[1]; e++) {
         unsigned slot = where ? where[e] : 0xffffffffu;
 
-        if (marks[e] != gen)
+        /* an atomic read: the marks may be host memory another thread writes
+         * (the shim's rescue marks, written by its watchdog) */
+        if (__atomic_load_n(&marks[e], __ATOMIC_RELAXED) != gen)
             continue;
         device_copy(dst + e * row, slot != 0xffffffffu ? cache + slot * row : src + e * row, row);
         if (rows)
