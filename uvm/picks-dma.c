@@ -584,11 +584,16 @@ void wo_dma_guard(const struct wo_driver *d, unsigned ix, CUstream stream, uint3
         !__atomic_load_n(&wo_dm.started, __ATOMIC_ACQUIRE) || !wo_dm.rescue_dev)
         return;
     /* the job's slot, if the copy thread has not finished it (else its
-     * copies are issued ahead of the flag the wait reads: no guard) */
+     * copies are issued ahead of the flag the wait reads: no guard): the
+     * stream's queue holds its jobs in seq order, one apart, from its head */
     pthread_mutex_lock(&wo_dm.lock);
-    for (unsigned k = 0; k < SLOTS && !sl; k++)
-        if (wo_dm.s[k].state == S_QUEUED && wo_dm.s[k].ix == ix && wo_dm.s[k].seq == seq)
-            sl = &wo_dm.s[k];
+    unsigned head = wo_dm.q[ix].head, queued = wo_dm.q[ix].tail - head;
+    if (queued) {
+        uint32_t at = seq - wo_dm.s[wo_dm.q[ix].ring[head % SLOTS]].seq;
+        struct slot *c = at < queued ? &wo_dm.s[wo_dm.q[ix].ring[(head + at) % SLOTS]] : NULL;
+        if (c && c->state == S_QUEUED && c->seq == seq)
+            sl = c;
+    }
     pthread_mutex_unlock(&wo_dm.lock);
     if (!sl)
         return;
