@@ -29,11 +29,23 @@
 #   shim-ROW-tail  any shim row with WOFFLOAD_DEPARTURE_FENCES=0: staging
 #                  copies wait for the kernels the engine submitted last
 #                  (docs/prefetch.md, Departure fences), to measure the change
+#   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
+#                  shim-empty.2" interleaves two runs of each, so that the
+#                  machine's drift between runs shows beside the rows' difference
+# At the end OUTROOT/rows.md puts the rows side by side, a table a phase, each
+# against plain (bench/llamacpp-serve-table.py: medians and ranges of repeats).
 # Settings (environment; defaults in brackets): PARALLEL [32]; CTX
 # [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
 # (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
-# DRAIN [10] a rate; the rates of a row R_FAST (plain, shim-empty) [8,32,96],
-# R_SLOW (experts host) [1,2,4], R_MID (half resident) [1.5,3,8]; FAULTS [0];
+# DRAIN [10] a phase; the phases of a row (serve.py --rates: Poisson rates
+# in req/s, and cN, a closed loop of N requests in flight) R_FAST (plain,
+# shim-empty) [8,16,cP], R_SLOW (experts host) [1,2,cP], R_MID (half
+# resident) [1.5,3,cP], where P is PARALLEL: the closed loop at P requests
+# is the server's throughput with every slot busy and no queue, the figure
+# that compares rows at saturation (an open loop past it builds a backlog
+# whose mix of prompts and decodes swings from run to run: plain against
+# plain differed by 0.83x at 32 req/s on the H200,
+# bench/results/llamacpp-serve-20261204-p32-empty-h200); FAULTS [0];
 # ROW_S, the most seconds a row may take [200]; END_S, the seconds for all
 # rows [570] (a row with less than 90 s left is skipped); BAN_BYTE_TOKENS [1]:
 # every request bans token ids 3-258 (logit_bias), the byte tokens of
@@ -76,25 +88,27 @@ for row in $ROWS; do
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
-    base=$row
-    case $row in
-    shim-*-late) base=${row%-late}; export WOFFLOAD_LATE_BIND=1 ;;
-    shim-*-tail) base=${row%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
+    name=$row
+    case $row in *.[0-9]*) name=${row%.*} ;; esac  # ROW.N: ROW again
+    base=$name
+    case $name in
+    shim-*-late) base=${name%-late}; export WOFFLOAD_LATE_BIND=1 ;;
+    shim-*-tail) base=${name%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
     esac
     case $base in
-    plain) R=${R_FAST:-8,32,96} ;;
-    shim-empty) R=${R_FAST:-8,32,96}; POL=examples/empty.yaml ;;
-    shim-exps) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
-    shim-exps-stream) R=${R_SLOW:-1,2,4}; POL=examples/llamacpp-exps-stream.yaml ;;
-    shim-exps-slots2) R=${R_SLOW:-1,2,4}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
+    plain) R=${R_FAST:-8,16,c$P} ;;
+    shim-empty) R=${R_FAST:-8,16,c$P}; POL=examples/empty.yaml ;;
+    shim-exps) R=${R_SLOW:-1,2,c$P}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
+    shim-exps-stream) R=${R_SLOW:-1,2,c$P}; POL=examples/llamacpp-exps-stream.yaml ;;
+    shim-exps-slots2) R=${R_SLOW:-1,2,c$P}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
         sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' \
             "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
-    llama-ot) R=${R_SLOW:-1,2,4}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
-    shim-managed) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-exps-managed.yaml
+    llama-ot) R=${R_SLOW:-1,2,c$P}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
+    shim-managed) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
-    shim-ncmoe8) R=${R_MID:-1.5,3,8}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
-    llama-ncmoe8) R=${R_MID:-1.5,3,8}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
-    shim-fit) R=${R_MID:-1.5,3,8}; : "${FIT:?FIT: the size for the shim-fit row}" ;;
+    shim-ncmoe8) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
+    llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
+    shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}" ;;
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac
     mkdir -p "$O"
@@ -104,9 +118,10 @@ for row in $ROWS; do
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     # the greedy ids to match: plain's, else llama-ot's when it ran first
+    # (a repeat of plain checks against the first plain run)
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json
-    elif [ "$row" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
+    elif [ "$name" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-llama-ot/greedy.json
     fi
     echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, at most $per s"
@@ -119,3 +134,6 @@ for row in $ROWS; do
     pkill -x llama-server 2>/dev/null
     sleep 1
 done
+# the rows side by side (every pP-ROW in OUTROOT, this run's and earlier ones')
+"${PYTHON:-python3}" "$HERE/llamacpp-serve-table.py" "$OUTROOT" --rows "$ROWS" >"$OUTROOT/rows.md" 2>&1 &&
+    echo "[serve-rows $(el)s] side by side: $OUTROOT/rows.md"

@@ -23,9 +23,13 @@
 #   NGL           llama-server -ngl [99]
 #   LLAMA_ARGS    more llama-server arguments (e.g. "-ot exps=CPU", "--n-cpu-moe 8")
 #   PORT          [8080]
-#   RATES         the sweep's request rates, req/s [1,2,4,8,16]
+#   RATES         the sweep's phases: request rates, req/s (Poisson), and cN, a closed
+#                 loop of N requests in flight (serve.py --rates) [1,2,4,8,16]
 #   DURATION      seconds of arrivals a rate [20]
 #   DRAIN         seconds a phase waits for its last requests (past saturation) [15]
+#   IDLE_WAIT     seconds the next phase and the greedy check wait for the server to
+#                 be idle (serve.py --idle-wait: a backlog the drain closed is still
+#                 served) [60]
 #   PROMPT_LEN    [uniform:64:512]   OUTPUT_LEN [fixed:128]   SEED [0]
 #                 (words: a small or synthetic vocabulary makes several tokens of a
 #                 word, and a request over CTX / PARALLEL tokens gets llama-server's
@@ -210,7 +214,7 @@ if $UP && [ -z "$SOAK_MINUTES" ] && budget_for sweep "$SWEEP_RESERVE"; then
     [ -n "${GREEDY_REF:-}" ] && GREEDY=(--greedy-check "$GREEDY_REF" --greedy-load-check report)
     log "sweep: rates $RATES, $DURATION s each (+ drain <= $DRAIN s), at most $budget s"
     timeout --signal=INT "$budget" "$PY" "$HERE/serve.py" --server-kind llamacpp --url "$URL" \
-        --rates "$RATES" --duration "$DURATION" --drain-timeout "$DRAIN" --seed "$SEED" \
+        --rates "$RATES" --duration "$DURATION" --drain-timeout "$DRAIN" --idle-wait "${IDLE_WAIT:-60}" --seed "$SEED" \
         --prompt-len "$PROMPT_LEN" --output-len "$OUTPUT_LEN" --ignore-eos --include-usage \
         --pid "$SPID" --metrics-url "$URL/metrics" --report-every 5 --bad-request "${GREEDY[@]}" ${STATS:+--stats-file "$STATS"} \
         ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} --out "$OUT/sweep.json" > "$OUT/sweep.log" 2>&1
@@ -264,13 +268,14 @@ if failed:
     print(f"**failed steps:** {failed}\n")
 sw = load("sweep.json") or load("soak.json")
 if sw:
-    print("| rate req/s | offered | completed | failed | errors | steady tok/s | server step ms | server tok/s (prompt + generated) | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB, process (min-max) | GPU used MiB, device (min-max) |")
+    print("| rate req/s (cN: N in flight) | offered | completed | failed | errors | steady tok/s | server step ms | server tok/s (prompt + generated) | steady req/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | in flight (mean / max) | RSS MiB (min-max) | GPU MiB, process (min-max) | GPU used MiB, device (min-max) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for ph in sw.get("phases") or [sw]:
         s = ph["summary"]; rq = s["requests"]; st = s.get("steady") or {}; m = ph.get("memory") or {}
         c = s["concurrency"]; sv = ph.get("server") or {}
         rng = lambda k, sc: (f"{m[k]['min'] * sc:.0f}-{m[k]['max'] * sc:.0f}" if k in m else "-")
-        print(f"| {ph.get('rate', sw['config']['rate']):g} | {s['offered_rate']} | {rq['completed']} | {rq['failed']} "
+        what = f"c{ph['closed']}" if ph.get("closed") else f"{ph.get('rate', sw['config']['rate']):g}"
+        print(f"| {what} | {s['offered_rate']} | {rq['completed']} | {rq['failed']} "
               f"| {json.dumps(s['errors']) if s['errors'] else 0} | {st.get('output_tok_s', '-')} "
               f"| {sv.get('step_ms') or '-'} | {sv.get('processed_tok_s') or '-'} | {st.get('requests_s', '-')} "
               f"| {s['ttft_ms']['p50']} / {s['ttft_ms']['p99']} | {s['itl_ms']['p50']} / {s['itl_ms']['p99']} "

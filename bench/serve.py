@@ -50,6 +50,7 @@ import argparse
 import asyncio
 import copy
 import datetime
+import itertools
 import json
 import math
 import os
@@ -65,7 +66,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 # ----------------------------------------------------------------------------
 # prompts: bench/words.py's words (serve.WORDS: the same list)
@@ -117,15 +118,42 @@ def parse_dist(spec: str) -> Dist:
         f"{spec!r}: expected fixed:N, uniform:A:B or lognormal:MEAN:SIGMA[:MIN:MAX] (positive integers)")
 
 
-def parse_rates(spec: str) -> List[float]:
-    """R1,R2,...: positive request rates, in the order the phases run."""
+@dataclass(frozen=True)
+class Closed:
+    """A phase of --rates written cN: a closed loop, N requests in flight
+    for --duration seconds (each that ends is followed at once by the next),
+    in place of Poisson arrivals: the server's throughput at N concurrent
+    requests, with no queue building up past its slots."""
+    n: int
+
+    def __str__(self) -> str:
+        return f"c{self.n}"
+
+
+Phase = Any  # a phase of --rates: a float (requests/s, open loop) or a Closed
+
+
+def parse_rates(spec: str) -> List[Phase]:
+    """R1,R2,...: positive request rates (open loop) or cN (a closed loop of
+    N requests in flight), in the order the phases run."""
+    out: List[Phase] = []
     try:
-        rates = [float(x) for x in spec.split(",")]
-        if not rates or any(r <= 0 for r in rates):
-            raise ValueError
-        return rates
+        for x in spec.split(","):
+            x = x.strip()
+            if x[:1] in ("c", "C"):
+                n = int(x[1:])
+                if n <= 0:
+                    raise ValueError
+                out.append(Closed(n))
+            else:
+                r = float(x)
+                if r <= 0:
+                    raise ValueError
+                out.append(r)
+        return out
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r}: expected positive rates separated by commas, e.g. 1,3,10")
+        raise argparse.ArgumentTypeError(f"{spec!r}: expected positive rates or cN (N requests in flight) "
+                                         f"separated by commas, e.g. 1,3,10,c32")
 
 
 def parse_burst(spec: str) -> Tuple[float, float, float]:
@@ -187,6 +215,17 @@ def rate_at(args: argparse.Namespace, t: float) -> float:
     return args.rate
 
 
+def draw_request(args: argparse.Namespace, rng: random.Random, idx: int, t: float) -> Req:
+    """The next request of the seed's sequence: lengths, prompt, and whether
+    its client disconnects (--disconnect-frac)."""
+    p, o = args.prompt_len.draw(rng), args.output_len.draw(rng)
+    r = Req(idx, t, p, o, prompt=prompt_text(rng, p))
+    if args.disconnect_frac and rng.random() < args.disconnect_frac:
+        r.kind = "disconnect"
+        r.disconnect_after = rng.randint(1, max(1, o // 2))
+    return r
+
+
 def schedule(args: argparse.Namespace) -> List[Req]:
     """Poisson arrivals (by thinning when a burst changes the rate), lengths
     and prompts, all from --seed; then the fault requests at fixed times."""
@@ -201,13 +240,18 @@ def schedule(args: argparse.Namespace) -> List[Req]:
             break
         if rng.random() * peak > rate_at(args, t):
             continue
-        p, o = args.prompt_len.draw(rng), args.output_len.draw(rng)
-        r = Req(len(reqs), t, p, o, prompt=prompt_text(rng, p))
-        if args.disconnect_frac and rng.random() < args.disconnect_frac:
-            r.kind = "disconnect"
-            r.disconnect_after = rng.randint(1, max(1, o // 2))
-        reqs.append(r)
+        reqs.append(draw_request(args, rng, len(reqs), t))
     span = reqs[-1].t if reqs else 0.0
+    reqs = sorted(reqs + extras(args, span), key=lambda r: r.t)
+    for i, r in enumerate(reqs):
+        r.idx = i
+    return reqs
+
+
+def extras(args: argparse.Namespace, span: float) -> List[Req]:
+    """The fault and check requests of a phase whose arrivals span `span`
+    seconds, at fixed shares of it: a long prompt, a bad request, the
+    greedy prompts."""
     extra: List[Req] = []
     if args.long_prompt:
         rl = random.Random(args.seed + 1)
@@ -221,10 +265,7 @@ def schedule(args: argparse.Namespace) -> List[Req]:
             # spread over the run, under whatever load is there
             extra.append(Req(0, span * (i + 0.5) / args.greedy_n, GREEDY_PROMPT_LEN, GREEDY_OUTPUT_LEN,
                              "greedy", prompt=pr))
-    reqs = sorted(reqs + extra, key=lambda r: r.t)
-    for i, r in enumerate(reqs):
-        r.idx = i
-    return reqs
+    return extra
 
 
 # ----------------------------------------------------------------------------
@@ -1075,8 +1116,8 @@ def greedy_outputs(run: Run) -> Dict[str, Any]:
     return {str(i): output_of(r) for i, r in enumerate(g)}
 
 
-def rate_key(rate: float) -> str:
-    return f"{rate:g}"
+def rate_key(rate: Phase) -> str:
+    return str(rate) if isinstance(rate, Closed) else f"{rate:g}"
 
 
 def greedy_compare(args: argparse.Namespace, got: Dict[str, Any], alone: bool = False) -> Dict[str, Any]:
@@ -1088,7 +1129,8 @@ def greedy_compare(args: argparse.Namespace, got: Dict[str, Any], alone: bool = 
     if alone:
         outs = ref.get("alone") or {}
     else:
-        outs = (ref.get("by_rate") or {}).get(rate_key(args.rate)) or ref.get("outputs", {})
+        key = rate_key(Closed(args.closed) if getattr(args, "closed", 0) else args.rate)
+        outs = (ref.get("by_rate") or {}).get(key) or ref.get("outputs", {})
     # a request that failed or was cut, here or in the reference run, has
     # no output to compare: missing, not different
     missing = [k for k in got if got[k] is None or outs.get(k) is None]
@@ -1182,13 +1224,19 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g.add_argument("--rates", type=parse_rates, metavar="R1,R2,...",
                    help="phases one after another on the same server or engine (one model load), each "
                         "--duration (or --requests) long at its rate, with its own report and shim-stats "
-                        "delta; the JSON holds a list of phase reports")
+                        "delta; the JSON holds a list of phase reports. cN is a closed loop: N requests in "
+                        "flight for --duration, each that ends followed at once by the next (the "
+                        "server's throughput at N concurrent requests)")
     g.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals (a phase's, with --rates)")
     g.add_argument("--requests", type=int, help="this many arrivals instead of --duration")
     g.add_argument("--drain-timeout", type=float, default=0.0, metavar="S",
                    help="after the last arrival wait at most S seconds for requests in flight, then close "
                         "them (counted as cut, not as errors); 0 (default): wait for every request. Past "
                         "saturation the queue an open loop builds takes long to drain: this bounds a phase")
+    g.add_argument("--idle-wait", type=float, default=0.0, metavar="S",
+                   help="with --metrics-url: before each phase after the first and before the greedy check "
+                        "sent alone, wait at most S seconds for the server to be idle (wait_idle: a backlog "
+                        "the drain timeout closed is still served); 0 (default): do not wait")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--prompt-len", type=parse_dist, default=parse_dist("uniform:64:512"),
                    help="prompt words (about tokens): fixed:N, uniform:A:B, lognormal:MEAN:SIGMA[:MIN:MAX]")
@@ -1245,11 +1293,21 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if a.rates is not None and a.rate is not None:
         p.error("--rate and --rates: one or the other")
     if a.rate is None:
-        a.rate = a.rates[0] if a.rates else 1.0
+        a.rate = next((r for r in a.rates or [] if not isinstance(r, Closed)), 1.0)
+    a.closed = 0
+    if a.rates and any(isinstance(r, Closed) for r in a.rates):
+        if a.burst or a.requests is not None:
+            p.error("--rates cN (a closed loop) runs for --duration: no --burst or --requests with it")
+        if a.inprocess:
+            p.error("--rates cN (a closed loop) needs a server")
     if a.rate <= 0:
         p.error("--rate must be > 0")
     if a.drain_timeout < 0:
         p.error("--drain-timeout must be >= 0")
+    if a.idle_wait < 0:
+        p.error("--idle-wait must be >= 0")
+    if a.idle_wait and not a.metrics_url:
+        p.error("--idle-wait reads the server's gauges: it needs --metrics-url")
     if not 0 <= a.disconnect_frac <= 1:
         p.error("--disconnect-frac is a share in [0, 1]")
     if a.greedy_check and a.record_greedy:
@@ -1269,15 +1327,74 @@ def phase_args(args: argparse.Namespace, k: int, rate: float) -> argparse.Namesp
     so that phases do not send the same prompts again (an engine's prefix
     cache would serve them); phase 0 is a single run's schedule."""
     p = copy.copy(args)
-    p.rate = rate
+    if isinstance(rate, Closed):
+        p.closed = rate.n
+    else:
+        p.rate, p.closed = rate, 0
     p.seed = args.seed + 1000 * k
     return p
+
+
+async def closed_worker(run: Run, driver: Any, rng: random.Random, idx: Iterator[int]) -> None:
+    """One of a closed loop's N clients: sends the seed's next request as
+    soon as its last one ended, until --duration. The workers share `rng`,
+    so the i-th request sent is the seed's i-th draw whichever worker sends
+    it (its arrival time is when it was sent). A drain timeout cancels the
+    request in flight (one() records it as cut); the loop then ends."""
+    args = run.args
+    while run.now() < args.duration:
+        r = draw_request(args, rng, next(idx), run.now())
+        if args.engine is not None:
+            args.engine.prepare(r)
+        run.reqs.append(r)
+        await one(run, r, driver)
+
+
+async def wait_idle(args: argparse.Namespace) -> Optional[Dict[str, Any]]:
+    """--idle-wait S with --metrics-url (llama-server): wait until the server
+    is idle, at most S seconds, before the next phase or the greedy check.
+    An open loop past saturation leaves a backlog that a drain timeout
+    closes on the client's side only: llama-server still takes the closed
+    requests that wait in its accept queue, reads their bodies and runs
+    their prompts (it sees the client gone at their first token), so the
+    next phase would start behind them and a greedy request "alone" would
+    share its steps with them. Idle: no request processing or deferred and
+    no decode call for two polls in a row (one second)."""
+    if not args.idle_wait or not args.metrics_url:
+        return None
+    src = MetricsSampler(args.metrics_url, 0.5, 0.0)
+    t0 = time.perf_counter()
+    quiet, last_dec, m = 0, None, None
+    while True:
+        m = src.get()
+        if m is None:
+            return {"idle": None, "waited_s": _r(time.perf_counter() - t0), "error": src.error}
+        busy = m.get(src.PREFIX + "requests_processing", 0.0) + m.get(src.PREFIX + "requests_deferred", 0.0)
+        dec = m.get(src.PREFIX + "n_decode_total", 0.0)
+        quiet = quiet + 1 if busy == 0 and dec == last_dec else 0
+        last_dec = dec
+        waited = time.perf_counter() - t0
+        if quiet >= 2 or waited >= args.idle_wait:
+            break
+        await asyncio.sleep(0.5)
+    out = {"idle": quiet >= 2, "waited_s": _r(waited),
+           "processing": m.get(src.PREFIX + "requests_processing"),
+           "deferred": m.get(src.PREFIX + "requests_deferred")}
+    if out["idle"]:
+        print(f"server idle after {out['waited_s']} s", flush=True)
+    else:
+        print(f"server still busy after {out['waited_s']} s (--idle-wait): {out['processing'] or 0:g} "
+              f"processing, {out['deferred'] or 0:g} deferred", flush=True)
+    return out
 
 
 async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, Any], int]:
     """One schedule at args.rate from start to the last completion (or the
     drain timeout): the report of one run, and its exit status."""
-    reqs = schedule(args)
+    closed = getattr(args, "closed", 0)
+    # a closed loop draws its requests as it sends them; its fault and check
+    # requests come at their shares of --duration, as an open loop's do
+    reqs = sorted(extras(args, args.duration), key=lambda r: r.t) if closed else schedule(args)
     if args.engine is not None:
         for r in reqs:
             args.engine.prepare(r)
@@ -1295,11 +1412,16 @@ async def run_phase(args: argparse.Namespace, driver: Any) -> Tuple[Dict[str, An
     if args.report_every > 0:
         bg.append(asyncio.ensure_future(reporter(run, stop)))
     tasks = []
-    for r in reqs:
+    if closed:
+        rng, idx = random.Random(args.seed), itertools.count(len(reqs))  # shared: one sequence
+        tasks = [asyncio.ensure_future(closed_worker(run, driver, rng, idx)) for _ in range(closed)]
+    for r in list(reqs):
         delay = r.t - run.now()
         if delay > 0:
             await asyncio.sleep(delay)
         tasks.append(asyncio.ensure_future(one(run, r, driver)))  # open loop: never awaited here
+    if closed:
+        await asyncio.sleep(max(0.0, args.duration - run.now()))
     if args.drain_timeout > 0 and tasks:
         _, pending = await asyncio.wait(tasks, timeout=args.drain_timeout)
         for t in pending:
@@ -1377,6 +1499,8 @@ async def main_async(args: argparse.Namespace) -> int:
         return 2
     config = {k: (v.spec if isinstance(v, Dist) else v) for k, v in vars(args).items()
               if k not in ("parsed_url", "engine", "engine_factory")}
+    if args.rates:
+        config["rates"] = [rate_key(r) for r in args.rates]
     report: Dict[str, Any] = {"config": config, "machine": machine()}
     if args.engine is not None:
         report["engine"] = args.engine.describe()
@@ -1385,16 +1509,21 @@ async def main_async(args: argparse.Namespace) -> int:
     greedy_by_rate: Dict[str, Any] = {}
     for k, rate in enumerate(args.rates or [args.rate]):
         pargs = phase_args(args, k, rate)
+        idle = await wait_idle(args) if k > 0 else None
         if args.rates:
-            print(f"=== phase {k + 1} of {len(args.rates)}: {rate:g} requests/s, seed {pargs.seed}", flush=True)
+            what = f"{rate.n} requests in flight (closed loop)" if isinstance(rate, Closed) else f"{rate:g} requests/s"
+            print(f"=== phase {k + 1} of {len(args.rates)}: {what}, seed {pargs.seed}", flush=True)
         rep, prc = await run_phase(pargs, driver)
+        if idle is not None:
+            rep["idle_before"] = idle
         rc = max(rc, prc)
         outs = rep.pop("greedy_outputs")
         if args.record_greedy:
             greedy_by_rate[rate_key(rate)] = outs
             write_greedy(args, greedy_by_rate)
         if args.rates:
-            phases.append({"phase": k + 1, "rate": rate, "seed": pargs.seed, **rep})
+            kind = {"rate": None, "closed": rate.n} if isinstance(rate, Closed) else {"rate": rate}
+            phases.append({"phase": k + 1, **kind, "seed": pargs.seed, **rep})
             report["phases"] = phases
         else:
             report.update(rep)
@@ -1402,6 +1531,7 @@ async def main_async(args: argparse.Namespace) -> int:
             with open(args.out, "w") as f:
                 json.dump(report, f, indent=1)
     if args.record_greedy or args.greedy_check:
+        idle = await wait_idle(args)
         alone, busy = await greedy_alone(args, driver)
         if args.record_greedy:
             with open(args.record_greedy) as f:
@@ -1417,6 +1547,8 @@ async def main_async(args: argparse.Namespace) -> int:
                 rc = max(rc, 1)
         g = report["greedy_alone"]
         g["request_s"] = busy
+        if idle is not None:
+            g["idle_before"] = idle
         how = "one at a time" if args.server_kind == "llamacpp" else "together"
         print(f"greedy alone (the {len(alone)} prompts {how}, nothing else in flight): "
               + (f"recorded to {g['recorded']}" if "recorded" in g

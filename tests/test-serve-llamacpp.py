@@ -80,6 +80,7 @@ class Fake:
         self.need_key = ""  # --need-body-key: a 400 for a body without it
         self.metrics = False  # --metrics: GET /metrics
         self.n_prompt, self.n_predicted, self.n_decode, self.n_busy = 0, 0, 0, 0
+        self.waiting = 0  # requests with no slot yet (llama-server's deferred tasks)
 
     def decoded(self) -> None:
         """One "llama_decode" (caller holds the lock): a prefill or a token."""
@@ -91,7 +92,7 @@ class Fake:
             counters = [("prompt_tokens_total", self.n_prompt), ("tokens_predicted_total", self.n_predicted),
                         ("n_decode_total", self.n_decode)]
             gauges = [("n_busy_slots_per_decode", self.n_busy / max(self.n_decode, 1)),
-                      ("requests_processing", sum(self.busy))]
+                      ("requests_processing", sum(self.busy)), ("requests_deferred", self.waiting)]
         out = []
         for kind, items in (("counter", counters), ("gauge", gauges)):
             for name, v in items:
@@ -107,8 +108,10 @@ class Fake:
 
     def take(self) -> int:
         with self.cv:
+            self.waiting += 1
             while not self.free:
                 self.cv.wait()
+            self.waiting -= 1
             s = self.free.pop(0)
             self.busy[s] = True
             return s
@@ -572,6 +575,80 @@ class TestLoad(unittest.TestCase):
         self.assertEqual(py("serve-plot.py", path).returncode, 2)
 
 
+class TestClosedAndIdle(unittest.TestCase):
+    """--rates cN (a closed loop) and --idle-wait against a one-slot fake:
+    a phase past saturation leaves a backlog that the drain timeout closes
+    on the client's side only (the fake, as llama-server, still takes each
+    closed request and runs its prefill), the next phase waits for the
+    server to be idle, then N requests stay in flight."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.tmp = tempfile.mkdtemp(prefix="test-serve-closed-")
+        cls.port = free_port()
+        cls.proc = start_fake(cls.port, "--metrics", "--slots", "1")
+        cls.addClassCleanup(stop, cls.proc)
+        cls.ref = os.path.join(cls.tmp, "greedy.json")
+        cls.out = os.path.join(cls.tmp, "closed.json")
+        # one slot: ~9 requests/s of 10 tokens; 40/s for 2 s leaves ~60
+        # closed requests queued, ~2 s of prefills after the drain timeout
+        cls.res = py("serve.py", "--url", f"http://127.0.0.1:{cls.port}", "--server-kind", "llamacpp",
+                     "--rates", "40,c2", "--duration", "2", "--drain-timeout", "0.3", "--idle-wait", "30",
+                     "--output-len", "fixed:10", "--prompt-len", "uniform:8:32", "--ignore-eos",
+                     "--record-greedy", cls.ref, "--greedy-n", "2", "--save-requests",
+                     "--metrics-url", f"http://127.0.0.1:{cls.port}/metrics", "--out", cls.out)
+        if cls.res.returncode != 0 or not os.path.exists(cls.out):
+            raise AssertionError("serve.py failed:\n" + cls.res.stdout[-3000:] + cls.res.stderr[-3000:])
+        with open(cls.out) as f:
+            cls.rep = json.load(f)
+
+    def test_idle_before_the_next_phase(self) -> None:
+        first, second = self.rep["phases"]
+        self.assertGreater(first["summary"]["requests"]["cut"], 20, first["summary"]["requests"])
+        idle = second["idle_before"]
+        self.assertTrue(idle["idle"], idle)
+        # the backlog's prefills (~2 s) and a quiet second: without the wait
+        # the closed loop would start behind them
+        self.assertGreater(idle["waited_s"], 1.5, idle)
+        self.assertIn("server idle after", self.res.stdout)
+        self.assertTrue(self.rep["greedy_alone"]["idle_before"]["idle"])
+
+    def test_closed_loop_keeps_n_in_flight(self) -> None:
+        ph = self.rep["phases"][1]
+        self.assertEqual(ph["closed"], 2)
+        self.assertIsNone(ph["rate"])
+        self.assertIn("2 requests in flight (closed loop)", self.res.stdout)
+        s = ph["summary"]
+        self.assertEqual(s["errors"], {})
+        # two clients, and the greedy requests beside them for a moment
+        self.assertLessEqual(s["concurrency"]["sampled_max"], 4)
+        self.assertGreater(s["concurrency"]["sampled_in_flight"], 1.5, s["concurrency"])
+        # one slot serves ~9 a second: two in flight keep it busy
+        self.assertGreater(s["requests"]["completed"], 8, s["requests"])
+        self.assertIn("c2", json.load(open(self.ref))["by_rate"])
+
+    def test_closed_loop_sends_the_seeds_sequence(self) -> None:
+        sys.path.insert(0, BENCH)
+        import serve  # noqa: E402
+        a = serve.parse_args(["--prompt-len", "uniform:8:32", "--output-len", "fixed:10", "--seed", "1000"])
+        rng = __import__("random").Random(1000)
+        sent = sorted((r for r in self.rep["phases"][1]["requests"] if r["kind"] == "normal"), key=lambda r: r["i"])
+        want = [serve.draw_request(a, rng, i, 0.0).prompt_len for i in range(len(sent))]
+        self.assertEqual([r["prompt_len"] for r in sent], want)
+        # sent in index order: the i-th request out is the seed's i-th draw
+        self.assertEqual([r["i"] for r in sorted(sent, key=lambda r: r["sent"])], [r["i"] for r in sent])
+
+    def test_idle_wait_needs_metrics(self) -> None:
+        r = py("serve.py", "--url", f"http://127.0.0.1:{self.port}", "--idle-wait", "5")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--idle-wait reads the server's gauges: it needs --metrics-url", r.stderr)
+
+    def test_bad_phase_spec(self) -> None:
+        r = py("serve.py", "--rates", "4,c0")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("expected positive rates or cN", r.stderr)
+
+
 def faults(port: int, *opts: str, fake_opts=(), checks="disconnect,bad,sigterm,restart", tmp=".") -> tuple:
     out = os.path.join(tmp, f"faults-{port}.json")
     cmd = " ".join(fake_cmd(port, *fake_opts))
@@ -782,7 +859,8 @@ class TestRows(unittest.TestCase):
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2", R_FAST="5,20", R_SLOW="5", DURATION="2", DRAIN="3",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2 plain.2", R_FAST="5,c4", R_SLOW="5",
+                   DURATION="2", DRAIN="3",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
                    SHIM_BUILD=os.path.join(tmp, "shim"),
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
@@ -813,6 +891,19 @@ class TestRows(unittest.TestCase):
         self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots2", "machine.txt")).read())
         with open(pol) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 2\nrules:", f.read())
+        # plain again, in a folder of its own, checked against the first plain
+        with open(os.path.join(out, "p4-plain.2", "sweep.json")) as f:
+            rep = json.load(f)
+        self.assertTrue(rep["config"]["greedy_check"].endswith("p4-plain/greedy.json"))
+        self.assertEqual([ph.get("closed") for ph in rep["phases"]], [None, 4])
+        # side by side: a table a phase, plain's two runs as one row
+        with open(os.path.join(out, "rows.md")) as f:
+            md = f.read()
+        self.assertIn("### --parallel 4, phase c4 (closed loop: 4 requests in flight)", md)
+        self.assertIn("### --parallel 4, phase 5 req/s (Poisson arrivals)", md)
+        self.assertRegex(md, r"\n\| plain \| 2 \| [^|]+ \| 1\.000 \|")
+        self.assertRegex(md, r"\n\| shim-exps \| 1 \| [0-9.]+ \| [0-9.]+ \|")
+        self.assertIn("side by side: " + os.path.join(out, "rows.md"), r.stdout)
 
 
 def salted(argv) -> list:

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""bench/llamacpp-serve-table.py: the rows of bench/llamacpp-serve-rows.sh
+side by side, a table a phase, each figure beside the reference row's.
+
+    python3 bench/llamacpp-serve-table.py OUTROOT [--ref plain] [--rows "plain shim-empty ..."]
+
+OUTROOT holds the rows' folders pP-ROW (and pP-ROW.N, the same row run
+again: bench/llamacpp-serve-rows.sh's ROWS may name a row more than once,
+to interleave runs). A phase is a rate of the sweep (req/s, Poisson) or cN,
+a closed loop of N requests in flight: the server's throughput at N
+concurrent requests, the figure the issue's targets name. Each row gives,
+over the phase's steady window: the client's output tokens/s, the tokens
+the server processed a second (prompt + generated, from its /metrics), ITL
+and TTFT p50/p99, errors, and the most device memory the server's process
+held (NVML); with repeats, the median and [min-max] of the runs. "x ref"
+is a row's median over the reference row's (--ref, default plain, else the
+first row): throughput and ITL p99 as ratios, the device memory too, so
+that a comparison at equal memory shows whether it was one. Greedy: the
+greedy prompts sent alone to the idle server after the sweep, against
+plain's (every run of the row).
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+from typing import Any, Dict, List, Optional, Tuple
+
+
+def load_rows(root: str) -> Dict[Tuple[int, str], List[Dict[str, Any]]]:
+    """(P, row) -> every run's sweep.json, in the order of their folders."""
+    rows: Dict[Tuple[int, str], List[Dict[str, Any]]] = {}
+    for d in sorted(os.listdir(root)):
+        m = re.fullmatch(r"p(\d+)-(.+?)(?:\.(\d+))?", d)
+        path = os.path.join(root, d, "sweep.json")
+        if not m or not os.path.isfile(path):
+            continue
+        try:
+            with open(path) as f:
+                rep = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.stderr.write(f"llamacpp-serve-table: {path}: {e}: skipped\n")
+            continue
+        rep["_run"] = d
+        rows.setdefault((int(m.group(1)), m.group(2)), []).append(rep)
+    return rows
+
+
+def phase_label(ph: Dict[str, Any]) -> str:
+    return f"c{ph['closed']}" if ph.get("closed") else f"{ph['rate']:g}"
+
+
+def figures(ph: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    s = ph["summary"]
+    sv = ph.get("server") or {}
+    mem = ph.get("memory") or {}
+    return {
+        "tok_s": (s.get("steady") or {}).get("output_tok_s"),
+        "processed": sv.get("processed_tok_s"),
+        "itl50": s["itl_ms"].get("p50"), "itl99": s["itl_ms"].get("p99"),
+        "ttft50": s["ttft_ms"].get("p50"), "ttft99": s["ttft_ms"].get("p99"),
+        "errors": float(sum((s.get("errors") or {}).values())),
+        "gpu": (mem.get("gpu_pid_mib") or {}).get("max"),
+    }
+
+
+def agg(xs: List[Optional[float]]) -> Tuple[Optional[float], str]:
+    """The median of the runs that have the figure, and how to print it."""
+    v = [x for x in xs if x is not None]
+    if not v:
+        return None, "-"
+    med = statistics.median(v)
+    txt = num(med)
+    if min(v) != max(v):
+        txt += f" [{num(min(v))}-{num(max(v))}]"
+    return med, txt
+
+
+def num(x: float) -> str:
+    return f"{x:.0f}" if abs(x) >= 100 or x == int(x) else f"{x:.1f}"
+
+
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    return f"{a / b:.3f}" if a is not None and b else "-"
+
+
+def greedy(reps: List[Dict[str, Any]]) -> str:
+    out = []
+    for r in reps:
+        g = r.get("greedy_alone") or {}
+        if "identical" in g:
+            txt = f"{g['identical']}/{g['compared']}"
+            if g.get("different"):
+                txt += f" (differ: {','.join(g['different'])})"
+            if g.get("missing"):
+                txt += f" (missing: {','.join(g['missing'])})"
+        elif "recorded" in g:
+            txt = "reference"
+        else:
+            txt = "-"
+        if (g.get("idle_before") or {}).get("idle") is False:
+            txt += " (server busy)"
+        out.append(txt)
+    return "; ".join(out)
+
+
+def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], ref: str) -> List[str]:
+    lines: List[str] = []
+    for p in sorted({k[0] for k in rows}):
+        names = [n for n in order if (p, n) in rows] + sorted(n for q, n in rows if q == p and n not in order)
+        refname = ref if (p, ref) in rows else names[0]
+        labels: List[str] = []
+        for n in names:
+            for rep in rows[(p, n)]:
+                for ph in rep.get("phases") or []:
+                    if phase_label(ph) not in labels:
+                        labels.append(phase_label(ph))
+        for lab in labels:
+            lines += ["", f"### --parallel {p}, phase {lab}" + (" (closed loop: "
+                      f"{lab[1:]} requests in flight)" if lab.startswith("c") else " req/s (Poisson arrivals)"), "",
+                      f"| row | runs | output tok/s | x {refname} | server tok/s (prompt + generated) | x {refname} "
+                      f"| ITL p50 / p99 ms | p99 x {refname} | TTFT p50 / p99 ms | errors | GPU MiB, process (max) "
+                      f"| x {refname} | greedy alone |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            base: Dict[str, Optional[float]] = {}
+            for n in [refname] + [x for x in names if x != refname]:
+                runs = [(rep, ph) for rep in rows[(p, n)] for ph in rep.get("phases") or [] if phase_label(ph) == lab]
+                if not runs:
+                    continue
+                f = [figures(ph) for _, ph in runs]
+                med = {k: agg([x[k] for x in f]) for k in f[0]}
+                if n == refname:
+                    base = {k: v[0] for k, v in med.items()}
+                lines.append(
+                    f"| {n} | {len(runs)} | {med['tok_s'][1]} | {ratio(med['tok_s'][0], base.get('tok_s'))} "
+                    f"| {med['processed'][1]} | {ratio(med['processed'][0], base.get('processed'))} "
+                    f"| {med['itl50'][1]} / {med['itl99'][1]} | {ratio(med['itl99'][0], base.get('itl99'))} "
+                    f"| {med['ttft50'][1]} / {med['ttft99'][1]} | {med['errors'][1]} | {med['gpu'][1]} "
+                    f"| {ratio(med['gpu'][0], base.get('gpu'))} | {greedy([rep for rep, _ in runs])} |")
+    return lines
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("root", help="the rows' folder (bench/llamacpp-serve-rows.sh's OUTROOT)")
+    ap.add_argument("--ref", default="plain", help="the row the others are divided by (default %(default)s)")
+    ap.add_argument("--rows", default="", help="the rows' order, space-separated (default: the reference first)")
+    a = ap.parse_args(argv)
+    if not os.path.isdir(a.root):
+        ap.error(f"{a.root}: no such folder")
+    rows = load_rows(a.root)
+    if not rows:
+        sys.stderr.write(f"llamacpp-serve-table: {a.root}: no pP-ROW/sweep.json\n")
+        return 1
+    order: List[str] = []
+    for n in a.rows.split():
+        n = re.sub(r"\.\d+$", "", n)
+        if n not in order:
+            order.append(n)
+    print(f"# llama-server rows side by side ({a.root})")
+    print("\n".join(table(rows, order, a.ref)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
