@@ -528,10 +528,11 @@ def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
 
 
 def engine_pct(run_name: str) -> int:
-    """WOFFLOAD_PICKS_ENGINE of a copy-engine run, KIND-engine[-all|-N] with
-    KIND host-free, fit or hand: 50 without a suffix, 1 for -all, N (1 to
-    100); 0 for any other name."""
-    m = re.fullmatch(r"(host-free|fit|hand)-engine(?:-(all|\d+))?", run_name)
+    """WOFFLOAD_PICKS_ENGINE of a copy-engine run, KIND-engine[-all|-N][-lazy]
+    with KIND host-free, fit or hand: 50 without a suffix, 1 for -all, N (1
+    to 100); 0 for any other name. -lazy: under lazy module loading
+    (engine_env)."""
+    m = re.fullmatch(r"(host-free|fit|hand)-engine(?:-(all|\d+))?(?:-lazy)?", run_name)
     if not m:
         return 0
     if not m.group(2):
@@ -539,6 +540,17 @@ def engine_pct(run_name: str) -> int:
     if m.group(2) == "all":
         return 1
     return int(m.group(2)) if 1 <= int(m.group(2)) <= 100 else 0
+
+
+def engine_env(run_name: str) -> Dict[str, str]:
+    """The environment of a copy-engine run: its WOFFLOAD_PICKS_ENGINE, and
+    for KIND-engine...-lazy WOFFLOAD_PICKS_LAZY=1 (the copy engine under
+    CUDA's lazy module loading, each kernel's first launch gated: no eager
+    loading's device memory and start-up)."""
+    env = {"WOFFLOAD_PICKS_ENGINE": str(engine_pct(run_name))}
+    if run_name.endswith("-lazy"):
+        env["WOFFLOAD_PICKS_LAZY"] = "1"
+    return env
 
 
 def experts_bytes(rows: List[Dict[str, Any]], weight_bytes: int) -> int:
@@ -831,7 +843,9 @@ def main() -> int:
                          "fit-engine-late (the same with WOFFLOAD_PICKS_EARLY=0: each tensor's copy queued "
                          "at its own launch), KIND-engine-all and KIND-engine-N for KIND host-free, fit or "
                          "hand (WOFFLOAD_PICKS_ENGINE=1 or N: a step of 8 of 128 top-8 picks about 40%% of "
-                         "the experts; a decode of one sequence registers no picks), hot-free (every expert "
+                         "the experts; a decode of one sequence registers no picks), any of those with "
+                         "-lazy (WOFFLOAD_PICKS_LAZY=1: the copy engine under lazy module loading, no "
+                         "eager loading's memory and start-up), hot-free (every expert "
                          "host, half their bytes hot: WOFFLOAD_PICKS_HOT), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
@@ -876,7 +890,7 @@ def main() -> int:
     if unknown:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(unknown))} "
                  f"(known: {', '.join(sorted(known))}, and KIND-engine, KIND-engine-all, "
-                 f"KIND-engine-N for KIND host-free, fit or hand, N 1 to 100)")
+                 f"KIND-engine-N for KIND host-free, fit or hand, N 1 to 100, each with -lazy)")
     mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
     if mk.get("error"):
         return 1
@@ -914,9 +928,9 @@ def main() -> int:
     # them): every expert host with the copy engine, and half the experts'
     # bytes kept hot (WOFFLOAD_PICKS_HOT; the kernels copy a tensor with hot
     # experts), both with no blocker
-    for x, pct in engine_runs.items():
+    for x in engine_runs:
         if x.startswith("host-free"):
-            both(dict(base, name=x, shim=True, policy=hand, env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
+            both(dict(base, name=x, shim=True, policy=hand, env=engine_env(x)))
     if "hot-free" in runs:
         hot_mib = experts_bytes(rows + prior, wb) // 2 // 2**20
         both(dict(base, name="hot-free", shim=True, policy=hand,
@@ -940,11 +954,10 @@ def main() -> int:
         # fit's picked copies on the copy engine (issue 42: the kernels'
         # copies ran at 37-50 GB/s, the link's 55), and the hand policy with
         # it: fit against a hand policy that has every mechanism fit has
-        for x, pct in engine_runs.items():
+        for x in engine_runs:
             if not x.startswith("host-free"):
                 both(dict(base, name=f"{x}-{f}", fraction=f, shim=True,
-                          policy=fitkey if x.startswith("fit") else hand,
-                          env={"WOFFLOAD_PICKS_ENGINE": str(pct)}))
+                          policy=fitkey if x.startswith("fit") else hand, env=engine_env(x)))
         if "fit-late" in runs:
             # the same policy as fit, every placeable allocation late bound
             both(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,

@@ -36,6 +36,7 @@
 #include "core/registry.h"
 #include "core/settings.h"
 #include "preload/hook.h"
+#include "preload/first-launch.h"
 #include "preload/redirect.h"
 #include "uvm/hotpath.h"
 
@@ -864,11 +865,14 @@ CUresult wo_h_launch_kernel(wo_pfn_cuLaunchKernel real, int id, void *ra, CUfunc
     struct launch l;
     uint64_t sid;
     CUresult res;
+    bool gated;
 
     WO_HOOK_ENTER(real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra));
+    gated = wo_first_launch_begin((uintptr_t)f);
     sid = wo_stream_id(s, wo_hook_pt[id]);
     prepare_launch(&l, f, false, sid, &params, &extra, &b);
     res = real(f, gx, gy, gz, bx, by, bz, shmem, s, params, extra);
+    wo_first_launch_end(gated);
     if (res == CUDA_SUCCESS)
         wo_count(WO_CTR_launch_driver, 1);
     finish_launch(&l, res == CUDA_SUCCESS, grid, block, sid, WO_API_CU_LAUNCH, ra);
@@ -883,6 +887,7 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
     struct launch l;
     uint64_t sid;
     CUresult res;
+    bool gated;
 
     WO_HOOK_ENTER(real(cfg, f, params, extra));
     if (!cfg) {
@@ -890,9 +895,11 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
         wo_leave();
         return res;
     }
+    gated = wo_first_launch_begin((uintptr_t)f);
     sid = wo_stream_id(cfg->hStream, wo_hook_pt[id]);
     prepare_launch(&l, f, false, sid, &params, &extra, &b);
     res = real(cfg, f, params, extra);
+    wo_first_launch_end(gated);
     {
         const uint32_t grid[3] = {cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ};
         const uint32_t block[3] = {cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ};
@@ -914,10 +921,13 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
         void **ex_ = NULL;                                                                         \
         uint64_t sid_;                                                                             \
         cudaError_t res_;                                                                          \
+        bool gated_;                                                                               \
         WO_RT_HOOK_ENTER(real(fn, grid, block, args, shmem, s));                                   \
+        gated_ = wo_first_launch_begin((uintptr_t)(fn) | ((stub) ? WO_LAUNCH_KEY_RUNTIME : 0));    \
         sid_ = wo_stream_id(s, wo_rt_pt[id]);                                                      \
         prepare_launch(&l_, fn, stub, sid_, &args, &ex_, &rb_);                                    \
         res_ = real(fn, grid, block, args, shmem, s);                                              \
+        wo_first_launch_end(gated_);                                                               \
         if (res_ == cudaSuccess)                                                                   \
             wo_count(WO_CTR_launch_runtime, 1);                                                    \
         finish_launch(&l_, res_ == cudaSuccess, g_, b_, sid_, WO_API_CUDA_LAUNCH, ra);             \
@@ -950,6 +960,7 @@ cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, 
     void **ex = NULL;
     uint64_t sid;
     cudaError_t res;
+    bool gated;
 
     WO_RT_HOOK_ENTER(real(cfg, func, args));
     if (!cfg) {
@@ -957,9 +968,11 @@ cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, 
         wo_leave();
         return res;
     }
+    gated = wo_first_launch_begin((uintptr_t)func | WO_LAUNCH_KEY_RUNTIME);
     sid = wo_stream_id(cfg->stream, wo_rt_pt[id]);
     prepare_launch(&l, func, true, sid, &args, &ex, &rb);
     res = real(cfg, func, args);
+    wo_first_launch_end(gated);
     {
         const uint32_t g[3] = {cfg->gridDim.x, cfg->gridDim.y, cfg->gridDim.z};
         const uint32_t b[3] = {cfg->blockDim.x, cfg->blockDim.y, cfg->blockDim.z};

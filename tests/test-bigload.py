@@ -222,6 +222,10 @@ class TestMoeTables(unittest.TestCase):
         self.assertEqual(bigload.engine_pct("host-free-engine"), 50)
         self.assertEqual(bigload.engine_pct("fit-engine-all"), 1)
         self.assertEqual(bigload.engine_pct("hand-engine-20"), 20)
+        self.assertEqual(bigload.engine_pct("fit-engine-20-lazy"), 20)
+        self.assertEqual(bigload.engine_env("fit-engine-20-lazy"),
+                         {"WOFFLOAD_PICKS_ENGINE": "20", "WOFFLOAD_PICKS_LAZY": "1"})
+        self.assertEqual(bigload.engine_env("fit-engine-20"), {"WOFFLOAD_PICKS_ENGINE": "20"})
         for name in ("fit-engine-0", "fit-engine-101", "fit-engine-late", "hot-free", "fit"):
             self.assertEqual(bigload.engine_pct(name), 0, name)
 

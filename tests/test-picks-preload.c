@@ -420,13 +420,32 @@ static bool engine_asked(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
+/* WOFFLOAD_PICKS_LAZY=1 (-lazy-gate): the copy engine under lazy module
+ * loading too, each kernel's first launch behind its gate */
+static bool lazy_ok(void)
+{
+    const char *l = getenv("WOFFLOAD_PICKS_LAZY");
+    return l && strcmp(l, "1") == 0;
+}
+
 /* ... and on: only under CUDA's eager module loading, which the shim's
  * constructor asks for when nothing else is set (uvm.h:
- * wo_uvm_picks_engine); -lazy sets CUDA_MODULE_LOADING=LAZY */
+ * wo_uvm_picks_engine), or with WOFFLOAD_PICKS_LAZY; -lazy sets
+ * CUDA_MODULE_LOADING=LAZY */
 static bool engine_on(void)
 {
     const char *m = getenv("CUDA_MODULE_LOADING");
-    return engine_asked() && m && strcasecmp(m, "EAGER") == 0;
+    return engine_asked() && (lazy_ok() || (m && strcasecmp(m, "EAGER") == 0));
+}
+
+/* -lazy-gate's kernels launched once each, right after a picked launch
+ * (WO_PICKS_TEST_FRESH): on the fake under WOFAKE_LAZY each loads at that
+ * launch, waiting for the context's work */
+static void fresh_kernel(void **p, const uint32_t *grid, const uint32_t *block)
+{
+    (void)p;
+    (void)grid;
+    (void)block;
 }
 
 /* One engine thread's steps on the per-thread default stream
@@ -1111,6 +1130,16 @@ static int child(void)
     kv = kernel("vandal", 3, gsizes, vandal);
     kl = kernel("slice", 3, gsizes, slice);
     ks2 = kernel("stray2", 2, gsizes, stray);
+    /* WO_PICKS_TEST_FRESH: a kernel never launched before right after each
+     * picked launch of the main loop, while its job may be queued */
+    bool fresh = getenv("WO_PICKS_TEST_FRESH") != NULL;
+    CUfunction freshk[STEPS * 4];
+    int nfresh = 0;
+    for (int i = 0; fresh && i < STEPS * 4; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "fresh%d", i);
+        freshk[i] = kernel(name, 0, gsizes, fresh_kernel);
+    }
     for (int t = 0; t < 2; t++) {
         host[t] = malloc(E * row_of[t]);
         for (size_t i = 0; i < E * row_of[t]; i++)
@@ -1310,6 +1339,9 @@ static int child(void)
                           CUDA_SUCCESS);
                 if (item)
                     CHECK(fr.dtoh_async(got, out, sizeof(got), s) == CUDA_SUCCESS);
+                if (fresh && nfresh < STEPS * 4)
+                    CHECK(p_cuLaunchKernel(freshk[nfresh++], 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL) ==
+                          CUDA_SUCCESS);
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 /* the next launches would read in place under the capture */
                 while (trigger && !__atomic_load_n(&cap.done, __ATOMIC_ACQUIRE))
@@ -1606,6 +1638,12 @@ static int child(void)
         /* WO_PICKS_TEST_RESCUE (-rescue: the copy thread held in its first
          * copy past the stall limit): the watchdog rescued that job, the
          * reads above exact */
+        /* -lazy-gate: every fresh kernel's first launch went behind the
+         * gate (more first launches than them: the test's and the shim's
+         * own kernels' first launches too) */
+        if (fresh && lazy_ok())
+            CHECK(json_num(js, "\"interpose\":", "\"gated_first_launches\":") >= nfresh &&
+                  nfresh > 0);
         if (getenv("WO_PICKS_TEST_RESCUE") && strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0) {
             long long rescues = json_num(js, "\"engine\":{", "\"rescues\":");
             fprintf(stderr, "engine: %lld rescues\n", rescues);

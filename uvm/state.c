@@ -207,30 +207,48 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
     __atomic_store_n(&gate_begin, begin, __ATOMIC_RELEASE);
 }
 
+/* CUDA's module loading as the copy engine sees it, read once: 0 unknown,
+ * 1 the copy engine stays off (lazy), 2 eager, 3 lazy with
+ * WOFFLOAD_PICKS_LAZY (first launches gated) */
+static int loading;
+
 unsigned wo_uvm_picks_engine(void)
 {
-    static int eager = -1; /* unknown, 0, 1: read once */
     unsigned pct = wo_settings()->picks_engine;
-    int e = __atomic_load_n(&eager, __ATOMIC_ACQUIRE);
+    int e = __atomic_load_n(&loading, __ATOMIC_ACQUIRE);
 
-    if (!pct || e >= 0)
-        return e > 0 ? pct : 0;
+    if (!pct || e)
+        return e >= 2 ? pct : 0;
     const char *v = getenv("CUDA_MODULE_LOADING");
-    int now = v && strcasecmp(v, "EAGER") == 0;
+    int now = v && strcasecmp(v, "EAGER") == 0 ? 2 : wo_settings()->picks_lazy ? 3 : 1;
     /* the first caller says it; another's answer is the same */
-    if (__atomic_compare_exchange_n(&eager, &e, now, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE) &&
-        !now)
-        wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
-                "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
-                "lazily while an engine stream waits for the copy thread hangs the GPU: "
-                "docs/placement.md, Picked experts on the copy engine)",
-                pct, v ? v : "unset");
-    return now ? pct : 0;
+    if (__atomic_compare_exchange_n(&loading, &e, now, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        if (now == 1)
+            wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
+                    "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
+                    "lazily while an engine stream waits for the copy thread hangs the GPU: "
+                    "docs/placement.md, Picked experts on the copy engine; "
+                    "WOFFLOAD_PICKS_LAZY=1 tries it anyway)",
+                    pct, v ? v : "unset");
+        else if (now == 3)
+            wo_info("WOFFLOAD_PICKS_ENGINE=%u under lazy module loading (CUDA_MODULE_LOADING "
+                    "%s, WOFFLOAD_PICKS_LAZY): each kernel's first launch goes behind the copy "
+                    "engine's gate, and the rescue ends a stall that a load elsewhere causes",
+                    pct, v ? v : "unset");
+    } else {
+        now = e;
+    }
+    return now >= 2 ? pct : 0;
 }
 
 bool wo_uvm_gate_armed(void)
 {
     return wo_uvm_picks_engine() != 0;
+}
+
+bool wo_uvm_lazy_gate(void)
+{
+    return wo_uvm_picks_engine() != 0 && __atomic_load_n(&loading, __ATOMIC_ACQUIRE) == 3;
 }
 
 void wo_uvm_quiesce_begin(void)

@@ -212,8 +212,9 @@ extern int wo_dma_busy;
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(void);
 /* WOFFLOAD_PICKS_ENGINE, or 0 when the copy engine must stay off: CUDA's
- * lazy module loading (a kernel's first launch loads its module, and the
- * load waits for the context's work, a stream's wait for the copy thread's
+ * lazy module loading, unless WOFFLOAD_PICKS_LAZY (a kernel's first launch
+ * loads its module, and the load waits for the context's work, a stream's
+ * wait for the copy thread's
  * flag among it, while the GPU runs none of the copy stream's copies: the
  * H200 hung so at the first job in 3 rows of 4 lazy, 0 of 3 eager:
  * bench/results/engine-queues-*). The preload's constructor asks for eager
@@ -225,6 +226,11 @@ unsigned wo_uvm_picks_engine(void);
  * engine's first job (a wait entered ungated just before it would hold the
  * first copy off); with it 0 (the default) they never do. */
 bool wo_uvm_gate_armed(void);
+/* Whether the copy engine may run under lazy module loading
+ * (WOFFLOAD_PICKS_LAZY): then a kernel's first launch, which may load its
+ * module and wait for the context's work, goes behind the gate too
+ * (preload/first-launch.h). */
+bool wo_uvm_lazy_gate(void);
 
 /* Whether launches are worth observing (scan parameters, push events): set
  * at init to "the policy places something, or a trace is recorded". With

@@ -14,6 +14,7 @@
 pthread_mutex_t fk_lock = PTHREAD_MUTEX_INITIALIZER;
 uint64_t fk_total_mem = UINT64_C(16) << 30;
 uint64_t fk_module_bytes;
+bool fk_lazy;
 bool fk_managed_guard;
 bool fk_uvm_cache;
 unsigned long fk_managed_guard_violations;
@@ -234,6 +235,8 @@ static void read_env(void)
         else
             fprintf(stderr, "fakecuda: WOFAKE_MODULE_BYTES='%s' is not a size; using 0\n", s);
     }
+    s = getenv("WOFAKE_LAZY");
+    fk_lazy = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_MANAGED_GUARD");
     fk_managed_guard = s && *s && strcmp(s, "0") != 0;
     s = getenv("WOFAKE_UVM_CACHE");

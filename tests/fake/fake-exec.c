@@ -75,6 +75,7 @@ struct CUfunc_st {
     size_t argbytes;
     fakecuda_kernel_fn fn;
     _Atomic uint64_t runs;
+    int loaded;      /* WOFAKE_LAZY: got through a module, or launched once */
     CUmodule module; /* the module cuModuleGetFunction last found it through (cuFuncGetModule) */
     struct CUfunc_st *next;
     char name[];
@@ -1656,6 +1657,7 @@ FK_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
     struct CUfunc_st *f = kernel_by_name(name);
     if (!f)
         return CUDA_ERROR_NOT_FOUND;
+    __atomic_store_n(&f->loaded, 1, __ATOMIC_RELEASE);
     fk_lock_();
     f->module = hmod;
     fk_unlock_();
@@ -1725,6 +1727,7 @@ FK_EXPORT CUresult cuKernelGetFunction(CUfunction *pFunc, CUkernel kernel)
     struct CUfunc_st *f = func_of(kernel);
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
+    __atomic_store_n(&f->loaded, 1, __ATOMIC_RELEASE);
     *pFunc = f;
     return CUDA_SUCCESS;
 }
@@ -1847,6 +1850,16 @@ static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3],
         return CUDA_ERROR_INVALID_VALUE;
     if (shmem > 227 * 1024)
         return CUDA_ERROR_INVALID_VALUE;
+    /* WOFAKE_LAZY: CUDA's lazy module loading, as on the H200: a kernel's
+     * first launch loads its module, and the load waits for the context's
+     * work holding the driver's quiet lock (fk_quiet_wait); a kernel got
+     * through cuModuleGetFunction or cuKernelGetFunction was loaded there */
+    if (fk_lazy && !__atomic_load_n(&f->loaded, __ATOMIC_ACQUIRE)) {
+        CUresult w = fk_quiet_wait();
+        if (w != CUDA_SUCCESS)
+            return w;
+        __atomic_store_n(&f->loaded, 1, __ATOMIC_RELEASE);
+    }
     uint8_t *buf = NULL;
     size_t bufsize = 0;
     if (extra) {

@@ -48,6 +48,8 @@ extern uint64_t fk_total_mem;
 /* WOFAKE_MODULE_BYTES: device memory a loaded module holds (a real
  * context's kernels live in device memory, outside any allocation) */
 extern uint64_t fk_module_bytes;
+extern bool
+    fk_lazy; /* WOFAKE_LAZY: a kernel not yet got through a module loads at its first launch */
 /* Device bytes held outside allocations (modules), added or given back. */
 void fk_dev_bytes_add(int64_t delta);
 extern bool fk_managed_guard;                     /* WOFAKE_MANAGED_GUARD */
