@@ -21,7 +21,9 @@
 #   shim-ncmoe8    woffload-run --policy examples/llamacpp-n-cpu-moe.yaml
 #   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
 #   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
-#                  row was measured to use, for a row at equal memory)
+#                  row was measured to use, for a row at equal memory; FIT=from:ROW
+#                  takes it from row ROW run before it in OUTROOT: the most device
+#                  memory its server process held in any phase, in MiB, NVML's)
 #   shim-ROW-late  any shim row with WOFFLOAD_LATE_BIND=1: llama.cpp's model
 #                  buffer late bound, its host tensors pinned host memory that
 #                  the streaming executor copies from on the copy engine
@@ -108,12 +110,21 @@ for row in $ROWS; do
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
     shim-ncmoe8) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
-    shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}" ;;
+    shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"
+        FITSZ=$FIT
+        case $FIT in from:*)
+            # equal memory: the device memory of that row's server process
+            FITSZ=$("${PYTHON:-python3}" "$HERE/llamacpp-serve-table.py" --peak-mib \
+                "$OUTROOT/p$P-${FIT#from:}") ||
+                { echo "[serve-rows $(el)s] $row: FIT=$FIT: no size; skipped"; continue; }
+            FITSZ=${FITSZ}MiB
+            echo "[serve-rows $(el)s] $row: FIT=$FIT: --fit $FITSZ" ;;
+        esac ;;
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac
     mkdir -p "$O"
     case $base in
-    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FIT --stats $O/stats.json --stats-every 1 --" ;;
+    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ --stats $O/stats.json --stats-every 1 --" ;;
     shim-*) case $POL in /*) ;; *) POL=$ROOT/$POL ;; esac
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac

@@ -3,6 +3,7 @@
 side by side, a table a phase, each figure beside the reference row's.
 
     python3 bench/llamacpp-serve-table.py OUTROOT [--ref plain] [--rows "plain shim-empty ..."]
+    python3 bench/llamacpp-serve-table.py --peak-mib OUTROOT/pP-ROW   (one row's peak, below)
 
 OUTROOT holds the rows' folders pP-ROW (and pP-ROW.N, the same row run
 again: bench/llamacpp-serve-rows.sh's ROWS may name a row more than once,
@@ -18,6 +19,10 @@ first row): throughput and ITL p99 as ratios, the device memory too, so
 that a comparison at equal memory shows whether it was one. Greedy: the
 greedy prompts sent alone to the idle server after the sweep, against
 plain's (every run of the row).
+
+--peak-mib ROWDIR prints the most device memory the row's server process
+held in any phase (MiB, an integer), or fails saying why: the rows script's
+FIT=from:ROW, a `--fit` row at the same device memory as ROW.
 """
 import argparse
 import json
@@ -141,7 +146,35 @@ def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], r
     return lines
 
 
+def peak_mib(rowdir: str) -> int:
+    """The most device memory the server process of the row in rowdir held
+    in any phase (its sweep.json), MiB; ValueError when there is none."""
+    path = os.path.join(rowdir, "sweep.json")
+    try:
+        with open(path) as f:
+            rep = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: {e}")
+    mib = [figures(ph)["gpu"] for ph in rep.get("phases") or []]
+    mib = [m for m in mib if m]
+    if not mib:
+        raise ValueError(f"{path}: no device memory of the server process sampled")
+    return int(max(mib))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--peak-mib"]:
+        if len(argv) != 2:
+            sys.stderr.write("usage: llamacpp-serve-table.py --peak-mib OUTROOT/pP-ROW\n")
+            return 2
+        try:
+            print(peak_mib(argv[1]))
+        except ValueError as e:
+            sys.stderr.write(f"llamacpp-serve-table: {e}\n")
+            return 1
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("root", help="the rows' folder (bench/llamacpp-serve-rows.sh's OUTROOT)")
     ap.add_argument("--ref", default="plain", help="the row the others are divided by (default %(default)s)")

@@ -858,9 +858,16 @@ class TestRows(unittest.TestCase):
                     "echo \"$@\" > \"$(dirname \"$0\")/ran\"\nexec \"$@\"\n")
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
+        # a row measured before (a peer's, 7481 MiB at its peak) for the
+        # --fit row at its device memory (FIT=from:peer)
+        os.makedirs(os.path.join(out, "p4-peer"))
+        with open(os.path.join(out, "p4-peer", "sweep.json"), "w") as f:
+            json.dump({"phases": [{"rate": 5, "memory": {"gpu_pid_mib": {"max": m}},
+                                   "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
+                                  for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2 plain.2", R_FAST="5,c4", R_SLOW="5",
-                   DURATION="2", DRAIN="3",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2 plain.2 shim-fit", R_FAST="5,c4",
+                   R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
                    SHIM_BUILD=os.path.join(tmp, "shim"),
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
@@ -904,6 +911,10 @@ class TestRows(unittest.TestCase):
         self.assertRegex(md, r"\n\| plain \| 2 \| [^|]+ \| 1\.000 \|")
         self.assertRegex(md, r"\n\| shim-exps \| 1 \| [0-9.]+ \| [0-9.]+ \|")
         self.assertIn("side by side: " + os.path.join(out, "rows.md"), r.stdout)
+        # the --fit row at the peer's measured device memory
+        self.assertIn("shim-fit: FIT=from:peer: --fit 7481MiB", r.stdout)
+        with open(os.path.join(out, "p4-shim-fit", "machine.txt")) as f:
+            self.assertIn("woffload-run --fit 7481MiB --stats", f.read())
 
 
 def salted(argv) -> list:
