@@ -87,8 +87,9 @@ def main() -> int:
         ax[2].set_ylabel("output tok/s")
     ax[-1].set_xlabel("minutes since the phase's first arrival")
     rate = ph.get("rate") or (rep.get("config") or {}).get("rate")
-    fig.suptitle(a.title or f"{os.path.basename(a.run)}: pid {mem.get('pid')}"
-                 + (f", {rate:g} req/s" if isinstance(rate, (int, float)) else ""), fontsize=10)
+    load = (f", {ph['closed']} requests in flight" if ph.get("closed")
+            else f", {rate:g} req/s" if isinstance(rate, (int, float)) else "")
+    fig.suptitle(a.title or f"{os.path.basename(a.run)}: pid {mem.get('pid')}" + load, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     print(f"serve-plot: wrote {out} ({len(samples)} samples over {t[-1]:.1f} min)")
