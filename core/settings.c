@@ -124,7 +124,7 @@ const char *wo_log_level_to_string(int level)
     return level_names[level];
 }
 
-static int parse_bool(const char *s, bool *ret)
+int wo_setting_bool(const char *s, bool *ret)
 {
     static const char *const yes[] = {"1", "yes", "true", "on"};
     static const char *const no[] = {"0", "no", "false", "off"};
@@ -165,7 +165,7 @@ static int apply(const struct wo_setting_def *d, const char *v, struct wo_settin
     case WO_SETTING_BOOL: {
         bool b;
         snprintf(accepted, alen, "1, 0, yes, no, true, false, on, off");
-        if (parse_bool(v, &b) < 0)
+        if (wo_setting_bool(v, &b) < 0)
             return -EINVAL;
         memcpy(field, &b, sizeof(b));
         return 0;

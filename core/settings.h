@@ -88,3 +88,6 @@ void wo_settings_print(FILE *f, const struct wo_settings *s);
 /* "error" -> WO_LOG_ERROR ...; -EINVAL when not a level. */
 int wo_log_level_from_string(const char *s);
 const char *wo_log_level_to_string(int level);
+/* A boolean setting's value: 1, yes, true, on / 0, no, false, off (any
+ * case); -EINVAL for anything else. */
+int wo_setting_bool(const char *s, bool *ret);

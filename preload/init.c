@@ -224,11 +224,11 @@ static void module_loading(void)
 {
     const char *pe = getenv("WOFFLOAD_PICKS_ENGINE");
     const char *lazy = getenv("WOFFLOAD_PICKS_LAZY");
+    bool on = false;
 
-    /* WOFFLOAD_PICKS_LAZY on (the settings' truths; a bad value is said
-     * where the settings are read, and keeps eager loading here) */
-    if (lazy && (strcmp(lazy, "1") == 0 || strcasecmp(lazy, "yes") == 0 ||
-                 strcasecmp(lazy, "true") == 0 || strcasecmp(lazy, "on") == 0))
+    /* WOFFLOAD_PICKS_LAZY on: no eager loading (a bad value is said where
+     * the settings are read, and keeps eager loading here) */
+    if (lazy && wo_setting_bool(lazy, &on) == 0 && on)
         return;
     if (pe && *pe && strcmp(pe, "0") != 0 && !getenv("CUDA_MODULE_LOADING"))
         (void)setenv("CUDA_MODULE_LOADING", "EAGER", 0);

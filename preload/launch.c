@@ -923,7 +923,7 @@ CUresult wo_h_launch_kernel_ex(wo_pfn_cuLaunchKernelEx real, int id, void *ra,
         cudaError_t res_;                                                                          \
         bool gated_;                                                                               \
         WO_RT_HOOK_ENTER(real(fn, grid, block, args, shmem, s));                                   \
-        gated_ = wo_first_launch_begin((uintptr_t)(fn) | ((stub) ? WO_LAUNCH_KEY_RUNTIME : 0));    \
+        gated_ = wo_first_launch_begin((uintptr_t)(fn) | ((stub) ? RUNTIME_KEY_TAG : 0));          \
         sid_ = wo_stream_id(s, wo_rt_pt[id]);                                                      \
         prepare_launch(&l_, fn, stub, sid_, &args, &ex_, &rb_);                                    \
         res_ = real(fn, grid, block, args, shmem, s);                                              \
@@ -968,7 +968,7 @@ cudaError_t wo_h_cuda_launch_kernel_ex(wo_pfn_cudaLaunchKernelExC real, int id, 
         wo_leave();
         return res;
     }
-    gated = wo_first_launch_begin((uintptr_t)func | WO_LAUNCH_KEY_RUNTIME);
+    gated = wo_first_launch_begin((uintptr_t)func | RUNTIME_KEY_TAG);
     sid = wo_stream_id(cfg->stream, wo_rt_pt[id]);
     prepare_launch(&l, func, true, sid, &args, &ex, &rb);
     res = real(cfg, func, args);

@@ -248,6 +248,9 @@ bool wo_uvm_gate_armed(void)
 
 bool wo_uvm_lazy_gate(void)
 {
+    /* every launch asks: without the setting (the default) one field read */
+    if (!wo_settings()->picks_lazy)
+        return false;
     return wo_uvm_picks_engine() != 0 && __atomic_load_n(&loading, __ATOMIC_ACQUIRE) == 3;
 }
 
