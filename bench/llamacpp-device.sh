@@ -91,7 +91,10 @@ el() { echo $(($(date +%s) - T0)); }
 pc=$ROOT/build-yaml/root/usr/lib/x86_64-linux-gnu
 export PKG_CONFIG_PATH=$pc/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
 export LD_LIBRARY_PATH=$pc${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-[ -d .peers/llama ] || { [ -s .peers/llama.txz ] && tar xJf .peers/llama.txz -C .peers; }
+# llama.cpp's tree outside the carried one: a later call's copy of .peers
+# replaces the folder under a build still running in the background
+LSRC=/tmp/llama-src/llama
+[ -d $LSRC ] || { [ -s .peers/llama.txz ] && mkdir -p /tmp/llama-src && tar xJf .peers/llama.txz -C /tmp/llama-src; }
 mkdir -p "$OUT"
 SUITE_B=(llamacpp-gpu stream-gpu)
 # the gpu suite's tests less SUITE_B (the first of the two calls it takes)
@@ -114,12 +117,14 @@ for step in "$@"; do
         # step is given (the suite's llamacpp-gpu reads it; with the moe128
         # ones exported, build raced gguf128-bg for /tmp/x-moe128.gguf)
         SHAPE=moe32 GGUF=/tmp/x.gguf ROWS=none DEADLINE=${BUILD_DEADLINE:-400} \
-            LLAMA_SRC=.peers/llama OUT=$OUT/build bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
+            LLAMA_SRC=$LSRC OUT=$OUT/build bash bench/llamacpp-hook.sh >"$OUT/build.log" 2>&1
         rc=$?
         tail -4 "$OUT/build/summary.txt" ;;
     build-bg)
         if ! pgrep -f "llamacpp-device.sh build\$" >/dev/null; then
-            (setsid nohup nice -n 15 env OUT=/tmp/bgb bash bench/llamacpp-device.sh build \
+            # BG_CPUS: its cores (e.g. 8-15, beside bigload's 0-7)
+            (setsid nohup nice -n 15 taskset -c "${BG_CPUS:-0-$(($(nproc) - 1))}" \
+                env OUT=/tmp/bgb bash bench/llamacpp-device.sh build \
                 >/tmp/bgb.log 2>&1 </dev/null &)
         fi
         rc=0 ;;
@@ -140,7 +145,7 @@ for step in "$@"; do
         # the next steps (build: the two at once took 280 s on the H200);
         # gguf128 then waits for it
         if [ ! -s /tmp/x-moe128.gguf ] && ! pgrep -f "gguf-shape.py moe128" >/dev/null; then
-            (GGUF_PY=$ROOT/.peers/llama/gguf-py PEERS=$ROOT/.peers/llamacpp setsid nohup sh -c \
+            (GGUF_PY=$LSRC/gguf-py PEERS=$ROOT/.peers/llamacpp setsid nohup sh -c \
                 'python3 bench/gguf-shape.py moe128 /tmp/x-moe128.gguf.part >/tmp/gguf128.log 2>&1 &&
                  mv /tmp/x-moe128.gguf.part /tmp/x-moe128.gguf' </dev/null >/dev/null 2>&1 &)
         fi
@@ -150,7 +155,7 @@ for step in "$@"; do
         if [ -s /tmp/x-moe128.gguf ]; then
             rc=0
         else
-            GGUF_PY=.peers/llama/gguf-py PEERS=.peers/llamacpp python3 bench/gguf-shape.py \
+            GGUF_PY=$LSRC/gguf-py PEERS=.peers/llamacpp python3 bench/gguf-shape.py \
                 moe128 /tmp/x-moe128.gguf.part >"$OUT/gguf128.log" 2>&1 &&
                 mv /tmp/x-moe128.gguf.part /tmp/x-moe128.gguf
             rc=$?
@@ -227,7 +232,7 @@ for step in "$@"; do
     hook)
         : "${HOOK_ROWS:?HOOK_ROWS: the llamacpp-hook.sh rows to run}"
         mkdir -p "$OUT/hook"
-        ROWS=$HOOK_ROWS DEADLINE=$left LLAMA_SRC=.peers/llama OUT=$OUT/hook \
+        ROWS=$HOOK_ROWS DEADLINE=$left LLAMA_SRC=$LSRC OUT=$OUT/hook \
             bash bench/llamacpp-hook.sh >"$OUT/hook.log" 2>&1
         rc=$?
         tail -20 "$OUT/hook/summary.txt" ;;
