@@ -213,22 +213,24 @@ static void start_line(void)
         close(fd);
 }
 
-/* With the copy engine asked for (WOFFLOAD_PICKS_ENGINE set, not 0), CUDA's
- * eager module loading, unless CUDA_MODULE_LOADING says otherwise: the
- * driver reads it at cuInit, after this (and PyTorch keeps a value it
- * finds). Lazy loading hangs the copy engine (uvm.h: wo_uvm_picks_engine,
- * which keeps it off under any other value). Eager loading costs start-up
- * time and device memory for every kernel of the libraries loaded
- * (docs/placement.md). */
+/* With the copy engine asked for (WOFFLOAD_PICKS_ENGINE set, not 0) and
+ * WOFFLOAD_PICKS_LAZY=0, CUDA's eager module loading, unless
+ * CUDA_MODULE_LOADING says otherwise: the driver reads it at cuInit, after
+ * this (and PyTorch keeps a value it finds). A kernel loaded lazily while
+ * an engine stream waits for the copy thread hangs the GPU; by default
+ * (WOFFLOAD_PICKS_LAZY=1) each kernel's first launch goes behind the copy
+ * engine's gate instead (uvm.h: wo_uvm_lazy_gate), and eager loading's
+ * start-up time and device memory for every kernel of the libraries
+ * loaded (1 GiB and 4 s for PyTorch) are not spent (docs/placement.md). */
 static void module_loading(void)
 {
     const char *pe = getenv("WOFFLOAD_PICKS_ENGINE");
     const char *lazy = getenv("WOFFLOAD_PICKS_LAZY");
-    bool on = false;
+    bool on = true;
 
-    /* WOFFLOAD_PICKS_LAZY on: no eager loading (a bad value is said where
-     * the settings are read, and keeps eager loading here) */
-    if (lazy && wo_setting_bool(lazy, &on) == 0 && on)
+    /* WOFFLOAD_PICKS_LAZY unset or on: no eager loading (a bad value is
+     * said where the settings are read, which then keep the default, on) */
+    if (!lazy || wo_setting_bool(lazy, &on) != 0 || on)
         return;
     if (pe && *pe && strcmp(pe, "0") != 0 && !getenv("CUDA_MODULE_LOADING"))
         (void)setenv("CUDA_MODULE_LOADING", "EAGER", 0);

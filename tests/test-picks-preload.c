@@ -420,18 +420,18 @@ static bool engine_asked(void)
     return e && *e && strcmp(e, "0") != 0;
 }
 
-/* WOFFLOAD_PICKS_LAZY=1 (-lazy-gate): the copy engine under lazy module
- * loading too, each kernel's first launch behind its gate */
+/* WOFFLOAD_PICKS_LAZY, 1 unless set to 0 (-lazy, -eager): the copy engine
+ * under lazy module loading too, each kernel's first launch behind its gate */
 static bool lazy_ok(void)
 {
     const char *l = getenv("WOFFLOAD_PICKS_LAZY");
-    return l && strcmp(l, "1") == 0;
+    return !l || strcmp(l, "0") != 0;
 }
 
-/* ... and on: only under CUDA's eager module loading, which the shim's
- * constructor asks for when nothing else is set (uvm.h:
- * wo_uvm_picks_engine), or with WOFFLOAD_PICKS_LAZY; -lazy sets
- * CUDA_MODULE_LOADING=LAZY */
+/* ... and on: with WOFFLOAD_PICKS_LAZY, or under CUDA's eager module
+ * loading, which the shim's constructor asks for when
+ * WOFFLOAD_PICKS_LAZY=0 and nothing else is set (uvm.h:
+ * wo_uvm_picks_engine); -lazy sets CUDA_MODULE_LOADING=LAZY */
 static bool engine_on(void)
 {
     const char *m = getenv("CUDA_MODULE_LOADING");
@@ -1778,7 +1778,9 @@ int main(int argc, char **argv)
 {
     if (argc > 1 && strcmp(argv[1], "child") == 0)
         return child();
-    /* the shim's constructor asked for eager module loading (but -lazy's) */
+    /* the copy engine may run: behind the first-launch gate under lazy
+     * loading (the default), or under the eager loading the constructor
+     * asked for (-eager); -lazy's keeps it off */
     if (engine_asked() && !getenv("WO_PICKS_TEST_LAZY"))
         CHECK(engine_on());
     for (size_t i = 0; i < sizeof(policies) / sizeof(policies[0]); i++) {
@@ -1834,6 +1836,13 @@ int main(int argc, char **argv)
             CHECK(strstr(log, i == THREE || i == STREAMS ? "picks: 3 expert tensors"
                                                          : "picks: 2 expert tensors") !=
                   NULL);
+            /* the constructor asked for eager loading only with
+             * WOFFLOAD_PICKS_LAZY=0 (-eager), and left CUDA's default
+             * otherwise (the tests that set it set LAZY) */
+            if (i == 0 && engine_asked() && !getenv("WO_PICKS_TEST_LAZY")) {
+                const char *m = getenv("CUDA_MODULE_LOADING");
+                CHECK((m && strcasecmp(m, "EAGER") == 0) == !lazy_ok());
+            }
             /* -lazy: the copy engine asked for, kept off, said why */
             if (i == 0 && engine_asked())
                 CHECK((strstr(log, "the copy engine stays off, the kernels copy the picked "

@@ -208,8 +208,8 @@ void wo_uvm_gate_install(void (*begin)(void *by, unsigned raised), void (*end)(u
 }
 
 /* CUDA's module loading as the copy engine sees it, read once: 0 unknown,
- * 1 the copy engine stays off (lazy), 2 eager, 3 lazy with
- * WOFFLOAD_PICKS_LAZY (first launches gated) */
+ * 1 the copy engine stays off (lazy, WOFFLOAD_PICKS_LAZY=0), 2 eager, 3 lazy
+ * with WOFFLOAD_PICKS_LAZY (the default: first launches gated) */
 static int loading;
 
 unsigned wo_uvm_picks_engine(void)
@@ -228,7 +228,8 @@ unsigned wo_uvm_picks_engine(void)
                     "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
                     "lazily while an engine stream waits for the copy thread hangs the GPU: "
                     "docs/placement.md, Picked experts on the copy engine; "
-                    "WOFFLOAD_PICKS_LAZY=1 tries it anyway)",
+                    "WOFFLOAD_PICKS_LAZY=0 asks for that: 1, the default, gates each kernel's "
+                    "first launch instead)",
                     pct, v ? v : "unset");
         else if (now == 3)
             wo_info("WOFFLOAD_PICKS_ENGINE=%u under lazy module loading (CUDA_MODULE_LOADING "
@@ -248,8 +249,8 @@ bool wo_uvm_gate_armed(void)
 
 bool wo_uvm_lazy_gate(void)
 {
-    /* every launch asks: without the setting (the default) one field read */
-    if (!wo_settings()->picks_lazy)
+    /* every launch asks: with the copy engine off (the default) two field reads */
+    if (!wo_settings()->picks_engine || !wo_settings()->picks_lazy)
         return false;
     return wo_uvm_picks_engine() != 0 && __atomic_load_n(&loading, __ATOMIC_ACQUIRE) == 3;
 }

@@ -31,11 +31,12 @@ woffload-run with the automatic hook and a policy that streams:
                      bytes (woffload.expect_module on a meta-device copy,
                      as from_pretrained's hook does: the host experts are
                      served pinned) and WOFFLOAD_PICKS_ENGINE=1: the picked
-                     copies on the copy engine; on the H200 transformers
+                     copies on the copy engine, under the eager module
+                     loading of WOFFLOAD_PICKS_LAZY=0; on the H200 transformers
                      under fit stopped so in its first step (bench/results,
                      picks-engine-stall-20261203-h200)
-  moe128-host-picks-engine-lazy  the same under CUDA's lazy module loading
-                     (WOFFLOAD_PICKS_LAZY=1, CUDA_MODULE_LOADING=LAZY): each
+  moe128-host-picks-engine-lazy  the same under CUDA's lazy module loading,
+                     the default (WOFFLOAD_PICKS_LAZY=1, CUDA_MODULE_LOADING=LAZY): each
                      kernel's first launch behind the copy engine's gate
                      (preload/first-launch.h), a stall the gate misses
                      rescued; tokens identical and to the end, its stalls
@@ -283,8 +284,11 @@ def main() -> int:
                                           if "-engine" in case else {}),
                                        **({"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
                                           if case.endswith("-q1") else {}),
+                                       # -lazy: the default, CUDA's lazy loading said;
+                                       # the other -engine rows eager (LAZY=0)
                                        **({"WOFFLOAD_PICKS_LAZY": "1", "CUDA_MODULE_LOADING": "LAZY"}
-                                          if case.endswith("-lazy") else {})),
+                                          if case.endswith("-lazy") else
+                                          {"WOFFLOAD_PICKS_LAZY": "0"} if "-engine" in case else {})),
                                   must=False, timeout=300 if "-engine" in case else 600,
                                   stacks="-engine" in case, kill_on_stall=False)
                 for case in cases}
