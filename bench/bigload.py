@@ -527,12 +527,16 @@ def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
     return pcie, (min(pcie, floor) if pcie and floor else pcie)
 
 
+ENGINE_RUN = re.compile(r"(host-free|fit|hand)-engine(?:-(all|\d+))?((?:-(?:lazy|eager|bind|auto))*)")
+
+
 def engine_pct(run_name: str) -> int:
-    """WOFFLOAD_PICKS_ENGINE of a copy-engine run, KIND-engine[-all|-N][-lazy]
-    with KIND host-free, fit or hand: 50 without a suffix, 1 for -all, N (1
-    to 100); 0 for any other name. -lazy: under lazy module loading
-    (engine_env)."""
-    m = re.fullmatch(r"(host-free|fit|hand)-engine(?:-(all|\d+))?(?:-lazy)?", run_name)
+    """WOFFLOAD_PICKS_ENGINE of a copy-engine run,
+    KIND-engine[-all|-N][-lazy|-eager][-bind][-auto] with KIND host-free, fit
+    or hand: 50 without a suffix, 1 for -all, N (1 to 100); 0 for any other
+    name. The other suffixes: engine_env, and -auto (fit's reserve: auto, the
+    row run twice)."""
+    m = ENGINE_RUN.fullmatch(run_name)
     if not m:
         return 0
     if not m.group(2):
@@ -543,13 +547,23 @@ def engine_pct(run_name: str) -> int:
 
 
 def engine_env(run_name: str) -> Dict[str, str]:
-    """The environment of a copy-engine run: its WOFFLOAD_PICKS_ENGINE, and
-    for KIND-engine...-lazy WOFFLOAD_PICKS_LAZY=1 (the copy engine under
-    CUDA's lazy module loading, each kernel's first launch gated: no eager
-    loading's device memory and start-up)."""
+    """The environment of a copy-engine run: its WOFFLOAD_PICKS_ENGINE; -lazy
+    WOFFLOAD_PICKS_LAZY=1 (the default: the copy engine under CUDA's lazy
+    module loading, each kernel's first launch gated), -eager
+    WOFFLOAD_PICKS_LAZY=0 (the shim asks for eager loading: its device
+    memory and start-up), -bind WOFFLOAD_FIT_BIND=1 (fit's device weights
+    late bound: a yield after seal re-backs them on the host and releases
+    their device memory at once, where managed weights' pages need the
+    squeeze, whose allocations hold the whole free memory for a moment)."""
+    m = ENGINE_RUN.fullmatch(run_name)
+    suffixes = set(m.group(3).split("-")[1:]) if m else set()
     env = {"WOFFLOAD_PICKS_ENGINE": str(engine_pct(run_name))}
-    if run_name.endswith("-lazy"):
+    if "lazy" in suffixes:
         env["WOFFLOAD_PICKS_LAZY"] = "1"
+    if "eager" in suffixes:
+        env["WOFFLOAD_PICKS_LAZY"] = "0"
+    if "bind" in suffixes:
+        env["WOFFLOAD_FIT_BIND"] = "1"
     return env
 
 
@@ -844,8 +858,10 @@ def main() -> int:
                          "at its own launch), KIND-engine-all and KIND-engine-N for KIND host-free, fit or "
                          "hand (WOFFLOAD_PICKS_ENGINE=1 or N: a step of 8 of 128 top-8 picks about 40%% of "
                          "the experts; a decode of one sequence registers no picks), any of those with "
-                         "-lazy (WOFFLOAD_PICKS_LAZY=1: the copy engine under lazy module loading, no "
-                         "eager loading's memory and start-up), hot-free (every expert "
+                         "-lazy (WOFFLOAD_PICKS_LAZY=1, the default: the copy engine under lazy module "
+                         "loading) or -eager (WOFFLOAD_PICKS_LAZY=0: eager loading's memory and start-up), "
+                         "then -bind (WOFFLOAD_FIT_BIND=1: a yield releases device memory at once, no "
+                         "squeeze) and, for fit, -auto (reserve: auto, run twice), hot-free (every expert "
                          "host, half their bytes hot: WOFFLOAD_PICKS_HOT), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
@@ -890,7 +906,8 @@ def main() -> int:
     if unknown:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(unknown))} "
                  f"(known: {', '.join(sorted(known))}, and KIND-engine, KIND-engine-all, "
-                 f"KIND-engine-N for KIND host-free, fit or hand, N 1 to 100, each with -lazy)")
+                 f"KIND-engine-N for KIND host-free, fit or hand, N 1 to 100, each with -lazy or -eager, "
+                 f"-bind, -auto)")
     mk = run(dict(name="make", shape=args.shape, layers=layers, ckpt=ckpt), args)
     if mk.get("error"):
         return 1
@@ -938,6 +955,19 @@ def main() -> int:
     fitkey = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}}}\n"
     reserves = [x.strip() for x in args.fit_reserves.split(",") if x.strip()]
     nslots = [x for x in args.stream_slots.split(",") if x] or [""]
+    def fit_auto(name: str, f: float, env: Dict[str, str]) -> None:
+        """Rows NAME1-F and NAME2-F: fit with `reserve: auto`, twice. The
+        first run keeps the engine's high water after seal in a memo file,
+        the second reserves it, so that no weight yields (docs/policy.md,
+        fit); each row in its own process."""
+        pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}, reserve: auto}}\n"
+        memo = os.path.abspath(os.path.join(args.out, f"fit-memo-{name}-{f}"))
+        if os.path.exists(memo):
+            os.unlink(memo)
+        for k in (1, 2):
+            both(dict(base, name=f"{name}{k}-{f}", fraction=f, shim=True, policy=pol,
+                      env=dict(env, WOFFLOAD_FIT_MEMO=memo)))
+
     for f in fracs:
         # fit as users run it (prefetch.mode auto under fit: each off-device
         # range streamed or read in place as measured), then fit in place
@@ -955,9 +985,13 @@ def main() -> int:
         # copies ran at 37-50 GB/s, the link's 55), and the hand policy with
         # it: fit against a hand policy that has every mechanism fit has
         for x in engine_runs:
-            if not x.startswith("host-free"):
-                both(dict(base, name=f"{x}-{f}", fraction=f, shim=True,
-                          policy=fitkey if x.startswith("fit") else hand, env=engine_env(x)))
+            if x.startswith("host-free"):
+                continue
+            if x.startswith("fit") and x.endswith("-auto"):
+                fit_auto(x, f, engine_env(x))
+                continue
+            both(dict(base, name=f"{x}-{f}", fraction=f, shim=True,
+                      policy=fitkey if x.startswith("fit") else hand, env=engine_env(x)))
         if "fit-late" in runs:
             # the same policy as fit, every placeable allocation late bound
             both(dict(base, name=f"fit-late-{f}", fraction=f, shim=True, policy=fitkey,
@@ -969,16 +1003,7 @@ def main() -> int:
             both(dict(base, name=f"fit-engine-late-{f}", fraction=f, shim=True, policy=fitkey,
                       env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}))
         if "fit-auto" in runs:
-            # fit with `reserve: auto`, twice: the first run keeps the
-            # engine's high water after seal in a memo file, the second
-            # reserves it (docs/policy.md, fit); each row in its own process
-            pol = f"version: 1\nfit: {{device: 100%, keep_free: {args.keep_free}, reserve: auto}}\n"
-            memo = os.path.abspath(os.path.join(args.out, f"fit-memo-{f}"))
-            if os.path.exists(memo):
-                os.unlink(memo)
-            for k in (1, 2):
-                both(dict(base, name=f"fit-auto{k}-{f}", fraction=f, shim=True, policy=pol,
-                          env={"WOFFLOAD_FIT_MEMO": memo}))
+            fit_auto("fit-auto", f, {})
         if "fit-bind-copies" in runs:
             # the same, the experts that yield copied picked from their bound
             # range rather than read in place (WOFFLOAD_BIND_COPIES=1)

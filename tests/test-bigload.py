@@ -226,7 +226,12 @@ class TestMoeTables(unittest.TestCase):
         self.assertEqual(bigload.engine_env("fit-engine-20-lazy"),
                          {"WOFFLOAD_PICKS_ENGINE": "20", "WOFFLOAD_PICKS_LAZY": "1"})
         self.assertEqual(bigload.engine_env("fit-engine-20"), {"WOFFLOAD_PICKS_ENGINE": "20"})
-        for name in ("fit-engine-0", "fit-engine-101", "fit-engine-late", "hot-free", "fit"):
+        self.assertEqual(bigload.engine_env("fit-engine-20-eager-bind"),
+                         {"WOFFLOAD_PICKS_ENGINE": "20", "WOFFLOAD_PICKS_LAZY": "0",
+                          "WOFFLOAD_FIT_BIND": "1"})
+        self.assertEqual(bigload.engine_pct("fit-engine-20-bind-auto"), 20)
+        for name in ("fit-engine-0", "fit-engine-101", "fit-engine-late", "hot-free", "fit",
+                     "fit-engine-20-fast", "fit-engine-lazy20"):
             self.assertEqual(bigload.engine_pct(name), 0, name)
 
     def test_half_the_experts_bytes_from_the_host_free_row(self):
