@@ -39,7 +39,11 @@
 # Settings (environment; defaults in brackets): PARALLEL [32]; CTX
 # [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
 # (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
-# DRAIN [10] a phase; the phases of a row (serve.py --rates: Poisson rates
+# DRAIN [10] a phase, ROW_S [200]; the experts-host rows (R_SLOW) take
+# DURATION_SLOW [120], DRAIN_SLOW [60] and ROW_S_SLOW [300] instead: at
+# --parallel 32 a step of -ot exps=CPU took 719 ms, a request of 32 tokens
+# 30 s, and a 30 s closed loop completed one wave, no request sent after the
+# bad one (bench/results/llamacpp-serve-20261204b-p32-c32-h200); the phases of a row (serve.py --rates: Poisson rates
 # in req/s, and cN, a closed loop of N requests in flight) R_FAST (plain,
 # shim-empty) [8,16,cP], R_SLOW (experts host) [1,2,cP], R_MID (half
 # resident) [1.5,3,cP], where P is PARALLEL: the closed loop at P requests
@@ -48,7 +52,7 @@
 # whose mix of prompts and decodes swings from run to run: plain against
 # plain differed by 0.83x at 32 req/s on the H200,
 # bench/results/llamacpp-serve-20261204-p32-empty-h200); FAULTS [0];
-# ROW_S, the most seconds a row may take [200]; END_S, the seconds for all
+# ROW_S, the most seconds a row may take; END_S, the seconds for all
 # rows [570] (a row with less than 90 s left is skipped); BAN_BYTE_TOKENS [1]:
 # every request bans token ids 3-258 (logit_bias), the byte tokens of
 # bench/gguf-shape.py's placeholder vocabulary: a completion cut inside a
@@ -83,9 +87,7 @@ fi
 export EXTRA_BODY
 for row in $ROWS; do
     left=$((END - $(el)))
-    per=${ROW_S:-200}
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
-    [ "$per" -gt "$left" ] && per=$left
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES
     POL=""
@@ -122,6 +124,13 @@ for row in $ROWS; do
         esac ;;
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac
+    # a phase, its drain and the row's time: the experts-host rows' own
+    # (their step is the link's or llama.cpp's CPU's: 719 ms for 32 slots)
+    dur=${DURATION:-40} drain=${DRAIN:-10} per=${ROW_S:-200}
+    case $base in shim-exps* | llama-ot)
+        dur=${DURATION_SLOW:-120} drain=${DRAIN_SLOW:-60} per=${ROW_S_SLOW:-300} ;;
+    esac
+    [ "$per" -gt "$left" ] && per=$left
     mkdir -p "$O"
     case $base in
     shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ --stats $O/stats.json --stats-every 1 --" ;;
@@ -135,9 +144,9 @@ for row in $ROWS; do
     elif [ "$name" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-llama-ot/greedy.json
     fi
-    echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, at most $per s"
+    echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, $dur s a phase (+ drain <= $drain s), at most $per s"
     RATES=$R PARALLEL=$P CTX=${CTX:-$((P * 1024))} OUTPUT_LEN=${OUTPUT_LEN:-fixed:32} \
-        PROMPT_LEN=${PROMPT_LEN:-uniform:16:48} DURATION=${DURATION:-40} DRAIN=${DRAIN:-10} \
+        PROMPT_LEN=${PROMPT_LEN:-uniform:16:48} DURATION=$dur DRAIN=$drain \
         FAULTS=${FAULTS:-0} LOAD_TIMEOUT=${LOAD_TIMEOUT:-150} DEADLINE=$per OUT=$O \
         bash "$HERE/llamacpp-serve.sh" "$GGUF" >"$O/run.log" 2>&1
     echo "[serve-rows $(el)s] $row: exit $?"

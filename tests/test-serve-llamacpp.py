@@ -868,6 +868,7 @@ class TestRows(unittest.TestCase):
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
                    ROWS="plain shim-exps bogus llama-ot shim-exps-slots2 plain.2 shim-fit", R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
+                   DURATION_SLOW="3", DRAIN_SLOW="4",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
                    SHIM_BUILD=os.path.join(tmp, "shim"),
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
@@ -884,6 +885,9 @@ class TestRows(unittest.TestCase):
             with open(os.path.join(out, f"p4-{row}", "sweep.json")) as f:
                 cfg = json.load(f)["config"]
             self.assertEqual(cfg["greedy_check"] is None, row == "plain", cfg)
+            # the experts-host rows' phases their own (DURATION_SLOW, DRAIN_SLOW)
+            slow = row != "plain"
+            self.assertEqual((cfg["duration"], cfg["drain_timeout"]), (3, 4) if slow else (2, 3), row)
             # the synthetic vocabulary's byte tokens banned in every request: no 400 but the bad one
             self.assertEqual(cfg["extra_body"]["logit_bias"][0], [3, False])
             self.assertEqual(len(cfg["extra_body"]["logit_bias"]), 256)
