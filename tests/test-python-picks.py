@@ -10,7 +10,9 @@ It re-runs itself under LD_PRELOAD with a policy that puts the experts on
 the host, with WOFFLOAD_PICKS unset, with WOFFLOAD_PICKS=0, and with hot
 experts on (WOFFLOAD_PICKS_HOT=1, or the policy's hot_experts: auto: a
 forward of one token then registers its picks too, their hot rows copied
-from the device); then through the automatic hook's own choice
+from the device), with the copy engine from 25% (one token's 2 of 8
+experts: registered) and 50% (not), and kept off (not); then through the
+automatic hook's own choice
 (_auto._hook_experts): the modules off the device under that policy, and
 every experts module under `fit:` (fit's device weights may yield to the
 host after seal).
@@ -167,6 +169,7 @@ def child():
         "off": sorted(off), "hooked": hooked,
         "enabled": pk["enabled"], "hot_experts": pk["hot_experts"],
         "hot_experts_auto": pk["hot_experts_auto"],
+        "engine_on": pk["engine"]["on"],
         "hooks": [len(experts.pre), len(wrong.pre), len(resident.pre), len(wrapped.pre)],
         "regs": {k: v["registrations"] for k, v in pk["names"].items()},
         "regs_total": pk.get("registrations"),
@@ -191,7 +194,11 @@ def main():
         pol_fit = os.path.join(tmp, "fit.yaml")
         with open(pol_fit, "w") as f:
             f.write("version: 1\nfit: {device: 100%, keep_free: 1MiB}\n")
-        for picks in ("1", "0", "hot", "hotauto", "auto", "fit"):
+        # engine25: the copy engine from 25%, one row's 2 of 8 experts: the
+        # one token's call registers; engine50: it does not; engine25off:
+        # the copy engine kept off (eager loading asked for, CUDA told
+        # LAZY): it does not
+        for picks in ("1", "0", "hot", "hotauto", "auto", "fit", "engine25", "engine50", "engine25off"):
             env = dict(os.environ, LD_PRELOAD=lib, LD_LIBRARY_PATH=fake,
                        WOFFLOAD_POLICY={"hotauto": pol_auto, "fit": pol_fit}.get(picks, pol),
                        WOFFLOAD_LOG="info", WOFFLOAD_PICKS="0" if picks == "0" else "1",
@@ -199,6 +206,10 @@ def main():
                        ASAN_OPTIONS="detect_leaks=0:verify_asan_link_order=0")
             if picks in ("auto", "fit"):
                 env["WO_TEST_AUTO"] = "1"
+            if picks.startswith("engine"):
+                env["WOFFLOAD_PICKS_ENGINE"] = picks[6:8]
+                if picks.endswith("off"):
+                    env.update(WOFFLOAD_PICKS_LAZY="0", CUDA_MODULE_LOADING="LAZY")
             p, r = fakectx.child(__file__, env)
             if r is None:
                 print(p.stdout + p.stderr)
@@ -206,6 +217,7 @@ def main():
                 failures += 1
                 continue
             on, hot, auto = picks != "0", picks.startswith("hot"), picks == "hotauto"
+            one = hot or picks == "engine25"  # the one token's call registers
             g, d = "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj"
             w = "model.layers.0.mlp2.experts.gate_up_proj"
             if picks == "fit":
@@ -240,7 +252,9 @@ def main():
                 # the two that do not; none when off; and the one token's
                 # call with hot experts
                 "registrations per tensor":
-                    r["regs"] == ({g: 3 if hot else 2, d: 3 if hot else 2, w: 1} if on else {}),
+                    r["regs"] == ({g: 3 if one else 2, d: 3 if one else 2, w: 1} if on else {}),
+                "picks.engine.on says whether the copy engine may run":
+                    r["engine_on"] == (picks in ("engine25", "engine50")),
                 # auto: no bytes until a tensor's first set (8 registrations),
                 # the stats say auto, and one token registers already
                 "picks.hot_experts says the bytes for hot experts":

@@ -386,19 +386,19 @@ static void json_body(struct sbuf *b)
         picks_kerns_json(b, "not_reader_kernels", &pt.c.nr_kerns);
         /* the copies on the copy engine (uvm/picks-dma.h) */
         wo_dma_figs(&df);
-        sb_printf(b,
-                  ",\"engine\":{\"from_percent\":%u,\"copies\":%" PRIu64 ",\"runs\":%" PRIu64
-                  ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"host_flags\":%" PRIu64
-                  ",\"no_slot\":%" PRIu64 ",\"quiesced\":%" PRIu64 ",\"quiesce_timeouts\":%" PRIu64
-                  ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64
-                  ",\"mirrors_failed\":%" PRIu64 ",\"mirrors_dropped\":%" PRIu64
-                  ",\"waits_refused\":%" PRIu64 ",\"stalls\":%" PRIu64 ",\"rescues\":%" PRIu64
-                  ",\"probes\":%" PRIu64 ",\"shared_queues\":%" PRIu64
-                  ",\"copy_streams_replaced\":%" PRIu64 ",\"stall_report\":",
-                  wo_settings()->picks_engine, df.jobs, df.runs, df.bytes, df.kernel, df.host_flags,
-                  df.no_slot, df.quiesced, df.quiesce_timeouts, df.mirrors, df.mirror_bytes,
-                  df.mirror_failed, df.mirror_dropped, df.waits_refused, df.stalls, df.rescues,
-                  df.probes, df.shared_queues, df.copy_streams);
+        sb_printf(
+            b,
+            ",\"engine\":{\"from_percent\":%u,\"on\":%s,\"copies\":%" PRIu64 ",\"runs\":%" PRIu64
+            ",\"bytes\":%" PRIu64 ",\"kernel_fallbacks\":%" PRIu64 ",\"host_flags\":%" PRIu64
+            ",\"no_slot\":%" PRIu64 ",\"quiesced\":%" PRIu64 ",\"quiesce_timeouts\":%" PRIu64
+            ",\"mirrors\":%" PRIu64 ",\"mirror_bytes\":%" PRIu64 ",\"mirrors_failed\":%" PRIu64
+            ",\"mirrors_dropped\":%" PRIu64 ",\"waits_refused\":%" PRIu64 ",\"stalls\":%" PRIu64
+            ",\"rescues\":%" PRIu64 ",\"probes\":%" PRIu64 ",\"shared_queues\":%" PRIu64
+            ",\"copy_streams_replaced\":%" PRIu64 ",\"stall_report\":",
+            wo_settings()->picks_engine, wo_uvm_picks_engine() ? "true" : "false", df.jobs, df.runs,
+            df.bytes, df.kernel, df.host_flags, df.no_slot, df.quiesced, df.quiesce_timeouts,
+            df.mirrors, df.mirror_bytes, df.mirror_failed, df.mirror_dropped, df.waits_refused,
+            df.stalls, df.rescues, df.probes, df.shared_queues, df.copy_streams);
         sb_str(b, df.stall_report);
         sb_printf(b, "}}");
     }

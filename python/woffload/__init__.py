@@ -419,16 +419,24 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
     token (picks of one row) registers nothing: its launches read the picked
     experts in place; unless ``one_row`` (by default: when the shim keeps
     hot experts, stats' picks.hot_experts or hot_experts_auto, whose rows a
-    copy takes from the device). Returns the number of modules hooked. The hooks cost one
+    copy takes from the device), or the copy engine takes that row's copy
+    (stats' picks.engine on, from_percent at most the row's share of the
+    experts, k of E: the copy engine moves the picked experts at the link's
+    rate, where the kernels read them in place at the slower rate of small
+    reads). Returns the number of modules hooked. The hooks cost one
     library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
-    if one_row is None:
-        try:
-            pk = (stats() or {}).get("picks", {})
+    engine_from = 0
+    try:
+        pk = (stats() or {}).get("picks", {})
+        eng = pk.get("engine") or {}
+        engine_from = int(eng.get("from_percent", 0)) if eng.get("on") is True else 0
+        if one_row is None:
             one_row = int(pk.get("hot_experts", 0)) > 0 or pk.get("hot_experts_auto") is True
-        except (OSError, ValueError, TypeError):
-            one_row = False
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    one_row = bool(one_row)
     model = getattr(model, "_orig_mod", model)
     wanted = set(names) if names is not None else None
     n = 0
@@ -444,14 +452,18 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
             continue
 
         def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
-                _w: Tuple[int, str] = where, _one: bool = bool(one_row)) -> None:
+                _w: Tuple[int, str] = where, _one: bool = one_row,
+                _eng: int = engine_from) -> None:
             ids = None if _compiling() else _ids_arg(args, kwargs, _w)
             # one token's picks (one row): its expert GEMMs read each picked
-            # expert once, in place, which is all a copy would move; the copy
-            # only adds two kernels before them (on the H200, 128 experts
-            # top-8, batch 1: 20.8 tok/s with the picks, 22.9 without);
-            # with hot experts the copy takes their rows from the device
-            if not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1:
+            # expert once, in place, which is all a copy would move; the
+            # kernels' copy only adds two kernels before them (on the H200,
+            # 128 experts top-8, batch 1: 20.8 tok/s with the picks, 22.9
+            # without); with hot experts the copy takes their rows from the
+            # device, and the copy engine adds no kernel (one row of k picks
+            # k of E experts: the shim's share for it)
+            if (not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1
+                    and not (_eng and 100 * ids.shape[-1] >= _eng * _t[0].shape[0])):
                 ids = None
             m._woffload_picks = ids
             if ids is None:
