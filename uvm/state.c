@@ -228,8 +228,8 @@ unsigned wo_uvm_picks_engine(void)
                     "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
                     "lazily while an engine stream waits for the copy thread hangs the GPU: "
                     "docs/placement.md, Picked experts on the copy engine; "
-                    "WOFFLOAD_PICKS_LAZY=0 asks for that: 1, the default, gates each kernel's "
-                    "first launch instead)",
+                    "with WOFFLOAD_PICKS_LAZY=0; unset or 1, the default, each kernel's first "
+                    "launch goes behind the copy engine's gate instead)",
                     pct, v ? v : "unset");
         else if (now == 3)
             wo_info("WOFFLOAD_PICKS_ENGINE=%u under lazy module loading (CUDA_MODULE_LOADING "
