@@ -382,6 +382,7 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
         res["managed_cap"] = st.get("managed_cap")
         res["expect"] = st.get("expect")
         res["late_bind"] = st.get("late_bind")
+        res["load_copies"] = st.get("load_copies")
         res["fit"] = st.get("fit")
         # picked copies, by tensor (staged, reused): where a row's copies went
         res["picks"] = st.get("picks")
@@ -528,6 +529,24 @@ def bounds(r: Dict[str, Any], plain: Dict[str, Any], b: str,
 
 
 ENGINE_RUN = re.compile(r"(host-free|fit|hand)-engine(?:-(all|\d+))?((?:-(?:lazy|eager|bind|auto))*)")
+
+
+def load_line(r: Dict[str, Any]) -> str:
+    """Where a shim row's load went: the engine's copies before seal by
+    destination (the stats' load_copies: time inside the calls) and the
+    loader's own pinning (managed_cap.pin_seconds); "" without them."""
+    lc = r.get("load_copies") or {}
+    engine = "the engine's memory"
+    parts = [f"into {engine if k == 'device' else k} "
+             f"{v['bytes'] / 2**30:.2f} GiB in {v['seconds']:.2f} s"
+             + (f" ({v['bytes'] / 2**30 / v['seconds']:.1f} GiB/s)" if v.get("seconds") else "")
+             for k, v in lc.items() if v.get("bytes")]
+    if not parts:
+        return ""
+    pin = (r.get("managed_cap") or {}).get("pin_seconds")
+    return ("load: the engine's copies before seal " + ", ".join(parts)
+            + (f"; the loader's own pinning {pin:.2f} s" if pin is not None else "")
+            + (f"; load {r['load_s']:.1f} s" if r.get("load_s") else ""))
 
 
 def engine_pct(run_name: str) -> int:
@@ -1037,6 +1056,9 @@ def main() -> int:
         md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
     for r in rows:
         st, fit = r.get("stream") or {}, r.get("fit") or {}
+        lc = load_line(r)
+        if lc:
+            md += f"\n\n{r['name']}: {lc}"
         if fit.get("budget"):
             md += (f"\n\n{r['name']}: fit budget {fit['budget'] / 2**20:.0f} MiB: weights "
                    f"{fit.get('device_bytes', 0) / 2**20:.0f} MiB, staging slots "

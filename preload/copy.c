@@ -123,6 +123,13 @@ static bool copy_waits(uint64_t stream)
     return wo_uvm_gate_armed() && !wo_capture_of(stream);
 }
 
+/* Before seal the engine's copies are timed and counted by where they land
+ * (uvm/hotpath.h: wo_uvm_load_copy); 0, no clock read, after it. */
+static inline uint64_t load_t0(void)
+{
+    return wo_uvm_load_timing() ? wo_now_ns() : 0;
+}
+
 /* The call behind the gate when it waits (copy_waits), counted in ctr. */
 #define GATED(waits, res, call, ctr)                                                               \
     do {                                                                                           \
@@ -142,8 +149,10 @@ static bool copy_waits(uint64_t stream)
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
         wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
-        uint64_t sid_ = wo_stream_id(stream, wo_hook_pt[id]);                                      \
+        uint64_t sid_ = wo_stream_id(stream, wo_hook_pt[id]), t0_ = load_t0();                     \
         GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
+        if (res_ == CUDA_SUCCESS && t0_)                                                           \
+            wo_uvm_load_copy((uint64_t)(dst), (uint64_t)(bytes), wo_now_ns() - t0_);               \
         if (res_ == CUDA_SUCCESS)                                                                  \
             record_copy((uint64_t)(dst), (uint64_t)(src), (uint64_t)(bytes), kind, sid_, ra);      \
         wo_leave();                                                                                \
@@ -303,8 +312,10 @@ MEMSET_FNS(32, unsigned int)
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
         wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
-        uint64_t sid_ = wo_stream_id(stream, wo_rt_pt[id]);                                        \
+        uint64_t sid_ = wo_stream_id(stream, wo_rt_pt[id]), t0_ = load_t0();                       \
         GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
+        if (res_ == cudaSuccess && t0_)                                                            \
+            wo_uvm_load_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes), wo_now_ns() - t0_);    \
         if (res_ == cudaSuccess)                                                                   \
             record_copy((uint64_t)(uintptr_t)(dst), (uint64_t)(uintptr_t)(src), (uint64_t)(bytes), \
                         kind, sid_, ra);                                                           \

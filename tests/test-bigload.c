@@ -1116,6 +1116,14 @@ int main(int argc, char **argv)
                             "\"taken_bytes\":100663296,\"waits\":0,\"missed\":0,\"wasted\":0,") !=
               NULL);
         CHECK(strstr(err, "12 buffers pinned ahead of the loader") != NULL);
+        /* the loader's copies before seal by where they landed: the experts
+         * into pinned host memory, attention into managed memory */
+        CHECK(strstr(stats, "\"load_copies\":{\"device\":{\"calls\":0,\"bytes\":0,") != NULL);
+        CHECK(strstr(stats, "\"host\":{\"calls\":12,\"bytes\":100663296,") != NULL);
+        CHECK(strstr(stats, "\"managed\":{\"calls\":12,\"bytes\":50331648,") != NULL);
+        CHECK(strstr(err,
+                     "load: the engine's copies before seal (time inside the calls): into host "
+                     "96.00 MiB in ") != NULL);
         dump_on_failure(f0, "fitexpect", stats, err);
         /* WOFFLOAD_PREPIN=0: each pinned inside its allocation, the same placements */
         f0 = failures;

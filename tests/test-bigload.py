@@ -234,6 +234,17 @@ class TestMoeTables(unittest.TestCase):
                      "fit-engine-20-fast", "fit-engine-lazy20"):
             self.assertEqual(bigload.engine_pct(name), 0, name)
 
+    def test_the_loads_copies(self):
+        r = row("fit-0.5", load_s=13.4, managed_cap={"pin_seconds": 0.5},
+                load_copies={"device": {"calls": 3, "bytes": 2**30, "seconds": 0.25},
+                             "host": {"calls": 22, "bytes": 12 * 2**30, "seconds": 4.0},
+                             "managed": {"calls": 0, "bytes": 0, "seconds": 0.0}})
+        self.assertEqual(bigload.load_line(r),
+                         "load: the engine's copies before seal into the engine's memory 1.00 GiB in "
+                         "0.25 s (4.0 GiB/s), into host 12.00 GiB in 4.00 s (3.0 GiB/s); the loader's "
+                         "own pinning 0.50 s; load 13.4 s")
+        self.assertEqual(bigload.load_line(row("plain")), "")
+
     def test_half_the_experts_bytes_from_the_host_free_row(self):
         rows = [row("host-free", offloaded=[[EXPERT.format(0), "host", 10 * 2**30],
                                             ["model.embed_tokens.weight", "host", 2**30]])]

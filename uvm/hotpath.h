@@ -488,3 +488,14 @@ bool wo_picks_replay_wanted(const struct wo_ev_hit *hits, unsigned nhits);
  * first, once installed): buffers holding rows of a tensor it overlaps are
  * stale (copied again at the next launch). Any thread. */
 void wo_picks_note_write(uint64_t dst, uint64_t bytes);
+
+/* The load's copies (issue 41, load time): while the placement window is
+ * open, the copy hooks time each copy the engine makes (inside the call:
+ * a copy from pageable memory returns once its bytes are staged) and hand
+ * it here with its destination; uvm/load-copies.c counts it by where the
+ * destination lies (the shim's pinned host memory, its managed memory, its
+ * late-bound ranges, or the engine's own memory) for the seal line and the
+ * stats' load_copies. wo_uvm_load_timing: one relaxed load, false once
+ * sealed or with nothing to place. Any thread. */
+bool wo_uvm_load_timing(void);
+void wo_uvm_load_copy(uint64_t dst, uint64_t bytes, uint64_t ns);

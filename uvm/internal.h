@@ -166,6 +166,9 @@ struct wo_uvm_state {
     struct wo_progress pin_progress;  /* pinning while the engine loads; ended at seal */
     uint64_t seal_ns;                 /* how long seal took */
     uint64_t pin_ns;                  /* time inside cuMemHostAlloc, all served pins */
+    struct {                          /* the engine's copies before seal (load-copies.c) */
+        uint64_t calls[4], bytes[4], ns[4]; /* by WO_LOAD_COPY_*: time inside the calls */
+    } load_copies;
     struct wo_uvm_expect expect;      /* names announced before their bytes (place-expect.c) */
     struct {                          /* late binding (WOFFLOAD_LATE_BIND, place-bind.c) */
         uint64_t ranges;              /* placeable allocations served as bound ranges */
@@ -439,6 +442,17 @@ void wo_event_books(struct wo_event_books *ret);
 char *wo_stats_json(size_t *len);
 int wo_stats_write_file(const char *path);
 void wo_summary_log(const char *when);
+/* The load's copies by destination (uvm/load-copies.c, wo_uvm.load_copies) */
+enum {
+    WO_LOAD_COPY_DEVICE,
+    WO_LOAD_COPY_HOST,
+    WO_LOAD_COPY_MANAGED,
+    WO_LOAD_COPY_BOUND,
+    WO_LOAD_COPY_KINDS
+};
+const char *wo_load_copy_kind_name(unsigned k);
+/* "into host 12.4 GiB in 3.90 s (3.2 GiB/s), ..." (empty: none counted) */
+void wo_load_copies_line(char *out, size_t cap);
 struct wo_place_counts {
     struct wo_place_count by[WO_PLACE_MAX]; /* decided placements of served memory */
     uint64_t untagged[WO_PLACE_MAX];        /* of by[].bytes: untagged bytes */

@@ -420,6 +420,14 @@ static void json_body(struct sbuf *b)
               wo_uvm.cap.passed_bytes, wo_uvm.cap.failed, wo_uvm.cap.failed_bytes,
               wo_uvm.cap.stuck_tags, wo_uvm.cap.stuck_bytes, wo_uvm.cap.unknown_free,
               (double)wo_uvm.seal_ns / 1e9, (double)wo_uvm.pin_ns / 1e9);
+    sb_printf(b, ",\"load_copies\":{");
+    for (unsigned k = 0; k < WO_LOAD_COPY_KINDS; k++)
+        sb_printf(b, "%s\"%s\":{\"calls\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"seconds\":%.3f}",
+                  k ? "," : "", wo_load_copy_kind_name(k),
+                  __atomic_load_n(&wo_uvm.load_copies.calls[k], __ATOMIC_RELAXED),
+                  __atomic_load_n(&wo_uvm.load_copies.bytes[k], __ATOMIC_RELAXED),
+                  (double)__atomic_load_n(&wo_uvm.load_copies.ns[k], __ATOMIC_RELAXED) / 1e9);
+    sb_printf(b, "}");
 
     {
         const struct wo_uvm_expect *x = &wo_uvm.expect;
@@ -778,8 +786,17 @@ void wo_summary_log(const char *when)
                  pc.by[WO_PLACE_MANAGED].tensors, wo_format_size(pc.unplaceable.bytes, u, sizeof(u)),
                  pc.unplaceable.tensors, wo_format_size(wo_uvm.over_budget_bytes, o, sizeof(o)),
                  wo_uvm.over_budget_tags);
-    if (strcmp(when, "seal") == 0)
+    if (strcmp(when, "seal") == 0) {
+        char lc[512];
+
         wo_log_write(WO_LOG_OFF, "seal took %.2f s", (double)wo_uvm.seal_ns / 1e9);
+        wo_load_copies_line(lc, sizeof(lc));
+        if (*lc)
+            wo_log_write(WO_LOG_OFF,
+                         "load: the engine's copies before seal (time inside the calls): %s; "
+                         "pinning %.2f s of the loader's own",
+                         lc, (double)wo_uvm.pin_ns / 1e9);
+    }
     if (strcmp(when, "exit") == 0 && wo_events) {
         struct wo_event_books e;
         wo_event_books(&e);
