@@ -544,7 +544,7 @@ def load_line(r: Dict[str, Any]) -> str:
     if not parts:
         return ""
     pin = (r.get("managed_cap") or {}).get("pin_seconds")
-    return ("load: the engine's copies before seal " + ", ".join(parts)
+    return ("load: the engine's copies before seal (time inside the calls): " + ", ".join(parts)
             + (f"; the loader's own pinning {pin:.2f} s" if pin is not None else "")
             + (f"; load {r['load_s']:.1f} s" if r.get("load_s") else ""))
 
@@ -563,6 +563,23 @@ def engine_pct(run_name: str) -> int:
     if m.group(2) == "all":
         return 1
     return int(m.group(2)) if 1 <= int(m.group(2)) <= 100 else 0
+
+
+def engine_suffix_error(run_name: str) -> str:
+    """What is wrong with a copy-engine run's suffixes ("" when nothing):
+    -lazy with -eager, -bind or -auto on a run that is not fit's, a suffix
+    twice."""
+    m = ENGINE_RUN.fullmatch(run_name)
+    if not m:
+        return ""
+    sfx = m.group(3).split("-")[1:]
+    if len(set(sfx)) != len(sfx):
+        return "a suffix twice"
+    if "lazy" in sfx and "eager" in sfx:
+        return "-lazy and -eager together"
+    if m.group(1) != "fit" and ("bind" in sfx or "auto" in sfx):
+        return "-bind and -auto are fit's (WOFFLOAD_FIT_BIND, reserve: auto)"
+    return ""
 
 
 def engine_env(run_name: str) -> Dict[str, str]:
@@ -921,6 +938,10 @@ def main() -> int:
     # the copy engine's rows, KIND-engine[-all|-N] (KIND host-free, fit or
     # hand): WOFFLOAD_PICKS_ENGINE=N, 50 without a suffix, 1 for -all
     engine_runs = {x: engine_pct(x) for x in runs if engine_pct(x)}
+    for x in engine_runs:
+        why = engine_suffix_error(x)
+        if why:
+            ap.error(f"--runs: {x}: {why}")
     unknown = set(runs) - known - set(engine_runs)
     if unknown:
         ap.error(f"--runs {args.runs}: unknown {', '.join(sorted(unknown))} "

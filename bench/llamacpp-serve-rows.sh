@@ -40,12 +40,13 @@
 # [PARALLEL x 1024]; PROMPT_LEN [uniform:16:48] and OUTPUT_LEN [fixed:32]
 # (bench/gguf-shape.py's GGUFs take 7.4 tokens a word); DURATION [40] and
 # DRAIN [10] a phase, ROW_S [200]; the experts-host rows (R_SLOW) take
-# DURATION_SLOW [120], DRAIN_SLOW [60] and ROW_S_SLOW [300] instead: at
+# DURATION_SLOW [120], DRAIN_SLOW [60] and ROW_S_SLOW [their phases x
+# (DURATION_SLOW + DRAIN_SLOW) + 100: 280 s for the one default phase] instead: at
 # --parallel 32 a step of -ot exps=CPU took 719 ms, a request of 32 tokens
 # 30 s, and a 30 s closed loop completed one wave, no request sent after the
 # bad one (bench/results/llamacpp-serve-20261204b-p32-c32-h200); the phases of a row (serve.py --rates: Poisson rates
 # in req/s, and cN, a closed loop of N requests in flight) R_FAST (plain,
-# shim-empty) [8,16,cP], R_SLOW (experts host) [1,2,cP], R_MID (half
+# shim-empty) [8,16,cP], R_SLOW (experts host) [cP: its phases are long], R_MID (half
 # resident) [1.5,3,cP], where P is PARALLEL: the closed loop at P requests
 # is the server's throughput with every slot busy and no queue, the figure
 # that compares rows at saturation (an open loop past it builds a backlog
@@ -102,12 +103,12 @@ for row in $ROWS; do
     case $base in
     plain) R=${R_FAST:-8,16,c$P} ;;
     shim-empty) R=${R_FAST:-8,16,c$P}; POL=examples/empty.yaml ;;
-    shim-exps) R=${R_SLOW:-1,2,c$P}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
-    shim-exps-stream) R=${R_SLOW:-1,2,c$P}; POL=examples/llamacpp-exps-stream.yaml ;;
-    shim-exps-slots2) R=${R_SLOW:-1,2,c$P}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
+    shim-exps) R=${R_SLOW:-c$P}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
+    shim-exps-stream) R=${R_SLOW:-c$P}; POL=examples/llamacpp-exps-stream.yaml ;;
+    shim-exps-slots2) R=${R_SLOW:-c$P}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
         sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' \
             "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
-    llama-ot) R=${R_SLOW:-1,2,c$P}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
+    llama-ot) R=${R_SLOW:-c$P}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
     shim-ncmoe8) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
@@ -128,7 +129,11 @@ for row in $ROWS; do
     # (their step is the link's or llama.cpp's CPU's: 719 ms for 32 slots)
     dur=${DURATION:-40} drain=${DRAIN:-10} per=${ROW_S:-200}
     case $base in shim-exps* | llama-ot)
-        dur=${DURATION_SLOW:-120} drain=${DRAIN_SLOW:-60} per=${ROW_S_SLOW:-300} ;;
+        dur=${DURATION_SLOW:-120} drain=${DRAIN_SLOW:-60}
+        # its phases, their drains, and 100 s for the load and the greedy
+        # prompts sent alone (8 of about 6 s at this step)
+        nph=$(($(printf %s "$R" | tr -cd , | wc -c) + 1))
+        per=${ROW_S_SLOW:-$((nph * (dur + drain) + 100))} ;;
     esac
     [ "$per" -gt "$left" ] && per=$left
     mkdir -p "$O"

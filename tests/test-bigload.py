@@ -230,6 +230,10 @@ class TestMoeTables(unittest.TestCase):
                          {"WOFFLOAD_PICKS_ENGINE": "20", "WOFFLOAD_PICKS_LAZY": "0",
                           "WOFFLOAD_FIT_BIND": "1"})
         self.assertEqual(bigload.engine_pct("fit-engine-20-bind-auto"), 20)
+        self.assertEqual(bigload.engine_suffix_error("fit-engine-20-lazy-bind-auto"), "")
+        self.assertIn("together", bigload.engine_suffix_error("fit-engine-lazy-eager"))
+        self.assertIn("fit's", bigload.engine_suffix_error("hand-engine-20-auto"))
+        self.assertIn("twice", bigload.engine_suffix_error("fit-engine-bind-bind"))
         for name in ("fit-engine-0", "fit-engine-101", "fit-engine-late", "hot-free", "fit",
                      "fit-engine-20-fast", "fit-engine-lazy20"):
             self.assertEqual(bigload.engine_pct(name), 0, name)
@@ -240,7 +244,8 @@ class TestMoeTables(unittest.TestCase):
                              "host": {"calls": 22, "bytes": 12 * 2**30, "seconds": 4.0},
                              "managed": {"calls": 0, "bytes": 0, "seconds": 0.0}})
         self.assertEqual(bigload.load_line(r),
-                         "load: the engine's copies before seal into the engine's memory 1.00 GiB in "
+                         "load: the engine's copies before seal (time inside the calls): into the "
+                         "engine's memory 1.00 GiB in "
                          "0.25 s (4.0 GiB/s), into host 12.00 GiB in 4.00 s (3.0 GiB/s); the loader's "
                          "own pinning 0.50 s; load 13.4 s")
         self.assertEqual(bigload.load_line(row("plain")), "")

@@ -212,14 +212,16 @@ extern int wo_dma_busy;
 void wo_uvm_quiesce_begin(void);
 void wo_uvm_quiesce_end(void);
 /* WOFFLOAD_PICKS_ENGINE, or 0 when the copy engine must stay off: CUDA's
- * lazy module loading, unless WOFFLOAD_PICKS_LAZY (a kernel's first launch
+ * lazy module loading with WOFFLOAD_PICKS_LAZY=0 (a kernel's first launch
  * loads its module, and the load waits for the context's work, a stream's
- * wait for the copy thread's
- * flag among it, while the GPU runs none of the copy stream's copies: the
- * H200 hung so at the first job in 3 rows of 4 lazy, 0 of 3 eager:
- * bench/results/engine-queues-*). The preload's constructor asks for eager
- * loading when WOFFLOAD_PICKS_ENGINE is set and CUDA_MODULE_LOADING is not;
- * any other value of it keeps the copy engine off, said once. */
+ * wait for the copy thread's flag among it, while the GPU runs none of the
+ * copy stream's copies: the H200 hung so at the first job in 3 rows of 4
+ * lazy, 0 of 3 eager: bench/results/engine-queues-*). By default
+ * (WOFFLOAD_PICKS_LAZY=1) each kernel's first launch goes behind the gate
+ * instead (wo_uvm_lazy_gate). With WOFFLOAD_PICKS_LAZY=0 the preload's
+ * constructor asks for eager loading when WOFFLOAD_PICKS_ENGINE is set and
+ * CUDA_MODULE_LOADING is not; any other value of it then keeps the copy
+ * engine off, said once. */
 unsigned wo_uvm_picks_engine(void);
 /* Whether the copy engine may run (wo_uvm_picks_engine): the hooks
  * gate the engine's waits and copies from the start then, not from the

@@ -407,6 +407,18 @@ def _compiling() -> bool:
         return False
 
 
+def _engine_takes(from_percent: int, n_ids: int, n_experts: int) -> bool:
+    """Whether the shim puts a registration of n_ids picks (moe_picks: one
+    run of ids) of n_experts on the copy engine: the percent of the experts
+    a uniform router picks with them, 1 - (1 - 1/E)^n truncated, at least
+    WOFFLOAD_PICKS_ENGINE (uvm/picks-geom.h: wo_picks_share_pct, which the
+    shim reads); never with the copy engine off (from_percent 0)."""
+    if not from_percent or not n_ids or not n_experts:
+        return False
+    miss = (1.0 - 1.0 / n_experts) ** n_ids
+    return int((1.0 - miss) * 100.0 + 1e-6) >= from_percent
+
+
 def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
                  one_row: Optional[bool] = None) -> int:
     """Registers, on each module of ``model`` that holds stacked expert
@@ -420,10 +432,12 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
     experts in place; unless ``one_row`` (by default: when the shim keeps
     hot experts, stats' picks.hot_experts or hot_experts_auto, whose rows a
     copy takes from the device), or the copy engine takes that row's copy
-    (stats' picks.engine on, from_percent at most the row's share of the
-    experts, k of E: the copy engine moves the picked experts at the link's
-    rate, where the kernels read them in place at the slower rate of small
-    reads). Returns the number of modules hooked. The hooks cost one
+    (stats' picks.engine on, from_percent at most the share the shim reads
+    for the row's k ids of E experts, 1 - (1 - 1/E)^k: the copy engine
+    moves the picked experts at the link's rate, where the kernels read
+    them in place at the slower rate of small reads; a tensor the copy
+    engine cannot read, managed memory, still goes to the kernels then).
+    Returns the number of modules hooked. The hooks cost one
     library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
@@ -460,10 +474,10 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
             # kernels' copy only adds two kernels before them (on the H200,
             # 128 experts top-8, batch 1: 20.8 tok/s with the picks, 22.9
             # without); with hot experts the copy takes their rows from the
-            # device, and the copy engine adds no kernel (one row of k picks
-            # k of E experts: the shim's share for it)
+            # device, and the copy engine adds no kernel (_engine_takes:
+            # the shim's own share for these ids)
             if (not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1
-                    and not (_eng and 100 * ids.shape[-1] >= _eng * _t[0].shape[0])):
+                    and not _engine_takes(_eng, ids.numel(), _t[0].shape[0])):
                 ids = None
             m._woffload_picks = ids
             if ids is None:
