@@ -35,7 +35,7 @@
     X(copy_other)              /* default (unified), host-to-host, peer, arrays */                \
     X(gated_copies)            /* copies and memsets behind the copy engine's gate (copy.c) */    \
     X(gated_waits)             /* stream and event waits behind it */                             \
-    X(gated_first_launches)    /* a kernel's first launch behind it (lazy module loading) */      \
+    X(gated_first_launches)    /* a kernel's first launch or use behind it (lazy loading) */     \
     X(launch_calls)            /* every kernel launch seen (runtime and driver) */                \
     X(launch_runtime)          /* cudaLaunchKernel(ExC) */                                        \
     X(launch_driver)           /* cuLaunchKernel */                                               \

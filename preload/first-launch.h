@@ -9,9 +9,12 @@
  *   ... the scan, the real launch ...
  *   wo_first_launch_end(g);
  *
- * A load elsewhere (cuFuncSetAttribute before a first launch) is not seen
- * here; the copy engine's rescue ends the stall it causes. One atomic load
- * a launch while the copy engine is off. */
+ * The other first uses that load a function (its attributes, its cache
+ * config, an occupancy query, cuFuncLoad, cuKernelGetFunction) take the
+ * same gate with the same first-sight table (first-launch.c), and a
+ * module's function looked up by name (cuModuleGetFunction) takes it at
+ * each lookup. A load none of these sees is a stall the copy engine's
+ * rescue ends. Two field reads a launch while the copy engine is off. */
 #pragma once
 
 #include <stdbool.h>

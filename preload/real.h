@@ -141,7 +141,20 @@
     X(cuModuleLoadDataEx, 0, wo_h_module_load_data_ex, CUresult, (CUmodule *m, const void *image, unsigned int n, CUjit_option *opts, void **vals), (m, image, n, opts, vals)) \
     X(cuModuleLoadFatBinary, 0, wo_h_module_load_fatbin, CUresult, (CUmodule *m, const void *fatbin), (m, fatbin)) \
     X(cuLibraryLoadData, 0, wo_h_library_load_data, CUresult, (CUlibrary *l, const void *code, CUjit_option *jo, void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl), (l, code, jo, jv, nj, lo, lv, nl)) \
-    X(cuLibraryLoadFromFile, 0, wo_h_library_load_file, CUresult, (CUlibrary *l, const char *fname, CUjit_option *jo, void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl), (l, fname, jo, jv, nj, lo, lv, nl))
+    X(cuLibraryLoadFromFile, 0, wo_h_library_load_file, CUresult, (CUlibrary *l, const char *fname, CUjit_option *jo, void **jv, unsigned int nj, CUlibraryOption *lo, void **lv, unsigned int nl), (l, fname, jo, jv, nj, lo, lv, nl)) \
+    X(cuFuncGetAttribute, 0, wo_h_func_get_attribute, CUresult, (int *pi, CUfunction_attribute a, CUfunction f), (pi, a, f)) \
+    X(cuFuncSetAttribute, 0, wo_h_func_set_attribute, CUresult, (CUfunction f, CUfunction_attribute a, int v), (f, a, v)) \
+    X(cuFuncSetCacheConfig, 0, wo_h_func_set_cache_config, CUresult, (CUfunction f, CUfunc_cache c), (f, c)) \
+    X(cuFuncLoad, 0, wo_h_func_load, CUresult, (CUfunction f), (f)) \
+    X(cuKernelGetAttribute, 0, wo_h_kernel_get_attribute, CUresult, (int *pi, CUfunction_attribute a, CUkernel k, CUdevice d), (pi, a, k, d)) \
+    X(cuKernelSetAttribute, 0, wo_h_kernel_set_attribute, CUresult, (CUfunction_attribute a, int v, CUkernel k, CUdevice d), (a, v, k, d)) \
+    X(cuKernelSetCacheConfig, 0, wo_h_kernel_set_cache_config, CUresult, (CUkernel k, CUfunc_cache c, CUdevice d), (k, c, d)) \
+    X(cuKernelGetFunction, 0, wo_h_kernel_get_function, CUresult, (CUfunction *pf, CUkernel k), (pf, k)) \
+    X(cuModuleGetFunction, 0, wo_h_module_get_function, CUresult, (CUfunction *pf, CUmodule m, const char *name), (pf, m, name)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, 0, wo_h_occupancy_blocks, CUresult, (int *n, CUfunction f, int bs, size_t smem), (n, f, bs, smem)) \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, 0, wo_h_occupancy_blocks_flags, CUresult, (int *n, CUfunction f, int bs, size_t smem, unsigned int fl), (n, f, bs, smem, fl)) \
+    X(cuOccupancyMaxPotentialBlockSize, 0, wo_h_occupancy_size, CUresult, (int *mg, int *bs, CUfunction f, CUoccupancyB2DSize fn, size_t smem, int lim), (mg, bs, f, fn, smem, lim)) \
+    X(cuOccupancyMaxPotentialBlockSizeWithFlags, 0, wo_h_occupancy_size_flags, CUresult, (int *mg, int *bs, CUfunction f, CUoccupancyB2DSize fn, size_t smem, int lim, unsigned int fl), (mg, bs, f, fn, smem, lim, fl))
 
 #define WO_DRIVER_PROCS(G) \
     G("cuGetProcAddress", 11030, cuGetProcAddress, cuGetProcAddress) \
@@ -213,7 +226,20 @@
     G("cuModuleLoadDataEx", 2010, cuModuleLoadDataEx, cuModuleLoadDataEx) \
     G("cuModuleLoadFatBinary", 2000, cuModuleLoadFatBinary, cuModuleLoadFatBinary) \
     G("cuLibraryLoadData", 12000, cuLibraryLoadData, cuLibraryLoadData) \
-    G("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile, cuLibraryLoadFromFile)
+    G("cuLibraryLoadFromFile", 12000, cuLibraryLoadFromFile, cuLibraryLoadFromFile) \
+    G("cuFuncGetAttribute", 2020, cuFuncGetAttribute, cuFuncGetAttribute) \
+    G("cuFuncSetAttribute", 9000, cuFuncSetAttribute, cuFuncSetAttribute) \
+    G("cuFuncSetCacheConfig", 3000, cuFuncSetCacheConfig, cuFuncSetCacheConfig) \
+    G("cuFuncLoad", 12040, cuFuncLoad, cuFuncLoad) \
+    G("cuKernelGetAttribute", 12000, cuKernelGetAttribute, cuKernelGetAttribute) \
+    G("cuKernelSetAttribute", 12000, cuKernelSetAttribute, cuKernelSetAttribute) \
+    G("cuKernelSetCacheConfig", 12000, cuKernelSetCacheConfig, cuKernelSetCacheConfig) \
+    G("cuKernelGetFunction", 12000, cuKernelGetFunction, cuKernelGetFunction) \
+    G("cuModuleGetFunction", 2000, cuModuleGetFunction, cuModuleGetFunction) \
+    G("cuOccupancyMaxActiveBlocksPerMultiprocessor", 6050, cuOccupancyMaxActiveBlocksPerMultiprocessor, cuOccupancyMaxActiveBlocksPerMultiprocessor) \
+    G("cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags", 7000, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags) \
+    G("cuOccupancyMaxPotentialBlockSize", 6050, cuOccupancyMaxPotentialBlockSize, cuOccupancyMaxPotentialBlockSize) \
+    G("cuOccupancyMaxPotentialBlockSizeWithFlags", 7000, cuOccupancyMaxPotentialBlockSizeWithFlags, cuOccupancyMaxPotentialBlockSizeWithFlags)
 
 #define WO_RUNTIME_HOOKS(X) \
     X(cudaMalloc, 0, wo_h_cuda_malloc, cudaError_t, (void **p, size_t size), (p, size)) \

@@ -1133,6 +1133,12 @@ static int child(void)
     /* WO_PICKS_TEST_FRESH: a kernel never launched before right after each
      * picked launch of the main loop, while its job may be queued */
     bool fresh = getenv("WO_PICKS_TEST_FRESH") != NULL;
+    /* WO_PICKS_TEST_FRESH_ATTR: each such kernel's attribute read first
+     * (cudaFuncGetAttributes before a launch): under WOFAKE_LAZY the read
+     * loads it, waiting for the context's work */
+    CUresult (*p_cuFuncGetAttribute)(int *, CUfunction_attribute, CUfunction) = NULL;
+    if (getenv("WO_PICKS_TEST_FRESH_ATTR"))
+        *(void **)&p_cuFuncGetAttribute = need(cu, "cuFuncGetAttribute");
     CUfunction freshk[STEPS * 4];
     int nfresh = 0;
     for (int i = 0; fresh && i < STEPS * 4; i++) {
@@ -1339,9 +1345,15 @@ static int child(void)
                           CUDA_SUCCESS);
                 if (item)
                     CHECK(fr.dtoh_async(got, out, sizeof(got), s) == CUDA_SUCCESS);
-                if (fresh && nfresh < STEPS * 4)
+                if (fresh && nfresh < STEPS * 4) {
+                    int regs = 0;
+                    if (p_cuFuncGetAttribute)
+                        CHECK(p_cuFuncGetAttribute(&regs, CU_FUNC_ATTRIBUTE_NUM_REGS,
+                                                   freshk[nfresh]) == CUDA_SUCCESS &&
+                              regs == 32);
                     CHECK(p_cuLaunchKernel(freshk[nfresh++], 1, 1, 1, 1, 1, 1, 0, s, NULL, NULL) ==
                           CUDA_SUCCESS);
+                }
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 /* the next launches would read in place under the capture */
                 while (trigger && !__atomic_load_n(&cap.done, __ATOMIC_ACQUIRE))

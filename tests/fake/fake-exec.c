@@ -1784,13 +1784,33 @@ FK_EXPORT CUresult cuKernelGetName(const char **name, CUkernel hfunc)
     return CUDA_SUCCESS;
 }
 
+/* WOFAKE_LAZY: CUDA's lazy module loading, as on the H200: a kernel's
+ * first use (its first launch, its attributes) loads its module, and the
+ * load waits for the context's work holding the driver's quiet lock
+ * (fk_quiet_wait); a kernel got through cuModuleGetFunction or
+ * cuKernelGetFunction was loaded there */
+static CUresult lazy_load(struct CUfunc_st *f)
+{
+    if (fk_lazy && !__atomic_load_n(&f->loaded, __ATOMIC_ACQUIRE)) {
+        CUresult w = fk_quiet_wait();
+        if (w != CUDA_SUCCESS)
+            return w;
+        __atomic_store_n(&f->loaded, 1, __ATOMIC_RELEASE);
+    }
+    return CUDA_SUCCESS;
+}
+
 FK_EXPORT CUresult cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
 {
     FK_ENTER(cuFuncGetAttribute);
     if (!pi)
         return CUDA_ERROR_INVALID_VALUE;
-    if (!func_of(hfunc))
+    struct CUfunc_st *f = func_of(hfunc);
+    if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
+    CUresult w = lazy_load(f);
+    if (w != CUDA_SUCCESS)
+        return w;
     switch (attrib) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
     case CU_FUNC_ATTRIBUTE_NUM_REGS: *pi = 32; break;
@@ -1850,16 +1870,9 @@ static CUresult launch(const void *fh, const uint32_t g[3], const uint32_t b[3],
         return CUDA_ERROR_INVALID_VALUE;
     if (shmem > 227 * 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    /* WOFAKE_LAZY: CUDA's lazy module loading, as on the H200: a kernel's
-     * first launch loads its module, and the load waits for the context's
-     * work holding the driver's quiet lock (fk_quiet_wait); a kernel got
-     * through cuModuleGetFunction or cuKernelGetFunction was loaded there */
-    if (fk_lazy && !__atomic_load_n(&f->loaded, __ATOMIC_ACQUIRE)) {
-        CUresult w = fk_quiet_wait();
-        if (w != CUDA_SUCCESS)
-            return w;
-        __atomic_store_n(&f->loaded, 1, __ATOMIC_RELEASE);
-    }
+    CUresult w = lazy_load(f); /* WOFAKE_LAZY */
+    if (w != CUDA_SUCCESS)
+        return w;
     uint8_t *buf = NULL;
     size_t bufsize = 0;
     if (extra) {
