@@ -95,28 +95,3 @@ FIRST_USE(wo_h_occupancy_size_flags, cuOccupancyMaxPotentialBlockSizeWithFlags, 
            unsigned int fl),
           (mg, bs, f, fn, smem, lim, fl))
 #undef FIRST_USE
-
-/* A module's function looked up by name: under lazy loading the lookup
- * loads it (the handle is not known before the call, so each lookup goes
- * behind the gate while the lazy gate is on; engines look a kernel up once,
- * Triton at each compile). */
-CUresult wo_h_module_get_function(wo_pfn_cuModuleGetFunction real, int id, void *ra, CUfunction *pf,
-                                  CUmodule m, const char *name)
-{
-    CUresult r;
-    bool g;
-
-    (void)ra;
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    g = wo_uvm_lazy_gate();
-    if (g) {
-        wo_count(WO_CTR_gated_first_launches, 1);
-        wo_uvm_quiesce_begin();
-    }
-    r = real(pf, m, name);
-    if (g)
-        wo_uvm_quiesce_end();
-    return r;
-}

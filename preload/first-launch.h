@@ -11,9 +11,9 @@
  *
  * The other first uses that load a function (its attributes, its cache
  * config, an occupancy query, cuFuncLoad, cuKernelGetFunction) take the
- * same gate with the same first-sight table (first-launch.c), and a
- * module's function looked up by name (cuModuleGetFunction) takes it at
- * each lookup. A load none of these sees is a stall the copy engine's
+ * same gate with the same first-sight table (first-launch.c); a module's
+ * function looked up by name (cuModuleGetFunction) takes it at each lookup,
+ * as module loads do (launch.c). A load none of these sees is a stall the copy engine's
  * rescue ends. Two field reads a launch while the copy engine is off. */
 #pragma once
 

@@ -383,6 +383,11 @@ GATED_LOAD(wo_h_library_load_data, cuLibraryLoadData,
            (CUlibrary * l, const void *code, CUjit_option *jo, void **jv, unsigned int nj,
             CUlibraryOption *lo, void **lv, unsigned int nl),
            (l, code, jo, jv, nj, lo, lv, nl))
+/* a module's function looked up by name: under lazy loading the lookup
+ * loads it (its handle is not known before, so every lookup: engines look a
+ * kernel up once, Triton at each compile) */
+GATED_LOAD(wo_h_module_get_function, cuModuleGetFunction,
+           (CUfunction * pf, CUmodule m, const char *name), (pf, m, name))
 GATED_LOAD(wo_h_library_load_file, cuLibraryLoadFromFile,
            (CUlibrary * l, const char *fname, CUjit_option *jo, void **jv, unsigned int nj,
             CUlibraryOption *lo, void **lv, unsigned int nl),
