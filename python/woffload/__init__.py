@@ -407,18 +407,6 @@ def _compiling() -> bool:
         return False
 
 
-def _engine_takes(from_percent: int, n_ids: int, n_experts: int) -> bool:
-    """Whether the shim puts a registration of n_ids picks (moe_picks: one
-    run of ids) of n_experts on the copy engine: the percent of the experts
-    a uniform router picks with them, 1 - (1 - 1/E)^n truncated, at least
-    WOFFLOAD_PICKS_ENGINE (uvm/picks-geom.h: wo_picks_share_pct, which the
-    shim reads); never with the copy engine off (from_percent 0)."""
-    if not from_percent or not n_ids or not n_experts:
-        return False
-    miss = (1.0 - 1.0 / n_experts) ** n_ids
-    return int((1.0 - miss) * 100.0 + 1e-6) >= from_percent
-
-
 def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
                  one_row: Optional[bool] = None) -> int:
     """Registers, on each module of ``model`` that holds stacked expert
@@ -431,21 +419,17 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
     token (picks of one row) registers nothing: its launches read the picked
     experts in place; unless ``one_row`` (by default: when the shim keeps
     hot experts, stats' picks.hot_experts or hot_experts_auto, whose rows a
-    copy takes from the device), or the copy engine takes that row's copy
-    (stats' picks.engine on, from_percent at most the share the shim reads
-    for the row's k ids of E experts, 1 - (1 - 1/E)^k: the copy engine
-    moves the picked experts at the link's rate, where the kernels read
-    them in place at the slower rate of small reads; a tensor the copy
-    engine cannot read, managed memory, still goes to the kernels then).
+    copy takes from the device). Not when the copy engine is on: its copy
+    of one token's picks made batch 1 slower, not faster (on the H200, 128
+    experts top-8, every expert on host: 23.1 tok/s, bench/results
+    bigload-20261204c-moe128-bind-h200; 31.1 before, the kernels reading
+    them in place, bigload-20261203c-moe128-engine-h200).
     Returns the number of modules hooked. The hooks cost one
     library call per tensor and forward."""
     if _load() is None or not hasattr(_load(), "woffload_moe_picks"):
         return 0
-    engine_from = 0
     try:
         pk = (stats() or {}).get("picks", {})
-        eng = pk.get("engine") or {}
-        engine_from = int(eng.get("from_percent", 0)) if eng.get("on") is True else 0
         if one_row is None:
             one_row = int(pk.get("hot_experts", 0)) > 0 or pk.get("hot_experts_auto") is True
     except (OSError, ValueError, TypeError, AttributeError):
@@ -466,18 +450,15 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
             continue
 
         def pre(m: Any, args: Any, kwargs: Any, _t: List[Any] = tensors,
-                _w: Tuple[int, str] = where, _one: bool = one_row,
-                _eng: int = engine_from) -> None:
+                _w: Tuple[int, str] = where, _one: bool = one_row) -> None:
             ids = None if _compiling() else _ids_arg(args, kwargs, _w)
             # one token's picks (one row): its expert GEMMs read each picked
             # expert once, in place, which is all a copy would move; the
             # kernels' copy only adds two kernels before them (on the H200,
             # 128 experts top-8, batch 1: 20.8 tok/s with the picks, 22.9
-            # without); with hot experts the copy takes their rows from the
-            # device, and the copy engine adds no kernel (_engine_takes:
-            # the shim's own share for these ids)
-            if (not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1
-                    and not _engine_takes(_eng, ids.numel(), _t[0].shape[0])):
+            # without; the copy engine's copy 23.1, in place 31.1); with hot
+            # experts the copy takes their rows from the device
+            if not _one and ids is not None and ids.dim() >= 2 and ids.shape[0] == 1:
                 ids = None
             m._woffload_picks = ids
             if ids is None:
