@@ -11,9 +11,11 @@
 #   shim-empty     woffload-run --policy examples/empty.yaml
 #   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
 #   shim-exps-stream  woffload-run --policy examples/llamacpp-exps-stream.yaml
-#   shim-exps-slots2  shim-exps with prefetch: {slots: 2} (the policy written to
-#                  OUTROOT): the staging slots' device memory halved, for rows at
-#                  equal memory with llama-ot
+#   shim-exps-slotsN  shim-exps with prefetch: {slots: N}, N 1-9 (the policy
+#                  written to OUTROOT): the staging slots' device memory at N of
+#                  the expert tensors, for rows at equal memory with llama-ot (on
+#                  the moe32 GGUF at --parallel 32, 3: bench/results/
+#                  llamacpp-serve-20261204c-p32-c32-ot-h200)
 #                  (the same, every step's host experts staged into slots)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
@@ -105,8 +107,9 @@ for row in $ROWS; do
     shim-empty) R=${R_FAST:-8,16,c$P}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-c$P}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
     shim-exps-stream) R=${R_SLOW:-c$P}; POL=examples/llamacpp-exps-stream.yaml ;;
-    shim-exps-slots2) R=${R_SLOW:-c$P}; POL=$OUTROOT/llamacpp-exps-slots2.yaml
-        sed 's/^default: device$/default: device\nprefetch:\n  slots: 2/' \
+    shim-exps-slots[1-9]) R=${R_SLOW:-c$P}; n=${base#shim-exps-slots}
+        POL=$OUTROOT/llamacpp-exps-slots$n.yaml
+        sed "s/^default: device\$/default: device\\nprefetch:\\n  slots: $n/" \
             "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
     llama-ot) R=${R_SLOW:-c$P}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-exps-managed.yaml

@@ -866,7 +866,7 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots2 plain.2 shim-fit", R_FAST="5,c4",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3 plain.2 shim-fit", R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
@@ -877,7 +877,7 @@ class TestRows(unittest.TestCase):
                            text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("bogus: unknown row", r.stdout)
-        for row in ("plain", "shim-exps", "llama-ot", "shim-exps-slots2"):
+        for row in ("plain", "shim-exps", "llama-ot", "shim-exps-slots3"):
             with open(os.path.join(out, f"p4-{row}", "llamacpp-serve.md")) as f:
                 md = f.read()
             self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |")]), 1, md)
@@ -897,11 +897,11 @@ class TestRows(unittest.TestCase):
         self.assertIn("--cache-ram 0 -ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
         self.assertIn("--cache-ram 0", open(os.path.join(out, "p4-plain", "machine.txt")).read())
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
-        # the equal-memory row: the experts-host policy with two staging slots
-        pol = os.path.join(out, "llamacpp-exps-slots2.yaml")
-        self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots2", "machine.txt")).read())
+        # the equal-memory row: the experts-host policy with three staging slots (shim-exps-slotsN)
+        pol = os.path.join(out, "llamacpp-exps-slots3.yaml")
+        self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3", "machine.txt")).read())
         with open(pol) as f:
-            self.assertIn("default: device\nprefetch:\n  slots: 2\nrules:", f.read())
+            self.assertIn("default: device\nprefetch:\n  slots: 3\nrules:", f.read())
         # plain again, in a folder of its own, checked against the first plain
         with open(os.path.join(out, "p4-plain.2", "sweep.json")) as f:
             rep = json.load(f)
