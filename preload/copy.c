@@ -83,7 +83,38 @@ static uint32_t kind_of_types(CUmemorytype src, CUmemorytype dst)
 
 static uint64_t addr_of(CUmemorytype t, const void *host, CUdeviceptr dev)
 {
-    return t == CU_MEMORYTYPE_HOST ? (uint64_t)(uintptr_t)host : (uint64_t)dev;
+    return t == CU_MEMORYTYPE_HOST                                   ? (uint64_t)(uintptr_t)host
+           : t == CU_MEMORYTYPE_DEVICE || t == CU_MEMORYTYPE_UNIFIED ? (uint64_t)dev
+                                                                     : 0; /* an array */
+}
+
+/* The bytes from a pitched copy's first byte to its last: rows of w bytes
+ * `pitch` apart (at least w: a smaller pitch is refused by the driver),
+ * h rows a slice, d slices `rows` rows apart. A copy's written range for
+ * the streaming executor and the load's books is that span, from the first
+ * byte (base + offsets), not base and w * h: a 2-D copy into the middle of
+ * a staged weight, or one whose pitch spreads its rows, must drop the
+ * slot of every range it writes (uvm/hotpath.h: wo_stream_note_write). */
+static uint64_t pitched_span(size_t pitch, size_t w, size_t h, size_t rows, size_t d)
+{
+    uint64_t p = WO_MAX((uint64_t)pitch, (uint64_t)w);
+
+    if (!w || !h || !d)
+        return 0;
+    return ((uint64_t)(d - 1) * WO_MAX((uint64_t)rows, (uint64_t)h) + (h - 1)) * p + w;
+}
+
+/* The first byte of a pitched copy's side: base at x bytes, row y, slice z
+ * (pitch and rows as pitched_span's); 0 for a base of 0 (an array). */
+static uint64_t pitched_at(uint64_t base, size_t x, size_t y, size_t z, size_t pitch, size_t rows,
+                           size_t w, size_t h)
+{
+    if (!base)
+        return 0;
+    return base +
+           ((uint64_t)z * WO_MAX((uint64_t)rows, (uint64_t)h) + y) *
+               WO_MAX((uint64_t)pitch, (uint64_t)w) +
+           x;
 }
 
 static uint32_t kind_of_runtime(enum cudaMemcpyKind k)
@@ -143,12 +174,14 @@ static inline uint64_t load_t0(void)
             wo_uvm_quiesce_end();                                                                  \
     } while (0)
 
-/* The common shape of every driver copy hook. */
-#define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
+/* The common shape of every driver copy hook: span, the bytes from dst's
+ * first written byte to its last (a pitched copy's rows and the gaps
+ * between them), bytes what it moves. */
+#define COPY_HOOK_SPAN(call, dst, span, src, bytes, kind, stream)                                  \
     do {                                                                                           \
         CUresult res_;                                                                             \
         WO_HOOK_ENTER(call);                                                                       \
-        wo_stream_note_write((uint64_t)(dst), (uint64_t)(bytes));                                  \
+        wo_stream_note_write((uint64_t)(dst), (uint64_t)(span));                                   \
         uint64_t sid_ = wo_stream_id(stream, wo_hook_pt[id]), t0_ = load_t0();                     \
         GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
         if (res_ == CUDA_SUCCESS && t0_)                                                           \
@@ -158,6 +191,8 @@ static inline uint64_t load_t0(void)
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
+#define COPY_HOOK(call, dst, src, bytes, kind, stream)                                             \
+    COPY_HOOK_SPAN(call, dst, bytes, src, bytes, kind, stream)
 
 CUresult wo_h_memcpy(wo_pfn_cuMemcpy real, int id, void *ra, CUdeviceptr dst, CUdeviceptr src,
                      size_t n)
@@ -207,36 +242,44 @@ CUresult wo_h_memcpy_dtod_async(wo_pfn_cuMemcpyDtoDAsync_v2 real, int id, void *
     COPY_HOOK(real(dst, src, n, s), dst, src, n, WO_COPY_D2D, s);
 }
 
-#define P2_DST(p) (p ? addr_of(p->dstMemoryType, p->dstHost, p->dstDevice) : 0)
-#define P2_SRC(p) (p ? addr_of(p->srcMemoryType, p->srcHost, p->srcDevice) : 0)
+/* A 2-D or 3-D copy's first byte on one side: base (0, an array: none)
+ * at X bytes, row Y, slice Z, rows `pitch` apart, slices `rows` rows */
+#define P_AT(p, S, z, rows)                                                                        \
+    pitched_at(addr_of(p->S##MemoryType, p->S##Host, p->S##Device), p->S##XInBytes, p->S##Y, z,    \
+               p->S##Pitch, rows, p->WidthInBytes, p->Height)
 #define P2_KIND(p) (p ? kind_of_types(p->srcMemoryType, p->dstMemoryType) : WO_COPY_DEFAULT)
+#define P2_DST(p) (p ? P_AT(p, dst, 0, 0) : 0)
+#define P2_SRC(p) (p ? P_AT(p, src, 0, 0) : 0)
+#define P2_SPAN(p) (p ? pitched_span(p->dstPitch, p->WidthInBytes, p->Height, 0, 1) : 0)
+#define P2_BYTES(p) (p ? (uint64_t)p->WidthInBytes * p->Height : 0)
+#define P3_DST(p) (p ? P_AT(p, dst, p->dstZ, p->dstHeight) : 0)
+#define P3_SRC(p) (p ? P_AT(p, src, p->srcZ, p->srcHeight) : 0)
+#define P3_SPAN(p)                                                                                 \
+    (p ? pitched_span(p->dstPitch, p->WidthInBytes, p->Height, p->dstHeight,                       \
+                      WO_MAX(p->Depth, (size_t)1))                                                 \
+       : 0)
+#define P3_BYTES(p) (p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0)
 
 CUresult wo_h_memcpy2d(wo_pfn_cuMemcpy2D_v2 real, int id, void *ra, const CUDA_MEMCPY2D *p)
 {
-    COPY_HOOK(real(p), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), NULL);
+    COPY_HOOK_SPAN(real(p), P2_DST(p), P2_SPAN(p), P2_SRC(p), P2_BYTES(p), P2_KIND(p), NULL);
 }
 
 CUresult wo_h_memcpy2d_async(wo_pfn_cuMemcpy2DAsync_v2 real, int id, void *ra,
                              const CUDA_MEMCPY2D *p, CUstream s)
 {
-    COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p), p ? (uint64_t)p->WidthInBytes * p->Height : 0,
-              P2_KIND(p), s);
+    COPY_HOOK_SPAN(real(p, s), P2_DST(p), P2_SPAN(p), P2_SRC(p), P2_BYTES(p), P2_KIND(p), s);
 }
 
 CUresult wo_h_memcpy3d(wo_pfn_cuMemcpy3D_v2 real, int id, void *ra, const CUDA_MEMCPY3D *p)
 {
-    COPY_HOOK(real(p), P2_DST(p), P2_SRC(p),
-              p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), NULL);
+    COPY_HOOK_SPAN(real(p), P3_DST(p), P3_SPAN(p), P3_SRC(p), P3_BYTES(p), P2_KIND(p), NULL);
 }
 
 CUresult wo_h_memcpy3d_async(wo_pfn_cuMemcpy3DAsync_v2 real, int id, void *ra,
                              const CUDA_MEMCPY3D *p, CUstream s)
 {
-    COPY_HOOK(real(p, s), P2_DST(p), P2_SRC(p),
-              p ? (uint64_t)p->WidthInBytes * p->Height * WO_MAX(p->Depth, (size_t)1) : 0,
-              P2_KIND(p), s);
+    COPY_HOOK_SPAN(real(p, s), P3_DST(p), P3_SPAN(p), P3_SRC(p), P3_BYTES(p), P2_KIND(p), s);
 }
 
 CUresult wo_h_memcpy_peer(wo_pfn_cuMemcpyPeer real, int id, void *ra, CUdeviceptr dst,
@@ -268,12 +311,6 @@ CUresult wo_h_memcpy_peer_async(wo_pfn_cuMemcpyPeerAsync real, int id, void *ra,
         return res_;                                                                               \
     } while (0)
 
-/* The bytes a 2-D memset of w elements of `size` in h rows `pitch` apart spans. */
-static uint64_t span_2d(size_t pitch, size_t w, size_t h, size_t size)
-{
-    return h ? (uint64_t)pitch * (h - 1) + (uint64_t)w * size : 0;
-}
-
 #define MEMSET_FNS(W, T)                                                                           \
     CUresult wo_h_memset_d##W(wo_pfn_cuMemsetD##W##_v2 real, int id, void *ra, CUdeviceptr dst,    \
                               T v, size_t n)                                                       \
@@ -291,14 +328,16 @@ static uint64_t span_2d(size_t pitch, size_t w, size_t h, size_t size)
                                size_t pitch, T v, size_t w, size_t h)                              \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, pitch, v, w, h), dst, span_2d(pitch, w, h, sizeof(T)), NULL);        \
+        MEMSET_HOOK(real(dst, pitch, v, w, h), dst, pitched_span(pitch, w * sizeof(T), h, 0, 1),   \
+                    NULL);                                                                         \
     }                                                                                              \
     CUresult wo_h_memset_2d##W##_async(wo_pfn_cuMemsetD2D##W##Async real, int id, void *ra,        \
                                        CUdeviceptr dst, size_t pitch, T v, size_t w, size_t h,     \
                                        CUstream s)                                                 \
     {                                                                                              \
         (void)ra;                                                                                  \
-        MEMSET_HOOK(real(dst, pitch, v, w, h, s), dst, span_2d(pitch, w, h, sizeof(T)), s);        \
+        MEMSET_HOOK(real(dst, pitch, v, w, h, s), dst,                                             \
+                    pitched_span(pitch, w * sizeof(T), h, 0, 1), s);                               \
     }
 
 MEMSET_FNS(8, unsigned char)
@@ -307,11 +346,11 @@ MEMSET_FNS(32, unsigned int)
 
 /* --- runtime -------------------------------------------------------------- */
 
-#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
+#define RT_COPY_HOOK_SPAN(call, dst, span, src, bytes, kind, stream)                               \
     do {                                                                                           \
         cudaError_t res_;                                                                          \
         WO_RT_HOOK_ENTER(call);                                                                    \
-        wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(bytes));                       \
+        wo_stream_note_write((uint64_t)(uintptr_t)(dst), (uint64_t)(span));                        \
         uint64_t sid_ = wo_stream_id(stream, wo_rt_pt[id]), t0_ = load_t0();                       \
         GATED(copy_waits(sid_), res_, call, WO_CTR_gated_copies);                                  \
         if (res_ == cudaSuccess && t0_)                                                            \
@@ -322,6 +361,8 @@ MEMSET_FNS(32, unsigned int)
         wo_leave();                                                                                \
         return res_;                                                                               \
     } while (0)
+#define RT_COPY_HOOK(call, dst, src, bytes, kind, stream)                                          \
+    RT_COPY_HOOK_SPAN(call, dst, bytes, src, bytes, kind, stream)
 
 cudaError_t wo_h_cuda_memcpy(wo_pfn_cudaMemcpy real, int id, void *ra, void *dst, const void *src,
                              size_t n, enum cudaMemcpyKind kind)
@@ -340,19 +381,32 @@ cudaError_t wo_h_cuda_memcpy2d(wo_pfn_cudaMemcpy2D real, int id, void *ra, void 
                                const void *src, size_t spitch, size_t w, size_t h,
                                enum cudaMemcpyKind kind)
 {
-    RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), NULL);
+    RT_COPY_HOOK_SPAN(real(dst, dpitch, src, spitch, w, h, kind), dst,
+                      pitched_span(dpitch, w, h, 0, 1), src, (uint64_t)w * h, kind_of_runtime(kind),
+                      NULL);
 }
 
 cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void *ra, void *dst,
                                      size_t dpitch, const void *src, size_t spitch, size_t w,
                                      size_t h, enum cudaMemcpyKind kind, cudaStream_t s)
 {
-    RT_COPY_HOOK(real(dst, dpitch, src, spitch, w, h, kind, s), dst, src, (uint64_t)w * h,
-                 kind_of_runtime(kind), s);
+    RT_COPY_HOOK_SPAN(real(dst, dpitch, src, spitch, w, h, kind, s), dst,
+                      pitched_span(dpitch, w, h, 0, 1), src, (uint64_t)w * h, kind_of_runtime(kind),
+                      s);
 }
 
-#define P3_BYTES(p)                                                                                \
+/* A runtime 3-D copy's side: its pitched pointer's first byte at its
+ * position (NULL: an array), its extent's span; bytes, what it moves */
+#define RT3_AT(q, pos, e)                                                                          \
+    pitched_at((uint64_t)(uintptr_t)(q).ptr, (pos).x, (pos).y, (pos).z, (q).pitch, (q).ysize,      \
+               (e).width, (e).height)
+#define RT3_DST(p) (p ? RT3_AT(p->dstPtr, p->dstPos, p->extent) : 0)
+#define RT3_SRC(p) (p ? RT3_AT(p->srcPtr, p->srcPos, p->extent) : 0)
+#define RT3_SPAN(p)                                                                                \
+    (p ? pitched_span(p->dstPtr.pitch, p->extent.width, WO_MAX(p->extent.height, (size_t)1),       \
+                      p->dstPtr.ysize, WO_MAX(p->extent.depth, (size_t)1))                         \
+       : 0)
+#define RT3_BYTES(p)                                                                               \
     (p ? (uint64_t)p->extent.width * WO_MAX(p->extent.height, (size_t)1) *                         \
              WO_MAX(p->extent.depth, (size_t)1)                                                    \
        : 0)
@@ -360,15 +414,15 @@ cudaError_t wo_h_cuda_memcpy2d_async(wo_pfn_cudaMemcpy2DAsync real, int id, void
 cudaError_t wo_h_cuda_memcpy3d(wo_pfn_cudaMemcpy3D real, int id, void *ra,
                                const struct cudaMemcpy3DParms *p)
 {
-    RT_COPY_HOOK(real(p), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL);
+    RT_COPY_HOOK_SPAN(real(p), RT3_DST(p), RT3_SPAN(p), RT3_SRC(p), RT3_BYTES(p),
+                      p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, NULL);
 }
 
 cudaError_t wo_h_cuda_memcpy3d_async(wo_pfn_cudaMemcpy3DAsync real, int id, void *ra,
                                      const struct cudaMemcpy3DParms *p, cudaStream_t s)
 {
-    RT_COPY_HOOK(real(p, s), p ? p->dstPtr.ptr : NULL, p ? p->srcPtr.ptr : NULL, P3_BYTES(p),
-                 p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
+    RT_COPY_HOOK_SPAN(real(p, s), RT3_DST(p), RT3_SPAN(p), RT3_SRC(p), RT3_BYTES(p),
+                      p ? kind_of_runtime(p->kind) : WO_COPY_DEFAULT, s);
 }
 
 /* --- waits ------------------------------------------------------------------

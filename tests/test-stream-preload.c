@@ -11,7 +11,8 @@
  *    reads), launches were redirected to device slots (the kernel saw
  *    pointers outside the range), the bytes staged per step are about the
  *    distinct bytes (NR MiB), not READS times them; a copy into a range
- *    after seal drops its slot, and the next step reads the new data; a
+ *    after seal drops its slot, and the next step reads the new data (a
+ *    2-D copy too, by where its rows land, not its base); a
  *    launch into a capture is not redirected and its graph still reads the
  *    right data; the read multiplicity per name is ~READS;
  *  - mode auto: the same ranges are streamed once measured (read 4x a step);
@@ -211,6 +212,7 @@ static int child(const char *mode)
     CUresult (*p_cuMemAlloc)(CUdeviceptr *, size_t), (*p_cuMemFree)(CUdeviceptr);
     CUresult (*p_cuMemcpyHtoD)(CUdeviceptr, const void *, size_t);
     CUresult (*p_cuMemcpyDtoH)(void *, CUdeviceptr, size_t);
+    CUresult (*p_cuMemcpy2D)(const CUDA_MEMCPY2D *);
     CUresult (*p_cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
                                  unsigned, unsigned, CUstream, void **, void **);
     CUresult (*p_cuLaunchKernelEx)(const CUlaunchConfig *, CUfunction, void **, void **);
@@ -330,6 +332,7 @@ static int child(const char *mode)
     *(void **)&p_cuMemFree = need(cu, "cuMemFree_v2");
     *(void **)&p_cuMemcpyHtoD = need(cu, "cuMemcpyHtoD_v2");
     *(void **)&p_cuMemcpyDtoH = need(cu, "cuMemcpyDtoH_v2");
+    *(void **)&p_cuMemcpy2D = need(cu, "cuMemcpy2D_v2");
     *(void **)&p_cuLaunchKernel = need(cu, "cuLaunchKernel");
     *(void **)&p_cuLaunchKernelEx = need(cu, "cuLaunchKernelEx");
     *(void **)&p_cuStreamCreate = need(cu, "cuStreamCreate");
@@ -496,6 +499,29 @@ static int child(const char *mode)
                 buf[j] = (unsigned char)(255 - j * 17);
             CHECK(p_cuMemcpyHtoD(ranges[3], buf, MiB) == CUDA_SUCCESS);
             expect[3] = host_sum((const uint64_t *)buf, MiB / 8);
+        }
+        if (stream_mode && step == STEPS / 2 + 1) {
+            /* (2b) a 2-D copy writes range 5 (or 4, the higher of the
+             * two), its base the other range and its one row Y = 1 a
+             * pitch away: the write lands at base + Y * pitch + X, so the
+             * target's slot is dropped, not the base's (the hook once
+             * noted the base and width * height: the target's next reads
+             * came from its stale slot) */
+            int t = ranges[5] > ranges[4] ? 5 : 4;
+            CUdeviceptr base = ranges[9 - t];
+            for (size_t j = 0; j < MiB; j++)
+                buf[j] = (unsigned char)(j * 29 + 7);
+            CUDA_MEMCPY2D c2 = {.srcMemoryType = CU_MEMORYTYPE_HOST,
+                                .srcHost = buf,
+                                .srcPitch = MiB,
+                                .dstMemoryType = CU_MEMORYTYPE_DEVICE,
+                                .dstDevice = base,
+                                .dstY = 1,
+                                .dstPitch = (size_t)(ranges[t] - base),
+                                .WidthInBytes = MiB,
+                                .Height = 1};
+            CHECK(p_cuMemcpy2D(&c2) == CUDA_SUCCESS);
+            expect[t] = host_sum((const uint64_t *)buf, MiB / 8);
         }
         if (stream_mode && step == STEPS - 8) {
             /* (3) a launch into a capture is not redirected: the graph
