@@ -10,7 +10,10 @@ What it does, each run in its own process:
 1. `make`: random bf16 weights written with save_pretrained (safetensors) to
    $BIGLOAD_CKPT_DIR/bigload-ckpt-SHAPE-LAYERS (kept: a later call on the
    same machine loads it again). Every later run loads it with
-   from_pretrained(device_map="cuda"), as an unmodified script does.
+   from_pretrained(device_map="cuda"), as an unmodified script does, from
+   a warm page cache: the checkpoint's files are read once before each row
+   (--no-warm-cache: not), so the load ratios against plain compare loads,
+   not what the disk still held.
    - dense: a Llama shape (hidden 4096, MLP 14336, GQA 32/8 heads, vocab
      32000), 24 layers by default;
    - moe, moe128: bench/e2e.py's Qwen3-MoE shapes (32 experts top-4, and
@@ -401,6 +404,29 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
     return res
 
 
+def warm_cache(ckpt: str, chunk: int = 64 << 20) -> Dict[str, Any]:
+    """Reads every file of the checkpoint once, so that each row's load
+    starts from the same warm page cache: plain's load, the reference of
+    every load ratio, took 9.7 to 16.4 s in calls of the same day when the
+    first row read what the disk still held. Returns the bytes, files and
+    seconds of the read (slow: the cache was cold, or could not hold it)."""
+    t0, nbytes, files = time.perf_counter(), 0, 0
+    buf = bytearray(chunk)
+    for root, _, names in os.walk(ckpt):
+        for n in sorted(names):
+            try:
+                with open(os.path.join(root, n), "rb", buffering=0) as f:
+                    files += 1
+                    while True:
+                        k = f.readinto(buf)
+                        if not k:
+                            break
+                        nbytes += k
+            except OSError:
+                continue
+    return dict(bytes=nbytes, files=files, s=time.perf_counter() - t0)
+
+
 def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTORCH_CUDA_ALLOC_CONF="expandable_segments:False")
@@ -420,6 +446,12 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
             return dict(name=spec["name"], error=f"skipped: out of time (--deadline {args.deadline:.0f})")
         timeout = min(timeout, left - 5)
     print(f"=== {spec['name']}: {' '.join(shlex.quote(c) for c in cmd[:-1])} '<spec>'", flush=True)
+    warm = None
+    if spec.get("ckpt") and spec["name"] != "make" and getattr(args, "warm_cache", True) \
+            and os.path.isdir(spec["ckpt"]):
+        warm = warm_cache(spec["ckpt"])
+        print(f"    page cache: {warm['bytes'] / 2**30:.2f} GiB in {warm['files']} files read "
+              f"in {warm['s']:.1f} s before the row", flush=True)
     t0 = time.time()
     cpus = parse_cpus(args.cpus)
     # every row on the same cores, the shim's threads too (set before exec):
@@ -434,6 +466,8 @@ def run(spec: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
         err = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")) + f"\n(timeout: {timeout:.0f} s)"
         rc = -1
     res: Dict[str, Any] = dict(name=spec["name"], rc=rc, wall_s=time.time() - t0)
+    if warm is not None:
+        res["cache_warm"] = warm
     for line in out.splitlines():
         if line.startswith("BIGLOAD_RESULT "):
             res.update(json.loads(line[len("BIGLOAD_RESULT "):]))
@@ -873,6 +907,9 @@ def main() -> int:
                     help="cores every row's process runs on, e.g. 0-7 (default $BIGLOAD_CPUS, else "
                          "any): the same cores for every row, the shim's threads included")
     ap.add_argument("--log", default="info")
+    ap.add_argument("--no-warm-cache", dest="warm_cache", action="store_false",
+                    help="do not read the checkpoint once before each row (the page cache is then "
+                         "whatever the rows before left: loads are not comparable)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds a row may take")
     ap.add_argument("--deadline", type=float, default=0,
                     help="seconds from the start: no row starts with fewer than --min-left left, "
@@ -1075,6 +1112,14 @@ def main() -> int:
         md = moe_tables(rows, cfg["num_experts"], parse_size(args.keep_free))
     else:
         md = table(rows, dict(bf16="plain", fp8="fp8-plain"))
+    warmed = [r for r in rows if (r.get("cache_warm") or {}).get("files")]
+    if warmed:
+        md += ("\n\nPage cache before each row's load: the checkpoint read once ("
+               + f"{warmed[0]['cache_warm']['bytes'] / 2**30:.2f} GiB) in "
+               + ", ".join(f"{r['name']} {r['cache_warm']['s']:.1f} s"
+                           f" ({r['cache_warm']['bytes'] / max(r['cache_warm']['s'], 1e-9) / 1e9:.1f} GB/s)"
+                           for r in warmed)
+               + ": at memory's rate the checkpoint was cached before the row, at the disk's it was not")
     for r in rows:
         st, fit = r.get("stream") or {}, r.get("fit") or {}
         lc = load_line(r)

@@ -268,6 +268,24 @@ class TestMoeTables(unittest.TestCase):
                          ["0.40x", "1.20x", "1.50x", "DIFFER"])
 
 
+class TestWarmCache(unittest.TestCase):
+    def test_reads_every_file_once(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "sub"))
+            with open(os.path.join(d, "a.safetensors"), "wb") as f:
+                f.write(b"x" * (3 << 20) + b"yz")
+            with open(os.path.join(d, "sub", "b.json"), "wb") as f:
+                f.write(b"{}")
+            w = bigload.warm_cache(d, chunk=1 << 20)
+            self.assertEqual((w["bytes"], w["files"]), ((3 << 20) + 4, 2))
+            self.assertGreaterEqual(w["s"], 0.0)
+
+    def test_a_missing_checkpoint_reads_nothing(self):
+        w = bigload.warm_cache("/nonexistent/bigload-ckpt")
+        self.assertEqual((w["bytes"], w["files"]), (0, 0))
+
+
 class TestRowPlan(unittest.TestCase):
     """main()'s rows for a MoE shape, each run replaced by a record of its spec."""
 
