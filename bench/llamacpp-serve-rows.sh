@@ -33,6 +33,11 @@
 #   shim-ROW-tail  any shim row with WOFFLOAD_DEPARTURE_FENCES=0: staging
 #                  copies wait for the kernels the engine submitted last
 #                  (docs/prefetch.md, Departure fences), to measure the change
+#   shim-ROW-nopicks  any shim row with WOFFLOAD_GGML_PICKS_FROM=0: no picked
+#                  copies for the computes whose share of experts picked is
+#                  80-92% (docs/llamacpp.md, Picked experts), and none of their
+#                  buffers (768 MiB on the moe32 GGUF, beside 4 slots' 1536): what
+#                  that band is worth in serving, at what memory
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -92,7 +97,8 @@ for row in $ROWS; do
     left=$((END - $(el)))
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
-    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES
+    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
+        WOFFLOAD_GGML_PICKS_FROM
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -101,6 +107,7 @@ for row in $ROWS; do
     case $name in
     shim-*-late) base=${name%-late}; export WOFFLOAD_LATE_BIND=1 ;;
     shim-*-tail) base=${name%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
+    shim-*-nopicks) base=${name%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
     esac
     case $base in
     plain) R=${R_FAST:-8,16,c$P} ;;

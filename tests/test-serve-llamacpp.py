@@ -855,7 +855,9 @@ class TestRows(unittest.TestCase):
         os.makedirs(tools)
         with open(os.path.join(tools, "woffload-run"), "w") as f:
             f.write("#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\n"
-                    "echo \"$@\" > \"$(dirname \"$0\")/ran\"\nexec \"$@\"\n")
+                    "echo \"$@\" > \"$(dirname \"$0\")/ran\"\n"
+                    "echo \"PICKS_FROM=${WOFFLOAD_GGML_PICKS_FROM-unset} $@\" >> \"$(dirname \"$0\")/runs\"\n"
+                    "exec \"$@\"\n")
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
         # a row measured before (a peer's, 7481 MiB at its peak) for the
@@ -866,7 +868,7 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3 plain.2 shim-fit", R_FAST="5,c4",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit", R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
@@ -877,7 +879,7 @@ class TestRows(unittest.TestCase):
                            text=True, timeout=300)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("bogus: unknown row", r.stdout)
-        for row in ("plain", "shim-exps", "llama-ot", "shim-exps-slots3"):
+        for row in ("plain", "shim-exps", "llama-ot", "shim-exps-slots3-nopicks"):
             with open(os.path.join(out, f"p4-{row}", "llamacpp-serve.md")) as f:
                 md = f.read()
             self.assertEqual(len([x for x in md.splitlines() if x.startswith("| 5 |")]), 1, md)
@@ -899,7 +901,12 @@ class TestRows(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
         # the equal-memory row: the experts-host policy with three staging slots (shim-exps-slotsN)
         pol = os.path.join(out, "llamacpp-exps-slots3.yaml")
-        self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3", "machine.txt")).read())
+        # -nopicks: WOFFLOAD_GGML_PICKS_FROM=0 for that row alone (the shim's
+        # rows in order: shim-exps, shim-exps-slots3-nopicks, shim-fit)
+        with open(os.path.join(tools, "runs")) as f:
+            runs = [x.split()[0] for x in f.read().splitlines()]
+        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset"])
+        self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3-nopicks", "machine.txt")).read())
         with open(pol) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 3\nrules:", f.read())
         # plain again, in a folder of its own, checked against the first plain
