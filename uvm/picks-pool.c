@@ -190,6 +190,19 @@ static int lru(const struct wo_pool_strm *t, unsigned nb, unsigned taken)
     return b;
 }
 
+/* The least recently used of t's nb entries not in taken that holds need
+ * bytes; -1 none. */
+static int fitting(const struct wo_pool_strm *t, unsigned nb, unsigned taken, uint64_t need)
+{
+    int b = -1;
+
+    for (unsigned k = 0; k < nb; k++)
+        if (!(taken & 1u << k) && t->b[k].dev && t->b[k].size >= need &&
+            (b < 0 || t->b[k].tick < t->b[b].tick))
+            b = (int)k;
+    return b;
+}
+
 struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_strm *t, int span,
                                    uint32_t seq, uint64_t need, unsigned nb, unsigned taken,
                                    bool *fresh, int64_t *delta, CUresult *alloc)
@@ -211,15 +224,21 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     *fresh = true;
     if (b->size >= need)
         return b;
+    /* b a buffer too small: another of its own that holds the bytes
+     * already, the least recently used of those, before b grows: growing
+     * frees b and allocates (a host wait mid-step), and takes the pool past
+     * what its tensors need (a 768 MiB gate_up given the 384 MiB buffer of
+     * a down while the 768 MiB one was free: 1536 MiB where 1152 serve, on
+     * the H200's 128-expert shape with some tensors read in place under
+     * fit). An empty entry is made as before: the stream's second buffer
+     * is what early copies fill while a launch reads the first. */
+    if (b->dev && (l = fitting(t, nb, taken, need)) >= 0)
+        return settle(d, t, &t->b[l], false) ? &t->b[l] : NULL;
     /* a lend or an allocation would land in a capture's graph */
     if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return NULL;
     if (pool.bytes - b->size + need > nb * pool.largest) {
-        /* the pool full: another of its own that holds the bytes already
-         * (no lend, no growth) */
-        for (unsigned k = 0; k < nb; k++)
-            if (!(taken & 1u << k) && t->b[k].size >= need)
-                return settle(d, t, &t->b[k], false) ? &t->b[k] : NULL;
+        /* the pool full, none of its own large enough: a lend */
         if ((x = other(t, need, true, false, &o)))
             return lend(d, o, x, t, b, delta) ? b : NULL;
         /* none large enough, or only per-thread streams' (a thread that
@@ -253,7 +272,7 @@ bool wo_pool_room(const struct wo_pool_strm *t, uint64_t need, unsigned nb, unsi
 {
     int k = lru(t, nb, taken);
 
-    return k >= 0 && t->b[k].dev && t->b[k].size >= need;
+    return k >= 0 && t->b[k].dev && fitting(t, nb, taken, need) >= 0;
 }
 
 void wo_pool_forget_span(int span)

@@ -60,18 +60,21 @@ unsigned wo_pool_index(const struct wo_pool_strm *t);
 
 /* The buffer of t that holds span's rows at seq now (its early copy waited
  * for on t's stream), or one for them of at
- * least need bytes (*fresh: its rows are to be copied): the least recently
- * used of t's nb entries not in taken (bit k: entry k holds another span
- * the launch reads), grown, or with the pool at nb times the largest need
- * seen, lent by another stream. NULL: none (the launch reads in place).
+ * least need bytes (*fresh: its rows are to be copied): of t's nb entries
+ * not in taken (bit k: entry k holds another span the launch reads), the
+ * least recently used one, if it holds need bytes or no buffer yet (made);
+ * else the least recently used of those that do; else it grown, or with
+ * the pool at nb times the largest need seen, lent by another stream.
+ * NULL: none (the launch reads in place).
  * *delta: device bytes allocated (+) or freed (-) by the call; *alloc: the
  * allocation's result when one failed, else CUDA_SUCCESS. */
 struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_strm *t, int span,
                                    uint32_t seq, uint64_t need, unsigned nb, unsigned taken,
                                    bool *fresh, int64_t *delta, CUresult *alloc);
-/* Whether the buffer wo_pool_buffer would fill next for t (its least
- * recently used entry not in taken) already has need bytes: no growth, no
- * lend (which would make t's stream wait for another's). */
+/* Whether wo_pool_buffer would fill one of t's buffers not in taken that
+ * already has need bytes (the least recently used entry is one: no
+ * allocation; it or another holds need bytes): no growth, no lend (which
+ * would make t's stream wait for another's). */
 bool wo_pool_room(const struct wo_pool_strm *t, uint64_t need, unsigned nb, unsigned taken);
 /* No buffer holds span's rows any more (new memory at its address). */
 void wo_pool_forget_span(int span);
