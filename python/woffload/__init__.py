@@ -419,8 +419,8 @@ def hook_experts(model: Any, names: Optional[Iterable[str]] = None,
     token (picks of one row) registers nothing: its launches read the picked
     experts in place; unless ``one_row`` (by default: when the shim keeps
     hot experts, stats' picks.hot_experts or hot_experts_auto, whose rows a
-    copy takes from the device). Not when the copy engine is on: its copy
-    of one token's picks made batch 1 slower, not faster (on the H200, 128
+    copy takes from the device). The copy engine is no such reason: its
+    copy of one token's picks made batch 1 slower, not faster (on the H200, 128
     experts top-8, every expert on host: 23.1 tok/s, bench/results
     bigload-20261204c-moe128-bind-h200; 31.1 before, the kernels reading
     them in place, bigload-20261203c-moe128-engine-h200).
