@@ -407,8 +407,9 @@ def worker(spec: Dict[str, Any]) -> Dict[str, Any]:
 def warm_cache(ckpt: str, chunk: int = 64 << 20) -> Dict[str, Any]:
     """Reads every file of the checkpoint once, so that each row's load
     starts from the same warm page cache: plain's load, the reference of
-    every load ratio, took 9.7 to 16.4 s in calls of the same day when the
-    first row read what the disk still held. Returns the bytes, files and
+    every load ratio, took 9.7 to 16.4 s in calls of the same day (why is
+    not measured; a page cache that held part of the checkpoint is one
+    cause this rules out). Returns the bytes, files and
     seconds of the read (slow: the cache was cold, or could not hold it)."""
     t0, nbytes, files = time.perf_counter(), 0, 0
     buf = bytearray(chunk)

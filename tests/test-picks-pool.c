@@ -3,8 +3,10 @@
  * buffer is too small for a tensor takes its other buffer that holds the
  * bytes, rather than growing the small one (a free and an allocation,
  * with a host wait, mid-step, and a pool past what its tensors need); an
- * empty entry is still made (early copies fill a stream's second buffer
- * while a launch reads its first); and wo_pool_room says the same. */
+ * empty entry is still made while the pool has room (early copies fill a
+ * stream's second buffer while a launch reads its first), and with the
+ * pool full it takes the stream's own buffer that holds the bytes, not
+ * another stream's; and wo_pool_room says the same. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,14 +22,12 @@
 
 static CUdeviceptr next_addr = 0x100000000ull;
 static unsigned allocs, frees, syncs;
-static uint64_t live;
 
 static CUresult d_alloc(CUdeviceptr *p, size_t n)
 {
     *p = next_addr;
     next_addr += n + 2 * MiB;
     allocs++;
-    live += n;
     return CUDA_SUCCESS;
 }
 
@@ -80,7 +80,6 @@ static int fresh_pool(void **state)
     (void)state;
     wo_pool_reset();
     allocs = frees = syncs = 0;
-    live = 0;
     return 0;
 }
 
@@ -150,11 +149,34 @@ static void test_empty_entry_is_made(void **state)
     assert_true(wo_pool_room(t, 4 * MiB, 2, 0));
 }
 
+/* The pool full (another stream holds the rest of it): a stream's empty
+ * entry is not made, its own buffer that holds the bytes serves, no lend
+ * (this driver makes no events: a lend would fail) and no allocation. */
+static void test_full_pool_takes_own_buffer(void **state)
+{
+    struct wo_pool_strm *t = wo_pool_stream(0x53), *u = wo_pool_stream(0x54);
+    struct wo_pool_buf *a, *x;
+    bool fresh;
+
+    (void)state;
+    assert_non_null(t);
+    assert_non_null(u);
+    a = take(t, 20, 1, 8 * MiB, 0, &fresh);
+    (void)take(u, 21, 2, 8 * MiB, 0, &fresh);
+    assert_int_equal(pool_bytes(), 16 * MiB); /* 2 x the largest: full */
+    x = take(t, 22, 3, 4 * MiB, 0, &fresh);
+    assert_ptr_equal(x, a);
+    assert_true(fresh);
+    assert_int_equal(allocs, 2);
+    assert_int_equal(pool_bytes(), 16 * MiB);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fitting_buffer_before_growth, fresh_pool),
         cmocka_unit_test_setup(test_empty_entry_is_made, fresh_pool),
+        cmocka_unit_test_setup(test_full_pool_takes_own_buffer, fresh_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

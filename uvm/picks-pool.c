@@ -224,20 +224,20 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     *fresh = true;
     if (b->size >= need)
         return b;
-    /* b a buffer too small: another of its own that holds the bytes
-     * already, the least recently used of those, before b grows: growing
-     * frees b and allocates (a host wait mid-step), and takes the pool past
-     * what its tensors need (a 768 MiB gate_up given the 384 MiB buffer of
-     * a down while the 768 MiB one was free: 1536 MiB where 1152 serve, on
-     * the H200's 128-expert shape with some tensors read in place under
-     * fit). An empty entry is made as before: the stream's second buffer
-     * is what early copies fill while a launch reads the first. */
-    if (b->dev && (l = fitting(t, nb, taken, need)) >= 0)
+    /* another of its own that holds the bytes already, the least recently
+     * used of those, before b grows or the pool lends: growing frees b and
+     * allocates (a host wait mid-step), and takes the pool to twice the
+     * larger tensor (a 768 MiB gate_up given the 384 MiB buffer of a down
+     * while the 768 MiB one was free, some tensors read in place). An empty
+     * entry is made while the pool has room: the stream's second buffer is
+     * what early copies fill while a launch reads the first. */
+    bool full = pool.bytes - b->size + need > nb * pool.largest;
+    if ((b->dev || full) && (l = fitting(t, nb, taken, need)) >= 0)
         return settle(d, t, &t->b[l], false) ? &t->b[l] : NULL;
     /* a lend or an allocation would land in a capture's graph */
     if (__atomic_load_n(&wo_captures_live, __ATOMIC_SEQ_CST))
         return NULL;
-    if (pool.bytes - b->size + need > nb * pool.largest) {
+    if (full) {
         /* the pool full, none of its own large enough: a lend */
         if ((x = other(t, need, true, false, &o)))
             return lend(d, o, x, t, b, delta) ? b : NULL;
