@@ -11,12 +11,12 @@
 #   shim-empty     woffload-run --policy examples/empty.yaml
 #   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
 #   shim-exps-stream  woffload-run --policy examples/llamacpp-exps-stream.yaml
+#                  (the same, every step's host experts staged into slots)
 #   shim-exps-slotsN  shim-exps with prefetch: {slots: N}, N 1-9 (the policy
 #                  written to OUTROOT): the staging slots' device memory at N of
 #                  the expert tensors, for rows at equal memory with llama-ot (on
 #                  the moe32 GGUF at --parallel 32, 3: bench/results/
 #                  llamacpp-serve-20261204c-p32-c32-ot-h200)
-#                  (the same, every step's host experts staged into slots)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
 #                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]

@@ -1,6 +1,7 @@
 /* preload/capture.c: capture awareness: which streams are capturing, the
  * launches each capture recorded, the graph each capture produced, the graph
- * exec instantiated from it, and the graph launches that replay it.
+ * exec instantiated from it, and the graph launches that replay it (the
+ * hooks on graph execs are graph-exec.c's; they call in here).
  *
  * Writers (begin/end capture, instantiate) are rare and take cap_lock.
  * Readers on the launch paths never lock: the launch hook asks
@@ -306,7 +307,7 @@ void wo_capture_end(uint64_t stream, uint64_t graph, bool ok)
     pthread_mutex_unlock(&cap_lock);
 }
 
-void wo_capture_instantiated(uint64_t exec, uint64_t graph)
+uint32_t wo_capture_instantiated(uint64_t exec, uint64_t graph)
 {
     struct exec_slot *e;
     struct graph_slot *g;
@@ -324,9 +325,7 @@ void wo_capture_instantiated(uint64_t exec, uint64_t graph)
         STORE(e->graph, graph);
     push_g(WO_EV_GRAPH_INSTANTIATE, 0, exec, graph, WO_API_GRAPH);
     pthread_mutex_unlock(&cap_lock);
-    /* the copy a replay launches from (graph-replay.c), read while the
-     * graph is alive */
-    wo_replay_note(exec, graph, capture);
+    return capture;
 }
 
 /* A graph launch: counted, and its event pushed (push false: replayed
@@ -380,7 +379,7 @@ static bool graph_blind(uint64_t exec)
  * streaming executor may have a slot its graph could make stale. Launched
  * into a capture, the graph is a node of the outer one, which is then
  * blind in turn. */
-static bool graph_launch_begin(uint64_t exec, uint64_t stream)
+bool wo_capture_graph_launch_begin(uint64_t exec, uint64_t stream)
 {
     uint32_t cap;
 
@@ -484,102 +483,6 @@ CUresult wo_h_stream_destroy(wo_pfn_cuStreamDestroy_v2 real, int id, void *ra, C
     return res;
 }
 
-CUresult wo_h_graph_instantiate(wo_pfn_cuGraphInstantiateWithFlags real, int id, void *ra,
-                                CUgraphExec *e, CUgraph g, unsigned long long flags)
-{
-    CUresult res;
-    (void)ra;
-
-    WO_HOOK_ENTER(real(e, g, flags));
-    res = real(e, g, flags);
-    if (res == CUDA_SUCCESS && e)
-        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
-    wo_leave();
-    return res;
-}
-
-CUresult wo_h_graph_instantiate_params(wo_pfn_cuGraphInstantiateWithParams real, int id, void *ra,
-                                       CUgraphExec *e, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
-{
-    CUresult res;
-    (void)ra;
-
-    WO_HOOK_ENTER(real(e, g, p));
-    res = real(e, g, p);
-    if (res == CUDA_SUCCESS && e)
-        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
-    wo_leave();
-    return res;
-}
-
-/* An exec updated from graph g (cuGraphExecUpdate): it runs g's nodes now,
- * as if instantiated from it. A failed update leaves the exec as it was,
- * but its replay copy is dropped all the same (the engine instantiates
- * again). Noted whatever the nesting: a copy must never outlive its exec's
- * contents. */
-static void exec_updated(CUgraphExec e, CUgraph g, bool ok)
-{
-    if (ok)
-        wo_capture_instantiated((uint64_t)(uintptr_t)e, (uint64_t)(uintptr_t)g);
-    else
-        wo_replay_forget((uint64_t)(uintptr_t)e, false);
-}
-
-CUresult wo_h_graph_exec_update(wo_pfn_cuGraphExecUpdate_v2 real, int id, void *ra, CUgraphExec e,
-                                CUgraph g, CUgraphExecUpdateResultInfo *info)
-{
-    CUresult res;
-    (void)ra;
-
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    res = real(e, g, info);
-    exec_updated(e, g, res == CUDA_SUCCESS);
-    return res;
-}
-
-CUresult wo_h_graph_exec_update_v1(wo_pfn_cuGraphExecUpdate real, int id, void *ra, CUgraphExec e,
-                                   CUgraph g, CUgraphNode *err, CUgraphExecUpdateResult *out)
-{
-    CUresult res;
-    (void)ra;
-
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    res = real(e, g, err, out);
-    exec_updated(e, g, res == CUDA_SUCCESS);
-    return res;
-}
-
-CUresult wo_h_graph_launch(wo_pfn_cuGraphLaunch real, int id, void *ra, CUgraphExec e, CUstream s)
-{
-    uint64_t sid;
-    bool blind;
-    CUresult res;
-    int rp;
-
-    WO_HOOK_ENTER(real(e, s));
-    sid = wo_stream_id(s, wo_hook_pt[id]);
-    /* replayed kernel by kernel when that stages what it reads */
-    rp = wo_replay_launch((uint64_t)(uintptr_t)e, sid, ra, &res);
-    if (rp) {
-        wo_leave();
-        return rp > 0 ? CUDA_SUCCESS : res;
-    }
-    blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
-    res = real(e, s);
-    if (blind)
-        wo_hook_blind_end(sid);
-    if (res == CUDA_SUCCESS) {
-        wo_count_caller(ra, WO_CALLER_LAUNCH);
-        wo_capture_graph_launch((uint64_t)(uintptr_t)e, sid, WO_API_GRAPH);
-    }
-    wo_leave();
-    return res;
-}
-
 /* --- runtime -------------------------------------------------------------- */
 
 static bool end_failed_but_ended_rt(cudaError_t r)
@@ -630,64 +533,6 @@ cudaError_t wo_h_cuda_end_capture(wo_pfn_cudaStreamEndCapture real, int id, void
     if (res == cudaSuccess || end_failed_but_ended_rt(res))
         wo_capture_end(wo_stream_id(s, wo_rt_pt[id]),
                        res == cudaSuccess && g ? (uint64_t)(uintptr_t)*g : 0, res == cudaSuccess);
-    wo_leave();
-    return res;
-}
-
-cudaError_t wo_h_cuda_graph_instantiate(wo_pfn_cudaGraphInstantiate real, int id, void *ra,
-                                        cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags)
-{
-    cudaError_t res;
-    (void)ra;
-
-    WO_RT_HOOK_ENTER(real(e, g, flags));
-    res = real(e, g, flags);
-    if (res == cudaSuccess && e)
-        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
-    wo_leave();
-    return res;
-}
-
-cudaError_t wo_h_cuda_graph_instantiate_params(wo_pfn_cudaGraphInstantiateWithParams real, int id,
-                                               void *ra, cudaGraphExec_t *e, cudaGraph_t g,
-                                               cudaGraphInstantiateParams *p)
-{
-    cudaError_t res;
-    (void)ra;
-
-    WO_RT_HOOK_ENTER(real(e, g, p));
-    res = real(e, g, p);
-    if (res == cudaSuccess && e)
-        wo_capture_instantiated((uint64_t)(uintptr_t)*e, (uint64_t)(uintptr_t)g);
-    wo_leave();
-    return res;
-}
-
-cudaError_t wo_h_cuda_graph_launch(wo_pfn_cudaGraphLaunch real, int id, void *ra,
-                                   cudaGraphExec_t e, cudaStream_t s)
-{
-    uint64_t sid;
-    bool blind;
-    cudaError_t res;
-    CUresult cres = CUDA_SUCCESS;
-    int rp;
-
-    WO_RT_HOOK_ENTER(real(e, s));
-    sid = wo_stream_id(s, wo_rt_pt[id]);
-    rp = wo_replay_launch((uint64_t)(uintptr_t)e, sid, ra, &cres);
-    if (rp) {
-        wo_leave();
-        /* the driver's codes of launch failures are the runtime's */
-        return rp > 0 ? cudaSuccess : (cudaError_t)cres;
-    }
-    blind = graph_launch_begin((uint64_t)(uintptr_t)e, sid);
-    res = real(e, s);
-    if (blind)
-        wo_hook_blind_end(sid);
-    if (res == cudaSuccess) {
-        wo_count_caller(ra, WO_CALLER_LAUNCH);
-        wo_capture_graph_launch((uint64_t)(uintptr_t)e, sid, WO_API_GRAPH);
-    }
     wo_leave();
     return res;
 }

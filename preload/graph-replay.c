@@ -24,10 +24,11 @@
  * its event pushed). The stream runs them one after another: an order the graph allows. Otherwise
  * the graph is launched whole, as before.
  *
- * What could make the copy differ from the exec is watched: an exec whose nodes are changed in
- * place (cuGraphExecKernelNodeSetParams and the other exec setters, cuGraphNodeSetEnabled) loses
- * its copy until it is updated or instantiated again; an update that fails keeps the exec as it
- * was and loses the copy all the same; a destroyed exec's copy is freed.
+ * What could make the copy differ from the exec is watched (the hooks are graph-exec.c's): an
+ * exec whose nodes are changed in place (cuGraphExecKernelNodeSetParams and the other exec
+ * setters, cuGraphNodeSetEnabled) loses its copy until it is updated or instantiated again; an
+ * update that fails keeps the exec as it was and loses the copy all the same; a destroyed exec's
+ * copy is freed.
  *
  * Locking: one mutex over the table; a replay holds a reference to its copy, not the lock, while
  * it launches. Nothing here runs unless WOFFLOAD_GRAPH_REPLAY is on and something is placed (an
@@ -944,49 +945,4 @@ int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err)
     wo_count(WO_CTR_graph_replay_ns, wo_now_ns() - t0);
     wo_capture_graph_replayed(exec);
     return 1;
-}
-
-/* --- exec mutators (hooks) ---------------------------------------------------
- * Forwarded untouched, whatever the nesting; after a success the exec's
- * copy is dropped (its nodes no longer are the graph's). */
-
-#define EXEC_SETTER(name, pfn, PARAMS, ARGS)                                                       \
-    CUresult name(pfn real, int id, void *ra, CUgraphExec e, WO_UNPACK PARAMS)                     \
-    {                                                                                              \
-        CUresult res;                                                                              \
-        (void)ra;                                                                                  \
-        wo_count_call(id);                                                                         \
-        if (WO_UNLIKELY(!real))                                                                    \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
-        res = real(e, WO_UNPACK ARGS);                                                             \
-        if (res == CUDA_SUCCESS)                                                                   \
-            wo_replay_forget((uint64_t)(uintptr_t)e, true);                                        \
-        return res;                                                                                \
-    }
-
-EXEC_SETTER(wo_h_exec_kernel_set_v1, wo_pfn_cuGraphExecKernelNodeSetParams,
-            (CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p), (n, p))
-EXEC_SETTER(wo_h_exec_kernel_set, wo_pfn_cuGraphExecKernelNodeSetParams_v2,
-            (CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS *p), (n, p))
-EXEC_SETTER(wo_h_exec_memcpy_set, wo_pfn_cuGraphExecMemcpyNodeSetParams,
-            (CUgraphNode n, const CUDA_MEMCPY3D *p, CUcontext c), (n, p, c))
-EXEC_SETTER(wo_h_exec_memset_set, wo_pfn_cuGraphExecMemsetNodeSetParams,
-            (CUgraphNode n, const CUDA_MEMSET_NODE_PARAMS *p, CUcontext c), (n, p, c))
-EXEC_SETTER(wo_h_exec_node_set, wo_pfn_cuGraphExecNodeSetParams,
-            (CUgraphNode n, CUgraphNodeParams *p), (n, p))
-EXEC_SETTER(wo_h_exec_node_enable, wo_pfn_cuGraphNodeSetEnabled, (CUgraphNode n, unsigned int on),
-            (n, on))
-
-CUresult wo_h_graph_exec_destroy(wo_pfn_cuGraphExecDestroy real, int id, void *ra, CUgraphExec e)
-{
-    CUresult res;
-    (void)ra;
-
-    wo_count_call(id);
-    if (WO_UNLIKELY(!real))
-        return CUDA_ERROR_NOT_FOUND;
-    res = real(e);
-    if (res == CUDA_SUCCESS)
-        wo_replay_forget((uint64_t)(uintptr_t)e, false);
-    return res;
 }

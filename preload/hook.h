@@ -165,14 +165,21 @@ void wo_capture_note_launch(uint32_t id, uint32_t nhits, uint32_t nwritable);
 /* After a successful begin; the hook raised wo_captures_live before it. */
 void wo_capture_begin(uint64_t stream, int mode);
 void wo_capture_end(uint64_t stream, uint64_t graph, bool ok);
-void wo_capture_instantiated(uint64_t exec, uint64_t graph);
+/* exec runs graph's nodes now (instantiated or updated from it); returns
+ * the capture that recorded graph when its launches reached registered
+ * ranges (else 0), for wo_replay_note. */
+uint32_t wo_capture_instantiated(uint64_t exec, uint64_t graph);
+/* Before a graph launch on stream: a blind launch begun (true: end it
+ * with wo_hook_blind_end) when the streaming executor may have a slot its
+ * graph could make stale. */
+bool wo_capture_graph_launch_begin(uint64_t exec, uint64_t stream);
 void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api);
 /* A graph launch replayed kernel by kernel: counted as a graph launch (the
  * kernels push their own events). */
 void wo_capture_graph_replayed(uint64_t exec);
 void wo_capture_reset(void);
 
-/* --- graph replay (graph-replay.c) ---------------------------------------- */
+/* --- graph replay (graph-replay.c; its hooks are graph-exec.c's) ----------- */
 
 /* exec runs graph's nodes now (instantiated or updated from it); capture:
  * the capture that recorded it, when its launches reached registered

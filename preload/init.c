@@ -22,9 +22,6 @@
 #include "preload/hook.h"
 #include "wo-config.h"
 
-int wo_preload_state;
-__thread int wo_depth __attribute__((tls_model("initial-exec")));
-
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 /* Set while this thread runs init: hooks reached from inside init (the
  * driver's constructors, uvm/ start-up) pass straight through. */
@@ -249,29 +246,4 @@ __attribute__((constructor)) static void preload_ctor(void)
     wo_counters_register_calls(names, wo_hook_calls, WO_NHOOKS + WO_NRT);
     module_loading();
     start_line();
-}
-
-int wo_push_event_prio(struct wo_event *ev, bool low)
-{
-    static __thread uint32_t tid;
-    struct wo_ring *ring = __atomic_load_n(&wo_events, __ATOMIC_ACQUIRE);
-
-    if (!ring)
-        return -ENODEV;
-    /* gettid once per thread: the one syscall the hooks make, amortised. */
-    if (WO_UNLIKELY(!tid))
-        tid = (uint32_t)gettid();
-    ev->t_ns = wo_now_ns();
-    ev->tid = tid;
-    if ((low ? wo_ring_push_low(ring, ev) : wo_ring_push(ring, ev)) < 0) {
-        wo_count(WO_CTR_events_dropped, 1);
-        return -ENOSPC;
-    }
-    wo_count(WO_CTR_events_pushed, 1);
-    return 0;
-}
-
-void wo_push_event(struct wo_event *ev)
-{
-    (void)wo_push_event_prio(ev, false);
 }

@@ -15,6 +15,14 @@
    component of more than one module is printed and fails.
 3. No .c file over MAX_LINES lines in uvm/, preload/, policy/, core/, tools/
    (generated PTX headers are .h and so never counted).
+4. No call circle between the files of the libraries given after
+   --objects (a static or shared library of this build; its objects are
+   read from meson's LIB.p folder with nm): file A -> file B when A's object
+   refers to a symbol B's object defines (a call, or data B defines). This
+   is per file, not per module: the files of one module must stand on one
+   another too (the include rule cannot see these: they share headers).
+   Two kinds of edge are the design and are not counted, each named in
+   ALLOWED_EDGES with why.
 
 KNOWN and KNOWN_CIRCLES list the violations present when the check landed,
 each to be removed by issue 39's remaining steps; they are empty now. The
@@ -24,6 +32,7 @@ a new one under an old name).
 """
 import os
 import re
+import subprocess
 import sys
 
 MAX_LINES = 1000
@@ -35,6 +44,19 @@ PRELOAD_ALLOWED = {"uvm/uvm.h", "uvm/hotpath.h"}
 KNOWN = set()
 # Module sets of include circles at the landing (sorted, joined by ' ').
 KNOWN_CIRCLES = set()
+
+# Edges of rule 4 that are the design: (file, symbol it is referred to by,
+# or None for any; referring file or None for any) -> why.
+ALLOWED_EDGES = {
+    ("preload/init.c", "wo_preload_init_slow", None):
+        "the life cycle: every hook's gate (hook.h) runs the lazy init, which "
+        "sets up and resets the hooks' files",
+    ("preload/exports-driver.c", None, "preload/resolve.c"):
+        "the resolver hands out the exported wrappers' addresses "
+        "(cuGetProcAddress): an address taken, not a call",
+    ("preload/exports-runtime.c", None, "preload/resolve.c"):
+        "as exports-driver.c",
+}
 
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -83,6 +105,47 @@ def uvm_graph(root):
     return graph
 
 
+def allowed(src, dst, sym):
+    for (to, what, frm) in ALLOWED_EDGES:
+        if to == dst and (what is None or what == sym) and (frm is None or frm == src):
+            return True
+    return False
+
+
+def object_graph(libs):
+    """file -> {file: [symbols]} from the libraries' objects (rule 4)."""
+    defs, undef = {}, {}
+    for lib in libs:
+        odir = lib + ".p"
+        if not os.path.isdir(odir):
+            raise SystemExit("test-structure: no object folder %s (meson's LIB.p) "
+                             "for --objects %s" % (odir, lib))
+        folder = os.path.basename(os.path.dirname(lib))
+        for name in sorted(os.listdir(odir)):
+            if not name.endswith(".c.o"):
+                continue
+            src = folder + "/" + name[:-2]
+            out = subprocess.run(["nm", "-P", os.path.join(odir, name)], check=True,
+                                 capture_output=True, text=True).stdout
+            undef[src] = set()
+            for line in out.splitlines():
+                f = line.split()
+                if len(f) < 2:
+                    continue
+                sym, kind = f[0], f[1]
+                if kind == "U":
+                    undef[src].add(sym)
+                elif kind.isupper():
+                    defs.setdefault(sym, src)
+    graph = {src: {} for src in undef}
+    for src, syms in undef.items():
+        for sym in sorted(syms):
+            dst = defs.get(sym)
+            if dst and dst != src and not allowed(src, dst, sym):
+                graph[src].setdefault(dst, []).append(sym)
+    return graph
+
+
 def circles(graph):
     """Strongly connected components of more than one node (Tarjan)."""
     index, low, onstack, stack, out = {}, {}, set(), [], []
@@ -118,7 +181,12 @@ def circles(graph):
 
 
 def main():
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(
+    args = sys.argv[1:]
+    libs = []
+    if "--objects" in args:
+        libs = args[args.index("--objects") + 1:]
+        args = args[:args.index("--objects")]
+    root = args[0] if args else os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..")
     found = set()
     fails = []
@@ -141,6 +209,13 @@ def main():
                      if b in comp]
             fails.append("include circle between uvm/ modules (%d): %s\n    %s"
                          % (len(comp), key, "\n    ".join(edges)))
+
+    calls = object_graph(libs)
+    for comp in circles({a: set(b) for a, b in calls.items()}):
+        edges = ["%s -> %s: %s" % (a, b, ", ".join(calls[a][b][:4]))
+                 for a in comp for b in sorted(calls[a]) if b in comp]
+        fails.append("call circle between files (%d): %s\n    %s"
+                     % (len(comp), " ".join(comp), "\n    ".join(edges)))
 
     for d in LINE_DIRS:
         ddir = os.path.join(root, d)
@@ -168,8 +243,8 @@ def main():
         print("test-structure: " + f)
     if fails:
         return 1
-    print("test-structure: ok (%d uvm modules, %d known violations left)"
-          % (len(graph), len(KNOWN) + len(KNOWN_CIRCLES)))
+    print("test-structure: ok (%d uvm modules, %d files' calls, %d known violations left)"
+          % (len(graph), len(calls), len(KNOWN) + len(KNOWN_CIRCLES)))
     return 0
 
 

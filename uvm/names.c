@@ -430,3 +430,37 @@ void wo_names_free_all(void)
     wo_uvm.names_cap = wo_uvm.nfree_ids = 0;
     wo_uvm.name_hash_size = wo_uvm.nnames = 0;
 }
+
+/* ---- placement counts (under wo_uvm.lock) ------------------------------------ */
+
+/* The bytes and tensors of each placement, from the allocation records:
+ * the stats' and fit's books (internal.h). */
+void wo_place_counts(struct wo_place_counts *c)
+{
+    memset(c, 0, sizeof(*c));
+    for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++) {
+        for (const struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
+            uint64_t tagged = 0;
+            for (size_t k = 0; k < a->ntags; k++) {
+                const struct wo_tag *t = &a->tags[k];
+                tagged += t->size;
+                if (a->kind == WO_KIND_OBSERVED) {
+                    c->unplaceable.bytes += t->size;
+                    c->unplaceable.tensors++;
+                } else if (t->place > WO_PLACE_UNSET && t->place < WO_PLACE_MAX) {
+                    c->by[t->place].bytes += t->size;
+                    c->by[t->place].tensors++;
+                }
+            }
+            if (a->kind == WO_KIND_OBSERVED || tagged >= a->size)
+                continue;
+            if (a->place > WO_PLACE_UNSET && a->place < WO_PLACE_MAX) {
+                c->by[a->place].bytes += a->size - tagged;
+                c->untagged[a->place] += a->size - tagged;
+            } else {
+                c->pending.bytes += a->size - tagged;
+                c->pending.tensors++;
+            }
+        }
+    }
+}

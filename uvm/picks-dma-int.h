@@ -1,6 +1,6 @@
 /* uvm/picks-dma-int.h: the copy engine's state, shared by its copy thread
- * and engine side (uvm/picks-dma.c) and its watchdog (uvm/picks-watch.c).
- * Private to those two files. */
+ * and engine side (uvm/picks-dma.c) and its watchdog (uvm/picks-watch.c);
+ * defined in uvm/picks-dma-state.c. Private to those files. */
 #pragma once
 
 #include <cuda.h>
@@ -117,7 +117,7 @@ struct wo_dma_state {
     unsigned mq[WO_PICKS_SPANS], mhead, mtail;
     struct wo_dma_figs f;
 };
-/* the copy engine's state (uvm/picks-dma.c), under its lock unless said */
+/* the copy engine's state (uvm/picks-dma-state.c), under its lock unless said */
 extern struct wo_dma_state wo_dm;
 
 static inline uint64_t now_ns(void)

@@ -21,12 +21,6 @@
 #include "uvm/stream-pin.h"
 #include "uvm/uvm.h"
 
-struct wo_dma_state wo_dm = {.lock = PTHREAD_MUTEX_INITIALIZER,
-                             .plock = PTHREAD_MUTEX_INITIALIZER,
-                             .cv = PTHREAD_COND_INITIALIZER,
-                             .mcv = PTHREAD_COND_INITIALIZER,
-                             .wcv = PTHREAD_COND_INITIALIZER};
-
 /* ---- the copy thread ------------------------------------------------------- */
 
 /* The flag of stream ix at seq from the host, after the copy stream's
@@ -40,21 +34,6 @@ static void host_flag(unsigned ix, uint32_t seq)
     doing(0, NULL);
     if (!reached(have, seq))
         __atomic_store_n(&wo_dm.flags[ix], seq, __ATOMIC_RELEASE);
-}
-
-/* (uvm/picks-dma-int.h) */
-void wo_dma_picked(const struct slot *sl, uint8_t *pick)
-{
-    const struct wo_picks_copy *c = &sl->j.c;
-
-    memset(pick, 0, c->n_experts);
-    for (uint64_t k = 0; k < c->n_ids; k++) {
-        uint64_t at = c->per_row ? k / c->per_row * c->stride + k % c->per_row : k;
-        int64_t e = c->width == 8 ? ((const int64_t *)sl->ids)[at]
-                                  : (int64_t)((const int32_t *)sl->ids)[at];
-        if (e >= 0 && e < (int64_t)c->n_experts)
-            pick[e] = 1;
-    }
 }
 
 /* One job whose ids are there (ok) or can never be read (!ok: a driver

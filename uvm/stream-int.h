@@ -135,7 +135,7 @@ static inline void add(uint64_t *c, uint64_t n)
     __atomic_add_fetch(c, n, __ATOMIC_RELAXED);
 }
 
-extern struct exec *wo_sx; /* NULL: not built (stream.c) */
+extern struct exec *wo_sx; /* NULL: not built (stream.c builds it; stream-slots.c) */
 
 static inline bool in(const uint32_t *v, unsigned n, uint32_t id)
 {

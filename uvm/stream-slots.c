@@ -13,6 +13,10 @@
 #include "uvm/stream-check.h"
 #include "uvm/stream-pin.h"
 
+/* The executor's state: built and freed by stream.c, read by every file
+ * of it; defined on this floor, which the others stand on. */
+struct exec *wo_sx;
+
 /* ---- driver access ------------------------------------------------------------ */
 
 /* The slots, events and copy stream live in the engine's context (a

@@ -36,7 +36,6 @@
 #include "uvm/stream-check.h"
 #include "uvm/stream-pin.h"
 
-struct exec *wo_sx;
 static bool tried, rescan;
 
 /* ---- ranges ----------------------------------------------------------------- */
