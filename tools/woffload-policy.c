@@ -8,6 +8,7 @@
 
 #include "policy/policy.h"
 #include "tools/policy-fit.h"
+#include "tools/policy-gguf.h"
 
 #define MAX_VARS 64
 
@@ -36,6 +37,8 @@ static void usage(FILE *f)
             "       woffload-policy [--var NAME=VALUE]... explain FILE NAME[:SIZE]... | -\n"
             "       woffload-policy fit --trace T --device SIZE|PCT%% [--keep-free SIZE]\n"
             "                       [--rest host|managed] [--model M] [--policy BASE] [-o OUT]\n"
+            "       woffload-policy gguf MODEL.gguf [POLICY] [--gpu SIZE] [--engine SIZE]\n"
+            "                       [--batch N,...] [--link GBPS] [--list]\n"
             "\n"
             "check    validate each policy; print every error and warning as\n"
             "         file:line:column: severity: message\n"
@@ -45,6 +48,9 @@ static void usage(FILE *f)
             "         NAME[:SIZE] lines from stdin (such as a model's parameter names)\n"
             "fit      the policy the automatic fit (fit:) would use for a recorded run, as\n"
             "         explicit rules, and its predicted step time (fit --help)\n"
+            "gguf     where a policy puts each tensor of a GGUF model (llama.cpp's names), the\n"
+            "         bytes of each placement and a decode step's bytes off the device at each\n"
+            "         batch size, from the file's header (gguf --help)\n"
             "\n"
             "--var NAME=VALUE  value for ${NAME} in the policy (default: the environment;\n"
             "                  RANK, LOCAL_RANK, WORLD_SIZE default to 0, 0, 1)\n"
@@ -245,6 +251,11 @@ int main(int argc, char **argv)
         goto out;
     }
     cmd = argv[optind++];
+    if (strcmp(cmd, "gguf") == 0) {
+        /* its own options (sizes, batches); --var does not apply */
+        status = wo_policy_gguf_main(argc - optind + 1, argv + optind - 1);
+        goto out;
+    }
     if (strcmp(cmd, "fit") == 0) {
         /* its own options (a trace, sizes); --var does not apply */
         status = wo_policy_fit_main(argc - optind, argv + optind);
@@ -295,7 +306,9 @@ int main(int argc, char **argv)
             usage(stdout);
             status = 0;
         } else {
-            fprintf(stderr, "woffload-policy: unknown command '%s', expected check, show, explain or fit\n",
+            fprintf(stderr,
+                    "woffload-policy: unknown command '%s', expected check, show, explain, fit or "
+                    "gguf\n",
                     cmd);
             usage(stderr);
         }

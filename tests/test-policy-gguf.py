@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""tests/test-policy-gguf.py WOFFLOAD_POLICY SRCROOT: `woffload-policy gguf`
+on GGUF files written here (the header as ggml's gguf writer lays it out; the
+data section sparse, so a model of 18 GiB takes no disk).
+
+Checks, each against figures computed here from the shape:
+- a Qwen3-MoE-like file (128 experts top-8, quantized and bf16 tensors,
+  metadata with a string array as a tokenizer's): the bytes of each
+  placement under examples/llamacpp-ot-exps-cpu.yaml and
+  examples/llamacpp-n-cpu-moe.yaml, the bytes a decode step reads off the
+  device at batch 1, 8 and 32, and the names --list prints;
+- no policy: everything on the device, nothing read off it;
+- fit: (examples/llamacpp-fit.yaml with --gpu): what fit puts on the device
+  stays within its budget, routed experts go last, and without --gpu it asks
+  for it;
+- bad files: each gets exit 2 and a message naming the file, the byte and
+  what was expected: not GGUF, version 1, a key length past any sane size,
+  more tensors than the bytes left can describe, a tensor of an unknown
+  type, a file cut short of its data, a row not a whole number of blocks;
+  bad options the same.
+"""
+import os
+import re
+import struct
+import subprocess
+import sys
+import tempfile
+
+TOOL, SRC = sys.argv[1], sys.argv[2]
+fails = []
+
+# ggml types used here: id, elements a block, bytes a block
+F32, BF16, Q4_K, Q8_0 = (0, 1, 4), (30, 1, 2), (12, 256, 144), (8, 32, 34)
+
+
+def s(b):
+    b = b.encode() if isinstance(b, str) else b
+    return struct.pack("<Q", len(b)) + b
+
+
+def kv_str(k, v):
+    return s(k) + struct.pack("<I", 8) + s(v)
+
+
+def kv_u32(k, v):
+    return s(k) + struct.pack("<II", 4, v)
+
+
+def kv_str_array(k, vals):
+    return s(k) + struct.pack("<IIQ", 9, 8, len(vals)) + b"".join(s(v) for v in vals)
+
+
+def nbytes(ne, t):
+    n = 1
+    for d in ne:
+        n *= d
+    return n // t[1] * t[2]
+
+
+def write(path, tensors, kvs, version=3, magic=b"GGUF", cut=0, align=32):
+    """tensors: (name, ne, type); data laid out in order, each aligned."""
+    head = magic + struct.pack("<IQQ", version, len(tensors), len(kvs)) + b"".join(kvs)
+    off = 0
+    infos = b""
+    for name, ne, t in tensors:
+        infos += s(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        infos += struct.pack("<IQ", t[0], off)
+        off += (nbytes(ne, t) + align - 1) // align * align
+    head += infos
+    start = (len(head) + align - 1) // align * align
+    with open(path, "wb") as f:
+        f.write(head)
+        f.truncate(start + off - cut)
+
+
+def run(*args):
+    p = subprocess.run([TOOL, "gguf"] + list(args), capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+def check(cond, what):
+    if not cond:
+        fails.append(what)
+
+
+def size_of(out, label):
+    """bytes of a placement line: '  host   144 tensors   18.00 GiB'"""
+    m = re.search(r"^  %s\s+(\d+) tensors\s+([\d.]+) (B|KiB|MiB|GiB|TiB)$" % label, out, re.M)
+    if not m:
+        return None, None
+    mult = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}[m.group(3)]
+    return int(m.group(1)), float(m.group(2)) * mult
+
+
+def close(a, b, rel=0.006):
+    return a is not None and abs(a - b) <= rel * max(abs(b), 1)
+
+
+# A Qwen3-30B-A3B-like layer (hidden 2048, 128 experts top-8, expert FFN 768),
+# 16 layers; experts q4_K, attention q8_0, norms f32, embeddings bf16.
+D, E, K, FF, L, V = 2048, 128, 8, 768, 16, 151936
+tensors = [("token_embd.weight", [D, V], BF16)]
+for i in range(L):
+    b = "blk.%d." % i
+    tensors += [
+        (b + "attn_norm.weight", [D], F32),
+        (b + "attn_q.weight", [D, 4096], Q8_0),
+        (b + "attn_k.weight", [D, 512], Q8_0),
+        (b + "attn_v.weight", [D, 512], Q8_0),
+        (b + "attn_output.weight", [4096, D], Q8_0),
+        (b + "ffn_norm.weight", [D], F32),
+        (b + "ffn_gate_inp.weight", [D, E], F32),
+        (b + "ffn_gate_exps.weight", [D, FF, E], Q4_K),
+        (b + "ffn_up_exps.weight", [D, FF, E], Q4_K),
+        (b + "ffn_down_exps.weight", [FF, D, E], Q4_K),
+    ]
+tensors += [("output_norm.weight", [D], F32), ("output.weight", [D, V], Q8_0)]
+kvs = [kv_str("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count", L),
+       kv_u32("qwen3moe.expert_count", E), kv_u32("qwen3moe.expert_used_count", K),
+       kv_str_array("tokenizer.ggml.tokens", ["t%d" % i for i in range(1000)])]
+
+exps = [t for t in tensors if "_exps" in t[0]]
+exp_bytes = sum(nbytes(ne, t) for _, ne, t in exps)
+all_bytes = sum(nbytes(ne, t) for _, ne, t in tensors)
+emb_row = nbytes([D, V], BF16) / V
+
+with tempfile.TemporaryDirectory() as tmp:
+    model = os.path.join(tmp, "moe.gguf")
+    write(model, tensors, kvs)
+    ot = os.path.join(SRC, "examples", "llamacpp-ot-exps-cpu.yaml")
+
+    rc, out, err = run(model, ot, "--batch", "1,8,32", "--list")
+    check(rc == 0, "ot: exit %d: %s" % (rc, err))
+    check("qwen3moe, 16 layers, 128 experts top-8" in out, "ot: header:\n" + out[:400])
+    n, b = size_of(out, "host")
+    check(n == len(exps) and close(b, exp_bytes), "ot: host %s %s, expected %d %d" % (n, b, len(exps), exp_bytes))
+    n, b = size_of(out, "device")
+    check(n == len(tensors) - len(exps) and close(b, all_bytes - exp_bytes), "ot: device %s %s" % (n, b))
+    for bsz in (1, 8, 32):
+        want = exp_bytes * (1 - (1 - K / E) ** bsz)
+        m = re.search(r"^  batch %-5d\s+([\d.]+) (MiB|GiB)\s+([\d.]+) ms" % bsz, out, re.M)
+        got = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
+        check(close(got, want), "ot: batch %d reads %s, expected %.0f" % (bsz, got, want))
+        ms = float(m.group(3)) if m else None
+        check(ms is not None and abs(ms - want / 55e9 * 1e3) < 0.15, "ot: batch %d %s ms, expected %.1f" % (bsz, ms, want / 55e9 * 1e3))
+    check(re.search(r"blk\.3\.ffn_down_exps\.weight\s+q4_K\s+%d host\s+rule 1 'exps'" % nbytes([FF, D, E], Q4_K), out),
+          "ot: --list line of blk.3.ffn_down_exps")
+    check(re.search(r"token_embd\.weight\s+bf16\s+%d device\s+the default" % nbytes([D, V], BF16), out),
+          "ot: --list line of token_embd")
+
+    # --n-cpu-moe 8 as a policy: the experts of layers 0-7
+    rc, out, err = run(model, os.path.join(SRC, "examples", "llamacpp-n-cpu-moe.yaml"))
+    n, b = size_of(out, "host")
+    check(rc == 0 and n == len(exps) // 2 and close(b, exp_bytes / 2), "n-cpu-moe: host %s %s: %s" % (n, b, err))
+
+    # no policy: all on the device, nothing read off it
+    rc, out, err = run(model, "--batch", "8")
+    n, b = size_of(out, "device")
+    check(rc == 0 and n == len(tensors) and close(b, all_bytes), "none: device %s %s: %s" % (n, b, err))
+    check(re.search(r"^  batch 8\s+0 B\s+0\.0 ms$", out, re.M), "none: nothing read off the device:\n" + out)
+
+    # fit: within its budget, experts last
+    fitp = os.path.join(SRC, "examples", "llamacpp-fit.yaml")
+    rc, out, err = run(model, fitp)
+    check(rc == 2 and "--gpu" in err, "fit without --gpu: exit %d, %s" % (rc, err))
+    rc, out, err = run(model, fitp, "--gpu", "8GiB", "--engine", "1GiB", "--list")
+    check(rc == 0, "fit: exit %d: %s" % (rc, err))
+    m = re.search(r"^fit: ([\d.]+) (MiB|GiB) of weights on the device: the budget ([\d.]+) (MiB|GiB)", out, re.M)
+    check(m is not None, "fit: no fit line:\n" + out[:600])
+    if m:
+        dev = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30))
+        budget = float(m.group(3)) * (1 << (20 if m.group(4) == "MiB" else 30))
+        check(0 < dev <= budget * 1.001, "fit: %.0f on the device, budget %.0f" % (dev, budget))
+        n, b = size_of(out, "device")
+        check(close(b, dev), "fit: placement device %s, fit line %s" % (b, dev))
+    # every non-expert tensor but the embedding went before any expert
+    rows = re.findall(r"^  (\S+)\s+\S+\s+\d+ (device|host|managed)\s", out, re.M)
+    ondev_exp = [n for n, p in rows if "_exps" in n and p == "device"]
+    offdev_other = [n for n, p in rows if "_exps" not in n and n != "token_embd.weight" and p != "device"]
+    check(not (ondev_exp and offdev_other), "fit: experts on the device while %s is not" % offdev_other[:1])
+
+    # bad files and options
+    def bad(name, want, **kw):
+        p = os.path.join(tmp, name + ".gguf")
+        write(p, kw.pop("t", tensors), kw.pop("k", kvs), **kw)
+        rc, out, err = run(p)
+        check(rc == 2 and p in err and re.search(want, err), "%s: exit %d, %s" % (name, rc, err.strip()))
+
+    bad("magic", r"at byte 0: not a GGUF file", magic=b"GGML")
+    bad("v1", r"at byte 8: GGUF version 1, expected 2 or 3", version=1)
+    bad("cut", r"tensor 'output\.weight' .*ends past the file's end.*cut short", cut=4096)
+    bad("type", r"tensor 'x' has ggml type 4, which this reader does not know", t=[("x", [32], (4, 32, 20))])
+    bad("block", r"tensor 'x': 100 elements a row, expected a multiple of its type's block of 256", t=[("x", [100], Q4_K)])
+    p = os.path.join(tmp, "key.gguf")
+    with open(p, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 9 << 30) + b"xyz" + bytes(16))
+    rc, out, err = run(p)
+    check(rc == 2 and re.search(r"at byte 32: a key of 9663676416 bytes, expected at most 65536", err),
+          "key: exit %d, %s" % (rc, err.strip()))
+    p = os.path.join(tmp, "count.gguf")
+    with open(p, "wb") as f:
+        f.write(b"GGUF" + struct.pack("<IQQ", 3, 1000, 0) + bytes(64))
+    rc, out, err = run(p)
+    check(rc == 2 and re.search(r"at byte 24: 0 metadata pairs and 1000 tensors cannot fit in the 64 bytes left", err),
+          "count: exit %d, %s" % (rc, err.strip()))
+    rc, out, err = run(os.path.join(tmp, "absent.gguf"))
+    check(rc == 2 and "absent.gguf" in err and "cannot open" in err, "absent: %s" % err.strip())
+    for args, want in ((["--batch", "0"], "--batch '0'"), (["--gpu", "lots"], "--gpu 'lots'"),
+                       (["--link", "-3"], "--link '-3'"), ([], "expected MODEL.gguf")):
+        rc, out, err = run(*(args + ([model] if args else [])))
+        check(rc == 2 and want in err, "option %s: exit %d, %s" % (args, rc, err.strip()))
+
+for f in fails:
+    print("test-policy-gguf: FAIL " + f)
+print("test-policy-gguf: %s" % ("ok" if not fails else "%d failed" % len(fails)))
+sys.exit(1 if fails else 0)

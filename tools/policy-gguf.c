@@ -1,0 +1,341 @@
+/* tools/policy-gguf.c: `woffload-policy gguf`: where a policy puts each
+ * tensor of a GGUF model, before it is loaded. The names and bytes come
+ * from the file's header (tools/gguf.c): they are the names the ggml hook
+ * tags llama.cpp's tensors with, announced before their bytes, so `fit:`
+ * sees all of them at seal as it does here. The matching is policy/'s,
+ * fit's choice policy/fit.c's (by tensor kind: a GGUF says nothing of how
+ * often a tensor is read). Then the bytes a decode step reads off the
+ * device at a few batch sizes, with a uniform router, and the time they
+ * take at the link's rate: the bound a placement can reach. */
+#include "tools/policy-gguf.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "policy/policy.h"
+#include "tools/gguf.h"
+
+#define MAX_BATCHES 16
+#define LINK_GBPS 55.0 /* the copy engine's rate on the lent H100 and H200 (device-facts) */
+
+struct gargs {
+    const char *gguf, *policy;
+    uint64_t gpu, engine;
+    bool has_gpu, list;
+    double link;
+    unsigned nb;
+    unsigned batch[MAX_BATCHES];
+};
+
+static void gguf_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: woffload-policy gguf MODEL.gguf [POLICY] [--gpu SIZE] [--engine SIZE]\n"
+            "                            [--batch N[,N...]] [--link GBPS] [--list]\n"
+            "Where POLICY puts each tensor of MODEL.gguf (by the GGUF names the ggml hook\n"
+            "tags llama.cpp's tensors with), the bytes each placement holds, and the bytes a\n"
+            "decode step reads off the device at each batch size (a uniform router) with the\n"
+            "time they take at the link's rate. Reads the file's header only.\n"
+            "  POLICY          a policy file (none: every tensor on the device)\n"
+            "  --gpu SIZE      the GPU's memory, for a policy with fit: (its N%% and its budget)\n"
+            "  --engine SIZE   device memory the engine holds beside the weights (KV cache,\n"
+            "                  compute buffers: llama.cpp's log says them); default 0\n"
+            "  --batch LIST    decode batch sizes (default 1,8,32)\n"
+            "  --link GBPS     host-to-device rate for the bound (default 55, the copy engine's)\n"
+            "  --list          one line a tensor: name, type, bytes, placement, rule\n"
+            "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
+}
+
+static int parse_batches(struct gargs *a, const char *s)
+{
+    char *end;
+
+    a->nb = 0;
+    while (*s) {
+        unsigned long v = strtoul(s, &end, 10);
+        if (end == s || v == 0 || v > 65536 || a->nb == MAX_BATCHES || (*end && *end != ','))
+            return -1;
+        a->batch[a->nb++] = (unsigned)v;
+        s = *end ? end + 1 : end;
+    }
+    return a->nb ? 0 : -1;
+}
+
+static int parse_args(int argc, char **argv, struct gargs *a)
+{
+    static const struct option opts[] = {
+        {"gpu", required_argument, NULL, 'g'},
+        {"engine", required_argument, NULL, 'e'},
+        {"batch", required_argument, NULL, 'b'},
+        {"link", required_argument, NULL, 'l'},
+        {"list", no_argument, NULL, 'L'},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    int c;
+
+    *a = (struct gargs){.link = LINK_GBPS, .nb = 3, .batch = {1, 8, 32}};
+    optind = 0; /* GNU getopt starts afresh (main's own parse came before) */
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        char *end;
+        switch (c) {
+        case 'g':
+        case 'e':
+            if (wo_parse_size(optarg, c == 'g' ? &a->gpu : &a->engine) != 0) {
+                fprintf(stderr,
+                        "woffload-policy gguf: --%s '%s': expected a size such as 80GiB "
+                        "or 512MiB\n",
+                        c == 'g' ? "gpu" : "engine", optarg);
+                return 2;
+            }
+            a->has_gpu |= c == 'g';
+            break;
+        case 'b':
+            if (parse_batches(a, optarg) != 0) {
+                fprintf(stderr,
+                        "woffload-policy gguf: --batch '%s': expected batch sizes 1-65536 "
+                        "separated by commas (at most %d), such as 1,8,32\n",
+                        optarg, MAX_BATCHES);
+                return 2;
+            }
+            break;
+        case 'l':
+            a->link = strtod(optarg, &end);
+            if (end == optarg || *end || !(a->link > 0) || a->link > 1e6) {
+                fprintf(stderr,
+                        "woffload-policy gguf: --link '%s': expected GB/s above 0, such "
+                        "as 55\n",
+                        optarg);
+                return 2;
+            }
+            break;
+        case 'L':
+            a->list = true;
+            break;
+        case 'h':
+            gguf_usage(stdout);
+            return 0;
+        default:
+            gguf_usage(stderr);
+            return 2;
+        }
+    }
+    if (argc - optind < 1 || argc - optind > 2) {
+        fprintf(stderr, "woffload-policy gguf: expected MODEL.gguf and at most one POLICY\n");
+        gguf_usage(stderr);
+        return 2;
+    }
+    a->gguf = argv[optind];
+    a->policy = argc - optind == 2 ? argv[optind + 1] : NULL;
+    return -1;
+}
+
+static const char *place_name(enum wo_placement p)
+{
+    return p == WO_PLACE_HOST ? "host" : p == WO_PLACE_MANAGED ? "managed" : "device";
+}
+
+/* The bytes of t a decode step of b tokens reads: an expert tensor's
+ * experts the router picks (uniform: 1 - (1 - k/E)^b of them; all when the
+ * file does not say k and E), a token embedding's b rows, the rest whole. */
+static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t, unsigned b)
+{
+    if (wo_gguf_is_experts(t->name) && g->expert_count && g->expert_used &&
+        g->expert_used <= g->expert_count)
+        return (double)t->bytes *
+               (1.0 - pow(1.0 - (double)g->expert_used / (double)g->expert_count, (double)b));
+    if (strncmp(t->name, "token_embd.", 11) == 0 && t->n_dims >= 2 && t->ne[1])
+        return (double)t->bytes / (double)t->ne[1] * fmin((double)b, (double)t->ne[1]);
+    return (double)t->bytes;
+}
+
+/* fit's choice at seal from every name (the ggml hook announces them
+ * before their bytes): out[i] set for each tensor; prints its budget line. */
+static int fit_choose(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
+                      const long *rule, enum wo_placement *out)
+{
+    const struct wo_fit *fit = &wo_policy_globals(p)->fit;
+    struct wo_fit_item *v = calloc(g->n ? g->n : 1, sizeof(*v));
+    uint64_t budget, reserve, charged;
+    char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32];
+
+    if (!v)
+        return -ENOMEM;
+    budget = wo_fit_budget(fit, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
+    reserve = wo_fit_reserve(fit, budget);
+    for (size_t i = 0; i < g->n; i++)
+        v[i] = (struct wo_fit_item){.name = g->t[i].name,
+                                    .size = g->t[i].bytes,
+                                    .weight = -1,
+                                    .fixed = rule[i] >= 0 ? out[i] : WO_PLACE_UNSET,
+                                    .movable = true};
+    charged = wo_fit_choose(fit, v, g->n, budget - reserve);
+    for (size_t i = 0; i < g->n; i++)
+        out[i] = v[i].out;
+    printf(
+        "fit: %s of weights on the device: the budget %s (the fit size of the GPU's %s, less the "
+        "engine's %s, at most its free memory less keep_free %s) less the reserve %s; by "
+        "tensor kind, as at seal (docs/placement.md, fit), before the room fit keeps for "
+        "staging when the run streams\n",
+        wo_format_size(charged, s1, sizeof(s1)), wo_format_size(budget, s2, sizeof(s2)),
+        wo_format_size(a->gpu, s3, sizeof(s3)), wo_format_size(a->engine, s4, sizeof(s4)),
+        wo_format_size(fit->keep_free, s5, sizeof(s5)), wo_format_size(reserve, s6, sizeof(s6)));
+    free(v);
+    return 0;
+}
+
+static void header(const char *path, const struct wo_gguf *g)
+{
+    uint64_t all = 0, exps = 0, nexps = 0;
+    char s1[32], s2[32];
+
+    for (size_t i = 0; i < g->n; i++) {
+        all += g->t[i].bytes;
+        if (wo_gguf_is_experts(g->t[i].name)) {
+            exps += g->t[i].bytes;
+            nexps++;
+        }
+    }
+    printf("%s: GGUF v%" PRIu32 ", %s", path, g->version, g->arch ? g->arch : "no architecture");
+    if (g->block_count)
+        printf(", %" PRIu64 " layers", g->block_count);
+    if (g->expert_count)
+        printf(", %" PRIu64 " experts", g->expert_count);
+    if (g->expert_used)
+        printf(" top-%" PRIu64, g->expert_used);
+    printf("; %zu tensors, %s", g->n, wo_format_size(all, s1, sizeof(s1)));
+    if (nexps)
+        printf(" (routed experts %s in %" PRIu64 " tensors)", wo_format_size(exps, s2, sizeof(s2)),
+               nexps);
+    printf("\n");
+}
+
+static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out)
+{
+    char s1[32];
+
+    printf("a decode step off the device (%s; at %.0f GB/s):\n",
+           g->expert_count && g->expert_used ? "a uniform router's picks"
+                                             : "experts read whole: the file gives no top-k",
+           a->link);
+    for (unsigned k = 0; k < a->nb; k++) {
+        double bytes = 0;
+        for (size_t i = 0; i < g->n; i++)
+            if (out[i] != WO_PLACE_DEVICE)
+                bytes += step_bytes(g, &g->t[i], a->batch[k]);
+        double s = bytes / (a->link * 1e9);
+        printf("  batch %-5u %10s  %8.1f ms", a->batch[k],
+               wo_format_size((uint64_t)bytes, s1, sizeof(s1)), s * 1e3);
+        if (s > 0)
+            printf("  (the link allows at most %.1f tok/s)", a->batch[k] / s);
+        printf("\n");
+    }
+}
+
+int wo_policy_gguf_main(int argc, char **argv)
+{
+    struct gargs a;
+    struct wo_gguf g;
+    struct wo_policy *p = NULL;
+    struct wo_diags diags = {0};
+    struct wo_rule_counts *counts = NULL;
+    struct wo_host_budget hb;
+    enum wo_placement *out = NULL;
+    long *rule = NULL;
+    char err[512], s1[32];
+    int status = parse_args(argc, argv, &a);
+
+    if (status >= 0)
+        return status;
+    if (wo_gguf_read(a.gguf, &g, err, sizeof(err)) != 0) {
+        fprintf(stderr, "woffload-policy gguf: %s\n", err);
+        return 2;
+    }
+    status = 2;
+    if (a.policy && wo_policy_load_file(a.policy, NULL, &p, &diags) != 0) {
+        wo_diags_print(&diags, stderr);
+        goto out;
+    }
+    wo_diags_print(&diags, stderr);
+    if (p && wo_policy_globals(p)->fit.enabled && !a.has_gpu) {
+        fprintf(stderr,
+                "woffload-policy gguf: %s has fit:, whose budget needs the GPU's memory: "
+                "give --gpu SIZE (such as 141GB)\n",
+                a.policy);
+        goto out;
+    }
+    out = calloc(g.n ? g.n : 1, sizeof(*out));
+    rule = calloc(g.n ? g.n : 1, sizeof(*rule));
+    counts = calloc(wo_policy_nrules(p) + 1, sizeof(*counts));
+    if (!out || !rule || !counts) {
+        fprintf(stderr, "woffload-policy gguf: out of memory\n");
+        status = 1;
+        goto out;
+    }
+    header(a.gguf, &g);
+    wo_host_budget_init(&hb, p);
+    for (size_t i = 0; i < g.n; i++) {
+        struct wo_match m = {.rule = -1, .place = WO_PLACE_DEVICE};
+        if (p)
+            wo_policy_match(p, g.t[i].name, g.t[i].bytes, &m);
+        rule[i] = m.rule;
+        out[i] = m.place;
+        /* host_budget: in the engine's order (a GGUF's is llama.cpp's) */
+        if (out[i] == WO_PLACE_HOST && !wo_host_budget_take(&hb, g.t[i].bytes))
+            out[i] = WO_PLACE_DEVICE;
+    }
+    if (p && wo_policy_globals(p)->fit.enabled && fit_choose(&a, p, &g, rule, out) != 0) {
+        status = 1;
+        goto out;
+    }
+    for (size_t i = 0; i < g.n; i++) {
+        size_t r = rule[i] >= 0 ? (size_t)rule[i] : wo_policy_nrules(p);
+        counts[r].names++;
+        counts[r].bytes += g.t[i].bytes;
+    }
+    if (p) {
+        printf("rules of %s:\n", a.policy);
+        wo_policy_print_counts(p, counts, stdout);
+    }
+    {
+        uint64_t by[3] = {0}, nb[3] = {0};
+        for (size_t i = 0; i < g.n; i++) {
+            unsigned k = out[i] == WO_PLACE_HOST ? 1 : out[i] == WO_PLACE_MANAGED ? 2 : 0;
+            by[k] += g.t[i].bytes;
+            nb[k]++;
+        }
+        printf("placement:\n");
+        for (unsigned k = 0; k < 3; k++)
+            printf("  %-8s %6" PRIu64 " tensors %12s\n",
+                   k == 0   ? "device"
+                   : k == 1 ? "host"
+                            : "managed",
+                   nb[k], wo_format_size(by[k], s1, sizeof(s1)));
+    }
+    if (a.list)
+        for (size_t i = 0; i < g.n; i++) {
+            const char *tn = "?";
+            char lab[200];
+            wo_gguf_type(g.t[i].type, &tn, NULL, NULL);
+            printf("  %-48s %-8s %12" PRIu64 " %-8s %s\n", g.t[i].name, tn, g.t[i].bytes,
+                   place_name(out[i]),
+                   p ? wo_policy_rule_label(p, rule[i] >= 0 ? (size_t)rule[i] : wo_policy_nrules(p),
+                                            lab, sizeof(lab))
+                     : "no policy");
+        }
+    bounds(&a, &g, out);
+    status = 0;
+out:
+    free(out);
+    free(rule);
+    free(counts);
+    wo_diags_clear(&diags);
+    wo_policy_free(p);
+    wo_gguf_free(&g);
+    return status;
+}
