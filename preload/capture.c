@@ -26,7 +26,6 @@
 
 #include "core/log.h"
 #include "preload/hook.h"
-#include "preload/redirect.h"
 #include "uvm/hotpath.h"
 
 #define CAP_SLOTS 64
