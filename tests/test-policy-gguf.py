@@ -7,7 +7,8 @@ Checks, each against figures computed here from the shape:
 - a Qwen3-MoE-like file (128 experts top-8, quantized and bf16 tensors,
   metadata with a string array as a tokenizer's): the bytes of each
   placement under examples/llamacpp-ot-exps-cpu.yaml and
-  examples/llamacpp-n-cpu-moe.yaml, the bytes a decode step reads off the
+  examples/llamacpp-n-cpu-moe.yaml, the staging a run would add (slots of
+  the largest off-device tensor), the bytes a decode step reads off the
   device at batch 1, 8 and 32, and the names --list prints;
 - no policy: everything on the device, nothing read off it;
 - fit: (examples/llamacpp-fit.yaml with --gpu): what fit puts on the device
@@ -143,6 +144,9 @@ with tempfile.TemporaryDirectory() as tmp:
         check(close(got, want), "ot: batch %d reads %s, expected %.0f" % (bsz, got, want))
         ms = float(m.group(3)) if m else None
         check(ms is not None and abs(ms - want / 55e9 * 1e3) < 0.15, "ot: batch %d %s ms, expected %.1f" % (bsz, ms, want / 55e9 * 1e3))
+    largest = max(nbytes(ne, t) for _, ne, t in exps)
+    check("up to 4 slots of the largest tensor off the device, %.2f MiB (%.2f MiB in all" % (largest / 2**20, 4 * largest / 2**20) in out,
+          "ot: the staging line:\n" + out)
     check(re.search(r"blk\.3\.ffn_down_exps\.weight\s+q4_K\s+%d host\s+rule 1 'exps'" % nbytes([FF, D, E], Q4_K), out),
           "ot: --list line of blk.3.ffn_down_exps")
     check(re.search(r"token_embd\.weight\s+bf16\s+%d device\s+the default" % nbytes([D, V], BF16), out),

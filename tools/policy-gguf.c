@@ -237,6 +237,29 @@ static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo
     }
 }
 
+/* The device memory a run adds beside the weights when it stages: slots
+ * of at most the largest tensor off the device (docs/prefetch.md, Slots),
+ * picked copies' buffers two of it (docs/placement.md, Picked experts). */
+static void staging(const struct wo_policy *p, const struct wo_gguf *g,
+                    const enum wo_placement *out)
+{
+    uint64_t largest = 0;
+    unsigned slots = wo_policy_globals(p)->prefetch.slots;
+    char s1[32], s2[32], s3[32];
+
+    for (size_t i = 0; i < g->n; i++)
+        if (out[i] != WO_PLACE_DEVICE && g->t[i].bytes > largest)
+            largest = g->t[i].bytes;
+    if (!largest)
+        return;
+    printf("staging beside them, when the run stages: up to %u slots of the largest tensor off "
+           "the device, %s (%s in all; prefetch.slots), and picked copies' buffers up to 2 x %s "
+           "(%s)\n",
+           slots, wo_format_size(largest, s1, sizeof(s1)),
+           wo_format_size(largest * slots, s2, sizeof(s2)), s1,
+           wo_format_size(largest * 2, s3, sizeof(s3)));
+}
+
 int wo_policy_gguf_main(int argc, char **argv)
 {
     struct gargs a;
@@ -317,6 +340,7 @@ int wo_policy_gguf_main(int argc, char **argv)
                             : "managed",
                    nb[k], wo_format_size(by[k], s1, sizeof(s1)));
     }
+    staging(p, &g, out);
     if (a.list)
         for (size_t i = 0; i < g.n; i++) {
             const char *tn = "?";
