@@ -59,8 +59,8 @@ static bool small_comp(const char *c, size_t len)
 static bool embed_comp(const char *c, size_t len)
 {
     return is(c, len, "embed_tokens") || is(c, len, "wte") || is(c, len, "wpe") ||
-           is(c, len, "tok_embeddings") || is(c, len, "token_embd") ||
-           is(c, len, "word_embeddings") || is(c, len, "embed_in");
+           is(c, len, "tok_embeddings") || is(c, len, "word_embeddings") ||
+           is(c, len, "embed_in");
 }
 
 static bool shared_comp(const char *c, size_t len)
@@ -92,6 +92,12 @@ int wo_fit_class(const char *name)
 {
     if (!name)
         return 2;
+    /* llama.cpp keeps its input layer (token_embd) in a CPU buffer, never
+     * the GPU's: a `token_embd.weight` in device memory is the output head
+     * of a model with tied embeddings (its loader's TENSOR_DUPLICATED copy,
+     * named as the input), which every step reads whole */
+    if (strcmp(name, "token_embd.weight") == 0)
+        return 3;
     if (any_component(name, small_comp))
         return 0;
     if (any_component(name, embed_comp))

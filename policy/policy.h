@@ -314,7 +314,9 @@ uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uin
  * (q/k/v/o, qkv, attn, self_attn); 2 shared experts and dense MLPs; 3 lm_head /
  * output projection; 4 routed experts (mlp.experts., block_sparse_moe.experts,
  * ffn_*_exps); 5 token embeddings (embed_tokens, wte, tok_embeddings: a step
- * reads only its tokens' rows, so host costs little). Unknown: 2. NULL: 2. */
+ * reads only its tokens' rows, so host costs little). llama.cpp's
+ * `token_embd.weight` is 3: the one the shim sees is the tied output head
+ * (policy/fit.c). Unknown: 2. NULL: 2. */
 int wo_fit_class(const char *name);
 #define WO_FIT_CLASS_EXPERTS 4 /* wo_fit_class of routed experts */
 

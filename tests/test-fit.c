@@ -56,7 +56,9 @@ static void classes_of_real_names(void **state)
         {"transformer.h.0.mlp.c_fc.weight", 2},
         {"transformer.ln_f.weight", 0},
         /* llama.cpp (GGUF) */
-        {"token_embd.weight", 5},
+        /* in device memory, the tied output head (its input layer is in a
+         * CPU buffer): read whole each step */
+        {"token_embd.weight", 3},
         {"blk.3.attn_q.weight", 1},
         {"blk.3.attn_norm.weight", 0},
         {"blk.3.ffn_gate_inp.weight", 0},

@@ -122,8 +122,10 @@ kvs = [kv_str("general.architecture", "qwen3moe"), kv_u32("qwen3moe.block_count"
 
 exps = [t for t in tensors if "_exps" in t[0]]
 exp_bytes = sum(nbytes(ne, t) for _, ne, t in exps)
-all_bytes = sum(nbytes(ne, t) for _, ne, t in tensors)
-emb_row = nbytes([D, V], BF16) / V
+emb_bytes = nbytes([D, V], BF16)
+# llama.cpp keeps token_embd (its input layer) in a CPU buffer: not in the GPU's
+gpu = [t for t in tensors if t[0] != "token_embd.weight"]
+all_bytes = sum(nbytes(ne, t) for _, ne, t in gpu)
 
 with tempfile.TemporaryDirectory() as tmp:
     model = os.path.join(tmp, "moe.gguf")
@@ -136,7 +138,9 @@ with tempfile.TemporaryDirectory() as tmp:
     n, b = size_of(out, "host")
     check(n == len(exps) and close(b, exp_bytes), "ot: host %s %s, expected %d %d" % (n, b, len(exps), exp_bytes))
     n, b = size_of(out, "device")
-    check(n == len(tensors) - len(exps) and close(b, all_bytes - exp_bytes), "ot: device %s %s" % (n, b))
+    check(n == len(gpu) - len(exps) and close(b, all_bytes - exp_bytes), "ot: device %s %s" % (n, b))
+    check("in llama.cpp's CPU buffer whatever the policy (its input layer): 1 tensors, %.2f MiB" % (emb_bytes / 2**20) in out,
+          "ot: the input layer's line:\n" + out[:600])
     for bsz in (1, 8, 32):
         want = exp_bytes * (1 - (1 - K / E) ** bsz)
         m = re.search(r"^  batch %-5d\s+([\d.]+) (MiB|GiB)\s+([\d.]+) ms" % bsz, out, re.M)
@@ -149,8 +153,7 @@ with tempfile.TemporaryDirectory() as tmp:
           "ot: the staging line:\n" + out)
     check(re.search(r"blk\.3\.ffn_down_exps\.weight\s+q4_K\s+%d host\s+rule 1 'exps'" % nbytes([FF, D, E], Q4_K), out),
           "ot: --list line of blk.3.ffn_down_exps")
-    check(re.search(r"token_embd\.weight\s+bf16\s+%d device\s+the default" % nbytes([D, V], BF16), out),
-          "ot: --list line of token_embd")
+    check("token_embd.weight" not in out.split("placement:")[1], "ot: token_embd listed as in the GPU's buffer")
 
     # --n-cpu-moe 8 as a policy: the experts of layers 0-7
     rc, out, err = run(model, os.path.join(SRC, "examples", "llamacpp-n-cpu-moe.yaml"))
@@ -160,7 +163,7 @@ with tempfile.TemporaryDirectory() as tmp:
     # no policy: all on the device, nothing read off it
     rc, out, err = run(model, "--batch", "8")
     n, b = size_of(out, "device")
-    check(rc == 0 and n == len(tensors) and close(b, all_bytes), "none: device %s %s: %s" % (n, b, err))
+    check(rc == 0 and n == len(gpu) and close(b, all_bytes), "none: device %s %s: %s" % (n, b, err))
     check(re.search(r"^  batch 8\s+0 B\s+0\.0 ms$", out, re.M), "none: nothing read off the device:\n" + out)
 
     # fit: within its budget, experts last
@@ -180,8 +183,37 @@ with tempfile.TemporaryDirectory() as tmp:
     # every non-expert tensor but the embedding went before any expert
     rows = re.findall(r"^  (\S+)\s+\S+\s+\d+ (device|host|managed)\s", out, re.M)
     ondev_exp = [n for n, p in rows if "_exps" in n and p == "device"]
-    offdev_other = [n for n, p in rows if "_exps" not in n and n != "token_embd.weight" and p != "device"]
+    offdev_other = [n for n, p in rows if "_exps" not in n and p != "device"]
     check(not (ondev_exp and offdev_other), "fit: experts on the device while %s is not" % offdev_other[:1])
+
+    # tied embeddings (no output.weight): llama.cpp's output layer on the GPU
+    # holds a copy of token_embd.weight under that name, read whole each step;
+    # fit keeps it with the heads, before any routed expert
+    tied = os.path.join(tmp, "tied.gguf")
+    write(tied, [x for x in tensors if x[0] != "output.weight"], kvs)
+    rc, out, err = run(tied, fitp, "--gpu", "8GiB", "--engine", "1GiB", "--list", "--batch", "1")
+    check(rc == 0 and "tied embeddings (no output.weight)" in out, "tied: %d %s" % (rc, err))
+    m = re.search(r"^  token_embd\.weight\s+bf16\s+%d (\w+)" % emb_bytes, out, re.M)
+    check(m is not None and m.group(1) == "device", "tied: the head's copy on the device under fit:\n" + out[-900:])
+    rc, out, err = run(tied, os.path.join(SRC, "examples", "llamacpp-ot-exps-cpu.yaml"), "--batch", "1")
+    n, b = size_of(out, "device")
+    check(rc == 0 and n == len(gpu) - len(exps) and close(b, all_bytes - nbytes([D, V], Q8_0) + emb_bytes - exp_bytes),
+          "tied: device %s %s" % (n, b))
+
+    # --compare: the policy beside -ot exps=CPU and the fewest --n-cpu-moe layers that fit
+    rc, out, err = run(model, fitp, "--gpu", "8GiB", "--engine", "1GiB", "--compare", "--batch", "8")
+    check(rc == 0 and re.search(r"^  -ot exps=CPU\s", out, re.M) and re.search(r"^  --n-cpu-moe \d+\s", out, re.M),
+          "compare: rows:\n" + out[-600:])
+    m = re.search(r"within ([\d.]+) GiB of device memory for weights", out)
+    room = float(m.group(1)) * 2**30 if m else 0
+    m = re.search(r"^  --n-cpu-moe (\d+)\s+([\d.]+) (MiB|GiB)", out, re.M)
+    if m:
+        ncm = int(m.group(1))
+        dev = all_bytes - sum(nbytes(ne, t) for nm, ne, t in exps if int(nm.split(".")[1]) < ncm)
+        fewer = dev + sum(nbytes(ne, t) for nm, ne, t in exps if int(nm.split(".")[1]) == ncm - 1)
+        check(dev <= room * 1.001 < fewer, "compare: --n-cpu-moe %d leaves %d on the device, room %d" % (ncm, dev, room))
+    rc, out, err = run(model, "--compare")
+    check(rc == 2 and "--gpu" in err, "compare without --gpu: %d %s" % (rc, err))
 
     # bad files and options
     def bad(name, want, **kw):

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/macro.h"
 #include "policy/policy.h"
 #include "tools/gguf.h"
 
@@ -26,7 +27,7 @@
 struct gargs {
     const char *gguf, *policy;
     uint64_t gpu, engine;
-    bool has_gpu, list;
+    bool has_gpu, list, compare;
     double link;
     unsigned nb;
     unsigned batch[MAX_BATCHES];
@@ -36,7 +37,7 @@ static void gguf_usage(FILE *f)
 {
     fprintf(f,
             "usage: woffload-policy gguf MODEL.gguf [POLICY] [--gpu SIZE] [--engine SIZE]\n"
-            "                            [--batch N[,N...]] [--link GBPS] [--list]\n"
+            "                            [--batch N[,N...]] [--link GBPS] [--list] [--compare]\n"
             "Where POLICY puts each tensor of MODEL.gguf (by the GGUF names the ggml hook\n"
             "tags llama.cpp's tensors with), the bytes each placement holds, and the bytes a\n"
             "decode step reads off the device at each batch size (a uniform router) with the\n"
@@ -48,6 +49,9 @@ static void gguf_usage(FILE *f)
             "  --batch LIST    decode batch sizes (default 1,8,32)\n"
             "  --link GBPS     host-to-device rate for the bound (default 55, the copy engine's)\n"
             "  --list          one line a tensor: name, type, bytes, placement, rule\n"
+            "  --compare       beside the policy, llama.cpp's own offloads within the same device\n"
+            "                  memory for weights (fit's budget, else --gpu less --engine):\n"
+            "                  -ot exps=CPU and the fewest --n-cpu-moe layers that fit\n"
             "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
 }
 
@@ -69,13 +73,10 @@ static int parse_batches(struct gargs *a, const char *s)
 static int parse_args(int argc, char **argv, struct gargs *a)
 {
     static const struct option opts[] = {
-        {"gpu", required_argument, NULL, 'g'},
-        {"engine", required_argument, NULL, 'e'},
-        {"batch", required_argument, NULL, 'b'},
-        {"link", required_argument, NULL, 'l'},
-        {"list", no_argument, NULL, 'L'},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
+        {"gpu", required_argument, NULL, 'g'},   {"engine", required_argument, NULL, 'e'},
+        {"batch", required_argument, NULL, 'b'}, {"link", required_argument, NULL, 'l'},
+        {"list", no_argument, NULL, 'L'},        {"help", no_argument, NULL, 'h'},
+        {"compare", no_argument, NULL, 'C'},     {NULL, 0, NULL, 0},
     };
     int c;
 
@@ -117,6 +118,9 @@ static int parse_args(int argc, char **argv, struct gargs *a)
         case 'L':
             a->list = true;
             break;
+        case 'C':
+            a->compare = true;
+            break;
         case 'h':
             gguf_usage(stdout);
             return 0;
@@ -142,22 +146,79 @@ static const char *place_name(enum wo_placement p)
 
 /* The bytes of t a decode step of b tokens reads: an expert tensor's
  * experts the router picks (uniform: 1 - (1 - k/E)^b of them; all when the
- * file does not say k and E), a token embedding's b rows, the rest whole. */
+ * file does not say k and E), every other tensor whole. */
 static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t, unsigned b)
 {
     if (wo_gguf_is_experts(t->name) && g->expert_count && g->expert_used &&
         g->expert_used <= g->expert_count)
         return (double)t->bytes *
                (1.0 - pow(1.0 - (double)g->expert_used / (double)g->expert_count, (double)b));
-    if (strncmp(t->name, "token_embd.", 11) == 0 && t->n_dims >= 2 && t->ne[1])
-        return (double)t->bytes / (double)t->ne[1] * fmin((double)b, (double)t->ne[1]);
     return (double)t->bytes;
+}
+
+/* A tensor of llama.cpp's input layer (llama-arch.cpp, LLM_TENSOR_LAYER_INPUT),
+ * which its loader keeps in a CPU buffer whatever -ngl says. */
+static bool input_layer(const char *name)
+{
+    static const char *const in[] = {
+        "token_embd",           "position_embd",         "token_types",
+        "per_layer_token_embd", "masked_embd_centroids", "masked_embd_ordering"};
+    size_t n = strcspn(name, ".");
+
+    for (size_t i = 0; i < sizeof(in) / sizeof(in[0]); i++)
+        if (strlen(in[i]) == n && strncmp(name, in[i], n) == 0)
+            return true;
+    return false;
+}
+
+/* g's tensors as llama.cpp's GPU buffers hold them (-ngl 99): the input
+ * layer's taken out (counted in *cpu_n, *cpu_bytes), and, for a model with
+ * tied embeddings (no output.weight), the copy of token_embd.weight its
+ * loader puts in the output layer's buffer under the same name added
+ * (*tied). 0 or -ENOMEM. */
+static int gpu_buffers(struct wo_gguf *g, uint64_t *cpu_n, uint64_t *cpu_bytes, bool *tied)
+{
+    struct wo_gguf_tensor embd = {0}, *v;
+    bool output = false;
+    size_t n = 0;
+
+    *cpu_n = *cpu_bytes = 0;
+    *tied = false;
+    for (size_t i = 0; i < g->n; i++) {
+        struct wo_gguf_tensor *t = &g->t[i];
+        output |= strcmp(t->name, "output.weight") == 0;
+        if (!input_layer(t->name)) {
+            g->t[n++] = *t;
+            continue;
+        }
+        ++*cpu_n;
+        *cpu_bytes += t->bytes;
+        if (strcmp(t->name, "token_embd.weight") == 0 && !embd.name)
+            embd = *t;
+        else
+            free(t->name);
+    }
+    g->n = n;
+    if (!embd.name)
+        return 0;
+    if (output) {
+        free(embd.name);
+        return 0;
+    }
+    if (!(v = realloc(g->t, (n + 1) * sizeof(*v)))) {
+        free(embd.name);
+        return -ENOMEM;
+    }
+    g->t = v;
+    g->t[g->n++] = embd; /* its output layer comes last */
+    *tied = true;
+    return 0;
 }
 
 /* fit's choice at seal from every name (the ggml hook announces them
  * before their bytes): out[i] set for each tensor; prints its budget line. */
 static int fit_choose(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
-                      const long *rule, enum wo_placement *out)
+                      const long *rule, enum wo_placement *out, uint64_t *room)
 {
     const struct wo_fit *fit = &wo_policy_globals(p)->fit;
     struct wo_fit_item *v = calloc(g->n ? g->n : 1, sizeof(*v));
@@ -174,6 +235,7 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
                                     .weight = -1,
                                     .fixed = rule[i] >= 0 ? out[i] : WO_PLACE_UNSET,
                                     .movable = true};
+    *room = budget - reserve;
     charged = wo_fit_choose(fit, v, g->n, budget - reserve);
     for (size_t i = 0; i < g->n; i++)
         out[i] = v[i].out;
@@ -215,6 +277,80 @@ static void header(const char *path, const struct wo_gguf *g)
     printf("\n");
 }
 
+/* The bytes a decode step of b tokens reads off the device under out. */
+static double off_bytes(const struct wo_gguf *g, const enum wo_placement *out, unsigned b)
+{
+    double bytes = 0;
+
+    for (size_t i = 0; i < g->n; i++)
+        if (out[i] != WO_PLACE_DEVICE)
+            bytes += step_bytes(g, &g->t[i], b);
+    return bytes;
+}
+
+static uint64_t device_bytes(const struct wo_gguf *g, const enum wo_placement *out)
+{
+    uint64_t n = 0;
+
+    for (size_t i = 0; i < g->n; i++)
+        n += out[i] == WO_PLACE_DEVICE ? g->t[i].bytes : 0;
+    return n;
+}
+
+static void compare_row(const struct gargs *a, const struct wo_gguf *g, const char *label,
+                        const enum wo_placement *out, uint64_t room)
+{
+    uint64_t dev = device_bytes(g, out);
+    char s1[32];
+
+    printf("  %-24s %12s%s", label, wo_format_size(dev, s1, sizeof(s1)),
+           dev > room ? " (over)" : "       ");
+    for (unsigned k = 0; k < a->nb; k++)
+        printf(" %10.1f", off_bytes(g, out, a->batch[k]) / (a->link * 1e9) * 1e3);
+    printf("\n");
+}
+
+/* The policy beside llama.cpp's own offloads, each within room bytes of
+ * device memory for weights: -ot exps=CPU (every routed expert on the
+ * host) and --n-cpu-moe N, the fewest first layers whose experts on the
+ * host leave the rest within room. */
+static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out,
+                   uint64_t room)
+{
+    enum wo_placement *v = calloc(g->n ? g->n : 1, sizeof(*v));
+    long layers = 0;
+    char s1[32], label[48];
+
+    if (!v)
+        return -ENOMEM;
+    printf("beside llama.cpp's own, within %s of device memory for weights (a decode step's "
+           "time on the link, ms):\n  %-24s %12s       ",
+           wo_format_size(room, s1, sizeof(s1)), "placement", "device");
+    for (unsigned k = 0; k < a->nb; k++)
+        printf("   batch %-2u", a->batch[k]);
+    printf("\n");
+    compare_row(a, g, "the policy", out, room);
+    for (size_t i = 0; i < g->n; i++) {
+        v[i] = wo_gguf_is_experts(g->t[i].name) ? WO_PLACE_HOST : WO_PLACE_DEVICE;
+        layers = WO_MAX(layers, wo_policy_layer_of(g->t[i].name) + 1);
+    }
+    compare_row(a, g, "-ot exps=CPU", v, room);
+    for (long n = 0; n <= layers; n++) {
+        for (size_t i = 0; i < g->n; i++) {
+            long l = wo_policy_layer_of(g->t[i].name);
+            v[i] = wo_gguf_is_experts(g->t[i].name) && l >= 0 && l < n ? WO_PLACE_HOST
+                                                                       : WO_PLACE_DEVICE;
+        }
+        if (device_bytes(g, v) <= room || n == layers) {
+            snprintf(label, sizeof(label), "--n-cpu-moe %ld", n);
+            compare_row(a, g, label, v, room);
+            break;
+        }
+    }
+    free(v);
+    return 0;
+}
+
 static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out)
 {
     char s1[32];
@@ -224,10 +360,7 @@ static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo
                                              : "experts read whole: the file gives no top-k",
            a->link);
     for (unsigned k = 0; k < a->nb; k++) {
-        double bytes = 0;
-        for (size_t i = 0; i < g->n; i++)
-            if (out[i] != WO_PLACE_DEVICE)
-                bytes += step_bytes(g, &g->t[i], a->batch[k]);
+        double bytes = off_bytes(g, out, a->batch[k]);
         double s = bytes / (a->link * 1e9);
         printf("  batch %-5u %10s  %8.1f ms", a->batch[k],
                wo_format_size((uint64_t)bytes, s1, sizeof(s1)), s * 1e3);
@@ -270,6 +403,8 @@ int wo_policy_gguf_main(int argc, char **argv)
     struct wo_host_budget hb;
     enum wo_placement *out = NULL;
     long *rule = NULL;
+    uint64_t room, cpu_n, cpu_bytes;
+    bool tied;
     char err[512], s1[32];
     int status = parse_args(argc, argv, &a);
 
@@ -285,11 +420,23 @@ int wo_policy_gguf_main(int argc, char **argv)
         goto out;
     }
     wo_diags_print(&diags, stderr);
+    if (a.compare && !a.has_gpu) {
+        fprintf(stderr,
+                "woffload-policy gguf: --compare weighs placements within the GPU's memory: "
+                "give --gpu SIZE (such as 141GB)\n");
+        goto out;
+    }
     if (p && wo_policy_globals(p)->fit.enabled && !a.has_gpu) {
         fprintf(stderr,
                 "woffload-policy gguf: %s has fit:, whose budget needs the GPU's memory: "
                 "give --gpu SIZE (such as 141GB)\n",
                 a.policy);
+        goto out;
+    }
+    header(a.gguf, &g);
+    if (gpu_buffers(&g, &cpu_n, &cpu_bytes, &tied) != 0) {
+        fprintf(stderr, "woffload-policy gguf: out of memory\n");
+        status = 1;
         goto out;
     }
     out = calloc(g.n ? g.n : 1, sizeof(*out));
@@ -300,7 +447,13 @@ int wo_policy_gguf_main(int argc, char **argv)
         status = 1;
         goto out;
     }
-    header(a.gguf, &g);
+    if (cpu_n)
+        printf("in llama.cpp's CPU buffer whatever the policy (its input layer): %" PRIu64
+               " tensors, %s; not counted below\n",
+               cpu_n, wo_format_size(cpu_bytes, s1, sizeof(s1)));
+    if (tied)
+        printf("tied embeddings (no output.weight): llama.cpp's output layer on the GPU holds a "
+               "copy of token_embd.weight under that name, read whole each step; counted below\n");
     wo_host_budget_init(&hb, p);
     for (size_t i = 0; i < g.n; i++) {
         struct wo_match m = {.rule = -1, .place = WO_PLACE_DEVICE};
@@ -312,7 +465,8 @@ int wo_policy_gguf_main(int argc, char **argv)
         if (out[i] == WO_PLACE_HOST && !wo_host_budget_take(&hb, g.t[i].bytes))
             out[i] = WO_PLACE_DEVICE;
     }
-    if (p && wo_policy_globals(p)->fit.enabled && fit_choose(&a, p, &g, rule, out) != 0) {
+    room = a.gpu > a.engine ? a.gpu - a.engine : 0;
+    if (p && wo_policy_globals(p)->fit.enabled && fit_choose(&a, p, &g, rule, out, &room) != 0) {
         status = 1;
         goto out;
     }
@@ -353,6 +507,10 @@ int wo_policy_gguf_main(int argc, char **argv)
                      : "no policy");
         }
     bounds(&a, &g, out);
+    if (a.compare && compare(&a, &g, out, room) != 0) {
+        status = 1;
+        goto out;
+    }
     status = 0;
 out:
     free(out);
