@@ -551,13 +551,18 @@ model = M(embed=shared, layers=M(l0=M(w=T(0x2000, 100), buf_b=T(0x3000, 4))), lm
           cpuw=T(0x4000, 4, cuda=False))
 model(); model()
 tags = [(c[1], c[2], c[3].decode()) for c in calls if c[0] == 'woffload_tag']
-assert tags == [(0x9000, 128, 'embed'), (0x2000, 200, 'layers.l0.w'), (0x3000, 8, 'layers.l0.buf_b')], tags
+# tied: tagged by the head's name, which reads it whole every step
+assert tags == [(0x9000, 128, 'lm_head'), (0x2000, 200, 'layers.l0.w'), (0x3000, 8, 'layers.l0.buf_b')], tags
 assert [c[0] for c in calls].count('woffload_seal') == 1
 M(w=T(0x5000, 4))()                            # a second model: the hook is gone
 assert [c[0] for c in calls].count('woffload_tag') == 3
 assert not torch._hooks
 rep = woffload.tag_module(M(a=T(0x7000, 4), b=T(0x7000, 4), other=M(w=T(0x8000, 4))))
 assert rep.tagged == ['a'] and rep.aliases == {'b': 'a'} and rep.errors == {'other.w': -errno.ENOENT}, rep
+rep = woffload.tag_module(M(model=M(embed_tokens=T(0x6000, 4)), lm_head=T(0x6000, 4)))
+assert rep.tagged == ['lm_head'] and rep.aliases == {'model.embed_tokens': 'lm_head'}, rep
+assert woffload.preferred_name(['transformer.wte.weight', 'embed_out.weight']) == 'embed_out.weight'
+assert woffload.preferred_name(['a.q', 'a.q_alias']) == 'a.q'
 print('ok')
 """
 

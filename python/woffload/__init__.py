@@ -158,8 +158,9 @@ def expect_module(module: Any, prefix: str = "",
     name and size before any of them has bytes: a model built on the meta
     device (transformers does before it loads a checkpoint), or any module
     whose tensors the engine is about to allocate. A tensor tied to an
-    earlier one (the same object) is announced once; keep(name), when given,
-    says which names to announce (those the engine will put on this GPU).
+    earlier one (the same object) is announced once, by an output head's name
+    when it has one (preferred_name); keep(name), when given, says which
+    names to announce (those the engine will put on this GPU).
     Ends with woffload_expect_end(): the names are placed at once, and host
     memory for those the plan puts on the host is pinned ahead.
     Returns (names announced, bytes). Nothing is raised."""
@@ -167,12 +168,16 @@ def expect_module(module: Any, prefix: str = "",
         _warn_missing("expect_module")
         return 0, 0
     module = getattr(module, "_orig_mod", module)
-    seen = set()
+    names: Dict[int, List[str]] = {}
+    objs: Dict[int, Any] = {}
     n = total = 0
     for name, t in named_tensors(module, prefix):
-        if id(t) in seen or (keep is not None and not keep(name)):
+        if keep is not None and not keep(name):
             continue
-        seen.add(id(t))
+        names.setdefault(id(t), []).append(name)
+        objs[id(t)] = t
+    for key, tnames in names.items():
+        name, t = preferred_name(tnames), objs[key]
         try:
             nbytes = int(t.numel()) * int(t.element_size())
         except Exception:  # an object without numel: nothing to announce
@@ -265,6 +270,24 @@ def _byte_span(t: Any) -> Optional[Tuple[int, int]]:
     return low, extent * elem
 
 
+# Components of an output head's name (transformers' lm_head, GPT-NeoX's
+# embed_out, llama.cpp-style and GLM-style output layers).
+_HEADS = frozenset(("lm_head", "embed_out", "output", "output_layer"))
+
+
+def preferred_name(names: List[str]) -> str:
+    """The name a tensor known by several names (tied weights) is tagged
+    and announced by: an output head's when one of them is, else the first.
+    A tied head reads the whole matrix every step, the embedding it shares
+    only its tokens' rows, so a placement by the embedding's name (fit's
+    embeddings go to the host first) would read the head over PCIe every
+    step."""
+    for n in names:
+        if _HEADS.intersection(n.split(".")):
+            return n
+    return names[0]
+
+
 def named_tensors(module: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
     """Every parameter and buffer with its full dotted name, tied ones under
     each of their names (the caller keeps the first)."""
@@ -278,8 +301,9 @@ def named_tensors(module: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
 def tag_module(module: Any, prefix: str = "") -> TagReport:
     """Tags every parameter and buffer of ``module`` on a CUDA device by its
     full dotted name. A memory range shared by several names (tied weights,
-    views of one storage) is tagged once, by the first name in module order;
-    the others are listed as aliases. Nothing is raised: errors are collected
+    views of one storage) is tagged once, by an output head's name when one
+    of them is, else by the first in module order (preferred_name); the
+    others are listed as aliases. Nothing is raised: errors are collected
     in the report (and the library logs each once)."""
     rep = TagReport()
     if _load() is None:
@@ -288,17 +312,19 @@ def tag_module(module: Any, prefix: str = "") -> TagReport:
     # torch.compile's wrapper: name the weights as the model itself does,
     # not "_orig_mod.model.layers...".
     module = getattr(module, "_orig_mod", module)
-    seen: Dict[Tuple[int, int], str] = {}
+    groups: Dict[Tuple[int, int], List[str]] = {}
     for name, t in named_tensors(module, prefix):
         span = _byte_span(t)
         if span is None:
             rep.skipped.append(name)
             continue
-        if span in seen:
-            if seen[span] != name:
-                rep.aliases[name] = seen[span]
-            continue
-        seen[span] = name
+        if name not in groups.setdefault(span, []):
+            groups[span].append(name)
+    for span, names in groups.items():
+        name = preferred_name(names)
+        for other in names:
+            if other != name:
+                rep.aliases[other] = name
         r = tag(span[0], span[1], name)
         if r == 0:
             rep.tagged.append(name)
