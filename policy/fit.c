@@ -59,8 +59,7 @@ static bool small_comp(const char *c, size_t len)
 static bool embed_comp(const char *c, size_t len)
 {
     return is(c, len, "embed_tokens") || is(c, len, "wte") || is(c, len, "wpe") ||
-           is(c, len, "tok_embeddings") || is(c, len, "word_embeddings") ||
-           is(c, len, "embed_in");
+           is(c, len, "tok_embeddings") || is(c, len, "word_embeddings") || is(c, len, "embed_in");
 }
 
 static bool shared_comp(const char *c, size_t len)
