@@ -67,12 +67,16 @@ for n in blk.0.ffn_gate_exps.weight blk.7.ffn_down_exps.weight blk.8.ffn_up_exps
     case $n in blk.[0-7].ffn_*) want="=> host, by rule 1 'experts-of-layers-0-7'" ;; *) want="=> device, by the default" ;; esac
     contains "$tmp/out" "$want" "explain --n-cpu-moe 8: $n"
 done
-expect 0 "explain fit with GGUF names" -- "$tool" explain "$ex/llamacpp-fit.yaml" blk.3.ffn_up_exps.weight token_embd.weight output.weight blk.0.attn_norm.weight blk.0.attn_q.weight
+expect 0 "explain fit with GGUF names" -- "$tool" explain "$ex/llamacpp-fit.yaml" blk.3.ffn_up_exps.weight model.embed_tokens.weight output.weight blk.0.attn_norm.weight blk.0.attn_q.weight
 contains "$tmp/out" "fit: class 4 of 0-5 (routed experts)" "explain fit: experts"
 contains "$tmp/out" "fit: class 5 of 0-5 (token embeddings)" "explain fit: embeddings"
 contains "$tmp/out" "fit: class 3 of 0-5 (the output head)" "explain fit: output.weight"
 contains "$tmp/out" "fit: class 0 of 0-5 (norms, biases, routers)" "explain fit: norms"
 contains "$tmp/out" "fit: class 1 of 0-5 (attention)" "explain fit: attention"
+# llama.cpp's token_embd.weight in GPU memory is a tied output head (its input
+# layer stays in a CPU buffer): a head, not an embedding
+expect 0 "explain fit: token_embd" -- "$tool" explain "$ex/llamacpp-fit.yaml" token_embd.weight
+contains "$tmp/out" "fit: class 3 of 0-5 (the output head)" "explain fit: token_embd.weight"
 expect 2 "bad --var" -- "$tool" --var NOEQUALS show "$tmp/vars.yaml"
 
 expect 0 "show" -- "$tool" show "$root/examples/moe-experts-host.yaml"
