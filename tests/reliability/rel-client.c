@@ -661,7 +661,9 @@ static void extra(int pt, CUstream s)
     PFN_cuStreamBeginCapture_v10010 begin = resolve("cuStreamBeginCapture", 10010, pt, L("proc.begin"));
     PFN_cuStreamEndCapture_v10000 end = resolve("cuStreamEndCapture", 10000, pt, L("proc.end"));
     PFN_cuGraphLaunch_v10000 glaunch = resolve("cuGraphLaunch", 10000, pt, L("proc.graphLaunch"));
-    PFN_cuGraphInstantiateWithFlags_v11040 inst = resolve("cuGraphInstantiate", 12000, pt, L("proc.inst"));
+    /* not "cuGraphInstantiate": that name is the 5-argument _v2 at every
+     * version (preload/real.h, WO_DRIVER_PROCS) */
+    PFN_cuGraphInstantiateWithFlags_v11040 inst = resolve("cuGraphInstantiateWithFlags", 11040, pt, L("proc.inst"));
     CUdeviceptr a = 0, b = 0;
     int n = 1024, ha = 0, hb = 0;
     static float h[1024];
