@@ -4,7 +4,6 @@
  * from, what its launches reached: attribution and blind launches) and
  * graph-replay.c (the copy of an exec's nodes that a replay launches from).
  * Neither of those calls the other's hooks, nor this file. */
-#include "core/log.h"
 #include "preload/hook.h"
 #include "preload/redirect.h"
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """tests/test-policy-gguf.py WOFFLOAD_POLICY SRCROOT: `woffload-policy gguf`
 on GGUF files written here (the header as ggml's gguf writer lays it out; the
-data section sparse, so a model of 18 GiB takes no disk).
+data section sparse, so the 6.3 GiB model takes no disk).
 
 Checks, each against figures computed here from the shape:
 - a Qwen3-MoE-like file (128 experts top-8, quantized and bf16 tensors,

@@ -52,15 +52,6 @@ bool wo_gguf_type(uint32_t type, const char **name, uint32_t *block, uint32_t *b
     return true;
 }
 
-bool wo_gguf_is_experts(const char *name)
-{
-    /* blk.N.ffn_{gate,up,down,gate_up}_exps.weight: llama.cpp's pattern
-     * for -ot exps=CPU is the substring "exps" */
-    const char *p = strstr(name, "ffn_");
-
-    return p && strstr(p, "_exps") != NULL;
-}
-
 /* ---- reading ---------------------------------------------------------------- */
 
 struct rd {

@@ -49,7 +49,3 @@ void wo_gguf_free(struct wo_gguf *g);
 /* The ggml type's name ("q4_K", "bf16") and its block (elements) and block
  * bytes; false for a type this reader does not know. */
 bool wo_gguf_type(uint32_t type, const char **name, uint32_t *block, uint32_t *block_bytes);
-
-/* Whether a GGUF tensor name is a routed-expert tensor (ffn_*_exps), as
- * llama.cpp's -ot exps=CPU and --n-cpu-moe select them. */
-bool wo_gguf_is_experts(const char *name);

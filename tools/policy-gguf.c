@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +19,7 @@
 #include "core/macro.h"
 #include "policy/policy.h"
 #include "tools/gguf.h"
+#include "uvm/picks-geom.h"
 
 #define MAX_BATCHES 16
 #define LINK_GBPS 55.0 /* the copy engine's rate on the lent H100 and H200 (device-facts) */
@@ -144,15 +144,21 @@ static const char *place_name(enum wo_placement p)
     return p == WO_PLACE_HOST ? "host" : p == WO_PLACE_MANAGED ? "managed" : "device";
 }
 
+/* A routed-expert tensor, by fit's rule for names (ffn_*_exps in a GGUF:
+ * what llama.cpp's -ot exps=CPU and --n-cpu-moe select). */
+static bool experts(const char *name)
+{
+    return wo_fit_class(name) == WO_FIT_CLASS_EXPERTS;
+}
+
 /* The bytes of t a decode step of b tokens reads: an expert tensor's
  * experts the router picks (uniform: 1 - (1 - k/E)^b of them; all when the
  * file does not say k and E), every other tensor whole. */
 static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t, unsigned b)
 {
-    if (wo_gguf_is_experts(t->name) && g->expert_count && g->expert_used &&
-        g->expert_used <= g->expert_count)
-        return (double)t->bytes *
-               (1.0 - pow(1.0 - (double)g->expert_used / (double)g->expert_count, (double)b));
+    if (experts(t->name) && g->expert_count && g->expert_used &&
+        g->expert_used <= g->expert_count && g->expert_count <= UINT32_MAX)
+        return (double)t->bytes * wo_picks_share(b, g->expert_used, (unsigned)g->expert_count);
     return (double)t->bytes;
 }
 
@@ -258,7 +264,7 @@ static void header(const char *path, const struct wo_gguf *g)
 
     for (size_t i = 0; i < g->n; i++) {
         all += g->t[i].bytes;
-        if (wo_gguf_is_experts(g->t[i].name)) {
+        if (experts(g->t[i].name)) {
             exps += g->t[i].bytes;
             nexps++;
         }
@@ -331,15 +337,14 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
     printf("\n");
     compare_row(a, g, "the policy", out, room);
     for (size_t i = 0; i < g->n; i++) {
-        v[i] = wo_gguf_is_experts(g->t[i].name) ? WO_PLACE_HOST : WO_PLACE_DEVICE;
+        v[i] = experts(g->t[i].name) ? WO_PLACE_HOST : WO_PLACE_DEVICE;
         layers = WO_MAX(layers, wo_policy_layer_of(g->t[i].name) + 1);
     }
     compare_row(a, g, "-ot exps=CPU", v, room);
     for (long n = 0; n <= layers; n++) {
         for (size_t i = 0; i < g->n; i++) {
             long l = wo_policy_layer_of(g->t[i].name);
-            v[i] = wo_gguf_is_experts(g->t[i].name) && l >= 0 && l < n ? WO_PLACE_HOST
-                                                                       : WO_PLACE_DEVICE;
+            v[i] = experts(g->t[i].name) && l >= 0 && l < n ? WO_PLACE_HOST : WO_PLACE_DEVICE;
         }
         if (device_bytes(g, v) <= room || n == layers) {
             snprintf(label, sizeof(label), "--n-cpu-moe %ld", n);

@@ -9,21 +9,30 @@
 
 #include "core/event.h"
 
-/* The percent of n_experts a uniform router picks with these ids: n_ids
- * in rows of per_row distinct ones (0: one run, each id on its own), 1 -
- * (1 - k/E)^rows; once a registration (picks.c's engine_wanted reads it at
- * launches). */
-static inline uint8_t wo_picks_share_pct(uint64_t n_ids, uint64_t per_row, unsigned n_experts)
+/* The share of n_experts a uniform router picks in rows rows of per_row
+ * distinct ids each: 1 - (1 - per_row/E)^rows (tools/policy-gguf.c's
+ * decode-step bytes too). */
+static inline double wo_picks_share(uint64_t rows, uint64_t per_row, unsigned n_experts)
 {
-    uint64_t n = per_row ? n_ids / per_row : n_ids;
     double p = per_row && per_row <= n_experts ? (double)per_row / n_experts : 1.0 / n_experts;
     double miss = 1.0;
 
+    if (!rows || !n_experts)
+        return 0;
+    for (uint64_t r = 0; r < rows && miss > 1e-6; r++)
+        miss *= 1.0 - p;
+    return 1.0 - miss;
+}
+
+/* The same in percent for the ids of a registration: n_ids in rows of
+ * per_row distinct ones (0: one run, each id on its own); once a
+ * registration (picks.c's engine_wanted reads it at launches). */
+static inline uint8_t wo_picks_share_pct(uint64_t n_ids, uint64_t per_row, unsigned n_experts)
+{
     if (!n_ids || !n_experts)
         return 0;
-    for (uint64_t r = 0; r < n && miss > 1e-6; r++)
-        miss *= 1.0 - p;
-    return (uint8_t)((1.0 - miss) * 100.0 + 1e-6);
+    return (uint8_t)(wo_picks_share(per_row ? n_ids / per_row : n_ids, per_row, n_experts) * 100.0 +
+                     1e-6);
 }
 
 /* Whether hit h (the lowest and highest words a launch passed into a
