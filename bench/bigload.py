@@ -936,7 +936,9 @@ def main() -> int:
                          "loading) or -eager (WOFFLOAD_PICKS_LAZY=0: eager loading's memory and start-up), "
                          "then -bind (WOFFLOAD_FIT_BIND=1: a yield releases device memory at once, no "
                          "squeeze) and, for fit, -auto (reserve: auto, run twice), hot-free (every expert "
-                         "host, half their bytes hot: WOFFLOAD_PICKS_HOT), fp8")
+                         "host, half their bytes hot: WOFFLOAD_PICKS_HOT), hand-hot (hand with "
+                         "prefetch.hot_experts: auto: the device memory left kept for the most used "
+                         "experts), fp8")
     ap.add_argument("--fit-reserves", default="",
                     help="fit rows: comma-separated sizes of fit's reserve (fit: reserve, e.g. 2GiB), "
                          "one more fit row each beside the default's (fit-rSIZE-F): whether the "
@@ -971,7 +973,7 @@ def main() -> int:
     layers = args.layers or DEFAULT_LAYERS[args.shape]
     ckpt = os.path.join(os.environ.get("BIGLOAD_CKPT_DIR", "/tmp"), f"bigload-ckpt-{args.shape}-{layers}")
     runs = (args.runs or ("plain,host-free,fit,hand" if moe else "plain,fit,fp8")).split(",")
-    known = {"plain", "host-free", "fit", "hand", "fit-late", "fit-bind", "fit-bind-copies",
+    known = {"plain", "host-free", "fit", "hand", "hand-hot", "fit-late", "fit-bind", "fit-bind-copies",
              "fit-auto", "fit-hotset", "fit-stream", "fit-engine-late", "hot-free", "fp8"}
     # the copy engine's rows, KIND-engine[-all|-N] (KIND host-free, fit or
     # hand): WOFFLOAD_PICKS_ENGINE=N, 50 without a suffix, 1 for -all
@@ -1059,6 +1061,13 @@ def main() -> int:
                 both(dict(base, name=f"fit-r{rv}-{f}", fraction=f, shim=True, policy=pol))
         if "hand" in runs:
             both(dict(base, name=f"hand-{f}", fraction=f, shim=True, policy=hand))
+        if "hand-hot" in runs:
+            # every expert host, and the device memory the blocker and the
+            # engine leave (less the managed cap's margin) kept for the
+            # experts the copies move most: residency at expert grain and by
+            # use, against fit's whole tensors chosen by class
+            both(dict(base, name=f"hand-hot-{f}", fraction=f, shim=True,
+                      policy=hand.replace("version: 1\n", "version: 1\nprefetch: {hot_experts: auto}\n", 1)))
         # fit's picked copies on the copy engine (issue 42: the kernels'
         # copies ran at 37-50 GB/s, the link's 55), and the hand policy with
         # it: fit against a hand policy that has every mechanism fit has
@@ -1152,7 +1161,7 @@ def main() -> int:
                    f"{st.get('staged')} staging copies ({st.get('staged_bytes', 0) / 2**30:.1f} GiB) over "
                    f"{st.get('steps')} steps; slots {st.get('slot_bytes', 0) / 2**20:.0f} MiB; "
                    f"auto by step time: {st.get('auto_tries', 0)} tries, {st.get('auto_kept', 0)} kept, "
-                   f"{st.get('auto_backs', 0)} back in place")
+                   f"{st.get('auto_backs', 0)} back in place, {st.get('auto_rechecks', 0)} rechecked")
     what = "Llama shape" if not moe else f"bench/e2e.py's {args.shape} shape"
     head = (f"weights {wb / 2**30:.2f} GiB bf16 ({layers} layers, {what}), "
             f"checkpoint written with save_pretrained and read with from_pretrained; "

@@ -54,6 +54,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "1: progress as log lines also when stderr is not a TTY", OFF(progress), 0, 0},
     {"WOFFLOAD_STREAM_CHECK", WO_SETTING_BOOL, "0",
      "1 (debugging, slow): after each launch redirected into a staging slot or a picked buffer, wait for it and compare the slot with the host copy (stats stream.checked, check_mismatch), and the buffer's picked experts (the ids read back) with the tensor's rows (stats picks.checked, check_mismatch); its synchronous calls would break a global-mode stream capture on another thread", OFF(stream_check), 0, 0},
+    {"WOFFLOAD_STREAM_RECHECK", WO_SETTING_UINT, "64",
+     "prefetch.mode auto: streamed steps after which a decision to stream managed ranges (ones the planner could keep on the device) is taken again in place, then twice as many after each that confirms it, up to 1024: the ranges go back in place, the planner settles, and the step read in place is set against the streamed one; 0: never (a try taken while the planner was still learning the batch's experts then stands; docs/prefetch.md, auto by step time)", OFF(stream_recheck), 0, 1u << 20},
     {"WOFFLOAD_WRITE_CHECKS", WO_SETTING_BOOL, "1",
      "0 (measuring their cost only): the streaming executor does not check its slots for writes by launches before reusing them; a launch that writes a streamed weight then loses the write (docs/prefetch.md, Write checks)", OFF(write_checks), 0, 0},
     {"WOFFLOAD_LATE_BIND", WO_SETTING_BOOL, "0",

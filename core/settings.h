@@ -37,6 +37,8 @@ struct wo_settings {
     bool quiet;              /* WOFFLOAD_QUIET */
     bool progress;           /* WOFFLOAD_PROGRESS */
     bool stream_check;       /* WOFFLOAD_STREAM_CHECK */
+    uint32_t
+        stream_recheck; /* WOFFLOAD_STREAM_RECHECK: streamed steps to auto's recheck, 0 never */
     bool graph_replay;       /* WOFFLOAD_GRAPH_REPLAY */
     bool write_checks;       /* WOFFLOAD_WRITE_CHECKS */
     bool late_bind;          /* WOFFLOAD_LATE_BIND */

@@ -227,6 +227,130 @@ static void longer_streamed_steps_stay(void **state)
     assert_false(c.a.streaming);
 }
 
+/* A world whose step depends on the decision: inplace_ms read in place,
+ * stream_ms streamed; after a STREAM the executor says whether managed
+ * ranges were streamed. n steps; the steps read in place counted. */
+static unsigned world(struct clock *c, unsigned n, double inplace_ms, double stream_ms,
+                      double cand_gb, bool managed)
+{
+    unsigned in_place = 0;
+
+    for (unsigned i = 0; i < n; i++) {
+        enum wo_auto_action act;
+        in_place += !c->a.streaming;
+        c->t += (uint64_t)((c->a.streaming ? stream_ms : inplace_ms) * MS);
+        act = wo_auto_step(&c->a, c->t, 1, (uint64_t)(cand_gb * GB), 55.0);
+        if (act == WO_AUTO_STREAM) {
+            c->streams++;
+            wo_auto_streamed_managed(&c->a, managed);
+        }
+        if (act == WO_AUTO_UNSTREAM)
+            c->unstreams++;
+    }
+    return in_place;
+}
+
+/* The bimodal b32 of managed at half the experts' bytes on the Qwen3 shape
+ * (docs/history/prefetch.md), as its runs recorded it: at b8's first steps
+ * the planner is still learning the batch's experts, 270 ms a step in
+ * place, and a try of every candidate (12.4 GiB, 225 ms of copies) comes
+ * out at 258 ms: kept. Settled, in place is 213 ms at b8 and 252 at b32,
+ * streamed 258 and 328. Held streamed, b32 ran at 88-98 tok/s against
+ * 111-131. The recheck takes the decision again after RECHECK_FIRST
+ * streamed steps and finds in place faster: in place from then on, at b8
+ * and at b32. */
+static void managed_decision_rechecked(void **state)
+{
+    struct clock c;
+    double gb = 12.4 * 1.073741824;
+    (void)state;
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS, 270, 258, gb, true);
+    assert_true(c.a.streaming);
+    world(&c, WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 213, 258, gb, true);
+    assert_int_equal(c.a.kept, 1); /* measured against the unsettled 270 */
+    assert_true(c.a.managed);
+    /* held streamed for RECHECK_FIRST steps, then back in place */
+    world(&c, WO_AUTO_RECHECK_FIRST - 1, 213, 258, gb, true);
+    assert_true(c.a.streaming);
+    world(&c, 1, 213, 258, gb, true);
+    assert_false(c.a.streaming);
+    assert_int_equal(c.a.rechecks, 1);
+    assert_int_equal(c.unstreams, 1);
+    /* settled and measured in place: stays there */
+    world(&c, WO_AUTO_RECHECK_SETTLE + WO_AUTO_PROBE_STEPS, 213, 258, gb, true);
+    assert_false(c.a.streaming);
+    assert_int_equal(c.a.phase, WO_AUTO_HOLD);
+    assert_int_equal(c.a.recheck_backs, 1);
+    assert_false(c.a.rechecking);
+    /* b32: in place 252 ms, under the drift from 213; a copy (225 ms, at the
+     * try's efficiency 225 / 258) is not under EARLY_RATIO of it: in place
+     * for the whole phase */
+    assert_int_equal(world(&c, 2000, 252, 328, gb, true), 2000);
+    assert_int_equal(c.streams, 1);
+}
+
+/* Where streaming managed ranges pays (the Mixtral shape's managed 6 GiB
+ * at b32: 279.6 ms streamed against 297.6 in place), each recheck streams
+ * again at once and the next comes twice as late: the steps read in place
+ * to check are a few percent of the run, fewer as it goes. */
+static void managed_confirmed_backs_off(void **state)
+{
+    struct clock c;
+    double gb = 4.5;
+    unsigned in_place;
+    (void)state;
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 297.6, 279.6,
+          gb, true);
+    assert_int_equal(c.a.kept, 1);
+    in_place = world(&c, 4000, 297.6, 279.6, gb, true);
+    assert_true(c.a.streaming || c.a.rechecking);
+    /* rechecks after 64, 128, 256, 512, then every 1024 streamed steps */
+    assert_true(c.a.rechecks >= 5 && c.a.rechecks <= 7);
+    assert_int_equal(c.a.recheck_backs, 0);
+    assert_int_equal(c.a.backs, 0);
+    assert_int_equal(c.a.recheck_at, WO_AUTO_RECHECK_MAX);
+    assert_true(in_place < 4000 / 20);
+    /* a try from a plain watch starts the intervals again */
+    assert_int_equal(c.a.kept, c.a.tries);
+}
+
+/* A decision to stream host ranges is never rechecked, nor a managed one
+ * with the recheck off; a managed one's period drifting (the batch grew: its streamed steps 2x) is
+ * rechecked at once, not held as regrown. */
+static void host_not_rechecked_managed_drift_is(void **state)
+{
+    struct clock c;
+    (void)state;
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 1570, 420, 20.7,
+          false);
+    assert_int_equal(world(&c, 5000, 1570, 420, 20.7, false), 0);
+    assert_int_equal(c.a.rechecks, 0);
+    /* WOFFLOAD_STREAM_RECHECK=0: a managed decision stands */
+    start(&c);
+    wo_auto_set_recheck(&c.a, 0);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 270, 258, 13.3,
+          true);
+    assert_int_equal(world(&c, 5000, 213, 258, 13.3, true), 0);
+    assert_int_equal(c.a.rechecks, 0);
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 1570, 420, 20.7,
+          true);
+    assert_int_equal(c.a.kept, 1);
+    world(&c, WO_AUTO_MIN_HOLD / 2, 1570, 420, 20.7, true);
+    assert_int_equal(c.a.rechecks, 0);
+    /* streamed steps 2x: past the drift once MIN_HOLD steps are held */
+    world(&c, WO_AUTO_MIN_HOLD, 3000, 840, 20.7, true);
+    assert_int_equal(c.a.rechecks, 1);
+    assert_int_equal(c.a.regrown, 0);
+    /* in place 3000 against 840 streamed: streamed again */
+    world(&c, WO_AUTO_RECHECK_SETTLE + WO_AUTO_PROBE_STEPS + 1, 3000, 840, 20.7, true);
+    assert_true(c.a.streaming);
+    assert_int_equal(c.a.recheck_at, 2 * WO_AUTO_RECHECK_FIRST);
+}
+
 /* A try whose streamed steps came out slower than the copy time said (a
  * server at 3 req/s: 9.5 GiB of copies, 181 ms; in place 202 ms; streamed
  * 289 ms, bench/results/serve-rows-20261126-154556-soak-managed-h100) is
@@ -469,6 +593,9 @@ int main(void)
         cmocka_unit_test(one_outlier_does_not_decide),
         cmocka_unit_test(drift_waits_min_hold),
         cmocka_unit_test(longer_streamed_steps_stay),
+        cmocka_unit_test(managed_decision_rechecked),
+        cmocka_unit_test(managed_confirmed_backs_off),
+        cmocka_unit_test(host_not_rechecked_managed_drift_is),
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
         cmocka_unit_test(slots_sized_for_their_ranges),

@@ -290,10 +290,16 @@ static int child(const char *mode)
     /* auto-managed and auto-managed-sized(-pair): streaming pays (reads in
      * place made slower); auto-managed-back: it does not (reads from a
      * slot) */
-    bool managed_pays =
-        strcmp(mode, "auto-managed") == 0 || strcmp(mode, "auto-managed-sized") == 0 || pair_mode;
+    /* auto-managed-recheck: streaming pays at first (auto-managed), then
+     * from RECHECK_SWAP on reads in place are fast and reads from a slot
+     * slow: the recheck (WOFFLOAD_STREAM_RECHECK=12, run()) takes the
+     * decision again and the ranges go back in place */
+    bool recheck_mode = strcmp(mode, "auto-managed-recheck") == 0;
+    bool managed_pays = strcmp(mode, "auto-managed") == 0 ||
+                        strcmp(mode, "auto-managed-sized") == 0 || pair_mode || recheck_mode;
     int reads = time_mode ? 1 : READS;
-    int steps = time_mode                                        ? 3 * STEPS / 2
+    int steps = recheck_mode                                          ? 5 * STEPS / 2
+                : time_mode                                           ? 3 * STEPS / 2
                 : nopin_mode || exit_mode || cap_mode || relaxed_mode ? STEPS / 2
                                                                       : STEPS;
     /* auto-managed-sized: 64 KiB, so the slots' shrinking frees the room
@@ -480,6 +486,11 @@ static int child(const char *mode)
          * lowest range) finds the steps and its hot set */
         if (managed_mode)
             kk = k;
+#define RECHECK_SWAP 30
+        if (recheck_mode && step == RECHECK_SWAP) {
+            inplace_read_us = 0;
+            slot_read_us = 10000;
+        }
 
         if (sized_mode && !managed_mode && step == 3 * steps / 4) {
             /* stream-sized: copies write every half-MiB range: read in
@@ -1025,6 +1036,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
         /* the slot growing back to 1 MiB is refused: the engine's two
          * buffers are the first cuMemAllocs, the checker's and the three
          * slots the next four, the shrink to 512 KiB the seventh */
+        if (strcmp(mode, "auto-managed-recheck") == 0)
+            setenv("WOFFLOAD_STREAM_RECHECK", "12", 1);
         if (strcmp(mode, "stream-sized-refused") == 0)
             setenv("WOFAKE_FAIL", "cuMemAlloc_v2:8:2", 1);
         if (strcmp(mode, "stream-nopin") == 0) /* every pin fails: out of memory */
@@ -1103,10 +1116,22 @@ static void sized_run(char **argv, const char *mode, double resizes, double byte
  * ~11 s with gcc, auto's step-time modes ~7 s, the others 1-3 s) */
 #define NALONE 2
 static const char *const all_modes[] = {
-    "stream-exit",       "stream",             "stream-relaxed",       "auto-time",
-    "auto-managed",      "auto-managed-sized", "auto-managed-sized-pair", "auto-managed-back",
-    "stream-sized",      "stream-sized-refused", "stream-unfenced",    "stream-capture",
-    "stream-nopin",      "auto",               "hot-set",
+    "stream-exit",
+    "stream",
+    "stream-relaxed",
+    "auto-time",
+    "auto-managed-recheck",
+    "auto-managed",
+    "auto-managed-sized",
+    "auto-managed-sized-pair",
+    "auto-managed-back",
+    "stream-sized",
+    "stream-sized-refused",
+    "stream-unfenced",
+    "stream-capture",
+    "stream-nopin",
+    "auto",
+    "hot-set",
 };
 #define NMODES (sizeof(all_modes) / sizeof(all_modes[0]))
 
@@ -1695,6 +1720,23 @@ int main(int argc, char **argv)
             CHECK(num_after(s, "\"slot_bytes\":") == 3 * MiB + 3 * MiB / 16);
             CHECK(planner >= 1 && planner * 2 * MiB + num_after(s, "\"slot_bytes\":") <= 10 * MiB);
         }
+    }
+
+    /* ---- auto-managed-recheck: streaming managed ranges pays at first and
+     * is kept; then reads in place become fast and reads from a slot slow
+     * (the batch changed what pays): the recheck, every 12 streamed steps,
+     * puts them back in place, measures, and they stay there; every read
+     * bit-identical (the child checks) ---- */
+    if (want_mode(argc, argv, "auto-managed-recheck")) {
+        run(argv, "auto-managed-recheck", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf("auto-managed-recheck: %.0f tries, %.0f kept, %.0f back in place, %.0f rechecked\n",
+               num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+               num_after(s, "\"auto_backs\":"), num_after(s, "\"auto_rechecks\":"));
+        CHECK(num_after(s, "\"auto_kept\":") >= 1);
+        CHECK(num_after(s, "\"auto_rechecks\":") >= 1);
+        CHECK(strstr(log, "back in place to take the decision again") != NULL);
+        CHECK(strstr(log, "stream: auto: the ranges stay in place: a step takes ") != NULL);
     }
 
     /* ---- auto-managed-back: the same, a read from a slot made slower:

@@ -6,11 +6,24 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/macro.h"
+
 void wo_auto_init(struct wo_auto *a)
 {
     memset(a, 0, sizeof(*a));
     a->phase = WO_AUTO_WATCH;
     a->eff = 1.0;
+    a->recheck_first = a->recheck_at = WO_AUTO_RECHECK_FIRST;
+}
+
+void wo_auto_set_recheck(struct wo_auto *a, uint64_t first)
+{
+    a->recheck_first = a->recheck_at = first;
+}
+
+void wo_auto_streamed_managed(struct wo_auto *a, bool managed)
+{
+    a->managed = managed;
 }
 
 bool wo_auto_try_pays(double copy, double inplace)
@@ -72,9 +85,27 @@ static enum wo_auto_action try_now(struct wo_auto *a, double copy_ns)
 {
     a->tries++;
     a->streaming = true;
+    a->managed = false; /* until the executor says what it streamed */
     a->try_copy_ns = copy_ns;
+    if (a->rechecking)
+        a->recheck_at = WO_MIN(a->recheck_at * 2, WO_MAX(a->recheck_first, WO_AUTO_RECHECK_MAX));
+    else
+        a->recheck_at = a->recheck_first;
+    a->rechecking = false;
     begin(a, WO_AUTO_TRY, WO_AUTO_SETTLE_STEPS);
     return WO_AUTO_STREAM;
+}
+
+/* Takes a decision that streams managed ranges again in place (the
+ * recheck rule, stream-auto.h): streamed at left_ns a step lately. */
+static enum wo_auto_action recheck(struct wo_auto *a, double left_ns)
+{
+    a->rechecks++;
+    a->rechecking = true;
+    a->left_ns = left_ns;
+    a->streaming = false;
+    begin(a, WO_AUTO_WATCH, WO_AUTO_RECHECK_SETTLE);
+    return WO_AUTO_UNSTREAM;
 }
 
 enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
@@ -103,6 +134,16 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             return WO_AUTO_NONE;
         /* bytes / (GB/s) is in ns */
         copy_ns = link_gbs > 0 ? (double)cand_bytes / link_gbs : 0;
+        if (a->rechecking) {
+            /* both periods measured, the planner settled: no estimate */
+            if (cand_bytes && wo_auto_keep_pays(a->left_ns, a->inplace_ns))
+                return try_now(a, copy_ns);
+            a->rechecking = false;
+            a->recheck_backs++;
+            a->recheck_at = a->recheck_first;
+            hold(a, a->inplace_ns);
+            return WO_AUTO_NONE;
+        }
         if (cand_bytes && link_gbs > 0 && wo_auto_try_pays(copy_ns / a->eff, a->inplace_ns))
             return try_now(a, copy_ns);
         a->eff = fmin(1.0, a->eff * 1.1);
@@ -145,6 +186,10 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
         }
         per = fmin(fmax(per, 0.5 * a->decided_ns), 2 * a->decided_ns);
         a->ewma_ns += (per - a->ewma_ns) * 0.125;
+        if (a->streaming && a->managed && a->recheck_first &&
+            (a->held >= a->recheck_at || (a->held >= WO_AUTO_MIN_HOLD &&
+                                          fabs(a->ewma_ns / a->decided_ns - 1.0) > WO_AUTO_DRIFT)))
+            return recheck(a, a->ewma_ns);
         if (a->streaming && a->held >= WO_AUTO_MIN_HOLD &&
             a->ewma_ns > (1.0 + WO_AUTO_DRIFT) * a->decided_ns) {
             /* longer steps, streamed: a bigger batch (or longer contexts)

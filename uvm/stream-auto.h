@@ -52,7 +52,28 @@
  *    moves every step, and a decision taken every 20 steps would spend
  *    half the time measuring. Streamed steps that grew longer do not
  *    leave streaming (a bigger batch only reads more in place): the
- *    decision is taken again at the new period (regrown). */
+ *    decision is taken again at the new period (regrown).
+ *  - recheck: a decision to stream that took managed ranges (the planner
+ *    could keep them on the device, where reading in place costs no link)
+ *    is taken again in place after RECHECK_FIRST streamed steps, and then
+ *    after twice as many each time it is confirmed (up to RECHECK_MAX):
+ *    the ranges go back in place, RECHECK_SETTLE steps let the planner
+ *    prefetch them again, PROBE_STEPS give the in-place period, and it is
+ *    set against the streamed period the ranges left at. Streaming stays
+ *    only when that is below KEEP_RATIO of it (tried again at once, the
+ *    interval doubled); else they stay in place. A try is taken a few
+ *    steps after the batch moved, while the planner's hot set is still
+ *    learning the batch's experts: on the Qwen3 shape, managed at half the
+ *    experts' bytes, such a try at b8 was a coin toss (251-285 ms in place
+ *    against 257-280 streamed), and once kept nothing took it again: b32
+ *    ran streamed at 88-98 tok/s against 111-131 in place, its streamed
+ *    steps 1.26x b8's, under the drift, and held by `regrown`
+ *    (docs/history/prefetch.md, "bimodal"). A settled in-place step there
+ *    is 212-215 ms at b8 and 250-255 at b32. Such a decision is never held
+ *    as regrown: it is rechecked at once. Host ranges are not rechecked:
+ *    in place they cross the link every step (at the default experts
+ *    backend once per token), and a recheck would cost PROBE_STEPS such
+ *    steps for nothing. */
 #pragma once
 
 #include <stdbool.h>
@@ -66,6 +87,9 @@
 #define WO_AUTO_EARLY_RATIO 0.75
 #define WO_AUTO_KEEP_RATIO 0.97
 #define WO_AUTO_DRIFT 0.30
+#define WO_AUTO_RECHECK_FIRST 64
+#define WO_AUTO_RECHECK_MAX 1024
+#define WO_AUTO_RECHECK_SETTLE 8
 
 /* The rule's two comparisons, in any one unit of time (the replay weighs
  * its predicted steps by them too, tools/replay-report.c): streaming is
@@ -100,12 +124,28 @@ struct wo_auto {
     uint64_t regrown;   /* streamed steps grew longer: held at the new period */
     double eff;         /* copy time / streamed period, from the last try (1: none yet) */
     double try_copy_ns; /* the copy time the try in progress was decided on */
+    /* recheck: the streamed set holds managed ranges (told by the executor,
+     * wo_auto_streamed_managed); streamed steps held before the next
+     * recheck; the watch in progress is one; the streamed period it left */
+    bool managed;
+    bool rechecking;
+    uint64_t recheck_first; /* RECHECK_FIRST unless set (wo_auto_set_recheck); 0: never */
+    uint64_t recheck_at;
+    double left_ns;
+    uint64_t rechecks, recheck_backs; /* rechecks made; of them, those that stayed in place */
 };
 
 void wo_auto_init(struct wo_auto *a);
+/* Streamed steps before the first recheck (WOFFLOAD_STREAM_RECHECK), 0:
+ * never; the later ones double up to RECHECK_MAX (or first, if larger). */
+void wo_auto_set_recheck(struct wo_auto *a, uint64_t first);
 
 /* A step boundary at t_ns (CLOCK_MONOTONIC) closing k steps. cand_bytes:
  * the bytes one staging copy a step of the candidate ranges would move
  * (0: nothing to decide); link_gbs: the link's copy rate. */
 enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, uint64_t cand_bytes,
                                  double link_gbs);
+
+/* After WO_AUTO_STREAM: whether the ranges streamed include managed ones
+ * (the recheck rule above applies then). */
+void wo_auto_streamed_managed(struct wo_auto *a, bool managed);

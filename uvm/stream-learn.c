@@ -163,6 +163,7 @@ static uint64_t hot_over(uint64_t reserved)
 static void auto_decide(uint64_t t_ns, unsigned k)
 {
     uint64_t cand = 0, bytes = 0, kept = wo_sx->au.kept, slot_bytes, over;
+    uint64_t recheck_backs = wo_sx->au.recheck_backs;
     unsigned n = 0, nm = 0, nroom = 0;
     bool loud = wo_sx->au.tries < 3;
     enum wo_auto_action act;
@@ -209,6 +210,7 @@ static void auto_decide(uint64_t t_ns, unsigned k)
                 over -= WO_MIN(hot, over);
             }
         }
+        wo_auto_streamed_managed(&wo_sx->au, nm > 0);
         add(&wo_stream_tab.n.auto_tries, 1);
         AUTO_SAY(
             loud,
@@ -229,11 +231,23 @@ static void auto_decide(uint64_t t_ns, unsigned k)
                      "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
                      "%.1f ms in place",
                      n, wo_sx->au.stream_ns / 1e6, wo_sx->au.inplace_ns / 1e6);
+        } else if (wo_sx->au.rechecking) {
+            add(&wo_stream_tab.n.auto_rechecks, 1);
+            AUTO_SAY(wo_sx->au.rechecks <= 3,
+                     "stream: auto: %u ranges back in place to take the decision again (managed "
+                     "ones the planner may keep): a step takes %.1f ms streamed",
+                     n, wo_sx->au.left_ns / 1e6);
         } else {
             wo_debug("stream: auto: the step's period moved (%.1f ms, streamed at %.1f ms): "
                      "measuring in place again (%u ranges)",
                      wo_sx->au.ewma_ns / 1e6, wo_sx->au.decided_ns / 1e6, n);
         }
+    } else if (wo_sx->au.recheck_backs != recheck_backs) {
+        add(&wo_stream_tab.n.auto_backs, 1);
+        AUTO_SAY(wo_sx->au.recheck_backs <= 3,
+                 "stream: auto: the ranges stay in place: a step takes %.1f ms in place, it took "
+                 "%.1f ms streamed",
+                 wo_sx->au.inplace_ns / 1e6, wo_sx->au.left_ns / 1e6);
     } else if (wo_sx->au.kept != kept) {
         add(&wo_stream_tab.n.auto_kept, 1);
         AUTO_SAY(loud,

@@ -519,6 +519,7 @@ static void setup(void)
     }
     wo_stream_keys_init(&wo_sx->keys);
     wo_auto_init(&wo_sx->au);
+    wo_auto_set_recheck(&wo_sx->au, wo_settings()->stream_recheck);
     {
         struct wo_devmodel dm;
         wo_devmodel_default(&dm);
@@ -714,8 +715,10 @@ void wo_stream_summary(void)
     wo_devmodel_default(&dm);
     n = (double)c.staged;
     if (c.auto_tries)
-        snprintf(autos, sizeof(autos), "; auto: %" PRIu64 " tried, %" PRIu64 " kept, %" PRIu64 " back in place",
-                 c.auto_tries, c.auto_kept, c.auto_backs);
+        snprintf(autos, sizeof(autos),
+                 "; auto: %" PRIu64 " tried, %" PRIu64 " kept, %" PRIu64 " back in place, %" PRIu64
+                 " rechecked",
+                 c.auto_tries, c.auto_kept, c.auto_backs, c.auto_rechecks);
     if (c.staging_steps && c.staging_step_ns)
         snprintf(timed, sizeof(timed),
                  "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",

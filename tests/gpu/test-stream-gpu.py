@@ -360,7 +360,8 @@ def main() -> int:
                         eng.get("stalls", 1) == 0 and eng.get("quiesce_timeouts", 1) == 0
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
-                      f"streamed, {st.get('auto_backs')} back in place; {st.get('redirected')} launches "
+                      f"streamed, {st.get('auto_backs')} back in place, {st.get('auto_rechecks')} rechecked; "
+                      f"{st.get('redirected')} launches "
                       f"redirected, {st.get('staged')} staging copies")
             for what, ok in checks.items():
                 print(f"{'ok' if ok else 'FAIL'}: {case}: {what}")
