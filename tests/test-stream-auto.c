@@ -316,6 +316,44 @@ static void managed_confirmed_backs_off(void **state)
     assert_int_equal(c.a.kept, c.a.tries);
 }
 
+/* Where the in-place steps of a recheck are far slower than the streamed
+ * ones (managed experts the planner cannot hold, read once per token in
+ * place: 1.6 s against 420 ms), the recheck ends after RECHECK_SLOW of
+ * them and streams again: a few slow steps, not RECHECK_SETTLE +
+ * PROBE_STEPS. A recheck whose first steps are only unsettled-slow (1.3x)
+ * goes on. */
+static void managed_clear_loss_ends_recheck(void **state)
+{
+    struct clock c;
+    unsigned in_place;
+    (void)state;
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 1570, 420, 20.7,
+          true);
+    assert_int_equal(c.a.kept, 1);
+    world(&c, WO_AUTO_RECHECK_FIRST, 1570, 420, 20.7, true);
+    assert_int_equal(c.a.rechecks, 1);
+    in_place = world(&c, WO_AUTO_RECHECK_SLOW, 1570, 420, 20.7, true);
+    assert_int_equal(in_place, WO_AUTO_RECHECK_SLOW);
+    assert_true(c.a.streaming);
+    assert_false(c.a.rechecking);
+    assert_int_equal(c.a.recheck_at, 2 * WO_AUTO_RECHECK_FIRST);
+    /* 4000 steps: under 2% in place */
+    in_place = world(&c, 4000, 1570, 420, 20.7, true);
+    assert_true(in_place < 4000 / 50);
+    assert_int_equal(c.a.backs, 0);
+    /* 1.3x: the recheck runs its course (and streaming stays: 420 is
+     * under 0.97x of 546) */
+    start(&c);
+    world(&c, 1 + WO_AUTO_PROBE_STEPS + WO_AUTO_SETTLE_STEPS + WO_AUTO_PROBE_STEPS, 546, 420, 20.7,
+          true);
+    world(&c, WO_AUTO_RECHECK_FIRST, 546, 420, 20.7, true);
+    in_place = world(&c, WO_AUTO_RECHECK_SETTLE + WO_AUTO_PROBE_STEPS, 546, 420, 20.7, true);
+    assert_int_equal(in_place, WO_AUTO_RECHECK_SETTLE + WO_AUTO_PROBE_STEPS);
+    world(&c, 1, 546, 420, 20.7, true);
+    assert_true(c.a.streaming);
+}
+
 /* A decision to stream host ranges is never rechecked, nor a managed one
  * with the recheck off; a managed one's period drifting (the batch grew: its streamed steps 2x) is
  * rechecked at once, not held as regrown. */
@@ -596,6 +634,7 @@ int main(void)
         cmocka_unit_test(managed_decision_rechecked),
         cmocka_unit_test(managed_confirmed_backs_off),
         cmocka_unit_test(host_not_rechecked_managed_drift_is),
+        cmocka_unit_test(managed_clear_loss_ends_recheck),
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
         cmocka_unit_test(slots_sized_for_their_ranges),

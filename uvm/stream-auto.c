@@ -103,6 +103,7 @@ static enum wo_auto_action recheck(struct wo_auto *a, double left_ns)
     a->rechecks++;
     a->rechecking = true;
     a->left_ns = left_ns;
+    a->slow = 0;
     a->streaming = false;
     begin(a, WO_AUTO_WATCH, WO_AUTO_RECHECK_SETTLE);
     return WO_AUTO_UNSTREAM;
@@ -124,6 +125,13 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     a->last_t = t_ns;
     if (a->skip) {
         a->skip = a->skip > k ? a->skip - k : 0;
+        /* a recheck whose steps in place are far slower than streamed
+         * ones, before the planner settles even: no settling makes up
+         * RECHECK_LOSS, so streamed again now (a managed range the planner
+         * cannot hold, read in place once per token) */
+        if (a->rechecking && k == 1 && per > WO_AUTO_RECHECK_LOSS * a->left_ns &&
+            ++a->slow >= WO_AUTO_RECHECK_SLOW)
+            return try_now(a, a->try_copy_ns);
         return WO_AUTO_NONE;
     }
     if (k > 1)

@@ -58,10 +58,14 @@
  *    is taken again in place after RECHECK_FIRST streamed steps, and then
  *    after twice as many each time it is confirmed (up to RECHECK_MAX):
  *    the ranges go back in place, RECHECK_SETTLE steps let the planner
- *    prefetch them again, PROBE_STEPS give the in-place period, and it is
- *    set against the streamed period the ranges left at. Streaming stays
- *    only when that is below KEEP_RATIO of it (tried again at once, the
- *    interval doubled); else they stay in place. A try is taken a few
+ *    prefetch them again and settle, PROBE_STEPS give the in-place period,
+ *    and it is set against the streamed period the ranges left at.
+ *    Streaming stays only when that is below KEEP_RATIO of it (tried again
+ *    at once, the interval doubled); else they stay in place. A recheck
+ *    costs its steps in place: where those are far slower (RECHECK_SLOW
+ *    settling steps over RECHECK_LOSS times the streamed one: more than
+ *    any settling makes up; the unsettled b8 steps below were 1.2-1.3x the
+ *    settled ones), streaming is tried again at once. A try is taken a few
  *    steps after the batch moved, while the planner's hot set is still
  *    learning the batch's experts: on the Qwen3 shape, managed at half the
  *    experts' bytes, such a try at b8 was a coin toss (251-285 ms in place
@@ -89,7 +93,9 @@
 #define WO_AUTO_DRIFT 0.30
 #define WO_AUTO_RECHECK_FIRST 64
 #define WO_AUTO_RECHECK_MAX 1024
-#define WO_AUTO_RECHECK_SETTLE 8
+#define WO_AUTO_RECHECK_SETTLE 16
+#define WO_AUTO_RECHECK_LOSS 1.5
+#define WO_AUTO_RECHECK_SLOW 3
 
 /* The rule's two comparisons, in any one unit of time (the replay weighs
  * its predicted steps by them too, tools/replay-report.c): streaming is
@@ -132,6 +138,7 @@ struct wo_auto {
     uint64_t recheck_first; /* RECHECK_FIRST unless set (wo_auto_set_recheck); 0: never */
     uint64_t recheck_at;
     double left_ns;
+    unsigned slow; /* settling steps of the recheck over RECHECK_LOSS x left_ns */
     uint64_t rechecks, recheck_backs; /* rechecks made; of them, those that stayed in place */
 };
 
