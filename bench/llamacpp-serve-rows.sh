@@ -17,6 +17,12 @@
 #                  the expert tensors, for rows at equal memory with llama-ot (on
 #                  the moe32 GGUF at --parallel 32, 3: bench/results/
 #                  llamacpp-serve-20261204c-p32-c32-ot-h200)
+#   shim-exps-hotN  shim-exps with prefetch: {hot_experts: NGiB}, N 1-99 (the
+#                  policy written to OUTROOT): every expert host, N GiB of device
+#                  memory kept for the experts the picked copies move most (the
+#                  ggml hook then registers every compute's picks; docs/placement.md,
+#                  Hot experts): residency by use at expert grain, for rows at
+#                  equal memory with llama-ncmoe8 (half the layers' experts resident)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
 #                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]
@@ -117,6 +123,10 @@ for row in $ROWS; do
     shim-exps-slots[1-9]) R=${R_SLOW:-c$P}; n=${base#shim-exps-slots}
         POL=$OUTROOT/llamacpp-exps-slots$n.yaml
         sed "s/^default: device\$/default: device\\nprefetch:\\n  slots: $n/" \
+            "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
+    shim-exps-hot[1-9] | shim-exps-hot[1-9][0-9]) R=${R_SLOW:-c$P}; n=${base#shim-exps-hot}
+        POL=$OUTROOT/llamacpp-exps-hot$n.yaml
+        sed "s/^default: device\$/default: device\\nprefetch:\\n  hot_experts: ${n}GiB/" \
             "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
     llama-ot) R=${R_SLOW:-c$P}; LLAMA_ARGS="$LLAMA_ARGS -ot exps=CPU -lm none" ;;
     shim-managed) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-exps-managed.yaml
