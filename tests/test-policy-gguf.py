@@ -215,6 +215,50 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out, err = run(model, "--compare")
     check(rc == 2 and "--gpu" in err, "compare without --gpu: %d %s" % (rc, err))
 
+    # hot experts (prefetch.hot_experts): an equal share of the bytes a tensor
+    # off the device, its cap the rows that fit beside its map (8 bytes an
+    # expert, 256-aligned); from two tokens on the picked rows less cap/E of
+    # them cross the link, a single token's all of them
+    otp = open(ot).read()
+    def hot_policy(size):
+        path = os.path.join(tmp, "hot-%s.yaml" % size)
+        with open(path, "w") as f:
+            f.write(otp.replace("default: device\n", "default: device\nprefetch: {hot_experts: %s}\n" % size, 1))
+        return path
+    mapb = (E * 8 + 255) // 256 * 256
+    share = (4 << 30) // len(exps)
+    caps = {nm: min(E, (share - mapb) // (nbytes(ne, t) // E)) for nm, ne, t in exps}
+    held = sum(mapb + caps[nm] * (nbytes(ne, t) // E) for nm, ne, t in exps)
+    rc, out, err = run(model, hot_policy("4GiB"), "--batch", "1,8")
+    check(rc == 0, "hot: exit %d: %s" % (rc, err))
+    m = re.search(r"^hot experts: 4\.00 GiB asked, ([\d.]+) (MiB|GiB) held by 48 of the 48 expert tensors off the device .*: (\d+)-(\d+) of 128 experts each", out, re.M)
+    check(m is not None, "hot: no hot experts line:\n" + out[:1200])
+    if m:
+        got = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30))
+        check(close(got, held) and int(m.group(3)) == min(caps.values()) and int(m.group(4)) == max(caps.values()),
+              "hot: held %s (%s-%s), expected %d (%d-%d)" % (got, m.group(3), m.group(4), held, min(caps.values()), max(caps.values())))
+    for bsz in (1, 8):
+        share_b = 1 - (1 - K / E) ** bsz
+        want = sum(nbytes(ne, t) * share_b * (1 - (caps[nm] / E if bsz >= 2 else 0)) for nm, ne, t in exps)
+        m = re.search(r"^  batch %-5d\s+([\d.]+) (MiB|GiB)" % bsz, out, re.M)
+        got = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
+        check(close(got, want), "hot: batch %d reads %s, expected %.0f" % (bsz, got, want))
+    # auto: without --gpu it says what it needs; with it, the GPU less the
+    # engine, the weights on the device, two buffers of the largest expert
+    # tensor and the 1 GiB margin
+    rc, out, err = run(model, hot_policy("auto"), "--batch", "8")
+    check(rc == 0 and "hot experts: auto (the device memory free when the first set is made" in out, "hot auto without --gpu:\n" + out[:900])
+    rc, out, err = run(model, hot_policy("auto"), "--batch", "8", "--gpu", "6GiB", "--engine", "1GiB", "--compare")
+    largest = max(nbytes(ne, t) for _, ne, t in exps)
+    want = (6 << 30) - (1 << 30) - (all_bytes - exp_bytes) - 2 * largest - (1 << 30)
+    m = re.search(r"^hot experts: ([\d.]+) (MiB|GiB) asked", out, re.M)
+    got = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
+    check(rc == 0 and close(got, want), "hot auto: asked %s, expected %d: %s" % (got, want, err))
+    # --compare counts the sets' memory in the policy's row
+    m = re.search(r"^  the policy \(hot experts\)\s+([\d.]+) (MiB|GiB)", out, re.M)
+    dev = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
+    check(dev is not None and dev > all_bytes - exp_bytes + want * 0.95, "hot compare: the policy's row %s:\n%s" % (dev, out[-700:]))
+
     # bad files and options
     def bad(name, want, **kw):
         p = os.path.join(tmp, name + ".gguf")

@@ -52,6 +52,8 @@ static void gguf_usage(FILE *f)
             "  --compare       beside the policy, llama.cpp's own offloads within the same device\n"
             "                  memory for weights (fit's budget, else --gpu less --engine):\n"
             "                  -ot exps=CPU and the fewest --n-cpu-moe layers that fit\n"
+            "With prefetch.hot_experts, the hot experts each expert tensor off the device holds\n"
+            "(auto: from --gpu) and the rows they serve from the device from two tokens on.\n"
             "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
 }
 
@@ -160,6 +162,30 @@ static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t
         g->expert_used <= g->expert_count && g->expert_count <= UINT32_MAX)
         return (double)t->bytes * wo_picks_share(b, g->expert_used, (unsigned)g->expert_count);
     return (double)t->bytes;
+}
+
+/* Hot experts (prefetch.hot_experts, docs/placement.md "Hot experts"):
+ * each expert tensor off the device gets an equal share of their bytes for
+ * the rows of its most copied experts, cap[i] of E. With them on, the
+ * ggml hook registers the picks of every compute of two tokens or more
+ * (single-token computes read in place), and a picked copy takes a hot
+ * expert's row from the device: under a uniform router cap/E of the picked
+ * rows (a skewed router's more). */
+struct hot {
+    uint64_t bytes; /* the sets' device memory, in all */
+    unsigned *cap;  /* per tensor: experts held (0: none) */
+    unsigned n;     /* tensors with a set */
+};
+
+/* The bytes of tensor i a decode step of b tokens reads over the link
+ * (step_bytes less the rows its hot set serves). */
+static double link_bytes(const struct wo_gguf *g, const struct hot *h, size_t i, unsigned b)
+{
+    double v = step_bytes(g, &g->t[i], b);
+
+    if (h && h->cap && h->cap[i] && b >= 2)
+        v *= 1.0 - (double)h->cap[i] / (double)g->expert_count;
+    return v;
 }
 
 /* A tensor of llama.cpp's input layer (llama-arch.cpp, LLM_TENSOR_LAYER_INPUT),
@@ -283,14 +309,16 @@ static void header(const char *path, const struct wo_gguf *g)
     printf("\n");
 }
 
-/* The bytes a decode step of b tokens reads off the device under out. */
-static double off_bytes(const struct wo_gguf *g, const enum wo_placement *out, unsigned b)
+/* The bytes a decode step of b tokens reads off the device under out (h:
+ * its hot experts, or NULL). */
+static double off_bytes(const struct wo_gguf *g, const enum wo_placement *out, const struct hot *h,
+                        unsigned b)
 {
     double bytes = 0;
 
     for (size_t i = 0; i < g->n; i++)
         if (out[i] != WO_PLACE_DEVICE)
-            bytes += step_bytes(g, &g->t[i], b);
+            bytes += link_bytes(g, h, i, b);
     return bytes;
 }
 
@@ -303,16 +331,18 @@ static uint64_t device_bytes(const struct wo_gguf *g, const enum wo_placement *o
     return n;
 }
 
+/* A row of --compare: its device memory (weights, and hot experts' sets
+ * when h has them) and a step's time on the link at each batch. */
 static void compare_row(const struct gargs *a, const struct wo_gguf *g, const char *label,
-                        const enum wo_placement *out, uint64_t room)
+                        const enum wo_placement *out, const struct hot *h, uint64_t room)
 {
-    uint64_t dev = device_bytes(g, out);
+    uint64_t dev = device_bytes(g, out) + (h ? h->bytes : 0);
     char s1[32];
 
     printf("  %-24s %12s%s", label, wo_format_size(dev, s1, sizeof(s1)),
            dev > room ? " (over)" : "       ");
     for (unsigned k = 0; k < a->nb; k++)
-        printf(" %10.1f", off_bytes(g, out, a->batch[k]) / (a->link * 1e9) * 1e3);
+        printf(" %10.1f", off_bytes(g, out, h, a->batch[k]) / (a->link * 1e9) * 1e3);
     printf("\n");
 }
 
@@ -321,7 +351,7 @@ static void compare_row(const struct gargs *a, const struct wo_gguf *g, const ch
  * host) and --n-cpu-moe N, the fewest first layers whose experts on the
  * host leave the rest within room. */
 static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out,
-                   uint64_t room)
+                   const struct hot *h, uint64_t room)
 {
     enum wo_placement *v = calloc(g->n ? g->n : 1, sizeof(*v));
     long layers = 0;
@@ -335,12 +365,12 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
     for (unsigned k = 0; k < a->nb; k++)
         printf("   batch %-2u", a->batch[k]);
     printf("\n");
-    compare_row(a, g, "the policy", out, room);
+    compare_row(a, g, h && h->n ? "the policy (hot experts)" : "the policy", out, h, room);
     for (size_t i = 0; i < g->n; i++) {
         v[i] = experts(g->t[i].name) ? WO_PLACE_HOST : WO_PLACE_DEVICE;
         layers = WO_MAX(layers, wo_policy_layer_of(g->t[i].name) + 1);
     }
-    compare_row(a, g, "-ot exps=CPU", v, room);
+    compare_row(a, g, "-ot exps=CPU", v, NULL, room);
     for (long n = 0; n <= layers; n++) {
         for (size_t i = 0; i < g->n; i++) {
             long l = wo_policy_layer_of(g->t[i].name);
@@ -348,7 +378,7 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
         }
         if (device_bytes(g, v) <= room || n == layers) {
             snprintf(label, sizeof(label), "--n-cpu-moe %ld", n);
-            compare_row(a, g, label, v, room);
+            compare_row(a, g, label, v, NULL, room);
             break;
         }
     }
@@ -356,16 +386,17 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
     return 0;
 }
 
-static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out)
+static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo_placement *out,
+                   const struct hot *h)
 {
     char s1[32];
 
-    printf("a decode step off the device (%s; at %.0f GB/s):\n",
+    printf("a decode step off the device (%s%s; at %.0f GB/s):\n",
            g->expert_count && g->expert_used ? "a uniform router's picks"
                                              : "experts read whole: the file gives no top-k",
-           a->link);
+           h->n ? ", less the rows the hot experts serve from two tokens on" : "", a->link);
     for (unsigned k = 0; k < a->nb; k++) {
-        double bytes = off_bytes(g, out, a->batch[k]);
+        double bytes = off_bytes(g, out, h, a->batch[k]);
         double s = bytes / (a->link * 1e9);
         printf("  batch %-5u %10s  %8.1f ms", a->batch[k],
                wo_format_size((uint64_t)bytes, s1, sizeof(s1)), s * 1e3);
@@ -398,6 +429,72 @@ static void staging(const struct wo_policy *p, const struct wo_gguf *g,
            wo_format_size(largest * 2, s3, sizeof(s3)));
 }
 
+#define HOT_MAP_ALIGN 256u
+#define HOT_MARGIN (UINT64_C(1) << 30) /* WOFFLOAD_MANAGED_MARGIN's default */
+
+/* The hot experts p asks for, over the expert tensors off the device:
+ * prefetch.hot_experts' bytes, or with `auto` the GPU's memory left after
+ * the engine, the weights on the device, two picked copies' buffers of the
+ * largest such tensor and the managed cap's margin (what the shim finds
+ * free when it makes the first set). Prints what it found. 0, or -ENOMEM. */
+static int hot_plan(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
+                    const enum wo_placement *out, struct hot *h)
+{
+    uint64_t want = p ? wo_policy_globals(p)->prefetch.hot_experts : 0, largest = 0, share,
+             used = 0;
+    unsigned n = 0, E = (unsigned)g->expert_count;
+    char s1[32], s2[32], s3[32];
+
+    *h = (struct hot){0};
+    if (!want || !g->expert_count || g->expert_count > UINT32_MAX)
+        return 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (out[i] != WO_PLACE_DEVICE && experts(g->t[i].name)) {
+            n++;
+            largest = WO_MAX(largest, g->t[i].bytes);
+        }
+    if (!n)
+        return 0;
+    if (want == WO_HOT_EXPERTS_AUTO) {
+        uint64_t taken = a->engine + device_bytes(g, out) + 2 * largest + HOT_MARGIN;
+        if (!a->has_gpu) {
+            printf("hot experts: auto (the device memory free when the first set is made, less "
+                   "the managed cap's margin): give --gpu SIZE to see how much\n");
+            return 0;
+        }
+        want = a->gpu > taken ? a->gpu - taken : 0;
+    }
+    if (!(h->cap = calloc(g->n, sizeof(*h->cap))))
+        return -ENOMEM;
+    share = want / n;
+    for (size_t i = 0; i < g->n; i++) {
+        uint64_t row = g->t[i].bytes / E,
+                 map = ((uint64_t)E * 8 + HOT_MAP_ALIGN - 1) & ~(uint64_t)(HOT_MAP_ALIGN - 1);
+        if (out[i] == WO_PLACE_DEVICE || !experts(g->t[i].name) || !row)
+            continue;
+        h->cap[i] = (unsigned)WO_MIN((uint64_t)E, share > map ? (share - map) / row : 0);
+        if (h->cap[i]) {
+            used += map + (uint64_t)h->cap[i] * row;
+            h->n++;
+        }
+    }
+    h->bytes = used;
+    {
+        unsigned lo = E, hi = 0;
+        for (size_t i = 0; i < g->n; i++)
+            if (h->cap[i]) {
+                lo = WO_MIN(lo, h->cap[i]);
+                hi = WO_MAX(hi, h->cap[i]);
+            }
+        printf("hot experts: %s asked, %s held by %u of the %u expert tensors off the device (an "
+               "equal share each, %s): %u-%u of %u experts each, which serve that share of a "
+               "uniform router's picked rows from the device (a skewed router's more)\n",
+               wo_format_size(want, s1, sizeof(s1)), wo_format_size(used, s2, sizeof(s2)), h->n, n,
+               wo_format_size(share, s3, sizeof(s3)), h->n ? lo : 0, hi, E);
+    }
+    return 0;
+}
+
 int wo_policy_gguf_main(int argc, char **argv)
 {
     struct gargs a;
@@ -407,6 +504,7 @@ int wo_policy_gguf_main(int argc, char **argv)
     struct wo_rule_counts *counts = NULL;
     struct wo_host_budget hb;
     enum wo_placement *out = NULL;
+    struct hot hot = {0};
     long *rule = NULL;
     uint64_t room, cpu_n, cpu_bytes;
     bool tied;
@@ -500,6 +598,11 @@ int wo_policy_gguf_main(int argc, char **argv)
                    nb[k], wo_format_size(by[k], s1, sizeof(s1)));
     }
     staging(p, &g, out);
+    if (hot_plan(&a, p, &g, out, &hot) != 0) {
+        fprintf(stderr, "woffload-policy gguf: out of memory\n");
+        status = 1;
+        goto out;
+    }
     if (a.list)
         for (size_t i = 0; i < g.n; i++) {
             const char *tn = "?";
@@ -511,13 +614,14 @@ int wo_policy_gguf_main(int argc, char **argv)
                                             lab, sizeof(lab))
                      : "no policy");
         }
-    bounds(&a, &g, out);
-    if (a.compare && compare(&a, &g, out, room) != 0) {
+    bounds(&a, &g, out, &hot);
+    if (a.compare && compare(&a, &g, out, &hot, room) != 0) {
         status = 1;
         goto out;
     }
     status = 0;
 out:
+    free(hot.cap);
     free(out);
     free(rule);
     free(counts);
