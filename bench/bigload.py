@@ -822,6 +822,11 @@ def targets(rows: List[Dict[str, Any]], experts: int, keep_free: int) -> List[st
             he = rate(by.get(f"hand-engine-{f}") or {}, b)
             if he:
                 say(f"{r['name']} b{b} x hand-engine-{f}", t / he if t else None, 1.0)
+            # and with hot experts (the device memory left kept for the
+            # most used experts): residency at expert grain, by use
+            hh = rate(by.get(f"hand-hot-{f}") or {}, b)
+            if hh:
+                say(f"{r['name']} b{b} x hand-hot-{f}", t / hh if t else None, 1.0)
             say(f"{r['name']} b{b} x bound", t / bound if t and bound else None, 0.9)
             if t and pb.get("tokens"):
                 m = (r.get("batched") or {}).get(b) or {}

@@ -190,6 +190,12 @@ class TestMoeTables(unittest.TestCase):
         self.assertIn("- fit-0.5 b1 x hand-engine-0.5: NOT met (0.50x, at least 1.00x)", text)
         self.assertIn("- fit-0.5 b8 x hand-engine-0.5: met (1.50x", text)
         self.assertNotIn("fit-0.25 b1 x hand-engine", text)
+        # and with hot experts under the same blocker, when run
+        rows.append(row("hand-hot-0.5", frac=0.5, rates={1: 20.0, 8: 90.0}))
+        text = bigload.moe_tables(rows, 128, 1 << 30)
+        self.assertIn("- fit-0.5 b1 x hand-hot-0.5: met (1.50x, at least 1.00x)", text)
+        self.assertIn("- fit-0.5 b8 x hand-hot-0.5: NOT met (0.50x, at least 1.00x)", text)
+        self.assertNotIn("fit-0.25 b1 x hand-hot", text)
         # load 10 s against plain's 10 s; peak 5.5 GiB against 5 GiB free less 1 GiB
         self.assertIn("- fit-0.5 load x plain: met (1.00x, at most 1.30x)", text)
         self.assertIn("- fit-0.5 peak x fit size: NOT met (1.10x, at most 1.05x)", text)
