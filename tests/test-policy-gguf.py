@@ -259,6 +259,20 @@ with tempfile.TemporaryDirectory() as tmp:
     dev = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
     check(dev is not None and dev > all_bytes - exp_bytes + want * 0.95, "hot compare: the policy's row %s:\n%s" % (dev, out[-700:]))
 
+    # --compare's own hot row: every expert host, the room less the device
+    # weights and two buffers of the largest expert tensor hot (a fixed size:
+    # no margin), its device figure all three
+    room = (6 << 30) - (1 << 30)
+    want = room - (all_bytes - exp_bytes) - 2 * largest
+    caps = {nm: min(E, (want // len(exps) - mapb) // (nbytes(ne, t) // E)) for nm, ne, t in exps}
+    held = sum(mapb + caps[nm] * (nbytes(ne, t) // E) for nm, ne, t in exps)
+    m = re.search(r"^  exps host \+ hot experts\s+([\d.]+) (MiB|GiB)( \(over\))?\s+([\d.]+)$", out, re.M)
+    dev = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
+    check(m is not None and not m.group(3) and close(dev, all_bytes - exp_bytes + held + 2 * largest),
+          "compare's hot row: %s, expected %d:\n%s" % (dev, all_bytes - exp_bytes + held + 2 * largest, out[-700:]))
+    want8 = sum(nbytes(ne, t) * (1 - (1 - K / E) ** 8) * (1 - caps[nm] / E) for nm, ne, t in exps) / 55e9 * 1e3
+    check(m is not None and abs(float(m.group(4)) - want8) < 0.15, "compare's hot row at b8: %s ms, expected %.1f" % (m and m.group(4), want8))
+
     # bad files and options
     def bad(name, want, **kw):
         p = os.path.join(tmp, name + ".gguf")

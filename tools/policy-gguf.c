@@ -173,6 +173,7 @@ static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t
  * rows (a skewed router's more). */
 struct hot {
     uint64_t bytes; /* the sets' device memory, in all */
+    uint64_t bufs;  /* the picked copies' two buffers of the largest such tensor */
     unsigned *cap;  /* per tensor: experts held (0: none) */
     unsigned n;     /* tensors with a set */
 };
@@ -331,12 +332,97 @@ static uint64_t device_bytes(const struct wo_gguf *g, const enum wo_placement *o
     return n;
 }
 
-/* A row of --compare: its device memory (weights, and hot experts' sets
- * when h has them) and a step's time on the link at each batch. */
+#define HOT_MAP_ALIGN 256u
+#define HOT_MARGIN (UINT64_C(1) << 30) /* WOFFLOAD_MANAGED_MARGIN's default */
+
+/* The expert tensors off the device under out: how many, the largest. */
+static unsigned offdev_experts(const struct wo_gguf *g, const enum wo_placement *out,
+                               uint64_t *largest)
+{
+    unsigned n = 0;
+
+    *largest = 0;
+    for (size_t i = 0; i < g->n; i++)
+        if (out[i] != WO_PLACE_DEVICE && experts(g->t[i].name)) {
+            n++;
+            *largest = WO_MAX(*largest, g->t[i].bytes);
+        }
+    return n;
+}
+
+/* want bytes of hot experts over the n expert tensors off the device under
+ * out, an equal share each (the shim's split, uvm/picks.c make_hot): h's
+ * caps and bytes. 0, or -ENOMEM. */
+static int hot_fill(const struct wo_gguf *g, const enum wo_placement *out, unsigned n,
+                    uint64_t want, uint64_t largest, struct hot *h)
+{
+    uint64_t share = n ? want / n : 0,
+             map = (g->expert_count * 8 + HOT_MAP_ALIGN - 1) & ~(uint64_t)(HOT_MAP_ALIGN - 1);
+
+    *h = (struct hot){.bufs = 2 * largest};
+    if (!(h->cap = calloc(g->n ? g->n : 1, sizeof(*h->cap))))
+        return -ENOMEM;
+    for (size_t i = 0; i < g->n; i++) {
+        uint64_t row = g->t[i].bytes / g->expert_count;
+        if (out[i] == WO_PLACE_DEVICE || !experts(g->t[i].name) || !row)
+            continue;
+        h->cap[i] = (unsigned)WO_MIN(g->expert_count, share > map ? (share - map) / row : 0);
+        if (h->cap[i]) {
+            h->bytes += map + (uint64_t)h->cap[i] * row;
+            h->n++;
+        }
+    }
+    return 0;
+}
+
+/* The hot experts p asks for, over the expert tensors off the device:
+ * prefetch.hot_experts' bytes, or with `auto` the GPU's memory left after
+ * the engine, the weights on the device, two picked copies' buffers of the
+ * largest such tensor and the managed cap's margin (what the shim finds
+ * free when it makes the first set). Prints what it found. 0, or -ENOMEM. */
+static int hot_plan(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
+                    const enum wo_placement *out, struct hot *h)
+{
+    uint64_t want = p ? wo_policy_globals(p)->prefetch.hot_experts : 0, largest;
+    unsigned n, lo, hi = 0;
+    char s1[32], s2[32], s3[32];
+
+    *h = (struct hot){0};
+    if (!want || !g->expert_count || g->expert_count > UINT32_MAX ||
+        !(n = offdev_experts(g, out, &largest)))
+        return 0;
+    if (want == WO_HOT_EXPERTS_AUTO) {
+        uint64_t taken = a->engine + device_bytes(g, out) + 2 * largest + HOT_MARGIN;
+        if (!a->has_gpu) {
+            printf("hot experts: auto (the device memory free when the first set is made, less "
+                   "the managed cap's margin): give --gpu SIZE to see how much\n");
+            return 0;
+        }
+        want = a->gpu > taken ? a->gpu - taken : 0;
+    }
+    if (hot_fill(g, out, n, want, largest, h) != 0)
+        return -ENOMEM;
+    lo = (unsigned)g->expert_count;
+    for (size_t i = 0; i < g->n; i++)
+        if (h->cap[i]) {
+            lo = WO_MIN(lo, h->cap[i]);
+            hi = WO_MAX(hi, h->cap[i]);
+        }
+    printf("hot experts: %s asked, %s held by %u of the %u expert tensors off the device (an "
+           "equal share each, %s): %u-%u of %" PRIu64 " experts each, which serve that share of "
+           "a uniform router's picked rows from the device (a skewed router's more)\n",
+           wo_format_size(want, s1, sizeof(s1)), wo_format_size(h->bytes, s2, sizeof(s2)), h->n, n,
+           wo_format_size(want / n, s3, sizeof(s3)), h->n ? lo : 0, hi, g->expert_count);
+    return 0;
+}
+
+/* A row of --compare: its device memory (weights, and with h its hot
+ * experts' sets and picked copies' buffers) and a step's time on the link
+ * at each batch. */
 static void compare_row(const struct gargs *a, const struct wo_gguf *g, const char *label,
                         const enum wo_placement *out, const struct hot *h, uint64_t room)
 {
-    uint64_t dev = device_bytes(g, out) + (h ? h->bytes : 0);
+    uint64_t dev = device_bytes(g, out) + (h ? h->bytes + h->bufs : 0);
     char s1[32];
 
     printf("  %-24s %12s%s", label, wo_format_size(dev, s1, sizeof(s1)),
@@ -371,6 +457,23 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
         layers = WO_MAX(layers, wo_policy_layer_of(g->t[i].name) + 1);
     }
     compare_row(a, g, "-ot exps=CPU", v, NULL, room);
+    {
+        /* every expert host, the rest of the room hot: a fixed size, so no
+         * margin; two picked copies' buffers of the largest beside it */
+        uint64_t largest, dev = device_bytes(g, v), want;
+        unsigned n = offdev_experts(g, v, &largest);
+        struct hot hh;
+
+        want = room > dev + 2 * largest ? room - dev - 2 * largest : 0;
+        if (n && want && g->expert_count && g->expert_count <= UINT32_MAX) {
+            if (hot_fill(g, v, n, want, largest, &hh) != 0) {
+                free(v);
+                return -ENOMEM;
+            }
+            compare_row(a, g, "exps host + hot experts", v, &hh, room);
+            free(hh.cap);
+        }
+    }
     for (long n = 0; n <= layers; n++) {
         for (size_t i = 0; i < g->n; i++) {
             long l = wo_policy_layer_of(g->t[i].name);
@@ -427,72 +530,6 @@ static void staging(const struct wo_policy *p, const struct wo_gguf *g,
            slots, wo_format_size(largest, s1, sizeof(s1)),
            wo_format_size(largest * slots, s2, sizeof(s2)), s1,
            wo_format_size(largest * 2, s3, sizeof(s3)));
-}
-
-#define HOT_MAP_ALIGN 256u
-#define HOT_MARGIN (UINT64_C(1) << 30) /* WOFFLOAD_MANAGED_MARGIN's default */
-
-/* The hot experts p asks for, over the expert tensors off the device:
- * prefetch.hot_experts' bytes, or with `auto` the GPU's memory left after
- * the engine, the weights on the device, two picked copies' buffers of the
- * largest such tensor and the managed cap's margin (what the shim finds
- * free when it makes the first set). Prints what it found. 0, or -ENOMEM. */
-static int hot_plan(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
-                    const enum wo_placement *out, struct hot *h)
-{
-    uint64_t want = p ? wo_policy_globals(p)->prefetch.hot_experts : 0, largest = 0, share,
-             used = 0;
-    unsigned n = 0, E = (unsigned)g->expert_count;
-    char s1[32], s2[32], s3[32];
-
-    *h = (struct hot){0};
-    if (!want || !g->expert_count || g->expert_count > UINT32_MAX)
-        return 0;
-    for (size_t i = 0; i < g->n; i++)
-        if (out[i] != WO_PLACE_DEVICE && experts(g->t[i].name)) {
-            n++;
-            largest = WO_MAX(largest, g->t[i].bytes);
-        }
-    if (!n)
-        return 0;
-    if (want == WO_HOT_EXPERTS_AUTO) {
-        uint64_t taken = a->engine + device_bytes(g, out) + 2 * largest + HOT_MARGIN;
-        if (!a->has_gpu) {
-            printf("hot experts: auto (the device memory free when the first set is made, less "
-                   "the managed cap's margin): give --gpu SIZE to see how much\n");
-            return 0;
-        }
-        want = a->gpu > taken ? a->gpu - taken : 0;
-    }
-    if (!(h->cap = calloc(g->n, sizeof(*h->cap))))
-        return -ENOMEM;
-    share = want / n;
-    for (size_t i = 0; i < g->n; i++) {
-        uint64_t row = g->t[i].bytes / E,
-                 map = ((uint64_t)E * 8 + HOT_MAP_ALIGN - 1) & ~(uint64_t)(HOT_MAP_ALIGN - 1);
-        if (out[i] == WO_PLACE_DEVICE || !experts(g->t[i].name) || !row)
-            continue;
-        h->cap[i] = (unsigned)WO_MIN((uint64_t)E, share > map ? (share - map) / row : 0);
-        if (h->cap[i]) {
-            used += map + (uint64_t)h->cap[i] * row;
-            h->n++;
-        }
-    }
-    h->bytes = used;
-    {
-        unsigned lo = E, hi = 0;
-        for (size_t i = 0; i < g->n; i++)
-            if (h->cap[i]) {
-                lo = WO_MIN(lo, h->cap[i]);
-                hi = WO_MAX(hi, h->cap[i]);
-            }
-        printf("hot experts: %s asked, %s held by %u of the %u expert tensors off the device (an "
-               "equal share each, %s): %u-%u of %u experts each, which serve that share of a "
-               "uniform router's picked rows from the device (a skewed router's more)\n",
-               wo_format_size(want, s1, sizeof(s1)), wo_format_size(used, s2, sizeof(s2)), h->n, n,
-               wo_format_size(share, s3, sizeof(s3)), h->n ? lo : 0, hi, E);
-    }
-    return 0;
 }
 
 int wo_policy_gguf_main(int argc, char **argv)
