@@ -6,7 +6,9 @@
  * empty entry is still made while the pool has room (early copies fill a
  * stream's second buffer while a launch reads its first), and with the
  * pool full it takes the stream's own buffer that holds the bytes, not
- * another stream's; and wo_pool_room says the same. */
+ * another stream's; and wo_pool_room says the same. Also where a
+ * registration's share hands a host tensor to the streaming executor
+ * (uvm/picks-geom.h, wo_picks_whole_of). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "uvm/picks-geom.h"
 #include "uvm/picks-pool.h"
 #include "uvm/uvm.h"
 
@@ -171,12 +174,34 @@ static void test_full_pool_takes_own_buffer(void **state)
     assert_int_equal(pool_bytes(), 16 * MiB);
 }
 
+/* uvm/picks-geom.h: when a registration's share hands a host tensor to
+ * the streaming executor (WOFFLOAD_PICKS_WHOLE at 92): in from 92, out
+ * below 4/5 of it (73.6), and never at 0; with the share of the Mixtral
+ * shape's b8 (16 ids of 8: 88%) and b32 (64: 100%), the 128-expert
+ * shape's b32 (256 ids: 86%) */
+static void test_whole_line(void **state)
+{
+    (void)state;
+    assert_false(wo_picks_whole_of(false, 91, 92));
+    assert_true(wo_picks_whole_of(false, 92, 92));
+    assert_true(wo_picks_whole_of(true, 74, 92));
+    assert_false(wo_picks_whole_of(true, 73, 92));
+    assert_false(wo_picks_whole_of(true, 100, 0));
+    assert_int_equal(wo_picks_share_pct(16, 0, 8), 88);
+    assert_int_equal(wo_picks_share_pct(64, 0, 8), 99);
+    assert_true(wo_picks_whole_of(false, wo_picks_share_pct(64, 0, 8), 92));
+    assert_false(wo_picks_whole_of(false, wo_picks_share_pct(16, 0, 8), 92));
+    assert_int_equal(wo_picks_share_pct(256, 0, 128), 86);
+    assert_false(wo_picks_whole_of(false, wo_picks_share_pct(256, 0, 128), 92));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_fitting_buffer_before_growth, fresh_pool),
         cmocka_unit_test_setup(test_empty_entry_is_made, fresh_pool),
         cmocka_unit_test_setup(test_full_pool_takes_own_buffer, fresh_pool),
+        cmocka_unit_test(test_whole_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -718,6 +718,93 @@ struct child_env {
     unsigned char *host[2];
 };
 
+/* WOFFLOAD_PICKS_WHOLE (uvm/picks.c, whole): `host` experts under
+ * `prefetch: {mode: stream}`. Registered with 48 ids of 16 experts (a
+ * uniform router's share 96%, past the default 92), the tensors are left to
+ * the streaming executor: it stages them whole and the launches read its
+ * slots; then with 4 ids (22%) they are the picks' again. Every read right
+ * throughout; with WOFFLOAD_PICKS_WHOLE=0 (the parent's second run of this
+ * child) the executor never stages them and every launch copies picked. */
+#define WHOLE_IDS 48
+#define WHOLE_READS 40
+static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr *, size_t),
+                       CUstream s)
+{
+    bool off = getenv("WOFFLOAD_PICKS_WHOLE") && strcmp(getenv("WOFFLOAD_PICKS_WHOLE"), "0") == 0;
+    CUdeviceptr ids, out;
+    long long redirected[2] = {0}, staged[2] = {0};
+    uint64_t got[WHOLE_IDS];
+    char *js;
+
+    CHECK(alloc(&ids, WHOLE_IDS * 8) == CUDA_SUCCESS);
+    CHECK(alloc(&out, WHOLE_IDS * 8) == CUDA_SUCCESS);
+    for (int phase = 0; phase < 2; phase++) {
+        uint64_t n = phase ? TOKENS * TOPK : WHOLE_IDS;
+
+        for (int step = 0; step < 40; step++) {
+            uint64_t width = 8, one = 1, rows[2] = {row_of[0], row_of[1]};
+            uint64_t refs[2][WHOLE_IDS];
+            int64_t id64[WHOLE_IDS];
+
+            for (uint64_t k = 0; k < n; k++)
+                id64[k] = (int64_t)(rng() % E);
+            CHECK(h->htod(ids, id64, n * 8) == CUDA_SUCCESS);
+            for (int t = 0; t < 2; t++) {
+                for (uint64_t k = 0; k < n; k++)
+                    refs[t][k] =
+                        host_sum((const uint64_t *)(h->host[t] + id64[k] * rows[t]), rows[t] / 8);
+                CHECK(h->picks((void *)(uintptr_t)w[t], E * rows[t], E, (void *)(uintptr_t)ids, n,
+                               8) == 0);
+            }
+            /* a layer's two tensors read in turn WHOLE_READS times a
+             * registration (a batch's kernels): the executor's keys are
+             * the ranges in launch order, enough of them to find the step
+             * (uvm/plan.h, the stepper) */
+            for (int r = 0; r < WHOLE_READS; r++)
+                for (int t = 0; t < 2; t++) {
+                    void *params[] = {&w[t], &ids, &n, &width, &rows[t], &out, &one, &one};
+
+                    CHECK(h->launch(h->kg, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+                    CHECK(h->sync(s) == CUDA_SUCCESS);
+                    CHECK(h->dtoh(got, out, n * 8) == CUDA_SUCCESS);
+                    CHECK(memcmp(got, refs[t], n * 8) == 0);
+                }
+            for (int t = 0; t < 2; t++)
+                CHECK(h->picks((void *)(uintptr_t)w[t], E * rows[t], E, NULL, 0, 0) == 0);
+            usleep(2000);
+        }
+        js = snapshot(h->stats);
+        CHECK(js != NULL);
+        redirected[phase] = json_num(js, "\"stream\":{", "\"redirected\":");
+        staged[phase] = json_num(js, "},\"tensors\":", "\"staged\":");
+        free(js);
+        if (failures)
+            return 1;
+    }
+    printf("whole child%s: after 96%% picked: %lld launches read a slot, %lld picked copies; after "
+           "22%%: %lld and %lld\n",
+           off ? " (WOFFLOAD_PICKS_WHOLE=0)" : "", redirected[0], staged[0], redirected[1],
+           staged[1]);
+    if (off) {
+        /* never the executor's: every registration's launches copy picked */
+        CHECK(redirected[1] == 0);
+        CHECK(staged[0] >= 40);
+    } else {
+        /* most of the first phase's launches read a slot (those of the
+         * first steps, before the executor found the step, copy picked:
+         * each, with one buffer a stream and the two tensors in turn) */
+        CHECK(redirected[0] >= 40 * WHOLE_READS);
+        CHECK(staged[0] * 4 < redirected[0]);
+    }
+    /* the second phase claims them again (22%): a slot still holding a
+     * whole tensor serves its launches (nothing to copy; here four slots
+     * hold both tensors and are never reused), and a slot's next staging
+     * gives the range up (uvm/stream-stage.c): either way every read above
+     * was right */
+    check_summary("test-picks-preload whole child");
+    return failures ? 1 : 0;
+}
+
 /* Early copies (WOFFLOAD_PICKS_EARLY, the -early test): both tensors
  * registered with the same ids before either launches, as the Python hook
  * registers a layer's gate_up and down, then launched one after the other
@@ -1210,6 +1297,8 @@ static int child(void)
     if (getenv("WO_PICKS_TEST_EARLY") && getenv("WO_PICKS_TEST_ENGINE") &&
         strcmp(getenv("WO_PICKS_TEST_ENGINE"), "1") == 0)
         return early_child(&h, p_cuMemAlloc, s);
+    if (getenv("WO_PICKS_TEST_WHOLE"))
+        return whole_child(&h, p_cuMemAlloc, s);
     if (getenv("WO_PICKS_TEST_HOT")) {
         CUstream s2;
 
@@ -1778,6 +1867,11 @@ static const char *policies[] = {
     "version: 1\nfit: {device: 100%, keep_free: 16MiB, reserve: 0}\nprefetch: {mode: hot-set}\n",
     /* STREAMS: host, four streams in turn (streams_child) */
     "version: 1\ndefault: device\nrules:\n  - {name: experts, match: [experts], place: host}\n",
+    /* WHOLE and WHOLE_OFF: host under mode stream (whole_child) */
+    "version: 1\ndefault: device\nprefetch: {mode: stream}\nrules:\n"
+    "  - {name: experts, match: [experts], place: host}\n",
+    "version: 1\ndefault: device\nprefetch: {mode: stream}\nrules:\n"
+    "  - {name: experts, match: [experts], place: host}\n",
 };
 #define RESIDENT 2
 #define HOT 3
@@ -1785,6 +1879,8 @@ static const char *policies[] = {
 #define THREE 5
 #define YIELD 6
 #define STREAMS 7
+#define WHOLE 8
+#define WHOLE_OFF 9
 
 int main(int argc, char **argv)
 {
@@ -1819,6 +1915,10 @@ int main(int argc, char **argv)
                 setenv("WO_PICKS_TEST_YIELD", "1", 1);
             if (i == STREAMS)
                 setenv("WO_PICKS_TEST_STREAMS", "1", 1);
+            if (i == WHOLE || i == WHOLE_OFF)
+                setenv("WO_PICKS_TEST_WHOLE", "1", 1);
+            if (i == WHOLE_OFF)
+                setenv("WOFFLOAD_PICKS_WHOLE", "0", 1);
             if (i <= 1 && engine_on())
                 setenv("WO_PICKS_TEST_ENGINE", i == 0 ? "1" : "managed", 1);
             /* -rescue's held copy is for the child that checks the rescue

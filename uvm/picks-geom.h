@@ -35,6 +35,18 @@ static inline uint8_t wo_picks_share_pct(uint64_t n_ids, uint64_t per_row, unsig
                      1e-6);
 }
 
+/* A registration picking share percent of a tensor's experts: whether the
+ * tensor is the streaming executor's from now on (was: it was so far), with
+ * WOFFLOAD_PICKS_WHOLE at pct (0: never). In from pct percent, out below
+ * 4/5 of it: a batch that moves about the line (continuous batching) does
+ * not hand the tensor back and forth. Between the two the whole copy still
+ * wins: the copy engine's 55 GB/s against the kernels' 37.5 over 4/5 of the
+ * bytes or more (picks.c, whole). */
+static inline bool wo_picks_whole_of(bool was, unsigned share, unsigned pct)
+{
+    return pct && (share >= pct || (was && share * 5 >= pct * 4));
+}
+
 /* Whether hit h (the lowest and highest words a launch passed into a
  * registry range) has an end at one of the experts of the tensor at off
  * in that range (size bytes, rows of row): engines hand a stacked expert

@@ -134,6 +134,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
         s->stride = stride;
         s->width = id_bytes;
         s->share = wo_picks_share_pct(s->n_ids, per_row, n_experts);
+        if (ids)
+            s->whole = wo_picks_whole_of(s->whole, s->share, wo_settings()->picks_whole);
         s->sticky |= sticky && ids;
         s->owner = pthread_self();
         s->seq++;
@@ -162,29 +164,32 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     s = &wo_pk.s[i];
     free(s->name);
     retire(s);
-    *s = (struct span){.lo = experts,
-                       .hi = experts + bytes,
-                       .off = experts - rg.base,
-                       .row = bytes / n_experts,
-                       .rid = rg.id,
-                       .rgen = rg.gen,
-                       .n_experts = n_experts,
-                       .offdev = offdev,
-                       .ondev = !offdev && !bound,
-                       .source = source,
-                       .wseq = s->wseq + 1,
-                       .ids = ids,
-                       .n_ids = ids ? n_ids : 0,
-                       .per_row = per_row,
-                       .stride = stride,
-                       .sticky = sticky && ids,
-                       .width = id_bytes,
-                       .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
-                       .owner = pthread_self(),
-                       .seq = s->seq + 1,
-                       .next = -1,
-                       .name = name,
-                       .regs = ids != 0};
+    *s = (struct span){
+        .lo = experts,
+        .hi = experts + bytes,
+        .off = experts - rg.base,
+        .row = bytes / n_experts,
+        .rid = rg.id,
+        .rgen = rg.gen,
+        .n_experts = n_experts,
+        .offdev = offdev,
+        .ondev = !offdev && !bound,
+        .source = source,
+        .wseq = s->wseq + 1,
+        .ids = ids,
+        .n_ids = ids ? n_ids : 0,
+        .per_row = per_row,
+        .stride = stride,
+        .sticky = sticky && ids,
+        .width = id_bytes,
+        .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
+        .whole = ids && wo_picks_whole_of(false, wo_picks_share_pct(n_ids, per_row, n_experts),
+                                          wo_settings()->picks_whole),
+        .owner = pthread_self(),
+        .seq = s->seq + 1,
+        .next = -1,
+        .name = name,
+        .regs = ids != 0};
     name = NULL;
     wo_pk.c.regs += ids != 0;
     __atomic_store_n(&wo_pk.dma_rows[i], 0, __ATOMIC_RELAXED);
@@ -773,6 +778,22 @@ void wo_picks_moved(uint64_t lo, uint64_t hi)
     pthread_mutex_unlock(&wo_pk.lock);
 }
 
+/* Whether span s, in host memory, is left to the streaming executor: a
+ * registration picked at least WOFFLOAD_PICKS_WHOLE percent of its experts
+ * (a uniform router's share; wo_picks_whole_of), none since under 4/5 of it, and
+ * no hot experts are asked. A copy
+ * of nearly every row by the kernels (37.5 GB/s on the H200: the Mixtral
+ * shape's experts all host at b32 ran 96.13 tok/s, 0.73x the link's bound,
+ * bench/results/e2e-20261205-recheck-h200.md) is slower than the whole
+ * tensor on the copy engine, which `auto` then weighs by step time; the
+ * picked copies stay the launch's fallback when no slot holds it. The ggml
+ * hook draws the same line for its computes (WOFFLOAD_GGML_STREAM).
+ * Managed tensors stay claimed: their resident rows cost no link. */
+static bool whole(const struct span *s, bool hot)
+{
+    return s->whole && !hot && s->source != SRC_NONE;
+}
+
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
 {
     bool r = false, hot;
@@ -789,7 +810,7 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)
         const struct span *s = &wo_pk.s[i];
         r = s->rid == id && s->rgen == gen && s->offdev &&
             (s->ids || s->sticky || (hot && s->regs)) && s->off < hi &&
-            s->off + (s->hi - s->lo) > lo;
+            s->off + (s->hi - s->lo) > lo && !whole(s, hot);
     }
     pthread_mutex_unlock(&wo_pk.lock);
     return r;
