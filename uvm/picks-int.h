@@ -21,7 +21,7 @@ struct span {
     bool offdev;    /* host or managed: staged; on the device: left alone */
     uint8_t source; /* what the copy engine may copy from: SRC_* */
     uint8_t share;  /* percent of its experts the registration's ids pick (wo_picks_share_pct) */
-    bool whole;     /* left to the streaming executor (picks.c, whole_of) */
+    bool whole;     /* left to the streaming executor (wo_picks_whole_of; picks.c, whole) */
     uint32_t wseq;  /* writes into it (a pinned mirror holds one count's bytes) */
     uint64_t ids, n_ids;      /* the registration now; ids 0: none */
     uint64_t per_row, stride; /* the ids' rows (wo_picks_set) */

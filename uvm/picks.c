@@ -780,15 +780,15 @@ void wo_picks_moved(uint64_t lo, uint64_t hi)
 
 /* Whether span s, in host memory, is left to the streaming executor: a
  * registration picked at least WOFFLOAD_PICKS_WHOLE percent of its experts
- * (a uniform router's share; wo_picks_whole_of), none since under 4/5 of it, and
- * no hot experts are asked. A copy
- * of nearly every row by the kernels (37.5 GB/s on the H200: the Mixtral
- * shape's experts all host at b32 ran 96.13 tok/s, 0.73x the link's bound,
- * bench/results/e2e-20261205-recheck-h200.md) is slower than the whole
- * tensor on the copy engine, which `auto` then weighs by step time; the
- * picked copies stay the launch's fallback when no slot holds it. The ggml
- * hook draws the same line for its computes (WOFFLOAD_GGML_STREAM).
- * Managed tensors stay claimed: their resident rows cost no link. */
+ * (a uniform router's share), none since under 4/5 of it (wo_picks_whole_of),
+ * and no hot experts are asked. A copy of nearly every row by the kernels
+ * (37.5 GB/s on the H200: the Mixtral shape's experts all host at b32 ran
+ * 96.13 tok/s, 0.73x the link's bound, bench/results/e2e-20261205-recheck-
+ * h200.md) is slower than the whole tensor on the copy engine, which `auto`
+ * then weighs by step time; the picked copies stay the launch's fallback
+ * when no slot holds it. The ggml hook draws the same line for its computes
+ * (WOFFLOAD_GGML_STREAM). Managed tensors stay claimed: their resident rows
+ * cost no link. */
 static bool whole(const struct span *s, bool hot)
 {
     return s->whole && !hot && s->source != SRC_NONE;
