@@ -195,6 +195,20 @@ static void test_whole_line(void **state)
     assert_false(wo_picks_whole_of(false, wo_picks_share_pct(256, 0, 128), 92));
 }
 
+/* The hot set's split (uvm/picks-geom.h), shared by make_hot and the gguf
+ * tool: a 128-expert map takes 1 KiB, then whole rows, at most every
+ * expert; nothing below the map or without rows */
+static void test_hot_cap(void **state)
+{
+    (void)state;
+    assert_int_equal(wo_hot_map_bytes(128), 1024);
+    assert_int_equal(wo_hot_map_bytes(16), 256);
+    assert_int_equal(wo_hot_cap(1024 + 10 * MiB + 1, 128, MiB), 10);
+    assert_int_equal(wo_hot_cap(1024 + 200 * MiB, 128, MiB), 128);
+    assert_int_equal(wo_hot_cap(1000, 128, MiB), 0);
+    assert_int_equal(wo_hot_cap(64 * MiB, 128, 0), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -202,6 +216,7 @@ int main(void)
         cmocka_unit_test_setup(test_empty_entry_is_made, fresh_pool),
         cmocka_unit_test_setup(test_full_pool_takes_own_buffer, fresh_pool),
         cmocka_unit_test(test_whole_line),
+        cmocka_unit_test(test_hot_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -312,7 +312,7 @@ static void managed_confirmed_backs_off(void **state)
     assert_int_equal(c.a.backs, 0);
     assert_int_equal(c.a.recheck_at, WO_AUTO_RECHECK_MAX);
     assert_true(in_place < 4000 / 20);
-    /* a try from a plain watch starts the intervals again */
+    /* every try, the first and each recheck's, kept streaming */
     assert_int_equal(c.a.kept, c.a.tries);
 }
 

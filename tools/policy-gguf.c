@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "core/macro.h"
+#include "core/settings.h"
 #include "policy/policy.h"
 #include "tools/gguf.h"
 #include "uvm/picks-geom.h"
@@ -332,8 +333,12 @@ static uint64_t device_bytes(const struct wo_gguf *g, const enum wo_placement *o
     return n;
 }
 
-#define HOT_MAP_ALIGN 256u
-#define HOT_MARGIN (UINT64_C(1) << 30) /* WOFFLOAD_MANAGED_MARGIN's default */
+/* The picked copies' buffers beside largest, the largest tensor they copy:
+ * WOFFLOAD_PICKS_BUFFERS of it, as the shim's pool (uvm/picks-pool.h). */
+static uint64_t picks_bufs(uint64_t largest)
+{
+    return (uint64_t)wo_settings()->picks_buffers * largest;
+}
 
 /* The expert tensors off the device under out: how many, the largest. */
 static unsigned offdev_experts(const struct wo_gguf *g, const enum wo_placement *out,
@@ -356,17 +361,16 @@ static unsigned offdev_experts(const struct wo_gguf *g, const enum wo_placement 
 static int hot_fill(const struct wo_gguf *g, const enum wo_placement *out, unsigned n,
                     uint64_t want, uint64_t largest, struct hot *h)
 {
-    uint64_t share = n ? want / n : 0,
-             map = (g->expert_count * 8 + HOT_MAP_ALIGN - 1) & ~(uint64_t)(HOT_MAP_ALIGN - 1);
+    uint64_t share = n ? want / n : 0, map = wo_hot_map_bytes((unsigned)g->expert_count);
 
-    *h = (struct hot){.bufs = 2 * largest};
+    *h = (struct hot){.bufs = picks_bufs(largest)};
     if (!(h->cap = calloc(g->n ? g->n : 1, sizeof(*h->cap))))
         return -ENOMEM;
     for (size_t i = 0; i < g->n; i++) {
         uint64_t row = g->t[i].bytes / g->expert_count;
         if (out[i] == WO_PLACE_DEVICE || !experts(g->t[i].name) || !row)
             continue;
-        h->cap[i] = (unsigned)WO_MIN(g->expert_count, share > map ? (share - map) / row : 0);
+        h->cap[i] = wo_hot_cap(share, (unsigned)g->expert_count, row);
         if (h->cap[i]) {
             h->bytes += map + (uint64_t)h->cap[i] * row;
             h->n++;
@@ -392,7 +396,8 @@ static int hot_plan(const struct gargs *a, const struct wo_policy *p, const stru
         !(n = offdev_experts(g, out, &largest)))
         return 0;
     if (want == WO_HOT_EXPERTS_AUTO) {
-        uint64_t taken = a->engine + device_bytes(g, out) + 2 * largest + HOT_MARGIN;
+        uint64_t taken = a->engine + device_bytes(g, out) + picks_bufs(largest) +
+                         ((uint64_t)wo_settings()->managed_margin_mib << 20);
         if (!a->has_gpu) {
             printf("hot experts: auto (the device memory free when the first set is made, less "
                    "the managed cap's margin): give --gpu SIZE to see how much\n");
@@ -464,7 +469,7 @@ static int compare(const struct gargs *a, const struct wo_gguf *g, const enum wo
         unsigned n = offdev_experts(g, v, &largest);
         struct hot hh;
 
-        want = room > dev + 2 * largest ? room - dev - 2 * largest : 0;
+        want = room > dev + picks_bufs(largest) ? room - dev - picks_bufs(largest) : 0;
         if (n && want && g->expert_count && g->expert_count <= UINT32_MAX) {
             if (hot_fill(g, v, n, want, largest, &hh) != 0) {
                 free(v);

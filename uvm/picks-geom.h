@@ -35,6 +35,22 @@ static inline uint8_t wo_picks_share_pct(uint64_t n_ids, uint64_t per_row, unsig
                      1e-6);
 }
 
+/* The device bytes of a hot set's map (uvm/picks-hot.h: an expert's slot
+ * and count, 8 bytes, 256-aligned), and the experts a set of share bytes
+ * holds beside it, whole rows of row bytes, at most n_experts: the one
+ * split picks.c's make_hot makes and `woffload-policy gguf` models. */
+static inline uint64_t wo_hot_map_bytes(unsigned n_experts)
+{
+    return ((uint64_t)n_experts * 8 + 255) & ~(uint64_t)255;
+}
+
+static inline unsigned wo_hot_cap(uint64_t share, unsigned n_experts, uint64_t row)
+{
+    uint64_t map = wo_hot_map_bytes(n_experts), rows = share > map && row ? (share - map) / row : 0;
+
+    return rows < n_experts ? (unsigned)rows : n_experts;
+}
+
 /* A registration picking share percent of a tensor's experts: whether the
  * tensor is the streaming executor's from now on (was: it was so far), with
  * WOFFLOAD_PICKS_WHOLE at pct (0: never). In from pct percent, out below

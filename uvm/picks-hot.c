@@ -9,13 +9,13 @@
 #include "core/macro.h"
 #include "core/settings.h"
 #include "uvm/internal.h"
+#include "uvm/picks-geom.h"
 
 #define DECAY 0.75    /* a score's weight a choice later */
 #define ENTER 1.25    /* an expert enters a full set when it scores this much more... */
 #define ENTER_ADD 0.5 /* ... plus this, than the hot expert it replaces */
 #define FILL_THREADS 256u
 #define FILL_BLOCKS 64u
-#define ALIGN 256u
 
 struct wo_picks_hot {
     CUdeviceptr dev; /* where u32[n], counts u32[n], then the cache (cap rows) */
@@ -44,11 +44,6 @@ static void forget(struct wo_picks_hot *h)
         h->expert_in[j] = -1;
     h->held = 0;
     h->gap = 1;
-}
-
-uint64_t wo_hot_map_bytes(unsigned n_experts)
-{
-    return ((uint64_t)n_experts * 8 + ALIGN - 1) & ~(uint64_t)(ALIGN - 1);
 }
 
 struct wo_picks_hot *wo_hot_new(const struct wo_driver *d, unsigned n_experts, uint64_t row,

@@ -57,8 +57,8 @@ struct wo_picks_hot;
  * caller). The map is cleared at the first wo_hot_prepare. */
 struct wo_picks_hot *wo_hot_new(const struct wo_driver *d, unsigned n_experts, uint64_t row,
                                 unsigned cap, uint64_t home, uint64_t *bytes);
-/* The device bytes of a hot set's map and counts (its rows come on top). */
-uint64_t wo_hot_map_bytes(unsigned n_experts);
+/* The map's bytes and a set's rows: uvm/picks-geom.h (wo_hot_map_bytes,
+ * wo_hot_cap). */
 /* Frees it (its streams' work on it done: the caller synchronised). */
 void wo_hot_free(const struct wo_driver *d, struct wo_picks_hot *h);
 

@@ -164,32 +164,30 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     s = &wo_pk.s[i];
     free(s->name);
     retire(s);
-    *s = (struct span){
-        .lo = experts,
-        .hi = experts + bytes,
-        .off = experts - rg.base,
-        .row = bytes / n_experts,
-        .rid = rg.id,
-        .rgen = rg.gen,
-        .n_experts = n_experts,
-        .offdev = offdev,
-        .ondev = !offdev && !bound,
-        .source = source,
-        .wseq = s->wseq + 1,
-        .ids = ids,
-        .n_ids = ids ? n_ids : 0,
-        .per_row = per_row,
-        .stride = stride,
-        .sticky = sticky && ids,
-        .width = id_bytes,
-        .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
-        .whole = ids && wo_picks_whole_of(false, wo_picks_share_pct(n_ids, per_row, n_experts),
-                                          wo_settings()->picks_whole),
-        .owner = pthread_self(),
-        .seq = s->seq + 1,
-        .next = -1,
-        .name = name,
-        .regs = ids != 0};
+    *s = (struct span){.lo = experts,
+                       .hi = experts + bytes,
+                       .off = experts - rg.base,
+                       .row = bytes / n_experts,
+                       .rid = rg.id,
+                       .rgen = rg.gen,
+                       .n_experts = n_experts,
+                       .offdev = offdev,
+                       .ondev = !offdev && !bound,
+                       .source = source,
+                       .wseq = s->wseq + 1,
+                       .ids = ids,
+                       .n_ids = ids ? n_ids : 0,
+                       .per_row = per_row,
+                       .stride = stride,
+                       .sticky = sticky && ids,
+                       .width = id_bytes,
+                       .share = wo_picks_share_pct(ids ? n_ids : 0, per_row, n_experts),
+                       .owner = pthread_self(),
+                       .seq = s->seq + 1,
+                       .next = -1,
+                       .name = name,
+                       .regs = ids != 0};
+    s->whole = ids && wo_picks_whole_of(false, s->share, wo_settings()->picks_whole);
     name = NULL;
     wo_pk.c.regs += ids != 0;
     __atomic_store_n(&wo_pk.dma_rows[i], 0, __ATOMIC_RELAXED);
@@ -371,7 +369,7 @@ static void refresh(const struct wo_driver *d)
 static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
 {
     struct span *s = &wo_pk.s[i];
-    uint64_t total = wo_picks_hot_total(), left, share, map, bytes = 0;
+    uint64_t total = wo_picks_hot_total(), left, share, bytes = 0;
     unsigned want = 0, cap;
 
     if (s->hot || s->hot_tried || !total || s->regs < WO_HOT_FIRST ||
@@ -383,8 +381,7 @@ static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
         want += wo_pk.s[k].offdev && !wo_pk.s[k].hot && !wo_pk.s[k].hot_tried;
     left = total > wo_pk.hot_bytes ? total - wo_pk.hot_bytes : 0;
     share = left / WO_MAX(want, 1u);
-    map = wo_hot_map_bytes(s->n_experts);
-    cap = (unsigned)WO_MIN((uint64_t)s->n_experts, share > map ? (share - map) / s->row : 0);
+    cap = wo_hot_cap(share, s->n_experts, s->row);
     s->hot_tried = true;
     if (!cap)
         return;
