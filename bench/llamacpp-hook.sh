@@ -278,10 +278,8 @@ picks_env() {
     # (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts": llama.cpp's graph
     # launches then replayed, the picked rows copied, the hot ones from the
     # device)
-    # (the hook's default with hot experts: every compute of more than one
-    # token registered, a single token's read in place)
-    # (with -picksN too: -hot9216-picks100 registers the single token's
-    # computes as well, b1 then reading its hot experts from the device)
+    # (the hook's default with hot experts: every compute registered, a
+    # single token's too, since 2026-12-05; -hot9216-picks100 is the same)
     case $1 in *-hot[0-9]*)
         local h=${1##*-hot}
         PENV+=("WOFFLOAD_PICKS_HOT=${h%%-*}") ;;

@@ -406,7 +406,6 @@ static size_t nexperts, cap_experts;
 static int picks_pct = -1;  /* WOFFLOAD_GGML_PICKS */
 static int stream_pct = -1; /* WOFFLOAD_GGML_STREAM */
 static int from_pct = -1;   /* WOFFLOAD_GGML_PICKS_FROM */
-static int hot_default;     /* hot experts on, WOFFLOAD_GGML_PICKS not set */
 static struct {
     unsigned long long computes, registered, too_many, layers, claimed, claims;
 } pbooks; /* atomics */
@@ -610,10 +609,9 @@ static size_t picks_register(struct ggml_cgraph *g, struct scratch *sc)
         for (long long r = 0; r < rows && share > 1e-6; r++)
             share *= 1.0 - (double)k / (double)e;
         share = 1.0 - share; /* the share of the experts a uniform router picks */
-        if (fwd.picks_rows && !(hot_default && rows == 1) &&
-            ((picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) ||
-             (from_pct > 0 && share * 100.0 >= from_pct - 1e-9 &&
-              !(stream_pct > 0 && share * 100.0 >= stream_pct - 1e-9)))) {
+        if (fwd.picks_rows && ((picks_pct > 0 && share * 100.0 <= picks_pct + 1e-9) ||
+                               (from_pct > 0 && share * 100.0 >= from_pct - 1e-9 &&
+                                !(stream_pct > 0 && share * 100.0 >= stream_pct - 1e-9)))) {
             layers++;
             for (size_t x = 0; x < nexperts && nr < MAX_PICKED; x++) {
                 const struct expert_tensor *et = &experts[x];
@@ -656,14 +654,13 @@ static bool picks_wanted(void)
 {
     if (__atomic_load_n(&picks_pct, __ATOMIC_RELAXED) < 0) {
         __atomic_store_n(&stream_pct, pct_setting("WOFFLOAD_GGML_STREAM", 92), __ATOMIC_RELAXED);
-        /* with hot experts every compute of more than one token registers:
-         * a copy then takes the hot rows from the device, whatever the
-         * share picked. A single token's does not: its decode graph would
-         * be replayed kernel by kernel for a handful of experts, and on the
-         * H200 that ran slower than reading them in place (moe32, 8.5 GiB
-         * hot: 19.09 tok/s against 20.56 all on the host, docs/llamacpp.md) */
+        /* with hot experts every compute registers: a copy then takes the
+         * hot rows from the device, whatever the share picked. A single
+         * token's too, though its decode graph is then replayed kernel by
+         * kernel: on the H200 (moe32 GGUF, 9 GiB hot) b1 decoded 26.30 and
+         * 26.48 tok/s so, against 20.48 and 20.49 with single-token computes
+         * read in place (bench/results/llamacpp-hook-20261205-hot-b1-h200.md) */
         bool hot = naming && fwd.picks_rows && hot_experts_asked();
-        __atomic_store_n(&hot_default, hot && !getenv("WOFFLOAD_GGML_PICKS"), __ATOMIC_RELAXED);
         __atomic_store_n(&picks_pct, pct_setting("WOFFLOAD_GGML_PICKS", hot ? 100 : 0),
                          __ATOMIC_RELAXED);
     }

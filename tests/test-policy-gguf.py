@@ -217,8 +217,8 @@ with tempfile.TemporaryDirectory() as tmp:
 
     # hot experts (prefetch.hot_experts): an equal share of the bytes a tensor
     # off the device, its cap the rows that fit beside its map (8 bytes an
-    # expert, 256-aligned); from two tokens on the picked rows less cap/E of
-    # them cross the link, a single token's all of them
+    # expert, 256-aligned); the picked rows less cap/E of them cross the
+    # link, a single token's too (the ggml hook registers its picks)
     otp = open(ot).read()
     def hot_policy(size):
         path = os.path.join(tmp, "hot-%s.yaml" % size)
@@ -239,7 +239,7 @@ with tempfile.TemporaryDirectory() as tmp:
               "hot: held %s (%s-%s), expected %d (%d-%d)" % (got, m.group(3), m.group(4), held, min(caps.values()), max(caps.values())))
     for bsz in (1, 8):
         share_b = 1 - (1 - K / E) ** bsz
-        want = sum(nbytes(ne, t) * share_b * (1 - (caps[nm] / E if bsz >= 2 else 0)) for nm, ne, t in exps)
+        want = sum(nbytes(ne, t) * share_b * (1 - caps[nm] / E) for nm, ne, t in exps)
         m = re.search(r"^  batch %-5d\s+([\d.]+) (MiB|GiB)" % bsz, out, re.M)
         got = float(m.group(1)) * (1 << (20 if m.group(2) == "MiB" else 30)) if m else None
         check(close(got, want), "hot: batch %d reads %s, expected %.0f" % (bsz, got, want))

@@ -54,7 +54,7 @@ static void gguf_usage(FILE *f)
             "                  memory for weights (fit's budget, else --gpu less --engine):\n"
             "                  -ot exps=CPU and the fewest --n-cpu-moe layers that fit\n"
             "With prefetch.hot_experts, the hot experts each expert tensor off the device holds\n"
-            "(auto: from --gpu) and the rows they serve from the device from two tokens on.\n"
+            "(auto: from --gpu) and the rows they serve from the device.\n"
             "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
 }
 
@@ -168,10 +168,9 @@ static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t
 /* Hot experts (prefetch.hot_experts, docs/placement.md "Hot experts"):
  * each expert tensor off the device gets an equal share of their bytes for
  * the rows of its most copied experts, cap[i] of E. With them on, the
- * ggml hook registers the picks of every compute of two tokens or more
- * (single-token computes read in place), and a picked copy takes a hot
- * expert's row from the device: under a uniform router cap/E of the picked
- * rows (a skewed router's more). */
+ * ggml hook registers the picks of every compute, a single token's too, and
+ * a picked copy takes a hot expert's row from the device: under a uniform
+ * router cap/E of the picked rows (a skewed router's more). */
 struct hot {
     uint64_t bytes; /* the sets' device memory, in all */
     uint64_t bufs;  /* the picked copies' two buffers of the largest such tensor */
@@ -185,7 +184,7 @@ static double link_bytes(const struct wo_gguf *g, const struct hot *h, size_t i,
 {
     double v = step_bytes(g, &g->t[i], b);
 
-    if (h && h->cap && h->cap[i] && b >= 2)
+    if (h && h->cap && h->cap[i])
         v *= 1.0 - (double)h->cap[i] / (double)g->expert_count;
     return v;
 }
@@ -502,7 +501,7 @@ static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo
     printf("a decode step off the device (%s%s; at %.0f GB/s):\n",
            g->expert_count && g->expert_used ? "a uniform router's picks"
                                              : "experts read whole: the file gives no top-k",
-           h->n ? ", less the rows the hot experts serve from two tokens on" : "", a->link);
+           h->n ? ", less the rows the hot experts serve" : "", a->link);
     for (unsigned k = 0; k < a->nb; k++) {
         double bytes = off_bytes(g, out, h, a->batch[k]);
         double s = bytes / (a->link * 1e9);

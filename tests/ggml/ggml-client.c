@@ -519,18 +519,18 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "picked) registered too (%zu of %zu launches moved, staged %lld then %lld), sums "
               "exact",
               PICKS_MANY, c->moved, c->launches - launches0, staged0, staged1);
-        /* ... but a single token's compute does not: its decode graph
-         * would be replayed for a handful of experts, slower than reading
-         * them in place on the H200 */
+        /* ... and a single token's compute too: its copy takes the hot
+         * rows from the device (on the H200 b1 decoded 1.29x faster so
+         * than with it read in place, its decode graph replayed for it) */
         c->moved = 0;
         launches0 = c->launches;
         staged0 = picks_field("staged");
         picks_step(c, 1);
-        CHECK(c->wrong == 0 && c->moved == 0 && c->launches > launches0 &&
-                  picks_field("staged") == staged0,
-              "--picks: hot experts, WOFFLOAD_GGML_PICKS unset: a single token's compute not "
-              "registered, read in place (%zu of %zu launches moved), sums exact",
-              c->moved, c->launches - launches0);
+        CHECK(c->wrong == 0 && c->moved == c->launches - launches0 && c->launches > launches0 &&
+                  picks_field("staged") > staged0,
+              "--picks: hot experts, WOFFLOAD_GGML_PICKS unset: a single token's compute "
+              "registered too (%zu of %zu launches moved, staged %lld then %lld), sums exact",
+              c->moved, c->launches - launches0, staged0, picks_field("staged"));
     } else {
         CHECK(c->wrong == 0 && c->moved == 0 && staged1 == staged0,
               "--picks: %d tokens (99%% of the experts picked): nothing registered, read in "

@@ -25,6 +25,11 @@
 #     model buffer's expert tensors, the decode graphs replayed for it; the
 #     stats must count copies on the copy engine, mirrors made, replays,
 #     and no kernel fallback;
+#   - experts on the host with 9 GiB of hot experts (llamacpp-exps-hot.yaml,
+#     WOFFLOAD_PICKS_HOT=9216): every compute's picks registered, a single
+#     token's too (the hook's default with hot experts), the decode graphs
+#     replayed for it; the stats must count registrations in the decode
+#     steps (more than 8 a tensor) and rows served by the hot sets;
 #   - the same with the ggml hook's claims (the default): every compute here
 #     (a 16-token prompt, 88% of 32 experts top-4 picked, then one token at
 #     a time) claims the experts read in place, so nothing is staged and the
@@ -110,7 +115,7 @@ PY
 import json, sys
 st = json.load(open(sys.argv[1]))
 exps = [n for n in st.get("names", []) if n["name"].endswith("_exps.weight")]
-want_all = "ot-exps" in sys.argv[2] or "exps-stream" in sys.argv[2]
+want_all = any(p in sys.argv[2] for p in ("ot-exps", "exps-stream", "exps-hot"))
 host = [n for n in exps if n["placement"] == "host"]
 sx = st.get("stream", {})
 print(f"    {len(exps)} _exps tensors named, {len(host)} on the host; late_bind {st.get('late_bind')}; "
@@ -134,6 +139,15 @@ if sys.argv[3] == "exps-host-late-copies":
     pk = st.get("picks", {})
     print(f"    picks from the bound range: {pk.get('staged')} copies, {pk.get('failed')} failed")
     if not pk.get("staged", 0) > 0:
+        sys.exit(1)
+if sys.argv[3] == "exps-hot":
+    pk = st.get("picks", {})
+    print(f"    picks: {pk.get('registrations')} registrations, {pk.get('staged')} copies, "
+          f"{pk.get('failed')} failed, {pk.get('hot_bytes', 0) / 2**30:.2f} GiB hot, "
+          f"{pk.get('hot_rows')} rows from the hot sets; graph launches replayed "
+          f"{ip.get('graph_replays')}")
+    if not (pk.get("registrations", 0) > 8 * len(exps) and pk.get("hot_rows", 0) > 0 and
+            pk.get("failed", 1) == 0):
         sys.exit(1)
 if sys.argv[3] == "exps-claims":
     print(f"    claims {sx.get('inplace_claims')}, launches read a claimed range in place "
@@ -163,6 +177,7 @@ if [ "${LLAMACPP_GPU_BIND_COPIES:-0}" = 1 ]; then
         WOFFLOAD_GGML_STREAM=0 WOFFLOAD_LATE_BIND=1 WOFFLOAD_BIND_COPIES=1
 fi
 row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GGML_STREAM=0
+row exps-hot llamacpp-exps-hot.yaml WOFFLOAD_PICKS_HOT=9216
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml
