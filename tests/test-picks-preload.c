@@ -692,7 +692,10 @@ resident_child(int (*picks)(const void *, size_t, unsigned, const void *, size_t
  *    row (its copy must come from the new bytes: the set is cleared before
  *    the next copy), and on a second stream (which reads every row from
  *    host); the stats: rows from hot experts in both tensors, most of
- *    tensor 0's, sets within the policy's bytes, nothing failed;
+ *    tensor 0's, sets within the policy's bytes, nothing failed, each
+ *    picked row copied once; in the copy-engine variants the copies split,
+ *    the hot rows by the kernels and the others on the copy engine (which
+ *    must have copied: the stats count its copies);
  *  - through a CUDA graph of the gather (llama.cpp runs its steps as
  *    graphs): with hot experts on, its launches are replayed kernel by
  *    kernel (preload/graph-replay.c) while picks are registered;
@@ -869,6 +872,8 @@ static int early_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr 
     return failures ? 1 : 0;
 }
 
+static long long hot_picked[2]; /* distinct experts hot_step's registrations picked */
+
 /* One step of tensor t on stream on (through graph ge when given: a
  * capture of the gather on tensor 0): picks drawn and registered, the
  * launch, every sum checked, the picks cleared. */
@@ -878,10 +883,13 @@ static void hot_step(const struct child_env *h, int t, int step, CUstream on, CU
     void *params[] = {&w[t], (void *)&h->ids, &n, &width, &row, (void *)&h->out, &n, &n};
     uint64_t ref[TOKENS * TOPK], got[TOKENS * TOPK];
     int64_t id64[TOKENS * TOPK];
+    bool seen[E] = {false};
 
     for (int k = 0; k < TOKENS * TOPK; k++) {
         id64[k] = k < 3 ? (int64_t)((step + k) % 4) : (int64_t)(4 + rng() % (E - 4));
         ref[k] = host_sum((const uint64_t *)(h->host[t] + id64[k] * row), row / 8);
+        hot_picked[t] += !seen[id64[k]];
+        seen[id64[k]] = true;
     }
     CHECK(h->htod(h->ids, id64, sizeof(id64)) == CUDA_SUCCESS);
     CHECK(h->picks((void *)(uintptr_t)w[t], E * row, E, (void *)(uintptr_t)h->ids, n, 8) == 0);
@@ -955,6 +963,23 @@ static int hot_child(const struct child_env *h, void *cu, CUstream s, CUstream s
     /* tensor 0 holds 4 of 16 experts hot at least, three of four picks go
      * to them: after the first choices most rows come from the device */
     CHECK(hot_rows[0] * 2 > rows[0]);
+    /* each picked row copied once (where no fault or rescue intervenes):
+     * on the copy engine (its variants), the kernels take the hot rows and
+     * the engine the others, never both */
+    if (!getenv("WOFAKE_FAIL") && !getenv("WO_PICKS_TEST_RESCUE") && !getenv("WO_PICKS_TEST_STALL"))
+        for (int t = 0; t < 2; t++) {
+            if (rows[t] != hot_picked[t])
+                printf("hot child: tensor %d: %lld rows copied, %lld picked\n", t, rows[t],
+                       hot_picked[t]);
+            CHECK(rows[t] == hot_picked[t]);
+        }
+    /* with the copy engine on, the hot sets' tensors go to it too (unless
+     * every stream shares the copy stream's work queue: -queues) */
+    if (engine_on() && !getenv("WO_PICKS_TEST_SHARED")) {
+        long long ec = json_num(js, "\"engine\":{", "\"copies\":");
+        printf("hot child: %lld copies on the copy engine\n", ec);
+        CHECK(ec > 0);
+    }
     hot_bytes = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
     fills = json_num(js, "},\"tensors\":", "\"hot_fills\":");
     CHECK(hot_bytes > 0 && hot_bytes <= (1ll << 20));

@@ -49,6 +49,9 @@ static void serve(struct slot *sl, bool ok)
         uint8_t pick[WO_PICKS_EXPERTS];
 
         wo_dma_picked(sl, pick);
+        for (unsigned e = 0; e < c->n_experts; e++)
+            if (sl->j.hot[e / 64] >> (e % 64) & 1)
+                pick[e] = 0; /* the kernels took its row from the hot set */
         done = true;
         for (unsigned e = 0; e < c->n_experts && done;) {
             unsigned first;

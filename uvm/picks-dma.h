@@ -26,7 +26,11 @@
  * memory advised to the host (llama.cpp's one model buffer), a pinned
  * mirror of the tensor that a second thread makes on first use (the host
  * memory again: `mirror_bytes` in the stats); until it is there, and once
- * anything wrote the tensor, the kernels copy. */
+ * anything wrote the tensor, the kernels copy.
+ *
+ * With hot experts (uvm/picks-hot.h, wo_hot_launch) the kernels copy the
+ * hot rows from the device on the engine's stream first, and the job skips
+ * those experts (j.hot): each row is copied once, by one side. */
 #pragma once
 
 #include <cuda.h>
@@ -47,6 +51,9 @@ struct wo_dma_job {
     uint32_t *later;        /* NULL: the stream waits for the copies now; else it does not, and
                              * *later gets the job's number for wo_dma_wait (an early copy:
                              * a later launch reads it) */
+    /* the hot experts (bit e of hot[e / 64]: wo_hot_bits), whose rows the
+     * kernels copy from the device on the engine's stream: not copied here */
+    uint64_t hot[WO_PICKS_EXPERTS / 64];
 };
 
 /* Enqueues the job for the launch about to go on stream (engine index ix <

@@ -9,6 +9,7 @@
 #include "core/macro.h"
 #include "core/settings.h"
 #include "uvm/internal.h"
+#include "uvm/picks-copy.h"
 #include "uvm/picks-geom.h"
 
 #define DECAY 0.75    /* a score's weight a choice later */
@@ -246,6 +247,30 @@ void wo_hot_args(const struct wo_picks_hot *h, uint64_t st, CUdeviceptr *where, 
     *where = home ? h->where : 0;
     *cache = home ? h->cache : 0;
     *counts = h->zero ? 0 : h->counts;
+}
+
+void wo_hot_bits(const struct wo_picks_hot *h, uint64_t st, uint64_t *bits)
+{
+    memset(bits, 0, WO_PICKS_EXPERTS / 8);
+    if (h->home != st || h->clear)
+        return;
+    for (unsigned e = 0; e < h->n && e < WO_PICKS_EXPERTS; e++)
+        if (h->slot_of[e] >= 0)
+            bits[e / 64] |= 1ull << (e % 64);
+}
+
+bool wo_hot_launch(const struct wo_driver *d, const struct wo_picks_hot *h, uint64_t st,
+                   CUfunction mark, CUfunction copy, struct wo_picks_copy *c, uint64_t *bits)
+{
+    struct wo_picks_copy hc = *c;
+
+    hc.src = 0; /* only the rows from the cache (uvm/stream-copy.cu) */
+    if (wo_picks_launch(d, mark, copy, (CUstream)(uintptr_t)st, &hc) != CUDA_SUCCESS)
+        return false;
+    wo_hot_bits(h, st, bits);
+    c->counts = c->hits = 0;
+    c->cache = 0; /* a copy of c by the kernels after it: the other rows only */
+    return true;
 }
 
 void wo_hot_invalidate(struct wo_picks_hot *h)

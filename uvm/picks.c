@@ -206,9 +206,8 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
      * register from a share, WOFFLOAD_GGML_PICKS_FROM): its pinned mirror
      * asked for now (seconds to make), so that the first copies that go to
      * the copy engine find it there; a tensor registered with ids asks at
-     * its first such copy, and one with hot experts never does */
-    if (source == SRC_MIRROR && !ids && wo_uvm_picks_engine() && !wo_picks_hot_total() &&
-        wo_readonly(rg.id, rg.gen)) {
+     * its first such copy */
+    if (source == SRC_MIRROR && !ids && wo_uvm_picks_engine() && wo_readonly(rg.id, rg.gen)) {
         const struct wo_driver *d = wo_uvm_driver();
         CUcontext cur = NULL;
 
@@ -403,8 +402,7 @@ static void make_hot(const struct wo_driver *d, struct wo_pool_strm *t, int i)
 }
 
 /* Whether span i's copy goes to the copy engine: its source can be read
- * there, no hot set (the kernel takes the hot rows from the device), and a
- * uniform router picks at least WOFFLOAD_PICKS_ENGINE percent of its
+ * there, and a uniform router picks at least WOFFLOAD_PICKS_ENGINE percent of its
  * experts at the registration's ids (below it the run of copies, each a
  * few experts, and the wait for the ids cost more than the kernel's slower
  * reads: bench/results, picked-copy). */
@@ -412,7 +410,7 @@ static bool engine_wanted(const struct span *s)
 {
     unsigned pct = wo_uvm_picks_engine();
 
-    if (!pct || s->hot || s->source == SRC_NONE || s->share < pct)
+    if (!pct || s->source == SRC_NONE || s->share < pct)
         return false;
     /* a mirror is a copy: only of memory no kernel writes (the ggml hook
      * declares llama.cpp's model buffers so); a kernel's write into the
@@ -459,7 +457,7 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                 s->name ? s->name : "(unnamed)");
         retire(s);
     }
-    if (engine_wanted(s)) {
+    if (engine_wanted(s) && !(early && c.where)) {
         struct wo_dma_job j = {.c = c,
                                .span = (unsigned)i,
                                .rid = s->rid,
@@ -468,8 +466,13 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                                .pinned = s->source == SRC_PINNED,
                                .rows = &wo_pk.dma_rows[i],
                                .later = &later};
-        if (wo_dma_enqueue(d, wo_pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream, &j,
-                           wo_pk.mark, wo_pk.copy, wo_pk.fill)) {
+        /* with a hot set its rows first, by the kernels from the device */
+        bool hot_ok =
+            !c.where || wo_hot_launch(d, s->hot, t->stream, wo_pk.mark, wo_pk.copy, &c, j.hot);
+
+        j.c = c;
+        if (hot_ok && wo_dma_enqueue(d, wo_pk.ctx, wo_pool_index(t), (CUstream)(uintptr_t)t->stream,
+                                     &j, wo_pk.mark, wo_pk.copy, wo_pk.fill)) {
             b->gen = gen;
             b->span = i;
             b->seq = s->seq;

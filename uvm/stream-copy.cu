@@ -172,6 +172,10 @@ extern "C" __global__ void wo_picks_mark(const void *ids, unsigned long long n,
 // the engine's streams for the stats) counts the rows copied, *hits those
 // of them from cache, and counts[e] the copies that moved expert e (the
 // executor keeps its most picked experts in cache); each may be NULL.
+// A copy split in two (the copy engine moves the rows not in cache:
+// uvm/picks-dma.h) leaves out a side: src NULL copies only the rows from
+// cache, cache NULL (where given) only the others; *rows counts the rows
+// copied, counts every marked expert (the caller gives it to one side).
 #define WO_PICKS_NOWHERE 0xffffffffu
 extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char *src,
                                          unsigned long long row, const unsigned *marks,
@@ -181,23 +185,25 @@ extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char
 {
     unsigned long long e = blockIdx.y, chunk, lo, hi;
     unsigned slot;
+    bool skip;
 
     if (marks[e] != gen)
         return;
     slot = where ? where[e] : WO_PICKS_NOWHERE;
+    skip = slot != WO_PICKS_NOWHERE ? !cache : !src;
     chunk = (row + gridDim.x - 1) / gridDim.x;
     chunk = (chunk + 15) & ~15ull;
     lo = blockIdx.x * chunk;
     hi = lo + chunk < row ? lo + chunk : row;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (rows)
+        if (rows && !skip)
             atomicAdd(rows, 1ull);
         if (counts)
             atomicAdd(&counts[e], 1u);
         if (hits && slot != WO_PICKS_NOWHERE)
             atomicAdd(hits, 1ull);
     }
-    if (lo >= hi)
+    if (lo >= hi || skip)
         return;
     dst += e * row;
     src = slot != WO_PICKS_NOWHERE ? cache + slot * row : src + e * row;

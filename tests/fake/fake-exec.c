@@ -1554,8 +1554,13 @@ static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint
          * (the shim's rescue marks, written by its watchdog) */
         if (__atomic_load_n(&marks[e], __ATOMIC_RELAXED) != gen)
             continue;
-        device_copy(dst + e * row, slot != 0xffffffffu ? cache + slot * row : src + e * row, row);
-        if (rows)
+        /* a side left out: no src, only the rows from cache; no cache,
+         * only the others (uvm/stream-copy.cu) */
+        bool skip = slot != 0xffffffffu ? !cache : !src;
+        if (!skip)
+            device_copy(dst + e * row, slot != 0xffffffffu ? cache + slot * row : src + e * row,
+                        row);
+        if (rows && !skip)
             __atomic_add_fetch(rows, 1, __ATOMIC_RELAXED);
         if (counts)
             __atomic_add_fetch(&counts[e], 1, __ATOMIC_RELAXED);

@@ -469,17 +469,31 @@ static void picks_steps(struct ggml_tensor **wt, int off)
               "fallback, no stream wait refused (%lld: on the fake, a wait ran out while a "
               "free or a synchronize held the copy thread off, where a GPU hangs)",
               engine_field("copies"), engine_field("mirrors"), engine_field("waits_refused"));
+    /* hot experts with the copy engine on: each copy split, the hot rows
+     * by the kernels from the device, the others on the copy engine */
+    if (!off && getenv("WOFFLOAD_PICKS_HOT") && getenv("WOFFLOAD_PICKS_ENGINE") &&
+        atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0)
+        CHECK(engine_field("copies") > 0 && picks_field("hot_rows") > 0 &&
+                  engine_field("waits_refused") == 0,
+              "--picks: hot experts on the copy engine: %lld copies there, %lld rows from the "
+              "hot sets, no stream wait refused",
+              engine_field("copies"), picks_field("hot_rows"));
     /* early copies (WOFFLOAD_PICKS_EARLY) on the copy engine: each read by
      * its launch; with the layers' ids at one address
      * (WO_GGML_TEST_ALIAS) none, for five tensors share those ids: an early
      * copy by one layer's picks would be read at another's (the sums above
-     * count it wrong) */
-    if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0)
-        CHECK(c->alias
-                  ? picks_field("early") == 0
-                  : picks_field("early") > 0 && picks_field("early_used") == picks_field("early"),
+     * count it wrong); with hot experts none either (each tensor's own
+     * launch may change its set) */
+    if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {
+        bool none = c->alias || getenv("WOFFLOAD_PICKS_HOT");
+        CHECK(none ? picks_field("early") == 0
+                   : picks_field("early") > 0 && picks_field("early_used") == picks_field("early"),
               "--picks: early copies %lld, %lld of them read (%s)", picks_field("early"),
-              picks_field("early_used"), c->alias ? "ids aliased: none" : "each read");
+              picks_field("early_used"),
+              c->alias ? "ids aliased: none"
+              : none   ? "hot experts: none"
+                       : "each read");
+    }
     /* a stall report only where the test slows the copy thread past a
      * short WOFFLOAD_PICKS_STALL_MS (-stall): none at the default 5 s */
     if (!off && getenv("WOFFLOAD_PICKS_ENGINE") && atoi(getenv("WOFFLOAD_PICKS_ENGINE")) > 0) {

@@ -30,6 +30,10 @@
 #     token's too (the hook's default with hot experts), the decode graphs
 #     replayed for it; the stats must count registrations in the decode
 #     steps (more than 8 a tensor) and rows served by the hot sets;
+#   - the same on the copy engine (WOFFLOAD_PICKS_ENGINE=10: every compute
+#     here, a token's 12% of the experts too): the kernels copy the hot
+#     rows, the copy engine the others; the stats must count copies on the
+#     copy engine as well;
 #   - the same with the ggml hook's claims (the default): every compute here
 #     (a 16-token prompt, 88% of 32 experts top-4 picked, then one token at
 #     a time) claims the experts read in place, so nothing is staged and the
@@ -140,14 +144,20 @@ if sys.argv[3] == "exps-host-late-copies":
     print(f"    picks from the bound range: {pk.get('staged')} copies, {pk.get('failed')} failed")
     if not pk.get("staged", 0) > 0:
         sys.exit(1)
-if sys.argv[3] == "exps-hot":
+if sys.argv[3].startswith("exps-hot"):
     pk = st.get("picks", {})
     print(f"    picks: {pk.get('registrations')} registrations, {pk.get('staged')} copies, "
           f"{pk.get('failed')} failed, {pk.get('hot_bytes', 0) / 2**30:.2f} GiB hot, "
           f"{pk.get('hot_rows')} rows from the hot sets; graph launches replayed "
           f"{ip.get('graph_replays')}")
+    eng = pk.get("engine", {})
+    if sys.argv[3].endswith("-engine"):
+        print(f"    picks on the copy engine: {eng.get('copies')} copies "
+              f"({eng.get('bytes', 0) / 1e9:.2f} GB), {eng.get('mirrors')} mirrors, "
+              f"{eng.get('kernel_fallbacks')} kernel fallbacks")
     if not (pk.get("registrations", 0) > 8 * len(exps) and pk.get("hot_rows", 0) > 0 and
-            pk.get("failed", 1) == 0):
+            pk.get("failed", 1) == 0 and
+            (not sys.argv[3].endswith("-engine") or eng.get("copies", 0) > 0)):
         sys.exit(1)
 if sys.argv[3] == "exps-claims":
     print(f"    claims {sx.get('inplace_claims')}, launches read a claimed range in place "
@@ -178,6 +188,7 @@ if [ "${LLAMACPP_GPU_BIND_COPIES:-0}" = 1 ]; then
 fi
 row exps-stream llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1 WOFFLOAD_GGML_STREAM=0
 row exps-hot llamacpp-exps-hot.yaml WOFFLOAD_PICKS_HOT=9216
+row exps-hot-engine llamacpp-exps-hot.yaml WOFFLOAD_PICKS_HOT=9216 WOFFLOAD_PICKS_ENGINE=10
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml

@@ -48,6 +48,11 @@ woffload-run with the automatic hook and a policy that streams:
                      copies to the kernels, tokens identical (on the H200
                      the first probe did: bench/results,
                      engine-queues-20261203-h200.txt)
+  moe128-hot-picks-engine  moe128-host-picks-engine with 256 MiB of hot
+                     experts (prefetch.hot_experts): each picked copy split,
+                     the hot rows by the kernels from the device, the others
+                     on the copy engine; rows from the hot sets and copies on
+                     the copy engine both counted
   moe128-host-picks-cb   the same under transformers' continuous batching
                      (generate_batch, paged attention: its steps run on
                      several streams, which share one pool of buffers), two
@@ -132,6 +137,9 @@ CASES = {
                                       "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks-engine-q1": ("moe128+engine", "version: 1\ndefault: device\n"
                                     "rules:\n  - {name: experts, match: experts, place: host}\n"),
+    "moe128-hot-picks-engine": ("moe128+engine", "version: 1\ndefault: device\n"
+                                "prefetch: {hot_experts: 256MiB}\n"
+                                "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-host-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
                              "rules:\n  - {name: experts, match: experts, place: host}\n"),
     "moe128-half-picks-cb": ("moe128+cb", "version: 1\ndefault: device\n"
@@ -358,6 +366,9 @@ def main() -> int:
                            f"{eng.get('stall_report') or 'no report'}; {eng.get('rescues')} jobs "
                            f"rescued) and no gate ran out ({eng.get('quiesce_timeouts')})"] = \
                         eng.get("stalls", 1) == 0 and eng.get("quiesce_timeouts", 1) == 0
+            if "-hot-" in case:
+                checks[f"rows from the hot sets ({pk.get('hot_rows')} of {pk.get('rows')}, "
+                       f"{pk.get('hot_bytes', 0) >> 20} MiB hot)"] = pk.get("hot_rows", 0) > 0
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
                       f"streamed, {st.get('auto_backs')} back in place, {st.get('auto_rechecks')} rechecked; "
