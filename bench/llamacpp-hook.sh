@@ -43,7 +43,9 @@
 #              off, GGML_CUDA_DISABLE_GRAPHS=1, for its batched steps to be
 #              eager: a captured launch reads in place)
 #   *-hotN     N MiB of hot experts, the router's picks registered (the hook's
-#              default then: every compute of more than one token)
+#              default then: every compute, a single token's too; with -dma the
+#              copy engine moves the rows not hot: bench-shim-exps-hot9216-dma,
+#              tokens-exps-hot9216-dma-b32)
 #              (WOFFLOAD_PICKS_HOT): tokens-exps-hot8704, bench-shim-exps-hot8704
 #              (the moe32 GGUF's 18 GiB of experts: about half kept hot, beside
 #              -ncmoe 8, half the layers' experts on host, at about the same
@@ -533,6 +535,7 @@ tokens exps-stream-noclaims exps-stream
 tokens plain-b32 plain
 tokens exps-hot9216-b32 exps
 tokens exps-hot9216-picks100-b32 exps
+tokens exps-hot9216-dma-b32 exps
 tokens ncmoe8-b32 ncmoe8
 tokens ncmoe9-slots2-b32 ncmoe9-slots2
 tokens ncmoe8-hotset-b32 ncmoe8-hotset
@@ -560,6 +563,7 @@ bench shim-exps-picks100 exps
 bench shim-exps-hot8704 exps
 bench shim-exps-hot9216 exps
 bench shim-exps-hot9216-picks100 exps
+bench shim-exps-hot9216-dma exps
 bench shim-exps-npl32-trace exps
 bench llama-ot-exps plain -ot exps=CPU -lm none
 bench shim-ncmoe8 ncmoe8

@@ -23,6 +23,9 @@
 #                  ggml hook then registers every compute's picks; docs/placement.md,
 #                  Hot experts): residency by use at expert grain, for rows at
 #                  equal memory with llama-ncmoe8 (half the layers' experts resident)
+#   shim-*-dma     the row with its picked copies on the copy engine
+#                  (WOFFLOAD_PICKS_ENGINE=$DMA_FROM [50]; with hot experts the
+#                  kernels copy the hot rows, the copy engine the others)
 #   llama-ot       llama-server -ot exps=CPU -lm none (host experts pinned)
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
 #                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]
@@ -104,7 +107,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
-        WOFFLOAD_GGML_PICKS_FROM
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE
     POL=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -114,6 +117,7 @@ for row in $ROWS; do
     shim-*-late) base=${name%-late}; export WOFFLOAD_LATE_BIND=1 ;;
     shim-*-tail) base=${name%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
     shim-*-nopicks) base=${name%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
+    shim-*-dma) base=${name%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
     esac
     case $base in
     plain) R=${R_FAST:-8,16,c$P} ;;
