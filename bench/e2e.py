@@ -609,6 +609,19 @@ SCENARIOS.append(S("r7-trace-managed", "moe", policy="experts-managed-half", off
 # issue 18: batched decode on the Mixtral shape (8 experts top-2, 12 layers,
 # 12.4 GiB of experts), transformers' default experts backend
 SCENARIOS += batch_rows("moe8", "moe8", ["experts-host-all", "experts-host-stream", "experts-managed-6g-auto"])
+# issue 42's coarse half-resident target with hot experts: every expert host,
+# half the experts' bytes hot (the managed rows' budgets: 6 GiB of Mixtral's
+# 12.4, 9 GiB of the Qwen3 shape's 18), the picked copies by the kernels and
+# on the copy engine (WOFFLOAD_PICKS_ENGINE=50: the kernels copy the hot rows
+# from the device, the copy engine the others); the 128-expert shape's
+# hot13g row on the copy engine beside them
+for _model, _tag, _mib in (("moe8", "moe8", 6144), ("moe", "moe", 9216), ("moe128", "moe128", 13312)):
+    for _eng in ((), ("engine",)) if _model != "moe128" else (("engine",),):
+        SCENARIOS.append(S("-".join([f"batchdef-{_tag}-shim-experts-host-all-hot{_mib // 1024}g", *_eng]),
+                           _model, batches=[1, 8, 32], prefill=0, **BATCH, policy="experts-host-all",
+                           offload="experts:all", ref=f"batchdef-{_tag}-gpu",
+                           env=dict({"WOFFLOAD_PICKS_HOT": str(_mib)},
+                                    **({"WOFFLOAD_PICKS_ENGINE": "50"} if _eng else {}))))
 # issue 18: pinned copies as the staging source against the copy kernel, at
 # batch 8 and 32 (b1 reads in place under auto; stream at b1 is not a row
 # anyone runs), on both shapes
