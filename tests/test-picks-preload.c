@@ -735,7 +735,7 @@ static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr 
 {
     bool off = getenv("WOFFLOAD_PICKS_WHOLE") && strcmp(getenv("WOFFLOAD_PICKS_WHOLE"), "0") == 0;
     CUdeviceptr ids, out;
-    long long redirected[2] = {0}, staged[2] = {0};
+    long long redirected[2] = {0}, staged[2] = {0}, late_redirected = 0, late_staged = 0;
     uint64_t got[WHOLE_IDS];
     char *js;
 
@@ -775,29 +775,42 @@ static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr 
             for (int t = 0; t < 2; t++)
                 CHECK(h->picks((void *)(uintptr_t)w[t], E * rows[t], E, NULL, 0, 0) == 0);
             usleep(2000);
+            /* the last 10 steps of the first phase: the executor's by then,
+             * however late the stepper found the step on loaded cores */
+            if (phase == 0 && step == 29) {
+                js = snapshot(h->stats);
+                late_redirected = -json_num(js, "\"stream\":{", "\"redirected\":");
+                late_staged = -json_num(js, "},\"tensors\":", "\"staged\":");
+                free(js);
+            }
         }
         js = snapshot(h->stats);
         CHECK(js != NULL);
         redirected[phase] = json_num(js, "\"stream\":{", "\"redirected\":");
         staged[phase] = json_num(js, "},\"tensors\":", "\"staged\":");
         free(js);
+        if (phase == 0) {
+            late_redirected += redirected[0];
+            late_staged += staged[0];
+        }
         if (failures)
             return 1;
     }
-    printf("whole child%s: after 96%% picked: %lld launches read a slot, %lld picked copies; after "
-           "22%%: %lld and %lld\n",
-           off ? " (WOFFLOAD_PICKS_WHOLE=0)" : "", redirected[0], staged[0], redirected[1],
-           staged[1]);
+    printf("whole child%s: after 96%% picked: %lld launches read a slot, %lld picked copies (the "
+           "last 10 steps: %lld and %lld); after 22%%: %lld and %lld\n",
+           off ? " (WOFFLOAD_PICKS_WHOLE=0)" : "", redirected[0], staged[0], late_redirected,
+           late_staged, redirected[1], staged[1]);
     if (off) {
         /* never the executor's: every registration's launches copy picked */
         CHECK(redirected[1] == 0);
         CHECK(staged[0] >= 40);
     } else {
-        /* most of the first phase's launches read a slot (those of the
-         * first steps, before the executor found the step, copy picked:
-         * each, with one buffer a stream and the two tensors in turn) */
+        /* the first phase's launches read a slot once the executor found
+         * the step (those before copy picked: each, with one buffer a
+         * stream and the two tensors in turn; how many depends on how
+         * loaded the cores are, so the last 10 steps are held to it) */
         CHECK(redirected[0] >= 40 * WHOLE_READS);
-        CHECK(staged[0] * 4 < redirected[0]);
+        CHECK(late_staged * 4 < late_redirected);
     }
     /* the second phase claims them again (22%): a slot still holding a
      * whole tensor serves its launches (nothing to copy; here four slots
@@ -917,7 +930,7 @@ static int hot_child(const struct child_env *h, void *cu, CUstream s, CUstream s
                      CUresult (*instantiate)(CUgraphExec *, CUgraph, unsigned long long),
                      CUresult (*mem_alloc)(CUdeviceptr *, size_t))
 {
-    long long rows[2], hot_rows[2], hot_bytes, fills, replays;
+    long long rows[2], hot_rows[2], hot_bytes, fills, replays, ec_full = 0;
     uint64_t before_moved;
     char *js;
 
@@ -943,6 +956,7 @@ static int hot_child(const struct child_env *h, void *cu, CUstream s, CUstream s
             js = snapshot(h->stats);
             slots = json_num(js, t0, "\"hot_slots\":");
             held = json_num(js, t0, "\"hot_experts\":");
+            ec_full = json_num(js, "\"engine\":{", "\"copies\":");
             printf("hot child, after 12 registrations: %lld of %lld slots held\n", held, slots);
             CHECK(slots > 0 && held == slots);
             free(js);
@@ -973,12 +987,16 @@ static int hot_child(const struct child_env *h, void *cu, CUstream s, CUstream s
                        hot_picked[t]);
             CHECK(rows[t] == hot_picked[t]);
         }
-    /* with the copy engine on, the hot sets' tensors go to it too (unless
-     * every stream shares the copy stream's work queue: -queues) */
-    if (engine_on() && !getenv("WO_PICKS_TEST_SHARED")) {
+    /* with the copy engine on, the hot sets' tensors go to it too once
+     * their sets are full (unless every stream shares the copy stream's
+     * work queue: -queues, or the driver refuses a wait and the copy
+     * engine is given up: -faults): most of the 296 copies after step 11
+     * (the copies before a set is made do not tell) */
+    if (engine_on() && !getenv("WO_PICKS_TEST_SHARED") && !getenv("WOFAKE_FAIL")) {
         long long ec = json_num(js, "\"engine\":{", "\"copies\":");
-        printf("hot child: %lld copies on the copy engine\n", ec);
-        CHECK(ec > 0);
+        printf("hot child: %lld copies on the copy engine, %lld once the sets were full\n", ec,
+               ec - ec_full);
+        CHECK(ec - ec_full > 150);
     }
     hot_bytes = json_num(js, "},\"tensors\":", "\"hot_bytes\":");
     fills = json_num(js, "},\"tensors\":", "\"hot_fills\":");

@@ -51,7 +51,7 @@ struct wo_dma_job {
     uint32_t *later;        /* NULL: the stream waits for the copies now; else it does not, and
                              * *later gets the job's number for wo_dma_wait (an early copy:
                              * a later launch reads it) */
-    /* the hot experts (bit e of hot[e / 64]: wo_hot_bits), whose rows the
+    /* the hot experts (bit e of hot[e / 64]: wo_hot_launch), whose rows the
      * kernels copy from the device on the engine's stream: not copied here */
     uint64_t hot[WO_PICKS_EXPERTS / 64];
 };

@@ -249,7 +249,9 @@ void wo_hot_args(const struct wo_picks_hot *h, uint64_t st, CUdeviceptr *where, 
     *counts = h->zero ? 0 : h->counts;
 }
 
-void wo_hot_bits(const struct wo_picks_hot *h, uint64_t st, uint64_t *bits)
+/* The experts the map publishes to a copy on stream st (none off the home
+ * stream), as wo_hot_args's where says on the device at that point. */
+static void hot_bits(const struct wo_picks_hot *h, uint64_t st, uint64_t *bits)
 {
     memset(bits, 0, WO_PICKS_EXPERTS / 8);
     if (h->home != st || h->clear)
@@ -267,9 +269,9 @@ bool wo_hot_launch(const struct wo_driver *d, const struct wo_picks_hot *h, uint
     hc.src = 0; /* only the rows from the cache (uvm/stream-copy.cu) */
     if (wo_picks_launch(d, mark, copy, (CUstream)(uintptr_t)st, &hc) != CUDA_SUCCESS)
         return false;
-    wo_hot_bits(h, st, bits);
-    c->counts = c->hits = 0;
-    c->cache = 0; /* a copy of c by the kernels after it: the other rows only */
+    hot_bits(h, st, bits);
+    c->counts = 0; /* that copy counted every picked expert */
+    c->cache = 0;  /* a copy of c by the kernels after it: the other rows only (no hits) */
     return true;
 }
 

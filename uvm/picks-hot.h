@@ -78,21 +78,17 @@ bool wo_hot_prepare(const struct wo_driver *d, struct wo_picks_hot *h, uint64_t 
 void wo_hot_args(const struct wo_picks_hot *h, uint64_t st, CUdeviceptr *where, CUdeviceptr *cache,
                  CUdeviceptr *counts);
 
-/* The experts the map publishes to a copy on stream st, as wo_hot_args's
- * where does on the device at that point of st's order: bit e of bits[e /
- * 64] (WO_PICKS_EXPERTS / 64 words, cleared first); none off the home
- * stream. The copy engine skips them (uvm/picks-dma.h, hot). */
-void wo_hot_bits(const struct wo_picks_hot *h, uint64_t st, uint64_t *bits);
-
 struct wo_picks_copy;
 /* Before a copy-engine job of c (its where and cache from wo_hot_args) on
  * stream st: the rows c takes from the hot set copied by the kernels (mark
  * and copy, c's src left out) on st, in order with the set's changes; bits
- * (wo_hot_bits) the experts the copy engine then skips. c becomes the
- * rest: its cache left out (a copy of it by the kernels, when the copy
- * engine cannot, copies only the rows not hot), its counts and hits
- * cleared (that copy counted them). False: the launch failed (c as it
- * was: the kernels copy it whole). */
+ * (bit e of bits[e / 64], WO_PICKS_EXPERTS / 64 words) the experts the
+ * copy engine then skips: those the map publishes at that point of st's
+ * order, as the host wrote it. c becomes the rest: its cache left out (a
+ * copy of it by the kernels, when the copy engine cannot, copies only the
+ * rows not hot, and counts no hits), its counts cleared (that copy counted
+ * every picked expert). False: the launch failed (c as it was: the kernels
+ * copy it whole). */
 bool wo_hot_launch(const struct wo_driver *d, const struct wo_picks_hot *h, uint64_t st,
                    CUfunction mark, CUfunction copy, struct wo_picks_copy *c, uint64_t *bits);
 

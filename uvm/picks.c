@@ -457,7 +457,8 @@ static bool enqueue(const struct wo_driver *d, struct wo_pool_strm *t, struct wo
                 s->name ? s->name : "(unnamed)");
         retire(s);
     }
-    if (engine_wanted(s) && !(early && c.where)) {
+    /* (early copies are off with hot experts: early_copies) */
+    if (engine_wanted(s)) {
         struct wo_dma_job j = {.c = c,
                                .span = (unsigned)i,
                                .rid = s->rid,

@@ -200,7 +200,7 @@ extern "C" __global__ void wo_picks_copy(unsigned char *dst, const unsigned char
             atomicAdd(rows, 1ull);
         if (counts)
             atomicAdd(&counts[e], 1u);
-        if (hits && slot != WO_PICKS_NOWHERE)
+        if (hits && slot != WO_PICKS_NOWHERE && !skip)
             atomicAdd(hits, 1ull);
     }
     if (lo >= hi || skip)

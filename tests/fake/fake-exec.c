@@ -1564,7 +1564,7 @@ static void builtin_picks_copy(void **params, const uint32_t grid[3], const uint
             __atomic_add_fetch(rows, 1, __ATOMIC_RELAXED);
         if (counts)
             __atomic_add_fetch(&counts[e], 1, __ATOMIC_RELAXED);
-        if (hits && slot != 0xffffffffu)
+        if (hits && slot != 0xffffffffu && !skip)
             __atomic_add_fetch(hits, 1, __ATOMIC_RELAXED);
     }
 }

@@ -369,6 +369,12 @@ def main() -> int:
             if "-hot-" in case:
                 checks[f"rows from the hot sets ({pk.get('hot_rows')} of {pk.get('rows')}, "
                        f"{pk.get('hot_bytes', 0) >> 20} MiB hot)"] = pk.get("hot_rows", 0) > 0
+                # a tensor's first 2 registrations come before its set: the
+                # copy engine must have copied after the sets were made too
+                eng = pk.get("engine") or {}
+                checks[f"copies on the copy engine with the hot sets made ({eng.get('copies')}, "
+                       f"more than 8 for each of {pk.get('tensors')} tensors)"] = \
+                    eng.get("copies", 0) > 8 * pk.get("tensors", 1 << 30)
             if case.endswith("-auto"):
                 print(f"    auto by step time: {st.get('auto_tries')} tries, {st.get('auto_kept')} kept "
                       f"streamed, {st.get('auto_backs')} back in place, {st.get('auto_rechecks')} rechecked; "
