@@ -292,7 +292,7 @@ for _p in ("experts-host-stream", "experts-managed-half-auto", "experts-managed-
 POLICIES["experts-host-all-hotset"] = POLICIES["experts-host-all"].replace(
     "rules:\n", "prefetch: {mode: hot-set}\nrules:\n", 1)
 # hot experts sized by the shim: the device memory free when the first set
-# is made, less the managed margin (docs/placement.md, "Hot experts")
+# is made, less the managed margin (docs/picks.md, "Hot experts")
 POLICIES["experts-host-all-hotauto"] = POLICIES["experts-host-all"].replace(
     "rules:\n", "prefetch: {hot_experts: auto}\nrules:\n", 1)
 POLICIES["experts-managed-13g"] = POLICIES["experts-managed-half"].replace(
@@ -465,7 +465,7 @@ SCENARIOS: List[Dict[str, Any]] = [
     S("batchdef-moe128-shim-experts-host-all-engine-late", "moe128", batches=[1, 8, 32],
       prefill=0, **BATCH, policy="experts-host-all", offload="experts:all",
       ref="batchdef-moe128-gpu", env={"WOFFLOAD_PICKS_ENGINE": "50", "WOFFLOAD_PICKS_EARLY": "0"}),
-    # hot experts (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts"): the
+    # hot experts (WOFFLOAD_PICKS_HOT, docs/picks.md "Hot experts"): the
     # picked copies take the rows of each layer's most picked experts from
     # the device; half the experts' bytes for them (13 GiB, the managed
     # row's budget), beside the same policy without, with the uniform router
@@ -483,6 +483,16 @@ SCENARIOS: List[Dict[str, Any]] = [
       policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
       env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-hot13g-b8.wotrace",
            "WOFFLOAD_PICKS_HOT": "13312"}),
+    # ... and the same two with the copies on the copy engine (the PICKS
+    # records' engine rows, booked on the copy engine by the replay)
+    S("trace-moe128-picks-engine-b8", "moe128", batches=[8], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-engine-b8.wotrace",
+           "WOFFLOAD_PICKS_ENGINE": "50"}),
+    S("trace-moe128-picks-hot13g-engine-b8", "moe128", batches=[8], prefill=0, **BATCH,
+      policy="experts-host-all", offload="experts:all", ref="batchdef-moe128-gpu",
+      env={"WOFFLOAD_TRACE": "/tmp/wo-trace-moe128-picks-hot13g-engine-b8.wotrace",
+           "WOFFLOAD_PICKS_HOT": "13312", "WOFFLOAD_PICKS_ENGINE": "50"}),
     # ... and with hot_experts: auto (on an unconstrained GPU: every expert
     # hot once picked, the rows copied from the device)
     S("batchdef-moe128-shim-experts-host-all-hotauto", "moe128", batches=[1, 8, 32], prefill=0,
@@ -668,7 +678,7 @@ SCENARIOS += cb_rows("moe", "moe32-uniform", "experts-managed-half", None)
 SCENARIOS += cb_rows("moe", "moe32-skew", "experts-managed-half", SKEW)
 # issue 42: continuous batching on the 128-expert shape, uniform and skewed
 # routers: experts on host, managed at half their bytes, and on host with
-# half their bytes as hot experts (docs/placement.md, "Hot experts")
+# half their bytes as hot experts (docs/picks.md, "Hot experts")
 for _tag, _skew in (("moe128-uniform", None), ("moe128-skew", SKEW128)):
     SCENARIOS += cb_rows("moe128", _tag, "experts-managed-13g", _skew)
     SCENARIOS.append(S(f"cb-{_tag}-shim-experts-host-all-hot13g", "moe128",

@@ -277,7 +277,7 @@ picks_env() {
     local p=${1##*-picks}
     case $1 in *-picks[0-9]*) PENV=(env "WOFFLOAD_GGML_PICKS=${p%%-*}") ;; *) PENV=() ;; esac
     # *-hotN: the router's picks always registered and N MiB of hot experts
-    # (WOFFLOAD_PICKS_HOT, docs/placement.md "Hot experts": llama.cpp's graph
+    # (WOFFLOAD_PICKS_HOT, docs/picks.md "Hot experts": llama.cpp's graph
     # launches then replayed, the picked rows copied, the hot ones from the
     # device)
     # (the hook's default with hot experts: every compute registered, a

@@ -20,7 +20,7 @@
 #   shim-exps-hotN  shim-exps with prefetch: {hot_experts: NGiB}, N 1-99 (the
 #                  policy written to OUTROOT): every expert host, N GiB of device
 #                  memory kept for the experts the picked copies move most (the
-#                  ggml hook then registers every compute's picks; docs/placement.md,
+#                  ggml hook then registers every compute's picks; docs/picks.md,
 #                  Hot experts): residency by use at expert grain, for rows at
 #                  equal memory with llama-ncmoe8 (half the layers' experts resident)
 #   shim-*-dma     the row with its picked copies on the copy engine

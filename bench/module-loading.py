@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """bench/module-loading.py: what CUDA's eager module loading costs PyTorch,
 the loading the shim asks for when the copy engine is on
-(WOFFLOAD_PICKS_ENGINE; docs/placement.md): start-up time and the device
+(WOFFLOAD_PICKS_ENGINE; docs/picks.md, "Module loading"): start-up time and the device
 memory the process holds after its first GEMM, under CUDA_MODULE_LOADING
 LAZY and EAGER, each in a fresh process, RUNS times (the median).
 

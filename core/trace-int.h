@@ -115,7 +115,8 @@ static inline uint32_t wo_tev_size(unsigned type, unsigned nhits)
 #define WO_TREC_FOOTER_FIXED 28 /* t_end, ring_dropped, records u64; ntypes u32 */
 #define WO_TREC_PICKS_FIXED 12  /* t_ns u64, n u32 */
 #define WO_TREC_PICK                                                                               \
-    80                     /* one tensor: id, gen u32; offset, bytes u64; n_experts, hot u32;      \
-                            * regs, staged, reused, rows, resident, hot_rows u64 */
+    88                     /* one tensor: id, gen u32; offset, bytes u64; n_experts, hot u32;      \
+                            * regs, staged, reused, rows, resident, hot_rows, engine_rows u64 */
+#define WO_TREC_PICK_V1 80 /* before the copy engine's rows: no engine_rows */
 #define WO_TREC_PICK_V0 72 /* before hot experts: hot 0 and no hot_rows */
 #define WO_TRACE_MAX_KEY 255u

@@ -642,6 +642,7 @@ static int at_end(struct wo_trace_reader *r)
 }
 
 /* A PICKS record: t_ns, n, then n tensors of WO_TREC_PICK bytes (or
+ * WO_TREC_PICK_V1, written before the copy engine's rows: none by it; or
  * WO_TREC_PICK_V0, written before hot experts: none hot). */
 static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t *p, uint32_t len,
                         struct wo_trace_rec *rec)
@@ -657,6 +658,8 @@ static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t 
                    WO_TRACE_MAX_PICKS);
     if (n && len == WO_TREC_PICKS_FIXED + n * WO_TREC_PICK_V0)
         each = WO_TREC_PICK_V0;
+    else if (n && len == WO_TREC_PICKS_FIXED + n * WO_TREC_PICK_V1)
+        each = WO_TREC_PICK_V1;
     if (!size_ok(r, len, WO_TREC_PICKS_FIXED + n * each))
         return bad(r, poff, "picks record of %u bytes for %u tensors: %u expected", len, n,
                    WO_TREC_PICKS_FIXED + n * WO_TREC_PICK);
@@ -677,7 +680,8 @@ static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t 
         k->reused = wo_get64(q + 48);
         k->rows = wo_get64(q + 56);
         k->resident = wo_get64(q + 64);
-        k->hot_rows = each == WO_TREC_PICK ? wo_get64(q + 72) : 0;
+        k->hot_rows = each >= WO_TREC_PICK_V1 ? wo_get64(q + 72) : 0;
+        k->engine_rows = each == WO_TREC_PICK ? wo_get64(q + 80) : 0;
         if (k->hot > k->n_experts || (each == WO_TREC_PICK_V0 && k->hot))
             return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * each + 28,
                        "picks entry with %u hot experts of %u", k->hot, k->n_experts);
@@ -685,6 +689,11 @@ static int decode_picks(struct wo_trace_reader *r, uint64_t poff, const uint8_t 
             return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * each + 72,
                        "picks entry with %llu rows from hot experts of %llu rows",
                        (unsigned long long)k->hot_rows, (unsigned long long)k->rows);
+        if (k->engine_rows > k->rows - k->hot_rows)
+            return bad(r, poff + WO_TREC_PICKS_FIXED + (uint64_t)i * each + 80,
+                       "picks entry with %llu rows by the copy engine of %llu rows not hot",
+                       (unsigned long long)k->engine_rows,
+                       (unsigned long long)(k->rows - k->hot_rows));
     }
     rec->picks_t_ns = wo_get64(p);
     rec->npicks = n;

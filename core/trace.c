@@ -686,6 +686,7 @@ int wo_trace_picks(struct wo_trace *t, uint64_t t_ns, const struct wo_trace_pick
         wo_put64(q + 56, pk[i].rows);
         wo_put64(q + 64, pk[i].resident);
         wo_put64(q + 72, pk[i].hot_rows);
+        wo_put64(q + 80, pk[i].engine_rows);
     }
     rec_end(t, rec, payload);
     return 0;

@@ -100,13 +100,15 @@ struct wo_trace_pick {
     uint64_t resident;  /* launches that read it wholly resident: no copy */
     uint64_t hot_rows;  /* of rows, those copied from its hot experts on the device, not over
                          * the link (as last read back) */
+    uint64_t engine_rows; /* of rows not hot, those the copy engine moved (WOFFLOAD_PICKS_ENGINE);
+                           * the others the copy kernel read over the link */
 };
 /* What the stats, the exit summary and woffload-trace derive from one:
  * bytes its copies moved; bytes moved a registration (a layer registers
  * once a forward step: a step's); of them, the bytes that crossed the link
  * (not from its hot experts); the share of its experts a copy moved; of the
- * rows copied, those from hot experts; of its launches, those that read it
- * wholly resident. */
+ * rows copied, those from hot experts; of the rows over the link, those the
+ * copy engine moved; of its launches, those that read it wholly resident. */
 /* A tensor's figures since base (an earlier record of it), the last
  * record's when nothing registered since: a run's steady state, without
  * the steps before its hot set was made. */
@@ -123,6 +125,8 @@ static inline struct wo_trace_pick wo_trace_pick_steady(const struct wo_trace_pi
     d.rows = last->rows >= base->rows ? last->rows - base->rows : 0;
     d.resident = last->resident >= base->resident ? last->resident - base->resident : 0;
     d.hot_rows = last->hot_rows >= base->hot_rows ? last->hot_rows - base->hot_rows : 0;
+    d.engine_rows =
+        last->engine_rows >= base->engine_rows ? last->engine_rows - base->engine_rows : 0;
     return d;
 }
 static inline uint64_t wo_trace_pick_copied(const struct wo_trace_pick *p)
@@ -137,6 +141,12 @@ static inline uint64_t wo_trace_pick_linked_per_reg(const struct wo_trace_pick *
 {
     uint64_t cold = p->rows > p->hot_rows ? p->rows - p->hot_rows : 0;
     return p->regs && p->n_experts ? cold * (p->bytes / p->n_experts) / p->regs : 0;
+}
+/* Of the rows over the link, the share the copy engine moved. */
+static inline double wo_trace_pick_engine_rate(const struct wo_trace_pick *p)
+{
+    uint64_t cold = p->rows > p->hot_rows ? p->rows - p->hot_rows : 0;
+    return cold ? (double)(p->engine_rows < cold ? p->engine_rows : cold) / (double)cold : 0.0;
 }
 static inline double wo_trace_pick_hot_rate(const struct wo_trace_pick *p)
 {

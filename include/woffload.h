@@ -95,7 +95,7 @@ int woffload_seal(void);
  * launches that read the tensor must read only the rows the ids name, and
  * only read. A tensor placed `host` or `managed` is then read from a device
  * buffer into which only the picked rows were copied, on the launch's own
- * stream (docs/placement.md, "Picked experts"); one on the device needs
+ * stream (docs/picks.md, "Picked experts"); one on the device needs
  * nothing. Returns 0; -EINVAL (NULL experts, bytes or n_experts 0, bytes not
  * a multiple of n_experts, n_experts over 1024, id_bytes not 4 or 8, ids
  * given with n_ids 0); -ENOENT (experts is in no allocation the shim saw);

@@ -1938,6 +1938,7 @@ int main(int argc, char **argv)
         char pol[] = "/tmp/wo-picks-XXXXXX", logf[] = "/tmp/wo-picks-log-XXXXXX";
         char trace[] = "/tmp/wo-picks-trace-XXXXXX";
         int fd = mkstemp(pol), st = 0, lfd = mkstemp(logf), tfd = mkstemp(trace);
+        bool engine_moved = false; /* the exit summary's copy engine moved rows */
         pid_t pid;
 
         CHECK(fd >= 0 &&
@@ -1996,6 +1997,8 @@ int main(int argc, char **argv)
             log[n > 0 ? n : 0] = '\0';
             fputs(log, stderr);
             sp = strstr(log, "picks: by tensor, moved a step: least ");
+            engine_moved = strstr(log, "picks: on the copy engine: ") &&
+                           !strstr(log, "picks: on the copy engine: 0 copies");
             CHECK(strstr(log, i == THREE || i == STREAMS ? "picks: 3 expert tensors"
                                                          : "picks: 2 expert tensors") !=
                   NULL);
@@ -2056,6 +2059,11 @@ int main(int argc, char **argv)
                 /* the hot experts' share, only where some were kept */
                 CHECK((pk && strstr(pk, "of the rows from hot experts on the device")) ==
                       (i == HOT));
+                /* the copy engine's share (its own PICKS field), where the
+                 * exit summary says it moved rows; the hot child's copies
+                 * by the engine move only the rows not hot */
+                CHECK((pk && strstr(pk, "of the rows over the link moved by the copy engine")) ==
+                      engine_moved);
                 if (!pk)
                     fputs(out, stderr);
             }

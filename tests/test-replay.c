@@ -316,6 +316,40 @@ static void test_picks(void **state)
     assert_true(fabs(pk.zc_bytes_step - pk.pick_bytes_step) < 1e-6 * want);
     assert_true(pk.zc_bytes_step > plain.zc_bytes_step);
     assert_true(pk.step_s > plain.step_s);
+    /* the copy engine (WOFFLOAD_PICKS_ENGINE) moves every picked row: the
+     * same bytes over the link, none read in place, at the copy engine's
+     * rate before each launch, not beside it; and a quarter of them: the
+     * rest read in place by the copy kernel */
+    {
+        struct wo_replay_result eng, part;
+        double zc_s = 1.0 / 50e9, h2d_s = 1.0 / 55e9; /* the built-in model's */
+
+        for (size_t i = 0; i < n; i++)
+            d->picks[i].engine_rows = d->picks[i].rows;
+        replay(d, 0.5, true, false, &eng);
+        for (size_t i = 0; i < n; i++)
+            d->picks[i].engine_rows = d->picks[i].rows / 4;
+        replay(d, 0.5, true, false, &part);
+        for (size_t i = 0; i < n; i++)
+            d->picks[i].engine_rows = 0;
+        print_message(
+            "picked: kernels %.3f ms a step, copy engine %.3f ms, a quarter by it %.3f ms\n",
+            pk.step_s * 1e3, eng.step_s * 1e3, part.step_s * 1e3);
+        assert_true(eng.pick_bytes_step > want * 0.99 && eng.pick_bytes_step < want * 1.01);
+        assert_true(fabs(eng.pick_engine_bytes_step - eng.pick_bytes_step) < 1e-6 * want);
+        assert_true(eng.zc_bytes_step < 1e-6 * want);
+        assert_true(eng.pcie_bytes_step >= eng.pick_bytes_step);
+        /* the link's time moves from the zero-copy rate to the copy
+         * engine's; each launch waits for its copy */
+        assert_true(eng.step_s > pk.step_s * h2d_s / zc_s * 0.95);
+        assert_true(eng.step_s >= want * h2d_s);
+        assert_true(part.pick_engine_bytes_step > want / 4 * 0.98 &&
+                    part.pick_engine_bytes_step < want / 4 * 1.02);
+        assert_true(fabs(part.zc_bytes_step -
+                         (part.pick_bytes_step - part.pick_engine_bytes_step)) < 1e-6 * want);
+        wo_replay_result_free(&eng);
+        wo_replay_result_free(&part);
+    }
     /* hot experts: three quarters of the rows copied from the device, a
      * quarter over the link (the link's bytes a quarter, the step shorter) */
     {

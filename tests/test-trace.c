@@ -641,9 +641,10 @@ static void patch_crc(uint8_t *rec)
 
 /* PICKS records (optional type 0x81): the loader keeps the last one's
  * tensors; a count past the limit, a length that does not match the count,
- * more hot experts than experts and more hot rows than rows are errors at
- * their offsets; entries of the 72 bytes written before hot experts load
- * with none hot. */
+ * more hot experts than experts, more hot rows than rows and more rows by
+ * the copy engine than rows not hot are errors at their offsets; entries of
+ * the 72 bytes written before hot experts load with none hot, those of the 80
+ * written before the copy engine's rows with none by it. */
 static void picks_records_roundtrip(void **state)
 {
     static const struct wo_trace_pick p1[2] = {
@@ -658,7 +659,8 @@ static void picks_records_roundtrip(void **state)
          .reused = 1,
          .rows = 30,
          .resident = 0,
-         .hot_rows = 12},
+         .hot_rows = 12,
+         .engine_rows = 10},
         {.id = 7,
          .gen = 3,
          .offset = 1 << 20,
@@ -702,6 +704,8 @@ static void picks_records_roundtrip(void **state)
     assert_true(wo_trace_pick_resident(&d->picks[1]) == 5.0 / 15.0);
     assert_true(wo_trace_pick_hot_rate(&d->picks[0]) == 12.0 / 61.0);
     assert_int_equal(wo_trace_pick_linked_per_reg(&d->picks[0]), ((61u - 12u) << 16) / 20);
+    assert_true(wo_trace_pick_engine_rate(&d->picks[0]) == 10.0 / 49.0);
+    assert_true(wo_trace_pick_engine_rate(&d->picks[1]) == 0.0);
     /* each tensor's base: the first record with its last hot set, tensor 0
      * hot from the first record, tensor 1 never */
     assert_non_null(d->picks_base);
@@ -714,6 +718,7 @@ static void picks_records_roundtrip(void **state)
         assert_int_equal(st.staged, 9);
         assert_int_equal(st.rows, 31);
         assert_int_equal(st.hot_rows, 0);
+        assert_int_equal(st.engine_rows, 0);
         /* nothing registered since: the cumulative figures */
         st = wo_trace_pick_steady(&d->picks[1], &d->picks_base[1]);
         assert_memory_equal(&st, &d->picks[1], sizeof(st));
@@ -766,7 +771,7 @@ static void picks_records_roundtrip(void **state)
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
     assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER);
-    assert_non_null(strstr(err, "picks record of 172 bytes for 3 tensors"));
+    assert_non_null(strstr(err, "picks record of 188 bytes for 3 tensors"));
     /* past the limit */
     buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0x7f;
     patch_crc(buf + b[1]);
@@ -775,39 +780,50 @@ static void picks_records_roundtrip(void **state)
     buf[b[1] + WO_TRACE_REC_HEADER + 8] = 2;
     buf[b[1] + WO_TRACE_REC_HEADER + 10] = 0;
     /* more hot experts than experts */
-    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28] = 17;
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 28] = 17;
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
-    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 28);
     assert_non_null(strstr(err, "17 hot experts of 16"));
-    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 28] = 0;
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 28] = 0;
     /* more hot rows than rows (40) */
-    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72] = 41;
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 72] = 41;
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
-    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 72);
     assert_non_null(strstr(err, "41 rows from hot experts of 40 rows"));
-    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80 + 72] = 0;
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 88 + 72] = 0;
+    /* more rows by the copy engine than rows not hot (tensor 0: 30 - 12) */
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80] = 19;
+    patch_crc(buf + b[1]);
+    assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), -EBADMSG);
+    assert_int_equal(off, b[1] + WO_TRACE_REC_HEADER + 12 + 80);
+    assert_non_null(strstr(err, "19 rows by the copy engine of 18 rows not hot"));
+    buf[b[1] + WO_TRACE_REC_HEADER + 12 + 80] = 18;
     patch_crc(buf + b[1]);
     assert_int_equal(read_all(buf, len, 0, &off, err, sizeof(err)), 0);
     free(buf);
 
-    /* a record of 72-byte entries (a trace from before hot experts): its
-     * hot fields read as none */
-    {
-        const struct wo_trace_pick v0[1] = {{.id = 7,
-                                             .gen = 3,
-                                             .bytes = 1 << 20,
-                                             .n_experts = 16,
-                                             .regs = 3,
-                                             .staged = 3,
-                                             .rows = 9}};
-        uint32_t plen;
+    /* records of 80-byte entries (a trace from before the copy engine's
+     * rows: none by it) and of 72-byte ones (from before hot experts: none
+     * hot either) */
+    for (uint32_t keep = 80; keep >= 72; keep -= 8) {
+        const struct wo_trace_pick v[1] = {{.id = 7,
+                                            .gen = 3,
+                                            .bytes = 1 << 20,
+                                            .n_experts = 16,
+                                            .hot = keep == 80,
+                                            .regs = 3,
+                                            .staged = 3,
+                                            .rows = 9,
+                                            .hot_rows = keep == 80 ? 2 : 0,
+                                            .engine_rows = 5}};
+        uint32_t plen, cut = 88 - keep;
         uint8_t *rec;
 
-        path_in(path, sizeof(path), "picks-v0.wotrace");
+        path_in(path, sizeof(path), "picks-old.wotrace");
         assert_int_equal(wo_trace_open(path, &t), 0);
-        assert_int_equal(wo_trace_picks(t, 100, v0, 1), 0);
+        assert_int_equal(wo_trace_picks(t, 100, v, 1), 0);
         assert_int_equal(wo_trace_close(t, 0), 0);
         buf = slurp(path, &len);
         nb = boundaries(buf, len, b, WO_ARRAY_SIZE(b));
@@ -817,18 +833,18 @@ static void picks_records_roundtrip(void **state)
         rec = buf + b[1];
         plen = (uint32_t)rec[0] | (uint32_t)rec[1] << 8 | (uint32_t)rec[2] << 16 |
                (uint32_t)rec[3] << 24;
-        assert_int_equal(plen, 12 + 80);
-        /* the entry's last 8 bytes (hot rows) cut: the rest of the file
-         * moves up 8 bytes */
-        memmove(rec + 8 + 12 + 72, rec + 8 + 12 + 80, len - (b[1] + 8 + 12 + 80));
-        len -= 8;
-        rec[0] = 12 + 72;
+        assert_int_equal(plen, 12 + 88);
+        /* the entry's last fields cut: the rest of the file moves up */
+        memmove(rec + 8 + 12 + keep, rec + 8 + 12 + 88, len - (b[1] + 8 + 12 + 88));
+        len -= cut;
+        rec[0] = (uint8_t)(12 + keep);
         patch_crc(rec);
         assert_int_equal(wo_trace_load_mem(buf, len, WO_TRACE_STRICT, 0, &d), 0);
         assert_int_equal(d->npicks, 1);
         assert_int_equal(d->picks[0].rows, 9);
-        assert_int_equal(d->picks[0].hot, 0);
-        assert_int_equal(d->picks[0].hot_rows, 0);
+        assert_int_equal(d->picks[0].hot, keep == 80);
+        assert_int_equal(d->picks[0].hot_rows, keep == 80 ? 2 : 0);
+        assert_int_equal(d->picks[0].engine_rows, 0);
         wo_trace_data_free(d);
         free(buf);
     }

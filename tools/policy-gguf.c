@@ -165,7 +165,7 @@ static double step_bytes(const struct wo_gguf *g, const struct wo_gguf_tensor *t
     return (double)t->bytes;
 }
 
-/* Hot experts (prefetch.hot_experts, docs/placement.md "Hot experts"):
+/* Hot experts (prefetch.hot_experts, docs/picks.md "Hot experts"):
  * each expert tensor off the device gets an equal share of their bytes for
  * the rows of its most copied experts, cap[i] of E. With them on, the
  * ggml hook registers the picks of every compute, a single token's too, and
@@ -515,7 +515,7 @@ static void bounds(const struct gargs *a, const struct wo_gguf *g, const enum wo
 
 /* The device memory a run adds beside the weights when it stages: slots
  * of at most the largest tensor off the device (docs/prefetch.md, Slots),
- * picked copies' buffers two of it (docs/placement.md, Picked experts). */
+ * picked copies' buffers two of it (docs/picks.md, Picked experts). */
 static void staging(const struct wo_policy *p, const struct wo_gguf *g,
                     const enum wo_placement *out)
 {

@@ -29,9 +29,10 @@ struct rtag {
     /* picked staging (the trace's PICKS record for the tensor at this tag's
      * start): the bytes one launch's picked copy moves over the link, on
      * average (the copies' rows not from its hot experts over the launches
-     * that copied or reused); < 0: none; and those it copies from its hot
-     * experts on the device */
-    double pick_copy, pick_hot;
+     * that copied or reused); < 0: none; those it copies from its hot
+     * experts on the device; and of pick_copy, those the copy engine moves
+     * before the launch (the copy kernel reads the rest in place) */
+    double pick_copy, pick_hot, pick_engine;
 };
 
 struct rr {
@@ -152,7 +153,8 @@ struct sim {
     size_t la_pos;            /* the next copy ahead: sorder[la_pos] for step la_step */
     uint64_t la_step;
     double stream_b;          /* window: bytes staged */
-    double pick_b;            /* window: bytes picked staging copied (in zc_b too) */
+    double pick_b;            /* window: bytes picked staging copied over the link */
+    double pick_engine_b;     /* window: of pick_b, the copy engine's (the rest in zc_b) */
     uint64_t launches;
     uint64_t max_resident;
     unsigned warmup;
@@ -194,6 +196,18 @@ uint32_t wo_replay_place_of_tag(struct sim *s, const struct wo_trace_tag *t,
 /* The device budget for managed ranges (opts, the policy, or the recorded
  * one), given the managed and device-placed bytes. */
 uint64_t wo_replay_budget(const struct sim *s, uint64_t managed, uint64_t devbytes);
+
+/* ---- replay-link.c: the PCIe link ---------------------------------------- */
+
+/* Keeps [a, b) as traffic of one kind (dma: a copy engine's transfer, else
+ * kernels' in-place reads) for wo_replay_link_slowdown(). */
+void wo_replay_traffic(struct sim *s, double a, double b, int dma);
+/* Books d seconds of the link from t on, in the gaps earlier bookings left;
+ * returns when they end. */
+double wo_replay_link_use(struct sim *s, double t, double d, int dma);
+/* How long gap seconds of the host's own work from the host clock on take
+ * under the link's traffic. */
+double wo_replay_link_slowdown(const struct sim *s, double gap);
 
 /* ---- replay-timeline.c: the predicted timeline --------------------------- */
 

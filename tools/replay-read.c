@@ -113,7 +113,8 @@ int wo_replay_setup_ranges(struct sim *s)
     /* picked staging: a tensor's launches read a device buffer its picked
      * rows were copied into, the copy made once a registration and reused
      * by the registration's later launches on the stream; the rows of its
-     * hot experts come from the device, the others over the link */
+     * hot experts come from the device, the others over the link (by the
+     * copy kernel, or by the copy engine before the launch) */
     for (size_t i = 0; i < d->npicks; i++) {
         /* the steady state: a hot set made after the first steps would
          * otherwise count those steps' rows as crossing the link (the
@@ -132,6 +133,8 @@ int wo_replay_setup_ranges(struct sim *s)
         if (t && t->offset == p->offset && launches) {
             t->pick_copy = (double)((p->rows - hot) * row) / (double)launches;
             t->pick_hot = (double)(hot * row) / (double)launches;
+            t->pick_engine =
+                (double)(WO_MIN(p->engine_rows, p->rows - hot) * row) / (double)launches;
         }
     }
     return 0;

@@ -118,9 +118,11 @@ static int run_one(const struct wo_trace_data *d, const struct wo_replay_opts *o
         res->copy_bytes_step = s.copy_b / ws;
         res->stream_bytes_step = s.stream_b / ws;
         res->pick_bytes_step = s.pick_b / ws;
+        res->pick_engine_bytes_step = s.pick_engine_b / ws;
         /* copy-back evictions cross PCIe too (device to host) */
-        res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step + res->copy_bytes_step +
-                               res->stream_bytes_step + s.cb_b / ws;
+        res->pcie_bytes_step = res->zc_bytes_step + res->prefetch_bytes_step +
+                               res->copy_bytes_step + res->stream_bytes_step +
+                               res->pick_engine_bytes_step + s.cb_b / ws;
         res->stall_s_step = s.stall_s / ws;
         {
             /* the planner's own rule, on what the simulation read and moved */

@@ -18,86 +18,6 @@
 
 #define PIECE (64 * WO_KiB) /* residency granularity of the simulation */
 
-/* ---- the PCIe link: a calendar of busy intervals ------------------------ */
-
-/* Keeps [a, b) of traffic of one kind for link_slowdown(), in start order
- * (pieces of the disjoint calendar: disjoint too), forgetting pieces that
- * ended before the host clock. */
-static void traffic(struct sim *s, double a, double b, int dma)
-{
-    size_t i, j = 0;
-
-    if (s->dm->host_zc_slow <= 1 && s->dm->host_dma_slow <= 1)
-        return;
-    while (j < s->ntp && s->tp[j].b < s->cpu_t)
-        j++;
-    if (j) {
-        memmove(s->tp, s->tp + j, (s->ntp - j) * sizeof(*s->tp));
-        s->ntp -= j;
-    }
-    if (wo_grow((void **)&s->tp, &s->captp, s->ntp + 1, sizeof(*s->tp)) < 0) {
-        s->err = -ENOMEM;
-        return;
-    }
-    for (i = s->ntp; i > 0 && s->tp[i - 1].a > a; i--)
-        ;
-    memmove(s->tp + i + 1, s->tp + i, (s->ntp - i) * sizeof(*s->tp));
-    s->tp[i] = (struct traffic){a, b, dma};
-    s->ntp++;
-}
-
-/* Uses the link for d seconds from t on, in the idle gaps between earlier
- * bookings (a prefetch booked for later does not block a kernel's read
- * now: the link shares its time); returns when the last byte crossed. */
-static double link_use(struct sim *s, double t, double d, int dma)
-{
-    size_t i = 0, j = 0;
-
-    /* forget intervals no later request can touch (requests start at or
-     * after the host clock) */
-    while (j < s->nlk && s->lk[j].b < s->cpu_t)
-        j++;
-    if (j) {
-        memmove(s->lk, s->lk + j, (s->nlk - j) * sizeof(*s->lk));
-        s->nlk -= j;
-    }
-    while (d > 0) {
-        double gap;
-
-        while (i < s->nlk && s->lk[i].b <= t)
-            i++;
-        if (i < s->nlk && s->lk[i].a <= t) {
-            t = s->lk[i].b;
-            continue;
-        }
-        gap = i < s->nlk ? s->lk[i].a - t : INFINITY;
-        if (gap > d)
-            gap = d;
-        traffic(s, t, t + gap, dma);
-        /* book [t, t + gap): extend the previous interval or insert */
-        if (i > 0 && s->lk[i - 1].b >= t) {
-            s->lk[i - 1].b = t + gap;
-        } else {
-            if (wo_grow((void **)&s->lk, &s->caplk, s->nlk + 1, sizeof(*s->lk)) < 0) {
-                s->err = -ENOMEM;
-                return t + d;
-            }
-            memmove(s->lk + i + 1, s->lk + i, (s->nlk - i) * sizeof(*s->lk));
-            s->lk[i] = (struct busy){t, t + gap};
-            s->nlk++;
-            i++;
-        }
-        if (i < s->nlk && s->lk[i - 1].b >= s->lk[i].a) { /* touches the next one: merge */
-            s->lk[i - 1].b = s->lk[i].b;
-            memmove(s->lk + i, s->lk + i + 1, (s->nlk - i - 1) * sizeof(*s->lk));
-            s->nlk--;
-        }
-        t += gap;
-        d -= gap;
-    }
-    return t;
-}
-
 /* ---- the planner's actions ---------------------------------------------- */
 
 static void mark_ready(struct rr *r, uint64_t off, uint64_t bytes, double t)
@@ -135,7 +55,7 @@ static void apply_actions(struct sim *s)
                 /* read-mostly set on each piece it prefetches (uvm/prefetch.c) */
                 t1 += s->dm->advise_us * 1e-6;
             }
-            t1 = link_use(s, t1, (double)a.bytes / bps, 1);
+            t1 = wo_replay_link_use(s, t1, (double)a.bytes / bps, 1);
             s->uvm_free = t1;
             mark_ready(r, a.offset, a.bytes, t1);
             if (s->in_window) {
@@ -173,39 +93,6 @@ static void apply_actions(struct sim *s)
 
 /* ---- the host thread ---------------------------------------------------- */
 
-/* How long `gap` seconds of the host's own work from the host clock on take
- * while the link carries the GPU's in-place reads or a copy engine's
- * transfer (bench/pcie-interference.py: the launch path shares PCIe with
- * them): one walk over the traffic pieces in time order, the work advancing
- * at 1/factor inside a piece and at full speed between pieces, so the
- * stretched part meets the later pieces too. */
-static double link_slowdown(const struct sim *s, double gap)
-{
-    double fz = s->dm->host_zc_slow, fd = s->dm->host_dma_slow, t = s->cpu_t, left = gap, took = 0;
-
-    if (fz <= 1 && fd <= 1)
-        return gap;
-    for (size_t i = 0; i < s->ntp && left > 0; i++) {
-        const struct traffic *b = &s->tp[i];
-        double f = b->dma ? fd : fz, idle, busy;
-
-        if (b->b <= t)
-            continue;
-        idle = WO_MAX(b->a - t, 0.0);
-        if (idle >= left)
-            break;
-        left -= idle;
-        took += idle;
-        t = WO_MAX(t, b->a);
-        /* inside the booking the work advances at 1/f */
-        busy = WO_MIN(b->b - t, left * f);
-        took += busy;
-        left -= busy / f;
-        t += busy;
-    }
-    return took + left;
-}
-
 /* Advances the engine's host clock to an event recorded at trace time t. */
 static void host_advance(struct sim *s, uint64_t t, double floor_s)
 {
@@ -234,7 +121,7 @@ static void host_advance(struct sim *s, uint64_t t, double floor_s)
      * a replay under the recorded placements finds it in the recorded gaps. */
     s->cpu_base += gap;
     if (s->post_sync)
-        gap = link_slowdown(s, gap);
+        gap = wo_replay_link_slowdown(s, gap);
     s->cpu_t += gap;
     s->cpu_work += gap;
     s->prev_trace_t = t;
@@ -364,8 +251,8 @@ static void stream_issue(struct sim *s, uint32_t u, uint64_t step, double at)
     if (s->slot_free[slot] < INFINITY)
         t0 = WO_MAX(t0, s->slot_free[slot]);
 
-    t1 = link_use(s, t0, (double)x->size * s->copy_s, 1);
-    traffic(s, t0, t1, 1);
+    t1 = wo_replay_link_use(s, t0, (double)x->size * s->copy_s, 1);
+    wo_replay_traffic(s, t0, t1, 1);
     s->ce_free = t1;
     s->slot_free[slot] = INFINITY; /* until its reads are seen */
     x->st_step = step;
@@ -565,7 +452,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
                 s->bt[s->nbt] = WO_MAX(s->cpu_t, s->gpu_free);
                 s->bl[s->nbt] = s->cur_step_launches;
                 s->bacc[s->nbt][0] = s->zc_b;
-                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b + s->stream_b;
+                s->bacc[s->nbt][1] = s->pf_b + s->cb_b + s->copy_b + s->stream_b + s->pick_engine_b;
                 s->bacc[s->nbt][2] = s->stall_s;
                 s->bacc[s->nbt][3] = s->cpu_work;
                 s->rt[s->nbt++] = (double)ev->t_ns * 1e-9;
@@ -624,18 +511,31 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             mult_hit(tag, hit->offset, end_off);
         if (s->sealed && tag && tag->pick_copy >= 0 &&
             (place == WO_PLACE_HOST || place == WO_PLACE_MANAGED) && !managed_whole(r, tag, start)) {
-            /* picked staging: rows over the link; hot rows and the buffer: dev */
-            double dev = (double)b + tag->pick_hot;
-            zc += tag->pick_copy;
+            /* picked staging: rows over the link, by the copy kernel (read
+             * in place) or by the copy engine before the launch (the
+             * launch's stream waits for them); hot rows and the buffer: dev */
+            double dev = (double)b + tag->pick_hot, eng = tag->pick_engine;
+            double kz = WO_MAX(0.0, tag->pick_copy - eng), h2d_s = 1.0 / (s->dm->h2d_gbs * 1e9);
+
+            zc += kz;
             hbm += dev;
+            if (eng > 0) {
+                double t0 = WO_MAX(start, s->ce_free),
+                       t1 = wo_replay_link_use(s, t0, eng * h2d_s, 1);
+
+                s->ce_free = t1;
+                t_in = WO_MAX(t_in, t1);
+                wo_replay_tl_event(s, 2, "picked copy", t0, t1);
+            }
             if (s->in_window) {
-                s->fixed_link += tag->pick_copy * s->zc_s;
-                host_zc += tag->pick_copy * s->zc_s;
+                s->fixed_link += kz * s->zc_s + eng * h2d_s;
+                host_zc += kz * s->zc_s;
                 s->pick_b += tag->pick_copy;
+                s->pick_engine_b += eng;
                 if (ni >= 0) {
-                    s->names[ni].zc_bytes += tag->pick_copy;
+                    s->names[ni].zc_bytes += kz;
                     s->names[ni].hbm_bytes += dev;
-                    s->names[ni].read_s += tag->pick_copy * s->zc_s + dev * s->hbm_s;
+                    s->names[ni].read_s += kz * s->zc_s + eng * h2d_s + dev * s->hbm_s;
                 }
             }
         } else if (place == WO_PLACE_MANAGED && r->ready) {
@@ -712,7 +612,7 @@ static void kernel(struct sim *s, const struct wo_event *ev)
             }
         }
     }
-    le = zc > 0 ? link_use(s, t_in, zc * s->zc_s, 0) : t_in;
+    le = zc > 0 ? wo_replay_link_use(s, t_in, zc * s->zc_s, 0) : t_in;
     end = WO_MAX(t_in + s->kernel_s + hbm * s->hbm_s, le);
     s->gpu_free = end;
     for (unsigned i = 0; i < nstreamed; i++)

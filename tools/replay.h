@@ -77,7 +77,8 @@ struct wo_replay_result {
     double pcie_bytes_step;     /* H2D zero-copy reads + prefetches + copy-backs + copies + staging */
     double zc_bytes_step, prefetch_bytes_step, evict_bytes_step, copy_bytes_step;
     double stream_bytes_step;   /* staged into device slots (prefetch mode stream) */
-    double pick_bytes_step;     /* picked staging's copies (the trace's PICKS; in zc_bytes_step) */
+    double pick_bytes_step;     /* picked staging's copies over the link (the trace's PICKS) */
+    double pick_engine_bytes_step; /* of them, the copy engine's; the rest are in zc_bytes_step */
     double stall_s_step;
     /* The cost rule (uvm/cost.h) over the window, per step, at the model's
      * rates: the managed bytes read, all in place (what `host` pays) and as

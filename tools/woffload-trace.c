@@ -417,11 +417,12 @@ static const char *tag_of(const struct wo_trace_data *d, const struct attr *a, u
  * the order the tensors were first registered: a layer's bytes moved a
  * step and of them those over the link (not from its hot experts), the
  * share of experts a copy moved, the experts held hot and the share of
- * rows taken from them, the launches that found it resident
- * (docs/placement.md, "Picked experts", "Hot experts"). */
+ * rows taken from them, the launches that found it resident, and in all the
+ * share of the rows over the link that the copy engine moved
+ * (docs/picks.md, "Picked experts", "Hot experts"). */
 static void print_picks(const struct wo_trace_data *d, const struct attr *a)
 {
-    uint64_t moved = 0, whole = 0, hot_rows = 0, rows = 0;
+    uint64_t moved = 0, whole = 0, hot_rows = 0, rows = 0, engine_rows = 0;
     char hb[32], lb[32];
 
     if (!d->npicks)
@@ -444,6 +445,7 @@ static void print_picks(const struct wo_trace_data *d, const struct attr *a)
         whole += p->staged * p->bytes;
         rows += p->rows;
         hot_rows += p->hot_rows;
+        engine_rows += p->engine_rows;
     }
     printf("  moved %s", human(moved, hb, sizeof(hb)));
     printf(" in all, %.0f%% of what copying whole tensors would have moved",
@@ -451,6 +453,9 @@ static void print_picks(const struct wo_trace_data *d, const struct attr *a)
     if (hot_rows)
         printf("; %.0f%% of the rows from hot experts on the device",
                100.0 * (double)hot_rows / (double)rows);
+    if (engine_rows)
+        printf("; %.0f%% of the rows over the link moved by the copy engine",
+               100.0 * (double)engine_rows / (double)(rows - hot_rows));
     printf("\n");
 }
 

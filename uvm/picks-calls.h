@@ -4,7 +4,7 @@
  * A job's wait on the engine's stream is met by copies that the copy thread
  * enqueues later. Any call of the engine enqueued after that wait that the
  * GPU puts in a queue those copies share holds them (a copy or memset in a
- * copy queue: docs/placement.md, Copy queues), and the hang names no call.
+ * copy queue: docs/picks.md, Copy queues), and the hang names no call.
  * So when a job is queued on a stream with no job outstanding, the hooked
  * entry points' call counts are kept (core/counters.h); the report lists
  * which calls the engine made since. */

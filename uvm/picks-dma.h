@@ -1,5 +1,5 @@
 /* uvm/picks-dma.h: picked copies on the copy engine, the second way
- * uvm/picks.c moves a launch's picked experts (docs/placement.md, "Picked
+ * uvm/picks.c moves a launch's picked experts (docs/picks.md, "Picked
  * experts").
  *
  * A kernel that copies the picked rows reads host memory over PCIe at

@@ -40,9 +40,10 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
     t->hot_fills = wo_pk.fills_gone;
     for (unsigned i = 0; i < wo_pk.n; i++) {
         const struct span *s = &wo_pk.s[i];
+        uint64_t engine_rows = __atomic_load_n(&wo_pk.dma_rows[i], __ATOMIC_RELAXED);
         uint64_t rows =
             (wo_pk.rows_host ? __atomic_load_n(&wo_pk.rows_host[i], __ATOMIC_RELAXED) : 0) +
-            __atomic_load_n(&wo_pk.dma_rows[i], __ATOMIC_RELAXED);
+            engine_rows;
         uint64_t hot_rows = wo_pk.rows_host ? __atomic_load_n(&wo_pk.rows_host[WO_PICKS_SPANS + i],
                                                               __ATOMIC_RELAXED)
                                             : 0;
@@ -58,6 +59,7 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         wo_hot_figs(s->hot, &hf);
         /* read back apart: never more from the hot set than in all */
         hot_rows = WO_MIN(hot_rows, rows);
+        engine_rows = WO_MIN(engine_rows, rows - hot_rows);
         f = (struct wo_picks_figs){.name = s->name,
                                    .kerns = &s->kerns,
                                    .k = {.id = s->rid,
@@ -71,7 +73,8 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
                                          .rows = rows,
                                          .resident = s->resident,
                                          .hot = hf.held,
-                                         .hot_rows = hot_rows},
+                                         .hot_rows = hot_rows,
+                                         .engine_rows = engine_rows},
                                    .hot_slots = hf.cap,
                                    .hot_fills = hf.fills,
                                    .hot_bytes = hf.bytes};

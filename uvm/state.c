@@ -227,7 +227,7 @@ unsigned wo_uvm_picks_engine(void)
             wo_warn("WOFFLOAD_PICKS_ENGINE=%u: the copy engine stays off, the kernels copy the "
                     "picked experts: CUDA_MODULE_LOADING is %s, not EAGER (a kernel loaded "
                     "lazily while an engine stream waits for the copy thread hangs the GPU: "
-                    "docs/placement.md, Picked experts on the copy engine; "
+                    "docs/picks.md, Picked experts on the copy engine; "
                     "with WOFFLOAD_PICKS_LAZY=0; unset or 1, the default, each kernel's first "
                     "launch goes behind the copy engine's gate instead)",
                     pct, v ? v : "unset");

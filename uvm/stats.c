@@ -162,7 +162,8 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
      * the bytes moved a step; linked_per_registration: of them, those that
      * crossed the link (not from its hot experts); resident_fraction: of
      * its launches, those that read it wholly resident; hot_*: its hot
-     * experts on the device (WOFFLOAD_PICKS_HOT) */
+     * experts on the device (WOFFLOAD_PICKS_HOT); engine_*: of the rows
+     * over the link, those the copy engine moved (WOFFLOAD_PICKS_ENGINE) */
     sb_printf(
         b,
         ":{\"experts\":%u,\"bytes\":%" PRIu64 ",\"registrations\":%" PRIu64 ",\"staged\":%" PRIu64
@@ -170,12 +171,14 @@ static void picks_name_json(void *ud, const struct wo_picks_figs *f)
         ",\"picked_fraction\":%.4f,\"resident\":%" PRIu64 ",\"copied_per_registration\":%" PRIu64
         ",\"linked_per_registration\":%" PRIu64
         ",\"resident_fraction\":%.4f,\"hot_slots\":%u,\"hot_experts\":%u,\"hot_rows\":%" PRIu64
-        ",\"hot_rate\":%.4f,\"hot_fills\":%" PRIu64 ",\"hot_bytes\":%" PRIu64,
+        ",\"hot_rate\":%.4f,\"hot_fills\":%" PRIu64 ",\"hot_bytes\":%" PRIu64
+        ",\"engine_rows\":%" PRIu64 ",\"engine_rate\":%.4f",
         f->k.n_experts, f->k.bytes, f->k.regs, f->k.staged, f->k.reused, f->k.rows,
         wo_trace_pick_copied(&f->k), wo_trace_pick_picked(&f->k), f->k.resident,
         wo_trace_pick_per_reg(&f->k), wo_trace_pick_linked_per_reg(&f->k),
         wo_trace_pick_resident(&f->k), f->hot_slots, f->k.hot, f->k.hot_rows,
-        wo_trace_pick_hot_rate(&f->k), f->hot_fills, f->hot_bytes);
+        wo_trace_pick_hot_rate(&f->k), f->hot_fills, f->hot_bytes, f->k.engine_rows,
+        wo_trace_pick_engine_rate(&f->k));
     /* the kernels whose launches it served: its layer's one or two (a
      * third is a word that looked like an address, uvm/picks-kern.h) */
     picks_kerns_json(b, "kernels", f->kerns);

@@ -9,7 +9,7 @@
  * behind. The H200's hang under the shim's copy engine had that shape: the
  * engine's thread waited for the context's work inside a driver call that
  * held the lock the copy thread needed to write the value the stream
- * waited for (docs/placement.md, the copy engine's gate).
+ * waited for (docs/picks.md, the copy engine's gate).
  *
  * In this mode a wait not met when it is enqueued puts its stream behind:
  * it and every later operation on that stream go into the stream's queue,
