@@ -269,9 +269,19 @@ for step in "$@"; do
         rc=$?
         # the traces its trace-* scenarios recorded (WOFFLOAD_TRACE=/tmp/wo-trace-*),
         # compressed, for tests/traces and the replay's checks
+        # and each one replayed with this GPU's device model (the replay's
+        # predicted / recorded step, docs/replay.md): its `picked:` line and
+        # the ratio, in e2e/replay.txt
         for t in /tmp/wo-trace-*.wotrace; do
-            [ -f "$t" ] && gzip -c "$t" >"$OUT/e2e/$(basename "$t" .wotrace).wot.gz"
+            [ -f "$t" ] || continue
+            gzip -c "$t" >"$OUT/e2e/$(basename "$t" .wotrace).wot.gz"
+            {
+                echo "== $(basename "$t") (tools/models/h200.model)"
+                build-gpu/tools/woffload-replay "$t" --device tools/models/h200.model 2>&1 |
+                    grep -E 'predicted / recorded|picked:|decode step' | head -8
+            } >>"$OUT/e2e/replay.txt"
         done
+        [ -f "$OUT/e2e/replay.txt" ] && cat "$OUT/e2e/replay.txt"
         tail -30 "$OUT/e2e.log" ;;
     bigload)
         [ -f build-gpu/build.ninja ] ||

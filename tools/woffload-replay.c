@@ -310,13 +310,18 @@ int main(int argc, char **argv)
         printf("streamed:      %s a step staged into device slots (prefetch mode %s: each "
                "host range copied once a step ahead of its launches)\n",
                gb(res.stream_bytes_step, b1, sizeof(b1)), res.auto_streamed ? "auto" : "stream");
-    if (res.pick_bytes_step > 0)
+    if (res.pick_bytes_step > 0 && res.pick_engine_bytes_step > 0)
         printf("picked:        %s a step copied over PCIe by picked staging (the trace's PICKS "
                "figures: each expert tensor's picked rows not from its hot experts), %s of it "
                "by the copy engine before the launches and the rest by the copy kernel (in the "
                "zero-copy reads above)\n",
                gb(res.pick_bytes_step, b1, sizeof(b1)),
                gb(res.pick_engine_bytes_step, b2, sizeof(b2)));
+    else if (res.pick_bytes_step > 0)
+        printf("picked:        %s a step copied over PCIe by picked staging (the trace's PICKS "
+               "figures: each expert tensor's picked rows not from its hot experts, read by the "
+               "copy kernel; in the zero-copy reads above)\n",
+               gb(res.pick_bytes_step, b1, sizeof(b1)));
     if (res.auto_weighed)
         printf("auto:          %s (the decode step %s: %s)\n",
                res.auto_streamed ? "host ranges streamed, the step-time rule keeps them"
