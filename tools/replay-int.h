@@ -199,11 +199,10 @@ uint64_t wo_replay_budget(const struct sim *s, uint64_t managed, uint64_t devbyt
 
 /* ---- replay-link.c: the PCIe link ---------------------------------------- */
 
-/* Keeps [a, b) as traffic of one kind (dma: a copy engine's transfer, else
- * kernels' in-place reads) for wo_replay_link_slowdown(). */
-void wo_replay_traffic(struct sim *s, double a, double b, int dma);
-/* Books d seconds of the link from t on, in the gaps earlier bookings left;
- * returns when they end. */
+/* Books d seconds of the link from t on, in the gaps earlier bookings left
+ * (each piece kept as traffic of its kind, dma: a copy engine's transfer,
+ * else kernels' in-place reads, for wo_replay_link_slowdown); returns when
+ * they end. */
 double wo_replay_link_use(struct sim *s, double t, double d, int dma);
 /* How long gap seconds of the host's own work from the host clock on take
  * under the link's traffic. */

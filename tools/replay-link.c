@@ -11,7 +11,7 @@
 /* Keeps [a, b) of traffic of one kind for wo_replay_link_slowdown(), in start order
  * (pieces of the disjoint calendar: disjoint too), forgetting pieces that
  * ended before the host clock. */
-void wo_replay_traffic(struct sim *s, double a, double b, int dma)
+static void traffic(struct sim *s, double a, double b, int dma)
 {
     size_t i, j = 0;
 
@@ -61,7 +61,7 @@ double wo_replay_link_use(struct sim *s, double t, double d, int dma)
         gap = i < s->nlk ? s->lk[i].a - t : INFINITY;
         if (gap > d)
             gap = d;
-        wo_replay_traffic(s, t, t + gap, dma);
+        traffic(s, t, t + gap, dma);
         /* book [t, t + gap): extend the previous interval or insert */
         if (i > 0 && s->lk[i - 1].b >= t) {
             s->lk[i - 1].b = t + gap;

@@ -252,7 +252,6 @@ static void stream_issue(struct sim *s, uint32_t u, uint64_t step, double at)
         t0 = WO_MAX(t0, s->slot_free[slot]);
 
     t1 = wo_replay_link_use(s, t0, (double)x->size * s->copy_s, 1);
-    wo_replay_traffic(s, t0, t1, 1);
     s->ce_free = t1;
     s->slot_free[slot] = INFINITY; /* until its reads are seen */
     x->st_step = step;
