@@ -727,7 +727,9 @@ struct child_env {
  * the streaming executor: it stages them whole and the launches read its
  * slots; then with 4 ids (22%) they are the picks' again. Every read right
  * throughout; with WOFFLOAD_PICKS_WHOLE=0 (the parent's second run of this
- * child) the executor never stages them and every launch copies picked. */
+ * child) the executor never stages them and every launch copies picked. The
+ * third run places them `managed` in a budget that the slots leave too
+ * little of to keep them: the same (uvm/picks.c, whole). */
 #define WHOLE_IDS 48
 #define WHOLE_READS 40
 static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr *, size_t),
@@ -1915,6 +1917,9 @@ static const char *policies[] = {
     "  - {name: experts, match: [experts], place: host}\n",
     "version: 1\ndefault: device\nprefetch: {mode: stream}\nrules:\n"
     "  - {name: experts, match: [experts], place: host}\n",
+    /* WHOLE_MANAGED: the same, managed (whole_child) */
+    "version: 1\ndefault: device\ndevice_budget: 4MiB\nprefetch: {mode: stream}\nrules:\n"
+    "  - {name: experts, match: [experts], place: managed}\n",
 };
 #define RESIDENT 2
 #define HOT 3
@@ -1924,6 +1929,7 @@ static const char *policies[] = {
 #define STREAMS 7
 #define WHOLE 8
 #define WHOLE_OFF 9
+#define WHOLE_MANAGED 10
 
 int main(int argc, char **argv)
 {
@@ -1959,7 +1965,7 @@ int main(int argc, char **argv)
                 setenv("WO_PICKS_TEST_YIELD", "1", 1);
             if (i == STREAMS)
                 setenv("WO_PICKS_TEST_STREAMS", "1", 1);
-            if (i == WHOLE || i == WHOLE_OFF)
+            if (i == WHOLE || i == WHOLE_OFF || i == WHOLE_MANAGED)
                 setenv("WO_PICKS_TEST_WHOLE", "1", 1);
             if (i == WHOLE_OFF)
                 setenv("WOFFLOAD_PICKS_WHOLE", "0", 1);
