@@ -632,15 +632,6 @@ for _model, _tag, _mib in (("moe8", "moe8", 6144), ("moe", "moe", 9216), ("moe12
                            offload="experts:all", ref=f"batchdef-{_tag}-gpu",
                            env=dict({"WOFFLOAD_PICKS_HOT": str(_mib)},
                                     **({"WOFFLOAD_PICKS_ENGINE": "50"} if _eng else {}))))
-# issue 42's coarse managed target: managed experts picked past
-# WOFFLOAD_PICKS_WHOLE (b32 on 8 and 32 experts) are the streaming
-# executor's (it stages those the prefetcher does not keep from pinned copies,
-# ahead of their launches), against WOFFLOAD_PICKS_WHOLE=0 (the kernels' picked
-# copies of every tensor not resident, as before), side by side
-for _model, _tag, _pol in (("moe8", "moe8", "experts-managed-6g-auto"), ("moe", "moe", "experts-managed-half")):
-    SCENARIOS.append(S(f"batchdef-{_tag}-shim-{_pol}-nowhole", _model, batches=[1, 8, 32], prefill=0,
-                       **BATCH, policy=_pol, offload="experts:all", ref=f"batchdef-{_tag}-gpu",
-                       env={"WOFFLOAD_PICKS_WHOLE": "0"}))
 # issue 18: pinned copies as the staging source against the copy kernel, at
 # batch 8 and 32 (b1 reads in place under auto; stream at b1 is not a row
 # anyone runs), on both shapes

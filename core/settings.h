@@ -29,8 +29,8 @@ struct wo_settings {
     uint32_t ggml_stream;    /* WOFFLOAD_GGML_STREAM: read by the ggml hook */
     uint32_t ggml_picks_from; /* WOFFLOAD_GGML_PICKS_FROM: read by the ggml hook */
     uint32_t picks_engine;   /* WOFFLOAD_PICKS_ENGINE: percent picked from which copies use the copy engine */
-    uint32_t picks_whole;    /* WOFFLOAD_PICKS_WHOLE: percent picked from which host and managed
-                                tensors may be staged whole */
+    uint32_t picks_whole;    /* WOFFLOAD_PICKS_WHOLE: percent picked from which host tensors may be
+                                staged whole */
     uint32_t picks_buffers;  /* WOFFLOAD_PICKS_BUFFERS: picked-copy buffers a stream, 1 or 2 */
     uint32_t picks_early;    /* WOFFLOAD_PICKS_EARLY: a layer's tensors copied with its first */
     uint32_t picks_stall_ms; /* WOFFLOAD_PICKS_STALL_MS: the copy engine's stall report after */

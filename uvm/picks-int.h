@@ -20,7 +20,6 @@ struct span {
     unsigned n_experts;
     bool offdev;    /* host or managed: staged; on the device: left alone */
     uint8_t source; /* what the copy engine may copy from: SRC_* */
-    bool managed;   /* managed memory placed `managed`: whole copies stage it from a pinned copy */
     uint8_t share;  /* percent of its experts the registration's ids pick (wo_picks_share_pct) */
     bool whole;     /* left to the streaming executor (wo_picks_whole_of; picks.c, whole) */
     uint32_t wseq;  /* writes into it (a pinned mirror holds one count's bytes) */

@@ -47,14 +47,13 @@ static const char *err_name(CUresult r)
  * uvm/'s books (wo_uvm.lock; taken before the picks lock, never inside).
  * A late-bound range (*bound) is never copied picked: its launches read
  * it in place (wo_place_bind_in_place). */
-static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound, bool *managed)
+static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound)
 {
     struct wo_alloc *a;
     char *name = NULL;
 
     *offdev = false;
     *bound = false;
-    *managed = false;
     *source = SRC_NONE;
     pthread_mutex_lock(&wo_uvm.lock);
     a = wo_alloc_find_addr(addr);
@@ -83,7 +82,6 @@ static char *describe(uint64_t addr, bool *offdev, uint8_t *source, bool *bound,
         *source = a->kind == WO_KIND_PINNED                                ? SRC_PINNED
                   : a->kind == WO_KIND_MANAGED && place == WO_PLACE_HOST ? SRC_MIRROR
                                                                          : SRC_NONE;
-        *managed = a->kind == WO_KIND_MANAGED && place == WO_PLACE_MANAGED;
     }
     pthread_mutex_unlock(&wo_uvm.lock);
     return name;
@@ -113,7 +111,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
 {
     struct wo_range rg;
     struct span *s;
-    bool offdev = false, bound = false, managed = false;
+    bool offdev = false, bound = false;
     uint8_t source = SRC_NONE;
     char *name = NULL;
     int i, r = 0;
@@ -147,7 +145,7 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
     pthread_mutex_unlock(&wo_pk.lock);
     /* a new tensor, or new memory at the same address: learn it (outside
      * the picks lock: describe takes uvm/'s) */
-    name = describe(experts, &offdev, &source, &bound, &managed);
+    name = describe(experts, &offdev, &source, &bound);
     pthread_mutex_lock(&wo_pk.lock);
     if (bound)
         wo_place_bind_in_place();
@@ -176,7 +174,6 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
                        .offdev = offdev,
                        .ondev = !offdev && !bound,
                        .source = source,
-                       .managed = managed,
                        .wseq = s->wseq + 1,
                        .ids = ids,
                        .n_ids = ids ? n_ids : 0,
@@ -782,7 +779,7 @@ void wo_picks_moved(uint64_t lo, uint64_t hi)
     pthread_mutex_unlock(&wo_pk.lock);
 }
 
-/* Whether span s, off the device, is left to the streaming executor: a
+/* Whether span s, in host memory, is left to the streaming executor: a
  * registration picked at least WOFFLOAD_PICKS_WHOLE percent of its experts
  * (a uniform router's share), none since under 4/5 of it (wo_picks_whole_of),
  * and no hot experts are asked. A copy of nearly every row by the kernels
@@ -791,15 +788,11 @@ void wo_picks_moved(uint64_t lo, uint64_t hi)
  * h200.md) is slower than the whole tensor on the copy engine, which `auto`
  * then weighs by step time; the picked copies stay the launch's fallback
  * when no slot holds it. The ggml hook draws the same line for its computes
- * (WOFFLOAD_GGML_STREAM). Host memory (pinned, or managed advised to the
- * host) and `managed` placements alike: a managed tensor the prefetcher
- * keeps whole on the device is read there (auto never takes it), and one it
- * does not is the kernels' serial copy over the link otherwise, where the
- * executor stages it from a pinned copy ahead of its launch, beside the
- * compute (docs/picks.md). Late-bound ranges are read in place. */
+ * (WOFFLOAD_GGML_STREAM). Managed tensors stay claimed: their resident rows
+ * cost no link. */
 static bool whole(const struct span *s, bool hot)
 {
-    return s->whole && !hot && (s->source != SRC_NONE || s->managed);
+    return s->whole && !hot && s->source != SRC_NONE;
 }
 
 bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi)

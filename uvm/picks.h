@@ -67,11 +67,10 @@ int wo_picks_set(uint64_t experts, uint64_t bytes, unsigned n_experts, uint64_t 
  * registers them only for the computes WOFFLOAD_GGML_PICKS allows, and
  * streaming keeps the tensor for the others (a batch that picks most
  * experts); with hot experts asked (wo_picks_hot_total), from their first
- * registration on as well. Not a host or managed tensor a registration
- * picked at least WOFFLOAD_PICKS_WHOLE percent of the experts of (until one
- * picks under 4/5 of it; without hot experts): the whole tensor on the copy
- * engine, ahead of its launch, beats the kernels' copy of nearly every row,
- * when auto's step time says so (picks.c, whole). */
+ * registration on as well. Not a host tensor a registration picked at
+ * least WOFFLOAD_PICKS_WHOLE percent of the experts of (until one picks
+ * under 4/5 of it; without hot experts): the whole tensor on the copy engine beats the kernels'
+ * copy of nearly every row, when auto's step time says so (picks.c, whole). */
 /* The placement of [lo, hi) changed after its registrations began (fit's
  * weights yielding to the host after seal): a tensor there is learnt again
  * at its next registration (where it lies: an expert tensor now off the
