@@ -30,11 +30,16 @@
 #   shim-managed   woffload-run --policy examples/llamacpp-exps-managed.yaml,
 #                  WO_EXPERT_BUDGET=$EXPERT_BUDGET [9GiB: half the moe32 experts]
 #   shim-ncmoe8    woffload-run --policy examples/llamacpp-n-cpu-moe.yaml
+#   shim-ncmoeN    the same rule for layers 0 to N-1, N 1-99 (the policy written
+#                  to OUTROOT): a layer more than llama-ncmoe8 gives back
+#                  the room of the shim's staging (one moe32 layer's experts:
+#                  1,152 MiB), for rows at equal memory
 #   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
 #   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
 #                  row was measured to use, for a row at equal memory; FIT=from:ROW
 #                  takes it from row ROW run before it in OUTROOT: the most device
-#                  memory its server process held in any phase, in MiB, NVML's)
+#                  memory its server held in any phase, in MiB: the devices'
+#                  used memory less their idle, bench/llamacpp-serve-table.py)
 #   shim-ROW-late  any shim row with WOFFLOAD_LATE_BIND=1: llama.cpp's model
 #                  buffer late bound, its host tensors pinned host memory that
 #                  the streaming executor copies from on the copy engine
@@ -136,6 +141,12 @@ for row in $ROWS; do
     shim-managed) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-exps-managed.yaml
         export WO_EXPERT_BUDGET=${EXPERT_BUDGET:-9GiB} ;;
     shim-ncmoe8) R=${R_MID:-1.5,3,c$P}; POL=examples/llamacpp-n-cpu-moe.yaml ;;
+    shim-ncmoe[1-9] | shim-ncmoe[1-9][0-9]) R=${R_MID:-1.5,3,c$P}; n=${base#shim-ncmoe}
+        POL=$OUTROOT/llamacpp-n-cpu-moe$n.yaml
+        alt=$(seq -s '|' 0 $((n - 1)))
+        sed -e "s/^  - name: experts-of-layers-0-7\$/  - name: experts-of-layers-0-$((n - 1))/" \
+            -e 's/\\\.\[0-7\]\\\./\\.('"$alt"')\\./' \
+            "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"
         FITSZ=$FIT

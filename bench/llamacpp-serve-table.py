@@ -13,12 +13,21 @@ concurrent requests, the figure the issue's targets name. Each row gives,
 over the phase's steady window: the client's output tokens/s, the tokens
 the server processed a second (prompt + generated, from its /metrics), ITL
 and TTFT p50/p99, errors, and the most device memory the server's process
-held (NVML); with repeats, the median and [min-max] of the runs. "x ref"
+held; with repeats, the median and [min-max] of the runs. "x ref"
 is a row's median over the reference row's (--ref, default plain, else the
 first row): throughput and ITL p99 as ratios, the device memory too, so
 that a comparison at equal memory shows whether it was one. Greedy: the
 greedy prompts sent alone to the idle server after the sweep, against
 plain's (every run of the row).
+
+The device memory is the devices' used memory less what they used before
+the server started (bench/llamacpp-serve.sh writes it to the row's
+gpu-idle-mib), the server being the one process on them: the per-process
+figure (NVML's, nvidia-smi's) leaves out managed memory resident on the
+device, which is where the shim keeps llama.cpp's device tensors (its one
+model buffer is managed memory): on an H100, a `--n-cpu-moe`-like policy's
+server showed 5,174 MiB per process and held 16,056. A row without that
+file (recorded before 2026-12-05) gives the per-process figure, marked `*`.
 
 --peak-mib ROWDIR prints the most device memory the row's server process
 held in any phase (MiB, an integer), or fails saying why: the rows script's
@@ -48,6 +57,7 @@ def load_rows(root: str) -> Dict[Tuple[int, str], List[Dict[str, Any]]]:
             sys.stderr.write(f"llamacpp-serve-table: {path}: {e}: skipped\n")
             continue
         rep["_run"] = d
+        rep["_gpu_idle"] = gpu_idle(os.path.join(root, d))
         rows.setdefault((int(m.group(1)), m.group(2)), []).append(rep)
     return rows
 
@@ -56,17 +66,37 @@ def phase_label(ph: Dict[str, Any]) -> str:
     return f"c{ph['closed']}" if ph.get("closed") else f"{ph['rate']:g}"
 
 
-def figures(ph: Dict[str, Any]) -> Dict[str, Optional[float]]:
+def gpu_idle(rowdir: str) -> Optional[float]:
+    """The devices' used memory before the row's server started (MiB), or
+    None when the row did not record it."""
+    try:
+        with open(os.path.join(rowdir, "gpu-idle-mib")) as f:
+            return float(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def gpu_mib(mem: Dict[str, Any], idle: Optional[float]) -> Tuple[Optional[float], bool]:
+    """The most device memory the server held in a phase, MiB, and whether
+    it is the per-process figure (no idle figure, or no device figure)."""
+    dev = (mem.get("gpu_dev_mib") or {}).get("max")
+    if idle is not None and dev is not None:
+        return max(0.0, dev - idle), False
+    return (mem.get("gpu_pid_mib") or {}).get("max"), True
+
+
+def figures(ph: Dict[str, Any], idle: Optional[float] = None) -> Dict[str, Optional[float]]:
     s = ph["summary"]
     sv = ph.get("server") or {}
     mem = ph.get("memory") or {}
+    gpu, _ = gpu_mib(mem, idle)
     return {
         "tok_s": (s.get("steady") or {}).get("output_tok_s"),
         "processed": sv.get("processed_tok_s"),
         "itl50": s["itl_ms"].get("p50"), "itl99": s["itl_ms"].get("p99"),
         "ttft50": s["ttft_ms"].get("p50"), "ttft99": s["ttft_ms"].get("p99"),
         "errors": float(sum((s.get("errors") or {}).values())),
-        "gpu": (mem.get("gpu_pid_mib") or {}).get("max"),
+        "gpu": gpu,
     }
 
 
@@ -112,6 +142,7 @@ def greedy(reps: List[Dict[str, Any]]) -> str:
 
 def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], ref: str) -> List[str]:
     lines: List[str] = []
+    starred = False
     for p in sorted({k[0] for k in rows}):
         names = [n for n in order if (p, n) in rows] + sorted(n for q, n in rows if q == p and n not in order)
         refname = ref if (p, ref) in rows else names[0]
@@ -125,7 +156,7 @@ def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], r
             lines += ["", f"### --parallel {p}, phase {lab}" + (" (closed loop: "
                       f"{lab[1:]} requests in flight)" if lab.startswith("c") else " req/s (Poisson arrivals)"), "",
                       f"| row | runs | output tok/s | x {refname} | server tok/s (prompt + generated) | x {refname} "
-                      f"| ITL p50 / p99 ms | p99 x {refname} | TTFT p50 / p99 ms | errors | GPU MiB, process (max) "
+                      f"| ITL p50 / p99 ms | p99 x {refname} | TTFT p50 / p99 ms | errors | GPU MiB, server (max) "
                       f"| x {refname} | greedy alone |",
                       "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             base: Dict[str, Optional[float]] = {}
@@ -133,16 +164,21 @@ def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], r
                 runs = [(rep, ph) for rep in rows[(p, n)] for ph in rep.get("phases") or [] if phase_label(ph) == lab]
                 if not runs:
                     continue
-                f = [figures(ph) for _, ph in runs]
+                f = [figures(ph, rep.get("_gpu_idle")) for rep, ph in runs]
+                per_pid = any(gpu_mib(ph.get("memory") or {}, rep.get("_gpu_idle"))[1] for rep, ph in runs)
                 med = {k: agg([x[k] for x in f]) for k in f[0]}
+                starred |= per_pid
                 if n == refname:
                     base = {k: v[0] for k, v in med.items()}
                 lines.append(
                     f"| {n} | {len(runs)} | {med['tok_s'][1]} | {ratio(med['tok_s'][0], base.get('tok_s'))} "
                     f"| {med['processed'][1]} | {ratio(med['processed'][0], base.get('processed'))} "
                     f"| {med['itl50'][1]} / {med['itl99'][1]} | {ratio(med['itl99'][0], base.get('itl99'))} "
-                    f"| {med['ttft50'][1]} / {med['ttft99'][1]} | {med['errors'][1]} | {med['gpu'][1]} "
+                    f"| {med['ttft50'][1]} / {med['ttft99'][1]} | {med['errors'][1]} | {med['gpu'][1]}{'*' if per_pid else ''} "
                     f"| {ratio(med['gpu'][0], base.get('gpu'))} | {greedy([rep for rep, _ in runs])} |")
+    if starred:
+        lines += ["", "`*`: the server process's own device memory (the row has no gpu-idle-mib): it "
+                  "leaves out managed memory resident on the device."]
     return lines
 
 
@@ -155,7 +191,8 @@ def peak_mib(rowdir: str) -> int:
             rep = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: {e}")
-    mib = [figures(ph)["gpu"] for ph in rep.get("phases") or []]
+    idle = gpu_idle(rowdir)
+    mib = [figures(ph, idle)["gpu"] for ph in rep.get("phases") or []]
     mib = [m for m in mib if m]
     if not mib:
         raise ValueError(f"{path}: no device memory of the server process sampled")

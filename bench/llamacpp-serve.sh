@@ -176,7 +176,15 @@ budget_for() { # NAME RESERVE: sets budget (not in a subshell: STEPS_FAILED must
 cleanup() { [ -n "${PID:-}" ] && kill -0 "$PID" 2>/dev/null && stop_server "$PID" cleanup; :; }
 trap cleanup EXIT
 
-# 1. start, wait for /health
+# 1. start, wait for /health. The devices' used memory first (MiB): the rows'
+# table takes the server's device memory as the used memory less this (the
+# per-process figure leaves out managed memory resident on the device:
+# bench/llamacpp-serve-table.py)
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null |
+        awk '{s += $1; n++} END {if (n) print s}' >"$OUT/gpu-idle-mib"
+    [ -s "$OUT/gpu-idle-mib" ] || rm -f "$OUT/gpu-idle-mib"
+fi
 log "start: llama-server --parallel $PARALLEL -c $CTX (load timeout $LOAD_TIMEOUT s)"
 "${SERVER[@]}" > "$OUT/server-1.log" 2>&1 &
 PID=$!

@@ -868,7 +868,8 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit", R_FAST="5,c4",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10",
+                   R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
@@ -905,7 +906,11 @@ class TestRows(unittest.TestCase):
         # rows in order: shim-exps, shim-exps-slots3-nopicks, shim-fit)
         with open(os.path.join(tools, "runs")) as f:
             runs = [x.split()[0] for x in f.read().splitlines()]
-        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset"])
+        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset"])
+        # shim-ncmoe10: llama.cpp's --n-cpu-moe rule for layers 0-9
+        with open(os.path.join(out, "llamacpp-n-cpu-moe10.yaml")) as f:
+            self.assertIn("  - name: experts-of-layers-0-9\n"
+                          "    regex: '^blk\\.(0|1|2|3|4|5|6|7|8|9)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
         self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3-nopicks", "machine.txt")).read())
         with open(pol) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 3\nrules:", f.read())
@@ -926,6 +931,37 @@ class TestRows(unittest.TestCase):
         self.assertIn("shim-fit: FIT=from:peer: --fit 7481MiB", r.stdout)
         with open(os.path.join(out, "p4-shim-fit", "machine.txt")) as f:
             self.assertIn("woffload-run --fit 7481MiB --stats", f.read())
+
+
+class TestServeTableMemory(unittest.TestCase):
+    """bench/llamacpp-serve-table.py's device memory: the devices' used
+    memory less what they used before the server started (gpu-idle-mib),
+    which counts managed memory resident on the device, where the
+    per-process figure does not; a row without gpu-idle-mib gives the
+    per-process figure, marked."""
+
+    def test_device_less_idle(self) -> None:
+        with tempfile.TemporaryDirectory() as out:
+            for row, pid, dev, idle in (("ref", 1000, 1500, 500), ("shim", 300, 1700, 500),
+                                        ("old", 900, 2000, None)):
+                d = os.path.join(out, f"p4-{row}")
+                os.makedirs(d)
+                with open(os.path.join(d, "sweep.json"), "w") as f:
+                    json.dump({"phases": [{"closed": 4, "memory": {"gpu_pid_mib": {"max": pid},
+                                                                   "gpu_dev_mib": {"max": dev}},
+                                           "summary": {"steady": {"output_tok_s": 10.0}, "itl_ms": {},
+                                                       "ttft_ms": {}, "errors": {}}}]}, f)
+                if idle is not None:
+                    with open(os.path.join(d, "gpu-idle-mib"), "w") as f:
+                        f.write(f"{idle}\n")
+            r = py("llamacpp-serve-table.py", out, "--ref", "ref")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertRegex(r.stdout, r"\n\| ref \|[^\n]*\| 1000 \| 1\.000 \|")
+            self.assertRegex(r.stdout, r"\n\| shim \|[^\n]*\| 1200 \| 1\.200 \|")
+            self.assertRegex(r.stdout, r"\n\| old \|[^\n]*\| 900\* \| 0\.900 \|")
+            self.assertIn("`*`: the server process's own device memory", r.stdout)
+            r = py("llamacpp-serve-table.py", "--peak-mib", os.path.join(out, "p4-shim"))
+            self.assertEqual((r.returncode, r.stdout.strip()), (0, "1200"), r.stderr)
 
 
 def salted(argv) -> list:
