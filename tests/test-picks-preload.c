@@ -809,7 +809,13 @@ static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr 
            : off   ? " (WOFFLOAD_PICKS_WHOLE=0)"
                    : "",
            redirected[0], staged[0], late_redirected, late_staged, redirected[1], staged[1]);
-    if (off) {
+    if (managed) {
+        /* never the executor's: no launch reads a slot (each copies
+         * picked, or reads a tensor the prefetcher made resident: how many
+         * of each depends on the cores' load) */
+        CHECK(redirected[0] == 0);
+        CHECK(redirected[1] == 0);
+    } else if (off) {
         /* never the executor's: every registration's launches copy picked */
         CHECK(redirected[1] == 0);
         CHECK(staged[0] >= 40);
