@@ -180,11 +180,11 @@ trap cleanup EXIT
 # table takes the server's device memory as the used memory less this (the
 # per-process figure leaves out managed memory resident on the device:
 # bench/llamacpp-serve-table.py)
-if command -v nvidia-smi >/dev/null 2>&1; then
-    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null |
-        awk '{s += $1; n++} END {if (n) print s}' >"$OUT/gpu-idle-mib"
-    [ -s "$OUT/gpu-idle-mib" ] || rm -f "$OUT/gpu-idle-mib"
-fi
+# (serve.py's own sampler, so that both figures come from one source)
+"$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import serve
+g = serve.gpu_used_mib(None)
+if g and g.get("device") is not None: print(g["device"])' "$HERE" >"$OUT/gpu-idle-mib" 2>/dev/null
+[ -s "$OUT/gpu-idle-mib" ] || rm -f "$OUT/gpu-idle-mib"
 log "start: llama-server --parallel $PARALLEL -c $CTX (load timeout $LOAD_TIMEOUT s)"
 "${SERVER[@]}" > "$OUT/server-1.log" 2>&1 &
 PID=$!

@@ -739,8 +739,7 @@ static int whole_child(const struct child_env *h, CUresult (*alloc)(CUdeviceptr 
                        CUstream s)
 {
     bool managed = getenv("WO_PICKS_TEST_WHOLE_MANAGED") != NULL;
-    bool off = managed ||
-               (getenv("WOFFLOAD_PICKS_WHOLE") && strcmp(getenv("WOFFLOAD_PICKS_WHOLE"), "0") == 0);
+    bool off = getenv("WOFFLOAD_PICKS_WHOLE") && strcmp(getenv("WOFFLOAD_PICKS_WHOLE"), "0") == 0;
     CUdeviceptr ids, out;
     long long redirected[2] = {0}, staged[2] = {0}, late_redirected = 0, late_staged = 0;
     uint64_t got[WHOLE_IDS];
