@@ -26,10 +26,12 @@
 #include "fakecuda.h"
 #include "core/log.h"
 #include "core/registry.h"
+#include "core/settings.h"
 #include "uvm/graph.h"
 #include "uvm/hotpath.h"
 #include "uvm/internal.h"
 #include "uvm/plan-budget.h"
+#include "uvm/place-int.h"
 #include "uvm/plan.h"
 
 static struct wo_driver drv;
@@ -1694,6 +1696,60 @@ static void fork_child_restarts(void **state)
     stop();
 }
 
+/* fit's room for the streaming executor's slots (uvm/place-fit.c,
+ * fit_staging) with WOFFLOAD_PICKS on (the default): routed experts sent
+ * off the device count for the slots where their memory can be lent
+ * (managed: llama.cpp's one model buffer, where a batch that picks nearly
+ * every expert hands them to the executor), and the room is lent to them
+ * while the slots stay empty; not in memory that cannot be lent (served
+ * as pinned host memory), nor in the plan of names announced before their
+ * bytes (lend_experts false). */
+static void fit_staging_counts_lendable_experts(void **state)
+{
+    static const char pol[] = "version: 1\nfit: {device: 1GiB, keep_free: 0, reserve: 0}\n";
+    char names[12][48];
+    struct wo_fit_item v[12];
+    bool lendable[12], pinned[12] = {false};
+    struct wo_fit_split sp;
+
+    (void)state;
+    start(pol);
+    assert_non_null(wo_uvm.g);
+    for (int i = 0; i < 12; i++) {
+        snprintf(names[i], sizeof(names[i]),
+                 i < 4 ? "blk.%d.attn_q.weight" : "blk.%d.ffn_up_exps.weight", i);
+        lendable[i] = true;
+    }
+    for (int pass = 0; pass < 3; pass++) {
+        for (int i = 0; i < 12; i++)
+            v[i] = (struct wo_fit_item){.name = names[i],
+                                        .size = (i < 4 ? 8 : 64) * MiB,
+                                        .weight = -1,
+                                        .fixed = WO_PLACE_UNSET,
+                                        .movable = true};
+        /* 400 MiB: the attention weights and five experts first; three
+         * experts off the device */
+        memset(&sp, 0, sizeof(sp));
+        wo_place_fit_split(&wo_uvm.g->fit, v, pass == 1 ? pinned : lendable, pass != 2, 12,
+                           400 * MiB, UINT64_MAX, &sp);
+        if (pass == 0) {
+            assert_true(sp.staging >= 2 * 57 * MiB);
+            assert_true(sp.staging <= 200 * MiB);
+            assert_true(sp.lent > 0);
+            assert_true(sp.lent <= sp.staging);
+        } else {
+            assert_int_equal(sp.staging, 0);
+            assert_int_equal(sp.lent, 0);
+        }
+        /* the picked copies' buffers: for the largest expert off the device */
+        assert_int_equal(sp.picks, 64 * MiB * (uint64_t)wo_settings()->picks_buffers);
+        assert_int_equal(sp.weights, 400 * MiB - sp.staging - sp.picks);
+        for (int i = 0; i < 4; i++)
+            assert_int_equal(v[i].out, WO_PLACE_DEVICE);
+    }
+    stop();
+}
+
 /* The device budget the executors share (uvm/plan-budget.h): the planner's
  * part is the device budget less what the stager's slots reserve, never
  * below 0; a range the stager takes or gives back reaches the resident
@@ -1873,6 +1929,7 @@ int main(int argc, char **argv)
         T(shutdown_is_prompt_and_idempotent),
         T(fork_child_restarts),
         cmocka_unit_test(budget_ledger),
+        T(fit_staging_counts_lendable_experts),
     };
 
     if (argc > 1)

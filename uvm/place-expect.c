@@ -124,7 +124,10 @@ static bool plan_fit(const struct wo_driver *d)
     cap_room = free_b > wo_uvm.cap.margin + wo_uvm.cap.live
                    ? free_b - wo_uvm.cap.margin - wo_uvm.cap.live
                    : 0;
-    wo_place_fit_split(fit, v, lendable, n,
+    /* routed experts get no slot room here (lend_experts false): those the
+     * plan sends off the device are served as pinned host memory as they
+     * come, where room kept for them could not be lent */
+    wo_place_fit_split(fit, v, lendable, false, n,
                        wo_fit_budget(fit, total_b, free_b, wo_place_engine_bytes()), cap_room, &sp);
     for (size_t i = 0; i < n; i++)
         wo_uvm.expect.v[i].plan = v[i].out;

@@ -68,15 +68,25 @@ static uint64_t untagged_to_device(void)
  * budget), sized as the executor sizes it (wo_stream_slot_size: 90% of
  * the bytes; larger ones read in place), and the executor wants
  * prefetch.slots of them. Not counted: embeddings (gathered by token,
- * never streamed) and, with WOFFLOAD_PICKS on, routed experts: the
- * router's picks carry them (picked copies, buffers of their own), and
- * slots sized for them stayed empty (issue 41: 3 GiB kept for slots, one
- * staging copy in 160 steps, bench/results/bigload-20261201-2210-moe-h200).
- * Nothing off the device for slots: no room kept. Never more than half the
- * budget: below that, fewer slots (uvm/stream.c takes as many as fit, at
- * least two). Sets v[].out (the first choice). */
-static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, size_t n,
-                            uint64_t budget)
+ * never streamed) and, with WOFFLOAD_PICKS on, routed experts, unless
+ * lend_experts and their memory can be lent (lendable[i]): the router's
+ * picks carry them below WOFFLOAD_PICKS_WHOLE (picked copies, buffers of
+ * their own), and slots sized for them stayed empty with nothing to hold
+ * meanwhile (issue 41: 3 GiB kept for slots, one staging copy in 160
+ * steps, bench/results/bigload-20261201-2210-moe-h200). At seal routed
+ * experts in managed memory (llama.cpp's one model buffer) count: a batch
+ * that picks nearly every expert hands them to the executor
+ * (WOFFLOAD_GGML_STREAM, WOFFLOAD_PICKS_WHOLE), and while the slots stay
+ * empty their room is lent to managed weights (fit_lend). Not counted, a
+ * fit under llama-server at 32 requests kept 0 B for slots and read its
+ * host experts in place: 0.78x of the same split under a hand policy,
+ * whose executor staged them
+ * (bench/results/llamacpp-serve-20261205-p32-ncmoe8-h100). Nothing off the
+ * device for slots: no room kept. Never more than half the budget: below
+ * that, fewer slots (uvm/stream.c takes as many as fit, at least two). Sets
+ * v[].out (the first choice). */
+static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                            bool lend_experts, size_t n, uint64_t budget)
 {
     const struct wo_policy_globals *g = wo_uvm.g;
     uint64_t largest = 0, want, *sizes;
@@ -93,7 +103,8 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, siz
     for (size_t i = 0; i < n; i++)
         if (v[i].fixed == WO_PLACE_UNSET && v[i].out != WO_PLACE_DEVICE &&
             !wo_stream_gathered(v[i].name) &&
-            !(wo_settings()->picks && wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS))
+            !(wo_settings()->picks && !(lend_experts && lendable[i]) &&
+              wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS))
             sizes[k++] = v[i].size;
     largest = k ? wo_stream_slot_size(sizes, k) : 0;
     free(sizes);
@@ -158,7 +169,8 @@ static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const 
 }
 
 void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                        size_t n, uint64_t budget, uint64_t limit, struct wo_fit_split *sp)
+                        bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
+                        struct wo_fit_split *sp)
 {
     uint64_t weights;
     struct wo_fit eff = *fit;
@@ -172,7 +184,7 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
     sp->reserve = wo_fit_reserve(fit, budget);
     weights = budget - sp->reserve;
-    sp->staging = fit_staging(fit, v, n, weights);
+    sp->staging = fit_staging(fit, v, lendable, lend_experts, n, weights);
     sp->picks = WO_MIN(fit_picks_room(v, n), weights - sp->staging);
     sp->weights = weights - sp->staging - sp->picks;
     sp->chosen = wo_fit_choose(fit, v, n, WO_MIN(sp->weights, limit));
@@ -242,7 +254,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
     }
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
     untagged = untagged_to_device();
-    wo_place_fit_split(fit, v, lendable, n, budget - WO_MIN(untagged, budget), UINT64_MAX, &sp);
+    wo_place_fit_split(fit, v, lendable, true, n, budget - WO_MIN(untagged, budget), UINT64_MAX,
+                       &sp);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)

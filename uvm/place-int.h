@@ -103,8 +103,8 @@ uint64_t wo_place_untagged(const struct wo_alloc *a);
 /* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
  * before the bytes): the reserve for the engine's allocations after seal,
  * room for the streaming executor's slots (none for routed experts with
- * WOFFLOAD_PICKS on) and for the picked copies' buffers, then the weights
- * chosen within the rest (and within limit) and the slots' room lent to
+ * WOFFLOAD_PICKS on, unless lend_experts and their memory is lendable) and for the picked copies'
+ * buffers, then the weights chosen within the rest (and within limit) and the slots' room lent to
  * managed weights; sets v[].out. */
 struct wo_fit_split {
     uint64_t budget, reserve, staging, picks;
@@ -113,7 +113,8 @@ struct wo_fit_split {
     uint64_t lent;    /* the staging room lent */
 };
 void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                        size_t n, uint64_t budget, uint64_t limit, struct wo_fit_split *sp);
+                        bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
+                        struct wo_fit_split *sp);
 
 /* ---- names before bytes (place-expect.c) --------------------------------------- */
 
