@@ -336,6 +336,16 @@ static bool free_slots(void)
     if (!wo_driver_enter())
         return false; /* a capture began: the slots go back later (checked again: no-op) */
     prev = wo_sx_push_ctx();
+    /* behind the copy engine's gate, as every free of the shim's own
+     * (wo_quiet_mem_free): a cuMemFree, a module's unload or a stream's
+     * destruction waits in the driver for the context's work holding a lock
+     * the copy thread's cuMemcpyAsync takes, while an engine stream may wait
+     * for a flag only that thread raises. These went ungated until now;
+     * the H100 stopped once right after auto put its ranges back in place,
+     * which is when they run, with the copy thread 5 s in cuMemcpyAsync
+     * (stream-gpu's moe128-host-picks-engine-lazy,
+     * bench/results/gpu-suite-20261205-172651e-h100.txt) */
+    wo_uvm_quiesce_begin();
     /* the copies from them and their readers are done (quiesce): no event
      * to wait for */
     if (wo_sx->pin_on)
@@ -382,6 +392,7 @@ static bool free_slots(void)
     wo_sx->copy_fn = NULL;
     wo_check_stop();
     wo_sx->check_on = false;
+    wo_uvm_quiesce_end();
     wo_sx_pop_ctx(prev);
     wo_driver_leave();
     wo_sx->slots_ready = false;
