@@ -1,7 +1,7 @@
 """tests/gpu/gpucheck.py on this machine (no GPU needed): a child the shim
 reports stuck is ended early, with its threads' stacks after its stderr
-(run_watched, through bench/stall-stacks.sh); a child that ends well gives
-its result as before."""
+(run_watched, through bench/stall-stacks.sh), or goes on and, past its
+timeout, ends with them; a child that ends well gives its result as before."""
 import os
 import sys
 import time
@@ -42,6 +42,18 @@ class TestWatched(unittest.TestCase):
         took = time.monotonic() - t0
         self.assertLess(took, 90, "the stall's stacks end the child well before its timeout")
         self.assertIn("error", got)
+        self.assertIn("######## stacks-", got["stderr"])
+        self.assertIn("### round 2", got["stderr"])
+        self.assertIn("looks stuck", got["stderr"])
+
+    def test_stalled_child_past_its_timeout_keeps_the_stacks(self):
+        # the rows' way (kill_on_stall=False): the stall's stacks are taken,
+        # the child goes on and then runs out of time; the hang's tail
+        # carries the stacks (they were dropped before: the H100's
+        # lazy-loading row, 2026-12-05)
+        got = gpucheck.result([sys.executable, "-c", STUCK], must=False, timeout=12,
+                              stacks=True, kill_on_stall=False)
+        self.assertIn("still running after 12 s", got.get("error", ""))
         self.assertIn("######## stacks-", got["stderr"])
         self.assertIn("### round 2", got["stderr"])
         self.assertIn("looks stuck", got["stderr"])

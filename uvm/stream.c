@@ -337,10 +337,10 @@ static bool free_slots(void)
         return false; /* a capture began: the slots go back later (checked again: no-op) */
     prev = wo_sx_push_ctx();
     /* behind the copy engine's gate, as every free of the shim's own
-     * (wo_quiet_mem_free): a cuMemFree, a module's unload or a stream's
-     * destruction waits in the driver for the context's work holding a lock
-     * the copy thread's cuMemcpyAsync takes, while an engine stream may wait
-     * for a flag only that thread raises. These went ungated until now;
+     * (wo_quiet_mem_free): a cuMemFree or a module's unload waits in the
+     * driver for the context's work holding a lock the copy thread's
+     * cuMemcpyAsync takes, while an engine stream may wait for a flag only
+     * that thread raises. These went ungated until now;
      * the H100 stopped once right after auto put its ranges back in place,
      * which is when they run, with the copy thread 5 s in cuMemcpyAsync
      * (stream-gpu's moe128-host-picks-engine-lazy,

@@ -51,19 +51,31 @@ def run_watched(cmd: list, env, timeout: float, kill: bool = True) -> subprocess
             except subprocess.TimeoutExpired as e:
                 child.kill()
                 child.communicate()
-                with open(err_path, errors="replace") as f:
-                    e.stderr = f.read()
+                if watcher:
+                    watcher.kill()
+                    watcher.wait()
+                    watcher = None
+                # the stacks a stall report took come with the hang's tail:
+                # they say where each thread was (the H100's lazy-loading
+                # row, 2026-12-05, timed out after one with none kept)
+                e.stderr = with_stacks(err_path, tmp)
                 raise
             finally:
                 if watcher:
                     watcher.kill()
                     watcher.wait()
-        with open(err_path, errors="replace") as f:
-            stderr = f.read()
-        for path in sorted(glob.glob(os.path.join(tmp, "stacks-*.txt"))):
-            with open(path, errors="replace") as f:
-                stderr += f"\n######## {os.path.basename(path)} (bench/stall-stacks.sh)\n" + f.read()
+        stderr = with_stacks(err_path, tmp)
     return subprocess.CompletedProcess(cmd, child.returncode, out, stderr)
+
+
+def with_stacks(err_path: str, tmp: str) -> str:
+    """The child's stderr, then each stacks-*.txt bench/stall-stacks.sh wrote."""
+    with open(err_path, errors="replace") as f:
+        stderr = f.read()
+    for path in sorted(glob.glob(os.path.join(tmp, "stacks-*.txt"))):
+        with open(path, errors="replace") as f:
+            stderr += f"\n######## {os.path.basename(path)} (bench/stall-stacks.sh)\n" + f.read()
+    return stderr
 
 
 def result(cmd: list, env=None, must: bool = True, timeout: float = 600,
@@ -83,7 +95,9 @@ def result(cmd: list, env=None, must: bool = True, timeout: float = 600,
         # a hang (the child is killed): what it said so far
         def text(b):
             return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
-        tail = text(e.stdout)[-3000:] + text(e.stderr)[-5000:]
+        err = text(e.stderr)
+        at = err.find("\n######## stacks-")
+        tail = text(e.stdout)[-3000:] + (err[max(0, at - 5000):] if at >= 0 else err[-5000:])
         if must:
             sys.stderr.write(tail)
             raise SystemExit(f"FAIL: {' '.join(cmd)}: still running after {timeout:.0f} s")
