@@ -59,6 +59,11 @@
 #                  LLAMACPP_GPU_BIND_COPIES=1 LLAMACPP_GPU_ROWS=exps-host-late,
 #                  exps-host-late-copies,exps-stream-late-copies after build: late
 #                  binding's copies, WOFFLOAD_BIND_COPIES, on llama.cpp)
+#   streamrows     stream-gpu's rows STREAM_ROWS (space-separated) alone, STREAM_REPEAT
+#                  [3] times one after the other, each run given STREAM_ROW_S [150] s
+#                  (WO_STREAM_ROW_S: a hung row costs that, not the suite's 300), into
+#                  $OUT/stream-rows.txt (after shim: a flaky row's rate, e.g.
+#                  STREAM_ROWS=moe128-host-picks-engine-lazy)
 #   hook           bench/llamacpp-hook.sh's rows HOOK_ROWS (its header: tokens-*,
 #                  bench-* for llama-batched-bench b1/b8/b32, FIT, SHAPE), on what
 #                  build left, into $OUT/hook
@@ -229,6 +234,20 @@ for step in "$@"; do
             bench/gpu-suite.sh "$OUT/gpu-tests.txt" $GPU_TESTS
         rc=$?
         grep -E '^(ok|FAIL)' "$OUT/gpu-tests.txt" | tail -30 ;;
+    streamrows)
+        : "${STREAM_ROWS:?STREAM_ROWS: the stream-gpu rows to run}"
+        for i in $(seq "${STREAM_REPEAT:-3}"); do
+            {
+                echo "=== run $i of ${STREAM_REPEAT:-3}: $STREAM_ROWS ($(el) s into the call)"
+                # shellcheck disable=SC2086
+                WO_STREAM_JOBS=1 WO_STREAM_ROW_S=${STREAM_ROW_S:-150} \
+                    timeout -k 10 $((${STREAM_ROW_S:-150} * 2 + 60)) \
+                    python3 tests/gpu/test-stream-gpu.py build-gpu/tools/woffload-run $STREAM_ROWS 2>&1
+                echo "=== run $i: exit $?"
+            } >>"$OUT/stream-rows.txt"
+        done
+        if grep -q '^FAIL' "$OUT/stream-rows.txt"; then rc=1; else rc=0; fi
+        grep -E '^(=== run|FAIL)' "$OUT/stream-rows.txt" | tail -30 ;;
     hook)
         : "${HOOK_ROWS:?HOOK_ROWS: the llamacpp-hook.sh rows to run}"
         mkdir -p "$OUT/hook"

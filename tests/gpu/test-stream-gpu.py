@@ -285,7 +285,9 @@ def main() -> int:
                 cmd += ["--trace", os.path.join(os.environ["WO_STREAM_TRACE_DIR"], f"{case}.wot")]
             cmds[case] = cmd + ["--"] + me + [model]
         # the -engine rows put every picked copy on the copy engine, and a
-        # stall there would hang the row: 300 s, not 600
+        # stall there would hang the row: 300 s, not 600 (WO_STREAM_ROW_S:
+        # every row's, for a row run alone again and again)
+        row_s = float(os.environ.get("WO_STREAM_ROW_S", "0") or 0)
         runs = {case: pool.submit(gpucheck.result, cmds[case],
                                   dict(env, WOFFLOAD_PICKS="1" if "picks" in case else "0",
                                        **({"WOFFLOAD_PICKS_ENGINE": "1"}
@@ -297,7 +299,8 @@ def main() -> int:
                                        **({"WOFFLOAD_PICKS_LAZY": "1", "CUDA_MODULE_LOADING": "LAZY"}
                                           if case.endswith("-lazy") else
                                           {"WOFFLOAD_PICKS_LAZY": "0"} if "-engine" in case else {})),
-                                  must=False, timeout=300 if "-engine" in case else 600,
+                                  must=False,
+                                  timeout=row_s or (300 if "-engine" in case else 600),
                                   stacks="-engine" in case, kill_on_stall=False)
                 for case in cases}
         for case in cases:
