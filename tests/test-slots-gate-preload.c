@@ -181,8 +181,9 @@ static int child(void)
 
     for (int phase = 0; phase < 2; phase++) {
         /* after S's free: until the slots are given back and STEPS more
-         * (at most 5 * STEPS) */
-        int left = phase ? 5 * STEPS : 3 * STEPS, after = -1;
+         * (at most 20 * STEPS: on a loaded machine the executor's tick may
+         * find a slot's fence or write check not done for a while) */
+        int left = phase ? 20 * STEPS : 3 * STEPS, after = -1;
 
         for (int step = 0; step < left && after != 0; step++, after -= after > 0) {
             uint64_t n = NIDS, bytes = SB, one;

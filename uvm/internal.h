@@ -565,3 +565,17 @@ static inline CUresult wo_quiet_module_load(const struct wo_driver *d, CUmodule 
     wo_uvm_quiesce_end();
     return r;
 }
+
+/* ... and their functions looked up: under CUDA's lazy loading the lookup
+ * loads the kernel (preload/launch.c gates the engine's for the same
+ * reason). The fake driver's lookup waits as a load does: ungated, the
+ * executor's first slots met a picked copy's pending job there
+ * (test-slots-gate-preload under TSan). */
+static inline CUresult wo_quiet_module_function(const struct wo_driver *d, CUfunction *f,
+                                                CUmodule m, const char *name)
+{
+    wo_uvm_quiesce_begin();
+    CUresult r = d->cuModuleGetFunction(f, m, name);
+    wo_uvm_quiesce_end();
+    return r;
+}

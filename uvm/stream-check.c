@@ -51,11 +51,11 @@ bool wo_check_start(const struct wo_driver *d, CUmodule mod, unsigned nslots)
     ck.nslots = nslots;
     if (mod && d->cuModuleGetFunction && d->cuMemHostAlloc && d->cuMemHostGetDevicePointer_v2 &&
         d->cuMemsetD8_v2 && d->cuEventQuery && d->cuLaunchKernel) {
-        res = d->cuModuleGetFunction(&ck.hash, mod, "wo_stream_hash");
+        res = wo_quiet_module_function(d, &ck.hash, mod, "wo_stream_hash");
         if (res == CUDA_SUCCESS)
-            res = d->cuModuleGetFunction(&ck.check, mod, "wo_stream_check");
+            res = wo_quiet_module_function(d, &ck.check, mod, "wo_stream_check");
         if (res == CUDA_SUCCESS)
-            res = d->cuModuleGetFunction(&ck.flag, mod, "wo_stream_flag");
+            res = wo_quiet_module_function(d, &ck.flag, mod, "wo_stream_flag");
         if (res == CUDA_SUCCESS)
             res = d->cuStreamCreate(&ck.s, CU_STREAM_NON_BLOCKING);
         if (res == CUDA_SUCCESS)

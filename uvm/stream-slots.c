@@ -60,7 +60,7 @@ static void load_copy_kernel(void)
     if (d->cuModuleLoadData && d->cuModuleGetFunction && d->cuModuleUnload && d->cuLaunchKernel) {
         res = wo_quiet_module_load(d, &mod, wo_copy_ptx());
         if (res == CUDA_SUCCESS)
-            res = d->cuModuleGetFunction(&wo_sx->copy_fn, mod, "wo_stream_copy");
+            res = wo_quiet_module_function(d, &wo_sx->copy_fn, mod, "wo_stream_copy");
         if (res != CUDA_SUCCESS && mod)
             d->cuModuleUnload(mod);
         else

@@ -211,7 +211,11 @@ CUresult fk_stream_begin_op_in(CUstream s, bool per_thread, CUcontext ctx, struc
     else if (st->legacy)
         r = legacy_check_locked();
     if (r == CUDA_SUCCESS && !*cap && fk_behind_busy(st->bq)) {
-        st->dcap.defer = st;
+        /* written once: fk_capture_add reads it outside the lock, on
+         * whichever thread enqueues (the shim's executor records events on
+         * the stream an engine thread launches on: TSan saw the rewrite) */
+        if (st->dcap.defer != st)
+            st->dcap.defer = st;
         *cap = &st->dcap;
     }
     fk_unlock_();
