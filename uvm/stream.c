@@ -340,11 +340,12 @@ static bool free_slots(void)
      * (wo_quiet_mem_free): a cuMemFree or a module's unload waits in the
      * driver for the context's work holding a lock the copy thread's
      * cuMemcpyAsync takes, while an engine stream may wait for a flag only
-     * that thread raises. These went ungated until now;
-     * the H100 stopped once right after auto put its ranges back in place,
-     * which is when they run, with the copy thread 5 s in cuMemcpyAsync
-     * (stream-gpu's moe128-host-picks-engine-lazy,
-     * bench/results/gpu-suite-20261205-172651e-h100.txt) */
+     * that thread raises. Ungated, the H100 stopped once right after auto
+     * put its ranges back in place, which is when they run, with the copy
+     * thread 5 s in cuMemcpyAsync (stream-gpu's
+     * moe128-host-picks-engine-lazy,
+     * bench/results/gpu-suite-20261205-172651e-h100.txt;
+     * test-slots-gate-preload) */
     wo_uvm_quiesce_begin();
     /* the copies from them and their readers are done (quiesce): no event
      * to wait for */
