@@ -42,6 +42,7 @@
 
 #include "fakecuda.h"
 #include "gpu/wsum.h"
+#include "interpose-common.h"
 #include "preload-check.h"
 
 #define MiB ((size_t)1 << 20)
@@ -83,16 +84,6 @@ static void gather(void **params, const uint32_t g[3], const uint32_t b[3])
         out[k] = host_sum((const uint64_t *)(uintptr_t)(p + (uint64_t)ids[k] * ROW), ROW / 8);
 }
 
-/* The number after key in the object that starts at section's first match
- * in js (-1: not there). */
-static long long json_num(const char *js, const char *section, const char *key)
-{
-    const char *s = js ? strstr(js, section) : NULL;
-    const char *k = s ? strstr(s, key) : NULL;
-
-    return k ? strtoll(k + strlen(key), NULL, 10) : -1;
-}
-
 static int child(void)
 {
     void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
@@ -107,7 +98,6 @@ static int child(void)
     CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn);
     int (*push)(const char *), (*pop)(void), (*seal)(void);
     int (*picks)(const void *, size_t, unsigned, const void *, size_t, unsigned);
-    long (*stats)(char *, size_t);
     static const size_t psz[4] = {8, 8, 8, 8};
     CUdevice dev;
     CUcontext ctx;
@@ -118,9 +108,9 @@ static int child(void)
     uint64_t want_s[NS], got[NIDS], want[NIDS];
     int64_t id64[NIDS];
     long long redirected = -1, slot_bytes = -1;
-    char *js = malloc(1 << 20);
+    char *js;
 
-    if (!cu || !hs || !hp || !js)
+    if (!cu || !hs || !hp)
         return 2;
     *(void **)&p_cuInit = need(cu, "cuInit");
     *(void **)&p_cuDeviceGet = need(cu, "cuDeviceGet");
@@ -138,7 +128,6 @@ static int child(void)
     *(void **)&pop = need(RTLD_DEFAULT, "woffload_tag_pop");
     *(void **)&seal = need(RTLD_DEFAULT, "woffload_seal");
     *(void **)&picks = need(RTLD_DEFAULT, "woffload_moe_picks");
-    *(void **)&stats = need(RTLD_DEFAULT, "woffload_stats");
 
     CHECK(p_cuInit(0) == CUDA_SUCCESS);
     CHECK(p_cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
@@ -202,27 +191,33 @@ static int child(void)
             CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
             CHECK(p_cuMemcpyDtoH(got, out, sizeof(got)) == CUDA_SUCCESS);
             CHECK(memcmp(got, want, sizeof(got)) == 0);
-            if (phase == 1 && after < 0 && stats(js, 1 << 20) > 0 &&
-                json_num(js, "\"stream\":{", "\"slot_bytes\":") == 0)
-                after = STEPS;
+            if (phase == 1 && after < 0) {
+                js = wo_test_stats();
+                if (wo_json_num(js, "stream", "slot_bytes") == 0)
+                    after = STEPS;
+                free(js);
+            }
         }
         if (phase == 0) {
             /* S was the executor's; freed, nothing is streamed any more */
-            CHECK(stats(js, 1 << 20) > 0);
-            redirected = json_num(js, "\"stream\":{", "\"redirected\":");
+            js = wo_test_stats();
+            CHECK(js != NULL);
+            redirected = wo_json_num(js, "stream", "redirected");
+            free(js);
             for (int i = 0; i < NS; i++)
                 CHECK(p_cuMemFree(S[i]) == CUDA_SUCCESS);
         }
     }
     CHECK(picks((void *)(uintptr_t)P, E * ROW, E, NULL, 0, 0) == 0);
-    CHECK(stats(js, 1 << 20) > 0);
-    slot_bytes = json_num(js, "\"stream\":{", "\"slot_bytes\":");
+    js = wo_test_stats();
+    CHECK(js != NULL);
+    slot_bytes = wo_json_num(js, "stream", "slot_bytes");
+    free(js);
     printf("child: %lld launches redirected while S streamed; slot bytes at the end %lld\n",
            redirected, slot_bytes);
     CHECK(redirected >= STEPS * NS);
     CHECK(slot_bytes == 0);
     check_summary("test-slots-gate-preload child");
-    free(js);
     free(hs);
     free(hp);
     return failures ? 1 : 0;

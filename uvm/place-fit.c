@@ -79,8 +79,8 @@ static uint64_t untagged_to_device(void)
  * (WOFFLOAD_GGML_STREAM, WOFFLOAD_PICKS_WHOLE), and while the slots stay
  * empty their room is lent to managed weights (fit_lend). Not counted, a
  * fit under llama-server at 32 requests kept 0 B for slots and read its
- * host experts in place: 0.78x of the same split under a hand policy,
- * whose executor staged them
+ * host experts in place: 0.75x of the same split under a hand policy,
+ * whose executor staged them (0.78x of llama.cpp's --n-cpu-moe 8)
  * (bench/results/llamacpp-serve-20261205-p32-ncmoe8-h100). Nothing off the
  * device for slots: no room kept. Never more than half the budget: below
  * that, fewer slots (uvm/stream.c takes as many as fit, at least two). Sets

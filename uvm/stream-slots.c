@@ -61,9 +61,11 @@ static void load_copy_kernel(void)
         res = wo_quiet_module_load(d, &mod, wo_copy_ptx());
         if (res == CUDA_SUCCESS)
             res = wo_quiet_module_function(d, &wo_sx->copy_fn, mod, "wo_stream_copy");
-        if (res != CUDA_SUCCESS && mod)
+        if (res != CUDA_SUCCESS && mod) {
+            wo_uvm_quiesce_begin(); /* an unload waits as a load does */
             d->cuModuleUnload(mod);
-        else
+            wo_uvm_quiesce_end();
+        } else
             wo_sx->copy_mod = mod;
     }
     if (res != CUDA_SUCCESS) {
