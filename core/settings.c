@@ -35,6 +35,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "also rewrite the WOFFLOAD_STATS file every this many seconds while the process runs (replaced whole: a reader never sees half of it; a process killed by SIGKILL leaves the last one); 0: at exit only", OFF(stats_every), 0, 86400},
     {"WOFFLOAD_CUDA_LIB", WO_SETTING_PATH, "libcuda.so.1",
      "the CUDA driver library to dlopen", OFF(cuda_lib), 0, 0},
+    {"WOFFLOAD_NVML_LIB", WO_SETTING_PATH, "libnvidia-ml.so.1",
+     "the NVML library to dlopen for the process's own device memory (fit takes its CUDA contexts out of the fit size); one that cannot be loaded leaves them in, as the seal line says", OFF(nvml_lib), 0, 0},
     {"WOFFLOAD_DISABLE", WO_SETTING_BOOL, "0",
      "1: load but intercept nothing (every call goes straight to CUDA)", OFF(disable), 0, 0},
     {"WOFFLOAD_PREFETCH", WO_SETTING_BOOL, "1",

@@ -18,6 +18,7 @@ struct wo_settings {
     const char *stats;       /* WOFFLOAD_STATS, NULL = no stats file at exit */
     uint32_t stats_every;    /* WOFFLOAD_STATS_EVERY: seconds between refreshes of it, 0 = at exit only */
     const char *cuda_lib;    /* WOFFLOAD_CUDA_LIB */
+    const char *nvml_lib;    /* WOFFLOAD_NVML_LIB */
     bool disable;            /* WOFFLOAD_DISABLE */
     bool prefetch;           /* WOFFLOAD_PREFETCH */
     bool prefetch_own_ctx;   /* WOFFLOAD_PREFETCH_OWN_CONTEXT */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "core/log.h"
+#include "core/nvml.h"
 #include "core/settings.h"
 #include "preload/hook.h"
 #include "wo-config.h"
@@ -91,6 +92,10 @@ static void init_once_fn(void)
     }
     fill_driver(r);
     wo_uvm_set_driver(&driver);
+    /* NVML (fit's contexts, core/nvml.h) resolves through libc's dlsym,
+     * never through the shim's own export */
+    wo_nvml_set_dlsym(wo_real_dlsym);
+    wo_nvml_check_setting();
     wo_launch_setup();
     if (wo_uvm_init() < 0)
         wo_warn("placement is off (see above); calls are still observed");

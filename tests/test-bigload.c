@@ -26,6 +26,9 @@
  *         first, experts last) and the rest stays host.
  *   fitgap: a MiB of each weight's allocation no name covers: it goes to
  *         the device with the default, and comes out of fit's budget.
+ *   fitnvml, fitnvmlabsent, fitnvmlnolib: the context's memory before seal
+ *         (a module) comes out of the fit size where NVML (the fake's,
+ *         libfakenvml) tells it; where it cannot, the seal line says why.
  *   fitctx: the context's own growth after seal (a module) takes fit's
  *         reserve with the engine's allocations: a weight yields sooner.
  *   fityieldcache: fityield where managed pages keep their device memory
@@ -268,6 +271,14 @@ static int child(const char *scenario)
      * device memory the shim does not serve: stream-ordered allocations
      * never are (on the GPU the blocker is another process). */
     CHECK(p_cuMemAllocAsync(&blocker, 128 * MiB, 0) == CUDA_SUCCESS);
+    /* fitnvml*: the engine's context holds device memory before seal that
+     * no allocation shows (a module of WOFAKE_MODULE_BYTES, kept loaded) */
+    if (strncmp(scenario, "fitnvml", 7) == 0) {
+        CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
+        CUmodule mod = NULL;
+
+        CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
+    }
 
     for (int pass = expect ? 0 : 1; pass < 2; pass++) {
         if (pass == 1 && expect) {
@@ -794,6 +805,49 @@ int main(int argc, char **argv)
         dump_on_failure(f0, "fitgap", stats, err);
     }
 
+    /* fitnvml: the context holds 16 MiB before seal (a module); NVML's
+     * figure for the process (the fake's, WO_FAKE_NVML) less its
+     * allocations says so, and it comes out of the fit size as the engine's
+     * 128 MiB do: 200 - 128 - 16 = 56 MiB of budget, 7 weights of 8 MiB (with
+     * the 24 MiB reserve: 32 MiB, 4 weights). fitnvmlabsent: NVML does not
+     * list the process (another PID namespace): 72 MiB, and the seal line
+     * says the contexts were not counted and why; fitnvmlnolib: the same
+     * where the library cannot be loaded. Every weight reads back. */
+    if (want(argc, argv, "fitnvml") && getenv("WO_FAKE_NVML")) {
+        static const char policy[] = "version: 1\n"
+                                     "fit: {device: 200MiB, keep_free: 16MiB, reserve: 24MiB}\n"
+                                     "prefetch: {mode: hot-set}\n";
+        static const struct {
+            const char *name, *fail, *budget, *context, *said;
+        } c[] = {
+            {"fitnvml", NULL, "\"budget\":58720256,", "\"context_bytes\":16777216}",
+             "the fit size less 128.00 MiB the engine holds and 16.00 MiB of the process's beyond "
+             "its allocations (CUDA contexts, modules; NVML: the process holds 144.00 MiB, its "
+             "allocations 128.00 MiB)"},
+            {"fitnvmlabsent", "WOFAKE_NVML_FAIL=absent", "\"budget\":75497472,",
+             "\"context_bytes\":0}", "is not among the 1 on 00000000:18:00.0"},
+            {"fitnvmlnolib", NULL, "\"budget\":75497472,", "\"context_bytes\":0}",
+             "(the process's CUDA contexts not counted: /nonexistent/libnvidia-ml.so.1 not "
+             "loaded"},
+        };
+        char lib[4200], mod[] = "WOFAKE_MODULE_BYTES=16M";
+
+        for (size_t i = 0; i < sizeof(c) / sizeof(c[0]); i++) {
+            const char *env[] = {lib, mod, c[i].fail, NULL};
+
+            snprintf(lib, sizeof(lib), "WOFFLOAD_NVML_LIB=%s",
+                     strcmp(c[i].name, "fitnvmlnolib") == 0 ? "/nonexistent/libnvidia-ml.so.1"
+                                                            : getenv("WO_FAKE_NVML"));
+            f0 = failures;
+            rc = run(argv, c[i].name, policy, env, stats, sizeof(stats), err, sizeof(err));
+            CHECK(rc == 0);
+            CHECK(strstr(stats, c[i].budget) != NULL);
+            CHECK(strstr(stats, c[i].context) != NULL);
+            CHECK(strstr(err, c[i].said) != NULL);
+            dump_on_failure(f0, c[i].name, stats, err);
+        }
+    }
+
     /* fitctx: fitreserve96, then the context grows 16 MiB after seal (a
      * module), measured at the engine's first allocation: it takes fit's
      * reserve with the engine's allocations, and the second (1 + 16 + 12
@@ -1028,7 +1082,7 @@ int main(int argc, char **argv)
         rc = run(argv, "fityieldcache", fit_policy, on, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
         CHECK(strstr(stats, "\"yielded_bytes\":50331648,\"yields\":1,") != NULL);
-        CHECK(strstr(stats, "\"squeezed_bytes\":44040192}") != NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":44040192,") != NULL);
         CHECK(strstr(err, "fit: 42.00 MiB of the yielded weights' device pages given back") !=
               NULL);
         CHECK(strstr(err, "(UVM kept them after the move to the host; 80.00 MiB free before, "
@@ -1040,7 +1094,7 @@ int main(int argc, char **argv)
         f0 = failures;
         rc = run(argv, "fityieldcache", fit_policy, off, stats, sizeof(stats), err, sizeof(err));
         CHECK(rc == 0);
-        CHECK(strstr(stats, "\"squeezed_bytes\":0}") != NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":0,") != NULL);
         CHECK(strstr(err, "after the engine's allocation: device used 256 MiB, UVM cache 28 MiB") !=
               NULL);
         dump_on_failure(f0, "fityieldcache (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);

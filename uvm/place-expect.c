@@ -99,7 +99,8 @@ static bool plan_fit(const struct wo_driver *d)
     struct wo_fit_item *v = calloc(n ? n : 1, sizeof(*v));
     bool *lendable = calloc(n ? n : 1, sizeof(*lendable));
     struct wo_fit_split sp;
-    uint64_t cap_room;
+    uint64_t cap_room, engine, bound_host, bound_device;
+    char said[320];
     bool ok = false;
 
     if (!v || !lendable || !d->cuMemGetInfo_v2 ||
@@ -127,8 +128,13 @@ static bool plan_fit(const struct wo_driver *d)
     /* routed experts get no slot room here (lend_experts false): those the
      * plan sends off the device are served as pinned host memory as they
      * come, where room kept for them could not be lent */
-    wo_place_fit_split(fit, v, lendable, false, n,
-                       wo_fit_budget(fit, total_b, free_b, wo_place_engine_bytes()), cap_room, &sp);
+    /* the process's contexts come out of the fit size here too (seal's
+     * line says what NVML measured then) */
+    engine = wo_place_engine_bytes();
+    wo_place_bind_bytes(&bound_host, &bound_device);
+    engine += wo_place_context_bytes(engine + bound_device, said, sizeof(said));
+    wo_place_fit_split(fit, v, lendable, false, n, wo_fit_budget(fit, total_b, free_b, engine),
+                       cap_room, &sp);
     for (size_t i = 0; i < n; i++)
         wo_uvm.expect.v[i].plan = v[i].out;
     ok = true;

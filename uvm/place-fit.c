@@ -8,8 +8,10 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "core/log.h"
+#include "core/nvml.h"
 #include "core/settings.h"
 #include "uvm/hotpath.h"
 #include "uvm/picks.h"
@@ -47,6 +49,40 @@ uint64_t wo_place_untagged(const struct wo_alloc *a)
         pos = WO_MAX(pos, t->off + t->size);
     }
     return gap + (a->size > pos ? a->size - pos : 0);
+}
+
+/* fit's size is the process's device memory, as nvidia-smi shows it and
+ * as a peer's figure is measured: the contexts count. The free memory the
+ * driver gives cannot tell them from another process's allocations (the
+ * blocker of a larger-than-the-GPU run), NVML's per-process figure can.
+ * Under llama-server at --fit 14012MiB the process held 675 MiB that no
+ * allocation explained (the engine's context, its modules) and ran 1.04x
+ * over the fit size (bench/results/llamacpp-serve-20261205b-p32-fit-h100). */
+uint64_t wo_place_context_bytes(uint64_t allocated, char *said, size_t saidlen)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    int dom = 0, bus = 0, slot = 0;
+    uint64_t proc = 0;
+    CUdevice dev;
+    char why[256], b1[32], b2[32];
+
+    if (!d || !d->cuDeviceGetAttribute ||
+        ((!d->cuCtxGetDevice || d->cuCtxGetDevice(&dev) != CUDA_SUCCESS) &&
+         (!d->cuDeviceGet || d->cuDeviceGet(&dev, wo_uvm.device) != CUDA_SUCCESS)) ||
+        d->cuDeviceGetAttribute(&dom, CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID, dev) != CUDA_SUCCESS ||
+        d->cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) != CUDA_SUCCESS ||
+        d->cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev) != CUDA_SUCCESS) {
+        snprintf(said, saidlen, "the device's PCI address not known");
+        return 0;
+    }
+    if (wo_nvml_process_bytes((unsigned)dom, (unsigned)bus, (unsigned)slot, (int)getpid(), &proc,
+                              why, sizeof(why)) < 0) {
+        snprintf(said, saidlen, "%s", why);
+        return 0;
+    }
+    snprintf(said, saidlen, "NVML: the process holds %s, its allocations %s",
+             wo_format_size(proc, b1, sizeof(b1)), wo_format_size(allocated, b2, sizeof(b2)));
+    return proc > allocated ? proc - allocated : 0;
 }
 
 static uint64_t untagged_to_device(void)
@@ -202,10 +238,11 @@ void wo_place_fit(size_t free_b, size_t total_b)
     struct wo_tag **tv;
     bool *lendable;
     size_t n = 0;
-    uint64_t engine = 0, resident = 0, rest = 0, budget, untagged;
+    uint64_t engine = 0, resident = 0, rest = 0, budget, untagged, context;
+    uint64_t bound_host, bound_device;
     struct wo_fit_split sp;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
-    char b9[32], untagged_said[96] = "";
+    char b9[32], b10[32], untagged_said[96] = "", context_said[320], context_line[400];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -247,12 +284,12 @@ void wo_place_fit(size_t free_b, size_t total_b)
     }
     /* late-bound ranges' device granules can all move: their memory is
      * the budget's too */
-    {
-        uint64_t bound_host, bound_device;
-        wo_place_bind_bytes(&bound_host, &bound_device);
-        resident += bound_device;
-    }
-    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine);
+    wo_place_bind_bytes(&bound_host, &bound_device);
+    resident += bound_device;
+    /* the contexts come out of the fit size as the engine's allocations do;
+     * the late-bound device granules are in NVML's figure and the budget's */
+    context = wo_place_context_bytes(engine + bound_device, context_said, sizeof(context_said));
+    budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine + context);
     untagged = untagged_to_device();
     wo_place_fit_split(fit, v, lendable, true, n, budget - WO_MIN(untagged, budget), UINT64_MAX,
                        &sp);
@@ -273,6 +310,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.rest_bytes = rest;
     wo_uvm.fit.engine_bytes = engine;
     wo_uvm.fit.untagged_bytes = untagged;
+    wo_uvm.fit.context_bytes = context;
     wo_uvm.fit.names = n;
     wo_uvm.fit.staging_bytes = sp.staging;
     wo_uvm.fit.reserve_bytes = sp.reserve;
@@ -288,15 +326,22 @@ void wo_place_fit(size_t free_b, size_t total_b)
         snprintf(untagged_said, sizeof(untagged_said),
                  ", less %s of the engine's allocations that no name covers",
                  wo_format_size(untagged, b9, sizeof(b9)));
+    if (context)
+        snprintf(context_line, sizeof(context_line),
+                 " and %s of the process's beyond its allocations (CUDA contexts, modules; %s)",
+                 wo_format_size(context, b10, sizeof(b10)), context_said);
+    else
+        snprintf(context_line, sizeof(context_line),
+                 " (the process's CUDA contexts not counted: %s)", context_said);
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
-                 "holds, within the free memory less keep_free%s; %s of it kept for what the "
+                 "holds%s, within the free memory less keep_free%s; %s of it kept for what the "
                  "engine allocates after seal%s, %s for staging slots, lent to %s of managed "
                  "weights while the slots are empty, %s for the picked copies' buffers), %s %s "
                  "over %zu names",
                  wo_format_size(sp.chosen, b1, sizeof(b1)),
                  wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
-                 untagged_said, wo_format_size(sp.reserve, b6, sizeof(b6)),
+                 context_line, untagged_said, wo_format_size(sp.reserve, b6, sizeof(b6)),
                  fit->reserve != WO_FIT_RESERVE_AUTO ? ""
                  : wo_fit_memo_have() ? " (reserve auto: the runs before's high water)"
                                       : " (reserve auto: no run before, the default)",

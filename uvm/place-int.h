@@ -100,6 +100,12 @@ uint64_t wo_place_engine_bytes(void);
 /* The bytes of allocation a that no tag covers (its tags in address
  * order): the gaps seal gives the policy's default. */
 uint64_t wo_place_untagged(const struct wo_alloc *a);
+/* The process's device memory that no allocation explains (issue 41): its
+ * CUDA contexts, loaded modules, memory pools' slack: NVML's figure for
+ * this process on the current device less `allocated` (the device
+ * allocations the shim saw). 0 where NVML cannot tell, with the reason in
+ * said (else what was measured), for fit's seal line. */
+uint64_t wo_place_context_bytes(uint64_t allocated, char *said, size_t saidlen);
 /* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
  * before the bytes): the reserve for the engine's allocations after seal,
  * room for the streaming executor's slots (none for routed experts with

@@ -1856,6 +1856,14 @@ FK_EXPORT uint64_t fakecuda_device_used(void)
     return n;
 }
 
+FK_EXPORT uint64_t fakecuda_process_bytes(void)
+{
+    fk_lock_();
+    uint64_t n = dev_bytes;
+    fk_unlock_();
+    return n;
+}
+
 FK_EXPORT int fakecuda_where(const void *p)
 {
     int r = CU_DEVICE_INVALID;

@@ -150,6 +150,10 @@ size_t fakecuda_live_count(int kind);
 size_t fakecuda_allocations(struct fakecuda_alloc *out, size_t max);
 /* Device bytes in use as cuMemGetInfo counts them. */
 uint64_t fakecuda_device_used(void);
+/* The device bytes this process holds as NVML's per-process figure counts
+ * them: device, stream-ordered and VMM allocations and loaded modules;
+ * managed pages not (libfakenvml, fake-nvml.c). */
+uint64_t fakecuda_process_bytes(void);
 /* Device bytes UVM's cache holds (WOFAKE_UVM_CACHE=1). */
 uint64_t fakecuda_uvm_cached(void);
 
