@@ -228,6 +228,7 @@ static int child(const char *scenario)
     CUdevice dev;
     CUcontext ctx;
     CUdeviceptr blocker, w[NW_MAX], late = 0, m = 0;
+    CUmodule ctx_mod = NULL; /* fitnvml*: the context's memory before seal */
     /* the *expect scenarios announce every name first (woffload_expect),
      * and their attention weights are smaller than their experts (as in a
      * MoE model: a size tells the two apart) */
@@ -275,9 +276,8 @@ static int child(const char *scenario)
      * no allocation shows (a module of WOFAKE_MODULE_BYTES, kept loaded) */
     if (strncmp(scenario, "fitnvml", 7) == 0) {
         CUresult (*p_load)(CUmodule *, const void *) = need(cu, "cuModuleLoadData");
-        CUmodule mod = NULL;
 
-        CHECK(p_load(&mod, "module") == CUDA_SUCCESS);
+        CHECK(p_load(&ctx_mod, "module") == CUDA_SUCCESS);
     }
 
     for (int pass = expect ? 0 : 1; pass < 2; pass++) {
@@ -497,6 +497,11 @@ static int child(const char *scenario)
     if (late)
         CHECK(p_cuMemFree(late) == CUDA_SUCCESS);
     CHECK(p_cuMemFreeAsync(blocker, 0) == CUDA_SUCCESS);
+    if (ctx_mod) {
+        CUresult (*p_unload)(CUmodule) = need(cu, "cuModuleUnload");
+
+        CHECK(p_unload(ctx_mod) == CUDA_SUCCESS);
+    }
     free(buf);
     free(back);
     return failures ? 1 : 0;
