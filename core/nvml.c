@@ -104,6 +104,16 @@ void wo_nvml_check_setting(void)
                 nv.why);
 }
 
+int wo_nvml_status(const char **lib, char *why, size_t whylen)
+{
+    pthread_once(&nv.once, load);
+    *lib = nv.lib;
+    if (nv.processes)
+        return 0;
+    snprintf(why, whylen, "%s", nv.why);
+    return -1;
+}
+
 int wo_nvml_process_bytes(unsigned domain, unsigned bus, unsigned device, int pid, uint64_t *bytes,
                           char *why, size_t whylen)
 {

@@ -27,5 +27,9 @@ void wo_nvml_set_dlsym(void *(*sym)(void *handle, const char *name));
  * out at start, not at fit's choice. After wo_nvml_set_dlsym. */
 void wo_nvml_check_setting(void);
 
+/* Whether NVML is loaded and initialised (loading it first): 0, or -1
+ * with why. The library's name in *lib either way. */
+int wo_nvml_status(const char **lib, char *why, size_t whylen);
+
 int wo_nvml_process_bytes(unsigned domain, unsigned bus, unsigned device, int pid, uint64_t *bytes,
                           char *why, size_t whylen);

@@ -42,6 +42,10 @@ expect 2 "doctor with a policy that does not load" -- "$woffload" doctor --polic
 grep -q "does not load" "$tmp/out" || fail "doctor does not say the policy does not load"
 grep -q "^libwoffload:" "$tmp/out" || fail "doctor stops at the bad policy instead of reporting the rest"
 expect 2 "doctor with a missing policy" -- "$woffload" doctor --policy "$tmp/nope.yaml"
+# NVML: a library that cannot be loaded is named, and is no input error
+expect 0 "doctor with an unloadable WOFFLOAD_NVML_LIB" -- env WOFFLOAD_NVML_LIB=/nonexistent/libnvml.so "$woffload" doctor
+grep -q '^NVML: *none usable (/nonexistent/libnvml.so not loaded' "$tmp/out" ||
+    fail "doctor does not say NVML cannot be loaded"
 expect 2 "doctor with WOFFLOAD_LOG=loud" -- env WOFFLOAD_LOG=loud "$woffload" doctor
 expect 2 "doctor --env with WOFFLOAD_LOG=loud" -- env WOFFLOAD_LOG=loud "$woffload" doctor --env
 grep -q 'WOFFLOAD_LOG="loud" is not valid.*using the default' "$tmp/out" ||

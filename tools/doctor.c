@@ -19,6 +19,7 @@
 #include <cudaTypedefs.h>
 
 #include "core/meminfo.h"
+#include "core/nvml.h"
 #include "core/settings.h"
 #include "policy/policy.h"
 #include "uvm/stream-pin.h"
@@ -148,6 +149,25 @@ static void report_driver(FILE *out, const char *lib)
     }
 }
 
+/* fit takes the process's CUDA contexts out of its size where NVML tells
+ * them (core/nvml.h, docs/policy.md) */
+static void report_nvml(FILE *out)
+{
+    const char *lib = NULL;
+    char why[256];
+
+    wo_nvml_set_dlsym(dlsym);
+    if (wo_nvml_status(&lib, why, sizeof(why)) == 0)
+        fprintf(out, "NVML:         %s: fit takes the process's CUDA contexts out of its size\n",
+                lib);
+    else
+        fprintf(
+            out,
+            "NVML:         none usable (%s): fit cannot count the process's CUDA contexts, which "
+            "it may then hold beyond the fit size (0.66 GiB under llama-server on an H100)\n",
+            why);
+}
+
 static void report_memlock(FILE *out)
 {
     struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY}; /* unknown: no limit said */
@@ -266,6 +286,7 @@ int wo_doctor(FILE *out, const char *policy_path, bool env)
         fprintf(out, "machine:      %s %s %s\n", u.nodename, u.sysname, u.release);
     report_shim(out);
     report_driver(out, s->cuda_lib);
+    report_nvml(out);
     if (!root)
         root = WO_CUDA_PATH;
     if (toolkit_version(root, &tk) == 0)
