@@ -36,6 +36,19 @@ grep -q '^# budget for weights: 11.65 GiB' "$dir/p30.yaml" || { fail "budget hea
 "$tool" fit --trace "$trace" --device 30GiB --model "$model" >"$dir/p30b.yaml" 2>/dev/null || fail "stdout run"
 cmp -s "$dir/p30.yaml" "$dir/p30b.yaml" || fail "fit is not deterministic (or -o differs from stdout)"
 
+# --- monotone (issue 41): more device memory never predicts a slower step
+prev=
+for dev in 20GiB 24GiB 28GiB 32GiB 36GiB 40GiB; do
+    "$tool" fit --trace "$trace" --device $dev --model "$model" -o "$dir/m.yaml" 2>"$dir/m.err" ||
+        fail "fit --device $dev"
+    t=$(sed -n 's/^fit: predicted step time \([0-9.]*\) ms.*/\1/p' "$dir/m.err")
+    [ -n "$t" ] || fail "fit --device $dev: no predicted step time"
+    if [ -n "$prev" ] && [ -n "$t" ] && awk -v a="$t" -v b="$prev" 'BEGIN { exit !(a > b * 1.001) }'; then
+        fail "fit --device $dev predicts $t ms, slower than $prev ms with less memory"
+    fi
+    prev=$t
+done
+
 # --- budget smaller than the experts: experts to the host, attention and norms stay
 for dev in 30GiB 22GiB; do
     "$tool" fit --trace "$trace" --device $dev --model "$model" -o "$dir/p.yaml" 2>/dev/null || fail "fit --device $dev"
