@@ -851,6 +851,51 @@ int main(int argc, char **argv)
             CHECK(strstr(err, c[i].said) != NULL);
             dump_on_failure(f0, c[i].name, stats, err);
         }
+        /* fitnvmltrace: no fit (experts host), a trace recorded: seal
+         * measures the same 16 MiB for the trace's INFO context_bytes, and
+         * woffload-policy fit on that trace takes it out of --device */
+        if (getenv("WO_TRACE_TOOL") && getenv("WO_POLICY_TOOL")) {
+            char tr[] = "/tmp/test-bigload-trace-XXXXXX", envt[64], cmd[8400], out[4096] = "";
+            const char *env[] = {lib, mod, envt, NULL};
+            int tfd = mkstemp(tr);
+            FILE *pf;
+
+            snprintf(lib, sizeof(lib), "WOFFLOAD_NVML_LIB=%s", getenv("WO_FAKE_NVML"));
+            snprintf(envt, sizeof(envt), "WOFFLOAD_TRACE=%s", tr);
+            f0 = failures;
+            CHECK(tfd >= 0);
+            if (tfd >= 0)
+                close(tfd);
+            rc =
+                run(argv, "fitnvmltrace", hand_policy, env, stats, sizeof(stats), err, sizeof(err));
+            CHECK(rc == 0);
+            snprintf(cmd, sizeof(cmd), "%s summary %s 2>&1", getenv("WO_TRACE_TOOL"), tr);
+            pf = popen(cmd, "r");
+            CHECK(pf != NULL);
+            if (pf) {
+                size_t got = fread(out, 1, sizeof(out) - 1, pf);
+                out[got] = '\0';
+                pclose(pf);
+            }
+            CHECK(strstr(out, "context_bytes          16777216") != NULL);
+            if (!strstr(out, "context_bytes          16777216"))
+                fprintf(stderr, "--- fitnvmltrace: summary:\n%s\n", out);
+            snprintf(cmd, sizeof(cmd),
+                     "%s fit --trace %s --device 200MiB --keep-free 0 2>&1 >/dev/null",
+                     getenv("WO_POLICY_TOOL"), tr);
+            pf = popen(cmd, "r");
+            CHECK(pf != NULL);
+            if (pf) {
+                size_t got = fread(out, 1, sizeof(out) - 1, pf);
+                out[got] = '\0';
+                pclose(pf);
+            }
+            CHECK(strstr(out, "16.00 MiB of it the process's contexts: the trace's") != NULL);
+            if (!strstr(out, "16.00 MiB of it the process's contexts: the trace's"))
+                fprintf(stderr, "--- fitnvmltrace: woffload-policy fit:\n%s\n", out);
+            dump_on_failure(f0, "fitnvmltrace", stats, err);
+            unlink(tr);
+        }
     }
 
     /* fitctx: fitreserve96, then the context grows 16 MiB after seal (a

@@ -36,6 +36,14 @@ grep -q '^# budget for weights: 11.65 GiB' "$dir/p30.yaml" || { fail "budget hea
 "$tool" fit --trace "$trace" --device 30GiB --model "$model" >"$dir/p30b.yaml" 2>/dev/null || fail "stdout run"
 cmp -s "$dir/p30.yaml" "$dir/p30b.yaml" || fail "fit is not deterministic (or -o differs from stdout)"
 
+# --- the process's contexts (--context; else the trace's INFO context_bytes,
+# which this trace predates) come out of --device as the engine's own do
+expect 0 'fit: budget 10.65 GiB for weights .*1.00 GiB of it the process.s contexts: --context' -- \
+    "$tool" fit --trace "$trace" --device 30GiB --context 1GiB --model "$model" -o "$dir/c.yaml"
+grep -q '^# budget for weights: 10.65 GiB (device 30.00 GiB of 79.18 GiB, less the engine.s own 19.35 GiB, 1.00 GiB of it' "$dir/c.yaml" ||
+    { fail "--context: budget header"; head -3 "$dir/c.yaml"; }
+grep -q '^# written by: .* --context 1GiB' "$dir/c.yaml" || fail "--context not in the written-by line"
+
 # --- monotone (issue 41): more device memory never predicts a slower step
 prev=
 for dev in 20GiB 24GiB 28GiB 32GiB 36GiB 40GiB; do
@@ -116,6 +124,7 @@ awk '/embeddings-on-device/ { e = NR } /fit-device/ { f = NR } END { exit !(e &&
 
 # --- bad input: exit 2, the option or file named -----------------------------
 expect 2 "--device '20GX'.*expected a size" -- "$tool" fit --trace "$trace" --device 20GX
+expect 2 "--context 'lots'.*expected a size" -- "$tool" fit --trace "$trace" --device 30GiB --context lots
 expect 2 "--device '0'.*more than 0" -- "$tool" fit --trace "$trace" --device 0
 expect 2 "--device '120%'" -- "$tool" fit --trace "$trace" --device 120%
 expect 2 "--device '0%'" -- "$tool" fit --trace "$trace" --device 0%

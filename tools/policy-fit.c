@@ -26,7 +26,7 @@
     "90%"
 
 struct fit_args {
-    const char *trace, *device, *keep_free, *rest, *model, *base, *out;
+    const char *trace, *device, *keep_free, *rest, *model, *base, *out, *context;
 };
 
 struct fname {
@@ -38,22 +38,26 @@ struct fname {
 
 static void fit_usage(FILE *f)
 {
-    fprintf(f,
-            "usage: woffload-policy fit --trace T --device SIZE|PCT%% [--keep-free SIZE]\n"
-            "                           [--rest host|managed] [--model M] [--policy BASE] [-o OUT]\n"
-            "Chooses which tensors of a recorded run stay on the device within SIZE (the\n"
-            "engine's own device memory included, KEEP-FREE left free), the most read per\n"
-            "step first, and prints the policy (YAML) to stdout or OUT; then replays the\n"
-            "trace with it and prints the predicted step time to stderr.\n"
-            "  --device SIZE   device memory for the engine and its weights: 20GiB, or 90%%\n"
-            "                  of the device's total memory (from the device model)\n"
-            "  --keep-free S   device memory left free (default 2GiB)\n"
-            "  --rest R        where the rest goes: host (default) or managed\n"
-            "  --model M       device model file (default: WOFFLOAD_DEVICE_MODEL, else the\n"
-            "                  built-in H100)\n"
-            "  --policy BASE   keep BASE's rules (first, as written) and its settings\n"
-            "  -o OUT          write the policy to OUT instead of stdout\n"
-            "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
+    fprintf(f, "usage: woffload-policy fit --trace T --device SIZE|PCT%% [--keep-free SIZE]\n"
+               "                           [--rest host|managed] [--context SIZE] [--model M]\n"
+               "                           [--policy BASE] [-o OUT]\n"
+               "Chooses which tensors of a recorded run stay on the device within SIZE (the\n"
+               "engine's own device memory included, KEEP-FREE left free), the most read per\n"
+               "step first, and prints the policy (YAML) to stdout or OUT; then replays the\n"
+               "trace with it and prints the predicted step time to stderr.\n"
+               "  --device SIZE   device memory for the engine and its weights: 20GiB, or 90%%\n"
+               "                  of the device's total memory (from the device model)\n"
+               "  --keep-free S   device memory left free (default 2GiB)\n"
+               "  --rest R        where the rest goes: host (default) or managed\n"
+               "  --context SIZE  the process's device memory beyond its allocations (CUDA\n"
+               "                  contexts, modules), out of SIZE as the shim's fit takes it\n"
+               "                  (default: what the trace recorded at seal, its INFO\n"
+               "                  context_bytes, measured by NVML; else 0)\n"
+               "  --model M       device model file (default: WOFFLOAD_DEVICE_MODEL, else the\n"
+               "                  built-in H100)\n"
+               "  --policy BASE   keep BASE's rules (first, as written) and its settings\n"
+               "  -o OUT          write the policy to OUT instead of stdout\n"
+               "Exit status: 0 done, 2 bad input (each message names the option or file).\n");
 }
 
 static int bad(const char *fmt, ...) WO_PRINTF(1, 2);
@@ -94,6 +98,7 @@ static int parse_args(int argc, char **argv, struct fit_args *a)
         {"--device", offsetof(struct fit_args, device)},
         {"--keep-free", offsetof(struct fit_args, keep_free)},
         {"--rest", offsetof(struct fit_args, rest)},
+        {"--context", offsetof(struct fit_args, context)},
         {"--model", offsetof(struct fit_args, model)},
         {"--policy", offsetof(struct fit_args, base)},
         {"-o", offsetof(struct fit_args, out)},
@@ -127,6 +132,34 @@ static int parse_args(int argc, char **argv, struct fit_args *a)
         return bad("--trace T is required (a trace recorded with WOFFLOAD_TRACE or woffload-run --trace)");
     if (!a->device)
         return bad("--device is required: %s", FIT_SIZE_EXPECTED);
+    return 0;
+}
+
+/* The process's device memory beyond its allocations that comes out of
+ * --device as the shim's fit takes it out of its size (uvm/place-fit.c):
+ * --context, else the trace's INFO context_bytes (recorded at seal where
+ * NVML could tell, docs/trace-format.md), else 0. */
+static int context_of(const struct fit_args *a, const struct wo_trace_data *d, uint64_t *ret)
+{
+    const char *v = a->context ? a->context : wo_trace_data_info(d, "context_bytes");
+    char *end;
+    int r;
+
+    *ret = 0;
+    if (!v)
+        return 0;
+    if (!a->context) {
+        errno = 0;
+        *ret = strtoull(v, &end, 10);
+        if (errno || end == v || *end)
+            return bad("--trace %s: its INFO context_bytes '%s' is not a byte count (give "
+                       "--context to set it)",
+                       a->trace, v);
+        return 0;
+    }
+    if ((r = wo_parse_size(v, ret)) < 0)
+        return bad("--context '%s': found %s, expected a size such as 512MiB or 0", v,
+                   r == -ERANGE ? "a size beyond 64 bits" : "no size (unknown unit or malformed)");
     return 0;
 }
 
@@ -398,12 +431,12 @@ static void put_device_globs(FILE *f, const struct fname *v, const struct wo_fit
 static int write_policy(FILE *f, const struct fit_args *a, const struct wo_policy *base,
                         const struct wo_fit *fit, const struct fname *v,
                         const struct wo_fit_item *it, size_t n, uint64_t budget, uint64_t engine,
-                        uint64_t total, bool weighted)
+                        uint64_t context, uint64_t total, bool weighted)
 {
     struct wo_policy_globals g = *wo_policy_globals(base);
     uint64_t dev = 0, rest = 0, fixed_dev = 0;
     size_t ndev = 0, nrest = 0, nbase = wo_policy_nrules(base);
-    char s1[32], s2[32], s3[32], s4[32], s5[32];
+    char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32];
 
     for (size_t i = 0; i < n; i++) {
         if (it[i].out == WO_PLACE_DEVICE) {
@@ -416,14 +449,18 @@ static int write_policy(FILE *f, const struct fit_args *a, const struct wo_polic
             nrest++;
         }
     }
-    fprintf(f, "# written by: woffload-policy fit --trace %s --device %s%s%s%s%s%s%s\n", a->trace,
-            a->device, a->keep_free ? " --keep-free " : "", a->keep_free ? a->keep_free : "",
-            a->rest ? " --rest " : "", a->rest ? a->rest : "", a->base ? " --policy " : "",
-            a->base ? a->base : "");
-    fprintf(f, "# budget for weights: %s (device %s of %s, less the engine's own %s; %s kept free)\n",
+    fprintf(f, "# written by: woffload-policy fit --trace %s --device %s%s%s%s%s%s%s%s%s\n",
+            a->trace, a->device, a->keep_free ? " --keep-free " : "",
+            a->keep_free ? a->keep_free : "", a->rest ? " --rest " : "", a->rest ? a->rest : "",
+            a->context ? " --context " : "", a->context ? a->context : "",
+            a->base ? " --policy " : "", a->base ? a->base : "");
+    fprintf(f,
+            "# budget for weights: %s (device %s of %s, less the engine's own %s, %s of it the "
+            "process's contexts; %s kept free)\n",
             wo_format_size(budget, s1, sizeof(s1)),
             wo_format_size(wo_budget_resolve(&fit->device, total, 0), s2, sizeof(s2)),
             wo_format_size(total, s3, sizeof(s3)), wo_format_size(engine, s4, sizeof(s4)),
+            wo_format_size(context, s6, sizeof(s6)),
             wo_format_size(fit->keep_free, s5, sizeof(s5)));
     fprintf(f, "# on the device: %zu names, %s%s%s%s; offloaded (%s): %zu names, %s\n", ndev,
             wo_format_size(dev, s1, sizeof(s1)), fixed_dev ? " (" : "",
@@ -487,7 +524,8 @@ static int predict(const struct fit_args *a, const struct wo_policy *base, const
 
     if (!mf)
         return -ENOMEM;
-    r = write_policy(mf, a, base, fit, names, items, n, budget, engine, total, true);
+    /* loaded and replayed, never shown: its header's figures do not matter */
+    r = write_policy(mf, a, base, fit, names, items, n, budget, engine, 0, total, true);
     fclose(mf);
     if (r == 0)
         r = wo_policy_load_buffer(text, len, "(a choice)", NULL, &pol, &diags);
@@ -567,7 +605,7 @@ int wo_policy_fit_main(int argc, char **argv)
     char *text = NULL;
     size_t textlen = 0;
     const char *model;
-    uint64_t total, engine, budget, resolved;
+    uint64_t total, engine, budget, resolved, context = 0;
     ssize_t n;
     bool weighted;
     int r, ret = 2;
@@ -669,19 +707,24 @@ int wo_policy_fit_main(int argc, char **argv)
             it->fixed = m.place;
     }
     engine = engine_bytes(d);
+    if (context_of(&a, d, &context))
+        goto out;
+    engine += context;
     resolved = wo_budget_resolve(&fit.device, total, 0);
     budget = wo_fit_budget(&fit, total, total > engine ? total - engine : 0, engine);
     if (resolved <= engine)
-        fprintf(stderr, "woffload-policy fit: warning: the engine's own device memory in the "
-                "trace (%s) takes all of --device %s (%s): every weight goes %s\n",
+        fprintf(stderr,
+                "woffload-policy fit: warning: the engine's own device memory in the "
+                "trace (%s, with the contexts) takes all of --device %s (%s): every weight goes "
+                "%s\n",
                 wo_format_size(engine, s1, sizeof(s1)), a.device,
                 wo_format_size(resolved, s2, sizeof(s2)), wo_placement_to_string(fit.rest));
     wo_fit_choose(&fit, items, (size_t)n, budget);
 
     {
         FILE *mf = open_memstream(&text, &textlen);
-        if (!mf || write_policy(mf, &a, base, &fit, names, items, (size_t)n, budget, engine, total,
-                                weighted) < 0) {
+        if (!mf || write_policy(mf, &a, base, &fit, names, items, (size_t)n, budget, engine,
+                                context, total, weighted) < 0) {
             if (mf)
                 fclose(mf);
             bad("out of memory");
@@ -719,11 +762,18 @@ int wo_policy_fit_main(int argc, char **argv)
     /* the prediction: woffload-replay's, with the policy written */
     {
         uint64_t dev = 0, off = 0;
+        char s4[32];
+
         for (ssize_t i = 0; i < n; i++)
             *(items[i].out == WO_PLACE_DEVICE ? &dev : &off) += items[i].size;
-        fprintf(stderr, "fit: budget %s for weights (device %s less the engine's own %s, %s "
-                "kept free)\n", wo_format_size(budget, s1, sizeof(s1)),
-                wo_format_size(resolved, s2, sizeof(s2)), wo_format_size(engine, s3, sizeof(s3)),
+        fprintf(stderr,
+                "fit: budget %s for weights (device %s less the engine's own %s, %s of "
+                "it the process's contexts%s, %s kept free)\n",
+                wo_format_size(budget, s1, sizeof(s1)), wo_format_size(resolved, s2, sizeof(s2)),
+                wo_format_size(engine, s3, sizeof(s3)), wo_format_size(context, s4, sizeof(s4)),
+                a.context                                ? ": --context"
+                : wo_trace_data_info(d, "context_bytes") ? ": the trace's"
+                                                         : ": none recorded",
                 wo_format_size(fit.keep_free, err, sizeof(err)));
         fprintf(stderr, "fit: on the device %s, offloaded (%s) %s\n", wo_format_size(dev, s1, sizeof(s1)),
                 wo_placement_to_string(fit.rest), wo_format_size(off, s2, sizeof(s2)));

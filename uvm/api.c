@@ -233,6 +233,8 @@ int wo_api_seal(void)
     if (wo_uvm.policy) {
         if (wo_uvm.placing)
             r = wo_place_seal();
+        else
+            wo_place_context_for_trace(); /* a run recorded for woffload-policy fit */
         for (size_t i = 0; i + 1 < wo_uvm.nrule_counts; i++)
             if (wo_uvm.rule_counts[i].names == 0)
                 wo_warn("seal: %s matched nothing",

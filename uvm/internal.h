@@ -187,7 +187,9 @@ struct wo_uvm_state {
                                   * on the device with the default: out of the budget */
         uint64_t context_bytes;  /* the process's device memory beyond its allocations at
                                   * fit's choice (NVML): its CUDA contexts, modules; out of
-                                  * the budget (wo_place_context_bytes) */
+                                  * the budget (wo_place_context_bytes); also measured at
+                                  * seal for a trace (wo_place_context_for_trace) */
+        bool context_known;      /* context_bytes was measured (NVML could tell) */
         uint64_t returned_bytes; /* ... placed on the device for good: the slots stayed empty */
         uint64_t yielded_bytes;  /* fit's device weights moved to the host for the engine's
                                   * allocations after seal (wo_place_fit_yield) */

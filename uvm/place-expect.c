@@ -99,7 +99,7 @@ static bool plan_fit(const struct wo_driver *d)
     struct wo_fit_item *v = calloc(n ? n : 1, sizeof(*v));
     bool *lendable = calloc(n ? n : 1, sizeof(*lendable));
     struct wo_fit_split sp;
-    uint64_t cap_room, engine, bound_host, bound_device;
+    uint64_t cap_room, engine, bound_host, bound_device, context;
     char said[320];
     bool ok = false;
 
@@ -132,7 +132,8 @@ static bool plan_fit(const struct wo_driver *d)
      * line says what NVML measured then) */
     engine = wo_place_engine_bytes();
     wo_place_bind_bytes(&bound_host, &bound_device);
-    engine += wo_place_context_bytes(engine + bound_device, said, sizeof(said));
+    (void)wo_place_context_bytes(engine + bound_device, &context, said, sizeof(said));
+    engine += context;
     wo_place_fit_split(fit, v, lendable, false, n, wo_fit_budget(fit, total_b, free_b, engine),
                        cap_room, &sp);
     for (size_t i = 0; i < n; i++)

@@ -58,7 +58,7 @@ uint64_t wo_place_untagged(const struct wo_alloc *a)
  * Under llama-server at --fit 14012MiB the process held 675 MiB that no
  * allocation explained (the engine's context, its modules) and ran 1.04x
  * over the fit size (bench/results/llamacpp-serve-20261205b-p32-fit-h100). */
-uint64_t wo_place_context_bytes(uint64_t allocated, char *said, size_t saidlen)
+int wo_place_context_bytes(uint64_t allocated, uint64_t *bytes, char *said, size_t saidlen)
 {
     const struct wo_driver *d = wo_uvm_driver();
     int dom = 0, bus = 0, slot = 0;
@@ -73,16 +73,35 @@ uint64_t wo_place_context_bytes(uint64_t allocated, char *said, size_t saidlen)
         d->cuDeviceGetAttribute(&bus, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev) != CUDA_SUCCESS ||
         d->cuDeviceGetAttribute(&slot, CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID, dev) != CUDA_SUCCESS) {
         snprintf(said, saidlen, "the device's PCI address not known");
-        return 0;
+        *bytes = 0;
+        return -1;
     }
     if (wo_nvml_process_bytes((unsigned)dom, (unsigned)bus, (unsigned)slot, (int)getpid(), &proc,
                               why, sizeof(why)) < 0) {
         snprintf(said, saidlen, "%s", why);
-        return 0;
+        *bytes = 0;
+        return -1;
     }
     snprintf(said, saidlen, "NVML: the process holds %s, its allocations %s",
              wo_format_size(proc, b1, sizeof(b1)), wo_format_size(allocated, b2, sizeof(b2)));
-    return proc > allocated ? proc - allocated : 0;
+    *bytes = proc > allocated ? proc - allocated : 0;
+    return 0;
+}
+
+void wo_place_context_for_trace(void)
+{
+    uint64_t host, device, bytes;
+    char said[320];
+
+    if (!wo_settings()->trace || (wo_uvm.g && wo_uvm.g->fit.enabled))
+        return;
+    wo_place_bind_bytes(&host, &device);
+    if (wo_place_context_bytes(wo_place_engine_bytes() + device, &bytes, said, sizeof(said)) < 0) {
+        wo_debug("trace: no context_bytes recorded (%s)", said);
+        return;
+    }
+    __atomic_store_n(&wo_uvm.fit.context_bytes, bytes, __ATOMIC_RELAXED);
+    __atomic_store_n(&wo_uvm.fit.context_known, true, __ATOMIC_RELEASE);
 }
 
 static uint64_t untagged_to_device(void)
@@ -240,6 +259,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     size_t n = 0;
     uint64_t engine = 0, resident = 0, rest = 0, budget, untagged, context;
     uint64_t bound_host, bound_device;
+    bool context_known;
     struct wo_fit_split sp;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
     char b9[32], b10[32], untagged_said[96] = "", context_said[320], context_line[400];
@@ -288,7 +308,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
     resident += bound_device;
     /* the contexts come out of the fit size as the engine's allocations do;
      * the late-bound device granules are in NVML's figure and the budget's */
-    context = wo_place_context_bytes(engine + bound_device, context_said, sizeof(context_said));
+    context_known = wo_place_context_bytes(engine + bound_device, &context, context_said,
+                                           sizeof(context_said)) == 0;
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine + context);
     untagged = untagged_to_device();
     wo_place_fit_split(fit, v, lendable, true, n, budget - WO_MIN(untagged, budget), UINT64_MAX,
@@ -311,6 +332,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.engine_bytes = engine;
     wo_uvm.fit.untagged_bytes = untagged;
     wo_uvm.fit.context_bytes = context;
+    __atomic_store_n(&wo_uvm.fit.context_known, context_known, __ATOMIC_RELEASE);
     wo_uvm.fit.names = n;
     wo_uvm.fit.staging_bytes = sp.staging;
     wo_uvm.fit.reserve_bytes = sp.reserve;

@@ -103,9 +103,14 @@ uint64_t wo_place_untagged(const struct wo_alloc *a);
 /* The process's device memory that no allocation explains (issue 41): its
  * CUDA contexts, loaded modules, memory pools' slack: NVML's figure for
  * this process on the current device less `allocated` (the device
- * allocations the shim saw). 0 where NVML cannot tell, with the reason in
- * said (else what was measured), for fit's seal line. */
-uint64_t wo_place_context_bytes(uint64_t allocated, char *said, size_t saidlen);
+ * allocations the shim saw), in *bytes. 0, or -1 (*bytes 0) where NVML
+ * cannot tell; said gets what was measured or why not, for fit's seal
+ * line. */
+int wo_place_context_bytes(uint64_t allocated, uint64_t *bytes, char *said, size_t saidlen);
+/* At seal where a trace is recorded and fit did not measure it already:
+ * the same figure, for the trace's INFO context_bytes (uvm/record.c), so
+ * that woffload-policy fit takes it out of --device as fit does. */
+void wo_place_context_for_trace(void);
 /* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
  * before the bytes): the reserve for the engine's allocations after seal,
  * room for the streaming executor's slots (none for routed experts with

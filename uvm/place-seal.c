@@ -97,6 +97,8 @@ int wo_place_seal(void)
         wo_uvm.device_budget = wo_policy_device_budget(wo_uvm.policy, total_b, free_b);
         if (wo_uvm.g->fit.enabled)
             wo_place_fit(free_b, total_b);
+        else
+            wo_place_context_for_trace(); /* for woffload-policy fit */
         wo_debug("device budget for managed memory: %s of %s",
                  wo_format_size(wo_uvm.device_budget, b1, sizeof(b1)),
                  wo_format_size(total_b, b2, sizeof(b2)));

@@ -258,6 +258,14 @@ void wo_record_event(const struct wo_event *ev, const struct wo_trace_tag *tag)
         snprintf(buf, sizeof(buf), "%llu",
                  (unsigned long long)__atomic_load_n(&wo_uvm.device_budget, __ATOMIC_ACQUIRE));
         wo_trace_info(trace, "device_budget", buf);
+        /* what the process held beyond its allocations at seal (NVML):
+         * woffload-policy fit takes it out of --device as fit does */
+        if (__atomic_load_n(&wo_uvm.fit.context_known, __ATOMIC_ACQUIRE)) {
+            snprintf(
+                buf, sizeof(buf), "%llu",
+                (unsigned long long)__atomic_load_n(&wo_uvm.fit.context_bytes, __ATOMIC_RELAXED));
+            wo_trace_info(trace, "context_bytes", buf);
+        }
         break;
     }
     default:
