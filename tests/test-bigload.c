@@ -564,6 +564,21 @@ static int run(char **argv, const char *scenario, const char *policy, const char
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+/* cmd's output (stdout; its stderr where cmd says 2>&1) into out; 0, or -1
+ * where it could not run or did not exit 0. */
+static int command_output(const char *cmd, char *out, size_t len)
+{
+    FILE *pf = popen(cmd, "r");
+    size_t got;
+
+    out[0] = '\0';
+    if (!pf)
+        return -1;
+    got = fread(out, 1, len - 1, pf);
+    out[got] = '\0';
+    return pclose(pf) == 0 ? 0 : -1;
+}
+
 /* How many names containing `what` the stats place on the device. */
 static int on_device(const char *stats, const char *what)
 {
@@ -858,7 +873,6 @@ int main(int argc, char **argv)
             char tr[] = "/tmp/test-bigload-trace-XXXXXX", envt[64], cmd[8400], out[4096] = "";
             const char *env[] = {lib, mod, envt, NULL};
             int tfd = mkstemp(tr);
-            FILE *pf;
 
             snprintf(lib, sizeof(lib), "WOFFLOAD_NVML_LIB=%s", getenv("WO_FAKE_NVML"));
             snprintf(envt, sizeof(envt), "WOFFLOAD_TRACE=%s", tr);
@@ -870,26 +884,14 @@ int main(int argc, char **argv)
                 run(argv, "fitnvmltrace", hand_policy, env, stats, sizeof(stats), err, sizeof(err));
             CHECK(rc == 0);
             snprintf(cmd, sizeof(cmd), "%s summary %s 2>&1", getenv("WO_TRACE_TOOL"), tr);
-            pf = popen(cmd, "r");
-            CHECK(pf != NULL);
-            if (pf) {
-                size_t got = fread(out, 1, sizeof(out) - 1, pf);
-                out[got] = '\0';
-                pclose(pf);
-            }
+            CHECK(command_output(cmd, out, sizeof(out)) == 0);
             CHECK(strstr(out, "context_bytes          16777216") != NULL);
             if (!strstr(out, "context_bytes          16777216"))
                 fprintf(stderr, "--- fitnvmltrace: summary:\n%s\n", out);
             snprintf(cmd, sizeof(cmd),
                      "%s fit --trace %s --device 200MiB --keep-free 0 2>&1 >/dev/null",
                      getenv("WO_POLICY_TOOL"), tr);
-            pf = popen(cmd, "r");
-            CHECK(pf != NULL);
-            if (pf) {
-                size_t got = fread(out, 1, sizeof(out) - 1, pf);
-                out[got] = '\0';
-                pclose(pf);
-            }
+            CHECK(command_output(cmd, out, sizeof(out)) == 0);
             CHECK(strstr(out, "16.00 MiB of it the process's contexts: the trace's") != NULL);
             if (!strstr(out, "16.00 MiB of it the process's contexts: the trace's"))
                 fprintf(stderr, "--- fitnvmltrace: woffload-policy fit:\n%s\n", out);
