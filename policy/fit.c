@@ -68,10 +68,16 @@ static bool shared_comp(const char *c, size_t len)
     return has(c, len, "shared_expert") || (has(c, len, "ffn_") && has(c, len, "_shexp"));
 }
 
+/* llama.cpp's (GGUF's) ffn_up_exps, ffn_gate_exps, ffn_down_exps */
+static bool gguf_experts_comp(const char *c, size_t len)
+{
+    return has(c, len, "ffn_") && ends(c, len, "_exps");
+}
+
 static bool experts_comp(const char *c, size_t len)
 {
     /* mlp.experts.N, block_sparse_moe.experts.N, llama.cpp ffn_up_exps */
-    return is(c, len, "experts") || (has(c, len, "ffn_") && ends(c, len, "_exps"));
+    return is(c, len, "experts") || gguf_experts_comp(c, len);
 }
 
 static bool head_comp(const char *c, size_t len)
@@ -111,6 +117,22 @@ int wo_fit_class(const char *name)
     if (any_component(name, attn_comp))
         return 1;
     return 2;
+}
+
+bool wo_gguf_experts_name(const char *name)
+{
+    return name && any_component(name, gguf_experts_comp);
+}
+
+uint64_t wo_fit_picks_room(const struct wo_fit_item *v, size_t n, unsigned buffers, bool gguf_picks)
+{
+    uint64_t largest = 0;
+
+    for (size_t i = 0; i < n; i++)
+        if (v[i].out != WO_PLACE_DEVICE && wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS &&
+            (gguf_picks || !wo_gguf_experts_name(v[i].name)))
+            largest = WO_MAX(largest, v[i].size);
+    return largest * buffers;
 }
 
 /* ---- budget ---- */

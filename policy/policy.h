@@ -319,6 +319,9 @@ uint64_t wo_budget_resolve(const struct wo_budget *b, uint64_t device_total, uin
  * (policy/fit.c). Unknown: 2. NULL: 2. */
 int wo_fit_class(const char *name);
 #define WO_FIT_CLASS_EXPERTS 4 /* wo_fit_class of routed experts */
+/* Whether name is a GGUF (llama.cpp) routed-experts tensor, a component
+ * ffn_*_exps: blk.3.ffn_up_exps.weight. */
+bool wo_gguf_experts_name(const char *name);
 
 struct wo_fit_item {
     const char *name;
@@ -328,6 +331,13 @@ struct wo_fit_item {
     bool movable;            /* false: cannot go to the device (already in pinned host memory): gets HOST */
     enum wo_placement out;   /* result */
 };
+
+/* The device bytes for the router's picked copies (uvm/picks.c): `buffers`
+ * buffers of the largest routed-experts tensor that v[].out sends off the
+ * device, for one stream of the engine; GGUF ones (wo_gguf_experts_name)
+ * only with gguf_picks (the ggml hook registers picks for them). */
+uint64_t wo_fit_picks_room(const struct wo_fit_item *v, size_t n, unsigned buffers,
+                           bool gguf_picks);
 
 /* The device bytes fit may give to weights: device (bytes, or ppm of
  * device_total) minus engine_bytes (device memory the engine holds besides

@@ -257,6 +257,36 @@ static void choose_is_deterministic(void **state)
     assert_int_equal(wo_fit_choose(&f, NULL, 0, 20), 0);
 }
 
+/* The picked copies' room: buffers of the largest routed-experts tensor
+ * off the device; llama.cpp's (GGUF) ones only where the ggml hook
+ * registers picks for them. */
+static void picks_room(void **state)
+{
+    struct wo_fit_item v[] = {
+        {"model.layers.0.mlp.experts.gate_up_proj", 96 * MiB, -1, WO_PLACE_UNSET, true,
+         WO_PLACE_HOST},
+        {"model.layers.1.mlp.experts.gate_up_proj", 128 * MiB, -1, WO_PLACE_UNSET, true,
+         WO_PLACE_DEVICE},
+        {"blk.0.ffn_up_exps.weight", 64 * MiB, -1, WO_PLACE_UNSET, true, WO_PLACE_HOST},
+        {"model.layers.0.self_attn.o_proj.weight", 256 * MiB, -1, WO_PLACE_UNSET, true,
+         WO_PLACE_HOST},
+    };
+    (void)state;
+
+    assert_true(wo_gguf_experts_name("blk.0.ffn_up_exps.weight"));
+    assert_true(wo_gguf_experts_name("blk.12.ffn_down_exps.weight"));
+    assert_false(wo_gguf_experts_name("blk.0.ffn_up_shexp.weight"));
+    assert_false(wo_gguf_experts_name("model.layers.0.mlp.experts.gate_up_proj"));
+    assert_false(wo_gguf_experts_name(NULL));
+    /* the 96 MiB one: the 128 MiB one stays on the device, attention is no expert */
+    assert_int_equal(wo_fit_picks_room(v, 4, 3, true), 3 * 96 * MiB);
+    assert_int_equal(wo_fit_picks_room(v, 4, 3, false), 3 * 96 * MiB);
+    /* GGUF only: its room only where the ggml hook registers picks */
+    assert_int_equal(wo_fit_picks_room(v + 2, 2, 3, true), 3 * 64 * MiB);
+    assert_int_equal(wo_fit_picks_room(v + 2, 2, 3, false), 0);
+    assert_int_equal(wo_fit_picks_room(NULL, 0, 3, true), 0);
+}
+
 static struct wo_policy *load(const char *yaml, struct wo_diags *d)
 {
     struct wo_policy *p = NULL;
@@ -376,6 +406,7 @@ int main(void)
         cmocka_unit_test(choose_by_weight),
         cmocka_unit_test(choose_fixed_and_unmovable),
         cmocka_unit_test(choose_is_deterministic),
+        cmocka_unit_test(picks_room),
         cmocka_unit_test(key_parses_and_dumps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -178,22 +178,21 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
  * so while auto reads in place and the slots stay empty the room holds
  * weights, and when the slots grow the planner gives it back. Returns the
  * bytes lent. */
-/* The device bytes the router's picked copies take when fit's first
- * choice (fit_staging's) sends routed experts off the device and
- * WOFFLOAD_PICKS is on: WOFFLOAD_PICKS_BUFFERS buffers of the largest such
- * tensor, for one stream of the engine (uvm/picks.c; 1.5 GiB on the H200's
- * 128-expert shape, which fit did not count: the process's peak passed the
- * fit size). An engine that never registers picks leaves it unused. */
+/* The device bytes the router's picked copies take (policy/fit.c,
+ * wo_fit_picks_room) when WOFFLOAD_PICKS is on: 1.5 GiB on the H200's
+ * 128-expert shape, which fit did not count (the process's peak passed the
+ * fit size). llama.cpp's expert tensors get picks only where the ggml hook
+ * registers them: WOFFLOAD_GGML_PICKS, _PICKS_FROM or hot experts
+ * (ggml/woffload-ggml.c); with none of those their room would stay empty
+ * (768 MiB of llama-server's 14 GiB at --fit 14012MiB). An engine that never
+ * registers picks leaves it unused. */
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
-    uint64_t largest = 0;
+    const struct wo_settings *s = wo_settings();
+    bool ggml = s->ggml_picks > 0 || s->ggml_picks_from > 0 || s->picks_hot_mib > 0 ||
+                (wo_uvm.g && wo_uvm.g->prefetch.hot_experts != 0);
 
-    if (!wo_settings()->picks)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        if (v[i].out != WO_PLACE_DEVICE && wo_fit_class(v[i].name) == WO_FIT_CLASS_EXPERTS)
-            largest = WO_MAX(largest, v[i].size);
-    return largest * wo_settings()->picks_buffers;
+    return s->picks ? wo_fit_picks_room(v, n, s->picks_buffers, ggml) : 0;
 }
 
 static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
