@@ -18,7 +18,9 @@ is a row's median over the reference row's (--ref, default plain, else the
 first row): throughput and ITL p99 as ratios, the device memory too, so
 that a comparison at equal memory shows whether it was one. Greedy: the
 greedy prompts sent alone to the idle server after the sweep, against
-plain's (every run of the row).
+plain's (every run of the row). Below the tables, the shim's books of each
+run that left its stats (stats.json or stats.json.gz): what fit chose and
+what was copied.
 
 The device memory is the devices' used memory less what they used before
 the server started (bench/llamacpp-serve.sh writes it to the row's
@@ -182,6 +184,52 @@ def table(rows: Dict[Tuple[int, str], List[Dict[str, Any]]], order: List[str], r
     return lines
 
 
+def shim_stats(rowdir: str) -> Optional[Dict[str, Any]]:
+    """The shim's stats at exit of the row's server (stats.json, or its
+    gzip as the results keep it), None for a row without them."""
+    import gzip
+    for name, opener in (("stats.json", open), ("stats.json.gz", gzip.open)):
+        path = os.path.join(rowdir, name)
+        if os.path.isfile(path):
+            try:
+                with opener(path, "rt") as f:
+                    return json.load(f)
+            except (OSError, ValueError, EOFError) as e:
+                sys.stderr.write(f"llamacpp-serve-table: {path}: {e}: skipped\n")
+    return None
+
+
+def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[str]:
+    """The shim's own figures of each run that left its stats: what fit
+    chose (MiB: the budget, weights on the device, room for staging slots
+    and picked copies' buffers, the reserve, the process's contexts that
+    came out of it) and what was copied (the executor's staging copies, the
+    picked copies)."""
+    def mib(b: Optional[float]) -> str:
+        return "-" if b is None else f"{b / 1048576:,.0f}"
+
+    lines: List[str] = []
+    for _, reps in sorted(rows.items()):
+        for rep in reps:
+            st = shim_stats(os.path.join(root, rep["_run"]))
+            if not st:
+                continue
+            fit = st.get("fit") or {}
+            if not lines:
+                lines += ["", "### The shim's books (its stats at exit; MiB)", "",
+                          "| run | fit budget | weights on the device | slots' room (lent) | picked copies' room "
+                          "| reserve | contexts | staging copies | picked copies |",
+                          "|---|---|---|---|---|---|---|---|---|"]
+            lent = fit.get("lent_bytes")
+            lines.append(
+                f"| {rep['_run']} | {mib(fit.get('budget'))} | {mib(fit.get('device_bytes'))} "
+                f"| {mib(fit.get('staging_bytes'))}{f' ({mib(lent)})' if lent else ''} "
+                f"| {mib(fit.get('picks_bytes'))} | {mib(fit.get('reserve_bytes'))} "
+                f"| {mib(fit.get('context_bytes'))} | {(st.get('stream') or {}).get('staged', '-')} "
+                f"| {(st.get('picks') or {}).get('staged', '-')} |")
+    return lines
+
+
 def peak_mib(rowdir: str) -> int:
     """The most device memory the server process of the row in rowdir held
     in any phase (its sweep.json), MiB; ValueError when there is none."""
@@ -229,7 +277,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if n not in order:
             order.append(n)
     print(f"# llama-server rows side by side ({a.root})")
-    print("\n".join(table(rows, order, a.ref)))
+    print("\n".join(table(rows, order, a.ref) + books(a.root, rows)))
     return 0
 
 

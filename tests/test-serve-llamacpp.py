@@ -963,6 +963,33 @@ class TestServeTableMemory(unittest.TestCase):
             r = py("llamacpp-serve-table.py", "--peak-mib", os.path.join(out, "p4-shim"))
             self.assertEqual((r.returncode, r.stdout.strip()), (0, "1200"), r.stderr)
 
+    def test_books(self) -> None:
+        """The shim's books: one line for each run that left its stats (as
+        written, or gzipped as the results keep them), none for the others."""
+        import gzip
+        with tempfile.TemporaryDirectory() as out:
+            for row in ("ref", "shim-fit", "shim-exps"):
+                d = os.path.join(out, f"p4-{row}")
+                os.makedirs(d)
+                with open(os.path.join(d, "sweep.json"), "w") as f:
+                    json.dump({"phases": [{"closed": 4, "memory": {"gpu_pid_mib": {"max": 100}},
+                                           "summary": {"steady": {"output_tok_s": 10.0}, "itl_ms": {},
+                                                       "ttft_ms": {}, "errors": {}}}]}, f)
+            st = {"fit": {"budget": 100 << 20, "device_bytes": 60 << 20, "staging_bytes": 16 << 20,
+                          "lent_bytes": 16 << 20, "picks_bytes": 0, "reserve_bytes": 8 << 20,
+                          "context_bytes": 12 << 20},
+                  "stream": {"staged": 42}, "picks": {"staged": 7}}
+            with gzip.open(os.path.join(out, "p4-shim-fit", "stats.json.gz"), "wt") as f:
+                json.dump(st, f)
+            with open(os.path.join(out, "p4-shim-exps", "stats.json"), "w") as f:
+                json.dump({"stream": {"staged": 5}, "picks": {"staged": 0}}, f)
+            r = py("llamacpp-serve-table.py", out, "--ref", "ref")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("### The shim's books", r.stdout)
+            self.assertIn("| p4-shim-fit | 100 | 60 | 16 (16) | 0 | 8 | 12 | 42 | 7 |", r.stdout)
+            self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 |", r.stdout)
+            self.assertNotIn("| p4-ref |", r.stdout.split("### The shim's books")[1])
+
 
 def salted(argv) -> list:
     """--salt-file: the fake's salt is a count of its starts kept in
