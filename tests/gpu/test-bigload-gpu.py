@@ -22,7 +22,9 @@ for; the cap served the rest as pinned host memory; greedy tokens are
 identical to the free-GPU run; and under fit the device holds what fit
 chose, and the process's device peak above what it held once the blocker
 was in place (sampled every 5 ms from another thread) is at most 1.05x the
-fit size, the free memory less keep_free (issue 41). Exit 77 without torch,
+fit size, the free memory less keep_free (issue 41); where the machine has
+NVML, fit took the process's contexts out of its size (fit.context_bytes
+between 64 MiB and 4 GiB). Exit 77 without torch,
 transformers or a GPU. BIGLOAD_GPU_ROWS=fit-bind (comma-separated) runs only
 those rows after the reference.
 """
@@ -188,6 +190,13 @@ def main() -> int:
                 checks[f"fit kept {fit.get('device_bytes')} B on the device within its budget {fit.get('budget')} B"] = \
                     0 < fit.get("device_bytes", 0) <= fit.get("budget", 0)
                 size = got["free_after_blocker"] - (256 << 20)  # keep_free 256MiB
+                # where the machine has NVML, fit took the process's
+                # contexts out of its size (uvm/place-fit.c): a context and
+                # its modules, not an absurd figure from a wrong layout
+                if nvml_present():
+                    checks[f"fit counted the process's contexts by NVML ({fit.get('context_bytes')} B, "
+                           f"between 64 MiB and 4 GiB)"] = \
+                        (64 << 20) <= fit.get("context_bytes", 0) <= (4 << 30)
                 checks[f"the process's device peak {got['peak_device_bytes']} B at most 1.05x the fit size "
                        f"{size} B (load {got.get('peak_load_bytes')} B, first token "
                        f"{got.get('peak_first_token_bytes')} B, decode {got.get('peak_decode_bytes')} B; "
@@ -201,6 +210,17 @@ def main() -> int:
             if failures:
                 sys.stderr.write(got["stderr"][-4000:])
     return 1 if failures else 0
+
+
+def nvml_present() -> bool:
+    """Whether this machine's NVML loads (libnvidia-ml.so.1, as the shim
+    loads it)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+        return True
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
