@@ -43,7 +43,8 @@
 #   - under `--fit 90%` beside a blocker process leaving half the GGUF's
 #     bytes free, with and without late binding: tokens identical, the
 #     process's device peak within 1.05x the fit size, no more managed
-#     memory than was free (block_row, below);
+#     memory than was free, and where NVML loads, the process's contexts
+#     out of fit's size (64 MiB to 4 GiB) (block_row, below);
 #   - with LLAMA_BENCH (llama-batched-bench), 32 sequences under it with
 #     the copy engine on: it must end with exit status 0 (it hung before
 #     the gate, uvm.h wo_uvm_quiesce_begin, and ended in SIGSEGV when its
@@ -256,7 +257,19 @@ print(f"    free {gib(free)}, fit size {gib(size)}, process peak {gib(peak)} ({p
       f"engine {gib(fit.get('engine_bytes'))}; placed device {gib((pl.get('device') or {}).get('bytes'))}, "
       f"host {gib((pl.get('host') or {}).get('bytes'))}, managed {gib((pl.get('managed') or {}).get('bytes'))}; "
       f"managed cap: least headroom {cap.get('min_headroom')} B over {cap.get('checks')} checks, "
-      f"peak {gib(cap.get('peak'))}, pinned {gib(cap.get('pinned_bytes'))}; late_bind ranges {lb.get('ranges')}")
+      f"peak {gib(cap.get('peak'))}, pinned {gib(cap.get('pinned_bytes'))}; late_bind ranges {lb.get('ranges')}; "
+      f"the process's contexts {gib(fit.get('context_bytes'))}")
+# where the machine has NVML, fit took the process's contexts out of its
+# size: a context and its modules, not a wrong layout's figure
+try:
+    import ctypes
+    ctypes.CDLL("libnvidia-ml.so.1")
+    nvml = True
+except OSError:
+    nvml = False
+if nvml and not (64 << 20) <= fit.get("context_bytes", 0) <= (4 << 30):
+    print(f"    fit's contexts {fit.get('context_bytes')} B: not between 64 MiB and 4 GiB though NVML loads")
+    sys.exit(1)
 ok = (peak <= 1.05 * size and cap.get("peak", 1 << 62) < free and
       # min_headroom is null when no managed allocation was served (the
       # 19.5 GiB model buffer, past the cap, was served as host memory)
