@@ -20,11 +20,14 @@ FINE = ("import sys\n"
         "print('RESULT {\"tokens\": {\"0\": [[1, 2]]}}')\n")
 
 
+# 15 s: both rounds of stacks (2 s apart, each a gdb attach that takes
+# seconds on a loaded two-core machine: CI runs two configurations at once)
+# come before it ends; with 6 s the second round was cut off there
 STALLED = ("import os, sys, time\n"
            "sys.stderr.write(f'woffload: info: libwoffload 0.1.0 loaded (pid {os.getpid()})\\n')\n"
            "sys.stderr.write('woffload: warning: picks: the copy engine looks stuck: test\\n')\n"
            "sys.stderr.flush()\n"
-           "time.sleep(6)\n"
+           "time.sleep(15)\n"
            "print('RESULT {\"tokens\": {}}')\n")
 
 
@@ -51,9 +54,9 @@ class TestWatched(unittest.TestCase):
         # the child goes on and then runs out of time; the hang's tail
         # carries the stacks (they were dropped before: the H100's
         # lazy-loading row, 2026-12-05)
-        got = gpucheck.result([sys.executable, "-c", STUCK], must=False, timeout=12,
+        got = gpucheck.result([sys.executable, "-c", STUCK], must=False, timeout=25,
                               stacks=True, kill_on_stall=False)
-        self.assertIn("still running after 12 s", got.get("error", ""))
+        self.assertIn("still running after 25 s", got.get("error", ""))
         self.assertIn("######## stacks-", got["stderr"])
         self.assertIn("### round 2", got["stderr"])
         self.assertIn("looks stuck", got["stderr"])
