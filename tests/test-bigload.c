@@ -840,13 +840,13 @@ int main(int argc, char **argv)
         static const struct {
             const char *name, *fail, *budget, *context, *said;
         } c[] = {
-            {"fitnvml", NULL, "\"budget\":58720256,", "\"context_bytes\":16777216}",
+            {"fitnvml", NULL, "\"budget\":58720256,", "\"context_bytes\":16777216,\"context_known\":true}",
              "the fit size less 128.00 MiB the engine holds and 16.00 MiB of the process's beyond "
              "its allocations (CUDA contexts, modules; NVML: the process holds 144.00 MiB, its "
              "allocations 128.00 MiB)"},
             {"fitnvmlabsent", "WOFAKE_NVML_FAIL=absent", "\"budget\":75497472,",
-             "\"context_bytes\":0}", "is not among the 1 on 00000000:18:00.0"},
-            {"fitnvmlnolib", NULL, "\"budget\":75497472,", "\"context_bytes\":0}",
+             "\"context_bytes\":0,\"context_known\":false}", "is not among the 1 on 00000000:18:00.0"},
+            {"fitnvmlnolib", NULL, "\"budget\":75497472,", "\"context_bytes\":0,\"context_known\":false}",
              "(the process's CUDA contexts not counted: /nonexistent/libnvidia-ml.so.1 not "
              "loaded"},
         };
