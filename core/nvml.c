@@ -22,6 +22,7 @@ struct nvml_process {
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_VALUE_NOT_AVAILABLE (~0ULL)
 #define NVML_MAX_PROCESSES 256
+#define NVML_LIB_DEFAULT "libnvidia-ml.so.1" /* WOFFLOAD_NVML_LIB's default */
 
 static struct {
     pthread_once_t once;
@@ -55,7 +56,7 @@ static void load(void)
 
     nv.lib = wo_settings()->nvml_lib;
     if (!nv.lib)
-        nv.lib = "libnvidia-ml.so.1";
+        nv.lib = NVML_LIB_DEFAULT;
     if (!sym) {
         snprintf(nv.why, sizeof(nv.why), "%s not loaded: no dlsym handed in", nv.lib);
         return;
@@ -95,7 +96,7 @@ void wo_nvml_check_setting(void)
 {
     const char *lib = wo_settings()->nvml_lib;
 
-    if (!lib || strcmp(lib, "libnvidia-ml.so.1") == 0)
+    if (!lib || strcmp(lib, NVML_LIB_DEFAULT) == 0)
         return;
     pthread_once(&nv.once, load);
     if (!nv.processes)
