@@ -12,11 +12,13 @@
 #   shim-exps      woffload-run --policy examples/llamacpp-ot-exps-cpu.yaml
 #   shim-exps-stream  woffload-run --policy examples/llamacpp-exps-stream.yaml
 #                  (the same, every step's host experts staged into slots)
-#   shim-exps-slotsN  shim-exps with prefetch: {slots: N}, N 1-9 (the policy
-#                  written to OUTROOT): the staging slots' device memory at N of
+#   shim-ROW-slotsN  any shim row with prefetch: {slots: N}, N 1-8 (the policy
+#                  written to OUTROOT; shim-fit-slotsN: --fit with a policy of
+#                  that key alone): the staging slots' device memory at N of
 #                  the expert tensors, for rows at equal memory with llama-ot (on
-#                  the moe32 GGUF at --parallel 32, 3: bench/results/
-#                  llamacpp-serve-20261204c-p32-c32-ot-h200)
+#                  the moe32 GGUF at --parallel 32, shim-exps-slots3: bench/results/
+#                  llamacpp-serve-20261204c-p32-c32-ot-h200); under fit the slots'
+#                  room goes to weights
 #   shim-exps-hotN  shim-exps with prefetch: {hot_experts: NGiB}, N 1-99 (the
 #                  policy written to OUTROOT): every expert host, N GiB of device
 #                  memory kept for the experts the picked copies move most (the
@@ -113,26 +115,26 @@ for row in $ROWS; do
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE
-    POL=""
+    POL="" SLOTS=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
     case $row in *.[0-9]*) name=${row%.*} ;; esac  # ROW.N: ROW again
     base=$name
-    case $name in
-    shim-*-late) base=${name%-late}; export WOFFLOAD_LATE_BIND=1 ;;
-    shim-*-tail) base=${name%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
-    shim-*-nopicks) base=${name%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
-    shim-*-dma) base=${name%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
-    esac
+    while :; do  # the suffixes, in any order
+        case $base in
+        shim-*-late) base=${base%-late}; export WOFFLOAD_LATE_BIND=1 ;;
+        shim-*-tail) base=${base%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
+        shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
+        shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
+        shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
+        *) break ;;
+        esac
+    done
     case $base in
     plain) R=${R_FAST:-8,16,c$P} ;;
     shim-empty) R=${R_FAST:-8,16,c$P}; POL=examples/empty.yaml ;;
     shim-exps) R=${R_SLOW:-c$P}; POL=examples/llamacpp-ot-exps-cpu.yaml ;;
     shim-exps-stream) R=${R_SLOW:-c$P}; POL=examples/llamacpp-exps-stream.yaml ;;
-    shim-exps-slots[1-9]) R=${R_SLOW:-c$P}; n=${base#shim-exps-slots}
-        POL=$OUTROOT/llamacpp-exps-slots$n.yaml
-        sed "s/^default: device\$/default: device\\nprefetch:\\n  slots: $n/" \
-            "$ROOT/examples/llamacpp-ot-exps-cpu.yaml" >"$POL" ;;
     shim-exps-hot[1-9] | shim-exps-hot[1-9][0-9]) R=${R_SLOW:-c$P}; n=${base#shim-exps-hot}
         POL=$OUTROOT/llamacpp-exps-hot$n.yaml
         sed "s/^default: device\$/default: device\\nprefetch:\\n  hot_experts: ${n}GiB/" \
@@ -172,9 +174,25 @@ for row in $ROWS; do
     esac
     [ "$per" -gt "$left" ] && per=$left
     mkdir -p "$O"
+    case $POL in /* | "") ;; *) POL=$ROOT/$POL ;; esac
+    if [ -n "$SLOTS" ]; then
+        # the row's policy (fit's: none) with prefetch: {slots: N} beside its
+        # default; a policy with a prefetch key of its own is not rewritten
+        if [ -n "$POL" ] && grep -q '^prefetch:' "$POL"; then
+            echo "[serve-rows $(el)s] $row: $POL has a prefetch key already; skipped"; continue
+        fi
+        to=$OUTROOT/$(basename "${POL:-fit.yaml}" .yaml)-slots$SLOTS.yaml
+        if [ -n "$POL" ]; then
+            sed "s/^default: device\$/default: device\\nprefetch:\\n  slots: $SLOTS/" "$POL" >"$to"
+        else
+            printf 'version: 1\ndefault: device\nprefetch:\n  slots: %s\n' "$SLOTS" >"$to"
+        fi
+        grep -q "^  slots: $SLOTS\$" "$to" || { echo "[serve-rows $(el)s] $row: no default: device in $POL; skipped"; continue; }
+        POL=$to
+    fi
     case $base in
-    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ --stats $O/stats.json --stats-every 1 --" ;;
-    shim-*) case $POL in /*) ;; *) POL=$ROOT/$POL ;; esac
+    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ ${POL:+--policy $POL} --stats $O/stats.json --stats-every 1 --" ;;
+    shim-*)
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     # the greedy ids to match: plain's, else llama-ot's when it ran first

@@ -868,7 +868,7 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10 shim-fit-nopicks-slots2",
                    R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
@@ -901,12 +901,13 @@ class TestRows(unittest.TestCase):
         self.assertIn("--cache-ram 0", open(os.path.join(out, "p4-plain", "machine.txt")).read())
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
         # the equal-memory row: the experts-host policy with three staging slots (shim-exps-slotsN)
-        pol = os.path.join(out, "llamacpp-exps-slots3.yaml")
+        pol = os.path.join(out, "llamacpp-ot-exps-cpu-slots3.yaml")
         # -nopicks: WOFFLOAD_GGML_PICKS_FROM=0 for that row alone (the shim's
         # rows in order: shim-exps, shim-exps-slots3-nopicks, shim-fit)
         with open(os.path.join(tools, "runs")) as f:
             runs = [x.split()[0] for x in f.read().splitlines()]
-        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset"])
+        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset",
+                                "PICKS_FROM=0"])
         # shim-ncmoe10: llama.cpp's --n-cpu-moe rule for layers 0-9
         with open(os.path.join(out, "llamacpp-n-cpu-moe10.yaml")) as f:
             self.assertIn("  - name: experts-of-layers-0-9\n"
@@ -931,6 +932,12 @@ class TestRows(unittest.TestCase):
         self.assertIn("shim-fit: FIT=from:peer: --fit 7481MiB", r.stdout)
         with open(os.path.join(out, "p4-shim-fit", "machine.txt")) as f:
             self.assertIn("woffload-run --fit 7481MiB --stats", f.read())
+        # suffixes in any order; fit with two slots: --fit and a policy of that key alone
+        fpol = os.path.join(out, "fit-slots2.yaml")
+        with open(fpol) as f:
+            self.assertEqual(f.read(), "version: 1\ndefault: device\nprefetch:\n  slots: 2\n")
+        with open(os.path.join(out, "p4-shim-fit-nopicks-slots2", "machine.txt")) as f:
+            self.assertIn(f"woffload-run --fit 7481MiB --policy {fpol} --stats", f.read())
 
 
 class TestServeTableMemory(unittest.TestCase):
