@@ -36,6 +36,11 @@
 #                  to OUTROOT): a layer more than llama-ncmoe8 gives back
 #                  the room of the shim's staging (one moe32 layer's experts:
 #                  1,152 MiB), for rows at equal memory
+#   shim-ncmoe-odd the experts of the odd layers host (8 of the moe32 GGUF's 16,
+#                  as llama-ncmoe8's memory; the policy written to OUTROOT): the
+#                  same bytes off the device as shim-ncmoe8, spread through the
+#                  step, so that each host layer's copies run beside a resident
+#                  layer's compute rather than after eight of them
 #   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
 #   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
 #                  row was measured to use, for a row at equal memory; FIT=from:ROW
@@ -148,6 +153,10 @@ for row in $ROWS; do
         alt=$(seq -s '|' 0 $((n - 1)))
         sed -e "s/^  - name: experts-of-layers-0-7\$/  - name: experts-of-layers-0-$((n - 1))/" \
             -e 's/\\\.\[0-7\]\\\./\\.('"$alt"')\\./' \
+            "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
+    shim-ncmoe-odd) R=${R_MID:-1.5,3,c$P}; POL=$OUTROOT/llamacpp-n-cpu-moe-odd.yaml
+        sed -e 's/^  - name: experts-of-layers-0-7$/  - name: experts-of-the-odd-layers/' \
+            -e 's/\\\.\[0-7\]\\\./\\.[0-9]*[13579]\\./' \
             "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"

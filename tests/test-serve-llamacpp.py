@@ -868,7 +868,7 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10 shim-fit-nopicks-slots2",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10 shim-fit-nopicks-slots2 shim-ncmoe-odd",
                    R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
@@ -907,11 +907,14 @@ class TestRows(unittest.TestCase):
         with open(os.path.join(tools, "runs")) as f:
             runs = [x.split()[0] for x in f.read().splitlines()]
         self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset",
-                                "PICKS_FROM=0"])
+                                "PICKS_FROM=0", "PICKS_FROM=unset"])
         # shim-ncmoe10: llama.cpp's --n-cpu-moe rule for layers 0-9
         with open(os.path.join(out, "llamacpp-n-cpu-moe10.yaml")) as f:
             self.assertIn("  - name: experts-of-layers-0-9\n"
                           "    regex: '^blk\\.(0|1|2|3|4|5|6|7|8|9)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
+        with open(os.path.join(out, "llamacpp-n-cpu-moe-odd.yaml")) as f:
+            self.assertIn("  - name: experts-of-the-odd-layers\n"
+                          "    regex: '^blk\\.[0-9]*[13579]\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
         self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3-nopicks", "machine.txt")).read())
         with open(pol) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 3\nrules:", f.read())
