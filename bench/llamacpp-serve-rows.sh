@@ -59,6 +59,9 @@
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their
 #                  buffers (768 MiB on the moe32 GGUF, beside 4 slots' 1536): what
 #                  that band is worth in serving, at what memory
+#   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
+#                  equal-value tensors on the device in the engine's order (the
+#                  first layers'), not spread through the step, to measure the change
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -119,7 +122,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
-        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD
     POL="" SLOTS=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -131,6 +134,7 @@ for row in $ROWS; do
         shim-*-tail) base=${base%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
         shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
+        shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
         *) break ;;
         esac
