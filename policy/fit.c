@@ -181,9 +181,66 @@ static int ord_cmp(const void *pa, const void *pb)
     return a->i < b->i ? -1 : a->i > b->i;
 }
 
+/* Equal in everything but the index: one run of equal value. */
+static bool same_value(const struct ord *a, const struct ord *b)
+{
+    return a->tier == b->tier && a->wkey == b->wkey && a->cls == b->cls;
+}
+
+/* x's low `bits` bits in reverse order. */
+static size_t bit_reverse(size_t x, unsigned bits)
+{
+    size_t r = 0;
+
+    for (unsigned b = 0; b < bits; b++, x >>= 1)
+        r = r << 1 | (x & 1);
+    return r;
+}
+
+/* First fit: the item goes to the device while the charged total stays
+ * within budget, else to rest. */
+static void take(struct wo_fit_item *it, uint64_t budget, uint64_t *charged, enum wo_placement rest)
+{
+    if (it->size <= budget && *charged <= budget - it->size) {
+        it->out = WO_PLACE_DEVICE;
+        *charged += it->size;
+    } else {
+        it->out = rest;
+    }
+}
+
+/* The run o[0..m) (equal value, in index order) taken spread through it:
+ * the ranks in bit-reversed order (van der Corput: for b = ceil(log2 m)
+ * bits, x = 0..2^b-1 gives rank bitreverse_b(x) where that is below m).
+ * The first 2^j of that order are every 2^(b-j)-th rank, and any prefix
+ * lies between two such sets, so whatever prefix the budget takes is
+ * spread evenly through the run, and so is what it leaves: the streaming
+ * executor then copies an off-device tensor while the device ones before
+ * it compute, where in index order the last layers' tensors went off the
+ * device as one block that the step waited for on the link (the copy
+ * engine idled 21% of llama-server's streaming steps: 38.1 GB/s over them against
+ * 48.2 while it copied, bench/results/llamacpp-serve-20261205b-p32-fit-h100). The order depends
+ * on the run alone, never on the budget: for equal-size items first fit
+ * takes a prefix of it, so a larger budget's device set contains a
+ * smaller one's, as in index order. */
+static void take_spread(const struct ord *o, size_t m, struct wo_fit_item *v, uint64_t budget,
+                        uint64_t *charged, enum wo_placement rest)
+{
+    unsigned bits = 0;
+
+    while (((size_t)1 << bits) < m)
+        bits++;
+    for (size_t x = 0; x < (size_t)1 << bits; x++) {
+        size_t r = bit_reverse(x, bits);
+        if (r < m)
+            take(&v[o[r].i], budget, charged, rest);
+    }
+}
+
 uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget)
 {
     enum wo_placement rest = fit && fit->rest == WO_PLACE_MANAGED ? WO_PLACE_MANAGED : WO_PLACE_HOST;
+    bool spread = !(fit && fit->in_order);
     uint64_t charged = 0;
     struct ord *o;
     size_t no = 0;
@@ -215,12 +272,7 @@ uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n
         }
         if (!o) {
             /* without memory to sort, the given order still gives a valid fit */
-            if (it->size <= budget && charged <= budget - it->size) {
-                it->out = WO_PLACE_DEVICE;
-                charged += it->size;
-            } else {
-                it->out = rest;
-            }
+            take(it, budget, &charged, rest);
             continue;
         }
         o[no].i = i;
@@ -239,14 +291,17 @@ uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n
     }
     if (o) {
         qsort(o, no, sizeof(*o), ord_cmp);
-        for (size_t k = 0; k < no; k++) {
-            struct wo_fit_item *it = &v[o[k].i];
-            if (it->size <= budget && charged <= budget - it->size) {
-                it->out = WO_PLACE_DEVICE;
-                charged += it->size;
-            } else {
-                it->out = rest;
+        /* runs of equal value in importance order; within each, spread
+         * (take_spread) or in index order (fit->in_order) */
+        for (size_t s = 0, e; s < no; s = e) {
+            for (e = s + 1; e < no && same_value(&o[s], &o[e]); e++)
+                ;
+            if (spread) {
+                take_spread(o + s, e - s, v, budget, &charged, rest);
+                continue;
             }
+            for (size_t k = s; k < e; k++)
+                take(&v[o[k].i], budget, &charged, rest);
         }
         free(o);
     }

@@ -115,6 +115,10 @@ struct wo_fit {
     uint64_t reserve;        /* bytes, or WO_FIT_RESERVE_AUTO; default WO_FIT_RESERVE_DEFAULT
                               * (wo_fit_reserve) */
     enum wo_placement rest;  /* WO_PLACE_HOST (default) or WO_PLACE_MANAGED */
+    /* not a policy key: the caller sets it from WOFFLOAD_FIT_SPREAD=0 (A/B
+     * runs). true: tensors of equal value are chosen in the given order,
+     * not spread through it (wo_fit_choose) */
+    bool in_order;
 };
 
 struct wo_policy_globals {
@@ -359,8 +363,11 @@ uint64_t wo_fit_reserve(const struct wo_fit *fit, uint64_t budget);
  * MANAGED kept, else HOST). Importance: known weights above 0 first, higher
  * first (weights within 5% of each other count as equal: a trace's window
  * takes in a prefill step or two), then unknown weights, then weight 0
- * (never read); ties by class ascending, then the given order.
- * Deterministic. Returns the device bytes charged. */
+ * (never read); ties by class ascending. Items equal in all of that are
+ * taken spread through the given order (bit-reversed ranks: every other
+ * one first, then every fourth between them...), so that what goes off the
+ * device is spread through the step too; with fit->in_order, in the given
+ * order. Deterministic. Returns the device bytes charged. */
 uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget);
 
 /* ---- normalized form and counters ---------------------------------------------- */

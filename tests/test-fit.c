@@ -1,7 +1,8 @@
 /* tests/test-fit.c: the automatic fit (policy/fit.c and the `fit:` key):
  * classes of real tensor names (Qwen3-MoE, Mixtral, Llama, GPT-2, llama.cpp
  * spellings), the budget arithmetic, the choice (fixed, unmovable, weights,
- * skip-and-fill, determinism) and the key's parsing and dump. */
+ * skip-and-fill, determinism, equal values spread) and the key's parsing and
+ * dump. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -245,16 +246,115 @@ static void choose_is_deterministic(void **state)
     assert_true(ca <= 300 * MiB);
     for (int i = 0; i < N; i++)
         assert_int_equal(a[i].out, b[i].out);
-    /* equal items: the given order decides */
+    /* equal items: spread through the given order (ranks 0, 2, then 1),
+     * or in it with in_order */
     {
         struct wo_fit_item e[] = {item("x.mlp.w", 10, -1), item("y.mlp.w", 10, -1),
                                   item("z.mlp.w", 10, -1)};
         assert_int_equal(wo_fit_choose(&f, e, 3, 20), 20);
         assert_int_equal(e[0].out, WO_PLACE_DEVICE);
+        assert_int_equal(e[1].out, WO_PLACE_HOST);
+        assert_int_equal(e[2].out, WO_PLACE_DEVICE);
+        f.in_order = true;
+        assert_int_equal(wo_fit_choose(&f, e, 3, 20), 20);
+        assert_int_equal(e[0].out, WO_PLACE_DEVICE);
         assert_int_equal(e[1].out, WO_PLACE_DEVICE);
         assert_int_equal(e[2].out, WO_PLACE_HOST);
+        f.in_order = false;
     }
     assert_int_equal(wo_fit_choose(&f, NULL, 0, 20), 0);
+}
+
+/* Equal-value tensors are spread through the step: 16 layers of two
+ * equal-size expert tensors (one class, one weight), a budget for half of
+ * them. What goes off the device is no block at the end but spread through
+ * the index order; a larger budget's device set contains a smaller one's;
+ * with in_order (WOFFLOAD_FIT_SPREAD=0) the first half stays, as before. */
+enum { SPREAD_LAYERS = 16, SPREAD_N = 2 * SPREAD_LAYERS };
+
+static void spread_items(struct wo_fit_item *v, double weight)
+{
+    static char names[SPREAD_N][64];
+
+    for (int i = 0; i < SPREAD_N; i++) {
+        snprintf(names[i], sizeof(names[i]), "model.layers.%d.mlp.experts.%s", i / 2,
+                 i % 2 ? "down_proj" : "gate_up_proj");
+        v[i] = item(names[i], 100 * MiB, weight);
+    }
+}
+
+/* The longest run of consecutive off-device items in index order. */
+static int longest_off_run(const struct wo_fit_item *v, size_t n)
+{
+    int run = 0, longest = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        run = v[i].out == WO_PLACE_DEVICE ? 0 : run + 1;
+        longest = run > longest ? run : longest;
+    }
+    return longest;
+}
+
+static void choose_spreads_equal_values(void **state)
+{
+    static const double weights[] = {-1, 1.0}; /* by class only; by reads per step */
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_HOST};
+    struct wo_fit_item v[SPREAD_N], prev[SPREAD_N];
+    (void)state;
+
+    for (size_t w = 0; w < WO_ARRAY_SIZE(weights); w++) {
+        int off_low = 0, off_high = 0;
+
+        spread_items(v, weights[w]);
+        f.in_order = false;
+        assert_int_equal(wo_fit_choose(&f, v, SPREAD_N, SPREAD_N / 2 * 100 * MiB),
+                         SPREAD_N / 2 * 100 * MiB);
+        for (int i = 0; i < SPREAD_N; i++) {
+            bool off = v[i].out == WO_PLACE_HOST;
+            off_low += off && i < SPREAD_N / 2;
+            off_high += off && i >= SPREAD_N / 2;
+        }
+        /* half each side, never more than 2 off the device in a row */
+        assert_int_equal(off_low, SPREAD_N / 4);
+        assert_int_equal(off_high, SPREAD_N / 4);
+        if (longest_off_run(v, SPREAD_N) > 2)
+            fail_msg("weight %g: %d off the device in a row", weights[w],
+                     longest_off_run(v, SPREAD_N));
+        /* every budget from none to all: spread at each (no run of off-device
+         * items longer than twice the even share), and a larger budget's
+         * device set contains a smaller one's */
+        for (int k = 0; k <= SPREAD_N; k++) {
+            int dev = 0, cap;
+
+            assert_int_equal(wo_fit_choose(&f, v, SPREAD_N, (uint64_t)k * 100 * MiB),
+                             (uint64_t)k * 100 * MiB);
+            for (int i = 0; i < SPREAD_N; i++) {
+                dev += v[i].out == WO_PLACE_DEVICE;
+                if (k && prev[i].out == WO_PLACE_DEVICE && v[i].out != WO_PLACE_DEVICE)
+                    fail_msg("budget %d: item %d left the device it had at %d", k, i, k - 1);
+            }
+            assert_int_equal(dev, k);
+            /* twice ceil((n - k) / k), the off-device items per device one */
+            cap = k ? 2 * ((SPREAD_N - 1) / k) : SPREAD_N;
+            if (longest_off_run(v, SPREAD_N) > (cap > 1 ? cap : 1))
+                fail_msg("budget %d: %d off the device in a row", k, longest_off_run(v, SPREAD_N));
+            memcpy(prev, v, sizeof(v));
+        }
+        /* in_order: the registration order, the first half on the device */
+        f.in_order = true;
+        assert_int_equal(wo_fit_choose(&f, v, SPREAD_N, SPREAD_N / 2 * 100 * MiB),
+                         SPREAD_N / 2 * 100 * MiB);
+        for (int i = 0; i < SPREAD_N; i++)
+            assert_int_equal(v[i].out, i < SPREAD_N / 2 ? WO_PLACE_DEVICE : WO_PLACE_HOST);
+    }
+    /* only equal values are spread: a clearly hotter second half comes first */
+    spread_items(v, 1.0);
+    for (int i = SPREAD_N / 2; i < SPREAD_N; i++)
+        v[i].weight = 2.0;
+    f.in_order = false;
+    wo_fit_choose(&f, v, SPREAD_N, SPREAD_N / 2 * 100 * MiB);
+    for (int i = 0; i < SPREAD_N; i++)
+        assert_int_equal(v[i].out, i < SPREAD_N / 2 ? WO_PLACE_HOST : WO_PLACE_DEVICE);
 }
 
 /* The picked copies' room: buffers of the largest routed-experts tensor
@@ -406,6 +506,7 @@ int main(void)
         cmocka_unit_test(choose_by_weight),
         cmocka_unit_test(choose_fixed_and_unmovable),
         cmocka_unit_test(choose_is_deterministic),
+        cmocka_unit_test(choose_spreads_equal_values),
         cmocka_unit_test(picks_room),
         cmocka_unit_test(key_parses_and_dumps),
     };

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "core/registry.h"
+#include "core/settings.h"
 #include "core/trace.h"
 #include "policy/policy.h"
 #include "tools/policy-fit.h"
@@ -170,6 +171,8 @@ static int fit_settings(const struct fit_args *a, struct wo_fit *f)
     f->enabled = true;
     f->keep_free = WO_FIT_KEEP_FREE_DEFAULT;
     f->rest = WO_PLACE_HOST;
+    /* the shim's rule at seal (WOFFLOAD_FIT_SPREAD) */
+    f->in_order = !wo_settings()->fit_spread;
     if (strchr(a->device, '%')) {
         if (parse_pct(a->device, &f->device.ppm) < 0)
             return bad("--device '%s': found a bad percentage, expected one above 0%% and at most "

@@ -253,13 +253,16 @@ static int gpu_buffers(struct wo_gguf *g, uint64_t *cpu_n, uint64_t *cpu_bytes, 
 static int fit_choose(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
                       const long *rule, enum wo_placement *out, uint64_t *room)
 {
-    const struct wo_fit *fit = &wo_policy_globals(p)->fit;
+    struct wo_fit eff = wo_policy_globals(p)->fit;
+    const struct wo_fit *fit = &eff;
     struct wo_fit_item *v = calloc(g->n ? g->n : 1, sizeof(*v));
     uint64_t budget, reserve, charged;
     char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32];
 
     if (!v)
         return -ENOMEM;
+    /* the shim's rule at seal (WOFFLOAD_FIT_SPREAD) */
+    eff.in_order = !wo_settings()->fit_spread;
     budget = wo_fit_budget(fit, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
     reserve = wo_fit_reserve(fit, budget);
     for (size_t i = 0; i < g->n; i++)

@@ -232,6 +232,9 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
     /* reserve: auto, the runs before's high water (fit-memo.c) */
     if (eff.reserve == WO_FIT_RESERVE_AUTO)
         eff.reserve = wo_fit_memo_reserve();
+    /* equal-value tensors spread through the step, or in the engine's
+     * order (WOFFLOAD_FIT_SPREAD=0); the plan at announce and seal alike */
+    eff.in_order = !wo_settings()->fit_spread;
     fit = &eff;
     sp->budget = budget;
     /* the engine's allocations after seal come out of the same budget:
