@@ -1055,6 +1055,14 @@ int main(int argc, char **argv)
         CHECK(rc == 0);
         CHECK(on_device(stats, "self_attn") == 0);
         CHECK(on_device(stats, "experts") == 6);
+        /* the six spread through the order the engine tagged them (every
+         * other layer: policy/fit.c spreads equal values, uvm/place-fit.c
+         * hands them over in tag order), not the allocation hash's */
+        for (unsigned l = 0; l < 12; l++) {
+            char what[64];
+            snprintf(what, sizeof(what), "model.layers.%u.mlp.experts", l);
+            CHECK(on_device(stats, what) == (l % 2 == 0));
+        }
         dump_on_failure(f0, "fitfirst", stats, err);
     }
 

@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -248,6 +249,49 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
     sp->lent = fit_lend(fit, v, lendable, n, sp->staging);
 }
 
+struct tag_ord {
+    uint64_t order;
+    size_t i;
+};
+
+static int tag_ord_cmp(const void *pa, const void *pb)
+{
+    const struct tag_ord *a = pa, *b = pb;
+    return a->order < b->order ? -1 : a->order > b->order;
+}
+
+/* The items in the order the engine tagged them (wo_tag.order), not the
+ * allocation hash's: fit breaks ties by index and spreads names of equal
+ * value through it (policy/fit.c), which means the step's order only where
+ * the index follows the engine's (a model of one allocation a tensor, as
+ * under transformers, came in hash order). Without memory the hash's order
+ * stays: still a valid fit. */
+static void fit_in_tag_order(struct wo_fit_item *v, struct wo_tag **tv, bool *lendable, size_t n)
+{
+    struct tag_ord *o = malloc((n ? n : 1) * sizeof(*o));
+    struct wo_fit_item *v2 = malloc((n ? n : 1) * sizeof(*v2));
+    struct wo_tag **tv2 = malloc((n ? n : 1) * sizeof(*tv2));
+    bool *l2 = malloc((n ? n : 1) * sizeof(*l2));
+
+    if (o && v2 && tv2 && l2) {
+        for (size_t i = 0; i < n; i++)
+            o[i] = (struct tag_ord){tv[i]->order, i};
+        qsort(o, n, sizeof(*o), tag_ord_cmp);
+        for (size_t k = 0; k < n; k++) {
+            v2[k] = v[o[k].i];
+            tv2[k] = tv[o[k].i];
+            l2[k] = lendable[o[k].i];
+        }
+        memcpy(v, v2, n * sizeof(*v));
+        memcpy(tv, tv2, n * sizeof(*tv));
+        memcpy(lendable, l2, n * sizeof(*lendable));
+    }
+    free(o);
+    free(v2);
+    free(tv2);
+    free(l2);
+}
+
 /* Chooses, from every name the engine tagged, what stays on the device
  * under fit: (policy/fit.c decides; this gathers the items and applies the
  * answer to the tags, before seal_alloc() makes it so). Names an explicit
@@ -304,6 +348,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
             }
         }
     }
+    fit_in_tag_order(v, tv, lendable, n);
     /* late-bound ranges' device granules can all move: their memory is
      * the budget's too */
     wo_place_bind_bytes(&bound_host, &bound_device);
