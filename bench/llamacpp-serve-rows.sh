@@ -41,6 +41,10 @@
 #                  same bytes off the device as shim-ncmoe8, spread through the
 #                  step, so that each host layer's copies run beside a resident
 #                  layer's compute rather than after eight of them
+#   shim-spreadN   the experts of N of the LAYERS [16] layers host, spread evenly
+#                  (layer floor((k + 1/2) LAYERS / N) for k < N; N 1-99; the policy
+#                  written to OUTROOT): shim-spread8 is shim-ncmoe-odd, shim-spread9
+#                  gives back the room of its staging as shim-ncmoe9 does
 #   llama-ncmoe8   llama-server --n-cpu-moe 8 -lm none
 #   shim-fit       woffload-run --fit $FIT (FIT: the device memory a llama.cpp
 #                  row was measured to use, for a row at equal memory; FIT=from:ROW
@@ -59,6 +63,9 @@
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their
 #                  buffers (768 MiB on the moe32 GGUF, beside 4 slots' 1536): what
 #                  that band is worth in serving, at what memory
+#   shim-ROW-nolend  any shim row with WOFFLOAD_FIT_LEND=0: fit's room for the
+#                  slots kept empty, not lent to managed weights (which the
+#                  kernels read in place beside the copies while the slots are busy)
 #   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
 #                  equal-value tensors on the device in the engine's order (the
 #                  first layers'), not spread through the step, to measure the change
@@ -85,7 +92,9 @@
 # plain differed by 0.83x at 32 req/s on the H200,
 # bench/results/llamacpp-serve-20261204-p32-empty-h200); FAULTS [0];
 # ROW_S, the most seconds a row may take; END_S, the seconds for all
-# rows [570] (a row with less than 90 s left is skipped); BAN_BYTE_TOKENS [1]:
+# rows [570] (a row with less than 90 s left is skipped); DRY_RUN [0]: 1
+# writes each row's policy and prints what it would run (its server command
+# and the shim's settings it sets), running nothing; BAN_BYTE_TOKENS [1]:
 # every request bans token ids 3-258 (logit_bias), the byte tokens of
 # bench/gguf-shape.py's placeholder vocabulary: a completion cut inside a
 # UTF-8 character fails llama-server's content parser, which streams a 500
@@ -122,7 +131,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
-        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND
     POL="" SLOTS=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -134,6 +143,7 @@ for row in $ROWS; do
         shim-*-tail) base=${base%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
         shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
+        shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
         *) break ;;
@@ -162,6 +172,13 @@ for row in $ROWS; do
         sed -e 's/^  - name: experts-of-layers-0-7$/  - name: experts-of-the-odd-layers/' \
             -e 's/\\\.\[0-7\]\\\./\\.[0-9]*[13579]\\./' \
             "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
+    shim-spread[1-9] | shim-spread[1-9][0-9]) R=${R_MID:-1.5,3,c$P}; n=${base#shim-spread}
+        POL=$OUTROOT/llamacpp-spread$n.yaml
+        alt=$(awk -v n="$n" -v l="${LAYERS:-16}" 'BEGIN { for (k = 0; k < n && k < l; k++)
+            printf "%s%d", k ? "|" : "", int((k + 0.5) * l / n) }')
+        sed -e "s/^  - name: experts-of-layers-0-7\$/  - name: experts-of-$n-layers-spread/" \
+            -e 's/\\\.\[0-7\]\\\./\\.('"$alt"')\\./' \
+            "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"
         FITSZ=$FIT
@@ -186,7 +203,6 @@ for row in $ROWS; do
         per=${ROW_S_SLOW:-$((nph * (dur + drain) + 100))} ;;
     esac
     [ "$per" -gt "$left" ] && per=$left
-    mkdir -p "$O"
     case $POL in /* | "") ;; *) POL=$ROOT/$POL ;; esac
     if [ -n "$SLOTS" ]; then
         # the row's policy (fit's: none) with prefetch: {slots: N} beside its
@@ -215,6 +231,13 @@ for row in $ROWS; do
     elif [ "$name" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-llama-ot/greedy.json
     fi
+    if [ "${DRY_RUN:-0}" = 1 ]; then
+        echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
+            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND)=' |
+                sort | paste -sd ' ' -)"
+        continue
+    fi
+    mkdir -p "$O"
     echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, $dur s a phase (+ drain <= $drain s), at most $per s"
     RATES=$R PARALLEL=$P CTX=${CTX:-$((P * 1024))} OUTPUT_LEN=${OUTPUT_LEN:-fixed:32} \
         PROMPT_LEN=${PROMPT_LEN:-uniform:16:48} DURATION=$dur DRAIN=$drain \
@@ -226,5 +249,6 @@ for row in $ROWS; do
     sleep 1
 done
 # the rows side by side (every pP-ROW in OUTROOT, this run's and earlier ones')
+[ "${DRY_RUN:-0}" = 1 ] && exit 0
 "${PYTHON:-python3}" "$HERE/llamacpp-serve-table.py" "$OUTROOT" --rows "$ROWS" >"$OUTROOT/rows.md" 2>&1 &&
     echo "[serve-rows $(el)s] side by side: $OUTROOT/rows.md"

@@ -755,6 +755,21 @@ int main(int argc, char **argv)
         CHECK(strstr(err, "lent to 24.00 MiB of managed weights") != NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitauto", stats, err);
+        /* WOFFLOAD_FIT_LEND=0: the same room for the slots, kept empty;
+         * the three weights it was lent to stay host */
+        f0 = failures;
+        {
+            static const char *const env[] = {"WOFFLOAD_FIT_LEND=0", NULL};
+            rc = run(argv, "fitauto", fit_auto_policy, env, stats, sizeof(stats), err, sizeof(err));
+        }
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
+        CHECK(strstr(stats, "\"device_bytes\":75497472,") != NULL);
+        CHECK(strstr(stats, "\"lent_bytes\":0,\"returned_bytes\":0,") != NULL);
+        CHECK(strstr(err, "32.00 MiB for staging slots, kept empty (WOFFLOAD_FIT_LEND=0),") !=
+              NULL);
+        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
+        dump_on_failure(f0, "fitauto nolend", stats, err);
     }
 
     /* fitreturn: the same, the engine's steps CUDA graph replays: the

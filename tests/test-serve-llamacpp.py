@@ -44,6 +44,7 @@ Tokens are a function of the prompt, the index and --salt only.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -856,7 +857,8 @@ class TestRows(unittest.TestCase):
         with open(os.path.join(tools, "woffload-run"), "w") as f:
             f.write("#!/bin/sh\nwhile [ $# -gt 0 ] && [ \"$1\" != -- ]; do shift; done\nshift\n"
                     "echo \"$@\" > \"$(dirname \"$0\")/ran\"\n"
-                    "echo \"PICKS_FROM=${WOFFLOAD_GGML_PICKS_FROM-unset} $@\" >> \"$(dirname \"$0\")/runs\"\n"
+                    "echo \"PICKS_FROM=${WOFFLOAD_GGML_PICKS_FROM-unset} LEND=${WOFFLOAD_FIT_LEND-unset} $@\""
+                    " >> \"$(dirname \"$0\")/runs\"\n"
                     "exec \"$@\"\n")
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
         out = os.path.join(tmp, "out")
@@ -868,7 +870,7 @@ class TestRows(unittest.TestCase):
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
                                   for m in (7421, 7481.0)]}, f)
         env = dict(os.environ, LLAMA_BIN=bindir, GGUF=os.path.join(tmp, "m.gguf"), OUTROOT=out, PARALLEL="4",
-                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10 shim-fit-nopicks-slots2 shim-ncmoe-odd",
+                   ROWS="plain shim-exps bogus llama-ot shim-exps-slots3-nopicks plain.2 shim-fit shim-ncmoe10",
                    R_FAST="5,c4",
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
@@ -905,16 +907,13 @@ class TestRows(unittest.TestCase):
         # -nopicks: WOFFLOAD_GGML_PICKS_FROM=0 for that row alone (the shim's
         # rows in order: shim-exps, shim-exps-slots3-nopicks, shim-fit)
         with open(os.path.join(tools, "runs")) as f:
-            runs = [x.split()[0] for x in f.read().splitlines()]
-        self.assertEqual(runs, ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset",
-                                "PICKS_FROM=0", "PICKS_FROM=unset"])
+            runs = [x.split()[:2] for x in f.read().splitlines()]
+        self.assertEqual([r[0] for r in runs], ["PICKS_FROM=unset", "PICKS_FROM=0", "PICKS_FROM=unset", "PICKS_FROM=unset"])
+        self.assertEqual([r[1] for r in runs], ["LEND=unset"] * 4)
         # shim-ncmoe10: llama.cpp's --n-cpu-moe rule for layers 0-9
         with open(os.path.join(out, "llamacpp-n-cpu-moe10.yaml")) as f:
             self.assertIn("  - name: experts-of-layers-0-9\n"
                           "    regex: '^blk\\.(0|1|2|3|4|5|6|7|8|9)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
-        with open(os.path.join(out, "llamacpp-n-cpu-moe-odd.yaml")) as f:
-            self.assertIn("  - name: experts-of-the-odd-layers\n"
-                          "    regex: '^blk\\.[0-9]*[13579]\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
         self.assertIn(f"woffload-run --policy {pol}", open(os.path.join(out, "p4-shim-exps-slots3-nopicks", "machine.txt")).read())
         with open(pol) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 3\nrules:", f.read())
@@ -935,12 +934,56 @@ class TestRows(unittest.TestCase):
         self.assertIn("shim-fit: FIT=from:peer: --fit 7481MiB", r.stdout)
         with open(os.path.join(out, "p4-shim-fit", "machine.txt")) as f:
             self.assertIn("woffload-run --fit 7481MiB --stats", f.read())
-        # suffixes in any order; fit with two slots: --fit and a policy of that key alone
+
+
+class TestRowsDry(unittest.TestCase):
+    """bench/llamacpp-serve-rows.sh with DRY_RUN=1: each row's policy
+    written and what it would run printed, nothing run: the rows' suffixes
+    in any order and the settings each sets, the generated policies."""
+
+    def test_dry_run(self) -> None:
+        out = tempfile.mkdtemp(prefix="test-llamacpp-rows-dry-")
+        os.makedirs(os.path.join(out, "p4-peer"))
+        with open(os.path.join(out, "p4-peer", "sweep.json"), "w") as f:
+            json.dump({"phases": [{"rate": 5, "memory": {"gpu_pid_mib": {"max": 7481}},
+                                   "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}]}, f)
+        env = dict(os.environ, DRY_RUN="1", LLAMA_BIN=os.path.join(out, "none"), GGUF=os.path.join(out, "m.gguf"),
+                   OUTROOT=out, PARALLEL="4", FIT="from:peer", SHIM_BUILD=os.path.join(out, "shim"),
+                   ROWS="shim-fit-nopicks-slots2 shim-ncmoe-odd shim-spread9 shim-fit-nolend shim-fit-inorder "
+                        "shim-exps-slots2-late llama-ncmoe8 bogus",
+                   PYTHON=sys.executable)
+        env.pop("WOFFLOAD_FIT_LEND", None)
+        r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = {m.group(1): m.group(2) for m in re.finditer(r"\[serve-rows\] (\S+): would run: (.*)", r.stdout)}
+        self.assertEqual(len(lines), 7, r.stdout)
+        self.assertIn("bogus: unknown row", r.stdout)
+        run = os.path.join(out, "shim", "tools", "woffload-run")
+        # fit with two slots and no picks: --fit, a policy of that key alone
         fpol = os.path.join(out, "fit-slots2.yaml")
         with open(fpol) as f:
             self.assertEqual(f.read(), "version: 1\ndefault: device\nprefetch:\n  slots: 2\n")
-        with open(os.path.join(out, "p4-shim-fit-nopicks-slots2", "machine.txt")) as f:
-            self.assertIn(f"woffload-run --fit 7481MiB --policy {fpol} --stats", f.read())
+        self.assertTrue(lines["shim-fit-nopicks-slots2"].startswith(f"{run} --fit 7481MiB --policy {fpol} --stats"))
+        self.assertTrue(lines["shim-fit-nopicks-slots2"].endswith("WOFFLOAD_GGML_PICKS_FROM=0"))
+        self.assertTrue(lines["shim-fit-nolend"].endswith("WOFFLOAD_FIT_LEND=0"))
+        self.assertTrue(lines["shim-fit-inorder"].endswith("WOFFLOAD_FIT_SPREAD=0"))
+        self.assertTrue(lines["shim-exps-slots2-late"].endswith("WOFFLOAD_LATE_BIND=1"))
+        with open(os.path.join(out, "llamacpp-ot-exps-cpu-slots2.yaml")) as f:
+            self.assertIn("default: device\nprefetch:\n  slots: 2\nrules:", f.read())
+        self.assertIn("--n-cpu-moe 8 -lm none;", lines["llama-ncmoe8"])
+        self.assertNotIn("woffload-run", lines["llama-ncmoe8"])
+        # the odd layers, and nine of sixteen spread evenly
+        with open(os.path.join(out, "llamacpp-n-cpu-moe-odd.yaml")) as f:
+            self.assertIn("  - name: experts-of-the-odd-layers\n"
+                          "    regex: '^blk\\.[0-9]*[13579]\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n", f.read())
+        with open(os.path.join(out, "llamacpp-spread9.yaml")) as f:
+            self.assertIn("  - name: experts-of-9-layers-spread\n"
+                          "    regex: '^blk\\.(0|2|4|6|8|9|11|13|15)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n",
+                          f.read())
+        # nothing ran: no row's folder, no table
+        self.assertEqual(sorted(x for x in os.listdir(out) if x.startswith("p4-")), ["p4-peer"])
+        self.assertFalse(os.path.exists(os.path.join(out, "rows.md")))
 
 
 class TestServeTableMemory(unittest.TestCase):

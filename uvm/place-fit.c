@@ -246,7 +246,8 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
     sp->picks = WO_MIN(fit_picks_room(v, n), weights - sp->staging);
     sp->weights = weights - sp->staging - sp->picks;
     sp->chosen = wo_fit_choose(fit, v, n, WO_MIN(sp->weights, limit));
-    sp->lent = fit_lend(fit, v, lendable, n, sp->staging);
+    /* WOFFLOAD_FIT_LEND=0: the room stays empty, those weights host */
+    sp->lent = wo_settings()->fit_lend ? fit_lend(fit, v, lendable, n, sp->staging) : 0;
 }
 
 struct tag_ord {
@@ -405,9 +406,8 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds%s, within the free memory less keep_free%s; %s of it kept for what the "
-                 "engine allocates after seal%s, %s for staging slots, lent to %s of managed "
-                 "weights while the slots are empty, %s for the picked copies' buffers), %s %s "
-                 "over %zu names",
+                 "engine allocates after seal%s, %s for staging slots, %s%s%s, %s for the "
+                 "picked copies' buffers), %s %s over %zu names",
                  wo_format_size(sp.chosen, b1, sizeof(b1)),
                  wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
                  context_line, untagged_said, wo_format_size(sp.reserve, b6, sizeof(b6)),
@@ -415,8 +415,11 @@ void wo_place_fit(size_t free_b, size_t total_b)
                  : wo_fit_memo_have() ? " (reserve auto: the runs before's high water)"
                                       : " (reserve auto: no run before, the default)",
                  wo_format_size(sp.staging, b5, sizeof(b5)),
-                 wo_format_size(sp.lent, b7, sizeof(b7)), wo_format_size(sp.picks, b8, sizeof(b8)),
-                 wo_format_size(rest, b4, sizeof(b4)), wo_placement_to_string(fit->rest), n);
+                 wo_settings()->fit_lend ? "lent to " : "kept empty (WOFFLOAD_FIT_LEND=0)",
+                 wo_settings()->fit_lend ? wo_format_size(sp.lent, b7, sizeof(b7)) : "",
+                 wo_settings()->fit_lend ? " of managed weights while the slots are empty" : "",
+                 wo_format_size(sp.picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_placement_to_string(fit->rest), n);
 out:
     free(v);
     free(tv);
