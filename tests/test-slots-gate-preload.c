@@ -167,6 +167,14 @@ static int child(void)
         want[k] = host_sum((const uint64_t *)(hp + id64[k] * ROW), ROW / 8);
     }
     CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
+    /* P's picks before any launch: the executor, which may stage a range
+     * ahead of its first launch, finds P claimed from the start. Without
+     * this a run now and then staged P once ahead, before its first
+     * registration; P then held that slot while it was the only range the
+     * engine launched (wo_sx_at_engine: the slot_last rule) and the slots
+     * never went back (a liveness fault of its own, left open: stop 91's
+     * note) */
+    CHECK(picks((void *)(uintptr_t)P, E * ROW, E, (void *)(uintptr_t)ids, NIDS, 8) == 0);
 
     for (int phase = 0; phase < 2; phase++) {
         /* after S's free: until the slots are given back and STEPS more

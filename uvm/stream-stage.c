@@ -206,7 +206,13 @@ void wo_uvm_stream_gone(uint64_t stream)
  * has read: launches come in program order, so one on another range means
  * the kernels before it were submitted). A range the engine freed has no
  * launches to come. hooks_too false: the consumer's view only (free_slots:
- * pos stays put once nothing is streamed, no hook moves it). */
+ * pos stays put once nothing is streamed, no hook moves it).
+ * Known fault (stop 91): a range staged ahead of its first launch and then
+ * claimed by picks (never read from the slot) keeps the slot here while it
+ * is the only range the engine launches, so free_slots() never runs; the
+ * slot needs to know whether a launch read it since it was staged
+ * (test-slots-gate-preload met it now and then before it registered its
+ * picks ahead). */
 bool wo_sx_at_engine(unsigned slot, bool hooks_too)
 {
     uint32_t last = wo_sx->slot_last[slot];
