@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -252,7 +251,9 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
 
 struct tag_ord {
     uint64_t order;
-    size_t i;
+    struct wo_fit_item v;
+    struct wo_tag *t;
+    bool lendable;
 };
 
 static int tag_ord_cmp(const void *pa, const void *pb)
@@ -270,27 +271,18 @@ static int tag_ord_cmp(const void *pa, const void *pb)
 static void fit_in_tag_order(struct wo_fit_item *v, struct wo_tag **tv, bool *lendable, size_t n)
 {
     struct tag_ord *o = malloc((n ? n : 1) * sizeof(*o));
-    struct wo_fit_item *v2 = malloc((n ? n : 1) * sizeof(*v2));
-    struct wo_tag **tv2 = malloc((n ? n : 1) * sizeof(*tv2));
-    bool *l2 = malloc((n ? n : 1) * sizeof(*l2));
 
-    if (o && v2 && tv2 && l2) {
-        for (size_t i = 0; i < n; i++)
-            o[i] = (struct tag_ord){tv[i]->order, i};
-        qsort(o, n, sizeof(*o), tag_ord_cmp);
-        for (size_t k = 0; k < n; k++) {
-            v2[k] = v[o[k].i];
-            tv2[k] = tv[o[k].i];
-            l2[k] = lendable[o[k].i];
-        }
-        memcpy(v, v2, n * sizeof(*v));
-        memcpy(tv, tv2, n * sizeof(*tv));
-        memcpy(lendable, l2, n * sizeof(*lendable));
+    if (!o)
+        return;
+    for (size_t i = 0; i < n; i++)
+        o[i] = (struct tag_ord){tv[i]->order, v[i], tv[i], lendable[i]};
+    qsort(o, n, sizeof(*o), tag_ord_cmp);
+    for (size_t i = 0; i < n; i++) {
+        v[i] = o[i].v;
+        tv[i] = o[i].t;
+        lendable[i] = o[i].lendable;
     }
     free(o);
-    free(v2);
-    free(tv2);
-    free(l2);
 }
 
 /* Chooses, from every name the engine tagged, what stays on the device
@@ -310,6 +302,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     struct wo_fit_split sp;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
     char b9[32], b10[32], untagged_said[96] = "", context_said[320], context_line[400];
+    char lend_said[96];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -392,6 +385,12 @@ void wo_place_fit(size_t free_b, size_t total_b)
     if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
         wo_uvm.device_budget =
             sp.weights + sp.staging > sp.chosen ? sp.weights + sp.staging - sp.chosen : 0;
+    if (wo_settings()->fit_lend)
+        snprintf(lend_said, sizeof(lend_said),
+                 "lent to %s of managed weights while the slots are empty",
+                 wo_format_size(sp.lent, b7, sizeof(b7)));
+    else
+        snprintf(lend_said, sizeof(lend_said), "kept empty (WOFFLOAD_FIT_LEND=0)");
     if (untagged)
         snprintf(untagged_said, sizeof(untagged_said),
                  ", less %s of the engine's allocations that no name covers",
@@ -406,7 +405,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_log_write(WO_LOG_OFF,
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds%s, within the free memory less keep_free%s; %s of it kept for what the "
-                 "engine allocates after seal%s, %s for staging slots, %s%s%s, %s for the "
+                 "engine allocates after seal%s, %s for staging slots, %s, %s for the "
                  "picked copies' buffers), %s %s over %zu names",
                  wo_format_size(sp.chosen, b1, sizeof(b1)),
                  wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
@@ -414,10 +413,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
                  fit->reserve != WO_FIT_RESERVE_AUTO ? ""
                  : wo_fit_memo_have() ? " (reserve auto: the runs before's high water)"
                                       : " (reserve auto: no run before, the default)",
-                 wo_format_size(sp.staging, b5, sizeof(b5)),
-                 wo_settings()->fit_lend ? "lent to " : "kept empty (WOFFLOAD_FIT_LEND=0)",
-                 wo_settings()->fit_lend ? wo_format_size(sp.lent, b7, sizeof(b7)) : "",
-                 wo_settings()->fit_lend ? " of managed weights while the slots are empty" : "",
+                 wo_format_size(sp.staging, b5, sizeof(b5)), lend_said,
                  wo_format_size(sp.picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
                  wo_placement_to_string(fit->rest), n);
 out:
