@@ -207,16 +207,7 @@ void wo_uvm_stream_gone(uint64_t stream)
  * the kernels before it were submitted). A range the engine freed has no
  * launches to come. hooks_too false: the consumer's view only (free_slots:
  * pos stays put once nothing is streamed, no hook moves it).
- * Known fault (stop 91): a range staged ahead of its first launch and then
- * claimed by picks (never read from the slot) keeps the slot here while it
- * is the only range the engine launches, so free_slots() never runs; the
- * slot needs to know whether a launch read it since it was staged
- * (test-slots-gate-preload met it now and then before it registered its
- * picks ahead). Stop 92 tried that (the slot's pins counted at staging, a
- * range taken out of its slot with none since not at the engine): the
- * test with its picks registered late still kept its slots in 2 of 50
- * runs under load, with P (1 MiB) never staged in the 64 KiB slots. So the
- * cause is elsewhere (free_slots' other conditions); not changed blind. */
+ */
 bool wo_sx_at_engine(unsigned slot, bool hooks_too)
 {
     uint32_t last = wo_sx->slot_last[slot];
