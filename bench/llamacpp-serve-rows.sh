@@ -169,16 +169,20 @@ for row in $ROWS; do
             -e 's/\\\.\[0-7\]\\\./\\.('"$alt"')\\./' \
             "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
     shim-ncmoe-odd) R=${R_MID:-1.5,3,c$P}; POL=$OUTROOT/llamacpp-n-cpu-moe-odd.yaml
-        sed -e 's/^  - name: experts-of-layers-0-7$/  - name: experts-of-the-odd-layers/' \
+        { echo "# $base: the odd layers' experts host (bench/llamacpp-serve-rows.sh,"
+          echo "# from examples/llamacpp-n-cpu-moe.yaml)"
+          sed -e '/^#/d' -e 's/^  - name: experts-of-layers-0-7$/  - name: experts-of-the-odd-layers/' \
             -e 's/\\\.\[0-7\]\\\./\\.[0-9]*[13579]\\./' \
-            "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
+            "$ROOT/examples/llamacpp-n-cpu-moe.yaml"; } >"$POL" ;;
     shim-spread[1-9] | shim-spread[1-9][0-9]) R=${R_MID:-1.5,3,c$P}; n=${base#shim-spread}
         POL=$OUTROOT/llamacpp-spread$n.yaml
         alt=$(awk -v n="$n" -v l="${LAYERS:-16}" 'BEGIN { for (k = 0; k < n && k < l; k++)
             printf "%s%d", k ? "|" : "", int((k + 0.5) * l / n) }')
-        sed -e "s/^  - name: experts-of-layers-0-7\$/  - name: experts-of-$n-layers-spread/" \
+        { echo "# $base: the experts of $n of ${LAYERS:-16} layers host, spread through the step"
+          echo "# (layers $alt; bench/llamacpp-serve-rows.sh, from examples/llamacpp-n-cpu-moe.yaml)"
+          sed -e '/^#/d' -e "s/^  - name: experts-of-layers-0-7\$/  - name: experts-of-$n-layers-spread/" \
             -e 's/\\\.\[0-7\]\\\./\\.('"$alt"')\\./' \
-            "$ROOT/examples/llamacpp-n-cpu-moe.yaml" >"$POL" ;;
+            "$ROOT/examples/llamacpp-n-cpu-moe.yaml"; } >"$POL" ;;
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"
         FITSZ=$FIT
