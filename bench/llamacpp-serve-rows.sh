@@ -69,6 +69,10 @@
 #   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
 #                  equal-value tensors on the device in the engine's order (the
 #                  first layers'), not spread through the step, to measure the change
+#   shim-fit-reserveN  fit (with any other suffix) with --reserve NMiB: the room
+#                  fit keeps for what the engine allocates after seal (256 MiB
+#                  by default; llama-server allocated 64 MiB after seal), so that
+#                  the rest holds weights
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -132,7 +136,7 @@ for row in $ROWS; do
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND
-    POL="" SLOTS=""
+    POL="" SLOTS="" RESERVE=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
     case $row in *.[0-9]*) name=${row%.*} ;; esac  # ROW.N: ROW again
@@ -146,6 +150,8 @@ for row in $ROWS; do
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
+        shim-fit*-reserve[0-9]*) RESERVE=${base##*-reserve}; base=${base%-reserve*}
+            case $RESERVE in *[!0-9]*) echo "[serve-rows] $row: -reserveN takes MiB, a number"; base=bad ;; esac ;;
         *) break ;;
         esac
     done
@@ -224,7 +230,7 @@ for row in $ROWS; do
         POL=$to
     fi
     case $base in
-    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ ${POL:+--policy $POL} --stats $O/stats.json --stats-every 1 --" ;;
+    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ${RESERVE:+ --reserve ${RESERVE}MiB}${POL:+ --policy $POL} --stats $O/stats.json --stats-every 1 --" ;;
     shim-*)
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
