@@ -190,6 +190,7 @@ void wo_sx_mark_written(struct srange *r, uint32_t id);
  * the plan, its slot taken back. */
 void wo_sx_drop(uint32_t id);
 void wo_sx_unselect_range(struct srange *r, uint32_t id);
+bool wo_sx_unselect_claimed(struct srange *r, uint32_t id);
 /* The spans of hit h's allocation its [offset, hi) can read, as the
  * executor knows them (hotpath.h's wo_stream_span_next on wo_sx->r): *it
  * starts at 0; returns a live span of h's generation (its sid in *sid) or

@@ -122,6 +122,21 @@ void wo_sx_unselect_range(struct srange *r, uint32_t id)
         wo_budget_give(id, r->gen);
 }
 
+/* Picks came for a streamed range since it was selected (uvm/picks.h,
+ * claims): they move less, so it leaves streaming. Asked where it is staged
+ * (wo_sx_stage) and where the executor asks whether anything is streamed
+ * (stream.c, any_streamed): a range selected at setup and claimed before it
+ * was ever staged would otherwise stay streamed for good, and the slots
+ * never go back (test-slots-gate-preload-late: 3 of 109 runs under load
+ * before stop 92). True: it left. */
+bool wo_sx_unselect_claimed(struct srange *r, uint32_t id)
+{
+    if (!r->streamed || !wo_picks_claims(r->rid, r->gen, r->lo, r->hi))
+        return false;
+    wo_sx_unselect_range(r, id);
+    return true;
+}
+
 /* Records the slot's read_done on the engine stream that read its last
  * assignment (wo_sx_stage(): why). The per-thread default stream is the calling
  * thread's own, not the engine's: there the hooks' record stands. A stream
@@ -206,8 +221,7 @@ void wo_uvm_stream_gone(uint64_t stream)
  * has read: launches come in program order, so one on another range means
  * the kernels before it were submitted). A range the engine freed has no
  * launches to come. hooks_too false: the consumer's view only (free_slots:
- * pos stays put once nothing is streamed, no hook moves it).
- */
+ * pos stays put once nothing is streamed, no hook moves it). */
 bool wo_sx_at_engine(unsigned slot, bool hooks_too)
 {
     uint32_t last = wo_sx->slot_last[slot];
@@ -378,11 +392,8 @@ bool wo_sx_stage(uint32_t id, int slot)
         wo_sx_poll_checks(false, id); /* a launch may have written it: then it is not staged */
     if (!r->streamed)
         return true;
-    if (wo_picks_claims(r->rid, r->gen, r->lo, r->hi)) {
-        /* picks came for it since it was selected: they move less */
-        wo_sx_unselect_range(r, id);
+    if (wo_sx_unselect_claimed(r, id))
         return true;
-    }
     /* the engine claims it read in place now (woffload_read_in_place): its
      * launches read a small share of it; the slot is free for the next range */
     if (wo_stream_inplace_now(e))

@@ -31,7 +31,6 @@
 #include "core/settings.h"
 #include "uvm/executor.h"
 #include "uvm/graph.h"
-#include "uvm/picks.h"
 #include "uvm/plan-budget.h"
 #include "uvm/devmodel.h"
 #include "uvm/stream-check.h"
@@ -431,20 +430,8 @@ static bool any_streamed(void)
     for (uint32_t i = 0; i < wo_sx->nr; i++) {
         struct srange *r = &wo_sx->r[i];
 
-        if (!r->live || !r->streamed)
-            continue;
-        /* picks came for it since it was selected (they move less): as
-         * wo_sx_stage() does, out of streaming. Otherwise a range selected
-         * at setup and claimed before it was ever staged (prefetch.mode
-         * stream, the engine's first picks after its first launches)
-         * stayed streamed for good, and the slots never went back
-         * (test-slots-gate-preload with its picks registered late: in 3 of
-         * 109 runs under load, P streamed and never staged) */
-        if (wo_picks_claims(r->rid, r->gen, r->lo, r->hi)) {
-            wo_sx_unselect_range(r, i);
-            continue;
-        }
-        return true;
+        if (r->live && !wo_sx_unselect_claimed(r, i) && r->streamed)
+            return true;
     }
     return false;
 }
