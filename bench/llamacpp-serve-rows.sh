@@ -66,10 +66,6 @@
 #   shim-ROW-nolend  any shim row with WOFFLOAD_FIT_LEND=0: fit's room for the
 #                  slots kept empty, not lent to managed weights (which the
 #                  kernels read in place beside the copies while the slots are busy)
-#   shim-ROW-keepbufs  any shim row with WOFFLOAD_PICKS_IDLE_MS=0: the picked
-#                  copies' buffers stay once made, not given back when idle
-#                  for 1 s (under fit their room is lent to weights while they
-#                  are empty: this measures what giving them back is worth)
 #   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
 #                  equal-value tensors on the device in the engine's order (the
 #                  first layers'), not spread through the step, to measure the change
@@ -139,8 +135,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
-        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND \
-        WOFFLOAD_PICKS_IDLE_MS
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND
     POL="" SLOTS="" RESERVE=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -153,7 +148,6 @@ for row in $ROWS; do
         shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
-        shim-*-keepbufs) base=${base%-keepbufs}; export WOFFLOAD_PICKS_IDLE_MS=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
         shim-fit*-reserve[0-9]*) RESERVE=${base##*-reserve}; base=${base%-reserve*}
@@ -249,7 +243,7 @@ for row in $ROWS; do
     fi
     if [ "${DRY_RUN:-0}" = 1 ]; then
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
-            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|PICKS_IDLE_MS)=' |
+            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND)=' |
                 sort | paste -sd ' ' -)"
         continue
     fi

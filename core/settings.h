@@ -35,7 +35,6 @@ struct wo_settings {
     uint32_t picks_buffers;  /* WOFFLOAD_PICKS_BUFFERS: picked-copy buffers a stream, 1 or 2 */
     uint32_t picks_early;    /* WOFFLOAD_PICKS_EARLY: a layer's tensors copied with its first */
     uint32_t picks_stall_ms; /* WOFFLOAD_PICKS_STALL_MS: the copy engine's stall report after */
-    uint32_t picks_idle_ms;  /* WOFFLOAD_PICKS_IDLE_MS: fit's lent buffers back after, 0 never */
     bool picks_lazy;         /* WOFFLOAD_PICKS_LAZY: the copy engine under lazy module loading */
     uint32_t managed_margin_mib; /* WOFFLOAD_MANAGED_MARGIN */
     bool quiet;              /* WOFFLOAD_QUIET */

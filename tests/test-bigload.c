@@ -156,15 +156,10 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
     for (int i = 0; i < 40; i++)
         CHECK(glaunch(ge, s) == CUDA_SUCCESS);
     CHECK(sync(s) == CUDA_SUCCESS);
-    /* the consumer thread takes the replays in, then gives the room back:
-     * the slots' (24 MiB lent; 32 with WOFFLOAD_PICKS=1, which also lends
-     * the picked copies' room to one more weight, 8 MiB, that stays lent) */
-    const char *pk = getenv("WOFFLOAD_PICKS");
-    bool picks = pk && strcmp(pk, "1") == 0;
-    const char *want = picks ? "\"returned_bytes\":33554432," : "\"returned_bytes\":25165824,";
+    /* the consumer thread takes the replays in, then gives the room back */
     for (int i = 0; i < 300 && !returned; i++) {
         CHECK(stats(buf, sizeof(buf)) > 0);
-        returned = strstr(buf, want) != NULL;
+        returned = strstr(buf, "\"returned_bytes\":25165824,") != NULL;
         if (!returned)
             usleep(10000);
     }
@@ -176,7 +171,7 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
         managed++;
         on_gpu += ps.preferred == 0 && ps.last_prefetch == 0;
     }
-    CHECK(managed > 3 && on_gpu == managed - (picks ? 1 : 0));
+    CHECK(managed > 3 && on_gpu == managed);
 }
 
 /* The loader reads its checkpoint after the names are known: the time the
@@ -775,25 +770,6 @@ int main(int argc, char **argv)
               NULL);
         CHECK(strstr(err, "fakecuda: managed guard") == NULL);
         dump_on_failure(f0, "fitauto nolend", stats, err);
-        /* WOFFLOAD_PICKS=1: room for the picked copies' two buffers of an
-         * expert tensor too (16 MiB), which leaves 56 MiB for weights: 7 on
-         * the device. The slots' room is lent to four managed weights (32
-         * MiB), then the picks' to the next one (8 MiB) */
-        f0 = failures;
-        {
-            static const char *const env[] = {"WOFFLOAD_PICKS=1", NULL};
-            rc = run(argv, "fitauto", fit_auto_policy, env, stats, sizeof(stats), err, sizeof(err));
-        }
-        CHECK(rc == 0);
-        CHECK(strstr(stats, "\"staging_bytes\":33554432,") != NULL);
-        CHECK(strstr(stats, "\"device_bytes\":58720256,") != NULL);
-        CHECK(strstr(stats, "\"lent_bytes\":41943040,\"returned_bytes\":0,") != NULL);
-        CHECK(strstr(stats, "\"picks_bytes\":16777216,\"lent_picks_bytes\":8388608,") != NULL);
-        CHECK(strstr(err, "32.00 MiB for staging slots, lent to 32.00 MiB of managed weights "
-                          "while the slots are empty, 16.00 MiB for the picked copies' buffers "
-                          "(lent to 8.00 MiB of managed weights while they are empty)") != NULL);
-        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-        dump_on_failure(f0, "fitauto picks", stats, err);
     }
 
     /* fitreturn: the same, the engine's steps CUDA graph replays: the
@@ -815,21 +791,6 @@ int main(int argc, char **argv)
          * seen here: the line is the check) */
         CHECK(strstr(err, "prefetcher: no context of its own under fit") != NULL);
         dump_on_failure(f0, "fitreturn", stats, err);
-        /* WOFFLOAD_PICKS=1: only the slots' room goes back (32 MiB); the
-         * weight lent the picked copies' room (8 MiB) stays managed, lent
-         * (picks need no slots: their buffers may still come) */
-        f0 = failures;
-        {
-            static const char *const env[] = {"WOFFLOAD_LOG=info", "WOFFLOAD_PICKS=1", NULL};
-            rc = run(argv, "fitreturn", fit_auto_policy, env, stats, sizeof(stats), err,
-                     sizeof(err));
-        }
-        CHECK(rc == 0);
-        CHECK(strstr(stats, "\"lent_bytes\":41943040,\"returned_bytes\":33554432,") != NULL);
-        CHECK(strstr(err, "replays: 32.00 MiB of lent weights now stay on the device") != NULL);
-        CHECK(strstr(stats, "\"managed\":{\"bytes\":8388608,") != NULL);
-        CHECK(strstr(err, "fakecuda: managed guard") == NULL);
-        dump_on_failure(f0, "fitreturn picks", stats, err);
     }
 
     /* fitreserve: the budget is 112 MiB (the 128 MiB the blocker leaves

@@ -6,8 +6,7 @@
  * empty entry is still made while the pool has room (early copies fill a
  * stream's second buffer while a launch reads its first), and with the
  * pool full it takes the stream's own buffer that holds the bytes, not
- * another stream's; and wo_pool_room says the same; idle buffers go back
- * (wo_pool_release_idle). Also where a
+ * another stream's; and wo_pool_room says the same. Also where a
  * registration's share hands a host tensor to the streaming executor
  * (uvm/picks-geom.h, wo_picks_whole_of). */
 #include <setjmp.h>
@@ -175,53 +174,6 @@ static void test_full_pool_takes_own_buffer(void **state)
     assert_int_equal(pool_bytes(), 16 * MiB);
 }
 
-/* Idle buffers given back (wo_pool_release_idle, fit's lent room): not
- * while a buffer was asked for after `since`, nor while a launch is between
- * its staging and its call; then every stream's work waited for and every
- * buffer freed, counted; the next ask makes one again. */
-static void test_idle_release(void **state)
-{
-    struct wo_pool_strm *t = wo_pool_stream(0x55), *u = wo_pool_stream(0x56);
-    struct wo_pool_buf *b;
-    struct wo_pool_figs f;
-    uint64_t since;
-    bool fresh;
-
-    (void)state;
-    assert_non_null(t);
-    assert_non_null(u);
-    assert_int_equal(wo_pool_release_idle(&drv, wo_pool_idle_since()), 0); /* none */
-    (void)take(t, 30, 1, 8 * MiB, 0, &fresh);
-    (void)take(t, 31, 2, 4 * MiB, 0, &fresh);
-    (void)take(u, 32, 3, 4 * MiB, 0, &fresh);
-    assert_int_equal(pool_bytes(), 16 * MiB);
-    since = wo_pool_idle_since();
-    assert_true(since != 0);
-    /* asked for since: not idle */
-    (void)take(u, 32, 3, 4 * MiB, 0, &fresh);
-    assert_int_equal(wo_pool_release_idle(&drv, since), 0);
-    since = wo_pool_idle_since();
-    /* a launch of u staged, its call not made yet */
-    wo_pool_issuing(u);
-    assert_int_equal(wo_pool_release_idle(&drv, since), 0);
-    wo_pool_issued();
-    assert_int_equal(frees, 0);
-    assert_int_equal(wo_pool_release_idle(&drv, since), 16 * MiB);
-    assert_int_equal(frees, 3);
-    assert_true(syncs >= 2); /* each stream's work on its buffers */
-    assert_int_equal(pool_bytes(), 0);
-    wo_pool_figs(&f);
-    assert_int_equal(f.idle_frees, 1);
-    assert_int_equal(f.idle_bytes, 16 * MiB);
-    assert_int_equal(wo_pool_release_idle(&drv, since), 0); /* nothing left */
-    /* the next launch with picks makes its buffer again, fresh */
-    b = take(t, 30, 4, 8 * MiB, 0, &fresh);
-    assert_true(fresh);
-    assert_true(b->dev != 0);
-    assert_int_equal(allocs, 4);
-    assert_int_equal(pool_bytes(), 8 * MiB);
-}
-
 /* uvm/picks-geom.h: when a registration's share hands a host tensor to
  * the streaming executor (WOFFLOAD_PICKS_WHOLE at 92): in from 92, out
  * below 4/5 of it (73.6), and never at 0; with the share of the Mixtral
@@ -263,7 +215,6 @@ int main(void)
         cmocka_unit_test_setup(test_fitting_buffer_before_growth, fresh_pool),
         cmocka_unit_test_setup(test_empty_entry_is_made, fresh_pool),
         cmocka_unit_test_setup(test_full_pool_takes_own_buffer, fresh_pool),
-        cmocka_unit_test_setup(test_idle_release, fresh_pool),
         cmocka_unit_test(test_whole_line),
         cmocka_unit_test(test_hot_cap),
     };

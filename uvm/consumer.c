@@ -31,7 +31,6 @@
 #include "core/trace.h"
 #include "uvm/executor.h"
 #include "uvm/graph.h"
-#include "uvm/picks.h"
 #include "uvm/plan-budget.h"
 #include "uvm/plan.h"
 #include "uvm/record.h"
@@ -198,7 +197,6 @@ static void idle(void)
         if (wo_place_fit_return())
             wo_budget_close_staging(); /* the prefetcher's budget follows; no slots now */
     }
-    wo_picks_idle(); /* fit's lent room for the picked copies' buffers back to weights */
     if (wo_now_ns() >= fit_sample_ns) {
         fit_sample_ns = wo_now_ns() + UINT64_C(1000000000);
         wo_place_fit_sample();

@@ -18,7 +18,6 @@
 #include "core/settings.h"
 #include "uvm/executor.h"
 #include "uvm/picks.h"
-#include "uvm/plan-budget.h"
 
 /* Loads the policy; a bad one is logged (located diagnostics) and leaves
  * uvm/ passing everything through, names still recorded for stats. */
@@ -199,7 +198,6 @@ void wo_uvm_reset(void)
     wo_names_free_all();
     wo_picks_free(d);
     wo_picks_reset();
-    wo_budget_picks_room(0); /* fit's, set again at the next seal */
     if (d && wo_uvm.stream && d->cuStreamDestroy_v2)
         d->cuStreamDestroy_v2(wo_uvm.stream);
     wo_policy_free(wo_uvm.policy);

@@ -48,10 +48,6 @@ enum wo_alloc_kind {
 
 struct wo_bound;
 
-/* The room fit kept and lent a managed weight of (wo_tag.lent, place-fit.c):
- * the streaming executor's slots', or the picked copies' buffers'. */
-enum wo_lent_room { WO_LENT_NONE, WO_LENT_SLOTS, WO_LENT_PICKS };
-
 struct wo_tag {
     uint64_t off, size;
     struct wo_name *name;
@@ -59,7 +55,7 @@ struct wo_tag {
     enum wo_placement place; /* decided placement */
     bool charged;            /* holds host budget bytes */
     bool applied;            /* advice/residency applied for `place` */
-    uint8_t lent;            /* fit made it managed, in the room it names (enum wo_lent_room) */
+    bool lent;               /* fit made it managed, in the staging room (place-fit.c) */
     uint64_t slice;          /* gcd of the non-zero offsets launches pointed at in it; 0 none yet (consumer) */
 };
 
@@ -185,10 +181,8 @@ struct wo_uvm_state {
         uint64_t budget, device_bytes, rest_bytes, engine_bytes;
         uint64_t staging_bytes; /* kept for the streaming executor's slots */
         uint64_t reserve_bytes; /* kept for what the engine allocates after seal */
-        uint64_t lent_bytes;    /* of the rooms for staging slots and picked copies'
-                                 * buffers, lent to managed weights */
+        uint64_t lent_bytes;    /* of the staging room, lent to managed weights */
         uint64_t picks_bytes;   /* kept for the picked copies' buffers */
-        uint64_t lent_picks_bytes; /* of lent_bytes, in the picked copies' room */
         uint64_t untagged_bytes; /* the engine's placeable allocations' bytes no name covers,
                                   * on the device with the default: out of the budget */
         uint64_t context_bytes;  /* the process's device memory beyond its allocations at
@@ -361,9 +355,8 @@ bool wo_uvm_copy_live(unsigned who, uint32_t rid, uint32_t gen, uint64_t src, ui
                       void *dst, const bool *stop);
 /* Decides a tag's placement (policy match, host budget) and counts it. */
 void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
-/* fit (place-fit.c), from the consumer thread: the staging slots' room fit
- * lent goes back to weights for good (the picked copies' room stays lent:
- * picks need no slots). Its lent managed weights are placed on
+/* fit (place-fit.c), from the consumer thread: the staging room fit lent
+ * goes back to weights for good. Its lent managed weights are placed on
  * the device (preferred location the GPU, prefetched there), and the
  * device budget the prefetcher and the slots share loses their bytes.
  * Once; returns the bytes placed (0: nothing lent, or done before). Takes

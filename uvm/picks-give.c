@@ -1,16 +1,13 @@
-/* uvm/picks-give.c: device memory picked staging gives back: hot sets when
- * the engine runs out of device memory (uvm/picks.h, wo_picks_give_back;
- * docs/picks.md, "Hot experts", "Memory"), the sets of tensors gone first,
- * then those whose rows saved the least link traffic per device byte; and
- * the buffers once idle where fit lends their room (wo_picks_idle). */
+/* uvm/picks-give.c: hot sets given back when the engine runs out of device
+ * memory (uvm/picks.h, wo_picks_give_back; docs/picks.md, "Hot experts",
+ * "Memory"): the sets of tensors gone first, then those whose rows saved
+ * the least link traffic per device byte. */
 #include "uvm/picks.h"
 
 #include <cuda.h>
 #include <pthread.h>
 
-#include "core/log.h"
 #include "core/macro.h"
-#include "core/settings.h"
 #include "uvm/internal.h"
 #include "uvm/picks-hot.h"
 #include "uvm/picks-int.h"
@@ -92,36 +89,4 @@ uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *
     pthread_mutex_unlock(&wo_pk.lock);
     wo_driver_leave();
     return freed;
-}
-
-/* since of the last release (a pool idle since then was released, or had
- * nothing to free): not asked again until a buffer is asked for */
-static uint64_t released_since;
-
-void wo_picks_idle(void)
-{
-    const struct wo_driver *d;
-    uint64_t ms = wo_settings()->picks_idle_ms, since, freed;
-
-    if (!ms || !wo_budget_picks_room_bytes())
-        return;
-    since = wo_pool_idle_since();
-    if (!since || since == released_since || wo_now_ns() - since < ms * UINT64_C(1000000))
-        return;
-    d = wo_uvm_driver();
-    /* the streams are waited for: none while a capture is under way */
-    if (!d || !wo_driver_enter())
-        return;
-    pthread_mutex_lock(&wo_pk.lock);
-    freed = wo_pool_release_idle(d, since);
-    if (freed)
-        wo_budget_picks_bytes(__atomic_sub_fetch(&wo_pk.bytes, freed, __ATOMIC_RELAXED));
-    /* all of them freed, or none there: done until the next ask */
-    if (!wo_picks_reserved() || wo_pk.bytes == wo_pk.hot_bytes)
-        released_since = since;
-    pthread_mutex_unlock(&wo_pk.lock);
-    wo_driver_leave();
-    if (freed)
-        wo_debug("picks: %llu MiB of buffers idle for %llu ms given back: fit lends their room",
-                 (unsigned long long)(freed >> 20), (unsigned long long)ms);
 }

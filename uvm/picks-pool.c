@@ -18,8 +18,6 @@ static struct {
     CUevent ev;       /* lending's, recorded and waited on at once */
     bool no_event;    /* none could be made: nothing is lent */
     uint64_t lent, reclaimed;
-    uint64_t last_ns;                /* the last wo_pool_buffer call (atomic) */
-    uint64_t idle_frees, idle_bytes; /* wo_pool_release_idle's */
 } pool;
 
 static __thread struct wo_pool_strm *issuing_t;
@@ -215,12 +213,6 @@ struct wo_pool_buf *wo_pool_buffer(const struct wo_driver *d, struct wo_pool_str
     *fresh = false;
     *delta = 0;
     *alloc = CUDA_SUCCESS;
-    {
-        /* each ask a later value, even within one clock tick (the idle
-         * release matches it) */
-        uint64_t now = wo_now_ns(), last = pool.last_ns;
-        __atomic_store_n(&pool.last_ns, now > last ? now : last + 1, __ATOMIC_RELAXED);
-    }
     pool.nb = nb;
     pool.largest = WO_MAX(pool.largest, need);
     for (unsigned k = 0; k < nb; k++)
@@ -344,36 +336,6 @@ void wo_pool_sync_all(const struct wo_driver *d)
         (void)d->cuCtxSynchronize();
 }
 
-uint64_t wo_pool_idle_since(void)
-{
-    return __atomic_load_n(&pool.last_ns, __ATOMIC_RELAXED);
-}
-
-uint64_t wo_pool_release_idle(const struct wo_driver *d, uint64_t since)
-{
-    uint64_t before = pool.bytes;
-    int64_t delta = 0;
-
-    if (!pool.bytes || __atomic_load_n(&pool.last_ns, __ATOMIC_RELAXED) != since ||
-        !d->cuMemFree_v2 || !d->cuStreamSynchronize)
-        return 0;
-    /* a launch between its staging and its call reads one of its stream's
-     * buffers: none is freed while one is */
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        if (pool.st[k].used && __atomic_load_n(&pool.st[k].issuing, __ATOMIC_SEQ_CST))
-            return 0;
-    for (unsigned k = 0; k < WO_PICKS_STREAMS; k++)
-        for (unsigned b = 0; b < WO_PICKS_BUFS; b++)
-            if (pool.st[k].b[b].dev && !drop(d, &pool.st[k], &pool.st[k].b[b], &delta))
-                goto out; /* an early copy not issued yet: the rest later */
-out:
-    if (pool.bytes < before) {
-        pool.idle_frees++;
-        pool.idle_bytes += before - pool.bytes;
-    }
-    return before - pool.bytes;
-}
-
 void wo_pool_issuing(struct wo_pool_strm *t)
 {
     __atomic_add_fetch(&t->issuing, 1, __ATOMIC_SEQ_CST);
@@ -394,8 +356,6 @@ void wo_pool_figs(struct wo_pool_figs *f)
     f->cap = (uint64_t)WO_MAX(pool.nb, 1u) * pool.largest;
     f->lent = pool.lent;
     f->reclaimed = pool.reclaimed;
-    f->idle_frees = pool.idle_frees;
-    f->idle_bytes = pool.idle_bytes;
 }
 
 void wo_pool_free(const struct wo_driver *d)

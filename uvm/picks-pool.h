@@ -86,16 +86,6 @@ bool wo_pool_stream_gone(const struct wo_driver *d, uint64_t stream);
 /* The streams that hold an entry, synchronised (give-back's). */
 void wo_pool_sync_all(const struct wo_driver *d);
 
-/* When a buffer was last asked for (wo_now_ns), 0 never (any thread, no
- * lock). */
-uint64_t wo_pool_idle_since(void);
-/* Frees every buffer, their streams' work on them waited for on this
- * thread, when none was asked for since `since` (wo_pool_idle_since's
- * answer) and no launch is between its staging and its call; what an early
- * copy not yet issued holds stays, for the next call. Returns the bytes
- * freed. The next launch that needs a buffer makes one again. */
-uint64_t wo_pool_release_idle(const struct wo_driver *d, uint64_t since);
-
 /* A launch of t staged into its buffers; wo_pool_issued (the same thread,
  * after the real launch call, made or failed) ends it. */
 void wo_pool_issuing(struct wo_pool_strm *t);
@@ -106,7 +96,6 @@ struct wo_pool_figs {
     uint64_t cap;       /* what they may reach: nb x the largest need seen */
     uint64_t lent;      /* buffers another stream took, by an event */
     uint64_t reclaimed; /* buffers freed for another stream's larger one */
-    uint64_t idle_frees, idle_bytes; /* wo_pool_release_idle: times, bytes */
 };
 void wo_pool_figs(struct wo_pool_figs *f);
 

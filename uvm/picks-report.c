@@ -27,8 +27,6 @@ void wo_picks_report(struct wo_picks_totals *t, void (*fn)(void *ud, const struc
         t->buffer_cap = pf.cap;
         t->buffers_lent = pf.lent;
         t->buffers_reclaimed = pf.reclaimed;
-        t->buffers_idle_freed = pf.idle_frees;
-        t->buffer_idle_bytes = pf.idle_bytes;
         if (d && wo_pk.ready)
             wo_picks_time_poll(d);
         wo_picks_time_figs(&tf);

@@ -84,15 +84,6 @@ bool wo_picks_claims(uint32_t id, uint32_t gen, uint64_t lo, uint64_t hi);
  * are freed or none is left; no set is made after (the sets left stay).
  * Returns the bytes freed; *sets_left: the sets that stay. */
 uint64_t wo_picks_give_back(const struct wo_driver *d, uint64_t need, unsigned *sets_left);
-/* The consumer thread, when the ring is empty: where fit lends the picked
- * copies' room (wo_budget_picks_room), the buffers go back
- * once no launch asked for one in WOFFLOAD_PICKS_IDLE_MS (their streams'
- * work on them waited for, none while a capture is under way). The planner's
- * budget then grows by their bytes and the lent weights come back to the
- * device; the next launch with picks makes its buffers again (and the
- * planner gives the room back). llama-server at 32 requests used them in 16
- * of 485 steps. */
-void wo_picks_idle(void);
 /* Device bytes the buffers hold (the budget ledger takes them off the
  * planner's budget). Any thread. */
 uint64_t wo_picks_reserved(void);
@@ -139,8 +130,6 @@ struct wo_picks_totals {
                             * staged (uvm/picks-pool.h) */
     uint64_t buffers_lent; /* buffers one stream took from another (an event, no host sync) */
     uint64_t buffers_reclaimed; /* buffers freed to make room for another stream's larger one */
-    uint64_t buffers_idle_freed; /* times every buffer went back idle (wo_picks_idle) */
-    uint64_t buffer_idle_bytes;  /* ... their bytes */
     /* the copy kernels, timed on the device one copy in 16 (uvm/picks-time.h) */
     uint64_t kernel_copies, timed_copies;
     double timed_ms;     /* the timed copies' device time, in all */

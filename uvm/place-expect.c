@@ -127,8 +127,7 @@ static bool plan_fit(const struct wo_driver *d)
                    : 0;
     /* routed experts get no slot room here (lend_experts false): those the
      * plan sends off the device are served as pinned host memory as they
-     * come, where room kept for them could not be lent; nor is the picked
-     * copies' room (wo_place_fit_split) */
+     * come, where room kept for them could not be lent */
     /* the process's contexts come out of the fit size here too (seal's
      * line says what NVML measured then) */
     engine = wo_place_engine_bytes();
@@ -136,7 +135,7 @@ static bool plan_fit(const struct wo_driver *d)
     (void)wo_place_context_bytes(engine + bound_device, &context, said, sizeof(said));
     engine += context;
     wo_place_fit_split(fit, v, lendable, false, n, wo_fit_budget(fit, total_b, free_b, engine),
-                       cap_room, &sp, NULL);
+                       cap_room, &sp);
     for (size_t i = 0; i < n; i++)
         wo_uvm.expect.v[i].plan = v[i].out;
     ok = true;

@@ -8,7 +8,6 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "core/log.h"
@@ -16,7 +15,6 @@
 #include "core/settings.h"
 #include "uvm/hotpath.h"
 #include "uvm/picks.h"
-#include "uvm/plan-budget.h"
 #include "uvm/plan-stream.h"
 
 uint64_t wo_place_engine_bytes(void)
@@ -173,16 +171,21 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
     return want <= budget / 2 ? want : 0;
 }
 
+/* The staging room, lent (rest: host): the tensors fit would choose next,
+ * up to `staging` bytes, become managed rather than host, among those in
+ * managed memory (lendable[i]). The prefetcher keeps managed ranges on the
+ * device within the device budget less what the slots hold (plan-budget.h),
+ * so while auto reads in place and the slots stay empty the room holds
+ * weights, and when the slots grow the planner gives it back. Returns the
+ * bytes lent. */
 /* The device bytes the router's picked copies take (policy/fit.c,
  * wo_fit_picks_room) when WOFFLOAD_PICKS is on: 1.5 GiB on the H200's
  * 128-expert shape, which fit did not count (the process's peak passed the
  * fit size). llama.cpp's expert tensors get picks only where the ggml hook
  * registers them: WOFFLOAD_GGML_PICKS, _PICKS_FROM or hot experts
- * (ggml/woffload-ggml.c); with none of those no room is kept. Where the
- * hook registers picks the room may still sit idle: under llama-server at
- * 32 requests the buffers served 16 of 485 steps per expert tensor
- * (bench/results/llamacpp-serve-20261206b-p32-nolend-h200), so the room is
- * lent as the slots' is (fit_lend). */
+ * (ggml/woffload-ggml.c); with none of those their room would stay empty
+ * (768 MiB of llama-server's 14 GiB at --fit 14012MiB). An engine that never
+ * registers picks leaves it unused. */
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     const struct wo_settings *s = wo_settings();
@@ -192,53 +195,38 @@ static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
     return s->picks ? wo_fit_picks_room(v, n, s->picks_buffers, ggml) : 0;
 }
 
-/* The rooms fit keeps and leaves empty at seal, lent (rest: host): the
- * tensors fit would choose next, up to the slots' room (rooms[0]) and then
- * up to the picked copies' buffers' (rooms[1]), become managed rather than
- * host, among those in managed memory (lendable[i]); room[i] (NULL: not
- * asked) says which room lent v[i]. The prefetcher keeps managed ranges on
- * the device within the device budget less what the slots and the picked
- * copies' buffers hold (plan-budget.h), so while the slots and the buffers
- * are empty the rooms hold weights, and when they fill the planner gives
- * the room back. The slots' room goes first: it alone may go to the
- * weights for good (wo_place_fit_return). lent[]: the bytes lent of each. */
-static void fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                     size_t n, const uint64_t rooms[2], uint8_t *room, uint64_t lent[2])
+static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
+                         size_t n, uint64_t staging)
 {
     struct wo_fit_item *c;
-    size_t *at;
+    size_t *at, nc = 0;
+    uint64_t lent = 0;
 
-    lent[0] = lent[1] = 0;
-    if ((!rooms[0] && !rooms[1]) || fit->rest != WO_PLACE_HOST)
-        return;
+    if (!staging || fit->rest != WO_PLACE_HOST)
+        return 0;
     c = malloc((n ? n : 1) * sizeof(*c));
     at = malloc((n ? n : 1) * sizeof(*at));
-    for (int r = 0; c && at && r < 2; r++) {
-        size_t nc = 0;
-        if (!rooms[r])
-            continue;
+    if (c && at) {
         for (size_t i = 0; i < n; i++)
             if (lendable[i] && v[i].fixed == WO_PLACE_UNSET && v[i].out == WO_PLACE_HOST) {
                 c[nc] = v[i];
                 at[nc++] = i;
             }
-        lent[r] = wo_fit_choose(fit, c, nc, rooms[r]);
+        lent = wo_fit_choose(fit, c, nc, staging);
         for (size_t k = 0; k < nc; k++)
-            if (c[k].out == WO_PLACE_DEVICE) {
+            if (c[k].out == WO_PLACE_DEVICE)
                 v[at[k]].out = WO_PLACE_MANAGED;
-                if (room)
-                    room[at[k]] = r ? WO_LENT_PICKS : WO_LENT_SLOTS;
-            }
     }
     free(c);
     free(at);
+    return lent;
 }
 
 void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
                         bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
-                        struct wo_fit_split *sp, uint8_t *room)
+                        struct wo_fit_split *sp)
 {
-    uint64_t weights, rooms[2], lent[2] = {0, 0};
+    uint64_t weights;
     struct wo_fit eff = *fit;
 
     /* reserve: auto, the runs before's high water (fit-memo.c) */
@@ -257,20 +245,8 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
     sp->picks = WO_MIN(fit_picks_room(v, n), weights - sp->staging);
     sp->weights = weights - sp->staging - sp->picks;
     sp->chosen = wo_fit_choose(fit, v, n, WO_MIN(sp->weights, limit));
-    if (room)
-        memset(room, WO_LENT_NONE, n);
-    /* WOFFLOAD_FIT_LEND=0: the rooms stay empty, those weights host. The
-     * picked copies' room is lent at seal only: names announced before
-     * their bytes come from the Python hook, whose router registers picks
-     * at every layer's forward, so the buffers fill at the first step and
-     * a weight lent there would be managed memory read from the host for
-     * the rest of the run where it would have been pinned */
-    rooms[0] = sp->staging;
-    rooms[1] = lend_experts ? sp->picks : 0;
-    if (wo_settings()->fit_lend)
-        fit_lend(fit, v, lendable, n, rooms, room, lent);
-    sp->lent = lent[0] + lent[1];
-    sp->lent_picks = lent[1];
+    /* WOFFLOAD_FIT_LEND=0: the room stays empty, those weights host */
+    sp->lent = wo_settings()->fit_lend ? fit_lend(fit, v, lendable, n, sp->staging) : 0;
 }
 
 struct tag_ord {
@@ -319,7 +295,6 @@ void wo_place_fit(size_t free_b, size_t total_b)
     struct wo_fit_item *v;
     struct wo_tag **tv;
     bool *lendable;
-    uint8_t *room;
     size_t n = 0;
     uint64_t engine = 0, resident = 0, rest = 0, budget, untagged, context;
     uint64_t bound_host, bound_device;
@@ -327,7 +302,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     struct wo_fit_split sp;
     char b1[32], b2[32], b3[32], b4[32], b5[32], b6[32], b7[32], b8[32];
     char b9[32], b10[32], untagged_said[96] = "", context_said[320], context_line[400];
-    char lend_said[96], picks_said[96], b11[32];
+    char lend_said[96];
 
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next)
@@ -335,8 +310,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
     v = calloc(n ? n : 1, sizeof(*v));
     tv = calloc(n ? n : 1, sizeof(*tv));
     lendable = calloc(n ? n : 1, sizeof(*lendable));
-    room = calloc(n ? n : 1, sizeof(*room));
-    if (!v || !tv || !lendable || !room) {
+    if (!v || !tv || !lendable) {
         wo_error("fit: out of memory; the policy's placements apply as written");
         goto out;
     }
@@ -380,14 +354,13 @@ void wo_place_fit(size_t free_b, size_t total_b)
     budget = wo_fit_budget(fit, total_b, (uint64_t)free_b + resident, engine + context);
     untagged = untagged_to_device();
     wo_place_fit_split(fit, v, lendable, true, n, budget - WO_MIN(untagged, budget), UINT64_MAX,
-                       &sp, room);
+                       &sp);
     for (size_t i = 0; i < n; i++) {
         struct wo_tag *t = tv[i];
         if (v[i].fixed != WO_PLACE_UNSET)
             continue;
-        /* fit_lend's choices (fit's own are the device or its rest), and
-         * from which room */
-        t->lent = v[i].out == WO_PLACE_MANAGED ? room[i] : WO_LENT_NONE;
+        /* fit_lend's choices: fit's own are the device or its rest */
+        t->lent = sp.lent && v[i].out == WO_PLACE_MANAGED && fit->rest == WO_PLACE_HOST;
         if (t->place != v[i].out)
             t->applied = false; /* seal_alloc() applies the new placement */
         t->place = t->name->place = v[i].out;
@@ -406,31 +379,18 @@ void wo_place_fit(size_t free_b, size_t total_b)
     wo_uvm.fit.reserve_bytes = sp.reserve;
     wo_uvm.fit.lent_bytes = sp.lent;
     wo_uvm.fit.picks_bytes = sp.picks;
-    __atomic_store_n(&wo_uvm.fit.lent_picks_bytes, sp.lent_picks, __ATOMIC_RELAXED);
     /* The prefetcher keeps managed bytes, and the streaming executor its
      * slots, within what fit left the weights (with no room kept for slots
-     * there are none: the device stays within the fit budget). The picked
-     * copies' room is the planner's too while their buffers do not hold it
-     * (plan-budget.h): it holds lent weights while they are empty; not the
-     * slots' (slots and buffers together stay within fit's rooms). */
+     * there are none: the device stays within the fit budget). */
     if (wo_uvm.g->device_budget.kind == WO_BUDGET_AUTO)
         wo_uvm.device_budget =
             sp.weights + sp.staging > sp.chosen ? sp.weights + sp.staging - sp.chosen : 0;
-    wo_budget_picks_room(wo_settings()->fit_lend ? sp.picks : 0);
     if (wo_settings()->fit_lend)
         snprintf(lend_said, sizeof(lend_said),
                  "lent to %s of managed weights while the slots are empty",
-                 wo_format_size(sp.lent - sp.lent_picks, b7, sizeof(b7)));
+                 wo_format_size(sp.lent, b7, sizeof(b7)));
     else
         snprintf(lend_said, sizeof(lend_said), "kept empty (WOFFLOAD_FIT_LEND=0)");
-    if (!sp.picks)
-        picks_said[0] = '\0';
-    else if (wo_settings()->fit_lend)
-        snprintf(picks_said, sizeof(picks_said),
-                 " (lent to %s of managed weights while they are empty)",
-                 wo_format_size(sp.lent_picks, b11, sizeof(b11)));
-    else
-        snprintf(picks_said, sizeof(picks_said), " (kept empty)");
     if (untagged)
         snprintf(untagged_said, sizeof(untagged_said),
                  ", less %s of the engine's allocations that no name covers",
@@ -446,7 +406,7 @@ void wo_place_fit(size_t free_b, size_t total_b)
                  "fit: %s of weights on the device (budget %s: the fit size less %s the engine "
                  "holds%s, within the free memory less keep_free%s; %s of it kept for what the "
                  "engine allocates after seal%s, %s for staging slots, %s, %s for the "
-                 "picked copies' buffers%s), %s %s over %zu names",
+                 "picked copies' buffers), %s %s over %zu names",
                  wo_format_size(sp.chosen, b1, sizeof(b1)),
                  wo_format_size(sp.budget, b2, sizeof(b2)), wo_format_size(engine, b3, sizeof(b3)),
                  context_line, untagged_said, wo_format_size(sp.reserve, b6, sizeof(b6)),
@@ -454,13 +414,12 @@ void wo_place_fit(size_t free_b, size_t total_b)
                  : wo_fit_memo_have() ? " (reserve auto: the runs before's high water)"
                                       : " (reserve auto: no run before, the default)",
                  wo_format_size(sp.staging, b5, sizeof(b5)), lend_said,
-                 wo_format_size(sp.picks, b8, sizeof(b8)), picks_said,
-                 wo_format_size(rest, b4, sizeof(b4)), wo_placement_to_string(fit->rest), n);
+                 wo_format_size(sp.picks, b8, sizeof(b8)), wo_format_size(rest, b4, sizeof(b4)),
+                 wo_placement_to_string(fit->rest), n);
 out:
     free(v);
     free(tv);
     free(lendable);
-    free(room);
 }
 
 /* The staging room back to weights (issue 41). fit kept room for the
@@ -483,7 +442,7 @@ uint64_t wo_place_fit_return(void)
     char b1[32], b2[32];
 
     pthread_mutex_lock(&wo_uvm.lock);
-    if (wo_uvm.fit.returned || wo_uvm.fit.lent_bytes <= wo_uvm.fit.lent_picks_bytes || !d) {
+    if (wo_uvm.fit.returned || !wo_uvm.fit.lent_bytes || !d) {
         pthread_mutex_unlock(&wo_uvm.lock);
         return 0;
     }
@@ -502,11 +461,9 @@ uint64_t wo_place_fit_return(void)
                 continue;
             for (size_t k = 0; k < a->ntags; k++) {
                 struct wo_tag *t = &a->tags[k];
-                /* the picked copies' room stays lent: their buffers may
-                 * come (picks need no slots) */
-                if (t->lent != WO_LENT_SLOTS)
+                if (!t->lent)
                     continue;
-                t->lent = WO_LENT_NONE;
+                t->lent = false;
                 if (t->place != WO_PLACE_MANAGED)
                     continue;
                 if (wo_place_apply_range(a, t->off, t->size, WO_PLACE_DEVICE, true, true) < 0) {

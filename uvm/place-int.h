@@ -115,19 +115,17 @@ void wo_place_context_for_trace(void);
  * before the bytes): the reserve for the engine's allocations after seal,
  * room for the streaming executor's slots (none for routed experts with
  * WOFFLOAD_PICKS on, unless lend_experts and their memory is lendable) and for the picked copies'
- * buffers, then the weights chosen within the rest (and within limit), and the rooms lent to
- * managed weights (the slots' first; the picked copies' only with lend_experts: at seal); sets
- * v[].out, and room[i] (NULL: not asked) to the room that lent v[i] (enum wo_lent_room). */
+ * buffers, then the weights chosen within the rest (and within limit) and the slots' room lent to
+ * managed weights; sets v[].out. */
 struct wo_fit_split {
     uint64_t budget, reserve, staging, picks;
-    uint64_t weights;    /* budget less the reserve, the staging room and the picks' */
-    uint64_t chosen;     /* of it, placed on the device */
-    uint64_t lent;       /* the rooms lent, both */
-    uint64_t lent_picks; /* of it, the picked copies' room */
+    uint64_t weights; /* budget less the reserve, the staging room and the picks' */
+    uint64_t chosen;  /* of it, placed on the device */
+    uint64_t lent;    /* the staging room lent */
 };
 void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
                         bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
-                        struct wo_fit_split *sp, uint8_t *room);
+                        struct wo_fit_split *sp);
 
 /* ---- names before bytes (place-expect.c) --------------------------------------- */
 

@@ -14,7 +14,6 @@ static const struct wo_budget_stager *stager;
 /* gen + 1 of the range wholly resident under each registry id, 0 none */
 static uint32_t resident_gen[WO_STREAM_IDS];
 static uint64_t picks_bytes; /* picked staging's buffers (any thread writes) */
-static uint64_t picks_room;  /* fit's room for them, beyond the device budget (atomic) */
 static uint64_t picks_seen;  /* ... at the last set */
 static const struct wo_budget_resident *resident;
 static struct wo_plan *plan;
@@ -37,11 +36,9 @@ static uint64_t reserved(void)
     return stager ? stager->reserved() : 0;
 }
 
-/* The device budget with fit's room for the picked copies' buffers, less
- * bytes (those the slots and the buffers hold), never below 0. */
 static uint64_t less(uint64_t bytes)
 {
-    uint64_t budget = wo_uvm_device_budget() + __atomic_load_n(&picks_room, __ATOMIC_RELAXED);
+    uint64_t budget = wo_uvm_device_budget();
 
     return budget - WO_MIN(bytes, budget);
 }
@@ -49,24 +46,6 @@ static uint64_t less(uint64_t bytes)
 uint64_t wo_budget_for_plan(void)
 {
     return less(reserved() + __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED));
-}
-
-uint64_t wo_budget_shared(void)
-{
-    uint64_t room = __atomic_load_n(&picks_room, __ATOMIC_RELAXED);
-    uint64_t held = __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED);
-
-    return wo_uvm_device_budget() + room - WO_MIN(held, room);
-}
-
-void wo_budget_picks_room(uint64_t bytes)
-{
-    __atomic_store_n(&picks_room, bytes, __ATOMIC_RELAXED);
-}
-
-uint64_t wo_budget_picks_room_bytes(void)
-{
-    return __atomic_load_n(&picks_room, __ATOMIC_RELAXED);
 }
 
 bool wo_budget_staging_unused(uint64_t launches)

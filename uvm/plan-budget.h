@@ -51,14 +51,9 @@ void wo_budget_resident(struct wo_plan *plan, const struct wo_budget_resident *r
 
 /* ---- the resident side asks ------------------------------------------------- */
 
-/* The device budget, with the room fit keeps for the picked staging
- * buffers (wo_budget_picks_room), less the stager's reserved bytes and the
- * buffers' (wo_budget_picks_bytes; never below 0). */
+/* The device budget less the stager's reserved bytes and the picked
+ * staging buffers' (wo_budget_picks_bytes; never below 0). */
 uint64_t wo_budget_for_plan(void);
-/* What the stager and the resident side share: the device budget and the
- * part of fit's room for the picked buffers that they do not hold (the
- * device budget alone without fit). Any thread. */
-uint64_t wo_budget_shared(void);
 /* Whether the stager claims the range. */
 bool wo_budget_claimed(uint32_t id, uint32_t gen);
 /* Whether the stager is running, has never streamed a range, and at least
@@ -97,15 +92,6 @@ void wo_budget_note_resident(uint32_t id, uint32_t gen, bool whole);
  * range in place (from device memory) instead of copying its rows. */
 bool wo_budget_resident_whole(uint32_t id, uint32_t gen);
 /* ---- picked staging tells (uvm/picks.h; any thread) ------------------------ */
-
-/* fit (place-fit.c, at seal) kept `bytes` for the picked staging buffers
- * outside the device budget, and lends it: the resident side's budget has
- * what of it the buffers do not hold. 0: none (without fit, or
- * WOFFLOAD_FIT_LEND=0). The slots never grow into it. */
-void wo_budget_picks_room(uint64_t bytes);
-/* That room (any thread): picked staging gives its idle buffers back while
- * it is lent (wo_picks_idle). */
-uint64_t wo_budget_picks_room_bytes(void);
 
 /* Its buffers now hold bytes: they come off the planner's budget at the
  * resident side's next tick (wo_budget_tick). */

@@ -343,8 +343,7 @@ static void json_body(struct sbuf *b)
                   ",\"buffer_bytes\":%" PRIu64 ",\"hot_bytes\":%" PRIu64 ",\"hot_rows\":%" PRIu64
                   ",\"hot_fills\":%" PRIu64 ",\"hot_given_back\":%" PRIu64
                   ",\"buffer_cap\":%" PRIu64 ",\"buffers_lent\":%" PRIu64
-                  ",\"buffers_reclaimed\":%" PRIu64 ",\"buffers_idle_freed\":%" PRIu64
-                  ",\"buffer_idle_bytes\":%" PRIu64 ",\"kernel_copies\":%" PRIu64
+                  ",\"buffers_reclaimed\":%" PRIu64 ",\"kernel_copies\":%" PRIu64
                   ",\"timed_copies\":%" PRIu64 ",\"timed_ms\":%.3f,\"copy_span_s\":%.3f"
                   ",\"kernel_bytes\":%" PRIu64 ",\"off_row\":%" PRIu64 ",\"not_reader\":%" PRIu64
                   ",\"const_words\":%" PRIu64 ",\"checked\":%" PRIu64 ",\"check_mismatch\":%" PRIu64
@@ -353,9 +352,9 @@ static void json_body(struct sbuf *b)
                   pt.c.whole_bytes, pt.c.captured, pt.c.failed, pt.c.unused, pt.c.writes,
                   pt.c.resident, pt.buffer_bytes, pt.hot_bytes, pt.hot_rows, pt.hot_fills,
                   pt.hot_given_back, pt.buffer_cap, pt.buffers_lent, pt.buffers_reclaimed,
-                  pt.buffers_idle_freed, pt.buffer_idle_bytes, pt.kernel_copies, pt.timed_copies,
-                  pt.timed_ms, pt.copy_span_s, pt.kernel_bytes, pt.c.off_row, pt.c.not_reader,
-                  pt.const_words, pt.c.checked, pt.c.check_mismatch, pt.c.early, pt.c.early_used);
+                  pt.kernel_copies, pt.timed_copies, pt.timed_ms, pt.copy_span_s, pt.kernel_bytes,
+                  pt.c.off_row, pt.c.not_reader, pt.const_words, pt.c.checked, pt.c.check_mismatch,
+                  pt.c.early, pt.c.early_used);
         picks_kerns_json(b, "off_row_kernels", &pt.c.off_kerns);
         picks_kerns_json(b, "not_reader_kernels", &pt.c.nr_kerns);
         /* the copies on the copy engine (uvm/picks-dma.h) */
@@ -435,16 +434,15 @@ static void json_body(struct sbuf *b)
                   ",\"staging_bytes\":%" PRIu64 ",\"reserve_bytes\":%" PRIu64 ",\"names\":%zu"
                   ",\"lent_bytes\":%" PRIu64 ",\"returned_bytes\":%" PRIu64
                   ",\"yielded_bytes\":%" PRIu64 ",\"yields\":%" PRIu64 ",\"picks_bytes\":%" PRIu64
-                  ",\"lent_picks_bytes\":%" PRIu64 ",\"engine_after_bytes\":%" PRIu64
-                  ",\"engine_peak_bytes\":%" PRIu64 ",\"untagged_bytes\":%" PRIu64
-                  ",\"squeezed_bytes\":%" PRIu64 ",\"context_bytes\":%" PRIu64
-                  ",\"context_known\":%s}",
+                  ",\"engine_after_bytes\":%" PRIu64 ",\"engine_peak_bytes\":%" PRIu64
+                  ",\"untagged_bytes\":%" PRIu64 ",\"squeezed_bytes\":%" PRIu64
+                  ",\"context_bytes\":%" PRIu64 ",\"context_known\":%s}",
                   wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
                   wo_uvm.fit.engine_bytes, wo_uvm.fit.staging_bytes, wo_uvm.fit.reserve_bytes,
                   wo_uvm.fit.names, wo_uvm.fit.lent_bytes, wo_uvm.fit.returned_bytes,
                   wo_uvm.fit.yielded_bytes, wo_uvm.fit.yields, wo_uvm.fit.picks_bytes,
-                  wo_uvm.fit.lent_picks_bytes, wo_uvm.fit.engine_after, wo_uvm.fit.engine_peak,
-                  wo_uvm.fit.untagged_bytes, wo_uvm.fit.squeezed_bytes, wo_uvm.fit.context_bytes,
+                  wo_uvm.fit.engine_after, wo_uvm.fit.engine_peak, wo_uvm.fit.untagged_bytes,
+                  wo_uvm.fit.squeezed_bytes, wo_uvm.fit.context_bytes,
                   __atomic_load_n(&wo_uvm.fit.context_known, __ATOMIC_ACQUIRE) ? "true" : "false");
 
     sb_printf(b, ",\"rules\":[");

@@ -146,7 +146,7 @@ static bool auto_candidate(struct srange *r, uint32_t id)
  * once `reserved` is out. */
 static uint64_t hot_over(uint64_t reserved)
 {
-    uint64_t budget = wo_budget_shared(), hot = 0;
+    uint64_t budget = wo_uvm_device_budget(), hot = 0;
 
     budget -= WO_MIN(reserved, budget);
     for (uint32_t id = 0; id < wo_sx->nr; id++)

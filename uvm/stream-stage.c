@@ -773,7 +773,7 @@ static uint64_t footprint(uint32_t id, const struct srange *r)
 
 static void readmit_room(void)
 {
-    uint64_t budget = wo_budget_shared(), held = 0;
+    uint64_t budget = wo_uvm_device_budget(), held = 0;
     unsigned n = 0;
 
     for (uint32_t id = 0; id < wo_sx->nr; id++) {
