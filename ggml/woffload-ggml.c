@@ -320,6 +320,18 @@ static bool experts_off_device(void)
     return r;
 }
 
+/* Whether the shim's policy is fit (its stats have a fit object): the
+ * band of WOFFLOAD_GGML_PICKS_FROM is then off unless given, as fit keeps no
+ * room for its buffers then (uvm/place-fit.c, fit_picks_room). */
+static bool fit_on(void)
+{
+    char *buf = stats_json();
+    bool r = buf && strstr(buf, ",\"fit\":{\"budget\":") != NULL;
+
+    free(buf);
+    return r;
+}
+
 static struct candidate *find(ggml_backend_buffer_t buf)
 {
     for (size_t i = 0; i < ncands; i++)
@@ -379,7 +391,12 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * WOFFLOAD_GGML_STREAM a layer is registered as well: the shim's kernel
  * copies the picked experts to the device before MUL_MAT_ID reads them there
  * (on the H200, a 128-expert top-8 GGUF at a batch of 32, 87% picked: 102.7
- * tok/s against 95.9 read in place, llama.cpp's own -ot 101.7). With
+ * tok/s against 95.9 read in place, llama.cpp's own -ot 101.7). Under fit
+ * the default is 0 (fit_on): llama-server at 32 requests under --fit decoded
+ * 1.15-1.31x faster without the band, whose buffers took fit's room and
+ * whose copies ran on the engine's stream where the streaming executor
+ * would have staged the tensors whole beside the kernels
+ * (bench/results/llamacpp-serve-20261206c-p32-fitpicks-h100). With
  * WOFFLOAD_PICKS_ENGINE the copy engine moves their runs instead (uvm/
  * picks-dma.h), the way llama.cpp's -ot moves them, without its host sync.
  *
@@ -668,9 +685,10 @@ static bool picks_wanted(void)
      * each compute's graph is a cost an all-device model must not pay) */
     if (__atomic_load_n(&from_pct, __ATOMIC_RELAXED) < 0 && naming && fwd.picks_rows &&
         phase_now() == PH_SEALED)
-        __atomic_store_n(&from_pct,
-                         experts_off_device() ? pct_setting("WOFFLOAD_GGML_PICKS_FROM", 80) : 0,
-                         __ATOMIC_RELAXED);
+        __atomic_store_n(
+            &from_pct,
+            experts_off_device() ? pct_setting("WOFFLOAD_GGML_PICKS_FROM", fit_on() ? 0 : 80) : 0,
+            __ATOMIC_RELAXED);
     return naming && fwd.graph_n_nodes && fwd.graph_node && fwd.nelements && fwd.nrows &&
            fwd.is_contiguous && fwd.element_size && nexperts && phase_now() == PH_SEALED &&
            ((fwd.picks_rows && (picks_pct > 0 || from_pct > 0)) ||

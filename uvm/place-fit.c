@@ -182,15 +182,20 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
  * wo_fit_picks_room) when WOFFLOAD_PICKS is on: 1.5 GiB on the H200's
  * 128-expert shape, which fit did not count (the process's peak passed the
  * fit size). llama.cpp's expert tensors get picks only where the ggml hook
- * registers them: WOFFLOAD_GGML_PICKS, _PICKS_FROM or hot experts
- * (ggml/woffload-ggml.c); with none of those their room would stay empty
- * (768 MiB of llama-server's 14 GiB at --fit 14012MiB). An engine that never
- * registers picks leaves it unused. */
+ * registers them: WOFFLOAD_GGML_PICKS, hot experts, or _PICKS_FROM, whose
+ * default under fit is 0 (ggml/woffload-ggml.c reads the same rule off the
+ * stats' fit object): with the band of 80-92% picked the buffers took 768
+ * MiB of llama-server's 14 GiB at --fit 14012MiB and served 16 of 485 steps
+ * per expert tensor, and the band's copies ran on the engine's stream where
+ * the streaming executor would have staged the tensors whole beside the
+ * kernels. Without it fit decoded 1.15-1.31x faster at the same size
+ * (bench/results/llamacpp-serve-20261206c-p32-fitpicks-h100). An engine that
+ * never registers picks leaves the room unused. */
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     const struct wo_settings *s = wo_settings();
-    bool ggml = s->ggml_picks > 0 || s->ggml_picks_from > 0 || s->picks_hot_mib > 0 ||
-                (wo_uvm.g && wo_uvm.g->prefetch.hot_experts != 0);
+    bool ggml = s->ggml_picks > 0 || (s->ggml_picks_from > 0 && s->ggml_picks_from_given) ||
+                s->picks_hot_mib > 0 || (wo_uvm.g && wo_uvm.g->prefetch.hot_experts != 0);
 
     return s->picks ? wo_fit_picks_room(v, n, s->picks_buffers, ggml) : 0;
 }

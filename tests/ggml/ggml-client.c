@@ -49,6 +49,10 @@
  * between registrations, and no staging slot is made. --claims: the same
  * computes with no picks registered: few tokens claim the expert tensors
  * read in place (WOFFLOAD_GGML_STREAM), many stage them (claims_steps).
+ * --band-on / --band-off: computes of 7 tokens (87% picked, in the hook's
+ * band from WOFFLOAD_GGML_PICKS_FROM) registered or not (band_steps).
+ * --fit: the policy is fit: every weight is advised to the host before
+ * loading (fit chooses at seal); after seal as --host says.
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -577,6 +581,39 @@ static long long staged_settled(void)
     return v;
 }
 
+/* --band-on / --band-off: computes of BAND_TOKENS (87% of the experts
+ * picked: inside the hook's band, from WOFFLOAD_GGML_PICKS_FROM up to
+ * WOFFLOAD_GGML_STREAM's 92) registered, every launch on a host expert
+ * tensor reading the shim's buffer, or not, all read in place: on with a hand
+ * policy by default (80), off under fit unless WOFFLOAD_GGML_PICKS_FROM is
+ * given. Every sum exact either way. */
+#define BAND_TOKENS 7
+static void band_steps(struct ggml_tensor **wt, int on)
+{
+    const char *what = on ? "--band-on" : "--band-off";
+    struct picks_ctx *c = picks_ctx_new(wt, what);
+    long long staged0;
+
+    if (!c)
+        return;
+    staged0 = picks_field("staged");
+    for (int s = 0; s < 4; s++)
+        picks_step(c, BAND_TOKENS);
+    CHECK(c->wrong == 0 && c->launches > 0, "%s: every sum of %zu launches exact (%zu wrong)", what,
+          c->launches, c->wrong);
+    if (on)
+        CHECK(c->moved == c->launches && picks_field("staged") > staged0,
+              "%s: computes of %d tokens registered: every launch on a host expert tensor read "
+              "the shim's buffer (%zu of %zu; staged %lld, then %lld)",
+              what, BAND_TOKENS, c->moved, c->launches, staged0, picks_field("staged"));
+    else
+        CHECK(c->moved == 0 && picks_field("staged") == staged0,
+              "%s: computes of %d tokens registered nothing: read in place (%zu of %zu moved; "
+              "staged %lld, then %lld)",
+              what, BAND_TOKENS, c->moved, c->launches, staged0, picks_field("staged"));
+    picks_ctx_free(c);
+}
+
 /* --claims: the picks' computes with the host experts streamed and no picks
  * registered (WOFFLOAD_GGML_PICKS 0): a compute of PICKS_TOKENS (44% of the
  * experts picked, under WOFFLOAD_GGML_STREAM's 92) claims the layers'
@@ -850,6 +887,8 @@ int main(int argc, char **argv)
 {
     const char *host_re = NULL;
     int unnamed = 0, pass = 0, late = 0, stream = 0, picks = 0, picks_off = 0, claims = 0;
+    int band = -1; /* --band-on 1, --band-off 0 */
+    int fit = 0;   /* --fit: the policy is fit (its choice at seal) */
     int free_early = 0, free_other = 0;
     int (*where_fn)(const void *);
     regex_t re;
@@ -874,6 +913,12 @@ int main(int argc, char **argv)
             picks = picks_off = 1;
         else if (strcmp(argv[i], "--claims") == 0)
             claims = 1;
+        else if (strcmp(argv[i], "--band-on") == 0)
+            band = 1;
+        else if (strcmp(argv[i], "--band-off") == 0)
+            band = 0;
+        else if (strcmp(argv[i], "--fit") == 0)
+            fit = 1;
         else if (strcmp(argv[i], "--free-early") == 0)
             free_early = 1;
         else if (strcmp(argv[i], "--free-other") == 0)
@@ -881,7 +926,8 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream] "
-                    "[--picks | --picks-off] [--claims] [--free-early | --free-other]\n",
+                    "[--picks | --picks-off] [--band-on | --band-off] [--fit] [--claims] "
+                    "[--free-early | --free-other]\n",
                     argv[0]);
             return 2;
         }
@@ -956,6 +1002,8 @@ int main(int argc, char **argv)
             continue;
         }
         int got = page_state(mid, &ps);
+        /* under fit (--fit) every name waits on the host for seal's choice */
+        host |= fit;
         CHECK(got == 0 && (host ? ps.preferred == CU_DEVICE_CPU : ps.preferred != CU_DEVICE_CPU),
               "%s: before loading, its pages %s (preferred %d)", weights[w].name,
               host ? "advised to the host" : "not advised to the host", got == 0 ? ps.preferred : -99);
@@ -1089,6 +1137,8 @@ int main(int argc, char **argv)
     if (picks)
         picks_steps(wt, picks_off || (late && !bind_copies()));
     picks_registered = picks && !picks_off && !(late && !bind_copies());
+    if (band >= 0)
+        band_steps(wt, band);
     if (claims)
         claims_steps(wt);
     if (stream)
