@@ -63,6 +63,9 @@
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their
 #                  buffers (768 MiB on the moe32 GGUF, beside 4 slots' 1536): what
 #                  that band is worth in serving, at what memory
+#   shim-ROW-band  any shim row with WOFFLOAD_GGML_PICKS_FROM=80: the hook's
+#                  band of picked copies given (under fit it is off unless
+#                  given: docs/llamacpp.md, Picked experts), to measure it
 #   shim-ROW-nolend  any shim row with WOFFLOAD_FIT_LEND=0: fit's room for the
 #                  slots kept empty, not lent to managed weights (which the
 #                  kernels read in place beside the copies while the slots are busy)
@@ -146,6 +149,7 @@ for row in $ROWS; do
         shim-*-late) base=${base%-late}; export WOFFLOAD_LATE_BIND=1 ;;
         shim-*-tail) base=${base%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
         shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
+        shim-*-band) base=${base%-band}; export WOFFLOAD_GGML_PICKS_FROM=80 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;

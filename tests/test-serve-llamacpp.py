@@ -950,14 +950,14 @@ class TestRowsDry(unittest.TestCase):
         env = dict(os.environ, DRY_RUN="1", LLAMA_BIN=os.path.join(out, "none"), GGUF=os.path.join(out, "m.gguf"),
                    OUTROOT=out, PARALLEL="4", FIT="from:peer", SHIM_BUILD=os.path.join(out, "shim"),
                    ROWS="shim-fit-nopicks-slots2 shim-ncmoe-odd shim-spread9 shim-fit-nolend shim-fit-inorder "
-                        "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks bogus",
+                        "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks shim-fit-band bogus",
                    PYTHON=sys.executable)
         env.pop("WOFFLOAD_FIT_LEND", None)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         lines = {m.group(1): m.group(2) for m in re.finditer(r"\[serve-rows\] (\S+): would run: (.*)", r.stdout)}
-        self.assertEqual(len(lines), 8, r.stdout)
+        self.assertEqual(len(lines), 9, r.stdout)
         self.assertIn("bogus: unknown row", r.stdout)
         run = os.path.join(out, "shim", "tools", "woffload-run")
         # fit with two slots and no picks: --fit, a policy of that key alone
@@ -967,6 +967,8 @@ class TestRowsDry(unittest.TestCase):
         self.assertTrue(lines["shim-fit-nopicks-slots2"].startswith(f"{run} --fit 7481MiB --policy {fpol} --stats"))
         self.assertTrue(lines["shim-fit-nopicks-slots2"].endswith("WOFFLOAD_GGML_PICKS_FROM=0"))
         self.assertTrue(lines["shim-fit-nolend"].endswith("WOFFLOAD_FIT_LEND=0"))
+        # the hook's picks band given (off under fit unless given)
+        self.assertTrue(lines["shim-fit-band"].endswith("WOFFLOAD_GGML_PICKS_FROM=80"))
         # fit's after-seal reserve, in MiB
         self.assertTrue(lines["shim-fit-reserve64-nopicks"].startswith(f"{run} --fit 7481MiB --reserve 64MiB --stats"))
         self.assertTrue(lines["shim-fit-reserve64-nopicks"].endswith("WOFFLOAD_GGML_PICKS_FROM=0"))
