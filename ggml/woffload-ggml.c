@@ -394,8 +394,9 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * tok/s against 95.9 read in place, llama.cpp's own -ot 101.7). Under fit
  * the default is 0 (fit_on): llama-server at 32 requests under --fit decoded
  * 1.15-1.31x faster without the band, whose buffers took fit's room and
- * whose copies ran on the engine's stream where the streaming executor
- * would have staged the tensors whole beside the kernels
+ * whose copies ran on the engine's stream, a pass of their own before each
+ * MUL_MAT_ID, which without them reads the picked experts in place (the
+ * claim below WOFFLOAD_GGML_STREAM)
  * (bench/results/llamacpp-serve-20261206c-p32-fitpicks-h100). With
  * WOFFLOAD_PICKS_ENGINE the copy engine moves their runs instead (uvm/
  * picks-dma.h), the way llama.cpp's -ot moves them, without its host sync.

@@ -186,9 +186,10 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
  * default under fit is 0 (ggml/woffload-ggml.c reads the same rule off the
  * stats' fit object): with the band of 80-92% picked the buffers took 768
  * MiB of llama-server's 14 GiB at --fit 14012MiB and served 16 of 485 steps
- * per expert tensor, and the band's copies ran on the engine's stream where
- * the streaming executor would have staged the tensors whole beside the
- * kernels. Without it fit decoded 1.15-1.31x faster at the same size
+ * per expert tensor, and the band's copies ran on the engine's stream, a
+ * pass of their own before each MUL_MAT_ID, which without them reads the
+ * picked experts in place inside its kernels (the hook's claim below
+ * WOFFLOAD_GGML_STREAM). Without it fit decoded 1.15-1.31x faster at the same size
  * (bench/results/llamacpp-serve-20261206c-p32-fitpicks-h100). An engine that
  * never registers picks leaves the room unused. */
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
