@@ -239,13 +239,23 @@ for row in $ROWS; do
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac
     # the greedy ids to match: plain's, else llama-ot's when it ran first
-    # (a repeat of plain checks against the first plain run)
+    # (a repeat of plain checks against the first plain run), else, for any
+    # row but plain, those of another of llama.cpp's own rows run before
+    # (llama-ncmoe8: a repeat against the first run)
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json
     elif [ "$name" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-llama-ot/greedy.json
+    elif [ "$name" != plain ]; then
+        for g in "$OUTROOT"/p"$P"-llama-*/greedy.json; do
+            if [ "$g" != "$OUTROOT/p$P-$row/greedy.json" ] && [ -s "$g" ]; then
+                export GREEDY_REF=$g
+                break
+            fi
+        done
     fi
     if [ "${DRY_RUN:-0}" = 1 ]; then
+        [ -n "${GREEDY_REF:-}" ] && echo "[serve-rows] $row: greedy ids against $GREEDY_REF"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
             "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND)=' |
                 sort | paste -sd ' ' -)"

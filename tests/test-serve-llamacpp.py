@@ -865,6 +865,10 @@ class TestRows(unittest.TestCase):
         # a row measured before (a peer's, 7481 MiB at its peak) for the
         # --fit row at its device memory (FIT=from:peer)
         os.makedirs(os.path.join(out, "p4-peer"))
+        # llama.cpp's own row run before: the shim rows' greedy ids are checked against it
+        os.makedirs(os.path.join(out, "p4-llama-ncmoe8"))
+        with open(os.path.join(out, "p4-llama-ncmoe8", "greedy.json"), "w") as f:
+            json.dump({"alone": {}}, f)
         with open(os.path.join(out, "p4-peer", "sweep.json"), "w") as f:
             json.dump({"phases": [{"rate": 5, "memory": {"gpu_pid_mib": {"max": m}},
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}
@@ -944,6 +948,10 @@ class TestRowsDry(unittest.TestCase):
     def test_dry_run(self) -> None:
         out = tempfile.mkdtemp(prefix="test-llamacpp-rows-dry-")
         os.makedirs(os.path.join(out, "p4-peer"))
+        # llama.cpp's own row run before: the shim rows' greedy ids are checked against it
+        os.makedirs(os.path.join(out, "p4-llama-ncmoe8"))
+        with open(os.path.join(out, "p4-llama-ncmoe8", "greedy.json"), "w") as f:
+            json.dump({"alone": {}}, f)
         with open(os.path.join(out, "p4-peer", "sweep.json"), "w") as f:
             json.dump({"phases": [{"rate": 5, "memory": {"gpu_pid_mib": {"max": 7481}},
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}]}, f)
@@ -986,8 +994,15 @@ class TestRowsDry(unittest.TestCase):
             self.assertIn("  - name: experts-of-9-layers-spread\n"
                           "    regex: '^blk\\.(0|2|4|6|8|9|11|13|15)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n",
                           f.read())
+        # the greedy ids of every other row against llama.cpp's row run before; not its own
+        greedy = dict(re.findall(r"\[serve-rows\] (\S+): greedy ids against (\S+)", r.stdout))
+        ref = os.path.join(out, "p4-llama-ncmoe8", "greedy.json")
+        self.assertEqual(greedy.get("shim-fit-band"), ref)
+        self.assertEqual(greedy.get("shim-spread9"), ref)
+        self.assertNotIn("llama-ncmoe8", greedy)
         # nothing ran: no row's folder, no table
-        self.assertEqual(sorted(x for x in os.listdir(out) if x.startswith("p4-")), ["p4-peer"])
+        self.assertEqual(sorted(x for x in os.listdir(out) if x.startswith("p4-")),
+                         ["p4-llama-ncmoe8", "p4-peer"])
         self.assertFalse(os.path.exists(os.path.join(out, "rows.md")))
 
 
