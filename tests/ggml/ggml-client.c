@@ -865,11 +865,23 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
               "--stream: WOFFLOAD_READONLY=0: the graph replays are blind launches (%lld)",
               st ? field(st, "blind_launches") : -1);
     }
-    /* the copy made it a written range: read in place from then on */
-    const char *wn = st ? strstr(st, "\"blk.1.ffn_up_exps.weight\":{") : NULL;
-    const char *we = wn ? strchr(wn, '}') : NULL;
-    const char *ww = wn ? strstr(wn, "\"written\":true") : NULL;
-    CHECK(ww && ww < we, "--stream: the copy's tensor is written, no longer streamed");
+    /* the copy made it a written range: read in place from then on. The
+     * executor learns it on the consumer thread, from the copy's event: up
+     * to 5 s for it (a loaded machine: the release build in CI, 2026-12-06,
+     * once read the stats before it had) */
+    bool written_seen = false;
+    for (int tries = 0; tries < 100 && !written_seen; tries++) {
+        char *wj = tries ? stats() : NULL;
+        const char *ws = tries ? (wj ? strstr(wj, "\"stream\":{") : NULL) : st;
+        const char *wn = ws ? strstr(ws, "\"blk.1.ffn_up_exps.weight\":{") : NULL;
+        const char *we = wn ? strchr(wn, '}') : NULL;
+        const char *ww = wn ? strstr(wn, "\"written\":true") : NULL;
+        written_seen = ww && ww < we;
+        free(wj);
+        if (!written_seen)
+            usleep(50000);
+    }
+    CHECK(written_seen, "--stream: the copy's tensor is written, no longer streamed");
     free(js);
 }
 
