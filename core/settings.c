@@ -112,6 +112,8 @@ const struct wo_setting_def wo_setting_defs[] = {
      "most 8-byte words of kernel parameters scanned per launch for tracked addresses", OFF(scan_words), 0, 4096},
 };
 const size_t wo_setting_ndefs = WO_ARRAY_SIZE(wo_setting_defs);
+_Static_assert(WO_ARRAY_SIZE(wo_setting_defs) <= WO_SETTINGS_MAX,
+               "wo_settings.given holds WO_SETTINGS_MAX rows");
 
 static const char *const level_names[] = {"off", "error", "warn", "info", "debug", "trace"};
 
@@ -313,8 +315,8 @@ int wo_settings_parse(char *const *envp, struct wo_settings *out,
                        d->name, q, accepted, d->def);
             apply(d, d->def, out, accepted, sizeof(accepted));
             bad++;
-        } else if (d->offset == OFF(ggml_picks_from)) {
-            out->ggml_picks_from_given = true; /* fit's default differs (uvm/place-fit.c) */
+        } else {
+            out->given[i / 64] |= UINT64_C(1) << (i % 64);
         }
     }
     /* Names that look like ours but are not in the table: most likely typos. */
@@ -338,6 +340,14 @@ int wo_settings_parse(char *const *envp, struct wo_settings *out,
     }
     out->nerrors = bad;
     return bad;
+}
+
+bool wo_settings_given(const struct wo_settings *s, const char *name)
+{
+    for (size_t i = 0; i < wo_setting_ndefs; i++)
+        if (strcmp(wo_setting_defs[i].name, name) == 0)
+            return (s->given[i / 64] >> (i % 64)) & 1;
+    return false;
 }
 
 static struct wo_settings settings;

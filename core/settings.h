@@ -9,6 +9,8 @@
 
 #include "core/macro.h"
 
+#define WO_SETTINGS_MAX 256 /* the table's rows at most (settings.c checks) */
+
 struct wo_settings {
     int log_level;           /* WOFFLOAD_LOG */
     const char *log_file;    /* WOFFLOAD_LOG_FILE, NULL = stderr */
@@ -29,7 +31,6 @@ struct wo_settings {
     uint32_t ggml_picks;     /* WOFFLOAD_GGML_PICKS: read by the ggml hook (ggml/woffload-ggml.c) */
     uint32_t ggml_stream;    /* WOFFLOAD_GGML_STREAM: read by the ggml hook */
     uint32_t ggml_picks_from; /* WOFFLOAD_GGML_PICKS_FROM: read by the ggml hook */
-    bool ggml_picks_from_given; /* ... set in the environment (fit's default is 0) */
     uint32_t picks_engine;   /* WOFFLOAD_PICKS_ENGINE: percent picked from which copies use the copy engine */
     uint32_t picks_whole;    /* WOFFLOAD_PICKS_WHOLE: percent picked from which host tensors may be
                                 staged whole */
@@ -59,6 +60,8 @@ struct wo_settings {
     bool readonly;           /* WOFFLOAD_READONLY */
     bool departure_fences;   /* WOFFLOAD_DEPARTURE_FENCES */
     int nerrors;             /* number of variables that had a bad value */
+    /* bit i: wo_setting_defs[i] was given a valid value (wo_settings_given) */
+    uint64_t given[WO_SETTINGS_MAX / 64];
 };
 
 enum wo_setting_type {
@@ -89,6 +92,11 @@ const struct wo_settings *wo_settings(void);
  * number of bad values. Used by wo_settings() and by tests. */
 int wo_settings_parse(char *const *envp, struct wo_settings *out,
                       void (*report)(void *ud, const char *msg), void *ud);
+
+/* Whether the environment s was parsed from gave setting `name` a valid
+ * value (false: its default holds; fit's default for some differs:
+ * uvm/place-fit.c). */
+bool wo_settings_given(const struct wo_settings *s, const char *name);
 
 /* Prints the table: name, default, current value, documentation. */
 void wo_settings_print(FILE *f, const struct wo_settings *s);

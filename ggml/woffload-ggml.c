@@ -305,33 +305,6 @@ static bool hot_experts_asked(void)
     return r;
 }
 
-/* Whether the shim placed an expert tensor off the device (host or
- * managed), by the stats' names. */
-static bool experts_off_device(void)
-{
-    static const char key[] = "_exps.weight\",\"placement\":\"";
-    char *buf = stats_json();
-    bool r = false;
-
-    for (const char *p = buf; p && !r && (p = strstr(p, key)); p += sizeof(key) - 1)
-        r = strncmp(p + sizeof(key) - 1, "host\"", 5) == 0 ||
-            strncmp(p + sizeof(key) - 1, "managed\"", 8) == 0;
-    free(buf);
-    return r;
-}
-
-/* Whether the shim's policy is fit (its stats have a fit object): the
- * band of WOFFLOAD_GGML_PICKS_FROM is then off unless given, as fit keeps no
- * room for its buffers then (uvm/place-fit.c, fit_picks_room). */
-static bool fit_on(void)
-{
-    char *buf = stats_json();
-    bool r = buf && strstr(buf, ",\"fit\":{\"budget\":") != NULL;
-
-    free(buf);
-    return r;
-}
-
 static struct candidate *find(ggml_backend_buffer_t buf)
 {
     for (size_t i = 0; i < ncands; i++)
@@ -392,7 +365,7 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
  * copies the picked experts to the device before MUL_MAT_ID reads them there
  * (on the H200, a 128-expert top-8 GGUF at a batch of 32, 87% picked: 102.7
  * tok/s against 95.9 read in place, llama.cpp's own -ot 101.7). Under fit
- * the default is 0 (fit_on): llama-server at 32 requests under --fit decoded
+ * the default is 0 (band_from): llama-server at 32 requests under --fit decoded
  * 1.15-1.31x faster without the band, whose buffers took fit's room and
  * whose copies ran on the engine's stream, a pass of their own before each
  * MUL_MAT_ID, which without them reads the picked experts in place (the
@@ -466,6 +439,28 @@ static int pct_setting(const char *name, int dflt)
         return dflt;
     p = strtol(v, &end, 10);
     return *end || p < 0 || p > 100 ? dflt : (int)p;
+}
+
+/* Where the band of WOFFLOAD_GGML_PICKS_FROM starts, once sealed, from one
+ * read of the shim's stats: 0 unless it placed an expert tensor off the
+ * device (host or managed, by the stats' names); else the setting, whose
+ * default is 80, and 0 under fit (the stats have a fit object), as fit
+ * keeps no room for the band's buffers unless it is given
+ * (uvm/place-fit.c, fit_picks_room). */
+static int band_from(void)
+{
+    static const char key[] = "_exps.weight\",\"placement\":\"";
+    char *buf = stats_json();
+    bool off = false;
+    int r = 0;
+
+    for (const char *p = buf; p && !off && (p = strstr(p, key)); p += sizeof(key) - 1)
+        off = strncmp(p + sizeof(key) - 1, "host\"", 5) == 0 ||
+              strncmp(p + sizeof(key) - 1, "managed\"", 8) == 0;
+    if (off)
+        r = pct_setting("WOFFLOAD_GGML_PICKS_FROM", strstr(buf, ",\"fit\":{\"budget\":") ? 0 : 80);
+    free(buf);
+    return r;
 }
 
 /* A thread's compute with picks: what the graph holds per layer (up to
@@ -686,10 +681,7 @@ static bool picks_wanted(void)
      * each compute's graph is a cost an all-device model must not pay) */
     if (__atomic_load_n(&from_pct, __ATOMIC_RELAXED) < 0 && naming && fwd.picks_rows &&
         phase_now() == PH_SEALED)
-        __atomic_store_n(
-            &from_pct,
-            experts_off_device() ? pct_setting("WOFFLOAD_GGML_PICKS_FROM", fit_on() ? 0 : 80) : 0,
-            __ATOMIC_RELAXED);
+        __atomic_store_n(&from_pct, band_from(), __ATOMIC_RELAXED);
     return naming && fwd.graph_n_nodes && fwd.graph_node && fwd.nelements && fwd.nrows &&
            fwd.is_contiguous && fwd.element_size && nexperts && phase_now() == PH_SEALED &&
            ((fwd.picks_rows && (picks_pct > 0 || from_pct > 0)) ||

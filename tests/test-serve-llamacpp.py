@@ -865,10 +865,6 @@ class TestRows(unittest.TestCase):
         # a row measured before (a peer's, 7481 MiB at its peak) for the
         # --fit row at its device memory (FIT=from:peer)
         os.makedirs(os.path.join(out, "p4-peer"))
-        # llama.cpp's own row run before: the shim rows' greedy ids are checked against it
-        os.makedirs(os.path.join(out, "p4-llama-ncmoe8"))
-        with open(os.path.join(out, "p4-llama-ncmoe8", "greedy.json"), "w") as f:
-            json.dump({"alone": {}}, f)
         with open(os.path.join(out, "p4-peer", "sweep.json"), "w") as f:
             json.dump({"phases": [{"rate": 5, "memory": {"gpu_pid_mib": {"max": m}},
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}

@@ -277,9 +277,10 @@ static void good_values_parse_to_fields(void **state)
     assert_null(s.log_file); /* empty: none */
 }
 
-/* WOFFLOAD_GGML_PICKS_FROM given or not (fit's default for the band is 0
- * unless given: uvm/place-fit.c); a bad value counts as not given */
-static void picks_from_given(void **state)
+/* A setting given or not (fit's default for WOFFLOAD_GGML_PICKS_FROM's band
+ * is 0 unless given: uvm/place-fit.c); a bad value counts as not given, and
+ * so does a name that is no setting */
+static void settings_given(void **state)
 {
     struct wo_settings s;
     struct msgs ms;
@@ -291,15 +292,17 @@ static void picks_from_given(void **state)
     (void)state;
     memset(&ms, 0, sizeof(ms));
     assert_int_equal(wo_settings_parse(none, &s, collect, &ms), 0);
-    assert_false(s.ggml_picks_from_given);
+    assert_false(wo_settings_given(&s, "WOFFLOAD_GGML_PICKS_FROM"));
     assert_int_equal(s.ggml_picks_from, 80);
     assert_int_equal(wo_settings_parse(given, &s, collect, &ms), 0);
-    assert_true(s.ggml_picks_from_given);
+    assert_true(wo_settings_given(&s, "WOFFLOAD_GGML_PICKS_FROM"));
+    assert_false(wo_settings_given(&s, "WOFFLOAD_GGML_PICKS")); /* another row's bit */
+    assert_false(wo_settings_given(&s, "WOFFLOAD_NO_SUCH"));
     assert_int_equal(wo_settings_parse(zero, &s, collect, &ms), 0);
-    assert_true(s.ggml_picks_from_given);
+    assert_true(wo_settings_given(&s, "WOFFLOAD_GGML_PICKS_FROM"));
     assert_int_equal(s.ggml_picks_from, 0);
     assert_int_equal(wo_settings_parse(bad, &s, collect, &ms), 1);
-    assert_false(s.ggml_picks_from_given);
+    assert_false(wo_settings_given(&s, "WOFFLOAD_GGML_PICKS_FROM"));
 }
 
 static void long_path_is_rejected(void **state)
@@ -416,7 +419,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(every_variable_good_and_bad),
         cmocka_unit_test(bad_message_shows_value),
         cmocka_unit_test(good_values_parse_to_fields),
-        cmocka_unit_test(picks_from_given),
+        cmocka_unit_test(settings_given),
         cmocka_unit_test(long_path_is_rejected),
         cmocka_unit_test(unknown_names_are_reported),
         cmocka_unit_test(level_names_round_trip),

@@ -1712,7 +1712,7 @@ static void fit_staging_counts_lendable_experts(void **state)
     bool lendable[12], pinned[12] = {false};
     struct wo_fit_split sp;
     const struct wo_settings *set = wo_settings();
-    uint64_t band = set->ggml_picks_from_given && set->ggml_picks_from > 0
+    uint64_t band = wo_settings_given(set, "WOFFLOAD_GGML_PICKS_FROM") && set->ggml_picks_from > 0
                         ? 64 * MiB * (uint64_t)set->picks_buffers
                         : 0;
 

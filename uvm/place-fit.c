@@ -195,7 +195,8 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     const struct wo_settings *s = wo_settings();
-    bool ggml = s->ggml_picks > 0 || (s->ggml_picks_from > 0 && s->ggml_picks_from_given) ||
+    bool ggml = s->ggml_picks > 0 ||
+                (s->ggml_picks_from > 0 && wo_settings_given(s, "WOFFLOAD_GGML_PICKS_FROM")) ||
                 s->picks_hot_mib > 0 || (wo_uvm.g && wo_uvm.g->prefetch.hot_experts != 0);
 
     return s->picks ? wo_fit_picks_room(v, n, s->picks_buffers, ggml) : 0;

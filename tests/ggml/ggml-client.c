@@ -871,8 +871,8 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
      * once read the stats before it had) */
     bool written_seen = false;
     for (int tries = 0; tries < 100 && !written_seen; tries++) {
-        char *wj = tries ? stats() : NULL;
-        const char *ws = tries ? (wj ? strstr(wj, "\"stream\":{") : NULL) : st;
+        char *wj = stats();
+        const char *ws = wj ? strstr(wj, "\"stream\":{") : NULL;
         const char *wn = ws ? strstr(ws, "\"blk.1.ffn_up_exps.weight\":{") : NULL;
         const char *we = wn ? strchr(wn, '}') : NULL;
         const char *ww = wn ? strstr(wn, "\"written\":true") : NULL;
