@@ -120,6 +120,18 @@ run_tests() {
         --timeout-multiplier "$rt_mult" --logbase "$rt_base" "$@" >"$rt_log" 2>&1; then
         grep -E '^ *[0-9]+/[0-9]+ .*(FAIL|TIMEOUT|ERROR)' "$rt_log" >&2 || true
         tail -n 60 "$rt_log" >&2
+        # each failed test's own output, its last lines: --print-errorlogs
+        # puts it where the test failed, which later tests push out of the
+        # tail above (a CI log keeps only what this script prints)
+        python3 -c '
+import json, sys
+for line in open(sys.argv[1], errors="replace"):
+    t = json.loads(line)
+    if t.get("result") in ("FAIL", "TIMEOUT", "ERROR", "UNEXPECTEDPASS"):
+        out = (t.get("stdout") or "") + (t.get("stderr") or "")
+        print("--- %s (%s), the last lines of its output:" % (t["name"], t["result"]))
+        print("\n".join(out.splitlines()[-150:]) or "(none)")' \
+            "$rt_dir/meson-logs/$rt_base.json" >&2 || true
         say "$rt_name: tests failed (logs: $rt_log, $rt_dir/meson-logs/$rt_base.txt)"
         return 1
     fi
