@@ -1747,14 +1747,57 @@ static void fit_staging_counts_lendable_experts(void **state)
         }
         /* the picked copies' buffers, for the largest expert off the
          * device: llama.cpp's experts get picks under fit only where the
-         * ggml hook's band (WOFFLOAD_GGML_PICKS_FROM) is given (test-uvm
-         * runs without it, test-uvm-band with it) */
+         * ggml hook's band (WOFFLOAD_GGML_PICKS_FROM) is given, or more
+         * (fit_ggml_picks_rule) */
         assert_int_equal(sp.picks, band);
         assert_int_equal(sp.weights, 400 * MiB - sp.staging - sp.picks);
         for (int i = 0; i < 4; i++)
             assert_int_equal(v[i].out, WO_PLACE_DEVICE);
     }
     stop();
+}
+
+/* Whether fit keeps room for the picked copies of llama.cpp's experts
+ * (uvm/place-fit.c, wo_place_fit_ggml_picks): where the ggml hook
+ * registers picks under fit. The band (WOFFLOAD_GGML_PICKS_FROM) counts
+ * only when the environment gave it, whatever its default; a band given as
+ * 0, a bad value or another picks setting does not; WOFFLOAD_GGML_PICKS
+ * and hot experts (the setting or the policy's) do. */
+static void quiet_report(void *ud, const char *msg)
+{
+    (void)ud;
+    (void)msg; /* the bad value's message: test-settings checks it */
+}
+
+static void fit_ggml_picks_rule(void **state)
+{
+    static const struct {
+        const char *env;
+        bool hot_policy, want;
+    } cases[] = {
+        {NULL, false, false},
+        {"WOFFLOAD_GGML_PICKS_FROM=80", false, true},
+        {"WOFFLOAD_GGML_PICKS_FROM=0", false, false},
+        {"WOFFLOAD_GGML_PICKS_FROM=eighty", false, false},
+        {"WOFFLOAD_PICKS_BUFFERS=4", false, false},
+        {"WOFFLOAD_GGML_PICKS=30", false, true},
+        {"WOFFLOAD_PICKS_HOT=512", false, true},
+        {NULL, true, true},
+    };
+
+    (void)state;
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char *env[2] = {(char *)cases[i].env, NULL};
+        struct wo_settings s;
+        struct wo_policy_globals g;
+
+        memset(&g, 0, sizeof(g));
+        g.prefetch.hot_experts = cases[i].hot_policy ? 64 * MiB : 0;
+        (void)wo_settings_parse(env, &s, quiet_report, NULL);
+        if (wo_place_fit_ggml_picks(&s, &g) != cases[i].want)
+            fail_msg("case %zu (%s%s): want %d", i, cases[i].env ? cases[i].env : "no setting",
+                     cases[i].hot_policy ? ", hot experts in the policy" : "", cases[i].want);
+    }
 }
 
 /* The device budget the executors share (uvm/plan-budget.h): the planner's
@@ -1937,6 +1980,7 @@ int main(int argc, char **argv)
         T(fork_child_restarts),
         cmocka_unit_test(budget_ledger),
         T(fit_staging_counts_lendable_experts),
+        cmocka_unit_test(fit_ggml_picks_rule),
     };
 
     if (argc > 1)

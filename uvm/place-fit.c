@@ -192,14 +192,20 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
  * WOFFLOAD_GGML_STREAM). Without it fit decoded 1.15-1.31x faster at the same size
  * (bench/results/llamacpp-serve-20261206c-p32-fitpicks-h100). An engine that
  * never registers picks leaves the room unused. */
+bool wo_place_fit_ggml_picks(const struct wo_settings *s, const struct wo_policy_globals *g)
+{
+    return s->ggml_picks > 0 ||
+           (s->ggml_picks_from > 0 && wo_settings_given(s, "WOFFLOAD_GGML_PICKS_FROM")) ||
+           s->picks_hot_mib > 0 || (g && g->prefetch.hot_experts != 0);
+}
+
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     const struct wo_settings *s = wo_settings();
-    bool ggml = s->ggml_picks > 0 ||
-                (s->ggml_picks_from > 0 && wo_settings_given(s, "WOFFLOAD_GGML_PICKS_FROM")) ||
-                s->picks_hot_mib > 0 || (wo_uvm.g && wo_uvm.g->prefetch.hot_experts != 0);
 
-    return s->picks ? wo_fit_picks_room(v, n, s->picks_buffers, ggml) : 0;
+    return s->picks
+               ? wo_fit_picks_room(v, n, s->picks_buffers, wo_place_fit_ggml_picks(s, wo_uvm.g))
+               : 0;
 }
 
 static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,

@@ -5,6 +5,7 @@
  * fit:). Every function here runs under wo_uvm.lock. */
 #pragma once
 
+#include "core/settings.h"
 #include "uvm/internal.h"
 
 #define PAGE 4096u /* advice and pins work on whole pages */
@@ -126,6 +127,11 @@ struct wo_fit_split {
 void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
                         bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
                         struct wo_fit_split *sp);
+/* Whether llama.cpp's expert tensors get picked copies under the settings
+ * s and the policy's globals g (NULL: no policy), so that fit keeps room for their buffers:
+ * WOFFLOAD_GGML_PICKS, hot experts, or the hook's band
+ * (WOFFLOAD_GGML_PICKS_FROM) given, whose default under fit is 0. */
+bool wo_place_fit_ggml_picks(const struct wo_settings *s, const struct wo_policy_globals *g);
 
 /* ---- names before bytes (place-expect.c) --------------------------------------- */
 
