@@ -27,6 +27,12 @@
  * 2026-12-05, the fake's message came in about half the runs (its free
  * meets a job pending or not, by the threads' timing).
  *
+ * `late`: P's first picks come after the executor may have chosen it
+ * (by the threads' timing); `staged`: P (its rows smaller, the size of an
+ * S) is read whole, streamed and staged, until a launch of it was
+ * redirected, and only then do its picks come: it leaves streaming
+ * (stream.claim_unselects), and the slots still go back.
+ *
  * Needs LD_PRELOAD=the shim and LD_LIBRARY_PATH=the fake driver's
  * directory (meson sets both). */
 #include <dlfcn.h>
@@ -47,7 +53,9 @@
 
 #define MiB ((size_t)1 << 20)
 #define E 16            /* P's experts */
-#define ROW (64u << 10) /* an expert's row */
+/* an expert's row: 64 KiB; 4 KiB with `staged` (P then the size of an S,
+ * so that the slots, sized for the ranges streamed, take it whole) */
+static size_t ROW = 64u << 10;
 #define NIDS 4
 #define STEPS                                                                                      \
     12 /* steps after the slots went back; before S's free three times as                          \
@@ -104,12 +112,17 @@ static int child(void)
     CUstream s;
     CUdeviceptr S[NS], P, ids, out;
     CUfunction ks, kg;
-    unsigned char *hs = malloc(NS * SB), *hp = malloc(E * ROW);
-    uint64_t want_s[NS], got[NIDS], want[NIDS];
+    unsigned char *hs, *hp;
+    uint64_t want_s[NS], got[NIDS], want[NIDS], want_p;
     int64_t id64[NIDS];
-    long long redirected = -1, slot_bytes = -1;
+    long long redirected = -1, slot_bytes = -1, unselects = -1, unselects_staged = -1, red0 = 0;
+    bool staged_first = getenv("WO_SLOTS_GATE_STAGED") != NULL;
     char *js;
 
+    if (staged_first)
+        ROW = 4u << 10;
+    hs = malloc(NS * SB);
+    hp = malloc(E * ROW);
     if (!cu || !hs || !hp)
         return 2;
     *(void **)&p_cuInit = need(cu, "cuInit");
@@ -153,6 +166,7 @@ static int child(void)
     CHECK(p_cuMemAlloc(&P, E * ROW) == CUDA_SUCCESS);
     CHECK(pop() == 0);
     CHECK(p_cuMemcpyHtoD(P, hp, E * ROW) == CUDA_SUCCESS);
+    want_p = host_sum((const uint64_t *)hp, E * ROW / 8);
     CHECK(p_cuMemAlloc(&ids, NIDS * 8) == CUDA_SUCCESS);
     CHECK(p_cuMemAlloc(&out, 4096) == CUDA_SUCCESS);
     CHECK(seal() == 0);
@@ -175,7 +189,7 @@ static int child(void)
      * hook). A P never staged since stayed streamed for good, and the
      * slots never went back (3 of 109 runs under load, before stop 92:
      * uvm/stream.c, any_streamed) */
-    if (!getenv("WO_SLOTS_GATE_LATE"))
+    if (!getenv("WO_SLOTS_GATE_LATE") && !staged_first)
         CHECK(picks((void *)(uintptr_t)P, E * ROW, E, (void *)(uintptr_t)ids, NIDS, 8) == 0);
 
     for (int phase = 0; phase < 2; phase++) {
@@ -195,6 +209,29 @@ static int child(void)
                 CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
                 CHECK(p_cuMemcpyDtoH(&one, out, 8) == CUDA_SUCCESS);
                 CHECK(one == want_s[r]);
+            }
+            /* staged: until its first picks P is read whole by the kernel
+             * that reads every S (a function that reads one range only is
+             * left alone: preload/launch.c), streamed, until a launch of
+             * it was redirected: P was staged into a slot and read there
+             * (the hooks count a redirect before the launch returns) */
+            if (staged_first && phase == 0) {
+                uint64_t pbytes = E * ROW;
+                void *pp[] = {&P, &pbytes, &out};
+
+                js = wo_test_stats();
+                red0 = wo_json_num(js, "stream", "redirected");
+                free(js);
+                CHECK(p_cuLaunchKernel(ks, 1, 1, 1, 1, 1, 1, 0, s, pp, NULL) == CUDA_SUCCESS);
+                CHECK(p_cuStreamSync(s) == CUDA_SUCCESS);
+                CHECK(p_cuMemcpyDtoH(&one, out, 8) == CUDA_SUCCESS);
+                CHECK(one == want_p);
+                js = wo_test_stats();
+                staged_first = wo_json_num(js, "stream", "redirected") == red0;
+                free(js);
+                if (!staged_first)
+                    printf("child: P staged whole before its first picks, at step %d\n", step);
+                continue;
             }
             CHECK(picks((void *)(uintptr_t)P, E * ROW, E, (void *)(uintptr_t)ids, NIDS, 8) == 0);
             CHECK(p_cuLaunchKernel(kg, 1, 1, 1, 1, 1, 1, 0, s, pg, NULL) == CUDA_SUCCESS);
@@ -222,11 +259,25 @@ static int child(void)
     js = wo_test_stats();
     CHECK(js != NULL);
     slot_bytes = wo_json_num(js, "stream", "slot_bytes");
+    unselects = wo_json_num(js, "stream", "claim_unselects");
+    unselects_staged = wo_json_num(js, "stream", "claim_unselects_staged");
     free(js);
-    printf("child: %lld launches redirected while S streamed; slot bytes at the end %lld\n",
-           redirected, slot_bytes);
+    printf("child: %lld launches redirected while S streamed; slot bytes at the end %lld; %lld "
+           "claim unselects (%lld staged)\n",
+           redirected, slot_bytes, unselects, unselects_staged);
     CHECK(redirected >= STEPS * NS);
     CHECK(slot_bytes == 0);
+    /* staged: P, staged whole, was taken out of streaming once its picks
+     * came (counted; whether a slot still held its copy then is the
+     * threads' timing); with picks before any launch it was claimed
+     * before the executor chose, never streamed (late: either) */
+    CHECK(unselects >= 0 && unselects_staged >= 0 && unselects_staged <= unselects);
+    if (getenv("WO_SLOTS_GATE_STAGED")) {
+        CHECK(!staged_first);
+        CHECK(unselects >= 1);
+    } else if (!getenv("WO_SLOTS_GATE_LATE")) {
+        CHECK(unselects == 0);
+    }
     check_summary("test-slots-gate-preload child");
     free(hs);
     free(hp);
@@ -247,6 +298,8 @@ int main(int argc, char **argv)
         return child();
     if (argc > 1 && strcmp(argv[1], "late") == 0)
         setenv("WO_SLOTS_GATE_LATE", "1", 1); /* the child's picks come late (child()) */
+    if (argc > 1 && strcmp(argv[1], "staged") == 0)
+        setenv("WO_SLOTS_GATE_STAGED", "1", 1); /* ... once P was staged whole */
     fd = mkstemp(pol);
     lfd = mkstemp(logf);
     efd = mkstemp(errf);

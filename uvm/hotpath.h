@@ -181,6 +181,12 @@ struct wo_stream_counts {
     /* woffload_read_in_place: claims that found streamed spans, and the
      * launches that read such a span in place while claimed, no slot ready */
     uint64_t inplace_claims, inplace_claimed;
+    /* streamed ranges taken out of streaming because the router's picks
+     * claimed them (wo_sx_unselect_claimed), and of those, ones whose slot
+     * held their staged copy (dropped: staged again if selected again).
+     * A layer whose computes go in and out of the ggml hook's band (picks
+     * registered for one compute, not the next) is taken out each time */
+    uint64_t claim_unselects, claim_unselects_staged;
 };
 
 struct wo_stream_shared {

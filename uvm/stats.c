@@ -565,7 +565,8 @@ static void json_body(struct sbuf *b)
             ",\"fences_departed\":%" PRIu64 ",\"fences_at_reuse\":%" PRIu64
             ",\"copies_timed\":%" PRIu64 ",\"copies_timed_bytes\":%" PRIu64
             ",\"copies_busy_ms\":%.3f,\"copies_busy_gbs\":%.2f"
-            ",\"inplace_claims\":%" PRIu64 ",\"inplace_claimed\":%" PRIu64 ",",
+            ",\"inplace_claims\":%" PRIu64 ",\"inplace_claimed\":%" PRIu64
+            ",\"claim_unselects\":%" PRIu64 ",\"claim_unselects_staged\":%" PRIu64 ",",
             sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
             sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated, sc.staged,
             sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps, sc.slot_bytes,
@@ -580,7 +581,7 @@ static void json_body(struct sbuf *b)
             (double)sc.reaction_max_ns / 1e6, sc.fences_departed, sc.fences_at_reuse,
             sc.copies_timed, sc.copies_timed_bytes, (double)sc.copies_busy_ns / 1e6,
             sc.copies_busy_ns ? (double)sc.copies_timed_bytes / (double)sc.copies_busy_ns : 0.0,
-            sc.inplace_claims, sc.inplace_claimed);
+            sc.inplace_claims, sc.inplace_claimed, sc.claim_unselects, sc.claim_unselects_staged);
         {
             struct wo_pin_counts pinc;
             wo_pin_counts(&pinc);

@@ -721,7 +721,7 @@ void wo_stream_summary(void)
     struct wo_stream_counts c;
     struct wo_devmodel dm;
     char sz[32], step[32], autos[128] = "", timed[192] = "", react[128] = "", fences[160] = "";
-    char busy[192] = "", claims[160] = "";
+    char busy[192] = "", claims[288] = "";
     double n;
 
     wo_stream_counts(&c);
@@ -755,6 +755,11 @@ void wo_stream_summary(void)
                  "; %" PRIu64 " claims to read in place (woffload_read_in_place): %" PRIu64
                  " launches read a claimed range in place",
                  c.inplace_claims, c.inplace_claimed);
+    if (c.claim_unselects)
+        snprintf(claims + strlen(claims), sizeof(claims) - strlen(claims),
+                 "; %" PRIu64 " streamed ranges taken out for the router's picks (%" PRIu64
+                 " staged copies dropped)",
+                 c.claim_unselects, c.claim_unselects_staged);
     if (c.reactions)
         snprintf(react, sizeof(react), "; the executor took the engine's position up %.3f ms after a hook "
                  "moved it (at most %.3f ms)",
