@@ -1047,8 +1047,9 @@ static int child_memlock(void)
 /* WOFAKE_STREAMS_BEHIND=1 (tests/fake/fake-behind.c): a stream wait not
  * met returns at once and what follows on its stream queues, in order,
  * until another thread writes the value; queries say not ready meanwhile,
- * a stream waiting on an event recorded there falls behind too, and a free
- * waits for the queues. */
+ * a stream waiting on an event recorded there falls behind too (until the
+ * record it waits for ran: the event's last when the wait was made), and a
+ * free waits for the queues. */
 static void *write_later(void *p)
 {
     usleep(100 * 1000);
@@ -1117,6 +1118,32 @@ static int child_behind(void)
     pthread_join(t, NULL);
     if (r != CUDA_SUCCESS || waited < 80 || cuStreamQuery(s) != CUDA_SUCCESS)
         return 52;
+    /* a wait is for the record that was the last when it was made (CUDA:
+     * the event's most recent record), not for one made after: s2 waits on
+     * e's record behind s's wait, then s waits on f, recorded on s2 after
+     * that, and records e again. Waiting for every record of e, s2 would
+     * wait on s and s on s2, for good */
+    CUevent f;
+    if (cuEventCreate(&f, 0) ||
+        cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)flag, 3, CU_STREAM_WAIT_VALUE_GEQ) ||
+        cuEventRecord(e, s) || cuStreamWaitEvent(s2, e, 0) || cuEventRecord(f, s2) ||
+        cuStreamWaitEvent(s, f, 0) || cuEventRecord(e, s))
+        return 54;
+    if (cuEventQuery(e) != CUDA_ERROR_NOT_READY || cuEventQuery(f) != CUDA_ERROR_NOT_READY)
+        return 55;
+    __atomic_store_n(flag, 3, __ATOMIC_RELEASE);
+    if (cuStreamSynchronize(s2) || cuStreamSynchronize(s) || cuEventQuery(e) != CUDA_SUCCESS ||
+        cuEventQuery(f) != CUDA_SUCCESS)
+        return 56;
+    /* a record that ran (on an idle stream) is the last one: a wait on it
+     * waits for nothing, though an earlier record still waits behind */
+    if (cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)flag, 4, CU_STREAM_WAIT_VALUE_GEQ) ||
+        cuEventRecord(e, s) || cuEventRecord(e, s2) || cuEventQuery(e) != CUDA_SUCCESS ||
+        cuStreamWaitEvent(s2, e, 0) || cuStreamQuery(s2) != CUDA_SUCCESS)
+        return 57;
+    __atomic_store_n(flag, 4, __ATOMIC_RELEASE);
+    if (cuStreamSynchronize(s) || cuEventDestroy_v2(f))
+        return 58;
     if (cuEventDestroy_v2(e) || cuStreamDestroy_v2(s) || cuStreamDestroy_v2(s2) ||
         cuMemFree_v2(a) || cuMemFree_v2(b) || cuMemFreeHost(flag))
         return 53;

@@ -122,6 +122,36 @@ bool fk_behind_any(void)
     return __atomic_load_n(&pending, __ATOMIC_ACQUIRE) != 0;
 }
 
+/* Says to f what each queue with work waits on at its head (a hang's
+ * report: which wait holds the context's work). */
+void fk_behind_describe(FILE *f)
+{
+    static const char *const kind[] = {"?", "an operation", "an event's record",
+                                       "a value wait", "a value write", "an event wait"};
+    unsigned k = 0;
+
+    pthread_mutex_lock(&mu);
+    for (struct fk_behind *q = queues; q; q = q->all, k++) {
+        const struct node *n = q->head;
+        unsigned len = 0;
+
+        if (!n)
+            continue;
+        for (const struct node *m = n; m; m = m->next)
+            len++;
+        fprintf(f, "fakecuda:   queue %u: %u items, at its head %s", k, len,
+                n->it.kind >= 1 && n->it.kind <= FK_ITEM_WAIT_EVENT ? kind[n->it.kind] : kind[0]);
+        if (n->it.kind == FK_ITEM_WAIT_VALUE)
+            fprintf(f, " on %p for %u (holds %u)", (void *)n->it.addr, n->it.value,
+                    __atomic_load_n(n->it.addr, __ATOMIC_ACQUIRE));
+        else if (n->it.kind == FK_ITEM_WAIT_EVENT)
+            fprintf(f, " on %p's record %u", (void *)n->it.ev, n->it.value);
+        fprintf(f, n->since ? ", unmet for %.1f s\n" : "\n",
+                n->since ? (double)(fk_now_ns() - n->since) / 1e9 : 0.0);
+    }
+    pthread_mutex_unlock(&mu);
+}
+
 /* May the head run now? A value wait not met in the fake's limit is
  * reported and let through (a GPU would hang). */
 static bool ready(struct fk_item *it, uint64_t *since)
@@ -141,7 +171,7 @@ static bool ready(struct fk_item *it, uint64_t *since)
         }
         return false;
     case FK_ITEM_WAIT_EVENT:
-        return !fk_event_pending(it->ev);
+        return !fk_event_pending(it->ev, it->value);
     default:
         return true;
     }
@@ -158,7 +188,7 @@ static void run(struct fk_item *it)
         fk_op_release(&it->op);
         break;
     case FK_ITEM_EVENT:
-        fk_event_done(it->ev);
+        fk_event_done(it->ev, it->value);
         break;
     case FK_ITEM_WRITE_VALUE:
         __atomic_store_n(it->addr, it->value, __ATOMIC_RELEASE);
@@ -327,11 +357,12 @@ bool fk_copy_queue_took(CUstream s, bool pt, const struct fk_capture *cap, struc
         *r = CUDA_ERROR_OUT_OF_MEMORY;
         return true;
     }
-    struct fk_item its[] = {{.kind = FK_ITEM_EVENT, .ev = reached},
-                            {.kind = FK_ITEM_WAIT_EVENT, .ev = copied}};
-    struct fk_item cps[] = {{.kind = FK_ITEM_WAIT_EVENT, .ev = reached},
+    /* the fake's own events: one record each, seq 1 (fk_event_queued) */
+    struct fk_item its[] = {{.kind = FK_ITEM_EVENT, .ev = reached, .value = 1},
+                            {.kind = FK_ITEM_WAIT_EVENT, .ev = copied, .value = 1}};
+    struct fk_item cps[] = {{.kind = FK_ITEM_WAIT_EVENT, .ev = reached, .value = 1},
                             {.kind = FK_ITEM_OP, .op = *op},
-                            {.kind = FK_ITEM_EVENT, .ev = copied}};
+                            {.kind = FK_ITEM_EVENT, .ev = copied, .value = 1}};
     for (unsigned k = 0; k < 2 && *r == CUDA_SUCCESS; k++)
         *r = fk_behind_push(sq, &its[k]);
     for (unsigned k = 0; k < 3 && *r == CUDA_SUCCESS; k++)

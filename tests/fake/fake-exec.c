@@ -64,9 +64,40 @@ struct CUevent_st {
     CUcontext ctx;          /* current at its creation */
     struct fk_capture *cap; /* recorded inside this capture (it may have ended) */
     uint64_t cap_id;
-    unsigned pending;             /* records queued on streams behind (fake-behind.c) */
+    /* the records so far (its seq: the last one's), and the seqs of those
+     * queued behind, not yet run: a wait or a query is for the record
+     * that was the last when it was made (CUDA: "the most recent call to
+     * cuEventRecord"), not for one made after */
+    uint32_t seq;
+    uint32_t *pend;
+    unsigned npend, pend_cap;
     struct CUevent_st *dead_next; /* destroyed, kept (dead_events) */
 };
+
+/* Adds seq to e's records queued behind (under the fake's lock); false: no
+ * memory. */
+static bool pend_add_locked(struct CUevent_st *e, uint32_t seq)
+{
+    if (e->npend == e->pend_cap) {
+        unsigned cap = e->pend_cap ? 2 * e->pend_cap : 8;
+        uint32_t *p = realloc(e->pend, cap * sizeof(*p));
+        if (!p)
+            return false;
+        e->pend = p;
+        e->pend_cap = cap;
+    }
+    e->pend[e->npend++] = seq;
+    return true;
+}
+
+/* Whether record seq of e is queued behind, not yet run (under the lock). */
+static bool pend_has_locked(const struct CUevent_st *e, uint32_t seq)
+{
+    for (unsigned i = 0; i < e->npend; i++)
+        if (e->pend[i] == seq)
+            return true;
+    return false;
+}
 
 struct CUfunc_st {
     uint32_t magic;
@@ -551,8 +582,8 @@ static CUresult stream_wait_event(CUstream s, CUevent e, unsigned flags, bool pt
     }
     /* an event whose record waits on a stream behind: this stream falls
      * behind until it has run */
-    if (r == CUDA_SUCCESS && !st->cap && e->pending) {
-        struct fk_item it = {.kind = FK_ITEM_WAIT_EVENT, .ev = e};
+    if (r == CUDA_SUCCESS && !st->cap && pend_has_locked(e, e->seq)) {
+        struct fk_item it = {.kind = FK_ITEM_WAIT_EVENT, .ev = e, .value = e->seq};
         r = fk_behind_push(&st->bq, &it);
     }
     fk_unlock_();
@@ -937,8 +968,13 @@ CUevent fk_event_queued(void)
         e->magic = EVENT_MAGIC;
         e->flags = CU_EVENT_DISABLE_TIMING;
         e->ctx = fk_current_ctx();
-        e->pending = 1;
         fk_lock_();
+        e->seq = 1;
+        if (!pend_add_locked(e, 1)) {
+            fk_unlock_();
+            free(e);
+            return NULL;
+        }
         e->dead_next = own_events;
         own_events = e;
         fk_unlock_();
@@ -971,19 +1007,18 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
         fk_lock_();
         e->cap = NULL;
         e->cap_id = 0;
-        e->pending++;
+        it.value = ++e->seq;
+        bool added = pend_add_locked(e, it.value);
         fk_unlock_();
-        r = fk_behind_push(&cap->defer->bq, &it);
-        if (r != CUDA_SUCCESS) {
-            fk_lock_();
-            e->pending--;
-            fk_unlock_();
-        }
+        r = added ? fk_behind_push(&cap->defer->bq, &it) : CUDA_ERROR_OUT_OF_MEMORY;
+        if (r != CUDA_SUCCESS && added)
+            fk_event_done(e, it.value);
         return r;
     }
     fk_lock_();
     e->cap = cap;
     e->cap_id = cap ? cap->id : 0;
+    e->seq++; /* run already: a later wait or query finds it done */
     if (!cap) {
         e->recorded = true;
         e->t_ns = fk_now_ns();
@@ -992,19 +1027,23 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
     return CUDA_SUCCESS;
 }
 
-void fk_event_done(CUevent e)
+void fk_event_done(CUevent e, uint32_t seq)
 {
     fk_lock_();
-    e->pending--;
+    for (unsigned i = 0; i < e->npend; i++)
+        if (e->pend[i] == seq) {
+            e->pend[i] = e->pend[--e->npend];
+            break;
+        }
     e->recorded = true;
     e->t_ns = fk_now_ns();
     fk_unlock_();
 }
 
-bool fk_event_pending(CUevent e)
+bool fk_event_pending(CUevent e, uint32_t seq)
 {
     fk_lock_();
-    bool p = e->pending != 0;
+    bool p = pend_has_locked(e, seq);
     fk_unlock_();
     return p;
 }
@@ -1110,10 +1149,16 @@ CUresult fk_quiet_wait(void)
     pthread_rwlock_wrlock(&quiet);
     while (__atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE) > 0 || fk_behind_any()) {
         if (fk_now_ns() - t0 > limit) {
+            char who[16] = "?";
+
+            (void)pthread_getname_np(pthread_self(), who, sizeof(who));
             fprintf(stderr,
                     "fakecuda: a free, a module's load or a context synchronize "
                     "waited for the context's work while a stream waits on a value only a blocked "
-                    "call would write: a GPU would hang here\n");
+                    "call would write: a GPU would hang here (thread %s; %d callers blocked in a "
+                    "wait)\n",
+                    who, __atomic_load_n(&stream_waiters, __ATOMIC_ACQUIRE));
+            fk_behind_describe(stderr);
             r = CUDA_ERROR_LAUNCH_TIMEOUT;
             break;
         }
@@ -1214,12 +1259,14 @@ static CUresult event_wait(CUevent e, bool sync)
         return CUDA_ERROR_INVALID_HANDLE;
     CUresult r = CUDA_SUCCESS;
     fk_lock_();
-    if (e->pending) { /* its record is queued on a stream behind */
+    if (pend_has_locked(e, e->seq)) { /* its last record is queued on a stream behind */
+        uint32_t seq = e->seq;
+
         fk_unlock_();
         if (!sync)
             return CUDA_ERROR_NOT_READY;
         uint64_t t0 = fk_now_ns();
-        while (fk_event_pending(e)) {
+        while (fk_event_pending(e, seq)) {
             if (fk_now_ns() - t0 > 2 * fk_wait_limit_ns())
                 return CUDA_ERROR_LAUNCH_TIMEOUT;
             struct timespec ts = {0, 50000};

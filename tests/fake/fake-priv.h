@@ -10,6 +10,7 @@
 
 #include <cuda.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -180,13 +181,14 @@ struct fk_item {
     struct fk_op op; /* FK_ITEM_OP: owns a kernel's argument copy */
     CUevent ev;      /* FK_ITEM_EVENT: its record; FK_ITEM_WAIT_EVENT */
     uint32_t *addr;  /* the value items */
-    uint32_t value;
+    uint32_t value;  /* theirs; the event items': the record's seq (fake-exec.c) */
     unsigned flags;
 };
 struct fk_behind; /* one stream's queue */
 bool fk_behind_enabled(void);
 bool fk_behind_busy(const struct fk_behind *q); /* NULL: an empty queue */
 bool fk_behind_any(void);                       /* any queue not empty */
+void fk_behind_describe(FILE *f);               /* each busy queue's head, to f */
 /* The queue the k-th stream made shares (WOFAKE_QUEUES; 0: the default
  * streams'), NULL: a queue of its own. */
 struct fk_behind *fk_behind_hw(unsigned long k);
@@ -214,8 +216,9 @@ void fk_op_copy_words(const struct fk_op *op);
 /* What the device thread calls back (fake-exec.c). */
 void fk_exec_op(const struct fk_op *op);
 void fk_op_release(struct fk_op *op);
-void fk_event_done(CUevent e);
-bool fk_event_pending(CUevent e);
+/* Record seq of e (fk_item.value) ran; whether it is still queued. */
+void fk_event_done(CUevent e, uint32_t seq);
+bool fk_event_pending(CUevent e, uint32_t seq);
 bool fk_value_met(uint32_t have, uint32_t want, unsigned how);
 uint64_t fk_wait_limit_ns(void);
 /* A stream's queue when capture pointer cap is one of a stream behind
