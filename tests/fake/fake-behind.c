@@ -14,8 +14,8 @@
  * In this mode a wait not met when it is enqueued puts its stream behind:
  * it and every later operation on that stream go into the stream's queue,
  * in order, and a device thread runs each queue's head once it may (a wait
- * once its word holds the value, an event wait once the event's record
- * ran). Operations on streams with an empty queue still run at once. What
+ * once its word holds the value, an event wait once the record it waits
+ * for ran: the event's last when the wait was made). Operations on streams with an empty queue still run at once. What
  * waits for "the context's work" (fk_quiet_wait) waits for every queue;
  * a stream or event synchronize waits for its own. A wait never met within
  * WOFAKE_WAIT_MS is reported ("a GPU stream would hang here") and dropped,
