@@ -204,7 +204,9 @@ def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[
     chose (MiB: the budget, weights on the device, room for staging slots
     and picked copies' buffers, the reserve, the process's contexts that
     came out of it) and what was copied (the executor's staging copies, the
-    picked copies)."""
+    picked copies), and how often the router's picks took a streamed tensor
+    out of streaming (stream.claim_unselects; in parentheses those whose
+    slot still held their copy)."""
     def mib(b: Optional[float]) -> str:
         return "-" if b is None else f"{b / 1048576:,.0f}"
 
@@ -218,15 +220,19 @@ def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[
             if not lines:
                 lines += ["", "### The shim's books (its stats at exit; MiB)", "",
                           "| run | fit budget | weights on the device | slots' room (lent) | picked copies' room "
-                          "| reserve | contexts | staging copies | picked copies |",
-                          "|---|---|---|---|---|---|---|---|---|"]
+                          "| reserve | contexts | staging copies | picked copies "
+                          "| taken out by picks |",
+                          "|---|---|---|---|---|---|---|---|---|---|"]
             lent = fit.get("lent_bytes")
+            sx = st.get("stream") or {}
+            out = sx.get("claim_unselects")
+            out_s = "-" if out is None else f"{out} ({sx.get('claim_unselects_staged', '-')})"
             lines.append(
                 f"| {rep['_run']} | {mib(fit.get('budget'))} | {mib(fit.get('device_bytes'))} "
                 f"| {mib(fit.get('staging_bytes'))}{f' ({mib(lent)})' if lent else ''} "
                 f"| {mib(fit.get('picks_bytes'))} | {mib(fit.get('reserve_bytes'))} "
-                f"| {mib(fit.get('context_bytes'))} | {(st.get('stream') or {}).get('staged', '-')} "
-                f"| {(st.get('picks') or {}).get('staged', '-')} |")
+                f"| {mib(fit.get('context_bytes'))} | {sx.get('staged', '-')} "
+                f"| {(st.get('picks') or {}).get('staged', '-')} | {out_s} |")
     return lines
 
 

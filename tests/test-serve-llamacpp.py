@@ -1047,7 +1047,8 @@ class TestServeTableMemory(unittest.TestCase):
             st = {"fit": {"budget": 100 << 20, "device_bytes": 60 << 20, "staging_bytes": 16 << 20,
                           "lent_bytes": 16 << 20, "picks_bytes": 0, "reserve_bytes": 8 << 20,
                           "context_bytes": 12 << 20},
-                  "stream": {"staged": 42}, "picks": {"staged": 7}}
+                  "stream": {"staged": 42, "claim_unselects": 9, "claim_unselects_staged": 3},
+                  "picks": {"staged": 7}}
             with gzip.open(os.path.join(out, "p4-shim-fit", "stats.json.gz"), "wt") as f:
                 json.dump(st, f)
             with open(os.path.join(out, "p4-shim-exps", "stats.json"), "w") as f:
@@ -1055,8 +1056,10 @@ class TestServeTableMemory(unittest.TestCase):
             r = py("llamacpp-serve-table.py", out, "--ref", "ref")
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("### The shim's books", r.stdout)
-            self.assertIn("| p4-shim-fit | 100 | 60 | 16 (16) | 0 | 8 | 12 | 42 | 7 |", r.stdout)
-            self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 |", r.stdout)
+            self.assertIn("| p4-shim-fit | 100 | 60 | 16 (16) | 0 | 8 | 12 | 42 | 7 | 9 (3) |",
+                          r.stdout)
+            # stats from before the counter: "-"
+            self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 | - |", r.stdout)
             self.assertNotIn("| p4-ref |", r.stdout.split("### The shim's books")[1])
 
 
