@@ -139,30 +139,22 @@ static inline void child_threads(pid_t pid)
 }
 
 /* waitpid(pid, st, 0), but past limit_s seconds the child is taken as
- * stuck: what its threads were doing is printed, and the tail of the
- * file log (the shim's log, or NULL), and it is killed; -1 then. A test
- * whose child hangs thus fails with a reason before meson's timeout
- * kills it silently (a CI log keeps only what the test printed). */
-static inline pid_t wait_child(pid_t pid, int *st, unsigned limit_s, const char *log)
+ * stuck: what its threads were doing is printed and it is killed; -1
+ * then. A test whose child hangs thus fails with a reason before meson's
+ * timeout kills it silently (a CI log keeps only what the test printed;
+ * the test prints the shim's log itself). */
+static inline pid_t wait_child(pid_t pid, int *st, unsigned limit_s)
 {
     struct timespec t0, now, nap = {0, 20 * 1000 * 1000};
-    static char buf[1 << 16];
     pid_t r;
 
     clock_gettime(CLOCK_MONOTONIC, &t0);
     while ((r = waitpid(pid, st, WNOHANG)) == 0) {
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec - t0.tv_sec >= (time_t)limit_s) {
-            size_t n = log ? slurp(log, buf, sizeof(buf)) : 0;
-            const char *tail = buf + n;
-
-            for (int lines = 0; tail > buf && lines <= 24; tail--)
-                lines += tail[-1] == '\n';
             fprintf(stderr, "the child (pid %d) is still running after %u s: its threads:\n",
                     (int)pid, limit_s);
             child_threads(pid);
-            if (n)
-                fprintf(stderr, "--- the tail of its log %s:\n%s\n", log, tail);
             kill(pid, SIGKILL);
             (void)waitpid(pid, st, 0);
             return -1;

@@ -323,7 +323,7 @@ int main(int argc, char **argv)
     /* about 6 s alone under TSan (10 s beside five more): 100 s is a
      * child stuck, told before meson's 120 s timeout would kill it
      * silently */
-    CHECK(wait_child(pid, &st, 100, NULL) == pid);
+    CHECK(wait_child(pid, &st, 100) == pid);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     slurp(logf, log, sizeof(log));
     slurp(errf, err, sizeof(err));
