@@ -90,6 +90,16 @@ static bool pend_add_locked(struct CUevent_st *e, uint32_t seq)
     return true;
 }
 
+/* Takes seq off e's records queued behind (under the lock). */
+static void pend_drop_locked(struct CUevent_st *e, uint32_t seq)
+{
+    for (unsigned i = 0; i < e->npend; i++)
+        if (e->pend[i] == seq) {
+            e->pend[i] = e->pend[--e->npend];
+            return;
+        }
+}
+
 /* Whether record seq of e is queued behind, not yet run (under the lock). */
 static bool pend_has_locked(const struct CUevent_st *e, uint32_t seq)
 {
@@ -1011,8 +1021,11 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
         bool added = pend_add_locked(e, it.value);
         fk_unlock_();
         r = added ? fk_behind_push(&cap->defer->bq, &it) : CUDA_ERROR_OUT_OF_MEMORY;
-        if (r != CUDA_SUCCESS && added)
-            fk_event_done(e, it.value);
+        if (r != CUDA_SUCCESS && added) {
+            fk_lock_();
+            pend_drop_locked(e, it.value);
+            fk_unlock_();
+        }
         return r;
     }
     fk_lock_();
@@ -1030,11 +1043,7 @@ static CUresult event_record(CUevent e, CUstream s, bool pt)
 void fk_event_done(CUevent e, uint32_t seq)
 {
     fk_lock_();
-    for (unsigned i = 0; i < e->npend; i++)
-        if (e->pend[i] == seq) {
-            e->pend[i] = e->pend[--e->npend];
-            break;
-        }
+    pend_drop_locked(e, seq);
     e->recorded = true;
     e->t_ns = fk_now_ns();
     fk_unlock_();
