@@ -183,12 +183,13 @@ static int child(void)
     CHECK(p_cuMemcpyHtoD(ids, id64, sizeof(id64)) == CUDA_SUCCESS);
     /* P's picks before any launch: the executor finds P claimed from the
      * start and never selects it. With `late` (WO_SLOTS_GATE_LATE) the
-     * first ones come before P's first launch, after S's: P is selected
-     * at setup (prefetch.mode stream) and claimed later, as an engine
-     * whose hook registers each layer's picks at its launch (the ggml
-     * hook). A P never staged since stayed streamed for good, and the
-     * slots never went back (3 of 109 runs under load, before stop 92:
-     * uvm/stream.c, any_streamed) */
+     * first ones come before P's first launch, after S's: where the
+     * executor's setup (on its own thread) came first, P was selected
+     * (prefetch.mode stream) and is claimed later, as an engine whose hook
+     * registers each layer's picks at its launch (the ggml hook). A P
+     * never staged since stayed streamed for good, and the slots never
+     * went back (3 of 109 runs under load, before stop 92: uvm/stream.c,
+     * any_streamed). `staged` makes sure of the selection, and stages P */
     if (!getenv("WO_SLOTS_GATE_LATE") && !staged_first)
         CHECK(picks((void *)(uintptr_t)P, E * ROW, E, (void *)(uintptr_t)ids, NIDS, 8) == 0);
 
