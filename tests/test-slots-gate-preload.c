@@ -126,10 +126,11 @@ static int child(void)
     uint64_t want_s[NS], got[NIDS], want[NIDS], want_p;
     int64_t id64[NIDS];
     long long redirected = -1, slot_bytes = -1, unselects = -1, unselects_staged = -1, red0 = 0;
-    bool staged_first = getenv("WO_SLOTS_GATE_STAGED") != NULL;
+    const bool staged_mode = getenv("WO_SLOTS_GATE_STAGED") != NULL;
+    bool staged_first = staged_mode; /* staged: P's picks wait until P was staged */
     char *js;
 
-    if (staged_first)
+    if (staged_mode)
         ROW = 4u << 10;
     hs = malloc(NS * SB);
     hp = malloc(E * ROW);
@@ -200,14 +201,14 @@ static int child(void)
      * never staged since stayed streamed for good, and the slots never
      * went back (3 of 109 runs under load, before stop 92: uvm/stream.c,
      * any_streamed). `staged` makes sure of the selection, and stages P */
-    if (!getenv("WO_SLOTS_GATE_LATE") && !staged_first)
+    if (!getenv("WO_SLOTS_GATE_LATE") && !staged_mode)
         CHECK(picks((void *)(uintptr_t)P, E * ROW, E, (void *)(uintptr_t)ids, NIDS, 8) == 0);
 
     /* phase -1 (staged only): steps without P's picks until P was staged,
      * as many as that takes (without the copy engine's 30 ms copies a step
      * is short: 36 of them ran before the executor had made its slots in
      * CI's gcc build), at most 60 s */
-    for (int phase = staged_first ? -1 : 0; phase < 2; phase++) {
+    for (int phase = staged_mode ? -1 : 0; phase < 2; phase++) {
         /* after S's free: until the slots are given back and STEPS more
          * (at most 20 * STEPS: on a loaded machine the executor's tick may
          * find a slot's fence or write check not done for a while) */
@@ -293,7 +294,7 @@ static int child(void)
      * threads' timing); with picks before any launch it was claimed
      * before the executor chose, never streamed (late: either) */
     CHECK(unselects >= 0 && unselects_staged >= 0 && unselects_staged <= unselects);
-    if (getenv("WO_SLOTS_GATE_STAGED")) {
+    if (staged_mode) {
         CHECK(!staged_first);
         CHECK(unselects >= 1);
     } else if (!getenv("WO_SLOTS_GATE_LATE")) {

@@ -185,7 +185,7 @@ struct wo_stream_counts {
      * claimed them (wo_sx_unselect_claimed), and of those, ones whose slot
      * held their staged copy (dropped: staged again if selected again).
      * A layer whose computes go in and out of the ggml hook's band (picks
-     * registered for one compute, not the next) is taken out each time */
+     * registered for one compute, not the next) may be taken out each time */
     uint64_t claim_unselects, claim_unselects_staged;
 };
 

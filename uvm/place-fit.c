@@ -199,6 +199,7 @@ bool wo_place_fit_ggml_picks(const struct wo_settings *s, const struct wo_policy
            s->picks_hot_mib > 0 || (g && g->prefetch.hot_experts != 0);
 }
 
+/* The room for the picked copies' buffers (above), with WOFFLOAD_PICKS on. */
 static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
 {
     const struct wo_settings *s = wo_settings();
