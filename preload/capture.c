@@ -392,9 +392,14 @@ bool wo_capture_graph_launch_begin(uint64_t exec, uint64_t stream)
     return wo_stream_blind_begin();
 }
 
-void wo_capture_reset(void)
+/* The child of fork: only the forking thread exists, and the parent's
+ * streams and graphs mean nothing; start empty. Registered from this file's
+ * constructor (the life cycle, init.c, needs no list of the parts); only a
+ * process whose shim was active has anything to forget. */
+static void capture_atfork_child(void)
 {
-    /* The child of fork: only the forking thread exists; start empty. */
+    if (wo_preload_state != WO_STATE_ACTIVE)
+        return;
     pthread_mutex_init(&cap_lock, NULL);
     memset(caps, 0, sizeof(caps));
     memset(graphs, 0, sizeof(graphs));
@@ -402,6 +407,11 @@ void wo_capture_reset(void)
     caps_active = 0;
     __atomic_store_n(&wo_captures_live, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&wo_captures_strict, 0, __ATOMIC_RELEASE);
+}
+
+__attribute__((constructor)) static void capture_ctor(void)
+{
+    (void)pthread_atfork(NULL, NULL, capture_atfork_child);
 }
 
 /* --- hooks ---------------------------------------------------------------- */

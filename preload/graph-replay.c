@@ -694,13 +694,22 @@ void wo_replay_forget(uint64_t exec, bool changed)
         wo_count(WO_CTR_graph_exec_changed, 1);
 }
 
-void wo_replay_reset(void)
+/* The child of fork: the parent's handles are not ours. Registered from
+ * this file's constructor (the life cycle, init.c, needs no list of the
+ * parts); only a process whose shim was active has anything to forget. */
+static void replay_atfork_child(void)
 {
-    /* the child of fork: the parent's handles are not ours */
+    if (wo_preload_state != WO_STATE_ACTIVE)
+        return;
     pthread_mutex_init(&rp_lock, NULL);
     for (unsigned i = 0; i < nsnaps; i++)
         snap_free(snaps[i]);
     nsnaps = 0;
+}
+
+__attribute__((constructor)) static void replay_ctor(void)
+{
+    (void)pthread_atfork(NULL, NULL, replay_atfork_child);
 }
 
 /* --- the launch ------------------------------------------------------------- */

@@ -108,11 +108,6 @@ int wo_push_event_prio(struct wo_event *ev, bool low);
 
 /* --- launch attribution (launch.c) ---------------------------------------- */
 
-/* Reads settings the launch path needs (once, from init). */
-void wo_launch_setup(void);
-/* Forgets cached parameter layouts (the fork child: handles are the parent's). */
-void wo_launch_reset(void);
-
 /* The parameter buffer of a launch's `extra` form: the
  * CU_LAUNCH_PARAM_BUFFER_POINTER / _SIZE pairs before CU_LAUNCH_PARAM_END
  * (8 pairs at most are looked at). *buf is NULL when there is none. The
@@ -177,7 +172,6 @@ void wo_capture_graph_launch(uint64_t exec, uint64_t stream, int api);
 /* A graph launch replayed kernel by kernel: counted as a graph launch (the
  * kernels push their own events). */
 void wo_capture_graph_replayed(uint64_t exec);
-void wo_capture_reset(void);
 
 /* --- graph replay (graph-replay.c; its hooks are graph-exec.c's) ----------- */
 
@@ -193,7 +187,6 @@ void wo_replay_forget(uint64_t exec, bool changed);
  * is streamed and not claimed read in place), -1 when that failed part way
  * (*err: the error to return). */
 int wo_replay_launch(uint64_t exec, uint64_t stream, void *ra, CUresult *err);
-void wo_replay_reset(void);
 
 /* --- resolvers (resolve.c) ------------------------------------------------ */
 

@@ -54,13 +54,11 @@ static void fill_driver(const struct wo_real *r)
 
 static void atfork_child(void)
 {
-    /* Handles (streams, graphs, functions) of the parent mean nothing in a
-     * child that starts CUDA afresh; locks held by other parent threads are
-     * re-created by the reset functions. */
+    /* The child starts with the forking thread alone. The parts of preload/
+     * that cache the parent's handles (streams, graphs, functions: capture.c,
+     * graph-replay.c, launch.c) forget them in fork handlers of their own,
+     * registered by their constructors, so run before this one. */
     wo_depth = 0;
-    wo_capture_reset();
-    wo_replay_reset();
-    wo_launch_reset();
     wo_uvm_atfork_child();
 }
 
@@ -96,7 +94,6 @@ static void init_once_fn(void)
      * never through the shim's own export */
     wo_nvml_set_dlsym(wo_real_dlsym);
     wo_nvml_check_setting();
-    wo_launch_setup();
     if (wo_uvm_init() < 0)
         wo_warn("placement is off (see above); calls are still observed");
     pthread_atfork(wo_uvm_atfork_prepare, wo_uvm_atfork_parent, atfork_child);

@@ -29,6 +29,7 @@
  * With no tracked range at all, 1 and 2 are skipped. With nothing placed and
  * nothing recorded (an empty policy: wo_launch_scan off) a launch is counted,
  * per API and per calling library, and forwarded: no scan, no event. */
+#include <pthread.h>
 #include <string.h>
 
 #include "core/kernel-name.h"
@@ -82,18 +83,22 @@ struct layout {
 static struct layout layouts[LAYOUT_SLOTS];
 static uint16_t arena[ARENA_SIZES];
 static uint32_t arena_used;
-static uint32_t max_words = 512;
 static cudaError_t (*get_func_by_symbol)(cudaFunction_t *, const void *);
 
-void wo_launch_setup(void)
+/* The fork child forgets the cached layouts: the parent's function handles
+ * mean nothing there (registered by this file's constructor: init.c knows no
+ * list of the parts; only an active shim has anything to forget). */
+static void launch_atfork_child(void)
 {
-    max_words = wo_settings()->scan_words;
-}
-
-void wo_launch_reset(void)
-{
+    if (wo_preload_state != WO_STATE_ACTIVE)
+        return;
     memset(layouts, 0, sizeof(layouts));
     arena_used = 0;
+}
+
+__attribute__((constructor)) static void launch_ctor(void)
+{
+    (void)pthread_atfork(NULL, NULL, launch_atfork_child);
 }
 
 /* Reads the parameter sizes of f from the driver: the count, or -1 when the
@@ -398,6 +403,7 @@ GATED_LOAD(wo_h_library_load_file, cuLibraryLoadFromFile,
 
 struct scan {
     uint32_t words;
+    uint32_t max_words; /* WOFFLOAD_SCAN_WORDS */
     uint16_t nhits;
     uint16_t overflow;
     uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
@@ -493,7 +499,7 @@ static void scan_bytes(struct scan *s, const void *p, size_t size)
 
     if (!p)
         return;
-    for (size_t off = 0; off + 8 <= size && s->words < max_words; off += 8) {
+    for (size_t off = 0; off + 8 <= size && s->words < s->max_words; off += 8) {
         uint64_t v;
         memcpy(&v, b + off, sizeof(v));
         scan_word(s, v);
@@ -519,7 +525,7 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
     if (*n < 0)
         return; /* counted after the launch, when it succeeded */
     s->lay = l;
-    for (int i = 0; i < *n && s->words < max_words; i++)
+    for (int i = 0; i < *n && s->words < s->max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
 }
@@ -603,6 +609,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
     l->picked = false;
     l->s.words = 0;
+    l->s.max_words = wo_settings()->scan_words;
     l->s.nhits = 0;
     l->s.overflow = 0;
     l->s.found = 0;
@@ -674,7 +681,8 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         void **ne = NULL;
 
         if (np)
-            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, max_words, notptr, b) : NULL;
+            np =
+                n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, l->s.max_words, notptr, b) : NULL;
         else
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {
@@ -792,6 +800,7 @@ unsigned wo_launch_hits(CUfunction f, void **params, void **extra, struct wo_ev_
     int n = -1;
 
     memset(&s, 0, offsetof(struct scan, hits));
+    s.max_words = wo_settings()->scan_words;
     if ((!params && !extra) || wo_registry_count() == 0)
         return 0;
     wo_registry_read_begin();
