@@ -6,9 +6,14 @@
  * placements at the same address; after every change the first kernel read
  * and a D2H copy must give back every byte (a position-weighted checksum
  * computed by a kernel, and a full compare of the copy). A kernel reading
- * host-placed memory must reach >= 80% of the H2D copy bandwidth measured
- * in the same run. A tag scope with `host, pin: true` is checked the same
- * way (cuMemHostAlloc memory).
+ * host-placed memory must reach >= 90% of the same kernel reading plain
+ * pinned memory (cuMemHostAlloc, outside the shim) in the same run: the
+ * most reading in place can give on this machine. Its share of the H2D copy
+ * bandwidth is printed beside it: 92-94% on most lent H100s and H200s, 59-62%
+ * on one H100 whose kernels read host memory slower (its copies run at the
+ * full rate), where a check against the copy failed the shim for the
+ * machine (bench/results/gpu-suite-20261205-d5275e2-h100.txt). A tag scope with `host, pin: true`
+ * is checked the same way (cuMemHostAlloc memory).
  *
  * Safety rule of the lent machine: the managed bytes stay far below the
  * GPU's free memory (a quarter of it at most, checked with cuMemGetInfo).
@@ -199,6 +204,22 @@ static double h2d_bandwidth(const void *pinned, size_t bytes)
     return best;
 }
 
+/* The checksum kernel reading plain pinned memory in place, best of 3: the
+ * ceiling of any host placement here. -1 when its sum is wrong. */
+static double pinned_read_bandwidth(void *pinned, const uint64_t *ref, size_t bytes)
+{
+    uint64_t want = host_sum(ref, bytes / 8);
+    double best = 0, g;
+
+    for (int i = 0; i < 3; i++) {
+        if (kernel_sum((CUdeviceptr)(uintptr_t)pinned, bytes, &g) != want)
+            return -1;
+        if (g > best)
+            best = g;
+    }
+    return best;
+}
+
 static const char *policy_yaml = "version: 1\n"
                                  "default: device\n"
                                  "rules:\n"
@@ -219,7 +240,7 @@ int main(int argc, char **argv)
     void *pinned_src;
     CUdeviceptr buf, pin;
     CUresult res;
-    double h2d, host_read = 0, ratio;
+    double h2d, pinned_read, host_read = 0, ratio;
     int sms = 0, fd, ver = 0;
     FILE *out;
 
@@ -292,6 +313,11 @@ int main(int argc, char **argv)
     fill_random(ref, size / 8, (uint64_t)time(NULL));
     memcpy(pinned_src, ref, size);
     h2d = h2d_bandwidth(pinned_src, size);
+    pinned_read = pinned_read_bandwidth(pinned_src, ref, size);
+    if (pinned_read < 0) {
+        fprintf(stderr, "FAIL: the kernel's checksum of plain pinned memory is wrong\n");
+        return 1;
+    }
 
     /* 1. Window allocation, data copied in the way an engine loads it. */
     if (wo_uvm_alloc(size, WO_API_CU_MEM_ALLOC, &buf, &res) != 1 || res != CUDA_SUCCESS) {
@@ -350,7 +376,7 @@ int main(int argc, char **argv)
         failures++;
     wo_uvm_shutdown();
 
-    ratio = host_read / h2d;
+    ratio = host_read / pinned_read;
     out = out_path ? fopen(out_path, "w") : NULL;
     for (int pass = 0; pass < (out ? 2 : 1); pass++) {
         FILE *f = pass ? out : stdout;
@@ -360,17 +386,27 @@ int main(int argc, char **argv)
             fprintf(f, "| %s | %s | %zu | %s | %s | %.1f | %.1f |\n", rows[i].what,
                     rows[i].placement, rows[i].bytes, rows[i].kernel_ok ? "ok" : "WRONG",
                     rows[i].copy_ok ? "ok" : "WRONG", rows[i].first_gbs, rows[i].best_gbs);
-        fprintf(f, "\nGPU %s, driver %d. H2D copy (pinned, cuMemcpyHtoDAsync): %.1f GB/s; kernel "
-                   "read of host-placed managed memory: %.1f GB/s = %.0f%% of H2D (need >= 80%%)\n",
-                name, ver, h2d, host_read, ratio * 100);
+        fprintf(
+            f,
+            "\nGPU %s, driver %d. H2D copy (pinned, cuMemcpyHtoDAsync): %.1f GB/s; kernel "
+            "read of plain pinned memory: %.1f GB/s = %.0f%% of H2D; of host-placed managed "
+            "memory: %.1f GB/s = %.0f%% of H2D, %.0f%% of the plain pinned read (need >= 90%%)\n",
+            name, ver, h2d, pinned_read, pinned_read / h2d * 100, host_read, host_read / h2d * 100,
+            ratio * 100);
+        if (!on_fake && pinned_read < 0.8 * h2d)
+            fprintf(f,
+                    "This machine's kernels read host memory at %.0f%% of its copy rate: "
+                    "placements read in place (host) are slower here than on most GPUs.\n",
+                    pinned_read / h2d * 100);
     }
     if (out)
         fclose(out);
     if (on_fake) {
-        printf("(fake driver: bandwidth figures mean nothing; the 80%% check is skipped)\n");
-    } else if (ratio < 0.8) {
+        printf("(fake driver: bandwidth figures mean nothing; the 90%% check is skipped)\n");
+    } else if (ratio < 0.9) {
         failures++;
-        fprintf(stderr, "FAIL: host-placed reads at %.0f%% of the H2D copy bandwidth\n",
+        fprintf(stderr,
+                "FAIL: host-placed reads at %.0f%% of the kernel's read of plain pinned memory\n",
                 ratio * 100);
     }
     unlink(policy_path);
