@@ -171,13 +171,6 @@ static uint64_t fit_staging(const struct wo_fit *fit, struct wo_fit_item *v, con
     return want <= budget / 2 ? want : 0;
 }
 
-/* The staging room, lent (rest: host): the tensors fit would choose next,
- * up to `staging` bytes, become managed rather than host, among those in
- * managed memory (lendable[i]). The prefetcher keeps managed ranges on the
- * device within the device budget less what the slots hold (plan-budget.h),
- * so while auto reads in place and the slots stay empty the room holds
- * weights, and when the slots grow the planner gives it back. Returns the
- * bytes lent. */
 /* The device bytes the router's picked copies take (policy/fit.c,
  * wo_fit_picks_room) when WOFFLOAD_PICKS is on: 1.5 GiB on the H200's
  * 128-expert shape, which fit did not count (the process's peak passed the
@@ -209,6 +202,13 @@ static uint64_t fit_picks_room(const struct wo_fit_item *v, size_t n)
                : 0;
 }
 
+/* The staging room, lent (rest: host): the tensors fit would choose next,
+ * up to `staging` bytes, become managed rather than host, among those in
+ * managed memory (lendable[i]). The prefetcher keeps managed ranges on the
+ * device within the device budget less what the slots hold (plan-budget.h),
+ * so while auto reads in place and the slots stay empty the room holds
+ * weights, and when the slots grow the planner gives it back. Returns the
+ * bytes lent. */
 static uint64_t fit_lend(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
                          size_t n, uint64_t staging)
 {
