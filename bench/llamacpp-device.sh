@@ -44,7 +44,13 @@
 #                  more), stream-gpu 458 s with its rows one after the other
 #                  (now three at a time: not yet timed), so suite2 may fit one call
 #   rows           bench/llamacpp-serve-rows.sh with ROWS, PARALLEL, ... from the
-#                  environment (its header), GGUF /tmp/x.gguf unless set
+#                  environment (its header), GGUF /tmp/x.gguf unless set, into
+#                  /tmp/rows, which the warm machine keeps between calls: a row of
+#                  a later call checks its greedy ids against an earlier call's
+#                  reference row (ROWS="shim-fit.2" after a call that ran
+#                  llama-ncmoe8). Back in $OUT: this call's rows, its rows.md, and
+#                  rows-all.md over every row in /tmp/rows (ROWS_FRESH=1 empties it
+#                  first: do so when GGUF changes)
 #   soak-start     issue 40's soak: one row (SOAK_ROW [shim-exps]) of
 #                  bench/llamacpp-serve-rows.sh with SOAK_MINUTES [10] at SOAK_RATE
 #                  [0.25] req/s (about 70% of the P=64 saturation measured on the
@@ -334,9 +340,23 @@ for step in "$@"; do
             cp "$OUT/bigload/bigload.json" "/tmp/bigload-calls/$(date +%s).json"
         tail -40 "$OUT/bigload/bigload.md" 2>/dev/null || tail -20 "$OUT/bigload.log" ;;
     rows)
-        LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$OUT SHIM_BUILD=$ROOT/build-gpu \
+        # The rows' folder outlives the call on the warm machine (/tmp/rows), so
+        # that a later call's rows check their greedy ids against an earlier
+        # call's llama.cpp or plain row and one table covers them all
+        rr=/tmp/rows
+        [ "${ROWS_FRESH:-0}" = 1 ] && rm -rf "$rr"
+        mkdir -p "$rr"
+        before=$(cd "$rr" && ls -d p*/ 2>/dev/null)
+        LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$rr SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
-        rc=$? ;;
+        rc=$?
+        for d in "$rr"/p*/; do
+            [ -d "$d" ] || continue
+            n=$(basename "$d")
+            printf '%s\n' "$before" | grep -qx "$n/" || cp -r "$d" "$OUT/$n"
+        done
+        cp "$rr"/*.yaml "$rr"/rows.md "$OUT"/ 2>/dev/null
+        python3 bench/llamacpp-serve-table.py "$rr" >"$OUT/rows-all.md" 2>&1 ;;
     *)
         echo "llamacpp-device: unknown step $step (shim, build, build-bg, build-wait, gguf128, probe, calibrate, vmmprobe, uvmrelease, pack, suite1, suite2, gputests, rows, soak-start, soak-wait, hook, e2e, bigload)"
         rc=2 ;;
