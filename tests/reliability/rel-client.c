@@ -1409,13 +1409,29 @@ static int lifecycle(const char *mode, char **argv)
                  * driver) refuses CUDA in the child of an initialised
                  * parent unless WOFAKE_FORK_OK=1: either way the child gets
                  * the driver's answer, never a hang. */
-                r = fresh_work();
                 const char *ok = getenv("WOFAKE_FORK_OK");
+                char *js = stats_get();
+                long long cached = json_num(js, "\"layouts_cached\":");
+                free(js);
+                r = fresh_work();
                 if (ok && *ok == '1' ? r != 0 : r != CUDA_ERROR_NOT_INITIALIZED) {
                     printf("FAIL child: CUDA work returned %d\n", r);
                     fflush(stdout);
                     exit(1);
                 }
+                /* The parent's cached parameter layouts are forgotten in
+                 * the child (preload/launch.c's fork handler): its first
+                 * launch of the kernel the parent launched reads the
+                 * layout from the driver again. */
+                js = stats_get();
+                if (ok && *ok == '1' && json_num(js, "\"layouts_cached\":") <= cached) {
+                    printf("FAIL child: the parent's layout cache was used (layouts_cached %lld, "
+                           "then %lld)\n",
+                           cached, json_num(js, "\"layouts_cached\":"));
+                    fflush(stdout);
+                    exit(1);
+                }
+                free(js);
             }
             exit(0); /* runs the shim's exit path in the child */
         }
