@@ -519,12 +519,11 @@ static void scan_extra(struct scan *s, void **extra)
 static void scan_params(struct scan *s, uintptr_t key, const void *func, bool runtime,
                         void **params, uint16_t *tmp, const uint16_t **sizes, int *n)
 {
-    struct layout *l = NULL;
-
-    *sizes = layout_get(key, func, runtime, tmp, n, &l);
-    if (*n < 0)
+    *sizes = layout_get(key, func, runtime, tmp, n, &s->lay);
+    if (*n < 0) {
+        s->lay = NULL;
         return; /* counted after the launch, when it succeeded */
-    s->lay = l;
+    }
     for (int i = 0; i < *n && s->words < s->max_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
