@@ -357,18 +357,18 @@ for step in "$@"; do
         # The rows' folder outlives the call on the warm machine (/tmp/rows), so
         # that a later call's rows check their greedy ids against an earlier
         # call's llama.cpp or plain row and one table covers them all
+        : "${ROWS:?ROWS: the rows of bench/llamacpp-serve-rows.sh to run}"
         host_read
         rr=/tmp/rows
         [ "${ROWS_FRESH:-0}" = 1 ] && rm -rf "$rr"
         mkdir -p "$rr"
-        before=$(cd "$rr" && ls -d p*/ 2>/dev/null)
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$rr SHIM_BUILD=$ROOT/build-gpu \
             END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$?
-        for d in "$rr"/p*/; do
-            [ -d "$d" ] || continue
-            n=$(basename "$d")
-            printf '%s\n' "$before" | grep -qx "$n/" || cp -r "$d" "$OUT/$n"
+        # this call's rows (a row run again under its name comes back too)
+        for row in $ROWS; do
+            d=$rr/p${PARALLEL:-32}-$row
+            [ -d "$d" ] && cp -r "$d" "$OUT/"
         done
         cp "$rr"/*.yaml "$rr"/rows.md "$OUT"/ 2>/dev/null
         python3 bench/llamacpp-serve-table.py "$rr" >"$OUT/rows-all.md" 2>&1 ;;

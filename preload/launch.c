@@ -403,7 +403,6 @@ GATED_LOAD(wo_h_library_load_file, cuLibraryLoadFromFile,
 
 struct scan {
     uint32_t words;
-    uint32_t max_words; /* WOFFLOAD_SCAN_WORDS */
     uint16_t nhits;
     uint16_t overflow;
     uint32_t found;  /* distinct ranges, including those past WO_EV_MAX_HITS */
@@ -499,7 +498,7 @@ static void scan_bytes(struct scan *s, const void *p, size_t size)
 
     if (!p)
         return;
-    for (size_t off = 0; off + 8 <= size && s->words < s->max_words; off += 8) {
+    for (size_t off = 0; off + 8 <= size && s->words < wo_scan_words; off += 8) {
         uint64_t v;
         memcpy(&v, b + off, sizeof(v));
         scan_word(s, v);
@@ -524,7 +523,7 @@ static void scan_params(struct scan *s, uintptr_t key, const void *func, bool ru
         s->lay = NULL;
         return; /* counted after the launch, when it succeeded */
     }
-    for (int i = 0; i < *n && s->words < s->max_words; i++)
+    for (int i = 0; i < *n && s->words < wo_scan_words; i++)
         if ((*sizes)[i] >= 8)
             scan_bytes(s, params[i], (*sizes)[i]);
 }
@@ -608,7 +607,6 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
     l->key = runtime ? ((uintptr_t)func ^ RUNTIME_KEY_TAG) : (uintptr_t)func;
     l->picked = false;
     l->s.words = 0;
-    l->s.max_words = wo_settings()->scan_words;
     l->s.nhits = 0;
     l->s.overflow = 0;
     l->s.found = 0;
@@ -680,8 +678,7 @@ static void prepare_launch(struct launch *l, const void *func, bool runtime, uin
         void **ne = NULL;
 
         if (np)
-            np =
-                n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, l->s.max_words, notptr, b) : NULL;
+            np = n >= 0 ? wo_redirect_params(&l->rd, np, sizes, n, wo_scan_words, notptr, b) : NULL;
         else
             ne = wo_redirect_extra(&l->rd, *extra, b);
         if ((!np && !ne) || !wo_redirect_wait(&l->rd, stream)) {
@@ -799,7 +796,6 @@ unsigned wo_launch_hits(CUfunction f, void **params, void **extra, struct wo_ev_
     int n = -1;
 
     memset(&s, 0, offsetof(struct scan, hits));
-    s.max_words = wo_settings()->scan_words;
     if ((!params && !extra) || wo_registry_count() == 0)
         return 0;
     wo_registry_read_begin();

@@ -89,6 +89,7 @@ int wo_uvm_init_policy(const char *path)
         r = wo_uvm.policy_error;
         goto out;
     }
+    wo_scan_words = wo_settings()->scan_words;
     load_policy(path);
     wo_uvm.cap.margin = (uint64_t)wo_settings()->managed_margin_mib << 20;
     wo_uvm.cap.min_headroom = INT64_MAX;

@@ -30,6 +30,7 @@ int wo_prefetch_busy;
 int wo_captures_strict;
 int wo_dma_busy;
 int wo_launch_scan = 1;
+uint32_t wo_scan_words = 512;
 int wo_events_all = 1;
 
 void wo_uvm_set_driver(const struct wo_driver *drv)

@@ -238,6 +238,9 @@ bool wo_uvm_lazy_gate(void);
  * at init to "the policy places something, or a trace is recorded". With
  * an empty policy the launch hooks only count and forward. */
 extern int wo_launch_scan;
+/* WOFFLOAD_SCAN_WORDS, set at init beside it: the launch path reads this
+ * word, not the settings. */
+extern uint32_t wo_scan_words;
 
 /* Which events the hooks push (docs/interposition.md, "Which launches become
  * events"). 1: all of them, as a trace or WOFFLOAD_OBSERVE's per-range books
