@@ -233,7 +233,39 @@ def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[
                 f"| {mib(fit.get('picks_bytes'))} | {mib(fit.get('reserve_bytes'))} "
                 f"| {mib(fit.get('context_bytes'))} | {sx.get('staged', '-')} "
                 f"| {(st.get('picks') or {}).get('staged', '-')} | {out_s} |")
+    where = [w for w in (off_device(os.path.join(root, rep["_run"]))
+                         for _, reps in sorted(rows.items()) for rep in reps) if w]
+    if where:
+        lines += ["", "### Where the weights off the device were (the shim's stats: names, "
+                  "and the names the server freed before exit)", ""] + where
     return lines
+
+
+def off_device(rowdir: str) -> Optional[str]:
+    """One line: the layers (blk.N.) whose tensors the shim placed off the
+    device in this run, by placement, with their bytes; None without stats."""
+    import re
+    st = shim_stats(rowdir)
+    if not st:
+        return None
+    by: Dict[str, Dict[str, Any]] = {}
+    for n in (st.get("names") or []) + (st.get("released_names") or []):
+        pl = n.get("placement")
+        if pl in (None, "device"):
+            continue
+        b = by.setdefault(pl, {"layers": set(), "bytes": 0, "names": 0})
+        m = re.match(r"^blk\.([0-9]+)\.", n.get("name", ""))
+        if m:
+            b["layers"].add(int(m.group(1)))
+        b["bytes"] += n.get("bytes") or n.get("peak_bytes") or 0
+        b["names"] += 1
+    if not by:
+        return f"- {os.path.basename(rowdir)}: " + (
+            "nothing off the device" if "released_names" in st
+            else "not recorded (stats from before released_names: no live names at exit)")
+    return f"- {os.path.basename(rowdir)}: " + "; ".join(
+        f"{pl}: layers {'|'.join(str(x) for x in sorted(b['layers'])) or '-'} "
+        f"({b['bytes'] / 2**30:.2f} GiB in {b['names']} names)" for pl, b in sorted(by.items()))
 
 
 def peak_mib(rowdir: str) -> int:

@@ -1048,7 +1048,16 @@ class TestServeTableMemory(unittest.TestCase):
                           "lent_bytes": 16 << 20, "picks_bytes": 0, "reserve_bytes": 8 << 20,
                           "context_bytes": 12 << 20},
                   "stream": {"staged": 42, "claim_unselects": 9, "claim_unselects_staged": 3},
-                  "picks": {"staged": 7}}
+                  "picks": {"staged": 7},
+                  # the live names and those the server freed before exit
+                  "names": [{"name": "blk.3.ffn_up_exps.weight", "placement": "managed",
+                             "bytes": 1 << 30}],
+                  "released_names": [
+                      {"name": "blk.0.ffn_up_exps.weight", "placement": "host", "peak_bytes": 1 << 30},
+                      {"name": "blk.2.ffn_up_exps.weight", "placement": "host", "peak_bytes": 1 << 30},
+                      {"name": "blk.2.ffn_down_exps.weight", "placement": "host",
+                       "peak_bytes": 1 << 29},
+                      {"name": "blk.1.attn_q.weight", "placement": "device", "peak_bytes": 1 << 20}]}
             with gzip.open(os.path.join(out, "p4-shim-fit", "stats.json.gz"), "wt") as f:
                 json.dump(st, f)
             with open(os.path.join(out, "p4-shim-exps", "stats.json"), "w") as f:
@@ -1061,6 +1070,10 @@ class TestServeTableMemory(unittest.TestCase):
             # stats from before the counter: "-"
             self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 | - |", r.stdout)
             self.assertNotIn("| p4-ref |", r.stdout.split("### The shim's books")[1])
+            # where fit put the weights off the device, by layer
+            self.assertIn("- p4-shim-fit: host: layers 0|2 (2.50 GiB in 3 names); "
+                          "managed: layers 3 (1.00 GiB in 1 names)", r.stdout)
+            self.assertIn("- p4-shim-exps: not recorded", r.stdout)
 
 
 def salted(argv) -> list:

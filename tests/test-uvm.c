@@ -366,6 +366,23 @@ static void assert_name(const char *json, const char *name, const char *field_va
     free(e);
 }
 
+/* The name is no longer live: not in "names", in "released_names" (freed
+ * memory leaves the record of where its names were) with field_value. */
+static void assert_released(char *json, const char *name, const char *field_value)
+{
+    char key[1200];
+    char *rel = strstr(json, "\"released_names\":[");
+
+    if (!rel)
+        fail_msg("no released_names in %s", json);
+    snprintf(key, sizeof(key), "{\"name\":\"%s\"", name);
+    *rel = '\0';
+    if (strstr(json, key))
+        fail_msg("'%s' still live in %s", name, json);
+    *rel = '"';
+    assert_name(rel, name, field_value);
+}
+
 /* ---- placement decisions ------------------------------------------------- */
 
 static const char *moe_policy = "version: 1\n"
@@ -582,7 +599,7 @@ static void tag_on_observed_memory_is_recorded(void **state)
     free(js);
     observed_free(p);
     js = stats();
-    assert_null(strstr(js, "l0.experts"));
+    assert_released(js, "l0.experts", "\"placement\":\"unplaceable\",\"policy\":\"host\"");
     free(js);
     stop();
 }
@@ -608,8 +625,14 @@ static void scope_on_stream_ordered_memory_is_recorded(void **state)
     assert_name(js, "l0.mlp.experts.w2_weight", "\"bytes\":4194304");
     free(js);
     observed_free(p);
+    /* the consumer may hold the name until it drains the free */
     js = stats();
-    assert_null(strstr(js, "l0.mlp.experts.w2_weight"));
+    for (int tries = 0; tries < 2000 && strstr(js, "\"released_names\":[]"); tries++) {
+        free(js);
+        usleep(1000);
+        js = stats();
+    }
+    assert_released(js, "l0.mlp.experts.w2_weight", "\"peak_bytes\":4194304,");
     free(js);
     stop();
 }
@@ -1192,6 +1215,48 @@ static void touched_bytes_follow_slices(void **state)
     assert_name(js, "t1.experts", want);
     free(js);
     free_ok(p);
+    stop();
+}
+
+/* A name whose memory the engine freed (llama.cpp frees its model buffer
+ * before it exits) leaves "names" for "released_names", with its placement,
+ * its peak and its launches; loaded and freed again, it keeps one record
+ * whose launches add up over both lives. */
+static void released_names_keep_their_placement(void **state)
+{
+    CUdeviceptr p;
+    struct wo_range r;
+    struct wo_event ev;
+    char *js = NULL, *rel;
+    char want[64];
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    for (int life = 1; life <= 2; life++) {
+        p = alloc_ok(8 * MiB);
+        assert_int_equal(wo_api_tag((void *)(uintptr_t)p, 4 * MiB, "x.experts"), 0);
+        assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + 4 * MiB), 2 * MiB, "x.norm"), 0);
+        assert_int_equal(wo_registry_find(p, &r), 0);
+        for (int i = 0; i < 3; i++) {
+            ev = launch_hit(&r, 0, 0);
+            assert_int_equal(wo_ring_push(wo_events, &ev), 0);
+        }
+        snprintf(want, sizeof(want), "\"seen\":%d,", 3 * life);
+        js = stats_when(want);
+        free(js);
+        free_ok(p);
+    }
+    js = stats();
+    assert_valid_json(js);
+    assert_released(js, "x.experts", "\"placement\":\"host\",\"policy\":\"host\"");
+    rel = strstr(js, "\"released_names\":[");
+    snprintf(want, sizeof(want), "\"peak_bytes\":%llu,", (unsigned long long)(4 * MiB));
+    assert_name(rel, "x.experts", want);
+    assert_name(rel, "x.experts", "\"peak_tensors\":1,\"lives\":2,\"launches\":6,");
+    assert_name(rel, "x.norm", "\"placement\":\"device\"");
+    assert_name(rel, "x.norm", "\"lives\":2,");
+    assert_non_null(strstr(js, "\"released_names_dropped\":0"));
+    free(js);
     stop();
 }
 
@@ -1969,6 +2034,7 @@ int main(int argc, char **argv)
         T(data_bit_exact_across_moves),
         T(launches_are_attributed_to_names),
         T(touched_bytes_follow_slices),
+        T(released_names_keep_their_placement),
         T(graph_replays_are_accounted),
         cmocka_unit_test(graph_expansion),
         T(stats_json_content),

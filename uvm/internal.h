@@ -37,7 +37,29 @@ struct wo_name {
     uint64_t hits;        /* (launch, range) hits resolved to it (consumer) */
     uint64_t last_launch; /* consumer's launch number that last counted it */
     uint64_t touched;     /* bytes launches touched, each a slice extent (consumer) */
+    uint64_t peak_bytes;  /* the most bytes tagged at once */
+    uint32_t peak_tags;   /* the most tags at once (0: never tagged) */
 };
+
+/* A name whose last tag went: the engine freed its memory (llama.cpp frees
+ * its model buffer before it exits). What it was and where it went, for the
+ * stats written after (names.c, released_names); one record a name string,
+ * no more of them than the most names live at once (at least 64, at most
+ * WO_NAMES_GONE_MAX): an engine that frees its model keeps every record, one
+ * that makes new names all the time does not grow. */
+struct wo_name_gone {
+    char *s;
+    uint64_t hash;
+    long rule;
+    enum wo_placement want, place;
+    bool unplaceable, over_budget;
+    uint64_t peak_bytes;
+    uint32_t peak_tags;
+    uint64_t launches, hits, touched; /* over every life of the name */
+    uint32_t lives;                   /* times its last tag went */
+};
+
+#define WO_NAMES_GONE_MAX 65536
 
 enum wo_alloc_kind {
     WO_KIND_OBSERVED = 0, /* the engine's own allocation: tags are recorded only */
@@ -131,11 +153,15 @@ struct wo_uvm_state {
 
     /* names: chained hash + dense id table */
     struct wo_name **name_hash;
-    size_t name_hash_size, nnames;
+    size_t name_hash_size, nnames, nnames_peak;
     struct wo_name **names_by_id;
     uint32_t names_cap;
     uint32_t *free_ids;
     uint32_t nfree_ids;
+    struct wo_name_gone *names_gone; /* names whose last tag went, in that order */
+    size_t nnames_gone, names_gone_cap;
+    uint32_t *names_gone_index;  /* open addressing by hash, 2 x cap slots: index + 1, 0 empty */
+    uint64_t names_gone_dropped; /* past the limit (wo_name_gone), or no memory */
 
     /* allocation records: chained hash by base */
     struct wo_alloc **alloc_hash;

@@ -196,6 +196,7 @@ struct wo_name *wo_name_get(const char *s)
     n->next = wo_uvm.name_hash[h & (wo_uvm.name_hash_size - 1)];
     wo_uvm.name_hash[h & (wo_uvm.name_hash_size - 1)] = n;
     wo_uvm.nnames++;
+    wo_uvm.nnames_peak = WO_MAX(wo_uvm.nnames_peak, wo_uvm.nnames);
     return n;
 }
 
@@ -204,12 +205,85 @@ void wo_name_ref(struct wo_name *n)
     n->refs++;
 }
 
+/* The record of a name whose last tag went (internal.h, wo_name_gone): the
+ * one of its string when there is one (an engine that loads the same model
+ * again), else a new one that takes the string over. Returns whether it did. */
+static bool name_gone_keep(struct wo_name *n)
+{
+    struct wo_name_gone *g = NULL;
+    size_t mask = wo_uvm.names_gone_cap * 2 - 1, slot = 0;
+
+    if (wo_uvm.names_gone_cap) {
+        for (slot = n->hash & mask; wo_uvm.names_gone_index[slot]; slot = (slot + 1) & mask) {
+            struct wo_name_gone *c = &wo_uvm.names_gone[wo_uvm.names_gone_index[slot] - 1];
+            if (c->hash == n->hash && strcmp(c->s, n->s) == 0) {
+                g = c;
+                break;
+            }
+        }
+    }
+    if (!g) {
+        if (wo_uvm.nnames_gone >= WO_MAX(wo_uvm.nnames_peak, (size_t)64)) {
+            wo_uvm.names_gone_dropped++;
+            return false;
+        }
+        if (wo_uvm.nnames_gone == wo_uvm.names_gone_cap) {
+            size_t ncap = wo_uvm.names_gone_cap ? wo_uvm.names_gone_cap * 2 : 64;
+            struct wo_name_gone *v;
+            uint32_t *ix;
+
+            if (ncap > WO_NAMES_GONE_MAX || !(ix = calloc(ncap * 2, sizeof(*ix)))) {
+                wo_uvm.names_gone_dropped++;
+                return false;
+            }
+            if (!(v = realloc(wo_uvm.names_gone, ncap * sizeof(*v)))) {
+                free(ix);
+                wo_uvm.names_gone_dropped++;
+                return false;
+            }
+            mask = ncap * 2 - 1;
+            for (size_t i = 0; i < wo_uvm.nnames_gone; i++) {
+                size_t k = v[i].hash & mask;
+                while (ix[k])
+                    k = (k + 1) & mask;
+                ix[k] = (uint32_t)i + 1;
+            }
+            free(wo_uvm.names_gone_index);
+            wo_uvm.names_gone_index = ix;
+            wo_uvm.names_gone = v;
+            wo_uvm.names_gone_cap = ncap;
+            for (slot = n->hash & mask; ix[slot]; slot = (slot + 1) & mask)
+                ;
+        }
+        wo_uvm.names_gone_index[slot] = (uint32_t)wo_uvm.nnames_gone + 1;
+        g = &wo_uvm.names_gone[wo_uvm.nnames_gone++];
+        memset(g, 0, sizeof(*g));
+        g->s = n->s;
+        g->hash = n->hash;
+        n->s = NULL;
+    }
+    g->rule = n->rule;
+    g->want = n->want;
+    g->place = n->place;
+    g->unplaceable = n->unplaceable;
+    g->over_budget = n->over_budget;
+    g->peak_bytes = WO_MAX(g->peak_bytes, n->peak_bytes);
+    g->peak_tags = WO_MAX(g->peak_tags, n->peak_tags);
+    g->launches += n->launches;
+    g->hits += n->hits;
+    g->touched += n->touched;
+    g->lives++;
+    return true;
+}
+
 void wo_name_unref(struct wo_name *n)
 {
     struct wo_name **pp;
 
     if (!n || --n->refs > 0)
         return;
+    if (n->peak_tags)
+        name_gone_keep(n);
     for (pp = &wo_uvm.name_hash[n->hash & (wo_uvm.name_hash_size - 1)]; *pp; pp = &(*pp)->next) {
         if (*pp == n) {
             *pp = n->next;
@@ -405,6 +479,8 @@ int wo_alloc_add_tag(struct wo_alloc *a, uint64_t off, uint64_t size, struct wo_
     wo_name_ref(n);
     n->bytes += size;
     n->ntags++;
+    n->peak_bytes = WO_MAX(n->peak_bytes, n->bytes);
+    n->peak_tags = WO_MAX(n->peak_tags, n->ntags);
     /* A named range is worth an event per launch (per-name books, the
      * prefetcher's segments); no memory for the mark only costs those. */
     (void)wo_registry_watch(a->id, a->gen);
@@ -421,6 +497,14 @@ void wo_names_free_all(void)
             free(n);
         }
     }
+    for (size_t i = 0; i < wo_uvm.nnames_gone; i++)
+        free(wo_uvm.names_gone[i].s);
+    free(wo_uvm.names_gone);
+    free(wo_uvm.names_gone_index);
+    wo_uvm.names_gone = NULL;
+    wo_uvm.names_gone_index = NULL;
+    wo_uvm.nnames_gone = wo_uvm.names_gone_cap = 0;
+    wo_uvm.names_gone_dropped = 0;
     free(wo_uvm.names_by_id);
     free(wo_uvm.free_ids);
     free(wo_uvm.name_hash);
@@ -428,7 +512,7 @@ void wo_names_free_all(void)
     wo_uvm.free_ids = NULL;
     wo_uvm.name_hash = NULL;
     wo_uvm.names_cap = wo_uvm.nfree_ids = 0;
-    wo_uvm.name_hash_size = wo_uvm.nnames = 0;
+    wo_uvm.name_hash_size = wo_uvm.nnames = wo_uvm.nnames_peak = 0;
 }
 
 /* ---- placement counts (under wo_uvm.lock) ------------------------------------ */

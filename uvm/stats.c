@@ -488,6 +488,31 @@ static void json_body(struct sbuf *b)
     }
     sb_printf(b, "]");
 
+    /* the names whose last tag went (names.c): where they were, after the
+     * engine freed them (a server frees its model before it exits) */
+    sb_printf(b, ",\"released_names\":[");
+    for (size_t i = 0; i < wo_uvm.nnames_gone; i++) {
+        const struct wo_name_gone *g = &wo_uvm.names_gone[i];
+        sb_printf(b, "%s{\"name\":", i ? "," : "");
+        sb_str(b, g->s);
+        sb_printf(b, ",\"placement\":");
+        sb_str(b, g->unplaceable ? "unplaceable" : wo_placement_to_string(g->place));
+        sb_printf(b, ",\"policy\":");
+        sb_str(b, g->rule == -2 ? NULL : wo_placement_to_string(g->want));
+        sb_printf(b, ",\"rule\":");
+        sb_str(b, p && g->rule != -2
+                      ? wo_policy_rule_label(p, g->rule < 0 ? wo_policy_nrules(p) : (size_t)g->rule,
+                                             label, sizeof(label))
+                      : NULL);
+        sb_printf(b,
+                  ",\"peak_bytes\":%" PRIu64 ",\"peak_tensors\":%" PRIu32 ",\"lives\":%" PRIu32
+                  ",\"launches\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"touched_bytes\":%" PRIu64
+                  ",\"over_budget\":%s}",
+                  g->peak_bytes, g->peak_tags, g->lives, g->launches, g->hits, g->touched,
+                  bool_s(g->over_budget));
+    }
+    sb_printf(b, "],\"released_names_dropped\":%" PRIu64, wo_uvm.names_gone_dropped);
+
     sb_printf(b,
               ",\"launches\":{\"seen\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"stale_hits\":%" PRIu64
               ",\"untagged_hits\":%" PRIu64 ",\"unaligned_hits\":%" PRIu64
