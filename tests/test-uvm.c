@@ -383,6 +383,35 @@ static void assert_released(char *json, const char *name, const char *field_valu
     assert_name(rel, name, field_value);
 }
 
+static size_t locked_nnames(void)
+{
+    size_t n;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    n = wo_uvm.nnames;
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return n;
+}
+
+/* The stats once name's record is among the released names: the consumer
+ * may hold a freed name until it drains the free (at most 2 s). */
+static char *stats_released(const char *name)
+{
+    char key[1200];
+    char *js = NULL, *rel;
+
+    snprintf(key, sizeof(key), "{\"name\":\"%s\"", name);
+    for (int tries = 0; tries < 2000; tries++) {
+        free(js);
+        js = stats();
+        rel = strstr(js, "\"released_names\":[");
+        if (rel && strstr(rel, key))
+            break;
+        usleep(1000);
+    }
+    return js;
+}
+
 /* ---- placement decisions ------------------------------------------------- */
 
 static const char *moe_policy = "version: 1\n"
@@ -598,7 +627,7 @@ static void tag_on_observed_memory_is_recorded(void **state)
     assert_true(strstr(js, "\"unplaceable\":{\"bytes\":2097152,\"tensors\":2") != NULL);
     free(js);
     observed_free(p);
-    js = stats();
+    js = stats_released("l0.experts");
     assert_released(js, "l0.experts", "\"placement\":\"unplaceable\",\"policy\":\"host\"");
     free(js);
     stop();
@@ -625,13 +654,7 @@ static void scope_on_stream_ordered_memory_is_recorded(void **state)
     assert_name(js, "l0.mlp.experts.w2_weight", "\"bytes\":4194304");
     free(js);
     observed_free(p);
-    /* the consumer may hold the name until it drains the free */
-    js = stats();
-    for (int tries = 0; tries < 2000 && strstr(js, "\"released_names\":[]"); tries++) {
-        free(js);
-        usleep(1000);
-        js = stats();
-    }
+    js = stats_released("l0.mlp.experts.w2_weight");
     assert_released(js, "l0.mlp.experts.w2_weight", "\"peak_bytes\":4194304,");
     free(js);
     stop();
@@ -1245,6 +1268,10 @@ static void released_names_keep_their_placement(void **state)
         js = stats_when(want);
         free(js);
         free_ok(p);
+        /* the consumer lets the names go once it drains the free */
+        for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
+            usleep(1000);
+        assert_int_equal(locked_nnames(), 0);
     }
     js = stats();
     assert_valid_json(js);
@@ -1255,6 +1282,40 @@ static void released_names_keep_their_placement(void **state)
     assert_name(rel, "x.experts", "\"peak_tensors\":1,\"lives\":2,\"launches\":6,");
     assert_name(rel, "x.norm", "\"placement\":\"device\"");
     assert_name(rel, "x.norm", "\"lives\":2,");
+    assert_non_null(strstr(js, "\"released_names_dropped\":0"));
+    free(js);
+    stop();
+}
+
+/* Many names freed, then loaded and freed again: the records' index grows
+ * (64, 128, 256 records) and still finds a name recorded before it grew. */
+static void released_names_survive_growth(void **state)
+{
+    enum { N = 200 };
+    CUdeviceptr p;
+    char name[32], *js;
+
+    (void)state;
+    start("version: 1\nrules:\n  - {match: [experts], place: host}\n");
+    for (int life = 0; life < 2; life++) {
+        p = alloc_ok(N * 65536);
+        for (int i = 0; i < N; i++) {
+            snprintf(name, sizeof(name), "l%d.experts", i);
+            assert_int_equal(wo_api_tag((void *)(uintptr_t)(p + (uint64_t)i * 65536), 65536, name),
+                             0);
+        }
+        free_ok(p);
+        /* the names in flight to the consumer go once it drains them:
+         * then the next life makes them again */
+        for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
+            usleep(1000);
+        assert_int_equal(locked_nnames(), 0);
+    }
+    js = stats();
+    assert_valid_json(js);
+    assert_released(js, "l0.experts", "\"lives\":2,");
+    assert_released(js, "l63.experts", "\"lives\":2,");
+    assert_released(js, "l199.experts", "\"lives\":2,");
     assert_non_null(strstr(js, "\"released_names_dropped\":0"));
     free(js);
     stop();
@@ -1498,16 +1559,6 @@ static long rss_kib(void)
         fclose(f);
     }
     return rss < 0 ? -1 : rss * (sysconf(_SC_PAGESIZE) / 1024);
-}
-
-static size_t locked_nnames(void)
-{
-    size_t n;
-
-    pthread_mutex_lock(&wo_uvm.lock);
-    n = wo_uvm.nnames;
-    pthread_mutex_unlock(&wo_uvm.lock);
-    return n;
 }
 
 static void cycle_once(int i, bool unique)
@@ -2035,6 +2086,7 @@ int main(int argc, char **argv)
         T(launches_are_attributed_to_names),
         T(touched_bytes_follow_slices),
         T(released_names_keep_their_placement),
+        T(released_names_survive_growth),
         T(graph_replays_are_accounted),
         cmocka_unit_test(graph_expansion),
         T(stats_json_content),
