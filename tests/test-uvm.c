@@ -393,6 +393,15 @@ static size_t locked_nnames(void)
     return n;
 }
 
+/* Waits (at most 2 s) for the consumer to let go of the names freed:
+ * it holds one in flight until it drains the free. */
+static void names_let_go(void)
+{
+    for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
+        usleep(1000);
+    assert_int_equal(locked_nnames(), 0);
+}
+
 /* The stats once name's record is among the released names: the consumer
  * may hold a freed name until it drains the free (at most 2 s). */
 static char *stats_released(const char *name)
@@ -1268,10 +1277,7 @@ static void released_names_keep_their_placement(void **state)
         js = stats_when(want);
         free(js);
         free_ok(p);
-        /* the consumer lets the names go once it drains the free */
-        for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
-            usleep(1000);
-        assert_int_equal(locked_nnames(), 0);
+        names_let_go();
     }
     js = stats();
     assert_valid_json(js);
@@ -1305,11 +1311,7 @@ static void released_names_survive_growth(void **state)
                              0);
         }
         free_ok(p);
-        /* the names in flight to the consumer go once it drains them:
-         * then the next life makes them again */
-        for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
-            usleep(1000);
-        assert_int_equal(locked_nnames(), 0);
+        names_let_go(); /* then the next life makes them again */
     }
     js = stats();
     assert_valid_json(js);
@@ -1597,10 +1599,7 @@ static void thousand_cycles_do_not_grow(void **state)
     assert_int_equal(f_live_count(FAKECUDA_ANY), count0);
     assert_int_equal(wo_registry_count(), reg0);
     assert_int_equal(wo_uvm.nallocs, 0);
-    /* Names in flight to the consumer are released once it drains them. */
-    for (int tries = 0; tries < 2000 && locked_nnames() != 0; tries++)
-        usleep(1000);
-    assert_int_equal(locked_nnames(), 0);
+    names_let_go();
     /* 1,950 cycles with 1,000 distinct names: the heap stays where it was
      * (a little slack for allocator bookkeeping). */
     if (heap_in_use() > heap1 + 64 * 1024)

@@ -137,6 +137,28 @@ static void sb_str(struct sbuf *b, const char *s)
     b->p[b->n] = '\0';
 }
 
+/* {"name":..,"placement":..,"policy":..,"rule":.. of a live or released
+ * name: what it got, what the policy asked (null before it was matched)
+ * and by which rule (the default past the last). The caller closes it. */
+static void name_head_json(struct sbuf *b, bool first, const char *s, bool unplaceable,
+                           enum wo_placement place, long rule, enum wo_placement want,
+                           const struct wo_policy *p)
+{
+    char label[256];
+
+    sb_printf(b, "%s{\"name\":", first ? "" : ",");
+    sb_str(b, s);
+    sb_printf(b, ",\"placement\":");
+    sb_str(b, unplaceable ? "unplaceable" : wo_placement_to_string(place));
+    sb_printf(b, ",\"policy\":");
+    sb_str(b, rule == -2 ? NULL : wo_placement_to_string(want));
+    sb_printf(b, ",\"rule\":");
+    sb_str(b, p && rule != -2
+                  ? wo_policy_rule_label(p, rule < 0 ? wo_policy_nrules(p) : (size_t)rule, label,
+                                         sizeof(label))
+                  : NULL);
+}
+
 /* "kernels":[{"name":..,"launches":n},...] (uvm/picks-kern.h): the first
  * kernels seen, then "other_launches": those of any kernel past them. */
 static void picks_kerns_json(struct sbuf *b, const char *key, const struct wo_picks_kerns *t)
@@ -467,18 +489,8 @@ static void json_body(struct sbuf *b)
         const struct wo_name *n = wo_uvm.names_by_id[i];
         if (!n || n->ntags == 0)
             continue;
-        sb_printf(b, "%s{\"name\":", first ? "" : ",");
+        name_head_json(b, first, n->s, n->unplaceable, n->place, n->rule, n->want, p);
         first = false;
-        sb_str(b, n->s);
-        sb_printf(b, ",\"placement\":");
-        sb_str(b, n->unplaceable ? "unplaceable" : wo_placement_to_string(n->place));
-        sb_printf(b, ",\"policy\":");
-        sb_str(b, n->rule == -2 ? NULL : wo_placement_to_string(n->want));
-        sb_printf(b, ",\"rule\":");
-        sb_str(b, p && n->rule != -2
-                      ? wo_policy_rule_label(p, n->rule < 0 ? wo_policy_nrules(p) : (size_t)n->rule,
-                                             label, sizeof(label))
-                      : NULL);
         sb_printf(b,
                   ",\"bytes\":%" PRIu64 ",\"tensors\":%" PRIu32 ",\"launches\":%" PRIu64
                   ",\"hits\":%" PRIu64 ",\"touched_bytes\":%" PRIu64
@@ -493,17 +505,7 @@ static void json_body(struct sbuf *b)
     sb_printf(b, ",\"released_names\":[");
     for (size_t i = 0; i < wo_uvm.nnames_gone; i++) {
         const struct wo_name_gone *g = &wo_uvm.names_gone[i];
-        sb_printf(b, "%s{\"name\":", i ? "," : "");
-        sb_str(b, g->s);
-        sb_printf(b, ",\"placement\":");
-        sb_str(b, g->unplaceable ? "unplaceable" : wo_placement_to_string(g->place));
-        sb_printf(b, ",\"policy\":");
-        sb_str(b, g->rule == -2 ? NULL : wo_placement_to_string(g->want));
-        sb_printf(b, ",\"rule\":");
-        sb_str(b, p && g->rule != -2
-                      ? wo_policy_rule_label(p, g->rule < 0 ? wo_policy_nrules(p) : (size_t)g->rule,
-                                             label, sizeof(label))
-                      : NULL);
+        name_head_json(b, i == 0, g->s, g->unplaceable, g->place, g->rule, g->want, p);
         sb_printf(b,
                   ",\"peak_bytes\":%" PRIu64 ",\"peak_tensors\":%" PRIu32 ",\"lives\":%" PRIu32
                   ",\"launches\":%" PRIu64 ",\"hits\":%" PRIu64 ",\"touched_bytes\":%" PRIu64
