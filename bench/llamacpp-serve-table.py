@@ -199,14 +199,24 @@ def shim_stats(rowdir: str) -> Optional[Dict[str, Any]]:
     return None
 
 
+def step_s(sx: Dict[str, Any]) -> str:
+    """A step that staged: its mean time and the bytes it copied (the
+    executor's staged bytes over its staging steps), "-" without them."""
+    n, ms, b = sx.get("staging_steps"), sx.get("staging_step_ms"), sx.get("staged_bytes")
+    if not n or ms is None or b is None:
+        return "-"
+    return f"{ms:.1f}, {b / n / 2**30:.2f}"
+
+
 def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[str]:
     """The shim's own figures of each run that left its stats: what fit
     chose (MiB: the budget, weights on the device, room for staging slots
     and picked copies' buffers, the reserve, the process's contexts that
     came out of it) and what was copied (the executor's staging copies, the
-    picked copies), and how often the router's picks took a streamed tensor
+    picked copies), how often the router's picks took a streamed tensor
     out of streaming (stream.claim_unselects; in parentheses those whose
-    slot still held their copy)."""
+    slot still held their copy), a staging step's time and bytes, and the
+    copy engine's rate while it copied (stream.copies_busy_gbs)."""
     def mib(b: Optional[float]) -> str:
         return "-" if b is None else f"{b / 1048576:,.0f}"
 
@@ -221,8 +231,8 @@ def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[
                 lines += ["", "### The shim's books (its stats at exit; MiB)", "",
                           "| run | fit budget | weights on the device | slots' room (lent) | picked copies' room "
                           "| reserve | contexts | staging copies | picked copies "
-                          "| taken out by picks |",
-                          "|---|---|---|---|---|---|---|---|---|---|"]
+                          "| taken out by picks | staging step: ms, GiB copied | copy engine GB/s |",
+                          "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             lent = fit.get("lent_bytes")
             sx = st.get("stream") or {}
             out = sx.get("claim_unselects")
@@ -232,7 +242,8 @@ def books(root: str, rows: Dict[Tuple[int, str], List[Dict[str, Any]]]) -> List[
                 f"| {mib(fit.get('staging_bytes'))}{f' ({mib(lent)})' if lent else ''} "
                 f"| {mib(fit.get('picks_bytes'))} | {mib(fit.get('reserve_bytes'))} "
                 f"| {mib(fit.get('context_bytes'))} | {sx.get('staged', '-')} "
-                f"| {(st.get('picks') or {}).get('staged', '-')} | {out_s} |")
+                f"| {(st.get('picks') or {}).get('staged', '-')} | {out_s} "
+                f"| {step_s(sx)} | {sx.get('copies_busy_gbs', '-')} |")
     where = [w for w in (off_device(os.path.join(root, rep["_run"]))
                          for _, reps in sorted(rows.items()) for rep in reps) if w]
     if where:

@@ -1047,7 +1047,9 @@ class TestServeTableMemory(unittest.TestCase):
             st = {"fit": {"budget": 100 << 20, "device_bytes": 60 << 20, "staging_bytes": 16 << 20,
                           "lent_bytes": 16 << 20, "picks_bytes": 0, "reserve_bytes": 8 << 20,
                           "context_bytes": 12 << 20},
-                  "stream": {"staged": 42, "claim_unselects": 9, "claim_unselects_staged": 3},
+                  "stream": {"staged": 42, "claim_unselects": 9, "claim_unselects_staged": 3,
+                             "staging_steps": 4, "staging_step_ms": 181.66,
+                             "staged_bytes": 4 * (3 << 30), "copies_busy_gbs": 54.23},
                   "picks": {"staged": 7},
                   # the live names and those the server freed before exit
                   "names": [{"name": "blk.3.ffn_up_exps.weight", "placement": "managed",
@@ -1065,10 +1067,10 @@ class TestServeTableMemory(unittest.TestCase):
             r = py("llamacpp-serve-table.py", out, "--ref", "ref")
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("### The shim's books", r.stdout)
-            self.assertIn("| p4-shim-fit | 100 | 60 | 16 (16) | 0 | 8 | 12 | 42 | 7 | 9 (3) |",
-                          r.stdout)
-            # stats from before the counter: "-"
-            self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 | - |", r.stdout)
+            self.assertIn("| p4-shim-fit | 100 | 60 | 16 (16) | 0 | 8 | 12 | 42 | 7 | 9 (3) "
+                          "| 181.7, 3.00 | 54.23 |", r.stdout)
+            # stats from before the counters: "-"
+            self.assertIn("| p4-shim-exps | - | - | - | - | - | - | 5 | 0 | - | - | - |", r.stdout)
             self.assertNotIn("| p4-ref |", r.stdout.split("### The shim's books")[1])
             # where fit put the weights off the device, by layer
             self.assertIn("- p4-shim-fit: host: layers 0|2 (2.50 GiB in 3 names); "
