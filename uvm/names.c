@@ -205,55 +205,67 @@ void wo_name_ref(struct wo_name *n)
     n->refs++;
 }
 
+/* The slot of the released names' index (2 x cap slots, open addressing)
+ * that holds the record of s, or the empty one where it would go (s NULL:
+ * the first empty one, for a record known to be absent). */
+static size_t gone_slot(const uint32_t *ix, size_t nslots, uint64_t hash, const char *s)
+{
+    size_t k = hash & (nslots - 1);
+
+    for (; ix[k]; k = (k + 1) & (nslots - 1)) {
+        const struct wo_name_gone *c = &wo_uvm.names_gone[ix[k] - 1];
+        if (s && c->hash == hash && strcmp(c->s, s) == 0)
+            break;
+    }
+    return k;
+}
+
+/* Room for one more record: the array and its index doubled (64 at first),
+ * the index made again. */
+static int gone_grow(void)
+{
+    size_t ncap = wo_uvm.names_gone_cap ? wo_uvm.names_gone_cap * 2 : 64;
+    struct wo_name_gone *v;
+    uint32_t *ix;
+
+    if (ncap > WO_NAMES_GONE_MAX || !(ix = calloc(ncap * 2, sizeof(*ix))))
+        return -1;
+    if (!(v = realloc(wo_uvm.names_gone, ncap * sizeof(*v)))) {
+        free(ix);
+        return -1;
+    }
+    wo_uvm.names_gone = v;
+    for (size_t i = 0; i < wo_uvm.nnames_gone; i++)
+        ix[gone_slot(ix, ncap * 2, v[i].hash, NULL)] = (uint32_t)i + 1;
+    free(wo_uvm.names_gone_index);
+    wo_uvm.names_gone_index = ix;
+    wo_uvm.names_gone_cap = ncap;
+    return 0;
+}
+
 /* The record of a name whose last tag went (internal.h, wo_name_gone): the
  * one of its string when there is one (an engine that loads the same model
- * again), else a new one that takes the string over. Returns whether it did. */
+ * again), else a new one that takes the string over, within the limit.
+ * Returns whether it kept one. */
 static bool name_gone_keep(struct wo_name *n)
 {
-    struct wo_name_gone *g = NULL;
-    size_t mask = wo_uvm.names_gone_cap * 2 - 1, slot = 0;
+    struct wo_name_gone *g;
+    size_t slot;
 
-    if (wo_uvm.names_gone_cap) {
-        for (slot = n->hash & mask; wo_uvm.names_gone_index[slot]; slot = (slot + 1) & mask) {
-            struct wo_name_gone *c = &wo_uvm.names_gone[wo_uvm.names_gone_index[slot] - 1];
-            if (c->hash == n->hash && strcmp(c->s, n->s) == 0) {
-                g = c;
-                break;
-            }
-        }
+    if (wo_uvm.nnames_gone == wo_uvm.names_gone_cap &&
+        (wo_uvm.nnames_gone >= WO_MAX(wo_uvm.nnames_peak, (size_t)64) || gone_grow() < 0) &&
+        !wo_uvm.names_gone_cap) {
+        wo_uvm.names_gone_dropped++;
+        return false;
     }
-    if (!g) {
-        if (wo_uvm.nnames_gone >= WO_MAX(wo_uvm.nnames_peak, (size_t)64)) {
+    slot = gone_slot(wo_uvm.names_gone_index, wo_uvm.names_gone_cap * 2, n->hash, n->s);
+    if (wo_uvm.names_gone_index[slot]) {
+        g = &wo_uvm.names_gone[wo_uvm.names_gone_index[slot] - 1];
+    } else {
+        if (wo_uvm.nnames_gone == wo_uvm.names_gone_cap ||
+            wo_uvm.nnames_gone >= WO_MAX(wo_uvm.nnames_peak, (size_t)64)) {
             wo_uvm.names_gone_dropped++;
             return false;
-        }
-        if (wo_uvm.nnames_gone == wo_uvm.names_gone_cap) {
-            size_t ncap = wo_uvm.names_gone_cap ? wo_uvm.names_gone_cap * 2 : 64;
-            struct wo_name_gone *v;
-            uint32_t *ix;
-
-            if (ncap > WO_NAMES_GONE_MAX || !(ix = calloc(ncap * 2, sizeof(*ix)))) {
-                wo_uvm.names_gone_dropped++;
-                return false;
-            }
-            if (!(v = realloc(wo_uvm.names_gone, ncap * sizeof(*v)))) {
-                free(ix);
-                wo_uvm.names_gone_dropped++;
-                return false;
-            }
-            mask = ncap * 2 - 1;
-            for (size_t i = 0; i < wo_uvm.nnames_gone; i++) {
-                size_t k = v[i].hash & mask;
-                while (ix[k])
-                    k = (k + 1) & mask;
-                ix[k] = (uint32_t)i + 1;
-            }
-            free(wo_uvm.names_gone_index);
-            wo_uvm.names_gone_index = ix;
-            wo_uvm.names_gone = v;
-            wo_uvm.names_gone_cap = ncap;
-            for (slot = n->hash & mask; ix[slot]; slot = (slot + 1) & mask)
-                ;
         }
         wo_uvm.names_gone_index[slot] = (uint32_t)wo_uvm.nnames_gone + 1;
         g = &wo_uvm.names_gone[wo_uvm.nnames_gone++];
