@@ -72,6 +72,10 @@
 #   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
 #                  equal-value tensors on the device in the engine's order (the
 #                  first layers'), not spread through the step, to measure the change
+#   shim-ROW-bylayer  any shim row with WOFFLOAD_FIT_LAYERS=1: fit's spread
+#                  takes a layer's equal-value tensors together, so that whole
+#                  layers go off the device (as shim-spreadN's hand split sends
+#                  them), not one to three expert tensors of each layer
 #   shim-fit-reserveN  fit (with any other suffix) with --reserve NMiB: the room
 #                  fit keeps for what the engine allocates after seal (256 MiB
 #                  by default; llama-server allocated 64 MiB after seal), so that
@@ -138,7 +142,7 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
-        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS
     POL="" SLOTS="" RESERVE=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -153,6 +157,7 @@ for row in $ROWS; do
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
+        shim-*-bylayer) base=${base%-bylayer}; export WOFFLOAD_FIT_LAYERS=1 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
         shim-fit*-reserve[0-9]*) RESERVE=${base##*-reserve}; base=${base%-reserve*}
             case $RESERVE in *[!0-9]*) echo "[serve-rows] $row: -reserveN takes MiB, a number"; base=bad ;; esac ;;
@@ -257,7 +262,7 @@ for row in $ROWS; do
     if [ "${DRY_RUN:-0}" = 1 ]; then
         [ -n "${GREEDY_REF:-}" ] && echo "[serve-rows] $row: greedy ids against $GREEDY_REF"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
-            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND)=' |
+            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
                 sort | paste -sd ' ' -)"
         continue
     fi

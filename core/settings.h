@@ -51,6 +51,7 @@ struct wo_settings {
     bool fit_squeeze;        /* WOFFLOAD_FIT_SQUEEZE */
     bool fit_spread;         /* WOFFLOAD_FIT_SPREAD */
     bool fit_lend;           /* WOFFLOAD_FIT_LEND */
+    bool fit_layers;         /* WOFFLOAD_FIT_LAYERS */
     bool bind_copies;        /* WOFFLOAD_BIND_COPIES */
     const char *fit_memo;    /* WOFFLOAD_FIT_MEMO, NULL = by command line */
     bool picks;              /* WOFFLOAD_PICKS */

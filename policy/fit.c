@@ -237,6 +237,41 @@ static void take_spread(const struct ord *o, size_t m, struct wo_fit_item *v, ui
     }
 }
 
+/* The same with whole layers as the unit (fit->by_layer,
+ * WOFFLOAD_FIT_LAYERS): the run's items of one layer (wo_policy_layer_of;
+ * consecutive in index order, a name without a layer a unit of its own)
+ * are taken together, in index order, and the layers spread through the
+ * run as take_spread spreads items. What goes off the device is then whole
+ * layers, as a hand policy's `layers:` rule sends them, where by item a
+ * layer of three expert tensors kept one or two of them. Falls back to
+ * take_spread without memory for the units. */
+static void take_spread_layers(const struct ord *o, size_t m, struct wo_fit_item *v,
+                               uint64_t budget, uint64_t *charged, enum wo_placement rest)
+{
+    size_t *start = malloc((m + 1) * sizeof(*start)), nu = 0;
+    unsigned bits = 0;
+
+    if (!start) {
+        take_spread(o, m, v, budget, charged, rest);
+        return;
+    }
+    for (size_t k = 0; k < m; k++) {
+        long l = wo_policy_layer_of(v[o[k].i].name);
+        if (k == 0 || l < 0 || l != wo_policy_layer_of(v[o[k - 1].i].name))
+            start[nu++] = k;
+    }
+    start[nu] = m;
+    while (((size_t)1 << bits) < nu)
+        bits++;
+    for (size_t x = 0; x < (size_t)1 << bits; x++) {
+        size_t u = bit_reverse(x, bits);
+        if (u < nu)
+            for (size_t k = start[u]; k < start[u + 1]; k++)
+                take(&v[o[k].i], budget, charged, rest);
+    }
+    free(start);
+}
+
 uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget)
 {
     enum wo_placement rest = fit && fit->rest == WO_PLACE_MANAGED ? WO_PLACE_MANAGED : WO_PLACE_HOST;
@@ -296,6 +331,10 @@ uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n
         for (size_t s = 0, e; s < no; s = e) {
             for (e = s + 1; e < no && same_value(&o[s], &o[e]); e++)
                 ;
+            if (spread && fit && fit->by_layer) {
+                take_spread_layers(o + s, e - s, v, budget, &charged, rest);
+                continue;
+            }
             if (spread) {
                 take_spread(o + s, e - s, v, budget, &charged, rest);
                 continue;

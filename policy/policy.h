@@ -119,6 +119,10 @@ struct wo_fit {
      * runs). true: tensors of equal value are chosen in the given order,
      * not spread through it (wo_fit_choose) */
     bool in_order;
+    /* not a policy key either: WOFFLOAD_FIT_LAYERS=1. true (and not
+     * in_order): the spread takes a layer's equal-value tensors together, so
+     * that whole layers go off the device (wo_fit_choose) */
+    bool by_layer;
 };
 
 struct wo_policy_globals {
@@ -366,8 +370,9 @@ uint64_t wo_fit_reserve(const struct wo_fit *fit, uint64_t budget);
  * (never read); ties by class ascending. Items equal in all of that are
  * taken spread through the given order (bit-reversed ranks: every other
  * one first, then every fourth between them...), so that what goes off the
- * device is spread through the step too; with fit->in_order, in the given
- * order. Deterministic. Returns the device bytes charged. */
+ * device is spread through the step too; with fit->by_layer the unit of
+ * that spread is a layer's tensors of the run, taken together; with
+ * fit->in_order, in the given order. Deterministic. Returns the device bytes charged. */
 uint64_t wo_fit_choose(const struct wo_fit *fit, struct wo_fit_item *v, size_t n, uint64_t budget);
 
 /* ---- normalized form and counters ---------------------------------------------- */

@@ -357,6 +357,65 @@ static void choose_spreads_equal_values(void **state)
         assert_int_equal(v[i].out, i < SPREAD_N / 2 ? WO_PLACE_HOST : WO_PLACE_DEVICE);
 }
 
+/* By layer (fit->by_layer, WOFFLOAD_FIT_LAYERS=1): 16 layers of three
+ * equal expert tensors, as llama.cpp's GGUF names them. At every budget a
+ * multiple of a layer's bytes what leaves the device is whole layers,
+ * spread through the step (never two neighbours off while one layer in two
+ * stays), and a larger budget's device set contains a smaller one's; by
+ * tensor the same budget splits layers. */
+enum { BYLAYER_LAYERS = 16, BYLAYER_N = 3 * BYLAYER_LAYERS };
+
+static void choose_by_layer_takes_whole_layers(void **state)
+{
+    static const char *const kind[] = {"gate", "up", "down"};
+    static char names[BYLAYER_N][48];
+    struct wo_fit f = {.enabled = true, .rest = WO_PLACE_HOST, .by_layer = true};
+    struct wo_fit_item v[BYLAYER_N];
+    bool prev[BYLAYER_LAYERS] = {false};
+    int split = 0;
+    (void)state;
+
+    for (int i = 0; i < BYLAYER_N; i++) {
+        snprintf(names[i], sizeof(names[i]), "blk.%d.ffn_%s_exps.weight", i / 3, kind[i % 3]);
+        v[i] = item(names[i], 384 * MiB, -1);
+    }
+    for (int k = 0; k <= BYLAYER_LAYERS; k++) {
+        bool dev[BYLAYER_LAYERS];
+        int ndev = 0;
+
+        assert_int_equal(wo_fit_choose(&f, v, BYLAYER_N, (uint64_t)k * 3 * 384 * MiB),
+                         (uint64_t)k * 3 * 384 * MiB);
+        for (int l = 0; l < BYLAYER_LAYERS; l++) {
+            enum wo_placement o = v[3 * l].out;
+            assert_int_equal(v[3 * l + 1].out, o);
+            assert_int_equal(v[3 * l + 2].out, o);
+            dev[l] = o == WO_PLACE_DEVICE;
+            ndev += dev[l];
+            if (prev[l] && !dev[l])
+                fail_msg("budget %d layers: layer %d left the device", k, l);
+        }
+        assert_int_equal(ndev, k);
+        if (k == BYLAYER_LAYERS / 2)
+            for (int l = 0; l + 1 < BYLAYER_LAYERS; l++)
+                if (!dev[l] && !dev[l + 1])
+                    fail_msg("half the layers: layers %d and %d both off the device", l, l + 1);
+        memcpy(prev, dev, sizeof(prev));
+    }
+    /* by tensor, nine layers' bytes leave some layers split */
+    f.by_layer = false;
+    wo_fit_choose(&f, v, BYLAYER_N, 9ull * 3 * 384 * MiB);
+    for (int l = 0; l < BYLAYER_LAYERS; l++)
+        split += v[3 * l].out != v[3 * l + 1].out || v[3 * l].out != v[3 * l + 2].out;
+    if (!split)
+        fail_msg("by tensor: no layer split (the by-layer check above would prove nothing)");
+    /* in_order wins over by_layer: the engine's order, the first four on the device */
+    f.by_layer = true;
+    f.in_order = true;
+    wo_fit_choose(&f, v, BYLAYER_N, 4 * 384 * MiB);
+    for (int i = 0; i < BYLAYER_N; i++)
+        assert_int_equal(v[i].out, i < 4 ? WO_PLACE_DEVICE : WO_PLACE_HOST);
+}
+
 /* The picked copies' room: buffers of the largest routed-experts tensor
  * off the device; llama.cpp's (GGUF) ones only where the ggml hook
  * registers picks for them. */
@@ -507,6 +566,7 @@ int main(void)
         cmocka_unit_test(choose_fixed_and_unmovable),
         cmocka_unit_test(choose_is_deterministic),
         cmocka_unit_test(choose_spreads_equal_values),
+        cmocka_unit_test(choose_by_layer_takes_whole_layers),
         cmocka_unit_test(picks_room),
         cmocka_unit_test(key_parses_and_dumps),
     };

@@ -173,6 +173,7 @@ static int fit_settings(const struct fit_args *a, struct wo_fit *f)
     f->rest = WO_PLACE_HOST;
     /* the shim's rule at seal (WOFFLOAD_FIT_SPREAD) */
     f->in_order = !wo_settings()->fit_spread;
+    f->by_layer = wo_settings()->fit_layers;
     if (strchr(a->device, '%')) {
         if (parse_pct(a->device, &f->device.ppm) < 0)
             return bad("--device '%s': found a bad percentage, expected one above 0%% and at most "

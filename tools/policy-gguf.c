@@ -263,6 +263,7 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
         return -ENOMEM;
     /* the shim's rule at seal (WOFFLOAD_FIT_SPREAD) */
     eff.in_order = !wo_settings()->fit_spread;
+    eff.by_layer = wo_settings()->fit_layers;
     budget = wo_fit_budget(fit, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
     reserve = wo_fit_reserve(fit, budget);
     for (size_t i = 0; i < g->n; i++)

@@ -249,6 +249,7 @@ void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const b
     /* equal-value tensors spread through the step, or in the engine's
      * order (WOFFLOAD_FIT_SPREAD=0); the plan at announce and seal alike */
     eff.in_order = !wo_settings()->fit_spread;
+    eff.by_layer = wo_settings()->fit_layers;
     fit = &eff;
     sp->budget = budget;
     /* the engine's allocations after seal come out of the same budget:
