@@ -180,6 +180,30 @@ with tempfile.TemporaryDirectory() as tmp:
         check(0 < dev <= budget * 1.001, "fit: %.0f on the device, budget %.0f" % (dev, budget))
         n, b = size_of(out, "device")
         check(close(b, dev), "fit: placement device %s, fit line %s" % (b, dev))
+    # the shim's own split: the staging slots' room inside the budget
+    # (slots of the largest tensor off the device), lent to managed weights
+    # while the slots are empty; WOFFLOAD_FIT_LEND=0 keeps it empty
+    def gib(num, unit):
+        return float(num) * {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}[unit]
+
+    m = re.search(r"less the reserve ([\d.]+) (B|KiB|MiB|GiB), ([\d.]+) (B|KiB|MiB|GiB) for (\d+) staging slots of "
+                  r"([\d.]+) (B|KiB|MiB|GiB) and ([\d.]+) (B|KiB|MiB|GiB) for the picked copies' buffers", out)
+    check(m is not None, "fit: no staging room in the fit line:\n" + out[:900])
+    rows = re.findall(r"^  (\S+)\s+\S+\s+(\d+) (device|host|managed)\s", out, re.M)
+    if m and dev and budget:
+        reserve, room, nslots, slot = gib(m.group(1), m.group(2)), gib(m.group(3), m.group(4)), int(m.group(5)), gib(m.group(6), m.group(7))
+        off = max(int(b) for _, b, p in rows if p != "device")
+        check(nslots >= 2 and close(room, nslots * slot) and close(slot, off),
+              "fit: %d slots of %.0f (%.0f in all), the largest off the device %d" % (nslots, slot, room, off))
+        check(dev + reserve + room <= budget * 1.001, "fit: %.0f + %.0f + %.0f over the budget %.0f" % (dev, reserve, room, budget))
+        nm, bm = size_of(out, "managed")
+        check(nm and 0 < bm <= room * 1.001 and "lent to managed weights" in out, "fit: managed %s %s, room %.0f" % (nm, bm, room))
+        nh, bh = size_of(out, "host")
+        p2 = subprocess.run([TOOL, "gguf", model, fitp, "--gpu", "8GiB", "--engine", "1GiB"], capture_output=True,
+                            text=True, env=dict(os.environ, WOFFLOAD_FIT_LEND="0"))
+        nh2, bh2 = size_of(p2.stdout, "host")
+        check(p2.returncode == 0 and size_of(p2.stdout, "managed")[0] == 0 and nh2 == nh + nm and close(bh2, bh + bm),
+              "fit, WOFFLOAD_FIT_LEND=0: host %s %s, lent %s %s + host %s %s" % (nh2, bh2, nm, bm, nh, bh))
     # every non-expert tensor but the embedding went before any expert
     rows = re.findall(r"^  (\S+)\s+\S+\s+\d+ (device|host|managed)\s", out, re.M)
     ondev_exp = [n for n, p in rows if "_exps" in n and p == "device"]

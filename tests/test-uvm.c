@@ -1849,8 +1849,8 @@ static void fit_staging_counts_lendable_experts(void **state)
         /* 400 MiB: the attention weights and five experts first; three
          * experts off the device */
         memset(&sp, 0, sizeof(sp));
-        wo_place_fit_split(&wo_uvm.g->fit, v, pass == 1 ? pinned : lendable, pass != 2, 12,
-                           400 * MiB, UINT64_MAX, &sp);
+        wo_place_fit_split(wo_uvm.g, &wo_uvm.g->fit, v, pass == 1 ? pinned : lendable, pass != 2,
+                           12, 400 * MiB, UINT64_MAX, &sp);
         if (pass == 0) {
             assert_true(sp.staging >= 2 * 57 * MiB);
             assert_true(sp.staging <= 200 * MiB);

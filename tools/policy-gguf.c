@@ -20,6 +20,7 @@
 #include "core/settings.h"
 #include "policy/policy.h"
 #include "tools/gguf.h"
+#include "uvm/fit-split.h"
 #include "uvm/picks-geom.h"
 
 #define MAX_BATCHES 16
@@ -249,42 +250,65 @@ static int gpu_buffers(struct wo_gguf *g, uint64_t *cpu_n, uint64_t *cpu_bytes, 
 }
 
 /* fit's choice at seal from every name (the ggml hook announces them
- * before their bytes): out[i] set for each tensor; prints its budget line. */
+ * before their bytes): out[i] set for each tensor, by the shim's own split
+ * (uvm/fit-split.c: the reserve, the streaming executor's slots, the
+ * picked copies' buffers, the weights, the slots' room lent), with every
+ * tensor in llama.cpp's one model buffer (managed memory, so lendable);
+ * prints its budget line. */
 static int fit_choose(const struct gargs *a, const struct wo_policy *p, const struct wo_gguf *g,
                       const long *rule, enum wo_placement *out, uint64_t *room)
 {
-    struct wo_fit eff = wo_policy_globals(p)->fit;
-    const struct wo_fit *fit = &eff;
+    const struct wo_policy_globals *pg = wo_policy_globals(p);
+    struct wo_fit eff = pg->fit;
     struct wo_fit_item *v = calloc(g->n ? g->n : 1, sizeof(*v));
-    uint64_t budget, reserve, charged;
-    char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32];
+    bool *lendable = calloc(g->n ? g->n : 1, sizeof(*lendable));
+    struct wo_fit_split sp;
+    uint64_t budget, slot = 0;
+    char s1[32], s2[32], s3[32], s4[32], s5[32], s6[32], s7[32], s8[32], s9[32];
 
-    if (!v)
+    if (!v || !lendable) {
+        free(v);
+        free(lendable);
         return -ENOMEM;
-    /* the shim's rule at seal (WOFFLOAD_FIT_SPREAD) */
-    eff.in_order = !wo_settings()->fit_spread;
-    eff.by_layer = wo_settings()->fit_layers;
-    budget = wo_fit_budget(fit, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
-    reserve = wo_fit_reserve(fit, budget);
-    for (size_t i = 0; i < g->n; i++)
+    }
+    /* reserve: auto without the shim's memo of an earlier run: the default */
+    if (eff.reserve == WO_FIT_RESERVE_AUTO)
+        eff.reserve = WO_FIT_RESERVE_DEFAULT;
+    budget = wo_fit_budget(&eff, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
+    for (size_t i = 0; i < g->n; i++) {
         v[i] = (struct wo_fit_item){.name = g->t[i].name,
                                     .size = g->t[i].bytes,
                                     .weight = -1,
                                     .fixed = rule[i] >= 0 ? out[i] : WO_PLACE_UNSET,
                                     .movable = true};
-    *room = budget - reserve;
-    charged = wo_fit_choose(fit, v, g->n, budget - reserve);
-    for (size_t i = 0; i < g->n; i++)
+        lendable[i] = true;
+    }
+    wo_place_fit_split(pg, &eff, v, lendable, true, g->n, budget, UINT64_MAX, &sp);
+    *room = budget - sp.reserve;
+    for (size_t i = 0; i < g->n; i++) {
         out[i] = v[i].out;
-    printf(
-        "fit: %s of weights on the device: the budget %s (the fit size of the GPU's %s, less the "
-        "engine's %s, at most its free memory less keep_free %s) less the reserve %s; by "
-        "tensor kind, as at seal (docs/placement.md, fit), before the room fit keeps for "
-        "staging when the run streams\n",
-        wo_format_size(charged, s1, sizeof(s1)), wo_format_size(budget, s2, sizeof(s2)),
-        wo_format_size(a->gpu, s3, sizeof(s3)), wo_format_size(a->engine, s4, sizeof(s4)),
-        wo_format_size(fit->keep_free, s5, sizeof(s5)), wo_format_size(reserve, s6, sizeof(s6)));
+        if (out[i] != WO_PLACE_DEVICE && sp.staging && g->t[i].bytes > slot)
+            slot = g->t[i].bytes;
+    }
+    printf("fit: %s of weights on the device: the budget %s (the fit size of the GPU's %s, less "
+           "the engine's %s, at most its free memory less keep_free %s) less the reserve %s, ",
+           wo_format_size(sp.chosen, s1, sizeof(s1)), wo_format_size(budget, s2, sizeof(s2)),
+           wo_format_size(a->gpu, s3, sizeof(s3)), wo_format_size(a->engine, s4, sizeof(s4)),
+           wo_format_size(eff.keep_free, s5, sizeof(s5)),
+           wo_format_size(sp.reserve, s6, sizeof(s6)));
+    if (sp.staging && slot)
+        printf("%s for %" PRIu64 " staging slots of %s", wo_format_size(sp.staging, s7, sizeof(s7)),
+               (sp.staging + slot - 1) / slot, wo_format_size(slot, s8, sizeof(s8)));
+    else
+        printf("no room for staging slots");
+    printf(" and %s for the picked copies' buffers, as at seal (docs/placement.md, fit)",
+           wo_format_size(sp.picks, s9, sizeof(s9)));
+    if (sp.lent)
+        printf("; %s of it lent to managed weights while the slots are empty (WOFFLOAD_FIT_LEND)",
+               wo_format_size(sp.lent, s1, sizeof(s1)));
+    printf("\n");
     free(v);
+    free(lendable);
     return 0;
 }
 
@@ -642,7 +666,9 @@ int wo_policy_gguf_main(int argc, char **argv)
                             : "managed",
                    nb[k], wo_format_size(by[k], s1, sizeof(s1)));
     }
-    staging(p, &g, out);
+    /* under fit its line above said the room, within the budget */
+    if (!(p && wo_policy_globals(p)->fit.enabled))
+        staging(p, &g, out);
     if (hot_plan(&a, p, &g, out, &hot) != 0) {
         fprintf(stderr, "woffload-policy gguf: out of memory\n");
         status = 1;

@@ -215,3 +215,12 @@ const char *wo_fit_memo_save(uint64_t peak, uint64_t untracked)
     memo.untracked = untracked;
     return memo.path;
 }
+
+struct wo_fit wo_fit_memo_resolve(const struct wo_fit *fit)
+{
+    struct wo_fit eff = *fit;
+
+    if (eff.reserve == WO_FIT_RESERVE_AUTO)
+        eff.reserve = wo_fit_memo_reserve();
+    return eff;
+}

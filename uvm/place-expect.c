@@ -95,6 +95,8 @@ static enum wo_placement rule_place(const char *name, uint64_t bytes, bool *rule
 static bool plan_fit(const struct wo_driver *d)
 {
     const struct wo_fit *fit = &wo_uvm.g->fit;
+    /* reserve: auto, the runs before's high water (fit-memo.c) */
+    struct wo_fit eff = wo_fit_memo_resolve(fit);
     size_t n = wo_uvm.expect.n, free_b = 0, total_b = 0;
     struct wo_fit_item *v = calloc(n ? n : 1, sizeof(*v));
     bool *lendable = calloc(n ? n : 1, sizeof(*lendable));
@@ -134,8 +136,8 @@ static bool plan_fit(const struct wo_driver *d)
     wo_place_bind_bytes(&bound_host, &bound_device);
     (void)wo_place_context_bytes(engine + bound_device, &context, said, sizeof(said));
     engine += context;
-    wo_place_fit_split(fit, v, lendable, false, n, wo_fit_budget(fit, total_b, free_b, engine),
-                       cap_room, &sp);
+    wo_place_fit_split(wo_uvm.g, &eff, v, lendable, false, n,
+                       wo_fit_budget(fit, total_b, free_b, engine), cap_room, &sp);
     for (size_t i = 0; i < n; i++)
         wo_uvm.expect.v[i].plan = v[i].out;
     ok = true;

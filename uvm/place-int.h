@@ -6,6 +6,7 @@
 #pragma once
 
 #include "core/settings.h"
+#include "uvm/fit-split.h"
 #include "uvm/internal.h"
 
 #define PAGE 4096u /* advice and pins work on whole pages */
@@ -86,6 +87,9 @@ void wo_place_fit_summary(void);
  * for (their engines' high water after seal, rounded up to 32 MiB), or
  * WO_FIT_RESERVE_DEFAULT before any; read once. */
 uint64_t wo_fit_memo_reserve(void);
+/* fit with `reserve: auto` made the reserve wo_fit_memo_reserve() gives;
+ * any other reserve as it is. */
+struct wo_fit wo_fit_memo_resolve(const struct wo_fit *fit);
 /* The reserve that keeps an engine's high water after seal: it rounded up
  * to 32 MiB (reserve: auto's, and the one the exit line names). */
 uint64_t wo_fit_reserve_for(uint64_t peak);
@@ -112,27 +116,6 @@ int wo_place_context_bytes(uint64_t allocated, uint64_t *bytes, char *said, size
  * the same figure, for the trace's INFO context_bytes (uvm/record.c), so
  * that woffload-policy fit takes it out of --device as fit does. */
 void wo_place_context_for_trace(void);
-/* fit's budget split (wo_place_fit at seal, and place-expect.c's plan
- * before the bytes): the reserve for the engine's allocations after seal,
- * room for the streaming executor's slots (none for routed experts with
- * WOFFLOAD_PICKS on, unless lend_experts and their memory is lendable) and for the picked copies'
- * buffers, then the weights chosen within the rest (and within limit) and the slots' room lent to
- * managed weights; sets v[].out. */
-struct wo_fit_split {
-    uint64_t budget, reserve, staging, picks;
-    uint64_t weights; /* budget less the reserve, the staging room and the picks' */
-    uint64_t chosen;  /* of it, placed on the device */
-    uint64_t lent;    /* the staging room lent */
-};
-void wo_place_fit_split(const struct wo_fit *fit, struct wo_fit_item *v, const bool *lendable,
-                        bool lend_experts, size_t n, uint64_t budget, uint64_t limit,
-                        struct wo_fit_split *sp);
-/* Whether llama.cpp's expert tensors get picked copies under the settings
- * s and the policy's globals g (NULL: no policy), so that fit keeps room for their buffers:
- * WOFFLOAD_GGML_PICKS, hot experts, or the hook's band
- * (WOFFLOAD_GGML_PICKS_FROM) given, whose default under fit is 0. */
-bool wo_place_fit_ggml_picks(const struct wo_settings *s, const struct wo_policy_globals *g);
-
 /* ---- names before bytes (place-expect.c) --------------------------------------- */
 
 /* Announces name (bytes) before its allocation: 0 or -ENOMEM. */
