@@ -1869,6 +1869,28 @@ static void fit_staging_counts_lendable_experts(void **state)
         for (int i = 0; i < 4; i++)
             assert_int_equal(v[i].out, WO_PLACE_DEVICE);
     }
+    /* a budget where two slots take more than half of it (160 MiB, the
+     * slots about 115): kept where the room is lent, as at llama.cpp's
+     * own -ot memory; none where it cannot be lent, nor with
+     * WOFFLOAD_FIT_LEND=0 (the rows' A/B) */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < 12; i++)
+            v[i] = (struct wo_fit_item){.name = names[i],
+                                        .size = (i < 4 ? 8 : 64) * MiB,
+                                        .weight = -1,
+                                        .fixed = WO_PLACE_UNSET,
+                                        .movable = true};
+        memset(&sp, 0, sizeof(sp));
+        wo_place_fit_split(wo_uvm.g, &wo_uvm.g->fit, v, pass ? pinned : lendable, true, 12,
+                           160 * MiB, UINT64_MAX, &sp);
+        if (set->fit_lend && !pass) {
+            assert_true(sp.staging > 80 * MiB);
+            assert_true(sp.staging <= 160 * MiB);
+            assert_int_equal(sp.weights + sp.staging + sp.picks, 160 * MiB);
+        } else {
+            assert_int_equal(sp.staging, 0);
+        }
+    }
     stop();
 }
 

@@ -33,11 +33,18 @@
  * whose executor staged them (0.78x of llama.cpp's --n-cpu-moe 8)
  * (bench/results/llamacpp-serve-20261205-p32-ncmoe8-h100). Nothing off the
  * device for slots: no room kept. Never more than half the budget: below
- * that, fewer slots (uvm/stream.c takes as many as fit, at least two). Sets
- * v[].out (the first choice). */
+ * that, fewer slots (uvm/stream.c takes as many as fit, at least two),
+ * and none where even two take more, unless the room is lent (lends:
+ * WOFFLOAD_FIT_LEND with room for the weights in managed memory). Then two
+ * slots may take more than half: at llama.cpp's own `-ot exps=CPU` memory
+ * on the 32-expert GGUF (4816 MiB on the H100) the half rule kept no room
+ * at all, and every expert was to be read in place by the kernels, where
+ * staged they decode at -ot's speed (bench/results/
+ * llamacpp-serve-20261206e-p32-fitlend-ot-h100: 0.993x with three slots,
+ * every expert host). Sets v[].out (the first choice). */
 static uint64_t fit_staging(const struct wo_policy_globals *g, const struct wo_fit *fit,
                             struct wo_fit_item *v, const bool *lendable, bool lend_experts,
-                            size_t n, uint64_t budget)
+                            size_t n, uint64_t budget, bool lends)
 {
     uint64_t largest = 0, want, *sizes;
     size_t k = 0;
@@ -63,7 +70,11 @@ static uint64_t fit_staging(const struct wo_policy_globals *g, const struct wo_f
     want = largest * wo_stream_slots_wanted(g);
     while (want > budget / 2 && want > largest * WO_STREAM_SLOTS_MIN)
         want -= largest;
-    return want <= budget / 2 ? want : 0;
+    if (want <= budget / 2)
+        return want;
+    /* the fewest slots past half the budget only where their room is lent
+     * (fit_lend): while the slots stay empty it holds weights all the same */
+    return lends && want <= budget ? want : 0;
 }
 
 /* The device bytes the router's picked copies take (policy/fit.c,
@@ -136,6 +147,7 @@ void wo_place_fit_split(const struct wo_policy_globals *g, const struct wo_fit *
 {
     uint64_t weights;
     struct wo_fit eff = *fit;
+    bool lends, any = false;
 
     /* equal-value tensors spread through the step, or in the engine's
      * order (WOFFLOAD_FIT_SPREAD=0); the plan at announce and seal alike */
@@ -147,7 +159,10 @@ void wo_place_fit_split(const struct wo_policy_globals *g, const struct wo_fit *
      * bigload's peak device memory was its weights plus 0.23-0.35 GiB */
     sp->reserve = wo_fit_reserve(fit, budget);
     weights = budget - sp->reserve;
-    sp->staging = fit_staging(g, fit, v, lendable, lend_experts, n, weights);
+    lends = wo_settings()->fit_lend && fit->rest == WO_PLACE_HOST;
+    for (size_t i = 0; lends && i < n && !any; i++)
+        any = lendable[i] && v[i].fixed == WO_PLACE_UNSET;
+    sp->staging = fit_staging(g, fit, v, lendable, lend_experts, n, weights, lends && any);
     sp->picks = WO_MIN(fit_picks_room(g, v, n), weights - sp->staging);
     sp->weights = weights - sp->staging - sp->picks;
     sp->chosen = wo_fit_choose(fit, v, n, WO_MIN(sp->weights, limit));
