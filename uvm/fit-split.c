@@ -3,13 +3,14 @@
  * policy/fit.c chooses within the rest, and the slots' room lent. The same
  * code at seal (place-fit.c), in the plan before the bytes (place-expect.c)
  * and in `woffload-policy gguf`, which predicts fit's choice for llama.cpp
- * from a GGUF's header: no CUDA, no state of the shim's. */
+ * from a GGUF's header: no CUDA and none of uvm/'s state, the settings
+ * and the policy's globals passed or read as the tool reads them. */
 #include "uvm/fit-split.h"
 
 #include <stdlib.h>
 
-#include "core/settings.h"
 #include "core/macro.h"
+#include "core/settings.h"
 #include "uvm/plan-stream.h"
 
 /* The device bytes fit keeps for the streaming executor's slots when the
