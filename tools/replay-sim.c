@@ -296,9 +296,15 @@ static double stream_read(struct sim *s, uint32_t u, double start)
         }
         s->corder[s->ncorder++] = u;
     }
-    if (x->st_step != s->step) {
+    if (x->st_step == UINT64_MAX || x->st_step < s->step) {
         /* not copied ahead (the first step, or another order): now, and
-         * the copies ahead go on from the unit after it */
+         * the copies ahead go on from the unit after it. A copy made
+         * ahead for a later step serves this read too (the same bytes):
+         * a unit this step reads first and again at its end (a small read
+         * of the last layer's experts at the step's start, in
+         * h200-cb-moe32-uniform-gpu) was copied for the next step after
+         * the step's last unit, and each of its reads that followed took
+         * that copy for the wrong step: five copies of it a step */
         size_t i;
 
         for (i = 0; i < s->nsorder && s->sorder[i] != u; i++)
@@ -319,7 +325,8 @@ static void stream_done(struct sim *s, uint32_t u, double end)
     struct sunit *x = &s->su[u];
     unsigned slot = (unsigned)(x->st_copy % s->slots);
 
-    if (s->ncopies - x->st_copy <= s->slots)
+    /* a copy for a later step stays until that step's reads (above) */
+    if (s->ncopies - x->st_copy <= s->slots && x->st_step <= s->step)
         s->slot_free[slot] = s->slot_free[slot] == INFINITY ? end : WO_MAX(s->slot_free[slot], end);
     stream_ahead(s, end);
 }
