@@ -548,8 +548,10 @@ static int predict(const struct fit_args *a, const struct wo_policy *base, const
 
 /* Beside fit's own choice, the others a user would weigh at the same
  * budget, each replayed: fit by the kind of tensor only (no trace
- * weights), and the one-line hand policy, experts on the host and the
- * rest on the device (over the budget when the rest does not fit it). */
+ * weights), fit with its equal values spread by the other unit (whole
+ * layers, or tensor by tensor under WOFFLOAD_FIT_LAYERS=1), and the
+ * one-line hand policy, experts on the host and the rest on the device
+ * (over the budget when the rest does not fit it). */
 static void compare_choices(const struct fit_args *a, const struct wo_policy *base,
                             const struct wo_fit *fit, const struct fname *names,
                             const struct wo_fit_item *chosen, size_t n, uint64_t budget,
@@ -564,16 +566,28 @@ static void compare_choices(const struct fit_args *a, const struct wo_policy *ba
     fprintf(stderr, "fit: the choices at this budget, replayed (decode step; device bytes):\n");
     fprintf(stderr, "fit:   %-40s %s; %s\n", "by reads per step (this policy)",
             ms(fit_decode, s1, sizeof(s1)), wo_format_size(fit_dev, s2, sizeof(s2)));
-    for (int c = 0; c < 2; c++) {
+    for (int c = 0; c < 3; c++) {
         struct wo_replay_result res = {0};
+        struct wo_fit other = *fit;
         uint64_t dev = 0;
-        const char *label = c == 0 ? "by the kind of tensor only" : "experts on the host, the rest device";
+        const char *label = c == 0   ? "by the kind of tensor only"
+                            : c == 1 ? (fit->by_layer ? "by reads per step, tensor by tensor"
+                                                      : "by reads per step, whole layers")
+                                     : "experts on the host, the rest device";
 
         memcpy(v, chosen, n * sizeof(*v));
         if (c == 0) {
             for (size_t i = 0; i < n; i++)
                 v[i].weight = -1;
             wo_fit_choose(fit, v, n, budget);
+        } else if (c == 1) {
+            /* fit's own order, its equal values spread by the other unit
+             * (WOFFLOAD_FIT_LAYERS): what whole layers off the device
+             * would give, or the tensors one by one */
+            if (fit->in_order)
+                continue;
+            other.by_layer = !fit->by_layer;
+            wo_fit_choose(&other, v, n, budget);
         } else {
             for (size_t i = 0; i < n; i++)
                 if (v[i].fixed == WO_PLACE_UNSET && v[i].movable)
