@@ -446,7 +446,7 @@ static int pct_setting(const char *name, int dflt)
  * device (host or managed, by the stats' names); else the setting, whose
  * default is 80, and 0 under fit (the stats have a fit object), as fit
  * keeps no room for the band's buffers unless it is given
- * (uvm/place-fit.c, fit_picks_room). */
+ * (uvm/fit-split.c, fit_picks_room). */
 static int band_from(void)
 {
     static const char key[] = "_exps.weight\",\"placement\":\"";

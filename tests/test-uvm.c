@@ -1811,7 +1811,18 @@ static void fork_child_restarts(void **state)
     stop();
 }
 
-/* fit's room for the streaming executor's slots (uvm/place-fit.c,
+/* Four attention weights of 8 MiB, then eight expert tensors of 64 MiB. */
+static void staging_items(struct wo_fit_item *v, char (*names)[48])
+{
+    for (int i = 0; i < 12; i++)
+        v[i] = (struct wo_fit_item){.name = names[i],
+                                    .size = (i < 4 ? 8 : 64) * MiB,
+                                    .weight = -1,
+                                    .fixed = WO_PLACE_UNSET,
+                                    .movable = true};
+}
+
+/* fit's room for the streaming executor's slots (uvm/fit-split.c,
  * fit_staging) with WOFFLOAD_PICKS on (the default): routed experts sent
  * off the device count for the slots where their memory can be lent
  * (managed: llama.cpp's one model buffer, where a batch that picks nearly
@@ -1840,12 +1851,7 @@ static void fit_staging_counts_lendable_experts(void **state)
         lendable[i] = true;
     }
     for (int pass = 0; pass < 3; pass++) {
-        for (int i = 0; i < 12; i++)
-            v[i] = (struct wo_fit_item){.name = names[i],
-                                        .size = (i < 4 ? 8 : 64) * MiB,
-                                        .weight = -1,
-                                        .fixed = WO_PLACE_UNSET,
-                                        .movable = true};
+        staging_items(v, names);
         /* 400 MiB: the attention weights and five experts first; three
          * experts off the device */
         memset(&sp, 0, sizeof(sp));
@@ -1874,12 +1880,7 @@ static void fit_staging_counts_lendable_experts(void **state)
      * own -ot memory; none where it cannot be lent, nor with
      * WOFFLOAD_FIT_LEND=0 (the rows' A/B) */
     for (int pass = 0; pass < 2; pass++) {
-        for (int i = 0; i < 12; i++)
-            v[i] = (struct wo_fit_item){.name = names[i],
-                                        .size = (i < 4 ? 8 : 64) * MiB,
-                                        .weight = -1,
-                                        .fixed = WO_PLACE_UNSET,
-                                        .movable = true};
+        staging_items(v, names);
         memset(&sp, 0, sizeof(sp));
         wo_place_fit_split(wo_uvm.g, &wo_uvm.g->fit, v, pass ? pinned : lendable, true, 12,
                            160 * MiB, UINT64_MAX, &sp);
@@ -1895,7 +1896,7 @@ static void fit_staging_counts_lendable_experts(void **state)
 }
 
 /* Whether fit keeps room for the picked copies of llama.cpp's experts
- * (uvm/place-fit.c, wo_place_fit_ggml_picks): where the ggml hook
+ * (uvm/fit-split.c, wo_place_fit_ggml_picks): where the ggml hook
  * registers picks under fit. The band (WOFFLOAD_GGML_PICKS_FROM) counts
  * only when the environment gave it, whatever its default; a band given as
  * 0, a bad value or another picks setting does not; WOFFLOAD_GGML_PICKS

@@ -77,7 +77,7 @@ struct wo_tag {
     enum wo_placement place; /* decided placement */
     bool charged;            /* holds host budget bytes */
     bool applied;            /* advice/residency applied for `place` */
-    bool lent;               /* fit made it managed, in the staging room (place-fit.c) */
+    bool lent;               /* fit made it managed, in the staging room (fit-split.c) */
     uint64_t slice;          /* gcd of the non-zero offsets launches pointed at in it; 0 none yet (consumer) */
 };
 
