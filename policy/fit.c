@@ -250,6 +250,7 @@ static void take_spread_layers(const struct ord *o, size_t m, struct wo_fit_item
 {
     size_t *start = malloc((m + 1) * sizeof(*start)), nu = 0;
     unsigned bits = 0;
+    long prev = -1;
 
     if (!start) {
         take_spread(o, m, v, budget, charged, rest);
@@ -257,8 +258,9 @@ static void take_spread_layers(const struct ord *o, size_t m, struct wo_fit_item
     }
     for (size_t k = 0; k < m; k++) {
         long l = wo_policy_layer_of(v[o[k].i].name);
-        if (k == 0 || l < 0 || l != wo_policy_layer_of(v[o[k - 1].i].name))
+        if (k == 0 || l < 0 || l != prev)
             start[nu++] = k;
+        prev = l;
     }
     start[nu] = m;
     while (((size_t)1 << bits) < nu)

@@ -264,7 +264,7 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
                       const long *rule, enum wo_placement *out, uint64_t *room)
 {
     const struct wo_policy_globals *pg = wo_policy_globals(p);
-    struct wo_fit eff = pg->fit;
+    const struct wo_fit *fit = &pg->fit;
     struct wo_fit_item *v = calloc(g->n ? g->n : 1, sizeof(*v));
     bool *lendable = calloc(g->n ? g->n : 1, sizeof(*lendable));
     struct wo_fit_split sp;
@@ -276,10 +276,9 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
         free(lendable);
         return -ENOMEM;
     }
-    /* reserve: auto without the shim's memo of an earlier run: the default */
-    if (eff.reserve == WO_FIT_RESERVE_AUTO)
-        eff.reserve = WO_FIT_RESERVE_DEFAULT;
-    budget = wo_fit_budget(&eff, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
+    /* reserve: auto without the shim's memo of an earlier run: the default
+     * (wo_fit_reserve, inside the split) */
+    budget = wo_fit_budget(fit, a->gpu, a->gpu > a->engine ? a->gpu - a->engine : 0, a->engine);
     for (size_t i = 0; i < g->n; i++) {
         v[i] = (struct wo_fit_item){.name = g->t[i].name,
                                     .size = g->t[i].bytes,
@@ -288,7 +287,7 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
                                     .movable = true};
         lendable[i] = true;
     }
-    wo_place_fit_split(pg, &eff, v, lendable, true, g->n, budget, UINT64_MAX, &sp);
+    wo_place_fit_split(pg, fit, v, lendable, true, g->n, budget, UINT64_MAX, &sp);
     *room = budget - sp.reserve;
     for (size_t i = 0; i < g->n; i++) {
         out[i] = v[i].out;
@@ -299,7 +298,7 @@ static int fit_choose(const struct gargs *a, const struct wo_policy *p, const st
            "the engine's %s, at most its free memory less keep_free %s) less the reserve %s, ",
            wo_format_size(sp.chosen, s1, sizeof(s1)), wo_format_size(budget, s2, sizeof(s2)),
            wo_format_size(a->gpu, s3, sizeof(s3)), wo_format_size(a->engine, s4, sizeof(s4)),
-           wo_format_size(eff.keep_free, s5, sizeof(s5)),
+           wo_format_size(fit->keep_free, s5, sizeof(s5)),
            wo_format_size(sp.reserve, s6, sizeof(s6)));
     if (sp.staging && slot)
         printf("%s for %" PRIu64 " staging slots of %s", wo_format_size(sp.staging, s7, sizeof(s7)),
