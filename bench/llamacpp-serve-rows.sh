@@ -72,10 +72,12 @@
 #   shim-ROW-inorder  any shim row with WOFFLOAD_FIT_SPREAD=0: fit keeps
 #                  equal-value tensors on the device in the engine's order (the
 #                  first layers'), not spread through the step, to measure the change
-#   shim-ROW-bylayer  any shim row with WOFFLOAD_FIT_LAYERS=1: fit's spread
-#                  takes a layer's equal-value tensors together, so that whole
-#                  layers go off the device (as shim-spreadN's hand split sends
-#                  them), not one to three expert tensors of each layer
+#   shim-ROW-bytensor  any shim row with WOFFLOAD_FIT_LAYERS=0: fit's spread
+#                  takes equal-value tensors one by one, so that a layer keeps one
+#                  or two of its three expert tensors, not whole layers off the
+#                  device (the default, as shim-spreadN's hand split sends them)
+#   shim-ROW-bylayer  any shim row with WOFFLOAD_FIT_LAYERS=1 (the default since
+#                  2026-12-07; the rows of stop 97 named it)
 #   shim-fit-reserveN  fit (with any other suffix) with --reserve NMiB: the room
 #                  fit keeps for what the engine allocates after seal (256 MiB
 #                  by default; llama-server allocated 64 MiB after seal), so that
@@ -158,6 +160,7 @@ for row in $ROWS; do
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-bylayer) base=${base%-bylayer}; export WOFFLOAD_FIT_LAYERS=1 ;;
+        shim-*-bytensor) base=${base%-bytensor}; export WOFFLOAD_FIT_LAYERS=0 ;;
         shim-*-slots[1-8]) SLOTS=${base##*-slots}; base=${base%-slots*} ;;
         shim-fit*-reserve[0-9]*) RESERVE=${base##*-reserve}; base=${base%-reserve*}
             case $RESERVE in *[!0-9]*) echo "[serve-rows] $row: -reserveN takes MiB, a number"; base=bad ;; esac ;;

@@ -119,9 +119,10 @@ struct wo_fit {
      * runs). true: tensors of equal value are chosen in the given order,
      * not spread through it (wo_fit_choose) */
     bool in_order;
-    /* not a policy key either: WOFFLOAD_FIT_LAYERS=1. true (and not
-     * in_order): the spread takes a layer's equal-value tensors together, so
-     * that whole layers go off the device (wo_fit_choose) */
+    /* not a policy key either: WOFFLOAD_FIT_LAYERS (1, the default, at
+     * seal and in the tools). true (and not in_order): the spread takes a
+     * layer's equal-value tensors together, so that whole layers go off
+     * the device (wo_fit_choose); false: tensor by tensor */
     bool by_layer;
 };
 

@@ -22,9 +22,9 @@ grep -Eq 'all on GPU [0-9.]+ ms' "$dir/out" || fail "no all-on-GPU step time"
 grep -Eq 'offloaded-bytes bound: [0-9.]+ ms' "$dir/out" || fail "no offloaded-bytes bound"
 # the other choices at the same budget, each replayed; reads per step never
 # predicts slower than the kind of tensor alone or experts-host (the same
-# reads per step spread by whole layers, WOFFLOAD_FIT_LAYERS, is the other
-# unit of the same choice: either may be faster)
-for c in 'by reads per step \(this policy\)' 'by the kind of tensor only' 'by reads per step, whole layers' \
+# reads per step spread tensor by tensor, WOFFLOAD_FIT_LAYERS=0, is the other
+# unit of the same choice, whole layers being the default: either may be faster)
+for c in 'by reads per step \(this policy\)' 'by the kind of tensor only' 'by reads per step, tensor by tensor' \
     'experts on the host, the rest device'; do
     grep -Eq "^fit:   $c .* [0-9.]+ ms; [0-9.]+ [KMG]iB" "$dir/out" || fail "no predicted step for the choice '$c'"
 done

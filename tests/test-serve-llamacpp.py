@@ -954,7 +954,8 @@ class TestRowsDry(unittest.TestCase):
         env = dict(os.environ, DRY_RUN="1", LLAMA_BIN=os.path.join(out, "none"), GGUF=os.path.join(out, "m.gguf"),
                    OUTROOT=out, PARALLEL="4", FIT="from:peer", SHIM_BUILD=os.path.join(out, "shim"),
                    ROWS="shim-fit-nopicks-slots2 shim-ncmoe-odd shim-spread9 shim-fit-nolend shim-fit-inorder "
-                        "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks shim-fit-band shim-fit-nolend-bylayer bogus",
+                        "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks shim-fit-band shim-fit-nolend-bylayer "
+                        "shim-fit-bytensor bogus",
                    PYTHON=sys.executable)
         env.pop("WOFFLOAD_FIT_LEND", None)
         env.pop("WOFFLOAD_FIT_LAYERS", None)
@@ -962,7 +963,7 @@ class TestRowsDry(unittest.TestCase):
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         lines = {m.group(1): m.group(2) for m in re.finditer(r"\[serve-rows\] (\S+): would run: (.*)", r.stdout)}
-        self.assertEqual(len(lines), 10, r.stdout)
+        self.assertEqual(len(lines), 11, r.stdout)
         self.assertIn("bogus: unknown row", r.stdout)
         run = os.path.join(out, "shim", "tools", "woffload-run")
         # fit with two slots and no picks: --fit, a policy of that key alone
@@ -980,6 +981,8 @@ class TestRowsDry(unittest.TestCase):
         self.assertTrue(lines["shim-fit-inorder"].endswith("WOFFLOAD_FIT_SPREAD=0"))
         # whole layers off the device, the room kept empty
         self.assertTrue(lines["shim-fit-nolend-bylayer"].endswith("WOFFLOAD_FIT_LAYERS=1 WOFFLOAD_FIT_LEND=0"))
+        # tensor by tensor, against the default whole layers
+        self.assertTrue(lines["shim-fit-bytensor"].endswith("WOFFLOAD_FIT_LAYERS=0"))
         self.assertTrue(lines["shim-exps-slots2-late"].endswith("WOFFLOAD_LATE_BIND=1"))
         with open(os.path.join(out, "llamacpp-ot-exps-cpu-slots2.yaml")) as f:
             self.assertIn("default: device\nprefetch:\n  slots: 2\nrules:", f.read())

@@ -548,8 +548,8 @@ static int predict(const struct fit_args *a, const struct wo_policy *base, const
 
 /* Beside fit's own choice, the others a user would weigh at the same
  * budget, each replayed: fit by the kind of tensor only (no trace
- * weights), fit with its equal values spread by the other unit (whole
- * layers, or tensor by tensor under WOFFLOAD_FIT_LAYERS=1), and the
+ * weights), fit with its equal values spread by the other unit (tensor
+ * by tensor, or whole layers under WOFFLOAD_FIT_LAYERS=0), and the
  * one-line hand policy, experts on the host and the rest on the device
  * (over the budget when the rest does not fit it). */
 static void compare_choices(const struct fit_args *a, const struct wo_policy *base,
@@ -582,8 +582,8 @@ static void compare_choices(const struct fit_args *a, const struct wo_policy *ba
             wo_fit_choose(fit, v, n, budget);
         } else if (c == 1) {
             /* fit's own order, its equal values spread by the other unit
-             * (WOFFLOAD_FIT_LAYERS): what whole layers off the device
-             * would give, or the tensors one by one */
+             * (WOFFLOAD_FIT_LAYERS): what the tensors one by one would
+             * give, or whole layers off the device */
             if (fit->in_order)
                 continue;
             other.by_layer = !fit->by_layer;
