@@ -209,6 +209,21 @@ with tempfile.TemporaryDirectory() as tmp:
     ondev_exp = [n for n, p in rows if "_exps" in n and p == "device"]
     offdev_other = [n for n, p in rows if "_exps" not in n and p != "device"]
     check(not (ondev_exp and offdev_other), "fit: experts on the device while %s is not" % offdev_other[:1])
+    # whole layers off the device (WOFFLOAD_FIT_LAYERS, the default): a
+    # layer's expert tensors go together, but for the one the budget's
+    # edge cuts; tensor by tensor, layers keep some of theirs
+    def partial_layers(text):
+        off = {}
+        for n, p in re.findall(r"^  (blk\.\d+\.ffn_\w+_exps\.weight)\s+\S+\s+\d+ (device|host|managed)\s", text, re.M):
+            k = off.setdefault(int(n.split(".")[1]), [0, 0])
+            k[0] += 1
+            k[1] += p != "device"
+        return [l for l, (n, o) in off.items() if 0 < o < n]
+    check(len(partial_layers(out)) <= 1, "fit: layers split by the spread: %s" % partial_layers(out))
+    p3 = subprocess.run([TOOL, "gguf", model, fitp, "--gpu", "8GiB", "--engine", "1GiB", "--list"], capture_output=True,
+                        text=True, env=dict(os.environ, WOFFLOAD_FIT_LAYERS="0"))
+    check(p3.returncode == 0 and len(partial_layers(p3.stdout)) > 1,
+          "fit, WOFFLOAD_FIT_LAYERS=0: layers split %s" % partial_layers(p3.stdout))
 
     # tied embeddings (no output.weight): llama.cpp's output layer on the GPU
     # holds a copy of token_embd.weight under that name, read whole each step;
