@@ -58,6 +58,11 @@
 #   shim-ROW-tail  any shim row with WOFFLOAD_DEPARTURE_FENCES=0: staging
 #                  copies wait for the kernels the engine submitted last
 #                  (docs/prefetch.md, Departure fences), to measure the change
+#   shim-ROW-lag1  any shim row with WOFFLOAD_DEPARTURE_LAG=1: a slot's departure
+#                  fence when the engine leaves its range, not one range later,
+#                  so the executor stages slots - 1 ranges ahead (two slots
+#                  overlap a copy with the kernels before it: docs/prefetch.md,
+#                  Departure fences)
 #   shim-ROW-nopicks  any shim row with WOFFLOAD_GGML_PICKS_FROM=0: no picked
 #                  copies for the computes whose share of experts picked is
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their
@@ -143,7 +148,7 @@ for row in $ROWS; do
     left=$((END - $(el)))
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
-    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES \
+    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS
     POL="" SLOTS="" RESERVE=""
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
@@ -154,6 +159,7 @@ for row in $ROWS; do
         case $base in
         shim-*-late) base=${base%-late}; export WOFFLOAD_LATE_BIND=1 ;;
         shim-*-tail) base=${base%-tail}; export WOFFLOAD_DEPARTURE_FENCES=0 ;;
+        shim-*-lag1) base=${base%-lag1}; export WOFFLOAD_DEPARTURE_LAG=1 ;;
         shim-*-nopicks) base=${base%-nopicks}; export WOFFLOAD_GGML_PICKS_FROM=0 ;;
         shim-*-band) base=${base%-band}; export WOFFLOAD_GGML_PICKS_FROM=80 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
@@ -265,7 +271,7 @@ for row in $ROWS; do
     if [ "${DRY_RUN:-0}" = 1 ]; then
         [ -n "${GREEDY_REF:-}" ] && echo "[serve-rows] $row: greedy ids against $GREEDY_REF"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
-            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
+            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|DEPARTURE_LAG|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
                 sort | paste -sd ' ' -)"
         continue
     fi

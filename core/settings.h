@@ -60,6 +60,8 @@ struct wo_settings {
     uint32_t picks_hot_mib;  /* WOFFLOAD_PICKS_HOT: MiB for hot experts, 0 none */
     bool readonly;           /* WOFFLOAD_READONLY */
     bool departure_fences;   /* WOFFLOAD_DEPARTURE_FENCES */
+    uint32_t
+        departure_lag; /* WOFFLOAD_DEPARTURE_LAG: ranges past before a departure fence, 1 or 2 */
     int nerrors;             /* number of variables that had a bad value */
     /* bit i: wo_setting_defs[i] was given a valid value (wo_settings_given) */
     uint64_t given[WO_SETTINGS_MAX / 64];

@@ -1001,7 +1001,11 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  strcmp(mode, "auto-time") == 0 || managed ? "auto"
                  : strncmp(mode, "stream", 6) == 0         ? "stream"
                                                            : mode,
-                 managed ? 6 : 3, /* managed: the slots take the room of hot ranges */
+                 /* managed: the slots take the room of hot ranges; stream-lag1:
+                  * two, the fewest */
+                 managed                            ? 6
+                 : strcmp(mode, "stream-lag1") == 0 ? 2
+                                                    : 3,
                  /* pinned copies: the default (auto) for stream (and
                   * stream-nopin) and hot-set, a cap of three ranges for
                   * auto, off for auto-time and auto-managed */
@@ -1044,6 +1048,8 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
             setenv("WOFAKE_FAIL", "cuMemHostRegister_v2:*:2,cuMemHostAlloc:*:2", 1);
         if (strcmp(mode, "stream-capture") == 0) /* every pin takes 0.1 s */
             setenv("WOFAKE_DELAY", "cuMemHostRegister_v2:100000,cuMemHostAlloc:100000", 1);
+        if (strcmp(mode, "stream-lag1") == 0) /* departure fences one range behind */
+            setenv("WOFFLOAD_DEPARTURE_LAG", "1", 1);
         if (strcmp(mode, "stream-relaxed") == 0) /* every event record takes 3 ms */
             setenv("WOFAKE_DELAY", "cuEventRecord:3000", 1);
         if (strcmp(mode, "stream-exit") == 0) { /* every pin takes 0.3 s */
@@ -1130,6 +1136,7 @@ static const char *const all_modes[] = {
     "stream-unfenced",
     "stream-capture",
     "stream-nopin",
+    "stream-lag1",
     "auto",
     "hot-set",
 };
@@ -1503,6 +1510,36 @@ int main(int argc, char **argv)
             CHECK(w && strstr(w, "CUDA_ERROR_OUT_OF_MEMORY") &&
                   !strstr(w + 1, "stream: pinning a copy of ")); /* one warning */
         }
+    }
+
+    /* ---- stream-lag1: two slots, departure fences one range behind
+     * (WOFFLOAD_DEPARTURE_LAG=1): the executor stages the range after the
+     * engine's into the slot of the one it just left, against the fence
+     * the hook recorded on leaving it; every read bit-identical (the child
+     * checks), about the distinct bytes staged a step ---- */
+    if (want_mode(argc, argv, "stream-lag1")) {
+        run(argv, "stream-lag1", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        redirected = num_after(s, "\"redirected\":");
+        staged = num_after(s, "\"staged_bytes\":");
+        steps = num_after(s, "\"steps\":");
+        printf("stream-lag1: %.0f redirected, %.2f MiB staged a step over %.0f steps; slots "
+               "reused after a departure fence %.0f, at the tail %.0f; %.0f in place with no slot, "
+               "%.0f waited for their copy\n",
+               redirected, steps > 0 ? staged / steps / MiB : 0, steps,
+               num_after(s, "\"fences_departed\":"), num_after(s, "\"fences_at_reuse\":"),
+               num_after(s, "\"inplace_no_slot\":"), num_after(s, "\"awaited\":"));
+        CHECK(redirected > STEPS * NR * READS / 8);
+        CHECK(steps >= STEPS / 2 && staged / steps <= 1.25 * NR * MiB);
+        CHECK(num_after(s, "\"fences_departed\":") > num_after(s, "\"fences_at_reuse\":"));
+        /* staged ahead: the launches seldom wait for their copy (25-27 of
+         * 27 steps of 20 ranges here; with a lag of 2, 493-500: two slots
+         * then hold the engine's range and the one behind it, and each
+         * range is copied only once the engine reaches it) */
+        CHECK(num_after(s, "\"awaited\":") < steps * NR / 2);
+        CHECK(strstr(log, "2 device staging slots") != NULL);
+        if (failures)
+            fprintf(stderr, "stats:\n%s\nlog:\n%s\n", stats, log);
     }
 
     /* ---- stream-exit: the engine exits while the worker has pins to

@@ -218,22 +218,29 @@ out:
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
                            void (*evfns)(struct wo_stream_evfns *fn))
 {
-    uint32_t cur = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), left2;
+    uint32_t cur = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), left2, gone;
 
     if (cur == sid + 1)
         return;
     left2 = __atomic_load_n(&wo_stream_tab.pos_prev, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_stream_tab.pos_prev, cur, __ATOMIC_RELAXED);
-    /* before this launch: the record covers what the engine submitted up
-     * to the range it left last, not the launches of this one; and before
-     * the executor hears of the move, which is when it reuses that slot */
-    if (left2 && left2 != sid + 1 && left2 != cur && left2 - 1 < WO_STREAM_ENTRIES && !captured &&
-        evfns && wo_settings()->departure_fences) {
+    /* the range departed: the one the engine left two moves ago, or with
+     * WOFFLOAD_DEPARTURE_LAG=1 the one it leaves now. Before this launch:
+     * the record covers what the engine submitted up to that range's last
+     * launch, not the launches of this one (a launch that reads it too
+     * pinned its slot, and the record after it supersedes this one); and
+     * before the executor hears of the move, which is when it reuses that
+     * slot */
+    gone = left2 != cur ? left2 : 0;
+    if (cur && !captured && evfns && wo_settings()->departure_lag == 1)
+        gone = cur;
+    if (gone && gone != sid + 1 && gone - 1 < WO_STREAM_ENTRIES && !captured && evfns &&
+        wo_settings()->departure_fences) {
         struct wo_stream_evfns fn = {0};
 
         evfns(&fn);
         if (fn.record)
-            depart(left2 - 1, stream, &fn);
+            depart(gone - 1, stream, &fn);
     }
     /* the time first: the executor reads pos, then pos_ns (a time from a
      * moment before its move can only make a reaction look longer) */

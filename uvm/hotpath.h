@@ -97,8 +97,9 @@ struct wo_stream_slot {
      * here (the executor's count, before each word), launches that pinned
      * it, and wo_stream_left(assign, pins) once a hook recorded read_done
      * on the owner stream after the engine had gone two ranges past this
-     * one: every kernel that could read the slot (through a table another
-     * kernel wrote, too) was submitted by then, so the executor may reuse
+     * one (one with WOFFLOAD_DEPARTURE_LAG=1): every kernel that could read
+     * the slot (through a table another kernel wrote, too) was submitted by
+     * then, so the executor may reuse
      * the slot without recording read_done at the stream's tail, which
      * would make the copy wait for the kernels the engine submitted last */
     uint32_t assign, pins;
@@ -111,7 +112,8 @@ static inline uint64_t wo_stream_left(uint32_t assign, uint32_t pins)
 }
 
 /* The slot's read_done is its departure fence: a hook recorded it after the
- * engine had gone two ranges past the slot's range, for the assignment in
+ * engine had gone two ranges (or one: WOFFLOAD_DEPARTURE_LAG) past the slot's
+ * range, for the assignment in
  * it now, and no launch pinned the slot since. (The executor asks after
  * unpublishing the slot: no hook holds it then.) */
 static inline bool wo_stream_departed(struct wo_stream_slot *s)
@@ -380,7 +382,8 @@ extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests chan
  * spans after it. A new position wakes the executor's thread: it may be
  * asleep (the engine's host thread waited on the GPU, no events came), and
  * the next copy is issued only once it looks. And the slot of the range
- * the engine left two moves ago gets its departure fence (struct
+ * the engine left two moves ago (WOFFLOAD_DEPARTURE_LAG=1: the one it
+ * leaves now) gets its departure fence (struct
  * wo_stream_slot), when this stream reads it and is not capturing
  * (evfns gives the driver's record function; WOFFLOAD_DEPARTURE_FENCES=0:
  * none made). One relaxed load when the position did not move; else a

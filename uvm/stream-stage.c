@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/log.h"
+#include "core/settings.h"
 #include "uvm/picks.h"
 #include "uvm/plan-budget.h"
 #include "uvm/stream-check.h"
@@ -596,7 +597,11 @@ void wo_sx_advance(void)
 {
     uint32_t pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_ACQUIRE), idx;
     uint32_t ahead[WO_STREAM_MAX_SLOTS], behind = NONE;
-    unsigned na = 0;
+    /* the range the engine is at and the ones after it to keep staged:
+     * with departure fences a lag of 2 keeps one slot for the range just
+     * behind the engine (its fence comes at the next move), a lag of 1
+     * none (its fence came with the move here) */
+    unsigned na = 0, want = wo_sx->nslots - 1;
     bool made;
 
     reacted(pos);
@@ -608,7 +613,9 @@ void wo_sx_advance(void)
     /* the furthest point of this step; far back means the next step began */
     if (wo_sx->maxi == NONE || idx > wo_sx->maxi || idx + wo_sx->norder / 2 < wo_sx->maxi)
         wo_sx->maxi = idx;
-    for (uint32_t k = 0; k < wo_sx->norder && na < wo_sx->nslots - 1; k++) {
+    if (wo_settings()->departure_fences && wo_settings()->departure_lag == 1)
+        want = wo_sx->nslots;
+    for (uint32_t k = 0; k < wo_sx->norder && na < want; k++) {
         uint32_t id = wo_sx->order[(wo_sx->maxi + k) % wo_sx->norder];
         if (wo_sx->r[id].live && wo_sx->r[id].streamed && !in(ahead, na, id))
             ahead[na++] = id;
