@@ -51,6 +51,9 @@
 #                  takes it from row ROW run before it in OUTROOT: the most device
 #                  memory its server held in any phase, in MiB: the devices'
 #                  used memory less their idle, bench/llamacpp-serve-table.py)
+#                  With FIT=from:llama-ot or from:shim-exps*, the row takes the
+#                  experts-host rows' rates and phases (R_SLOW, DURATION_SLOW),
+#                  else the half-resident rows' (R_MID)
 #   shim-ROW-late  any shim row with WOFFLOAD_LATE_BIND=1: llama.cpp's model
 #                  buffer late bound, its host tensors pinned host memory that
 #                  the streaming executor copies from on the copy engine
@@ -150,7 +153,7 @@ for row in $ROWS; do
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS
-    POL="" SLOTS="" RESERVE=""
+    POL="" SLOTS="" RESERVE="" slow=0
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
     case $row in *.[0-9]*) name=${row%.*} ;; esac  # ROW.N: ROW again
@@ -210,6 +213,8 @@ for row in $ROWS; do
     llama-ncmoe8) R=${R_MID:-1.5,3,c$P}; LLAMA_ARGS="$LLAMA_ARGS --n-cpu-moe 8 -lm none" ;;
     shim-fit) R=${R_MID:-1.5,3,c$P}; : "${FIT:?FIT: the size for the shim-fit row}"
         FITSZ=$FIT
+        # at an experts-host row's memory, that row's rates and phases
+        case $FIT in from:llama-ot* | from:shim-exps*) R=${R_SLOW:-c$P}; slow=1 ;; esac
         case $FIT in from:*)
             # equal memory: the device memory of that row's server process
             FITSZ=$("${PYTHON:-python3}" "$HERE/llamacpp-serve-table.py" --peak-mib \
@@ -223,13 +228,14 @@ for row in $ROWS; do
     # a phase, its drain and the row's time: the experts-host rows' own
     # (their step is the link's or llama.cpp's CPU's: 719 ms for 32 slots)
     dur=${DURATION:-40} drain=${DRAIN:-10} per=${ROW_S:-200}
-    case $base in shim-exps* | llama-ot)
+    case $base in shim-exps* | llama-ot) slow=1 ;; esac
+    if [ "$slow" = 1 ]; then
         dur=${DURATION_SLOW:-120} drain=${DRAIN_SLOW:-60}
         # its phases, their drains, and 100 s for the load and the greedy
         # prompts sent alone (8 of about 6 s at this step)
         nph=$(($(printf %s "$R" | tr -cd , | wc -c) + 1))
-        per=${ROW_S_SLOW:-$((nph * (dur + drain) + 100))} ;;
-    esac
+        per=${ROW_S_SLOW:-$((nph * (dur + drain) + 100))}
+    fi
     [ "$per" -gt "$left" ] && per=$left
     case $POL in /* | "") ;; *) POL=$ROOT/$POL ;; esac
     if [ -n "$SLOTS" ]; then
@@ -270,6 +276,7 @@ for row in $ROWS; do
     fi
     if [ "${DRY_RUN:-0}" = 1 ]; then
         [ -n "${GREEDY_REF:-}" ] && echo "[serve-rows] $row: greedy ids against $GREEDY_REF"
+        echo "[serve-rows] $row: rates $R, $dur s a phase (+ drain <= $drain s)"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
             "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|DEPARTURE_LAG|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
                 sort | paste -sd ' ' -)"

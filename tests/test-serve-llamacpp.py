@@ -996,6 +996,8 @@ class TestRowsDry(unittest.TestCase):
             self.assertIn("  - name: experts-of-9-layers-spread\n"
                           "    regex: '^blk\\.(0|2|4|6|8|9|11|13|15)\\.ffn_(up|down|gate|gate_up)_(ch|)exps'\n",
                           f.read())
+        # a fit row takes the rates of its class (half resident: R_MID's default)
+        self.assertIn("[serve-rows] shim-fit-bytensor: rates 1.5,3,c4, 40 s a phase", r.stdout)
         # the greedy ids of every other row against llama.cpp's row run before; not its own
         greedy = dict(re.findall(r"\[serve-rows\] (\S+): greedy ids against (\S+)", r.stdout))
         ref = os.path.join(out, "p4-llama-ncmoe8", "greedy.json")
@@ -1006,6 +1008,18 @@ class TestRowsDry(unittest.TestCase):
         self.assertEqual(sorted(x for x in os.listdir(out) if x.startswith("p4-")),
                          ["p4-llama-ncmoe8", "p4-peer"])
         self.assertFalse(os.path.exists(os.path.join(out, "rows.md")))
+        # at an experts-host row's memory (FIT=from:llama-ot), that row's rates and
+        # phases; -lag1: departure fences one range behind
+        os.makedirs(os.path.join(out, "p4-llama-ot"))
+        with open(os.path.join(out, "p4-llama-ot", "sweep.json"), "w") as f:
+            json.dump({"phases": [{"rate": "c4", "memory": {"gpu_pid_mib": {"max": 4816}},
+                                   "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}]}, f)
+        r2 = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")],
+                            env=dict(env, ROWS="shim-fit-lag1", FIT="from:llama-ot"), capture_output=True,
+                            text=True, timeout=60)
+        self.assertEqual(r2.returncode, 0, r2.stdout + r2.stderr)
+        self.assertIn("[serve-rows] shim-fit-lag1: rates c4, 120 s a phase (+ drain <= 60 s)", r2.stdout)
+        self.assertRegex(r2.stdout, r"shim-fit-lag1: would run: \S+ --fit 4816MiB .*WOFFLOAD_DEPARTURE_LAG=1")
 
 
 class TestServeTableMemory(unittest.TestCase):
