@@ -19,6 +19,9 @@
 #     ids against a plain run of the 32): the claims (the default) leave
 #     every step to the executor, and llama.cpp's batched graph (which
 #     allocates cuBLAS's workspace inside the graph) is replayed;
+#   - the same with departure fences one range behind
+#     (WOFFLOAD_DEPARTURE_LAG=1: each slot reused as soon as the engine left
+#     its range, docs/prefetch.md, Departure fences);
 #   - experts on the host, 32 sequences, every compute's router picks
 #     registered (WOFFLOAD_GGML_PICKS_FROM=1, WOFFLOAD_GGML_STREAM=100) and
 #     copied on the copy engine (WOFFLOAD_PICKS_ENGINE=50, off by default) (uvm/picks-dma.c) from pinned mirrors of the
@@ -172,6 +175,11 @@ else:
                                                     sx.get("redirected", 0) > 0)
     if sys.argv[3].startswith("exps-replay"):
         streamed = streamed and ip.get("graph_replays", 0) > 0
+    if sys.argv[3].endswith("-lag1"):
+        # slots reused against the fence made as the engine left their range
+        print(f"    slots reused after a departure fence {sx.get('fences_departed')}, "
+              f"at the tail {sx.get('fences_at_reuse')}")
+        streamed = streamed and sx.get("fences_departed", 0) > sx.get("fences_at_reuse", 0)
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
         echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
@@ -196,6 +204,7 @@ row exps-hot-engine llamacpp-exps-hot.yaml WOFFLOAD_PICKS_HOT=9216 WOFFLOAD_PICK
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml
+row exps-replay-b32-lag1 llamacpp-exps-stream.yaml WOFFLOAD_DEPARTURE_LAG=1
 row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
