@@ -33,6 +33,7 @@
 #include "uvm/plan-budget.h"
 #include "uvm/place-int.h"
 #include "uvm/plan.h"
+#include "uvm/plan-int.h"
 
 static struct wo_driver drv;
 static void *fake;
@@ -2039,6 +2040,19 @@ static void budget_ledger(void **state)
     assert_string_equal(ledger_log, "drarrr");
     wo_budget_picks_bytes(0);
     assert_int_equal(wo_budget_for_plan(), 70 * MiB);
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrrr");
+    /* the stager's slots come to count with no call of its own (its first
+     * host range streamed: no take): the next tick sets the budget */
+    ledger_reserved = 50 * MiB;
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrrrr");
+    assert_int_equal(plan->cfg.budget, 50 * MiB); /* 100 less the slots' 50 */
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrrrr");
+    ledger_reserved = 30 * MiB; /* and back */
+    wo_budget_tick();
+    assert_string_equal(ledger_log, "drarrrrrr");
 
     /* residency as the resident side reports it, by (id, gen) */
     assert_false(wo_budget_resident_whole(7, 2));
@@ -2060,7 +2074,7 @@ static void budget_ledger(void **state)
     wo_uvm.device_budget = 40 * MiB;
     wo_budget_close_staging();
     assert_true(wo_budget_staging_closed());
-    assert_string_equal(ledger_log, "drarrrr");
+    assert_string_equal(ledger_log, "drarrrrrrr");
     assert_int_equal(wo_budget_for_plan(), 10 * MiB);
     wo_budget_stager(&st); /* a new instance (reset, fork child) opens it again */
     assert_false(wo_budget_staging_closed());

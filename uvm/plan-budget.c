@@ -15,6 +15,7 @@ static const struct wo_budget_stager *stager;
 static uint32_t resident_gen[WO_STREAM_IDS];
 static uint64_t picks_bytes; /* picked staging's buffers (any thread writes) */
 static uint64_t picks_seen;  /* ... at the last set */
+static uint64_t stager_seen; /* the stager's reserved bytes at the last set */
 static const struct wo_budget_resident *resident;
 static struct wo_plan *plan;
 static bool staging_closed; /* fit's room for the slots went back to weights */
@@ -25,15 +26,17 @@ void wo_budget_stager(const struct wo_budget_stager *s)
     staging_closed = false; /* a new instance (reset, fork child) */
 }
 
+static uint64_t reserved(void)
+{
+    return stager ? stager->reserved() : 0;
+}
+
 void wo_budget_resident(struct wo_plan *p, const struct wo_budget_resident *r)
 {
     plan = p;
     resident = p ? r : NULL;
-}
-
-static uint64_t reserved(void)
-{
-    return stager ? stager->reserved() : 0;
+    /* the planner was made with the budget less this (wo_budget_for_plan) */
+    stager_seen = reserved();
 }
 
 static uint64_t less(uint64_t bytes)
@@ -62,6 +65,7 @@ bool wo_budget_claimed(uint32_t id, uint32_t gen)
 static void set(uint64_t bytes)
 {
     picks_seen = __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED);
+    stager_seen = reserved();
     wo_plan_set_budget(plan, less(bytes + picks_seen));
     resident->run();
 }
@@ -82,10 +86,22 @@ void wo_budget_picks_bytes(uint64_t bytes)
     __atomic_store_n(&picks_bytes, bytes, __ATOMIC_RELAXED);
 }
 
+/* The stager's reserved bytes change without a call here when its first
+ * host range is streamed (a host range is not the planner's: no take): its
+ * slots then count from the next tick on. Before this, the planner kept its
+ * budget without them, and under fit the weights lent the slots' room stayed
+ * on the device beside the busy slots (llama-server at 4816 MiB: 1.063x the
+ * fit size, its lent output.weight moved in and never evicted,
+ * bench/results/llamacpp-serve-20261207b-p32-lag-h100). */
 void wo_budget_tick(void)
 {
-    if (plan && __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED) != picks_seen)
-        set(reserved());
+    uint64_t r;
+
+    if (!plan)
+        return;
+    r = reserved();
+    if (__atomic_load_n(&picks_bytes, __ATOMIC_RELAXED) != picks_seen || r != stager_seen)
+        set(r);
 }
 
 /* reserved is read before the resident side acts, as the stager's own

@@ -96,8 +96,9 @@ bool wo_budget_resident_whole(uint32_t id, uint32_t gen);
 /* Its buffers now hold bytes: they come off the planner's budget at the
  * resident side's next tick (wo_budget_tick). */
 void wo_budget_picks_bytes(uint64_t bytes);
-/* The resident side, each tick: when the picked staging buffers' bytes
- * changed since it last looked, the planner's budget follows. */
+/* The resident side, each tick: when the picked staging buffers' bytes, or
+ * the stager's reserved bytes, changed since it last looked, the planner's
+ * budget follows. */
 void wo_budget_tick(void);
 
 /* Bytes of the range the planner keeps in its hot set (0 without a
