@@ -1378,6 +1378,7 @@ int main(int argc, char **argv)
             printf("stream: slots reused after a departure fence %.0f, at the tail %.0f\n",
                    num_after(s, "\"fences_departed\":"), num_after(s, "\"fences_at_reuse\":"));
             CHECK(num_after(s, "\"fences_departed\":") > 0);
+            CHECK(num_after(s, "\"departure_lag\":") == 2); /* the default */
         }
         CHECK(num_after(e, "\"failed\":") == 0 && num_after(e, "\"over_budget\":") == 0);
         CHECK(num_after(s, "\"invalidated\":") >= 0);
@@ -1531,6 +1532,9 @@ int main(int argc, char **argv)
                num_after(s, "\"inplace_no_slot\":"), num_after(s, "\"awaited\":"));
         CHECK(redirected > STEPS * NR * READS / 8);
         CHECK(steps >= STEPS / 2 && staged / steps <= 1.25 * NR * MiB);
+        /* the lag the run had (the stats say it), and slots reused after
+         * their fences (also so at a lag of 2: not what tells the two apart) */
+        CHECK(num_after(s, "\"departure_lag\":") == 1);
         CHECK(num_after(s, "\"fences_departed\":") > num_after(s, "\"fences_at_reuse\":"));
         /* staged ahead: the launches seldom wait for their copy (25-27 of
          * 27 steps of 20 ranges here; with a lag of 2, 493-500: two slots

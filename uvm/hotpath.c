@@ -219,6 +219,7 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
                            void (*evfns)(struct wo_stream_evfns *fn))
 {
     uint32_t cur = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED), left2, gone;
+    unsigned lag;
 
     if (cur == sid + 1)
         return;
@@ -231,11 +232,9 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
      * pinned its slot, and the record after it supersedes this one); and
      * before the executor hears of the move, which is when it reuses that
      * slot */
-    gone = left2 != cur ? left2 : 0;
-    if (cur && !captured && evfns && wo_settings()->departure_lag == 1)
-        gone = cur;
-    if (gone && gone != sid + 1 && gone - 1 < WO_STREAM_ENTRIES && !captured && evfns &&
-        wo_settings()->departure_fences) {
+    lag = captured || !evfns ? 0 : wo_stream_departure_lag();
+    gone = lag == 1 ? cur : lag == 2 && left2 != cur ? left2 : 0;
+    if (gone && gone != sid + 1 && gone - 1 < WO_STREAM_ENTRIES) {
         struct wo_stream_evfns fn = {0};
 
         evfns(&fn);
@@ -248,6 +247,13 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
     __atomic_store_n(&wo_stream_tab.pos, sid + 1, __ATOMIC_RELEASE);
     add(&wo_stream_tab.n.pos_wakes, 1);
     wo_consumer_wake();
+}
+
+unsigned wo_stream_departure_lag(void)
+{
+    const struct wo_settings *st = wo_settings();
+
+    return !st->departure_fences ? 0 : st->departure_lag == 1 ? 1 : 2;
 }
 
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)

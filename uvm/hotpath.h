@@ -99,9 +99,9 @@ struct wo_stream_slot {
      * on the owner stream after the engine had gone two ranges past this
      * one (one with WOFFLOAD_DEPARTURE_LAG=1): every kernel that could read
      * the slot (through a table another kernel wrote, too) was submitted by
-     * then, so the executor may reuse
-     * the slot without recording read_done at the stream's tail, which
-     * would make the copy wait for the kernels the engine submitted last */
+     * then, so the executor may reuse the slot without recording read_done
+     * at the stream's tail, which would make the copy wait for the kernels
+     * the engine submitted last */
     uint32_t assign, pins;
     uint64_t left;
 };
@@ -112,9 +112,9 @@ static inline uint64_t wo_stream_left(uint32_t assign, uint32_t pins)
 }
 
 /* The slot's read_done is its departure fence: a hook recorded it after the
- * engine had gone two ranges (or one: WOFFLOAD_DEPARTURE_LAG) past the slot's
- * range, for the assignment in
- * it now, and no launch pinned the slot since. (The executor asks after
+ * engine had gone two ranges (or one: WOFFLOAD_DEPARTURE_LAG) past the
+ * slot's range, for the assignment in it now, and no launch pinned the slot
+ * since. (The executor asks after
  * unpublishing the slot: no hook holds it then.) */
 static inline bool wo_stream_departed(struct wo_stream_slot *s)
 {
@@ -383,13 +383,18 @@ extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests chan
  * asleep (the engine's host thread waited on the GPU, no events came), and
  * the next copy is issued only once it looks. And the slot of the range
  * the engine left two moves ago (WOFFLOAD_DEPARTURE_LAG=1: the one it
- * leaves now) gets its departure fence (struct
- * wo_stream_slot), when this stream reads it and is not capturing
+ * leaves now) gets its departure fence (struct wo_stream_slot), when this
+ * stream reads it and is not capturing
  * (evfns gives the driver's record function; WOFFLOAD_DEPARTURE_FENCES=0:
  * none made). One relaxed load when the position did not move; else a
  * futex wake and at most one event record, once a span. */
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
                            void (*evfns)(struct wo_stream_evfns *fn));
+/* The moves past a range after which its departure fence is made: 1 with
+ * WOFFLOAD_DEPARTURE_LAG=1, else 2; 0 without departure fences
+ * (WOFFLOAD_DEPARTURE_FENCES=0). The hooks and the executor's staged window
+ * (uvm/stream-stage.c, wo_sx_advance) both follow it. */
+unsigned wo_stream_departure_lag(void);
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* woffload_read_in_place: on, each streamed span [p, p + bytes) overlaps is

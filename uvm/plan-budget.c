@@ -61,11 +61,12 @@ bool wo_budget_claimed(uint32_t id, uint32_t gen)
     return stager && stager->claims(id, gen);
 }
 
-/* The planner's budget changed: its evictions go out at once. */
-static void set(uint64_t bytes)
+/* The planner's budget changed: its evictions go out at once. now: the
+ * stager's reserved bytes now (what the next tick compares with). */
+static void set(uint64_t bytes, uint64_t now)
 {
     picks_seen = __atomic_load_n(&picks_bytes, __ATOMIC_RELAXED);
-    stager_seen = reserved();
+    stager_seen = now;
     wo_plan_set_budget(plan, less(bytes + picks_seen));
     resident->run();
 }
@@ -88,11 +89,11 @@ void wo_budget_picks_bytes(uint64_t bytes)
 
 /* The stager's reserved bytes change without a call here when its first
  * host range is streamed (a host range is not the planner's: no take): its
- * slots then count from the next tick on. Before this, the planner kept its
- * budget without them, and under fit the weights lent the slots' room stayed
- * on the device beside the busy slots (llama-server at 4816 MiB: 1.063x the
- * fit size, its lent output.weight moved in and never evicted,
- * bench/results/llamacpp-serve-20261207b-p32-lag-h100). */
+ * slots then count from the next tick on. Without this the planner kept
+ * its budget without them: under fit at llama-server's -ot memory the lent
+ * output.weight was moved in and never evicted while the slots were busy,
+ * 1.063x the fit size (bench/results/llamacpp-serve-20261207b-p32-lag-h100;
+ * not yet run again with the tick). */
 void wo_budget_tick(void)
 {
     uint64_t r;
@@ -101,7 +102,7 @@ void wo_budget_tick(void)
         return;
     r = reserved();
     if (__atomic_load_n(&picks_bytes, __ATOMIC_RELAXED) != picks_seen || r != stager_seen)
-        set(r);
+        set(r, r);
 }
 
 /* reserved is read before the resident side acts, as the stager's own
@@ -113,7 +114,7 @@ void wo_budget_take(uint32_t id, uint32_t gen)
     if (!plan)
         return;
     resident->drop(id, gen);
-    set(r);
+    set(r, r);
 }
 
 void wo_budget_give(uint32_t id, uint32_t gen)
@@ -123,20 +124,22 @@ void wo_budget_give(uint32_t id, uint32_t gen)
     if (!plan)
         return;
     resident->admit(id, gen);
-    set(r);
+    set(r, r);
 }
 
 void wo_budget_reserve(uint64_t slots)
 {
     if (plan)
-        set(slots);
+        set(slots, reserved());
 }
 
 void wo_budget_close_staging(void)
 {
+    uint64_t r = reserved();
+
     staging_closed = true;
     if (plan)
-        set(reserved());
+        set(r, r);
 }
 
 bool wo_budget_staging_closed(void)

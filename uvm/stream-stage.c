@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "core/log.h"
-#include "core/settings.h"
 #include "uvm/picks.h"
 #include "uvm/plan-budget.h"
 #include "uvm/stream-check.h"
@@ -613,7 +612,7 @@ void wo_sx_advance(void)
     /* the furthest point of this step; far back means the next step began */
     if (wo_sx->maxi == NONE || idx > wo_sx->maxi || idx + wo_sx->norder / 2 < wo_sx->maxi)
         wo_sx->maxi = idx;
-    if (wo_settings()->departure_fences && wo_settings()->departure_lag == 1)
+    if (wo_stream_departure_lag() == 1)
         want = wo_sx->nslots;
     for (uint32_t k = 0; k < wo_sx->norder && na < want; k++) {
         uint32_t id = wo_sx->order[(wo_sx->maxi + k) % wo_sx->norder];

@@ -21,7 +21,8 @@
 #     allocates cuBLAS's workspace inside the graph) is replayed;
 #   - the same with departure fences one range behind
 #     (WOFFLOAD_DEPARTURE_LAG=1: each slot reused as soon as the engine left
-#     its range, docs/prefetch.md, Departure fences);
+#     its range, docs/prefetch.md, Departure fences): tokens identical, the
+#     stats' departure_lag 1;
 #   - experts on the host, 32 sequences, every compute's router picks
 #     registered (WOFFLOAD_GGML_PICKS_FROM=1, WOFFLOAD_GGML_STREAM=100) and
 #     copied on the copy engine (WOFFLOAD_PICKS_ENGINE=50, off by default) (uvm/picks-dma.c) from pinned mirrors of the
@@ -176,10 +177,12 @@ else:
     if sys.argv[3].startswith("exps-replay"):
         streamed = streamed and ip.get("graph_replays", 0) > 0
     if sys.argv[3].endswith("-lag1"):
-        # slots reused against the fence made as the engine left their range
-        print(f"    slots reused after a departure fence {sx.get('fences_departed')}, "
-              f"at the tail {sx.get('fences_at_reuse')}")
-        streamed = streamed and sx.get("fences_departed", 0) > sx.get("fences_at_reuse", 0)
+        # the run had the lag (the stats say it), and its slots were reused
+        # against their departure fences
+        print(f"    departure lag {sx.get('departure_lag')}: slots reused after a departure fence "
+              f"{sx.get('fences_departed')}, at the tail {sx.get('fences_at_reuse')}")
+        streamed = (streamed and sx.get("departure_lag") == 1 and
+                    sx.get("fences_departed", 0) > sx.get("fences_at_reuse", 0))
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
         echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
