@@ -1009,17 +1009,17 @@ class TestRowsDry(unittest.TestCase):
                          ["p4-llama-ncmoe8", "p4-peer"])
         self.assertFalse(os.path.exists(os.path.join(out, "rows.md")))
         # at an experts-host row's memory (FIT=from:llama-ot), that row's rates and
-        # phases; -lag1: departure fences one range behind
+        # phases; -lag2: departure fences one range after the engine left
         os.makedirs(os.path.join(out, "p4-llama-ot"))
         with open(os.path.join(out, "p4-llama-ot", "sweep.json"), "w") as f:
             json.dump({"phases": [{"rate": "c4", "memory": {"gpu_pid_mib": {"max": 4816}},
                                    "summary": {"steady": {}, "itl_ms": {}, "ttft_ms": {}, "errors": {}}}]}, f)
         r2 = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")],
-                            env=dict(env, ROWS="shim-fit-lag1", FIT="from:llama-ot"), capture_output=True,
+                            env=dict(env, ROWS="shim-fit-lag2", FIT="from:llama-ot"), capture_output=True,
                             text=True, timeout=60)
         self.assertEqual(r2.returncode, 0, r2.stdout + r2.stderr)
-        self.assertIn("[serve-rows] shim-fit-lag1: rates c4, 120 s a phase (+ drain <= 60 s)", r2.stdout)
-        self.assertRegex(r2.stdout, r"shim-fit-lag1: would run: \S+ --fit 4816MiB .*WOFFLOAD_DEPARTURE_LAG=1")
+        self.assertIn("[serve-rows] shim-fit-lag2: rates c4, 120 s a phase (+ drain <= 60 s)", r2.stdout)
+        self.assertRegex(r2.stdout, r"shim-fit-lag2: would run: \S+ --fit 4816MiB .*WOFFLOAD_DEPARTURE_LAG=2")
 
 
 class TestServeTableMemory(unittest.TestCase):
