@@ -174,6 +174,74 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
     CHECK(managed > 3 && on_gpu == managed);
 }
 
+/* fitlendsqueeze: the slots' room lent, then taken for the slots. First
+ * eager steps that read every weight with the host ones claimed read in
+ * place (woffload_read_in_place): nothing is staged, the slots stay empty,
+ * and the prefetcher moves the lent weights onto the device. Then the same
+ * steps unclaimed: the executor streams the host weights, its slots count
+ * against the prefetcher's budget, and the lent weights are evicted. UVM's
+ * cache (WOFAKE_UVM_CACHE=1) keeps their pages; fit's squeeze gives them
+ * back (the parent checks the stats). The fake's device memory and cache
+ * at each phase's end go to stderr. */
+static void lend_steps(void *cu, const CUdeviceptr *w, const size_t *sz, unsigned nw)
+{
+    CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn) =
+        need(cu, "fakecuda_kernel");
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                       unsigned, CUstream, void **, void **) = need(cu, "cuLaunchKernel");
+    CUresult (*stream_create)(CUstream *, unsigned) = need(cu, "cuStreamCreate");
+    CUresult (*sync)(CUstream) = need(cu, "cuStreamSynchronize");
+    int (*claim)(const void *, size_t, int) = need(RTLD_DEFAULT, "woffload_read_in_place");
+    long (*stats)(char *, size_t) = need(RTLD_DEFAULT, "woffload_stats");
+    uint64_t (*used)(void) = (uint64_t(*)(void))dlsym(cu, "fakecuda_device_used");
+    uint64_t (*cached)(void) = (uint64_t(*)(void))dlsym(cu, "fakecuda_uvm_cached");
+    int (*state)(const void *, struct fakecuda_page_state *) = need(cu, "fakecuda_managed_state");
+    static const size_t psz[1] = {8};
+    CUfunction k = kernel("read_first_word", 1, psz, read_first_word);
+    static char buf[1 << 16];
+    struct fakecuda_page_state ps;
+    CUstream s;
+
+    CHECK(stream_create(&s, 0) == CUDA_SUCCESS);
+    /* phase -1, one step: the executor sets up at the first launch after
+     * seal, and finds the spans the claims then name */
+    for (int phase = -1; phase < 2; phase++) {
+        /* the host weights (pinned: not managed), not the lent ones, which
+         * a claim would have streamed. A claim finds the spans the executor
+         * made on the consumer thread at the first launch (none: nothing
+         * recorded, asked again for up to 5 s); a span once claimed is
+         * streamed under auto in the steps it is not claimed in */
+        for (unsigned i = 0, tries = 0; i < nw && phase >= 0; i++) {
+            int r;
+            if (!w[i] || state((const void *)(uintptr_t)w[i], &ps) == 0)
+                continue;
+            while ((r = claim((const void *)(uintptr_t)w[i], sz[i], phase == 0)) == 0 &&
+                   phase == 0 && tries++ < 500)
+                usleep(10000);
+            CHECK(r > 0);
+        }
+        for (int step = 0; step < (phase < 0 ? 1 : 24); step++) {
+            for (unsigned i = 0; i < nw; i++) {
+                CUdeviceptr arg = w[i];
+                void *params[] = {&arg};
+                if (w[i])
+                    CHECK(launch(k, 1, 1, 1, 1, 1, 1, 0, s, params, NULL) == CUDA_SUCCESS);
+            }
+            CHECK(sync(s) == CUDA_SUCCESS);
+            usleep(5000); /* the consumer thread's ticks between steps */
+        }
+        /* the consumer thread takes the steps in */
+        for (int i = 0; i < 100 && phase >= 0; i++) {
+            CHECK(stats(buf, sizeof(buf)) > 0);
+            usleep(10000);
+        }
+        if (used && cached && phase >= 0)
+            fprintf(stderr, "bigload: lend phase %d: device used %llu MiB, UVM cache %llu MiB\n",
+                    phase, (unsigned long long)(used() / MiB),
+                    (unsigned long long)(cached() / MiB));
+    }
+}
+
 /* The loader reads its checkpoint after the names are known: the time the
  * worker pins ahead in. Waits (10 s at most) until the stats say a buffer
  * was pinned ahead for each name the plan put on the host, unless
@@ -486,6 +554,10 @@ static int child(const char *scenario)
         if (mod)
             CHECK(p_unload(mod) == CUDA_SUCCESS);
     }
+    if (strcmp(scenario, "fitlendsqueeze") == 0 && !failures) {
+        lend_steps(cu, w, sz, NW);
+        read_back(p_dtoh, w, sz, NW, buf, back);
+    }
     if (strcmp(scenario, "fitreturn") == 0 && !failures) {
         graph_steps(cu, w, NW);
         read_back(p_dtoh, w, sz, NW, buf, back); /* moved: still the same bytes */
@@ -620,6 +692,11 @@ int main(int argc, char **argv)
     /* fit's own prefetch mode (auto): room for the default four slots */
     static const char fit_auto_policy[] = "version: 1\n"
                                           "fit: {device: 232MiB, keep_free: 16MiB, reserve: 0}\n";
+    /* fit's own prefetch mode at a size below the free memory (llama-server
+     * at `--fit 4816MiB` on an 80 GB GPU): the slots' allocations take free
+     * memory beside the lent weights */
+    static const char fit_lend_policy[] = "version: 1\n"
+                                          "fit: {device: 200MiB, keep_free: 16MiB, reserve: 0}\n";
     static const char fit_stream_policy[] = "version: 1\n"
                                             "fit: {device: 232MiB, keep_free: 16MiB, "
                                             "reserve: 0}\n"
@@ -791,6 +868,47 @@ int main(int argc, char **argv)
          * seen here: the line is the check) */
         CHECK(strstr(err, "prefetcher: no context of its own under fit") != NULL);
         dump_on_failure(f0, "fitreturn", stats, err);
+    }
+
+    /* fitlendsqueeze: the room lent to weights while the slots are empty,
+     * then taken by the slots (lend_steps): the prefetcher evicts the lent
+     * weights, and their pages, which UVM's cache kept, go back through
+     * fit's squeeze; WOFFLOAD_FIT_SQUEEZE=0 leaves them cached */
+    if (want(argc, argv, "fitlendsqueeze")) {
+        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info", NULL};
+        static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
+                                          "WOFFLOAD_FIT_SQUEEZE=0", NULL};
+        unsigned long long used = 0, cached = 0;
+        const char *l;
+
+        f0 = failures;
+        rc = run(argv, "fitlendsqueeze", fit_lend_policy, on, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"lent_bytes\":33554432,") != NULL);
+        /* the lent weights were on the device, then evicted for the slots */
+        CHECK(strstr(err, "stream: 4 device staging slots") != NULL);
+        CHECK(strstr(stats, "\"lent_squeezes\":0,") == NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":0,") == NULL);
+        CHECK(strstr(err, "of the lent weights' device pages given back") != NULL);
+        /* at the end the device holds the fit size (200 MiB, the blocker's
+         * 128 included) and about the squeeze's slack (an eighth of the
+         * lent bytes, and what a later eviction left within the second
+         * between squeezes), UVM's cache no more (232 and 32 MiB without:
+         * the slots' 32 MiB came from the free memory) */
+        l = strstr(err, "bigload: lend phase 1: ");
+        CHECK(l && sscanf(l, "bigload: lend phase 1: device used %llu MiB, UVM cache %llu MiB",
+                          &used, &cached) == 2);
+        CHECK(used <= 208 && cached <= 8);
+        dump_on_failure(f0, "fitlendsqueeze", stats, err);
+        f0 = failures;
+        rc = run(argv, "fitlendsqueeze", fit_lend_policy, off, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"lent_squeezes\":0,") != NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":0,") != NULL);
+        CHECK(strstr(err, "of the lent weights' device pages given back") == NULL);
+        dump_on_failure(f0, "fitlendsqueeze (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);
     }
 
     /* fitreserve: the budget is 112 MiB (the 128 MiB the blocker leaves

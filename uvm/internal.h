@@ -223,6 +223,8 @@ struct wo_uvm_state {
         uint64_t squeezed_bytes; /* device memory that came back to the free memory when
                                   * yielded managed weights' cached pages were taken back
                                   * (WOFFLOAD_FIT_SQUEEZE) */
+        uint64_t lent_squeezes;  /* squeezes after the prefetcher evicted lent weights for
+                                  * the slots (wo_place_fit_squeeze_lent) */
         uint64_t unsqueezed;     /* yields of managed weights whose pages did not come back
                                   * (no squeeze, or less than half): the free memory no
                                   * longer shows the context's growth */
@@ -388,6 +390,19 @@ void wo_place_decide(struct wo_alloc *a, struct wo_tag *t);
  * Once; returns the bytes placed (0: nothing lent, or done before). Takes
  * wo_uvm.lock. */
 uint64_t wo_place_fit_return(void);
+/* The lent weights' device pages back from UVM's cache (issue 41). Under
+ * fit the prefetcher evicts the lent weights once the slots stream (their
+ * budget follows the stager's reserved bytes), but UVM keeps an evicted
+ * range's device pages, and the slots' own allocations took the free
+ * memory first: llama-server at --fit 4816MiB held 1.057x its fit size
+ * (bench/results/llamacpp-serve-20261207c-p32-lag-fit-h100). The consumer
+ * thread calls this after such evictions with the bytes evicted and not
+ * prefetched since (what UVM may still cache): fit's squeeze takes them
+ * back (WOFFLOAD_FIT_SQUEEZE). Returns false when it could not run now (a
+ * capture under way: call again later), true otherwise (also when nothing
+ * was lent, the room was returned, or the squeeze is off). Takes
+ * wo_uvm.lock. */
+bool wo_place_fit_squeeze_lent(uint64_t cached);
 /* On the consumer thread, at most once a second: the high water of what
  * the device's free memory fell by since seal beyond the allocations the
  * shim saw (the CUDA context's own growth: `reserve: auto` keeps it). */

@@ -292,6 +292,27 @@ out:
     free(lendable);
 }
 
+/* The consumer thread has no context of its own: the device's primary
+ * one, where the engine's allocations and the placement stream live (as
+ * the streaming executor and the prefetcher take it). prev: the thread's
+ * context before, for primary_leave. */
+static void primary_enter(const struct wo_driver *d, CUcontext *ctx, CUcontext *prev)
+{
+    CUdevice dev;
+
+    if (d->cuDeviceGet && d->cuDevicePrimaryCtxRetain && d->cuCtxGetCurrent && d->cuCtxSetCurrent &&
+        d->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS &&
+        d->cuDevicePrimaryCtxRetain(ctx, dev) == CUDA_SUCCESS &&
+        d->cuCtxGetCurrent(prev) == CUDA_SUCCESS && *prev != *ctx)
+        (void)d->cuCtxSetCurrent(*ctx);
+}
+
+static void primary_leave(const struct wo_driver *d, CUcontext ctx, CUcontext prev)
+{
+    if (ctx && prev != ctx)
+        (void)d->cuCtxSetCurrent(prev);
+}
+
 /* The staging room back to weights (issue 41). fit kept room for the
  * streaming executor's slots and lent it to managed weights, which the
  * prefetcher keeps on the device while the slots are empty. An engine
@@ -308,7 +329,6 @@ uint64_t wo_place_fit_return(void)
     uint64_t moved = 0, budget;
     size_t failed = 0;
     CUcontext ctx = NULL, prev = NULL;
-    CUdevice dev;
     char b1[32], b2[32];
 
     pthread_mutex_lock(&wo_uvm.lock);
@@ -317,14 +337,7 @@ uint64_t wo_place_fit_return(void)
         return 0;
     }
     wo_uvm.fit.returned = true;
-    /* the consumer thread has no context of its own: the device's primary
-     * one, where the engine's allocations and the placement stream live
-     * (as the streaming executor and the prefetcher take it) */
-    if (d->cuDeviceGet && d->cuDevicePrimaryCtxRetain && d->cuCtxGetCurrent && d->cuCtxSetCurrent &&
-        d->cuDeviceGet(&dev, wo_uvm.device) == CUDA_SUCCESS &&
-        d->cuDevicePrimaryCtxRetain(&ctx, dev) == CUDA_SUCCESS &&
-        d->cuCtxGetCurrent(&prev) == CUDA_SUCCESS && prev != ctx)
-        (void)d->cuCtxSetCurrent(ctx);
+    primary_enter(d, &ctx, &prev);
     for (size_t i = 0; i < wo_uvm.alloc_hash_size; i++)
         for (struct wo_alloc *a = wo_uvm.alloc_hash[i]; a; a = a->next) {
             if (a->kind != WO_KIND_MANAGED)
@@ -345,8 +358,7 @@ uint64_t wo_place_fit_return(void)
             }
         }
     (void)wo_place_sync();
-    if (ctx && prev != ctx)
-        (void)d->cuCtxSetCurrent(prev);
+    primary_leave(d, ctx, prev);
     wo_uvm.fit.returned_bytes = moved;
     budget = __atomic_load_n(&wo_uvm.device_budget, __ATOMIC_RELAXED);
     __atomic_store_n(&wo_uvm.device_budget, budget - WO_MIN(moved, budget), __ATOMIC_RELAXED);
@@ -397,7 +409,7 @@ static int yield_cmp(const void *pa, const void *pb)
  * for that moment (WOFFLOAD_FIT_SQUEEZE=0 keeps the pages cached). */
 #define SQUEEZE_CHUNK (64ull << 20)
 #define SQUEEZE_SLACK_MAX (64ull << 20)
-static bool squeeze(uint64_t cached)
+static bool squeeze(uint64_t cached, const char *whose)
 {
     const struct wo_driver *d = wo_uvm_driver();
     size_t free0 = 0, free1 = 0, total = 0;
@@ -436,12 +448,41 @@ static bool squeeze(uint64_t cached)
     wo_uvm.fit.squeezed_bytes += (uint64_t)(free1 - free0);
     /* the free memory before and the allocations' stop say what UVM held:
      * stopped short of the target, the cache had less than the yield */
-    wo_info("fit: %s of the yielded weights' device pages given back (UVM kept them after the "
+    wo_info("fit: %s of the %s weights' device pages given back (UVM kept them after the "
             "move to the host; %s free before, allocations of %s%s, freed at once)",
-            wo_format_size((uint64_t)(free1 - free0), b1, sizeof(b1)),
+            wo_format_size((uint64_t)(free1 - free0), b1, sizeof(b1)), whose,
             wo_format_size((uint64_t)free0, b3, sizeof(b3)), wo_format_size(took, b2, sizeof(b2)),
             took < target ? ", stopped short of the target: the device had no more" : "");
     return (uint64_t)(free1 - free0) >= cached / 2;
+}
+
+bool wo_place_fit_squeeze_lent(uint64_t cached)
+{
+    const struct wo_driver *d = wo_uvm_driver();
+    CUcontext ctx = NULL, prev = NULL;
+
+    pthread_mutex_lock(&wo_uvm.lock);
+    if (!cached || !d || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.lent_bytes ||
+        wo_uvm.fit.returned || !wo_settings()->fit_squeeze) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        return true;
+    }
+    /* the allocations are driver calls: never while a capture is under
+     * way (a global one would be broken); the caller tries again */
+    if (!wo_driver_enter()) {
+        pthread_mutex_unlock(&wo_uvm.lock);
+        return false;
+    }
+    primary_enter(d, &ctx, &prev);
+    /* an estimate (the pages a later prefetch took back are not known):
+     * a squeeze that finds less is no sign of the context's growth, unlike
+     * a yield's (unsqueezed stays) */
+    (void)squeeze(WO_MIN(cached, wo_uvm.fit.lent_bytes), "lent");
+    wo_uvm.fit.lent_squeezes++;
+    primary_leave(d, ctx, prev);
+    wo_driver_leave();
+    pthread_mutex_unlock(&wo_uvm.lock);
+    return true;
 }
 
 uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
@@ -522,7 +563,7 @@ uint64_t wo_place_fit_yield(uint64_t need, enum wo_fit_yield_why why)
     if (moved)
         (void)wo_place_sync();
     /* the managed pages now on the host: their device memory back too */
-    if (moved_managed && !squeeze(moved_managed))
+    if (moved_managed && !squeeze(moved_managed, "yielded"))
         wo_uvm.fit.unsqueezed++;
     wo_driver_leave();
     if (!moved)

@@ -813,6 +813,47 @@ void wo_prefetch_step_figures(struct wo_prefetch_steps *ret)
     wo_board_locked(&names_board, copy_steps, ret);
 }
 
+/* Under fit the prefetcher's managed ranges are the slots' room lent to
+ * weights (rest: host). It evicts them once the slots stream, and UVM
+ * keeps their device pages while the slots' allocations take the free
+ * memory: the bytes evicted and not prefetched since go back through fit's
+ * squeeze (wo_place_fit_squeeze_lent), at least LENT_SQUEEZE_MIN of them
+ * and at most once every LENT_SQUEEZE_GAP_NS (a squeeze allocates the
+ * device's free memory for a moment; llama-server's prefetcher moved the
+ * lent output.weight in and out 4 times in 40 s). */
+#define LENT_SQUEEZE_MIN (2ull << 20)
+#define LENT_SQUEEZE_GAP_NS 1000000000ull
+static uint64_t lent_out_seen, lent_in_seen, lent_squeezed_ns;
+
+static void give_back_lent(void)
+{
+    uint64_t out = __atomic_load_n(&shim_totals.evict_bytes, __ATOMIC_RELAXED);
+    uint64_t in = __atomic_load_n(&shim_totals.prefetch_bytes, __ATOMIC_RELAXED);
+    uint64_t now;
+
+    if (!wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.lent_bytes || wo_uvm.fit.returned)
+        return;
+    if (in - lent_in_seen >= out - lent_out_seen) {
+        /* as much moved in since: the cache's pages were taken back */
+        lent_out_seen = out;
+        lent_in_seen = in;
+        return;
+    }
+    now = wo_now_ns();
+    if ((out - lent_out_seen) - (in - lent_in_seen) < LENT_SQUEEZE_MIN ||
+        now - lent_squeezed_ns < LENT_SQUEEZE_GAP_NS)
+        return;
+    /* the collapses ran at once; copy-backs are queued on the prefetcher's
+     * stream */
+    if (shim->stream && wo_uvm_driver()->cuStreamSynchronize)
+        (void)wo_uvm_driver()->cuStreamSynchronize(shim->stream);
+    if (!wo_place_fit_squeeze_lent((out - lent_out_seen) - (in - lent_in_seen)))
+        return; /* a capture: at a later event */
+    lent_out_seen = out;
+    lent_in_seen = in;
+    lent_squeezed_ns = now;
+}
+
 static void on_event(const struct wo_event *ev)
 {
     if (!shim) {
@@ -832,6 +873,7 @@ static void on_event(const struct wo_event *ev)
         wo_uvm_foreach_managed(add_seg_cb, shim);
     }
     wo_prefetcher_event(shim, ev);
+    give_back_lent();
     publish(shim, false);
 }
 
@@ -848,6 +890,7 @@ static void atfork_child(void)
     wo_budget_resident(NULL, NULL);
     shim_tried = false;
     shim_rescan = false;
+    lent_out_seen = lent_in_seen = lent_squeezed_ns = 0;
 }
 
 static void tick(void)
@@ -855,6 +898,7 @@ static void tick(void)
     if (shim) {
         wo_budget_tick();
         wo_prefetcher_tick(shim);
+        give_back_lent();
         publish(shim, false);
     }
 }

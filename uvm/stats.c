@@ -458,13 +458,14 @@ static void json_body(struct sbuf *b)
                   ",\"yielded_bytes\":%" PRIu64 ",\"yields\":%" PRIu64 ",\"picks_bytes\":%" PRIu64
                   ",\"engine_after_bytes\":%" PRIu64 ",\"engine_peak_bytes\":%" PRIu64
                   ",\"untagged_bytes\":%" PRIu64 ",\"squeezed_bytes\":%" PRIu64
-                  ",\"context_bytes\":%" PRIu64 ",\"context_known\":%s}",
+                  ",\"lent_squeezes\":%" PRIu64 ",\"context_bytes\":%" PRIu64
+                  ",\"context_known\":%s}",
                   wo_uvm.fit.budget, wo_uvm.fit.device_bytes, wo_uvm.fit.rest_bytes,
                   wo_uvm.fit.engine_bytes, wo_uvm.fit.staging_bytes, wo_uvm.fit.reserve_bytes,
                   wo_uvm.fit.names, wo_uvm.fit.lent_bytes, wo_uvm.fit.returned_bytes,
                   wo_uvm.fit.yielded_bytes, wo_uvm.fit.yields, wo_uvm.fit.picks_bytes,
                   wo_uvm.fit.engine_after, wo_uvm.fit.engine_peak, wo_uvm.fit.untagged_bytes,
-                  wo_uvm.fit.squeezed_bytes, wo_uvm.fit.context_bytes,
+                  wo_uvm.fit.squeezed_bytes, wo_uvm.fit.lent_squeezes, wo_uvm.fit.context_bytes,
                   __atomic_load_n(&wo_uvm.fit.context_known, __ATOMIC_ACQUIRE) ? "true" : "false");
 
     sb_printf(b, ",\"rules\":[");
