@@ -53,19 +53,19 @@ static int route(size_t size, int api, CUdeviceptr *ret, CUresult *res, void *ra
  * some of what it holds by choice (hot experts), and the hook tries again
  * while it gave something back (wo_uvm_engine_oom: finite, each time less
  * is held). */
-static bool gave_back(size_t size)
+static bool gave_back(size_t size, uint64_t *squeeze)
 {
-    return wo_uvm_engine_oom(size) > 0;
+    return wo_uvm_engine_oom(size) > 0 || wo_uvm_squeeze_overlapped(squeeze);
 }
 
 /* The same for the runtime, which keeps the failure as the thread's last
  * error: a retry that succeeds clears it, as if the first had not failed
  * (an engine that checks cudaGetLastError after its next launch would take
  * the first failure for its own). Without cudaGetLastError, no retry. */
-static bool rt_gave_back(size_t size, cudaError_t (**last)(void))
+static bool rt_gave_back(size_t size, cudaError_t (**last)(void), uint64_t *squeeze)
 {
     *last = (cudaError_t(*)(void))wo_real_runtime_sym("cudaGetLastError");
-    return *last && gave_back(size);
+    return *last && gave_back(size, squeeze);
 }
 
 static void observed_alloc(bool ok, CUdeviceptr p, size_t size, uint32_t flags, int api, void *ra)
@@ -116,9 +116,12 @@ CUresult wo_h_mem_alloc(wo_pfn_cuMemAlloc_v2 real, int id, void *ra, CUdeviceptr
 
     WO_HOOK_ENTER(real(dptr, size));
     if (!route(size, WO_API_CU_MEM_ALLOC, dptr, &res, ra)) {
+        uint64_t sq;
+
         wo_uvm_engine_alloc_ahead(size);
+        sq = wo_uvm_squeeze_gen();
         res = real(dptr, size);
-        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size, &sq))
             res = real(dptr, size);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, 0, WO_API_CU_MEM_ALLOC, ra);
     }
@@ -133,8 +136,10 @@ CUresult wo_h_mem_alloc_async(wo_pfn_cuMemAllocAsync real, int id, void *ra, CUd
 
     WO_HOOK_ENTER(real(dptr, size, s));
     if (!route(size, WO_API_CU_MEM_ALLOC_ASYNC, dptr, &res, ra)) {
+        uint64_t sq = wo_uvm_squeeze_gen();
+
         res = real(dptr, size, s);
-        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size))
+        while (res == CUDA_ERROR_OUT_OF_MEMORY && gave_back(size, &sq))
             res = real(dptr, size, s);
         observed_alloc(res == CUDA_SUCCESS, dptr ? *dptr : 0, size, WO_RANGE_ASYNC,
                        WO_API_CU_MEM_ALLOC_ASYNC, ra);
@@ -227,7 +232,12 @@ CUresult wo_h_mem_create(wo_pfn_cuMemCreate real, int id, void *ra,
     wo_count_call(id);
     if (WO_UNLIKELY(!real))
         return CUDA_ERROR_NOT_FOUND;
+    /* llama.cpp's VMM pool grows by cuMemCreate in a compute: made again
+     * after a squeeze that held the free memory meanwhile */
+    uint64_t sq = wo_uvm_squeeze_gen();
     res = real(h, size, prop, flags);
+    while (res == CUDA_ERROR_OUT_OF_MEMORY && wo_uvm_squeeze_overlapped(&sq))
+        res = real(h, size, prop, flags);
     if (res == CUDA_SUCCESS && wo_enter()) {
         wo_count(WO_CTR_vmm_create, 1);
         wo_count_caller(ra, WO_CALLER_ALLOC);
@@ -363,9 +373,12 @@ cudaError_t wo_h_cuda_malloc(wo_pfn_cudaMalloc real, int id, void *ra, void **p,
     if (route(size, WO_API_CUDA_MALLOC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
+        uint64_t sq;
+
         wo_uvm_engine_alloc_ahead(size);
+        sq = wo_uvm_squeeze_gen();
         res = real(p, size);
-        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last))
+        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last, &sq))
             if ((res = real(p, size)) == cudaSuccess)
                 (void)last(); /* the failures before were the shim's to mend */
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size, 0,
@@ -385,8 +398,10 @@ cudaError_t wo_h_cuda_malloc_async(wo_pfn_cudaMallocAsync real, int id, void *ra
     if (route(size, WO_API_CUDA_MALLOC_ASYNC, (CUdeviceptr *)p, &cres, ra)) {
         res = to_runtime_error(cres);
     } else {
+        uint64_t sq = wo_uvm_squeeze_gen();
+
         res = real(p, size, s);
-        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last))
+        while (res == cudaErrorMemoryAllocation && rt_gave_back(size, &last, &sq))
             if ((res = real(p, size, s)) == cudaSuccess)
                 (void)last(); /* the failures before were the shim's to mend */
         observed_alloc(res == cudaSuccess, p ? (CUdeviceptr)(uintptr_t)*p : 0, size,

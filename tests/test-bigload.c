@@ -67,6 +67,7 @@
  * Needs LD_PRELOAD=the shim, LD_LIBRARY_PATH=the fake (meson sets both). */
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -183,6 +184,53 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
  * cache (WOFAKE_UVM_CACHE=1) keeps their pages; fit's squeeze gives them
  * back (the parent checks the stats). The fake's device memory and cache
  * at each phase's end go to stderr. */
+/* The engine's own allocations beside the steps, as llama.cpp's VMM pool
+ * (cuMemCreate) and a stream-ordered pool grow: none may fail for the
+ * moment fit's squeeze holds the free memory (the hooks make them again
+ * after it). */
+struct churn {
+    void *cu;
+    CUcontext ctx;
+    volatile bool stop;
+    unsigned made, failed;
+};
+
+static void *churn_main(void *arg)
+{
+    struct churn *c = arg;
+    CUresult (*alloc_async)(CUdeviceptr *, size_t, CUstream) = need(c->cu, "cuMemAllocAsync");
+    CUresult (*free_async)(CUdeviceptr, CUstream) = need(c->cu, "cuMemFreeAsync");
+    CUresult (*create)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                       unsigned long long) = need(c->cu, "cuMemCreate");
+    CUresult (*release)(CUmemGenericAllocationHandle) = need(c->cu, "cuMemRelease");
+    CUresult (*set_ctx)(CUcontext) = need(c->cu, "cuCtxSetCurrent");
+    CUmemAllocationProp prop = {0};
+
+    CHECK(set_ctx(c->ctx) == CUDA_SUCCESS);
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 0;
+    while (!c->stop) {
+        CUdeviceptr p = 0;
+        CUmemGenericAllocationHandle h = 0;
+
+        if (alloc_async(&p, 8 * MiB, 0) == CUDA_SUCCESS) {
+            c->made++;
+            (void)free_async(p, 0);
+        } else {
+            c->failed++;
+        }
+        if (create(&h, 8 * MiB, &prop, 0) == CUDA_SUCCESS) {
+            c->made++;
+            (void)release(h);
+        } else {
+            c->failed++;
+        }
+        usleep(200);
+    }
+    return NULL;
+}
+
 static void lend_steps(void *cu, const CUdeviceptr *w, const size_t *sz, unsigned nw)
 {
     CUfunction (*kernel)(const char *, int, const size_t *, fakecuda_kernel_fn) =
@@ -200,12 +248,20 @@ static void lend_steps(void *cu, const CUdeviceptr *w, const size_t *sz, unsigne
     CUfunction k = kernel("read_first_word", 1, psz, read_first_word);
     static char buf[1 << 16];
     struct fakecuda_page_state ps;
+    CUresult (*get_ctx)(CUcontext *) = need(cu, "cuCtxGetCurrent");
+    struct churn ch = {cu, NULL, false, 0, 0};
+    pthread_t th;
+    bool churning = false;
     CUstream s;
 
     CHECK(stream_create(&s, 0) == CUDA_SUCCESS);
     /* phase -1, one step: the executor sets up at the first launch after
      * seal, and finds the spans the claims then name */
     for (int phase = -1; phase < 2; phase++) {
+        if (phase == 0) {
+            CHECK(get_ctx(&ch.ctx) == CUDA_SUCCESS);
+            churning = pthread_create(&th, NULL, churn_main, &ch) == 0;
+        }
         /* the host weights (pinned: not managed), not the lent ones, which
          * a claim would have streamed. A claim finds the spans the executor
          * made on the consumer thread at the first launch (none: nothing
@@ -234,6 +290,16 @@ static void lend_steps(void *cu, const CUdeviceptr *w, const size_t *sz, unsigne
         for (int i = 0; i < 100 && phase >= 0; i++) {
             CHECK(stats(buf, sizeof(buf)) > 0);
             usleep(10000);
+        }
+        if (churning && phase == 1) {
+            ch.stop = true;
+            pthread_join(th, NULL);
+            churning = false;
+            fprintf(stderr,
+                    "bigload: the engine's own allocations beside the steps: %u made, "
+                    "%u failed\n",
+                    ch.made, ch.failed);
+            CHECK(ch.made > 0 && ch.failed == 0);
         }
         if (used && cached && phase >= 0)
             fprintf(stderr, "bigload: lend phase %d: device used %llu MiB, UVM cache %llu MiB\n",
@@ -875,7 +941,11 @@ int main(int argc, char **argv)
      * weights, and their pages, which UVM's cache kept, go back through
      * fit's squeeze; WOFFLOAD_FIT_SQUEEZE=0 leaves them cached */
     if (want(argc, argv, "fitlendsqueeze")) {
-        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info", NULL};
+        /* the consumer thread's frees take 20 ms each: the squeeze holds
+         * the free memory that long, beside the engine's allocations */
+        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
+                                         "WOFAKE_DELAY=cuMemFree_v2:20000",
+                                         "WOFAKE_DELAY_THREAD=woffload", NULL};
         static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
                                           "WOFFLOAD_FIT_SQUEEZE=0", NULL};
         unsigned long long used = 0, cached = 0;

@@ -409,6 +409,29 @@ static int yield_cmp(const void *pa, const void *pb)
  * for that moment (WOFFLOAD_FIT_SQUEEZE=0 keeps the pages cached). */
 #define SQUEEZE_CHUNK (64ull << 20)
 #define SQUEEZE_SLACK_MAX (64ull << 20)
+/* odd while a squeeze holds the device's free memory: an engine allocation
+ * that failed meanwhile is made again after it (wo_uvm_squeeze_overlapped) */
+static uint64_t squeeze_gen;
+
+uint64_t wo_uvm_squeeze_gen(void)
+{
+    return __atomic_load_n(&squeeze_gen, __ATOMIC_ACQUIRE);
+}
+
+bool wo_uvm_squeeze_overlapped(uint64_t *seen)
+{
+    uint64_t g = __atomic_load_n(&squeeze_gen, __ATOMIC_ACQUIRE);
+
+    if (g == *seen && !(g & 1))
+        return false;
+    while (g & 1) { /* milliseconds: allocations, then their frees */
+        usleep(200);
+        g = __atomic_load_n(&squeeze_gen, __ATOMIC_ACQUIRE);
+    }
+    *seen = g;
+    return true;
+}
+
 static bool squeeze(uint64_t cached, const char *whose)
 {
     const struct wo_driver *d = wo_uvm_driver();
@@ -426,6 +449,7 @@ static bool squeeze(uint64_t cached, const char *whose)
     p = malloc(cap * sizeof(*p));
     if (!p)
         return false;
+    __atomic_add_fetch(&squeeze_gen, 1, __ATOMIC_ACQ_REL);
     while (took < target && n < cap) {
         uint64_t want = WO_MIN(SQUEEZE_CHUNK, target - took);
         if (d->cuMemAlloc_v2(&p[n], (size_t)want) != CUDA_SUCCESS)
@@ -442,6 +466,7 @@ static bool squeeze(uint64_t cached, const char *whose)
                     "up to %s of device memory stay held",
                     wo_format_size(SQUEEZE_CHUNK, b1, sizeof(b1)));
     wo_uvm_quiesce_end();
+    __atomic_add_fetch(&squeeze_gen, 1, __ATOMIC_ACQ_REL);
     free(p);
     if (d->cuMemGetInfo_v2(&free1, &total) != CUDA_SUCCESS || free1 <= free0)
         return false;

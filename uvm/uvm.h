@@ -149,6 +149,14 @@ int wo_uvm_alloc(size_t size, int api, CUdeviceptr *ret_ptr, CUresult *ret_res);
  * hook tries the allocation again while they are not 0. Never during a
  * capture. */
 uint64_t wo_uvm_engine_oom(size_t size);
+/* fit's squeeze (uvm/place-fit.c) allocates the device's free memory for a
+ * moment, to take UVM's cached pages back: an engine allocation made then
+ * may fail. The hooks read the generation before the driver call, and on
+ * an out-of-memory ask whether a squeeze ran meanwhile: then (after it
+ * ended: a few milliseconds) the call is made again. Returns whether to;
+ * *seen becomes the generation now. */
+uint64_t wo_uvm_squeeze_gen(void);
+bool wo_uvm_squeeze_overlapped(uint64_t *seen);
 /* Free routing: 1 when ptr is a range uvm/ served (it freed it and set
  * *ret_res), 0 to forward. */
 int wo_uvm_free(CUdeviceptr ptr, CUresult *ret_res);
