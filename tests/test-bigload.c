@@ -191,7 +191,7 @@ static void graph_steps(void *cu, const CUdeviceptr *w, unsigned nw)
 struct churn {
     void *cu;
     CUcontext ctx;
-    volatile bool stop;
+    bool stop; /* __atomic: the steps set it, the thread reads it */
     unsigned made, failed;
 };
 
@@ -210,7 +210,7 @@ static void *churn_main(void *arg)
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop.location.id = 0;
-    while (!c->stop) {
+    while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
         CUdeviceptr p = 0;
         CUmemGenericAllocationHandle h = 0;
 
@@ -292,7 +292,7 @@ static void lend_steps(void *cu, const CUdeviceptr *w, const size_t *sz, unsigne
             usleep(10000);
         }
         if (churning && phase == 1) {
-            ch.stop = true;
+            __atomic_store_n(&ch.stop, true, __ATOMIC_RELEASE);
             pthread_join(th, NULL);
             churning = false;
             fprintf(stderr,
