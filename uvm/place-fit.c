@@ -409,6 +409,7 @@ static int yield_cmp(const void *pa, const void *pb)
  * for that moment (WOFFLOAD_FIT_SQUEEZE=0 keeps the pages cached). */
 #define SQUEEZE_CHUNK (64ull << 20)
 #define SQUEEZE_SLACK_MAX (64ull << 20)
+#define SQUEEZE_FREE_MARGIN (4ull << 20)
 /* odd while a squeeze holds the device's free memory: an engine allocation
  * that failed meanwhile is made again after it (wo_uvm_squeeze_overlapped) */
 static uint64_t squeeze_gen;
@@ -445,11 +446,21 @@ static bool squeeze(uint64_t cached, const char *whose)
         !d->cuMemFree_v2 || d->cuMemGetInfo_v2(&free0, &total) != CUDA_SUCCESS)
         return false;
     target = (uint64_t)free0 + cached - slack;
-    cap = (size_t)(target / SQUEEZE_CHUNK) + 1;
+    cap = (size_t)(target / SQUEEZE_CHUNK) + 2; /* the chunks, and the free memory's one */
     p = malloc(cap * sizeof(*p));
     if (!p)
         return false;
     __atomic_add_fetch(&squeeze_gen, 1, __ATOMIC_ACQ_REL);
+    /* the free memory in one allocation, less a margin for what another
+     * thread took meanwhile (refused, the chunks take it all): in chunks
+     * alone an 80 GB device's free memory would be over a thousand
+     * allocations and as many frees, each free waiting for the context's
+     * work. Then the cached pages in chunks, until one fails. */
+    if (free0 > 2 * SQUEEZE_FREE_MARGIN && target > free0 &&
+        d->cuMemAlloc_v2(&p[n], free0 - SQUEEZE_FREE_MARGIN) == CUDA_SUCCESS) {
+        n++;
+        took += free0 - SQUEEZE_FREE_MARGIN;
+    }
     while (took < target && n < cap) {
         uint64_t want = WO_MIN(SQUEEZE_CHUNK, target - took);
         if (d->cuMemAlloc_v2(&p[n], (size_t)want) != CUDA_SUCCESS)
