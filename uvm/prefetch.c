@@ -844,11 +844,15 @@ static void give_back_lent(void)
         now - lent_squeezed_ns < LENT_SQUEEZE_GAP_NS)
         return;
     /* the collapses ran at once; copy-backs are queued on the prefetcher's
-     * stream */
+     * stream. No driver call while a capture is under way: at a later
+     * event */
+    if (!wo_driver_enter())
+        return;
     if (shim->stream && wo_uvm_driver()->cuStreamSynchronize)
         (void)wo_uvm_driver()->cuStreamSynchronize(shim->stream);
+    wo_driver_leave();
     if (!wo_place_fit_squeeze_lent((out - lent_out_seen) - (in - lent_in_seen)))
-        return; /* a capture: at a later event */
+        return; /* a capture began meanwhile: at a later event */
     lent_out_seen = out;
     lent_in_seen = in;
     lent_squeezed_ns = now;
