@@ -66,7 +66,7 @@
 #                  so the executor stages slots - 1 ranges ahead (two slots
 #                  overlap a copy with the kernels before it: docs/prefetch.md,
 #                  Departure fences); shim-ROW-lag2 gives the default lag of
-#                  two explicitly (for an engine whose hook says one)
+#                  two explicitly
 #   shim-ROW-nopicks  any shim row with WOFFLOAD_GGML_PICKS_FROM=0: no picked
 #                  copies for the computes whose share of experts picked is
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their
