@@ -227,12 +227,29 @@ void wo_uvm_stream_gone(uint64_t stream)
  * pos stays put once nothing is streamed, no hook moves it). */
 bool wo_sx_at_engine(unsigned slot, bool hooks_too)
 {
-    uint32_t last = wo_sx->slot_last[slot];
+    uint32_t last = wo_sx->slot_last[slot], pos;
 
     if (last == NONE || last >= wo_sx->nr || !wo_sx->r[last].live)
         return false;
-    return last == wo_sx->keys.last_seen ||
-           (hooks_too && last + 1 == __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_RELAXED));
+    pos = __atomic_load_n(&wo_stream_tab.pos, __ATOMIC_ACQUIRE);
+    if (hooks_too && last + 1 == pos)
+        return true;
+    if (last != wo_sx->keys.last_seen)
+        return false;
+    /* the consumer's view lags the hooks': a hook moves pos (and wakes this
+     * thread) before its launch reaches the events, so on every move the
+     * consumer still sees the range the engine just left. At a departure
+     * lag of one the engine's hook says that every kernel reading a weight
+     * is submitted before the next weight's first launch: where the last
+     * move was off this range, none is to come, as the consumer would see
+     * next. Without this, the slot just behind, the one free slot when as
+     * many ranges are ahead as there are slots, was never free on a move,
+     * and a range could stay unstaged for hundreds of steps
+     * (ggml-hook-claims-auto at WOFFLOAD_DEPARTURE_LAG=1). At two, a kernel
+     * of the next range may still read it through a table (PyTorch's
+     * grouped GEMM): the consumer's view stands. */
+    return !(hooks_too && pos && wo_stream_departure_lag() == 1 &&
+             last + 1 == __atomic_load_n(&wo_stream_tab.pos_prev, __ATOMIC_RELAXED));
 }
 
 /* ---- write checks (stream-check.h) ---------------------------------------------- */
