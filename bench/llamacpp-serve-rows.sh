@@ -61,12 +61,12 @@
 #   shim-ROW-tail  any shim row with WOFFLOAD_DEPARTURE_FENCES=0: staging
 #                  copies wait for the kernels the engine submitted last
 #                  (docs/prefetch.md, Departure fences), to measure the change
-#   shim-ROW-lag1  any shim row with WOFFLOAD_DEPARTURE_LAG=1: a slot's departure
-#                  fence when the engine leaves its range, not one range later,
-#                  so the executor stages slots - 1 ranges ahead (two slots
-#                  overlap a copy with the kernels before it: docs/prefetch.md,
-#                  Departure fences); shim-ROW-lag2 gives the default lag of
-#                  two explicitly
+#   shim-ROW-lag2  any shim row with WOFFLOAD_DEPARTURE_LAG=2: a slot's departure
+#                  fence one range after the engine left its range, so the
+#                  executor stages slots - 2 ranges ahead (the default before
+#                  the ggml hook said woffload_departure_lag(1): docs/prefetch.md,
+#                  Departure fences); shim-ROW-lag1 gives the hook's lag of one
+#                  explicitly (rows of earlier results)
 #   shim-ROW-nopicks  any shim row with WOFFLOAD_GGML_PICKS_FROM=0: no picked
 #                  copies for the computes whose share of experts picked is
 #                  80-92% (docs/llamacpp.md, Picked experts), and none of their

@@ -147,6 +147,18 @@ int woffload_readonly(const void *ptr, size_t size);
  * shim saw holds ptr); -ERANGE (the bytes run past the allocation). */
 int woffload_read_in_place(const void *ptr, size_t bytes, int on);
 
+/* How the engine's kernels read its weights, for the streaming executor's
+ * departure fences (docs/prefetch.md, "The lag"): ranges 1 says that every
+ * kernel reading a streamed weight, one that reads it through a table a
+ * kernel of the same compute wrote included, is launched before the
+ * engine's first launch at the next weight (llama.cpp's kernels; the ggml
+ * hook says so). A slot's fence is then made when the engine leaves its
+ * range, and the executor stages one range further ahead. ranges 2, the
+ * default: kernels of the next weight may still read it (PyTorch's grouped
+ * GEMM reads the experts through such a table). WOFFLOAD_DEPARTURE_LAG,
+ * when given, wins. Returns 0; -EINVAL (ranges not 1 or 2). */
+int woffload_departure_lag(unsigned ranges);
+
 /* A JSON snapshot of the shim's state and counters into buf (always
  * NUL-terminated when len > 0). Returns the length the full snapshot needs,
  * excluding the NUL (like snprintf): call again with a larger buffer when the

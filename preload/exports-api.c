@@ -74,6 +74,11 @@ WO_EXPORT int woffload_read_in_place(const void *ptr, size_t bytes, int on)
     return wo_api_read_in_place(ptr, bytes, on);
 }
 
+WO_EXPORT int woffload_departure_lag(unsigned ranges)
+{
+    return wo_api_departure_lag(ranges);
+}
+
 WO_EXPORT long woffload_stats(char *buf, size_t len)
 {
     return wo_api_stats(buf, len);

@@ -916,6 +916,16 @@ static void misuse_has_defined_results(void **state)
         free(js);
     }
 
+    /* the engine's departure lag: 1 or 2 ranges, 2 until it says */
+    assert_int_equal(wo_stream_departure_lag(), 2);
+    assert_int_equal(wo_api_departure_lag(0), -EINVAL);
+    assert_true(log_has("woffload_departure_lag(0): expected 1 or 2 ranges (-EINVAL)"));
+    assert_int_equal(wo_api_departure_lag(3), -EINVAL);
+    assert_int_equal(wo_stream_departure_lag(), 2);
+    assert_int_equal(wo_api_departure_lag(1), 0);
+    assert_int_equal(wo_stream_departure_lag(), 1);
+    assert_int_equal(wo_api_departure_lag(2), 0);
+    assert_int_equal(wo_stream_departure_lag(), 2);
 
     assert_int_equal(wo_api_tag_pop(), -EPERM);
     assert_int_equal(wo_api_tag_push(NULL), -EINVAL);

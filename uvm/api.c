@@ -355,6 +355,23 @@ int wo_api_read_in_place(const void *ptr, size_t bytes, int on)
     return r;
 }
 
+int wo_api_departure_lag(unsigned ranges)
+{
+    if (ranges != 1 && ranges != 2) {
+        wo_warn("woffload_departure_lag(%u): expected 1 or 2 ranges (-EINVAL)", ranges);
+        misuse();
+        return -EINVAL;
+    }
+    if (wo_settings()->disable)
+        return 0;
+    wo_stream_engine_lag(ranges);
+    if (wo_settings_given(wo_settings(), "WOFFLOAD_DEPARTURE_LAG") &&
+        wo_settings()->departure_lag != ranges)
+        wo_info("woffload_departure_lag(%u): WOFFLOAD_DEPARTURE_LAG=%u is given and wins", ranges,
+                wo_settings()->departure_lag);
+    return 0;
+}
+
 int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, const void *ids,
                      size_t per_row, size_t n_rows, size_t row_stride, unsigned id_bytes,
                      bool rows)

@@ -249,11 +249,33 @@ void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
     wo_consumer_wake();
 }
 
+/* the engine's word (woffload_departure_lag): 0 none, else 1 or 2 */
+static unsigned engine_lag;
+/* WOFFLOAD_DEPARTURE_LAG given: -1 not yet looked at, 0 no, 1 yes (the
+ * settings are fixed once read: looked at once, not at each move) */
+static int lag_given = -1;
+
+void wo_stream_engine_lag(unsigned ranges)
+{
+    __atomic_store_n(&engine_lag, ranges, __ATOMIC_RELAXED);
+}
+
 unsigned wo_stream_departure_lag(void)
 {
     const struct wo_settings *st = wo_settings();
+    int given = __atomic_load_n(&lag_given, __ATOMIC_RELAXED);
+    unsigned said;
 
-    return !st->departure_fences ? 0 : st->departure_lag == 1 ? 1 : 2;
+    if (!st->departure_fences)
+        return 0;
+    if (given < 0) {
+        given = wo_settings_given(st, "WOFFLOAD_DEPARTURE_LAG");
+        __atomic_store_n(&lag_given, given, __ATOMIC_RELAXED);
+    }
+    if (given)
+        return st->departure_lag == 1 ? 1 : 2;
+    said = __atomic_load_n(&engine_lag, __ATOMIC_RELAXED);
+    return said == 1 ? 1 : 2;
 }
 
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen)

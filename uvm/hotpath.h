@@ -390,11 +390,14 @@ extern uint64_t wo_stream_await_ns; /* the bound: WO_STREAM_AWAIT_NS (tests chan
  * futex wake and at most one event record, once a span. */
 void wo_stream_publish_pos(uint32_t sid, uint64_t stream, bool captured,
                            void (*evfns)(struct wo_stream_evfns *fn));
-/* The moves past a range after which its departure fence is made: 1 with
- * WOFFLOAD_DEPARTURE_LAG=1, else 2; 0 without departure fences
- * (WOFFLOAD_DEPARTURE_FENCES=0). The hooks and the executor's staged window
- * (uvm/stream-stage.c, wo_sx_advance) both follow it. */
+/* The moves past a range after which its departure fence is made:
+ * WOFFLOAD_DEPARTURE_LAG where given, else what the engine said
+ * (woffload_departure_lag: wo_stream_engine_lag), else 2; 0 without
+ * departure fences (WOFFLOAD_DEPARTURE_FENCES=0). The hooks and the
+ * executor's staged window (uvm/stream-stage.c, wo_sx_advance) both follow
+ * it. */
 unsigned wo_stream_departure_lag(void);
+void wo_stream_engine_lag(unsigned ranges);
 bool wo_stream_await(struct wo_stream_entry *e, uint32_t gen);
 
 /* woffload_read_in_place: on, each streamed span [p, p + bytes) overlaps is

@@ -298,3 +298,4 @@ int wo_api_moe_picks(const void *experts, size_t bytes, unsigned n_experts, cons
 long wo_api_stats(char *buf, size_t len);
 int wo_api_readonly(const void *ptr, size_t size);
 int wo_api_read_in_place(const void *ptr, size_t bytes, int on);
+int wo_api_departure_lag(unsigned ranges);

@@ -848,15 +848,16 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
               "copy kernel, untimed)",
               timed, ce, st ? field(st, "staged_by_kernel") : -1);
     }
-    /* the departure lag: two ranges by default, one where
-     * WOFFLOAD_DEPARTURE_LAG=1 says so */
+    /* the hook says llama.cpp's kernels read a weight before the next
+     * weight's first launch (woffload_departure_lag(1)); a lag given in the
+     * environment wins */
     {
         const char *given = getenv("WOFFLOAD_DEPARTURE_LAG");
-        long long lag_want = given ? atoll(given) : 2;
+        long long lag_want = given ? atoll(given) : 1;
 
         CHECK(st && field(st, "departure_lag") == lag_want,
               "--stream: departure lag %lld (%s), the stats say %lld", lag_want,
-              given ? "WOFFLOAD_DEPARTURE_LAG" : "the default",
+              given ? "WOFFLOAD_DEPARTURE_LAG" : "the hook's word",
               st ? field(st, "departure_lag") : -1);
         CHECK(st && field(st, "fences_departed") > 0,
               "--stream: slots reused after a departure "

@@ -19,10 +19,11 @@
 #     ids against a plain run of the 32): the claims (the default) leave
 #     every step to the executor, and llama.cpp's batched graph (which
 #     allocates cuBLAS's workspace inside the graph) is replayed;
-#   - the same with departure fences one range behind
-#     (WOFFLOAD_DEPARTURE_LAG=1: each slot reused as soon as the engine left
-#     its range, docs/prefetch.md, Departure fences): tokens identical, the
-#     stats' departure_lag 1;
+#     (the hook's departure lag of one range: each slot reused as soon as
+#     the engine left its range, docs/prefetch.md, Departure fences; the
+#     stats' departure_lag 1);
+#   - the same with WOFFLOAD_DEPARTURE_LAG=2, which wins over the hook's
+#     word: tokens identical, the stats' departure_lag 2;
 #   - experts on the host, 32 sequences, every compute's router picks
 #     registered (WOFFLOAD_GGML_PICKS_FROM=1, WOFFLOAD_GGML_STREAM=100) and
 #     copied on the copy engine (WOFFLOAD_PICKS_ENGINE=50, off by default) (uvm/picks-dma.c) from pinned mirrors of the
@@ -176,13 +177,15 @@ else:
                                                     sx.get("redirected", 0) > 0)
     if sys.argv[3].startswith("exps-replay"):
         streamed = streamed and ip.get("graph_replays", 0) > 0
-    if sys.argv[3].endswith("-lag1"):
-        # the run had the lag (the stats say it), and its slots were reused
-        # against their departure fences
+    if sys.argv[3].startswith("exps-replay-b32"):
+        # the run had the lag (the stats say it): one, the hook's word
+        # (woffload_departure_lag), or two where WOFFLOAD_DEPARTURE_LAG=2
+        # wins; and its slots were reused against their departure fences
+        lag = 2 if sys.argv[3].endswith("-lag2") else 1
         print(f"    departure lag {sx.get('departure_lag')}: slots reused after a departure fence "
               f"{sx.get('fences_departed')}, at the tail {sx.get('fences_at_reuse')}")
-        streamed = (streamed and sx.get("departure_lag") == 1 and
-                    sx.get("fences_departed", 0) > sx.get("fences_at_reuse", 0))
+        streamed = (streamed and sx.get("departure_lag") == lag and
+                    sx.get("fences_departed", 0) > (sx.get("fences_at_reuse", 0) if lag == 1 else 0))
 sys.exit(0 if exps and streamed and (len(host) == len(exps) if want_all else 0 < len(host) < len(exps)) else 1)
 PY
         echo "FAIL $name: the stats do not place (or stream) the experts as the policy says"
@@ -207,7 +210,7 @@ row exps-hot-engine llamacpp-exps-hot.yaml WOFFLOAD_PICKS_HOT=9216 WOFFLOAD_PICK
 row exps-replay llamacpp-exps-stream.yaml WOFFLOAD_GGML_STREAM=0
 seqs=32
 row exps-replay-b32 llamacpp-exps-stream.yaml
-row exps-replay-b32-lag1 llamacpp-exps-stream.yaml WOFFLOAD_DEPARTURE_LAG=1
+row exps-replay-b32-lag2 llamacpp-exps-stream.yaml WOFFLOAD_DEPARTURE_LAG=2
 row exps-engine-b32 llamacpp-ot-exps-cpu.yaml WOFFLOAD_GGML_PICKS_FROM=1 WOFFLOAD_GGML_STREAM=100 WOFFLOAD_PICKS_ENGINE=50
 seqs=1
 row exps-claims llamacpp-exps-stream.yaml GGML_CUDA_DISABLE_GRAPHS=1
