@@ -49,6 +49,7 @@ struct wo_settings {
     bool late_bind;          /* WOFFLOAD_LATE_BIND */
     bool fit_bind;           /* WOFFLOAD_FIT_BIND */
     bool fit_squeeze;        /* WOFFLOAD_FIT_SQUEEZE */
+    bool fit_squeeze_lent;   /* WOFFLOAD_FIT_SQUEEZE_LENT */
     bool fit_spread;         /* WOFFLOAD_FIT_SPREAD */
     bool fit_lend;           /* WOFFLOAD_FIT_LEND */
     bool fit_layers;         /* WOFFLOAD_FIT_LAYERS */

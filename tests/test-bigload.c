@@ -939,15 +939,19 @@ int main(int argc, char **argv)
     /* fitlendsqueeze: the room lent to weights while the slots are empty,
      * then taken by the slots (lend_steps): the prefetcher evicts the lent
      * weights, and their pages, which UVM's cache kept, go back through
-     * fit's squeeze; WOFFLOAD_FIT_SQUEEZE=0 leaves them cached */
+     * fit's squeeze where WOFFLOAD_FIT_SQUEEZE_LENT=1 asks for it; by
+     * default (and with WOFFLOAD_FIT_SQUEEZE=0) they stay cached */
     if (want(argc, argv, "fitlendsqueeze")) {
         /* the consumer thread's frees take 20 ms each: the squeeze holds
          * the free memory that long, beside the engine's allocations */
-        static const char *const on[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
-                                         "WOFAKE_DELAY=cuMemFree_v2:20000",
-                                         "WOFAKE_DELAY_THREAD=woffload", NULL};
-        static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
-                                          "WOFFLOAD_FIT_SQUEEZE=0", NULL};
+        static const char *const on[] = {
+            "WOFAKE_UVM_CACHE=1",           "WOFFLOAD_LOG=info",
+            "WOFFLOAD_FIT_SQUEEZE_LENT=1",  "WOFAKE_DELAY=cuMemFree_v2:20000",
+            "WOFAKE_DELAY_THREAD=woffload", NULL};
+        static const char *const off[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info", NULL};
+        static const char *const off2[] = {"WOFAKE_UVM_CACHE=1", "WOFFLOAD_LOG=info",
+                                           "WOFFLOAD_FIT_SQUEEZE_LENT=1", "WOFFLOAD_FIT_SQUEEZE=0",
+                                           NULL};
         unsigned long long used = 0, cached = 0;
         const char *l;
 
@@ -978,6 +982,13 @@ int main(int argc, char **argv)
         CHECK(strstr(stats, "\"lent_squeezes\":0,") != NULL);
         CHECK(strstr(stats, "\"squeezed_bytes\":0,") != NULL);
         CHECK(strstr(err, "of the lent weights' device pages given back") == NULL);
+        dump_on_failure(f0, "fitlendsqueeze (by default)", stats, err);
+        f0 = failures;
+        rc = run(argv, "fitlendsqueeze", fit_lend_policy, off2, stats, sizeof(stats), err,
+                 sizeof(err));
+        CHECK(rc == 0);
+        CHECK(strstr(stats, "\"lent_squeezes\":0,") != NULL);
+        CHECK(strstr(stats, "\"squeezed_bytes\":0,") != NULL);
         dump_on_failure(f0, "fitlendsqueeze (WOFFLOAD_FIT_SQUEEZE=0)", stats, err);
     }
 

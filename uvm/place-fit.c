@@ -499,7 +499,7 @@ bool wo_place_fit_squeeze_lent(uint64_t cached)
 
     pthread_mutex_lock(&wo_uvm.lock);
     if (!cached || !d || !wo_uvm.g || !wo_uvm.g->fit.enabled || !wo_uvm.fit.lent_bytes ||
-        wo_uvm.fit.returned || !wo_settings()->fit_squeeze) {
+        wo_uvm.fit.returned || !wo_settings()->fit_squeeze || !wo_settings()->fit_squeeze_lent) {
         pthread_mutex_unlock(&wo_uvm.lock);
         return true;
     }
