@@ -175,6 +175,9 @@ struct wo_stream_counts {
     /* slots reused after a departure fence (wo_stream_slot.left), and
      * reused with read_done recorded at the owner stream's tail instead */
     uint64_t fences_departed, fences_at_reuse;
+    /* a range moved to another slot so that a larger one could take its
+     * own (stream-stage.c, make_room) */
+    uint64_t slot_swaps;
     /* copy-engine staging copies timed between two events on the copy
      * stream: their count, bytes and the time the copy engine spent on
      * them (stream-slots.c, wo_sx_time_*): the rate while it copied,

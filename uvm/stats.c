@@ -591,8 +591,8 @@ static void json_body(struct sbuf *b)
             ",\"pos_wakes\":%" PRIu64 ",\"reactions\":%" PRIu64
             ",\"reaction_ms\":%.4f,\"reaction_max_ms\":%.4f"
             ",\"departure_lag\":%u,\"fences_departed\":%" PRIu64 ",\"fences_at_reuse\":%" PRIu64
-            ",\"copies_timed\":%" PRIu64 ",\"copies_timed_bytes\":%" PRIu64
-            ",\"copies_busy_ms\":%.3f,\"copies_busy_gbs\":%.2f"
+            ",\"slot_swaps\":%" PRIu64 ",\"copies_timed\":%" PRIu64
+            ",\"copies_timed_bytes\":%" PRIu64 ",\"copies_busy_ms\":%.3f,\"copies_busy_gbs\":%.2f"
             ",\"inplace_claims\":%" PRIu64 ",\"inplace_claimed\":%" PRIu64
             ",\"claim_unselects\":%" PRIu64 ",\"claim_unselects_staged\":%" PRIu64 ",",
             sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
@@ -607,7 +607,7 @@ static void json_body(struct sbuf *b)
             sc.pos_wakes, sc.reactions,
             sc.reactions ? (double)sc.reaction_ns / (double)sc.reactions / 1e6 : 0.0,
             (double)sc.reaction_max_ns / 1e6, wo_stream_departure_lag(), sc.fences_departed,
-            sc.fences_at_reuse, sc.copies_timed, sc.copies_timed_bytes,
+            sc.fences_at_reuse, sc.slot_swaps, sc.copies_timed, sc.copies_timed_bytes,
             (double)sc.copies_busy_ns / 1e6,
             sc.copies_busy_ns ? (double)sc.copies_timed_bytes / (double)sc.copies_busy_ns : 0.0,
             sc.inplace_claims, sc.inplace_claimed, sc.claim_unselects, sc.claim_unselects_staged);

@@ -61,6 +61,9 @@ struct srange {
     /* measured steps (those that read it) */
     uint64_t msteps, steps_all;
     uint64_t last_step; /* the executor's step count when a step last read it */
+    /* the executor's step count + 1 when no slot it fits was free to take
+     * (wo_sx_advance), 0 since it was staged */
+    uint64_t starved;
     double sum_mult, sum_read, gain, sum_staged;
 };
 

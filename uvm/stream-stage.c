@@ -583,6 +583,7 @@ bool wo_sx_stage(uint32_t id, int slot)
         return true;
     }
     r->slot = slot;
+    r->starved = 0;
     wo_sx->slot_range[slot] = (int)id;
     wo_sx->slot_last[slot] = id;
     __atomic_store_n(&e->nowait, 0, __ATOMIC_RELAXED);
@@ -607,6 +608,66 @@ static void reacted(uint32_t pos)
     add(&wo_stream_tab.n.reaction_ns, d);
     if (d > __atomic_load_n(&wo_stream_tab.n.reaction_max_ns, __ATOMIC_RELAXED))
         __atomic_store_n(&wo_stream_tab.n.reaction_max_ns, d, __ATOMIC_RELAXED);
+}
+
+/* The slot a range of `want` bytes takes in wo_sx_advance(): a free slot,
+ * else one of a range behind, the one just behind last; never the slot of
+ * the range the engine is at (at_engine) nor `except`; of those, the
+ * smallest the range fits (slots are sized: want_sizes). -1: none. */
+static int slot_for(uint64_t want, const uint32_t *ahead, unsigned na, uint32_t behind, int except)
+{
+    int pick = -1;
+
+    for (int tier = 0; tier < 3 && pick < 0; tier++)
+        for (unsigned s = 0; s < wo_sx->nslots; s++) {
+            uint32_t held = (uint32_t)wo_sx->slot_range[s];
+            bool ok = tier == 0   ? wo_sx->slot_range[s] < 0
+                      : tier == 1 ? !in(ahead, na, held) && held != behind
+                                  : !in(ahead, na, held);
+            if (ok && (int)s != except && wo_sx->slot_sz[s] >= want && !wo_sx_at_engine(s, true) &&
+                (pick < 0 || wo_sx->slot_sz[s] < wo_sx->slot_sz[pick]))
+                pick = (int)s;
+        }
+    return pick;
+}
+
+/* No slot ahead[k] fits has been free to take since an earlier step, yet
+ * one is that a smaller range ahead fits, and that range holds a slot
+ * ahead[k] fits: it took it while the smaller slot was busy (slots go as
+ * they come free, and sizes differ). The smaller range moves to the free
+ * slot (one copy more) and ahead[k] takes its slot; otherwise each can
+ * wait for the other for good, and a range is read in place every step (on
+ * the fake driver, five ranges of three sizes in four slots, one run in
+ * six: no copy in 20 steps). Not within the step that found no slot: a
+ * slot comes free as the engine moves on, and a swap at every miss copied
+ * each range every step (2.5x the copies). The slot given, or -1. */
+static int make_room(unsigned k, const uint32_t *ahead, unsigned na, uint32_t behind)
+{
+    struct srange *r = &wo_sx->r[ahead[k]];
+
+    if (!r->starved) {
+        r->starved = wo_sx->steps + 1;
+        return -1;
+    }
+    if (wo_sx->steps + 1 <= r->starved)
+        return -1;
+    for (unsigned q = 0; q < na; q++) {
+        struct srange *o = &wo_sx->r[ahead[q]];
+        int b = o->slot, c;
+
+        if (q == k || b < 0 || wo_sx->slot_sz[b] < r->hi - r->lo ||
+            wo_sx_at_engine((unsigned)b, true))
+            continue;
+        c = slot_for(o->hi - o->lo, ahead, na, behind, b);
+        if (c < 0)
+            continue;
+        wo_sx_take_back(o);
+        if (o->slot >= 0 || !wo_sx_stage(ahead[q], c))
+            return -1;
+        add(&wo_stream_tab.n.slot_swaps, 1);
+        return wo_sx->slot_range[b] < 0 ? b : -1;
+    }
+    return -1;
 }
 
 void wo_sx_advance(void)
@@ -664,19 +725,9 @@ void wo_sx_advance(void)
             wo_sx_take_back(r);
         if (r->slot >= 0 || !r->streamed)
             continue;
-        /* a free slot, else one of a range behind, the one just behind last;
-         * never the slot of the range the engine is at (at_engine); of
-         * those, the smallest the range fits (slots are sized: want_sizes) */
-        for (int tier = 0; tier < 3 && pick < 0; tier++)
-            for (unsigned s = 0; s < wo_sx->nslots; s++) {
-                uint32_t held = (uint32_t)wo_sx->slot_range[s];
-                bool ok = tier == 0   ? wo_sx->slot_range[s] < 0
-                          : tier == 1 ? !in(ahead, na, held) && held != behind
-                                      : !in(ahead, na, held);
-                if (ok && wo_sx->slot_sz[s] >= r->hi - r->lo && !wo_sx_at_engine(s, true) &&
-                    (pick < 0 || wo_sx->slot_sz[s] < wo_sx->slot_sz[pick]))
-                    pick = (int)s;
-            }
+        pick = slot_for(r->hi - r->lo, ahead, na, behind, -1);
+        if (pick < 0)
+            pick = make_room(k, ahead, na, behind);
         if (pick < 0 || !wo_sx_stage(ahead[k], pick))
             break;
     }

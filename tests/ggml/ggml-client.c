@@ -675,6 +675,23 @@ static void claims_steps(struct ggml_tensor **wt)
           "--claims: computes of %d tokens stage them again (staged %lld, then %lld; a launch "
           "read a copy after %d)",
           PICKS_MANY, staged1, staged2, n);
+    /* and they go on staging: at a departure lag of one (the hook's word)
+     * the executor keeps every range moving through the slots; a range no
+     * slot was free for on the hooks' moves (the executor's view of the
+     * engine one range behind), or whose size no free slot fits, was read
+     * in place at every compute (20 of 20: docs/prefetch.md, "The lag") */
+    if (stream_field("departure_lag") == 1) {
+        long long st0 = stream_field("staged"), ns0 = stream_field("inplace_no_slot");
+
+        for (n = 0; n < 20; n++)
+            picks_step(c, PICKS_MANY);
+        CHECK(stream_field("staged") > st0 && stream_field("inplace_no_slot") - ns0 < n,
+              "--claims: %d more computes of %d tokens staged %lld copies, and launches read "
+              "in place for want of a slot %lld times (fewer than one a compute; slots given "
+              "to a larger range %lld)",
+              n, PICKS_MANY, stream_field("staged") - st0, stream_field("inplace_no_slot") - ns0,
+              stream_field("slot_swaps"));
+    }
     CHECK(c->wrong == 0, "--claims: every sum of %zu launches exact (%zu wrong)", c->launches,
           c->wrong);
     picks_ctx_free(c);
