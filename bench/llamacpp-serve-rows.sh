@@ -91,6 +91,14 @@
 #                  fit keeps for what the engine allocates after seal (256 MiB
 #                  by default; llama-server allocated 64 MiB after seal), so that
 #                  the rest holds weights
+#   shim-ROW-full  any shim row beside a blocker process (bench/gpu-blocker.py)
+#                  that leaves free only the row's fit size plus FULL_SLACK_MIB
+#                  [256] (FULL_LEAVE_MIB, given, instead): the device as full as
+#                  a model larger than it makes it, so that the engine's and the
+#                  shim's allocations take back what UVM keeps cached of evicted
+#                  managed pages instead of free memory (the lent weights of
+#                  docs/placement.md, "fit"); the row's device memory leaves the
+#                  blocker's out (gpu-idle-mib is read after it holds)
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -154,7 +162,7 @@ for row in $ROWS; do
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS
-    POL="" SLOTS="" RESERVE="" slow=0
+    POL="" SLOTS="" RESERVE="" FULL="" FITSZ="" LEAVE="" BPID="" slow=0
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
     case $row in *.[0-9]*) name=${row%.*} ;; esac  # ROW.N: ROW again
@@ -169,6 +177,7 @@ for row in $ROWS; do
         shim-*-band) base=${base%-band}; export WOFFLOAD_GGML_PICKS_FROM=80 ;;
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
+        shim-*-full) base=${base%-full}; FULL=1 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-bylayer) base=${base%-bylayer}; export WOFFLOAD_FIT_LAYERS=1 ;;
         shim-*-bytensor) base=${base%-bytensor}; export WOFFLOAD_FIT_LAYERS=0 ;;
@@ -227,6 +236,19 @@ for row in $ROWS; do
         esac ;;
     *) echo "[serve-rows] $row: unknown row (see the header)"; continue ;;
     esac
+    # -full: what the blocker leaves free (the fit size in MiB and the slack)
+    if [ -n "$FULL" ]; then
+        if [ -n "${FULL_LEAVE_MIB:-}" ]; then
+            LEAVE=$FULL_LEAVE_MIB
+        else
+            case $FITSZ in [0-9]*MiB) LEAVE=$((${FITSZ%MiB} + ${FULL_SLACK_MIB:-256})) ;; esac
+        fi
+        case $LEAVE in
+        "" | *[!0-9]*)
+            echo "[serve-rows $(el)s] $row: -full needs a fit size in MiB or FULL_LEAVE_MIB (MiB, a number); skipped"
+            continue ;;
+        esac
+    fi
     # a phase, its drain and the row's time: the experts-host rows' own
     # (their step is the link's or llama.cpp's CPU's: 719 ms for 32 slots)
     dur=${DURATION:-40} drain=${DRAIN:-10} per=${ROW_S:-200}
@@ -279,12 +301,28 @@ for row in $ROWS; do
     if [ "${DRY_RUN:-0}" = 1 ]; then
         [ -n "${GREEDY_REF:-}" ] && echo "[serve-rows] $row: greedy ids against $GREEDY_REF"
         echo "[serve-rows] $row: rates $R, $dur s a phase (+ drain <= $drain s)"
+        [ -n "$LEAVE" ] && echo "[serve-rows] $row: a blocker leaves $LEAVE MiB free (bench/gpu-blocker.py)"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
             "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|DEPARTURE_LAG|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
                 sort | paste -sd ' ' -)"
         continue
     fi
     mkdir -p "$O"
+    if [ -n "$LEAVE" ]; then
+        "${PYTHON:-python3}" "$HERE/gpu-blocker.py" --leave "${LEAVE}MiB" >"$O/blocker.log" 2>&1 &
+        BPID=$!
+        for _ in $(seq 120); do
+            grep -q '^gpu-blocker: held' "$O/blocker.log" && break
+            kill -0 "$BPID" 2>/dev/null || break
+            sleep 0.5
+        done
+        if ! grep -q '^gpu-blocker: held' "$O/blocker.log"; then
+            echo "[serve-rows $(el)s] $row: no blocker ($(tail -1 "$O/blocker.log")); skipped"
+            kill "$BPID" 2>/dev/null
+            continue
+        fi
+        echo "[serve-rows $(el)s] $row: $(cat "$O/blocker.log")"
+    fi
     echo "[serve-rows $(el)s] $row: --parallel $P, rates $R, $dur s a phase (+ drain <= $drain s), at most $per s"
     RATES=$R PARALLEL=$P CTX=${CTX:-$((P * 1024))} OUTPUT_LEN=${OUTPUT_LEN:-fixed:32} \
         PROMPT_LEN=${PROMPT_LEN:-uniform:16:48} DURATION=$dur DRAIN=$drain \
@@ -293,6 +331,10 @@ for row in $ROWS; do
     echo "[serve-rows $(el)s] $row: exit $?"
     grep -E '^=== phase|^throughput|ITL|^errors|^  example|^greedy|FAILED' "$O/llamacpp-serve.log" | tail -16
     pkill -x llama-server 2>/dev/null
+    if [ -n "$BPID" ]; then
+        kill -TERM "$BPID" 2>/dev/null
+        wait "$BPID" 2>/dev/null
+    fi
     sleep 1
 done
 # the rows side by side (every pP-ROW in OUTROOT, this run's and earlier ones')

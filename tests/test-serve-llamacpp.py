@@ -955,7 +955,7 @@ class TestRowsDry(unittest.TestCase):
                    OUTROOT=out, PARALLEL="4", FIT="from:peer", SHIM_BUILD=os.path.join(out, "shim"),
                    ROWS="shim-fit-nopicks-slots2 shim-ncmoe-odd shim-spread9 shim-fit-nolend shim-fit-inorder "
                         "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks shim-fit-band shim-fit-nolend-bylayer "
-                        "shim-fit-bytensor bogus",
+                        "shim-fit-bytensor shim-fit-full shim-exps-full bogus",
                    PYTHON=sys.executable)
         env.pop("WOFFLOAD_FIT_LEND", None)
         env.pop("WOFFLOAD_FIT_LAYERS", None)
@@ -963,9 +963,16 @@ class TestRowsDry(unittest.TestCase):
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         lines = {m.group(1): m.group(2) for m in re.finditer(r"\[serve-rows\] (\S+): would run: (.*)", r.stdout)}
-        self.assertEqual(len(lines), 11, r.stdout)
+        self.assertEqual(len(lines), 12, r.stdout)
         self.assertIn("bogus: unknown row", r.stdout)
+        # -full: a blocker leaves the fit size and the slack free; a row with
+        # no fit size needs FULL_LEAVE_MIB
+        self.assertIn("[serve-rows] shim-fit-full: a blocker leaves 7737 MiB free (bench/gpu-blocker.py)",
+                      r.stdout)
+        self.assertNotIn("shim-exps-full", lines)
+        self.assertRegex(r.stdout, r"shim-exps-full: -full needs a fit size in MiB or FULL_LEAVE_MIB")
         run = os.path.join(out, "shim", "tools", "woffload-run")
+        self.assertTrue(lines["shim-fit-full"].startswith(f"{run} --fit 7481MiB --stats"))
         # fit with two slots and no picks: --fit, a policy of that key alone
         fpol = os.path.join(out, "fit-slots2.yaml")
         with open(fpol) as f:
