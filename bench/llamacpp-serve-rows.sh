@@ -98,7 +98,8 @@
 #                  shim's allocations take back what UVM keeps cached of evicted
 #                  managed pages instead of free memory (the lent weights of
 #                  docs/placement.md, "fit"); the row's device memory leaves the
-#                  blocker's out (gpu-idle-mib is read after it holds)
+#                  blocker's out (gpu-idle-mib is read after it holds); a fit
+#                  row's keep_free is that slack (--keep-free)
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -248,6 +249,13 @@ for row in $ROWS; do
             echo "[serve-rows $(el)s] $row: -full needs a fit size in MiB or FULL_LEAVE_MIB (MiB, a number); skipped"
             continue ;;
         esac
+        # fit keeps free only what the blocker left beyond its size (its
+        # keep_free, 2 GiB by default, would take that much of the budget)
+        KEEP=
+        case $FITSZ in [0-9]*MiB)
+            KEEP=$((LEAVE - ${FITSZ%MiB}))
+            [ "$KEEP" -lt 0 ] && KEEP=0 ;;
+        esac
     fi
     # a phase, its drain and the row's time: the experts-host rows' own
     # (their step is the link's or llama.cpp's CPU's: 719 ms for 32 slots)
@@ -278,7 +286,7 @@ for row in $ROWS; do
         POL=$to
     fi
     case $base in
-    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ${RESERVE:+ --reserve ${RESERVE}MiB}${POL:+ --policy $POL} --stats $O/stats.json --stats-every 1 --" ;;
+    shim-fit) export STATS=$O/stats.json SHIM_CMD="$RUN --fit $FITSZ${FULL:+${KEEP:+ --keep-free ${KEEP}MiB}}${RESERVE:+ --reserve ${RESERVE}MiB}${POL:+ --policy $POL} --stats $O/stats.json --stats-every 1 --" ;;
     shim-*)
         export STATS=$O/stats.json SHIM_CMD="$RUN --policy $POL --stats $O/stats.json --stats-every 1 --" ;;
     esac

@@ -46,6 +46,7 @@ enum ggml_status ggml_backend_sched_graph_compute(ggml_backend_sched_t sched,
                                                   struct ggml_cgraph *graph);
 enum ggml_status ggml_backend_sched_graph_compute_async(ggml_backend_sched_t sched,
                                                         struct ggml_cgraph *graph);
+size_t ggml_backend_buft_get_max_size(ggml_backend_buffer_type_t buft);
 
 /* accessors the hook calls */
 struct ggml_tensor *ggml_get_first_tensor(const struct ggml_context *ctx);
@@ -59,6 +60,12 @@ size_t ggml_backend_buffer_get_size(ggml_backend_buffer_t buffer);
 ggml_backend_buffer_type_t ggml_backend_buffer_get_type(ggml_backend_buffer_t buffer);
 bool ggml_backend_buft_is_host(ggml_backend_buffer_type_t buft);
 const char *ggml_backend_buft_name(ggml_backend_buffer_type_t buft);
+/* ... for the model buffer split by tensor (ggml-backend.h; the last in
+ * ggml-backend-impl.h, exported) */
+size_t ggml_backend_buft_get_alloc_size(ggml_backend_buffer_type_t buft,
+                                        const struct ggml_tensor *tensor);
+size_t ggml_backend_buft_get_alignment(ggml_backend_buffer_type_t buft);
+bool ggml_backend_buffer_is_multi_buffer(ggml_backend_buffer_t buffer);
 /* ... and for the picks (ggml.h) */
 int ggml_graph_n_nodes(struct ggml_cgraph *cgraph);
 struct ggml_tensor *ggml_graph_node(struct ggml_cgraph *cgraph, int i);

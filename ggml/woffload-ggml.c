@@ -13,6 +13,11 @@
  *   ggml_backend_alloc_ctx_tensors_from_buft  the model buffer's allocation:
  *       on a device buffer type, opened inside the placeable window so the
  *       buffer's cudaMalloc is served by the shim (same address, placeable)
+ *   ggml_backend_buft_get_max_size  asked by ggml inside that allocation:
+ *       under fit the hook has announced the buffer's tensors by name
+ *       (woffload_expect) and answers 1 MiB, so ggml gives each tensor a
+ *       buffer of its own, which the shim serves by the plan ("names before
+ *       bytes" below)
  *   ggml_backend_buffer_set_usage  llama.cpp marks a model buffer WEIGHTS
  *       right after allocating it, before any byte is written: the tensors of
  *       such a buffer are tagged by name then (never the KV cache's)
@@ -32,7 +37,9 @@
  *       many ("picked experts" below)
  * Accessors (ggml_get_first_tensor, ggml_get_next_tensor, ggml_get_name,
  * ggml_get_data, ggml_nbytes, ggml_backend_buffer_get_base/_size/_type,
- * ggml_backend_buft_is_host, ggml_backend_buft_name; for the picks
+ * ggml_backend_buft_is_host, ggml_backend_buft_name; for the split
+ * ggml_backend_buft_get_alloc_size/_alignment,
+ * ggml_backend_buffer_is_multi_buffer; for the picks
  * ggml_graph_n_nodes, ggml_graph_node, ggml_nelements, ggml_nrows,
  * ggml_is_contiguous, ggml_element_size) are resolved with dlsym too: no
  * struct offset of ggml is used, so ggml versions can change them.
@@ -66,6 +73,7 @@ static struct {
     ggml_backend_t (*dev_init)(ggml_backend_dev_t, const char *);
     enum ggml_status (*sched_graph_compute)(ggml_backend_sched_t, struct ggml_cgraph *);
     enum ggml_status (*sched_graph_compute_async)(ggml_backend_sched_t, struct ggml_cgraph *);
+    size_t (*buft_get_max_size)(ggml_backend_buffer_type_t);
     /* accessors */
     struct ggml_tensor *(*get_first_tensor)(const struct ggml_context *);
     struct ggml_tensor *(*get_next_tensor)(const struct ggml_context *, struct ggml_tensor *);
@@ -77,6 +85,10 @@ static struct {
     ggml_backend_buffer_type_t (*buffer_get_type)(ggml_backend_buffer_t);
     bool (*buft_is_host)(ggml_backend_buffer_type_t);
     const char *(*buft_name)(ggml_backend_buffer_type_t);
+    /* the split's (NULL: no split) */
+    size_t (*buft_get_alloc_size)(ggml_backend_buffer_type_t, const struct ggml_tensor *);
+    size_t (*buft_get_alignment)(ggml_backend_buffer_type_t);
+    bool (*buffer_is_multi_buffer)(ggml_backend_buffer_t); /* NULL: an older ggml */
     /* the picks' (NULL: no picks) */
     int (*graph_n_nodes)(struct ggml_cgraph *);
     struct ggml_tensor *(*graph_node)(struct ggml_cgraph *, int);
@@ -95,6 +107,8 @@ static struct {
                       unsigned); /* NULL: a libwoffload without it */
     int (*read_in_place)(const void *, size_t, int); /* NULL: a libwoffload without it */
     int (*departure_lag)(unsigned);                  /* NULL: a libwoffload without it */
+    int (*expect)(const char *, size_t);             /* NULL: a libwoffload without it */
+    int (*expect_end)(void);
 } fwd; /* what each wrapper forwards to: the next definition (RTLD_NEXT), or libwoffload's */
 
 static pthread_once_t real_once = PTHREAD_ONCE_INIT;
@@ -157,6 +171,10 @@ static void resolve(void)
     RESOLVE(dev_init, "ggml_backend_dev_init");
     RESOLVE(sched_graph_compute, "ggml_backend_sched_graph_compute");
     RESOLVE(sched_graph_compute_async, "ggml_backend_sched_graph_compute_async");
+    RESOLVE(buft_get_max_size, "ggml_backend_buft_get_max_size");
+    RESOLVE(buft_get_alloc_size, "ggml_backend_buft_get_alloc_size");
+    RESOLVE(buft_get_alignment, "ggml_backend_buft_get_alignment");
+    RESOLVE(buffer_is_multi_buffer, "ggml_backend_buffer_is_multi_buffer");
     RESOLVE(get_first_tensor, "ggml_get_first_tensor");
     RESOLVE(get_next_tensor, "ggml_get_next_tensor");
     RESOLVE(get_name, "ggml_get_name");
@@ -182,6 +200,8 @@ static void resolve(void)
     RESOLVE_API(picks_rows, "woffload_moe_picks_rows");
     RESOLVE_API(read_in_place, "woffload_read_in_place");
     RESOLVE_API(departure_lag, "woffload_departure_lag");
+    RESOLVE_API(expect, "woffload_expect");
+    RESOLVE_API(expect_end, "woffload_expect_end");
 
     if (!fwd.get_first_tensor || !fwd.get_next_tensor || !fwd.get_name || !fwd.get_data ||
         !fwd.nbytes || !fwd.buffer_get_base || !fwd.buffer_get_size || !fwd.buffer_get_type ||
@@ -226,6 +246,7 @@ struct candidate {
     ggml_backend_buffer_t buf;
     struct ggml_context *ctx;
     bool named;
+    bool split; /* a buffer a tensor (split_model_buffer): a multi buffer of ggml's */
 };
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -240,6 +261,7 @@ static struct candidate *cands;
 static size_t ncands, cap_cands;
 static struct {
     unsigned long long buffers, tensors, bytes, unseen, failed, unnamed_buffers;
+    unsigned long long split_buffers, announced, announced_bytes;
 } books;
 static bool called; /* any wrapper ran: the hook is in the call path */
 
@@ -331,11 +353,90 @@ static bool room(void **v, size_t *cap, size_t n, size_t size, size_t first)
     return true;
 }
 
-static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx)
+static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx, bool split)
 {
     if (!room((void **)&cands, &cap_cands, ncands, sizeof(*cands), 8))
         return;
-    cands[ncands++] = (struct candidate){.buf = buf, .ctx = ctx};
+    cands[ncands++] = (struct candidate){.buf = buf, .ctx = ctx, .split = split};
+}
+
+/* ---- names before bytes: a model buffer split by tensor ---------------------
+ *
+ * llama.cpp allocates a device context's weights as one buffer, one
+ * cudaMalloc. The shim serves it as managed memory within the managed cap
+ * (never more than the free device memory less its margin), so a model
+ * larger than the free memory gets the whole buffer as pinned host memory:
+ * nothing of it can reach the device, fit chooses among nothing, and a hand
+ * policy's device names stay on the host (docs/placement.md, the managed
+ * cap). Before that cudaMalloc the hook already knows every tensor's name
+ * and size (the context). So it announces them (woffload_expect: the shim's
+ * plan is made before a byte arrives) and has ggml allocate one buffer a
+ * tensor, by ggml's own path for a buffer type's largest allocation: the
+ * hook answers ggml_backend_buft_get_max_size with SPLIT_MAX in that call,
+ * and ggml returns the buffers as one multi buffer, which llama.cpp takes
+ * (its model buffers may be one already). Each allocation then matches its
+ * name by size: one the plan puts on the host is pinned at once (by the
+ * shim's worker, ahead of the loader), the others are managed memory within
+ * the cap, and fit at seal chooses among all of them (docs/llamacpp.md,
+ * "The model buffer split by name"). Tensors under SPLIT_MAX (norms, the
+ * routers) share buffers of at most SPLIT_MAX, as ggml packs them; the shim
+ * never matches them (uvm/place-expect.c).
+ *
+ * WOFFLOAD_GGML_SPLIT: 1 (the default) under fit, 2 under any placing
+ * policy, 0 never (one buffer, served as before). */
+
+#define SPLIT_MAX ((size_t)1 << 20)
+/* the buffer type being split by this thread (set under lock) */
+static __thread ggml_backend_buffer_type_t splitting;
+static int split_mode = -1; /* WOFFLOAD_GGML_SPLIT */
+
+/* Whether to split the model buffers (under lock): the setting, the
+ * functions it takes, and the shim's stats (a placing policy; fit). */
+static bool split_wanted(void)
+{
+    char *buf;
+    bool r;
+
+    if (split_mode < 0) {
+        const char *v = getenv("WOFFLOAD_GGML_SPLIT");
+        split_mode = v && v[0] >= '0' && v[0] <= '2' && !v[1] ? v[0] - '0' : 1;
+    }
+    if (!split_mode || !fwd.expect || !fwd.expect_end || !fwd.buft_get_max_size ||
+        !fwd.buft_get_alloc_size || !fwd.buft_get_alignment)
+        return false;
+    if (!(buf = stats_json()))
+        return false;
+    r = strstr(buf, "\"placing\":true") && (split_mode == 2 || strstr(buf, ",\"fit\":{"));
+    free(buf);
+    return r;
+}
+
+/* Announces each tensor of ctx that the buffer will hold, by the size ggml
+ * will allocate it (its allocation size, padded to the buffer type's
+ * alignment), then says they are all (the shim places them now). */
+static void announce_tensors(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+{
+    size_t align = fwd.buft_get_alignment(buft);
+
+    for (struct ggml_tensor *t = fwd.get_first_tensor(ctx); t; t = fwd.get_next_tensor(ctx, t)) {
+        const char *name = fwd.get_name(t);
+        size_t size = fwd.buft_get_alloc_size(buft, t);
+        int r;
+
+        if (align > 1)
+            size = (size + align - 1) / align * align;
+        if (fwd.get_data(t) || size < SPLIT_MAX || !name || !*name)
+            continue;
+        r = fwd.expect(name, size);
+        if (r == 0) {
+            books.announced++;
+            books.announced_bytes += size;
+        } else {
+            say(L_WARN, "announcing '%s' (%zu bytes) before its bytes: %s", name, size,
+                strerror(-r));
+        }
+    }
+    (void)fwd.expect_end();
 }
 
 /* ---- picked experts ---------------------------------------------------------
@@ -740,6 +841,11 @@ static void name_tensors(struct candidate *c)
 
         if (!data || !size || !name || !*name)
             continue;
+        /* split: a tensor under SPLIT_MAX is in a small buffer of the
+         * engine's own device memory, which nothing can move (as the KV
+         * cache): left unnamed */
+        if (c->split && fwd.buft_get_alloc_size(fwd.buffer_get_type(c->buf), t) < SPLIT_MAX)
+            continue;
         r = fwd.tag(data, size, name);
         say(L_DEBUG, "tag '%s' [%p, +%zu): %s", name, data, size, r == 0 ? "ok" : strerror(-r));
         if (r == 0) {
@@ -758,7 +864,30 @@ static void name_tensors(struct candidate *c)
      * a LoRA swap or a reload, are still seen): so a CUDA graph that reads
      * them is no blind launch, and streamed experts keep their staged
      * copies (woffload.h, woffload_readonly; WOFFLOAD_READONLY=0: not) */
-    if (n && fwd.readonly) {
+    if (n && fwd.readonly && c->split) {
+        /* a split buffer has no base: each of its buffers, at its first
+         * tensor, the one not right after the one before it (ggml packs a
+         * buffer's tensors at their padded sizes) */
+        ggml_backend_buffer_type_t buft = fwd.buffer_get_type(c->buf);
+        size_t align = fwd.buft_get_alignment(buft);
+        const char *end = NULL;
+        unsigned long long ok = 0, asked = 0;
+        for (struct ggml_tensor *t = fwd.get_first_tensor(c->ctx); t;
+             t = fwd.get_next_tensor(c->ctx, t)) {
+            const char *data = fwd.get_data(t);
+            size_t size = fwd.buft_get_alloc_size(buft, t);
+            if (!data)
+                continue;
+            if (data != end) {
+                asked++;
+                ok += fwd.readonly(data, 0) == 0;
+            }
+            end = data + (align > 1 ? (size + align - 1) / align * align : size);
+        }
+        say(ok == asked ? L_DEBUG : L_WARN,
+            "split model buffer: %llu of its %llu buffers declared read-only to kernels", ok,
+            asked);
+    } else if (n && fwd.readonly) {
         int r = fwd.readonly(fwd.buffer_get_base(c->buf), 0);
         say(r == 0 ? L_DEBUG : L_WARN, "model buffer at %p declared read-only to kernels: %s",
             fwd.buffer_get_base(c->buf), r == 0 ? "ok" : strerror(-r));
@@ -767,8 +896,9 @@ static void name_tensors(struct candidate *c)
     books.buffers++;
     books.tensors += n;
     books.bytes += bytes;
-    say(L_DEBUG, "%s model buffer at %p (%zu bytes): %llu tensors named (%llu bytes)",
-        bname ? bname : "?", fwd.buffer_get_base(c->buf), fwd.buffer_get_size(c->buf), n, bytes);
+    say(L_DEBUG, "%s model buffer%s (%zu bytes): %llu tensors named (%llu bytes)",
+        bname ? bname : "?", c->split ? " split by tensor" : "", fwd.buffer_get_size(c->buf), n,
+        bytes);
 }
 
 /* The first write after a weights buffer: loading has begun. */
@@ -836,7 +966,8 @@ WO_GGML_EXPORT ggml_backend_buffer_t
 ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
 {
     ggml_backend_buffer_t buf;
-    bool opened = false;
+    bool opened = false, split;
+    unsigned long long n = 0, b = 0;
     int r;
 
     ensure();
@@ -855,13 +986,56 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
     r = fwd.window_open();
     opened = r == 0 || (r == -EALREADY && start_window_unknown);
     start_window_unknown = false;
+    split = split_wanted();
+    if (split) {
+        unsigned long long n0 = books.announced, b0 = books.announced_bytes;
+        announce_tensors(ctx, buft);
+        n = books.announced - n0;
+        b = books.announced_bytes - b0;
+        split = n > 0;
+    }
+    splitting = split ? buft : NULL;
     buf = fwd.alloc_ctx_tensors_from_buft(ctx, buft);
+    splitting = NULL;
     if (opened)
         (void)fwd.window_close();
+    if (buf && split) {
+        /* the split took when ggml asked the hook's max size: a multi buffer
+         * (an older ggml without the test: taken as split) */
+        if (fwd.buffer_is_multi_buffer && !fwd.buffer_is_multi_buffer(buf)) {
+            split = false;
+            say(L_WARN,
+                "the %s model buffer stayed one buffer (ggml did not ask the hook's "
+                "ggml_backend_buft_get_max_size): the %llu names announced before their bytes "
+                "match no allocation, and it is served as one (WOFFLOAD_GGML_SPLIT=0 says so "
+                "without announcing)",
+                fwd.buft_name(buft), n);
+        } else {
+            books.split_buffers++;
+            say(L_INFO,
+                "%s model buffer split by tensor: %llu tensors (%.2f GiB) announced before "
+                "their bytes, each in an allocation of its own",
+                fwd.buft_name(buft), n, (double)b / (1024.0 * 1024.0 * 1024.0));
+        }
+    }
     if (buf)
-        remember(buf, ctx);
+        remember(buf, ctx, split);
     pthread_mutex_unlock(&lock);
     return buf;
+}
+
+/* ggml-alloc.c asks it once per context it allocates: in the hook's own
+ * allocation of a model buffer split by tensor, SPLIT_MAX, so that ggml
+ * gives each tensor of SPLIT_MAX or more a buffer of its own. */
+WO_GGML_EXPORT size_t ggml_backend_buft_get_max_size(ggml_backend_buffer_type_t buft)
+{
+    size_t m;
+
+    ensure();
+    if (!fwd.buft_get_max_size)
+        missing(__func__);
+    m = fwd.buft_get_max_size(buft);
+    return splitting && buft == splitting && m > SPLIT_MAX ? SPLIT_MAX : m;
 }
 
 WO_GGML_EXPORT void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer,

@@ -972,7 +972,9 @@ class TestRowsDry(unittest.TestCase):
         self.assertNotIn("shim-exps-full", lines)
         self.assertRegex(r.stdout, r"shim-exps-full: -full needs a fit size in MiB or FULL_LEAVE_MIB")
         run = os.path.join(out, "shim", "tools", "woffload-run")
-        self.assertTrue(lines["shim-fit-full"].startswith(f"{run} --fit 7481MiB --stats"))
+        # fit keeps free only the slack the blocker left (not 2 GiB)
+        self.assertTrue(lines["shim-fit-full"].startswith(f"{run} --fit 7481MiB --keep-free 256MiB --stats"),
+                        lines["shim-fit-full"])
         # fit with two slots and no picks: --fit, a policy of that key alone
         fpol = os.path.join(out, "fit-slots2.yaml")
         with open(fpol) as f:

@@ -195,14 +195,21 @@ enum wo_placement wo_place_expect_claim(const struct wo_driver *d, struct wo_all
     struct wo_uvm_expect *x = &wo_uvm.expect;
     size_t host = SIZE_MAX, other = SIZE_MAX, pick;
 
+    bool exact = false;
+
     if (!x->n || wo_uvm.sealed)
         return WO_PLACE_UNSET;
     if (x->dirty)
         plan(d);
+    /* A name of exactly the allocation's size first: an engine that asks
+     * what it announced (the ggml hook's split buffers) must not have a
+     * smaller tensor's plan taken within the slack */
+    for (size_t i = 0; i < x->n && !exact; i++)
+        exact = !x->v[i].claimed && x->v[i].bytes >= MATCH_MIN && x->v[i].bytes == a->size;
     for (size_t i = 0; i < x->n && other == SIZE_MAX; i++) {
         const struct wo_expect_entry *e = &x->v[i];
         if (e->claimed || e->bytes < MATCH_MIN || e->bytes > a->size ||
-            a->size - e->bytes >= SLACK)
+            a->size - e->bytes >= SLACK || (exact && e->bytes != a->size))
             continue;
         if (e->plan == WO_PLACE_HOST) {
             if (host == SIZE_MAX)

@@ -55,6 +55,9 @@ struct ggml_backend_buffer {
     void *base;
     size_t size;
     int usage;
+    /* a multi buffer (ggml_backend_multi_buffer_alloc_buffer): its buffers */
+    struct ggml_backend_buffer **subs;
+    size_t nsubs;
 };
 
 static struct ggml_backend_buffer_type buft_cuda = {"CUDA0", false};
@@ -106,6 +109,12 @@ FGGML_EXPORT void *fggml_data(const struct ggml_tensor *t)
     return t->data;
 }
 
+/* The buffer ggml put the tensor in (a multi buffer's own buffer). */
+FGGML_EXPORT ggml_backend_buffer_t fggml_tensor_buffer(const struct ggml_tensor *t)
+{
+    return t->buffer;
+}
+
 FGGML_EXPORT void fggml_ctx_free(struct ggml_context *ctx)
 {
     struct ggml_tensor *t = ctx->first;
@@ -131,7 +140,11 @@ FGGML_EXPORT void fggml_buffer_free(ggml_backend_buffer_t b)
 {
     if (!b)
         return;
-    if (b->buft->host)
+    for (size_t i = 0; i < b->nsubs; i++)
+        fggml_buffer_free(b->subs[i]);
+    if (b->subs)
+        free(b->subs); /* a multi buffer has no memory of its own */
+    else if (b->buft->host)
         free(b->base);
     else if (b->base)
         cudaFree(b->base);
@@ -189,20 +202,41 @@ FGGML_EXPORT const char *ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
     return buft->name;
 }
 
-/* ggml-alloc.c: one buffer for every tensor of ctx without data, each at an
- * offset aligned to the buffer type's alignment, in context order. */
-FGGML_EXPORT ggml_backend_buffer_t
-ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+/* ggml-backend.cpp: no largest allocation (SIZE_MAX), as ggml-cuda's */
+FGGML_EXPORT size_t ggml_backend_buft_get_max_size(ggml_backend_buffer_type_t buft)
 {
-    size_t size = 0, off = 0;
-    struct ggml_backend_buffer *b;
+    (void)buft;
+    return SIZE_MAX;
+}
+FGGML_EXPORT size_t ggml_backend_buft_get_alloc_size(ggml_backend_buffer_type_t buft,
+                                                     const struct ggml_tensor *tensor)
+{
+    (void)buft;
+    return tensor->nbytes;
+}
+FGGML_EXPORT size_t ggml_backend_buft_get_alignment(ggml_backend_buffer_type_t buft)
+{
+    (void)buft;
+    return ALIGN;
+}
+FGGML_EXPORT bool ggml_backend_buffer_is_multi_buffer(ggml_backend_buffer_t buffer)
+{
+    return buffer->subs != NULL;
+}
 
-    for (struct ggml_tensor *t = ctx->first; t; t = t->next)
-        if (!t->data)
-            size += (t->nbytes + ALIGN - 1) / ALIGN * ALIGN;
-    if (!size)
-        return NULL;
-    b = calloc(1, sizeof(*b));
+static size_t padded(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t)
+{
+    size_t a = ggml_backend_buft_get_alignment(buft);
+    return (ggml_backend_buft_get_alloc_size(buft, t) + a - 1) / a * a;
+}
+
+/* ggml-alloc.c's alloc_tensor_range: a buffer of size for [first, last). */
+static struct ggml_backend_buffer *alloc_range(struct ggml_tensor *first, struct ggml_tensor *last,
+                                               ggml_backend_buffer_type_t buft, size_t size)
+{
+    struct ggml_backend_buffer *b = calloc(1, sizeof(*b));
+    size_t off = 0;
+
     if (!b)
         return NULL;
     b->buft = buft;
@@ -215,20 +249,72 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
         free(b);
         return NULL;
     }
-    for (struct ggml_tensor *t = ctx->first; t; t = t->next) {
+    for (struct ggml_tensor *t = first; t != last; t = t->next) {
         if (t->data)
             continue;
         t->data = (char *)b->base + off;
         t->buffer = b;
-        off += (t->nbytes + ALIGN - 1) / ALIGN * ALIGN;
+        off += padded(buft, t);
     }
     return b;
 }
 
+/* ggml-alloc.c: the tensors of ctx without data, in context order, each at
+ * an offset aligned to the buffer type's alignment, in one buffer; or, where
+ * they pass the buffer type's largest allocation (asked through
+ * ggml_backend_buft_get_max_size, an exported call the ggml hook
+ * interposes), in several: a new buffer begins where the next tensor would
+ * pass it, and they are returned as one multi buffer. */
+FGGML_EXPORT ggml_backend_buffer_t
+ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+{
+    size_t max_size = ggml_backend_buft_get_max_size(buft), cur = 0, n = 0, total = 0;
+    struct ggml_backend_buffer **subs = NULL, *b, *m;
+    struct ggml_tensor *first = ctx->first;
+
+    for (struct ggml_tensor *t = ctx->first;; t = t->next) {
+        size_t this_size = t && !t->data ? padded(buft, t) : 0;
+        if (cur > 0 && (!t || cur + this_size > max_size)) {
+            struct ggml_backend_buffer **v = realloc(subs, (n + 1) * sizeof(*v));
+            if (!v || !(b = alloc_range(first, t, buft, cur))) {
+                free(v ? v : subs);
+                return NULL; /* (ggml frees the ones before; a test never gets here) */
+            }
+            subs = v;
+            subs[n++] = b;
+            total += cur;
+            first = t;
+            cur = this_size;
+        } else {
+            cur += this_size;
+        }
+        if (!t)
+            break;
+    }
+    if (n <= 1) {
+        b = n ? subs[0] : NULL;
+        free(subs);
+        return b;
+    }
+    if (!(m = calloc(1, sizeof(*m)))) {
+        free(subs);
+        return NULL;
+    }
+    m->buft = buft;
+    m->size = total;
+    m->subs = subs;
+    m->nsubs = n;
+    return m;
+}
+
+/* A multi buffer's usage is its buffers', set through the exported call
+ * (ggml_backend_multi_buffer_set_usage), which the hook sees too. */
 FGGML_EXPORT void ggml_backend_buffer_set_usage(ggml_backend_buffer_t buffer,
                                                 enum ggml_backend_buffer_usage usage)
 {
     buffer->usage = usage;
+    for (size_t i = 0; i < buffer->nsubs; i++)
+        ggml_backend_buffer_set_usage(buffer->subs[i], usage);
 }
 
 FGGML_EXPORT void ggml_backend_tensor_set(struct ggml_tensor *tensor, const void *data,

@@ -53,6 +53,15 @@
  * band from WOFFLOAD_GGML_PICKS_FROM) registered or not (band_steps).
  * --fit: the policy is fit: every weight is advised to the host before
  * loading (fit chooses at seal); after seal as --host says.
+ * --split: the hook split the device model buffer by tensor (a multi
+ * buffer; without it, one buffer is checked): each weight of 1 MiB or more
+ * was announced before its bytes and is in an allocation of its own, a host
+ * one pinned before loading (never managed), the others managed as
+ * without the split; the smaller ones share buffers that pass through as
+ * the engine's device memory, left unnamed. --full: run on a
+ * device whose free memory is less than the model buffer (WOFAKE_TOTAL_MEM)
+ * under fit: the managed cap pinned nothing and fit placed bytes on the
+ * device (one buffer fails it: pinned whole).
  *
  * One "ok"/"FAIL" line per check; exit 1 on any failure. */
 #include <cuda.h>
@@ -935,6 +944,8 @@ int main(int argc, char **argv)
     int band = -1; /* --band-on 1, --band-off 0 */
     int fit = 0;   /* --fit: the policy is fit (its choice at seal) */
     int free_early = 0, free_other = 0;
+    int split = 0; /* --split: the device model buffer is split by tensor */
+    int full = 0;  /* --full: fit on a device whose free memory is under the model's */
     int (*where_fn)(const void *);
     regex_t re;
     struct ggml_tensor *wt[NW], *cpu_t, *kv_t;
@@ -968,11 +979,15 @@ int main(int argc, char **argv)
             free_early = 1;
         else if (strcmp(argv[i], "--free-other") == 0)
             free_other = 1;
+        else if (strcmp(argv[i], "--split") == 0)
+            split = 1;
+        else if (strcmp(argv[i], "--full") == 0)
+            full = 1;
         else {
             fprintf(stderr,
                     "usage: %s [--host REGEX] [--unnamed | --pass] [--late] [--stream] "
                     "[--picks | --picks-off] [--band-on | --band-off] [--fit] [--claims] "
-                    "[--free-early | --free-other]\n",
+                    "[--free-early | --free-other] [--split] [--full]\n",
                     argv[0]);
             return 2;
         }
@@ -1021,6 +1036,28 @@ int main(int argc, char **argv)
     CHECK(bdev && bcpu, "model buffers allocated");
     if (!bdev || !bcpu)
         return 1;
+    CHECK(ggml_backend_buffer_is_multi_buffer(bdev) == (split != 0),
+          "the device model buffer is %s", split ? "split by tensor" : "one buffer");
+    if (split) {
+        /* each weight of 1 MiB or more has a buffer (one cudaMalloc) of
+         * its own, matched to its announced name by the shim */
+        long long big = 0;
+        for (size_t w = 0; w < NW; w++) {
+            if (weights[w].size < MiB)
+                continue;
+            big++;
+            for (size_t v = 0; v < NW; v++)
+                CHECK(v == w || fggml_tensor_buffer(wt[v]) != fggml_tensor_buffer(wt[w]),
+                      "--split: %s is not in %s's buffer", weights[v].name, weights[w].name);
+        }
+        char *js = stats();
+        const char *x = js ? strstr(js, "\"expect\":{") : NULL;
+        CHECK(x && field(x, "names") == big && field(x, "matched") == big,
+              "--split: the %lld weights of 1 MiB or more announced before their bytes and "
+              "matched (%lld, %lld)",
+              big, x ? field(x, "names") : -1, x ? field(x, "matched") : -1);
+        free(js);
+    }
     ggml_backend_buffer_set_usage(bdev, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     ggml_backend_buffer_set_usage(bcpu, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
     /* Named before a byte is written: a weight placed on the host is
@@ -1047,6 +1084,15 @@ int main(int argc, char **argv)
             continue;
         }
         int got = page_state(mid, &ps);
+        if (split && (weights[w].size < MiB || host)) {
+            /* small: the engine's own device memory; a host one: pinned
+             * before its bytes (the plan's), never managed */
+            int want = weights[w].size < MiB ? 0 : CU_DEVICE_CPU;
+            CHECK(got == -ENOENT && where_fn(mid) == want,
+                  "--split: %s, before loading, %s (page state %d, where %d)", weights[w].name,
+                  want ? "pinned host memory" : "device memory", got, where_fn(mid));
+            continue;
+        }
         /* under fit (--fit) every name waits on the host for seal's choice */
         host |= fit;
         CHECK(got == 0 && (host ? ps.preferred == CU_DEVICE_CPU : ps.preferred != CU_DEVICE_CPU),
@@ -1197,6 +1243,8 @@ int main(int argc, char **argv)
         free(js);
         js = stats();
         for (size_t w = 0; js && w < NW && !unnamed && !pass; w++) {
+            if (split && weights[w].size < MiB)
+                continue;
             char *e = name_entry(js, weights[w].name);
             all &= e && field(e, "launches") >= 3;
             free(e);
@@ -1208,13 +1256,24 @@ int main(int argc, char **argv)
     CHECK(js != NULL, "woffload_stats");
     if (!js)
         return 1;
+    if (full) {
+        /* a device whose free memory holds less than the model buffer: one
+         * buffer would be pinned whole by the managed cap, and fit would
+         * place nothing on the device */
+        const char *mc = strstr(js, "\"managed_cap\":{"), *ft = strstr(js, "\"fit\":{");
+        CHECK(mc && field(mc, "pinned") == 0, "--full: the managed cap pinned nothing (%lld)",
+              mc ? field(mc, "pinned") : -1);
+        CHECK(ft && field(ft, "device_bytes") > 0, "--full: fit placed %lld bytes on the device",
+              ft ? field(ft, "device_bytes") : -1);
+    }
     for (size_t w = 0; w < NW; w++) {
         const char *nm = weights[w].name;
         char *e = name_entry(js, nm);
         int host = regexec(&re, nm, 0, NULL, 0) == 0;
         const char *mid = (const char *)fggml_data(wt[w]) + weights[w].size / 2;
         struct fakecuda_page_state ps;
-        if (unnamed) {
+        if (unnamed || (split && weights[w].size < MiB)) {
+            /* --split: a small weight is in a buffer of the engine's own */
             CHECK(e == NULL, "%s not named", nm);
             free(e);
             continue;
@@ -1247,12 +1306,14 @@ int main(int argc, char **argv)
                 CHECK(where_fn(mid) == (on_dev ? 0 : CU_DEVICE_CPU),
                       "%s: late bound, its middle's granule backed on the %s (where %d)", nm,
                       on_dev ? "device" : "host", where_fn(mid));
+            } else if (split && host) {
+                CHECK(page_state(mid, &ps) == -ENOENT && where_fn(mid) == CU_DEVICE_CPU,
+                      "--split: %s: pinned host memory (where %d)", nm, where_fn(mid));
             } else {
                 CHECK(page_state(mid, &ps) == 0 && ps.preferred == (host ? CU_DEVICE_CPU : 0),
                       "%s: its pages advised to the %s (preferred %d)", nm, host ? "host" : "device",
                       ps.preferred);
             }
-
         }
         /* the same name on exactly its range is a repeat (0), and still
          * one tensor: the hook's tag is this range, not a neighbour's */
@@ -1264,6 +1325,8 @@ int main(int argc, char **argv)
         free(js);
         js = stats();
         for (size_t w = 0; js && w < NW; w++) {
+            if (split && weights[w].size < MiB)
+                continue; /* never named */
             char *e = name_entry(js, weights[w].name);
             CHECK(e && field(e, "tensors") == 1, "%s: still one tensor after the repeat tag",
                   weights[w].name);
