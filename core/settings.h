@@ -31,6 +31,7 @@ struct wo_settings {
     uint32_t ggml_picks;     /* WOFFLOAD_GGML_PICKS: read by the ggml hook (ggml/woffload-ggml.c) */
     uint32_t ggml_stream;    /* WOFFLOAD_GGML_STREAM: read by the ggml hook */
     uint32_t ggml_picks_from; /* WOFFLOAD_GGML_PICKS_FROM: read by the ggml hook */
+    uint32_t ggml_split;      /* WOFFLOAD_GGML_SPLIT: read by the ggml hook */
     uint32_t picks_engine;   /* WOFFLOAD_PICKS_ENGINE: percent picked from which copies use the copy engine */
     uint32_t picks_whole;    /* WOFFLOAD_PICKS_WHOLE: percent picked from which host tensors may be
                                 staged whole */
