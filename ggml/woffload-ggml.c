@@ -383,7 +383,8 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx, bool s
  * never matches them (uvm/place-expect.c).
  *
  * WOFFLOAD_GGML_SPLIT: 1 (the default) under fit, 2 under any placing
- * policy, 0 never (one buffer, served as before). */
+ * policy, 0 never (one buffer, served as before); never under late binding
+ * (WOFFLOAD_LATE_BIND=1), which places the one buffer by tensor itself. */
 
 #define SPLIT_MAX ((size_t)1 << 20)
 /* the buffer type being split by this thread (set under lock) */
@@ -406,7 +407,9 @@ static bool split_wanted(void)
         return false;
     if (!(buf = stats_json()))
         return false;
-    r = strstr(buf, "\"placing\":true") && (split_mode == 2 || strstr(buf, ",\"fit\":{"));
+    /* late binding places a buffer by tensor itself (uvm/place-bind.c) */
+    r = strstr(buf, "\"placing\":true") && !strstr(buf, "\"late_bind\":{\"enabled\":true") &&
+        (split_mode == 2 || strstr(buf, ",\"fit\":{"));
     free(buf);
     return r;
 }

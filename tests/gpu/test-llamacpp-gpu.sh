@@ -48,8 +48,11 @@
 #   - under `--fit 90%` beside a blocker process leaving half the GGUF's
 #     bytes free, with and without late binding: tokens identical, the
 #     process's device peak within 1.05x the fit size, no more managed
-#     memory than was free, and where NVML loads, the process's contexts
-#     out of fit's size (64 MiB to 4 GiB) (block_row, below);
+#     memory than was free, weights on the device at least 0.9x fit's
+#     budget (the hook splits the model buffer by tensor under fit: one
+#     buffer of 19.5 GiB was pinned whole by the cap, 0 B on the device),
+#     and where NVML loads, the process's contexts out of fit's size (64 MiB
+#     to 4 GiB) (block_row, below);
 #   - with LLAMA_BENCH (llama-batched-bench), 32 sequences under it with
 #     the copy engine on: it must end with exit status 0 (it hung before
 #     the gate, uvm.h wo_uvm_quiesce_begin, and ended in SIGSEGV when its
@@ -254,8 +257,8 @@ block_row() {
         fails=$((fails + 1))
         return
     fi
-    if ! python3 - "$tmp/$name.json" "$tmp/$name.blocker" <<'PY'; then
-import json, re, sys
+    if ! env "$@" python3 - "$tmp/$name.json" "$tmp/$name.blocker" <<'PY'; then
+import json, os, re, sys
 st = json.load(open(sys.argv[1]))
 line = open(sys.argv[2]).read()
 m = re.search(r"free at start (\d+) B, least free (\d+) B, peak used by others (\d+) B", line)
@@ -287,7 +290,14 @@ if nvml and not fit.get("context_known"):
 elif nvml and not (64 << 20) <= fit.get("context_bytes", 0) <= (4 << 30):
     print(f"    fit's contexts {fit.get('context_bytes')} B: not between 64 MiB and 4 GiB though NVML loads")
     sys.exit(1)
-ok = (peak <= 1.05 * size and cap.get("peak", 1 << 62) < free and
+# fit uses the device: the model buffer split by tensor (the ggml hook's
+# default under fit) or late bound, fit's choice reaches the device; one
+# buffer (WOFFLOAD_GGML_SPLIT=0) is pinned whole by the cap (0 B there)
+one = os.environ.get("WOFFLOAD_GGML_SPLIT") == "0" and os.environ.get("WOFFLOAD_LATE_BIND") != "1"
+used = (fit.get("device_bytes") or 0) >= 0.9 * (fit.get("budget") or 0)
+if not one and not used:
+    print(f"    weights on the device {gib(fit.get('device_bytes'))}: under 0.9x fit's budget")
+ok = (peak <= 1.05 * size and cap.get("peak", 1 << 62) < free and (one or used) and
       # min_headroom is null when no managed allocation was served (the
       # 19.5 GiB model buffer, past the cap, was served as host memory)
       (cap.get("min_headroom") is None or cap["min_headroom"] >= 0) and fit.get("budget") is not None)
