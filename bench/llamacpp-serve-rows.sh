@@ -100,6 +100,9 @@
 #                  docs/placement.md, "fit"); the row's device memory leaves the
 #                  blocker's out (gpu-idle-mib is read after it holds); a fit
 #                  row's keep_free is that slack (--keep-free)
+#   shim-ROW-split the ggml hook splits the model buffer by tensor under any
+#                  policy (WOFFLOAD_GGML_SPLIT=2; fit rows do by default);
+#                  shim-ROW-one: never (0), one buffer
 #   ROW.N          ROW run again (its folder pP-ROW.N): "plain shim-empty plain.2
 #                  shim-empty.2" interleaves two runs of each, so that the
 #                  machine's drift between runs shows beside the rows' difference
@@ -162,7 +165,8 @@ for row in $ROWS; do
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
     unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
-        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS
+        WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS \
+        WOFFLOAD_GGML_SPLIT
     POL="" SLOTS="" RESERVE="" FULL="" FITSZ="" LEAVE="" BPID="" slow=0
     export LLAMA_ARGS=${SERVER_ARGS---cache-ram 0}
     name=$row
@@ -179,6 +183,8 @@ for row in $ROWS; do
         shim-*-dma) base=${base%-dma}; export WOFFLOAD_PICKS_ENGINE=${DMA_FROM:-50} ;;
         shim-*-nolend) base=${base%-nolend}; export WOFFLOAD_FIT_LEND=0 ;;
         shim-*-full) base=${base%-full}; FULL=1 ;;
+        shim-*-split) base=${base%-split}; export WOFFLOAD_GGML_SPLIT=2 ;;
+        shim-*-one) base=${base%-one}; export WOFFLOAD_GGML_SPLIT=0 ;;
         shim-*-inorder) base=${base%-inorder}; export WOFFLOAD_FIT_SPREAD=0 ;;
         shim-*-bylayer) base=${base%-bylayer}; export WOFFLOAD_FIT_LAYERS=1 ;;
         shim-*-bytensor) base=${base%-bytensor}; export WOFFLOAD_FIT_LAYERS=0 ;;
@@ -311,7 +317,7 @@ for row in $ROWS; do
         echo "[serve-rows] $row: rates $R, $dur s a phase (+ drain <= $drain s)"
         [ -n "$LEAVE" ] && echo "[serve-rows] $row: a blocker leaves $LEAVE MiB free (bench/gpu-blocker.py)"
         echo "[serve-rows] $row: would run: ${SHIM_CMD:+$SHIM_CMD }llama-server $LLAMA_ARGS;" \
-            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|DEPARTURE_LAG|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS)=' |
+            "$(env | grep -E '^WOFFLOAD_(LATE_BIND|DEPARTURE_FENCES|DEPARTURE_LAG|GGML_PICKS_FROM|PICKS_ENGINE|FIT_SPREAD|FIT_LEND|FIT_LAYERS|GGML_SPLIT)=' |
                 sort | paste -sd ' ' -)"
         continue
     fi

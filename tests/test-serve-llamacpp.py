@@ -955,7 +955,7 @@ class TestRowsDry(unittest.TestCase):
                    OUTROOT=out, PARALLEL="4", FIT="from:peer", SHIM_BUILD=os.path.join(out, "shim"),
                    ROWS="shim-fit-nopicks-slots2 shim-ncmoe-odd shim-spread9 shim-fit-nolend shim-fit-inorder "
                         "shim-exps-slots2-late llama-ncmoe8 shim-fit-reserve64-nopicks shim-fit-band shim-fit-nolend-bylayer "
-                        "shim-fit-bytensor shim-fit-full shim-exps-full bogus",
+                        "shim-fit-bytensor shim-fit-full shim-exps-full shim-exps-split shim-fit-one bogus",
                    PYTHON=sys.executable)
         env.pop("WOFFLOAD_FIT_LEND", None)
         env.pop("WOFFLOAD_FIT_LAYERS", None)
@@ -963,7 +963,7 @@ class TestRowsDry(unittest.TestCase):
                            text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         lines = {m.group(1): m.group(2) for m in re.finditer(r"\[serve-rows\] (\S+): would run: (.*)", r.stdout)}
-        self.assertEqual(len(lines), 12, r.stdout)
+        self.assertEqual(len(lines), 14, r.stdout)
         self.assertIn("bogus: unknown row", r.stdout)
         # -full: a blocker leaves the fit size and the slack free; a row with
         # no fit size needs FULL_LEAVE_MIB
@@ -982,6 +982,10 @@ class TestRowsDry(unittest.TestCase):
         self.assertTrue(lines["shim-fit-nopicks-slots2"].startswith(f"{run} --fit 7481MiB --policy {fpol} --stats"))
         self.assertTrue(lines["shim-fit-nopicks-slots2"].endswith("WOFFLOAD_GGML_PICKS_FROM=0"))
         self.assertTrue(lines["shim-fit-nolend"].endswith("WOFFLOAD_FIT_LEND=0"))
+        # the model buffer split by tensor under a hand policy; one under fit
+        self.assertTrue(lines["shim-exps-split"].endswith("WOFFLOAD_GGML_SPLIT=2"), lines["shim-exps-split"])
+        self.assertTrue(lines["shim-fit-one"].endswith("WOFFLOAD_GGML_SPLIT=0"), lines["shim-fit-one"])
+        self.assertNotIn("WOFFLOAD_GGML_SPLIT", lines["shim-exps-slots2-late"])
         # the hook's picks band given (off under fit unless given)
         self.assertTrue(lines["shim-fit-band"].endswith("WOFFLOAD_GGML_PICKS_FROM=80"))
         # fit's after-seal reserve, in MiB

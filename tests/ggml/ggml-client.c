@@ -737,6 +737,9 @@ static int bind_copies(void)
 }
 
 /* --stream: eager steps as llama.cpp runs a batch (its CUDA graphs off). */
+/* --split: the buffers ggml made for the device context (0: one buffer) */
+static size_t split_buffers;
+
 static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
 {
     static volatile int stub_seen;
@@ -856,9 +859,15 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
         free(js);
         return;
     }
-    CHECK(st && field(st, "sub_spans") == 5,
-          "--stream: the model buffer's five host tensors are sub-spans (%lld)",
-          st ? field(st, "sub_spans") : -1);
+    if (split_buffers)
+        CHECK(st && field(st, "sub_spans") == 0,
+              "--stream: --split: the five host tensors are allocations of their own, no "
+              "sub-spans (%lld)",
+              st ? field(st, "sub_spans") : -1);
+    else
+        CHECK(st && field(st, "sub_spans") == 5,
+              "--stream: the model buffer's five host tensors are sub-spans (%lld)",
+              st ? field(st, "sub_spans") : -1);
     CHECK(st && field(st, "redirected") > 0, "--stream: launches redirected (%lld)",
           st ? field(st, "redirected") : -1);
     CHECK(st && field(st, "staged") > 0, "--stream: staging copies made (%lld)",
@@ -892,9 +901,12 @@ static void stream_steps(struct ggml_tensor **wt, uint64_t *sums, regex_t *re)
     }
     const char *al = js ? strstr(js, "\"allocations\":{") : NULL;
     if (ro) {
-        CHECK(al && field(al, "readonly") == 1,
-              "--stream: the model buffer declared read-only to kernels (%lld)",
-              al ? field(al, "readonly") : -1);
+        /* --split: each of its buffers */
+        long long nro = split_buffers ? (long long)split_buffers : 1;
+        CHECK(al && field(al, "readonly") == nro,
+              "--stream: the model buffer's %lld allocation(s) declared read-only to kernels "
+              "(%lld)",
+              nro, al ? field(al, "readonly") : -1);
         CHECK(st && field(st, "blind_launches") == 0,
               "--stream: %zu graph replays of read-only weights: no blind launch (%lld)", replays,
               st ? field(st, "blind_launches") : -1);
@@ -1049,6 +1061,12 @@ int main(int argc, char **argv)
             for (size_t v = 0; v < NW; v++)
                 CHECK(v == w || fggml_tensor_buffer(wt[v]) != fggml_tensor_buffer(wt[w]),
                       "--split: %s is not in %s's buffer", weights[v].name, weights[w].name);
+        }
+        for (size_t w = 0; w < NW; w++) {
+            size_t v = 0;
+            while (v < w && fggml_tensor_buffer(wt[v]) != fggml_tensor_buffer(wt[w]))
+                v++;
+            split_buffers += v == w;
         }
         char *js = stats();
         const char *x = js ? strstr(js, "\"expect\":{") : NULL;
