@@ -378,7 +378,7 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx, bool s
  * name by size: one the plan puts on the host is pinned at once (by the
  * shim's worker, ahead of the loader), the others are managed memory within
  * the cap, and fit at seal chooses among all of them (docs/llamacpp.md,
- * "The model buffer split by name"). Tensors under SPLIT_MAX (norms, the
+ * "The model buffer split by tensor"). Tensors under SPLIT_MAX (norms, the
  * routers) share buffers of at most SPLIT_MAX, as ggml packs them; the shim
  * never matches them (uvm/place-expect.c).
  *
