@@ -935,8 +935,10 @@ static void seal_now(void)
     }
     __atomic_store_n(&phase, PH_SEALED, __ATOMIC_RELEASE);
     snprintf(b, sizeof(b), "%.2f GiB", (double)books.bytes / (1024.0 * 1024.0 * 1024.0));
-    say(L_INFO, "%llu tensors named (%s) in %llu model buffers; sealing at the first graph compute",
-        books.tensors, b, books.buffers);
+    say(L_INFO,
+        "%llu tensors named (%s) in %llu model buffers (%llu split by tensor); sealing at the "
+        "first graph compute",
+        books.tensors, b, books.buffers, books.split_buffers);
     if (books.unseen)
         say(L_WARN,
             "%llu tensors were in memory the shim did not see allocated (not through "
@@ -1004,8 +1006,9 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
         (void)fwd.window_close();
     if (buf && split) {
         /* the split took when ggml asked the hook's max size: a multi buffer
-         * (an older ggml without the test: taken as split) */
-        if (fwd.buffer_is_multi_buffer && !fwd.buffer_is_multi_buffer(buf)) {
+         * (an older ggml without the test: taken as split; one tensor
+         * announced may be the buffer's only one) */
+        if (n > 1 && fwd.buffer_is_multi_buffer && !fwd.buffer_is_multi_buffer(buf)) {
             split = false;
             say(L_WARN,
                 "the %s model buffer stayed one buffer (ggml did not ask the hook's "
