@@ -921,6 +921,35 @@ static void loading_begins(const char *why)
     pthread_mutex_unlock(&lock);
 }
 
+/* After seal: a model buffer left whole that the managed cap served as
+ * pinned host memory (the stats' managed_cap.pinned_largest is at least its
+ * size) keeps every tensor on the host, whatever the policy says; the split
+ * would not (said once, with the setting that asks it). */
+static void pinned_whole_hint(void)
+{
+    static const char key[] = "\"pinned_largest\":";
+    char *buf = stats_json();
+    const char *p = buf ? strstr(buf, key) : NULL;
+    unsigned long long largest = p ? strtoull(p + strlen(key), NULL, 10) : 0;
+
+    free(buf);
+    pthread_mutex_lock(&lock);
+    for (size_t i = 0; i < ncands && largest; i++) {
+        size_t size = fwd.buffer_get_size(cands[i].buf);
+        if (!cands[i].named || cands[i].split || !size || largest < size)
+            continue;
+        say(L_WARN,
+            "the %.2f GiB model buffer passed the managed cap and was served whole as pinned "
+            "host memory: every tensor in it stays on the host, whatever the policy places on "
+            "the device; WOFFLOAD_GGML_SPLIT=2 has the hook split it by tensor (under fit it "
+            "does by default), so that what the policy keeps on the device can go there "
+            "(docs/llamacpp.md, The model buffer split by tensor)",
+            (double)size / (1024.0 * 1024.0 * 1024.0));
+        break;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
 static void seal_now(void)
 {
     char b[64];
@@ -963,6 +992,7 @@ static void seal_now(void)
     r = fwd.seal();
     if (r < 0 && r != -EALREADY)
         say(L_WARN, "woffload_seal: %s (the shim's message above says which range)", strerror(-r));
+    pinned_whole_hint();
 }
 
 /* ---- the exported wrappers ------------------------------------------------- */
