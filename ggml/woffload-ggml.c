@@ -14,10 +14,10 @@
  *       on a device buffer type, opened inside the placeable window so the
  *       buffer's cudaMalloc is served by the shim (same address, placeable)
  *   ggml_backend_buft_get_max_size  asked by ggml inside that allocation:
- *       under fit the hook has announced the buffer's tensors by name
- *       (woffload_expect) and answers 1 MiB, so ggml gives each tensor a
- *       buffer of its own, which the shim serves by the plan ("names before
- *       bytes" below)
+ *       under fit (or where the one buffer would pass the managed cap) the
+ *       hook has announced the buffer's tensors by name (woffload_expect)
+ *       and answers 1 MiB, so ggml gives each tensor a buffer of its own,
+ *       which the shim serves by the plan ("names before bytes" below)
  *   ggml_backend_buffer_set_usage  llama.cpp marks a model buffer WEIGHTS
  *       right after allocating it, before any byte is written: the tensors of
  *       such a buffer are tagged by name then (never the KV cache's)
@@ -382,18 +382,60 @@ static void remember(ggml_backend_buffer_t buf, struct ggml_context *ctx, bool s
  * routers) share buffers of at most SPLIT_MAX, as ggml packs them; the shim
  * never matches them (uvm/place-expect.c).
  *
- * WOFFLOAD_GGML_SPLIT: 1 (the default) under fit, 2 under any placing
- * policy, 0 never (one buffer, served as before); never under late binding
- * (WOFFLOAD_LATE_BIND=1), which places the one buffer by tensor itself. */
+ * WOFFLOAD_GGML_SPLIT: 1 (the default) under fit, and under any placing
+ * policy when the one buffer would pass the managed cap (it would be pinned
+ * whole); 2 under any placing policy; 0 never (one buffer, served as
+ * before). Never under late binding (WOFFLOAD_LATE_BIND=1), which places
+ * the one buffer by tensor itself. */
 
 #define SPLIT_MAX ((size_t)1 << 20)
 /* the buffer type being split by this thread (set under lock) */
 static __thread ggml_backend_buffer_type_t splitting;
 static int split_mode = -1; /* WOFFLOAD_GGML_SPLIT */
 
-/* Whether to split the model buffers (under lock): the setting, the
- * functions it takes, and the shim's stats (a placing policy; fit). */
-static bool split_wanted(void)
+/* The bytes ggml will allocate for ctx's tensors on buft: each one's
+ * allocation size padded to the buffer type's alignment (ggml-alloc.c). */
+static size_t padded_size(ggml_backend_buffer_type_t buft, const struct ggml_tensor *t)
+{
+    size_t align = fwd.buft_get_alignment(buft), size = fwd.buft_get_alloc_size(buft, t);
+    return align > 1 ? (size + align - 1) / align * align : size;
+}
+
+/* A number after "key": in the stats json s (0 when absent). */
+static unsigned long long stats_field(const char *s, const char *key)
+{
+    const char *p = s ? strstr(s, key) : NULL;
+    return p ? strtoull(p + strlen(key), NULL, 10) : 0;
+}
+
+/* Whether the buffer of ctx on buft would pass the managed cap, which would
+ * serve it whole as pinned host memory: its bytes beyond the free device
+ * memory (cudaMemGetInfo, the engine's runtime, looked up as any symbol)
+ * less the cap's margin and the managed memory the shim already serves
+ * (stats json s). False when the free memory cannot be read. */
+static bool past_cap(struct ggml_context *ctx, ggml_backend_buffer_type_t buft, const char *s)
+{
+    int (*mem_info)(size_t *, size_t *);
+    const char *cap = s ? strstr(s, "\"managed_cap\":{") : NULL;
+    unsigned long long margin = stats_field(cap, "\"margin\":"),
+                       live = stats_field(cap, "\"live\":"), total = 0;
+    size_t fr = 0, tot = 0;
+
+    *(void **)&mem_info = dlsym(RTLD_DEFAULT, "cudaMemGetInfo");
+    if (!mem_info || mem_info(&fr, &tot) != 0)
+        return false;
+    for (struct ggml_tensor *t = fwd.get_first_tensor(ctx); t; t = fwd.get_next_tensor(ctx, t))
+        if (!fwd.get_data(t))
+            total += padded_size(buft, t);
+    say(L_DEBUG, "model buffer of %llu bytes; free %zu, the cap's margin %llu, managed %llu", total,
+        fr, margin, live);
+    return total + live + margin > fr;
+}
+
+/* Whether to split the model buffer of ctx on buft (under lock): the
+ * setting, the functions it takes, and the shim's stats (a placing policy;
+ * fit, or a buffer past the managed cap). */
+static bool split_wanted(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
 {
     char *buf;
     bool r;
@@ -409,7 +451,7 @@ static bool split_wanted(void)
         return false;
     /* late binding places a buffer by tensor itself (uvm/place-bind.c) */
     r = strstr(buf, "\"placing\":true") && !strstr(buf, "\"late_bind\":{\"enabled\":true") &&
-        (split_mode == 2 || strstr(buf, ",\"fit\":{"));
+        (split_mode == 2 || strstr(buf, ",\"fit\":{") || past_cap(ctx, buft, buf));
     free(buf);
     return r;
 }
@@ -419,15 +461,11 @@ static bool split_wanted(void)
  * alignment), then says they are all (the shim places them now). */
 static void announce_tensors(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
 {
-    size_t align = fwd.buft_get_alignment(buft);
-
     for (struct ggml_tensor *t = fwd.get_first_tensor(ctx); t; t = fwd.get_next_tensor(ctx, t)) {
         const char *name = fwd.get_name(t);
-        size_t size = fwd.buft_get_alloc_size(buft, t);
+        size_t size = padded_size(buft, t);
         int r;
 
-        if (align > 1)
-            size = (size + align - 1) / align * align;
         if (fwd.get_data(t) || size < SPLIT_MAX || !name || !*name)
             continue;
         r = fwd.expect(name, size);
@@ -872,20 +910,18 @@ static void name_tensors(struct candidate *c)
          * tensor, the one not right after the one before it (ggml packs a
          * buffer's tensors at their padded sizes) */
         ggml_backend_buffer_type_t buft = fwd.buffer_get_type(c->buf);
-        size_t align = fwd.buft_get_alignment(buft);
         const char *end = NULL;
         unsigned long long ok = 0, asked = 0;
         for (struct ggml_tensor *t = fwd.get_first_tensor(c->ctx); t;
              t = fwd.get_next_tensor(c->ctx, t)) {
             const char *data = fwd.get_data(t);
-            size_t size = fwd.buft_get_alloc_size(buft, t);
             if (!data)
                 continue;
             if (data != end) {
                 asked++;
                 ok += fwd.readonly(data, 0) == 0;
             }
-            end = data + (align > 1 ? (size + align - 1) / align * align : size);
+            end = data + padded_size(buft, t);
         }
         say(ok == asked ? L_DEBUG : L_WARN,
             "split model buffer: %llu of its %llu buffers declared read-only to kernels", ok,
@@ -927,10 +963,8 @@ static void loading_begins(const char *why)
  * would not (said once, with the setting that asks it). */
 static void pinned_whole_hint(void)
 {
-    static const char key[] = "\"pinned_largest\":";
     char *buf = stats_json();
-    const char *p = buf ? strstr(buf, key) : NULL;
-    unsigned long long largest = p ? strtoull(p + strlen(key), NULL, 10) : 0;
+    unsigned long long largest = stats_field(buf, "\"pinned_largest\":");
 
     free(buf);
     pthread_mutex_lock(&lock);
@@ -941,8 +975,9 @@ static void pinned_whole_hint(void)
         say(L_WARN,
             "the %.2f GiB model buffer passed the managed cap and was served whole as pinned "
             "host memory: every tensor in it stays on the host, whatever the policy places on "
-            "the device; WOFFLOAD_GGML_SPLIT=2 has the hook split it by tensor (under fit it "
-            "does by default), so that what the policy keeps on the device can go there "
+            "the device; WOFFLOAD_GGML_SPLIT=2 has the hook split it by tensor (by default it "
+            "does under fit, and where it sees the buffer pass the cap), so that what the "
+            "policy keeps on the device can go there "
             "(docs/llamacpp.md, The model buffer split by tensor)",
             (double)size / (1024.0 * 1024.0 * 1024.0));
         break;
@@ -1021,7 +1056,7 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
     r = fwd.window_open();
     opened = r == 0 || (r == -EALREADY && start_window_unknown);
     start_window_unknown = false;
-    split = split_wanted();
+    split = split_wanted(ctx, buft);
     if (split) {
         unsigned long long n0 = books.announced, b0 = books.announced_bytes;
         announce_tensors(ctx, buft);
