@@ -202,12 +202,6 @@ FGGML_EXPORT const char *ggml_backend_buft_name(ggml_backend_buffer_type_t buft)
     return buft->name;
 }
 
-/* ggml-backend.cpp: no largest allocation (SIZE_MAX), as ggml-cuda's */
-FGGML_EXPORT size_t ggml_backend_buft_get_max_size(ggml_backend_buffer_type_t buft)
-{
-    (void)buft;
-    return SIZE_MAX;
-}
 FGGML_EXPORT size_t ggml_backend_buft_get_alloc_size(ggml_backend_buffer_type_t buft,
                                                      const struct ggml_tensor *tensor)
 {
@@ -263,8 +257,9 @@ static struct ggml_backend_buffer *alloc_range(struct ggml_tensor *first, struct
  * an offset aligned to the buffer type's alignment, in one buffer; or, where
  * they pass the buffer type's largest allocation (asked through
  * ggml_backend_buft_get_max_size, an exported call the ggml hook
- * interposes), in several: a new buffer begins where the next tensor would
- * pass it, and they are returned as one multi buffer. */
+ * interposes; defined in fake-ggml-backend.c, as ggml's is in another
+ * translation unit), in several: a new buffer begins where the next tensor
+ * would pass it, and they are returned as one multi buffer. */
 FGGML_EXPORT ggml_backend_buffer_t
 ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
 {
