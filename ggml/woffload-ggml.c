@@ -261,7 +261,7 @@ static struct candidate *cands;
 static size_t ncands, cap_cands;
 static struct {
     unsigned long long buffers, tensors, bytes, unseen, failed, unnamed_buffers;
-    unsigned long long split_buffers, announced, announced_bytes;
+    unsigned long long split_buffers;
 } books;
 static bool called; /* any wrapper ran: the hook is in the call path */
 
@@ -458,9 +458,15 @@ static bool split_wanted(struct ggml_context *ctx, ggml_backend_buffer_type_t bu
 
 /* Announces each tensor of ctx that the buffer will hold, by the size ggml
  * will allocate it (its allocation size, padded to the buffer type's
- * alignment), then says they are all (the shim places them now). */
-static void announce_tensors(struct ggml_context *ctx, ggml_backend_buffer_type_t buft)
+ * alignment), then says they are all (the shim places them now). Returns
+ * how many it announced, *bytes their bytes. */
+static unsigned long long announce_tensors(struct ggml_context *ctx,
+                                           ggml_backend_buffer_type_t buft,
+                                           unsigned long long *bytes)
 {
+    unsigned long long n = 0;
+
+    *bytes = 0;
     for (struct ggml_tensor *t = fwd.get_first_tensor(ctx); t; t = fwd.get_next_tensor(ctx, t)) {
         const char *name = fwd.get_name(t);
         size_t size = padded_size(buft, t);
@@ -470,14 +476,15 @@ static void announce_tensors(struct ggml_context *ctx, ggml_backend_buffer_type_
             continue;
         r = fwd.expect(name, size);
         if (r == 0) {
-            books.announced++;
-            books.announced_bytes += size;
+            n++;
+            *bytes += size;
         } else {
             say(L_WARN, "announcing '%s' (%zu bytes) before its bytes: %s", name, size,
                 strerror(-r));
         }
     }
     (void)fwd.expect_end();
+    return n;
 }
 
 /* ---- picked experts ---------------------------------------------------------
@@ -885,7 +892,7 @@ static void name_tensors(struct candidate *c)
         /* split: a tensor under SPLIT_MAX is in a small buffer of the
          * engine's own device memory, which nothing can move (as the KV
          * cache): left unnamed */
-        if (c->split && fwd.buft_get_alloc_size(fwd.buffer_get_type(c->buf), t) < SPLIT_MAX)
+        if (c->split && padded_size(fwd.buffer_get_type(c->buf), t) < SPLIT_MAX)
             continue;
         r = fwd.tag(data, size, name);
         say(L_DEBUG, "tag '%s' [%p, +%zu): %s", name, data, size, r == 0 ? "ok" : strerror(-r));
@@ -1057,13 +1064,8 @@ ggml_backend_alloc_ctx_tensors_from_buft(struct ggml_context *ctx, ggml_backend_
     opened = r == 0 || (r == -EALREADY && start_window_unknown);
     start_window_unknown = false;
     split = split_wanted(ctx, buft);
-    if (split) {
-        unsigned long long n0 = books.announced, b0 = books.announced_bytes;
-        announce_tensors(ctx, buft);
-        n = books.announced - n0;
-        b = books.announced_bytes - b0;
-        split = n > 0;
-    }
+    if (split)
+        split = (n = announce_tensors(ctx, buft, &b)) > 0;
     splitting = split ? buft : NULL;
     buf = fwd.alloc_ctx_tensors_from_buft(ctx, buft);
     splitting = NULL;

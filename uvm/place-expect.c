@@ -193,34 +193,33 @@ void wo_place_expect_plan(const struct wo_driver *d)
 enum wo_placement wo_place_expect_claim(const struct wo_driver *d, struct wo_alloc *a)
 {
     struct wo_uvm_expect *x = &wo_uvm.expect;
-    size_t host = SIZE_MAX, other = SIZE_MAX, pick;
-
-    bool exact = false;
+    /* the first candidate of each kind: [of exactly the allocation's size]
+     * [planned off the host] */
+    size_t first[2][2] = {{SIZE_MAX, SIZE_MAX}, {SIZE_MAX, SIZE_MAX}}, pick;
 
     if (!x->n || wo_uvm.sealed)
         return WO_PLACE_UNSET;
     if (x->dirty)
         plan(d);
+    for (size_t i = 0; i < x->n; i++) {
+        const struct wo_expect_entry *e = &x->v[i];
+        if (e->claimed || e->bytes < MATCH_MIN || e->bytes > a->size || a->size - e->bytes >= SLACK)
+            continue;
+        int exact = e->bytes == a->size, dev = e->plan != WO_PLACE_HOST;
+        if (first[exact][dev] == SIZE_MAX)
+            first[exact][dev] = i;
+        if (exact && dev)
+            break;
+    }
     /* A name of exactly the allocation's size first: an engine that asks
      * what it announced (the ggml hook's split buffers) must not have a
-     * smaller tensor's plan taken within the slack */
-    for (size_t i = 0; i < x->n && !exact; i++)
-        exact = !x->v[i].claimed && x->v[i].bytes >= MATCH_MIN && x->v[i].bytes == a->size;
-    for (size_t i = 0; i < x->n && other == SIZE_MAX; i++) {
-        const struct wo_expect_entry *e = &x->v[i];
-        if (e->claimed || e->bytes < MATCH_MIN || e->bytes > a->size ||
-            a->size - e->bytes >= SLACK || (exact && e->bytes != a->size))
-            continue;
-        if (e->plan == WO_PLACE_HOST) {
-            if (host == SIZE_MAX)
-                host = i;
-        } else {
-            other = i;
-        }
-    }
-    /* the device's (and managed's) first: each size gets as many of them
-     * as the plan has, whatever order its tensors arrive in */
-    pick = other != SIZE_MAX ? other : host;
+     * smaller tensor's plan taken within the slack. Within a size the
+     * device's (and managed's) first: each size gets as many of them as the
+     * plan has, whatever order its tensors arrive in */
+    pick = first[1][1] != SIZE_MAX   ? first[1][1]
+           : first[1][0] != SIZE_MAX ? first[1][0]
+           : first[0][1] != SIZE_MAX ? first[0][1]
+                                     : first[0][0];
     if (pick == SIZE_MAX) {
         if (a->size >= MATCH_MIN)
             x->unmatched++;
