@@ -363,12 +363,13 @@ for step in "$@"; do
         [ "${ROWS_FRESH:-0}" = 1 ] && rm -rf "$rr"
         mkdir -p "$rr"
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$rr SHIM_BUILD=$ROOT/build-gpu \
-            END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
+            ROW_DONE=$OUT END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$?
-        # this call's rows (a row run again under its name comes back too)
+        # this call's rows, each copied as it ended (ROW_DONE; a row run again
+        # under its name comes back too); again here, for the rows.md lines
         for row in $ROWS; do
             d=$rr/p${PARALLEL:-32}-$row
-            [ -d "$d" ] && cp -r "$d" "$OUT/"
+            [ -d "$d" ] && cp -rT "$d" "$OUT/$(basename "$d")"
         done
         cp "$rr"/*.yaml "$rr"/rows.md "$OUT"/ 2>/dev/null
         python3 bench/llamacpp-serve-table.py "$rr" >"$OUT/rows-all.md" 2>&1 ;;

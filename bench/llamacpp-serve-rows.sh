@@ -135,6 +135,7 @@
 # ("does not match the expected Content-only format") in 2-8% of requests, in
 # every row (bench/results/llamacpp-serve-faults-20261129-1636-h200); 0 for a real
 # model's GGUF; EXTRA_BODY, JSON merged into every request (replaces the ban);
+# ROW_DONE, a folder each row is copied into as it ends;
 # SERVER_ARGS, llama-server arguments of every row [--cache-ram 0: no prompt
 # cache in host memory; random prompts never hit it, and filling it grows the
 # server's RSS by up to 8 GiB, llama-server's default cap, which a soak would
@@ -349,6 +350,9 @@ for row in $ROWS; do
         kill -TERM "$BPID" 2>/dev/null
         wait "$BPID" 2>/dev/null
     fi
+    # ROW_DONE: a folder each finished row is copied into at once (the device
+    # call's $OUT), so that a call cut at its limit still brings back its rows
+    [ -n "${ROW_DONE:-}" ] && cp -rT "$O" "$ROW_DONE/$(basename "$O")" 2>/dev/null
     sleep 1
 done
 # the rows side by side (every pP-ROW in OUTROOT, this run's and earlier ones')

@@ -861,7 +861,8 @@ class TestRows(unittest.TestCase):
                     " >> \"$(dirname \"$0\")/runs\"\n"
                     "exec \"$@\"\n")
         os.chmod(os.path.join(tools, "woffload-run"), 0o755)
-        out = os.path.join(tmp, "out")
+        out, done = os.path.join(tmp, "out"), os.path.join(tmp, "done")
+        os.makedirs(done)
         # a row measured before (a peer's, 7481 MiB at its peak) for the
         # --fit row at its device memory (FIT=from:peer)
         os.makedirs(os.path.join(out, "p4-peer"))
@@ -875,7 +876,7 @@ class TestRows(unittest.TestCase):
                    R_SLOW="5", R_MID="5", FIT="from:peer", DURATION="2", DRAIN="3",
                    DURATION_SLOW="3", DRAIN_SLOW="4",
                    OUTPUT_LEN="fixed:8", PROMPT_LEN="uniform:8:16", PORT=str(free_port()), LOAD_TIMEOUT="20",
-                   SHIM_BUILD=os.path.join(tmp, "shim"),
+                   SHIM_BUILD=os.path.join(tmp, "shim"), ROW_DONE=done,
                    FAKE_OPTS="--stream-error-every 4 --need-body-key logit_bias",
                    PYTHON=sys.executable)
         r = subprocess.run(["bash", os.path.join(BENCH, "llamacpp-serve-rows.sh")], env=env, capture_output=True,
@@ -902,6 +903,13 @@ class TestRows(unittest.TestCase):
         self.assertIn("--cache-ram 0 -ot exps=CPU -lm none", open(os.path.join(out, "p4-llama-ot", "machine.txt")).read())
         self.assertIn("--cache-ram 0", open(os.path.join(out, "p4-plain", "machine.txt")).read())
         self.assertFalse(os.path.exists(os.path.join(out, "p4-bogus")))
+        # ROW_DONE: each row copied as it ended (a device call cut at its
+        # limit keeps them), the same files, nothing nested
+        self.assertEqual(sorted(os.listdir(done)),
+                         sorted(f"p4-{r}" for r in ("plain", "shim-exps", "llama-ot", "shim-exps-slots3-nopicks",
+                                                    "plain.2", "shim-fit", "shim-ncmoe10")))
+        self.assertEqual(sorted(os.listdir(os.path.join(done, "p4-plain"))),
+                         sorted(os.listdir(os.path.join(out, "p4-plain"))))
         # the equal-memory row: the experts-host policy with three staging slots (shim-exps-slotsN)
         pol = os.path.join(out, "llamacpp-ot-exps-cpu-slots3.yaml")
         # -nopicks: WOFFLOAD_GGML_PICKS_FROM=0 for that row alone (the shim's
