@@ -365,12 +365,8 @@ for step in "$@"; do
         LLAMA_BIN=/tmp/llb/bin GGUF=${GGUF:-/tmp/x.gguf} OUTROOT=$rr SHIM_BUILD=$ROOT/build-gpu \
             ROW_DONE=$OUT END_S=${END_S:-$left} bash bench/llamacpp-serve-rows.sh
         rc=$?
-        # this call's rows, each copied as it ended (ROW_DONE; a row run again
-        # under its name comes back too); again here, for the rows.md lines
-        for row in $ROWS; do
-            d=$rr/p${PARALLEL:-32}-$row
-            [ -d "$d" ] && cp -rT "$d" "$OUT/$(basename "$d")"
-        done
+        # this call's rows came back as each ended (ROW_DONE; a row run again
+        # under its name comes back too); the policies and tables now
         cp "$rr"/*.yaml "$rr"/rows.md "$OUT"/ 2>/dev/null
         python3 bench/llamacpp-serve-table.py "$rr" >"$OUT/rows-all.md" 2>&1 ;;
     *)

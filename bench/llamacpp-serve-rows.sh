@@ -161,6 +161,10 @@ if [ -z "${EXTRA_BODY:-}" ] && [ "${BAN_BYTE_TOKENS:-1}" = 1 ]; then
     EXTRA_BODY=$(python3 -c 'import json; print(json.dumps({"logit_bias": [[t, False] for t in range(3, 259)]}))')
 fi
 export EXTRA_BODY
+# ROW_DONE: a folder each row's folder is copied into as the row ends (the
+# device call's $OUT), so that a call cut at its limit still brings back the
+# rows it finished
+row_done() { [ -n "${ROW_DONE:-}" ] && cp -rT "$O" "$ROW_DONE/$(basename "$O")" 2>/dev/null; }
 for row in $ROWS; do
     left=$((END - $(el)))
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
@@ -334,6 +338,7 @@ for row in $ROWS; do
         if ! grep -q '^gpu-blocker: held' "$O/blocker.log"; then
             echo "[serve-rows $(el)s] $row: no blocker ($(tail -1 "$O/blocker.log")); skipped"
             kill "$BPID" 2>/dev/null
+            row_done
             continue
         fi
         echo "[serve-rows $(el)s] $row: $(cat "$O/blocker.log")"
@@ -350,9 +355,7 @@ for row in $ROWS; do
         kill -TERM "$BPID" 2>/dev/null
         wait "$BPID" 2>/dev/null
     fi
-    # ROW_DONE: a folder each finished row is copied into at once (the device
-    # call's $OUT), so that a call cut at its limit still brings back its rows
-    [ -n "${ROW_DONE:-}" ] && cp -rT "$O" "$ROW_DONE/$(basename "$O")" 2>/dev/null
+    row_done
     sleep 1
 done
 # the rows side by side (every pP-ROW in OUTROOT, this run's and earlier ones')
