@@ -184,9 +184,12 @@ static void plan(const struct wo_driver *d)
     }
 }
 
+/* Without a policy (one that did not load: placement is off) nothing is
+ * planned, and nothing is claimed below: the names wait unplanned and every
+ * allocation passes through, as it does without them. */
 void wo_place_expect_plan(const struct wo_driver *d)
 {
-    if (wo_uvm.expect.n && wo_uvm.expect.dirty && !wo_uvm.sealed && d)
+    if (wo_uvm.expect.n && wo_uvm.expect.dirty && !wo_uvm.sealed && d && wo_uvm.g)
         plan(d);
 }
 
@@ -197,7 +200,7 @@ enum wo_placement wo_place_expect_claim(const struct wo_driver *d, struct wo_all
      * [planned off the host] */
     size_t first[2][2] = {{SIZE_MAX, SIZE_MAX}, {SIZE_MAX, SIZE_MAX}}, pick;
 
-    if (!x->n || wo_uvm.sealed)
+    if (!x->n || wo_uvm.sealed || !wo_uvm.g)
         return WO_PLACE_UNSET;
     if (x->dirty)
         plan(d);

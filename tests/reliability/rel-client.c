@@ -143,6 +143,8 @@ static struct {
     int (*wopen)(void);
     int (*wclose)(void);
     long (*stats)(char *, size_t);
+    int (*expect)(const char *, size_t);
+    int (*expect_end)(void);
 } D;
 
 static void *sym(const char *name)
@@ -208,6 +210,8 @@ static int load(void)
     *(void **)&D.wopen = dlsym(RTLD_DEFAULT, "woffload_window_open");
     *(void **)&D.wclose = dlsym(RTLD_DEFAULT, "woffload_window_close");
     *(void **)&D.stats = dlsym(RTLD_DEFAULT, "woffload_stats");
+    *(void **)&D.expect = dlsym(RTLD_DEFAULT, "woffload_expect");
+    *(void **)&D.expect_end = dlsym(RTLD_DEFAULT, "woffload_expect_end");
     return 0;
 }
 
@@ -408,6 +412,16 @@ static int work(int nlaunch)
         D.dtoh = NULL;
     if (OP("streamCreate", D.stream_create(&s, CU_STREAM_NON_BLOCKING)))
         s = NULL;
+
+    /* Names before their bytes, as the Python hook announces a meta-device
+     * model: the window's two experts (2 MiB each, never matched to its one
+     * 4 MiB allocation), then the end of the announcements, which plans
+     * them by the policy (a policy that did not load: nothing to plan) */
+    if (D.expect && D.expect_end) {
+        OP("expect.w2", D.expect("model.layers.1.mlp.experts.w2", 2 * MiB));
+        OP("expect.w3", D.expect("model.layers.1.mlp.experts.w3", 2 * MiB));
+        OP("expect_end", D.expect_end());
+    }
 
     /* Allocations of every route. */
     bufs[A_PINNED].size = 2 * MiB;
