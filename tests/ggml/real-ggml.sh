@@ -6,6 +6,13 @@
 #
 #   tests/ggml/real-ggml.sh [TREE] [WORK]
 #
+# With LLAMA=1 it also builds libllama.so (about 25 minutes on two cores) and
+# the suite's llama-real too (tests/ggml/real-llama.py): llama.cpp's own
+# loader, GGUF and scheduler in front of the hook, on a GPU device of the
+# test's (tests/ggml/fake-gpu.c), greedy ids equal to plain under the shim's
+# policies (needs numpy for the GGUF, and the peers kit in .peers/llamacpp;
+# without libllama.so the test is skipped).
+#
 # TREE: a llama.cpp tree, or an archive of one (default .peers/llama.txz, made
 # by bench/llamacpp-kit.sh from a fetched snapshot; CI has none, so CI does not
 # run this suite). WORK (default /tmp/woffload-ggml-real): where the tree is
@@ -34,7 +41,8 @@ cmake -S "$TREE" -B "$LIB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF 
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
     -DLLAMA_OPENSSL=OFF >"$W/cmake.log" 2>&1 &&
-    cmake --build "$LIB" --target ggml-base >>"$W/cmake.log" 2>&1 ||
+    cmake --build "$LIB" --target ggml-base $([ "${LLAMA:-0}" = 1 ] && echo llama ggml-cpu ggml) \
+        >>"$W/cmake.log" 2>&1 ||
     { echo "real-ggml: building ggml failed ($W/cmake.log)" >&2; exit 1; }
 # the hook interposes ggml's calls inside libggml-base.so through its PLT:
 # say whether this build calls ggml_backend_buft_get_max_size so
