@@ -191,6 +191,30 @@ def main():
     cap = (st or {}).get("managed_cap") or {}
     check(cap.get("pinned_bytes", 0) > 0, f"fit-one: one buffer, pinned whole by the cap ({cap.get('pinned_bytes')} B)")
 
+    # the router's picks read from llama.cpp's own graph (ffn_moe_topk-L, a
+    # view of the argsort; E from ffn_moe_probs-L): every layer of every
+    # compute registered for its three expert tensors (WOFFLOAD_GGML_PICKS=100)
+    ids, _, err = run(b, gguf, work, "picks", shim,
+                      {"WOFFLOAD_POLICY": os.path.join(ex, "llamacpp-ot-exps-cpu.yaml"),
+                       "WOFFLOAD_GGML_PICKS": "100"})
+    check(ids == plain, "picks: ids equal to plain")
+    m = re.search(r"picks: (\d+) graph computes; (\d+) layer computes registered "
+                  r"\((\d+) expert tensor registrations\), (\d+) not", err)
+    n = [int(g) for g in m.groups()] if m else None
+    check(n and n[0] > 0 and n[1] == n[0] * SHAPE["L"] and n[2] == 3 * n[1] and n[3] == 0,
+          f"picks: every MoE layer of every compute registered for its 3 expert tensors "
+          f"({m.group(0) if m else 'no picks line from the hook'})")
+
+    # late binding: the one model buffer a VMM range, each tensor backed
+    # where its placement says
+    ids, st, _ = run(b, gguf, work, "exps-host-late", shim,
+                     {"WOFFLOAD_POLICY": os.path.join(ex, "llamacpp-ot-exps-cpu.yaml"),
+                      "WOFFLOAD_LATE_BIND": "1"})
+    check(ids == plain, "exps-host-late: ids equal to plain")
+    lb = (st or {}).get("late_bind") or {}
+    check(lb.get("enabled") is True and lb.get("ranges", 0) >= 1,
+          f"exps-host-late: the model buffer late bound ({lb.get('ranges')} ranges)")
+
     # --n-cpu-moe 1 by name; the empty policy; four sequences a step
     ids, st, _ = run(b, gguf, work, "ncmoe1", shim, {"WOFFLOAD_POLICY": os.path.join(tg, "ncmoe1.yaml")})
     check(ids == plain, "ncmoe1: ids equal to plain")
