@@ -15,9 +15,9 @@ beside libggml-base.so); TREE: the llama.cpp tree (its gguf-py writes the
 GGUF); PEERS: the peers kit (gen_gguf.py); WORK: a scratch folder.
 tests/ggml/real-ggml.sh runs it. Exit 0 when every case passed.
 
-What it cannot see: a kernel launch. The fake GPU computes on the CPU, so the
-shim sees no launch of llama.cpp's graphs: nothing is streamed or copied
-picked here (the fake client's cases, suite ggml, cover those).
+The fake GPU computes each node of llama.cpp's graphs in a kernel launch of
+the fake runtime (fake-gpu.c), whose pointers the shim may redirect: the
+picked copies and the staging slots are read by llama.cpp's own ops here.
 """
 import json
 import os
@@ -29,6 +29,8 @@ import sys
 # the embedding and the output (4 MiB) pass the hook's 1 MiB split size
 SHAPE = dict(VOCAB=4096, D=512, L=4, NH=8, NKV=2, HD=64, E=16, K=4, FF=256)
 NPRED = 16
+# the streaming executor learns the step's order over its first steps
+STREAM_NPRED = 64
 
 failures = 0
 
@@ -62,7 +64,7 @@ def make_gguf(tree, peers, out):
     sys.exit(f"real-llama: writing the GGUF failed (numpy and {tree}/gguf-py needed):\n{r.stderr[-2000:]}")
 
 
-def run(b, gguf, work, name, preload, env_extra, seqs=1):
+def run(b, gguf, work, name, preload, env_extra, seqs=1, npred=NPRED):
     stats = os.path.join(work, name + ".json")
     if os.path.exists(stats):
         os.unlink(stats)
@@ -75,7 +77,7 @@ def run(b, gguf, work, name, preload, env_extra, seqs=1):
         "WOFFLOAD_LOG": "info",
     })
     env.update(env_extra)
-    r = subprocess.run([b["tokens"], gguf, str(NPRED), "mmap", str(seqs)], env=env,
+    r = subprocess.run([b["tokens"], gguf, str(npred), "mmap", str(seqs)], env=env,
                        capture_output=True, text=True, timeout=300)
     m = re.search(r"^tokens:(.*)$", r.stdout, re.M)
     ids = m.group(1).split() if m else None
@@ -132,7 +134,8 @@ def main():
 
     plain, _, _ = run(b, gguf, work, "plain", [b["gpu"]], {})
     plain4, _, _ = run(b, gguf, work, "plain-b4", [b["gpu"]], {}, seqs=4)
-    if not plain or not plain4:
+    plain64, _, _ = run(b, gguf, work, "plain-64", [b["gpu"]], {}, npred=STREAM_NPRED)
+    if not plain or not plain4 or not plain64:
         return 1
     shim = [b["shim"], b["hook"], b["gpu"]]
     exps = re.compile(r"\.ffn_.*_exps\.")
@@ -194,16 +197,51 @@ def main():
     # the router's picks read from llama.cpp's own graph (ffn_moe_topk-L, a
     # view of the argsort; E from ffn_moe_probs-L): every layer of every
     # compute registered for its three expert tensors (WOFFLOAD_GGML_PICKS=100)
-    ids, _, err = run(b, gguf, work, "picks", shim,
+    ids, st, err = run(b, gguf, work, "picks", shim,
                       {"WOFFLOAD_POLICY": os.path.join(ex, "llamacpp-ot-exps-cpu.yaml"),
                        "WOFFLOAD_GGML_PICKS": "100"})
     check(ids == plain, "picks: ids equal to plain")
+    pk = (st or {}).get("picks") or {}
+    check(pk.get("staged", 0) > 0 and pk.get("failed") == 0,
+          f"picks: the expert launches read picked copies ({pk.get('staged')} staged, "
+          f"{pk.get('failed')} failed)")
     m = re.search(r"picks: (\d+) graph computes; (\d+) layer computes registered "
                   r"\((\d+) expert tensor registrations\), (\d+) not", err)
     n = [int(g) for g in m.groups()] if m else None
     check(n and n[0] > 0 and n[1] == n[0] * SHAPE["L"] and n[2] == 3 * n[1] and n[3] == 0,
           f"picks: every MoE layer of every compute registered for its 3 expert tensors "
           f"({m.group(0) if m else 'no picks line from the hook'})")
+
+    # the host experts staged into slots every step (mode: stream; the hook's
+    # claims off, WOFFLOAD_GGML_STREAM=0, as the gpu suite's exps-stream): the
+    # launches that read them redirected into the slots
+    ids, st, _ = run(b, gguf, work, "exps-stream", shim,
+                     {"WOFFLOAD_POLICY": os.path.join(ex, "llamacpp-exps-stream.yaml"),
+                      "WOFFLOAD_GGML_STREAM": "0"}, npred=STREAM_NPRED)
+    check(ids == plain64, f"exps-stream: {STREAM_NPRED} ids equal to plain")
+    sx = (st or {}).get("stream") or {}
+    check(sx.get("redirected", 0) > 0 and sx.get("staged", 0) > 0,
+          f"exps-stream: launches redirected into the slots ({sx.get('redirected')} redirected, "
+          f"{sx.get('staged')} staging copies)")
+
+    # hot experts (the most picked rows kept on the device, WOFFLOAD_PICKS_HOT
+    # MiB: every compute's picks registered), the picked copies on the copy
+    # engine (WOFFLOAD_PICKS_ENGINE: a copy thread and stream waits), and both
+    for name, extra in (("picks-hot", {"WOFFLOAD_PICKS_HOT": "8"}),
+                        ("picks-engine", {"WOFFLOAD_GGML_PICKS": "100", "WOFFLOAD_PICKS_ENGINE": "1"}),
+                        ("picks-hot-engine", {"WOFFLOAD_PICKS_HOT": "8", "WOFFLOAD_PICKS_ENGINE": "1"})):
+        ids, st, _ = run(b, gguf, work, name, shim,
+                         dict({"WOFFLOAD_POLICY": os.path.join(ex, "llamacpp-ot-exps-cpu.yaml")}, **extra),
+                         npred=STREAM_NPRED)
+        check(ids == plain64, f"{name}: {STREAM_NPRED} ids equal to plain")
+        pk = (st or {}).get("picks") or {}
+        eng = pk.get("engine") or {}
+        hot_ok = "HOT" not in str(extra) or pk.get("hot_rows", 0) > 0
+        eng_ok = "ENGINE" not in str(extra) or (eng.get("copies", 0) > 0 and eng.get("kernel_fallbacks") == 0)
+        check(pk.get("staged", 0) > 0 and pk.get("failed") == 0 and hot_ok and eng_ok,
+              f"{name}: {pk.get('staged')} picked copies, {pk.get('hot_rows')} rows from the hot set, "
+              f"{eng.get('copies')} on the copy engine ({eng.get('kernel_fallbacks')} kernel fallbacks, "
+              f"{eng.get('stalls')} stalls)")
 
     # late binding: the one model buffer a VMM range, each tensor backed
     # where its placement says
@@ -214,6 +252,21 @@ def main():
     lb = (st or {}).get("late_bind") or {}
     check(lb.get("enabled") is True and lb.get("ranges", 0) >= 1,
           f"exps-host-late: the model buffer late bound ({lb.get('ranges')} ranges)")
+
+    # late binding with its copies (WOFFLOAD_BIND_COPIES=1, experimental):
+    # the bound range's host experts staged, and copied picked, from the
+    # range itself (the combinations that failed on the H200: on this fake,
+    # whose memory is host memory, they read right)
+    for name, pol, extra, key in (
+            ("late-stream-copies", "llamacpp-exps-stream.yaml", {"WOFFLOAD_GGML_STREAM": "0"}, "stream"),
+            ("late-picks-copies", "llamacpp-ot-exps-cpu.yaml", {"WOFFLOAD_GGML_PICKS": "100"}, "picks")):
+        ids, st, _ = run(b, gguf, work, name, shim,
+                         dict({"WOFFLOAD_POLICY": os.path.join(ex, pol), "WOFFLOAD_LATE_BIND": "1",
+                               "WOFFLOAD_BIND_COPIES": "1"}, **extra), npred=STREAM_NPRED)
+        check(ids == plain64, f"{name}: {STREAM_NPRED} ids equal to plain")
+        got = ((st or {}).get(key) or {}).get("staged", 0)
+        check(got > 0 and ((st or {}).get("late_bind") or {}).get("ranges", 0) >= 1,
+              f"{name}: late bound, {got} {key} copies from the bound range")
 
     # --n-cpu-moe 1 by name; the empty policy; four sequences a step
     ids, st, _ = run(b, gguf, work, "ncmoe1", shim, {"WOFFLOAD_POLICY": os.path.join(tg, "ncmoe1.yaml")})
