@@ -749,6 +749,37 @@ class TestFaults(unittest.TestCase):
         self.assertTrue(o["waits_for_clients"])
         self.assertGreater(o["clients_ended"].get("left at the limit", 0), 0)
 
+    def test_against_plain_that_waits_too(self) -> None:
+        """--against: a server that waits for its clients after SIGTERM,
+        plain and under test alike, fails the limit in both; against the
+        plain report the row passes, the failure the server's own. A row
+        whose teardown is slow instead (not waiting for its clients) still
+        fails against it, and so does a row against a plain that passed."""
+        r, plain = faults(free_port(), "--term-limit", "1", fake_opts=("--term-waits-for-clients",),
+                          checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        path = os.path.join(self.tmp, "plain.json")
+        with open(path, "w") as f:
+            json.dump(plain, f)
+        r, rep = faults(free_port(), "--term-limit", "1", "--against", path,
+                        fake_opts=("--term-waits-for-clients",), checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        own = rep["checks"]["sigterm"]["server_own"]
+        self.assertTrue(own["no_worse"])
+        self.assertFalse(rep["checks"]["sigterm"]["ok"])
+        self.assertIn("the server's own failure, as plain's and no worse: sigterm", r.stdout)
+        r, rep = faults(free_port(), "--term-limit", "0.5", "--against", path,
+                        fake_opts=("--term-delay", "2.5"), checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertFalse(rep["checks"]["sigterm"]["server_own"]["no_worse"])
+        r, good = faults(free_port(), checks="sigterm", tmp=self.tmp)
+        with open(path, "w") as f:
+            json.dump(good, f)
+        r, rep = faults(free_port(), "--term-limit", "1", "--against", path,
+                        fake_opts=("--term-waits-for-clients",), checks="sigterm", tmp=self.tmp)
+        self.assertEqual(r.returncode, 1, r.stdout)
+        self.assertNotIn("server_own", rep["checks"]["sigterm"])
+
     def test_slow_teardown_is_not_waiting_for_clients(self) -> None:
         r, rep = faults(free_port(), "--term-limit", "0.5", fake_opts=("--term-delay", "2.5"),
                         checks="sigterm", tmp=self.tmp)
