@@ -124,8 +124,9 @@
 # that compares rows at saturation (an open loop past it builds a backlog
 # whose mix of prompts and decodes swings from run to run: plain against
 # plain differed by 0.83x at 32 req/s on the H200,
-# bench/results/llamacpp-serve-20261204-p32-empty-h200); FAULTS [0];
-# ROW_S, the most seconds a row may take; END_S, the seconds for all
+# bench/results/llamacpp-serve-20261204-p32-empty-h200); FAULTS [0] (1: each
+# row's fault checks, a later row's judged against the plain row's when it ran
+# them: FAULTS_AGAINST, serve-faults.py --against); ROW_S, the most seconds a row may take; END_S, the seconds for all
 # rows [570] (a row with less than 90 s left is skipped); DRY_RUN [0]: 1
 # writes each row's policy and prints what it would run (its server command
 # and the shim's settings it sets), running nothing; BAN_BYTE_TOKENS [1]:
@@ -169,7 +170,7 @@ for row in $ROWS; do
     left=$((END - $(el)))
     if [ "$left" -lt 90 ]; then echo "[serve-rows $(el)s] $row: SKIPPED, $left s left"; continue; fi
     O=$OUTROOT/p$P-$row
-    unset SHIM_CMD STATS GREEDY_REF WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
+    unset SHIM_CMD STATS GREEDY_REF FAULTS_AGAINST WO_EXPERT_BUDGET WOFFLOAD_LATE_BIND WOFFLOAD_DEPARTURE_FENCES WOFFLOAD_DEPARTURE_LAG \
         WOFFLOAD_GGML_PICKS_FROM WOFFLOAD_PICKS_ENGINE WOFFLOAD_FIT_SPREAD WOFFLOAD_FIT_LEND WOFFLOAD_FIT_LAYERS \
         WOFFLOAD_GGML_SPLIT
     POL="" SLOTS="" RESERVE="" FULL="" FITSZ="" LEAVE="" BPID="" slow=0
@@ -305,6 +306,11 @@ for row in $ROWS; do
     # (a repeat of plain checks against the first plain run), else, for any
     # row but plain, those of another of llama.cpp's own rows run before
     # (llama-ncmoe8: a repeat against the first run)
+    # the fault checks of a row judged against the plain row's, when it ran
+    # them (serve-faults.py --against: llama-server's own failures are not the shim's)
+    if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/faults.json" ]; then
+        export FAULTS_AGAINST=$OUTROOT/p$P-plain/faults.json
+    fi
     if [ "$row" != plain ] && [ -s "$OUTROOT/p$P-plain/greedy.json" ]; then
         export GREEDY_REF=$OUTROOT/p$P-plain/greedy.json
     elif [ "$name" != llama-ot ] && [ -s "$OUTROOT/p$P-llama-ot/greedy.json" ]; then

@@ -43,6 +43,8 @@
 #                 --extra-body), e.g. a logit_bias (bench/llamacpp-serve-rows.sh bans the
 #                 synthetic vocabulary's byte tokens with it)
 #   GREEDY_REF    a greedy file recorded by another run (e.g. plain): the sweep checks its token ids
+#   FAULTS_AGAINST the plain server's faults.json: this run's fault checks judged against it
+#                 (serve-faults.py --against: a failure plain shares, no worse here, is the server's own)
 #   SOAK_MINUTES  instead of the sweep: one phase of this many minutes at SOAK_RATE req/s (issue 40:
 #                 ~70% of the sweep's saturation), an interval line a minute; DEADLINE becomes
 #                 SOAK_MINUTES x 60 + 300 unless set, and the fault checks run only with FAULTS=1.
@@ -240,6 +242,7 @@ if kill -0 "$PID" 2>/dev/null && $UP && [ "$FAULTS" = 1 ] && budget_for faults 1
     timeout --signal=INT "$budget" "$PY" "$HERE/serve-faults.py" --server-kind llamacpp --url "$URL" \
         --pid "$PID" --server-cmd "$SERVER_STR" --parallel "$PARALLEL" --load-timeout "$LOAD_TIMEOUT" \
         ${STATS:+--stats-file "$STATS"} ${EXTRA_BODY:+--extra-body "$EXTRA_BODY"} \
+        ${FAULTS_AGAINST:+--against "$FAULTS_AGAINST"} \
         --log-dir "$OUT" --out "$OUT/faults.json" 2>&1 | tee -a "$OUT/llamacpp-serve.log"
     step_rc faults "${PIPESTATUS[0]}"
 fi
