@@ -316,10 +316,16 @@ int wo_api_readonly(const void *ptr, size_t size)
         return r;
     }
     if (__atomic_exchange_n(&wo_readonly_gen[rg.id], rg.gen + 1, __ATOMIC_RELEASE) != rg.gen + 1) {
-        __atomic_add_fetch(&wo_uvm.readonly_allocs, 1, __ATOMIC_RELAXED);
-        wo_info("woffload_readonly: no kernel writes the allocation at %p (%llu MiB): graphs "
-                "reading it are no blind launches, its staged copies are not checked for writes",
-                ptr, (unsigned long long)(rg.size >> 20));
+        /* one info line; the others (a model buffer split by tensor declares
+         * each of its ~150 buffers) at debug, counted in the stats */
+        uint64_t n = __atomic_add_fetch(&wo_uvm.readonly_allocs, 1, __ATOMIC_RELAXED);
+        wo_log(n == 1 ? WO_LOG_INFO : WO_LOG_DEBUG,
+               "woffload_readonly: no kernel writes the allocation at %p (%llu MiB): graphs "
+               "reading it are no blind launches, its staged copies are not checked for writes%s",
+               ptr, (unsigned long long)(rg.size >> 20),
+               n == 1
+                   ? " (the next ones at debug level, counted in the stats: allocations.readonly)"
+                   : "");
     }
     return 0;
 }
