@@ -484,6 +484,65 @@ static void grown_batch_tries_soon(void **state)
     assert_int_equal(c.a.tries, 0);
 }
 
+/* A server whose batch moves under the decision (llama-server at
+ * --parallel 32, bench/results/llamacpp-serve-20261207f-p32-split-full-
+ * h100: 22 tries in 654 steps, 21 back in place): requests join and
+ * leave, so a step is 100 ms for some steps and 600 ms for the next few,
+ * read in place, and 5% slower streamed whatever the batch. Every try
+ * goes back; which window a try and its judgement see is chance. The
+ * backoff keeps those tries from eating the steps: after the first two,
+ * each waits twice as long, so 4,000 steps take a handful, not one every
+ * few dozen steps; a kept try ends it. */
+static unsigned serve_world(struct clock *c, unsigned n, unsigned *phase, double stream_factor)
+{
+    unsigned streamed = 0;
+
+    for (unsigned i = 0; i < n; i++, (*phase)++) {
+        double per = 60 + 0.45 * (*phase % 650);
+        streamed += c->a.streaming;
+        if (c->a.streaming)
+            per *= stream_factor;
+        c->t += (uint64_t)(per * MS);
+        wo_auto_step(&c->a, c->t, 1, (uint64_t)(8.7 * 55.0 / 1000 * GB), 55.0);
+    }
+    return streamed;
+}
+
+static void failed_tries_back_off(void **state)
+{
+    struct clock c;
+    unsigned phase = 0;
+    uint64_t tries;
+    (void)state;
+    /* streamed 1.2x whatever the batch: without the backoff this world
+     * took 55 tries (52 back) and, kept by a window that straddled the
+     * batch's fall, ran 2,590 of its steps streamed */
+    start(&c);
+    assert_true(serve_world(&c, 4000, &phase, 1.2) < 100);
+    assert_true(c.a.tries <= 8 && c.a.tries == c.a.backs);
+    assert_true(c.a.deferred >= 1);
+    /* twice as far each time, up to BACKOFF_MAX */
+    assert_true(c.a.no_try_before - c.a.steps <= WO_AUTO_BACKOFF_MAX);
+    assert_true(c.a.fails >= 3);
+    /* streaming that wins is not held back: 0.9x whatever the batch, never
+     * back, nearly every step streamed */
+    start(&c);
+    phase = 0;
+    assert_true(serve_world(&c, 4000, &phase, 0.9) > 3500);
+    assert_int_equal(c.a.backs, 0);
+    /* after the failures, streaming that wins is tried within
+     * BACKOFF_MAX (and a watch) steps, and a kept try ends the run */
+    start(&c);
+    phase = 0;
+    serve_world(&c, 4000, &phase, 1.2);
+    tries = c.a.tries;
+    assert_true(serve_world(&c, 4000, &phase, 0.6) >
+                4000 - WO_AUTO_BACKOFF_MAX - WO_AUTO_HOLD_STEPS);
+    assert_true(c.a.tries > tries);
+    assert_int_equal(c.a.fails, 0);
+    assert_true(c.a.streaming);
+}
+
 /* Slots sized for the ranges they hold (uvm/stream.h, wo_stream_size_slots):
  * any window of nslots ranges in a row (the order is a cycle) finds a slot
  * for each when each range takes the smallest slot it fits. */
@@ -637,6 +696,7 @@ int main(void)
         cmocka_unit_test(managed_clear_loss_ends_recheck),
         cmocka_unit_test(failed_try_teaches_efficiency),
         cmocka_unit_test(grown_batch_tries_soon),
+        cmocka_unit_test(failed_tries_back_off),
         cmocka_unit_test(slots_sized_for_their_ranges),
         cmocka_unit_test(mode_decoded_once),
         cmocka_unit_test(slots_wanted),

@@ -581,8 +581,8 @@ static void json_body(struct sbuf *b)
             ",\"staged_by_kernel\":%" PRIu64 ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64
             ",\"slot_bytes\":%" PRIu64 ",\"slot_resizes\":%" PRIu64 ",\"auto_tries\":%" PRIu64
             ",\"auto_kept\":%" PRIu64 ",\"auto_backs\":%" PRIu64 ",\"auto_rechecks\":%" PRIu64
-            ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64 ",\"check_mismatch\":%" PRIu64
-            ",\"write_checks\":%" PRIu64 ",\"written_back\":%" PRIu64
+            ",\"auto_deferred\":%" PRIu64 ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
+            ",\"check_mismatch\":%" PRIu64 ",\"write_checks\":%" PRIu64 ",\"written_back\":%" PRIu64
             ",\"touched_inplace\":%" PRIu64 ",\"unpublished_inplace\":%" PRIu64
             ",\"fence_failed\":%" PRIu64 ",\"not_published\":%" PRIu64
             ",\"blind_launches\":%" PRIu64 ",\"blind_unfenced\":%" PRIu64 ",\"sub_spans\":%" PRIu64
@@ -599,9 +599,10 @@ static void json_body(struct sbuf *b)
             sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated, sc.staged,
             sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps, sc.slot_bytes,
             sc.slot_resizes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.auto_rechecks,
-            sc.not_reader, sc.checked, sc.check_mismatch, sc.write_checks, sc.written_back,
-            sc.touched_inplace, sc.unpublished_inplace, sc.fence_failed, sc.not_published,
-            sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow, sc.staging_steps,
+            sc.auto_deferred, sc.not_reader, sc.checked, sc.check_mismatch, sc.write_checks,
+            sc.written_back, sc.touched_inplace, sc.unpublished_inplace, sc.fence_failed,
+            sc.not_published, sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow,
+            sc.staging_steps,
             sc.staging_steps ? (double)sc.staging_step_ns / (double)sc.staging_steps / 1e6 : 0.0,
             sc.staging_step_ns ? (double)sc.staging_step_bytes / (double)sc.staging_step_ns : 0.0,
             sc.pos_wakes, sc.reactions,

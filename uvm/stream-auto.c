@@ -96,6 +96,32 @@ static enum wo_auto_action try_now(struct wo_auto *a, double copy_ns)
     return WO_AUTO_STREAM;
 }
 
+/* Whether the backoff lets a try be taken now; counts the backoffs that
+ * held one back (once each: the early rule asks every step). */
+static bool may_try(struct wo_auto *a)
+{
+    if (a->steps >= a->no_try_before)
+        return true;
+    if (a->deferred_for != a->no_try_before) {
+        a->deferred_for = a->no_try_before;
+        a->deferred++;
+    }
+    return false;
+}
+
+/* A try went back: past FAILS_FREE in a row, the next waits. */
+static void failed(struct wo_auto *a)
+{
+    unsigned over;
+
+    a->fails++;
+    if (a->fails <= WO_AUTO_FAILS_FREE)
+        return;
+    over = WO_MIN(a->fails - WO_AUTO_FAILS_FREE - 1, 16u);
+    a->no_try_before =
+        a->steps + WO_MIN((uint64_t)WO_AUTO_BACKOFF_FIRST << over, (uint64_t)WO_AUTO_BACKOFF_MAX);
+}
+
 /* Takes a decision that streams managed ranges again in place (the
  * recheck rule, stream-auto.h): streamed at left_ns a step lately. */
 static enum wo_auto_action recheck(struct wo_auto *a, double left_ns)
@@ -136,6 +162,7 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
     }
     if (k > 1)
         return WO_AUTO_NONE; /* spans whatever came between: no period */
+    a->steps++;
     switch (a->phase) {
     case WO_AUTO_WATCH:
         if (!measured(a, per, &a->inplace_ns))
@@ -152,7 +179,8 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             hold(a, a->inplace_ns);
             return WO_AUTO_NONE;
         }
-        if (cand_bytes && link_gbs > 0 && wo_auto_try_pays(copy_ns / a->eff, a->inplace_ns))
+        if (cand_bytes && link_gbs > 0 && wo_auto_try_pays(copy_ns / a->eff, a->inplace_ns) &&
+            may_try(a))
             return try_now(a, copy_ns);
         a->eff = fmin(1.0, a->eff * 1.1);
         hold(a, a->inplace_ns);
@@ -164,10 +192,12 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             a->eff = fmax(fmin(1.0, a->try_copy_ns / a->stream_ns), 0.05);
         if (wo_auto_keep_pays(a->stream_ns, a->inplace_ns)) {
             a->kept++;
+            a->fails = 0;
             hold(a, a->stream_ns);
             return WO_AUTO_NONE;
         }
         a->backs++;
+        failed(a);
         a->streaming = false;
         hold(a, a->inplace_ns);
         a->skip = WO_AUTO_SETTLE_STEPS; /* the drift is judged in place */
@@ -186,7 +216,7 @@ enum wo_auto_action wo_auto_step(struct wo_auto *a, uint64_t t_ns, unsigned k, u
             copy_ns = (double)cand_bytes / link_gbs;
             if (a->n >= WO_AUTO_PROBE_STEPS) {
                 double med = window_median(a, true);
-                if (copy_ns / a->eff < WO_AUTO_EARLY_RATIO * med) {
+                if (copy_ns / a->eff < WO_AUTO_EARLY_RATIO * med && may_try(a)) {
                     a->inplace_ns = med;
                     return try_now(a, copy_ns);
                 }

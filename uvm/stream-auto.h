@@ -77,7 +77,18 @@
  *    as regrown: it is rechecked at once. Host ranges are not rechecked:
  *    in place they cross the link every step (at the default experts
  *    backend once per token), and a recheck would cost PROBE_STEPS such
- *    steps for nothing. */
+ *    steps for nothing.
+ *  - backoff: a try that went back costs its SETTLE_STEPS + PROBE_STEPS
+ *    streamed steps, and a server's batch moves between the in-place
+ *    window a try is decided on and the streamed one it is judged by. On
+ *    llama-server at --parallel 32 (bench/results/llamacpp-serve-20261207f-
+ *    p32-split-full-h100) auto tried 22 times in 654 steps and went back
+ *    21: a third of the steps were spent measuring. So each try that goes
+ *    back after one that went back (FAILS_FREE of them in a row are
+ *    free) keeps the next try, early or by a watch, BACKOFF_FIRST steps
+ *    away, twice as far each time, up to BACKOFF_MAX; a try that is kept
+ *    ends the run of failures. A backoff that held a try back counts in
+ *    `deferred` (once). */
 #pragma once
 
 #include <stdbool.h>
@@ -96,6 +107,9 @@
 #define WO_AUTO_RECHECK_SETTLE 16
 #define WO_AUTO_RECHECK_LOSS 1.5
 #define WO_AUTO_RECHECK_SLOW 3
+#define WO_AUTO_FAILS_FREE 1
+#define WO_AUTO_BACKOFF_FIRST 64
+#define WO_AUTO_BACKOFF_MAX 2048
 
 /* The rule's two comparisons, in any one unit of time (the replay weighs
  * its predicted steps by them too, tools/replay-report.c): streaming is
@@ -140,6 +154,13 @@ struct wo_auto {
     double left_ns;
     unsigned slow; /* settling steps of the recheck over RECHECK_LOSS x left_ns */
     uint64_t rechecks, recheck_backs; /* rechecks made; of them, those that stayed in place */
+    /* backoff: one-step boundaries measured, tries that went back in a
+     * row, the step before which none is taken (deferred_for: the last
+     * such step a held-back try was counted for), backoffs that held one */
+    uint64_t steps;
+    unsigned fails;
+    uint64_t no_try_before, deferred_for;
+    uint64_t deferred;
 };
 
 void wo_auto_init(struct wo_auto *a);

@@ -163,7 +163,7 @@ static uint64_t hot_over(uint64_t reserved)
 static void auto_decide(uint64_t t_ns, unsigned k)
 {
     uint64_t cand = 0, bytes = 0, kept = wo_sx->au.kept, slot_bytes, over;
-    uint64_t recheck_backs = wo_sx->au.recheck_backs;
+    uint64_t recheck_backs = wo_sx->au.recheck_backs, deferred = wo_sx->au.deferred;
     unsigned n = 0, nm = 0, nroom = 0;
     bool loud = wo_sx->au.tries < 3;
     enum wo_auto_action act;
@@ -177,6 +177,8 @@ static void auto_decide(uint64_t t_ns, unsigned k)
     if (cand && wo_sx->au.phase == WO_AUTO_WATCH)
         cand += hot_over(slot_bytes);
     act = wo_auto_step(&wo_sx->au, t_ns, k, cand, wo_sx->link_gbs);
+    if (wo_sx->au.deferred != deferred)
+        add(&wo_stream_tab.n.auto_deferred, 1);
     if (act == WO_AUTO_STREAM) {
         for (uint32_t id = 0; id < wo_sx->nr; id++) {
             struct srange *r = &wo_sx->r[id];
@@ -231,6 +233,11 @@ static void auto_decide(uint64_t t_ns, unsigned k)
                      "stream: auto: %u ranges back in place: a step took %.1f ms streamed, "
                      "%.1f ms in place",
                      n, wo_sx->au.stream_ns / 1e6, wo_sx->au.inplace_ns / 1e6);
+            if (wo_sx->au.no_try_before > wo_sx->au.steps)
+                AUTO_SAY(wo_sx->au.fails <= WO_AUTO_FAILS_FREE + 2,
+                         "stream: auto: %u tries in a row went back: the next waits %llu steps",
+                         wo_sx->au.fails,
+                         (unsigned long long)(wo_sx->au.no_try_before - wo_sx->au.steps));
         } else if (wo_sx->au.rechecking) {
             add(&wo_stream_tab.n.auto_rechecks, 1);
             AUTO_SAY(wo_sx->au.rechecks <= 3,

@@ -732,8 +732,8 @@ void wo_stream_summary(void)
     if (c.auto_tries)
         snprintf(autos, sizeof(autos),
                  "; auto: %" PRIu64 " tried, %" PRIu64 " kept, %" PRIu64 " back in place, %" PRIu64
-                 " rechecked",
-                 c.auto_tries, c.auto_kept, c.auto_backs, c.auto_rechecks);
+                 " rechecked, %" PRIu64 " held back by the backoff",
+                 c.auto_tries, c.auto_kept, c.auto_backs, c.auto_rechecks, c.auto_deferred);
     if (c.staging_steps && c.staging_step_ns)
         snprintf(timed, sizeof(timed),
                  "; %" PRIu64 " steps that staged took %.1f ms each: %.1f GB/s of copies (the link: %.0f GB/s)",
