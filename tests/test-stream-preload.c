@@ -297,8 +297,17 @@ static int child(const char *mode)
     bool recheck_mode = strcmp(mode, "auto-managed-recheck") == 0;
     bool managed_pays = strcmp(mode, "auto-managed") == 0 ||
                         strcmp(mode, "auto-managed-sized") == 0 || pair_mode || recheck_mode;
-    int reads = time_mode ? 1 : READS;
-    int steps = recheck_mode                                          ? 5 * STEPS / 2
+    /* auto-drift: host ranges read once a step (no pair launches, no
+     * gapped or padded reads: nothing streamed for its gain), slower in
+     * place than from a slot, and each step of the first DRIFT_STEP made 60 ms longer (a
+     * batch that then shrinks): auto streams them, holds, the period
+     * drifts, it measures in place again and streams them again, with the
+     * slots it made once (uvm/stream.c, keep_slots) */
+    bool drift_mode = strcmp(mode, "auto-drift") == 0;
+#define DRIFT_STEP 100
+    int reads = time_mode || drift_mode ? 1 : READS;
+    int steps = drift_mode                                            ? DRIFT_STEP + 50
+                : recheck_mode                                        ? 5 * STEPS / 2
                 : time_mode                                           ? 3 * STEPS / 2
                 : nopin_mode || exit_mode || cap_mode || relaxed_mode ? STEPS / 2
                                                                       : STEPS;
@@ -317,7 +326,7 @@ static int child(const char *mode)
      * slower than from a slot, so auto keeps streaming those the hot set
      * leaves out (the fake's GPU is host memory: a resident range is as
      * slow, which only makes streaming look better) */
-    inplace_read_us = managed_pays ? 10000 : 0;
+    inplace_read_us = managed_pays ? 10000 : drift_mode ? 2000 : 0;
     CUdeviceptr out;
     CUdevice dev;
     CUcontext ctx;
@@ -486,6 +495,8 @@ static int child(const char *mode)
          * lowest range) finds the steps and its hot set */
         if (managed_mode)
             kk = k;
+        if (drift_mode && step < DRIFT_STEP)
+            usleep(60000);
 #define RECHECK_SWAP 30
         if (recheck_mode && step == RECHECK_SWAP) {
             inplace_read_us = 0;
@@ -797,7 +808,7 @@ static int child(const char *mode)
 
                 LAUNCH_KEEPS(kst, params, v);
             }
-            for (int t = 0; t < 2 && (i == 1 || i == 2) && !managed_mode; t++) {
+            for (int t = 0; t < 2 && (i == 1 || i == 2) && !managed_mode && !drift_mode; t++) {
                 /* the second word held a small integer first, so it is no
                  * pointer slot: when the launch is redirected for the
                  * weight in its first word, the address by chance in the
@@ -823,7 +834,7 @@ static int child(const char *mode)
              * 0.3 ms */
             usleep(exit_mode ? 4000 : strncmp(mode, "stream", 6) == 0 ? 2000 : 300);
         }
-        for (int r = 0; r < 2 * READS && !managed_mode; r++) {
+        for (int r = 0; r < 2 * READS && !managed_mode && !drift_mode; r++) {
             uint64_t n = MiB;
             void *params[] = {r < READS ? &gapped : &padded, &n, &out};
 
@@ -988,6 +999,7 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
     FILE *f;
 
     bool managed = strncmp(mode, "auto-managed", 12) == 0;
+    bool by_time = strcmp(mode, "auto-time") == 0 || strcmp(mode, "auto-drift") == 0;
 
     n = snprintf(policy, sizeof(policy),
                  "version: 1\n"
@@ -998,9 +1010,9 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  strcmp(mode, "auto-managed-sized-pair") == 0 ? "10MiB"
                  : managed                                    ? "12MiB"
                                                               : "16MiB",
-                 strcmp(mode, "auto-time") == 0 || managed ? "auto"
-                 : strncmp(mode, "stream", 6) == 0         ? "stream"
-                                                           : mode,
+                 by_time || managed                ? "auto"
+                 : strncmp(mode, "stream", 6) == 0 ? "stream"
+                                                   : mode,
                  /* managed: the slots take the room of hot ranges; stream-lag1:
                   * two, the fewest */
                  managed                            ? 6
@@ -1009,9 +1021,9 @@ static void run(char **argv, const char *mode, char *stats, size_t len, char *lo
                  /* pinned copies: the default (auto) for stream (and
                   * stream-nopin) and hot-set, a cap of three ranges for
                   * auto, off for auto-time and auto-managed */
-                 strcmp(mode, "auto") == 0                   ? ", pinned_copies: 3MiB"
-                 : strcmp(mode, "auto-time") == 0 || managed ? ", pinned_copies: off"
-                                                             : "",
+                 strcmp(mode, "auto") == 0 ? ", pinned_copies: 3MiB"
+                 : by_time || managed      ? ", pinned_copies: off"
+                                           : "",
                  managed ? "managed" : "host");
     fd = mkstemp(pol);
     CHECK(fd >= 0 && write(fd, policy, (size_t)n) == n);
@@ -1126,6 +1138,7 @@ static const char *const all_modes[] = {
     "stream",
     "stream-relaxed",
     "auto-time",
+    "auto-drift",
     "auto-managed-recheck",
     "auto-managed",
     "auto-managed-sized",
@@ -1647,6 +1660,22 @@ int main(int argc, char **argv)
               num_after(strstr(s ?: "", "\"pinned_copies\":{"), "\"made\":") == 0);
         CHECK(strstr(log, "prefetch: {pinned_copies: auto}, the default, copies each once") !=
               NULL);
+    }
+
+    /* ---- auto-drift: streamed (slower in place), held, the period
+     * shrinks (the batch did): measured in place again and streamed again,
+     * the slots made once and kept through the watch (keep_slots), every
+     * read bit-identical (the child checks) ---- */
+    if (want_mode(argc, argv, "auto-drift")) {
+        run(argv, "auto-drift", stats, sizeof(stats), log, sizeof(log));
+        s = strstr(stats, "\"stream\":{");
+        printf("auto-drift: %.0f tries, %.0f kept, %.0f back in place; slots made %.0f times, "
+               "given back %.0f\n",
+               num_after(s, "\"auto_tries\":"), num_after(s, "\"auto_kept\":"),
+               num_after(s, "\"auto_backs\":"), num_after(s, "\"slot_makes\":"),
+               num_after(s, "\"slot_frees\":"));
+        CHECK(num_after(s, "\"auto_tries\":") >= 2 && num_after(s, "\"auto_kept\":") >= 2);
+        CHECK(num_after(s, "\"slot_makes\":") == 1);
     }
 
     /* ---- auto-managed: managed ranges in a budget that holds about

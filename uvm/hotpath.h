@@ -151,6 +151,8 @@ struct wo_stream_counts {
         auto_deferred;     /* backoffs after tries that went back that held a try (stream-auto.h) */
     uint64_t slot_bytes;   /* device bytes the slots hold now (0 once no range is streamed) */
     uint64_t slot_resizes; /* slots given another size for the ranges streamed (want_sizes) */
+    uint64_t slot_makes;   /* times the slots were made (wo_sx_slots) ... */
+    uint64_t slot_frees;   /* ... and given back, nothing streamed (free_slots) */
     uint64_t not_reader;   /* launches left alone: their function reached one off-device range
                             * only (stale words, not reads: preload/launch.c) */
     uint64_t write_checks; /* slots hashed before reuse for writes by launches (stream-check.h) */

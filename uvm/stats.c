@@ -579,10 +579,11 @@ static void json_body(struct sbuf *b)
             ",\"inplace_captured\":%" PRIu64 ",\"inplace_other\":%" PRIu64
             ",\"invalidated\":%" PRIu64 ",\"staged\":%" PRIu64 ",\"staged_bytes\":%" PRIu64
             ",\"staged_by_kernel\":%" PRIu64 ",\"slot_waits\":%" PRIu64 ",\"steps\":%" PRIu64
-            ",\"slot_bytes\":%" PRIu64 ",\"slot_resizes\":%" PRIu64 ",\"auto_tries\":%" PRIu64
-            ",\"auto_kept\":%" PRIu64 ",\"auto_backs\":%" PRIu64 ",\"auto_rechecks\":%" PRIu64
-            ",\"auto_deferred\":%" PRIu64 ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64
-            ",\"check_mismatch\":%" PRIu64 ",\"write_checks\":%" PRIu64 ",\"written_back\":%" PRIu64
+            ",\"slot_bytes\":%" PRIu64 ",\"slot_resizes\":%" PRIu64 ",\"slot_makes\":%" PRIu64
+            ",\"slot_frees\":%" PRIu64 ",\"auto_tries\":%" PRIu64 ",\"auto_kept\":%" PRIu64
+            ",\"auto_backs\":%" PRIu64 ",\"auto_rechecks\":%" PRIu64 ",\"auto_deferred\":%" PRIu64
+            ",\"not_reader\":%" PRIu64 ",\"checked\":%" PRIu64 ",\"check_mismatch\":%" PRIu64
+            ",\"write_checks\":%" PRIu64 ",\"written_back\":%" PRIu64
             ",\"touched_inplace\":%" PRIu64 ",\"unpublished_inplace\":%" PRIu64
             ",\"fence_failed\":%" PRIu64 ",\"not_published\":%" PRIu64
             ",\"blind_launches\":%" PRIu64 ",\"blind_unfenced\":%" PRIu64 ",\"sub_spans\":%" PRIu64
@@ -598,11 +599,11 @@ static void json_body(struct sbuf *b)
             sc.redirected, sc.inplace_no_slot, sc.awaited, (double)sc.await_ns / 1e6,
             sc.await_timeouts, sc.inplace_captured, sc.inplace_other, sc.invalidated, sc.staged,
             sc.staged_bytes, sc.staged_by_kernel, sc.slot_waits, sc.steps, sc.slot_bytes,
-            sc.slot_resizes, sc.auto_tries, sc.auto_kept, sc.auto_backs, sc.auto_rechecks,
-            sc.auto_deferred, sc.not_reader, sc.checked, sc.check_mismatch, sc.write_checks,
-            sc.written_back, sc.touched_inplace, sc.unpublished_inplace, sc.fence_failed,
-            sc.not_published, sc.blind_launches, sc.blind_unfenced, sc.sub_spans, sc.touch_overflow,
-            sc.staging_steps,
+            sc.slot_resizes, sc.slot_makes, sc.slot_frees, sc.auto_tries, sc.auto_kept,
+            sc.auto_backs, sc.auto_rechecks, sc.auto_deferred, sc.not_reader, sc.checked,
+            sc.check_mismatch, sc.write_checks, sc.written_back, sc.touched_inplace,
+            sc.unpublished_inplace, sc.fence_failed, sc.not_published, sc.blind_launches,
+            sc.blind_unfenced, sc.sub_spans, sc.touch_overflow, sc.staging_steps,
             sc.staging_steps ? (double)sc.staging_step_ns / (double)sc.staging_steps / 1e6 : 0.0,
             sc.staging_step_ns ? (double)sc.staging_step_bytes / (double)sc.staging_step_ns : 0.0,
             sc.pos_wakes, sc.reactions,

@@ -369,6 +369,7 @@ bool wo_sx_slots(void)
         return false;
     }
     wo_sx->slots_ready = true;
+    add(&wo_stream_tab.n.slot_makes, 1);
     if (!wo_sx->pin_on && wo_sx->pin_limit)
         wo_sx->pin_on = wo_pin_start(d, wo_sx->ctx, wo_sx->pin_limit);
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, wo_sx_slots_bytes(), __ATOMIC_RELAXED);

@@ -397,6 +397,7 @@ static bool free_slots(void)
     wo_sx_pop_ctx(prev);
     wo_driver_leave();
     wo_sx->slots_ready = false;
+    add(&wo_stream_tab.n.slot_frees, 1);
     __atomic_store_n(&wo_stream_tab.n.slot_bytes, 0, __ATOMIC_RELAXED);
     wo_debug("stream: no range is streamed any more: the slots are given back");
     return true;
@@ -464,8 +465,11 @@ static void on_copy(const struct wo_event *ev)
             wo_sx_mark_written(r, sid);
 }
 
+static bool keep_slots(void);
+
 /* The device bytes the slots take from the planner's budget (plan-budget.h):
- * theirs once a range is streamed, else none. */
+ * theirs once a range is streamed, or while auto keeps them made through
+ * its watch (keep_slots), else none. */
 static uint64_t reserved(void)
 {
     if (!wo_sx || wo_sx->slots_failed)
@@ -473,7 +477,7 @@ static uint64_t reserved(void)
     for (uint32_t i = 0; i < wo_sx->nr; i++)
         if (wo_sx->r[i].live && wo_sx->r[i].streamed)
             return wo_sx_slots_bytes();
-    return 0;
+    return wo_sx->slots_ready && keep_slots() ? wo_sx_slots_bytes() : 0;
 }
 
 /* Whether the range is streamed (the prefetcher leaves it alone). */
@@ -685,13 +689,38 @@ static void on_event(const struct wo_event *ev)
     }
 }
 
+/* Whether the slots, nothing streamed now, stay made: while auto watches
+ * again after a decision to stream was left for the period's drift
+ * (stream-auto.h), the next try is likely a few steps away (on the CPU
+ * soak, bench/results/serve-soak-20261208-863389f-cpu, half the tries were
+ * kept), and giving the slots back quiesces the engine's streams and
+ * frees device memory that the try makes again. Only where every range is
+ * host: no managed range the planner would keep in their room, so the
+ * in-place steps the watch measures are those without the slots. A watch
+ * that decides to hold in place gives them back (test-stream-preload's
+ * auto-drift). */
+static bool keep_slots(void)
+{
+    bool any = false;
+
+    if (!wo_sx->mode.by_auto || wo_sx->au.phase != WO_AUTO_WATCH || wo_sx->au.rechecking ||
+        wo_sx->au.managed)
+        return false;
+    for (uint32_t i = 0; i < wo_sx->nr; i++) {
+        if (wo_sx->r[i].live && !wo_sx->r[i].host)
+            return false;
+        any |= wo_sx->r[i].live;
+    }
+    return any; /* none left (the engine freed them): nothing to try */
+}
+
 static void tick(void)
 {
     if (wo_sx) {
         reap();
         wo_sx_poll_checks(false, NONE);
         wo_sx_time_poll();
-        if (wo_sx->slots_ready && !any_streamed())
+        if (wo_sx->slots_ready && !any_streamed() && !keep_slots())
             (void)free_slots();
         wo_sx_advance();
         wo_sx_publish_names(false);
