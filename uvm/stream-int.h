@@ -30,6 +30,14 @@
 #define AUTO_GAIN 1.5   /* stream when a step reads this many times the range's bytes */
 #define AUTO_STEPS 2    /* ... measured over at least this many steps */
 #define AUTO_RECENT 4   /* steps: a range read this recently is in use */
+/* steps: a range the router's picks took out of streaming (claims) is no
+ * candidate of auto's for this long. The ggml hook claims a tensor for each
+ * compute it registers picks for, so a try of it is taken back within the
+ * step: on llama-server with picks on every compute the tries made and gave
+ * back the slots 100 times in 10 minutes (bench/results/serve-soak-20261208-
+ * 863389f-cpu). A batch whose picks go whole stops claiming, and the range
+ * is a candidate again after this */
+#define AUTO_CLAIMED 512
 #define WARN_MULT 2.0   /* a host range read this many times a step in place: one warning */
 #define WO_SX_TIMED 64 /* staging copies timed at once (copy_time) */
 #define SPIN_WAIT 20000 /* polls of a slot's in-flight count before trying later */
@@ -40,6 +48,7 @@ struct srange {
     bool gathered;       /* an embedding: never streamed (wo_stream_gathered) */
     bool big;            /* larger than a slot: read in place (said once) */
     bool probed;         /* streamed by auto's step-time decision (stream-auto.h), not by gain */
+    uint64_t claimed_step; /* steps + 1 when picks last took it out of streaming (0: never) */
     bool room;           /* ... a hot managed range the slots took the room of (readmit_room) */
     bool gapped;         /* other bytes between its tags: never streamed (add_seg) */
     bool hashed;         /* the write check has the hash it was staged with (stream-check.h) */

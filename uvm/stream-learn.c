@@ -136,6 +136,8 @@ static bool auto_candidate(struct srange *r, uint32_t id)
 {
     if (!r->live)
         return false;
+    if (r->claimed_step && r->claimed_step - 1 + AUTO_CLAIMED > wo_sx->steps)
+        return false;
     if (r->probed)
         return true;
     return auto_recent(r) && (r->host || wo_budget_hot_bytes(id, r->gen) < (r->hi - r->lo) / 2);

@@ -134,6 +134,7 @@ bool wo_sx_unselect_claimed(struct srange *r, uint32_t id)
     if (!r->streamed || !wo_picks_claims(r->rid, r->gen, r->lo, r->hi))
         return false;
     add(&wo_stream_tab.n.claim_unselects, 1);
+    r->claimed_step = wo_sx->steps + 1; /* not auto's candidate for a while (stream-learn.c) */
     if (r->slot >= 0)
         add(&wo_stream_tab.n.claim_unselects_staged, 1);
     wo_sx_unselect_range(r, id);
