@@ -147,8 +147,7 @@ struct wo_stream_counts {
     uint64_t auto_kept;    /* ... and kept so: the step was faster */
     uint64_t auto_backs;   /* ... and put back in place: it was not (or a recheck found so) */
     uint64_t auto_rechecks; /* decisions streaming managed ranges taken again in place */
-    uint64_t
-        auto_deferred;     /* backoffs after tries that went back that held a try (stream-auto.h) */
+    uint64_t auto_deferred; /* backoffs that held a try back (stream-auto.h) */
     uint64_t slot_bytes;   /* device bytes the slots hold now (0 once no range is streamed) */
     uint64_t slot_resizes; /* slots given another size for the ranges streamed (want_sizes) */
     uint64_t slot_makes;   /* times the slots were made (wo_sx_slots) ... */

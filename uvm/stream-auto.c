@@ -102,8 +102,8 @@ static bool may_try(struct wo_auto *a)
 {
     if (a->steps >= a->no_try_before)
         return true;
-    if (a->deferred_for != a->no_try_before) {
-        a->deferred_for = a->no_try_before;
+    if (!a->held_back) {
+        a->held_back = true;
         a->deferred++;
     }
     return false;
@@ -118,6 +118,7 @@ static void failed(struct wo_auto *a)
     if (a->fails <= WO_AUTO_FAILS_FREE)
         return;
     over = WO_MIN(a->fails - WO_AUTO_FAILS_FREE - 1, 16u);
+    a->held_back = false;
     a->no_try_before =
         a->steps + WO_MIN((uint64_t)WO_AUTO_BACKOFF_FIRST << over, (uint64_t)WO_AUTO_BACKOFF_MAX);
 }

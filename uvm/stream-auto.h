@@ -155,11 +155,12 @@ struct wo_auto {
     unsigned slow; /* settling steps of the recheck over RECHECK_LOSS x left_ns */
     uint64_t rechecks, recheck_backs; /* rechecks made; of them, those that stayed in place */
     /* backoff: one-step boundaries measured, tries that went back in a
-     * row, the step before which none is taken (deferred_for: the last
-     * such step a held-back try was counted for), backoffs that held one */
+     * row, the step before which none is taken, whether the backoff in
+     * force held a try back yet, backoffs that held one */
     uint64_t steps;
     unsigned fails;
-    uint64_t no_try_before, deferred_for;
+    uint64_t no_try_before;
+    bool held_back;
     uint64_t deferred;
 };
 

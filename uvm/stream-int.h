@@ -33,10 +33,10 @@
 /* steps: a range the router's picks took out of streaming (claims) is no
  * candidate of auto's for this long. The ggml hook claims a tensor for each
  * compute it registers picks for, so a try of it is taken back within the
- * step: on llama-server with picks on every compute the tries made and gave
- * back the slots 100 times in 10 minutes (bench/results/serve-soak-20261208-
- * 863389f-cpu). A batch whose picks go whole stops claiming, and the range
- * is a candidate again after this */
+ * step: on llama-server with picks on every compute (the fake GPU) the tries
+ * made and gave back the slots 100 times in 10 minutes, 38 with this rule
+ * (bench/results/serve-soak-20261208-claims-cpu). A batch whose picks go whole stops claiming, and
+ * the range is a candidate again after this */
 #define AUTO_CLAIMED 512
 #define WARN_MULT 2.0   /* a host range read this many times a step in place: one warning */
 #define WO_SX_TIMED 64 /* staging copies timed at once (copy_time) */

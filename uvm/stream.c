@@ -691,14 +691,15 @@ static void on_event(const struct wo_event *ev)
 
 /* Whether the slots, nothing streamed now, stay made: while auto watches
  * again after a decision to stream was left for the period's drift
- * (stream-auto.h), the next try is likely a few steps away (on the CPU
- * soak, bench/results/serve-soak-20261208-863389f-cpu, half the tries were
- * kept), and giving the slots back quiesces the engine's streams and
- * frees device memory that the try makes again. Only where every range is
+ * (stream-auto.h), the next try is likely a few steps away, and giving the
+ * slots back quiesces the engine's streams and frees device memory that
+ * the try makes again. Measured by test-stream-preload's auto-drift only:
+ * on the CPU soak of llama-server with picks on every compute the picks'
+ * claims emptied the slots before any watch (bench/results/serve-soak-
+ * 20261208-claims-cpu). Only where every range is
  * host: no managed range the planner would keep in their room, so the
  * in-place steps the watch measures are those without the slots. A watch
- * that decides to hold in place gives them back (test-stream-preload's
- * auto-drift). */
+ * that decides to hold in place gives them back. */
 static bool keep_slots(void)
 {
     bool any = false;
